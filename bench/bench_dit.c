@@ -1,0 +1,583 @@
+/*
+ * bench_dit.c — samples/s of one DiT expert on the CPU engine: forward, and a full training step.
+ *
+ * The C half of the side-by-side benchmark against PyTorch (bench/bench_dit.py drives both sides
+ * on the same weights file and prints the ratios; docs/benchmarks.md has the results). It loads
+ * a weights file (ts_dit_open) and measures:
+ *   - forward at each --batch (default 1 and 64): ts_dit_forward on fixed random x, t and y
+ *     (labels include the null class);
+ *   - training at --train-batch (default 64): ts_trainer_step on a synthetic data set of random
+ *     images — the real step of model/train.c: batch and noise draws, x_t, forward, MSE loss,
+ *     backward, gradient-norm clipping, AdamW and the EMA update.
+ * Each measurement is a warm-up (3 calls, at least 0.2 s), then calls timed one by one until
+ * --seconds (default 2) have passed and at least 5 calls have run (--quick: 1 call and 0.05 s,
+ * 0.3 s and 3 calls — a smoke run). The figure is the median call
+ * (robust against another process's bursts on a shared machine; the JSON also has the mean and
+ * the fastest call). GFLOP/s counts the GEMMs of ts_dit_flops_per_sample, 3× that for training.
+ *
+ * --check FILE first runs one forward on the inputs stored in FILE (x, t, y; the orchestrator
+ * writes them with PyTorch's output v) and compares: max|v_ours − v| / max(1, max|v|) must be at
+ * most --tol (1e-4), else the program exits 3 — a benchmark of two different computations means
+ * nothing.
+ *
+ * What it is not: a profiler (run it under `perf record`), nor a test of speed targets (those are
+ * judged by bench_dit.py against PyTorch in the same run).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/math.h"
+#include "kernels/ops.h"
+#include "model/dit.h"
+#include "model/dit_io.h"
+#include "model/fmnist.h"
+#include "model/safetensors.h"
+#include "model/train.h"
+
+#define MAX_BATCHES 16
+#define ERRLEN 512
+#define DATA_N 1024      /* images in the synthetic training set */
+
+typedef struct opts {
+    const char *weights;
+    const char *check;
+    int threads;
+    int batches[MAX_BATCHES];
+    int n_batches;
+    int train_batch; /* 0: no training measurement */
+    double seconds;
+    double tol;
+    int json;
+    int quick;
+    int warmup_calls, min_calls;
+    double warmup_seconds;
+} opts_t;
+
+/* ---- timing ----------------------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds per call over the timed calls. */
+typedef struct timing {
+    long calls;
+    double total, median, mean, min;
+} timing_t;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* What is timed: one call of a forward or of a training step. */
+typedef struct job {
+    ts_dit_t *m;
+    ts_trainer_t *tr;             /* training when non-NULL */
+    ts_tensor_t x, t;             /* forward inputs (B, C, H, W), (B) */
+    int32_t *y;                   /* (B) host labels */
+    int B;
+} job_t;
+
+static int job_run(job_t *j) {
+    if (j->tr)
+        return ts_trainer_step(j->tr, NULL, NULL);
+    ts_tensor_t v;
+    int rc = ts_dit_forward(j->m, &j->x, &j->t, j->y, j->B, &v);
+    return rc == TS_OK ? ts_engine_sync(j->m->eng) : rc;
+}
+
+/* Warm-up, then calls timed one by one until o->seconds and o->min_calls are both reached. */
+static int time_job(job_t *j, const opts_t *o, timing_t *out) {
+    int rc;
+    double w0 = now_s();
+    for (int i = 0; i < o->warmup_calls || now_s() - w0 < o->warmup_seconds; i++)
+        if ((rc = job_run(j)) != TS_OK)
+            return rc;
+    size_t cap = 1024, n = 0;
+    double *calls = malloc(cap * sizeof *calls);
+    if (!calls)
+        return TS_ENOMEM;
+    double start = now_s(), total = 0;
+    while (total < o->seconds || n < (size_t)o->min_calls) {
+        if (n == cap) {
+            double *more = realloc(calls, 2 * cap * sizeof *calls);
+            if (!more) {
+                free(calls);
+                return TS_ENOMEM;
+            }
+            calls = more;
+            cap *= 2;
+        }
+        double c0 = now_s();
+        if ((rc = job_run(j)) != TS_OK) {
+            free(calls);
+            return rc;
+        }
+        double c1 = now_s();
+        calls[n++] = c1 - c0;
+        total = c1 - start;
+    }
+    qsort(calls, n, sizeof *calls, cmp_double);
+    out->calls = (long)n;
+    out->total = total;
+    out->median = n % 2 ? calls[n / 2] : 0.5 * (calls[n / 2 - 1] + calls[n / 2]);
+    out->mean = total / (double)n;
+    out->min = calls[0];
+    free(calls);
+    return TS_OK;
+}
+
+/* ---- inputs ----------------------------------------------------------------------------- */
+
+/* Random forward inputs for B samples: x ~ N(0, 1), t ~ U(0, 1), y uniform over the classes and
+ * the null class. */
+static int job_inputs(job_t *j, ts_dit_t *m, int B, uint64_t seed) {
+    const ts_dit_config_t *c = &m->cfg;
+    ts_engine_t *e = m->eng;
+    int64_t S = c->input_size;
+    memset(j, 0, sizeof *j);
+    j->m = m;
+    j->B = B;
+    int rc = ts_tensor_alloc(&j->x, TS_F32, e->device, 4, TS_SHAPE(B, c->in_channels, S, S));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&j->t, TS_F32, e->device, 1, TS_SHAPE(B));
+    if (rc == TS_OK)
+        rc = ts_rng_normal(e, &j->x, seed, 0);
+    if (rc == TS_OK)
+        rc = ts_rng_uniform(e, &j->t, seed + 1, 0);
+    j->y = malloc((size_t)B * sizeof *j->y);
+    if (rc == TS_OK && !j->y)
+        rc = TS_ENOMEM;
+    for (int i = 0; rc == TS_OK && i < B; i++) {
+        int y = (int)(ts_rng_uniform_at(seed + 2, (uint64_t)i) * (float)(c->num_classes + 1));
+        j->y[i] = y > c->num_classes ? c->num_classes : y;
+    }
+    return rc;
+}
+
+static void job_free(job_t *j) {
+    ts_tensor_free(&j->x);
+    ts_tensor_free(&j->t);
+    free(j->y);
+    memset(j, 0, sizeof *j);
+}
+
+/* A data set of DATA_N random images in [−1, 1] with random labels, shaped for m. */
+static int synthetic_data(const ts_dit_config_t *c, ts_dataset_t *ds) {
+    memset(ds, 0, sizeof *ds);
+    int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    ds->n = DATA_N;
+    ds->channels = c->in_channels;
+    ds->height = ds->width = c->input_size;
+    ds->num_classes = c->num_classes;
+    ds->images = malloc((size_t)(DATA_N * chw) * sizeof(float));
+    ds->labels = malloc((size_t)DATA_N * sizeof(int32_t));
+    if (!ds->images || !ds->labels) {
+        ts_dataset_free(ds);
+        return TS_ENOMEM;
+    }
+    for (int64_t i = 0; i < DATA_N * chw; i++)
+        ds->images[i] = 2.0f * ts_rng_uniform_at(7, (uint64_t)i) - 1.0f;
+    for (int i = 0; i < DATA_N; i++)
+        ds->labels[i] = (int32_t)(ts_rng_uniform_at(8, (uint64_t)i) * (float)c->num_classes) %
+                        c->num_classes;
+    return TS_OK;
+}
+
+/* ---- the equivalence check -------------------------------------------------------------- */
+
+typedef struct check {
+    int done, batch;
+    double max_abs_diff, scale, rel;
+} check_t;
+
+/* Batch size of the check file (the length of its t), or a negative error. */
+static int check_batch(const ts_st_file_t *f) {
+    const ts_st_tensor_t *t = ts_st_find(f, "t");
+    if (!t || t->ndim != 1 || t->shape[0] < 1 || t->shape[0] > 1 << 20)
+        return TS_ECORRUPT;
+    return (int)t->shape[0];
+}
+
+/* One forward on the check file's x, t, y, compared with its v. */
+static int run_check(ts_dit_t *m, const ts_st_file_t *f, check_t *ck, char *err, size_t errlen) {
+    const ts_dit_config_t *c = &m->cfg;
+    int B = check_batch(f);
+    int64_t S = c->input_size, n_img = (int64_t)B * c->in_channels * S * S;
+    const ts_st_tensor_t *sx = ts_st_find(f, "x"), *st = ts_st_find(f, "t");
+    const ts_st_tensor_t *sy = ts_st_find(f, "y"), *sv = ts_st_find(f, "v");
+    if (!sx || !sy || !sv || sx->numel != n_img || sv->numel != n_img || sy->numel != B) {
+        snprintf(err, errlen, "the check file needs x and v (%d, %d, %lld, %lld), t and y (%d)", B,
+                 c->in_channels, (long long)S, (long long)S, B);
+        return TS_ESHAPE;
+    }
+    float *x = malloc((size_t)n_img * sizeof(float)), *v = malloc((size_t)n_img * sizeof(float));
+    float *t = malloc((size_t)B * sizeof(float)), *out = malloc((size_t)n_img * sizeof(float));
+    int64_t *y64 = malloc((size_t)B * sizeof(int64_t));
+    int32_t *y = malloc((size_t)B * sizeof(int32_t));
+    int rc = (x && v && t && out && y64 && y) ? TS_OK : TS_ENOMEM;
+    if (rc == TS_OK)
+        rc = ts_st_to_f32(sx, x, n_img);
+    if (rc == TS_OK)
+        rc = ts_st_to_f32(sv, v, n_img);
+    if (rc == TS_OK)
+        rc = ts_st_to_f32(st, t, B);
+    if (rc == TS_OK)
+        rc = ts_st_to_i64(sy, y64, B);
+    for (int i = 0; rc == TS_OK && i < B; i++) {
+        if (y64[i] < 0 || y64[i] > c->num_classes) {
+            snprintf(err, errlen, "check file: label %lld outside [0, %d]", (long long)y64[i],
+                     c->num_classes);
+            rc = TS_ERANGE;
+        }
+        y[i] = (int32_t)y64[i];
+    }
+    ts_tensor_t hx, ht, dx = {0}, dt = {0}, dv, hout;
+    ts_engine_t *e = m->eng;
+    if (rc == TS_OK)
+        rc = ts_tensor_wrap(&hx, x, TS_F32, TS_CPU, 4, TS_SHAPE(B, c->in_channels, S, S));
+    if (rc == TS_OK)
+        rc = ts_tensor_wrap(&ht, t, TS_F32, TS_CPU, 1, TS_SHAPE(B));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&dx, TS_F32, e->device, 4, hx.shape);
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&dt, TS_F32, e->device, 1, ht.shape);
+    if (rc == TS_OK)
+        rc = ts_tensor_copy(&dx, &hx);
+    if (rc == TS_OK)
+        rc = ts_tensor_copy(&dt, &ht);
+    if (rc == TS_OK)
+        rc = ts_dit_forward(m, &dx, &dt, y, B, &dv);
+    if (rc == TS_OK)
+        rc = ts_tensor_wrap(&hout, out, TS_F32, TS_CPU, 4, hx.shape);
+    if (rc == TS_OK)
+        rc = ts_tensor_copy(&hout, &dv);
+    if (rc == TS_OK) {
+        double diff = 0, scale = 0;
+        for (int64_t i = 0; i < n_img; i++) {
+            double d = fabs((double)out[i] - (double)v[i]);
+            diff = (d > diff || isnan(d)) ? d : diff;
+            scale = fabs((double)v[i]) > scale ? fabs((double)v[i]) : scale;
+        }
+        ck->done = 1;
+        ck->batch = B;
+        ck->max_abs_diff = diff;
+        ck->scale = scale;
+        ck->rel = diff / (scale > 1.0 ? scale : 1.0);
+    }
+    ts_tensor_free(&dx);
+    ts_tensor_free(&dt);
+    free(x);
+    free(v);
+    free(t);
+    free(out);
+    free(y64);
+    free(y);
+    return rc;
+}
+
+/* ---- output ----------------------------------------------------------------------------- */
+
+typedef struct result {
+    const char *what; /* "forward" or "train" */
+    int batch;
+    timing_t t;
+    double samples_per_s, gflops;
+} result_t;
+
+static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_engine_t *e,
+                       double flops, const check_t *ck, const result_t *r, int nr) {
+    const ts_dit_config_t *c = &m->cfg;
+    fprintf(out, "{\n  \"weights\": \"");
+    for (const char *s = o->weights; *s; s++) { /* a path: escape what JSON requires */
+        if (*s == '"' || *s == '\\')
+            fputc('\\', out);
+        if ((unsigned char)*s >= 0x20)
+            fputc(*s, out);
+    }
+    fprintf(out, "\",\n  \"threads\": %d,\n  \"seconds\": %g,\n", e->threads, o->seconds);
+    fprintf(out,
+            "  \"config\": {\"input_size\": %d, \"in_channels\": %d, \"patch_size\": %d, "
+            "\"hidden_size\": %d, \"depth\": %d, \"num_heads\": %d, \"num_classes\": %d, "
+            "\"mlp_ratio\": %d, \"freq_dim\": %d},\n",
+            c->input_size, c->in_channels, c->patch_size, c->hidden_size, c->depth, c->num_heads,
+            c->num_classes, c->mlp_ratio, c->freq_dim);
+    fprintf(out, "  \"num_params\": %lld,\n  \"flops_per_sample\": %.6g,\n",
+            (long long)m->num_params, flops);
+    if (ck->done)
+        fprintf(out,
+                "  \"check\": {\"batch\": %d, \"max_abs_diff\": %.6g, \"scale\": %.6g, "
+                "\"rel\": %.6g, \"tol\": %g, \"ok\": %s},\n",
+                ck->batch, ck->max_abs_diff, ck->scale, ck->rel, o->tol,
+                ck->rel <= o->tol ? "true" : "false");
+    fprintf(out, "  \"results\": [\n");
+    for (int i = 0; i < nr; i++)
+        fprintf(out,
+                "    {\"what\": \"%s\", \"batch\": %d, \"calls\": %ld, \"seconds\": %.6g, "
+                "\"median_s\": %.6g, \"mean_s\": %.6g, \"min_s\": %.6g, "
+                "\"samples_per_s\": %.6g, \"gflops\": %.6g}%s\n",
+                r[i].what, r[i].batch, r[i].t.calls, r[i].t.total, r[i].t.median, r[i].t.mean,
+                r[i].t.min, r[i].samples_per_s, r[i].gflops, i + 1 < nr ? "," : "");
+    fprintf(out, "  ]\n}\n");
+}
+
+static void print_header(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_engine_t *e,
+                         double flops) {
+    const ts_dit_config_t *c = &m->cfg;
+    fprintf(out, "bench_dit: %s — DiT %dx%dx%d, patch %d, hidden %d, depth %d, heads %d, "
+                 "%lld parameters\n",
+            o->weights, c->input_size, c->input_size, c->in_channels, c->patch_size,
+            c->hidden_size, c->depth, c->num_heads, (long long)m->num_params);
+    fprintf(out, "engine: CPU, %d threads; %.3f MFLOP per sample forward (GEMMs), %gs per "
+                 "measurement\n",
+            e->threads, flops / 1e6, o->seconds);
+}
+
+static void print_check(FILE *out, const opts_t *o, const check_t *ck) {
+    fprintf(out, "check: batch %d, max|v_ours - v_ref| = %.3e, max|v_ref| = %.3f, relative %.3e "
+                 "(tolerance %.0e): %s\n",
+            ck->batch, ck->max_abs_diff, ck->scale, ck->rel, o->tol,
+            ck->rel <= o->tol ? "same computation" : "MISMATCH");
+}
+
+static void print_result(FILE *out, const result_t *r) {
+    fprintf(out, "%-8s B=%-3d %10.1f samples/s  %8.2f GFLOP/s  median %9.3f ms  mean %9.3f ms  "
+                 "(%ld calls)\n",
+            r->what, r->batch, r->samples_per_s, r->gflops, r->t.median * 1e3, r->t.mean * 1e3,
+            r->t.calls);
+    fflush(out);
+}
+
+/* ---- the run ---------------------------------------------------------------------------- */
+
+static int fail(const char *what, int rc, const char *err) {
+    fprintf(stderr, "bench_dit: %s: %s%s%s\n", what, ts_strerror(rc), err && err[0] ? ": " : "",
+            err ? err : "");
+    return 1;
+}
+
+static int run(const opts_t *o) {
+    char err[ERRLEN] = "";
+    ts_st_file_t cf;
+    memset(&cf, 0, sizeof cf);
+    int max_batch = o->train_batch, rc;
+    for (int i = 0; i < o->n_batches; i++)
+        max_batch = o->batches[i] > max_batch ? o->batches[i] : max_batch;
+    if (o->check) {
+        if ((rc = ts_st_read(o->check, &cf, err, sizeof err)) != TS_OK)
+            return fail(o->check, rc, err);
+        int b = check_batch(&cf);
+        if (b < 0) {
+            ts_st_free(&cf);
+            return fail(o->check, b, "needs a 1-D tensor t");
+        }
+        max_batch = b > max_batch ? b : max_batch;
+    }
+
+    ts_engine_t e;
+    ts_engine_opts_t eo = {.device = TS_CPU, .threads = o->threads};
+    if ((rc = ts_engine_init(&e, &eo)) != TS_OK) {
+        ts_st_free(&cf);
+        return fail("cannot start the CPU engine", rc, NULL);
+    }
+    ts_dit_t m;
+    if ((rc = ts_dit_open(&m, o->weights, &e, max_batch, o->train_batch > 0, err, sizeof err))) {
+        ts_st_free(&cf);
+        ts_engine_free(&e);
+        return fail(o->weights, rc, err);
+    }
+    double flops = ts_dit_flops_per_sample(&m.cfg);
+    FILE *out = stdout;
+    if (!o->json)
+        print_header(out, o, &m, &e, flops);
+
+    int status = 0;
+    check_t ck = {0};
+    if (o->check) {
+        rc = run_check(&m, &cf, &ck, err, sizeof err);
+        ts_st_free(&cf);
+        if (rc != TS_OK) {
+            status = fail(o->check, rc, err);
+            goto done;
+        }
+        if (!o->json)
+            print_check(out, o, &ck);
+        if (!(ck.rel <= o->tol)) {
+            fprintf(stderr, "bench_dit: the forward output differs from %s by %.3e (relative; "
+                            "tolerance %.0e): not the same computation, nothing timed\n",
+                    o->check, ck.rel, o->tol);
+            status = 3;
+            goto done;
+        }
+    }
+
+    result_t res[MAX_BATCHES + 1];
+    int nr = 0;
+    for (int i = 0; i < o->n_batches; i++) {
+        job_t j;
+        result_t *r = &res[nr];
+        rc = job_inputs(&j, &m, o->batches[i], 100 + (uint64_t)i);
+        if (rc == TS_OK)
+            rc = time_job(&j, o, &r->t);
+        job_free(&j);
+        if (rc != TS_OK) {
+            snprintf(err, sizeof err, "batch %d", o->batches[i]);
+            status = fail("forward", rc, err);
+            goto done;
+        }
+        r->what = "forward";
+        r->batch = o->batches[i];
+        r->samples_per_s = r->batch / r->t.median;
+        r->gflops = flops * r->samples_per_s / 1e9;
+        if (!o->json)
+            print_result(out, r);
+        nr++;
+    }
+
+    if (o->train_batch > 0) {
+        /* the forward runs above do not touch the parameters: training starts from the file */
+        ts_dataset_t ds;
+        ts_train_config_t tc;
+        ts_trainer_t tr;
+        ts_train_config_default(&tc);
+        tc.batch = o->train_batch;
+        rc = synthetic_data(&m.cfg, &ds);
+        if (rc == TS_OK && (rc = ts_trainer_init(&tr, &m, &ds, &tc)) == TS_OK) {
+            job_t j = {.m = &m, .tr = &tr, .B = o->train_batch};
+            rc = time_job(&j, o, &res[nr].t);
+            ts_trainer_free(&tr);
+        }
+        ts_dataset_free(&ds);
+        if (rc != TS_OK) {
+            snprintf(err, sizeof err, "batch %d", o->train_batch);
+            status = fail("training step", rc, err);
+            goto done;
+        }
+        result_t *r = &res[nr++];
+        r->what = "train";
+        r->batch = o->train_batch;
+        r->samples_per_s = r->batch / r->t.median;
+        r->gflops = 3.0 * flops * r->samples_per_s / 1e9;
+        if (!o->json)
+            print_result(out, r);
+    }
+    if (o->json)
+        print_json(out, o, &m, &e, flops, &ck, res, nr);
+done:
+    ts_dit_free(&m);
+    ts_engine_free(&e);
+    return status;
+}
+
+/* ---- command line ----------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
+            "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
+            "\n"
+            "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
+            "ts_trainer_step on random images) at the training batch, on the CPU engine.\n"
+            "\n"
+            "  --weights FILE     a DiT safetensors file (config in its __metadata__)\n"
+            "  --threads N        engine threads (default: one per online core)\n"
+            "  --batch B          a forward batch size; repeat for several (default: 1 and 64)\n"
+            "  --train-batch B    training batch size; 0 = no training measurement (default 64)\n"
+            "  --seconds S        timed seconds per measurement, after a warm-up (default 2)\n"
+            "  --quick            a smoke run: short warm-up, 0.3 s unless --seconds, 3 calls\n"
+            "  --check FILE       first compare one forward on FILE's x, t, y with its v; exit 3\n"
+            "                     when they differ by more than the tolerance\n"
+            "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
+            "  --json             print one JSON document instead of the table\n"
+            "  -h, --help         show this text\n");
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || end == s || *end != '\0' || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_double(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || errno || end == s || *end != '\0' || !(v >= lo && v <= hi))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    opts_t o = {.train_batch = 64, .seconds = -1, .tol = 1e-4, .warmup_calls = 3,
+                .warmup_seconds = 0.2, .min_calls = 5};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--json") == 0) {
+            o.json = 1;
+            continue;
+        } else if (strcmp(a, "--quick") == 0) {
+            o.quick = 1;
+            o.warmup_calls = 1;
+            o.warmup_seconds = 0.05;
+            o.min_calls = 3;
+            continue;
+        } else if (strcmp(a, "--weights") == 0) {
+            bad = !v;
+            o.weights = v;
+        } else if (strcmp(a, "--check") == 0) {
+            bad = !v;
+            o.check = v;
+        } else if (strcmp(a, "--threads") == 0) {
+            bad = parse_int(v, 1, 1024, &o.threads);
+        } else if (strcmp(a, "--batch") == 0) {
+            bad = o.n_batches == MAX_BATCHES || parse_int(v, 1, 65536, &o.batches[o.n_batches]);
+            o.n_batches += !bad;
+        } else if (strcmp(a, "--train-batch") == 0) {
+            bad = parse_int(v, 0, 65536, &o.train_batch);
+        } else if (strcmp(a, "--seconds") == 0) {
+            bad = parse_double(v, 0.0, 3600.0, &o.seconds);
+        } else if (strcmp(a, "--tol") == 0) {
+            bad = parse_double(v, 0.0, 1.0, &o.tol);
+        } else {
+            fprintf(stderr, "bench_dit: unknown option '%s' (see bench_dit --help)\n", a);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "bench_dit: %s needs a valid value (got '%s'; see bench_dit --help)\n",
+                    a, v ? v : "");
+            return 2;
+        }
+        i++;
+    }
+    if (!o.weights) {
+        fprintf(stderr, "bench_dit: --weights FILE is required (see bench_dit --help)\n");
+        return 2;
+    }
+    if (o.seconds < 0)
+        o.seconds = o.quick ? 0.3 : 2.0;
+    if (o.n_batches == 0) {
+        o.batches[0] = 1;
+        o.batches[1] = 64;
+        o.n_batches = 2;
+    }
+    return run(&o);
+}

@@ -1,0 +1,419 @@
+#!/usr/bin/python3
+"""bench_dit.py — the DiT expert side by side: tessera's CPU engine vs PyTorch eager.
+
+Usage (from the repository root, after building bench_dit and bench_gemm):
+    /usr/bin/python3 bench/bench_dit.py [--build DIR] [--threads N] [--config NAME ...]
+                                         [--seconds S] [--quick] [--json] [--keep DIR]
+
+For each config (`tiny` and `small`, DESIGN §9; 28×28×1 images, 10 classes) it builds the
+PyTorch DiT of tests/parity/dit_torch.py with random weights (every tensor non-zero, the
+zero-initialised adaLN and final layer too), writes them to a temporary safetensors file, and in
+one run, at the same thread count:
+  1. checks that both sides compute the same thing: PyTorch's forward on fixed (x, t, y) goes into
+     a file, bench_dit recomputes it on the same weights and must agree to 1e-4 relative to
+     max(1, max|v|), else the run stops — timing two different computations means nothing;
+  2. times ours: bench_dit (forward at batch 1 and 64, training step at batch 64);
+  3. times PyTorch: forward at batch 1 and 64 (eval, no_grad) and a training step at batch 64 that
+     does the same work as ours (model/train.c): draw a batch and labels (10 % dropped to the null
+     class), t ~ U(0, 1), ε ~ N(0, 1), x_t = (1 − t)·x0 + t·ε, forward, MSE against ε − x0,
+     backward, gradient-norm clipping to 1, AdamW (foreach), EMA of the weights;
+and once per run it takes the sgemm peak from `bench_gemm --json` (a 2048³ product through the
+engine, plus OpenBLAS alone on its own threads). Both sides are timed call by call after a
+warm-up, for at least S seconds and 5 calls, and the figure is the median call.
+
+Targets (issue 3): forward ≥ 3× PyTorch at batch 64 and ≥ 10× at batch 1, training ≥ 2×, forward
+at batch 64 ≥ 50 % of the sgemm peak. Unmet targets are reported, not an error: the exit status
+is 0 when the run completed, 1 when a tool failed, 3 when the two sides disagree.
+
+PyTorch's BLAS: Debian's python3-torch is built with BLAS_INFO=generic and reaches OpenBLAS
+through the libblas.so.3 alternative; the library actually loaded is read from /proc/self/maps
+and its openblas_get_config() is printed.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+CONFIGS = {
+    "tiny": dict(input_size=28, patch_size=4, in_channels=1, hidden_size=128, depth=4,
+                 num_heads=4, num_classes=10),
+    "small": dict(input_size=28, patch_size=2, in_channels=1, hidden_size=256, depth=6,
+                  num_heads=4, num_classes=10),
+}
+FORWARD_BATCHES = (1, 64)
+TRAIN_BATCH = 64
+CHECK_BATCH = 8
+TOL_FORWARD = 1e-4   # max|Δv| / max(1, max|v|), as tests/parity/run_parity.py
+DATA_N = 1024        # synthetic training images, as bench_dit.c
+WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS = 3, 0.2, 5  # as bench_dit.c (and 1, 0.05, 3 with --quick)
+SETTLE_SECONDS = 1.0  # before handing the cores to a child: let this process's BLAS/OpenMP
+                      # workers stop spinning
+
+# the targets: (row key, what is compared, threshold)
+TARGETS = (
+    ("forward_b64", "ratio", 3.0),
+    ("forward_b1", "ratio", 10.0),
+    ("train_b64", "ratio", 2.0),
+    ("forward_b64", "of_peak", 0.5),
+)
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build",
+                    help="build directory holding bench/bench_dit and bench/bench_gemm "
+                         "(default: build; relative paths are tried from the current "
+                         "directory, then from the repository root)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both sides (default 2)")
+    ap.add_argument("--config", action="append", choices=sorted(CONFIGS),
+                    help="a config to run; repeat for several (default: tiny and small)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="timed seconds per measurement (default 2; 0.3 with --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help="short timing and a quick sgemm peak: a smoke run, not a measurement")
+    ap.add_argument("--json", action="store_true", help="print one JSON document")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="write the weights and check files into DIR and keep them (to rerun "
+                         "or profile bench_dit on them); default: a temporary folder, removed")
+    a = ap.parse_args()
+    if a.threads < 1:
+        ap.error("--threads must be at least 1")
+    if a.seconds is None:
+        a.seconds = 0.3 if a.quick else 2.0
+    a.config = a.config or ["tiny", "small"]
+    return a
+
+
+ARGS = parse_args()
+if ARGS.quick:
+    WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS = 1, 0.05, 3
+# The thread count must be fixed before torch (and its OpenMP and OpenBLAS) is loaded.
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(ARGS.threads)
+
+sys.dont_write_bytecode = True  # keep the source tree clean of __pycache__
+sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import dit_torch as dt  # noqa: E402
+
+LOG = sys.stderr if ARGS.json else sys.stdout
+
+
+def log(*a):
+    print(*a, file=LOG, flush=True)
+
+
+# ---- the machine and PyTorch's BLAS ------------------------------------------------------------
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def torch_blas():
+    """What BLAS this torch really calls: the OpenBLAS library mapped into the process after a
+    matrix product, its config string and thread count (None when no OpenBLAS is loaded)."""
+    a = torch.randn(64, 64)
+    (a @ a).sum().item()
+    libs = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if "openblas" in os.path.basename(path).lower():
+                libs.add(path)
+    info = {"torch_version": torch.__version__,
+            "config_mentions_openblas": "openblas" in torch.__config__.show().lower(),
+            "blas_info": next((s.split("=", 1)[1] for s in
+                               torch.__config__.show().replace(",", " ").split()
+                               if s.startswith("BLAS_INFO=")), "?"),
+            "openblas_library": None, "openblas_config": None, "openblas_threads": None}
+    for path in sorted(libs):
+        try:
+            lib = ctypes.CDLL(path)
+            lib.openblas_get_config.restype = ctypes.c_char_p
+            info["openblas_library"] = path
+            info["openblas_config"] = lib.openblas_get_config().decode().strip()
+            info["openblas_threads"] = lib.openblas_get_num_threads()
+            break
+        except (OSError, AttributeError):
+            continue
+    return info
+
+
+# ---- our tools ---------------------------------------------------------------------------------
+
+def find_build():
+    for base in (os.getcwd(), ROOT):
+        d = os.path.join(base, ARGS.build) if not os.path.isabs(ARGS.build) else ARGS.build
+        if os.path.isfile(os.path.join(d, "bench", "bench_dit")):
+            return d
+    sys.exit(f"bench_dit.py: no bench/bench_dit under '{ARGS.build}' (build it: cmake --build "
+             f"{ARGS.build} --target bench_dit bench_gemm tessera), or pass --build DIR")
+
+
+def run_json(cmd):
+    """Runs one of our tools with --json after letting the cores settle; its parsed output."""
+    time.sleep(SETTLE_SECONDS)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        log(f"bench_dit.py: {' '.join(cmd)} exited with {p.returncode}")
+        sys.exit(3 if p.returncode == 3 else 1)
+    return json.loads(p.stdout)
+
+
+def sgemm_peak(build):
+    """The engine's sgemm peak from the GEMM benchmark, in this run at this thread count."""
+    exe = os.path.join(build, "bench", "bench_gemm")
+    if not os.path.isfile(exe):
+        exe = os.path.join(build, "client", "tessera")
+        cmd = [exe, "bench", "gemm"]
+    else:
+        cmd = [exe]
+    cmd += ["--json", "--threads", str(ARGS.threads), "--config", "tiny"]
+    if ARGS.quick:
+        cmd.append("--quick")
+    g = run_json(cmd)
+    return {"gflops": g["peak"]["gflops"], "size": g["peak"]["m"],
+            "openblas_direct_gflops": g["openblas_direct"]["gflops"],
+            "engine_openblas_config": g.get("openblas_config"), "command": " ".join(cmd)}
+
+
+# ---- PyTorch timing ------------------------------------------------------------------------------
+
+def time_calls(fn, seconds):
+    """Warm-up, then fn timed call by call until `seconds` and MIN_CALLS; as bench_dit.c."""
+    w0 = time.perf_counter()
+    i = 0
+    while i < WARMUP_CALLS or time.perf_counter() - w0 < WARMUP_SECONDS:
+        fn()
+        i += 1
+    calls = []
+    start = time.perf_counter()
+    total = 0.0
+    while total < seconds or len(calls) < MIN_CALLS:
+        c0 = time.perf_counter()
+        fn()
+        c1 = time.perf_counter()
+        calls.append(c1 - c0)
+        total = c1 - start
+    calls.sort()
+    n = len(calls)
+    median = calls[n // 2] if n % 2 else 0.5 * (calls[n // 2 - 1] + calls[n // 2])
+    return {"calls": n, "seconds": total, "median_s": median, "mean_s": total / n,
+            "min_s": calls[0]}
+
+
+def random_inputs(cfg, B, gen):
+    C, S, K = cfg["in_channels"], cfg["input_size"], cfg["num_classes"]
+    x = torch.randn(B, C, S, S, generator=gen)
+    t = torch.rand(B, generator=gen)
+    y = torch.randint(0, K + 1, (B,), generator=gen)  # the null class included
+    return x, t, y
+
+
+def torch_forward(model, cfg, B, seconds, gen):
+    x, t, y = random_inputs(cfg, B, gen)
+    model.eval()
+
+    def step():
+        with torch.no_grad():
+            model(x, t, y)
+    return time_calls(step, seconds)
+
+
+def torch_train(model, cfg, B, seconds, gen):
+    """The training step of model/train.c, in PyTorch eager."""
+    C, S, K = cfg["in_channels"], cfg["input_size"], cfg["num_classes"]
+    data = torch.rand(DATA_N, C, S, S, generator=gen) * 2 - 1
+    labels = torch.randint(0, K, (DATA_N,), generator=gen)
+    params = [p for _, p in model.trainable()]
+    ema = [p.detach().clone() for p in params]
+    opt = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                            foreach=True)
+    decay = 0.999
+    model.train()
+
+    def step():
+        idx = torch.randint(0, DATA_N, (B,))
+        x0 = data[idx]
+        y = torch.where(torch.rand(B) < 0.1, torch.full((B,), K), labels[idx])
+        t = torch.rand(B)
+        eps = torch.randn_like(x0)
+        tb = t[:, None, None, None]
+        xt = (1 - tb) * x0 + tb * eps
+        loss = F.mse_loss(model(xt, t, y), eps - x0)
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        loss.item()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        with torch.no_grad():
+            torch._foreach_mul_(ema, decay)
+            torch._foreach_add_(ema, params, alpha=1 - decay)
+    return time_calls(step, seconds)
+
+
+# ---- one config ----------------------------------------------------------------------------------
+
+def run_config(name, build, work, peak):
+    cfg = dict(CONFIGS[name])
+    gen = torch.Generator().manual_seed(20261121)
+    model = dt.DiT(**cfg)
+    model.randomise(gen)
+    for n, p in model.state_dict().items():
+        assert p.abs().min().item() > 0 or n == "pos_embed", f"{n} has a zero element"
+    weights = os.path.join(work, f"{name}.safetensors")
+    dt.save_model(model, weights)
+    flops = None
+
+    # 1. the same computation?
+    x, t, y = random_inputs(cfg, CHECK_BATCH, gen)
+    model.eval()
+    with torch.no_grad():
+        v = model(x, t, y)
+    check_path = os.path.join(work, f"{name}.check.safetensors")
+    dt.st_write(check_path, {"x": x, "t": t, "y": y, "v": v})
+
+    # 2. ours
+    exe = os.path.join(build, "bench", "bench_dit")
+    cmd = [exe, "--weights", weights, "--threads", str(ARGS.threads), "--seconds",
+           str(ARGS.seconds), "--check", check_path, "--json"] + (["--quick"] if ARGS.quick else [])
+    log(f"[{name}] ours: {' '.join(cmd)}")
+    ours = run_json(cmd)
+    ck = ours["check"]
+    if not (ck["ok"] and ck["rel"] <= TOL_FORWARD):
+        log(f"bench_dit.py: [{name}] the forward outputs differ by {ck['rel']:.3e} relative "
+            f"(tolerance {TOL_FORWARD:.0e}): not the same computation; stopping")
+        sys.exit(3)
+    log(f"[{name}] check: forward of both sides on the same (x, t, y), batch {ck['batch']}: "
+        f"max|diff| {ck['max_abs_diff']:.3e}, relative {ck['rel']:.3e} ≤ {TOL_FORWARD:.0e}")
+    flops = ours["flops_per_sample"]
+    res_ours = {f"{r['what']}_b{r['batch']}": r for r in ours["results"]}
+
+    # 3. PyTorch
+    res_torch = {}
+    for B in FORWARD_BATCHES:
+        log(f"[{name}] PyTorch forward, batch {B}")
+        res_torch[f"forward_b{B}"] = torch_forward(model, cfg, B, ARGS.seconds, gen)
+    log(f"[{name}] PyTorch training step, batch {TRAIN_BATCH}")
+    res_torch[f"train_b{TRAIN_BATCH}"] = torch_train(model, cfg, TRAIN_BATCH, ARGS.seconds, gen)
+
+    rows = []
+    for key in [f"forward_b{B}" for B in FORWARD_BATCHES] + [f"train_b{TRAIN_BATCH}"]:
+        o, p = res_ours[key], res_torch[key]
+        B = o["batch"]
+        mult = 3.0 if key.startswith("train") else 1.0
+        sps_t = B / p["median_s"]
+        rows.append({
+            "key": key, "what": o["what"], "batch": B,
+            "ours_samples_per_s": o["samples_per_s"], "torch_samples_per_s": sps_t,
+            "ratio": o["samples_per_s"] / sps_t,
+            "ours_gflops": o["gflops"], "torch_gflops": mult * flops * sps_t / 1e9,
+            "of_peak": o["gflops"] / peak["gflops"],
+            "ours": o, "torch": p,
+        })
+    targets = []
+    by_key = {r["key"]: r for r in rows}
+    for key, field, thr in TARGETS:
+        val = by_key[key][field]
+        targets.append({"row": key, "measure": field, "value": val, "target": thr,
+                        "met": val >= thr})
+    return {"config": name, "model": cfg, "num_params": ours["num_params"],
+            "flops_per_sample": flops, "check": ck, "command": " ".join(cmd), "rows": rows,
+            "targets": targets}
+
+
+# ---- output --------------------------------------------------------------------------------------
+
+def describe_target(t):
+    if t["measure"] == "ratio":
+        return (f"{t['row'].replace('_b', ' b')} ≥ {t['target']:g}× PyTorch",
+                f"{t['value']:.2f}×")
+    return (f"{t['row'].replace('_b', ' b')} ≥ {100 * t['target']:.0f} % of sgemm peak",
+            f"{100 * t['value']:.1f} %")
+
+
+def print_report(env, peak, results):
+    out = sys.stdout
+    print(f"machine:  {env['cpu_model']}, {env['nproc']} online cores; load average "
+          f"{env['loadavg']}", file=out)
+    quick = "  (--quick: a smoke run, not a measurement)" if ARGS.quick else ""
+    print(f"threads:  {ARGS.threads} on both sides, {ARGS.seconds:g} s per measurement{quick}",
+          file=out)
+    b = env["torch_blas"]
+    print(f"PyTorch:  {b['torch_version']}, BLAS_INFO={b['blas_info']} (config mentions OpenBLAS: "
+          f"{'yes' if b['config_mentions_openblas'] else 'no'}); loaded "
+          f"{b['openblas_library'] or 'NO OpenBLAS'} "
+          f"[{b['openblas_config']}], {b['openblas_threads']} OpenBLAS threads", file=out)
+    print(f"peak:     sgemm {peak['size']}³ through the engine {peak['gflops']:.1f} GFLOP/s "
+          f"(OpenBLAS alone on its own threads: {peak['openblas_direct_gflops']:.1f})", file=out)
+    for r in results:
+        print(f"\n{r['config']}: {r['num_params']} parameters, "
+              f"{r['flops_per_sample'] / 1e6:.2f} MFLOP/sample forward; "
+              f"same output as PyTorch to {r['check']['rel']:.1e}", file=out)
+        hdr = (f"  {'':12} {'ours/s':>10} {'PyTorch/s':>10} {'ratio':>7} {'ours GF/s':>10} "
+               f"{'of peak':>8} {'PyTorch GF/s':>13}")
+        print(hdr, file=out)
+        for row in r["rows"]:
+            label = f"{row['what']} b{row['batch']}"
+            print(f"  {label:12} {row['ours_samples_per_s']:10.1f} "
+                  f"{row['torch_samples_per_s']:10.1f} {row['ratio']:6.2f}× "
+                  f"{row['ours_gflops']:10.2f} {100 * row['of_peak']:7.1f}% "
+                  f"{row['torch_gflops']:13.2f}", file=out)
+        for t in r["targets"]:
+            what, val = describe_target(t)
+            print(f"  target {what:34} {val:>9}  {'MET' if t['met'] else 'NOT MET'}", file=out)
+
+
+def main():
+    build = find_build()
+    torch.set_num_threads(ARGS.threads)
+    env = {"cpu_model": cpu_model(), "nproc": os.cpu_count(),
+           "loadavg": " ".join(open("/proc/loadavg").read().split()[:3]),
+           "torch_blas": torch_blas(), "torch_threads": torch.get_num_threads(),
+           "date": time.strftime("%Y-%m-%d %H:%M %Z"), "threads": ARGS.threads,
+           "seconds": ARGS.seconds, "quick": ARGS.quick}
+    if not env["torch_blas"]["openblas_library"]:
+        log("bench_dit.py: warning: PyTorch does not load OpenBLAS here; the peer is not the one "
+            "DESIGN §11 names")
+    log(f"PyTorch {torch.__version__}, BLAS: {env['torch_blas']['openblas_library']} "
+        f"({env['torch_blas']['openblas_config']}), {torch.get_num_threads()} threads")
+    if ARGS.keep:
+        os.makedirs(ARGS.keep, exist_ok=True)
+    work = ARGS.keep or tempfile.mkdtemp(prefix="tessera-bench-dit-")
+    try:
+        log("sgemm peak (bench_gemm) ...")
+        peak = sgemm_peak(build)
+        results = [run_config(name, build, work, peak) for name in ARGS.config]
+    finally:
+        if not ARGS.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if ARGS.json:
+        json.dump({"env": env, "peak": peak, "results": results}, sys.stdout, indent=2)
+        print()
+    else:
+        print_report(env, peak, results)
+
+
+if __name__ == "__main__":
+    main()

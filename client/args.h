@@ -1,0 +1,41 @@
+/*
+ * args.h — a table-driven option parser for the `tessera` verbs.
+ *
+ * A verb declares its options once, as a table of {name, kind, destination, help}; the parser
+ * fills the destinations from argv ("--name value" or "--name=value"), checks every value
+ * (integers and floats parsed strictly, within the bounds given), and prints the verb's --help
+ * from the same table, so the help can never drift from what is accepted.
+ */
+#ifndef TS_ARGS_H
+#define TS_ARGS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum {
+    TS_ARG_FLAG,   /* int*: set to 1, takes no value */
+    TS_ARG_INT,    /* int*, within [min, max] */
+    TS_ARG_I64,    /* int64_t*, within [min, max] */
+    TS_ARG_U64,    /* uint64_t* (seeds) */
+    TS_ARG_FLOAT,  /* float*, finite, within [min, max] */
+    TS_ARG_STRING, /* const char** */
+} ts_arg_kind_t;
+
+typedef struct ts_arg {
+    const char *name; /* without the leading "--" */
+    ts_arg_kind_t kind;
+    void *dest;
+    const char *meta; /* shown in help: "N", "FILE", ... */
+    const char *help;
+    double min, max;  /* bounds for numbers (ignored when min == max == 0) */
+    int required;
+    int seen;         /* set by the parser */
+} ts_arg_t;
+
+/* Parses argv[1..argc) against the table (n entries). Returns 0 on success, 1 when --help was
+ * printed (the caller exits 0), or 2 after printing an error naming the option (exit 2). */
+int ts_args_parse(const char *prog, const char *summary, ts_arg_t *args, int n, int argc,
+                  char **argv);
+void ts_args_usage(FILE *f, const char *prog, const char *summary, const ts_arg_t *args, int n);
+
+#endif

@@ -1,0 +1,249 @@
+/*
+ * cmd_train.c — `tessera train`: train one expert on Fashion-MNIST (or a shard of it).
+ *
+ * Prints a live progress line (step, loss, samples/s, ETA) on stderr — rewritten in place on a
+ * terminal, one line per --log-every steps otherwise — and with --json one JSON object per log
+ * line on stdout. Checkpoints go to --ckpt (default OUT.ckpt) every --ckpt-every steps and at the
+ * end; --resume continues from it bit-identically. SIGINT/SIGTERM finish the current step, write
+ * a checkpoint and stop. The output file holds the EMA weights, with the config in its metadata.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/args.h"
+#include "client/commands.h"
+#include "model/dit_io.h"
+#include "model/fmnist.h"
+#include "model/train.h"
+
+static volatile sig_atomic_t g_stop; /* set by SIGINT/SIGTERM: stop after this step */
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void fmt_eta(double s, char *buf, size_t len) {
+    if (!isfinite(s) || s < 0)
+        snprintf(buf, len, "?");
+    else if (s < 3600)
+        snprintf(buf, len, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else
+        snprintf(buf, len, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+typedef struct {
+    const char *data_dir, *shard, *model, *out, *ckpt, *loss_log, *init;
+    int64_t steps;
+    int batch, threads, ckpt_every, log_every, resume, json, warmup, logit_normal;
+    float lr, wd, clip, ema, dropout;
+    uint64_t seed;
+} train_opts_t;
+
+/* Loads the data set and applies the shard, if any. */
+static int load_data(const train_opts_t *o, ts_dataset_t *ds, char *err, size_t errlen) {
+    int rc = ts_fmnist_load(o->data_dir, "train", ds, err, errlen);
+    if (rc || !o->shard)
+        return rc;
+    int32_t *idx = NULL;
+    int n = 0;
+    rc = ts_shard_read(o->shard, &idx, &n, ds->n, err, errlen);
+    if (rc == TS_OK) {
+        ts_dataset_t sub;
+        rc = ts_dataset_subset(ds, idx, n, &sub);
+        if (rc == TS_OK) {
+            ts_dataset_free(ds);
+            *ds = sub;
+        } else {
+            snprintf(err, errlen, "shard %s: %s", o->shard, ts_strerror(rc));
+        }
+    }
+    free(idx);
+    return rc;
+}
+
+static int save_outputs(ts_trainer_t *tr, const train_opts_t *o, float loss, char *err,
+                        size_t errlen) {
+    char steps[32], lossbuf[32];
+    snprintf(steps, sizeof steps, "%lld", (long long)tr->step);
+    snprintf(lossbuf, sizeof lossbuf, "%.6f", loss);
+    const char *extra[] = {"objective", "velocity", "weights", "ema", "train_steps", steps,
+                           "train_loss", lossbuf, "shard", o->shard ? o->shard : "all"};
+    int rc = ts_trainer_save(tr, o->ckpt, err, errlen);
+    if (rc == TS_OK)
+        rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, TS_ST_F32, extra, 5, err, errlen);
+    return rc;
+}
+
+int ts_cmd_train(int argc, char **argv) {
+    train_opts_t o = {.data_dir = TS_FMNIST_DEFAULT_DIR, .model = "tiny", .steps = 1000,
+                      .batch = 64, .ckpt_every = 500, .log_every = 50, .seed = 0};
+    ts_train_config_t tc;
+    ts_train_config_default(&tc);
+    o.lr = tc.lr, o.wd = tc.weight_decay, o.clip = tc.grad_clip, o.ema = tc.ema_decay;
+    o.dropout = tc.label_dropout, o.warmup = tc.warmup;
+    ts_arg_t args[] = {
+        {"data", TS_ARG_STRING, &o.data_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"shard", TS_ARG_STRING, &o.shard, "FILE", "train only on these image indices (one per line)"},
+        {"model", TS_ARG_STRING, &o.model, "NAME", "config: tiny, small, S/2, B/4, ... (default tiny)"},
+        {"init", TS_ARG_STRING, &o.init, "FILE", "start from these weights instead of a fresh init"},
+        {"steps", TS_ARG_I64, &o.steps, "N", "total optimisation steps (default 1000)", 1, 1e12},
+        {"batch", TS_ARG_INT, &o.batch, "B", "samples per step (default 64)", 1, 65536},
+        {"lr", TS_ARG_FLOAT, &o.lr, "X", "peak learning rate (default 3e-4)", 1e-9, 10},
+        {"warmup", TS_ARG_INT, &o.warmup, "N", "linear warm-up steps (default 200)", 0, 1e9},
+        {"weight-decay", TS_ARG_FLOAT, &o.wd, "X", "AdamW decoupled weight decay (default 0)", 0, 10},
+        {"grad-clip", TS_ARG_FLOAT, &o.clip, "X", "max gradient norm, 0 = off (default 1)", 0, 1e9},
+        {"ema", TS_ARG_FLOAT, &o.ema, "X", "EMA decay (default 0.999)", 0, 1},
+        {"label-dropout", TS_ARG_FLOAT, &o.dropout, "P", "null-class probability for CFG (default 0.1)", 0, 1},
+        {"logit-normal", TS_ARG_FLAG, &o.logit_normal, NULL, "draw t = sigmoid(N(0,1)) instead of U(0,1)"},
+        {"seed", TS_ARG_U64, &o.seed, "S", "seed of every random draw (default 0)"},
+        {"threads", TS_ARG_INT, &o.threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"out", TS_ARG_STRING, &o.out, "FILE", "where to write the EMA weights (.safetensors)", 0, 0, 1},
+        {"ckpt", TS_ARG_STRING, &o.ckpt, "FILE", "checkpoint file (default OUT.ckpt)"},
+        {"ckpt-every", TS_ARG_INT, &o.ckpt_every, "N", "checkpoint every N steps (default 500)", 1, 1e9},
+        {"resume", TS_ARG_FLAG, &o.resume, NULL, "continue from the checkpoint if it exists"},
+        {"log-every", TS_ARG_INT, &o.log_every, "N", "progress line every N steps (default 50)", 1, 1e9},
+        {"loss-log", TS_ARG_STRING, &o.loss_log, "FILE", "append 'step loss grad_norm' per step to FILE"},
+        {"json", TS_ARG_FLAG, &o.json, NULL, "JSON lines on stdout (progress and summary)"},
+    };
+    int pr = ts_args_parse("tessera train",
+                           "Train one DiT expert with flow matching on Fashion-MNIST or a shard.",
+                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
+    if (pr)
+        return pr == 1 ? 0 : 2;
+    char ckpt_default[4096];
+    if (!o.ckpt) {
+        snprintf(ckpt_default, sizeof ckpt_default, "%s.ckpt", o.out);
+        o.ckpt = ckpt_default;
+    }
+    tc.batch = o.batch, tc.lr = o.lr, tc.warmup = o.warmup, tc.weight_decay = o.wd;
+    tc.grad_clip = o.clip, tc.ema_decay = o.ema, tc.label_dropout = o.dropout;
+    tc.logit_normal = o.logit_normal, tc.seed = o.seed;
+
+    char err[512] = "";
+    ts_dataset_t ds = {0};
+    ts_engine_t eng = {0};
+    ts_dit_t model = {0};
+    ts_trainer_t tr = {0};
+    FILE *loss_log = NULL;
+    int rc = load_data(&o, &ds, err, sizeof err);
+    ts_engine_opts_t eo = {TS_CPU, o.threads, 0};
+    if (rc == TS_OK && (rc = ts_engine_init(&eng, &eo)) != TS_OK)
+        snprintf(err, sizeof err, "cannot start the CPU engine");
+    ts_dit_config_t cfg;
+    if (rc == TS_OK) {
+        if (o.init) {
+            rc = ts_dit_open(&model, o.init, &eng, o.batch, 1, err, sizeof err);
+        } else if ((rc = ts_dit_config_preset(o.model, &cfg)) != TS_OK) {
+            snprintf(err, sizeof err, "unknown model '%s' (tiny, small, S/2 … XL/8)", o.model);
+        } else {
+            cfg.in_channels = ds.channels, cfg.input_size = ds.height;
+            rc = ts_dit_create(&model, &cfg, &eng, o.batch, 1);
+            if (rc == TS_OK)
+                rc = ts_dit_init_weights(&model, o.seed);
+            if (rc)
+                snprintf(err, sizeof err, "cannot build model '%s'", o.model);
+        }
+    }
+    if (rc == TS_OK && (rc = ts_trainer_init(&tr, &model, &ds, &tc)) != TS_OK)
+        snprintf(err, sizeof err, "cannot start training (batch %d, %d images)", o.batch, ds.n);
+    if (rc == TS_OK && o.resume && access(o.ckpt, F_OK) == 0) {
+        rc = ts_trainer_load(&tr, o.ckpt, err, sizeof err);
+        if (rc == TS_OK)
+            fprintf(stderr, "resuming from %s at step %lld\n", o.ckpt, (long long)tr.step);
+    }
+    if (rc == TS_OK && o.loss_log && !(loss_log = fopen(o.loss_log, "a"))) {
+        snprintf(err, sizeof err, "cannot open loss log %s", o.loss_log);
+        rc = TS_EIO;
+    }
+    if (rc != TS_OK) {
+        fprintf(stderr, "tessera train: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
+        goto done;
+    }
+    fprintf(stderr, "training %s (%lld parameters, %.1f MFLOP/sample fwd) on %d images, batch %d, "
+                    "%d threads, steps %lld → %lld\n",
+            o.init ? o.init : o.model, (long long)model.num_params,
+            ts_dit_flops_per_sample(&model.cfg) / 1e6, ds.n, o.batch, eng.threads,
+            (long long)tr.step, (long long)o.steps);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    int tty = isatty(STDERR_FILENO);
+    double t0 = now_s(), t_log = t0;
+    int64_t first = tr.step, at_log = tr.step;
+    float loss = NAN, norm = NAN, avg = NAN;
+    while (tr.step < o.steps && !g_stop) {
+        rc = ts_trainer_step(&tr, &loss, &norm);
+        if (rc != TS_OK) {
+            fprintf(stderr, "\ntessera train: step %lld failed: %s (loss %g, grad norm %g); the "
+                            "last checkpoint is intact\n",
+                    (long long)tr.step + 1, ts_strerror(rc), loss, norm);
+            goto done;
+        }
+        avg = isnan(avg) ? loss : 0.98f * avg + 0.02f * loss;
+        if (loss_log)
+            fprintf(loss_log, "%lld %.9g %.9g\n", (long long)tr.step, loss, norm);
+        int last = tr.step == o.steps;
+        if (tr.step % o.log_every == 0 || last || tty) {
+            double t = now_s();
+            if (tr.step % o.log_every == 0 || last) {
+                double sps = (double)(tr.step - at_log) * o.batch / (t - t_log + 1e-9);
+                double eta = (double)(o.steps - tr.step) * o.batch / (sps + 1e-9);
+                char etab[32];
+                fmt_eta(eta, etab, sizeof etab);
+                fprintf(stderr, "%sstep %lld/%lld  loss %.4f (avg %.4f)  |g| %.3f  lr %.2e  %.0f samples/s  ETA %s%s",
+                        tty ? "\r" : "", (long long)tr.step, (long long)o.steps, loss, avg, norm,
+                        ts_trainer_lr(&tc, tr.step - 1), sps, etab, tty ? "   " : "\n");
+                if (o.json)
+                    printf("{\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"grad_norm\":%.4f,"
+                           "\"samples_per_s\":%.1f,\"eta_s\":%.0f}\n",
+                           (long long)tr.step, loss, avg, norm, sps, eta);
+                t_log = t, at_log = tr.step;
+            }
+        }
+        if (tr.step % o.ckpt_every == 0 && !last) {
+            if ((rc = save_outputs(&tr, &o, loss, err, sizeof err)) != TS_OK) {
+                fprintf(stderr, "\ntessera train: checkpoint: %s: %s\n", err, ts_strerror(rc));
+                goto done;
+            }
+        }
+    }
+    if (tty)
+        fprintf(stderr, "\n");
+    if ((rc = save_outputs(&tr, &o, isnan(avg) ? loss : avg, err, sizeof err)) != TS_OK) {
+        fprintf(stderr, "tessera train: %s: %s\n", err, ts_strerror(rc));
+        goto done;
+    }
+    double secs = now_s() - t0;
+    fprintf(stderr, "%s at step %lld: loss %.4f (avg %.4f), %.1f s, %.0f samples/s; weights → %s, "
+                    "checkpoint → %s\n",
+            g_stop ? "stopped" : "done", (long long)tr.step, loss, avg, secs,
+            (double)(tr.step - first) * o.batch / (secs + 1e-9), o.out, o.ckpt);
+    if (o.json)
+        printf("{\"done\":%s,\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"seconds\":%.2f,"
+               "\"out\":\"%s\",\"ckpt\":\"%s\"}\n",
+               g_stop ? "false" : "true", (long long)tr.step, loss, avg, secs, o.out, o.ckpt);
+    rc = g_stop ? 130 : 0;
+done:
+    if (loss_log)
+        fclose(loss_log);
+    ts_trainer_free(&tr);
+    ts_dit_free(&model);
+    ts_engine_free(&eng);
+    ts_dataset_free(&ds);
+    if (rc == 130)
+        return 130;
+    return rc == TS_OK ? 0 : 1;
+}

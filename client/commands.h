@@ -1,0 +1,12 @@
+/*
+ * commands.h — the verbs of `tessera`, one function each: (argc, argv) with argv[0] the verb,
+ * returning the process exit code (0 ok, 1 failed, 2 bad usage, 130 interrupted).
+ */
+#ifndef TS_COMMANDS_H
+#define TS_COMMANDS_H
+
+int ts_cmd_train(int argc, char **argv);
+int ts_cmd_sample(int argc, char **argv);
+int ts_cmd_forward(int argc, char **argv);
+
+#endif

@@ -1,0 +1,92 @@
+/*
+ * main.c — the `tessera` command: parses the verb and hands over to it.
+ *
+ * Verbs today: `train`, `sample`, `forward` (client/cmd_*.c), `selfcheck` (client/selfcheck.c)
+ * and `bench gemm` (bench/gemm_bench.c, shared with the bench_gemm program). The network's
+ * verbs (generate, status, pull, ...) arrive with the layers they need. Every verb takes --help; an unknown verb or option exits 2 with a message
+ * naming it, a failed run exits 1.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench/gemm_bench.h"
+#include "client/commands.h"
+#include "client/selfcheck.h"
+#include "kernels/engine.h"
+
+#ifndef TS_VERSION
+#define TS_VERSION "0.0.0-dev"
+#endif
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tessera <verb> [options]\n"
+               "\n"
+               "verbs:\n"
+               "  train         train one DiT expert with flow matching on Fashion-MNIST (or a shard)\n"
+               "  sample        generate images from one expert and write a PNG grid\n"
+               "  forward       one forward pass of an expert on tensors from a file (parity, debug)\n"
+               "  selfcheck     check the compute kernels against naive references (and a CUDA\n"
+               "                device against the CPU, when one is present)\n"
+               "  bench gemm    GEMM throughput of the DiT configs next to the sgemm peak\n"
+               "\n"
+               "options:\n"
+               "  -h, --help    show this text; `tessera <verb> --help` for a verb's options\n"
+               "  --version     print the version and the backends built in\n");
+}
+
+static void bench_usage(FILE *f) {
+    fprintf(f, "usage: tessera bench <name> [options]\n"
+               "\n"
+               "benchmarks:\n"
+               "  gemm          GEMM throughput of the DiT configs next to the sgemm peak\n"
+               "\n"
+               "`tessera bench <name> --help` shows a benchmark's options.\n");
+}
+
+static int cmd_bench(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "tessera bench: name a benchmark (see tessera bench --help)\n");
+        return 2;
+    }
+    const char *name = argv[1];
+    if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0) {
+        bench_usage(stdout);
+        return 0;
+    }
+    if (strcmp(name, "gemm") == 0)
+        return ts_gemm_bench_main(argc - 1, argv + 1, "tessera bench gemm");
+    fprintf(stderr, "tessera bench: unknown benchmark '%s' (see tessera bench --help)\n", name);
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *verb = argv[1];
+    if (strcmp(verb, "-h") == 0 || strcmp(verb, "--help") == 0 || strcmp(verb, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(verb, "--version") == 0) {
+        printf("tessera %s (CPU backend: OpenBLAS; CUDA backend: %s)\n", TS_VERSION,
+               ts_cuda_built() ? "built" : "not built");
+        return 0;
+    }
+    if (strcmp(verb, "train") == 0)
+        return ts_cmd_train(argc - 1, argv + 1);
+    if (strcmp(verb, "sample") == 0)
+        return ts_cmd_sample(argc - 1, argv + 1);
+    if (strcmp(verb, "forward") == 0)
+        return ts_cmd_forward(argc - 1, argv + 1);
+    if (strcmp(verb, "selfcheck") == 0)
+        return ts_cli_selfcheck(argc - 1, argv + 1);
+    if (strcmp(verb, "bench") == 0)
+        return cmd_bench(argc - 1, argv + 1);
+    if (verb[0] == '-')
+        fprintf(stderr, "tessera: unknown option '%s' (see tessera --help)\n", verb);
+    else
+        fprintf(stderr, "tessera: unknown verb '%s' (see tessera --help)\n", verb);
+    return 2;
+}

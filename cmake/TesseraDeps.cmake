@@ -1,0 +1,35 @@
+# Dependency checks. Every library comes from a Debian package; a missing one stops configure
+# with the name of the package to install (or: run scripts/setup.sh, which installs them all).
+
+find_package(PkgConfig)
+if(NOT PKG_CONFIG_FOUND)
+  message(FATAL_ERROR "pkg-config not found. Install it with: apt-get install pkg-config (or run scripts/setup.sh)")
+endif()
+
+# tessera_require_pkg(<prefix> <pkg-config module> <Debian package>)
+# Defines the imported target PkgConfig::<prefix>.
+function(tessera_require_pkg prefix module debpkg)
+  pkg_check_modules(${prefix} QUIET IMPORTED_TARGET GLOBAL ${module})
+  if(NOT ${prefix}_FOUND)
+    message(FATAL_ERROR "Missing dependency '${module}'. Install it with: apt-get install ${debpkg} (or run scripts/setup.sh)")
+  endif()
+  message(STATUS "Found ${module} ${${prefix}_VERSION}")
+endfunction()
+
+tessera_require_pkg(UV        libuv         libuv1-dev)
+tessera_require_pkg(SODIUM    libsodium     libsodium-dev)
+tessera_require_pkg(PROTOBUFC libprotobuf-c libprotobuf-c-dev)
+tessera_require_pkg(LMDB      lmdb          liblmdb-dev)
+tessera_require_pkg(OPENBLAS  openblas      libopenblas-dev)
+tessera_require_pkg(CMOCKA    cmocka        libcmocka-dev)
+tessera_require_pkg(JANSSON   jansson       libjansson-dev)
+tessera_require_pkg(ZLIB      zlib          zlib1g-dev)
+tessera_require_pkg(PNG       libpng        libpng-dev)
+
+find_program(PROTOC_C NAMES protoc-c protoc-gen-c)
+if(NOT PROTOC_C)
+  message(FATAL_ERROR "Missing protoc-c. Install it with: apt-get install protobuf-c-compiler (or run scripts/setup.sh)")
+endif()
+
+find_package(Threads REQUIRED)
+find_library(LIBM m REQUIRED)

@@ -1,0 +1,167 @@
+/*
+ * backend.h — internal: the raw entry points each backend implements.
+ *
+ * kernels/ops.c checks every argument, then calls ts_cpu_<name> or ts_cuda_<name> with raw
+ * pointers and sizes. Both backends implement the same list with the same parameters, declared
+ * once here. Pointers are device pointers of the engine's device; sizes are already validated
+ * (positive, consistent), and nullable gradient outputs are NULL when not wanted. The functions
+ * return TS_OK or an error (the CUDA ones report launch and library failures).
+ *
+ * When the CUDA backend is not built, kernels/cuda_stub.c implements every ts_cuda_* as
+ * TS_ENODEV. Matrices are row-major throughout; gemm maps them onto column-major BLAS itself.
+ */
+#ifndef TS_BACKEND_H
+#define TS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_BACKEND_FN(name, ...)                                                                 \
+    int ts_cpu_##name(ts_engine_t *e, __VA_ARGS__);                                              \
+    int ts_cuda_##name(ts_engine_t *e, __VA_ARGS__);
+
+/* p[0..bytes) = 0 */
+TS_BACKEND_FN(memzero, void *p, size_t bytes)
+/* t[i] = v */
+TS_BACKEND_FN(fill, float *t, int64_t n, float v)
+/* y[i] += alpha·x[i] */
+TS_BACKEND_FN(axpy, float *y, float alpha, const float *x, int64_t n)
+/* t[i] *= alpha */
+TS_BACKEND_FN(scale, float *t, float alpha, int64_t n)
+/* t[i] = alpha·t[i] + beta */
+TS_BACKEND_FN(affine, float *t, float alpha, float beta, int64_t n)
+/* out[i] = a[i] + b[i] (out may alias a or b) */
+TS_BACKEND_FN(add, float *out, const float *a, const float *b, int64_t n)
+/* out (rows, S) = x (rows, S) + b (S) (out may alias x) */
+TS_BACKEND_FN(add_bcast_forward, float *out, const float *x, const float *b, int64_t rows,
+              int64_t S)
+/* dx (rows, S) += dout; db (S) += Σ_rows dout */
+TS_BACKEND_FN(add_bcast_backward, float *dx, float *db, const float *dout, int64_t rows,
+              int64_t S)
+/* dst[i] = convert(src[i]) between F32/F16/BF16 (dst and src do not overlap) */
+TS_BACKEND_FN(convert, void *dst, ts_dtype_t dst_dtype, const void *src, ts_dtype_t src_dtype,
+              int64_t n)
+/* *count = number of NaN/Inf values in t (F32/F16/BF16); *count is host memory */
+TS_BACKEND_FN(count_nonfinite, const void *t, ts_dtype_t dtype, int64_t n, int64_t *count)
+
+/* Row-major strided-batched GEMM: for b < batch,
+ *   C_b (M, N) = alpha · op(A_b) · op(B_b) + beta · C_b,
+ * op(A_b) (M, K), op(B_b) (K, N); A_b = A + b·stride_a (likewise B, C); lda/ldb/ldc are the
+ * row strides of A, B, C as stored (A is (M, K) or, transposed, (K, M)). */
+TS_BACKEND_FN(gemm, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const float *A, int64_t lda, int64_t stride_a, const float *B, int64_t ldb,
+              int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c,
+              int64_t batch)
+
+/* out, inp (rows, C); mean, rstd (rows), each may be NULL */
+TS_BACKEND_FN(layernorm_forward, float *out, float *mean, float *rstd, const float *inp,
+              int64_t rows, int64_t C)
+/* dinp (rows, C) += ...; mean and rstd (from the forward) are required */
+TS_BACKEND_FN(layernorm_backward, float *dinp, const float *dout, const float *inp,
+              const float *mean, const float *rstd, int64_t rows, int64_t C)
+TS_BACKEND_FN(gelu_forward, float *out, const float *inp, int64_t n)
+TS_BACKEND_FN(gelu_backward, float *dinp, const float *dout, const float *inp, int64_t n)
+TS_BACKEND_FN(silu_forward, float *out, const float *inp, int64_t n)
+TS_BACKEND_FN(silu_backward, float *dinp, const float *dout, const float *inp, int64_t n)
+/* out, inp (rows, C), softmax over each row (out may alias inp) */
+TS_BACKEND_FN(softmax_forward, float *out, const float *inp, int64_t rows, int64_t C)
+/* dinp = (accumulate ? dinp : 0) + scale · softmax'(out)·dout, per row. With accumulate == 0,
+ * dinp may alias dout. */
+TS_BACKEND_FN(softmax_backward, float *dinp, const float *dout, const float *out, int64_t rows,
+              int64_t C, float scale, int accumulate)
+
+/* x, out (B, T, C); mod (B, M·C); chunk i of sample b is mod + b·M·C + i·C */
+TS_BACKEND_FN(modulate_forward, float *out, const float *x, const float *mod, int64_t B,
+              int64_t T, int64_t C, int64_t M, int shift_idx, int scale_idx)
+/* dx (nullable) += ...; dmod (nullable) += ... */
+TS_BACKEND_FN(modulate_backward, float *dx, float *dmod, const float *dout, const float *x,
+              const float *mod, int64_t B, int64_t T, int64_t C, int64_t M, int shift_idx,
+              int scale_idx)
+TS_BACKEND_FN(gate_residual_forward, float *out, const float *res, const float *y,
+              const float *mod, int64_t B, int64_t T, int64_t C, int64_t M, int gate_idx)
+/* dres, dy, dmod each nullable */
+TS_BACKEND_FN(gate_residual_backward, float *dres, float *dy, float *dmod, const float *dout,
+              const float *y, const float *mod, int64_t B, int64_t T, int64_t C, int64_t M,
+              int gate_idx)
+
+/* out (B, D), t (B) */
+TS_BACKEND_FN(timestep_embedding_forward, float *out, const float *t, int64_t B, int64_t D,
+              float scale)
+TS_BACKEND_FN(timestep_embedding_backward, float *dt, const float *dout, const float *t,
+              int64_t B, int64_t D, float scale)
+/* out (B, D) = table[ids[b]]; ids already range-checked */
+TS_BACKEND_FN(embedding_forward, float *out, const float *table, const int32_t *ids, int64_t B,
+              int64_t D)
+TS_BACKEND_FN(embedding_backward, float *dtable, const float *dout, const int32_t *ids,
+              int64_t B, int64_t D)
+
+/* img (B, C, H, W) ↔ tok (B, T, C·p·p), (c, py, px) order; backward accumulates */
+TS_BACKEND_FN(patchify_forward, float *out, const float *img, int64_t B, int64_t C, int64_t H,
+              int64_t W, int64_t p)
+TS_BACKEND_FN(patchify_backward, float *dimg, const float *dout, int64_t B, int64_t C, int64_t H,
+              int64_t W, int64_t p)
+/* tok (B, T, p·p·C), (py, px, c) order → img (B, C, H, W); backward accumulates */
+TS_BACKEND_FN(unpatchify_forward, float *img, const float *tok, int64_t B, int64_t C, int64_t H,
+              int64_t W, int64_t p)
+TS_BACKEND_FN(unpatchify_backward, float *dtok, const float *dimg, int64_t B, int64_t C,
+              int64_t H, int64_t W, int64_t p)
+
+/* out[0] = Σ inp (device scalar) */
+TS_BACKEND_FN(sum, float *out, const float *inp, int64_t n)
+/* out[0] = Σ inp² */
+TS_BACKEND_FN(sumsq, float *out, const float *inp, int64_t n)
+/* dinp[i] += scalar[0] · mult (scalar is a device pointer) */
+TS_BACKEND_FN(add_scaled_scalar, float *dinp, const float *scalar, float mult, int64_t n)
+/* out (C) = Σ_rows inp (rows, C) */
+TS_BACKEND_FN(sum_rows, float *out, const float *inp, int64_t rows, int64_t C)
+/* loss[0] = mean((pred − target)²) */
+TS_BACKEND_FN(mse_forward, float *loss, const float *pred, const float *target, int64_t n)
+/* dpred += dloss · 2·(pred − target)/n */
+TS_BACKEND_FN(mse_backward, float *dpred, float dloss, const float *pred, const float *target,
+              int64_t n)
+
+/* xt, target, x0, eps (B, S); t (B): see ts_flow_interp. Outputs do not alias inputs. */
+TS_BACKEND_FN(flow_interp, float *xt, float *target, const float *x0, const float *eps,
+              const float *t, int64_t B, int64_t S)
+
+/* AdamW, see ts_adamw_elem; g = grad · grad_scale */
+TS_BACKEND_FN(adamw, float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+              float beta1, float beta2, float eps, float wd, float bc1, float sqrt_bc2,
+              float grad_scale)
+TS_BACKEND_FN(ema, float *ema, const float *param, int64_t n, float decay)
+
+/* out[j] = stream element offset + j */
+TS_BACKEND_FN(rng_uniform, float *out, int64_t n, uint64_t seed, uint64_t offset)
+TS_BACKEND_FN(rng_normal, float *out, int64_t n, uint64_t seed, uint64_t offset)
+
+#undef TS_BACKEND_FN
+
+/* ---- engine and memory hooks (not per-op) ---- */
+int ts_cpu_engine_init(ts_engine_t *e, int threads);
+void ts_cpu_engine_free(ts_engine_t *e);
+
+int ts_cuda_engine_init(ts_engine_t *e, int gpu);
+void ts_cuda_engine_free(ts_engine_t *e);
+int ts_cuda_engine_sync(ts_engine_t *e);
+/* Device memory on the current device (the engine's; ordinal 0 for tensors made without an
+ * engine). */
+int ts_cuda_malloc(void **p, size_t bytes);
+void ts_cuda_free(void *p);
+/* Copies bytes between host and device or within a device; kind from the two devices. Blocks. */
+int ts_cuda_memcpy(void *dst, ts_device_t dst_dev, const void *src, ts_device_t src_dev,
+                   size_t bytes);
+int ts_cuda_is_built(void);
+/* device count, or 0 with the reason written to why */
+int ts_cuda_count(char *why, size_t why_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,916 @@
+/*
+ * cpu_ops.c — the CPU backend: every ts_cpu_* of kernels/backend.h.
+ *
+ * GEMMs go to OpenBLAS (cblas_sgemm). Everything else is a loop over elements or rows that calls
+ * the shared formulas of kernels/math.h, split over the engine's worker pool. The inner loops are
+ * plain `for` loops over restrict-free contiguous arrays so gcc vectorises them at -O3.
+ *
+ * Determinism: every result is independent of the thread count. Elementwise and row ops write
+ * disjoint outputs; reductions sum fixed-size blocks (not per-thread chunks) into partials that
+ * are then added in block order, in double.
+ */
+#include <cblas.h>
+#include <limits.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/pool.h"
+#include "kernels/math.h"
+
+/* Below this many elements per thread, an elementwise op runs on the caller alone. */
+#define GRAIN_ELEMS 32768
+/* Reductions: at most this many blocks, each at least REDUCE_MIN_BLOCK elements. */
+#define REDUCE_MAX_BLOCKS 256
+#define REDUCE_MIN_BLOCK 4096
+
+/* ---- engine ---------------------------------------------------------------------------- */
+
+int ts_cpu_engine_init(ts_engine_t *e, int threads) {
+    if (threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    int rc = ts_pool_new(threads, &e->pool);
+    if (rc)
+        return rc;
+    e->threads = threads;
+    /* The pool owns the cores; OpenBLAS runs one thread inside each pool worker (ts_cpu_gemm). */
+    openblas_set_num_threads(1);
+    return TS_OK;
+}
+
+void ts_cpu_engine_free(ts_engine_t *e) {
+    ts_pool_free(e->pool);
+    e->pool = NULL;
+}
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+/* Runs fn over [0, n) on the pool with a grain such that each thread gets >= min_per_thread. */
+static void parallel(ts_engine_t *e, int64_t n, int64_t min_per_thread, ts_pool_fn fn, void *ctx) {
+    ts_pool_for(e->pool, n, min_per_thread, fn, ctx);
+}
+
+typedef double (*block_fn)(const void *ctx, int64_t lo, int64_t hi);
+
+typedef struct {
+    block_fn fn;
+    const void *ctx;
+    int64_t n, block;
+    double *partial;
+} reduce_job_t;
+
+static void reduce_range(void *arg, int64_t lo, int64_t hi) {
+    reduce_job_t *j = arg;
+    for (int64_t b = lo; b < hi; b++) {
+        int64_t start = b * j->block;
+        int64_t end = start + j->block < j->n ? start + j->block : j->n;
+        j->partial[b] = j->fn(j->ctx, start, end);
+    }
+}
+
+/* Σ over fixed blocks of fn(lo, hi), added in block order: independent of the thread count. */
+static double reduce_blocked(ts_engine_t *e, int64_t n, block_fn fn, const void *ctx) {
+    double partial[REDUCE_MAX_BLOCKS];
+    int64_t block = (n + REDUCE_MAX_BLOCKS - 1) / REDUCE_MAX_BLOCKS;
+    if (block < REDUCE_MIN_BLOCK)
+        block = REDUCE_MIN_BLOCK;
+    int64_t nblocks = (n + block - 1) / block;
+    reduce_job_t job = {fn, ctx, n, block, partial};
+    parallel(e, nblocks, 1, reduce_range, &job);
+    double s = 0.0;
+    for (int64_t b = 0; b < nblocks; b++)
+        s += partial[b];
+    return s;
+}
+
+/* ---- elementwise ----------------------------------------------------------------------- */
+
+typedef struct {
+    float *out;
+    float *y;
+    const float *a, *b, *x;
+    float alpha, beta;
+    int64_t S;
+} ew_t;
+
+int ts_cpu_memzero(ts_engine_t *e, void *p, size_t bytes) {
+    memset(p, 0, bytes);
+    return TS_OK;
+}
+
+static void fill_range(void *arg, int64_t lo, int64_t hi) {
+    ew_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->out[i] = j->alpha;
+}
+
+int ts_cpu_fill(ts_engine_t *e, float *t, int64_t n, float v) {
+    ew_t j = {.out = t, .alpha = v};
+    parallel(e, n, GRAIN_ELEMS, fill_range, &j);
+    return TS_OK;
+}
+
+static void axpy_range(void *arg, int64_t lo, int64_t hi) {
+    ew_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->y[i] += j->alpha * j->x[i];
+}
+
+int ts_cpu_axpy(ts_engine_t *e, float *y, float alpha, const float *x, int64_t n) {
+    ew_t j = {.y = y, .x = x, .alpha = alpha};
+    parallel(e, n, GRAIN_ELEMS, axpy_range, &j);
+    return TS_OK;
+}
+
+static void scale_range(void *arg, int64_t lo, int64_t hi) {
+    ew_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->y[i] *= j->alpha;
+}
+
+int ts_cpu_scale(ts_engine_t *e, float *t, float alpha, int64_t n) {
+    ew_t j = {.y = t, .alpha = alpha};
+    parallel(e, n, GRAIN_ELEMS, scale_range, &j);
+    return TS_OK;
+}
+
+static void affine_range(void *arg, int64_t lo, int64_t hi) {
+    ew_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->y[i] = j->alpha * j->y[i] + j->beta;
+}
+
+int ts_cpu_affine(ts_engine_t *e, float *t, float alpha, float beta, int64_t n) {
+    ew_t j = {.y = t, .alpha = alpha, .beta = beta};
+    parallel(e, n, GRAIN_ELEMS, affine_range, &j);
+    return TS_OK;
+}
+
+static void add_range(void *arg, int64_t lo, int64_t hi) {
+    ew_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->out[i] = j->a[i] + j->b[i];
+}
+
+int ts_cpu_add(ts_engine_t *e, float *out, const float *a, const float *b, int64_t n) {
+    ew_t j = {.out = out, .a = a, .b = b};
+    parallel(e, n, GRAIN_ELEMS, add_range, &j);
+    return TS_OK;
+}
+
+static void add_bcast_range(void *arg, int64_t lo, int64_t hi) {
+    ew_t *j = arg;
+    for (int64_t r = lo; r < hi; r++) {
+        float *o = j->out + r * j->S;
+        const float *x = j->x + r * j->S;
+        for (int64_t i = 0; i < j->S; i++)
+            o[i] = x[i] + j->b[i];
+    }
+}
+
+int ts_cpu_add_bcast_forward(ts_engine_t *e, float *out, const float *x, const float *b,
+                             int64_t rows, int64_t S) {
+    ew_t j = {.out = out, .x = x, .b = b, .S = S};
+    parallel(e, rows, 1 + GRAIN_ELEMS / S, add_bcast_range, &j);
+    return TS_OK;
+}
+
+typedef struct {
+    float *out;
+    const float *inp;
+    int64_t rows, C;
+} colsum_t;
+
+/* out[c] (+)= Σ_r inp[r, c] for the columns [lo, hi); rows in order, so deterministic. */
+static void colsum_range(void *arg, int64_t lo, int64_t hi) {
+    colsum_t *j = arg;
+    for (int64_t r = 0; r < j->rows; r++) {
+        const float *row = j->inp + r * j->C;
+        for (int64_t c = lo; c < hi; c++)
+            j->out[c] += row[c];
+    }
+}
+
+int ts_cpu_add_bcast_backward(ts_engine_t *e, float *dx, float *db, const float *dout,
+                              int64_t rows, int64_t S) {
+    if (dx)
+        ts_cpu_axpy(e, dx, 1.0f, dout, rows * S);
+    if (db) {
+        colsum_t j = {db, dout, rows, S};
+        parallel(e, S, 1 + GRAIN_ELEMS / (rows + 1), colsum_range, &j);
+    }
+    return TS_OK;
+}
+
+int ts_cpu_sum_rows(ts_engine_t *e, float *out, const float *inp, int64_t rows, int64_t C) {
+    memset(out, 0, (size_t)C * sizeof *out);
+    colsum_t j = {out, inp, rows, C};
+    parallel(e, C, 1 + GRAIN_ELEMS / (rows + 1), colsum_range, &j);
+    return TS_OK;
+}
+
+/* ---- conversions and checks ------------------------------------------------------------ */
+
+typedef struct {
+    void *dst;
+    const void *src;
+    ts_dtype_t dt, st;
+} conv_t;
+
+static float load_elem(const void *p, ts_dtype_t dt, int64_t i) {
+    switch (dt) {
+    case TS_F16: return ts_f16_to_f32(((const uint16_t *)p)[i]);
+    case TS_BF16: return ts_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static void conv_range(void *arg, int64_t lo, int64_t hi) {
+    conv_t *j = arg;
+    if (j->dt == TS_F32) {
+        float *d = j->dst;
+        for (int64_t i = lo; i < hi; i++)
+            d[i] = load_elem(j->src, j->st, i);
+    } else if (j->dt == TS_F16) {
+        uint16_t *d = j->dst;
+        for (int64_t i = lo; i < hi; i++)
+            d[i] = ts_f32_to_f16(load_elem(j->src, j->st, i));
+    } else {
+        uint16_t *d = j->dst;
+        for (int64_t i = lo; i < hi; i++)
+            d[i] = ts_f32_to_bf16(load_elem(j->src, j->st, i));
+    }
+}
+
+int ts_cpu_convert(ts_engine_t *e, void *dst, ts_dtype_t dst_dtype, const void *src,
+                   ts_dtype_t src_dtype, int64_t n) {
+    conv_t j = {dst, src, dst_dtype, src_dtype};
+    parallel(e, n, GRAIN_ELEMS, conv_range, &j);
+    return TS_OK;
+}
+
+typedef struct {
+    const void *t;
+    ts_dtype_t dt;
+} nonfinite_t;
+
+static double nonfinite_block(const void *arg, int64_t lo, int64_t hi) {
+    const nonfinite_t *j = arg;
+    int64_t count = 0;
+    for (int64_t i = lo; i < hi; i++)
+        count += !ts_isfinite_f32(load_elem(j->t, j->dt, i));
+    return (double)count;
+}
+
+int ts_cpu_count_nonfinite(ts_engine_t *e, const void *t, ts_dtype_t dtype, int64_t n,
+                           int64_t *count) {
+    nonfinite_t j = {t, dtype};
+    *count = (int64_t)reduce_blocked(e, n, nonfinite_block, &j);
+    return TS_OK;
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------ */
+
+/* The pool, not OpenBLAS, owns the cores: OpenBLAS runs single-threaded (see engine init) and
+ * each worker calls cblas_sgemm on its own slice of the output. Small batched products
+ * (attention: one per sample and head) split over the batch, single products over the longer of
+ * M and N. OpenBLAS's own threads would otherwise spin (sched_yield) between calls and take
+ * the cores from the pool's elementwise work. */
+typedef struct {
+    int ta, tb;
+    int64_t M, N, K, lda, ldb, ldc, sa, sb, sc;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    int split; /* 0: batch, 1: rows of C, 2: columns of C */
+} gemm_job_t;
+
+static void sgemm(const gemm_job_t *j, int64_t M, int64_t N, const float *A, const float *B,
+                  float *C) {
+    cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
+                (int)M, (int)N, (int)j->K, j->alpha, A, (int)j->lda, B, (int)j->ldb, j->beta, C,
+                (int)j->ldc);
+}
+
+static void gemm_range(void *arg, int64_t lo, int64_t hi) {
+    const gemm_job_t *j = arg;
+    if (j->split == 0) {
+        for (int64_t b = lo; b < hi; b++)
+            sgemm(j, j->M, j->N, j->A + b * j->sa, j->B + b * j->sb, j->C + b * j->sc);
+    } else if (j->split == 1) { /* rows lo..hi of C: rows of op(A) */
+        const float *A = j->ta ? j->A + lo : j->A + lo * j->lda;
+        sgemm(j, hi - lo, j->N, A, j->B, j->C + lo * j->ldc);
+    } else { /* columns lo..hi of C: columns of op(B) */
+        const float *B = j->tb ? j->B + lo * j->ldb : j->B + lo;
+        sgemm(j, j->M, hi - lo, j->A, B, j->C + lo);
+    }
+}
+
+int ts_cpu_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
+                int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
+                int64_t stride_c, int64_t batch) {
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
+        ldc > INT_MAX)
+        return TS_ERANGE;
+    gemm_job_t j = {trans_a, trans_b, M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c,
+                    alpha, beta, A, B, C, 0};
+    double work = (double)M * (double)N * (double)K; /* multiply-adds per product */
+    int threads = ts_pool_threads(e->pool);
+    if (batch >= threads && batch > 1) {
+        j.split = 0;
+        parallel(e, batch, 1 + (int64_t)(65536.0 / (work + 1.0)), gemm_range, &j);
+    } else {
+        /* below ~64k multiply-adds a product is not worth splitting; slices of ≥ 16 */
+        int64_t grain = work * (double)batch < 65536.0 ? INT64_MAX : 16;
+        j.split = M >= N ? 1 : 2;
+        for (int64_t b = 0; b < batch; b++) {
+            j.A = A + b * stride_a, j.B = B + b * stride_b, j.C = C + b * stride_c;
+            parallel(e, j.split == 1 ? M : N, grain, gemm_range, &j);
+        }
+    }
+    return TS_OK;
+}
+
+/* ---- row ops: LayerNorm, softmax ------------------------------------------------------- */
+
+typedef struct {
+    float *out, *mean, *rstd, *dinp;
+    const float *inp, *dout, *y, *cmean, *crstd;
+    int64_t C;
+    float scale;
+    int accumulate;
+} row_t;
+
+static void layernorm_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    row_t *j = arg;
+    int64_t C = j->C;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = j->inp + r * C;
+        float *o = j->out + r * C;
+        float s = 0.0f;
+        for (int64_t i = 0; i < C; i++)
+            s += x[i];
+        float m = s / (float)C;
+        float v = 0.0f;
+        for (int64_t i = 0; i < C; i++)
+            v += (x[i] - m) * (x[i] - m);
+        float rs = ts_ln_rstd(v / (float)C);
+        for (int64_t i = 0; i < C; i++)
+            o[i] = (x[i] - m) * rs;
+        if (j->mean)
+            j->mean[r] = m;
+        if (j->rstd)
+            j->rstd[r] = rs;
+    }
+}
+
+int ts_cpu_layernorm_forward(ts_engine_t *e, float *out, float *mean, float *rstd,
+                             const float *inp, int64_t rows, int64_t C) {
+    row_t j = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .C = C};
+    parallel(e, rows, 1 + GRAIN_ELEMS / (4 * C), layernorm_fwd_range, &j);
+    return TS_OK;
+}
+
+static void layernorm_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    row_t *j = arg;
+    int64_t C = j->C;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = j->inp + r * C;
+        const float *dy = j->dout + r * C;
+        float *dx = j->dinp + r * C;
+        float m = j->cmean[r], rs = j->crstd[r];
+        float sdy = 0.0f, sdyx = 0.0f;
+        for (int64_t i = 0; i < C; i++) {
+            float xhat = (x[i] - m) * rs;
+            sdy += dy[i];
+            sdyx += dy[i] * xhat;
+        }
+        float mdy = sdy / (float)C, mdyx = sdyx / (float)C;
+        for (int64_t i = 0; i < C; i++)
+            dx[i] += ts_ln_grad(dy[i], (x[i] - m) * rs, rs, mdy, mdyx);
+    }
+}
+
+int ts_cpu_layernorm_backward(ts_engine_t *e, float *dinp, const float *dout, const float *inp,
+                              const float *mean, const float *rstd, int64_t rows, int64_t C) {
+    row_t j = {.dinp = dinp, .dout = dout, .inp = inp, .cmean = mean, .crstd = rstd, .C = C};
+    parallel(e, rows, 1 + GRAIN_ELEMS / (4 * C), layernorm_bwd_range, &j);
+    return TS_OK;
+}
+
+static void softmax_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    row_t *j = arg;
+    int64_t C = j->C;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = j->inp + r * C;
+        float *o = j->out + r * C;
+        float mx = x[0];
+        for (int64_t i = 1; i < C; i++)
+            mx = x[i] > mx ? x[i] : mx;
+        for (int64_t i = 0; i < C; i++) /* vectorised: ts_expf is branch-free */
+            o[i] = ts_expf(x[i] - mx);
+        float s = 0.0f;
+        for (int64_t i = 0; i < C; i++)
+            s += o[i];
+        float inv = 1.0f / s;
+        for (int64_t i = 0; i < C; i++)
+            o[i] *= inv;
+    }
+}
+
+int ts_cpu_softmax_forward(ts_engine_t *e, float *out, const float *inp, int64_t rows,
+                           int64_t C) {
+    row_t j = {.out = out, .inp = inp, .C = C};
+    parallel(e, rows, 1 + GRAIN_ELEMS / (8 * C), softmax_fwd_range, &j);
+    return TS_OK;
+}
+
+static void softmax_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    row_t *j = arg;
+    int64_t C = j->C;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *y = j->y + r * C;
+        const float *dy = j->dout + r * C;
+        float *dx = j->dinp + r * C;
+        float dot = 0.0f;
+        for (int64_t i = 0; i < C; i++)
+            dot += dy[i] * y[i];
+        if (j->accumulate)
+            for (int64_t i = 0; i < C; i++)
+                dx[i] += j->scale * ts_softmax_grad(y[i], dy[i], dot);
+        else
+            for (int64_t i = 0; i < C; i++)
+                dx[i] = j->scale * ts_softmax_grad(y[i], dy[i], dot);
+    }
+}
+
+int ts_cpu_softmax_backward(ts_engine_t *e, float *dinp, const float *dout, const float *out,
+                            int64_t rows, int64_t C, float scale, int accumulate) {
+    row_t j = {.dinp = dinp, .dout = dout, .y = out, .C = C, .scale = scale,
+               .accumulate = accumulate};
+    parallel(e, rows, 1 + GRAIN_ELEMS / (4 * C), softmax_bwd_range, &j);
+    return TS_OK;
+}
+
+/* ---- activations ----------------------------------------------------------------------- */
+
+typedef struct {
+    float *out;
+    const float *inp, *dout;
+} act_t;
+
+static void gelu_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    act_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->out[i] = ts_gelu(j->inp[i]);
+}
+
+static void gelu_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    act_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->out[i] += j->dout[i] * ts_gelu_grad(j->inp[i]);
+}
+
+static void silu_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    act_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->out[i] = ts_silu(j->inp[i]);
+}
+
+static void silu_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    act_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->out[i] += j->dout[i] * ts_silu_grad(j->inp[i]);
+}
+
+/* Transcendental ops are ~10x the work of a plain load/store: smaller grain. */
+int ts_cpu_gelu_forward(ts_engine_t *e, float *out, const float *inp, int64_t n) {
+    act_t j = {out, inp, NULL};
+    parallel(e, n, GRAIN_ELEMS / 8, gelu_fwd_range, &j);
+    return TS_OK;
+}
+
+int ts_cpu_gelu_backward(ts_engine_t *e, float *dinp, const float *dout, const float *inp,
+                         int64_t n) {
+    act_t j = {dinp, inp, dout};
+    parallel(e, n, GRAIN_ELEMS / 8, gelu_bwd_range, &j);
+    return TS_OK;
+}
+
+int ts_cpu_silu_forward(ts_engine_t *e, float *out, const float *inp, int64_t n) {
+    act_t j = {out, inp, NULL};
+    parallel(e, n, GRAIN_ELEMS / 8, silu_fwd_range, &j);
+    return TS_OK;
+}
+
+int ts_cpu_silu_backward(ts_engine_t *e, float *dinp, const float *dout, const float *inp,
+                         int64_t n) {
+    act_t j = {dinp, inp, dout};
+    parallel(e, n, GRAIN_ELEMS / 8, silu_bwd_range, &j);
+    return TS_OK;
+}
+
+/* ---- adaLN: modulate and gated residual ------------------------------------------------ */
+
+typedef struct {
+    float *out, *dx, *dmod, *dres, *dy;
+    const float *x, *mod, *dout, *res, *y;
+    int64_t T, C, M;
+    int i0, i1; /* chunk indices: shift/scale, or gate */
+} ada_t;
+
+static void modulate_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    ada_t *j = arg;
+    int64_t C = j->C;
+    for (int64_t bt = lo; bt < hi; bt++) {
+        int64_t b = bt / j->T;
+        const float *shift = j->mod + b * j->M * C + j->i0 * C;
+        const float *scale = j->mod + b * j->M * C + j->i1 * C;
+        const float *x = j->x + bt * C;
+        float *o = j->out + bt * C;
+        for (int64_t c = 0; c < C; c++)
+            o[c] = ts_modulate(x[c], shift[c], scale[c]);
+    }
+}
+
+int ts_cpu_modulate_forward(ts_engine_t *e, float *out, const float *x, const float *mod,
+                            int64_t B, int64_t T, int64_t C, int64_t M, int shift_idx,
+                            int scale_idx) {
+    ada_t j = {.out = out, .x = x, .mod = mod, .T = T, .C = C, .M = M, .i0 = shift_idx,
+               .i1 = scale_idx};
+    parallel(e, B * T, 1 + GRAIN_ELEMS / C, modulate_fwd_range, &j);
+    return TS_OK;
+}
+
+/* One sample per item: the dmod rows of a sample are written by one thread only. */
+static void modulate_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    ada_t *j = arg;
+    int64_t T = j->T, C = j->C;
+    for (int64_t b = lo; b < hi; b++) {
+        const float *scale = j->mod + b * j->M * C + j->i1 * C;
+        float *dshift = j->dmod ? j->dmod + b * j->M * C + j->i0 * C : NULL;
+        float *dscale = j->dmod ? j->dmod + b * j->M * C + j->i1 * C : NULL;
+        for (int64_t t = 0; t < T; t++) {
+            const float *dy = j->dout + (b * T + t) * C;
+            const float *x = j->x + (b * T + t) * C;
+            if (j->dx) {
+                float *dx = j->dx + (b * T + t) * C;
+                for (int64_t c = 0; c < C; c++)
+                    dx[c] += dy[c] * (1.0f + scale[c]);
+            }
+            if (dshift)
+                for (int64_t c = 0; c < C; c++) {
+                    dshift[c] += dy[c];
+                    dscale[c] += dy[c] * x[c];
+                }
+        }
+    }
+}
+
+int ts_cpu_modulate_backward(ts_engine_t *e, float *dx, float *dmod, const float *dout,
+                             const float *x, const float *mod, int64_t B, int64_t T, int64_t C,
+                             int64_t M, int shift_idx, int scale_idx) {
+    ada_t j = {.dx = dx, .dmod = dmod, .dout = dout, .x = x, .mod = mod, .T = T, .C = C, .M = M,
+               .i0 = shift_idx, .i1 = scale_idx};
+    parallel(e, B, 1, modulate_bwd_range, &j);
+    return TS_OK;
+}
+
+static void gate_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    ada_t *j = arg;
+    int64_t C = j->C;
+    for (int64_t bt = lo; bt < hi; bt++) {
+        const float *gate = j->mod + (bt / j->T) * j->M * C + j->i0 * C;
+        const float *r = j->res + bt * C;
+        const float *y = j->y + bt * C;
+        float *o = j->out + bt * C;
+        for (int64_t c = 0; c < C; c++)
+            o[c] = r[c] + gate[c] * y[c];
+    }
+}
+
+int ts_cpu_gate_residual_forward(ts_engine_t *e, float *out, const float *res, const float *y,
+                                 const float *mod, int64_t B, int64_t T, int64_t C, int64_t M,
+                                 int gate_idx) {
+    ada_t j = {.out = out, .res = res, .y = y, .mod = mod, .T = T, .C = C, .M = M,
+               .i0 = gate_idx};
+    parallel(e, B * T, 1 + GRAIN_ELEMS / C, gate_fwd_range, &j);
+    return TS_OK;
+}
+
+static void gate_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    ada_t *j = arg;
+    int64_t T = j->T, C = j->C;
+    for (int64_t b = lo; b < hi; b++) {
+        const float *gate = j->mod + b * j->M * C + j->i0 * C;
+        float *dgate = j->dmod ? j->dmod + b * j->M * C + j->i0 * C : NULL;
+        for (int64_t t = 0; t < T; t++) {
+            int64_t off = (b * T + t) * C;
+            const float *dout = j->dout + off;
+            if (j->dres)
+                for (int64_t c = 0; c < C; c++)
+                    j->dres[off + c] += dout[c];
+            if (j->dy)
+                for (int64_t c = 0; c < C; c++)
+                    j->dy[off + c] += gate[c] * dout[c];
+            if (dgate)
+                for (int64_t c = 0; c < C; c++)
+                    dgate[c] += dout[c] * j->y[off + c];
+        }
+    }
+}
+
+int ts_cpu_gate_residual_backward(ts_engine_t *e, float *dres, float *dy, float *dmod,
+                                  const float *dout, const float *y, const float *mod, int64_t B,
+                                  int64_t T, int64_t C, int64_t M, int gate_idx) {
+    ada_t j = {.dres = dres, .dy = dy, .dmod = dmod, .dout = dout, .y = y, .mod = mod, .T = T,
+               .C = C, .M = M, .i0 = gate_idx};
+    parallel(e, B, 1, gate_bwd_range, &j);
+    return TS_OK;
+}
+
+/* ---- embeddings ------------------------------------------------------------------------ */
+
+int ts_cpu_timestep_embedding_forward(ts_engine_t *e, float *out, const float *t, int64_t B,
+                                      int64_t D, float scale) {
+    int half = (int)(D / 2);
+    for (int64_t b = 0; b < B; b++) {
+        float tt = scale * t[b];
+        float *o = out + b * D;
+        for (int i = 0; i < half; i++) {
+            float arg = tt * ts_timestep_freq(i, half);
+            o[i] = cosf(arg);
+            o[half + i] = sinf(arg);
+        }
+        if (D & 1)
+            o[D - 1] = 0.0f;
+    }
+    return TS_OK;
+}
+
+int ts_cpu_timestep_embedding_backward(ts_engine_t *e, float *dt, const float *dout,
+                                       const float *t, int64_t B, int64_t D, float scale) {
+    int half = (int)(D / 2);
+    for (int64_t b = 0; b < B; b++) {
+        float tt = scale * t[b];
+        const float *g = dout + b * D;
+        float acc = 0.0f;
+        for (int i = 0; i < half; i++) {
+            float f = ts_timestep_freq(i, half);
+            float arg = tt * f;
+            acc += (-g[i] * sinf(arg) + g[half + i] * cosf(arg)) * f;
+        }
+        dt[b] += acc * scale;
+    }
+    return TS_OK;
+}
+
+int ts_cpu_embedding_forward(ts_engine_t *e, float *out, const float *table, const int32_t *ids,
+                             int64_t B, int64_t D) {
+    for (int64_t b = 0; b < B; b++)
+        memcpy(out + b * D, table + (int64_t)ids[b] * D, (size_t)D * sizeof *out);
+    return TS_OK;
+}
+
+int ts_cpu_embedding_backward(ts_engine_t *e, float *dtable, const float *dout,
+                              const int32_t *ids, int64_t B, int64_t D) {
+    for (int64_t b = 0; b < B; b++) {
+        float *row = dtable + (int64_t)ids[b] * D;
+        for (int64_t i = 0; i < D; i++)
+            row[i] += dout[b * D + i];
+    }
+    return TS_OK;
+}
+
+/* ---- patches --------------------------------------------------------------------------- */
+
+typedef struct {
+    float *dst;
+    const float *src;
+    int64_t C, H, W, p;
+    int accumulate;
+} patch_t;
+
+/* Item = one token (b, gy, gx). Both directions visit the same (pixel, feature) pairs, so one
+ * loop serves four ops: `to_tokens` picks the direction, `cfirst` the feature order. */
+static void patch_move(patch_t *j, int64_t lo, int64_t hi, int to_tokens, int cfirst) {
+    int64_t C = j->C, H = j->H, W = j->W, p = j->p;
+    int64_t gw = W / p, T = (H / p) * gw, F = C * p * p;
+    for (int64_t bt = lo; bt < hi; bt++) {
+        int64_t b = bt / T, t = bt % T, gy = t / gw, gx = t % gw;
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t py = 0; py < p; py++)
+                for (int64_t px = 0; px < p; px++) {
+                    int64_t f = cfirst ? (c * p + py) * p + px : (py * p + px) * C + c;
+                    int64_t tok = bt * F + f;
+                    int64_t pix = ((b * C + c) * H + gy * p + py) * W + gx * p + px;
+                    int64_t d = to_tokens ? tok : pix, s = to_tokens ? pix : tok;
+                    if (j->accumulate)
+                        j->dst[d] += j->src[s];
+                    else
+                        j->dst[d] = j->src[s];
+                }
+    }
+}
+
+static void patchify_range(void *arg, int64_t lo, int64_t hi) { patch_move(arg, lo, hi, 1, 1); }
+static void patchify_bwd_range(void *arg, int64_t lo, int64_t hi) { patch_move(arg, lo, hi, 0, 1); }
+static void unpatchify_range(void *arg, int64_t lo, int64_t hi) { patch_move(arg, lo, hi, 0, 0); }
+static void unpatchify_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    patch_move(arg, lo, hi, 1, 0);
+}
+
+static int64_t n_tokens(int64_t B, int64_t H, int64_t W, int64_t p) { return B * (H / p) * (W / p); }
+
+int ts_cpu_patchify_forward(ts_engine_t *e, float *out, const float *img, int64_t B, int64_t C,
+                            int64_t H, int64_t W, int64_t p) {
+    patch_t j = {out, img, C, H, W, p, 0};
+    parallel(e, n_tokens(B, H, W, p), 1 + GRAIN_ELEMS / (C * p * p), patchify_range, &j);
+    return TS_OK;
+}
+
+int ts_cpu_patchify_backward(ts_engine_t *e, float *dimg, const float *dout, int64_t B,
+                             int64_t C, int64_t H, int64_t W, int64_t p) {
+    patch_t j = {dimg, dout, C, H, W, p, 1};
+    parallel(e, n_tokens(B, H, W, p), 1 + GRAIN_ELEMS / (C * p * p), patchify_bwd_range, &j);
+    return TS_OK;
+}
+
+int ts_cpu_unpatchify_forward(ts_engine_t *e, float *img, const float *tok, int64_t B, int64_t C,
+                              int64_t H, int64_t W, int64_t p) {
+    patch_t j = {img, tok, C, H, W, p, 0};
+    parallel(e, n_tokens(B, H, W, p), 1 + GRAIN_ELEMS / (C * p * p), unpatchify_range, &j);
+    return TS_OK;
+}
+
+int ts_cpu_unpatchify_backward(ts_engine_t *e, float *dtok, const float *dimg, int64_t B,
+                               int64_t C, int64_t H, int64_t W, int64_t p) {
+    patch_t j = {dtok, dimg, C, H, W, p, 1};
+    parallel(e, n_tokens(B, H, W, p), 1 + GRAIN_ELEMS / (C * p * p), unpatchify_bwd_range, &j);
+    return TS_OK;
+}
+
+/* ---- reductions and losses ------------------------------------------------------------- */
+
+typedef struct {
+    const float *a, *b;
+} pair_t;
+
+static double sum_block(const void *arg, int64_t lo, int64_t hi) {
+    const pair_t *j = arg;
+    double s = 0.0;
+    for (int64_t i = lo; i < hi; i++)
+        s += j->a[i];
+    return s;
+}
+
+static double sumsq_block(const void *arg, int64_t lo, int64_t hi) {
+    const pair_t *j = arg;
+    double s = 0.0;
+    for (int64_t i = lo; i < hi; i++)
+        s += (double)j->a[i] * j->a[i];
+    return s;
+}
+
+static double sqdiff_block(const void *arg, int64_t lo, int64_t hi) {
+    const pair_t *j = arg;
+    double s = 0.0;
+    for (int64_t i = lo; i < hi; i++) {
+        double d = (double)j->a[i] - j->b[i];
+        s += d * d;
+    }
+    return s;
+}
+
+int ts_cpu_sum(ts_engine_t *e, float *out, const float *inp, int64_t n) {
+    pair_t j = {inp, NULL};
+    out[0] = (float)reduce_blocked(e, n, sum_block, &j);
+    return TS_OK;
+}
+
+int ts_cpu_sumsq(ts_engine_t *e, float *out, const float *inp, int64_t n) {
+    pair_t j = {inp, NULL};
+    out[0] = (float)reduce_blocked(e, n, sumsq_block, &j);
+    return TS_OK;
+}
+
+int ts_cpu_add_scaled_scalar(ts_engine_t *e, float *dinp, const float *scalar, float mult,
+                             int64_t n) {
+    float add = scalar[0] * mult;
+    for (int64_t i = 0; i < n; i++)
+        dinp[i] += add;
+    return TS_OK;
+}
+
+int ts_cpu_mse_forward(ts_engine_t *e, float *loss, const float *pred, const float *target,
+                       int64_t n) {
+    pair_t j = {pred, target};
+    loss[0] = (float)(reduce_blocked(e, n, sqdiff_block, &j) / (double)n);
+    return TS_OK;
+}
+
+typedef struct {
+    float *d;
+    const float *p, *t;
+    float k;
+} mse_t;
+
+static void mse_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    mse_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->d[i] += j->k * (j->p[i] - j->t[i]);
+}
+
+int ts_cpu_mse_backward(ts_engine_t *e, float *dpred, float dloss, const float *pred,
+                        const float *target, int64_t n) {
+    mse_t j = {dpred, pred, target, (float)(2.0 * dloss / (double)n)};
+    parallel(e, n, GRAIN_ELEMS, mse_bwd_range, &j);
+    return TS_OK;
+}
+
+/* ---- flow matching ------------------------------------------------------------------- */
+
+int ts_cpu_flow_interp(ts_engine_t *e, float *xt, float *target, const float *x0,
+                       const float *eps, const float *t, int64_t B, int64_t S) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = b * S; i < (b + 1) * S; i++) {
+            xt[i] = ts_flow_xt(x0[i], eps[i], t[b]);
+            target[i] = eps[i] - x0[i];
+        }
+    return TS_OK;
+}
+
+/* ---- optimiser ------------------------------------------------------------------------- */
+
+typedef struct {
+    float *param, *m, *v;
+    const float *grad;
+    float lr, beta1, beta2, eps, wd, bc1, sqrt_bc2, grad_scale;
+} adamw_t;
+
+static void adamw_range(void *arg, int64_t lo, int64_t hi) {
+    adamw_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        ts_adamw_elem(&j->param[i], &j->m[i], &j->v[i], j->grad[i] * j->grad_scale, j->lr,
+                      j->beta1, j->beta2, j->eps, j->wd, j->bc1, j->sqrt_bc2);
+}
+
+int ts_cpu_adamw(ts_engine_t *e, float *param, const float *grad, float *m, float *v, int64_t n,
+                 float lr, float beta1, float beta2, float eps, float wd, float bc1,
+                 float sqrt_bc2, float grad_scale) {
+    adamw_t j = {param, m, v, grad, lr, beta1, beta2, eps, wd, bc1, sqrt_bc2, grad_scale};
+    parallel(e, n, GRAIN_ELEMS / 4, adamw_range, &j);
+    return TS_OK;
+}
+
+typedef struct {
+    float *ema;
+    const float *param;
+    float decay;
+} ema_t;
+
+static void ema_range(void *arg, int64_t lo, int64_t hi) {
+    ema_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->ema[i] = ts_ema_elem(j->ema[i], j->param[i], j->decay);
+}
+
+int ts_cpu_ema(ts_engine_t *e, float *ema, const float *param, int64_t n, float decay) {
+    ema_t j = {ema, param, decay};
+    parallel(e, n, GRAIN_ELEMS, ema_range, &j);
+    return TS_OK;
+}
+
+/* ---- random numbers -------------------------------------------------------------------- */
+
+typedef struct {
+    float *out;
+    uint64_t seed, offset;
+} rng_t;
+
+static void uniform_range(void *arg, int64_t lo, int64_t hi) {
+    rng_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->out[i] = ts_rng_uniform_at(j->seed, j->offset + (uint64_t)i);
+}
+
+static void normal_range(void *arg, int64_t lo, int64_t hi) {
+    rng_t *j = arg;
+    for (int64_t i = lo; i < hi; i++)
+        j->out[i] = ts_rng_normal_at(j->seed, j->offset + (uint64_t)i);
+}
+
+int ts_cpu_rng_uniform(ts_engine_t *e, float *out, int64_t n, uint64_t seed, uint64_t offset) {
+    rng_t j = {out, seed, offset};
+    parallel(e, n, GRAIN_ELEMS / 16, uniform_range, &j);
+    return TS_OK;
+}
+
+int ts_cpu_rng_normal(ts_engine_t *e, float *out, int64_t n, uint64_t seed, uint64_t offset) {
+    rng_t j = {out, seed, offset};
+    parallel(e, n, GRAIN_ELEMS / 16, normal_range, &j);
+    return TS_OK;
+}

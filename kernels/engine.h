@@ -1,0 +1,59 @@
+/*
+ * engine.h — a compute engine: one device and what it needs to run ops.
+ *
+ * Every op takes the engine it runs on, and every tensor it touches must live on the engine's
+ * device (else TS_EDEVICE). There is no global compute state: a process may hold a CPU engine and
+ * a CUDA engine side by side, each driven by its own compute thread (DESIGN §4).
+ *
+ * CPU: a pool of worker threads (one per core by default) runs every op: the per-element and
+ * per-row loops, and the GEMMs, each worker calling single-threaded OpenBLAS on its own slice of
+ * the output. OpenBLAS's own thread pool is set to one thread (process-wide, by ts_engine_init):
+ * its workers would otherwise spin between calls and take the cores from the pool.
+ *
+ * CUDA: a cuBLAS handle bound to one stream; ops are asynchronous on that stream and
+ * ts_engine_sync waits for them. ts_tensor_copy to or from the host synchronises.
+ */
+#ifndef TS_ENGINE_H
+#define TS_ENGINE_H
+
+#include "kernels/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ts_pool ts_pool_t;   /* CPU worker pool (kernels/cpu/pool.c) */
+typedef struct ts_cuda_ctx ts_cuda_ctx_t; /* cuBLAS handle + stream (kernels/cuda/) */
+
+typedef struct ts_engine {
+    ts_device_t device;
+    int threads;        /* CPU: worker threads including the caller */
+    int gpu;            /* CUDA: device ordinal */
+    ts_pool_t *pool;    /* CPU only */
+    ts_cuda_ctx_t *cuda; /* CUDA only */
+} ts_engine_t;
+
+typedef struct ts_engine_opts {
+    ts_device_t device;
+    int threads; /* CPU: 0 = one per online core */
+    int gpu;     /* CUDA: device ordinal */
+} ts_engine_opts_t;
+
+/* Starts an engine. CUDA: TS_ENODEV when the backend is not built or no GPU is present
+ * (ts_engine_cuda_status says which). Free with ts_engine_free. */
+int ts_engine_init(ts_engine_t *e, const ts_engine_opts_t *opts);
+void ts_engine_free(ts_engine_t *e);
+/* Waits until all work queued on the engine is done. */
+int ts_engine_sync(ts_engine_t *e);
+
+/* 1 when this build contains the CUDA backend. */
+int ts_cuda_built(void);
+/* Number of CUDA devices usable now (0 when none or not built). When none, writes the reason
+ * (e.g. "CUDA backend not built", "no CUDA device: ...") into why (NUL-terminated). */
+int ts_cuda_device_count(char *why, size_t why_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,22 @@
+/* error.c — words for tessera's error codes. */
+#include "kernels/error.h"
+
+const char *ts_strerror(int err) {
+    switch (err) {
+    case TS_OK: return "success";
+    case TS_EINVAL: return "invalid argument";
+    case TS_ENOMEM: return "out of memory";
+    case TS_ESHAPE: return "tensor shapes do not agree";
+    case TS_EDTYPE: return "dtype not supported by this operation";
+    case TS_EDEVICE: return "tensor is on a different device from the engine";
+    case TS_ENODEV: return "no such device (no GPU present, or CUDA backend not built)";
+    case TS_ECUDA: return "CUDA runtime call failed";
+    case TS_ECUBLAS: return "cuBLAS call failed";
+    case TS_ENONFINITE: return "tensor holds NaN or Inf";
+    case TS_EIO: return "I/O error";
+    case TS_ECORRUPT: return "data is malformed or corrupt";
+    case TS_ERANGE: return "size or value out of range";
+    case TS_ENOTSUP: return "operation not supported";
+    default: return "unknown error";
+    }
+}

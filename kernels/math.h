@@ -1,0 +1,317 @@
+/*
+ * math.h — the per-element and per-row formulas, written once for both backends.
+ *
+ * Every function here is TS_HD: `__host__ __device__` inline under nvcc, `static inline` under the
+ * C compiler. The CPU loops (kernels/cpu/) and the CUDA kernels (kernels/cuda/) call the same
+ * functions, so the CPU tests cover the math the GPU runs. Both compilers are told not to fuse
+ * multiply-adds (-ffp-contract=off, --fmad=false), so the formulas that use only + − × ÷ and
+ * sqrt (the conversions, the RNG, AdamW, EMA, modulate) round identically on the two backends.
+ * exp and tanh are written here too (ts_expf, ts_tanhf), so GELU, SiLU and softmax also agree
+ * bitwise; sin and cos (timestep embedding) come from each platform's library and may differ in
+ * the last place, which the parity test allows for.
+ *
+ * What is here: dtype conversions, GELU (tanh) and SiLU with derivatives, LayerNorm and softmax
+ * element formulas, adaLN modulate, AdamW and EMA updates, the timestep-embedding frequency,
+ * the Philox4x32-10 counter-based generator and the uniform / normal streams built on it.
+ */
+#ifndef TS_MATH_H
+#define TS_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define TS_HD static __host__ __device__ __forceinline__
+#else
+#define TS_HD static inline
+#endif
+
+#define TS_LN_EPS 1e-6f
+#define TS_GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
+#define TS_GELU_K1 0.044715f
+#define TS_LN_10000 9.210340371976184f /* ln(10000), DiT's max_period */
+
+/* ---- bit casts ------------------------------------------------------------------------- */
+
+TS_HD uint32_t ts_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+TS_HD float ts_bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- F16 and BF16 ---------------------------------------------------------------------- */
+
+/* Shifts m right by s (1 ≤ s ≤ 31), rounding to nearest, ties to even. */
+TS_HD uint32_t ts_shift_rne(uint32_t m, int s) {
+    uint32_t q = m >> s;
+    uint32_t rem = m & ((1u << s) - 1u);
+    uint32_t half = 1u << (s - 1);
+    if (rem > half || (rem == half && (q & 1u)))
+        q += 1u;
+    return q;
+}
+
+/* IEEE binary16 from binary32, round to nearest even. NaN → quiet NaN (sign kept), values that
+ * round past 65504 → ±Inf, tiny values → subnormals or ±0. */
+TS_HD uint16_t ts_f32_to_f16(float f) {
+    uint32_t x = ts_f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u);
+    int exp = (int)(ax >> 23) - 127 + 15; /* binary16 biased exponent */
+    if (exp >= 31)
+        return (uint16_t)(sign | 0x7c00u); /* Inf, or too large */
+    if (exp <= 0) {
+        int shift = 14 - exp; /* 24-bit significand → 10-bit subnormal field */
+        if (shift > 24)
+            return (uint16_t)sign;
+        uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+        return (uint16_t)(sign | ts_shift_rne(mant, shift));
+    }
+    /* normal: a carry out of the mantissa bumps the exponent, up to Inf — both are correct */
+    uint32_t h = ((uint32_t)exp << 10) | ((ax & 0x7fffffu) >> 13);
+    uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h += 1u;
+    return (uint16_t)(sign | h);
+}
+
+/* binary32 from binary16; exact. */
+TS_HD float ts_f16_to_f32(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t exp = ((uint32_t)h >> 10) & 0x1fu;
+    uint32_t mant = (uint32_t)h & 0x3ffu;
+    if (exp == 0x1fu)
+        return ts_bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) {
+        float v = (float)mant * 5.9604644775390625e-8f; /* mant · 2^-24, exact */
+        return sign ? -v : v;
+    }
+    return ts_bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+/* bfloat16 from binary32, round to nearest even; NaN → quiet NaN; overflow rounds to ±Inf. */
+TS_HD uint16_t ts_f32_to_bf16(float f) {
+    uint32_t x = ts_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x0040u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+TS_HD float ts_bf16_to_f32(uint16_t b) { return ts_bits_f32((uint32_t)b << 16); }
+
+TS_HD int ts_isfinite_f32(float f) { return (ts_f32_bits(f) & 0x7f800000u) != 0x7f800000u; }
+
+/* ---- exp and tanh ---------------------------------------------------------------------- */
+
+/* e^x for x clamped to [−87, 88], with + − × and bit operations only: branch-free, so gcc
+ * vectorises the loops that call it (glibc's expf and tanhf do not vectorise and were a quarter
+ * of a training step), and the CPU and the GPU compute the same bits. x = k·ln2 + r with
+ * |r| ≤ ln2/2 (k rounded to nearest by the 1.5·2²³ trick), e^r by its Taylor series to r⁷
+ * (relative error < 1e-8 before rounding), then the exponent field gets k. */
+TS_HD float ts_expf(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float kf = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = (x - kf * 0.693145752f) - kf * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f +
+              r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
+    int32_t k = (int32_t)kf;
+    return p * ts_bits_f32((uint32_t)(k + 127) << 23);
+}
+
+/* tanh, absolute error ~1e-7: (1 − e)/(1 + e) with e = e^(−2|x|), and its odd series below
+ * |x| = 1/16 where that form loses relative accuracy. Branch-free. */
+TS_HD float ts_tanhf(float x) {
+    float ax = x < 0.0f ? -x : x;
+    float e = ts_expf(-2.0f * ax);
+    float big = (1.0f - e) / (1.0f + e);
+    float x2 = ax * ax;
+    float small = ax * (1.0f - x2 * (0.33333333f - x2 * (0.13333333f - x2 * 0.053968254f)));
+    float t = ax < 0.0625f ? small : big;
+    return x < 0.0f ? -t : t;
+}
+
+/* ---- activations ----------------------------------------------------------------------- */
+
+/* GELU, tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). */
+TS_HD float ts_gelu(float x) {
+    float u = TS_GELU_K0 * (x + TS_GELU_K1 * x * x * x);
+    return 0.5f * x * (1.0f + ts_tanhf(u));
+}
+
+/* d gelu / dx. */
+TS_HD float ts_gelu_grad(float x) {
+    float u = TS_GELU_K0 * (x + TS_GELU_K1 * x * x * x);
+    float th = ts_tanhf(u);
+    float du = TS_GELU_K0 * (1.0f + 3.0f * TS_GELU_K1 * x * x);
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+
+TS_HD float ts_sigmoid(float x) { return 1.0f / (1.0f + ts_expf(-x)); }
+
+TS_HD float ts_silu(float x) { return x * ts_sigmoid(x); }
+
+TS_HD float ts_silu_grad(float x) {
+    float s = ts_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+
+/* ---- LayerNorm and softmax, per element given the row statistics ---------------------- */
+
+/* rstd from a row's variance (biased, as torch.nn.LayerNorm). */
+TS_HD float ts_ln_rstd(float var) { return 1.0f / sqrtf(var + TS_LN_EPS); }
+
+/* dx for one element: rstd · (dy − mean(dy) − x̂ · mean(dy · x̂)). */
+TS_HD float ts_ln_grad(float dy, float xhat, float rstd, float mean_dy, float mean_dy_xhat) {
+    return rstd * (dy - mean_dy - xhat * mean_dy_xhat);
+}
+
+/* softmax backward for one element: y · (dy − Σ dy·y). */
+TS_HD float ts_softmax_grad(float y, float dy, float dot) { return y * (dy - dot); }
+
+/* ---- adaLN ----------------------------------------------------------------------------- */
+
+TS_HD float ts_modulate(float x, float shift, float scale) { return x * (1.0f + scale) + shift; }
+
+/* ---- timestep embedding ---------------------------------------------------------------- */
+
+/* Frequency i of a half-width `half` sinusoidal embedding, as DiT computes it in float32. */
+TS_HD float ts_timestep_freq(int i, int half) {
+    return expf(-TS_LN_10000 * (float)i / (float)half);
+}
+
+/* ---- flow matching ------------------------------------------------------------------- */
+
+/* x_t = (1 − t)·x0 + t·ε */
+TS_HD float ts_flow_xt(float x0, float eps, float t) { return (1.0f - t) * x0 + t * eps; }
+
+/* ---- optimiser ------------------------------------------------------------------------- */
+
+/* One AdamW element step in PyTorch's order: decay, moments, bias-corrected update.
+ * bc1 = 1 − β1^t, sqrt_bc2 = √(1 − β2^t), computed by the caller in double. */
+TS_HD void ts_adamw_elem(float *p, float *m, float *v, float g, float lr, float beta1, float beta2,
+                         float eps, float wd, float bc1, float sqrt_bc2) {
+    float pp = *p * (1.0f - lr * wd);
+    float mm = beta1 * *m + (1.0f - beta1) * g;
+    float vv = beta2 * *v + (1.0f - beta2) * g * g;
+    float denom = sqrtf(vv) / sqrt_bc2 + eps;
+    *p = pp - (lr / bc1) * mm / denom;
+    *m = mm;
+    *v = vv;
+}
+
+TS_HD float ts_ema_elem(float ema, float p, float decay) {
+    return decay * ema + (1.0f - decay) * p;
+}
+
+/* ---- Philox4x32-10 (Salmon et al., SC'11) ---------------------------------------------- */
+
+#define TS_PHILOX_M0 0xD2511F53u
+#define TS_PHILOX_M1 0xCD9E8D57u
+#define TS_PHILOX_W0 0x9E3779B9u
+#define TS_PHILOX_W1 0xBB67AE85u
+
+typedef struct {
+    uint32_t v[4];
+} ts_u32x4_t;
+
+TS_HD ts_u32x4_t ts_philox4x32_10(ts_u32x4_t ctr, uint32_t k0, uint32_t k1) {
+    for (int round = 0; round < 10; round++) {
+        uint64_t p0 = (uint64_t)TS_PHILOX_M0 * ctr.v[0];
+        uint64_t p1 = (uint64_t)TS_PHILOX_M1 * ctr.v[2];
+        ts_u32x4_t next;
+        next.v[0] = (uint32_t)(p1 >> 32) ^ ctr.v[1] ^ k0;
+        next.v[1] = (uint32_t)p1;
+        next.v[2] = (uint32_t)(p0 >> 32) ^ ctr.v[3] ^ k1;
+        next.v[3] = (uint32_t)p0;
+        ctr = next;
+        k0 += TS_PHILOX_W0;
+        k1 += TS_PHILOX_W1;
+    }
+    return ctr;
+}
+
+/* The 4 stream words of block `block` (elements 4·block .. 4·block+3) of stream `seed`:
+ * key = seed, counter = (block, 0). */
+TS_HD ts_u32x4_t ts_rng_block(uint64_t seed, uint64_t block) {
+    ts_u32x4_t c;
+    c.v[0] = (uint32_t)block;
+    c.v[1] = (uint32_t)(block >> 32);
+    c.v[2] = 0;
+    c.v[3] = 0;
+    return ts_philox4x32_10(c, (uint32_t)seed, (uint32_t)(seed >> 32));
+}
+
+/* A 32-bit word → uniform in [0, 1) and in (0, 1], 24 bits of resolution. */
+TS_HD float ts_u32_to_uniform(uint32_t x) { return (float)(x >> 8) * 5.9604644775390625e-8f; }
+TS_HD float ts_u32_to_uniform_pos(uint32_t x) {
+    return (float)((x >> 8) + 1u) * 5.9604644775390625e-8f;
+}
+
+/* ln(x) for normal positive x, with + − × ÷ only (no libm), so both backends agree bitwise.
+ * Relative error below 1e-7: ln m = 2·atanh((m−1)/(m+1)) with m in [√½, √2). */
+TS_HD float ts_rng_log(float x) {
+    uint32_t b = ts_f32_bits(x);
+    int e = (int)(b >> 23) - 127;
+    float m = ts_bits_f32((b & 0x7fffffu) | 0x3f800000u);
+    if (m > 1.41421356f) {
+        m *= 0.5f;
+        e += 1;
+    }
+    float s = (m - 1.0f) / (m + 1.0f);
+    float s2 = s * s;
+    float series = s2 * (0.33333333f + s2 * (0.2f + s2 * (0.14285714f + s2 * 0.11111111f)));
+    float fe = (float)e;
+    return (2.0f * s + 2.0f * s * series) + (fe * 0.693145752f + fe * 1.42860677e-6f);
+}
+
+/* sin and cos of 2π·u for u in [0, 1), with + − × only: quarter turns are exact (u·4), the
+ * remainder angle in [0, π/2) goes through Taylor series to degree 13/14 (error < 1e-9). */
+TS_HD void ts_rng_sincos_2pi(float u, float *s, float *c) {
+    float q = u * 4.0f;
+    int k = (int)q;
+    float r = q - (float)k;
+    float t = r * 1.57079632679f;
+    float t2 = t * t;
+    float sn = t * (1.0f - t2 / 6.0f * (1.0f - t2 / 20.0f * (1.0f - t2 / 42.0f *
+               (1.0f - t2 / 72.0f * (1.0f - t2 / 110.0f * (1.0f - t2 / 156.0f))))));
+    float cs = 1.0f - t2 / 2.0f * (1.0f - t2 / 12.0f * (1.0f - t2 / 30.0f * (1.0f - t2 / 56.0f *
+               (1.0f - t2 / 90.0f * (1.0f - t2 / 132.0f * (1.0f - t2 / 182.0f))))));
+    switch (k & 3) {
+    case 0: *s = sn; *c = cs; break;
+    case 1: *s = cs; *c = -sn; break;
+    case 2: *s = -sn; *c = -cs; break;
+    default: *s = -cs; *c = sn; break;
+    }
+}
+
+/* Element n of the uniform stream `seed`. */
+TS_HD float ts_rng_uniform_at(uint64_t seed, uint64_t n) {
+    ts_u32x4_t b = ts_rng_block(seed, n >> 2);
+    return ts_u32_to_uniform(b.v[n & 3]);
+}
+
+/* Element n of the normal stream `seed`: stream words (2j, 2j+1) give the Box-Muller pair
+ * (r·cos θ, r·sin θ), r = √(−2 ln u1), u1 in (0, 1] from word 2j, θ = 2π·u2 from word 2j+1. */
+TS_HD float ts_rng_normal_at(uint64_t seed, uint64_t n) {
+    ts_u32x4_t b = ts_rng_block(seed, n >> 2);
+    int pair = (int)(n & 2u);
+    float u1 = ts_u32_to_uniform_pos(b.v[pair]);
+    float u2 = ts_u32_to_uniform(b.v[pair + 1]);
+    float r = sqrtf(-2.0f * ts_rng_log(u1));
+    float sn, cs;
+    ts_rng_sincos_2pi(u2, &sn, &cs);
+    return (n & 1u) ? r * sn : r * cs;
+}
+
+#endif

@@ -1,0 +1,218 @@
+/*
+ * ops.h — every op the DiT expert needs, forward and backward, on either backend.
+ *
+ * Conventions (llm.c's):
+ *   - outputs first, then inputs; sizes come from the tensors' shapes, and a comment gives the
+ *     shape of every buffer. "(..., C)" means any leading dimensions flattened into rows.
+ *   - every _backward ACCUMULATES into its gradient outputs (+=); callers clear gradients with
+ *     ts_zero. A gradient output passed as NULL is not computed.
+ *   - the math ops take F32 tensors; TS_EDTYPE for anything else. ts_convert moves between dtypes.
+ *   - every op checks its arguments (NULL, dtype, device, shapes) and returns an error code rather
+ *     than aborting. In-place use (out == inp) is allowed where a comment says so.
+ *
+ * The per-element and per-row formulas live in kernels/math.h and are shared with the CUDA
+ * kernels; the dispatch below picks the backend from the engine.
+ */
+#ifndef TS_OPS_H
+#define TS_OPS_H
+
+#include <stdint.h>
+
+#include "kernels/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- elementwise and copies ------------------------------------------------------------ */
+
+/* t = value everywhere. */
+int ts_fill(ts_engine_t *e, ts_tensor_t *t, float value);
+/* t = 0 (any dtype). */
+int ts_zero(ts_engine_t *e, ts_tensor_t *t);
+/* y += alpha * x; same element count. */
+int ts_axpy(ts_engine_t *e, ts_tensor_t *y, float alpha, const ts_tensor_t *x);
+/* t *= alpha. */
+int ts_scale(ts_engine_t *e, ts_tensor_t *t, float alpha);
+/* t = alpha · t + beta. */
+int ts_affine(ts_engine_t *e, ts_tensor_t *t, float alpha, float beta);
+/* out = a + b; same element count. out may alias a or b. Backward: ts_axpy(da, 1, dout). */
+int ts_add(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *a, const ts_tensor_t *b);
+/* out (..., S) = x (..., S) + b (S), b broadcast over the leading rows; S is b's element count
+ * and must divide x's. out may alias x. Used for bias and for pos_embed (S = T*C). */
+int ts_add_bcast_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x,
+                         const ts_tensor_t *b);
+/* dx += dout; db += Σ_rows dout. */
+int ts_add_bcast_backward(ts_engine_t *e, ts_tensor_t *dx, ts_tensor_t *db,
+                          const ts_tensor_t *dout);
+/* dst = src converted between F32, F16, BF16 (round to nearest even; NaN stays NaN, overflow
+ * becomes ±Inf). Same element count. */
+int ts_convert(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *src);
+/* TS_OK when every value of t (F32, F16 or BF16) is finite, TS_ENONFINITE otherwise. */
+int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t);
+
+/* ---- matrix products ------------------------------------------------------------------- */
+
+/* out (..., N) = inp (..., K) · weightᵀ + bias. weight is (N, K) as in torch.nn.Linear;
+ * bias (N) may be NULL. */
+int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                      const ts_tensor_t *weight, const ts_tensor_t *bias);
+/* dinp (..., K) += dout · weight; dweight (N, K) += doutᵀ · inp; dbias (N) += Σ_rows dout. */
+int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight,
+                       ts_tensor_t *dbias, const ts_tensor_t *dout, const ts_tensor_t *inp,
+                       const ts_tensor_t *weight);
+
+/* c = alpha · op(a) · op(b) + beta · c, op(x) = x or xᵀ. 2-D tensors, or 3-D tensors with a
+ * common leading batch dimension (a strided-batched GEMM, one product per batch entry). */
+int ts_matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
+              const ts_tensor_t *b, int trans_b, float alpha, float beta);
+/* Gradients of c = alpha · op(a) · op(b): da += ..., db += ... (either may be NULL). */
+int ts_matmul_backward(ts_engine_t *e, ts_tensor_t *da, ts_tensor_t *db, const ts_tensor_t *dc,
+                       const ts_tensor_t *a, int trans_a, const ts_tensor_t *b, int trans_b,
+                       float alpha);
+
+/* ---- normalisation and activations ------------------------------------------------------ */
+
+/* LayerNorm without affine, eps 1e-6. out, inp (..., C); mean, rstd (rows) saved for backward.
+ * mean and rstd may be NULL at inference. */
+int ts_layernorm_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *mean, ts_tensor_t *rstd,
+                         const ts_tensor_t *inp);
+int ts_layernorm_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
+                          const ts_tensor_t *inp, const ts_tensor_t *mean,
+                          const ts_tensor_t *rstd);
+
+/* GELU, tanh form. out may alias inp. */
+int ts_gelu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
+int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
+                     const ts_tensor_t *inp);
+/* SiLU, x·sigmoid(x). out may alias inp. */
+int ts_silu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
+int ts_silu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
+                     const ts_tensor_t *inp);
+/* Softmax over the last dimension. out, inp (..., C). out may alias inp. */
+int ts_softmax_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
+/* dinp += softmax backward, from the forward's output. */
+int ts_softmax_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
+                        const ts_tensor_t *out);
+
+/* ---- attention ------------------------------------------------------------------------- */
+
+/* Scaled dot-product self-attention over heads, not causal (DiT).
+ * qkv (B, T, 3C), the last axis laid out (3, heads, head_dim) as DiT's attn.qkv;
+ * out (B, T, C), heads concatenated; att (B, heads, T, T) the softmax weights, saved for
+ * backward. Scale 1/sqrt(head_dim). */
+int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
+                         const ts_tensor_t *qkv, int heads);
+/* dqkv (B, T, 3C) += ...; datt (B, heads, T, T) is scratch (overwritten). */
+int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
+                          const ts_tensor_t *dout, const ts_tensor_t *qkv,
+                          const ts_tensor_t *att, int heads);
+
+/* ---- adaLN-Zero pieces ----------------------------------------------------------------- */
+/* mod (B, M·C) is the adaLN modulation output, read as M chunks of C (DiT's .chunk(M, dim=1));
+ * a chunk index picks shift, scale or gate, so no chunk is ever copied out. */
+
+/* out (B, T, C) = x · (1 + scale) + shift, scale = mod chunk scale_idx, shift = chunk shift_idx,
+ * per sample, broadcast over tokens. out may alias x. */
+int ts_modulate_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x,
+                        const ts_tensor_t *mod, int shift_idx, int scale_idx);
+/* dx += dout · (1 + scale); dmod[shift] += Σ_T dout; dmod[scale] += Σ_T dout · x. */
+int ts_modulate_backward(ts_engine_t *e, ts_tensor_t *dx, ts_tensor_t *dmod,
+                         const ts_tensor_t *dout, const ts_tensor_t *x, const ts_tensor_t *mod,
+                         int shift_idx, int scale_idx);
+/* out (B, T, C) = res + gate · y, gate = mod chunk gate_idx. out may alias res. */
+int ts_gate_residual_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *res,
+                             const ts_tensor_t *y, const ts_tensor_t *mod, int gate_idx);
+/* dres += dout; dy += gate · dout; dmod[gate] += Σ_T dout · y. */
+int ts_gate_residual_backward(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy,
+                              ts_tensor_t *dmod, const ts_tensor_t *dout, const ts_tensor_t *y,
+                              const ts_tensor_t *mod, int gate_idx);
+
+/* ---- embeddings ------------------------------------------------------------------------ */
+
+/* out (B, D) = [cos(args), sin(args)], args_i = scale·t · exp(−ln(10000)·i/(D/2)), i < D/2;
+ * a trailing zero column when D is odd (DiT's TimestepEmbedder, scale = 1000). t (B). */
+int ts_timestep_embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *t,
+                                  float scale);
+/* dt (B) += Σ_i dout · d out / d t. */
+int ts_timestep_embedding_backward(ts_engine_t *e, ts_tensor_t *dt, const ts_tensor_t *dout,
+                                   const ts_tensor_t *t, float scale);
+/* out (grid·grid, D) = DiT's fixed 2-D sin-cos table (get_2d_sincos_pos_embed), computed in
+ * double precision and rounded once. D must be a multiple of 4. Has no backward. */
+int ts_pos_embed_2d(ts_engine_t *e, ts_tensor_t *out, int grid);
+/* out (B, D) = table (V, D) rows picked by ids (B, I32). An id outside [0, V) is TS_ERANGE
+ * (checked before anything is written; ids are read on the host for the CPU engine). */
+int ts_embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
+                         const ts_tensor_t *ids);
+/* dtable (V, D) += scatter of dout (B, D) by ids. */
+int ts_embedding_backward(ts_engine_t *e, ts_tensor_t *dtable, const ts_tensor_t *dout,
+                          const ts_tensor_t *ids);
+
+/* ---- patches --------------------------------------------------------------------------- */
+
+/* out (B, T, C·p·p) from img (B, C, H, W): token (gy, gx) → t = gy·(W/p) + gx, features in
+ * (c, py, px) order — what a stride-p Conv2d patch embed sees. H, W multiples of p. */
+int ts_patchify_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *img, int p);
+int ts_patchify_backward(ts_engine_t *e, ts_tensor_t *dimg, const ts_tensor_t *dout, int p);
+/* img (B, C, H, W) from tok (B, T, p·p·C), features in (py, px, c) order (DiT's unpatchify). */
+int ts_unpatchify_forward(ts_engine_t *e, ts_tensor_t *img, const ts_tensor_t *tok, int p);
+int ts_unpatchify_backward(ts_engine_t *e, ts_tensor_t *dtok, const ts_tensor_t *dimg, int p);
+
+/* ---- reductions and losses ------------------------------------------------------------- */
+
+/* out (1) = Σ inp. Computed with a double accumulator on the CPU. */
+int ts_sum_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
+/* dinp += dout[0]. */
+int ts_sum_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout);
+/* out (1) = mean of inp. */
+int ts_mean_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
+/* dinp += dout[0] / N. */
+int ts_mean_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout);
+/* out (C) = Σ over rows of inp (..., C) (overwrites out). */
+int ts_sum_rows(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
+/* out (1) = Σ x² (for gradient-norm clipping). */
+int ts_sumsq(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
+/* loss (1) = mean((pred − target)²). */
+int ts_mse_forward(ts_engine_t *e, ts_tensor_t *loss, const ts_tensor_t *pred,
+                   const ts_tensor_t *target);
+/* dpred += dloss · 2 (pred − target) / N. */
+int ts_mse_backward(ts_engine_t *e, ts_tensor_t *dpred, float dloss, const ts_tensor_t *pred,
+                    const ts_tensor_t *target);
+
+/* Flow matching, rectified-flow convention (DESIGN §3): per sample b with t_b in [0, 1],
+ * xt = (1 − t_b)·x0 + t_b·eps and target = eps − x0 (the velocity). x0, eps, xt, target are
+ * (B, ...) with the same shape; t (B). */
+int ts_flow_interp(ts_engine_t *e, ts_tensor_t *xt, ts_tensor_t *target, const ts_tensor_t *x0,
+                   const ts_tensor_t *eps, const ts_tensor_t *t);
+
+/* ---- optimiser ------------------------------------------------------------------------- */
+
+typedef struct ts_adamw {
+    float lr, beta1, beta2, eps, weight_decay;
+} ts_adamw_t;
+
+/* One AdamW step (decoupled weight decay, bias-corrected moments) at step number `step` (1 for
+ * the first step). param, grad, m, v have the same element count. grad is scaled by grad_scale
+ * first (1 for none; the clipping factor otherwise). */
+int ts_adamw_step(ts_engine_t *e, ts_tensor_t *param, const ts_tensor_t *grad, ts_tensor_t *m,
+                  ts_tensor_t *v, const ts_adamw_t *hp, int64_t step, float grad_scale);
+/* ema = decay · ema + (1 − decay) · param. */
+int ts_ema_update(ts_engine_t *e, ts_tensor_t *ema, const ts_tensor_t *param, float decay);
+
+/* ---- random numbers -------------------------------------------------------------------- */
+/* Counter-based (Philox4x32-10): element j of the output is element offset+j of the stream
+ * named by seed, the same on every backend and for any split of the work. See kernels/math.h. */
+
+/* out = uniform in [0, 1) (24-bit resolution). */
+int ts_rng_uniform(ts_engine_t *e, ts_tensor_t *out, uint64_t seed, uint64_t offset);
+/* out = standard normal (Box-Muller over pairs of stream elements). */
+int ts_rng_normal(ts_engine_t *e, ts_tensor_t *out, uint64_t seed, uint64_t offset);
+
+/* Copies a 1-element F32 tensor's value to the host (synchronises a CUDA engine). */
+int ts_tensor_item(ts_engine_t *e, const ts_tensor_t *t, float *value);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,609 @@
+/*
+ * dit.c — the DiT velocity model: parameter table, initialisation, forward, backward.
+ *
+ * Layout. Every tensor the model trains is listed once in a parameter table (name, file shape,
+ * offset into a flat slab, how to initialise it), in PyTorch's state_dict order. The same table
+ * lays out the parameter slab, the gradient slab and, in model/train.c, the AdamW moments and the
+ * EMA copy, so "all parameters" is always one contiguous tensor: zero-grad is one memset, the
+ * optimiser step is one call, a checkpoint is one copy.
+ *
+ * Activations live in an arena sized for max_batch samples at creation; a call with B samples
+ * works on the first B rows of each (a slice), so nothing is allocated per step.
+ *
+ * The forward pass is DiT's: patchify → linear (the stride-p conv) + pos_embed; t → sinusoid(1000·t)
+ * → Linear/SiLU/Linear; y → label table; c = t_emb + y_emb; per block, adaLN(SiLU(c)) gives six
+ * chunks (shift, scale, gate for attention, then for the MLP); x += gate·Attn(modulate(LN(x)))
+ * and x += gate·MLP(modulate(LN(x))); the final layer modulates LN(x) with two chunks, projects
+ * to p·p·C per token and unpatchifies. The backward pass walks the same list in reverse.
+ */
+#include "model/dit.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(expr)                                                                                \
+    do {                                                                                         \
+        int rc_ = (expr);                                                                        \
+        if (rc_ != TS_OK)                                                                        \
+            return rc_;                                                                          \
+    } while (0)
+
+#define TS_DIT_MAX_DIM 8192
+#define TS_DIT_MAX_DEPTH 256
+
+/* ---- configs --------------------------------------------------------------------------- */
+
+int ts_dit_config_preset(const char *name, ts_dit_config_t *cfg) {
+    if (!name || !cfg)
+        return TS_EINVAL;
+    ts_dit_config_t c = {.input_size = 28, .in_channels = 1, .num_classes = 10, .mlp_ratio = 4,
+                         .freq_dim = 256};
+    if (strcmp(name, "tiny") == 0) {
+        c.hidden_size = 128, c.depth = 4, c.num_heads = 4, c.patch_size = 4;
+    } else if (strcmp(name, "small") == 0) {
+        c.hidden_size = 256, c.depth = 6, c.num_heads = 4, c.patch_size = 2;
+    } else {
+        /* DiT's family: S (384, 12, 6), B (768, 12, 12), L (1024, 24, 16), XL (1152, 28, 16) */
+        char size[4] = {0};
+        int patch = 0;
+        if (sscanf(name, "%3[A-Z]/%d", size, &patch) != 2 ||
+            (patch != 2 && patch != 4 && patch != 8))
+            return TS_EINVAL;
+        if (strcmp(size, "S") == 0)
+            c.hidden_size = 384, c.depth = 12, c.num_heads = 6;
+        else if (strcmp(size, "B") == 0)
+            c.hidden_size = 768, c.depth = 12, c.num_heads = 12;
+        else if (strcmp(size, "L") == 0)
+            c.hidden_size = 1024, c.depth = 24, c.num_heads = 16;
+        else if (strcmp(size, "XL") == 0)
+            c.hidden_size = 1152, c.depth = 28, c.num_heads = 16;
+        else
+            return TS_EINVAL;
+        c.patch_size = patch;
+    }
+    *cfg = c;
+    return TS_OK;
+}
+
+int ts_dit_config_check(const ts_dit_config_t *c) {
+    if (!c)
+        return TS_EINVAL;
+    if (c->input_size < 1 || c->input_size > 4096 || c->in_channels < 1 || c->in_channels > 64 ||
+        c->patch_size < 1 || c->patch_size > 64 || c->hidden_size < 4 ||
+        c->hidden_size > TS_DIT_MAX_DIM || c->depth < 1 || c->depth > TS_DIT_MAX_DEPTH ||
+        c->num_heads < 1 || c->num_classes < 1 || c->num_classes > 1000000 || c->mlp_ratio < 1 ||
+        c->mlp_ratio > 16 || c->freq_dim < 2 || c->freq_dim > TS_DIT_MAX_DIM)
+        return TS_ERANGE;
+    if (c->hidden_size % c->num_heads != 0 || c->hidden_size % 4 != 0 ||
+        c->input_size % c->patch_size != 0)
+        return TS_EINVAL;
+    return TS_OK;
+}
+
+int ts_dit_tokens(const ts_dit_config_t *cfg) {
+    int g = cfg->input_size / cfg->patch_size;
+    return g * g;
+}
+
+/* ---- the parameter table --------------------------------------------------------------- */
+
+typedef struct {
+    ts_dit_param_info_t *info;
+    int count, cap;
+    int64_t total;
+} table_t;
+
+static int table_add(table_t *tb, const char *name, int init, int ndim, int64_t d0, int64_t d1,
+                     int64_t d2, int64_t d3) {
+    if (tb->count == tb->cap)
+        return TS_ENOMEM;
+    ts_dit_param_info_t *p = &tb->info[tb->count++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    int64_t dims[4] = {d0, d1, d2, d3};
+    p->ndim = ndim;
+    p->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        p->shape[i] = dims[i];
+        p->numel *= dims[i];
+    }
+    /* every tensor starts on a 16-element (64-byte) boundary */
+    p->offset = (tb->total + 15) / 16 * 16;
+    p->init = init;
+    tb->total = p->offset + p->numel;
+    return TS_OK;
+}
+
+int ts_dit_param_table(const ts_dit_config_t *c, ts_dit_param_info_t **info, int *count,
+                       int64_t *total) {
+    TRY(ts_dit_config_check(c));
+    int64_t h = c->hidden_size, C = c->in_channels, p = c->patch_size, r = c->mlp_ratio * h;
+    table_t tb = {0};
+    tb.cap = 11 + 10 * c->depth;
+    tb.info = calloc((size_t)tb.cap, sizeof *tb.info);
+    if (!tb.info)
+        return TS_ENOMEM;
+    int rc = TS_OK;
+    char name[64];
+    rc |= table_add(&tb, "x_embedder.proj.weight", TS_INIT_XAVIER, 4, h, C, p, p);
+    rc |= table_add(&tb, "x_embedder.proj.bias", TS_INIT_ZERO, 1, h, 0, 0, 0);
+    rc |= table_add(&tb, "t_embedder.mlp.0.weight", TS_INIT_NORMAL002, 2, h, c->freq_dim, 0, 0);
+    rc |= table_add(&tb, "t_embedder.mlp.0.bias", TS_INIT_ZERO, 1, h, 0, 0, 0);
+    rc |= table_add(&tb, "t_embedder.mlp.2.weight", TS_INIT_NORMAL002, 2, h, h, 0, 0);
+    rc |= table_add(&tb, "t_embedder.mlp.2.bias", TS_INIT_ZERO, 1, h, 0, 0, 0);
+    rc |= table_add(&tb, "y_embedder.embedding_table.weight", TS_INIT_NORMAL002, 2,
+                    c->num_classes + 1, h, 0, 0);
+    for (int l = 0; l < c->depth; l++) {
+#define BLOCK(suffix, init, nd, a, b)                                                            \
+    snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);                                      \
+    rc |= table_add(&tb, name, init, nd, a, b, 0, 0)
+        BLOCK("attn.qkv.weight", TS_INIT_XAVIER, 2, 3 * h, h);
+        BLOCK("attn.qkv.bias", TS_INIT_ZERO, 1, 3 * h, 0);
+        BLOCK("attn.proj.weight", TS_INIT_XAVIER, 2, h, h);
+        BLOCK("attn.proj.bias", TS_INIT_ZERO, 1, h, 0);
+        BLOCK("mlp.fc1.weight", TS_INIT_XAVIER, 2, r, h);
+        BLOCK("mlp.fc1.bias", TS_INIT_ZERO, 1, r, 0);
+        BLOCK("mlp.fc2.weight", TS_INIT_XAVIER, 2, h, r);
+        BLOCK("mlp.fc2.bias", TS_INIT_ZERO, 1, h, 0);
+        BLOCK("adaLN_modulation.1.weight", TS_INIT_ZERO, 2, 6 * h, h);
+        BLOCK("adaLN_modulation.1.bias", TS_INIT_ZERO, 1, 6 * h, 0);
+#undef BLOCK
+    }
+    rc |= table_add(&tb, "final_layer.linear.weight", TS_INIT_ZERO, 2, p * p * C, h, 0, 0);
+    rc |= table_add(&tb, "final_layer.linear.bias", TS_INIT_ZERO, 1, p * p * C, 0, 0, 0);
+    rc |= table_add(&tb, "final_layer.adaLN_modulation.1.weight", TS_INIT_ZERO, 2, 2 * h, h, 0, 0);
+    rc |= table_add(&tb, "final_layer.adaLN_modulation.1.bias", TS_INIT_ZERO, 1, 2 * h, 0, 0, 0);
+    if (rc != TS_OK) {
+        free(tb.info);
+        return TS_ENOMEM;
+    }
+    *info = tb.info;
+    *count = tb.count;
+    *total = (tb.total + 15) / 16 * 16;
+    return TS_OK;
+}
+
+/* A view of table entry i in slab, with the compute shape (2-D for the patch-embed weight). */
+static int view_of(const ts_tensor_t *slab, const ts_dit_param_info_t *pi, ts_tensor_t *out) {
+    int64_t shape[TS_MAX_DIMS];
+    int ndim = pi->ndim;
+    memcpy(shape, pi->shape, sizeof shape);
+    if (ndim == 4) { /* (h, C, p, p) → (h, C·p·p) */
+        shape[1] = pi->shape[1] * pi->shape[2] * pi->shape[3];
+        ndim = 2;
+    }
+    float *base = (float *)slab->data + pi->offset;
+    return ts_tensor_wrap(out, base, TS_F32, slab->device, ndim, shape);
+}
+
+int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_params_t *v,
+                ts_dit_block_params_t *blocks) {
+    ts_dit_param_info_t *info;
+    int count;
+    int64_t total;
+    TRY(ts_dit_param_table(cfg, &info, &count, &total));
+    int rc = TS_OK;
+    if (ts_tensor_check(slab) || slab->dtype != TS_F32 || ts_tensor_numel(slab) < total)
+        rc = TS_ESHAPE;
+    /* the table's order is fixed: 7 head tensors, 10 per block, 4 final */
+    ts_tensor_t *head[7] = {&v->x_w, &v->x_b, &v->t_w0, &v->t_b0, &v->t_w2, &v->t_b2, &v->y_table};
+    for (int i = 0; i < 7 && rc == TS_OK; i++)
+        rc = view_of(slab, &info[i], head[i]);
+    v->blocks = blocks;
+    for (int l = 0; l < cfg->depth && rc == TS_OK; l++) {
+        ts_dit_block_params_t *b = &blocks[l];
+        ts_tensor_t *bt[10] = {&b->qkv_w, &b->qkv_b, &b->proj_w, &b->proj_b, &b->fc1_w,
+                               &b->fc1_b, &b->fc2_w, &b->fc2_b, &b->ada_w, &b->ada_b};
+        for (int i = 0; i < 10 && rc == TS_OK; i++)
+            rc = view_of(slab, &info[7 + 10 * l + i], bt[i]);
+    }
+    ts_tensor_t *tail[4] = {&v->f_w, &v->f_b, &v->fada_w, &v->fada_b};
+    for (int i = 0; i < 4 && rc == TS_OK; i++)
+        rc = view_of(slab, &info[7 + 10 * cfg->depth + i], tail[i]);
+    free(info);
+    return rc;
+}
+
+/* ---- creation -------------------------------------------------------------------------- */
+
+/* Hands out every activation tensor from the arena (or only measures, in measuring mode). */
+static int plan_acts(ts_dit_t *m, ts_arena_t *a) {
+    const ts_dit_config_t *c = &m->cfg;
+    int64_t B = m->max_batch, T = ts_dit_tokens(c), h = c->hidden_size, H = c->num_heads;
+    int64_t F = (int64_t)c->in_channels * c->patch_size * c->patch_size, r = c->mlp_ratio * h;
+    int64_t S = c->input_size;
+    ts_dit_acts_t *A = &m->acts;
+#define T3(t, d2) TRY(ts_arena_tensor(a, &(t), TS_F32, 3, TS_SHAPE(B, T, d2)))
+#define T2(t, d1) TRY(ts_arena_tensor(a, &(t), TS_F32, 2, TS_SHAPE(B, d1)))
+#define T1(t, d0) TRY(ts_arena_tensor(a, &(t), TS_F32, 1, TS_SHAPE(d0)))
+    T3(A->patches, F);
+    T3(A->x0, h);
+    T2(A->tfreq, c->freq_dim);
+    T2(A->t_h, h);
+    T2(A->t_s, h);
+    T2(A->t_emb, h);
+    T2(A->y_emb, h);
+    T2(A->c, h);
+    T2(A->c_silu, h);
+    for (int l = 0; l < c->depth; l++) {
+        ts_dit_block_acts_t *k = &A->blocks[l];
+        k->x_in = l == 0 ? A->x0 : A->blocks[l - 1].x_out;
+        T2(k->mod, 6 * h);
+        T3(k->ln1, h);
+        T1(k->ln1_mean, B * T);
+        T1(k->ln1_rstd, B * T);
+        T3(k->mod1, h);
+        T3(k->qkv, 3 * h);
+        TRY(ts_arena_tensor(a, &k->att, TS_F32, 4, TS_SHAPE(B, H, T, T)));
+        T3(k->atty, h);
+        T3(k->proj, h);
+        T3(k->x_mid, h);
+        T3(k->ln2, h);
+        T1(k->ln2_mean, B * T);
+        T1(k->ln2_rstd, B * T);
+        T3(k->mod2, h);
+        T3(k->fc1, r);
+        T3(k->gelu, r);
+        T3(k->fc2, h);
+        T3(k->x_out, h);
+    }
+    A->x_final = A->blocks[c->depth - 1].x_out;
+    T2(A->fmod, 2 * h);
+    T3(A->lnf, h);
+    T1(A->lnf_mean, B * T);
+    T1(A->lnf_rstd, B * T);
+    T3(A->fx, h);
+    T3(A->out_tok, F);
+    TRY(ts_arena_tensor(a, &A->out, TS_F32, 4, TS_SHAPE(B, c->in_channels, S, S)));
+    if (m->trainable) {
+        ts_dit_grad_acts_t *G = &m->gacts;
+        T3(G->dout_tok, F);
+        T3(G->dfx, h);
+        T3(G->dlnf, h);
+        T2(G->dfmod, 2 * h);
+        T3(G->dx, h);
+        T2(G->dc_silu, h);
+        T2(G->dc, h);
+        T2(G->dt_s, h);
+        T2(G->dt_h, h);
+        T2(G->dmod, 6 * h);
+        T3(G->dfc2, h);
+        T3(G->dgelu, r);
+        T3(G->dfc1, r);
+        T3(G->dmod2, h);
+        T3(G->dln2, h);
+        T3(G->dproj, h);
+        T3(G->datty, h);
+        T3(G->dqkv, 3 * h);
+        TRY(ts_arena_tensor(a, &G->datt, TS_F32, 4, TS_SHAPE(B, H, T, T)));
+        T3(G->dmod1, h);
+        T3(G->dln1, h);
+    }
+#undef T1
+#undef T2
+#undef T3
+    return TS_OK;
+}
+
+int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int max_batch,
+                  int trainable) {
+    if (!m || !cfg || !e || max_batch < 1 || max_batch > 65536)
+        return TS_EINVAL;
+    memset(m, 0, sizeof *m);
+    TRY(ts_dit_config_check(cfg));
+    m->cfg = *cfg;
+    m->eng = e;
+    m->max_batch = max_batch;
+    m->trainable = trainable;
+    int rc = ts_dit_param_table(cfg, &m->info, &m->n_params, &m->num_params);
+    if (rc)
+        return rc;
+    m->params.blocks = calloc((size_t)cfg->depth, sizeof *m->params.blocks);
+    m->grads.blocks = calloc((size_t)cfg->depth, sizeof *m->grads.blocks);
+    m->acts.blocks = calloc((size_t)cfg->depth, sizeof *m->acts.blocks);
+    if (!m->params.blocks || !m->grads.blocks || !m->acts.blocks)
+        rc = TS_ENOMEM;
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&m->param_mem, TS_F32, e->device, 1, TS_SHAPE(m->num_params));
+    if (rc == TS_OK)
+        rc = ts_dit_bind(cfg, &m->param_mem, &m->params, m->params.blocks);
+    if (rc == TS_OK && trainable) {
+        rc = ts_tensor_alloc(&m->grad_mem, TS_F32, e->device, 1, TS_SHAPE(m->num_params));
+        if (rc == TS_OK)
+            rc = ts_dit_bind(cfg, &m->grad_mem, &m->grads, m->grads.blocks);
+        if (rc == TS_OK)
+            rc = ts_zero(e, &m->grad_mem);
+    }
+    int T = ts_dit_tokens(cfg);
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&m->pos_embed, TS_F32, e->device, 2,
+                             TS_SHAPE(T, cfg->hidden_size));
+    if (rc == TS_OK)
+        rc = ts_pos_embed_2d(e, &m->pos_embed, cfg->input_size / cfg->patch_size);
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&m->labels, TS_I32, e->device, 1, TS_SHAPE(max_batch));
+    /* size the arena by running the plan in measuring mode, then for real */
+    ts_arena_t measure;
+    if (rc == TS_OK)
+        rc = ts_arena_init(&measure, e->device, 0);
+    if (rc == TS_OK)
+        rc = plan_acts(m, &measure);
+    if (rc == TS_OK)
+        rc = ts_arena_init(&m->arena, e->device, measure.peak);
+    if (rc == TS_OK)
+        rc = plan_acts(m, &m->arena);
+    if (rc != TS_OK)
+        ts_dit_free(m);
+    return rc;
+}
+
+void ts_dit_free(ts_dit_t *m) {
+    if (!m)
+        return;
+    ts_arena_free(&m->arena);
+    ts_tensor_free(&m->labels);
+    ts_tensor_free(&m->pos_embed);
+    ts_tensor_free(&m->grad_mem);
+    ts_tensor_free(&m->param_mem);
+    free(m->acts.blocks);
+    free(m->grads.blocks);
+    free(m->params.blocks);
+    free(m->info);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- initialisation -------------------------------------------------------------------- */
+
+int ts_dit_init_weights(ts_dit_t *m, uint64_t seed) {
+    if (!m || !m->info)
+        return TS_EINVAL;
+    ts_engine_t *e = m->eng;
+    TRY(ts_zero(e, &m->param_mem));
+    for (int i = 0; i < m->n_params; i++) {
+        const ts_dit_param_info_t *pi = &m->info[i];
+        ts_tensor_t w;
+        TRY(view_of(&m->param_mem, pi, &w));
+        /* each tensor draws from its own stretch of the stream: offset = its slab offset */
+        uint64_t offset = (uint64_t)pi->offset;
+        if (pi->init == TS_INIT_XAVIER) {
+            /* U(−a, a), a = √(6 / (fan_in + fan_out)), on the 2-D view */
+            double a = sqrt(6.0 / (double)(w.shape[0] + w.shape[1]));
+            TRY(ts_rng_uniform(e, &w, seed, offset));
+            TRY(ts_affine(e, &w, (float)(2.0 * a), (float)-a));
+        } else if (pi->init == TS_INIT_NORMAL002) {
+            TRY(ts_rng_normal(e, &w, seed, offset));
+            TRY(ts_scale(e, &w, 0.02f));
+        }
+    }
+    return TS_OK;
+}
+
+/* ---- forward --------------------------------------------------------------------------- */
+
+/* The first B rows of an activation. */
+static ts_tensor_t rows(const ts_tensor_t *t, int B) {
+    ts_tensor_t v;
+    if (ts_tensor_slice(&v, t, 0, B) != TS_OK)
+        memset(&v, 0, sizeof v); /* an empty tensor: the next op reports TS_EINVAL */
+    return v;
+}
+
+/* The first B·T rows of a per-token statistic (mean, rstd). */
+static ts_tensor_t stat_rows(const ts_tensor_t *t, int B, int T) {
+    ts_tensor_t v;
+    if (ts_tensor_slice(&v, t, 0, (int64_t)B * T) != TS_OK)
+        memset(&v, 0, sizeof v);
+    return v;
+}
+
+static int block_forward(ts_dit_t *m, int l, int B) {
+    ts_engine_t *e = m->eng;
+    const ts_dit_block_params_t *P = &m->params.blocks[l];
+    ts_dit_block_acts_t *A = &m->acts.blocks[l];
+    int T = ts_dit_tokens(&m->cfg), H = m->cfg.num_heads;
+    ts_tensor_t c_silu = rows(&m->acts.c_silu, B), mod = rows(&A->mod, B);
+    ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B), mod1 = rows(&A->mod1, B);
+    ts_tensor_t m1 = stat_rows(&A->ln1_mean, B, T), r1 = stat_rows(&A->ln1_rstd, B, T);
+    ts_tensor_t qkv = rows(&A->qkv, B), att = rows(&A->att, B), atty = rows(&A->atty, B);
+    ts_tensor_t proj = rows(&A->proj, B), x_mid = rows(&A->x_mid, B);
+    ts_tensor_t ln2 = rows(&A->ln2, B), mod2 = rows(&A->mod2, B);
+    ts_tensor_t m2 = stat_rows(&A->ln2_mean, B, T), r2 = stat_rows(&A->ln2_rstd, B, T);
+    ts_tensor_t fc1 = rows(&A->fc1, B), gelu = rows(&A->gelu, B), fc2 = rows(&A->fc2, B);
+    ts_tensor_t x_out = rows(&A->x_out, B);
+
+    TRY(ts_linear_forward(e, &mod, &c_silu, &P->ada_w, &P->ada_b)); /* 6 chunks of h */
+    /* attention branch: x_mid = x_in + gate_msa · proj(attn(modulate(LN(x_in)))) */
+    TRY(ts_layernorm_forward(e, &ln1, &m1, &r1, &x_in));
+    TRY(ts_modulate_forward(e, &mod1, &ln1, &mod, 0, 1));
+    TRY(ts_linear_forward(e, &qkv, &mod1, &P->qkv_w, &P->qkv_b));
+    TRY(ts_attention_forward(e, &atty, &att, &qkv, H));
+    TRY(ts_linear_forward(e, &proj, &atty, &P->proj_w, &P->proj_b));
+    TRY(ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2));
+    /* MLP branch: x_out = x_mid + gate_mlp · fc2(gelu(fc1(modulate(LN(x_mid))))) */
+    TRY(ts_layernorm_forward(e, &ln2, &m2, &r2, &x_mid));
+    TRY(ts_modulate_forward(e, &mod2, &ln2, &mod, 3, 4));
+    TRY(ts_linear_forward(e, &fc1, &mod2, &P->fc1_w, &P->fc1_b));
+    TRY(ts_gelu_forward(e, &gelu, &fc1));
+    TRY(ts_linear_forward(e, &fc2, &gelu, &P->fc2_w, &P->fc2_b));
+    TRY(ts_gate_residual_forward(e, &x_out, &x_mid, &fc2, &mod, 5));
+    return TS_OK;
+}
+
+/* Stages the labels as an I32 tensor on the engine's device. */
+static int stage_labels(ts_dit_t *m, const int32_t *y, int B, ts_tensor_t *ids) {
+    for (int b = 0; b < B; b++)
+        if (y[b] < 0 || y[b] > m->cfg.num_classes)
+            return TS_ERANGE;
+    ts_tensor_t host;
+    TRY(ts_tensor_wrap(&host, (void *)y, TS_I32, TS_CPU, 1, TS_SHAPE(B)));
+    *ids = rows(&m->labels, B);
+    return ts_tensor_copy(ids, &host);
+}
+
+int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
+                   int B, ts_tensor_t *v) {
+    if (!m || !x || !t || !y || !v || B < 1 || B > m->max_batch)
+        return TS_EINVAL;
+    const ts_dit_config_t *c = &m->cfg;
+    ts_engine_t *e = m->eng;
+    ts_dit_acts_t *A = &m->acts;
+    ts_dit_params_t *P = &m->params;
+    int p = c->patch_size;
+    if (x->ndim != 4 || x->shape[0] != B || x->shape[1] != c->in_channels ||
+        x->shape[2] != c->input_size || x->shape[3] != c->input_size || ts_tensor_numel(t) != B)
+        return TS_ESHAPE;
+    ts_tensor_t ids;
+    TRY(stage_labels(m, y, B, &ids));
+    ts_tensor_t patches = rows(&A->patches, B), x0 = rows(&A->x0, B);
+    ts_tensor_t tfreq = rows(&A->tfreq, B), t_h = rows(&A->t_h, B), t_s = rows(&A->t_s, B);
+    ts_tensor_t t_emb = rows(&A->t_emb, B), y_emb = rows(&A->y_emb, B);
+    ts_tensor_t cc = rows(&A->c, B), c_silu = rows(&A->c_silu, B);
+
+    /* patch embedding: the stride-p conv is a linear over (c, py, px)-ordered patches */
+    TRY(ts_patchify_forward(e, &patches, x, p));
+    TRY(ts_linear_forward(e, &x0, &patches, &P->x_w, &P->x_b));
+    TRY(ts_add_bcast_forward(e, &x0, &x0, &m->pos_embed));
+    /* conditioning: c = MLP(sinusoid(1000·t)) + label embedding */
+    TRY(ts_timestep_embedding_forward(e, &tfreq, t, 1000.0f));
+    TRY(ts_linear_forward(e, &t_h, &tfreq, &P->t_w0, &P->t_b0));
+    TRY(ts_silu_forward(e, &t_s, &t_h));
+    TRY(ts_linear_forward(e, &t_emb, &t_s, &P->t_w2, &P->t_b2));
+    TRY(ts_embedding_forward(e, &y_emb, &P->y_table, &ids));
+    TRY(ts_add(e, &cc, &t_emb, &y_emb));
+    TRY(ts_silu_forward(e, &c_silu, &cc));
+
+    for (int l = 0; l < c->depth; l++)
+        TRY(block_forward(m, l, B));
+
+    /* final layer */
+    ts_tensor_t xf = rows(&A->x_final, B), fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
+    ts_tensor_t mf = stat_rows(&A->lnf_mean, B, ts_dit_tokens(c));
+    ts_tensor_t rf = stat_rows(&A->lnf_rstd, B, ts_dit_tokens(c));
+    ts_tensor_t fx = rows(&A->fx, B), out_tok = rows(&A->out_tok, B), out = rows(&A->out, B);
+    TRY(ts_linear_forward(e, &fmod, &c_silu, &P->fada_w, &P->fada_b));
+    TRY(ts_layernorm_forward(e, &lnf, &mf, &rf, &xf));
+    TRY(ts_modulate_forward(e, &fx, &lnf, &fmod, 0, 1));
+    TRY(ts_linear_forward(e, &out_tok, &fx, &P->f_w, &P->f_b));
+    TRY(ts_unpatchify_forward(e, &out, &out_tok, p));
+    *v = out;
+    return TS_OK;
+}
+
+/* ---- backward -------------------------------------------------------------------------- */
+
+/* Clears the first B rows of each listed scratch gradient. */
+static int zero_rows(ts_engine_t *e, int B, ts_tensor_t **list, int n) {
+    for (int i = 0; i < n; i++) {
+        ts_tensor_t r = rows(list[i], B);
+        TRY(ts_zero(e, &r));
+    }
+    return TS_OK;
+}
+
+/* On entry G->dx holds dL/dx_out of block l; on exit dL/dx_in. Parameter gradients accumulate
+ * into m->grads.blocks[l]; the adaLN input gradient into G->dc_silu. */
+static int block_backward(ts_dit_t *m, int l, int B) {
+    ts_engine_t *e = m->eng;
+    const ts_dit_block_params_t *P = &m->params.blocks[l];
+    ts_dit_block_params_t *D = &m->grads.blocks[l];
+    ts_dit_block_acts_t *A = &m->acts.blocks[l];
+    ts_dit_grad_acts_t *G = &m->gacts;
+    int T = ts_dit_tokens(&m->cfg), H = m->cfg.num_heads;
+    ts_tensor_t *scratch[] = {&G->dmod, &G->dfc2, &G->dgelu, &G->dfc1, &G->dmod2, &G->dln2,
+                              &G->dproj, &G->datty, &G->dqkv, &G->dmod1, &G->dln1};
+    TRY(zero_rows(e, B, scratch, (int)(sizeof scratch / sizeof scratch[0])));
+    ts_tensor_t dx = rows(&G->dx, B), dmod = rows(&G->dmod, B), dc_silu = rows(&G->dc_silu, B);
+    ts_tensor_t dfc2 = rows(&G->dfc2, B), dgelu = rows(&G->dgelu, B), dfc1 = rows(&G->dfc1, B);
+    ts_tensor_t dmod2 = rows(&G->dmod2, B), dln2 = rows(&G->dln2, B), dproj = rows(&G->dproj, B);
+    ts_tensor_t datty = rows(&G->datty, B), dqkv = rows(&G->dqkv, B), datt = rows(&G->datt, B);
+    ts_tensor_t dmod1 = rows(&G->dmod1, B), dln1 = rows(&G->dln1, B);
+    ts_tensor_t c_silu = rows(&m->acts.c_silu, B), mod = rows(&A->mod, B);
+    ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B), mod1 = rows(&A->mod1, B);
+    ts_tensor_t m1 = stat_rows(&A->ln1_mean, B, T), r1 = stat_rows(&A->ln1_rstd, B, T);
+    ts_tensor_t qkv = rows(&A->qkv, B), att = rows(&A->att, B), atty = rows(&A->atty, B);
+    ts_tensor_t proj = rows(&A->proj, B), x_mid = rows(&A->x_mid, B), ln2 = rows(&A->ln2, B);
+    ts_tensor_t mod2 = rows(&A->mod2, B);
+    ts_tensor_t m2 = stat_rows(&A->ln2_mean, B, T), r2 = stat_rows(&A->ln2_rstd, B, T);
+    ts_tensor_t fc1 = rows(&A->fc1, B), gelu = rows(&A->gelu, B), fc2 = rows(&A->fc2, B);
+
+    /* MLP branch. The residual's identity path is dx itself: it already holds dL/dx_out, which
+     * is the direct part of dL/dx_mid, so only the branch's contribution is added to it. */
+    TRY(ts_gate_residual_backward(e, NULL, &dfc2, &dmod, &dx, &fc2, &mod, 5));
+    TRY(ts_linear_backward(e, &dgelu, &D->fc2_w, &D->fc2_b, &dfc2, &gelu, &P->fc2_w));
+    TRY(ts_gelu_backward(e, &dfc1, &dgelu, &fc1));
+    TRY(ts_linear_backward(e, &dmod2, &D->fc1_w, &D->fc1_b, &dfc1, &mod2, &P->fc1_w));
+    TRY(ts_modulate_backward(e, &dln2, &dmod, &dmod2, &ln2, &mod, 3, 4));
+    TRY(ts_layernorm_backward(e, &dx, &dln2, &x_mid, &m2, &r2));
+    /* attention branch: dx now holds dL/dx_mid */
+    TRY(ts_gate_residual_backward(e, NULL, &dproj, &dmod, &dx, &proj, &mod, 2));
+    TRY(ts_linear_backward(e, &datty, &D->proj_w, &D->proj_b, &dproj, &atty, &P->proj_w));
+    TRY(ts_attention_backward(e, &dqkv, &datt, &datty, &qkv, &att, H));
+    TRY(ts_linear_backward(e, &dmod1, &D->qkv_w, &D->qkv_b, &dqkv, &mod1, &P->qkv_w));
+    TRY(ts_modulate_backward(e, &dln1, &dmod, &dmod1, &ln1, &mod, 0, 1));
+    TRY(ts_layernorm_backward(e, &dx, &dln1, &x_in, &m1, &r1));
+    /* adaLN: all six chunks' gradients are in dmod */
+    TRY(ts_linear_backward(e, &dc_silu, &D->ada_w, &D->ada_b, &dmod, &c_silu, &P->ada_w));
+    return TS_OK;
+}
+
+int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B) {
+    if (!m || !dv || !m->trainable || B < 1 || B > m->max_batch)
+        return TS_EINVAL;
+    const ts_dit_config_t *c = &m->cfg;
+    ts_engine_t *e = m->eng;
+    ts_dit_acts_t *A = &m->acts;
+    ts_dit_grad_acts_t *G = &m->gacts;
+    ts_dit_params_t *P = &m->params, *D = &m->grads;
+    int p = c->patch_size, T = ts_dit_tokens(c);
+    ts_tensor_t out = rows(&A->out, B);
+    if (!ts_tensor_same_shape(dv, &out))
+        return TS_ESHAPE;
+    ts_tensor_t *scratch[] = {&G->dout_tok, &G->dfx, &G->dlnf, &G->dfmod, &G->dx, &G->dc_silu,
+                              &G->dc, &G->dt_s, &G->dt_h};
+    TRY(zero_rows(e, B, scratch, (int)(sizeof scratch / sizeof scratch[0])));
+    ts_tensor_t dout_tok = rows(&G->dout_tok, B), dfx = rows(&G->dfx, B);
+    ts_tensor_t dlnf = rows(&G->dlnf, B), dfmod = rows(&G->dfmod, B), dx = rows(&G->dx, B);
+    ts_tensor_t dc_silu = rows(&G->dc_silu, B), dc = rows(&G->dc, B);
+    ts_tensor_t dt_s = rows(&G->dt_s, B), dt_h = rows(&G->dt_h, B);
+    ts_tensor_t xf = rows(&A->x_final, B), fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
+    ts_tensor_t mf = stat_rows(&A->lnf_mean, B, T), rf = stat_rows(&A->lnf_rstd, B, T);
+    ts_tensor_t fx = rows(&A->fx, B), c_silu = rows(&A->c_silu, B), cc = rows(&A->c, B);
+    ts_tensor_t patches = rows(&A->patches, B), t_s = rows(&A->t_s, B), t_h = rows(&A->t_h, B);
+    ts_tensor_t tfreq = rows(&A->tfreq, B), ids = rows(&m->labels, B);
+
+    /* final layer */
+    TRY(ts_unpatchify_backward(e, &dout_tok, dv, p));
+    TRY(ts_linear_backward(e, &dfx, &D->f_w, &D->f_b, &dout_tok, &fx, &P->f_w));
+    TRY(ts_modulate_backward(e, &dlnf, &dfmod, &dfx, &lnf, &fmod, 0, 1));
+    TRY(ts_linear_backward(e, &dc_silu, &D->fada_w, &D->fada_b, &dfmod, &c_silu, &P->fada_w));
+    TRY(ts_layernorm_backward(e, &dx, &dlnf, &xf, &mf, &rf));
+    for (int l = c->depth - 1; l >= 0; l--)
+        TRY(block_backward(m, l, B));
+    /* patch embedding (the input image needs no gradient; pos_embed is fixed) */
+    TRY(ts_linear_backward(e, NULL, &D->x_w, &D->x_b, &dx, &patches, &P->x_w));
+    /* conditioning */
+    TRY(ts_silu_backward(e, &dc, &dc_silu, &cc));
+    TRY(ts_embedding_backward(e, &D->y_table, &dc, &ids));
+    TRY(ts_linear_backward(e, &dt_s, &D->t_w2, &D->t_b2, &dc, &t_s, &P->t_w2));
+    TRY(ts_silu_backward(e, &dt_h, &dt_s, &t_h));
+    TRY(ts_linear_backward(e, NULL, &D->t_w0, &D->t_b0, &dt_h, &tfreq, &P->t_w0));
+    return TS_OK;
+}
+
+int ts_dit_zero_grad(ts_dit_t *m) {
+    if (!m || !m->trainable)
+        return TS_EINVAL;
+    return ts_zero(m->eng, &m->grad_mem);
+}
+
+double ts_dit_flops_per_sample(const ts_dit_config_t *c) {
+    double T = ts_dit_tokens(c), h = c->hidden_size, r = (double)c->mlp_ratio * h;
+    double F = (double)c->in_channels * c->patch_size * c->patch_size;
+    double block = T * (h * 3 * h + h * h + 2 * h * r) /* qkv, proj, fc1, fc2 */
+                   + 2 * T * T * h                      /* QKᵀ and PV over all heads */
+                   + 6 * h * h;                         /* adaLN */
+    double macs = T * F * h + c->freq_dim * h + h * h + c->depth * block + 2 * h * h + T * h * F;
+    return 2.0 * macs;
+}

@@ -1,0 +1,177 @@
+/*
+ * dit.h — the Diffusion Transformer expert (DiT, Peebles & Xie 2023) as a velocity model.
+ *
+ * One ts_dit_t is one expert on one engine: its parameters in one allocation with a named view
+ * per tensor (the DiT/PyTorch names of DESIGN §9), optionally gradients in a second allocation of
+ * the same layout, and activations for up to max_batch samples preallocated in an arena. Forward
+ * and backward are written by hand as a list of op calls (kernels/ops.h); backward accumulates
+ * parameter gradients and ts_dit_zero_grad clears them.
+ *
+ * What it is not: an optimiser (model/train.h), a sampler (model/sampler.h) or a file format
+ * (model/safetensors.h). Inputs are x (B, C, H, W), t (B) in [0, 1] (embedded as 1000·t) and
+ * class labels y (B) with y = num_classes meaning "no class" (the null row used for
+ * classifier-free guidance). The output is the predicted velocity v = ε − x0, (B, C, H, W).
+ */
+#ifndef TS_DIT_H
+#define TS_DIT_H
+
+#include <stdint.h>
+
+#include "kernels/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ts_dit_config {
+    int input_size;  /* image height = width */
+    int in_channels; /* C; the output has the same channels (a velocity) */
+    int patch_size;  /* p */
+    int hidden_size;
+    int depth;
+    int num_heads;
+    int num_classes; /* the label table has num_classes + 1 rows: the last is the null class */
+    int mlp_ratio;   /* MLP hidden = mlp_ratio · hidden_size (4 in DiT) */
+    int freq_dim;    /* sinusoidal timestep embedding width (256 in DiT) */
+} ts_dit_config_t;
+
+/* Fills cfg from a preset name: "tiny" (128, 4, 4 heads, patch 4), "small" (256, 6, 4, patch 2),
+ * and DiT's "S/2" "S/4" "S/8" "B/2" … "XL/8"; image 28×28×1 and 10 classes (Fashion-MNIST),
+ * which the caller may change. TS_EINVAL for an unknown name. */
+int ts_dit_config_preset(const char *name, ts_dit_config_t *cfg);
+/* TS_OK when the config is self-consistent (sizes positive and bounded, hidden divisible by
+ * heads and by 4, image divisible by patch). */
+int ts_dit_config_check(const ts_dit_config_t *cfg);
+/* Tokens per image, (input_size / patch_size)². */
+int ts_dit_tokens(const ts_dit_config_t *cfg);
+
+/* The trainable tensors of one block, named as in DiT. */
+typedef struct ts_dit_block_params {
+    ts_tensor_t qkv_w, qkv_b;   /* attn.qkv (3h, h), (3h) */
+    ts_tensor_t proj_w, proj_b; /* attn.proj (h, h), (h) */
+    ts_tensor_t fc1_w, fc1_b;   /* mlp.fc1 (r·h, h), (r·h) */
+    ts_tensor_t fc2_w, fc2_b;   /* mlp.fc2 (h, r·h), (h) */
+    ts_tensor_t ada_w, ada_b;   /* adaLN_modulation.1 (6h, h), (6h) */
+} ts_dit_block_params_t;
+
+/* Named views into one flat parameter (or gradient, or optimiser-state) slab. */
+typedef struct ts_dit_params {
+    ts_tensor_t x_w, x_b;          /* x_embedder.proj: (h, C·p·p) view of (h, C, p, p), (h) */
+    ts_tensor_t t_w0, t_b0;        /* t_embedder.mlp.0 (h, freq_dim), (h) */
+    ts_tensor_t t_w2, t_b2;        /* t_embedder.mlp.2 (h, h), (h) */
+    ts_tensor_t y_table;           /* y_embedder.embedding_table (classes + 1, h) */
+    ts_dit_block_params_t *blocks; /* depth of them */
+    ts_tensor_t f_w, f_b;          /* final_layer.linear (p·p·C, h), (p·p·C) */
+    ts_tensor_t fada_w, fada_b;    /* final_layer.adaLN_modulation.1 (2h, h), (2h) */
+} ts_dit_params_t;
+
+/* One entry of the parameter table: the file name and shape of a tensor, and where it lives in
+ * the flat slab. The table is in a fixed order shared by every slab. */
+typedef struct ts_dit_param_info {
+    char name[64];
+    int ndim;
+    int64_t shape[TS_MAX_DIMS]; /* as stored in a file (x_embedder.proj.weight is 4-D) */
+    int64_t offset;             /* in elements, into the slab */
+    int64_t numel;
+    int init;                   /* TS_INIT_* */
+} ts_dit_param_info_t;
+
+enum { TS_INIT_ZERO = 0, TS_INIT_XAVIER = 1, TS_INIT_NORMAL002 = 2 };
+
+/* Activations of one forward pass, for up to max_batch samples (leading dimension). */
+typedef struct ts_dit_block_acts {
+    ts_tensor_t x_in;                 /* (B, T, h) residual stream entering the block */
+    ts_tensor_t mod;                  /* (B, 6h) adaLN output: shift/scale/gate ×2 */
+    ts_tensor_t ln1, ln1_mean, ln1_rstd, mod1; /* (B,T,h), (B·T), (B·T), (B,T,h) */
+    ts_tensor_t qkv;                  /* (B, T, 3h) */
+    ts_tensor_t att;                  /* (B, heads, T, T) */
+    ts_tensor_t atty;                 /* (B, T, h) attention output, heads concatenated */
+    ts_tensor_t proj;                 /* (B, T, h) */
+    ts_tensor_t x_mid;                /* (B, T, h) after the attention residual */
+    ts_tensor_t ln2, ln2_mean, ln2_rstd, mod2;
+    ts_tensor_t fc1, gelu;            /* (B, T, r·h) */
+    ts_tensor_t fc2;                  /* (B, T, h) */
+    ts_tensor_t x_out;                /* (B, T, h) after the MLP residual: the next x_in */
+} ts_dit_block_acts_t;
+
+typedef struct ts_dit_acts {
+    ts_tensor_t patches;              /* (B, T, C·p·p) */
+    ts_tensor_t x0;                   /* (B, T, h) embedded patches + positions */
+    ts_tensor_t tfreq;                /* (B, freq_dim) */
+    ts_tensor_t t_h, t_s, t_emb;      /* (B, h) */
+    ts_tensor_t y_emb;                /* (B, h) */
+    ts_tensor_t c, c_silu;            /* (B, h) conditioning, and SiLU(c) fed to every adaLN */
+    ts_dit_block_acts_t *blocks;
+    ts_tensor_t x_final;              /* (B, T, h) the last block's output */
+    ts_tensor_t fmod;                 /* (B, 2h) */
+    ts_tensor_t lnf, lnf_mean, lnf_rstd, fx; /* (B,T,h), (B·T), (B·T), (B,T,h) */
+    ts_tensor_t out_tok;              /* (B, T, p·p·C) */
+    ts_tensor_t out;                  /* (B, C, H, W) the velocity */
+} ts_dit_acts_t;
+
+/* Gradient scratch of the backward pass (one block's worth, reused for every block). */
+typedef struct ts_dit_grad_acts {
+    ts_tensor_t dout_tok, dfx, dlnf, dfmod;
+    ts_tensor_t dx;                   /* (B, T, h) running gradient of the residual stream */
+    ts_tensor_t dc_silu, dc, dt_s, dt_h;
+    ts_tensor_t dmod, dfc2, dgelu, dfc1, dmod2, dln2, dproj, datty, dqkv, datt, dmod1, dln1;
+} ts_dit_grad_acts_t;
+
+typedef struct ts_dit {
+    ts_dit_config_t cfg;
+    ts_engine_t *eng;            /* borrowed: must outlive the model */
+    int max_batch;
+    int n_params;                /* entries in info */
+    ts_dit_param_info_t *info;
+    int64_t num_params;          /* total elements */
+    ts_tensor_t param_mem;       /* (num_params) */
+    ts_tensor_t grad_mem;        /* (num_params), empty unless training */
+    ts_dit_params_t params, grads;
+    ts_tensor_t pos_embed;       /* (T, h) fixed, not trained */
+    ts_arena_t arena;
+    ts_dit_acts_t acts;
+    ts_dit_grad_acts_t gacts;
+    ts_tensor_t labels;          /* (max_batch) I32 staging for y */
+    ts_tensor_t tvals;           /* (max_batch) F32 staging for t */
+    int trainable;
+} ts_dit_t;
+
+/* Builds a model for cfg on engine e with activations for max_batch samples (parameters zero:
+ * call ts_dit_init_weights or load them). trainable = 1 also allocates gradients and the
+ * backward scratch. Free with ts_dit_free. */
+int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int max_batch,
+                  int trainable);
+void ts_dit_free(ts_dit_t *m);
+
+/* DiT's initialisation: Xavier-uniform linears (patch embed viewed as a linear), zero biases,
+ * N(0, 0.02) label table and timestep-MLP weights, zero adaLN modulation and final linear. The
+ * random values come from the counter-based RNG, stream `seed`. */
+int ts_dit_init_weights(ts_dit_t *m, uint64_t seed);
+
+/* Binds named views for the layout of cfg onto a flat slab (params, grads, AdamW moments, EMA…).
+ * blocks must hold cfg->depth entries. */
+int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_params_t *views,
+                ts_dit_block_params_t *blocks);
+
+/* The parameter table for cfg: *info is malloc'd (caller frees), *count entries, *total elements. */
+int ts_dit_param_table(const ts_dit_config_t *cfg, ts_dit_param_info_t **info, int *count,
+                       int64_t *total);
+
+/* Forward for B ≤ max_batch samples. x (B, C, H, W) and t (B) are F32 tensors on the engine's
+ * device; y is host memory (B labels, each in [0, num_classes]). The result is m->acts.out
+ * sliced to B samples, written into *v (a view; valid until the next forward). */
+int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
+                   int B, ts_tensor_t *v);
+/* Backward of the last forward (same B) given dv (B, C, H, W) = dLoss/dv; accumulates into
+ * m->grads. Requires trainable. */
+int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B);
+int ts_dit_zero_grad(ts_dit_t *m);
+
+/* Multiply-adds (×2 = FLOPs) of one forward pass per sample, counting the GEMMs only. */
+double ts_dit_flops_per_sample(const ts_dit_config_t *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,592 @@
+/*
+ * fmnist.c — the Fashion-MNIST IDX reader, dataset subsets and shard files (model/fmnist.h).
+ *
+ * Reading goes through zlib's gz* functions, which read a gzip file and an uncompressed one alike
+ * (an uncompressed file is passed through as it is). A split is read in a fixed order: both
+ * headers first, so a count mismatch is reported before megabytes are inflated; then the labels
+ * (small); then the pixels into a byte buffer that grows with what actually arrives; then one
+ * more read that must find the end of the stream (this read also surfaces a bad gzip CRC, which
+ * zlib checks only when it reaches the end of a member). Only then are the pixels converted to
+ * floats, so a failed load never allocates the float buffer.
+ *
+ * "Exactly the declared bytes" is checked on the decompressed data. Non-gzip bytes after the
+ * last gzip member are skipped by zlib itself (gzread's documented behaviour), so they are not
+ * reported; extra decompressed bytes are.
+ *
+ * Shard files are parsed line by line with getline; duplicates are found by sorting (index, line)
+ * pairs, which costs memory in proportion to the file rather than to `limit`.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <zlib.h>
+
+#include "model/fmnist.h"
+
+#define PATH_BUF 4096
+#define GZ_CHUNK (1u << 30)          /* bytes per gzread call (it takes an unsigned) */
+#define PIXELS_FIRST_CAP (16u << 20) /* the pixel buffer starts here and doubles */
+#define INSTALL_HINT                                                                               \
+    "install Fashion-MNIST with `apt-get install dataset-fashion-mnist`, "                         \
+    "or pass the folder that holds the IDX files"
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
+                                                      const char *fmt, ...) {
+    if (err && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static uint32_t be32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* ---- IDX files ------------------------------------------------------------------------- */
+
+typedef struct idx_file {
+    gzFile gz;
+    char path[PATH_BUF];
+} idx_file_t;
+
+static int path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Opens <dir>/<prefix>-<kind>-ubyte.gz, or the same name without .gz when only that exists. */
+static int idx_open(idx_file_t *f, const char *dir, const char *prefix, const char *kind, char *err,
+                    size_t errlen) {
+    f->gz = NULL;
+    int len = snprintf(f->path, sizeof f->path, "%s/%s-%s-ubyte.gz", dir, prefix, kind);
+    if (len < 0 || (size_t)len >= sizeof f->path)
+        return fail(err, errlen, TS_EINVAL, "dataset folder path is too long: %s", dir);
+    if (!path_exists(f->path)) {
+        f->path[len - 3] = '\0'; /* drop ".gz" */
+        if (!path_exists(f->path)) {
+            int e = errno;
+            return fail(err, errlen, TS_EIO, "cannot find %s.gz (nor %s): %s; " INSTALL_HINT,
+                        f->path, f->path, strerror(e));
+        }
+    }
+    f->gz = gzopen(f->path, "rb");
+    if (!f->gz) {
+        int e = errno;
+        return fail(err, errlen, e == ENOMEM ? TS_ENOMEM : TS_EIO, "cannot open %s: %s", f->path,
+                    e ? strerror(e) : "out of memory");
+    }
+    gzbuffer(f->gz, 128u << 10);
+    return TS_OK;
+}
+
+static void idx_close(idx_file_t *f) {
+    if (f->gz)
+        gzclose(f->gz);
+    f->gz = NULL;
+}
+
+/* Reads up to len bytes into buf; *got is how many arrived. A short count at the end of the
+ * file (or of a truncated gzip stream) is not an error here: the caller compares *got with what
+ * it expected. A read error or corrupt gzip data is. */
+static int idx_read(idx_file_t *f, void *buf, size_t len, size_t *got, char *err, size_t errlen) {
+    unsigned char *p = buf;
+    *got = 0;
+    while (*got < len) {
+        size_t want = len - *got < GZ_CHUNK ? len - *got : GZ_CHUNK;
+        int r = gzread(f->gz, p + *got, (unsigned)want);
+        if (r <= 0)
+            break;
+        *got += (size_t)r;
+    }
+    int zerr;
+    const char *msg = gzerror(f->gz, &zerr);
+    if (zerr == Z_ERRNO)
+        return fail(err, errlen, TS_EIO, "%s: read failed: %s", f->path, strerror(errno));
+    if (zerr == Z_MEM_ERROR)
+        return fail(err, errlen, TS_ENOMEM, "%s: out of memory while inflating", f->path);
+    if (zerr != Z_OK && zerr != Z_BUF_ERROR) /* Z_BUF_ERROR: the gzip stream ends early */
+        return fail(err, errlen, TS_ECORRUPT, "%s: corrupt gzip data: %s", f->path, msg);
+    return TS_OK;
+}
+
+/* Reads to the end of the stream, which must come now: extra bytes are TS_ECORRUPT. */
+static int idx_expect_end(idx_file_t *f, const char *what, size_t declared, char *err,
+                          size_t errlen) {
+    unsigned char scratch[4096];
+    size_t extra = 0, got;
+    do {
+        int rc = idx_read(f, scratch, sizeof scratch, &got, err, errlen);
+        if (rc)
+            return rc;
+        extra += got;
+    } while (got == sizeof scratch);
+    if (extra)
+        return fail(err, errlen, TS_ECORRUPT,
+                    "%s: %zu trailing bytes after the declared %zu bytes of %s", f->path, extra,
+                    declared, what);
+    return TS_OK;
+}
+
+/* Reads and checks a header: magic, then ndim big-endian sizes into dims. */
+static int idx_header(idx_file_t *f, uint32_t magic, int ndim, uint32_t *dims, char *err,
+                      size_t errlen) {
+    unsigned char hdr[16];
+    size_t need = 4 + 4 * (size_t)ndim, got;
+    int rc = idx_read(f, hdr, need, &got, err, errlen);
+    if (rc)
+        return rc;
+    if (got >= 4 && be32(hdr) != magic)
+        return fail(err, errlen, TS_ECORRUPT,
+                    "%s: not an IDX %s file: magic number is 0x%08x, expected 0x%08x", f->path,
+                    ndim == 3 ? "image" : "label", be32(hdr), magic);
+    if (got < need)
+        return fail(err, errlen, TS_ECORRUPT,
+                    "%s: truncated: expected a %zu-byte IDX header, got %zu bytes", f->path, need,
+                    got);
+    for (int i = 0; i < ndim; i++)
+        dims[i] = be32(hdr + 4 + 4 * i);
+    return TS_OK;
+}
+
+/* Reads exactly len bytes into a malloc'ed buffer that grows with what arrives, then checks
+ * that the stream ends. On success *out owns the buffer. */
+static int idx_body(idx_file_t *f, const char *what, size_t len, unsigned char **out, char *err,
+                    size_t errlen) {
+    *out = NULL;
+    size_t cap = len < PIXELS_FIRST_CAP ? len : PIXELS_FIRST_CAP, have = 0, got;
+    unsigned char *buf = malloc(cap ? cap : 1);
+    if (!buf)
+        return fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu bytes", f->path, cap);
+    for (;;) {
+        int rc = idx_read(f, buf + have, cap - have, &got, err, errlen);
+        if (rc) {
+            free(buf);
+            return rc;
+        }
+        have += got;
+        if (have < cap || cap == len)
+            break;
+        size_t next = cap <= len / 2 ? cap * 2 : len;
+        unsigned char *grown = realloc(buf, next);
+        if (!grown) {
+            free(buf);
+            return fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu bytes", f->path, next);
+        }
+        buf = grown;
+        cap = next;
+    }
+    if (have < len) {
+        free(buf);
+        return fail(err, errlen, TS_ECORRUPT, "%s: truncated: expected %zu bytes of %s, got %zu",
+                    f->path, len, what, have);
+    }
+    int rc = idx_expect_end(f, what, len, err, errlen);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    return TS_OK;
+}
+
+/* ---- loading a split ------------------------------------------------------------------- */
+
+void ts_dataset_free(ts_dataset_t *ds) {
+    if (!ds)
+        return;
+    free(ds->images);
+    free(ds->labels);
+    memset(ds, 0, sizeof *ds);
+}
+
+static const char *split_prefix(const char *split) {
+    if (strcmp(split, "train") == 0)
+        return "train";
+    if (strcmp(split, "test") == 0 || strcmp(split, "t10k") == 0)
+        return "t10k";
+    return NULL;
+}
+
+/* Reads the labels (n of them), checks each is a known class and returns them as int32 in
+ * *labels (malloc'ed, allocated only once the bytes have arrived). */
+static int load_labels(idx_file_t *f, int n, int32_t **labels, char *err, size_t errlen) {
+    unsigned char *raw;
+    int rc = idx_body(f, "labels", (size_t)n, &raw, err, errlen);
+    if (rc)
+        return rc;
+    int32_t *out = malloc((size_t)n * sizeof *out);
+    if (!out) {
+        free(raw);
+        return fail(err, errlen, TS_ENOMEM, "%s: out of memory for %d labels", f->path, n);
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        if (raw[i] >= TS_FMNIST_NUM_CLASSES)
+            rc = fail(err, errlen, TS_ECORRUPT,
+                      "%s: label %d of item %d is out of range (classes are 0..%d)", f->path,
+                      raw[i], i, TS_FMNIST_NUM_CLASSES - 1);
+        out[i] = raw[i];
+    }
+    free(raw);
+    if (rc) {
+        free(out);
+        return rc;
+    }
+    *labels = out;
+    return TS_OK;
+}
+
+/* Reads the pixels (npix bytes) and scales each byte p to p / 127.5 − 1; 0 → −1 and 255 → 1
+ * exactly. */
+static int load_pixels(idx_file_t *f, size_t npix, float **images, char *err, size_t errlen) {
+    unsigned char *raw;
+    int rc = idx_body(f, "pixels", npix, &raw, err, errlen);
+    if (rc)
+        return rc;
+    float *out = malloc(npix * sizeof *out);
+    if (!out) {
+        free(raw);
+        return fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu floats", f->path, npix);
+    }
+    float table[256];
+    for (int p = 0; p < 256; p++)
+        table[p] = (float)p / 127.5f - 1.0f;
+    for (size_t i = 0; i < npix; i++)
+        out[i] = table[raw[i]];
+    free(raw);
+    *images = out;
+    return TS_OK;
+}
+
+int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *err, size_t errlen) {
+    if (!ds)
+        return fail(err, errlen, TS_EINVAL, "ts_fmnist_load: ds is NULL");
+    memset(ds, 0, sizeof *ds);
+    if (!split)
+        return fail(err, errlen, TS_EINVAL, "ts_fmnist_load: split is NULL");
+    const char *prefix = split_prefix(split);
+    if (!prefix)
+        return fail(err, errlen, TS_EINVAL, "unknown split \"%s\": expected \"train\" or \"test\"",
+                    split);
+    if (!dir)
+        dir = TS_FMNIST_DEFAULT_DIR;
+
+    idx_file_t img = {0}, lab = {0};
+    uint32_t idims[3] = {0}, ldims[1] = {0};
+    int rc = idx_open(&img, dir, prefix, "images-idx3", err, errlen);
+    if (!rc)
+        rc = idx_open(&lab, dir, prefix, "labels-idx1", err, errlen);
+    if (!rc)
+        rc = idx_header(&img, TS_FMNIST_MAGIC_IMAGES, 3, idims, err, errlen);
+    if (!rc)
+        rc = idx_header(&lab, TS_FMNIST_MAGIC_LABELS, 1, ldims, err, errlen);
+    if (rc)
+        goto done;
+
+    if (idims[0] < 1 || idims[0] > TS_FMNIST_MAX_N) {
+        rc = fail(err, errlen, TS_ECORRUPT, "%s: item count %u is out of range (1..%d)", img.path,
+                  idims[0], TS_FMNIST_MAX_N);
+        goto done;
+    }
+    if (idims[1] < 1 || idims[1] > TS_FMNIST_MAX_DIM || idims[2] < 1 ||
+        idims[2] > TS_FMNIST_MAX_DIM) {
+        rc = fail(err, errlen, TS_ECORRUPT, "%s: image size %u×%u is out of range (1..%d each)",
+                  img.path, idims[1], idims[2], TS_FMNIST_MAX_DIM);
+        goto done;
+    }
+    if (ldims[0] != idims[0]) {
+        rc = fail(err, errlen, TS_ECORRUPT, "%s holds %u images but %s holds %u labels", img.path,
+                  idims[0], lab.path, ldims[0]);
+        goto done;
+    }
+
+    ds->n = (int)idims[0];
+    ds->channels = 1;
+    ds->height = (int)idims[1];
+    ds->width = (int)idims[2];
+    ds->num_classes = TS_FMNIST_NUM_CLASSES;
+    size_t npix = (size_t)ds->n * (size_t)ds->height * (size_t)ds->width;
+    if (npix / (size_t)ds->n / (size_t)ds->height != (size_t)ds->width ||
+        npix > SIZE_MAX / sizeof(float)) {
+        rc = fail(err, errlen, TS_ERANGE, "%s: %u images of %u×%u do not fit in memory", img.path,
+                  idims[0], idims[1], idims[2]);
+        goto done;
+    }
+    rc = load_labels(&lab, ds->n, &ds->labels, err, errlen);
+    if (!rc)
+        rc = load_pixels(&img, npix, &ds->images, err, errlen);
+
+done:
+    idx_close(&img);
+    idx_close(&lab);
+    if (rc)
+        ts_dataset_free(ds);
+    return rc;
+}
+
+/* ---- subsets --------------------------------------------------------------------------- */
+
+int ts_dataset_subset(const ts_dataset_t *src, const int32_t *idx, int n, ts_dataset_t *dst) {
+    if (!dst)
+        return TS_EINVAL;
+    if (dst == src) /* zeroing dst would destroy src */
+        return TS_EINVAL;
+    memset(dst, 0, sizeof *dst);
+    if (!src || n < 0 || (n > 0 && !idx) || src->n < 0 || src->channels < 1 || src->height < 1 ||
+        src->width < 1 || (src->n > 0 && (!src->images || !src->labels)))
+        return TS_EINVAL;
+    for (int i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= src->n)
+            return TS_ERANGE;
+
+    size_t item = (size_t)src->channels * (size_t)src->height * (size_t)src->width;
+    if (n > 0) {
+        dst->images = malloc((size_t)n * item * sizeof *dst->images);
+        dst->labels = malloc((size_t)n * sizeof *dst->labels);
+        if (!dst->images || !dst->labels) {
+            ts_dataset_free(dst);
+            return TS_ENOMEM;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        memcpy(dst->images + (size_t)i * item, src->images + (size_t)idx[i] * item,
+               item * sizeof *dst->images);
+        dst->labels[i] = src->labels[idx[i]];
+    }
+    dst->n = n;
+    dst->channels = src->channels;
+    dst->height = src->height;
+    dst->width = src->width;
+    dst->num_classes = src->num_classes;
+    return TS_OK;
+}
+
+/* ---- shard files ----------------------------------------------------------------------- */
+
+typedef struct shard_entry {
+    int32_t index;
+    long line;
+} shard_entry_t;
+
+static int entry_cmp(const void *a, const void *b) {
+    const shard_entry_t *x = a, *y = b;
+    if (x->index != y->index)
+        return x->index < y->index ? -1 : 1;
+    return (x->line > y->line) - (x->line < y->line);
+}
+
+/* Finds the duplicate whose second occurrence comes first in the file. Returns 1 and fills
+ * *index, *first (its first line) and *again (its second line) when there is one; sorts e. */
+static int find_duplicate(shard_entry_t *e, size_t n, int32_t *index, long *first, long *again) {
+    if (n < 2)
+        return 0; /* also keeps a NULL e (empty shard) away from qsort */
+    qsort(e, n, sizeof *e, entry_cmp);
+    int found = 0;
+    size_t start = 0; /* the first entry of the current run of equal indices */
+    for (size_t i = 1; i < n; i++) {
+        if (e[i].index != e[start].index) {
+            start = i;
+            continue;
+        }
+        /* runs are sorted by line: e[start] is the first occurrence, e[start + 1] the second */
+        if (i == start + 1 && (!found || e[i].line < *again)) {
+            *index = e[i].index;
+            *first = e[start].line;
+            *again = e[i].line;
+            found = 1;
+        }
+    }
+    return found;
+}
+
+static int is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+/* Parses one line: sets *has to 0 for a blank or comment line, else 1, *value and the digits'
+ * span (*digits, *ndigits) for messages. A value beyond INT64_MAX / 10 saturates there, which is
+ * out of range for any limit. Returns 0, or -1 when the line is not one non-negative decimal
+ * index. */
+static int parse_shard_line(const char *s, int *has, int64_t *value, const char **digits,
+                            int *ndigits) {
+    while (is_blank(*s))
+        s++;
+    *has = 0;
+    if (*s == '\0' || *s == '#')
+        return 0;
+    if (*s < '0' || *s > '9')
+        return -1;
+    *digits = s;
+    int64_t v = 0;
+    for (; *s >= '0' && *s <= '9'; s++)
+        v = v < INT64_MAX / 100 ? v * 10 + (*s - '0') : INT64_MAX / 10;
+    *ndigits = (int)(s - *digits < 40 ? s - *digits : 40);
+    while (is_blank(*s))
+        s++;
+    if (*s != '\0' && *s != '#')
+        return -1;
+    *has = 1;
+    *value = v;
+    return 0;
+}
+
+int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err, size_t errlen) {
+    if (idx)
+        *idx = NULL;
+    if (n)
+        *n = 0;
+    if (!path || !idx || !n || limit < 0)
+        return fail(err, errlen, TS_EINVAL, "ts_shard_read: NULL argument or negative limit");
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return fail(err, errlen, TS_EIO, "cannot open shard file %s: %s", path, strerror(errno));
+
+    shard_entry_t *e = NULL;
+    size_t count = 0, cap = 0, linecap = 0;
+    char *line = NULL;
+    long lineno = 0;
+    int rc = TS_OK;
+    errno = 0;
+    /* count > limit means a duplicate already (all indices are < limit): stop and report it */
+    while (count <= (size_t)limit && getline(&line, &linecap, fp) >= 0) {
+        lineno++;
+        int has, ndigits = 0;
+        int64_t v = 0;
+        const char *digits = NULL;
+        if (parse_shard_line(line, &has, &v, &digits, &ndigits) != 0) {
+            line[strcspn(line, "\r\n")] = '\0';
+            rc = fail(err, errlen, TS_ECORRUPT,
+                      "%s:%ld: expected one non-negative decimal index, got \"%.60s\"", path,
+                      lineno, line);
+            break;
+        }
+        if (!has)
+            continue;
+        if (v >= limit) {
+            rc = fail(err, errlen, TS_ERANGE,
+                      "%s:%ld: index %.*s is out of range: the dataset has %d items (0..%d)", path,
+                      lineno, ndigits, digits, limit, limit - 1);
+            break;
+        }
+        if (count == cap) {
+            size_t next = cap ? cap * 2 : 1024;
+            shard_entry_t *grown = realloc(e, next * sizeof *e);
+            if (!grown) {
+                rc = fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu indices", path, next);
+                break;
+            }
+            e = grown;
+            cap = next;
+        }
+        e[count].index = (int32_t)v;
+        e[count].line = lineno;
+        count++;
+    }
+    if (!rc && ferror(fp))
+        rc = fail(err, errlen, TS_EIO, "cannot read shard file %s: %s", path, strerror(errno));
+    free(line);
+    fclose(fp);
+
+    int32_t *out = NULL;
+    if (!rc && count > 0) {
+        out = malloc(count * sizeof *out);
+        if (!out)
+            rc = fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu indices", path, count);
+    }
+    if (!rc) {
+        for (size_t i = 0; i < count; i++) /* in file order, before find_duplicate sorts e */
+            out[i] = e[i].index;
+        int32_t dup = 0;
+        long first = 0, again = 0;
+        if (find_duplicate(e, count, &dup, &first, &again))
+            rc =
+                fail(err, errlen, TS_ECORRUPT, "%s:%ld: index %d appears twice (first on line %ld)",
+                     path, again, dup, first);
+    }
+    free(e);
+    if (rc) {
+        free(out);
+        return rc;
+    }
+    *idx = out;
+    *n = (int)count;
+    return TS_OK;
+}
+
+static int int32_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Checks that idx[0..n) is non-negative and distinct. */
+static int check_shard_indices(const int32_t *idx, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++)
+        if (idx[i] < 0)
+            return fail(err, errlen, TS_EINVAL, "shard index %d (position %d) is negative", idx[i],
+                        i);
+    if (n < 2)
+        return TS_OK;
+    int32_t *sorted = malloc((size_t)n * sizeof *sorted);
+    if (!sorted)
+        return fail(err, errlen, TS_ENOMEM, "out of memory for %d shard indices", n);
+    memcpy(sorted, idx, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, int32_cmp);
+    int rc = TS_OK;
+    for (int i = 1; i < n; i++)
+        if (sorted[i] == sorted[i - 1]) {
+            rc = fail(err, errlen, TS_EINVAL, "shard index %d appears twice", sorted[i]);
+            break;
+        }
+    free(sorted);
+    return rc;
+}
+
+int ts_shard_write(const char *path, const int32_t *idx, int n, char *err, size_t errlen) {
+    if (!path || n < 0 || (n > 0 && !idx))
+        return fail(err, errlen, TS_EINVAL, "ts_shard_write: NULL argument or negative count");
+    int rc = check_shard_indices(idx, n, err, errlen);
+    if (rc)
+        return rc;
+
+    char tmp[PATH_BUF];
+    int len = snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    if (len < 0 || (size_t)len >= sizeof tmp)
+        return fail(err, errlen, TS_EINVAL, "shard path is too long: %s", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return fail(err, errlen, TS_EIO, "cannot create a temporary file next to %s: %s", path,
+                    strerror(errno));
+    FILE *fp = fdopen(fd, "w");
+    if (!fp) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return fail(err, errlen, TS_EIO, "cannot write %s: %s", tmp, strerror(e));
+    }
+    int ok = fchmod(fd, 0644) == 0 && fprintf(fp, "# tessera shard: %d indices\n", n) > 0;
+    for (int i = 0; ok && i < n; i++)
+        ok = fprintf(fp, "%d\n", (int)idx[i]) > 0;
+    ok = ok && fflush(fp) == 0 && fsync(fd) == 0;
+    int e = errno;
+    if (fclose(fp) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok) {
+        unlink(tmp);
+        return fail(err, errlen, TS_EIO, "cannot write shard file %s: %s", path, strerror(e));
+    }
+    return TS_OK;
+}

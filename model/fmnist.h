@@ -1,0 +1,92 @@
+/*
+ * fmnist.h — the Fashion-MNIST reader (any MNIST-format IDX pair), dataset subsets and shard files.
+ *
+ * Data: the Debian package dataset-fashion-mnist installs the four IDX files under
+ * TS_FMNIST_DEFAULT_DIR: {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (60000 train and 10000
+ * test images of 28×28 grey pixels, labels 0..9). IDX is big-endian: a 4-byte magic (0x00000803
+ * for a 3-d unsigned-byte array of images, 0x00000801 for a 1-d array of labels), one 4-byte size
+ * per dimension, then the bytes, row-major.
+ *
+ * The reader trusts nothing. Magics must match exactly; sizes are bounded (height and width
+ * 1..TS_FMNIST_MAX_DIM, n 1..TS_FMNIST_MAX_N); the image and label counts must agree; each file
+ * must hold exactly the declared bytes — fewer is "truncated", more is "trailing bytes" — and
+ * every label must be < TS_FMNIST_NUM_CLASSES. Every violation is TS_ECORRUPT with a sentence in
+ * `err` naming the file. Memory grows with the bytes actually read, so a header that lies about
+ * its size fails as truncated instead of asking for gigabytes.
+ *
+ * A shard file names the subset of the training set one expert learns from (DESIGN §10: the
+ * k-means partition). It is text, one non-negative decimal index per line; blank lines and `#`
+ * comments (whole-line or after the index) are allowed.
+ *
+ * What it is not: a data loader with batching or augmentation (the trainer draws batches from a
+ * loaded ts_dataset_t), nor a general IDX reader (only 8-bit images and labels).
+ *
+ * `err`/`errlen`: where a function takes them, a failure writes one NUL-terminated sentence there
+ * (err may be NULL or errlen 0 to not get one).
+ */
+#ifndef TS_FMNIST_H
+#define TS_FMNIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_FMNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
+#define TS_FMNIST_MAGIC_IMAGES 0x00000803u /* unsigned bytes, 3 dims (n, rows, cols) */
+#define TS_FMNIST_MAGIC_LABELS 0x00000801u /* unsigned bytes, 1 dim (n) */
+#define TS_FMNIST_MAX_DIM 4096             /* bound on rows and cols */
+#define TS_FMNIST_MAX_N 100000000          /* bound on the number of items (10^8) */
+/* Fixed, not max label + 1: a subset that happens to miss class 9 must still be a 10-class
+ * dataset, or class embeddings would change shape between shards. */
+#define TS_FMNIST_NUM_CLASSES 10
+
+typedef struct ts_dataset {
+    int n, channels, height, width, num_classes;
+    float *images; /* (n, channels, height, width), pixel p stored as p / 127.5 − 1 in [−1, 1] */
+    int32_t *labels; /* (n), each in [0, num_classes) */
+} ts_dataset_t;
+
+/* Loads one split. dir: the folder holding the IDX files (NULL = TS_FMNIST_DEFAULT_DIR); split:
+ * "train" (file prefix "train") or "test" (prefix "t10k"; "t10k" is accepted too). For each file
+ * <dir>/<prefix>-images-idx3-ubyte.gz is read if it exists, else the uncompressed file of the
+ * same name without ".gz". The result has channels = 1 and num_classes = TS_FMNIST_NUM_CLASSES.
+ * On success *ds owns malloc'ed images and labels (release with ts_dataset_free); on failure *ds
+ * is zeroed. Errors: TS_EINVAL (bad argument or split), TS_EIO (a file is missing or unreadable;
+ * the message names the path and the Debian package), TS_ECORRUPT (any format violation),
+ * TS_ENOMEM. */
+int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *err, size_t errlen);
+
+/* Copies the items src[idx[0]], ..., src[idx[n−1]] (in that order; repeats allowed) into a new
+ * dataset *dst with src's shape and num_classes. n = 0 gives an empty dataset with NULL buffers.
+ * dst must not be src. On success *dst owns its buffers (ts_dataset_free); on failure it is
+ * zeroed. Errors: TS_EINVAL (NULL, n < 0, src malformed), TS_ERANGE (an index outside
+ * [0, src->n)), TS_ENOMEM. */
+int ts_dataset_subset(const ts_dataset_t *src, const int32_t *idx, int n, ts_dataset_t *dst);
+
+/* Releases the buffers of *ds and zeroes it. NULL-safe; safe on a zeroed dataset. */
+void ts_dataset_free(ts_dataset_t *ds);
+
+/* Reads a shard file into *idx (malloc'ed, in file order; the caller frees it) and its length into
+ * *n; an empty shard gives *idx = NULL, *n = 0. Every index must be < limit (limit ≥ 0) and
+ * appear once. Errors carry "path:line N:" in `err`: TS_EIO (cannot open or read), TS_ECORRUPT
+ * (a line that is not an index, a duplicate), TS_ERANGE (an index ≥ limit or beyond INT32_MAX),
+ * TS_EINVAL (bad argument), TS_ENOMEM. On failure *idx = NULL and *n = 0. */
+int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err, size_t errlen);
+
+/* Writes idx[0..n) as a shard file (a `#` header line, then one index per line), atomically: a
+ * temporary file in the same folder is written, flushed to disk and renamed over path, so a
+ * reader sees the old file or the whole new one. Indices must be non-negative and distinct
+ * (TS_EINVAL otherwise, as ts_shard_read would reject the file). Errors: TS_EINVAL, TS_EIO,
+ * TS_ENOMEM. */
+int ts_shard_write(const char *path, const int32_t *idx, int n, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

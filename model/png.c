@@ -1,0 +1,278 @@
+/*
+ * png.c — the PNG grid writer and grey reader (model/png.h), on libpng.
+ *
+ * The grid is composed into one byte buffer first (background, then each tile), so the part that
+ * runs under libpng's setjmp error handling only streams finished rows: nothing is allocated
+ * after setjmp on the write side, and the read side keeps its two buffers in volatile pointers so
+ * a longjmp can free them. libpng reports errors through on_error, which copies the message into
+ * the context and longjmps back; warnings are ignored.
+ *
+ * Writes are atomic: a temporary file next to the target (mkstemp), fsync, then rename.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <png.h> /* libpng's; angle brackets, so this folder's own png.h is not picked up */
+
+#include "model/png.h"
+
+#define PATH_BUF 4096
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
+                                                      const char *fmt, ...) {
+    if (err && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* Filled by on_error. It lives in the caller of the function that calls setjmp, so it is not a
+ * local of that function changed between setjmp and longjmp (whose value C leaves
+ * indeterminate). */
+typedef struct png_ctx {
+    int code;      /* the TS_E* code for the error */
+    char msg[256]; /* libpng's message */
+} png_ctx_t;
+
+static void on_error(png_structp png, png_const_charp msg) {
+    png_ctx_t *ctx = png_get_error_ptr(png);
+    snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+    png_longjmp(png, 1);
+}
+
+static void on_warning(png_structp png, png_const_charp msg) {
+    (void)png;
+    (void)msg;
+}
+
+uint8_t ts_png_to_byte(float v) {
+    if (isnan(v))
+        return 0;
+    if (v < -1.0f)
+        v = -1.0f;
+    if (v > 1.0f)
+        v = 1.0f;
+    return (uint8_t)floorf((v + 1.0f) * 127.5f + 0.5f);
+}
+
+/* ---- the grid -------------------------------------------------------------------------- */
+
+static int default_cols(int n) {
+    int c = (int)ceil(sqrt((double)n));
+    while ((int64_t)c * c < n)
+        c++;
+    while (c > 1 && (int64_t)(c - 1) * (c - 1) >= n)
+        c--;
+    return c;
+}
+
+/* out is (height, width, C) interleaved, filled with the background, then tile i is copied from
+ * images (n, C, H, W) to row i / cols, column i % cols. */
+static void compose_grid(uint8_t *out, int width, int height, const float *images, int n, int C,
+                         int H, int W, int cols, int pad) {
+    memset(out, TS_PNG_BACKGROUND, (size_t)width * (size_t)height * (size_t)C);
+    for (int i = 0; i < n; i++) {
+        size_t top = (size_t)(i / cols) * (size_t)(H + pad);
+        size_t left = (size_t)(i % cols) * (size_t)(W + pad);
+        for (int c = 0; c < C; c++) {
+            const float *tile = images + ((size_t)i * C + c) * (size_t)H * W;
+            for (int y = 0; y < H; y++) {
+                uint8_t *row = out + ((top + y) * (size_t)width + left) * C + c;
+                for (int x = 0; x < W; x++)
+                    row[(size_t)x * C] = ts_png_to_byte(tile[(size_t)y * W + x]);
+            }
+        }
+    }
+}
+
+/* Encodes pix (height, width, C) to fp. Returns 0, or a TS_E* code with ctx filled. */
+static int encode_png(FILE *fp, const uint8_t *pix, int width, int height, int C, png_ctx_t *ctx) {
+    ctx->code = TS_EIO;
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, ctx, on_error, on_warning);
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    if (!info) {
+        png_destroy_write_struct(png ? &png : NULL, NULL);
+        snprintf(ctx->msg, sizeof ctx->msg, "cannot create a write struct");
+        return ctx->code = TS_ENOMEM;
+    }
+    if (setjmp(png_jmpbuf(png))) {
+        png_destroy_write_struct(&png, &info);
+        return ctx->code;
+    }
+    png_init_io(png, fp);
+    png_set_IHDR(png, info, (png_uint_32)width, (png_uint_32)height, 8,
+                 C == 1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_write_info(png, info);
+    for (int y = 0; y < height; y++)
+        png_write_row(png, pix + (size_t)y * (size_t)width * (size_t)C);
+    png_write_end(png, NULL);
+    png_destroy_write_struct(&png, &info);
+    return TS_OK;
+}
+
+/* Writes pix to a temporary file next to path, then renames it over path. */
+static int write_atomic(const char *path, const uint8_t *pix, int width, int height, int C,
+                        char *err, size_t errlen) {
+    char tmp[PATH_BUF];
+    int len = snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    if (len < 0 || (size_t)len >= sizeof tmp)
+        return fail(err, errlen, TS_EINVAL, "PNG path is too long: %s", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return fail(err, errlen, TS_EIO, "cannot create a temporary file next to %s: %s", path,
+                    strerror(errno));
+    FILE *fp = fdopen(fd, "wb");
+    if (!fp) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return fail(err, errlen, TS_EIO, "cannot write %s: %s", tmp, strerror(e));
+    }
+    png_ctx_t ctx = {0, {0}};
+    int rc = encode_png(fp, pix, width, height, C, &ctx);
+    if (rc)
+        fail(err, errlen, rc, "cannot write PNG %s: libpng: %s", path, ctx.msg);
+    int e = 0;
+    if (!rc && (fchmod(fd, 0644) != 0 || fflush(fp) != 0 || fsync(fd) != 0))
+        e = errno;
+    if (fclose(fp) != 0 && !rc && !e)
+        e = errno;
+    if (!rc && !e && rename(tmp, path) != 0)
+        e = errno;
+    if (!rc && e)
+        rc = fail(err, errlen, TS_EIO, "cannot write PNG %s: %s", path, strerror(e));
+    if (rc)
+        unlink(tmp);
+    return rc;
+}
+
+int ts_png_write_grid(const char *path, const float *images, int n, int C, int H, int W, int cols,
+                      int pad, char *err, size_t errlen) {
+    if (!path || !images)
+        return fail(err, errlen, TS_EINVAL, "ts_png_write_grid: path or images is NULL");
+    if (n < 1 || H < 1 || W < 1 || cols < 0 || pad < 0)
+        return fail(err, errlen, TS_EINVAL,
+                    "ts_png_write_grid: bad sizes n=%d H=%d W=%d cols=%d pad=%d (need n, H, W ≥ 1, "
+                    "cols, pad ≥ 0)",
+                    n, H, W, cols, pad);
+    if (C != 1 && C != 3)
+        return fail(err, errlen, TS_EINVAL,
+                    "ts_png_write_grid: %d channels; only 1 (grey) or 3 (RGB) can be written", C);
+    if (cols == 0)
+        cols = default_cols(n);
+    int rows = (n + cols - 1) / cols;
+    int64_t width = (int64_t)cols * W + (int64_t)(cols - 1) * pad;
+    int64_t height = (int64_t)rows * H + (int64_t)(rows - 1) * pad;
+    if (width > TS_PNG_MAX_SIDE || height > TS_PNG_MAX_SIDE)
+        return fail(err, errlen, TS_ERANGE,
+                    "a %d×%d grid of %d×%d tiles with padding %d is %lld×%lld pixels, more than "
+                    "%d on a side",
+                    rows, cols, H, W, pad, (long long)height, (long long)width, TS_PNG_MAX_SIDE);
+
+    uint8_t *pix = malloc((size_t)width * (size_t)height * (size_t)C);
+    if (!pix)
+        return fail(err, errlen, TS_ENOMEM, "out of memory for a %lld×%lld PNG", (long long)width,
+                    (long long)height);
+    compose_grid(pix, (int)width, (int)height, images, n, C, H, W, cols, pad);
+    int rc = write_atomic(path, pix, (int)width, (int)height, C, err, errlen);
+    free(pix);
+    return rc;
+}
+
+/* ---- reading --------------------------------------------------------------------------- */
+
+/* Asks libpng to deliver 8-bit grey whatever the file's colour type and depth. */
+static void request_gray8(png_structp png, png_infop info) {
+    int color = png_get_color_type(png, info);
+    int depth = png_get_bit_depth(png, info);
+    if (depth == 16)
+        png_set_strip_16(png);
+    if (color == PNG_COLOR_TYPE_PALETTE)
+        png_set_palette_to_rgb(png);
+    if (color == PNG_COLOR_TYPE_GRAY && depth < 8)
+        png_set_expand_gray_1_2_4_to_8(png);
+    if (color & PNG_COLOR_MASK_ALPHA)
+        png_set_strip_alpha(png);
+    if (color & PNG_COLOR_MASK_COLOR)
+        png_set_rgb_to_gray_fixed(png, 1, -1, -1); /* 1: no warning; -1: default weights */
+    png_read_update_info(png, info);
+}
+
+/* Decodes the PNG after its signature as 8-bit grey into *pixels (malloc'ed, (h, w)). Returns
+ * 0, or a TS_E* code with ctx filled. */
+static int decode_gray(FILE *fp, png_ctx_t *ctx, uint8_t **pixels, int *w, int *h) {
+    ctx->code = TS_ECORRUPT;
+    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, ctx, on_error, on_warning);
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    if (!info) {
+        png_destroy_read_struct(png ? &png : NULL, NULL, NULL);
+        snprintf(ctx->msg, sizeof ctx->msg, "cannot create a read struct");
+        return ctx->code = TS_ENOMEM;
+    }
+    uint8_t *volatile buf = NULL;
+    png_bytep *volatile rows = NULL;
+    if (setjmp(png_jmpbuf(png))) {
+        png_destroy_read_struct(&png, &info, NULL);
+        free(buf);
+        free(rows);
+        return ctx->code;
+    }
+    png_init_io(png, fp);
+    png_set_sig_bytes(png, 8);
+    png_read_info(png, info);
+    request_gray8(png, info);
+    if (png_get_channels(png, info) != 1 || png_get_bit_depth(png, info) != 8)
+        png_error(png, "cannot convert this PNG to 8-bit grey");
+    png_uint_32 width = png_get_image_width(png, info), height = png_get_image_height(png, info);
+    buf = malloc((size_t)width * height);
+    rows = malloc((size_t)height * sizeof *rows);
+    if (!buf || !rows) {
+        ctx->code = TS_ENOMEM;
+        png_error(png, "out of memory for the pixels");
+    }
+    for (png_uint_32 y = 0; y < height; y++)
+        rows[y] = buf + (size_t)y * width;
+    png_read_image(png, rows);
+    png_read_end(png, NULL);
+    png_destroy_read_struct(&png, &info, NULL);
+    free(rows);
+    *pixels = buf;
+    *w = (int)width;
+    *h = (int)height;
+    return TS_OK;
+}
+
+int ts_png_read_gray(const char *path, uint8_t **pixels, int *w, int *h, char *err, size_t errlen) {
+    if (pixels)
+        *pixels = NULL;
+    if (!path || !pixels || !w || !h)
+        return fail(err, errlen, TS_EINVAL, "ts_png_read_gray: NULL argument");
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return fail(err, errlen, TS_EIO, "cannot open %s: %s", path, strerror(errno));
+    unsigned char sig[8];
+    if (fread(sig, 1, sizeof sig, fp) != sizeof sig || png_sig_cmp(sig, 0, sizeof sig) != 0) {
+        fclose(fp);
+        return fail(err, errlen, TS_ECORRUPT, "%s is not a PNG file", path);
+    }
+    png_ctx_t ctx = {0, {0}};
+    int rc = decode_gray(fp, &ctx, pixels, w, h);
+    fclose(fp);
+    if (rc)
+        return fail(err, errlen, rc, "%s: libpng: %s", path, ctx.msg);
+    return TS_OK;
+}

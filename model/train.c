@@ -1,0 +1,341 @@
+/*
+ * train.c — the flow-matching training step, its random streams, and checkpoints.
+ *
+ * Streams. Each purpose has its own stream key derived from the run's seed (stream_key), and a
+ * step's draws sit at a fixed offset in it (step · batch · size), so the draws of step s never
+ * depend on what happened before it:
+ *   PERM   epoch e's data order: a Fisher–Yates shuffle driven by stream (PERM, e)
+ *   TIME   t of sample i of step s: element s·B + i
+ *   DROP   label-dropout coin of sample i of step s: element s·B + i
+ *   NOISE  ε of step s: elements s·B·CHW … (s+1)·B·CHW − 1
+ */
+#include "model/train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/math.h"
+#include "model/safetensors.h"
+
+#define TRY(expr)                                                                                \
+    do {                                                                                         \
+        int rc_ = (expr);                                                                        \
+        if (rc_ != TS_OK)                                                                        \
+            return rc_;                                                                          \
+    } while (0)
+
+enum { STREAM_PERM = 1, STREAM_TIME = 2, STREAM_DROP = 3, STREAM_NOISE = 4 };
+
+/* SplitMix64's finaliser: a well-mixed 64-bit key per (seed, purpose). */
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t stream_key(uint64_t seed, uint64_t purpose) {
+    return mix64(seed + 0x9e3779b97f4a7c15ull * (purpose + 1));
+}
+
+void ts_train_config_default(ts_train_config_t *c) {
+    memset(c, 0, sizeof *c);
+    c->batch = 64;
+    c->lr = 3e-4f;
+    c->warmup = 200;
+    c->weight_decay = 0.0f;
+    c->beta1 = 0.9f;
+    c->beta2 = 0.999f;
+    c->eps = 1e-8f;
+    c->grad_clip = 1.0f;
+    c->ema_decay = 0.999f;
+    c->label_dropout = 0.1f;
+    c->logit_normal = 0;
+    c->seed = 0;
+}
+
+float ts_trainer_lr(const ts_train_config_t *c, int64_t s) {
+    if (c->warmup > 0 && s < c->warmup)
+        return c->lr * (float)(s + 1) / (float)c->warmup;
+    return c->lr;
+}
+
+static int check_config(const ts_train_config_t *c) {
+    if (c->batch < 1 || !(c->lr > 0.0f) || !isfinite(c->lr) || c->warmup < 0 ||
+        !(c->weight_decay >= 0.0f) || !(c->beta1 >= 0.0f && c->beta1 < 1.0f) ||
+        !(c->beta2 >= 0.0f && c->beta2 < 1.0f) || !(c->eps > 0.0f) || !(c->grad_clip >= 0.0f) ||
+        !(c->ema_decay >= 0.0f && c->ema_decay <= 1.0f) ||
+        !(c->label_dropout >= 0.0f && c->label_dropout <= 1.0f))
+        return TS_EINVAL;
+    return TS_OK;
+}
+
+int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
+                    const ts_train_config_t *cfg) {
+    if (!tr || !m || !data || !cfg)
+        return TS_EINVAL;
+    memset(tr, 0, sizeof *tr);
+    TRY(check_config(cfg));
+    const ts_dit_config_t *c = &m->cfg;
+    if (!m->trainable || cfg->batch > m->max_batch || data->n < 1 ||
+        data->channels != c->in_channels || data->height != c->input_size ||
+        data->width != c->input_size)
+        return TS_EINVAL;
+    tr->model = m;
+    tr->data = data;
+    tr->cfg = *cfg;
+    tr->perm_epoch = -1;
+    ts_device_t dev = m->eng->device;
+    int64_t B = cfg->batch, S = c->input_size;
+    const int64_t *img = TS_SHAPE(B, c->in_channels, S, S);
+    int rc = TS_OK;
+    ts_tensor_t *slabs[] = {&tr->m_mem, &tr->v_mem, &tr->ema_mem};
+    for (int i = 0; i < 3 && rc == TS_OK; i++)
+        rc = ts_tensor_alloc(slabs[i], TS_F32, dev, 1, TS_SHAPE(m->num_params));
+    ts_tensor_t *imgs[] = {&tr->x0, &tr->eps, &tr->xt, &tr->target, &tr->dv};
+    for (int i = 0; i < 5 && rc == TS_OK; i++)
+        rc = ts_tensor_alloc(imgs[i], TS_F32, dev, 4, img);
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&tr->t, TS_F32, dev, 1, TS_SHAPE(B));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&tr->loss, TS_F32, dev, 1, TS_SHAPE(1));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&tr->sumsq, TS_F32, dev, 1, TS_SHAPE(1));
+    tr->x0_host = malloc((size_t)ts_tensor_numel(&tr->x0) * sizeof(float));
+    tr->t_host = malloc((size_t)B * sizeof(float));
+    tr->u_host = malloc((size_t)B * sizeof(float));
+    tr->y_host = malloc((size_t)B * sizeof(int32_t));
+    tr->perm = malloc((size_t)data->n * sizeof(int32_t));
+    if (rc == TS_OK && (!tr->x0_host || !tr->t_host || !tr->u_host || !tr->y_host || !tr->perm))
+        rc = TS_ENOMEM;
+    if (rc == TS_OK)
+        rc = ts_tensor_copy(&tr->ema_mem, &m->param_mem);
+    if (rc != TS_OK)
+        ts_trainer_free(tr);
+    return rc;
+}
+
+void ts_trainer_free(ts_trainer_t *tr) {
+    if (!tr)
+        return;
+    ts_tensor_t *all[] = {&tr->m_mem, &tr->v_mem, &tr->ema_mem, &tr->x0, &tr->eps, &tr->xt,
+                          &tr->target, &tr->dv, &tr->t, &tr->loss, &tr->sumsq};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        ts_tensor_free(all[i]);
+    free(tr->x0_host);
+    free(tr->t_host);
+    free(tr->u_host);
+    free(tr->y_host);
+    free(tr->perm);
+    memset(tr, 0, sizeof *tr);
+}
+
+/* Makes tr->perm the order of epoch ep: Fisher–Yates, j = ⌊word · (i + 1) / 2³²⌋. */
+static void ensure_perm(ts_trainer_t *tr, int64_t ep) {
+    if (tr->perm_epoch == ep)
+        return;
+    int n = tr->data->n;
+    uint64_t key = mix64(stream_key(tr->cfg.seed, STREAM_PERM) ^ (uint64_t)ep);
+    for (int i = 0; i < n; i++)
+        tr->perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        uint64_t k = (uint64_t)(n - 1 - i);
+        ts_u32x4_t w = ts_rng_block(key, k >> 2);
+        uint32_t word = w.v[k & 3];
+        int j = (int)(((uint64_t)word * (uint64_t)(i + 1)) >> 32);
+        int32_t tmp = tr->perm[i];
+        tr->perm[i] = tr->perm[j];
+        tr->perm[j] = tmp;
+    }
+    tr->perm_epoch = ep;
+}
+
+/* Fills x0 (host), labels (with dropout) and t for step s. */
+static void draw_batch(ts_trainer_t *tr, int64_t s) {
+    const ts_dataset_t *d = tr->data;
+    const ts_dit_config_t *c = &tr->model->cfg;
+    int B = tr->cfg.batch;
+    int64_t chw = (int64_t)d->channels * d->height * d->width;
+    uint64_t tkey = stream_key(tr->cfg.seed, STREAM_TIME);
+    uint64_t dkey = stream_key(tr->cfg.seed, STREAM_DROP);
+    for (int i = 0; i < B; i++) {
+        int64_t g = s * B + i;
+        ensure_perm(tr, g / d->n);
+        int32_t idx = tr->perm[g % d->n];
+        memcpy(tr->x0_host + i * chw, d->images + (int64_t)idx * chw, (size_t)chw * sizeof(float));
+        uint64_t pos = (uint64_t)g;
+        int drop = ts_rng_uniform_at(dkey, pos) < tr->cfg.label_dropout;
+        tr->y_host[i] = drop ? c->num_classes : d->labels[idx];
+        if (tr->cfg.logit_normal)
+            tr->t_host[i] = 1.0f / (1.0f + expf(-ts_rng_normal_at(tkey, pos)));
+        else
+            tr->t_host[i] = ts_rng_uniform_at(tkey, pos);
+    }
+}
+
+int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
+    if (!tr || !tr->model)
+        return TS_EINVAL;
+    ts_dit_t *m = tr->model;
+    ts_engine_t *e = m->eng;
+    int B = tr->cfg.batch;
+    int64_t s = tr->step;
+    draw_batch(tr, s);
+    ts_tensor_t host;
+    TRY(ts_tensor_wrap(&host, tr->x0_host, TS_F32, TS_CPU, 4, tr->x0.shape));
+    TRY(ts_tensor_copy(&tr->x0, &host));
+    TRY(ts_tensor_wrap(&host, tr->t_host, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
+    TRY(ts_tensor_copy(&tr->t, &host));
+    uint64_t noise_off = (uint64_t)s * (uint64_t)ts_tensor_numel(&tr->eps);
+    TRY(ts_rng_normal(e, &tr->eps, stream_key(tr->cfg.seed, STREAM_NOISE), noise_off));
+    TRY(ts_flow_interp(e, &tr->xt, &tr->target, &tr->x0, &tr->eps, &tr->t));
+
+    /* forward, loss, backward */
+    ts_tensor_t v;
+    TRY(ts_dit_forward(m, &tr->xt, &tr->t, tr->y_host, B, &v));
+    TRY(ts_mse_forward(e, &tr->loss, &v, &tr->target));
+    float loss;
+    TRY(ts_tensor_item(e, &tr->loss, &loss));
+    if (loss_out)
+        *loss_out = loss;
+    if (!isfinite(loss))
+        return TS_ENONFINITE;
+    TRY(ts_zero(e, &tr->dv));
+    TRY(ts_mse_backward(e, &tr->dv, 1.0f, &v, &tr->target));
+    TRY(ts_dit_zero_grad(m));
+    TRY(ts_dit_backward(m, &tr->dv, B));
+
+    /* clip, step, average */
+    float sumsq;
+    TRY(ts_sumsq(e, &tr->sumsq, &m->grad_mem));
+    TRY(ts_tensor_item(e, &tr->sumsq, &sumsq));
+    float norm = sqrtf(sumsq);
+    if (norm_out)
+        *norm_out = norm;
+    if (!isfinite(norm))
+        return TS_ENONFINITE;
+    float scale = (tr->cfg.grad_clip > 0.0f && norm > tr->cfg.grad_clip)
+                      ? tr->cfg.grad_clip / norm
+                      : 1.0f;
+    ts_adamw_t hp = {ts_trainer_lr(&tr->cfg, s), tr->cfg.beta1, tr->cfg.beta2, tr->cfg.eps,
+                     tr->cfg.weight_decay};
+    TRY(ts_adamw_step(e, &m->param_mem, &m->grad_mem, &tr->m_mem, &tr->v_mem, &hp, s + 1, scale));
+    /* EMA warm-up: a short memory early on, so the average is not dominated by the init */
+    float decay = (float)(1 + s) / (float)(10 + s);
+    if (decay > tr->cfg.ema_decay)
+        decay = tr->cfg.ema_decay;
+    TRY(ts_ema_update(e, &tr->ema_mem, &m->param_mem, decay));
+    tr->step = s + 1;
+    return TS_OK;
+}
+
+/* ---- checkpoints ----------------------------------------------------------------------- */
+
+static const char *const SLAB_NAMES[4] = {"params", "adam_m", "adam_v", "ema"};
+
+static ts_tensor_t *slab_of(ts_trainer_t *tr, int i) {
+    ts_tensor_t *s[4] = {&tr->model->param_mem, &tr->m_mem, &tr->v_mem, &tr->ema_mem};
+    return s[i];
+}
+
+/* Decimal metadata: the keys a checkpoint must agree on to be resumed. */
+static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
+    const ts_dit_config_t *c = &tr->model->cfg;
+    snprintf(vals[0], 32, "%lld", (long long)tr->step);
+    snprintf(vals[1], 32, "%llu", (unsigned long long)tr->cfg.seed);
+    snprintf(vals[2], 32, "%d", tr->cfg.batch);
+    snprintf(vals[3], 32, "%d", tr->data->n);
+    snprintf(vals[4], 32, "%d/%d/%d/%d/%d/%d/%d/%d/%d", c->input_size, c->in_channels,
+             c->patch_size, c->hidden_size, c->depth, c->num_heads, c->num_classes, c->mlp_ratio,
+             c->freq_dim);
+}
+
+static const char *const META_KEYS[5] = {"step", "seed", "batch", "data_size", "model"};
+
+int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t errlen) {
+    if (!tr || !path)
+        return TS_EINVAL;
+    ts_trainer_t *t = (ts_trainer_t *)tr; /* slab_of only reads */
+    int64_t n = tr->model->num_params;
+    float *host[4] = {0};
+    ts_st_entry_t entries[4];
+    int rc = TS_OK;
+    for (int i = 0; i < 4 && rc == TS_OK; i++) {
+        host[i] = malloc((size_t)n * sizeof(float));
+        if (!host[i]) {
+            rc = TS_ENOMEM;
+            break;
+        }
+        ts_tensor_t h;
+        rc = ts_tensor_wrap(&h, host[i], TS_F32, TS_CPU, 1, TS_SHAPE(n));
+        if (rc == TS_OK)
+            rc = ts_tensor_copy(&h, slab_of(t, i));
+        entries[i] = (ts_st_entry_t){.name = SLAB_NAMES[i], .dtype = TS_ST_F32, .ndim = 1,
+                                     .shape = {n}, .data = host[i]};
+    }
+    char vals[5][32];
+    meta_values(tr, vals);
+    const char *meta[10];
+    for (int i = 0; i < 5; i++) {
+        meta[2 * i] = META_KEYS[i];
+        meta[2 * i + 1] = vals[i];
+    }
+    if (rc == TS_OK)
+        rc = ts_st_write(path, entries, 4, meta, 5, err, errlen);
+    for (int i = 0; i < 4; i++)
+        free(host[i]);
+    return rc;
+}
+
+int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen) {
+    if (!tr || !path)
+        return TS_EINVAL;
+    ts_st_file_t f;
+    TRY(ts_st_read(path, &f, err, errlen));
+    char vals[5][32];
+    meta_values(tr, vals);
+    int rc = TS_OK;
+    /* every key but the step must match this run */
+    for (int i = 1; i < 5 && rc == TS_OK; i++) {
+        const char *v = ts_st_meta(&f, META_KEYS[i]);
+        if (!v || strcmp(v, vals[i]) != 0) {
+            snprintf(err, errlen, "checkpoint %s: %s is %s but this run has %s", path,
+                     META_KEYS[i], v ? v : "(missing)", vals[i]);
+            rc = TS_EINVAL;
+        }
+    }
+    const char *step = ts_st_meta(&f, "step");
+    char *end = NULL;
+    long long s = step ? strtoll(step, &end, 10) : -1;
+    if (rc == TS_OK && (!step || *end != '\0' || s < 0)) {
+        snprintf(err, errlen, "checkpoint %s: bad or missing step", path);
+        rc = TS_ECORRUPT;
+    }
+    int64_t n = tr->model->num_params;
+    float *host = rc == TS_OK ? malloc((size_t)n * sizeof(float)) : NULL;
+    if (rc == TS_OK && !host)
+        rc = TS_ENOMEM;
+    for (int i = 0; i < 4 && rc == TS_OK; i++) {
+        const ts_st_tensor_t *t = ts_st_find(&f, SLAB_NAMES[i]);
+        if (!t || t->numel != n) {
+            snprintf(err, errlen, "checkpoint %s: tensor '%s' missing or of the wrong size", path,
+                     SLAB_NAMES[i]);
+            rc = TS_ECORRUPT;
+            break;
+        }
+        rc = ts_st_to_f32(t, host, n);
+        ts_tensor_t h;
+        if (rc == TS_OK)
+            rc = ts_tensor_wrap(&h, host, TS_F32, TS_CPU, 1, TS_SHAPE(n));
+        if (rc == TS_OK)
+            rc = ts_tensor_copy(slab_of(tr, i), &h);
+    }
+    free(host);
+    ts_st_free(&f);
+    if (rc == TS_OK) {
+        tr->step = s;
+        tr->perm_epoch = -1;
+    }
+    return rc;
+}

@@ -1,0 +1,80 @@
+/*
+ * train.h — training one expert with flow matching.
+ *
+ * A trainer owns the optimiser state of one model (AdamW moments, the EMA copy of the weights,
+ * all three slabs laid out like the parameters) and a read-only view of its data set. One
+ * ts_trainer_step is: draw a batch, draw noise and times, x_t = (1 − t)·x0 + t·ε, predict
+ * v, loss = mean((v − (ε − x0))²), backward, clip the gradient norm, AdamW with a linear
+ * warm-up, update the EMA.
+ *
+ * Reproducibility. Every random draw is a pure function of (seed, step): the data order is a
+ * per-epoch permutation drawn from the counter-based RNG, and the noise, times and label drops of
+ * step s come from fixed stretches of their streams. The whole training state is therefore the
+ * three slabs, the parameters and the step number; a checkpoint holds exactly that, so a
+ * resumed run continues bit-identically (on the same build and thread count).
+ */
+#ifndef TS_TRAIN_H
+#define TS_TRAIN_H
+
+#include "model/dit.h"
+#include "model/fmnist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ts_train_config {
+    int batch;
+    float lr;            /* peak learning rate */
+    int warmup;          /* steps of linear warm-up from 0 */
+    float weight_decay;
+    float beta1, beta2, eps;
+    float grad_clip;     /* max global gradient norm; 0 = no clipping */
+    float ema_decay;
+    float label_dropout; /* probability of the null class (for CFG) */
+    int logit_normal;    /* 1: t = sigmoid(N(0, 1)); 0: t ~ U(0, 1) */
+    uint64_t seed;
+} ts_train_config_t;
+
+/* The defaults: batch 64, lr 3e-4, warmup 200, wd 0, betas (0.9, 0.999), eps 1e-8, clip 1,
+ * EMA 0.999, label dropout 0.1, uniform t, seed 0. */
+void ts_train_config_default(ts_train_config_t *c);
+
+typedef struct ts_trainer {
+    ts_dit_t *model;           /* borrowed; trainable, max_batch ≥ batch */
+    const ts_dataset_t *data;  /* borrowed */
+    ts_train_config_t cfg;
+    int64_t step;              /* steps completed */
+    ts_tensor_t m_mem, v_mem, ema_mem;
+    /* per-step buffers on the engine's device */
+    ts_tensor_t x0, eps, xt, target, dv, t, loss, sumsq;
+    float *x0_host, *t_host, *u_host;
+    int32_t *y_host;
+    int32_t *perm;             /* the current epoch's order */
+    int64_t perm_epoch;        /* which epoch perm holds; −1 none */
+} ts_trainer_t;
+
+/* Starts a trainer at step 0 with zero moments and EMA = the current parameters. */
+int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
+                    const ts_train_config_t *cfg);
+void ts_trainer_free(ts_trainer_t *tr);
+
+/* One optimisation step. *loss (the batch loss before the update) and *grad_norm (before
+ * clipping) may be NULL. A non-finite loss or gradient is TS_ENONFINITE, and the parameters are
+ * left as they were. */
+int ts_trainer_step(ts_trainer_t *tr, float *loss, float *grad_norm);
+
+/* The learning rate used at step s (0-based). */
+float ts_trainer_lr(const ts_train_config_t *c, int64_t s);
+
+/* Checkpoint to / from a safetensors file: params, adam_m, adam_v, ema (flat F32) and metadata
+ * (step, seed, batch, the model config, the data set size). Writing is atomic. Loading checks
+ * that the model config, batch, seed and data size match, and says which one does not. */
+int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t errlen);
+int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,877 @@
+/*
+ * test_cuda_parity.c — every op of kernels/ops.h on the CUDA engine against the CPU engine.
+ *
+ * Each op runs on both engines from the same inputs (made on the host by a splitmix64 generator
+ * with fixed seeds, then copied to the GPU with ts_tensor_copy); gradient outputs start from the
+ * same random values, so the += of every backward op is checked too. The CPU result is the
+ * reference b and the GPU result a is accepted when the normalised error
+ *     nmse = Σ (a − b)² / Σ b²
+ * is at most 1e-6: the two backends share their per-element formulas (kernels/math.h) but add
+ * in different orders and use different libm transcendentals and GEMM kernels. The RNG streams
+ * and the dtype conversions use no transcendental and no reordered sum, so they must match bit
+ * for bit (memcmp).
+ *
+ * Sizes are the realistic ones (B = 4 samples of T = 49 tokens, C = 128, 4 heads) plus odd ones
+ * that catch indexing and grid-loop mistakes: n = 1000003 (prime) for the elementwise ops, row
+ * widths that are not a multiple of the warp size, column sums tall enough to be split over
+ * several blocks.
+ *
+ * Without a usable GPU (or without the CUDA backend) the test prints why and exits 77, which
+ * ctest reports as skipped.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/engine.h"
+#include "kernels/ops.h"
+
+#define NMSE_TOL 1e-6
+#define N_ODD 1000003 /* a prime element count for the elementwise ops */
+
+/* B samples of T tokens of width C, with HEADS attention heads (DiT-S/2 at 112 px, reduced). */
+#define B_ 4
+#define T_ 49
+#define C_ 128
+#define HEADS 4
+
+#define CHECK_OK(expr)                                                                           \
+    do {                                                                                         \
+        int rc_ = (expr);                                                                        \
+        if (rc_ != TS_OK) {                                                                      \
+            print_error("%s:%d: %s returned %d (%s)\n", __FILE__, __LINE__, #expr, rc_,          \
+                        ts_strerror(rc_));                                                       \
+            fail();                                                                              \
+        }                                                                                        \
+    } while (0)
+
+/* ---- fixture: one CPU and one CUDA engine ---------------------------------------------- */
+
+typedef struct {
+    ts_engine_t e[2]; /* [0] CPU, the reference; [1] CUDA */
+} fixture_t;
+
+static int group_setup(void **state) {
+    fixture_t *fx = calloc(1, sizeof *fx);
+    if (!fx)
+        return -1;
+    ts_engine_opts_t cpu = {.device = TS_CPU, .threads = 0};
+    ts_engine_opts_t gpu = {.device = TS_CUDA, .gpu = 0};
+    int rc = ts_engine_init(&fx->e[0], &cpu);
+    if (rc == TS_OK) {
+        rc = ts_engine_init(&fx->e[1], &gpu);
+        if (rc != TS_OK)
+            ts_engine_free(&fx->e[0]);
+    }
+    if (rc != TS_OK) {
+        fprintf(stderr, "test_cuda_parity: engine init failed: %s\n", ts_strerror(rc));
+        free(fx);
+        return -1;
+    }
+    *state = fx;
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    fixture_t *fx = *state;
+    ts_engine_free(&fx->e[1]);
+    ts_engine_free(&fx->e[0]);
+    free(fx);
+    return 0;
+}
+
+/* Runs `call` on the CPU engine, then on the CUDA engine: inside it, E is the engine and
+ * ON(p) the pair's tensor on that engine's device. */
+#define BOTH(call)                                                                               \
+    for (int side = 0; side < 2; side++) {                                                       \
+        ts_engine_t *E = &fx->e[side];                                                           \
+        CHECK_OK(call);                                                                          \
+    }
+#define ON(p) (&(p).t[side])
+
+/* ---- inputs ---------------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t s;
+} trng_t;
+
+static uint64_t trng_next(trng_t *r) {
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float trng_uniform(trng_t *r, float lo, float hi) {
+    double u = (double)(trng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(lo + (hi - lo) * u);
+}
+
+/* The same tensor on the CPU ([0]) and on the GPU ([1]). */
+typedef struct {
+    ts_tensor_t t[2];
+} pair_t;
+
+/* Allocates both sides; the CPU side is zeroed by ts_tensor_alloc. */
+static void pair_alloc(pair_t *p, ts_dtype_t dtype, int ndim, const int64_t *shape) {
+    memset(p, 0, sizeof *p);
+    CHECK_OK(ts_tensor_alloc(&p->t[0], dtype, TS_CPU, ndim, shape));
+    CHECK_OK(ts_tensor_alloc(&p->t[1], dtype, TS_CUDA, ndim, shape));
+}
+
+/* Copies the CPU side to the GPU side. */
+static void pair_upload(pair_t *p) { CHECK_OK(ts_tensor_copy(&p->t[1], &p->t[0])); }
+
+static float *host_f32(pair_t *p) { return (float *)p->t[0].data; }
+
+/* F32 pair, uniform in [lo, hi) on both sides. */
+static void pair_rand(pair_t *p, trng_t *r, float lo, float hi, int ndim, const int64_t *shape) {
+    pair_alloc(p, TS_F32, ndim, shape);
+    int64_t n = ts_tensor_numel(&p->t[0]);
+    for (int64_t i = 0; i < n; i++)
+        host_f32(p)[i] = trng_uniform(r, lo, hi);
+    pair_upload(p);
+}
+
+/* F32 pair, zero on both sides. */
+static void pair_zeros(pair_t *p, int ndim, const int64_t *shape) {
+    pair_alloc(p, TS_F32, ndim, shape);
+    pair_upload(p);
+}
+
+static void pair_free(pair_t *p) {
+    ts_tensor_free(&p->t[0]);
+    ts_tensor_free(&p->t[1]);
+}
+
+/* A host copy of the GPU side (caller frees). Synchronises the CUDA engine first, so a kernel
+ * fault is reported here, by name, rather than as a failed copy. */
+static void *download(fixture_t *fx, const pair_t *p) {
+    CHECK_OK(ts_engine_sync(&fx->e[1]));
+    const ts_tensor_t *g = &p->t[1];
+    void *buf = malloc(ts_tensor_nbytes(g));
+    assert_non_null(buf);
+    ts_tensor_t h;
+    CHECK_OK(ts_tensor_wrap(&h, buf, g->dtype, TS_CPU, g->ndim, g->shape));
+    CHECK_OK(ts_tensor_copy(&h, g));
+    return buf;
+}
+
+/* Asserts nmse(GPU, CPU) ≤ NMSE_TOL for an F32 pair and prints it. */
+static void expect_close(fixture_t *fx, const char *what, const pair_t *p) {
+    float *a = download(fx, p);
+    const float *b = (const float *)p->t[0].data;
+    int64_t n = ts_tensor_numel(&p->t[0]);
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    free(a);
+    double nmse = den > 0.0 ? num / den : num; /* an all-zero reference must be matched exactly */
+    printf("test_cuda_parity: %-40s nmse %.3e\n", what, nmse);
+    if (!(nmse <= NMSE_TOL)) {
+        print_error("%s: nmse %.3e exceeds %.1e\n", what, nmse, NMSE_TOL);
+        fail();
+    }
+}
+
+/* Asserts that the two sides hold the same bytes and prints the verdict. */
+static void expect_identical(fixture_t *fx, const char *what, const pair_t *p) {
+    unsigned char *a = download(fx, p);
+    const unsigned char *b = p->t[0].data;
+    size_t n = ts_tensor_nbytes(&p->t[0]), elem = ts_dtype_size(p->t[0].dtype);
+    size_t first = n, diffs = 0;
+    for (size_t i = 0; i < n; i += elem)
+        if (memcmp(a + i, b + i, elem) != 0) {
+            if (first == n)
+                first = i / elem;
+            diffs++;
+        }
+    free(a);
+    if (diffs == 0) {
+        printf("test_cuda_parity: %-40s bit-identical\n", what);
+        return;
+    }
+    printf("test_cuda_parity: %-40s %zu elements differ (first at %zu)\n", what, diffs, first);
+    print_error("%s: GPU and CPU differ in %zu elements\n", what, diffs);
+    fail();
+}
+
+/* ---- elementwise and copies ------------------------------------------------------------ */
+
+static void test_elementwise(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {1};
+    pair_t y, x, a, out;
+    pair_rand(&y, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
+    pair_rand(&x, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
+    pair_rand(&a, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
+    pair_zeros(&out, 1, TS_SHAPE(N_ODD));
+
+    BOTH(ts_fill(E, ON(out), 0.375f));
+    expect_close(fx, "fill", &out);
+    BOTH(ts_axpy(E, ON(y), -0.7f, ON(x)));
+    expect_close(fx, "axpy", &y);
+    BOTH(ts_scale(E, ON(y), 1.3f));
+    expect_close(fx, "scale", &y);
+    BOTH(ts_affine(E, ON(y), 0.9f, -0.25f));
+    expect_close(fx, "affine", &y);
+    BOTH(ts_add(E, ON(out), ON(x), ON(a)));
+    expect_close(fx, "add", &out);
+    BOTH(ts_add(E, ON(a), ON(a), ON(x))); /* out aliases a */
+    expect_close(fx, "add (in place)", &a);
+
+    /* zero: any dtype; the F32 tensor holds data, the F16 one is filled through convert */
+    BOTH(ts_zero(E, ON(y)));
+    expect_identical(fx, "zero (F32)", &y);
+    pair_t h;
+    pair_alloc(&h, TS_F16, 1, TS_SHAPE(N_ODD));
+    BOTH(ts_convert(E, ON(h), ON(x)));
+    BOTH(ts_zero(E, ON(h)));
+    expect_identical(fx, "zero (F16)", &h);
+
+    pair_free(&h);
+    pair_free(&y);
+    pair_free(&x);
+    pair_free(&a);
+    pair_free(&out);
+}
+
+/* add_bcast forward and backward for x (rows, S) with b (S). */
+static void bcast_case(fixture_t *fx, trng_t *r, int ndim, const int64_t *xshape, int bdim,
+                       const int64_t *bshape, const char *label) {
+    char what[96];
+    pair_t x, b, out, dx, db, dout;
+    pair_rand(&x, r, -1.0f, 1.0f, ndim, xshape);
+    pair_rand(&b, r, -1.0f, 1.0f, bdim, bshape);
+    pair_zeros(&out, ndim, xshape);
+    pair_rand(&dx, r, -1.0f, 1.0f, ndim, xshape);
+    pair_rand(&db, r, -1.0f, 1.0f, bdim, bshape);
+    pair_rand(&dout, r, -1.0f, 1.0f, ndim, xshape);
+
+    BOTH(ts_add_bcast_forward(E, ON(out), ON(x), ON(b)));
+    snprintf(what, sizeof what, "add_bcast_forward %s", label);
+    expect_close(fx, what, &out);
+    BOTH(ts_add_bcast_forward(E, ON(x), ON(x), ON(b))); /* out aliases x */
+    snprintf(what, sizeof what, "add_bcast_forward %s in place", label);
+    expect_close(fx, what, &x);
+    BOTH(ts_add_bcast_backward(E, ON(dx), ON(db), ON(dout)));
+    snprintf(what, sizeof what, "add_bcast_backward %s dx", label);
+    expect_close(fx, what, &dx);
+    snprintf(what, sizeof what, "add_bcast_backward %s db", label);
+    expect_close(fx, what, &db);
+
+    pair_free(&x);
+    pair_free(&b);
+    pair_free(&out);
+    pair_free(&dx);
+    pair_free(&db);
+    pair_free(&dout);
+}
+
+static void test_add_bcast(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {2};
+    bcast_case(fx, &r, 3, TS_SHAPE(B_, T_, C_), 1, TS_SHAPE(C_), "(B,T,C)+(C)");
+    bcast_case(fx, &r, 3, TS_SHAPE(B_, T_, C_), 2, TS_SHAPE(T_, C_), "(B,T,C)+(T,C)");
+    bcast_case(fx, &r, 2, TS_SHAPE(76923, 13), 1, TS_SHAPE(13), "(76923,13)+(13)");
+}
+
+/* ---- dtype conversion and finiteness --------------------------------------------------- */
+
+/* Values across the whole range: random magnitudes from 2^-30 to 2^20, signed zeros, F16
+ * subnormals and overflow, ties for both roundings, Inf and NaN. */
+static void fill_specials(float *v, int64_t n, trng_t *r) {
+    for (int64_t i = 0; i < n; i++)
+        v[i] = trng_uniform(r, -1.0f, 1.0f) * ldexpf(1.0f, (int)(trng_next(r) % 51) - 30);
+    const float special[] = {0.0f,      -0.0f,         1.0f,        -1.0f,     65504.0f,
+                             65520.0f,  -65520.0f,     1e6f,        6e-8f,     3e-8f,
+                             -6.1e-5f,  1.0009765625f, 1.00048828125f, 1.00146484375f,
+                             1.00390625f, 1.01171875f, 3.0e38f,    -3.4e38f,  INFINITY,
+                             -INFINITY, NAN,           -NAN};
+    size_t k = sizeof special / sizeof special[0];
+    for (size_t i = 0; i < k && (int64_t)i < n; i++)
+        v[(int64_t)i * (n / (int64_t)k)] = special[i];
+}
+
+/* Asserts that ts_check_finite returns `want` on both engines. */
+static void expect_finite(fixture_t *fx, const pair_t *p, int want) {
+    for (int side = 0; side < 2; side++)
+        assert_int_equal(ts_check_finite(&fx->e[side], &p->t[side]), want);
+}
+
+static void test_convert(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {3};
+    pair_t f32, f16, bf16, back16, backbf;
+    pair_alloc(&f32, TS_F32, 1, TS_SHAPE(N_ODD));
+    fill_specials(host_f32(&f32), N_ODD, &r);
+    pair_upload(&f32);
+    pair_alloc(&f16, TS_F16, 1, TS_SHAPE(N_ODD));
+    pair_alloc(&bf16, TS_BF16, 1, TS_SHAPE(N_ODD));
+    pair_alloc(&back16, TS_F32, 1, TS_SHAPE(N_ODD));
+    pair_alloc(&backbf, TS_F32, 1, TS_SHAPE(N_ODD));
+
+    BOTH(ts_convert(E, ON(f16), ON(f32)));
+    expect_identical(fx, "convert F32 -> F16", &f16);
+    BOTH(ts_convert(E, ON(back16), ON(f16)));
+    expect_identical(fx, "convert F16 -> F32", &back16);
+    BOTH(ts_convert(E, ON(bf16), ON(f32)));
+    expect_identical(fx, "convert F32 -> BF16", &bf16);
+    BOTH(ts_convert(E, ON(backbf), ON(bf16)));
+    expect_identical(fx, "convert BF16 -> F32", &backbf);
+    BOTH(ts_convert(E, ON(bf16), ON(f16)));
+    expect_identical(fx, "convert F16 -> BF16", &bf16);
+
+    /* check_finite: the specials hold Inf and NaN; a clean tensor passes, in every dtype */
+    expect_finite(fx, &f32, TS_ENONFINITE);
+    expect_finite(fx, &f16, TS_ENONFINITE);
+    expect_finite(fx, &bf16, TS_ENONFINITE);
+    for (int64_t i = 0; i < N_ODD; i++)
+        host_f32(&f32)[i] = trng_uniform(&r, -1000.0f, 1000.0f);
+    pair_upload(&f32);
+    expect_finite(fx, &f32, TS_OK);
+    BOTH(ts_convert(E, ON(f16), ON(f32)));
+    expect_finite(fx, &f16, TS_OK);
+    BOTH(ts_convert(E, ON(bf16), ON(f32)));
+    expect_finite(fx, &bf16, TS_OK);
+    host_f32(&f32)[N_ODD - 1] = INFINITY; /* one bad value, in the very last element */
+    pair_upload(&f32);
+    expect_finite(fx, &f32, TS_ENONFINITE);
+    printf("test_cuda_parity: %-40s agrees\n", "check_finite (F32, F16, BF16)");
+
+    pair_free(&f32);
+    pair_free(&f16);
+    pair_free(&bf16);
+    pair_free(&back16);
+    pair_free(&backbf);
+}
+
+/* ---- matrix products ------------------------------------------------------------------- */
+
+static void test_linear(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {4};
+    const int64_t N = 3 * C_;
+    pair_t inp, w, bias, out, dout, dinp, dw, db;
+    pair_rand(&inp, &r, -1.0f, 1.0f, 3, TS_SHAPE(B_, T_, C_));
+    pair_rand(&w, &r, -0.1f, 0.1f, 2, TS_SHAPE(N, C_));
+    pair_rand(&bias, &r, -0.1f, 0.1f, 1, TS_SHAPE(N));
+    pair_zeros(&out, 3, TS_SHAPE(B_, T_, N));
+    pair_rand(&dout, &r, -1.0f, 1.0f, 3, TS_SHAPE(B_, T_, N));
+    pair_rand(&dinp, &r, -1.0f, 1.0f, 3, TS_SHAPE(B_, T_, C_));
+    pair_rand(&dw, &r, -1.0f, 1.0f, 2, TS_SHAPE(N, C_));
+    pair_rand(&db, &r, -1.0f, 1.0f, 1, TS_SHAPE(N));
+
+    BOTH(ts_linear_forward(E, ON(out), ON(inp), ON(w), ON(bias)));
+    expect_close(fx, "linear_forward", &out);
+    BOTH(ts_linear_forward(E, ON(out), ON(inp), ON(w), NULL));
+    expect_close(fx, "linear_forward (no bias)", &out);
+    BOTH(ts_linear_backward(E, ON(dinp), ON(dw), ON(db), ON(dout), ON(inp), ON(w)));
+    expect_close(fx, "linear_backward dinp", &dinp);
+    expect_close(fx, "linear_backward dweight", &dw);
+    expect_close(fx, "linear_backward dbias", &db);
+
+    pair_free(&inp);
+    pair_free(&w);
+    pair_free(&bias);
+    pair_free(&out);
+    pair_free(&dout);
+    pair_free(&dinp);
+    pair_free(&dw);
+    pair_free(&db);
+}
+
+/* c = alpha·op(a)·op(b) + beta·c and its backward, for one (batch, trans_a, trans_b). */
+static void matmul_case(fixture_t *fx, trng_t *r, int64_t batch, int ta, int tb) {
+    const int64_t M = 37, N = 53, K = 61;
+    int nd = batch > 1 ? 3 : 2;
+    int64_t as[3], bs[3], cs[3];
+    int64_t *dims[3] = {as, bs, cs};
+    int64_t rc[3][2] = {{ta ? K : M, ta ? M : K}, {tb ? N : K, tb ? K : N}, {M, N}};
+    for (int i = 0; i < 3; i++) {
+        int o = 0;
+        if (nd == 3)
+            dims[i][o++] = batch;
+        dims[i][o] = rc[i][0];
+        dims[i][o + 1] = rc[i][1];
+    }
+    pair_t a, b, c, dc, da, db;
+    pair_rand(&a, r, -1.0f, 1.0f, nd, as);
+    pair_rand(&b, r, -1.0f, 1.0f, nd, bs);
+    pair_rand(&c, r, -1.0f, 1.0f, nd, cs);
+    pair_rand(&dc, r, -1.0f, 1.0f, nd, cs);
+    pair_rand(&da, r, -1.0f, 1.0f, nd, as);
+    pair_rand(&db, r, -1.0f, 1.0f, nd, bs);
+
+    char what[96];
+    BOTH(ts_matmul(E, ON(c), ON(a), ta, ON(b), tb, 1.25f, 0.5f));
+    snprintf(what, sizeof what, "matmul batch %lld ta %d tb %d", (long long)batch, ta, tb);
+    expect_close(fx, what, &c);
+    BOTH(ts_matmul_backward(E, ON(da), ON(db), ON(dc), ON(a), ta, ON(b), tb, 1.25f));
+    snprintf(what, sizeof what, "matmul_backward batch %lld ta %d tb %d da", (long long)batch,
+             ta, tb);
+    expect_close(fx, what, &da);
+    snprintf(what, sizeof what, "matmul_backward batch %lld ta %d tb %d db", (long long)batch,
+             ta, tb);
+    expect_close(fx, what, &db);
+
+    pair_free(&a);
+    pair_free(&b);
+    pair_free(&c);
+    pair_free(&dc);
+    pair_free(&da);
+    pair_free(&db);
+}
+
+static void test_matmul(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {5};
+    for (int batched = 0; batched < 2; batched++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                matmul_case(fx, &r, batched ? 3 : 1, ta, tb);
+}
+
+/* ---- normalisation and activations ------------------------------------------------------ */
+
+static void layernorm_case(fixture_t *fx, trng_t *r, int64_t rows, int64_t C) {
+    char what[96];
+    pair_t inp, out, mean, rstd, dout, dinp;
+    pair_rand(&inp, r, -2.0f, 2.0f, 2, TS_SHAPE(rows, C));
+    for (int64_t i = 0; i < rows * C; i++) /* a row offset, so the mean matters */
+        host_f32(&inp)[i] += (float)(i / C % 7) - 3.0f;
+    pair_upload(&inp);
+    pair_zeros(&out, 2, TS_SHAPE(rows, C));
+    pair_zeros(&mean, 1, TS_SHAPE(rows));
+    pair_zeros(&rstd, 1, TS_SHAPE(rows));
+    pair_rand(&dout, r, -1.0f, 1.0f, 2, TS_SHAPE(rows, C));
+    pair_rand(&dinp, r, -1.0f, 1.0f, 2, TS_SHAPE(rows, C));
+
+    BOTH(ts_layernorm_forward(E, ON(out), ON(mean), ON(rstd), ON(inp)));
+    snprintf(what, sizeof what, "layernorm_forward (%lld,%lld) out", (long long)rows,
+             (long long)C);
+    expect_close(fx, what, &out);
+    snprintf(what, sizeof what, "layernorm_forward (%lld,%lld) mean", (long long)rows,
+             (long long)C);
+    expect_close(fx, what, &mean);
+    snprintf(what, sizeof what, "layernorm_forward (%lld,%lld) rstd", (long long)rows,
+             (long long)C);
+    expect_close(fx, what, &rstd);
+    BOTH(ts_layernorm_backward(E, ON(dinp), ON(dout), ON(inp), ON(mean), ON(rstd)));
+    snprintf(what, sizeof what, "layernorm_backward (%lld,%lld)", (long long)rows,
+             (long long)C);
+    expect_close(fx, what, &dinp);
+
+    pair_free(&inp);
+    pair_free(&out);
+    pair_free(&mean);
+    pair_free(&rstd);
+    pair_free(&dout);
+    pair_free(&dinp);
+}
+
+static void test_layernorm(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {6};
+    layernorm_case(fx, &r, B_ * T_, C_);
+    layernorm_case(fx, &r, 37, 1000); /* wider than a block, not a multiple of 32 */
+    layernorm_case(fx, &r, 5, 3);     /* narrower than a warp */
+}
+
+static void test_activations(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {7};
+    pair_t inp, out, dout, dinp;
+    pair_rand(&inp, &r, -6.0f, 6.0f, 1, TS_SHAPE(N_ODD));
+    pair_zeros(&out, 1, TS_SHAPE(N_ODD));
+    pair_rand(&dout, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
+    pair_rand(&dinp, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
+
+    BOTH(ts_gelu_forward(E, ON(out), ON(inp)));
+    expect_close(fx, "gelu_forward", &out);
+    BOTH(ts_gelu_backward(E, ON(dinp), ON(dout), ON(inp)));
+    expect_close(fx, "gelu_backward", &dinp);
+    BOTH(ts_silu_forward(E, ON(out), ON(inp)));
+    expect_close(fx, "silu_forward", &out);
+    BOTH(ts_silu_backward(E, ON(dinp), ON(dout), ON(inp)));
+    expect_close(fx, "silu_backward", &dinp);
+    BOTH(ts_gelu_forward(E, ON(dout), ON(dout))); /* out aliases inp */
+    expect_close(fx, "gelu_forward (in place)", &dout);
+
+    pair_free(&inp);
+    pair_free(&out);
+    pair_free(&dout);
+    pair_free(&dinp);
+}
+
+static void softmax_case(fixture_t *fx, trng_t *r, int64_t rows, int64_t C) {
+    char what[96];
+    pair_t inp, out, dout, dinp;
+    pair_rand(&inp, r, -4.0f, 4.0f, 2, TS_SHAPE(rows, C));
+    pair_zeros(&out, 2, TS_SHAPE(rows, C));
+    pair_rand(&dout, r, -1.0f, 1.0f, 2, TS_SHAPE(rows, C));
+    pair_rand(&dinp, r, -1.0f, 1.0f, 2, TS_SHAPE(rows, C));
+
+    BOTH(ts_softmax_forward(E, ON(out), ON(inp)));
+    snprintf(what, sizeof what, "softmax_forward (%lld,%lld)", (long long)rows, (long long)C);
+    expect_close(fx, what, &out);
+    BOTH(ts_softmax_backward(E, ON(dinp), ON(dout), ON(out)));
+    snprintf(what, sizeof what, "softmax_backward (%lld,%lld)", (long long)rows, (long long)C);
+    expect_close(fx, what, &dinp);
+    BOTH(ts_softmax_forward(E, ON(inp), ON(inp))); /* out aliases inp */
+    snprintf(what, sizeof what, "softmax_forward (%lld,%lld) in place", (long long)rows,
+             (long long)C);
+    expect_close(fx, what, &inp);
+
+    pair_free(&inp);
+    pair_free(&out);
+    pair_free(&dout);
+    pair_free(&dinp);
+}
+
+static void test_softmax(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {8};
+    softmax_case(fx, &r, B_ * HEADS * T_, T_); /* attention rows */
+    softmax_case(fx, &r, 37, 1000);
+}
+
+/* ---- attention ------------------------------------------------------------------------- */
+
+static void test_attention(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {9};
+    pair_t qkv, out, att, dout, dqkv, datt;
+    pair_rand(&qkv, &r, -1.0f, 1.0f, 3, TS_SHAPE(B_, T_, 3 * C_));
+    pair_zeros(&out, 3, TS_SHAPE(B_, T_, C_));
+    pair_zeros(&att, 4, TS_SHAPE(B_, HEADS, T_, T_));
+    pair_rand(&dout, &r, -1.0f, 1.0f, 3, TS_SHAPE(B_, T_, C_));
+    pair_rand(&dqkv, &r, -1.0f, 1.0f, 3, TS_SHAPE(B_, T_, 3 * C_));
+    pair_zeros(&datt, 4, TS_SHAPE(B_, HEADS, T_, T_));
+
+    BOTH(ts_attention_forward(E, ON(out), ON(att), ON(qkv), HEADS));
+    expect_close(fx, "attention_forward out", &out);
+    expect_close(fx, "attention_forward att", &att);
+    BOTH(ts_attention_backward(E, ON(dqkv), ON(datt), ON(dout), ON(qkv), ON(att), HEADS));
+    expect_close(fx, "attention_backward dqkv", &dqkv);
+
+    pair_free(&qkv);
+    pair_free(&out);
+    pair_free(&att);
+    pair_free(&dout);
+    pair_free(&dqkv);
+    pair_free(&datt);
+}
+
+/* ---- adaLN-Zero pieces ----------------------------------------------------------------- */
+
+/* modulate and gate_residual, forward and backward, for x (B, T, C), mod (B, 6C). */
+static void adaln_case(fixture_t *fx, trng_t *r, int64_t B, int64_t T, int64_t C) {
+    char what[96], size[48];
+    snprintf(size, sizeof size, "(%lld,%lld,%lld)", (long long)B, (long long)T, (long long)C);
+    pair_t x, mod, out, dout, dx, dmod, res, y, dres, dy;
+    pair_rand(&x, r, -2.0f, 2.0f, 3, TS_SHAPE(B, T, C));
+    pair_rand(&mod, r, -1.0f, 1.0f, 2, TS_SHAPE(B, 6 * C));
+    pair_zeros(&out, 3, TS_SHAPE(B, T, C));
+    pair_rand(&dout, r, -1.0f, 1.0f, 3, TS_SHAPE(B, T, C));
+    pair_rand(&dx, r, -1.0f, 1.0f, 3, TS_SHAPE(B, T, C));
+    pair_rand(&dmod, r, -1.0f, 1.0f, 2, TS_SHAPE(B, 6 * C));
+    pair_rand(&res, r, -1.0f, 1.0f, 3, TS_SHAPE(B, T, C));
+    pair_rand(&y, r, -1.0f, 1.0f, 3, TS_SHAPE(B, T, C));
+    pair_rand(&dres, r, -1.0f, 1.0f, 3, TS_SHAPE(B, T, C));
+    pair_rand(&dy, r, -1.0f, 1.0f, 3, TS_SHAPE(B, T, C));
+
+    BOTH(ts_modulate_forward(E, ON(out), ON(x), ON(mod), 0, 1));
+    snprintf(what, sizeof what, "modulate_forward %s", size);
+    expect_close(fx, what, &out);
+    BOTH(ts_modulate_backward(E, ON(dx), ON(dmod), ON(dout), ON(x), ON(mod), 3, 4));
+    snprintf(what, sizeof what, "modulate_backward %s dx", size);
+    expect_close(fx, what, &dx);
+    snprintf(what, sizeof what, "modulate_backward %s dmod", size);
+    expect_close(fx, what, &dmod);
+    BOTH(ts_gate_residual_forward(E, ON(out), ON(res), ON(y), ON(mod), 2));
+    snprintf(what, sizeof what, "gate_residual_forward %s", size);
+    expect_close(fx, what, &out);
+    BOTH(ts_gate_residual_backward(E, ON(dres), ON(dy), ON(dmod), ON(dout), ON(y), ON(mod), 5));
+    snprintf(what, sizeof what, "gate_residual_backward %s dres", size);
+    expect_close(fx, what, &dres);
+    snprintf(what, sizeof what, "gate_residual_backward %s dy", size);
+    expect_close(fx, what, &dy);
+    snprintf(what, sizeof what, "gate_residual_backward %s dmod", size);
+    expect_close(fx, what, &dmod);
+
+    pair_free(&x);
+    pair_free(&mod);
+    pair_free(&out);
+    pair_free(&dout);
+    pair_free(&dx);
+    pair_free(&dmod);
+    pair_free(&res);
+    pair_free(&y);
+    pair_free(&dres);
+    pair_free(&dy);
+}
+
+static void test_adaln(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {10};
+    adaln_case(fx, &r, B_, T_, C_);
+    adaln_case(fx, &r, 2, 4096, 40); /* many tokens: Σ_T split across blocks; C % 32 != 0 */
+}
+
+/* ---- embeddings ------------------------------------------------------------------------ */
+
+static void timestep_case(fixture_t *fx, trng_t *r, int64_t B, int64_t D) {
+    char what[96];
+    pair_t t, out, dout, dt;
+    pair_rand(&t, r, 0.0f, 1.0f, 1, TS_SHAPE(B));
+    pair_zeros(&out, 2, TS_SHAPE(B, D));
+    pair_rand(&dout, r, -1.0f, 1.0f, 2, TS_SHAPE(B, D));
+    pair_rand(&dt, r, -1.0f, 1.0f, 1, TS_SHAPE(B));
+
+    BOTH(ts_timestep_embedding_forward(E, ON(out), ON(t), 1000.0f));
+    snprintf(what, sizeof what, "timestep_embedding_forward D=%lld", (long long)D);
+    expect_close(fx, what, &out);
+    BOTH(ts_timestep_embedding_backward(E, ON(dt), ON(dout), ON(t), 1000.0f));
+    snprintf(what, sizeof what, "timestep_embedding_backward D=%lld", (long long)D);
+    expect_close(fx, what, &dt);
+
+    pair_free(&t);
+    pair_free(&out);
+    pair_free(&dout);
+    pair_free(&dt);
+}
+
+static void test_embeddings(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {11};
+    timestep_case(fx, &r, 64, 256);
+    timestep_case(fx, &r, 5, 257); /* odd D: a trailing zero column */
+
+    pair_t pos;
+    pair_zeros(&pos, 2, TS_SHAPE(16 * 16, C_));
+    BOTH(ts_pos_embed_2d(E, ON(pos), 16));
+    expect_close(fx, "pos_embed_2d grid 16", &pos);
+    pair_free(&pos);
+
+    /* class embedding: 64 ids out of 1001 rows, with repeats (the scatter must add them all) */
+    const int64_t V = 1001, NB = 64;
+    pair_t table, ids, out, dout, dtable;
+    pair_rand(&table, &r, -1.0f, 1.0f, 2, TS_SHAPE(V, C_));
+    pair_alloc(&ids, TS_I32, 1, TS_SHAPE(NB));
+    int32_t *id = ids.t[0].data;
+    for (int64_t b = 0; b < NB; b++)
+        id[b] = b % 4 == 0 ? 7 : (int32_t)(trng_next(&r) % (uint64_t)V);
+    id[NB - 1] = (int32_t)V - 1;
+    pair_upload(&ids);
+    pair_zeros(&out, 2, TS_SHAPE(NB, C_));
+    pair_rand(&dout, &r, -1.0f, 1.0f, 2, TS_SHAPE(NB, C_));
+    pair_rand(&dtable, &r, -1.0f, 1.0f, 2, TS_SHAPE(V, C_));
+
+    BOTH(ts_embedding_forward(E, ON(out), ON(table), ON(ids)));
+    expect_identical(fx, "embedding_forward", &out);
+    BOTH(ts_embedding_backward(E, ON(dtable), ON(dout), ON(ids)));
+    expect_close(fx, "embedding_backward", &dtable);
+
+    pair_free(&table);
+    pair_free(&ids);
+    pair_free(&out);
+    pair_free(&dout);
+    pair_free(&dtable);
+}
+
+/* ---- patches --------------------------------------------------------------------------- */
+
+static void patch_case(fixture_t *fx, trng_t *r, int64_t B, int64_t C, int64_t H, int64_t W,
+                       int p) {
+    char what[96], size[64];
+    snprintf(size, sizeof size, "(%lld,%lld,%lld,%lld) p=%d", (long long)B, (long long)C,
+             (long long)H, (long long)W, p);
+    int64_t T = (H / p) * (W / p), F = C * p * p;
+    pair_t img, tok, dimg, dtok;
+    pair_rand(&img, r, -1.0f, 1.0f, 4, TS_SHAPE(B, C, H, W));
+    pair_zeros(&tok, 3, TS_SHAPE(B, T, F));
+    pair_rand(&dimg, r, -1.0f, 1.0f, 4, TS_SHAPE(B, C, H, W));
+    pair_rand(&dtok, r, -1.0f, 1.0f, 3, TS_SHAPE(B, T, F));
+
+    BOTH(ts_patchify_forward(E, ON(tok), ON(img), p));
+    snprintf(what, sizeof what, "patchify_forward %s", size);
+    expect_identical(fx, what, &tok);
+    BOTH(ts_patchify_backward(E, ON(dimg), ON(dtok), p));
+    snprintf(what, sizeof what, "patchify_backward %s", size);
+    expect_close(fx, what, &dimg);
+    BOTH(ts_unpatchify_forward(E, ON(img), ON(tok), p));
+    snprintf(what, sizeof what, "unpatchify_forward %s", size);
+    expect_identical(fx, what, &img);
+    BOTH(ts_unpatchify_backward(E, ON(dtok), ON(dimg), p));
+    snprintf(what, sizeof what, "unpatchify_backward %s", size);
+    expect_close(fx, what, &dtok);
+
+    pair_free(&img);
+    pair_free(&tok);
+    pair_free(&dimg);
+    pair_free(&dtok);
+}
+
+static void test_patches(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {12};
+    patch_case(fx, &r, B_, 4, 28, 28, 4); /* T = 49 tokens */
+    patch_case(fx, &r, 2, 3, 32, 16, 2);  /* non-square image */
+}
+
+/* ---- reductions and losses ------------------------------------------------------------- */
+
+static void test_reductions(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {13};
+    pair_t x, x2, s, dx;
+    pair_rand(&x, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
+    pair_rand(&x2, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
+    pair_rand(&s, &r, -1.0f, 1.0f, 1, TS_SHAPE(1));
+    pair_rand(&dx, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
+    for (int64_t i = 0; i < N_ODD; i++) /* a non-zero mean, so the sum is not pure noise */
+        host_f32(&x)[i] += 0.25f;
+    pair_upload(&x);
+
+    BOTH(ts_sum_forward(E, ON(s), ON(x)));
+    expect_close(fx, "sum_forward", &s);
+    BOTH(ts_sum_backward(E, ON(dx), ON(s)));
+    expect_close(fx, "sum_backward", &dx);
+    BOTH(ts_mean_forward(E, ON(s), ON(x)));
+    expect_close(fx, "mean_forward", &s);
+    BOTH(ts_mean_backward(E, ON(dx), ON(s)));
+    expect_close(fx, "mean_backward", &dx);
+    BOTH(ts_sumsq(E, ON(s), ON(x)));
+    expect_close(fx, "sumsq", &s);
+    float item[2];
+    BOTH(ts_tensor_item(E, ON(s), &item[side]));
+    printf("test_cuda_parity: %-40s %.9g vs %.9g\n", "tensor_item (sumsq)", (double)item[1],
+           (double)item[0]);
+    assert_true(fabs((double)item[1] - (double)item[0]) <= 1e-6 * fabs((double)item[0]));
+    BOTH(ts_mse_forward(E, ON(s), ON(x), ON(x2)));
+    expect_close(fx, "mse_forward", &s);
+    BOTH(ts_mse_backward(E, ON(dx), 0.8f, ON(x), ON(x2)));
+    expect_close(fx, "mse_backward", &dx);
+
+    /* sum_rows overwrites out: start from garbage */
+    const int64_t shapes[3][2] = {{B_ * T_, C_}, {4096, 40}, {7919, 13}};
+    for (int i = 0; i < 3; i++) {
+        char what[96];
+        int64_t rows = shapes[i][0], C = shapes[i][1];
+        pair_t inp, out;
+        pair_rand(&inp, &r, -1.0f, 1.0f, 2, TS_SHAPE(rows, C));
+        pair_rand(&out, &r, -100.0f, 100.0f, 1, TS_SHAPE(C));
+        BOTH(ts_sum_rows(E, ON(out), ON(inp)));
+        snprintf(what, sizeof what, "sum_rows (%lld,%lld)", (long long)rows, (long long)C);
+        expect_close(fx, what, &out);
+        pair_free(&inp);
+        pair_free(&out);
+    }
+
+    pair_free(&x);
+    pair_free(&x2);
+    pair_free(&s);
+    pair_free(&dx);
+}
+
+static void test_flow_interp(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {14};
+    pair_t x0, eps, t, xt, target;
+    pair_rand(&x0, &r, -1.0f, 1.0f, 4, TS_SHAPE(B_, 3, 32, 32));
+    pair_rand(&eps, &r, -3.0f, 3.0f, 4, TS_SHAPE(B_, 3, 32, 32));
+    pair_rand(&t, &r, 0.0f, 1.0f, 1, TS_SHAPE(B_));
+    pair_zeros(&xt, 4, TS_SHAPE(B_, 3, 32, 32));
+    pair_zeros(&target, 4, TS_SHAPE(B_, 3, 32, 32));
+
+    BOTH(ts_flow_interp(E, ON(xt), ON(target), ON(x0), ON(eps), ON(t)));
+    expect_close(fx, "flow_interp xt", &xt);
+    expect_close(fx, "flow_interp target", &target);
+
+    pair_free(&x0);
+    pair_free(&eps);
+    pair_free(&t);
+    pair_free(&xt);
+    pair_free(&target);
+}
+
+/* ---- optimiser ------------------------------------------------------------------------- */
+
+static void test_optimiser(void **state) {
+    fixture_t *fx = *state;
+    trng_t r = {15};
+    pair_t param, grad, m, v, ema;
+    pair_rand(&param, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
+    pair_rand(&grad, &r, -0.01f, 0.01f, 1, TS_SHAPE(N_ODD));
+    pair_zeros(&m, 1, TS_SHAPE(N_ODD));
+    pair_zeros(&v, 1, TS_SHAPE(N_ODD));
+    pair_rand(&ema, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
+
+    ts_adamw_t hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                     .weight_decay = 0.01f};
+    for (int64_t step = 1; step <= 3; step++)
+        BOTH(ts_adamw_step(E, ON(param), ON(grad), ON(m), ON(v), &hp, step, 0.5f));
+    expect_close(fx, "adamw_step x3 param", &param);
+    expect_close(fx, "adamw_step x3 m", &m);
+    expect_close(fx, "adamw_step x3 v", &v);
+    BOTH(ts_ema_update(E, ON(ema), ON(param), 0.9999f));
+    expect_close(fx, "ema_update", &ema);
+
+    pair_free(&param);
+    pair_free(&grad);
+    pair_free(&m);
+    pair_free(&v);
+    pair_free(&ema);
+}
+
+/* ---- random numbers -------------------------------------------------------------------- */
+
+static void test_rng(void **state) {
+    fixture_t *fx = *state;
+    pair_t out;
+    pair_zeros(&out, 1, TS_SHAPE(N_ODD));
+    const uint64_t seed = 0x5EED0123456789ABull;
+    /* an offset that is not a multiple of 4, and one whose block index crosses 2^32 */
+    const uint64_t offsets[2] = {7, (1ull << 34) - 5};
+    for (int i = 0; i < 2; i++) {
+        char what[96];
+        uint64_t off = offsets[i];
+        BOTH(ts_rng_uniform(E, ON(out), seed, off));
+        snprintf(what, sizeof what, "rng_uniform offset %llu", (unsigned long long)off);
+        expect_identical(fx, what, &out);
+        BOTH(ts_rng_normal(E, ON(out), seed, off));
+        snprintf(what, sizeof what, "rng_normal offset %llu", (unsigned long long)off);
+        expect_identical(fx, what, &out);
+    }
+    pair_free(&out);
+}
+
+int main(void) {
+    char why[256] = "";
+    if (ts_cuda_device_count(why, sizeof why) == 0) {
+        printf("test_cuda_parity: SKIPPED: %s\n", why);
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_add_bcast),
+        cmocka_unit_test(test_convert),     cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_matmul),      cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_activations), cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_attention),   cmocka_unit_test(test_adaln),
+        cmocka_unit_test(test_embeddings),  cmocka_unit_test(test_patches),
+        cmocka_unit_test(test_reductions),  cmocka_unit_test(test_flow_interp),
+        cmocka_unit_test(test_optimiser),   cmocka_unit_test(test_rng),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,691 @@
+/*
+ * test_fmnist.c — the Fashion-MNIST reader, dataset subsets and shard files (model/fmnist.h).
+ *
+ * Covers: the real Debian files when installed (counts, shapes, the value range, the documented
+ * 6000/1000 images per class, the first label of each split); small synthetic IDX files written
+ * to a fresh temporary folder, gzip'ed and uncompressed, including every way the reader must
+ * refuse a file (wrong magic, truncated header or pixels, a header that claims far more data than
+ * the file holds, count mismatch, trailing bytes, label out of range, dimensions out of range,
+ * corrupt gzip, missing file); ts_dataset_subset; shard files (round trip, comments, blank lines
+ * and CRLF, duplicates, out of range and garbage lines reported with their line number, atomic
+ * writes).
+ *
+ * The real-data tests skip when dataset-fashion-mnist is not installed.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zlib.h>
+
+#include "model/fmnist.h"
+
+#define CHECK_RC(expr, want)                                                                       \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_ != (want)) {                                                                       \
+            print_error("%s:%d: %s returned %d (%s), expected %d (%s); err: %s\n", __FILE__,       \
+                        __LINE__, #expr, rc_, ts_strerror(rc_), (want), ts_strerror(want), err);   \
+            fail();                                                                                \
+        }                                                                                          \
+    } while (0)
+#define CHECK_OK(expr) CHECK_RC(expr, TS_OK)
+
+/* The message must mention needle (so a user is told what went wrong). */
+#define CHECK_MSG(msg, needle)                                                                     \
+    do {                                                                                           \
+        if (!strstr((msg), (needle))) {                                                            \
+            print_error("%s:%d: message \"%s\" does not contain \"%s\"\n", __FILE__, __LINE__,     \
+                        (msg), (needle));                                                          \
+            fail();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* ---- a temporary folder per test ----------------------------------------------------------- */
+
+static char g_dir[256];
+static char err[512];
+
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char path[512];
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static int setup_dir(void **state) {
+    (void)state;
+    const char *base = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/ts_fmnist_XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(g_dir))
+        return -1;
+    err[0] = '\0';
+    return 0;
+}
+
+static int teardown_dir(void **state) {
+    (void)state;
+    remove_tree(g_dir);
+    return 0;
+}
+
+static const char *in_dir(const char *name) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    return path;
+}
+
+static void write_file(const char *name, const void *data, size_t len, int gz) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s%s", g_dir, name, gz ? ".gz" : "");
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        assert_non_null(f);
+        if (len > 0)
+            assert_int_equal(gzwrite(f, data, (unsigned)len), (int)len);
+        assert_int_equal(gzclose(f), Z_OK);
+    } else {
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(data, 1, len, f), len);
+        assert_int_equal(fclose(f), 0);
+    }
+}
+
+static void write_text(const char *name, const char *text) {
+    write_file(name, text, strlen(text), 0);
+}
+
+/* ---- synthetic IDX files --------------------------------------------------------------- */
+
+static void put_be32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* A synthetic pair: n images of h×w with pixel (i, y, x) = (7i + 3y + x) % 256 plus extra bytes,
+ * and labels (2i + 1) % 10. */
+typedef struct synth {
+    unsigned char img[4096];
+    size_t img_len;
+    unsigned char lab[256];
+    size_t lab_len;
+} synth_t;
+
+static uint8_t synth_pixel(int i, int y, int x) { return (uint8_t)((7 * i + 3 * y + x) % 256); }
+
+static void synth_make(synth_t *s, uint32_t n, uint32_t h, uint32_t w) {
+    put_be32(s->img, TS_FMNIST_MAGIC_IMAGES);
+    put_be32(s->img + 4, n);
+    put_be32(s->img + 8, h);
+    put_be32(s->img + 12, w);
+    s->img_len = 16;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t y = 0; y < h; y++)
+            for (uint32_t x = 0; x < w; x++)
+                s->img[s->img_len++] = synth_pixel((int)i, (int)y, (int)x);
+    put_be32(s->lab, TS_FMNIST_MAGIC_LABELS);
+    put_be32(s->lab + 4, n);
+    s->lab_len = 8;
+    for (uint32_t i = 0; i < n; i++)
+        s->lab[s->lab_len++] = (unsigned char)((2 * i + 1) % 10);
+}
+
+static void synth_write(const synth_t *s, const char *prefix, int gz) {
+    char name[64];
+    snprintf(name, sizeof name, "%s-images-idx3-ubyte", prefix);
+    write_file(name, s->img, s->img_len, gz);
+    snprintf(name, sizeof name, "%s-labels-idx1-ubyte", prefix);
+    write_file(name, s->lab, s->lab_len, gz);
+}
+
+/* Loads the "train" split of g_dir and expects rc; on an error, also a message with needle. */
+static void expect_load_error(int want, const char *needle) {
+    ts_dataset_t ds;
+    memset(&ds, 0xab, sizeof ds);
+    err[0] = '\0';
+    CHECK_RC(ts_fmnist_load(g_dir, "train", &ds, err, sizeof err), want);
+    CHECK_MSG(err, needle);
+    /* a failed load leaves nothing behind */
+    assert_null(ds.images);
+    assert_null(ds.labels);
+    assert_int_equal(ds.n, 0);
+}
+
+static void check_synth_dataset(const ts_dataset_t *ds, int n, int h, int w) {
+    assert_int_equal(ds->n, n);
+    assert_int_equal(ds->channels, 1);
+    assert_int_equal(ds->height, h);
+    assert_int_equal(ds->width, w);
+    assert_int_equal(ds->num_classes, 10);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(ds->labels[i], (2 * i + 1) % 10);
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++) {
+                float got = ds->images[((size_t)i * h + y) * w + x];
+                float want = (float)synth_pixel(i, y, x) / 127.5f - 1.0f;
+                assert_true(got == want);
+            }
+    }
+}
+
+/* ---- the real dataset ------------------------------------------------------------------ */
+
+static int have_real_data(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/train-images-idx3-ubyte.gz", TS_FMNIST_DEFAULT_DIR);
+    return access(path, R_OK) == 0;
+}
+
+/* Counts, shape, exact range and the per-class histogram of one real split. */
+static void check_real_split(const char *split, int n, int per_class, int first_label) {
+    if (!have_real_data()) {
+        print_message("skipping: %s not installed (apt-get install dataset-fashion-mnist)\n",
+                      TS_FMNIST_DEFAULT_DIR);
+        skip();
+    }
+    ts_dataset_t ds;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_OK(ts_fmnist_load(NULL, split, &ds, err, sizeof err));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    print_message("loaded %s (%d images) in %.3f s\n", split, ds.n,
+                  (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    assert_int_equal(ds.n, n);
+    assert_int_equal(ds.channels, 1);
+    assert_int_equal(ds.height, 28);
+    assert_int_equal(ds.width, 28);
+    assert_int_equal(ds.num_classes, 10);
+
+    float lo = 2.0f, hi = -2.0f;
+    size_t npix = (size_t)n * 28 * 28;
+    for (size_t i = 0; i < npix; i++) {
+        float v = ds.images[i];
+        assert_true(v >= -1.0f && v <= 1.0f);
+        /* every value is exactly p / 127.5 − 1 for a byte p */
+        int p = (int)((v + 1.0f) * 127.5f + 0.5f);
+        assert_true(v == (float)p / 127.5f - 1.0f);
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    assert_true(lo == -1.0f);
+    assert_true(hi == 1.0f);
+
+    int hist[10] = {0};
+    for (int i = 0; i < n; i++) {
+        assert_in_range(ds.labels[i], 0, 9);
+        hist[ds.labels[i]]++;
+    }
+    for (int c = 0; c < 10; c++)
+        assert_int_equal(hist[c], per_class);
+    /* Fashion-MNIST documents the first item of both splits as class 9, "Ankle boot" */
+    assert_int_equal(ds.labels[0], first_label);
+    ts_dataset_free(&ds);
+    assert_null(ds.images);
+}
+
+static void test_real_train(void **state) {
+    (void)state;
+    check_real_split("train", 60000, 6000, 9);
+}
+
+static void test_real_test(void **state) {
+    (void)state;
+    check_real_split("test", 10000, 1000, 9);
+}
+
+/* ---- synthetic files: accepted --------------------------------------------------------- */
+
+static void test_synthetic_gz(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 5, 4, 6);
+    s.img[16] = 0;   /* item 0 pixel (0, 0): the extremes map to −1 and 1 exactly */
+    s.img[17] = 255; /* item 0 pixel (0, 1) */
+    synth_write(&s, "train", 1);
+    ts_dataset_t ds;
+    CHECK_OK(ts_fmnist_load(g_dir, "train", &ds, err, sizeof err));
+    assert_true(ds.images[0] == -1.0f);
+    assert_true(ds.images[1] == 1.0f);
+    s.img[16] = synth_pixel(0, 0, 0); /* compare the rest against the pattern */
+    s.img[17] = synth_pixel(0, 0, 1);
+    ds.images[0] = (float)s.img[16] / 127.5f - 1.0f;
+    ds.images[1] = (float)s.img[17] / 127.5f - 1.0f;
+    check_synth_dataset(&ds, 5, 4, 6);
+    ts_dataset_free(&ds);
+    ts_dataset_free(&ds); /* twice is harmless */
+    ts_dataset_free(NULL);
+}
+
+static void test_synthetic_uncompressed(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 3, 2, 5);
+    synth_write(&s, "t10k", 0);
+    ts_dataset_t ds;
+    CHECK_OK(ts_fmnist_load(g_dir, "test", &ds, err, sizeof err));
+    check_synth_dataset(&ds, 3, 2, 5);
+    ts_dataset_free(&ds);
+    CHECK_OK(ts_fmnist_load(g_dir, "t10k", &ds, err, sizeof err)); /* the file prefix works too */
+    assert_int_equal(ds.n, 3);
+    ts_dataset_free(&ds);
+}
+
+static void test_gz_preferred_over_uncompressed(void **state) {
+    (void)state;
+    synth_t a, b;
+    synth_make(&a, 2, 3, 3);
+    synth_make(&b, 4, 3, 3);
+    synth_write(&a, "train", 1);
+    synth_write(&b, "train", 0);
+    ts_dataset_t ds;
+    CHECK_OK(ts_fmnist_load(g_dir, "train", &ds, err, sizeof err));
+    assert_int_equal(ds.n, 2);
+    ts_dataset_free(&ds);
+}
+
+/* ---- synthetic files: refused ---------------------------------------------------------- */
+
+static void test_missing_files(void **state) {
+    (void)state;
+    expect_load_error(TS_EIO, "apt-get install dataset-fashion-mnist");
+    expect_load_error(TS_EIO, "train-images-idx3-ubyte.gz");
+    /* images present, labels missing: the message names the labels file */
+    synth_t s;
+    synth_make(&s, 2, 2, 2);
+    write_file("train-images-idx3-ubyte", s.img, s.img_len, 1);
+    expect_load_error(TS_EIO, "train-labels-idx1-ubyte");
+}
+
+static void test_bad_arguments(void **state) {
+    (void)state;
+    ts_dataset_t ds;
+    CHECK_RC(ts_fmnist_load(g_dir, "validation", &ds, err, sizeof err), TS_EINVAL);
+    CHECK_MSG(err, "validation");
+    CHECK_RC(ts_fmnist_load(g_dir, NULL, &ds, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_fmnist_load(g_dir, "train", NULL, err, sizeof err), TS_EINVAL);
+    /* no err buffer: still a code, no crash */
+    assert_int_equal(ts_fmnist_load(g_dir, "train", &ds, NULL, 0), TS_EIO);
+}
+
+static void test_wrong_magic(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 2, 2, 2);
+    put_be32(s.img, TS_FMNIST_MAGIC_LABELS); /* a label magic on the image file */
+    synth_write(&s, "train", 1);
+    expect_load_error(TS_ECORRUPT, "magic number is 0x00000801, expected 0x00000803");
+
+    synth_make(&s, 2, 2, 2);
+    put_be32(s.lab, 0x00000802);
+    synth_write(&s, "train", 1);
+    expect_load_error(TS_ECORRUPT, "labels-idx1-ubyte.gz: not an IDX label file");
+}
+
+static void test_truncated_header(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 2, 2, 2);
+    write_file("train-images-idx3-ubyte", s.img, 10, 1);
+    write_file("train-labels-idx1-ubyte", s.lab, s.lab_len, 1);
+    expect_load_error(TS_ECORRUPT, "truncated: expected a 16-byte IDX header, got 10 bytes");
+    write_file("train-images-idx3-ubyte", s.img, 0, 1); /* empty file */
+    expect_load_error(TS_ECORRUPT, "got 0 bytes");
+}
+
+static void test_truncated_pixels(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 3, 4, 5); /* 60 bytes of pixels declared */
+    write_file("train-images-idx3-ubyte", s.img, s.img_len - 10, 1);
+    write_file("train-labels-idx1-ubyte", s.lab, s.lab_len, 1);
+    expect_load_error(TS_ECORRUPT, "truncated: expected 60 bytes of pixels, got 50");
+    write_file("train-images-idx3-ubyte", s.img, s.img_len - 10, 0); /* also uncompressed */
+    unlink(in_dir("train-images-idx3-ubyte.gz"));
+    expect_load_error(TS_ECORRUPT, "truncated: expected 60 bytes of pixels, got 50");
+}
+
+static void test_truncated_labels(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 3, 4, 5);
+    write_file("train-images-idx3-ubyte", s.img, s.img_len, 1);
+    write_file("train-labels-idx1-ubyte", s.lab, s.lab_len - 1, 1);
+    expect_load_error(TS_ECORRUPT, "truncated: expected 3 bytes of labels, got 2");
+}
+
+/* A header claiming 10^8 images of 4096×4096 must fail as truncated, not by asking for
+ * petabytes. */
+static void test_lying_header(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 2, 2, 2);
+    put_be32(s.img + 4, TS_FMNIST_MAX_N);
+    put_be32(s.img + 8, TS_FMNIST_MAX_DIM);
+    put_be32(s.img + 12, TS_FMNIST_MAX_DIM);
+    put_be32(s.lab + 4, TS_FMNIST_MAX_N);
+    synth_write(&s, "train", 1);
+    expect_load_error(TS_ECORRUPT, "truncated: expected 100000000 bytes of labels, got 2");
+}
+
+static void test_count_mismatch(void **state) {
+    (void)state;
+    synth_t s, t;
+    synth_make(&s, 3, 2, 2);
+    synth_make(&t, 2, 2, 2);
+    write_file("train-images-idx3-ubyte", s.img, s.img_len, 1);
+    write_file("train-labels-idx1-ubyte", t.lab, t.lab_len, 1);
+    expect_load_error(TS_ECORRUPT, "holds 3 images but");
+    expect_load_error(TS_ECORRUPT, "holds 2 labels");
+}
+
+static void test_trailing_bytes(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 2, 3, 3);
+    memset(s.img + s.img_len, 0x55, 7);
+    write_file("train-images-idx3-ubyte", s.img, s.img_len + 7, 1);
+    write_file("train-labels-idx1-ubyte", s.lab, s.lab_len, 1);
+    expect_load_error(TS_ECORRUPT, "7 trailing bytes after the declared 18 bytes of pixels");
+
+    synth_make(&s, 2, 3, 3);
+    s.lab[s.lab_len] = 1;
+    write_file("train-images-idx3-ubyte", s.img, s.img_len, 0);
+    write_file("train-labels-idx1-ubyte", s.lab, s.lab_len + 1, 0);
+    unlink(in_dir("train-images-idx3-ubyte.gz"));
+    unlink(in_dir("train-labels-idx1-ubyte.gz"));
+    expect_load_error(TS_ECORRUPT, "1 trailing bytes after the declared 2 bytes of labels");
+}
+
+static void test_label_out_of_range(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 4, 2, 2);
+    s.lab[8 + 2] = 10;
+    synth_write(&s, "train", 1);
+    expect_load_error(TS_ECORRUPT, "label 10 of item 2 is out of range (classes are 0..9)");
+}
+
+static void test_dims_out_of_range(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 2, 2, 2);
+    put_be32(s.img + 8, 0);
+    synth_write(&s, "train", 1);
+    expect_load_error(TS_ECORRUPT, "image size 0×2 is out of range");
+
+    synth_make(&s, 2, 2, 2);
+    put_be32(s.img + 12, TS_FMNIST_MAX_DIM + 1);
+    synth_write(&s, "train", 1);
+    expect_load_error(TS_ECORRUPT, "image size 2×4097 is out of range");
+
+    synth_make(&s, 2, 2, 2);
+    put_be32(s.img + 4, 0);
+    put_be32(s.lab + 4, 0);
+    synth_write(&s, "train", 1);
+    expect_load_error(TS_ECORRUPT, "item count 0 is out of range");
+
+    put_be32(s.img + 4, TS_FMNIST_MAX_N + 1);
+    put_be32(s.lab + 4, TS_FMNIST_MAX_N + 1);
+    synth_write(&s, "train", 1);
+    expect_load_error(TS_ECORRUPT, "item count 100000001 is out of range");
+}
+
+/* Reads a whole file into a malloc'ed buffer. */
+static unsigned char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    unsigned char *buf = malloc(1 << 16);
+    assert_non_null(buf);
+    *len = fread(buf, 1, 1 << 16, f);
+    fclose(f);
+    return buf;
+}
+
+static void test_corrupt_gzip(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 20, 8, 8);
+    synth_write(&s, "train", 1);
+    size_t len;
+    unsigned char *gz = slurp(in_dir("train-images-idx3-ubyte.gz"), &len);
+    assert_true(len > 40);
+
+    /* the gzip stream cut short: its end (and CRC) never arrive */
+    write_file("train-images-idx3-ubyte.gz", gz, len / 2, 0);
+    expect_load_error(TS_ECORRUPT, "train-images-idx3-ubyte.gz");
+
+    /* a flipped bit in the CRC trailer: all pixels arrive, the stream's check fails */
+    gz[len - 6] ^= 0x01;
+    write_file("train-images-idx3-ubyte.gz", gz, len, 0);
+    expect_load_error(TS_ECORRUPT, "corrupt gzip data");
+    free(gz);
+}
+
+/* ---- subsets --------------------------------------------------------------------------- */
+
+static void test_subset(void **state) {
+    (void)state;
+    synth_t s;
+    synth_make(&s, 6, 3, 2);
+    synth_write(&s, "train", 1);
+    ts_dataset_t ds, sub;
+    CHECK_OK(ts_fmnist_load(g_dir, "train", &ds, err, sizeof err));
+
+    const int32_t idx[] = {4, 0, 4, 5};
+    CHECK_OK(ts_dataset_subset(&ds, idx, 4, &sub));
+    assert_int_equal(sub.n, 4);
+    assert_int_equal(sub.channels, 1);
+    assert_int_equal(sub.height, 3);
+    assert_int_equal(sub.width, 2);
+    assert_int_equal(sub.num_classes, 10);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(sub.labels[i], ds.labels[idx[i]]);
+        assert_memory_equal(sub.images + i * 6, ds.images + idx[i] * 6, 6 * sizeof(float));
+    }
+    assert_true(sub.images != ds.images); /* a copy */
+    ts_dataset_free(&sub);
+
+    CHECK_OK(ts_dataset_subset(&ds, NULL, 0, &sub)); /* empty */
+    assert_int_equal(sub.n, 0);
+    assert_null(sub.images);
+    assert_null(sub.labels);
+
+    const int32_t bad_hi[] = {0, 6};
+    const int32_t bad_lo[] = {-1};
+    memset(&sub, 0xab, sizeof sub);
+    CHECK_RC(ts_dataset_subset(&ds, bad_hi, 2, &sub), TS_ERANGE);
+    assert_null(sub.images);
+    CHECK_RC(ts_dataset_subset(&ds, bad_lo, 1, &sub), TS_ERANGE);
+    CHECK_RC(ts_dataset_subset(&ds, idx, -1, &sub), TS_EINVAL);
+    CHECK_RC(ts_dataset_subset(&ds, NULL, 2, &sub), TS_EINVAL);
+    CHECK_RC(ts_dataset_subset(NULL, idx, 1, &sub), TS_EINVAL);
+    CHECK_RC(ts_dataset_subset(&ds, idx, 1, NULL), TS_EINVAL);
+    CHECK_RC(ts_dataset_subset(&ds, idx, 1, &ds), TS_EINVAL);
+    assert_int_equal(ds.n, 6); /* untouched by the aliasing attempt */
+    ts_dataset_free(&ds);
+}
+
+/* ---- shard files ----------------------------------------------------------------------- */
+
+static int count_temp_files(void) {
+    DIR *d = opendir(g_dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strstr(e->d_name, ".tmp.") != NULL;
+    closedir(d);
+    return n;
+}
+
+static void test_shard_round_trip(void **state) {
+    (void)state;
+    const int32_t idx[] = {17, 0, 5, 59999, 3};
+    const char *path = in_dir("shard0.txt");
+    CHECK_OK(ts_shard_write(path, idx, 5, err, sizeof err));
+    int32_t *got;
+    int n;
+    CHECK_OK(ts_shard_read(path, &got, &n, 60000, err, sizeof err));
+    assert_int_equal(n, 5);
+    assert_memory_equal(got, idx, sizeof idx); /* file order is kept */
+    free(got);
+
+    /* overwriting replaces the file whole and leaves no temporary behind */
+    const int32_t idx2[] = {1, 2};
+    CHECK_OK(ts_shard_write(path, idx2, 2, err, sizeof err));
+    CHECK_OK(ts_shard_read(path, &got, &n, 3, err, sizeof err));
+    assert_int_equal(n, 2);
+    assert_memory_equal(got, idx2, sizeof idx2);
+    free(got);
+    assert_int_equal(count_temp_files(), 0);
+
+    /* the limit applies on reading: 59999 is out of range of a 10000-item split */
+    CHECK_OK(ts_shard_write(path, idx, 5, err, sizeof err));
+    CHECK_RC(ts_shard_read(path, &got, &n, 10000, err, sizeof err), TS_ERANGE);
+    CHECK_MSG(err, "index 59999 is out of range");
+
+    /* empty shard */
+    CHECK_OK(ts_shard_write(path, NULL, 0, err, sizeof err));
+    CHECK_OK(ts_shard_read(path, &got, &n, 10, err, sizeof err));
+    assert_int_equal(n, 0);
+    assert_null(got);
+}
+
+static void test_shard_write_refuses(void **state) {
+    (void)state;
+    const char *path = in_dir("bad.txt");
+    const int32_t dup[] = {3, 1, 3};
+    const int32_t neg[] = {3, -1};
+    CHECK_RC(ts_shard_write(path, dup, 3, err, sizeof err), TS_EINVAL);
+    CHECK_MSG(err, "index 3 appears twice");
+    CHECK_RC(ts_shard_write(path, neg, 2, err, sizeof err), TS_EINVAL);
+    CHECK_MSG(err, "negative");
+    CHECK_RC(ts_shard_write(path, NULL, 1, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_shard_write(NULL, dup, 1, err, sizeof err), TS_EINVAL);
+    assert_int_equal(access(path, F_OK), -1); /* nothing was written */
+    CHECK_RC(ts_shard_write(in_dir("no/such/folder.txt"), dup, 1, err, sizeof err), TS_EIO);
+    assert_int_equal(count_temp_files(), 0);
+}
+
+static void test_shard_comments_and_blanks(void **state) {
+    (void)state;
+    write_text("s.txt", "# shard 0 of 8\n\n  3  \n4 # four\r\n\t\n# 99\n7");
+    int32_t *got;
+    int n;
+    CHECK_OK(ts_shard_read(in_dir("s.txt"), &got, &n, 8, err, sizeof err));
+    assert_int_equal(n, 3);
+    assert_int_equal(got[0], 3);
+    assert_int_equal(got[1], 4);
+    assert_int_equal(got[2], 7);
+    free(got);
+}
+
+/* Each bad text must fail with code want and a message naming line `line`. */
+static void expect_shard_error(const char *text, int limit, int want, const char *needle) {
+    write_text("s.txt", text);
+    static int32_t sentinel;
+    int32_t *got = &sentinel; /* must be reset to NULL */
+    int n = 42;
+    err[0] = '\0';
+    CHECK_RC(ts_shard_read(in_dir("s.txt"), &got, &n, limit, err, sizeof err), want);
+    CHECK_MSG(err, needle);
+    assert_null(got);
+    assert_int_equal(n, 0);
+}
+
+static void test_shard_errors(void **state) {
+    (void)state;
+    expect_shard_error("1\n2\n\n1\n", 10, TS_ECORRUPT,
+                       "s.txt:4: index 1 appears twice (first on line 1)");
+    expect_shard_error("5\n0\n5\n0\n", 10, TS_ECORRUPT, ":3: index 5 appears twice");
+    expect_shard_error("1\n20\n", 20, TS_ERANGE, "s.txt:2: index 20 is out of range");
+    expect_shard_error("99999999999999999999999999\n", 20, TS_ERANGE,
+                       ":1: index 99999999999999999999999999 is out of range");
+    expect_shard_error("0\n", 0, TS_ERANGE, ":1: index 0 is out of range");
+    expect_shard_error("1\n2\nabc\n", 10, TS_ECORRUPT,
+                       "s.txt:3: expected one non-negative decimal index, got \"abc\"");
+    expect_shard_error("-1\n", 10, TS_ECORRUPT, ":1: expected");
+    expect_shard_error("+1\n", 10, TS_ECORRUPT, ":1: expected");
+    expect_shard_error("3x\n", 10, TS_ECORRUPT, ":1: expected");
+    expect_shard_error("1\n0x10\n", 100, TS_ECORRUPT, ":2: expected");
+    expect_shard_error("1 2\n", 10, TS_ECORRUPT, ":1: expected");
+    expect_shard_error("1.5\n", 10, TS_ECORRUPT, ":1: expected");
+
+    int32_t *got;
+    int n;
+    CHECK_RC(ts_shard_read(in_dir("absent.txt"), &got, &n, 10, err, sizeof err), TS_EIO);
+    CHECK_MSG(err, "absent.txt");
+    CHECK_RC(ts_shard_read(in_dir("s.txt"), &got, &n, -1, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_shard_read(in_dir("s.txt"), NULL, &n, 10, err, sizeof err), TS_EINVAL);
+}
+
+/* A long file of one repeated index is rejected quickly (the duplicate check is not
+ * quadratic) and names the second line. */
+static void test_shard_many_duplicates(void **state) {
+    (void)state;
+    const int lines = 200000;
+    char *text = malloc((size_t)lines * 2 + 1);
+    assert_non_null(text);
+    for (int i = 0; i < lines; i++) {
+        text[2 * i] = '0';
+        text[2 * i + 1] = '\n';
+    }
+    text[2 * lines] = '\0';
+    expect_shard_error(text, 1000000, TS_ECORRUPT, ":2: index 0 appears twice (first on line 1)");
+    free(text);
+}
+
+#define DIR_TEST(f) cmocka_unit_test_setup_teardown(f, setup_dir, teardown_dir)
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_real_train),
+        cmocka_unit_test(test_real_test),
+        DIR_TEST(test_synthetic_gz),
+        DIR_TEST(test_synthetic_uncompressed),
+        DIR_TEST(test_gz_preferred_over_uncompressed),
+        DIR_TEST(test_missing_files),
+        DIR_TEST(test_bad_arguments),
+        DIR_TEST(test_wrong_magic),
+        DIR_TEST(test_truncated_header),
+        DIR_TEST(test_truncated_pixels),
+        DIR_TEST(test_truncated_labels),
+        DIR_TEST(test_lying_header),
+        DIR_TEST(test_count_mismatch),
+        DIR_TEST(test_trailing_bytes),
+        DIR_TEST(test_label_out_of_range),
+        DIR_TEST(test_dims_out_of_range),
+        DIR_TEST(test_corrupt_gzip),
+        DIR_TEST(test_subset),
+        DIR_TEST(test_shard_round_trip),
+        DIR_TEST(test_shard_write_refuses),
+        DIR_TEST(test_shard_comments_and_blanks),
+        DIR_TEST(test_shard_errors),
+        DIR_TEST(test_shard_many_duplicates),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
