@@ -64,8 +64,7 @@ static int set_value(const char *prog, ts_arg_t *a, const char *v) {
             return bad_value(prog, a, v, "must not be empty");
         *(const char **)a->dest = v;
         return 0;
-    default:
-        return 2;
+    default: return 2;
     }
 }
 

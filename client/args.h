@@ -27,9 +27,9 @@ typedef struct ts_arg {
     void *dest;
     const char *meta; /* shown in help: "N", "FILE", ... */
     const char *help;
-    double min, max;  /* bounds for numbers (ignored when min == max == 0) */
+    double min, max; /* bounds for numbers (ignored when min == max == 0) */
     int required;
-    int seen;         /* set by the parser */
+    int seen; /* set by the parser */
 } ts_arg_t;
 
 /* Parses argv[1..argc) against the table (n entries). Returns 0 on success, 1 when --help was

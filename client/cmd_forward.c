@@ -18,8 +18,8 @@ static const ts_st_tensor_t *input(const ts_st_file_t *f, const char *name, int6
     if (!t)
         snprintf(err, errlen, "%s: no tensor '%s'", path, name);
     else if (t->numel != numel)
-        snprintf(err, errlen, "%s: tensor '%s' has %lld elements, the model needs %lld", path,
-                 name, (long long)t->numel, (long long)numel);
+        snprintf(err, errlen, "%s: tensor '%s' has %lld elements, the model needs %lld", path, name,
+                 (long long)t->numel, (long long)numel);
     else
         return t;
     return NULL;
@@ -34,8 +34,9 @@ int ts_cmd_forward(int argc, char **argv) {
         {"out", TS_ARG_STRING, &out, "FILE", "safetensors to write v into", 0, 0, 1},
         {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
     };
-    int pr = ts_args_parse("tessera forward", "One forward pass of an expert on tensors from a file.",
-                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
+    int pr =
+        ts_args_parse("tessera forward", "One forward pass of an expert on tensors from a file.",
+                      args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
     char err[512] = "";
@@ -99,7 +100,9 @@ int ts_cmd_forward(int argc, char **argv) {
     if (rc == TS_OK)
         rc = ts_dit_forward(&model, &xt, &tt, y, B, &v);
     if (rc == TS_OK) {
-        ts_st_entry_t e = {.name = "v", .dtype = TS_ST_F32, .ndim = 4,
+        ts_st_entry_t e = {.name = "v",
+                           .dtype = TS_ST_F32,
+                           .ndim = 4,
                            .shape = {B, c->in_channels, c->input_size, c->input_size},
                            .data = v.data};
         rc = ts_st_write(out, &e, 1, NULL, 0, err, sizeof err);

@@ -19,6 +19,7 @@
 #include "model/dit_io.h"
 #include "model/png.h"
 #include "model/sampler.h"
+#include "store/weights.h"
 
 #define SAMPLE_CHUNK 64 /* samples per model call (twice that with CFG) */
 
@@ -35,6 +36,26 @@ static int on_step(void *ctx, int step, int steps) {
     return 0;
 }
 
+/* --weights is a file, or else (when it is no file and looks like hex) a weights hash or a unique
+ * prefix of one in the store at data_dir. */
+static int open_weights(ts_dit_t *m, const char *weights, const char *data_dir, ts_engine_t *e,
+                        int max_batch, char *err, size_t errlen) {
+    size_t n = strlen(weights);
+    int hex = n >= TS_HASH_MIN_PREFIX && n < TS_HASH_HEX && access(weights, F_OK) != 0;
+    for (size_t i = 0; hex && i < n; i++)
+        hex = strchr("0123456789abcdefABCDEF", weights[i]) != NULL;
+    if (!hex)
+        return ts_dit_open(m, weights, e, max_batch, 0, err, errlen);
+    ts_store_t *s = NULL;
+    ts_store_opts_t so = {.dir = data_dir};
+    ts_hash_t h;
+    int rc = ts_store_open(&s, &so, err, errlen);
+    if (rc == TS_OK && (rc = ts_weights_resolve(s, weights, &h, err, errlen)) == TS_OK)
+        rc = ts_weights_open_dit(s, &h, e, max_batch, 0, m, err, errlen);
+    ts_store_close(s);
+    return rc;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -43,11 +64,13 @@ static double now_s(void) {
 
 int ts_cmd_sample(int argc, char **argv) {
     const char *weights = NULL, *out = NULL, *sampler = "heun", *cls = NULL, *out_tensor = NULL;
+    const char *data_dir = NULL;
     int n = 64, steps = 30, threads = 0, cols = 0, json = 0;
     float cfg = 1.0f;
     uint64_t seed = 0;
     ts_arg_t args[] = {
-        {"weights", TS_ARG_STRING, &weights, "FILE", "expert weights (.safetensors)", 0, 0, 1},
+        {"weights", TS_ARG_STRING, &weights, "FILE|HASH", "expert weights: a .safetensors file, or a weights hash (prefix) in the store", 0, 0, 1},
+        {"data-dir", TS_ARG_STRING, &data_dir, "DIR", "the store for --weights HASH (default $XDG_DATA_HOME/tessera)"},
         {"n", TS_ARG_INT, &n, "N", "number of samples (default 64)", 1, 100000},
         {"steps", TS_ARG_INT, &steps, "S", "integration steps (default 30)", 1, 10000},
         {"sampler", TS_ARG_STRING, &sampler, "NAME", "euler or heun (default heun)"},
@@ -76,8 +99,8 @@ int ts_cmd_sample(int argc, char **argv) {
     int chunk = n < SAMPLE_CHUNK ? n : SAMPLE_CHUNK;
     int rc = ts_engine_init(&eng, &eo);
     if (rc == TS_OK)
-        rc = ts_dit_open(&model, weights, &eng, cfg != 1.0f ? 2 * chunk : chunk, 0, err,
-                         sizeof err);
+        rc = open_weights(&model, weights, data_dir, &eng, cfg != 1.0f ? 2 * chunk : chunk, err,
+                          sizeof err);
     if (rc != TS_OK) {
         fprintf(stderr, "tessera sample: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
         ts_engine_free(&eng);

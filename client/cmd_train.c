@@ -3,9 +3,12 @@
  *
  * Prints a live progress line (step, loss, samples/s, ETA) on stderr — rewritten in place on a
  * terminal, one line per --log-every steps otherwise — and with --json one JSON object per log
- * line on stdout. Checkpoints go to --ckpt (default OUT.ckpt) every --ckpt-every steps and at the
- * end; --resume continues from it bit-identically. SIGINT/SIGTERM finish the current step, write
- * a checkpoint and stop. The output file holds the EMA weights, with the config in its metadata.
+ * line on stdout. Checkpoints go to the store (store/ckpt.h: the LMDB environment in --data-dir)
+ * under the run's name (--run, default the basename of --out) every --ckpt-every steps and at the
+ * end, keeping the newest --keep; each is written in one transaction, so a kill at any moment
+ * leaves the previous one intact. --resume continues from the newest bit-identically.
+ * SIGINT/SIGTERM finish the current step, write a checkpoint and stop (exit 130). The output file
+ * (--out) holds the EMA weights, with the config in its metadata.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -22,6 +25,8 @@
 #include "model/dit_io.h"
 #include "model/fmnist.h"
 #include "model/train.h"
+#include "store/ckpt.h"
+#include "store/store.h"
 
 static volatile sig_atomic_t g_stop; /* set by SIGINT/SIGTERM: stop after this step */
 
@@ -46,16 +51,17 @@ static void fmt_eta(double s, char *buf, size_t len) {
 }
 
 typedef struct {
-    const char *data_dir, *shard, *model, *out, *ckpt, *loss_log, *init;
+    const char *fmnist_dir, *shard, *model, *out, *loss_log, *init;
+    const char *store_dir, *run, *from_ckpt;
     int64_t steps;
-    int batch, threads, ckpt_every, log_every, resume, json, warmup, logit_normal;
+    int batch, threads, ckpt_every, keep, log_every, resume, json, warmup, logit_normal;
     float lr, wd, clip, ema, dropout;
     uint64_t seed;
 } train_opts_t;
 
 /* Loads the data set and applies the shard, if any. */
 static int load_data(const train_opts_t *o, ts_dataset_t *ds, char *err, size_t errlen) {
-    int rc = ts_fmnist_load(o->data_dir, "train", ds, err, errlen);
+    int rc = ts_fmnist_load(o->fmnist_dir, "train", ds, err, errlen);
     if (rc || !o->shard)
         return rc;
     int32_t *idx = NULL;
@@ -75,28 +81,106 @@ static int load_data(const train_opts_t *o, ts_dataset_t *ds, char *err, size_t 
     return rc;
 }
 
-static int save_outputs(ts_trainer_t *tr, const train_opts_t *o, float loss, char *err,
-                        size_t errlen) {
+/* The default run name: the basename of --out without its extension ("runs/tiny.safetensors"
+ * → "tiny"). */
+static void default_run(const char *out, char *buf, size_t len) {
+    const char *base = strrchr(out, '/');
+    base = base ? base + 1 : out;
+    snprintf(buf, len, "%s", base);
+    char *dot = strrchr(buf, '.');
+    if (dot && dot != buf)
+        *dot = '\0';
+}
+
+/* Remembers the newest step of a run (the list walks in step order). */
+static int note_step(void *ctx, const char *run_id, int64_t step, size_t len) {
+    (void)run_id, (void)len;
+    *(int64_t *)ctx = step;
+    return TS_OK;
+}
+
+/* Starts from a checkpoint: --from-ckpt FILE, else with --resume the run's newest in the store.
+ * Without --resume an existing run is started over (and says so). */
+static int start_point(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o, char *err,
+                       size_t errlen) {
+    if (o->from_ckpt) {
+        int rc = ts_trainer_load(tr, o->from_ckpt, err, errlen);
+        if (rc == TS_OK)
+            fprintf(stderr, "starting from checkpoint file %s at step %lld\n", o->from_ckpt,
+                    (long long)tr->step);
+        return rc;
+    }
+    if (!o->resume) {
+        int64_t newest = -1;
+        int rc = ts_ckpt_list(st, o->run, note_step, &newest);
+        if (rc != TS_OK) {
+            snprintf(err, errlen, "store %s: cannot list the checkpoints of run '%s'",
+                     ts_store_dir(st), o->run);
+            return rc;
+        }
+        if (newest >= 0)
+            fprintf(stderr, "run '%s' has checkpoints up to step %lld in %s; starting over at step "
+                            "0 (pass --resume to continue it); the new checkpoints replace them\n",
+                    o->run, (long long)newest, ts_store_dir(st));
+        return TS_OK;
+    }
+    int64_t step = 0;
+    unsigned char *blob = NULL;
+    size_t len = 0;
+    int rc = ts_ckpt_latest(st, o->run, &step, &blob, &len);
+    if (rc == TS_ENOTFOUND) {
+        fprintf(stderr, "no checkpoint of run '%s' in %s: starting at step 0\n", o->run,
+                ts_store_dir(st));
+        return TS_OK;
+    }
+    if (rc != TS_OK) {
+        snprintf(err, errlen, "store %s: cannot read the checkpoint of run '%s'",
+                 ts_store_dir(st), o->run);
+        return rc;
+    }
+    rc = ts_trainer_load_mem(tr, blob, len, err, errlen);
+    free(blob);
+    if (rc == TS_OK && tr->step != step) {
+        snprintf(err, errlen, "run '%s': the checkpoint stored as step %lld holds step %lld",
+                 o->run, (long long)step, (long long)tr->step);
+        rc = TS_ECORRUPT;
+    }
+    if (rc == TS_OK)
+        fprintf(stderr, "resuming run '%s' from step %lld (%s)\n", o->run, (long long)step,
+                ts_store_dir(st));
+    return rc;
+}
+
+/* A checkpoint into the store, then the EMA weights to --out. */
+static int save_outputs(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o, float loss,
+                        char *err, size_t errlen) {
     char steps[32], lossbuf[32];
     snprintf(steps, sizeof steps, "%lld", (long long)tr->step);
     snprintf(lossbuf, sizeof lossbuf, "%.6f", loss);
     const char *extra[] = {"objective", "velocity", "weights", "ema", "train_steps", steps,
                            "train_loss", lossbuf, "shard", o->shard ? o->shard : "all"};
-    int rc = ts_trainer_save(tr, o->ckpt, err, errlen);
+    unsigned char *blob = NULL;
+    size_t len = 0;
+    int rc = ts_trainer_save_mem(tr, &blob, &len, err, errlen);
+    if (rc == TS_OK && (rc = ts_ckpt_save(st, o->run, tr->step, blob, len, o->keep)) != TS_OK)
+        snprintf(err, errlen, "store %s: cannot save the checkpoint of run '%s' at step %lld "
+                              "(%zu bytes)",
+                 ts_store_dir(st), o->run, (long long)tr->step, len);
+    free(blob);
     if (rc == TS_OK)
         rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, TS_ST_F32, extra, 5, err, errlen);
     return rc;
 }
 
 int ts_cmd_train(int argc, char **argv) {
-    train_opts_t o = {.data_dir = TS_FMNIST_DEFAULT_DIR, .model = "tiny", .steps = 1000,
-                      .batch = 64, .ckpt_every = 500, .log_every = 50, .seed = 0};
+    train_opts_t o = {.fmnist_dir = TS_FMNIST_DEFAULT_DIR, .model = "tiny", .steps = 1000,
+                      .batch = 64, .ckpt_every = 500, .keep = 3, .log_every = 50, .seed = 0};
     ts_train_config_t tc;
     ts_train_config_default(&tc);
     o.lr = tc.lr, o.wd = tc.weight_decay, o.clip = tc.grad_clip, o.ema = tc.ema_decay;
     o.dropout = tc.label_dropout, o.warmup = tc.warmup;
     ts_arg_t args[] = {
-        {"data", TS_ARG_STRING, &o.data_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"data", TS_ARG_STRING, &o.fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"shard", TS_ARG_STRING, &o.shard, "FILE", "train only on these image indices (one per line)"},
         {"model", TS_ARG_STRING, &o.model, "NAME", "config: tiny, small, S/2, B/4, ... (default tiny)"},
         {"init", TS_ARG_STRING, &o.init, "FILE", "start from these weights instead of a fresh init"},
@@ -112,9 +196,12 @@ int ts_cmd_train(int argc, char **argv) {
         {"seed", TS_ARG_U64, &o.seed, "S", "seed of every random draw (default 0)"},
         {"threads", TS_ARG_INT, &o.threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"out", TS_ARG_STRING, &o.out, "FILE", "where to write the EMA weights (.safetensors)", 0, 0, 1},
-        {"ckpt", TS_ARG_STRING, &o.ckpt, "FILE", "checkpoint file (default OUT.ckpt)"},
+        {"data-dir", TS_ARG_STRING, &o.store_dir, "DIR", "the store that holds the checkpoints (default $XDG_DATA_HOME/tessera)"},
+        {"run", TS_ARG_STRING, &o.run, "NAME", "the run's name in the store (default: --out's basename without extension)"},
         {"ckpt-every", TS_ARG_INT, &o.ckpt_every, "N", "checkpoint every N steps (default 500)", 1, 1e9},
-        {"resume", TS_ARG_FLAG, &o.resume, NULL, "continue from the checkpoint if it exists"},
+        {"keep", TS_ARG_INT, &o.keep, "N", "checkpoints of the run kept in the store (default 3)", 1, 1e6},
+        {"resume", TS_ARG_FLAG, &o.resume, NULL, "continue from the run's newest checkpoint, if any"},
+        {"from-ckpt", TS_ARG_STRING, &o.from_ckpt, "FILE", "start from a checkpoint file (an earlier tessera's OUT.ckpt)"},
         {"log-every", TS_ARG_INT, &o.log_every, "N", "progress line every N steps (default 50)", 1, 1e9},
         {"loss-log", TS_ARG_STRING, &o.loss_log, "FILE", "append 'step loss grad_norm' per step to FILE"},
         {"json", TS_ARG_FLAG, &o.json, NULL, "JSON lines on stdout (progress and summary)"},
@@ -124,10 +211,15 @@ int ts_cmd_train(int argc, char **argv) {
                            args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
-    char ckpt_default[4096];
-    if (!o.ckpt) {
-        snprintf(ckpt_default, sizeof ckpt_default, "%s.ckpt", o.out);
-        o.ckpt = ckpt_default;
+    char run_default[TS_CKPT_RUN_MAX + 1];
+    if (!o.run) {
+        default_run(o.out, run_default, sizeof run_default);
+        o.run = run_default;
+    }
+    if (!o.run[0] || strlen(o.run) > TS_CKPT_RUN_MAX) {
+        fprintf(stderr, "tessera train: the run name must be 1..%d bytes (pass --run NAME)\n",
+                TS_CKPT_RUN_MAX);
+        return 2;
     }
     tc.batch = o.batch, tc.lr = o.lr, tc.warmup = o.warmup, tc.weight_decay = o.wd;
     tc.grad_clip = o.clip, tc.ema_decay = o.ema, tc.label_dropout = o.dropout;
@@ -139,7 +231,11 @@ int ts_cmd_train(int argc, char **argv) {
     ts_dit_t model = {0};
     ts_trainer_t tr = {0};
     FILE *loss_log = NULL;
-    int rc = load_data(&o, &ds, err, sizeof err);
+    ts_store_t *store = NULL;
+    ts_store_opts_t so = {.dir = o.store_dir};
+    int rc = ts_store_open(&store, &so, err, sizeof err);
+    if (rc == TS_OK)
+        rc = load_data(&o, &ds, err, sizeof err);
     ts_engine_opts_t eo = {TS_CPU, o.threads, 0};
     if (rc == TS_OK && (rc = ts_engine_init(&eng, &eo)) != TS_OK)
         snprintf(err, sizeof err, "cannot start the CPU engine");
@@ -160,15 +256,15 @@ int ts_cmd_train(int argc, char **argv) {
     }
     if (rc == TS_OK && (rc = ts_trainer_init(&tr, &model, &ds, &tc)) != TS_OK)
         snprintf(err, sizeof err, "cannot start training (batch %d, %d images)", o.batch, ds.n);
-    if (rc == TS_OK && o.resume && access(o.ckpt, F_OK) == 0) {
-        rc = ts_trainer_load(&tr, o.ckpt, err, sizeof err);
-        if (rc == TS_OK)
-            fprintf(stderr, "resuming from %s at step %lld\n", o.ckpt, (long long)tr.step);
-    }
+    if (rc == TS_OK)
+        rc = start_point(&tr, store, &o, err, sizeof err);
     if (rc == TS_OK && o.loss_log && !(loss_log = fopen(o.loss_log, "a"))) {
         snprintf(err, sizeof err, "cannot open loss log %s", o.loss_log);
         rc = TS_EIO;
     }
+    /* whole lines: a reader (or a kill) never sees half of one */
+    if (loss_log)
+        setvbuf(loss_log, NULL, _IOLBF, 0);
     if (rc != TS_OK) {
         fprintf(stderr, "tessera train: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
         goto done;
@@ -214,7 +310,7 @@ int ts_cmd_train(int argc, char **argv) {
             }
         }
         if (tr.step % o.ckpt_every == 0 && !last) {
-            if ((rc = save_outputs(&tr, &o, loss, err, sizeof err)) != TS_OK) {
+            if ((rc = save_outputs(&tr, store, &o, loss, err, sizeof err)) != TS_OK) {
                 fprintf(stderr, "\ntessera train: checkpoint: %s: %s\n", err, ts_strerror(rc));
                 goto done;
             }
@@ -222,19 +318,21 @@ int ts_cmd_train(int argc, char **argv) {
     }
     if (tty)
         fprintf(stderr, "\n");
-    if ((rc = save_outputs(&tr, &o, isnan(avg) ? loss : avg, err, sizeof err)) != TS_OK) {
+    if ((rc = save_outputs(&tr, store, &o, isnan(avg) ? loss : avg, err, sizeof err)) != TS_OK) {
         fprintf(stderr, "tessera train: %s: %s\n", err, ts_strerror(rc));
         goto done;
     }
     double secs = now_s() - t0;
     fprintf(stderr, "%s at step %lld: loss %.4f (avg %.4f), %.1f s, %.0f samples/s; weights → %s, "
-                    "checkpoint → %s\n",
+                    "checkpoint → run '%s' in %s\n",
             g_stop ? "stopped" : "done", (long long)tr.step, loss, avg, secs,
-            (double)(tr.step - first) * o.batch / (secs + 1e-9), o.out, o.ckpt);
+            (double)(tr.step - first) * o.batch / (secs + 1e-9), o.out, o.run,
+            ts_store_dir(store));
     if (o.json)
         printf("{\"done\":%s,\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"seconds\":%.2f,"
-               "\"out\":\"%s\",\"ckpt\":\"%s\"}\n",
-               g_stop ? "false" : "true", (long long)tr.step, loss, avg, secs, o.out, o.ckpt);
+               "\"out\":\"%s\",\"run\":\"%s\",\"data_dir\":\"%s\"}\n",
+               g_stop ? "false" : "true", (long long)tr.step, loss, avg, secs, o.out, o.run,
+               ts_store_dir(store));
     rc = g_stop ? 130 : 0;
 done:
     if (loss_log)
@@ -243,6 +341,7 @@ done:
     ts_dit_free(&model);
     ts_engine_free(&eng);
     ts_dataset_free(&ds);
+    ts_store_close(store);
     if (rc == 130)
         return 130;
     return rc == TS_OK ? 0 : 1;

@@ -8,5 +8,7 @@
 int ts_cmd_train(int argc, char **argv);
 int ts_cmd_sample(int argc, char **argv);
 int ts_cmd_forward(int argc, char **argv);
+int ts_cmd_store(int argc, char **argv);
+int ts_cmd_partition(int argc, char **argv);
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * main.c — the `tessera` command: parses the verb and hands over to it.
  *
- * Verbs today: `train`, `sample`, `forward` (client/cmd_*.c), `selfcheck` (client/selfcheck.c)
+ * Verbs today: `train`, `sample`, `forward`, `store`, `partition` (client/cmd_*.c), `selfcheck` (client/selfcheck.c)
  * and `bench gemm` (bench/gemm_bench.c, shared with the bench_gemm program). The network's
  * verbs (generate, status, pull, ...) arrive with the layers they need. Every verb takes --help; an unknown verb or option exits 2 with a message
  * naming it, a failed run exits 1.
@@ -25,6 +25,10 @@ static void usage(FILE *f) {
                "  train         train one DiT expert with flow matching on Fashion-MNIST (or a shard)\n"
                "  sample        generate images from one expert and write a PNG grid\n"
                "  forward       one forward pass of an expert on tensors from a file (parity, debug)\n"
+               "  store         the local weights store: ls, import, export, verify, gc, du, rm,\n"
+               "                pin, unpin, evict\n"
+               "  partition     cluster the train set into K shards (PCA + k-means++): the partition\n"
+               "                artifact, shard files and a table of the clusters' class mix\n"
                "  selfcheck     check the compute kernels against naive references (and a CUDA\n"
                "                device against the CPU, when one is present)\n"
                "  bench gemm    GEMM throughput of the DiT configs next to the sgemm peak\n"
@@ -80,6 +84,10 @@ int main(int argc, char **argv) {
         return ts_cmd_sample(argc - 1, argv + 1);
     if (strcmp(verb, "forward") == 0)
         return ts_cmd_forward(argc - 1, argv + 1);
+    if (strcmp(verb, "store") == 0)
+        return ts_cmd_store(argc - 1, argv + 1);
+    if (strcmp(verb, "partition") == 0)
+        return ts_cmd_partition(argc - 1, argv + 1);
     if (strcmp(verb, "selfcheck") == 0)
         return ts_cli_selfcheck(argc - 1, argv + 1);
     if (strcmp(verb, "bench") == 0)

@@ -25,6 +25,7 @@ tessera_require_pkg(CMOCKA    cmocka        libcmocka-dev)
 tessera_require_pkg(JANSSON   jansson       libjansson-dev)
 tessera_require_pkg(ZLIB      zlib          zlib1g-dev)
 tessera_require_pkg(PNG       libpng        libpng-dev)
+tessera_require_pkg(LAPACKE   lapacke       liblapacke-dev)
 
 find_program(PROTOC_C NAMES protoc-c protoc-gen-c)
 if(NOT PROTOC_C)

@@ -22,125 +22,123 @@
 extern "C" {
 #endif
 
-#define TS_BACKEND_FN(name, ...)                                                                 \
-    int ts_cpu_##name(ts_engine_t *e, __VA_ARGS__);                                              \
+/* The one list of backend ops: X(name, parameters after the engine), each under its comment.
+ * Expanded with TS_BACKEND_DECLARE below it declares ts_cpu_<name> and ts_cuda_<name>;
+ * kernels/cuda_stub.c expands it again to define the TS_ENODEV stubs, so a new op is added in
+ * exactly one place. (The table is aligned by hand: clang-format mangles comments in macros.) */
+/* clang-format off */
+#define TS_BACKEND_OPS(X)                                                                          \
+    /* p[0..bytes) = 0 */                                                                          \
+    X(memzero, void *p, size_t bytes)                                                              \
+    /* t[i] = v */                                                                                 \
+    X(fill, float *t, int64_t n, float v)                                                          \
+    /* y[i] += alpha·x[i] */                                                                       \
+    X(axpy, float *y, float alpha, const float *x, int64_t n)                                      \
+    /* t[i] *= alpha */                                                                            \
+    X(scale, float *t, float alpha, int64_t n)                                                     \
+    /* t[i] = alpha·t[i] + beta */                                                                 \
+    X(affine, float *t, float alpha, float beta, int64_t n)                                        \
+    /* out[i] = a[i] + b[i] (out may alias a or b) */                                              \
+    X(add, float *out, const float *a, const float *b, int64_t n)                                  \
+    /* out (rows, S) = x (rows, S) + b (S) (out may alias x) */                                    \
+    X(add_bcast_forward, float *out, const float *x, const float *b, int64_t rows, int64_t S)      \
+    /* dx (rows, S) += dout; db (S) += Σ_rows dout */                                              \
+    X(add_bcast_backward, float *dx, float *db, const float *dout, int64_t rows, int64_t S)        \
+    /* dst[i] = convert(src[i]) between F32/F16/BF16 (dst and src do not overlap) */               \
+    X(convert, void *dst, ts_dtype_t dst_dtype, const void *src, ts_dtype_t src_dtype, int64_t n)  \
+    /* *count = number of NaN/Inf values in t (F32/F16/BF16); *count is host memory */             \
+    X(count_nonfinite, const void *t, ts_dtype_t dtype, int64_t n, int64_t *count)                 \
+                                                                                                   \
+    /* Row-major strided-batched GEMM: for b < batch,                                              \
+     *   C_b (M, N) = alpha · op(A_b) · op(B_b) + beta · C_b,                                      \
+     * op(A_b) (M, K), op(B_b) (K, N); A_b = A + b·stride_a (likewise B, C); lda/ldb/ldc are the   \
+     * row strides of A, B, C as stored (A is (M, K) or, transposed, (K, M)). */                   \
+    X(gemm, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,                \
+      const float *A, int64_t lda, int64_t stride_a, const float *B, int64_t ldb,                  \
+      int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c, int64_t batch)        \
+                                                                                                   \
+    /* out, inp (rows, C); mean, rstd (rows), each may be NULL */                                  \
+    X(layernorm_forward, float *out, float *mean, float *rstd, const float *inp, int64_t rows,     \
+      int64_t C)                                                                                   \
+    /* dinp (rows, C) += ...; mean and rstd (from the forward) are required */                     \
+    X(layernorm_backward, float *dinp, const float *dout, const float *inp, const float *mean,     \
+      const float *rstd, int64_t rows, int64_t C)                                                  \
+    X(gelu_forward, float *out, const float *inp, int64_t n)                                       \
+    X(gelu_backward, float *dinp, const float *dout, const float *inp, int64_t n)                  \
+    X(silu_forward, float *out, const float *inp, int64_t n)                                       \
+    X(silu_backward, float *dinp, const float *dout, const float *inp, int64_t n)                  \
+    /* out, inp (rows, C), softmax over each row (out may alias inp) */                            \
+    X(softmax_forward, float *out, const float *inp, int64_t rows, int64_t C)                      \
+    /* dinp = (accumulate ? dinp : 0) + scale · softmax'(out)·dout, per row. With accumulate == 0, \
+     * dinp may alias dout. */                                                                     \
+    X(softmax_backward, float *dinp, const float *dout, const float *out, int64_t rows, int64_t C, \
+      float scale, int accumulate)                                                                 \
+                                                                                                   \
+    /* x, out (B, T, C); mod (B, M·C); chunk i of sample b is mod + b·M·C + i·C */                 \
+    X(modulate_forward, float *out, const float *x, const float *mod, int64_t B, int64_t T,        \
+      int64_t C, int64_t M, int shift_idx, int scale_idx)                                          \
+    /* dx (nullable) += ...; dmod (nullable) += ... */                                             \
+    X(modulate_backward, float *dx, float *dmod, const float *dout, const float *x,                \
+      const float *mod, int64_t B, int64_t T, int64_t C, int64_t M, int shift_idx, int scale_idx)  \
+    X(gate_residual_forward, float *out, const float *res, const float *y, const float *mod,       \
+      int64_t B, int64_t T, int64_t C, int64_t M, int gate_idx)                                    \
+    /* dres, dy, dmod each nullable */                                                             \
+    X(gate_residual_backward, float *dres, float *dy, float *dmod, const float *dout,              \
+      const float *y, const float *mod, int64_t B, int64_t T, int64_t C, int64_t M, int gate_idx)  \
+                                                                                                   \
+    /* out (B, D), t (B) */                                                                        \
+    X(timestep_embedding_forward, float *out, const float *t, int64_t B, int64_t D, float scale)   \
+    X(timestep_embedding_backward, float *dt, const float *dout, const float *t, int64_t B,        \
+      int64_t D, float scale)                                                                      \
+    /* out (B, D) = table[ids[b]]; ids already range-checked */                                    \
+    X(embedding_forward, float *out, const float *table, const int32_t *ids, int64_t B,            \
+      int64_t D)                                                                                   \
+    X(embedding_backward, float *dtable, const float *dout, const int32_t *ids, int64_t B,         \
+      int64_t D)                                                                                   \
+                                                                                                   \
+    /* img (B, C, H, W) ↔ tok (B, T, C·p·p), (c, py, px) order; backward accumulates */            \
+    X(patchify_forward, float *out, const float *img, int64_t B, int64_t C, int64_t H, int64_t W,  \
+      int64_t p)                                                                                   \
+    X(patchify_backward, float *dimg, const float *dout, int64_t B, int64_t C, int64_t H,          \
+      int64_t W, int64_t p)                                                                        \
+    /* tok (B, T, p·p·C), (py, px, c) order → img (B, C, H, W); backward accumulates */            \
+    X(unpatchify_forward, float *img, const float *tok, int64_t B, int64_t C, int64_t H,           \
+      int64_t W, int64_t p)                                                                        \
+    X(unpatchify_backward, float *dtok, const float *dimg, int64_t B, int64_t C, int64_t H,        \
+      int64_t W, int64_t p)                                                                        \
+                                                                                                   \
+    /* out[0] = Σ inp (device scalar) */                                                           \
+    X(sum, float *out, const float *inp, int64_t n)                                                \
+    /* out[0] = Σ inp² */                                                                          \
+    X(sumsq, float *out, const float *inp, int64_t n)                                              \
+    /* dinp[i] += scalar[0] · mult (scalar is a device pointer) */                                 \
+    X(add_scaled_scalar, float *dinp, const float *scalar, float mult, int64_t n)                  \
+    /* out (C) = Σ_rows inp (rows, C) */                                                           \
+    X(sum_rows, float *out, const float *inp, int64_t rows, int64_t C)                             \
+    /* loss[0] = mean((pred − target)²) */                                                         \
+    X(mse_forward, float *loss, const float *pred, const float *target, int64_t n)                 \
+    /* dpred += dloss · 2·(pred − target)/n */                                                     \
+    X(mse_backward, float *dpred, float dloss, const float *pred, const float *target, int64_t n)  \
+                                                                                                   \
+    /* xt, target, x0, eps (B, S); t (B): see ts_flow_interp. Outputs do not alias inputs. */      \
+    X(flow_interp, float *xt, float *target, const float *x0, const float *eps, const float *t,    \
+      int64_t B, int64_t S)                                                                        \
+                                                                                                   \
+    /* AdamW, see ts_adamw_elem; g = grad · grad_scale */                                          \
+    X(adamw, float *param, const float *grad, float *m, float *v, int64_t n, float lr,             \
+      float beta1, float beta2, float eps, float wd, float bc1, float sqrt_bc2, float grad_scale)  \
+    X(ema, float *ema, const float *param, int64_t n, float decay)                                 \
+                                                                                                   \
+    /* out[j] = stream element offset + j */                                                       \
+    X(rng_uniform, float *out, int64_t n, uint64_t seed, uint64_t offset)                          \
+    X(rng_normal, float *out, int64_t n, uint64_t seed, uint64_t offset)
+/* clang-format on */
+
+#define TS_BACKEND_DECLARE(name, ...)                                                              \
+    int ts_cpu_##name(ts_engine_t *e, __VA_ARGS__);                                                \
     int ts_cuda_##name(ts_engine_t *e, __VA_ARGS__);
-
-/* p[0..bytes) = 0 */
-TS_BACKEND_FN(memzero, void *p, size_t bytes)
-/* t[i] = v */
-TS_BACKEND_FN(fill, float *t, int64_t n, float v)
-/* y[i] += alpha·x[i] */
-TS_BACKEND_FN(axpy, float *y, float alpha, const float *x, int64_t n)
-/* t[i] *= alpha */
-TS_BACKEND_FN(scale, float *t, float alpha, int64_t n)
-/* t[i] = alpha·t[i] + beta */
-TS_BACKEND_FN(affine, float *t, float alpha, float beta, int64_t n)
-/* out[i] = a[i] + b[i] (out may alias a or b) */
-TS_BACKEND_FN(add, float *out, const float *a, const float *b, int64_t n)
-/* out (rows, S) = x (rows, S) + b (S) (out may alias x) */
-TS_BACKEND_FN(add_bcast_forward, float *out, const float *x, const float *b, int64_t rows,
-              int64_t S)
-/* dx (rows, S) += dout; db (S) += Σ_rows dout */
-TS_BACKEND_FN(add_bcast_backward, float *dx, float *db, const float *dout, int64_t rows,
-              int64_t S)
-/* dst[i] = convert(src[i]) between F32/F16/BF16 (dst and src do not overlap) */
-TS_BACKEND_FN(convert, void *dst, ts_dtype_t dst_dtype, const void *src, ts_dtype_t src_dtype,
-              int64_t n)
-/* *count = number of NaN/Inf values in t (F32/F16/BF16); *count is host memory */
-TS_BACKEND_FN(count_nonfinite, const void *t, ts_dtype_t dtype, int64_t n, int64_t *count)
-
-/* Row-major strided-batched GEMM: for b < batch,
- *   C_b (M, N) = alpha · op(A_b) · op(B_b) + beta · C_b,
- * op(A_b) (M, K), op(B_b) (K, N); A_b = A + b·stride_a (likewise B, C); lda/ldb/ldc are the
- * row strides of A, B, C as stored (A is (M, K) or, transposed, (K, M)). */
-TS_BACKEND_FN(gemm, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-              const float *A, int64_t lda, int64_t stride_a, const float *B, int64_t ldb,
-              int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c,
-              int64_t batch)
-
-/* out, inp (rows, C); mean, rstd (rows), each may be NULL */
-TS_BACKEND_FN(layernorm_forward, float *out, float *mean, float *rstd, const float *inp,
-              int64_t rows, int64_t C)
-/* dinp (rows, C) += ...; mean and rstd (from the forward) are required */
-TS_BACKEND_FN(layernorm_backward, float *dinp, const float *dout, const float *inp,
-              const float *mean, const float *rstd, int64_t rows, int64_t C)
-TS_BACKEND_FN(gelu_forward, float *out, const float *inp, int64_t n)
-TS_BACKEND_FN(gelu_backward, float *dinp, const float *dout, const float *inp, int64_t n)
-TS_BACKEND_FN(silu_forward, float *out, const float *inp, int64_t n)
-TS_BACKEND_FN(silu_backward, float *dinp, const float *dout, const float *inp, int64_t n)
-/* out, inp (rows, C), softmax over each row (out may alias inp) */
-TS_BACKEND_FN(softmax_forward, float *out, const float *inp, int64_t rows, int64_t C)
-/* dinp = (accumulate ? dinp : 0) + scale · softmax'(out)·dout, per row. With accumulate == 0,
- * dinp may alias dout. */
-TS_BACKEND_FN(softmax_backward, float *dinp, const float *dout, const float *out, int64_t rows,
-              int64_t C, float scale, int accumulate)
-
-/* x, out (B, T, C); mod (B, M·C); chunk i of sample b is mod + b·M·C + i·C */
-TS_BACKEND_FN(modulate_forward, float *out, const float *x, const float *mod, int64_t B,
-              int64_t T, int64_t C, int64_t M, int shift_idx, int scale_idx)
-/* dx (nullable) += ...; dmod (nullable) += ... */
-TS_BACKEND_FN(modulate_backward, float *dx, float *dmod, const float *dout, const float *x,
-              const float *mod, int64_t B, int64_t T, int64_t C, int64_t M, int shift_idx,
-              int scale_idx)
-TS_BACKEND_FN(gate_residual_forward, float *out, const float *res, const float *y,
-              const float *mod, int64_t B, int64_t T, int64_t C, int64_t M, int gate_idx)
-/* dres, dy, dmod each nullable */
-TS_BACKEND_FN(gate_residual_backward, float *dres, float *dy, float *dmod, const float *dout,
-              const float *y, const float *mod, int64_t B, int64_t T, int64_t C, int64_t M,
-              int gate_idx)
-
-/* out (B, D), t (B) */
-TS_BACKEND_FN(timestep_embedding_forward, float *out, const float *t, int64_t B, int64_t D,
-              float scale)
-TS_BACKEND_FN(timestep_embedding_backward, float *dt, const float *dout, const float *t,
-              int64_t B, int64_t D, float scale)
-/* out (B, D) = table[ids[b]]; ids already range-checked */
-TS_BACKEND_FN(embedding_forward, float *out, const float *table, const int32_t *ids, int64_t B,
-              int64_t D)
-TS_BACKEND_FN(embedding_backward, float *dtable, const float *dout, const int32_t *ids,
-              int64_t B, int64_t D)
-
-/* img (B, C, H, W) ↔ tok (B, T, C·p·p), (c, py, px) order; backward accumulates */
-TS_BACKEND_FN(patchify_forward, float *out, const float *img, int64_t B, int64_t C, int64_t H,
-              int64_t W, int64_t p)
-TS_BACKEND_FN(patchify_backward, float *dimg, const float *dout, int64_t B, int64_t C, int64_t H,
-              int64_t W, int64_t p)
-/* tok (B, T, p·p·C), (py, px, c) order → img (B, C, H, W); backward accumulates */
-TS_BACKEND_FN(unpatchify_forward, float *img, const float *tok, int64_t B, int64_t C, int64_t H,
-              int64_t W, int64_t p)
-TS_BACKEND_FN(unpatchify_backward, float *dtok, const float *dimg, int64_t B, int64_t C,
-              int64_t H, int64_t W, int64_t p)
-
-/* out[0] = Σ inp (device scalar) */
-TS_BACKEND_FN(sum, float *out, const float *inp, int64_t n)
-/* out[0] = Σ inp² */
-TS_BACKEND_FN(sumsq, float *out, const float *inp, int64_t n)
-/* dinp[i] += scalar[0] · mult (scalar is a device pointer) */
-TS_BACKEND_FN(add_scaled_scalar, float *dinp, const float *scalar, float mult, int64_t n)
-/* out (C) = Σ_rows inp (rows, C) */
-TS_BACKEND_FN(sum_rows, float *out, const float *inp, int64_t rows, int64_t C)
-/* loss[0] = mean((pred − target)²) */
-TS_BACKEND_FN(mse_forward, float *loss, const float *pred, const float *target, int64_t n)
-/* dpred += dloss · 2·(pred − target)/n */
-TS_BACKEND_FN(mse_backward, float *dpred, float dloss, const float *pred, const float *target,
-              int64_t n)
-
-/* xt, target, x0, eps (B, S); t (B): see ts_flow_interp. Outputs do not alias inputs. */
-TS_BACKEND_FN(flow_interp, float *xt, float *target, const float *x0, const float *eps,
-              const float *t, int64_t B, int64_t S)
-
-/* AdamW, see ts_adamw_elem; g = grad · grad_scale */
-TS_BACKEND_FN(adamw, float *param, const float *grad, float *m, float *v, int64_t n, float lr,
-              float beta1, float beta2, float eps, float wd, float bc1, float sqrt_bc2,
-              float grad_scale)
-TS_BACKEND_FN(ema, float *ema, const float *param, int64_t n, float decay)
-
-/* out[j] = stream element offset + j */
-TS_BACKEND_FN(rng_uniform, float *out, int64_t n, uint64_t seed, uint64_t offset)
-TS_BACKEND_FN(rng_normal, float *out, int64_t n, uint64_t seed, uint64_t offset)
-
-#undef TS_BACKEND_FN
+TS_BACKEND_OPS(TS_BACKEND_DECLARE)
+#undef TS_BACKEND_DECLARE
 
 /* ---- engine and memory hooks (not per-op) ---- */
 int ts_cpu_engine_init(ts_engine_t *e, int threads);

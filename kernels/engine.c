@@ -19,8 +19,7 @@ int ts_engine_init(ts_engine_t *e, const ts_engine_opts_t *opts) {
         if (opts->gpu < 0)
             return TS_EINVAL;
         return ts_cuda_engine_init(e, opts->gpu);
-    default:
-        return TS_EINVAL;
+    default: return TS_EINVAL;
     }
 }
 

@@ -22,14 +22,14 @@
 extern "C" {
 #endif
 
-typedef struct ts_pool ts_pool_t;   /* CPU worker pool (kernels/cpu/pool.c) */
+typedef struct ts_pool ts_pool_t;         /* CPU worker pool (kernels/cpu/pool.c) */
 typedef struct ts_cuda_ctx ts_cuda_ctx_t; /* cuBLAS handle + stream (kernels/cuda/) */
 
 typedef struct ts_engine {
     ts_device_t device;
-    int threads;        /* CPU: worker threads including the caller */
-    int gpu;            /* CUDA: device ordinal */
-    ts_pool_t *pool;    /* CPU only */
+    int threads;         /* CPU: worker threads including the caller */
+    int gpu;             /* CUDA: device ordinal */
+    ts_pool_t *pool;     /* CPU only */
     ts_cuda_ctx_t *cuda; /* CUDA only */
 } ts_engine_t;
 

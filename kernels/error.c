@@ -1,6 +1,9 @@
 /* error.c — words for tessera's error codes. */
 #include "kernels/error.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 const char *ts_strerror(int err) {
     switch (err) {
     case TS_OK: return "success";
@@ -17,6 +20,19 @@ const char *ts_strerror(int err) {
     case TS_ECORRUPT: return "data is malformed or corrupt";
     case TS_ERANGE: return "size or value out of range";
     case TS_ENOTSUP: return "operation not supported";
+    case TS_ENOTFOUND: return "not found";
+    case TS_ENOSPC: return "no space left on device";
+    case TS_EEXIST: return "already exists";
+    case TS_EBUSY: return "resource busy";
     default: return "unknown error";
     }
+}
+
+void ts_set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
 }

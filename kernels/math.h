@@ -123,8 +123,11 @@ TS_HD float ts_expf(float x) {
     x = x > 88.0f ? 88.0f : x;
     float kf = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
     float r = (x - kf * 0.693145752f) - kf * 1.42860677e-6f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f +
-              r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
+    float p =
+        1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f +
+                                            r * (4.1666668e-2f +
+                                                 r * (8.3333338e-3f +
+                                                      r * (1.3888889e-3f + r * 1.9841270e-4f))))));
     int32_t k = (int32_t)kf;
     return p * ts_bits_f32((uint32_t)(k + 127) << 23);
 }
@@ -283,15 +286,41 @@ TS_HD void ts_rng_sincos_2pi(float u, float *s, float *c) {
     float r = q - (float)k;
     float t = r * 1.57079632679f;
     float t2 = t * t;
-    float sn = t * (1.0f - t2 / 6.0f * (1.0f - t2 / 20.0f * (1.0f - t2 / 42.0f *
-               (1.0f - t2 / 72.0f * (1.0f - t2 / 110.0f * (1.0f - t2 / 156.0f))))));
-    float cs = 1.0f - t2 / 2.0f * (1.0f - t2 / 12.0f * (1.0f - t2 / 30.0f * (1.0f - t2 / 56.0f *
-               (1.0f - t2 / 90.0f * (1.0f - t2 / 132.0f * (1.0f - t2 / 182.0f))))));
+    float sn =
+        t *
+        (1.0f -
+         t2 / 6.0f *
+             (1.0f -
+              t2 / 20.0f *
+                  (1.0f - t2 / 42.0f *
+                              (1.0f - t2 / 72.0f * (1.0f - t2 / 110.0f * (1.0f - t2 / 156.0f))))));
+    float cs =
+        1.0f -
+        t2 / 2.0f *
+            (1.0f -
+             t2 / 12.0f *
+                 (1.0f -
+                  t2 / 30.0f *
+                      (1.0f -
+                       t2 / 56.0f *
+                           (1.0f - t2 / 90.0f * (1.0f - t2 / 132.0f * (1.0f - t2 / 182.0f))))));
     switch (k & 3) {
-    case 0: *s = sn; *c = cs; break;
-    case 1: *s = cs; *c = -sn; break;
-    case 2: *s = -sn; *c = -cs; break;
-    default: *s = -cs; *c = sn; break;
+    case 0:
+        *s = sn;
+        *c = cs;
+        break;
+    case 1:
+        *s = cs;
+        *c = -sn;
+        break;
+    case 2:
+        *s = -sn;
+        *c = -cs;
+        break;
+    default:
+        *s = -cs;
+        *c = sn;
+        break;
     }
 }
 

@@ -15,15 +15,15 @@
 
 #include "kernels/backend.h"
 
-#define TRY(expr)                                                                                \
-    do {                                                                                         \
-        int rc_ = (expr);                                                                        \
-        if (rc_ != TS_OK)                                                                        \
-            return rc_;                                                                          \
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_ != TS_OK)                                                                          \
+            return rc_;                                                                            \
     } while (0)
 
 /* Calls ts_cpu_<name> or ts_cuda_<name> for the engine's device. */
-#define DISPATCH(e, name, ...)                                                                   \
+#define DISPATCH(e, name, ...)                                                                     \
     ((e)->device == TS_CPU ? ts_cpu_##name((e), __VA_ARGS__) : ts_cuda_##name((e), __VA_ARGS__))
 
 #define F(t) ((float *)(t)->data)
@@ -174,8 +174,7 @@ int ts_convert(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *src) {
         return TS_EINVAL;
     if (dst->dtype == src->dtype)
         return ts_tensor_copy(dst, src);
-    return DISPATCH(e, convert, dst->data, dst->dtype, src->data, src->dtype,
-                    ts_tensor_numel(src));
+    return DISPATCH(e, convert, dst->data, dst->dtype, src->data, src->dtype, ts_tensor_numel(src));
 }
 
 int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t) {
@@ -211,9 +210,8 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
     return TS_OK;
 }
 
-int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight,
-                       ts_tensor_t *dbias, const ts_tensor_t *dout, const ts_tensor_t *inp,
-                       const ts_tensor_t *weight) {
+int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
+                       const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight) {
     TRY(check_engine(e));
     TRY(check_f32(e, dout));
     TRY(check_f32(e, inp));
@@ -227,8 +225,8 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight,
     int64_t M = ts_tensor_rows(inp);
     if (ts_tensor_cols(inp) != K || ts_tensor_cols(dout) != N || ts_tensor_rows(dout) != M)
         return TS_ESHAPE;
-    if ((dinp && ts_tensor_numel(dinp) != M * K) || (dweight && ts_tensor_numel(dweight) != N * K) ||
-        (dbias && ts_tensor_numel(dbias) != N))
+    if ((dinp && ts_tensor_numel(dinp) != M * K) ||
+        (dweight && ts_tensor_numel(dweight) != N * K) || (dbias && ts_tensor_numel(dbias) != N))
         return TS_ESHAPE;
     /* dinp (M, K) += dout (M, N) · weight (N, K) */
     if (dinp)
@@ -236,8 +234,8 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight,
                      K, 0, 1));
     /* dweight (N, K) += doutᵀ (N, M) · inp (M, K) */
     if (dweight)
-        TRY(DISPATCH(e, gemm, 1, 0, N, K, M, 1.0f, CF(dout), N, 0, CF(inp), K, 0, 1.0f,
-                     F(dweight), K, 0, 1));
+        TRY(DISPATCH(e, gemm, 1, 0, N, K, M, 1.0f, CF(dout), N, 0, CF(inp), K, 0, 1.0f, F(dweight),
+                     K, 0, 1));
     if (dbias)
         TRY(DISPATCH(e, add_bcast_backward, NULL, F(dbias), CF(dout), M, N));
     return TS_OK;
@@ -306,8 +304,8 @@ int ts_matmul_backward(ts_engine_t *e, ts_tensor_t *da, ts_tensor_t *db, const t
      * transposed, da = dAᵀ = alpha · B · dCᵀ; likewise for b. */
     if (da) {
         if (!trans_a) /* da (M, K) += dC (M, N) · op(b)ᵀ */
-            TRY(DISPATCH(e, gemm, 0, !trans_b, M, K, N, alpha, CF(dc), N, sc, CF(b), ldb, sb,
-                         1.0f, F(da), K, sa, d.batch));
+            TRY(DISPATCH(e, gemm, 0, !trans_b, M, K, N, alpha, CF(dc), N, sc, CF(b), ldb, sb, 1.0f,
+                         F(da), K, sa, d.batch));
         else /* da (K, M) += op(b) (K, N) · dCᵀ */
             TRY(DISPATCH(e, gemm, trans_b, 1, K, M, N, alpha, CF(b), ldb, sb, CF(dc), N, sc, 1.0f,
                          F(da), M, sa, d.batch));
@@ -360,8 +358,7 @@ int ts_layernorm_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *
     int64_t rows = ts_tensor_rows(inp), C = ts_tensor_cols(inp);
     TRY(check_rows(e, mean, rows));
     TRY(check_rows(e, rstd, rows));
-    return DISPATCH(e, layernorm_backward, F(dinp), CF(dout), CF(inp), CF(mean), CF(rstd), rows,
-                    C);
+    return DISPATCH(e, layernorm_backward, F(dinp), CF(dout), CF(inp), CF(mean), CF(rstd), rows, C);
 }
 
 /* Two or three F32 tensors on the engine with the same element count, all required: an
@@ -406,8 +403,7 @@ int ts_softmax_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp)
     TRY(check_same2(e, out, inp));
     if (ts_tensor_cols(out) != ts_tensor_cols(inp))
         return TS_ESHAPE;
-    return DISPATCH(e, softmax_forward, F(out), CF(inp), ts_tensor_rows(inp),
-                    ts_tensor_cols(inp));
+    return DISPATCH(e, softmax_forward, F(out), CF(inp), ts_tensor_rows(inp), ts_tensor_cols(inp));
 }
 
 int ts_softmax_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
@@ -444,8 +440,8 @@ static int attention_dims(const ts_tensor_t *qkv, const ts_tensor_t *out, const 
 /* For sample b, head h: Q, K, V are (T, hd) slices of qkv with row stride 3C, at column offsets
  * h·hd, C + h·hd, 2C + h·hd; the heads of one sample are a strided batch (stride hd). So no
  * permuted copies of q, k, v are ever made: the GEMMs read them in place. */
-int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
-                         const ts_tensor_t *qkv, int heads) {
+int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv,
+                         int heads) {
     TRY(check_engine(e));
     TRY(check_f32(e, out));
     TRY(check_f32(e, att));
@@ -466,15 +462,15 @@ int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
         const float *v = CF(qkv) + b * T * ld + 2 * C;
         const float *a = CF(att) + b * H * T * T;
         /* out[b, :, h·hd:(h+1)·hd] (T, hd) = att[b, h] (T, T) · V_h (T, hd) */
-        TRY(DISPATCH(e, gemm, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f, F(out) + b * T * C,
-                     C, hd, H));
+        TRY(DISPATCH(e, gemm, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
+                     F(out) + b * T * C, C, hd, H));
     }
     return TS_OK;
 }
 
 int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
-                          const ts_tensor_t *dout, const ts_tensor_t *qkv,
-                          const ts_tensor_t *att, int heads) {
+                          const ts_tensor_t *dout, const ts_tensor_t *qkv, const ts_tensor_t *att,
+                          int heads) {
     TRY(check_engine(e));
     TRY(check_f32(e, dqkv));
     TRY(check_f32(e, datt));
@@ -513,8 +509,7 @@ typedef struct {
 } ada_dims_t;
 
 /* x (B, T, C) and mod (B, M·C); chunk indices within [0, M). */
-static int ada_dims(const ts_tensor_t *x, const ts_tensor_t *mod, int i0, int i1,
-                    ada_dims_t *d) {
+static int ada_dims(const ts_tensor_t *x, const ts_tensor_t *mod, int i0, int i1, ada_dims_t *d) {
     if (x->ndim != 3 || mod->ndim != 2)
         return TS_ESHAPE;
     int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2];
@@ -574,9 +569,9 @@ int ts_gate_residual_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t
                     gate_idx);
 }
 
-int ts_gate_residual_backward(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy,
-                              ts_tensor_t *dmod, const ts_tensor_t *dout, const ts_tensor_t *y,
-                              const ts_tensor_t *mod, int gate_idx) {
+int ts_gate_residual_backward(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy, ts_tensor_t *dmod,
+                              const ts_tensor_t *dout, const ts_tensor_t *y, const ts_tensor_t *mod,
+                              int gate_idx) {
     TRY(check_engine(e));
     TRY(check_opt(e, dres));
     TRY(check_opt(e, dy));
@@ -725,15 +720,14 @@ static int patch_dims(const ts_tensor_t *img, const ts_tensor_t *tok, int p, img
     int64_t B = img->shape[0], C = img->shape[1], H = img->shape[2], W = img->shape[3];
     if (H % p != 0 || W % p != 0)
         return TS_ESHAPE;
-    if (tok->shape[0] != B || tok->shape[1] != (H / p) * (W / p) ||
-        tok->shape[2] != C * p * p)
+    if (tok->shape[0] != B || tok->shape[1] != (H / p) * (W / p) || tok->shape[2] != C * p * p)
         return TS_ESHAPE;
     *d = (img_dims_t){B, C, H, W};
     return TS_OK;
 }
 
-static int check_patch(const ts_engine_t *e, const ts_tensor_t *img, const ts_tensor_t *tok,
-                       int p, img_dims_t *d) {
+static int check_patch(const ts_engine_t *e, const ts_tensor_t *img, const ts_tensor_t *tok, int p,
+                       img_dims_t *d) {
     TRY(check_engine(e));
     TRY(check_f32(e, img));
     TRY(check_f32(e, tok));
@@ -821,8 +815,7 @@ int ts_mse_forward(ts_engine_t *e, ts_tensor_t *loss, const ts_tensor_t *pred,
 int ts_mse_backward(ts_engine_t *e, ts_tensor_t *dpred, float dloss, const ts_tensor_t *pred,
                     const ts_tensor_t *target) {
     TRY(check_same3(e, dpred, pred, target));
-    return DISPATCH(e, mse_backward, F(dpred), dloss, CF(pred), CF(target),
-                    ts_tensor_numel(pred));
+    return DISPATCH(e, mse_backward, F(dpred), dloss, CF(pred), CF(target), ts_tensor_numel(pred));
 }
 
 int ts_flow_interp(ts_engine_t *e, ts_tensor_t *xt, ts_tensor_t *target, const ts_tensor_t *x0,
@@ -854,8 +847,8 @@ int ts_adamw_step(ts_engine_t *e, ts_tensor_t *param, const ts_tensor_t *grad, t
     double bc1 = 1.0 - pow(hp->beta1, (double)step);
     double bc2 = 1.0 - pow(hp->beta2, (double)step);
     return DISPATCH(e, adamw, F(param), CF(grad), F(m), F(v), ts_tensor_numel(param), hp->lr,
-                    hp->beta1, hp->beta2, hp->eps, hp->weight_decay, (float)bc1,
-                    (float)sqrt(bc2), grad_scale);
+                    hp->beta1, hp->beta2, hp->eps, hp->weight_decay, (float)bc1, (float)sqrt(bc2),
+                    grad_scale);
 }
 
 int ts_ema_update(ts_engine_t *e, ts_tensor_t *ema, const ts_tensor_t *param, float decay) {

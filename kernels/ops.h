@@ -58,9 +58,8 @@ int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t);
 int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias);
 /* dinp (..., K) += dout · weight; dweight (N, K) += doutᵀ · inp; dbias (N) += Σ_rows dout. */
-int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight,
-                       ts_tensor_t *dbias, const ts_tensor_t *dout, const ts_tensor_t *inp,
-                       const ts_tensor_t *weight);
+int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
+                       const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight);
 
 /* c = alpha · op(a) · op(b) + beta · c, op(x) = x or xᵀ. 2-D tensors, or 3-D tensors with a
  * common leading batch dimension (a strided-batched GEMM, one product per batch entry). */
@@ -78,8 +77,7 @@ int ts_matmul_backward(ts_engine_t *e, ts_tensor_t *da, ts_tensor_t *db, const t
 int ts_layernorm_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *mean, ts_tensor_t *rstd,
                          const ts_tensor_t *inp);
 int ts_layernorm_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
-                          const ts_tensor_t *inp, const ts_tensor_t *mean,
-                          const ts_tensor_t *rstd);
+                          const ts_tensor_t *inp, const ts_tensor_t *mean, const ts_tensor_t *rstd);
 
 /* GELU, tanh form. out may alias inp. */
 int ts_gelu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
@@ -101,12 +99,12 @@ int ts_softmax_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *do
  * qkv (B, T, 3C), the last axis laid out (3, heads, head_dim) as DiT's attn.qkv;
  * out (B, T, C), heads concatenated; att (B, heads, T, T) the softmax weights, saved for
  * backward. Scale 1/sqrt(head_dim). */
-int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
-                         const ts_tensor_t *qkv, int heads);
+int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv,
+                         int heads);
 /* dqkv (B, T, 3C) += ...; datt (B, heads, T, T) is scratch (overwritten). */
 int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
-                          const ts_tensor_t *dout, const ts_tensor_t *qkv,
-                          const ts_tensor_t *att, int heads);
+                          const ts_tensor_t *dout, const ts_tensor_t *qkv, const ts_tensor_t *att,
+                          int heads);
 
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */
 /* mod (B, M·C) is the adaLN modulation output, read as M chunks of C (DiT's .chunk(M, dim=1));
@@ -124,9 +122,9 @@ int ts_modulate_backward(ts_engine_t *e, ts_tensor_t *dx, ts_tensor_t *dmod,
 int ts_gate_residual_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *res,
                              const ts_tensor_t *y, const ts_tensor_t *mod, int gate_idx);
 /* dres += dout; dy += gate · dout; dmod[gate] += Σ_T dout · y. */
-int ts_gate_residual_backward(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy,
-                              ts_tensor_t *dmod, const ts_tensor_t *dout, const ts_tensor_t *y,
-                              const ts_tensor_t *mod, int gate_idx);
+int ts_gate_residual_backward(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy, ts_tensor_t *dmod,
+                              const ts_tensor_t *dout, const ts_tensor_t *y, const ts_tensor_t *mod,
+                              int gate_idx);
 
 /* ---- embeddings ------------------------------------------------------------------------ */
 

@@ -19,11 +19,10 @@ extern "C" {
 void ts_ref_matmul(float *C, const float *A, int trans_a, const float *B, int trans_b, int64_t M,
                    int64_t N, int64_t K, float alpha, float beta);
 /* out (R, N) = inp (R, K) · weightᵀ (weight (N, K)) + bias (N, nullable) */
-void ts_ref_linear(float *out, const float *inp, const float *weight, const float *bias,
-                   int64_t R, int64_t K, int64_t N);
+void ts_ref_linear(float *out, const float *inp, const float *weight, const float *bias, int64_t R,
+                   int64_t K, int64_t N);
 /* out, inp (R, C); mean, rstd (R) nullable; eps 1e-6, no affine */
-void ts_ref_layernorm(float *out, float *mean, float *rstd, const float *inp, int64_t R,
-                      int64_t C);
+void ts_ref_layernorm(float *out, float *mean, float *rstd, const float *inp, int64_t R, int64_t C);
 void ts_ref_gelu(float *out, const float *inp, int64_t n);
 void ts_ref_silu(float *out, const float *inp, int64_t n);
 void ts_ref_softmax(float *out, const float *inp, int64_t R, int64_t C);
@@ -31,11 +30,11 @@ void ts_ref_softmax(float *out, const float *inp, int64_t R, int64_t C);
 void ts_ref_attention(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C,
                       int64_t H);
 /* out (B, T, C) = x · (1 + mod[b, scale_idx]) + mod[b, shift_idx], mod (B, M·C) */
-void ts_ref_modulate(float *out, const float *x, const float *mod, int64_t B, int64_t T,
-                     int64_t C, int64_t M, int shift_idx, int scale_idx);
+void ts_ref_modulate(float *out, const float *x, const float *mod, int64_t B, int64_t T, int64_t C,
+                     int64_t M, int shift_idx, int scale_idx);
 /* out (B, T, C) = res + mod[b, gate_idx] · y */
-void ts_ref_gate_residual(float *out, const float *res, const float *y, const float *mod,
-                          int64_t B, int64_t T, int64_t C, int64_t M, int gate_idx);
+void ts_ref_gate_residual(float *out, const float *res, const float *y, const float *mod, int64_t B,
+                          int64_t T, int64_t C, int64_t M, int gate_idx);
 /* out (B, D), t (B) */
 void ts_ref_timestep_embedding(float *out, const float *t, int64_t B, int64_t D, float scale);
 /* out (grid², D) */

@@ -204,8 +204,8 @@ int ts_tensor_slice(ts_tensor_t *out, const ts_tensor_t *src, int64_t start, int
     memcpy(shape, src->shape, sizeof shape);
     shape[0] = len;
     ts_tensor_t view;
-    set_meta(&view, (unsigned char *)src->data + (size_t)start * row_bytes, src->dtype,
-             src->device, src->ndim, shape, 0);
+    set_meta(&view, (unsigned char *)src->data + (size_t)start * row_bytes, src->dtype, src->device,
+             src->ndim, shape, 0);
     *out = view;
     return TS_OK;
 }

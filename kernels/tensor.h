@@ -31,19 +31,19 @@ typedef enum { TS_F32 = 0, TS_F16 = 1, TS_BF16 = 2, TS_I32 = 3 } ts_dtype_t;
 typedef enum { TS_CPU = 0, TS_CUDA = 1 } ts_device_t;
 
 typedef struct ts_tensor {
-    void *data;       /* NULL only for an empty tensor or a measuring-arena tensor */
+    void *data; /* NULL only for an empty tensor or a measuring-arena tensor */
     ts_dtype_t dtype;
     ts_device_t device;
-    int ndim;         /* 1..TS_MAX_DIMS */
+    int ndim; /* 1..TS_MAX_DIMS */
     int64_t shape[TS_MAX_DIMS];
-    int owns;         /* 1: ts_tensor_free releases data */
+    int owns; /* 1: ts_tensor_free releases data */
 } ts_tensor_t;
 
 /* A shape literal: ts_tensor_alloc(&t, TS_F32, TS_CPU, 2, TS_SHAPE(B, C)). */
 #define TS_SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
-size_t ts_dtype_size(ts_dtype_t dtype);        /* bytes per element; 0 for an unknown dtype */
-const char *ts_dtype_name(ts_dtype_t dtype);   /* "F32", "F16", "BF16", "I32", "?" */
+size_t ts_dtype_size(ts_dtype_t dtype);         /* bytes per element; 0 for an unknown dtype */
+const char *ts_dtype_name(ts_dtype_t dtype);    /* "F32", "F16", "BF16", "I32", "?" */
 const char *ts_device_name(ts_device_t device); /* "cpu", "cuda", "?" */
 
 int64_t ts_tensor_numel(const ts_tensor_t *t);

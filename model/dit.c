@@ -23,11 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(expr)                                                                                \
-    do {                                                                                         \
-        int rc_ = (expr);                                                                        \
-        if (rc_ != TS_OK)                                                                        \
-            return rc_;                                                                          \
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_ != TS_OK)                                                                          \
+            return rc_;                                                                            \
     } while (0)
 
 #define TS_DIT_MAX_DIM 8192
@@ -38,8 +38,8 @@
 int ts_dit_config_preset(const char *name, ts_dit_config_t *cfg) {
     if (!name || !cfg)
         return TS_EINVAL;
-    ts_dit_config_t c = {.input_size = 28, .in_channels = 1, .num_classes = 10, .mlp_ratio = 4,
-                         .freq_dim = 256};
+    ts_dit_config_t c = {
+        .input_size = 28, .in_channels = 1, .num_classes = 10, .mlp_ratio = 4, .freq_dim = 256};
     if (strcmp(name, "tiny") == 0) {
         c.hidden_size = 128, c.depth = 4, c.num_heads = 4, c.patch_size = 4;
     } else if (strcmp(name, "small") == 0) {
@@ -136,8 +136,8 @@ int ts_dit_param_table(const ts_dit_config_t *c, ts_dit_param_info_t **info, int
     rc |= table_add(&tb, "y_embedder.embedding_table.weight", TS_INIT_NORMAL002, 2,
                     c->num_classes + 1, h, 0, 0);
     for (int l = 0; l < c->depth; l++) {
-#define BLOCK(suffix, init, nd, a, b)                                                            \
-    snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);                                      \
+#define BLOCK(suffix, init, nd, a, b)                                                              \
+    snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);                                        \
     rc |= table_add(&tb, name, init, nd, a, b, 0, 0)
         BLOCK("attn.qkv.weight", TS_INIT_XAVIER, 2, 3 * h, h);
         BLOCK("attn.qkv.bias", TS_INIT_ZERO, 1, 3 * h, 0);
@@ -195,7 +195,7 @@ int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_para
     for (int l = 0; l < cfg->depth && rc == TS_OK; l++) {
         ts_dit_block_params_t *b = &blocks[l];
         ts_tensor_t *bt[10] = {&b->qkv_w, &b->qkv_b, &b->proj_w, &b->proj_b, &b->fc1_w,
-                               &b->fc1_b, &b->fc2_w, &b->fc2_b, &b->ada_w, &b->ada_b};
+                               &b->fc1_b, &b->fc2_w, &b->fc2_b,  &b->ada_w,  &b->ada_b};
         for (int i = 0; i < 10 && rc == TS_OK; i++)
             rc = view_of(slab, &info[7 + 10 * l + i], bt[i]);
     }
@@ -318,8 +318,7 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
     }
     int T = ts_dit_tokens(cfg);
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&m->pos_embed, TS_F32, e->device, 2,
-                             TS_SHAPE(T, cfg->hidden_size));
+        rc = ts_tensor_alloc(&m->pos_embed, TS_F32, e->device, 2, TS_SHAPE(T, cfg->hidden_size));
     if (rc == TS_OK)
         rc = ts_pos_embed_2d(e, &m->pos_embed, cfg->input_size / cfg->patch_size);
     if (rc == TS_OK)
@@ -442,8 +441,8 @@ static int stage_labels(ts_dit_t *m, const int32_t *y, int B, ts_tensor_t *ids) 
     return ts_tensor_copy(ids, &host);
 }
 
-int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
-                   int B, ts_tensor_t *v) {
+int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y, int B,
+                   ts_tensor_t *v) {
     if (!m || !x || !t || !y || !v || B < 1 || B > m->max_batch)
         return TS_EINVAL;
     const ts_dit_config_t *c = &m->cfg;
@@ -511,8 +510,8 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     ts_dit_block_acts_t *A = &m->acts.blocks[l];
     ts_dit_grad_acts_t *G = &m->gacts;
     int T = ts_dit_tokens(&m->cfg), H = m->cfg.num_heads;
-    ts_tensor_t *scratch[] = {&G->dmod, &G->dfc2, &G->dgelu, &G->dfc1, &G->dmod2, &G->dln2,
-                              &G->dproj, &G->datty, &G->dqkv, &G->dmod1, &G->dln1};
+    ts_tensor_t *scratch[] = {&G->dmod,  &G->dfc2,  &G->dgelu, &G->dfc1,  &G->dmod2, &G->dln2,
+                              &G->dproj, &G->datty, &G->dqkv,  &G->dmod1, &G->dln1};
     TRY(zero_rows(e, B, scratch, (int)(sizeof scratch / sizeof scratch[0])));
     ts_tensor_t dx = rows(&G->dx, B), dmod = rows(&G->dmod, B), dc_silu = rows(&G->dc_silu, B);
     ts_tensor_t dfc2 = rows(&G->dfc2, B), dgelu = rows(&G->dgelu, B), dfc1 = rows(&G->dfc1, B);
@@ -560,8 +559,8 @@ int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B) {
     ts_tensor_t out = rows(&A->out, B);
     if (!ts_tensor_same_shape(dv, &out))
         return TS_ESHAPE;
-    ts_tensor_t *scratch[] = {&G->dout_tok, &G->dfx, &G->dlnf, &G->dfmod, &G->dx, &G->dc_silu,
-                              &G->dc, &G->dt_s, &G->dt_h};
+    ts_tensor_t *scratch[] = {&G->dout_tok, &G->dfx, &G->dlnf, &G->dfmod, &G->dx,
+                              &G->dc_silu,  &G->dc,  &G->dt_s, &G->dt_h};
     TRY(zero_rows(e, B, scratch, (int)(sizeof scratch / sizeof scratch[0])));
     ts_tensor_t dout_tok = rows(&G->dout_tok, B), dfx = rows(&G->dfx, B);
     ts_tensor_t dlnf = rows(&G->dlnf, B), dfmod = rows(&G->dfmod, B), dx = rows(&G->dx, B);
@@ -602,8 +601,8 @@ double ts_dit_flops_per_sample(const ts_dit_config_t *c) {
     double T = ts_dit_tokens(c), h = c->hidden_size, r = (double)c->mlp_ratio * h;
     double F = (double)c->in_channels * c->patch_size * c->patch_size;
     double block = T * (h * 3 * h + h * h + 2 * h * r) /* qkv, proj, fc1, fc2 */
-                   + 2 * T * T * h                      /* QKᵀ and PV over all heads */
-                   + 6 * h * h;                         /* adaLN */
+                   + 2 * T * T * h                     /* QKᵀ and PV over all heads */
+                   + 6 * h * h;                        /* adaLN */
     double macs = T * F * h + c->freq_dim * h + h * h + c->depth * block + 2 * h * h + T * h * F;
     return 2.0 * macs;
 }

@@ -73,66 +73,66 @@ typedef struct ts_dit_param_info {
     int64_t shape[TS_MAX_DIMS]; /* as stored in a file (x_embedder.proj.weight is 4-D) */
     int64_t offset;             /* in elements, into the slab */
     int64_t numel;
-    int init;                   /* TS_INIT_* */
+    int init; /* TS_INIT_* */
 } ts_dit_param_info_t;
 
 enum { TS_INIT_ZERO = 0, TS_INIT_XAVIER = 1, TS_INIT_NORMAL002 = 2 };
 
 /* Activations of one forward pass, for up to max_batch samples (leading dimension). */
 typedef struct ts_dit_block_acts {
-    ts_tensor_t x_in;                 /* (B, T, h) residual stream entering the block */
-    ts_tensor_t mod;                  /* (B, 6h) adaLN output: shift/scale/gate ×2 */
+    ts_tensor_t x_in;                          /* (B, T, h) residual stream entering the block */
+    ts_tensor_t mod;                           /* (B, 6h) adaLN output: shift/scale/gate ×2 */
     ts_tensor_t ln1, ln1_mean, ln1_rstd, mod1; /* (B,T,h), (B·T), (B·T), (B,T,h) */
-    ts_tensor_t qkv;                  /* (B, T, 3h) */
-    ts_tensor_t att;                  /* (B, heads, T, T) */
-    ts_tensor_t atty;                 /* (B, T, h) attention output, heads concatenated */
-    ts_tensor_t proj;                 /* (B, T, h) */
-    ts_tensor_t x_mid;                /* (B, T, h) after the attention residual */
+    ts_tensor_t qkv;                           /* (B, T, 3h) */
+    ts_tensor_t att;                           /* (B, heads, T, T) */
+    ts_tensor_t atty;                          /* (B, T, h) attention output, heads concatenated */
+    ts_tensor_t proj;                          /* (B, T, h) */
+    ts_tensor_t x_mid;                         /* (B, T, h) after the attention residual */
     ts_tensor_t ln2, ln2_mean, ln2_rstd, mod2;
-    ts_tensor_t fc1, gelu;            /* (B, T, r·h) */
-    ts_tensor_t fc2;                  /* (B, T, h) */
-    ts_tensor_t x_out;                /* (B, T, h) after the MLP residual: the next x_in */
+    ts_tensor_t fc1, gelu; /* (B, T, r·h) */
+    ts_tensor_t fc2;       /* (B, T, h) */
+    ts_tensor_t x_out;     /* (B, T, h) after the MLP residual: the next x_in */
 } ts_dit_block_acts_t;
 
 typedef struct ts_dit_acts {
-    ts_tensor_t patches;              /* (B, T, C·p·p) */
-    ts_tensor_t x0;                   /* (B, T, h) embedded patches + positions */
-    ts_tensor_t tfreq;                /* (B, freq_dim) */
-    ts_tensor_t t_h, t_s, t_emb;      /* (B, h) */
-    ts_tensor_t y_emb;                /* (B, h) */
-    ts_tensor_t c, c_silu;            /* (B, h) conditioning, and SiLU(c) fed to every adaLN */
+    ts_tensor_t patches;         /* (B, T, C·p·p) */
+    ts_tensor_t x0;              /* (B, T, h) embedded patches + positions */
+    ts_tensor_t tfreq;           /* (B, freq_dim) */
+    ts_tensor_t t_h, t_s, t_emb; /* (B, h) */
+    ts_tensor_t y_emb;           /* (B, h) */
+    ts_tensor_t c, c_silu;       /* (B, h) conditioning, and SiLU(c) fed to every adaLN */
     ts_dit_block_acts_t *blocks;
-    ts_tensor_t x_final;              /* (B, T, h) the last block's output */
-    ts_tensor_t fmod;                 /* (B, 2h) */
+    ts_tensor_t x_final;                     /* (B, T, h) the last block's output */
+    ts_tensor_t fmod;                        /* (B, 2h) */
     ts_tensor_t lnf, lnf_mean, lnf_rstd, fx; /* (B,T,h), (B·T), (B·T), (B,T,h) */
-    ts_tensor_t out_tok;              /* (B, T, p·p·C) */
-    ts_tensor_t out;                  /* (B, C, H, W) the velocity */
+    ts_tensor_t out_tok;                     /* (B, T, p·p·C) */
+    ts_tensor_t out;                         /* (B, C, H, W) the velocity */
 } ts_dit_acts_t;
 
 /* Gradient scratch of the backward pass (one block's worth, reused for every block). */
 typedef struct ts_dit_grad_acts {
     ts_tensor_t dout_tok, dfx, dlnf, dfmod;
-    ts_tensor_t dx;                   /* (B, T, h) running gradient of the residual stream */
+    ts_tensor_t dx; /* (B, T, h) running gradient of the residual stream */
     ts_tensor_t dc_silu, dc, dt_s, dt_h;
     ts_tensor_t dmod, dfc2, dgelu, dfc1, dmod2, dln2, dproj, datty, dqkv, datt, dmod1, dln1;
 } ts_dit_grad_acts_t;
 
 typedef struct ts_dit {
     ts_dit_config_t cfg;
-    ts_engine_t *eng;            /* borrowed: must outlive the model */
+    ts_engine_t *eng; /* borrowed: must outlive the model */
     int max_batch;
-    int n_params;                /* entries in info */
+    int n_params; /* entries in info */
     ts_dit_param_info_t *info;
-    int64_t num_params;          /* total elements */
-    ts_tensor_t param_mem;       /* (num_params) */
-    ts_tensor_t grad_mem;        /* (num_params), empty unless training */
+    int64_t num_params;    /* total elements */
+    ts_tensor_t param_mem; /* (num_params) */
+    ts_tensor_t grad_mem;  /* (num_params), empty unless training */
     ts_dit_params_t params, grads;
-    ts_tensor_t pos_embed;       /* (T, h) fixed, not trained */
+    ts_tensor_t pos_embed; /* (T, h) fixed, not trained */
     ts_arena_t arena;
     ts_dit_acts_t acts;
     ts_dit_grad_acts_t gacts;
-    ts_tensor_t labels;          /* (max_batch) I32 staging for y */
-    ts_tensor_t tvals;           /* (max_batch) F32 staging for t */
+    ts_tensor_t labels; /* (max_batch) I32 staging for y */
+    ts_tensor_t tvals;  /* (max_batch) F32 staging for t */
     int trainable;
 } ts_dit_t;
 
@@ -160,8 +160,8 @@ int ts_dit_param_table(const ts_dit_config_t *cfg, ts_dit_param_info_t **info, i
 /* Forward for B ≤ max_batch samples. x (B, C, H, W) and t (B) are F32 tensors on the engine's
  * device; y is host memory (B labels, each in [0, num_classes]). The result is m->acts.out
  * sliced to B samples, written into *v (a view; valid until the next forward). */
-int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
-                   int B, ts_tensor_t *v);
+int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y, int B,
+                   ts_tensor_t *v);
 /* Backward of the last forward (same B) given dv (B, C, H, W) = dLoss/dv; accumulates into
  * m->grads. Requires trainable. */
 int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B);

@@ -38,23 +38,6 @@
 #define DIT_FORMAT "tessera-dit/1"
 #define DIT_POS_TOL 1e-5
 
-#if defined(__GNUC__)
-#define DIO_PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define DIO_PRINTF(a, b)
-#endif
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) DIO_PRINTF(3, 4);
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* Puts "'path': " in front of the sentence already in err. */
 static void prefix_path(char *err, size_t errlen, const char *path) {
     if (!err || errlen == 0)
@@ -63,7 +46,7 @@ static void prefix_path(char *err, size_t errlen, const char *path) {
     if (!was)
         return;
     strcpy(was, err);
-    set_err(err, errlen, "'%s': %s", path, was);
+    ts_set_err(err, errlen, "'%s': %s", path, was);
     free(was);
 }
 
@@ -129,14 +112,14 @@ static int parse_positive(const char *s, int *out) {
 
 int ts_dit_config_from_file(const ts_st_file_t *f, ts_dit_config_t *cfg, char *err, size_t errlen) {
     if (!f || !cfg) {
-        set_err(err, errlen, "ts_dit_config_from_file: invalid arguments");
+        ts_set_err(err, errlen, "ts_dit_config_from_file: invalid arguments");
         return TS_EINVAL;
     }
     const char *format = ts_st_meta(f, "format");
     if (format && strcmp(format, DIT_FORMAT) != 0) {
         char shown[100];
         shown_name(shown, 64, format);
-        set_err(err, errlen, "metadata 'format' is '%s', expected '%s'", shown, DIT_FORMAT);
+        ts_set_err(err, errlen, "metadata 'format' is '%s', expected '%s'", shown, DIT_FORMAT);
         return TS_ECORRUPT;
     }
     ts_dit_config_t c;
@@ -145,7 +128,7 @@ int ts_dit_config_from_file(const ts_st_file_t *f, ts_dit_config_t *cfg, char *e
         const char *key = config_keys[i].key, *val = ts_st_meta(f, key);
         if (!val) {
             if (!config_keys[i].fallback) {
-                set_err(err, errlen, "metadata has no '%s': not a DiT file, or an incomplete one",
+                ts_set_err(err, errlen, "metadata has no '%s': not a DiT file, or an incomplete one",
                         key);
                 return TS_ECORRUPT;
             }
@@ -153,7 +136,7 @@ int ts_dit_config_from_file(const ts_st_file_t *f, ts_dit_config_t *cfg, char *e
         } else if (!parse_positive(val, config_field(&c, i))) {
             char shown[100];
             shown_name(shown, 40, val);
-            set_err(err, errlen,
+            ts_set_err(err, errlen,
                     "metadata '%s' is '%s', expected a decimal integer in [1, 2147483647] "
                     "(digits only)",
                     key, shown);
@@ -162,7 +145,7 @@ int ts_dit_config_from_file(const ts_st_file_t *f, ts_dit_config_t *cfg, char *e
     }
     int rc = ts_dit_config_check(&c);
     if (rc != TS_OK) {
-        set_err(err, errlen,
+        ts_set_err(err, errlen,
                 "the config in the metadata is not a valid DiT (input_size %d, patch_size %d, "
                 "in_channels %d, hidden_size %d, depth %d, num_heads %d, num_classes %d, "
                 "mlp_ratio %d, freq_dim %d): %s",
@@ -193,7 +176,7 @@ static int same_shape(const ts_st_tensor_t *t, int ndim, const int64_t *shape) {
 static int check_tensor(const ts_st_tensor_t *t, int ndim, const int64_t *shape, char *err,
                         size_t errlen) {
     if (!is_float_dtype(t->dtype)) {
-        set_err(err, errlen, "tensor '%s': dtype %s, expected F32, F16 or BF16", t->name,
+        ts_set_err(err, errlen, "tensor '%s': dtype %s, expected F32, F16 or BF16", t->name,
                 ts_st_dtype_name(t->dtype));
         return TS_ECORRUPT;
     }
@@ -201,7 +184,7 @@ static int check_tensor(const ts_st_tensor_t *t, int ndim, const int64_t *shape,
         char have[200], want[200];
         shape_str(have, sizeof have, t->ndim, t->shape);
         shape_str(want, sizeof want, ndim, shape);
-        set_err(err, errlen, "tensor '%s': shape %s in the file, the model needs %s", t->name, have,
+        ts_set_err(err, errlen, "tensor '%s': shape %s in the file, the model needs %s", t->name, have,
                 want);
         return TS_ECORRUPT;
     }
@@ -230,7 +213,7 @@ static int check_pos_embed(const ts_dit_t *m, const ts_st_tensor_t *t, char *err
     if (rc == TS_OK)
         rc = ts_tensor_copy(&host, &m->pos_embed);
     if (rc != TS_OK) {
-        set_err(err, errlen, "pos_embed: cannot compare it with the model's table: %s",
+        ts_set_err(err, errlen, "pos_embed: cannot compare it with the model's table: %s",
                 ts_strerror(rc));
     } else {
         double rel = t->dtype == TS_ST_F16 ? 0x1p-11 : t->dtype == TS_ST_BF16 ? 0x1p-8 : 0.0;
@@ -238,7 +221,7 @@ static int check_pos_embed(const ts_dit_t *m, const ts_st_tensor_t *t, char *err
             double d = fabs((double)file[i] - (double)ours[i]);
             double tol = DIT_POS_TOL + rel * fabs((double)ours[i]);
             if (!(d <= tol)) { /* NaN fails too */
-                set_err(err, errlen,
+                ts_set_err(err, errlen,
                         "pos_embed differs from the model's fixed sin-cos table at element %lld: "
                         "%g in the file, %g expected (tolerance %g)",
                         (long long)i, (double)file[i], (double)ours[i], tol);
@@ -262,7 +245,7 @@ static int load_check_structure(const ts_dit_t *m, const ts_st_file_t *f, int64_
         if (strcmp(name, "pos_embed") != 0 && !is_param(m, name)) {
             char shown[100];
             shown_name(shown, sizeof shown, name);
-            set_err(err, errlen, "unknown tensor '%s': not a parameter of this DiT", shown);
+            ts_set_err(err, errlen, "unknown tensor '%s': not a parameter of this DiT", shown);
             return TS_ECORRUPT;
         }
     }
@@ -271,7 +254,7 @@ static int load_check_structure(const ts_dit_t *m, const ts_st_file_t *f, int64_
         const ts_dit_param_info_t *pi = &m->info[i];
         const ts_st_tensor_t *t = ts_st_find(f, pi->name);
         if (!t) {
-            set_err(err, errlen, "missing tensor '%s'", pi->name);
+            ts_set_err(err, errlen, "missing tensor '%s'", pi->name);
             return TS_ECORRUPT;
         }
         int rc = check_tensor(t, pi->ndim, pi->shape, err, errlen);
@@ -287,7 +270,7 @@ static int load_check_structure(const ts_dit_t *m, const ts_st_file_t *f, int64_
 int ts_dit_load(ts_dit_t *m, const ts_st_file_t *f, char *err, size_t errlen) {
     if (!m || !f || !m->info || ts_tensor_check(&m->param_mem) || m->param_mem.dtype != TS_F32 ||
         ts_tensor_numel(&m->param_mem) < m->num_params) {
-        set_err(err, errlen, "ts_dit_load: invalid arguments (no model, or no file)");
+        ts_set_err(err, errlen, "ts_dit_load: invalid arguments (no model, or no file)");
         return TS_EINVAL;
     }
     int64_t max_numel;
@@ -296,7 +279,7 @@ int ts_dit_load(ts_dit_t *m, const ts_st_file_t *f, char *err, size_t errlen) {
         return rc;
     float *host = malloc((size_t)(max_numel > 0 ? max_numel : 1) * sizeof *host);
     if (!host) {
-        set_err(err, errlen, "out of memory loading the weights");
+        ts_set_err(err, errlen, "out of memory loading the weights");
         return TS_ENOMEM;
     }
     for (int i = 0; i < m->n_params && rc == TS_OK; i++) {
@@ -304,12 +287,12 @@ int ts_dit_load(ts_dit_t *m, const ts_st_file_t *f, char *err, size_t errlen) {
         const ts_st_tensor_t *t = ts_st_find(f, pi->name);
         rc = ts_st_to_f32(t, host, pi->numel);
         if (rc) {
-            set_err(err, errlen, "tensor '%s': cannot convert it: %s", pi->name, ts_strerror(rc));
+            ts_set_err(err, errlen, "tensor '%s': cannot convert it: %s", pi->name, ts_strerror(rc));
             break;
         }
         for (int64_t j = 0; j < pi->numel; j++)
             if (!ts_isfinite_f32(host[j])) {
-                set_err(err, errlen, "tensor '%s' holds a non-finite value (%g) at element %lld",
+                ts_set_err(err, errlen, "tensor '%s' holds a non-finite value (%g) at element %lld",
                         pi->name, (double)host[j], (long long)j);
                 rc = TS_ECORRUPT;
                 break;
@@ -323,7 +306,7 @@ int ts_dit_load(ts_dit_t *m, const ts_st_file_t *f, char *err, size_t errlen) {
         if (rc == TS_OK)
             rc = ts_tensor_copy(&dst, &src);
         if (rc != TS_OK && rc != TS_ECORRUPT)
-            set_err(err, errlen, "tensor '%s': copying it into the model failed: %s", pi->name,
+            ts_set_err(err, errlen, "tensor '%s': copying it into the model failed: %s", pi->name,
                     ts_strerror(rc));
     }
     free(host);
@@ -335,7 +318,7 @@ int ts_dit_open(ts_dit_t *m, const char *path, ts_engine_t *e, int max_batch, in
     if (!m || !path || !e) {
         if (m)
             memset(m, 0, sizeof *m);
-        set_err(err, errlen, "ts_dit_open: invalid arguments");
+        ts_set_err(err, errlen, "ts_dit_open: invalid arguments");
         return TS_EINVAL;
     }
     memset(m, 0, sizeof *m);
@@ -348,13 +331,35 @@ int ts_dit_open(ts_dit_t *m, const char *path, ts_engine_t *e, int max_batch, in
     if (rc == TS_OK) {
         rc = ts_dit_create(m, &cfg, e, max_batch, trainable);
         if (rc)
-            set_err(err, errlen, "cannot build a DiT for this file's config: %s", ts_strerror(rc));
+            ts_set_err(err, errlen, "cannot build a DiT for this file's config: %s", ts_strerror(rc));
         else if ((rc = ts_dit_load(m, &f, err, errlen)) != TS_OK)
             ts_dit_free(m);
     }
     if (rc)
         prefix_path(err, errlen, path);
     ts_st_free(&f);
+    return rc;
+}
+
+int ts_dit_open_file(ts_dit_t *m, const ts_st_file_t *f, ts_engine_t *e, int max_batch,
+                     int trainable, char *err, size_t errlen) {
+    if (m)
+        memset(m, 0, sizeof *m);
+    if (!m || !f || !e) {
+        ts_set_err(err, errlen, "ts_dit_open_file: invalid arguments");
+        return TS_EINVAL;
+    }
+    ts_dit_config_t cfg;
+    int rc = ts_dit_config_from_file(f, &cfg, err, errlen);
+    if (rc)
+        return rc;
+    rc = ts_dit_create(m, &cfg, e, max_batch, trainable);
+    if (rc) {
+        ts_set_err(err, errlen, "cannot build a DiT for this file's config: %s", ts_strerror(rc));
+        return rc;
+    }
+    if ((rc = ts_dit_load(m, f, err, errlen)) != TS_OK)
+        ts_dit_free(m); /* leaves *m empty */
     return rc;
 }
 
@@ -415,16 +420,16 @@ static int to_host(float *host, const ts_tensor_t *src, int64_t count) {
 int ts_dit_save(const ts_dit_t *m, const ts_tensor_t *slab, const char *path, ts_st_dtype_t dtype,
                 const char *const *extra, int n_extra, char *err, size_t errlen) {
     if (!m || !m->info || !slab || !path || n_extra < 0 || (n_extra > 0 && !extra)) {
-        set_err(err, errlen, "ts_dit_save: invalid arguments");
+        ts_set_err(err, errlen, "ts_dit_save: invalid arguments");
         return TS_EINVAL;
     }
     if (dtype != TS_ST_F32 && dtype != TS_ST_F16 && dtype != TS_ST_BF16) {
-        set_err(err, errlen, "ts_dit_save: dtype %s, expected F32, F16 or BF16",
+        ts_set_err(err, errlen, "ts_dit_save: dtype %s, expected F32, F16 or BF16",
                 ts_st_dtype_name(dtype));
         return TS_EINVAL;
     }
     if (ts_tensor_check(slab) || slab->dtype != TS_F32 || ts_tensor_numel(slab) < m->num_params) {
-        set_err(err, errlen,
+        ts_set_err(err, errlen,
                 "ts_dit_save: the slab is not an F32 tensor of at least %lld "
                 "elements (the model's layout)",
                 (long long)m->num_params);
@@ -432,7 +437,7 @@ int ts_dit_save(const ts_dit_t *m, const ts_tensor_t *slab, const char *path, ts
     }
     for (int i = 0; i < n_extra; i++)
         if (extra[2 * i] && is_reserved_key(extra[2 * i])) {
-            set_err(err, errlen, "extra metadata key '%s' is reserved for the config",
+            ts_set_err(err, errlen, "extra metadata key '%s' is reserved for the config",
                     extra[2 * i]);
             return TS_EINVAL;
         }
@@ -446,10 +451,10 @@ int ts_dit_save(const ts_dit_t *m, const ts_tensor_t *slab, const char *path, ts
     char values[N_CONFIG_KEYS][16];
     int rc = (!params || !pos || !entries || !meta) ? TS_ENOMEM : TS_OK;
     if (rc)
-        set_err(err, errlen, "out of memory saving the weights");
+        ts_set_err(err, errlen, "out of memory saving the weights");
     if (rc == TS_OK && ((rc = to_host(params, slab, m->num_params)) != TS_OK ||
                         (rc = to_host(pos, &m->pos_embed, T * h)) != TS_OK))
-        set_err(err, errlen, "copying the weights to the host failed: %s", ts_strerror(rc));
+        ts_set_err(err, errlen, "copying the weights to the host failed: %s", ts_strerror(rc));
 
     size_t es = ts_st_dtype_size(dtype);
     for (int i = 0; i < m->n_params && rc == TS_OK; i++) {
@@ -457,7 +462,7 @@ int ts_dit_save(const ts_dit_t *m, const ts_tensor_t *slab, const char *path, ts
         int64_t bad = 0;
         rc = encode_in_place(params, pi->offset, pi->numel, dtype, &bad);
         if (rc)
-            set_err(err, errlen, "tensor '%s': element %lld %s", pi->name, (long long)bad,
+            ts_set_err(err, errlen, "tensor '%s': element %lld %s", pi->name, (long long)bad,
                     rc == TS_ENONFINITE ? "is not finite (NaN or Inf); refusing to save it"
                                         : "is too large for F16");
         ts_st_entry_t *e = &entries[i];
@@ -472,7 +477,7 @@ int ts_dit_save(const ts_dit_t *m, const ts_tensor_t *slab, const char *path, ts
         int64_t bad = 0;
         rc = encode_in_place(pos, 0, T * h, dtype, &bad); /* values in [−1, 1]: cannot fail */
         if (rc)
-            set_err(err, errlen, "pos_embed: element %lld cannot be saved", (long long)bad);
+            ts_set_err(err, errlen, "pos_embed: element %lld cannot be saved", (long long)bad);
         entries[n - 1] = (ts_st_entry_t){
             .name = "pos_embed", .dtype = dtype, .ndim = 3, .shape = {1, T, h}, .data = pos};
     }

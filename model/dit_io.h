@@ -33,6 +33,11 @@ int ts_dit_load(ts_dit_t *m, const ts_st_file_t *f, char *err, size_t errlen);
 int ts_dit_open(ts_dit_t *m, const char *path, ts_engine_t *e, int max_batch, int trainable,
                 char *err, size_t errlen);
 
+/* The same for a file already parsed (e.g. reassembled from the store): builds *m for f's config
+ * and loads the weights; f stays the caller's. On failure *m is empty and err says why. */
+int ts_dit_open_file(ts_dit_t *m, const ts_st_file_t *f, ts_engine_t *e, int max_batch,
+                     int trainable, char *err, size_t errlen);
+
 /* Writes slab (the model's param_mem, or any slab of the same layout such as the EMA copy) as a
  * safetensors file in dtype (TS_ST_F32, TS_ST_F16 or TS_ST_BF16) with the config metadata and
  * n_extra extra key/value pairs (extra[2i], extra[2i+1]). Atomic (ts_st_write). */

@@ -22,9 +22,11 @@
  * from the file are quoted with control characters masked and long names cut.
  *
  * Writing. The header is built with jansson in the caller's order ("__metadata__" first),
- * padded with spaces to a multiple of 8 bytes, and the file goes to `<path>.tmp.<pid>` in the
- * same directory, is flushed and fsync'd, then renamed over path (and the directory fsync'd,
- * best effort). On any error the temporary file is removed and path is untouched.
+ * padded with spaces to a multiple of 8 bytes by encode_header, the one encoder of the framing:
+ * ts_st_serialize appends the tensors to it in memory, ts_st_write streams them after it. The
+ * file goes to `<path>.tmp.<pid>` in the same directory, is flushed and fsync'd, then renamed
+ * over path (and the directory fsync'd, best effort). On any error the temporary file is
+ * removed and path is untouched.
  *
  * What it is not: a memory-mapping or streaming reader, or a converter between dtypes beyond the
  * two host helpers ts_st_to_f32 / ts_st_to_i64.
@@ -53,24 +55,7 @@
 #define ST_NAME_SHOWN 96                /* characters of a name quoted in a message */
 #define ST_SHAPE_TEXT (TS_ST_MAX_DIMS * 22 + 3)
 
-#if defined(__GNUC__)
-#define ST_PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define ST_PRINTF(a, b)
-#endif
-
 /* ---- messages --------------------------------------------------------------------------- */
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) ST_PRINTF(3, 4);
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* A name from the file, fit for a message: control characters masked, long names cut. */
 typedef struct {
@@ -223,25 +208,25 @@ static int json_uint(const json_t *v, int64_t max, int64_t *out) {
 
 static int parse_metadata(ts_st_file_t *f, const json_t *obj, char *err, size_t errlen) {
     if (!json_is_object(obj)) {
-        set_err(err, errlen, "__metadata__ is not a JSON object of string values");
+        ts_set_err(err, errlen, "__metadata__ is not a JSON object of string values");
         return TS_ECORRUPT;
     }
     size_t n = json_object_size(obj);
     if (n > (size_t)INT32_MAX) {
-        set_err(err, errlen, "__metadata__ has too many entries (%zu)", n);
+        ts_set_err(err, errlen, "__metadata__ has too many entries (%zu)", n);
         return TS_ECORRUPT;
     }
     f->meta_keys = calloc(n ? n : 1, sizeof *f->meta_keys);
     f->meta_vals = calloc(n ? n : 1, sizeof *f->meta_vals);
     if (!f->meta_keys || !f->meta_vals) {
-        set_err(err, errlen, "out of memory reading __metadata__ (%zu entries)", n);
+        ts_set_err(err, errlen, "out of memory reading __metadata__ (%zu entries)", n);
         return TS_ENOMEM;
     }
     const char *key;
     json_t *val;
     json_object_foreach((json_t *)obj, key, val) {
         if (!json_is_string(val)) {
-            set_err(err, errlen, "__metadata__ '%s': the value is not a string", show(key).s);
+            ts_set_err(err, errlen, "__metadata__ '%s': the value is not a string", show(key).s);
             return TS_ECORRUPT;
         }
         int i = f->n_meta;
@@ -249,7 +234,7 @@ static int parse_metadata(ts_st_file_t *f, const json_t *obj, char *err, size_t 
         f->meta_vals[i] = strdup(json_string_value(val));
         f->n_meta++; /* counted now so ts_st_free releases whichever strdup succeeded */
         if (!f->meta_keys[i] || !f->meta_vals[i]) {
-            set_err(err, errlen, "out of memory reading __metadata__");
+            ts_set_err(err, errlen, "out of memory reading __metadata__");
             return TS_ENOMEM;
         }
     }
@@ -262,7 +247,7 @@ static int parse_entry(const char *name, const json_t *v, uint64_t buflen, ts_st
                        char *err, size_t errlen) {
     shown_t shown = show(name);
     if (!json_is_object(v)) {
-        set_err(err, errlen, "tensor '%s': the entry is not a JSON object", shown.s);
+        ts_set_err(err, errlen, "tensor '%s': the entry is not a JSON object", shown.s);
         return TS_ECORRUPT;
     }
     const char *key;
@@ -270,14 +255,14 @@ static int parse_entry(const char *name, const json_t *v, uint64_t buflen, ts_st
     json_object_foreach((json_t *)v, key, field) {
         if (strcmp(key, "dtype") != 0 && strcmp(key, "shape") != 0 &&
             strcmp(key, "data_offsets") != 0) {
-            set_err(err, errlen, "tensor '%s': unexpected field '%s'", shown.s, show(key).s);
+            ts_set_err(err, errlen, "tensor '%s': unexpected field '%s'", shown.s, show(key).s);
             return TS_ECORRUPT;
         }
     }
     const json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape");
     const json_t *jo = json_object_get(v, "data_offsets");
     if (!jd || !js || !jo) {
-        set_err(err, errlen, "tensor '%s': missing field '%s'", shown.s,
+        ts_set_err(err, errlen, "tensor '%s': missing field '%s'", shown.s,
                 !jd   ? "dtype"
                 : !js ? "shape"
                       : "data_offsets");
@@ -285,36 +270,36 @@ static int parse_entry(const char *name, const json_t *v, uint64_t buflen, ts_st
     }
     /* dtype */
     if (!json_is_string(jd)) {
-        set_err(err, errlen, "tensor '%s': dtype is not a string", shown.s);
+        ts_set_err(err, errlen, "tensor '%s': dtype is not a string", shown.s);
         return TS_ECORRUPT;
     }
     if (!dtype_from_name(json_string_value(jd), &t->dtype)) {
-        set_err(err, errlen, "tensor '%s': unknown dtype '%s'", shown.s,
+        ts_set_err(err, errlen, "tensor '%s': unknown dtype '%s'", shown.s,
                 show(json_string_value(jd)).s);
         return TS_ECORRUPT;
     }
     /* shape */
     if (!json_is_array(js)) {
-        set_err(err, errlen, "tensor '%s': shape is not an array", shown.s);
+        ts_set_err(err, errlen, "tensor '%s': shape is not an array", shown.s);
         return TS_ECORRUPT;
     }
     size_t nd = json_array_size(js);
     if (nd > TS_ST_MAX_DIMS) {
-        set_err(err, errlen, "tensor '%s': shape has %zu dimensions, at most %d are supported",
+        ts_set_err(err, errlen, "tensor '%s': shape has %zu dimensions, at most %d are supported",
                 shown.s, nd, TS_ST_MAX_DIMS);
         return TS_ECORRUPT;
     }
     t->ndim = (int)nd;
     for (size_t i = 0; i < nd; i++) {
         if (!json_uint(json_array_get(js, i), ST_MAX_NUMEL, &t->shape[i])) {
-            set_err(err, errlen, "tensor '%s': shape entry %zu is not an integer in [0, 2^40]",
+            ts_set_err(err, errlen, "tensor '%s': shape entry %zu is not an integer in [0, 2^40]",
                     shown.s, i);
             return TS_ECORRUPT;
         }
     }
     t->numel = bounded_numel(t->ndim, t->shape);
     if (t->numel < 0) {
-        set_err(err, errlen, "tensor '%s': shape %s has more than 2^40 elements", shown.s,
+        ts_set_err(err, errlen, "tensor '%s': shape %s has more than 2^40 elements", shown.s,
                 shape_text(t->ndim, t->shape).s);
         return TS_ECORRUPT;
     }
@@ -323,16 +308,16 @@ static int parse_entry(const char *name, const json_t *v, uint64_t buflen, ts_st
     if (!json_is_array(jo) || json_array_size(jo) != 2 ||
         !json_uint(json_array_get(jo, 0), INT64_MAX, &begin) ||
         !json_uint(json_array_get(jo, 1), INT64_MAX, &end)) {
-        set_err(err, errlen, "tensor '%s': data_offsets is not two non-negative integers", shown.s);
+        ts_set_err(err, errlen, "tensor '%s': data_offsets is not two non-negative integers", shown.s);
         return TS_ECORRUPT;
     }
     if (begin > end) {
-        set_err(err, errlen, "tensor '%s': data_offsets [%lld,%lld] begin after they end", shown.s,
+        ts_set_err(err, errlen, "tensor '%s': data_offsets [%lld,%lld] begin after they end", shown.s,
                 (long long)begin, (long long)end);
         return TS_ECORRUPT;
     }
     if ((uint64_t)end > buflen) {
-        set_err(err, errlen,
+        ts_set_err(err, errlen,
                 "tensor '%s': data_offsets [%lld,%lld] run past the data buffer of %llu bytes",
                 shown.s, (long long)begin, (long long)end, (unsigned long long)buflen);
         return TS_ECORRUPT;
@@ -340,7 +325,7 @@ static int parse_entry(const char *name, const json_t *v, uint64_t buflen, ts_st
     /* numel ≤ 2^40 and size ≤ 8: the product fits */
     uint64_t need = (uint64_t)t->numel * ts_st_dtype_size(t->dtype);
     if (need != (uint64_t)(end - begin)) {
-        set_err(err, errlen,
+        ts_set_err(err, errlen,
                 "tensor '%s': shape %s × %s needs %llu bytes but data_offsets span %llu", shown.s,
                 shape_text(t->ndim, t->shape).s, ts_st_dtype_name(t->dtype),
                 (unsigned long long)need, (unsigned long long)(end - begin));
@@ -367,7 +352,7 @@ static int check_tiling(const ts_st_file_t *f, uint64_t buflen, char *err, size_
     for (int i = 0; i < f->n_tensors; i++) {
         const ts_st_tensor_t *t = &f->tensors[i];
         if ((uint64_t)t->begin > cursor) {
-            set_err(err, errlen,
+            ts_set_err(err, errlen,
                     "tensor '%s': gap of %llu bytes before its data_offsets [%zu,%zu] (the "
                     "previous tensor ends at %llu)",
                     show(t->name).s, (unsigned long long)(t->begin - cursor), t->begin, t->end,
@@ -375,7 +360,7 @@ static int check_tiling(const ts_st_file_t *f, uint64_t buflen, char *err, size_
             return TS_ECORRUPT;
         }
         if ((uint64_t)t->begin < cursor) {
-            set_err(err, errlen,
+            ts_set_err(err, errlen,
                     "tensor '%s': data_offsets [%zu,%zu] overlap tensor '%s', which ends at %llu",
                     show(t->name).s, t->begin, t->end, prev ? show(prev->name).s : "?",
                     (unsigned long long)cursor);
@@ -385,7 +370,7 @@ static int check_tiling(const ts_st_file_t *f, uint64_t buflen, char *err, size_
         prev = t;
     }
     if (cursor != buflen) {
-        set_err(err, errlen,
+        ts_set_err(err, errlen,
                 "the data buffer is %llu bytes but the tensors end at %llu: %llu trailing bytes",
                 (unsigned long long)buflen, (unsigned long long)cursor,
                 (unsigned long long)(buflen - cursor));
@@ -399,12 +384,12 @@ static int parse_header(ts_st_file_t *f, const json_t *root, uint64_t hdr_end, c
     uint64_t buflen = f->len - hdr_end;
     size_t n = json_object_size(root);
     if (n > (size_t)INT32_MAX) {
-        set_err(err, errlen, "the header lists too many tensors (%zu)", n);
+        ts_set_err(err, errlen, "the header lists too many tensors (%zu)", n);
         return TS_ECORRUPT;
     }
     f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
     if (!f->tensors) {
-        set_err(err, errlen, "out of memory for %zu tensor entries", n);
+        ts_set_err(err, errlen, "out of memory for %zu tensor entries", n);
         return TS_ENOMEM;
     }
     const char *key;
@@ -418,7 +403,7 @@ static int parse_header(ts_st_file_t *f, const json_t *root, uint64_t hdr_end, c
             continue;
         }
         if (key[0] == '\0') {
-            set_err(err, errlen, "a tensor has an empty name");
+            ts_set_err(err, errlen, "a tensor has an empty name");
             return TS_ECORRUPT;
         }
         ts_st_tensor_t *t = &f->tensors[f->n_tensors];
@@ -427,7 +412,7 @@ static int parse_header(ts_st_file_t *f, const json_t *root, uint64_t hdr_end, c
             return rc;
         t->name = strdup(key);
         if (!t->name) {
-            set_err(err, errlen, "out of memory");
+            ts_set_err(err, errlen, "out of memory");
             return TS_ENOMEM;
         }
         f->n_tensors++;
@@ -445,7 +430,7 @@ static int parse_header(ts_st_file_t *f, const json_t *root, uint64_t hdr_end, c
 int ts_st_parse(unsigned char *buf, size_t len, ts_st_file_t *f, char *err, size_t errlen) {
     if (!f || (!buf && len > 0)) {
         free(buf);
-        set_err(err, errlen, "ts_st_parse: invalid arguments");
+        ts_set_err(err, errlen, "ts_st_parse: invalid arguments");
         return TS_EINVAL;
     }
     memset(f, 0, sizeof *f);
@@ -454,34 +439,34 @@ int ts_st_parse(unsigned char *buf, size_t len, ts_st_file_t *f, char *err, size
     int rc = TS_ECORRUPT;
     json_t *root = NULL;
     if ((uint64_t)len > ST_MAX_FILE) {
-        set_err(err, errlen, "the file is %zu bytes, more than the 2^40-byte limit", len);
+        ts_set_err(err, errlen, "the file is %zu bytes, more than the 2^40-byte limit", len);
         rc = TS_ERANGE;
         goto done;
     }
     if (len < 8) {
-        set_err(err, errlen, "the file is %zu bytes, too short for the 8-byte header length", len);
+        ts_set_err(err, errlen, "the file is %zu bytes, too short for the 8-byte header length", len);
         goto done;
     }
     uint64_t n = ld64(buf);
     if (n > TS_ST_MAX_HEADER) {
-        set_err(err, errlen, "header length %llu exceeds the %u-byte limit", (unsigned long long)n,
+        ts_set_err(err, errlen, "header length %llu exceeds the %u-byte limit", (unsigned long long)n,
                 (unsigned)TS_ST_MAX_HEADER);
         goto done;
     }
     if (n > (uint64_t)len - 8) {
-        set_err(err, errlen, "header length %llu runs past the end of the %zu-byte file",
+        ts_set_err(err, errlen, "header length %llu runs past the end of the %zu-byte file",
                 (unsigned long long)n, len);
         goto done;
     }
     json_error_t jerr;
     root = json_loadb((const char *)buf + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        set_err(err, errlen, "the header is not valid JSON: %s (at byte %d)", show(jerr.text).s,
+        ts_set_err(err, errlen, "the header is not valid JSON: %s (at byte %d)", show(jerr.text).s,
                 jerr.position);
         goto done;
     }
     if (!json_is_object(root)) {
-        set_err(err, errlen, "the header is a JSON %s, not an object",
+        ts_set_err(err, errlen, "the header is a JSON %s, not an object",
                 json_is_array(root) ? "array" : "value");
         goto done;
     }
@@ -497,30 +482,30 @@ int ts_st_read(const char *path, ts_st_file_t *f, char *err, size_t errlen) {
     if (f)
         memset(f, 0, sizeof *f);
     if (!path || !f) {
-        set_err(err, errlen, "ts_st_read: invalid arguments");
+        ts_set_err(err, errlen, "ts_st_read: invalid arguments");
         return TS_EINVAL;
     }
     char why[128];
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         errno_text(errno, why, sizeof why);
-        set_err(err, errlen, "cannot open '%s': %s", show(path).s, why);
+        ts_set_err(err, errlen, "cannot open '%s': %s", show(path).s, why);
         return TS_EIO;
     }
     struct stat st;
     if (fstat(fileno(fp), &st) != 0) {
         errno_text(errno, why, sizeof why);
-        set_err(err, errlen, "cannot stat '%s': %s", show(path).s, why);
+        ts_set_err(err, errlen, "cannot stat '%s': %s", show(path).s, why);
         fclose(fp);
         return TS_EIO;
     }
     if (!S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "'%s' is not a regular file", show(path).s);
+        ts_set_err(err, errlen, "'%s' is not a regular file", show(path).s);
         fclose(fp);
         return TS_EIO;
     }
     if (st.st_size < 0 || (uint64_t)st.st_size > ST_MAX_FILE) {
-        set_err(err, errlen, "'%s' is %lld bytes, more than the 2^40-byte limit", show(path).s,
+        ts_set_err(err, errlen, "'%s' is %lld bytes, more than the 2^40-byte limit", show(path).s,
                 (long long)st.st_size);
         fclose(fp);
         return TS_ERANGE;
@@ -528,7 +513,7 @@ int ts_st_read(const char *path, ts_st_file_t *f, char *err, size_t errlen) {
     size_t len = (size_t)st.st_size;
     unsigned char *buf = malloc(len ? len : 1);
     if (!buf) {
-        set_err(err, errlen, "out of memory reading '%s' (%zu bytes)", show(path).s, len);
+        ts_set_err(err, errlen, "out of memory reading '%s' (%zu bytes)", show(path).s, len);
         fclose(fp);
         return TS_ENOMEM;
     }
@@ -537,7 +522,7 @@ int ts_st_read(const char *path, ts_st_file_t *f, char *err, size_t errlen) {
     int grew = (got == len && fgetc(fp) != EOF);
     fclose(fp);
     if (got != len || bad || grew) {
-        set_err(err, errlen, "reading '%s' failed: %s", show(path).s,
+        ts_set_err(err, errlen, "reading '%s' failed: %s", show(path).s,
                 bad    ? "read error"
                 : grew ? "the file grew while it was read"
                        : "the file shrank while it was read");
@@ -549,7 +534,7 @@ int ts_st_read(const char *path, ts_st_file_t *f, char *err, size_t errlen) {
         /* name the file in front of the parser's sentence */
         char *why_parse = strdup(err);
         if (why_parse) {
-            set_err(err, errlen, "'%s': %s", show(path).s, why_parse);
+            ts_set_err(err, errlen, "'%s': %s", show(path).s, why_parse);
             free(why_parse);
         }
     }
@@ -673,20 +658,20 @@ static int build_header(const ts_st_entry_t *entries, int n, const char *const *
         for (int i = 0; i < n_meta; i++) {
             const char *k = meta[2 * i], *v = meta[2 * i + 1];
             if (!k || !v) {
-                set_err(err, errlen, "metadata entry %d has a NULL key or value", i);
+                ts_set_err(err, errlen, "metadata entry %d has a NULL key or value", i);
                 goto inval;
             }
             if (!utf8_ok(k)) {
-                set_err(err, errlen, "metadata key '%s' is not valid UTF-8", show(k).s);
+                ts_set_err(err, errlen, "metadata key '%s' is not valid UTF-8", show(k).s);
                 goto inval;
             }
             if (json_object_get(m, k)) {
-                set_err(err, errlen, "metadata key '%s' appears twice", show(k).s);
+                ts_set_err(err, errlen, "metadata key '%s' appears twice", show(k).s);
                 goto inval;
             }
             json_t *s = json_string(v);
             if (!s) {
-                set_err(err, errlen, "metadata '%s': the value is not valid UTF-8", show(k).s);
+                ts_set_err(err, errlen, "metadata '%s': the value is not valid UTF-8", show(k).s);
                 goto inval;
             }
             if (json_object_set_new(m, k, s) != 0)
@@ -697,47 +682,47 @@ static int build_header(const ts_st_entry_t *entries, int n, const char *const *
     for (int i = 0; i < n; i++) {
         const ts_st_entry_t *e = &entries[i];
         if (!e->name || !e->name[0]) {
-            set_err(err, errlen, "entry %d has no name", i);
+            ts_set_err(err, errlen, "entry %d has no name", i);
             goto inval;
         }
         shown_t shown = show(e->name);
         if (strcmp(e->name, "__metadata__") == 0 || json_object_get(root, e->name)) {
-            set_err(err, errlen, "tensor '%s': the name is %s", shown.s,
+            ts_set_err(err, errlen, "tensor '%s': the name is %s", shown.s,
                     strcmp(e->name, "__metadata__") == 0 ? "reserved" : "used twice");
             goto inval;
         }
         if (!dtype_known(e->dtype)) {
-            set_err(err, errlen, "tensor '%s': unknown dtype %d", shown.s, (int)e->dtype);
+            ts_set_err(err, errlen, "tensor '%s': unknown dtype %d", shown.s, (int)e->dtype);
             goto inval;
         }
         if (e->ndim < 0 || e->ndim > TS_ST_MAX_DIMS) {
-            set_err(err, errlen, "tensor '%s': %d dimensions, expected 0..%d", shown.s, e->ndim,
+            ts_set_err(err, errlen, "tensor '%s': %d dimensions, expected 0..%d", shown.s, e->ndim,
                     TS_ST_MAX_DIMS);
             goto inval;
         }
         for (int d = 0; d < e->ndim; d++)
             if (e->shape[d] < 0 || e->shape[d] > ST_MAX_NUMEL) {
-                set_err(err, errlen, "tensor '%s': dimension %d is %lld, expected 0..2^40", shown.s,
+                ts_set_err(err, errlen, "tensor '%s': dimension %d is %lld, expected 0..2^40", shown.s,
                         d, (long long)e->shape[d]);
                 goto inval;
             }
         int64_t numel = bounded_numel(e->ndim, e->shape);
         if (numel < 0) {
-            set_err(err, errlen, "tensor '%s': shape %s has more than 2^40 elements", shown.s,
+            ts_set_err(err, errlen, "tensor '%s': shape %s has more than 2^40 elements", shown.s,
                     shape_text(e->ndim, e->shape).s);
             goto range;
         }
         uint64_t bytes = (uint64_t)numel * ts_st_dtype_size(e->dtype);
         if (bytes > 0 && !e->data) {
-            set_err(err, errlen, "tensor '%s': data is NULL", shown.s);
+            ts_set_err(err, errlen, "tensor '%s': data is NULL", shown.s);
             goto inval;
         }
         if (bytes > ST_MAX_FILE - cursor) {
-            set_err(err, errlen, "tensor '%s': the file would exceed 2^40 bytes", shown.s);
+            ts_set_err(err, errlen, "tensor '%s': the file would exceed 2^40 bytes", shown.s);
             goto range;
         }
         if (!utf8_ok(e->name)) {
-            set_err(err, errlen, "tensor '%s': the name is not valid UTF-8", shown.s);
+            ts_set_err(err, errlen, "tensor '%s': the name is not valid UTF-8", shown.s);
             goto inval;
         }
         /* json_object_set_new takes the value even when it fails, so nothing leaks below */
@@ -759,7 +744,7 @@ static int build_header(const ts_st_entry_t *entries, int n, const char *const *
     return TS_OK;
 oom:
     json_decref(root);
-    set_err(err, errlen, "out of memory building the safetensors header");
+    ts_set_err(err, errlen, "out of memory building the safetensors header");
     return TS_ENOMEM;
 inval:
     json_decref(root);
@@ -794,35 +779,113 @@ static void sync_parent_dir(const char *path) {
     free(dir);
 }
 
-int ts_st_write(const char *path, const ts_st_entry_t *entries, int n, const char *const *meta,
-                int n_meta, char *err, size_t errlen) {
-    if (!path || !path[0] || n < 0 || (n > 0 && !entries) || n_meta < 0 || (n_meta > 0 && !meta)) {
-        set_err(err, errlen, "ts_st_write: invalid arguments");
-        return TS_EINVAL;
-    }
+/* The one encoder of the format's framing, shared by ts_st_serialize and ts_st_write: checks
+ * the entries, and returns the 8-byte length and the padded header (hdr_out: 8 + padded bytes,
+ * malloc'd) and the size of the data buffer that follows (the tensors back to back, in order). */
+static int encode_header(const ts_st_entry_t *entries, int n, const char *const *meta, int n_meta,
+                         unsigned char **hdr_out, size_t *hdr_len, uint64_t *data_len, char *err,
+                         size_t errlen) {
     json_t *root = NULL;
     int rc = build_header(entries, n, meta, n_meta, &root, err, errlen);
     if (rc)
         return rc;
-    char *hdr = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *json = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
-    if (!hdr) {
-        set_err(err, errlen, "out of memory serialising the safetensors header");
+    if (!json) {
+        ts_set_err(err, errlen, "out of memory serialising the safetensors header");
         return TS_ENOMEM;
     }
-    size_t hlen = strlen(hdr), padded = (hlen + 7) / 8 * 8;
+    size_t jlen = strlen(json), padded = (jlen + 7) / 8 * 8;
     if (padded > TS_ST_MAX_HEADER) {
-        set_err(err, errlen, "the header would be %zu bytes, more than the %u-byte limit", padded,
+        ts_set_err(err, errlen, "the header would be %zu bytes, more than the %u-byte limit", padded,
                 (unsigned)TS_ST_MAX_HEADER);
+        free(json);
+        return TS_ERANGE;
+    }
+    unsigned char *h = malloc(8 + padded);
+    if (!h) {
+        free(json);
+        ts_set_err(err, errlen, "out of memory");
+        return TS_ENOMEM;
+    }
+    st64(h, padded);
+    memcpy(h + 8, json, jlen);
+    memset(h + 8 + jlen, ' ', padded - jlen);
+    free(json);
+    uint64_t total = 0; /* build_header bounded it by ST_MAX_FILE */
+    for (int i = 0; i < n; i++)
+        total += (uint64_t)bounded_numel(entries[i].ndim, entries[i].shape) *
+                 ts_st_dtype_size(entries[i].dtype);
+    *hdr_out = h;
+    *hdr_len = 8 + padded;
+    *data_len = total;
+    return TS_OK;
+}
+
+static size_t entry_bytes(const ts_st_entry_t *e) {
+    return (size_t)bounded_numel(e->ndim, e->shape) * ts_st_dtype_size(e->dtype);
+}
+
+int ts_st_serialize(const ts_st_entry_t *entries, int n, const char *const *meta, int n_meta,
+                    unsigned char **buf, size_t *len, char *err, size_t errlen) {
+    if (buf)
+        *buf = NULL;
+    if (len)
+        *len = 0;
+    if (!buf || !len || n < 0 || (n > 0 && !entries) || n_meta < 0 || (n_meta > 0 && !meta)) {
+        ts_set_err(err, errlen, "ts_st_serialize: invalid arguments");
+        return TS_EINVAL;
+    }
+    unsigned char *hdr = NULL;
+    size_t hlen = 0;
+    uint64_t dlen = 0;
+    int rc = encode_header(entries, n, meta, n_meta, &hdr, &hlen, &dlen, err, errlen);
+    if (rc)
+        return rc;
+    if (dlen > (uint64_t)(SIZE_MAX - hlen)) {
+        ts_set_err(err, errlen, "the serialised tensors would not fit in memory");
         free(hdr);
         return TS_ERANGE;
     }
+    unsigned char *out = malloc(hlen + (size_t)dlen);
+    if (!out) {
+        ts_set_err(err, errlen, "out of memory serialising %llu bytes of tensors",
+                (unsigned long long)dlen);
+        free(hdr);
+        return TS_ENOMEM;
+    }
+    memcpy(out, hdr, hlen);
+    free(hdr);
+    size_t at = hlen;
+    for (int i = 0; i < n; i++) {
+        size_t bytes = entry_bytes(&entries[i]);
+        if (bytes)
+            memcpy(out + at, entries[i].data, bytes);
+        at += bytes;
+    }
+    *buf = out;
+    *len = at;
+    return TS_OK;
+}
+
+int ts_st_write(const char *path, const ts_st_entry_t *entries, int n, const char *const *meta,
+                int n_meta, char *err, size_t errlen) {
+    if (!path || !path[0] || n < 0 || (n > 0 && !entries) || n_meta < 0 || (n_meta > 0 && !meta)) {
+        ts_set_err(err, errlen, "ts_st_write: invalid arguments");
+        return TS_EINVAL;
+    }
+    unsigned char *hdr = NULL;
+    size_t hlen = 0;
+    uint64_t dlen = 0;
+    int rc = encode_header(entries, n, meta, n_meta, &hdr, &hlen, &dlen, err, errlen);
+    if (rc)
+        return rc;
 
     size_t tmplen = strlen(path) + 32;
     char *tmp = malloc(tmplen);
     if (!tmp) {
         free(hdr);
-        set_err(err, errlen, "out of memory");
+        ts_set_err(err, errlen, "out of memory");
         return TS_ENOMEM;
     }
     snprintf(tmp, tmplen, "%s.tmp.%ld", path, (long)getpid());
@@ -837,21 +900,15 @@ int ts_st_write(const char *path, const ts_st_entry_t *entries, int n, const cha
     }
     if (!fp) {
         errno_text(errno, why, sizeof why);
-        set_err(err, errlen, "cannot create '%s': %s", show(tmp).s, why);
+        ts_set_err(err, errlen, "cannot create '%s': %s", show(tmp).s, why);
         free(tmp);
         free(hdr);
         return TS_EIO;
     }
-    unsigned char lenbuf[8];
-    st64(lenbuf, padded);
-    int ok = write_all(fp, lenbuf, 8) && write_all(fp, hdr, hlen);
-    for (size_t i = hlen; ok && i < padded; i++)
-        ok = fputc(' ', fp) != EOF;
-    for (int i = 0; ok && i < n; i++) {
-        const ts_st_entry_t *e = &entries[i];
-        size_t bytes = (size_t)bounded_numel(e->ndim, e->shape) * ts_st_dtype_size(e->dtype);
-        ok = write_all(fp, e->data, bytes);
-    }
+    /* the same bytes as ts_st_serialize, streamed: no second copy of the tensors */
+    int ok = write_all(fp, hdr, hlen);
+    for (int i = 0; ok && i < n; i++)
+        ok = write_all(fp, entries[i].data, entry_bytes(&entries[i]));
     if (ok)
         ok = fflush(fp) == 0 && fsync(fileno(fp)) == 0;
     if (!ok)
@@ -865,7 +922,7 @@ int ts_st_write(const char *path, const ts_st_entry_t *entries, int n, const cha
         errno_text(errno, why, sizeof why);
     }
     if (!ok) {
-        set_err(err, errlen, "writing '%s' failed: %s", show(path).s, why);
+        ts_set_err(err, errlen, "writing '%s' failed: %s", show(path).s, why);
         unlink(tmp);
         rc = TS_EIO;
     } else {

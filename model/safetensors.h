@@ -91,6 +91,13 @@ typedef struct ts_st_entry {
     const void *data;
 } ts_st_entry_t;
 
+/* Builds the bytes of a safetensors file in memory — exactly what ts_st_write puts in the file
+ * (both use one encoder): header padded with spaces to a multiple of 8 bytes, then the tensors in
+ * the given order. On success *buf (malloc'd, the caller frees it) holds *len bytes; on error
+ * *buf is NULL and err holds a sentence. */
+int ts_st_serialize(const ts_st_entry_t *entries, int n, const char *const *meta, int n_meta,
+                    unsigned char **buf, size_t *len, char *err, size_t errlen);
+
 /* Writes a file atomically (temporary file in the same directory, fsync, rename), tensors in the
  * given order, header padded with spaces to a multiple of 8 bytes. meta is n_meta key/value
  * pairs (meta[2i] = key, meta[2i+1] = value), written under "__metadata__". */

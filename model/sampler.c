@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(expr)                                                                                \
-    do {                                                                                         \
-        int rc_ = (expr);                                                                        \
-        if (rc_ != TS_OK)                                                                        \
-            return rc_;                                                                          \
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_ != TS_OK)                                                                          \
+            return rc_;                                                                            \
     } while (0)
 
 int ts_sampler_parse(const char *name, ts_sampler_kind_t *kind) {

@@ -52,9 +52,9 @@ typedef struct ts_dit_velocity_ctx {
     const int32_t *labels; /* n class labels (num_classes = unconditional) */
     int n;
     float cfg_scale;
-    ts_tensor_t xx, tt;    /* (2n, C, H, W) and (2n) staging, allocated by _init */
-    int32_t *yy;           /* 2n labels */
-    int64_t evals;         /* model evaluations per sample so far (a CFG pair counts as 2) */
+    ts_tensor_t xx, tt; /* (2n, C, H, W) and (2n) staging, allocated by _init */
+    int32_t *yy;        /* 2n labels */
+    int64_t evals;      /* model evaluations per sample so far (a CFG pair counts as 2) */
 } ts_dit_velocity_ctx_t;
 
 int ts_dit_velocity_init(ts_dit_velocity_ctx_t *c, ts_dit_t *m, const int32_t *labels, int n,

@@ -253,78 +253,117 @@ static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
 
 static const char *const META_KEYS[5] = {"step", "seed", "batch", "data_size", "model"};
 
-int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t errlen) {
-    if (!tr || !path)
-        return TS_EINVAL;
+/* The checkpoint's tensors (the four slabs copied to the host) and metadata, ready for the
+ * encoder. Free with ckpt_parts_free. */
+typedef struct {
+    float *host[4];
+    ts_st_entry_t entries[4];
+    char vals[5][32];
+    const char *meta[10];
+} ckpt_parts_t;
+
+static void ckpt_parts_free(ckpt_parts_t *p) {
+    for (int i = 0; i < 4; i++)
+        free(p->host[i]);
+}
+
+static int ckpt_parts(const ts_trainer_t *tr, ckpt_parts_t *p, char *err, size_t errlen) {
+    memset(p, 0, sizeof *p);
     ts_trainer_t *t = (ts_trainer_t *)tr; /* slab_of only reads */
     int64_t n = tr->model->num_params;
-    float *host[4] = {0};
-    ts_st_entry_t entries[4];
     int rc = TS_OK;
     for (int i = 0; i < 4 && rc == TS_OK; i++) {
-        host[i] = malloc((size_t)n * sizeof(float));
-        if (!host[i]) {
+        p->host[i] = malloc((size_t)n * sizeof(float));
+        if (!p->host[i]) {
             rc = TS_ENOMEM;
             break;
         }
         ts_tensor_t h;
-        rc = ts_tensor_wrap(&h, host[i], TS_F32, TS_CPU, 1, TS_SHAPE(n));
+        rc = ts_tensor_wrap(&h, p->host[i], TS_F32, TS_CPU, 1, TS_SHAPE(n));
         if (rc == TS_OK)
             rc = ts_tensor_copy(&h, slab_of(t, i));
-        entries[i] = (ts_st_entry_t){.name = SLAB_NAMES[i], .dtype = TS_ST_F32, .ndim = 1,
-                                     .shape = {n}, .data = host[i]};
+        p->entries[i] = (ts_st_entry_t){.name = SLAB_NAMES[i], .dtype = TS_ST_F32, .ndim = 1,
+                                        .shape = {n}, .data = p->host[i]};
     }
-    char vals[5][32];
-    meta_values(tr, vals);
-    const char *meta[10];
+    if (rc != TS_OK) {
+        snprintf(err, errlen, "checkpoint: cannot copy the training state to the host");
+        ckpt_parts_free(p);
+        return rc;
+    }
+    meta_values(tr, p->vals);
     for (int i = 0; i < 5; i++) {
-        meta[2 * i] = META_KEYS[i];
-        meta[2 * i + 1] = vals[i];
+        p->meta[2 * i] = META_KEYS[i];
+        p->meta[2 * i + 1] = p->vals[i];
     }
-    if (rc == TS_OK)
-        rc = ts_st_write(path, entries, 4, meta, 5, err, errlen);
-    for (int i = 0; i < 4; i++)
-        free(host[i]);
+    return TS_OK;
+}
+
+int ts_trainer_save_mem(const ts_trainer_t *tr, unsigned char **buf, size_t *len, char *err,
+                        size_t errlen) {
+    if (buf)
+        *buf = NULL;
+    if (len)
+        *len = 0;
+    if (!tr || !tr->model || !buf || !len)
+        return TS_EINVAL;
+    ckpt_parts_t p;
+    TRY(ckpt_parts(tr, &p, err, errlen));
+    int rc = ts_st_serialize(p.entries, 4, p.meta, 5, buf, len, err, errlen);
+    ckpt_parts_free(&p);
     return rc;
 }
 
-int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen) {
-    if (!tr || !path)
+int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t errlen) {
+    if (!tr || !tr->model || !path)
         return TS_EINVAL;
-    ts_st_file_t f;
-    TRY(ts_st_read(path, &f, err, errlen));
+    ckpt_parts_t p;
+    TRY(ckpt_parts(tr, &p, err, errlen));
+    /* the same bytes as ts_trainer_save_mem, streamed to the file (one encoder) */
+    int rc = ts_st_write(path, p.entries, 4, p.meta, 5, err, errlen);
+    ckpt_parts_free(&p);
+    return rc;
+}
+
+/* Checks a parsed checkpoint against this run — every check before any slab changes, so a
+ * refused checkpoint leaves the trainer as it was — then loads it. what names the source in
+ * messages (a path, or "checkpoint"). */
+static int ckpt_apply(ts_trainer_t *tr, const ts_st_file_t *f, const char *what, char *err,
+                      size_t errlen) {
     char vals[5][32];
     meta_values(tr, vals);
-    int rc = TS_OK;
     /* every key but the step must match this run */
-    for (int i = 1; i < 5 && rc == TS_OK; i++) {
-        const char *v = ts_st_meta(&f, META_KEYS[i]);
+    for (int i = 1; i < 5; i++) {
+        const char *v = ts_st_meta(f, META_KEYS[i]);
         if (!v || strcmp(v, vals[i]) != 0) {
-            snprintf(err, errlen, "checkpoint %s: %s is %s but this run has %s", path,
-                     META_KEYS[i], v ? v : "(missing)", vals[i]);
-            rc = TS_EINVAL;
+            snprintf(err, errlen, "%s: %s is %s but this run has %s", what, META_KEYS[i],
+                     v ? v : "(missing)", vals[i]);
+            return TS_EINVAL;
         }
     }
-    const char *step = ts_st_meta(&f, "step");
+    const char *step = ts_st_meta(f, "step");
     char *end = NULL;
     long long s = step ? strtoll(step, &end, 10) : -1;
-    if (rc == TS_OK && (!step || *end != '\0' || s < 0)) {
-        snprintf(err, errlen, "checkpoint %s: bad or missing step", path);
-        rc = TS_ECORRUPT;
+    if (!step || end == step || *end != '\0' || s < 0) {
+        snprintf(err, errlen, "%s: bad or missing step", what);
+        return TS_ECORRUPT;
     }
     int64_t n = tr->model->num_params;
-    float *host = rc == TS_OK ? malloc((size_t)n * sizeof(float)) : NULL;
-    if (rc == TS_OK && !host)
-        rc = TS_ENOMEM;
-    for (int i = 0; i < 4 && rc == TS_OK; i++) {
-        const ts_st_tensor_t *t = ts_st_find(&f, SLAB_NAMES[i]);
-        if (!t || t->numel != n) {
-            snprintf(err, errlen, "checkpoint %s: tensor '%s' missing or of the wrong size", path,
-                     SLAB_NAMES[i]);
-            rc = TS_ECORRUPT;
-            break;
+    const ts_st_tensor_t *t[4];
+    for (int i = 0; i < 4; i++) {
+        t[i] = ts_st_find(f, SLAB_NAMES[i]);
+        /* F32 only: the slabs are F32, and anything narrower would not resume bit-identically */
+        if (!t[i] || t[i]->numel != n || t[i]->dtype != TS_ST_F32) {
+            snprintf(err, errlen, "%s: tensor '%s' missing, not F32, or not of %lld elements",
+                     what, SLAB_NAMES[i], (long long)n);
+            return TS_ECORRUPT;
         }
-        rc = ts_st_to_f32(t, host, n);
+    }
+    float *host = malloc((size_t)n * sizeof(float));
+    if (!host)
+        return TS_ENOMEM;
+    int rc = TS_OK;
+    for (int i = 0; i < 4 && rc == TS_OK; i++) {
+        rc = ts_st_to_f32(t[i], host, n);
         ts_tensor_t h;
         if (rc == TS_OK)
             rc = ts_tensor_wrap(&h, host, TS_F32, TS_CPU, 1, TS_SHAPE(n));
@@ -332,10 +371,51 @@ int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen
             rc = ts_tensor_copy(slab_of(tr, i), &h);
     }
     free(host);
-    ts_st_free(&f);
-    if (rc == TS_OK) {
-        tr->step = s;
-        tr->perm_epoch = -1;
+    if (rc != TS_OK) {
+        snprintf(err, errlen, "%s: cannot copy the training state to the device", what);
+        return rc;
     }
+    tr->step = s;
+    tr->perm_epoch = -1;
+    return TS_OK;
+}
+
+int ts_trainer_load_mem(ts_trainer_t *tr, const unsigned char *buf, size_t len, char *err,
+                        size_t errlen) {
+    if (!tr || !tr->model || (!buf && len))
+        return TS_EINVAL;
+    /* ts_st_parse takes a malloc'd buffer it owns */
+    unsigned char *copy = malloc(len ? len : 1);
+    if (!copy)
+        return TS_ENOMEM;
+    if (len)
+        memcpy(copy, buf, len);
+    ts_st_file_t f;
+    char why[384] = "";
+    int rc = ts_st_parse(copy, len, &f, why, sizeof why);
+    if (rc != TS_OK) {
+        snprintf(err, errlen, "checkpoint: %s", why);
+        return rc;
+    }
+    rc = ckpt_apply(tr, &f, "checkpoint", err, errlen);
+    ts_st_free(&f);
+    return rc;
+}
+
+int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen) {
+    if (!tr || !tr->model || !path)
+        return TS_EINVAL;
+    ts_st_file_t f;
+    TRY(ts_st_read(path, &f, err, errlen));
+    size_t wlen = strlen(path) + 16;
+    char *what = malloc(wlen);
+    if (!what) {
+        ts_st_free(&f);
+        return TS_ENOMEM;
+    }
+    snprintf(what, wlen, "checkpoint %s", path);
+    int rc = ckpt_apply(tr, &f, what, err, errlen);
+    free(what);
+    ts_st_free(&f);
     return rc;
 }

@@ -11,7 +11,10 @@
  * per-epoch permutation drawn from the counter-based RNG, and the noise, times and label drops of
  * step s come from fixed stretches of their streams. The whole training state is therefore the
  * three slabs, the parameters and the step number; a checkpoint holds exactly that, so a
- * resumed run continues bit-identically (on the same build and thread count).
+ * resumed run continues bit-identically (on the same build and thread count). In particular the
+ * checkpoint's "RNG state and data cursor" (DESIGN §8) are exactly (seed, step): there is no
+ * generator state or file position to save, because every draw — the epoch permutation, the
+ * position in it, the noise, the times and the label drops — is a pure function of the two.
  */
 #ifndef TS_TRAIN_H
 #define TS_TRAIN_H
@@ -67,9 +70,19 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss, float *grad_norm);
 /* The learning rate used at step s (0-based). */
 float ts_trainer_lr(const ts_train_config_t *c, int64_t s);
 
-/* Checkpoint to / from a safetensors file: params, adam_m, adam_v, ema (flat F32) and metadata
- * (step, seed, batch, the model config, the data set size). Writing is atomic. Loading checks
- * that the model config, batch, seed and data size match, and says which one does not. */
+/* A checkpoint is safetensors bytes: params, adam_m, adam_v, ema (flat F32) and metadata (step,
+ * seed, batch, the model config, the data set size). Loading checks that the tensors are there,
+ * F32 and of the model's size, and that every metadata key but the step matches this run (and
+ * says which one does not) — all before changing anything, so a refused checkpoint leaves the
+ * trainer untouched. It then sets the step; the draws follow from (seed, step).
+ *
+ * ts_trainer_save_mem builds the bytes in memory: *buf (malloc'd, the caller frees it) holds *len
+ * bytes. ts_trainer_load_mem reads them (buf is only read; it is copied). The file versions
+ * write the same bytes atomically (ts_st_write) and read them back (ts_st_read). */
+int ts_trainer_save_mem(const ts_trainer_t *tr, unsigned char **buf, size_t *len, char *err,
+                        size_t errlen);
+int ts_trainer_load_mem(ts_trainer_t *tr, const unsigned char *buf, size_t len, char *err,
+                        size_t errlen);
 int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t errlen);
 int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen);
 

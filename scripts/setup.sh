@@ -21,7 +21,7 @@ set -euo pipefail
 # python3 + python3-torch run the PyTorch parity tests (tests/parity/), which CI must run.
 BUILD_PKGS=(
     build-essential cmake pkg-config
-    libuv1-dev libsodium-dev libprotobuf-c-dev protobuf-c-compiler liblmdb-dev
+    libuv1-dev libsodium-dev libprotobuf-c-dev protobuf-c-compiler liblmdb-dev lmdb-utils
     libopenblas-dev liblapacke-dev libcmocka-dev
     zlib1g-dev libpng-dev libinih-dev libjansson-dev
     python3 python3-torch dataset-fashion-mnist

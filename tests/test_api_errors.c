@@ -9,12 +9,6 @@
  * accepted; everything else must be the exact code. Outputs are prefilled with a sentinel and
  * checked unchanged after a refused call.
  */
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,17 +16,8 @@
 
 #include "kernels/engine.h"
 #include "kernels/ops.h"
+#include "tests/testutil.h"
 
-#define CHECK_RC(expr, want)                                                                       \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != (want)) {                                                                       \
-            print_error("%s:%d: %s returned %d (%s), expected %d (%s)\n", __FILE__, __LINE__,      \
-                        #expr, rc_, ts_strerror(rc_), (want), ts_strerror(want));                  \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
-#define CHECK_OK(expr) CHECK_RC(expr, TS_OK)
 /* For a bad scalar argument whose code ops.h leaves open. */
 #define CHECK_BAD_ARG(expr)                                                                        \
     do {                                                                                           \
@@ -56,8 +41,7 @@ static int setup(void **state) {
     fixture_t *f = calloc(1, sizeof *f);
     if (!f)
         return -1;
-    ts_engine_opts_t opts = {.device = TS_CPU, .threads = 2, .gpu = 0};
-    if (ts_engine_init(&f->e, &opts) != TS_OK) {
+    if (tu_engine_init_cpu(&f->e) != TS_OK) {
         free(f);
         return -1;
     }
@@ -78,11 +62,7 @@ static int teardown(void **state) {
 static ts_tensor_t *T(fixture_t *f, ts_dtype_t dt, int ndim, const int64_t *shape) {
     assert_true(f->n < 32);
     ts_tensor_t *t = &f->pool[f->n++];
-    int rc = ts_tensor_alloc(t, dt, TS_CPU, ndim, shape);
-    if (rc != TS_OK) {
-        print_error("ts_tensor_alloc: %s\n", ts_strerror(rc));
-        fail();
-    }
+    TU_CHECK_OK(ts_tensor_alloc(t, dt, TS_CPU, ndim, shape));
     if (dt == TS_F32)
         for (int64_t i = 0; i < ts_tensor_numel(t); i++)
             ((float *)t->data)[i] = SENTINEL;
@@ -112,44 +92,44 @@ static void test_null_engine_and_tensors(void **state) {
     memset(&empty, 0, sizeof empty); /* no data, no dims */
     float v;
 
-    CHECK_RC(ts_gelu_forward(NULL, y, x), TS_EINVAL);
-    CHECK_RC(ts_linear_forward(NULL, o, x, w, NULL), TS_EINVAL);
-    CHECK_RC(ts_fill(NULL, x, 1.0f), TS_EINVAL);
-    CHECK_RC(ts_rng_normal(NULL, x, 1, 0), TS_EINVAL);
+    TU_CHECK_RC(ts_gelu_forward(NULL, y, x), TS_EINVAL);
+    TU_CHECK_RC(ts_linear_forward(NULL, o, x, w, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_fill(NULL, x, 1.0f), TS_EINVAL);
+    TU_CHECK_RC(ts_rng_normal(NULL, x, 1, 0), TS_EINVAL);
 
-    CHECK_RC(ts_gelu_forward(e, NULL, x), TS_EINVAL);
-    CHECK_RC(ts_gelu_forward(e, y, NULL), TS_EINVAL);
-    CHECK_RC(ts_gelu_forward(e, y, &empty), TS_EINVAL);
-    CHECK_RC(ts_silu_backward(e, y, NULL, x), TS_EINVAL);
-    CHECK_RC(ts_linear_forward(e, o, NULL, w, NULL), TS_EINVAL);
-    CHECK_RC(ts_linear_forward(e, o, x, NULL, NULL), TS_EINVAL);
-    CHECK_RC(ts_linear_forward(e, NULL, x, w, NULL), TS_EINVAL);
-    CHECK_RC(ts_linear_backward(e, y, NULL, NULL, NULL, x, w), TS_EINVAL);
-    CHECK_RC(ts_matmul(e, o, x, 0, NULL, 1, 1.0f, 0.0f), TS_EINVAL);
-    CHECK_RC(ts_add(e, y, x, NULL), TS_EINVAL);
-    CHECK_RC(ts_axpy(e, NULL, 1.0f, x), TS_EINVAL);
-    CHECK_RC(ts_scale(e, NULL, 2.0f), TS_EINVAL);
-    CHECK_RC(ts_fill(e, &empty, 1.0f), TS_EINVAL);
-    CHECK_RC(ts_zero(e, NULL), TS_EINVAL);
-    CHECK_RC(ts_softmax_forward(e, y, NULL), TS_EINVAL);
-    CHECK_RC(ts_layernorm_forward(e, NULL, NULL, NULL, x), TS_EINVAL);
-    CHECK_RC(ts_layernorm_backward(e, y, x, x, NULL, NULL), TS_EINVAL);
-    CHECK_RC(ts_attention_forward(e, NULL, NULL, x, 1), TS_EINVAL);
-    CHECK_RC(ts_modulate_forward(e, y, x, NULL, 0, 1), TS_EINVAL);
-    CHECK_RC(ts_gate_residual_forward(e, y, x, x, NULL, 0), TS_EINVAL);
-    CHECK_RC(ts_timestep_embedding_forward(e, o, NULL, 1000.0f), TS_EINVAL);
-    CHECK_RC(ts_pos_embed_2d(e, NULL, 2), TS_EINVAL);
-    CHECK_RC(ts_embedding_forward(e, o, w, NULL), TS_EINVAL);
-    CHECK_RC(ts_patchify_forward(e, NULL, x, 2), TS_EINVAL);
-    CHECK_RC(ts_sum_forward(e, NULL, x), TS_EINVAL);
-    CHECK_RC(ts_mse_forward(e, s, x, NULL), TS_EINVAL);
-    CHECK_RC(ts_adamw_step(e, x, y, x, y, NULL, 1, 1.0f), TS_EINVAL);
-    CHECK_RC(ts_ema_update(e, NULL, x, 0.9f), TS_EINVAL);
-    CHECK_RC(ts_convert(e, NULL, x), TS_EINVAL);
-    CHECK_RC(ts_check_finite(e, NULL), TS_EINVAL);
-    CHECK_RC(ts_rng_uniform(e, NULL, 1, 0), TS_EINVAL);
-    CHECK_RC(ts_tensor_item(e, s, NULL), TS_EINVAL);
-    CHECK_RC(ts_tensor_item(e, NULL, &v), TS_EINVAL);
+    TU_CHECK_RC(ts_gelu_forward(e, NULL, x), TS_EINVAL);
+    TU_CHECK_RC(ts_gelu_forward(e, y, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_gelu_forward(e, y, &empty), TS_EINVAL);
+    TU_CHECK_RC(ts_silu_backward(e, y, NULL, x), TS_EINVAL);
+    TU_CHECK_RC(ts_linear_forward(e, o, NULL, w, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_linear_forward(e, o, x, NULL, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_linear_forward(e, NULL, x, w, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_linear_backward(e, y, NULL, NULL, NULL, x, w), TS_EINVAL);
+    TU_CHECK_RC(ts_matmul(e, o, x, 0, NULL, 1, 1.0f, 0.0f), TS_EINVAL);
+    TU_CHECK_RC(ts_add(e, y, x, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_axpy(e, NULL, 1.0f, x), TS_EINVAL);
+    TU_CHECK_RC(ts_scale(e, NULL, 2.0f), TS_EINVAL);
+    TU_CHECK_RC(ts_fill(e, &empty, 1.0f), TS_EINVAL);
+    TU_CHECK_RC(ts_zero(e, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_softmax_forward(e, y, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_layernorm_forward(e, NULL, NULL, NULL, x), TS_EINVAL);
+    TU_CHECK_RC(ts_layernorm_backward(e, y, x, x, NULL, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_attention_forward(e, NULL, NULL, x, 1), TS_EINVAL);
+    TU_CHECK_RC(ts_modulate_forward(e, y, x, NULL, 0, 1), TS_EINVAL);
+    TU_CHECK_RC(ts_gate_residual_forward(e, y, x, x, NULL, 0), TS_EINVAL);
+    TU_CHECK_RC(ts_timestep_embedding_forward(e, o, NULL, 1000.0f), TS_EINVAL);
+    TU_CHECK_RC(ts_pos_embed_2d(e, NULL, 2), TS_EINVAL);
+    TU_CHECK_RC(ts_embedding_forward(e, o, w, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_patchify_forward(e, NULL, x, 2), TS_EINVAL);
+    TU_CHECK_RC(ts_sum_forward(e, NULL, x), TS_EINVAL);
+    TU_CHECK_RC(ts_mse_forward(e, s, x, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_adamw_step(e, x, y, x, y, NULL, 1, 1.0f), TS_EINVAL);
+    TU_CHECK_RC(ts_ema_update(e, NULL, x, 0.9f), TS_EINVAL);
+    TU_CHECK_RC(ts_convert(e, NULL, x), TS_EINVAL);
+    TU_CHECK_RC(ts_check_finite(e, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_rng_uniform(e, NULL, 1, 0), TS_EINVAL);
+    TU_CHECK_RC(ts_tensor_item(e, s, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_tensor_item(e, NULL, &v), TS_EINVAL);
     assert_untouched("NULL arguments (y)", y);
     assert_untouched("NULL arguments (o)", o);
 }
@@ -165,7 +145,7 @@ static void test_null_engine_and_tensors(void **state) {
         ts_tensor_t *d = T(f, TS_F32, 1, TS_SHAPE(6));                                             \
         ts_adamw_t hp = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f};                                        \
         (void)hp;                                                                                  \
-        CHECK_RC(call, TS_EINVAL);                                                                 \
+        TU_CHECK_RC(call, TS_EINVAL);                                                              \
         assert_untouched(#call, d);                                                                \
     }
 NULL_LAST_ARG_TEST(test_null_gelu_backward_inp, ts_gelu_backward(e, d, x, NULL))
@@ -188,10 +168,10 @@ static void test_shape_mismatches(void **state) {
     ts_tensor_t *bias_bad = T(f, TS_F32, 1, TS_SHAPE(4));
 
     /* linear: wrong K, wrong N in out, wrong bias length */
-    CHECK_RC(ts_linear_forward(e, out, inp, w, NULL), TS_ESHAPE);
-    CHECK_RC(ts_linear_forward(e, out_bad, inp, w5, NULL), TS_ESHAPE);
-    CHECK_RC(ts_linear_forward(e, out, inp, w5, bias_bad), TS_ESHAPE);
-    CHECK_RC(ts_linear_backward(e, inp, w, NULL, out, inp, w), TS_ESHAPE);
+    TU_CHECK_RC(ts_linear_forward(e, out, inp, w, NULL), TS_ESHAPE);
+    TU_CHECK_RC(ts_linear_forward(e, out_bad, inp, w5, NULL), TS_ESHAPE);
+    TU_CHECK_RC(ts_linear_forward(e, out, inp, w5, bias_bad), TS_ESHAPE);
+    TU_CHECK_RC(ts_linear_backward(e, inp, w, NULL, out, inp, w), TS_ESHAPE);
     assert_untouched("linear with wrong K", out);
     assert_untouched("linear with wrong N", out_bad);
 
@@ -199,13 +179,13 @@ static void test_shape_mismatches(void **state) {
     ts_tensor_t *a = T(f, TS_F32, 2, TS_SHAPE(4, 5));
     ts_tensor_t *b = T(f, TS_F32, 2, TS_SHAPE(6, 3));
     ts_tensor_t *c = T(f, TS_F32, 2, TS_SHAPE(4, 3));
-    CHECK_RC(ts_matmul(e, c, a, 0, b, 0, 1.0f, 0.0f), TS_ESHAPE);  /* 5 vs 6 */
-    CHECK_RC(ts_matmul(e, c, a, 1, b, 0, 1.0f, 0.0f), TS_ESHAPE);  /* aᵀ is (5, 4) */
-    CHECK_RC(ts_matmul(e, a, a, 0, w5, 1, 1.0f, 0.0f), TS_ESHAPE); /* c should be (4, 3) */
+    TU_CHECK_RC(ts_matmul(e, c, a, 0, b, 0, 1.0f, 0.0f), TS_ESHAPE);  /* 5 vs 6 */
+    TU_CHECK_RC(ts_matmul(e, c, a, 1, b, 0, 1.0f, 0.0f), TS_ESHAPE);  /* aᵀ is (5, 4) */
+    TU_CHECK_RC(ts_matmul(e, a, a, 0, w5, 1, 1.0f, 0.0f), TS_ESHAPE); /* c should be (4, 3) */
     ts_tensor_t *a3 = T(f, TS_F32, 3, TS_SHAPE(2, 4, 5));
     ts_tensor_t *b3 = T(f, TS_F32, 3, TS_SHAPE(3, 5, 3));
     ts_tensor_t *c3 = T(f, TS_F32, 3, TS_SHAPE(2, 4, 3));
-    CHECK_RC(ts_matmul(e, c3, a3, 0, b3, 0, 1.0f, 0.0f), TS_ESHAPE); /* batch 2 vs 3 */
+    TU_CHECK_RC(ts_matmul(e, c3, a3, 0, b3, 0, 1.0f, 0.0f), TS_ESHAPE); /* batch 2 vs 3 */
     assert_untouched("matmul with wrong inner dimension", c);
     assert_untouched("batched matmul with wrong batch", c3);
 
@@ -217,8 +197,8 @@ static void test_shape_mismatches(void **state) {
     CHECK_BAD_ARG(ts_attention_forward(e, aout, att4, qkv, 4));
     CHECK_BAD_ARG(ts_attention_forward(e, aout, att2, qkv, 0));
     CHECK_BAD_ARG(ts_attention_forward(e, aout, att2, qkv, -2));
-    CHECK_RC(ts_attention_forward(e, aout, att2, aout, 2), TS_ESHAPE); /* 6 is not 3·6 */
-    CHECK_RC(ts_attention_forward(e, aout, att4, qkv, 2), TS_ESHAPE);  /* att has 4 heads */
+    TU_CHECK_RC(ts_attention_forward(e, aout, att2, aout, 2), TS_ESHAPE); /* 6 is not 3·6 */
+    TU_CHECK_RC(ts_attention_forward(e, aout, att4, qkv, 2), TS_ESHAPE);  /* att has 4 heads */
     assert_untouched("attention with C % heads != 0", aout);
     assert_untouched("attention (att)", att4);
 
@@ -228,11 +208,11 @@ static void test_shape_mismatches(void **state) {
     ts_tensor_t *mod10 = T(f, TS_F32, 2, TS_SHAPE(2, 10));
     ts_tensor_t *mod8 = T(f, TS_F32, 2, TS_SHAPE(2, 8));
     ts_tensor_t *mod_b3 = T(f, TS_F32, 2, TS_SHAPE(3, 8));
-    CHECK_RC(ts_modulate_forward(e, mout, x, mod10, 0, 1), TS_ESHAPE);
-    CHECK_RC(ts_modulate_forward(e, mout, x, mod_b3, 0, 1), TS_ESHAPE); /* batch 3 vs 2 */
+    TU_CHECK_RC(ts_modulate_forward(e, mout, x, mod10, 0, 1), TS_ESHAPE);
+    TU_CHECK_RC(ts_modulate_forward(e, mout, x, mod_b3, 0, 1), TS_ESHAPE); /* batch 3 vs 2 */
     CHECK_BAD_ARG(ts_modulate_forward(e, mout, x, mod8, 0, 2));
     CHECK_BAD_ARG(ts_modulate_forward(e, mout, x, mod8, -1, 1));
-    CHECK_RC(ts_gate_residual_forward(e, mout, x, x, mod10, 0), TS_ESHAPE);
+    TU_CHECK_RC(ts_gate_residual_forward(e, mout, x, x, mod10, 0), TS_ESHAPE);
     CHECK_BAD_ARG(ts_gate_residual_forward(e, mout, x, x, mod8, 2));
     assert_untouched("modulate with bad mod", mout);
 
@@ -243,7 +223,7 @@ static void test_shape_mismatches(void **state) {
     ts_tensor_t *tok_bad = T(f, TS_F32, 3, TS_SHAPE(1, 3, 4));
     CHECK_BAD_ARG(ts_patchify_forward(e, tok, img, 2));
     CHECK_BAD_ARG(ts_patchify_forward(e, tok, img44, 0));
-    CHECK_RC(ts_patchify_forward(e, tok_bad, img44, 2), TS_ESHAPE);
+    TU_CHECK_RC(ts_patchify_forward(e, tok_bad, img44, 2), TS_ESHAPE);
     CHECK_BAD_ARG(ts_unpatchify_forward(e, img, tok, 2));
     assert_untouched("patchify with H % p != 0", tok);
     assert_untouched("unpatchify with H % p != 0", img);
@@ -252,21 +232,21 @@ static void test_shape_mismatches(void **state) {
     ts_tensor_t *v5 = T(f, TS_F32, 1, TS_SHAPE(5));
     ts_tensor_t *v6 = T(f, TS_F32, 1, TS_SHAPE(6));
     ts_tensor_t *two = T(f, TS_F32, 1, TS_SHAPE(2));
-    CHECK_RC(ts_add(e, v5, v5, v6), TS_ESHAPE);
-    CHECK_RC(ts_axpy(e, v5, 1.0f, v6), TS_ESHAPE);
-    CHECK_RC(ts_gelu_forward(e, v5, v6), TS_ESHAPE);
-    CHECK_RC(ts_softmax_forward(e, out, inp), TS_ESHAPE);
+    TU_CHECK_RC(ts_add(e, v5, v5, v6), TS_ESHAPE);
+    TU_CHECK_RC(ts_axpy(e, v5, 1.0f, v6), TS_ESHAPE);
+    TU_CHECK_RC(ts_gelu_forward(e, v5, v6), TS_ESHAPE);
+    TU_CHECK_RC(ts_softmax_forward(e, out, inp), TS_ESHAPE);
     ts_tensor_t *three = T(f, TS_F32, 1, TS_SHAPE(3));
-    CHECK_RC(ts_add_bcast_forward(e, inp, inp, three), TS_ESHAPE); /* 3 does not divide 20 */
-    CHECK_RC(ts_add_bcast_backward(e, inp, three, inp), TS_ESHAPE);
-    CHECK_RC(ts_sum_forward(e, two, v5), TS_ESHAPE);
-    CHECK_RC(ts_mse_forward(e, two, v5, v5), TS_ESHAPE);
-    CHECK_RC(ts_mse_forward(e, v5, v5, v6), TS_ESHAPE);
-    CHECK_RC(ts_sum_rows(e, v6, inp), TS_ESHAPE);
-    CHECK_RC(ts_layernorm_forward(e, inp, two, NULL, inp), TS_ESHAPE); /* mean needs 4 rows */
-    CHECK_RC(ts_tensor_item(e, two, &(float){0}), TS_ESHAPE);
-    CHECK_RC(ts_convert(e, v5, v6), TS_ESHAPE);
-    CHECK_RC(ts_timestep_embedding_forward(e, out, v5, 1000.0f), TS_ESHAPE); /* 5 t vs 4 rows */
+    TU_CHECK_RC(ts_add_bcast_forward(e, inp, inp, three), TS_ESHAPE); /* 3 does not divide 20 */
+    TU_CHECK_RC(ts_add_bcast_backward(e, inp, three, inp), TS_ESHAPE);
+    TU_CHECK_RC(ts_sum_forward(e, two, v5), TS_ESHAPE);
+    TU_CHECK_RC(ts_mse_forward(e, two, v5, v5), TS_ESHAPE);
+    TU_CHECK_RC(ts_mse_forward(e, v5, v5, v6), TS_ESHAPE);
+    TU_CHECK_RC(ts_sum_rows(e, v6, inp), TS_ESHAPE);
+    TU_CHECK_RC(ts_layernorm_forward(e, inp, two, NULL, inp), TS_ESHAPE); /* mean needs 4 rows */
+    TU_CHECK_RC(ts_tensor_item(e, two, &(float){0}), TS_ESHAPE);
+    TU_CHECK_RC(ts_convert(e, v5, v6), TS_ESHAPE);
+    TU_CHECK_RC(ts_timestep_embedding_forward(e, out, v5, 1000.0f), TS_ESHAPE); /* 5 t vs 4 rows */
     CHECK_BAD_ARG(ts_pos_embed_2d(e, out, 2)); /* (4, 3): D = 3 is not a multiple of 4 */
     CHECK_BAD_ARG(ts_pos_embed_2d(e, out, 0));
     assert_untouched("add with mismatched counts", v5);
@@ -275,11 +255,11 @@ static void test_shape_mismatches(void **state) {
 
     /* optimiser: moments of another size; step 0 has no bias correction */
     ts_adamw_t hp = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f};
-    CHECK_RC(ts_adamw_step(e, v5, v5, v6, v5, &hp, 1, 1.0f), TS_ESHAPE);
-    CHECK_RC(ts_adamw_step(e, v5, v6, v5, v5, &hp, 1, 1.0f), TS_ESHAPE);
+    TU_CHECK_RC(ts_adamw_step(e, v5, v5, v6, v5, &hp, 1, 1.0f), TS_ESHAPE);
+    TU_CHECK_RC(ts_adamw_step(e, v5, v6, v5, v5, &hp, 1, 1.0f), TS_ESHAPE);
     CHECK_BAD_ARG(ts_adamw_step(e, v5, v5, v5, v5, &hp, 0, 1.0f));
     assert_untouched("adamw refused", v5);
-    CHECK_RC(ts_ema_update(e, v5, v6, 0.9f), TS_ESHAPE);
+    TU_CHECK_RC(ts_ema_update(e, v5, v6, 0.9f), TS_ESHAPE);
 }
 
 /* ---- dtypes and devices ---------------------------------------------------------------- */
@@ -295,39 +275,39 @@ static void test_dtype_and_device(void **state) {
     ts_tensor_t *w = T(f, TS_F32, 2, TS_SHAPE(3, 6));
     ts_tensor_t *o = T(f, TS_F32, 2, TS_SHAPE(4, 3));
 
-    CHECK_RC(ts_gelu_forward(e, y, h), TS_EDTYPE);
-    CHECK_RC(ts_gelu_forward(e, h, x), TS_EDTYPE);
-    CHECK_RC(ts_softmax_forward(e, y, i32), TS_EDTYPE);
-    CHECK_RC(ts_linear_forward(e, o, bf, w, NULL), TS_EDTYPE);
-    CHECK_RC(ts_add(e, y, x, h), TS_EDTYPE);
-    CHECK_RC(ts_layernorm_forward(e, y, NULL, NULL, bf), TS_EDTYPE);
-    CHECK_RC(ts_convert(e, y, i32), TS_EDTYPE);
-    CHECK_RC(ts_check_finite(e, i32), TS_EDTYPE);
-    CHECK_RC(ts_rng_uniform(e, h, 1, 0), TS_EDTYPE);
-    CHECK_RC(ts_fill(e, i32, 1.0f), TS_EDTYPE);
+    TU_CHECK_RC(ts_gelu_forward(e, y, h), TS_EDTYPE);
+    TU_CHECK_RC(ts_gelu_forward(e, h, x), TS_EDTYPE);
+    TU_CHECK_RC(ts_softmax_forward(e, y, i32), TS_EDTYPE);
+    TU_CHECK_RC(ts_linear_forward(e, o, bf, w, NULL), TS_EDTYPE);
+    TU_CHECK_RC(ts_add(e, y, x, h), TS_EDTYPE);
+    TU_CHECK_RC(ts_layernorm_forward(e, y, NULL, NULL, bf), TS_EDTYPE);
+    TU_CHECK_RC(ts_convert(e, y, i32), TS_EDTYPE);
+    TU_CHECK_RC(ts_check_finite(e, i32), TS_EDTYPE);
+    TU_CHECK_RC(ts_rng_uniform(e, h, 1, 0), TS_EDTYPE);
+    TU_CHECK_RC(ts_fill(e, i32, 1.0f), TS_EDTYPE);
     ts_tensor_t *ids_f32 = T(f, TS_F32, 1, TS_SHAPE(4));
-    CHECK_RC(ts_embedding_forward(e, y, y, ids_f32), TS_EDTYPE); /* ids must be I32 */
+    TU_CHECK_RC(ts_embedding_forward(e, y, y, ids_f32), TS_EDTYPE); /* ids must be I32 */
     assert_untouched("gelu of an F16 tensor", y);
 
     /* a tensor tagged as CUDA memory (the bytes are host memory; nothing may touch them) */
     ts_tensor_t xc = *x;
     xc.device = TS_CUDA;
     xc.owns = 0;
-    CHECK_RC(ts_gelu_forward(e, y, &xc), TS_EDEVICE);
-    CHECK_RC(ts_gelu_forward(e, &xc, y), TS_EDEVICE);
-    CHECK_RC(
+    TU_CHECK_RC(ts_gelu_forward(e, y, &xc), TS_EDEVICE);
+    TU_CHECK_RC(ts_gelu_forward(e, &xc, y), TS_EDEVICE);
+    TU_CHECK_RC(
         ts_linear_forward(
             e, o, x,
             &(ts_tensor_t){
                 .data = w->data, .dtype = TS_F32, .device = TS_CUDA, .ndim = 2, .shape = {3, 6}},
             NULL),
         TS_EDEVICE);
-    CHECK_RC(ts_add(e, y, x, &xc), TS_EDEVICE);
-    CHECK_RC(ts_rng_normal(e, &xc, 1, 0), TS_EDEVICE);
+    TU_CHECK_RC(ts_add(e, y, x, &xc), TS_EDEVICE);
+    TU_CHECK_RC(ts_rng_normal(e, &xc, 1, 0), TS_EDEVICE);
     ts_tensor_t c6 = *T(f, TS_F32, 1, TS_SHAPE(6));
     c6.device = TS_CUDA;
     c6.owns = 0;
-    CHECK_RC(ts_sum_rows(e, &c6, x), TS_EDEVICE);
+    TU_CHECK_RC(ts_sum_rows(e, &c6, x), TS_EDEVICE);
     assert_untouched("gelu with a CUDA input", y);
     assert_untouched("gelu into a CUDA output", x);
     assert_untouched("linear with a CUDA weight", o);
@@ -346,32 +326,33 @@ static void test_embedding_ids_out_of_range(void **state) {
     static const int32_t cases[][3] = {{0, 1, 5}, {-1, 0, 0}, {4, INT32_MIN, 2}, {INT32_MAX, 0, 0}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         memcpy(ids->data, cases[c], sizeof cases[c]);
-        CHECK_RC(ts_embedding_forward(e, out, table, ids), TS_ERANGE);
+        TU_CHECK_RC(ts_embedding_forward(e, out, table, ids), TS_ERANGE);
         assert_untouched("embedding with an id out of range", out);
         ts_tensor_t *dtable = table;
         float before = ((float *)dtable->data)[0];
-        CHECK_RC(ts_embedding_backward(e, dtable, out, ids), TS_ERANGE);
+        TU_CHECK_RC(ts_embedding_backward(e, dtable, out, ids), TS_ERANGE);
         assert_true(((float *)dtable->data)[0] == before);
     }
     /* the valid ids still work */
     static const int32_t ok[3] = {4, 0, 4};
     memcpy(ids->data, ok, sizeof ok);
-    CHECK_OK(ts_embedding_forward(e, out, table, ids));
+    TU_CHECK_OK(ts_embedding_forward(e, out, table, ids));
     assert_true(((float *)out->data)[0] == 12.0f && ((float *)out->data)[3] == 0.0f);
 }
 
 static void test_absurd_sizes(void **state) {
     (void)state;
     ts_tensor_t t;
-    CHECK_RC(ts_tensor_alloc(
-                 &t, TS_F32, TS_CPU, 4,
-                 TS_SHAPE(INT64_C(1) << 20, INT64_C(1) << 20, INT64_C(1) << 20, INT64_C(1) << 20)),
-             TS_ERANGE);
-    CHECK_RC(ts_tensor_alloc(&t, TS_F32, TS_CPU, 1, TS_SHAPE(INT64_MAX)), TS_ERANGE);
-    CHECK_RC(ts_tensor_alloc(&t, TS_F16, TS_CPU, 2, TS_SHAPE(INT64_C(1) << 30, INT64_C(1) << 30)),
-             TS_ERANGE);
+    TU_CHECK_RC(ts_tensor_alloc(&t, TS_F32, TS_CPU, 4,
+                                TS_SHAPE(INT64_C(1) << 20, INT64_C(1) << 20, INT64_C(1) << 20,
+                                         INT64_C(1) << 20)),
+                TS_ERANGE);
+    TU_CHECK_RC(ts_tensor_alloc(&t, TS_F32, TS_CPU, 1, TS_SHAPE(INT64_MAX)), TS_ERANGE);
+    TU_CHECK_RC(
+        ts_tensor_alloc(&t, TS_F16, TS_CPU, 2, TS_SHAPE(INT64_C(1) << 30, INT64_C(1) << 30)),
+        TS_ERANGE);
     ts_arena_t a;
-    CHECK_OK(ts_arena_init(&a, TS_CPU, 0));
+    TU_CHECK_OK(ts_arena_init(&a, TS_CPU, 0));
     int rc = ts_arena_tensor(&a, &t, TS_F32, 2, TS_SHAPE(INT64_MAX / 2, 3));
     assert_true(rc == TS_ERANGE || rc == TS_ENOMEM);
     assert_int_equal(a.used, 0);
@@ -389,12 +370,12 @@ static void test_engine_init_errors(void **state) {
     if (count == 0) {
         /* no GPU here (or no CUDA backend): the reason is given, and a CUDA engine is ENODEV */
         assert_true(why[0] != '\0');
-        CHECK_RC(ts_engine_init(&e, &cuda), TS_ENODEV);
+        TU_CHECK_RC(ts_engine_init(&e, &cuda), TS_ENODEV);
     }
     ts_engine_opts_t bad_gpu = {.device = TS_CUDA, .threads = 0, .gpu = 1000};
     int rc = ts_engine_init(&e, &bad_gpu);
     assert_true(rc == TS_ENODEV || rc == TS_EINVAL);
-    CHECK_RC(ts_engine_init(NULL, &cuda), TS_EINVAL);
+    TU_CHECK_RC(ts_engine_init(NULL, &cuda), TS_EINVAL);
     ts_engine_opts_t bad_dev = {.device = (ts_device_t)7, .threads = 1, .gpu = 0};
     rc = ts_engine_init(&e, &bad_dev);
     assert_true(rc == TS_EINVAL || rc == TS_ENODEV);

@@ -14,12 +14,6 @@
  * (subnormal ties, the subnormal/normal boundary, the overflow boundary, ±0, ±Inf, quiet and
  * signalling NaNs). Every check is exact (bit for bit, or NaN-ness for NaN inputs).
  */
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -29,48 +23,7 @@
 #include "kernels/engine.h"
 #include "kernels/math.h"
 #include "kernels/ops.h"
-
-#define CHECK_OK(expr)                                                                             \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != TS_OK) {                                                                        \
-            print_error("%s:%d: %s returned %d (%s)\n", __FILE__, __LINE__, #expr, rc_,            \
-                        ts_strerror(rc_));                                                         \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
-
-static int setup_engine(void **state) {
-    ts_engine_t *e = calloc(1, sizeof *e);
-    if (!e)
-        return -1;
-    ts_engine_opts_t opts = {.device = TS_CPU, .threads = 2, .gpu = 0};
-    if (ts_engine_init(e, &opts) != TS_OK) {
-        free(e);
-        return -1;
-    }
-    *state = e;
-    return 0;
-}
-
-static int teardown_engine(void **state) {
-    ts_engine_t *e = *state;
-    ts_engine_free(e);
-    free(e);
-    return 0;
-}
-
-static float f32_of_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint32_t bits_of_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
+#include "tests/testutil.h"
 
 /* ---- the reference ------------------------------------------------------------------------ */
 
@@ -184,7 +137,7 @@ static floats_t test_floats(const fmt16_t *f) {
     uint64_t st = 12345;
     for (int i = 0; i < (1 << 20); i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
-        float x = f32_of_bits((uint32_t)(st >> 32));
+        float x = ts_bits_f32((uint32_t)(st >> 32));
         if (!isnan(x))
             push(&fs, x);
     }
@@ -213,12 +166,12 @@ static floats_t test_floats(const fmt16_t *f) {
                           0x1p-14f - 0x1p-25f,
                           0x1p-14f,
                           0x1p-24f,
-                          f32_of_bits(0x7f7f8000u),
-                          f32_of_bits(0x7f7f7fffu),
-                          f32_of_bits(0x00008000u),
-                          f32_of_bits(0x00018000u),
-                          f32_of_bits(0x3f808000u),
-                          f32_of_bits(0x3f818000u)};
+                          ts_bits_f32(0x7f7f8000u),
+                          ts_bits_f32(0x7f7f7fffu),
+                          ts_bits_f32(0x00008000u),
+                          ts_bits_f32(0x00018000u),
+                          ts_bits_f32(0x3f808000u),
+                          ts_bits_f32(0x3f818000u)};
     for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
         push(&fs, edge[i]);
     return fs;
@@ -259,13 +212,13 @@ static void check_rounding16(const fmt16_t *f, uint16_t (*to16)(float)) {
         uint16_t want = round16(f, fs.v[i]), got = to16(fs.v[i]);
         if (got != want) {
             print_error("f32 %.9g (%08x) → %s: got %04x (%.9g), expected %04x (%.9g)\n", fs.v[i],
-                        bits_of_f32(fs.v[i]), f->name, got, decode16(f, got), want,
+                        ts_f32_bits(fs.v[i]), f->name, got, decode16(f, got), want,
                         decode16(f, want));
             fail();
         }
     }
     for (size_t i = 0; i < sizeof nan_inputs / sizeof nan_inputs[0]; i++) {
-        float x = f32_of_bits(nan_inputs[i]);
+        float x = ts_bits_f32(nan_inputs[i]);
         uint16_t got = to16(x);
         if (!is_nan16(f, got) || (got >> 15) != (nan_inputs[i] >> 31)) {
             print_error("f32 NaN %08x → %s gave %04x, want a NaN of the same sign\n", nan_inputs[i],
@@ -309,10 +262,10 @@ static void test_bf16_all_patterns_roundtrip(void **state) {
 static void test_bf16_rounding(void **state) {
     (void)state;
     assert_int_equal(round16(&FMT_BF16, 1.0f), 0x3f80);
-    assert_int_equal(round16(&FMT_BF16, f32_of_bits(0x3f808000u)), 0x3f80); /* tie → even */
-    assert_int_equal(round16(&FMT_BF16, f32_of_bits(0x3f818000u)), 0x3f82); /* tie → even */
-    assert_int_equal(round16(&FMT_BF16, f32_of_bits(0x7f7f8000u)), 0x7f80); /* → Inf */
-    assert_int_equal(round16(&FMT_BF16, f32_of_bits(0x7f7f7fffu)), 0x7f7f);
+    assert_int_equal(round16(&FMT_BF16, ts_bits_f32(0x3f808000u)), 0x3f80); /* tie → even */
+    assert_int_equal(round16(&FMT_BF16, ts_bits_f32(0x3f818000u)), 0x3f82); /* tie → even */
+    assert_int_equal(round16(&FMT_BF16, ts_bits_f32(0x7f7f8000u)), 0x7f80); /* → Inf */
+    assert_int_equal(round16(&FMT_BF16, ts_bits_f32(0x7f7f7fffu)), 0x7f7f);
     assert_int_equal(round16(&FMT_BF16, FLT_MAX), 0x7f80);
     check_rounding16(&FMT_BF16, bf16_from);
 }
@@ -348,7 +301,7 @@ static void test_convert_every_pair(void **state) {
         push(&fs, fb.v[i]);
     free(fb.v);
     for (size_t i = 0; i < sizeof nan_inputs / sizeof nan_inputs[0]; i++)
-        push(&fs, f32_of_bits(nan_inputs[i]));
+        push(&fs, ts_bits_f32(nan_inputs[i]));
     for (int s = 0; s < 3; s++) {
         for (int d = 0; d < 3; d++) {
             ts_dtype_t sd = DTYPES[s], dd = DTYPES[d];
@@ -362,7 +315,7 @@ static void test_convert_every_pair(void **state) {
                 else
                     ((uint16_t *)src.data)[i] = (uint16_t)i;
             }
-            CHECK_OK(ts_convert(e, &dst, &src));
+            TU_CHECK_OK(ts_convert(e, &dst, &src));
             for (int64_t i = 0; i < n; i++) {
                 double v = load(sd, src.data, (size_t)i); /* exact */
                 double got = load(dd, dst.data, (size_t)i);
@@ -449,5 +402,6 @@ int main(void) {
         cmocka_unit_test(test_bf16_all_patterns_roundtrip), cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_convert_every_pair),          cmocka_unit_test(test_check_finite),
     };
-    return cmocka_run_group_tests_name("convert", tests, setup_engine, teardown_engine);
+    return cmocka_run_group_tests_name("convert", tests, tu_setup_cpu_engine,
+                                       tu_teardown_cpu_engine);
 }

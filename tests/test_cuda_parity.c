@@ -19,12 +19,6 @@
  * Without a usable GPU (or without the CUDA backend) the test prints why and exits 77, which
  * ctest reports as skipped.
  */
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +26,7 @@
 
 #include "kernels/engine.h"
 #include "kernels/ops.h"
+#include "tests/testutil.h"
 
 #define NMSE_TOL 1e-6
 #define N_ODD 1000003 /* a prime element count for the elementwise ops */
@@ -41,16 +36,6 @@
 #define T_ 49
 #define C_ 128
 #define HEADS 4
-
-#define CHECK_OK(expr)                                                                           \
-    do {                                                                                         \
-        int rc_ = (expr);                                                                        \
-        if (rc_ != TS_OK) {                                                                      \
-            print_error("%s:%d: %s returned %d (%s)\n", __FILE__, __LINE__, #expr, rc_,          \
-                        ts_strerror(rc_));                                                       \
-            fail();                                                                              \
-        }                                                                                        \
-    } while (0)
 
 /* ---- fixture: one CPU and one CUDA engine ---------------------------------------------- */
 
@@ -89,30 +74,14 @@ static int group_teardown(void **state) {
 
 /* Runs `call` on the CPU engine, then on the CUDA engine: inside it, E is the engine and
  * ON(p) the pair's tensor on that engine's device. */
-#define BOTH(call)                                                                               \
-    for (int side = 0; side < 2; side++) {                                                       \
-        ts_engine_t *E = &fx->e[side];                                                           \
-        CHECK_OK(call);                                                                          \
+#define BOTH(call)                                                                                 \
+    for (int side = 0; side < 2; side++) {                                                         \
+        ts_engine_t *E = &fx->e[side];                                                             \
+        TU_CHECK_OK(call);                                                                         \
     }
 #define ON(p) (&(p).t[side])
 
 /* ---- inputs ---------------------------------------------------------------------------- */
-
-typedef struct {
-    uint64_t s;
-} trng_t;
-
-static uint64_t trng_next(trng_t *r) {
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float trng_uniform(trng_t *r, float lo, float hi) {
-    double u = (double)(trng_next(r) >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(lo + (hi - lo) * u);
-}
 
 /* The same tensor on the CPU ([0]) and on the GPU ([1]). */
 typedef struct {
@@ -122,21 +91,21 @@ typedef struct {
 /* Allocates both sides; the CPU side is zeroed by ts_tensor_alloc. */
 static void pair_alloc(pair_t *p, ts_dtype_t dtype, int ndim, const int64_t *shape) {
     memset(p, 0, sizeof *p);
-    CHECK_OK(ts_tensor_alloc(&p->t[0], dtype, TS_CPU, ndim, shape));
-    CHECK_OK(ts_tensor_alloc(&p->t[1], dtype, TS_CUDA, ndim, shape));
+    TU_CHECK_OK(ts_tensor_alloc(&p->t[0], dtype, TS_CPU, ndim, shape));
+    TU_CHECK_OK(ts_tensor_alloc(&p->t[1], dtype, TS_CUDA, ndim, shape));
 }
 
 /* Copies the CPU side to the GPU side. */
-static void pair_upload(pair_t *p) { CHECK_OK(ts_tensor_copy(&p->t[1], &p->t[0])); }
+static void pair_upload(pair_t *p) { TU_CHECK_OK(ts_tensor_copy(&p->t[1], &p->t[0])); }
 
 static float *host_f32(pair_t *p) { return (float *)p->t[0].data; }
 
 /* F32 pair, uniform in [lo, hi) on both sides. */
-static void pair_rand(pair_t *p, trng_t *r, float lo, float hi, int ndim, const int64_t *shape) {
+static void pair_rand(pair_t *p, tu_rng_t *r, float lo, float hi, int ndim, const int64_t *shape) {
     pair_alloc(p, TS_F32, ndim, shape);
     int64_t n = ts_tensor_numel(&p->t[0]);
     for (int64_t i = 0; i < n; i++)
-        host_f32(p)[i] = trng_uniform(r, lo, hi);
+        host_f32(p)[i] = tu_rng_uniform(r, lo, hi);
     pair_upload(p);
 }
 
@@ -154,13 +123,13 @@ static void pair_free(pair_t *p) {
 /* A host copy of the GPU side (caller frees). Synchronises the CUDA engine first, so a kernel
  * fault is reported here, by name, rather than as a failed copy. */
 static void *download(fixture_t *fx, const pair_t *p) {
-    CHECK_OK(ts_engine_sync(&fx->e[1]));
+    TU_CHECK_OK(ts_engine_sync(&fx->e[1]));
     const ts_tensor_t *g = &p->t[1];
     void *buf = malloc(ts_tensor_nbytes(g));
     assert_non_null(buf);
     ts_tensor_t h;
-    CHECK_OK(ts_tensor_wrap(&h, buf, g->dtype, TS_CPU, g->ndim, g->shape));
-    CHECK_OK(ts_tensor_copy(&h, g));
+    TU_CHECK_OK(ts_tensor_wrap(&h, buf, g->dtype, TS_CPU, g->ndim, g->shape));
+    TU_CHECK_OK(ts_tensor_copy(&h, g));
     return buf;
 }
 
@@ -210,7 +179,7 @@ static void expect_identical(fixture_t *fx, const char *what, const pair_t *p) {
 
 static void test_elementwise(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {1};
+    tu_rng_t r = {1};
     pair_t y, x, a, out;
     pair_rand(&y, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
     pair_rand(&x, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
@@ -247,7 +216,7 @@ static void test_elementwise(void **state) {
 }
 
 /* add_bcast forward and backward for x (rows, S) with b (S). */
-static void bcast_case(fixture_t *fx, trng_t *r, int ndim, const int64_t *xshape, int bdim,
+static void bcast_case(fixture_t *fx, tu_rng_t *r, int ndim, const int64_t *xshape, int bdim,
                        const int64_t *bshape, const char *label) {
     char what[96];
     pair_t x, b, out, dx, db, dout;
@@ -280,7 +249,7 @@ static void bcast_case(fixture_t *fx, trng_t *r, int ndim, const int64_t *xshape
 
 static void test_add_bcast(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {2};
+    tu_rng_t r = {2};
     bcast_case(fx, &r, 3, TS_SHAPE(B_, T_, C_), 1, TS_SHAPE(C_), "(B,T,C)+(C)");
     bcast_case(fx, &r, 3, TS_SHAPE(B_, T_, C_), 2, TS_SHAPE(T_, C_), "(B,T,C)+(T,C)");
     bcast_case(fx, &r, 2, TS_SHAPE(76923, 13), 1, TS_SHAPE(13), "(76923,13)+(13)");
@@ -290,14 +259,14 @@ static void test_add_bcast(void **state) {
 
 /* Values across the whole range: random magnitudes from 2^-30 to 2^20, signed zeros, F16
  * subnormals and overflow, ties for both roundings, Inf and NaN. */
-static void fill_specials(float *v, int64_t n, trng_t *r) {
+static void fill_specials(float *v, int64_t n, tu_rng_t *r) {
     for (int64_t i = 0; i < n; i++)
-        v[i] = trng_uniform(r, -1.0f, 1.0f) * ldexpf(1.0f, (int)(trng_next(r) % 51) - 30);
-    const float special[] = {0.0f,      -0.0f,         1.0f,        -1.0f,     65504.0f,
-                             65520.0f,  -65520.0f,     1e6f,        6e-8f,     3e-8f,
-                             -6.1e-5f,  1.0009765625f, 1.00048828125f, 1.00146484375f,
-                             1.00390625f, 1.01171875f, 3.0e38f,    -3.4e38f,  INFINITY,
-                             -INFINITY, NAN,           -NAN};
+        v[i] = tu_rng_uniform(r, -1.0f, 1.0f) * ldexpf(1.0f, (int)(tu_rng_next(r) % 51) - 30);
+    const float special[] = {
+        0.0f,           -0.0f,          1.0f,        -1.0f,       65504.0f, 65520.0f,
+        -65520.0f,      1e6f,           6e-8f,       3e-8f,       -6.1e-5f, 1.0009765625f,
+        1.00048828125f, 1.00146484375f, 1.00390625f, 1.01171875f, 3.0e38f,  -3.4e38f,
+        INFINITY,       -INFINITY,      NAN,         -NAN};
     size_t k = sizeof special / sizeof special[0];
     for (size_t i = 0; i < k && (int64_t)i < n; i++)
         v[(int64_t)i * (n / (int64_t)k)] = special[i];
@@ -311,7 +280,7 @@ static void expect_finite(fixture_t *fx, const pair_t *p, int want) {
 
 static void test_convert(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {3};
+    tu_rng_t r = {3};
     pair_t f32, f16, bf16, back16, backbf;
     pair_alloc(&f32, TS_F32, 1, TS_SHAPE(N_ODD));
     fill_specials(host_f32(&f32), N_ODD, &r);
@@ -337,7 +306,7 @@ static void test_convert(void **state) {
     expect_finite(fx, &f16, TS_ENONFINITE);
     expect_finite(fx, &bf16, TS_ENONFINITE);
     for (int64_t i = 0; i < N_ODD; i++)
-        host_f32(&f32)[i] = trng_uniform(&r, -1000.0f, 1000.0f);
+        host_f32(&f32)[i] = tu_rng_uniform(&r, -1000.0f, 1000.0f);
     pair_upload(&f32);
     expect_finite(fx, &f32, TS_OK);
     BOTH(ts_convert(E, ON(f16), ON(f32)));
@@ -360,7 +329,7 @@ static void test_convert(void **state) {
 
 static void test_linear(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {4};
+    tu_rng_t r = {4};
     const int64_t N = 3 * C_;
     pair_t inp, w, bias, out, dout, dinp, dw, db;
     pair_rand(&inp, &r, -1.0f, 1.0f, 3, TS_SHAPE(B_, T_, C_));
@@ -392,7 +361,7 @@ static void test_linear(void **state) {
 }
 
 /* c = alpha·op(a)·op(b) + beta·c and its backward, for one (batch, trans_a, trans_b). */
-static void matmul_case(fixture_t *fx, trng_t *r, int64_t batch, int ta, int tb) {
+static void matmul_case(fixture_t *fx, tu_rng_t *r, int64_t batch, int ta, int tb) {
     const int64_t M = 37, N = 53, K = 61;
     int nd = batch > 1 ? 3 : 2;
     int64_t as[3], bs[3], cs[3];
@@ -418,11 +387,11 @@ static void matmul_case(fixture_t *fx, trng_t *r, int64_t batch, int ta, int tb)
     snprintf(what, sizeof what, "matmul batch %lld ta %d tb %d", (long long)batch, ta, tb);
     expect_close(fx, what, &c);
     BOTH(ts_matmul_backward(E, ON(da), ON(db), ON(dc), ON(a), ta, ON(b), tb, 1.25f));
-    snprintf(what, sizeof what, "matmul_backward batch %lld ta %d tb %d da", (long long)batch,
-             ta, tb);
+    snprintf(what, sizeof what, "matmul_backward batch %lld ta %d tb %d da", (long long)batch, ta,
+             tb);
     expect_close(fx, what, &da);
-    snprintf(what, sizeof what, "matmul_backward batch %lld ta %d tb %d db", (long long)batch,
-             ta, tb);
+    snprintf(what, sizeof what, "matmul_backward batch %lld ta %d tb %d db", (long long)batch, ta,
+             tb);
     expect_close(fx, what, &db);
 
     pair_free(&a);
@@ -435,7 +404,7 @@ static void matmul_case(fixture_t *fx, trng_t *r, int64_t batch, int ta, int tb)
 
 static void test_matmul(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {5};
+    tu_rng_t r = {5};
     for (int batched = 0; batched < 2; batched++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++)
@@ -444,7 +413,7 @@ static void test_matmul(void **state) {
 
 /* ---- normalisation and activations ------------------------------------------------------ */
 
-static void layernorm_case(fixture_t *fx, trng_t *r, int64_t rows, int64_t C) {
+static void layernorm_case(fixture_t *fx, tu_rng_t *r, int64_t rows, int64_t C) {
     char what[96];
     pair_t inp, out, mean, rstd, dout, dinp;
     pair_rand(&inp, r, -2.0f, 2.0f, 2, TS_SHAPE(rows, C));
@@ -458,8 +427,7 @@ static void layernorm_case(fixture_t *fx, trng_t *r, int64_t rows, int64_t C) {
     pair_rand(&dinp, r, -1.0f, 1.0f, 2, TS_SHAPE(rows, C));
 
     BOTH(ts_layernorm_forward(E, ON(out), ON(mean), ON(rstd), ON(inp)));
-    snprintf(what, sizeof what, "layernorm_forward (%lld,%lld) out", (long long)rows,
-             (long long)C);
+    snprintf(what, sizeof what, "layernorm_forward (%lld,%lld) out", (long long)rows, (long long)C);
     expect_close(fx, what, &out);
     snprintf(what, sizeof what, "layernorm_forward (%lld,%lld) mean", (long long)rows,
              (long long)C);
@@ -468,8 +436,7 @@ static void layernorm_case(fixture_t *fx, trng_t *r, int64_t rows, int64_t C) {
              (long long)C);
     expect_close(fx, what, &rstd);
     BOTH(ts_layernorm_backward(E, ON(dinp), ON(dout), ON(inp), ON(mean), ON(rstd)));
-    snprintf(what, sizeof what, "layernorm_backward (%lld,%lld)", (long long)rows,
-             (long long)C);
+    snprintf(what, sizeof what, "layernorm_backward (%lld,%lld)", (long long)rows, (long long)C);
     expect_close(fx, what, &dinp);
 
     pair_free(&inp);
@@ -482,7 +449,7 @@ static void layernorm_case(fixture_t *fx, trng_t *r, int64_t rows, int64_t C) {
 
 static void test_layernorm(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {6};
+    tu_rng_t r = {6};
     layernorm_case(fx, &r, B_ * T_, C_);
     layernorm_case(fx, &r, 37, 1000); /* wider than a block, not a multiple of 32 */
     layernorm_case(fx, &r, 5, 3);     /* narrower than a warp */
@@ -490,7 +457,7 @@ static void test_layernorm(void **state) {
 
 static void test_activations(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {7};
+    tu_rng_t r = {7};
     pair_t inp, out, dout, dinp;
     pair_rand(&inp, &r, -6.0f, 6.0f, 1, TS_SHAPE(N_ODD));
     pair_zeros(&out, 1, TS_SHAPE(N_ODD));
@@ -514,7 +481,7 @@ static void test_activations(void **state) {
     pair_free(&dinp);
 }
 
-static void softmax_case(fixture_t *fx, trng_t *r, int64_t rows, int64_t C) {
+static void softmax_case(fixture_t *fx, tu_rng_t *r, int64_t rows, int64_t C) {
     char what[96];
     pair_t inp, out, dout, dinp;
     pair_rand(&inp, r, -4.0f, 4.0f, 2, TS_SHAPE(rows, C));
@@ -541,7 +508,7 @@ static void softmax_case(fixture_t *fx, trng_t *r, int64_t rows, int64_t C) {
 
 static void test_softmax(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {8};
+    tu_rng_t r = {8};
     softmax_case(fx, &r, B_ * HEADS * T_, T_); /* attention rows */
     softmax_case(fx, &r, 37, 1000);
 }
@@ -550,7 +517,7 @@ static void test_softmax(void **state) {
 
 static void test_attention(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {9};
+    tu_rng_t r = {9};
     pair_t qkv, out, att, dout, dqkv, datt;
     pair_rand(&qkv, &r, -1.0f, 1.0f, 3, TS_SHAPE(B_, T_, 3 * C_));
     pair_zeros(&out, 3, TS_SHAPE(B_, T_, C_));
@@ -576,7 +543,7 @@ static void test_attention(void **state) {
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */
 
 /* modulate and gate_residual, forward and backward, for x (B, T, C), mod (B, 6C). */
-static void adaln_case(fixture_t *fx, trng_t *r, int64_t B, int64_t T, int64_t C) {
+static void adaln_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t T, int64_t C) {
     char what[96], size[48];
     snprintf(size, sizeof size, "(%lld,%lld,%lld)", (long long)B, (long long)T, (long long)C);
     pair_t x, mod, out, dout, dx, dmod, res, y, dres, dy;
@@ -624,14 +591,14 @@ static void adaln_case(fixture_t *fx, trng_t *r, int64_t B, int64_t T, int64_t C
 
 static void test_adaln(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {10};
+    tu_rng_t r = {10};
     adaln_case(fx, &r, B_, T_, C_);
     adaln_case(fx, &r, 2, 4096, 40); /* many tokens: Σ_T split across blocks; C % 32 != 0 */
 }
 
 /* ---- embeddings ------------------------------------------------------------------------ */
 
-static void timestep_case(fixture_t *fx, trng_t *r, int64_t B, int64_t D) {
+static void timestep_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t D) {
     char what[96];
     pair_t t, out, dout, dt;
     pair_rand(&t, r, 0.0f, 1.0f, 1, TS_SHAPE(B));
@@ -654,7 +621,7 @@ static void timestep_case(fixture_t *fx, trng_t *r, int64_t B, int64_t D) {
 
 static void test_embeddings(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {11};
+    tu_rng_t r = {11};
     timestep_case(fx, &r, 64, 256);
     timestep_case(fx, &r, 5, 257); /* odd D: a trailing zero column */
 
@@ -671,7 +638,7 @@ static void test_embeddings(void **state) {
     pair_alloc(&ids, TS_I32, 1, TS_SHAPE(NB));
     int32_t *id = ids.t[0].data;
     for (int64_t b = 0; b < NB; b++)
-        id[b] = b % 4 == 0 ? 7 : (int32_t)(trng_next(&r) % (uint64_t)V);
+        id[b] = b % 4 == 0 ? 7 : (int32_t)(tu_rng_next(&r) % (uint64_t)V);
     id[NB - 1] = (int32_t)V - 1;
     pair_upload(&ids);
     pair_zeros(&out, 2, TS_SHAPE(NB, C_));
@@ -692,7 +659,7 @@ static void test_embeddings(void **state) {
 
 /* ---- patches --------------------------------------------------------------------------- */
 
-static void patch_case(fixture_t *fx, trng_t *r, int64_t B, int64_t C, int64_t H, int64_t W,
+static void patch_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t C, int64_t H, int64_t W,
                        int p) {
     char what[96], size[64];
     snprintf(size, sizeof size, "(%lld,%lld,%lld,%lld) p=%d", (long long)B, (long long)C,
@@ -725,7 +692,7 @@ static void patch_case(fixture_t *fx, trng_t *r, int64_t B, int64_t C, int64_t H
 
 static void test_patches(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {12};
+    tu_rng_t r = {12};
     patch_case(fx, &r, B_, 4, 28, 28, 4); /* T = 49 tokens */
     patch_case(fx, &r, 2, 3, 32, 16, 2);  /* non-square image */
 }
@@ -734,7 +701,7 @@ static void test_patches(void **state) {
 
 static void test_reductions(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {13};
+    tu_rng_t r = {13};
     pair_t x, x2, s, dx;
     pair_rand(&x, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
     pair_rand(&x2, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
@@ -787,7 +754,7 @@ static void test_reductions(void **state) {
 
 static void test_flow_interp(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {14};
+    tu_rng_t r = {14};
     pair_t x0, eps, t, xt, target;
     pair_rand(&x0, &r, -1.0f, 1.0f, 4, TS_SHAPE(B_, 3, 32, 32));
     pair_rand(&eps, &r, -3.0f, 3.0f, 4, TS_SHAPE(B_, 3, 32, 32));
@@ -810,7 +777,7 @@ static void test_flow_interp(void **state) {
 
 static void test_optimiser(void **state) {
     fixture_t *fx = *state;
-    trng_t r = {15};
+    tu_rng_t r = {15};
     pair_t param, grad, m, v, ema;
     pair_rand(&param, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
     pair_rand(&grad, &r, -0.01f, 0.01f, 1, TS_SHAPE(N_ODD));
@@ -818,8 +785,8 @@ static void test_optimiser(void **state) {
     pair_zeros(&v, 1, TS_SHAPE(N_ODD));
     pair_rand(&ema, &r, -1.0f, 1.0f, 1, TS_SHAPE(N_ODD));
 
-    ts_adamw_t hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                     .weight_decay = 0.01f};
+    ts_adamw_t hp = {
+        .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
     for (int64_t step = 1; step <= 3; step++)
         BOTH(ts_adamw_step(E, ON(param), ON(grad), ON(m), ON(v), &hp, step, 0.5f));
     expect_close(fx, "adamw_step x3 param", &param);

@@ -22,13 +22,6 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,26 +30,7 @@
 
 #include "kernels/math.h"
 #include "model/dit_io.h"
-
-#define CHECK_RC(expr, want)                                                                       \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != (want)) {                                                                       \
-            print_error("%s:%d: %s returned %d (%s), expected %d (%s)\n", __FILE__, __LINE__,      \
-                        #expr, rc_, ts_strerror(rc_), (want), ts_strerror(want));                  \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
-#define CHECK_OK(expr) CHECK_RC(expr, TS_OK)
-
-#define CHECK_MENTIONS(haystack, needle)                                                           \
-    do {                                                                                           \
-        if (!strstr((haystack), (needle))) {                                                       \
-            print_error("%s:%d: message \"%s\" does not mention \"%s\"\n", __FILE__, __LINE__,     \
-                        (haystack), (needle));                                                     \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
+#include "tests/testutil.h"
 
 #define SEED 20250611u
 
@@ -66,8 +40,8 @@ typedef struct {
     ts_engine_t e;
     ts_dit_config_t cfg;
     ts_dit_t m;
-    char dir[64];
-    char good[128]; /* the model saved as F32 */
+    char dir[128];
+    char good[160]; /* the model saved as F32 */
 } fixture_t;
 
 static void tiny_config(ts_dit_config_t *c) {
@@ -80,8 +54,7 @@ static int setup(void **state) {
     fixture_t *fx = calloc(1, sizeof *fx);
     if (!fx)
         return -1;
-    ts_engine_opts_t opts = {.device = TS_CPU, .threads = 2, .gpu = 0};
-    if (ts_engine_init(&fx->e, &opts) != TS_OK)
+    if (tu_engine_init_cpu(&fx->e) != TS_OK)
         return -1;
     tiny_config(&fx->cfg);
     if (ts_dit_create(&fx->m, &fx->cfg, &fx->e, 4, 0) != TS_OK)
@@ -90,8 +63,7 @@ static int setup(void **state) {
     if (ts_rng_normal(&fx->e, &fx->m.param_mem, SEED, 0) != TS_OK ||
         ts_scale(&fx->e, &fx->m.param_mem, 0.1f) != TS_OK)
         return -1;
-    snprintf(fx->dir, sizeof fx->dir, "/tmp/ts_test_dit_io_XXXXXX");
-    if (!mkdtemp(fx->dir))
+    if (tu_make_temp_dir(fx->dir, sizeof fx->dir, "ts_test_dit_io") != 0)
         return -1;
     snprintf(fx->good, sizeof fx->good, "%s/good.safetensors", fx->dir);
     const char *extra[] = {"objective", "velocity", "cluster", "3"};
@@ -107,19 +79,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     fixture_t *fx = *state;
-    DIR *d = opendir(fx->dir);
-    if (d) {
-        struct dirent *de;
-        char path[512];
-        while ((de = readdir(d)) != NULL) {
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                continue;
-            snprintf(path, sizeof path, "%s/%s", fx->dir, de->d_name);
-            unlink(path);
-        }
-        closedir(d);
-    }
-    rmdir(fx->dir);
+    tu_remove_temp_dir(fx->dir);
     ts_dit_free(&fx->m);
     ts_engine_free(&fx->e);
     free(fx);
@@ -139,13 +99,13 @@ static const float *slab_of(const ts_dit_t *m) { return (const float *)m->param_
 static void forward_fixed(fixture_t *fx, ts_dit_t *m, float *out) {
     const int B = 3, S = fx->cfg.input_size, n = B * S * S;
     ts_tensor_t x, t, v;
-    CHECK_OK(ts_tensor_alloc(&x, TS_F32, TS_CPU, 4, TS_SHAPE(B, 1, S, S)));
-    CHECK_OK(ts_tensor_alloc(&t, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
-    CHECK_OK(ts_rng_normal(&fx->e, &x, 99, 0));
+    TU_CHECK_OK(ts_tensor_alloc(&x, TS_F32, TS_CPU, 4, TS_SHAPE(B, 1, S, S)));
+    TU_CHECK_OK(ts_tensor_alloc(&t, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
+    TU_CHECK_OK(ts_rng_normal(&fx->e, &x, 99, 0));
     float *tv = t.data;
     tv[0] = 0.1f, tv[1] = 0.5f, tv[2] = 0.95f;
     const int32_t y[3] = {0, 2, 3}; /* 3 = the null class */
-    CHECK_OK(ts_dit_forward(m, &x, &t, y, B, &v));
+    TU_CHECK_OK(ts_dit_forward(m, &x, &t, y, B, &v));
     memcpy(out, v.data, (size_t)n * sizeof *out);
     ts_tensor_free(&x);
     ts_tensor_free(&t);
@@ -170,7 +130,7 @@ static void test_f32_round_trip_is_exact(void **state) {
     fixture_t *fx = *state;
     char err[256] = "";
     ts_dit_t m2;
-    CHECK_OK(ts_dit_open(&m2, fx->good, &fx->e, 4, 0, err, sizeof err));
+    TU_CHECK_OK(ts_dit_open(&m2, fx->good, &fx->e, 4, 0, err, sizeof err));
     assert_memory_equal(&m2.cfg, &fx->cfg, sizeof fx->cfg);
     assert_int_equal(m2.n_params, fx->m.n_params);
     check_params_equal(&m2, slab_of(&fx->m));
@@ -186,7 +146,7 @@ static void test_f32_round_trip_is_exact(void **state) {
 
     /* the file itself: names, file shapes, metadata */
     ts_st_file_t f;
-    CHECK_OK(ts_st_read(fx->good, &f, err, sizeof err));
+    TU_CHECK_OK(ts_st_read(fx->good, &f, err, sizeof err));
     assert_int_equal(f.n_tensors, fx->m.n_params + 1);
     const ts_st_tensor_t *pe = ts_st_find(&f, "pos_embed");
     assert_non_null(pe);
@@ -211,7 +171,7 @@ static void test_f32_round_trip_is_exact(void **state) {
     assert_string_equal(ts_st_meta(&f, "objective"), "velocity");
     assert_string_equal(ts_st_meta(&f, "cluster"), "3");
     ts_dit_config_t c;
-    CHECK_OK(ts_dit_config_from_file(&f, &c, err, sizeof err));
+    TU_CHECK_OK(ts_dit_config_from_file(&f, &c, err, sizeof err));
     assert_memory_equal(&c, &fx->cfg, sizeof c);
     ts_st_free(&f);
 }
@@ -219,9 +179,9 @@ static void test_f32_round_trip_is_exact(void **state) {
 static void check_rounded_round_trip(fixture_t *fx, ts_st_dtype_t dtype, const char *name) {
     char path[256], err[256] = "";
     path_in(fx, name, path, sizeof path);
-    CHECK_OK(ts_dit_save(&fx->m, &fx->m.param_mem, path, dtype, NULL, 0, err, sizeof err));
+    TU_CHECK_OK(ts_dit_save(&fx->m, &fx->m.param_mem, path, dtype, NULL, 0, err, sizeof err));
     ts_dit_t m2;
-    CHECK_OK(ts_dit_open(&m2, path, &fx->e, 2, 1, err, sizeof err));
+    TU_CHECK_OK(ts_dit_open(&m2, path, &fx->e, 2, 1, err, sizeof err));
     assert_int_equal(m2.trainable, 1);
     for (int i = 0; i < fx->m.n_params; i++) {
         const ts_dit_param_info_t *pi = &fx->m.info[i];
@@ -242,8 +202,8 @@ static void check_rounded_round_trip(fixture_t *fx, ts_st_dtype_t dtype, const c
     ts_dit_free(&m2);
     /* the file is half the size of the F32 one, give or take the header */
     ts_st_file_t f16, f32;
-    CHECK_OK(ts_st_read(path, &f16, err, sizeof err));
-    CHECK_OK(ts_st_read(fx->good, &f32, err, sizeof err));
+    TU_CHECK_OK(ts_st_read(path, &f16, err, sizeof err));
+    TU_CHECK_OK(ts_st_read(fx->good, &f32, err, sizeof err));
     assert_int_equal(ts_st_find(&f16, "blocks.0.mlp.fc1.weight")->dtype, dtype);
     assert_true(f16.len < f32.len * 6 / 10);
     ts_st_free(&f16);
@@ -261,13 +221,13 @@ static void test_bf16_round_trip(void **state) {
 static void test_other_slab(void **state) {
     fixture_t *fx = *state;
     ts_tensor_t ema;
-    CHECK_OK(ts_tensor_alloc(&ema, TS_F32, TS_CPU, 1, TS_SHAPE(fx->m.num_params)));
-    CHECK_OK(ts_rng_uniform(&fx->e, &ema, SEED + 1, 0));
+    TU_CHECK_OK(ts_tensor_alloc(&ema, TS_F32, TS_CPU, 1, TS_SHAPE(fx->m.num_params)));
+    TU_CHECK_OK(ts_rng_uniform(&fx->e, &ema, SEED + 1, 0));
     char path[256], err[256] = "";
     path_in(fx, "ema.safetensors", path, sizeof path);
-    CHECK_OK(ts_dit_save(&fx->m, &ema, path, TS_ST_F32, NULL, 0, err, sizeof err));
+    TU_CHECK_OK(ts_dit_save(&fx->m, &ema, path, TS_ST_F32, NULL, 0, err, sizeof err));
     ts_dit_t m2;
-    CHECK_OK(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err));
+    TU_CHECK_OK(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err));
     check_params_equal(&m2, ema.data);
     ts_dit_free(&m2);
     ts_tensor_free(&ema);
@@ -289,7 +249,7 @@ typedef struct {
 static void edit_begin(fixture_t *fx, edit_t *ed) {
     memset(ed, 0, sizeof *ed);
     char err[256];
-    CHECK_OK(ts_st_read(fx->good, &ed->f, err, sizeof err));
+    TU_CHECK_OK(ts_st_read(fx->good, &ed->f, err, sizeof err));
     ed->e = calloc((size_t)ed->f.n_tensors + 1, sizeof *ed->e);
     ed->meta = calloc(2 * ((size_t)ed->f.n_meta + 1), sizeof *ed->meta);
     assert_non_null(ed->e);
@@ -357,7 +317,7 @@ static void edit_set_meta(edit_t *ed, const char *key, const char *val) {
 static void edit_done(fixture_t *fx, edit_t *ed, char *path, size_t len) {
     char err[256];
     path_in(fx, "bad.safetensors", path, len);
-    CHECK_OK(ts_st_write(path, ed->e, ed->n, ed->meta, ed->n_meta, err, sizeof err));
+    TU_CHECK_OK(ts_st_write(path, ed->e, ed->n, ed->meta, ed->n_meta, err, sizeof err));
     for (int i = 0; i < ed->n_owned; i++)
         free(ed->owned[i]);
     free(ed->e);
@@ -370,9 +330,9 @@ static void expect_open_fails(fixture_t *fx, const char *path, const char *menti
     ts_dit_t m2;
     memset(&m2, 0x5a, sizeof m2);
     char err[512] = "";
-    CHECK_RC(ts_dit_open(&m2, path, &fx->e, 2, 0, err, sizeof err), TS_ECORRUPT);
-    CHECK_MENTIONS(err, mention);
-    CHECK_MENTIONS(err, "bad.safetensors"); /* and the file */
+    TU_CHECK_RC(ts_dit_open(&m2, path, &fx->e, 2, 0, err, sizeof err), TS_ECORRUPT);
+    TU_CHECK_CONTAINS(err, mention);
+    TU_CHECK_CONTAINS(err, "bad.safetensors"); /* and the file */
     assert_null(m2.info);
     assert_null(m2.param_mem.data);
     ts_dit_free(&m2); /* harmless on the empty model */
@@ -387,9 +347,9 @@ static void expect_load_fails(fixture_t *fx, const char *path, const char *menti
     memcpy(before, slab_of(&fx->m), bytes);
     ts_st_file_t f;
     char err[512] = "";
-    CHECK_OK(ts_st_read(path, &f, err, sizeof err));
-    CHECK_RC(ts_dit_load(&fx->m, &f, err, sizeof err), TS_ECORRUPT);
-    CHECK_MENTIONS(err, mention);
+    TU_CHECK_OK(ts_st_read(path, &f, err, sizeof err));
+    TU_CHECK_RC(ts_dit_load(&fx->m, &f, err, sizeof err), TS_ECORRUPT);
+    TU_CHECK_CONTAINS(err, mention);
     if (untouched)
         assert_memory_equal(before, slab_of(&fx->m), bytes);
     memcpy(fx->m.param_mem.data, before, bytes); /* restore for the next test */
@@ -494,13 +454,13 @@ static void test_pos_embed(void **state) {
     pe[3] += 5e-6f;
     edit_done(fx, &ed, path, sizeof path);
     ts_dit_t m2;
-    CHECK_OK(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err));
+    TU_CHECK_OK(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err));
     ts_dit_free(&m2);
     /* absent: accepted (it is fixed, not trained) */
     edit_begin(fx, &ed);
     edit_remove(&ed, "pos_embed");
     edit_done(fx, &ed, path, sizeof path);
-    CHECK_OK(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err));
+    TU_CHECK_OK(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err));
     check_params_equal(&m2, slab_of(&fx->m));
     ts_dit_free(&m2);
 }
@@ -549,15 +509,15 @@ static void test_open_errors(void **state) {
     ts_dit_t m2;
     char path[256], err[256] = "";
     path_in(fx, "absent.safetensors", path, sizeof path);
-    CHECK_RC(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err), TS_EIO);
-    CHECK_MENTIONS(err, "absent.safetensors");
+    TU_CHECK_RC(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err), TS_EIO);
+    TU_CHECK_CONTAINS(err, "absent.safetensors");
     assert_null(m2.info);
-    CHECK_RC(ts_dit_open(&m2, NULL, &fx->e, 1, 0, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_dit_open(&m2, fx->good, NULL, 1, 0, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_dit_open(&m2, fx->good, &fx->e, 0, 0, err, sizeof err), TS_EINVAL);
-    CHECK_MENTIONS(err, "good.safetensors");
+    TU_CHECK_RC(ts_dit_open(&m2, NULL, &fx->e, 1, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_dit_open(&m2, fx->good, NULL, 1, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_dit_open(&m2, fx->good, &fx->e, 0, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "good.safetensors");
     assert_null(m2.info);
-    CHECK_RC(ts_dit_load(NULL, NULL, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_dit_load(NULL, NULL, err, sizeof err), TS_EINVAL);
 }
 
 /* ---- save errors ------------------------------------------------------------------------- */
@@ -567,36 +527,38 @@ static void test_save_errors(void **state) {
     char path[256], err[256] = "";
     path_in(fx, "save.safetensors", path, sizeof path);
     ts_dit_t *m = &fx->m;
-    CHECK_RC(ts_dit_save(m, &m->param_mem, path, TS_ST_I32, NULL, 0, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_dit_save(m, NULL, path, TS_ST_F32, NULL, 0, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_dit_save(NULL, &m->param_mem, path, TS_ST_F32, NULL, 0, err, sizeof err),
-             TS_EINVAL);
-    CHECK_RC(ts_dit_save(m, &m->param_mem, path, TS_ST_F32, NULL, 1, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_dit_save(m, &m->param_mem, path, TS_ST_I32, NULL, 0, err, sizeof err),
+                TS_EINVAL);
+    TU_CHECK_RC(ts_dit_save(m, NULL, path, TS_ST_F32, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_dit_save(NULL, &m->param_mem, path, TS_ST_F32, NULL, 0, err, sizeof err),
+                TS_EINVAL);
+    TU_CHECK_RC(ts_dit_save(m, &m->param_mem, path, TS_ST_F32, NULL, 1, err, sizeof err),
+                TS_EINVAL);
     const char *reserved[] = {"depth", "7"};
-    CHECK_RC(ts_dit_save(m, &m->param_mem, path, TS_ST_F32, reserved, 1, err, sizeof err),
-             TS_EINVAL);
-    CHECK_MENTIONS(err, "'depth'");
+    TU_CHECK_RC(ts_dit_save(m, &m->param_mem, path, TS_ST_F32, reserved, 1, err, sizeof err),
+                TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "'depth'");
     const char *fmt[] = {"format", "x"};
-    CHECK_RC(ts_dit_save(m, &m->param_mem, path, TS_ST_F32, fmt, 1, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_dit_save(m, &m->param_mem, path, TS_ST_F32, fmt, 1, err, sizeof err), TS_EINVAL);
     ts_tensor_t small;
-    CHECK_OK(ts_tensor_alloc(&small, TS_F32, TS_CPU, 1, TS_SHAPE(16)));
-    CHECK_RC(ts_dit_save(m, &small, path, TS_ST_F32, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_OK(ts_tensor_alloc(&small, TS_F32, TS_CPU, 1, TS_SHAPE(16)));
+    TU_CHECK_RC(ts_dit_save(m, &small, path, TS_ST_F32, NULL, 0, err, sizeof err), TS_EINVAL);
     ts_tensor_free(&small);
 
     /* non-finite parameters are refused, naming the tensor */
     ts_tensor_t bad;
-    CHECK_OK(ts_tensor_alloc(&bad, TS_F32, TS_CPU, 1, TS_SHAPE(m->num_params)));
+    TU_CHECK_OK(ts_tensor_alloc(&bad, TS_F32, TS_CPU, 1, TS_SHAPE(m->num_params)));
     memcpy(bad.data, slab_of(m), (size_t)m->num_params * sizeof(float));
     const ts_dit_param_info_t *pi = &m->info[9];
     ((float *)bad.data)[pi->offset + 2] = NAN;
-    CHECK_RC(ts_dit_save(m, &bad, path, TS_ST_BF16, NULL, 0, err, sizeof err), TS_ENONFINITE);
-    CHECK_MENTIONS(err, pi->name);
+    TU_CHECK_RC(ts_dit_save(m, &bad, path, TS_ST_BF16, NULL, 0, err, sizeof err), TS_ENONFINITE);
+    TU_CHECK_CONTAINS(err, pi->name);
     /* a value too large for F16 is refused for F16 only */
     ((float *)bad.data)[pi->offset + 2] = 1e6f;
-    CHECK_RC(ts_dit_save(m, &bad, path, TS_ST_F16, NULL, 0, err, sizeof err), TS_ERANGE);
-    CHECK_MENTIONS(err, pi->name);
+    TU_CHECK_RC(ts_dit_save(m, &bad, path, TS_ST_F16, NULL, 0, err, sizeof err), TS_ERANGE);
+    TU_CHECK_CONTAINS(err, pi->name);
     assert_false(file_exists(path)); /* nothing written by any failure */
-    CHECK_OK(ts_dit_save(m, &bad, path, TS_ST_BF16, NULL, 0, err, sizeof err));
+    TU_CHECK_OK(ts_dit_save(m, &bad, path, TS_ST_BF16, NULL, 0, err, sizeof err));
     assert_true(file_exists(path));
     ts_tensor_free(&bad);
 }

@@ -14,12 +14,6 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,74 +25,25 @@
 #include <zlib.h>
 
 #include "model/fmnist.h"
+#include "tests/testutil.h"
 
-#define CHECK_RC(expr, want)                                                                       \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != (want)) {                                                                       \
-            print_error("%s:%d: %s returned %d (%s), expected %d (%s); err: %s\n", __FILE__,       \
-                        __LINE__, #expr, rc_, ts_strerror(rc_), (want), ts_strerror(want), err);   \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
+/* The checks print err, the sentence the call under test wrote. */
+#define CHECK_RC(expr, want) TU_CHECK_RC_MSG(expr, want, err)
 #define CHECK_OK(expr) CHECK_RC(expr, TS_OK)
-
-/* The message must mention needle (so a user is told what went wrong). */
-#define CHECK_MSG(msg, needle)                                                                     \
-    do {                                                                                           \
-        if (!strstr((msg), (needle))) {                                                            \
-            print_error("%s:%d: message \"%s\" does not contain \"%s\"\n", __FILE__, __LINE__,     \
-                        (msg), (needle));                                                          \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
 
 /* ---- a temporary folder per test ----------------------------------------------------------- */
 
-static char g_dir[256];
-static char err[512];
+static char err[512]; /* the error sentence of the last call, printed by CHECK_RC */
 
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char path[512];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
+/* Each test gets a fresh temporary folder (tu_temp_dir) and an empty err. */
 static int setup_dir(void **state) {
-    (void)state;
-    const char *base = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/ts_fmnist_XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(g_dir))
-        return -1;
     err[0] = '\0';
-    return 0;
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    remove_tree(g_dir);
-    return 0;
-}
-
-static const char *in_dir(const char *name) {
-    static char path[512];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    return path;
+    return tu_setup_temp_dir(state);
 }
 
 static void write_file(const char *name, const void *data, size_t len, int gz) {
     char path[512];
-    snprintf(path, sizeof path, "%s/%s%s", g_dir, name, gz ? ".gz" : "");
+    snprintf(path, sizeof path, "%s/%s%s", tu_temp_dir(), name, gz ? ".gz" : "");
     if (gz) {
         gzFile f = gzopen(path, "wb");
         assert_non_null(f);
@@ -106,10 +51,7 @@ static void write_file(const char *name, const void *data, size_t len, int gz) {
             assert_int_equal(gzwrite(f, data, (unsigned)len), (int)len);
         assert_int_equal(gzclose(f), Z_OK);
     } else {
-        FILE *f = fopen(path, "wb");
-        assert_non_null(f);
-        assert_int_equal(fwrite(data, 1, len, f), len);
-        assert_int_equal(fclose(f), 0);
+        tu_write_file(path, data, len);
     }
 }
 
@@ -162,13 +104,14 @@ static void synth_write(const synth_t *s, const char *prefix, int gz) {
     write_file(name, s->lab, s->lab_len, gz);
 }
 
-/* Loads the "train" split of g_dir and expects rc; on an error, also a message with needle. */
+/* Loads the "train" split of the test's folder and expects rc; on an error, also a message with
+ * needle. */
 static void expect_load_error(int want, const char *needle) {
     ts_dataset_t ds;
     memset(&ds, 0xab, sizeof ds);
     err[0] = '\0';
-    CHECK_RC(ts_fmnist_load(g_dir, "train", &ds, err, sizeof err), want);
-    CHECK_MSG(err, needle);
+    CHECK_RC(ts_fmnist_load(tu_temp_dir(), "train", &ds, err, sizeof err), want);
+    TU_CHECK_CONTAINS(err, needle);
     /* a failed load leaves nothing behind */
     assert_null(ds.images);
     assert_null(ds.labels);
@@ -267,7 +210,7 @@ static void test_synthetic_gz(void **state) {
     s.img[17] = 255; /* item 0 pixel (0, 1) */
     synth_write(&s, "train", 1);
     ts_dataset_t ds;
-    CHECK_OK(ts_fmnist_load(g_dir, "train", &ds, err, sizeof err));
+    CHECK_OK(ts_fmnist_load(tu_temp_dir(), "train", &ds, err, sizeof err));
     assert_true(ds.images[0] == -1.0f);
     assert_true(ds.images[1] == 1.0f);
     s.img[16] = synth_pixel(0, 0, 0); /* compare the rest against the pattern */
@@ -286,10 +229,11 @@ static void test_synthetic_uncompressed(void **state) {
     synth_make(&s, 3, 2, 5);
     synth_write(&s, "t10k", 0);
     ts_dataset_t ds;
-    CHECK_OK(ts_fmnist_load(g_dir, "test", &ds, err, sizeof err));
+    CHECK_OK(ts_fmnist_load(tu_temp_dir(), "test", &ds, err, sizeof err));
     check_synth_dataset(&ds, 3, 2, 5);
     ts_dataset_free(&ds);
-    CHECK_OK(ts_fmnist_load(g_dir, "t10k", &ds, err, sizeof err)); /* the file prefix works too */
+    CHECK_OK(ts_fmnist_load(tu_temp_dir(), "t10k", &ds, err,
+                            sizeof err)); /* the file prefix works too */
     assert_int_equal(ds.n, 3);
     ts_dataset_free(&ds);
 }
@@ -302,7 +246,7 @@ static void test_gz_preferred_over_uncompressed(void **state) {
     synth_write(&a, "train", 1);
     synth_write(&b, "train", 0);
     ts_dataset_t ds;
-    CHECK_OK(ts_fmnist_load(g_dir, "train", &ds, err, sizeof err));
+    CHECK_OK(ts_fmnist_load(tu_temp_dir(), "train", &ds, err, sizeof err));
     assert_int_equal(ds.n, 2);
     ts_dataset_free(&ds);
 }
@@ -323,12 +267,12 @@ static void test_missing_files(void **state) {
 static void test_bad_arguments(void **state) {
     (void)state;
     ts_dataset_t ds;
-    CHECK_RC(ts_fmnist_load(g_dir, "validation", &ds, err, sizeof err), TS_EINVAL);
-    CHECK_MSG(err, "validation");
-    CHECK_RC(ts_fmnist_load(g_dir, NULL, &ds, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_fmnist_load(g_dir, "train", NULL, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_fmnist_load(tu_temp_dir(), "validation", &ds, err, sizeof err), TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "validation");
+    CHECK_RC(ts_fmnist_load(tu_temp_dir(), NULL, &ds, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_fmnist_load(tu_temp_dir(), "train", NULL, err, sizeof err), TS_EINVAL);
     /* no err buffer: still a code, no crash */
-    assert_int_equal(ts_fmnist_load(g_dir, "train", &ds, NULL, 0), TS_EIO);
+    assert_int_equal(ts_fmnist_load(tu_temp_dir(), "train", &ds, NULL, 0), TS_EIO);
 }
 
 static void test_wrong_magic(void **state) {
@@ -364,7 +308,7 @@ static void test_truncated_pixels(void **state) {
     write_file("train-labels-idx1-ubyte", s.lab, s.lab_len, 1);
     expect_load_error(TS_ECORRUPT, "truncated: expected 60 bytes of pixels, got 50");
     write_file("train-images-idx3-ubyte", s.img, s.img_len - 10, 0); /* also uncompressed */
-    unlink(in_dir("train-images-idx3-ubyte.gz"));
+    unlink(tu_temp_path("train-images-idx3-ubyte.gz"));
     expect_load_error(TS_ECORRUPT, "truncated: expected 60 bytes of pixels, got 50");
 }
 
@@ -415,8 +359,8 @@ static void test_trailing_bytes(void **state) {
     s.lab[s.lab_len] = 1;
     write_file("train-images-idx3-ubyte", s.img, s.img_len, 0);
     write_file("train-labels-idx1-ubyte", s.lab, s.lab_len + 1, 0);
-    unlink(in_dir("train-images-idx3-ubyte.gz"));
-    unlink(in_dir("train-labels-idx1-ubyte.gz"));
+    unlink(tu_temp_path("train-images-idx3-ubyte.gz"));
+    unlink(tu_temp_path("train-labels-idx1-ubyte.gz"));
     expect_load_error(TS_ECORRUPT, "1 trailing bytes after the declared 2 bytes of labels");
 }
 
@@ -454,24 +398,13 @@ static void test_dims_out_of_range(void **state) {
     expect_load_error(TS_ECORRUPT, "item count 100000001 is out of range");
 }
 
-/* Reads a whole file into a malloc'ed buffer. */
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    unsigned char *buf = malloc(1 << 16);
-    assert_non_null(buf);
-    *len = fread(buf, 1, 1 << 16, f);
-    fclose(f);
-    return buf;
-}
-
 static void test_corrupt_gzip(void **state) {
     (void)state;
     synth_t s;
     synth_make(&s, 20, 8, 8);
     synth_write(&s, "train", 1);
     size_t len;
-    unsigned char *gz = slurp(in_dir("train-images-idx3-ubyte.gz"), &len);
+    unsigned char *gz = tu_read_file(tu_temp_path("train-images-idx3-ubyte.gz"), &len);
     assert_true(len > 40);
 
     /* the gzip stream cut short: its end (and CRC) never arrive */
@@ -493,7 +426,7 @@ static void test_subset(void **state) {
     synth_make(&s, 6, 3, 2);
     synth_write(&s, "train", 1);
     ts_dataset_t ds, sub;
-    CHECK_OK(ts_fmnist_load(g_dir, "train", &ds, err, sizeof err));
+    CHECK_OK(ts_fmnist_load(tu_temp_dir(), "train", &ds, err, sizeof err));
 
     const int32_t idx[] = {4, 0, 4, 5};
     CHECK_OK(ts_dataset_subset(&ds, idx, 4, &sub));
@@ -532,7 +465,7 @@ static void test_subset(void **state) {
 /* ---- shard files ----------------------------------------------------------------------- */
 
 static int count_temp_files(void) {
-    DIR *d = opendir(g_dir);
+    DIR *d = opendir(tu_temp_dir());
     assert_non_null(d);
     int n = 0;
     struct dirent *e;
@@ -545,7 +478,7 @@ static int count_temp_files(void) {
 static void test_shard_round_trip(void **state) {
     (void)state;
     const int32_t idx[] = {17, 0, 5, 59999, 3};
-    const char *path = in_dir("shard0.txt");
+    const char *path = tu_temp_path("shard0.txt");
     CHECK_OK(ts_shard_write(path, idx, 5, err, sizeof err));
     int32_t *got;
     int n;
@@ -566,7 +499,7 @@ static void test_shard_round_trip(void **state) {
     /* the limit applies on reading: 59999 is out of range of a 10000-item split */
     CHECK_OK(ts_shard_write(path, idx, 5, err, sizeof err));
     CHECK_RC(ts_shard_read(path, &got, &n, 10000, err, sizeof err), TS_ERANGE);
-    CHECK_MSG(err, "index 59999 is out of range");
+    TU_CHECK_CONTAINS(err, "index 59999 is out of range");
 
     /* empty shard */
     CHECK_OK(ts_shard_write(path, NULL, 0, err, sizeof err));
@@ -577,17 +510,17 @@ static void test_shard_round_trip(void **state) {
 
 static void test_shard_write_refuses(void **state) {
     (void)state;
-    const char *path = in_dir("bad.txt");
+    const char *path = tu_temp_path("bad.txt");
     const int32_t dup[] = {3, 1, 3};
     const int32_t neg[] = {3, -1};
     CHECK_RC(ts_shard_write(path, dup, 3, err, sizeof err), TS_EINVAL);
-    CHECK_MSG(err, "index 3 appears twice");
+    TU_CHECK_CONTAINS(err, "index 3 appears twice");
     CHECK_RC(ts_shard_write(path, neg, 2, err, sizeof err), TS_EINVAL);
-    CHECK_MSG(err, "negative");
+    TU_CHECK_CONTAINS(err, "negative");
     CHECK_RC(ts_shard_write(path, NULL, 1, err, sizeof err), TS_EINVAL);
     CHECK_RC(ts_shard_write(NULL, dup, 1, err, sizeof err), TS_EINVAL);
     assert_int_equal(access(path, F_OK), -1); /* nothing was written */
-    CHECK_RC(ts_shard_write(in_dir("no/such/folder.txt"), dup, 1, err, sizeof err), TS_EIO);
+    CHECK_RC(ts_shard_write(tu_temp_path("no/such/folder.txt"), dup, 1, err, sizeof err), TS_EIO);
     assert_int_equal(count_temp_files(), 0);
 }
 
@@ -596,7 +529,7 @@ static void test_shard_comments_and_blanks(void **state) {
     write_text("s.txt", "# shard 0 of 8\n\n  3  \n4 # four\r\n\t\n# 99\n7");
     int32_t *got;
     int n;
-    CHECK_OK(ts_shard_read(in_dir("s.txt"), &got, &n, 8, err, sizeof err));
+    CHECK_OK(ts_shard_read(tu_temp_path("s.txt"), &got, &n, 8, err, sizeof err));
     assert_int_equal(n, 3);
     assert_int_equal(got[0], 3);
     assert_int_equal(got[1], 4);
@@ -611,8 +544,8 @@ static void expect_shard_error(const char *text, int limit, int want, const char
     int32_t *got = &sentinel; /* must be reset to NULL */
     int n = 42;
     err[0] = '\0';
-    CHECK_RC(ts_shard_read(in_dir("s.txt"), &got, &n, limit, err, sizeof err), want);
-    CHECK_MSG(err, needle);
+    CHECK_RC(ts_shard_read(tu_temp_path("s.txt"), &got, &n, limit, err, sizeof err), want);
+    TU_CHECK_CONTAINS(err, needle);
     assert_null(got);
     assert_int_equal(n, 0);
 }
@@ -637,10 +570,10 @@ static void test_shard_errors(void **state) {
 
     int32_t *got;
     int n;
-    CHECK_RC(ts_shard_read(in_dir("absent.txt"), &got, &n, 10, err, sizeof err), TS_EIO);
-    CHECK_MSG(err, "absent.txt");
-    CHECK_RC(ts_shard_read(in_dir("s.txt"), &got, &n, -1, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_shard_read(in_dir("s.txt"), NULL, &n, 10, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_shard_read(tu_temp_path("absent.txt"), &got, &n, 10, err, sizeof err), TS_EIO);
+    TU_CHECK_CONTAINS(err, "absent.txt");
+    CHECK_RC(ts_shard_read(tu_temp_path("s.txt"), &got, &n, -1, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_shard_read(tu_temp_path("s.txt"), NULL, &n, 10, err, sizeof err), TS_EINVAL);
 }
 
 /* A long file of one repeated index is rejected quickly (the duplicate check is not
@@ -659,7 +592,7 @@ static void test_shard_many_duplicates(void **state) {
     free(text);
 }
 
-#define DIR_TEST(f) cmocka_unit_test_setup_teardown(f, setup_dir, teardown_dir)
+#define DIR_TEST(f) cmocka_unit_test_setup_teardown(f, setup_dir, tu_teardown_temp_dir)
 
 int main(void) {
     const struct CMUnitTest tests[] = {

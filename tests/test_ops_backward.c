@@ -27,12 +27,6 @@
  *
  * Not covered here: the forward values themselves (test_ops_forward.c).
  */
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -41,74 +35,20 @@
 
 #include "kernels/engine.h"
 #include "kernels/ops.h"
-
-/* ---- helpers --------------------------------------------------------------------------- */
-
-#define CHECK_OK(expr)                                                                             \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != TS_OK) {                                                                        \
-            print_error("%s:%d: %s returned %d (%s)\n", __FILE__, __LINE__, #expr, rc_,            \
-                        ts_strerror(rc_));                                                         \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
-
-typedef struct {
-    uint64_t s;
-} trng_t;
-
-static uint64_t trng_next(trng_t *r) {
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float trng_uniform(trng_t *r, float lo, float hi) {
-    double u = (double)(trng_next(r) >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(lo + (hi - lo) * u);
-}
-
-static float *F(const ts_tensor_t *t) { return (float *)t->data; }
-
-static void new_f32(ts_tensor_t *t, int ndim, const int64_t *shape) {
-    int rc = ts_tensor_alloc(t, TS_F32, TS_CPU, ndim, shape);
-    if (rc != TS_OK) {
-        print_error("ts_tensor_alloc failed: %s\n", ts_strerror(rc));
-        fail();
-    }
-}
-
-static void fill_uniform(trng_t *r, ts_tensor_t *t, float lo, float hi) {
-    int64_t n = ts_tensor_numel(t);
-    for (int64_t i = 0; i < n; i++)
-        F(t)[i] = trng_uniform(r, lo, hi);
-}
-
-static int setup_engine(void **state) {
-    ts_engine_t *e = calloc(1, sizeof *e);
-    if (!e)
-        return -1;
-    ts_engine_opts_t opts = {.device = TS_CPU, .threads = 2, .gpu = 0};
-    if (ts_engine_init(e, &opts) != TS_OK) {
-        free(e);
-        return -1;
-    }
-    *state = e;
-    return 0;
-}
-
-static int teardown_engine(void **state) {
-    ts_engine_t *e = *state;
-    ts_engine_free(e);
-    free(e);
-    return 0;
-}
+#include "tests/testutil.h"
 
 /* ---- the finite-difference harness ----------------------------------------------------- */
 
 #define MAX_IN 4
+
+/* The step and tolerances of one check (see the top of the file). */
+typedef struct {
+    double h, rtol, ftol;
+} grad_tol_t;
+
+/* For the ops linear in the perturbed input, and for the nonlinear ones with step h. */
+static const grad_tol_t LINEAR = {1e-2, 2e-4, 2e-5};
+static grad_tol_t nonlinear(double h) { return (grad_tol_t){h, 2e-3, 5e-4}; }
 
 /* One gradient check: a forward that recomputes `out` from the inputs, a backward that
  * accumulates into whichever of grads[] are non-NULL using dout (= the loss weights w). */
@@ -116,26 +56,38 @@ typedef struct grad_case {
     ts_engine_t *e;
     int (*forward)(struct grad_case *c);
     int (*backward)(struct grad_case *c);
+    void *op;          /* op-specific arguments */
     ts_tensor_t *out;  /* the forward output the loss reads */
     ts_tensor_t *dout; /* w, same element count as out */
+    grad_tol_t tol;
     int n_in;
     ts_tensor_t *in[MAX_IN];
     ts_tensor_t *grad[MAX_IN]; /* NULL: this input is not differentiated */
     const char *name[MAX_IN];
-    double h, rtol, ftol;
-    void *op; /* op-specific arguments */
 } grad_case_t;
 
-static const double NONLINEAR_RTOL = 2e-3, NONLINEAR_FTOL = 5e-4;
-static const double LINEAR_RTOL = 2e-4, LINEAR_FTOL = 2e-5, LINEAR_H = 1e-2;
+/* A case without inputs yet (add them with add_input); op is passed to forward and backward. */
+static grad_case_t grad_case(ts_engine_t *e, int (*forward)(grad_case_t *),
+                             int (*backward)(grad_case_t *), void *op, ts_tensor_t *out,
+                             ts_tensor_t *dout, grad_tol_t tol) {
+    return (grad_case_t){e, forward, backward, op, out, dout, tol};
+}
+
+static void add_input(grad_case_t *c, const char *name, ts_tensor_t *in, ts_tensor_t *grad) {
+    assert_true(c->n_in < MAX_IN);
+    c->name[c->n_in] = name;
+    c->in[c->n_in] = in;
+    c->grad[c->n_in] = grad;
+    c->n_in++;
+}
 
 /* L = Σ w ⊙ out after a forward; *absum = Σ |w ⊙ out|, the scale of L's float round-off. */
 static double loss_of(grad_case_t *c, double *absum) {
-    CHECK_OK(c->forward(c));
+    TU_CHECK_OK(c->forward(c));
     double L = 0.0, A = 0.0;
     int64_t n = ts_tensor_numel(c->out);
     for (int64_t i = 0; i < n; i++) {
-        double term = (double)F(c->dout)[i] * (double)F(c->out)[i];
+        double term = (double)tu_f32(c->dout)[i] * (double)tu_f32(c->out)[i];
         L += term;
         A += fabs(term);
     }
@@ -149,35 +101,24 @@ static void zero_grads(grad_case_t *c) {
             memset(c->grad[k]->data, 0, ts_tensor_nbytes(c->grad[k]));
 }
 
-static float *copy_of(const ts_tensor_t *t) {
-    float *p = malloc(ts_tensor_nbytes(t));
-    assert_non_null(p);
-    memcpy(p, t->data, ts_tensor_nbytes(t));
-    return p;
-}
-
-static void compare(const char *what, const char *check, const char *input, const float *got,
-                    const float *want, int64_t n, double atol, double rtol) {
-    for (int64_t i = 0; i < n; i++) {
-        double err = fabs((double)got[i] - (double)want[i]);
-        if (!(err <= atol + rtol * fabs((double)want[i]))) {
-            print_error("%s: %s, d%s[%lld]: got %.9g, expected %.9g\n", what, check, input,
-                        (long long)i, got[i], want[i]);
-            fail();
-        }
-    }
-}
-
-static void run_grad_case(grad_case_t *c, const char *what) {
+/* Checks c's backward against central differences of its forward, then the accumulation and
+ * NULL-output contracts; the printf-style description names the case in failures. */
+static void run_grad_case(grad_case_t *c, const char *fmt, ...) TU_PRINTF(2, 3);
+static void run_grad_case(grad_case_t *c, const char *fmt, ...) {
+    char what[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
     float *g1[MAX_IN] = {0};
 
     /* analytic gradients from zero */
-    CHECK_OK(c->forward(c));
+    TU_CHECK_OK(c->forward(c));
     zero_grads(c);
-    CHECK_OK(c->backward(c));
+    TU_CHECK_OK(c->backward(c));
     for (int k = 0; k < c->n_in; k++)
         if (c->grad[k])
-            g1[k] = copy_of(c->grad[k]);
+            g1[k] = tu_host_copy(c->grad[k]);
 
     /* central differences, input by input, element by element */
     for (int k = 0; k < c->n_in; k++) {
@@ -191,9 +132,9 @@ static void run_grad_case(grad_case_t *c, const char *what) {
         int64_t worst_i = -1;
         double worst_fd = 0.0;
         for (int64_t i = 0; i < n; i++) {
-            float *x = &F(c->in[k])[i];
+            float *x = &tu_f32(c->in[k])[i];
             float x0 = *x;
-            float xp = (float)((double)x0 + c->h), xm = (float)((double)x0 - c->h);
+            float xp = (float)((double)x0 + c->tol.h), xm = (float)((double)x0 - c->tol.h);
             double Ap, Am;
             *x = xp;
             double Lp = loss_of(c, &Ap);
@@ -204,7 +145,7 @@ static void run_grad_case(grad_case_t *c, const char *what) {
             double g = g1[k][i];
             /* each float output carries a few half-ulps of round-off: bound its effect */
             double noise = 4.0 * FLT_EPSILON * (Ap + Am) / ((double)xp - (double)xm);
-            double lim = c->rtol * fabs(g) + c->ftol * gmax + 1e-6 + noise;
+            double lim = c->tol.rtol * fabs(g) + c->tol.ftol * gmax + 1e-6 + noise;
             double excess = fabs(fd - g) / lim;
             if (!(excess <= 1.0) && (worst_i < 0 || !(excess <= worst))) {
                 worst = excess;
@@ -215,45 +156,44 @@ static void run_grad_case(grad_case_t *c, const char *what) {
         if (worst_i >= 0) {
             print_error("%s: d%s[%lld] = %.7g, finite difference %.7g (h %g; tolerance %g·|g| + "
                         "%g·max|g| with max|g| = %.4g)\n",
-                        what, c->name[k], (long long)worst_i, g1[k][worst_i], worst_fd, c->h,
-                        c->rtol, c->ftol, gmax);
+                        what, c->name[k], (long long)worst_i, g1[k][worst_i], worst_fd, c->tol.h,
+                        c->tol.rtol, c->tol.ftol, gmax);
             fail();
         }
     }
-    CHECK_OK(c->forward(c)); /* restore the saved activations at the unperturbed inputs */
+    TU_CHECK_OK(c->forward(c)); /* restore the saved activations at the unperturbed inputs */
 
     /* accumulation: twice from zero gives 2·g; on a prefilled buffer, prefill + g */
     zero_grads(c);
-    CHECK_OK(c->backward(c));
-    CHECK_OK(c->backward(c));
+    TU_CHECK_OK(c->backward(c));
+    TU_CHECK_OK(c->backward(c));
     for (int k = 0; k < c->n_in; k++) {
         if (!c->grad[k])
             continue;
         int64_t n = ts_tensor_numel(c->grad[k]);
-        float *twice = malloc((size_t)n * sizeof(float));
-        assert_non_null(twice);
+        float *twice = tu_floats(n);
         for (int64_t i = 0; i < n; i++)
             twice[i] = 2.0f * g1[k][i];
-        compare(what, "backward called twice does not double", c->name[k], F(c->grad[k]), twice, n,
-                1e-6, 1e-5);
+        tu_check_close(tu_f32(c->grad[k]), twice, n, 1e-6, 1e-5,
+                       "%s: backward called twice does not double, d%s", what, c->name[k]);
         free(twice);
     }
-    trng_t r = {99};
+    tu_rng_t r = {99};
     float *pre[MAX_IN] = {0};
     for (int k = 0; k < c->n_in; k++)
         if (c->grad[k]) {
-            fill_uniform(&r, c->grad[k], -1, 1);
-            pre[k] = copy_of(c->grad[k]);
+            tu_fill_uniform(&r, c->grad[k], -1, 1);
+            pre[k] = tu_host_copy(c->grad[k]);
         }
-    CHECK_OK(c->backward(c));
+    TU_CHECK_OK(c->backward(c));
     for (int k = 0; k < c->n_in; k++) {
         if (!c->grad[k])
             continue;
         int64_t n = ts_tensor_numel(c->grad[k]);
         for (int64_t i = 0; i < n; i++)
             pre[k][i] += g1[k][i];
-        compare(what, "backward does not add to a prefilled gradient", c->name[k], F(c->grad[k]),
-                pre[k], n, 1e-5, 1e-5);
+        tu_check_close(tu_f32(c->grad[k]), pre[k], n, 1e-5, 1e-5,
+                       "%s: backward does not add to a prefilled gradient, d%s", what, c->name[k]);
         free(pre[k]);
     }
 
@@ -275,43 +215,14 @@ static void run_grad_case(grad_case_t *c, const char *what) {
                         ts_strerror(rc));
             fail();
         }
-        for (int k = 0; k < c->n_in; k++) {
-            if (!c->grad[k])
-                continue;
-            char check[96];
-            snprintf(check, sizeof check, "with d%s = NULL", c->name[skip]);
-            compare(what, check, c->name[k], F(c->grad[k]), g1[k], ts_tensor_numel(c->grad[k]),
-                    1e-6, 1e-5);
-        }
+        for (int k = 0; k < c->n_in; k++)
+            if (c->grad[k])
+                tu_check_close(tu_f32(c->grad[k]), g1[k], ts_tensor_numel(c->grad[k]), 1e-6, 1e-5,
+                               "%s: with d%s = NULL, d%s", what, c->name[skip], c->name[k]);
         c->grad[skip] = saved;
     }
     for (int k = 0; k < c->n_in; k++)
         free(g1[k]);
-}
-
-/* Fills a grad_case's common fields; the caller adds inputs with add_input. */
-static void init_case(grad_case_t *c, ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *dout,
-                      int linear, double h) {
-    memset(c, 0, sizeof *c);
-    c->e = e;
-    c->out = out;
-    c->dout = dout;
-    c->h = linear ? LINEAR_H : h;
-    c->rtol = linear ? LINEAR_RTOL : NONLINEAR_RTOL;
-    c->ftol = linear ? LINEAR_FTOL : NONLINEAR_FTOL;
-}
-
-static void add_input(grad_case_t *c, const char *name, ts_tensor_t *in, ts_tensor_t *grad) {
-    assert_true(c->n_in < MAX_IN);
-    c->name[c->n_in] = name;
-    c->in[c->n_in] = in;
-    c->grad[c->n_in] = grad;
-    c->n_in++;
-}
-
-/* Allocates t (zeroed) with the shape of like. */
-static void new_like(ts_tensor_t *t, const ts_tensor_t *like) {
-    new_f32(t, like->ndim, like->shape);
 }
 
 /* ---- linear and matmul ----------------------------------------------------------------- */
@@ -332,44 +243,36 @@ static void test_linear_backward(void **state) {
                                        {2, 3, 5, 2},
                                        {1, 0, 1, 1},
                                        {5, 0, 3, 7}};
-    trng_t r = {21};
+    tu_rng_t r = {21};
     for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             int64_t B = cases[s][0], T = cases[s][1], K = cases[s][2], N = cases[s][3];
             ts_tensor_t inp, w, b, out, dout, dinp, dw, db;
             if (T > 0) {
-                new_f32(&inp, 3, TS_SHAPE(B, T, K));
-                new_f32(&out, 3, TS_SHAPE(B, T, N));
+                tu_alloc_f32(&inp, 3, TS_SHAPE(B, T, K));
+                tu_alloc_f32(&out, 3, TS_SHAPE(B, T, N));
             } else {
-                new_f32(&inp, 2, TS_SHAPE(B, K));
-                new_f32(&out, 2, TS_SHAPE(B, N));
+                tu_alloc_f32(&inp, 2, TS_SHAPE(B, K));
+                tu_alloc_f32(&out, 2, TS_SHAPE(B, N));
             }
-            new_f32(&w, 2, TS_SHAPE(N, K));
-            new_f32(&b, 1, TS_SHAPE(N));
-            new_like(&dout, &out);
-            new_like(&dinp, &inp);
-            new_like(&dw, &w);
-            new_like(&db, &b);
-            fill_uniform(&r, &inp, -1, 1);
-            fill_uniform(&r, &w, -1, 1);
-            fill_uniform(&r, &b, -1, 1);
-            fill_uniform(&r, &dout, -1, 1);
-            grad_case_t c;
-            init_case(&c, e, &out, &dout, 1, 0);
-            c.forward = linear_fwd;
-            c.backward = linear_bwd;
+            tu_alloc_f32(&w, 2, TS_SHAPE(N, K));
+            tu_alloc_f32(&b, 1, TS_SHAPE(N));
+            tu_alloc_like(&dout, &out);
+            tu_alloc_like(&dinp, &inp);
+            tu_alloc_like(&dw, &w);
+            tu_alloc_like(&db, &b);
+            tu_fill_uniform(&r, &inp, -1, 1);
+            tu_fill_uniform(&r, &w, -1, 1);
+            tu_fill_uniform(&r, &b, -1, 1);
+            tu_fill_uniform(&r, &dout, -1, 1);
+            grad_case_t c = grad_case(e, linear_fwd, linear_bwd, NULL, &out, &dout, LINEAR);
             add_input(&c, "inp", &inp, &dinp);
             add_input(&c, "weight", &w, &dw);
             if (with_bias)
                 add_input(&c, "bias", &b, &db);
-            char what[128];
-            snprintf(what, sizeof what, "linear_backward B=%lld T=%lld K=%lld N=%lld %s bias",
-                     (long long)B, (long long)T, (long long)K, (long long)N,
-                     with_bias ? "with" : "without");
-            run_grad_case(&c, what);
-            ts_tensor_t *all[] = {&inp, &w, &b, &out, &dout, &dinp, &dw, &db};
-            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-                ts_tensor_free(all[i]);
+            run_grad_case(&c, "linear_backward B=%lld T=%lld K=%lld N=%lld %s bias", (long long)B,
+                          (long long)T, (long long)K, (long long)N, with_bias ? "with" : "without");
+            TU_FREE_TENSORS(&inp, &w, &b, &out, &dout, &dinp, &dw, &db);
         }
     }
 }
@@ -398,7 +301,7 @@ static void test_matmul_backward(void **state) {
                                        {2, 3, 2, 4},
                                        {3, 2, 5, 1}};
     static const float alphas[] = {1.0f, 1.5f};
-    trng_t r = {22};
+    tu_rng_t r = {22};
     for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++) {
@@ -406,38 +309,25 @@ static void test_matmul_backward(void **state) {
                 float alpha = alphas[(ta + tb + (int)s) % 2];
                 ts_tensor_t a, b, cc, dc, da, db;
                 int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-                if (bt > 0) {
-                    new_f32(&a, 3, TS_SHAPE(bt, ar, ac));
-                    new_f32(&b, 3, TS_SHAPE(bt, br, bc));
-                    new_f32(&cc, 3, TS_SHAPE(bt, M, N));
-                } else {
-                    new_f32(&a, 2, TS_SHAPE(ar, ac));
-                    new_f32(&b, 2, TS_SHAPE(br, bc));
-                    new_f32(&cc, 2, TS_SHAPE(M, N));
-                }
-                new_like(&dc, &cc);
-                new_like(&da, &a);
-                new_like(&db, &b);
-                fill_uniform(&r, &a, -1, 1);
-                fill_uniform(&r, &b, -1, 1);
-                fill_uniform(&r, &dc, -1, 1);
+                tu_alloc_f32_batch(&a, bt, ar, ac);
+                tu_alloc_f32_batch(&b, bt, br, bc);
+                tu_alloc_f32_batch(&cc, bt, M, N);
+                tu_alloc_like(&dc, &cc);
+                tu_alloc_like(&da, &a);
+                tu_alloc_like(&db, &b);
+                tu_fill_uniform(&r, &a, -1, 1);
+                tu_fill_uniform(&r, &b, -1, 1);
+                tu_fill_uniform(&r, &dc, -1, 1);
                 matmul_args_t args = {ta, tb, alpha};
-                grad_case_t c;
-                init_case(&c, e, &cc, &dc, 1, 0);
-                c.forward = matmul_fwd;
-                c.backward = matmul_bwd;
-                c.op = &args;
+                grad_case_t c = grad_case(e, matmul_fwd, matmul_bwd, &args, &cc, &dc, LINEAR);
                 add_input(&c, "a", &a, &da);
                 add_input(&c, "b", &b, &db);
-                char what[128];
-                snprintf(what, sizeof what,
-                         "matmul_backward batch=%lld M=%lld N=%lld K=%lld "
-                         "trans_a=%d trans_b=%d alpha=%g",
-                         (long long)bt, (long long)M, (long long)N, (long long)K, ta, tb, alpha);
-                run_grad_case(&c, what);
-                ts_tensor_t *all[] = {&a, &b, &cc, &dc, &da, &db};
-                for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-                    ts_tensor_free(all[i]);
+                run_grad_case(&c,
+                              "matmul_backward batch=%lld M=%lld N=%lld K=%lld "
+                              "trans_a=%d trans_b=%d alpha=%g",
+                              (long long)bt, (long long)M, (long long)N, (long long)K, ta, tb,
+                              alpha);
+                TU_FREE_TENSORS(&a, &b, &cc, &dc, &da, &db);
             }
 }
 
@@ -460,31 +350,24 @@ static int layernorm_bwd(grad_case_t *c) {
 static void test_layernorm_backward(void **state) {
     ts_engine_t *e = *state;
     static const int64_t cases[][3] = {{3, 1, 5}, {2, 2, 8}, {1, 1, 2}, {2, 1, 1}, {3, 1, 33}};
-    trng_t r = {23};
+    tu_rng_t r = {23};
     for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
         int64_t R = cases[s][0] * cases[s][1], C = cases[s][2];
         ts_tensor_t inp, out, dout, dinp, mean, rstd;
-        new_f32(&inp, 3, TS_SHAPE(cases[s][0], cases[s][1], C));
-        new_like(&out, &inp);
-        new_like(&dout, &inp);
-        new_like(&dinp, &inp);
-        new_f32(&mean, 1, TS_SHAPE(R));
-        new_f32(&rstd, 1, TS_SHAPE(R));
-        fill_uniform(&r, &inp, -2, 2);
-        fill_uniform(&r, &dout, -1, 1);
+        tu_alloc_f32(&inp, 3, TS_SHAPE(cases[s][0], cases[s][1], C));
+        tu_alloc_like(&out, &inp);
+        tu_alloc_like(&dout, &inp);
+        tu_alloc_like(&dinp, &inp);
+        tu_alloc_f32(&mean, 1, TS_SHAPE(R));
+        tu_alloc_f32(&rstd, 1, TS_SHAPE(R));
+        tu_fill_uniform(&r, &inp, -2, 2);
+        tu_fill_uniform(&r, &dout, -1, 1);
         ln_args_t args = {&mean, &rstd};
-        grad_case_t c;
-        init_case(&c, e, &out, &dout, 0, 1e-3);
-        c.forward = layernorm_fwd;
-        c.backward = layernorm_bwd;
-        c.op = &args;
+        grad_case_t c =
+            grad_case(e, layernorm_fwd, layernorm_bwd, &args, &out, &dout, nonlinear(1e-3));
         add_input(&c, "inp", &inp, &dinp);
-        char what[96];
-        snprintf(what, sizeof what, "layernorm_backward R=%lld C=%lld", (long long)R, (long long)C);
-        run_grad_case(&c, what);
-        ts_tensor_t *all[] = {&inp, &out, &dout, &dinp, &mean, &rstd};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            ts_tensor_free(all[i]);
+        run_grad_case(&c, "layernorm_backward R=%lld C=%lld", (long long)R, (long long)C);
+        TU_FREE_TENSORS(&inp, &out, &dout, &dinp, &mean, &rstd);
     }
 }
 
@@ -509,27 +392,18 @@ static int unary_bwd(grad_case_t *c) {
 
 static void check_unary_backward(ts_engine_t *e, const char *name, unary_args_t *u, int64_t R,
                                  int64_t C, float lo, float hi, uint64_t seed) {
-    trng_t r = {seed};
+    tu_rng_t r = {seed};
     ts_tensor_t inp, out, dout, dinp;
-    new_f32(&inp, 2, TS_SHAPE(R, C));
-    new_like(&out, &inp);
-    new_like(&dout, &inp);
-    new_like(&dinp, &inp);
-    fill_uniform(&r, &inp, lo, hi);
-    fill_uniform(&r, &dout, -1, 1);
-    grad_case_t c;
-    init_case(&c, e, &out, &dout, 0, 1e-3);
-    c.forward = unary_fwd;
-    c.backward = unary_bwd;
-    c.op = u;
+    tu_alloc_f32(&inp, 2, TS_SHAPE(R, C));
+    tu_alloc_like(&out, &inp);
+    tu_alloc_like(&dout, &inp);
+    tu_alloc_like(&dinp, &inp);
+    tu_fill_uniform(&r, &inp, lo, hi);
+    tu_fill_uniform(&r, &dout, -1, 1);
+    grad_case_t c = grad_case(e, unary_fwd, unary_bwd, u, &out, &dout, nonlinear(1e-3));
     add_input(&c, "inp", &inp, &dinp);
-    char what[96];
-    snprintf(what, sizeof what, "%s_backward R=%lld C=%lld", name, (long long)R, (long long)C);
-    run_grad_case(&c, what);
-    ts_tensor_free(&inp);
-    ts_tensor_free(&out);
-    ts_tensor_free(&dout);
-    ts_tensor_free(&dinp);
+    run_grad_case(&c, "%s_backward R=%lld C=%lld", name, (long long)R, (long long)C);
+    TU_FREE_TENSORS(&inp, &out, &dout, &dinp);
 }
 
 static void test_gelu_backward(void **state) {
@@ -568,7 +442,7 @@ static int attention_bwd(grad_case_t *c) {
     /* datt is scratch: garbage in it must not leak into the gradient */
     int64_t n = ts_tensor_numel(a->datt);
     for (int64_t i = 0; i < n; i++)
-        F(a->datt)[i] = 1e3f;
+        tu_f32(a->datt)[i] = 1e3f;
     return ts_attention_backward(c->e, c->grad[0], a->datt, c->dout, c->in[0], a->att, a->heads);
 }
 
@@ -579,32 +453,25 @@ static void test_attention_backward(void **state) {
                                        {1, 3, 6, 3},
                                        {1, 1, 4, 1},
                                        {1, 4, 4, 1}};
-    trng_t r = {31};
+    tu_rng_t r = {31};
     for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
         int64_t B = cases[s][0], T = cases[s][1], C = cases[s][2], H = cases[s][3];
         ts_tensor_t qkv, out, dout, dqkv, att, datt;
-        new_f32(&qkv, 3, TS_SHAPE(B, T, 3 * C));
-        new_f32(&out, 3, TS_SHAPE(B, T, C));
-        new_like(&dout, &out);
-        new_like(&dqkv, &qkv);
-        new_f32(&att, 4, TS_SHAPE(B, H, T, T));
-        new_like(&datt, &att);
-        fill_uniform(&r, &qkv, -1.5f, 1.5f);
-        fill_uniform(&r, &dout, -1, 1);
+        tu_alloc_f32(&qkv, 3, TS_SHAPE(B, T, 3 * C));
+        tu_alloc_f32(&out, 3, TS_SHAPE(B, T, C));
+        tu_alloc_like(&dout, &out);
+        tu_alloc_like(&dqkv, &qkv);
+        tu_alloc_f32(&att, 4, TS_SHAPE(B, H, T, T));
+        tu_alloc_like(&datt, &att);
+        tu_fill_uniform(&r, &qkv, -1.5f, 1.5f);
+        tu_fill_uniform(&r, &dout, -1, 1);
         att_args_t args = {&att, &datt, (int)H};
-        grad_case_t c;
-        init_case(&c, e, &out, &dout, 0, 2e-3);
-        c.forward = attention_fwd;
-        c.backward = attention_bwd;
-        c.op = &args;
+        grad_case_t c =
+            grad_case(e, attention_fwd, attention_bwd, &args, &out, &dout, nonlinear(2e-3));
         add_input(&c, "qkv", &qkv, &dqkv);
-        char what[96];
-        snprintf(what, sizeof what, "attention_backward B=%lld T=%lld C=%lld heads=%lld",
-                 (long long)B, (long long)T, (long long)C, (long long)H);
-        run_grad_case(&c, what);
-        ts_tensor_t *all[] = {&qkv, &out, &dout, &dqkv, &att, &datt};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            ts_tensor_free(all[i]);
+        run_grad_case(&c, "attention_backward B=%lld T=%lld C=%lld heads=%lld", (long long)B,
+                      (long long)T, (long long)C, (long long)H);
+        TU_FREE_TENSORS(&qkv, &out, &dout, &dqkv, &att, &datt);
     }
 }
 
@@ -631,36 +498,28 @@ static void test_modulate_backward(void **state) {
                                        {2, 3, 4, 3, 2, 0},
                                        {1, 1, 1, 2, 0, 1},
                                        {3, 5, 2, 6, 3, 4}};
-    trng_t r = {32};
+    tu_rng_t r = {32};
     for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
         int64_t B = cases[s][0], T = cases[s][1], C = cases[s][2], M = cases[s][3];
         ts_tensor_t x, mod, out, dout, dx, dmod;
-        new_f32(&x, 3, TS_SHAPE(B, T, C));
-        new_f32(&mod, 2, TS_SHAPE(B, M * C));
-        new_like(&out, &x);
-        new_like(&dout, &x);
-        new_like(&dx, &x);
-        new_like(&dmod, &mod);
-        fill_uniform(&r, &x, -2, 2);
-        fill_uniform(&r, &mod, -1, 1);
-        fill_uniform(&r, &dout, -1, 1);
+        tu_alloc_f32(&x, 3, TS_SHAPE(B, T, C));
+        tu_alloc_f32(&mod, 2, TS_SHAPE(B, M * C));
+        tu_alloc_like(&out, &x);
+        tu_alloc_like(&dout, &x);
+        tu_alloc_like(&dx, &x);
+        tu_alloc_like(&dmod, &mod);
+        tu_fill_uniform(&r, &x, -2, 2);
+        tu_fill_uniform(&r, &mod, -1, 1);
+        tu_fill_uniform(&r, &dout, -1, 1);
         idx_args_t args = {(int)cases[s][4], (int)cases[s][5]};
-        grad_case_t c;
-        init_case(&c, e, &out, &dout, 1, 0);
-        c.forward = modulate_fwd;
-        c.backward = modulate_bwd;
-        c.op = &args;
+        grad_case_t c = grad_case(e, modulate_fwd, modulate_bwd, &args, &out, &dout, LINEAR);
         add_input(&c, "x", &x, &dx);
         add_input(&c, "mod", &mod, &dmod);
-        char what[128];
-        snprintf(what, sizeof what,
-                 "modulate_backward B=%lld T=%lld C=%lld M=%lld shift=%d "
-                 "scale=%d",
-                 (long long)B, (long long)T, (long long)C, (long long)M, args.i0, args.i1);
-        run_grad_case(&c, what);
-        ts_tensor_t *all[] = {&x, &mod, &out, &dout, &dx, &dmod};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            ts_tensor_free(all[i]);
+        run_grad_case(&c,
+                      "modulate_backward B=%lld T=%lld C=%lld M=%lld shift=%d "
+                      "scale=%d",
+                      (long long)B, (long long)T, (long long)C, (long long)M, args.i0, args.i1);
+        TU_FREE_TENSORS(&x, &mod, &out, &dout, &dx, &dmod);
     }
 }
 
@@ -681,38 +540,30 @@ static void test_gate_residual_backward(void **state) {
                                        {2, 3, 4, 2, 1},
                                        {1, 1, 1, 1, 0},
                                        {3, 5, 2, 6, 5}};
-    trng_t r = {33};
+    tu_rng_t r = {33};
     for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
         int64_t B = cases[s][0], T = cases[s][1], C = cases[s][2], M = cases[s][3];
         ts_tensor_t res, y, mod, out, dout, dres, dy, dmod;
-        new_f32(&res, 3, TS_SHAPE(B, T, C));
-        new_like(&y, &res);
-        new_f32(&mod, 2, TS_SHAPE(B, M * C));
-        new_like(&out, &res);
-        new_like(&dout, &res);
-        new_like(&dres, &res);
-        new_like(&dy, &res);
-        new_like(&dmod, &mod);
-        fill_uniform(&r, &res, -2, 2);
-        fill_uniform(&r, &y, -2, 2);
-        fill_uniform(&r, &mod, -1, 1);
-        fill_uniform(&r, &dout, -1, 1);
+        tu_alloc_f32(&res, 3, TS_SHAPE(B, T, C));
+        tu_alloc_like(&y, &res);
+        tu_alloc_f32(&mod, 2, TS_SHAPE(B, M * C));
+        tu_alloc_like(&out, &res);
+        tu_alloc_like(&dout, &res);
+        tu_alloc_like(&dres, &res);
+        tu_alloc_like(&dy, &res);
+        tu_alloc_like(&dmod, &mod);
+        tu_fill_uniform(&r, &res, -2, 2);
+        tu_fill_uniform(&r, &y, -2, 2);
+        tu_fill_uniform(&r, &mod, -1, 1);
+        tu_fill_uniform(&r, &dout, -1, 1);
         idx_args_t args = {(int)cases[s][4], 0};
-        grad_case_t c;
-        init_case(&c, e, &out, &dout, 1, 0);
-        c.forward = gate_fwd;
-        c.backward = gate_bwd;
-        c.op = &args;
+        grad_case_t c = grad_case(e, gate_fwd, gate_bwd, &args, &out, &dout, LINEAR);
         add_input(&c, "res", &res, &dres);
         add_input(&c, "y", &y, &dy);
         add_input(&c, "mod", &mod, &dmod);
-        char what[128];
-        snprintf(what, sizeof what, "gate_residual_backward B=%lld T=%lld C=%lld M=%lld gate=%d",
-                 (long long)B, (long long)T, (long long)C, (long long)M, args.i0);
-        run_grad_case(&c, what);
-        ts_tensor_t *all[] = {&res, &y, &mod, &out, &dout, &dres, &dy, &dmod};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            ts_tensor_free(all[i]);
+        run_grad_case(&c, "gate_residual_backward B=%lld T=%lld C=%lld M=%lld gate=%d",
+                      (long long)B, (long long)T, (long long)C, (long long)M, args.i0);
+        TU_FREE_TENSORS(&res, &y, &mod, &out, &dout, &dres, &dy, &dmod);
     }
 }
 
@@ -728,34 +579,26 @@ static int bcast_bwd(grad_case_t *c) {
 
 static void test_add_bcast_backward(void **state) {
     ts_engine_t *e = *state;
-    trng_t r = {34};
+    tu_rng_t r = {34};
     static const int64_t cases[][4] = {
         /* x (a, b, c), S */ {3, 4, 5, 20}, {1, 6, 4, 4}, {2, 3, 1, 1}, {5, 1, 3, 3}};
     for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
         ts_tensor_t x, b, out, dout, dx, db;
-        new_f32(&x, 3, TS_SHAPE(cases[s][0], cases[s][1], cases[s][2]));
-        new_f32(&b, 1, TS_SHAPE(cases[s][3]));
-        new_like(&out, &x);
-        new_like(&dout, &x);
-        new_like(&dx, &x);
-        new_like(&db, &b);
-        fill_uniform(&r, &x, -1, 1);
-        fill_uniform(&r, &b, -1, 1);
-        fill_uniform(&r, &dout, -1, 1);
-        grad_case_t c;
-        init_case(&c, e, &out, &dout, 1, 0);
-        c.forward = bcast_fwd;
-        c.backward = bcast_bwd;
+        tu_alloc_f32(&x, 3, TS_SHAPE(cases[s][0], cases[s][1], cases[s][2]));
+        tu_alloc_f32(&b, 1, TS_SHAPE(cases[s][3]));
+        tu_alloc_like(&out, &x);
+        tu_alloc_like(&dout, &x);
+        tu_alloc_like(&dx, &x);
+        tu_alloc_like(&db, &b);
+        tu_fill_uniform(&r, &x, -1, 1);
+        tu_fill_uniform(&r, &b, -1, 1);
+        tu_fill_uniform(&r, &dout, -1, 1);
+        grad_case_t c = grad_case(e, bcast_fwd, bcast_bwd, NULL, &out, &dout, LINEAR);
         add_input(&c, "x", &x, &dx);
         add_input(&c, "b", &b, &db);
-        char what[96];
-        snprintf(what, sizeof what, "add_bcast_backward x=(%lld,%lld,%lld) S=%lld",
-                 (long long)cases[s][0], (long long)cases[s][1], (long long)cases[s][2],
-                 (long long)cases[s][3]);
-        run_grad_case(&c, what);
-        ts_tensor_t *all[] = {&x, &b, &out, &dout, &dx, &db};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            ts_tensor_free(all[i]);
+        run_grad_case(&c, "add_bcast_backward x=(%lld,%lld,%lld) S=%lld", (long long)cases[s][0],
+                      (long long)cases[s][1], (long long)cases[s][2], (long long)cases[s][3]);
+        TU_FREE_TENSORS(&x, &b, &out, &dout, &dx, &db);
     }
 }
 
@@ -782,31 +625,22 @@ static void test_timestep_embedding_backward(void **state) {
                  {10.0f, 0.0f, 1.0f, 1e-4, 16},
                  {1000.0f, -1e-3f, 1e-3f, 1e-6, 9},
                  {1.0f, -1.0f, 1.0f, 1e-3, 2}};
-    trng_t r = {35};
+    tu_rng_t r = {35};
     for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
         int64_t B = 4, D = cases[s].D;
         float scale = cases[s].scale;
         ts_tensor_t t, out, dout, dt;
-        new_f32(&t, 1, TS_SHAPE(B));
-        new_f32(&out, 2, TS_SHAPE(B, D));
-        new_like(&dout, &out);
-        new_like(&dt, &t);
-        fill_uniform(&r, &t, cases[s].lo, cases[s].hi);
-        fill_uniform(&r, &dout, -1, 1);
-        grad_case_t c;
-        init_case(&c, e, &out, &dout, 0, cases[s].h);
-        c.forward = temb_fwd;
-        c.backward = temb_bwd;
-        c.op = &scale;
+        tu_alloc_f32(&t, 1, TS_SHAPE(B));
+        tu_alloc_f32(&out, 2, TS_SHAPE(B, D));
+        tu_alloc_like(&dout, &out);
+        tu_alloc_like(&dt, &t);
+        tu_fill_uniform(&r, &t, cases[s].lo, cases[s].hi);
+        tu_fill_uniform(&r, &dout, -1, 1);
+        grad_case_t c =
+            grad_case(e, temb_fwd, temb_bwd, &scale, &out, &dout, nonlinear(cases[s].h));
         add_input(&c, "t", &t, &dt);
-        char what[96];
-        snprintf(what, sizeof what, "timestep_embedding_backward D=%lld scale=%g", (long long)D,
-                 scale);
-        run_grad_case(&c, what);
-        ts_tensor_free(&t);
-        ts_tensor_free(&out);
-        ts_tensor_free(&dout);
-        ts_tensor_free(&dt);
+        run_grad_case(&c, "timestep_embedding_backward D=%lld scale=%g", (long long)D, scale);
+        TU_FREE_TENSORS(&t, &out, &dout, &dt);
     }
 }
 
@@ -821,35 +655,30 @@ static int emb_bwd(grad_case_t *c) {
 static void test_embedding_backward(void **state) {
     ts_engine_t *e = *state;
     static const int32_t idv[] = {1, 4, 1, 0, 1, 4}; /* repeats; rows 2 and 3 unused */
-    trng_t r = {36};
+    tu_rng_t r = {36};
     int64_t V = 5, D = 3, B = 6;
     ts_tensor_t table, ids, out, dout, dtable;
-    new_f32(&table, 2, TS_SHAPE(V, D));
-    new_f32(&out, 2, TS_SHAPE(B, D));
-    new_like(&dout, &out);
-    new_like(&dtable, &table);
+    tu_alloc_f32(&table, 2, TS_SHAPE(V, D));
+    tu_alloc_f32(&out, 2, TS_SHAPE(B, D));
+    tu_alloc_like(&dout, &out);
+    tu_alloc_like(&dtable, &table);
     assert_int_equal(ts_tensor_alloc(&ids, TS_I32, TS_CPU, 1, TS_SHAPE(B)), TS_OK);
     memcpy(ids.data, idv, sizeof idv);
-    fill_uniform(&r, &table, -1, 1);
-    fill_uniform(&r, &dout, -1, 1);
-    grad_case_t c;
-    init_case(&c, e, &out, &dout, 1, 0);
-    c.forward = emb_fwd;
-    c.backward = emb_bwd;
-    c.op = &ids;
+    tu_fill_uniform(&r, &table, -1, 1);
+    tu_fill_uniform(&r, &dout, -1, 1);
+    grad_case_t c = grad_case(e, emb_fwd, emb_bwd, &ids, &out, &dout, LINEAR);
     add_input(&c, "table", &table, &dtable);
     run_grad_case(&c, "embedding_backward V=5 D=3 B=6 (repeated ids)");
     /* row 1 is picked three times: its gradient is the sum of three dout rows */
-    CHECK_OK(ts_zero(e, &dtable));
-    CHECK_OK(ts_embedding_backward(e, &dtable, &dout, &ids));
+    TU_CHECK_OK(ts_zero(e, &dtable));
+    TU_CHECK_OK(ts_embedding_backward(e, &dtable, &dout, &ids));
     for (int64_t d = 0; d < D; d++) {
-        double want = (double)F(&dout)[0 * D + d] + F(&dout)[2 * D + d] + F(&dout)[4 * D + d];
-        assert_true(fabs(F(&dtable)[1 * D + d] - want) < 1e-6);
-        assert_true(F(&dtable)[2 * D + d] == 0.0f && F(&dtable)[3 * D + d] == 0.0f);
+        double want =
+            (double)tu_f32(&dout)[0 * D + d] + tu_f32(&dout)[2 * D + d] + tu_f32(&dout)[4 * D + d];
+        assert_true(fabs(tu_f32(&dtable)[1 * D + d] - want) < 1e-6);
+        assert_true(tu_f32(&dtable)[2 * D + d] == 0.0f && tu_f32(&dtable)[3 * D + d] == 0.0f);
     }
-    ts_tensor_t *all[] = {&table, &ids, &out, &dout, &dtable};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        ts_tensor_free(all[i]);
+    TU_FREE_TENSORS(&table, &ids, &out, &dout, &dtable);
 }
 
 /* ---- patches --------------------------------------------------------------------------- */
@@ -874,45 +703,33 @@ static void test_patchify_unpatchify_backward(void **state) {
     ts_engine_t *e = *state;
     static const int64_t cases[][5] = {
         /* B, C, H, W, p */ {2, 2, 4, 6, 2}, {1, 3, 3, 3, 3}, {1, 1, 2, 2, 1}};
-    trng_t r = {37};
+    tu_rng_t r = {37};
     for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
         int64_t B = cases[s][0], C = cases[s][1], H = cases[s][2], W = cases[s][3];
         int p = (int)cases[s][4];
         int64_t T = (H / p) * (W / p), Fd = C * p * p;
         ts_tensor_t img, tok, dimg, dtok, gimg, gtok;
-        new_f32(&img, 4, TS_SHAPE(B, C, H, W));
-        new_f32(&tok, 3, TS_SHAPE(B, T, Fd));
-        new_like(&dimg, &img); /* the loss weights on an image output */
-        new_like(&dtok, &tok); /* the loss weights on a token output */
-        new_like(&gimg, &img);
-        new_like(&gtok, &tok);
-        fill_uniform(&r, &img, -1, 1);
-        fill_uniform(&r, &tok, -1, 1);
-        fill_uniform(&r, &dimg, -1, 1);
-        fill_uniform(&r, &dtok, -1, 1);
-        char what[128];
-        grad_case_t c;
-        init_case(&c, e, &tok, &dtok, 1, 0);
-        c.forward = patchify_fwd;
-        c.backward = patchify_bwd;
-        c.op = &p;
+        tu_alloc_f32(&img, 4, TS_SHAPE(B, C, H, W));
+        tu_alloc_f32(&tok, 3, TS_SHAPE(B, T, Fd));
+        tu_alloc_like(&dimg, &img); /* the loss weights on an image output */
+        tu_alloc_like(&dtok, &tok); /* the loss weights on a token output */
+        tu_alloc_like(&gimg, &img);
+        tu_alloc_like(&gtok, &tok);
+        tu_fill_uniform(&r, &img, -1, 1);
+        tu_fill_uniform(&r, &tok, -1, 1);
+        tu_fill_uniform(&r, &dimg, -1, 1);
+        tu_fill_uniform(&r, &dtok, -1, 1);
+        grad_case_t c = grad_case(e, patchify_fwd, patchify_bwd, &p, &tok, &dtok, LINEAR);
         add_input(&c, "img", &img, &gimg);
-        snprintf(what, sizeof what, "patchify_backward B=%lld C=%lld H=%lld W=%lld p=%d",
-                 (long long)B, (long long)C, (long long)H, (long long)W, p);
-        run_grad_case(&c, what);
+        run_grad_case(&c, "patchify_backward B=%lld C=%lld H=%lld W=%lld p=%d", (long long)B,
+                      (long long)C, (long long)H, (long long)W, p);
 
-        fill_uniform(&r, &tok, -1, 1);
-        init_case(&c, e, &img, &dimg, 1, 0);
-        c.forward = unpatchify_fwd;
-        c.backward = unpatchify_bwd;
-        c.op = &p;
-        add_input(&c, "tok", &tok, &gtok);
-        snprintf(what, sizeof what, "unpatchify_backward B=%lld C=%lld H=%lld W=%lld p=%d",
-                 (long long)B, (long long)C, (long long)H, (long long)W, p);
-        run_grad_case(&c, what);
-        ts_tensor_t *all[] = {&img, &tok, &dimg, &dtok, &gimg, &gtok};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            ts_tensor_free(all[i]);
+        tu_fill_uniform(&r, &tok, -1, 1);
+        grad_case_t u = grad_case(e, unpatchify_fwd, unpatchify_bwd, &p, &img, &dimg, LINEAR);
+        add_input(&u, "tok", &tok, &gtok);
+        run_grad_case(&u, "unpatchify_backward B=%lld C=%lld H=%lld W=%lld p=%d", (long long)B,
+                      (long long)C, (long long)H, (long long)W, p);
+        TU_FREE_TENSORS(&img, &tok, &dimg, &dtok, &gimg, &gtok);
     }
 }
 
@@ -926,25 +743,23 @@ static int mean_bwd(grad_case_t *c) { return ts_mean_backward(c->e, c->grad[0], 
 static int mse_fwd(grad_case_t *c) { return ts_mse_forward(c->e, c->out, c->in[0], c->in[1]); }
 
 static int mse_bwd(grad_case_t *c) {
-    return ts_mse_backward(c->e, c->grad[0], F(c->dout)[0], c->in[0], c->in[1]);
+    return ts_mse_backward(c->e, c->grad[0], tu_f32(c->dout)[0], c->in[0], c->in[1]);
 }
 
 static void test_reductions_backward(void **state) {
     ts_engine_t *e = *state;
     static const int64_t sizes[][2] = {{1, 1}, {3, 7}, {4, 33}};
-    trng_t r = {38};
+    tu_rng_t r = {38};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         ts_tensor_t x, tgt, out, dout, dx;
-        new_f32(&x, 2, TS_SHAPE(sizes[s][0], sizes[s][1]));
-        new_like(&tgt, &x);
-        new_like(&dx, &x);
-        new_f32(&out, 1, TS_SHAPE(1));
-        new_f32(&dout, 1, TS_SHAPE(1));
-        fill_uniform(&r, &x, -1, 1);
-        fill_uniform(&r, &tgt, -1, 1);
-        F(&dout)[0] = -1.7f;
-        char what[96];
-        grad_case_t c;
+        tu_alloc_f32(&x, 2, TS_SHAPE(sizes[s][0], sizes[s][1]));
+        tu_alloc_like(&tgt, &x);
+        tu_alloc_like(&dx, &x);
+        tu_alloc_f32(&out, 1, TS_SHAPE(1));
+        tu_alloc_f32(&dout, 1, TS_SHAPE(1));
+        tu_fill_uniform(&r, &x, -1, 1);
+        tu_fill_uniform(&r, &tgt, -1, 1);
+        tu_f32(&dout)[0] = -1.7f;
         static const struct {
             const char *name;
             int (*fwd)(grad_case_t *);
@@ -952,19 +767,14 @@ static void test_reductions_backward(void **state) {
         } ops[] = {
             {"sum", sum_fwd, sum_bwd}, {"mean", mean_fwd, mean_bwd}, {"mse", mse_fwd, mse_bwd}};
         for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) {
-            init_case(&c, e, &out, &dout, 1, 0);
-            c.forward = ops[o].fwd;
-            c.backward = ops[o].bwd;
+            grad_case_t c = grad_case(e, ops[o].fwd, ops[o].bwd, NULL, &out, &dout, LINEAR);
             add_input(&c, "inp", &x, &dx);
             if (o == 2)
                 add_input(&c, "target", &tgt, NULL); /* mse: no gradient for the target */
-            snprintf(what, sizeof what, "%s_backward n=%lld", ops[o].name,
-                     (long long)(sizes[s][0] * sizes[s][1]));
-            run_grad_case(&c, what);
+            run_grad_case(&c, "%s_backward n=%lld", ops[o].name,
+                          (long long)(sizes[s][0] * sizes[s][1]));
         }
-        ts_tensor_t *all[] = {&x, &tgt, &out, &dout, &dx};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            ts_tensor_free(all[i]);
+        TU_FREE_TENSORS(&x, &tgt, &out, &dout, &dx);
     }
 }
 
@@ -985,5 +795,6 @@ int main(void) {
         cmocka_unit_test(test_patchify_unpatchify_backward),
         cmocka_unit_test(test_reductions_backward),
     };
-    return cmocka_run_group_tests_name("ops_backward", tests, setup_engine, teardown_engine);
+    return cmocka_run_group_tests_name("ops_backward", tests, tu_setup_cpu_engine,
+                                       tu_teardown_cpu_engine);
 }

@@ -8,80 +8,26 @@
  * overwrite, and the refusals: bad arguments, a grid too large, an unwritable folder, a missing,
  * non-PNG or truncated file on reading.
  */
-#define _POSIX_C_SOURCE 200809L
-
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <png.h>
 
 #include "model/png.h"
+#include "tests/testutil.h"
 
-#define CHECK_RC(expr, want)                                                                       \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != (want)) {                                                                       \
-            print_error("%s:%d: %s returned %d (%s), expected %d (%s); err: %s\n", __FILE__,       \
-                        __LINE__, #expr, rc_, ts_strerror(rc_), (want), ts_strerror(want), err);   \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
+/* The checks print err, the sentence the call under test wrote. */
+#define CHECK_RC(expr, want) TU_CHECK_RC_MSG(expr, want, err)
 #define CHECK_OK(expr) CHECK_RC(expr, TS_OK)
 
-static char g_dir[256];
-static char err[512];
+static char err[512]; /* the error sentence of the last call, printed by CHECK_RC */
 
+/* Each test gets a fresh temporary folder (tu_temp_dir) and an empty err. */
 static int setup_dir(void **state) {
-    (void)state;
-    const char *base = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/ts_png_XXXXXX", base && *base ? base : "/tmp");
     err[0] = '\0';
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    DIR *d = opendir(g_dir);
-    if (d) {
-        struct dirent *e;
-        char path[512];
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(path, sizeof path, "%s/%s", g_dir, e->d_name);
-                unlink(path);
-            }
-        }
-        closedir(d);
-    }
-    rmdir(g_dir);
-    return 0;
-}
-
-static const char *in_dir(const char *name) {
-    static char path[512];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    return path;
-}
-
-static int count_files(void) {
-    DIR *d = opendir(g_dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
+    return tu_setup_temp_dir(state);
 }
 
 /* The value whose byte is k: k / 127.5 − 1. */
@@ -123,7 +69,7 @@ static void test_grid_2x3_placement(void **state) {
     (void)state;
     const int n = 6, H = 4, W = 5, cols = 3, pad = 2;
     float *img = make_tiles(n, H, W);
-    const char *path = in_dir("grid.png");
+    const char *path = tu_temp_path("grid.png");
     CHECK_OK(ts_png_write_grid(path, img, n, 1, H, W, cols, pad, err, sizeof err));
     uint8_t *px;
     int w, h;
@@ -144,7 +90,7 @@ static void test_grid_partial_row_and_no_pad(void **state) {
     (void)state;
     const int n = 5, H = 3, W = 2, cols = 3;
     float *img = make_tiles(n, H, W);
-    const char *path = in_dir("partial.png");
+    const char *path = tu_temp_path("partial.png");
     CHECK_OK(ts_png_write_grid(path, img, n, 1, H, W, cols, 0, err, sizeof err));
     uint8_t *px;
     int w, h;
@@ -171,7 +117,7 @@ static void test_default_cols(void **state) {
     float *img = make_tiles(64, 1, 1);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int n = cases[c][0], cols = cases[c][1];
-        const char *path = in_dir("cols.png");
+        const char *path = tu_temp_path("cols.png");
         CHECK_OK(ts_png_write_grid(path, img, n, 1, 1, 1, 0, 1, err, sizeof err));
         uint8_t *px;
         int w, h;
@@ -199,7 +145,7 @@ static void test_value_mapping(void **state) {
     for (int k = 0; k < 256; k++) /* every byte survives the float round trip */
         assert_int_equal(ts_png_to_byte(from_byte(k)), k);
 
-    const char *path = in_dir("values.png");
+    const char *path = tu_temp_path("values.png");
     CHECK_OK(ts_png_write_grid(path, v, n, 1, 1, 1, n, 0, err, sizeof err));
     uint8_t *px;
     int w, h;
@@ -222,7 +168,7 @@ static void test_rgb(void **state) {
         for (int c = 0; c < 3; c++)
             for (int p = 0; p < H * W; p++)
                 img[(i * 3 + c) * H * W + p] = from_byte(i == 0 ? 10 + 100 * c + p : 50 + 10 * p);
-    const char *path = in_dir("rgb.png");
+    const char *path = tu_temp_path("rgb.png");
     CHECK_OK(ts_png_write_grid(path, img, n, 3, H, W, 2, pad, err, sizeof err));
 
     /* libpng's own reader, as RGB: channel order and placement */
@@ -268,10 +214,10 @@ static void test_rgb(void **state) {
 static void test_overwrite_is_atomic(void **state) {
     (void)state;
     float *img = make_tiles(4, 3, 3);
-    const char *path = in_dir("out.png");
+    const char *path = tu_temp_path("out.png");
     CHECK_OK(ts_png_write_grid(path, img, 4, 1, 3, 3, 2, 1, err, sizeof err));
     CHECK_OK(ts_png_write_grid(path, img, 1, 1, 3, 3, 1, 0, err, sizeof err));
-    assert_int_equal(count_files(), 1); /* no temporary file left behind */
+    assert_int_equal(tu_count_files(tu_temp_dir()), 1); /* no temporary file left behind */
     uint8_t *px;
     int w, h;
     CHECK_OK(ts_png_read_gray(path, &px, &w, &h, err, sizeof err));
@@ -284,7 +230,7 @@ static void test_overwrite_is_atomic(void **state) {
 static void test_write_errors(void **state) {
     (void)state;
     float *img = make_tiles(4, 2, 2);
-    const char *path = in_dir("bad.png");
+    const char *path = tu_temp_path("bad.png");
     CHECK_RC(ts_png_write_grid(NULL, img, 4, 1, 2, 2, 0, 0, err, sizeof err), TS_EINVAL);
     CHECK_RC(ts_png_write_grid(path, NULL, 4, 1, 2, 2, 0, 0, err, sizeof err), TS_EINVAL);
     CHECK_RC(ts_png_write_grid(path, img, 0, 1, 2, 2, 0, 0, err, sizeof err), TS_EINVAL);
@@ -298,9 +244,10 @@ static void test_write_errors(void **state) {
     /* 2 columns of width 1 with 70000 pixels between them */
     CHECK_RC(ts_png_write_grid(path, img, 2, 1, 1, 1, 2, 70000, err, sizeof err), TS_ERANGE);
     assert_non_null(strstr(err, "65535"));
-    assert_int_equal(count_files(), 0);
-    CHECK_RC(ts_png_write_grid(in_dir("missing/x.png"), img, 4, 1, 2, 2, 0, 0, err, sizeof err),
-             TS_EIO);
+    assert_int_equal(tu_count_files(tu_temp_dir()), 0);
+    CHECK_RC(
+        ts_png_write_grid(tu_temp_path("missing/x.png"), img, 4, 1, 2, 2, 0, 0, err, sizeof err),
+        TS_EIO);
     assert_non_null(strstr(err, "missing/x.png"));
     assert_int_equal(ts_png_write_grid(NULL, img, 4, 1, 2, 2, 0, 0, NULL, 0), TS_EINVAL);
     free(img);
@@ -310,40 +257,33 @@ static void test_read_errors(void **state) {
     (void)state;
     uint8_t *px = (uint8_t *)err;
     int w, h;
-    CHECK_RC(ts_png_read_gray(in_dir("absent.png"), &px, &w, &h, err, sizeof err), TS_EIO);
+    CHECK_RC(ts_png_read_gray(tu_temp_path("absent.png"), &px, &w, &h, err, sizeof err), TS_EIO);
     assert_null(px);
     assert_non_null(strstr(err, "absent.png"));
     CHECK_RC(ts_png_read_gray(NULL, &px, &w, &h, err, sizeof err), TS_EINVAL);
 
-    FILE *f = fopen(in_dir("text.png"), "w");
-    assert_non_null(f);
-    fputs("this is not a PNG file at all\n", f);
-    fclose(f);
-    CHECK_RC(ts_png_read_gray(in_dir("text.png"), &px, &w, &h, err, sizeof err), TS_ECORRUPT);
+    const char *text = "this is not a PNG file at all\n";
+    tu_write_file(tu_temp_path("text.png"), text, strlen(text));
+    CHECK_RC(ts_png_read_gray(tu_temp_path("text.png"), &px, &w, &h, err, sizeof err), TS_ECORRUPT);
     assert_non_null(strstr(err, "not a PNG"));
 
     /* a real PNG cut in half: libpng's error comes back through longjmp, nothing leaks */
     float *img = make_tiles(9, 8, 8);
-    const char *path = in_dir("cut.png");
+    const char *path = tu_temp_path("cut.png");
     CHECK_OK(ts_png_write_grid(path, img, 9, 1, 8, 8, 0, 2, err, sizeof err));
     free(img);
-    f = fopen(path, "rb");
-    assert_non_null(f);
-    unsigned char buf[8192];
-    size_t len = fread(buf, 1, sizeof buf, f);
-    fclose(f);
+    size_t len;
+    unsigned char *buf = tu_read_file(path, &len);
     assert_true(len > 60);
-    f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, len / 2, f), len / 2);
-    fclose(f);
+    tu_write_file(path, buf, len / 2);
+    free(buf);
     px = (uint8_t *)err;
     CHECK_RC(ts_png_read_gray(path, &px, &w, &h, err, sizeof err), TS_ECORRUPT);
     assert_null(px);
     assert_non_null(strstr(err, "cut.png"));
 }
 
-#define DIR_TEST(f) cmocka_unit_test_setup_teardown(f, setup_dir, teardown_dir)
+#define DIR_TEST(f) cmocka_unit_test_setup_teardown(f, setup_dir, tu_teardown_temp_dir)
 
 int main(void) {
     const struct CMUnitTest tests[] = {

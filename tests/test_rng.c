@@ -16,12 +16,6 @@
  *   - ts_rng_log (relative error < 2e-7) and ts_rng_sincos_2pi (absolute error < 3e-7) against
  *     libm in double over dense sweeps.
  */
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -31,48 +25,9 @@
 #include "kernels/engine.h"
 #include "kernels/math.h"
 #include "kernels/ops.h"
-
-#define CHECK_OK(expr)                                                                             \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != TS_OK) {                                                                        \
-            print_error("%s:%d: %s returned %d (%s)\n", __FILE__, __LINE__, #expr, rc_,            \
-                        ts_strerror(rc_));                                                         \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
+#include "tests/testutil.h"
 
 static const double TWO_PI = 6.283185307179586476925286766559;
-
-static int setup_engine(void **state) {
-    ts_engine_t *e = calloc(1, sizeof *e);
-    if (!e)
-        return -1;
-    ts_engine_opts_t opts = {.device = TS_CPU, .threads = 2, .gpu = 0};
-    if (ts_engine_init(e, &opts) != TS_OK) {
-        free(e);
-        return -1;
-    }
-    *state = e;
-    return 0;
-}
-
-static int teardown_engine(void **state) {
-    ts_engine_t *e = *state;
-    ts_engine_free(e);
-    free(e);
-    return 0;
-}
-
-static float *F(const ts_tensor_t *t) { return (float *)t->data; }
-
-static void new_f32(ts_tensor_t *t, int64_t n) {
-    int rc = ts_tensor_alloc(t, TS_F32, TS_CPU, 1, TS_SHAPE(n));
-    if (rc != TS_OK) {
-        print_error("ts_tensor_alloc(%lld) failed: %s\n", (long long)n, ts_strerror(rc));
-        fail();
-    }
-}
 
 /* The four words of block `block` of stream `seed`, built here from the documented layout. */
 static ts_u32x4_t words_of(uint64_t seed, uint64_t block) {
@@ -158,18 +113,18 @@ static void test_engine_equals_elementwise(void **state) {
             int64_t n = sizes[s];
             uint64_t off = offsets[o];
             ts_tensor_t u, g;
-            new_f32(&u, n);
-            new_f32(&g, n);
-            CHECK_OK(ts_rng_uniform(e, &u, seed, off));
-            CHECK_OK(ts_rng_normal(e, &g, seed, off));
+            tu_alloc_f32(&u, 1, TS_SHAPE(n));
+            tu_alloc_f32(&g, 1, TS_SHAPE(n));
+            TU_CHECK_OK(ts_rng_uniform(e, &u, seed, off));
+            TU_CHECK_OK(ts_rng_normal(e, &g, seed, off));
             for (int64_t j = 0; j < n; j++) {
                 float wu = ts_rng_uniform_at(seed, off + (uint64_t)j);
                 float wg = ts_rng_normal_at(seed, off + (uint64_t)j);
-                if (F(&u)[j] != wu || F(&g)[j] != wg) {
+                if (tu_f32(&u)[j] != wu || tu_f32(&g)[j] != wg) {
                     print_error("rng n=%lld offset=%llu element %lld: uniform %.9g vs %.9g, "
                                 "normal %.9g vs %.9g\n",
-                                (long long)n, (unsigned long long)off, (long long)j, F(&u)[j], wu,
-                                F(&g)[j], wg);
+                                (long long)n, (unsigned long long)off, (long long)j, tu_f32(&u)[j],
+                                wu, tu_f32(&g)[j], wg);
                     fail();
                 }
             }
@@ -190,17 +145,17 @@ static void test_engine_any_split(void **state) {
         for (size_t o = 0; o < sizeof offsets / sizeof offsets[0]; o++) {
             uint64_t off = offsets[o];
             ts_tensor_t whole;
-            new_f32(&whole, N);
-            CHECK_OK(gen(e, &whole, seed, off));
+            tu_alloc_f32(&whole, 1, TS_SHAPE(N));
+            TU_CHECK_OK(gen(e, &whole, seed, off));
             for (size_t s = 0; s < sizeof splits / sizeof splits[0]; s++) {
                 int64_t k = splits[s];
                 ts_tensor_t a, b;
-                new_f32(&a, k);
-                new_f32(&b, N - k);
-                CHECK_OK(gen(e, &a, seed, off));
-                CHECK_OK(gen(e, &b, seed, off + (uint64_t)k));
+                tu_alloc_f32(&a, 1, TS_SHAPE(k));
+                tu_alloc_f32(&b, 1, TS_SHAPE(N - k));
+                TU_CHECK_OK(gen(e, &a, seed, off));
+                TU_CHECK_OK(gen(e, &b, seed, off + (uint64_t)k));
                 if (memcmp(a.data, whole.data, (size_t)k * 4) != 0 ||
-                    memcmp(b.data, F(&whole) + k, (size_t)(N - k) * 4) != 0) {
+                    memcmp(b.data, tu_f32(&whole) + k, (size_t)(N - k) * 4) != 0) {
                     print_error("rng_%s offset %llu: [0,%lld) + [%lld,%lld) differs from "
                                 "[0,%lld) in one call\n",
                                 normal ? "normal" : "uniform", (unsigned long long)off,
@@ -233,15 +188,15 @@ static void test_normal_equals_box_muller(void **state) {
     for (size_t s = 0; s < sizeof seeds / sizeof seeds[0]; s++) {
         for (size_t o = 0; o < sizeof offs / sizeof offs[0]; o++) {
             ts_tensor_t g;
-            new_f32(&g, n);
-            CHECK_OK(ts_rng_normal(e, &g, seeds[s], offs[o]));
+            tu_alloc_f32(&g, 1, TS_SHAPE(n));
+            TU_CHECK_OK(ts_rng_normal(e, &g, seeds[s], offs[o]));
             for (int64_t j = 0; j < n; j++) {
                 double want = box_muller_ref(seeds[s], offs[o] + (uint64_t)j);
-                if (!(fabs(F(&g)[j] - want) <= 1e-5)) {
+                if (!(fabs(tu_f32(&g)[j] - want) <= 1e-5)) {
                     print_error("rng_normal seed %llx element %llu: got %.9g, Box-Muller in "
                                 "double gives %.9g\n",
                                 (unsigned long long)seeds[s],
-                                (unsigned long long)(offs[o] + (uint64_t)j), F(&g)[j], want);
+                                (unsigned long long)(offs[o] + (uint64_t)j), tu_f32(&g)[j], want);
                     fail();
                 }
             }
@@ -254,12 +209,12 @@ static void test_moments(void **state) {
     ts_engine_t *e = *state;
     const int64_t n = 1000000;
     ts_tensor_t x;
-    new_f32(&x, n);
+    tu_alloc_f32(&x, 1, TS_SHAPE(n));
 
-    CHECK_OK(ts_rng_normal(e, &x, 2024, 0));
+    TU_CHECK_OK(ts_rng_normal(e, &x, 2024, 0));
     double s = 0, s2 = 0;
     for (int64_t i = 0; i < n; i++) {
-        double v = F(&x)[i];
+        double v = tu_f32(&x)[i];
         if (!isfinite(v)) {
             print_error("rng_normal element %lld is not finite (%g)\n", (long long)i, v);
             fail();
@@ -275,10 +230,10 @@ static void test_moments(void **state) {
         fail();
     }
 
-    CHECK_OK(ts_rng_uniform(e, &x, 2024, 12345));
+    TU_CHECK_OK(ts_rng_uniform(e, &x, 2024, 12345));
     s = s2 = 0;
     for (int64_t i = 0; i < n; i++) {
-        double v = F(&x)[i];
+        double v = tu_f32(&x)[i];
         if (!(v >= 0.0 && v < 1.0)) {
             print_error("rng_uniform element %lld = %.9g is outside [0, 1)\n", (long long)i, v);
             fail();
@@ -378,5 +333,5 @@ int main(void) {
         cmocka_unit_test(test_rng_log),
         cmocka_unit_test(test_rng_sincos),
     };
-    return cmocka_run_group_tests_name("rng", tests, setup_engine, teardown_engine);
+    return cmocka_run_group_tests_name("rng", tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

@@ -14,13 +14,6 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,40 +22,19 @@
 
 #include "kernels/math.h"
 #include "model/safetensors.h"
-
-#define CHECK_RC(expr, want)                                                                       \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != (want)) {                                                                       \
-            print_error("%s:%d: %s returned %d (%s), expected %d (%s)\n", __FILE__, __LINE__,      \
-                        #expr, rc_, ts_strerror(rc_), (want), ts_strerror(want));                  \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
-#define CHECK_OK(expr) CHECK_RC(expr, TS_OK)
-
-/* Fails unless haystack contains needle, printing both. */
-#define CHECK_MENTIONS(haystack, needle)                                                           \
-    do {                                                                                           \
-        if (!strstr((haystack), (needle))) {                                                       \
-            print_error("%s:%d: message \"%s\" does not mention \"%s\"\n", __FILE__, __LINE__,     \
-                        (haystack), (needle));                                                     \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
+#include "tests/testutil.h"
 
 /* ---- fixtures: a private temporary directory --------------------------------------------- */
 
 typedef struct {
-    char dir[64];
+    char dir[128];
 } fixture_t;
 
 static int setup_dir(void **state) {
     fixture_t *fx = calloc(1, sizeof *fx);
     if (!fx)
         return -1;
-    snprintf(fx->dir, sizeof fx->dir, "/tmp/ts_test_st_XXXXXX");
-    if (!mkdtemp(fx->dir)) {
+    if (tu_make_temp_dir(fx->dir, sizeof fx->dir, "ts_test_st") != 0) {
         free(fx);
         return -1;
     }
@@ -72,61 +44,13 @@ static int setup_dir(void **state) {
 
 static int teardown_dir(void **state) {
     fixture_t *fx = *state;
-    DIR *d = opendir(fx->dir);
-    if (d) {
-        struct dirent *de;
-        char path[512];
-        while ((de = readdir(d)) != NULL) {
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                continue;
-            snprintf(path, sizeof path, "%s/%s", fx->dir, de->d_name);
-            unlink(path);
-        }
-        closedir(d);
-    }
-    rmdir(fx->dir);
+    tu_remove_temp_dir(fx->dir);
     free(fx);
     return 0;
 }
 
 static void path_in(const fixture_t *fx, const char *name, char *out, size_t len) {
     snprintf(out, len, "%s/%s", fx->dir, name);
-}
-
-/* Number of entries in the fixture directory (to catch a leftover temporary file). */
-static int dir_entries(const fixture_t *fx) {
-    DIR *d = opendir(fx->dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL)
-        if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
-            n++;
-    closedir(d);
-    return n;
-}
-
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    assert_non_null(fp);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    assert_true(n >= 0);
-    fseek(fp, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, fp), (size_t)n);
-    fclose(fp);
-    *len = (size_t)n;
-    return buf;
-}
-
-static void spit(const char *path, const unsigned char *buf, size_t len) {
-    FILE *fp = fopen(path, "wb");
-    assert_non_null(fp);
-    if (len)
-        assert_int_equal(fwrite(buf, 1, len, fp), len);
-    assert_int_equal(fclose(fp), 0);
 }
 
 /* ---- building raw files ------------------------------------------------------------------ */
@@ -175,7 +99,7 @@ static void expect_corrupt_n(uint64_t n, const char *header, size_t data_len, co
     }
     assert_true(strlen(err) > 10);
     if (mention)
-        CHECK_MENTIONS(err, mention);
+        TU_CHECK_CONTAINS(err, mention);
     /* on failure the file is left empty */
     assert_null(f.buf);
     assert_null(f.tensors);
@@ -241,11 +165,11 @@ static void test_round_trip_every_dtype(void **state) {
     const char *meta[] = {"objective", "velocity", "note", "ünïcode ✓", "empty", ""};
     char path[256], err[256] = "";
     path_in(fx, "round.safetensors", path, sizeof path);
-    CHECK_OK(ts_st_write(path, s.e, s.n, meta, 3, err, sizeof err));
-    assert_int_equal(dir_entries(fx), 1); /* the temporary file is gone */
+    TU_CHECK_OK(ts_st_write(path, s.e, s.n, meta, 3, err, sizeof err));
+    assert_int_equal(tu_count_files(fx->dir), 1); /* the temporary file is gone */
 
     ts_st_file_t f;
-    CHECK_OK(ts_st_read(path, &f, err, sizeof err));
+    TU_CHECK_OK(ts_st_read(path, &f, err, sizeof err));
     assert_int_equal(f.n_tensors, s.n);
     /* the layout: header length a multiple of 8, padded with spaces, data right after */
     uint64_t n = 0;
@@ -295,12 +219,12 @@ static void test_round_trip_every_dtype(void **state) {
     ts_st_free(NULL);
 
     /* overwriting an existing file replaces it atomically */
-    CHECK_OK(ts_st_write(path, s.e, 2, NULL, 0, err, sizeof err));
-    CHECK_OK(ts_st_read(path, &f, err, sizeof err));
+    TU_CHECK_OK(ts_st_write(path, s.e, 2, NULL, 0, err, sizeof err));
+    TU_CHECK_OK(ts_st_read(path, &f, err, sizeof err));
     assert_int_equal(f.n_tensors, 2);
     assert_int_equal(f.n_meta, 0);
     ts_st_free(&f);
-    assert_int_equal(dir_entries(fx), 1);
+    assert_int_equal(tu_count_files(fx->dir), 1);
 }
 
 static void test_empty_file_and_metadata_only(void **state) {
@@ -308,14 +232,14 @@ static void test_empty_file_and_metadata_only(void **state) {
     char path[256], err[256] = "";
     path_in(fx, "empty.safetensors", path, sizeof path);
     ts_st_file_t f;
-    CHECK_OK(ts_st_write(path, NULL, 0, NULL, 0, err, sizeof err));
-    CHECK_OK(ts_st_read(path, &f, err, sizeof err));
+    TU_CHECK_OK(ts_st_write(path, NULL, 0, NULL, 0, err, sizeof err));
+    TU_CHECK_OK(ts_st_read(path, &f, err, sizeof err));
     assert_int_equal(f.n_tensors, 0);
     assert_int_equal(f.len, 16); /* "{}" padded to 8 */
     ts_st_free(&f);
     const char *meta[] = {"k", "v"};
-    CHECK_OK(ts_st_write(path, NULL, 0, meta, 1, err, sizeof err));
-    CHECK_OK(ts_st_read(path, &f, err, sizeof err));
+    TU_CHECK_OK(ts_st_write(path, NULL, 0, meta, 1, err, sizeof err));
+    TU_CHECK_OK(ts_st_read(path, &f, err, sizeof err));
     assert_string_equal(ts_st_meta(&f, "k"), "v");
     ts_st_free(&f);
     /* hand-made headers the reference accepts: padding spaces, only zero-size tensors */
@@ -324,7 +248,7 @@ static void test_empty_file_and_metadata_only(void **state) {
                                   "\"b\":{\"dtype\":\"I8\",\"shape\":[2,0],\"data_offsets\":[0,0]}}"
                                   "      ",
                                   0, &len);
-    CHECK_OK(ts_st_parse(buf, len, &f, err, sizeof err));
+    TU_CHECK_OK(ts_st_parse(buf, len, &f, err, sizeof err));
     assert_int_equal(f.n_tensors, 2);
     assert_int_equal(f.tensors[0].numel, 0);
     ts_st_free(&f);
@@ -345,22 +269,22 @@ static void test_conversions(void **state) {
         raw[5 + k] = (unsigned char)(b >> (8 * k));
     }
     t.dtype = TS_ST_F32, t.ndim = 1, t.shape[0] = 2, t.numel = 2, t.data = raw + 1;
-    CHECK_OK(ts_st_to_f32(&t, out, 2));
+    TU_CHECK_OK(ts_st_to_f32(&t, out, 2));
     assert_true(out[0] == 1.5f && out[1] == -2.0f);
-    CHECK_RC(ts_st_to_i64(&t, iv, 2), TS_ERANGE);  /* 1.5 is not integral */
-    CHECK_RC(ts_st_to_f32(&t, out, 3), TS_EINVAL); /* n must equal numel */
-    CHECK_RC(ts_st_to_f32(NULL, out, 2), TS_EINVAL);
+    TU_CHECK_RC(ts_st_to_i64(&t, iv, 2), TS_ERANGE);  /* 1.5 is not integral */
+    TU_CHECK_RC(ts_st_to_f32(&t, out, 3), TS_EINVAL); /* n must equal numel */
+    TU_CHECK_RC(ts_st_to_f32(NULL, out, 2), TS_EINVAL);
 
     uint16_t h = ts_f32_to_f16(-3.0f), bf = ts_f32_to_bf16(0.15625f);
     raw[1] = (unsigned char)h, raw[2] = (unsigned char)(h >> 8);
     raw[3] = (unsigned char)bf, raw[4] = (unsigned char)(bf >> 8);
     t.dtype = TS_ST_F16, t.numel = 1, t.data = raw + 1;
-    CHECK_OK(ts_st_to_f32(&t, out, 1));
+    TU_CHECK_OK(ts_st_to_f32(&t, out, 1));
     assert_true(out[0] == -3.0f);
-    CHECK_OK(ts_st_to_i64(&t, iv, 1));
+    TU_CHECK_OK(ts_st_to_i64(&t, iv, 1));
     assert_int_equal(iv[0], -3);
     t.dtype = TS_ST_BF16, t.data = raw + 3;
-    CHECK_OK(ts_st_to_f32(&t, out, 1));
+    TU_CHECK_OK(ts_st_to_f32(&t, out, 1));
     assert_true(out[0] == 0.15625f);
 
     double dv = -1e300;
@@ -369,9 +293,9 @@ static void test_conversions(void **state) {
     for (int k = 0; k < 8; k++)
         raw[3 + k] = (unsigned char)(du >> (8 * k));
     t.dtype = TS_ST_F64, t.data = raw + 3;
-    CHECK_OK(ts_st_to_f32(&t, out, 1));
+    TU_CHECK_OK(ts_st_to_f32(&t, out, 1));
     assert_true(isinf(out[0]) && out[0] < 0); /* overflows F32 */
-    CHECK_RC(ts_st_to_i64(&t, iv, 1), TS_ERANGE);
+    TU_CHECK_RC(ts_st_to_i64(&t, iv, 1), TS_ERANGE);
 
     int64_t big = -1234567890123LL;
     uint64_t bu;
@@ -379,33 +303,33 @@ static void test_conversions(void **state) {
     for (int k = 0; k < 8; k++)
         raw[1 + k] = (unsigned char)(bu >> (8 * k));
     t.dtype = TS_ST_I64, t.data = raw + 1;
-    CHECK_OK(ts_st_to_i64(&t, iv, 1));
+    TU_CHECK_OK(ts_st_to_i64(&t, iv, 1));
     assert_int_equal(iv[0], big);
 
     unsigned char ints[] = {0xff, 0xff, 0xff, 0xff, 0xfe, 0xff, 0x80, 0x7f};
     t.dtype = TS_ST_I32, t.data = ints;
-    CHECK_OK(ts_st_to_i64(&t, iv, 1));
+    TU_CHECK_OK(ts_st_to_i64(&t, iv, 1));
     assert_int_equal(iv[0], -1);
     t.dtype = TS_ST_I16, t.numel = 1, t.data = ints + 4;
-    CHECK_OK(ts_st_to_f32(&t, out, 1));
+    TU_CHECK_OK(ts_st_to_f32(&t, out, 1));
     assert_true(out[0] == -2.0f);
     t.dtype = TS_ST_I8, t.numel = 2, t.data = ints + 6;
-    CHECK_OK(ts_st_to_i64(&t, iv, 2));
+    TU_CHECK_OK(ts_st_to_i64(&t, iv, 2));
     assert_int_equal(iv[0], -128);
     assert_int_equal(iv[1], 127);
     t.dtype = TS_ST_U8;
-    CHECK_OK(ts_st_to_f32(&t, out, 2));
+    TU_CHECK_OK(ts_st_to_f32(&t, out, 2));
     assert_true(out[0] == 128.0f && out[1] == 127.0f);
 
     unsigned char bools[] = {0, 1, 2};
     t.dtype = TS_ST_BOOL, t.numel = 2, t.data = bools;
-    CHECK_OK(ts_st_to_i64(&t, iv, 2));
+    TU_CHECK_OK(ts_st_to_i64(&t, iv, 2));
     assert_int_equal(iv[1], 1);
     t.numel = 3;
-    CHECK_RC(ts_st_to_f32(&t, out, 3), TS_ECORRUPT); /* a bool byte of 2 */
+    TU_CHECK_RC(ts_st_to_f32(&t, out, 3), TS_ECORRUPT); /* a bool byte of 2 */
 
     t.numel = 0, t.data = NULL; /* zero-size: nothing to read */
-    CHECK_OK(ts_st_to_f32(&t, NULL, 0));
+    TU_CHECK_OK(ts_st_to_f32(&t, NULL, 0));
 
     assert_int_equal(ts_st_dtype_size(TS_ST_BF16), 2);
     assert_int_equal(ts_st_dtype_size(TS_ST_F64), 8);
@@ -426,43 +350,43 @@ static void test_write_rejects_bad_entries(void **state) {
 
     e[1].name = "a";
     err[0] = '\0';
-    CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
-    CHECK_MENTIONS(err, "'a'");
+    TU_CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "'a'");
     e[1] = good, e[1].name = NULL;
-    CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
     e[1] = good, e[1].name = "";
-    CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
     e[1] = good, e[1].name = "__metadata__";
-    CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
     e[1] = good, e[1].name = "b", e[1].shape[0] = -4;
-    CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
-    CHECK_MENTIONS(err, "'b'");
+    TU_CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "'b'");
     e[1] = good, e[1].name = "b", e[1].dtype = (ts_st_dtype_t)42;
-    CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
     e[1] = good, e[1].name = "b", e[1].ndim = TS_ST_MAX_DIMS + 1;
-    CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
     e[1] = good, e[1].name = "b", e[1].data = NULL;
-    CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
     e[1] = good, e[1].name = "b\xff"; /* not UTF-8 */
-    CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_EINVAL);
     e[1] = good, e[1].name = "b", e[1].ndim = 2, e[1].shape[0] = e[1].shape[1] = (int64_t)1 << 40;
-    CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_ERANGE);
+    TU_CHECK_RC(ts_st_write(path, e, 2, NULL, 0, err, sizeof err), TS_ERANGE);
 
     const char *dup_meta[] = {"k", "1", "k", "2"};
-    CHECK_RC(ts_st_write(path, &good, 1, dup_meta, 2, err, sizeof err), TS_EINVAL);
-    CHECK_MENTIONS(err, "'k'");
+    TU_CHECK_RC(ts_st_write(path, &good, 1, dup_meta, 2, err, sizeof err), TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "'k'");
     const char *null_meta[] = {"k", NULL};
-    CHECK_RC(ts_st_write(path, &good, 1, null_meta, 1, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_st_write(path, NULL, 1, NULL, 0, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_st_write(NULL, &good, 1, NULL, 0, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_st_write(path, &good, -1, NULL, 0, err, sizeof err), TS_EINVAL);
-    assert_int_equal(dir_entries(fx), 0); /* nothing was written */
+    TU_CHECK_RC(ts_st_write(path, &good, 1, null_meta, 1, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_write(path, NULL, 1, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_write(NULL, &good, 1, NULL, 0, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_write(path, &good, -1, NULL, 0, err, sizeof err), TS_EINVAL);
+    assert_int_equal(tu_count_files(fx->dir), 0); /* nothing was written */
 
     /* an unwritable place: TS_EIO, and no temporary file left anywhere */
     char bad_dir[300];
     path_in(fx, "no/such/dir/x.safetensors", bad_dir, sizeof bad_dir);
-    CHECK_RC(ts_st_write(bad_dir, &good, 1, NULL, 0, err, sizeof err), TS_EIO);
-    assert_int_equal(dir_entries(fx), 0);
+    TU_CHECK_RC(ts_st_write(bad_dir, &good, 1, NULL, 0, err, sizeof err), TS_EIO);
+    assert_int_equal(tu_count_files(fx->dir), 0);
 }
 
 static void test_read_errors(void **state) {
@@ -470,12 +394,12 @@ static void test_read_errors(void **state) {
     char path[256], err[256] = "";
     ts_st_file_t f;
     path_in(fx, "absent.safetensors", path, sizeof path);
-    CHECK_RC(ts_st_read(path, &f, err, sizeof err), TS_EIO);
-    CHECK_MENTIONS(err, "absent.safetensors");
-    CHECK_RC(ts_st_read(fx->dir, &f, err, sizeof err), TS_EIO); /* a directory */
-    CHECK_RC(ts_st_read(NULL, &f, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_st_read(path, NULL, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_st_parse(NULL, 0, NULL, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_read(path, &f, err, sizeof err), TS_EIO);
+    TU_CHECK_CONTAINS(err, "absent.safetensors");
+    TU_CHECK_RC(ts_st_read(fx->dir, &f, err, sizeof err), TS_EIO); /* a directory */
+    TU_CHECK_RC(ts_st_read(NULL, &f, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_read(path, NULL, err, sizeof err), TS_EINVAL);
+    TU_CHECK_RC(ts_st_parse(NULL, 0, NULL, err, sizeof err), TS_EINVAL);
 }
 
 /* ---- corrupt files ----------------------------------------------------------------------- */
@@ -493,8 +417,8 @@ static unsigned char *small_valid_file(const fixture_t *fx, size_t *len) {
         {.name = "s", .dtype = TS_ST_I8, .ndim = 0, .data = &s},
     };
     const char *meta[] = {"a", "b"};
-    CHECK_OK(ts_st_write(path, e, 3, meta, 1, err, sizeof err));
-    unsigned char *buf = slurp(path, len);
+    TU_CHECK_OK(ts_st_write(path, e, 3, meta, 1, err, sizeof err));
+    unsigned char *buf = tu_read_file(path, len);
     unlink(path);
     return buf;
 }
@@ -505,7 +429,7 @@ static void test_every_truncation(void **state) {
     unsigned char *buf = small_valid_file(fx, &len);
     char err[512], path[256];
     ts_st_file_t f;
-    CHECK_OK(parse_copy(buf, len, &f, err, sizeof err));
+    TU_CHECK_OK(parse_copy(buf, len, &f, err, sizeof err));
     ts_st_free(&f);
     path_in(fx, "prefix.safetensors", path, sizeof path);
     for (size_t n = 0; n < len; n++) {
@@ -517,9 +441,9 @@ static void test_every_truncation(void **state) {
         }
         assert_true(strlen(err) > 10);
         /* and through the file reader */
-        spit(path, buf, n);
-        CHECK_RC(ts_st_read(path, &f, err, sizeof err), TS_ECORRUPT);
-        CHECK_MENTIONS(err, "prefix.safetensors");
+        tu_write_file(path, buf, n);
+        TU_CHECK_RC(ts_st_read(path, &f, err, sizeof err), TS_ECORRUPT);
+        TU_CHECK_CONTAINS(err, "prefix.safetensors");
     }
     unlink(path);
     free(buf);

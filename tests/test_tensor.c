@@ -9,28 +9,13 @@
  *
  * Not covered here: device memory on a GPU (tests/test_cuda_parity.c), the ops (test_ops_*.c).
  */
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/tensor.h"
+#include "tests/testutil.h"
 
-#define CHECK_RC(expr, want)                                                                       \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != (want)) {                                                                       \
-            print_error("%s:%d: %s returned %d (%s), expected %d (%s)\n", __FILE__, __LINE__,      \
-                        #expr, rc_, ts_strerror(rc_), (want), ts_strerror(want));                  \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
-#define CHECK_OK(expr) CHECK_RC(expr, TS_OK)
 /* For contracts that only promise "an error" without naming the code. */
 #define CHECK_FAILS(expr)                                                                          \
     do {                                                                                           \
@@ -73,7 +58,7 @@ static void test_alloc_shape_zeroed_aligned(void **state) {
         for (int ndim = 1; ndim <= TS_MAX_DIMS; ndim++) {
             ts_tensor_t t;
             memset(&t, 0xab, sizeof t);
-            CHECK_OK(ts_tensor_alloc(&t, dtypes[d], TS_CPU, ndim, shape));
+            TU_CHECK_OK(ts_tensor_alloc(&t, dtypes[d], TS_CPU, ndim, shape));
             int64_t numel = 1;
             for (int i = 0; i < ndim; i++)
                 numel *= shape[i];
@@ -124,16 +109,18 @@ static void test_alloc_byte_size_limits(void **state) {
     (void)state;
     ts_tensor_t t;
     /* the element count overflows int64 */
-    CHECK_RC(ts_tensor_alloc(&t, TS_F32, TS_CPU, 4,
-                             TS_SHAPE(INT64_C(1) << 31, INT64_C(1) << 31, INT64_C(1) << 31, 2)),
-             TS_ERANGE);
-    CHECK_RC(ts_tensor_alloc(&t, TS_F32, TS_CPU, 2, TS_SHAPE(INT64_MAX, 2)), TS_ERANGE);
+    TU_CHECK_RC(ts_tensor_alloc(&t, TS_F32, TS_CPU, 4,
+                                TS_SHAPE(INT64_C(1) << 31, INT64_C(1) << 31, INT64_C(1) << 31, 2)),
+                TS_ERANGE);
+    TU_CHECK_RC(ts_tensor_alloc(&t, TS_F32, TS_CPU, 2, TS_SHAPE(INT64_MAX, 2)), TS_ERANGE);
     /* the element count fits but count × 4 bytes overflows */
-    CHECK_RC(ts_tensor_alloc(&t, TS_F32, TS_CPU, 1, TS_SHAPE(INT64_MAX / 2)), TS_ERANGE);
+    TU_CHECK_RC(ts_tensor_alloc(&t, TS_F32, TS_CPU, 1, TS_SHAPE(INT64_MAX / 2)), TS_ERANGE);
     /* fits in 64 bits but exceeds 2^40 bytes: 2^39 floats = 2^41 bytes */
-    CHECK_RC(ts_tensor_alloc(&t, TS_F32, TS_CPU, 2, TS_SHAPE(INT64_C(1) << 20, INT64_C(1) << 19)),
-             TS_ERANGE);
-    CHECK_RC(ts_tensor_alloc(&t, TS_BF16, TS_CPU, 1, TS_SHAPE((INT64_C(1) << 39) + 1)), TS_ERANGE);
+    TU_CHECK_RC(
+        ts_tensor_alloc(&t, TS_F32, TS_CPU, 2, TS_SHAPE(INT64_C(1) << 20, INT64_C(1) << 19)),
+        TS_ERANGE);
+    TU_CHECK_RC(ts_tensor_alloc(&t, TS_BF16, TS_CPU, 1, TS_SHAPE((INT64_C(1) << 39) + 1)),
+                TS_ERANGE);
 }
 
 /* ---- views ----------------------------------------------------------------------------- */
@@ -145,7 +132,7 @@ static void test_wrap_is_a_view(void **state) {
     for (int i = 0; i < 12; i++)
         buf[i] = (float)i;
     ts_tensor_t t;
-    CHECK_OK(ts_tensor_wrap(&t, buf, TS_F32, TS_CPU, 3, TS_SHAPE(2, 3, 2)));
+    TU_CHECK_OK(ts_tensor_wrap(&t, buf, TS_F32, TS_CPU, 3, TS_SHAPE(2, 3, 2)));
     assert_ptr_equal(t.data, buf);
     assert_int_equal(t.owns, 0);
     assert_int_equal(t.ndim, 3);
@@ -162,11 +149,11 @@ static void test_wrap_is_a_view(void **state) {
 static void test_slice(void **state) {
     (void)state;
     ts_tensor_t src, s;
-    CHECK_OK(ts_tensor_alloc(&src, TS_F32, TS_CPU, 3, TS_SHAPE(5, 2, 3)));
+    TU_CHECK_OK(ts_tensor_alloc(&src, TS_F32, TS_CPU, 3, TS_SHAPE(5, 2, 3)));
     float *p = src.data;
     for (int i = 0; i < 30; i++)
         p[i] = (float)i;
-    CHECK_OK(ts_tensor_slice(&s, &src, 1, 3));
+    TU_CHECK_OK(ts_tensor_slice(&s, &src, 1, 3));
     assert_int_equal(s.ndim, 3);
     assert_int_equal(s.shape[0], 3);
     assert_int_equal(s.shape[1], 2);
@@ -178,9 +165,9 @@ static void test_slice(void **state) {
     assert_true(p[6] == -1.0f);
     ts_tensor_free(&s); /* a view: src keeps its memory */
     /* the last row, and the whole tensor */
-    CHECK_OK(ts_tensor_slice(&s, &src, 4, 1));
+    TU_CHECK_OK(ts_tensor_slice(&s, &src, 4, 1));
     assert_ptr_equal(s.data, p + 24);
-    CHECK_OK(ts_tensor_slice(&s, &src, 0, 5));
+    TU_CHECK_OK(ts_tensor_slice(&s, &src, 0, 5));
     assert_ptr_equal(s.data, p);
     /* out of range */
     CHECK_FAILS(ts_tensor_slice(&s, &src, 4, 2));
@@ -191,8 +178,8 @@ static void test_slice(void **state) {
 
     /* a 2-byte dtype: the offset is in elements of that dtype */
     ts_tensor_t h;
-    CHECK_OK(ts_tensor_alloc(&h, TS_F16, TS_CPU, 2, TS_SHAPE(4, 3)));
-    CHECK_OK(ts_tensor_slice(&s, &h, 2, 2));
+    TU_CHECK_OK(ts_tensor_alloc(&h, TS_F16, TS_CPU, 2, TS_SHAPE(4, 3)));
+    TU_CHECK_OK(ts_tensor_slice(&s, &h, 2, 2));
     assert_ptr_equal(s.data, (unsigned char *)h.data + 2 * 3 * 2);
     assert_int_equal(s.dtype, TS_F16);
     ts_tensor_free(&h);
@@ -201,16 +188,16 @@ static void test_slice(void **state) {
 static void test_reshape(void **state) {
     (void)state;
     ts_tensor_t src, r;
-    CHECK_OK(ts_tensor_alloc(&src, TS_F32, TS_CPU, 3, TS_SHAPE(2, 3, 4)));
-    CHECK_OK(ts_tensor_reshape(&r, &src, 2, TS_SHAPE(6, 4)));
+    TU_CHECK_OK(ts_tensor_alloc(&src, TS_F32, TS_CPU, 3, TS_SHAPE(2, 3, 4)));
+    TU_CHECK_OK(ts_tensor_reshape(&r, &src, 2, TS_SHAPE(6, 4)));
     assert_ptr_equal(r.data, src.data);
     assert_int_equal(r.owns, 0);
     assert_int_equal(r.ndim, 2);
     assert_int_equal(r.shape[0], 6);
     assert_int_equal(r.shape[1], 4);
-    CHECK_OK(ts_tensor_reshape(&r, &src, 1, TS_SHAPE(24)));
+    TU_CHECK_OK(ts_tensor_reshape(&r, &src, 1, TS_SHAPE(24)));
     assert_int_equal(r.shape[0], 24);
-    CHECK_OK(ts_tensor_reshape(&r, &src, 4, TS_SHAPE(1, 2, 12, 1)));
+    TU_CHECK_OK(ts_tensor_reshape(&r, &src, 4, TS_SHAPE(1, 2, 12, 1)));
     assert_int_equal(ts_tensor_numel(&r), 24);
     CHECK_FAILS(ts_tensor_reshape(&r, &src, 2, TS_SHAPE(5, 5)));
     CHECK_FAILS(ts_tensor_reshape(&r, &src, 2, TS_SHAPE(-6, -4)));
@@ -223,7 +210,7 @@ static void test_describe_and_helpers(void **state) {
     (void)state;
     ts_tensor_t t, u;
     char buf[64];
-    CHECK_OK(ts_tensor_alloc(&t, TS_F32, TS_CPU, 3, TS_SHAPE(2, 3, 4)));
+    TU_CHECK_OK(ts_tensor_alloc(&t, TS_F32, TS_CPU, 3, TS_SHAPE(2, 3, 4)));
     assert_ptr_equal(ts_tensor_describe(&t, buf, sizeof buf), buf);
     assert_string_equal(buf, "F32[2,3,4]@cpu");
     /* truncation keeps the string NUL-terminated */
@@ -233,19 +220,19 @@ static void test_describe_and_helpers(void **state) {
     assert_true(strlen(small) < sizeof small);
     assert_int_equal(strncmp(small, "F32[2,3,4]@cpu", strlen(small)), 0);
 
-    CHECK_OK(ts_tensor_alloc(&u, TS_BF16, TS_CPU, 1, TS_SHAPE(7)));
+    TU_CHECK_OK(ts_tensor_alloc(&u, TS_BF16, TS_CPU, 1, TS_SHAPE(7)));
     ts_tensor_describe(&u, buf, sizeof buf);
     assert_string_equal(buf, "BF16[7]@cpu");
     /* a device tag is only described, never dereferenced */
     ts_tensor_t g;
-    CHECK_OK(ts_tensor_wrap(&g, u.data, TS_F16, TS_CUDA, 2, TS_SHAPE(1, 2)));
+    TU_CHECK_OK(ts_tensor_wrap(&g, u.data, TS_F16, TS_CUDA, 2, TS_SHAPE(1, 2)));
     ts_tensor_describe(&g, buf, sizeof buf);
     assert_string_equal(buf, "F16[1,2]@cuda");
 
     assert_int_equal(ts_tensor_same_shape(&t, &t), 1);
     assert_int_equal(ts_tensor_same_shape(&t, &u), 0);
     ts_tensor_t r;
-    CHECK_OK(ts_tensor_reshape(&r, &t, 3, TS_SHAPE(2, 4, 3)));
+    TU_CHECK_OK(ts_tensor_reshape(&r, &t, 3, TS_SHAPE(2, 4, 3)));
     assert_int_equal(ts_tensor_same_shape(&t, &r), 0); /* same count, different shape */
 
     CHECK_FAILS(ts_tensor_check(NULL));
@@ -270,17 +257,17 @@ static void test_describe_and_helpers(void **state) {
 static void test_copy_cpu_to_cpu(void **state) {
     (void)state;
     ts_tensor_t a, b, c, h;
-    CHECK_OK(ts_tensor_alloc(&a, TS_F32, TS_CPU, 2, TS_SHAPE(3, 5)));
-    CHECK_OK(ts_tensor_alloc(&b, TS_F32, TS_CPU, 2, TS_SHAPE(3, 5)));
-    CHECK_OK(ts_tensor_alloc(&c, TS_F32, TS_CPU, 1, TS_SHAPE(15)));
-    CHECK_OK(ts_tensor_alloc(&h, TS_F16, TS_CPU, 2, TS_SHAPE(3, 5)));
+    TU_CHECK_OK(ts_tensor_alloc(&a, TS_F32, TS_CPU, 2, TS_SHAPE(3, 5)));
+    TU_CHECK_OK(ts_tensor_alloc(&b, TS_F32, TS_CPU, 2, TS_SHAPE(3, 5)));
+    TU_CHECK_OK(ts_tensor_alloc(&c, TS_F32, TS_CPU, 1, TS_SHAPE(15)));
+    TU_CHECK_OK(ts_tensor_alloc(&h, TS_F16, TS_CPU, 2, TS_SHAPE(3, 5)));
     float *pa = a.data, *pb = b.data, *pc = c.data;
     for (int i = 0; i < 15; i++)
         pa[i] = (float)i * 0.5f - 3.0f;
-    CHECK_OK(ts_tensor_copy(&b, &a));
+    TU_CHECK_OK(ts_tensor_copy(&b, &a));
     assert_memory_equal(pb, pa, 15 * sizeof(float));
     /* same dtype and element count is enough; the shape may differ */
-    CHECK_OK(ts_tensor_copy(&c, &a));
+    TU_CHECK_OK(ts_tensor_copy(&c, &a));
     assert_memory_equal(pc, pa, 15 * sizeof(float));
     /* dtype and count mismatches are refused and write nothing */
     memset(h.data, 0, ts_tensor_nbytes(&h));
@@ -288,7 +275,7 @@ static void test_copy_cpu_to_cpu(void **state) {
     for (size_t i = 0; i < ts_tensor_nbytes(&h); i++)
         assert_int_equal(((unsigned char *)h.data)[i], 0);
     ts_tensor_t part;
-    CHECK_OK(ts_tensor_slice(&part, &a, 0, 2));
+    TU_CHECK_OK(ts_tensor_slice(&part, &a, 0, 2));
     pb[0] = 123.0f;
     CHECK_FAILS(ts_tensor_copy(&b, &part));
     assert_true(pb[0] == 123.0f);
@@ -305,15 +292,15 @@ static void test_copy_cpu_to_cpu(void **state) {
 static void test_arena_alignment_and_views(void **state) {
     (void)state;
     ts_arena_t a;
-    CHECK_OK(ts_arena_init(&a, TS_CPU, 4096));
+    TU_CHECK_OK(ts_arena_init(&a, TS_CPU, 4096));
     assert_non_null(a.base);
     assert_true(is_aligned(a.base));
     assert_int_equal(a.cap, 4096);
     assert_int_equal(a.used, 0);
     ts_tensor_t t1, t2, t3;
-    CHECK_OK(ts_arena_tensor(&a, &t1, TS_F32, 1, TS_SHAPE(3)));    /* 12 bytes */
-    CHECK_OK(ts_arena_tensor(&a, &t2, TS_F16, 2, TS_SHAPE(3, 3))); /* 18 bytes */
-    CHECK_OK(ts_arena_tensor(&a, &t3, TS_F32, 3, TS_SHAPE(2, 2, 5)));
+    TU_CHECK_OK(ts_arena_tensor(&a, &t1, TS_F32, 1, TS_SHAPE(3)));    /* 12 bytes */
+    TU_CHECK_OK(ts_arena_tensor(&a, &t2, TS_F16, 2, TS_SHAPE(3, 3))); /* 18 bytes */
+    TU_CHECK_OK(ts_arena_tensor(&a, &t3, TS_F32, 3, TS_SHAPE(2, 2, 5)));
     const ts_tensor_t *ts[3] = {&t1, &t2, &t3};
     for (int i = 0; i < 3; i++) {
         assert_non_null(ts[i]->data);
@@ -344,13 +331,13 @@ static void test_arena_alignment_and_views(void **state) {
 static void test_arena_mark_reset_peak(void **state) {
     (void)state;
     ts_arena_t a;
-    CHECK_OK(ts_arena_init(&a, TS_CPU, 8192));
+    TU_CHECK_OK(ts_arena_init(&a, TS_CPU, 8192));
     ts_tensor_t keep, x, y, x2;
-    CHECK_OK(ts_arena_tensor(&a, &keep, TS_F32, 1, TS_SHAPE(10)));
+    TU_CHECK_OK(ts_arena_tensor(&a, &keep, TS_F32, 1, TS_SHAPE(10)));
     size_t m = ts_arena_mark(&a);
     assert_int_equal(m, a.used);
-    CHECK_OK(ts_arena_tensor(&a, &x, TS_F32, 2, TS_SHAPE(10, 10)));
-    CHECK_OK(ts_arena_tensor(&a, &y, TS_F32, 2, TS_SHAPE(5, 5)));
+    TU_CHECK_OK(ts_arena_tensor(&a, &x, TS_F32, 2, TS_SHAPE(10, 10)));
+    TU_CHECK_OK(ts_arena_tensor(&a, &y, TS_F32, 2, TS_SHAPE(5, 5)));
     size_t high = a.used;
     assert_true(high >= m + 400 + 100);
     assert_int_equal(a.peak, high);
@@ -358,12 +345,12 @@ static void test_arena_mark_reset_peak(void **state) {
     assert_int_equal(a.used, m);
     assert_int_equal(a.peak, high); /* the high-water mark survives a reset */
     /* the memory after the mark is handed out again, starting where x started */
-    CHECK_OK(ts_arena_tensor(&a, &x2, TS_F32, 1, TS_SHAPE(7)));
+    TU_CHECK_OK(ts_arena_tensor(&a, &x2, TS_F32, 1, TS_SHAPE(7)));
     assert_ptr_equal(x2.data, x.data);
     assert_int_equal(a.peak, high); /* smaller than before: peak unchanged */
     ts_arena_reset(&a, 0);
     assert_int_equal(a.used, 0);
-    CHECK_OK(ts_arena_tensor(&a, &x2, TS_F32, 1, TS_SHAPE(1)));
+    TU_CHECK_OK(ts_arena_tensor(&a, &x2, TS_F32, 1, TS_SHAPE(1)));
     assert_ptr_equal(x2.data, keep.data);
     ts_arena_free(&a);
 }
@@ -371,22 +358,22 @@ static void test_arena_mark_reset_peak(void **state) {
 static void test_arena_full_is_enomem_and_unchanged(void **state) {
     (void)state;
     ts_arena_t a;
-    CHECK_OK(ts_arena_init(&a, TS_CPU, 1024));
+    TU_CHECK_OK(ts_arena_init(&a, TS_CPU, 1024));
     ts_tensor_t t;
-    CHECK_OK(ts_arena_tensor(&a, &t, TS_F32, 1, TS_SHAPE(100))); /* 400 bytes */
+    TU_CHECK_OK(ts_arena_tensor(&a, &t, TS_F32, 1, TS_SHAPE(100))); /* 400 bytes */
     ts_arena_t before = a;
     ts_tensor_t big;
-    CHECK_RC(ts_arena_tensor(&a, &big, TS_F32, 1, TS_SHAPE(200)), TS_ENOMEM); /* 800 > rest */
+    TU_CHECK_RC(ts_arena_tensor(&a, &big, TS_F32, 1, TS_SHAPE(200)), TS_ENOMEM); /* 800 > rest */
     assert_memory_equal(&a, &before, sizeof a);
     CHECK_FAILS(ts_arena_tensor(&a, &big, TS_F32, 1, TS_SHAPE(INT64_C(1) << 45)));
     assert_memory_equal(&a, &before, sizeof a);
     /* what still fits is handed out, up to exactly the capacity */
     size_t start = (a.used + TS_ALIGN - 1) / TS_ALIGN * TS_ALIGN;
     int64_t rest = (int64_t)((a.cap - start) / sizeof(float));
-    CHECK_OK(ts_arena_tensor(&a, &big, TS_F32, 1, TS_SHAPE(rest)));
+    TU_CHECK_OK(ts_arena_tensor(&a, &big, TS_F32, 1, TS_SHAPE(rest)));
     assert_true((unsigned char *)big.data + rest * 4 <= a.base + a.cap);
     before = a;
-    CHECK_RC(ts_arena_tensor(&a, &big, TS_F32, 1, TS_SHAPE(1)), TS_ENOMEM);
+    TU_CHECK_RC(ts_arena_tensor(&a, &big, TS_F32, 1, TS_SHAPE(1)), TS_ENOMEM);
     assert_memory_equal(&a, &before, sizeof a);
     ts_arena_free(&a);
 }
@@ -408,11 +395,11 @@ static int run_plan(ts_arena_t *a, ts_tensor_t out[6]) {
 static void test_arena_measuring_mode(void **state) {
     (void)state;
     ts_arena_t meas;
-    CHECK_OK(ts_arena_init(&meas, TS_CPU, 0));
+    TU_CHECK_OK(ts_arena_init(&meas, TS_CPU, 0));
     assert_null(meas.base);
     assert_int_equal(meas.cap, 0);
     ts_tensor_t ts[6];
-    CHECK_OK(run_plan(&meas, ts));
+    TU_CHECK_OK(run_plan(&meas, ts));
     for (int i = 0; i < 6; i++)
         assert_null(ts[i].data);
     assert_int_equal(ts[5].shape[0], 250);
@@ -430,9 +417,9 @@ static void test_arena_measuring_mode(void **state) {
 
     /* the measured peak is enough for a real arena running the same plan */
     ts_arena_t real;
-    CHECK_OK(ts_arena_init(&real, TS_CPU, meas.peak));
+    TU_CHECK_OK(ts_arena_init(&real, TS_CPU, meas.peak));
     ts_tensor_t rt[6];
-    CHECK_OK(run_plan(&real, rt));
+    TU_CHECK_OK(run_plan(&real, rt));
     for (int i = 0; i < 6; i++) {
         assert_non_null(rt[i].data);
         assert_true(is_aligned(rt[i].data));

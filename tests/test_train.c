@@ -10,27 +10,21 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include <cmocka.h>
-
 #include "kernels/math.h"
 #include "model/sampler.h"
 #include "model/train.h"
+#include "tests/testutil.h"
 
 static ts_engine_t g_eng;
 
 static int setup(void **state) {
     (void)state;
-    ts_engine_opts_t o = {TS_CPU, 2, 0};
-    return ts_engine_init(&g_eng, &o);
+    return tu_engine_init_cpu(&g_eng);
 }
 
 static int teardown(void **state) {
@@ -40,8 +34,14 @@ static int teardown(void **state) {
 }
 
 static ts_dit_config_t small_config(void) {
-    ts_dit_config_t c = {.input_size = 8, .in_channels = 1, .patch_size = 2, .hidden_size = 32,
-                         .depth = 2, .num_heads = 2, .num_classes = 3, .mlp_ratio = 4,
+    ts_dit_config_t c = {.input_size = 8,
+                         .in_channels = 1,
+                         .patch_size = 2,
+                         .hidden_size = 32,
+                         .depth = 2,
+                         .num_heads = 2,
+                         .num_classes = 3,
+                         .mlp_ratio = 4,
                          .freq_dim = 16};
     return c;
 }
@@ -123,10 +123,8 @@ static void test_other_seed_differs(void **state) {
 
 static void test_resume_bit_identical(void **state) {
     (void)state;
-    char path[] = "/tmp/tessera-test-train-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    char path[256];
+    tu_make_temp_file(path, sizeof path, "tessera-test-train");
     char err[256] = "";
     /* straight through: 10 steps */
     run_t a;
@@ -156,10 +154,8 @@ static void test_resume_bit_identical(void **state) {
 
 static void test_checkpoint_of_other_run_refused(void **state) {
     (void)state;
-    char path[] = "/tmp/tessera-test-train-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    char path[256];
+    tu_make_temp_file(path, sizeof path, "tessera-test-train");
     char err[256] = "";
     run_t a, b;
     run_start(&a, 1);

@@ -193,8 +193,8 @@ static void colsum_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-int ts_cpu_add_bcast_backward(ts_engine_t *e, float *dx, float *db, const float *dout,
-                              int64_t rows, int64_t S) {
+int ts_cpu_add_bcast_backward(ts_engine_t *e, float *dx, float *db, const float *dout, int64_t rows,
+                              int64_t S) {
     if (dx)
         ts_cpu_axpy(e, dx, 1.0f, dout, rows * S);
     if (db) {
@@ -310,13 +310,13 @@ static void gemm_range(void *arg, int64_t lo, int64_t hi) {
 
 int ts_cpu_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                 float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
-                int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
-                int64_t stride_c, int64_t batch) {
+                int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c,
+                int64_t batch) {
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
         ldc > INT_MAX)
         return TS_ERANGE;
-    gemm_job_t j = {trans_a, trans_b, M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c,
-                    alpha, beta, A, B, C, 0};
+    gemm_job_t j = {trans_a,  trans_b,  M,     N,    K, lda, ldb, ldc, stride_a,
+                    stride_b, stride_c, alpha, beta, A, B,   C,   0};
     double work = (double)M * (double)N * (double)K; /* multiply-adds per product */
     int threads = ts_pool_threads(e->pool);
     if (batch >= threads && batch > 1) {
@@ -367,8 +367,8 @@ static void layernorm_fwd_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-int ts_cpu_layernorm_forward(ts_engine_t *e, float *out, float *mean, float *rstd,
-                             const float *inp, int64_t rows, int64_t C) {
+int ts_cpu_layernorm_forward(ts_engine_t *e, float *out, float *mean, float *rstd, const float *inp,
+                             int64_t rows, int64_t C) {
     row_t j = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .C = C};
     parallel(e, rows, 1 + GRAIN_ELEMS / (4 * C), layernorm_fwd_range, &j);
     return TS_OK;
@@ -421,8 +421,7 @@ static void softmax_fwd_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-int ts_cpu_softmax_forward(ts_engine_t *e, float *out, const float *inp, int64_t rows,
-                           int64_t C) {
+int ts_cpu_softmax_forward(ts_engine_t *e, float *out, const float *inp, int64_t rows, int64_t C) {
     row_t j = {.out = out, .inp = inp, .C = C};
     parallel(e, rows, 1 + GRAIN_ELEMS / (8 * C), softmax_fwd_range, &j);
     return TS_OK;
@@ -449,8 +448,8 @@ static void softmax_bwd_range(void *arg, int64_t lo, int64_t hi) {
 
 int ts_cpu_softmax_backward(ts_engine_t *e, float *dinp, const float *dout, const float *out,
                             int64_t rows, int64_t C, float scale, int accumulate) {
-    row_t j = {.dinp = dinp, .dout = dout, .y = out, .C = C, .scale = scale,
-               .accumulate = accumulate};
+    row_t j = {
+        .dinp = dinp, .dout = dout, .y = out, .C = C, .scale = scale, .accumulate = accumulate};
     parallel(e, rows, 1 + GRAIN_ELEMS / (4 * C), softmax_bwd_range, &j);
     return TS_OK;
 }
@@ -536,11 +535,10 @@ static void modulate_fwd_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-int ts_cpu_modulate_forward(ts_engine_t *e, float *out, const float *x, const float *mod,
-                            int64_t B, int64_t T, int64_t C, int64_t M, int shift_idx,
-                            int scale_idx) {
-    ada_t j = {.out = out, .x = x, .mod = mod, .T = T, .C = C, .M = M, .i0 = shift_idx,
-               .i1 = scale_idx};
+int ts_cpu_modulate_forward(ts_engine_t *e, float *out, const float *x, const float *mod, int64_t B,
+                            int64_t T, int64_t C, int64_t M, int shift_idx, int scale_idx) {
+    ada_t j = {
+        .out = out, .x = x, .mod = mod, .T = T, .C = C, .M = M, .i0 = shift_idx, .i1 = scale_idx};
     parallel(e, B * T, 1 + GRAIN_ELEMS / C, modulate_fwd_range, &j);
     return TS_OK;
 }
@@ -573,8 +571,16 @@ static void modulate_bwd_range(void *arg, int64_t lo, int64_t hi) {
 int ts_cpu_modulate_backward(ts_engine_t *e, float *dx, float *dmod, const float *dout,
                              const float *x, const float *mod, int64_t B, int64_t T, int64_t C,
                              int64_t M, int shift_idx, int scale_idx) {
-    ada_t j = {.dx = dx, .dmod = dmod, .dout = dout, .x = x, .mod = mod, .T = T, .C = C, .M = M,
-               .i0 = shift_idx, .i1 = scale_idx};
+    ada_t j = {.dx = dx,
+               .dmod = dmod,
+               .dout = dout,
+               .x = x,
+               .mod = mod,
+               .T = T,
+               .C = C,
+               .M = M,
+               .i0 = shift_idx,
+               .i1 = scale_idx};
     parallel(e, B, 1, modulate_bwd_range, &j);
     return TS_OK;
 }
@@ -595,8 +601,7 @@ static void gate_fwd_range(void *arg, int64_t lo, int64_t hi) {
 int ts_cpu_gate_residual_forward(ts_engine_t *e, float *out, const float *res, const float *y,
                                  const float *mod, int64_t B, int64_t T, int64_t C, int64_t M,
                                  int gate_idx) {
-    ada_t j = {.out = out, .res = res, .y = y, .mod = mod, .T = T, .C = C, .M = M,
-               .i0 = gate_idx};
+    ada_t j = {.out = out, .res = res, .y = y, .mod = mod, .T = T, .C = C, .M = M, .i0 = gate_idx};
     parallel(e, B * T, 1 + GRAIN_ELEMS / C, gate_fwd_range, &j);
     return TS_OK;
 }
@@ -626,8 +631,16 @@ static void gate_bwd_range(void *arg, int64_t lo, int64_t hi) {
 int ts_cpu_gate_residual_backward(ts_engine_t *e, float *dres, float *dy, float *dmod,
                                   const float *dout, const float *y, const float *mod, int64_t B,
                                   int64_t T, int64_t C, int64_t M, int gate_idx) {
-    ada_t j = {.dres = dres, .dy = dy, .dmod = dmod, .dout = dout, .y = y, .mod = mod, .T = T,
-               .C = C, .M = M, .i0 = gate_idx};
+    ada_t j = {.dres = dres,
+               .dy = dy,
+               .dmod = dmod,
+               .dout = dout,
+               .y = y,
+               .mod = mod,
+               .T = T,
+               .C = C,
+               .M = M,
+               .i0 = gate_idx};
     parallel(e, B, 1, gate_bwd_range, &j);
     return TS_OK;
 }
@@ -651,8 +664,8 @@ int ts_cpu_timestep_embedding_forward(ts_engine_t *e, float *out, const float *t
     return TS_OK;
 }
 
-int ts_cpu_timestep_embedding_backward(ts_engine_t *e, float *dt, const float *dout,
-                                       const float *t, int64_t B, int64_t D, float scale) {
+int ts_cpu_timestep_embedding_backward(ts_engine_t *e, float *dt, const float *dout, const float *t,
+                                       int64_t B, int64_t D, float scale) {
     int half = (int)(D / 2);
     for (int64_t b = 0; b < B; b++) {
         float tt = scale * t[b];
@@ -675,8 +688,8 @@ int ts_cpu_embedding_forward(ts_engine_t *e, float *out, const float *table, con
     return TS_OK;
 }
 
-int ts_cpu_embedding_backward(ts_engine_t *e, float *dtable, const float *dout,
-                              const int32_t *ids, int64_t B, int64_t D) {
+int ts_cpu_embedding_backward(ts_engine_t *e, float *dtable, const float *dout, const int32_t *ids,
+                              int64_t B, int64_t D) {
     for (int64_t b = 0; b < B; b++) {
         float *row = dtable + (int64_t)ids[b] * D;
         for (int64_t i = 0; i < D; i++)
@@ -723,7 +736,9 @@ static void unpatchify_bwd_range(void *arg, int64_t lo, int64_t hi) {
     patch_move(arg, lo, hi, 1, 0);
 }
 
-static int64_t n_tokens(int64_t B, int64_t H, int64_t W, int64_t p) { return B * (H / p) * (W / p); }
+static int64_t n_tokens(int64_t B, int64_t H, int64_t W, int64_t p) {
+    return B * (H / p) * (W / p);
+}
 
 int ts_cpu_patchify_forward(ts_engine_t *e, float *out, const float *img, int64_t B, int64_t C,
                             int64_t H, int64_t W, int64_t p) {
@@ -732,8 +747,8 @@ int ts_cpu_patchify_forward(ts_engine_t *e, float *out, const float *img, int64_
     return TS_OK;
 }
 
-int ts_cpu_patchify_backward(ts_engine_t *e, float *dimg, const float *dout, int64_t B,
-                             int64_t C, int64_t H, int64_t W, int64_t p) {
+int ts_cpu_patchify_backward(ts_engine_t *e, float *dimg, const float *dout, int64_t B, int64_t C,
+                             int64_t H, int64_t W, int64_t p) {
     patch_t j = {dimg, dout, C, H, W, p, 1};
     parallel(e, n_tokens(B, H, W, p), 1 + GRAIN_ELEMS / (C * p * p), patchify_bwd_range, &j);
     return TS_OK;
@@ -746,8 +761,8 @@ int ts_cpu_unpatchify_forward(ts_engine_t *e, float *img, const float *tok, int6
     return TS_OK;
 }
 
-int ts_cpu_unpatchify_backward(ts_engine_t *e, float *dtok, const float *dimg, int64_t B,
-                               int64_t C, int64_t H, int64_t W, int64_t p) {
+int ts_cpu_unpatchify_backward(ts_engine_t *e, float *dtok, const float *dimg, int64_t B, int64_t C,
+                               int64_t H, int64_t W, int64_t p) {
     patch_t j = {dtok, dimg, C, H, W, p, 1};
     parallel(e, n_tokens(B, H, W, p), 1 + GRAIN_ELEMS / (C * p * p), unpatchify_bwd_range, &j);
     return TS_OK;
@@ -833,8 +848,8 @@ int ts_cpu_mse_backward(ts_engine_t *e, float *dpred, float dloss, const float *
 
 /* ---- flow matching ------------------------------------------------------------------- */
 
-int ts_cpu_flow_interp(ts_engine_t *e, float *xt, float *target, const float *x0,
-                       const float *eps, const float *t, int64_t B, int64_t S) {
+int ts_cpu_flow_interp(ts_engine_t *e, float *xt, float *target, const float *x0, const float *eps,
+                       const float *t, int64_t B, int64_t S) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = b * S; i < (b + 1) * S; i++) {
             xt[i] = ts_flow_xt(x0[i], eps[i], t[b]);
@@ -854,13 +869,13 @@ typedef struct {
 static void adamw_range(void *arg, int64_t lo, int64_t hi) {
     adamw_t *j = arg;
     for (int64_t i = lo; i < hi; i++)
-        ts_adamw_elem(&j->param[i], &j->m[i], &j->v[i], j->grad[i] * j->grad_scale, j->lr,
-                      j->beta1, j->beta2, j->eps, j->wd, j->bc1, j->sqrt_bc2);
+        ts_adamw_elem(&j->param[i], &j->m[i], &j->v[i], j->grad[i] * j->grad_scale, j->lr, j->beta1,
+                      j->beta2, j->eps, j->wd, j->bc1, j->sqrt_bc2);
 }
 
 int ts_cpu_adamw(ts_engine_t *e, float *param, const float *grad, float *m, float *v, int64_t n,
-                 float lr, float beta1, float beta2, float eps, float wd, float bc1,
-                 float sqrt_bc2, float grad_scale) {
+                 float lr, float beta1, float beta2, float eps, float wd, float bc1, float sqrt_bc2,
+                 float grad_scale) {
     adamw_t j = {param, m, v, grad, lr, beta1, beta2, eps, wd, bc1, sqrt_bc2, grad_scale};
     parallel(e, n, GRAIN_ELEMS / 4, adamw_range, &j);
     return TS_OK;

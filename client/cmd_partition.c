@@ -1,0 +1,322 @@
+/*
+ * cmd_partition.c — `tessera partition`: cluster the Fashion-MNIST train set into K shards.
+ *
+ * Embeds the 60000 training images with PCA, clusters them with k-means++ (or the hierarchical
+ * variant), and writes into --out:
+ *   partition.safetensors   the artifact (model/partition.h); its BLAKE2b-256 is the partition_id
+ *   shard-<k>.txt           the image indices of cluster k, for `tessera train --shard`
+ *   clusters.png            one row of 10 example images per cluster (evenly spaced members)
+ * Progress goes to stderr; the result — per cluster its size, share and class mix, then the
+ * partition_id — to stdout as a table, or as one JSON object with --json. The same data, seed and
+ * options give the same bytes and the same partition_id for any --threads.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/args.h"
+#include "client/commands.h"
+#include "model/fmnist.h"
+#include "model/partition.h"
+#include "model/png.h"
+
+#define PROG "tessera partition"
+#define EXAMPLES 10 /* images per cluster in clusters.png */
+
+/* The ten Fashion-MNIST classes, by label (a fact of the data set). */
+static const char *const class_names[TS_FMNIST_NUM_CLASSES] = {
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    double t0;
+} progress_t;
+
+static void on_progress(void *ctx, const char *line) {
+    const progress_t *p = ctx;
+    fprintf(stderr, "[%7.1f s] %s\n", now_s() - p->t0, line);
+}
+
+/* Creates dir if needed (one level) and checks that it is a writable folder. */
+static int prepare_out(const char *dir, char *err, size_t errlen) {
+    struct stat st;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "cannot create the output folder '%s': %s", dir, strerror(errno));
+        return TS_EIO;
+    }
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "--out '%s' is not a folder", dir);
+        return TS_EIO;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, errlen, "the output folder '%s' is not writable: %s", dir, strerror(errno));
+        return TS_EIO;
+    }
+    return TS_OK;
+}
+
+/* --embed: "pca" or "pcaN". Returns N (0 for plain "pca"), or −1. */
+static int parse_embed(const char *s) {
+    if (strncmp(s, "pca", 3) != 0)
+        return -1;
+    if (!s[3])
+        return 0;
+    char *end;
+    long v = strtol(s + 3, &end, 10);
+    return *end || v < 1 || v > 100000 || s[3] == '+' || s[3] == '-' ? -1 : (int)v;
+}
+
+/* One shard file per cluster: the indices of its images, in increasing order. */
+static int write_shards(const ts_partition_t *p, const char *dir, char *err, size_t errlen) {
+    int32_t *idx = malloc((size_t)p->n * sizeof *idx);
+    if (!idx)
+        return TS_ENOMEM;
+    int rc = TS_OK;
+    for (int k = 0; k < p->K && rc == TS_OK; k++) {
+        int m = 0;
+        for (int64_t i = 0; i < p->n; i++)
+            if (p->assignment[i] == k)
+                idx[m++] = (int32_t)i;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/shard-%d.txt", dir, k);
+        rc = ts_shard_write(path, idx, m, err, errlen);
+    }
+    free(idx);
+    return rc;
+}
+
+/* clusters.png: row k holds EXAMPLES members of cluster k, evenly spaced through its images in
+ * index order (a short cluster leaves grey cells). */
+static int write_examples(const ts_partition_t *p, const ts_dataset_t *ds, const char *dir,
+                          char *err, size_t errlen) {
+    size_t hw = (size_t)ds->height * ds->width;
+    float *grid = calloc((size_t)p->K * EXAMPLES * hw, sizeof *grid); /* 0.0 is background grey */
+    int32_t *members = malloc((size_t)p->n * sizeof *members);
+    int rc = grid && members ? TS_OK : TS_ENOMEM;
+    for (int k = 0; k < p->K && rc == TS_OK; k++) {
+        int m = 0;
+        for (int64_t i = 0; i < p->n; i++)
+            if (p->assignment[i] == k)
+                members[m++] = (int32_t)i;
+        for (int j = 0; j < EXAMPLES && j < m; j++) {
+            int64_t pick = members[m <= EXAMPLES ? j : (int64_t)j * m / EXAMPLES];
+            memcpy(grid + ((size_t)k * EXAMPLES + j) * hw, ds->images + (size_t)pick * hw,
+                   hw * sizeof *grid);
+        }
+    }
+    if (rc == TS_OK) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/clusters.png", dir);
+        rc = ts_png_write_grid(path, grid, p->K * EXAMPLES, 1, ds->height, ds->width, EXAMPLES, 2,
+                               err, errlen);
+    }
+    free(grid);
+    free(members);
+    return rc;
+}
+
+static void print_table(const ts_partition_t *p, const int64_t *mix, const char *dir, double secs) {
+    printf("partition of %s: %lld images into K = %d clusters; %s (%.2f %% of the variance); "
+           "seed %llu, %d restart%s%s",
+           p->dataset, (long long)p->n, p->K, p->embed, 100.0 * p->explained,
+           (unsigned long long)p->seed, p->restarts, p->restarts == 1 ? "" : "s",
+           p->hierarchical ? ", hierarchical from " : "");
+    if (p->hierarchical)
+        printf("%d fine centroids", p->hierarchical);
+    printf("; inertia %.6g; %.1f s\n\n", p->inertia, secs);
+    printf("%7s %7s %7s", "cluster", "images", "share");
+    for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
+        printf("  %*s", (int)(strlen(class_names[c]) > 6 ? strlen(class_names[c]) : 6),
+               class_names[c]);
+    printf("\n");
+    for (int k = 0; k < p->K; k++) {
+        printf("%7d %7d %6.1f%%", k, p->sizes[k], 100.0 * p->sizes[k] / (double)p->n);
+        for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
+            printf("  %*.1f%%", (int)(strlen(class_names[c]) > 6 ? strlen(class_names[c]) : 6) - 1,
+                   100.0 * (double)mix[(size_t)k * TS_FMNIST_NUM_CLASSES + c] / p->sizes[k]);
+        printf("\n");
+    }
+    printf("\n(class columns: the share of each cluster's images in each class)\n");
+    printf("partition_id %s\n", p->id);
+    printf("wrote %s/partition.safetensors, %s/shard-{0..%d}.txt, %s/clusters.png\n", dir, dir,
+           p->K - 1, dir);
+}
+
+static int print_json(const ts_partition_t *p, const int64_t *mix, const char *dir, double secs) {
+    json_t *root = json_object(), *classes = json_array(), *clusters = json_array();
+    if (!root || !classes || !clusters) {
+        json_decref(root);
+        json_decref(classes);
+        json_decref(clusters);
+        return TS_ENOMEM;
+    }
+    for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
+        json_array_append_new(classes, json_string(class_names[c]));
+    for (int k = 0; k < p->K; k++) {
+        json_t *m = json_array();
+        for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
+            json_array_append_new(
+                m, json_real((double)mix[(size_t)k * TS_FMNIST_NUM_CLASSES + c] / p->sizes[k]));
+        char shard[4096];
+        snprintf(shard, sizeof shard, "%s/shard-%d.txt", dir, k);
+        json_array_append_new(clusters,
+                              json_pack("{s:i, s:i, s:f, s:o, s:s}", "cluster", k, "size",
+                                        p->sizes[k], "share", (double)p->sizes[k] / (double)p->n,
+                                        "class_mix", m, "shard", shard));
+    }
+    char artifact[4096];
+    snprintf(artifact, sizeof artifact, "%s/partition.safetensors", dir);
+    json_object_set_new(root, "partition_id", json_string(p->id));
+    json_object_set_new(root, "artifact", json_string(artifact));
+    json_object_set_new(root, "dataset", json_string(p->dataset));
+    json_object_set_new(root, "n", json_integer(p->n));
+    json_object_set_new(root, "experts", json_integer(p->K));
+    json_object_set_new(root, "embed", json_string(p->embed));
+    json_object_set_new(root, "explained_variance", json_real(p->explained));
+    json_object_set_new(root, "seed", json_integer((json_int_t)p->seed));
+    json_object_set_new(root, "restarts", json_integer(p->restarts));
+    json_object_set_new(root, "hierarchical", json_integer(p->hierarchical));
+    json_object_set_new(root, "inertia", json_real(p->inertia));
+    json_object_set_new(root, "seconds", json_real(secs));
+    json_object_set_new(root, "classes", classes);
+    json_object_set_new(root, "clusters", clusters);
+    json_dumpf(root, stdout, JSON_COMPACT);
+    printf("\n");
+    json_decref(root);
+    return TS_OK;
+}
+
+int ts_cmd_partition(int argc, char **argv) {
+    const char *data = TS_FMNIST_DEFAULT_DIR, *out = NULL, *embed = "pca64";
+    int experts = 0, dims = TS_PARTITION_DEFAULT_DIMS, hierarchical = 0;
+    int restarts = TS_PARTITION_DEFAULT_RESTARTS, max_iter = TS_PARTITION_DEFAULT_MAX_ITER;
+    int threads = 0, json = 0;
+    uint64_t seed = 0;
+    ts_arg_t args[] = {
+        {"data", TS_ARG_STRING, &data, "DIR",
+         "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"experts", TS_ARG_INT, &experts, "K", "number of clusters, one expert each", 1, 1e6, 1},
+        {"embed", TS_ARG_STRING, &embed, "NAME",
+         "embedding: pca, or pcaN for N dims (default pca64)"},
+        {"dims", TS_ARG_INT, &dims, "N", "PCA dims (default 64; must agree with --embed pcaN)", 1,
+         100000},
+        {"hierarchical", TS_ARG_INT, &hierarchical, "FINE",
+         "DDM's variant: FINE fine centroids merged into K (default 0 = off)", 0, 1e7},
+        {"restarts", TS_ARG_INT, &restarts, "R",
+         "k-means++ restarts, best inertia kept (default 8)", 1, 65535},
+        {"max-iter", TS_ARG_INT, &max_iter, "N",
+         "Lloyd iterations per restart at most (default 300)", 1, 1e7},
+        {"seed", TS_ARG_U64, &seed, "S", "seed of the k-means++ draws (default 0)"},
+        {"threads", TS_ARG_INT, &threads, "N",
+         "threads (default: all cores; the result does not depend on it)", 0, 1024},
+        {"out", TS_ARG_STRING, &out, "DIR", "output folder (created if missing)", 0, 0, 1},
+        {"json", TS_ARG_FLAG, &json, NULL, "print the result as one JSON object on stdout"},
+    };
+    enum { A_EMBED = 2, A_DIMS = 3 };
+    int nargs = (int)(sizeof args / sizeof args[0]);
+    int pr =
+        ts_args_parse(PROG, "Cluster the Fashion-MNIST train set into K shards (PCA + k-means++).",
+                      args, nargs, argc, argv);
+    if (pr)
+        return pr == 1 ? 0 : 2;
+    /* --embed pcaN sets the dims when given; the default (pca64) yields to --dims. */
+    int from_embed = parse_embed(embed);
+    if (from_embed < 0) {
+        fprintf(stderr, PROG ": --embed %s: must be pca or pcaN (e.g. pca64)\n", embed);
+        return 2;
+    }
+    if (!args[A_EMBED].seen)
+        from_embed = 0;
+    if (from_embed > 0 && args[A_DIMS].seen && dims != from_embed) {
+        fprintf(stderr, PROG ": --embed %s and --dims %d disagree\n", embed, dims);
+        return 2;
+    }
+    if (from_embed > 0)
+        dims = from_embed;
+    if (hierarchical > 0 && hierarchical < experts) {
+        fprintf(stderr, PROG ": --hierarchical %d: needs at least K = %d fine centroids\n",
+                hierarchical, experts);
+        return 2;
+    }
+    char err[1024] = "";
+    progress_t prog = {now_s()};
+    ts_dataset_t ds = {0};
+    int rc = ts_fmnist_load(data, "train", &ds, err, sizeof err);
+    if (rc != TS_OK) {
+        fprintf(stderr, PROG ": %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
+        return 1;
+    }
+    int D = ds.channels * ds.height * ds.width;
+    const char *bad = experts > ds.n ? "--experts" : hierarchical > ds.n ? "--hierarchical" : NULL;
+    if (bad || dims > D) {
+        if (bad)
+            fprintf(stderr, PROG ": %s %d: must be at most the %d images of the train set\n", bad,
+                    experts > ds.n ? experts : hierarchical, ds.n);
+        else
+            fprintf(stderr, PROG ": --dims %d: must be at most the %d pixels of an image\n", dims,
+                    D);
+        ts_dataset_free(&ds);
+        return 2;
+    }
+    if (prepare_out(out, err, sizeof err) != TS_OK) {
+        fprintf(stderr, PROG ": %s\n", err);
+        ts_dataset_free(&ds);
+        return 1;
+    }
+    fprintf(stderr, "[%7.1f s] loaded %d training images of %dx%d from %s\n", now_s() - prog.t0,
+            ds.n, ds.height, ds.width, data);
+
+    ts_partition_opts_t po = {.experts = experts,
+                              .dims = dims,
+                              .hierarchical = hierarchical,
+                              .restarts = restarts,
+                              .max_iter = max_iter,
+                              .seed = seed,
+                              .threads = threads,
+                              .dataset = "fashion-mnist-train",
+                              .progress = on_progress,
+                              .ctx = &prog};
+    ts_partition_t part = {0};
+    int64_t *mix = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/partition.safetensors", out);
+    rc = ts_partition_fit(ds.images, ds.n, D, &po, &part, err, sizeof err);
+    if (rc == TS_OK)
+        rc = ts_partition_save(&part, path, err, sizeof err);
+    if (rc == TS_OK)
+        rc = write_shards(&part, out, err, sizeof err);
+    if (rc == TS_OK)
+        rc = write_examples(&part, &ds, out, err, sizeof err);
+    if (rc == TS_OK && !(mix = calloc((size_t)part.K * TS_FMNIST_NUM_CLASSES, sizeof *mix)))
+        rc = TS_ENOMEM;
+    if (rc != TS_OK) {
+        fprintf(stderr, PROG ": %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
+    } else {
+        for (int64_t i = 0; i < part.n; i++)
+            mix[(size_t)part.assignment[i] * TS_FMNIST_NUM_CLASSES + ds.labels[i]]++;
+        double secs = now_s() - prog.t0;
+        fprintf(stderr, "[%7.1f s] wrote %s (partition_id %.16s...), %d shards, clusters.png\n",
+                secs, path, part.id, part.K);
+        if (json)
+            rc = print_json(&part, mix, out, secs);
+        else
+            print_table(&part, mix, out, secs);
+    }
+    free(mix);
+    ts_partition_free(&part);
+    ts_dataset_free(&ds);
+    return rc == TS_OK ? 0 : 1;
+}
