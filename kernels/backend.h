@@ -120,6 +120,12 @@ extern "C" {
     /* dpred += dloss · 2·(pred − target)/n */                                                     \
     X(mse_backward, float *dpred, float dloss, const float *pred, const float *target, int64_t n)  \
                                                                                                    \
+    /* out (m, S) = inp rows idx[i]; idx already range-checked */                                \
+    X(gather_rows, float *out, const float *inp, const int32_t *idx, int64_t m, int64_t S)        \
+    /* out[idx[i]] += w[i]·inp[i] (m, S); idx range-checked and distinct */                       \
+    X(scatter_axpy_rows, float *out, const float *inp, const int32_t *idx, const float *w,        \
+      int64_t m, int64_t S)                                                                        \
+                                                                                                   \
     /* xt, target, x0, eps (B, S); t (B): see ts_flow_interp. Outputs do not alias inputs. */      \
     X(flow_interp, float *xt, float *target, const float *x0, const float *eps, const float *t,    \
       int64_t B, int64_t S)                                                                        \

@@ -54,6 +54,8 @@ static int check_on(const ts_engine_t *e, const ts_tensor_t *t, ts_dtype_t dt) {
 
 static int check_f32(const ts_engine_t *e, const ts_tensor_t *t) { return check_on(e, t, TS_F32); }
 
+static int check_index(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V, int distinct);
+
 /* NULL is allowed (a gradient not wanted); otherwise as check_f32. */
 static int check_opt(const ts_engine_t *e, const ts_tensor_t *t) {
     return t ? check_f32(e, t) : TS_OK;
@@ -163,6 +165,43 @@ int ts_add_bcast_backward(ts_engine_t *e, ts_tensor_t *dx, ts_tensor_t *db,
     else
         S = ts_tensor_cols(dout), rows = ts_tensor_rows(dout);
     return DISPATCH(e, add_bcast_backward, OPT(dx), OPT(db), CF(dout), rows, S);
+}
+
+/* inp (n, ...) and rows (m, ...) with the same row size; returns it. */
+static int row_size(const ts_tensor_t *inp, const ts_tensor_t *rows_t, int64_t *S) {
+    int64_t n = inp->shape[0], m = rows_t->shape[0];
+    *S = ts_tensor_numel(inp) / n;
+    return ts_tensor_numel(rows_t) / m == *S ? TS_OK : TS_ESHAPE;
+}
+
+int ts_gather_rows(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                   const ts_tensor_t *idx) {
+    TRY(check_engine(e));
+    TRY(check_f32(e, out));
+    TRY(check_f32(e, inp));
+    TRY(ts_tensor_check(idx));
+    int64_t S;
+    TRY(row_size(inp, out, &S));
+    if (ts_tensor_numel(idx) != out->shape[0])
+        return TS_ESHAPE;
+    TRY(check_index(e, idx, inp->shape[0], 0));
+    return DISPATCH(e, gather_rows, F(out), CF(inp), (const int32_t *)idx->data, out->shape[0], S);
+}
+
+int ts_scatter_axpy_rows(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                         const ts_tensor_t *idx, const ts_tensor_t *w) {
+    TRY(check_engine(e));
+    TRY(check_f32(e, out));
+    TRY(check_f32(e, inp));
+    TRY(check_f32(e, w));
+    TRY(ts_tensor_check(idx));
+    int64_t S, m = inp->shape[0];
+    TRY(row_size(out, inp, &S));
+    if (ts_tensor_numel(idx) != m || ts_tensor_numel(w) != m)
+        return TS_ESHAPE;
+    TRY(check_index(e, idx, out->shape[0], 1));
+    return DISPATCH(e, scatter_axpy_rows, F(out), CF(inp), (const int32_t *)idx->data, CF(w), m,
+                    S);
 }
 
 int ts_convert(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *src) {
@@ -648,8 +687,9 @@ int ts_pos_embed_2d(ts_engine_t *e, ts_tensor_t *out, int grid) {
     return rc;
 }
 
-/* ids (B) I32 within [0, V). For a CUDA engine the ids are copied to the host to be checked. */
-static int check_ids(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V) {
+/* ids (B) I32 within [0, V), and pairwise distinct when `distinct`. For a CUDA engine the ids
+ * are copied to the host to be checked. */
+static int check_index(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V, int distinct) {
     TRY(check_on(e, ids, TS_I32));
     int64_t B = ts_tensor_numel(ids);
     int32_t *host = ids->data;
@@ -667,12 +707,23 @@ static int check_ids(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V) {
         }
     }
     int rc = TS_OK;
-    for (int64_t b = 0; b < B && rc == TS_OK; b++)
+    unsigned char *seen = distinct ? calloc((size_t)V, 1) : NULL;
+    if (distinct && !seen)
+        rc = TS_ENOMEM;
+    for (int64_t b = 0; b < B && rc == TS_OK; b++) {
         if (host[b] < 0 || host[b] >= V)
             rc = TS_ERANGE;
+        else if (seen && seen[host[b]]++)
+            rc = TS_EINVAL;
+    }
+    free(seen);
     if (host != ids->data)
         free(host);
     return rc;
+}
+
+static int check_ids(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V) {
+    return check_index(e, ids, V, 0);
 }
 
 static int embedding_dims(const ts_tensor_t *rows, const ts_tensor_t *table,

@@ -45,6 +45,15 @@ int ts_add_bcast_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x,
 /* dx += dout; db += Σ_rows dout. */
 int ts_add_bcast_backward(ts_engine_t *e, ts_tensor_t *dx, ts_tensor_t *db,
                           const ts_tensor_t *dout);
+/* out (m, ...) = rows idx[i] of inp (n, ...); idx (m) I32, each in [0, n). Used to group the
+ * samples bound for one expert into one batch. */
+int ts_gather_rows(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                   const ts_tensor_t *idx);
+/* out[idx[i]] += w[i] · inp[i] for every row i of inp (m, ...); out (n, ...), idx (m) I32
+ * distinct and in [0, n), w (m) F32. The inverse of ts_gather_rows, weighted: it adds one
+ * expert's answers into the combined velocity. Indices are checked on the host first. */
+int ts_scatter_axpy_rows(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                         const ts_tensor_t *idx, const ts_tensor_t *w);
 /* dst = src converted between F32, F16, BF16 (round to nearest even; NaN stays NaN, overflow
  * becomes ±Inf). Same element count. */
 int ts_convert(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *src);

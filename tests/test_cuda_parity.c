@@ -655,6 +655,26 @@ static void test_embeddings(void **state) {
     pair_free(&out);
     pair_free(&dout);
     pair_free(&dtable);
+
+    /* row gather and weighted scatter (distinct rows), the ensemble's grouping per expert */
+    pair_t src, rows, acc, rix, rw;
+    pair_rand(&src, &r, -1.0f, 1.0f, 3, TS_SHAPE(40, 7, C_));
+    pair_zeros(&rows, 3, TS_SHAPE(16, 7, C_));
+    pair_rand(&acc, &r, -1.0f, 1.0f, 3, TS_SHAPE(40, 7, C_));
+    pair_rand(&rw, &r, 0.0f, 1.0f, 1, TS_SHAPE(16));
+    pair_alloc(&rix, TS_I32, 1, TS_SHAPE(16));
+    for (int32_t i = 0; i < 16; i++)
+        ((int32_t *)rix.t[0].data)[i] = (i * 7 + 3) % 40; /* distinct: 7 is prime to 40 */
+    pair_upload(&rix);
+    BOTH(ts_gather_rows(E, ON(rows), ON(src), ON(rix)));
+    expect_identical(fx, "gather_rows", &rows);
+    BOTH(ts_scatter_axpy_rows(E, ON(acc), ON(rows), ON(rix), ON(rw)));
+    expect_close(fx, "scatter_axpy_rows", &acc);
+    pair_free(&src);
+    pair_free(&rows);
+    pair_free(&acc);
+    pair_free(&rix);
+    pair_free(&rw);
 }
 
 /* ---- patches --------------------------------------------------------------------------- */

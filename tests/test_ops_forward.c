@@ -771,6 +771,43 @@ static void test_ema(void **state) {
     }
 }
 
+/* ---- row gather / scatter ------------------------------------------------------------ */
+
+/* gather then weighted scatter against plain loops; duplicate or out-of-range indices refused */
+static void test_gather_scatter_rows(void **state) {
+    ts_engine_t *e = *state;
+    tu_rng_t r = {41};
+    ts_tensor_t inp, got, acc, idx, w;
+    tu_alloc_f32(&inp, 3, TS_SHAPE(6, 4, 5));
+    tu_alloc_f32(&got, 3, TS_SHAPE(3, 4, 5));
+    tu_alloc_f32(&acc, 3, TS_SHAPE(6, 4, 5));
+    tu_alloc_f32(&w, 1, TS_SHAPE(3));
+    assert_int_equal(ts_tensor_alloc(&idx, TS_I32, TS_CPU, 1, TS_SHAPE(3)), TS_OK);
+    tu_fill_uniform(&r, &inp, -1, 1);
+    tu_fill_uniform(&r, &acc, -1, 1);
+    tu_fill_uniform(&r, &w, 0, 1);
+    int32_t *ix = idx.data;
+    ix[0] = 4, ix[1] = 0, ix[2] = 5;
+    assert_int_equal(ts_gather_rows(e, &got, &inp, &idx), TS_OK);
+    float want[6 * 20];
+    for (int i = 0; i < 3; i++)
+        memcpy(want + i * 20, tu_f32(&inp) + ix[i] * 20, 20 * sizeof(float));
+    tu_check_close(tu_f32(&got), want, 60, 0, 0, "gather_rows");
+    memcpy(want, tu_f32(&acc), sizeof want);
+    for (int i = 0; i < 3; i++)
+        for (int c = 0; c < 20; c++)
+            want[ix[i] * 20 + c] += tu_f32(&w)[i] * tu_f32(&got)[i * 20 + c];
+    assert_int_equal(ts_scatter_axpy_rows(e, &acc, &got, &idx, &w), TS_OK);
+    tu_check_close(tu_f32(&acc), want, 120, 1e-6, 1e-6, "scatter_axpy_rows");
+    ix[2] = 4; /* duplicate: a scatter would race on a GPU, so it is refused */
+    assert_int_equal(ts_scatter_axpy_rows(e, &acc, &got, &idx, &w), TS_EINVAL);
+    tu_check_close(tu_f32(&acc), want, 120, 0, 0, "scatter refused, output untouched");
+    ix[2] = 6; /* out of range */
+    assert_int_equal(ts_gather_rows(e, &got, &inp, &idx), TS_ERANGE);
+    assert_int_equal(ts_scatter_axpy_rows(e, &acc, &got, &idx, &w), TS_ERANGE);
+    TU_FREE_TENSORS(&inp, &got, &acc, &w, &idx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),
@@ -795,6 +832,7 @@ int main(void) {
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_adamw_decay_only),
         cmocka_unit_test(test_ema),
+        cmocka_unit_test(test_gather_scatter_rows),
     };
     return cmocka_run_group_tests_name("ops_forward", tests, tu_setup_cpu_engine,
                                        tu_teardown_cpu_engine);

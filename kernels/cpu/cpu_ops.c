@@ -846,6 +846,26 @@ int ts_cpu_mse_backward(ts_engine_t *e, float *dpred, float dloss, const float *
     return TS_OK;
 }
 
+/* ---- row gather / scatter ------------------------------------------------------------- */
+
+int ts_cpu_gather_rows(ts_engine_t *e, float *out, const float *inp, const int32_t *idx,
+                       int64_t m, int64_t S) {
+    for (int64_t i = 0; i < m; i++)
+        memcpy(out + i * S, inp + (int64_t)idx[i] * S, (size_t)S * sizeof *out);
+    return TS_OK;
+}
+
+int ts_cpu_scatter_axpy_rows(ts_engine_t *e, float *out, const float *inp, const int32_t *idx,
+                             const float *w, int64_t m, int64_t S) {
+    for (int64_t i = 0; i < m; i++) {
+        float *o = out + (int64_t)idx[i] * S;
+        const float *x = inp + i * S;
+        for (int64_t c = 0; c < S; c++)
+            o[c] += w[i] * x[c];
+    }
+    return TS_OK;
+}
+
 /* ---- flow matching ------------------------------------------------------------------- */
 
 int ts_cpu_flow_interp(ts_engine_t *e, float *xt, float *target, const float *x0, const float *eps,

@@ -945,6 +945,30 @@ static __global__ void k_adamw(float *param, const float *grad, float *m, float 
     }
 }
 
+static __global__ void k_gather_rows(float *out, const float *inp, const int32_t *idx, int64_t m,
+                                     int64_t S) {
+    TS_GRID_LOOP(j, m * S) out[j] = inp[(int64_t)idx[j / S] * S + j % S];
+}
+
+/* idx is distinct (checked by ops.c), so no two threads add into the same element */
+static __global__ void k_scatter_axpy_rows(float *out, const float *inp, const int32_t *idx,
+                                           const float *w, int64_t m, int64_t S) {
+    TS_GRID_LOOP(j, m * S) {
+        int64_t i = j / S;
+        out[(int64_t)idx[i] * S + j % S] += w[i] * inp[j];
+    }
+}
+
+int ts_cuda_gather_rows(ts_engine_t *e, float *out, const float *inp, const int32_t *idx,
+                        int64_t m, int64_t S) {
+    return launch_n(e, m * S, k_gather_rows, out, inp, idx, m, S);
+}
+
+int ts_cuda_scatter_axpy_rows(ts_engine_t *e, float *out, const float *inp, const int32_t *idx,
+                              const float *w, int64_t m, int64_t S) {
+    return launch_n(e, m * S, k_scatter_axpy_rows, out, inp, idx, w, m, S);
+}
+
 static __global__ void k_ema(float *ema, const float *param, int64_t n, float decay) {
     TS_GRID_LOOP(i, n) ema[i] = ts_ema_elem(ema[i], param[i], decay);
 }
