@@ -10,5 +10,8 @@ int ts_cmd_sample(int argc, char **argv);
 int ts_cmd_forward(int argc, char **argv);
 int ts_cmd_store(int argc, char **argv);
 int ts_cmd_partition(int argc, char **argv);
+int ts_cmd_train_classifier(int argc, char **argv);
+int ts_cmd_train_router(int argc, char **argv);
+int ts_cmd_generate(int argc, char **argv);
 
 #endif

@@ -29,6 +29,9 @@ static void usage(FILE *f) {
                "                pin, unpin, evict\n"
                "  partition     cluster the train set into K shards (PCA + k-means++): the partition\n"
                "                artifact, shard files and a table of the clusters' class mix\n"
+               "  train-classifier  train the evaluation classifier (DiT trunk, 10 labels, clean images)\n"
+               "  train-router  train a router: cluster of a noisy x_t, per-t-bucket accuracy\n"
+               "  generate      generate images with a routed ensemble of local experts (--local DIR)\n"
                "  selfcheck     check the compute kernels against naive references (and a CUDA\n"
                "                device against the CPU, when one is present)\n"
                "  bench gemm    GEMM throughput of the DiT configs next to the sgemm peak\n"
@@ -88,6 +91,12 @@ int main(int argc, char **argv) {
         return ts_cmd_store(argc - 1, argv + 1);
     if (strcmp(verb, "partition") == 0)
         return ts_cmd_partition(argc - 1, argv + 1);
+    if (strcmp(verb, "train-classifier") == 0)
+        return ts_cmd_train_classifier(argc - 1, argv + 1);
+    if (strcmp(verb, "train-router") == 0)
+        return ts_cmd_train_router(argc - 1, argv + 1);
+    if (strcmp(verb, "generate") == 0)
+        return ts_cmd_generate(argc - 1, argv + 1);
     if (strcmp(verb, "selfcheck") == 0)
         return ts_cli_selfcheck(argc - 1, argv + 1);
     if (strcmp(verb, "bench") == 0)

@@ -119,6 +119,16 @@ extern "C" {
     X(mse_forward, float *loss, const float *pred, const float *target, int64_t n)                 \
     /* dpred += dloss · 2·(pred − target)/n */                                                     \
     X(mse_backward, float *dpred, float dloss, const float *pred, const float *target, int64_t n)  \
+    /* loss[0] = mean over rows b of −log softmax(logits_b)[labels_b]; logits (B, K) */            \
+    X(cross_entropy_forward, float *loss, const float *logits, const int32_t *labels, int64_t B,   \
+      int64_t K)                                                                                   \
+    /* dlogits (B, K) += scale · (softmax(logits_b) − onehot(labels_b)), scale = dloss / B */      \
+    X(cross_entropy_backward, float *dlogits, float scale, const float *logits,                    \
+      const int32_t *labels, int64_t B, int64_t K)                                                 \
+    /* out (B, C) = mean over T of x (B, T, C) */                                                  \
+    X(mean_tokens_forward, float *out, const float *x, int64_t B, int64_t T, int64_t C)            \
+    /* dx (B, T, C) += dout (B, C) / T */                                                          \
+    X(mean_tokens_backward, float *dx, const float *dout, int64_t B, int64_t T, int64_t C)         \
                                                                                                    \
     /* out (m, S) = inp rows idx[i]; idx already range-checked */                                \
     X(gather_rows, float *out, const float *inp, const int32_t *idx, int64_t m, int64_t S)        \

@@ -343,4 +343,40 @@ TS_HD float ts_rng_normal_at(uint64_t seed, uint64_t n) {
     return (n & 1u) ? r * sn : r * cs;
 }
 
+/* ---- classification ------------------------------------------------------------------ */
+
+/* Cross-entropy of one row of K logits against label: −log softmax(z)[label], as a log-sum-exp
+ * around the row's max (every exponent ≤ 0, the sum ≥ 1), with this file's exp and log so both
+ * backends compute the same bits. */
+TS_HD float ts_xent_row(const float *z, int64_t K, int32_t label) {
+    float mx = z[0];
+    for (int64_t i = 1; i < K; i++)
+        mx = z[i] > mx ? z[i] : mx;
+    float s = 0.0f;
+    for (int64_t i = 0; i < K; i++)
+        s += ts_expf(z[i] - mx);
+    return (ts_rng_log(s) + mx) - z[label];
+}
+
+/* dz += scale · (softmax(z) − onehot(label)) for one row of K logits. */
+TS_HD void ts_xent_grad_row(float *dz, const float *z, int64_t K, int32_t label, float scale) {
+    float mx = z[0];
+    for (int64_t i = 1; i < K; i++)
+        mx = z[i] > mx ? z[i] : mx;
+    float s = 0.0f;
+    for (int64_t i = 0; i < K; i++)
+        s += ts_expf(z[i] - mx);
+    float inv = 1.0f / s;
+    for (int64_t i = 0; i < K; i++)
+        dz[i] += scale * (ts_expf(z[i] - mx) * inv - (i == (int64_t)label ? 1.0f : 0.0f));
+}
+
+/* The mean over T tokens of one channel: x points at token 0 of that channel, tokens C apart. */
+TS_HD float ts_mean_tokens_elem(const float *x, int64_t T, int64_t C) {
+    float s = 0.0f;
+    for (int64_t t = 0; t < T; t++)
+        s += x[t * C];
+    return s / (float)T;
+}
+
 #endif

@@ -869,6 +869,65 @@ int ts_mse_backward(ts_engine_t *e, ts_tensor_t *dpred, float dloss, const ts_te
     return DISPATCH(e, mse_backward, F(dpred), dloss, CF(pred), CF(target), ts_tensor_numel(pred));
 }
 
+/* logits (B, K) F32 and labels (B) I32 with every label in [0, K). */
+static int check_xent(const ts_engine_t *e, const ts_tensor_t *logits, const ts_tensor_t *labels) {
+    TRY(check_f32(e, logits));
+    TRY(ts_tensor_check(labels));
+    if (logits->ndim != 2 || ts_tensor_numel(labels) != logits->shape[0])
+        return TS_ESHAPE;
+    return check_index(e, labels, logits->shape[1], 0);
+}
+
+int ts_cross_entropy_forward(ts_engine_t *e, ts_tensor_t *loss, const ts_tensor_t *logits,
+                             const ts_tensor_t *labels) {
+    TRY(check_engine(e));
+    TRY(check_scalar(e, loss));
+    TRY(check_xent(e, logits, labels));
+    return DISPATCH(e, cross_entropy_forward, F(loss), CF(logits), (const int32_t *)labels->data,
+                    logits->shape[0], logits->shape[1]);
+}
+
+int ts_cross_entropy_backward(ts_engine_t *e, ts_tensor_t *dlogits, float dloss,
+                              const ts_tensor_t *logits, const ts_tensor_t *labels) {
+    TRY(check_engine(e));
+    if (!dlogits)
+        return TS_EINVAL; /* the only gradient output */
+    TRY(check_f32(e, dlogits));
+    TRY(check_xent(e, logits, labels));
+    if (!ts_tensor_same_shape(dlogits, logits))
+        return TS_ESHAPE;
+    if (!isfinite(dloss))
+        return TS_EINVAL;
+    int64_t B = logits->shape[0];
+    float scale = (float)((double)dloss / (double)B);
+    return DISPATCH(e, cross_entropy_backward, F(dlogits), scale, CF(logits),
+                    (const int32_t *)labels->data, B, logits->shape[1]);
+}
+
+/* x (B, T, C) and its token mean (B, C). */
+static int check_mean_tokens(const ts_engine_t *e, const ts_tensor_t *x, const ts_tensor_t *m) {
+    TRY(check_f32(e, x));
+    TRY(check_f32(e, m));
+    if (x->ndim != 3 || m->ndim != 2 || m->shape[0] != x->shape[0] || m->shape[1] != x->shape[2])
+        return TS_ESHAPE;
+    return TS_OK;
+}
+
+int ts_mean_tokens_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x) {
+    TRY(check_engine(e));
+    TRY(check_mean_tokens(e, x, out));
+    return DISPATCH(e, mean_tokens_forward, F(out), CF(x), x->shape[0], x->shape[1], x->shape[2]);
+}
+
+int ts_mean_tokens_backward(ts_engine_t *e, ts_tensor_t *dx, const ts_tensor_t *dout) {
+    TRY(check_engine(e));
+    if (!dx)
+        return TS_EINVAL; /* the only gradient output */
+    TRY(check_mean_tokens(e, dx, dout));
+    return DISPATCH(e, mean_tokens_backward, F(dx), CF(dout), dx->shape[0], dx->shape[1],
+                    dx->shape[2]);
+}
+
 int ts_flow_interp(ts_engine_t *e, ts_tensor_t *xt, ts_tensor_t *target, const ts_tensor_t *x0,
                    const ts_tensor_t *eps, const ts_tensor_t *t) {
     TRY(check_same3(e, xt, target, x0));

@@ -185,6 +185,18 @@ int ts_mse_forward(ts_engine_t *e, ts_tensor_t *loss, const ts_tensor_t *pred,
 /* dpred += dloss · 2 (pred − target) / N. */
 int ts_mse_backward(ts_engine_t *e, ts_tensor_t *dpred, float dloss, const ts_tensor_t *pred,
                     const ts_tensor_t *target);
+/* loss (1) = mean over the batch of −log softmax(logits_b)[labels_b], computed per row as a
+ * log-sum-exp around the row's max (stable for any logits). logits (B, K); labels (B) I32, each
+ * in [0, K) (TS_ERANGE otherwise, checked before anything is written). */
+int ts_cross_entropy_forward(ts_engine_t *e, ts_tensor_t *loss, const ts_tensor_t *logits,
+                             const ts_tensor_t *labels);
+/* dlogits (B, K) += dloss · (softmax(logits_b) − onehot(labels_b)) / B. */
+int ts_cross_entropy_backward(ts_engine_t *e, ts_tensor_t *dlogits, float dloss,
+                              const ts_tensor_t *logits, const ts_tensor_t *labels);
+/* out (B, C) = mean over the T tokens of x (B, T, C) (the classifier's pooling). */
+int ts_mean_tokens_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x);
+/* dx (B, T, C) += dout (B, C) / T, broadcast over the tokens. */
+int ts_mean_tokens_backward(ts_engine_t *e, ts_tensor_t *dx, const ts_tensor_t *dout);
 
 /* Flow matching, rectified-flow convention (DESIGN §3): per sample b with t_b in [0, 1],
  * xt = (1 − t_b)·x0 + t_b·eps and target = eps − x0 (the velocity). x0, eps, xt, target are

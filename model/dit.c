@@ -441,9 +441,9 @@ static int stage_labels(ts_dit_t *m, const int32_t *y, int B, ts_tensor_t *ids) 
     return ts_tensor_copy(ids, &host);
 }
 
-int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y, int B,
-                   ts_tensor_t *v) {
-    if (!m || !x || !t || !y || !v || B < 1 || B > m->max_batch)
+int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t,
+                         const int32_t *y, int B, ts_tensor_t *x_final) {
+    if (!m || !x || !t || !y || !x_final || B < 1 || B > m->max_batch)
         return TS_EINVAL;
     const ts_dit_config_t *c = &m->cfg;
     ts_engine_t *e = m->eng;
@@ -475,9 +475,25 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
 
     for (int l = 0; l < c->depth; l++)
         TRY(block_forward(m, l, B));
+    *x_final = rows(&A->x_final, B);
+    return TS_OK;
+}
+
+int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y, int B,
+                   ts_tensor_t *v) {
+    if (!v)
+        return TS_EINVAL;
+    ts_tensor_t xf;
+    TRY(ts_dit_forward_trunk(m, x, t, y, B, &xf));
+    const ts_dit_config_t *c = &m->cfg;
+    ts_engine_t *e = m->eng;
+    ts_dit_acts_t *A = &m->acts;
+    ts_dit_params_t *P = &m->params;
+    int p = c->patch_size;
+    ts_tensor_t c_silu = rows(&A->c_silu, B);
 
     /* final layer */
-    ts_tensor_t xf = rows(&A->x_final, B), fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
+    ts_tensor_t fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
     ts_tensor_t mf = stat_rows(&A->lnf_mean, B, ts_dit_tokens(c));
     ts_tensor_t rf = stat_rows(&A->lnf_rstd, B, ts_dit_tokens(c));
     ts_tensor_t fx = rows(&A->fx, B), out_tok = rows(&A->out_tok, B), out = rows(&A->out, B);
@@ -547,6 +563,52 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     return TS_OK;
 }
 
+/* Clears the scratch gradients the trunk's backward accumulates into (dx, dc_silu and the
+ * conditioning's), for B samples. */
+static int zero_trunk_scratch(ts_dit_t *m, int B) {
+    ts_dit_grad_acts_t *G = &m->gacts;
+    ts_tensor_t *scratch[] = {&G->dx, &G->dc_silu, &G->dc, &G->dt_s, &G->dt_h};
+    return zero_rows(m->eng, B, scratch, (int)(sizeof scratch / sizeof scratch[0]));
+}
+
+/* The trunk's backward: on entry G->dx holds dL/dx_final and G->dc_silu whatever the head above
+ * the trunk contributed to dL/dSiLU(c) (the DiT's final adaLN; nothing for the classifier). */
+static int trunk_backward(ts_dit_t *m, int B) {
+    const ts_dit_config_t *c = &m->cfg;
+    ts_engine_t *e = m->eng;
+    ts_dit_acts_t *A = &m->acts;
+    ts_dit_grad_acts_t *G = &m->gacts;
+    ts_dit_params_t *P = &m->params, *D = &m->grads;
+    ts_tensor_t dx = rows(&G->dx, B), dc_silu = rows(&G->dc_silu, B), dc = rows(&G->dc, B);
+    ts_tensor_t dt_s = rows(&G->dt_s, B), dt_h = rows(&G->dt_h, B), cc = rows(&A->c, B);
+    ts_tensor_t patches = rows(&A->patches, B), t_s = rows(&A->t_s, B), t_h = rows(&A->t_h, B);
+    ts_tensor_t tfreq = rows(&A->tfreq, B), ids = rows(&m->labels, B);
+    for (int l = c->depth - 1; l >= 0; l--)
+        TRY(block_backward(m, l, B));
+    /* patch embedding (the input image needs no gradient; pos_embed is fixed) */
+    TRY(ts_linear_backward(e, NULL, &D->x_w, &D->x_b, &dx, &patches, &P->x_w));
+    /* conditioning */
+    TRY(ts_silu_backward(e, &dc, &dc_silu, &cc));
+    TRY(ts_embedding_backward(e, &D->y_table, &dc, &ids));
+    TRY(ts_linear_backward(e, &dt_s, &D->t_w2, &D->t_b2, &dc, &t_s, &P->t_w2));
+    TRY(ts_silu_backward(e, &dt_h, &dt_s, &t_h));
+    TRY(ts_linear_backward(e, NULL, &D->t_w0, &D->t_b0, &dt_h, &tfreq, &P->t_w0));
+    return TS_OK;
+}
+
+int ts_dit_backward_trunk(ts_dit_t *m, const ts_tensor_t *dx_final, int B) {
+    if (!m || !dx_final || !m->trainable || B < 1 || B > m->max_batch)
+        return TS_EINVAL;
+    ts_tensor_t xf = rows(&m->acts.x_final, B), dx = rows(&m->gacts.dx, B);
+    if (!ts_tensor_same_shape(dx_final, &xf))
+        return TS_ESHAPE;
+    if (dx_final->data == m->gacts.dx.data)
+        return TS_EINVAL; /* the scratch is cleared first */
+    TRY(zero_trunk_scratch(m, B));
+    TRY(ts_tensor_copy(&dx, dx_final));
+    return trunk_backward(m, B);
+}
+
 int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B) {
     if (!m || !dv || !m->trainable || B < 1 || B > m->max_batch)
         return TS_EINVAL;
@@ -559,36 +621,23 @@ int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B) {
     ts_tensor_t out = rows(&A->out, B);
     if (!ts_tensor_same_shape(dv, &out))
         return TS_ESHAPE;
-    ts_tensor_t *scratch[] = {&G->dout_tok, &G->dfx, &G->dlnf, &G->dfmod, &G->dx,
-                              &G->dc_silu,  &G->dc,  &G->dt_s, &G->dt_h};
+    ts_tensor_t *scratch[] = {&G->dout_tok, &G->dfx, &G->dlnf, &G->dfmod};
     TRY(zero_rows(e, B, scratch, (int)(sizeof scratch / sizeof scratch[0])));
+    TRY(zero_trunk_scratch(m, B));
     ts_tensor_t dout_tok = rows(&G->dout_tok, B), dfx = rows(&G->dfx, B);
     ts_tensor_t dlnf = rows(&G->dlnf, B), dfmod = rows(&G->dfmod, B), dx = rows(&G->dx, B);
-    ts_tensor_t dc_silu = rows(&G->dc_silu, B), dc = rows(&G->dc, B);
-    ts_tensor_t dt_s = rows(&G->dt_s, B), dt_h = rows(&G->dt_h, B);
+    ts_tensor_t dc_silu = rows(&G->dc_silu, B);
     ts_tensor_t xf = rows(&A->x_final, B), fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
     ts_tensor_t mf = stat_rows(&A->lnf_mean, B, T), rf = stat_rows(&A->lnf_rstd, B, T);
-    ts_tensor_t fx = rows(&A->fx, B), c_silu = rows(&A->c_silu, B), cc = rows(&A->c, B);
-    ts_tensor_t patches = rows(&A->patches, B), t_s = rows(&A->t_s, B), t_h = rows(&A->t_h, B);
-    ts_tensor_t tfreq = rows(&A->tfreq, B), ids = rows(&m->labels, B);
+    ts_tensor_t fx = rows(&A->fx, B), c_silu = rows(&A->c_silu, B);
 
-    /* final layer */
+    /* final layer: its adaLN adds into dc_silu, its LayerNorm gives dL/dx_final in dx */
     TRY(ts_unpatchify_backward(e, &dout_tok, dv, p));
     TRY(ts_linear_backward(e, &dfx, &D->f_w, &D->f_b, &dout_tok, &fx, &P->f_w));
     TRY(ts_modulate_backward(e, &dlnf, &dfmod, &dfx, &lnf, &fmod, 0, 1));
     TRY(ts_linear_backward(e, &dc_silu, &D->fada_w, &D->fada_b, &dfmod, &c_silu, &P->fada_w));
     TRY(ts_layernorm_backward(e, &dx, &dlnf, &xf, &mf, &rf));
-    for (int l = c->depth - 1; l >= 0; l--)
-        TRY(block_backward(m, l, B));
-    /* patch embedding (the input image needs no gradient; pos_embed is fixed) */
-    TRY(ts_linear_backward(e, NULL, &D->x_w, &D->x_b, &dx, &patches, &P->x_w));
-    /* conditioning */
-    TRY(ts_silu_backward(e, &dc, &dc_silu, &cc));
-    TRY(ts_embedding_backward(e, &D->y_table, &dc, &ids));
-    TRY(ts_linear_backward(e, &dt_s, &D->t_w2, &D->t_b2, &dc, &t_s, &P->t_w2));
-    TRY(ts_silu_backward(e, &dt_h, &dt_s, &t_h));
-    TRY(ts_linear_backward(e, NULL, &D->t_w0, &D->t_b0, &dt_h, &tfreq, &P->t_w0));
-    return TS_OK;
+    return trunk_backward(m, B);
 }
 
 int ts_dit_zero_grad(ts_dit_t *m) {

@@ -165,6 +165,17 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
 /* Backward of the last forward (same B) given dv (B, C, H, W) = dLoss/dv; accumulates into
  * m->grads. Requires trainable. */
 int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B);
+
+/* The trunk alone — patch embedding, conditioning c = t_emb + y_emb and the blocks — for a head
+ * of another kind on top (model/classifier.h). Arguments as ts_dit_forward; *x_final is the last
+ * block's output m->acts.x_final sliced to B samples, (B, T, h) (a view; valid until the next
+ * forward). ts_dit_forward is this followed by the final layer. */
+int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t,
+                         const int32_t *y, int B, ts_tensor_t *x_final);
+/* Backward of the last trunk forward (same B) from dx_final (B, T, h) = dLoss/dx_final, which
+ * must not be m's own scratch (m->gacts.dx); accumulates into m->grads (the final layer's
+ * gradients are left as they are). Requires trainable. */
+int ts_dit_backward_trunk(ts_dit_t *m, const ts_tensor_t *dx_final, int B);
 int ts_dit_zero_grad(ts_dit_t *m);
 
 /* Multiply-adds (×2 = FLOPs) of one forward pass per sample, counting the GEMMs only. */

@@ -7,7 +7,10 @@
  * a longjmp can free them. libpng reports errors through on_error, which copies the message into
  * the context and longjmps back; warnings are ignored.
  *
- * Writes are atomic: a temporary file next to the target (mkstemp), fsync, then rename.
+ * There is one encoder: encode_png writes through libpng's write callback into a growing memory
+ * buffer. ts_png_encode_grid hands that buffer to the caller (an HTML report embeds it);
+ * ts_png_write_grid writes it to a file. Writes are atomic: a temporary file next to the target
+ * (mkstemp), fsync, then rename.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -98,8 +101,42 @@ static void compose_grid(uint8_t *out, int width, int height, const float *image
     }
 }
 
-/* Encodes pix (height, width, C) to fp. Returns 0, or a TS_E* code with ctx filled. */
-static int encode_png(FILE *fp, const uint8_t *pix, int width, int height, int C, png_ctx_t *ctx) {
+/* The encoded PNG, grown by libpng's write callback: the one place the encoder's bytes go, whether
+ * they end up in a file (ts_png_write_grid) or in the caller's memory (ts_png_encode_grid). */
+typedef struct png_mem {
+    unsigned char *buf;
+    size_t len, cap;
+} png_mem_t;
+
+static void on_write(png_structp png, png_bytep data, png_size_t n) {
+    png_mem_t *m = png_get_io_ptr(png);
+    if (n > m->cap - m->len) {
+        size_t cap = m->cap ? m->cap : 4096;
+        while (cap - m->len < n) {
+            if (cap > SIZE_MAX / 2) {
+                cap = 0;
+                break;
+            }
+            cap *= 2;
+        }
+        unsigned char *grown = cap ? realloc(m->buf, cap) : NULL;
+        if (!grown) {
+            ((png_ctx_t *)png_get_error_ptr(png))->code = TS_ENOMEM;
+            png_error(png, "out of memory for the encoded PNG");
+        }
+        m->buf = grown;
+        m->cap = cap;
+    }
+    memcpy(m->buf + m->len, data, n);
+    m->len += n;
+}
+
+static void on_flush(png_structp png) { (void)png; }
+
+/* Encodes pix (height, width, C) into mem (which the caller frees, also on failure). Returns 0,
+ * or a TS_E* code with ctx filled. */
+static int encode_png(const uint8_t *pix, int width, int height, int C, png_mem_t *mem,
+                      png_ctx_t *ctx) {
     ctx->code = TS_EIO;
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, ctx, on_error, on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
@@ -112,7 +149,7 @@ static int encode_png(FILE *fp, const uint8_t *pix, int width, int height, int C
         png_destroy_write_struct(&png, &info);
         return ctx->code;
     }
-    png_init_io(png, fp);
+    png_set_write_fn(png, mem, on_write, on_flush);
     png_set_IHDR(png, info, (png_uint_32)width, (png_uint_32)height, 8,
                  C == 1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
@@ -124,12 +161,12 @@ static int encode_png(FILE *fp, const uint8_t *pix, int width, int height, int C
     return TS_OK;
 }
 
-/* Writes pix to a temporary file next to path, then renames it over path. */
-static int write_atomic(const char *path, const uint8_t *pix, int width, int height, int C,
-                        char *err, size_t errlen) {
+/* Writes data[0..len) to a temporary file next to path, then renames it over path. */
+static int write_atomic(const char *path, const unsigned char *data, size_t len, char *err,
+                        size_t errlen) {
     char tmp[PATH_BUF];
-    int len = snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-    if (len < 0 || (size_t)len >= sizeof tmp)
+    int n = snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    if (n < 0 || (size_t)n >= sizeof tmp)
         return fail(err, errlen, TS_EINVAL, "PNG path is too long: %s", path);
     int fd = mkstemp(tmp);
     if (fd < 0)
@@ -142,36 +179,34 @@ static int write_atomic(const char *path, const uint8_t *pix, int width, int hei
         unlink(tmp);
         return fail(err, errlen, TS_EIO, "cannot write %s: %s", tmp, strerror(e));
     }
-    png_ctx_t ctx = {0, {0}};
-    int rc = encode_png(fp, pix, width, height, C, &ctx);
-    if (rc)
-        fail(err, errlen, rc, "cannot write PNG %s: libpng: %s", path, ctx.msg);
     int e = 0;
-    if (!rc && (fchmod(fd, 0644) != 0 || fflush(fp) != 0 || fsync(fd) != 0))
+    errno = 0;
+    if (fwrite(data, 1, len, fp) != len || fchmod(fd, 0644) != 0 || fflush(fp) != 0 ||
+        fsync(fd) != 0)
+        e = errno ? errno : EIO;
+    if (fclose(fp) != 0 && !e)
         e = errno;
-    if (fclose(fp) != 0 && !rc && !e)
+    if (!e && rename(tmp, path) != 0)
         e = errno;
-    if (!rc && !e && rename(tmp, path) != 0)
-        e = errno;
-    if (!rc && e)
-        rc = fail(err, errlen, TS_EIO, "cannot write PNG %s: %s", path, strerror(e));
-    if (rc)
+    if (e) {
         unlink(tmp);
-    return rc;
+        return fail(err, errlen, TS_EIO, "cannot write PNG %s: %s", path, strerror(e));
+    }
+    return TS_OK;
 }
 
-int ts_png_write_grid(const char *path, const float *images, int n, int C, int H, int W, int cols,
-                      int pad, char *err, size_t errlen) {
-    if (!path || !images)
-        return fail(err, errlen, TS_EINVAL, "ts_png_write_grid: path or images is NULL");
+/* Checks the arguments of a grid writer (fn names it in the messages), then composes the grid
+ * into *pix (malloc'ed, (*height, *width, C)), which the caller frees. */
+static int make_grid(const char *fn, const float *images, int n, int C, int H, int W, int cols,
+                     int pad, uint8_t **pix, int *width_out, int *height_out, char *err,
+                     size_t errlen) {
     if (n < 1 || H < 1 || W < 1 || cols < 0 || pad < 0)
         return fail(err, errlen, TS_EINVAL,
-                    "ts_png_write_grid: bad sizes n=%d H=%d W=%d cols=%d pad=%d (need n, H, W ≥ 1, "
-                    "cols, pad ≥ 0)",
-                    n, H, W, cols, pad);
+                    "%s: bad sizes n=%d H=%d W=%d cols=%d pad=%d (need n, H, W ≥ 1, cols, pad ≥ 0)",
+                    fn, n, H, W, cols, pad);
     if (C != 1 && C != 3)
         return fail(err, errlen, TS_EINVAL,
-                    "ts_png_write_grid: %d channels; only 1 (grey) or 3 (RGB) can be written", C);
+                    "%s: %d channels; only 1 (grey) or 3 (RGB) can be written", fn, C);
     if (cols == 0)
         cols = default_cols(n);
     int rows = (n + cols - 1) / cols;
@@ -182,15 +217,61 @@ int ts_png_write_grid(const char *path, const float *images, int n, int C, int H
                     "a %d×%d grid of %d×%d tiles with padding %d is %lld×%lld pixels, more than "
                     "%d on a side",
                     rows, cols, H, W, pad, (long long)height, (long long)width, TS_PNG_MAX_SIDE);
-
-    uint8_t *pix = malloc((size_t)width * (size_t)height * (size_t)C);
-    if (!pix)
+    *pix = malloc((size_t)width * (size_t)height * (size_t)C);
+    if (!*pix)
         return fail(err, errlen, TS_ENOMEM, "out of memory for a %lld×%lld PNG", (long long)width,
                     (long long)height);
-    compose_grid(pix, (int)width, (int)height, images, n, C, H, W, cols, pad);
-    int rc = write_atomic(path, pix, (int)width, (int)height, C, err, errlen);
+    compose_grid(*pix, (int)width, (int)height, images, n, C, H, W, cols, pad);
+    *width_out = (int)width;
+    *height_out = (int)height;
+    return TS_OK;
+}
+
+/* make_grid, then encode_png into *mem (which the caller frees, also on failure). */
+static int encode_grid(const char *fn, const float *images, int n, int C, int H, int W, int cols,
+                       int pad, png_mem_t *mem, char *err, size_t errlen) {
+    uint8_t *pix = NULL;
+    int width = 0, height = 0;
+    int rc = make_grid(fn, images, n, C, H, W, cols, pad, &pix, &width, &height, err, errlen);
+    if (rc)
+        return rc;
+    png_ctx_t ctx = {0, {0}};
+    rc = encode_png(pix, width, height, C, mem, &ctx);
     free(pix);
+    if (rc)
+        fail(err, errlen, rc, "%s: cannot encode the PNG: libpng: %s", fn, ctx.msg);
     return rc;
+}
+
+int ts_png_write_grid(const char *path, const float *images, int n, int C, int H, int W, int cols,
+                      int pad, char *err, size_t errlen) {
+    if (!path || !images)
+        return fail(err, errlen, TS_EINVAL, "ts_png_write_grid: path or images is NULL");
+    png_mem_t mem = {NULL, 0, 0};
+    int rc = encode_grid("ts_png_write_grid", images, n, C, H, W, cols, pad, &mem, err, errlen);
+    if (!rc)
+        rc = write_atomic(path, mem.buf, mem.len, err, errlen);
+    free(mem.buf);
+    return rc;
+}
+
+int ts_png_encode_grid(const float *images, int n, int C, int H, int W, int cols, int pad,
+                       unsigned char **buf, size_t *len, char *err, size_t errlen) {
+    if (buf)
+        *buf = NULL;
+    if (len)
+        *len = 0;
+    if (!images || !buf || !len)
+        return fail(err, errlen, TS_EINVAL, "ts_png_encode_grid: images, buf or len is NULL");
+    png_mem_t mem = {NULL, 0, 0};
+    int rc = encode_grid("ts_png_encode_grid", images, n, C, H, W, cols, pad, &mem, err, errlen);
+    if (rc) {
+        free(mem.buf);
+        return rc;
+    }
+    *buf = mem.buf;
+    *len = mem.len;
+    return TS_OK;
 }
 
 /* ---- reading --------------------------------------------------------------------------- */

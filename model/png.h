@@ -13,6 +13,8 @@
  *     TS_PNG_BACKGROUND = 128 in every channel, so tile edges stay visible on both dark
  *     Fashion-MNIST backgrounds and light images.
  *
+ * ts_png_encode_grid gives the same bytes in memory (for embedding, e.g. in an HTML report).
+ *
  * What it is not: a general image library. It writes 8-bit grey or RGB and reads 8-bit (after
  * libpng's expansions) grey or RGB.
  *
@@ -44,6 +46,13 @@ uint8_t ts_png_to_byte(float v);
  * than TS_PNG_MAX_SIDE), TS_EIO (cannot create, write or rename; a libpng error), TS_ENOMEM. */
 int ts_png_write_grid(const char *path, const float *images, int n, int C, int H, int W, int cols,
                       int pad, char *err, size_t errlen);
+
+/* The same grid as ts_png_write_grid (same arguments and conventions, same encoder), encoded in
+ * memory: on success *buf is a malloc'ed PNG of *len bytes that the caller frees; on failure *buf
+ * is NULL and *len 0. Errors: as ts_png_write_grid, without the file ones (TS_EIO only for a
+ * libpng error). */
+int ts_png_encode_grid(const float *images, int n, int C, int H, int W, int cols, int pad,
+                       unsigned char **buf, size_t *len, char *err, size_t errlen);
 
 /* Reads a PNG as 8-bit grey: grey stays as is, RGB becomes grey by libpng's default weights
  * (a pixel with r = g = b keeps that value exactly), alpha is dropped, palettes and depths below

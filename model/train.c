@@ -35,8 +35,22 @@ static uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-static uint64_t stream_key(uint64_t seed, uint64_t purpose) {
+uint64_t ts_stream_key(uint64_t seed, uint64_t purpose) {
     return mix64(seed + 0x9e3779b97f4a7c15ull * (purpose + 1));
+}
+
+void ts_epoch_permutation(uint64_t key, int64_t epoch, int n, int32_t *perm) {
+    uint64_t k0 = mix64(key ^ (uint64_t)epoch);
+    for (int i = 0; i < n; i++)
+        perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        uint64_t k = (uint64_t)(n - 1 - i);
+        ts_u32x4_t w = ts_rng_block(k0, k >> 2);
+        int j = (int)(((uint64_t)w.v[k & 3] * (uint64_t)(i + 1)) >> 32);
+        int32_t tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
 }
 
 void ts_train_config_default(ts_train_config_t *c) {
@@ -131,23 +145,11 @@ void ts_trainer_free(ts_trainer_t *tr) {
     memset(tr, 0, sizeof *tr);
 }
 
-/* Makes tr->perm the order of epoch ep: Fisher–Yates, j = ⌊word · (i + 1) / 2³²⌋. */
+/* Makes tr->perm the order of epoch ep. */
 static void ensure_perm(ts_trainer_t *tr, int64_t ep) {
     if (tr->perm_epoch == ep)
         return;
-    int n = tr->data->n;
-    uint64_t key = mix64(stream_key(tr->cfg.seed, STREAM_PERM) ^ (uint64_t)ep);
-    for (int i = 0; i < n; i++)
-        tr->perm[i] = i;
-    for (int i = n - 1; i > 0; i--) {
-        uint64_t k = (uint64_t)(n - 1 - i);
-        ts_u32x4_t w = ts_rng_block(key, k >> 2);
-        uint32_t word = w.v[k & 3];
-        int j = (int)(((uint64_t)word * (uint64_t)(i + 1)) >> 32);
-        int32_t tmp = tr->perm[i];
-        tr->perm[i] = tr->perm[j];
-        tr->perm[j] = tmp;
-    }
+    ts_epoch_permutation(ts_stream_key(tr->cfg.seed, STREAM_PERM), ep, tr->data->n, tr->perm);
     tr->perm_epoch = ep;
 }
 
@@ -157,8 +159,8 @@ static void draw_batch(ts_trainer_t *tr, int64_t s) {
     const ts_dit_config_t *c = &tr->model->cfg;
     int B = tr->cfg.batch;
     int64_t chw = (int64_t)d->channels * d->height * d->width;
-    uint64_t tkey = stream_key(tr->cfg.seed, STREAM_TIME);
-    uint64_t dkey = stream_key(tr->cfg.seed, STREAM_DROP);
+    uint64_t tkey = ts_stream_key(tr->cfg.seed, STREAM_TIME);
+    uint64_t dkey = ts_stream_key(tr->cfg.seed, STREAM_DROP);
     for (int i = 0; i < B; i++) {
         int64_t g = s * B + i;
         ensure_perm(tr, g / d->n);
@@ -188,7 +190,7 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
     TRY(ts_tensor_wrap(&host, tr->t_host, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
     TRY(ts_tensor_copy(&tr->t, &host));
     uint64_t noise_off = (uint64_t)s * (uint64_t)ts_tensor_numel(&tr->eps);
-    TRY(ts_rng_normal(e, &tr->eps, stream_key(tr->cfg.seed, STREAM_NOISE), noise_off));
+    TRY(ts_rng_normal(e, &tr->eps, ts_stream_key(tr->cfg.seed, STREAM_NOISE), noise_off));
     TRY(ts_flow_interp(e, &tr->xt, &tr->target, &tr->x0, &tr->eps, &tr->t));
 
     /* forward, loss, backward */

@@ -39,6 +39,14 @@ typedef struct ts_train_config {
     uint64_t seed;
 } ts_train_config_t;
 
+/* A well-mixed stream key for one purpose (noise, times, data order, ...) of a run's seed:
+ * SplitMix64's finaliser of seed + φ·(purpose + 1). Purposes are small integers each trainer
+ * keeps distinct. */
+uint64_t ts_stream_key(uint64_t seed, uint64_t purpose);
+/* perm (n) = the order of epoch `epoch` of the stream `key`: Fisher–Yates over the Philox words
+ * of key ⊕ epoch (mixed), j = ⌊word · (i + 1) / 2³²⌋. A pure function of (key, epoch, n). */
+void ts_epoch_permutation(uint64_t key, int64_t epoch, int n, int32_t *perm);
+
 /* The defaults: batch 64, lr 3e-4, warmup 200, wd 0, betas (0.9, 0.999), eps 1e-8, clip 1,
  * EMA 0.999, label dropout 0.1, uniform t, seed 0. */
 void ts_train_config_default(ts_train_config_t *c);

@@ -844,6 +844,52 @@ static void test_rng(void **state) {
     pair_free(&out);
 }
 
+/* ---- classification -------------------------------------------------------------------- */
+
+static void xent_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t K, float range) {
+    char what[96];
+    pair_t z, y, loss, dz;
+    pair_rand(&z, r, -range, range, 2, TS_SHAPE(B, K));
+    pair_rand(&dz, r, -1.0f, 1.0f, 2, TS_SHAPE(B, K));
+    pair_zeros(&loss, 1, TS_SHAPE(1));
+    pair_alloc(&y, TS_I32, 1, TS_SHAPE(B));
+    for (int64_t b = 0; b < B; b++)
+        ((int32_t *)y.t[0].data)[b] = (int32_t)(tu_rng_next(r) % (uint64_t)K);
+    pair_upload(&y);
+    BOTH(ts_cross_entropy_forward(E, ON(loss), ON(z), ON(y)));
+    snprintf(what, sizeof what, "cross_entropy_forward (%lld,%lld)", (long long)B, (long long)K);
+    expect_close(fx, what, &loss);
+    BOTH(ts_cross_entropy_backward(E, ON(dz), 0.7f, ON(z), ON(y)));
+    snprintf(what, sizeof what, "cross_entropy_backward (%lld,%lld)", (long long)B, (long long)K);
+    expect_close(fx, what, &dz);
+    pair_free(&z);
+    pair_free(&y);
+    pair_free(&loss);
+    pair_free(&dz);
+}
+
+static void test_classification(void **state) {
+    fixture_t *fx = *state;
+    tu_rng_t r = {16};
+    xent_case(fx, &r, 64, 10, 5.0f);
+    xent_case(fx, &r, 4099, 8, 500.0f); /* more rows than a block; huge logits */
+    xent_case(fx, &r, 3, 1001, 2.0f);
+
+    pair_t x, out, dout, dx;
+    pair_rand(&x, &r, -1.0f, 1.0f, 3, TS_SHAPE(B_, T_, C_));
+    pair_zeros(&out, 2, TS_SHAPE(B_, C_));
+    pair_rand(&dout, &r, -1.0f, 1.0f, 2, TS_SHAPE(B_, C_));
+    pair_rand(&dx, &r, -1.0f, 1.0f, 3, TS_SHAPE(B_, T_, C_));
+    BOTH(ts_mean_tokens_forward(E, ON(out), ON(x)));
+    expect_close(fx, "mean_tokens_forward", &out);
+    BOTH(ts_mean_tokens_backward(E, ON(dx), ON(dout)));
+    expect_close(fx, "mean_tokens_backward", &dx);
+    pair_free(&x);
+    pair_free(&out);
+    pair_free(&dout);
+    pair_free(&dx);
+}
+
 int main(void) {
     char why[256] = "";
     if (ts_cuda_device_count(why, sizeof why) == 0) {
@@ -859,6 +905,7 @@ int main(void) {
         cmocka_unit_test(test_embeddings),  cmocka_unit_test(test_patches),
         cmocka_unit_test(test_reductions),  cmocka_unit_test(test_flow_interp),
         cmocka_unit_test(test_optimiser),   cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_classification),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -778,6 +778,64 @@ static void test_reductions_backward(void **state) {
     }
 }
 
+/* ---- classification -------------------------------------------------------------------- */
+
+static int xent_fwd(grad_case_t *c) {
+    return ts_cross_entropy_forward(c->e, c->out, c->in[0], (const ts_tensor_t *)c->op);
+}
+
+static int xent_bwd(grad_case_t *c) {
+    return ts_cross_entropy_backward(c->e, c->grad[0], tu_f32(c->dout)[0], c->in[0],
+                                     (const ts_tensor_t *)c->op);
+}
+
+static int mean_tokens_fwd(grad_case_t *c) {
+    return ts_mean_tokens_forward(c->e, c->out, c->in[0]);
+}
+
+static int mean_tokens_bwd(grad_case_t *c) {
+    return ts_mean_tokens_backward(c->e, c->grad[0], c->dout);
+}
+
+static void test_cross_entropy_mean_tokens_backward(void **state) {
+    ts_engine_t *e = *state;
+    static const int64_t sizes[][2] = {{1, 1}, {1, 4}, {5, 10}, {9, 3}};
+    tu_rng_t r = {44};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int64_t B = sizes[s][0], K = sizes[s][1];
+        ts_tensor_t z, y, out, dout, dz;
+        tu_alloc_f32(&z, 2, TS_SHAPE(B, K));
+        tu_alloc_like(&dz, &z);
+        tu_alloc_f32(&out, 1, TS_SHAPE(1));
+        tu_alloc_f32(&dout, 1, TS_SHAPE(1));
+        assert_int_equal(ts_tensor_alloc(&y, TS_I32, TS_CPU, 1, TS_SHAPE(B)), TS_OK);
+        tu_fill_uniform(&r, &z, -3, 3);
+        for (int64_t b = 0; b < B; b++)
+            ((int32_t *)y.data)[b] = (int32_t)(tu_rng_next(&r) % (uint64_t)K);
+        tu_f32(&dout)[0] = 1.3f;
+        grad_case_t c = grad_case(e, xent_fwd, xent_bwd, &y, &out, &dout, nonlinear(1e-3));
+        add_input(&c, "logits", &z, &dz);
+        run_grad_case(&c, "cross_entropy_backward B=%lld K=%lld", (long long)B, (long long)K);
+        TU_FREE_TENSORS(&z, &y, &out, &dout, &dz);
+    }
+    static const int64_t shapes[][3] = {{1, 1, 1}, {2, 5, 3}, {3, 16, 8}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t B = shapes[s][0], T = shapes[s][1], C = shapes[s][2];
+        ts_tensor_t x, out, dout, dx;
+        tu_alloc_f32(&x, 3, TS_SHAPE(B, T, C));
+        tu_alloc_like(&dx, &x);
+        tu_alloc_f32(&out, 2, TS_SHAPE(B, C));
+        tu_alloc_like(&dout, &out);
+        tu_fill_uniform(&r, &x, -1, 1);
+        tu_fill_uniform(&r, &dout, -1, 1);
+        grad_case_t c = grad_case(e, mean_tokens_fwd, mean_tokens_bwd, NULL, &out, &dout, LINEAR);
+        add_input(&c, "x", &x, &dx);
+        run_grad_case(&c, "mean_tokens_backward B=%lld T=%lld C=%lld", (long long)B, (long long)T,
+                      (long long)C);
+        TU_FREE_TENSORS(&x, &out, &dout, &dx);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear_backward),
@@ -794,6 +852,7 @@ int main(void) {
         cmocka_unit_test(test_embedding_backward),
         cmocka_unit_test(test_patchify_unpatchify_backward),
         cmocka_unit_test(test_reductions_backward),
+        cmocka_unit_test(test_cross_entropy_mean_tokens_backward),
     };
     return cmocka_run_group_tests_name("ops_backward", tests, tu_setup_cpu_engine,
                                        tu_teardown_cpu_engine);

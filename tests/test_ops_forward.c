@@ -808,6 +808,90 @@ static void test_gather_scatter_rows(void **state) {
     TU_FREE_TENSORS(&inp, &got, &acc, &w, &idx);
 }
 
+/* ---- classification: cross-entropy and the mean over tokens ----------------------------- */
+
+/* −log softmax(z)[y] per row, in double, averaged over the rows. */
+static double naive_cross_entropy(const float *z, const int32_t *y, int64_t B, int64_t K) {
+    double total = 0.0;
+    for (int64_t b = 0; b < B; b++) {
+        double mx = z[b * K];
+        for (int64_t k = 1; k < K; k++)
+            mx = fmax(mx, (double)z[b * K + k]);
+        double s = 0.0;
+        for (int64_t k = 0; k < K; k++)
+            s += exp((double)z[b * K + k] - mx);
+        total += log(s) + mx - (double)z[b * K + y[b]];
+    }
+    return total / (double)B;
+}
+
+static void test_cross_entropy_mean_tokens(void **state) {
+    ts_engine_t *e = *state;
+    /* (B, K, logit range): one class, the 10 labels, few classes with huge logits (stability) */
+    static const struct {
+        int64_t B, K;
+        float range;
+    } cases[] = {{1, 1, 1}, {7, 10, 4}, {33, 3, 1000}, {64, 8, 20}};
+    tu_rng_t r = {43};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t B = cases[c].B, K = cases[c].K;
+        ts_tensor_t z, y, loss;
+        tu_alloc_f32(&z, 2, TS_SHAPE(B, K));
+        tu_alloc_f32(&loss, 1, TS_SHAPE(1));
+        assert_int_equal(ts_tensor_alloc(&y, TS_I32, TS_CPU, 1, TS_SHAPE(B)), TS_OK);
+        tu_fill_uniform(&r, &z, -cases[c].range, cases[c].range);
+        for (int64_t b = 0; b < B; b++)
+            ((int32_t *)y.data)[b] = (int32_t)(tu_rng_next(&r) % (uint64_t)K);
+        TU_CHECK_OK(ts_cross_entropy_forward(e, &loss, &z, &y));
+        double ref = naive_cross_entropy(tu_f32(&z), y.data, B, K);
+        tu_check_scalar(tu_f32(&loss)[0], ref, 1e-5 * fabs(ref) + 2e-6,
+                        "cross_entropy B=%lld K=%lld range %g", (long long)B, (long long)K,
+                        (double)cases[c].range);
+        assert_true(isfinite(tu_f32(&loss)[0]) && tu_f32(&loss)[0] >= 0.0f);
+        /* a label out of range is refused before anything is written */
+        tu_f32(&loss)[0] = 42.0f;
+        ((int32_t *)y.data)[B - 1] = (int32_t)K;
+        assert_int_equal(ts_cross_entropy_forward(e, &loss, &z, &y), TS_ERANGE);
+        ((int32_t *)y.data)[B - 1] = -1;
+        assert_int_equal(ts_cross_entropy_forward(e, &loss, &z, &y), TS_ERANGE);
+        assert_true(tu_f32(&loss)[0] == 42.0f);
+        TU_FREE_TENSORS(&z, &y, &loss);
+    }
+    /* a confident right answer costs ~0, a confident wrong one ~the logit gap */
+    ts_tensor_t z, y, loss;
+    tu_alloc_f32(&z, 2, TS_SHAPE(2, 3));
+    tu_alloc_f32(&loss, 1, TS_SHAPE(1));
+    assert_int_equal(ts_tensor_alloc(&y, TS_I32, TS_CPU, 1, TS_SHAPE(2)), TS_OK);
+    float zv[6] = {50, 0, 0, 0, 50, 0};
+    memcpy(z.data, zv, sizeof zv);
+    ((int32_t *)y.data)[0] = 0, ((int32_t *)y.data)[1] = 0;
+    TU_CHECK_OK(ts_cross_entropy_forward(e, &loss, &z, &y));
+    tu_check_scalar(tu_f32(&loss)[0], 25.0, 1e-4, "cross_entropy (right + wrong by 50) / 2");
+    TU_FREE_TENSORS(&z, &y, &loss);
+
+    static const int64_t shapes[][3] = {{1, 1, 1}, {3, 49, 16}, {2, 5, 7}, {5, 16, 128}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int64_t B = shapes[c][0], T = shapes[c][1], C = shapes[c][2];
+        ts_tensor_t x, out;
+        tu_alloc_f32(&x, 3, TS_SHAPE(B, T, C));
+        tu_alloc_f32(&out, 2, TS_SHAPE(B, C));
+        tu_fill_uniform(&r, &x, -1, 1);
+        TU_CHECK_OK(ts_mean_tokens_forward(e, &out, &x));
+        float *want = tu_floats(B * C);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t ch = 0; ch < C; ch++) {
+                double s = 0.0;
+                for (int64_t t = 0; t < T; t++)
+                    s += tu_f32(&x)[(b * T + t) * C + ch];
+                want[b * C + ch] = (float)(s / (double)T);
+            }
+        tu_check_close(tu_f32(&out), want, B * C, 1e-6, 1e-6, "mean_tokens B=%lld T=%lld C=%lld",
+                       (long long)B, (long long)T, (long long)C);
+        free(want);
+        TU_FREE_TENSORS(&x, &out);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),
@@ -833,6 +917,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_decay_only),
         cmocka_unit_test(test_ema),
         cmocka_unit_test(test_gather_scatter_rows),
+        cmocka_unit_test(test_cross_entropy_mean_tokens),
     };
     return cmocka_run_group_tests_name("ops_forward", tests, tu_setup_cpu_engine,
                                        tu_teardown_cpu_engine);

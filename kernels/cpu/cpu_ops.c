@@ -846,6 +846,77 @@ int ts_cpu_mse_backward(ts_engine_t *e, float *dpred, float dloss, const float *
     return TS_OK;
 }
 
+/* ---- classification -------------------------------------------------------------------- */
+
+typedef struct {
+    float *d;
+    const float *z;
+    const int32_t *labels;
+    int64_t K, T, C;
+    float scale;
+} xent_t;
+
+static double xent_block(const void *arg, int64_t lo, int64_t hi) {
+    const xent_t *j = arg;
+    double s = 0.0;
+    for (int64_t b = lo; b < hi; b++)
+        s += ts_xent_row(j->z + b * j->K, j->K, j->labels[b]);
+    return s;
+}
+
+int ts_cpu_cross_entropy_forward(ts_engine_t *e, float *loss, const float *logits,
+                                 const int32_t *labels, int64_t B, int64_t K) {
+    xent_t j = {.z = logits, .labels = labels, .K = K};
+    loss[0] = (float)(reduce_blocked(e, B, xent_block, &j) / (double)B);
+    return TS_OK;
+}
+
+static void xent_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    xent_t *j = arg;
+    for (int64_t b = lo; b < hi; b++)
+        ts_xent_grad_row(j->d + b * j->K, j->z + b * j->K, j->K, j->labels[b], j->scale);
+}
+
+int ts_cpu_cross_entropy_backward(ts_engine_t *e, float *dlogits, float scale, const float *logits,
+                                  const int32_t *labels, int64_t B, int64_t K) {
+    xent_t j = {.d = dlogits, .z = logits, .labels = labels, .K = K, .scale = scale};
+    parallel(e, B, 1 + GRAIN_ELEMS / (4 * K), xent_bwd_range, &j);
+    return TS_OK;
+}
+
+/* rows are samples: out (B, C) from x (B, T, C) */
+static void mean_tokens_range(void *arg, int64_t lo, int64_t hi) {
+    xent_t *j = arg;
+    for (int64_t b = lo; b < hi; b++)
+        for (int64_t c = 0; c < j->C; c++)
+            j->d[b * j->C + c] = ts_mean_tokens_elem(j->z + b * j->T * j->C + c, j->T, j->C);
+}
+
+int ts_cpu_mean_tokens_forward(ts_engine_t *e, float *out, const float *x, int64_t B, int64_t T,
+                               int64_t C) {
+    xent_t j = {.d = out, .z = x, .T = T, .C = C};
+    parallel(e, B, 1 + GRAIN_ELEMS / (T * C), mean_tokens_range, &j);
+    return TS_OK;
+}
+
+/* rows are (sample, token) pairs: dx (B·T, C) += dout (B, C) / T */
+static void mean_tokens_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    xent_t *j = arg;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *g = j->z + (r / j->T) * j->C;
+        float *d = j->d + r * j->C;
+        for (int64_t c = 0; c < j->C; c++)
+            d[c] += g[c] / (float)j->T;
+    }
+}
+
+int ts_cpu_mean_tokens_backward(ts_engine_t *e, float *dx, const float *dout, int64_t B, int64_t T,
+                                int64_t C) {
+    xent_t j = {.d = dx, .z = dout, .T = T, .C = C};
+    parallel(e, B * T, 1 + GRAIN_ELEMS / C, mean_tokens_bwd_range, &j);
+    return TS_OK;
+}
+
 /* ---- row gather / scatter ------------------------------------------------------------- */
 
 int ts_cpu_gather_rows(ts_engine_t *e, float *out, const float *inp, const int32_t *idx,

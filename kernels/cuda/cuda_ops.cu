@@ -913,6 +913,57 @@ int ts_cuda_mse_backward(ts_engine_t *e, float *dpred, float dloss, const float 
     return launch_n(e, n, k_mse_backward, dpred, k, pred, target, n);
 }
 
+/* ---- classification -------------------------------------------------------------------- */
+/* K (classes) is small, so one thread handles one row, with math.h's row formulas: the same
+ * bits per row as the CPU; only the forward's sum over rows is added in another order. */
+
+struct ts_term_xent {
+    const float *z;
+    const int32_t *labels;
+    int64_t K;
+    __device__ double operator()(int64_t b) const {
+        return (double)ts_xent_row(z + b * K, K, labels[b]);
+    }
+};
+
+static __global__ void k_xent_backward(float *dz, float scale, const float *z,
+                                       const int32_t *labels, int64_t B, int64_t K) {
+    TS_GRID_LOOP(b, B) ts_xent_grad_row(dz + b * K, z + b * K, K, labels[b], scale);
+}
+
+int ts_cuda_cross_entropy_forward(ts_engine_t *e, float *loss, const float *logits,
+                                  const int32_t *labels, int64_t B, int64_t K) {
+    return reduce_to_scalar(e, loss, B, ts_term_xent{logits, labels, K}, (double)B);
+}
+
+int ts_cuda_cross_entropy_backward(ts_engine_t *e, float *dlogits, float scale,
+                                   const float *logits, const int32_t *labels, int64_t B,
+                                   int64_t K) {
+    return launch_n(e, B, k_xent_backward, dlogits, scale, logits, labels, B, K);
+}
+
+/* out (B, C): one thread per (b, c), summing its T tokens in order */
+static __global__ void k_mean_tokens_forward(float *out, const float *x, int64_t B, int64_t T,
+                                             int64_t C) {
+    TS_GRID_LOOP(i, B * C) out[i] = ts_mean_tokens_elem(x + (i / C) * T * C + i % C, T, C);
+}
+
+/* dx (B, T, C) += dout[b, c] / T */
+static __global__ void k_mean_tokens_backward(float *dx, const float *dout, int64_t B, int64_t T,
+                                              int64_t C) {
+    TS_GRID_LOOP(i, B * T * C) dx[i] += dout[(i / (T * C)) * C + i % C] / (float)T;
+}
+
+int ts_cuda_mean_tokens_forward(ts_engine_t *e, float *out, const float *x, int64_t B, int64_t T,
+                                int64_t C) {
+    return launch_n(e, B * C, k_mean_tokens_forward, out, x, B, T, C);
+}
+
+int ts_cuda_mean_tokens_backward(ts_engine_t *e, float *dx, const float *dout, int64_t B,
+                                 int64_t T, int64_t C) {
+    return launch_n(e, B * T * C, k_mean_tokens_backward, dx, dout, B, T, C);
+}
+
 /* ---- flow matching --------------------------------------------------------------------- */
 
 /* xt, target, x0, eps (B, S), t (B): xt = ts_flow_xt(x0, eps, t_b), target = eps − x0 */

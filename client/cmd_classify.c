@@ -1,0 +1,458 @@
+/*
+ * cmd_classify.c — `tessera train-classifier` and `tessera train-router`: the two DiT-trunk
+ * classifiers of model/classifier.h, trained with cross-entropy.
+ *
+ *   train-classifier  clean Fashion-MNIST images → the 10 labels. At the end it reports the
+ *                     accuracy on the 10k test split (the issue asks ≥ 90 %); its features are
+ *                     the evaluation space of the Fréchet distance.
+ *   train-router      noisy x_t = (1 − t)·x0 + t·ε with t ~ U(0, 1) → the image's cluster in a
+ *                     partition (its assignment of the train set). At the end it reports the
+ *                     accuracy per t-bucket [0, 0.1), [0.1, 0.2), … on test images, each labelled
+ *                     with its nearest centroid (ts_partition_embed + ts_partition_nearest): high
+ *                     near t = 0, down to chance near t = 1, where x_t is almost pure noise.
+ *
+ * Both print the progress line of `tessera train` on stderr (rewritten in place on a terminal)
+ * and with --json one JSON object per log line and a summary on stdout. The trunk is a DiT
+ * preset (--model) whose sizes --hidden, --depth, --heads and --patch may override.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/args.h"
+#include "client/commands.h"
+#include "kernels/math.h"
+#include "model/classifier.h"
+#include "model/fmnist.h"
+#include "model/partition.h"
+
+#define N_BUCKETS 10
+#define EVAL_SEED 0x5eedull /* the router evaluation's noise: the same for every run */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    const char *prog, *fmnist_dir, *partition, *model, *out;
+    int64_t steps;
+    int batch, threads, warmup, log_every, json, eval_n;
+    int hidden, depth, heads, patch;
+    float lr, wd, clip;
+    uint64_t seed;
+} cls_opts_t;
+
+/* The trunk config: the preset, then any size overrides, then the data's image shape. */
+static int trunk_config(const cls_opts_t *o, const ts_dataset_t *ds, ts_dit_config_t *cfg,
+                        char *err, size_t errlen) {
+    if (ts_dit_config_preset(o->model, cfg) != TS_OK) {
+        snprintf(err, errlen, "unknown model '%s' (tiny, small, S/2 … XL/8)", o->model);
+        return TS_EINVAL;
+    }
+    if (o->hidden)
+        cfg->hidden_size = o->hidden;
+    if (o->depth)
+        cfg->depth = o->depth;
+    if (o->heads)
+        cfg->num_heads = o->heads;
+    if (o->patch)
+        cfg->patch_size = o->patch;
+    cfg->in_channels = ds->channels, cfg->input_size = ds->height;
+    int rc = ts_dit_config_check(cfg);
+    if (rc != TS_OK)
+        snprintf(err, errlen,
+                 "the trunk (hidden %d, depth %d, heads %d, patch %d on %d×%d images) "
+                 "is not a valid DiT: hidden must divide by heads and by 4, the image "
+                 "by the patch",
+                 cfg->hidden_size, cfg->depth, cfg->num_heads, cfg->patch_size, cfg->input_size,
+                 cfg->input_size);
+    return rc;
+}
+
+/* Trains c for o->steps steps on (ds, targets), printing progress. */
+static int train_loop(const cls_opts_t *o, ts_classifier_t *c, const ts_dataset_t *ds,
+                      const int32_t *targets, double *secs) {
+    ts_classifier_train_config_t tc;
+    ts_classifier_train_config_default(&tc);
+    tc.batch = o->batch, tc.lr = o->lr, tc.warmup = o->warmup, tc.weight_decay = o->wd;
+    tc.grad_clip = o->clip, tc.seed = o->seed, tc.total_steps = o->steps;
+    ts_classifier_trainer_t *tr = NULL;
+    int rc = ts_classifier_trainer_init(&tr, c, ds, targets, &tc);
+    if (rc != TS_OK) {
+        fprintf(stderr, "%s: cannot start training (batch %d, %d images): %s\n", o->prog, o->batch,
+                ds->n, ts_strerror(rc));
+        return rc;
+    }
+    int tty = isatty(STDERR_FILENO);
+    double t0 = now_s(), t_log = t0;
+    int64_t at_log = 0;
+    float loss = NAN, acc = NAN, norm = NAN, avg = NAN, avg_acc = NAN;
+    for (int64_t s = 0; s < o->steps; s++) {
+        rc = ts_classifier_trainer_step(tr, &loss, &acc, &norm);
+        if (rc != TS_OK) {
+            fprintf(stderr, "\n%s: step %lld failed: %s (loss %g, grad norm %g)\n", o->prog,
+                    (long long)s + 1, ts_strerror(rc), loss, norm);
+            break;
+        }
+        avg = isnan(avg) ? loss : 0.98f * avg + 0.02f * loss;
+        avg_acc = isnan(avg_acc) ? acc : 0.98f * avg_acc + 0.02f * acc;
+        int64_t done = s + 1;
+        if (done % o->log_every == 0 || done == o->steps) {
+            double t = now_s();
+            double sps = (double)(done - at_log) * o->batch / (t - t_log + 1e-9);
+            double eta = (double)(o->steps - done) * o->batch / (sps + 1e-9);
+            fprintf(stderr,
+                    "%sstep %lld/%lld  loss %.4f (avg %.4f)  acc %.3f (avg %.3f)  |g| %.3f  "
+                    "lr %.2e  %.0f samples/s  ETA %dm%02ds%s",
+                    tty ? "\r" : "", (long long)done, (long long)o->steps, loss, avg, acc, avg_acc,
+                    norm, ts_classifier_lr(&tc, s), sps, (int)eta / 60, (int)eta % 60,
+                    tty ? "   " : "\n");
+            if (o->json)
+                printf("{\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"acc_avg\":%.4f,"
+                       "\"grad_norm\":%.4f,\"samples_per_s\":%.1f}\n",
+                       (long long)done, loss, avg, avg_acc, norm, sps);
+            t_log = t, at_log = done;
+        }
+    }
+    if (tty)
+        fprintf(stderr, "\n");
+    *secs = now_s() - t0;
+    ts_classifier_trainer_free(tr);
+    return rc;
+}
+
+static int argmax(const float *z, int K) {
+    int best = 0;
+    for (int k = 1; k < K; k++)
+        best = z[k] > z[best] ? k : best;
+    return best;
+}
+
+/* Evaluation buffers for batches of up to B images of ds's shape. */
+typedef struct {
+    ts_tensor_t x0, eps, xt, vel, t;
+    float *logits, *t_host;
+} eval_bufs_t;
+
+static void eval_free(eval_bufs_t *b) {
+    ts_tensor_t *all[] = {&b->x0, &b->eps, &b->xt, &b->vel, &b->t};
+    for (int i = 0; i < 5; i++)
+        ts_tensor_free(all[i]);
+    free(b->logits);
+    free(b->t_host);
+}
+
+static int eval_init(eval_bufs_t *b, const ts_engine_t *e, const ts_dataset_t *ds, int B, int K) {
+    memset(b, 0, sizeof *b);
+    const int64_t *shape = TS_SHAPE(B, ds->channels, ds->height, ds->width);
+    ts_tensor_t *imgs[] = {&b->x0, &b->eps, &b->xt, &b->vel};
+    int rc = TS_OK;
+    for (int i = 0; i < 4 && rc == TS_OK; i++)
+        rc = ts_tensor_alloc(imgs[i], TS_F32, e->device, 4, shape);
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&b->t, TS_F32, e->device, 1, TS_SHAPE(B));
+    b->logits = malloc((size_t)B * (size_t)K * sizeof(float));
+    b->t_host = malloc((size_t)B * sizeof(float));
+    if (rc == TS_OK && (!b->logits || !b->t_host))
+        rc = TS_ENOMEM;
+    if (rc != TS_OK) {
+        eval_free(b);
+        memset(b, 0, sizeof *b);
+    }
+    return rc;
+}
+
+/* Logits of images [lo, lo + n) of ds into b->logits: clean at t = 0, or, when bucket ≥ 0, as
+ * x_t with t uniform in [bucket/10, (bucket+1)/10) and ε from the fixed evaluation stream. */
+static int eval_batch(ts_classifier_t *c, ts_engine_t *e, eval_bufs_t *b, const ts_dataset_t *ds,
+                      int lo, int n, int bucket) {
+    int64_t chw = (int64_t)ds->channels * ds->height * ds->width;
+    ts_tensor_t host, x0, eps, xt, vel, t;
+    int rc = ts_tensor_slice(&x0, &b->x0, 0, n);
+    if (rc == TS_OK)
+        rc = ts_tensor_wrap(&host, ds->images + (int64_t)lo * chw, TS_F32, TS_CPU, 4, x0.shape);
+    if (rc == TS_OK)
+        rc = ts_tensor_copy(&x0, &host);
+    if (rc != TS_OK || bucket < 0)
+        return rc != TS_OK ? rc : ts_classifier_run(c, &x0, NULL, n, NULL, b->logits);
+    uint64_t key = EVAL_SEED + (uint64_t)bucket;
+    for (int i = 0; i < n; i++)
+        b->t_host[i] = ((float)bucket + ts_rng_uniform_at(key, (uint64_t)(lo + i))) / N_BUCKETS;
+    rc = ts_tensor_slice(&t, &b->t, 0, n);
+    if (rc == TS_OK)
+        rc = ts_tensor_wrap(&host, b->t_host, TS_F32, TS_CPU, 1, TS_SHAPE(n));
+    if (rc == TS_OK)
+        rc = ts_tensor_copy(&t, &host);
+    if (rc == TS_OK)
+        rc = ts_tensor_slice(&eps, &b->eps, 0, n);
+    if (rc == TS_OK)
+        rc = ts_rng_normal(e, &eps, key ^ 0xabcdefull, (uint64_t)lo * (uint64_t)chw);
+    if (rc == TS_OK)
+        rc = ts_tensor_slice(&xt, &b->xt, 0, n);
+    if (rc == TS_OK)
+        rc = ts_tensor_slice(&vel, &b->vel, 0, n);
+    if (rc == TS_OK)
+        rc = ts_flow_interp(e, &xt, &vel, &x0, &eps, &t);
+    if (rc == TS_OK)
+        rc = ts_classifier_run(c, &xt, &t, n, NULL, b->logits);
+    return rc;
+}
+
+/* Correct predictions over the first n images of ds against truth (clean, or noisy in bucket). */
+static int eval_accuracy(ts_classifier_t *c, ts_engine_t *e, const ts_dataset_t *ds,
+                         const int32_t *truth, int n, int B, int bucket, int *right) {
+    eval_bufs_t b;
+    int K = ts_classifier_num_outputs(c);
+    int rc = eval_init(&b, e, ds, B, K);
+    *right = 0;
+    for (int lo = 0; lo < n && rc == TS_OK; lo += B) {
+        int m = n - lo < B ? n - lo : B;
+        rc = eval_batch(c, e, &b, ds, lo, m, bucket);
+        for (int i = 0; rc == TS_OK && i < m; i++)
+            *right += argmax(b.logits + (int64_t)i * K, K) == truth[lo + i];
+    }
+    eval_free(&b);
+    return rc;
+}
+
+/* The options both verbs share, then the verb's own, parsed into o. */
+static int parse(cls_opts_t *o, int router, int argc, char **argv) {
+    /* clang-format off */
+    ts_arg_t common[] = {
+        {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"partition", TS_ARG_STRING, &o->partition, "DIR", "the partition (a folder with partition.safetensors, or the file)", 0, 0, 1},
+        {"model", TS_ARG_STRING, &o->model, "NAME", "trunk config: tiny, small, S/2, ... (default tiny)"},
+        {"hidden", TS_ARG_INT, &o->hidden, "N", "override the trunk's hidden size", 4, 8192},
+        {"depth", TS_ARG_INT, &o->depth, "N", "override the trunk's depth", 1, 256},
+        {"heads", TS_ARG_INT, &o->heads, "N", "override the trunk's attention heads", 1, 1024},
+        {"patch", TS_ARG_INT, &o->patch, "N", "override the trunk's patch size", 1, 64},
+        {"steps", TS_ARG_I64, &o->steps, "N", "optimisation steps (default 3000)", 1, 1e12},
+        {"batch", TS_ARG_INT, &o->batch, "B", "samples per step (default 64)", 1, 65536},
+        {"lr", TS_ARG_FLOAT, &o->lr, "X", "peak learning rate, cosine-decayed to 0 (default 1e-3)", 1e-9, 10},
+        {"warmup", TS_ARG_INT, &o->warmup, "N", "linear warm-up steps (default 200)", 0, 1e9},
+        {"weight-decay", TS_ARG_FLOAT, &o->wd, "X", "AdamW decoupled weight decay (default 0.05)", 0, 10},
+        {"grad-clip", TS_ARG_FLOAT, &o->clip, "X", "max gradient norm, 0 = off (default 1)", 0, 1e9},
+        {"seed", TS_ARG_U64, &o->seed, "S", "seed of every random draw (default 0)"},
+        {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"eval-n", TS_ARG_INT, &o->eval_n, "N", router ? "test images per t-bucket (default 2000)" : "test images evaluated (default all 10000)", 1, 1e9},
+        {"log-every", TS_ARG_INT, &o->log_every, "N", "progress line every N steps (default 100)", 1, 1e9},
+        {"json", TS_ARG_FLAG, &o->json, NULL, "JSON lines on stdout (progress and summary)"},
+        {"out", TS_ARG_STRING, &o->out, "FILE", "where to write the model (.safetensors)", 0, 0, 1},
+    };
+    /* clang-format on */
+    int n = (int)(sizeof common / sizeof common[0]);
+    if (!router) { /* no --partition */
+        memmove(&common[1], &common[2], (size_t)(n - 2) * sizeof common[0]);
+        n--;
+    }
+    int pr =
+        ts_args_parse(o->prog,
+                      router ? "Train a router: a DiT-trunk classifier of noisy x_t (t ~ U(0,1)) "
+                               "predicting the image's cluster in a partition."
+                             : "Train the evaluation classifier: a DiT trunk on clean "
+                               "Fashion-MNIST images predicting the 10 labels.",
+                      common, n, argc, argv);
+    return pr == 1 ? -1 : pr;
+}
+
+static void cls_defaults(cls_opts_t *o, const char *prog) {
+    memset(o, 0, sizeof *o);
+    ts_classifier_train_config_t tc;
+    ts_classifier_train_config_default(&tc);
+    o->prog = prog, o->fmnist_dir = TS_FMNIST_DEFAULT_DIR, o->model = "tiny", o->steps = 3000;
+    o->batch = tc.batch, o->lr = tc.lr, o->warmup = tc.warmup, o->wd = tc.weight_decay;
+    o->clip = tc.grad_clip, o->log_every = 100;
+}
+
+/* The data, the engine and a freshly initialised classifier: common to both verbs. */
+typedef struct {
+    ts_dataset_t train, test;
+    ts_engine_t eng;
+    ts_classifier_t *c;
+} cls_run_t;
+
+static void run_free(cls_run_t *r) {
+    ts_classifier_free(r->c);
+    ts_engine_free(&r->eng);
+    ts_dataset_free(&r->train);
+    ts_dataset_free(&r->test);
+}
+
+static int run_start(cls_run_t *r, const cls_opts_t *o, int K, int time_conditioned, char *err,
+                     size_t errlen) {
+    memset(r, 0, sizeof *r);
+    int rc = ts_fmnist_load(o->fmnist_dir, "train", &r->train, err, errlen);
+    if (rc == TS_OK)
+        rc = ts_fmnist_load(o->fmnist_dir, "test", &r->test, err, errlen);
+    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
+    if (rc == TS_OK && (rc = ts_engine_init(&r->eng, &eo)) != TS_OK)
+        snprintf(err, errlen, "cannot start the CPU engine");
+    ts_dit_config_t cfg;
+    if (rc == TS_OK)
+        rc = trunk_config(o, &r->train, &cfg, err, errlen);
+    if (rc == TS_OK && (rc = ts_classifier_create(&r->c, &cfg, K, time_conditioned, &r->eng,
+                                                  o->batch, 1)) != TS_OK)
+        snprintf(err, errlen, "cannot build the classifier");
+    if (rc == TS_OK && (rc = ts_classifier_init_weights(r->c, o->seed)) != TS_OK)
+        snprintf(err, errlen, "cannot initialise the classifier");
+    if (rc == TS_OK)
+        fprintf(stderr,
+                "%s: trunk hidden %d, depth %d, heads %d, patch %d; %d outputs; %d train "
+                "images, batch %d, %d steps, %d threads\n",
+                o->prog, cfg.hidden_size, cfg.depth, cfg.num_heads, cfg.patch_size, K, r->train.n,
+                o->batch, (int)o->steps, r->eng.threads);
+    return rc;
+}
+
+/* Records the run in the metadata and writes the file. */
+static int save_model(cls_run_t *r, const cls_opts_t *o, const char *acc_key, double acc, char *err,
+                      size_t errlen) {
+    char steps[32], accb[32];
+    snprintf(steps, sizeof steps, "%lld", (long long)o->steps);
+    snprintf(accb, sizeof accb, "%.4f", acc);
+    int rc = ts_classifier_set_meta(r->c, "train_steps", steps);
+    if (rc == TS_OK)
+        rc = ts_classifier_set_meta(r->c, acc_key, accb);
+    if (rc == TS_OK)
+        rc = ts_classifier_set_meta(r->c, "dataset", "fashion-mnist");
+    if (rc != TS_OK)
+        snprintf(err, errlen, "cannot set the metadata");
+    else
+        rc = ts_classifier_save(r->c, o->out, err, errlen);
+    return rc;
+}
+
+int ts_cmd_train_classifier(int argc, char **argv) {
+    cls_opts_t o;
+    cls_defaults(&o, "tessera train-classifier");
+    int pr = parse(&o, 0, argc, argv);
+    if (pr)
+        return pr < 0 ? 0 : 2;
+    char err[512] = "";
+    cls_run_t r;
+    double secs = 0;
+    int rc = run_start(&r, &o, TS_FMNIST_NUM_CLASSES, 0, err, sizeof err);
+    if (rc == TS_OK && (rc = train_loop(&o, r.c, &r.train, r.train.labels, &secs)) != TS_OK)
+        snprintf(err, sizeof err, "training failed");
+    int n = o.eval_n && o.eval_n < r.test.n ? o.eval_n : r.test.n, right = 0;
+    if (rc == TS_OK &&
+        (rc = eval_accuracy(r.c, &r.eng, &r.test, r.test.labels, n, o.batch, -1, &right)) != TS_OK)
+        snprintf(err, sizeof err, "evaluation on the test split failed");
+    double acc = n ? (double)right / n : 0.0;
+    if (rc == TS_OK)
+        rc = save_model(&r, &o, "test_accuracy", acc, err, sizeof err);
+    if (rc != TS_OK) {
+        fprintf(stderr, "%s: %s%s%s\n", o.prog, err, *err ? ": " : "", ts_strerror(rc));
+        run_free(&r);
+        return 1;
+    }
+    fprintf(stderr, "test accuracy %.2f %% (%d/%d) after %lld steps in %.1f s; classifier → %s\n",
+            100.0 * acc, right, n, (long long)o.steps, secs, o.out);
+    if (o.json)
+        printf("{\"done\":true,\"test_accuracy\":%.4f,\"test_n\":%d,\"steps\":%lld,"
+               "\"seconds\":%.1f,\"out\":\"%s\"}\n",
+               acc, n, (long long)o.steps, secs, o.out);
+    run_free(&r);
+    return 0;
+}
+
+/* --partition is a folder holding partition.safetensors, or the file itself. */
+static int load_partition(const char *where, ts_partition_t *p, char *err, size_t errlen) {
+    size_t len = strlen(where);
+    const char *ext = ".safetensors";
+    if (len >= strlen(ext) && strcmp(where + len - strlen(ext), ext) == 0)
+        return ts_partition_load(where, p, err, errlen);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/partition.safetensors", where);
+    return ts_partition_load(path, p, err, errlen);
+}
+
+int ts_cmd_train_router(int argc, char **argv) {
+    cls_opts_t o;
+    cls_defaults(&o, "tessera train-router");
+    o.eval_n = 2000;
+    int pr = parse(&o, 1, argc, argv);
+    if (pr)
+        return pr < 0 ? 0 : 2;
+    char err[512] = "";
+    ts_partition_t p;
+    memset(&p, 0, sizeof p);
+    cls_run_t r;
+    memset(&r, 0, sizeof r);
+    int32_t *truth = NULL;
+    float *emb = NULL;
+    double secs = 0;
+    int rc = load_partition(o.partition, &p, err, sizeof err);
+    if (rc == TS_OK)
+        rc = run_start(&r, &o, p.K, 1, err, sizeof err);
+    int64_t D = (int64_t)r.train.channels * r.train.height * r.train.width;
+    if (rc == TS_OK && (p.n != r.train.n || p.D != D)) {
+        snprintf(err, sizeof err,
+                 "partition %s covers %lld images of %d values, the train set has "
+                 "%d of %lld: partition the full train set",
+                 o.partition, (long long)p.n, p.D, r.train.n, (long long)D);
+        rc = TS_EINVAL;
+    }
+    if (rc == TS_OK && (rc = ts_classifier_set_meta(r.c, "partition_id", p.id)) != TS_OK)
+        snprintf(err, sizeof err, "cannot set the metadata");
+    if (rc == TS_OK && (rc = train_loop(&o, r.c, &r.train, p.assignment, &secs)) != TS_OK)
+        snprintf(err, sizeof err, "training failed");
+    /* held-out truth: each test image's nearest centroid */
+    int n = o.eval_n < r.test.n ? o.eval_n : r.test.n;
+    if (rc == TS_OK) {
+        truth = malloc((size_t)n * sizeof *truth);
+        emb = malloc((size_t)n * (size_t)p.k * sizeof *emb);
+        rc = (!truth || !emb) ? TS_ENOMEM : ts_partition_embed(&p, r.test.images, n, emb);
+        if (rc == TS_OK)
+            rc = ts_partition_nearest(&p, emb, n, truth, NULL);
+        if (rc != TS_OK)
+            snprintf(err, sizeof err, "cannot assign the test images to clusters");
+    }
+    double acc[N_BUCKETS] = {0}, mean = 0;
+    for (int j = 0; j < N_BUCKETS && rc == TS_OK; j++) {
+        int right = 0;
+        rc = eval_accuracy(r.c, &r.eng, &r.test, truth, n, o.batch, j, &right);
+        acc[j] = (double)right / n;
+        mean += acc[j] / N_BUCKETS;
+        if (rc != TS_OK)
+            snprintf(err, sizeof err, "evaluation failed");
+    }
+    if (rc == TS_OK)
+        rc = save_model(&r, &o, "eval_accuracy", mean, err, sizeof err);
+    if (rc != TS_OK) {
+        fprintf(stderr, "%s: %s%s%s\n", o.prog, err, *err ? ": " : "", ts_strerror(rc));
+    } else {
+        int largest = 0;
+        for (int k = 0; k < p.K; k++)
+            largest = p.sizes[k] > largest ? p.sizes[k] : largest;
+        printf("router accuracy by t on %d test images (nearest-centroid truth; chance: 1/K = "
+               "%.3f, largest cluster %.3f)\n",
+               n, 1.0 / p.K, (double)largest / (double)p.n);
+        printf("  t bucket       accuracy\n");
+        for (int j = 0; j < N_BUCKETS; j++)
+            printf("  [%.1f, %.1f)     %.3f\n", j / 10.0, (j + 1) / 10.0, acc[j]);
+        printf("  mean           %.3f\n", mean);
+        if (o.json) {
+            printf("{\"done\":true,\"partition_id\":\"%s\",\"steps\":%lld,\"seconds\":%.1f,"
+                   "\"bucket_accuracy\":[",
+                   p.id, (long long)o.steps, secs);
+            for (int j = 0; j < N_BUCKETS; j++)
+                printf("%s%.4f", j ? "," : "", acc[j]);
+            printf("],\"out\":\"%s\"}\n", o.out);
+        }
+        fprintf(stderr, "trained %lld steps in %.1f s; router → %s\n", (long long)o.steps, secs,
+                o.out);
+    }
+    free(truth);
+    free(emb);
+    run_free(&r);
+    ts_partition_free(&p);
+    return rc == TS_OK ? 0 : 1;
+}

@@ -1,0 +1,606 @@
+/*
+ * ensemble.c — a routed ensemble of local experts as one velocity function (model/ensemble.h).
+ *
+ * One evaluation, top to bottom (ts_ensemble_velocity):
+ *   1. scores (n, K) on the host, by the policy (score_learned / score_centroid / the confidence
+ *      pass, which already runs every expert);
+ *   2. ts_route_weights turns them into weights, sparse and renormalised per sample;
+ *   3. v = 0; for each expert k, the rows b with w[b, k] > 0, in increasing b, form one batch:
+ *      gathered into [x_b; x_b] with labels [y_b; ∅], one forward, guided as
+ *      v_k = s·v(y) + (1 − s)·v(∅) (the same operations in the same order as ts_dit_velocity, so
+ *      one expert with weight 1 gives its bits unchanged), then v[b] += w[b, k] · v_k[b];
+ *   4. the centroid policy keeps φ(x − t·v) for the next evaluation; the record keeps the weights.
+ * Experts are visited in index order and v starts at 0, so each sample's result is the same sum
+ * in the same order whatever the other samples in the batch are.
+ *
+ * Invariant: every buffer is sized at init for n samples; an evaluation allocates nothing except
+ * when it grows the record.
+ */
+#include "model/ensemble.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/dit_io.h"
+#include "model/safetensors.h"
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_ != TS_OK)                                                                          \
+            return rc_;                                                                            \
+    } while (0)
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+/* ---- a classifier as the router --------------------------------------------------------------- */
+
+int ts_classifier_router_init(ts_classifier_router_t *r, ts_classifier_t *c, ts_engine_t *e,
+                              int max_batch) {
+    if (!r || !c || !e || max_batch < 1)
+        return TS_EINVAL;
+    memset(r, 0, sizeof *r);
+    r->c = c;
+    r->eng = e;
+    r->max_batch = max_batch;
+    return ts_tensor_alloc(&r->t, TS_F32, e->device, 1, TS_SHAPE(max_batch));
+}
+
+void ts_classifier_router_free(ts_classifier_router_t *r) {
+    if (!r)
+        return;
+    ts_tensor_free(&r->t);
+    memset(r, 0, sizeof *r);
+}
+
+int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, int B, float *logits) {
+    ts_classifier_router_t *r = ctx;
+    if (!r || !r->c || B < 1 || B > r->max_batch)
+        return TS_EINVAL;
+    ts_tensor_t tb;
+    TRY(ts_tensor_slice(&tb, &r->t, 0, B));
+    TRY(ts_fill(r->eng, &tb, t));
+    return ts_classifier_run(r->c, x, &tb, B, NULL, logits);
+}
+
+/* ---- experts from files --------------------------------------------------------------------- */
+
+void ts_experts_free(ts_experts_t *x) {
+    if (!x)
+        return;
+    for (int k = 0; k < x->K; k++) {
+        if (x->models)
+            ts_dit_free(&x->models[k]);
+        if (x->paths)
+            free(x->paths[k]);
+        if (x->partition_id)
+            free(x->partition_id[k]);
+    }
+    free(x->models);
+    free(x->cluster);
+    free(x->paths);
+    free(x->partition_id);
+    memset(x, 0, sizeof *x);
+}
+
+/* Reads "cluster" as a non-negative decimal: 1 and *out when present and valid, 0 when absent,
+ * −1 when malformed. */
+static int meta_cluster(const ts_st_file_t *f, int *out) {
+    const char *s = ts_st_meta(f, "cluster");
+    if (!s)
+        return 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < 0 || v >= TS_ROUTE_MAX_EXPERTS)
+        return -1;
+    *out = (int)v;
+    return 1;
+}
+
+int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_t *e,
+                    int max_batch, char *err, size_t errlen) {
+    if (x)
+        memset(x, 0, sizeof *x);
+    if (!x || !paths || !e || n < 1 || n > TS_ROUTE_MAX_EXPERTS || max_batch < 1) {
+        ts_set_err(err, errlen, "ts_experts_open: invalid arguments (need 1..%d expert files)",
+                   TS_ROUTE_MAX_EXPERTS);
+        return TS_EINVAL;
+    }
+    x->models = calloc((size_t)n, sizeof *x->models);
+    x->cluster = calloc((size_t)n, sizeof *x->cluster);
+    x->paths = calloc((size_t)n, sizeof *x->paths);
+    x->partition_id = calloc((size_t)n, sizeof *x->partition_id);
+    if (!x->models || !x->cluster || !x->paths || !x->partition_id) {
+        ts_experts_free(x);
+        return TS_ENOMEM;
+    }
+    int rc = TS_OK, with_cluster = 0;
+    for (int i = 0; i < n && rc == TS_OK; i++) {
+        ts_st_file_t f;
+        x->K = i + 1; /* so a failure frees what was opened */
+        rc = ts_st_read(paths[i], &f, err, errlen);
+        if (rc)
+            break;
+        int c = -1, has = meta_cluster(&f, &c);
+        const char *pid = ts_st_meta(&f, "partition_id");
+        if (has < 0) {
+            ts_set_err(err, errlen, "'%s': metadata cluster '%s' is not an index 0..%d", paths[i],
+                       ts_st_meta(&f, "cluster"), TS_ROUTE_MAX_EXPERTS - 1);
+            rc = TS_ECORRUPT;
+        } else {
+            x->cluster[i] = has ? c : -1;
+            with_cluster += has;
+            x->paths[i] = dup_str(paths[i]);
+            x->partition_id[i] = pid && *pid ? dup_str(pid) : NULL;
+            if (!x->paths[i] || (pid && *pid && !x->partition_id[i]))
+                rc = TS_ENOMEM;
+        }
+        if (rc == TS_OK && (rc = ts_dit_open_file(&x->models[i], &f, e, max_batch, 0, err,
+                                                  errlen)) != TS_OK) {
+            char why[384];
+            snprintf(why, sizeof why, "%s", err ? err : "");
+            ts_set_err(err, errlen, "'%s': %s", paths[i], why);
+        }
+        ts_st_free(&f);
+        if (rc == TS_OK && i > 0) {
+            const ts_dit_config_t *a = &x->models[0].cfg, *b = &x->models[i].cfg;
+            if (a->input_size != b->input_size || a->in_channels != b->in_channels ||
+                a->num_classes != b->num_classes) {
+                ts_set_err(err, errlen,
+                           "'%s' makes %dx%dx%d images with %d classes but '%s' makes %dx%dx%d "
+                           "with %d: the experts of one ensemble must share the image config",
+                           paths[i], b->in_channels, b->input_size, b->input_size,
+                           b->num_classes, paths[0], a->in_channels, a->input_size,
+                           a->input_size, a->num_classes);
+                rc = TS_EINVAL;
+            }
+        }
+    }
+    if (rc == TS_OK && with_cluster != 0 && with_cluster != n) {
+        ts_set_err(err, errlen,
+                   "%d of the %d expert files have a metadata cluster and %d do not: either all "
+                   "name their cluster or none does (then file order is used)",
+                   with_cluster, n, n - with_cluster);
+        rc = TS_EINVAL;
+    }
+    if (rc == TS_OK && with_cluster == n) {
+        /* order by cluster: a permutation of 0..n−1 is required */
+        int where[TS_ROUTE_MAX_EXPERTS];
+        for (int k = 0; k < n; k++)
+            where[k] = -1;
+        for (int i = 0; i < n && rc == TS_OK; i++) {
+            int c = x->cluster[i];
+            if (c >= n) {
+                ts_set_err(err, errlen,
+                           "'%s' is expert of cluster %d but only %d experts are given (clusters "
+                           "must be 0..%d)",
+                           x->paths[i], c, n, n - 1);
+                rc = TS_EINVAL;
+            } else if (where[c] >= 0) {
+                ts_set_err(err, errlen, "'%s' and '%s' are both the expert of cluster %d",
+                           x->paths[where[c]], x->paths[i], c);
+                rc = TS_EINVAL;
+            } else {
+                where[c] = i;
+            }
+        }
+        if (rc == TS_OK) {
+            ts_experts_t s = *x;
+            ts_dit_t *models = malloc((size_t)n * sizeof *models);
+            int *cl = malloc((size_t)n * sizeof *cl);
+            char **pa = malloc((size_t)n * sizeof *pa), **pid = malloc((size_t)n * sizeof *pid);
+            if (!models || !cl || !pa || !pid) {
+                free(models);
+                free(cl);
+                free(pa);
+                free(pid);
+                rc = TS_ENOMEM;
+            } else {
+                for (int k = 0; k < n; k++) {
+                    models[k] = s.models[where[k]];
+                    cl[k] = k;
+                    pa[k] = s.paths[where[k]];
+                    pid[k] = s.partition_id[where[k]];
+                }
+                free(s.models);
+                free(s.cluster);
+                free(s.paths);
+                free(s.partition_id);
+                x->models = models;
+                x->cluster = cl;
+                x->paths = pa;
+                x->partition_id = pid;
+            }
+        }
+    }
+    if (rc != TS_OK)
+        ts_experts_free(x);
+    return rc;
+}
+
+/* ---- init and free ---------------------------------------------------------------------------- */
+
+void ts_ensemble_free(ts_ensemble_t *s) {
+    if (!s)
+        return;
+    ts_tensor_free(&s->xx);
+    ts_tensor_free(&s->tt);
+    ts_tensor_free(&s->vk);
+    ts_tensor_free(&s->vall);
+    ts_tensor_free(&s->idx);
+    ts_tensor_free(&s->wk);
+    free(s->yy);
+    free(s->idx_h);
+    free(s->w);
+    free(s->wk_h);
+    free(s->xh);
+    free(s->vh);
+    free(s->xhat);
+    free(s->emb);
+    free(s->d2);
+    free(s->prev_emb);
+    free(s->expert_forwards);
+    for (int i = 0; i < s->n_steps; i++)
+        free(s->steps[i].w);
+    free(s->steps);
+    memset(s, 0, sizeof *s);
+}
+
+/* The checks of ts_ensemble_init that need no allocation. */
+static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensemble_opts_t *o,
+                      char *err, size_t errlen) {
+    if (!e || !experts || !o || K < 1 || K > TS_ROUTE_MAX_EXPERTS || o->n < 1 || !o->labels ||
+        o->select.n_rules < 1 || o->select.n_rules > TS_ROUTE_MAX_RULES) {
+        ts_set_err(err, errlen,
+                   "ts_ensemble_init: invalid arguments (1..%d experts, n >= 1, labels and a "
+                   "parsed selection are required)",
+                   TS_ROUTE_MAX_EXPERTS);
+        return TS_EINVAL;
+    }
+    if ((int)o->policy < TS_POLICY_LEARNED || o->policy > TS_POLICY_UNIFORM) {
+        ts_set_err(err, errlen, "ts_ensemble_init: unknown policy %d", (int)o->policy);
+        return TS_EINVAL;
+    }
+    int pairs = o->cfg_scale != 1.0f ? 2 : 1;
+    const ts_dit_config_t *c0 = &experts[0].cfg;
+    for (int k = 0; k < K; k++) {
+        const ts_dit_config_t *c = &experts[k].cfg;
+        if (experts[k].eng != e) {
+            ts_set_err(err, errlen, "expert %d runs on another engine than the ensemble", k);
+            return TS_EINVAL;
+        }
+        if (c->input_size != c0->input_size || c->in_channels != c0->in_channels ||
+            c->num_classes != c0->num_classes) {
+            ts_set_err(err, errlen,
+                       "expert %d makes %dx%dx%d images with %d classes but expert 0 makes "
+                       "%dx%dx%d with %d: the experts of one ensemble must share the image config",
+                       k, c->in_channels, c->input_size, c->input_size, c->num_classes,
+                       c0->in_channels, c0->input_size, c0->input_size, c0->num_classes);
+            return TS_EINVAL;
+        }
+        if (experts[k].max_batch < pairs * o->n) {
+            ts_set_err(err, errlen,
+                       "expert %d has room for %d samples per forward but %d are needed (%d "
+                       "samples%s)",
+                       k, experts[k].max_batch, pairs * o->n, o->n,
+                       pairs == 2 ? ", twice for guidance" : "");
+            return TS_ERANGE;
+        }
+    }
+    for (int i = 0; i < o->n; i++)
+        if (o->labels[i] < 0 || o->labels[i] > c0->num_classes) {
+            ts_set_err(err, errlen, "label %d of sample %d is not a class 0..%d (or %d for none)",
+                       (int)o->labels[i], i, c0->num_classes - 1, c0->num_classes);
+            return TS_ERANGE;
+        }
+    int distance = o->policy == TS_POLICY_CENTROID || o->policy == TS_POLICY_CONFIDENCE;
+    if (distance && !(o->tau > 0.0f && isfinite(o->tau))) {
+        ts_set_err(err, errlen, "the %s policy needs a temperature tau > 0 (got %g)",
+                   ts_policy_name(o->policy), (double)o->tau);
+        return TS_EINVAL;
+    }
+    if (o->policy == TS_POLICY_LEARNED && !o->router) {
+        ts_set_err(err, errlen, "the learned policy needs a router, and none was given");
+        return TS_EINVAL;
+    }
+    if (distance && !o->partition) {
+        ts_set_err(err, errlen,
+                   "the %s policy needs the partition (its embedding and centroids), and none "
+                   "was given",
+                   ts_policy_name(o->policy));
+        return TS_EINVAL;
+    }
+    if (o->partition) {
+        const ts_partition_t *p = o->partition;
+        int64_t chw = (int64_t)c0->in_channels * c0->input_size * c0->input_size;
+        if (p->K != K) {
+            ts_set_err(err, errlen,
+                       "the partition has %d clusters but %d experts are given: one expert per "
+                       "cluster is required",
+                       p->K, K);
+            return TS_EINVAL;
+        }
+        if (p->D != chw || p->k < 1 || !p->basis || !p->mean || !p->centroids) {
+            ts_set_err(err, errlen,
+                       "the partition embeds images of %d values but the experts make %lld: "
+                       "they do not belong together",
+                       p->D, (long long)chw);
+            return TS_EINVAL;
+        }
+    }
+    return TS_OK;
+}
+
+int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
+                     const ts_ensemble_opts_t *opts, char *err, size_t errlen) {
+    if (!s) {
+        ts_set_err(err, errlen, "ts_ensemble_init: invalid arguments");
+        return TS_EINVAL;
+    }
+    memset(s, 0, sizeof *s);
+    int rc = check_opts(e, experts, K, opts, err, errlen);
+    if (rc)
+        return rc;
+    const ts_dit_config_t *c = &experts[0].cfg;
+    int n = opts->n;
+    s->eng = e;
+    s->experts = experts;
+    s->K = K;
+    s->n = n;
+    s->o = *opts;
+    s->pairs = opts->cfg_scale != 1.0f ? 2 : 1;
+    s->chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    int64_t B = (int64_t)s->pairs * n, H = c->input_size, C = c->in_channels;
+    int confidence = opts->policy == TS_POLICY_CONFIDENCE;
+    int kd = opts->partition ? opts->partition->k : 1;
+    rc = ts_tensor_alloc(&s->xx, TS_F32, e->device, 4, TS_SHAPE(B, C, H, H));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&s->tt, TS_F32, e->device, 1, TS_SHAPE(B));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&s->vk, TS_F32, e->device, 4, TS_SHAPE(n, C, H, H));
+    if (rc == TS_OK && confidence)
+        rc = ts_tensor_alloc(&s->vall, TS_F32, e->device, 4, TS_SHAPE((int64_t)K * n, C, H, H));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&s->idx, TS_I32, e->device, 1, TS_SHAPE(n));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&s->wk, TS_F32, e->device, 1, TS_SHAPE(n));
+    size_t nv = (size_t)(s->chw * n);
+    s->yy = malloc((size_t)B * sizeof *s->yy);
+    s->idx_h = malloc((size_t)n * sizeof *s->idx_h);
+    s->w = malloc((size_t)n * K * sizeof *s->w);
+    s->wk_h = malloc((size_t)n * sizeof *s->wk_h);
+    s->xh = malloc(nv * sizeof *s->xh);
+    s->vh = malloc(nv * (confidence ? (size_t)K : 1) * sizeof *s->vh);
+    s->xhat = malloc(nv * sizeof *s->xhat);
+    s->emb = malloc((size_t)n * kd * sizeof *s->emb);
+    s->d2 = malloc((size_t)n * K * sizeof *s->d2);
+    s->prev_emb = malloc((size_t)n * kd * sizeof *s->prev_emb);
+    s->expert_forwards = calloc((size_t)K, sizeof *s->expert_forwards);
+    if (rc == TS_OK && (!s->yy || !s->idx_h || !s->w || !s->wk_h || !s->xh || !s->vh ||
+                        !s->xhat || !s->emb || !s->d2 || !s->prev_emb || !s->expert_forwards))
+        rc = TS_ENOMEM;
+    if (rc != TS_OK) {
+        ts_set_err(err, errlen, "cannot allocate the ensemble's buffers for %d samples: %s", n,
+                   ts_strerror(rc));
+        ts_ensemble_free(s);
+    }
+    return rc;
+}
+
+double ts_ensemble_evals_per_sample(const ts_ensemble_t *s) {
+    return s && s->n > 0 ? (double)s->forwards / (double)s->n : 0.0;
+}
+
+/* ---- one expert on the rows bound for it ------------------------------------------------------ */
+
+/* Uploads idx_h[0..m) and wk_h[0..m) into the device tensors idx and wk. */
+static int upload_rows(ts_ensemble_t *s, int m) {
+    ts_tensor_t dst, src;
+    TRY(ts_tensor_slice(&dst, &s->idx, 0, m));
+    TRY(ts_tensor_wrap(&src, s->idx_h, TS_I32, TS_CPU, 1, TS_SHAPE(m)));
+    TRY(ts_tensor_copy(&dst, &src));
+    TRY(ts_tensor_slice(&dst, &s->wk, 0, m));
+    TRY(ts_tensor_wrap(&src, s->wk_h, TS_F32, TS_CPU, 1, TS_SHAPE(m)));
+    return ts_tensor_copy(&dst, &src);
+}
+
+/* dst (m, C, H, W) = expert k's guided velocity for the rows idx[0..m) of x, in one forward of
+ * pairs·m samples: [x_idx; x_idx] with labels [y_idx; ∅]. */
+static int run_expert(ts_ensemble_t *s, int k, const ts_tensor_t *x, float t, int m,
+                      ts_tensor_t *dst) {
+    ts_engine_t *e = s->eng;
+    ts_dit_t *model = &s->experts[k];
+    int B = s->pairs * m;
+    ts_tensor_t idx, xb, tb, half, out, cond, uncond;
+    TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
+    TRY(ts_tensor_slice(&xb, &s->xx, 0, B));
+    TRY(ts_tensor_slice(&tb, &s->tt, 0, B));
+    for (int p = 0; p < s->pairs; p++) {
+        TRY(ts_tensor_slice(&half, &xb, (int64_t)p * m, m));
+        TRY(ts_gather_rows(e, &half, x, &idx));
+    }
+    for (int i = 0; i < m; i++) {
+        s->yy[i] = s->o.labels[s->idx_h[i]];
+        if (s->pairs == 2)
+            s->yy[m + i] = model->cfg.num_classes; /* the null class */
+    }
+    TRY(ts_fill(e, &tb, t));
+    TRY(ts_dit_forward(model, &xb, &tb, s->yy, B, &out));
+    s->forwards += B;
+    s->expert_forwards[k] += B;
+    TRY(ts_tensor_slice(&cond, &out, 0, m));
+    TRY(ts_tensor_copy(dst, &cond));
+    if (s->pairs == 2) {
+        /* v = v_u + s·(v_c − v_u) = s·v_c + (1 − s)·v_u, as ts_dit_velocity */
+        TRY(ts_tensor_slice(&uncond, &out, m, m));
+        TRY(ts_scale(e, dst, s->o.cfg_scale));
+        TRY(ts_axpy(e, dst, 1.0f - s->o.cfg_scale, &uncond));
+    }
+    return TS_OK;
+}
+
+/* Selects the rows with a non-zero weight for expert k into idx_h / wk_h; returns their count. */
+static int rows_for(ts_ensemble_t *s, int k) {
+    int m = 0;
+    for (int b = 0; b < s->n; b++) {
+        float wb = s->w[(size_t)b * s->K + k];
+        if (wb != 0.0f) {
+            s->idx_h[m] = b;
+            s->wk_h[m] = wb;
+            m++;
+        }
+    }
+    return m;
+}
+
+/* ---- policies ----------------------------------------------------------------------------------- */
+
+/* Copies a device tensor of count floats into host memory. */
+static int to_host(float *dst, const ts_tensor_t *src) {
+    ts_tensor_t h;
+    TRY(ts_tensor_wrap(&h, dst, TS_F32, TS_CPU, src->ndim, src->shape));
+    return ts_tensor_copy(&h, src);
+}
+
+/* out (n·chw) = x − t·v, on the host. */
+static void denoised(float *out, const float *x, const float *v, float t, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        out[i] = x[i] - t * v[i];
+}
+
+static int score_router(ts_ensemble_t *s, const ts_tensor_t *x, float t) {
+    s->router_calls++;
+    int rc = s->o.router(s->o.router_ctx, x, t, s->n, s->w);
+    return rc;
+}
+
+/* Scores of the distance to the centroids from the previous evaluation's x̂0, or the fallback
+ * (router, else uniform) when there is none yet. */
+static int score_centroid(ts_ensemble_t *s, const ts_tensor_t *x, float t,
+                          ts_policy_t *used) {
+    size_t nk = (size_t)s->n * s->K;
+    if (!s->has_prev) {
+        s->fallbacks++;
+        if (s->o.router) {
+            *used = TS_POLICY_LEARNED;
+            return score_router(s, x, t);
+        }
+        *used = TS_POLICY_UNIFORM;
+        memset(s->w, 0, nk * sizeof *s->w);
+        return TS_OK;
+    }
+    const ts_partition_t *p = s->o.partition;
+    ts_route_sq_dist(s->d2, s->prev_emb, p->centroids, s->n, s->K, p->k);
+    for (size_t i = 0; i < nk; i++)
+        s->w[i] = -s->d2[i] / s->o.tau;
+    return TS_OK;
+}
+
+/* Runs every expert on every sample into vall and scores each by the distance of its own x̂0_k
+ * to its own centroid. */
+static int score_confidence(ts_ensemble_t *s, const ts_tensor_t *x, float t) {
+    const ts_partition_t *p = s->o.partition;
+    int n = s->n, K = s->K;
+    size_t nv = (size_t)(s->chw * n);
+    for (int b = 0; b < n; b++)
+        s->idx_h[b] = b;
+    TRY(upload_rows(s, n));
+    TRY(to_host(s->xh, x));
+    for (int k = 0; k < K; k++) {
+        ts_tensor_t vk;
+        TRY(ts_tensor_slice(&vk, &s->vall, (int64_t)k * n, n));
+        TRY(run_expert(s, k, x, t, n, &vk));
+        TRY(to_host(s->vh + (size_t)k * nv, &vk));
+        denoised(s->xhat, s->xh, s->vh + (size_t)k * nv, t, nv);
+        TRY(ts_partition_embed(p, s->xhat, n, s->emb));
+        for (int b = 0; b < n; b++) {
+            float d;
+            ts_route_sq_dist(&d, s->emb + (size_t)b * p->k, p->centroids + (size_t)k * p->k, 1,
+                             1, p->k);
+            s->w[(size_t)b * K + k] = -d / s->o.tau;
+        }
+    }
+    return TS_OK;
+}
+
+/* Appends this evaluation's weights to the record. */
+static int record_step(ts_ensemble_t *s, float t, ts_policy_t used) {
+    if (s->n_steps == s->cap_steps) {
+        int cap = s->cap_steps ? 2 * s->cap_steps : 64;
+        ts_route_step_t *st = realloc(s->steps, (size_t)cap * sizeof *st);
+        if (!st)
+            return TS_ENOMEM;
+        s->steps = st;
+        s->cap_steps = cap;
+    }
+    size_t nk = (size_t)s->n * s->K;
+    float *w = malloc(nk * sizeof *w);
+    if (!w)
+        return TS_ENOMEM;
+    memcpy(w, s->w, nk * sizeof *w);
+    s->steps[s->n_steps++] = (ts_route_step_t){.t = t, .policy = used, .w = w};
+    return TS_OK;
+}
+
+/* ---- one evaluation ------------------------------------------------------------------------------- */
+
+int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v) {
+    ts_ensemble_t *s = ctx;
+    if (!s || !x || !v || !s->experts)
+        return TS_EINVAL;
+    if (x->ndim != 4 || x->shape[0] != s->n || !ts_tensor_same_shape(x, v) ||
+        x->shape[1] * x->shape[2] * x->shape[3] != s->chw)
+        return TS_ESHAPE;
+    ts_engine_t *e = s->eng;
+    int n = s->n, K = s->K;
+    if (t >= 1.0f)
+        s->has_prev = 0; /* a new run starts from pure noise */
+    s->evaluations++;
+    ts_policy_t used = s->o.policy;
+    switch (s->o.policy) {
+    case TS_POLICY_LEARNED: TRY(score_router(s, x, t)); break;
+    case TS_POLICY_CENTROID: TRY(score_centroid(s, x, t, &used)); break;
+    case TS_POLICY_CONFIDENCE: TRY(score_confidence(s, x, t)); break;
+    case TS_POLICY_UNIFORM:
+    default: memset(s->w, 0, (size_t)n * K * sizeof *s->w); break;
+    }
+    TRY(ts_route_weights(s->w, n, K, &s->o.select, t));
+    TRY(ts_zero(e, v));
+    for (int k = 0; k < K; k++) {
+        int m = rows_for(s, k);
+        if (m == 0)
+            continue;
+        TRY(upload_rows(s, m));
+        ts_tensor_t vk, idx, wk;
+        TRY(ts_tensor_slice(&vk, &s->vk, 0, m));
+        TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
+        TRY(ts_tensor_slice(&wk, &s->wk, 0, m));
+        if (s->o.policy == TS_POLICY_CONFIDENCE) {
+            ts_tensor_t all;
+            TRY(ts_tensor_slice(&all, &s->vall, (int64_t)k * n, n));
+            TRY(ts_gather_rows(e, &vk, &all, &idx)); /* already computed */
+        } else {
+            TRY(run_expert(s, k, x, t, m, &vk));
+        }
+        TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
+    }
+    if (s->o.policy == TS_POLICY_CENTROID) {
+        size_t nv = (size_t)(s->chw * n);
+        TRY(to_host(s->xh, x));
+        TRY(to_host(s->vh, v));
+        denoised(s->xhat, s->xh, s->vh, t, nv);
+        TRY(ts_partition_embed(s->o.partition, s->xhat, n, s->prev_emb));
+        s->has_prev = 1;
+    }
+    if (s->o.record)
+        TRY(record_step(s, t, used));
+    return TS_OK;
+}

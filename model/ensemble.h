@@ -1,0 +1,159 @@
+/*
+ * ensemble.h — K experts in one process, composed per step and per sample into one velocity
+ * field for the sampler (DESIGN §3): v(x_t, t) = Σ_k w_k · v_k(x_t, t).
+ *
+ * At every evaluation the ensemble scores the K experts for every sample by a policy (router
+ * logits, distances of an estimate to the partition's centroids, each expert's own confidence,
+ * or nothing), turns the scores into sparse weights with model/routing.h, then, expert by expert,
+ * gathers the samples that expert has a non-zero weight for into ONE batch (ts_gather_rows),
+ * runs the expert once on it with classifier-free guidance ([x; x] with labels [y; ∅]) and adds
+ * the weighted answers into the combined velocity (ts_scatter_axpy_rows). So each sample's
+ * result does not depend on which other samples share its batch, and an expert nobody needs is
+ * not run.
+ *
+ * Policies (ts_policy_t):
+ *   learned     scores = router logits on (x_t, t), through a ts_router_fn.
+ *   centroid    scores = −‖φ(x̂0) − c_k‖² / τ with x̂0 = x_t − t·v from the previous evaluation's
+ *               COMBINED velocity and φ the partition's PCA embedding. The first evaluation of a
+ *               run (pure noise) has no x̂0 yet: it uses the router when one is given, else
+ *               uniform scores.
+ *   confidence  every expert runs on every sample at every evaluation; scores
+ *               −‖φ(x̂0_k) − c_k‖² / τ from each expert's own x̂0_k, then the selection picks whose
+ *               answers are combined (an analysis policy: K times the cost).
+ *   uniform     scores 0: every expert equally likely (full = the plain mean).
+ *
+ * Counting: one sample through one expert is one forward; a CFG pair is two. forwards / n is
+ * the expert evaluations per sample (top1 with CFG: 2 per evaluation; full: 2K).
+ *
+ * What it is not: a loader of a generation folder (client/cmd_generate.c), nor a network client —
+ * the network client calls model/routing.h the same way, with remote experts.
+ */
+#ifndef TS_ENSEMBLE_H
+#define TS_ENSEMBLE_H
+
+#include <stdint.h>
+
+#include "model/classifier.h"
+#include "model/dit.h"
+#include "model/partition.h"
+#include "model/routing.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The learned policy's scores: logits (B, K) in host memory for x (B, C, H, W) on the engine's
+ * device at time t (the same t for every sample). Returns TS_OK or an error, which stops the
+ * step. A ts_classifier_t router is one (client/cmd_generate.c adapts it). */
+typedef int (*ts_router_fn)(void *ctx, const ts_tensor_t *x, float t, int B, float *logits);
+
+/* A ts_classifier_t router (model/classifier.h) as a ts_router_fn: logits of the K clusters on
+ * (x_t, t). init borrows c (time-conditioned or not) and allocates the t staging for max_batch
+ * samples on engine e. */
+typedef struct ts_classifier_router {
+    ts_classifier_t *c; /* borrowed */
+    ts_engine_t *eng;
+    ts_tensor_t t; /* (max_batch) F32 */
+    int max_batch;
+} ts_classifier_router_t;
+
+int ts_classifier_router_init(ts_classifier_router_t *r, ts_classifier_t *c, ts_engine_t *e,
+                              int max_batch);
+void ts_classifier_router_free(ts_classifier_router_t *r);
+/* ts_router_fn for ctx = ts_classifier_router_t. */
+int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, int B, float *logits);
+
+/* ---- a set of experts loaded from files ---------------------------------------------------- */
+
+typedef struct ts_experts {
+    int K;
+    ts_dit_t *models; /* K models, in cluster order */
+    int *cluster;     /* K: the metadata "cluster" of each, or −1 when the files carry none */
+    char **paths;     /* K: the file each came from (malloc'd copies) */
+    char **partition_id; /* K: metadata "partition_id" (malloc'd), or NULL when absent */
+} ts_experts_t;
+
+/* Opens n expert files on engine e with activations for max_batch samples each. When every file
+ * has a metadata "cluster", the experts are ordered by it, and the clusters must be exactly
+ * 0..n−1; when none has one, file order is kept; a mix is an error. Every expert must have the
+ * same image config (input_size, in_channels) and the same num_classes. On success *x owns the
+ * models (ts_experts_free); on failure *x is empty and err names the file and the problem. */
+int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_t *e,
+                    int max_batch, char *err, size_t errlen);
+void ts_experts_free(ts_experts_t *x);
+
+/* ---- the ensemble as a velocity function ---------------------------------------------------- */
+
+typedef struct ts_ensemble_opts {
+    ts_policy_t policy;
+    ts_selection_t select;
+    float tau;             /* > 0: the temperature of the distance policies */
+    float cfg_scale;       /* 1 = no guidance (one pass per expert) */
+    const int32_t *labels; /* n class labels (num_classes = unconditional), borrowed */
+    int n;                 /* samples per call */
+    ts_router_fn router;   /* learned policy (and the centroid policy's first step); may be NULL */
+    void *router_ctx;
+    const ts_partition_t *partition; /* centroid, confidence: required; borrowed */
+    int record;                      /* keep every evaluation's weights (ts_ensemble_t.steps) */
+} ts_ensemble_opts_t;
+
+/* One evaluation's routing, recorded when opts.record is set. */
+typedef struct ts_route_step {
+    float t;
+    ts_policy_t policy; /* the policy that scored it (the centroid policy's first step falls back) */
+    float *w;           /* (n, K): the weights; 0 for the experts not selected */
+} ts_route_step_t;
+
+typedef struct ts_ensemble {
+    ts_engine_t *eng;
+    ts_dit_t *experts; /* K, borrowed */
+    int K, n, pairs;   /* pairs: 2 with CFG, else 1 */
+    int64_t chw;       /* C·H·W of one sample */
+    ts_ensemble_opts_t o;
+    /* device staging */
+    ts_tensor_t xx, tt; /* (pairs·n, C, H, W), (pairs·n): one expert's batch */
+    ts_tensor_t vk;     /* (n, C, H, W): one expert's guided answers */
+    ts_tensor_t vall;   /* (K·n, C, H, W): every expert's answers (confidence only) */
+    ts_tensor_t idx, wk; /* (n) I32, (n) F32: the rows bound for one expert and their weights */
+    /* host scratch */
+    int32_t *yy, *idx_h; /* (pairs·n) labels, (n) rows */
+    float *w, *wk_h;     /* (n, K) scores → weights, (n) */
+    float *xh, *vh;      /* (n·chw) x and v (v: K·n·chw for confidence) */
+    float *xhat;         /* (n·chw) x − t·v */
+    float *emb, *d2;     /* (n, k) embeddings, (n, K) squared distances */
+    float *prev_emb;     /* (n, k): φ(x̂0) of the previous evaluation (centroid) */
+    int has_prev;
+    /* counters since init */
+    int64_t forwards;        /* sample-forwards through any expert (CFG pair = 2) */
+    int64_t *expert_forwards; /* (K) the same per expert */
+    int64_t evaluations;     /* calls of ts_ensemble_velocity */
+    int64_t router_calls;    /* router runs (on n samples each) */
+    int64_t fallbacks;       /* centroid evaluations scored without an x̂0 */
+    /* the record */
+    ts_route_step_t *steps;
+    int n_steps, cap_steps;
+} ts_ensemble_t;
+
+/* Prepares ens for K experts (borrowed, all on engine e, each with max_batch ≥ pairs·n) and
+ * opts (copied; labels, router_ctx and partition stay the caller's and must outlive ens).
+ * Checks: 1 ≤ K ≤ TS_ROUTE_MAX_EXPERTS, the experts share the image config and num_classes, the
+ * labels are in [0, num_classes], tau > 0 for the distance policies, a router for learned, a
+ * partition for centroid and confidence, and when a partition is given its K equals the
+ * experts' and its input dims C·H·W. Free with ts_ensemble_free. On failure err says why. */
+int ts_ensemble_init(ts_ensemble_t *ens, ts_engine_t *e, ts_dit_t *experts, int K,
+                     const ts_ensemble_opts_t *opts, char *err, size_t errlen);
+void ts_ensemble_free(ts_ensemble_t *ens);
+
+/* ts_velocity_fn for ctx = ts_ensemble_t: the combined velocity v (n, C, H, W) at (x, t). A call
+ * at t = 1 (the first step of every sampler run) starts a new run: the centroid policy forgets
+ * its previous x̂0. */
+int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v);
+
+/* Expert evaluations per sample so far: forwards / n. */
+double ts_ensemble_evals_per_sample(const ts_ensemble_t *ens);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
