@@ -3,7 +3,8 @@
 
 Usage (from the repository root, after building bench_dit and bench_gemm):
     /usr/bin/python3 bench/bench_dit.py [--build DIR] [--threads N] [--config NAME ...]
-                                         [--seconds S] [--quick] [--json] [--keep DIR]
+                                         [--seconds S] [--quick] [--json] [--json-out FILE]
+                                         [--omp-wait-policy passive|default ...] [--keep DIR]
 
 For each config (`tiny` and `small`, DESIGN §9; 28×28×1 images, 10 classes) it builds the
 PyTorch DiT of tests/parity/dit_torch.py with random weights (every tensor non-zero, the
@@ -13,21 +14,32 @@ one run, at the same thread count:
      a file, bench_dit recomputes it on the same weights and must agree to 1e-4 relative to
      max(1, max|v|), else the run stops — timing two different computations means nothing;
   2. times ours: bench_dit (forward at batch 1 and 64, training step at batch 64);
-  3. times PyTorch: forward at batch 1 and 64 (eval, no_grad) and a training step at batch 64 that
-     does the same work as ours (model/train.c): draw a batch and labels (10 % dropped to the null
-     class), t ~ U(0, 1), ε ~ N(0, 1), x_t = (1 − t)·x0 + t·ε, forward, MSE against ε − x0,
-     backward, gradient-norm clipping to 1, AdamW (foreach), EMA of the weights;
+  3. times PyTorch in a worker process that loads the same file (strict=True): forward at batch 1
+     and 64 (eval, no_grad) and a training step at batch 64 that does the same work as ours
+     (model/train.c): draw a batch and labels (10 % dropped to the null class), t ~ U(0, 1),
+     ε ~ N(0, 1), x_t = (1 − t)·x0 + t·ε, forward, MSE against ε − x0, backward, gradient-norm
+     clipping to 1, AdamW (foreach), EMA of the weights;
 and once per run it takes the sgemm peak from `bench_gemm --json` (a 2048³ product through the
 engine, plus OpenBLAS alone on its own threads). Both sides are timed call by call after a
 warm-up, for at least S seconds and 5 calls, and the figure is the median call.
+
+PyTorch gets its best showing. Its OpenMP threads (for the elementwise ops) and OpenBLAS's
+threads (for the GEMMs) are two pools of N threads on the same cores; with libgomp's default
+wait policy the OpenMP workers spin after each parallel region and take the cores from
+OpenBLAS, which on a 2-core machine makes PyTorch up to 2× slower and erratic. So the worker
+runs once with OMP_WAIT_POLICY=PASSIVE and once with the default, and each row takes the faster
+of the two (both are in the JSON; --omp-wait-policy picks which to run).
+
+The machine may be shared: from /proc/stat and the CPU time of this process and its children,
+the run reports how many cores' worth of CPU other processes took meanwhile.
 
 Targets (issue 3): forward ≥ 3× PyTorch at batch 64 and ≥ 10× at batch 1, training ≥ 2×, forward
 at batch 64 ≥ 50 % of the sgemm peak. Unmet targets are reported, not an error: the exit status
 is 0 when the run completed, 1 when a tool failed, 3 when the two sides disagree.
 
 PyTorch's BLAS: Debian's python3-torch is built with BLAS_INFO=generic and reaches OpenBLAS
-through the libblas.so.3 alternative; the library actually loaded is read from /proc/self/maps
-and its openblas_get_config() is printed.
+through the libblas.so.3 alternative; the worker reads the library actually loaded from
+/proc/self/maps and prints its openblas_get_config().
 """
 
 import argparse
@@ -35,14 +47,15 @@ import ctypes
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 CONFIGS = {
     "tiny": dict(input_size=28, patch_size=4, in_channels=1, hidden_size=128, depth=4,
@@ -52,12 +65,13 @@ CONFIGS = {
 }
 FORWARD_BATCHES = (1, 64)
 TRAIN_BATCH = 64
+ROW_KEYS = [f"forward_b{B}" for B in FORWARD_BATCHES] + [f"train_b{TRAIN_BATCH}"]
 CHECK_BATCH = 8
 TOL_FORWARD = 1e-4   # max|Δv| / max(1, max|v|), as tests/parity/run_parity.py
 DATA_N = 1024        # synthetic training images, as bench_dit.c
 WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS = 3, 0.2, 5  # as bench_dit.c (and 1, 0.05, 3 with --quick)
-SETTLE_SECONDS = 1.0  # before handing the cores to a child: let this process's BLAS/OpenMP
-                      # workers stop spinning
+SETTLE_SECONDS = 1.0  # before each child: let the last one's spinning threads go to sleep
+POLICIES = ("passive", "default")  # OMP_WAIT_POLICY=PASSIVE, and libgomp's default (unset)
 
 # the targets: (row key, what is compared, threshold)
 TARGETS = (
@@ -83,24 +97,36 @@ def parse_args():
     ap.add_argument("--quick", action="store_true",
                     help="short timing and a quick sgemm peak: a smoke run, not a measurement")
     ap.add_argument("--json", action="store_true", help="print one JSON document")
+    ap.add_argument("--json-out", metavar="FILE",
+                    help="also write the JSON document to FILE (with the table on stdout)")
+    ap.add_argument("--omp-wait-policy", action="append", choices=POLICIES,
+                    help="PyTorch's OpenMP wait policy; repeat for several, the faster counts "
+                         "(default: both)")
     ap.add_argument("--keep", metavar="DIR",
                     help="write the weights and check files into DIR and keep them (to rerun "
                          "or profile bench_dit on them); default: a temporary folder, removed")
+    ap.add_argument("--torch-worker", nargs=2, metavar=("WEIGHTS", "CHECK"),
+                    help=argparse.SUPPRESS)  # internal: time PyTorch on WEIGHTS, print JSON
     a = ap.parse_args()
     if a.threads < 1:
         ap.error("--threads must be at least 1")
     if a.seconds is None:
         a.seconds = 0.3 if a.quick else 2.0
     a.config = a.config or ["tiny", "small"]
+    a.omp_wait_policy = a.omp_wait_policy or list(POLICIES)
     return a
 
 
 ARGS = parse_args()
 if ARGS.quick:
     WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS = 1, 0.05, 3
-# The thread count must be fixed before torch (and its OpenMP and OpenBLAS) is loaded.
+# The thread counts must be fixed before torch (and its OpenMP and OpenBLAS) is loaded. The
+# orchestrator itself only builds the models: it keeps its OpenMP threads passive, so that they
+# never spin while a child is being timed. A worker gets its policy from the orchestrator.
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(ARGS.threads)
+if not ARGS.torch_worker:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 sys.dont_write_bytecode = True  # keep the source tree clean of __pycache__
 sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
@@ -109,7 +135,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import dit_torch as dt  # noqa: E402
 
-LOG = sys.stderr if ARGS.json else sys.stdout
+LOG = sys.stderr if (ARGS.json or ARGS.torch_worker) else sys.stdout
 
 
 def log(*a):
@@ -140,12 +166,14 @@ def torch_blas():
             path = line.split()[-1] if len(line.split()) >= 6 else ""
             if "openblas" in os.path.basename(path).lower():
                 libs.add(path)
+    show = torch.__config__.show()
     info = {"torch_version": torch.__version__,
-            "config_mentions_openblas": "openblas" in torch.__config__.show().lower(),
-            "blas_info": next((s.split("=", 1)[1] for s in
-                               torch.__config__.show().replace(",", " ").split()
+            "config_mentions_openblas": "openblas" in show.lower(),
+            "blas_info": next((s.split("=", 1)[1] for s in show.replace(",", " ").split()
                                if s.startswith("BLAS_INFO=")), "?"),
-            "openblas_library": None, "openblas_config": None, "openblas_threads": None}
+            "openblas_library": None, "openblas_config": None, "openblas_threads": None,
+            "torch_threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}
     for path in sorted(libs):
         try:
             lib = ctypes.CDLL(path)
@@ -159,7 +187,28 @@ def torch_blas():
     return info
 
 
-# ---- our tools ---------------------------------------------------------------------------------
+# ---- other load on the machine ---------------------------------------------------------------
+
+def cpu_snapshot():
+    """(wall seconds, busy CPU seconds of the whole machine, CPU seconds of this process and its
+    finished children) — two of them give how much CPU other processes took in between."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(v) - v[3] - v[4]  # all but idle and iowait
+    own = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        own += r.ru_utime + r.ru_stime
+    return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), own
+
+
+def other_load(a, b):
+    """Cores' worth of CPU that other processes used between snapshots a and b."""
+    wall = b[0] - a[0]
+    return {"seconds": wall, "other_cores": max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / wall}
+
+
+# ---- child processes ---------------------------------------------------------------------------
 
 def find_build():
     for base in (os.getcwd(), ROOT):
@@ -170,10 +219,10 @@ def find_build():
              f"{ARGS.build} --target bench_dit bench_gemm tessera), or pass --build DIR")
 
 
-def run_json(cmd):
-    """Runs one of our tools with --json after letting the cores settle; its parsed output."""
+def run_json(cmd, env=None):
+    """Runs a child that prints one JSON document, after letting the cores settle."""
     time.sleep(SETTLE_SECONDS)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
         log(f"bench_dit.py: {' '.join(cmd)} exited with {p.returncode}")
@@ -184,11 +233,10 @@ def run_json(cmd):
 def sgemm_peak(build):
     """The engine's sgemm peak from the GEMM benchmark, in this run at this thread count."""
     exe = os.path.join(build, "bench", "bench_gemm")
-    if not os.path.isfile(exe):
-        exe = os.path.join(build, "client", "tessera")
-        cmd = [exe, "bench", "gemm"]
-    else:
+    if os.path.isfile(exe):
         cmd = [exe]
+    else:
+        cmd = [os.path.join(build, "client", "tessera"), "bench", "gemm"]
     cmd += ["--json", "--threads", str(ARGS.threads), "--config", "tiny"]
     if ARGS.quick:
         cmd.append("--quick")
@@ -198,7 +246,18 @@ def sgemm_peak(build):
             "engine_openblas_config": g.get("openblas_config"), "command": " ".join(cmd)}
 
 
-# ---- PyTorch timing ------------------------------------------------------------------------------
+def torch_worker_run(weights, check, policy):
+    """The PyTorch side of one config, in a fresh process with the given OpenMP wait policy."""
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if policy == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    cmd = [sys.executable, HERE, "--torch-worker", weights, check, "--threads",
+           str(ARGS.threads), "--seconds", str(ARGS.seconds)] + (["--quick"] if ARGS.quick else [])
+    return run_json(cmd, env)
+
+
+# ---- PyTorch timing (in the worker) ------------------------------------------------------------
 
 def time_calls(fn, seconds):
     """Warm-up, then fn timed call by call until `seconds` and MIN_CALLS; as bench_dit.c."""
@@ -273,18 +332,43 @@ def torch_train(model, cfg, B, seconds, gen):
     return time_calls(step, seconds)
 
 
+def torch_worker(weights, check):
+    """Loads the weights file as PyTorch would (strict), checks it reproduces the orchestrator's
+    forward, times the three rows and prints them as JSON."""
+    torch.set_num_threads(ARGS.threads)
+    blas = torch_blas()
+    model = dt.load_model(weights)
+    cfg = dict(model.cfg)
+    ref, _, _ = dt.st_read(check)
+    model.eval()
+    with torch.no_grad():
+        v = model(ref["x"], ref["t"], ref["y"])
+    diff = (v - ref["v"]).abs().max().item() / max(1.0, ref["v"].abs().max().item())
+    if not diff <= TOL_FORWARD:
+        log(f"bench_dit.py worker: the reloaded model's forward differs by {diff:.3e}")
+        sys.exit(3)
+    gen = torch.Generator().manual_seed(20261122)
+    rows = {}
+    for B in FORWARD_BATCHES:
+        rows[f"forward_b{B}"] = torch_forward(model, cfg, B, ARGS.seconds, gen)
+    rows[f"train_b{TRAIN_BATCH}"] = torch_train(model, cfg, TRAIN_BATCH, ARGS.seconds, gen)
+    json.dump({"blas": blas, "rows": rows}, sys.stdout)
+    print()
+
+
 # ---- one config ----------------------------------------------------------------------------------
 
 def run_config(name, build, work, peak):
+    snap = cpu_snapshot()
     cfg = dict(CONFIGS[name])
     gen = torch.Generator().manual_seed(20261121)
     model = dt.DiT(**cfg)
     model.randomise(gen)
-    for n, p in model.state_dict().items():
-        assert p.abs().min().item() > 0 or n == "pos_embed", f"{n} has a zero element"
+    for n, p in model.state_dict().items():  # pos_embed is fixed: sin(0) = 0 is in it
+        if n != "pos_embed" and not p.abs().min().item() > 0:
+            sys.exit(f"bench_dit.py: [{name}] {n} has a zero element")
     weights = os.path.join(work, f"{name}.safetensors")
     dt.save_model(model, weights)
-    flops = None
 
     # 1. the same computation?
     x, t, y = random_inputs(cfg, CHECK_BATCH, gen)
@@ -293,6 +377,7 @@ def run_config(name, build, work, peak):
         v = model(x, t, y)
     check_path = os.path.join(work, f"{name}.check.safetensors")
     dt.st_write(check_path, {"x": x, "t": t, "y": y, "v": v})
+    del model
 
     # 2. ours
     exe = os.path.join(build, "bench", "bench_dit")
@@ -310,27 +395,33 @@ def run_config(name, build, work, peak):
     flops = ours["flops_per_sample"]
     res_ours = {f"{r['what']}_b{r['batch']}": r for r in ours["results"]}
 
-    # 3. PyTorch
-    res_torch = {}
-    for B in FORWARD_BATCHES:
-        log(f"[{name}] PyTorch forward, batch {B}")
-        res_torch[f"forward_b{B}"] = torch_forward(model, cfg, B, ARGS.seconds, gen)
-    log(f"[{name}] PyTorch training step, batch {TRAIN_BATCH}")
-    res_torch[f"train_b{TRAIN_BATCH}"] = torch_train(model, cfg, TRAIN_BATCH, ARGS.seconds, gen)
+    # 3. PyTorch, once per OpenMP wait policy
+    res_torch, blas = {}, None
+    for policy in ARGS.omp_wait_policy:
+        log(f"[{name}] PyTorch (OMP_WAIT_POLICY {policy}): forward b1, b64, train b64")
+        w = torch_worker_run(weights, check_path, policy)
+        res_torch[policy] = w["rows"]
+        blas = blas or w["blas"]
 
     rows = []
-    for key in [f"forward_b{B}" for B in FORWARD_BATCHES] + [f"train_b{TRAIN_BATCH}"]:
-        o, p = res_ours[key], res_torch[key]
+    for key in ROW_KEYS:
+        o = res_ours[key]
         B = o["batch"]
+        best = min(ARGS.omp_wait_policy, key=lambda pol: res_torch[pol][key]["median_s"])
+        p = res_torch[best][key]
         mult = 3.0 if key.startswith("train") else 1.0
         sps_t = B / p["median_s"]
         rows.append({
             "key": key, "what": o["what"], "batch": B,
             "ours_samples_per_s": o["samples_per_s"], "torch_samples_per_s": sps_t,
+            "torch_policy": best,
+            "torch_samples_per_s_by_policy": {pol: B / res_torch[pol][key]["median_s"]
+                                              for pol in ARGS.omp_wait_policy},
             "ratio": o["samples_per_s"] / sps_t,
             "ours_gflops": o["gflops"], "torch_gflops": mult * flops * sps_t / 1e9,
             "of_peak": o["gflops"] / peak["gflops"],
-            "ours": o, "torch": p,
+            "ours": o, "torch": p, "torch_by_policy": {pol: res_torch[pol][key]
+                                                       for pol in ARGS.omp_wait_policy},
         })
     targets = []
     by_key = {r["key"]: r for r in rows}
@@ -338,9 +429,12 @@ def run_config(name, build, work, peak):
         val = by_key[key][field]
         targets.append({"row": key, "measure": field, "value": val, "target": thr,
                         "met": val >= thr})
+    load = other_load(snap, cpu_snapshot())
+    log(f"[{name}] other processes used {load['other_cores']:.2f} cores on average during "
+        f"these {load['seconds']:.0f} s")
     return {"config": name, "model": cfg, "num_params": ours["num_params"],
             "flops_per_sample": flops, "check": ck, "command": " ".join(cmd), "rows": rows,
-            "targets": targets}
+            "targets": targets, "other_load": load, "torch_blas": blas}
 
 
 # ---- output --------------------------------------------------------------------------------------
@@ -360,56 +454,74 @@ def print_report(env, peak, results):
     quick = "  (--quick: a smoke run, not a measurement)" if ARGS.quick else ""
     print(f"threads:  {ARGS.threads} on both sides, {ARGS.seconds:g} s per measurement{quick}",
           file=out)
-    b = env["torch_blas"]
-    print(f"PyTorch:  {b['torch_version']}, BLAS_INFO={b['blas_info']} (config mentions OpenBLAS: "
-          f"{'yes' if b['config_mentions_openblas'] else 'no'}); loaded "
-          f"{b['openblas_library'] or 'NO OpenBLAS'} "
-          f"[{b['openblas_config']}], {b['openblas_threads']} OpenBLAS threads", file=out)
+    b = results[0]["torch_blas"] if results else None
+    if b:
+        print(f"PyTorch:  {b['torch_version']}, BLAS_INFO={b['blas_info']} (config mentions "
+              f"OpenBLAS: {'yes' if b['config_mentions_openblas'] else 'no'}); loaded "
+              f"{b['openblas_library'] or 'NO OpenBLAS'} [{b['openblas_config']}], "
+              f"{b['openblas_threads']} OpenBLAS threads, {b['torch_threads']} torch threads",
+              file=out)
     print(f"peak:     sgemm {peak['size']}³ through the engine {peak['gflops']:.1f} GFLOP/s "
-          f"(OpenBLAS alone on its own threads: {peak['openblas_direct_gflops']:.1f})", file=out)
+          f"(OpenBLAS alone on its own threads: {peak['openblas_direct_gflops']:.1f}); other "
+          f"processes meanwhile: {peak['other_load']['other_cores']:.2f} cores", file=out)
+    policies = ARGS.omp_wait_policy
     for r in results:
         print(f"\n{r['config']}: {r['num_params']} parameters, "
               f"{r['flops_per_sample'] / 1e6:.2f} MFLOP/sample forward; "
-              f"same output as PyTorch to {r['check']['rel']:.1e}", file=out)
-        hdr = (f"  {'':12} {'ours/s':>10} {'PyTorch/s':>10} {'ratio':>7} {'ours GF/s':>10} "
-               f"{'of peak':>8} {'PyTorch GF/s':>13}")
-        print(hdr, file=out)
+              f"same output as PyTorch to {r['check']['rel']:.1e}; other processes used "
+              f"{r['other_load']['other_cores']:.2f} cores meanwhile", file=out)
+        per_pol = "".join(f" {'PT ' + pol:>11}" for pol in policies)
+        print(f"  {'':12} {'ours/s':>9} {'PyTorch/s':>10} {'ratio':>7} {'ours GF/s':>10} "
+              f"{'of peak':>8} {'PT GF/s':>8}{per_pol}", file=out)
         for row in r["rows"]:
             label = f"{row['what']} b{row['batch']}"
-            print(f"  {label:12} {row['ours_samples_per_s']:10.1f} "
+            pp = "".join(f" {row['torch_samples_per_s_by_policy'][pol]:11.1f}" for pol in policies)
+            print(f"  {label:12} {row['ours_samples_per_s']:9.1f} "
                   f"{row['torch_samples_per_s']:10.1f} {row['ratio']:6.2f}× "
                   f"{row['ours_gflops']:10.2f} {100 * row['of_peak']:7.1f}% "
-                  f"{row['torch_gflops']:13.2f}", file=out)
+                  f"{row['torch_gflops']:8.2f}{pp}", file=out)
         for t in r["targets"]:
             what, val = describe_target(t)
             print(f"  target {what:34} {val:>9}  {'MET' if t['met'] else 'NOT MET'}", file=out)
+    print(f"\n(PyTorch/s is the faster of OMP_WAIT_POLICY {' and '.join(policies)}, shown in the "
+          f"last columns; samples/s from the median call)", file=out)
 
 
 def main():
+    if ARGS.torch_worker:
+        torch_worker(*ARGS.torch_worker)
+        return
     build = find_build()
     torch.set_num_threads(ARGS.threads)
     env = {"cpu_model": cpu_model(), "nproc": os.cpu_count(),
            "loadavg": " ".join(open("/proc/loadavg").read().split()[:3]),
-           "torch_blas": torch_blas(), "torch_threads": torch.get_num_threads(),
            "date": time.strftime("%Y-%m-%d %H:%M %Z"), "threads": ARGS.threads,
-           "seconds": ARGS.seconds, "quick": ARGS.quick}
-    if not env["torch_blas"]["openblas_library"]:
+           "seconds": ARGS.seconds, "quick": ARGS.quick, "omp_wait_policies": ARGS.omp_wait_policy}
+    blas = torch_blas()
+    if not blas["openblas_library"]:
         log("bench_dit.py: warning: PyTorch does not load OpenBLAS here; the peer is not the one "
             "DESIGN §11 names")
-    log(f"PyTorch {torch.__version__}, BLAS: {env['torch_blas']['openblas_library']} "
-        f"({env['torch_blas']['openblas_config']}), {torch.get_num_threads()} threads")
+    log(f"PyTorch {torch.__version__}, BLAS: {blas['openblas_library']} "
+        f"({blas['openblas_config']}), {ARGS.threads} threads")
     if ARGS.keep:
         os.makedirs(ARGS.keep, exist_ok=True)
     work = ARGS.keep or tempfile.mkdtemp(prefix="tessera-bench-dit-")
     try:
         log("sgemm peak (bench_gemm) ...")
+        snap = cpu_snapshot()
         peak = sgemm_peak(build)
+        peak["other_load"] = other_load(snap, cpu_snapshot())
         results = [run_config(name, build, work, peak) for name in ARGS.config]
     finally:
         if not ARGS.keep:
             shutil.rmtree(work, ignore_errors=True)
+    doc = {"env": env, "peak": peak, "results": results}
+    if ARGS.json_out:
+        with open(ARGS.json_out, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
     if ARGS.json:
-        json.dump({"env": env, "peak": peak, "results": results}, sys.stdout, indent=2)
+        json.dump(doc, sys.stdout, indent=2)
         print()
     else:
         print_report(env, peak, results)

@@ -323,8 +323,9 @@ int ts_cpu_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, 
         j.split = 0;
         parallel(e, batch, 1 + (int64_t)(65536.0 / (work + 1.0)), gemm_range, &j);
     } else {
-        /* below ~64k multiply-adds a product is not worth splitting; slices of ≥ 16 */
-        int64_t grain = work * (double)batch < 65536.0 ? INT64_MAX : 16;
+        /* below ~64k multiply-adds a product is not worth splitting, nor into slices of < 64
+         * rows or columns (a 49-token image at batch 1 runs faster on one thread) */
+        int64_t grain = work * (double)batch < 65536.0 ? INT64_MAX : 64;
         j.split = M >= N ? 1 : 2;
         for (int64_t b = 0; b < batch; b++) {
             j.A = A + b * stride_a, j.B = B + b * stride_b, j.C = C + b * stride_c;
