@@ -10,10 +10,10 @@
  *     images — the real step of model/train.c: batch and noise draws, x_t, forward, MSE loss,
  *     backward, gradient-norm clipping, AdamW and the EMA update.
  * Each measurement is a warm-up (3 calls, at least 0.2 s), then calls timed one by one until
- * --seconds (default 2) have passed and at least 5 calls have run (--quick: 1 call and 0.05 s,
- * 0.3 s and 3 calls — a smoke run). The figure is the median call
- * (robust against another process's bursts on a shared machine; the JSON also has the mean and
- * the fastest call). GFLOP/s counts the GEMMs of ts_dit_flops_per_sample, 3× that for training.
+ * --seconds (default 2) have passed and at least 5 calls have run (--quick: a warm-up of 1 call
+ * and 0.05 s, then 0.3 s and 3 calls — a smoke run). The figure is the median call (robust
+ * against another process's bursts on a shared machine; the JSON also has the mean and the
+ * fastest call). GFLOP/s counts the GEMMs of ts_dit_flops_per_sample, 3× that for training.
  *
  * --check FILE first runs one forward on the inputs stored in FILE (x, t, y; the orchestrator
  * writes them with PyTorch's output v) and compares: max|v_ours − v| / max(1, max|v|) must be at
@@ -43,7 +43,7 @@
 
 #define MAX_BATCHES 16
 #define ERRLEN 512
-#define DATA_N 1024      /* images in the synthetic training set */
+#define DATA_N 1024 /* images in the synthetic training set */
 
 typedef struct opts {
     const char *weights;
@@ -82,9 +82,9 @@ static int cmp_double(const void *a, const void *b) {
 /* What is timed: one call of a forward or of a training step. */
 typedef struct job {
     ts_dit_t *m;
-    ts_trainer_t *tr;             /* training when non-NULL */
-    ts_tensor_t x, t;             /* forward inputs (B, C, H, W), (B) */
-    int32_t *y;                   /* (B) host labels */
+    ts_trainer_t *tr; /* training when non-NULL */
+    ts_tensor_t x, t; /* forward inputs (B, C, H, W), (B) */
+    int32_t *y;       /* (B) host labels */
     int B;
 } job_t;
 
@@ -189,8 +189,8 @@ static int synthetic_data(const ts_dit_config_t *c, ts_dataset_t *ds) {
     for (int64_t i = 0; i < DATA_N * chw; i++)
         ds->images[i] = 2.0f * ts_rng_uniform_at(7, (uint64_t)i) - 1.0f;
     for (int i = 0; i < DATA_N; i++)
-        ds->labels[i] = (int32_t)(ts_rng_uniform_at(8, (uint64_t)i) * (float)c->num_classes) %
-                        c->num_classes;
+        ds->labels[i] =
+            (int32_t)(ts_rng_uniform_at(8, (uint64_t)i) * (float)c->num_classes) % c->num_classes;
     return TS_OK;
 }
 
@@ -334,25 +334,29 @@ static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_e
 static void print_header(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_engine_t *e,
                          double flops) {
     const ts_dit_config_t *c = &m->cfg;
-    fprintf(out, "bench_dit: %s — DiT %dx%dx%d, patch %d, hidden %d, depth %d, heads %d, "
-                 "%lld parameters\n",
-            o->weights, c->input_size, c->input_size, c->in_channels, c->patch_size,
-            c->hidden_size, c->depth, c->num_heads, (long long)m->num_params);
-    fprintf(out, "engine: CPU, %d threads; %.3f MFLOP per sample forward (GEMMs), %gs per "
-                 "measurement\n",
+    fprintf(out,
+            "bench_dit: %s — DiT %dx%dx%d, patch %d, hidden %d, depth %d, heads %d, "
+            "%lld parameters\n",
+            o->weights, c->input_size, c->input_size, c->in_channels, c->patch_size, c->hidden_size,
+            c->depth, c->num_heads, (long long)m->num_params);
+    fprintf(out,
+            "engine: CPU, %d threads; %.3f MFLOP per sample forward (GEMMs), %gs per "
+            "measurement\n",
             e->threads, flops / 1e6, o->seconds);
 }
 
 static void print_check(FILE *out, const opts_t *o, const check_t *ck) {
-    fprintf(out, "check: batch %d, max|v_ours - v_ref| = %.3e, max|v_ref| = %.3f, relative %.3e "
-                 "(tolerance %.0e): %s\n",
+    fprintf(out,
+            "check: batch %d, max|v_ours - v_ref| = %.3e, max|v_ref| = %.3f, relative %.3e "
+            "(tolerance %.0e): %s\n",
             ck->batch, ck->max_abs_diff, ck->scale, ck->rel, o->tol,
             ck->rel <= o->tol ? "same computation" : "MISMATCH");
 }
 
 static void print_result(FILE *out, const result_t *r) {
-    fprintf(out, "%-8s B=%-3d %10.1f samples/s  %8.2f GFLOP/s  median %9.3f ms  mean %9.3f ms  "
-                 "(%ld calls)\n",
+    fprintf(out,
+            "%-8s B=%-3d %10.1f samples/s  %8.2f GFLOP/s  median %9.3f ms  mean %9.3f ms  "
+            "(%ld calls)\n",
             r->what, r->batch, r->samples_per_s, r->gflops, r->t.median * 1e3, r->t.mean * 1e3,
             r->t.calls);
     fflush(out);
@@ -413,8 +417,9 @@ static int run(const opts_t *o) {
         if (!o->json)
             print_check(out, o, &ck);
         if (!(ck.rel <= o->tol)) {
-            fprintf(stderr, "bench_dit: the forward output differs from %s by %.3e (relative; "
-                            "tolerance %.0e): not the same computation, nothing timed\n",
+            fprintf(stderr,
+                    "bench_dit: the forward output differs from %s by %.3e (relative; "
+                    "tolerance %.0e): not the same computation, nothing timed\n",
                     o->check, ck.rel, o->tol);
             status = 3;
             goto done;
@@ -523,8 +528,12 @@ static int parse_double(const char *s, double lo, double hi, double *out) {
 }
 
 int main(int argc, char **argv) {
-    opts_t o = {.train_batch = 64, .seconds = -1, .tol = 1e-4, .warmup_calls = 3,
-                .warmup_seconds = 0.2, .min_calls = 5};
+    opts_t o = {.train_batch = 64,
+                .seconds = -1,
+                .tol = 1e-4,
+                .warmup_calls = 3,
+                .warmup_seconds = 0.2,
+                .min_calls = 5};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
