@@ -12,6 +12,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -328,11 +329,18 @@ int ts_cmd_train(int argc, char **argv) {
             g_stop ? "stopped" : "done", (long long)tr.step, loss, avg, secs,
             (double)(tr.step - first) * o.batch / (secs + 1e-9), o.out, o.run,
             ts_store_dir(store));
-    if (o.json)
-        printf("{\"done\":%s,\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"seconds\":%.2f,"
-               "\"out\":\"%s\",\"run\":\"%s\",\"data_dir\":\"%s\"}\n",
-               g_stop ? "false" : "true", (long long)tr.step, loss, avg, secs, o.out, o.run,
-               ts_store_dir(store));
+    if (o.json) {
+        /* jansson escapes the paths (a quote in a file name must not break the JSON) */
+        json_t *j = json_pack("{s:b, s:I, s:f, s:f, s:f, s:s, s:s, s:s}", "done", !g_stop, "step",
+                              (json_int_t)tr.step, "loss", (double)loss, "loss_avg", (double)avg,
+                              "seconds", secs, "out", o.out, "run", o.run, "data_dir",
+                              ts_store_dir(store));
+        if (j) {
+            json_dumpf(j, stdout, JSON_COMPACT);
+            printf("\n");
+            json_decref(j);
+        }
+    }
     rc = g_stop ? 130 : 0;
 done:
     if (loss_log)
