@@ -25,6 +25,7 @@
 #include "client/commands.h"
 #include "model/dit_io.h"
 #include "model/fmnist.h"
+#include "model/partition.h"
 #include "model/train.h"
 #include "store/ckpt.h"
 #include "store/store.h"
@@ -53,8 +54,10 @@ static void fmt_eta(double s, char *buf, size_t len) {
 
 typedef struct {
     const char *fmnist_dir, *shard, *model, *out, *loss_log, *init;
-    const char *store_dir, *run, *from_ckpt;
+    const char *store_dir, *run, *from_ckpt, *partition;
     int64_t steps;
+    int cluster;
+    char partition_id[80], cluster_str[16], shard_buf[4096];
     int batch, threads, ckpt_every, keep, log_every, resume, json, warmup, logit_normal;
     float lr, wd, clip, ema, dropout;
     uint64_t seed;
@@ -159,7 +162,9 @@ static int save_outputs(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o,
     snprintf(steps, sizeof steps, "%lld", (long long)tr->step);
     snprintf(lossbuf, sizeof lossbuf, "%.6f", loss);
     const char *extra[] = {"objective", "velocity", "weights", "ema", "train_steps", steps,
-                           "train_loss", lossbuf, "shard", o->shard ? o->shard : "all"};
+                           "train_loss", lossbuf, "shard", o->shard ? o->shard : "all",
+                           "partition_id", o->partition_id, "cluster", o->cluster_str};
+    int n_extra = o->partition ? 7 : 5;
     unsigned char *blob = NULL;
     size_t len = 0;
     int rc = ts_trainer_save_mem(tr, &blob, &len, err, errlen);
@@ -169,13 +174,14 @@ static int save_outputs(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o,
                  ts_store_dir(st), o->run, (long long)tr->step, len);
     free(blob);
     if (rc == TS_OK)
-        rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, TS_ST_F32, extra, 5, err, errlen);
+        rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, TS_ST_F32, extra, n_extra, err, errlen);
     return rc;
 }
 
 int ts_cmd_train(int argc, char **argv) {
     train_opts_t o = {.fmnist_dir = TS_FMNIST_DEFAULT_DIR, .model = "tiny", .steps = 1000,
-                      .batch = 64, .ckpt_every = 500, .keep = 3, .log_every = 50, .seed = 0};
+                      .batch = 64, .ckpt_every = 500, .keep = 3, .log_every = 50, .seed = 0,
+                      .cluster = -1};
     ts_train_config_t tc;
     ts_train_config_default(&tc);
     o.lr = tc.lr, o.wd = tc.weight_decay, o.clip = tc.grad_clip, o.ema = tc.ema_decay;
@@ -183,6 +189,8 @@ int ts_cmd_train(int argc, char **argv) {
     ts_arg_t args[] = {
         {"data", TS_ARG_STRING, &o.fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"shard", TS_ARG_STRING, &o.shard, "FILE", "train only on these image indices (one per line)"},
+        {"partition", TS_ARG_STRING, &o.partition, "DIR", "a `tessera partition` folder: train on its shard-<cluster>.txt and record partition_id and cluster in the weights (needs --cluster)"},
+        {"cluster", TS_ARG_INT, &o.cluster, "K", "the cluster of --partition to train on", 0, 65535},
         {"model", TS_ARG_STRING, &o.model, "NAME", "config: tiny, small, S/2, B/4, ... (default tiny)"},
         {"init", TS_ARG_STRING, &o.init, "FILE", "start from these weights instead of a fresh init"},
         {"steps", TS_ARG_I64, &o.steps, "N", "total optimisation steps (default 1000)", 1, 1e12},
@@ -221,6 +229,36 @@ int ts_cmd_train(int argc, char **argv) {
         fprintf(stderr, "tessera train: the run name must be 1..%d bytes (pass --run NAME)\n",
                 TS_CKPT_RUN_MAX);
         return 2;
+    }
+    if ((o.partition != NULL) != (o.cluster >= 0)) {
+        fprintf(stderr, "tessera train: --partition and --cluster go together\n");
+        return 2;
+    }
+    if (o.partition && o.shard) {
+        fprintf(stderr, "tessera train: --shard and --partition both name the data; pass one\n");
+        return 2;
+    }
+    if (o.partition) {
+        char perr[512] = "", ppath[4096];
+        ts_partition_t part = {0};
+        snprintf(ppath, sizeof ppath, "%s/partition.safetensors", o.partition);
+        int prc = ts_partition_load(ppath, &part, perr, sizeof perr);
+        if (prc == TS_OK && o.cluster >= part.K) {
+            snprintf(perr, sizeof perr, "--cluster %d: %.400s has clusters 0..%d", o.cluster, ppath,
+                     part.K - 1);
+            prc = TS_EINVAL;
+        }
+        if (prc == TS_OK) {
+            snprintf(o.partition_id, sizeof o.partition_id, "%s", part.id);
+            snprintf(o.cluster_str, sizeof o.cluster_str, "%d", o.cluster);
+            snprintf(o.shard_buf, sizeof o.shard_buf, "%s/shard-%d.txt", o.partition, o.cluster);
+            o.shard = o.shard_buf;
+        }
+        ts_partition_free(&part);
+        if (prc != TS_OK) {
+            fprintf(stderr, "tessera train: %s: %s\n", perr, ts_strerror(prc));
+            return 2;
+        }
     }
     tc.batch = o.batch, tc.lr = o.lr, tc.warmup = o.warmup, tc.weight_decay = o.wd;
     tc.grad_clip = o.clip, tc.ema_decay = o.ema, tc.label_dropout = o.dropout;

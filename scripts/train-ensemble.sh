@@ -1,0 +1,43 @@
+#!/bin/sh
+# train-ensemble.sh — trains one `tiny` expert per cluster of a partition with the same total
+# training compute as one monolith of TOTAL_STEPS steps: expert k gets
+# round(TOTAL_STEPS × |shard k| / |train set|) steps at the same batch, so every expert sees its
+# shard as many times as the monolith sees the whole set.
+#
+#   scripts/train-ensemble.sh PARTITION_DIR OUT_DIR [TOTAL_STEPS]
+#
+# Environment: TESSERA (the binary, default build/client/tessera), BATCH (64), LR (5e-4),
+# WARMUP (100), EMA (0.998), DATA_DIR (the checkpoint store, default OUT_DIR/store).
+# Writes OUT_DIR/expert-<k>.safetensors (with partition_id and cluster in the metadata), a copy of
+# the partition artifact, and OUT_DIR/train-<k>.log. Re-running resumes unfinished experts.
+set -eu
+part=${1:?usage: train-ensemble.sh PARTITION_DIR OUT_DIR [TOTAL_STEPS]}
+out=${2:?usage: train-ensemble.sh PARTITION_DIR OUT_DIR [TOTAL_STEPS]}
+total=${3:-12000}
+tessera=${TESSERA:-build/client/tessera}
+batch=${BATCH:-64} lr=${LR:-5e-4} warmup=${WARMUP:-100} ema=${EMA:-0.998}
+mkdir -p "$out"
+store=${DATA_DIR:-$out/store}
+cp "$part/partition.safetensors" "$out/partition.safetensors"
+n_all=0
+for f in "$part"/shard-*.txt; do
+    n_all=$((n_all + $(grep -vc '^#' "$f")))
+done
+k=0
+while [ -f "$part/shard-$k.txt" ]; do
+    n=$(grep -vc '^#' "$part/shard-$k.txt")
+    steps=$(( (total * n + n_all / 2) / n_all ))
+    if [ -f "$out/expert-$k.safetensors" ] && grep -q "\"train_steps\":\"$steps\"" \
+        "$out/expert-$k.safetensors" 2>/dev/null; then
+        echo "expert $k: done already ($steps steps)"
+    else
+        echo "expert $k: $n images, $steps steps × $batch"
+        "$tessera" train --partition "$part" --cluster "$k" --model tiny --steps "$steps" \
+            --batch "$batch" --lr "$lr" --warmup "$warmup" --ema "$ema" --seed $((k + 1)) \
+            --log-every 100 --ckpt-every 250 --data-dir "$store" --run "expert-$k" --resume \
+            --out "$out/expert-$k.safetensors" --loss-log "$out/loss-$k.txt" \
+            2> "$out/train-$k.log"
+        tail -n 1 "$out/train-$k.log"
+    fi
+    k=$((k + 1))
+done
