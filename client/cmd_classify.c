@@ -17,6 +17,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,16 @@
 #define N_BUCKETS 10
 #define EVAL_SEED 0x5eedull /* the router evaluation's noise: the same for every run */
 
+/* One compact JSON line on stdout; jansson escapes the strings (a quote in a file name must not
+ * break the JSON). Takes ownership of j, which may be NULL (out of memory: nothing printed). */
+static void print_json(json_t *j) {
+    if (!j)
+        return;
+    json_dumpf(j, stdout, JSON_COMPACT);
+    printf("\n");
+    json_decref(j);
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -44,7 +55,7 @@ typedef struct {
     const char *prog, *fmnist_dir, *partition, *model, *out;
     int64_t steps;
     int batch, threads, warmup, log_every, json, eval_n;
-    int hidden, depth, heads, patch;
+    int hidden, depth, heads, patch, no_augment;
     float lr, wd, clip;
     uint64_t seed;
 } cls_opts_t;
@@ -83,6 +94,7 @@ static int train_loop(const cls_opts_t *o, ts_classifier_t *c, const ts_dataset_
     ts_classifier_train_config_default(&tc);
     tc.batch = o->batch, tc.lr = o->lr, tc.warmup = o->warmup, tc.weight_decay = o->wd;
     tc.grad_clip = o->clip, tc.seed = o->seed, tc.total_steps = o->steps;
+    tc.augment = !o->no_augment;
     ts_classifier_trainer_t *tr = NULL;
     int rc = ts_classifier_trainer_init(&tr, c, ds, targets, &tc);
     if (rc != TS_OK) {
@@ -245,10 +257,13 @@ static int parse(cls_opts_t *o, int router, int argc, char **argv) {
         {"log-every", TS_ARG_INT, &o->log_every, "N", "progress line every N steps (default 100)", 1, 1e9},
         {"json", TS_ARG_FLAG, &o->json, NULL, "JSON lines on stdout (progress and summary)"},
         {"out", TS_ARG_STRING, &o->out, "FILE", "where to write the model (.safetensors)", 0, 0, 1},
+        {"no-augment", TS_ARG_FLAG, &o->no_augment, NULL, "train on the images as they are (default: random horizontal flips and shifts of up to 2 pixels)"},
     };
     /* clang-format on */
     int n = (int)(sizeof common / sizeof common[0]);
-    if (!router) { /* no --partition */
+    if (router) { /* a router is never augmented (model/classifier.h): no --no-augment */
+        n--;
+    } else { /* no --partition */
         memmove(&common[1], &common[2], (size_t)(n - 2) * sizeof common[0]);
         n--;
     }
@@ -356,9 +371,9 @@ int ts_cmd_train_classifier(int argc, char **argv) {
     fprintf(stderr, "test accuracy %.2f %% (%d/%d) after %lld steps in %.1f s; classifier → %s\n",
             100.0 * acc, right, n, (long long)o.steps, secs, o.out);
     if (o.json)
-        printf("{\"done\":true,\"test_accuracy\":%.4f,\"test_n\":%d,\"steps\":%lld,"
-               "\"seconds\":%.1f,\"out\":\"%s\"}\n",
-               acc, n, (long long)o.steps, secs, o.out);
+        print_json(json_pack("{s:b, s:f, s:i, s:I, s:f, s:s}", "done", 1, "test_accuracy", acc,
+                             "test_n", n, "steps", (json_int_t)o.steps, "seconds", secs, "out",
+                             o.out));
     run_free(&r);
     return 0;
 }
@@ -440,12 +455,12 @@ int ts_cmd_train_router(int argc, char **argv) {
             printf("  [%.1f, %.1f)     %.3f\n", j / 10.0, (j + 1) / 10.0, acc[j]);
         printf("  mean           %.3f\n", mean);
         if (o.json) {
-            printf("{\"done\":true,\"partition_id\":\"%s\",\"steps\":%lld,\"seconds\":%.1f,"
-                   "\"bucket_accuracy\":[",
-                   p.id, (long long)o.steps, secs);
-            for (int j = 0; j < N_BUCKETS; j++)
-                printf("%s%.4f", j ? "," : "", acc[j]);
-            printf("],\"out\":\"%s\"}\n", o.out);
+            json_t *buckets = json_array();
+            for (int j = 0; buckets && j < N_BUCKETS; j++)
+                json_array_append_new(buckets, json_real(acc[j]));
+            print_json(json_pack("{s:b, s:s, s:I, s:f, s:o*, s:s}", "done", 1, "partition_id",
+                                 p.id, "steps", (json_int_t)o.steps, "seconds", secs,
+                                 "bucket_accuracy", buckets, "out", o.out));
         }
         fprintf(stderr, "trained %lld steps in %.1f s; router → %s\n", (long long)o.steps, secs,
                 o.out);

@@ -32,6 +32,7 @@ static void usage(FILE *f) {
                "  train-classifier  train the evaluation classifier (DiT trunk, 10 labels, clean images)\n"
                "  train-router  train a router: cluster of a noisy x_t, per-t-bucket accuracy\n"
                "  generate      generate images with a routed ensemble of local experts (--local DIR)\n"
+               "  eval          compare routing policies and a monolith by FD, coverage and cost\n"
                "  selfcheck     check the compute kernels against naive references (and a CUDA\n"
                "                device against the CPU, when one is present)\n"
                "  bench gemm    GEMM throughput of the DiT configs next to the sgemm peak\n"
@@ -97,6 +98,8 @@ int main(int argc, char **argv) {
         return ts_cmd_train_router(argc - 1, argv + 1);
     if (strcmp(verb, "generate") == 0)
         return ts_cmd_generate(argc - 1, argv + 1);
+    if (strcmp(verb, "eval") == 0)
+        return ts_cmd_eval(argc - 1, argv + 1);
     if (strcmp(verb, "selfcheck") == 0)
         return ts_cli_selfcheck(argc - 1, argv + 1);
     if (strcmp(verb, "bench") == 0)

@@ -556,7 +556,7 @@ int ts_classifier_open(ts_classifier_t **out, const char *path, ts_engine_t *e, 
 
 /* ---- training ------------------------------------------------------------------------- */
 
-enum { STREAM_PERM = 11, STREAM_TIME = 12, STREAM_NOISE = 13 };
+enum { STREAM_PERM = 11, STREAM_TIME = 12, STREAM_NOISE = 13, STREAM_AUGMENT = 14 };
 
 struct ts_classifier_trainer {
     ts_classifier_t *c;
@@ -566,7 +566,7 @@ struct ts_classifier_trainer {
     int64_t step;
     ts_tensor_t m_trunk, v_trunk, m_head, v_head;
     ts_tensor_t x0, eps, xt, vel, t, sumsq;
-    float *x0_host, *t_host, *logits_host;
+    float *x0_host, *t_host, *logits_host, *aug_tmp;
     int32_t *y_host, *perm;
     int64_t perm_epoch;
 };
@@ -581,6 +581,7 @@ void ts_classifier_train_config_default(ts_classifier_train_config_t *c) {
     c->beta2 = 0.999f;
     c->eps = 1e-8f;
     c->grad_clip = 1.0f;
+    c->shift = 2;
 }
 
 float ts_classifier_lr(const ts_classifier_train_config_t *c, int64_t s) {
@@ -606,6 +607,7 @@ void ts_classifier_trainer_free(ts_classifier_trainer_t *tr) {
     free(tr->logits_host);
     free(tr->y_host);
     free(tr->perm);
+    free(tr->aug_tmp);
     free(tr);
 }
 
@@ -617,7 +619,8 @@ int ts_classifier_trainer_init(ts_classifier_trainer_t **out, ts_classifier_t *c
     *out = NULL;
     if (!c || !data || !targets || !cfg || !c->trainable || cfg->batch < 1 ||
         cfg->batch > c->max_batch || !(cfg->lr > 0.0f) || !isfinite(cfg->lr) || cfg->warmup < 0 ||
-        !(cfg->weight_decay >= 0.0f) || !(cfg->grad_clip >= 0.0f) || data->n < 1)
+        !(cfg->weight_decay >= 0.0f) || !(cfg->grad_clip >= 0.0f) || data->n < 1 ||
+        cfg->shift < 0 || cfg->shift > 8)
         return TS_EINVAL;
     const ts_dit_config_t *mc = &c->trunk.cfg;
     if (data->channels != mc->in_channels || data->height != mc->input_size ||
@@ -661,8 +664,9 @@ int ts_classifier_trainer_init(ts_classifier_trainer_t **out, ts_classifier_t *c
     tr->logits_host = malloc((size_t)(B * c->K) * sizeof(float));
     tr->y_host = malloc((size_t)B * sizeof(int32_t));
     tr->perm = malloc((size_t)data->n * sizeof(int32_t));
-    if (rc == TS_OK &&
-        (!tr->x0_host || !tr->t_host || !tr->logits_host || !tr->y_host || !tr->perm))
+    tr->aug_tmp = malloc((size_t)(S * S) * sizeof(float));
+    if (rc == TS_OK && (!tr->x0_host || !tr->t_host || !tr->logits_host || !tr->y_host ||
+                        !tr->perm || !tr->aug_tmp))
         rc = TS_ENOMEM;
     if (rc != TS_OK) {
         ts_classifier_trainer_free(tr);
@@ -684,6 +688,25 @@ static void ensure_perm(ts_classifier_trainer_t *tr, int64_t ep) {
     tr->perm_epoch = ep;
 }
 
+/* Augments one image in place (C planes of S×S): flip horizontally when flip, then shift by
+ * (dx, dy) pixels, filling what comes in from outside with −1 (the background: Fashion-MNIST's 0
+ * mapped to [−1, 1]). tmp holds one plane. */
+static void augment_image(float *img, float *tmp, int C, int S, int flip, int dx, int dy) {
+    for (int ch = 0; ch < C; ch++) {
+        float *p = img + (int64_t)ch * S * S;
+        memcpy(tmp, p, (size_t)S * S * sizeof(float));
+        for (int y = 0; y < S; y++) {
+            int sy = y - dy;
+            for (int x = 0; x < S; x++) {
+                int sx = x - dx;
+                sx = flip ? S - 1 - sx : sx;
+                int inside = sy >= 0 && sy < S && sx >= 0 && sx < S;
+                p[y * S + x] = inside ? tmp[sy * S + sx] : -1.0f;
+            }
+        }
+    }
+}
+
 /* Stages step s's images (and, for a router, its noisy x_t) on the device; returns the input. */
 static int stage_batch(ts_classifier_trainer_t *tr, int64_t s, const ts_tensor_t **input) {
     const ts_dataset_t *d = tr->data;
@@ -691,11 +714,23 @@ static int stage_batch(ts_classifier_trainer_t *tr, int64_t s, const ts_tensor_t
     int B = tr->cfg.batch;
     int64_t chw = (int64_t)d->channels * d->height * d->width;
     uint64_t tkey = ts_stream_key(tr->cfg.seed, STREAM_TIME);
+    uint64_t akey = ts_stream_key(tr->cfg.seed, STREAM_AUGMENT);
+    int augment = tr->cfg.augment && !tr->c->time_conditioned, span = 2 * tr->cfg.shift + 1;
     for (int i = 0; i < B; i++) {
         int64_t g = s * B + i;
         ensure_perm(tr, g / d->n);
         int32_t idx = tr->perm[g % d->n];
         memcpy(tr->x0_host + i * chw, d->images + (int64_t)idx * chw, (size_t)chw * sizeof(float));
+        if (augment) {
+            uint64_t a = 3 * (uint64_t)g;
+            int flip = ts_rng_uniform_at(akey, a) < 0.5f;
+            int dx = (int)(ts_rng_uniform_at(akey, a + 1) * (float)span) - tr->cfg.shift;
+            int dy = (int)(ts_rng_uniform_at(akey, a + 2) * (float)span) - tr->cfg.shift;
+            dx = dx > tr->cfg.shift ? tr->cfg.shift : dx; /* u may round up to 1 */
+            dy = dy > tr->cfg.shift ? tr->cfg.shift : dy;
+            augment_image(tr->x0_host + i * chw, tr->aug_tmp, d->channels, d->height, flip, dx,
+                          dy);
+        }
         tr->y_host[i] = tr->targets[idx];
         tr->t_host[i] = ts_rng_uniform_at(tkey, (uint64_t)g);
     }

@@ -83,10 +83,14 @@ typedef struct ts_classifier_train_config {
     float weight_decay;   /* AdamW's, decoupled */
     float beta1, beta2, eps;
     float grad_clip;      /* max global gradient norm; 0 = no clipping */
+    int augment;          /* clean images only: random horizontal flip and a shift of up to
+                             ±shift pixels in each direction, the border filled with −1 */
+    int shift;
     uint64_t seed;
 } ts_classifier_train_config_t;
 
-/* batch 64, lr 1e-3, warmup 200, constant, wd 0.05, betas (0.9, 0.999), eps 1e-8, clip 1, seed 0 */
+/* batch 64, lr 1e-3, warmup 200, constant, wd 0.05, betas (0.9, 0.999), eps 1e-8, clip 1, no
+ * augmentation (shift 2 when it is turned on), seed 0 */
 void ts_classifier_train_config_default(ts_classifier_train_config_t *c);
 /* The learning rate used at step s (0-based). */
 float ts_classifier_lr(const ts_classifier_train_config_t *c, int64_t s);
@@ -95,7 +99,8 @@ float ts_classifier_lr(const ts_classifier_train_config_t *c, int64_t s);
  * function of (seed, step), as in model/train.h: the data order is a per-epoch permutation, and
  * for a time-conditioned model (a router) each sample is x_t = (1 − t)·x0 + t·ε with t ~ U(0, 1)
  * and ε ~ N(0, 1) (ts_flow_interp, the flow-matching schedule); otherwise the clean image at
- * t = 0. No augmentation. targets (data->n, each in [0, K)) is the class of each image: the
+ * t = 0, augmented when cfg->augment (a router is never augmented: a flip or a shift moves an
+ * image to another cluster). Augmentation draws are pure functions of (seed, sample) too. targets (data->n, each in [0, K)) is the class of each image: the
  * labels for the evaluation classifier, the partition's assignment for a router. c, data and
  * targets are borrowed. Free with ts_classifier_trainer_free. */
 typedef struct ts_classifier_trainer ts_classifier_trainer_t;

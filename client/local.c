@@ -1,0 +1,283 @@
+/*
+ * local.c — a generation folder in this process (client/local.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "client/local.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "model/safetensors.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void free_list(char **list, int n) {
+    for (int i = 0; i < n; i++)
+        free(list[i]);
+    free(list);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* The expert files of dir (see the header): *paths (malloc'd list of malloc'd strings), *n. */
+static int find_experts(const char *dir, char ***paths, int *n, char *err, size_t errlen) {
+    char path[4096];
+    char **list = calloc(TS_ROUTE_MAX_EXPERTS, sizeof *list);
+    int count = 0;
+    if (!list)
+        return TS_ENOMEM;
+    for (int k = 0; k < TS_ROUTE_MAX_EXPERTS; k++) {
+        snprintf(path, sizeof path, "%s/expert-%d.safetensors", dir, k);
+        if (!file_exists(path))
+            break;
+        if (!(list[count++] = strdup(path))) {
+            free_list(list, count);
+            return TS_ENOMEM;
+        }
+    }
+    if (count == 0) {
+        DIR *d = opendir(dir);
+        if (!d) {
+            ts_set_err(err, errlen, "--local %s: cannot open the folder", dir);
+            free(list);
+            return TS_EIO;
+        }
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL && count < TS_ROUTE_MAX_EXPERTS) {
+            if (!ends_with(de->d_name, ".safetensors") ||
+                strcmp(de->d_name, "partition.safetensors") == 0 ||
+                strcmp(de->d_name, "router.safetensors") == 0)
+                continue;
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            ts_st_file_t f;
+            if (ts_st_read(path, &f, NULL, 0) != TS_OK)
+                continue; /* not ours to judge: only files naming a cluster are experts */
+            int is_expert = ts_st_meta(&f, "cluster") != NULL;
+            ts_st_free(&f);
+            if (is_expert && !(list[count++] = strdup(path))) {
+                closedir(d);
+                free_list(list, count);
+                return TS_ENOMEM;
+            }
+        }
+        closedir(d);
+        qsort(list, (size_t)count, sizeof *list, cmp_str);
+    }
+    if (count == 0) {
+        ts_set_err(err, errlen,
+                   "--local %s: no experts found (want expert-0.safetensors, expert-1... or "
+                   ".safetensors files with a metadata cluster; see tessera generate --help)",
+                   dir);
+        free(list);
+        return TS_ENOTFOUND;
+    }
+    *paths = list;
+    *n = count;
+    return TS_OK;
+}
+
+int ts_local_open(ts_local_t *l, const char *dir, ts_engine_t *e, int chunk, int pairs,
+                  int load_router, const char *prog, char *err, size_t errlen) {
+    memset(l, 0, sizeof *l);
+    l->chunk = chunk;
+    snprintf(l->dir, sizeof l->dir, "%s", dir);
+    char **paths = NULL, path[4096];
+    int n_paths = 0;
+    int rc = find_experts(dir, &paths, &n_paths, err, errlen);
+    if (rc == TS_OK)
+        rc = ts_experts_open(&l->ex, (const char *const *)paths, n_paths, e, pairs * chunk, err,
+                             errlen);
+    free_list(paths, n_paths);
+    snprintf(path, sizeof path, "%s/partition.safetensors", dir);
+    if (rc == TS_OK && file_exists(path)) {
+        rc = ts_partition_load(path, &l->part, err, errlen);
+        l->has_part = rc == TS_OK;
+    }
+    snprintf(path, sizeof path, "%s/router.safetensors", dir);
+    if (rc == TS_OK && load_router && file_exists(path)) {
+        rc = ts_classifier_open(&l->router, path, e, chunk, err, errlen);
+        if (rc == TS_OK && ts_classifier_num_outputs(l->router) != l->ex.K) {
+            ts_set_err(err, errlen,
+                       "%s routes over %d clusters but %s holds %d experts: train the router on "
+                       "this folder's partition",
+                       path, ts_classifier_num_outputs(l->router), dir, l->ex.K);
+            rc = TS_EINVAL;
+        }
+        if (rc == TS_OK)
+            rc = ts_classifier_router_init(&l->rr, l->router, e, chunk);
+        l->has_router = rc == TS_OK;
+    }
+    if (rc != TS_OK)
+        return rc;
+    /* warnings: what does not match */
+    for (int k = 0; k < l->ex.K && l->has_part; k++)
+        if (l->ex.partition_id[k] && strcmp(l->ex.partition_id[k], l->part.id) != 0)
+            fprintf(stderr, "%s: warning: %s was trained on partition %.12s…, not this folder's "
+                            "%.12s…\n",
+                    prog, l->ex.paths[k], l->ex.partition_id[k], l->part.id);
+    if (l->has_router && l->has_part) {
+        const char *pid = ts_classifier_meta(l->router, "partition_id");
+        if (pid && strcmp(pid, l->part.id) != 0)
+            fprintf(stderr, "%s: warning: the router was trained on partition %.12s…, not this "
+                            "folder's %.12s…\n",
+                    prog, pid, l->part.id);
+    }
+    return TS_OK;
+}
+
+int ts_local_open_file(ts_local_t *l, const char *path, ts_engine_t *e, int chunk, int pairs,
+                       char *err, size_t errlen) {
+    memset(l, 0, sizeof *l);
+    l->chunk = chunk;
+    snprintf(l->dir, sizeof l->dir, "%s", path);
+    return ts_experts_open(&l->ex, &path, 1, e, pairs * chunk, err, errlen);
+}
+
+void ts_local_free(ts_local_t *l) {
+    if (!l)
+        return;
+    ts_classifier_router_free(&l->rr);
+    ts_classifier_free(l->router);
+    if (l->has_part)
+        ts_partition_free(&l->part);
+    ts_experts_free(&l->ex);
+    memset(l, 0, sizeof *l);
+}
+
+int ts_local_check_policy(const ts_local_t *l, ts_policy_t policy, const char *prog, char *err,
+                          size_t errlen) {
+    const char *name = ts_policy_name(policy);
+    int distance = policy == TS_POLICY_CENTROID || policy == TS_POLICY_CONFIDENCE;
+    if (distance && !l->has_part && l->ex.K > 1) {
+        ts_set_err(err, errlen,
+                   "--policy %s needs %s/partition.safetensors (the partition's embedding and "
+                   "centroids): run `tessera partition --experts %d --out %s`, or use --policy "
+                   "learned or uniform",
+                   name, l->dir, l->ex.K, l->dir);
+        return TS_ENOTFOUND;
+    }
+    if (policy == TS_POLICY_LEARNED && !l->has_router && l->ex.K > 1) {
+        ts_set_err(err, errlen,
+                   "--policy learned needs a router and %s has none: train one with `tessera "
+                   "train-router --partition %s --out %s/router.safetensors`, or use --policy "
+                   "centroid or uniform",
+                   l->dir, l->dir, l->dir);
+        return TS_ENOTFOUND;
+    }
+    if (policy == TS_POLICY_CENTROID && !l->has_router && l->ex.K > 1)
+        fprintf(stderr, "%s: note: no router in %s: the centroid policy's first step (pure noise, "
+                        "no estimate yet) routes uniformly\n",
+                prog, l->dir);
+    if (policy == TS_POLICY_CONFIDENCE && l->ex.K > 1)
+        fprintf(stderr, "%s: note: the confidence policy runs all %d experts at every step\n",
+                prog, l->ex.K);
+    return TS_OK;
+}
+
+float ts_local_default_tau(const ts_local_t *l) {
+    return l->has_part && l->part.n > 0 && l->part.inertia > 0.0
+               ? (float)(l->part.inertia / (double)l->part.n)
+               : 1.0f;
+}
+
+int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err,
+                         size_t errlen) {
+    *label = -1;
+    if (!cls)
+        return TS_OK;
+    if (strcmp(cls, "null") == 0) {
+        *label = num_classes;
+        return TS_OK;
+    }
+    char *end;
+    long v = strtol(cls, &end, 10);
+    if (!*cls || *end || v < 0 || v >= num_classes) {
+        ts_set_err(err, errlen, "--class %s: must be 0..%d or 'null'", cls, num_classes - 1);
+        return TS_EINVAL;
+    }
+    *label = (int)v;
+    return TS_OK;
+}
+
+int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, float *images,
+                      ts_local_stats_t *stats, char *err, size_t errlen) {
+    const ts_dit_config_t *c = &l->ex.models[0].cfg;
+    int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    int distance = g->policy == TS_POLICY_CENTROID || g->policy == TS_POLICY_CONFIDENCE;
+    double t0 = now_s();
+    int64_t forwards = 0, router_evals = 0;
+    int rc = TS_OK;
+    for (int start = 0; start < g->n && rc == TS_OK; start += l->chunk) {
+        int m = g->n - start < l->chunk ? g->n - start : l->chunk;
+        ts_ensemble_opts_t o = {.policy = g->policy, .select = g->select, .tau = g->tau,
+                                .cfg_scale = g->cfg, .labels = g->labels + start, .n = m,
+                                .router = l->has_router ? ts_classifier_router_fn : NULL,
+                                .router_ctx = l->has_router ? (void *)&l->rr : NULL,
+                                .partition = l->has_part ? &l->part : NULL,
+                                .record = g->record};
+        /* one expert needs no scores: route it uniformly whatever the policy asks */
+        if (l->ex.K == 1 || (distance && !l->has_part))
+            o.policy = TS_POLICY_UNIFORM;
+        ts_ensemble_t ens;
+        ts_tensor_t x = {0}, scratch[3] = {{0}};
+        rc = ts_ensemble_init(&ens, e, l->ex.models, l->ex.K, &o, err, errlen);
+        if (rc != TS_OK)
+            break;
+        rc = ts_tensor_alloc(&x, TS_F32, e->device, 4,
+                             TS_SHAPE(m, c->in_channels, c->input_size, c->input_size));
+        for (int i = 0; i < 3 && rc == TS_OK; i++)
+            rc = ts_tensor_alloc(&scratch[i], TS_F32, e->device, 4, x.shape);
+        if (rc == TS_OK)
+            rc = ts_sampler_noise(e, &x, g->seeds + start);
+        if (rc == TS_OK)
+            rc = ts_sampler_run(e, &g->sampler, &x, scratch, ts_ensemble_velocity, &ens,
+                                g->on_step, g->step_ctx);
+        if (rc == TS_OK) {
+            ts_tensor_t host;
+            rc = ts_tensor_wrap(&host, images + start * chw, TS_F32, TS_CPU, 4, x.shape);
+            if (rc == TS_OK)
+                rc = ts_tensor_copy(&host, &x);
+        }
+        if (rc == TS_OK) {
+            forwards += ens.forwards;
+            router_evals += ens.router_calls * m;
+            for (int k = 0; stats && stats->use && k < l->ex.K; k++)
+                stats->use[k] += ens.expert_forwards[k];
+            if (g->on_chunk)
+                g->on_chunk(g->chunk_ctx, &ens, start);
+        } else if (err && !*err) {
+            ts_set_err(err, errlen, "generation failed");
+        }
+        for (int i = 0; i < 3; i++)
+            ts_tensor_free(&scratch[i]);
+        ts_tensor_free(&x);
+        ts_ensemble_free(&ens);
+    }
+    if (stats) {
+        stats->forwards = forwards;
+        stats->router_evals = router_evals;
+        stats->seconds = now_s() - t0;
+    }
+    return rc;
+}

@@ -1,0 +1,102 @@
+/*
+ * local.h — a generation folder in this process: the experts, the partition and the router that
+ * `tessera generate --local DIR` and `tessera eval --local DIR` read, and routed generation from
+ * them (model/ensemble.h), chunk by chunk.
+ *
+ * The folder DIR holds:
+ *   partition.safetensors   the partition artifact (`tessera partition`): PCA basis, mean, the K
+ *                           centroids. Required by the centroid and confidence policies; when
+ *                           present its K must equal the number of experts.
+ *   expert-<k>.safetensors  the experts, k = 0..K−1 (`tessera train --partition DIR --cluster k`),
+ *                           taken in k order; when there is no expert-0.safetensors, every other
+ *                           *.safetensors with a metadata "cluster" is an expert, ordered by it.
+ *   router.safetensors      optional: the router (`tessera train-router`), required by the
+ *                           learned policy; the centroid policy uses it for its first step.
+ *
+ * Generation: sample i starts from the noise stream seeds[i] with label labels[i]; samples go
+ * through the ensemble in chunks of at most `chunk`, and since routing is per sample the
+ * chunking changes no result. A folder of one expert with any policy and top1 is that expert
+ * alone, so it reproduces `tessera sample` bit for bit (the monolith of `tessera eval`).
+ *
+ * `prog` prefixes the notes and warnings written to stderr; `err`/`errlen` receive one sentence
+ * on failure.
+ */
+#ifndef TS_CLIENT_LOCAL_H
+#define TS_CLIENT_LOCAL_H
+
+#include <stdint.h>
+
+#include "model/classifier.h"
+#include "model/ensemble.h"
+#include "model/partition.h"
+#include "model/routing.h"
+#include "model/sampler.h"
+
+typedef struct ts_local {
+    ts_experts_t ex;
+    ts_partition_t part; /* valid when has_part */
+    ts_classifier_t *router;
+    ts_classifier_router_t rr; /* valid when has_router */
+    int has_part, has_router;
+    int chunk; /* samples per ensemble call */
+    char dir[1024];
+} ts_local_t;
+
+/* Opens the folder dir for engine e, with activations for chunk samples (2·chunk when pairs = 2,
+ * i.e. with CFG): the experts (required), the partition (when the file exists) and the router
+ * (when the file exists and load_router is set). A router or partition whose K differs from the
+ * folder's experts is an error; files trained on another partition give a warning. Free with
+ * ts_local_free (also after a failure). */
+int ts_local_open(ts_local_t *l, const char *dir, ts_engine_t *e, int chunk, int pairs,
+                  int load_router, const char *prog, char *err, size_t errlen);
+
+/* Opens one expert file as a folder of one (no partition, no router): a monolith. */
+int ts_local_open_file(ts_local_t *l, const char *path, ts_engine_t *e, int chunk, int pairs,
+                       char *err, size_t errlen);
+
+void ts_local_free(ts_local_t *l);
+
+/* Whether the folder has what policy needs (TS_ENOTFOUND with a sentence saying how to get it);
+ * prints a note when the policy falls back or costs K times more. */
+int ts_local_check_policy(const ts_local_t *l, ts_policy_t policy, const char *prog, char *err,
+                          size_t errlen);
+
+/* The distance policies' default temperature: the partition's mean squared distance of an image
+ * to its centroid (1 without a partition). */
+float ts_local_default_tau(const ts_local_t *l);
+
+typedef struct ts_local_gen {
+    ts_policy_t policy;
+    ts_selection_t select;
+    float tau, cfg;
+    ts_sampler_opts_t sampler;
+    int n;
+    const int32_t *labels; /* n, borrowed */
+    const uint64_t *seeds; /* n, borrowed */
+    /* optional: called after each chunk with its ensemble (e.g. to copy the routing record,
+     * which needs record = 1); start is the chunk's first sample */
+    void (*on_chunk)(void *ctx, const ts_ensemble_t *ens, int start);
+    void *chunk_ctx;
+    int record;
+    ts_sample_progress_fn on_step; /* optional, per sampler step of every chunk */
+    void *step_ctx;
+} ts_local_gen_t;
+
+typedef struct ts_local_stats {
+    int64_t forwards;     /* sample-forwards through any expert (a CFG pair is two) */
+    int64_t router_evals; /* sample-evaluations of the router */
+    int64_t *use;         /* (K) sample-forwards per expert; the caller's array, or NULL */
+    double seconds;
+} ts_local_stats_t;
+
+/* Generates g->n samples into images (n, C, H, W) in host memory. stats (may be NULL) is
+ * overwritten, except that stats->use is added to. */
+int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, float *images,
+                      ts_local_stats_t *stats, char *err, size_t errlen);
+
+/* Parses a class option: "null" (the null label, unconditional) or 0..num_classes−1 into
+ * *label; NULL gives −1 (cycle through the classes). TS_EINVAL with a sentence otherwise. */
+int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err,
+                         size_t errlen);
+
+#endif
