@@ -1,0 +1,91 @@
+#!/bin/sh
+# test_cli_local.sh TESSERA — the local science verbs end to end, on real files and the real
+# data set: partition → train --partition → train-router → train-classifier → generate --local →
+# eval. The budgets are tiny (2 steps): this checks the plumbing and the exact invariants, not
+# sample quality:
+#   - train --partition records partition_id and cluster in the weights;
+#   - a one-expert folder reproduces `tessera sample` byte for byte;
+#   - expert evaluations per sample are what the selection implies (top1: steps, top2 and full
+#     over 2 experts: 2·steps);
+#   - with two identical experts, top1 and the uniform mean both equal the single expert exactly,
+#     so `tessera eval` gives the monolith's FD to the last digit;
+#   - the report is a self-contained HTML page with the chart and a grid per entry.
+set -eu
+T=${1:?usage: test_cli_local.sh TESSERA}
+PY=/usr/bin/python3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+run() { # quiet unless it fails
+    "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }
+}
+json_get() { # json_get FILE EXPR: EXPR over the parsed object j
+    "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"
+}
+
+f=$dir/folder
+run "$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$f"
+for k in 0 1; do
+    run "$T" train --partition "$f" --cluster $k --model tiny --steps 2 --batch 8 --seed $k \
+        --data-dir "$dir/store" --out "$f/expert-$k.safetensors"
+done
+grep -q '"cluster":"1"' "$f/expert-1.safetensors" || fail "expert-1 does not record its cluster"
+pid=$("$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$dir/again" --json 2>/dev/null |
+    "$PY" -c "import json,sys; print(json.load(sys.stdin)['partition_id'])")
+grep -q "\"partition_id\":\"$pid\"" "$f/expert-0.safetensors" ||
+    fail "expert-0 does not record partition_id $pid"
+run "$T" train-router --partition "$f" --steps 2 --batch 8 --eval-n 16 --patch 7 --depth 1 \
+    --out "$f/router.safetensors"
+run "$T" train-classifier --steps 2 --batch 8 --eval-n 64 --patch 7 --depth 1 \
+    --out "$dir/cls.safetensors"
+
+# generate: the cost of each selection
+for sel in top1:2 top2:4 full:4; do
+    s=${sel%%:*} want=${sel##*:}
+    "$T" generate --local "$f" --policy learned --select "$s" --n 5 --steps 2 --sampler euler \
+        --out "$dir/g.png" --json >"$dir/g.json" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "generate --select $s"; }
+    got=$(json_get "$dir/g.json" "j['evals_per_sample']")
+    [ "$got" = "$want.0" ] || fail "generate --select $s: $got expert evaluations per sample, want $want"
+done
+
+# a one-expert folder is `tessera sample`
+mkdir "$dir/one"
+cp "$f/expert-0.safetensors" "$dir/one/expert-0.safetensors"
+run "$T" generate --local "$dir/one" --policy uniform --n 6 --steps 3 --sampler euler --cfg 1.5 \
+    --seed 7 --out "$dir/one.png"
+run "$T" sample --weights "$f/expert-0.safetensors" --n 6 --steps 3 --sampler euler --cfg 1.5 \
+    --seed 7 --out "$dir/sample.png"
+cmp -s "$dir/one.png" "$dir/sample.png" || fail "a one-expert folder differs from tessera sample"
+
+# eval: two identical experts (no cluster metadata) against the same weights as the monolith
+run "$T" train --model tiny --steps 2 --batch 8 --data-dir "$dir/store" --out "$dir/mono.safetensors"
+mkdir "$dir/same"
+cp "$dir/mono.safetensors" "$dir/same/expert-0.safetensors"
+cp "$dir/mono.safetensors" "$dir/same/expert-1.safetensors"
+cp "$f/partition.safetensors" "$f/router.safetensors" "$dir/same/"
+"$T" eval --local "$dir/same" --classifier "$dir/cls.safetensors" \
+    --monolith "$dir/mono.safetensors" --policies "monolith learned:top1 uniform:full centroid:top2" \
+    --n 12 --steps 2 --sampler euler --ref-n 200 --grid 4 --report "$dir/r.html" --json \
+    >"$dir/e.json" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "eval"; }
+"$PY" - "$dir/e.json" <<'PYEOF' || fail "eval results"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+e = {x["policy"]: x for x in j["entries"]}
+assert len(j["entries"]) == 5, j["entries"]
+mono = e["monolith"]["fd"]
+assert math.isfinite(mono) and mono >= 0, mono
+for name in ("learned:top1", "uniform:full"):
+    assert e[name]["fd"] == mono, (name, e[name]["fd"], mono)
+for name, evals in (("monolith", 2), ("learned:top1", 2), ("uniform:full", 4), ("centroid:top2", 4)):
+    assert e[name]["evals_per_sample"] == evals, (name, e[name]["evals_per_sample"])
+assert e["learned:top1"]["router_evals_per_sample"] == 2, e["learned:top1"]
+for x in j["entries"]:
+    assert 0 <= x["coverage_bits"] <= math.log2(10) + 1e-9, x
+PYEOF
+grep -q "<svg" "$dir/r.html" || fail "the report has no chart"
+[ "$(grep -o 'data:image/png;base64' "$dir/r.html" | wc -l)" -eq 4 ] ||
+    fail "the report should hold one grid per entry (4)"
+echo "ok: partition, train --partition, train-router, train-classifier, generate --local, eval"
