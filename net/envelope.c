@@ -1,0 +1,963 @@
+/*
+ * envelope.c — Envelopes on top of protobuf-c: encoding, decoding within a memory budget, and
+ * the validity rules of docs/protocol.md (declared in frame.h).
+ *
+ * Decoding is two steps. First protobuf-c parses the bytes, allocating through budget_alloc,
+ * which counts every byte it hands out (frees are not credited back) and fails once the total
+ * would pass TS_FRAME_DECODE_FACTOR × length + TS_FRAME_DECODE_SLACK. protobuf-c then cleans up
+ * and returns NULL, and the frame is refused with TS_ERANGE. The bound matters because
+ * protobuf-c's memory is not proportional to the input: an empty sub-message costs two bytes on
+ * the wire and a whole struct in memory, and every field it scans costs a 32-byte record.
+ *
+ * Then the checker walks the parsed message, one check_<message> function per message type,
+ * each told where the message sits ("ping.updates[2].suspect") so that an error sentence names
+ * the exact field. The checker reads only; it never changes what it was given. Fields this
+ * version does not know are left in each message's unknown_fields and ignored, except in two
+ * places where they decide what the message is: an Envelope whose body is unknown is refused
+ * with TS_ENOTSUP (the receiver answers ERROR_UNSUPPORTED), and a MemberUpdate whose kind is
+ * unknown is accepted and left for the gossip layer to skip.
+ *
+ * The bodies of signed statements (Alive, Leave, Advert) stay bytes inside the Envelope: their
+ * signature covers those exact bytes, so the gossip layer verifies it first and only then calls
+ * ts_frame_decode_*_body, which applies the same budget and checks.
+ */
+#include "net/frame.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/error.h"
+#include "store/peers.h"
+#include "store/weights.h"
+
+_Static_assert(TS_FRAME_ID_BYTES == TS_HASH_BYTES, "ids and hashes are BLAKE2b-256 sized");
+_Static_assert(TS_FRAME_ID_BYTES == TS_PEER_ID_LEN, "node ids are Ed25519 public keys");
+_Static_assert(TS_FRAME_MAX_ADDRS == TS_PEER_MAX_ADDRS, "an address book entry holds them all");
+_Static_assert(TS_FRAME_ADDR_MAX == TS_PEER_ADDR_MAX, "an address book entry holds them all");
+_Static_assert(TS_FRAME_MAX_DIMS == TS_MAX_DIMS, "a wire tensor fits a ts_tensor_t");
+
+#define PATH_LEN 128        /* the longest field path in an error sentence */
+#define FIRST_BODY_FIELD 16 /* Envelope fields 1..15 are the header's */
+
+/* ---- the decode budget -------------------------------------------------------------------- */
+
+typedef struct {
+    size_t used, budget;
+    int over; /* an allocation was refused: the budget is spent */
+    int oom;  /* an allocation within the budget failed */
+} budget_t;
+
+static void *budget_alloc(void *data, size_t size) {
+    budget_t *b = data;
+    if (size > b->budget - b->used) {
+        b->over = 1;
+        return NULL;
+    }
+    b->used += size;
+    void *p = malloc(size ? size : 1);
+    if (!p)
+        b->oom = 1;
+    return p;
+}
+
+static void budget_free(void *data, void *p) {
+    (void)data;
+    free(p);
+}
+
+static size_t budget_for(size_t len) {
+    if (len > (SIZE_MAX - TS_FRAME_DECODE_SLACK) / TS_FRAME_DECODE_FACTOR)
+        return SIZE_MAX;
+    return TS_FRAME_DECODE_FACTOR * len + TS_FRAME_DECODE_SLACK;
+}
+
+/* Parses data as a d under the budget; what names it in err. */
+static int unpack(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len,
+                  ProtobufCMessage **out, const char *what, char *err, size_t errlen) {
+    *out = NULL;
+    if (!data && len > 0) {
+        ts_set_err(err, errlen, "%s: NULL data", what);
+        return TS_EINVAL;
+    }
+    static const uint8_t empty[1];
+    budget_t b = {0, budget_for(len), 0, 0};
+    ProtobufCAllocator a = {budget_alloc, budget_free, &b};
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, &a, len, data ? data : empty);
+    if (!m) {
+        if (b.over) {
+            ts_set_err(err, errlen,
+                       "%s: decoding %zu bytes would allocate more than %zu bytes "
+                       "(an encoding built to expand)",
+                       what, len, b.budget);
+            return TS_ERANGE;
+        }
+        if (b.oom) {
+            ts_set_err(err, errlen, "%s: out of memory decoding %zu bytes", what, len);
+            return TS_ENOMEM;
+        }
+        ts_set_err(err, errlen, "%s: %zu bytes that are not a valid protobuf %s", what, len,
+                   d->short_name);
+        return TS_ECORRUPT;
+    }
+    *out = m;
+    return TS_OK;
+}
+
+void ts_frame_free(void *msg) {
+    if (msg)
+        protobuf_c_message_free_unpacked(msg, NULL); /* free(), matching budget_alloc */
+}
+
+/* ---- the checker's plumbing --------------------------------------------------------------- */
+
+typedef struct {
+    unsigned flags; /* TS_FRAME_CHECK_* */
+    char *err;
+    size_t errlen;
+} chk_t;
+
+static int bad(chk_t *c, int code, const char *fmt, ...) TS_PRINTF(3, 4);
+static int bad(chk_t *c, int code, const char *fmt, ...) {
+    if (c->err && c->errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err, c->errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* path = "<base>.<field>" or "<base>.<field>[i]" (i ≥ 0); a path too long for the buffer
+ * ends in "..." (only the error sentence suffers). */
+static const char *sub(char path[PATH_LEN], const char *base, const char *field, long i) {
+    int n = i < 0 ? snprintf(path, PATH_LEN, "%s.%s", base, field)
+                  : snprintf(path, PATH_LEN, "%s.%s[%ld]", base, field, i);
+    if (n >= PATH_LEN)
+        memcpy(path + PATH_LEN - 4, "...", 4);
+    return path;
+}
+
+#define CHECK(expr)                                                                                \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_)                                                                                   \
+            return rc_;                                                                            \
+    } while (0)
+
+/* A present sub-message. */
+static int need(chk_t *c, const void *msg, const char *what, const char *field) {
+    if (!msg)
+        return bad(c, TS_ECORRUPT, "%s.%s is missing", what, field);
+    return TS_OK;
+}
+
+/* A present scalar. */
+static int need_has(chk_t *c, protobuf_c_boolean has, const char *what, const char *field) {
+    if (!has)
+        return bad(c, TS_ECORRUPT, "%s.%s is missing", what, field);
+    return TS_OK;
+}
+
+/* A node id, partition id or hash: exactly TS_FRAME_ID_BYTES bytes. */
+static int check_id(chk_t *c, protobuf_c_boolean has, const ProtobufCBinaryData *b,
+                    const char *what, const char *field) {
+    if (!has)
+        return bad(c, TS_ECORRUPT, "%s.%s is missing", what, field);
+    if (b->len != TS_FRAME_ID_BYTES)
+        return bad(c, TS_ECORRUPT, "%s.%s is %zu bytes, not %u", what, field, b->len,
+                   TS_FRAME_ID_BYTES);
+    return TS_OK;
+}
+
+/* A float that must be finite and within [lo, hi]. */
+static int check_float(chk_t *c, float v, float lo, float hi, const char *what, const char *field) {
+    if (!isfinite(v) || v < lo || v > hi)
+        return bad(c, TS_ERANGE, "%s.%s is %g, outside [%g, %g]", what, field, (double)v,
+                   (double)lo, (double)hi);
+    return TS_OK;
+}
+
+/* "host:port": printable ASCII, no spaces; host a name or IPv4 address without ':', or an IPv6
+ * address in brackets; port 1..65535 in decimal. The same rule as the address book's
+ * (store/peers.c), so that every address accepted here can be stored there. */
+static int addr_ok(const char *a) {
+    size_t len = strlen(a);
+    if (len < 3 || len > TS_FRAME_ADDR_MAX)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (a[i] <= ' ' || a[i] >= 0x7f)
+            return 0;
+    const char *colon = strrchr(a, ':');
+    if (!colon || colon == a)
+        return 0;
+    size_t hlen = (size_t)(colon - a), plen = len - hlen - 1;
+    if (a[0] == '[') {
+        if (hlen < 3 || a[hlen - 1] != ']' || memchr(a + 1, ']', hlen - 2))
+            return 0;
+    } else if (memchr(a, ':', hlen) || memchr(a, '[', hlen) || memchr(a, ']', hlen)) {
+        return 0;
+    }
+    if (plen < 1 || plen > 5)
+        return 0;
+    unsigned port = 0;
+    for (size_t i = 0; i < plen; i++) {
+        char ch = colon[1 + i];
+        if (ch < '0' || ch > '9')
+            return 0;
+        port = port * 10 + (unsigned)(ch - '0');
+    }
+    return port >= 1 && port <= 65535;
+}
+
+static int check_addr(chk_t *c, const char *a, const char *what) {
+    if (!a)
+        return bad(c, TS_ECORRUPT, "%s is missing", what);
+    if (!addr_ok(a))
+        return bad(c, TS_ECORRUPT, "%s \"%.64s\" is not a host:port address", what, a);
+    return TS_OK;
+}
+
+/* Well-formed UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF. */
+static int utf8_ok(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned b = s[i];
+        size_t k;
+        unsigned cp, min;
+        if (b < 0x80) {
+            i++;
+            continue;
+        } else if ((b & 0xE0) == 0xC0) {
+            k = 1, cp = b & 0x1F, min = 0x80;
+        } else if ((b & 0xF0) == 0xE0) {
+            k = 2, cp = b & 0x0F, min = 0x800;
+        } else if ((b & 0xF8) == 0xF0) {
+            k = 3, cp = b & 0x07, min = 0x10000;
+        } else {
+            return 0;
+        }
+        if (n - i <= k)
+            return 0;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80)
+                return 0;
+            cp = cp << 6 | (s[i + j] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
+/* ---- tensors ------------------------------------------------------------------------------ */
+
+static size_t wire_dtype_size(int d) {
+    switch (d) {
+    case TESSERA__DTYPE__DTYPE_F32: return 4;
+    case TESSERA__DTYPE__DTYPE_F16:
+    case TESSERA__DTYPE__DTYPE_BF16: return 2;
+    default: return 0;
+    }
+}
+
+static const char *wire_dtype_name(int d) {
+    switch (d) {
+    case TESSERA__DTYPE__DTYPE_F32: return "F32";
+    case TESSERA__DTYPE__DTYPE_F16: return "F16";
+    case TESSERA__DTYPE__DTYPE_BF16: return "BF16";
+    default: return "?";
+    }
+}
+
+/* The index of the first element whose exponent bits are all ones (Inf or NaN), or n. The bytes
+ * are little-endian whatever the host, so the exponent is read from the high byte(s). */
+static size_t first_nonfinite(const uint8_t *p, size_t n, int d) {
+    for (size_t i = 0; i < n; i++) {
+        switch (d) {
+        case TESSERA__DTYPE__DTYPE_F32: {
+            const uint8_t *e = p + 4 * i; /* exponent: bits 23..30 */
+            if ((e[3] & 0x7F) == 0x7F && (e[2] & 0x80))
+                return i;
+            break;
+        }
+        case TESSERA__DTYPE__DTYPE_F16: /* exponent: bits 10..14 */
+            if ((p[2 * i + 1] & 0x7C) == 0x7C)
+                return i;
+            break;
+        default: /* BF16, exponent: bits 7..14 */
+            if ((p[2 * i + 1] & 0x7F) == 0x7F && (p[2 * i] & 0x80))
+                return i;
+            break;
+        }
+    }
+    return n;
+}
+
+static int check_tensor(chk_t *c, const Tessera__Tensor *w, unsigned allowed, const char *what) {
+    if (!w)
+        return bad(c, TS_ECORRUPT, "%s is missing", what);
+    if (!w->has_dtype)
+        return bad(c, TS_ECORRUPT, "%s.dtype is missing", what);
+    size_t esize = wire_dtype_size(w->dtype);
+    if (esize == 0 || !(allowed & TS_FRAME_DTYPE_BIT(w->dtype)))
+        return bad(c, TS_EDTYPE, "%s: dtype %s (%d) is not accepted here", what,
+                   wire_dtype_name(w->dtype), (int)w->dtype);
+    if (w->n_shape < 1 || w->n_shape > TS_FRAME_MAX_DIMS)
+        return bad(c, TS_ESHAPE, "%s has %zu dimensions, not 1..%d", what, w->n_shape,
+                   TS_FRAME_MAX_DIMS);
+    size_t numel = 1;
+    for (size_t i = 0; i < w->n_shape; i++) {
+        int64_t d = w->shape[i];
+        if (d < 1)
+            return bad(c, TS_ESHAPE, "%s: dimension %zu is %lld, not ≥ 1", what, i, (long long)d);
+        if ((uint64_t)d > SIZE_MAX / esize / numel)
+            return bad(c, TS_ERANGE, "%s: the shape's size overflows", what);
+        numel *= (size_t)d;
+    }
+    if (!w->has_data || w->data.len != numel * esize)
+        return bad(c, TS_ESHAPE, "%s: shape needs %zu × %zu bytes, data holds %zu", what, numel,
+                   esize, w->has_data ? w->data.len : 0);
+    if (c->flags & TS_FRAME_CHECK_FINITE) {
+        size_t i = first_nonfinite(w->data.data, numel, w->dtype);
+        if (i < numel)
+            return bad(c, TS_ENONFINITE, "%s: element %zu is NaN or infinite", what, i);
+    }
+    return TS_OK;
+}
+
+int ts_frame_check_tensor(const Tessera__Tensor *w, unsigned allowed, unsigned flags,
+                          const char *what, char *err, size_t errlen) {
+    chk_t c = {flags, err, errlen};
+    return check_tensor(&c, w, allowed, what ? what : "tensor");
+}
+
+/* ---- gossip ------------------------------------------------------------------------------- */
+
+/* Alive, Leave and Advert share the layout of a signed statement. */
+static int check_signed(chk_t *c, protobuf_c_boolean has_id, const ProtobufCBinaryData *id,
+                        protobuf_c_boolean has_body, const ProtobufCBinaryData *body,
+                        protobuf_c_boolean has_sig, const ProtobufCBinaryData *sig,
+                        const char *what) {
+    CHECK(check_id(c, has_id, id, what, "node_id"));
+    if (!has_body || body->len == 0)
+        return bad(c, TS_ECORRUPT, "%s.body is missing", what);
+    if (body->len > TS_FRAME_SIGNED_BODY_MAX)
+        return bad(c, TS_ERANGE, "%s.body is %zu bytes, more than %u", what, body->len,
+                   TS_FRAME_SIGNED_BODY_MAX);
+    if (!has_sig)
+        return bad(c, TS_ECORRUPT, "%s.signature is missing", what);
+    if (sig->len != TS_FRAME_SIGNATURE_BYTES)
+        return bad(c, TS_ECORRUPT, "%s.signature is %zu bytes, not %u", what, sig->len,
+                   TS_FRAME_SIGNATURE_BYTES);
+    return TS_OK;
+}
+
+static int check_alive(chk_t *c, const Tessera__Alive *m, const char *what) {
+    return check_signed(c, m->has_node_id, &m->node_id, m->has_body, &m->body, m->has_signature,
+                        &m->signature, what);
+}
+
+static int check_leave(chk_t *c, const Tessera__Leave *m, const char *what) {
+    return check_signed(c, m->has_node_id, &m->node_id, m->has_body, &m->body, m->has_signature,
+                        &m->signature, what);
+}
+
+/* Suspect and Dead: a claim by from_id about node_id at an incarnation. */
+static int check_claim(chk_t *c, protobuf_c_boolean has_node, const ProtobufCBinaryData *node,
+                       protobuf_c_boolean has_inc, protobuf_c_boolean has_from,
+                       const ProtobufCBinaryData *from, const char *what) {
+    CHECK(check_id(c, has_node, node, what, "node_id"));
+    CHECK(need_has(c, has_inc, what, "incarnation"));
+    return check_id(c, has_from, from, what, "from_id");
+}
+
+static int check_update(chk_t *c, const Tessera__MemberUpdate *u, const char *what) {
+    char p[PATH_LEN];
+    switch (u->update_case) {
+    case TESSERA__MEMBER_UPDATE__UPDATE_ALIVE:
+        return check_alive(c, u->alive, sub(p, what, "alive", -1));
+    case TESSERA__MEMBER_UPDATE__UPDATE_SUSPECT:
+        return check_claim(c, u->suspect->has_node_id, &u->suspect->node_id,
+                           u->suspect->has_incarnation, u->suspect->has_from_id,
+                           &u->suspect->from_id, sub(p, what, "suspect", -1));
+    case TESSERA__MEMBER_UPDATE__UPDATE_DEAD:
+        return check_claim(c, u->dead->has_node_id, &u->dead->node_id, u->dead->has_incarnation,
+                           u->dead->has_from_id, &u->dead->from_id, sub(p, what, "dead", -1));
+    case TESSERA__MEMBER_UPDATE__UPDATE_LEAVE:
+        return check_leave(c, u->leave, sub(p, what, "leave", -1));
+    default:
+        /* A kind from a newer version is skipped by the gossip layer; nothing at all is not an
+         * update. */
+        if (u->base.n_unknown_fields == 0)
+            return bad(c, TS_ECORRUPT, "%s is empty", what);
+        return TS_OK;
+    }
+}
+
+static int check_updates(chk_t *c, size_t n, Tessera__MemberUpdate *const *u, const char *what) {
+    char p[PATH_LEN];
+    for (size_t i = 0; i < n; i++)
+        CHECK(check_update(c, u[i], sub(p, what, "updates", (long)i)));
+    return TS_OK;
+}
+
+static int check_member(chk_t *c, const Tessera__MemberState *m, const char *what) {
+    CHECK(check_id(c, m->has_node_id, &m->node_id, what, "node_id"));
+    CHECK(need_has(c, m->has_status, what, "status"));
+    if (m->status < TESSERA__MEMBER_STATUS__MEMBER_ALIVE ||
+        m->status > TESSERA__MEMBER_STATUS__MEMBER_LEFT)
+        return bad(c, TS_ECORRUPT, "%s.status %d is not a member status", what, (int)m->status);
+    CHECK(need_has(c, m->has_incarnation, what, "incarnation"));
+    char p[PATH_LEN];
+    if (!m->alive && (m->status == TESSERA__MEMBER_STATUS__MEMBER_ALIVE ||
+                      m->status == TESSERA__MEMBER_STATUS__MEMBER_SUSPECT))
+        return bad(c, TS_ECORRUPT, "%s.alive is missing (required for an alive or suspect member)",
+                   what);
+    if (m->alive) {
+        CHECK(check_alive(c, m->alive, sub(p, what, "alive", -1)));
+        if (memcmp(m->alive->node_id.data, m->node_id.data, TS_FRAME_ID_BYTES) != 0)
+            return bad(c, TS_ECORRUPT, "%s.alive is signed by another node than %s.node_id", what,
+                       what);
+    }
+    return TS_OK;
+}
+
+static int check_members(chk_t *c, size_t n, Tessera__MemberState *const *m, const char *what) {
+    char p[PATH_LEN];
+    for (size_t i = 0; i < n; i++)
+        CHECK(check_member(c, m[i], sub(p, what, "members", (long)i)));
+    return TS_OK;
+}
+
+static int check_ping(chk_t *c, const Tessera__Ping *m) {
+    CHECK(check_id(c, m->has_target_id, &m->target_id, "ping", "target_id"));
+    return check_updates(c, m->n_updates, m->updates, "ping");
+}
+
+static int check_ping_req(chk_t *c, const Tessera__PingReq *m) {
+    CHECK(check_id(c, m->has_target_id, &m->target_id, "ping_req", "target_id"));
+    CHECK(check_addr(c, m->target_addr, "ping_req.target_addr"));
+    return check_updates(c, m->n_updates, m->updates, "ping_req");
+}
+
+/* ---- adverts, serving, weights, status, control ------------------------------------------ */
+
+static int check_load(chk_t *c, const Tessera__Load *m, const char *what) {
+    if (m->has_requests_per_s)
+        CHECK(check_float(c, m->requests_per_s, 0.0f, 1e9f, what, "requests_per_s"));
+    return TS_OK;
+}
+
+static int check_denoise_request(chk_t *c, const Tessera__DenoiseRequest *m) {
+    const char *w = "denoise_request";
+    CHECK(check_id(c, m->has_expert_id, &m->expert_id, w, "expert_id"));
+    CHECK(check_tensor(c, m->x_t, TS_FRAME_DTYPES_FLOAT, "denoise_request.x_t"));
+    if (m->x_t->n_shape != 4)
+        return bad(c, TS_ESHAPE, "denoise_request.x_t has %zu dimensions, not 4 (B, C, H, W)",
+                   m->x_t->n_shape);
+    size_t B = (size_t)m->x_t->shape[0];
+    if (m->n_t != B)
+        return bad(c, TS_ESHAPE, "denoise_request.t has %zu values for a batch of %zu", m->n_t, B);
+    for (size_t i = 0; i < B; i++)
+        if (!isfinite(m->t[i]) || m->t[i] < 0.0f || m->t[i] > 1.0f)
+            return bad(c, TS_ERANGE, "denoise_request.t[%zu] is %g, outside [0, 1]", i,
+                       (double)m->t[i]);
+    if (m->n_class_labels != B)
+        return bad(c, TS_ESHAPE, "denoise_request.class_labels has %zu values for a batch of %zu",
+                   m->n_class_labels, B);
+    for (size_t i = 0; i < B; i++)
+        if (m->class_labels[i] < 0)
+            return bad(c, TS_ERANGE, "denoise_request.class_labels[%zu] is %d, negative", i,
+                       (int)m->class_labels[i]);
+    CHECK(need_has(c, m->has_cfg_scale, w, "cfg_scale"));
+    return check_float(c, m->cfg_scale, -TS_FRAME_CFG_SCALE_MAX, TS_FRAME_CFG_SCALE_MAX, w,
+                       "cfg_scale");
+}
+
+static int check_denoise_response(chk_t *c, const Tessera__DenoiseResponse *m) {
+    CHECK(check_tensor(c, m->velocity, TS_FRAME_DTYPES_FLOAT, "denoise_response.velocity"));
+    if (m->velocity->n_shape != 4)
+        return bad(c, TS_ESHAPE, "denoise_response.velocity has %zu dimensions, not 4 (B, C, H, W)",
+                   m->velocity->n_shape);
+    return TS_OK;
+}
+
+static int check_manifest(chk_t *c, const Tessera__WeightsManifest *m) {
+    const char *w = "weights_manifest";
+    CHECK(check_id(c, m->has_weights_hash, &m->weights_hash, w, "weights_hash"));
+    CHECK(need_has(c, m->has_total_size, w, "total_size"));
+    if (m->total_size < 1 || m->total_size > TS_FRAME_WEIGHTS_MAX)
+        return bad(c, TS_ERANGE, "weights_manifest.total_size %llu is outside [1, 2^40]",
+                   (unsigned long long)m->total_size);
+    CHECK(need_has(c, m->has_chunk_size, w, "chunk_size"));
+    if (m->chunk_size < TS_FRAME_CHUNK_MIN || m->chunk_size > TS_FRAME_CHUNK_MAX)
+        return bad(c, TS_ERANGE, "weights_manifest.chunk_size %u is outside [%u, %u]",
+                   (unsigned)m->chunk_size, TS_FRAME_CHUNK_MIN, TS_FRAME_CHUNK_MAX);
+    uint64_t n = (m->total_size + m->chunk_size - 1) / m->chunk_size;
+    if (m->n_chunk_hashes != n)
+        return bad(c, TS_ECORRUPT,
+                   "weights_manifest lists %zu chunk hashes; %llu bytes in chunks of %u need %llu",
+                   m->n_chunk_hashes, (unsigned long long)m->total_size, (unsigned)m->chunk_size,
+                   (unsigned long long)n);
+    for (size_t i = 0; i < m->n_chunk_hashes; i++)
+        if (m->chunk_hashes[i].len != TS_FRAME_ID_BYTES)
+            return bad(c, TS_ECORRUPT, "weights_manifest.chunk_hashes[%zu] is %zu bytes, not %u", i,
+                       m->chunk_hashes[i].len, TS_FRAME_ID_BYTES);
+    CHECK(need_has(c, m->has_dtype, w, "dtype"));
+    if (wire_dtype_size(m->dtype) == 0)
+        return bad(c, TS_EDTYPE, "weights_manifest.dtype %d is not a dtype", (int)m->dtype);
+    return TS_OK;
+}
+
+static int check_chunk(chk_t *c, const Tessera__Chunk *m) {
+    CHECK(check_id(c, m->has_chunk_hash, &m->chunk_hash, "chunk", "chunk_hash"));
+    if (!m->has_data || m->data.len == 0)
+        return bad(c, TS_ECORRUPT, "chunk.data is missing");
+    if (m->data.len > TS_FRAME_CHUNK_MAX)
+        return bad(c, TS_ERANGE, "chunk.data is %zu bytes, more than %u", m->data.len,
+                   TS_FRAME_CHUNK_MAX);
+    return TS_OK;
+}
+
+static int check_aggregates(chk_t *c, const Tessera__Aggregates *m) {
+    const char *w = "status_response.aggregates";
+    char p[PATH_LEN];
+    for (size_t i = 0; i < m->n_clusters; i++) {
+        const Tessera__ClusterExperts *e = m->clusters[i];
+        sub(p, w, "clusters", (long)i);
+        CHECK(check_id(c, e->has_partition_id, &e->partition_id, p, "partition_id"));
+        CHECK(need_has(c, e->has_cluster, p, "cluster"));
+        if (!e->has_live_experts || e->live_experts < 1)
+            return bad(c, TS_ECORRUPT, "%s.live_experts must be ≥ 1 (else it is uncovered)", p);
+    }
+    for (size_t i = 0; i < m->n_uncovered; i++) {
+        const Tessera__ClusterRef *r = m->uncovered[i];
+        sub(p, w, "uncovered", (long)i);
+        CHECK(check_id(c, r->has_partition_id, &r->partition_id, p, "partition_id"));
+        CHECK(need_has(c, r->has_cluster, p, "cluster"));
+    }
+    if (m->has_total_capacity)
+        CHECK(check_float(c, m->total_capacity, 0.0f, 1e12f, w, "total_capacity"));
+    if (m->has_request_rate)
+        CHECK(check_float(c, m->request_rate, 0.0f, 1e12f, w, "request_rate"));
+    return TS_OK;
+}
+
+static int check_status_response(chk_t *c, const Tessera__StatusResponse *m) {
+    const char *w = "status_response";
+    CHECK(check_id(c, m->has_node_id, &m->node_id, w, "node_id"));
+    CHECK(check_members(c, m->n_members, m->members, w));
+    char p[PATH_LEN];
+    for (size_t i = 0; i < m->n_adverts; i++) {
+        const Tessera__Advert *a = m->adverts[i];
+        CHECK(check_signed(c, a->has_node_id, &a->node_id, a->has_body, &a->body, a->has_signature,
+                           &a->signature, sub(p, w, "adverts", (long)i)));
+    }
+    if (m->load)
+        CHECK(check_load(c, m->load, "status_response.load"));
+    if (m->aggregates)
+        CHECK(check_aggregates(c, m->aggregates));
+    return TS_OK;
+}
+
+static int check_error(chk_t *c, const Tessera__Error *m) {
+    /* A code this version does not list is accepted (a newer peer's) and read as INTERNAL. */
+    if (!m->has_code || m->code == TESSERA__ERROR_CODE__ERROR_CODE_UNSPECIFIED)
+        return bad(c, TS_ECORRUPT, "error.code is missing");
+    if (m->message) {
+        size_t n = strlen(m->message);
+        if (n > TS_FRAME_MESSAGE_MAX)
+            return bad(c, TS_ERANGE, "error.message is %zu bytes, more than %d", n,
+                       TS_FRAME_MESSAGE_MAX);
+        if (!utf8_ok((const unsigned char *)m->message, n))
+            return bad(c, TS_ECORRUPT, "error.message is not UTF-8");
+    }
+    return TS_OK;
+}
+
+/* ---- the envelope ------------------------------------------------------------------------- */
+
+/* What a body is for the request id and deadline rules. */
+typedef enum { KIND_REQUEST, KIND_RESPONSE, KIND_ONE_WAY, KIND_ERROR } body_kind_t;
+
+static body_kind_t body_kind(Tessera__Envelope__BodyCase b) {
+    switch (b) {
+    case TESSERA__ENVELOPE__BODY_PING:
+    case TESSERA__ENVELOPE__BODY_PING_REQ:
+    case TESSERA__ENVELOPE__BODY_PUSH_PULL: /* the answer to a PushPull is a PushPull too */
+    case TESSERA__ENVELOPE__BODY_ADVERT_REQUEST:
+    case TESSERA__ENVELOPE__BODY_DENOISE_REQUEST:
+    case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST_REQUEST:
+    case TESSERA__ENVELOPE__BODY_CHUNK_REQUEST:
+    case TESSERA__ENVELOPE__BODY_STATUS_REQUEST: return KIND_REQUEST;
+    case TESSERA__ENVELOPE__BODY_ACK:
+    case TESSERA__ENVELOPE__BODY_NACK:
+    case TESSERA__ENVELOPE__BODY_ADVERT:
+    case TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE:
+    case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST:
+    case TESSERA__ENVELOPE__BODY_CHUNK:
+    case TESSERA__ENVELOPE__BODY_STATUS_RESPONSE:
+    case TESSERA__ENVELOPE__BODY_BUSY: return KIND_RESPONSE;
+    case TESSERA__ENVELOPE__BODY_ERROR: return KIND_ERROR;
+    default: return KIND_ONE_WAY; /* alive, suspect, dead, leave, cancel */
+    }
+}
+
+const char *ts_frame_body_name(Tessera__Envelope__BodyCase b) {
+    if (b == TESSERA__ENVELOPE__BODY__NOT_SET)
+        return "none";
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field(&tessera__envelope__descriptor, (unsigned)b);
+    if (!f || !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+        return "unknown";
+    return f->name;
+}
+
+/* The rules on the header fields, which depend on the body's kind. */
+static int check_header(chk_t *c, const Tessera__Envelope *e) {
+    const char *name = ts_frame_body_name(e->body_case);
+    uint64_t id = e->has_request_id ? e->request_id : 0;
+    uint32_t deadline = e->has_deadline_ms ? e->deadline_ms : 0;
+    body_kind_t kind = body_kind(e->body_case);
+    if ((kind == KIND_REQUEST || kind == KIND_RESPONSE) && id == 0)
+        return bad(c, TS_ECORRUPT, "%s needs a non-zero request_id", name);
+    if (kind == KIND_ONE_WAY && id != 0)
+        return bad(c, TS_ECORRUPT, "%s is one-way and must not carry a request_id", name);
+    if (kind != KIND_REQUEST && deadline != 0)
+        return bad(c, TS_ECORRUPT, "%s is not a request and must not carry a deadline", name);
+    if (e->body_case == TESSERA__ENVELOPE__BODY_DENOISE_REQUEST && deadline == 0)
+        return bad(c, TS_ECORRUPT, "denoise_request needs a deadline_ms");
+    return TS_OK;
+}
+
+static int check_body(chk_t *c, const Tessera__Envelope *e) {
+    /* Only a hand-built envelope can name a body and leave it NULL (every member of the union
+     * is a pointer, so any of them tells). */
+    if (e->body_case != TESSERA__ENVELOPE__BODY__NOT_SET && !e->ping)
+        return bad(c, TS_EINVAL, "the envelope's %s body is NULL",
+                   ts_frame_body_name(e->body_case));
+    switch (e->body_case) {
+    case TESSERA__ENVELOPE__BODY_PING: return check_ping(c, e->ping);
+    case TESSERA__ENVELOPE__BODY_ACK:
+        return check_updates(c, e->ack->n_updates, e->ack->updates, "ack");
+    case TESSERA__ENVELOPE__BODY_PING_REQ: return check_ping_req(c, e->ping_req);
+    case TESSERA__ENVELOPE__BODY_NACK: return TS_OK;
+    case TESSERA__ENVELOPE__BODY_ALIVE: return check_alive(c, e->alive, "alive");
+    case TESSERA__ENVELOPE__BODY_SUSPECT:
+        return check_claim(c, e->suspect->has_node_id, &e->suspect->node_id,
+                           e->suspect->has_incarnation, e->suspect->has_from_id,
+                           &e->suspect->from_id, "suspect");
+    case TESSERA__ENVELOPE__BODY_DEAD:
+        return check_claim(c, e->dead->has_node_id, &e->dead->node_id, e->dead->has_incarnation,
+                           e->dead->has_from_id, &e->dead->from_id, "dead");
+    case TESSERA__ENVELOPE__BODY_LEAVE: return check_leave(c, e->leave, "leave");
+    case TESSERA__ENVELOPE__BODY_PUSH_PULL:
+        return check_members(c, e->push_pull->n_members, e->push_pull->members, "push_pull");
+    case TESSERA__ENVELOPE__BODY_ADVERT_REQUEST:
+        return check_id(c, e->advert_request->has_node_id, &e->advert_request->node_id,
+                        "advert_request", "node_id");
+    case TESSERA__ENVELOPE__BODY_ADVERT: {
+        const Tessera__Advert *a = e->advert;
+        return check_signed(c, a->has_node_id, &a->node_id, a->has_body, &a->body, a->has_signature,
+                            &a->signature, "advert");
+    }
+    case TESSERA__ENVELOPE__BODY_DENOISE_REQUEST:
+        return check_denoise_request(c, e->denoise_request);
+    case TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE:
+        return check_denoise_response(c, e->denoise_response);
+    case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST_REQUEST:
+        return check_id(c, e->weights_manifest_request->has_weights_hash,
+                        &e->weights_manifest_request->weights_hash, "weights_manifest_request",
+                        "weights_hash");
+    case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST: return check_manifest(c, e->weights_manifest);
+    case TESSERA__ENVELOPE__BODY_CHUNK_REQUEST:
+        return check_id(c, e->chunk_request->has_chunk_hash, &e->chunk_request->chunk_hash,
+                        "chunk_request", "chunk_hash");
+    case TESSERA__ENVELOPE__BODY_CHUNK: return check_chunk(c, e->chunk);
+    case TESSERA__ENVELOPE__BODY_STATUS_REQUEST: return TS_OK;
+    case TESSERA__ENVELOPE__BODY_STATUS_RESPONSE:
+        return check_status_response(c, e->status_response);
+    case TESSERA__ENVELOPE__BODY_ERROR: return check_error(c, e->error);
+    case TESSERA__ENVELOPE__BODY_BUSY:
+        return need_has(c, e->busy->has_retry_after_ms, "busy", "retry_after_ms");
+    case TESSERA__ENVELOPE__BODY_CANCEL:
+        if (!e->cancel->has_request_id || e->cancel->request_id == 0)
+            return bad(c, TS_ECORRUPT, "cancel.request_id is missing");
+        return TS_OK;
+    default: break;
+    }
+    /* No body this version knows. An unknown field in the body range is a newer version's
+     * body kind; one in 3..15 would be a newer header field, which does not make a body. */
+    for (unsigned i = 0; i < e->base.n_unknown_fields; i++)
+        if (e->base.unknown_fields[i].tag >= FIRST_BODY_FIELD)
+            return bad(c, TS_ENOTSUP,
+                       "the envelope's body (field %u) is of a kind this node does not know",
+                       (unsigned)e->base.unknown_fields[i].tag);
+    return bad(c, TS_ECORRUPT, "the envelope has no body");
+}
+
+int ts_frame_check_envelope(const Tessera__Envelope *env, unsigned flags, char *err,
+                            size_t errlen) {
+    chk_t c = {flags, err, errlen};
+    if (!env || env->base.descriptor != &tessera__envelope__descriptor)
+        return bad(&c, TS_EINVAL, "ts_frame_check_envelope: not an Envelope");
+    CHECK(check_body(&c, env));
+    return check_header(&c, env);
+}
+
+int ts_frame_unpack_envelope(const uint8_t *data, size_t len, Tessera__Envelope **out, char *err,
+                             size_t errlen) {
+    if (!out) {
+        ts_set_err(err, errlen, "ts_frame_unpack_envelope: NULL out");
+        return TS_EINVAL;
+    }
+    ProtobufCMessage *m;
+    int rc = unpack(&tessera__envelope__descriptor, data, len, &m, "envelope", err, errlen);
+    *out = (Tessera__Envelope *)m;
+    return rc;
+}
+
+int ts_frame_decode_envelope(const uint8_t *data, size_t len, unsigned flags,
+                             Tessera__Envelope **out, char *err, size_t errlen) {
+    if (!out) {
+        ts_set_err(err, errlen, "ts_frame_decode_envelope: NULL out");
+        return TS_EINVAL;
+    }
+    *out = NULL;
+    Tessera__Envelope *env;
+    int rc = ts_frame_unpack_envelope(data, len, &env, err, errlen);
+    if (rc)
+        return rc;
+    rc = ts_frame_check_envelope(env, flags, err, errlen);
+    if (rc) {
+        ts_frame_free(env);
+        *out = NULL;
+        return rc;
+    }
+    *out = env;
+    return TS_OK;
+}
+
+int ts_frame_encode_envelope(const Tessera__Envelope *env, unsigned flags, uint32_t max_frame,
+                             uint8_t **out, size_t *out_len, char *err, size_t errlen) {
+    if (!out || !out_len) {
+        ts_set_err(err, errlen, "ts_frame_encode_envelope: NULL out");
+        return TS_EINVAL;
+    }
+    *out = NULL;
+    *out_len = 0;
+    int rc = ts_frame_check_envelope(env, flags, err, errlen);
+    if (rc)
+        return rc;
+    size_t n = protobuf_c_message_get_packed_size(&env->base);
+    uint8_t *buf;
+    if (n > max_frame) {
+        ts_set_err(err, errlen, "the %s envelope is %zu bytes, more than max_frame (%u)",
+                   ts_frame_body_name(env->body_case), n, (unsigned)max_frame);
+        return TS_ERANGE;
+    }
+    if (!(buf = malloc(TS_FRAME_APP_HEADER + n))) {
+        ts_set_err(err, errlen, "out of memory encoding a %zu-byte envelope", n);
+        return TS_ENOMEM;
+    }
+    ts_frame_put_app_len(buf, n, max_frame); /* 1 ≤ n: a checked envelope has a body */
+    size_t packed = protobuf_c_message_pack(&env->base, buf + TS_FRAME_APP_HEADER);
+    if (packed != n) { /* protobuf-c's two passes disagree: a bug, not bad input */
+        free(buf);
+        ts_set_err(err, errlen, "protobuf-c packed %zu bytes, having measured %zu", packed, n);
+        return TS_ECORRUPT;
+    }
+    *out = buf;
+    *out_len = TS_FRAME_APP_HEADER + n;
+    return TS_OK;
+}
+
+/* ---- bodies of signed statements ---------------------------------------------------------- */
+
+int ts_frame_check_alive_body(const Tessera__AliveBody *b, char *err, size_t errlen) {
+    chk_t c = {0, err, errlen};
+    const char *w = "alive body";
+    if (!b)
+        return bad(&c, TS_EINVAL, "ts_frame_check_alive_body: NULL body");
+    CHECK(need_has(&c, b->has_incarnation, w, "incarnation"));
+    if (b->n_addrs < 1 || b->n_addrs > TS_FRAME_MAX_ADDRS)
+        return bad(&c, TS_ECORRUPT, "alive body has %zu addresses, not 1..%d", b->n_addrs,
+                   TS_FRAME_MAX_ADDRS);
+    char p[PATH_LEN];
+    for (size_t i = 0; i < b->n_addrs; i++)
+        CHECK(check_addr(&c, b->addrs[i], sub(p, w, "addrs", (long)i)));
+    uint64_t version = b->has_advert_version ? b->advert_version : 0;
+    if (version > 0)
+        return check_id(&c, b->has_advert_hash, &b->advert_hash, w, "advert_hash");
+    if (b->has_advert_hash)
+        return bad(&c, TS_ECORRUPT, "alive body has an advert_hash but no advert_version");
+    return TS_OK;
+}
+
+int ts_frame_check_leave_body(const Tessera__LeaveBody *b, char *err, size_t errlen) {
+    chk_t c = {0, err, errlen};
+    if (!b)
+        return bad(&c, TS_EINVAL, "ts_frame_check_leave_body: NULL body");
+    return need_has(&c, b->has_incarnation, "leave body", "incarnation");
+}
+
+int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, char *err,
+                               size_t errlen) {
+    chk_t c = {flags, err, errlen};
+    const char *w = "advert body";
+    if (!b)
+        return bad(&c, TS_EINVAL, "ts_frame_check_advert_body: NULL body");
+    if (!b->has_version || b->version < 1)
+        return bad(&c, TS_ECORRUPT, "advert body.version is missing (it starts at 1)");
+    CHECK(check_id(&c, b->has_partition_id, &b->partition_id, w, "partition_id"));
+    if (!b->has_num_clusters || b->num_clusters < 1)
+        return bad(&c, TS_ECORRUPT, "advert body.num_clusters is missing");
+    CHECK(need_has(&c, b->has_cluster, w, "cluster"));
+    if (b->cluster >= b->num_clusters)
+        return bad(&c, TS_ERANGE, "advert body.cluster %u is not below num_clusters %u",
+                   (unsigned)b->cluster, (unsigned)b->num_clusters);
+    CHECK(check_id(&c, b->has_weights_hash, &b->weights_hash, w, "weights_hash"));
+    CHECK(need(&c, b->model, w, "model"));
+    const Tessera__ModelConfig *m = b->model;
+    const struct {
+        protobuf_c_boolean has;
+        uint32_t v;
+        const char *name;
+    } dims[] = {
+        {m->has_input_size, m->input_size, "input_size"},
+        {m->has_patch_size, m->patch_size, "patch_size"},
+        {m->has_in_channels, m->in_channels, "in_channels"},
+        {m->has_hidden_size, m->hidden_size, "hidden_size"},
+        {m->has_depth, m->depth, "depth"},
+        {m->has_num_heads, m->num_heads, "num_heads"},
+        {m->has_num_classes, m->num_classes, "num_classes"},
+        {1, m->mlp_ratio, "mlp_ratio"}, /* absent: the schema's default, 4 */
+        {1, m->freq_dim, "freq_dim"},   /* absent: 256 */
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (!dims[i].has || dims[i].v < 1)
+            return bad(&c, TS_ECORRUPT, "advert body.model.%s is missing or zero", dims[i].name);
+    CHECK(need_has(&c, b->has_objective, w, "objective"));
+    if (b->objective < TESSERA__OBJECTIVE__OBJECTIVE_VELOCITY ||
+        b->objective > TESSERA__OBJECTIVE__OBJECTIVE_V_PREDICTION)
+        return bad(&c, TS_ECORRUPT, "advert body.objective %d is not an objective",
+                   (int)b->objective);
+    CHECK(check_tensor(&c, b->centroid,
+                       TS_FRAME_DTYPE_BIT(TESSERA__DTYPE__DTYPE_F32) |
+                           TS_FRAME_DTYPE_BIT(TESSERA__DTYPE__DTYPE_F16),
+                       "advert body.centroid"));
+    if (b->centroid->n_shape != 1 || b->centroid->shape[0] > TS_FRAME_CENTROID_MAX)
+        return bad(&c, TS_ESHAPE, "advert body.centroid must be one dimension of 1..%d elements",
+                   TS_FRAME_CENTROID_MAX);
+    CHECK(need(&c, b->capacity, w, "capacity"));
+    if (!b->capacity->has_max_batch || b->capacity->max_batch < 1)
+        return bad(&c, TS_ECORRUPT, "advert body.capacity.max_batch is missing or zero");
+    CHECK(need_has(&c, b->capacity->has_items_per_s, "advert body.capacity", "items_per_s"));
+    CHECK(check_float(&c, b->capacity->items_per_s, 0.0f, 1e9f, "advert body.capacity",
+                      "items_per_s"));
+    CHECK(need(&c, b->load, w, "load"));
+    return check_load(&c, b->load, "advert body.load");
+}
+
+/* Parses a signed statement's body under the budget; check runs when the parse succeeds. */
+static int decode_body(const ProtobufCMessageDescriptor *d, const ProtobufCBinaryData *body,
+                       ProtobufCMessage **out, const char *what, char *err, size_t errlen) {
+    if (!body || !out) {
+        ts_set_err(err, errlen, "%s: NULL argument", what);
+        return TS_EINVAL;
+    }
+    if (body->len > TS_FRAME_SIGNED_BODY_MAX) {
+        ts_set_err(err, errlen, "%s is %zu bytes, more than %u", what, body->len,
+                   TS_FRAME_SIGNED_BODY_MAX);
+        return TS_ERANGE;
+    }
+    return unpack(d, body->data, body->len, out, what, err, errlen);
+}
+
+int ts_frame_decode_alive_body(const ProtobufCBinaryData *body, Tessera__AliveBody **out, char *err,
+                               size_t errlen) {
+    ProtobufCMessage *m = NULL;
+    int rc = decode_body(&tessera__alive_body__descriptor, body, &m, "alive body", err, errlen);
+    if (!rc && (rc = ts_frame_check_alive_body((Tessera__AliveBody *)m, err, errlen))) {
+        ts_frame_free(m);
+        m = NULL;
+    }
+    if (out)
+        *out = (Tessera__AliveBody *)m;
+    return rc;
+}
+
+int ts_frame_decode_leave_body(const ProtobufCBinaryData *body, Tessera__LeaveBody **out, char *err,
+                               size_t errlen) {
+    ProtobufCMessage *m = NULL;
+    int rc = decode_body(&tessera__leave_body__descriptor, body, &m, "leave body", err, errlen);
+    if (!rc && (rc = ts_frame_check_leave_body((Tessera__LeaveBody *)m, err, errlen))) {
+        ts_frame_free(m);
+        m = NULL;
+    }
+    if (out)
+        *out = (Tessera__LeaveBody *)m;
+    return rc;
+}
+
+int ts_frame_decode_advert_body(const ProtobufCBinaryData *body, unsigned flags,
+                                Tessera__AdvertBody **out, char *err, size_t errlen) {
+    ProtobufCMessage *m = NULL;
+    int rc = decode_body(&tessera__advert_body__descriptor, body, &m, "advert body", err, errlen);
+    if (!rc && (rc = ts_frame_check_advert_body((Tessera__AdvertBody *)m, flags, err, errlen))) {
+        ts_frame_free(m);
+        m = NULL;
+    }
+    if (out)
+        *out = (Tessera__AdvertBody *)m;
+    return rc;
+}
+
+/* ---- tensors to and from ts_tensor_t ------------------------------------------------------ */
+
+static int host_is_little_endian(void) {
+    const uint16_t one = 1;
+    uint8_t b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+int ts_frame_tensor_set(Tessera__Tensor *w, const ts_tensor_t *t) {
+    if (!w || ts_tensor_check(t))
+        return TS_EINVAL;
+    if (t->device != TS_CPU)
+        return TS_EDEVICE;
+    int d;
+    switch (t->dtype) {
+    case TS_F32: d = TESSERA__DTYPE__DTYPE_F32; break;
+    case TS_F16: d = TESSERA__DTYPE__DTYPE_F16; break;
+    case TS_BF16: d = TESSERA__DTYPE__DTYPE_BF16; break;
+    default: return TS_EDTYPE;
+    }
+    if (!host_is_little_endian())
+        return TS_ENOTSUP;
+    tessera__tensor__init(w);
+    w->has_dtype = 1;
+    w->dtype = (Tessera__DType)d;
+    w->n_shape = (size_t)t->ndim;
+    w->shape = (int64_t *)t->shape; /* packing only reads it */
+    w->has_data = 1;
+    w->data.len = ts_tensor_nbytes(t);
+    w->data.data = t->data;
+    return TS_OK;
+}
+
+int ts_frame_tensor_view(const Tessera__Tensor *w, ts_tensor_t *t) {
+    if (!t || ts_frame_check_tensor(w, TS_FRAME_DTYPES_FLOAT, 0, NULL, NULL, 0))
+        return TS_EINVAL;
+    if (!host_is_little_endian())
+        return TS_ENOTSUP;
+    ts_dtype_t d = w->dtype == TESSERA__DTYPE__DTYPE_F32   ? TS_F32
+                   : w->dtype == TESSERA__DTYPE__DTYPE_F16 ? TS_F16
+                                                           : TS_BF16;
+    return ts_tensor_wrap(t, w->data.data, d, TS_CPU, (int)w->n_shape, w->shape);
+}
