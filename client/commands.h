@@ -14,5 +14,6 @@ int ts_cmd_train_classifier(int argc, char **argv);
 int ts_cmd_train_router(int argc, char **argv);
 int ts_cmd_generate(int argc, char **argv);
 int ts_cmd_eval(int argc, char **argv);
+int ts_cmd_keygen(int argc, char **argv);
 
 #endif
