@@ -342,6 +342,7 @@ typedef struct {
     ts_noise_transport_t tr[2]; /* 0: initiator, 1: responder */
     ts_node_id_t peer[2];       /* who each side found at the other end */
     int failed_at;              /* the message whose read or check failed, or -1 */
+    size_t msg_len[3];          /* the handshake messages' sizes */
     char err[256];
 } link_t;
 
@@ -365,6 +366,7 @@ static int run_handshake(link_t *l, const ts_identity_t *a, const ts_netkey_t *k
         size_t pay_len = pays[m] ? TS_IDENTITY_PAYLOAD_BYTES : 0;
         TU_CHECK_OK(
             ts_noise_handshake_write_message(&hs[w], pays[m], pay_len, msg, sizeof msg, &n));
+        l->msg_len[m] = n;
         rc = ts_noise_handshake_read_message(&hs[r], msg, n, got, sizeof got, &got_len);
         if (rc == TS_OK && m > 0) {
             TU_CHECK_OK(ts_noise_handshake_remote_static(&hs[r], rs));
@@ -417,6 +419,11 @@ static void test_handshake_between_identities(void **state) {
     ts_identity_payload(&b2, pay_b);
     static link_t l;
     TU_CHECK_RC_MSG(run_handshake(&l, &a2, &nk, &b2, &nk2, pay_a, pay_b), TS_OK, l.err);
+    /* The message sizes docs/protocol.md gives: e + tag; e, s + tag, payload + tag; s + tag,
+     * payload + tag. */
+    assert_int_equal(l.msg_len[0], 48);
+    assert_int_equal(l.msg_len[1], 193);
+    assert_int_equal(l.msg_len[2], 161);
     /* Each side found the other's node id, and the other's static key is the one it derives. */
     assert_memory_equal(l.peer[0].b, b.id.b, TS_NODE_ID_BYTES);
     assert_memory_equal(l.peer[1].b, a.id.b, TS_NODE_ID_BYTES);
