@@ -57,8 +57,9 @@ static int make_identity(const char *out, int json) {
     ts_identity_t id;
     char err[512] = "", full[TS_NODE_ID_HEX], brief[TS_NODE_ID_SHORT + 1];
     int rc = ts_identity_generate(&id);
-    if (rc == TS_OK)
-        rc = ts_identity_save(&id, out, err, sizeof err);
+    if (rc != TS_OK)
+        return failed(rc, err);
+    rc = ts_identity_save(&id, out, err, sizeof err);
     ts_node_id_hex(&id.id, 2 * TS_NODE_ID_BYTES, full);
     ts_node_id_hex(&id.id, TS_NODE_ID_SHORT, brief);
     ts_identity_wipe(&id);

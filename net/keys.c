@@ -99,7 +99,8 @@ static int read_key_file(const char *path, const char *what, const char *magic, 
                          size_t body_len, char *err, size_t errlen) {
     uint8_t buf[MAX_FILE_BYTES + 1]; /* one more, to see a file that grew since fstat */
     size_t len = TS_KEY_FILE_MAGIC_BYTES + body_len;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO put in the key's place must not hang the open (it is refused below). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT) {
             ts_set_err(err, errlen, "no %s file at '%s'", what, path);

@@ -190,14 +190,16 @@ ts_noise_action_t ts_noise_handshake_action(const ts_noise_handshake_t *hs);
 
 /* WriteMessage(payload): runs this side's next message pattern and writes the message, ending
  * with the payload (encrypted once a key exists), to msg[0..*msg_len). The message must fit in
- * msg_cap and in TS_NOISE_MAX_MESSAGE (TS_ERANGE otherwise). */
+ * msg_cap and in TS_NOISE_MAX_MESSAGE (TS_ERANGE otherwise). msg must not overlap payload.
+ * TS_ECORRUPT when one of its DHs meets a remote key of small order (received earlier). */
 int ts_noise_handshake_write_message(ts_noise_handshake_t *hs, const uint8_t *payload,
                                      size_t payload_len, uint8_t *msg, size_t msg_cap,
                                      size_t *msg_len);
 
 /* ReadMessage(message): processes the peer's next message and writes its payload to
- * payload[0..*payload_len). payload_cap of msg_len always suffices. TS_ECORRUPT when the message
- * is short or fails to decrypt (a wrong psk shows up here, on the responder's last read). */
+ * payload[0..*payload_len). payload_cap of msg_len always suffices; payload must not overlap msg.
+ * TS_ECORRUPT when the message is short or fails to decrypt (a wrong psk shows up here, on the
+ * responder's last read), or when one of its DHs meets a remote key of small order. */
 int ts_noise_handshake_read_message(ts_noise_handshake_t *hs, const uint8_t *msg, size_t msg_len,
                                     uint8_t *payload, size_t payload_cap, size_t *payload_len);
 

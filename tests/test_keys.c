@@ -6,7 +6,8 @@
  *     would remove the owner's bits, holds the documented header and size, and is never
  *     overwritten (nor written through a symbolic link); a file that group or others can access
  *     is refused with a sentence naming it and `chmod 600`; every truncation and an extension,
- *     a wrong header, a seed that does not match the stored public key, a folder, a missing file,
+ *     a wrong header, a seed that does not match the stored public key, a folder, a FIFO (without
+ *     hanging), a missing file,
  *     and the other kind of key file are refused, leaving the destination wiped;
  *   - the X25519 static key is the Ed25519 key's birational image (libsodium's public-key route
  *     agrees with the secret-key route used by keys.c);
@@ -240,6 +241,11 @@ static void test_damaged_files_refused(void **state) {
     TU_CHECK_RC(ts_identity_load(&b, tu_temp_path("absent.key"), err, sizeof err), TS_ENOTFOUND);
     TU_CHECK_CONTAINS(err, "absent.key");
     TU_CHECK_RC_MSG(ts_identity_load(&b, tu_temp_dir(), err, sizeof err), TS_EINVAL, err);
+    TU_CHECK_CONTAINS(err, "not a regular file");
+    /* A FIFO with no writer: refused at once, not waited on. */
+    assert_int_equal(mkfifo(tu_temp_path("fifo.key"), 0600), 0);
+    TU_CHECK_RC_MSG(ts_identity_load(&b, tu_temp_path("fifo.key"), err, sizeof err), TS_EINVAL,
+                    err);
     TU_CHECK_CONTAINS(err, "not a regular file");
     /* The network key round trip, for completeness. */
     TU_CHECK_RC_MSG(ts_netkey_load(&nk2, npath, err, sizeof err), TS_OK, err);
