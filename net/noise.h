@@ -31,12 +31,12 @@
  *                           : ts_noise_handshake_read_message(&hs, ...);   what was received
  *   if (a == TS_NOISE_SPLIT) ts_noise_handshake_split(&hs, &tr);  then ts_noise_transport_*
  *
- * Failure is final. Any error from a handshake's write or read (a message that fails to decrypt,
- * is too short, carries a point whose DH is zero, a buffer too small, a call out of turn) wipes
- * the handshake; its action is TS_NOISE_FAILED and every later call returns TS_EINVAL. A transport
- * message that fails to decrypt wipes both directions of the transport the same way. The caller
- * closes the connection: there is no retry inside a session, since a second try would run with a
- * nonce the peer no longer expects.
+ * Failure is final. Any error from a handshake's write, read or split (a message that fails to
+ * decrypt, is too short, carries a point whose DH is zero, a buffer too small, a call out of
+ * turn) wipes the handshake; its action is TS_NOISE_FAILED and every later call returns
+ * TS_EINVAL. Any error from ts_noise_transport_decrypt wipes both directions of the transport the
+ * same way (a failed encryption changes nothing). The caller closes the connection: there is no
+ * retry inside a session, since a second try would run with a nonce the peer no longer expects.
  *
  * Error codes: TS_ECORRUPT for a message that fails authentication or is malformed, TS_ERANGE for
  * a size over the limits below or an exhausted nonce, TS_EINVAL for misuse (NULL, out of turn, a
