@@ -1,0 +1,76 @@
+/*
+ * config.h — tesserad's configuration: an INI file (parsed by Debian's libinih), every key
+ * declared once in a table that also drives validation, the defaults and `tesserad --help-config`.
+ * configs/tesserad.ini documents every key with its default; a test checks that the file and the
+ * table agree.
+ *
+ * Strictness: an unknown section or key, a value that does not parse, or one outside its range is
+ * an error naming the file, the line, the key and what is accepted — a typo in a volunteer's
+ * config must not silently fall back to a default. A key given twice is an error too, except the
+ * list keys (bootstrap), whose values add up.
+ *
+ * Paths in the file are taken as written; relative ones are relative to the daemon's working
+ * directory (the systemd unit sets it to the state directory).
+ */
+#ifndef TS_DAEMON_CONFIG_H
+#define TS_DAEMON_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/error.h"
+
+#define TS_CONFIG_PATH_MAX 1024
+#define TS_CONFIG_ADDR_MAX 272 /* "host:port" (store/peers.h's bound) */
+#define TS_CONFIG_MAX_BOOTSTRAP 32
+
+typedef enum { TS_LOG_DEBUG = 0, TS_LOG_INFO, TS_LOG_WARN, TS_LOG_ERROR } ts_log_level_t;
+typedef enum { TS_LOG_TEXT = 0, TS_LOG_JSON } ts_log_format_t;
+
+typedef struct ts_daemon_config {
+    /* [node] */
+    char identity[TS_CONFIG_PATH_MAX];    /* the node's identity file (tessera keygen) */
+    char network_key[TS_CONFIG_PATH_MAX]; /* the network key file (tessera keygen --network-key) */
+    char data_dir[TS_CONFIG_PATH_MAX];    /* the store: weights, checkpoints, address book */
+    char listen[TS_CONFIG_ADDR_MAX];      /* TCP and UDP, host:port */
+    char advertise[TS_CONFIG_ADDR_MAX];   /* what others dial; "" = listen */
+    char bootstrap[TS_CONFIG_MAX_BOOTSTRAP][TS_CONFIG_ADDR_MAX];
+    int n_bootstrap;
+    /* [gossip] */
+    int probe_interval_ms, probe_timeout_ms, indirect_probes, suspicion_mult, retransmit_mult;
+    int pushpull_interval_s;
+    /* [limits] */
+    int max_frame_mib, max_connections, max_connections_per_ip;
+    int handshake_timeout_ms, idle_timeout_s;
+    /* [log] */
+    ts_log_level_t log_level;
+    ts_log_format_t log_format;
+    char log_file[TS_CONFIG_PATH_MAX]; /* "" = stderr */
+} ts_daemon_config_t;
+
+/* The defaults of every key (identity and network_key have none: they are required). */
+void ts_daemon_config_default(ts_daemon_config_t *c);
+
+/* Reads path over the defaults. TS_ENOTFOUND (no such file), TS_EIO, or TS_EINVAL with the
+ * sentence "FILE:LINE: [section] key: problem"; then checks the whole (required keys, listen and
+ * advertise addresses, timeouts consistent). */
+int ts_daemon_config_load(ts_daemon_config_t *c, const char *path, char *err, size_t errlen);
+
+/* Same as ts_daemon_config_load on text held in memory (name is used in messages). */
+int ts_daemon_config_parse(ts_daemon_config_t *c, const char *text, const char *name, char *err,
+                           size_t errlen);
+
+/* One key of the table, for --help-config and the documentation test. */
+typedef struct ts_config_key_info {
+    const char *section, *key, *type, *deflt, *doc;
+} ts_config_key_info_t;
+
+/* The n-th key of the table (NULL past the end). */
+const ts_config_key_info_t *ts_daemon_config_key(int n);
+
+/* Validates a "host:port" address (port 1..65535, host non-empty, IPv6 in brackets). */
+int ts_config_check_addr(const char *addr, int allow_port0);
+
+const char *ts_log_level_name(ts_log_level_t l);
+
+#endif
