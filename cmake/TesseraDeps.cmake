@@ -35,3 +35,20 @@ endif()
 
 find_package(Threads REQUIRED)
 find_library(LIBM m REQUIRED)
+
+# Optional: libFuzzer, only for TESSERA_FUZZ=ON (Debian: clang and libclang-rt-dev; scripts/setup.sh
+# --all installs them).
+if(TESSERA_FUZZ)
+  if(NOT CMAKE_C_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "TESSERA_FUZZ needs clang: configure with -DCMAKE_C_COMPILER=clang (apt-get install clang libclang-rt-dev), or use tests/fuzz/run.sh")
+  endif()
+  include(CheckCSourceCompiles)
+  set(CMAKE_REQUIRED_FLAGS -fsanitize=fuzzer)
+  check_c_source_compiles("#include <stdint.h>
+#include <stddef.h>
+int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }" TESSERA_HAVE_LIBFUZZER)
+  unset(CMAKE_REQUIRED_FLAGS)
+  if(NOT TESSERA_HAVE_LIBFUZZER)
+    message(FATAL_ERROR "clang cannot link -fsanitize=fuzzer. Install it with: apt-get install libclang-rt-dev (or run scripts/setup.sh --all)")
+  endif()
+endif()

@@ -28,3 +28,12 @@ if(TESSERA_SANITIZE)
   endforeach()
   add_link_options(-fsanitize=address,undefined)
 endif()
+
+# libFuzzer harnesses (tests/fuzz/): every library is instrumented for coverage, with ASan and
+# UBSan; the harnesses themselves link -fsanitize=fuzzer (tests/fuzz/CMakeLists.txt).
+if(TESSERA_FUZZ)
+  foreach(flag -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g)
+    add_compile_options($<$<COMPILE_LANGUAGE:C>:${flag}>)
+  endforeach()
+  add_link_options(-fsanitize=address,undefined)
+endif()

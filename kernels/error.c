@@ -24,6 +24,10 @@ const char *ts_strerror(int err) {
     case TS_ENOSPC: return "no space left on device";
     case TS_EEXIST: return "already exists";
     case TS_EBUSY: return "resource busy";
+    case TS_ETIMEDOUT: return "timed out";
+    case TS_ECANCELED: return "cancelled";
+    case TS_EPEER: return "the peer answered with an error";
+    case TS_ECLOSED: return "connection closed";
     default: return "unknown error";
     }
 }

@@ -31,7 +31,11 @@ enum {
     TS_ENOTFOUND = -14, /* no such key, file or entry */
     TS_ENOSPC = -15,    /* no space left on the device (the store is unchanged) */
     TS_EEXIST = -16,    /* already exists */
-    TS_EBUSY = -17,     /* resource busy (another process holds it) */
+    TS_EBUSY = -17,     /* resource busy (another process holds it; a peer said Busy) */
+    TS_ETIMEDOUT = -18, /* a deadline or timeout passed */
+    TS_ECANCELED = -19, /* cancelled by the caller */
+    TS_EPEER = -20,     /* the peer answered with an error (net/rpc.h: Error envelope) */
+    TS_ECLOSED = -21,   /* the connection closed (or failed to open) before the answer */
 };
 
 /* Returns a static string describing err; never NULL, also for unknown codes. */

@@ -393,8 +393,10 @@ static void test_strerror(void **state) {
     (void)state;
     static const int codes[] = {TS_OK,      TS_EINVAL,   TS_ENOMEM, TS_ESHAPE,  TS_EDTYPE,
                                 TS_EDEVICE, TS_ENODEV,   TS_ECUDA,  TS_ECUBLAS, TS_ENONFINITE,
-                                TS_EIO,     TS_ECORRUPT, TS_ERANGE, TS_ENOTSUP};
-    static const int unknown[] = {1, 42, -14, -1000, INT_MIN, INT_MAX};
+                                TS_EIO,     TS_ECORRUPT, TS_ERANGE, TS_ENOTSUP, TS_ENOTFOUND,
+                                TS_ENOSPC,  TS_EEXIST,   TS_EBUSY,  TS_ETIMEDOUT, TS_ECANCELED,
+                                TS_EPEER,   TS_ECLOSED};
+    static const int unknown[] = {1, 42, -22, -1000, INT_MIN, INT_MAX};
     const char *unk = ts_strerror(-1000);
     assert_non_null(unk);
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
