@@ -55,7 +55,7 @@ typedef struct {
     const char *prog, *fmnist_dir, *partition, *model, *out;
     int64_t steps;
     int batch, threads, warmup, log_every, json, eval_n;
-    int hidden, depth, heads, patch, no_augment;
+    int hidden, depth, heads, patch, no_augment, shift;
     float lr, wd, clip;
     uint64_t seed;
 } cls_opts_t;
@@ -95,6 +95,7 @@ static int train_loop(const cls_opts_t *o, ts_classifier_t *c, const ts_dataset_
     tc.batch = o->batch, tc.lr = o->lr, tc.warmup = o->warmup, tc.weight_decay = o->wd;
     tc.grad_clip = o->clip, tc.seed = o->seed, tc.total_steps = o->steps;
     tc.augment = !o->no_augment;
+    tc.shift = o->shift;
     ts_classifier_trainer_t *tr = NULL;
     int rc = ts_classifier_trainer_init(&tr, c, ds, targets, &tc);
     if (rc != TS_OK) {
@@ -257,12 +258,13 @@ static int parse(cls_opts_t *o, int router, int argc, char **argv) {
         {"log-every", TS_ARG_INT, &o->log_every, "N", "progress line every N steps (default 100)", 1, 1e9},
         {"json", TS_ARG_FLAG, &o->json, NULL, "JSON lines on stdout (progress and summary)"},
         {"out", TS_ARG_STRING, &o->out, "FILE", "where to write the model (.safetensors)", 0, 0, 1},
-        {"no-augment", TS_ARG_FLAG, &o->no_augment, NULL, "train on the images as they are (default: random horizontal flips and shifts of up to 2 pixels)"},
+        {"shift", TS_ARG_INT, &o->shift, "N", "augmentation: random shifts of up to N pixels each way, 0 = flips only (default 2)", 0, 8},
+        {"no-augment", TS_ARG_FLAG, &o->no_augment, NULL, "train on the images as they are (default: random horizontal flips and shifts of up to --shift pixels)"},
     };
     /* clang-format on */
     int n = (int)(sizeof common / sizeof common[0]);
-    if (router) { /* a router is never augmented (model/classifier.h): no --no-augment */
-        n--;
+    if (router) { /* a router is never augmented (model/classifier.h): no --shift, --no-augment */
+        n -= 2;
     } else { /* no --partition */
         memmove(&common[1], &common[2], (size_t)(n - 2) * sizeof common[0]);
         n--;
@@ -283,7 +285,7 @@ static void cls_defaults(cls_opts_t *o, const char *prog) {
     ts_classifier_train_config_default(&tc);
     o->prog = prog, o->fmnist_dir = TS_FMNIST_DEFAULT_DIR, o->model = "tiny", o->steps = 3000;
     o->batch = tc.batch, o->lr = tc.lr, o->warmup = tc.warmup, o->wd = tc.weight_decay;
-    o->clip = tc.grad_clip, o->log_every = 100;
+    o->clip = tc.grad_clip, o->log_every = 100, o->shift = tc.shift;
 }
 
 /* The data, the engine and a freshly initialised classifier: common to both verbs. */
