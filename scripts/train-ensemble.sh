@@ -7,7 +7,9 @@
 #   scripts/train-ensemble.sh PARTITION_DIR OUT_DIR [TOTAL_STEPS]
 #
 # Environment: TESSERA (the binary, default build/client/tessera), BATCH (64), LR (5e-4),
-# WARMUP (100), EMA (0.998), DATA_DIR (the checkpoint store, default OUT_DIR/store).
+# WARMUP (100), EMA (0.998), DATA_DIR (the checkpoint store, default OUT_DIR/store), CLUSTERS
+# (which experts, e.g. "3 6 7"; default all) and THREADS (per training, default all cores): on a
+# busy 2-core machine two scripts with THREADS=1 and disjoint CLUSTERS finish sooner than one.
 # Writes OUT_DIR/expert-<k>.safetensors (with partition_id and cluster in the metadata), a copy of
 # the partition artifact, and OUT_DIR/train-<k>.log. Re-running resumes unfinished experts.
 set -eu
@@ -15,7 +17,7 @@ part=${1:?usage: train-ensemble.sh PARTITION_DIR OUT_DIR [TOTAL_STEPS]}
 out=${2:?usage: train-ensemble.sh PARTITION_DIR OUT_DIR [TOTAL_STEPS]}
 total=${3:-12000}
 tessera=${TESSERA:-build/client/tessera}
-batch=${BATCH:-64} lr=${LR:-5e-4} warmup=${WARMUP:-100} ema=${EMA:-0.998}
+batch=${BATCH:-64} lr=${LR:-5e-4} warmup=${WARMUP:-100} ema=${EMA:-0.998} threads=${THREADS:-0}
 mkdir -p "$out"
 store=${DATA_DIR:-$out/store}
 cp "$part/partition.safetensors" "$out/partition.safetensors"
@@ -23,8 +25,9 @@ n_all=0
 for f in "$part"/shard-*.txt; do
     n_all=$((n_all + $(grep -vc '^#' "$f")))
 done
-k=0
-while [ -f "$part/shard-$k.txt" ]; do
+all=$(k=0; while [ -f "$part/shard-$k.txt" ]; do printf '%d ' $k; k=$((k + 1)); done)
+for k in ${CLUSTERS:-$all}; do
+    [ -f "$part/shard-$k.txt" ] || { echo "no $part/shard-$k.txt" >&2; exit 1; }
     n=$(grep -vc '^#' "$part/shard-$k.txt")
     steps=$(( (total * n + n_all / 2) / n_all ))
     if [ -f "$out/expert-$k.safetensors" ] && grep -q "\"train_steps\":\"$steps\"" \
@@ -34,10 +37,10 @@ while [ -f "$part/shard-$k.txt" ]; do
         echo "expert $k: $n images, $steps steps × $batch"
         "$tessera" train --partition "$part" --cluster "$k" --model tiny --steps "$steps" \
             --batch "$batch" --lr "$lr" --warmup "$warmup" --ema "$ema" --seed $((k + 1)) \
+            --threads "$threads" \
             --log-every 100 --ckpt-every 250 --data-dir "$store" --run "expert-$k" --resume \
             --out "$out/expert-$k.safetensors" --loss-log "$out/loss-$k.txt" \
             2> "$out/train-$k.log"
         tail -n 1 "$out/train-$k.log"
     fi
-    k=$((k + 1))
 done
