@@ -146,14 +146,16 @@ size_t ts_frame_reader_held(const ts_frame_reader_t *r);
 
 /* Validates env (ts_frame_check_envelope with flags), then encodes it as one whole application
  * frame — 4-byte prefix and Envelope — into *out (malloc'd, *out_len bytes; the caller frees).
- * TS_ERANGE when the Envelope would be longer than max_frame. */
+ * TS_ERANGE when the Envelope would be longer than max_frame; TS_EINVAL when a message in it
+ * carries an unknown field numbered 0 or over 2^29 − 1 (no decoder would accept the bytes). */
 int ts_frame_encode_envelope(const Tessera__Envelope *env, unsigned flags, uint32_t max_frame,
                              uint8_t **out, size_t *out_len, char *err, size_t errlen);
 
 /* Parses data[0, len) — one application frame without its prefix, or one UDP packet's
  * plaintext — under the decode budget, and checks it (ts_frame_check_envelope with flags). On
  * success *out is the Envelope (free with ts_frame_free); on failure *out is NULL and:
- *   TS_ECORRUPT  not a protobuf Envelope, or one that breaks a validity rule;
+ *   TS_ECORRUPT  not a protobuf Envelope (an unknown field numbered 0 or over 2^29 − 1, at
+ *                any depth, included), or one that breaks a validity rule;
  *   TS_ERANGE    the encoding would exceed the decode budget, or a value is out of range;
  *   TS_ENOTSUP   the body is of a kind this version does not know (a newer peer);
  *   TS_ESHAPE, TS_EDTYPE, TS_ENONFINITE  a tensor's shape, dtype or values are bad;
