@@ -628,6 +628,65 @@ static void test_reader_in_place(void **state) {
     free(frame);
 }
 
+/* Writing a body in place (ts_frame_reader_body_space / _commit), mixed with feeding, as the
+ * connection does when it decrypts straight into the reader: the bytes come out the same,
+ * nothing is offered outside a body or past its end, and the buffer grows only as far as what
+ * was committed needs (at most doubling), never to the announced length. */
+static void test_reader_body_space(void **state) {
+    (void)state;
+    enum { LEN = 100000, PIECE = 7000 };
+    uint8_t *want = malloc(LEN), hdr[4];
+    for (size_t i = 0; i < LEN; i++)
+        want[i] = (uint8_t)(i * 31 + 7);
+    ts_frame_reader_t r;
+    TU_CHECK_OK(ts_frame_reader_init_app(&r, 1u << 20));
+    const uint8_t *msg;
+    size_t used, len;
+    assert_null(ts_frame_reader_body_space(&r, 1)); /* between messages */
+    TU_CHECK_OK(ts_frame_put_app_len(hdr, LEN, 1u << 20));
+    TU_CHECK_OK(ts_frame_reader_feed(&r, hdr, 3, &used, &msg, &len, NULL, 0));
+    assert_null(ts_frame_reader_body_space(&r, 1)); /* the prefix is not complete */
+    /* the prefix and a first piece fed, the rest written in place */
+    uint8_t first[4 + 10];
+    memcpy(first, hdr + 3, 1);
+    memcpy(first + 1, want, 10);
+    TU_CHECK_OK(ts_frame_reader_feed(&r, first, 11, &used, &msg, &len, NULL, 0));
+    assert_null(msg);
+    assert_null(ts_frame_reader_body_space(&r, 0));
+    assert_null(ts_frame_reader_body_space(&r, LEN - 10 + 1)); /* past the message's end */
+    size_t have = 10;
+    while (have < LEN) {
+        size_t n = LEN - have < PIECE ? LEN - have : PIECE;
+        uint8_t *dst = ts_frame_reader_body_space(&r, n);
+        assert_non_null(dst);
+        size_t held = ts_frame_reader_held(&r);
+        assert_true(held >= have + n && held <= LEN);
+        if (held > 4096)
+            assert_true(held <= 2 * (have + n));
+        memcpy(dst, want + have, n);
+        ts_frame_reader_commit(&r, n, &msg, &len);
+        have += n;
+        if (have < LEN)
+            assert_null(msg);
+    }
+    assert_non_null(msg);
+    assert_int_equal(len, LEN);
+    assert_memory_equal(msg, want, LEN);
+    assert_true(ts_frame_reader_idle(&r));
+    assert_null(ts_frame_reader_body_space(&r, 1)); /* delivered: between messages again */
+    /* the next message goes through feed as usual, in place, and the large buffer goes */
+    uint8_t small[4 + 3] = {0, 0, 0, 3, 'a', 'b', 'c'};
+    TU_CHECK_OK(ts_frame_reader_feed(&r, small, sizeof small, &used, &msg, &len, NULL, 0));
+    assert_ptr_equal(msg, small + 4);
+    assert_int_equal(ts_frame_reader_held(&r), 0);
+    /* a failed reader offers nothing */
+    uint8_t zero[4] = {0};
+    TU_CHECK_RC(ts_frame_reader_feed(&r, zero, 4, &used, &msg, &len, NULL, 0), TS_ECORRUPT);
+    assert_null(ts_frame_reader_body_space(&r, 1));
+    ts_frame_reader_free(&r);
+    free(want);
+}
+
 /* A truncated stream keeps waiting, at any cut; the missing bytes complete it. */
 static void test_reader_truncated_waits(void **state) {
     (void)state;
@@ -2355,6 +2414,7 @@ int main(void) {
         cmocka_unit_test(test_prefixes),
         cmocka_unit_test(test_reader_every_piece_size),
         cmocka_unit_test(test_reader_in_place),
+        cmocka_unit_test(test_reader_body_space),
         cmocka_unit_test(test_reader_truncated_waits),
         cmocka_unit_test(test_reader_oversize_refused_before_allocating),
         cmocka_unit_test(test_reader_zero_length),
