@@ -16,7 +16,8 @@
  *   wrong network key, flipped ciphertext bytes (body and tag), a replayed and a reordered
  *   transport message, oversize and zero lengths (with the largest allocation measured by
  *   wrapping malloc), a silent and a slow peer (handshake timeout), an identity payload that
- *   signs another static key, garbage before the handshake, the connection limits (per address
+ *   signs another static key (from an initiator, and from a responder: there the client side,
+ *   a ts_net_t on the test's own loop, must refuse the session before message 3), garbage before the handshake, the connection limits (per address
  *   and in total), and the write queue's high-water mark (a peer that sends 20000 requests and
  *   reads nothing: the server stops reading, its queue stays bounded, and every request is
  *   answered exactly once when the peer finally reads).
@@ -632,6 +633,145 @@ static void test_identity_for_another_static_key(void **state) {
     good_client();
 }
 
+/* ---- a malicious responder ------------------------------------------------------------------
+ *
+ * The mirror of the test above: this side (a ts_net_t on the test's own loop) connects to a
+ * responder written from the primitives, on a thread of its own, that holds the server's
+ * signing key but runs the handshake with another static key, and presents the server's genuine
+ * payload (which signs the server's static key). The client must refuse the session before it
+ * sends message 3. The same responder with the genuine static key is the control: there the
+ * session opens and message 3 arrives, so the refusal is the signature's doing. */
+
+typedef struct evil_responder {
+    int listen_fd;
+    ts_identity_t as; /* whose handshake it runs: S.id's signing key, some static key */
+    uint8_t payload[TS_IDENTITY_PAYLOAD_BYTES];
+    int msg1_ok, msg2_sent;
+    int closed;   /* the client closed the connection (1), or it stayed open for WAIT_S (0) */
+    size_t after; /* bytes the client sent after message 2 */
+} evil_responder_t;
+
+/* Runs on its own thread, so it records what happened and leaves asserting to the test. */
+static void *evil_responder_main(void *arg) {
+    evil_responder_t *e = arg;
+    raw_t r; /* for wait_closed */
+    memset(&r, 0, sizeof r);
+    r.fd = accept(e->listen_fd, NULL, NULL);
+    if (r.fd < 0)
+        return NULL;
+    struct timeval tv = {WAIT_S, 0};
+    setsockopt(r.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ts_noise_handshake_t hs;
+    uint8_t msg[2 + 256], pay[64];
+    size_t len = 0, plen = 0;
+    if (ts_identity_handshake_init(&hs, &e->as, &S.nk, 0) == TS_OK &&
+        read_exact(r.fd, msg, 2) == 0 && (len = (size_t)msg[0] << 8 | msg[1]) == 48 &&
+        read_exact(r.fd, msg, len) == 0 &&
+        ts_noise_handshake_read_message(&hs, msg, len, pay, sizeof pay, &plen) == TS_OK &&
+        plen == 0) {
+        e->msg1_ok = 1;
+        if (ts_noise_handshake_write_message(&hs, e->payload, sizeof e->payload, msg + 2,
+                                             sizeof msg - 2, &len) == TS_OK) {
+            ts_frame_put_noise_len(msg, len);
+            write_all(r.fd, msg, 2 + len);
+            e->msg2_sent = 1;
+        }
+    }
+    ts_noise_handshake_wipe(&hs);
+    e->closed = wait_closed(&r, &e->after);
+    close(r.fd);
+    return NULL;
+}
+
+static struct {
+    int opened, closed;
+    ts_conn_close_reason_t reason;
+    int was_open;
+    char message[320];
+} evil_seen;
+
+static void evil_on_open(ts_conn_t *c) {
+    evil_seen.opened++;
+    ts_conn_close(c);
+}
+static void evil_on_close(ts_conn_t *c, const ts_conn_close_info_t *why) {
+    (void)c;
+    evil_seen.closed++;
+    evil_seen.reason = why->reason;
+    evil_seen.was_open = why->was_open;
+    snprintf(evil_seen.message, sizeof evil_seen.message, "%s", why->message);
+}
+
+/* Connects a fresh ts_net_t (identity client_id) to an evil responder running as `as` with the
+ * server's genuine payload; returns when the connection is gone, with *st its net's counters. */
+static void connect_to_evil_responder(evil_responder_t *e, ts_net_stats_t *st) {
+    memset(&evil_seen, 0, sizeof evil_seen);
+    ts_identity_payload(&S.id, e->payload);
+    e->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(e->listen_fd >= 0);
+    struct sockaddr_in a;
+    socklen_t alen = sizeof a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(bind(e->listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(e->listen_fd, 1), 0);
+    assert_int_equal(getsockname(e->listen_fd, (struct sockaddr *)&a, &alen), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, evil_responder_main, e), 0);
+
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ts_net_t *net;
+    TU_CHECK_OK(ts_net_new(&net, &loop, &client_id, &S.nk, NULL));
+    const ts_conn_handler_t h = {evil_on_open, NULL, NULL, evil_on_close};
+    char addr[64], err[256] = "";
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+    ts_conn_t *c;
+    TU_CHECK_RC_MSG(ts_conn_connect(net, addr, &h, NULL, &c, err, sizeof err), TS_OK, err);
+    while (!evil_seen.closed) /* the handshake timeout (10 s) ends it at the latest */
+        uv_run(&loop, UV_RUN_ONCE);
+    ts_net_stats(net, st);
+    ts_net_shutdown(net);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    TU_CHECK_OK(ts_net_free(net));
+    assert_int_equal(uv_loop_close(&loop), 0);
+    pthread_join(th, NULL);
+    close(e->listen_fd);
+    assert_true(e->msg1_ok && e->msg2_sent);
+    assert_true(e->closed);
+    assert_int_equal(evil_seen.closed, 1);
+}
+
+static void test_responder_identity_for_another_static_key(void **state) {
+    evil_responder_t e;
+    ts_net_stats_t st;
+
+    /* the control: the server's own keys, so the session opens and message 3 (2 + 161 bytes)
+     * reaches the responder before the client closes */
+    memset(&e, 0, sizeof e);
+    e.as = S.id;
+    connect_to_evil_responder(&e, &st);
+    assert_int_equal(evil_seen.opened, 1);
+    assert_int_equal(evil_seen.reason, TS_CONN_CLOSE_LOCAL);
+    assert_int_equal(e.after, 2 + 161);
+    assert_int_equal(st.opened, 1);
+
+    /* the attack: another static key under the server's genuine payload */
+    memset(&e, 0, sizeof e);
+    e.as = S.id;
+    TU_CHECK_OK(ts_noise_keypair_generate(&e.as.noise));
+    connect_to_evil_responder(&e, &st);
+    assert_int_equal(evil_seen.opened, 0);
+    assert_int_equal(evil_seen.reason, TS_CONN_CLOSE_IDENTITY);
+    assert_false(evil_seen.was_open);
+    TU_CHECK_CONTAINS(evil_seen.message, "sent an identity that does not match its handshake key");
+    assert_int_equal(e.after, 0); /* refused before message 3: the client sent nothing more */
+    assert_int_equal(st.opened, 0);
+    assert_int_equal(st.closed[TS_CONN_CLOSE_IDENTITY], 1);
+    ts_identity_wipe(&e.as);
+}
+
 static void test_garbage_before_handshake(void **state) {
     static const char http[] = "GET / HTTP/1.1\r\nHost: tessera\r\n\r\n";
     uint8_t msg1[2 + 48];
@@ -784,6 +924,7 @@ int main(void) {
         cmocka_unit_test(test_oversize_and_zero_lengths),
         cmocka_unit_test(test_silent_and_slow_peers),
         cmocka_unit_test(test_identity_for_another_static_key),
+        cmocka_unit_test(test_responder_identity_for_another_static_key),
         cmocka_unit_test(test_garbage_before_handshake),
         cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_backpressure),
