@@ -10,6 +10,9 @@
  * server's loop; the tests wait for them with a condition variable and generous deadlines — no
  * sleeps that assume a speed.
  *
+ * Besides the attacks, two ts_net_t endpoints on the test's loop echo frames of sizes around
+ * the Noise message boundaries byte for byte (the sealing and decrypting paths of net/conn.c).
+ *
  * Each attack asserts what the server did (the close reason it counted, that nothing was
  * delivered or answered), and is followed by a well-behaved client that must complete a
  * handshake and get its pings answered:
@@ -772,6 +775,95 @@ static void test_responder_identity_for_another_static_key(void **state) {
     ts_identity_wipe(&e.as);
 }
 
+/* ---- frames of every size across Noise messages, byte for byte ------------------------------
+ *
+ * Two ts_net_t on the test's own loop: the accepting side echoes each frame back, sent as three
+ * parts split at odd places; the connecting side sends frames whose sizes straddle the Noise
+ * message boundaries (65519 plaintext bytes, the first message holding the 4-byte prefix), each
+ * as two parts, and checks every echo byte for byte. This covers, both ways, sealing from the
+ * caller's parts and from the gathered slot, and decrypting into the scratch buffer and
+ * straight into the frame being reassembled. */
+
+static const size_t echo_sizes[] = {1,      65515,  65516,  65519,  65520,   131034,
+                                    131035, 131040, 200000, 999999, 1u << 20};
+#define ECHO_N (sizeof echo_sizes / sizeof echo_sizes[0])
+static struct {
+    ts_conn_t *client;
+    uint8_t *frame;
+    size_t next, bad;
+    int done, server_closed, client_closed;
+} echo;
+
+static void echo_send_next(void) {
+    size_t n = echo_sizes[echo.next], cut = n / 3;
+    for (size_t i = 0; i < n; i++)
+        echo.frame[i] = (uint8_t)(i * 7 + echo.next);
+    ts_conn_part_t parts[2] = {{echo.frame, cut}, {echo.frame + cut, n - cut}};
+    TU_CHECK_OK(ts_conn_sendv(echo.client, parts, 2));
+}
+static void echo_client_open(ts_conn_t *c) {
+    echo.client = c;
+    echo_send_next();
+}
+static void echo_client_frame(ts_conn_t *c, const uint8_t *d, size_t n) {
+    if (n != echo_sizes[echo.next] || memcmp(d, echo.frame, n) != 0) {
+        print_error("the echo of frame %zu (%zu bytes) came back as %zu different bytes\n",
+                    echo.next, echo_sizes[echo.next], n);
+        echo.bad++;
+    }
+    if (++echo.next == ECHO_N) {
+        echo.done = 1;
+        ts_conn_close(c);
+        return;
+    }
+    echo_send_next();
+}
+static void echo_server_frame(ts_conn_t *c, const uint8_t *d, size_t n) {
+    size_t a = n / 2, b = a + (n - a) / 3;
+    ts_conn_part_t parts[3] = {{d, a}, {d + a, b - a}, {d + b, n - b}};
+    TU_CHECK_OK(ts_conn_sendv(c, parts, 3));
+}
+static void echo_client_close(ts_conn_t *c, const ts_conn_close_info_t *why) {
+    (void)c, (void)why;
+    echo.client_closed = 1;
+}
+static void echo_server_close(ts_conn_t *c, const ts_conn_close_info_t *why) {
+    (void)c, (void)why;
+    echo.server_closed = 1;
+}
+
+static void test_frames_across_messages(void **state) {
+    memset(&echo, 0, sizeof echo);
+    echo.frame = malloc(1u << 20);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ts_net_t *net;
+    TU_CHECK_OK(ts_net_new(&net, &loop, &client_id, &S.nk, NULL));
+    const ts_conn_handler_t server = {NULL, echo_server_frame, NULL, echo_server_close};
+    const ts_conn_handler_t client = {echo_client_open, echo_client_frame, NULL, echo_client_close};
+    ts_listener_t *l;
+    char addr[64], err[256] = "";
+    TU_CHECK_RC_MSG(ts_net_listen(net, "127.0.0.1:0", &server, NULL, &l, err, sizeof err), TS_OK,
+                    err);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ts_listener_port(l));
+    ts_conn_t *c;
+    TU_CHECK_RC_MSG(ts_conn_connect(net, addr, &client, NULL, &c, err, sizeof err), TS_OK, err);
+    while (!echo.client_closed)
+        uv_run(&loop, UV_RUN_ONCE);
+    assert_int_equal(echo.next, ECHO_N);
+    assert_int_equal(echo.bad, 0);
+    ts_net_stats_t st;
+    ts_net_stats(net, &st);
+    assert_int_equal(st.frames_in, 2 * ECHO_N);
+    assert_int_equal(st.closed[TS_CONN_CLOSE_DECRYPT] + st.closed[TS_CONN_CLOSE_FRAMING], 0);
+    ts_net_shutdown(net);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_true(echo.server_closed);
+    TU_CHECK_OK(ts_net_free(net));
+    assert_int_equal(uv_loop_close(&loop), 0);
+    free(echo.frame);
+}
+
 static void test_garbage_before_handshake(void **state) {
     static const char http[] = "GET / HTTP/1.1\r\nHost: tessera\r\n\r\n";
     uint8_t msg1[2 + 48];
@@ -925,6 +1017,7 @@ int main(void) {
         cmocka_unit_test(test_silent_and_slow_peers),
         cmocka_unit_test(test_identity_for_another_static_key),
         cmocka_unit_test(test_responder_identity_for_another_static_key),
+        cmocka_unit_test(test_frames_across_messages),
         cmocka_unit_test(test_garbage_before_handshake),
         cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_backpressure),
