@@ -16,6 +16,12 @@
  * repeated N times (default 3), interleaved with the others, and the best is kept: on a shared
  * machine the best run is the least disturbed one.
  *
+ * CPU time. On a machine shared with other work, wall-clock throughput says as much about the
+ * other work as about the link. So the raw AEAD and each stream also report the CPU time their
+ * threads spent per GB (CLOCK_THREAD_CPUTIME_ID: the sending thread, and the receiving thread
+ * from its first byte to its answer), and "CPU-bound" throughput, 1 / the busier side's seconds
+ * per GB: what the link would carry with one core to itself on each side.
+ *
  * The frames are opaque bytes, not Envelopes: this measures the link, not protobuf.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -26,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/error.h"
 #include "net/conn.h"
@@ -110,17 +117,38 @@ static void plain_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     }
 }
 
+/* Nanoseconds of CPU time the calling thread has used. */
+static uint64_t thread_cpu_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 /* ---- the receiving side: counts, echoes, reports -------------------------------------------- */
 
-/* Frames: 'T' + bytes (count them), 'D' (answer with the count), 'E' + bytes (echo). */
+typedef struct tally {
+    uint64_t bytes; /* of 'T' frames since the last 'D' */
+    uint64_t timed; /* of them, those after the first */
+    uint64_t cpu0;  /* thread_cpu_ns() when the first was delivered */
+} tally_t;
+
+/* Frames: 'T' + bytes (count them), 'D' (answer 'R', the count, and the bytes and CPU ns from
+ * the first 'T' on), 'E' + bytes (echo). */
 static void serve_frame(link_t *l, const uint8_t *d, size_t n) {
-    uint64_t *count = l->data;
+    tally_t *t = l->data;
     if (d[0] == 'T') {
-        *count += n;
+        if (t->bytes == 0)
+            t->cpu0 = thread_cpu_ns();
+        else
+            t->timed += n;
+        t->bytes += n;
     } else if (d[0] == 'D') {
-        uint8_t r[9] = {'R'};
-        memcpy(r + 1, count, 8);
-        *count = 0;
+        uint8_t r[25] = {'R'};
+        uint64_t cpu = thread_cpu_ns() - t->cpu0;
+        memcpy(r + 1, &t->bytes, 8);
+        memcpy(r + 9, &t->timed, 8);
+        memcpy(r + 17, &cpu, 8);
+        t->bytes = t->timed = 0;
         link_send(l, r, sizeof r);
     } else {
         link_send(l, d, n);
@@ -142,7 +170,7 @@ static void enc_srv_open(ts_conn_t *c) {
     link_t *l = calloc(1, sizeof *l);
     l->conn = c;
     l->on_frame = serve_frame;
-    l->data = calloc(1, sizeof(uint64_t));
+    l->data = calloc(1, sizeof(tally_t));
     ts_conn_set_data(c, l);
 }
 static void enc_frame(ts_conn_t *c, const uint8_t *d, size_t n) {
@@ -187,7 +215,7 @@ static void plain_accept(uv_stream_t *srv, int status) {
     l->plain = 1;
     l->tcp = t;
     l->on_frame = serve_frame;
-    l->data = calloc(1, sizeof(uint64_t));
+    l->data = calloc(1, sizeof(tally_t));
     ts_frame_reader_init_app(&l->rd, TS_FRAME_MAX_LIMIT);
     t->data = l;
     uv_read_start((uv_stream_t *)t, plain_alloc, plain_srv_read);
@@ -241,7 +269,7 @@ typedef struct run {
     link_t link;
     int done;
     /* throughput */
-    uint64_t total, sent, received;
+    uint64_t total, sent, received, recv_timed, recv_cpu_ns;
     uint8_t *frame;
     /* round trips */
     size_t size;
@@ -265,7 +293,13 @@ static void pump(link_t *l) { /* keep the write queue full */
 
 static void tp_frame(link_t *l, const uint8_t *d, size_t n) {
     run_t *r = l->data;
+    if (n != 25 || d[0] != 'R') {
+        fprintf(stderr, "bench_net: an answer of %zu bytes, not the count\n", n);
+        exit(1);
+    }
     memcpy(&r->received, d + 1, 8);
+    memcpy(&r->recv_timed, d + 9, 8);
+    memcpy(&r->recv_cpu_ns, d + 17, 8);
     r->done = 1;
 }
 
@@ -345,8 +379,20 @@ static void link_close(link_t *l) {
     uv_run(&loop, UV_RUN_NOWAIT);
 }
 
-/* GB/s of a stream of `total` bytes in FRAME-sized frames. */
-static double throughput(int plain, const server_t *s, uint64_t total) {
+/* A stream's speed: wall-clock GB/s, and the CPU seconds per GB of each side. */
+typedef struct rate {
+    double gbps, send_cpu_s_per_gb, recv_cpu_s_per_gb;
+} rate_t;
+
+/* 1 / the busier side's CPU seconds per GB: the GB/s with a free core on each side. */
+static double cpu_bound_gbps(const rate_t *v) {
+    double busier =
+        v->send_cpu_s_per_gb > v->recv_cpu_s_per_gb ? v->send_cpu_s_per_gb : v->recv_cpu_s_per_gb;
+    return busier > 0 ? 1 / busier : 0;
+}
+
+/* The speed of a stream of `total` bytes in FRAME-sized frames. */
+static rate_t throughput(int plain, const server_t *s, uint64_t total) {
     run_t r;
     memset(&r, 0, sizeof r);
     r.total = total;
@@ -356,19 +402,22 @@ static double throughput(int plain, const server_t *s, uint64_t total) {
     link_open(&r.link, plain, s, &r);
     r.link.on_frame = tp_frame;
     r.link.on_drain = pump;
-    uint64_t t0 = uv_hrtime();
+    uint64_t t0 = uv_hrtime(), cpu0 = thread_cpu_ns();
     pump(&r.link);
     while (!r.done)
         uv_run(&loop, UV_RUN_ONCE);
     double secs = (double)(uv_hrtime() - t0) / 1e9;
-    if (r.received != total + 0 && r.received != total) {
+    double cpu = (double)(thread_cpu_ns() - cpu0) / 1e9;
+    if (r.received != total || r.recv_timed == 0) {
         fprintf(stderr, "bench_net: the server counted %llu bytes of %llu\n",
                 (unsigned long long)r.received, (unsigned long long)total);
         exit(1);
     }
     link_close(&r.link);
     free(r.frame);
-    return (double)total / secs / 1e9;
+    rate_t v = {(double)total / secs / 1e9, cpu / ((double)total / 1e9),
+                (double)r.recv_cpu_ns / (double)r.recv_timed};
+    return v;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -400,13 +449,14 @@ static void round_trips(int plain, const server_t *s, size_t size, int iters, do
     free(r.frame);
 }
 
-/* GB/s of ChaCha20-Poly1305 sealing 65519-byte messages, in memory. */
-static double raw_aead(uint64_t total) {
+/* ChaCha20-Poly1305 sealing 65519-byte messages, in memory: wall-clock GB/s, and CPU seconds
+ * per GB in send_cpu_s_per_gb. */
+static rate_t raw_aead(uint64_t total) {
     const size_t n = TS_FRAME_NOISE_PLAINTEXT_MAX;
     uint8_t *pt = malloc(n), *ct = malloc(n + 16), key[32], nonce[12] = {0};
     randombytes_buf(key, sizeof key);
     memset(pt, 0x5a, n);
-    uint64_t t0 = uv_hrtime(), done = 0, ctr = 0;
+    uint64_t t0 = uv_hrtime(), cpu0 = thread_cpu_ns(), done = 0, ctr = 0;
     while (done < total) {
         memcpy(nonce + 4, &ctr, 8);
         ctr++;
@@ -415,13 +465,25 @@ static double raw_aead(uint64_t total) {
         done += n;
     }
     double secs = (double)(uv_hrtime() - t0) / 1e9;
+    double cpu = (double)(thread_cpu_ns() - cpu0) / 1e9;
     free(pt);
     free(ct);
-    return (double)done / secs / 1e9;
+    rate_t v = {(double)done / secs / 1e9, cpu / ((double)done / 1e9), 0};
+    return v;
 }
 
 static double maxd(double a, double b) { return a > b ? a : b; }
 static double mind(double a, double b) { return a < b ? a : b; }
+
+/* Keeps in *best the best of each of v's measures (a zeroed *best takes v's). */
+static void keep_best(rate_t *best, rate_t v) {
+    int first = best->gbps == 0;
+    best->gbps = maxd(best->gbps, v.gbps);
+    best->send_cpu_s_per_gb =
+        first ? v.send_cpu_s_per_gb : mind(best->send_cpu_s_per_gb, v.send_cpu_s_per_gb);
+    best->recv_cpu_s_per_gb =
+        first ? v.recv_cpu_s_per_gb : mind(best->recv_cpu_s_per_gb, v.recv_cpu_s_per_gb);
+}
 
 int main(int argc, char **argv) {
     int quick = 0, json = 0, repeats = 3;
@@ -460,13 +522,13 @@ int main(int argc, char **argv) {
 
     uint64_t total = quick ? (32u << 20) : (512u << 20);
     int it1 = quick ? 200 : 5000, it64 = quick ? 50 : 1000;
-    double aead = 0, enc = 0, plain = 0;
+    rate_t aead = {0}, enc = {0}, plain = {0};
     double e1[2] = {1e18, 1e18}, p1[2] = {1e18, 1e18}, e64[2] = {1e18, 1e18}, p64[2] = {1e18, 1e18};
     for (int k = 0; k < repeats; k++) { /* interleaved; best of each */
         double a, b;
-        aead = maxd(aead, raw_aead(total));
-        enc = maxd(enc, throughput(0, &s, total));
-        plain = maxd(plain, throughput(1, &s, total));
+        keep_best(&aead, raw_aead(total));
+        keep_best(&enc, throughput(0, &s, total));
+        keep_best(&plain, throughput(1, &s, total));
         round_trips(0, &s, 1024, it1, &a, &b);
         e1[0] = mind(e1[0], a), e1[1] = mind(e1[1], b);
         round_trips(1, &s, 1024, it1, &a, &b);
@@ -483,24 +545,38 @@ int main(int argc, char **argv) {
     ts_net_free(cnet);
     uv_loop_close(&loop);
 
+    double aead_cpu = 1 / aead.send_cpu_s_per_gb, enc_cpu = cpu_bound_gbps(&enc),
+           plain_cpu = cpu_bound_gbps(&plain);
     if (json) {
-        json_t *j =
-            json_pack("{s:i, s:{s:f, s:f, s:f, s:f, s:f}, s:{s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, "
-                      "s:f, s:f}}}",
-                      "repeats", repeats, "throughput_gbps", "raw_aead", aead, "encrypted", enc,
-                      "plain_tcp", plain, "encrypted_over_aead", enc / aead, "encrypted_over_plain",
-                      enc / plain, "rtt_us", "1k", "encrypted_p50", e1[0], "encrypted_p99", e1[1],
-                      "plain_p50", p1[0], "plain_p99", p1[1], "64k", "encrypted_p50", e64[0],
-                      "encrypted_p99", e64[1], "plain_p50", p64[0], "plain_p99", p64[1]);
+        json_t *j = json_pack(
+            "{s:i, s:{s:f, s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f, s:f, "
+            "s:f}, s:{s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f, s:f}}}",
+            "repeats", repeats, "throughput_gbps", "raw_aead", aead.gbps, "encrypted", enc.gbps,
+            "plain_tcp", plain.gbps, "encrypted_over_aead", enc.gbps / aead.gbps,
+            "encrypted_over_plain", enc.gbps / plain.gbps, "cpu_s_per_gb", "encrypted_send",
+            enc.send_cpu_s_per_gb, "encrypted_recv", enc.recv_cpu_s_per_gb, "plain_send",
+            plain.send_cpu_s_per_gb, "plain_recv", plain.recv_cpu_s_per_gb, "cpu_bound_gbps",
+            "raw_aead", aead_cpu, "encrypted", enc_cpu, "plain_tcp", plain_cpu,
+            "encrypted_over_aead", enc_cpu / aead_cpu, "raw_aead_cpu_s_per_gb",
+            aead.send_cpu_s_per_gb, "rtt_us", "1k", "encrypted_p50", e1[0], "encrypted_p99", e1[1],
+            "plain_p50", p1[0], "plain_p99", p1[1], "64k", "encrypted_p50", e64[0], "encrypted_p99",
+            e64[1], "plain_p50", p64[0], "plain_p99", p64[1]);
         json_dumpf(j, stdout, JSON_COMPACT);
         printf("\n");
         json_decref(j);
     } else {
         printf("secure links on loopback, best of %d interleaved runs\n", repeats);
-        printf("throughput (GB/s)      raw AEAD %.2f   encrypted %.2f   plain TCP %.2f\n", aead,
-               enc, plain);
-        printf("  encrypted / raw AEAD %.0f %%   encrypted / plain %.0f %%\n", 100 * enc / aead,
-               100 * enc / plain);
+        printf("throughput (GB/s)      raw AEAD %.2f   encrypted %.2f   plain TCP %.2f\n",
+               aead.gbps, enc.gbps, plain.gbps);
+        printf("  encrypted / raw AEAD %.0f %%   encrypted / plain %.0f %%\n",
+               100 * enc.gbps / aead.gbps, 100 * enc.gbps / plain.gbps);
+        printf("CPU s per GB           raw AEAD %.3f   encrypted send %.3f recv %.3f   plain send "
+               "%.3f recv %.3f\n",
+               aead.send_cpu_s_per_gb, enc.send_cpu_s_per_gb, enc.recv_cpu_s_per_gb,
+               plain.send_cpu_s_per_gb, plain.recv_cpu_s_per_gb);
+        printf("CPU-bound (GB/s)       raw AEAD %.2f   encrypted %.2f   plain TCP %.2f\n", aead_cpu,
+               enc_cpu, plain_cpu);
+        printf("  encrypted / raw AEAD %.0f %%\n", 100 * enc_cpu / aead_cpu);
         printf("round trip (µs)        encrypted p50 / p99     plain p50 / p99    added p50\n");
         printf("  1 KiB                %8.1f / %-8.1f    %8.1f / %-8.1f  %+.1f\n", e1[0], e1[1],
                p1[0], p1[1], e1[0] - p1[0]);

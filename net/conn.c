@@ -1,21 +1,31 @@
 /*
  * conn.c — encrypted TCP connections on libuv (see conn.h for the contract).
  *
- * How the pieces fit. Bytes arrive in read_cb, into one 64 KiB buffer shared by every
+ * How the pieces fit. Bytes arrive in read_cb, into one 256 KiB buffer shared by every
  * connection of the net (libuv calls alloc_cb and read_cb back to back for one stream, and
  * everything runs on one thread, so one buffer serves all). A Noise-message reader
- * (ts_frame_reader_t, 2-byte prefixes) cuts them into Noise messages. During the handshake the
- * reader's limit is set to the one legal size of the message expected next, so a wrong length
- * is refused at its prefix, before anything is buffered; each message goes to the Noise state
- * machine. Once OPEN, each message is decrypted into a second shared buffer and its plaintext
- * fed to the application-frame reader (4-byte prefixes, max_frame), which hands complete frames
- * to on_frame. Nothing is decrypted before the handshake is complete, and nothing reaches
- * on_frame that did not decrypt under the session's keys.
+ * (ts_frame_reader_t, 2-byte prefixes) cuts them into Noise messages; a message that lies whole
+ * in one read is handed back in place, so only those that straddle two reads are copied (with
+ * reads of up to four full-size messages, a minority). During the handshake the reader's limit
+ * is set to the one legal size of the message expected next, so a wrong length is refused at
+ * its prefix, before anything is buffered; each message goes to the Noise state machine. Once
+ * OPEN, each transport message is decrypted and its plaintext goes to the application-frame
+ * reader (4-byte prefixes, max_frame), which hands complete frames to on_frame. A plaintext
+ * that falls inside the body of the frame being reassembled is decrypted straight into that
+ * reader's buffer (ts_frame_reader_body_space); any other — one holding a prefix or the end of
+ * a frame and the start of the next — is decrypted into a second shared buffer and fed from
+ * there. Nothing is decrypted before the handshake is complete, and nothing reaches on_frame
+ * that did not decrypt under the session's keys (libsodium checks the tag before it writes a
+ * byte of plaintext).
  *
  * Writing: a frame is its 4-byte prefix and the caller's parts, cut into plaintexts of at most
- * 65519 bytes, each encrypted in place into one buffer laid out as [len16 ‖ ciphertext]… and
- * handed to uv_write as one request. The bytes waiting in uv_write requests are the write
- * queue; past write_high_water the connection stops reading.
+ * 65519 bytes, each sealed into one buffer laid out as [len16 ‖ ciphertext]… and handed to
+ * uv_write as one request. A plaintext that lies whole in one of the caller's parts is sealed
+ * from where it lies; only one that straddles parts (the first, which holds the prefix, and any
+ * that crosses a boundary between parts) is gathered into its slot first and sealed in place.
+ * The buffer then holds only what goes on the wire, so it is freed without wiping. The bytes
+ * waiting in uv_write requests are the write queue; past write_high_water the connection stops
+ * reading.
  *
  * Closing is two-phase. conn_fail/ts_conn_close record why, wipe the secrets at once, and close
  * the libuv handles; from then on no frame is delivered and nothing is sent. When the last
@@ -37,7 +47,7 @@
 #include "net/frame.h"
 #include "net/list.h"
 
-#define READ_BUF 65536u
+#define READ_BUF (256u << 10) /* four full-size Noise messages and change per read */
 /* The handshake's messages have one legal size each (docs/protocol.md §2.2). */
 #define HS_MSG1 48u
 #define HS_MSG2 193u
@@ -331,8 +341,7 @@ static void write_cb(uv_write_t *req, int status) {
     wreq_t *w = TS_CONTAINER_OF(req, wreq_t, req);
     ts_conn_t *c = w->c;
     c->queued -= w->len;
-    sodium_memzero(w->data, w->len);
-    free(w);
+    free(w); /* ciphertext and lengths: what the wire carried, nothing to wipe */
     if (c->state == ST_CLOSING)
         return;
     if (status < 0) {
@@ -413,8 +422,20 @@ int ts_conn_sendv(ts_conn_t *c, const ts_conn_part_t *parts, size_t n) {
     size_t src_len = TS_FRAME_APP_HEADER;
     while (left > 0) {
         size_t chunk = left < pmax ? left : pmax, filled = 0;
-        uint8_t *pt = w->data + pos + TS_FRAME_NOISE_HEADER;
-        while (filled < chunk) {
+        uint8_t *slot = w->data + pos + TS_FRAME_NOISE_HEADER;
+        const uint8_t *pt = slot;
+        while (off == src_len) { /* the next non-empty piece: left > 0, so there is one */
+            src = parts[part].data;
+            src_len = parts[part].len;
+            part++;
+            off = 0;
+        }
+        if (src_len - off >= chunk) { /* whole in one piece: sealed from there */
+            pt = src + off;
+            off += chunk;
+            filled = chunk;
+        }
+        while (filled < chunk) {  /* gathered into the slot */
             if (off == src_len) { /* next non-empty piece */
                 src = parts[part].data;
                 src_len = parts[part].len;
@@ -423,13 +444,13 @@ int ts_conn_sendv(ts_conn_t *c, const ts_conn_part_t *parts, size_t n) {
                 continue;
             }
             size_t take = src_len - off < chunk - filled ? src_len - off : chunk - filled;
-            memcpy(pt + filled, src + off, take);
+            memcpy(slot + filled, src + off, take);
             filled += take;
             off += take;
         }
         size_t ct_len = 0;
-        int rc =
-            ts_noise_transport_encrypt(&c->tr, pt, chunk, pt, chunk + TS_FRAME_NOISE_TAG, &ct_len);
+        int rc = ts_noise_transport_encrypt(&c->tr, pt, chunk, slot, chunk + TS_FRAME_NOISE_TAG,
+                                            &ct_len);
         if (rc) { /* nonces exhausted: part of a frame is gone, the stream cannot go on */
             free(w);
             conn_fail(c, TS_CONN_CLOSE_LOCAL, rc, "cannot encrypt for %s: %s", c->addr,
@@ -541,14 +562,35 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     *buf = uv_buf_init((char *)c->net->rbuf, READ_BUF);
 }
 
+static void deliver_frame(ts_conn_t *c, const uint8_t *frame, size_t len) {
+    ts_net_t *net = c->net;
+    c->frames_in++;
+    net->st.frames_in++;
+    c->last_activity = uv_now(net->loop);
+    if (c->h.on_frame)
+        c->h.on_frame(c, frame, len);
+}
+
 /* One transport message: decrypt, then deliver the frames its plaintext completes. */
 static void transport_message(ts_conn_t *c, const uint8_t *msg, size_t len) {
     ts_net_t *net = c->net;
-    size_t plen = 0;
-    int rc = ts_noise_transport_decrypt(&c->tr, msg, len, net->pbuf, sizeof net->pbuf, &plen);
+    /* A plaintext inside the body of the frame under way goes straight into its buffer. */
+    size_t plen = len > TS_FRAME_NOISE_TAG ? len - TS_FRAME_NOISE_TAG : 0;
+    uint8_t *direct = plen ? ts_frame_reader_body_space(&c->app_rd, plen) : NULL;
+    uint8_t *out = direct ? direct : net->pbuf;
+    int rc =
+        ts_noise_transport_decrypt(&c->tr, msg, len, out, direct ? plen : sizeof net->pbuf, &plen);
     if (rc) {
         conn_fail(c, TS_CONN_CLOSE_DECRYPT, rc,
                   "a message from %s failed to decrypt (tampered, replayed or reordered)", c->addr);
+        return;
+    }
+    if (direct) {
+        const uint8_t *frame;
+        size_t flen;
+        ts_frame_reader_commit(&c->app_rd, plen, &frame, &flen);
+        if (frame)
+            deliver_frame(c, frame, flen);
         return;
     }
     size_t pos = 0;
@@ -566,11 +608,7 @@ static void transport_message(ts_conn_t *c, const uint8_t *msg, size_t len) {
         }
         if (!frame)
             break;
-        c->frames_in++;
-        net->st.frames_in++;
-        c->last_activity = uv_now(net->loop);
-        if (c->h.on_frame)
-            c->h.on_frame(c, frame, flen);
+        deliver_frame(c, frame, flen);
     }
 }
 

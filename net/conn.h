@@ -33,7 +33,8 @@
  *     answers cannot grow our memory) and ts_conn_congested() says so; reading resumes, and
  *     on_drain is called, once the queue is back under half the mark;
  *   - max_conns and max_conns_per_addr bound the accepted connections in total and per remote
- *     IP address; an extra one is closed at once, before any handshake work or allocation.
+ *     IP address; an extra one is closed at once, before any handshake work, and is never the
+ *     owner's: see "Refused connections" below.
  *
  * What closes a connection: any protocol violation (a handshake message of the wrong size, that
  * fails to decrypt — a wrong network key shows up here — or whose identity payload does not
@@ -50,9 +51,18 @@
  *   on_open   the handshake completed; the peer's node id is known (ts_conn_peer_id).
  *   on_frame  one whole application frame, data[0, len), valid only during the call.
  *   on_drain  (optional) the write queue fell back under half the high-water mark.
- *   on_close  always called exactly once, last, for every connection (also one whose connect
- *             failed), with why; the connection is freed when it returns.
+ *   on_close  called exactly once, last, for every connection the owner can have seen: every
+ *             one returned by ts_conn_connect (also one whose connect failed), and every
+ *             accepted one admitted by the limits; with why; the connection is freed when it
+ *             returns.
  * Any callback may call ts_conn_close, after which no on_frame follows.
+ *
+ * Refused connections. An accepted socket over max_conns or max_conns_per_addr is closed by the
+ * library on the spot and reaches no callback at all — no on_open, no on_close — so the owner
+ * never learns of it except through ts_net_stats_t.refused_limit, which counts it. It is not
+ * counted in accepted, live_accepted or closed[] either (only in live, until its handles have
+ * closed). The same holds, without any counter, for an accepted socket whose uv_accept fails
+ * or for which no memory could be had.
  */
 #ifndef TS_CONN_H
 #define TS_CONN_H
@@ -122,10 +132,11 @@ typedef struct ts_conn_handler {
 /* Counters over the life of a ts_net_t. */
 typedef struct ts_net_stats {
     uint64_t accepted;      /* connections accepted (and admitted by the limits) */
-    uint64_t refused_limit; /* accepted sockets closed at once by max_conns(_per_addr) */
+    uint64_t refused_limit; /* accepted sockets closed at once by max_conns(_per_addr); they
+                             * reach no callback and no other counter but live */
     uint64_t connects;      /* outgoing connections started */
     uint64_t opened;        /* handshakes completed, either side */
-    uint64_t closed[TS_CONN_CLOSE_REASONS];
+    uint64_t closed[TS_CONN_CLOSE_REASONS]; /* by reason, of the connections on_close saw */
     uint64_t frames_in, frames_out;
     uint64_t read_pauses;    /* times a connection stopped reading over write_high_water */
     size_t write_queue_peak; /* the most bytes ever queued on one connection */

@@ -15,7 +15,9 @@
  * version does not know are left in each message's unknown_fields and ignored, except in two
  * places where they decide what the message is: an Envelope whose body is unknown is refused
  * with TS_ENOTSUP (the receiver answers ERROR_UNSUPPORTED), and a MemberUpdate whose kind is
- * unknown is accepted and left for the gossip layer to skip.
+ * unknown is accepted and left for the gossip layer to skip. An unknown field whose number is
+ * not a protobuf field number (0, or over 2^29 − 1) is a parse error at any depth: see
+ * check_field_numbers.
  *
  * The bodies of signed statements (Alive, Leave, Advert) stay bytes inside the Envelope: their
  * signature covers those exact bytes, so the gossip layer verifies it first and only then calls
@@ -41,6 +43,8 @@ _Static_assert(TS_FRAME_MAX_DIMS == TS_MAX_DIMS, "a wire tensor fits a ts_tensor
 
 #define PATH_LEN 128        /* the longest field path in an error sentence */
 #define FIRST_BODY_FIELD 16 /* Envelope fields 1..15 are the header's */
+
+static const char *sub(char path[PATH_LEN], const char *base, const char *field, long i);
 
 /* ---- the decode budget -------------------------------------------------------------------- */
 
@@ -74,6 +78,66 @@ static size_t budget_for(size_t len) {
     return TS_FRAME_DECODE_FACTOR * len + TS_FRAME_DECODE_SLACK;
 }
 
+/* ---- field numbers ------------------------------------------------------------------------
+ *
+ * protobuf's field numbers are 1..2^29 − 1; a tag with any other number is not protobuf.
+ * protobuf-c 1.4.1 refuses a tag whose number is 0 only when the tag is one byte: an overlong
+ * varint (0x82 0x00: field 0, wire type 2) passes, and the field is kept among the message's
+ * unknown fields. Packing that message again writes the canonical tag 0x02, which every decoder
+ * (protobuf-c included) refuses — so a frame could be accepted, relayed, and refused by the next
+ * node. The walk below closes the hole at every nesting level, for every message that unpack()
+ * returns and every envelope about to be encoded. Unknown fields with valid numbers stay allowed
+ * and ignored: that is how the protocol evolves (docs/protocol.md §4, §11). */
+
+#define FIELD_NUMBER_MAX 536870911u /* 2^29 − 1 */
+
+/* Refuses, with code, an unknown field numbered outside 1..FIELD_NUMBER_MAX in m or in any
+ * sub-message present in it (each element of a repeated field, the set member of a oneof, any
+ * other non-NULL one); what is m's path in err. The schema has no recursive message, so the
+ * depth is bounded by it. */
+static int check_field_numbers(const ProtobufCMessage *m, const char *what, int code, char *err,
+                               size_t errlen) {
+    for (unsigned i = 0; i < m->n_unknown_fields; i++) {
+        uint32_t tag = m->unknown_fields[i].tag;
+        if (tag == 0 || tag > FIELD_NUMBER_MAX) {
+            ts_set_err(err, errlen,
+                       "%s holds a field numbered %u; protobuf field numbers are 1..%u, so this "
+                       "is not a valid protobuf encoding",
+                       what, (unsigned)tag, FIELD_NUMBER_MAX);
+            return code;
+        }
+    }
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    const char *base = (const char *)m;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        char p[PATH_LEN];
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)(base + f->quantifier_offset);
+            ProtobufCMessage *const *v = *(ProtobufCMessage *const *const *)(base + f->offset);
+            for (size_t k = 0; k < n; k++) {
+                int rc = v[k] ? check_field_numbers(v[k], sub(p, what, f->name, (long)k), code, err,
+                                                    errlen)
+                              : TS_OK;
+                if (rc)
+                    return rc;
+            }
+            continue;
+        }
+        /* a oneof's members share one pointer; only the set one may be read as this field */
+        if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(base + f->quantifier_offset) != f->id)
+            continue;
+        const ProtobufCMessage *s = *(ProtobufCMessage *const *)(base + f->offset);
+        int rc = s ? check_field_numbers(s, sub(p, what, f->name, -1), code, err, errlen) : TS_OK;
+        if (rc)
+            return rc;
+    }
+    return TS_OK;
+}
+
 /* Parses data as a d under the budget; what names it in err. */
 static int unpack(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len,
                   ProtobufCMessage **out, const char *what, char *err, size_t errlen) {
@@ -101,6 +165,11 @@ static int unpack(const ProtobufCMessageDescriptor *d, const uint8_t *data, size
         ts_set_err(err, errlen, "%s: %zu bytes that are not a valid protobuf %s", what, len,
                    d->short_name);
         return TS_ECORRUPT;
+    }
+    int rc = check_field_numbers(m, what, TS_ECORRUPT, err, errlen);
+    if (rc) {
+        ts_frame_free(m);
+        return rc;
     }
     *out = m;
     return TS_OK;
@@ -751,6 +820,10 @@ int ts_frame_encode_envelope(const Tessera__Envelope *env, unsigned flags, uint3
     *out = NULL;
     *out_len = 0;
     int rc = ts_frame_check_envelope(env, flags, err, errlen);
+    if (rc)
+        return rc;
+    /* a hand-built envelope could carry an unknown field no decoder would accept */
+    rc = check_field_numbers(&env->base, "envelope", TS_EINVAL, err, errlen);
     if (rc)
         return rc;
     size_t n = protobuf_c_message_get_packed_size(&env->base);

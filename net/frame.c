@@ -208,3 +208,23 @@ int ts_frame_reader_feed(ts_frame_reader_t *r, const uint8_t *in, size_t len, si
     *used = pos;
     return TS_OK;
 }
+
+uint8_t *ts_frame_reader_body_space(ts_frame_reader_t *r, size_t n) {
+    if (!r || r->failed || n == 0 || r->hdr_have < r->hdr_size || n > r->len - r->have)
+        return NULL;
+    if (reader_reserve(r, r->have + n))
+        return NULL;
+    return r->buf + r->have;
+}
+
+void ts_frame_reader_commit(ts_frame_reader_t *r, size_t n, const uint8_t **msg, size_t *msg_len) {
+    *msg = NULL;
+    *msg_len = 0;
+    r->have += n;
+    if (r->have == r->len) {
+        *msg = r->buf;
+        *msg_len = r->len;
+        r->hdr_have = 0;
+        r->delivered = 1;
+    }
+}

@@ -133,6 +133,21 @@ void ts_frame_reader_free(ts_frame_reader_t *r);
 int ts_frame_reader_feed(ts_frame_reader_t *r, const uint8_t *in, size_t len, size_t *used,
                          const uint8_t **msg, size_t *msg_len, char *err, size_t errlen);
 
+/* Writing a body in place, for a caller that produces bytes (decrypts them) rather than holding
+ * them: it writes them straight into the reader's buffer instead of into a buffer of its own
+ * that feed would copy from. When r is inside a message's body (its prefix complete) and at
+ * least n (≥ 1) of its bytes are still to come, ts_frame_reader_body_space makes room for n
+ * more bytes (growing the buffer as feed would) and returns where they go; the caller writes
+ * exactly n bytes there, then calls ts_frame_reader_commit. Otherwise it returns NULL and the
+ * caller feeds the bytes as usual: between messages, when n runs past the message, after a
+ * failure, or when memory ran out. The caller must already hold the n bytes' worth of input
+ * (the ciphertext they come from), so that the buffer still grows only with what arrived. */
+uint8_t *ts_frame_reader_body_space(ts_frame_reader_t *r, size_t n);
+/* Counts the n bytes written at ts_frame_reader_body_space(r, n). When they complete the
+ * message, *msg and *msg_len describe it, as ts_frame_reader_feed's would (valid until the next
+ * call on r); otherwise *msg is NULL. */
+void ts_frame_reader_commit(ts_frame_reader_t *r, size_t n, const uint8_t **msg, size_t *msg_len);
+
 /* 1 when r is between messages (no partial prefix or body pending): an end of stream now is a
  * clean close, otherwise it truncated a message. */
 int ts_frame_reader_idle(const ts_frame_reader_t *r);
@@ -146,14 +161,16 @@ size_t ts_frame_reader_held(const ts_frame_reader_t *r);
 
 /* Validates env (ts_frame_check_envelope with flags), then encodes it as one whole application
  * frame — 4-byte prefix and Envelope — into *out (malloc'd, *out_len bytes; the caller frees).
- * TS_ERANGE when the Envelope would be longer than max_frame. */
+ * TS_ERANGE when the Envelope would be longer than max_frame; TS_EINVAL when a message in it
+ * carries an unknown field numbered 0 or over 2^29 − 1 (no decoder would accept the bytes). */
 int ts_frame_encode_envelope(const Tessera__Envelope *env, unsigned flags, uint32_t max_frame,
                              uint8_t **out, size_t *out_len, char *err, size_t errlen);
 
 /* Parses data[0, len) — one application frame without its prefix, or one UDP packet's
  * plaintext — under the decode budget, and checks it (ts_frame_check_envelope with flags). On
  * success *out is the Envelope (free with ts_frame_free); on failure *out is NULL and:
- *   TS_ECORRUPT  not a protobuf Envelope, or one that breaks a validity rule;
+ *   TS_ECORRUPT  not a protobuf Envelope (an unknown field numbered 0 or over 2^29 − 1, at
+ *                any depth, included), or one that breaks a validity rule;
  *   TS_ERANGE    the encoding would exceed the decode budget, or a value is out of range;
  *   TS_ENOTSUP   the body is of a kind this version does not know (a newer peer);
  *   TS_ESHAPE, TS_EDTYPE, TS_ENONFINITE  a tensor's shape, dtype or values are bad;

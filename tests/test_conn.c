@@ -10,13 +10,17 @@
  * server's loop; the tests wait for them with a condition variable and generous deadlines — no
  * sleeps that assume a speed.
  *
+ * Besides the attacks, two ts_net_t endpoints on the test's loop echo frames of sizes around
+ * the Noise message boundaries byte for byte (the sealing and decrypting paths of net/conn.c).
+ *
  * Each attack asserts what the server did (the close reason it counted, that nothing was
  * delivered or answered), and is followed by a well-behaved client that must complete a
  * handshake and get its pings answered:
  *   wrong network key, flipped ciphertext bytes (body and tag), a replayed and a reordered
  *   transport message, oversize and zero lengths (with the largest allocation measured by
  *   wrapping malloc), a silent and a slow peer (handshake timeout), an identity payload that
- *   signs another static key, garbage before the handshake, the connection limits (per address
+ *   signs another static key (from an initiator, and from a responder: there the client side,
+ *   a ts_net_t on the test's own loop, must refuse the session before message 3), garbage before the handshake, the connection limits (per address
  *   and in total), and the write queue's high-water mark (a peer that sends 20000 requests and
  *   reads nothing: the server stops reading, its queue stays bounded, and every request is
  *   answered exactly once when the peer finally reads).
@@ -632,6 +636,234 @@ static void test_identity_for_another_static_key(void **state) {
     good_client();
 }
 
+/* ---- a malicious responder ------------------------------------------------------------------
+ *
+ * The mirror of the test above: this side (a ts_net_t on the test's own loop) connects to a
+ * responder written from the primitives, on a thread of its own, that holds the server's
+ * signing key but runs the handshake with another static key, and presents the server's genuine
+ * payload (which signs the server's static key). The client must refuse the session before it
+ * sends message 3. The same responder with the genuine static key is the control: there the
+ * session opens and message 3 arrives, so the refusal is the signature's doing. */
+
+typedef struct evil_responder {
+    int listen_fd;
+    ts_identity_t as; /* whose handshake it runs: S.id's signing key, some static key */
+    uint8_t payload[TS_IDENTITY_PAYLOAD_BYTES];
+    int msg1_ok, msg2_sent;
+    int closed;   /* the client closed the connection (1), or it stayed open for WAIT_S (0) */
+    size_t after; /* bytes the client sent after message 2 */
+} evil_responder_t;
+
+/* Runs on its own thread, so it records what happened and leaves asserting to the test. */
+static void *evil_responder_main(void *arg) {
+    evil_responder_t *e = arg;
+    raw_t r; /* for wait_closed */
+    memset(&r, 0, sizeof r);
+    r.fd = accept(e->listen_fd, NULL, NULL);
+    if (r.fd < 0)
+        return NULL;
+    struct timeval tv = {WAIT_S, 0};
+    setsockopt(r.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ts_noise_handshake_t hs;
+    uint8_t msg[2 + 256], pay[64];
+    size_t len = 0, plen = 0;
+    if (ts_identity_handshake_init(&hs, &e->as, &S.nk, 0) == TS_OK &&
+        read_exact(r.fd, msg, 2) == 0 && (len = (size_t)msg[0] << 8 | msg[1]) == 48 &&
+        read_exact(r.fd, msg, len) == 0 &&
+        ts_noise_handshake_read_message(&hs, msg, len, pay, sizeof pay, &plen) == TS_OK &&
+        plen == 0) {
+        e->msg1_ok = 1;
+        if (ts_noise_handshake_write_message(&hs, e->payload, sizeof e->payload, msg + 2,
+                                             sizeof msg - 2, &len) == TS_OK) {
+            ts_frame_put_noise_len(msg, len);
+            write_all(r.fd, msg, 2 + len);
+            e->msg2_sent = 1;
+        }
+    }
+    ts_noise_handshake_wipe(&hs);
+    e->closed = wait_closed(&r, &e->after);
+    close(r.fd);
+    return NULL;
+}
+
+static struct {
+    int opened, closed;
+    ts_conn_close_reason_t reason;
+    int was_open;
+    char message[320];
+} evil_seen;
+
+static void evil_on_open(ts_conn_t *c) {
+    evil_seen.opened++;
+    ts_conn_close(c);
+}
+static void evil_on_close(ts_conn_t *c, const ts_conn_close_info_t *why) {
+    (void)c;
+    evil_seen.closed++;
+    evil_seen.reason = why->reason;
+    evil_seen.was_open = why->was_open;
+    snprintf(evil_seen.message, sizeof evil_seen.message, "%s", why->message);
+}
+
+/* Connects a fresh ts_net_t (identity client_id) to an evil responder running as `as` with the
+ * server's genuine payload; returns when the connection is gone, with *st its net's counters. */
+static void connect_to_evil_responder(evil_responder_t *e, ts_net_stats_t *st) {
+    memset(&evil_seen, 0, sizeof evil_seen);
+    ts_identity_payload(&S.id, e->payload);
+    e->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(e->listen_fd >= 0);
+    struct sockaddr_in a;
+    socklen_t alen = sizeof a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(bind(e->listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(e->listen_fd, 1), 0);
+    assert_int_equal(getsockname(e->listen_fd, (struct sockaddr *)&a, &alen), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, evil_responder_main, e), 0);
+
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ts_net_t *net;
+    TU_CHECK_OK(ts_net_new(&net, &loop, &client_id, &S.nk, NULL));
+    const ts_conn_handler_t h = {evil_on_open, NULL, NULL, evil_on_close};
+    char addr[64], err[256] = "";
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+    ts_conn_t *c;
+    TU_CHECK_RC_MSG(ts_conn_connect(net, addr, &h, NULL, &c, err, sizeof err), TS_OK, err);
+    while (!evil_seen.closed) /* the handshake timeout (10 s) ends it at the latest */
+        uv_run(&loop, UV_RUN_ONCE);
+    ts_net_stats(net, st);
+    ts_net_shutdown(net);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    TU_CHECK_OK(ts_net_free(net));
+    assert_int_equal(uv_loop_close(&loop), 0);
+    pthread_join(th, NULL);
+    close(e->listen_fd);
+    assert_true(e->msg1_ok && e->msg2_sent);
+    assert_true(e->closed);
+    assert_int_equal(evil_seen.closed, 1);
+}
+
+static void test_responder_identity_for_another_static_key(void **state) {
+    evil_responder_t e;
+    ts_net_stats_t st;
+
+    /* the control: the server's own keys, so the session opens and message 3 (2 + 161 bytes)
+     * reaches the responder before the client closes */
+    memset(&e, 0, sizeof e);
+    e.as = S.id;
+    connect_to_evil_responder(&e, &st);
+    assert_int_equal(evil_seen.opened, 1);
+    assert_int_equal(evil_seen.reason, TS_CONN_CLOSE_LOCAL);
+    assert_int_equal(e.after, 2 + 161);
+    assert_int_equal(st.opened, 1);
+
+    /* the attack: another static key under the server's genuine payload */
+    memset(&e, 0, sizeof e);
+    e.as = S.id;
+    TU_CHECK_OK(ts_noise_keypair_generate(&e.as.noise));
+    connect_to_evil_responder(&e, &st);
+    assert_int_equal(evil_seen.opened, 0);
+    assert_int_equal(evil_seen.reason, TS_CONN_CLOSE_IDENTITY);
+    assert_false(evil_seen.was_open);
+    TU_CHECK_CONTAINS(evil_seen.message, "sent an identity that does not match its handshake key");
+    assert_int_equal(e.after, 0); /* refused before message 3: the client sent nothing more */
+    assert_int_equal(st.opened, 0);
+    assert_int_equal(st.closed[TS_CONN_CLOSE_IDENTITY], 1);
+    ts_identity_wipe(&e.as);
+}
+
+/* ---- frames of every size across Noise messages, byte for byte ------------------------------
+ *
+ * Two ts_net_t on the test's own loop: the accepting side echoes each frame back, sent as three
+ * parts split at odd places; the connecting side sends frames whose sizes straddle the Noise
+ * message boundaries (65519 plaintext bytes, the first message holding the 4-byte prefix), each
+ * as two parts, and checks every echo byte for byte. This covers, both ways, sealing from the
+ * caller's parts and from the gathered slot, and decrypting into the scratch buffer and
+ * straight into the frame being reassembled. */
+
+static const size_t echo_sizes[] = {1,      65515,  65516,  65519,  65520,   131034,
+                                    131035, 131040, 200000, 999999, 1u << 20};
+#define ECHO_N (sizeof echo_sizes / sizeof echo_sizes[0])
+static struct {
+    ts_conn_t *client;
+    uint8_t *frame;
+    size_t next, bad;
+    int done, server_closed, client_closed;
+} echo;
+
+static void echo_send_next(void) {
+    size_t n = echo_sizes[echo.next], cut = n / 3;
+    for (size_t i = 0; i < n; i++)
+        echo.frame[i] = (uint8_t)(i * 7 + echo.next);
+    ts_conn_part_t parts[2] = {{echo.frame, cut}, {echo.frame + cut, n - cut}};
+    TU_CHECK_OK(ts_conn_sendv(echo.client, parts, 2));
+}
+static void echo_client_open(ts_conn_t *c) {
+    echo.client = c;
+    echo_send_next();
+}
+static void echo_client_frame(ts_conn_t *c, const uint8_t *d, size_t n) {
+    if (n != echo_sizes[echo.next] || memcmp(d, echo.frame, n) != 0) {
+        print_error("the echo of frame %zu (%zu bytes) came back as %zu different bytes\n",
+                    echo.next, echo_sizes[echo.next], n);
+        echo.bad++;
+    }
+    if (++echo.next == ECHO_N) {
+        echo.done = 1;
+        ts_conn_close(c);
+        return;
+    }
+    echo_send_next();
+}
+static void echo_server_frame(ts_conn_t *c, const uint8_t *d, size_t n) {
+    size_t a = n / 2, b = a + (n - a) / 3;
+    ts_conn_part_t parts[3] = {{d, a}, {d + a, b - a}, {d + b, n - b}};
+    TU_CHECK_OK(ts_conn_sendv(c, parts, 3));
+}
+static void echo_client_close(ts_conn_t *c, const ts_conn_close_info_t *why) {
+    (void)c, (void)why;
+    echo.client_closed = 1;
+}
+static void echo_server_close(ts_conn_t *c, const ts_conn_close_info_t *why) {
+    (void)c, (void)why;
+    echo.server_closed = 1;
+}
+
+static void test_frames_across_messages(void **state) {
+    memset(&echo, 0, sizeof echo);
+    echo.frame = malloc(1u << 20);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ts_net_t *net;
+    TU_CHECK_OK(ts_net_new(&net, &loop, &client_id, &S.nk, NULL));
+    const ts_conn_handler_t server = {NULL, echo_server_frame, NULL, echo_server_close};
+    const ts_conn_handler_t client = {echo_client_open, echo_client_frame, NULL, echo_client_close};
+    ts_listener_t *l;
+    char addr[64], err[256] = "";
+    TU_CHECK_RC_MSG(ts_net_listen(net, "127.0.0.1:0", &server, NULL, &l, err, sizeof err), TS_OK,
+                    err);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ts_listener_port(l));
+    ts_conn_t *c;
+    TU_CHECK_RC_MSG(ts_conn_connect(net, addr, &client, NULL, &c, err, sizeof err), TS_OK, err);
+    while (!echo.client_closed)
+        uv_run(&loop, UV_RUN_ONCE);
+    assert_int_equal(echo.next, ECHO_N);
+    assert_int_equal(echo.bad, 0);
+    ts_net_stats_t st;
+    ts_net_stats(net, &st);
+    assert_int_equal(st.frames_in, 2 * ECHO_N);
+    assert_int_equal(st.closed[TS_CONN_CLOSE_DECRYPT] + st.closed[TS_CONN_CLOSE_FRAMING], 0);
+    ts_net_shutdown(net);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_true(echo.server_closed);
+    TU_CHECK_OK(ts_net_free(net));
+    assert_int_equal(uv_loop_close(&loop), 0);
+    free(echo.frame);
+}
+
 static void test_garbage_before_handshake(void **state) {
     static const char http[] = "GET / HTTP/1.1\r\nHost: tessera\r\n\r\n";
     uint8_t msg1[2 + 48];
@@ -784,6 +1016,8 @@ int main(void) {
         cmocka_unit_test(test_oversize_and_zero_lengths),
         cmocka_unit_test(test_silent_and_slow_peers),
         cmocka_unit_test(test_identity_for_another_static_key),
+        cmocka_unit_test(test_responder_identity_for_another_static_key),
+        cmocka_unit_test(test_frames_across_messages),
         cmocka_unit_test(test_garbage_before_handshake),
         cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_backpressure),

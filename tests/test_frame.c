@@ -628,6 +628,65 @@ static void test_reader_in_place(void **state) {
     free(frame);
 }
 
+/* Writing a body in place (ts_frame_reader_body_space / _commit), mixed with feeding, as the
+ * connection does when it decrypts straight into the reader: the bytes come out the same,
+ * nothing is offered outside a body or past its end, and the buffer grows only as far as what
+ * was committed needs (at most doubling), never to the announced length. */
+static void test_reader_body_space(void **state) {
+    (void)state;
+    enum { LEN = 100000, PIECE = 7000 };
+    uint8_t *want = malloc(LEN), hdr[4];
+    for (size_t i = 0; i < LEN; i++)
+        want[i] = (uint8_t)(i * 31 + 7);
+    ts_frame_reader_t r;
+    TU_CHECK_OK(ts_frame_reader_init_app(&r, 1u << 20));
+    const uint8_t *msg;
+    size_t used, len;
+    assert_null(ts_frame_reader_body_space(&r, 1)); /* between messages */
+    TU_CHECK_OK(ts_frame_put_app_len(hdr, LEN, 1u << 20));
+    TU_CHECK_OK(ts_frame_reader_feed(&r, hdr, 3, &used, &msg, &len, NULL, 0));
+    assert_null(ts_frame_reader_body_space(&r, 1)); /* the prefix is not complete */
+    /* the prefix and a first piece fed, the rest written in place */
+    uint8_t first[4 + 10];
+    memcpy(first, hdr + 3, 1);
+    memcpy(first + 1, want, 10);
+    TU_CHECK_OK(ts_frame_reader_feed(&r, first, 11, &used, &msg, &len, NULL, 0));
+    assert_null(msg);
+    assert_null(ts_frame_reader_body_space(&r, 0));
+    assert_null(ts_frame_reader_body_space(&r, LEN - 10 + 1)); /* past the message's end */
+    size_t have = 10;
+    while (have < LEN) {
+        size_t n = LEN - have < PIECE ? LEN - have : PIECE;
+        uint8_t *dst = ts_frame_reader_body_space(&r, n);
+        assert_non_null(dst);
+        size_t held = ts_frame_reader_held(&r);
+        assert_true(held >= have + n && held <= LEN);
+        if (held > 4096)
+            assert_true(held <= 2 * (have + n));
+        memcpy(dst, want + have, n);
+        ts_frame_reader_commit(&r, n, &msg, &len);
+        have += n;
+        if (have < LEN)
+            assert_null(msg);
+    }
+    assert_non_null(msg);
+    assert_int_equal(len, LEN);
+    assert_memory_equal(msg, want, LEN);
+    assert_true(ts_frame_reader_idle(&r));
+    assert_null(ts_frame_reader_body_space(&r, 1)); /* delivered: between messages again */
+    /* the next message goes through feed as usual, in place, and the large buffer goes */
+    uint8_t small[4 + 3] = {0, 0, 0, 3, 'a', 'b', 'c'};
+    TU_CHECK_OK(ts_frame_reader_feed(&r, small, sizeof small, &used, &msg, &len, NULL, 0));
+    assert_ptr_equal(msg, small + 4);
+    assert_int_equal(ts_frame_reader_held(&r), 0);
+    /* a failed reader offers nothing */
+    uint8_t zero[4] = {0};
+    TU_CHECK_RC(ts_frame_reader_feed(&r, zero, 4, &used, &msg, &len, NULL, 0), TS_ECORRUPT);
+    assert_null(ts_frame_reader_body_space(&r, 1));
+    ts_frame_reader_free(&r);
+    free(want);
+}
+
 /* A truncated stream keeps waiting, at any cut; the missing bytes complete it. */
 static void test_reader_truncated_waits(void **state) {
     (void)state;
@@ -1097,6 +1156,136 @@ static void test_unknown_and_missing_body(void **state) {
     S.up[1].update_case = TESSERA__MEMBER_UPDATE__UPDATE__NOT_SET;
     TU_CHECK_RC(decode_raw(sample(TESSERA__ENVELOPE__BODY_PING), 0, err, sizeof err), TS_ECORRUPT);
     TU_CHECK_CONTAINS(err, "ping.updates[1] is empty");
+}
+
+/* Field numbers outside protobuf's 1..2^29 − 1, which protobuf-c 1.4.1 keeps as unknown fields
+ * when the tag is an overlong varint, are refused at every nesting level; unknown fields with
+ * valid numbers are still ignored, and survive a re-encoding that decodes again. */
+static void expect_field_number_refused(const uint8_t *b, size_t n, const char *path) {
+    char err[256] = "";
+    Tessera__Envelope *e = (Tessera__Envelope *)&e; /* must come back NULL */
+    TU_CHECK_RC_MSG(ts_frame_decode_envelope(b, n, 0, &e, err, sizeof err), TS_ECORRUPT, err);
+    assert_null(e);
+    TU_CHECK_CONTAINS(err, path);
+    TU_CHECK_CONTAINS(err, "not a valid protobuf");
+    /* a parse error, not a rule broken: the connection closes (§3.4) */
+    e = (Tessera__Envelope *)&e;
+    TU_CHECK_RC(ts_frame_unpack_envelope(b, n, &e, err, sizeof err), TS_ECORRUPT);
+    assert_null(e);
+}
+
+static void test_field_numbers(void **state) {
+    (void)state;
+    char err[256] = "";
+    /* tests/fuzz: fuzz_envelope's crash-5f742231e1e6ff731f493bcfb58b023ee2307e1b
+     * (base64 igEDigAACBCKAQOKAACKAQOCAAA=), byte for byte. It used to decode and check out as
+     * an ack, and its re-encoding was refused. */
+    static const uint8_t crash[] = {
+        0x8a, 0x01, 0x03, 0x8a, 0x00, 0x00, /* ack { updates {} }, tag 0x0a as 0x8a 0x00 */
+        0x08, 0x10,                         /* request_id 16 */
+        0x8a, 0x01, 0x03, 0x8a, 0x00, 0x00, /* ack again: merged into the first */
+        0x8a, 0x01, 0x03, 0x82, 0x00, 0x00, /* ack { field 0 as bytes, empty } */
+    };
+    expect_field_number_refused(crash, sizeof crash, "envelope.ack holds a field numbered 0");
+
+    uint8_t b[96];
+    size_t n = 0;
+    /* the minimal form: request_id 1, ack { field 0 } */
+    n += put_tag(b + n, 1, 0);
+    n += put_varint(b + n, 1);
+    n += put_tag(b + n, 17, 2);
+    n += put_varint(b + n, 3);
+    b[n++] = 0x82, b[n++] = 0x00, b[n++] = 0x00;
+    expect_field_number_refused(b, n, "envelope.ack holds a field numbered 0");
+    /* the same message with field 1000 instead is a later version's field: ignored */
+    n -= 3;
+    b[n - 1] = 3; /* ack's length */
+    n += put_tag(b + n, 1000, 2);
+    n += put_varint(b + n, 0);
+    assert_int_equal(n, 8);
+    Tessera__Envelope *e;
+    TU_CHECK_RC_MSG(ts_frame_decode_envelope(b, n, 0, &e, err, sizeof err), TS_OK, err);
+    assert_int_equal(e->ack->base.n_unknown_fields, 1);
+    assert_int_equal(e->ack->base.unknown_fields[0].tag, 1000);
+    uint8_t *f;
+    size_t fn;
+    TU_CHECK_OK(ts_frame_encode_envelope(e, 0, TS_FRAME_MAX_DEFAULT, &f, &fn, err, sizeof err));
+    ts_frame_free(e);
+    TU_CHECK_RC_MSG(ts_frame_decode_envelope(f + 4, fn - 4, 0, &e, err, sizeof err), TS_OK, err);
+    assert_int_equal(e->ack->base.unknown_fields[0].tag, 1000);
+    ts_frame_free(e);
+    free(f);
+
+    /* field 0 at the top level: an overlong varint tag, wire type 0, then a valid ack */
+    n = 0;
+    b[n++] = 0x80, b[n++] = 0x00, b[n++] = 0x07;
+    n += put_tag(b + n, 1, 0);
+    n += put_varint(b + n, 1);
+    n += put_tag(b + n, 17, 2);
+    n += put_varint(b + n, 0);
+    expect_field_number_refused(b, n, "envelope holds a field numbered 0");
+
+    /* field 2^29 (one past the largest): five bytes of tag, which protobuf-c reads whole */
+    n = 0;
+    b[n++] = 0x80, b[n++] = 0x80, b[n++] = 0x80, b[n++] = 0x80, b[n++] = 0x10, b[n++] = 0x00;
+    n += put_tag(b + n, 1, 0);
+    n += put_varint(b + n, 1);
+    n += put_tag(b + n, 17, 2);
+    n += put_varint(b + n, 0);
+    expect_field_number_refused(b, n, "envelope holds a field numbered 536870912");
+
+    /* deeper: a membership update whose only field is field 0 would pass as a newer kind of
+     * update, to be skipped by gossip and relayed — ping { target_id, updates { field 0 } } */
+    n = 0;
+    n += put_tag(b + n, 1, 0);
+    n += put_varint(b + n, 1);
+    n += put_tag(b + n, 16, 2);
+    n += put_varint(b + n, 2 + 32 + 2 + 3);
+    n += put_tag(b + n, 1, 2);
+    n += put_varint(b + n, 32);
+    memset(b + n, 0xab, 32);
+    n += 32;
+    n += put_tag(b + n, 2, 2);
+    n += put_varint(b + n, 3);
+    b[n++] = 0x82, b[n++] = 0x00, b[n++] = 0x00;
+    expect_field_number_refused(b, n, "envelope.ping.updates[0] holds a field numbered 0");
+    /* the same update with field 9 is that newer kind, and passes */
+    b[n - 3] = 0x4a, b[n - 2] = 0x00, n--; /* field 9, bytes, empty */
+    b[n - 3] = 2;                          /* the update's length */
+    b[4] = 2 + 32 + 2 + 2;                 /* the ping's length (after 08 01 82 01) */
+    TU_CHECK_RC_MSG(ts_frame_decode_envelope(b, n, 0, &e, err, sizeof err), TS_OK, err);
+    assert_int_equal(e->ping->n_updates, 1);
+    assert_int_equal(e->ping->updates[0]->base.unknown_fields[0].tag, 9);
+    ts_frame_free(e);
+
+    /* the bodies of signed statements are walked too */
+    samples_init();
+    uint8_t body[256];
+    assert_true(S.alive.body.len + 3 <= sizeof body);
+    memcpy(body, S.alive.body.data, S.alive.body.len);
+    memcpy(body + S.alive.body.len, "\x82\x00\x00", 3);
+    ProtobufCBinaryData bd = {S.alive.body.len + 3, body};
+    Tessera__AliveBody *a = (Tessera__AliveBody *)&a;
+    TU_CHECK_RC(ts_frame_decode_alive_body(&bd, &a, err, sizeof err), TS_ECORRUPT);
+    assert_null(a);
+    TU_CHECK_CONTAINS(err, "field numbered 0");
+    bd.len -= 3; /* and the body without it is fine */
+    TU_CHECK_RC_MSG(ts_frame_decode_alive_body(&bd, &a, err, sizeof err), TS_OK, err);
+    ts_frame_free(a);
+
+    /* a hand-built envelope carrying field 0 is not encoded into bytes nobody could decode */
+    samples_init();
+    Tessera__Envelope *s = sample(TESSERA__ENVELOPE__BODY_ACK);
+    ProtobufCMessageUnknownField uf = {0, PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED, 0, NULL};
+    s->ack->base.n_unknown_fields = 1;
+    s->ack->base.unknown_fields = &uf;
+    f = (uint8_t *)&f;
+    TU_CHECK_RC(ts_frame_encode_envelope(s, 0, TS_FRAME_MAX_DEFAULT, &f, &fn, err, sizeof err),
+                TS_EINVAL);
+    assert_null(f);
+    TU_CHECK_CONTAINS(err, "envelope.ack holds a field numbered 0");
+    s->ack->base.n_unknown_fields = 0;
+    s->ack->base.unknown_fields = NULL;
 }
 
 static void test_header_rules(void **state) {
@@ -2225,6 +2414,7 @@ int main(void) {
         cmocka_unit_test(test_prefixes),
         cmocka_unit_test(test_reader_every_piece_size),
         cmocka_unit_test(test_reader_in_place),
+        cmocka_unit_test(test_reader_body_space),
         cmocka_unit_test(test_reader_truncated_waits),
         cmocka_unit_test(test_reader_oversize_refused_before_allocating),
         cmocka_unit_test(test_reader_zero_length),
@@ -2235,6 +2425,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip_values),
         cmocka_unit_test(test_golden_bytes),
         cmocka_unit_test(test_unknown_and_missing_body),
+        cmocka_unit_test(test_field_numbers),
         cmocka_unit_test(test_header_rules),
         cmocka_unit_test(test_garbage_and_truncations),
         cmocka_unit_test(test_tensor_rules),
