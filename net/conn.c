@@ -70,6 +70,11 @@ struct ts_listener {
     ts_list_t node; /* in net->listeners */
     ts_net_t *net;
     uv_tcp_t tcp;
+    uv_tcp_t spare; /* accepts and closes a socket there is no memory to serve */
+    int handles;    /* open uv handles (tcp, spare); the listener is freed when they close */
+    int spare_busy; /* spare is closing: a connection waits in libuv until it is done */
+    int stalled;    /* a connection was left pending while spare was busy */
+    int closing;
     ts_conn_handler_t h;
     void *arg;
     int port;
@@ -724,17 +729,48 @@ static void sockaddr_text(const struct sockaddr_storage *ss, char *ip, size_t ip
     }
 }
 
+static void on_connection(uv_stream_t *server, int status);
+
+static void listener_free_if_done(ts_listener_t *l) {
+    if (--l->handles == 0)
+        free(l);
+}
+
+static void spare_closed(uv_handle_t *h) {
+    ts_listener_t *l = h->data;
+    l->spare_busy = 0;
+    int retry = l->stalled && !l->closing;
+    l->stalled = 0;
+    listener_free_if_done(l);
+    if (retry) /* the connection libuv kept for us: serve it now, or drop it */
+        on_connection((uv_stream_t *)&l->tcp, 0);
+}
+
+/* No memory to serve a connection: accept it into the listener's spare handle and close it, so
+ * the peer sees a close instead of hanging. While the spare is closing, libuv keeps the next
+ * connection pending (it stops polling the listener until uv_accept), and spare_closed offers
+ * it again. */
+static void drop_connection(ts_listener_t *l) {
+    if (l->spare_busy) {
+        l->stalled = 1;
+        return;
+    }
+    uv_tcp_init(l->net->loop, &l->spare);
+    l->spare.data = l;
+    l->spare_busy = 1;
+    l->handles++;
+    uv_accept((uv_stream_t *)&l->tcp, (uv_stream_t *)&l->spare);
+    uv_close((uv_handle_t *)&l->spare, spare_closed);
+}
+
 static void on_connection(uv_stream_t *server, int status) {
     ts_listener_t *l = server->data;
     ts_net_t *net = l->net;
-    if (status < 0)
+    if (status < 0 || l->closing)
         return;
     ts_conn_t *c = conn_new(net, &l->h, l->arg);
-    if (!c) { /* no memory for it: accept and drop, or the socket stays pending forever */
-        uv_tcp_t tmp;
-        uv_tcp_init(net->loop, &tmp);
-        if (uv_accept(server, (uv_stream_t *)&tmp) == 0)
-            uv_close((uv_handle_t *)&tmp, NULL);
+    if (!c) {
+        drop_connection(l);
         return;
     }
     c->accepted = 1;
@@ -851,8 +887,7 @@ int ts_conn_connect(ts_net_t *net, const char *addr, const ts_conn_handler_t *h,
 /* ---- listening ------------------------------------------------------------------------------ */
 
 static void listener_closed(uv_handle_t *h) {
-    ts_listener_t *l = h->data;
-    free(l);
+    listener_free_if_done(h->data);
 }
 
 int ts_net_listen(ts_net_t *net, const char *addr, const ts_conn_handler_t *h, void *arg,
@@ -881,6 +916,7 @@ int ts_net_listen(ts_net_t *net, const char *addr, const ts_conn_handler_t *h, v
     l->arg = arg;
     uv_tcp_init(net->loop, &l->tcp);
     l->tcp.data = l;
+    l->handles = 1;
     ts_list_push(&net->listeners, &l->node);
     if ((rc = uv_tcp_bind(&l->tcp, (struct sockaddr *)&ss, 0)) != 0 ||
         (rc = uv_listen((uv_stream_t *)&l->tcp, 128, on_connection)) != 0) {
@@ -904,6 +940,7 @@ void ts_listener_close(ts_listener_t *l, int close_conns) {
     if (!l)
         return;
     ts_net_t *net = l->net;
+    l->closing = 1;
     ts_list_remove(&l->node);
     TS_LIST_FOREACH(it, &net->conns) {
         ts_conn_t *c = TS_CONTAINER_OF(it, ts_conn_t, node);

@@ -59,6 +59,9 @@ void *__real_malloc(size_t n);
 void *__real_calloc(size_t n, size_t m);
 void *__real_realloc(void *p, size_t n);
 static atomic_size_t largest_alloc;
+/* > 0: that many of the server thread's next callocs fail (test_out_of_memory_at_accept) */
+static atomic_int server_callocs_to_fail;
+static pthread_t server_thread;
 
 static void note_alloc(size_t n) {
     size_t cur = atomic_load(&largest_alloc);
@@ -73,6 +76,9 @@ void *__wrap_malloc(size_t n) {
 void *__wrap_calloc(size_t n, size_t m);
 void *__wrap_calloc(size_t n, size_t m) {
     note_alloc(n * m);
+    if (atomic_load(&server_callocs_to_fail) > 0 && pthread_equal(pthread_self(), server_thread) &&
+        atomic_fetch_sub(&server_callocs_to_fail, 1) > 0)
+        return NULL;
     return __real_calloc(n, m);
 }
 void *__wrap_realloc(void *p, size_t n);
@@ -162,6 +168,7 @@ static int group_setup(void **state) {
     pthread_cond_init(&S.cv, NULL);
     if (pthread_create(&S.th, NULL, server_main, NULL))
         return -1;
+    server_thread = S.th; /* read only once a test sets server_callocs_to_fail (an atomic) */
     pthread_mutex_lock(&S.mu);
     while (!S.ready)
         pthread_cond_wait(&S.cv, &S.mu);
@@ -890,6 +897,29 @@ static void test_garbage_before_handshake(void **state) {
     good_client();
 }
 
+/* No memory for a connection's state when it is accepted: the socket is accepted and closed at
+ * once (the peer sees a close, not a hang until a timeout), no connection is counted, and the
+ * listener goes on serving. */
+static void test_out_of_memory_at_accept(void **state) {
+    (void)state;
+    for (int i = 0; i < 2; i++) {
+        ts_net_stats_t before = settled();
+        atomic_store(&server_callocs_to_fail, 1);
+        raw_t r;
+        raw_connect(&r, NULL, 0);
+        size_t got = 1;
+        assert_true(wait_closed(&r, &got));
+        assert_int_equal(got, 0);
+        raw_close(&r);
+        assert_int_equal(atomic_load(&server_callocs_to_fail), 0);
+        ts_net_stats_t after = settled();
+        assert_int_equal(after.accepted, before.accepted);
+        assert_int_equal(after.closed[TS_CONN_CLOSE_HANDSHAKE_TIMEOUT],
+                         before.closed[TS_CONN_CLOSE_HANDSHAKE_TIMEOUT]);
+    }
+    good_client();
+}
+
 static void test_connection_limits(void **state) {
     raw_t held[TOTAL];
     int n = 0;
@@ -1019,6 +1049,7 @@ int main(void) {
         cmocka_unit_test(test_responder_identity_for_another_static_key),
         cmocka_unit_test(test_frames_across_messages),
         cmocka_unit_test(test_garbage_before_handshake),
+        cmocka_unit_test(test_out_of_memory_at_accept),
         cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_backpressure),
     };
