@@ -12,7 +12,9 @@
  *               class is produced equally often.
  *   agreement   the fraction of samples the classifier puts in the class they were asked for.
  *   evals       expert evaluations per sample (a CFG pair counts two), and router evaluations.
- * plus one baseline row, "train data": n train images in place of samples, the FD a perfect
+ * An entry POLICY+prior routes class-aware: the policy's scores plus log p(y | k), the class mix
+ * of each cluster (client/local.h), so a sample asked for class y goes to the experts that saw y.
+ * Plus one baseline row, "train data": n train images in place of samples, the FD a perfect
  * generator would get at this n (FD is biased upward at small n, by the same amount for every
  * row).
  *
@@ -47,7 +49,7 @@
 /* One row of the table: a policy and selection over the folder, or the monolith. */
 typedef struct {
     char name[160];
-    int monolith;
+    int monolith, prior; /* prior: class-aware routing (POLICY+prior) */
     ts_policy_t policy;
     ts_selection_t select;
     /* results */
@@ -55,8 +57,9 @@ typedef struct {
     float *grid; /* the first grid_n samples */
 } entry_t;
 
-/* Splits the whitespace-separated list into entries: "monolith" or POLICY[:SELECTION] (the
- * selection defaults to top1; it may itself hold colons, as a schedule does). */
+/* Splits the whitespace-separated list into entries: "monolith" or POLICY[+prior][:SELECTION]
+ * (the selection defaults to top1; it may itself hold colons, as a schedule does; +prior adds the
+ * clusters' class mix to the scores, client/local.h). */
 static int parse_entries(const char *list, entry_t *e, int *n, char *err, size_t errlen) {
     char *copy = strdup(list), *save = NULL;
     if (!copy)
@@ -81,10 +84,15 @@ static int parse_entries(const char *list, entry_t *e, int *n, char *err, size_t
         char *colon = strchr(tok, ':');
         if (colon)
             *colon = '\0';
+        char *plus = strstr(tok, "+prior");
+        if (plus && plus[6] == '\0') {
+            *plus = '\0';
+            x->prior = 1;
+        }
         if (ts_policy_parse(tok, &x->policy) != TS_OK) {
             ts_set_err(err, errlen,
-                       "--policies: '%s' is not a policy (learned, centroid, confidence, uniform "
-                       "or monolith)",
+                       "--policies: '%s' is not a policy (learned, centroid, confidence, uniform, "
+                       "each optionally +prior, or monolith)",
                        tok);
             rc = TS_EINVAL;
         } else {
@@ -323,6 +331,7 @@ int ts_cmd_eval(int argc, char **argv) {
     int32_t *pred = NULL, *labels = NULL;
     uint64_t *seeds = NULL;
     double *mu_ref = NULL, *cov_ref = NULL;
+    float *log_prior = NULL;
     int chunk = n < CHUNK ? n : CHUNK, pairs = cfg != 1.0f ? 2 : 1, usage = 0;
     entry_t floor_row = {.agreement = NAN};
     snprintf(floor_row.name, sizeof floor_row.name, "train data (the floor at this n)");
@@ -368,6 +377,12 @@ int ts_cmd_eval(int argc, char **argv) {
         rc = TS_EINVAL;
         goto done;
     }
+    int wants_prior = 0;
+    for (int i = 0; i < n_entries; i++)
+        wants_prior |= e[i].prior && !e[i].monolith;
+    if (wants_prior && (rc = ts_local_class_prior(&loc, train.labels, train.n, c->num_classes,
+                                                   &log_prior, err, sizeof err)) != TS_OK)
+        goto done;
     if (!ref_n || ref_n > test.n)
         ref_n = test.n;
     if (n > train.n)
@@ -432,7 +447,8 @@ int ts_cmd_eval(int argc, char **argv) {
         prog.done = 0;
         prog.total = steps * ((n + chunk - 1) / chunk);
         ts_local_gen_t g = {.policy = x->monolith ? TS_POLICY_UNIFORM : x->policy,
-                            .select = x->select, .tau = tau_used, .cfg = cfg, .sampler = so,
+                            .select = x->select, .tau = tau_used, .cfg = cfg,
+                            .log_prior = x->prior ? log_prior : NULL, .sampler = so,
                             .n = n, .labels = labels, .seeds = seeds, .on_step = on_step,
                             .step_ctx = &prog};
         if (x->monolith)
@@ -506,6 +522,7 @@ done:
     free(seeds);
     free(mu_ref);
     free(cov_ref);
+    free(log_prior);
     ts_dataset_free(&test);
     ts_dataset_free(&train);
     ts_classifier_free(cls);

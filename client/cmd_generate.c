@@ -24,6 +24,7 @@
 #include "client/local.h"
 #include "model/classifier.h"
 #include "model/ensemble.h"
+#include "model/fmnist.h"
 #include "model/png.h"
 #include "model/sampler.h"
 
@@ -98,7 +99,8 @@ static int write_routing_json(const char *path, const record_t *r, json_t *heade
 int ts_cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *policy_s = "learned", *select_s = "top1", *sampler = "heun";
     const char *cls = NULL, *out = NULL, *routing_json = NULL;
-    int n = 64, steps = 30, threads = 0, cols = 0, json = 0;
+    const char *fmnist_dir = TS_FMNIST_DEFAULT_DIR;
+    int n = 64, steps = 30, threads = 0, cols = 0, json = 0, class_prior = 0;
     float cfg = 1.0f, tau = 0.0f;
     uint64_t seed = 0;
     ts_arg_t args[] = {
@@ -115,6 +117,8 @@ int ts_cmd_generate(int argc, char **argv) {
         {"out", TS_ARG_STRING, &out, "FILE", "PNG grid to write", 0, 0, 1},
         {"cols", TS_ARG_INT, &cols, "N", "grid columns (default: square)", 0, 10000},
         {"routing-json", TS_ARG_STRING, &routing_json, "FILE", "write every evaluation's routing (t; per sample the experts and weights) as JSON"},
+        {"class-prior", TS_ARG_FLAG, &class_prior, NULL, "class-aware routing: add log p(class | cluster), the clusters' class mix in the train set, to every policy's scores"},
+        {"data", TS_ARG_STRING, &fmnist_dir, "DIR", "Fashion-MNIST IDX directory, for --class-prior (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"json", TS_ARG_FLAG, &json, NULL, "print a JSON summary on stdout"},
         {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
     };
@@ -155,6 +159,7 @@ int ts_cmd_generate(int argc, char **argv) {
     uint64_t *seeds = NULL;
     record_t rec = {0};
     int64_t *use = NULL;
+    float *log_prior = NULL;
     int rc = ts_engine_init(&eng, &eo), usage = 0;
     int wants_router = policy == TS_POLICY_LEARNED || policy == TS_POLICY_CENTROID;
     if (rc == TS_OK)
@@ -165,6 +170,16 @@ int ts_cmd_generate(int argc, char **argv) {
         goto done;
     if (!args[3].seen)
         tau = ts_local_default_tau(&loc);
+    if (class_prior) {
+        ts_dataset_t train = {0};
+        rc = ts_fmnist_load(fmnist_dir, "train", &train, err, sizeof err);
+        if (rc == TS_OK)
+            rc = ts_local_class_prior(&loc, train.labels, train.n, train.num_classes, &log_prior,
+                                      err, sizeof err);
+        ts_dataset_free(&train);
+        if (rc != TS_OK)
+            goto done;
+    }
 
     const ts_dit_config_t *c = &loc.ex.models[0].cfg;
     int label;
@@ -201,6 +216,7 @@ int ts_cmd_generate(int argc, char **argv) {
 
     progress_t prog = {isatty(STDERR_FILENO), 0, steps * ((n + chunk - 1) / chunk)};
     ts_local_gen_t gen = {.policy = policy, .select = sel, .tau = tau, .cfg = cfg,
+                          .log_prior = log_prior,
                           .sampler = so, .n = n, .labels = labels, .seeds = seeds,
                           .on_chunk = routing_json ? record_chunk : NULL, .chunk_ctx = &rec,
                           .record = routing_json != NULL, .on_step = on_step, .step_ctx = &prog};
@@ -225,6 +241,8 @@ int ts_cmd_generate(int argc, char **argv) {
                                 (double)tau, "cfg", (double)cfg, "evals_per_sample", evals,
                                 "router_evals_per_sample", (double)router_calls / n, "seconds",
                                 secs, "out", out);
+    if (summary)
+        json_object_set_new(summary, "class_prior", json_boolean(class_prior));
     json_t *share = json_array();
     fprintf(stderr,
             "%d samples, %d %s steps, policy %s, selection %s, cfg %g: %.1f expert evaluations "
@@ -259,6 +277,7 @@ done:
     free(labels);
     free(seeds);
     free(use);
+    free(log_prior);
     free(rec.t);
     free(rec.policy);
     free(rec.w);

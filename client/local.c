@@ -6,6 +6,7 @@
 #include "client/local.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +221,47 @@ int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err
     return TS_OK;
 }
 
+int ts_local_class_prior(const ts_local_t *l, const int32_t *labels, int64_t n, int num_classes,
+                         float **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!l->has_part) {
+        ts_set_err(err, errlen, "class-aware routing needs %s/partition.safetensors (the "
+                                "clusters' class mix)",
+                   l->dir);
+        return TS_ENOTFOUND;
+    }
+    int K = l->part.K, C = num_classes;
+    if (n != l->part.n) {
+        ts_set_err(err, errlen, "the partition assigns %lld images, the labels are for %lld",
+                   (long long)l->part.n, (long long)n);
+        return TS_EINVAL;
+    }
+    double *count = calloc((size_t)(C * K), sizeof *count);
+    float *lp = calloc((size_t)((C + 1) * K), sizeof *lp);
+    if (!count || !lp) {
+        free(count);
+        free(lp);
+        return TS_ENOMEM;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (labels[i] < 0 || labels[i] >= C) {
+            free(count);
+            free(lp);
+            ts_set_err(err, errlen, "label %d of image %lld is not a class 0..%d", (int)labels[i],
+                       (long long)i, C - 1);
+            return TS_ERANGE;
+        }
+        count[(size_t)labels[i] * K + l->part.assignment[i]] += 1.0;
+    }
+    for (int k = 0; k < K; k++)
+        for (int y = 0; y < C; y++) /* add-one smoothing: p(y | k) = (n_yk + 1) / (n_k + C) */
+            lp[(size_t)y * K + k] =
+                (float)log((count[(size_t)y * K + k] + 1.0) / ((double)l->part.sizes[k] + C));
+    free(count);
+    *out = lp; /* row C (the null label) stays 0 */
+    return TS_OK;
+}
+
 int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, float *images,
                       ts_local_stats_t *stats, char *err, size_t errlen) {
     const ts_dit_config_t *c = &l->ex.models[0].cfg;
@@ -235,6 +277,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
                                 .router = l->has_router ? ts_classifier_router_fn : NULL,
                                 .router_ctx = l->has_router ? (void *)&l->rr : NULL,
                                 .partition = l->has_part ? &l->part : NULL,
+                                .log_prior = l->ex.K > 1 ? g->log_prior : NULL,
                                 .record = g->record};
         /* one expert needs no scores: route it uniformly whatever the policy asks */
         if (l->ex.K == 1 || (distance && !l->has_part))

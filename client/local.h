@@ -65,10 +65,18 @@ int ts_local_check_policy(const ts_local_t *l, ts_policy_t policy, const char *p
  * to its centroid (1 without a partition). */
 float ts_local_default_tau(const ts_local_t *l);
 
+/* The class prior of class-aware routing: *out = (num_classes + 1, K) log p(y | k) from the
+ * partition's assignment of the train set and the train labels (labels, n = the partition's n),
+ * with add-one smoothing so no class is impossible in any cluster; the null label's row is 0.
+ * Needs the partition (TS_ENOTFOUND). The caller frees *out. */
+int ts_local_class_prior(const ts_local_t *l, const int32_t *labels, int64_t n, int num_classes,
+                         float **out, char *err, size_t errlen);
+
 typedef struct ts_local_gen {
     ts_policy_t policy;
     ts_selection_t select;
     float tau, cfg;
+    const float *log_prior; /* NULL, or ts_local_class_prior's: class-aware routing */
     ts_sampler_opts_t sampler;
     int n;
     const int32_t *labels; /* n, borrowed */

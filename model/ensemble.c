@@ -301,6 +301,12 @@ static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensembl
                        (int)o->labels[i], i, c0->num_classes - 1, c0->num_classes);
             return TS_ERANGE;
         }
+    for (int j = 0; o->log_prior && j < (c0->num_classes + 1) * K; j++)
+        if (!isfinite(o->log_prior[j])) {
+            ts_set_err(err, errlen, "the class prior's log p(y | k) at (%d, %d) is not finite",
+                       j / K, j % K);
+            return TS_ENONFINITE;
+        }
     int distance = o->policy == TS_POLICY_CENTROID || o->policy == TS_POLICY_CONFIDENCE;
     if (distance && !(o->tau > 0.0f && isfinite(o->tau))) {
         ts_set_err(err, errlen, "the %s policy needs a temperature tau > 0 (got %g)",
@@ -572,6 +578,10 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     case TS_POLICY_UNIFORM:
     default: memset(s->w, 0, (size_t)n * K * sizeof *s->w); break;
     }
+    if (s->o.log_prior)
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < K; k++)
+                s->w[(size_t)i * K + k] += s->o.log_prior[(size_t)s->o.labels[i] * K + k];
     TRY(ts_route_weights(s->w, n, K, &s->o.select, t));
     TRY(ts_zero(e, v));
     for (int k = 0; k < K; k++) {

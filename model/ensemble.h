@@ -94,7 +94,11 @@ typedef struct ts_ensemble_opts {
     ts_router_fn router;   /* learned policy (and the centroid policy's first step); may be NULL */
     void *router_ctx;
     const ts_partition_t *partition; /* centroid, confidence: required; borrowed */
-    int record;                      /* keep every evaluation's weights (ts_ensemble_t.steps) */
+    /* optional, borrowed: (num_classes + 1, K) log p(y | k), added to sample i's scores by its
+     * label before the weights are made (class-aware routing: p(k | x_t, y) ∝ p(k | x_t) p(y | k)
+     * when x_t and y are independent given the cluster); the null label's row should be 0 */
+    const float *log_prior;
+    int record; /* keep every evaluation's weights (ts_ensemble_t.steps) */
 } ts_ensemble_opts_t;
 
 /* One evaluation's routing, recorded when opts.record is set. */

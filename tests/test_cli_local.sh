@@ -51,6 +51,11 @@ for sel in top1:2 top2:4 full:4; do
     [ "$got" = "$want.0" ] || fail "generate --select $s: $got expert evaluations per sample, want $want"
 done
 
+# class-aware routing: runs, and says so in the summary
+"$T" generate --local "$f" --policy learned --class-prior --n 4 --steps 2 --sampler euler \
+    --out "$dir/g.png" --json >"$dir/g.json" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "generate --class-prior"; }
+[ "$(json_get "$dir/g.json" "j['class_prior']")" = "True" ] || fail "generate --class-prior: not in the summary"
+
 # a one-expert folder is `tessera sample`
 mkdir "$dir/one"
 cp "$f/expert-0.safetensors" "$dir/one/expert-0.safetensors"
@@ -67,25 +72,27 @@ cp "$dir/mono.safetensors" "$dir/same/expert-0.safetensors"
 cp "$dir/mono.safetensors" "$dir/same/expert-1.safetensors"
 cp "$f/partition.safetensors" "$f/router.safetensors" "$dir/same/"
 "$T" eval --local "$dir/same" --classifier "$dir/cls.safetensors" \
-    --monolith "$dir/mono.safetensors" --policies "monolith learned:top1 uniform:full centroid:top2" \
+    --monolith "$dir/mono.safetensors" \
+    --policies "monolith learned:top1 uniform:full centroid:top2 learned+prior:top1 uniform+prior:top2" \
     --n 12 --steps 2 --sampler euler --ref-n 200 --grid 4 --report "$dir/r.html" --json \
     >"$dir/e.json" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "eval"; }
 "$PY" - "$dir/e.json" <<'PYEOF' || fail "eval results"
 import json, math, sys
 j = json.load(open(sys.argv[1]))
 e = {x["policy"]: x for x in j["entries"]}
-assert len(j["entries"]) == 5, j["entries"]
+assert len(j["entries"]) == 7, j["entries"]
 mono = e["monolith"]["fd"]
 assert math.isfinite(mono) and mono >= 0, mono
-for name in ("learned:top1", "uniform:full"):
+for name in ("learned:top1", "uniform:full", "learned+prior:top1"):
     assert e[name]["fd"] == mono, (name, e[name]["fd"], mono)
-for name, evals in (("monolith", 2), ("learned:top1", 2), ("uniform:full", 4), ("centroid:top2", 4)):
+for name, evals in (("monolith", 2), ("learned:top1", 2), ("uniform:full", 4), ("centroid:top2", 4),
+                    ("learned+prior:top1", 2), ("uniform+prior:top2", 4)):
     assert e[name]["evals_per_sample"] == evals, (name, e[name]["evals_per_sample"])
 assert e["learned:top1"]["router_evals_per_sample"] == 2, e["learned:top1"]
 for x in j["entries"]:
     assert 0 <= x["coverage_bits"] <= math.log2(10) + 1e-9, x
 PYEOF
 grep -q "<svg" "$dir/r.html" || fail "the report has no chart"
-[ "$(grep -o 'data:image/png;base64' "$dir/r.html" | wc -l)" -eq 4 ] ||
-    fail "the report should hold one grid per entry (4)"
+[ "$(grep -o 'data:image/png;base64' "$dir/r.html" | wc -l)" -eq 6 ] ||
+    fail "the report should hold one grid per entry (6)"
 echo "ok: partition, train --partition, train-router, train-classifier, generate --local, eval"
