@@ -2,7 +2,8 @@
 # real lives in CMakeLists.txt. `make help` lists the targets.
 #
 #   make demo    set up, build (Release, CUDA when nvcc is found), run the main job
-#   make test    set up, build, run every test; then the same suite in a sanitizer build
+#   make test    set up, build, run every test; then the same suite in a sanitizer build; then
+#                the fuzz harnesses for FUZZ_SECONDS (30) each
 #
 # Builds are incremental: the build trees are configured once and reconfigured only when the
 # options below change (CMake itself reruns when a CMakeLists.txt changes).
@@ -32,12 +33,13 @@ CLANG_FORMAT ?= clang-format
 FORMAT_DIRS  := kernels model store net daemon client bench tests
 FORMAT_FILES  = $(shell find $(FORMAT_DIRS) -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null)
 
-.PHONY: help setup setup-all build build-san demo test test-release test-san clean format format-check
+.PHONY: help setup setup-all build build-san demo test test-release test-san test-fuzz clean format format-check
 
 help:
 	@echo "tessera make targets:"
 	@echo "  make demo          set up, build (Release), run: tessera selfcheck; tessera bench gemm"
-	@echo "  make test          set up, build, ctest; then build-san/ (ASan+UBSan) and ctest there"
+	@echo "  make test          set up, build, ctest; then build-san/ (ASan+UBSan) and ctest there; then the fuzzers"
+	@echo "  make test-fuzz     the libFuzzer harnesses for FUZZ_SECONDS (default 30) each, in build-fuzz/"
 	@echo "  make build         configure + build $(BUILD)/ (Release, TESSERA_CUDA=$(CUDA))"
 	@echo "  make setup         install missing Debian packages (scripts/setup.sh)"
 	@echo "  make setup-all     also the optional one: clang-format"
@@ -89,10 +91,18 @@ test-san: build-san
 
 # Both suites run even when the first fails, so one run reports everything; the exit status is
 # non-zero when either failed.
+# The libFuzzer harnesses (frame decoder, Envelope unpacking, handshake responder), each for
+# FUZZ_SECONDS, built with clang in build-fuzz/ (tests/fuzz/run.sh).
+FUZZ_SECONDS ?= 30
+test-fuzz: setup
+	@echo "== fuzz: each harness for $(FUZZ_SECONDS) s (build-fuzz/)"
+	@JOBS=$(JOBS) tests/fuzz/run.sh $(FUZZ_SECONDS)
+
 test: setup
 	@status=0; \
 	$(MAKE) --no-print-directory test-release || status=1; \
 	$(MAKE) --no-print-directory test-san || status=1; \
+	$(MAKE) --no-print-directory test-fuzz || status=1; \
 	if [[ $$status -ne 0 ]]; then echo "== make test: FAILED (see above)"; else echo "== make test: all suites passed"; fi; \
 	exit $$status
 
@@ -104,4 +114,4 @@ format-check:
 	@files="$(FORMAT_FILES)"; [[ -z "$$files" ]] || $(CLANG_FORMAT) --dry-run --Werror $$files
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) build-fuzz

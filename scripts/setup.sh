@@ -5,9 +5,9 @@
 #
 #   (no option)  the packages the build and the test suite need (group "build"), including
 #                python3-torch (PyTorch, the reference of the parity tests and benchmarks; ~1 GB
-#                with its dependencies, installed once) and dataset-fashion-mnist (the data).
-#   --all        also the optional group: clang-format (`make format`), clang and
-#                libclang-rt-dev (the fuzz harnesses, tests/fuzz/run.sh). Same as
+#                with its dependencies, installed once), dataset-fashion-mnist (the data), and
+#                clang + libclang-rt-dev (the libFuzzer harnesses that `make test` runs).
+#   --all        also the optional group: clang-format (`make format`). Same as
 #                TESSERA_SETUP_ALL=1.
 #   --check      only report what is missing; exit 1 when something is, install nothing.
 #
@@ -26,9 +26,11 @@ BUILD_PKGS=(
     libopenblas-dev liblapacke-dev libcmocka-dev
     zlib1g-dev libpng-dev libinih-dev libjansson-dev
     python3 python3-torch dataset-fashion-mnist
+    clang libclang-rt-dev
 )
-# clang + libclang-rt-dev: the libFuzzer harnesses (tests/fuzz/run.sh, TESSERA_FUZZ=ON).
-OPTIONAL_PKGS=(clang-format clang libclang-rt-dev)
+# clang + libclang-rt-dev (above): the libFuzzer harnesses, which `make test` runs for a short
+# while (tests/fuzz/run.sh, TESSERA_FUZZ=ON).
+OPTIONAL_PKGS=(clang-format)
 
 usage() {
     # the comment block at the top of this file, without the leading "# "
