@@ -3,7 +3,10 @@
  *
  * GEMMs go to OpenBLAS (cblas_sgemm). Everything else is a loop over elements or rows that calls
  * the shared formulas of kernels/math.h, split over the engine's worker pool. The inner loops are
- * plain `for` loops over restrict-free contiguous arrays so gcc vectorises them at -O3.
+ * plain `for` loops over restrict-free contiguous arrays so gcc vectorises them at -O3. A loop
+ * reads the job's pointers into locals first: the build has -fno-strict-aliasing, so a float
+ * store could change the job struct as far as gcc knows, and a pointer read from the struct
+ * inside the loop is read again every iteration, which stops vectorisation.
  *
  * Determinism: every result is independent of the thread count. Elementwise and row ops write
  * disjoint outputs; reductions sum fixed-size blocks (not per-thread chunks) into partials that
@@ -458,32 +461,40 @@ int ts_cpu_softmax_backward(ts_engine_t *e, float *dinp, const float *dout, cons
 /* ---- activations ----------------------------------------------------------------------- */
 
 typedef struct {
-    float *out;
+    float *out; /* the output; dinp in a backward */
     const float *inp, *dout;
 } act_t;
 
 static void gelu_fwd_range(void *arg, int64_t lo, int64_t hi) {
     act_t *j = arg;
+    float *out = j->out;
+    const float *inp = j->inp;
     for (int64_t i = lo; i < hi; i++)
-        j->out[i] = ts_gelu(j->inp[i]);
+        out[i] = ts_gelu(inp[i]);
 }
 
 static void gelu_bwd_range(void *arg, int64_t lo, int64_t hi) {
     act_t *j = arg;
+    float *dinp = j->out;
+    const float *dout = j->dout, *inp = j->inp;
     for (int64_t i = lo; i < hi; i++)
-        j->out[i] += j->dout[i] * ts_gelu_grad(j->inp[i]);
+        dinp[i] += dout[i] * ts_gelu_grad(inp[i]);
 }
 
 static void silu_fwd_range(void *arg, int64_t lo, int64_t hi) {
     act_t *j = arg;
+    float *out = j->out;
+    const float *inp = j->inp;
     for (int64_t i = lo; i < hi; i++)
-        j->out[i] = ts_silu(j->inp[i]);
+        out[i] = ts_silu(inp[i]);
 }
 
 static void silu_bwd_range(void *arg, int64_t lo, int64_t hi) {
     act_t *j = arg;
+    float *dinp = j->out;
+    const float *dout = j->dout, *inp = j->inp;
     for (int64_t i = lo; i < hi; i++)
-        j->out[i] += j->dout[i] * ts_silu_grad(j->inp[i]);
+        dinp[i] += dout[i] * ts_silu_grad(inp[i]);
 }
 
 /* Transcendental ops are ~10x the work of a plain load/store: smaller grain. */
