@@ -18,6 +18,9 @@
  *   adamw                  param 1e-6 abs + 1e-5 rel, m 2e-7 abs + 1e-5 rel, v 1e-5 rel, over
  *                          several steps (the float op rounds m's two terms, which may cancel)
  *
+ * Softmax is also checked bit for bit against its plain row loop (max, exp, the sum in element
+ * order, scale): the op's blocked loop must not change a rounding.
+ *
  * Not covered here: gradients (test_ops_backward.c), dtype conversion (test_convert.c), the RNG
  * (test_rng.c), argument errors (test_api_errors.c).
  */
@@ -27,6 +30,7 @@
 #include <string.h>
 
 #include "kernels/engine.h"
+#include "kernels/math.h"
 #include "kernels/ops.h"
 #include "kernels/ref.h"
 #include "tests/testutil.h"
@@ -235,6 +239,68 @@ static void test_softmax(void **state) {
         free(want);
         TU_FREE_TENSORS(&inp, &out);
     }
+}
+
+/* One row of softmax as the CPU loop was first written: a running max, e^(x − max) with
+ * math.h's exp, the sum in element order, × 1/sum. */
+static void plain_softmax_row(float *o, const float *x, int64_t C) {
+    float mx = x[0];
+    for (int64_t i = 1; i < C; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    for (int64_t i = 0; i < C; i++)
+        o[i] = ts_expf(x[i] - mx);
+    float s = 0.0f;
+    for (int64_t i = 0; i < C; i++)
+        s += o[i];
+    float inv = 1.0f / s;
+    for (int64_t i = 0; i < C; i++)
+        o[i] *= inv;
+}
+
+/* The op's blocked, vectorised loop computes every row bit for bit as the plain loop does (any
+ * NaN matching any NaN): row counts around its block of rows and the thread split, widths around
+ * its lanes, and rows whose max is ±0, +Inf, −Inf or comes with a NaN. */
+static void test_softmax_bits(void **state) {
+    ts_engine_t *e = *state;
+    static const int64_t rows[] = {1, 7, 8, 9, 17, 64, 197};
+    static const int64_t cols[] = {1, 5, 8, 9, 49, 196};
+    tu_rng_t r = {16};
+    for (size_t a = 0; a < sizeof rows / sizeof rows[0]; a++)
+        for (size_t b = 0; b < sizeof cols / sizeof cols[0]; b++) {
+            int64_t R = rows[a], C = cols[b];
+            ts_tensor_t inp, out;
+            tu_alloc_f32(&inp, 2, TS_SHAPE(R, C));
+            tu_alloc_f32(&out, 2, TS_SHAPE(R, C));
+            tu_fill_uniform(&r, &inp, -30, 30);
+            float *x = tu_f32(&inp);
+            if (R >= 6 && C >= 3) {
+                x[0 * C + 0] = -0.0f, x[0 * C + 1] = 0.0f, x[0 * C + 2] = -0.0f; /* max ±0 */
+                for (int64_t i = 3; i < C; i++)
+                    x[0 * C + i] = -1.0f;
+                x[1 * C + C / 2] = INFINITY;
+                for (int64_t i = 0; i < C; i++)
+                    x[2 * C + i] = -INFINITY;
+                x[3 * C + 0] = NAN;
+                x[4 * C + C - 1] = NAN;
+                x[5 * C + 1] = -INFINITY;
+            }
+            float *want = tu_floats(R * C);
+            for (int64_t i = 0; i < R; i++)
+                plain_softmax_row(want + i * C, x + i * C, C);
+            TU_CHECK_OK(ts_softmax_forward(e, &out, &inp));
+            for (int64_t i = 0; i < R * C; i++) {
+                float got = tu_f32(&out)[i];
+                if (memcmp(&got, &want[i], sizeof got) != 0 && !(isnan(got) && isnan(want[i]))) {
+                    print_error("softmax R=%lld C=%lld element (%lld, %lld) = %.9g, the plain loop "
+                                "gives %.9g\n",
+                                (long long)R, (long long)C, (long long)(i / C), (long long)(i % C),
+                                got, want[i]);
+                    fail();
+                }
+            }
+            free(want);
+            TU_FREE_TENSORS(&inp, &out);
+        }
 }
 
 /* ---- attention ------------------------------------------------------------------------- */
@@ -901,6 +967,7 @@ int main(void) {
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_silu),
         cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_softmax_bits),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_modulate),
         cmocka_unit_test(test_gate_residual),

@@ -26,6 +26,9 @@
 /* Reductions: at most this many blocks, each at least REDUCE_MIN_BLOCK elements. */
 #define REDUCE_MAX_BLOCKS 256
 #define REDUCE_MIN_BLOCK 4096
+/* Softmax: the row max in this many lanes, the row sums this many rows at a time. */
+#define MAX_LANES 8
+#define SUM_ROWS 8
 
 /* ---- engine ---------------------------------------------------------------------------- */
 
@@ -405,23 +408,69 @@ int ts_cpu_layernorm_backward(ts_engine_t *e, float *dinp, const float *dout, co
     return TS_OK;
 }
 
+/* The largest element of x[0..C), C ≥ 1, in MAX_LANES independent lanes: that many chains of
+ * comparisons run side by side instead of one. (gcc will not vectorise a float max reduction
+ * without -ffinite-math-only and -fno-signed-zeros, so the lanes stay scalar.) The order does not
+ * matter to softmax: without a NaN the maximum is the same number whatever the order (at most the
+ * sign of a zero differs, and x − (+0) and x − (−0) have the same exponential); a row with a NaN
+ * comes out all NaN whatever this returns. */
+static float row_max(const float *x, int64_t C) {
+    float m[MAX_LANES];
+    for (int k = 0; k < MAX_LANES; k++)
+        m[k] = x[0];
+    int64_t i = 0;
+    for (; i + MAX_LANES <= C; i += MAX_LANES)
+        for (int k = 0; k < MAX_LANES; k++)
+            m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+    for (; i < C; i++)
+        m[0] = x[i] > m[0] ? x[i] : m[0];
+    float mx = m[0];
+    for (int k = 1; k < MAX_LANES; k++)
+        mx = m[k] > mx ? m[k] : mx;
+    return mx;
+}
+
+/* s[k] = Σ_i rows[k·C + i] for k < n ≤ SUM_ROWS, each sum in its row's element order (the order
+ * is the result's rounding). One row's sum is a chain of dependent additions; a full block runs
+ * SUM_ROWS chains side by side. */
+static void row_sums(float *s, const float *rows, int64_t n, int64_t C) {
+    for (int64_t k = 0; k < n; k++)
+        s[k] = 0.0f;
+    if (n == SUM_ROWS) {
+        for (int64_t i = 0; i < C; i++)
+            for (int k = 0; k < SUM_ROWS; k++)
+                s[k] += rows[k * C + i];
+    } else {
+        for (int64_t k = 0; k < n; k++)
+            for (int64_t i = 0; i < C; i++)
+                s[k] += rows[k * C + i];
+    }
+}
+
+/* Blocks of SUM_ROWS rows: each row's max and e^(x − max), then the block's row sums, then each
+ * row scaled by 1 / its sum. Per row the arithmetic is that of the plain loop: max, e^(x − max),
+ * the sum in element order, × 1/sum. */
 static void softmax_fwd_range(void *arg, int64_t lo, int64_t hi) {
     row_t *j = arg;
     int64_t C = j->C;
-    for (int64_t r = lo; r < hi; r++) {
-        const float *x = j->inp + r * C;
-        float *o = j->out + r * C;
-        float mx = x[0];
-        for (int64_t i = 1; i < C; i++)
-            mx = x[i] > mx ? x[i] : mx;
-        for (int64_t i = 0; i < C; i++) /* vectorised: ts_expf is branch-free */
-            o[i] = ts_expf(x[i] - mx);
-        float s = 0.0f;
-        for (int64_t i = 0; i < C; i++)
-            s += o[i];
-        float inv = 1.0f / s;
-        for (int64_t i = 0; i < C; i++)
-            o[i] *= inv;
+    for (int64_t r0 = lo; r0 < hi; r0 += SUM_ROWS) {
+        int64_t n = hi - r0 < SUM_ROWS ? hi - r0 : SUM_ROWS;
+        float *o = j->out + r0 * C;
+        for (int64_t k = 0; k < n; k++) {
+            const float *x = j->inp + (r0 + k) * C;
+            float *ok = o + k * C;
+            float mx = row_max(x, C);
+            for (int64_t i = 0; i < C; i++)
+                ok[i] = ts_expf(x[i] - mx);
+        }
+        float s[SUM_ROWS];
+        row_sums(s, o, n, C);
+        for (int64_t k = 0; k < n; k++) {
+            float *ok = o + k * C;
+            float inv = 1.0f / s[k];
+            for (int64_t i = 0; i < C; i++)
+                ok[i] *= inv;
+        }
     }
 }
 
