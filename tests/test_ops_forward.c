@@ -78,6 +78,41 @@ static void test_linear(void **state) {
     }
 }
 
+/* The bias goes into the CPU's GEMM slices (added right after each slice's product): the result
+ * must equal, bit for bit, the product followed by a separate broadcast add. Shapes that run on
+ * one thread, split over the rows of the output, and split over its columns; and K = 1024, where
+ * filling C with the bias and calling sgemm with beta = 1 would round differently (OpenBLAS adds
+ * the product to C one K block at a time). */
+static void test_linear_bias_bits(void **state) {
+    ts_engine_t *e = *state;
+    static const int64_t cases[][3] = {/* M, K, N */
+                                       {7, 3, 5},      {1, 128, 768},    {49, 128, 384},
+                                       {200, 64, 300}, {3136, 128, 512}, {196, 1024, 256}};
+    tu_rng_t r = {11};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t M = cases[c][0], K = cases[c][1], N = cases[c][2];
+        ts_tensor_t inp, w, b, out, prod, sum;
+        tu_alloc_f32(&inp, 2, TS_SHAPE(M, K));
+        tu_alloc_f32(&w, 2, TS_SHAPE(N, K));
+        tu_alloc_f32(&b, 1, TS_SHAPE(N));
+        tu_alloc_f32(&out, 2, TS_SHAPE(M, N));
+        tu_alloc_f32(&prod, 2, TS_SHAPE(M, N));
+        tu_alloc_f32(&sum, 2, TS_SHAPE(M, N));
+        tu_fill_uniform(&r, &inp, -1, 1);
+        tu_fill_uniform(&r, &w, -1, 1);
+        tu_fill_uniform(&r, &b, -1, 1);
+        TU_CHECK_OK(ts_linear_forward(e, &out, &inp, &w, &b));
+        TU_CHECK_OK(ts_matmul(e, &prod, &inp, 0, &w, 1, 1.0f, 0.0f));
+        TU_CHECK_OK(ts_add_bcast_forward(e, &sum, &prod, &b));
+        if (memcmp(tu_f32(&out), tu_f32(&sum), (size_t)(M * N) * sizeof(float)) != 0) {
+            print_error("linear M=%lld K=%lld N=%lld with bias differs from matmul + add_bcast\n",
+                        (long long)M, (long long)K, (long long)N);
+            fail();
+        }
+        TU_FREE_TENSORS(&inp, &w, &b, &out, &prod, &sum);
+    }
+}
+
 /* One matmul case: c (batch?, M, N) = alpha·op(a)·op(b) + beta·c, checked per batch entry. */
 static void run_matmul_case(ts_engine_t *e, tu_rng_t *r, int64_t batch, int64_t M, int64_t N,
                             int64_t K, int ta, int tb, float alpha, float beta) {
@@ -961,6 +996,7 @@ static void test_cross_entropy_mean_tokens(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_linear_bias_bits),
         cmocka_unit_test(test_matmul_2d),
         cmocka_unit_test(test_matmul_batched),
         cmocka_unit_test(test_layernorm),

@@ -283,14 +283,17 @@ int ts_cpu_count_nonfinite(ts_engine_t *e, const void *t, ts_dtype_t dtype, int6
  * each worker calls cblas_sgemm on its own slice of the output. Small batched products
  * (attention: one per sample and head) split over the batch, single products over the longer of
  * M and N. OpenBLAS's own threads would otherwise spin (sched_yield) between calls and take
- * the cores from the pool's elementwise work. */
+ * the cores from the pool's elementwise work. A linear layer's bias is added by the worker to its
+ * own slice right after the slice's sgemm, while the slice is still in cache, instead of in a
+ * second pass over the whole output. */
 typedef struct {
     int ta, tb;
     int64_t M, N, K, lda, ldb, ldc, sa, sb, sc;
     float alpha, beta;
     const float *A, *B;
     float *C;
-    int split; /* 0: batch, 1: rows of C, 2: columns of C */
+    const float *bias; /* (N) added to every row of C after the product, or NULL */
+    int split;         /* 0: batch, 1: rows of C, 2: columns of C */
 } gemm_job_t;
 
 static void sgemm(const gemm_job_t *j, int64_t M, int64_t N, const float *A, const float *B,
@@ -300,44 +303,82 @@ static void sgemm(const gemm_job_t *j, int64_t M, int64_t N, const float *A, con
                 (int)j->ldc);
 }
 
+/* C (M, N), row stride ldc, += bias (N) on every row: C + b rounded once, as add_bcast does. */
+static void add_bias(float *C, const float *bias, int64_t M, int64_t N, int64_t ldc) {
+    for (int64_t r = 0; r < M; r++) {
+        float *c = C + r * ldc;
+        for (int64_t i = 0; i < N; i++)
+            c[i] += bias[i];
+    }
+}
+
 static void gemm_range(void *arg, int64_t lo, int64_t hi) {
     const gemm_job_t *j = arg;
     if (j->split == 0) {
-        for (int64_t b = lo; b < hi; b++)
-            sgemm(j, j->M, j->N, j->A + b * j->sa, j->B + b * j->sb, j->C + b * j->sc);
+        for (int64_t b = lo; b < hi; b++) {
+            float *C = j->C + b * j->sc;
+            sgemm(j, j->M, j->N, j->A + b * j->sa, j->B + b * j->sb, C);
+            if (j->bias)
+                add_bias(C, j->bias, j->M, j->N, j->ldc);
+        }
     } else if (j->split == 1) { /* rows lo..hi of C: rows of op(A) */
         const float *A = j->ta ? j->A + lo : j->A + lo * j->lda;
         sgemm(j, hi - lo, j->N, A, j->B, j->C + lo * j->ldc);
+        if (j->bias)
+            add_bias(j->C + lo * j->ldc, j->bias, hi - lo, j->N, j->ldc);
     } else { /* columns lo..hi of C: columns of op(B) */
         const float *B = j->tb ? j->B + lo * j->ldb : j->B + lo;
         sgemm(j, j->M, hi - lo, j->A, B, j->C + lo);
+        if (j->bias)
+            add_bias(j->C + lo, j->bias + lo, j->M, hi - lo, j->ldc);
     }
+}
+
+/* Runs the products of j (batch of them, strides in j) on the pool. */
+static void gemm_run(ts_engine_t *e, gemm_job_t *j, int64_t batch) {
+    double work = (double)j->M * (double)j->N * (double)j->K; /* multiply-adds per product */
+    int threads = ts_pool_threads(e->pool);
+    if (batch >= threads && batch > 1) {
+        j->split = 0;
+        parallel(e, batch, 1 + (int64_t)(65536.0 / (work + 1.0)), gemm_range, j);
+        return;
+    }
+    /* below ~64k multiply-adds a product is not worth splitting, nor into slices of < 64
+     * rows or columns (a 49-token image at batch 1 runs faster on one thread) */
+    int64_t grain = work * (double)batch < 65536.0 ? INT64_MAX : 64;
+    const float *A = j->A, *B = j->B;
+    float *C = j->C;
+    j->split = j->M >= j->N ? 1 : 2;
+    for (int64_t b = 0; b < batch; b++) {
+        j->A = A + b * j->sa, j->B = B + b * j->sb, j->C = C + b * j->sc;
+        parallel(e, j->split == 1 ? j->M : j->N, grain, gemm_range, j);
+    }
+}
+
+static int gemm_dims_fit(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
+    return M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+           ldc <= INT_MAX;
 }
 
 int ts_cpu_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                 float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
                 int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c,
                 int64_t batch) {
-    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
-        ldc > INT_MAX)
+    if (!gemm_dims_fit(M, N, K, lda, ldb, ldc))
         return TS_ERANGE;
     gemm_job_t j = {trans_a,  trans_b,  M,     N,    K, lda, ldb, ldc, stride_a,
-                    stride_b, stride_c, alpha, beta, A, B,   C,   0};
-    double work = (double)M * (double)N * (double)K; /* multiply-adds per product */
-    int threads = ts_pool_threads(e->pool);
-    if (batch >= threads && batch > 1) {
-        j.split = 0;
-        parallel(e, batch, 1 + (int64_t)(65536.0 / (work + 1.0)), gemm_range, &j);
-    } else {
-        /* below ~64k multiply-adds a product is not worth splitting, nor into slices of < 64
-         * rows or columns (a 49-token image at batch 1 runs faster on one thread) */
-        int64_t grain = work * (double)batch < 65536.0 ? INT64_MAX : 64;
-        j.split = M >= N ? 1 : 2;
-        for (int64_t b = 0; b < batch; b++) {
-            j.A = A + b * stride_a, j.B = B + b * stride_b, j.C = C + b * stride_c;
-            parallel(e, j.split == 1 ? M : N, grain, gemm_range, &j);
-        }
-    }
+                    stride_b, stride_c, alpha, beta, A, B,   C,   NULL};
+    gemm_run(e, &j, batch);
+    return TS_OK;
+}
+
+int ts_cpu_linear_forward(ts_engine_t *e, float *out, const float *inp, const float *weight,
+                          const float *bias, int64_t M, int64_t N, int64_t K) {
+    if (!gemm_dims_fit(M, N, K, K, K, N))
+        return TS_ERANGE;
+    /* out (M, N) = inp (M, K) · weightᵀ (K, N) + bias: lda = ldb = K, ldc = N, alpha 1, beta 0 */
+    gemm_job_t j = {0, 1, M, N, K, K, K, N, 0, 0, 0, 1.0f, 0.0f, inp, weight, out, bias};
+    gemm_run(e, &j, 1);
     return TS_OK;
 }
 
