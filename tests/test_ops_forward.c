@@ -113,6 +113,46 @@ static void test_linear_bias_bits(void **state) {
     }
 }
 
+/* On the tests' 2 threads a one-row product is cut into two halves of its columns, and OpenBLAS
+ * may round a half differently from the whole product (it does at these widths). The result must
+ * be exactly that of the two halves, each one sgemm on a 1-thread engine: both when the second
+ * thread is woken (the larger product) and when the product is too small to wake it and the
+ * caller computes both halves. Not waking a thread must not change a bit. */
+static void test_linear_slices(void **state) {
+    ts_engine_t *e = *state, e1;
+    ts_engine_opts_t one_thread = {.device = TS_CPU, .threads = 1};
+    TU_CHECK_OK(ts_engine_init(&e1, &one_thread));
+    static const int64_t cases[][2] = {/* K, N */ {256, 1536}, {2048, 2304}};
+    tu_rng_t r = {12};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t K = cases[c][0], N = cases[c][1], H = N / 2;
+        ts_tensor_t inp, w, b, out, w_half, b_half, out_half;
+        tu_alloc_f32(&inp, 2, TS_SHAPE(1, K));
+        tu_alloc_f32(&w, 2, TS_SHAPE(N, K));
+        tu_alloc_f32(&b, 1, TS_SHAPE(N));
+        tu_alloc_f32(&out, 2, TS_SHAPE(1, N));
+        tu_alloc_f32(&out_half, 2, TS_SHAPE(1, H));
+        tu_fill_uniform(&r, &inp, -1, 1);
+        tu_fill_uniform(&r, &w, -1, 1);
+        tu_fill_uniform(&r, &b, -1, 1);
+        TU_CHECK_OK(ts_linear_forward(e, &out, &inp, &w, &b));
+        for (int64_t half = 0; half < 2; half++) {
+            TU_CHECK_OK(ts_tensor_slice(&w_half, &w, half * H, H));
+            TU_CHECK_OK(ts_tensor_slice(&b_half, &b, half * H, H));
+            TU_CHECK_OK(ts_linear_forward(&e1, &out_half, &inp, &w_half, &b_half));
+            if (memcmp(tu_f32(&out) + half * H, tu_f32(&out_half), (size_t)H * sizeof(float))) {
+                print_error("linear 1×%lld·%lld on 2 threads: columns [%lld, %lld) differ from "
+                            "that half computed alone\n",
+                            (long long)K, (long long)N, (long long)(half * H),
+                            (long long)(half * H + H));
+                fail();
+            }
+        }
+        TU_FREE_TENSORS(&inp, &w, &b, &out, &out_half);
+    }
+    ts_engine_free(&e1);
+}
+
 /* One matmul case: c (batch?, M, N) = alpha·op(a)·op(b) + beta·c, checked per batch entry. */
 static void run_matmul_case(ts_engine_t *e, tu_rng_t *r, int64_t batch, int64_t M, int64_t N,
                             int64_t K, int ta, int tb, float alpha, float beta) {
@@ -997,6 +1037,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_linear_bias_bits),
+        cmocka_unit_test(test_linear_slices),
         cmocka_unit_test(test_matmul_2d),
         cmocka_unit_test(test_matmul_batched),
         cmocka_unit_test(test_layernorm),

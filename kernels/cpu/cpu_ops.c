@@ -8,9 +8,11 @@
  * store could change the job struct as far as gcc knows, and a pointer read from the struct
  * inside the loop is read again every iteration, which stops vectorisation.
  *
- * Determinism: every result is independent of the thread count. Elementwise and row ops write
- * disjoint outputs; reductions sum fixed-size blocks (not per-thread chunks) into partials that
- * are then added in block order, in double.
+ * Determinism: every result is independent of the thread count, except a GEMM's. Elementwise and
+ * row ops write disjoint outputs; reductions sum fixed-size blocks (not per-thread chunks) into
+ * partials that are then added in block order, in double. A GEMM is cut into one slice per
+ * thread, and OpenBLAS may round a slice differently from the whole product (seen with M = 1
+ * products of 1280 to 2304 columns cut in two); the slices depend on the thread count only.
  */
 #include <cblas.h>
 #include <limits.h>
@@ -23,9 +25,16 @@
 
 /* Below this many elements per thread, an elementwise op runs on the caller alone. */
 #define GRAIN_ELEMS 32768
+/* The same for GELU, SiLU and softmax (an exp per element). A woken thread must get tens of µs of
+ * work: waking it costs about that much (20–80 µs measured on the 2-vCPU VM under load). */
+#define ACT_GRAIN (GRAIN_ELEMS / 2)
 /* Reductions: at most this many blocks, each at least REDUCE_MIN_BLOCK elements. */
 #define REDUCE_MAX_BLOCKS 256
 #define REDUCE_MIN_BLOCK 4096
+/* GEMMs of fewer multiply-adds than this (all products of the call together) wake no thread: the
+ * caller computes every slice itself. The second thread saves less than the wake-up costs there
+ * (tiny's products at batch 1, up to 3.2M multiply-adds, ran faster on one thread). */
+#define GEMM_WAKE_MACS 4194304.0
 /* Softmax: the row max in this many lanes, the row sums this many rows at a time. */
 #define MAX_LANES 8
 #define SUM_ROWS 8
@@ -334,13 +343,25 @@ static void gemm_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-/* Runs the products of j (batch of them, strides in j) on the pool. */
+/* gemm_range over [0, n) in chunks of at least grain, on the pool or, when !wake, all on the
+ * caller (the same chunks: the slices decide the rounding). */
+static void gemm_for(ts_engine_t *e, int wake, int64_t n, int64_t grain, gemm_job_t *j) {
+    if (wake)
+        ts_pool_for(e->pool, n, grain, gemm_range, j);
+    else
+        ts_pool_for_inline(e->pool, n, grain, gemm_range, j);
+}
+
+/* Runs the products of j (batch of them, strides in j). The slices depend on the thread count
+ * only, never on GEMM_WAKE_MACS: OpenBLAS may round a slice differently from the whole product
+ * (see Determinism at the top), so waking the threads or not must not re-cut them. */
 static void gemm_run(ts_engine_t *e, gemm_job_t *j, int64_t batch) {
     double work = (double)j->M * (double)j->N * (double)j->K; /* multiply-adds per product */
+    int wake = work * (double)batch >= GEMM_WAKE_MACS;
     int threads = ts_pool_threads(e->pool);
     if (batch >= threads && batch > 1) {
         j->split = 0;
-        parallel(e, batch, 1 + (int64_t)(65536.0 / (work + 1.0)), gemm_range, j);
+        gemm_for(e, wake, batch, 1 + (int64_t)(65536.0 / (work + 1.0)), j);
         return;
     }
     /* below ~64k multiply-adds a product is not worth splitting, nor into slices of < 64
@@ -351,7 +372,7 @@ static void gemm_run(ts_engine_t *e, gemm_job_t *j, int64_t batch) {
     j->split = j->M >= j->N ? 1 : 2;
     for (int64_t b = 0; b < batch; b++) {
         j->A = A + b * j->sa, j->B = B + b * j->sb, j->C = C + b * j->sc;
-        parallel(e, j->split == 1 ? j->M : j->N, grain, gemm_range, j);
+        gemm_for(e, wake, j->split == 1 ? j->M : j->N, grain, j);
     }
 }
 
@@ -517,7 +538,7 @@ static void softmax_fwd_range(void *arg, int64_t lo, int64_t hi) {
 
 int ts_cpu_softmax_forward(ts_engine_t *e, float *out, const float *inp, int64_t rows, int64_t C) {
     row_t j = {.out = out, .inp = inp, .C = C};
-    parallel(e, rows, 1 + GRAIN_ELEMS / (8 * C), softmax_fwd_range, &j);
+    parallel(e, rows, 1 + ACT_GRAIN / C, softmax_fwd_range, &j);
     return TS_OK;
 }
 
@@ -587,30 +608,31 @@ static void silu_bwd_range(void *arg, int64_t lo, int64_t hi) {
         dinp[i] += dout[i] * ts_silu_grad(inp[i]);
 }
 
-/* Transcendental ops are ~10x the work of a plain load/store: smaller grain. */
+/* Vectorised, GELU and SiLU still cost several times a plain load/store per element: a smaller
+ * grain (ACT_GRAIN). */
 int ts_cpu_gelu_forward(ts_engine_t *e, float *out, const float *inp, int64_t n) {
     act_t j = {out, inp, NULL};
-    parallel(e, n, GRAIN_ELEMS / 8, gelu_fwd_range, &j);
+    parallel(e, n, ACT_GRAIN, gelu_fwd_range, &j);
     return TS_OK;
 }
 
 int ts_cpu_gelu_backward(ts_engine_t *e, float *dinp, const float *dout, const float *inp,
                          int64_t n) {
     act_t j = {dinp, inp, dout};
-    parallel(e, n, GRAIN_ELEMS / 8, gelu_bwd_range, &j);
+    parallel(e, n, ACT_GRAIN, gelu_bwd_range, &j);
     return TS_OK;
 }
 
 int ts_cpu_silu_forward(ts_engine_t *e, float *out, const float *inp, int64_t n) {
     act_t j = {out, inp, NULL};
-    parallel(e, n, GRAIN_ELEMS / 8, silu_fwd_range, &j);
+    parallel(e, n, ACT_GRAIN, silu_fwd_range, &j);
     return TS_OK;
 }
 
 int ts_cpu_silu_backward(ts_engine_t *e, float *dinp, const float *dout, const float *inp,
                          int64_t n) {
     act_t j = {dinp, inp, dout};
-    parallel(e, n, GRAIN_ELEMS / 8, silu_bwd_range, &j);
+    parallel(e, n, ACT_GRAIN, silu_bwd_range, &j);
     return TS_OK;
 }
 
