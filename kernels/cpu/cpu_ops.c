@@ -117,8 +117,9 @@ int ts_cpu_memzero(ts_engine_t *e, void *p, size_t bytes) {
 
 static void fill_range(void *arg, int64_t lo, int64_t hi) {
     ew_t *j = arg;
+    float *out = j->out, v = j->alpha;
     for (int64_t i = lo; i < hi; i++)
-        j->out[i] = j->alpha;
+        out[i] = v;
 }
 
 int ts_cpu_fill(ts_engine_t *e, float *t, int64_t n, float v) {
@@ -129,8 +130,10 @@ int ts_cpu_fill(ts_engine_t *e, float *t, int64_t n, float v) {
 
 static void axpy_range(void *arg, int64_t lo, int64_t hi) {
     ew_t *j = arg;
+    float *y = j->y, alpha = j->alpha;
+    const float *x = j->x;
     for (int64_t i = lo; i < hi; i++)
-        j->y[i] += j->alpha * j->x[i];
+        y[i] += alpha * x[i];
 }
 
 int ts_cpu_axpy(ts_engine_t *e, float *y, float alpha, const float *x, int64_t n) {
@@ -141,8 +144,9 @@ int ts_cpu_axpy(ts_engine_t *e, float *y, float alpha, const float *x, int64_t n
 
 static void scale_range(void *arg, int64_t lo, int64_t hi) {
     ew_t *j = arg;
+    float *y = j->y, alpha = j->alpha;
     for (int64_t i = lo; i < hi; i++)
-        j->y[i] *= j->alpha;
+        y[i] *= alpha;
 }
 
 int ts_cpu_scale(ts_engine_t *e, float *t, float alpha, int64_t n) {
@@ -153,8 +157,9 @@ int ts_cpu_scale(ts_engine_t *e, float *t, float alpha, int64_t n) {
 
 static void affine_range(void *arg, int64_t lo, int64_t hi) {
     ew_t *j = arg;
+    float *y = j->y, alpha = j->alpha, beta = j->beta;
     for (int64_t i = lo; i < hi; i++)
-        j->y[i] = j->alpha * j->y[i] + j->beta;
+        y[i] = alpha * y[i] + beta;
 }
 
 int ts_cpu_affine(ts_engine_t *e, float *t, float alpha, float beta, int64_t n) {
@@ -165,8 +170,10 @@ int ts_cpu_affine(ts_engine_t *e, float *t, float alpha, float beta, int64_t n) 
 
 static void add_range(void *arg, int64_t lo, int64_t hi) {
     ew_t *j = arg;
+    float *out = j->out;
+    const float *a = j->a, *b = j->b;
     for (int64_t i = lo; i < hi; i++)
-        j->out[i] = j->a[i] + j->b[i];
+        out[i] = a[i] + b[i];
 }
 
 int ts_cpu_add(ts_engine_t *e, float *out, const float *a, const float *b, int64_t n) {
@@ -177,11 +184,13 @@ int ts_cpu_add(ts_engine_t *e, float *out, const float *a, const float *b, int64
 
 static void add_bcast_range(void *arg, int64_t lo, int64_t hi) {
     ew_t *j = arg;
+    int64_t S = j->S;
+    const float *b = j->b;
     for (int64_t r = lo; r < hi; r++) {
-        float *o = j->out + r * j->S;
-        const float *x = j->x + r * j->S;
-        for (int64_t i = 0; i < j->S; i++)
-            o[i] = x[i] + j->b[i];
+        float *o = j->out + r * S;
+        const float *x = j->x + r * S;
+        for (int64_t i = 0; i < S; i++)
+            o[i] = x[i] + b[i];
     }
 }
 
@@ -201,10 +210,12 @@ typedef struct {
 /* out[c] (+)= Σ_r inp[r, c] for the columns [lo, hi); rows in order, so deterministic. */
 static void colsum_range(void *arg, int64_t lo, int64_t hi) {
     colsum_t *j = arg;
-    for (int64_t r = 0; r < j->rows; r++) {
-        const float *row = j->inp + r * j->C;
+    float *out = j->out;
+    int64_t rows = j->rows, C = j->C;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = j->inp + r * C;
         for (int64_t c = lo; c < hi; c++)
-            j->out[c] += row[c];
+            out[c] += row[c];
     }
 }
 
@@ -738,16 +749,17 @@ static void gate_bwd_range(void *arg, int64_t lo, int64_t hi) {
         float *dgate = j->dmod ? j->dmod + b * j->M * C + j->i0 * C : NULL;
         for (int64_t t = 0; t < T; t++) {
             int64_t off = (b * T + t) * C;
-            const float *dout = j->dout + off;
-            if (j->dres)
+            const float *dout = j->dout + off, *y = j->y + off;
+            float *dres = j->dres ? j->dres + off : NULL, *dy = j->dy ? j->dy + off : NULL;
+            if (dres)
                 for (int64_t c = 0; c < C; c++)
-                    j->dres[off + c] += dout[c];
-            if (j->dy)
+                    dres[c] += dout[c];
+            if (dy)
                 for (int64_t c = 0; c < C; c++)
-                    j->dy[off + c] += gate[c] * dout[c];
+                    dy[c] += gate[c] * dout[c];
             if (dgate)
                 for (int64_t c = 0; c < C; c++)
-                    dgate[c] += dout[c] * j->y[off + c];
+                    dgate[c] += dout[c] * y[c];
         }
     }
 }
@@ -959,8 +971,10 @@ typedef struct {
 
 static void mse_bwd_range(void *arg, int64_t lo, int64_t hi) {
     mse_t *j = arg;
+    float *d = j->d, k = j->k;
+    const float *p = j->p, *t = j->t;
     for (int64_t i = lo; i < hi; i++)
-        j->d[i] += j->k * (j->p[i] - j->t[i]);
+        d[i] += k * (p[i] - t[i]);
 }
 
 int ts_cpu_mse_backward(ts_engine_t *e, float *dpred, float dloss, const float *pred,
@@ -1026,11 +1040,12 @@ int ts_cpu_mean_tokens_forward(ts_engine_t *e, float *out, const float *x, int64
 /* rows are (sample, token) pairs: dx (B·T, C) += dout (B, C) / T */
 static void mean_tokens_bwd_range(void *arg, int64_t lo, int64_t hi) {
     xent_t *j = arg;
+    int64_t T = j->T, C = j->C;
     for (int64_t r = lo; r < hi; r++) {
-        const float *g = j->z + (r / j->T) * j->C;
-        float *d = j->d + r * j->C;
-        for (int64_t c = 0; c < j->C; c++)
-            d[c] += g[c] / (float)j->T;
+        const float *g = j->z + (r / T) * C;
+        float *d = j->d + r * C;
+        for (int64_t c = 0; c < C; c++)
+            d[c] += g[c] / (float)T;
     }
 }
 
@@ -1104,8 +1119,10 @@ typedef struct {
 
 static void ema_range(void *arg, int64_t lo, int64_t hi) {
     ema_t *j = arg;
+    float *ema = j->ema, decay = j->decay;
+    const float *param = j->param;
     for (int64_t i = lo; i < hi; i++)
-        j->ema[i] = ts_ema_elem(j->ema[i], j->param[i], j->decay);
+        ema[i] = ts_ema_elem(ema[i], param[i], decay);
 }
 
 int ts_cpu_ema(ts_engine_t *e, float *ema, const float *param, int64_t n, float decay) {
