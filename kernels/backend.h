@@ -56,6 +56,11 @@ extern "C" {
     X(gemm, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,                \
       const float *A, int64_t lda, int64_t stride_a, const float *B, int64_t ldb,                  \
       int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c, int64_t batch)        \
+    /* A linear layer: out (M, N) = inp (M, K) · weightᵀ, weight (N, K); then, when bias is not    \
+     * NULL, + bias (N) on every row, added to the finished product (one rounding per add, as a    \
+     * separate add_bcast_forward: the CPU adds it to each slice right after the slice's GEMM). */ \
+    X(linear_forward, float *out, const float *inp, const float *weight, const float *bias,        \
+      int64_t M, int64_t N, int64_t K)                                                             \
                                                                                                    \
     /* out, inp (rows, C); mean, rstd (rows), each may be NULL */                                  \
     X(layernorm_forward, float *out, float *mean, float *rstd, const float *inp, int64_t rows,     \

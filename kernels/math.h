@@ -113,35 +113,46 @@ TS_HD int ts_isfinite_f32(float f) { return (ts_f32_bits(f) & 0x7f800000u) != 0x
 
 /* ---- exp and tanh ---------------------------------------------------------------------- */
 
-/* e^x for x clamped to [−87, 88], with + − × and bit operations only: branch-free, so gcc
- * vectorises the loops that call it (glibc's expf and tanhf do not vectorise and were a quarter
- * of a training step), and the CPU and the GPU compute the same bits. x = k·ln2 + r with
- * |r| ≤ ln2/2 (k rounded to nearest by the 1.5·2²³ trick), e^r by its Taylor series to r⁷
- * (relative error < 1e-8 before rounding), then the exponent field gets k. */
+/* c ? a : b, without a branch: both sides are computed and one is picked by a bit mask. The
+ * formulas below evaluate both sides of each choice anyway; written as a ternary, gcc moves the
+ * side it does not always need into a branch (or threads one choice through the next), and a loop
+ * with a branch in it is not vectorised ("control flow in loop"). */
+TS_HD float ts_select_f32(int c, float a, float b) {
+    uint32_t m = 0u - (uint32_t)(c != 0);
+    return ts_bits_f32((ts_f32_bits(a) & m) | (ts_f32_bits(b) & ~m));
+}
+
+/* e^x for x clamped to [−87, 88] (NaN stays NaN), with + − × and bit operations only: branch-free,
+ * so gcc vectorises the loops that call it (glibc's expf and tanhf do not vectorise and were a
+ * quarter of a training step), and the CPU and the GPU compute the same bits. x = k·ln2 + r with
+ * |r| ≤ ln2/2: k is x·log2(e) rounded to nearest by adding 1.5·2²³, which leaves k in the low
+ * bits of the sum (read there as an integer, so NaN converts nothing); e^r by its Taylor series to
+ * r⁷ (relative error < 1e-8 before rounding), then the exponent field gets k. */
 TS_HD float ts_expf(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    float kf = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    x = ts_select_f32(x < -87.0f, -87.0f, x);
+    x = ts_select_f32(x > 88.0f, 88.0f, x);
+    float kb = x * 1.44269504f + 12582912.0f; /* 1.5·2²³ + k, k in [−126, 127] */
+    float kf = kb - 12582912.0f;
     float r = (x - kf * 0.693145752f) - kf * 1.42860677e-6f;
     float p =
         1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f +
                                             r * (4.1666668e-2f +
                                                  r * (8.3333338e-3f +
                                                       r * (1.3888889e-3f + r * 1.9841270e-4f))))));
-    int32_t k = (int32_t)kf;
-    return p * ts_bits_f32((uint32_t)(k + 127) << 23);
+    uint32_t biased = ts_f32_bits(kb) - ts_f32_bits(12582912.0f) + 127u; /* k + 127 */
+    return p * ts_bits_f32(biased << 23);
 }
 
 /* tanh, absolute error ~1e-7: (1 − e)/(1 + e) with e = e^(−2|x|), and its odd series below
- * |x| = 1/16 where that form loses relative accuracy. Branch-free. */
+ * |x| = 1/16 where that form loses relative accuracy; x's sign last (tanh(−0) = −0).
+ * Branch-free. */
 TS_HD float ts_tanhf(float x) {
-    float ax = x < 0.0f ? -x : x;
+    float ax = fabsf(x);
     float e = ts_expf(-2.0f * ax);
     float big = (1.0f - e) / (1.0f + e);
     float x2 = ax * ax;
     float small = ax * (1.0f - x2 * (0.33333333f - x2 * (0.13333333f - x2 * 0.053968254f)));
-    float t = ax < 0.0625f ? small : big;
-    return x < 0.0f ? -t : t;
+    return copysignf(ts_select_f32(ax < 0.0625f, small, big), x);
 }
 
 /* ---- activations ----------------------------------------------------------------------- */

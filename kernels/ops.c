@@ -3,9 +3,11 @@
  *
  * Every check happens here, once, before either backend sees a pointer: engine and tensors
  * present, F32 where the math needs it, every tensor on the engine's device, shapes consistent.
- * The backends can then assume valid input. Ops built from other ops (linear, matmul's backward,
- * attention) are composed here from the backends' GEMM and row primitives, so both backends
- * share the composition as well as the per-element math.
+ * The backends can then assume valid input. Ops built from other ops (linear's backward, matmul's
+ * backward, attention) are composed here from the backends' GEMM and row primitives, so both
+ * backends share the composition as well as the per-element math. A linear layer's forward is one
+ * backend op (GEMM, then the bias), so the CPU can add the bias to each slice of the product
+ * while the slice is in cache.
  */
 #include "kernels/ops.h"
 
@@ -241,12 +243,8 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
         return TS_ESHAPE;
     if (bias && ts_tensor_numel(bias) != N)
         return TS_ESHAPE;
-    /* out (M, N) = inp (M, K) · weightᵀ (K, N) */
-    TRY(DISPATCH(e, gemm, 0, 1, M, N, K, 1.0f, CF(inp), K, 0, CF(weight), K, 0, 0.0f, F(out), N, 0,
-                 1));
-    if (bias)
-        TRY(DISPATCH(e, add_bcast_forward, F(out), CF(out), CF(bias), M, N));
-    return TS_OK;
+    /* out (M, N) = inp (M, K) · weightᵀ (K, N) + bias */
+    return DISPATCH(e, linear_forward, F(out), CF(inp), CF(weight), OPT(bias), M, N, K);
 }
 
 int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,

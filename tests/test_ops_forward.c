@@ -18,6 +18,9 @@
  *   adamw                  param 1e-6 abs + 1e-5 rel, m 2e-7 abs + 1e-5 rel, v 1e-5 rel, over
  *                          several steps (the float op rounds m's two terms, which may cancel)
  *
+ * Softmax is also checked bit for bit against its plain row loop (max, exp, the sum in element
+ * order, scale): the op's blocked loop must not change a rounding.
+ *
  * Not covered here: gradients (test_ops_backward.c), dtype conversion (test_convert.c), the RNG
  * (test_rng.c), argument errors (test_api_errors.c).
  */
@@ -27,6 +30,7 @@
 #include <string.h>
 
 #include "kernels/engine.h"
+#include "kernels/math.h"
 #include "kernels/ops.h"
 #include "kernels/ref.h"
 #include "tests/testutil.h"
@@ -72,6 +76,81 @@ static void test_linear(void **state) {
         free(want);
         TU_FREE_TENSORS(&inp, &out, &w, &b);
     }
+}
+
+/* The bias goes into the CPU's GEMM slices (added right after each slice's product): the result
+ * must equal, bit for bit, the product followed by a separate broadcast add. Shapes that run on
+ * one thread, split over the rows of the output, and split over its columns; and K = 1024, where
+ * filling C with the bias and calling sgemm with beta = 1 would round differently (OpenBLAS adds
+ * the product to C one K block at a time). */
+static void test_linear_bias_bits(void **state) {
+    ts_engine_t *e = *state;
+    static const int64_t cases[][3] = {/* M, K, N */
+                                       {7, 3, 5},      {1, 128, 768},    {49, 128, 384},
+                                       {200, 64, 300}, {3136, 128, 512}, {196, 1024, 256}};
+    tu_rng_t r = {11};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t M = cases[c][0], K = cases[c][1], N = cases[c][2];
+        ts_tensor_t inp, w, b, out, prod, sum;
+        tu_alloc_f32(&inp, 2, TS_SHAPE(M, K));
+        tu_alloc_f32(&w, 2, TS_SHAPE(N, K));
+        tu_alloc_f32(&b, 1, TS_SHAPE(N));
+        tu_alloc_f32(&out, 2, TS_SHAPE(M, N));
+        tu_alloc_f32(&prod, 2, TS_SHAPE(M, N));
+        tu_alloc_f32(&sum, 2, TS_SHAPE(M, N));
+        tu_fill_uniform(&r, &inp, -1, 1);
+        tu_fill_uniform(&r, &w, -1, 1);
+        tu_fill_uniform(&r, &b, -1, 1);
+        TU_CHECK_OK(ts_linear_forward(e, &out, &inp, &w, &b));
+        TU_CHECK_OK(ts_matmul(e, &prod, &inp, 0, &w, 1, 1.0f, 0.0f));
+        TU_CHECK_OK(ts_add_bcast_forward(e, &sum, &prod, &b));
+        if (memcmp(tu_f32(&out), tu_f32(&sum), (size_t)(M * N) * sizeof(float)) != 0) {
+            print_error("linear M=%lld K=%lld N=%lld with bias differs from matmul + add_bcast\n",
+                        (long long)M, (long long)K, (long long)N);
+            fail();
+        }
+        TU_FREE_TENSORS(&inp, &w, &b, &out, &prod, &sum);
+    }
+}
+
+/* On the tests' 2 threads a one-row product is cut into two halves of its columns, and OpenBLAS
+ * may round a half differently from the whole product (it does at these widths). The result must
+ * be exactly that of the two halves, each one sgemm on a 1-thread engine: both when the second
+ * thread is woken (the larger product) and when the product is too small to wake it and the
+ * caller computes both halves. Not waking a thread must not change a bit. */
+static void test_linear_slices(void **state) {
+    ts_engine_t *e = *state, e1;
+    ts_engine_opts_t one_thread = {.device = TS_CPU, .threads = 1};
+    TU_CHECK_OK(ts_engine_init(&e1, &one_thread));
+    static const int64_t cases[][2] = {/* K, N */ {256, 1536}, {2048, 2304}};
+    tu_rng_t r = {12};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t K = cases[c][0], N = cases[c][1], H = N / 2;
+        ts_tensor_t inp, w, b, out, w_half, b_half, out_half;
+        tu_alloc_f32(&inp, 2, TS_SHAPE(1, K));
+        tu_alloc_f32(&w, 2, TS_SHAPE(N, K));
+        tu_alloc_f32(&b, 1, TS_SHAPE(N));
+        tu_alloc_f32(&out, 2, TS_SHAPE(1, N));
+        tu_alloc_f32(&out_half, 2, TS_SHAPE(1, H));
+        tu_fill_uniform(&r, &inp, -1, 1);
+        tu_fill_uniform(&r, &w, -1, 1);
+        tu_fill_uniform(&r, &b, -1, 1);
+        TU_CHECK_OK(ts_linear_forward(e, &out, &inp, &w, &b));
+        for (int64_t half = 0; half < 2; half++) {
+            TU_CHECK_OK(ts_tensor_slice(&w_half, &w, half * H, H));
+            TU_CHECK_OK(ts_tensor_slice(&b_half, &b, half * H, H));
+            TU_CHECK_OK(ts_linear_forward(&e1, &out_half, &inp, &w_half, &b_half));
+            if (memcmp(tu_f32(&out) + half * H, tu_f32(&out_half), (size_t)H * sizeof(float))) {
+                print_error("linear 1×%lld·%lld on 2 threads: columns [%lld, %lld) differ from "
+                            "that half computed alone\n",
+                            (long long)K, (long long)N, (long long)(half * H),
+                            (long long)(half * H + H));
+                fail();
+            }
+        }
+        TU_FREE_TENSORS(&inp, &w, &b, &out, &out_half);
+    }
+    ts_engine_free(&e1);
 }
 
 /* One matmul case: c (batch?, M, N) = alpha·op(a)·op(b) + beta·c, checked per batch entry. */
@@ -235,6 +314,68 @@ static void test_softmax(void **state) {
         free(want);
         TU_FREE_TENSORS(&inp, &out);
     }
+}
+
+/* One row of softmax as the CPU loop was first written: a running max, e^(x − max) with
+ * math.h's exp, the sum in element order, × 1/sum. */
+static void plain_softmax_row(float *o, const float *x, int64_t C) {
+    float mx = x[0];
+    for (int64_t i = 1; i < C; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    for (int64_t i = 0; i < C; i++)
+        o[i] = ts_expf(x[i] - mx);
+    float s = 0.0f;
+    for (int64_t i = 0; i < C; i++)
+        s += o[i];
+    float inv = 1.0f / s;
+    for (int64_t i = 0; i < C; i++)
+        o[i] *= inv;
+}
+
+/* The op's blocked, vectorised loop computes every row bit for bit as the plain loop does (any
+ * NaN matching any NaN): row counts around its block of rows and the thread split, widths around
+ * its lanes, and rows whose max is ±0, +Inf, −Inf or comes with a NaN. */
+static void test_softmax_bits(void **state) {
+    ts_engine_t *e = *state;
+    static const int64_t rows[] = {1, 7, 8, 9, 17, 64, 197};
+    static const int64_t cols[] = {1, 5, 8, 9, 49, 196};
+    tu_rng_t r = {16};
+    for (size_t a = 0; a < sizeof rows / sizeof rows[0]; a++)
+        for (size_t b = 0; b < sizeof cols / sizeof cols[0]; b++) {
+            int64_t R = rows[a], C = cols[b];
+            ts_tensor_t inp, out;
+            tu_alloc_f32(&inp, 2, TS_SHAPE(R, C));
+            tu_alloc_f32(&out, 2, TS_SHAPE(R, C));
+            tu_fill_uniform(&r, &inp, -30, 30);
+            float *x = tu_f32(&inp);
+            if (R >= 6 && C >= 3) {
+                x[0 * C + 0] = -0.0f, x[0 * C + 1] = 0.0f, x[0 * C + 2] = -0.0f; /* max ±0 */
+                for (int64_t i = 3; i < C; i++)
+                    x[0 * C + i] = -1.0f;
+                x[1 * C + C / 2] = INFINITY;
+                for (int64_t i = 0; i < C; i++)
+                    x[2 * C + i] = -INFINITY;
+                x[3 * C + 0] = NAN;
+                x[4 * C + C - 1] = NAN;
+                x[5 * C + 1] = -INFINITY;
+            }
+            float *want = tu_floats(R * C);
+            for (int64_t i = 0; i < R; i++)
+                plain_softmax_row(want + i * C, x + i * C, C);
+            TU_CHECK_OK(ts_softmax_forward(e, &out, &inp));
+            for (int64_t i = 0; i < R * C; i++) {
+                float got = tu_f32(&out)[i];
+                if (memcmp(&got, &want[i], sizeof got) != 0 && !(isnan(got) && isnan(want[i]))) {
+                    print_error("softmax R=%lld C=%lld element (%lld, %lld) = %.9g, the plain loop "
+                                "gives %.9g\n",
+                                (long long)R, (long long)C, (long long)(i / C), (long long)(i % C),
+                                got, want[i]);
+                    fail();
+                }
+            }
+            free(want);
+            TU_FREE_TENSORS(&inp, &out);
+        }
 }
 
 /* ---- attention ------------------------------------------------------------------------- */
@@ -895,12 +1036,15 @@ static void test_cross_entropy_mean_tokens(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_linear_bias_bits),
+        cmocka_unit_test(test_linear_slices),
         cmocka_unit_test(test_matmul_2d),
         cmocka_unit_test(test_matmul_batched),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_silu),
         cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_softmax_bits),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_modulate),
         cmocka_unit_test(test_gate_residual),

@@ -120,13 +120,29 @@ void ts_pool_free(ts_pool_t *p) {
 
 int ts_pool_threads(const ts_pool_t *p) { return p ? p->threads : 1; }
 
-void ts_pool_for(ts_pool_t *p, int64_t n, int64_t grain, ts_pool_fn fn, void *ctx) {
-    if (n <= 0)
-        return;
+/* How many chunks n items make with at least grain each: at most one per thread. */
+static int chunk_count(const ts_pool_t *p, int64_t n, int64_t grain) {
     if (grain < 1)
         grain = 1;
     int64_t want = n / grain;
-    int chunks = (!p || want < 2) ? 1 : (int)(want < p->threads ? want : p->threads);
+    return (!p || want < 2) ? 1 : (int)(want < p->threads ? want : p->threads);
+}
+
+void ts_pool_for_inline(ts_pool_t *p, int64_t n, int64_t grain, ts_pool_fn fn, void *ctx) {
+    if (n <= 0)
+        return;
+    int chunks = chunk_count(p, n, grain);
+    for (int i = 0; i < chunks; i++) {
+        int64_t lo, hi;
+        chunk_range(n, chunks, i, &lo, &hi);
+        fn(ctx, lo, hi);
+    }
+}
+
+void ts_pool_for(ts_pool_t *p, int64_t n, int64_t grain, ts_pool_fn fn, void *ctx) {
+    if (n <= 0)
+        return;
+    int chunks = chunk_count(p, n, grain);
     if (chunks == 1) {
         fn(ctx, 0, n);
         return;

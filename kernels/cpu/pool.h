@@ -23,5 +23,8 @@ void ts_pool_free(ts_pool_t *p);
 int ts_pool_threads(const ts_pool_t *p);
 /* Runs fn over [0, n) split into contiguous chunks, at least `grain` items each. */
 void ts_pool_for(ts_pool_t *p, int64_t n, int64_t grain, ts_pool_fn fn, void *ctx);
+/* The chunks ts_pool_for would make, run one after another on the caller, waking no thread: for
+ * work too small to pay for a wake-up, when where the chunks are cut may change the result. */
+void ts_pool_for_inline(ts_pool_t *p, int64_t n, int64_t grain, ts_pool_fn fn, void *ctx);
 
 #endif

@@ -258,3 +258,12 @@ int ts_cuda_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N,
                                        (long long)stride_c, (int)batch);
     return st == CUBLAS_STATUS_SUCCESS ? TS_OK : TS_ECUBLAS;
 }
+
+/* out = inp · weightᵀ, then the bias in a second kernel: the same two roundings as the CPU. */
+int ts_cuda_linear_forward(ts_engine_t *e, float *out, const float *inp, const float *weight,
+                           const float *bias, int64_t M, int64_t N, int64_t K) {
+    int err = ts_cuda_gemm(e, 0, 1, M, N, K, 1.0f, inp, K, 0, weight, K, 0, 0.0f, out, N, 0, 1);
+    if (err || !bias)
+        return err;
+    return ts_cuda_add_bcast_forward(e, out, out, bias, M, N);
+}
