@@ -57,7 +57,7 @@
 #define NEVER INT64_MAX
 #define MAX_SEEDS 8
 #define MAX_CONFIRM 16 /* bound of suspicion_confirm */
-#define REFUTE_MEMO 16 /* accusers we already answered for the current incarnation */
+#define ANSWERED 16    /* accusers we answered lately, so as to answer each at most once a round */
 
 /* ---- tables ------------------------------------------------------------------------------ */
 
@@ -86,6 +86,7 @@ typedef struct {
 typedef struct {
     uint32_t member;
     int64_t start_ms, deadline_ms;
+    int64_t check_at; /* the last-chance ping; INT64_MAX once sent */
     uint32_t n_accusers;
     uint64_t accusers[MAX_CONFIRM + 1]; /* id fingerprints, the first accuser first */
 } susp_t;
@@ -154,9 +155,12 @@ struct ts_swim {
     bool leaving;
     int64_t leave_at;
     int health;
+    int64_t last_input_ms; /* the latest time a tick or a datagram came in */
     uint32_t seq;
-    uint64_t refuted_to[REFUTE_MEMO];
-    uint32_t n_refuted_to;
+    struct {
+        uint64_t fp;
+        int64_t at_ms;
+    } answered[ANSWERED];
     ts_swim_stats_t st;
 };
 
@@ -464,6 +468,20 @@ static void bc_queue(ts_swim_t *s, int64_t now, uint32_t slot, int type, uint32_
     }
 }
 
+/* A confirmation travels on its suspicion's remaining budget: the queued suspicion of the member
+ * names the new accuser instead, keeping its transmit count. Re-queueing it afresh (memberlist's
+ * way) multiplies one suspicion's gossip by up to K + 1 at every node, and under many false
+ * suspicions at once (stalling nodes) that saturates the piggyback and delays refutations. */
+static void bc_confirm(ts_swim_t *s, int64_t now, uint32_t slot, uint32_t inc,
+                       const uint8_t *from) {
+    uint32_t i = s->members[slot].bcast;
+    if (i != NONE && s->bc[i].type == TS_SWIM_UP_SUSPECT && s->bc[i].inc == inc) {
+        memcpy(s->bc[i].from, from, TS_SWIM_ID_LEN);
+        return;
+    }
+    bc_queue(s, now, slot, TS_SWIM_UP_SUSPECT, inc, from);
+}
+
 static size_t bc_size(const bcast_t *b) {
     switch (b->type) {
     case TS_SWIM_UP_ALIVE: return TS_SWIM_WIRE_ALIVE;
@@ -508,13 +526,15 @@ static bool susp_start(ts_swim_t *s, uint32_t slot, uint64_t accuser, int64_t no
     p->n_accusers = 1;
     p->accusers[0] = accuser;
     p->deadline_ms = now + suspicion_timeout(s, 1);
+    p->check_at = p->deadline_ms - s->cfg.probe_interval_ms;
     s->members[slot].susp = (uint16_t)s->n_sp++;
     return true;
 }
 
 /* Counts accuser if new and still useful; returns whether it was. The deadline moves earlier
- * (never later) as confirmations arrive. */
-static bool susp_confirm(ts_swim_t *s, uint32_t slot, uint64_t accuser) {
+ * (never later) as confirmations arrive, but not into the past: a verdict that is due now is
+ * due now, not late. */
+static bool susp_confirm(ts_swim_t *s, uint32_t slot, uint64_t accuser, int64_t now) {
     uint16_t i = s->members[slot].susp;
     if (i == NONE16)
         return false;
@@ -526,8 +546,15 @@ static bool susp_confirm(ts_swim_t *s, uint32_t slot, uint64_t accuser) {
             return false;
     p->accusers[p->n_accusers++] = accuser;
     int64_t deadline = p->start_ms + suspicion_timeout(s, p->n_accusers);
-    if (deadline < p->deadline_ms)
+    if (deadline < now)
+        deadline = now;
+    if (deadline < p->deadline_ms) {
         p->deadline_ms = deadline;
+        if (p->check_at != NEVER)
+            p->check_at = deadline - s->cfg.probe_interval_ms > now
+                              ? deadline - s->cfg.probe_interval_ms
+                              : now;
+    }
     return true;
 }
 
@@ -634,17 +661,23 @@ static int adopt_own_claim(ts_swim_t *s, int64_t now, ts_swim_claim_t *c) {
     return TS_OK;
 }
 
-/* Sends our current claim straight to the accuser (once per accuser and incarnation). */
-static void answer_accuser(ts_swim_t *s, const uint8_t from[TS_SWIM_ID_LEN]) {
+/* Sends our current claim straight to the accuser: its suspicion timer runs first, and gossip
+ * may take a while to reach it. As long as its accusation keeps reaching us (it has not heard
+ * our refutation), we answer again, at most once per probe interval: a lost answer is retried. */
+static void answer_accuser(ts_swim_t *s, int64_t now, const uint8_t from[TS_SWIM_ID_LEN]) {
     uint64_t fp = fp_of(from);
-    for (uint32_t i = 0; i < s->n_refuted_to; i++)
-        if (s->refuted_to[i] == fp)
+    int oldest = 0;
+    for (int i = 0; i < ANSWERED; i++) {
+        if (s->answered[i].fp == fp && now - s->answered[i].at_ms < s->cfg.probe_interval_ms)
             return;
+        if (s->answered[i].at_ms < s->answered[oldest].at_ms)
+            oldest = i;
+    }
     uint32_t slot = member_find(s, from);
     if (slot == NONE || slot == SELF || !is_live(s->members[slot].state))
         return;
-    if (s->n_refuted_to < REFUTE_MEMO)
-        s->refuted_to[s->n_refuted_to++] = fp;
+    s->answered[oldest].fp = fp;
+    s->answered[oldest].at_ms = now;
     out_t *o = out_to_member(s, TS_SWIM_GOSSIP, slot);
     if (o)
         o->flags |= OUT_SELF_CLAIM;
@@ -659,7 +692,6 @@ static void refute(ts_swim_t *s, int64_t now, uint32_t inc) {
     if (adopt_own_claim(s, now, &c) != TS_OK)
         return;
     s->st.refutations++;
-    s->n_refuted_to = 0;
     health_up(s);
     ev_push(s, TS_SWIM_EV_REFUTED, SELF, now);
 }
@@ -775,11 +807,11 @@ static void on_accused(ts_swim_t *s, int64_t now, const ts_swim_accusation_t *a)
     if (s->leaving)
         return;
     if (a->incarnation < s->members[SELF].inc) {
-        answer_accuser(s, a->from); /* they have not heard our refutation yet */
+        answer_accuser(s, now, a->from); /* they have not heard our refutation yet */
         return;
     }
     refute(s, now, a->incarnation);
-    answer_accuser(s, a->from);
+    answer_accuser(s, now, a->from);
 }
 
 static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_accusation_t *a,
@@ -814,12 +846,24 @@ static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_
             bc_queue(s, now, slot, TS_SWIM_UP_SUSPECT, a->incarnation, a->from);
         return;
     }
-    if (a->incarnation > m->inc)
+    if (a->incarnation > m->inc) {
+        /* suspect again at a newer incarnation: it refuted the suspicion we hold (we missed
+         * that) and is suspected anew. A new suspicion, with a timer from now. */
+        susp_clear(s, slot);
         m->inc = a->incarnation;
-    if (susp_confirm(s, slot, accuser)) {
+        if (!susp_start(s, slot, accuser, now)) {
+            set_state(s, slot, TS_SWIM_ALIVE, a->incarnation, now);
+            return;
+        }
+        s->st.suspicions++;
+        if (rebroadcast)
+            bc_queue(s, now, slot, TS_SWIM_UP_SUSPECT, a->incarnation, a->from);
+        return;
+    }
+    if (susp_confirm(s, slot, accuser, now)) {
         s->st.confirmations++;
         if (rebroadcast)
-            bc_queue(s, now, slot, TS_SWIM_UP_SUSPECT, m->inc, a->from);
+            bc_confirm(s, now, slot, m->inc, a->from);
     }
 }
 
@@ -1063,6 +1107,7 @@ int ts_swim_create(const ts_swim_config_t *cfg, const uint8_t self_id[TS_SWIM_ID
     s->next_reap_at =
         now_ms + (cfg->dead_retention_ms / 4 > 1000 ? cfg->dead_retention_ms / 4 : 1000);
     s->join_retry_at = NEVER;
+    s->last_input_ms = now_ms;
     *out = s;
     return TS_OK;
 fail:
@@ -1100,9 +1145,12 @@ int64_t ts_swim_next_deadline(const ts_swim_t *s) {
         t = s->next_probe_at;
     if (s->probe.active && !s->probe.acked && !s->probe.indirect && s->probe.timeout_at < t)
         t = s->probe.timeout_at;
-    for (uint32_t i = 0; i < s->n_sp; i++)
+    for (uint32_t i = 0; i < s->n_sp; i++) {
         if (s->sp[i].deadline_ms < t)
             t = s->sp[i].deadline_ms;
+        if (s->sp[i].check_at < t)
+            t = s->sp[i].check_at;
+    }
     for (uint32_t i = 0; i < s->cfg.max_relays; i++)
         if (s->relays[i].used && s->relays[i].deadline_ms < t)
             t = s->relays[i].deadline_ms;
@@ -1128,9 +1176,12 @@ static void on_stall(ts_swim_t *s, int64_t now) {
     if (!s->leaving)
         s->next_probe_at = now;
     int64_t grace = now + s->cfg.probe_interval_ms;
-    for (uint32_t i = 0; i < s->n_sp; i++)
+    for (uint32_t i = 0; i < s->n_sp; i++) {
         if (s->sp[i].deadline_ms < grace)
             s->sp[i].deadline_ms = grace;
+        if (s->sp[i].check_at < now)
+            s->sp[i].check_at = now;
+    }
     if (s->next_gossip_at < now)
         s->next_gossip_at = now;
 }
@@ -1193,9 +1244,15 @@ static void reap(ts_swim_t *s, int64_t now) {
 int ts_swim_tick(ts_swim_t *s, int64_t now) {
     if (!s)
         return TS_EINVAL;
+    /* we were not running if nothing reached us (no tick, no datagram) since well before the
+     * deadline we had given */
     int64_t due = ts_swim_next_deadline(s);
+    if (due < s->last_input_ms)
+        due = s->last_input_ms;
     if (due != NEVER && now - due > s->cfg.stall_slack_ms)
         on_stall(s, now);
+    if (now > s->last_input_ms)
+        s->last_input_ms = now;
 
     for (uint32_t i = 0; i < s->cfg.max_relays; i++)
         if (s->relays[i].used && s->relays[i].deadline_ms <= now)
@@ -1208,6 +1265,23 @@ int ts_swim_tick(ts_swim_t *s, int64_t now) {
             if (s->probe.active)
                 probe_finish(s, now);
             probe_start(s, now);
+        }
+    }
+
+    /* A last-chance ping to each suspect, a probe interval before our verdict, carrying our
+     * suspicion (the buddy piggyback). A suspect that refuted long ago but whose refutation
+     * missed us (gossip reaches a given node only with high probability) answers us directly;
+     * a crashed one costs one datagram per node. */
+    for (uint32_t i = 0; i < s->n_sp; i++) {
+        susp_t *p = &s->sp[i];
+        if (p->check_at > now)
+            continue;
+        p->check_at = NEVER;
+        out_t *o = out_to_member(s, TS_SWIM_PING, p->member);
+        if (o) {
+            o->seq = ++s->seq;
+            memcpy(o->target, id_of(s, p->member), TS_SWIM_ID_LEN);
+            s->st.last_chance_pings++;
         }
     }
 
@@ -1264,6 +1338,8 @@ int ts_swim_on_packet(ts_swim_t *s, int64_t now, const ts_swim_addr_t *from,
         msg->n_updates > TS_SWIM_MAX_UPDATES)
         return TS_EINVAL;
     s->st.packets_in++;
+    if (now > s->last_input_ms)
+        s->last_input_ms = now;
     for (int i = 0; i < msg->n_updates; i++)
         apply_update(s, now, &msg->updates[i]);
 

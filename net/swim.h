@@ -194,7 +194,8 @@ typedef struct ts_swim_stats {
     uint64_t stale_ignored;                    /* updates older than what we hold */
     uint64_t refutations;
     uint64_t suspicions, confirmations, deaths_declared; /* deaths: by our own timer */
-    uint64_t stalls_detected;                            /* ticks far past their deadline */
+    uint64_t last_chance_pings; /* to a suspect, a probe interval before our verdict */
+    uint64_t stalls_detected;   /* ticks far past their deadline */
     uint64_t broadcasts_dropped, events_dropped, packets_dropped; /* full queues */
     uint64_t suspicions_dropped, relays_dropped, claims_dropped, members_dropped;
     uint64_t pings_misaddressed; /* pings for another id: a stale address */
@@ -278,9 +279,11 @@ int ts_swim_create(const ts_swim_config_t *cfg, const uint8_t self_id[TS_SWIM_ID
 void ts_swim_free(ts_swim_t *s);
 
 /* Runs every timer due at now_ms: probe rounds and their timeouts, gossip, suspicion timeouts,
- * relayed probes, push-pull and join retries, reaping. Calling it early does nothing harmful;
- * calling it more than stall_slack_ms after ts_swim_next_deadline() tells the core that it was
- * not running (a stalled process): it then blames itself, not the member it was probing. */
+ * relayed probes, push-pull and join retries, reaping. Calling it early does nothing harmful.
+ * Calling it more than stall_slack_ms after ts_swim_next_deadline(), with no datagram handed in
+ * meanwhile, tells the core that it was not running (a stalled process): it then blames
+ * itself, not the member it was probing. An event loop that runs timers before reading its
+ * sockets (libuv does) gives it exactly that picture after a stall. */
 int ts_swim_tick(ts_swim_t *s, int64_t now_ms);
 
 /* The earliest time at which ts_swim_tick has work to do. */

@@ -939,6 +939,211 @@ static void test_restart_higher_incarnation(void **state) {
     net_free(&net);
 }
 
+/* ---- one core driven by hand ------------------------------------------------------------- */
+
+typedef struct {
+    ts_swim_t *core;
+    key_t_ key[3]; /* 0: the core, 1: B, 2: C */
+    int64_t now;
+    int64_t last_chance_at; /* the last ping to B carrying our suspicion of B */
+    int pings_to_b_with_suspicion;
+    int64_t dead_at, alive_again_at;
+} solo_t;
+
+static void solo_init(solo_t *so) {
+    memset(so, 0, sizeof *so);
+    for (int i = 0; i < 3; i++)
+        make_key(&so->key[i], 40 + i);
+    ts_swim_config_t cfg;
+    ts_swim_config_default(&cfg);
+    cfg.max_members = 8;
+    cfg.sign = sign_cb;
+    cfg.verify = verify_cb;
+    cfg.crypto_ctx = &so->key[0];
+    ts_swim_addr_t a = addr_of(0);
+    TU_CHECK_OK(ts_swim_create(&cfg, so->key[0].pk, &a, 77, 0, &so->core));
+    /* B and C introduce themselves */
+    ts_swim_msg_t m = {.type = TS_SWIM_GOSSIP, .n_updates = 2};
+    memcpy(m.from, so->key[1].pk, TS_SWIM_ID_LEN);
+    for (int k = 0; k < 2; k++) {
+        ts_swim_claim_t *c = &m.updates[k].u.claim;
+        m.updates[k].type = TS_SWIM_UP_ALIVE;
+        *c = (ts_swim_claim_t){.kind = TS_SWIM_CLAIM_ALIVE, .addr = addr_of(1 + k)};
+        memcpy(c->id, so->key[1 + k].pk, TS_SWIM_ID_LEN);
+        sign_claim(c, &so->key[1 + k]);
+    }
+    ts_swim_addr_t from = addr_of(1);
+    TU_CHECK_OK(ts_swim_on_packet(so->core, 0, &from, &m));
+    so->dead_at = so->alive_again_at = -1;
+}
+
+/* Hands the core a message from B or C (1 or 2). */
+static void solo_feed(solo_t *so, int who, ts_swim_msg_t *m) {
+    memcpy(m->from, so->key[who].pk, TS_SWIM_ID_LEN);
+    ts_swim_addr_t from = addr_of(who);
+    TU_CHECK_OK(ts_swim_on_packet(so->core, so->now, &from, m));
+}
+
+static void solo_accuse(solo_t *so, int type, uint32_t inc) {
+    ts_swim_msg_t m = {.type = TS_SWIM_GOSSIP, .n_updates = 1};
+    m.updates[0].type = (uint8_t)type;
+    memcpy(m.updates[0].u.accuse.id, so->key[1].pk, TS_SWIM_ID_LEN);
+    memcpy(m.updates[0].u.accuse.from, so->key[2].pk, TS_SWIM_ID_LEN);
+    m.updates[0].u.accuse.incarnation = inc;
+    solo_feed(so, 2, &m);
+}
+
+/* Runs the core to `until`. B and C ack every ping at once (an ack never clears a suspicion)
+ * but B never refutes on its own; pings to B that carry our suspicion of B are noted. */
+static void solo_run(solo_t *so, int64_t until) {
+    for (;;) {
+        ts_swim_addr_t to;
+        ts_swim_msg_t out, ack;
+        while (ts_swim_next_packet(so->core, &to, &out)) {
+            int who = to.port == addr_of(1).port ? 1 : to.port == addr_of(2).port ? 2 : 0;
+            if (who == 1 && out.type == TS_SWIM_PING)
+                for (int k = 0; k < out.n_updates; k++)
+                    if (out.updates[k].type == TS_SWIM_UP_SUSPECT &&
+                        memcmp(out.updates[k].u.accuse.id, so->key[1].pk, TS_SWIM_ID_LEN) == 0) {
+                        so->pings_to_b_with_suspicion++;
+                        so->last_chance_at = so->now;
+                    }
+            if (who && out.type == TS_SWIM_PING) {
+                ack = (ts_swim_msg_t){.type = TS_SWIM_ACK, .seq = out.seq};
+                solo_feed(so, who, &ack);
+            }
+        }
+        ts_swim_event_t ev;
+        while (ts_swim_next_event(so->core, &ev)) {
+            if (memcmp(ev.id, so->key[1].pk, TS_SWIM_ID_LEN) != 0)
+                continue;
+            if (ev.type == TS_SWIM_EV_DEAD && so->dead_at < 0)
+                so->dead_at = so->now;
+            if (ev.type == TS_SWIM_EV_ALIVE_AGAIN)
+                so->alive_again_at = so->now;
+        }
+        int64_t d = ts_swim_next_deadline(so->core);
+        if (d > until)
+            break;
+        so->now = d;
+        TU_CHECK_OK(ts_swim_tick(so->core, d));
+    }
+    so->now = until;
+}
+
+/* A probe interval before its verdict, a suspecter pings the suspect with the suspicion on
+ * board; the suspect's answer (its refutation, which had not reached us) clears it. And a
+ * suspicion at a newer incarnation is a new suspicion: its timer starts again. */
+static void test_last_chance_and_new_suspicion(void **state) {
+    (void)state;
+    solo_t so;
+    solo_init(&so);
+    ts_swim_config_t cfg;
+    ts_swim_config_default(&cfg);
+    /* n = 3: shortest 2000 ms (the floor), longest 12000; K = n − 2 = 1 */
+    int64_t hi = ts_swim_suspicion_max_ms(&cfg, 3);
+    assert_int_equal(hi, 12000);
+    so.now = 1000;
+    solo_run(&so, 1000);
+    solo_accuse(&so, TS_SWIM_UP_SUSPECT, 0);
+    int64_t t0 = so.now;
+    so.pings_to_b_with_suspicion = 0;
+    ts_swim_stats_t st;
+    solo_run(&so, t0 + hi - cfg.probe_interval_ms - 1);
+    ts_swim_get_stats(so.core, &st);
+    assert_int_equal(st.last_chance_pings, 0);
+    solo_run(&so, t0 + hi - cfg.probe_interval_ms);
+    ts_swim_get_stats(so.core, &st);
+    assert_int_equal(st.last_chance_pings, 1);
+    assert_int_equal(so.last_chance_at, t0 + hi - cfg.probe_interval_ms);
+    /* B answers as a node that refuted long ago would: its claim at incarnation 1 */
+    ts_swim_msg_t m = {.type = TS_SWIM_GOSSIP, .n_updates = 1};
+    m.updates[0].type = TS_SWIM_UP_ALIVE;
+    m.updates[0].u.claim =
+        (ts_swim_claim_t){.kind = TS_SWIM_CLAIM_ALIVE, .incarnation = 1, .addr = addr_of(1)};
+    memcpy(m.updates[0].u.claim.id, so.key[1].pk, TS_SWIM_ID_LEN);
+    sign_claim(&m.updates[0].u.claim, &so.key[1]);
+    solo_feed(&so, 1, &m);
+    solo_run(&so, t0 + 2 * hi);
+    assert_int_equal(so.dead_at, -1);
+    assert_true(so.alive_again_at >= 0);
+
+    /* suspected at 1; 5 s later suspected at 2 (it refuted 1 and we missed it): the verdict
+     * comes a full timeout after the second, not after the first */
+    solo_accuse(&so, TS_SWIM_UP_SUSPECT, 1);
+    int64_t t1 = so.now;
+    solo_run(&so, t1 + 5000);
+    solo_accuse(&so, TS_SWIM_UP_SUSPECT, 2);
+    solo_run(&so, t1 + 5000 + hi + 1000);
+    assert_int_equal(so.dead_at, t1 + 5000 + hi);
+    ts_swim_free(so.core);
+}
+
+/* A member pinged by someone it does not know says so in its ack, and the pinger sends it its
+ * claim. */
+static void test_who_are_you(void **state) {
+    (void)state;
+    key_t_ ka, kb;
+    make_key(&ka, 50);
+    make_key(&kb, 51);
+    ts_swim_config_t cfg;
+    ts_swim_config_default(&cfg);
+    cfg.max_members = 8;
+    cfg.sign = sign_cb;
+    cfg.verify = verify_cb;
+    ts_swim_t *a, *b;
+    ts_swim_addr_t aa = addr_of(0), ab = addr_of(1), to;
+    cfg.crypto_ctx = &ka;
+    TU_CHECK_OK(ts_swim_create(&cfg, ka.pk, &aa, 1, 0, &a));
+    cfg.crypto_ctx = &kb;
+    TU_CHECK_OK(ts_swim_create(&cfg, kb.pk, &ab, 2, 0, &b));
+    /* b learns a's claim; a knows nothing of b */
+    ts_swim_member_info_t ia;
+    TU_CHECK_OK(ts_swim_member_get(a, ka.pk, &ia));
+    TU_CHECK_OK(ts_swim_merge_state(b, 0, ka.pk, &ia, 1));
+    ts_swim_msg_t m;
+    int64_t now = 0;
+    /* tick b until it pings a */
+    int found = 0;
+    while (!found) {
+        now = ts_swim_next_deadline(b);
+        TU_CHECK_OK(ts_swim_tick(b, now));
+        while (ts_swim_next_packet(b, &to, &m))
+            if (m.type == TS_SWIM_PING && !found) {
+                found = 1;
+                TU_CHECK_OK(ts_swim_on_packet(a, now, &ab, &m));
+            }
+        assert_true(now < 10000);
+    }
+    assert_int_equal(ts_swim_next_packet(a, &to, &m), 1);
+    assert_int_equal(m.type, TS_SWIM_ACK);
+    assert_int_equal(m.flags, TS_SWIM_ACK_WHO_ARE_YOU);
+    TU_CHECK_OK(ts_swim_on_packet(b, now, &aa, &m));
+    assert_int_equal(ts_swim_next_packet(b, &to, &m), 1);
+    assert_int_equal(m.type, TS_SWIM_GOSSIP);
+    assert_memory_equal(&to, &aa, sizeof to);
+    assert_true(m.n_updates >= 1);
+    assert_int_equal(m.updates[0].type, TS_SWIM_UP_ALIVE);
+    assert_memory_equal(m.updates[0].u.claim.id, kb.pk, TS_SWIM_ID_LEN);
+    TU_CHECK_OK(ts_swim_on_packet(a, now, &ab, &m));
+    ts_swim_member_info_t ib;
+    TU_CHECK_OK(ts_swim_member_get(a, kb.pk, &ib));
+    assert_int_equal(ib.state, TS_SWIM_ALIVE);
+    /* now that a knows b, its acks carry no question */
+    ts_swim_msg_t ping = {.type = TS_SWIM_PING, .seq = 99};
+    memcpy(ping.from, kb.pk, TS_SWIM_ID_LEN);
+    memcpy(ping.target, ka.pk, TS_SWIM_ID_LEN);
+    while (ts_swim_next_packet(a, &to, &m))
+        ;
+    TU_CHECK_OK(ts_swim_on_packet(a, now, &ab, &ping));
+    assert_int_equal(ts_swim_next_packet(a, &to, &m), 1);
+    assert_int_equal(m.type, TS_SWIM_ACK);
+    assert_int_equal(m.seq, 99);
+    assert_int_equal(m.flags, 0);
+    ts_swim_free(a);
+    ts_swim_free(b);
+}
+
 /* ---- the core's argument checks ---------------------------------------------------------- */
 
 static void test_create_errors(void **state) {
@@ -1365,6 +1570,8 @@ int main(void) {
         cmocka_unit_test(test_stall_blames_self),
         cmocka_unit_test(test_advert),
         cmocka_unit_test(test_restart_higher_incarnation),
+        cmocka_unit_test(test_last_chance_and_new_suspicion),
+        cmocka_unit_test(test_who_are_you),
         cmocka_unit_test(test_wire_fuzz),
     };
     return cmocka_run_group_tests(tests, setup_sodium, NULL);
