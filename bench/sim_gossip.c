@@ -744,6 +744,33 @@ static double mem_available_gb(void) {
     return gb;
 }
 
+/* Frees everything. Every claim reference is held by some core, so once they are all gone the
+ * shared pool must be empty: anything left is a reference-counting bug in the core. */
+static void teardown(sim_t *S) {
+    for (uint32_t i = 0; i < S->o.nodes; i++)
+        ts_swim_free(S->nodes[i].core);
+    uint32_t left = ts_swim_claims_count(S->pool);
+    ts_swim_claims_free(S->pool);
+    if (left != 0) {
+        fprintf(stderr, "bench_gossip: %u claims still referenced after every core was freed\n",
+                left);
+        exit(1);
+    }
+    for (int k = 0; k < S->n_adverts; k++)
+        free(S->adverts[k].learned);
+    for (int k = 0; k < S->n_crashes; k++)
+        free(S->crashes[k].dead_at);
+    free(S->nodes);
+    free(S->crash_index);
+    free(S->fp_subject);
+    free(S->suspected_subject);
+    free(S->state_a);
+    free(S->state_b);
+    free(S->heap);
+    free(S->pkts);
+    free(S);
+}
+
 /* ---- main -------------------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
@@ -1046,5 +1073,6 @@ int main(int argc, char **argv) {
         printf("  run: %.0f s virtual in %.1f s wall (setup %.1f s), peak RSS %ld MiB\n",
                t_stop / 1e6, wall, wall_setup, peak_rss_mb());
     }
+    teardown(S);
     return 0;
 }

@@ -851,10 +851,7 @@ static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_
          * that) and is suspected anew. A new suspicion, with a timer from now. */
         susp_clear(s, slot);
         m->inc = a->incarnation;
-        if (!susp_start(s, slot, accuser, now)) {
-            set_state(s, slot, TS_SWIM_ALIVE, a->incarnation, now);
-            return;
-        }
+        (void)susp_start(s, slot, accuser, now); /* cannot fail: susp_clear freed an entry */
         s->st.suspicions++;
         if (rebroadcast)
             bc_queue(s, now, slot, TS_SWIM_UP_SUSPECT, a->incarnation, a->from);

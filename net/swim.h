@@ -228,13 +228,14 @@ typedef struct ts_swim_config {
     int suspicion_min_ms;         /* floor of the shortest suspicion (2000) */
     int suspicion_confirm;        /* K: independent accusers that bring it to the shortest (3) */
     int health_max;               /* Lifeguard's local health multiplier cap S (8) */
-    int stall_slack_ms;           /* a tick this late past its deadline means we stalled (250) */
+    int stall_slack_ms;           /* a tick this late, nothing in between: we stalled (250) */
     int push_pull_interval_ms;    /* anti-entropy, scaled up past 32 members (30000); 0: never */
     int join_retry_ms;            /* retry the seeds while we know nobody (5000) */
     int dead_retention_ms;        /* dead and departed members are remembered this long (600000) */
     int leave_linger_ms;          /* after leave, keep gossiping at most this long (5000) */
     int max_packet;               /* plaintext budget of one datagram (TS_SWIM_PLAIN_MAX) */
-    uint32_t initial_incarnation; /* a restarted node passes more than it ever used (0) */
+    uint32_t initial_incarnation; /* (0) a restart may begin at 0 again: the node moves above
+                                     its old claims as soon as it hears one */
     /* bounds of the preallocated tables */
     uint32_t max_members;    /* including ourselves (1024) */
     uint32_t max_broadcasts; /* queued updates (256) */
@@ -330,7 +331,10 @@ uint32_t ts_swim_state_export(const ts_swim_t *s, ts_swim_member_info_t *out, ui
 /* Merges a full state received from peer_id through push-pull: each claim is treated as if it
  * had been gossiped (verified, ignored when stale); a member the peer holds suspect becomes an
  * accusation by the peer, and so does one it holds dead (we suspect what others report dead
- * rather than believe it outright: the member can still refute). change_ms is ignored. */
+ * rather than believe it outright: the member can still refute); a member the peer holds
+ * suspect or dead and we do not know is skipped (its old claim would revive it). What is new
+ * to us is gossiped on, except during a join (ts_swim_join from knowing nobody, until the first
+ * merge teaches us someone): then it is new only to us. change_ms is ignored. */
 int ts_swim_merge_state(ts_swim_t *s, int64_t now_ms, const uint8_t peer_id[TS_SWIM_ID_LEN],
                         const ts_swim_member_info_t *entries, uint32_t n);
 
