@@ -57,7 +57,7 @@ typedef struct {
     int adverts, crashes;
     int warmup_ms, quiet_ms;
     uint64_t seed;
-    bool json;
+    bool json, check;
     double max_mem_gb;
 } opts_t;
 
@@ -627,13 +627,29 @@ static bool crashes_all_known(const sim_t *S) {
     return true;
 }
 
+/* --check: every core's invariants (ts_swim_validate), between two virtual seconds. */
+static void check_all(const sim_t *S) {
+    for (uint32_t i = 0; i < S->o.nodes; i++)
+        if (ts_swim_validate(S->nodes[i].core) != TS_OK) {
+            fprintf(stderr, "bench_gossip: node %u fails ts_swim_validate at t = %.3f s\n", i,
+                    S->now / 1e6);
+            exit(1);
+        }
+}
+
+/* Runs the events up to t_end, a virtual second at a time. */
 static void run_until(sim_t *S, int64_t t_end) {
-    while (S->n_heap > 0 && S->heap[0].t <= t_end) {
-        event_t e = pop_event(S);
-        S->now = e.t;
-        handle(S, &e);
+    while (S->now < t_end) {
+        int64_t step = S->now + 1000000 < t_end ? S->now + 1000000 : t_end;
+        while (S->n_heap > 0 && S->heap[0].t <= step) {
+            event_t e = pop_event(S);
+            S->now = e.t;
+            handle(S, &e);
+        }
+        S->now = step;
+        if (S->o.check)
+            check_all(S);
     }
-    S->now = t_end;
 }
 
 /* ---- statistics -------------------------------------------------------------------------- */
@@ -791,6 +807,7 @@ static void usage(FILE *f) {
                "  --crashes C            crashes measured (min(20, N/10))\n"
                "  --seed S               random seed (1)\n"
                "  --max-mem-gb G         refuse a run estimated above G GiB (12)\n"
+               "  --check                check every core's invariants every virtual second\n"
                "  --json                 one JSON document instead of the table\n");
 }
 
@@ -812,25 +829,17 @@ static void parse(int argc, char **argv, opts_t *o) {
                   .quiet_ms = 10000,
                   .seed = 1,
                   .max_mem_gb = 12};
-    static const struct option opts[] = {{"nodes", 1, 0, 'n'},
-                                         {"loss", 1, 0, 'l'},
-                                         {"slow", 1, 0, 's'},
-                                         {"gossip-ms", 1, 0, 'g'},
-                                         {"probe-ms", 1, 0, 'p'},
-                                         {"probe-timeout-ms", 1, 0, 't'},
-                                         {"suspicion-mult", 1, 0, 'a'},
-                                         {"suspicion-max-mult", 1, 0, 'b'},
-                                         {"latency-ms", 1, 0, 'L'},
-                                         {"latency-sigma", 1, 0, 'S'},
-                                         {"stall-ms", 1, 0, 'T'},
-                                         {"stall-every-ms", 1, 0, 'E'},
-                                         {"adverts", 1, 0, 'A'},
-                                         {"crashes", 1, 0, 'C'},
-                                         {"seed", 1, 0, 'r'},
-                                         {"max-mem-gb", 1, 0, 'M'},
-                                         {"json", 0, 0, 'j'},
-                                         {"help", 0, 0, 'h'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"nodes", 1, 0, 'n'},          {"loss", 1, 0, 'l'},
+        {"slow", 1, 0, 's'},           {"gossip-ms", 1, 0, 'g'},
+        {"probe-ms", 1, 0, 'p'},       {"probe-timeout-ms", 1, 0, 't'},
+        {"suspicion-mult", 1, 0, 'a'}, {"suspicion-max-mult", 1, 0, 'b'},
+        {"latency-ms", 1, 0, 'L'},     {"latency-sigma", 1, 0, 'S'},
+        {"stall-ms", 1, 0, 'T'},       {"stall-every-ms", 1, 0, 'E'},
+        {"adverts", 1, 0, 'A'},        {"crashes", 1, 0, 'C'},
+        {"seed", 1, 0, 'r'},           {"max-mem-gb", 1, 0, 'M'},
+        {"json", 0, 0, 'j'},           {"check", 0, 0, 'K'},
+        {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -854,6 +863,7 @@ static void parse(int argc, char **argv, opts_t *o) {
         case 'r': o->seed = strtoull(optarg, NULL, 10); break;
         case 'M': o->max_mem_gb = atof(optarg); break;
         case 'j': o->json = true; break;
+        case 'K': o->check = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }

@@ -382,11 +382,14 @@ static void order_insert(ts_swim_t *s, uint32_t slot) {
 static void order_remove(ts_swim_t *s, uint32_t slot) {
     uint32_t pos = s->members[slot].order_pos;
     if (pos < s->cursor) {
-        order_set(s, pos, s->order[s->cursor - 1]);
-        pos = --s->cursor;
+        uint32_t last_probed = --s->cursor;
+        if (pos != last_probed)
+            order_set(s, pos, s->order[last_probed]);
+        pos = last_probed;
     }
-    order_set(s, pos, s->order[s->n_order - 1]);
-    s->n_order--;
+    uint32_t last = --s->n_order;
+    if (pos != last)
+        order_set(s, pos, s->order[last]);
     s->members[slot].order_pos = NONE;
 }
 
@@ -1638,6 +1641,70 @@ uint32_t ts_swim_incarnation(const ts_swim_t *s) { return s->members[SELF].inc; 
 int ts_swim_health(const ts_swim_t *s) { return s->health; }
 uint32_t ts_swim_pending_broadcasts(const ts_swim_t *s) { return s->n_bc; }
 void ts_swim_get_stats(const ts_swim_t *s, ts_swim_stats_t *st) { *st = s->st; }
+
+/* ---- self-check -------------------------------------------------------------------------- */
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return TS_ECORRUPT;                                                                    \
+    } while (0)
+
+int ts_swim_validate(const ts_swim_t *s) {
+    if (!s)
+        return TS_EINVAL;
+    uint32_t count[TS_SWIM_LEFT + 1] = {0}, in_order = 0, indexed = 0, free_slots = 0;
+    for (uint32_t f = s->free_head; f != NONE; f = s->members[f].inc) {
+        CHECK(f < s->n_slots && s->members[f].claim == TS_SWIM_NO_CLAIM &&
+              ++free_slots <= s->n_slots);
+    }
+    for (uint32_t i = 0; i < s->n_slots; i++) {
+        const member_t *m = &s->members[i];
+        if (m->claim == TS_SWIM_NO_CLAIM) {
+            CHECK(m->state == 0);
+            continue;
+        }
+        CHECK(m->state >= TS_SWIM_ALIVE && m->state <= TS_SWIM_LEFT);
+        count[m->state]++;
+        const ts_swim_claim_t *c = claim_of(s, i);
+        CHECK(m->fp == fp_of(c->id) && member_find(s, c->id) == i);
+        CHECK(m->inc >= c->incarnation);
+        CHECK((c->kind == TS_SWIM_CLAIM_LEAVE) == (m->state == TS_SWIM_LEFT));
+        bool should = i != SELF && is_live(m->state);
+        CHECK(should == (m->order_pos != NONE));
+        if (should) {
+            CHECK(m->order_pos < s->n_order && s->order[m->order_pos] == i);
+            in_order++;
+        }
+        CHECK((m->susp != NONE16) <= (m->state == TS_SWIM_SUSPECT));
+        if (m->susp != NONE16)
+            CHECK(m->susp < s->n_sp && s->sp[m->susp].member == i);
+        if (m->bcast != NONE)
+            CHECK(m->bcast < s->n_bc && s->bc[m->bcast].member == i);
+    }
+    CHECK(free_slots + count[1] + count[2] + count[3] + count[4] == s->n_slots);
+    for (int st = TS_SWIM_ALIVE; st <= TS_SWIM_LEFT; st++)
+        CHECK(count[st] == s->count[st]);
+    CHECK(in_order == s->n_order && s->cursor <= s->n_order);
+    for (uint32_t i = 0; i <= s->index_mask; i++)
+        if (s->index[i]) {
+            CHECK(s->index[i] - 1 < s->n_slots);
+            indexed++;
+        }
+    CHECK(indexed + free_slots == s->n_slots);
+    for (uint32_t i = 0; i < s->n_sp; i++)
+        CHECK(s->members[s->sp[i].member].susp == i);
+    for (uint32_t i = 0; i < s->n_bc; i++) {
+        const bcast_t *b = &s->bc[i];
+        CHECK(s->members[b->member].bcast == i);
+        CHECK((b->claim != TS_SWIM_NO_CLAIM) ==
+              (b->type == TS_SWIM_UP_ALIVE || b->type == TS_SWIM_UP_LEAVE));
+    }
+    CHECK(s->health >= 0 && s->health <= s->cfg.health_max);
+    return TS_OK;
+}
+
+#undef CHECK
 
 const char *ts_swim_state_name(int state) {
     switch (state) {

@@ -349,6 +349,11 @@ int ts_swim_health(const ts_swim_t *s);
 uint32_t ts_swim_pending_broadcasts(const ts_swim_t *s);
 void ts_swim_get_stats(const ts_swim_t *s, ts_swim_stats_t *st);
 
+/* Checks the core's internal invariants (the member index, the probe order, the suspicion and
+ * gossip tables and their back-pointers, the per-state counts): TS_OK, or TS_ECORRUPT when one
+ * does not hold — a bug in the core. O(max_members); for tests and debugging. */
+int ts_swim_validate(const ts_swim_t *s);
+
 /* The timing the core uses now, for n known live members (for docs and tests): the suspicion
  * timeout's floor and ceiling, and the retransmit limit. */
 int64_t ts_swim_suspicion_min_ms(const ts_swim_config_t *cfg, uint32_t n);

@@ -50,7 +50,8 @@ size_t ts_swim_wire_msg_size(const ts_swim_msg_t *m);
 
 /* Encodes m into buf[0..cap); *len is the size. TS_EINVAL for an unknown message or update
  * type, more than TS_SWIM_MAX_UPDATES updates, a claim whose kind does not match its update
- * type, or unknown ACK flags; TS_ERANGE when the encoding exceeds cap or TS_SWIM_PLAIN_MAX. */
+ * type, or unknown ACK flags; TS_ERANGE when the encoding exceeds cap or TS_SWIM_PLAIN_MAX.
+ * On error buf's contents are unspecified. */
 int ts_swim_wire_encode(const ts_swim_msg_t *m, uint8_t *buf, size_t cap, size_t *len);
 /* Decodes a datagram. TS_ENOTSUP for another wire version, TS_ECORRUPT for anything that is not
  * exactly one well-formed message. On error *m is zeroed. */

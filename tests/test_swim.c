@@ -132,6 +132,8 @@ static void push_pull(net_t *net, int a, int b) {
     free(sb);
     drain(net, b);
     drain(net, a);
+    TU_CHECK_OK(ts_swim_validate(net->node[a]));
+    TU_CHECK_OK(ts_swim_validate(net->node[b]));
 }
 
 static void enqueue(net_t *net, int from, int to, const uint8_t *bytes, size_t len) {
@@ -262,9 +264,11 @@ static void net_run(net_t *net, int64_t t_end) {
             net->delivered++;
             TU_CHECK_OK(ts_swim_on_packet(net->node[p.to], net->now, &from, &net->scratch));
             drain(net, p.to);
+            TU_CHECK_OK(ts_swim_validate(net->node[p.to]));
         } else {
             TU_CHECK_OK(ts_swim_tick(net->node[best_node], net->now));
             drain(net, best_node);
+            TU_CHECK_OK(ts_swim_validate(net->node[best_node]));
         }
     }
     net->now = t_end;
@@ -1027,6 +1031,7 @@ static void solo_run(solo_t *so, int64_t until) {
             break;
         so->now = d;
         TU_CHECK_OK(ts_swim_tick(so->core, d));
+        TU_CHECK_OK(ts_swim_validate(so->core));
     }
     so->now = until;
 }
@@ -1449,6 +1454,7 @@ static void test_wire_fuzz(void **state) {
         ts_swim_addr_t from = addr_of((int)(tu_rng_next(&r) % 3));
         TU_CHECK_OK(ts_swim_on_packet(net.node[0], net.now, &from, &d));
         drain(&net, 0);
+        TU_CHECK_OK(ts_swim_validate(net.node[0]));
     }
     print_message("fuzz: %d decoded, %d rejected\n", decoded, rejected);
     assert_true(decoded > 1000);
