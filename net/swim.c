@@ -12,7 +12,8 @@
  *
  * Updates (alive and leave claims, suspect and dead accusations) are queued for gossip, at
  * most one per member (a newer update about X replaces the older), and piggybacked on every
- * datagram, fewest transmissions first, until each has been sent λ·⌈log10(n+1)⌉ times.
+ * datagram — claims before deaths before suspicions, then fewest transmissions first — until
+ * each has been sent λ·⌈log10(n+1)⌉ times.
  * Besides the probes, a gossip round every gossip interval sends the queue to a few random
  * members, which is what spreads news in about log(n) rounds.
  *
@@ -418,6 +419,24 @@ static uint32_t random_member(ts_swim_t *s, const uint32_t *avoid, int n, bool a
 
 /* ---- the broadcast queue ----------------------------------------------------------------- */
 
+/* What goes first when the piggyback cannot carry everything: claims (refutations, adverts,
+ * joins, leaves) before deaths before suspicions, then fewer transmissions, then newer. Under
+ * gossip overload (many false suspicions at once: stalling nodes) a suspicion that waits only
+ * delays a verdict — the suspect is probed again — while a refutation that waits can become a
+ * false positive. (memberlist gives alive messages the same precedence on the receiving side.) */
+static int bc_class(int type) {
+    return type == TS_SWIM_UP_SUSPECT ? 2 : type == TS_SWIM_UP_DEAD ? 1 : 0;
+}
+
+static bool bc_before(const bcast_t *a, const bcast_t *b) {
+    int ca = bc_class(a->type), cb = bc_class(b->type);
+    if (ca != cb)
+        return ca < cb;
+    if (a->transmits != b->transmits)
+        return a->transmits < b->transmits;
+    return a->serial > b->serial;
+}
+
 static void bc_remove(ts_swim_t *s, uint32_t i) {
     bcast_t *b = &s->bc[i];
     ts_swim_claims_unref(s->pool, b->claim);
@@ -436,16 +455,16 @@ static void bc_queue(ts_swim_t *s, int64_t now, uint32_t slot, int type, uint32_
     uint32_t i = m->bcast;
     if (i == NONE) {
         if (s->n_bc == s->cfg.max_broadcasts) {
-            /* evict the most transmitted, oldest on ties: it has done the most of its work */
+            /* full: the update that would go out last makes room, or the new one is dropped if
+             * it would go out after everything queued */
             uint32_t worst = 0;
-            for (uint32_t j = 1; j < s->n_bc; j++) {
-                const bcast_t *a = &s->bc[j], *w = &s->bc[worst];
-                if (a->transmits > w->transmits ||
-                    (a->transmits == w->transmits && a->serial < w->serial))
+            for (uint32_t j = 1; j < s->n_bc; j++)
+                if (bc_before(&s->bc[worst], &s->bc[j]))
                     worst = j;
-            }
-            bc_remove(s, worst);
             s->st.broadcasts_dropped++;
+            if (bc_class(type) > bc_class(s->bc[worst].type))
+                return;
+            bc_remove(s, worst);
         }
         if (s->n_bc == 0 && s->next_gossip_at < now)
             s->next_gossip_at = now;
@@ -1446,8 +1465,7 @@ static void fill_piggyback(ts_swim_t *s, const out_t *o, ts_swim_msg_t *msg) {
             const bcast_t *b = &s->bc[i];
             if (b->mark == mark || b->member == skip_member || bc_size(b) > room)
                 continue;
-            if (best == NONE || b->transmits < s->bc[best].transmits ||
-                (b->transmits == s->bc[best].transmits && b->serial > s->bc[best].serial))
+            if (best == NONE || bc_before(b, &s->bc[best]))
                 best = i;
         }
         if (best == NONE)
