@@ -1,0 +1,138 @@
+/*
+ * gossip.h — the gossip layer as it runs in a daemon (DESIGN §6): the SWIM core of net/swim.h
+ * driven by a libuv loop, over sealed UDP datagrams and the secure TCP links of net/rpc.h, with
+ * signed adverts, the address book and the status view.
+ *
+ * What it does, once started:
+ *   - UDP: one socket bound to the listen address (the TCP listener's port; the same host:port
+ *     serves both). Every datagram is a swim_wire message sealed with XChaCha20-Poly1305 under a
+ *     key derived from the network key (docs/protocol.md, "Sealed datagrams"), with a per-sender
+ *     replay window; anything that does not open, does not decode or replays is dropped and
+ *     counted, nothing else happens.
+ *   - Timers: one uv timer armed for ts_swim_next_deadline after every call into the core.
+ *   - Push-pull: when the core asks (join, anti-entropy), a PushPull request over the RPC pool
+ *     carries our full state (swim_wire state encoding) and its answer carries the peer's; both
+ *     sides merge. A PushPull handler serves the other direction.
+ *   - Adverts: our own (ts_gossip_set_advert) is signed by our identity and announced through the
+ *     core (version, hash); when the core reports a member's advert newer than the one we hold,
+ *     an AdvertRequest to that member fetches it; it is kept only when its signature verifies,
+ *     its node id is the member's, and its hash and version are the ones the member's signed
+ *     claim announced. An AdvertRequest handler answers with any advert held (ours or a cached
+ *     one), so one node can tell a client about every expert.
+ *   - Address book: members heard alive are written to the store's peers database (batched);
+ *     at start, the most recently seen entries join the bootstrap list, so a restarted node
+ *     rejoins with no bootstrap configured.
+ *   - Status: a StatusRequest handler answers with this node's view (members, adverts, load,
+ *     aggregates); ts_gossip_status builds the same answer for in-process callers.
+ *
+ * Threading: the loop's thread only. Lifetime: ts_gossip_new → ts_gossip_start → … →
+ * ts_gossip_leave (optional, graceful) → ts_gossip_close → run the loop until the close callback
+ * → ts_gossip_free. The rpc endpoint, the store and the keys must outlive the gossip layer.
+ */
+#ifndef TS_GOSSIP_H
+#define TS_GOSSIP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "kernels/error.h"
+#include "net/keys.h"
+#include "net/rpc.h"
+#include "net/swim.h"
+#include "proto/tessera.pb-c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_GOSSIP_MAX_SEEDS 8 /* addresses handed to one join (ts_swim_join's bound) */
+
+typedef struct ts_gossip ts_gossip_t;
+typedef struct ts_store ts_store_t;
+
+typedef struct ts_gossip_config {
+    ts_swim_config_t swim; /* timings and bounds (sign, verify, claims are set by this layer) */
+    const char *listen;    /* "ip:port" the UDP socket binds (port 0: any; see ts_gossip_port) */
+    const char *advertise; /* "ip:port" in our claims; numeric; NULL or "": listen's, which must
+                              then be a specific address (not 0.0.0.0 / [::]) */
+    const char *const *bootstrap; /* "host:port" seeds; names are resolved at start */
+    size_t n_bootstrap;
+    ts_store_t *store;          /* the address book; NULL: none (nothing persisted) */
+    uint32_t book_max_age_s;    /* book entries unseen this long are pruned at start (7 days) */
+    uint32_t pushpull_timeout_ms; /* one push-pull exchange (5000) */
+    uint32_t advert_timeout_ms;   /* one advert fetch (5000) */
+    uint32_t max_state_bytes;     /* the largest push-pull state accepted (16 MiB) */
+} ts_gossip_config_t;
+
+void ts_gossip_config_default(ts_gossip_config_t *cfg);
+
+/* A membership change, for logs and metrics: the core's event (net/swim.h), after this layer
+ * has acted on it. Called on the loop thread; must not call ts_gossip_free. */
+typedef void (*ts_gossip_event_fn)(void *arg, const ts_swim_event_t *ev);
+
+/* Our load, asked for when a status answer is built (NULL: none reported). */
+typedef void (*ts_gossip_load_fn)(void *arg, Tessera__Load *load);
+
+/* Creates the layer for the node with identity id on network nk, over rpc (whose handlers for
+ * PUSH_PULL, ADVERT_REQUEST and STATUS_REQUEST it installs). Nothing is bound yet.
+ * TS_EINVAL with a sentence (a bad address, a bad swim config), TS_ENOMEM. */
+int ts_gossip_new(uv_loop_t *loop, ts_rpc_t *rpc, const ts_identity_t *id, const ts_netkey_t *nk,
+                  const ts_gossip_config_t *cfg, ts_gossip_t **out, char *err, size_t errlen);
+
+void ts_gossip_on_event(ts_gossip_t *g, ts_gossip_event_fn fn, void *arg);
+void ts_gossip_on_load(ts_gossip_t *g, ts_gossip_load_fn fn, void *arg);
+
+/* Binds the UDP socket, loads the address book and joins through the bootstrap addresses and
+ * the book (up to TS_GOSSIP_MAX_SEEDS in all; none: this node starts a network of its own).
+ * TS_EIO with a sentence when the socket cannot be bound. */
+int ts_gossip_start(ts_gossip_t *g, char *err, size_t errlen);
+
+/* The UDP port bound (after ts_gossip_start). */
+int ts_gossip_port(const ts_gossip_t *g);
+
+/* Announces our advert: body->version is set here (one more than the last), the body is signed
+ * with our identity and its hash gossiped in our claim. The body is copied. TS_EINVAL with a
+ * sentence for a body that breaks docs/protocol.md's rules. */
+int ts_gossip_set_advert(ts_gossip_t *g, const Tessera__AdvertBody *body, char *err,
+                         size_t errlen);
+
+/* Leaves gracefully (a signed leave, spread as far as it goes), then calls done once. */
+int ts_gossip_leave(ts_gossip_t *g, void (*done)(ts_gossip_t *g, void *arg), void *arg);
+
+/* Stops timers, closes the socket, flushes the address book, cancels exchanges in flight; calls
+ * closed once everything has closed. */
+void ts_gossip_close(ts_gossip_t *g, void (*closed)(ts_gossip_t *g, void *arg), void *arg);
+void ts_gossip_free(ts_gossip_t *g);
+
+/* The core, for inspection (member counts, ts_swim_member_get, stats). */
+const ts_swim_t *ts_gossip_swim(const ts_gossip_t *g);
+
+/* The status answer as this node sees it now: members (when req asks), adverts (when req asks),
+ * our load, aggregates. Free with ts_gossip_status_free. */
+int ts_gossip_status(ts_gossip_t *g, const Tessera__StatusRequest *req,
+                     Tessera__StatusResponse **out);
+void ts_gossip_status_free(Tessera__StatusResponse *resp);
+
+/* The advert held for a member (the signed Advert as received, packed), TS_ENOTFOUND. */
+int ts_gossip_advert_get(const ts_gossip_t *g, const uint8_t id[TS_NODE_ID_BYTES],
+                         const uint8_t **packed, size_t *len);
+
+/* Counters of this layer (the core's are in ts_swim_get_stats). */
+typedef struct ts_gossip_stats {
+    uint64_t udp_in, udp_out, udp_bytes_in, udp_bytes_out;
+    uint64_t udp_unsealed_failed; /* wrong key, tampered, truncated */
+    uint64_t udp_replayed;        /* a counter already seen or too old */
+    uint64_t udp_malformed;       /* opened but did not decode */
+    uint64_t udp_send_failed;
+    uint64_t pushpull_ok, pushpull_failed, pushpull_served;
+    uint64_t adverts_fetched, adverts_rejected, adverts_served;
+    uint64_t book_writes;
+} ts_gossip_stats_t;
+void ts_gossip_get_stats(const ts_gossip_t *g, ts_gossip_stats_t *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
