@@ -2,7 +2,7 @@
  * cmd_ping.c — `tessera ping HOST:PORT`: is a node there, is it of my network, and how far away
  * is it? For operators.
  *
- *   tessera ping HOST:PORT --identity FILE --network-key FILE [--count N] [--timeout-ms N] [--json]
+ *   tessera ping HOST:PORT --network-key FILE [--identity FILE] [--count N] [--timeout-ms N] [--json]
  *
  * It connects, runs the handshake (net/conn.h), then sends N pings one after the other — the
  * protocol's liveness probe, `ping` with the peer's node id as target, answered by `ack`
@@ -28,6 +28,7 @@
 #include "client/args.h"
 #include "client/commands.h"
 #include "kernels/error.h"
+#include "client/netclient.h"
 #include "net/rpc.h"
 
 typedef struct ping {
@@ -140,8 +141,8 @@ int ts_cmd_ping(int argc, char **argv) {
     const char *id_path = NULL, *nk_path = NULL, *addr = NULL;
     int count = 3, timeout_ms = 5000, json = 0;
     ts_arg_t args[] = {
-        {"identity", TS_ARG_STRING, &id_path, "FILE", "this node's identity (tessera keygen)", 0, 0,
-         1},
+        {"identity", TS_ARG_STRING, &id_path, "FILE",
+         "an identity to connect with (tessera keygen; default: a fresh one for this run)"},
         {"network-key", TS_ARG_STRING, &nk_path, "FILE", "the network key", 0, 0, 1},
         {"count", TS_ARG_INT, &count, "N", "round trips (default 3)", 1, 100000},
         {"timeout-ms", TS_ARG_INT, &timeout_ms, "N",
@@ -149,7 +150,7 @@ int ts_cmd_ping(int argc, char **argv) {
         {"json", TS_ARG_FLAG, &json, NULL, "print one JSON object"},
     };
     const char *summary = "Connect to a node, complete the handshake and time N pings.\n"
-                          "usage: tessera ping HOST:PORT --identity FILE --network-key FILE";
+                          "usage: tessera ping HOST:PORT --network-key FILE [--identity FILE]";
     int n = (int)(sizeof args / sizeof args[0]);
     /* HOST:PORT comes first; the options follow it. */
     if (argc >= 2 && argv[1][0] != '-') {
@@ -162,55 +163,24 @@ int ts_cmd_ping(int argc, char **argv) {
     if (pr)
         return pr == 1 ? 0 : 2;
     if (!addr) {
-        fprintf(stderr, "tessera ping: which node? usage: tessera ping HOST:PORT --identity FILE "
-                        "--network-key FILE\n");
+        fprintf(stderr, "tessera ping: which node? usage: tessera ping HOST:PORT --network-key FILE\n");
         return 2;
     }
-    char host[256], err[512] = "";
-    int port;
-    if (ts_net_parse_addr(addr, host, sizeof host, &port, 0, err, sizeof err)) {
-        fprintf(stderr, "tessera ping: %s\n", err);
-        return 2;
-    }
-
-    ts_identity_t id;
-    ts_netkey_t nk;
-    if (ts_identity_load(&id, id_path, err, sizeof err)) {
-        fprintf(stderr, "tessera ping: cannot use the identity file: %s\n", err);
-        return 1;
-    }
-    if (ts_netkey_load(&nk, nk_path, err, sizeof err)) {
-        ts_identity_wipe(&id);
-        fprintf(stderr, "tessera ping: cannot use the network key file: %s\n", err);
-        return 1;
-    }
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    ts_net_config_t cfg;
-    ts_net_config_default(&cfg);
-    cfg.handshake_timeout_ms = (uint32_t)timeout_ms;
-    ping_t p = {.addr = addr, .count = count, .timeout_ms = timeout_ms};
-    ts_net_t *net = NULL;
-    int rc = ts_net_new(&net, &loop, &id, &nk, &cfg);
-    ts_identity_wipe(&id);
-    ts_netkey_wipe(&nk);
+    ts_netclient_t nc;
+    int rc = ts_netclient_open(&nc, "tessera ping", addr, id_path, nk_path, (uint32_t)timeout_ms);
+    if (rc)
+        return rc;
+    ping_t p = {.rpc = nc.rpc, .peer = nc.peer, .addr = addr, .count = count,
+                .timeout_ms = timeout_ms};
     p.rtt_ms = calloc((size_t)count, sizeof *p.rtt_ms);
-    if (rc == TS_OK && !p.rtt_ms)
-        rc = TS_ENOMEM;
-    if (rc == TS_OK)
-        rc = ts_rpc_new(&p.rpc, net, NULL);
-    if (rc == TS_OK)
-        rc = ts_rpc_peer_get(p.rpc, addr, &p.peer, err, sizeof err);
-    if (rc == TS_OK)
-        rc = ts_rpc_peer_connect(p.peer, on_connected, &p);
-    if (rc) {
-        fprintf(stderr, "tessera ping: %s\n", *err ? err : ts_strerror(rc));
+    if (!p.rtt_ms || (rc = ts_rpc_peer_connect(p.peer, on_connected, &p)) != TS_OK) {
+        fprintf(stderr, "tessera ping: %s\n", ts_strerror(p.rtt_ms ? rc : TS_ENOMEM));
+        free(p.rtt_ms);
+        ts_netclient_close(&nc);
         return 1;
     }
-    uv_run(&loop, UV_RUN_DEFAULT);
-    ts_rpc_free(p.rpc);
-    ts_net_free(net);
-    uv_loop_close(&loop);
+    uv_run(&nc.loop, UV_RUN_DEFAULT);
+    ts_netclient_close(&nc);
     if (p.failed) {
         fprintf(stderr, "tessera ping: %s\n", p.err);
         free(p.rtt_ms);
