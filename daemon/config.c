@@ -5,6 +5,8 @@
 
 #include "daemon/config.h"
 
+#include "store/peers.h"
+
 #include <errno.h>
 #include <ini.h>
 #include <stdarg.h>
@@ -19,8 +21,10 @@ typedef struct {
     ts_config_key_info_t info;
     kind_t kind;
     size_t off;
-    long lo, hi; /* K_INT */
+    long lo, hi; /* K_INT: the range; K_ADDR: lo = ADDR_PORT0 accepts port 0 */
 } key_spec_t;
+
+#define ADDR_PORT0 1
 
 #define OFF(f) offsetof(ts_daemon_config_t, f)
 
@@ -29,7 +33,7 @@ static const key_spec_t KEYS[] = {
     {{"node", "identity", "path", "(required)", "the node's identity file, written by `tessera keygen --out FILE` (mode 0600)"}, K_PATH, OFF(identity), 0, 0},
     {{"node", "network_key", "path", "(required)", "the network key file, written by `tessera keygen --network-key --out FILE` (mode 0600); the same for every node of the network"}, K_PATH, OFF(network_key), 0, 0},
     {{"node", "data_dir", "path", "/var/lib/tessera", "the store (LMDB): weights, checkpoints, the address book"}, K_PATH, OFF(data_dir), 0, 0},
-    {{"node", "listen", "host:port", "0.0.0.0:7420", "where to listen: TCP (RPC, transfers) and UDP (gossip) on the same port"}, K_ADDR, OFF(listen), 0, 0},
+    {{"node", "listen", "host:port", "0.0.0.0:7420", "where to listen: TCP (RPC, transfers) and UDP (gossip) on the same port; port 0 picks a free one (logged, and written to DATA_DIR/listen.addr)"}, K_ADDR, OFF(listen), ADDR_PORT0, 0},
     {{"node", "advertise", "host:port", "(listen)", "the address other nodes dial; needed when listen is 0.0.0.0 or behind NAT"}, K_ADDR, OFF(advertise), 0, 0},
     {{"node", "bootstrap", "host:port list", "(none)", "nodes to join through, comma-separated; the key may be repeated and the lists add up; empty for the first node"}, K_ADDRLIST, OFF(bootstrap), 0, 0},
     {{"gossip", "probe_interval_ms", "integer", "1000", "SWIM protocol period: one probe per period"}, K_INT, OFF(probe_interval_ms), 50, 60000},
@@ -79,25 +83,6 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->log_format = TS_LOG_TEXT;
 }
 
-int ts_config_check_addr(const char *addr, int allow_port0) {
-    const char *colon = strrchr(addr, ':');
-    if (!colon || colon == addr || strlen(addr) >= TS_CONFIG_ADDR_MAX)
-        return TS_EINVAL;
-    if (addr[0] == '[' && colon[-1] != ']')
-        return TS_EINVAL; /* IPv6 goes in brackets: [::1]:7420 */
-    if (addr[0] != '[' && memchr(addr, ':', (size_t)(colon - addr)))
-        return TS_EINVAL; /* an unbracketed IPv6 address: the port is ambiguous */
-    for (const char *p = addr; p < colon; p++)
-        if (*p == ' ' || *p == '\t' || *p == ',')
-            return TS_EINVAL;
-    char *end;
-    errno = 0;
-    long port = strtol(colon + 1, &end, 10);
-    if (!colon[1] || *end || errno || port < (allow_port0 ? 0 : 1) || port > 65535)
-        return TS_EINVAL;
-    return TS_OK;
-}
-
 typedef struct {
     ts_daemon_config_t *c;
     const char *name;
@@ -140,7 +125,7 @@ static int add_addrs(parse_ctx_t *p, const key_spec_t *k, const char *section, c
         tok = trim(tok);
         if (!*tok)
             continue;
-        if (ts_config_check_addr(tok, 0) != TS_OK)
+        if (!ts_addr_valid(tok, strlen(tok), 0))
             return fail(p, section, k->info.key, "'%s' is not host:port (port 1..65535)", tok);
         if (p->c->n_bootstrap == TS_CONFIG_MAX_BOOTSTRAP)
             return fail(p, section, k->info.key, "more than %d addresses", TS_CONFIG_MAX_BOOTSTRAP);
@@ -178,8 +163,9 @@ static int on_key(void *user, const char *section, const char *name, const char 
         snprintf(field, TS_CONFIG_PATH_MAX, "%s", value);
         return 1;
     case K_ADDR:
-        if (*value && ts_config_check_addr(value, 0) != TS_OK)
-            return fail(p, section, name, "'%s' is not host:port (port 1..65535)", value);
+        if (*value && !ts_addr_valid(value, strlen(value), k->lo == ADDR_PORT0))
+            return fail(p, section, name, "'%s' is not host:port (port %s..65535)", value,
+                        k->lo == ADDR_PORT0 ? "0" : "1");
         snprintf(field, TS_CONFIG_ADDR_MAX, "%s", value);
         return 1;
     case K_ADDRLIST:

@@ -68,9 +68,6 @@ typedef struct ts_config_key_info {
 /* The n-th key of the table (NULL past the end). */
 const ts_config_key_info_t *ts_daemon_config_key(int n);
 
-/* Validates a "host:port" address (port 1..65535, host non-empty, IPv6 in brackets). */
-int ts_config_check_addr(const char *addr, int allow_port0);
-
 const char *ts_log_level_name(ts_log_level_t l);
 
 #endif

@@ -25,9 +25,7 @@
 #define PEER_VERSION 1
 #define PEER_HEADER 14
 
-/* "host:port": printable ASCII without spaces; host a name or IPv4 address without ':', or an
- * IPv6 address in brackets; port 1..65535 in decimal. */
-static int addr_ok(const char *a, size_t len) {
+int ts_addr_valid(const char *a, size_t len, int allow_port0) {
     if (len < 3 || len > TS_PEER_ADDR_MAX)
         return 0;
     for (size_t i = 0; i < len; i++)
@@ -57,7 +55,7 @@ static int addr_ok(const char *a, size_t len) {
             return 0;
         port = port * 10 + (unsigned)(c - '0');
     }
-    return port >= 1 && port <= 65535;
+    return port >= (allow_port0 ? 0u : 1u) && port <= 65535;
 }
 
 int ts_peer_encode(const ts_peer_t *p, unsigned char *buf, size_t *len) {
@@ -73,7 +71,7 @@ int ts_peer_encode(const ts_peer_t *p, unsigned char *buf, size_t *len) {
     size_t at = PEER_HEADER;
     for (int i = 0; i < p->n_addrs; i++) {
         size_t n = strnlen(p->addrs[i], TS_PEER_ADDR_MAX + 1);
-        if (!addr_ok(p->addrs[i], n))
+        if (!ts_addr_valid(p->addrs[i], n, 0))
             return TS_EINVAL;
         buf[at++] = (unsigned char)n;
         memcpy(buf + at, p->addrs[i], n);
@@ -104,7 +102,7 @@ int ts_peer_decode(const uint8_t id[TS_PEER_ID_LEN], const unsigned char *buf, s
         if (at >= len)
             return TS_ECORRUPT;
         size_t n = buf[at++];
-        if (n > len - at || !addr_ok((const char *)buf + at, n))
+        if (n > len - at || !ts_addr_valid((const char *)buf + at, n, 0))
             return TS_ECORRUPT;
         memcpy(out.addrs[i], buf + at, n);
         out.addrs[i][n] = '\0';

@@ -35,6 +35,12 @@ typedef struct ts_peer {
     uint32_t flags;
 } ts_peer_t;
 
+/* 1 when a[0..len) is an address the book can hold, "host:port": printable ASCII without
+ * spaces, at most TS_PEER_ADDR_MAX bytes; host a name or an IPv4 address (no ':'), or an IPv6
+ * address in brackets; port 1..65535 in decimal (0 too when allow_port0: "any free port", for a
+ * listen address). The one rule for addresses everywhere: configs, the wire, the book. */
+int ts_addr_valid(const char *a, size_t len, int allow_port0);
+
 /* Encodes p into buf (at least TS_PEER_ENCODED_MAX bytes); *len is the encoded size.
  * TS_EINVAL when p does not hold a valid entry (too many addresses, an empty, over-long or
  * malformed "host:port"). */

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "daemon/config.h"
+#include "store/peers.h"
 
 #ifndef TS_CONFIG_EXAMPLE
 #error "TS_CONFIG_EXAMPLE (configs/tesserad.ini) must be defined by the build"
@@ -167,15 +168,15 @@ static void test_missing_file(void **state) {
 
 static void test_addr_check(void **state) {
     (void)state;
-    assert_int_equal(ts_config_check_addr("127.0.0.1:1", 0), TS_OK);
-    assert_int_equal(ts_config_check_addr("[::1]:65535", 0), TS_OK);
-    assert_int_equal(ts_config_check_addr("host:0", 0), TS_EINVAL);
-    assert_int_equal(ts_config_check_addr("host:0", 1), TS_OK);
-    assert_int_equal(ts_config_check_addr(":7420", 0), TS_EINVAL);
-    assert_int_equal(ts_config_check_addr("host:", 0), TS_EINVAL);
-    assert_int_equal(ts_config_check_addr("host", 0), TS_EINVAL);
-    assert_int_equal(ts_config_check_addr("a b:1", 0), TS_EINVAL);
-    assert_int_equal(ts_config_check_addr("[::1:7420", 0), TS_EINVAL);
+    assert_int_equal(ts_addr_valid("127.0.0.1:1", 11, 0), 1);
+    assert_int_equal(ts_addr_valid("[::1]:65535", 11, 0), 1);
+    assert_int_equal(ts_addr_valid("host:0", 6, 0), 0);
+    assert_int_equal(ts_addr_valid("host:0", 6, 1), 1);
+    assert_int_equal(ts_addr_valid(":7420", 5, 0), 0);
+    assert_int_equal(ts_addr_valid("host:", 5, 0), 0);
+    assert_int_equal(ts_addr_valid("host", 4, 0), 0);
+    assert_int_equal(ts_addr_valid("a b:1", 5, 0), 0);
+    assert_int_equal(ts_addr_valid("[::1:7420", 9, 0), 0);
 }
 
 int main(void) {
