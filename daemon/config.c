@@ -36,6 +36,8 @@ static const key_spec_t KEYS[] = {
     {{"node", "listen", "host:port", "0.0.0.0:7420", "where to listen: TCP (RPC, transfers) and UDP (gossip) on the same port; port 0 picks a free one (logged, and written to DATA_DIR/listen.addr)"}, K_ADDR, OFF(listen), ADDR_PORT0, 0},
     {{"node", "advertise", "host:port", "(listen)", "the address other nodes dial; needed when listen is 0.0.0.0 or behind NAT"}, K_ADDR, OFF(advertise), 0, 0},
     {{"node", "bootstrap", "host:port list", "(none)", "nodes to join through, comma-separated; the key may be repeated and the lists add up; empty for the first node"}, K_ADDRLIST, OFF(bootstrap), 0, 0},
+    {{"expert", "weights", "path or hash", "(none)", "the expert this node hosts: a .safetensors file from `tessera train --partition DIR --cluster K` (imported into the store at start) or the weights hash of one already in the store; leave out for a node that hosts nothing"}, K_PATH, OFF(expert_weights), 0, 0},
+    {{"expert", "partition", "path", "(none)", "the partition file (`tessera partition`) the expert was trained on: it gives the centroid the advert carries; required with weights"}, K_PATH, OFF(expert_partition), 0, 0},
     {{"gossip", "probe_interval_ms", "integer", "1000", "SWIM protocol period: one probe per period"}, K_INT, OFF(probe_interval_ms), 50, 60000},
     {{"gossip", "probe_timeout_ms", "integer", "500", "wait for a direct ack before indirect probes; less than probe_interval_ms"}, K_INT, OFF(probe_timeout_ms), 10, 60000},
     {{"gossip", "indirect_probes", "integer", "3", "members asked to probe on our behalf (k)"}, K_INT, OFF(indirect_probes), 0, 16},
@@ -232,6 +234,12 @@ static int check_whole(ts_daemon_config_t *c, const char *name, char *err, size_
                    "%s: [node] %s is required (create one with `tessera keygen %s--out FILE`)",
                    name, !c->identity[0] ? "identity" : "network_key",
                    !c->identity[0] ? "" : "--network-key ");
+        return TS_EINVAL;
+    }
+    if (!c->expert_weights[0] != !c->expert_partition[0]) {
+        ts_set_err(err, errlen, "%s: [expert] weights and partition go together: set both (to "
+                                "host an expert) or neither",
+                   name);
         return TS_EINVAL;
     }
     if (c->probe_timeout_ms >= c->probe_interval_ms) {

@@ -36,6 +36,9 @@ typedef struct ts_daemon_config {
     char advertise[TS_CONFIG_ADDR_MAX];   /* what others dial; "" = listen */
     char bootstrap[TS_CONFIG_MAX_BOOTSTRAP][TS_CONFIG_ADDR_MAX];
     int n_bootstrap;
+    /* [expert] */
+    char expert_weights[TS_CONFIG_PATH_MAX];   /* "" = hosts nothing */
+    char expert_partition[TS_CONFIG_PATH_MAX];
     /* [gossip] */
     int probe_interval_ms, probe_timeout_ms, indirect_probes, suspicion_mult, retransmit_mult;
     int pushpull_interval_s;
