@@ -248,6 +248,11 @@ void ts_ensemble_free(ts_ensemble_t *s) {
     free(s->d2);
     free(s->prev_emb);
     free(s->expert_forwards);
+    free(s->jobs);
+    free(s->job_rows);
+    free(s->job_y);
+    free(s->job_x);
+    free(s->job_v);
     for (int i = 0; i < s->n_steps; i++)
         free(s->steps[i].w);
     free(s->steps);
@@ -257,7 +262,8 @@ void ts_ensemble_free(ts_ensemble_t *s) {
 /* The checks of ts_ensemble_init that need no allocation. */
 static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensemble_opts_t *o,
                       char *err, size_t errlen) {
-    if (!e || !experts || !o || K < 1 || K > TS_ROUTE_MAX_EXPERTS || o->n < 1 || !o->labels ||
+    int remote = o && o->eval;
+    if (!e || (!experts && !(remote && o->config)) || !o || K < 1 || K > TS_ROUTE_MAX_EXPERTS || o->n < 1 || !o->labels ||
         o->select.n_rules < 1 || o->select.n_rules > TS_ROUTE_MAX_RULES) {
         ts_set_err(err, errlen,
                    "ts_ensemble_init: invalid arguments (1..%d experts, n >= 1, labels and a "
@@ -269,9 +275,14 @@ static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensembl
         ts_set_err(err, errlen, "ts_ensemble_init: unknown policy %d", (int)o->policy);
         return TS_EINVAL;
     }
+    if (remote && o->policy == TS_POLICY_CONFIDENCE) {
+        ts_set_err(err, errlen, "the confidence policy needs every expert's answer before it "
+                                "can score them: it runs with local experts only");
+        return TS_ENOTSUP;
+    }
     int pairs = o->cfg_scale != 1.0f ? 2 : 1;
-    const ts_dit_config_t *c0 = &experts[0].cfg;
-    for (int k = 0; k < K; k++) {
+    const ts_dit_config_t *c0 = remote ? o->config : &experts[0].cfg;
+    for (int k = 0; !remote && k < K; k++) {
         const ts_dit_config_t *c = &experts[k].cfg;
         if (experts[k].eng != e) {
             ts_set_err(err, errlen, "expert %d runs on another engine than the ensemble", k);
@@ -355,7 +366,7 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
     int rc = check_opts(e, experts, K, opts, err, errlen);
     if (rc)
         return rc;
-    const ts_dit_config_t *c = &experts[0].cfg;
+    const ts_dit_config_t *c = opts->eval ? opts->config : &experts[0].cfg;
     int n = opts->n;
     s->eng = e;
     s->experts = experts;
@@ -390,6 +401,15 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
     s->d2 = malloc((size_t)n * K * sizeof *s->d2);
     s->prev_emb = malloc((size_t)n * kd * sizeof *s->prev_emb);
     s->expert_forwards = calloc((size_t)K, sizeof *s->expert_forwards);
+    if (opts->eval) {
+        s->jobs = calloc((size_t)K, sizeof *s->jobs);
+        s->job_rows = malloc((size_t)K * n * sizeof *s->job_rows);
+        s->job_y = malloc((size_t)K * n * sizeof *s->job_y);
+        s->job_x = malloc((size_t)K * nv * sizeof *s->job_x);
+        s->job_v = malloc((size_t)K * nv * sizeof *s->job_v);
+        if (!s->jobs || !s->job_rows || !s->job_y || !s->job_x || !s->job_v)
+            rc = rc == TS_OK ? TS_ENOMEM : rc;
+    }
     if (rc == TS_OK && (!s->yy || !s->idx_h || !s->w || !s->wk_h || !s->xh || !s->vh ||
                         !s->xhat || !s->emb || !s->d2 || !s->prev_emb || !s->expert_forwards))
         rc = TS_ENOMEM;
@@ -556,11 +576,84 @@ static int record_step(ts_ensemble_t *s, float t, ts_policy_t used) {
     return TS_OK;
 }
 
+/* ---- remote experts --------------------------------------------------------------------------- */
+
+/* Drops the experts whose job failed from the weights and renormalises what the samples they
+ * served have left; TS_EPEER when a sample is left with no expert. */
+static int drop_failed(ts_ensemble_t *s, int n_jobs) {
+    int K = s->K;
+    for (int j = 0; j < n_jobs; j++) {
+        const ts_expert_job_t *jb = &s->jobs[j];
+        if (jb->status == TS_OK)
+            continue;
+        s->dropped++;
+        for (int r = 0; r < jb->m; r++) {
+            float *wb = s->w + (size_t)jb->rows[r] * K;
+            wb[jb->k] = 0.0f;
+            float sum = 0.0f;
+            for (int k = 0; k < K; k++)
+                sum += wb[k];
+            if (!(sum > 0.0f))
+                return TS_EPEER;
+            for (int k = 0; k < K; k++)
+                wb[k] /= sum;
+            s->renormalised++;
+        }
+    }
+    return TS_OK;
+}
+
+/* v = Σ_k w_k · v_k with every expert's answer computed by the hook: the jobs are made in expert
+ * order, handed over at once, and combined in expert order as the local path does. */
+static int remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_tensor_t *v) {
+    ts_engine_t *e = s->eng;
+    int n = s->n, K = s->K, n_jobs = 0;
+    size_t chw = (size_t)s->chw;
+    TRY(to_host(s->xh, x));
+    for (int k = 0; k < K; k++) {
+        int m = rows_for(s, k);
+        if (m == 0)
+            continue;
+        ts_expert_job_t *jb = &s->jobs[n_jobs++];
+        int32_t *rows = s->job_rows + (size_t)k * n, *y = s->job_y + (size_t)k * n;
+        float *xk = s->job_x + (size_t)k * n * chw;
+        for (int r = 0; r < m; r++) {
+            rows[r] = s->idx_h[r];
+            y[r] = s->o.labels[rows[r]];
+            memcpy(xk + (size_t)r * chw, s->xh + (size_t)rows[r] * chw, chw * sizeof *xk);
+        }
+        *jb = (ts_expert_job_t){.k = k, .m = m, .rows = rows, .x = xk, .labels = y, .t = t,
+                                .cfg_scale = s->o.cfg_scale,
+                                .v = s->job_v + (size_t)k * n * chw, .status = TS_EIO};
+    }
+    TRY(s->o.eval(s->o.eval_ctx, s->jobs, n_jobs));
+    TRY(drop_failed(s, n_jobs));
+    TRY(ts_zero(e, v));
+    for (int j = 0; j < n_jobs; j++) {
+        const ts_expert_job_t *jb = &s->jobs[j];
+        if (jb->status != TS_OK)
+            continue;
+        s->forwards += (int64_t)s->pairs * jb->m;
+        s->expert_forwards[jb->k] += (int64_t)s->pairs * jb->m;
+        int m = rows_for(s, jb->k); /* the same rows, with the renormalised weights */
+        TRY(upload_rows(s, m));
+        ts_tensor_t vk, idx, wk, src;
+        TRY(ts_tensor_slice(&vk, &s->vk, 0, m));
+        TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
+        TRY(ts_tensor_slice(&wk, &s->wk, 0, m));
+        TRY(ts_tensor_wrap(&src, jb->v, TS_F32, TS_CPU, 4,
+                           TS_SHAPE(m, x->shape[1], x->shape[2], x->shape[3])));
+        TRY(ts_tensor_copy(&vk, &src));
+        TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
+    }
+    return TS_OK;
+}
+
 /* ---- one evaluation ------------------------------------------------------------------------------- */
 
 int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v) {
     ts_ensemble_t *s = ctx;
-    if (!s || !x || !v || !s->experts)
+    if (!s || !x || !v || (!s->experts && !s->o.eval))
         return TS_EINVAL;
     if (x->ndim != 4 || x->shape[0] != s->n || !ts_tensor_same_shape(x, v) ||
         x->shape[1] * x->shape[2] * x->shape[3] != s->chw)
@@ -583,8 +676,11 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
             for (int k = 0; k < K; k++)
                 s->w[(size_t)i * K + k] += s->o.log_prior[(size_t)s->o.labels[i] * K + k];
     TRY(ts_route_weights(s->w, n, K, &s->o.select, t));
-    TRY(ts_zero(e, v));
-    for (int k = 0; k < K; k++) {
+    if (s->o.eval)
+        TRY(remote_combine(s, x, t, v));
+    else
+        TRY(ts_zero(e, v));
+    for (int k = 0; !s->o.eval && k < K; k++) {
         int m = rows_for(s, k);
         if (m == 0)
             continue;

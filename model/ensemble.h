@@ -84,6 +84,25 @@ void ts_experts_free(ts_experts_t *x);
 
 /* ---- the ensemble as a velocity function ---------------------------------------------------- */
 
+/* One expert's share of one evaluation, for experts the ensemble does not run itself (the
+ * network client's). Host memory throughout. The hook computes v for the m rows exactly as a
+ * local expert does: one forward of [x; x] with labels [y; ∅] and v = s·v_c + (1 − s)·v_u when
+ * cfg_scale ≠ 1, else one forward of x with labels y. */
+typedef struct ts_expert_job {
+    int k;                 /* the expert (cluster) */
+    int m;                 /* rows: samples bound for it */
+    const int32_t *rows;   /* (m) their indices in the batch */
+    const float *x;        /* (m, C, H, W) x_t of those samples */
+    const int32_t *labels; /* (m) their labels (num_classes = none) */
+    float t, cfg_scale;
+    float *v;   /* (m, C, H, W) the answer, written by the hook */
+    int status; /* set by the hook: TS_OK, or why it could not (the expert is then dropped) */
+} ts_expert_job_t;
+
+/* Completes the n jobs of one evaluation, in any order (in parallel over the network). Returns
+ * TS_OK when it ran (each job's status says how that went), or an error that stops the step. */
+typedef int (*ts_expert_eval_fn)(void *ctx, ts_expert_job_t *jobs, int n);
+
 typedef struct ts_ensemble_opts {
     ts_policy_t policy;
     ts_selection_t select;
@@ -99,6 +118,17 @@ typedef struct ts_ensemble_opts {
      * when x_t and y are independent given the cluster); the null label's row should be 0 */
     const float *log_prior;
     int record; /* keep every evaluation's weights (ts_ensemble_t.steps) */
+    /* Remote experts: when eval is set, the experts argument of ts_ensemble_init may be NULL and
+     * config names the experts' shared config. Every evaluation then hands its work to eval at
+     * once — one job per expert with at least one row, in expert order — and combines the
+     * answers in expert order exactly as it combines its own, so equal answers give the local
+     * result bit for bit. A job that failed drops that expert for this evaluation: each sample
+     * it served has its remaining weights renormalised to sum to 1 (a sample left with no
+     * expert fails the step, TS_EPEER). The confidence policy needs every expert's answer
+     * before it can score, and runs with local experts only. */
+    ts_expert_eval_fn eval;
+    void *eval_ctx;
+    const ts_dit_config_t *config;
 } ts_ensemble_opts_t;
 
 /* One evaluation's routing, recorded when opts.record is set. */
@@ -133,12 +163,19 @@ typedef struct ts_ensemble {
     int64_t evaluations;     /* calls of ts_ensemble_velocity */
     int64_t router_calls;    /* router runs (on n samples each) */
     int64_t fallbacks;       /* centroid evaluations scored without an x̂0 */
+    int64_t dropped;         /* remote jobs that failed: an expert left out of one evaluation */
+    int64_t renormalised;    /* samples whose weights were renormalised after a drop */
+    /* remote experts: one job per expert, and their host buffers */
+    ts_expert_job_t *jobs;     /* (K) */
+    int32_t *job_rows, *job_y; /* (K·n) */
+    float *job_x, *job_v;      /* (K·n·chw) */
     /* the record */
     ts_route_step_t *steps;
     int n_steps, cap_steps;
 } ts_ensemble_t;
 
-/* Prepares ens for K experts (borrowed, all on engine e, each with max_batch ≥ pairs·n) and
+/* Prepares ens for K experts (borrowed, all on engine e, each with max_batch ≥ pairs·n; or NULL
+ * with opts.eval and opts.config for remote experts) and
  * opts (copied; labels, router_ctx and partition stay the caller's and must outlive ens).
  * Checks: 1 ≤ K ≤ TS_ROUTE_MAX_EXPERTS, the experts share the image config and num_classes, the
  * labels are in [0, num_classes], tau > 0 for the distance policies, a router for learned, a

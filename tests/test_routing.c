@@ -35,6 +35,14 @@
 
 static char err[512];
 
+/* Returns the error from a function returning int when a call fails. */
+#define TRY_T(call)                                                                                \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != TS_OK)                                                                          \
+            return rc_;                                                                            \
+    } while (0)
+
 /* ---- routing: weights ---------------------------------------------------------------------- */
 
 static ts_selection_t parse_ok(const char *text) {
@@ -523,6 +531,138 @@ static void test_top1_identical_equals_single(void **state) {
     ts_experts_free(&three);
 }
 
+/* ---- remote experts: the ensemble's hook ---------------------------------------------------- */
+
+/* A hook that computes the jobs with the same experts in this process — in reverse order, to
+ * show that the order of completion does not matter — and fails the jobs of expert `fail_k`
+ * (−1: none). It runs each job as the ensemble runs a local expert: one forward of [x; x] with
+ * labels [y; ∅], then v = s·v_c + (1 − s)·v_u with the engine's ops. */
+typedef struct {
+    ts_engine_t *e;
+    ts_dit_t *models;
+    int fail_k, calls, jobs;
+} hook_t;
+
+static int run_job(hook_t *h, ts_expert_job_t *j) {
+    ts_dit_t *m = &h->models[j->k];
+    int pairs = j->cfg_scale != 1.0f ? 2 : 1, B = pairs * j->m;
+    ts_tensor_t x, t, out, dst, u;
+    int32_t y[2 * MAXB];
+    float tv[2 * MAXB];
+    TRY_T(ts_tensor_alloc(&x, TS_F32, TS_CPU, 4, TS_SHAPE(B, 1, IMG, IMG)));
+    for (int p = 0; p < pairs; p++) {
+        memcpy(tu_f32(&x) + (size_t)p * j->m * CHW, j->x, (size_t)j->m * CHW * sizeof(float));
+        for (int i = 0; i < j->m; i++)
+            y[p * j->m + i] = p ? m->cfg.num_classes : j->labels[i];
+    }
+    for (int i = 0; i < B; i++)
+        tv[i] = j->t;
+    TRY_T(ts_tensor_wrap(&t, tv, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
+    TRY_T(ts_dit_forward(m, &x, &t, y, B, &out));
+    TRY_T(ts_tensor_wrap(&dst, j->v, TS_F32, TS_CPU, 4, TS_SHAPE(j->m, 1, IMG, IMG)));
+    ts_tensor_t cond;
+    TRY_T(ts_tensor_slice(&cond, &out, 0, j->m));
+    TRY_T(ts_tensor_copy(&dst, &cond));
+    if (pairs == 2) {
+        TRY_T(ts_tensor_slice(&u, &out, j->m, j->m));
+        TRY_T(ts_scale(h->e, &dst, j->cfg_scale));
+        TRY_T(ts_axpy(h->e, &dst, 1.0f - j->cfg_scale, &u));
+    }
+    ts_tensor_free(&x);
+    return TS_OK;
+}
+
+static int hook(void *ctx, ts_expert_job_t *jobs, int n) {
+    hook_t *h = ctx;
+    h->calls++;
+    for (int i = n - 1; i >= 0; i--) {
+        h->jobs++;
+        jobs[i].status = jobs[i].k == h->fail_k ? TS_ETIMEDOUT : run_job(h, &jobs[i]);
+    }
+    return TS_OK;
+}
+
+/* The hook's answers, equal to the local ones, give the local result bit for bit; a failed
+ * expert is dropped and its samples renormalised onto the others. */
+static void test_remote_hook(void **state) {
+    fixture_t *fx = *state;
+    enum { N = 6, K = 3, STEPS = 3 };
+    char p[K][512];
+    for (int k = 0; k < K; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "r%d.safetensors", k);
+        snprintf(p[k], sizeof p[k], "%s", write_expert(&fx->e, name, 11 + (uint64_t)k, 0.08f, NULL));
+    }
+    const char *paths[K] = {p[0], p[1], p[2]};
+    ts_experts_t ex;
+    open_experts(&ex, &fx->e, paths, K);
+    int32_t labels[N] = {0, 1, 2, 0, NCLS, 2};
+    stub_router_t r;
+    stub_init(&r, K);
+    float want[N * CHW], got[N * CHW];
+    for (int c = 0; c < 2; c++) {
+        float cfg = c ? 1.0f : 1.5f;
+        ts_ensemble_opts_t o = base_opts("t>0.5:top2,top1", TS_POLICY_LEARNED, labels, N, cfg);
+        o.router = stub_router;
+        o.router_ctx = &r;
+        sample_ensemble(&fx->e, ex.models, K, o, 60, TS_SAMPLER_HEUN, STEPS, want, NULL);
+        hook_t h = {.e = &fx->e, .models = ex.models, .fail_k = -1};
+        o.eval = hook;
+        o.eval_ctx = &h;
+        o.config = &ex.models[0].cfg;
+        sample_ensemble(&fx->e, NULL, K, o, 60, TS_SAMPLER_HEUN, STEPS, got, NULL);
+        assert_memory_equal(got, want, sizeof got);
+        assert_int_equal(h.calls, 2 * STEPS); /* Heun: two evaluations per step */
+        assert_true(h.jobs >= h.calls);
+    }
+    /* Two copies of one expert, uniform full: dropping one leaves the other at weight 1, which
+     * is that expert alone, exactly. */
+    const char *two[2] = {p[0], p[0]};
+    ts_experts_t pair;
+    open_experts(&pair, &fx->e, two, 2);
+    sample_single(&fx->e, &pair.models[0], labels, N, 1.5f, 70, TS_SAMPLER_EULER, STEPS, want);
+    hook_t h = {.e = &fx->e, .models = pair.models, .fail_k = 1};
+    ts_ensemble_opts_t o = base_opts("full", TS_POLICY_UNIFORM, labels, N, 1.5f);
+    o.eval = hook;
+    o.eval_ctx = &h;
+    o.config = &pair.models[0].cfg;
+    ts_ensemble_t ens;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, NULL, 2, &o, err, sizeof err), TS_OK, err);
+    ts_tensor_t x, scratch[3];
+    tu_alloc_f32(&x, 4, TS_SHAPE(N, 1, IMG, IMG));
+    for (int i = 0; i < 3; i++)
+        tu_alloc_like(&scratch[i], &x);
+    uint64_t seeds[N];
+    for (int i = 0; i < N; i++)
+        seeds[i] = 70 + (uint64_t)i;
+    TU_CHECK_OK(ts_sampler_noise(&fx->e, &x, seeds));
+    ts_sampler_opts_t so = {.kind = TS_SAMPLER_EULER, .steps = STEPS};
+    TU_CHECK_OK(ts_sampler_run(&fx->e, &so, &x, scratch, ts_ensemble_velocity, &ens, NULL, NULL));
+    assert_memory_equal(tu_f32(&x), want, sizeof want);
+    assert_int_equal(ens.dropped, STEPS);
+    assert_int_equal(ens.renormalised, (int64_t)N * STEPS);
+    /* every expert failing leaves the samples with nothing: the step fails, it is not faked */
+    h.fail_k = 0;
+    ts_ensemble_opts_t o1 = base_opts("top1", TS_POLICY_UNIFORM, labels, N, 1.5f);
+    o1.eval = hook;
+    o1.eval_ctx = &h;
+    o1.config = &pair.models[0].cfg;
+    ts_ensemble_t e1;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&e1, &fx->e, NULL, 2, &o1, err, sizeof err), TS_OK, err);
+    assert_int_equal(ts_ensemble_velocity(&e1, &x, 1.0f, &scratch[0]), TS_EPEER);
+    /* the confidence policy is refused with remote experts */
+    ts_partition_t part = make_partition(2, (const float[4]){0, 0, 1, 1});
+    o1.policy = TS_POLICY_CONFIDENCE;
+    o1.partition = &part;
+    ts_ensemble_t e2;
+    assert_int_equal(ts_ensemble_init(&e2, &fx->e, NULL, 2, &o1, err, sizeof err), TS_ENOTSUP);
+    ts_ensemble_free(&e1);
+    ts_ensemble_free(&ens);
+    TU_FREE_TENSORS(&x, &scratch[0], &scratch[1], &scratch[2]);
+    ts_experts_free(&pair);
+    ts_experts_free(&ex);
+}
+
 /* An ensemble over n samples = n ensembles over one sample each, for the policies that route
  * per sample. The routing must actually spread the samples (checked through the counters). */
 static void test_grouping_equals_one_by_one(void **state) {
@@ -903,6 +1043,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_evaluation_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_classifier_router, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_hook, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
