@@ -576,6 +576,56 @@ static int record_step(ts_ensemble_t *s, float t, ts_policy_t used) {
     return TS_OK;
 }
 
+int ts_expert_job_run(ts_dit_t *m, const ts_expert_job_t *j) {
+    if (!m || !j || j->m < 1 || !j->x || !j->labels || !j->v)
+        return TS_EINVAL;
+    if (m->eng->device != TS_CPU)
+        return TS_EDEVICE;
+    const ts_dit_config_t *c = &m->cfg;
+    int pairs = j->cfg_scale != 1.0f ? 2 : 1, B = pairs * j->m;
+    if (B > m->max_batch)
+        return TS_ERANGE;
+    int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    ts_tensor_t x = {0}, t = {0}, out, dst, half;
+    int32_t *y = malloc((size_t)B * sizeof *y);
+    int rc = y ? TS_OK : TS_ENOMEM;
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&x, TS_F32, TS_CPU, 4,
+                             TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&t, TS_F32, TS_CPU, 1, TS_SHAPE(B));
+    if (rc == TS_OK) {
+        float *xs = x.data;
+        for (int p = 0; p < pairs; p++) {
+            memcpy(xs + (size_t)p * j->m * chw, j->x, (size_t)(j->m * chw) * sizeof *xs);
+            for (int i = 0; i < j->m; i++)
+                y[p * j->m + i] = p ? c->num_classes : j->labels[i];
+        }
+        rc = ts_fill(m->eng, &t, j->t);
+    }
+    if (rc == TS_OK)
+        rc = ts_dit_forward(m, &x, &t, y, B, &out);
+    if (rc == TS_OK)
+        rc = ts_tensor_wrap(&dst, j->v, TS_F32, TS_CPU, 4,
+                            TS_SHAPE(j->m, c->in_channels, c->input_size, c->input_size));
+    if (rc == TS_OK)
+        rc = ts_tensor_slice(&half, &out, 0, j->m);
+    if (rc == TS_OK)
+        rc = ts_tensor_copy(&dst, &half);
+    if (rc == TS_OK && pairs == 2) {
+        /* as run_expert */
+        rc = ts_tensor_slice(&half, &out, j->m, j->m);
+        if (rc == TS_OK)
+            rc = ts_scale(m->eng, &dst, j->cfg_scale);
+        if (rc == TS_OK)
+            rc = ts_axpy(m->eng, &dst, 1.0f - j->cfg_scale, &half);
+    }
+    ts_tensor_free(&x);
+    ts_tensor_free(&t);
+    free(y);
+    return rc;
+}
+
 /* ---- remote experts --------------------------------------------------------------------------- */
 
 /* Drops the experts whose job failed from the weights and renormalises what the samples they

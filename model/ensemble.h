@@ -99,6 +99,13 @@ typedef struct ts_expert_job {
     int status; /* set by the hook: TS_OK, or why it could not (the expert is then dropped) */
 } ts_expert_job_t;
 
+/* Runs job j on the local expert m (on a CPU engine: x and v are host memory) exactly as the
+ * ensemble runs a local expert — one forward of [x; x] with labels [y; ∅] (one of x with y when
+ * cfg_scale = 1), then v = s·v_c + (1 − s)·v_u with the engine's ops — so that whoever computes
+ * a job this way (a server, a client's fallback) gives the local answer bit for bit for the same
+ * rows. Needs m->max_batch ≥ pairs·j->m; TS_EDEVICE on a GPU engine. Sets nothing in j but v. */
+int ts_expert_job_run(ts_dit_t *m, const ts_expert_job_t *j);
+
 /* Completes the n jobs of one evaluation, in any order (in parallel over the network). Returns
  * TS_OK when it ran (each job's status says how that went), or an error that stops the step. */
 typedef int (*ts_expert_eval_fn)(void *ctx, ts_expert_job_t *jobs, int n);

@@ -35,13 +35,7 @@
 
 static char err[512];
 
-/* Returns the error from a function returning int when a call fails. */
-#define TRY_T(call)                                                                                \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_ != TS_OK)                                                                          \
-            return rc_;                                                                            \
-    } while (0)
+
 
 /* ---- routing: weights ---------------------------------------------------------------------- */
 
@@ -533,51 +527,22 @@ static void test_top1_identical_equals_single(void **state) {
 
 /* ---- remote experts: the ensemble's hook ---------------------------------------------------- */
 
-/* A hook that computes the jobs with the same experts in this process — in reverse order, to
- * show that the order of completion does not matter — and fails the jobs of expert `fail_k`
- * (−1: none). It runs each job as the ensemble runs a local expert: one forward of [x; x] with
- * labels [y; ∅], then v = s·v_c + (1 − s)·v_u with the engine's ops. */
+/* A hook that computes the jobs with the same experts in this process through
+ * ts_expert_job_run (what a server and a client's fallback run) — in reverse order, to show that
+ * the order of completion does not matter — and fails the jobs of expert `fail_k` (−1: none). */
 typedef struct {
     ts_engine_t *e;
     ts_dit_t *models;
     int fail_k, calls, jobs;
 } hook_t;
 
-static int run_job(hook_t *h, ts_expert_job_t *j) {
-    ts_dit_t *m = &h->models[j->k];
-    int pairs = j->cfg_scale != 1.0f ? 2 : 1, B = pairs * j->m;
-    ts_tensor_t x, t, out, dst, u;
-    int32_t y[2 * MAXB];
-    float tv[2 * MAXB];
-    TRY_T(ts_tensor_alloc(&x, TS_F32, TS_CPU, 4, TS_SHAPE(B, 1, IMG, IMG)));
-    for (int p = 0; p < pairs; p++) {
-        memcpy(tu_f32(&x) + (size_t)p * j->m * CHW, j->x, (size_t)j->m * CHW * sizeof(float));
-        for (int i = 0; i < j->m; i++)
-            y[p * j->m + i] = p ? m->cfg.num_classes : j->labels[i];
-    }
-    for (int i = 0; i < B; i++)
-        tv[i] = j->t;
-    TRY_T(ts_tensor_wrap(&t, tv, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
-    TRY_T(ts_dit_forward(m, &x, &t, y, B, &out));
-    TRY_T(ts_tensor_wrap(&dst, j->v, TS_F32, TS_CPU, 4, TS_SHAPE(j->m, 1, IMG, IMG)));
-    ts_tensor_t cond;
-    TRY_T(ts_tensor_slice(&cond, &out, 0, j->m));
-    TRY_T(ts_tensor_copy(&dst, &cond));
-    if (pairs == 2) {
-        TRY_T(ts_tensor_slice(&u, &out, j->m, j->m));
-        TRY_T(ts_scale(h->e, &dst, j->cfg_scale));
-        TRY_T(ts_axpy(h->e, &dst, 1.0f - j->cfg_scale, &u));
-    }
-    ts_tensor_free(&x);
-    return TS_OK;
-}
-
 static int hook(void *ctx, ts_expert_job_t *jobs, int n) {
     hook_t *h = ctx;
     h->calls++;
     for (int i = n - 1; i >= 0; i--) {
         h->jobs++;
-        jobs[i].status = jobs[i].k == h->fail_k ? TS_ETIMEDOUT : run_job(h, &jobs[i]);
+        jobs[i].status =
+            jobs[i].k == h->fail_k ? TS_ETIMEDOUT : ts_expert_job_run(&h->models[jobs[i].k], &jobs[i]);
     }
     return TS_OK;
 }
