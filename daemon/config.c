@@ -46,6 +46,7 @@ static const key_spec_t KEYS[] = {
     {{"log", "level", "debug|info|warn|error", "info", "the least severe level written"}, K_LEVEL, OFF(log_level), 0, 0},
     {{"log", "format", "text|json", "text", "text lines, or one JSON object per line (ts, level, component, msg)"}, K_FORMAT, OFF(log_format), 0, 0},
     {{"log", "file", "path", "(stderr)", "append logs to this file instead of stderr; SIGHUP reopens it (log rotation)"}, K_PATH, OFF(log_file), 0, 0},
+    {{"metrics", "listen", "host:port", "127.0.0.1:9420", "HTTP endpoint for Prometheus (/metrics) and health checks (/healthz); empty turns it off"}, K_ADDR, OFF(metrics_listen), 0, 0},
 };
 /* clang-format on */
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
@@ -77,6 +78,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->idle_timeout_s = 120;
     c->log_level = TS_LOG_INFO;
     c->log_format = TS_LOG_TEXT;
+    snprintf(c->metrics_listen, sizeof c->metrics_listen, "127.0.0.1:9420");
 }
 
 int ts_config_check_addr(const char *addr, int allow_port0) {
@@ -164,7 +166,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
         return fail(p, section, name,
                     known_section ? "unknown key (configs/tesserad.ini lists every key)"
                                   : "unknown section or key (sections: node, gossip, limits, "
-                                    "log)");
+                                    "log, metrics)");
     }
     const key_spec_t *k = &KEYS[i];
     if (p->seen[i] && k->kind != K_ADDRLIST)
