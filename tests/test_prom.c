@@ -42,6 +42,10 @@
 #include "daemon/metrics.h"
 #include "daemon/metrics_http.h"
 
+#ifndef TS_OPERATIONS_MD
+#error "TS_OPERATIONS_MD (docs/operations.md) must be defined by the build"
+#endif
+
 /* ---- a strict parser of the text exposition format ----------------------------------------- */
 
 #define P_MAX_FAMILIES 128
@@ -1058,6 +1062,32 @@ static void test_start_errors(void **state) {
     ts_metrics_http_stop(other);
 }
 
+/* docs/operations.md has a row for every family the daemon exports, with its type. */
+static void test_operations_md_lists_every_metric(void **state) {
+    (void)state;
+    FILE *f = fopen(TS_OPERATIONS_MD, "rb");
+    if (!f)
+        fail_msg("cannot open %s", TS_OPERATIONS_MD);
+    static char doc[1 << 17];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    fclose(f);
+    doc[n] = '\0';
+    ts_metrics_t *m;
+    assert_int_equal(ts_metrics_create_daemon(&m, "0"), TS_OK);
+    char *text;
+    assert_int_equal(ts_metrics_write(m, &text, NULL), TS_OK);
+    static prom_t p;
+    parse_or_fail(&p, text);
+    for (int i = 0; i < p.n_families; i++) {
+        char row[256];
+        snprintf(row, sizeof row, "\n| `%s` | %s |", p.families[i].name, p.families[i].type);
+        if (!strstr(doc, row))
+            fail_msg("docs/operations.md has no row '%s'", row + 1);
+    }
+    free(text);
+    ts_metrics_free(m);
+}
+
 /* ---- --dump, for promtool -------------------------------------------------------------------- */
 
 static int dump(void) {
@@ -1091,6 +1121,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_register_validates),
         cmocka_unit_test(test_updates_check_id_type_and_label),
         cmocka_unit_test(test_writer_exact_text),
+        cmocka_unit_test(test_operations_md_lists_every_metric),
         cmocka_unit_test_setup_teardown(test_daemon_families, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_updates_and_scrapes, server_setup,
                                         server_teardown),
