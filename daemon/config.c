@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { K_PATH, K_ADDR, K_ADDRLIST, K_INT, K_LEVEL, K_FORMAT } kind_t;
+/* K_ADDR0: an address whose port may be 0 (any free port, which the daemon logs) */
+typedef enum { K_PATH, K_ADDR, K_ADDR0, K_ADDRLIST, K_INT, K_LEVEL, K_FORMAT } kind_t;
 
 typedef struct {
     ts_config_key_info_t info;
@@ -46,7 +47,7 @@ static const key_spec_t KEYS[] = {
     {{"log", "level", "debug|info|warn|error", "info", "the least severe level written"}, K_LEVEL, OFF(log_level), 0, 0},
     {{"log", "format", "text|json", "text", "text lines, or one JSON object per line (ts, level, component, msg)"}, K_FORMAT, OFF(log_format), 0, 0},
     {{"log", "file", "path", "(stderr)", "append logs to this file instead of stderr; SIGHUP reopens it (log rotation)"}, K_PATH, OFF(log_file), 0, 0},
-    {{"metrics", "listen", "host:port", "127.0.0.1:9420", "HTTP endpoint for Prometheus (/metrics) and health checks (/healthz); empty turns it off"}, K_ADDR, OFF(metrics_listen), 0, 0},
+    {{"metrics", "listen", "host:port", "127.0.0.1:9420", "HTTP endpoint for Prometheus (/metrics) and health checks (/healthz); port 0 picks a free port (logged); empty turns it off"}, K_ADDR0, OFF(metrics_listen), 0, 0},
 };
 /* clang-format on */
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
@@ -180,8 +181,10 @@ static int on_key(void *user, const char *section, const char *name, const char 
         snprintf(field, TS_CONFIG_PATH_MAX, "%s", value);
         return 1;
     case K_ADDR:
-        if (*value && ts_config_check_addr(value, 0) != TS_OK)
-            return fail(p, section, name, "'%s' is not host:port (port 1..65535)", value);
+    case K_ADDR0:
+        if (*value && ts_config_check_addr(value, k->kind == K_ADDR0) != TS_OK)
+            return fail(p, section, name, "'%s' is not host:port (port %d..65535)", value,
+                        k->kind == K_ADDR0 ? 0 : 1);
         snprintf(field, TS_CONFIG_ADDR_MAX, "%s", value);
         return 1;
     case K_ADDRLIST:

@@ -169,6 +169,12 @@ static void test_values(void **state) {
     if (rc != TS_OK)
         fail_msg("%s", err);
     assert_string_equal(c.metrics_listen, "[::1]:9500");
+    /* port 0: any free port (tests running several daemons) */
+    rc = ts_daemon_config_parse(&c, KEYS "[metrics]\nlisten = 127.0.0.1:0\n", "t.ini", err,
+                                sizeof err);
+    if (rc != TS_OK)
+        fail_msg("%s", err);
+    assert_string_equal(c.metrics_listen, "127.0.0.1:0");
 }
 
 static void test_missing_file(void **state) {
