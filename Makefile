@@ -42,7 +42,7 @@ help:
 	@echo "  make test-fuzz     the libFuzzer harnesses for FUZZ_SECONDS (default 30) each, in build-fuzz/"
 	@echo "  make build         configure + build $(BUILD)/ (Release, TESSERA_CUDA=$(CUDA))"
 	@echo "  make setup         install missing Debian packages (scripts/setup.sh)"
-	@echo "  make setup-all     also the optional one: clang-format"
+	@echo "  make setup-all     also the optional ones: clang-format, prometheus (promtool)"
 	@echo "  make format        clang-format -i every C/CUDA source"
 	@echo "  make format-check  report sources that are not formatted (changes nothing)"
 	@echo "  make clean         remove $(BUILD)/ and $(SAN_BUILD)/"

@@ -27,6 +27,7 @@ tessera_require_pkg(ZLIB      zlib          zlib1g-dev)
 tessera_require_pkg(PNG       libpng        libpng-dev)
 tessera_require_pkg(LAPACKE   lapacke       liblapacke-dev)
 tessera_require_pkg(INIH      inih          libinih-dev)
+tessera_require_pkg(MHD       libmicrohttpd libmicrohttpd-dev)
 
 find_program(PROTOC_C NAMES protoc-c protoc-gen-c)
 if(NOT PROTOC_C)

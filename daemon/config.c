@@ -15,16 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { K_PATH, K_ADDR, K_ADDRLIST, K_INT, K_LEVEL, K_FORMAT } kind_t;
+/* K_ADDR0: an address whose port may be 0 (any free port, which the daemon logs) */
+typedef enum { K_PATH, K_ADDR, K_ADDR0, K_ADDRLIST, K_INT, K_LEVEL, K_FORMAT } kind_t;
 
 typedef struct {
     ts_config_key_info_t info;
     kind_t kind;
     size_t off;
-    long lo, hi; /* K_INT: the range; K_ADDR: lo = ADDR_PORT0 accepts port 0 */
+    long lo, hi; /* K_INT */
 } key_spec_t;
-
-#define ADDR_PORT0 1
 
 #define OFF(f) offsetof(ts_daemon_config_t, f)
 
@@ -33,7 +32,7 @@ static const key_spec_t KEYS[] = {
     {{"node", "identity", "path", "(required)", "the node's identity file, written by `tessera keygen --out FILE` (mode 0600)"}, K_PATH, OFF(identity), 0, 0},
     {{"node", "network_key", "path", "(required)", "the network key file, written by `tessera keygen --network-key --out FILE` (mode 0600); the same for every node of the network"}, K_PATH, OFF(network_key), 0, 0},
     {{"node", "data_dir", "path", "/var/lib/tessera", "the store (LMDB): weights, checkpoints, the address book"}, K_PATH, OFF(data_dir), 0, 0},
-    {{"node", "listen", "host:port", "0.0.0.0:7420", "where to listen: TCP (RPC, transfers) and UDP (gossip) on the same port; port 0 picks a free one (logged, and written to DATA_DIR/listen.addr)"}, K_ADDR, OFF(listen), ADDR_PORT0, 0},
+    {{"node", "listen", "host:port", "0.0.0.0:7420", "where to listen: TCP (RPC, transfers) and UDP (gossip) on the same port; port 0 picks a free one (logged, and written to DATA_DIR/listen.addr)"}, K_ADDR0, OFF(listen), 0, 0},
     {{"node", "advertise", "host:port", "(listen)", "the address other nodes dial; needed when listen is 0.0.0.0 or behind NAT"}, K_ADDR, OFF(advertise), 0, 0},
     {{"node", "bootstrap", "host:port list", "(none)", "nodes to join through, comma-separated; the key may be repeated and the lists add up; empty for the first node"}, K_ADDRLIST, OFF(bootstrap), 0, 0},
     {{"expert", "weights", "path or hash", "(none)", "the expert this node hosts: a .safetensors file from `tessera train --partition DIR --cluster K` (imported into the store at start) or the weights hash of one already in the store; leave out for a node that hosts nothing"}, K_PATH, OFF(expert_weights), 0, 0},
@@ -52,6 +51,7 @@ static const key_spec_t KEYS[] = {
     {{"log", "level", "debug|info|warn|error", "info", "the least severe level written"}, K_LEVEL, OFF(log_level), 0, 0},
     {{"log", "format", "text|json", "text", "text lines, or one JSON object per line (ts, level, component, msg)"}, K_FORMAT, OFF(log_format), 0, 0},
     {{"log", "file", "path", "(stderr)", "append logs to this file instead of stderr; SIGHUP reopens it (log rotation)"}, K_PATH, OFF(log_file), 0, 0},
+    {{"metrics", "listen", "host:port", "127.0.0.1:9420", "HTTP endpoint for Prometheus (/metrics) and health checks (/healthz); port 0 picks a free port (logged); empty turns it off"}, K_ADDR0, OFF(metrics_listen), 0, 0},
 };
 /* clang-format on */
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
@@ -83,6 +83,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->idle_timeout_s = 120;
     c->log_level = TS_LOG_INFO;
     c->log_format = TS_LOG_TEXT;
+    snprintf(c->metrics_listen, sizeof c->metrics_listen, "127.0.0.1:9420");
 }
 
 typedef struct {
@@ -151,7 +152,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
         return fail(p, section, name,
                     known_section ? "unknown key (configs/tesserad.ini lists every key)"
                                   : "unknown section or key (sections: node, gossip, limits, "
-                                    "log)");
+                                    "log, metrics)");
     }
     const key_spec_t *k = &KEYS[i];
     if (p->seen[i] && k->kind != K_ADDRLIST)
@@ -165,9 +166,10 @@ static int on_key(void *user, const char *section, const char *name, const char 
         snprintf(field, TS_CONFIG_PATH_MAX, "%s", value);
         return 1;
     case K_ADDR:
-        if (*value && !ts_addr_valid(value, strlen(value), k->lo == ADDR_PORT0))
-            return fail(p, section, name, "'%s' is not host:port (port %s..65535)", value,
-                        k->lo == ADDR_PORT0 ? "0" : "1");
+    case K_ADDR0:
+        if (*value && !ts_addr_valid(value, strlen(value), k->kind == K_ADDR0))
+            return fail(p, section, name, "'%s' is not host:port (port %d..65535)", value,
+                        k->kind == K_ADDR0 ? 0 : 1);
         snprintf(field, TS_CONFIG_ADDR_MAX, "%s", value);
         return 1;
     case K_ADDRLIST:

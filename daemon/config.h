@@ -49,6 +49,8 @@ typedef struct ts_daemon_config {
     ts_log_level_t log_level;
     ts_log_format_t log_format;
     char log_file[TS_CONFIG_PATH_MAX]; /* "" = stderr */
+    /* [metrics] */
+    char metrics_listen[TS_CONFIG_ADDR_MAX]; /* HTTP /metrics and /healthz; "" = off */
 } ts_daemon_config_t;
 
 /* The defaults of every key (identity and network_key have none: they are required). */

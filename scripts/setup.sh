@@ -7,7 +7,8 @@
 #                python3-torch (PyTorch, the reference of the parity tests and benchmarks; ~1 GB
 #                with its dependencies, installed once), dataset-fashion-mnist (the data), and
 #                clang + libclang-rt-dev (the libFuzzer harnesses that `make test` runs).
-#   --all        also the optional group: clang-format (`make format`). Same as
+#   --all        also the optional group: clang-format (`make format`) and prometheus (promtool,
+#                for test_promtool, which skips without it). Same as
 #                TESSERA_SETUP_ALL=1.
 #   --check      only report what is missing; exit 1 when something is, install nothing.
 #
@@ -24,13 +25,16 @@ BUILD_PKGS=(
     build-essential cmake pkg-config
     libuv1-dev libsodium-dev libprotobuf-c-dev protobuf-c-compiler liblmdb-dev lmdb-utils
     libopenblas-dev liblapacke-dev libcmocka-dev
-    zlib1g-dev libpng-dev libinih-dev libjansson-dev
+    zlib1g-dev libpng-dev libinih-dev libjansson-dev libmicrohttpd-dev
     python3 python3-torch dataset-fashion-mnist
     clang libclang-rt-dev
 )
 # clang + libclang-rt-dev (above): the libFuzzer harnesses, which `make test` runs for a short
 # while (tests/fuzz/run.sh, TESSERA_FUZZ=ON).
-OPTIONAL_PKGS=(clang-format)
+# prometheus brings promtool, which tests/test_promtool.sh uses to check /metrics' output a second
+# way (the C test's own strict parser is the first). It is optional: a 19 MB download, 96 MB
+# installed, a whole Prometheus server with its web assets, for one check the suite skips without.
+OPTIONAL_PKGS=(clang-format prometheus)
 
 usage() {
     # the comment block at the top of this file, without the leading "# "

@@ -56,6 +56,7 @@ static void test_example_is_valid_and_complete(void **state) {
     assert_int_equal(c.log_format, d.log_format);
     assert_string_equal(c.listen, d.listen);
     assert_string_equal(c.data_dir, d.data_dir);
+    assert_string_equal(c.metrics_listen, d.metrics_listen);
     /* and every key of the table appears in it, set or commented out, with its default */
     char *text = slurp(TS_CONFIG_EXAMPLE);
     for (int i = 0; ts_daemon_config_key(i); i++) {
@@ -119,6 +120,9 @@ static void test_errors_name_file_line_and_key(void **state) {
     expect_error(KEYS "advertise = ::1:7420\n", "advertise", NULL);
     expect_error(KEYS "[log]\nlevel = verbose\n", "want debug, info, warn or error", NULL);
     expect_error(KEYS "[log]\nformat = xml\n", "want text or json", NULL);
+    expect_error(KEYS "[metrics]\nlisten = 9420\n", "t.ini:6:", "[metrics] listen", "not host:port",
+                 NULL);
+    expect_error(KEYS "[metrics]\nport = 9420\n", "unknown key", NULL);
     expect_error(KEYS "this is not ini\n", "t.ini:5:", "not an INI line", NULL);
     expect_error("[node]\nnetwork_key = n\nlisten = 127.0.0.1:1\n", "identity is required",
                  "tessera keygen", NULL);
@@ -155,6 +159,23 @@ static void test_values(void **state) {
     assert_string_equal(c.log_file, "/tmp/x.log");
     assert_string_equal(c.advertise, "127.0.0.1:7420"); /* defaults to listen */
     assert_string_equal(c.identity, "id.key");
+    assert_string_equal(c.metrics_listen, "127.0.0.1:9420"); /* the default */
+    /* an empty [metrics] listen turns the endpoint off */
+    rc = ts_daemon_config_parse(&c, KEYS "[metrics]\nlisten =\n", "t.ini", err, sizeof err);
+    if (rc != TS_OK)
+        fail_msg("%s", err);
+    assert_string_equal(c.metrics_listen, "");
+    rc = ts_daemon_config_parse(&c, KEYS "[metrics]\nlisten = [::1]:9500\n", "t.ini", err,
+                                sizeof err);
+    if (rc != TS_OK)
+        fail_msg("%s", err);
+    assert_string_equal(c.metrics_listen, "[::1]:9500");
+    /* port 0: any free port (tests running several daemons) */
+    rc = ts_daemon_config_parse(&c, KEYS "[metrics]\nlisten = 127.0.0.1:0\n", "t.ini", err,
+                                sizeof err);
+    if (rc != TS_OK)
+        fail_msg("%s", err);
+    assert_string_equal(c.metrics_listen, "127.0.0.1:0");
 }
 
 static void test_missing_file(void **state) {

@@ -1,0 +1,180 @@
+/*
+ * metrics_http.c — /metrics and /healthz over HTTP on libmicrohttpd's thread
+ * (daemon/metrics_http.h).
+ *
+ * libmicrohttpd parses the requests, enforces the limits and answers malformed ones itself (400,
+ * 431, ...); this file only routes a parsed request to one of three answers. Every answer is
+ * built and queued in the first call of the access handler, before any request body is read, so
+ * a client sending a body gets its 405 without the server buffering what it sent.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "daemon/metrics_http.h"
+
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "daemon/log.h"
+#include "net/conn.h"
+
+/* What one client may cost (see the header). */
+#define HTTP_CONNECTIONS 8
+#define HTTP_CONNECTIONS_PER_IP 4
+#define HTTP_TIMEOUT_S 10
+#define HTTP_MEMORY_PER_CONNECTION (16 * 1024)
+
+#define TEXT_PLAIN "text/plain; charset=utf-8"
+#define PROMETHEUS_TEXT "text/plain; version=0.0.4; charset=utf-8"
+
+struct ts_metrics_http {
+    struct MHD_Daemon *mhd;
+    ts_metrics_t *m;
+    ts_health_fn health;
+    void *user;
+    int port;
+    char last_error[256]; /* libmicrohttpd's last message, for the sentence of a failed start */
+};
+
+/* libmicrohttpd's messages (a client that broke the protocol, a failed bind) go to the debug
+ * log; the last one is kept for ts_metrics_http_start's error. */
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+    ts_metrics_http_t *s = cls;
+    vsnprintf(s->last_error, sizeof s->last_error, fmt, ap);
+    size_t n = strlen(s->last_error);
+    while (n && (s->last_error[n - 1] == '\n' || s->last_error[n - 1] == '.'))
+        s->last_error[--n] = '\0';
+    ts_log_debug("metrics", "http: %s", s->last_error);
+}
+
+/* Queues body (len bytes, taken by libmicrohttpd per mode) with status and content type. */
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type,
+                             void *body, size_t len, enum MHD_ResponseMemoryMode mode) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE)
+            free(body);
+        return MHD_NO; /* libmicrohttpd closes the connection */
+    }
+    enum MHD_Result ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (ok == MHD_YES)
+        ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (ok == MHD_YES && status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        ok = MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    if (ok == MHD_YES)
+        ok = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result reply_text(struct MHD_Connection *c, unsigned status, const char *text) {
+    return reply(c, status, TEXT_PLAIN, (void *)text, strlen(text), MHD_RESPMEM_MUST_COPY);
+}
+
+static enum MHD_Result serve_metrics(ts_metrics_http_t *s, struct MHD_Connection *c) {
+    char *body;
+    size_t len;
+    if (ts_metrics_write(s->m, &body, &len) != TS_OK)
+        return reply_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    return reply(c, MHD_HTTP_OK, PROMETHEUS_TEXT, body, len, MHD_RESPMEM_MUST_FREE);
+}
+
+static enum MHD_Result serve_health(ts_metrics_http_t *s, struct MHD_Connection *c) {
+    char reason[256] = "";
+    if (!s->health || s->health(s->user, reason, sizeof reason))
+        return reply_text(c, MHD_HTTP_OK, "ok\n");
+    char line[sizeof reason + 2];
+    snprintf(line, sizeof line, "%s\n", reason[0] ? reason : "not ready");
+    return reply_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, line);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_size, void **con_cls) {
+    (void)upload_data, (void)upload_size, (void)con_cls;
+    ts_metrics_http_t *s = cls;
+    /* RFC 9112 §3.2: an HTTP/1.1 request without Host is a 400 (libmicrohttpd lets it pass) */
+    if (strcmp(version, MHD_HTTP_VERSION_1_1) == 0 &&
+        !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST))
+        return reply_text(c, MHD_HTTP_BAD_REQUEST, "an HTTP/1.1 request needs a Host header\n");
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        return reply_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD are served\n");
+    if (strcmp(url, "/metrics") == 0)
+        return serve_metrics(s, c);
+    if (strcmp(url, "/healthz") == 0)
+        return serve_health(s, c);
+    return reply_text(c, MHD_HTTP_NOT_FOUND, "not found: try /metrics or /healthz\n");
+}
+
+/* The socket address of "host:port" (a name is resolved; the first answer is used). */
+static int resolve(const char *addr, struct sockaddr_storage *sa, char *err, size_t errlen) {
+    char host[256], port[8];
+    int p;
+    int rc = ts_net_parse_addr(addr, host, sizeof host, &p, 1, err, errlen);
+    if (rc != TS_OK)
+        return rc;
+    snprintf(port, sizeof port, "%d", p);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
+    struct addrinfo *res = NULL;
+    int gai = getaddrinfo(host, port, &hints, &res);
+    if (gai != 0 || !res) {
+        ts_set_err(err, errlen, "metrics listen %s: cannot resolve '%s' (%s)", addr, host,
+                   gai_strerror(gai));
+        return TS_EINVAL;
+    }
+    memset(sa, 0, sizeof *sa);
+    memcpy(sa, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return TS_OK;
+}
+
+int ts_metrics_http_start(ts_metrics_http_t **out, ts_metrics_t *m, const char *addr,
+                          ts_health_fn health, void *user, char *err, size_t errlen) {
+    if (!out || !m || !addr)
+        return TS_EINVAL;
+    *out = NULL;
+    struct sockaddr_storage sa;
+    int rc = resolve(addr, &sa, err, errlen);
+    if (rc != TS_OK)
+        return rc;
+    ts_metrics_http_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return TS_ENOMEM;
+    s->m = m;
+    s->health = health;
+    s->user = user;
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    if (sa.ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    s->mhd = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)HTTP_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)HTTP_CONNECTIONS_PER_IP, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_TIMEOUT_S,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_MEMORY_PER_CONNECTION, MHD_OPTION_END);
+    if (!s->mhd) {
+        ts_set_err(err, errlen, "metrics listen %s: cannot serve HTTP there (%s)", addr,
+                   s->last_error[0] ? s->last_error : "libmicrohttpd gave no reason");
+        free(s);
+        return TS_EIO;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? info->port : 0;
+    *out = s;
+    return TS_OK;
+}
+
+int ts_metrics_http_port(const ts_metrics_http_t *s) { return s ? s->port : 0; }
+
+void ts_metrics_http_stop(ts_metrics_http_t *s) {
+    if (!s)
+        return;
+    MHD_stop_daemon(s->mhd);
+    free(s);
+}

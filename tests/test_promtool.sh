@@ -1,0 +1,25 @@
+#!/bin/sh
+# test_promtool.sh TEST_PROM — the daemon's /metrics output (test_prom --dump: every family of
+# ts_metrics_create_daemon, with values and an awkward label value) checked by Prometheus' own
+# `promtool check metrics`, which parses the text format and lints names, units and help.
+# promtool comes with Debian's package prometheus, which scripts/setup.sh installs only with --all;
+# without it the test says SKIP and exits 77 (ctest: skipped). PROMTOOL=/path overrides the lookup.
+set -eu
+P=${1:?usage: test_promtool.sh TEST_PROM}
+promtool=${PROMTOOL:-$(command -v promtool || true)}
+if [ -z "$promtool" ]; then
+    echo "SKIP: promtool not found (apt-get install prometheus, or scripts/setup.sh --all)"
+    exit 77
+fi
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+"$P" --dump >"$out"
+grep -q '^tessera_requests_total{type="denoise"} 12$' "$out" || {
+    echo "FAIL: test_prom --dump did not print the expected sample" >&2
+    exit 1
+}
+if ! "$promtool" check metrics <"$out"; then
+    echo "FAIL: promtool check metrics refused the output above" >&2
+    exit 1
+fi
+echo "promtool check metrics: ok ($(grep -c '^# TYPE' "$out") families)"
