@@ -130,8 +130,9 @@ typedef struct ts_ensemble_opts {
      * once — one job per expert with at least one row, in expert order — and combines the
      * answers in expert order exactly as it combines its own, so equal answers give the local
      * result bit for bit. A job that failed drops that expert for this evaluation: each sample
-     * it served has its remaining weights renormalised to sum to 1 (a sample left with no
-     * expert fails the step, TS_EPEER). The confidence policy needs every expert's answer
+     * it served is routed again with the expert's score at −∞ (top1 moves to the next best
+     * expert; a wider selection renormalises over what is left), and the experts it now needs
+     * are asked in a further round (a sample left with no expert fails the step, TS_EPEER). The confidence policy needs every expert's answer
      * before it can score, and runs with local experts only. */
     ts_expert_eval_fn eval;
     void *eval_ctx;
@@ -171,11 +172,14 @@ typedef struct ts_ensemble {
     int64_t router_calls;    /* router runs (on n samples each) */
     int64_t fallbacks;       /* centroid evaluations scored without an x̂0 */
     int64_t dropped;         /* remote jobs that failed: an expert left out of one evaluation */
-    int64_t renormalised;    /* samples whose weights were renormalised after a drop */
+    int64_t renormalised;    /* samples routed again after a drop */
     /* remote experts: one job per expert, and their host buffers */
-    ts_expert_job_t *jobs;     /* (K) */
-    int32_t *job_rows, *job_y; /* (K·n) */
-    float *job_x, *job_v;      /* (K·n·chw) */
+    ts_expert_job_t *jobs;          /* (K) */
+    int32_t *job_rows, *job_y;      /* (K·n) */
+    float *job_x, *job_vp;          /* (K·n·chw) a job's rows and answers, packed */
+    float *job_v;                   /* (K·n·chw) answers by (expert, sample) */
+    uint8_t *job_done;              /* (K·n) which of those are in */
+    float *scores;                  /* (n, K) the scores before selection, for rerouting */
     /* the record */
     ts_route_step_t *steps;
     int n_steps, cap_steps;

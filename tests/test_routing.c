@@ -529,7 +529,8 @@ static void test_top1_identical_equals_single(void **state) {
 
 /* A hook that computes the jobs with the same experts in this process through
  * ts_expert_job_run (what a server and a client's fallback run) — in reverse order, to show that
- * the order of completion does not matter — and fails the jobs of expert `fail_k` (−1: none). */
+ * the order of completion does not matter — and fails the jobs of expert `fail_k` (−1: none,
+ * −2: all). */
 typedef struct {
     ts_engine_t *e;
     ts_dit_t *models;
@@ -542,7 +543,7 @@ static int hook(void *ctx, ts_expert_job_t *jobs, int n) {
     for (int i = n - 1; i >= 0; i--) {
         h->jobs++;
         jobs[i].status =
-            jobs[i].k == h->fail_k ? TS_ETIMEDOUT : ts_expert_job_run(&h->models[jobs[i].k], &jobs[i]);
+            (jobs[i].k == h->fail_k || h->fail_k == -2) ? TS_ETIMEDOUT : ts_expert_job_run(&h->models[jobs[i].k], &jobs[i]);
     }
     return TS_OK;
 }
@@ -606,7 +607,7 @@ static void test_remote_hook(void **state) {
     assert_memory_equal(tu_f32(&x), want, sizeof want);
     assert_int_equal(ens.dropped, STEPS);
     assert_int_equal(ens.renormalised, (int64_t)N * STEPS);
-    /* every expert failing leaves the samples with nothing: the step fails, it is not faked */
+    /* top1, its expert failing: the samples move to the next best, the other copy, exactly */
     h.fail_k = 0;
     ts_ensemble_opts_t o1 = base_opts("top1", TS_POLICY_UNIFORM, labels, N, 1.5f);
     o1.eval = hook;
@@ -614,6 +615,13 @@ static void test_remote_hook(void **state) {
     o1.config = &pair.models[0].cfg;
     ts_ensemble_t e1;
     TU_CHECK_RC_MSG(ts_ensemble_init(&e1, &fx->e, NULL, 2, &o1, err, sizeof err), TS_OK, err);
+    TU_CHECK_OK(ts_sampler_noise(&fx->e, &x, seeds));
+    TU_CHECK_OK(ts_sampler_run(&fx->e, &so, &x, scratch, ts_ensemble_velocity, &e1, NULL, NULL));
+    assert_memory_equal(tu_f32(&x), want, sizeof want);
+    assert_int_equal(e1.expert_forwards[0], 0);
+    assert_int_equal(e1.expert_forwards[1], 2 * N * STEPS);
+    /* every expert failing leaves the samples with nothing: the step fails, it is not faked */
+    h.fail_k = -2;
     assert_int_equal(ts_ensemble_velocity(&e1, &x, 1.0f, &scratch[0]), TS_EPEER);
     /* the confidence policy is refused with remote experts */
     ts_partition_t part = make_partition(2, (const float[4]){0, 0, 1, 1});
