@@ -50,14 +50,14 @@
 static const char SEAL_CONTEXT[] = "tessera/gossip/seal/1";
 _Static_assert(SEAL_OVERHEAD <= TS_SWIM_SEAL_RESERVE, "the seal fits the core's reserve");
 
-#define REPLAY_WINDOW 64     /* counters below the highest that may still arrive (bits) */
-#define HOUSEKEEP_MS 1000    /* book writes and advert retries */
+#define REPLAY_WINDOW 64       /* counters below the highest that may still arrive (bits) */
+#define HOUSEKEEP_MS 1000      /* book writes and advert retries */
 #define BOOK_REFRESH_MS 600000 /* every member alive is rewritten this often (its last_seen) */
-#define MAX_PUSH_PULLS 8     /* push-pull exchanges in flight */
-#define MAX_FETCHES 32       /* advert fetches in flight */
-#define MAX_UNCOVERED 65536  /* uncovered clusters listed in one status answer */
-#define ADDR_STR 64          /* "[v6]:port" and a NUL */
-#define RECV_BUF 2048        /* larger than any datagram we accept: a longer one is truncated */
+#define MAX_PUSH_PULLS 8       /* push-pull exchanges in flight */
+#define MAX_FETCHES 32         /* advert fetches in flight */
+#define MAX_UNCOVERED 65536    /* uncovered clusters listed in one status answer */
+#define ADDR_STR 64            /* "[v6]:port" and a NUL */
+#define RECV_BUF 2048          /* larger than any datagram we accept: a longer one is truncated */
 
 /* ---- the state ------------------------------------------------------------------------------ */
 
@@ -75,7 +75,7 @@ typedef struct advert {
     uint8_t hash[TS_SWIM_HASH_LEN];
     uint8_t *packed; /* the signed Advert, packed */
     size_t packed_len;
-    Tessera__Advert *msg;     /* unpacked from packed (protobuf-c's allocator) */
+    Tessera__Advert *msg;      /* unpacked from packed (protobuf-c's allocator) */
     Tessera__AdvertBody *body; /* decoded from msg->body (ts_frame_free) */
 } advert_t;
 
@@ -106,7 +106,7 @@ struct ts_gossip {
     ts_node_id_t self;
     uint8_t sign_sk[TS_SIGN_SECRET_BYTES]; /* secret: wiped by ts_gossip_free */
     uint8_t seal_key[32];                  /* secret: wiped by ts_gossip_free */
-    ts_swim_t *swim; /* created by start, once the port is known */
+    ts_swim_t *swim;                       /* created by start, once the port is known */
     ts_swim_addr_t self_addr;
 
     uv_udp_t udp;
@@ -1162,8 +1162,8 @@ static int status_build(ts_gossip_t *g, const Tessera__StatusRequest *req, statu
     s->counts = calloc(n + 1, sizeof *s->counts);
     s->clusters = calloc(n + 1, sizeof *s->clusters);
     s->cluster_ptrs = calloc(n + 1, sizeof *s->cluster_ptrs);
-    if (!s->members || !s->member_ptrs || !s->addrs || !s->adverts || !s->counts ||
-        !s->clusters || !s->cluster_ptrs) {
+    if (!s->members || !s->member_ptrs || !s->addrs || !s->adverts || !s->counts || !s->clusters ||
+        !s->cluster_ptrs) {
         status_scratch_free(s);
         return TS_ENOMEM;
     }

@@ -58,8 +58,8 @@ typedef struct ts_gossip_config {
                               then be a specific address (not 0.0.0.0 / [::]) */
     const char *const *bootstrap; /* "host:port" seeds; names are resolved at start */
     size_t n_bootstrap;
-    ts_store_t *store;          /* the address book; NULL: none (nothing persisted) */
-    uint32_t book_max_age_s;    /* book entries unseen this long are pruned at start (7 days) */
+    ts_store_t *store;            /* the address book; NULL: none (nothing persisted) */
+    uint32_t book_max_age_s;      /* book entries unseen this long are pruned at start (7 days) */
     uint32_t pushpull_timeout_ms; /* one push-pull exchange (5000) */
     uint32_t advert_timeout_ms;   /* one advert fetch (5000) */
     uint32_t max_state_bytes;     /* the largest push-pull state accepted (16 MiB) */
@@ -95,8 +95,7 @@ int ts_gossip_port(const ts_gossip_t *g);
  * with our identity and its hash (BLAKE2b-256 of the AdvertBody bytes) gossiped in our claim.
  * The body is copied. Before ts_gossip_start it is checked and kept, and announced by start.
  * TS_EINVAL with a sentence for a body that breaks docs/protocol.md's rules. */
-int ts_gossip_set_advert(ts_gossip_t *g, const Tessera__AdvertBody *body, char *err,
-                         size_t errlen);
+int ts_gossip_set_advert(ts_gossip_t *g, const Tessera__AdvertBody *body, char *err, size_t errlen);
 
 /* Leaves gracefully (a signed leave, spread as far as it goes), then calls done once (done may
  * be NULL). TS_EINVAL before start or after close. */

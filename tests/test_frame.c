@@ -1644,9 +1644,8 @@ static void test_message_rules(void **state) {
     S.member[0].addr = NULL; /* a member's address and advert version are optional */
     S.member[0].has_advert_version = 0;
     S.member[0].status = TESSERA__MEMBER_STATUS__MEMBER_LEFT;
-    TU_CHECK_RC_MSG(
-        decode_raw(sample(TESSERA__ENVELOPE__BODY_STATUS_RESPONSE), 0, err, sizeof err), TS_OK,
-        err);
+    TU_CHECK_RC_MSG(decode_raw(sample(TESSERA__ENVELOPE__BODY_STATUS_RESPONSE), 0, err, sizeof err),
+                    TS_OK, err);
 }
 
 static void test_encode_limits(void **state) {

@@ -40,8 +40,8 @@
 #include "store/peers.h"
 #include "store/store.h"
 
-#define N 8          /* the network */
-#define INTRUDER N   /* nodes[N]: another network key */
+#define N 8        /* the network */
+#define INTRUDER N /* nodes[N]: another network key */
 #define WAIT_MS 40000
 #define K_CLUSTERS 4
 
