@@ -10,18 +10,17 @@
  * the wire and a whole struct in memory, and every field it scans costs a 32-byte record.
  *
  * Then the checker walks the parsed message, one check_<message> function per message type,
- * each told where the message sits ("ping.updates[2].suspect") so that an error sentence names
- * the exact field. The checker reads only; it never changes what it was given. Fields this
- * version does not know are left in each message's unknown_fields and ignored, except in two
- * places where they decide what the message is: an Envelope whose body is unknown is refused
- * with TS_ENOTSUP (the receiver answers ERROR_UNSUPPORTED), and a MemberUpdate whose kind is
- * unknown is accepted and left for the gossip layer to skip. An unknown field whose number is
- * not a protobuf field number (0, or over 2^29 − 1) is a parse error at any depth: see
- * check_field_numbers.
+ * each told where the message sits ("status_response.members[2]") so that an error sentence
+ * names the exact field. The checker reads only; it never changes what it was given. Fields this
+ * version does not know are left in each message's unknown_fields and ignored, except where
+ * they decide what the message is: an Envelope whose body is unknown is refused with TS_ENOTSUP
+ * (the receiver answers ERROR_UNSUPPORTED). An unknown field whose number is not a protobuf
+ * field number (0, or over 2^29 − 1) is a parse error at any depth: see check_field_numbers.
  *
- * The bodies of signed statements (Alive, Leave, Advert) stay bytes inside the Envelope: their
- * signature covers those exact bytes, so the gossip layer verifies it first and only then calls
- * ts_frame_decode_*_body, which applies the same budget and checks.
+ * The body of a signed advert stays bytes inside the Envelope: its signature covers those exact
+ * bytes, so the gossip layer verifies it first and only then calls ts_frame_decode_advert_body,
+ * which applies the same budget and checks. (The membership protocol's own messages are not
+ * Envelopes: net/swim_wire.h encodes them.)
  */
 #include "net/frame.h"
 
@@ -37,7 +36,6 @@
 
 _Static_assert(TS_FRAME_ID_BYTES == TS_HASH_BYTES, "ids and hashes are BLAKE2b-256 sized");
 _Static_assert(TS_FRAME_ID_BYTES == TS_PEER_ID_LEN, "node ids are Ed25519 public keys");
-_Static_assert(TS_FRAME_MAX_ADDRS == TS_PEER_MAX_ADDRS, "an address book entry holds them all");
 _Static_assert(TS_FRAME_ADDR_MAX == TS_PEER_ADDR_MAX, "an address book entry holds them all");
 _Static_assert(TS_FRAME_MAX_DIMS == TS_MAX_DIMS, "a wire tensor fits a ts_tensor_t");
 
@@ -404,9 +402,9 @@ int ts_frame_check_tensor(const Tessera__Tensor *w, unsigned allowed, unsigned f
     return check_tensor(&c, w, allowed, what ? what : "tensor");
 }
 
-/* ---- gossip ------------------------------------------------------------------------------- */
+/* ---- gossip and adverts ------------------------------------------------------------------ */
 
-/* Alive, Leave and Advert share the layout of a signed statement. */
+/* An Advert: a statement signed by node_id over its body (docs/protocol.md §9). */
 static int check_signed(chk_t *c, protobuf_c_boolean has_id, const ProtobufCBinaryData *id,
                         protobuf_c_boolean has_body, const ProtobufCBinaryData *body,
                         protobuf_c_boolean has_sig, const ProtobufCBinaryData *sig,
@@ -425,53 +423,9 @@ static int check_signed(chk_t *c, protobuf_c_boolean has_id, const ProtobufCBina
     return TS_OK;
 }
 
-static int check_alive(chk_t *c, const Tessera__Alive *m, const char *what) {
-    return check_signed(c, m->has_node_id, &m->node_id, m->has_body, &m->body, m->has_signature,
-                        &m->signature, what);
-}
-
-static int check_leave(chk_t *c, const Tessera__Leave *m, const char *what) {
-    return check_signed(c, m->has_node_id, &m->node_id, m->has_body, &m->body, m->has_signature,
-                        &m->signature, what);
-}
-
-/* Suspect and Dead: a claim by from_id about node_id at an incarnation. */
-static int check_claim(chk_t *c, protobuf_c_boolean has_node, const ProtobufCBinaryData *node,
-                       protobuf_c_boolean has_inc, protobuf_c_boolean has_from,
-                       const ProtobufCBinaryData *from, const char *what) {
-    CHECK(check_id(c, has_node, node, what, "node_id"));
-    CHECK(need_has(c, has_inc, what, "incarnation"));
-    return check_id(c, has_from, from, what, "from_id");
-}
-
-static int check_update(chk_t *c, const Tessera__MemberUpdate *u, const char *what) {
-    char p[PATH_LEN];
-    switch (u->update_case) {
-    case TESSERA__MEMBER_UPDATE__UPDATE_ALIVE:
-        return check_alive(c, u->alive, sub(p, what, "alive", -1));
-    case TESSERA__MEMBER_UPDATE__UPDATE_SUSPECT:
-        return check_claim(c, u->suspect->has_node_id, &u->suspect->node_id,
-                           u->suspect->has_incarnation, u->suspect->has_from_id,
-                           &u->suspect->from_id, sub(p, what, "suspect", -1));
-    case TESSERA__MEMBER_UPDATE__UPDATE_DEAD:
-        return check_claim(c, u->dead->has_node_id, &u->dead->node_id, u->dead->has_incarnation,
-                           u->dead->has_from_id, &u->dead->from_id, sub(p, what, "dead", -1));
-    case TESSERA__MEMBER_UPDATE__UPDATE_LEAVE:
-        return check_leave(c, u->leave, sub(p, what, "leave", -1));
-    default:
-        /* A kind from a newer version is skipped by the gossip layer; nothing at all is not an
-         * update. */
-        if (u->base.n_unknown_fields == 0)
-            return bad(c, TS_ECORRUPT, "%s is empty", what);
-        return TS_OK;
-    }
-}
-
-static int check_updates(chk_t *c, size_t n, Tessera__MemberUpdate *const *u, const char *what) {
-    char p[PATH_LEN];
-    for (size_t i = 0; i < n; i++)
-        CHECK(check_update(c, u[i], sub(p, what, "updates", (long)i)));
-    return TS_OK;
+static int check_advert(chk_t *c, const Tessera__Advert *a, const char *what) {
+    return check_signed(c, a->has_node_id, &a->node_id, a->has_body, &a->body, a->has_signature,
+                        &a->signature, what);
 }
 
 static int check_member(chk_t *c, const Tessera__MemberState *m, const char *what) {
@@ -482,16 +436,8 @@ static int check_member(chk_t *c, const Tessera__MemberState *m, const char *wha
         return bad(c, TS_ECORRUPT, "%s.status %d is not a member status", what, (int)m->status);
     CHECK(need_has(c, m->has_incarnation, what, "incarnation"));
     char p[PATH_LEN];
-    if (!m->alive && (m->status == TESSERA__MEMBER_STATUS__MEMBER_ALIVE ||
-                      m->status == TESSERA__MEMBER_STATUS__MEMBER_SUSPECT))
-        return bad(c, TS_ECORRUPT, "%s.alive is missing (required for an alive or suspect member)",
-                   what);
-    if (m->alive) {
-        CHECK(check_alive(c, m->alive, sub(p, what, "alive", -1)));
-        if (memcmp(m->alive->node_id.data, m->node_id.data, TS_FRAME_ID_BYTES) != 0)
-            return bad(c, TS_ECORRUPT, "%s.alive is signed by another node than %s.node_id", what,
-                       what);
-    }
+    if (m->addr)
+        CHECK(check_addr(c, m->addr, sub(p, what, "addr", -1)));
     return TS_OK;
 }
 
@@ -502,18 +448,7 @@ static int check_members(chk_t *c, size_t n, Tessera__MemberState *const *m, con
     return TS_OK;
 }
 
-static int check_ping(chk_t *c, const Tessera__Ping *m) {
-    CHECK(check_id(c, m->has_target_id, &m->target_id, "ping", "target_id"));
-    return check_updates(c, m->n_updates, m->updates, "ping");
-}
-
-static int check_ping_req(chk_t *c, const Tessera__PingReq *m) {
-    CHECK(check_id(c, m->has_target_id, &m->target_id, "ping_req", "target_id"));
-    CHECK(check_addr(c, m->target_addr, "ping_req.target_addr"));
-    return check_updates(c, m->n_updates, m->updates, "ping_req");
-}
-
-/* ---- adverts, serving, weights, status, control ------------------------------------------ */
+/* ---- serving, weights, status, control ------------------------------------------ */
 
 static int check_load(chk_t *c, const Tessera__Load *m, const char *what) {
     if (m->has_requests_per_s)
@@ -621,11 +556,8 @@ static int check_status_response(chk_t *c, const Tessera__StatusResponse *m) {
     CHECK(check_id(c, m->has_node_id, &m->node_id, w, "node_id"));
     CHECK(check_members(c, m->n_members, m->members, w));
     char p[PATH_LEN];
-    for (size_t i = 0; i < m->n_adverts; i++) {
-        const Tessera__Advert *a = m->adverts[i];
-        CHECK(check_signed(c, a->has_node_id, &a->node_id, a->has_body, &a->body, a->has_signature,
-                           &a->signature, sub(p, w, "adverts", (long)i)));
-    }
+    for (size_t i = 0; i < m->n_adverts; i++)
+        CHECK(check_advert(c, m->adverts[i], sub(p, w, "adverts", (long)i)));
     if (m->load)
         CHECK(check_load(c, m->load, "status_response.load"));
     if (m->aggregates)
@@ -656,7 +588,6 @@ typedef enum { KIND_REQUEST, KIND_RESPONSE, KIND_ONE_WAY, KIND_ERROR } body_kind
 static body_kind_t body_kind(Tessera__Envelope__BodyCase b) {
     switch (b) {
     case TESSERA__ENVELOPE__BODY_PING:
-    case TESSERA__ENVELOPE__BODY_PING_REQ:
     case TESSERA__ENVELOPE__BODY_PUSH_PULL: /* the answer to a PushPull is a PushPull too */
     case TESSERA__ENVELOPE__BODY_ADVERT_REQUEST:
     case TESSERA__ENVELOPE__BODY_DENOISE_REQUEST:
@@ -664,7 +595,6 @@ static body_kind_t body_kind(Tessera__Envelope__BodyCase b) {
     case TESSERA__ENVELOPE__BODY_CHUNK_REQUEST:
     case TESSERA__ENVELOPE__BODY_STATUS_REQUEST: return KIND_REQUEST;
     case TESSERA__ENVELOPE__BODY_ACK:
-    case TESSERA__ENVELOPE__BODY_NACK:
     case TESSERA__ENVELOPE__BODY_ADVERT:
     case TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE:
     case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST:
@@ -672,7 +602,7 @@ static body_kind_t body_kind(Tessera__Envelope__BodyCase b) {
     case TESSERA__ENVELOPE__BODY_STATUS_RESPONSE:
     case TESSERA__ENVELOPE__BODY_BUSY: return KIND_RESPONSE;
     case TESSERA__ENVELOPE__BODY_ERROR: return KIND_ERROR;
-    default: return KIND_ONE_WAY; /* alive, suspect, dead, leave, cancel */
+    default: return KIND_ONE_WAY; /* cancel */
     }
 }
 
@@ -710,30 +640,18 @@ static int check_body(chk_t *c, const Tessera__Envelope *e) {
         return bad(c, TS_EINVAL, "the envelope's %s body is NULL",
                    ts_frame_body_name(e->body_case));
     switch (e->body_case) {
-    case TESSERA__ENVELOPE__BODY_PING: return check_ping(c, e->ping);
-    case TESSERA__ENVELOPE__BODY_ACK:
-        return check_updates(c, e->ack->n_updates, e->ack->updates, "ack");
-    case TESSERA__ENVELOPE__BODY_PING_REQ: return check_ping_req(c, e->ping_req);
-    case TESSERA__ENVELOPE__BODY_NACK: return TS_OK;
-    case TESSERA__ENVELOPE__BODY_ALIVE: return check_alive(c, e->alive, "alive");
-    case TESSERA__ENVELOPE__BODY_SUSPECT:
-        return check_claim(c, e->suspect->has_node_id, &e->suspect->node_id,
-                           e->suspect->has_incarnation, e->suspect->has_from_id,
-                           &e->suspect->from_id, "suspect");
-    case TESSERA__ENVELOPE__BODY_DEAD:
-        return check_claim(c, e->dead->has_node_id, &e->dead->node_id, e->dead->has_incarnation,
-                           e->dead->has_from_id, &e->dead->from_id, "dead");
-    case TESSERA__ENVELOPE__BODY_LEAVE: return check_leave(c, e->leave, "leave");
+    case TESSERA__ENVELOPE__BODY_PING:
+        return check_id(c, e->ping->has_target_id, &e->ping->target_id, "ping", "target_id");
+    case TESSERA__ENVELOPE__BODY_ACK: return TS_OK;
     case TESSERA__ENVELOPE__BODY_PUSH_PULL:
-        return check_members(c, e->push_pull->n_members, e->push_pull->members, "push_pull");
+        /* the state's own encoding is checked by the gossip layer (swim_wire.h) */
+        if (!e->push_pull->has_state || e->push_pull->state.len == 0)
+            return bad(c, TS_ECORRUPT, "push_pull.state is missing");
+        return TS_OK;
     case TESSERA__ENVELOPE__BODY_ADVERT_REQUEST:
         return check_id(c, e->advert_request->has_node_id, &e->advert_request->node_id,
                         "advert_request", "node_id");
-    case TESSERA__ENVELOPE__BODY_ADVERT: {
-        const Tessera__Advert *a = e->advert;
-        return check_signed(c, a->has_node_id, &a->node_id, a->has_body, &a->body, a->has_signature,
-                            &a->signature, "advert");
-    }
+    case TESSERA__ENVELOPE__BODY_ADVERT: return check_advert(c, e->advert, "advert");
     case TESSERA__ENVELOPE__BODY_DENOISE_REQUEST:
         return check_denoise_request(c, e->denoise_request);
     case TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE:
@@ -851,33 +769,6 @@ int ts_frame_encode_envelope(const Tessera__Envelope *env, unsigned flags, uint3
 
 /* ---- bodies of signed statements ---------------------------------------------------------- */
 
-int ts_frame_check_alive_body(const Tessera__AliveBody *b, char *err, size_t errlen) {
-    chk_t c = {0, err, errlen};
-    const char *w = "alive body";
-    if (!b)
-        return bad(&c, TS_EINVAL, "ts_frame_check_alive_body: NULL body");
-    CHECK(need_has(&c, b->has_incarnation, w, "incarnation"));
-    if (b->n_addrs < 1 || b->n_addrs > TS_FRAME_MAX_ADDRS)
-        return bad(&c, TS_ECORRUPT, "alive body has %zu addresses, not 1..%d", b->n_addrs,
-                   TS_FRAME_MAX_ADDRS);
-    char p[PATH_LEN];
-    for (size_t i = 0; i < b->n_addrs; i++)
-        CHECK(check_addr(&c, b->addrs[i], sub(p, w, "addrs", (long)i)));
-    uint64_t version = b->has_advert_version ? b->advert_version : 0;
-    if (version > 0)
-        return check_id(&c, b->has_advert_hash, &b->advert_hash, w, "advert_hash");
-    if (b->has_advert_hash)
-        return bad(&c, TS_ECORRUPT, "alive body has an advert_hash but no advert_version");
-    return TS_OK;
-}
-
-int ts_frame_check_leave_body(const Tessera__LeaveBody *b, char *err, size_t errlen) {
-    chk_t c = {0, err, errlen};
-    if (!b)
-        return bad(&c, TS_EINVAL, "ts_frame_check_leave_body: NULL body");
-    return need_has(&c, b->has_incarnation, "leave body", "incarnation");
-}
-
 int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, char *err,
                                size_t errlen) {
     chk_t c = {flags, err, errlen};
@@ -949,32 +840,6 @@ static int decode_body(const ProtobufCMessageDescriptor *d, const ProtobufCBinar
         return TS_ERANGE;
     }
     return unpack(d, body->data, body->len, out, what, err, errlen);
-}
-
-int ts_frame_decode_alive_body(const ProtobufCBinaryData *body, Tessera__AliveBody **out, char *err,
-                               size_t errlen) {
-    ProtobufCMessage *m = NULL;
-    int rc = decode_body(&tessera__alive_body__descriptor, body, &m, "alive body", err, errlen);
-    if (!rc && (rc = ts_frame_check_alive_body((Tessera__AliveBody *)m, err, errlen))) {
-        ts_frame_free(m);
-        m = NULL;
-    }
-    if (out)
-        *out = (Tessera__AliveBody *)m;
-    return rc;
-}
-
-int ts_frame_decode_leave_body(const ProtobufCBinaryData *body, Tessera__LeaveBody **out, char *err,
-                               size_t errlen) {
-    ProtobufCMessage *m = NULL;
-    int rc = decode_body(&tessera__leave_body__descriptor, body, &m, "leave body", err, errlen);
-    if (!rc && (rc = ts_frame_check_leave_body((Tessera__LeaveBody *)m, err, errlen))) {
-        ts_frame_free(m);
-        m = NULL;
-    }
-    if (out)
-        *out = (Tessera__LeaveBody *)m;
-    return rc;
 }
 
 int ts_frame_decode_advert_body(const ProtobufCBinaryData *body, unsigned flags,

@@ -13,7 +13,8 @@
  * bytes. An application frame is 1..max_frame bytes and its bytes run across the plaintexts of
  * as many Noise messages as it needs; the two layers' boundaries need not line up. One reader
  * type, ts_frame_reader_t, reassembles either layer from pieces of any size (one byte at a time
- * works). UDP gossip packets carry one Envelope each, without a length prefix.
+ * works). UDP gossip datagrams are not Envelopes (net/swim_wire.h encodes them; net/gossip.c
+ * seals them).
  *
  * Memory. A reader grows its buffer only as bytes of a message actually arrive — never to the
  * length a prefix merely announces — and refuses a length over its limit before allocating
@@ -55,13 +56,11 @@ extern "C" {
 #define TS_FRAME_MAX_LIMIT (1u << 30)    /* the largest max_frame a reader accepts */
 #define TS_FRAME_APP_HEADER 4u           /* bytes of the application length prefix */
 #define TS_FRAME_NOISE_HEADER 2u         /* bytes of the Noise length prefix */
-#define TS_FRAME_UDP_MAX 1400u           /* a sealed gossip packet, whole */
 
 #define TS_FRAME_ID_BYTES 32u                /* node ids, partition ids, weights and chunk hashes */
 #define TS_FRAME_SIGNATURE_BYTES 64u         /* Ed25519 */
 #define TS_FRAME_MAX_DIMS 4                  /* of a Tensor */
 #define TS_FRAME_CENTROID_MAX 4096           /* elements of an advert's centroid */
-#define TS_FRAME_MAX_ADDRS 8                 /* addresses in an AliveBody (as store/peers.h) */
 #define TS_FRAME_ADDR_MAX 255                /* bytes of one "host:port" (as store/peers.h) */
 #define TS_FRAME_MESSAGE_MAX 1024            /* bytes of an Error's message */
 #define TS_FRAME_SIGNED_BODY_MAX (64u << 10) /* bytes of the body of a signed statement */
@@ -78,10 +77,9 @@ extern "C" {
 #define TS_FRAME_DECODE_FACTOR 8u
 #define TS_FRAME_DECODE_SLACK (64u << 10)
 
-/* The contexts of signed statements: the signature is Ed25519 over
- * context ‖ 0x00 ‖ node_id (32 bytes) ‖ body, by the key node_id. */
-#define TS_FRAME_CONTEXT_ALIVE "tessera/alive/1"
-#define TS_FRAME_CONTEXT_LEAVE "tessera/leave/1"
+/* The context of a signed advert: the signature is Ed25519 over
+ * context ‖ 0x00 ‖ node_id (32 bytes) ‖ body, by the key node_id. The advert's hash, which the
+ * node's gossip claim announces, is BLAKE2b-256 of body. */
 #define TS_FRAME_CONTEXT_ADVERT "tessera/advert/1"
 
 /* ---- length prefixes (writing) ------------------------------------------------------------ */
@@ -166,8 +164,7 @@ size_t ts_frame_reader_held(const ts_frame_reader_t *r);
 int ts_frame_encode_envelope(const Tessera__Envelope *env, unsigned flags, uint32_t max_frame,
                              uint8_t **out, size_t *out_len, char *err, size_t errlen);
 
-/* Parses data[0, len) — one application frame without its prefix, or one UDP packet's
- * plaintext — under the decode budget, and checks it (ts_frame_check_envelope with flags). On
+/* Parses data[0, len) — one application frame without its prefix — under the decode budget, and checks it (ts_frame_check_envelope with flags). On
  * success *out is the Envelope (free with ts_frame_free); on failure *out is NULL and:
  *   TS_ECORRUPT  not a protobuf Envelope (an unknown field numbered 0 or over 2^29 − 1, at
  *                any depth, included), or one that breaks a validity rule;
@@ -185,23 +182,17 @@ int ts_frame_unpack_envelope(const uint8_t *data, size_t len, Tessera__Envelope 
                              size_t errlen);
 /* The check step alone: every rule of docs/protocol.md that a single envelope can be checked
  * against (not those that need context, such as whether a response matches its request or a
- * shape fits an expert). The bodies of signed statements are bytes here; they are checked by
- * ts_frame_decode_*_body after their signature has been verified. A hand-built env must be
+ * shape fits an expert). The body of a signed advert is bytes here; it is checked by
+ * ts_frame_decode_advert_body after its signature has been verified. A hand-built env must be
  * made of initialised protobuf-c structs with no NULL where a count says there are elements;
  * a NULL body is TS_EINVAL. */
 int ts_frame_check_envelope(const Tessera__Envelope *env, unsigned flags, char *err, size_t errlen);
 
-/* Decodes and checks the body of a signed statement (after its signature checked out). On
- * success *out is the body (free with ts_frame_free); errors as ts_frame_decode_envelope. */
-int ts_frame_decode_alive_body(const ProtobufCBinaryData *body, Tessera__AliveBody **out, char *err,
-                               size_t errlen);
-int ts_frame_decode_leave_body(const ProtobufCBinaryData *body, Tessera__LeaveBody **out, char *err,
-                               size_t errlen);
+/* Decodes and checks the body of a signed advert (after its signature checked out). On success
+ * *out is the body (free with ts_frame_free); errors as ts_frame_decode_envelope. */
 int ts_frame_decode_advert_body(const ProtobufCBinaryData *body, unsigned flags,
                                 Tessera__AdvertBody **out, char *err, size_t errlen);
 /* The checks alone, for a body about to be serialized and signed. */
-int ts_frame_check_alive_body(const Tessera__AliveBody *b, char *err, size_t errlen);
-int ts_frame_check_leave_body(const Tessera__LeaveBody *b, char *err, size_t errlen);
 int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, char *err,
                                size_t errlen);
 

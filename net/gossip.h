@@ -58,8 +58,8 @@ typedef struct ts_gossip_config {
                               then be a specific address (not 0.0.0.0 / [::]) */
     const char *const *bootstrap; /* "host:port" seeds; names are resolved at start */
     size_t n_bootstrap;
-    ts_store_t *store;          /* the address book; NULL: none (nothing persisted) */
-    uint32_t book_max_age_s;    /* book entries unseen this long are pruned at start (7 days) */
+    ts_store_t *store;            /* the address book; NULL: none (nothing persisted) */
+    uint32_t book_max_age_s;      /* book entries unseen this long are pruned at start (7 days) */
     uint32_t pushpull_timeout_ms; /* one push-pull exchange (5000) */
     uint32_t advert_timeout_ms;   /* one advert fetch (5000) */
     uint32_t max_state_bytes;     /* the largest push-pull state accepted (16 MiB) */
@@ -92,12 +92,13 @@ int ts_gossip_start(ts_gossip_t *g, char *err, size_t errlen);
 int ts_gossip_port(const ts_gossip_t *g);
 
 /* Announces our advert: body->version is set here (one more than the last), the body is signed
- * with our identity and its hash gossiped in our claim. The body is copied. TS_EINVAL with a
- * sentence for a body that breaks docs/protocol.md's rules. */
-int ts_gossip_set_advert(ts_gossip_t *g, const Tessera__AdvertBody *body, char *err,
-                         size_t errlen);
+ * with our identity and its hash (BLAKE2b-256 of the AdvertBody bytes) gossiped in our claim.
+ * The body is copied. Before ts_gossip_start it is checked and kept, and announced by start.
+ * TS_EINVAL with a sentence for a body that breaks docs/protocol.md's rules. */
+int ts_gossip_set_advert(ts_gossip_t *g, const Tessera__AdvertBody *body, char *err, size_t errlen);
 
-/* Leaves gracefully (a signed leave, spread as far as it goes), then calls done once. */
+/* Leaves gracefully (a signed leave, spread as far as it goes), then calls done once (done may
+ * be NULL). TS_EINVAL before start or after close. */
 int ts_gossip_leave(ts_gossip_t *g, void (*done)(ts_gossip_t *g, void *arg), void *arg);
 
 /* Stops timers, closes the socket, flushes the address book, cancels exchanges in flight; calls
@@ -105,11 +106,13 @@ int ts_gossip_leave(ts_gossip_t *g, void (*done)(ts_gossip_t *g, void *arg), voi
 void ts_gossip_close(ts_gossip_t *g, void (*closed)(ts_gossip_t *g, void *arg), void *arg);
 void ts_gossip_free(ts_gossip_t *g);
 
-/* The core, for inspection (member counts, ts_swim_member_get, stats). */
+/* The core, for inspection (member counts, ts_swim_member_get, stats); NULL before
+ * ts_gossip_start, which creates it (its first claim needs the bound port). */
 const ts_swim_t *ts_gossip_swim(const ts_gossip_t *g);
 
 /* The status answer as this node sees it now: members (when req asks), adverts (when req asks),
- * our load, aggregates. Free with ts_gossip_status_free. */
+ * our load, aggregates; req NULL asks for everything. *out owns all its memory. Free with
+ * ts_gossip_status_free. TS_ENOMEM. */
 int ts_gossip_status(ts_gossip_t *g, const Tessera__StatusRequest *req,
                      Tessera__StatusResponse **out);
 void ts_gossip_status_free(Tessera__StatusResponse *resp);

@@ -136,7 +136,6 @@ const char *ts_rpc_error_name(int code) {
 static Tessera__Envelope__BodyCase answer_kind(Tessera__Envelope__BodyCase k) {
     switch (k) {
     case TESSERA__ENVELOPE__BODY_PING: return TESSERA__ENVELOPE__BODY_ACK;
-    case TESSERA__ENVELOPE__BODY_PING_REQ: return TESSERA__ENVELOPE__BODY_ACK; /* or nack */
     case TESSERA__ENVELOPE__BODY_PUSH_PULL: return TESSERA__ENVELOPE__BODY_PUSH_PULL;
     case TESSERA__ENVELOPE__BODY_ADVERT_REQUEST: return TESSERA__ENVELOPE__BODY_ADVERT;
     case TESSERA__ENVELOPE__BODY_DENOISE_REQUEST: return TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE;
@@ -153,8 +152,7 @@ static int is_request_kind(Tessera__Envelope__BodyCase k) {
 }
 
 static int answers(Tessera__Envelope__BodyCase request, Tessera__Envelope__BodyCase got) {
-    return got == answer_kind(request) ||
-           (request == TESSERA__ENVELOPE__BODY_PING_REQ && got == TESSERA__ENVELOPE__BODY_NACK);
+    return got == answer_kind(request);
 }
 
 static size_t put_varint(uint8_t *p, uint64_t v) {
@@ -553,7 +551,6 @@ static void conn_frame(ts_conn_t *c, const uint8_t *data, size_t len) {
     } else if (id != 0) {
         on_answer(s, env);
     }
-    /* one-way gossip bodies (alive, suspect, dead, leave) have no consumer yet: dropped */
     ts_frame_free(env);
 }
 

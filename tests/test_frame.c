@@ -132,28 +132,17 @@ typedef struct {
     uint16_t centroid[16];
     float t[2];
     int32_t labels[2];
-    char addr0[32], addr1[32], target_addr[32], message[64];
-    char *addrs[2];
-    uint8_t chunk_data[100];
-    uint8_t alive_bytes[512], leave_bytes[32], advert_bytes[16384];
+    char addr0[32], addr1[32], message[64];
+    uint8_t chunk_data[100], state_bytes[80];
+    uint8_t advert_bytes[16384];
     Tessera__Tensor x_t, velocity, centroid_t;
-    Tessera__AliveBody alive_body;
-    Tessera__LeaveBody leave_body;
     Tessera__ModelConfig model;
     Tessera__Capacity capacity;
     Tessera__Load load;
     Tessera__AdvertBody advert_body;
-    Tessera__Alive alive;
-    Tessera__Leave leave;
     Tessera__Advert advert;
-    Tessera__Suspect suspect;
-    Tessera__Dead dead;
-    Tessera__MemberUpdate up[4];
-    Tessera__MemberUpdate *updates[4];
     Tessera__Ping ping;
     Tessera__Ack ack;
-    Tessera__PingReq ping_req;
-    Tessera__Nack nack;
     Tessera__MemberState member[2];
     Tessera__MemberState *members[2];
     Tessera__PushPull push_pull;
@@ -182,10 +171,8 @@ typedef struct {
 
 static samples_t S;
 
-/* Packs the three signed bodies into their statements (call again after changing a body). */
+/* Packs the advert's body into it (call again after changing the body). */
 static void samples_sign(void) {
-    S.alive.body = pack_into(&S.alive_body, S.alive_bytes, sizeof S.alive_bytes);
-    S.leave.body = pack_into(&S.leave_body, S.leave_bytes, sizeof S.leave_bytes);
     S.advert.body = pack_into(&S.advert_body, S.advert_bytes, sizeof S.advert_bytes);
 }
 
@@ -205,15 +192,15 @@ static void samples_init(void) {
         S.centroid[i] = (uint16_t)(0x3C00 + i); /* F16 values just above 1 */
     for (size_t i = 0; i < sizeof S.chunk_data; i++)
         S.chunk_data[i] = (uint8_t)(i * 7);
+    for (size_t i = 0; i < sizeof S.state_bytes; i++)
+        S.state_bytes[i] = (uint8_t)(i * 13 + 1);
     S.img_shape[0] = 2, S.img_shape[1] = 1, S.img_shape[2] = 4, S.img_shape[3] = 4;
     S.centroid_shape[0] = 16;
     S.t[0] = 0.25f, S.t[1] = 1.0f;
     S.labels[0] = 3, S.labels[1] = 10; /* 10: the null class of a 10-class expert */
     strcpy(S.addr0, "10.0.0.1:7946");
     strcpy(S.addr1, "[fd00::1]:7946");
-    strcpy(S.target_addr, "node-b.example:7946");
     strcpy(S.message, "no expert 3333… here");
-    S.addrs[0] = S.addr0, S.addrs[1] = S.addr1;
 
     Tessera__Tensor *ts[] = {&S.x_t, &S.velocity, &S.centroid_t};
     for (size_t i = 0; i < N_OF(ts); i++)
@@ -226,14 +213,6 @@ static void samples_init(void) {
     SET(S.centroid_t, dtype, TESSERA__DTYPE__DTYPE_F16);
     S.centroid_t.n_shape = 1, S.centroid_t.shape = S.centroid_shape;
     SET(S.centroid_t, data, bin(S.centroid, sizeof S.centroid));
-
-    tessera__alive_body__init(&S.alive_body);
-    SET(S.alive_body, incarnation, 3);
-    S.alive_body.n_addrs = 2, S.alive_body.addrs = S.addrs;
-    SET(S.alive_body, advert_version, 5);
-    SET(S.alive_body, advert_hash, bin(S.hash2, 32));
-    tessera__leave_body__init(&S.leave_body);
-    SET(S.leave_body, incarnation, 4);
 
     tessera__model_config__init(&S.model);
     SET(S.model, input_size, 28);
@@ -264,48 +243,15 @@ static void samples_init(void) {
     S.advert_body.capacity = &S.capacity;
     S.advert_body.load = &S.load;
 
-    tessera__alive__init(&S.alive);
-    SET(S.alive, node_id, bin(S.node_a, 32));
-    S.alive.has_body = 1;
-    SET(S.alive, signature, bin(S.sig, 64));
-    tessera__leave__init(&S.leave);
-    SET(S.leave, node_id, bin(S.node_a, 32));
-    S.leave.has_body = 1;
-    SET(S.leave, signature, bin(S.sig, 64));
     tessera__advert__init(&S.advert);
     SET(S.advert, node_id, bin(S.node_a, 32));
     S.advert.has_body = 1;
     SET(S.advert, signature, bin(S.sig, 64));
     samples_sign();
 
-    tessera__suspect__init(&S.suspect);
-    SET(S.suspect, node_id, bin(S.node_b, 32));
-    SET(S.suspect, incarnation, 9);
-    SET(S.suspect, from_id, bin(S.node_a, 32));
-    tessera__dead__init(&S.dead);
-    SET(S.dead, node_id, bin(S.node_b, 32));
-    SET(S.dead, incarnation, 0); /* present and zero: a node's first incarnation */
-    SET(S.dead, from_id, bin(S.node_a, 32));
-    for (int i = 0; i < 4; i++) {
-        tessera__member_update__init(&S.up[i]);
-        S.updates[i] = &S.up[i];
-    }
-    S.up[0].update_case = TESSERA__MEMBER_UPDATE__UPDATE_ALIVE, S.up[0].alive = &S.alive;
-    S.up[1].update_case = TESSERA__MEMBER_UPDATE__UPDATE_SUSPECT, S.up[1].suspect = &S.suspect;
-    S.up[2].update_case = TESSERA__MEMBER_UPDATE__UPDATE_DEAD, S.up[2].dead = &S.dead;
-    S.up[3].update_case = TESSERA__MEMBER_UPDATE__UPDATE_LEAVE, S.up[3].leave = &S.leave;
-
     tessera__ping__init(&S.ping);
     SET(S.ping, target_id, bin(S.node_b, 32));
-    S.ping.n_updates = 4, S.ping.updates = S.updates;
     tessera__ack__init(&S.ack);
-    S.ack.n_updates = 2, S.ack.updates = S.updates + 1;
-    tessera__ping_req__init(&S.ping_req);
-    SET(S.ping_req, target_id, bin(S.node_b, 32));
-    S.ping_req.target_addr = S.target_addr;
-    SET(S.ping_req, nack, 1);
-    S.ping_req.n_updates = 1, S.ping_req.updates = S.updates;
-    tessera__nack__init(&S.nack);
 
     for (int i = 0; i < 2; i++) {
         tessera__member_state__init(&S.member[i]);
@@ -315,13 +261,14 @@ static void samples_init(void) {
     SET(S.member[0], status, TESSERA__MEMBER_STATUS__MEMBER_ALIVE);
     SET(S.member[0], incarnation, 3);
     SET(S.member[0], last_change_age_ms, 61000);
-    S.member[0].alive = &S.alive;
+    S.member[0].addr = S.addr0;
+    SET(S.member[0], advert_version, 5);
     SET(S.member[1], node_id, bin(S.node_b, 32));
     SET(S.member[1], status, TESSERA__MEMBER_STATUS__MEMBER_DEAD);
     SET(S.member[1], incarnation, 9);
+    S.member[1].addr = S.addr1;
     tessera__push_pull__init(&S.push_pull);
-    SET(S.push_pull, join, 1);
-    S.push_pull.n_members = 2, S.push_pull.members = S.members;
+    SET(S.push_pull, state, bin(S.state_bytes, sizeof S.state_bytes));
 
     tessera__advert_request__init(&S.advert_request);
     SET(S.advert_request, node_id, bin(S.node_a, 32));
@@ -399,12 +346,6 @@ static const struct {
 } BODIES[] = {
     {TESSERA__ENVELOPE__BODY_PING, "ping", 'q'},
     {TESSERA__ENVELOPE__BODY_ACK, "ack", 'r'},
-    {TESSERA__ENVELOPE__BODY_PING_REQ, "ping_req", 'q'},
-    {TESSERA__ENVELOPE__BODY_NACK, "nack", 'r'},
-    {TESSERA__ENVELOPE__BODY_ALIVE, "alive", 'o'},
-    {TESSERA__ENVELOPE__BODY_SUSPECT, "suspect", 'o'},
-    {TESSERA__ENVELOPE__BODY_DEAD, "dead", 'o'},
-    {TESSERA__ENVELOPE__BODY_LEAVE, "leave", 'o'},
     {TESSERA__ENVELOPE__BODY_PUSH_PULL, "push_pull", 'q'},
     {TESSERA__ENVELOPE__BODY_ADVERT_REQUEST, "advert_request", 'q'},
     {TESSERA__ENVELOPE__BODY_ADVERT, "advert", 'r'},
@@ -429,12 +370,6 @@ static Tessera__Envelope *sample(Tessera__Envelope__BodyCase c) {
     switch (c) {
     case TESSERA__ENVELOPE__BODY_PING: e->ping = &S.ping; break;
     case TESSERA__ENVELOPE__BODY_ACK: e->ack = &S.ack; break;
-    case TESSERA__ENVELOPE__BODY_PING_REQ: e->ping_req = &S.ping_req; break;
-    case TESSERA__ENVELOPE__BODY_NACK: e->nack = &S.nack; break;
-    case TESSERA__ENVELOPE__BODY_ALIVE: e->alive = &S.alive; break;
-    case TESSERA__ENVELOPE__BODY_SUSPECT: e->suspect = &S.suspect; break;
-    case TESSERA__ENVELOPE__BODY_DEAD: e->dead = &S.dead; break;
-    case TESSERA__ENVELOPE__BODY_LEAVE: e->leave = &S.leave; break;
     case TESSERA__ENVELOPE__BODY_PUSH_PULL: e->push_pull = &S.push_pull; break;
     case TESSERA__ENVELOPE__BODY_ADVERT_REQUEST: e->advert_request = &S.advert_request; break;
     case TESSERA__ENVELOPE__BODY_ADVERT: e->advert = &S.advert; break;
@@ -1056,7 +991,6 @@ static void test_golden_bytes(void **state) {
     Tessera__Envelope *e = sample(TESSERA__ENVELOPE__BODY_PING);
     SET(*e, request_id, 1);
     SET(*e, deadline_ms, 1500);
-    S.ping.n_updates = 0;
     uint8_t *f;
     size_t n;
     TU_CHECK_OK(ts_frame_encode_envelope(e, 0, TS_FRAME_MAX_DEFAULT, &f, &n, NULL, 0));
@@ -1139,23 +1073,6 @@ static void test_unknown_and_missing_body(void **state) {
     TU_CHECK_RC(ts_frame_encode_envelope(s, 0, TS_FRAME_MAX_DEFAULT, &f, &n, err, sizeof err),
                 TS_EINVAL);
     assert_null(f);
-
-    /* a membership update of an unknown kind is kept for the gossip layer to skip */
-    uint8_t upd[8];
-    size_t un = put_tag(upd, 9, 0);
-    un += put_varint(upd + un, 1);
-    Tessera__MemberUpdate *u = tessera__member_update__unpack(NULL, un, upd);
-    assert_non_null(u);
-    samples_init();
-    S.updates[0] = u;
-    s = sample(TESSERA__ENVELOPE__BODY_PING);
-    TU_CHECK_RC_MSG(decode_raw(s, 0, err, sizeof err), TS_OK, err);
-    tessera__member_update__free_unpacked(u, NULL);
-    /* but an empty one is refused */
-    samples_init();
-    S.up[1].update_case = TESSERA__MEMBER_UPDATE__UPDATE__NOT_SET;
-    TU_CHECK_RC(decode_raw(sample(TESSERA__ENVELOPE__BODY_PING), 0, err, sizeof err), TS_ECORRUPT);
-    TU_CHECK_CONTAINS(err, "ping.updates[1] is empty");
 }
 
 /* Field numbers outside protobuf's 1..2^29 − 1, which protobuf-c 1.4.1 keeps as unknown fields
@@ -1181,7 +1098,7 @@ static void test_field_numbers(void **state) {
      * (base64 igEDigAACBCKAQOKAACKAQOCAAA=), byte for byte. It used to decode and check out as
      * an ack, and its re-encoding was refused. */
     static const uint8_t crash[] = {
-        0x8a, 0x01, 0x03, 0x8a, 0x00, 0x00, /* ack { updates {} }, tag 0x0a as 0x8a 0x00 */
+        0x8a, 0x01, 0x03, 0x8a, 0x00, 0x00, /* ack { field 1 {} }, tag 0x0a as 0x8a 0x00 */
         0x08, 0x10,                         /* request_id 16 */
         0x8a, 0x01, 0x03, 0x8a, 0x00, 0x00, /* ack again: merged into the first */
         0x8a, 0x01, 0x03, 0x82, 0x00, 0x00, /* ack { field 0 as bytes, empty } */
@@ -1234,12 +1151,12 @@ static void test_field_numbers(void **state) {
     n += put_varint(b + n, 0);
     expect_field_number_refused(b, n, "envelope holds a field numbered 536870912");
 
-    /* deeper: a membership update whose only field is field 0 would pass as a newer kind of
-     * update, to be skipped by gossip and relayed — ping { target_id, updates { field 0 } } */
+    /* deeper: a member of a status answer holding field 0 —
+     * status_response { node_id, members { field 0 } } */
     n = 0;
     n += put_tag(b + n, 1, 0);
     n += put_varint(b + n, 1);
-    n += put_tag(b + n, 16, 2);
+    n += put_tag(b + n, 57, 2);
     n += put_varint(b + n, 2 + 32 + 2 + 3);
     n += put_tag(b + n, 1, 2);
     n += put_varint(b + n, 32);
@@ -1248,29 +1165,22 @@ static void test_field_numbers(void **state) {
     n += put_tag(b + n, 2, 2);
     n += put_varint(b + n, 3);
     b[n++] = 0x82, b[n++] = 0x00, b[n++] = 0x00;
-    expect_field_number_refused(b, n, "envelope.ping.updates[0] holds a field numbered 0");
-    /* the same update with field 9 is that newer kind, and passes */
-    b[n - 3] = 0x4a, b[n - 2] = 0x00, n--; /* field 9, bytes, empty */
-    b[n - 3] = 2;                          /* the update's length */
-    b[4] = 2 + 32 + 2 + 2;                 /* the ping's length (after 08 01 82 01) */
-    TU_CHECK_RC_MSG(ts_frame_decode_envelope(b, n, 0, &e, err, sizeof err), TS_OK, err);
-    assert_int_equal(e->ping->n_updates, 1);
-    assert_int_equal(e->ping->updates[0]->base.unknown_fields[0].tag, 9);
-    ts_frame_free(e);
+    expect_field_number_refused(b, n,
+                                "envelope.status_response.members[0] holds a field numbered 0");
 
-    /* the bodies of signed statements are walked too */
+    /* the body of a signed advert is walked too */
     samples_init();
-    uint8_t body[256];
-    assert_true(S.alive.body.len + 3 <= sizeof body);
-    memcpy(body, S.alive.body.data, S.alive.body.len);
-    memcpy(body + S.alive.body.len, "\x82\x00\x00", 3);
-    ProtobufCBinaryData bd = {S.alive.body.len + 3, body};
-    Tessera__AliveBody *a = (Tessera__AliveBody *)&a;
-    TU_CHECK_RC(ts_frame_decode_alive_body(&bd, &a, err, sizeof err), TS_ECORRUPT);
+    uint8_t body[512];
+    assert_true(S.advert.body.len + 3 <= sizeof body);
+    memcpy(body, S.advert.body.data, S.advert.body.len);
+    memcpy(body + S.advert.body.len, "\x82\x00\x00", 3);
+    ProtobufCBinaryData bd = {S.advert.body.len + 3, body};
+    Tessera__AdvertBody *a = (Tessera__AdvertBody *)&a;
+    TU_CHECK_RC(ts_frame_decode_advert_body(&bd, 0, &a, err, sizeof err), TS_ECORRUPT);
     assert_null(a);
     TU_CHECK_CONTAINS(err, "field numbered 0");
     bd.len -= 3; /* and the body without it is fine */
-    TU_CHECK_RC_MSG(ts_frame_decode_alive_body(&bd, &a, err, sizeof err), TS_OK, err);
+    TU_CHECK_RC_MSG(ts_frame_decode_advert_body(&bd, 0, &a, err, sizeof err), TS_OK, err);
     ts_frame_free(a);
 
     /* a hand-built envelope carrying field 0 is not encoded into bytes nobody could decode */
@@ -1306,7 +1216,7 @@ static void test_header_rules(void **state) {
     TU_CHECK_RC(decode_raw(e, 0, err, sizeof err), TS_ECORRUPT);
     TU_CHECK_CONTAINS(err, "chunk needs a non-zero request_id");
 
-    e = sample(TESSERA__ENVELOPE__BODY_ALIVE);
+    e = sample(TESSERA__ENVELOPE__BODY_CANCEL);
     SET(*e, request_id, 3);
     TU_CHECK_RC(decode_raw(e, 0, err, sizeof err), TS_ECORRUPT);
     TU_CHECK_CONTAINS(err, "one-way");
@@ -1564,19 +1474,20 @@ typedef struct {
 } rule_case_t;
 
 static void br_ping_target(void) { S.ping.target_id.len = 31; }
-static void br_ping_req_addr(void) { S.ping_req.target_addr = "node-b"; }
-static void br_ping_req_port(void) { S.ping_req.target_addr = "10.0.0.2:65536"; }
-static void br_ping_req_no_addr(void) { S.ping_req.target_addr = NULL; }
-static void br_sig_short(void) { S.alive.signature.len = 63; }
-static void br_sig_missing(void) { S.leave.has_signature = 0; }
+static void br_ping_no_target(void) { S.ping.has_target_id = 0; }
+static void br_sig_short(void) { S.advert.signature.len = 63; }
+static void br_sig_missing(void) { S.advert.has_signature = 0; }
+static void br_advert_id(void) { S.advert.node_id.len = 33; }
 static void br_body_empty(void) { S.advert.body.len = 0; }
 static uint8_t g_huge_body[TS_FRAME_SIGNED_BODY_MAX + 1];
 static void br_body_huge(void) { S.advert.body = bin(g_huge_body, sizeof g_huge_body); }
-static void br_suspect_from(void) { S.suspect.has_from_id = 0; }
-static void br_dead_incarnation(void) { S.dead.has_incarnation = 0; }
+static void br_push_pull_state(void) { S.push_pull.has_state = 0; }
+static void br_push_pull_empty(void) { S.push_pull.state.len = 0; }
 static void br_member_status(void) { S.member[1].status = (Tessera__MemberStatus)9; }
-static void br_member_no_alive(void) { S.member[0].alive = NULL; }
-static void br_member_other_alive(void) { S.member[0].node_id = bin(S.node_b, 32); }
+static void br_member_id(void) { S.member[0].has_node_id = 0; }
+static void br_member_incarnation(void) { S.member[1].has_incarnation = 0; }
+static void br_member_addr(void) { S.member[0].addr = "10.0.0.1"; }
+static void br_member_port(void) { S.member[1].addr = "[fd00::1]:0"; }
 static void br_advert_request_id(void) { S.advert_request.has_node_id = 0; }
 static void br_expert_id(void) { S.denoise_request.expert_id.len = 64; }
 static void br_t_count(void) { S.denoise_request.n_t = 1; }
@@ -1616,24 +1527,26 @@ static void br_cancel(void) { S.cancel.request_id = 0; }
 
 static const rule_case_t RULES[] = {
     {"ping.target_id is 31 bytes", TESSERA__ENVELOPE__BODY_PING, br_ping_target, TS_ECORRUPT},
-    {"ping_req.target_addr \"node-b\"", TESSERA__ENVELOPE__BODY_PING_REQ, br_ping_req_addr,
-     TS_ECORRUPT},
-    {"not a host:port", TESSERA__ENVELOPE__BODY_PING_REQ, br_ping_req_port, TS_ECORRUPT},
-    {"ping_req.target_addr is missing", TESSERA__ENVELOPE__BODY_PING_REQ, br_ping_req_no_addr,
-     TS_ECORRUPT},
-    {"ping.updates[0].alive.signature is 63 bytes", TESSERA__ENVELOPE__BODY_PING, br_sig_short,
-     TS_ECORRUPT},
-    {"leave.signature is missing", TESSERA__ENVELOPE__BODY_LEAVE, br_sig_missing, TS_ECORRUPT},
+    {"ping.target_id is missing", TESSERA__ENVELOPE__BODY_PING, br_ping_no_target, TS_ECORRUPT},
+    {"advert.signature is 63 bytes", TESSERA__ENVELOPE__BODY_ADVERT, br_sig_short, TS_ECORRUPT},
+    {"advert.signature is missing", TESSERA__ENVELOPE__BODY_ADVERT, br_sig_missing, TS_ECORRUPT},
+    {"advert.node_id is 33 bytes", TESSERA__ENVELOPE__BODY_ADVERT, br_advert_id, TS_ECORRUPT},
     {"advert.body is missing", TESSERA__ENVELOPE__BODY_ADVERT, br_body_empty, TS_ECORRUPT},
     {"advert.body is 65537 bytes", TESSERA__ENVELOPE__BODY_ADVERT, br_body_huge, TS_ERANGE},
-    {"suspect.from_id is missing", TESSERA__ENVELOPE__BODY_SUSPECT, br_suspect_from, TS_ECORRUPT},
-    {"dead.incarnation is missing", TESSERA__ENVELOPE__BODY_DEAD, br_dead_incarnation, TS_ECORRUPT},
-    {"push_pull.members[1].status 9", TESSERA__ENVELOPE__BODY_PUSH_PULL, br_member_status,
+    {"push_pull.state is missing", TESSERA__ENVELOPE__BODY_PUSH_PULL, br_push_pull_state,
      TS_ECORRUPT},
-    {"push_pull.members[0].alive is missing", TESSERA__ENVELOPE__BODY_PUSH_PULL, br_member_no_alive,
+    {"push_pull.state is missing", TESSERA__ENVELOPE__BODY_PUSH_PULL, br_push_pull_empty,
      TS_ECORRUPT},
-    {"signed by another node", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE, br_member_other_alive,
-     TS_ECORRUPT},
+    {"status_response.members[1].status 9", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE,
+     br_member_status, TS_ECORRUPT},
+    {"status_response.members[0].node_id is missing", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE,
+     br_member_id, TS_ECORRUPT},
+    {"status_response.members[1].incarnation is missing", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE,
+     br_member_incarnation, TS_ECORRUPT},
+    {"status_response.members[0].addr \"10.0.0.1\" is not a host:port",
+     TESSERA__ENVELOPE__BODY_STATUS_RESPONSE, br_member_addr, TS_ECORRUPT},
+    {"status_response.members[1].addr \"[fd00::1]:0\"", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE,
+     br_member_port, TS_ECORRUPT},
     {"advert_request.node_id is missing", TESSERA__ENVELOPE__BODY_ADVERT_REQUEST,
      br_advert_request_id, TS_ECORRUPT},
     {"denoise_request.expert_id is 64 bytes", TESSERA__ENVELOPE__BODY_DENOISE_REQUEST, br_expert_id,
@@ -1728,9 +1641,10 @@ static void test_message_rules(void **state) {
     TU_CHECK_RC_MSG(
         decode_raw(sample(TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST), 0, err, sizeof err), TS_OK,
         err);
-    S.member[0].alive = NULL; /* a dead member needs no alive */
+    S.member[0].addr = NULL; /* a member's address and advert version are optional */
+    S.member[0].has_advert_version = 0;
     S.member[0].status = TESSERA__MEMBER_STATUS__MEMBER_LEFT;
-    TU_CHECK_RC_MSG(decode_raw(sample(TESSERA__ENVELOPE__BODY_PUSH_PULL), 0, err, sizeof err),
+    TU_CHECK_RC_MSG(decode_raw(sample(TESSERA__ENVELOPE__BODY_STATUS_RESPONSE), 0, err, sizeof err),
                     TS_OK, err);
 }
 
@@ -1761,16 +1675,6 @@ static void test_signed_bodies(void **state) {
     (void)state;
     samples_init();
     char err[256] = "";
-    Tessera__AliveBody *a;
-    TU_CHECK_RC_MSG(ts_frame_decode_alive_body(&S.alive.body, &a, err, sizeof err), TS_OK, err);
-    assert_int_equal(a->incarnation, 3);
-    assert_int_equal(a->n_addrs, 2);
-    assert_string_equal(a->addrs[1], "[fd00::1]:7946");
-    ts_frame_free(a);
-    Tessera__LeaveBody *l;
-    TU_CHECK_OK(ts_frame_decode_leave_body(&S.leave.body, &l, err, sizeof err));
-    assert_int_equal(l->incarnation, 4);
-    ts_frame_free(l);
     Tessera__AdvertBody *ad;
     TU_CHECK_RC_MSG(
         ts_frame_decode_advert_body(&S.advert.body, TS_FRAME_CHECK_FINITE, &ad, err, sizeof err),
@@ -1783,82 +1687,56 @@ static void test_signed_bodies(void **state) {
 
     /* one broken rule at a time */
     const struct {
-        int which; /* 0 alive, 1 leave, 2 advert */
         const char *what;
         int code;
     } cases[] = {
-        {0, "alive body.addrs[0] \"10.0.0.1\" is not", TS_ECORRUPT},
-        {0, "alive body has 9 addresses", TS_ECORRUPT},
-        {0, "alive body has an advert_hash but no advert_version", TS_ECORRUPT},
-        {0, "alive body.advert_hash is missing", TS_ECORRUPT},
-        {0, "alive body.incarnation is missing", TS_ECORRUPT},
-        {1, "leave body.incarnation is missing", TS_ECORRUPT},
-        {2, "advert body.cluster 8 is not below num_clusters 8", TS_ERANGE},
-        {2, "advert body.model.depth is missing", TS_ECORRUPT},
-        {2, "advert body.model.mlp_ratio is missing or zero", TS_ECORRUPT},
-        {2, "advert body.objective 0", TS_ECORRUPT},
-        {2, "advert body.centroid: dtype BF16", TS_EDTYPE},
-        {2, "advert body.centroid must be one dimension", TS_ESHAPE},
-        {2, "advert body.centroid must be one dimension of 1..4096", TS_ESHAPE},
-        {2, "advert body.centroid: element 7 is NaN", TS_ENONFINITE},
-        {2, "advert body.capacity.max_batch", TS_ECORRUPT},
-        {2, "advert body.load is missing", TS_ECORRUPT},
-        {2, "advert body.version is missing", TS_ECORRUPT},
-        {2, "advert body.partition_id is 16 bytes", TS_ECORRUPT},
+        {"advert body.cluster 8 is not below num_clusters 8", TS_ERANGE},
+        {"advert body.model.depth is missing", TS_ECORRUPT},
+        {"advert body.model.mlp_ratio is missing or zero", TS_ECORRUPT},
+        {"advert body.objective 0", TS_ECORRUPT},
+        {"advert body.centroid: dtype BF16", TS_EDTYPE},
+        {"advert body.centroid must be one dimension", TS_ESHAPE},
+        {"advert body.centroid must be one dimension of 1..4096", TS_ESHAPE},
+        {"advert body.centroid: element 7 is NaN", TS_ENONFINITE},
+        {"advert body.capacity.max_batch", TS_ECORRUPT},
+        {"advert body.load is missing", TS_ECORRUPT},
+        {"advert body.version is missing", TS_ECORRUPT},
+        {"advert body.partition_id is 16 bytes", TS_ECORRUPT},
     };
-    char *nine[9];
     static uint16_t wide[4097];
     for (size_t i = 0; i < N_OF(cases); i++) {
         samples_init();
         int64_t two_d[2] = {4, 4};
         switch (i) {
-        case 0: strcpy(S.addr0, "10.0.0.1"); break;
-        case 1:
-            for (int k = 0; k < 9; k++)
-                nine[k] = S.addr0;
-            S.alive_body.n_addrs = 9, S.alive_body.addrs = nine;
-            break;
-        case 2: S.alive_body.has_advert_version = 0; break;
-        case 3: S.alive_body.has_advert_hash = 0; break;
-        case 4: S.alive_body.has_incarnation = 0; break;
-        case 5: S.leave_body.has_incarnation = 0; break;
-        case 6: S.advert_body.cluster = 8; break;
-        case 7: S.model.has_depth = 0; break;
-        case 8: S.model.mlp_ratio = 0; break;
-        case 9: S.advert_body.objective = TESSERA__OBJECTIVE__OBJECTIVE_UNSPECIFIED; break;
-        case 10: S.centroid_t.dtype = TESSERA__DTYPE__DTYPE_BF16; break;
-        case 11: S.centroid_t.n_shape = 2, S.centroid_t.shape = two_d; break;
-        case 12:
+        case 0: S.advert_body.cluster = 8; break;
+        case 1: S.model.has_depth = 0; break;
+        case 2: S.model.mlp_ratio = 0; break;
+        case 3: S.advert_body.objective = TESSERA__OBJECTIVE__OBJECTIVE_UNSPECIFIED; break;
+        case 4: S.centroid_t.dtype = TESSERA__DTYPE__DTYPE_BF16; break;
+        case 5: S.centroid_t.n_shape = 2, S.centroid_t.shape = two_d; break;
+        case 6:
             S.centroid_shape[0] = 4097;
             S.centroid_t.data = bin(wide, sizeof wide);
             break;
-        case 13: S.centroid[7] = 0x7E00; break; /* F16 NaN */
-        case 14: S.capacity.has_max_batch = 0; break;
-        case 15: S.advert_body.load = NULL; break;
-        case 16: S.advert_body.version = 0; break;
-        case 17: S.advert_body.partition_id.len = 16; break;
+        case 7: S.centroid[7] = 0x7E00; break; /* F16 NaN */
+        case 8: S.capacity.has_max_batch = 0; break;
+        case 9: S.advert_body.load = NULL; break;
+        case 10: S.advert_body.version = 0; break;
+        case 11: S.advert_body.partition_id.len = 16; break;
         }
         samples_sign();
-        int rc;
-        Tessera__AliveBody *ao = NULL;
-        Tessera__LeaveBody *lo = NULL;
         Tessera__AdvertBody *vo = NULL;
-        if (cases[i].which == 0)
-            rc = ts_frame_decode_alive_body(&S.alive.body, &ao, err, sizeof err);
-        else if (cases[i].which == 1)
-            rc = ts_frame_decode_leave_body(&S.leave.body, &lo, err, sizeof err);
-        else
-            rc = ts_frame_decode_advert_body(&S.advert.body, TS_FRAME_CHECK_FINITE, &vo, err,
+        int rc = ts_frame_decode_advert_body(&S.advert.body, TS_FRAME_CHECK_FINITE, &vo, err,
                                              sizeof err);
         if (rc != cases[i].code)
             fail_msg("case %zu (%s): got %d, want %d; err: %s", i, cases[i].what, rc, cases[i].code,
                      err);
         TU_CHECK_CONTAINS(err, cases[i].what);
-        assert_true(!ao && !lo && !vo);
+        assert_null(vo);
     }
     /* not a body at all, and a body over the limit */
     ProtobufCBinaryData junk = bin("\xFF\xFF", 2);
-    TU_CHECK_RC(ts_frame_decode_alive_body(&junk, &a, err, sizeof err), TS_ECORRUPT);
+    TU_CHECK_RC(ts_frame_decode_advert_body(&junk, 0, &ad, err, sizeof err), TS_ECORRUPT);
     ProtobufCBinaryData huge = bin(g_huge_body, sizeof g_huge_body);
     TU_CHECK_RC(ts_frame_decode_advert_body(&huge, 0, &ad, err, sizeof err), TS_ERANGE);
 }
@@ -1893,10 +1771,10 @@ static void test_decode_budget_hostile(void **state) {
         uint8_t item[4];
         size_t itemlen;
     } cases[] = {
-        {"empty member states", 24, {0x12, 0x00}, 2},   /* push_pull.members: {} */
+        {"empty member states", 57, {0x12, 0x00}, 2},   /* status_response.members: {} */
         {"unpacked class labels", 40, {0x20, 0x01}, 2}, /* denoise_request.class_labels: 1 */
         {"unknown fields", 16, {0xC0, 0x3E, 0x01}, 3},  /* ping: field 1000 = 1 */
-        {"empty updates", 17, {0x0A, 0x00}, 2},         /* ack.updates: {} */
+        {"empty adverts", 57, {0x1A, 0x00}, 2},         /* status_response.adverts: {} */
     };
     for (size_t i = 0; i < N_OF(cases); i++) {
         size_t len;
@@ -2023,17 +1901,8 @@ static const ProtobufCMessageDescriptor *const MESSAGES[] = {
     &tessera__model_config__descriptor,
     &tessera__capacity__descriptor,
     &tessera__load__descriptor,
-    &tessera__alive__descriptor,
-    &tessera__alive_body__descriptor,
-    &tessera__leave__descriptor,
-    &tessera__leave_body__descriptor,
-    &tessera__suspect__descriptor,
-    &tessera__dead__descriptor,
-    &tessera__member_update__descriptor,
     &tessera__ping__descriptor,
     &tessera__ack__descriptor,
-    &tessera__nack__descriptor,
-    &tessera__ping_req__descriptor,
     &tessera__member_state__descriptor,
     &tessera__push_pull__descriptor,
     &tessera__advert_request__descriptor,
@@ -2333,11 +2202,6 @@ static void test_fuzz_envelopes(void **state) {
                                                  sizeof err);
                 assert_true(allowed_decode_rc(rc));
                 ts_frame_free(ab);
-            } else if (e->body_case == TESSERA__ENVELOPE__BODY_ALIVE) {
-                Tessera__AliveBody *lb;
-                rc = ts_frame_decode_alive_body(&e->alive->body, &lb, err, sizeof err);
-                assert_true(allowed_decode_rc(rc));
-                ts_frame_free(lb);
             }
             ts_frame_free(e);
         }
