@@ -116,3 +116,10 @@ int ts_args_parse(const char *prog, const char *summary, ts_arg_t *args, int n, 
         }
     return 0;
 }
+
+int ts_arg_seen(const ts_arg_t *args, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(args[i].name, name) == 0)
+            return args[i].seen;
+    return 0;
+}

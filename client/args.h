@@ -36,6 +36,8 @@ typedef struct ts_arg {
  * printed (the caller exits 0), or 2 after printing an error naming the option (exit 2). */
 int ts_args_parse(const char *prog, const char *summary, ts_arg_t *args, int n, int argc,
                   char **argv);
+/* Whether the option name was given (after ts_args_parse). */
+int ts_arg_seen(const ts_arg_t *args, int n, const char *name);
 void ts_args_usage(FILE *f, const char *prog, const char *summary, const ts_arg_t *args, int n);
 
 #endif

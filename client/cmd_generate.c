@@ -1,8 +1,15 @@
 /*
- * cmd_generate.c — `tessera generate --local DIR`: routed generation from an ensemble of experts
- * in this process (DESIGN §3, model/ensemble.h), written as a PNG grid.
- *
- * The folder is described in client/local.h (experts, partition, optional router).
+ * cmd_generate.c — `tessera generate`: routed generation from an ensemble of experts (DESIGN §3,
+ * model/ensemble.h), written as a PNG grid. The experts are either
+ *   --local DIR      a folder in this process (client/local.h: experts, partition, router), or
+ *   --peer HOST:PORT the network's (client/netgen.h): the view, the partition and the router come
+ *                    from the network; the routing and the sampler run here; each evaluation's
+ *                    expert work goes to the experts' replicas (client/remote.h: replica choice,
+ *                    hedging, retries, the local fallback). Same seed and same weights give the
+ *                    same image as --local, bit for bit, on the CPU backend.
+ * With --peer the summary adds a breakdown (network and local compute time, per-evaluation p50
+ * and p99, requests, hedges, retries, fallbacks, degraded evaluations) and --trace FILE writes
+ * every request as a Chrome trace (chrome://tracing, Perfetto).
  *
  * Sample i starts from the noise stream seed + i with the labels of `tessera sample` (cycling
  * through the classes, or --class), so a one-expert folder reproduces `tessera sample` bit for
@@ -22,6 +29,7 @@
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/local.h"
+#include "client/netgen.h"
 #include "model/classifier.h"
 #include "model/ensemble.h"
 #include "model/fmnist.h"
@@ -34,15 +42,98 @@
 typedef struct {
     int tty;
     int done, total;
+    const ts_remote_t *net; /* NULL for --local */
 } progress_t;
 
 static int on_step(void *ctx, int step, int steps) {
     progress_t *p = ctx;
     p->done++;
-    if (p->tty)
-        fprintf(stderr, "\rgenerating: step %d/%d (total %d/%d)   ", step, steps, p->done,
-                p->total);
+    if (!p->tty)
+        return 0;
+    fprintf(stderr, "\rgenerating: step %d/%d (total %d/%d)", step, steps, p->done, p->total);
+    if (p->net)
+        fprintf(stderr, ", %llu requests, network %.1f s, local %.1f s, %llu degraded",
+                (unsigned long long)p->net->st.requests, p->net->st.network_s - p->net->st.local_s,
+                p->net->st.local_s, (unsigned long long)p->net->st.degraded_evaluations);
+    fprintf(stderr, "   ");
     return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The network part of the summary: stderr lines and a JSON object. */
+static json_t *network_summary(const ts_netgen_t *g) {
+    const ts_remote_t *r = &g->remote;
+    const ts_remote_stats_t *st = &r->st;
+    double p50 = 0.0, p99 = 0.0;
+    if (r->n_eval) {
+        double *s = malloc(r->n_eval * sizeof *s);
+        if (s) {
+            memcpy(s, r->eval_ms, r->n_eval * sizeof *s);
+            qsort(s, r->n_eval, sizeof *s, cmp_double);
+            p50 = s[(size_t)((r->n_eval - 1) * 0.5)];
+            p99 = s[(size_t)((r->n_eval - 1) * 0.99)];
+            free(s);
+        }
+    }
+    fprintf(stderr,
+            "network: %llu evaluations, %.1f ms p50 / %.1f ms p99 each; %llu requests, %llu "
+            "hedges (%llu won), %llu retries, %llu busy, %llu errors, %llu garbage, %llu local "
+            "runs (%.2f s), %llu evaluations degraded\n",
+            (unsigned long long)st->evaluations, p50, p99, (unsigned long long)st->requests,
+            (unsigned long long)st->hedges, (unsigned long long)st->hedge_wins,
+            (unsigned long long)st->retries, (unsigned long long)st->busy,
+            (unsigned long long)st->errors, (unsigned long long)st->garbage,
+            (unsigned long long)st->local_runs, st->local_s,
+            (unsigned long long)st->degraded_evaluations);
+    if (st->degraded_evaluations)
+        fprintf(stderr, "DEGRADED: %llu of %llu evaluations ran without some expert (it failed "
+                        "and had no replica or cached weights); its samples were routed among "
+                        "the others\n",
+                (unsigned long long)st->degraded_evaluations,
+                (unsigned long long)st->evaluations);
+    return json_pack("{s:s, s:i, s:i, s:i, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+                     "s:I, s:I, s:f, s:f, s:I, s:I}",
+                     "partition_id", g->partition_id, "experts", g->K, "replicas", g->n_replicas,
+                     "cached", g->n_cached, "evaluations", (json_int_t)st->evaluations,
+                     "eval_ms_p50", p50, "eval_ms_p99", p99, "requests",
+                     (json_int_t)st->requests, "answers", (json_int_t)st->answers, "hedges",
+                     (json_int_t)st->hedges, "hedge_wins", (json_int_t)st->hedge_wins, "retries",
+                     (json_int_t)st->retries, "busy", (json_int_t)st->busy, "errors",
+                     (json_int_t)st->errors, "garbage", (json_int_t)st->garbage, "local_runs",
+                     (json_int_t)st->local_runs, "network_s", st->network_s - st->local_s,
+                     "local_s", st->local_s, "degraded_evaluations",
+                     (json_int_t)st->degraded_evaluations, "failed_jobs",
+                     (json_int_t)st->failed_jobs);
+}
+
+/* Every request as a Chrome trace "complete" event: one row (tid) per expert. */
+static int write_trace(const char *path, const ts_remote_t *r, char *err, size_t errlen) {
+    json_t *events = json_array();
+    for (size_t i = 0; events && i < r->n_events; i++) {
+        const ts_remote_event_t *e = &r->events[i];
+        char name[64];
+        if (e->replica < 0)
+            snprintf(name, sizeof name, "expert %d local", e->k);
+        else
+            snprintf(name, sizeof name, "expert %d → replica %d%s", e->k, e->replica,
+                     e->hedge ? " (hedge)" : "");
+        json_array_append_new(
+            events, json_pack("{s:s, s:s, s:f, s:f, s:i, s:i, s:{s:i, s:s, s:i, s:i}}", "name",
+                              name, "ph", "X", "ts", e->start_s * 1e6, "dur", e->dur_s * 1e6,
+                              "pid", 1, "tid", e->k, "args", "rows", e->m, "status",
+                              e->status == TS_OK ? "ok" : ts_strerror(e->status), "queue_us",
+                              (int)e->queue_us, "compute_us", (int)e->compute_us));
+    }
+    json_t *root = json_pack("{s:o}", "traceEvents", events);
+    int rc = root && json_dump_file(root, path, JSON_COMPACT) == 0 ? TS_OK : TS_EIO;
+    if (rc)
+        ts_set_err(err, errlen, "--trace %s: cannot write the file", path);
+    json_decref(root);
+    return rc;
 }
 
 
@@ -98,13 +189,26 @@ static int write_routing_json(const char *path, const record_t *r, json_t *heade
 
 int ts_cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *policy_s = "learned", *select_s = "top1", *sampler = "heun";
+    const char *peer = NULL, *nk = NULL, *identity = NULL, *data_dir = NULL, *partition = NULL;
+    const char *trace = NULL;
+    int prefer_local = 0, no_hedge = 0, timeout_ms = 10000, retries = 2;
     const char *cls = NULL, *out = NULL, *routing_json = NULL;
     const char *fmnist_dir = TS_FMNIST_DEFAULT_DIR;
     int n = 64, steps = 30, threads = 0, cols = 0, json = 0, class_prior = 0;
     float cfg = 1.0f, tau = 0.0f;
     uint64_t seed = 0;
     ts_arg_t args[] = {
-        {"local", TS_ARG_STRING, &dir, "DIR", "the folder: partition.safetensors, expert-<k>.safetensors (k = 0..K-1, or any .safetensors with metadata cluster), optional router.safetensors", 0, 0, 1},
+        {"local", TS_ARG_STRING, &dir, "DIR", "the experts of a folder: partition.safetensors, expert-<k>.safetensors (k = 0..K-1, or any .safetensors with metadata cluster), optional router.safetensors"},
+        {"peer", TS_ARG_STRING, &peer, "HOST:PORT", "the experts of the network this node belongs to (instead of --local)"},
+        {"network-key", TS_ARG_STRING, &nk, "FILE", "with --peer: the network key"},
+        {"identity", TS_ARG_STRING, &identity, "FILE", "with --peer: an identity to connect with (default: a fresh one)"},
+        {"data-dir", TS_ARG_STRING, &data_dir, "DIR", "with --peer: the store that caches the partition, the router and pulled weights (default: the user's store)"},
+        {"partition", TS_ARG_STRING, &partition, "ID", "with --peer: the partition to use, by id prefix (default: the one most clusters of the network serve)"},
+        {"prefer-local", TS_ARG_FLAG, &prefer_local, NULL, "with --peer: run the experts whose weights are in the store here (`tessera pull`)"},
+        {"no-hedge", TS_ARG_FLAG, &no_hedge, NULL, "with --peer: never send a second request to another replica"},
+        {"timeout-ms", TS_ARG_INT, &timeout_ms, "N", "with --peer: per request (default 10000)", 1, 3600000},
+        {"retries", TS_ARG_INT, &retries, "N", "with --peer: other replicas tried after a failure (default 2)", 0, 16},
+        {"trace", TS_ARG_STRING, &trace, "FILE", "with --peer: write every request as a Chrome trace (JSON)"},
         {"policy", TS_ARG_STRING, &policy_s, "NAME", "learned (router), centroid (distance of x0-hat to the centroids), confidence (every expert every step), uniform (default learned)"},
         {"select", TS_ARG_STRING, &select_s, "SEL", "top1, topK, full, threshold=p, or a schedule like \"t>0.7:full,t>0.3:top2,top1\" (default top1)"},
         {"tau", TS_ARG_FLOAT, &tau, "T", "temperature of centroid/confidence: w ~ exp(-d2/T) (default: the partition's mean squared distance of an image to its centroid)", 0, 1e30},
@@ -145,7 +249,20 @@ int ts_cmd_generate(int argc, char **argv) {
         fprintf(stderr, PROG ": --sampler %s: must be euler or heun\n", sampler);
         return 2;
     }
-    if (args[3].seen && !(tau > 0.0f)) {
+    if (!dir == !peer) {
+        fprintf(stderr, PROG ": name the experts: --local DIR or --peer HOST:PORT (one of them)\n");
+        return 2;
+    }
+    if (peer && !nk) {
+        fprintf(stderr, PROG ": --peer needs --network-key FILE\n");
+        return 2;
+    }
+    if (!peer && (nk || identity || data_dir || partition || prefer_local || no_hedge || trace)) {
+        fprintf(stderr, PROG ": --network-key, --identity, --data-dir, --partition, "
+                        "--prefer-local, --no-hedge and --trace go with --peer\n");
+        return 2;
+    }
+    if (ts_arg_seen(args, (int)(sizeof args / sizeof args[0]), "tau") && !(tau > 0.0f)) {
         fprintf(stderr, PROG ": --tau %g: must be > 0\n", (double)tau);
         return 2;
     }
@@ -153,6 +270,7 @@ int ts_cmd_generate(int argc, char **argv) {
     ts_engine_t eng = {0};
     ts_engine_opts_t eo = {TS_CPU, threads, 0};
     ts_local_t loc = {0};
+    ts_netgen_t net = {0};
     int chunk = n < CHUNK ? n : CHUNK, pairs = cfg != 1.0f ? 2 : 1;
     float *images = NULL;
     int32_t *labels = NULL;
@@ -162,13 +280,24 @@ int ts_cmd_generate(int argc, char **argv) {
     float *log_prior = NULL;
     int rc = ts_engine_init(&eng, &eo), usage = 0;
     int wants_router = policy == TS_POLICY_LEARNED || policy == TS_POLICY_CENTROID;
-    if (rc == TS_OK)
+    if (rc == TS_OK && peer) {
+        ts_netgen_opts_t no = {.peer = peer, .network_key = nk, .identity = identity,
+                               .data_dir = data_dir, .partition = partition,
+                               .trace = trace != NULL, .load_router = wants_router};
+        ts_remote_opts_default(&no.remote);
+        no.remote.prefer_local = prefer_local;
+        no.remote.hedge = !no_hedge;
+        no.remote.timeout_ms = (uint32_t)timeout_ms;
+        no.remote.retries = retries;
+        rc = ts_netgen_open(&net, &no, &eng, chunk, pairs, &loc, PROG, err, sizeof err);
+    } else if (rc == TS_OK) {
         rc = ts_local_open(&loc, dir, &eng, chunk, pairs, wants_router, PROG, err, sizeof err);
+    }
     if (rc == TS_OK)
         rc = ts_local_check_policy(&loc, policy, PROG, err, sizeof err);
     if (rc != TS_OK)
         goto done;
-    if (!args[3].seen)
+    if (!ts_arg_seen(args, (int)(sizeof args / sizeof args[0]), "tau"))
         tau = ts_local_default_tau(&loc);
     if (class_prior) {
         ts_dataset_t train = {0};
@@ -181,7 +310,7 @@ int ts_cmd_generate(int argc, char **argv) {
             goto done;
     }
 
-    const ts_dit_config_t *c = &loc.ex.models[0].cfg;
+    const ts_dit_config_t *c = &loc.cfg;
     int label;
     if (ts_local_parse_class(cls, c->num_classes, &label, err, sizeof err) != TS_OK) {
         rc = TS_EINVAL;
@@ -214,7 +343,8 @@ int ts_cmd_generate(int argc, char **argv) {
         }
     }
 
-    progress_t prog = {isatty(STDERR_FILENO), 0, steps * ((n + chunk - 1) / chunk)};
+    progress_t prog = {isatty(STDERR_FILENO), 0, steps * ((n + chunk - 1) / chunk),
+                       peer ? &net.remote : NULL};
     ts_local_gen_t gen = {.policy = policy, .select = sel, .tau = tau, .cfg = cfg,
                           .log_prior = log_prior,
                           .sampler = so, .n = n, .labels = labels, .seeds = seeds,
@@ -259,6 +389,16 @@ int ts_cmd_generate(int argc, char **argv) {
         json_object_set_new(summary, "expert_share", share);
     else
         json_decref(share);
+    if (peer && summary) {
+        json_t *nsum = network_summary(&net);
+        if (nsum)
+            json_object_set_new(summary, "network", nsum);
+    }
+    if (peer && trace) {
+        rc = write_trace(trace, &net.remote, err, sizeof err);
+        if (rc == TS_OK)
+            fprintf(stderr, "trace → %s\n", trace);
+    }
     if (routing_json && summary) {
         rc = write_routing_json(routing_json, &rec, summary, err, sizeof err);
         if (rc == TS_OK)
@@ -282,6 +422,7 @@ done:
     free(rec.policy);
     free(rec.w);
     ts_local_free(&loc);
+    ts_netgen_close(&net);
     ts_engine_free(&eng);
     return rc == TS_OK ? 0 : usage ? 2 : 1;
 }

@@ -16,5 +16,8 @@ int ts_cmd_generate(int argc, char **argv);
 int ts_cmd_eval(int argc, char **argv);
 int ts_cmd_keygen(int argc, char **argv);
 int ts_cmd_ping(int argc, char **argv);
+int ts_cmd_status(int argc, char **argv);
+int ts_cmd_up(int argc, char **argv);
+int ts_cmd_down(int argc, char **argv);
 
 #endif

@@ -98,20 +98,14 @@ static int find_experts(const char *dir, char ***paths, int *n, char *err, size_
     return TS_OK;
 }
 
-int ts_local_open(ts_local_t *l, const char *dir, ts_engine_t *e, int chunk, int pairs,
-                  int load_router, const char *prog, char *err, size_t errlen) {
-    memset(l, 0, sizeof *l);
-    l->chunk = chunk;
-    snprintf(l->dir, sizeof l->dir, "%s", dir);
-    char **paths = NULL, path[4096];
-    int n_paths = 0;
-    int rc = find_experts(dir, &paths, &n_paths, err, errlen);
-    if (rc == TS_OK)
-        rc = ts_experts_open(&l->ex, (const char *const *)paths, n_paths, e, pairs * chunk, err,
-                             errlen);
-    free_list(paths, n_paths);
+/* The folder's partition (when the file exists) and router (when it exists and load_router is
+ * set), for l->ex.K experts. */
+static int open_artifacts(ts_local_t *l, const char *dir, ts_engine_t *e, int load_router,
+                          char *err, size_t errlen) {
+    char path[4096];
+    int rc = TS_OK, chunk = l->chunk;
     snprintf(path, sizeof path, "%s/partition.safetensors", dir);
-    if (rc == TS_OK && file_exists(path)) {
+    if (file_exists(path)) {
         rc = ts_partition_load(path, &l->part, err, errlen);
         l->has_part = rc == TS_OK;
     }
@@ -128,6 +122,25 @@ int ts_local_open(ts_local_t *l, const char *dir, ts_engine_t *e, int chunk, int
         if (rc == TS_OK)
             rc = ts_classifier_router_init(&l->rr, l->router, e, chunk);
         l->has_router = rc == TS_OK;
+    }
+    return rc;
+}
+
+int ts_local_open(ts_local_t *l, const char *dir, ts_engine_t *e, int chunk, int pairs,
+                  int load_router, const char *prog, char *err, size_t errlen) {
+    memset(l, 0, sizeof *l);
+    l->chunk = chunk;
+    snprintf(l->dir, sizeof l->dir, "%s", dir);
+    char **paths = NULL;
+    int n_paths = 0;
+    int rc = find_experts(dir, &paths, &n_paths, err, errlen);
+    if (rc == TS_OK)
+        rc = ts_experts_open(&l->ex, (const char *const *)paths, n_paths, e, pairs * chunk, err,
+                             errlen);
+    free_list(paths, n_paths);
+    if (rc == TS_OK) {
+        l->cfg = l->ex.models[0].cfg;
+        rc = open_artifacts(l, dir, e, load_router, err, errlen);
     }
     if (rc != TS_OK)
         return rc;
@@ -152,12 +165,36 @@ int ts_local_open_file(ts_local_t *l, const char *path, ts_engine_t *e, int chun
     memset(l, 0, sizeof *l);
     l->chunk = chunk;
     snprintf(l->dir, sizeof l->dir, "%s", path);
-    return ts_experts_open(&l->ex, &path, 1, e, pairs * chunk, err, errlen);
+    int rc = ts_experts_open(&l->ex, &path, 1, e, pairs * chunk, err, errlen);
+    if (rc == TS_OK)
+        l->cfg = l->ex.models[0].cfg;
+    return rc;
+}
+
+int ts_local_open_remote(ts_local_t *l, const char *dir, int K, const ts_dit_config_t *cfg,
+                         ts_engine_t *e, int chunk, int load_router, ts_expert_eval_fn eval,
+                         void *eval_ctx, char *err, size_t errlen) {
+    memset(l, 0, sizeof *l);
+    l->chunk = chunk;
+    snprintf(l->dir, sizeof l->dir, "%s", dir);
+    l->ex.K = K;
+    l->cfg = *cfg;
+    l->eval = eval;
+    l->eval_ctx = eval_ctx;
+    int rc = open_artifacts(l, dir, e, load_router, err, errlen);
+    if (rc == TS_OK && l->has_part && l->part.K != K) {
+        ts_set_err(err, errlen, "the partition has %d clusters but the network serves %d", l->part.K,
+                   K);
+        rc = TS_EINVAL;
+    }
+    return rc;
 }
 
 void ts_local_free(ts_local_t *l) {
     if (!l)
         return;
+    if (l->eval)
+        l->ex.K = 0; /* remote experts: no models to free */
     ts_classifier_router_free(&l->rr);
     ts_classifier_free(l->router);
     if (l->has_part)
@@ -264,7 +301,7 @@ int ts_local_class_prior(const ts_local_t *l, const int32_t *labels, int64_t n, 
 
 int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, float *images,
                       ts_local_stats_t *stats, char *err, size_t errlen) {
-    const ts_dit_config_t *c = &l->ex.models[0].cfg;
+    const ts_dit_config_t *c = &l->cfg;
     int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
     int distance = g->policy == TS_POLICY_CENTROID || g->policy == TS_POLICY_CONFIDENCE;
     double t0 = now_s();
@@ -278,7 +315,8 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
                                 .router_ctx = l->has_router ? (void *)&l->rr : NULL,
                                 .partition = l->has_part ? &l->part : NULL,
                                 .log_prior = l->ex.K > 1 ? g->log_prior : NULL,
-                                .record = g->record};
+                                .record = g->record, .eval = l->eval,
+                                .eval_ctx = l->eval_ctx, .config = &l->cfg};
         /* one expert needs no scores: route it uniformly whatever the policy asks */
         if (l->ex.K == 1 || (distance && !l->has_part))
             o.policy = TS_POLICY_UNIFORM;

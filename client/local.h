@@ -38,7 +38,11 @@ typedef struct ts_local {
     ts_classifier_t *router;
     ts_classifier_router_t rr; /* valid when has_router */
     int has_part, has_router;
-    int chunk; /* samples per ensemble call */
+    int chunk;           /* samples per ensemble call */
+    ts_dit_config_t cfg; /* the experts' (shared image config and classes) */
+    /* remote experts (ts_local_open_remote): ex.K is set, ex.models is NULL */
+    ts_expert_eval_fn eval;
+    void *eval_ctx;
     char dir[1024];
 } ts_local_t;
 
@@ -53,6 +57,13 @@ int ts_local_open(ts_local_t *l, const char *dir, ts_engine_t *e, int chunk, int
 /* Opens one expert file as a folder of one (no partition, no router): a monolith. */
 int ts_local_open_file(ts_local_t *l, const char *path, ts_engine_t *e, int chunk, int pairs,
                        char *err, size_t errlen);
+
+/* Opens a folder of artifacts (partition.safetensors, optional router.safetensors) for K experts
+ * that run elsewhere: every evaluation's work goes to eval (model/ensemble.h), which computes
+ * it as the local experts would. cfg is their shared config. */
+int ts_local_open_remote(ts_local_t *l, const char *dir, int K, const ts_dit_config_t *cfg,
+                         ts_engine_t *e, int chunk, int load_router, ts_expert_eval_fn eval,
+                         void *eval_ctx, char *err, size_t errlen);
 
 void ts_local_free(ts_local_t *l);
 

@@ -1,7 +1,7 @@
 /*
  * main.c — the `tessera` command: parses the verb and hands over to it.
  *
- * Verbs today: `train`, `sample`, `forward`, `store`, `partition`, `keygen`, `ping` (client/cmd_*.c), `selfcheck` (client/selfcheck.c)
+ * Verbs today: `train`, `sample`, `forward`, `store`, `partition`, `keygen`, `ping`, `status`, `up`, `down` (client/cmd_*.c), `selfcheck` (client/selfcheck.c)
  * and `bench gemm` (bench/gemm_bench.c, shared with the bench_gemm program). The network's
  * verbs (generate, status, pull, ...) arrive with the layers they need. Every verb takes --help; an unknown verb or option exits 2 with a message
  * naming it, a failed run exits 1.
@@ -35,6 +35,9 @@ static void usage(FILE *f) {
                "  eval          compare routing policies and a monolith by FD, coverage and cost\n"
                "  keygen        create a node identity (prints the node id) or a network key\n"
                "  ping          handshake with a node and time round trips (HOST:PORT)\n"
+               "  status        the network as one node sees it: members, experts, clusters, load\n"
+               "  up            start a network of daemons on this machine hosting a folder's experts\n"
+               "  down          stop the network `tessera up` started\n"
                "  selfcheck     check the compute kernels against naive references (and a CUDA\n"
                "                device against the CPU, when one is present)\n"
                "  bench gemm    GEMM throughput of the DiT configs next to the sgemm peak\n"
@@ -106,6 +109,12 @@ int main(int argc, char **argv) {
         return ts_cmd_keygen(argc - 1, argv + 1);
     if (strcmp(verb, "ping") == 0)
         return ts_cmd_ping(argc - 1, argv + 1);
+    if (strcmp(verb, "status") == 0)
+        return ts_cmd_status(argc - 1, argv + 1);
+    if (strcmp(verb, "up") == 0)
+        return ts_cmd_up(argc - 1, argv + 1);
+    if (strcmp(verb, "down") == 0)
+        return ts_cmd_down(argc - 1, argv + 1);
     if (strcmp(verb, "selfcheck") == 0)
         return ts_cli_selfcheck(argc - 1, argv + 1);
     if (strcmp(verb, "bench") == 0)

@@ -6,6 +6,7 @@
 #include "client/netclient.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/error.h"
@@ -58,6 +59,55 @@ int ts_netclient_open(ts_netclient_t *c, const char *prog, const char *addr, con
         return 1;
     }
     return 0;
+}
+
+typedef struct sync_call {
+    int done, status;
+    Tessera__Envelope *reply;
+    char *err;
+    size_t errlen;
+} sync_call_t;
+
+static void on_sync(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg) {
+    (void)call;
+    sync_call_t *s = arg;
+    s->done = 1;
+    s->status = res->status;
+    if (res->status != TS_OK) {
+        ts_set_err(s->err, s->errlen, "%s", res->message);
+        return;
+    }
+    /* The answer lives only during this callback: keep a copy (packed and unpacked again). */
+    size_t n = protobuf_c_message_get_packed_size(&res->reply->base);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) {
+        s->status = TS_ENOMEM;
+        ts_set_err(s->err, s->errlen, "out of memory");
+        return;
+    }
+    protobuf_c_message_pack(&res->reply->base, buf);
+    s->reply = tessera__envelope__unpack(NULL, n, buf);
+    free(buf);
+    if (!s->reply) {
+        s->status = TS_ENOMEM;
+        ts_set_err(s->err, s->errlen, "out of memory");
+    }
+}
+
+int ts_netclient_call(ts_netclient_t *c, ts_rpc_peer_t *peer, const Tessera__Envelope *req,
+                      uint32_t timeout_ms, Tessera__Envelope **reply, char *err, size_t errlen) {
+    *reply = NULL;
+    sync_call_t s = {.status = TS_EIO, .err = err, .errlen = errlen};
+    int rc = ts_rpc_call(peer, req, timeout_ms, on_sync, &s, NULL, err, errlen);
+    if (rc != TS_OK)
+        return rc;
+    while (!s.done)
+        if (uv_run(&c->loop, UV_RUN_ONCE) == 0 && !s.done) {
+            ts_set_err(err, errlen, "the loop stopped before the answer");
+            return TS_EIO;
+        }
+    *reply = s.reply;
+    return s.status;
 }
 
 void ts_netclient_close(ts_netclient_t *c) {

@@ -30,6 +30,12 @@ typedef struct ts_netclient {
 int ts_netclient_open(ts_netclient_t *c, const char *prog, const char *addr, const char *id_path,
                       const char *nk_path, uint32_t timeout_ms);
 
+/* Sends req to peer and runs the loop until the answer: *reply is a copy the caller frees with
+ * ts_frame_free. TS_OK with the answer (of the kind the request calls for); otherwise the call's
+ * status (net/rpc.h: TS_EBUSY, TS_EPEER, TS_ETIMEDOUT, TS_ECLOSED, ...) with the reason in err. */
+int ts_netclient_call(ts_netclient_t *c, ts_rpc_peer_t *peer, const Tessera__Envelope *req,
+                      uint32_t timeout_ms, Tessera__Envelope **reply, char *err, size_t errlen);
+
 /* Stops everything started by open: runs the loop until the connections have closed, then frees
  * the endpoints and closes the loop. */
 void ts_netclient_close(ts_netclient_t *c);

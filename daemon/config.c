@@ -37,6 +37,7 @@ static const key_spec_t KEYS[] = {
     {{"node", "bootstrap", "host:port list", "(none)", "nodes to join through, comma-separated; the key may be repeated and the lists add up; empty for the first node"}, K_ADDRLIST, OFF(bootstrap), 0, 0},
     {{"expert", "weights", "path or hash", "(none)", "the expert this node hosts: a .safetensors file from `tessera train --partition DIR --cluster K` (imported into the store at start) or the weights hash of one already in the store; leave out for a node that hosts nothing"}, K_PATH, OFF(expert_weights), 0, 0},
     {{"expert", "partition", "path", "(none)", "the partition file (`tessera partition`) the expert was trained on: it gives the centroid the advert carries; required with weights"}, K_PATH, OFF(expert_partition), 0, 0},
+    {{"expert", "router", "path", "(none)", "a router for the partition (`tessera train-router`), imported into the store and named in the advert, so that clients can fetch it from this node and route with the learned policy"}, K_PATH, OFF(expert_router), 0, 0},
     {{"gossip", "probe_interval_ms", "integer", "1000", "SWIM protocol period: one probe per period"}, K_INT, OFF(probe_interval_ms), 50, 60000},
     {{"gossip", "probe_timeout_ms", "integer", "500", "wait for a direct ack before indirect probes; less than probe_interval_ms"}, K_INT, OFF(probe_timeout_ms), 10, 60000},
     {{"gossip", "indirect_probes", "integer", "3", "members asked to probe on our behalf (k)"}, K_INT, OFF(indirect_probes), 0, 16},
@@ -236,6 +237,12 @@ static int check_whole(ts_daemon_config_t *c, const char *name, char *err, size_
                    "%s: [node] %s is required (create one with `tessera keygen %s--out FILE`)",
                    name, !c->identity[0] ? "identity" : "network_key",
                    !c->identity[0] ? "" : "--network-key ");
+        return TS_EINVAL;
+    }
+    if (c->expert_router[0] && !c->expert_weights[0]) {
+        ts_set_err(err, errlen, "%s: [expert] router is served with an expert: set weights and "
+                                "partition too",
+                   name);
         return TS_EINVAL;
     }
     if (!c->expert_weights[0] != !c->expert_partition[0]) {

@@ -39,6 +39,7 @@ typedef struct ts_daemon_config {
     /* [expert] */
     char expert_weights[TS_CONFIG_PATH_MAX];   /* "" = hosts nothing */
     char expert_partition[TS_CONFIG_PATH_MAX];
+    char expert_router[TS_CONFIG_PATH_MAX];    /* "" = none */
     /* [gossip] */
     int probe_interval_ms, probe_timeout_ms, indirect_probes, suspicion_mult, retransmit_mult;
     int pushpull_interval_s;

@@ -121,6 +121,33 @@ int ts_expert_prepare(ts_store_t *s, const char *weights, const char *partition,
     return rc;
 }
 
+int ts_expert_add_router(ts_store_t *s, const char *router, ts_expert_info_t *e, char *err,
+                         size_t errlen) {
+    ts_st_file_t f;
+    char sub[512] = "";
+    int rc = ts_st_read(router, &f, sub, sizeof sub);
+    if (rc == TS_OK) {
+        const char *pid = ts_st_meta(&f, "partition_id");
+        char want[TS_HASH_HEX];
+        ts_hash_hex(&e->partition_hash, want);
+        if (pid && strcmp(pid, want) != 0) {
+            ts_set_err(sub, sizeof sub, "it was trained on partition %.16s…, not the expert's "
+                                        "%.16s…",
+                       pid, want);
+            rc = TS_EINVAL;
+        }
+        ts_st_free(&f);
+    }
+    if (rc == TS_OK)
+        rc = ts_weights_import_file(s, router, &e->router_hash, NULL, NULL, sub, sizeof sub);
+    if (rc != TS_OK) {
+        ts_set_err(err, errlen, "router %s: %s", router, sub);
+        return rc;
+    }
+    e->has_router = 1;
+    return TS_OK;
+}
+
 void ts_expert_info_free(ts_expert_info_t *e) {
     if (!e)
         return;
@@ -168,6 +195,11 @@ void ts_expert_advert(const ts_expert_info_t *e, const Tessera__Capacity *capaci
     b->num_clusters = e->num_clusters;
     b->cluster = e->cluster;
     b->objective = (Tessera__Objective)e->objective;
+    if (e->has_router) {
+        b->has_router_hash = 1;
+        b->router_hash.data = (uint8_t *)e->router_hash.b;
+        b->router_hash.len = TS_HASH_BYTES;
+    }
     b->model = m;
     b->centroid = &a->centroid;
     b->capacity = &a->capacity;

@@ -27,6 +27,8 @@
 typedef struct ts_expert_info {
     ts_hash_t weights_hash;
     ts_hash_t partition_hash; /* = the partition_id */
+    ts_hash_t router_hash;    /* valid when has_router */
+    int has_router;
     ts_dit_config_t config;
     uint32_t cluster, num_clusters;
     int objective; /* Tessera__Objective */
@@ -41,6 +43,11 @@ typedef struct ts_expert_info {
  * TS_ENOTFOUND, TS_ECORRUPT, TS_EIO with a sentence. Free with ts_expert_info_free. */
 int ts_expert_prepare(ts_store_t *s, const char *weights, const char *partition,
                       ts_expert_info_t *out, char *err, size_t errlen);
+
+/* Imports a router file for e's partition into the store (it must route over K clusters) and
+ * names it in the advert. TS_EINVAL, TS_EIO, TS_ECORRUPT with a sentence. */
+int ts_expert_add_router(ts_store_t *s, const char *router, ts_expert_info_t *e, char *err,
+                         size_t errlen);
 void ts_expert_info_free(ts_expert_info_t *e);
 
 /* An advert body with its parts, pointing into itself and into the expert (which must outlive

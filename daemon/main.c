@@ -8,21 +8,30 @@
  *   tesserad --help-config                every configuration key with its default
  *   tesserad --version | --help
  *
- * What runs inside grows with the issues: the secure listener and gossip (issue 7), serving and
- * training an expert (issue 8). Today the daemon validates its configuration and keys, opens the
- * store, logs its node id and waits for a signal.
+ * What runs inside: the secure listener (net/rpc.h: ping, status, push-pull, adverts) and gossip
+ * (net/gossip.h) on one libuv loop; serving and training an expert join it with issue 8.
+ *
+ * Stopping: the first SIGTERM or SIGINT leaves the network gracefully (a signed leave, spread
+ * for at most the gossip's leave_linger), then closes gossip and every connection and exits 0;
+ * a second one exits at once with status 1.
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
 
 #include "daemon/config.h"
+#include "daemon/expert.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
+#include "daemon/metrics_http.h"
+#include "net/gossip.h"
 #include "net/keys.h"
+#include "net/rpc.h"
 #include "store/store.h"
 
 #ifndef TS_VERSION
@@ -53,18 +62,107 @@ static void help_config(void) {
 }
 
 typedef struct {
+    uv_loop_t *loop;
     uv_signal_t term, intr, hup;
+    ts_net_t *net;
+    ts_rpc_t *rpc;
+    ts_gossip_t *gossip;
+    ts_expert_info_t expert; /* weights_hash all zero: hosts nothing */
+    int has_expert;
     int stopping;
+    ts_metrics_t *metrics;
+    ts_metrics_http_t *http;
+    uv_timer_t stats_timer;   /* copies loop-only counters into the metrics every second */
+    atomic_int ready;         /* /healthz: 1 once joined, 0 while starting or stopping */
 } daemon_t;
+
+/* /healthz, on the HTTP thread: reads one atomic. */
+static int health(void *user, char *reason, size_t len) {
+    daemon_t *d = user;
+    int r = atomic_load(&d->ready);
+    if (r != 1)
+        snprintf(reason, len, "%s", r == 0 ? "starting" : "stopping");
+    return r == 1;
+}
+
+/* The counters only the loop's thread may read, into the registry. */
+static void on_stats(uv_timer_t *t) {
+    daemon_t *d = t->data;
+    const ts_swim_t *sw = ts_gossip_swim(d->gossip);
+    static const struct {
+        ts_swim_state_t s;
+        const char *name;
+    } states[] = {{TS_SWIM_ALIVE, "alive"}, {TS_SWIM_SUSPECT, "suspect"},
+                  {TS_SWIM_DEAD, "dead"}, {TS_SWIM_LEFT, "left"}};
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
+        ts_metrics_gauge_set(d->metrics, TS_M_GOSSIP_MEMBERS, states[i].name,
+                             (double)ts_swim_count(sw, states[i].s));
+    ts_gossip_stats_t gs;
+    ts_gossip_get_stats(d->gossip, &gs);
+    ts_metrics_counter_set(d->metrics, TS_M_NET_RECEIVED_BYTES, "udp", gs.udp_bytes_in);
+    ts_metrics_counter_set(d->metrics, TS_M_NET_SENT_BYTES, "udp", gs.udp_bytes_out);
+    ts_net_stats_t ns;
+    ts_net_stats(d->net, &ns);
+    ts_metrics_gauge_set(d->metrics, TS_M_CONNECTIONS, NULL, (double)ns.live);
+    static const ts_conn_close_reason_t hs[] = {TS_CONN_CLOSE_HANDSHAKE_TIMEOUT,
+                                                TS_CONN_CLOSE_HANDSHAKE, TS_CONN_CLOSE_IDENTITY};
+    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+        ts_metrics_counter_set(d->metrics, TS_M_HANDSHAKE_FAILURES,
+                               ts_conn_close_reason_name(hs[i]), ns.closed[hs[i]]);
+}
+
+static void on_gossip_closed(ts_gossip_t *g, void *arg) {
+    (void)g;
+    daemon_t *d = arg;
+    uv_close((uv_handle_t *)&d->stats_timer, NULL);
+    ts_rpc_shutdown(d->rpc);
+    uv_close((uv_handle_t *)&d->term, NULL);
+    uv_close((uv_handle_t *)&d->intr, NULL);
+    uv_close((uv_handle_t *)&d->hup, NULL);
+}
+
+static void on_left(ts_gossip_t *g, void *arg) {
+    ts_log_info("gossip", "left the network");
+    ts_gossip_close(g, on_gossip_closed, arg);
+}
 
 static void on_stop(uv_signal_t *h, int signum) {
     daemon_t *d = h->data;
+    const char *name = signum == SIGINT ? "SIGINT" : "SIGTERM";
     if (d->stopping++) {
-        ts_log_warn("daemon", "second %s: exiting now", signum == SIGINT ? "SIGINT" : "SIGTERM");
+        ts_log_warn("daemon", "second %s: exiting now", name);
         exit(1);
     }
-    ts_log_info("daemon", "%s: stopping", signum == SIGINT ? "SIGINT" : "SIGTERM");
-    uv_stop(h->loop);
+    ts_log_info("daemon", "%s: leaving the network and stopping", name);
+    atomic_store(&d->ready, 2);
+    if (ts_gossip_leave(d->gossip, on_left, d) != TS_OK)
+        ts_gossip_close(d->gossip, on_gossip_closed, d);
+}
+
+/* Membership changes are worth a line each: they are what an operator looks for. */
+static void on_gossip_event(void *arg, const ts_swim_event_t *ev) {
+    (void)arg;
+    ts_node_id_t id;
+    memcpy(id.b, ev->id, sizeof id.b);
+    char node[TS_NODE_ID_SHORT + 1];
+    ts_node_id_hex(&id, TS_NODE_ID_SHORT, node);
+    switch (ev->type) {
+    case TS_SWIM_EV_JOINED:
+    case TS_SWIM_EV_ALIVE_AGAIN:
+    case TS_SWIM_EV_LEFT:
+    case TS_SWIM_EV_REFUTED:
+        ts_log_info("gossip", "%s %s (incarnation %u)", node, ts_swim_event_name(ev->type),
+                    ev->incarnation);
+        break;
+    case TS_SWIM_EV_SUSPECT:
+    case TS_SWIM_EV_DEAD:
+        ts_log_warn("gossip", "%s %s (incarnation %u)", node, ts_swim_event_name(ev->type),
+                    ev->incarnation);
+        break;
+    default:
+        ts_log_debug("gossip", "%s %s", node, ts_swim_event_name(ev->type));
+        break;
+    }
 }
 
 static void on_hup(uv_signal_t *h, int signum) {
@@ -79,6 +177,167 @@ static void close_cb(uv_handle_t *h, void *arg) {
     (void)arg;
     if (!uv_is_closing(h))
         uv_close(h, NULL);
+}
+
+/* "host:port" with the port replaced by port. */
+static void with_port(const char *addr, int port, char *out, size_t len) {
+    const char *colon = strrchr(addr, ':');
+    snprintf(out, len, "%.*s:%d", (int)(colon - addr), addr, port);
+}
+
+/* Writes the address the daemon listens on to DATA_DIR/listen.addr (for scripts and `tessera
+ * up`, when the port was picked by the system), replacing the file atomically. */
+static void write_listen_addr(const char *data_dir, const char *addr) {
+    char path[TS_CONFIG_PATH_MAX + 32], tmp[TS_CONFIG_PATH_MAX + 48];
+    snprintf(path, sizeof path, "%s/listen.addr", data_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%s\n", addr) < 0 || fclose(f) != 0 || rename(tmp, path) != 0)
+        ts_log_warn("daemon", "cannot write %s", path);
+}
+
+static void gossip_config(const ts_daemon_config_t *c, ts_store_t *store, const char *listen,
+                          const char *advertise, ts_gossip_config_t *g) {
+    ts_gossip_config_default(g);
+    g->swim.probe_interval_ms = c->probe_interval_ms;
+    g->swim.probe_timeout_ms = c->probe_timeout_ms;
+    g->swim.indirect_probes = c->indirect_probes;
+    g->swim.suspicion_mult = c->suspicion_mult;
+    g->swim.retransmit_mult = c->retransmit_mult;
+    g->swim.push_pull_interval_ms = c->pushpull_interval_s * 1000;
+    g->listen = listen;
+    g->advertise = advertise;
+    static const char *seeds[TS_CONFIG_MAX_BOOTSTRAP];
+    for (int i = 0; i < c->n_bootstrap; i++)
+        seeds[i] = c->bootstrap[i];
+    g->bootstrap = seeds;
+    g->n_bootstrap = (size_t)c->n_bootstrap;
+    g->store = store;
+}
+
+/* Announces the hosted expert (capacity and load come from the server, issue 8). */
+static int advertise_expert(daemon_t *d, char *err, size_t errlen) {
+    ts_expert_advert_t a;
+    Tessera__Capacity cap = TESSERA__CAPACITY__INIT;
+    cap.has_items_per_s = cap.has_max_batch = 1;
+    cap.items_per_s = 0.0f;
+    cap.max_batch = 1;
+    ts_expert_advert(&d->expert, &cap, NULL, &a);
+    int rc = ts_gossip_set_advert(d->gossip, &a.body, err, errlen);
+    if (rc == TS_OK) {
+        char h[TS_HASH_HEX];
+        ts_hash_hex(&d->expert.weights_hash, h);
+        ts_log_info("daemon", "hosting expert %.16s (cluster %u of %u)", h, d->expert.cluster,
+                    d->expert.num_clusters);
+    }
+    return rc;
+}
+
+/* Frees what run() made, once the loop has nothing left but handles to close. */
+static void free_all(daemon_t *d) {
+    uv_walk(d->loop, close_cb, NULL);
+    uv_run(d->loop, UV_RUN_DEFAULT);
+    ts_metrics_http_stop(d->http);
+    ts_gossip_free(d->gossip);
+    ts_rpc_free(d->rpc);
+    ts_net_free(d->net);
+    uv_loop_close(d->loop);
+    ts_expert_info_free(&d->expert);
+    ts_metrics_free(d->metrics);
+}
+
+/* The network part: listener, gossip, the loop until a signal has stopped everything. */
+static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_netkey_t *nk,
+               ts_store_t *store, const char *node) {
+    char err[1024] = "";
+    uv_loop_t loop;
+    daemon_t d = {.loop = &loop};
+    uv_loop_init(&loop);
+    ts_net_config_t nc;
+    ts_net_config_default(&nc);
+    nc.max_frame = (uint32_t)cfg->max_frame_mib << 20;
+    nc.max_conns = (uint32_t)cfg->max_connections;
+    nc.max_conns_per_addr = (uint32_t)cfg->max_connections_per_ip;
+    nc.handshake_timeout_ms = (uint32_t)cfg->handshake_timeout_ms;
+    nc.idle_timeout_ms = (uint32_t)cfg->idle_timeout_s * 1000;
+    ts_listener_t *lst = NULL;
+    int rc = ts_net_new(&d.net, &loop, id, nk, &nc);
+    if (rc == TS_OK)
+        rc = ts_rpc_new(&d.rpc, d.net, NULL);
+    if (rc == TS_OK)
+        rc = ts_rpc_listen(d.rpc, cfg->listen, &lst, err, sizeof err);
+    char listen[TS_CONFIG_ADDR_MAX + 8], advertise[TS_CONFIG_ADDR_MAX + 8];
+    ts_gossip_config_t gc;
+    if (rc == TS_OK) {
+        /* Port 0: the system picked one; gossip's UDP socket takes the same, and so does an
+         * advertised address that was copied from listen. */
+        int port = ts_listener_port(lst);
+        with_port(cfg->listen, port, listen, sizeof listen);
+        if (strcmp(cfg->advertise, cfg->listen) == 0)
+            snprintf(advertise, sizeof advertise, "%s", listen);
+        else
+            snprintf(advertise, sizeof advertise, "%s", cfg->advertise);
+        gossip_config(cfg, store, listen, advertise, &gc);
+        rc = ts_gossip_new(&loop, d.rpc, id, nk, &gc, &d.gossip, err, sizeof err);
+    }
+    if (rc == TS_OK) {
+        ts_gossip_on_event(d.gossip, on_gossip_event, &d);
+        rc = ts_gossip_start(d.gossip, err, sizeof err);
+    }
+    if (rc == TS_OK && cfg->expert_weights[0]) {
+        rc = ts_expert_prepare(store, cfg->expert_weights, cfg->expert_partition, &d.expert, err,
+                               sizeof err);
+        d.has_expert = rc == TS_OK;
+        if (rc == TS_OK && cfg->expert_router[0])
+            rc = ts_expert_add_router(store, cfg->expert_router, &d.expert, err, sizeof err);
+        if (rc == TS_OK)
+            rc = advertise_expert(&d, err, sizeof err);
+    }
+    if (rc == TS_OK && (rc = ts_metrics_create_daemon(&d.metrics, TS_VERSION)) != TS_OK)
+        snprintf(err, sizeof err, "cannot create the metrics registry: %s", ts_strerror(rc));
+    if (rc == TS_OK && cfg->metrics_listen[0]) {
+        rc = ts_metrics_http_start(&d.http, d.metrics, cfg->metrics_listen, health, &d, err,
+                                   sizeof err);
+        if (rc == TS_OK)
+            ts_log_info("daemon", "metrics on http://%.*s:%d/metrics",
+                        (int)(strrchr(cfg->metrics_listen, ':') - cfg->metrics_listen),
+                        cfg->metrics_listen, ts_metrics_http_port(d.http));
+    }
+    if (rc != TS_OK) {
+        ts_log_error("daemon", "%s", *err ? err : ts_strerror(rc));
+        if (d.gossip)
+            ts_gossip_close(d.gossip, NULL, NULL);
+        if (d.rpc)
+            ts_rpc_shutdown(d.rpc);
+        else if (d.net)
+            ts_net_shutdown(d.net);
+        free_all(&d);
+        return 1;
+    }
+    write_listen_addr(cfg->data_dir, listen);
+    uv_timer_init(&loop, &d.stats_timer);
+    d.stats_timer.data = &d;
+    uv_timer_start(&d.stats_timer, on_stats, 0, 1000);
+    atomic_store(&d.ready, 1);
+    ts_log_info("daemon",
+                "tesserad %s: node %s, store %s, listening on %s (TCP and UDP), advertised as %s, "
+                "%d bootstrap peer%s",
+                TS_VERSION, node, ts_store_dir(store), listen, advertise, cfg->n_bootstrap,
+                cfg->n_bootstrap == 1 ? "" : "s");
+
+    uv_signal_init(&loop, &d.term);
+    uv_signal_init(&loop, &d.intr);
+    uv_signal_init(&loop, &d.hup);
+    d.term.data = d.intr.data = d.hup.data = &d;
+    uv_signal_start(&d.term, on_stop, SIGTERM);
+    uv_signal_start(&d.intr, on_stop, SIGINT);
+    uv_signal_start(&d.hup, on_hup, SIGHUP);
+    signal(SIGPIPE, SIG_IGN);
+    ts_log_info("daemon", "ready");
+    uv_run(&loop, UV_RUN_DEFAULT);
+
+    free_all(&d);
+    return 0;
 }
 
 /* Loads the keys the config names; both are wiped by the caller. */
@@ -164,32 +423,11 @@ int main(int argc, char **argv) {
         ts_log_close();
         return 1;
     }
-    ts_log_info("daemon", "tesserad %s: node %s, store %s, listen %s (advertised as %s), %d "
-                          "bootstrap peer%s",
-                TS_VERSION, node, ts_store_dir(store), cfg.listen, cfg.advertise,
-                cfg.n_bootstrap, cfg.n_bootstrap == 1 ? "" : "s");
-
-    uv_loop_t loop;
-    daemon_t d = {0};
-    uv_loop_init(&loop);
-    uv_signal_init(&loop, &d.term);
-    uv_signal_init(&loop, &d.intr);
-    uv_signal_init(&loop, &d.hup);
-    d.term.data = d.intr.data = d.hup.data = &d;
-    uv_signal_start(&d.term, on_stop, SIGTERM);
-    uv_signal_start(&d.intr, on_stop, SIGINT);
-    uv_signal_start(&d.hup, on_hup, SIGHUP);
-    signal(SIGPIPE, SIG_IGN);
-    ts_log_info("daemon", "ready");
-    uv_run(&loop, UV_RUN_DEFAULT);
-
-    uv_walk(&loop, close_cb, NULL);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    uv_loop_close(&loop);
+    rc = run(&cfg, &id, &nk, store, node);
     ts_store_close(store);
     ts_identity_wipe(&id);
     ts_netkey_wipe(&nk);
-    ts_log_info("daemon", "stopped");
+    ts_log_info("daemon", rc == 0 ? "stopped" : "stopped after an error");
     ts_log_close();
-    return 0;
+    return rc;
 }

@@ -785,6 +785,8 @@ int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, cha
         return bad(&c, TS_ERANGE, "advert body.cluster %u is not below num_clusters %u",
                    (unsigned)b->cluster, (unsigned)b->num_clusters);
     CHECK(check_id(&c, b->has_weights_hash, &b->weights_hash, w, "weights_hash"));
+    if (b->has_router_hash)
+        CHECK(check_id(&c, 1, &b->router_hash, w, "router_hash"));
     CHECK(need(&c, b->model, w, "model"));
     const Tessera__ModelConfig *m = b->model;
     const struct {

@@ -621,12 +621,7 @@ static int advert_verify(ts_gossip_t *g, const uint8_t id[TS_SWIM_ID_LEN],
         return TS_ENOTFOUND; /* reaped, left, or no longer announcing one */
     if (memcmp(a->node_id.data, id, TS_SWIM_ID_LEN) != 0)
         return TS_ECORRUPT;
-    size_t len;
-    uint8_t *signed_bytes = advert_signed_bytes(id, a->body.data, a->body.len, &len);
-    if (!signed_bytes)
-        return TS_ENOMEM;
-    int bad = crypto_sign_verify_detached(a->signature.data, signed_bytes, len, id) != 0;
-    free(signed_bytes);
+    int bad = ts_gossip_advert_check(a) != TS_OK;
     uint8_t hash[TS_SWIM_HASH_LEN];
     crypto_generichash(hash, sizeof hash, a->body.data, a->body.len, NULL, 0);
     if (bad || memcmp(hash, m.claim.advert_hash, TS_SWIM_HASH_LEN) != 0)
@@ -788,6 +783,19 @@ int ts_gossip_set_advert(ts_gossip_t *g, const Tessera__AdvertBody *body, char *
     if (rc == TS_OK)
         g->own_version = copy.version;
     return rc;
+}
+
+int ts_gossip_advert_check(const Tessera__Advert *a) {
+    if (!a || !a->has_node_id || a->node_id.len != TS_SWIM_ID_LEN || !a->has_signature ||
+        a->signature.len != crypto_sign_BYTES || !a->has_body)
+        return TS_ECORRUPT;
+    size_t len;
+    uint8_t *signed_bytes = advert_signed_bytes(a->node_id.data, a->body.data, a->body.len, &len);
+    if (!signed_bytes)
+        return TS_ENOMEM;
+    int bad = crypto_sign_verify_detached(a->signature.data, signed_bytes, len, a->node_id.data);
+    free(signed_bytes);
+    return bad ? TS_ECORRUPT : TS_OK;
 }
 
 int ts_gossip_advert_get(const ts_gossip_t *g, const uint8_t id[TS_NODE_ID_BYTES],

@@ -121,6 +121,11 @@ void ts_gossip_status_free(Tessera__StatusResponse *resp);
 int ts_gossip_advert_get(const ts_gossip_t *g, const uint8_t id[TS_NODE_ID_BYTES],
                          const uint8_t **packed, size_t *len);
 
+/* Whether a's signature is its node's over its body (docs/protocol.md §9): what a client checks
+ * of the adverts a status answer relays. TS_OK, or TS_ECORRUPT (malformed or not verifying). It
+ * does not say the advert is current: only the node's gossiped claim does. */
+int ts_gossip_advert_check(const Tessera__Advert *a);
+
 /* Counters of this layer (the core's are in ts_swim_get_stats). */
 typedef struct ts_gossip_stats {
     uint64_t udp_in, udp_out, udp_bytes_in, udp_bytes_out;

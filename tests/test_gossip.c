@@ -24,6 +24,8 @@
 
 #include "tests/testutil.h"
 
+#include "tests/gossip_forge.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sodium.h>
@@ -340,25 +342,9 @@ static int all_hold_advert(void *arg) {
     return 1;
 }
 
-/* ---- sealing by hand (docs/protocol.md, "Sealed datagrams") ---------------------------------- */
+/* ---- hostile datagrams (tests/gossip_forge.h: sealed by hand from docs/protocol.md) ---------- */
 
 static int raw_sock = -1;
-
-static size_t seal_by_hand(const ts_netkey_t *k, uint64_t counter, const uint8_t *plain, size_t n,
-                           uint8_t *out) {
-    uint8_t key[32];
-    static const char ctx[] = "tessera/gossip/seal/1";
-    crypto_generichash(key, 32, (const uint8_t *)ctx, sizeof ctx - 1, k->k, 32);
-    out[0] = 1;
-    for (int i = 0; i < 8; i++)
-        out[1 + i] = (uint8_t)(counter >> (56 - 8 * i));
-    randombytes_buf(out + 9, 24);
-    unsigned long long clen;
-    crypto_aead_xchacha20poly1305_ietf_encrypt(out + 33, &clen, plain, n, out, 9, NULL, out + 9,
-                                               key);
-    sodium_memzero(key, sizeof key);
-    return 33 + (size_t)clen;
-}
 
 static void send_raw(int to, const uint8_t *buf, size_t len) {
     struct sockaddr_in sa;
@@ -368,30 +354,6 @@ static void send_raw(int to, const uint8_t *buf, size_t len) {
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
     assert_int_equal(sendto(raw_sock, buf, len, 0, (struct sockaddr *)&sa, sizeof sa),
                      (ssize_t)len);
-}
-
-/* A gossip datagram from `from` carrying an alive claim about `from`, signed by `signer`. */
-static size_t forged_claim(const ts_identity_t *from, const ts_identity_t *signer, uint8_t *out) {
-    ts_swim_msg_t m;
-    memset(&m, 0, sizeof m);
-    m.type = TS_SWIM_GOSSIP;
-    memcpy(m.from, from->id.b, 32);
-    m.n_updates = 1;
-    ts_swim_update_t *u = &m.updates[0];
-    u->type = TS_SWIM_UP_ALIVE;
-    ts_swim_claim_t *c = &u->u.claim;
-    memcpy(c->id, from->id.b, 32);
-    c->kind = TS_SWIM_CLAIM_ALIVE;
-    c->incarnation = 7;
-    memset(c->addr.ip + 10, 0xff, 2);
-    c->addr.ip[12] = 127, c->addr.ip[15] = 1;
-    c->addr.port = 9;
-    uint8_t sb[TS_SWIM_SIGNED_MAX];
-    size_t sl = ts_swim_claim_signed_bytes(c, sb);
-    crypto_sign_detached(c->sig, NULL, sb, sl, signer->sign_sk);
-    size_t n;
-    TU_CHECK_OK(ts_swim_wire_encode(&m, out, TS_SWIM_PLAIN_MAX, &n));
-    return n;
 }
 
 /* ---- fixture -------------------------------------------------------------------------------- */
@@ -634,36 +596,37 @@ static void test_hostile_datagrams(void **state) {
     uint64_t counter = 1000000;
 
     /* a forged alive claim: the stranger's claim signed by another key, sealed rightly */
-    size_t n = forged_claim(&stranger, &wrong, plain);
-    send_raw(0, dg, seal_by_hand(&nk, counter++, plain, n, dg));
+    size_t n = ts_forge_alive(&stranger, &wrong, plain);
+    assert_true(n > 0);
+    send_raw(0, dg, ts_forge_seal(&nk, counter++, plain, n, dg));
     /* replays: the same datagram twice, and a counter far below the window; the datagram is a
      * gossip message from the stranger with no update */
     memset(plain, 0, sizeof plain);
     plain[0] = TS_SWIM_WIRE_VERSION, plain[1] = TS_SWIM_GOSSIP;
     memcpy(plain + 2, stranger.id.b, 32);
-    size_t len = seal_by_hand(&nk, counter + 100, plain, TS_SWIM_WIRE_HEADER + 1, dg);
+    size_t len = ts_forge_seal(&nk, counter + 100, plain, TS_SWIM_WIRE_HEADER + 1, dg);
     send_raw(0, dg, len);
     send_raw(0, dg, len);
-    send_raw(0, dg, seal_by_hand(&nk, counter, plain, TS_SWIM_WIRE_HEADER + 1, dg));
+    send_raw(0, dg, ts_forge_seal(&nk, counter, plain, TS_SWIM_WIRE_HEADER + 1, dg));
     /* garbage; truncated; another key; too long; another seal version */
     uint8_t junk[300];
     randombytes_buf(junk, sizeof junk);
     send_raw(0, junk, sizeof junk);
-    len = seal_by_hand(&nk, counter + 200, plain, TS_SWIM_WIRE_HEADER + 1, dg);
+    len = ts_forge_seal(&nk, counter + 200, plain, TS_SWIM_WIRE_HEADER + 1, dg);
     send_raw(0, dg, len - 7);
-    send_raw(0, dg, seal_by_hand(&other_nk, counter + 201, plain, TS_SWIM_WIRE_HEADER + 1, dg));
+    send_raw(0, dg, ts_forge_seal(&other_nk, counter + 201, plain, TS_SWIM_WIRE_HEADER + 1, dg));
     uint8_t big[TS_SWIM_PACKET_MAX + 100];
     memset(big, 1, sizeof big);
     send_raw(0, big, sizeof big);
-    len = seal_by_hand(&nk, counter + 202, plain, TS_SWIM_WIRE_HEADER + 1, dg);
+    len = ts_forge_seal(&nk, counter + 202, plain, TS_SWIM_WIRE_HEADER + 1, dg);
     dg[0] = 2;
     send_raw(0, dg, len);
     /* sealed rightly, but not a gossip message: a bad type, and a count past the end */
     memcpy(plain + 2, stranger.id.b, 32);
     plain[0] = TS_SWIM_WIRE_VERSION, plain[1] = 99;
-    send_raw(0, dg, seal_by_hand(&nk, counter + 300, plain, 60, dg));
+    send_raw(0, dg, ts_forge_seal(&nk, counter + 300, plain, 60, dg));
     plain[1] = TS_SWIM_GOSSIP, plain[34] = 5;
-    send_raw(0, dg, seal_by_hand(&nk, counter + 301, plain, 35, dg));
+    send_raw(0, dg, ts_forge_seal(&nk, counter + 301, plain, 35, dg));
 
     want = (counts_t){before.unsealed + 5, before.replayed + 2, before.malformed + 2, 0,
                       before.rejected + 1};

@@ -34,6 +34,8 @@ identity = $dir/id.key
 network_key = $dir/net.key
 data_dir = $dir/data
 listen = 127.0.0.1:7420
+[metrics]
+listen = 127.0.0.1:0
 [log]
 level = debug
 format = json
@@ -55,7 +57,7 @@ sed 's/^level = debug/levle = debug/' "$dir/d.ini" >"$dir/typo.ini"
 rc=0
 "$D" --config "$dir/typo.ini" --check-config >/dev/null 2>"$dir/err.txt" || rc=$?
 [ $rc -eq 1 ] || fail "--check-config with a typo: exit $rc, want 1"
-grep -q "typo.ini:7: \[log\] levle: unknown key" "$dir/err.txt" || fail "typo message: $(cat "$dir/err.txt")"
+grep -q "typo.ini:9: \[log\] levle: unknown key" "$dir/err.txt" || fail "typo message: $(cat "$dir/err.txt")"
 
 rc=0
 "$D" --config "$dir/missing.ini" >/dev/null 2>&1 || rc=$?

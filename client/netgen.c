@@ -1,0 +1,318 @@
+/*
+ * netgen.c — generation with the network's experts (netgen.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "client/netgen.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "client/fetch.h"
+#include "kernels/error.h"
+#include "net/frame.h"
+#include "net/gossip.h"
+#include "store/weights.h"
+
+#define STATUS_TIMEOUT_MS 10000
+#define FETCH_TIMEOUT_MS 30000
+
+static void hex32(const uint8_t *b, char out[65]) {
+    static const char d[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = d[b[i] >> 4];
+        out[2 * i + 1] = d[b[i] & 15];
+    }
+    out[64] = 0;
+}
+
+/* One verified advert of a live member. */
+typedef struct offer {
+    Tessera__AdvertBody *body; /* decoded; freed with ts_frame_free */
+    const char *addr;          /* the member's, from the same status answer */
+    char partition[65];
+} offer_t;
+
+/* The live members' addresses by node id. */
+static const char *alive_addr(const Tessera__StatusResponse *r, const ProtobufCBinaryData *id) {
+    for (size_t i = 0; i < r->n_members; i++) {
+        const Tessera__MemberState *m = r->members[i];
+        if (m->node_id.len == id->len && memcmp(m->node_id.data, id->data, id->len) == 0)
+            return m->status == TESSERA__MEMBER_STATUS__MEMBER_ALIVE && m->addr && *m->addr
+                       ? m->addr
+                       : NULL;
+    }
+    return NULL;
+}
+
+/* The adverts of live members whose signature verifies, decoded. */
+static int collect_offers(const Tessera__StatusResponse *r, offer_t **out, int *n, char *err,
+                          size_t errlen) {
+    *out = calloc(r->n_adverts ? r->n_adverts : 1, sizeof **out);
+    *n = 0;
+    if (!*out) {
+        ts_set_err(err, errlen, "out of memory");
+        return TS_ENOMEM;
+    }
+    for (size_t i = 0; i < r->n_adverts; i++) {
+        const Tessera__Advert *a = r->adverts[i];
+        const char *addr = alive_addr(r, &a->node_id);
+        Tessera__AdvertBody *b = NULL;
+        if (!addr || ts_gossip_advert_check(a) != TS_OK ||
+            ts_frame_decode_advert_body(&a->body, TS_FRAME_CHECK_FINITE, &b, NULL, 0) != TS_OK)
+            continue;
+        offer_t *o = &(*out)[(*n)++];
+        o->body = b;
+        o->addr = addr;
+        hex32(b->partition_id.data, o->partition);
+    }
+    return TS_OK;
+}
+
+/* The partition to use: the one named (a prefix), else the one whose adverts cover the most
+ * clusters (the lowest id on a tie). */
+static int choose_partition(const offer_t *of, int n, const char *want, char out[65], char *err,
+                            size_t errlen) {
+    int best = -1, best_cover = 0;
+    for (int i = 0; i < n; i++) {
+        if (want && strncmp(of[i].partition, want, strlen(want)) != 0)
+            continue;
+        uint32_t K = of[i].body->num_clusters;
+        int cover = 0;
+        for (uint32_t k = 0; k < K; k++)
+            for (int j = 0; j < n; j++)
+                if (strcmp(of[j].partition, of[i].partition) == 0 && of[j].body->cluster == k) {
+                    cover++;
+                    break;
+                }
+        if (cover > best_cover ||
+            (cover == best_cover && best >= 0 && strcmp(of[i].partition, of[best].partition) < 0)) {
+            best = i;
+            best_cover = cover;
+        }
+    }
+    if (best < 0) {
+        ts_set_err(err, errlen, want ? "no live expert of partition %s in the network"
+                                     : "no live expert in the network (see `tessera status`)",
+                   want ? want : "");
+        return TS_ENOTFOUND;
+    }
+    memcpy(out, of[best].partition, 65);
+    return TS_OK;
+}
+
+static void config_of(const Tessera__ModelConfig *m, ts_dit_config_t *c) {
+    *c = (ts_dit_config_t){.input_size = (int)m->input_size, .patch_size = (int)m->patch_size,
+                           .in_channels = (int)m->in_channels, .hidden_size = (int)m->hidden_size,
+                           .depth = (int)m->depth, .num_heads = (int)m->num_heads,
+                           .num_classes = (int)m->num_classes, .mlp_ratio = (int)m->mlp_ratio,
+                           .freq_dim = (int)m->freq_dim};
+}
+
+/* Fetches file h (named what for messages) into the store and exports it as path. */
+static int fetch_artifact(ts_netgen_t *g, const uint8_t *hash, const char *what, const char *path,
+                          int quiet, char *err, size_t errlen) {
+    ts_hash_t h;
+    memcpy(h.b, hash, TS_HASH_BYTES);
+    char sub[512] = "";
+    ts_fetch_stats_t st;
+    int rc = ts_fetch_file(&g->nc, g->nc.peer, g->store, &h, FETCH_TIMEOUT_MS, NULL, NULL, &st,
+                           sub, sizeof sub);
+    if (rc == TS_OK)
+        rc = ts_weights_export(g->store, &h, path, sub, sizeof sub);
+    if (rc != TS_OK) {
+        char hex[65];
+        hex32(hash, hex);
+        ts_set_err(err, errlen, "cannot get the %s (%.16s…) from the network: %s", what, hex,
+                   sub);
+        return rc;
+    }
+    if (!quiet && st.chunks_fetched)
+        fprintf(stderr, "fetched the %s: %.1f KiB in %.2f s\n", what, st.bytes_fetched / 1024.0,
+                st.seconds);
+    return TS_OK;
+}
+
+/* Fills experts[k] from the offers of the chosen partition: the weights most replicas serve,
+ * and those replicas. */
+static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, size_t errlen) {
+    g->experts = calloc((size_t)g->K, sizeof *g->experts);
+    if (!g->experts) {
+        ts_set_err(err, errlen, "out of memory");
+        return TS_ENOMEM;
+    }
+    for (int k = 0; k < g->K; k++) {
+        ts_remote_expert_t *ex = &g->experts[k];
+        int best = -1, best_count = 0;
+        for (int i = 0; i < n; i++) {
+            if (strcmp(of[i].partition, g->partition_id) != 0 || (int)of[i].body->cluster != k)
+                continue;
+            int count = 0;
+            for (int j = 0; j < n; j++)
+                count += strcmp(of[j].partition, g->partition_id) == 0 &&
+                         (int)of[j].body->cluster == k &&
+                         memcmp(of[j].body->weights_hash.data, of[i].body->weights_hash.data,
+                                32) == 0;
+            if (count > best_count) {
+                best = i;
+                best_count = count;
+            }
+        }
+        if (best < 0)
+            continue; /* no live replica: the cached weights, if any, or a degraded cluster */
+        memcpy(ex->weights_hash, of[best].body->weights_hash.data, 32);
+        for (int j = 0; j < n && ex->n_rep < TS_REMOTE_MAX_REPLICAS; j++) {
+            const Tessera__AdvertBody *b = of[j].body;
+            if (strcmp(of[j].partition, g->partition_id) != 0 || (int)b->cluster != k ||
+                memcmp(b->weights_hash.data, ex->weights_hash, 32) != 0)
+                continue;
+            ts_replica_t *p = &ex->rep[ex->n_rep++];
+            snprintf(p->addr, sizeof p->addr, "%s", of[j].addr);
+            p->queue_depth = b->load ? b->load->queue_depth : 0;
+            p->item_latency_us = b->load ? b->load->item_latency_us : 0;
+        }
+        g->n_replicas += ex->n_rep;
+    }
+    return TS_OK;
+}
+
+/* The experts whose weights are in the store, opened as the fallback. */
+static void open_cached(ts_netgen_t *g, ts_engine_t *e, int max_batch) {
+    g->cached = calloc((size_t)g->K, sizeof *g->cached);
+    g->has_cached = calloc((size_t)g->K, sizeof *g->has_cached);
+    if (!g->cached || !g->has_cached)
+        return;
+    for (int k = 0; k < g->K; k++) {
+        ts_remote_expert_t *ex = &g->experts[k];
+        ts_hash_t h;
+        memcpy(h.b, ex->weights_hash, 32);
+        static const uint8_t zero[32];
+        if (memcmp(h.b, zero, 32) == 0 || ts_weights_bad_chunks(g->store, &h, NULL, NULL) != 0)
+            continue;
+        char err[256];
+        if (ts_weights_open_dit(g->store, &h, e, max_batch, 0, &g->cached[k], err, sizeof err) ==
+            TS_OK) {
+            g->has_cached[k] = 1;
+            ex->local = &g->cached[k];
+            g->n_cached++;
+        }
+    }
+}
+
+int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, int chunk,
+                   int pairs, ts_local_t *l, const char *prog, char *err, size_t errlen) {
+    memset(g, 0, sizeof *g);
+    char dir[1024];
+    ts_store_opts_t so = {.dir = o->data_dir};
+    if (!o->data_dir && ts_store_default_dir(dir, sizeof dir) == TS_OK)
+        so.dir = dir;
+    int rc = ts_store_open(&g->store, &so, err, errlen);
+    if (rc != TS_OK)
+        return rc;
+    if (ts_netclient_open(&g->nc, prog, o->peer, o->identity, o->network_key,
+                          STATUS_TIMEOUT_MS) != 0) {
+        ts_set_err(err, errlen, "cannot reach %s", o->peer);
+        return TS_EIO;
+    }
+    g->nc_open = 1;
+    Tessera__StatusRequest sr = TESSERA__STATUS_REQUEST__INIT;
+    Tessera__Envelope req = TESSERA__ENVELOPE__INIT, *resp = NULL;
+    req.body_case = TESSERA__ENVELOPE__BODY_STATUS_REQUEST;
+    req.status_request = &sr;
+    char sub[512] = "";
+    rc = ts_netclient_call(&g->nc, g->nc.peer, &req, STATUS_TIMEOUT_MS, &resp, sub, sizeof sub);
+    if (rc != TS_OK) {
+        ts_set_err(err, errlen, "%s does not answer: %s", o->peer, sub);
+        return rc;
+    }
+    offer_t *of = NULL;
+    int n = 0;
+    rc = collect_offers(resp->status_response, &of, &n, err, errlen);
+    if (rc == TS_OK)
+        rc = choose_partition(of, n, o->partition, g->partition_id, err, errlen);
+    const offer_t *first = NULL;
+    for (int i = 0; rc == TS_OK && i < n && !first; i++)
+        if (strcmp(of[i].partition, g->partition_id) == 0)
+            first = &of[i];
+    if (rc == TS_OK) {
+        g->K = (int)first->body->num_clusters;
+        config_of(first->body->model, &g->cfg);
+        for (int i = 0; i < n; i++)
+            if (strcmp(of[i].partition, g->partition_id) == 0 &&
+                (of[i].body->num_clusters != (uint32_t)g->K ||
+                 of[i].body->model->input_size != (uint32_t)g->cfg.input_size ||
+                 of[i].body->model->in_channels != (uint32_t)g->cfg.in_channels ||
+                 of[i].body->model->num_classes != (uint32_t)g->cfg.num_classes)) {
+                ts_set_err(err, errlen, "the experts of partition %.16s… disagree on K or on "
+                                        "the image config",
+                           g->partition_id);
+                rc = TS_ECORRUPT;
+                break;
+            }
+    }
+    if (rc == TS_OK)
+        rc = build_experts(g, of, n, err, errlen);
+    /* the artifacts, from the network into the store and a cache folder */
+    if (rc == TS_OK) {
+        snprintf(g->cache_dir, sizeof g->cache_dir, "%s/generate-%.16s", ts_store_dir(g->store),
+                 g->partition_id);
+        mkdir(g->cache_dir, 0700);
+        char path[1200];
+        snprintf(path, sizeof path, "%s/partition.safetensors", g->cache_dir);
+        rc = fetch_artifact(g, first->body->partition_id.data, "partition", path, o->quiet, err,
+                            errlen);
+        snprintf(path, sizeof path, "%s/router.safetensors", g->cache_dir);
+        const offer_t *with_router = NULL;
+        for (int i = 0; i < n && !with_router; i++)
+            if (strcmp(of[i].partition, g->partition_id) == 0 && of[i].body->has_router_hash)
+                with_router = &of[i];
+        if (rc == TS_OK && o->load_router && with_router)
+            rc = fetch_artifact(g, with_router->body->router_hash.data, "router", path, o->quiet,
+                                err, errlen);
+        else
+            remove(path);
+    }
+    for (int i = 0; i < n; i++)
+        ts_frame_free(of[i].body);
+    free(of);
+    ts_frame_free(resp);
+    if (rc != TS_OK)
+        return rc;
+    open_cached(g, e, pairs * chunk);
+    for (int k = 0; k < g->K; k++)
+        if (g->experts[k].n_rep == 0 && !g->experts[k].local) {
+            ts_set_err(err, errlen, "cluster %d of partition %.16s… has no live expert in the "
+                                    "network and no cached weights (`tessera pull` them while "
+                                    "a replica is up)",
+                       k, g->partition_id);
+            return TS_ENOTFOUND;
+        }
+    rc = ts_remote_init(&g->remote, &g->nc.loop, g->nc.rpc, g->experts, g->K, g->cfg.in_channels,
+                        g->cfg.input_size, &o->remote, o->trace, err, errlen);
+    g->remote_init = rc == TS_OK;
+    if (rc == TS_OK)
+        rc = ts_local_open_remote(l, g->cache_dir, g->K, &g->cfg, e, chunk, o->load_router,
+                                  ts_remote_eval, &g->remote, err, errlen);
+    if (rc == TS_OK && !o->quiet)
+        fprintf(stderr, "network via %s: partition %.16s…, %d experts, %d replicas, %d cached "
+                        "locally\n",
+                o->peer, g->partition_id, g->K, g->n_replicas, g->n_cached);
+    return rc;
+}
+
+void ts_netgen_close(ts_netgen_t *g) {
+    if (g->remote_init)
+        ts_remote_free(&g->remote);
+    if (g->nc_open)
+        ts_netclient_close(&g->nc);
+    for (int k = 0; g->has_cached && k < g->K; k++)
+        if (g->has_cached[k])
+            ts_dit_free(&g->cached[k]);
+    free(g->cached);
+    free(g->has_cached);
+    free(g->experts);
+    ts_store_close(g->store);
+    memset(g, 0, sizeof *g);
+}

@@ -1,0 +1,54 @@
+/*
+ * netgen.h — `tessera generate --peer`: generation with the network's experts.
+ *
+ * Opening: connect to the peer (as a client: it serves nothing), ask for its view (status with
+ * members and adverts), verify every advert's signature, pick the partition the most live
+ * clusters serve (or the one named), fetch that partition and the router the adverts name from
+ * the network into the store (verified, resumable; fetch.h), export both to a cache folder and
+ * open it as a generation folder whose experts are remote (client/local.h): the routing and the
+ * sampler then run here exactly as with --local, and every evaluation's expert jobs go to the
+ * replicas of each cluster (client/remote.h). Experts whose weights are in the store are opened
+ * as the fallback (and with --prefer-local, used first).
+ */
+#ifndef TS_CLIENT_NETGEN_H
+#define TS_CLIENT_NETGEN_H
+
+#include <stdint.h>
+
+#include "client/local.h"
+#include "client/netclient.h"
+#include "client/remote.h"
+#include "store/store.h"
+
+typedef struct ts_netgen_opts {
+    const char *peer, *network_key, *identity; /* identity may be NULL */
+    const char *data_dir;  /* the store (cache of weights and artifacts); NULL: the default */
+    const char *partition; /* a partition_id prefix, or NULL: the best-covered one */
+    ts_remote_opts_t remote;
+    int trace;
+    int load_router;
+    int quiet;
+} ts_netgen_opts_t;
+
+typedef struct ts_netgen {
+    ts_netclient_t nc;
+    int nc_open;
+    ts_store_t *store;
+    ts_remote_t remote;
+    int remote_init;
+    ts_remote_expert_t *experts; /* (K) */
+    ts_dit_t *cached;            /* (K) the fallback models; valid where has_cached[k] */
+    int *has_cached;
+    int K, n_nodes, n_replicas, n_cached;
+    ts_dit_config_t cfg;
+    char partition_id[65];
+    char cache_dir[1024];
+} ts_netgen_t;
+
+/* Opens the network as l (remote experts) for engine e, chunk samples per evaluation, pairs
+ * (2 with CFG). On failure err says why; ts_netgen_close frees what was opened either way. */
+int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, int chunk,
+                   int pairs, ts_local_t *l, const char *prog, char *err, size_t errlen);
+void ts_netgen_close(ts_netgen_t *g);
+
+#endif

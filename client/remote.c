@@ -1,0 +1,462 @@
+/*
+ * remote.c — remote experts: replica choice, hedging, retries, the local fallback (remote.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "client/remote.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/error.h"
+
+#define MAX_SENDS 8 /* requests one job may make: the first, a hedge, retries */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t next_rand(ts_remote_t *r) { /* xorshift64*: replica draws only */
+    r->rng ^= r->rng >> 12;
+    r->rng ^= r->rng << 25;
+    r->rng ^= r->rng >> 27;
+    return r->rng * 2685821657736338717ULL;
+}
+
+void ts_remote_opts_default(ts_remote_opts_t *o) {
+    *o = (ts_remote_opts_t){.timeout_ms = 10000, .hedge = 1, .hedge_min_ms = 2, .retries = 2,
+                            .ban_ms = 30000};
+}
+
+/* ---- one job's requests ----------------------------------------------------------------------- */
+
+typedef struct attempt attempt_t;
+
+typedef struct send {
+    attempt_t *a;
+    ts_rpc_call_t *call; /* NULL once its callback has run */
+    int replica, hedge;
+    double start;
+} send_t;
+
+struct attempt {
+    ts_remote_t *r;
+    ts_expert_job_t *job;
+    ts_remote_expert_t *ex;
+    uv_timer_t *hedge_timer; /* the expert's, owned by r */
+    float *t;                /* (m) the job's t, for the request */
+    uint32_t tried;          /* replicas asked, as bits */
+    send_t sends[MAX_SENDS];
+    int n_sends, inflight, retries_left, done, last_error;
+};
+
+typedef struct remote_priv {
+    uv_timer_t *timers; /* (K): one hedge timer per expert */
+    attempt_t *att;     /* (K): one attempt per job of the evaluation in progress */
+    int pending;        /* jobs not done */
+    int closing;
+} remote_priv_t;
+
+static remote_priv_t *priv(ts_remote_t *r) { return (remote_priv_t *)r->impl; }
+
+static void trace(ts_remote_t *r, const send_t *s, int status, uint32_t q_us, uint32_t c_us,
+                  int replica, double start) {
+    if (!r->trace)
+        return;
+    if (r->n_events == r->cap_events) {
+        size_t cap = r->cap_events ? 2 * r->cap_events : 256;
+        ts_remote_event_t *e = realloc(r->events, cap * sizeof *e);
+        if (!e)
+            return; /* the trace loses an event; the generation goes on */
+        r->events = e;
+        r->cap_events = cap;
+    }
+    const ts_expert_job_t *j = s ? s->a->job : NULL;
+    r->events[r->n_events++] = (ts_remote_event_t){
+        .start_s = start - r->t0, .dur_s = now_s() - start, .k = j ? j->k : -1,
+        .m = j ? j->m : 0, .replica = replica, .status = status, .hedge = s ? s->hedge : 0,
+        .queue_us = q_us, .compute_us = c_us};
+}
+
+/* The predicted latency of asking replica i: its round-trip EWMA (a few ms before the first
+ * answer) plus what its queue makes it wait. */
+static double predicted_ms(const ts_replica_t *p) {
+    double rtt = p->ewma_ms > 0.0 ? p->ewma_ms : 5.0;
+    return rtt + (double)p->queue_depth * (double)p->item_latency_us / 1000.0;
+}
+
+/* Power of two choices among the replicas not tried and not banned; −1 when none is left. */
+static int pick(attempt_t *a) {
+    ts_remote_expert_t *ex = a->ex;
+    double now = now_s();
+    int cand[TS_REMOTE_MAX_REPLICAS], n = 0;
+    for (int i = 0; i < ex->n_rep; i++)
+        if (!(a->tried & (1u << i)) && ex->rep[i].banned_until <= now && ex->rep[i].peer)
+            cand[n++] = i;
+    if (n == 0)
+        return -1;
+    if (n == 1)
+        return cand[0];
+    int x = cand[next_rand(a->r) % (uint64_t)n], y;
+    do
+        y = cand[next_rand(a->r) % (uint64_t)n];
+    while (y == x);
+    return predicted_ms(&ex->rep[y]) < predicted_ms(&ex->rep[x]) ? y : x;
+}
+
+/* The hedge delay: the p95 of this expert's recent round trips (nearest rank), or — with fewer
+ * than 8 of them — three times the best replica's EWMA, or 50 ms with nothing measured yet. */
+static uint64_t hedge_delay_ms(const ts_remote_t *r, const ts_remote_expert_t *ex) {
+    double d;
+    if (ex->n_rtt >= 8) {
+        double s[TS_REMOTE_RTT_WINDOW];
+        int n = ex->n_rtt;
+        memcpy(s, ex->rtt, (size_t)n * sizeof *s);
+        for (int i = 1; i < n; i++) /* insertion sort: 64 values at most */
+            for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+                double t = s[j];
+                s[j] = s[j - 1];
+                s[j - 1] = t;
+            }
+        d = s[(int)ceil(0.95 * n) - 1];
+    } else {
+        double best = 0.0;
+        for (int i = 0; i < ex->n_rep; i++)
+            if (ex->rep[i].ewma_ms > 0.0 && (best == 0.0 || ex->rep[i].ewma_ms < best))
+                best = ex->rep[i].ewma_ms;
+        d = best > 0.0 ? 3.0 * best : 50.0;
+    }
+    return (uint64_t)ceil(d < r->o.hedge_min_ms ? r->o.hedge_min_ms : d);
+}
+
+static void finish(attempt_t *a, int status);
+static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg);
+
+/* Sends the job to replica i; on an immediate refusal, marks it tried and returns the error. */
+static int send_to(attempt_t *a, int i, int hedge) {
+    ts_remote_t *r = a->r;
+    ts_expert_job_t *j = a->job;
+    if (a->n_sends == MAX_SENDS)
+        return TS_ERANGE;
+    a->tried |= 1u << i;
+    send_t *s = &a->sends[a->n_sends];
+    *s = (send_t){.a = a, .replica = i, .hedge = hedge, .start = now_s()};
+    int64_t shape[4] = {j->m, r->channels, r->size, r->size};
+    Tessera__Tensor x = TESSERA__TENSOR__INIT;
+    x.has_dtype = x.has_data = 1;
+    x.dtype = TESSERA__DTYPE__DTYPE_F32;
+    x.n_shape = 4;
+    x.shape = shape;
+    x.data.data = (uint8_t *)j->x;
+    x.data.len = (size_t)(j->m * r->chw) * sizeof(float);
+    Tessera__DenoiseRequest dr = TESSERA__DENOISE_REQUEST__INIT;
+    dr.has_expert_id = dr.has_cfg_scale = 1;
+    dr.expert_id.data = a->ex->weights_hash;
+    dr.expert_id.len = sizeof a->ex->weights_hash;
+    dr.x_t = &x;
+    dr.n_t = (size_t)j->m;
+    dr.t = a->t;
+    dr.n_class_labels = (size_t)j->m;
+    dr.class_labels = (int32_t *)j->labels;
+    dr.cfg_scale = j->cfg_scale;
+    Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
+    env.body_case = TESSERA__ENVELOPE__BODY_DENOISE_REQUEST;
+    env.denoise_request = &dr;
+    char err[256];
+    ts_replica_t *p = &a->ex->rep[i];
+    int rc = ts_rpc_call(p->peer, &env, r->o.timeout_ms, on_answer, s, &s->call, err, sizeof err);
+    if (rc != TS_OK) {
+        p->failed++;
+        return rc;
+    }
+    a->n_sends++;
+    a->inflight++;
+    p->sent++;
+    r->st.requests++;
+    r->st.bytes_out += x.data.len;
+    return TS_OK;
+}
+
+/* Sends to the best replica left; TS_ENOTFOUND when none is left. */
+static int send_next(attempt_t *a, int hedge) {
+    for (;;) {
+        int i = pick(a);
+        if (i < 0)
+            return TS_ENOTFOUND;
+        int rc = send_to(a, i, hedge);
+        if (rc == TS_OK)
+            return TS_OK;
+        if (rc == TS_ERANGE)
+            return rc;
+        a->last_error = rc; /* refused at once (congested): the next replica */
+    }
+}
+
+static void on_hedge(uv_timer_t *t) {
+    attempt_t *a = t->data;
+    if (!a || a->done || a->inflight != 1)
+        return;
+    if (send_next(a, 1) == TS_OK)
+        a->r->st.hedges++;
+}
+
+/* Reads the answer into the job: an F32 (m, C, H, W) tensor of finite values, else TS_ECORRUPT. */
+static int take_answer(attempt_t *a, const Tessera__Envelope *env, uint32_t *q_us,
+                       uint32_t *c_us) {
+    const ts_remote_t *r = a->r;
+    const ts_expert_job_t *j = a->job;
+    const Tessera__DenoiseResponse *d = env->denoise_response;
+    const Tessera__Tensor *v = d ? d->velocity : NULL;
+    size_t count = (size_t)(j->m * r->chw);
+    if (!v || !v->has_dtype || v->dtype != TESSERA__DTYPE__DTYPE_F32 || v->n_shape != 4 ||
+        v->shape[0] != j->m || v->shape[1] != r->channels || v->shape[2] != r->size ||
+        v->shape[3] != r->size || v->data.len != count * sizeof(float))
+        return TS_ECORRUPT;
+    memcpy(j->v, v->data.data, v->data.len);
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(j->v[i]))
+            return TS_ECORRUPT;
+    if (d->timings) {
+        *q_us = d->timings->queue_us;
+        *c_us = d->timings->compute_us;
+    }
+    return TS_OK;
+}
+
+static void note_rtt(ts_remote_expert_t *ex, ts_replica_t *p, double ms) {
+    p->ewma_ms = p->ewma_ms > 0.0 ? 0.8 * p->ewma_ms + 0.2 * ms : ms;
+    ex->rtt[ex->rtt_next] = ms;
+    ex->rtt_next = (ex->rtt_next + 1) % TS_REMOTE_RTT_WINDOW;
+    if (ex->n_rtt < TS_REMOTE_RTT_WINDOW)
+        ex->n_rtt++;
+}
+
+static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg) {
+    (void)call;
+    send_t *s = arg;
+    attempt_t *a = s->a;
+    ts_remote_t *r = a->r;
+    ts_replica_t *p = &a->ex->rep[s->replica];
+    s->call = NULL;
+    a->inflight--;
+    if (a->done)
+        return; /* the loser of a hedge, cancelled or late */
+    int status = res->status;
+    uint32_t q_us = 0, c_us = 0;
+    if (status == TS_OK) {
+        status = take_answer(a, res->reply, &q_us, &c_us);
+        if (status == TS_OK) {
+            p->answered++;
+            r->st.answers++;
+            r->st.bytes_in += (size_t)(a->job->m * r->chw) * sizeof(float);
+            if (s->hedge) {
+                p->hedges_won++;
+                r->st.hedge_wins++;
+            }
+            note_rtt(a->ex, p, (double)res->rtt_ns / 1e6);
+            trace(r, s, TS_OK, q_us, c_us, s->replica, s->start);
+            finish(a, TS_OK);
+            return;
+        }
+        /* A wrong answer is worse than none: that replica is not asked again for a while. */
+        p->garbage++;
+        r->st.garbage++;
+        p->banned_until = now_s() + r->o.ban_ms / 1000.0;
+    } else if (status == TS_EBUSY) {
+        r->st.busy++;
+    } else if (status != TS_ECANCELED) {
+        r->st.errors++;
+    }
+    p->failed++;
+    a->last_error = status;
+    trace(r, s, status, 0, 0, s->replica, s->start);
+    if (a->inflight > 0)
+        return; /* the other request may still answer */
+    while (a->retries_left > 0) {
+        a->retries_left--;
+        r->st.retries++;
+        if (send_next(a, 0) == TS_OK)
+            return;
+    }
+    finish(a, status);
+}
+
+/* Ends a job: cancels what is still in flight, and when the network failed it, runs the expert
+ * from cached weights if there are any. */
+static void finish(attempt_t *a, int status) {
+    ts_remote_t *r = a->r;
+    a->done = 1;
+    uv_timer_stop(a->hedge_timer);
+    for (int i = 0; i < a->n_sends; i++)
+        if (a->sends[i].call)
+            ts_rpc_cancel(a->sends[i].call); /* runs on_answer now, which sees done */
+    if (status != TS_OK && a->ex->local) {
+        double t = now_s();
+        status = ts_expert_job_run(a->ex->local, a->job);
+        r->st.local_runs++;
+        r->st.local_s += now_s() - t;
+        trace(r, NULL, status, 0, 0, -1, t);
+    }
+    a->job->status = status;
+    if (status != TS_OK)
+        r->st.failed_jobs++;
+    priv(r)->pending--;
+}
+
+/* ---- the hook --------------------------------------------------------------------------------- */
+
+int ts_remote_eval(void *ctx, ts_expert_job_t *jobs, int n) {
+    ts_remote_t *r = ctx;
+    remote_priv_t *pv = priv(r);
+    double t0 = now_s();
+    r->st.evaluations++;
+    r->st.jobs += (uint64_t)n;
+    pv->pending = n;
+    int rc = TS_OK;
+    for (int i = 0; i < n && rc == TS_OK; i++) {
+        attempt_t *a = &pv->att[i];
+        ts_expert_job_t *j = &jobs[i];
+        free(a->t);
+        *a = (attempt_t){.r = r, .job = j, .ex = &r->experts[j->k],
+                         .hedge_timer = &pv->timers[j->k], .retries_left = r->o.retries,
+                         .last_error = TS_ENOTFOUND};
+        a->t = malloc((size_t)j->m * sizeof *a->t);
+        if (!a->t) {
+            rc = TS_ENOMEM;
+            break;
+        }
+        for (int b = 0; b < j->m; b++)
+            a->t[b] = j->t;
+        a->hedge_timer->data = a;
+        if (r->o.prefer_local && a->ex->local) {
+            finish(a, TS_ENOTSUP); /* straight to the cached weights */
+            continue;
+        }
+        if (send_next(a, 0) != TS_OK) {
+            finish(a, a->last_error);
+            continue;
+        }
+        if (r->o.hedge && a->ex->n_rep > 1)
+            uv_timer_start(a->hedge_timer, on_hedge, hedge_delay_ms(r, a->ex), 0);
+    }
+    /* Wait for the answers. A loop with nothing left to run while jobs are pending would spin:
+     * that cannot happen while calls are outstanding (their deadlines are timers). */
+    while (pv->pending > 0 && rc == TS_OK)
+        if (uv_run(r->loop, UV_RUN_ONCE) == 0 && pv->pending > 0)
+            rc = TS_EIO;
+    for (int i = 0; i < n; i++) {
+        attempt_t *a = &pv->att[i];
+        if (!a->done && a->job)
+            finish(a, TS_ECANCELED);
+        a->hedge_timer->data = NULL;
+    }
+    int degraded = 0;
+    for (int i = 0; i < n; i++)
+        degraded |= jobs[i].status != TS_OK;
+    r->st.degraded_evaluations += (uint64_t)degraded;
+    double dt = now_s() - t0;
+    r->st.network_s += dt;
+    if (r->n_eval == r->cap_eval) {
+        size_t cap = r->cap_eval ? 2 * r->cap_eval : 128;
+        double *e = realloc(r->eval_ms, cap * sizeof *e);
+        if (e) {
+            r->eval_ms = e;
+            r->cap_eval = cap;
+        }
+    }
+    if (r->n_eval < r->cap_eval)
+        r->eval_ms[r->n_eval++] = dt * 1e3;
+    return rc;
+}
+
+/* ---- setup ------------------------------------------------------------------------------------ */
+
+int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_expert_t *experts,
+                   int K, int channels, int size, const ts_remote_opts_t *o, int trace_on,
+                   char *err, size_t errlen) {
+    memset(r, 0, sizeof *r);
+    r->loop = loop;
+    r->rpc = rpc;
+    r->K = K;
+    r->experts = experts;
+    r->channels = channels;
+    r->size = size;
+    r->chw = (int64_t)channels * size * size;
+    r->trace = trace_on;
+    r->t0 = now_s();
+    r->rng = 0x9E3779B97F4A7C15ULL ^ (uint64_t)(r->t0 * 1e9);
+    if (o)
+        r->o = *o;
+    else
+        ts_remote_opts_default(&r->o);
+    for (int k = 0; k < K; k++) {
+        ts_remote_expert_t *ex = &experts[k];
+        if (ex->n_rep < 0 || ex->n_rep > TS_REMOTE_MAX_REPLICAS ||
+            (ex->n_rep == 0 && !ex->local)) {
+            ts_set_err(err, errlen, "expert %d has no replica in the network and no cached "
+                                    "weights",
+                       k);
+            return TS_EINVAL;
+        }
+        for (int i = 0; i < ex->n_rep; i++) {
+            int rc = ts_rpc_peer_get(rpc, ex->rep[i].addr, &ex->rep[i].peer, err, errlen);
+            if (rc != TS_OK)
+                return rc;
+        }
+    }
+    remote_priv_t *pv = calloc(1, sizeof *pv);
+    if (pv) {
+        pv->timers = calloc((size_t)K, sizeof *pv->timers);
+        pv->att = calloc((size_t)K, sizeof *pv->att);
+    }
+    if (!pv || !pv->timers || !pv->att) {
+        if (pv) {
+            free(pv->timers);
+            free(pv->att);
+        }
+        free(pv);
+        ts_set_err(err, errlen, "out of memory");
+        return TS_ENOMEM;
+    }
+    for (int k = 0; k < K; k++)
+        uv_timer_init(loop, &pv->timers[k]);
+    r->impl = pv;
+    return TS_OK;
+}
+
+static void timer_closed(uv_handle_t *h) {
+    remote_priv_t *pv = h->data;
+    if (pv && --pv->closing == 0) {
+        free(pv->timers);
+        free(pv);
+    }
+}
+
+void ts_remote_free(ts_remote_t *r) {
+    remote_priv_t *pv = priv(r);
+    if (pv) {
+        for (int k = 0; k < r->K; k++)
+            free(pv->att[k].t);
+        free(pv->att);
+        pv->att = NULL;
+        pv->closing = r->K;
+        for (int k = 0; k < r->K; k++) {
+            pv->timers[k].data = pv;
+            uv_close((uv_handle_t *)&pv->timers[k], timer_closed);
+        }
+        if (r->K == 0) {
+            free(pv->timers);
+            free(pv);
+        }
+    }
+    free(r->events);
+    free(r->eval_ms);
+    r->impl = NULL;
+    r->events = NULL;
+    r->eval_ms = NULL;
+}

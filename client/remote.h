@@ -1,0 +1,113 @@
+/*
+ * remote.h — remote experts for the ensemble (model/ensemble.h's hook): every evaluation's jobs
+ * go to the nodes hosting each expert, in parallel, over the RPC pool (net/rpc.h).
+ *
+ * Per job (one expert, the rows routed to it):
+ *   1. choose a replica by predicted latency — the replica's round-trip EWMA plus its advertised
+ *      queue depth × per-item time — between two replicas drawn at random (power of two
+ *      choices); a replica that answered garbage is banned for ban_ms;
+ *   2. send the DenoiseRequest; if no answer has come after the hedge delay (the p95 of this
+ *      expert's observed round trips, at least hedge_min_ms), send the same request to a second
+ *      replica; the first valid answer wins and the other call is cancelled;
+ *   3. on an error, busy, timeout or a lost connection, retry on a replica not tried yet (at most
+ *      retries times);
+ *   4. when no replica is left, run the expert locally from cached weights when they were given;
+ *   5. only then fail the job: the ensemble drops the expert for this evaluation and
+ *      renormalises (and the evaluation is counted as degraded).
+ * An answer is accepted only when it is an F32 tensor of exactly (m, C, H, W) finite values.
+ *
+ * Everything runs on the client's loop; ts_remote_eval runs the loop until its jobs are done.
+ */
+#ifndef TS_CLIENT_REMOTE_H
+#define TS_CLIENT_REMOTE_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "model/dit.h"
+#include "model/ensemble.h"
+#include "net/rpc.h"
+
+#define TS_REMOTE_MAX_REPLICAS 16
+#define TS_REMOTE_RTT_WINDOW 64 /* round trips kept per expert, for the hedge delay */
+
+typedef struct ts_replica {
+    char addr[280];
+    ts_rpc_peer_t *peer;
+    double ewma_ms;             /* round-trip EWMA; 0 until the first answer */
+    uint32_t queue_depth;       /* from the advert */
+    uint32_t item_latency_us;   /* from the advert */
+    double banned_until;        /* monotonic seconds */
+    uint64_t sent, answered, failed, garbage, hedges_won;
+} ts_replica_t;
+
+typedef struct ts_remote_expert {
+    uint8_t weights_hash[32];
+    int n_rep;
+    ts_replica_t rep[TS_REMOTE_MAX_REPLICAS];
+    ts_dit_t *local; /* cached weights for the fallback (borrowed), or NULL */
+    double rtt[TS_REMOTE_RTT_WINDOW];
+    int n_rtt, rtt_next;
+} ts_remote_expert_t;
+
+typedef struct ts_remote_opts {
+    uint32_t timeout_ms;   /* per request (10000) */
+    int hedge;             /* send a second request after the hedge delay (1) */
+    uint32_t hedge_min_ms; /* (2) */
+    int retries;           /* further replicas tried after a failure (2) */
+    uint32_t ban_ms;       /* a replica that answered garbage is not asked for this long (30000) */
+    int prefer_local;      /* run every expert with cached weights locally (0) */
+} ts_remote_opts_t;
+
+void ts_remote_opts_default(ts_remote_opts_t *o);
+
+/* What happened, for the summary and the trace. */
+typedef struct ts_remote_stats {
+    uint64_t evaluations, jobs, requests, answers, hedges, hedge_wins, retries, busy, errors;
+    uint64_t garbage, local_runs, failed_jobs, degraded_evaluations;
+    uint64_t bytes_out, bytes_in;
+    double network_s, local_s; /* wall time waiting for the network, computing locally */
+} ts_remote_stats_t;
+
+/* One trace event: one request or local run of one job (Chrome trace "X" events). */
+typedef struct ts_remote_event {
+    double start_s, dur_s; /* from ts_remote_init */
+    int k;                 /* expert */
+    int m;                 /* rows */
+    int replica;           /* −1: local */
+    int status;            /* TS_OK, or the failure */
+    int hedge;             /* 1: a hedged second request */
+    uint32_t queue_us, compute_us; /* the server's Timings (0 when none) */
+} ts_remote_event_t;
+
+typedef struct ts_remote {
+    uv_loop_t *loop;
+    ts_rpc_t *rpc;
+    int K;
+    ts_remote_expert_t *experts; /* (K), the caller's */
+    ts_remote_opts_t o;
+    int64_t chw;
+    int channels, size;
+    ts_remote_stats_t st;
+    ts_remote_event_t *events; /* grows; NULL when tracing is off */
+    size_t n_events, cap_events;
+    int trace;
+    double t0;
+    uint64_t rng;
+    double *eval_ms; /* per evaluation wall time (grows) */
+    size_t n_eval, cap_eval;
+    void *impl; /* remote.c's: the hedge timers and the attempts of the evaluation in progress */
+} ts_remote_t;
+
+/* Prepares r for K experts (experts[k].rep[...] with addr set; peers are made here) of images
+ * C×S×S. trace keeps every request as an event. TS_EINVAL with a sentence for an expert without
+ * replicas or local weights. */
+int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_expert_t *experts,
+                   int K, int channels, int size, const ts_remote_opts_t *o, int trace, char *err,
+                   size_t errlen);
+void ts_remote_free(ts_remote_t *r);
+
+/* ts_expert_eval_fn for ctx = ts_remote_t. */
+int ts_remote_eval(void *ctx, ts_expert_job_t *jobs, int n);
+
+#endif
