@@ -274,6 +274,20 @@ static void *job_main(void *arg) {
 
 /* ---- start, stop, progress --------------------------------------------------------------- */
 
+void ts_train_job_opts_from_config(ts_train_job_opts_t *o, const ts_daemon_config_t *c,
+                                   ts_store_t *store) {
+    *o = (ts_train_job_opts_t){.store = store, .partition = c->expert_partition,
+                               .cluster = c->expert_cluster, .data = c->train_data,
+                               .model = c->train_model, .steps = c->train_steps,
+                               .threads = c->train_threads, .ckpt_every = c->train_ckpt_every,
+                               .keep = c->train_keep, .snapshots = c->train_serve_while_training,
+                               .out = c->expert_weights[0] ? c->expert_weights : NULL};
+    ts_train_config_default(&o->train);
+    o->train.batch = c->train_batch, o->train.lr = (float)c->train_lr;
+    o->train.warmup = c->train_warmup, o->train.ema_decay = (float)c->train_ema;
+    o->train.seed = c->train_seed;
+}
+
 static int check_opts(const ts_train_job_opts_t *o, char *err, size_t errlen) {
     const char *bad = !o->store ? "store" : !o->partition ? "partition" : o->cluster < 0 ? "cluster"
                     : o->steps < 1 ? "steps" : o->ckpt_every < 1 ? "ckpt_every"

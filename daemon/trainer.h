@@ -54,6 +54,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/config.h"
 #include "model/dit.h"
 #include "model/train.h"
 #include "store/store.h"
@@ -79,6 +80,13 @@ typedef struct ts_train_job_opts {
     void (*notify)(void *ctx);
     void *ctx;
 } ts_train_job_opts_t;
+
+/* The options of [expert] mode = train and [train] (daemon/config.h): partition, cluster, the
+ * [train] keys (over ts_train_config_default), weights as `out` when set, serve_while_training as
+ * `snapshots`. The strings point into c, which must outlive the call to ts_train_job_start;
+ * notify and ctx are left NULL for the caller. */
+void ts_train_job_opts_from_config(ts_train_job_opts_t *o, const ts_daemon_config_t *c,
+                                   ts_store_t *store);
 
 typedef enum {
     TS_TRAIN_RUNNING = 0, /* stepping (or stopping: the stop was asked for) */

@@ -498,6 +498,43 @@ static void test_run_id(void **state) {
     TU_CHECK_RC(ts_train_run_id(pid, -1, &m, &t, b), TS_EINVAL);
 }
 
+/* The config's [expert] and [train] keys map onto the job's options. */
+static void test_opts_from_config(void **state) {
+    (void)state;
+    ts_daemon_config_t c;
+    char err[512] = "";
+    const char *text = "[node]\nidentity = i\nnetwork_key = n\nlisten = 127.0.0.1:1\n"
+                       "[expert]\nmode = train\npartition = p.safetensors\ncluster = 1\n"
+                       "weights = out.safetensors\n"
+                       "[train]\nsteps = 77\nbatch = 5\nlr = 0.002\nwarmup = 9\nema = 0.5\n"
+                       "seed = 11\nthreads = 1\nckpt_every = 4\nkeep = 6\nmodel = small\n"
+                       "serve_while_training = true\n";
+    TU_CHECK_RC_MSG(ts_daemon_config_parse(&c, text, "t.ini", err, sizeof err), TS_OK, err);
+    ts_train_job_opts_t o;
+    ts_store_t *store = (ts_store_t *)&c; /* only carried */
+    ts_train_job_opts_from_config(&o, &c, store);
+    assert_ptr_equal(o.store, store);
+    assert_string_equal(o.partition, "p.safetensors");
+    assert_int_equal(o.cluster, 1);
+    assert_string_equal(o.out, "out.safetensors");
+    assert_string_equal(o.data, TS_FMNIST_DEFAULT_DIR);
+    assert_string_equal(o.model, "small");
+    assert_int_equal(o.steps, 77);
+    assert_int_equal(o.train.batch, 5);
+    assert_true(o.train.lr == 0.002f);
+    assert_int_equal(o.train.warmup, 9);
+    assert_true(o.train.ema_decay == 0.5f);
+    assert_true(o.train.seed == 11);
+    assert_int_equal(o.threads, 1);
+    assert_int_equal(o.ckpt_every, 4);
+    assert_int_equal(o.keep, 6);
+    assert_int_equal(o.snapshots, 1);
+    assert_null(o.notify);
+    ts_train_config_t d;
+    ts_train_config_default(&d);
+    assert_true(o.train.grad_clip == d.grad_clip && o.train.label_dropout == d.label_dropout);
+}
+
 int main(void) {
     if (!have_fmnist()) {
         printf("skip: no Fashion-MNIST in " TS_FMNIST_DEFAULT_DIR "\n");
@@ -505,6 +542,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_id),
+        cmocka_unit_test(test_opts_from_config),
         cmocka_unit_test(test_cluster_is_the_shard_file),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_stop_and_resume_is_bit_identical),
