@@ -216,7 +216,8 @@ static void *job_main(void *arg) {
     int64_t at = j->tr.step;
     int64_t first = j->tr.step;
     double t0 = now_s();
-    if (j->snapshots && j->tr.step > 0) { /* resumed: serve what the checkpoint holds at once */
+    /* resumed mid-run: serve what the checkpoint holds at once (a complete run: finish does) */
+    if (j->snapshots && j->tr.step > 0 && j->tr.step < j->steps) {
         what = "snapshot";
         if ((rc = publish_snapshot(j, err, sizeof err)) == TS_OK)
             notify(j);

@@ -417,6 +417,7 @@ static void test_snapshots_and_final_weights(void **state) {
     assert_int_equal(q.resumed_from, 2 * EVERY);
     assert_true(isnan(q.loss));
     assert_memory_equal(q.weights.b, p.weights.b, TS_HASH_BYTES);
+    assert_int_equal(q.snapshots, 1); /* the final weights, once */
     ts_train_job_free(j);
     ts_store_close(s);
 }
