@@ -264,12 +264,12 @@ static void *job_main(void *arg) {
                  "%s at step %lld failed: %s%s%s; the checkpoint at step %lld is intact", what,
                  (long long)at, err, *err ? ": " : "", ts_strerror(rc),
                  (long long)j->progress.ckpt_step);
-    pthread_mutex_unlock(&j->mu);
-    notify(j);
-    pthread_mutex_lock(&j->mu);
+    /* ended before the last notify, so that the loop it wakes can join at once; the join
+     * then waits for this thread to return, and the job cannot be freed under notify */
     j->ended = 1;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
+    notify(j);
     return NULL;
 }
 

@@ -138,7 +138,9 @@ void ts_train_job_request_stop(ts_train_job_t *j);
 /* Asks the job to stop (as above) and waits up to timeout_ms (< 0: without limit) for its thread
  * to finish the current step, write its checkpoint and end; then joins it. TS_OK once the
  * thread has ended (also when it had ended before), TS_ETIMEDOUT when it has not yet — call
- * again, or exit: the last checkpoint is intact either way. The caller's thread, not the job's. */
+ * again, or exit: the last checkpoint is intact either way. Once notify has reported the end
+ * (progress.state no longer running), ts_train_job_stop(j, 0) joins at once. The caller's
+ * thread (one of them), never from notify. */
 int ts_train_job_stop(ts_train_job_t *j, int timeout_ms);
 
 /* A copy of the job's progress. Any thread; holds the job's mutex only to copy. */

@@ -238,6 +238,8 @@ static void test_stop_and_resume_is_bit_identical(void **state) {
     do
         ts_train_job_progress(j, &p);
     while (p.step < 2 && p.state == TS_TRAIN_RUNNING);
+    /* no wait: the step under way and the checkpoint take longer than nothing */
+    TU_CHECK_RC(ts_train_job_stop(j, 0), TS_ETIMEDOUT);
     TU_CHECK_OK(ts_train_job_stop(j, 60000));
     TU_CHECK_OK(ts_train_job_stop(j, 0)); /* again: already ended */
     ts_train_job_progress(j, &p);
@@ -357,6 +359,7 @@ static void test_snapshots_and_final_weights(void **state) {
     wait_end(j, &p);
     if (p.state != TS_TRAIN_DONE)
         fail_msg("job ended %s: %s", ts_train_state_name(p.state), p.message);
+    TU_CHECK_OK(ts_train_job_stop(j, 0)); /* ended when it says so: joins at once */
     /* snapshots at EVERY and at the end (which is also a checkpoint) */
     assert_int_equal(p.snapshots, 2);
     assert_int_equal(p.snapshot_step, 2 * EVERY);
