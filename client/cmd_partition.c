@@ -79,22 +79,19 @@ static int parse_embed(const char *s) {
     return *end || v < 1 || v > 100000 || s[3] == '+' || s[3] == '-' ? -1 : (int)v;
 }
 
-/* One shard file per cluster: the indices of its images, in increasing order. */
+/* One shard file per cluster: the indices of its images, in increasing order
+ * (ts_partition_members, which is also what `tessera train --partition` and tesserad train on). */
 static int write_shards(const ts_partition_t *p, const char *dir, char *err, size_t errlen) {
-    int32_t *idx = malloc((size_t)p->n * sizeof *idx);
-    if (!idx)
-        return TS_ENOMEM;
     int rc = TS_OK;
     for (int k = 0; k < p->K && rc == TS_OK; k++) {
+        int32_t *idx = NULL;
         int m = 0;
-        for (int64_t i = 0; i < p->n; i++)
-            if (p->assignment[i] == k)
-                idx[m++] = (int32_t)i;
         char path[4096];
         snprintf(path, sizeof path, "%s/shard-%d.txt", dir, k);
-        rc = ts_shard_write(path, idx, m, err, errlen);
+        if ((rc = ts_partition_members(p, k, &idx, &m)) == TS_OK)
+            rc = ts_shard_write(path, idx, m, err, errlen);
+        free(idx);
     }
-    free(idx);
     return rc;
 }
 

@@ -57,14 +57,21 @@ typedef struct {
     const char *store_dir, *run, *from_ckpt, *partition;
     int64_t steps;
     int cluster;
-    char partition_id[80], cluster_str[16], shard_buf[4096];
+    char partition_id[TS_PARTITION_ID_HEX], shard_name[32];
     int batch, threads, ckpt_every, keep, log_every, resume, json, warmup, logit_normal;
     float lr, wd, clip, ema, dropout;
     uint64_t seed;
 } train_opts_t;
 
-/* Loads the data set and applies the shard, if any. */
-static int load_data(const train_opts_t *o, ts_dataset_t *ds, char *err, size_t errlen) {
+/* Loads the data set and keeps the partition's cluster or the shard, if any. */
+static int load_data(train_opts_t *o, ts_dataset_t *ds, char *err, size_t errlen) {
+    if (o->partition) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/partition.safetensors", o->partition);
+        snprintf(o->shard_name, sizeof o->shard_name, "shard-%d", o->cluster);
+        return ts_partition_load_cluster(path, o->cluster, o->fmnist_dir, ds, o->partition_id,
+                                         err, errlen);
+    }
     int rc = ts_fmnist_load(o->fmnist_dir, "train", ds, err, errlen);
     if (rc || !o->shard)
         return rc;
@@ -128,53 +135,27 @@ static int start_point(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o, 
                     o->run, (long long)newest, ts_store_dir(st));
         return TS_OK;
     }
-    int64_t step = 0;
-    unsigned char *blob = NULL;
-    size_t len = 0;
-    int rc = ts_ckpt_latest(st, o->run, &step, &blob, &len);
+    int rc = ts_ckpt_resume_trainer(st, o->run, tr, err, errlen);
     if (rc == TS_ENOTFOUND) {
         fprintf(stderr, "no checkpoint of run '%s' in %s: starting at step 0\n", o->run,
                 ts_store_dir(st));
         return TS_OK;
     }
-    if (rc != TS_OK) {
-        snprintf(err, errlen, "store %s: cannot read the checkpoint of run '%s'",
-                 ts_store_dir(st), o->run);
-        return rc;
-    }
-    rc = ts_trainer_load_mem(tr, blob, len, err, errlen);
-    free(blob);
-    if (rc == TS_OK && tr->step != step) {
-        snprintf(err, errlen, "run '%s': the checkpoint stored as step %lld holds step %lld",
-                 o->run, (long long)step, (long long)tr->step);
-        rc = TS_ECORRUPT;
-    }
     if (rc == TS_OK)
-        fprintf(stderr, "resuming run '%s' from step %lld (%s)\n", o->run, (long long)step,
+        fprintf(stderr, "resuming run '%s' from step %lld (%s)\n", o->run, (long long)tr->step,
                 ts_store_dir(st));
     return rc;
 }
 
 /* A checkpoint into the store, then the EMA weights to --out. */
-static int save_outputs(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o, float loss,
-                        char *err, size_t errlen) {
-    char steps[32], lossbuf[32];
-    snprintf(steps, sizeof steps, "%lld", (long long)tr->step);
-    snprintf(lossbuf, sizeof lossbuf, "%.6f", loss);
-    const char *extra[] = {"objective", "velocity", "weights", "ema", "train_steps", steps,
-                           "train_loss", lossbuf, "shard", o->shard ? o->shard : "all",
-                           "partition_id", o->partition_id, "cluster", o->cluster_str};
-    int n_extra = o->partition ? 7 : 5;
-    unsigned char *blob = NULL;
-    size_t len = 0;
-    int rc = ts_trainer_save_mem(tr, &blob, &len, err, errlen);
-    if (rc == TS_OK && (rc = ts_ckpt_save(st, o->run, tr->step, blob, len, o->keep)) != TS_OK)
-        snprintf(err, errlen, "store %s: cannot save the checkpoint of run '%s' at step %lld "
-                              "(%zu bytes)",
-                 ts_store_dir(st), o->run, (long long)tr->step, len);
-    free(blob);
+static int save_outputs(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o, char *err,
+                        size_t errlen) {
+    ts_train_meta_t meta;
+    ts_train_meta(&meta, tr, o->partition ? o->shard_name : o->shard,
+                  o->partition ? o->partition_id : NULL, o->cluster);
+    int rc = ts_ckpt_save_trainer(st, o->run, tr, o->keep, err, errlen);
     if (rc == TS_OK)
-        rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, TS_ST_F32, extra, n_extra, err, errlen);
+        rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, TS_ST_F32, meta.kv, meta.n, err, errlen);
     return rc;
 }
 
@@ -189,7 +170,7 @@ int ts_cmd_train(int argc, char **argv) {
     ts_arg_t args[] = {
         {"data", TS_ARG_STRING, &o.fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"shard", TS_ARG_STRING, &o.shard, "FILE", "train only on these image indices (one per line)"},
-        {"partition", TS_ARG_STRING, &o.partition, "DIR", "a `tessera partition` folder: train on its shard-<cluster>.txt and record partition_id and cluster in the weights (needs --cluster)"},
+        {"partition", TS_ARG_STRING, &o.partition, "DIR", "a `tessera partition` folder: train on the images of its cluster --cluster (those of shard-<cluster>.txt) and record partition_id and cluster in the weights"},
         {"cluster", TS_ARG_INT, &o.cluster, "K", "the cluster of --partition to train on", 0, 65535},
         {"model", TS_ARG_STRING, &o.model, "NAME", "config: tiny, small, S/2, B/4, ... (default tiny)"},
         {"init", TS_ARG_STRING, &o.init, "FILE", "start from these weights instead of a fresh init"},
@@ -237,28 +218,6 @@ int ts_cmd_train(int argc, char **argv) {
     if (o.partition && o.shard) {
         fprintf(stderr, "tessera train: --shard and --partition both name the data; pass one\n");
         return 2;
-    }
-    if (o.partition) {
-        char perr[512] = "", ppath[4096];
-        ts_partition_t part = {0};
-        snprintf(ppath, sizeof ppath, "%s/partition.safetensors", o.partition);
-        int prc = ts_partition_load(ppath, &part, perr, sizeof perr);
-        if (prc == TS_OK && o.cluster >= part.K) {
-            snprintf(perr, sizeof perr, "--cluster %d: %.400s has clusters 0..%d", o.cluster, ppath,
-                     part.K - 1);
-            prc = TS_EINVAL;
-        }
-        if (prc == TS_OK) {
-            snprintf(o.partition_id, sizeof o.partition_id, "%s", part.id);
-            snprintf(o.cluster_str, sizeof o.cluster_str, "%d", o.cluster);
-            snprintf(o.shard_buf, sizeof o.shard_buf, "%s/shard-%d.txt", o.partition, o.cluster);
-            o.shard = o.shard_buf;
-        }
-        ts_partition_free(&part);
-        if (prc != TS_OK) {
-            fprintf(stderr, "tessera train: %s: %s\n", perr, ts_strerror(prc));
-            return 2;
-        }
     }
     tc.batch = o.batch, tc.lr = o.lr, tc.warmup = o.warmup, tc.weight_decay = o.wd;
     tc.grad_clip = o.clip, tc.ema_decay = o.ema, tc.label_dropout = o.dropout;
@@ -318,7 +277,7 @@ int ts_cmd_train(int argc, char **argv) {
     int tty = isatty(STDERR_FILENO);
     double t0 = now_s(), t_log = t0;
     int64_t first = tr.step, at_log = tr.step;
-    float loss = NAN, norm = NAN, avg = NAN;
+    float loss = NAN, norm = NAN;
     while (tr.step < o.steps && !g_stop) {
         rc = ts_trainer_step(&tr, &loss, &norm);
         if (rc != TS_OK) {
@@ -327,7 +286,6 @@ int ts_cmd_train(int argc, char **argv) {
                     (long long)tr.step + 1, ts_strerror(rc), loss, norm);
             goto done;
         }
-        avg = isnan(avg) ? loss : 0.98f * avg + 0.02f * loss;
         if (loss_log)
             fprintf(loss_log, "%lld %.9g %.9g\n", (long long)tr.step, loss, norm);
         int last = tr.step == o.steps;
@@ -339,17 +297,17 @@ int ts_cmd_train(int argc, char **argv) {
                 char etab[32];
                 fmt_eta(eta, etab, sizeof etab);
                 fprintf(stderr, "%sstep %lld/%lld  loss %.4f (avg %.4f)  |g| %.3f  lr %.2e  %.0f samples/s  ETA %s%s",
-                        tty ? "\r" : "", (long long)tr.step, (long long)o.steps, loss, avg, norm,
+                        tty ? "\r" : "", (long long)tr.step, (long long)o.steps, loss, tr.loss_avg, norm,
                         ts_trainer_lr(&tc, tr.step - 1), sps, etab, tty ? "   " : "\n");
                 if (o.json)
                     printf("{\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"grad_norm\":%.4f,"
                            "\"samples_per_s\":%.1f,\"eta_s\":%.0f}\n",
-                           (long long)tr.step, loss, avg, norm, sps, eta);
+                           (long long)tr.step, loss, tr.loss_avg, norm, sps, eta);
                 t_log = t, at_log = tr.step;
             }
         }
         if (tr.step % o.ckpt_every == 0 && !last) {
-            if ((rc = save_outputs(&tr, store, &o, loss, err, sizeof err)) != TS_OK) {
+            if ((rc = save_outputs(&tr, store, &o, err, sizeof err)) != TS_OK) {
                 fprintf(stderr, "\ntessera train: checkpoint: %s: %s\n", err, ts_strerror(rc));
                 goto done;
             }
@@ -357,20 +315,20 @@ int ts_cmd_train(int argc, char **argv) {
     }
     if (tty)
         fprintf(stderr, "\n");
-    if ((rc = save_outputs(&tr, store, &o, isnan(avg) ? loss : avg, err, sizeof err)) != TS_OK) {
+    if ((rc = save_outputs(&tr, store, &o, err, sizeof err)) != TS_OK) {
         fprintf(stderr, "tessera train: %s: %s\n", err, ts_strerror(rc));
         goto done;
     }
     double secs = now_s() - t0;
     fprintf(stderr, "%s at step %lld: loss %.4f (avg %.4f), %.1f s, %.0f samples/s; weights → %s, "
                     "checkpoint → run '%s' in %s\n",
-            g_stop ? "stopped" : "done", (long long)tr.step, loss, avg, secs,
+            g_stop ? "stopped" : "done", (long long)tr.step, loss, tr.loss_avg, secs,
             (double)(tr.step - first) * o.batch / (secs + 1e-9), o.out, o.run,
             ts_store_dir(store));
     if (o.json) {
         /* jansson escapes the paths (a quote in a file name must not break the JSON) */
         json_t *j = json_pack("{s:b, s:I, s:f, s:f, s:f, s:s, s:s, s:s}", "done", !g_stop, "step",
-                              (json_int_t)tr.step, "loss", (double)loss, "loss_avg", (double)avg,
+                              (json_int_t)tr.step, "loss", (double)loss, "loss_avg", (double)tr.loss_avg,
                               "seconds", secs, "out", o.out, "run", o.run, "data_dir",
                               ts_store_dir(store));
         if (j) {

@@ -174,7 +174,7 @@ static int write_config(const char *rundir, int i, const char *bootstrap, const 
     if (bootstrap)
         fprintf(f, "bootstrap = %s\n", bootstrap);
     if (experts)
-        fprintf(f, "\n[expert]\nweights = %s/expert-%d.safetensors\npartition = "
+        fprintf(f, "\n[expert]\nmode = host\nweights = %s/expert-%d.safetensors\npartition = "
                    "%s/partition.safetensors\n",
                 experts, i % k, experts);
     fprintf(f, "\n[gossip]\nprobe_interval_ms = 500\nprobe_timeout_ms = 250\n"

@@ -5,10 +5,13 @@
 
 #include "daemon/config.h"
 
+#include "model/dit.h"
+#include "model/fmnist.h"
 #include "store/peers.h"
 
 #include <errno.h>
 #include <ini.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -16,13 +19,17 @@
 #include <string.h>
 
 /* K_ADDR0: an address whose port may be 0 (any free port, which the daemon logs) */
-typedef enum { K_PATH, K_ADDR, K_ADDR0, K_ADDRLIST, K_INT, K_LEVEL, K_FORMAT } kind_t;
+typedef enum {
+    K_PATH, K_ADDR, K_ADDR0, K_ADDRLIST, K_INT, K_U64, K_FLOAT, K_BOOL, K_LEVEL, K_FORMAT, K_MODE,
+    K_MODEL
+} kind_t;
 
 typedef struct {
     ts_config_key_info_t info;
     kind_t kind;
     size_t off;
-    long lo, hi; /* K_INT */
+    long lo, hi;     /* K_INT: the range */
+    double flo, fhi; /* K_FLOAT: the range */
 } key_spec_t;
 
 #define OFF(f) offsetof(ts_daemon_config_t, f)
@@ -35,9 +42,23 @@ static const key_spec_t KEYS[] = {
     {{"node", "listen", "host:port", "0.0.0.0:7420", "where to listen: TCP (RPC, transfers) and UDP (gossip) on the same port; port 0 picks a free one (logged, and written to DATA_DIR/listen.addr)"}, K_ADDR0, OFF(listen), 0, 0},
     {{"node", "advertise", "host:port", "(listen)", "the address other nodes dial; needed when listen is 0.0.0.0 or behind NAT"}, K_ADDR, OFF(advertise), 0, 0},
     {{"node", "bootstrap", "host:port list", "(none)", "nodes to join through, comma-separated; the key may be repeated and the lists add up; empty for the first node"}, K_ADDRLIST, OFF(bootstrap), 0, 0},
-    {{"expert", "weights", "path or hash", "(none)", "the expert this node hosts: a .safetensors file from `tessera train --partition DIR --cluster K` (imported into the store at start) or the weights hash of one already in the store; leave out for a node that hosts nothing"}, K_PATH, OFF(expert_weights), 0, 0},
-    {{"expert", "partition", "path", "(none)", "the partition file (`tessera partition`) the expert was trained on: it gives the centroid the advert carries; required with weights"}, K_PATH, OFF(expert_partition), 0, 0},
-    {{"expert", "router", "path", "(none)", "a router for the partition (`tessera train-router`), imported into the store and named in the advert, so that clients can fetch it from this node and route with the learned policy"}, K_PATH, OFF(expert_router), 0, 0},
+    {{"expert", "mode", "none|host|train", "none", "none: no expert (a bootstrap or relay node); host: serve the expert in weights; train: train the expert of cluster `cluster` of partition ([train] sets how), then host it"}, K_MODE, OFF(expert_mode), 0, 0},
+    {{"expert", "weights", "path or hash", "(none)", "host: the expert, a .safetensors file from `tessera train --partition DIR --cluster K` (imported into the store at start) or the weights hash of one already in the store (required); train: where to also write the final weights as a file (optional: they go into the store in any case)"}, K_PATH, OFF(expert_weights), 0, 0},
+    {{"expert", "partition", "path", "(none)", "the partition file (`tessera partition`'s partition.safetensors): host: the one the expert was trained on, for the centroid the advert carries; train: the one that defines the cluster's images; required with host and train"}, K_PATH, OFF(expert_partition), 0, 0},
+    {{"expert", "router", "path", "(none)", "host and train: a router for the partition (`tessera train-router`), imported into the store and named in the advert, so that clients can fetch it from this node and route with the learned policy"}, K_PATH, OFF(expert_router), 0, 0},
+    {{"expert", "cluster", "integer", "(none)", "train: the cluster of partition to train on, 0..K-1 (required); not used otherwise (hosted weights record their cluster)"}, K_INT, OFF(expert_cluster), 0, 65535},
+    {{"train", "model", "name", "tiny", "the DiT config: tiny, small, S/2, S/4, S/8, B/2 ... XL/8"}, K_MODEL, OFF(train_model), 0, 0},
+    {{"train", "data", "path", TS_FMNIST_DEFAULT_DIR, "the Fashion-MNIST IDX files (Debian's dataset-fashion-mnist); the partition must have been made from this train set"}, K_PATH, OFF(train_data), 0, 0},
+    {{"train", "steps", "integer", "10000", "the run is complete at this step; raising it later continues the run"}, K_INT, OFF(train_steps), 1, 2000000000},
+    {{"train", "batch", "integer", "64", "samples per step"}, K_INT, OFF(train_batch), 1, 65536},
+    {{"train", "lr", "number", "0.0003", "peak learning rate (AdamW)"}, K_FLOAT, OFF(train_lr), 0, 0, 1e-9, 10},
+    {{"train", "warmup", "integer", "200", "steps of linear learning-rate warm-up from 0"}, K_INT, OFF(train_warmup), 0, 1000000000},
+    {{"train", "ema", "number", "0.999", "decay of the EMA weights, which are what the node serves and keeps"}, K_FLOAT, OFF(train_ema), 0, 0, 0, 1},
+    {{"train", "seed", "integer", "0", "the seed of every random draw (init, data order, noise, times)"}, K_U64, OFF(train_seed), 0, 0},
+    {{"train", "threads", "integer", "0", "compute threads of the training job; 0 = one per online core"}, K_INT, OFF(train_threads), 0, 1024},
+    {{"train", "ckpt_every", "integer", "500", "a checkpoint into the store every this many steps (and when stopped); a killed daemon resumes from the newest"}, K_INT, OFF(train_ckpt_every), 1, 1000000000},
+    {{"train", "keep", "integer", "3", "checkpoints of the run kept in the store"}, K_INT, OFF(train_keep), 1, 1000000},
+    {{"train", "serve_while_training", "true|false", "false", "serve the EMA weights of the newest checkpoint while training, instead of waiting for the end"}, K_BOOL, OFF(train_serve_while_training), 0, 0},
     {{"gossip", "probe_interval_ms", "integer", "1000", "SWIM protocol period: one probe per period"}, K_INT, OFF(probe_interval_ms), 50, 60000},
     {{"gossip", "probe_timeout_ms", "integer", "500", "wait for a direct ack before indirect probes; less than probe_interval_ms"}, K_INT, OFF(probe_timeout_ms), 10, 60000},
     {{"gossip", "indirect_probes", "integer", "3", "members asked to probe on our behalf (k)"}, K_INT, OFF(indirect_probes), 0, 16},
@@ -58,9 +79,14 @@ static const key_spec_t KEYS[] = {
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
 static const char *LEVELS[] = {"debug", "info", "warn", "error"};
+static const char *MODES[] = {"none", "host", "train"};
 
 const char *ts_log_level_name(ts_log_level_t l) {
     return (unsigned)l < 4 ? LEVELS[l] : "?";
+}
+
+const char *ts_expert_mode_name(ts_expert_mode_t m) {
+    return (unsigned)m < 3 ? MODES[m] : "?";
 }
 
 const ts_config_key_info_t *ts_daemon_config_key(int n) {
@@ -85,6 +111,20 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->log_level = TS_LOG_INFO;
     c->log_format = TS_LOG_TEXT;
     snprintf(c->metrics_listen, sizeof c->metrics_listen, "127.0.0.1:9420");
+    c->expert_mode = TS_EXPERT_NONE;
+    c->expert_cluster = -1;
+    snprintf(c->train_model, sizeof c->train_model, "tiny");
+    snprintf(c->train_data, sizeof c->train_data, "%s", TS_FMNIST_DEFAULT_DIR);
+    c->train_steps = 10000;
+    c->train_batch = 64;
+    c->train_lr = 0.0003;
+    c->train_warmup = 200;
+    c->train_ema = 0.999;
+    c->train_seed = 0;
+    c->train_threads = 0;
+    c->train_ckpt_every = 500;
+    c->train_keep = 3;
+    c->train_serve_while_training = 0;
 }
 
 typedef struct {
@@ -152,8 +192,8 @@ static int on_key(void *user, const char *section, const char *name, const char 
             known_section |= strcmp(KEYS[j].info.section, section) == 0;
         return fail(p, section, name,
                     known_section ? "unknown key (configs/tesserad.ini lists every key)"
-                                  : "unknown section or key (sections: node, gossip, limits, "
-                                    "log, metrics)");
+                                  : "unknown section or key (sections: node, expert, train, "
+                                    "gossip, limits, log, metrics)");
     }
     const key_spec_t *k = &KEYS[i];
     if (p->seen[i] && k->kind != K_ADDRLIST)
@@ -190,6 +230,47 @@ static int on_key(void *user, const char *section, const char *name, const char 
             return 0;
         }
         *(int *)field = (int)v;
+        return 1;
+    }
+    case K_U64: {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(value, &end, 10);
+        if (!*value || *end || errno || *value == '-' || *value == '+')
+            return fail(p, section, name, "'%s' is not a non-negative integer", value);
+        *(uint64_t *)field = (uint64_t)v;
+        return 1;
+    }
+    case K_FLOAT: {
+        char *end;
+        errno = 0;
+        double v = strtod(value, &end);
+        if (!*value || *end || errno || !isfinite(v))
+            return fail(p, section, name, "'%s' is not a number", value);
+        if (v < k->flo || v > k->fhi)
+            return fail(p, section, name, "%g is outside %g..%g", v, k->flo, k->fhi);
+        *(double *)field = v;
+        return 1;
+    }
+    case K_BOOL:
+        if (strcmp(value, "true") == 0 || strcmp(value, "false") == 0) {
+            *(int *)field = value[0] == 't';
+            return 1;
+        }
+        return fail(p, section, name, "'%s': want true or false", value);
+    case K_MODE:
+        for (int m = 0; m < 3; m++)
+            if (strcmp(value, MODES[m]) == 0) {
+                *(ts_expert_mode_t *)field = (ts_expert_mode_t)m;
+                return 1;
+            }
+        return fail(p, section, name, "'%s': want none, host or train", value);
+    case K_MODEL: {
+        ts_dit_config_t cfg;
+        if (strlen(value) >= TS_CONFIG_MODEL_MAX || ts_dit_config_preset(value, &cfg) != TS_OK)
+            return fail(p, section, name, "'%s': want a model preset (tiny, small, S/2 ... XL/8)",
+                        value);
+        snprintf(field, TS_CONFIG_MODEL_MAX, "%s", value);
         return 1;
     }
     case K_LEVEL:
@@ -231,6 +312,34 @@ static char *read_line(char *buf, int size, void *stream) {
     return buf;
 }
 
+/* Which [expert] keys each mode needs (1), allows (0) or refuses (−1): weights, partition,
+ * cluster. */
+static int check_expert(const ts_daemon_config_t *c, const char *name, char *err, size_t errlen) {
+    static const int rule[3][3] = {{-1, -1, -1}, {1, 1, -1}, {0, 1, 1}};
+    static const char *const keys[3] = {"weights", "partition", "cluster"};
+    static const char *const why[3] = {
+        "set mode = host to host an expert, or mode = train to train one",
+        "a hosted expert needs its weights and its partition",
+        "training needs the partition and the cluster to learn"};
+    int set[3] = {c->expert_weights[0] != 0, c->expert_partition[0] != 0,
+                  c->expert_cluster >= 0};
+    int m = c->expert_mode;
+    for (int i = 0; i < 3; i++) {
+        if (rule[m][i] == 1 && !set[i]) {
+            ts_set_err(err, errlen, "%s: [expert] mode = %s needs %s: %s", name, MODES[m],
+                       keys[i], why[m]);
+            return TS_EINVAL;
+        }
+        if (rule[m][i] == -1 && set[i]) {
+            ts_set_err(err, errlen, "%s: [expert] %s is set but mode = %s does not use it%s%s",
+                       name, keys[i], MODES[m], m == TS_EXPERT_NONE ? ": " : "",
+                       m == TS_EXPERT_NONE ? why[m] : " (the weights record their cluster)");
+            return TS_EINVAL;
+        }
+    }
+    return TS_OK;
+}
+
 static int check_whole(ts_daemon_config_t *c, const char *name, char *err, size_t errlen) {
     if (!c->identity[0] || !c->network_key[0]) {
         ts_set_err(err, errlen,
@@ -239,15 +348,12 @@ static int check_whole(ts_daemon_config_t *c, const char *name, char *err, size_
                    !c->identity[0] ? "" : "--network-key ");
         return TS_EINVAL;
     }
-    if (c->expert_router[0] && !c->expert_weights[0]) {
-        ts_set_err(err, errlen, "%s: [expert] router is served with an expert: set weights and "
-                                "partition too",
-                   name);
-        return TS_EINVAL;
-    }
-    if (!c->expert_weights[0] != !c->expert_partition[0]) {
-        ts_set_err(err, errlen, "%s: [expert] weights and partition go together: set both (to "
-                                "host an expert) or neither",
+    int rc = check_expert(c, name, err, errlen);
+    if (rc != TS_OK)
+        return rc;
+    if (c->expert_router[0] && c->expert_mode == TS_EXPERT_NONE) {
+        ts_set_err(err, errlen, "%s: [expert] router is served with an expert: set mode = host "
+                                "or train",
                    name);
         return TS_EINVAL;
     }

@@ -26,6 +26,10 @@
 
 typedef enum { TS_LOG_DEBUG = 0, TS_LOG_INFO, TS_LOG_WARN, TS_LOG_ERROR } ts_log_level_t;
 typedef enum { TS_LOG_TEXT = 0, TS_LOG_JSON } ts_log_format_t;
+/* What the node does with an expert ([expert] mode). */
+typedef enum { TS_EXPERT_NONE = 0, TS_EXPERT_HOST, TS_EXPERT_TRAIN } ts_expert_mode_t;
+
+#define TS_CONFIG_MODEL_MAX 32 /* a model preset's name ("tiny", "XL/8") */
 
 typedef struct ts_daemon_config {
     /* [node] */
@@ -37,9 +41,18 @@ typedef struct ts_daemon_config {
     char bootstrap[TS_CONFIG_MAX_BOOTSTRAP][TS_CONFIG_ADDR_MAX];
     int n_bootstrap;
     /* [expert] */
-    char expert_weights[TS_CONFIG_PATH_MAX];   /* "" = hosts nothing */
-    char expert_partition[TS_CONFIG_PATH_MAX];
-    char expert_router[TS_CONFIG_PATH_MAX];    /* "" = none */
+    ts_expert_mode_t expert_mode;
+    char expert_weights[TS_CONFIG_PATH_MAX];   /* host: the expert; train: "" or a copy's path */
+    char expert_partition[TS_CONFIG_PATH_MAX]; /* host and train */
+    int expert_cluster;                        /* train: the cluster to learn; −1 when not set */
+    char expert_router[TS_CONFIG_PATH_MAX];    /* host and train: "" = none */
+    /* [train] (mode = train): daemon/trainer.h's options */
+    char train_model[TS_CONFIG_MODEL_MAX];
+    char train_data[TS_CONFIG_PATH_MAX]; /* the Fashion-MNIST IDX folder */
+    int train_steps, train_batch, train_warmup, train_threads, train_ckpt_every, train_keep;
+    double train_lr, train_ema;
+    uint64_t train_seed;
+    int train_serve_while_training; /* 0 or 1 */
     /* [gossip] */
     int probe_interval_ms, probe_timeout_ms, indirect_probes, suspicion_mult, retransmit_mult;
     int pushpull_interval_s;
@@ -75,5 +88,6 @@ typedef struct ts_config_key_info {
 const ts_config_key_info_t *ts_daemon_config_key(int n);
 
 const char *ts_log_level_name(ts_log_level_t l);
+const char *ts_expert_mode_name(ts_expert_mode_t m); /* "none", "host", "train" */
 
 #endif

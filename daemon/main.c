@@ -284,7 +284,7 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
         ts_gossip_on_event(d.gossip, on_gossip_event, &d);
         rc = ts_gossip_start(d.gossip, err, sizeof err);
     }
-    if (rc == TS_OK && cfg->expert_weights[0]) {
+    if (rc == TS_OK && cfg->expert_mode == TS_EXPERT_HOST) {
         rc = ts_expert_prepare(store, cfg->expert_weights, cfg->expert_partition, &d.expert, err,
                                sizeof err);
         d.has_expert = rc == TS_OK;

@@ -417,9 +417,13 @@ static int to_host(float *host, const ts_tensor_t *src, int64_t count) {
     return rc;
 }
 
-int ts_dit_save(const ts_dit_t *m, const ts_tensor_t *slab, const char *path, ts_st_dtype_t dtype,
-                const char *const *extra, int n_extra, char *err, size_t errlen) {
-    if (!m || !m->info || !slab || !path || n_extra < 0 || (n_extra > 0 && !extra)) {
+/* The one encoder of ts_dit_save and ts_dit_save_mem: the bytes go to path when it is not NULL,
+ * else into *buf / *len. */
+static int dit_encode(const ts_dit_t *m, const ts_tensor_t *slab, const char *path,
+                      unsigned char **buf, size_t *len, ts_st_dtype_t dtype,
+                      const char *const *extra, int n_extra, char *err, size_t errlen) {
+    if (!m || !m->info || !slab || (!path && (!buf || !len)) || n_extra < 0 ||
+        (n_extra > 0 && !extra)) {
         ts_set_err(err, errlen, "ts_dit_save: invalid arguments");
         return TS_EINVAL;
     }
@@ -492,11 +496,31 @@ int ts_dit_save(const ts_dit_t *m, const ts_tensor_t *slab, const char *path, ts
         meta[2 * N_CONFIG_KEYS + 1] = DIT_FORMAT;
         for (int i = 0; i < 2 * n_extra; i++)
             meta[2 * (N_CONFIG_KEYS + 1) + i] = extra[i];
-        rc = ts_st_write(path, entries, n, meta, n_meta, err, errlen);
+        rc = path ? ts_st_write(path, entries, n, meta, n_meta, err, errlen)
+                  : ts_st_serialize(entries, n, meta, n_meta, buf, len, err, errlen);
     }
     free(meta);
     free(entries);
     free(pos);
     free(params);
     return rc;
+}
+
+int ts_dit_save(const ts_dit_t *m, const ts_tensor_t *slab, const char *path, ts_st_dtype_t dtype,
+                const char *const *extra, int n_extra, char *err, size_t errlen) {
+    if (!path) {
+        ts_set_err(err, errlen, "ts_dit_save: invalid arguments");
+        return TS_EINVAL;
+    }
+    return dit_encode(m, slab, path, NULL, NULL, dtype, extra, n_extra, err, errlen);
+}
+
+int ts_dit_save_mem(const ts_dit_t *m, const ts_tensor_t *slab, ts_st_dtype_t dtype,
+                    const char *const *extra, int n_extra, unsigned char **buf, size_t *len,
+                    char *err, size_t errlen) {
+    if (buf)
+        *buf = NULL;
+    if (len)
+        *len = 0;
+    return dit_encode(m, slab, NULL, buf, len, dtype, extra, n_extra, err, errlen);
 }

@@ -44,6 +44,12 @@ int ts_dit_open_file(ts_dit_t *m, const ts_st_file_t *f, ts_engine_t *e, int max
 int ts_dit_save(const ts_dit_t *m, const ts_tensor_t *slab, const char *path, ts_st_dtype_t dtype,
                 const char *const *extra, int n_extra, char *err, size_t errlen);
 
+/* The same bytes in memory: *buf (malloc'd, the caller frees it) holds *len bytes, ready for
+ * ts_weights_import_buf (store/weights.h). On failure *buf is NULL and err says why. */
+int ts_dit_save_mem(const ts_dit_t *m, const ts_tensor_t *slab, ts_st_dtype_t dtype,
+                    const char *const *extra, int n_extra, unsigned char **buf, size_t *len,
+                    char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

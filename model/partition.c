@@ -1182,6 +1182,59 @@ int ts_partition_load(const char *path, ts_partition_t *p, char *err, size_t err
     return rc;
 }
 
+int ts_partition_members(const ts_partition_t *p, int k, int32_t **idx, int *n) {
+    if (!p || !p->assignment || !idx || !n || k < 0 || k >= p->K)
+        return TS_EINVAL;
+    *idx = malloc((size_t)p->sizes[k] * sizeof **idx);
+    if (!*idx)
+        return TS_ENOMEM;
+    int m = 0;
+    for (int64_t i = 0; i < p->n; i++)
+        if (p->assignment[i] == k)
+            (*idx)[m++] = (int32_t)i;
+    *n = m; /* = sizes[k]: ts_partition_load checked the histogram */
+    return TS_OK;
+}
+
+int ts_partition_load_cluster(const char *path, int cluster, const char *fmnist_dir,
+                              ts_dataset_t *out, char partition_id[TS_PARTITION_ID_HEX],
+                              char *err, size_t errlen) {
+    if (!out)
+        return TS_EINVAL;
+    memset(out, 0, sizeof *out);
+    ts_partition_t part;
+    int rc = ts_partition_load(path, &part, err, errlen);
+    if (rc != TS_OK)
+        return rc;
+    ts_dataset_t all = {0};
+    int32_t *idx = NULL;
+    int n = 0;
+    if (cluster < 0 || cluster >= part.K) {
+        ts_set_err(err, errlen, "cluster %d: partition '%s' has clusters 0..%d", cluster, path,
+                   part.K - 1);
+        rc = TS_EINVAL;
+    }
+    if (rc == TS_OK)
+        rc = ts_fmnist_load(fmnist_dir, "train", &all, err, errlen);
+    if (rc == TS_OK && all.n != part.n) {
+        ts_set_err(err, errlen, "partition '%s' was made from %lld images, but the train set in "
+                                "%s has %d: not the data set it partitions",
+                   path, (long long)part.n, fmnist_dir ? fmnist_dir : TS_FMNIST_DEFAULT_DIR,
+                   all.n);
+        rc = TS_EINVAL;
+    }
+    if (rc == TS_OK && (rc = ts_partition_members(&part, cluster, &idx, &n)) == TS_OK)
+        rc = ts_dataset_subset(&all, idx, n, out);
+    if (rc == TS_OK && partition_id)
+        memcpy(partition_id, part.id, TS_PARTITION_ID_HEX);
+    if (rc == TS_ENOMEM)
+        ts_set_err(err, errlen, "out of memory selecting cluster %d of '%s'", cluster, path);
+    free(idx);
+    ts_dataset_free(&all);
+    ts_partition_free(&part);
+    return rc;
+}
+
 /* ---- routing helpers ------------------------------------------------------------------------- */
 
 int ts_partition_embed(const ts_partition_t *p, const float *x, int64_t B, float *out) {

@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #include "kernels/error.h"
+#include "model/fmnist.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -176,6 +177,23 @@ int ts_partition_save(ts_partition_t *p, const char *path, char *err, size_t err
  * the reason), TS_ENOMEM. */
 int ts_partition_load(const char *path, ts_partition_t *p, char *err, size_t errlen);
 void ts_partition_free(ts_partition_t *p);
+
+/* The images of cluster k: their indices in increasing order — exactly the lines of the
+ * shard-<k>.txt that `tessera partition` writes. *idx (malloc'd, the caller frees it) holds *n
+ * ≥ 1 indices. Errors: TS_EINVAL (k outside [0, K)), TS_ENOMEM. */
+int ts_partition_members(const ts_partition_t *p, int k, int32_t **idx, int *n);
+
+/* The training set of expert `cluster`, as `tessera train --partition` and tesserad's trainer
+ * read it: loads the partition file at path, checks 0 ≤ cluster < K, loads the Fashion-MNIST
+ * train split from fmnist_dir (NULL = TS_FMNIST_DEFAULT_DIR), checks that it holds the
+ * partition's n images, and keeps the cluster's images (ts_partition_members, in that order).
+ * partition_id (may be NULL) receives the partition's id. On success *out owns its buffers
+ * (ts_dataset_free); on failure it is zeroed and err names the file or the cluster at fault.
+ * Errors: those of ts_partition_load and ts_fmnist_load; TS_EINVAL (cluster ≥ K, or a data set
+ * of another size than the partition's). */
+int ts_partition_load_cluster(const char *path, int cluster, const char *fmnist_dir,
+                              ts_dataset_t *out, char partition_id[TS_PARTITION_ID_HEX],
+                              char *err, size_t errlen);
 
 /* The partition_id of a file: BLAKE2b-256 of its bytes as 64 lowercase hex digits in hex[65].
  * Errors: TS_EINVAL, TS_EIO, TS_ENOMEM. */

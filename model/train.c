@@ -100,6 +100,7 @@ int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
     tr->data = data;
     tr->cfg = *cfg;
     tr->perm_epoch = -1;
+    tr->loss_avg = NAN;
     ts_device_t dev = m->eng->device;
     int64_t B = cfg->batch, S = c->input_size;
     const int64_t *img = TS_SHAPE(B, c->in_channels, S, S);
@@ -229,6 +230,7 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
         decay = tr->cfg.ema_decay;
     TRY(ts_ema_update(e, &tr->ema_mem, &m->param_mem, decay));
     tr->step = s + 1;
+    tr->loss_avg = isnan(tr->loss_avg) ? loss : 0.98f * tr->loss_avg + 0.02f * loss;
     return TS_OK;
 }
 
@@ -241,7 +243,10 @@ static ts_tensor_t *slab_of(ts_trainer_t *tr, int i) {
     return s[i];
 }
 
-/* Decimal metadata: the keys a checkpoint must agree on to be resumed. */
+/* Decimal metadata: the step, the keys a checkpoint must agree on to be resumed (1..4), and the
+ * loss average (%.9g: a float's exact decimal round trip). */
+#define N_META 6
+#define N_META_MATCH 5 /* keys [1, N_META_MATCH) must match */
 static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
     const ts_dit_config_t *c = &tr->model->cfg;
     snprintf(vals[0], 32, "%lld", (long long)tr->step);
@@ -251,17 +256,19 @@ static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
     snprintf(vals[4], 32, "%d/%d/%d/%d/%d/%d/%d/%d/%d", c->input_size, c->in_channels,
              c->patch_size, c->hidden_size, c->depth, c->num_heads, c->num_classes, c->mlp_ratio,
              c->freq_dim);
+    snprintf(vals[5], 32, "%.9g", tr->loss_avg);
 }
 
-static const char *const META_KEYS[5] = {"step", "seed", "batch", "data_size", "model"};
+static const char *const META_KEYS[N_META] = {"step",      "seed",  "batch",
+                                              "data_size", "model", "loss_avg"};
 
 /* The checkpoint's tensors (the four slabs copied to the host) and metadata, ready for the
  * encoder. Free with ckpt_parts_free. */
 typedef struct {
     float *host[4];
     ts_st_entry_t entries[4];
-    char vals[5][32];
-    const char *meta[10];
+    char vals[N_META][32];
+    const char *meta[2 * N_META];
 } ckpt_parts_t;
 
 static void ckpt_parts_free(ckpt_parts_t *p) {
@@ -293,7 +300,7 @@ static int ckpt_parts(const ts_trainer_t *tr, ckpt_parts_t *p, char *err, size_t
         return rc;
     }
     meta_values(tr, p->vals);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < N_META; i++) {
         p->meta[2 * i] = META_KEYS[i];
         p->meta[2 * i + 1] = p->vals[i];
     }
@@ -310,7 +317,7 @@ int ts_trainer_save_mem(const ts_trainer_t *tr, unsigned char **buf, size_t *len
         return TS_EINVAL;
     ckpt_parts_t p;
     TRY(ckpt_parts(tr, &p, err, errlen));
-    int rc = ts_st_serialize(p.entries, 4, p.meta, 5, buf, len, err, errlen);
+    int rc = ts_st_serialize(p.entries, 4, p.meta, N_META, buf, len, err, errlen);
     ckpt_parts_free(&p);
     return rc;
 }
@@ -321,7 +328,7 @@ int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t 
     ckpt_parts_t p;
     TRY(ckpt_parts(tr, &p, err, errlen));
     /* the same bytes as ts_trainer_save_mem, streamed to the file (one encoder) */
-    int rc = ts_st_write(path, p.entries, 4, p.meta, 5, err, errlen);
+    int rc = ts_st_write(path, p.entries, 4, p.meta, N_META, err, errlen);
     ckpt_parts_free(&p);
     return rc;
 }
@@ -331,10 +338,10 @@ int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t 
  * messages (a path, or "checkpoint"). */
 static int ckpt_apply(ts_trainer_t *tr, const ts_st_file_t *f, const char *what, char *err,
                       size_t errlen) {
-    char vals[5][32];
+    char vals[N_META][32];
     meta_values(tr, vals);
-    /* every key but the step must match this run */
-    for (int i = 1; i < 5; i++) {
+    /* every key but the step and the loss average must match this run */
+    for (int i = 1; i < N_META_MATCH; i++) {
         const char *v = ts_st_meta(f, META_KEYS[i]);
         if (!v || strcmp(v, vals[i]) != 0) {
             snprintf(err, errlen, "%s: %s is %s but this run has %s", what, META_KEYS[i],
@@ -379,6 +386,8 @@ static int ckpt_apply(ts_trainer_t *tr, const ts_st_file_t *f, const char *what,
     }
     tr->step = s;
     tr->perm_epoch = -1;
+    const char *avg = ts_st_meta(f, "loss_avg");
+    tr->loss_avg = avg ? strtof(avg, NULL) : NAN;
     return TS_OK;
 }
 
@@ -420,4 +429,22 @@ int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen
     free(what);
     ts_st_free(&f);
     return rc;
+}
+
+void ts_train_meta(ts_train_meta_t *m, const ts_trainer_t *tr, const char *shard,
+                   const char *partition_id, int cluster) {
+    snprintf(m->steps, sizeof m->steps, "%lld", (long long)tr->step);
+    snprintf(m->loss, sizeof m->loss, "%.6f", tr->loss_avg);
+    snprintf(m->cluster, sizeof m->cluster, "%d", cluster);
+    /* clang-format off */
+    const char *kv[] = {"objective", "velocity",
+                        "weights", "ema",
+                        "train_steps", m->steps,
+                        "train_loss", m->loss,
+                        "shard", shard ? shard : "all",
+                        "partition_id", partition_id,
+                        "cluster", m->cluster};
+    /* clang-format on */
+    m->n = partition_id ? 7 : 5;
+    memcpy(m->kv, kv, sizeof(const char *) * 2 * (size_t)m->n);
 }

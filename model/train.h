@@ -63,6 +63,10 @@ typedef struct ts_trainer {
     int32_t *y_host;
     int32_t *perm;             /* the current epoch's order */
     int64_t perm_epoch;        /* which epoch perm holds; −1 none */
+    /* The running average of the loss, avg ← 0.98·avg + 0.02·loss after each step (the first
+     * step's loss to begin with; NaN before any step). Checkpoints carry it, so a resumed run
+     * reports — and writes into its weights — the same value as an uninterrupted one. */
+    float loss_avg;
 } ts_trainer_t;
 
 /* Starts a trainer at step 0 with zero moments and EMA = the current parameters. */
@@ -79,10 +83,11 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss, float *grad_norm);
 float ts_trainer_lr(const ts_train_config_t *c, int64_t s);
 
 /* A checkpoint is safetensors bytes: params, adam_m, adam_v, ema (flat F32) and metadata (step,
- * seed, batch, the model config, the data set size). Loading checks that the tensors are there,
- * F32 and of the model's size, and that every metadata key but the step matches this run (and
- * says which one does not) — all before changing anything, so a refused checkpoint leaves the
- * trainer untouched. It then sets the step; the draws follow from (seed, step).
+ * seed, batch, the model config, the data set size, loss_avg). Loading checks that the tensors
+ * are there, F32 and of the model's size, and that every metadata key but the step and loss_avg
+ * matches this run (and says which one does not) — all before changing anything, so a refused
+ * checkpoint leaves the trainer untouched. It then sets the step and the loss average (NaN when
+ * an older checkpoint has none); the draws follow from (seed, step).
  *
  * ts_trainer_save_mem builds the bytes in memory: *buf (malloc'd, the caller frees it) holds *len
  * bytes. ts_trainer_load_mem reads them (buf is only read; it is copied). The file versions
@@ -93,6 +98,21 @@ int ts_trainer_load_mem(ts_trainer_t *tr, const unsigned char *buf, size_t len, 
                         size_t errlen);
 int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t errlen);
 int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen);
+
+/* The metadata an expert's EMA weights carry besides the model config, as key/value pairs for
+ * ts_dit_save's `extra`: objective "velocity", weights "ema", train_steps (tr->step),
+ * train_loss (tr->loss_avg), shard, and — when partition_id is not NULL — partition_id and
+ * cluster. Every value is a function of the training state, so a resumed run writes the same
+ * bytes as an uninterrupted one. `tessera train` and tesserad's trainer both write it; the
+ * hosted expert (daemon/expert.h) reads partition_id, cluster and objective back. kv points into
+ * *m and into the caller's strings, which must outlive its use. */
+typedef struct ts_train_meta {
+    const char *kv[14];
+    int n; /* pairs in kv */
+    char steps[24], loss[32], cluster[16];
+} ts_train_meta_t;
+void ts_train_meta(ts_train_meta_t *m, const ts_trainer_t *tr, const char *shard,
+                   const char *partition_id, int cluster);
 
 #ifdef __cplusplus
 }

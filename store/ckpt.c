@@ -10,6 +10,7 @@
  */
 #include "store/ckpt.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,5 +270,41 @@ int ts_ckpt_drop(ts_store_t *s, const char *run_id, int *removed) {
     if (rc == TS_OK && removed)
         *removed = (int)d.steps.n;
     free(d.steps.v);
+    return rc;
+}
+
+int ts_ckpt_save_trainer(ts_store_t *s, const char *run_id, const ts_trainer_t *tr, int keep_last,
+                         char *err, size_t errlen) {
+    unsigned char *blob = NULL;
+    size_t len = 0;
+    int rc = ts_trainer_save_mem(tr, &blob, &len, err, errlen);
+    if (rc == TS_OK && (rc = ts_ckpt_save(s, run_id, tr->step, blob, len, keep_last)) != TS_OK)
+        ts_set_err(err, errlen, "store %s: cannot save the checkpoint of run '%s' at step %lld "
+                                "(%zu bytes)",
+                   ts_store_dir(s), run_id, (long long)tr->step, len);
+    free(blob);
+    return rc;
+}
+
+int ts_ckpt_resume_trainer(ts_store_t *s, const char *run_id, ts_trainer_t *tr, char *err,
+                           size_t errlen) {
+    int64_t step = 0;
+    unsigned char *blob = NULL;
+    size_t len = 0;
+    int rc = ts_ckpt_latest(s, run_id, &step, &blob, &len);
+    if (rc == TS_ENOTFOUND)
+        return rc;
+    if (rc != TS_OK) {
+        ts_set_err(err, errlen, "store %s: cannot read the checkpoint of run '%s'",
+                   ts_store_dir(s), run_id);
+        return rc;
+    }
+    rc = ts_trainer_load_mem(tr, blob, len, err, errlen);
+    free(blob);
+    if (rc == TS_OK && tr->step != step) {
+        ts_set_err(err, errlen, "run '%s': the checkpoint stored as step %lld holds step %lld",
+                   run_id, (long long)step, (long long)tr->step);
+        rc = TS_ECORRUPT;
+    }
     return rc;
 }

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/train.h"
 #include "store/store.h"
 
 #ifdef __cplusplus
@@ -49,6 +50,19 @@ int ts_ckpt_list(ts_store_t *s, const char *run_id, ts_ckpt_each_fn fn, void *ct
 
 /* Deletes every checkpoint of run_id; *removed (may be NULL) is how many. */
 int ts_ckpt_drop(ts_store_t *s, const char *run_id, int *removed);
+
+/* ---- a trainer's state (model/train.h) as a checkpoint ------------------------------------ */
+
+/* Saves tr's state (ts_trainer_save_mem) as run_id's checkpoint at tr->step, keeping the newest
+ * keep_last. On failure err names the store, the run and the step. */
+int ts_ckpt_save_trainer(ts_store_t *s, const char *run_id, const ts_trainer_t *tr, int keep_last,
+                         char *err, size_t errlen);
+
+/* Loads run_id's newest checkpoint into tr (ts_trainer_load_mem: a checkpoint of another
+ * configuration is refused and tr left as it was) and checks that it holds the step it is
+ * stored under. TS_ENOTFOUND, with tr untouched, when the run has none. */
+int ts_ckpt_resume_trainer(ts_store_t *s, const char *run_id, ts_trainer_t *tr, char *err,
+                           size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -57,12 +57,26 @@ static void test_example_is_valid_and_complete(void **state) {
     assert_string_equal(c.listen, d.listen);
     assert_string_equal(c.data_dir, d.data_dir);
     assert_string_equal(c.metrics_listen, d.metrics_listen);
+    assert_int_equal(c.expert_mode, d.expert_mode);
+    assert_int_equal(c.expert_cluster, d.expert_cluster);
+    assert_string_equal(c.train_model, d.train_model);
+    assert_string_equal(c.train_data, d.train_data);
+    assert_int_equal(c.train_steps, d.train_steps);
+    assert_int_equal(c.train_batch, d.train_batch);
+    assert_true(c.train_lr == d.train_lr);
+    assert_int_equal(c.train_warmup, d.train_warmup);
+    assert_true(c.train_ema == d.train_ema);
+    assert_true(c.train_seed == d.train_seed);
+    assert_int_equal(c.train_threads, d.train_threads);
+    assert_int_equal(c.train_ckpt_every, d.train_ckpt_every);
+    assert_int_equal(c.train_keep, d.train_keep);
+    assert_int_equal(c.train_serve_while_training, d.train_serve_while_training);
     /* and every key of the table appears in it, set or commented out, with its default */
     char *text = slurp(TS_CONFIG_EXAMPLE);
     for (int i = 0; ts_daemon_config_key(i); i++) {
         const ts_config_key_info_t *k = ts_daemon_config_key(i);
         char want[128], section[64];
-        snprintf(section, sizeof section, "[%s]", k->section);
+        snprintf(section, sizeof section, "\n[%s]", k->section); /* a line, not a mention */
         snprintf(want, sizeof want, "\n%s = ", k->key);
         char *at = strstr(text, section);
         if (!at)
@@ -134,6 +148,33 @@ static void test_errors_name_file_line_and_key(void **state) {
                  NULL);
     expect_error("[node]\nidentity = i\nnetwork_key = n\nlisten = 0.0.0.0:7420\n",
                  "set [node] advertise", NULL);
+    /* [expert] mode and the keys each mode needs or refuses */
+    expect_error(KEYS "[expert]\nmode = serve\n", "'serve': want none, host or train", NULL);
+    expect_error(KEYS "[expert]\nweights = w.safetensors\npartition = p\n",
+                 "[expert] weights is set but mode = none", "set mode = host", NULL);
+    expect_error(KEYS "[expert]\nmode = host\nweights = w.safetensors\n",
+                 "mode = host needs partition", NULL);
+    expect_error(KEYS "[expert]\nmode = host\npartition = p\n", "mode = host needs weights",
+                 NULL);
+    expect_error(KEYS "[expert]\nmode = host\nweights = w\npartition = p\ncluster = 1\n",
+                 "cluster is set but mode = host", NULL);
+    expect_error(KEYS "[expert]\nmode = train\npartition = p\n", "mode = train needs cluster",
+                 NULL);
+    expect_error(KEYS "[expert]\nmode = train\ncluster = 0\n", "mode = train needs partition",
+                 NULL);
+    expect_error(KEYS "[expert]\ncluster = -1\n", "-1 is outside 0..65535", NULL);
+    /* [train] values */
+    expect_error(KEYS "[train]\nlr = 0\n", "[train] lr: 0 is outside 1e-09..10", NULL);
+    expect_error(KEYS "[train]\nlr = fast\n", "'fast' is not a number", NULL);
+    expect_error(KEYS "[train]\nlr = nan\n", "'nan' is not a number", NULL);
+    expect_error(KEYS "[train]\nema = 1.5\n", "1.5 is outside 0..1", NULL);
+    expect_error(KEYS "[train]\nseed = -3\n", "'-3' is not a non-negative integer", NULL);
+    expect_error(KEYS "[train]\nseed = 99999999999999999999\n", "not a non-negative integer",
+                 NULL);
+    expect_error(KEYS "[train]\nserve_while_training = yes\n", "want true or false", NULL);
+    expect_error(KEYS "[train]\nmodel = huge\n", "'huge': want a model preset", NULL);
+    expect_error(KEYS "[train]\nckpt_every = 0\n", "0 is outside 1..", NULL);
+    expect_error(KEYS "[trian]\nsteps = 5\n", "unknown section", "expert, train", NULL);
 }
 
 static void test_values(void **state) {
@@ -176,6 +217,41 @@ static void test_values(void **state) {
     if (rc != TS_OK)
         fail_msg("%s", err);
     assert_string_equal(c.metrics_listen, "127.0.0.1:0");
+    assert_int_equal(c.expert_mode, TS_EXPERT_NONE);
+
+    /* a training node */
+    text = KEYS "[expert]\nmode = train\npartition = part/partition.safetensors\ncluster = 3\n"
+                "[train]\nmodel = S/4\ndata = /data/fmnist\nsteps = 40000\nbatch = 128\n"
+                "lr = 1e-4\nwarmup = 0\nema = 0.9999\nseed = 18446744073709551615\n"
+                "threads = 2\nckpt_every = 250\nkeep = 1\nserve_while_training = true\n";
+    rc = ts_daemon_config_parse(&c, text, "t.ini", err, sizeof err);
+    if (rc != TS_OK)
+        fail_msg("%s", err);
+    assert_int_equal(c.expert_mode, TS_EXPERT_TRAIN);
+    assert_string_equal(ts_expert_mode_name(c.expert_mode), "train");
+    assert_string_equal(c.expert_partition, "part/partition.safetensors");
+    assert_int_equal(c.expert_cluster, 3);
+    assert_string_equal(c.expert_weights, ""); /* optional in train mode */
+    assert_string_equal(c.train_model, "S/4");
+    assert_string_equal(c.train_data, "/data/fmnist");
+    assert_int_equal(c.train_steps, 40000);
+    assert_int_equal(c.train_batch, 128);
+    assert_true(c.train_lr == 1e-4);
+    assert_int_equal(c.train_warmup, 0);
+    assert_true(c.train_ema == 0.9999);
+    assert_true(c.train_seed == UINT64_MAX);
+    assert_int_equal(c.train_threads, 2);
+    assert_int_equal(c.train_ckpt_every, 250);
+    assert_int_equal(c.train_keep, 1);
+    assert_int_equal(c.train_serve_while_training, 1);
+
+    /* a hosting node */
+    text = KEYS "[expert]\nmode = host\nweights = e.safetensors\npartition = p\n";
+    rc = ts_daemon_config_parse(&c, text, "t.ini", err, sizeof err);
+    if (rc != TS_OK)
+        fail_msg("%s", err);
+    assert_int_equal(c.expert_mode, TS_EXPERT_HOST);
+    assert_int_equal(c.expert_cluster, -1);
 }
 
 static void test_missing_file(void **state) {

@@ -230,6 +230,19 @@ static void test_other_slab(void **state) {
     TU_CHECK_OK(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err));
     check_params_equal(&m2, ema.data);
     ts_dit_free(&m2);
+    /* in memory: the bytes of the file */
+    const char *extra[] = {"objective", "velocity"};
+    unsigned char *buf = NULL, *file;
+    size_t len = 0, flen = 0;
+    TU_CHECK_OK(ts_dit_save(&fx->m, &ema, path, TS_ST_F32, extra, 1, err, sizeof err));
+    TU_CHECK_OK(ts_dit_save_mem(&fx->m, &ema, TS_ST_F32, extra, 1, &buf, &len, err, sizeof err));
+    assert_non_null(file = tu_read_file(path, &flen));
+    assert_int_equal(len, flen);
+    assert_memory_equal(buf, file, len);
+    free(file);
+    free(buf);
+    TU_CHECK_RC(ts_dit_save_mem(&fx->m, &ema, TS_ST_F32, NULL, 0, NULL, &len, err, sizeof err),
+                TS_EINVAL);
     ts_tensor_free(&ema);
 }
 

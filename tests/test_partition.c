@@ -601,6 +601,25 @@ static void test_artifact_roundtrip(void **state) {
         assert_true(d2[j * AK + j] == 0.0f);
     }
     CHECK_OK(ts_partition_nearest(&q, e, 3, nearest, NULL));
+    /* members: each cluster's images in increasing order, every image once */
+    int seen = 0;
+    for (int j = 0; j < AK; j++) {
+        int32_t *idx = NULL;
+        int m = 0;
+        CHECK_OK(ts_partition_members(&q, j, &idx, &m));
+        assert_int_equal(m, q.sizes[j]);
+        for (int i = 0; i < m; i++) {
+            assert_int_equal(q.assignment[idx[i]], j);
+            assert_true(i == 0 || idx[i] > idx[i - 1]);
+        }
+        seen += m;
+        free(idx);
+    }
+    assert_int_equal(seen, AN);
+    int32_t *none = NULL;
+    int nn = 0;
+    assert_int_equal(ts_partition_members(&q, AK, &none, &nn), TS_EINVAL);
+    assert_int_equal(ts_partition_members(&q, -1, &none, &nn), TS_EINVAL);
     ts_partition_free(&q);
     ts_partition_free(&p);
     free(x);

@@ -147,6 +147,16 @@ static void test_resume_bit_identical(void **state) {
                         ts_tensor_nbytes(&a.model.param_mem));
     assert_memory_equal(a.tr.m_mem.data, c.tr.m_mem.data, ts_tensor_nbytes(&a.tr.m_mem));
     assert_memory_equal(a.tr.ema_mem.data, c.tr.ema_mem.data, ts_tensor_nbytes(&a.tr.ema_mem));
+    /* the loss average travels with the checkpoint, so the weights' metadata agree too */
+    assert_false(isnan(a.tr.loss_avg));
+    assert_memory_equal(&a.tr.loss_avg, &c.tr.loss_avg, sizeof(float));
+    ts_train_meta_t ma, mc;
+    ts_train_meta(&ma, &a.tr, "shard-1", "abc", 1);
+    ts_train_meta(&mc, &c.tr, "shard-1", "abc", 1);
+    assert_int_equal(ma.n, 7);
+    for (int i = 0; i < 2 * ma.n; i++)
+        assert_string_equal(ma.kv[i], mc.kv[i]);
+    assert_string_equal(ma.steps, "10");
     run_end(&a);
     run_end(&c);
     unlink(path);

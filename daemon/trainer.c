@@ -1,0 +1,439 @@
+/*
+ * trainer.c — tesserad's training job (trainer.h).
+ *
+ * The job's thread owns the engine, the model, the trainer and the data set; the caller's thread
+ * touches none of them after ts_train_job_start returns. What the two share lives in `shared`,
+ * under `mu`: the progress (copied out by ts_train_job_progress), the newest snapshot pointer,
+ * and `ended`, which the thread sets last and signals on `cv` so that ts_train_job_stop can wait
+ * with a deadline. The stop request is an atomic flag the thread reads between steps.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "daemon/trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/dit_io.h"
+#include "model/fmnist.h"
+#include "model/partition.h"
+#include "model/safetensors.h"
+#include "store/ckpt.h"
+
+struct ts_train_job {
+    /* the job thread's own, after start */
+    ts_store_t *store;
+    int64_t steps;
+    int ckpt_every, keep, snapshots;
+    char *out;
+    void (*notify)(void *ctx);
+    void *ctx;
+    char partition_id[TS_PARTITION_ID_HEX];
+    char shard[32]; /* "shard-<k>", the weights' shard metadata, as `tessera train` writes it */
+    int cluster;
+    ts_dataset_t data;
+    ts_engine_t eng;
+    ts_dit_t model;
+    ts_trainer_t tr;
+    pthread_t thread;
+    int joined;
+    atomic_int stop;
+    /* shared, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* signalled when ended is set */
+    int ended;
+    ts_train_progress_t progress;
+    ts_train_snapshot_t *snapshot;
+};
+
+const char *ts_train_state_name(ts_train_state_t s) {
+    static const char *const names[] = {"running", "stopped", "done", "failed"};
+    return (unsigned)s < 4 ? names[s] : "?";
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void notify(ts_train_job_t *j) {
+    if (j->notify)
+        j->notify(j->ctx);
+}
+
+/* ---- run id ------------------------------------------------------------------------------ */
+
+int ts_train_run_id(const char *partition_id, int cluster, const ts_dit_config_t *model,
+                    const ts_train_config_t *train, char out[TS_TRAIN_RUN_ID_MAX]) {
+    ts_hash_t pid;
+    if (!partition_id || !model || !train || !out || cluster < 0 ||
+        ts_hash_parse(partition_id, &pid) != TS_OK)
+        return TS_EINVAL;
+    /* Everything the steps depend on, written out in full (%.9g: a float's exact round trip). */
+    char text[512];
+    const ts_dit_config_t *m = model;
+    const ts_train_config_t *t = train;
+    int n = snprintf(text, sizeof text,
+                     "model=%d/%d/%d/%d/%d/%d/%d/%d/%d batch=%d lr=%.9g warmup=%d wd=%.9g "
+                     "beta1=%.9g beta2=%.9g eps=%.9g clip=%.9g ema=%.9g dropout=%.9g "
+                     "logit_normal=%d seed=%llu",
+                     m->input_size, m->in_channels, m->patch_size, m->hidden_size, m->depth,
+                     m->num_heads, m->num_classes, m->mlp_ratio, m->freq_dim, t->batch, t->lr,
+                     t->warmup, t->weight_decay, t->beta1, t->beta2, t->eps, t->grad_clip,
+                     t->ema_decay, t->label_dropout, t->logit_normal,
+                     (unsigned long long)t->seed);
+    ts_hash_t h;
+    ts_hash_compute(&h, text, (size_t)n);
+    char hex[TS_HASH_HEX];
+    ts_hash_hex(&h, hex);
+    hex[16] = '\0';
+    snprintf(out, TS_TRAIN_RUN_ID_MAX, "tesserad/%s/%d/%s", partition_id, cluster, hex);
+    return TS_OK;
+}
+
+/* ---- snapshots --------------------------------------------------------------------------- */
+
+void ts_train_snapshot_release(ts_train_snapshot_t *s) {
+    if (s && atomic_fetch_sub(&s->refs, 1) == 1) {
+        free((void *)s->bytes);
+        free(s);
+    }
+}
+
+ts_train_snapshot_t *ts_train_job_snapshot(ts_train_job_t *j) {
+    pthread_mutex_lock(&j->mu);
+    ts_train_snapshot_t *s = j->snapshot;
+    if (s)
+        atomic_fetch_add(&s->refs, 1);
+    pthread_mutex_unlock(&j->mu);
+    return s;
+}
+
+int ts_train_snapshot_open_dit(const ts_train_snapshot_t *s, ts_engine_t *e, int max_batch,
+                               int trainable, ts_dit_t *m, char *err, size_t errlen) {
+    if (!s || !m) {
+        ts_set_err(err, errlen, "ts_train_snapshot_open_dit: NULL argument");
+        return TS_EINVAL;
+    }
+    unsigned char *copy = malloc(s->len); /* ts_st_parse owns the buffer it is given */
+    if (!copy)
+        return TS_ENOMEM;
+    memcpy(copy, s->bytes, s->len);
+    ts_st_file_t f;
+    int rc = ts_st_parse(copy, s->len, &f, err, errlen);
+    if (rc != TS_OK)
+        return rc;
+    rc = ts_dit_open_file(m, &f, e, max_batch, trainable, err, errlen);
+    ts_st_free(&f);
+    return rc;
+}
+
+/* The EMA weights as a safetensors file, with the metadata `tessera train --partition` writes. */
+static int encode_weights(ts_train_job_t *j, unsigned char **buf, size_t *len, char *err,
+                          size_t errlen) {
+    ts_train_meta_t meta;
+    ts_train_meta(&meta, &j->tr, j->shard, j->partition_id, j->cluster);
+    return ts_dit_save_mem(&j->model, &j->tr.ema_mem, TS_ST_F32, meta.kv, meta.n, buf, len, err,
+                           errlen);
+}
+
+/* Imports buf (taken: freed or kept by the snapshot) into the store and, with snapshots on,
+ * publishes it as the newest snapshot, removing the previous one's manifest unless it is the
+ * same file. *hash gets the weights hash. */
+static int publish(ts_train_job_t *j, unsigned char *buf, size_t len, ts_hash_t *hash, char *err,
+                   size_t errlen) {
+    int rc = ts_weights_import_buf(j->store, buf, len, hash, NULL, NULL, err, errlen);
+    if (rc != TS_OK || !j->snapshots) {
+        free(buf);
+        return rc;
+    }
+    ts_train_snapshot_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        free(buf);
+        return TS_ENOMEM;
+    }
+    s->step = j->tr.step;
+    s->hash = *hash;
+    s->bytes = buf;
+    s->len = len;
+    atomic_init(&s->refs, 1); /* the job's */
+    pthread_mutex_lock(&j->mu);
+    ts_train_snapshot_t *old = j->snapshot;
+    j->snapshot = s;
+    j->progress.snapshots++;
+    j->progress.snapshot_step = s->step;
+    pthread_mutex_unlock(&j->mu);
+    if (old && memcmp(old->hash.b, hash->b, TS_HASH_BYTES) != 0)
+        (void)ts_weights_remove(j->store, &old->hash); /* already gone is fine */
+    ts_train_snapshot_release(old);
+    return TS_OK;
+}
+
+static int publish_snapshot(ts_train_job_t *j, char *err, size_t errlen) {
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    ts_hash_t hash;
+    int rc = encode_weights(j, &buf, &len, err, errlen);
+    return rc == TS_OK ? publish(j, buf, len, &hash, err, errlen) : rc;
+}
+
+/* ---- the job's thread -------------------------------------------------------------------- */
+
+/* A checkpoint, then (snapshot) a snapshot of the same step. */
+static int checkpoint(ts_train_job_t *j, int snapshot, char *err, size_t errlen) {
+    int rc = ts_ckpt_save_trainer(j->store, j->progress.run_id, &j->tr, j->keep, err, errlen);
+    if (rc != TS_OK)
+        return rc;
+    pthread_mutex_lock(&j->mu);
+    j->progress.ckpt_step = j->tr.step;
+    pthread_mutex_unlock(&j->mu);
+    return snapshot && j->snapshots ? publish_snapshot(j, err, errlen) : TS_OK;
+}
+
+/* The end of a complete run: the final weights into the store (and the file, if asked). */
+static int finish(ts_train_job_t *j, ts_hash_t *weights, char *err, size_t errlen) {
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int rc = encode_weights(j, &buf, &len, err, errlen);
+    if (rc == TS_OK)
+        rc = publish(j, buf, len, weights, err, errlen);
+    if (rc == TS_OK && j->out)
+        rc = ts_weights_export(j->store, weights, j->out, err, errlen);
+    return rc;
+}
+
+static void *job_main(void *arg) {
+    ts_train_job_t *j = arg;
+    char err[320] = "";
+    int rc = TS_OK;
+    const char *what = ""; /* what failed, at step `at` */
+    int64_t at = j->tr.step;
+    int64_t first = j->tr.step;
+    double t0 = now_s();
+    /* resumed mid-run: serve what the checkpoint holds at once (a complete run: finish does) */
+    if (j->snapshots && j->tr.step > 0 && j->tr.step < j->steps) {
+        what = "snapshot";
+        if ((rc = publish_snapshot(j, err, sizeof err)) == TS_OK)
+            notify(j);
+    }
+    while (rc == TS_OK && j->tr.step < j->steps && !atomic_load(&j->stop)) {
+        float loss = NAN;
+        if ((rc = ts_trainer_step(&j->tr, &loss, NULL)) != TS_OK) {
+            snprintf(err, sizeof err, "loss %g", loss);
+            what = "step", at = j->tr.step + 1;
+            break;
+        }
+        double sps = (double)(j->tr.step - first) * j->tr.cfg.batch / (now_s() - t0 + 1e-9);
+        pthread_mutex_lock(&j->mu);
+        j->progress.step = j->tr.step;
+        j->progress.loss = loss;
+        j->progress.loss_avg = j->tr.loss_avg;
+        j->progress.samples_per_s = sps;
+        pthread_mutex_unlock(&j->mu);
+        if (j->tr.step % j->ckpt_every == 0 && j->tr.step < j->steps) {
+            what = "checkpoint", at = j->tr.step;
+            if ((rc = checkpoint(j, 1, err, sizeof err)) == TS_OK)
+                notify(j);
+        }
+    }
+    ts_train_state_t state = TS_TRAIN_FAILED;
+    ts_hash_t weights = {{0}};
+    int complete = j->tr.step >= j->steps;
+    if (rc == TS_OK && j->progress.ckpt_step != j->tr.step) { /* stopped, or the last step */
+        what = "checkpoint", at = j->tr.step;
+        rc = checkpoint(j, !complete, err, sizeof err); /* complete: finish publishes */
+    }
+    if (rc == TS_OK && complete) {
+        what = "final weights", at = j->tr.step;
+        if ((rc = finish(j, &weights, err, sizeof err)) == TS_OK)
+            state = TS_TRAIN_DONE;
+    } else if (rc == TS_OK) {
+        state = TS_TRAIN_STOPPED;
+    }
+    pthread_mutex_lock(&j->mu);
+    j->progress.state = state;
+    j->progress.weights = weights;
+    if (state == TS_TRAIN_FAILED)
+        snprintf(j->progress.message, sizeof j->progress.message,
+                 "%s at step %lld failed: %s%s%s; the checkpoint at step %lld is intact", what,
+                 (long long)at, err, *err ? ": " : "", ts_strerror(rc),
+                 (long long)j->progress.ckpt_step);
+    /* ended before the last notify, so that the loop it wakes can join at once; the join
+     * then waits for this thread to return, and the job cannot be freed under notify */
+    j->ended = 1;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    notify(j);
+    return NULL;
+}
+
+/* ---- start, stop, progress --------------------------------------------------------------- */
+
+void ts_train_job_opts_from_config(ts_train_job_opts_t *o, const ts_daemon_config_t *c,
+                                   ts_store_t *store) {
+    *o = (ts_train_job_opts_t){.store = store, .partition = c->expert_partition,
+                               .cluster = c->expert_cluster, .data = c->train_data,
+                               .model = c->train_model, .steps = c->train_steps,
+                               .threads = c->train_threads, .ckpt_every = c->train_ckpt_every,
+                               .keep = c->train_keep, .snapshots = c->train_serve_while_training,
+                               .out = c->expert_weights[0] ? c->expert_weights : NULL};
+    ts_train_config_default(&o->train);
+    o->train.batch = c->train_batch, o->train.lr = (float)c->train_lr;
+    o->train.warmup = c->train_warmup, o->train.ema_decay = (float)c->train_ema;
+    o->train.seed = c->train_seed;
+}
+
+static int check_opts(const ts_train_job_opts_t *o, char *err, size_t errlen) {
+    const char *bad = !o->store ? "store" : !o->partition ? "partition" : o->cluster < 0 ? "cluster"
+                    : o->steps < 1 ? "steps" : o->ckpt_every < 1 ? "ckpt_every"
+                    : o->keep < 1 ? "keep" : o->threads < 0 ? "threads" : NULL;
+    if (bad)
+        ts_set_err(err, errlen, "training job: option %s is missing or out of range", bad);
+    return bad ? TS_EINVAL : TS_OK;
+}
+
+/* Builds the model and the trainer on the job's data, then resumes the run if it has a
+ * checkpoint. */
+static int build(ts_train_job_t *j, const ts_train_job_opts_t *o, char *err, size_t errlen) {
+    const char *name = o->model ? o->model : "tiny";
+    ts_dit_config_t cfg;
+    if (ts_dit_config_preset(name, &cfg) != TS_OK) {
+        ts_set_err(err, errlen, "unknown model '%s' (tiny, small, S/2 … XL/8)", name);
+        return TS_EINVAL;
+    }
+    cfg.in_channels = j->data.channels, cfg.input_size = j->data.height;
+    int rc = ts_train_run_id(j->partition_id, j->cluster, &cfg, &o->train, j->progress.run_id);
+    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
+    if (rc == TS_OK && (rc = ts_engine_init(&j->eng, &eo)) != TS_OK)
+        ts_set_err(err, errlen, "cannot start the CPU engine (%d threads)", o->threads);
+    if (rc == TS_OK && ((rc = ts_dit_create(&j->model, &cfg, &j->eng, o->train.batch, 1)) ||
+                        (rc = ts_dit_init_weights(&j->model, o->train.seed))))
+        ts_set_err(err, errlen, "cannot build model '%s' for batch %d", name, o->train.batch);
+    if (rc == TS_OK && (rc = ts_trainer_init(&j->tr, &j->model, &j->data, &o->train)) != TS_OK)
+        ts_set_err(err, errlen, "cannot start training (batch %d, lr %g, %d images)",
+                   o->train.batch, o->train.lr, j->data.n);
+    if (rc != TS_OK)
+        return rc;
+    rc = ts_ckpt_resume_trainer(j->store, j->progress.run_id, &j->tr, err, errlen);
+    if (rc == TS_ENOTFOUND)
+        return TS_OK;
+    if (rc == TS_OK)
+        j->progress.resumed_from = j->progress.ckpt_step = j->tr.step;
+    return rc;
+}
+
+static void job_free_parts(ts_train_job_t *j) {
+    ts_trainer_free(&j->tr);
+    ts_dit_free(&j->model);
+    ts_engine_free(&j->eng);
+    ts_dataset_free(&j->data);
+    ts_train_snapshot_release(j->snapshot);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j->out);
+    free(j);
+}
+
+int ts_train_job_start(ts_train_job_t **out, const ts_train_job_opts_t *o, char *err,
+                       size_t errlen) {
+    if (!out || !o) {
+        ts_set_err(err, errlen, "ts_train_job_start: NULL argument");
+        return TS_EINVAL;
+    }
+    *out = NULL;
+    int rc = check_opts(o, err, errlen);
+    ts_train_job_t *j = rc == TS_OK ? calloc(1, sizeof *j) : NULL;
+    if (rc != TS_OK)
+        return rc;
+    if (!j)
+        return TS_ENOMEM;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&j->mu, NULL);
+    atomic_init(&j->stop, 0);
+    j->store = o->store, j->steps = o->steps, j->ckpt_every = o->ckpt_every, j->keep = o->keep;
+    j->snapshots = o->snapshots, j->notify = o->notify, j->ctx = o->ctx, j->cluster = o->cluster;
+    j->progress = (ts_train_progress_t){.state = TS_TRAIN_RUNNING, .steps = o->steps,
+                                        .ckpt_step = -1, .loss = NAN, .loss_avg = NAN,
+                                        .snapshot_step = -1};
+    snprintf(j->shard, sizeof j->shard, "shard-%d", o->cluster);
+    if (o->out && !(j->out = strdup(o->out)))
+        rc = TS_ENOMEM;
+    if (rc == TS_OK)
+        rc = ts_partition_load_cluster(o->partition, o->cluster, o->data, &j->data,
+                                       j->partition_id, err, errlen);
+    if (rc == TS_OK)
+        rc = build(j, o, err, errlen);
+    if (rc == TS_OK) {
+        j->progress.step = j->tr.step;
+        j->progress.loss_avg = j->tr.loss_avg;
+        if ((rc = pthread_create(&j->thread, NULL, job_main, j)) != 0) {
+            ts_set_err(err, errlen, "cannot start the training thread: %s", strerror(rc));
+            rc = TS_ENOMEM;
+        }
+    }
+    if (rc != TS_OK) {
+        job_free_parts(j);
+        return rc;
+    }
+    *out = j;
+    return TS_OK;
+}
+
+void ts_train_job_request_stop(ts_train_job_t *j) {
+    if (j)
+        atomic_store(&j->stop, 1);
+}
+
+int ts_train_job_stop(ts_train_job_t *j, int timeout_ms) {
+    if (!j)
+        return TS_EINVAL;
+    ts_train_job_request_stop(j);
+    if (j->joined)
+        return TS_OK;
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    if (timeout_ms >= 0) {
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L)
+            deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&j->mu);
+    int timed_out = 0;
+    while (!j->ended && !timed_out) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&j->cv, &j->mu);
+        else
+            timed_out = pthread_cond_timedwait(&j->cv, &j->mu, &deadline) == ETIMEDOUT;
+    }
+    int ended = j->ended;
+    pthread_mutex_unlock(&j->mu);
+    if (!ended)
+        return TS_ETIMEDOUT;
+    pthread_join(j->thread, NULL);
+    j->joined = 1;
+    return TS_OK;
+}
+
+void ts_train_job_progress(ts_train_job_t *j, ts_train_progress_t *out) {
+    pthread_mutex_lock(&j->mu);
+    *out = j->progress;
+    pthread_mutex_unlock(&j->mu);
+}
+
+void ts_train_job_free(ts_train_job_t *j) {
+    if (!j)
+        return;
+    ts_train_job_stop(j, -1);
+    job_free_parts(j);
+}
