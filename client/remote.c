@@ -46,20 +46,24 @@ typedef struct send {
 
 struct attempt {
     ts_remote_t *r;
-    ts_expert_job_t *job;
+    ts_expert_job_t *job;    /* this attempt's piece of a job: a view of its rows */
+    ts_expert_job_t *whole;  /* the job: its status is the worst of its pieces' */
+    ts_expert_job_t piece;
     ts_remote_expert_t *ex;
-    uv_timer_t *hedge_timer; /* the expert's, owned by r */
-    float *t;                /* (m) the job's t, for the request */
+    uv_timer_t *hedge_timer; /* this attempt slot's, owned by r */
+    float *t;                /* (m) the piece's t, for the request */
+    int cap_t;
     uint32_t tried;          /* replicas asked, as bits */
     send_t sends[MAX_SENDS];
     int n_sends, inflight, retries_left, done, last_error;
 };
 
+/* Attempt slots (one per piece of a job of the evaluation in progress), each with its hedge
+ * timer; they grow as needed and live until ts_remote_free. */
 typedef struct remote_priv {
-    uv_timer_t *timers; /* (K): one hedge timer per expert */
-    attempt_t *att;     /* (K): one attempt per job of the evaluation in progress */
-    int pending;        /* jobs not done */
-    int closing;
+    attempt_t **att;
+    int n_slots;
+    int pending; /* pieces not done */
 } remote_priv_t;
 
 static remote_priv_t *priv(ts_remote_t *r) { return (remote_priv_t *)r->impl; }
@@ -302,10 +306,85 @@ static void finish(attempt_t *a, int status) {
         r->st.local_s += now_s() - t;
         trace(r, NULL, status, 0, 0, -1, t);
     }
-    a->job->status = status;
-    if (status != TS_OK)
+    if (status != TS_OK && a->whole->status == TS_OK) {
+        a->whole->status = status;
         r->st.failed_jobs++;
+    }
     priv(r)->pending--;
+}
+
+/* Attempt slot i, made (with its timer) on first use; NULL when out of memory. */
+static attempt_t *slot(ts_remote_t *r, int i) {
+    remote_priv_t *pv = priv(r);
+    if (i >= pv->n_slots) {
+        int cap = i + 16;
+        attempt_t **a = realloc(pv->att, (size_t)cap * sizeof *a);
+        if (!a)
+            return NULL;
+        pv->att = a;
+        for (int j = pv->n_slots; j < cap; j++) {
+            pv->att[j] = calloc(1, sizeof **pv->att);
+            uv_timer_t *t = malloc(sizeof *t);
+            if (!pv->att[j] || !t) {
+                free(pv->att[j]);
+                free(t);
+                pv->n_slots = j;
+                return NULL;
+            }
+            uv_timer_init(r->loop, t);
+            t->data = NULL;
+            pv->att[j]->hedge_timer = t;
+        }
+        pv->n_slots = cap;
+    }
+    return pv->att[i];
+}
+
+/* Samples per request for expert ex: the smallest max_batch its replicas advertise (0: any). */
+static int piece_size(const ts_remote_expert_t *ex) {
+    int cap = 0;
+    for (int i = 0; i < ex->n_rep; i++)
+        if (ex->rep[i].max_samples > 0 && (cap == 0 || (int)ex->rep[i].max_samples < cap))
+            cap = (int)ex->rep[i].max_samples;
+    return cap;
+}
+
+/* Starts one piece: rows [start, start + m) of job j, in attempt slot a. */
+static int start_piece(ts_remote_t *r, attempt_t *a, ts_expert_job_t *j, int start, int m) {
+    uv_timer_t *timer = a->hedge_timer;
+    float *t = a->t;
+    int cap_t = a->cap_t;
+    size_t chw = (size_t)r->chw;
+    *a = (attempt_t){.r = r, .whole = j, .ex = &r->experts[j->k], .hedge_timer = timer, .t = t,
+                     .cap_t = cap_t, .retries_left = r->o.retries, .last_error = TS_ENOTFOUND};
+    a->piece = *j;
+    a->piece.m = m;
+    a->piece.rows = j->rows + start;
+    a->piece.x = j->x + (size_t)start * chw;
+    a->piece.labels = j->labels + start;
+    a->piece.v = j->v + (size_t)start * chw;
+    a->job = &a->piece;
+    if (a->cap_t < m) {
+        float *nt = realloc(a->t, (size_t)m * sizeof *nt);
+        if (!nt)
+            return TS_ENOMEM;
+        a->t = nt;
+        a->cap_t = m;
+    }
+    for (int b = 0; b < m; b++)
+        a->t[b] = j->t;
+    timer->data = a;
+    if (r->o.prefer_local && a->ex->local) {
+        finish(a, TS_ENOTSUP); /* straight to the cached weights */
+        return TS_OK;
+    }
+    if (send_next(a, 0) != TS_OK) {
+        finish(a, a->last_error);
+        return TS_OK;
+    }
+    if (r->o.hedge && a->ex->n_rep > 1)
+        uv_timer_start(timer, on_hedge, hedge_delay_ms(r, a->ex), 0);
+    return TS_OK;
 }
 
 /* ---- the hook --------------------------------------------------------------------------------- */
@@ -316,41 +395,30 @@ int ts_remote_eval(void *ctx, ts_expert_job_t *jobs, int n) {
     double t0 = now_s();
     r->st.evaluations++;
     r->st.jobs += (uint64_t)n;
-    pv->pending = n;
-    int rc = TS_OK;
-    for (int i = 0; i < n && rc == TS_OK; i++) {
-        attempt_t *a = &pv->att[i];
-        ts_expert_job_t *j = &jobs[i];
-        free(a->t);
-        *a = (attempt_t){.r = r, .job = j, .ex = &r->experts[j->k],
-                         .hedge_timer = &pv->timers[j->k], .retries_left = r->o.retries,
-                         .last_error = TS_ENOTFOUND};
-        a->t = malloc((size_t)j->m * sizeof *a->t);
-        if (!a->t) {
-            rc = TS_ENOMEM;
-            break;
-        }
-        for (int b = 0; b < j->m; b++)
-            a->t[b] = j->t;
-        a->hedge_timer->data = a;
-        if (r->o.prefer_local && a->ex->local) {
-            finish(a, TS_ENOTSUP); /* straight to the cached weights */
-            continue;
-        }
-        if (send_next(a, 0) != TS_OK) {
-            finish(a, a->last_error);
-            continue;
-        }
-        if (r->o.hedge && a->ex->n_rep > 1)
-            uv_timer_start(a->hedge_timer, on_hedge, hedge_delay_ms(r, a->ex), 0);
+    int rc = TS_OK, used = 0;
+    pv->pending = 0;
+    for (int i = 0; i < n; i++) {
+        jobs[i].status = TS_OK;
+        int cap = piece_size(&r->experts[jobs[i].k]);
+        for (int start = 0; start < jobs[i].m; start += cap ? cap : jobs[i].m)
+            pv->pending++;
     }
-    /* Wait for the answers. A loop with nothing left to run while jobs are pending would spin:
+    for (int i = 0; i < n && rc == TS_OK; i++) {
+        ts_expert_job_t *j = &jobs[i];
+        int cap = piece_size(&r->experts[j->k]);
+        for (int start = 0; start < j->m && rc == TS_OK; start += cap ? cap : j->m) {
+            int m = cap && j->m - start > cap ? cap : j->m - start;
+            attempt_t *a = slot(r, used++);
+            rc = a ? start_piece(r, a, j, start, m) : TS_ENOMEM;
+        }
+    }
+    /* Wait for the answers. A loop with nothing left to run while pieces are pending would spin:
      * that cannot happen while calls are outstanding (their deadlines are timers). */
     while (pv->pending > 0 && rc == TS_OK)
         if (uv_run(r->loop, UV_RUN_ONCE) == 0 && pv->pending > 0)
             rc = TS_EIO;
-    for (int i = 0; i < n; i++) {
-        attempt_t *a = &pv->att[i];
+    for (int i = 0; i < used && i < pv->n_slots; i++) {
+        attempt_t *a = pv->att[i];
         if (!a->done && a->job)
             finish(a, TS_ECANCELED);
         a->hedge_timer->data = NULL;
@@ -410,49 +478,26 @@ int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_exp
         }
     }
     remote_priv_t *pv = calloc(1, sizeof *pv);
-    if (pv) {
-        pv->timers = calloc((size_t)K, sizeof *pv->timers);
-        pv->att = calloc((size_t)K, sizeof *pv->att);
-    }
-    if (!pv || !pv->timers || !pv->att) {
-        if (pv) {
-            free(pv->timers);
-            free(pv->att);
-        }
-        free(pv);
+    if (!pv) {
         ts_set_err(err, errlen, "out of memory");
         return TS_ENOMEM;
     }
-    for (int k = 0; k < K; k++)
-        uv_timer_init(loop, &pv->timers[k]);
     r->impl = pv;
     return TS_OK;
 }
 
-static void timer_closed(uv_handle_t *h) {
-    remote_priv_t *pv = h->data;
-    if (pv && --pv->closing == 0) {
-        free(pv->timers);
-        free(pv);
-    }
-}
+static void timer_closed(uv_handle_t *h) { free(h); }
 
 void ts_remote_free(ts_remote_t *r) {
     remote_priv_t *pv = priv(r);
     if (pv) {
-        for (int k = 0; k < r->K; k++)
-            free(pv->att[k].t);
+        for (int i = 0; i < pv->n_slots; i++) {
+            uv_close((uv_handle_t *)pv->att[i]->hedge_timer, timer_closed);
+            free(pv->att[i]->t);
+            free(pv->att[i]);
+        }
         free(pv->att);
-        pv->att = NULL;
-        pv->closing = r->K;
-        for (int k = 0; k < r->K; k++) {
-            pv->timers[k].data = pv;
-            uv_close((uv_handle_t *)&pv->timers[k], timer_closed);
-        }
-        if (r->K == 0) {
-            free(pv->timers);
-            free(pv);
-        }
+        free(pv);
     }
     free(r->events);
     free(r->eval_ms);

@@ -2,7 +2,8 @@
  * remote.h — remote experts for the ensemble (model/ensemble.h's hook): every evaluation's jobs
  * go to the nodes hosting each expert, in parallel, over the RPC pool (net/rpc.h).
  *
- * Per job (one expert, the rows routed to it):
+ * Per job (one expert, the rows routed to it), cut into pieces of at most the samples one request
+ * may carry (the smallest capacity.max_batch the expert's replicas advertise), per piece:
  *   1. choose a replica by predicted latency — the replica's round-trip EWMA plus its advertised
  *      queue depth × per-item time — between two replicas drawn at random (power of two
  *      choices); a replica that answered garbage is banned for ban_ms;
@@ -37,6 +38,7 @@ typedef struct ts_replica {
     double ewma_ms;             /* round-trip EWMA; 0 until the first answer */
     uint32_t queue_depth;       /* from the advert */
     uint32_t item_latency_us;   /* from the advert */
+    uint32_t max_samples;       /* samples one request may carry (the advert's capacity); 0: any */
     double banned_until;        /* monotonic seconds */
     uint64_t sent, answered, failed, garbage, hedges_won;
 } ts_replica_t;
