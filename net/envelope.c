@@ -787,6 +787,13 @@ int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, cha
     CHECK(check_id(&c, b->has_weights_hash, &b->weights_hash, w, "weights_hash"));
     if (b->has_router_hash)
         CHECK(check_id(&c, 1, &b->router_hash, w, "router_hash"));
+    if (b->training) {
+        const Tessera__TrainingStatus *tr = b->training;
+        if (!tr->has_step || !tr->has_steps || tr->step > tr->steps)
+            return bad(&c, TS_ECORRUPT, "advert body.training needs step <= steps");
+        if (tr->has_loss)
+            CHECK(check_float(&c, tr->loss, -1e30f, 1e30f, "advert body.training", "loss"));
+    }
     CHECK(need(&c, b->model, w, "model"));
     const Tessera__ModelConfig *m = b->model;
     const struct {

@@ -1908,6 +1908,7 @@ static const ProtobufCMessageDescriptor *const MESSAGES[] = {
     &tessera__advert_request__descriptor,
     &tessera__advert__descriptor,
     &tessera__advert_body__descriptor,
+    &tessera__training_status__descriptor,
     &tessera__denoise_request__descriptor,
     &tessera__timings__descriptor,
     &tessera__denoise_response__descriptor,
