@@ -1003,6 +1003,49 @@ static int put_fn(void *ctx, ts_store_txn_t *t) {
     return rc;
 }
 
+typedef struct {
+    const ts_hash_t *h;
+    unsigned char *buf;
+    size_t len;
+} get_job_t;
+
+static int get_fn(void *ctx, ts_store_txn_t *t) {
+    get_job_t *j = ctx;
+    const void *data;
+    free(j->buf);
+    j->buf = NULL;
+    int rc = ts_txn_get(t, TS_DB_CHUNKS, j->h->b, TS_HASH_BYTES, &data, &j->len);
+    if (rc)
+        return rc;
+    if (!(j->buf = malloc(j->len ? j->len : 1)))
+        return TS_ENOMEM;
+    memcpy(j->buf, data, j->len);
+    return TS_OK;
+}
+
+int ts_weights_get_chunk(ts_store_t *s, const ts_hash_t *chunk, unsigned char **buf, size_t *len) {
+    if (!s || !chunk || !buf || !len)
+        return TS_EINVAL;
+    *buf = NULL;
+    *len = 0;
+    get_job_t j = {.h = chunk};
+    int rc = ts_store_read(s, get_fn, &j);
+    if (rc == TS_OK) {
+        crypto_ready();
+        ts_hash_t got;
+        ts_hash_compute(&got, j.buf, j.len);
+        if (memcmp(got.b, chunk->b, TS_HASH_BYTES) != 0)
+            rc = TS_ECORRUPT;
+    }
+    if (rc) {
+        free(j.buf);
+        return rc;
+    }
+    *buf = j.buf;
+    *len = j.len;
+    return TS_OK;
+}
+
 int ts_weights_put_chunk(ts_store_t *s, const ts_hash_t *chunk, const void *data, size_t len) {
     if (!s || !chunk || !data || len == 0 || len > TS_WEIGHTS_CHUNK)
         return TS_EINVAL;
@@ -1082,7 +1125,11 @@ static int info_of(const manifest_t *m, ts_weights_info_t *info, const char ***a
                                 .imported = m->imported,
                                 .n_meta = (int)n,
                                 .meta_keys = a,
-                                .meta_vals = a + n};
+                                .meta_vals = a + n,
+                                .chunks = m->chunks,
+                                .dtype = json_string_value(json_object_get(
+                                    json_array_get(json_object_get(m->root, "tensors"), 0),
+                                    "dtype"))};
     *arr = a;
     return TS_OK;
 }

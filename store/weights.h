@@ -115,6 +115,10 @@ typedef void (*ts_weights_chunk_fn)(void *ctx, uint64_t index, const ts_hash_t *
 /* Checks every chunk of the manifest h; returns how many are missing or bad (0: all good), or a
  * negative error (TS_ENOTFOUND: no such manifest). fn may be NULL. */
 int ts_weights_bad_chunks(ts_store_t *s, const ts_hash_t *h, ts_weights_chunk_fn fn, void *ctx);
+/* Reads the chunk whose BLAKE2b-256 is *chunk, whatever file it belongs to, into *buf
+ * (malloc'd, caller frees; *len bytes), after checking that its bytes hash to *chunk.
+ * TS_ENOTFOUND when absent, TS_ECORRUPT when damaged (re-fetch it), TS_ENOMEM. */
+int ts_weights_get_chunk(ts_store_t *s, const ts_hash_t *chunk, unsigned char **buf, size_t *len);
 /* Stores one chunk after checking that data hashes to *chunk (TS_ECORRUPT otherwise) and that
  * len ≤ TS_WEIGHTS_CHUNK; replaces a damaged copy. */
 int ts_weights_put_chunk(ts_store_t *s, const ts_hash_t *chunk, const void *data, size_t len);
@@ -135,6 +139,8 @@ typedef struct ts_weights_info {
     int n_meta;        /* the file's __metadata__ */
     const char *const *meta_keys;
     const char *const *meta_vals;
+    const ts_hash_t *chunks; /* n_chunks chunk hashes, in file order */
+    const char *dtype;       /* the first tensor's dtype ("F32", "F16", "BF16", ...), or NULL */
 } ts_weights_info_t;
 
 /* The value of a metadata key, or NULL. */
