@@ -41,14 +41,13 @@ typedef struct job {
     ts_serve_t *srv;
     ts_rpc_request_t *req; /* the loop's only */
     job_state_t state;     /* under s->mu */
-    int cancelled;         /* the loop's only: the requester gave up after the batch started */
     int B, rows;           /* samples, and forward rows (2B with guidance) */
     float cfg_scale;
-    ts_dtype_t dtype;     /* x_t's, and the answer's */
-    int64_t shape[4];     /* (B, C, H, W) */
-    void *x, *v;          /* B·C·H·W elements of dtype: the input, the answer */
-    float *t;             /* (B) */
-    int32_t *y;           /* (B) */
+    ts_dtype_t dtype; /* x_t's, and the answer's */
+    int64_t shape[4]; /* (B, C, H, W) */
+    void *x, *v;      /* B·C·H·W elements of dtype: the input, the answer */
+    float *t;         /* (B) */
+    int32_t *y;       /* (B) */
     uint64_t arrival_ns, deadline_ns;
     ts_serve_outcome_t outcome; /* set by the compute thread: OK, DEADLINE or INTERNAL */
     uint32_t queue_us, compute_us, batch_rows;
@@ -75,8 +74,8 @@ struct ts_serve {
     int queued_rows;
     int stop, exited;
     ts_serve_stats_t st;
-    double item_us;             /* moving average of compute time per row, 0: none yet */
-    double rate;                /* requests_per_s at rate_ns */
+    double item_us; /* moving average of compute time per row, 0: none yet */
+    double rate;    /* requests_per_s at rate_ns */
     uint64_t rate_ns;
     /* the loop's */
     int stopping, joined, closed;
@@ -90,8 +89,8 @@ const char *ts_serve_outcome_name(ts_serve_outcome_t o) {
 }
 
 void ts_serve_opts_default(ts_serve_opts_t *o) {
-    *o = (ts_serve_opts_t){.max_batch = 16, .max_wait_ms = 2, .max_queue = 256,
-                           .compute_threads = 0};
+    *o = (ts_serve_opts_t){
+        .max_batch = 16, .max_wait_ms = 2, .max_queue = 256, .compute_threads = 0};
 }
 
 static void count(ts_serve_t *s, ts_serve_outcome_t o) {
@@ -105,12 +104,15 @@ static void count(ts_serve_t *s, ts_serve_outcome_t o) {
 static size_t dtype_bytes(ts_dtype_t d) { return d == TS_F32 ? 4 : 2; }
 
 static ts_dtype_t dtype_of(Tessera__DType d) {
-    return d == TESSERA__DTYPE__DTYPE_F16 ? TS_F16 : d == TESSERA__DTYPE__DTYPE_BF16 ? TS_BF16 : TS_F32;
+    return d == TESSERA__DTYPE__DTYPE_F16    ? TS_F16
+           : d == TESSERA__DTYPE__DTYPE_BF16 ? TS_BF16
+                                             : TS_F32;
 }
 
 static Tessera__DType wire_dtype(ts_dtype_t d) {
-    return d == TS_F16 ? TESSERA__DTYPE__DTYPE_F16
-                       : d == TS_BF16 ? TESSERA__DTYPE__DTYPE_BF16 : TESSERA__DTYPE__DTYPE_F32;
+    return d == TS_F16    ? TESSERA__DTYPE__DTYPE_F16
+           : d == TS_BF16 ? TESSERA__DTYPE__DTYPE_BF16
+                          : TESSERA__DTYPE__DTYPE_F32;
 }
 
 static void job_free(job_t *j) {
@@ -214,7 +216,8 @@ static int stage_batch(ts_serve_t *s, ts_list_t *batch) {
         TS_TRY(ts_tensor_wrap(&tsrc, j->t, TS_F32, TS_CPU, 1, TS_SHAPE(j->B)));
         for (int p = 0; p < pairs; p++, r += j->B) {
             TS_TRY(ts_tensor_slice(&dst, &s->xx, r, j->B));
-            TS_TRY(j->dtype == TS_F32 ? ts_tensor_copy(&dst, &src) : ts_convert(&s->eng, &dst, &src));
+            TS_TRY(j->dtype == TS_F32 ? ts_tensor_copy(&dst, &src)
+                                      : ts_convert(&s->eng, &dst, &src));
             TS_TRY(ts_tensor_slice(&tdst, &s->tt, r, j->B));
             TS_TRY(ts_tensor_copy(&tdst, &tsrc));
             for (int i = 0; i < j->B; i++)
@@ -287,8 +290,8 @@ static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint
     if (compute_us > s->st.compute_us_max)
         s->st.compute_us_max = compute_us;
     double per_row = (double)compute_us / rows;
-    s->item_us = s->item_us > 0 ? (1 - LATENCY_ALPHA) * s->item_us + LATENCY_ALPHA * per_row
-                                : per_row;
+    s->item_us =
+        s->item_us > 0 ? (1 - LATENCY_ALPHA) * s->item_us + LATENCY_ALPHA * per_row : per_row;
 }
 
 static void *compute_main(void *arg) {
@@ -324,8 +327,9 @@ static void *compute_main(void *arg) {
 
 /* ---- answering, on the loop ------------------------------------------------------------------ */
 
+/* Answers a job the compute thread is done with (rpc drops the answer when the requester
+ * cancelled meanwhile; it is counted by what the server did). */
 static void answer_job(ts_serve_t *s, job_t *j) {
-    ts_serve_outcome_t o = j->cancelled ? TS_SERVE_CANCELLED : j->outcome;
     if (j->outcome == TS_SERVE_DEADLINE) {
         ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_DEADLINE_EXCEEDED,
                            "the deadline passed after %u ms in the queue, before compute",
@@ -355,7 +359,7 @@ static void answer_job(ts_serve_t *s, job_t *j) {
         env.denoise_response = &resp;
         ts_rpc_reply(j->req, &env);
     }
-    count(s, o);
+    count(s, j->outcome);
     job_free(j);
 }
 
@@ -401,10 +405,8 @@ static void on_cancel(ts_rpc_request_t *req, void *arg) {
         s->st.answered[TS_SERVE_CANCELLED]++;
     }
     pthread_mutex_unlock(&s->mu);
-    if (!queued) {
-        j->cancelled = 1;
+    if (!queued) /* started: answer_job's answer will be dropped */
         return;
-    }
     ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_CANCELLED, "cancelled before compute");
     job_free(j);
 }
@@ -421,7 +423,8 @@ static void hex_prefix(const uint8_t *b, char out[17]) {
  * the request's forward rows; otherwise the outcome (INVALID or NOT_FOUND) with a sentence. */
 static ts_serve_outcome_t check_request(const ts_serve_t *s, const Tessera__DenoiseRequest *d,
                                         int *rows, char *why, size_t len) {
-    if (d->expert_id.len != TS_SERVE_ID_BYTES || memcmp(d->expert_id.data, s->id, TS_SERVE_ID_BYTES)) {
+    if (d->expert_id.len != TS_SERVE_ID_BYTES ||
+        memcmp(d->expert_id.data, s->id, TS_SERVE_ID_BYTES)) {
         char want[17], got[17] = "";
         hex_prefix(s->id, want);
         if (d->expert_id.len == TS_SERVE_ID_BYTES)
@@ -433,13 +436,14 @@ static ts_serve_outcome_t check_request(const ts_serve_t *s, const Tessera__Deno
     const ts_dit_config_t *c = &s->cfg;
     if (x->n_shape != 4 || x->shape[1] != c->in_channels || x->shape[2] != c->input_size ||
         x->shape[3] != c->input_size) {
-        snprintf(why, len, "denoise_request.x_t must be (B, %d, %d, %d) for this expert", c->in_channels,
-                 c->input_size, c->input_size);
+        snprintf(why, len, "denoise_request.x_t must be (B, %d, %d, %d) for this expert",
+                 c->in_channels, c->input_size, c->input_size);
         return TS_SERVE_INVALID;
     }
     int64_t B = x->shape[0];
     if (d->n_t != (size_t)B || d->n_class_labels != (size_t)B) {
-        snprintf(why, len, "denoise_request needs %lld values of t and of class_labels", (long long)B);
+        snprintf(why, len, "denoise_request needs %lld values of t and of class_labels",
+                 (long long)B);
         return TS_SERVE_INVALID;
     }
     int pairs = d->cfg_scale != 1.0f ? 2 : 1;
@@ -488,7 +492,8 @@ static void on_denoise(ts_rpc_request_t *req, const Tessera__Envelope *env, void
     int rows = 0;
     note_request(s);
     if (s->stopping) {
-        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE, "this node is shutting down");
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE,
+                           "this node is shutting down");
         count(s, TS_SERVE_UNAVAILABLE);
         return;
     }
@@ -601,9 +606,7 @@ static void destroy(ts_serve_t *s) {
     release(s);
 }
 
-static void async_closed_destroy(uv_handle_t *h) {
-    destroy(TS_CONTAINER_OF(h, ts_serve_t, async));
-}
+static void async_closed_destroy(uv_handle_t *h) { destroy(TS_CONTAINER_OF(h, ts_serve_t, async)); }
 
 int ts_serve_new(ts_serve_t **out, uv_loop_t *loop, ts_rpc_t *rpc, const ts_serve_expert_t *x,
                  const ts_serve_opts_t *o, char *err, size_t errlen) {

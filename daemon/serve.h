@@ -64,10 +64,10 @@ typedef struct ts_serve_expert {
 } ts_serve_expert_t;
 
 typedef struct ts_serve_opts {
-    int max_batch;        /* rows per forward pass (a guided sample is 2), default 16 */
-    int max_wait_ms;      /* how long the oldest request waits for others, default 2 */
-    int max_queue;        /* rows queued before busy, default 256 */
-    int compute_threads;  /* the engine's worker threads, default 0 = one per core */
+    int max_batch;       /* rows per forward pass (a guided sample is 2), default 16 */
+    int max_wait_ms;     /* how long the oldest request waits for others, default 2 */
+    int max_queue;       /* rows queued before busy, default 256 */
+    int compute_threads; /* the engine's worker threads, default 0 = one per core */
 } ts_serve_opts_t;
 
 void ts_serve_opts_default(ts_serve_opts_t *o);
@@ -99,11 +99,11 @@ const char *ts_serve_outcome_name(ts_serve_outcome_t o);
 
 /* Counters since ts_serve_new, for a metrics module. */
 typedef struct ts_serve_stats {
-    uint64_t requests;                     /* denoise_requests received */
-    uint64_t answered[TS_SERVE_OUTCOMES];  /* by outcome */
-    uint64_t batches, rows;                /* forward passes run, rows computed */
+    uint64_t requests;                    /* denoise_requests received */
+    uint64_t answered[TS_SERVE_OUTCOMES]; /* by outcome */
+    uint64_t batches, rows;               /* forward passes run, rows computed */
     uint64_t batch_hist[TS_SERVE_BATCH_BUCKETS];
-    uint64_t queue_us_sum, queue_us_max;   /* per computed request: arrival to its batch's start */
+    uint64_t queue_us_sum, queue_us_max; /* per computed request: arrival to its batch's start */
     uint64_t compute_us_sum, compute_us_max; /* per batch */
 } ts_serve_stats_t;
 

@@ -32,8 +32,8 @@ struct ts_weights_srv {
     uv_timer_t timer;
     ts_list_t queue;
     int n_pending;
-    double balance;       /* bytes the bucket holds: ≤ 0, negative while in debt */
-    uint64_t refilled_ns; /* when balance was last brought up to date */
+    double balance;        /* bytes the bucket holds: ≤ 0, negative while in debt */
+    uint64_t refilled_ns;  /* when balance was last brought up to date */
     uint64_t wait_from_ns; /* when the current wait for the bucket began, 0: none */
     int stopping, closed;
     ts_weights_srv_stats_t st;
@@ -205,7 +205,8 @@ static void on_chunk(ts_rpc_request_t *req, const Tessera__Envelope *env, void *
     ts_weights_srv_t *w = arg;
     if (w->stopping) {
         w->st.failed++;
-        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE, "this node is shutting down");
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE,
+                           "this node is shutting down");
         return;
     }
     if (w->n_pending >= w->o.max_pending) {

@@ -44,11 +44,11 @@ typedef struct ts_weights_srv_opts {
 void ts_weights_srv_opts_default(ts_weights_srv_opts_t *o);
 
 typedef struct ts_weights_srv_stats {
-    uint64_t manifests, chunks, bytes; /* answered with data */
-    uint64_t not_found;                /* manifests or chunks not in the store */
-    uint64_t damaged;                  /* chunks whose bytes did not match their hash */
+    uint64_t manifests, chunks, bytes;         /* answered with data */
+    uint64_t not_found;                        /* manifests or chunks not in the store */
+    uint64_t damaged;                          /* chunks whose bytes did not match their hash */
     uint64_t busy, expired, cancelled, failed; /* failed: store errors, shutdown */
-    uint64_t throttled_ms;             /* time spent waiting for the bucket, summed per wait */
+    uint64_t throttled_ms; /* time spent waiting for the bucket, summed per wait */
 } ts_weights_srv_stats_t;
 
 /* Serves store's files on rpc (both must outlive the server; loop is rpc's). o may be NULL.
