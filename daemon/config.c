@@ -70,6 +70,12 @@ static const key_spec_t KEYS[] = {
     {{"limits", "max_connections_per_ip", "integer", "8", "open TCP connections at most from one remote address"}, K_INT, OFF(max_connections_per_ip), 1, 65536},
     {{"limits", "handshake_timeout_ms", "integer", "5000", "a connection that has not finished its handshake by then is dropped"}, K_INT, OFF(handshake_timeout_ms), 100, 600000},
     {{"limits", "idle_timeout_s", "integer", "120", "a connection with no traffic for this long is closed"}, K_INT, OFF(idle_timeout_s), 1, 86400},
+    {{"serve", "max_batch", "integer", "16", "forward rows per batch, and the most one request may take (a guided sample takes 2)"}, K_INT, OFF(serve_max_batch), 1, 4096},
+    {{"serve", "max_wait_ms", "integer", "2", "how long the oldest queued request waits for others to batch with"}, K_INT, OFF(serve_max_wait_ms), 0, 10000},
+    {{"serve", "max_queue", "integer", "256", "rows queued before requests are answered busy; at least max_batch"}, K_INT, OFF(serve_max_queue), 1, 1048576},
+    {{"serve", "compute_threads", "integer", "0", "threads of the compute engine; 0 = one per core"}, K_INT, OFF(serve_compute_threads), 0, 1024},
+    {{"serve", "weights_bandwidth_mib_s", "integer", "0", "MiB/s of weight chunks served to other nodes; 0 = unlimited"}, K_INT, OFF(weights_bandwidth_mib_s), 0, 100000},
+    {{"serve", "weights_max_pending", "integer", "64", "chunk requests waiting for bandwidth before busy"}, K_INT, OFF(weights_max_pending), 1, 65536},
     {{"log", "level", "debug|info|warn|error", "info", "the least severe level written"}, K_LEVEL, OFF(log_level), 0, 0},
     {{"log", "format", "text|json", "text", "text lines, or one JSON object per line (ts, level, component, msg)"}, K_FORMAT, OFF(log_format), 0, 0},
     {{"log", "file", "path", "(stderr)", "append logs to this file instead of stderr; SIGHUP reopens it (log rotation)"}, K_PATH, OFF(log_file), 0, 0},
@@ -108,6 +114,12 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->max_connections_per_ip = 8;
     c->handshake_timeout_ms = 5000;
     c->idle_timeout_s = 120;
+    c->serve_max_batch = 16;
+    c->serve_max_wait_ms = 2;
+    c->serve_max_queue = 256;
+    c->serve_compute_threads = 0;
+    c->weights_bandwidth_mib_s = 0;
+    c->weights_max_pending = 64;
     c->log_level = TS_LOG_INFO;
     c->log_format = TS_LOG_TEXT;
     snprintf(c->metrics_listen, sizeof c->metrics_listen, "127.0.0.1:9420");
@@ -193,7 +205,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
         return fail(p, section, name,
                     known_section ? "unknown key (configs/tesserad.ini lists every key)"
                                   : "unknown section or key (sections: node, expert, train, "
-                                    "gossip, limits, log, metrics)");
+                                    "gossip, limits, serve, log, metrics)");
     }
     const key_spec_t *k = &KEYS[i];
     if (p->seen[i] && k->kind != K_ADDRLIST)
@@ -367,6 +379,11 @@ static int check_whole(ts_daemon_config_t *c, const char *name, char *err, size_
         ts_set_err(err, errlen, "%s: [limits] max_connections_per_ip (%d) exceeds "
                                 "max_connections (%d)",
                    name, c->max_connections_per_ip, c->max_connections);
+        return TS_EINVAL;
+    }
+    if (c->serve_max_queue < c->serve_max_batch) {
+        ts_set_err(err, errlen, "%s: [serve] max_queue (%d) is less than max_batch (%d)", name,
+                   c->serve_max_queue, c->serve_max_batch);
         return TS_EINVAL;
     }
     if (!c->advertise[0]) {

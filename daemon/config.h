@@ -59,6 +59,9 @@ typedef struct ts_daemon_config {
     /* [limits] */
     int max_frame_mib, max_connections, max_connections_per_ip;
     int handshake_timeout_ms, idle_timeout_s;
+    /* [serve] */
+    int serve_max_batch, serve_max_wait_ms, serve_max_queue, serve_compute_threads;
+    int weights_bandwidth_mib_s, weights_max_pending;
     /* [log] */
     ts_log_level_t log_level;
     ts_log_format_t log_format;

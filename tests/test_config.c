@@ -52,6 +52,12 @@ static void test_example_is_valid_and_complete(void **state) {
     assert_int_equal(c.max_connections_per_ip, d.max_connections_per_ip);
     assert_int_equal(c.handshake_timeout_ms, d.handshake_timeout_ms);
     assert_int_equal(c.idle_timeout_s, d.idle_timeout_s);
+    assert_int_equal(c.serve_max_batch, d.serve_max_batch);
+    assert_int_equal(c.serve_max_wait_ms, d.serve_max_wait_ms);
+    assert_int_equal(c.serve_max_queue, d.serve_max_queue);
+    assert_int_equal(c.serve_compute_threads, d.serve_compute_threads);
+    assert_int_equal(c.weights_bandwidth_mib_s, d.weights_bandwidth_mib_s);
+    assert_int_equal(c.weights_max_pending, d.weights_max_pending);
     assert_int_equal(c.log_level, d.log_level);
     assert_int_equal(c.log_format, d.log_format);
     assert_string_equal(c.listen, d.listen);
@@ -132,6 +138,10 @@ static void test_errors_name_file_line_and_key(void **state) {
                  NULL);
     expect_error(KEYS "advertise = 10.0.0.1:70000\n", "advertise", "not host:port", NULL);
     expect_error(KEYS "advertise = ::1:7420\n", "advertise", NULL);
+    expect_error(KEYS "[serve]\nmax_batch = 0\n", "t.ini:6:", "[serve] max_batch",
+                 "0 is outside 1..4096", NULL);
+    expect_error(KEYS "[serve]\nmax_batch = 64\nmax_queue = 32\n", "[serve] max_queue (32)",
+                 "max_batch (64)", NULL);
     expect_error(KEYS "[log]\nlevel = verbose\n", "want debug, info, warn or error", NULL);
     expect_error(KEYS "[log]\nformat = xml\n", "want text or json", NULL);
     expect_error(KEYS "[metrics]\nlisten = 9420\n", "t.ini:6:", "[metrics] listen", "not host:port",

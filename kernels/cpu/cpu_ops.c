@@ -13,6 +13,9 @@
  * partials that are then added in block order, in double. A GEMM is cut into one slice per
  * thread, and OpenBLAS may round a slice differently from the whole product (seen with M = 1
  * products of 1280 to 2304 columns cut in two); the slices depend on the thread count only.
+ * For the forward products of a linear layer (A·Bᵀ, beta 0) that difference came from OpenBLAS's
+ * small-matrix kernel, which such products now never reach (see "Batch invariance" at sgemm):
+ * their rows do not depend on the slicing, the thread count or the other rows of the batch.
  */
 #include <cblas.h>
 #include <limits.h>
@@ -316,11 +319,72 @@ typedef struct {
     int split;         /* 0: batch, 1: rows of C, 2: columns of C */
 } gemm_job_t;
 
+/* Batch invariance. OpenBLAS picks a kernel by the shape of each call, and its kernels round
+ * differently. On this project's reference machine (0.3.21, Cooperlake, i.e. SkylakeX kernels) a
+ * row-major A·Bᵀ with M·N ≤ 1200 (and K ≥ 32) goes to the "small matrix" kernel; anything larger
+ * goes to the blocked kernel, whose result for one row of C does not depend on how many rows the
+ * call has or where the row sits (tests/test_serve.c checks the DiT for this). A linear layer's
+ * rows are tokens or samples, so without care a sample computed alone (M small: the small kernel)
+ * would round differently from the same sample in a batch (M large: the blocked kernel): a
+ * served answer would depend on which requests shared its batch. So such a small A·Bᵀ is padded
+ * with zero rows — of A, or of B, whichever copies less — past SMALL_MN outputs, in scratch on
+ * the stack, and always reaches the blocked kernel. One-row and one-column products are padded
+ * too: newer OpenBLAS releases send them to gemv. The cost is a copy of at most PAD_FLOATS
+ * floats, on products that are small by definition; a product whose padding would not fit runs
+ * unpadded (none of the DiT presets has one). */
+#define SMALL_MN 1200
+#define PAD_FLOATS 16384
+
+static void sgemm_raw(const gemm_job_t *j, int64_t M, int64_t N, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
+                (int)M, (int)N, (int)j->K, j->alpha, A, (int)lda, B, (int)ldb, j->beta, C,
+                (int)ldc);
+}
+
+/* rows (n, K) with row stride ld into dst (pad, K), the rows past n zero */
+static void copy_rows_padded(float *dst, const float *src, int64_t n, int64_t pad, int64_t K,
+                             int64_t ld) {
+    for (int64_t r = 0; r < n; r++)
+        memcpy(dst + r * K, src + r * ld, (size_t)K * sizeof *dst);
+    memset(dst + n * K, 0, (size_t)((pad - n) * K) * sizeof *dst);
+}
+
+/* C (M, N) = alpha · A (M, K) · Bᵀ, with A or B padded by zero rows to Mp·N (or M·Np) outputs
+ * > SMALL_MN; 0 when the padding does not fit in PAD_FLOATS (the caller then runs it as is). */
+static int sgemm_padded(const gemm_job_t *j, int64_t M, int64_t N, const float *A, const float *B,
+                        float *C) {
+    float scratch[PAD_FLOATS];
+    int64_t K = j->K;
+    int64_t Mp = SMALL_MN / N + 1, Np = SMALL_MN / M + 1;
+    Mp = Mp < 2 ? 2 : Mp;
+    Np = Np < 2 ? 2 : Np;
+    int64_t cost_rows = Mp * (K + N), cost_cols = Np * (K + M);
+    if (cost_rows <= cost_cols && cost_rows <= PAD_FLOATS) {
+        float *a = scratch, *c = scratch + Mp * K; /* a (Mp, K), c (Mp, N) */
+        copy_rows_padded(a, A, M, Mp, K, j->lda);
+        sgemm_raw(j, Mp, N, a, K, B, j->ldb, c, N);
+        for (int64_t r = 0; r < M; r++)
+            memcpy(C + r * j->ldc, c + r * N, (size_t)N * sizeof *C);
+        return 1;
+    }
+    if (cost_cols <= PAD_FLOATS) {
+        float *b = scratch, *c = scratch + Np * K; /* b (Np, K), c (M, Np) */
+        copy_rows_padded(b, B, N, Np, K, j->ldb);
+        sgemm_raw(j, M, Np, A, j->lda, b, K, c, Np);
+        for (int64_t r = 0; r < M; r++)
+            memcpy(C + r * j->ldc, c + r * Np, (size_t)N * sizeof *C);
+        return 1;
+    }
+    return 0;
+}
+
 static void sgemm(const gemm_job_t *j, int64_t M, int64_t N, const float *A, const float *B,
                   float *C) {
-    cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)j->K, j->alpha, A, (int)j->lda, B, (int)j->ldb, j->beta, C,
-                (int)j->ldc);
+    int small = M * N <= SMALL_MN || M == 1 || N == 1;
+    if (small && !j->ta && j->tb && j->beta == 0.0f && sgemm_padded(j, M, N, A, B, C))
+        return;
+    sgemm_raw(j, M, N, A, j->lda, B, j->ldb, C, j->ldc);
 }
 
 /* C (M, N), row stride ldc, += bias (N) on every row: C + b rounded once, as add_bcast does. */

@@ -1,0 +1,716 @@
+/*
+ * serve.c — the expert server (daemon/serve.h).
+ *
+ * How the pieces fit. A request becomes a job: a copy of its inputs, room for its answer, its
+ * arrival and deadline on the monotonic clock (uv_hrtime), and its rpc request, which only the
+ * loop's thread touches. A job moves through three places, each change under s->mu:
+ *
+ *   loop: on_denoise ──push──► queue ──take_batch──► (the compute thread's batch) ──► done
+ *              ▲                 │ on_cancel / shutdown: answered at once               │
+ *              └──── answer_job ◄────────────── async_cb (uv_async_send) ◄──────────────┘
+ *
+ * The compute thread sleeps on s->cv until the queue has a job, then waits for company until the
+ * queue holds max_batch rows or the oldest job has waited max_wait_ms (or reached its deadline),
+ * takes jobs from the head while they fit (strict arrival order; expired ones go straight to
+ * done), and runs the batch with the lock released. Invariants: a job is in exactly one of queue,
+ * one batch, done, or already answered and freed; queued_rows is the sum of the rows in queue;
+ * every job is answered exactly once, on the loop, by answer_job or at once (cancel, shutdown).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "daemon/serve.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/ops.h"
+#include "net/frame.h"
+#include "net/list.h"
+
+#define RATE_TAU_S 5.0     /* requests_per_s decays over this many seconds */
+#define LATENCY_ALPHA 0.2  /* weight of the newest batch in item_latency_us */
+#define RETRY_MAX_MS 10000 /* the longest retry hint a busy answer gives */
+
+typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_DONE } job_state_t;
+
+typedef struct job {
+    ts_list_t node;
+    ts_serve_t *srv;
+    ts_rpc_request_t *req; /* the loop's only */
+    job_state_t state;     /* under s->mu */
+    int B, rows;           /* samples, and forward rows (2B with guidance) */
+    float cfg_scale;
+    ts_dtype_t dtype; /* x_t's, and the answer's */
+    int64_t shape[4]; /* (B, C, H, W) */
+    void *x, *v;      /* B·C·H·W elements of dtype: the input, the answer */
+    float *t;         /* (B) */
+    int32_t *y;       /* (B) */
+    uint64_t arrival_ns, deadline_ns;
+    ts_serve_outcome_t outcome; /* set by the compute thread: OK, DEADLINE or INTERNAL */
+    uint32_t queue_us, compute_us, batch_rows;
+} job_t;
+
+struct ts_serve {
+    uv_loop_t *loop;
+    ts_rpc_t *rpc;
+    uv_async_t async;
+    ts_dit_config_t cfg;
+    uint8_t id[TS_SERVE_ID_BYTES];
+    ts_serve_opts_t o;
+    int64_t chw; /* C·H·W of one sample */
+    /* the compute thread's own */
+    ts_engine_t eng;
+    ts_dit_t model;
+    ts_tensor_t xx, tt, vv; /* (max_batch, C, H, W), (max_batch), (max_batch, C, H, W) F32 */
+    int32_t *yy;            /* (max_batch) labels */
+    pthread_t thread;
+    /* shared, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ts_list_t queue, done;
+    int queued_rows;
+    int stop, exited;
+    ts_serve_stats_t st;
+    double item_us; /* moving average of compute time per row, 0: none yet */
+    double rate;    /* requests_per_s at rate_ns */
+    uint64_t rate_ns;
+    /* the loop's */
+    int stopping, joined, closed;
+};
+
+static const char *OUTCOMES[TS_SERVE_OUTCOMES] = {
+    "ok", "invalid", "not_found", "busy", "deadline", "cancelled", "unavailable", "internal"};
+
+const char *ts_serve_outcome_name(ts_serve_outcome_t o) {
+    return (unsigned)o < TS_SERVE_OUTCOMES ? OUTCOMES[o] : "unknown";
+}
+
+void ts_serve_opts_default(ts_serve_opts_t *o) {
+    *o = (ts_serve_opts_t){
+        .max_batch = 16, .max_wait_ms = 2, .max_queue = 256, .compute_threads = 0};
+}
+
+static void count(ts_serve_t *s, ts_serve_outcome_t o) {
+    pthread_mutex_lock(&s->mu);
+    s->st.answered[o]++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- jobs ---------------------------------------------------------------------------------- */
+
+static size_t dtype_bytes(ts_dtype_t d) { return d == TS_F32 ? 4 : 2; }
+
+static ts_dtype_t dtype_of(Tessera__DType d) {
+    return d == TESSERA__DTYPE__DTYPE_F16    ? TS_F16
+           : d == TESSERA__DTYPE__DTYPE_BF16 ? TS_BF16
+                                             : TS_F32;
+}
+
+static Tessera__DType wire_dtype(ts_dtype_t d) {
+    return d == TS_F16    ? TESSERA__DTYPE__DTYPE_F16
+           : d == TS_BF16 ? TESSERA__DTYPE__DTYPE_BF16
+                          : TESSERA__DTYPE__DTYPE_F32;
+}
+
+static void job_free(job_t *j) {
+    if (!j)
+        return;
+    free(j->x);
+    free(j->v);
+    free(j->t);
+    free(j->y);
+    free(j);
+}
+
+/* A job holding copies of a checked request's inputs (the envelope is only valid during the
+ * handler). NULL when memory ran out. */
+static job_t *job_new(const Tessera__DenoiseRequest *d, int rows, uint64_t deadline_ns) {
+    job_t *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    const Tessera__Tensor *x = d->x_t;
+    j->B = (int)x->shape[0];
+    j->rows = rows;
+    j->cfg_scale = d->cfg_scale;
+    j->dtype = dtype_of(x->dtype);
+    memcpy(j->shape, x->shape, sizeof j->shape);
+    j->x = malloc(x->data.len);
+    j->v = malloc(x->data.len);
+    j->t = malloc((size_t)j->B * sizeof *j->t);
+    j->y = malloc((size_t)j->B * sizeof *j->y);
+    if (!j->x || !j->v || !j->t || !j->y) {
+        job_free(j);
+        return NULL;
+    }
+    memcpy(j->x, x->data.data, x->data.len);
+    memcpy(j->t, d->t, (size_t)j->B * sizeof *j->t);
+    memcpy(j->y, d->class_labels, (size_t)j->B * sizeof *j->y);
+    j->arrival_ns = uv_hrtime();
+    j->deadline_ns = deadline_ns;
+    return j;
+}
+
+/* ---- the compute thread -------------------------------------------------------------------- */
+
+static job_t *job_at(ts_list_t *n) { return TS_CONTAINER_OF(n, job_t, node); }
+
+static void abs_time(uint64_t ns, struct timespec *ts) {
+    ts->tv_sec = (time_t)(ns / 1000000000u);
+    ts->tv_nsec = (long)(ns % 1000000000u);
+}
+
+/* With mu held and the queue not empty: sleeps until the queue holds max_batch rows, the oldest
+ * job has waited max_wait_ms or reached its deadline, or stop. */
+static void wait_for_company(ts_serve_t *s) {
+    while (!s->stop && !ts_list_empty(&s->queue) && s->queued_rows < s->o.max_batch) {
+        job_t *head = job_at(s->queue.next);
+        uint64_t until = head->arrival_ns + (uint64_t)s->o.max_wait_ms * 1000000u;
+        if (head->deadline_ns < until)
+            until = head->deadline_ns;
+        if (uv_hrtime() >= until)
+            return;
+        struct timespec ts;
+        abs_time(until, &ts);
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+}
+
+/* With mu held: moves jobs from the head of the queue into batch while they fit in max_batch
+ * rows, and those whose deadline has passed into done. Returns the batch's rows. */
+static int take_batch(ts_serve_t *s, ts_list_t *batch) {
+    int rows = 0;
+    uint64_t now = uv_hrtime();
+    while (!ts_list_empty(&s->queue)) {
+        job_t *j = job_at(s->queue.next);
+        if (j->deadline_ns <= now) {
+            ts_list_remove(&j->node);
+            s->queued_rows -= j->rows;
+            j->state = JOB_DONE;
+            j->outcome = TS_SERVE_DEADLINE;
+            j->queue_us = (uint32_t)((now - j->arrival_ns) / 1000u);
+            ts_list_push(&s->done, &j->node);
+            continue;
+        }
+        if (rows + j->rows > s->o.max_batch)
+            break;
+        ts_list_remove(&j->node);
+        s->queued_rows -= j->rows;
+        j->state = JOB_RUNNING;
+        ts_list_push(batch, &j->node);
+        rows += j->rows;
+    }
+    return rows;
+}
+
+/* Stages every job of batch as rows of xx, tt, yy: [x; x] with labels [y; ∅] for a guided one. */
+static int stage_batch(ts_serve_t *s, ts_list_t *batch) {
+    int64_t r = 0;
+    TS_LIST_FOREACH(it, batch) {
+        job_t *j = job_at(it);
+        int pairs = j->rows / j->B;
+        ts_tensor_t src, dst, tsrc, tdst;
+        TS_TRY(ts_tensor_wrap(&src, j->x, j->dtype, TS_CPU, 4, j->shape));
+        TS_TRY(ts_tensor_wrap(&tsrc, j->t, TS_F32, TS_CPU, 1, TS_SHAPE(j->B)));
+        for (int p = 0; p < pairs; p++, r += j->B) {
+            TS_TRY(ts_tensor_slice(&dst, &s->xx, r, j->B));
+            TS_TRY(j->dtype == TS_F32 ? ts_tensor_copy(&dst, &src)
+                                      : ts_convert(&s->eng, &dst, &src));
+            TS_TRY(ts_tensor_slice(&tdst, &s->tt, r, j->B));
+            TS_TRY(ts_tensor_copy(&tdst, &tsrc));
+            for (int i = 0; i < j->B; i++)
+                s->yy[r + i] = p == 0 ? j->y[i] : s->cfg.num_classes; /* the null class */
+        }
+    }
+    return TS_OK;
+}
+
+/* One forward pass over the staged rows, then each job's velocity into its answer buffer: the
+ * conditional rows, guided as ts_dit_velocity does it (v = s·v(y), then v += (1 − s)·v(∅)). */
+static int run_batch(ts_serve_t *s, ts_list_t *batch, int rows) {
+    ts_engine_t *e = &s->eng;
+    TS_TRY(stage_batch(s, batch));
+    ts_tensor_t xb, tb, out;
+    TS_TRY(ts_tensor_slice(&xb, &s->xx, 0, rows));
+    TS_TRY(ts_tensor_slice(&tb, &s->tt, 0, rows));
+    TS_TRY(ts_dit_forward(&s->model, &xb, &tb, s->yy, rows, &out));
+    int64_t r = 0;
+    TS_LIST_FOREACH(it, batch) {
+        job_t *j = job_at(it);
+        ts_tensor_t cond, uncond, v, answer;
+        TS_TRY(ts_tensor_wrap(&answer, j->v, j->dtype, TS_CPU, 4, j->shape));
+        TS_TRY(ts_tensor_slice(&cond, &out, r, j->B));
+        if (j->dtype == TS_F32)
+            v = answer;
+        else
+            TS_TRY(ts_tensor_slice(&v, &s->vv, 0, j->B));
+        TS_TRY(ts_tensor_copy(&v, &cond));
+        if (j->rows == 2 * j->B) {
+            TS_TRY(ts_tensor_slice(&uncond, &out, r + j->B, j->B));
+            TS_TRY(ts_scale(e, &v, j->cfg_scale));
+            TS_TRY(ts_axpy(e, &v, 1.0f - j->cfg_scale, &uncond));
+        }
+        if (j->dtype != TS_F32)
+            TS_TRY(ts_convert(e, &answer, &v));
+        r += j->rows;
+    }
+    return TS_OK;
+}
+
+static int hist_bucket(int rows) {
+    int b = 0;
+    while (b < TS_SERVE_BATCH_BUCKETS - 1 && (1 << b) < rows)
+        b++;
+    return b;
+}
+
+/* With mu held: the batch's jobs to done with their outcome and timings, and the counters. */
+static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint64_t t0,
+                         uint64_t t1) {
+    uint64_t compute_us = (t1 - t0) / 1000u;
+    while (!ts_list_empty(batch)) {
+        job_t *j = job_at(batch->next);
+        ts_list_remove(&j->node);
+        j->state = JOB_DONE;
+        j->outcome = rc == TS_OK ? TS_SERVE_OK : TS_SERVE_INTERNAL;
+        j->queue_us = (uint32_t)((t0 - j->arrival_ns) / 1000u);
+        j->compute_us = (uint32_t)compute_us;
+        j->batch_rows = (uint32_t)rows;
+        s->st.queue_us_sum += j->queue_us;
+        if (j->queue_us > s->st.queue_us_max)
+            s->st.queue_us_max = j->queue_us;
+        ts_list_push(&s->done, &j->node);
+    }
+    s->st.batches++;
+    s->st.rows += (uint64_t)rows;
+    s->st.batch_hist[hist_bucket(rows)]++;
+    s->st.compute_us_sum += compute_us;
+    if (compute_us > s->st.compute_us_max)
+        s->st.compute_us_max = compute_us;
+    double per_row = (double)compute_us / rows;
+    s->item_us =
+        s->item_us > 0 ? (1 - LATENCY_ALPHA) * s->item_us + LATENCY_ALPHA * per_row : per_row;
+}
+
+static void *compute_main(void *arg) {
+    ts_serve_t *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        if (ts_list_empty(&s->queue)) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        wait_for_company(s);
+        if (s->stop)
+            break;
+        ts_list_t batch;
+        ts_list_init(&batch);
+        int rows = take_batch(s, &batch);
+        if (rows > 0) {
+            pthread_mutex_unlock(&s->mu);
+            uint64_t t0 = uv_hrtime();
+            int rc = run_batch(s, &batch, rows);
+            uint64_t t1 = uv_hrtime();
+            pthread_mutex_lock(&s->mu);
+            finish_batch(s, &batch, rows, rc, t0, t1);
+        }
+        if (!ts_list_empty(&s->done))
+            uv_async_send(&s->async);
+    }
+    s->exited = 1;
+    pthread_mutex_unlock(&s->mu);
+    uv_async_send(&s->async);
+    return NULL;
+}
+
+/* ---- answering, on the loop ------------------------------------------------------------------ */
+
+/* Answers a job the compute thread is done with (rpc drops the answer when the requester
+ * cancelled meanwhile; it is counted by what the server did). */
+static void answer_job(ts_serve_t *s, job_t *j) {
+    if (j->outcome == TS_SERVE_DEADLINE) {
+        ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_DEADLINE_EXCEEDED,
+                           "the deadline passed after %u ms in the queue, before compute",
+                           j->queue_us / 1000u);
+    } else if (j->outcome == TS_SERVE_INTERNAL) {
+        ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_INTERNAL,
+                           "the expert's forward pass failed");
+    } else {
+        Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
+        Tessera__DenoiseResponse resp = TESSERA__DENOISE_RESPONSE__INIT;
+        Tessera__Tensor v = TESSERA__TENSOR__INIT;
+        Tessera__Timings tm = TESSERA__TIMINGS__INIT;
+        v.has_dtype = 1;
+        v.dtype = wire_dtype(j->dtype);
+        v.n_shape = 4;
+        v.shape = j->shape;
+        v.has_data = 1;
+        v.data.data = j->v;
+        v.data.len = (size_t)j->B * (size_t)s->chw * dtype_bytes(j->dtype);
+        tm.has_queue_us = tm.has_compute_us = tm.has_batch_size = 1;
+        tm.queue_us = j->queue_us;
+        tm.compute_us = j->compute_us;
+        tm.batch_size = j->batch_rows;
+        resp.velocity = &v;
+        resp.timings = &tm;
+        env.body_case = TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE;
+        env.denoise_response = &resp;
+        ts_rpc_reply(j->req, &env);
+    }
+    count(s, j->outcome);
+    job_free(j);
+}
+
+static void async_closed(uv_handle_t *h) {
+    ts_serve_t *s = TS_CONTAINER_OF(h, ts_serve_t, async);
+    s->closed = 1;
+}
+
+static void async_cb(uv_async_t *a) {
+    ts_serve_t *s = TS_CONTAINER_OF(a, ts_serve_t, async);
+    ts_list_t done;
+    ts_list_init(&done);
+    pthread_mutex_lock(&s->mu);
+    while (!ts_list_empty(&s->done)) {
+        ts_list_t *n = s->done.next;
+        ts_list_remove(n);
+        ts_list_push(&done, n);
+    }
+    int exited = s->exited;
+    pthread_mutex_unlock(&s->mu);
+    while (!ts_list_empty(&done)) {
+        job_t *j = job_at(done.next);
+        ts_list_remove(&j->node);
+        answer_job(s, j);
+    }
+    if (exited && !s->joined) {
+        pthread_join(s->thread, NULL);
+        s->joined = 1;
+        uv_close((uv_handle_t *)&s->async, async_closed);
+    }
+}
+
+/* The requester cancelled, or its connection closed: a queued job leaves the queue and is
+ * answered now (rpc drops the answer); a started one is finished and its answer dropped. */
+static void on_cancel(ts_rpc_request_t *req, void *arg) {
+    job_t *j = arg;
+    ts_serve_t *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    int queued = j->state == JOB_QUEUED;
+    if (queued) {
+        ts_list_remove(&j->node);
+        s->queued_rows -= j->rows;
+        s->st.answered[TS_SERVE_CANCELLED]++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!queued) /* started: answer_job's answer will be dropped */
+        return;
+    ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_CANCELLED, "cancelled before compute");
+    job_free(j);
+}
+
+/* ---- taking requests, on the loop ------------------------------------------------------------ */
+
+static void hex_prefix(const uint8_t *b, char out[17]) {
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+/* Checks d against the expert and the limits (what net/frame.c's envelope check has not: t's
+ * range, the counts of t and labels and the 4 dimensions are checked there). On success *rows is
+ * the request's forward rows; otherwise the outcome (INVALID or NOT_FOUND) with a sentence. */
+static ts_serve_outcome_t check_request(const ts_serve_t *s, const Tessera__DenoiseRequest *d,
+                                        int *rows, char *why, size_t len) {
+    if (d->expert_id.len != TS_SERVE_ID_BYTES ||
+        memcmp(d->expert_id.data, s->id, TS_SERVE_ID_BYTES)) {
+        char want[17], got[17] = "";
+        hex_prefix(s->id, want);
+        if (d->expert_id.len == TS_SERVE_ID_BYTES)
+            hex_prefix(d->expert_id.data, got);
+        snprintf(why, len, "this node serves expert %s…, not %s…", want, got);
+        return TS_SERVE_NOT_FOUND;
+    }
+    const Tessera__Tensor *x = d->x_t;
+    const ts_dit_config_t *c = &s->cfg;
+    if (x->n_shape != 4 || x->shape[1] != c->in_channels || x->shape[2] != c->input_size ||
+        x->shape[3] != c->input_size) {
+        snprintf(why, len, "denoise_request.x_t must be (B, %d, %d, %d) for this expert",
+                 c->in_channels, c->input_size, c->input_size);
+        return TS_SERVE_INVALID;
+    }
+    int64_t B = x->shape[0];
+    if (d->n_t != (size_t)B || d->n_class_labels != (size_t)B) {
+        snprintf(why, len, "denoise_request needs %lld values of t and of class_labels",
+                 (long long)B);
+        return TS_SERVE_INVALID;
+    }
+    int pairs = d->cfg_scale != 1.0f ? 2 : 1;
+    if (B > s->o.max_batch / pairs) {
+        snprintf(why, len,
+                 "denoise_request has %lld samples%s, %lld forward rows; this node takes at most "
+                 "%d rows per request (max_batch)",
+                 (long long)B, pairs == 2 ? " with guidance" : "", (long long)B * pairs,
+                 s->o.max_batch);
+        return TS_SERVE_INVALID;
+    }
+    for (int64_t i = 0; i < B; i++)
+        if (d->class_labels[i] > c->num_classes) {
+            snprintf(why, len,
+                     "denoise_request.class_labels[%lld] is %d; this expert has classes 0..%d "
+                     "and %d for none",
+                     (long long)i, (int)d->class_labels[i], c->num_classes - 1, c->num_classes);
+            return TS_SERVE_INVALID;
+        }
+    if (ts_frame_check_tensor(x, TS_FRAME_DTYPES_FLOAT, TS_FRAME_CHECK_FINITE,
+                              "denoise_request.x_t", why, len) != TS_OK)
+        return TS_SERVE_INVALID;
+    *rows = (int)B * pairs;
+    return TS_SERVE_OK;
+}
+
+/* The retry hint of a busy answer: the time to compute what is queued, at the recent rate. */
+static uint32_t retry_hint_ms(const ts_serve_t *s) {
+    double ms = s->queued_rows * s->item_us / 1000.0 + s->o.max_wait_ms;
+    return ms < 1 ? 1 : ms > RETRY_MAX_MS ? RETRY_MAX_MS : (uint32_t)ceil(ms);
+}
+
+static void note_request(ts_serve_t *s) {
+    uint64_t now = uv_hrtime();
+    pthread_mutex_lock(&s->mu);
+    s->st.requests++;
+    s->rate = s->rate * exp(-(double)(now - s->rate_ns) / 1e9 / RATE_TAU_S) + 1.0 / RATE_TAU_S;
+    s->rate_ns = now;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void on_denoise(ts_rpc_request_t *req, const Tessera__Envelope *env, void *arg) {
+    ts_serve_t *s = arg;
+    const Tessera__DenoiseRequest *d = env->denoise_request;
+    char why[TS_FRAME_MESSAGE_MAX] = "";
+    int rows = 0;
+    note_request(s);
+    if (s->stopping) {
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE,
+                           "this node is shutting down");
+        count(s, TS_SERVE_UNAVAILABLE);
+        return;
+    }
+    ts_serve_outcome_t o = check_request(s, d, &rows, why, sizeof why);
+    if (o != TS_SERVE_OK) {
+        ts_rpc_reply_error(req,
+                           o == TS_SERVE_NOT_FOUND ? TESSERA__ERROR_CODE__ERROR_NOT_FOUND
+                                                   : TESSERA__ERROR_CODE__ERROR_INVALID_ARGUMENT,
+                           "%s", why);
+        count(s, o);
+        return;
+    }
+    if (ts_rpc_request_expired(req)) {
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_DEADLINE_EXCEEDED,
+                           "the deadline passed before the request was read");
+        count(s, TS_SERVE_DEADLINE);
+        return;
+    }
+    /* the deadline on the monotonic clock the compute thread reads (rpc's is the loop's ms) */
+    uint64_t at = ts_rpc_request_deadline(req), loop_now = uv_now(s->loop);
+    uint64_t deadline_ns = at ? uv_hrtime() + (at - loop_now) * 1000000u : UINT64_MAX;
+    pthread_mutex_lock(&s->mu);
+    int full = s->queued_rows + rows > s->o.max_queue;
+    uint32_t retry = full ? retry_hint_ms(s) : 0;
+    if (full)
+        s->st.answered[TS_SERVE_BUSY]++;
+    pthread_mutex_unlock(&s->mu);
+    if (full) {
+        ts_rpc_reply_busy(req, retry);
+        return;
+    }
+    job_t *j = job_new(d, rows, deadline_ns);
+    if (!j) {
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+        count(s, TS_SERVE_INTERNAL);
+        return;
+    }
+    j->srv = s;
+    j->req = req;
+    pthread_mutex_lock(&s->mu);
+    ts_list_push(&s->queue, &j->node);
+    s->queued_rows += rows;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    ts_rpc_request_on_cancel(req, on_cancel, j);
+}
+
+/* ---- life cycle ------------------------------------------------------------------------------ */
+
+static int check_opts(const ts_serve_opts_t *o, char *err, size_t errlen) {
+    if (o->max_batch < 1 || o->max_batch > 65536 || o->max_wait_ms < 0 || o->max_wait_ms > 60000 ||
+        o->max_queue < o->max_batch || o->compute_threads < 0 || o->compute_threads > 1024) {
+        ts_set_err(err, errlen,
+                   "serve: want 1 <= max_batch <= 65536, 0 <= max_wait_ms <= 60000, max_queue >= "
+                   "max_batch, 0 <= compute_threads <= 1024 (got %d, %d, %d, %d)",
+                   o->max_batch, o->max_wait_ms, o->max_queue, o->compute_threads);
+        return TS_EINVAL;
+    }
+    return TS_OK;
+}
+
+/* The engine, the model with x's parameters and the staging, for max_batch rows. */
+static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, size_t errlen) {
+    ts_engine_opts_t eo = {.device = TS_CPU, .threads = s->o.compute_threads};
+    int rc = ts_engine_init(&s->eng, &eo);
+    if (rc) {
+        ts_set_err(err, errlen, "serve: starting the engine failed: %s", ts_strerror(rc));
+        return rc;
+    }
+    const ts_dit_config_t *c = &x->cfg;
+    int B = s->o.max_batch;
+    rc = ts_dit_create(&s->model, c, &s->eng, B, 0);
+    if (rc == TS_OK && (x->params->dtype != TS_F32 || x->params->ndim != 1 ||
+                        x->params->shape[0] != s->model.num_params))
+        rc = TS_ESHAPE;
+    if (rc == TS_OK)
+        rc = ts_tensor_copy(&s->model.param_mem, x->params);
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&s->xx, TS_F32, TS_CPU, 4,
+                             TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&s->vv, TS_F32, TS_CPU, 4,
+                             TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&s->tt, TS_F32, TS_CPU, 1, TS_SHAPE(B));
+    if (rc == TS_OK && !(s->yy = malloc((size_t)B * sizeof *s->yy)))
+        rc = TS_ENOMEM;
+    if (rc)
+        ts_set_err(err, errlen, "serve: building the expert failed: %s%s", ts_strerror(rc),
+                   rc == TS_ESHAPE ? " (the parameters do not match the config)" : "");
+    return rc;
+}
+
+/* Frees what build_model made, and s. */
+static void release(ts_serve_t *s) {
+    ts_tensor_free(&s->xx);
+    ts_tensor_free(&s->vv);
+    ts_tensor_free(&s->tt);
+    free(s->yy);
+    ts_dit_free(&s->model);
+    if (s->eng.pool)
+        ts_engine_free(&s->eng);
+    free(s);
+}
+
+/* release, once the mutex and condition exist. */
+static void destroy(ts_serve_t *s) {
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    release(s);
+}
+
+static void async_closed_destroy(uv_handle_t *h) { destroy(TS_CONTAINER_OF(h, ts_serve_t, async)); }
+
+int ts_serve_new(ts_serve_t **out, uv_loop_t *loop, ts_rpc_t *rpc, const ts_serve_expert_t *x,
+                 const ts_serve_opts_t *o, char *err, size_t errlen) {
+    if (!out || !loop || !rpc || !x || !x->params) {
+        ts_set_err(err, errlen, "ts_serve_new: invalid arguments");
+        return TS_EINVAL;
+    }
+    *out = NULL;
+    ts_serve_opts_t def;
+    ts_serve_opts_default(&def);
+    if (!o)
+        o = &def;
+    TS_TRY(check_opts(o, err, errlen));
+    if (ts_dit_config_check(&x->cfg) != TS_OK) {
+        ts_set_err(err, errlen, "serve: the expert's config is not a valid DiT config");
+        return TS_EINVAL;
+    }
+    ts_serve_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return TS_ENOMEM;
+    s->loop = loop;
+    s->rpc = rpc;
+    s->cfg = x->cfg;
+    s->o = *o;
+    memcpy(s->id, x->id, TS_SERVE_ID_BYTES);
+    s->chw = (int64_t)x->cfg.in_channels * x->cfg.input_size * x->cfg.input_size;
+    ts_list_init(&s->queue);
+    ts_list_init(&s->done);
+    s->rate_ns = uv_hrtime();
+    int rc = build_model(s, x, err, errlen);
+    if (rc) {
+        release(s);
+        return rc;
+    }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* uv_hrtime's clock */
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (uv_async_init(loop, &s->async, async_cb) != 0) {
+        ts_set_err(err, errlen, "serve: cannot make the compute thread's async handle");
+        destroy(s);
+        return TS_ENOMEM;
+    }
+    if (pthread_create(&s->thread, NULL, compute_main, s) != 0) {
+        ts_set_err(err, errlen, "serve: cannot start the compute thread");
+        uv_close((uv_handle_t *)&s->async, async_closed_destroy); /* frees s on the loop */
+        return TS_ENOMEM;
+    }
+    ts_rpc_handle(rpc, TESSERA__ENVELOPE__BODY_DENOISE_REQUEST, on_denoise, s);
+    *out = s;
+    return TS_OK;
+}
+
+void ts_serve_shutdown(ts_serve_t *s) {
+    if (!s || s->stopping)
+        return;
+    s->stopping = 1;
+    ts_list_t queued;
+    ts_list_init(&queued);
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    while (!ts_list_empty(&s->queue)) {
+        job_t *j = job_at(s->queue.next);
+        ts_list_remove(&j->node);
+        ts_list_push(&queued, &j->node);
+    }
+    s->queued_rows = 0;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    while (!ts_list_empty(&queued)) {
+        job_t *j = job_at(queued.next);
+        ts_list_remove(&j->node);
+        ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE,
+                           "this node is shutting down");
+        count(s, TS_SERVE_UNAVAILABLE);
+        job_free(j);
+    }
+}
+
+int ts_serve_free(ts_serve_t *s) {
+    if (!s)
+        return TS_OK;
+    ts_serve_shutdown(s);
+    if (!s->closed)
+        return TS_EBUSY;
+    ts_rpc_handle(s->rpc, TESSERA__ENVELOPE__BODY_DENOISE_REQUEST, NULL, NULL);
+    destroy(s);
+    return TS_OK;
+}
+
+void ts_serve_load(ts_serve_t *s, ts_serve_load_t *out) {
+    uint64_t now = uv_hrtime();
+    pthread_mutex_lock(&s->mu);
+    double rate = s->rate * exp(-(double)(now - s->rate_ns) / 1e9 / RATE_TAU_S);
+    *out = (ts_serve_load_t){.queue_depth = (uint32_t)s->queued_rows,
+                             .item_latency_us = (uint32_t)lround(s->item_us),
+                             .requests_per_s = (float)rate};
+    pthread_mutex_unlock(&s->mu);
+}
+
+void ts_serve_stats(ts_serve_t *s, ts_serve_stats_t *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    pthread_mutex_unlock(&s->mu);
+}
