@@ -173,10 +173,15 @@ static int write_config(const char *rundir, int i, const char *bootstrap, const 
             rundir, i, rundir, rundir, i);
     if (bootstrap)
         fprintf(f, "bootstrap = %s\n", bootstrap);
-    if (experts)
+    if (experts) {
         fprintf(f, "\n[expert]\nmode = host\nweights = %s/expert-%d.safetensors\npartition = "
                    "%s/partition.safetensors\n",
                 experts, i % k, experts);
+        char router[PATHLEN];
+        pathf(router, "%s/router.safetensors", experts);
+        if (file_exists(router))
+            fprintf(f, "router = %s\n", router);
+    }
     fprintf(f, "\n[gossip]\nprobe_interval_ms = 500\nprobe_timeout_ms = 250\n"
                "pushpull_interval_s = 10\n\n[metrics]\nlisten = 127.0.0.1:0\n\n[log]\nlevel = info\nfile = %s/node-%d/tesserad.log\n",
             rundir, i);

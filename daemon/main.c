@@ -9,7 +9,8 @@
  *   tesserad --version | --help
  *
  * What runs inside: the secure listener (net/rpc.h: ping, status, push-pull, adverts) and gossip
- * (net/gossip.h) on one libuv loop; serving and training an expert join it with issue 8.
+ * (net/gossip.h), the weight server and the node's expert, hosted or trained (daemon/host.h), and
+ * the metrics endpoint (daemon/metrics_http.h, on its own thread).
  *
  * Stopping: the first SIGTERM or SIGINT leaves the network gracefully (a signed leave, spread
  * for at most the gossip's leave_linger), then closes gossip and every connection and exits 0;
@@ -25,7 +26,7 @@
 #include <uv.h>
 
 #include "daemon/config.h"
-#include "daemon/expert.h"
+#include "daemon/host.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/metrics_http.h"
@@ -67,8 +68,7 @@ typedef struct {
     ts_net_t *net;
     ts_rpc_t *rpc;
     ts_gossip_t *gossip;
-    ts_expert_info_t expert; /* weights_hash all zero: hosts nothing */
-    int has_expert;
+    ts_host_t *host;
     int stopping;
     ts_metrics_t *metrics;
     ts_metrics_http_t *http;
@@ -109,6 +109,7 @@ static void on_stats(uv_timer_t *t) {
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         ts_metrics_counter_set(d->metrics, TS_M_HANDSHAKE_FAILURES,
                                ts_conn_close_reason_name(hs[i]), ns.closed[hs[i]]);
+    ts_host_metrics(d->host);
 }
 
 static void on_gossip_closed(ts_gossip_t *g, void *arg) {
@@ -126,6 +127,13 @@ static void on_left(ts_gossip_t *g, void *arg) {
     ts_gossip_close(g, on_gossip_closed, arg);
 }
 
+/* The expert has stopped (training checkpointed, served requests answered): leave. */
+static void on_host_stopped(void *arg) {
+    daemon_t *d = arg;
+    if (ts_gossip_leave(d->gossip, on_left, d) != TS_OK)
+        ts_gossip_close(d->gossip, on_gossip_closed, d);
+}
+
 static void on_stop(uv_signal_t *h, int signum) {
     daemon_t *d = h->data;
     const char *name = signum == SIGINT ? "SIGINT" : "SIGTERM";
@@ -133,10 +141,9 @@ static void on_stop(uv_signal_t *h, int signum) {
         ts_log_warn("daemon", "second %s: exiting now", name);
         exit(1);
     }
-    ts_log_info("daemon", "%s: leaving the network and stopping", name);
+    ts_log_info("daemon", "%s: stopping: work in progress, then leaving the network", name);
     atomic_store(&d->ready, 2);
-    if (ts_gossip_leave(d->gossip, on_left, d) != TS_OK)
-        ts_gossip_close(d->gossip, on_gossip_closed, d);
+    ts_host_stop(d->host, on_host_stopped, d);
 }
 
 /* Membership changes are worth a line each: they are what an operator looks for. */
@@ -215,24 +222,6 @@ static void gossip_config(const ts_daemon_config_t *c, ts_store_t *store, const 
     g->store = store;
 }
 
-/* Announces the hosted expert (capacity and load come from the server, issue 8). */
-static int advertise_expert(daemon_t *d, char *err, size_t errlen) {
-    ts_expert_advert_t a;
-    Tessera__Capacity cap = TESSERA__CAPACITY__INIT;
-    cap.has_items_per_s = cap.has_max_batch = 1;
-    cap.items_per_s = 0.0f;
-    cap.max_batch = 1;
-    ts_expert_advert(&d->expert, &cap, NULL, &a);
-    int rc = ts_gossip_set_advert(d->gossip, &a.body, err, errlen);
-    if (rc == TS_OK) {
-        char h[TS_HASH_HEX];
-        ts_hash_hex(&d->expert.weights_hash, h);
-        ts_log_info("daemon", "hosting expert %.16s (cluster %u of %u)", h, d->expert.cluster,
-                    d->expert.num_clusters);
-    }
-    return rc;
-}
-
 /* Frees what run() made, once the loop has nothing left but handles to close. */
 static void free_all(daemon_t *d) {
     uv_walk(d->loop, close_cb, NULL);
@@ -242,7 +231,7 @@ static void free_all(daemon_t *d) {
     ts_rpc_free(d->rpc);
     ts_net_free(d->net);
     uv_loop_close(d->loop);
-    ts_expert_info_free(&d->expert);
+    ts_host_free(d->host);
     ts_metrics_free(d->metrics);
 }
 
@@ -284,15 +273,6 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
         ts_gossip_on_event(d.gossip, on_gossip_event, &d);
         rc = ts_gossip_start(d.gossip, err, sizeof err);
     }
-    if (rc == TS_OK && cfg->expert_mode == TS_EXPERT_HOST) {
-        rc = ts_expert_prepare(store, cfg->expert_weights, cfg->expert_partition, &d.expert, err,
-                               sizeof err);
-        d.has_expert = rc == TS_OK;
-        if (rc == TS_OK && cfg->expert_router[0])
-            rc = ts_expert_add_router(store, cfg->expert_router, &d.expert, err, sizeof err);
-        if (rc == TS_OK)
-            rc = advertise_expert(&d, err, sizeof err);
-    }
     if (rc == TS_OK && (rc = ts_metrics_create_daemon(&d.metrics, TS_VERSION)) != TS_OK)
         snprintf(err, sizeof err, "cannot create the metrics registry: %s", ts_strerror(rc));
     if (rc == TS_OK && cfg->metrics_listen[0]) {
@@ -303,8 +283,17 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
                         (int)(strrchr(cfg->metrics_listen, ':') - cfg->metrics_listen),
                         cfg->metrics_listen, ts_metrics_http_port(d.http));
     }
+    if (rc == TS_OK) {
+        ts_host_env_t env = {.loop = &loop, .rpc = d.rpc, .gossip = d.gossip, .store = store,
+                             .metrics = d.metrics, .cfg = cfg};
+        rc = ts_host_new(&d.host, &env, err, sizeof err);
+        if (d.host)
+            ts_gossip_on_load(d.gossip, ts_host_load, d.host);
+    }
     if (rc != TS_OK) {
         ts_log_error("daemon", "%s", *err ? err : ts_strerror(rc));
+        if (d.host)
+            ts_host_stop(d.host, NULL, NULL);
         if (d.gossip)
             ts_gossip_close(d.gossip, NULL, NULL);
         if (d.rpc)

@@ -1,0 +1,411 @@
+/*
+ * host.c — the weight server and the node's expert, hosted or trained (host.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "daemon/host.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/expert.h"
+#include "daemon/log.h"
+#include "daemon/serve.h"
+#include "daemon/trainer.h"
+#include "daemon/weights_srv.h"
+#include "kernels/engine.h"
+#include "kernels/error.h"
+#include "store/weights.h"
+
+#define TICK_MS 100
+#define READVERTISE_MS 10000
+#define STOP_TRAIN_MS 30000
+
+struct ts_host {
+    ts_host_env_t env;
+    ts_engine_t eng; /* loads weights for the server (one thread, then idle) */
+    int eng_ok;
+    ts_weights_srv_t *wsrv;
+    ts_serve_t *serve;    /* the server of the weights advertised */
+    ts_serve_t *retiring; /* a server being shut down before the next starts */
+    ts_expert_info_t info;
+    int has_info;
+    ts_hash_t pending; /* weights to serve once retiring is gone */
+    int has_pending;
+    ts_train_job_t *job;
+    uv_async_t async; /* the job's notify */
+    uv_timer_t timer;
+    uint64_t seen_snapshots;
+    int64_t seen_ckpt;
+    ts_serve_stats_t base;         /* the counters of the servers retired so far */
+    ts_serve_stats_t retiring_st;  /* the retiring server's, read before it is freed */
+    ts_serve_load_t advertised;
+    uint64_t since_advert_ms;
+    int stopping, closed_handles;
+    void (*done)(void *);
+    void *done_arg;
+};
+
+static void hex_of(const ts_hash_t *h, char out[TS_HASH_HEX]) { ts_hash_hex(h, out); }
+
+/* ---- the advert ------------------------------------------------------------------------------- */
+
+static void current_load(ts_host_t *h, ts_serve_load_t *l) {
+    memset(l, 0, sizeof *l);
+    if (h->serve)
+        ts_serve_load(h->serve, l);
+}
+
+void ts_host_load(void *host, Tessera__Load *load) {
+    ts_host_t *h = host;
+    ts_serve_load_t l;
+    current_load(h, &l);
+    load->has_queue_depth = load->has_item_latency_us = load->has_requests_per_s = 1;
+    load->queue_depth = l.queue_depth;
+    load->item_latency_us = l.item_latency_us;
+    load->requests_per_s = l.requests_per_s;
+}
+
+/* Signs and announces the advert of what is served now, with capacity, load and (while
+ * training) the training status. */
+static void advertise(ts_host_t *h) {
+    if (!h->has_info || !h->serve)
+        return;
+    const ts_daemon_config_t *c = h->env.cfg;
+    ts_serve_load_t l;
+    current_load(h, &l);
+    Tessera__Capacity cap = TESSERA__CAPACITY__INIT;
+    Tessera__Load load = TESSERA__LOAD__INIT;
+    cap.has_items_per_s = cap.has_max_batch = cap.has_queue_limit = 1;
+    /* a row is a sample (two with guidance): rows per second from the per-row latency */
+    cap.items_per_s = l.item_latency_us ? 1e6f / (float)l.item_latency_us : 0.0f;
+    cap.max_batch = (uint32_t)(c->serve_max_batch / 2 > 0 ? c->serve_max_batch / 2 : 1);
+    cap.queue_limit = (uint32_t)c->serve_max_queue;
+    ts_host_load(h, &load);
+    ts_expert_advert_t a;
+    ts_expert_advert(&h->info, &cap, &load, &a);
+    Tessera__TrainingStatus tr = TESSERA__TRAINING_STATUS__INIT;
+    if (h->job) {
+        ts_train_progress_t p;
+        ts_train_job_progress(h->job, &p);
+        if (p.state == TS_TRAIN_RUNNING || p.state == TS_TRAIN_STOPPED) {
+            tr.has_step = tr.has_steps = 1;
+            tr.step = (uint64_t)p.snapshot_step;
+            tr.steps = (uint64_t)p.steps;
+            if (isfinite(p.loss_avg)) {
+                tr.has_loss = 1;
+                tr.loss = p.loss_avg;
+            }
+            a.body.training = &tr;
+        }
+    }
+    char err[512];
+    if (ts_gossip_set_advert(h->env.gossip, &a.body, err, sizeof err) != TS_OK)
+        ts_log_error("host", "cannot advertise the expert: %s", err);
+    h->advertised = l;
+    h->since_advert_ms = 0;
+}
+
+/* Whether the load moved enough since the last advert to sign a new one: the queue, or the
+ * per-row latency or the request rate by a quarter. */
+static int load_moved(const ts_serve_load_t *a, const ts_serve_load_t *b) {
+    double la = a->item_latency_us, lb = b->item_latency_us;
+    double ra = a->requests_per_s, rb = b->requests_per_s;
+    return a->queue_depth != b->queue_depth || fabs(la - lb) > 0.25 * fmax(la, lb) ||
+           fabs(ra - rb) > 0.25 * fmax(ra, rb) + 0.1;
+}
+
+/* ---- serving a set of weights ----------------------------------------------------------------- */
+
+/* Starts serving h->pending (in the store): the expert checked against the partition, the model
+ * loaded, the server started, the advert signed. */
+static int start_pending(ts_host_t *h, char *err, size_t errlen) {
+    const ts_daemon_config_t *c = h->env.cfg;
+    char hex[TS_HASH_HEX];
+    hex_of(&h->pending, hex);
+    h->has_pending = 0;
+    ts_expert_info_t info;
+    int rc = ts_expert_prepare(h->env.store, hex, c->expert_partition, &info, err, errlen);
+    if (rc == TS_OK && c->expert_router[0])
+        rc = ts_expert_add_router(h->env.store, c->expert_router, &info, err, errlen);
+    ts_dit_t m;
+    memset(&m, 0, sizeof m);
+    if (rc == TS_OK)
+        rc = ts_weights_open_dit(h->env.store, &h->pending, &h->eng, 1, 0, &m, err, errlen);
+    if (rc == TS_OK) {
+        ts_serve_expert_t x = {.cfg = m.cfg, .params = &m.param_mem};
+        memcpy(x.id, h->pending.b, sizeof x.id);
+        ts_serve_opts_t so;
+        ts_serve_opts_default(&so);
+        so.max_batch = c->serve_max_batch;
+        so.max_wait_ms = c->serve_max_wait_ms;
+        so.max_queue = c->serve_max_queue;
+        so.compute_threads = c->serve_compute_threads;
+        rc = ts_serve_new(&h->serve, h->env.loop, h->env.rpc, &x, &so, err, errlen);
+        ts_dit_free(&m);
+    }
+    if (rc != TS_OK) {
+        ts_expert_info_free(&info);
+        return rc;
+    }
+    if (h->has_info)
+        ts_expert_info_free(&h->info);
+    h->info = info;
+    h->has_info = 1;
+    ts_log_info("host", "serving expert %.16s (cluster %u of %u, h%d d%d p%d)", hex, info.cluster,
+                info.num_clusters, info.config.hidden_size, info.config.depth,
+                info.config.patch_size);
+    advertise(h);
+    return TS_OK;
+}
+
+/* Serves the weights h (in the store) from now on: at once when nothing is served, else once the
+ * current server has finished its batch and gone. */
+static void serve_weights(ts_host_t *h, const ts_hash_t *w) {
+    h->pending = *w;
+    h->has_pending = 1;
+    if (h->serve) {
+        ts_serve_shutdown(h->serve);
+        if (h->retiring) /* a third set arrived while the second was still pending */
+            return;
+        h->retiring = h->serve;
+        h->serve = NULL;
+        return;
+    }
+    if (!h->retiring) {
+        char err[1024];
+        if (start_pending(h, err, sizeof err) != TS_OK)
+            ts_log_error("host", "cannot serve the new weights: %s", err);
+    }
+}
+
+/* ---- the training job ------------------------------------------------------------------------- */
+
+static void notify(void *ctx) { uv_async_send(ctx); }
+
+static void on_train(uv_async_t *a) {
+    ts_host_t *h = a->data;
+    if (!h->job || h->stopping)
+        return;
+    ts_train_progress_t p;
+    ts_train_job_progress(h->job, &p);
+    if (p.ckpt_step != h->seen_ckpt && p.ckpt_step >= 0) {
+        h->seen_ckpt = p.ckpt_step;
+        ts_log_info("train", "step %lld/%lld, loss %.4f, %.0f samples/s: checkpoint in the store",
+                    (long long)p.step, (long long)p.steps, (double)p.loss_avg, p.samples_per_s);
+    }
+    if (p.state == TS_TRAIN_RUNNING && p.snapshots != h->seen_snapshots &&
+        h->env.cfg->train_serve_while_training) {
+        h->seen_snapshots = p.snapshots;
+        ts_train_snapshot_t *s = ts_train_job_snapshot(h->job);
+        if (s) {
+            serve_weights(h, &s->hash);
+            ts_train_snapshot_release(s);
+        }
+    }
+    if (p.state == TS_TRAIN_DONE) {
+        ts_train_job_stop(h->job, 0);
+        char hex[TS_HASH_HEX];
+        hex_of(&p.weights, hex);
+        ts_log_info("train", "done: %lld steps, loss %.4f; weights %.16s in the store",
+                    (long long)p.steps, (double)p.loss_avg, hex);
+        ts_train_job_free(h->job);
+        h->job = NULL;
+        serve_weights(h, &p.weights);
+    } else if (p.state == TS_TRAIN_FAILED) {
+        ts_log_error("train", "the training job failed: %s (the last checkpoint is intact; a "
+                              "restart resumes from it)",
+                     p.message);
+        ts_train_job_stop(h->job, 0);
+        ts_train_job_free(h->job);
+        h->job = NULL;
+    }
+}
+
+/* ---- the tick: retiring servers, re-adverts, stopping ----------------------------------------- */
+
+static void handle_closed(uv_handle_t *x) {
+    ts_host_t *h = x->data;
+    if (++h->closed_handles == 2 && h->done)
+        h->done(h->done_arg);
+}
+
+/* Adds a retired server's counters to the base, so that the metrics never go down. */
+static void add_stats(ts_serve_stats_t *to, const ts_serve_stats_t *s) {
+    to->requests += s->requests;
+    for (int o = 0; o < TS_SERVE_OUTCOMES; o++)
+        to->answered[o] += s->answered[o];
+    to->batches += s->batches;
+    to->rows += s->rows;
+}
+
+/* Frees a server that was shut down, once it has finished; 1 when it is gone. */
+static int reap(ts_host_t *h, ts_serve_t **s) {
+    ts_serve_stats(*s, &h->retiring_st);
+    if (ts_serve_free(*s) != TS_OK)
+        return 0;
+    add_stats(&h->base, &h->retiring_st);
+    *s = NULL;
+    return 1;
+}
+
+static void on_tick(uv_timer_t *t) {
+    ts_host_t *h = t->data;
+    if (h->retiring && reap(h, &h->retiring)) {
+        if (h->has_pending && !h->stopping) {
+            char err[1024];
+            if (start_pending(h, err, sizeof err) != TS_OK)
+                ts_log_error("host", "cannot serve the new weights: %s", err);
+        }
+    }
+    if (h->stopping) {
+        if (h->serve)
+            reap(h, &h->serve);
+        if (h->wsrv && ts_weights_srv_free(h->wsrv) == TS_OK)
+            h->wsrv = NULL;
+        if (!h->serve && !h->retiring && !h->wsrv) {
+            uv_timer_stop(&h->timer);
+            uv_close((uv_handle_t *)&h->timer, handle_closed);
+            uv_close((uv_handle_t *)&h->async, handle_closed);
+        }
+        return;
+    }
+    h->since_advert_ms += TICK_MS;
+    if (h->serve && h->since_advert_ms >= READVERTISE_MS) {
+        ts_serve_load_t l;
+        current_load(h, &l);
+        if (load_moved(&l, &h->advertised) || h->job)
+            advertise(h);
+        else
+            h->since_advert_ms = 0;
+    }
+}
+
+/* ---- lifecycle -------------------------------------------------------------------------------- */
+
+int ts_host_new(ts_host_t **out, const ts_host_env_t *env, char *err, size_t errlen) {
+    *out = NULL;
+    ts_host_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        ts_set_err(err, errlen, "out of memory");
+        return TS_ENOMEM;
+    }
+    h->env = *env;
+    h->seen_ckpt = -1;
+    const ts_daemon_config_t *c = env->cfg;
+    ts_engine_opts_t eo = {TS_CPU, 1, 0};
+    int rc = ts_engine_init(&h->eng, &eo);
+    h->eng_ok = rc == TS_OK;
+    ts_weights_srv_opts_t wo;
+    ts_weights_srv_opts_default(&wo);
+    wo.bandwidth = (uint64_t)c->weights_bandwidth_mib_s << 20;
+    wo.max_pending = c->weights_max_pending;
+    if (rc == TS_OK)
+        rc = ts_weights_srv_new(&h->wsrv, env->loop, env->rpc, env->store, &wo);
+    if (rc != TS_OK) {
+        ts_set_err(err, errlen, "cannot start the weight server: %s", ts_strerror(rc));
+        ts_host_free(h);
+        return rc;
+    }
+    uv_timer_init(env->loop, &h->timer);
+    uv_async_init(env->loop, &h->async, on_train);
+    h->timer.data = h->async.data = h;
+    uv_timer_start(&h->timer, on_tick, TICK_MS, TICK_MS);
+    if (c->expert_mode == TS_EXPERT_HOST) {
+        ts_expert_info_t info;
+        rc = ts_expert_prepare(env->store, c->expert_weights, c->expert_partition, &info, err,
+                               errlen);
+        if (rc == TS_OK) {
+            h->pending = info.weights_hash;
+            h->has_pending = 1;
+            ts_expert_info_free(&info);
+            rc = start_pending(h, err, errlen);
+        }
+    } else if (c->expert_mode == TS_EXPERT_TRAIN) {
+        ts_train_job_opts_t o;
+        ts_train_job_opts_from_config(&o, c, env->store);
+        o.notify = notify;
+        o.ctx = &h->async;
+        rc = ts_train_job_start(&h->job, &o, err, errlen);
+        if (rc == TS_OK) {
+            ts_train_progress_t p;
+            ts_train_job_progress(h->job, &p);
+            ts_log_info("train", "training run %s: cluster %d, from step %lld of %lld%s", p.run_id,
+                        c->expert_cluster, (long long)p.resumed_from, (long long)p.steps,
+                        p.resumed_from ? " (resumed from the store)" : "");
+        }
+    }
+    *out = h;
+    return rc; /* on failure the caller stops and frees h like a running one */
+}
+
+void ts_host_metrics(ts_host_t *h) {
+    ts_metrics_t *m = h->env.metrics;
+    if (!m)
+        return;
+    ts_serve_stats_t st = h->base;
+    if (h->serve) {
+        ts_serve_stats_t now;
+        ts_serve_stats(h->serve, &now);
+        add_stats(&st, &now);
+    }
+    {
+        ts_serve_load_t l;
+        current_load(h, &l);
+        uint64_t errors = 0;
+        for (int o = TS_SERVE_INVALID; o < TS_SERVE_OUTCOMES; o++)
+            errors += st.answered[o];
+        /* the retired servers' counts plus the current one's: never going down */
+        ts_metrics_counter_set(m, TS_M_REQUESTS, "denoise", st.requests);
+        ts_metrics_counter_set(m, TS_M_REQUEST_ERRORS, "denoise", errors);
+        ts_metrics_counter_set(m, TS_M_BUSY, NULL, st.answered[TS_SERVE_BUSY]);
+        ts_metrics_counter_set(m, TS_M_DEADLINE_DROPS, NULL, st.answered[TS_SERVE_DEADLINE]);
+        ts_metrics_counter_set(m, TS_M_DENOISE_STEPS, NULL, st.batches);
+        ts_metrics_counter_set(m, TS_M_DENOISE_SAMPLES, NULL, st.rows);
+        ts_metrics_gauge_set(m, TS_M_QUEUE_DEPTH, NULL, l.queue_depth);
+    }
+    if (h->job) {
+        ts_train_progress_t p;
+        ts_train_job_progress(h->job, &p);
+        ts_metrics_gauge_set(m, TS_M_TRAIN_STEP, NULL, (double)p.step);
+        if (isfinite(p.loss))
+            ts_metrics_gauge_set(m, TS_M_TRAIN_LOSS, NULL, p.loss);
+        ts_metrics_counter_set(m, TS_M_TRAIN_SAMPLES, NULL,
+                               (uint64_t)p.step * (uint64_t)h->env.cfg->train_batch);
+    }
+}
+
+void ts_host_stop(ts_host_t *h, void (*done)(void *arg), void *arg) {
+    if (h->stopping)
+        return;
+    h->stopping = 1;
+    h->done = done;
+    h->done_arg = arg;
+    if (h->job) {
+        if (ts_train_job_stop(h->job, STOP_TRAIN_MS) != TS_OK)
+            ts_log_warn("train", "the training step did not end within %d s; the last "
+                                 "checkpoint is intact",
+                        STOP_TRAIN_MS / 1000);
+        else
+            ts_log_info("train", "stopped; checkpointed in the store");
+    }
+    if (h->serve)
+        ts_serve_shutdown(h->serve);
+    if (h->wsrv)
+        ts_weights_srv_shutdown(h->wsrv);
+}
+
+void ts_host_free(ts_host_t *h) {
+    if (!h)
+        return;
+    if (h->job && ts_train_job_stop(h->job, 0) != TS_OK)
+        ts_train_job_stop(h->job, -1);
+    ts_train_job_free(h->job);
+    if (h->has_info)
+        ts_expert_info_free(&h->info);
+    if (h->eng_ok)
+        ts_engine_free(&h->eng);
+    free(h);
+}
