@@ -232,6 +232,12 @@ static int take_answer(attempt_t *a, const Tessera__Envelope *env, uint32_t *q_u
     return TS_OK;
 }
 
+/* What is known of a replica that did not answer within ms: its EWMA is at least that. */
+static void slower_than(ts_replica_t *p, double ms) {
+    if (p->ewma_ms < ms)
+        p->ewma_ms = ms;
+}
+
 static void note_rtt(ts_remote_expert_t *ex, ts_replica_t *p, double ms) {
     p->ewma_ms = p->ewma_ms > 0.0 ? 0.8 * p->ewma_ms + 0.2 * ms : ms;
     ex->rtt[ex->rtt_next] = ms;
@@ -278,6 +284,8 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
     }
     p->failed++;
     a->last_error = status;
+    if (status != TS_ECANCELED)
+        slower_than(p, (now_s() - s->start) * 1e3);
     trace(r, s, status, 0, 0, s->replica, s->start);
     if (a->inflight > 0)
         return; /* the other request may still answer */
@@ -296,9 +304,14 @@ static void finish(attempt_t *a, int status) {
     ts_remote_t *r = a->r;
     a->done = 1;
     uv_timer_stop(a->hedge_timer);
+    double now = now_s();
     for (int i = 0; i < a->n_sends; i++)
-        if (a->sends[i].call)
+        if (a->sends[i].call) {
+            /* a request that lost the race took at least this long: a replica that has not
+             * answered must not look fast because it never answered */
+            slower_than(&a->ex->rep[a->sends[i].replica], (now - a->sends[i].start) * 1e3);
             ts_rpc_cancel(a->sends[i].call); /* runs on_answer now, which sees done */
+        }
     if (status != TS_OK && a->ex->local) {
         double t = now_s();
         status = ts_expert_job_run(a->ex->local, a->job);

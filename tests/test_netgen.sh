@@ -1,0 +1,140 @@
+#!/bin/sh
+# test_netgen.sh TESSERA BAD_EXPERT — `tessera generate --peer` against real tesserad networks
+# started by `tessera up` (issue 9), with experts trained for 2 steps (the plumbing and the exact
+# invariants, not quality):
+#   - the network's image equals --local's with the same seed, byte for byte;
+#   - kill -9 of a node mid-generation, with a replica alive: the same image, nothing degraded;
+#   - a stalled node (SIGSTOP) is hedged or retried around: the same image;
+#   - a replica answering garbage (tests/ts_bad_expert.c) is banned: the same image;
+#   - a client with another network key is refused, with a sentence;
+#   - kill -9 of the only replica of a cluster mid-generation: the generation completes, degraded,
+#     and says so.
+# Waits have generous deadlines (the machine may be loaded); nothing here asserts speed.
+set -eu
+T=${1:?usage: test_netgen.sh TESSERA BAD_EXPERT}
+BAD=${2:?usage: test_netgen.sh TESSERA BAD_EXPERT}
+PY=/usr/bin/python3
+dir=$(mktemp -d)
+badpid=
+cleanup() {
+    [ -n "$badpid" ] && kill -9 "$badpid" 2>/dev/null || true
+    for n in "$dir"/net*; do
+        [ -d "$n" ] && "$T" down --dir "$n" --timeout 5 >/dev/null 2>&1 || true
+    done
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+    echo "FAIL: $*" >&2
+    for f in "$dir"/err*.txt; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 20 "$f" >&2; }; done
+    exit 1
+}
+run() { "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }; }
+json_get() { "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
+peer_of() { json_get "$dir/$1.json" "j['peer']"; }
+node_pid() { cat "$dir/$1/node-$2/tesserad.pid"; }
+
+F=$dir/experts
+run "$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$F"
+for k in 0 1; do
+    run "$T" train --partition "$F" --cluster $k --model tiny --steps 2 --batch 8 --seed $k \
+        --data-dir "$dir/st" --out "$F/expert-$k.safetensors"
+done
+run "$T" train-router --partition "$F" --steps 2 --batch 8 --eval-n 16 --patch 7 --depth 1 \
+    --out "$F/router.safetensors"
+
+# GEN: the learned policy (the router comes from the network); FULL and LONG: every cluster at
+# every step, so that each node's loss is felt.
+GEN="--n 16 --steps 4 --sampler heun --cfg 1.5 --seed 3"
+FULL="--n 16 --steps 4 --sampler heun --cfg 1.5 --seed 3 --policy uniform --select full"
+LONG="--n 64 --steps 16 --sampler heun --cfg 1.5 --seed 4 --policy uniform --select full"
+run "$T" generate --local "$F" $GEN --out "$dir/local.png"
+run "$T" generate --local "$F" $FULL --out "$dir/local-full.png"
+run "$T" generate --local "$F" $LONG --out "$dir/local-long.png"
+
+# netgen NAME NET ARGS...: generate through network NET; JSON summary in NAME.json
+netgen() {
+    name=$1 net=$2
+    shift 2
+    "$T" generate --peer "$(peer_of "$net")" --network-key "$dir/$net/network.key" \
+        --data-dir "$dir/cache" --json "$@" >"$dir/$name.json" 2>"$dir/err-$name.txt"
+}
+
+# A: 4 nodes, 2 clusters: 2 replicas each.
+"$T" up --nodes 4 --experts "$F" --dir "$dir/netA" --json >"$dir/netA.json" 2>"$dir/err-up.txt" ||
+    fail "tessera up"
+netgen same netA $GEN --out "$dir/net.png" || fail "generate --peer"
+cmp -s "$dir/net.png" "$dir/local.png" || fail "the network's image differs from --local's"
+[ "$(json_get "$dir/same.json" "j['network']['degraded_evaluations']")" = 0 ] ||
+    fail "a healthy network degraded"
+echo "ok: generate --peer = --local, byte for byte"
+
+# kill -9 mid-generation, with a replica alive (node i hosts cluster i mod 2)
+netgen kill netA $LONG --out "$dir/kill.png" &
+gen=$!
+sleep 1
+kill -9 "$(node_pid netA 1)"
+wait $gen || fail "the generation failed when a replica was killed"
+cmp -s "$dir/kill.png" "$dir/local-long.png" || fail "killing a replica changed the image"
+[ "$(json_get "$dir/kill.json" "j['network']['degraded_evaluations']")" = 0 ] ||
+    fail "a killed replica degraded the generation though another was alive"
+echo "ok: kill -9 of a replica mid-generation: the same image"
+
+# a stalled node: hedged or retried around
+kill -STOP "$(node_pid netA 2)"
+netgen stall netA $FULL --timeout-ms 3000 --out "$dir/stall.png" || fail "generate with a stalled node"
+kill -CONT "$(node_pid netA 2)"
+cmp -s "$dir/stall.png" "$dir/local-full.png" || fail "a stalled node changed the image"
+moved=$(json_get "$dir/stall.json" "j['network']['hedges'] + j['network']['retries']")
+[ "$moved" -gt 0 ] || fail "no request was hedged or retried around the stalled node"
+echo "ok: a stalled node is hedged around ($moved hedges and retries): the same image"
+
+# a replica that answers garbage
+"$BAD" --bootstrap "$(peer_of netA)" --network-key "$dir/netA/network.key" --cluster 0 \
+    >"$dir/bad.txt" 2>"$dir/err-bad.txt" &
+badpid=$!
+i=0
+while ! grep -q listening "$dir/bad.txt" 2>/dev/null; do
+    i=$((i + 1))
+    [ $i -lt 300 ] || fail "the bad expert did not advertise"
+    sleep 0.1
+done
+i=0
+until "$T" status --peer "$(peer_of netA)" --network-key "$dir/netA/network.key" --json \
+    >"$dir/st.json" 2>/dev/null &&
+    [ "$(json_get "$dir/st.json" "sum(1 for a in j['adverts'] if a.get('cluster') == 0)")" -ge 2 ] &&
+    [ "$(json_get "$dir/st.json" "len([a for a in j['adverts'] if a.get('cluster') == 0 and a['node_id'] not in [m['node_id'] for m in j['members'] if m['state'] != 'alive']])")" -ge 2 ]; do
+    i=$((i + 1))
+    [ $i -lt 120 ] || fail "the bad expert's advert did not reach node 0"
+    sleep 0.5
+done
+netgen garbage netA $LONG --out "$dir/garbage.png" || fail "generate with a lying replica"
+cmp -s "$dir/garbage.png" "$dir/local-long.png" || fail "a lying replica changed the image"
+[ "$(json_get "$dir/garbage.json" "j['network']['garbage']")" -ge 1 ] ||
+    fail "the lying replica was never caught (or never asked)"
+kill "$badpid"; wait "$badpid" || true; badpid=
+echo "ok: a replica answering garbage is banned: the same image"
+
+# a client without the network key
+"$T" keygen --network-key --out "$dir/other.key" >/dev/null
+rc=0
+"$T" generate --peer "$(peer_of netA)" --network-key "$dir/other.key" $GEN \
+    --out "$dir/x.png" >/dev/null 2>"$dir/err-key.txt" || rc=$?
+[ $rc -eq 1 ] || fail "a client with another network key: exit $rc, want 1"
+[ ! -e "$dir/x.png" ] || fail "a client with another network key got an image"
+grep -qi "network key\|handshake" "$dir/err-key.txt" || fail "no reason given: $(cat "$dir/err-key.txt")"
+echo "ok: a client with another network key is refused"
+"$T" down --dir "$dir/netA" >/dev/null
+
+# B: one replica per cluster; kill one mid-generation: degraded, and said
+"$T" up --nodes 2 --experts "$F" --dir "$dir/netB" --json >"$dir/netB.json" 2>"$dir/err-up.txt" ||
+    fail "tessera up (B)"
+netgen degraded netB $LONG --retries 1 --timeout-ms 2000 --out "$dir/degraded.png" &
+gen=$!
+sleep 1
+kill -9 "$(node_pid netB 1)"
+wait $gen || fail "the generation failed instead of degrading"
+[ "$(json_get "$dir/degraded.json" "j['network']['degraded_evaluations']")" -gt 0 ] ||
+    fail "losing a cluster's only replica did not degrade the generation"
+grep -q "DEGRADED" "$dir/err-degraded.txt" || fail "the degraded generation did not say so"
+echo "ok: losing a cluster's only replica: completed, degraded, and said so"
