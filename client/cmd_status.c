@@ -161,12 +161,18 @@ static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) 
     hex(&b->partition_id, 64, part);
     hex(&b->weights_hash, 64, wh);
     json_int_t dims = b->centroid && b->centroid->n_shape ? b->centroid->shape[0] : 0;
-    return json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o}", "node_id", id,
-                     "valid", 1, "version", (json_int_t)b->version, "partition_id", part,
-                     "num_clusters", (int)b->num_clusters, "cluster", (int)b->cluster,
-                     "weights_hash", wh, "objective", objective_name(b->objective), "model",
-                     j_model(b->model), "centroid_dims", dims, "capacity",
-                     j_capacity(b->capacity), "load", j_load(b->load));
+    json_t *training = b->training ? json_pack("{s:I, s:I, s:f}", "step",
+                                               (json_int_t)b->training->step, "steps",
+                                               (json_int_t)b->training->steps, "loss",
+                                               (double)b->training->loss)
+                                   : json_null();
+    return json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b}",
+                     "node_id", id, "valid", 1, "version", (json_int_t)b->version,
+                     "partition_id", part, "num_clusters", (int)b->num_clusters, "cluster",
+                     (int)b->cluster, "weights_hash", wh, "objective",
+                     objective_name(b->objective), "model", j_model(b->model), "centroid_dims",
+                     dims, "capacity", j_capacity(b->capacity), "load", j_load(b->load),
+                     "training", training, "router", b->has_router_hash);
 }
 
 static json_t *j_status(const Tessera__StatusResponse *r, const adverts_t *ad) {
@@ -230,8 +236,12 @@ static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBod
             n += snprintf(expert + n, sizeof expert - (size_t)n, " h%u d%u p%u",
                           b->model->hidden_size, b->model->depth, b->model->patch_size);
         if (b->load && n > 0 && (size_t)n < sizeof expert)
-            snprintf(expert + n, sizeof expert - (size_t)n, " q%u %.1fms", b->load->queue_depth,
-                     b->load->item_latency_us / 1000.0);
+            n += snprintf(expert + n, sizeof expert - (size_t)n, " q%u %.1fms",
+                          b->load->queue_depth, b->load->item_latency_us / 1000.0);
+        if (b->training && n > 0 && (size_t)n < sizeof expert)
+            snprintf(expert + n, sizeof expert - (size_t)n, " training %llu/%llu",
+                     (unsigned long long)b->training->step,
+                     (unsigned long long)b->training->steps);
     }
     printf("  %-16s  %-7s  %5llu  %-21s  %8s  v%-4llu %s\n", brief, state_name(m->status),
            (unsigned long long)m->incarnation, m->addr ? m->addr : "", ago,
