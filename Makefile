@@ -33,11 +33,13 @@ CLANG_FORMAT ?= clang-format
 FORMAT_DIRS  := kernels model store net daemon client bench tests
 FORMAT_FILES  = $(shell find $(FORMAT_DIRS) -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null)
 
-.PHONY: help setup setup-all build build-san demo test test-release test-san test-fuzz clean format format-check
+.PHONY: help setup setup-all build build-san demo selfcheck test test-release test-san test-fuzz clean format format-check
 
 help:
 	@echo "tessera make targets:"
-	@echo "  make demo          set up, build (Release), run: tessera selfcheck; tessera bench gemm"
+	@echo "  make demo          set up, build (Release), run the main job: scripts/demo.sh (a network of"
+	@echo "                    four daemons on this machine, a grid generated through it)"
+	@echo "  make selfcheck     set up, build, run: tessera selfcheck; tessera bench gemm"
 	@echo "  make test          set up, build, ctest; then build-san/ (ASan+UBSan) and ctest there; then the fuzzers"
 	@echo "  make test-fuzz     the libFuzzer harnesses for FUZZ_SECONDS (default 30) each, in build-fuzz/"
 	@echo "  make build         configure + build $(BUILD)/ (Release, TESSERA_CUDA=$(CUDA))"
@@ -75,6 +77,10 @@ build-san:
 	@$(CMAKE) --build $(SAN_BUILD) -j$(JOBS)
 
 demo: setup build
+	@BUILD=$(BUILD) bash scripts/demo.sh
+
+# The kernel self-check and the GEMM benchmark (what `make demo` ran before the network existed).
+selfcheck: setup build
 	@echo "== $(BUILD)/client/tessera selfcheck"
 	@$(BUILD)/client/tessera selfcheck
 	@echo

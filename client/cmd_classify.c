@@ -64,7 +64,7 @@ typedef struct {
 static int trunk_config(const cls_opts_t *o, const ts_dataset_t *ds, ts_dit_config_t *cfg,
                         char *err, size_t errlen) {
     if (ts_dit_config_preset(o->model, cfg) != TS_OK) {
-        snprintf(err, errlen, "unknown model '%s' (tiny, small, S/2 … XL/8)", o->model);
+        snprintf(err, errlen, "unknown model '%s' (mini, tiny, small, S/2 … XL/8)", o->model);
         return TS_EINVAL;
     }
     if (o->hidden)
@@ -241,7 +241,7 @@ static int parse(cls_opts_t *o, int router, int argc, char **argv) {
     ts_arg_t common[] = {
         {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"partition", TS_ARG_STRING, &o->partition, "DIR", "the partition (a folder with partition.safetensors, or the file)", 0, 0, 1},
-        {"model", TS_ARG_STRING, &o->model, "NAME", "trunk config: tiny, small, S/2, ... (default tiny)"},
+        {"model", TS_ARG_STRING, &o->model, "NAME", "trunk config: mini, tiny, small, S/2, ... (default tiny)"},
         {"hidden", TS_ARG_INT, &o->hidden, "N", "override the trunk's hidden size", 4, 8192},
         {"depth", TS_ARG_INT, &o->depth, "N", "override the trunk's depth", 1, 256},
         {"heads", TS_ARG_INT, &o->heads, "N", "override the trunk's attention heads", 1, 1024},

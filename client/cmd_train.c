@@ -172,7 +172,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"shard", TS_ARG_STRING, &o.shard, "FILE", "train only on these image indices (one per line)"},
         {"partition", TS_ARG_STRING, &o.partition, "DIR", "a `tessera partition` folder: train on the images of its cluster --cluster (those of shard-<cluster>.txt) and record partition_id and cluster in the weights"},
         {"cluster", TS_ARG_INT, &o.cluster, "K", "the cluster of --partition to train on", 0, 65535},
-        {"model", TS_ARG_STRING, &o.model, "NAME", "config: tiny, small, S/2, B/4, ... (default tiny)"},
+        {"model", TS_ARG_STRING, &o.model, "NAME", "config: mini, tiny, small, S/2, B/4, ... (default tiny)"},
         {"init", TS_ARG_STRING, &o.init, "FILE", "start from these weights instead of a fresh init"},
         {"steps", TS_ARG_I64, &o.steps, "N", "total optimisation steps (default 1000)", 1, 1e12},
         {"batch", TS_ARG_INT, &o.batch, "B", "samples per step (default 64)", 1, 65536},
@@ -242,7 +242,7 @@ int ts_cmd_train(int argc, char **argv) {
         if (o.init) {
             rc = ts_dit_open(&model, o.init, &eng, o.batch, 1, err, sizeof err);
         } else if ((rc = ts_dit_config_preset(o.model, &cfg)) != TS_OK) {
-            snprintf(err, sizeof err, "unknown model '%s' (tiny, small, S/2 … XL/8)", o.model);
+            snprintf(err, sizeof err, "unknown model '%s' (mini, tiny, small, S/2 … XL/8)", o.model);
         } else {
             cfg.in_channels = ds.channels, cfg.input_size = ds.height;
             rc = ts_dit_create(&model, &cfg, &eng, o.batch, 1);

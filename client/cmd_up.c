@@ -161,7 +161,7 @@ static const char *abs_path(const char *p, char *buf, size_t len) {
 
 /* Writes RUNDIR/node-i/tesserad.ini. */
 static int write_config(const char *rundir, int i, const char *bootstrap, const char *experts,
-                        int k) {
+                        int k, int compute_threads) {
     char path[PATHLEN];
     pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
     FILE *f = fopen(path, "w");
@@ -182,6 +182,8 @@ static int write_config(const char *rundir, int i, const char *bootstrap, const 
         if (file_exists(router))
             fprintf(f, "router = %s\n", router);
     }
+    if (compute_threads > 0)
+        fprintf(f, "\n[serve]\ncompute_threads = %d\n", compute_threads);
     fprintf(f, "\n[gossip]\nprobe_interval_ms = 500\nprobe_timeout_ms = 250\n"
                "pushpull_interval_s = 10\n\n[metrics]\nlisten = 127.0.0.1:0\n\n[log]\nlevel = info\nfile = %s/node-%d/tesserad.log\n",
             rundir, i);
@@ -319,7 +321,7 @@ static void count_view(const char *json, int *alive, int *adverts) {
 }
 
 static int up(const char *rundir_arg, const char *experts_arg, int nodes, int timeout_s,
-              int no_experts, int json) {
+              int no_experts, int json, int compute_threads) {
     char rundir[PATHLEN], experts[PATHLEN], daemon[PATHLEN], path[PATHLEN], err[512];
     if (mkdir_p(rundir_arg) != 0) {
         fprintf(stderr, "tessera up: cannot create %s: %s\n", rundir_arg, strerror(errno));
@@ -388,7 +390,8 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
         }
         pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
         unlink(path);
-        if (write_config(rundir, i, i ? addr0 : NULL, no_experts ? NULL : experts, k) != 0) {
+        if (write_config(rundir, i, i ? addr0 : NULL, no_experts ? NULL : experts, k,
+                         compute_threads) != 0) {
             fprintf(stderr, "tessera up: cannot write the config of node %d\n", i);
             stop_all(rundir, 10, 1);
             return 1;
@@ -451,7 +454,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
 
 int ts_cmd_up(int argc, char **argv) {
     const char *rundir = "tessera-net", *experts = "experts";
-    int nodes = 4, timeout_s = 120, no_experts = 0, json = 0;
+    int nodes = 4, timeout_s = 120, no_experts = 0, json = 0, compute_threads = 0;
     ts_arg_t args[] = {
         {"nodes", TS_ARG_INT, &nodes, "N", "daemons to start (default 4)", 1, MAX_NODES},
         {"experts", TS_ARG_STRING, &experts, "DIR",
@@ -462,6 +465,8 @@ int ts_cmd_up(int argc, char **argv) {
         {"timeout", TS_ARG_INT, &timeout_s, "S",
          "seconds to wait for the network to converge (default 120)", 1, 3600},
         {"no-experts", TS_ARG_FLAG, &no_experts, NULL, "start daemons that host nothing"},
+        {"compute-threads", TS_ARG_INT, &compute_threads, "N",
+         "each daemon's serving threads (default: one per core)", 0, 1024},
         {"json", TS_ARG_FLAG, &json, NULL, "print one JSON object (dir, peer, network_key)"},
     };
     const char *summary = "Start a network of tesserad daemons on this machine (127.0.0.1), "
@@ -471,7 +476,7 @@ int ts_cmd_up(int argc, char **argv) {
                            argv);
     if (pr)
         return pr == 1 ? 0 : 2;
-    return up(rundir, experts, nodes, timeout_s, no_experts, json);
+    return up(rundir, experts, nodes, timeout_s, no_experts, json, compute_threads);
 }
 
 int ts_cmd_down(int argc, char **argv) {

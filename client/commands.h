@@ -19,5 +19,6 @@ int ts_cmd_ping(int argc, char **argv);
 int ts_cmd_status(int argc, char **argv);
 int ts_cmd_up(int argc, char **argv);
 int ts_cmd_down(int argc, char **argv);
+int ts_cmd_pull(int argc, char **argv);
 
 #endif

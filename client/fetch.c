@@ -110,6 +110,7 @@ int ts_fetch_file(ts_netclient_t *c, ts_rpc_peer_t *peer, ts_store_t *store, con
     ts_fetch_stats_t st = {0};
     double t0 = now_s();
     if (ts_weights_bad_chunks(store, h, NULL, NULL) == 0) { /* already here, every chunk good */
+        st.present = 1;
         if (stats)
             *stats = st;
         return TS_OK;

@@ -21,6 +21,7 @@
 typedef void (*ts_fetch_progress_fn)(void *ctx, uint64_t done, uint64_t total, int fetched);
 
 typedef struct ts_fetch_stats {
+    int present; /* the whole file was already in the store: nothing was asked for */
     uint64_t bytes_fetched, bytes_reused;
     int chunks_fetched, chunks_reused;
     double seconds;

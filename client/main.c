@@ -1,7 +1,7 @@
 /*
  * main.c — the `tessera` command: parses the verb and hands over to it.
  *
- * Verbs today: `train`, `sample`, `forward`, `store`, `partition`, `keygen`, `ping`, `status`, `up`, `down` (client/cmd_*.c), `selfcheck` (client/selfcheck.c)
+ * Verbs today: `train`, `sample`, `forward`, `store`, `partition`, `keygen`, `ping`, `status`, `up`, `down`, `pull` (client/cmd_*.c), `selfcheck` (client/selfcheck.c)
  * and `bench gemm` (bench/gemm_bench.c, shared with the bench_gemm program). The network's
  * verbs (generate, status, pull, ...) arrive with the layers they need. Every verb takes --help; an unknown verb or option exits 2 with a message
  * naming it, a failed run exits 1.
@@ -31,13 +31,15 @@ static void usage(FILE *f) {
                "                artifact, shard files and a table of the clusters' class mix\n"
                "  train-classifier  train the evaluation classifier (DiT trunk, 10 labels, clean images)\n"
                "  train-router  train a router: cluster of a noisy x_t, per-t-bucket accuracy\n"
-               "  generate      generate images with a routed ensemble of local experts (--local DIR)\n"
+               "  generate      generate images with a routed ensemble of experts, local (--local DIR)\n"
+               "                or the network's (--peer HOST:PORT)\n"
                "  eval          compare routing policies and a monolith by FD, coverage and cost\n"
                "  keygen        create a node identity (prints the node id) or a network key\n"
                "  ping          handshake with a node and time round trips (HOST:PORT)\n"
                "  status        the network as one node sees it: members, experts, clusters, load\n"
                "  up            start a network of daemons on this machine hosting a folder's experts\n"
                "  down          stop the network `tessera up` started\n"
+               "  pull          experts' weights from the network into the store (verified, resumable)\n"
                "  selfcheck     check the compute kernels against naive references (and a CUDA\n"
                "                device against the CPU, when one is present)\n"
                "  bench gemm    GEMM throughput of the DiT configs next to the sgemm peak\n"
@@ -115,6 +117,8 @@ int main(int argc, char **argv) {
         return ts_cmd_up(argc - 1, argv + 1);
     if (strcmp(verb, "down") == 0)
         return ts_cmd_down(argc - 1, argv + 1);
+    if (strcmp(verb, "pull") == 0)
+        return ts_cmd_pull(argc - 1, argv + 1);
     if (strcmp(verb, "selfcheck") == 0)
         return ts_cli_selfcheck(argc - 1, argv + 1);
     if (strcmp(verb, "bench") == 0)

@@ -30,7 +30,7 @@ static uint64_t next_rand(ts_remote_t *r) { /* xorshift64*: replica draws only *
 
 void ts_remote_opts_default(ts_remote_opts_t *o) {
     *o = (ts_remote_opts_t){.timeout_ms = 10000, .hedge = 1, .hedge_min_ms = 2, .retries = 2,
-                            .ban_ms = 30000};
+                            .ban_ms = 30000, .down_ms = 5000};
 }
 
 /* ---- one job's requests ----------------------------------------------------------------------- */
@@ -281,6 +281,10 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         r->st.busy++;
     } else if (status != TS_ECANCELED) {
         r->st.errors++;
+        /* a connection that failed or a request that timed out: the replica is taken as down
+         * for a while, so that the next evaluations do not wait on it again */
+        if (status == TS_ECLOSED || status == TS_ETIMEDOUT)
+            p->banned_until = now_s() + r->o.down_ms / 1000.0;
     }
     p->failed++;
     a->last_error = status;

@@ -11,7 +11,8 @@
  *      expert's observed round trips, at least hedge_min_ms), send the same request to a second
  *      replica; the first valid answer wins and the other call is cancelled;
  *   3. on an error, busy, timeout or a lost connection, retry on a replica not tried yet (at most
- *      retries times);
+ *      retries times); a replica whose connection failed or that timed out is left alone for
+ *      down_ms, so that later evaluations do not wait on it again;
  *   4. when no replica is left, run the expert locally from cached weights when they were given;
  *   5. only then fail the job: the ensemble drops the expert for this evaluation and
  *      renormalises (and the evaluation is counted as degraded).
@@ -58,6 +59,7 @@ typedef struct ts_remote_opts {
     uint32_t hedge_min_ms; /* (2) */
     int retries;           /* further replicas tried after a failure (2) */
     uint32_t ban_ms;       /* a replica that answered garbage is not asked for this long (30000) */
+    uint32_t down_ms;      /* nor one whose connection failed or request timed out (5000) */
     int prefer_local;      /* run every expert with cached weights locally (0) */
 } ts_remote_opts_t;
 

@@ -47,7 +47,7 @@ static const key_spec_t KEYS[] = {
     {{"expert", "partition", "path", "(none)", "the partition file (`tessera partition`'s partition.safetensors): host: the one the expert was trained on, for the centroid the advert carries; train: the one that defines the cluster's images; required with host and train"}, K_PATH, OFF(expert_partition), 0, 0},
     {{"expert", "router", "path", "(none)", "host and train: a router for the partition (`tessera train-router`), imported into the store and named in the advert, so that clients can fetch it from this node and route with the learned policy"}, K_PATH, OFF(expert_router), 0, 0},
     {{"expert", "cluster", "integer", "(none)", "train: the cluster of partition to train on, 0..K-1 (required); not used otherwise (hosted weights record their cluster)"}, K_INT, OFF(expert_cluster), 0, 65535},
-    {{"train", "model", "name", "tiny", "the DiT config: tiny, small, S/2, S/4, S/8, B/2 ... XL/8"}, K_MODEL, OFF(train_model), 0, 0},
+    {{"train", "model", "name", "tiny", "the DiT config: mini, tiny, small, S/2, S/4, S/8, B/2 ... XL/8"}, K_MODEL, OFF(train_model), 0, 0},
     {{"train", "data", "path", TS_FMNIST_DEFAULT_DIR, "the Fashion-MNIST IDX files (Debian's dataset-fashion-mnist); the partition must have been made from this train set"}, K_PATH, OFF(train_data), 0, 0},
     {{"train", "steps", "integer", "10000", "the run is complete at this step; raising it later continues the run"}, K_INT, OFF(train_steps), 1, 2000000000},
     {{"train", "batch", "integer", "64", "samples per step"}, K_INT, OFF(train_batch), 1, 65536},
@@ -280,7 +280,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
     case K_MODEL: {
         ts_dit_config_t cfg;
         if (strlen(value) >= TS_CONFIG_MODEL_MAX || ts_dit_config_preset(value, &cfg) != TS_OK)
-            return fail(p, section, name, "'%s': want a model preset (tiny, small, S/2 ... XL/8)",
+            return fail(p, section, name, "'%s': want a model preset (mini, tiny, small, S/2 ... XL/8)",
                         value);
         snprintf(field, TS_CONFIG_MODEL_MAX, "%s", value);
         return 1;

@@ -304,7 +304,7 @@ static int build(ts_train_job_t *j, const ts_train_job_opts_t *o, char *err, siz
     const char *name = o->model ? o->model : "tiny";
     ts_dit_config_t cfg;
     if (ts_dit_config_preset(name, &cfg) != TS_OK) {
-        ts_set_err(err, errlen, "unknown model '%s' (tiny, small, S/2 … XL/8)", name);
+        ts_set_err(err, errlen, "unknown model '%s' (mini, tiny, small, S/2 … XL/8)", name);
         return TS_EINVAL;
     }
     cfg.in_channels = j->data.channels, cfg.input_size = j->data.height;

@@ -42,6 +42,8 @@ int ts_dit_config_preset(const char *name, ts_dit_config_t *cfg) {
         .input_size = 28, .in_channels = 1, .num_classes = 10, .mlp_ratio = 4, .freq_dim = 256};
     if (strcmp(name, "tiny") == 0) {
         c.hidden_size = 128, c.depth = 4, c.num_heads = 4, c.patch_size = 4;
+    } else if (strcmp(name, "mini") == 0) {
+        c.hidden_size = 64, c.depth = 2, c.num_heads = 2, c.patch_size = 4;
     } else if (strcmp(name, "small") == 0) {
         c.hidden_size = 256, c.depth = 6, c.num_heads = 4, c.patch_size = 2;
     } else {

@@ -35,7 +35,8 @@ typedef struct ts_dit_config {
     int freq_dim;    /* sinusoidal timestep embedding width (256 in DiT) */
 } ts_dit_config_t;
 
-/* Fills cfg from a preset name: "tiny" (128, 4, 4 heads, patch 4), "small" (256, 6, 4, patch 2),
+/* Fills cfg from a preset name: "mini" (64, 2, 2 heads, patch 4: the experts the repository ships
+ * for the demo, 0.7 MB each), "tiny" (128, 4, 4 heads, patch 4), "small" (256, 6, 4, patch 2),
  * and DiT's "S/2" "S/4" "S/8" "B/2" … "XL/8"; image 28×28×1 and 10 classes (Fashion-MNIST),
  * which the caller may change. TS_EINVAL for an unknown name. */
 int ts_dit_config_preset(const char *name, ts_dit_config_t *cfg);

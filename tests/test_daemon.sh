@@ -6,7 +6,8 @@
 #     image is unchanged (a replica takes over);
 #   - train mode: a daemon training an expert (serving its snapshots, with the training status in
 #     its advert) is killed with -9 after a checkpoint, restarted, resumes from the store and ends
-#     with the same weights, byte for byte, as a daemon that trained without interruption;
+#     with the same weights, byte for byte, as a daemon that trained without interruption; the
+#     other daemon sees its advert, and each new version of it;
 #   - /metrics counts the requests served.
 # Experts are trained for 2 steps: this checks plumbing and exact invariants, not quality.
 set -eu
@@ -97,16 +98,17 @@ echo "ok: SIGTERM mid-generation: the node drains and stops, the image is unchan
 
 # ---- train mode: kill -9 and resume, bit for bit ----
 "$T" keygen --network-key --out "$dir/tk.key" >/dev/null
-# trainer I NAME: a config for a training daemon NAME
+# trainer NAME [BOOTSTRAP]: a config for a training daemon NAME
 trainer() {
     mkdir -p "$dir/$1"
-    [ -f "$dir/$1/id.key" ] || "$T" keygen --out "$dir/$1/id.key" >/dev/null
+    [ -f "$dir/$1/id.key" ] || "$T" keygen --out "$dir/$1/id.key" --json >"$dir/$1/id.json"
     cat >"$dir/$1/d.ini" <<INI
 [node]
 identity = $dir/$1/id.key
 network_key = $dir/tk.key
 data_dir = $dir/$1/data
 listen = 127.0.0.1:0
+${2:+bootstrap = $2}
 [expert]
 mode = train
 partition = $F/partition.safetensors
@@ -131,7 +133,13 @@ trainer straight
 "$D" --config "$dir/straight/d.ini" &
 p1=$!
 pids="$pids $p1"
-trainer killed
+i=0
+while [ ! -s "$dir/straight/data/listen.addr" ]; do
+    i=$((i + 1)); [ $i -lt 300 ] || fail "the first trainer did not start"; sleep 0.1
+done
+saddr=$(cat "$dir/straight/data/listen.addr")
+trainer killed "$saddr"
+kid=$(sed 's/.*"node_id":"\([0-9a-f]*\)".*/\1/' "$dir/killed/id.json")
 "$D" --config "$dir/killed/d.ini" &
 p2=$!
 pids="$pids $p2"
@@ -142,6 +150,22 @@ wait $p2 2>/dev/null || true
 p2=$!
 pids="$pids $p2"
 wait_log "$dir/killed.log" "from step [1-9][0-9]* of 200 \(resumed from the store\)"
+# its adverts, as the other node sees them: the training status, and new versions as it goes
+seen_version() {
+    "$T" status --peer "$saddr" --network-key "$dir/tk.key" --json 2>/dev/null |
+        "$PY" -c 'import json,sys; j=json.load(sys.stdin); v=[a["version"] for a in j["adverts"] if a["node_id"]==sys.argv[1]]; print(v[0] if v else 0)' "$kid"
+}
+i=0
+v1=0
+while [ "$v1" = 0 ]; do
+    i=$((i + 1)); [ $i -lt 600 ] || fail "the other node never saw the trainer's advert"; sleep 0.1
+    v1=$(seen_version)
+done
+i=0
+until [ "$(seen_version)" -gt "$v1" ]; do
+    i=$((i + 1)); [ $i -lt 1200 ] || fail "the trainer's advert never changed (version $v1)"; sleep 0.1
+done
+echo "ok: the trainer's advert reaches another node, and its changes propagate (version $v1 → $(seen_version))"
 wait_log "$dir/straight.log" "done: 200 steps"
 wait_log "$dir/killed.log" "done: 200 steps"
 w1=$(sed -n 's/.*done: 200 steps.*weights \([0-9a-f]*\) in the store.*/\1/p' "$dir/straight.log")

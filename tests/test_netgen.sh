@@ -6,6 +6,8 @@
 #   - kill -9 of a node mid-generation, with a replica alive: the same image, nothing degraded;
 #   - a stalled node (SIGSTOP) is hedged or retried around: the same image;
 #   - a replica answering garbage (tests/ts_bad_expert.c) is banned: the same image;
+#   - tessera pull fetches the experts into a store (a second pull fetches nothing), and
+#     --prefer-local then runs them here: the same image, no request;
 #   - a client with another network key is refused, with a sentence;
 #   - kill -9 of the only replica of a cluster mid-generation: the generation completes, degraded,
 #     and says so.
@@ -69,6 +71,22 @@ cmp -s "$dir/net.png" "$dir/local.png" || fail "the network's image differs from
     fail "a healthy network degraded"
 echo "ok: generate --peer = --local, byte for byte"
 
+# tessera pull: the experts into a store, verified; then --prefer-local runs them here
+"$T" pull --all --peer "$(peer_of netA)" --network-key "$dir/netA/network.key" \
+    --data-dir "$dir/pulled" --json >"$dir/pull.json" 2>"$dir/err-pull.txt" || fail "tessera pull --all"
+[ "$(wc -l <"$dir/pull.json")" -eq 2 ] || fail "pull --all: $(cat "$dir/pull.json")"
+"$T" pull --all --peer "$(peer_of netA)" --network-key "$dir/netA/network.key" \
+    --data-dir "$dir/pulled" --json >"$dir/pull2.json" 2>/dev/null || fail "tessera pull again"
+grep -q '"present":false' "$dir/pull2.json" && fail "a second pull fetched again: $(cat "$dir/pull2.json")"
+"$T" generate --peer "$(peer_of netA)" --network-key "$dir/netA/network.key" \
+    --data-dir "$dir/pulled" --prefer-local $GEN --json --out "$dir/pl.png" >"$dir/pl.json" \
+    2>"$dir/err-pl.txt" || fail "generate --prefer-local"
+cmp -s "$dir/pl.png" "$dir/local.png" || fail "--prefer-local changed the image"
+[ "$(json_get "$dir/pl.json" "j['network']['requests']")" = 0 ] &&
+    [ "$(json_get "$dir/pl.json" "j['network']['local_runs']")" -gt 0 ] ||
+    fail "--prefer-local asked the network: $(cat "$dir/pl.json")"
+echo "ok: tessera pull --all, then --prefer-local runs the cached experts: the same image"
+
 # kill -9 mid-generation, with a replica alive (node i hosts cluster i mod 2)
 netgen kill netA $LONG --out "$dir/kill.png" &
 gen=$!
@@ -129,7 +147,7 @@ echo "ok: a client with another network key is refused"
 # B: one replica per cluster; kill one mid-generation: degraded, and said
 "$T" up --nodes 2 --experts "$F" --dir "$dir/netB" --json >"$dir/netB.json" 2>"$dir/err-up.txt" ||
     fail "tessera up (B)"
-netgen degraded netB $LONG --retries 1 --timeout-ms 2000 --out "$dir/degraded.png" &
+netgen degraded netB $LONG --out "$dir/degraded.png" &
 gen=$!
 sleep 1
 kill -9 "$(node_pid netB 1)"
