@@ -117,6 +117,17 @@ static int load_moved(const ts_serve_load_t *a, const ts_serve_load_t *b) {
            fabs(ra - rb) > 0.25 * fmax(ra, rb) + 0.1;
 }
 
+/* The server's observers: the metrics' histograms, from the compute thread. */
+static void observe_batch(void *ctx, int rows, uint64_t compute_us) {
+    ts_metrics_t *m = ctx;
+    ts_metrics_observe(m, TS_M_BATCH_SIZE, NULL, rows);
+    ts_metrics_observe(m, TS_M_COMPUTE_SECONDS, NULL, (double)compute_us / 1e6);
+}
+
+static void observe_queue_wait(void *ctx, uint64_t queue_us) {
+    ts_metrics_observe(ctx, TS_M_QUEUE_WAIT_SECONDS, NULL, (double)queue_us / 1e6);
+}
+
 /* ---- serving a set of weights ----------------------------------------------------------------- */
 
 /* Starts serving h->pending (in the store): the expert checked against the partition, the model
@@ -143,6 +154,11 @@ static int start_pending(ts_host_t *h, char *err, size_t errlen) {
         so.max_wait_ms = c->serve_max_wait_ms;
         so.max_queue = c->serve_max_queue;
         so.compute_threads = c->serve_compute_threads;
+        if (h->env.metrics) {
+            so.on_batch = observe_batch;
+            so.on_queue_wait = observe_queue_wait;
+            so.observe_ctx = h->env.metrics;
+        }
         rc = ts_serve_new(&h->serve, h->env.loop, h->env.rpc, &x, &so, err, errlen);
         ts_dit_free(&m);
     }

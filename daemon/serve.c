@@ -281,8 +281,12 @@ static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint
         s->st.queue_us_sum += j->queue_us;
         if (j->queue_us > s->st.queue_us_max)
             s->st.queue_us_max = j->queue_us;
+        if (s->o.on_queue_wait)
+            s->o.on_queue_wait(s->o.observe_ctx, j->queue_us);
         ts_list_push(&s->done, &j->node);
     }
+    if (s->o.on_batch)
+        s->o.on_batch(s->o.observe_ctx, rows, compute_us);
     s->st.batches++;
     s->st.rows += (uint64_t)rows;
     s->st.batch_hist[hist_bucket(rows)]++;

@@ -68,6 +68,12 @@ typedef struct ts_serve_opts {
     int max_wait_ms;     /* how long the oldest request waits for others, default 2 */
     int max_queue;       /* rows queued before busy, default 256 */
     int compute_threads; /* the engine's worker threads, default 0 = one per core */
+    /* Optional observers, called on the compute thread after each batch (they must be thread-safe
+     * and quick: a metrics registry's updates): the batch's rows and compute time, and each of
+     * its requests' time in the queue. */
+    void (*on_batch)(void *ctx, int rows, uint64_t compute_us);
+    void (*on_queue_wait)(void *ctx, uint64_t queue_us);
+    void *observe_ctx;
 } ts_serve_opts_t;
 
 void ts_serve_opts_default(ts_serve_opts_t *o);

@@ -74,10 +74,15 @@ sleep 1.5 # the registry is refreshed every second
 "$PY" - "$mport" <<'PY' || fail "/metrics does not count the denoise requests served"
 import sys, urllib.request
 body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()
-n = [float(l.split()[-1]) for l in body.splitlines() if l.startswith('tessera_requests_total{type="denoise"}')]
-sys.exit(0 if n and n[0] > 0 else 1)
+def value(prefix):
+    v = [float(l.split()[-1]) for l in body.splitlines() if l.startswith(prefix)]
+    return v[0] if v else 0.0
+ok = (value('tessera_requests_total{type="denoise"}') > 0 and value("tessera_batch_size_count") > 0
+      and value("tessera_queue_wait_seconds_count") > 0 and value("tessera_compute_seconds_sum") > 0
+      and value('tessera_gossip_members{state="alive"}') == 4)
+sys.exit(0 if ok else 1)
 PY
-echo "ok: /metrics counts the requests served"
+echo "ok: /metrics counts the requests served, their batches, queue waits and compute, and the members"
 
 # ---- SIGTERM in the middle of a generation ----
 LONG="--n 32 --steps 16 --sampler heun --cfg 1.5 --seed 9 --policy uniform --select full"
