@@ -102,6 +102,15 @@ for i in $(seq 1 $((N - 1))); do start "$i" "$(addr 0)"; done
 wait_all "all $N alive" "alive == $N"
 echo "ok: $N nodes see all $N alive"
 
+# tessera status: the table names every member; --watch --json answers again and again
+"$T" status --peer "$(addr 3)" --network-key "$dir/net.key" >"$dir/table.txt" || fail "status"
+grep -q "$N members known, $N alive" "$dir/table.txt" || fail "status table: $(head -3 "$dir/table.txt")"
+for i in 0 7; do grep -q "$(node_id $i | cut -c1-16)" "$dir/table.txt" || fail "node $i not in the table"; done
+timeout -s INT 3.5 "$T" status --peer "$(addr 3)" --network-key "$dir/net.key" --json --watch \
+    --interval 1 >"$dir/watch.txt" 2>/dev/null || true
+[ "$(grep -c '"members"' "$dir/watch.txt")" -ge 2 ] || fail "status --watch answered $(grep -c '"members"' "$dir/watch.txt") times in 3.5 s"
+echo "ok: tessera status (table, --json --watch)"
+
 # A node of another network, bootstrapping from node 0: never seen, sees nobody.
 start 8 "$(addr 0)" "$dir/other.key"
 sleep 3
