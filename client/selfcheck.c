@@ -134,13 +134,7 @@ static int sc_outputs(sc_ctx_t *c, int64_t n) {
     return c->got && (c->want || !c->want_ref) ? TS_OK : TS_ENOMEM;
 }
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != TS_OK)                                                                          \
-            return rc_;                                                                            \
-    } while (0)
-#define NEED(p) TRY((p) ? TS_OK : TS_ENOMEM)
+#define NEED(p) TS_TRY((p) ? TS_OK : TS_ENOMEM)
 
 /* ---- the cases ---------------------------------------------------------------------------- */
 
@@ -150,13 +144,13 @@ static int case_linear(sc_ctx_t *c) {
     float *b = sc_rand(c, N, 3, -1, 1);
     NEED(x && w && b);
     ts_tensor_t *tx, *tw, *tb, *ty;
-    TRY(sc_tensor(c, &tx, TS_F32, x, 3, TS_SHAPE(B, T, K)));
-    TRY(sc_tensor(c, &tw, TS_F32, w, 2, TS_SHAPE(N, K)));
-    TRY(sc_tensor(c, &tb, TS_F32, b, 1, TS_SHAPE(N)));
-    TRY(sc_tensor(c, &ty, TS_F32, NULL, 3, TS_SHAPE(B, T, N)));
-    TRY(ts_linear_forward(c->e, ty, tx, tw, tb));
-    TRY(sc_outputs(c, B * T * N));
-    TRY(sc_download(c, ty, c->got));
+    TS_TRY(sc_tensor(c, &tx, TS_F32, x, 3, TS_SHAPE(B, T, K)));
+    TS_TRY(sc_tensor(c, &tw, TS_F32, w, 2, TS_SHAPE(N, K)));
+    TS_TRY(sc_tensor(c, &tb, TS_F32, b, 1, TS_SHAPE(N)));
+    TS_TRY(sc_tensor(c, &ty, TS_F32, NULL, 3, TS_SHAPE(B, T, N)));
+    TS_TRY(ts_linear_forward(c->e, ty, tx, tw, tb));
+    TS_TRY(sc_outputs(c, B * T * N));
+    TS_TRY(sc_download(c, ty, c->got));
     if (c->want)
         ts_ref_linear(c->want, x, w, b, B * T, K, N);
     snprintf(c->size, sizeof c->size, "(%d,%d,%d)x(%d,%d)^T+b", B, T, K, N, K);
@@ -174,12 +168,12 @@ static int matmul_case(sc_ctx_t *c, int64_t batch, int64_t M, int64_t N, int64_t
     const int64_t *sa = ta ? TS_SHAPE(batch, K, M) : TS_SHAPE(batch, M, K);
     const int64_t *sb = tb ? TS_SHAPE(batch, N, K) : TS_SHAPE(batch, K, N);
     ts_tensor_t *xa, *xb, *xc;
-    TRY(sc_tensor(c, &xa, TS_F32, a, nd, sa + (3 - nd)));
-    TRY(sc_tensor(c, &xb, TS_F32, b, nd, sb + (3 - nd)));
-    TRY(sc_tensor(c, &xc, TS_F32, c0, nd, TS_SHAPE(batch, M, N) + (3 - nd)));
-    TRY(ts_matmul(c->e, xc, xa, ta, xb, tb, alpha, beta));
-    TRY(sc_outputs(c, batch * nc));
-    TRY(sc_download(c, xc, c->got));
+    TS_TRY(sc_tensor(c, &xa, TS_F32, a, nd, sa + (3 - nd)));
+    TS_TRY(sc_tensor(c, &xb, TS_F32, b, nd, sb + (3 - nd)));
+    TS_TRY(sc_tensor(c, &xc, TS_F32, c0, nd, TS_SHAPE(batch, M, N) + (3 - nd)));
+    TS_TRY(ts_matmul(c->e, xc, xa, ta, xb, tb, alpha, beta));
+    TS_TRY(sc_outputs(c, batch * nc));
+    TS_TRY(sc_download(c, xc, c->got));
     if (c->want) {
         memcpy(c->want, c0, (size_t)(batch * nc) * sizeof(float));
         for (int64_t i = 0; i < batch; i++)
@@ -204,16 +198,16 @@ static int case_layernorm(sc_ctx_t *c) {
     float *x = sc_rand(c, R * C, 7, -2, 4);
     NEED(x);
     ts_tensor_t *tx, *ty, *tm, *ts;
-    TRY(sc_tensor(c, &tx, TS_F32, x, 3, TS_SHAPE(2, 49, C)));
-    TRY(sc_tensor(c, &ty, TS_F32, NULL, 3, TS_SHAPE(2, 49, C)));
-    TRY(sc_tensor(c, &tm, TS_F32, NULL, 1, TS_SHAPE(R)));
-    TRY(sc_tensor(c, &ts, TS_F32, NULL, 1, TS_SHAPE(R)));
-    TRY(ts_layernorm_forward(c->e, ty, tm, ts, tx));
+    TS_TRY(sc_tensor(c, &tx, TS_F32, x, 3, TS_SHAPE(2, 49, C)));
+    TS_TRY(sc_tensor(c, &ty, TS_F32, NULL, 3, TS_SHAPE(2, 49, C)));
+    TS_TRY(sc_tensor(c, &tm, TS_F32, NULL, 1, TS_SHAPE(R)));
+    TS_TRY(sc_tensor(c, &ts, TS_F32, NULL, 1, TS_SHAPE(R)));
+    TS_TRY(ts_layernorm_forward(c->e, ty, tm, ts, tx));
     /* got = out | mean | rstd */
-    TRY(sc_outputs(c, R * C + 2 * R));
-    TRY(sc_download(c, ty, c->got));
-    TRY(sc_download(c, tm, c->got + R * C));
-    TRY(sc_download(c, ts, c->got + R * C + R));
+    TS_TRY(sc_outputs(c, R * C + 2 * R));
+    TS_TRY(sc_download(c, ty, c->got));
+    TS_TRY(sc_download(c, tm, c->got + R * C));
+    TS_TRY(sc_download(c, ts, c->got + R * C + R));
     if (c->want)
         ts_ref_layernorm(c->want, c->want + R * C, c->want + R * C + R, x, R, C);
     snprintf(c->size, sizeof c->size, "(2,49,%d) +mean,rstd", C);
@@ -225,11 +219,11 @@ static int unary_case(sc_ctx_t *c, int which) {
     float *x = sc_rand(c, N, 8, -6, 6);
     NEED(x);
     ts_tensor_t *tx, *ty;
-    TRY(sc_tensor(c, &tx, TS_F32, x, 1, TS_SHAPE(N)));
-    TRY(sc_tensor(c, &ty, TS_F32, NULL, 1, TS_SHAPE(N)));
-    TRY(which ? ts_silu_forward(c->e, ty, tx) : ts_gelu_forward(c->e, ty, tx));
-    TRY(sc_outputs(c, N));
-    TRY(sc_download(c, ty, c->got));
+    TS_TRY(sc_tensor(c, &tx, TS_F32, x, 1, TS_SHAPE(N)));
+    TS_TRY(sc_tensor(c, &ty, TS_F32, NULL, 1, TS_SHAPE(N)));
+    TS_TRY(which ? ts_silu_forward(c->e, ty, tx) : ts_gelu_forward(c->e, ty, tx));
+    TS_TRY(sc_outputs(c, N));
+    TS_TRY(sc_download(c, ty, c->got));
     if (c->want)
         (which ? ts_ref_silu : ts_ref_gelu)(c->want, x, N);
     snprintf(c->size, sizeof c->size, "(%d) in [-6,6)", N);
@@ -244,11 +238,11 @@ static int case_softmax(sc_ctx_t *c) {
     float *x = sc_rand(c, R * C, 9, -8, 8);
     NEED(x);
     ts_tensor_t *tx, *ty;
-    TRY(sc_tensor(c, &tx, TS_F32, x, 2, TS_SHAPE(R, C)));
-    TRY(sc_tensor(c, &ty, TS_F32, NULL, 2, TS_SHAPE(R, C)));
-    TRY(ts_softmax_forward(c->e, ty, tx));
-    TRY(sc_outputs(c, R * C));
-    TRY(sc_download(c, ty, c->got));
+    TS_TRY(sc_tensor(c, &tx, TS_F32, x, 2, TS_SHAPE(R, C)));
+    TS_TRY(sc_tensor(c, &ty, TS_F32, NULL, 2, TS_SHAPE(R, C)));
+    TS_TRY(ts_softmax_forward(c->e, ty, tx));
+    TS_TRY(sc_outputs(c, R * C));
+    TS_TRY(sc_download(c, ty, c->got));
     if (c->want)
         ts_ref_softmax(c->want, x, R, C);
     snprintf(c->size, sizeof c->size, "(%d,%d)", R, C);
@@ -260,14 +254,14 @@ static int case_attention(sc_ctx_t *c) {
     float *qkv = sc_rand(c, B * T * 3 * C, 10, -1, 1);
     NEED(qkv);
     ts_tensor_t *tq, *to, *ta;
-    TRY(sc_tensor(c, &tq, TS_F32, qkv, 3, TS_SHAPE(B, T, 3 * C)));
-    TRY(sc_tensor(c, &to, TS_F32, NULL, 3, TS_SHAPE(B, T, C)));
-    TRY(sc_tensor(c, &ta, TS_F32, NULL, 4, TS_SHAPE(B, H, T, T)));
-    TRY(ts_attention_forward(c->e, to, ta, tq, H));
+    TS_TRY(sc_tensor(c, &tq, TS_F32, qkv, 3, TS_SHAPE(B, T, 3 * C)));
+    TS_TRY(sc_tensor(c, &to, TS_F32, NULL, 3, TS_SHAPE(B, T, C)));
+    TS_TRY(sc_tensor(c, &ta, TS_F32, NULL, 4, TS_SHAPE(B, H, T, T)));
+    TS_TRY(ts_attention_forward(c->e, to, ta, tq, H));
     /* got = out | att */
-    TRY(sc_outputs(c, B * T * C + B * H * T * T));
-    TRY(sc_download(c, to, c->got));
-    TRY(sc_download(c, ta, c->got + B * T * C));
+    TS_TRY(sc_outputs(c, B * T * C + B * H * T * T));
+    TS_TRY(sc_download(c, to, c->got));
+    TS_TRY(sc_download(c, ta, c->got + B * T * C));
     if (c->want)
         ts_ref_attention(c->want, c->want + B * T * C, qkv, B, T, C, H);
     snprintf(c->size, sizeof c->size, "qkv (%d,%d,%d) heads %d +att", B, T, 3 * C, H);
@@ -281,16 +275,16 @@ static int ada_case(sc_ctx_t *c, int gate) {
     float *mod = sc_rand(c, B * M * C, 13, -1, 1);
     NEED(x && y && mod);
     ts_tensor_t *tx, *ty, *tm, *to;
-    TRY(sc_tensor(c, &tx, TS_F32, x, 3, TS_SHAPE(B, T, C)));
-    TRY(sc_tensor(c, &ty, TS_F32, y, 3, TS_SHAPE(B, T, C)));
-    TRY(sc_tensor(c, &tm, TS_F32, mod, 2, TS_SHAPE(B, M * C)));
-    TRY(sc_tensor(c, &to, TS_F32, NULL, 3, TS_SHAPE(B, T, C)));
+    TS_TRY(sc_tensor(c, &tx, TS_F32, x, 3, TS_SHAPE(B, T, C)));
+    TS_TRY(sc_tensor(c, &ty, TS_F32, y, 3, TS_SHAPE(B, T, C)));
+    TS_TRY(sc_tensor(c, &tm, TS_F32, mod, 2, TS_SHAPE(B, M * C)));
+    TS_TRY(sc_tensor(c, &to, TS_F32, NULL, 3, TS_SHAPE(B, T, C)));
     if (gate)
-        TRY(ts_gate_residual_forward(c->e, to, tx, ty, tm, 5));
+        TS_TRY(ts_gate_residual_forward(c->e, to, tx, ty, tm, 5));
     else
-        TRY(ts_modulate_forward(c->e, to, tx, tm, 3, 4));
-    TRY(sc_outputs(c, B * T * C));
-    TRY(sc_download(c, to, c->got));
+        TS_TRY(ts_modulate_forward(c->e, to, tx, tm, 3, 4));
+    TS_TRY(sc_outputs(c, B * T * C));
+    TS_TRY(sc_download(c, to, c->got));
     if (c->want && gate)
         ts_ref_gate_residual(c->want, x, y, mod, B, T, C, M, 5);
     else if (c->want)
@@ -310,11 +304,11 @@ static int case_timestep(sc_ctx_t *c) {
     t[0] = 0.0f;
     t[1] = 1.0f; /* both ends of the flow-matching time */
     ts_tensor_t *tt, *to;
-    TRY(sc_tensor(c, &tt, TS_F32, t, 1, TS_SHAPE(B)));
-    TRY(sc_tensor(c, &to, TS_F32, NULL, 2, TS_SHAPE(B, D)));
-    TRY(ts_timestep_embedding_forward(c->e, to, tt, 1000.0f));
-    TRY(sc_outputs(c, B * D));
-    TRY(sc_download(c, to, c->got));
+    TS_TRY(sc_tensor(c, &tt, TS_F32, t, 1, TS_SHAPE(B)));
+    TS_TRY(sc_tensor(c, &to, TS_F32, NULL, 2, TS_SHAPE(B, D)));
+    TS_TRY(ts_timestep_embedding_forward(c->e, to, tt, 1000.0f));
+    TS_TRY(sc_outputs(c, B * D));
+    TS_TRY(sc_download(c, to, c->got));
     if (c->want)
         ts_ref_timestep_embedding(c->want, t, B, D, 1000.0f);
     snprintf(c->size, sizeof c->size, "(%d,%d) t in [0,1], x1000", B, D);
@@ -327,10 +321,10 @@ static int case_timestep(sc_ctx_t *c) {
 static int case_pos_embed(sc_ctx_t *c) {
     enum { G = 7, D = 128 };
     ts_tensor_t *to;
-    TRY(sc_tensor(c, &to, TS_F32, NULL, 2, TS_SHAPE(G * G, D)));
-    TRY(ts_pos_embed_2d(c->e, to, G));
-    TRY(sc_outputs(c, G * G * D));
-    TRY(sc_download(c, to, c->got));
+    TS_TRY(sc_tensor(c, &to, TS_F32, NULL, 2, TS_SHAPE(G * G, D)));
+    TS_TRY(ts_pos_embed_2d(c->e, to, G));
+    TS_TRY(sc_outputs(c, G * G * D));
+    TS_TRY(sc_download(c, to, c->got));
     if (c->want)
         ts_ref_pos_embed_2d(c->want, G, D);
     snprintf(c->size, sizeof c->size, "grid %d, D %d", G, D);
@@ -343,12 +337,12 @@ static int case_embedding(sc_ctx_t *c) {
     float *table = sc_rand(c, V * D, 15, -1, 1);
     NEED(table);
     ts_tensor_t *tt, *ti, *to;
-    TRY(sc_tensor(c, &tt, TS_F32, table, 2, TS_SHAPE(V, D)));
-    TRY(sc_tensor(c, &ti, TS_I32, ids, 1, TS_SHAPE(B)));
-    TRY(sc_tensor(c, &to, TS_F32, NULL, 2, TS_SHAPE(B, D)));
-    TRY(ts_embedding_forward(c->e, to, tt, ti));
-    TRY(sc_outputs(c, B * D));
-    TRY(sc_download(c, to, c->got));
+    TS_TRY(sc_tensor(c, &tt, TS_F32, table, 2, TS_SHAPE(V, D)));
+    TS_TRY(sc_tensor(c, &ti, TS_I32, ids, 1, TS_SHAPE(B)));
+    TS_TRY(sc_tensor(c, &to, TS_F32, NULL, 2, TS_SHAPE(B, D)));
+    TS_TRY(ts_embedding_forward(c->e, to, tt, ti));
+    TS_TRY(sc_outputs(c, B * D));
+    TS_TRY(sc_download(c, to, c->got));
     if (c->want)
         ts_ref_embedding(c->want, table, ids, B, D);
     snprintf(c->size, sizeof c->size, "table (%d,%d), %d ids", V, D, B);
@@ -363,16 +357,16 @@ static int patch_case(sc_ctx_t *c, int un) {
     NEED(x);
     ts_tensor_t *ti, *tt;
     if (!un) {
-        TRY(sc_tensor(c, &ti, TS_F32, x, 4, TS_SHAPE(B, C, HW, HW)));
-        TRY(sc_tensor(c, &tt, TS_F32, NULL, 3, TS_SHAPE(B, T, F)));
-        TRY(ts_patchify_forward(c->e, tt, ti, P));
+        TS_TRY(sc_tensor(c, &ti, TS_F32, x, 4, TS_SHAPE(B, C, HW, HW)));
+        TS_TRY(sc_tensor(c, &tt, TS_F32, NULL, 3, TS_SHAPE(B, T, F)));
+        TS_TRY(ts_patchify_forward(c->e, tt, ti, P));
     } else {
-        TRY(sc_tensor(c, &tt, TS_F32, x, 3, TS_SHAPE(B, T, F)));
-        TRY(sc_tensor(c, &ti, TS_F32, NULL, 4, TS_SHAPE(B, C, HW, HW)));
-        TRY(ts_unpatchify_forward(c->e, ti, tt, P));
+        TS_TRY(sc_tensor(c, &tt, TS_F32, x, 3, TS_SHAPE(B, T, F)));
+        TS_TRY(sc_tensor(c, &ti, TS_F32, NULL, 4, TS_SHAPE(B, C, HW, HW)));
+        TS_TRY(ts_unpatchify_forward(c->e, ti, tt, P));
     }
-    TRY(sc_outputs(c, n));
-    TRY(sc_download(c, un ? ti : tt, c->got));
+    TS_TRY(sc_outputs(c, n));
+    TS_TRY(sc_download(c, un ? ti : tt, c->got));
     if (c->want && !un)
         ts_ref_patchify(c->want, x, B, C, HW, HW, P);
     else if (c->want)
@@ -391,12 +385,12 @@ static int scalar_case(sc_ctx_t *c, int which) {
     float *a = sc_rand(c, N, 17, -1, 1), *b = sc_rand(c, N, 18, -1, 1);
     NEED(a && b);
     ts_tensor_t *ta, *tb, *to;
-    TRY(sc_tensor(c, &ta, TS_F32, a, 4, TS_SHAPE(2, 1, 28, 28)));
-    TRY(sc_tensor(c, &tb, TS_F32, b, 4, TS_SHAPE(2, 1, 28, 28)));
-    TRY(sc_tensor(c, &to, TS_F32, NULL, 1, TS_SHAPE(1)));
-    TRY(which ? ts_sum_forward(c->e, to, ta) : ts_mse_forward(c->e, to, ta, tb));
-    TRY(sc_outputs(c, 1));
-    TRY(sc_download(c, to, c->got));
+    TS_TRY(sc_tensor(c, &ta, TS_F32, a, 4, TS_SHAPE(2, 1, 28, 28)));
+    TS_TRY(sc_tensor(c, &tb, TS_F32, b, 4, TS_SHAPE(2, 1, 28, 28)));
+    TS_TRY(sc_tensor(c, &to, TS_F32, NULL, 1, TS_SHAPE(1)));
+    TS_TRY(which ? ts_sum_forward(c->e, to, ta) : ts_mse_forward(c->e, to, ta, tb));
+    TS_TRY(sc_outputs(c, 1));
+    TS_TRY(sc_download(c, to, c->got));
     if (c->want)
         c->want[0] = (float)(which ? ts_ref_sum(a, N) : ts_ref_mse(a, b, N));
     snprintf(c->size, sizeof c->size, "(2,1,28,28) -> 1");
@@ -415,16 +409,16 @@ static int case_adamw(sc_ctx_t *c) {
     float *m = sc_rand(c, N, 21, -0.1f, 0.1f), *v = sc_rand(c, N, 22, 0, 0.01f);
     NEED(p && g && m && v);
     ts_tensor_t *tp, *tg, *tm, *tv;
-    TRY(sc_tensor(c, &tp, TS_F32, p, 1, TS_SHAPE(N)));
-    TRY(sc_tensor(c, &tg, TS_F32, g, 1, TS_SHAPE(N)));
-    TRY(sc_tensor(c, &tm, TS_F32, m, 1, TS_SHAPE(N)));
-    TRY(sc_tensor(c, &tv, TS_F32, v, 1, TS_SHAPE(N)));
-    TRY(ts_adamw_step(c->e, tp, tg, tm, tv, &hp, step, 1.0f));
+    TS_TRY(sc_tensor(c, &tp, TS_F32, p, 1, TS_SHAPE(N)));
+    TS_TRY(sc_tensor(c, &tg, TS_F32, g, 1, TS_SHAPE(N)));
+    TS_TRY(sc_tensor(c, &tm, TS_F32, m, 1, TS_SHAPE(N)));
+    TS_TRY(sc_tensor(c, &tv, TS_F32, v, 1, TS_SHAPE(N)));
+    TS_TRY(ts_adamw_step(c->e, tp, tg, tm, tv, &hp, step, 1.0f));
     /* got = param | m | v after the step */
-    TRY(sc_outputs(c, 3 * N));
-    TRY(sc_download(c, tp, c->got));
-    TRY(sc_download(c, tm, c->got + N));
-    TRY(sc_download(c, tv, c->got + 2 * N));
+    TS_TRY(sc_outputs(c, 3 * N));
+    TS_TRY(sc_download(c, tp, c->got));
+    TS_TRY(sc_download(c, tm, c->got + N));
+    TS_TRY(sc_download(c, tv, c->got + 2 * N));
     if (c->want) {
         memcpy(c->want, p, N * sizeof(float));
         memcpy(c->want + N, m, N * sizeof(float));
@@ -453,10 +447,10 @@ static const uint32_t PHILOX_KAT[3][10] = {
  * The full 32-bit words are checked on the host by check_philox_kat. */
 static int case_rng_kat(sc_ctx_t *c) {
     ts_tensor_t *to;
-    TRY(sc_tensor(c, &to, TS_F32, NULL, 1, TS_SHAPE(4)));
-    TRY(ts_rng_uniform(c->e, to, 0, 0));
-    TRY(sc_outputs(c, 4));
-    TRY(sc_download(c, to, c->got));
+    TS_TRY(sc_tensor(c, &to, TS_F32, NULL, 1, TS_SHAPE(4)));
+    TS_TRY(ts_rng_uniform(c->e, to, 0, 0));
+    TS_TRY(sc_outputs(c, 4));
+    TS_TRY(sc_download(c, to, c->got));
     if (c->want)
         for (int i = 0; i < 4; i++)
             c->want[i] = (float)(PHILOX_KAT[0][6 + i] >> 8) / 16777216.0f;
@@ -471,10 +465,10 @@ static int case_rng_normal(sc_ctx_t *c) {
     enum { N = 4099 };
     const uint64_t seed = 0x5eed, offset = 7;
     ts_tensor_t *to;
-    TRY(sc_tensor(c, &to, TS_F32, NULL, 1, TS_SHAPE(N)));
-    TRY(ts_rng_normal(c->e, to, seed, offset));
-    TRY(sc_outputs(c, N));
-    TRY(sc_download(c, to, c->got));
+    TS_TRY(sc_tensor(c, &to, TS_F32, NULL, 1, TS_SHAPE(N)));
+    TS_TRY(ts_rng_normal(c->e, to, seed, offset));
+    TS_TRY(sc_outputs(c, N));
+    TS_TRY(sc_download(c, to, c->got));
     if (c->want)
         for (int64_t i = 0; i < N; i++)
             c->want[i] = ts_rng_normal_at(seed, offset + (uint64_t)i);

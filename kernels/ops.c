@@ -17,13 +17,6 @@
 
 #include "kernels/backend.h"
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != TS_OK)                                                                          \
-            return rc_;                                                                            \
-    } while (0)
-
 /* Calls ts_cpu_<name> or ts_cuda_<name> for the engine's device. */
 #define DISPATCH(e, name, ...)                                                                     \
     ((e)->device == TS_CPU ? ts_cpu_##name((e), __VA_ARGS__) : ts_cuda_##name((e), __VA_ARGS__))
@@ -46,7 +39,7 @@ static int check_engine(const ts_engine_t *e) {
 
 /* t is a valid tensor of dtype dt on the engine's device. */
 static int check_on(const ts_engine_t *e, const ts_tensor_t *t, ts_dtype_t dt) {
-    TRY(ts_tensor_check(t));
+    TS_TRY(ts_tensor_check(t));
     if (t->device != e->device)
         return TS_EDEVICE;
     if (t->dtype != dt)
@@ -64,7 +57,7 @@ static int check_opt(const ts_engine_t *e, const ts_tensor_t *t) {
 }
 
 static int check_float_any(const ts_engine_t *e, const ts_tensor_t *t) {
-    TRY(ts_tensor_check(t));
+    TS_TRY(ts_tensor_check(t));
     if (t->device != e->device)
         return TS_EDEVICE;
     if (t->dtype != TS_F32 && t->dtype != TS_F16 && t->dtype != TS_BF16)
@@ -82,53 +75,53 @@ static int same_numel_opt(const ts_tensor_t *t, const ts_tensor_t *ref) {
 }
 
 static int check_scalar(const ts_engine_t *e, const ts_tensor_t *t) {
-    TRY(check_f32(e, t));
+    TS_TRY(check_f32(e, t));
     return ts_tensor_numel(t) == 1 ? TS_OK : TS_ESHAPE;
 }
 
 /* ---- elementwise and copies ------------------------------------------------------------ */
 
 int ts_fill(ts_engine_t *e, ts_tensor_t *t, float value) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, t));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, t));
     return DISPATCH(e, fill, F(t), ts_tensor_numel(t), value);
 }
 
 int ts_zero(ts_engine_t *e, ts_tensor_t *t) {
-    TRY(check_engine(e));
-    TRY(ts_tensor_check(t));
+    TS_TRY(check_engine(e));
+    TS_TRY(ts_tensor_check(t));
     if (t->device != e->device)
         return TS_EDEVICE;
     return DISPATCH(e, memzero, t->data, ts_tensor_nbytes(t));
 }
 
 int ts_axpy(ts_engine_t *e, ts_tensor_t *y, float alpha, const ts_tensor_t *x) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, y));
-    TRY(check_f32(e, x));
-    TRY(same_numel(y, x));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, y));
+    TS_TRY(check_f32(e, x));
+    TS_TRY(same_numel(y, x));
     return DISPATCH(e, axpy, F(y), alpha, CF(x), ts_tensor_numel(y));
 }
 
 int ts_scale(ts_engine_t *e, ts_tensor_t *t, float alpha) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, t));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, t));
     return DISPATCH(e, scale, F(t), alpha, ts_tensor_numel(t));
 }
 
 int ts_affine(ts_engine_t *e, ts_tensor_t *t, float alpha, float beta) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, t));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, t));
     return DISPATCH(e, affine, F(t), alpha, beta, ts_tensor_numel(t));
 }
 
 int ts_add(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *a, const ts_tensor_t *b) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, a));
-    TRY(check_f32(e, b));
-    TRY(same_numel(out, a));
-    TRY(same_numel(out, b));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, a));
+    TS_TRY(check_f32(e, b));
+    TS_TRY(same_numel(out, a));
+    TS_TRY(same_numel(out, b));
     return DISPATCH(e, add, F(out), CF(a), CF(b), ts_tensor_numel(out));
 }
 
@@ -144,26 +137,26 @@ static int bcast_rows(const ts_tensor_t *x, const ts_tensor_t *b, int64_t *rows,
 
 int ts_add_bcast_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x,
                          const ts_tensor_t *b) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, x));
-    TRY(check_f32(e, b));
-    TRY(same_numel(out, x));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, x));
+    TS_TRY(check_f32(e, b));
+    TS_TRY(same_numel(out, x));
     int64_t rows, S;
-    TRY(bcast_rows(x, b, &rows, &S));
+    TS_TRY(bcast_rows(x, b, &rows, &S));
     return DISPATCH(e, add_bcast_forward, F(out), CF(x), CF(b), rows, S);
 }
 
 int ts_add_bcast_backward(ts_engine_t *e, ts_tensor_t *dx, ts_tensor_t *db,
                           const ts_tensor_t *dout) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, dout));
-    TRY(check_opt(e, dx));
-    TRY(check_opt(e, db));
-    TRY(same_numel_opt(dx, dout));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, dout));
+    TS_TRY(check_opt(e, dx));
+    TS_TRY(check_opt(e, db));
+    TS_TRY(same_numel_opt(dx, dout));
     int64_t rows = ts_tensor_numel(dout), S = 1;
     if (db)
-        TRY(bcast_rows(dout, db, &rows, &S));
+        TS_TRY(bcast_rows(dout, db, &rows, &S));
     else
         S = ts_tensor_cols(dout), rows = ts_tensor_rows(dout);
     return DISPATCH(e, add_bcast_backward, OPT(dx), OPT(db), CF(dout), rows, S);
@@ -178,39 +171,38 @@ static int row_size(const ts_tensor_t *inp, const ts_tensor_t *rows_t, int64_t *
 
 int ts_gather_rows(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                    const ts_tensor_t *idx) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, inp));
-    TRY(ts_tensor_check(idx));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, inp));
+    TS_TRY(ts_tensor_check(idx));
     int64_t S;
-    TRY(row_size(inp, out, &S));
+    TS_TRY(row_size(inp, out, &S));
     if (ts_tensor_numel(idx) != out->shape[0])
         return TS_ESHAPE;
-    TRY(check_index(e, idx, inp->shape[0], 0));
+    TS_TRY(check_index(e, idx, inp->shape[0], 0));
     return DISPATCH(e, gather_rows, F(out), CF(inp), (const int32_t *)idx->data, out->shape[0], S);
 }
 
 int ts_scatter_axpy_rows(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                          const ts_tensor_t *idx, const ts_tensor_t *w) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, inp));
-    TRY(check_f32(e, w));
-    TRY(ts_tensor_check(idx));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, inp));
+    TS_TRY(check_f32(e, w));
+    TS_TRY(ts_tensor_check(idx));
     int64_t S, m = inp->shape[0];
-    TRY(row_size(out, inp, &S));
+    TS_TRY(row_size(out, inp, &S));
     if (ts_tensor_numel(idx) != m || ts_tensor_numel(w) != m)
         return TS_ESHAPE;
-    TRY(check_index(e, idx, out->shape[0], 1));
-    return DISPATCH(e, scatter_axpy_rows, F(out), CF(inp), (const int32_t *)idx->data, CF(w), m,
-                    S);
+    TS_TRY(check_index(e, idx, out->shape[0], 1));
+    return DISPATCH(e, scatter_axpy_rows, F(out), CF(inp), (const int32_t *)idx->data, CF(w), m, S);
 }
 
 int ts_convert(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *src) {
-    TRY(check_engine(e));
-    TRY(check_float_any(e, dst));
-    TRY(check_float_any(e, src));
-    TRY(same_numel(dst, src));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_float_any(e, dst));
+    TS_TRY(check_float_any(e, src));
+    TS_TRY(same_numel(dst, src));
     if (dst->data == src->data)
         return TS_EINVAL;
     if (dst->dtype == src->dtype)
@@ -219,10 +211,10 @@ int ts_convert(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *src) {
 }
 
 int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t) {
-    TRY(check_engine(e));
-    TRY(check_float_any(e, t));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_float_any(e, t));
     int64_t count = 0;
-    TRY(DISPATCH(e, count_nonfinite, t->data, t->dtype, ts_tensor_numel(t), &count));
+    TS_TRY(DISPATCH(e, count_nonfinite, t->data, t->dtype, ts_tensor_numel(t), &count));
     return count ? TS_ENONFINITE : TS_OK;
 }
 
@@ -230,11 +222,11 @@ int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t) {
 
 int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, inp));
-    TRY(check_f32(e, weight));
-    TRY(check_opt(e, bias));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, inp));
+    TS_TRY(check_f32(e, weight));
+    TS_TRY(check_opt(e, bias));
     if (weight->ndim != 2)
         return TS_ESHAPE;
     int64_t N = weight->shape[0], K = weight->shape[1];
@@ -249,13 +241,13 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
 
 int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
                        const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, dout));
-    TRY(check_f32(e, inp));
-    TRY(check_f32(e, weight));
-    TRY(check_opt(e, dinp));
-    TRY(check_opt(e, dweight));
-    TRY(check_opt(e, dbias));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, dout));
+    TS_TRY(check_f32(e, inp));
+    TS_TRY(check_f32(e, weight));
+    TS_TRY(check_opt(e, dinp));
+    TS_TRY(check_opt(e, dweight));
+    TS_TRY(check_opt(e, dbias));
     if (weight->ndim != 2)
         return TS_ESHAPE;
     int64_t N = weight->shape[0], K = weight->shape[1];
@@ -267,14 +259,14 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, 
         return TS_ESHAPE;
     /* dinp (M, K) += dout (M, N) · weight (N, K) */
     if (dinp)
-        TRY(DISPATCH(e, gemm, 0, 0, M, K, N, 1.0f, CF(dout), N, 0, CF(weight), K, 0, 1.0f, F(dinp),
-                     K, 0, 1));
+        TS_TRY(DISPATCH(e, gemm, 0, 0, M, K, N, 1.0f, CF(dout), N, 0, CF(weight), K, 0, 1.0f,
+                        F(dinp), K, 0, 1));
     /* dweight (N, K) += doutᵀ (N, M) · inp (M, K) */
     if (dweight)
-        TRY(DISPATCH(e, gemm, 1, 0, N, K, M, 1.0f, CF(dout), N, 0, CF(inp), K, 0, 1.0f, F(dweight),
-                     K, 0, 1));
+        TS_TRY(DISPATCH(e, gemm, 1, 0, N, K, M, 1.0f, CF(dout), N, 0, CF(inp), K, 0, 1.0f,
+                        F(dweight), K, 0, 1));
     if (dbias)
-        TRY(DISPATCH(e, add_bcast_backward, NULL, F(dbias), CF(dout), M, N));
+        TS_TRY(DISPATCH(e, add_bcast_backward, NULL, F(dbias), CF(dout), M, N));
     return TS_OK;
 }
 
@@ -311,12 +303,12 @@ static int matmul_dims(const ts_tensor_t *c, const ts_tensor_t *a, int ta, const
 
 int ts_matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
               const ts_tensor_t *b, int trans_b, float alpha, float beta) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, c));
-    TRY(check_f32(e, a));
-    TRY(check_f32(e, b));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, c));
+    TS_TRY(check_f32(e, a));
+    TS_TRY(check_f32(e, b));
     mm_dims_t d;
-    TRY(matmul_dims(c, a, trans_a, b, trans_b, &d));
+    TS_TRY(matmul_dims(c, a, trans_a, b, trans_b, &d));
     int64_t lda = a->shape[a->ndim - 1], ldb = b->shape[b->ndim - 1];
     return DISPATCH(e, gemm, trans_a, trans_b, d.M, d.N, d.K, alpha, CF(a), lda, d.M * d.K, CF(b),
                     ldb, d.K * d.N, beta, F(c), d.N, d.M * d.N, d.batch);
@@ -325,14 +317,14 @@ int ts_matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
 int ts_matmul_backward(ts_engine_t *e, ts_tensor_t *da, ts_tensor_t *db, const ts_tensor_t *dc,
                        const ts_tensor_t *a, int trans_a, const ts_tensor_t *b, int trans_b,
                        float alpha) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, dc));
-    TRY(check_f32(e, a));
-    TRY(check_f32(e, b));
-    TRY(check_opt(e, da));
-    TRY(check_opt(e, db));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, dc));
+    TS_TRY(check_f32(e, a));
+    TS_TRY(check_f32(e, b));
+    TS_TRY(check_opt(e, da));
+    TS_TRY(check_opt(e, db));
     mm_dims_t d;
-    TRY(matmul_dims(dc, a, trans_a, b, trans_b, &d));
+    TS_TRY(matmul_dims(dc, a, trans_a, b, trans_b, &d));
     if ((da && !ts_tensor_same_shape(da, a)) || (db && !ts_tensor_same_shape(db, b)))
         return TS_ESHAPE;
     int64_t M = d.M, N = d.N, K = d.K, sa = M * K, sb = K * N, sc = M * N;
@@ -341,19 +333,19 @@ int ts_matmul_backward(ts_engine_t *e, ts_tensor_t *da, ts_tensor_t *db, const t
      * transposed, da = dAᵀ = alpha · B · dCᵀ; likewise for b. */
     if (da) {
         if (!trans_a) /* da (M, K) += dC (M, N) · op(b)ᵀ */
-            TRY(DISPATCH(e, gemm, 0, !trans_b, M, K, N, alpha, CF(dc), N, sc, CF(b), ldb, sb, 1.0f,
-                         F(da), K, sa, d.batch));
+            TS_TRY(DISPATCH(e, gemm, 0, !trans_b, M, K, N, alpha, CF(dc), N, sc, CF(b), ldb, sb,
+                            1.0f, F(da), K, sa, d.batch));
         else /* da (K, M) += op(b) (K, N) · dCᵀ */
-            TRY(DISPATCH(e, gemm, trans_b, 1, K, M, N, alpha, CF(b), ldb, sb, CF(dc), N, sc, 1.0f,
-                         F(da), M, sa, d.batch));
+            TS_TRY(DISPATCH(e, gemm, trans_b, 1, K, M, N, alpha, CF(b), ldb, sb, CF(dc), N, sc,
+                            1.0f, F(da), M, sa, d.batch));
     }
     if (db) {
         if (!trans_b) /* db (K, N) += op(a)ᵀ · dC */
-            TRY(DISPATCH(e, gemm, !trans_a, 0, K, N, M, alpha, CF(a), lda, sa, CF(dc), N, sc, 1.0f,
-                         F(db), N, sb, d.batch));
+            TS_TRY(DISPATCH(e, gemm, !trans_a, 0, K, N, M, alpha, CF(a), lda, sa, CF(dc), N, sc,
+                            1.0f, F(db), N, sb, d.batch));
         else /* db (N, K) += dCᵀ · op(a) */
-            TRY(DISPATCH(e, gemm, 1, trans_a, N, K, M, alpha, CF(dc), N, sc, CF(a), lda, sa, 1.0f,
-                         F(db), K, sb, d.batch));
+            TS_TRY(DISPATCH(e, gemm, 1, trans_a, N, K, M, alpha, CF(dc), N, sc, CF(a), lda, sa,
+                            1.0f, F(db), K, sb, d.batch));
     }
     return TS_OK;
 }
@@ -363,81 +355,81 @@ int ts_matmul_backward(ts_engine_t *e, ts_tensor_t *da, ts_tensor_t *db, const t
 static int check_rows(const ts_engine_t *e, const ts_tensor_t *stat, int64_t rows) {
     if (!stat)
         return TS_OK;
-    TRY(check_f32(e, stat));
+    TS_TRY(check_f32(e, stat));
     return ts_tensor_numel(stat) == rows ? TS_OK : TS_ESHAPE;
 }
 
 int ts_layernorm_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *mean, ts_tensor_t *rstd,
                          const ts_tensor_t *inp) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, inp));
-    TRY(same_numel(out, inp));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, inp));
+    TS_TRY(same_numel(out, inp));
     if (ts_tensor_cols(out) != ts_tensor_cols(inp))
         return TS_ESHAPE;
     int64_t rows = ts_tensor_rows(inp), C = ts_tensor_cols(inp);
-    TRY(check_rows(e, mean, rows));
-    TRY(check_rows(e, rstd, rows));
+    TS_TRY(check_rows(e, mean, rows));
+    TS_TRY(check_rows(e, rstd, rows));
     return DISPATCH(e, layernorm_forward, F(out), OPT(mean), OPT(rstd), CF(inp), rows, C);
 }
 
 int ts_layernorm_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                           const ts_tensor_t *inp, const ts_tensor_t *mean,
                           const ts_tensor_t *rstd) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, dinp));
-    TRY(check_f32(e, dout));
-    TRY(check_f32(e, inp));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, dinp));
+    TS_TRY(check_f32(e, dout));
+    TS_TRY(check_f32(e, inp));
     if (!mean || !rstd)
         return TS_EINVAL;
-    TRY(same_numel(dinp, inp));
-    TRY(same_numel(dout, inp));
+    TS_TRY(same_numel(dinp, inp));
+    TS_TRY(same_numel(dout, inp));
     int64_t rows = ts_tensor_rows(inp), C = ts_tensor_cols(inp);
-    TRY(check_rows(e, mean, rows));
-    TRY(check_rows(e, rstd, rows));
+    TS_TRY(check_rows(e, mean, rows));
+    TS_TRY(check_rows(e, rstd, rows));
     return DISPATCH(e, layernorm_backward, F(dinp), CF(dout), CF(inp), CF(mean), CF(rstd), rows, C);
 }
 
 /* Two or three F32 tensors on the engine with the same element count, all required: an
  * elementwise forward (out, inp) or backward (dinp, dout, inp). */
 static int check_same2(const ts_engine_t *e, const ts_tensor_t *a, const ts_tensor_t *b) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, a));
-    TRY(check_f32(e, b));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, a));
+    TS_TRY(check_f32(e, b));
     return same_numel(a, b);
 }
 
 static int check_same3(const ts_engine_t *e, const ts_tensor_t *a, const ts_tensor_t *b,
                        const ts_tensor_t *c) {
-    TRY(check_same2(e, a, b));
-    TRY(check_f32(e, c));
+    TS_TRY(check_same2(e, a, b));
+    TS_TRY(check_f32(e, c));
     return same_numel(a, c);
 }
 
 int ts_gelu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
-    TRY(check_same2(e, out, inp));
+    TS_TRY(check_same2(e, out, inp));
     return DISPATCH(e, gelu_forward, F(out), CF(inp), ts_tensor_numel(out));
 }
 
 int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                      const ts_tensor_t *inp) {
-    TRY(check_same3(e, dinp, dout, inp));
+    TS_TRY(check_same3(e, dinp, dout, inp));
     return DISPATCH(e, gelu_backward, F(dinp), CF(dout), CF(inp), ts_tensor_numel(dinp));
 }
 
 int ts_silu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
-    TRY(check_same2(e, out, inp));
+    TS_TRY(check_same2(e, out, inp));
     return DISPATCH(e, silu_forward, F(out), CF(inp), ts_tensor_numel(out));
 }
 
 int ts_silu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                      const ts_tensor_t *inp) {
-    TRY(check_same3(e, dinp, dout, inp));
+    TS_TRY(check_same3(e, dinp, dout, inp));
     return DISPATCH(e, silu_backward, F(dinp), CF(dout), CF(inp), ts_tensor_numel(dinp));
 }
 
 int ts_softmax_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
-    TRY(check_same2(e, out, inp));
+    TS_TRY(check_same2(e, out, inp));
     if (ts_tensor_cols(out) != ts_tensor_cols(inp))
         return TS_ESHAPE;
     return DISPATCH(e, softmax_forward, F(out), CF(inp), ts_tensor_rows(inp), ts_tensor_cols(inp));
@@ -445,7 +437,7 @@ int ts_softmax_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp)
 
 int ts_softmax_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                         const ts_tensor_t *out) {
-    TRY(check_same3(e, dinp, dout, out));
+    TS_TRY(check_same3(e, dinp, dout, out));
     if (ts_tensor_cols(dinp) != ts_tensor_cols(out) || ts_tensor_cols(dout) != ts_tensor_cols(out))
         return TS_ESHAPE;
     return DISPATCH(e, softmax_backward, F(dinp), CF(dout), CF(out), ts_tensor_rows(out),
@@ -479,28 +471,28 @@ static int attention_dims(const ts_tensor_t *qkv, const ts_tensor_t *out, const 
  * permuted copies of q, k, v are ever made: the GEMMs read them in place. */
 int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv,
                          int heads) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, att));
-    TRY(check_f32(e, qkv));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, att));
+    TS_TRY(check_f32(e, qkv));
     att_dims_t d;
-    TRY(attention_dims(qkv, out, att, heads, &d));
+    TS_TRY(attention_dims(qkv, out, att, heads, &d));
     int64_t T = d.T, C = d.C, H = d.H, hd = d.hd, ld = 3 * C;
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t b = 0; b < d.B; b++) {
         const float *q = CF(qkv) + b * T * ld;
         float *a = F(att) + b * H * T * T;
         /* att[b, h] (T, T) = scale · Q_h · K_hᵀ */
-        TRY(DISPATCH(e, gemm, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a, T, T * T,
-                     H));
+        TS_TRY(DISPATCH(e, gemm, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a, T, T * T,
+                        H));
     }
-    TRY(DISPATCH(e, softmax_forward, F(att), CF(att), d.B * H * T, T));
+    TS_TRY(DISPATCH(e, softmax_forward, F(att), CF(att), d.B * H * T, T));
     for (int64_t b = 0; b < d.B; b++) {
         const float *v = CF(qkv) + b * T * ld + 2 * C;
         const float *a = CF(att) + b * H * T * T;
         /* out[b, :, h·hd:(h+1)·hd] (T, hd) = att[b, h] (T, T) · V_h (T, hd) */
-        TRY(DISPATCH(e, gemm, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
-                     F(out) + b * T * C, C, hd, H));
+        TS_TRY(DISPATCH(e, gemm, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
+                        F(out) + b * T * C, C, hd, H));
     }
     return TS_OK;
 }
@@ -508,14 +500,14 @@ int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, con
 int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
                           const ts_tensor_t *dout, const ts_tensor_t *qkv, const ts_tensor_t *att,
                           int heads) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, dqkv));
-    TRY(check_f32(e, datt));
-    TRY(check_f32(e, dout));
-    TRY(check_f32(e, qkv));
-    TRY(check_f32(e, att));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, dqkv));
+    TS_TRY(check_f32(e, datt));
+    TS_TRY(check_f32(e, dout));
+    TS_TRY(check_f32(e, qkv));
+    TS_TRY(check_f32(e, att));
     att_dims_t d;
-    TRY(attention_dims(qkv, dout, att, heads, &d));
+    TS_TRY(attention_dims(qkv, dout, att, heads, &d));
     if (!ts_tensor_same_shape(dqkv, qkv) || !ts_tensor_same_shape(datt, att))
         return TS_ESHAPE;
     int64_t T = d.T, C = d.C, H = d.H, hd = d.hd, ld = 3 * C;
@@ -527,14 +519,18 @@ int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
         float *da = F(datt) + b * H * T * T;
         const float *dy = CF(dout) + b * T * C;
         /* datt (T, T) = dY_h (T, hd) · V_hᵀ */
-        TRY(DISPATCH(e, gemm, 0, 1, T, T, hd, 1.0f, dy, C, hd, v, ld, hd, 0.0f, da, T, T * T, H));
+        TS_TRY(
+            DISPATCH(e, gemm, 0, 1, T, T, hd, 1.0f, dy, C, hd, v, ld, hd, 0.0f, da, T, T * T, H));
         /* dV_h (T, hd) += attᵀ (T, T) · dY_h */
-        TRY(DISPATCH(e, gemm, 1, 0, T, hd, T, 1.0f, a, T, T * T, dy, C, hd, 1.0f, dv, ld, hd, H));
+        TS_TRY(
+            DISPATCH(e, gemm, 1, 0, T, hd, T, 1.0f, a, T, T * T, dy, C, hd, 1.0f, dv, ld, hd, H));
         /* dS = scale · softmax'(att) · datt, in place */
-        TRY(DISPATCH(e, softmax_backward, da, da, a, H * T, T, scale, 0));
+        TS_TRY(DISPATCH(e, softmax_backward, da, da, a, H * T, T, scale, 0));
         /* dQ_h += dS · K_h; dK_h += dSᵀ · Q_h */
-        TRY(DISPATCH(e, gemm, 0, 0, T, hd, T, 1.0f, da, T, T * T, k, ld, hd, 1.0f, dq, ld, hd, H));
-        TRY(DISPATCH(e, gemm, 1, 0, T, hd, T, 1.0f, da, T, T * T, q, ld, hd, 1.0f, dk, ld, hd, H));
+        TS_TRY(
+            DISPATCH(e, gemm, 0, 0, T, hd, T, 1.0f, da, T, T * T, k, ld, hd, 1.0f, dq, ld, hd, H));
+        TS_TRY(
+            DISPATCH(e, gemm, 1, 0, T, hd, T, 1.0f, da, T, T * T, q, ld, hd, 1.0f, dk, ld, hd, H));
     }
     return TS_OK;
 }
@@ -561,14 +557,14 @@ static int ada_dims(const ts_tensor_t *x, const ts_tensor_t *mod, int i0, int i1
 
 int ts_modulate_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x,
                         const ts_tensor_t *mod, int shift_idx, int scale_idx) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, x));
-    TRY(check_f32(e, mod));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, x));
+    TS_TRY(check_f32(e, mod));
     if (!ts_tensor_same_shape(out, x))
         return TS_ESHAPE;
     ada_dims_t d;
-    TRY(ada_dims(x, mod, shift_idx, scale_idx, &d));
+    TS_TRY(ada_dims(x, mod, shift_idx, scale_idx, &d));
     return DISPATCH(e, modulate_forward, F(out), CF(x), CF(mod), d.B, d.T, d.C, d.M, shift_idx,
                     scale_idx);
 }
@@ -576,32 +572,32 @@ int ts_modulate_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x,
 int ts_modulate_backward(ts_engine_t *e, ts_tensor_t *dx, ts_tensor_t *dmod,
                          const ts_tensor_t *dout, const ts_tensor_t *x, const ts_tensor_t *mod,
                          int shift_idx, int scale_idx) {
-    TRY(check_engine(e));
-    TRY(check_opt(e, dx));
-    TRY(check_opt(e, dmod));
-    TRY(check_f32(e, dout));
-    TRY(check_f32(e, x));
-    TRY(check_f32(e, mod));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_opt(e, dx));
+    TS_TRY(check_opt(e, dmod));
+    TS_TRY(check_f32(e, dout));
+    TS_TRY(check_f32(e, x));
+    TS_TRY(check_f32(e, mod));
     if (!ts_tensor_same_shape(dout, x) || (dx && !ts_tensor_same_shape(dx, x)) ||
         (dmod && !ts_tensor_same_shape(dmod, mod)))
         return TS_ESHAPE;
     ada_dims_t d;
-    TRY(ada_dims(x, mod, shift_idx, scale_idx, &d));
+    TS_TRY(ada_dims(x, mod, shift_idx, scale_idx, &d));
     return DISPATCH(e, modulate_backward, OPT(dx), OPT(dmod), CF(dout), CF(x), CF(mod), d.B, d.T,
                     d.C, d.M, shift_idx, scale_idx);
 }
 
 int ts_gate_residual_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *res,
                              const ts_tensor_t *y, const ts_tensor_t *mod, int gate_idx) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, res));
-    TRY(check_f32(e, y));
-    TRY(check_f32(e, mod));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, res));
+    TS_TRY(check_f32(e, y));
+    TS_TRY(check_f32(e, mod));
     if (!ts_tensor_same_shape(out, y) || !ts_tensor_same_shape(res, y))
         return TS_ESHAPE;
     ada_dims_t d;
-    TRY(ada_dims(y, mod, gate_idx, gate_idx, &d));
+    TS_TRY(ada_dims(y, mod, gate_idx, gate_idx, &d));
     return DISPATCH(e, gate_residual_forward, F(out), CF(res), CF(y), CF(mod), d.B, d.T, d.C, d.M,
                     gate_idx);
 }
@@ -609,18 +605,18 @@ int ts_gate_residual_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t
 int ts_gate_residual_backward(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy, ts_tensor_t *dmod,
                               const ts_tensor_t *dout, const ts_tensor_t *y, const ts_tensor_t *mod,
                               int gate_idx) {
-    TRY(check_engine(e));
-    TRY(check_opt(e, dres));
-    TRY(check_opt(e, dy));
-    TRY(check_opt(e, dmod));
-    TRY(check_f32(e, dout));
-    TRY(check_f32(e, y));
-    TRY(check_f32(e, mod));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_opt(e, dres));
+    TS_TRY(check_opt(e, dy));
+    TS_TRY(check_opt(e, dmod));
+    TS_TRY(check_f32(e, dout));
+    TS_TRY(check_f32(e, y));
+    TS_TRY(check_f32(e, mod));
     if (!ts_tensor_same_shape(dout, y) || (dres && !ts_tensor_same_shape(dres, y)) ||
         (dy && !ts_tensor_same_shape(dy, y)) || (dmod && !ts_tensor_same_shape(dmod, mod)))
         return TS_ESHAPE;
     ada_dims_t d;
-    TRY(ada_dims(y, mod, gate_idx, gate_idx, &d));
+    TS_TRY(ada_dims(y, mod, gate_idx, gate_idx, &d));
     return DISPATCH(e, gate_residual_backward, OPT(dres), OPT(dy), OPT(dmod), CF(dout), CF(y),
                     CF(mod), d.B, d.T, d.C, d.M, gate_idx);
 }
@@ -637,29 +633,29 @@ static int timestep_dims(const ts_tensor_t *emb, const ts_tensor_t *t, int64_t *
 
 int ts_timestep_embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *t,
                                   float scale) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, t));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, t));
     int64_t B, D;
-    TRY(timestep_dims(out, t, &B, &D));
+    TS_TRY(timestep_dims(out, t, &B, &D));
     return DISPATCH(e, timestep_embedding_forward, F(out), CF(t), B, D, scale);
 }
 
 int ts_timestep_embedding_backward(ts_engine_t *e, ts_tensor_t *dt, const ts_tensor_t *dout,
                                    const ts_tensor_t *t, float scale) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, dt));
-    TRY(check_f32(e, dout));
-    TRY(check_f32(e, t));
-    TRY(same_numel(dt, t));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, dt));
+    TS_TRY(check_f32(e, dout));
+    TS_TRY(check_f32(e, t));
+    TS_TRY(same_numel(dt, t));
     int64_t B, D;
-    TRY(timestep_dims(dout, t, &B, &D));
+    TS_TRY(timestep_dims(dout, t, &B, &D));
     return DISPATCH(e, timestep_embedding_backward, F(dt), CF(dout), CF(t), B, D, scale);
 }
 
 int ts_pos_embed_2d(ts_engine_t *e, ts_tensor_t *out, int grid) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
     if (grid < 1 || out->ndim != 2 || out->shape[0] != (int64_t)grid * grid ||
         out->shape[1] % 4 != 0)
         return TS_ESHAPE;
@@ -688,7 +684,7 @@ int ts_pos_embed_2d(ts_engine_t *e, ts_tensor_t *out, int grid) {
 /* ids (B) I32 within [0, V), and pairwise distinct when `distinct`. For a CUDA engine the ids
  * are copied to the host to be checked. */
 static int check_index(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V, int distinct) {
-    TRY(check_on(e, ids, TS_I32));
+    TS_TRY(check_on(e, ids, TS_I32));
     int64_t B = ts_tensor_numel(ids);
     int32_t *host = ids->data;
     if (e->device != TS_CPU) {
@@ -734,24 +730,24 @@ static int embedding_dims(const ts_tensor_t *rows, const ts_tensor_t *table,
 
 int ts_embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
                          const ts_tensor_t *ids) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, table));
-    TRY(ts_tensor_check(ids));
-    TRY(embedding_dims(out, table, ids));
-    TRY(check_ids(e, ids, table->shape[0]));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, table));
+    TS_TRY(ts_tensor_check(ids));
+    TS_TRY(embedding_dims(out, table, ids));
+    TS_TRY(check_ids(e, ids, table->shape[0]));
     return DISPATCH(e, embedding_forward, F(out), CF(table), (const int32_t *)ids->data,
                     out->shape[0], out->shape[1]);
 }
 
 int ts_embedding_backward(ts_engine_t *e, ts_tensor_t *dtable, const ts_tensor_t *dout,
                           const ts_tensor_t *ids) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, dtable));
-    TRY(check_f32(e, dout));
-    TRY(ts_tensor_check(ids));
-    TRY(embedding_dims(dout, dtable, ids));
-    TRY(check_ids(e, ids, dtable->shape[0]));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, dtable));
+    TS_TRY(check_f32(e, dout));
+    TS_TRY(ts_tensor_check(ids));
+    TS_TRY(embedding_dims(dout, dtable, ids));
+    TS_TRY(check_ids(e, ids, dtable->shape[0]));
     return DISPATCH(e, embedding_backward, F(dtable), CF(dout), (const int32_t *)ids->data,
                     dout->shape[0], dout->shape[1]);
 }
@@ -777,69 +773,69 @@ static int patch_dims(const ts_tensor_t *img, const ts_tensor_t *tok, int p, img
 
 static int check_patch(const ts_engine_t *e, const ts_tensor_t *img, const ts_tensor_t *tok, int p,
                        img_dims_t *d) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, img));
-    TRY(check_f32(e, tok));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, img));
+    TS_TRY(check_f32(e, tok));
     return patch_dims(img, tok, p, d);
 }
 
 int ts_patchify_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *img, int p) {
     img_dims_t d;
-    TRY(check_patch(e, img, out, p, &d));
+    TS_TRY(check_patch(e, img, out, p, &d));
     return DISPATCH(e, patchify_forward, F(out), CF(img), d.B, d.C, d.H, d.W, p);
 }
 
 int ts_patchify_backward(ts_engine_t *e, ts_tensor_t *dimg, const ts_tensor_t *dout, int p) {
     img_dims_t d;
-    TRY(check_patch(e, dimg, dout, p, &d));
+    TS_TRY(check_patch(e, dimg, dout, p, &d));
     return DISPATCH(e, patchify_backward, F(dimg), CF(dout), d.B, d.C, d.H, d.W, p);
 }
 
 int ts_unpatchify_forward(ts_engine_t *e, ts_tensor_t *img, const ts_tensor_t *tok, int p) {
     img_dims_t d;
-    TRY(check_patch(e, img, tok, p, &d));
+    TS_TRY(check_patch(e, img, tok, p, &d));
     return DISPATCH(e, unpatchify_forward, F(img), CF(tok), d.B, d.C, d.H, d.W, p);
 }
 
 int ts_unpatchify_backward(ts_engine_t *e, ts_tensor_t *dtok, const ts_tensor_t *dimg, int p) {
     img_dims_t d;
-    TRY(check_patch(e, dimg, dtok, p, &d));
+    TS_TRY(check_patch(e, dimg, dtok, p, &d));
     return DISPATCH(e, unpatchify_backward, F(dtok), CF(dimg), d.B, d.C, d.H, d.W, p);
 }
 
 /* ---- reductions and losses ------------------------------------------------------------- */
 
 int ts_sum_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
-    TRY(check_engine(e));
-    TRY(check_scalar(e, out));
-    TRY(check_f32(e, inp));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_scalar(e, out));
+    TS_TRY(check_f32(e, inp));
     return DISPATCH(e, sum, F(out), CF(inp), ts_tensor_numel(inp));
 }
 
 int ts_sum_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, dinp));
-    TRY(check_scalar(e, dout));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, dinp));
+    TS_TRY(check_scalar(e, dout));
     return DISPATCH(e, add_scaled_scalar, F(dinp), CF(dout), 1.0f, ts_tensor_numel(dinp));
 }
 
 int ts_mean_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
-    TRY(ts_sum_forward(e, out, inp));
+    TS_TRY(ts_sum_forward(e, out, inp));
     return DISPATCH(e, scale, F(out), (float)(1.0 / (double)ts_tensor_numel(inp)), 1);
 }
 
 int ts_mean_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, dinp));
-    TRY(check_scalar(e, dout));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, dinp));
+    TS_TRY(check_scalar(e, dout));
     int64_t n = ts_tensor_numel(dinp);
     return DISPATCH(e, add_scaled_scalar, F(dinp), CF(dout), (float)(1.0 / (double)n), n);
 }
 
 int ts_sum_rows(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
-    TRY(check_f32(e, inp));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, inp));
     int64_t C = ts_tensor_cols(inp);
     if (ts_tensor_numel(out) != C)
         return TS_ESHAPE;
@@ -847,30 +843,30 @@ int ts_sum_rows(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
 }
 
 int ts_sumsq(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
-    TRY(check_engine(e));
-    TRY(check_scalar(e, out));
-    TRY(check_f32(e, inp));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_scalar(e, out));
+    TS_TRY(check_f32(e, inp));
     return DISPATCH(e, sumsq, F(out), CF(inp), ts_tensor_numel(inp));
 }
 
 int ts_mse_forward(ts_engine_t *e, ts_tensor_t *loss, const ts_tensor_t *pred,
                    const ts_tensor_t *target) {
-    TRY(check_engine(e));
-    TRY(check_scalar(e, loss));
-    TRY(check_same2(e, pred, target));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_scalar(e, loss));
+    TS_TRY(check_same2(e, pred, target));
     return DISPATCH(e, mse_forward, F(loss), CF(pred), CF(target), ts_tensor_numel(pred));
 }
 
 int ts_mse_backward(ts_engine_t *e, ts_tensor_t *dpred, float dloss, const ts_tensor_t *pred,
                     const ts_tensor_t *target) {
-    TRY(check_same3(e, dpred, pred, target));
+    TS_TRY(check_same3(e, dpred, pred, target));
     return DISPATCH(e, mse_backward, F(dpred), dloss, CF(pred), CF(target), ts_tensor_numel(pred));
 }
 
 /* logits (B, K) F32 and labels (B) I32 with every label in [0, K). */
 static int check_xent(const ts_engine_t *e, const ts_tensor_t *logits, const ts_tensor_t *labels) {
-    TRY(check_f32(e, logits));
-    TRY(ts_tensor_check(labels));
+    TS_TRY(check_f32(e, logits));
+    TS_TRY(ts_tensor_check(labels));
     if (logits->ndim != 2 || ts_tensor_numel(labels) != logits->shape[0])
         return TS_ESHAPE;
     return check_index(e, labels, logits->shape[1], 0);
@@ -878,20 +874,20 @@ static int check_xent(const ts_engine_t *e, const ts_tensor_t *logits, const ts_
 
 int ts_cross_entropy_forward(ts_engine_t *e, ts_tensor_t *loss, const ts_tensor_t *logits,
                              const ts_tensor_t *labels) {
-    TRY(check_engine(e));
-    TRY(check_scalar(e, loss));
-    TRY(check_xent(e, logits, labels));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_scalar(e, loss));
+    TS_TRY(check_xent(e, logits, labels));
     return DISPATCH(e, cross_entropy_forward, F(loss), CF(logits), (const int32_t *)labels->data,
                     logits->shape[0], logits->shape[1]);
 }
 
 int ts_cross_entropy_backward(ts_engine_t *e, ts_tensor_t *dlogits, float dloss,
                               const ts_tensor_t *logits, const ts_tensor_t *labels) {
-    TRY(check_engine(e));
+    TS_TRY(check_engine(e));
     if (!dlogits)
         return TS_EINVAL; /* the only gradient output */
-    TRY(check_f32(e, dlogits));
-    TRY(check_xent(e, logits, labels));
+    TS_TRY(check_f32(e, dlogits));
+    TS_TRY(check_xent(e, logits, labels));
     if (!ts_tensor_same_shape(dlogits, logits))
         return TS_ESHAPE;
     if (!isfinite(dloss))
@@ -904,34 +900,34 @@ int ts_cross_entropy_backward(ts_engine_t *e, ts_tensor_t *dlogits, float dloss,
 
 /* x (B, T, C) and its token mean (B, C). */
 static int check_mean_tokens(const ts_engine_t *e, const ts_tensor_t *x, const ts_tensor_t *m) {
-    TRY(check_f32(e, x));
-    TRY(check_f32(e, m));
+    TS_TRY(check_f32(e, x));
+    TS_TRY(check_f32(e, m));
     if (x->ndim != 3 || m->ndim != 2 || m->shape[0] != x->shape[0] || m->shape[1] != x->shape[2])
         return TS_ESHAPE;
     return TS_OK;
 }
 
 int ts_mean_tokens_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x) {
-    TRY(check_engine(e));
-    TRY(check_mean_tokens(e, x, out));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_mean_tokens(e, x, out));
     return DISPATCH(e, mean_tokens_forward, F(out), CF(x), x->shape[0], x->shape[1], x->shape[2]);
 }
 
 int ts_mean_tokens_backward(ts_engine_t *e, ts_tensor_t *dx, const ts_tensor_t *dout) {
-    TRY(check_engine(e));
+    TS_TRY(check_engine(e));
     if (!dx)
         return TS_EINVAL; /* the only gradient output */
-    TRY(check_mean_tokens(e, dx, dout));
+    TS_TRY(check_mean_tokens(e, dx, dout));
     return DISPATCH(e, mean_tokens_backward, F(dx), CF(dout), dx->shape[0], dx->shape[1],
                     dx->shape[2]);
 }
 
 int ts_flow_interp(ts_engine_t *e, ts_tensor_t *xt, ts_tensor_t *target, const ts_tensor_t *x0,
                    const ts_tensor_t *eps, const ts_tensor_t *t) {
-    TRY(check_same3(e, xt, target, x0));
-    TRY(check_f32(e, eps));
-    TRY(check_f32(e, t));
-    TRY(same_numel(xt, eps));
+    TS_TRY(check_same3(e, xt, target, x0));
+    TS_TRY(check_f32(e, eps));
+    TS_TRY(check_f32(e, t));
+    TS_TRY(same_numel(xt, eps));
     int64_t B = ts_tensor_numel(t), n = ts_tensor_numel(xt);
     if (x0->shape[0] != B || n % B != 0)
         return TS_ESHAPE;
@@ -945,9 +941,9 @@ int ts_flow_interp(ts_engine_t *e, ts_tensor_t *xt, ts_tensor_t *target, const t
 
 int ts_adamw_step(ts_engine_t *e, ts_tensor_t *param, const ts_tensor_t *grad, ts_tensor_t *m,
                   ts_tensor_t *v, const ts_adamw_t *hp, int64_t step, float grad_scale) {
-    TRY(check_same3(e, param, grad, m));
-    TRY(check_f32(e, v));
-    TRY(same_numel(param, v));
+    TS_TRY(check_same3(e, param, grad, m));
+    TS_TRY(check_f32(e, v));
+    TS_TRY(same_numel(param, v));
     if (!hp || step < 1 || !(hp->beta1 >= 0.0f && hp->beta1 < 1.0f) ||
         !(hp->beta2 >= 0.0f && hp->beta2 < 1.0f) || !(hp->eps > 0.0f) || !isfinite(hp->lr) ||
         !isfinite(hp->weight_decay) || !isfinite(grad_scale))
@@ -960,7 +956,7 @@ int ts_adamw_step(ts_engine_t *e, ts_tensor_t *param, const ts_tensor_t *grad, t
 }
 
 int ts_ema_update(ts_engine_t *e, ts_tensor_t *ema, const ts_tensor_t *param, float decay) {
-    TRY(check_same2(e, ema, param));
+    TS_TRY(check_same2(e, ema, param));
     if (!(decay >= 0.0f && decay <= 1.0f))
         return TS_EINVAL;
     return DISPATCH(e, ema, F(ema), CF(param), ts_tensor_numel(ema), decay);
@@ -969,20 +965,20 @@ int ts_ema_update(ts_engine_t *e, ts_tensor_t *ema, const ts_tensor_t *param, fl
 /* ---- random numbers -------------------------------------------------------------------- */
 
 int ts_rng_uniform(ts_engine_t *e, ts_tensor_t *out, uint64_t seed, uint64_t offset) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
     return DISPATCH(e, rng_uniform, F(out), ts_tensor_numel(out), seed, offset);
 }
 
 int ts_rng_normal(ts_engine_t *e, ts_tensor_t *out, uint64_t seed, uint64_t offset) {
-    TRY(check_engine(e));
-    TRY(check_f32(e, out));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
     return DISPATCH(e, rng_normal, F(out), ts_tensor_numel(out), seed, offset);
 }
 
 int ts_tensor_item(ts_engine_t *e, const ts_tensor_t *t, float *value) {
-    TRY(check_engine(e));
-    TRY(check_scalar(e, t));
+    TS_TRY(check_engine(e));
+    TS_TRY(check_scalar(e, t));
     if (!value)
         return TS_EINVAL;
     if (e->device == TS_CPU) {
@@ -990,6 +986,6 @@ int ts_tensor_item(ts_engine_t *e, const ts_tensor_t *t, float *value) {
         return TS_OK;
     }
     ts_tensor_t h;
-    TRY(ts_tensor_wrap(&h, value, TS_F32, TS_CPU, 1, TS_SHAPE(1)));
+    TS_TRY(ts_tensor_wrap(&h, value, TS_F32, TS_CPU, 1, TS_SHAPE(1)));
     return ts_tensor_copy(&h, t);
 }

@@ -30,13 +30,6 @@
 #include "kernels/math.h"
 #include "model/safetensors.h"
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != TS_OK)                                                                          \
-            return rc_;                                                                            \
-    } while (0)
-
 #define CLS_FORMAT "tessera-classifier/1"
 #define CLS_NULL_LABEL 1 /* the trunk has num_classes = 1: row 1 is its null row */
 #define CLS_MAX_OUTPUTS 100000
@@ -107,13 +100,13 @@ static int *config_field(ts_dit_config_t *cfg, int i) {
 /* The model's own keys: the format, the trunk config, K and time conditioning. */
 static int own_meta(ts_classifier_t *c) {
     char buf[32];
-    TRY(meta_put(c, "format", CLS_FORMAT));
+    TS_TRY(meta_put(c, "format", CLS_FORMAT));
     for (int i = 0; i < 9; i++) {
         snprintf(buf, sizeof buf, "%d", *config_field(&c->trunk.cfg, i));
-        TRY(meta_put(c, CONFIG_KEYS[i], buf));
+        TS_TRY(meta_put(c, CONFIG_KEYS[i], buf));
     }
     snprintf(buf, sizeof buf, "%d", c->K);
-    TRY(meta_put(c, "num_outputs", buf));
+    TS_TRY(meta_put(c, "num_outputs", buf));
     return meta_put(c, "time_conditioned", c->time_conditioned ? "1" : "0");
 }
 
@@ -140,7 +133,7 @@ void ts_classifier_free(ts_classifier_t *c) {
 static int bind_head(const ts_classifier_t *c, const ts_tensor_t *slab, ts_tensor_t *w,
                      ts_tensor_t *b) {
     float *base = slab->data;
-    TRY(ts_tensor_wrap(w, base, TS_F32, slab->device, 2, TS_SHAPE(c->K, c->D)));
+    TS_TRY(ts_tensor_wrap(w, base, TS_F32, slab->device, 2, TS_SHAPE(c->K, c->D)));
     return ts_tensor_wrap(b, base + (int64_t)c->K * c->D, TS_F32, slab->device, 1, TS_SHAPE(c->K));
 }
 
@@ -226,10 +219,10 @@ int ts_classifier_create(ts_classifier_t **out, const ts_dit_config_t *trunk, in
 int ts_classifier_init_weights(ts_classifier_t *c, uint64_t seed) {
     if (!c)
         return TS_EINVAL;
-    TRY(ts_dit_init_weights(&c->trunk, seed));
-    TRY(ts_zero(c->eng, &c->head_mem));
+    TS_TRY(ts_dit_init_weights(&c->trunk, seed));
+    TS_TRY(ts_zero(c->eng, &c->head_mem));
     double a = sqrt(6.0 / (double)(c->D + c->K));
-    TRY(ts_rng_uniform(c->eng, &c->head_w, seed, (uint64_t)c->trunk.num_params));
+    TS_TRY(ts_rng_uniform(c->eng, &c->head_w, seed, (uint64_t)c->trunk.num_params));
     return ts_affine(c->eng, &c->head_w, (float)(2.0 * a), (float)-a);
 }
 
@@ -294,9 +287,9 @@ static int forward(ts_classifier_t *c, const ts_tensor_t *x, const ts_tensor_t *
     ts_tensor_t xf, lnf = rows(&c->lnf, B), feat = rows(&c->feat, B);
     ts_tensor_t mean = rows(&c->lnf_mean, (int64_t)B * c->T);
     ts_tensor_t rstd = rows(&c->lnf_rstd, (int64_t)B * c->T), logits = rows(&c->logits, B);
-    TRY(ts_dit_forward_trunk(&c->trunk, x, tt, c->null_y, B, &xf));
-    TRY(ts_layernorm_forward(e, &lnf, &mean, &rstd, &xf));
-    TRY(ts_mean_tokens_forward(e, &feat, &lnf));
+    TS_TRY(ts_dit_forward_trunk(&c->trunk, x, tt, c->null_y, B, &xf));
+    TS_TRY(ts_layernorm_forward(e, &lnf, &mean, &rstd, &xf));
+    TS_TRY(ts_mean_tokens_forward(e, &feat, &lnf));
     return ts_linear_forward(e, &logits, &feat, &c->head_w, &c->head_b);
 }
 
@@ -311,19 +304,19 @@ static int backward(ts_classifier_t *c, int B) {
     ts_tensor_t rstd = rows(&c->lnf_rstd, (int64_t)B * c->T);
     ts_tensor_t *scratch[] = {&dlogits, &dfeat, &dlnf, &dxf};
     for (int i = 0; i < 4; i++)
-        TRY(ts_zero(e, scratch[i]));
-    TRY(ts_cross_entropy_backward(e, &dlogits, 1.0f, &logits, &ids));
-    TRY(ts_linear_backward(e, &dfeat, &c->dhead_w, &c->dhead_b, &dlogits, &feat, &c->head_w));
-    TRY(ts_mean_tokens_backward(e, &dlnf, &dfeat));
-    TRY(ts_layernorm_backward(e, &dxf, &dlnf, &xf, &mean, &rstd));
+        TS_TRY(ts_zero(e, scratch[i]));
+    TS_TRY(ts_cross_entropy_backward(e, &dlogits, 1.0f, &logits, &ids));
+    TS_TRY(ts_linear_backward(e, &dfeat, &c->dhead_w, &c->dhead_b, &dlogits, &feat, &c->head_w));
+    TS_TRY(ts_mean_tokens_backward(e, &dlnf, &dfeat));
+    TS_TRY(ts_layernorm_backward(e, &dxf, &dlnf, &xf, &mean, &rstd));
     return ts_dit_backward_trunk(&c->trunk, &dxf, B);
 }
 
 /* Copies the first n floats of a device tensor to host memory. */
 static int to_host(const ts_tensor_t *t, int64_t n, float *dst) {
     ts_tensor_t h, src;
-    TRY(ts_tensor_wrap(&h, dst, TS_F32, TS_CPU, 1, TS_SHAPE(n)));
-    TRY(ts_tensor_wrap(&src, t->data, TS_F32, t->device, 1, TS_SHAPE(n)));
+    TS_TRY(ts_tensor_wrap(&h, dst, TS_F32, TS_CPU, 1, TS_SHAPE(n)));
+    TS_TRY(ts_tensor_wrap(&src, t->data, TS_F32, t->device, 1, TS_SHAPE(n)));
     return ts_tensor_copy(&h, &src);
 }
 
@@ -331,11 +324,11 @@ int ts_classifier_run(ts_classifier_t *c, const ts_tensor_t *x, const ts_tensor_
                       float *features, float *logits) {
     if (!c)
         return TS_EINVAL;
-    TRY(forward(c, x, t, B));
+    TS_TRY(forward(c, x, t, B));
     if (features)
-        TRY(to_host(&c->feat, (int64_t)B * c->D, features));
+        TS_TRY(to_host(&c->feat, (int64_t)B * c->D, features));
     if (logits)
-        TRY(to_host(&c->logits, (int64_t)B * c->K, logits));
+        TS_TRY(to_host(&c->logits, (int64_t)B * c->K, logits));
     return TS_OK;
 }
 
@@ -347,19 +340,19 @@ int ts_classifier_loss_backward(ts_classifier_t *c, const ts_tensor_t *x, const 
         if (labels[b] < 0 || labels[b] >= c->K)
             return TS_ERANGE;
     ts_tensor_t host, ids = rows(&c->labels, B);
-    TRY(ts_tensor_wrap(&host, (void *)labels, TS_I32, TS_CPU, 1, TS_SHAPE(B)));
-    TRY(ts_tensor_copy(&ids, &host));
-    TRY(forward(c, x, t, B));
+    TS_TRY(ts_tensor_wrap(&host, (void *)labels, TS_I32, TS_CPU, 1, TS_SHAPE(B)));
+    TS_TRY(ts_tensor_copy(&ids, &host));
+    TS_TRY(forward(c, x, t, B));
     ts_tensor_t logits = rows(&c->logits, B);
-    TRY(ts_cross_entropy_forward(c->eng, &c->loss, &logits, &ids));
+    TS_TRY(ts_cross_entropy_forward(c->eng, &c->loss, &logits, &ids));
     float l;
-    TRY(ts_tensor_item(c->eng, &c->loss, &l));
+    TS_TRY(ts_tensor_item(c->eng, &c->loss, &l));
     if (loss)
         *loss = l;
     if (!isfinite(l))
         return TS_ENONFINITE;
-    TRY(ts_dit_zero_grad(&c->trunk));
-    TRY(ts_zero(c->eng, &c->head_grad));
+    TS_TRY(ts_dit_zero_grad(&c->trunk));
+    TS_TRY(ts_zero(c->eng, &c->head_grad));
     return backward(c, B);
 }
 
@@ -460,7 +453,7 @@ static int load_tensor(const ts_st_file_t *f, const char *name, int ndim, const 
         return TS_ECORRUPT;
     }
     int64_t n = ts_tensor_numel(dst);
-    TRY(ts_st_to_f32(t, host, n));
+    TS_TRY(ts_st_to_f32(t, host, n));
     for (int64_t i = 0; i < n; i++)
         if (!ts_isfinite_f32(host[i])) {
             ts_set_err(err, errlen, "tensor '%s' holds a non-finite value at element %lld", name,
@@ -468,7 +461,7 @@ static int load_tensor(const ts_st_file_t *f, const char *name, int ndim, const 
             return TS_ECORRUPT;
         }
     ts_tensor_t h;
-    TRY(ts_tensor_wrap(&h, host, TS_F32, TS_CPU, 1, TS_SHAPE(n)));
+    TS_TRY(ts_tensor_wrap(&h, host, TS_F32, TS_CPU, 1, TS_SHAPE(n)));
     return ts_tensor_copy(dst, &h);
 }
 
@@ -515,7 +508,7 @@ int ts_classifier_open(ts_classifier_t **out, const char *path, ts_engine_t *e, 
     }
     *out = NULL;
     ts_st_file_t f;
-    TRY(ts_st_read(path, &f, err, errlen)); /* its messages name the file */
+    TS_TRY(ts_st_read(path, &f, err, errlen)); /* its messages name the file */
     char why[384] = "";
     const char *format = ts_st_meta(&f, "format");
     int rc = TS_OK;
@@ -728,23 +721,22 @@ static int stage_batch(ts_classifier_trainer_t *tr, int64_t s, const ts_tensor_t
             int dy = (int)(ts_rng_uniform_at(akey, a + 2) * (float)span) - tr->cfg.shift;
             dx = dx > tr->cfg.shift ? tr->cfg.shift : dx; /* u may round up to 1 */
             dy = dy > tr->cfg.shift ? tr->cfg.shift : dy;
-            augment_image(tr->x0_host + i * chw, tr->aug_tmp, d->channels, d->height, flip, dx,
-                          dy);
+            augment_image(tr->x0_host + i * chw, tr->aug_tmp, d->channels, d->height, flip, dx, dy);
         }
         tr->y_host[i] = tr->targets[idx];
         tr->t_host[i] = ts_rng_uniform_at(tkey, (uint64_t)g);
     }
     ts_tensor_t host;
-    TRY(ts_tensor_wrap(&host, tr->x0_host, TS_F32, TS_CPU, 4, tr->x0.shape));
-    TRY(ts_tensor_copy(&tr->x0, &host));
+    TS_TRY(ts_tensor_wrap(&host, tr->x0_host, TS_F32, TS_CPU, 4, tr->x0.shape));
+    TS_TRY(ts_tensor_copy(&tr->x0, &host));
     *input = &tr->x0;
     if (!tr->c->time_conditioned)
         return TS_OK;
-    TRY(ts_tensor_wrap(&host, tr->t_host, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
-    TRY(ts_tensor_copy(&tr->t, &host));
+    TS_TRY(ts_tensor_wrap(&host, tr->t_host, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
+    TS_TRY(ts_tensor_copy(&tr->t, &host));
     uint64_t off = (uint64_t)s * (uint64_t)ts_tensor_numel(&tr->eps);
-    TRY(ts_rng_normal(e, &tr->eps, ts_stream_key(tr->cfg.seed, STREAM_NOISE), off));
-    TRY(ts_flow_interp(e, &tr->xt, &tr->vel, &tr->x0, &tr->eps, &tr->t));
+    TS_TRY(ts_rng_normal(e, &tr->eps, ts_stream_key(tr->cfg.seed, STREAM_NOISE), off));
+    TS_TRY(ts_flow_interp(e, &tr->xt, &tr->vel, &tr->x0, &tr->eps, &tr->t));
     *input = &tr->xt;
     return TS_OK;
 }
@@ -758,7 +750,7 @@ int ts_classifier_trainer_step(ts_classifier_trainer_t *tr, float *loss_out, flo
     int B = tr->cfg.batch;
     int64_t s = tr->step;
     const ts_tensor_t *input;
-    TRY(stage_batch(tr, s, &input));
+    TS_TRY(stage_batch(tr, s, &input));
     float loss;
     int rc = ts_classifier_loss_backward(c, input, &tr->t, tr->y_host, B, &loss);
     if (loss_out)
@@ -766,7 +758,7 @@ int ts_classifier_trainer_step(ts_classifier_trainer_t *tr, float *loss_out, flo
     if (rc != TS_OK)
         return rc;
     if (acc_out) {
-        TRY(to_host(&c->logits, (int64_t)B * c->K, tr->logits_host));
+        TS_TRY(to_host(&c->logits, (int64_t)B * c->K, tr->logits_host));
         int right = 0;
         for (int b = 0; b < B; b++) {
             const float *z = tr->logits_host + (int64_t)b * c->K;
@@ -779,10 +771,10 @@ int ts_classifier_trainer_step(ts_classifier_trainer_t *tr, float *loss_out, flo
     }
     /* one global norm over both slabs, then AdamW on each */
     float ss_trunk, ss_head;
-    TRY(ts_sumsq(e, &tr->sumsq, &c->trunk.grad_mem));
-    TRY(ts_tensor_item(e, &tr->sumsq, &ss_trunk));
-    TRY(ts_sumsq(e, &tr->sumsq, &c->head_grad));
-    TRY(ts_tensor_item(e, &tr->sumsq, &ss_head));
+    TS_TRY(ts_sumsq(e, &tr->sumsq, &c->trunk.grad_mem));
+    TS_TRY(ts_tensor_item(e, &tr->sumsq, &ss_trunk));
+    TS_TRY(ts_sumsq(e, &tr->sumsq, &c->head_grad));
+    TS_TRY(ts_tensor_item(e, &tr->sumsq, &ss_head));
     float norm = sqrtf(ss_trunk + ss_head);
     if (norm_out)
         *norm_out = norm;
@@ -792,9 +784,10 @@ int ts_classifier_trainer_step(ts_classifier_trainer_t *tr, float *loss_out, flo
         (tr->cfg.grad_clip > 0.0f && norm > tr->cfg.grad_clip) ? tr->cfg.grad_clip / norm : 1.0f;
     ts_adamw_t hp = {ts_classifier_lr(&tr->cfg, s), tr->cfg.beta1, tr->cfg.beta2, tr->cfg.eps,
                      tr->cfg.weight_decay};
-    TRY(ts_adamw_step(e, &c->trunk.param_mem, &c->trunk.grad_mem, &tr->m_trunk, &tr->v_trunk, &hp,
-                      s + 1, scale));
-    TRY(ts_adamw_step(e, &c->head_mem, &c->head_grad, &tr->m_head, &tr->v_head, &hp, s + 1, scale));
+    TS_TRY(ts_adamw_step(e, &c->trunk.param_mem, &c->trunk.grad_mem, &tr->m_trunk, &tr->v_trunk,
+                         &hp, s + 1, scale));
+    TS_TRY(
+        ts_adamw_step(e, &c->head_mem, &c->head_grad, &tr->m_head, &tr->v_head, &hp, s + 1, scale));
     tr->step = s + 1;
     return TS_OK;
 }

@@ -23,13 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != TS_OK)                                                                          \
-            return rc_;                                                                            \
-    } while (0)
-
 #define TS_DIT_MAX_DIM 8192
 #define TS_DIT_MAX_DEPTH 256
 
@@ -120,7 +113,7 @@ static int table_add(table_t *tb, const char *name, int init, int ndim, int64_t 
 
 int ts_dit_param_table(const ts_dit_config_t *c, ts_dit_param_info_t **info, int *count,
                        int64_t *total) {
-    TRY(ts_dit_config_check(c));
+    TS_TRY(ts_dit_config_check(c));
     int64_t h = c->hidden_size, C = c->in_channels, p = c->patch_size, r = c->mlp_ratio * h;
     table_t tb = {0};
     tb.cap = 11 + 10 * c->depth;
@@ -185,7 +178,7 @@ int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_para
     ts_dit_param_info_t *info;
     int count;
     int64_t total;
-    TRY(ts_dit_param_table(cfg, &info, &count, &total));
+    TS_TRY(ts_dit_param_table(cfg, &info, &count, &total));
     int rc = TS_OK;
     if (ts_tensor_check(slab) || slab->dtype != TS_F32 || ts_tensor_numel(slab) < total)
         rc = TS_ESHAPE;
@@ -217,9 +210,9 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a) {
     int64_t F = (int64_t)c->in_channels * c->patch_size * c->patch_size, r = c->mlp_ratio * h;
     int64_t S = c->input_size;
     ts_dit_acts_t *A = &m->acts;
-#define T3(t, d2) TRY(ts_arena_tensor(a, &(t), TS_F32, 3, TS_SHAPE(B, T, d2)))
-#define T2(t, d1) TRY(ts_arena_tensor(a, &(t), TS_F32, 2, TS_SHAPE(B, d1)))
-#define T1(t, d0) TRY(ts_arena_tensor(a, &(t), TS_F32, 1, TS_SHAPE(d0)))
+#define T3(t, d2) TS_TRY(ts_arena_tensor(a, &(t), TS_F32, 3, TS_SHAPE(B, T, d2)))
+#define T2(t, d1) TS_TRY(ts_arena_tensor(a, &(t), TS_F32, 2, TS_SHAPE(B, d1)))
+#define T1(t, d0) TS_TRY(ts_arena_tensor(a, &(t), TS_F32, 1, TS_SHAPE(d0)))
     T3(A->patches, F);
     T3(A->x0, h);
     T2(A->tfreq, c->freq_dim);
@@ -238,7 +231,7 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a) {
         T1(k->ln1_rstd, B * T);
         T3(k->mod1, h);
         T3(k->qkv, 3 * h);
-        TRY(ts_arena_tensor(a, &k->att, TS_F32, 4, TS_SHAPE(B, H, T, T)));
+        TS_TRY(ts_arena_tensor(a, &k->att, TS_F32, 4, TS_SHAPE(B, H, T, T)));
         T3(k->atty, h);
         T3(k->proj, h);
         T3(k->x_mid, h);
@@ -258,7 +251,7 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a) {
     T1(A->lnf_rstd, B * T);
     T3(A->fx, h);
     T3(A->out_tok, F);
-    TRY(ts_arena_tensor(a, &A->out, TS_F32, 4, TS_SHAPE(B, c->in_channels, S, S)));
+    TS_TRY(ts_arena_tensor(a, &A->out, TS_F32, 4, TS_SHAPE(B, c->in_channels, S, S)));
     if (m->trainable) {
         ts_dit_grad_acts_t *G = &m->gacts;
         T3(G->dout_tok, F);
@@ -279,7 +272,7 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a) {
         T3(G->dproj, h);
         T3(G->datty, h);
         T3(G->dqkv, 3 * h);
-        TRY(ts_arena_tensor(a, &G->datt, TS_F32, 4, TS_SHAPE(B, H, T, T)));
+        TS_TRY(ts_arena_tensor(a, &G->datt, TS_F32, 4, TS_SHAPE(B, H, T, T)));
         T3(G->dmod1, h);
         T3(G->dln1, h);
     }
@@ -294,7 +287,7 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
     if (!m || !cfg || !e || max_batch < 1 || max_batch > 65536)
         return TS_EINVAL;
     memset(m, 0, sizeof *m);
-    TRY(ts_dit_config_check(cfg));
+    TS_TRY(ts_dit_config_check(cfg));
     m->cfg = *cfg;
     m->eng = e;
     m->max_batch = max_batch;
@@ -361,21 +354,21 @@ int ts_dit_init_weights(ts_dit_t *m, uint64_t seed) {
     if (!m || !m->info)
         return TS_EINVAL;
     ts_engine_t *e = m->eng;
-    TRY(ts_zero(e, &m->param_mem));
+    TS_TRY(ts_zero(e, &m->param_mem));
     for (int i = 0; i < m->n_params; i++) {
         const ts_dit_param_info_t *pi = &m->info[i];
         ts_tensor_t w;
-        TRY(view_of(&m->param_mem, pi, &w));
+        TS_TRY(view_of(&m->param_mem, pi, &w));
         /* each tensor draws from its own stretch of the stream: offset = its slab offset */
         uint64_t offset = (uint64_t)pi->offset;
         if (pi->init == TS_INIT_XAVIER) {
             /* U(−a, a), a = √(6 / (fan_in + fan_out)), on the 2-D view */
             double a = sqrt(6.0 / (double)(w.shape[0] + w.shape[1]));
-            TRY(ts_rng_uniform(e, &w, seed, offset));
-            TRY(ts_affine(e, &w, (float)(2.0 * a), (float)-a));
+            TS_TRY(ts_rng_uniform(e, &w, seed, offset));
+            TS_TRY(ts_affine(e, &w, (float)(2.0 * a), (float)-a));
         } else if (pi->init == TS_INIT_NORMAL002) {
-            TRY(ts_rng_normal(e, &w, seed, offset));
-            TRY(ts_scale(e, &w, 0.02f));
+            TS_TRY(ts_rng_normal(e, &w, seed, offset));
+            TS_TRY(ts_scale(e, &w, 0.02f));
         }
     }
     return TS_OK;
@@ -414,21 +407,21 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     ts_tensor_t fc1 = rows(&A->fc1, B), gelu = rows(&A->gelu, B), fc2 = rows(&A->fc2, B);
     ts_tensor_t x_out = rows(&A->x_out, B);
 
-    TRY(ts_linear_forward(e, &mod, &c_silu, &P->ada_w, &P->ada_b)); /* 6 chunks of h */
+    TS_TRY(ts_linear_forward(e, &mod, &c_silu, &P->ada_w, &P->ada_b)); /* 6 chunks of h */
     /* attention branch: x_mid = x_in + gate_msa · proj(attn(modulate(LN(x_in)))) */
-    TRY(ts_layernorm_forward(e, &ln1, &m1, &r1, &x_in));
-    TRY(ts_modulate_forward(e, &mod1, &ln1, &mod, 0, 1));
-    TRY(ts_linear_forward(e, &qkv, &mod1, &P->qkv_w, &P->qkv_b));
-    TRY(ts_attention_forward(e, &atty, &att, &qkv, H));
-    TRY(ts_linear_forward(e, &proj, &atty, &P->proj_w, &P->proj_b));
-    TRY(ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2));
+    TS_TRY(ts_layernorm_forward(e, &ln1, &m1, &r1, &x_in));
+    TS_TRY(ts_modulate_forward(e, &mod1, &ln1, &mod, 0, 1));
+    TS_TRY(ts_linear_forward(e, &qkv, &mod1, &P->qkv_w, &P->qkv_b));
+    TS_TRY(ts_attention_forward(e, &atty, &att, &qkv, H));
+    TS_TRY(ts_linear_forward(e, &proj, &atty, &P->proj_w, &P->proj_b));
+    TS_TRY(ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2));
     /* MLP branch: x_out = x_mid + gate_mlp · fc2(gelu(fc1(modulate(LN(x_mid))))) */
-    TRY(ts_layernorm_forward(e, &ln2, &m2, &r2, &x_mid));
-    TRY(ts_modulate_forward(e, &mod2, &ln2, &mod, 3, 4));
-    TRY(ts_linear_forward(e, &fc1, &mod2, &P->fc1_w, &P->fc1_b));
-    TRY(ts_gelu_forward(e, &gelu, &fc1));
-    TRY(ts_linear_forward(e, &fc2, &gelu, &P->fc2_w, &P->fc2_b));
-    TRY(ts_gate_residual_forward(e, &x_out, &x_mid, &fc2, &mod, 5));
+    TS_TRY(ts_layernorm_forward(e, &ln2, &m2, &r2, &x_mid));
+    TS_TRY(ts_modulate_forward(e, &mod2, &ln2, &mod, 3, 4));
+    TS_TRY(ts_linear_forward(e, &fc1, &mod2, &P->fc1_w, &P->fc1_b));
+    TS_TRY(ts_gelu_forward(e, &gelu, &fc1));
+    TS_TRY(ts_linear_forward(e, &fc2, &gelu, &P->fc2_w, &P->fc2_b));
+    TS_TRY(ts_gate_residual_forward(e, &x_out, &x_mid, &fc2, &mod, 5));
     return TS_OK;
 }
 
@@ -438,13 +431,13 @@ static int stage_labels(ts_dit_t *m, const int32_t *y, int B, ts_tensor_t *ids) 
         if (y[b] < 0 || y[b] > m->cfg.num_classes)
             return TS_ERANGE;
     ts_tensor_t host;
-    TRY(ts_tensor_wrap(&host, (void *)y, TS_I32, TS_CPU, 1, TS_SHAPE(B)));
+    TS_TRY(ts_tensor_wrap(&host, (void *)y, TS_I32, TS_CPU, 1, TS_SHAPE(B)));
     *ids = rows(&m->labels, B);
     return ts_tensor_copy(ids, &host);
 }
 
-int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t,
-                         const int32_t *y, int B, ts_tensor_t *x_final) {
+int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
+                         int B, ts_tensor_t *x_final) {
     if (!m || !x || !t || !y || !x_final || B < 1 || B > m->max_batch)
         return TS_EINVAL;
     const ts_dit_config_t *c = &m->cfg;
@@ -456,27 +449,27 @@ int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t
         x->shape[2] != c->input_size || x->shape[3] != c->input_size || ts_tensor_numel(t) != B)
         return TS_ESHAPE;
     ts_tensor_t ids;
-    TRY(stage_labels(m, y, B, &ids));
+    TS_TRY(stage_labels(m, y, B, &ids));
     ts_tensor_t patches = rows(&A->patches, B), x0 = rows(&A->x0, B);
     ts_tensor_t tfreq = rows(&A->tfreq, B), t_h = rows(&A->t_h, B), t_s = rows(&A->t_s, B);
     ts_tensor_t t_emb = rows(&A->t_emb, B), y_emb = rows(&A->y_emb, B);
     ts_tensor_t cc = rows(&A->c, B), c_silu = rows(&A->c_silu, B);
 
     /* patch embedding: the stride-p conv is a linear over (c, py, px)-ordered patches */
-    TRY(ts_patchify_forward(e, &patches, x, p));
-    TRY(ts_linear_forward(e, &x0, &patches, &P->x_w, &P->x_b));
-    TRY(ts_add_bcast_forward(e, &x0, &x0, &m->pos_embed));
+    TS_TRY(ts_patchify_forward(e, &patches, x, p));
+    TS_TRY(ts_linear_forward(e, &x0, &patches, &P->x_w, &P->x_b));
+    TS_TRY(ts_add_bcast_forward(e, &x0, &x0, &m->pos_embed));
     /* conditioning: c = MLP(sinusoid(1000·t)) + label embedding */
-    TRY(ts_timestep_embedding_forward(e, &tfreq, t, 1000.0f));
-    TRY(ts_linear_forward(e, &t_h, &tfreq, &P->t_w0, &P->t_b0));
-    TRY(ts_silu_forward(e, &t_s, &t_h));
-    TRY(ts_linear_forward(e, &t_emb, &t_s, &P->t_w2, &P->t_b2));
-    TRY(ts_embedding_forward(e, &y_emb, &P->y_table, &ids));
-    TRY(ts_add(e, &cc, &t_emb, &y_emb));
-    TRY(ts_silu_forward(e, &c_silu, &cc));
+    TS_TRY(ts_timestep_embedding_forward(e, &tfreq, t, 1000.0f));
+    TS_TRY(ts_linear_forward(e, &t_h, &tfreq, &P->t_w0, &P->t_b0));
+    TS_TRY(ts_silu_forward(e, &t_s, &t_h));
+    TS_TRY(ts_linear_forward(e, &t_emb, &t_s, &P->t_w2, &P->t_b2));
+    TS_TRY(ts_embedding_forward(e, &y_emb, &P->y_table, &ids));
+    TS_TRY(ts_add(e, &cc, &t_emb, &y_emb));
+    TS_TRY(ts_silu_forward(e, &c_silu, &cc));
 
     for (int l = 0; l < c->depth; l++)
-        TRY(block_forward(m, l, B));
+        TS_TRY(block_forward(m, l, B));
     *x_final = rows(&A->x_final, B);
     return TS_OK;
 }
@@ -486,7 +479,7 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
     if (!v)
         return TS_EINVAL;
     ts_tensor_t xf;
-    TRY(ts_dit_forward_trunk(m, x, t, y, B, &xf));
+    TS_TRY(ts_dit_forward_trunk(m, x, t, y, B, &xf));
     const ts_dit_config_t *c = &m->cfg;
     ts_engine_t *e = m->eng;
     ts_dit_acts_t *A = &m->acts;
@@ -499,11 +492,11 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
     ts_tensor_t mf = stat_rows(&A->lnf_mean, B, ts_dit_tokens(c));
     ts_tensor_t rf = stat_rows(&A->lnf_rstd, B, ts_dit_tokens(c));
     ts_tensor_t fx = rows(&A->fx, B), out_tok = rows(&A->out_tok, B), out = rows(&A->out, B);
-    TRY(ts_linear_forward(e, &fmod, &c_silu, &P->fada_w, &P->fada_b));
-    TRY(ts_layernorm_forward(e, &lnf, &mf, &rf, &xf));
-    TRY(ts_modulate_forward(e, &fx, &lnf, &fmod, 0, 1));
-    TRY(ts_linear_forward(e, &out_tok, &fx, &P->f_w, &P->f_b));
-    TRY(ts_unpatchify_forward(e, &out, &out_tok, p));
+    TS_TRY(ts_linear_forward(e, &fmod, &c_silu, &P->fada_w, &P->fada_b));
+    TS_TRY(ts_layernorm_forward(e, &lnf, &mf, &rf, &xf));
+    TS_TRY(ts_modulate_forward(e, &fx, &lnf, &fmod, 0, 1));
+    TS_TRY(ts_linear_forward(e, &out_tok, &fx, &P->f_w, &P->f_b));
+    TS_TRY(ts_unpatchify_forward(e, &out, &out_tok, p));
     *v = out;
     return TS_OK;
 }
@@ -514,7 +507,7 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
 static int zero_rows(ts_engine_t *e, int B, ts_tensor_t **list, int n) {
     for (int i = 0; i < n; i++) {
         ts_tensor_t r = rows(list[i], B);
-        TRY(ts_zero(e, &r));
+        TS_TRY(ts_zero(e, &r));
     }
     return TS_OK;
 }
@@ -530,7 +523,7 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     int T = ts_dit_tokens(&m->cfg), H = m->cfg.num_heads;
     ts_tensor_t *scratch[] = {&G->dmod,  &G->dfc2,  &G->dgelu, &G->dfc1,  &G->dmod2, &G->dln2,
                               &G->dproj, &G->datty, &G->dqkv,  &G->dmod1, &G->dln1};
-    TRY(zero_rows(e, B, scratch, (int)(sizeof scratch / sizeof scratch[0])));
+    TS_TRY(zero_rows(e, B, scratch, (int)(sizeof scratch / sizeof scratch[0])));
     ts_tensor_t dx = rows(&G->dx, B), dmod = rows(&G->dmod, B), dc_silu = rows(&G->dc_silu, B);
     ts_tensor_t dfc2 = rows(&G->dfc2, B), dgelu = rows(&G->dgelu, B), dfc1 = rows(&G->dfc1, B);
     ts_tensor_t dmod2 = rows(&G->dmod2, B), dln2 = rows(&G->dln2, B), dproj = rows(&G->dproj, B);
@@ -547,21 +540,21 @@ static int block_backward(ts_dit_t *m, int l, int B) {
 
     /* MLP branch. The residual's identity path is dx itself: it already holds dL/dx_out, which
      * is the direct part of dL/dx_mid, so only the branch's contribution is added to it. */
-    TRY(ts_gate_residual_backward(e, NULL, &dfc2, &dmod, &dx, &fc2, &mod, 5));
-    TRY(ts_linear_backward(e, &dgelu, &D->fc2_w, &D->fc2_b, &dfc2, &gelu, &P->fc2_w));
-    TRY(ts_gelu_backward(e, &dfc1, &dgelu, &fc1));
-    TRY(ts_linear_backward(e, &dmod2, &D->fc1_w, &D->fc1_b, &dfc1, &mod2, &P->fc1_w));
-    TRY(ts_modulate_backward(e, &dln2, &dmod, &dmod2, &ln2, &mod, 3, 4));
-    TRY(ts_layernorm_backward(e, &dx, &dln2, &x_mid, &m2, &r2));
+    TS_TRY(ts_gate_residual_backward(e, NULL, &dfc2, &dmod, &dx, &fc2, &mod, 5));
+    TS_TRY(ts_linear_backward(e, &dgelu, &D->fc2_w, &D->fc2_b, &dfc2, &gelu, &P->fc2_w));
+    TS_TRY(ts_gelu_backward(e, &dfc1, &dgelu, &fc1));
+    TS_TRY(ts_linear_backward(e, &dmod2, &D->fc1_w, &D->fc1_b, &dfc1, &mod2, &P->fc1_w));
+    TS_TRY(ts_modulate_backward(e, &dln2, &dmod, &dmod2, &ln2, &mod, 3, 4));
+    TS_TRY(ts_layernorm_backward(e, &dx, &dln2, &x_mid, &m2, &r2));
     /* attention branch: dx now holds dL/dx_mid */
-    TRY(ts_gate_residual_backward(e, NULL, &dproj, &dmod, &dx, &proj, &mod, 2));
-    TRY(ts_linear_backward(e, &datty, &D->proj_w, &D->proj_b, &dproj, &atty, &P->proj_w));
-    TRY(ts_attention_backward(e, &dqkv, &datt, &datty, &qkv, &att, H));
-    TRY(ts_linear_backward(e, &dmod1, &D->qkv_w, &D->qkv_b, &dqkv, &mod1, &P->qkv_w));
-    TRY(ts_modulate_backward(e, &dln1, &dmod, &dmod1, &ln1, &mod, 0, 1));
-    TRY(ts_layernorm_backward(e, &dx, &dln1, &x_in, &m1, &r1));
+    TS_TRY(ts_gate_residual_backward(e, NULL, &dproj, &dmod, &dx, &proj, &mod, 2));
+    TS_TRY(ts_linear_backward(e, &datty, &D->proj_w, &D->proj_b, &dproj, &atty, &P->proj_w));
+    TS_TRY(ts_attention_backward(e, &dqkv, &datt, &datty, &qkv, &att, H));
+    TS_TRY(ts_linear_backward(e, &dmod1, &D->qkv_w, &D->qkv_b, &dqkv, &mod1, &P->qkv_w));
+    TS_TRY(ts_modulate_backward(e, &dln1, &dmod, &dmod1, &ln1, &mod, 0, 1));
+    TS_TRY(ts_layernorm_backward(e, &dx, &dln1, &x_in, &m1, &r1));
     /* adaLN: all six chunks' gradients are in dmod */
-    TRY(ts_linear_backward(e, &dc_silu, &D->ada_w, &D->ada_b, &dmod, &c_silu, &P->ada_w));
+    TS_TRY(ts_linear_backward(e, &dc_silu, &D->ada_w, &D->ada_b, &dmod, &c_silu, &P->ada_w));
     return TS_OK;
 }
 
@@ -586,15 +579,15 @@ static int trunk_backward(ts_dit_t *m, int B) {
     ts_tensor_t patches = rows(&A->patches, B), t_s = rows(&A->t_s, B), t_h = rows(&A->t_h, B);
     ts_tensor_t tfreq = rows(&A->tfreq, B), ids = rows(&m->labels, B);
     for (int l = c->depth - 1; l >= 0; l--)
-        TRY(block_backward(m, l, B));
+        TS_TRY(block_backward(m, l, B));
     /* patch embedding (the input image needs no gradient; pos_embed is fixed) */
-    TRY(ts_linear_backward(e, NULL, &D->x_w, &D->x_b, &dx, &patches, &P->x_w));
+    TS_TRY(ts_linear_backward(e, NULL, &D->x_w, &D->x_b, &dx, &patches, &P->x_w));
     /* conditioning */
-    TRY(ts_silu_backward(e, &dc, &dc_silu, &cc));
-    TRY(ts_embedding_backward(e, &D->y_table, &dc, &ids));
-    TRY(ts_linear_backward(e, &dt_s, &D->t_w2, &D->t_b2, &dc, &t_s, &P->t_w2));
-    TRY(ts_silu_backward(e, &dt_h, &dt_s, &t_h));
-    TRY(ts_linear_backward(e, NULL, &D->t_w0, &D->t_b0, &dt_h, &tfreq, &P->t_w0));
+    TS_TRY(ts_silu_backward(e, &dc, &dc_silu, &cc));
+    TS_TRY(ts_embedding_backward(e, &D->y_table, &dc, &ids));
+    TS_TRY(ts_linear_backward(e, &dt_s, &D->t_w2, &D->t_b2, &dc, &t_s, &P->t_w2));
+    TS_TRY(ts_silu_backward(e, &dt_h, &dt_s, &t_h));
+    TS_TRY(ts_linear_backward(e, NULL, &D->t_w0, &D->t_b0, &dt_h, &tfreq, &P->t_w0));
     return TS_OK;
 }
 
@@ -606,8 +599,8 @@ int ts_dit_backward_trunk(ts_dit_t *m, const ts_tensor_t *dx_final, int B) {
         return TS_ESHAPE;
     if (dx_final->data == m->gacts.dx.data)
         return TS_EINVAL; /* the scratch is cleared first */
-    TRY(zero_trunk_scratch(m, B));
-    TRY(ts_tensor_copy(&dx, dx_final));
+    TS_TRY(zero_trunk_scratch(m, B));
+    TS_TRY(ts_tensor_copy(&dx, dx_final));
     return trunk_backward(m, B);
 }
 
@@ -624,8 +617,8 @@ int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B) {
     if (!ts_tensor_same_shape(dv, &out))
         return TS_ESHAPE;
     ts_tensor_t *scratch[] = {&G->dout_tok, &G->dfx, &G->dlnf, &G->dfmod};
-    TRY(zero_rows(e, B, scratch, (int)(sizeof scratch / sizeof scratch[0])));
-    TRY(zero_trunk_scratch(m, B));
+    TS_TRY(zero_rows(e, B, scratch, (int)(sizeof scratch / sizeof scratch[0])));
+    TS_TRY(zero_trunk_scratch(m, B));
     ts_tensor_t dout_tok = rows(&G->dout_tok, B), dfx = rows(&G->dfx, B);
     ts_tensor_t dlnf = rows(&G->dlnf, B), dfmod = rows(&G->dfmod, B), dx = rows(&G->dx, B);
     ts_tensor_t dc_silu = rows(&G->dc_silu, B);
@@ -634,11 +627,11 @@ int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B) {
     ts_tensor_t fx = rows(&A->fx, B), c_silu = rows(&A->c_silu, B);
 
     /* final layer: its adaLN adds into dc_silu, its LayerNorm gives dL/dx_final in dx */
-    TRY(ts_unpatchify_backward(e, &dout_tok, dv, p));
-    TRY(ts_linear_backward(e, &dfx, &D->f_w, &D->f_b, &dout_tok, &fx, &P->f_w));
-    TRY(ts_modulate_backward(e, &dlnf, &dfmod, &dfx, &lnf, &fmod, 0, 1));
-    TRY(ts_linear_backward(e, &dc_silu, &D->fada_w, &D->fada_b, &dfmod, &c_silu, &P->fada_w));
-    TRY(ts_layernorm_backward(e, &dx, &dlnf, &xf, &mf, &rf));
+    TS_TRY(ts_unpatchify_backward(e, &dout_tok, dv, p));
+    TS_TRY(ts_linear_backward(e, &dfx, &D->f_w, &D->f_b, &dout_tok, &fx, &P->f_w));
+    TS_TRY(ts_modulate_backward(e, &dlnf, &dfmod, &dfx, &lnf, &fmod, 0, 1));
+    TS_TRY(ts_linear_backward(e, &dc_silu, &D->fada_w, &D->fada_b, &dfmod, &c_silu, &P->fada_w));
+    TS_TRY(ts_layernorm_backward(e, &dx, &dlnf, &xf, &mf, &rf));
     return trunk_backward(m, B);
 }
 

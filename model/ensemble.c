@@ -26,13 +26,6 @@
 #include "model/dit_io.h"
 #include "model/safetensors.h"
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != TS_OK)                                                                          \
-            return rc_;                                                                            \
-    } while (0)
-
 static char *dup_str(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = malloc(n);
@@ -66,8 +59,8 @@ int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, int B, flo
     if (!r || !r->c || B < 1 || B > r->max_batch)
         return TS_EINVAL;
     ts_tensor_t tb;
-    TRY(ts_tensor_slice(&tb, &r->t, 0, B));
-    TRY(ts_fill(r->eng, &tb, t));
+    TS_TRY(ts_tensor_slice(&tb, &r->t, 0, B));
+    TS_TRY(ts_fill(r->eng, &tb, t));
     return ts_classifier_run(r->c, x, &tb, B, NULL, logits);
 }
 
@@ -105,8 +98,8 @@ static int meta_cluster(const ts_st_file_t *f, int *out) {
     return 1;
 }
 
-int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_t *e,
-                    int max_batch, char *err, size_t errlen) {
+int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_t *e, int max_batch,
+                    char *err, size_t errlen) {
     if (x)
         memset(x, 0, sizeof *x);
     if (!x || !paths || !e || n < 1 || n > TS_ROUTE_MAX_EXPERTS || max_batch < 1) {
@@ -143,8 +136,8 @@ int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_
             if (!x->paths[i] || (pid && *pid && !x->partition_id[i]))
                 rc = TS_ENOMEM;
         }
-        if (rc == TS_OK && (rc = ts_dit_open_file(&x->models[i], &f, e, max_batch, 0, err,
-                                                  errlen)) != TS_OK) {
+        if (rc == TS_OK &&
+            (rc = ts_dit_open_file(&x->models[i], &f, e, max_batch, 0, err, errlen)) != TS_OK) {
             char why[384];
             snprintf(why, sizeof why, "%s", err ? err : "");
             ts_set_err(err, errlen, "'%s': %s", paths[i], why);
@@ -157,9 +150,8 @@ int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_
                 ts_set_err(err, errlen,
                            "'%s' makes %dx%dx%d images with %d classes but '%s' makes %dx%dx%d "
                            "with %d: the experts of one ensemble must share the image config",
-                           paths[i], b->in_channels, b->input_size, b->input_size,
-                           b->num_classes, paths[0], a->in_channels, a->input_size,
-                           a->input_size, a->num_classes);
+                           paths[i], b->in_channels, b->input_size, b->input_size, b->num_classes,
+                           paths[0], a->in_channels, a->input_size, a->input_size, a->num_classes);
                 rc = TS_EINVAL;
             }
         }
@@ -266,8 +258,8 @@ void ts_ensemble_free(ts_ensemble_t *s) {
 static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensemble_opts_t *o,
                       char *err, size_t errlen) {
     int remote = o && o->eval;
-    if (!e || (!experts && !(remote && o->config)) || !o || K < 1 || K > TS_ROUTE_MAX_EXPERTS || o->n < 1 || !o->labels ||
-        o->select.n_rules < 1 || o->select.n_rules > TS_ROUTE_MAX_RULES) {
+    if (!e || (!experts && !(remote && o->config)) || !o || K < 1 || K > TS_ROUTE_MAX_EXPERTS ||
+        o->n < 1 || !o->labels || o->select.n_rules < 1 || o->select.n_rules > TS_ROUTE_MAX_RULES) {
         ts_set_err(err, errlen,
                    "ts_ensemble_init: invalid arguments (1..%d experts, n >= 1, labels and a "
                    "parsed selection are required)",
@@ -279,8 +271,9 @@ static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensembl
         return TS_EINVAL;
     }
     if (remote && o->policy == TS_POLICY_CONFIDENCE) {
-        ts_set_err(err, errlen, "the confidence policy needs every expert's answer before it "
-                                "can score them: it runs with local experts only");
+        ts_set_err(err, errlen,
+                   "the confidence policy needs every expert's answer before it "
+                   "can score them: it runs with local experts only");
         return TS_ENOTSUP;
     }
     int pairs = o->cfg_scale != 1.0f ? 2 : 1;
@@ -417,8 +410,8 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
             !s->job_done || !s->scores)
             rc = rc == TS_OK ? TS_ENOMEM : rc;
     }
-    if (rc == TS_OK && (!s->yy || !s->idx_h || !s->w || !s->wk_h || !s->xh || !s->vh ||
-                        !s->xhat || !s->emb || !s->d2 || !s->prev_emb || !s->expert_forwards))
+    if (rc == TS_OK && (!s->yy || !s->idx_h || !s->w || !s->wk_h || !s->xh || !s->vh || !s->xhat ||
+                        !s->emb || !s->d2 || !s->prev_emb || !s->expert_forwards))
         rc = TS_ENOMEM;
     if (rc != TS_OK) {
         ts_set_err(err, errlen, "cannot allocate the ensemble's buffers for %d samples: %s", n,
@@ -437,11 +430,11 @@ double ts_ensemble_evals_per_sample(const ts_ensemble_t *s) {
 /* Uploads idx_h[0..m) and wk_h[0..m) into the device tensors idx and wk. */
 static int upload_rows(ts_ensemble_t *s, int m) {
     ts_tensor_t dst, src;
-    TRY(ts_tensor_slice(&dst, &s->idx, 0, m));
-    TRY(ts_tensor_wrap(&src, s->idx_h, TS_I32, TS_CPU, 1, TS_SHAPE(m)));
-    TRY(ts_tensor_copy(&dst, &src));
-    TRY(ts_tensor_slice(&dst, &s->wk, 0, m));
-    TRY(ts_tensor_wrap(&src, s->wk_h, TS_F32, TS_CPU, 1, TS_SHAPE(m)));
+    TS_TRY(ts_tensor_slice(&dst, &s->idx, 0, m));
+    TS_TRY(ts_tensor_wrap(&src, s->idx_h, TS_I32, TS_CPU, 1, TS_SHAPE(m)));
+    TS_TRY(ts_tensor_copy(&dst, &src));
+    TS_TRY(ts_tensor_slice(&dst, &s->wk, 0, m));
+    TS_TRY(ts_tensor_wrap(&src, s->wk_h, TS_F32, TS_CPU, 1, TS_SHAPE(m)));
     return ts_tensor_copy(&dst, &src);
 }
 
@@ -453,29 +446,29 @@ static int run_expert(ts_ensemble_t *s, int k, const ts_tensor_t *x, float t, in
     ts_dit_t *model = &s->experts[k];
     int B = s->pairs * m;
     ts_tensor_t idx, xb, tb, half, out, cond, uncond;
-    TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
-    TRY(ts_tensor_slice(&xb, &s->xx, 0, B));
-    TRY(ts_tensor_slice(&tb, &s->tt, 0, B));
+    TS_TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
+    TS_TRY(ts_tensor_slice(&xb, &s->xx, 0, B));
+    TS_TRY(ts_tensor_slice(&tb, &s->tt, 0, B));
     for (int p = 0; p < s->pairs; p++) {
-        TRY(ts_tensor_slice(&half, &xb, (int64_t)p * m, m));
-        TRY(ts_gather_rows(e, &half, x, &idx));
+        TS_TRY(ts_tensor_slice(&half, &xb, (int64_t)p * m, m));
+        TS_TRY(ts_gather_rows(e, &half, x, &idx));
     }
     for (int i = 0; i < m; i++) {
         s->yy[i] = s->o.labels[s->idx_h[i]];
         if (s->pairs == 2)
             s->yy[m + i] = model->cfg.num_classes; /* the null class */
     }
-    TRY(ts_fill(e, &tb, t));
-    TRY(ts_dit_forward(model, &xb, &tb, s->yy, B, &out));
+    TS_TRY(ts_fill(e, &tb, t));
+    TS_TRY(ts_dit_forward(model, &xb, &tb, s->yy, B, &out));
     s->forwards += B;
     s->expert_forwards[k] += B;
-    TRY(ts_tensor_slice(&cond, &out, 0, m));
-    TRY(ts_tensor_copy(dst, &cond));
+    TS_TRY(ts_tensor_slice(&cond, &out, 0, m));
+    TS_TRY(ts_tensor_copy(dst, &cond));
     if (s->pairs == 2) {
         /* v = v_u + s·(v_c − v_u) = s·v_c + (1 − s)·v_u, as ts_dit_velocity */
-        TRY(ts_tensor_slice(&uncond, &out, m, m));
-        TRY(ts_scale(e, dst, s->o.cfg_scale));
-        TRY(ts_axpy(e, dst, 1.0f - s->o.cfg_scale, &uncond));
+        TS_TRY(ts_tensor_slice(&uncond, &out, m, m));
+        TS_TRY(ts_scale(e, dst, s->o.cfg_scale));
+        TS_TRY(ts_axpy(e, dst, 1.0f - s->o.cfg_scale, &uncond));
     }
     return TS_OK;
 }
@@ -499,7 +492,7 @@ static int rows_for(ts_ensemble_t *s, int k) {
 /* Copies a device tensor of count floats into host memory. */
 static int to_host(float *dst, const ts_tensor_t *src) {
     ts_tensor_t h;
-    TRY(ts_tensor_wrap(&h, dst, TS_F32, TS_CPU, src->ndim, src->shape));
+    TS_TRY(ts_tensor_wrap(&h, dst, TS_F32, TS_CPU, src->ndim, src->shape));
     return ts_tensor_copy(&h, src);
 }
 
@@ -517,8 +510,7 @@ static int score_router(ts_ensemble_t *s, const ts_tensor_t *x, float t) {
 
 /* Scores of the distance to the centroids from the previous evaluation's x̂0, or the fallback
  * (router, else uniform) when there is none yet. */
-static int score_centroid(ts_ensemble_t *s, const ts_tensor_t *x, float t,
-                          ts_policy_t *used) {
+static int score_centroid(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_policy_t *used) {
     size_t nk = (size_t)s->n * s->K;
     if (!s->has_prev) {
         s->fallbacks++;
@@ -545,19 +537,19 @@ static int score_confidence(ts_ensemble_t *s, const ts_tensor_t *x, float t) {
     size_t nv = (size_t)(s->chw * n);
     for (int b = 0; b < n; b++)
         s->idx_h[b] = b;
-    TRY(upload_rows(s, n));
-    TRY(to_host(s->xh, x));
+    TS_TRY(upload_rows(s, n));
+    TS_TRY(to_host(s->xh, x));
     for (int k = 0; k < K; k++) {
         ts_tensor_t vk;
-        TRY(ts_tensor_slice(&vk, &s->vall, (int64_t)k * n, n));
-        TRY(run_expert(s, k, x, t, n, &vk));
-        TRY(to_host(s->vh + (size_t)k * nv, &vk));
+        TS_TRY(ts_tensor_slice(&vk, &s->vall, (int64_t)k * n, n));
+        TS_TRY(run_expert(s, k, x, t, n, &vk));
+        TS_TRY(to_host(s->vh + (size_t)k * nv, &vk));
         denoised(s->xhat, s->xh, s->vh + (size_t)k * nv, t, nv);
-        TRY(ts_partition_embed(p, s->xhat, n, s->emb));
+        TS_TRY(ts_partition_embed(p, s->xhat, n, s->emb));
         for (int b = 0; b < n; b++) {
             float d;
-            ts_route_sq_dist(&d, s->emb + (size_t)b * p->k, p->centroids + (size_t)k * p->k, 1,
-                             1, p->k);
+            ts_route_sq_dist(&d, s->emb + (size_t)b * p->k, p->centroids + (size_t)k * p->k, 1, 1,
+                             p->k);
             s->w[(size_t)b * K + k] = -d / s->o.tau;
         }
     }
@@ -656,15 +648,20 @@ static int remote_round(ts_ensemble_t *s, float t, uint8_t *done, uint8_t *faile
             }
         if (m == 0)
             continue;
-        s->jobs[n_jobs++] = (ts_expert_job_t){.k = k, .m = m, .rows = rows, .x = xk, .labels = y,
-                                              .t = t, .cfg_scale = s->o.cfg_scale,
+        s->jobs[n_jobs++] = (ts_expert_job_t){.k = k,
+                                              .m = m,
+                                              .rows = rows,
+                                              .x = xk,
+                                              .labels = y,
+                                              .t = t,
+                                              .cfg_scale = s->o.cfg_scale,
                                               .v = s->job_vp + (size_t)k * n * chw,
                                               .status = TS_EIO};
     }
     *ran = n_jobs;
     if (n_jobs == 0)
         return TS_OK;
-    TRY(s->o.eval(s->o.eval_ctx, s->jobs, n_jobs));
+    TS_TRY(s->o.eval(s->o.eval_ctx, s->jobs, n_jobs));
     for (int j = 0; j < n_jobs; j++) {
         const ts_expert_job_t *jb = &s->jobs[j];
         if (jb->status != TS_OK) {
@@ -703,7 +700,7 @@ static int reroute(ts_ensemble_t *s, float t, const uint8_t *failed) {
         if (left == 0)
             return TS_EPEER;
         memcpy(wb, sb, (size_t)K * sizeof *wb);
-        TRY(ts_route_weights(wb, 1, K, &s->o.select, t));
+        TS_TRY(ts_route_weights(wb, 1, K, &s->o.select, t));
         s->renormalised++;
     }
     return TS_OK;
@@ -719,21 +716,21 @@ static int remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_te
     size_t chw = (size_t)s->chw;
     uint8_t failed[TS_ROUTE_MAX_EXPERTS] = {0};
     memset(s->job_done, 0, (size_t)K * n);
-    TRY(to_host(s->xh, x));
+    TS_TRY(to_host(s->xh, x));
     for (int round = 0; round <= K; round++) {
         int ran = 0, any_failed = 0;
         uint8_t before[TS_ROUTE_MAX_EXPERTS];
         memcpy(before, failed, sizeof before);
-        TRY(remote_round(s, t, s->job_done, failed, &ran));
+        TS_TRY(remote_round(s, t, s->job_done, failed, &ran));
         if (ran == 0)
             break;
         for (int k = 0; k < K; k++)
             any_failed |= failed[k] && !before[k];
         if (!any_failed)
             break;
-        TRY(reroute(s, t, failed));
+        TS_TRY(reroute(s, t, failed));
     }
-    TRY(ts_zero(e, v));
+    TS_TRY(ts_zero(e, v));
     for (int k = 0; k < K; k++) {
         int m = rows_for(s, k);
         if (m == 0)
@@ -742,15 +739,15 @@ static int remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_te
         for (int r = 0; r < m; r++)
             memcpy(packed + (size_t)r * chw, s->job_v + ((size_t)k * n + s->idx_h[r]) * chw,
                    chw * sizeof *packed);
-        TRY(upload_rows(s, m));
+        TS_TRY(upload_rows(s, m));
         ts_tensor_t vk, idx, wk, src;
-        TRY(ts_tensor_slice(&vk, &s->vk, 0, m));
-        TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
-        TRY(ts_tensor_slice(&wk, &s->wk, 0, m));
-        TRY(ts_tensor_wrap(&src, packed, TS_F32, TS_CPU, 4,
-                           TS_SHAPE(m, x->shape[1], x->shape[2], x->shape[3])));
-        TRY(ts_tensor_copy(&vk, &src));
-        TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
+        TS_TRY(ts_tensor_slice(&vk, &s->vk, 0, m));
+        TS_TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
+        TS_TRY(ts_tensor_slice(&wk, &s->wk, 0, m));
+        TS_TRY(ts_tensor_wrap(&src, packed, TS_F32, TS_CPU, 4,
+                              TS_SHAPE(m, x->shape[1], x->shape[2], x->shape[3])));
+        TS_TRY(ts_tensor_copy(&vk, &src));
+        TS_TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
     }
     return TS_OK;
 }
@@ -771,9 +768,9 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     s->evaluations++;
     ts_policy_t used = s->o.policy;
     switch (s->o.policy) {
-    case TS_POLICY_LEARNED: TRY(score_router(s, x, t)); break;
-    case TS_POLICY_CENTROID: TRY(score_centroid(s, x, t, &used)); break;
-    case TS_POLICY_CONFIDENCE: TRY(score_confidence(s, x, t)); break;
+    case TS_POLICY_LEARNED: TS_TRY(score_router(s, x, t)); break;
+    case TS_POLICY_CENTROID: TS_TRY(score_centroid(s, x, t, &used)); break;
+    case TS_POLICY_CONFIDENCE: TS_TRY(score_confidence(s, x, t)); break;
     case TS_POLICY_UNIFORM:
     default: memset(s->w, 0, (size_t)n * K * sizeof *s->w); break;
     }
@@ -783,38 +780,38 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
                 s->w[(size_t)i * K + k] += s->o.log_prior[(size_t)s->o.labels[i] * K + k];
     if (s->o.eval)
         memcpy(s->scores, s->w, (size_t)n * K * sizeof *s->w);
-    TRY(ts_route_weights(s->w, n, K, &s->o.select, t));
+    TS_TRY(ts_route_weights(s->w, n, K, &s->o.select, t));
     if (s->o.eval)
-        TRY(remote_combine(s, x, t, v));
+        TS_TRY(remote_combine(s, x, t, v));
     else
-        TRY(ts_zero(e, v));
+        TS_TRY(ts_zero(e, v));
     for (int k = 0; !s->o.eval && k < K; k++) {
         int m = rows_for(s, k);
         if (m == 0)
             continue;
-        TRY(upload_rows(s, m));
+        TS_TRY(upload_rows(s, m));
         ts_tensor_t vk, idx, wk;
-        TRY(ts_tensor_slice(&vk, &s->vk, 0, m));
-        TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
-        TRY(ts_tensor_slice(&wk, &s->wk, 0, m));
+        TS_TRY(ts_tensor_slice(&vk, &s->vk, 0, m));
+        TS_TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
+        TS_TRY(ts_tensor_slice(&wk, &s->wk, 0, m));
         if (s->o.policy == TS_POLICY_CONFIDENCE) {
             ts_tensor_t all;
-            TRY(ts_tensor_slice(&all, &s->vall, (int64_t)k * n, n));
-            TRY(ts_gather_rows(e, &vk, &all, &idx)); /* already computed */
+            TS_TRY(ts_tensor_slice(&all, &s->vall, (int64_t)k * n, n));
+            TS_TRY(ts_gather_rows(e, &vk, &all, &idx)); /* already computed */
         } else {
-            TRY(run_expert(s, k, x, t, m, &vk));
+            TS_TRY(run_expert(s, k, x, t, m, &vk));
         }
-        TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
+        TS_TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
     }
     if (s->o.policy == TS_POLICY_CENTROID) {
         size_t nv = (size_t)(s->chw * n);
-        TRY(to_host(s->xh, x));
-        TRY(to_host(s->vh, v));
+        TS_TRY(to_host(s->xh, x));
+        TS_TRY(to_host(s->vh, v));
         denoised(s->xhat, s->xh, s->vh, t, nv);
-        TRY(ts_partition_embed(s->o.partition, s->xhat, n, s->prev_emb));
+        TS_TRY(ts_partition_embed(s->o.partition, s->xhat, n, s->prev_emb));
         s->has_prev = 1;
     }
     if (s->o.record)
-        TRY(record_step(s, t, used));
+        TS_TRY(record_step(s, t, used));
     return TS_OK;
 }

@@ -4,13 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ != TS_OK)                                                                          \
-            return rc_;                                                                            \
-    } while (0)
-
 int ts_sampler_parse(const char *name, ts_sampler_kind_t *kind) {
     if (!name || !kind)
         return TS_EINVAL;
@@ -29,8 +22,8 @@ int ts_sampler_noise(ts_engine_t *e, ts_tensor_t *x, const uint64_t *seeds) {
     int64_t n = x->shape[0];
     for (int64_t i = 0; i < n; i++) {
         ts_tensor_t row;
-        TRY(ts_tensor_slice(&row, x, i, 1));
-        TRY(ts_rng_normal(e, &row, seeds[i], 0));
+        TS_TRY(ts_tensor_slice(&row, x, i, 1));
+        TS_TRY(ts_rng_normal(e, &row, seeds[i], 0));
     }
     return TS_OK;
 }
@@ -49,15 +42,15 @@ int ts_sampler_run(ts_engine_t *e, const ts_sampler_opts_t *o, ts_tensor_t *x,
         float t = 1.0f - (float)k / (float)o->steps;
         float t_next = 1.0f - (float)(k + 1) / (float)o->steps;
         float dt = t - t_next;
-        TRY(fn(ctx, x, t, v1));
+        TS_TRY(fn(ctx, x, t, v1));
         if (o->kind == TS_SAMPLER_EULER) {
-            TRY(ts_axpy(e, x, -dt, v1));
+            TS_TRY(ts_axpy(e, x, -dt, v1));
         } else {
-            TRY(ts_tensor_copy(xp, x));
-            TRY(ts_axpy(e, xp, -dt, v1));
-            TRY(fn(ctx, xp, t_next, v2));
-            TRY(ts_axpy(e, x, -0.5f * dt, v1));
-            TRY(ts_axpy(e, x, -0.5f * dt, v2));
+            TS_TRY(ts_tensor_copy(xp, x));
+            TS_TRY(ts_axpy(e, xp, -dt, v1));
+            TS_TRY(fn(ctx, xp, t_next, v2));
+            TS_TRY(ts_axpy(e, x, -0.5f * dt, v1));
+            TS_TRY(ts_axpy(e, x, -0.5f * dt, v2));
         }
         if (progress && progress(pctx, k + 1, o->steps))
             return TS_EINVAL;
@@ -121,21 +114,21 @@ int ts_dit_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v) {
     /* the batch is [x; x] with labels [y; ∅] when guiding */
     for (int p = 0; p < pairs; p++) {
         ts_tensor_t half;
-        TRY(ts_tensor_slice(&half, &c->xx, (int64_t)p * n, n));
-        TRY(ts_tensor_copy(&half, x));
+        TS_TRY(ts_tensor_slice(&half, &c->xx, (int64_t)p * n, n));
+        TS_TRY(ts_tensor_copy(&half, x));
     }
-    TRY(ts_fill(e, &c->tt, t));
+    TS_TRY(ts_fill(e, &c->tt, t));
     ts_tensor_t out;
-    TRY(ts_dit_forward(c->model, &c->xx, &c->tt, c->yy, pairs * n, &out));
+    TS_TRY(ts_dit_forward(c->model, &c->xx, &c->tt, c->yy, pairs * n, &out));
     c->evals += pairs;
     ts_tensor_t cond, uncond;
-    TRY(ts_tensor_slice(&cond, &out, 0, n));
-    TRY(ts_tensor_copy(v, &cond));
+    TS_TRY(ts_tensor_slice(&cond, &out, 0, n));
+    TS_TRY(ts_tensor_copy(v, &cond));
     if (pairs == 2) {
         /* v = v_u + s·(v_c − v_u) = s·v_c + (1 − s)·v_u */
-        TRY(ts_tensor_slice(&uncond, &out, n, n));
-        TRY(ts_scale(e, v, c->cfg_scale));
-        TRY(ts_axpy(e, v, 1.0f - c->cfg_scale, &uncond));
+        TS_TRY(ts_tensor_slice(&uncond, &out, n, n));
+        TS_TRY(ts_scale(e, v, c->cfg_scale));
+        TS_TRY(ts_axpy(e, v, 1.0f - c->cfg_scale, &uncond));
     }
     return TS_OK;
 }

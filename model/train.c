@@ -19,13 +19,6 @@
 #include "kernels/math.h"
 #include "model/safetensors.h"
 
-#define TRY(expr)                                                                                \
-    do {                                                                                         \
-        int rc_ = (expr);                                                                        \
-        if (rc_ != TS_OK)                                                                        \
-            return rc_;                                                                          \
-    } while (0)
-
 enum { STREAM_PERM = 1, STREAM_TIME = 2, STREAM_DROP = 3, STREAM_NOISE = 4 };
 
 /* SplitMix64's finaliser: a well-mixed 64-bit key per (seed, purpose). */
@@ -90,7 +83,7 @@ int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
     if (!tr || !m || !data || !cfg)
         return TS_EINVAL;
     memset(tr, 0, sizeof *tr);
-    TRY(check_config(cfg));
+    TS_TRY(check_config(cfg));
     const ts_dit_config_t *c = &m->cfg;
     if (!m->trainable || cfg->batch > m->max_batch || data->n < 1 ||
         data->channels != c->in_channels || data->height != c->input_size ||
@@ -134,8 +127,8 @@ int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
 void ts_trainer_free(ts_trainer_t *tr) {
     if (!tr)
         return;
-    ts_tensor_t *all[] = {&tr->m_mem, &tr->v_mem, &tr->ema_mem, &tr->x0, &tr->eps, &tr->xt,
-                          &tr->target, &tr->dv, &tr->t, &tr->loss, &tr->sumsq};
+    ts_tensor_t *all[] = {&tr->m_mem,  &tr->v_mem, &tr->ema_mem, &tr->x0,   &tr->eps,  &tr->xt,
+                          &tr->target, &tr->dv,    &tr->t,       &tr->loss, &tr->sumsq};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         ts_tensor_free(all[i]);
     free(tr->x0_host);
@@ -186,49 +179,49 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
     int64_t s = tr->step;
     draw_batch(tr, s);
     ts_tensor_t host;
-    TRY(ts_tensor_wrap(&host, tr->x0_host, TS_F32, TS_CPU, 4, tr->x0.shape));
-    TRY(ts_tensor_copy(&tr->x0, &host));
-    TRY(ts_tensor_wrap(&host, tr->t_host, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
-    TRY(ts_tensor_copy(&tr->t, &host));
+    TS_TRY(ts_tensor_wrap(&host, tr->x0_host, TS_F32, TS_CPU, 4, tr->x0.shape));
+    TS_TRY(ts_tensor_copy(&tr->x0, &host));
+    TS_TRY(ts_tensor_wrap(&host, tr->t_host, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
+    TS_TRY(ts_tensor_copy(&tr->t, &host));
     uint64_t noise_off = (uint64_t)s * (uint64_t)ts_tensor_numel(&tr->eps);
-    TRY(ts_rng_normal(e, &tr->eps, ts_stream_key(tr->cfg.seed, STREAM_NOISE), noise_off));
-    TRY(ts_flow_interp(e, &tr->xt, &tr->target, &tr->x0, &tr->eps, &tr->t));
+    TS_TRY(ts_rng_normal(e, &tr->eps, ts_stream_key(tr->cfg.seed, STREAM_NOISE), noise_off));
+    TS_TRY(ts_flow_interp(e, &tr->xt, &tr->target, &tr->x0, &tr->eps, &tr->t));
 
     /* forward, loss, backward */
     ts_tensor_t v;
-    TRY(ts_dit_forward(m, &tr->xt, &tr->t, tr->y_host, B, &v));
-    TRY(ts_mse_forward(e, &tr->loss, &v, &tr->target));
+    TS_TRY(ts_dit_forward(m, &tr->xt, &tr->t, tr->y_host, B, &v));
+    TS_TRY(ts_mse_forward(e, &tr->loss, &v, &tr->target));
     float loss;
-    TRY(ts_tensor_item(e, &tr->loss, &loss));
+    TS_TRY(ts_tensor_item(e, &tr->loss, &loss));
     if (loss_out)
         *loss_out = loss;
     if (!isfinite(loss))
         return TS_ENONFINITE;
-    TRY(ts_zero(e, &tr->dv));
-    TRY(ts_mse_backward(e, &tr->dv, 1.0f, &v, &tr->target));
-    TRY(ts_dit_zero_grad(m));
-    TRY(ts_dit_backward(m, &tr->dv, B));
+    TS_TRY(ts_zero(e, &tr->dv));
+    TS_TRY(ts_mse_backward(e, &tr->dv, 1.0f, &v, &tr->target));
+    TS_TRY(ts_dit_zero_grad(m));
+    TS_TRY(ts_dit_backward(m, &tr->dv, B));
 
     /* clip, step, average */
     float sumsq;
-    TRY(ts_sumsq(e, &tr->sumsq, &m->grad_mem));
-    TRY(ts_tensor_item(e, &tr->sumsq, &sumsq));
+    TS_TRY(ts_sumsq(e, &tr->sumsq, &m->grad_mem));
+    TS_TRY(ts_tensor_item(e, &tr->sumsq, &sumsq));
     float norm = sqrtf(sumsq);
     if (norm_out)
         *norm_out = norm;
     if (!isfinite(norm))
         return TS_ENONFINITE;
-    float scale = (tr->cfg.grad_clip > 0.0f && norm > tr->cfg.grad_clip)
-                      ? tr->cfg.grad_clip / norm
-                      : 1.0f;
+    float scale =
+        (tr->cfg.grad_clip > 0.0f && norm > tr->cfg.grad_clip) ? tr->cfg.grad_clip / norm : 1.0f;
     ts_adamw_t hp = {ts_trainer_lr(&tr->cfg, s), tr->cfg.beta1, tr->cfg.beta2, tr->cfg.eps,
                      tr->cfg.weight_decay};
-    TRY(ts_adamw_step(e, &m->param_mem, &m->grad_mem, &tr->m_mem, &tr->v_mem, &hp, s + 1, scale));
+    TS_TRY(
+        ts_adamw_step(e, &m->param_mem, &m->grad_mem, &tr->m_mem, &tr->v_mem, &hp, s + 1, scale));
     /* EMA warm-up: a short memory early on, so the average is not dominated by the init */
     float decay = (float)(1 + s) / (float)(10 + s);
     if (decay > tr->cfg.ema_decay)
         decay = tr->cfg.ema_decay;
-    TRY(ts_ema_update(e, &tr->ema_mem, &m->param_mem, decay));
+    TS_TRY(ts_ema_update(e, &tr->ema_mem, &m->param_mem, decay));
     tr->step = s + 1;
     tr->loss_avg = isnan(tr->loss_avg) ? loss : 0.98f * tr->loss_avg + 0.02f * loss;
     return TS_OK;
@@ -291,8 +284,8 @@ static int ckpt_parts(const ts_trainer_t *tr, ckpt_parts_t *p, char *err, size_t
         rc = ts_tensor_wrap(&h, p->host[i], TS_F32, TS_CPU, 1, TS_SHAPE(n));
         if (rc == TS_OK)
             rc = ts_tensor_copy(&h, slab_of(t, i));
-        p->entries[i] = (ts_st_entry_t){.name = SLAB_NAMES[i], .dtype = TS_ST_F32, .ndim = 1,
-                                        .shape = {n}, .data = p->host[i]};
+        p->entries[i] = (ts_st_entry_t){
+            .name = SLAB_NAMES[i], .dtype = TS_ST_F32, .ndim = 1, .shape = {n}, .data = p->host[i]};
     }
     if (rc != TS_OK) {
         snprintf(err, errlen, "checkpoint: cannot copy the training state to the host");
@@ -316,7 +309,7 @@ int ts_trainer_save_mem(const ts_trainer_t *tr, unsigned char **buf, size_t *len
     if (!tr || !tr->model || !buf || !len)
         return TS_EINVAL;
     ckpt_parts_t p;
-    TRY(ckpt_parts(tr, &p, err, errlen));
+    TS_TRY(ckpt_parts(tr, &p, err, errlen));
     int rc = ts_st_serialize(p.entries, 4, p.meta, N_META, buf, len, err, errlen);
     ckpt_parts_free(&p);
     return rc;
@@ -326,7 +319,7 @@ int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t 
     if (!tr || !tr->model || !path)
         return TS_EINVAL;
     ckpt_parts_t p;
-    TRY(ckpt_parts(tr, &p, err, errlen));
+    TS_TRY(ckpt_parts(tr, &p, err, errlen));
     /* the same bytes as ts_trainer_save_mem, streamed to the file (one encoder) */
     int rc = ts_st_write(path, p.entries, 4, p.meta, N_META, err, errlen);
     ckpt_parts_free(&p);
@@ -362,8 +355,8 @@ static int ckpt_apply(ts_trainer_t *tr, const ts_st_file_t *f, const char *what,
         t[i] = ts_st_find(f, SLAB_NAMES[i]);
         /* F32 only: the slabs are F32, and anything narrower would not resume bit-identically */
         if (!t[i] || t[i]->numel != n || t[i]->dtype != TS_ST_F32) {
-            snprintf(err, errlen, "%s: tensor '%s' missing, not F32, or not of %lld elements",
-                     what, SLAB_NAMES[i], (long long)n);
+            snprintf(err, errlen, "%s: tensor '%s' missing, not F32, or not of %lld elements", what,
+                     SLAB_NAMES[i], (long long)n);
             return TS_ECORRUPT;
         }
     }
@@ -417,7 +410,7 @@ int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen
     if (!tr || !tr->model || !path)
         return TS_EINVAL;
     ts_st_file_t f;
-    TRY(ts_st_read(path, &f, err, errlen));
+    TS_TRY(ts_st_read(path, &f, err, errlen));
     size_t wlen = strlen(path) + 16;
     char *what = malloc(wlen);
     if (!what) {
