@@ -65,7 +65,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* The network part of the summary: stderr lines and a JSON object. */
-static json_t *network_summary(const ts_netgen_t *g) {
+static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls) {
     const ts_remote_t *r = &g->remote;
     const ts_remote_stats_t *st = &r->st;
     double p50 = 0.0, p99 = 0.0;
@@ -89,13 +89,18 @@ static json_t *network_summary(const ts_netgen_t *g) {
             (unsigned long long)st->errors, (unsigned long long)st->garbage,
             (unsigned long long)st->local_runs, st->local_s,
             (unsigned long long)st->degraded_evaluations);
+    fprintf(stderr,
+            "breakdown: policy %.3f s, network %.3f s (servers' queue %.3f s and compute %.3f s, "
+            "summed over requests), local fallback %.3f s, combine %.3f s, of %.3f s\n",
+            ls->policy_s, st->network_s - st->local_s, st->server_queue_s, st->server_compute_s,
+            st->local_s, ls->combine_s, ls->seconds);
     if (st->degraded_evaluations)
         fprintf(stderr, "DEGRADED: %llu of %llu evaluations ran without some expert (it failed "
                         "and had no replica or cached weights); its samples were routed among "
                         "the others\n",
                 (unsigned long long)st->degraded_evaluations,
                 (unsigned long long)st->evaluations);
-    return json_pack("{s:s, s:i, s:i, s:i, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
                      "s:I, s:I, s:f, s:f, s:I, s:I}",
                      "partition_id", g->partition_id, "experts", g->K, "replicas", g->n_replicas,
                      "cached", g->n_cached, "evaluations", (json_int_t)st->evaluations,
@@ -108,6 +113,13 @@ static json_t *network_summary(const ts_netgen_t *g) {
                      "local_s", st->local_s, "degraded_evaluations",
                      (json_int_t)st->degraded_evaluations, "failed_jobs",
                      (json_int_t)st->failed_jobs);
+    if (j) {
+        json_object_set_new(j, "policy_s", json_real(ls->policy_s));
+        json_object_set_new(j, "combine_s", json_real(ls->combine_s));
+        json_object_set_new(j, "server_queue_s", json_real(st->server_queue_s));
+        json_object_set_new(j, "server_compute_s", json_real(st->server_compute_s));
+    }
+    return j;
 }
 
 /* Every request as a Chrome trace "complete" event: one row (tid) per expert. */
@@ -390,7 +402,7 @@ int ts_cmd_generate(int argc, char **argv) {
     else
         json_decref(share);
     if (peer && summary) {
-        json_t *nsum = network_summary(&net);
+        json_t *nsum = network_summary(&net, &st);
         if (nsum)
             json_object_set_new(summary, "network", nsum);
     }

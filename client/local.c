@@ -306,6 +306,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
     int distance = g->policy == TS_POLICY_CENTROID || g->policy == TS_POLICY_CONFIDENCE;
     double t0 = now_s();
     int64_t forwards = 0, router_evals = 0;
+    double policy_s = 0.0, combine_s = 0.0;
     int rc = TS_OK;
     for (int start = 0; start < g->n && rc == TS_OK; start += l->chunk) {
         int m = g->n - start < l->chunk ? g->n - start : l->chunk;
@@ -343,6 +344,8 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
         if (rc == TS_OK) {
             forwards += ens.forwards;
             router_evals += ens.router_calls * m;
+            policy_s += ens.policy_s;
+            combine_s += ens.combine_s;
             for (int k = 0; stats && stats->use && k < l->ex.K; k++)
                 stats->use[k] += ens.expert_forwards[k];
             if (g->on_chunk)
@@ -359,6 +362,8 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
         stats->forwards = forwards;
         stats->router_evals = router_evals;
         stats->seconds = now_s() - t0;
+        stats->policy_s = policy_s;
+        stats->combine_s = combine_s;
     }
     return rc;
 }

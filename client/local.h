@@ -106,6 +106,7 @@ typedef struct ts_local_stats {
     int64_t router_evals; /* sample-evaluations of the router */
     int64_t *use;         /* (K) sample-forwards per expert; the caller's array, or NULL */
     double seconds;
+    double policy_s, combine_s; /* the ensembles' (model/ensemble.h) */
 } ts_local_stats_t;
 
 /* Generates g->n samples into images (n, C, H, W) in host memory. stats (may be NULL) is

@@ -269,6 +269,8 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
                 r->st.hedge_wins++;
             }
             note_rtt(a->ex, p, (double)res->rtt_ns / 1e6);
+            r->st.server_queue_s += q_us / 1e6;
+            r->st.server_compute_s += c_us / 1e6;
             trace(r, s, TS_OK, q_us, c_us, s->replica, s->start);
             finish(a, TS_OK);
             return;

@@ -71,6 +71,7 @@ typedef struct ts_remote_stats {
     uint64_t garbage, local_runs, failed_jobs, degraded_evaluations;
     uint64_t bytes_out, bytes_in;
     double network_s, local_s; /* wall time waiting for the network, computing locally */
+    double server_queue_s, server_compute_s; /* the servers' Timings, summed over answers */
 } ts_remote_stats_t;
 
 /* One trace event: one request or local run of one job (Chrome trace "X" events). */

@@ -16,12 +16,15 @@
  * Invariant: every buffer is sized at init for n samples; an evaluation allocates nothing except
  * when it grows the record.
  */
+#define _POSIX_C_SOURCE 200809L
+
 #include "model/ensemble.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "model/dit_io.h"
 #include "model/safetensors.h"
@@ -625,6 +628,12 @@ int ts_expert_job_run(ts_dit_t *m, const ts_expert_job_t *j) {
     return rc;
 }
 
+double ts_ensemble_clock_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* ---- remote experts --------------------------------------------------------------------------- */
 
 /* Runs one round of jobs: for every expert still available, the samples that now route to it
@@ -730,6 +739,7 @@ static int remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_te
             break;
         TS_TRY(reroute(s, t, failed));
     }
+    double t_combine = ts_ensemble_clock_s();
     TS_TRY(ts_zero(e, v));
     for (int k = 0; k < K; k++) {
         int m = rows_for(s, k);
@@ -749,6 +759,7 @@ static int remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_te
         TS_TRY(ts_tensor_copy(&vk, &src));
         TS_TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
     }
+    s->combine_s += ts_ensemble_clock_s() - t_combine;
     return TS_OK;
 }
 
@@ -767,6 +778,7 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
         s->has_prev = 0; /* a new run starts from pure noise */
     s->evaluations++;
     ts_policy_t used = s->o.policy;
+    double t_policy = ts_ensemble_clock_s();
     switch (s->o.policy) {
     case TS_POLICY_LEARNED: TS_TRY(score_router(s, x, t)); break;
     case TS_POLICY_CENTROID: TS_TRY(score_centroid(s, x, t, &used)); break;
@@ -781,6 +793,7 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     if (s->o.eval)
         memcpy(s->scores, s->w, (size_t)n * K * sizeof *s->w);
     TS_TRY(ts_route_weights(s->w, n, K, &s->o.select, t));
+    s->policy_s += ts_ensemble_clock_s() - t_policy;
     if (s->o.eval)
         TS_TRY(remote_combine(s, x, t, v));
     else

@@ -173,6 +173,8 @@ typedef struct ts_ensemble {
     int64_t fallbacks;       /* centroid evaluations scored without an x̂0 */
     int64_t dropped;         /* remote jobs that failed: an expert left out of one evaluation */
     int64_t renormalised;    /* samples routed again after a drop */
+    double policy_s;         /* wall time spent scoring and routing (router, distances, weights) */
+    double combine_s;        /* remote experts: wall time spent combining their answers */
     /* remote experts: one job per expert, and their host buffers */
     ts_expert_job_t *jobs;          /* (K) */
     int32_t *job_rows, *job_y;      /* (K·n) */
@@ -200,6 +202,9 @@ void ts_ensemble_free(ts_ensemble_t *ens);
  * at t = 1 (the first step of every sampler run) starts a new run: the centroid policy forgets
  * its previous x̂0. */
 int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v);
+
+/* A monotonic clock in seconds (for the timings above). */
+double ts_ensemble_clock_s(void);
 
 /* Expert evaluations per sample so far: forwards / n. */
 double ts_ensemble_evals_per_sample(const ts_ensemble_t *ens);
