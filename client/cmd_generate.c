@@ -94,12 +94,19 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
             "summed over requests), local fallback %.3f s, combine %.3f s, of %.3f s\n",
             ls->policy_s, st->network_s - st->local_s, st->server_queue_s, st->server_compute_s,
             st->local_s, ls->combine_s, ls->seconds);
-    if (st->degraded_evaluations)
+    json_t *degraded = json_array();
+    if (st->degraded_evaluations) {
         fprintf(stderr, "DEGRADED: %llu of %llu evaluations ran without some expert (it failed "
                         "and had no replica or cached weights); its samples were routed among "
-                        "the others\n",
+                        "the others. Evaluations:",
                 (unsigned long long)st->degraded_evaluations,
                 (unsigned long long)st->evaluations);
+        for (uint64_t i = 0; i < st->degraded_evaluations && i < 64; i++) {
+            fprintf(stderr, " %llu", (unsigned long long)r->degraded_at[i]);
+            json_array_append_new(degraded, json_integer((json_int_t)r->degraded_at[i]));
+        }
+        fprintf(stderr, "%s\n", st->degraded_evaluations > 64 ? " …" : "");
+    }
     json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
                      "s:I, s:I, s:f, s:f, s:I, s:I}",
                      "partition_id", g->partition_id, "experts", g->K, "replicas", g->n_replicas,
@@ -118,6 +125,9 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
         json_object_set_new(j, "combine_s", json_real(ls->combine_s));
         json_object_set_new(j, "server_queue_s", json_real(st->server_queue_s));
         json_object_set_new(j, "server_compute_s", json_real(st->server_compute_s));
+        json_object_set_new(j, "degraded_at", degraded);
+    } else {
+        json_decref(degraded);
     }
     return j;
 }

@@ -445,6 +445,8 @@ int ts_remote_eval(void *ctx, ts_expert_job_t *jobs, int n) {
     int degraded = 0;
     for (int i = 0; i < n; i++)
         degraded |= jobs[i].status != TS_OK;
+    if (degraded && r->st.degraded_evaluations < 64)
+        r->degraded_at[r->st.degraded_evaluations] = r->st.evaluations;
     r->st.degraded_evaluations += (uint64_t)degraded;
     double dt = now_s() - t0;
     r->st.network_s += dt;

@@ -99,6 +99,7 @@ typedef struct ts_remote {
     int trace;
     double t0;
     uint64_t rng;
+    uint64_t degraded_at[64]; /* the first 64 degraded evaluations' numbers (1-based) */
     double *eval_ms; /* per evaluation wall time (grows) */
     size_t n_eval, cap_eval;
     void *impl; /* remote.c's: the hedge timers and the attempts of the evaluation in progress */
