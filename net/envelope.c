@@ -247,42 +247,10 @@ static int check_float(chk_t *c, float v, float lo, float hi, const char *what, 
     return TS_OK;
 }
 
-/* "host:port": printable ASCII, no spaces; host a name or IPv4 address without ':', or an IPv6
- * address in brackets; port 1..65535 in decimal. The same rule as the address book's
- * (store/peers.c), so that every address accepted here can be stored there. */
-static int addr_ok(const char *a) {
-    size_t len = strlen(a);
-    if (len < 3 || len > TS_FRAME_ADDR_MAX)
-        return 0;
-    for (size_t i = 0; i < len; i++)
-        if (a[i] <= ' ' || a[i] >= 0x7f)
-            return 0;
-    const char *colon = strrchr(a, ':');
-    if (!colon || colon == a)
-        return 0;
-    size_t hlen = (size_t)(colon - a), plen = len - hlen - 1;
-    if (a[0] == '[') {
-        if (hlen < 3 || a[hlen - 1] != ']' || memchr(a + 1, ']', hlen - 2))
-            return 0;
-    } else if (memchr(a, ':', hlen) || memchr(a, '[', hlen) || memchr(a, ']', hlen)) {
-        return 0;
-    }
-    if (plen < 1 || plen > 5)
-        return 0;
-    unsigned port = 0;
-    for (size_t i = 0; i < plen; i++) {
-        char ch = colon[1 + i];
-        if (ch < '0' || ch > '9')
-            return 0;
-        port = port * 10 + (unsigned)(ch - '0');
-    }
-    return port >= 1 && port <= 65535;
-}
-
 static int check_addr(chk_t *c, const char *a, const char *what) {
     if (!a)
         return bad(c, TS_ECORRUPT, "%s is missing", what);
-    if (!addr_ok(a))
+    if (strlen(a) > TS_FRAME_ADDR_MAX || !ts_addr_valid(a, strlen(a), 0))
         return bad(c, TS_ECORRUPT, "%s \"%.64s\" is not a host:port address", what, a);
     return TS_OK;
 }
