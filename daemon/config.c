@@ -71,7 +71,7 @@ static const key_spec_t KEYS[] = {
     {{"limits", "handshake_timeout_ms", "integer", "5000", "a connection that has not finished its handshake by then is dropped"}, K_INT, OFF(handshake_timeout_ms), 100, 600000},
     {{"limits", "idle_timeout_s", "integer", "120", "a connection with no traffic for this long is closed"}, K_INT, OFF(idle_timeout_s), 1, 86400},
     {{"serve", "max_batch", "integer", "16", "forward rows per batch, and the most one request may take (a guided sample takes 2)"}, K_INT, OFF(serve_max_batch), 1, 4096},
-    {{"serve", "max_wait_ms", "integer", "2", "how long the oldest queued request waits for others to batch with"}, K_INT, OFF(serve_max_wait_ms), 0, 10000},
+    {{"serve", "max_wait_ms", "integer", "0", "how long the oldest queued request waits for others to batch with while the compute thread is idle (0: not at all; batches still form from what queues while one computes)"}, K_INT, OFF(serve_max_wait_ms), 0, 10000},
     {{"serve", "max_queue", "integer", "256", "rows queued before requests are answered busy; at least max_batch"}, K_INT, OFF(serve_max_queue), 1, 1048576},
     {{"serve", "compute_threads", "integer", "0", "threads of the compute engine; 0 = one per core"}, K_INT, OFF(serve_compute_threads), 0, 1024},
     {{"serve", "weights_bandwidth_mib_s", "integer", "0", "MiB/s of weight chunks served to other nodes; 0 = unlimited"}, K_INT, OFF(weights_bandwidth_mib_s), 0, 100000},
@@ -115,7 +115,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->handshake_timeout_ms = 5000;
     c->idle_timeout_s = 120;
     c->serve_max_batch = 16;
-    c->serve_max_wait_ms = 2;
+    c->serve_max_wait_ms = 0;
     c->serve_max_queue = 256;
     c->serve_compute_threads = 0;
     c->weights_bandwidth_mib_s = 0;

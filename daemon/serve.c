@@ -90,7 +90,7 @@ const char *ts_serve_outcome_name(ts_serve_outcome_t o) {
 
 void ts_serve_opts_default(ts_serve_opts_t *o) {
     *o = (ts_serve_opts_t){
-        .max_batch = 16, .max_wait_ms = 2, .max_queue = 256, .compute_threads = 0};
+        .max_batch = 16, .max_wait_ms = 0, .max_queue = 256, .compute_threads = 0};
 }
 
 static void count(ts_serve_t *s, ts_serve_outcome_t o) {

@@ -65,7 +65,7 @@ typedef struct ts_serve_expert {
 
 typedef struct ts_serve_opts {
     int max_batch;       /* rows per forward pass (a guided sample is 2), default 16 */
-    int max_wait_ms;     /* how long the oldest request waits for others, default 2 */
+    int max_wait_ms;     /* how long the oldest request waits for others, default 0 */
     int max_queue;       /* rows queued before busy, default 256 */
     int compute_threads; /* the engine's worker threads, default 0 = one per core */
     /* Optional observers, called on the compute thread after each batch (they must be thread-safe
