@@ -66,6 +66,7 @@ struct ts_rpc_peer {
     ts_rpc_peer_info_t info;
     ts_rpc_peer_cb waiter;
     void *waiter_arg;
+    char last_failure[200]; /* why the last connection attempt failed ("" after a success) */
 };
 
 struct session {
@@ -283,10 +284,14 @@ static void timer_cb(uv_timer_t *t) {
         ts_rpc_call_t *call = TS_CONTAINER_OF(rpc->timeouts.next, ts_rpc_call_t, tnode);
         if (call->deadline_at > now)
             break;
-        char msg[320];
-        snprintf(msg, sizeof msg, "no answer from %s within %llu ms", call->peer->addr,
-                 (unsigned long long)(call->deadline_ms ? call->deadline_ms
-                                                        : rpc->cfg.default_timeout_ms));
+        char msg[600];
+        const ts_rpc_peer_t *p = call->peer;
+        int n = snprintf(msg, sizeof msg, "no answer from %s within %llu ms", p->addr,
+                         (unsigned long long)(call->deadline_ms ? call->deadline_ms
+                                                                : rpc->cfg.default_timeout_ms));
+        if (!call->sess && p->last_failure[0] && n > 0 && (size_t)n < sizeof msg)
+            snprintf(msg + n, sizeof msg - (size_t)n, " (never connected: %s; %llu attempts)",
+                     p->last_failure, (unsigned long long)p->info.attempts);
         if (call->sess)
             send_cancel(call->sess, call->id);
         finish_call(call, TS_ETIMEDOUT, NULL, 0, msg);
@@ -583,6 +588,7 @@ static void conn_open(ts_conn_t *c) {
     p->state = PEER_OPEN;
     p->info.open = 1;
     p->info.failures = 0;
+    p->last_failure[0] = 0;
     p->info.has_node_id = 1;
     p->info.node_id = s->peer_id;
     p->info.handshake_ns = uv_hrtime() - p->connect_started_ns;
@@ -604,6 +610,7 @@ static void conn_closed(ts_conn_t *c, const ts_conn_close_info_t *why) {
     p->info.open = 0;
     if (!why->was_open) {
         p->info.failures++;
+        snprintf(p->last_failure, sizeof p->last_failure, "%s", why->message);
         peer_notify(p, TS_ECLOSED, why->message);
         /* the calls waiting for this connection learn why if they time out; they stay queued */
     }
@@ -630,6 +637,7 @@ static void peer_connect_now(ts_rpc_peer_t *p) {
         rpc->sessions--;
         free(s);
         p->info.failures++;
+        snprintf(p->last_failure, sizeof p->last_failure, "%s", err);
         peer_notify(p, TS_ECLOSED, err);
         peer_schedule(p, 1);
         return;
