@@ -610,7 +610,7 @@ static void conn_closed(ts_conn_t *c, const ts_conn_close_info_t *why) {
     p->info.open = 0;
     if (!why->was_open) {
         p->info.failures++;
-        snprintf(p->last_failure, sizeof p->last_failure, "%s", why->message);
+        snprintf(p->last_failure, sizeof p->last_failure, "%.199s", why->message);
         peer_notify(p, TS_ECLOSED, why->message);
         /* the calls waiting for this connection learn why if they time out; they stay queued */
     }
@@ -637,7 +637,7 @@ static void peer_connect_now(ts_rpc_peer_t *p) {
         rpc->sessions--;
         free(s);
         p->info.failures++;
-        snprintf(p->last_failure, sizeof p->last_failure, "%s", err);
+        snprintf(p->last_failure, sizeof p->last_failure, "%.199s", err);
         peer_notify(p, TS_ECLOSED, err);
         peer_schedule(p, 1);
         return;
