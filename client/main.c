@@ -1,11 +1,13 @@
 /*
  * main.c — the `tessera` command: parses the verb and hands over to it.
  *
- * Verbs today: `train`, `sample`, `forward`, `store`, `partition`, `keygen`, `ping`, `status`, `up`, `down`, `pull` (client/cmd_*.c), `selfcheck` (client/selfcheck.c)
- * and `bench gemm` (bench/gemm_bench.c, shared with the bench_gemm program). The network's
- * verbs (generate, status, pull, ...) arrive with the layers they need. Every verb takes --help; an unknown verb or option exits 2 with a message
- * naming it, a failed run exits 1.
+ * Verbs: `train`, `sample`, `forward`, `store`, `partition`, `train-classifier`, `train-router`,
+ * `generate` (--local or --peer), `eval`, `keygen`, `ping`, `status`, `up`, `down`, `pull`
+ * (client/cmd_*.c), `selfcheck` (client/selfcheck.c) and `bench gemm` (bench/gemm_bench.c,
+ * shared with the bench_gemm program). Every verb takes --help; an unknown verb or option exits
+ * 2 with a message naming it, a failed run exits 1.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -75,6 +77,9 @@ static int cmd_bench(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    /* A peer that goes away while we write to it must be an error on that connection (EPIPE),
+     * not the end of the process: the network verbs route around lost nodes. */
+    signal(SIGPIPE, SIG_IGN);
     if (argc < 2) {
         usage(stderr);
         return 2;

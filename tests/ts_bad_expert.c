@@ -116,6 +116,7 @@ int main(int argc, char **argv) {
                            (int)(sizeof args / sizeof args[0]), argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
+    signal(SIGPIPE, SIG_IGN); /* a client that goes away is its own problem */
     char err[512] = "";
     ts_identity_t id;
     ts_netkey_t nk;
