@@ -161,18 +161,16 @@ static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) 
     hex(&b->partition_id, 64, part);
     hex(&b->weights_hash, 64, wh);
     json_int_t dims = b->centroid && b->centroid->n_shape ? b->centroid->shape[0] : 0;
-    json_t *training = b->training ? json_pack("{s:I, s:I, s:f}", "step",
-                                               (json_int_t)b->training->step, "steps",
-                                               (json_int_t)b->training->steps, "loss",
-                                               (double)b->training->loss)
-                                   : json_null();
+    json_t *training =
+        b->training ? json_pack("{s:I, s:I, s:f}", "step", (json_int_t)b->training->step, "steps",
+                                (json_int_t)b->training->steps, "loss", (double)b->training->loss)
+                    : json_null();
     return json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b}",
-                     "node_id", id, "valid", 1, "version", (json_int_t)b->version,
-                     "partition_id", part, "num_clusters", (int)b->num_clusters, "cluster",
-                     (int)b->cluster, "weights_hash", wh, "objective",
-                     objective_name(b->objective), "model", j_model(b->model), "centroid_dims",
-                     dims, "capacity", j_capacity(b->capacity), "load", j_load(b->load),
-                     "training", training, "router", b->has_router_hash);
+                     "node_id", id, "valid", 1, "version", (json_int_t)b->version, "partition_id",
+                     part, "num_clusters", (int)b->num_clusters, "cluster", (int)b->cluster,
+                     "weights_hash", wh, "objective", objective_name(b->objective), "model",
+                     j_model(b->model), "centroid_dims", dims, "capacity", j_capacity(b->capacity),
+                     "load", j_load(b->load), "training", training, "router", b->has_router_hash);
 }
 
 static json_t *j_status(const Tessera__StatusResponse *r, const adverts_t *ad) {
@@ -185,13 +183,13 @@ static json_t *j_status(const Tessera__StatusResponse *r, const adverts_t *ad) {
         char mid[65], brief[17];
         hex(&m->node_id, 64, mid);
         hex(&m->node_id, 16, brief);
-        json_array_append_new(
-            members, json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:I}", "node_id", mid,
-                               "node_id_short", brief, "state", state_name(m->status),
-                               "incarnation", (json_int_t)m->incarnation, "addr",
-                               m->addr ? m->addr : "", "last_change_age_ms",
-                               (json_int_t)m->last_change_age_ms, "advert_version",
-                               (json_int_t)m->advert_version));
+        json_array_append_new(members,
+                              json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:I}", "node_id", mid,
+                                        "node_id_short", brief, "state", state_name(m->status),
+                                        "incarnation", (json_int_t)m->incarnation, "addr",
+                                        m->addr ? m->addr : "", "last_change_age_ms",
+                                        (json_int_t)m->last_change_age_ms, "advert_version",
+                                        (json_int_t)m->advert_version));
     }
     for (size_t i = 0; i < r->n_adverts; i++)
         json_array_append_new(adverts, j_advert(r->adverts[i], ad->bodies[i]));
@@ -201,10 +199,10 @@ static json_t *j_status(const Tessera__StatusResponse *r, const adverts_t *ad) {
         for (size_t i = 0; i < g->n_clusters; i++) {
             char p[65];
             hex(&g->clusters[i]->partition_id, 64, p);
-            json_array_append_new(clusters, json_pack("{s:s, s:i, s:i}", "partition_id", p,
-                                                      "cluster", (int)g->clusters[i]->cluster,
-                                                      "live_experts",
-                                                      (int)g->clusters[i]->live_experts));
+            json_array_append_new(clusters,
+                                  json_pack("{s:s, s:i, s:i}", "partition_id", p, "cluster",
+                                            (int)g->clusters[i]->cluster, "live_experts",
+                                            (int)g->clusters[i]->live_experts));
         }
         for (size_t i = 0; i < g->n_uncovered; i++) {
             char p[65];
@@ -219,8 +217,8 @@ static json_t *j_status(const Tessera__StatusResponse *r, const adverts_t *ad) {
     json_decref(clusters);
     json_decref(uncovered);
     return json_pack("{s:s, s:i, s:o, s:o, s:o, s:o}", "node_id", id, "live_members",
-                     g ? (int)g->live_members : -1, "members", members, "adverts", adverts,
-                     "load", j_load(r->load), "aggregates", agg);
+                     g ? (int)g->live_members : -1, "members", members, "adverts", adverts, "load",
+                     j_load(r->load), "aggregates", agg);
 }
 
 /* One member row: the expert part from its advert, when one is held. */
@@ -240,16 +238,14 @@ static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBod
                           b->load->queue_depth, b->load->item_latency_us / 1000.0);
         if (b->training && n > 0 && (size_t)n < sizeof expert)
             snprintf(expert + n, sizeof expert - (size_t)n, " training %llu/%llu",
-                     (unsigned long long)b->training->step,
-                     (unsigned long long)b->training->steps);
+                     (unsigned long long)b->training->step, (unsigned long long)b->training->steps);
     }
     printf("  %-16s  %-7s  %5llu  %-21s  %8s  v%-4llu %s\n", brief, state_name(m->status),
            (unsigned long long)m->incarnation, m->addr ? m->addr : "", ago,
            (unsigned long long)m->advert_version, expert);
 }
 
-static void print_status(const Tessera__StatusResponse *r, const adverts_t *ad,
-                         const char *addr) {
+static void print_status(const Tessera__StatusResponse *r, const adverts_t *ad, const char *addr) {
     char id[17];
     hex(&r->node_id, 16, id);
     const Tessera__Aggregates *g = r->aggregates;
@@ -259,8 +255,7 @@ static void print_status(const Tessera__StatusResponse *r, const adverts_t *ad,
     printf("node %s at %s: %zu member%s known, %u alive; %zu live expert%s; %zu cluster%s "
            "without one\n",
            id, addr, r->n_members, r->n_members == 1 ? "" : "s", g ? g->live_members : 0, experts,
-           experts == 1 ? "" : "s", g ? g->n_uncovered : 0,
-           g && g->n_uncovered == 1 ? "" : "s");
+           experts == 1 ? "" : "s", g ? g->n_uncovered : 0, g && g->n_uncovered == 1 ? "" : "s");
     if (r->n_members) {
         printf("\n  %-16s  %-7s  %5s  %-21s  %8s  %-5s %s\n", "MEMBER", "STATE", "INC", "ADDRESS",
                "CHANGED", "ADV", "EXPERT (partition:cluster, model, load)");
@@ -284,9 +279,13 @@ static void print_status(const Tessera__StatusResponse *r, const adverts_t *ad,
         }
         printf("\n");
     }
-    if (g)
-        printf("\n  capacity %.1f samples/s, request rate %.2f/s\n", (double)g->total_capacity,
-               (double)g->request_rate);
+    if (g) {
+        if (g->total_capacity > 0.0f)
+            printf("\n  capacity %.1f forward rows/s", (double)g->total_capacity);
+        else
+            printf("\n  capacity not measured yet (no request served)");
+        printf(", request rate %.2f/s\n", (double)g->request_rate);
+    }
 }
 
 static void ask(status_t *s);
@@ -367,8 +366,10 @@ int ts_cmd_status(int argc, char **argv) {
          "an identity to connect with (default: a fresh one for this run)"},
         {"json", TS_ARG_FLAG, &s.json, NULL, "print JSON (one object per answer)"},
         {"watch", TS_ARG_FLAG, &s.watch, NULL, "ask again every --interval seconds until Ctrl-C"},
-        {"interval", TS_ARG_INT, &s.interval_s, "S", "seconds between answers with --watch "
-                                                     "(default 2)", 1, 3600},
+        {"interval", TS_ARG_INT, &s.interval_s, "S",
+         "seconds between answers with --watch "
+         "(default 2)",
+         1, 3600},
         {"timeout-ms", TS_ARG_INT, &s.timeout_ms, "N",
          "for connect + handshake, and for each answer (default 5000)", 1, 3600000},
     };
@@ -378,8 +379,8 @@ int ts_cmd_status(int argc, char **argv) {
                            argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
-    int rc = ts_netclient_open(&s.nc, "tessera status", peer, id_path, nk_path,
-                               (uint32_t)s.timeout_ms);
+    int rc =
+        ts_netclient_open(&s.nc, "tessera status", peer, id_path, nk_path, (uint32_t)s.timeout_ms);
     if (rc)
         return rc;
     s.tty = isatty(STDOUT_FILENO);
