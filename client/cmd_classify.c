@@ -27,6 +27,7 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/jsonout.h"
 #include "kernels/math.h"
 #include "model/classifier.h"
 #include "model/fmnist.h"
@@ -34,16 +35,6 @@
 
 #define N_BUCKETS 10
 #define EVAL_SEED 0x5eedull /* the router evaluation's noise: the same for every run */
-
-/* One compact JSON line on stdout; jansson escapes the strings (a quote in a file name must not
- * break the JSON). Takes ownership of j, which may be NULL (out of memory: nothing printed). */
-static void print_json(json_t *j) {
-    if (!j)
-        return;
-    json_dumpf(j, stdout, JSON_COMPACT);
-    printf("\n");
-    json_decref(j);
-}
 
 static double now_s(void) {
     struct timespec ts;
@@ -373,7 +364,7 @@ int ts_cmd_train_classifier(int argc, char **argv) {
     fprintf(stderr, "test accuracy %.2f %% (%d/%d) after %lld steps in %.1f s; classifier → %s\n",
             100.0 * acc, right, n, (long long)o.steps, secs, o.out);
     if (o.json)
-        print_json(json_pack("{s:b, s:f, s:i, s:I, s:f, s:s}", "done", 1, "test_accuracy", acc,
+        ts_json_print(json_pack("{s:b, s:f, s:i, s:I, s:f, s:s}", "done", 1, "test_accuracy", acc,
                              "test_n", n, "steps", (json_int_t)o.steps, "seconds", secs, "out",
                              o.out));
     run_free(&r);
@@ -460,7 +451,7 @@ int ts_cmd_train_router(int argc, char **argv) {
             json_t *buckets = json_array();
             for (int j = 0; buckets && j < N_BUCKETS; j++)
                 json_array_append_new(buckets, json_real(acc[j]));
-            print_json(json_pack("{s:b, s:s, s:I, s:f, s:o*, s:s}", "done", 1, "partition_id",
+            ts_json_print(json_pack("{s:b, s:s, s:I, s:f, s:o*, s:s}", "done", 1, "partition_id",
                                  p.id, "steps", (json_int_t)o.steps, "seconds", secs,
                                  "bucket_accuracy", buckets, "out", o.out));
         }

@@ -19,20 +19,13 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/jsonout.h"
 #include "kernels/error.h"
 #include "net/keys.h"
 
 static int failed(int rc, const char *err) {
     fprintf(stderr, "tessera keygen: %s\n", err && *err ? err : ts_strerror(rc));
     return 1;
-}
-
-static void print_json(json_t *j) {
-    if (!j)
-        return;
-    json_dumpf(j, stdout, JSON_COMPACT);
-    printf("\n");
-    json_decref(j);
 }
 
 static int make_network_key(const char *out, int json) {
@@ -45,7 +38,7 @@ static int make_network_key(const char *out, int json) {
     if (rc != TS_OK)
         return failed(rc, err);
     if (json)
-        print_json(json_pack("{s:s, s:s}", "file", out, "kind", "network-key"));
+        ts_json_print(json_pack("{s:s, s:s}", "file", out, "kind", "network-key"));
     else
         printf("wrote a network key to %s (mode 0600)\n"
                "Give a copy, privately, to every node of this network; each keeps it mode 0600.\n",
@@ -66,7 +59,7 @@ static int make_identity(const char *out, int json) {
     if (rc != TS_OK)
         return failed(rc, err);
     if (json)
-        print_json(json_pack("{s:s, s:s, s:s, s:s}", "file", out, "kind", "identity", "node_id",
+        ts_json_print(json_pack("{s:s, s:s, s:s, s:s}", "file", out, "kind", "identity", "node_id",
                              full, "node_id_short", brief));
     else
         printf("wrote a node identity to %s (mode 0600)\n"

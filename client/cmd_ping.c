@@ -27,6 +27,7 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/jsonout.h"
 #include "kernels/error.h"
 #include "client/netclient.h"
 #include "net/rpc.h"
@@ -124,11 +125,7 @@ static void report(const ping_t *p, int json) {
                               p->addr, "node_id", full, "node_id_short", brief, "handshake_ms",
                               p->handshake_ms, "count", p->count, "rtt_ms", "min", mn, "p50", p50,
                               "p99", p99, "max", mx, "samples_ms", samples);
-        if (j) {
-            json_dumpf(j, stdout, JSON_COMPACT);
-            printf("\n");
-            json_decref(j);
-        }
+        ts_json_print(j);
     } else {
         printf("%s: node %s, connect + handshake %.3f ms\n", p->addr, brief, p->handshake_ms);
         printf("%d round trip%s: min %.3f ms, p50 %.3f ms, p99 %.3f ms, max %.3f ms\n", p->count,

@@ -39,6 +39,7 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/jsonout.h"
 #include "client/netclient.h"
 #include "kernels/error.h"
 #include "net/frame.h"
@@ -318,12 +319,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         return;
     }
     if (s->json) {
-        json_t *j = j_status(r, &ad);
-        if (j) {
-            json_dumpf(j, stdout, JSON_COMPACT);
-            printf("\n");
-            json_decref(j);
-        }
+        ts_json_print(j_status(r, &ad));
     } else {
         if (s->watch && s->tty)
             printf("\033[H\033[2J");

@@ -29,6 +29,7 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/jsonout.h"
 #include "store/weights.h"
 
 #define MAX_OPERANDS 2
@@ -74,14 +75,6 @@ static void when(int64_t t, char *buf, size_t len) {
     struct tm tm;
     if (t <= 0 || !localtime_r(&tt, &tm) || strftime(buf, len, "%Y-%m-%d %H:%M", &tm) == 0)
         snprintf(buf, len, "-");
-}
-
-static void print_json(json_t *j) {
-    if (!j)
-        return;
-    json_dumpf(j, stdout, JSON_COMPACT);
-    printf("\n");
-    json_decref(j);
 }
 
 static int fail(const cli_t *c, int rc, const char *err) {
@@ -176,7 +169,7 @@ static int run_ls(cli_t *c) {
                                       : "listing the weights failed");
     }
     if (c->json)
-        print_json(l.arr);
+        ts_json_print(l.arr);
     else if (l.n == 0)
         fprintf(stderr, "no weights in %s (tessera store import FILE adds some)\n",
                 ts_store_dir(c->s));
@@ -196,7 +189,7 @@ static int print_info(void *ctx, const ts_weights_info_t *info) {
     char hex[TS_HASH_HEX], size[32], desc[64];
     ts_hash_hex(&info->hash, hex);
     if (c->json) {
-        print_json(info_json(info));
+        ts_json_print(info_json(info));
         return TS_OK;
     }
     ts_weights_describe(info, desc, sizeof desc);
@@ -234,7 +227,7 @@ static int run_export(cli_t *c) {
     struct stat st;
     long long size = stat(c->op[1], &st) == 0 ? (long long)st.st_size : -1;
     if (c->json)
-        print_json(
+        ts_json_print(
             json_pack("{s:s, s:s, s:I}", "hash", hex, "path", c->op[1], "size", (json_int_t)size));
     else
         fprintf(stderr, "wrote %s (%lld bytes, weights %.16s)\n", c->op[1], size, hex);
@@ -276,7 +269,7 @@ static int run_verify(cli_t *c) {
     }
     char b[32];
     if (c->json)
-        print_json(json_pack("{s:b, s:I, s:I, s:I, s:o}", "ok", n == 0, "manifests",
+        ts_json_print(json_pack("{s:b, s:I, s:I, s:I, s:o}", "ok", n == 0, "manifests",
                              (json_int_t)st.manifests, "chunks", (json_int_t)st.chunks, "bytes",
                              (json_int_t)st.bytes, "problems", v.arr));
     else if (n == 0)
@@ -298,7 +291,7 @@ static int report_gc(const cli_t *c, const ts_weights_gc_t *g, const char *hex) 
                               (json_int_t)g->bytes);
         if (o && hex)
             json_object_set_new(o, "removed", json_string(hex));
-        print_json(o);
+        ts_json_print(o);
     } else {
         if (hex)
             printf("removed %s\n", hex);
@@ -343,7 +336,7 @@ static int run_du(cli_t *c) {
     uint64_t file = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
     double ratio = d.unique_bytes ? (double)d.logical_bytes / (double)d.unique_bytes : 1.0;
     if (c->json) {
-        print_json(json_pack(
+        ts_json_print(json_pack(
             "{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I}", "dir", ts_store_dir(c->s),
             "manifests", (json_int_t)d.manifests, "pinned", (json_int_t)d.pinned, "chunks",
             (json_int_t)d.chunks, "unique_bytes", (json_int_t)d.unique_bytes, "logical_bytes",
@@ -379,7 +372,7 @@ static int set_pin(cli_t *c, int on) {
     if (rc)
         return fail(c, rc, on ? "pinning failed" : "unpinning failed");
     if (c->json)
-        print_json(json_pack("{s:s, s:b}", "hash", hex, "pinned", on));
+        ts_json_print(json_pack("{s:s, s:b}", "hash", hex, "pinned", on));
     else
         printf("%s %s\n", on ? "pinned" : "unpinned", hex);
     return 0;
@@ -418,7 +411,7 @@ static int run_evict(cli_t *c) {
     }
     char b1[32], b2[32], b3[32];
     if (c->json) {
-        print_json(json_pack("{s:o, s:I, s:I, s:I, s:I}", "evicted", e.arr, "freed_chunks",
+        ts_json_print(json_pack("{s:o, s:I, s:I, s:I, s:I}", "evicted", e.arr, "freed_chunks",
                              (json_int_t)r.freed_chunks, "freed_bytes", (json_int_t)r.freed_bytes,
                              "unique_bytes", (json_int_t)r.unique_bytes, "budget",
                              (json_int_t)budget));

@@ -48,8 +48,6 @@ struct ts_host {
     void *done_arg;
 };
 
-static void hex_of(const ts_hash_t *h, char out[TS_HASH_HEX]) { ts_hash_hex(h, out); }
-
 /* ---- the advert ------------------------------------------------------------------------------- */
 
 static void current_load(ts_host_t *h, ts_serve_load_t *l) {
@@ -135,7 +133,7 @@ static void observe_queue_wait(void *ctx, uint64_t queue_us) {
 static int start_pending(ts_host_t *h, char *err, size_t errlen) {
     const ts_daemon_config_t *c = h->env.cfg;
     char hex[TS_HASH_HEX];
-    hex_of(&h->pending, hex);
+    ts_hash_hex(&h->pending, hex);
     h->has_pending = 0;
     ts_expert_info_t info;
     int rc = ts_expert_prepare(h->env.store, hex, c->expert_partition, &info, err, errlen);
@@ -224,7 +222,7 @@ static void on_train(uv_async_t *a) {
     if (p.state == TS_TRAIN_DONE) {
         ts_train_job_stop(h->job, 0);
         char hex[TS_HASH_HEX];
-        hex_of(&p.weights, hex);
+        ts_hash_hex(&p.weights, hex);
         ts_log_info("train", "done: %lld steps, loss %.4f; weights %.16s in the store",
                     (long long)p.steps, (double)p.loss_avg, hex);
         ts_train_job_free(h->job);
