@@ -39,7 +39,7 @@ typedef struct ts_netgen {
     ts_remote_expert_t *experts; /* (K) */
     ts_dit_t *cached;            /* (K) the fallback models; valid where has_cached[k] */
     int *has_cached;
-    int K, n_nodes, n_replicas, n_cached;
+    int K, n_replicas, n_cached;
     ts_dit_config_t cfg;
     char partition_id[65];
     char cache_dir[1024];
