@@ -288,6 +288,20 @@ static void format_value(char *buf, size_t len, double v) {
         snprintf(buf, len, "n/a");
 }
 
+/* Opens a chart: <figure><svg> of width × height with title as its label, tooltip and heading. */
+static void svg_open(ts_report_t *r, const char *title, int width, int height) {
+    put(r,
+        "<figure class=\"chart\">\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
+        "height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"",
+        width, height, width, height);
+    put_esc(r, title);
+    put(r, "\" font-family=\"system-ui,sans-serif\" font-size=\"%d\">\n<title>", CHART_FONT_PX);
+    put_esc(r, title);
+    put(r, "</title>\n<text x=\"0\" y=\"16\" font-weight=\"bold\">");
+    put_esc(r, title);
+    put(r, "</text>\n");
+}
+
 int ts_report_bar_chart_svg(ts_report_t *r, const char *title, const char *const *labels,
                             const double *values, int n, const char *unit) {
     if (!r)
@@ -316,16 +330,7 @@ int ts_report_bar_chart_svg(ts_report_t *r, const char *title, const char *const
     int width = label_w + CHART_BAR_PX + value_w;
     int height = CHART_TITLE_PX + n * CHART_ROW_PX + 8;
 
-    put(r,
-        "<figure class=\"chart\">\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
-        "height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"",
-        width, height, width, height);
-    put_esc(r, title);
-    put(r, "\" font-family=\"system-ui,sans-serif\" font-size=\"%d\">\n<title>", CHART_FONT_PX);
-    put_esc(r, title);
-    put(r, "</title>\n<text x=\"0\" y=\"16\" font-weight=\"bold\">");
-    put_esc(r, title);
-    put(r, "</text>\n");
+    svg_open(r, title, width, height);
     for (int i = 0; i < n; i++) {
         double v = values[i];
         double frac = isfinite(v) && v > 0.0 && vmax > 0.0 ? v / vmax : 0.0;
@@ -345,6 +350,98 @@ int ts_report_bar_chart_svg(ts_report_t *r, const char *title, const char *const
         }
         put(r, "</text>\n");
     }
+    put(r, "</svg>\n</figure>\n");
+    return check_io(r);
+}
+
+/* ---- the scatter plot -------------------------------------------------------------------- */
+
+#define SCATTER_W 560 /* plot area */
+#define SCATTER_H 320
+#define SCATTER_LEFT 56
+#define SCATTER_RIGHT 220 /* room for the labels of the rightmost points */
+#define SCATTER_BOTTOM 44
+
+int ts_report_scatter_svg(ts_report_t *r, const char *title, const char *xlabel, const char *ylabel,
+                          const char *const *labels, const double *x, const double *y,
+                          const double *lo, const double *hi, int n) {
+    if (!r)
+        return TS_EINVAL;
+    if (r->code)
+        return r->code;
+    if (!title || !xlabel || !ylabel || !labels || !x || !y || !lo || !hi || n < 1)
+        return poison(r, TS_EINVAL, "ts_report_scatter_svg: NULL argument or %d points", n);
+    double xmin = INFINITY, xmax = -INFINITY, ymin = 0.0, ymax = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (!labels[i])
+            return poison(r, TS_EINVAL, "ts_report_scatter_svg: label %d is NULL", i);
+        if (!(isfinite(x[i]) && x[i] > 0 && isfinite(y[i]) && isfinite(lo[i]) && isfinite(hi[i])))
+            continue;
+        xmin = fmin(xmin, x[i]), xmax = fmax(xmax, x[i]);
+        ymin = fmin(ymin, lo[i]), ymax = fmax(ymax, fmax(hi[i], y[i]));
+    }
+    if (!isfinite(xmin)) /* nothing to draw */
+        xmin = 1, xmax = 10, ymax = 1;
+    double lx0 = floor(log10(xmin)), lx1 = ceil(log10(xmax));
+    if (lx1 <= lx0)
+        lx1 = lx0 + 1;
+    if (!(ymax > ymin))
+        ymax = ymin + 1;
+    /* a round y step: 1, 2 or 5 × 10^k, about 5 ticks */
+    double raw = (ymax - ymin) / 5, mag = pow(10, floor(log10(raw))), step = mag;
+    if (raw / mag > 5)
+        step = 10 * mag;
+    else if (raw / mag > 2)
+        step = 5 * mag;
+    else if (raw / mag > 1)
+        step = 2 * mag;
+    ymax = ceil(ymax / step) * step;
+    ymin = floor(ymin / step) * step;
+    int width = SCATTER_LEFT + SCATTER_W + SCATTER_RIGHT;
+    int height = CHART_TITLE_PX + SCATTER_H + SCATTER_BOTTOM;
+#define PX(v) (SCATTER_LEFT + (log10(v) - lx0) / (lx1 - lx0) * SCATTER_W)
+#define PY(v) (CHART_TITLE_PX + (1.0 - ((v)-ymin) / (ymax - ymin)) * SCATTER_H)
+    svg_open(r, title, width, height);
+    /* axes and ticks */
+    put(r, "<path d=\"M%d %d V%d H%d\" stroke=\"#444\" fill=\"none\"/>\n", SCATTER_LEFT,
+        CHART_TITLE_PX, CHART_TITLE_PX + SCATTER_H, SCATTER_LEFT + SCATTER_W);
+    for (double v = ymin; v <= ymax + step / 2; v += step) {
+        char vb[64];
+        format_value(vb, sizeof vb, v);
+        put(r, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", SCATTER_LEFT - 6,
+            PY(v) + 4, vb);
+        put(r, "<path d=\"M%d %.1f H%d\" stroke=\"#ddd\"/>\n", SCATTER_LEFT, PY(v),
+            SCATTER_LEFT + SCATTER_W);
+    }
+    for (double e = lx0; e <= lx1 + 0.5; e += 1) {
+        double v = pow(10, e);
+        char vb[64];
+        format_value(vb, sizeof vb, v);
+        put(r, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", PX(v),
+            CHART_TITLE_PX + SCATTER_H + 16, vb);
+    }
+    put(r, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", SCATTER_LEFT + SCATTER_W / 2,
+        CHART_TITLE_PX + SCATTER_H + 36);
+    put_esc(r, xlabel);
+    put(r,
+        "</text>\n<text x=\"12\" y=\"%d\" transform=\"rotate(-90 12 %d)\" "
+        "text-anchor=\"middle\">",
+        CHART_TITLE_PX + SCATTER_H / 2, CHART_TITLE_PX + SCATTER_H / 2);
+    put_esc(r, ylabel);
+    put(r, "</text>\n");
+    for (int i = 0; i < n; i++) {
+        if (!(isfinite(x[i]) && x[i] > 0 && isfinite(y[i]) && isfinite(lo[i]) && isfinite(hi[i])))
+            continue;
+        double px = PX(x[i]);
+        put(r, "<path d=\"M%.1f %.1f V%.1f M%.1f %.1f h8 M%.1f %.1f h8\" stroke=\"#4c78a8\"/>\n",
+            px, PY(lo[i]), PY(hi[i]), px - 4, PY(lo[i]), px - 4, PY(hi[i]));
+        put(r, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"#4c78a8\"/>\n", px, PY(y[i]));
+        put(r, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">", px + 7, PY(y[i]) + 3);
+        put_esc(r, labels[i]);
+        put(r, "</text>\n");
+    }
+#undef PX
+#undef PY
     put(r, "</svg>\n</figure>\n");
     return check_io(r);
 }

@@ -67,6 +67,15 @@ int ts_report_table(ts_report_t *r, int cols, int rows, const char *const *cells
 int ts_report_bar_chart_svg(ts_report_t *r, const char *title, const char *const *labels,
                             const double *values, int n, const char *unit);
 
+/* A scatter plot as inline SVG: point i at (x[i], y[i]) with a vertical bar from lo[i] to hi[i]
+ * (an interval; equal to y[i] for none) and labels[i] beside it; the x axis is logarithmic (x
+ * must be > 0), the y axis linear from 0 (or the smallest lo, if negative) to the largest hi,
+ * with ticks. Points whose values are not finite are left out. Errors: TS_EINVAL (NULL
+ * arguments, n < 1), TS_EIO. */
+int ts_report_scatter_svg(ts_report_t *r, const char *title, const char *xlabel, const char *ylabel,
+                          const char *const *labels, const double *x, const double *y,
+                          const double *lo, const double *hi, int n);
+
 /* A grid of images (n, C, H, W) with values in [−1, 1] (C = 1 grey, C = 3 RGB), cols columns
  * (0: ceil(sqrt(n))), encoded as one PNG by ts_png_encode_grid (model/png.h; 2 pixels of grey
  * padding), embedded as a data URI, shown enlarged with crisp pixels, with caption under it

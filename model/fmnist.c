@@ -19,6 +19,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -210,12 +211,20 @@ void ts_dataset_free(ts_dataset_t *ds) {
     memset(ds, 0, sizeof *ds);
 }
 
+/* A file-name prefix: "train", "t10k" for "test", or any other name made of letters, digits and
+ * "+._-" (the files `ts_idx_write` makes); NULL for anything else. */
 static const char *split_prefix(const char *split) {
     if (strcmp(split, "train") == 0)
         return "train";
     if (strcmp(split, "test") == 0 || strcmp(split, "t10k") == 0)
         return "t10k";
-    return NULL;
+    if (!*split || strlen(split) > 200 || split[0] == '.')
+        return NULL;
+    for (const char *c = split; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '+' || *c == '.' || *c == '_' || *c == '-'))
+            return NULL;
+    return split;
 }
 
 /* Reads the labels (n of them), checks each is a known class and returns them as int32 in
@@ -276,7 +285,9 @@ int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *e
         return fail(err, errlen, TS_EINVAL, "ts_fmnist_load: split is NULL");
     const char *prefix = split_prefix(split);
     if (!prefix)
-        return fail(err, errlen, TS_EINVAL, "unknown split \"%s\": expected \"train\" or \"test\"",
+        return fail(err, errlen, TS_EINVAL,
+                    "unknown split \"%s\": expected \"train\", \"test\" or a file prefix of "
+                    "letters, digits and +._-",
                     split);
     if (!dir)
         dir = TS_FMNIST_DEFAULT_DIR;
@@ -549,33 +560,35 @@ static int check_shard_indices(const int32_t *idx, int n, char *err, size_t errl
     return rc;
 }
 
-int ts_shard_write(const char *path, const int32_t *idx, int n, char *err, size_t errlen) {
-    if (!path || n < 0 || (n > 0 && !idx))
-        return fail(err, errlen, TS_EINVAL, "ts_shard_write: NULL argument or negative count");
-    int rc = check_shard_indices(idx, n, err, errlen);
-    if (rc)
-        return rc;
+/* ---- atomic writes ------------------------------------------------------------------------ */
 
-    char tmp[PATH_BUF];
-    int len = snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-    if (len < 0 || (size_t)len >= sizeof tmp)
-        return fail(err, errlen, TS_EINVAL, "shard path is too long: %s", path);
+/* Opens a temporary file next to path (tmp receives its name), mode 0644. */
+static int temp_open(const char *path, char tmp[PATH_BUF], FILE **fp, char *err, size_t errlen) {
+    int len = snprintf(tmp, PATH_BUF, "%s.tmp.XXXXXX", path);
+    if (len < 0 || len >= PATH_BUF)
+        return fail(err, errlen, TS_EINVAL, "path is too long: %s", path);
     int fd = mkstemp(tmp);
     if (fd < 0)
         return fail(err, errlen, TS_EIO, "cannot create a temporary file next to %s: %s", path,
                     strerror(errno));
-    FILE *fp = fdopen(fd, "w");
-    if (!fp) {
+    if (fchmod(fd, 0644) != 0 || !(*fp = fdopen(fd, "wb"))) {
         int e = errno;
         close(fd);
         unlink(tmp);
         return fail(err, errlen, TS_EIO, "cannot write %s: %s", tmp, strerror(e));
     }
-    int ok = fchmod(fd, 0644) == 0 && fprintf(fp, "# tessera shard: %d indices\n", n) > 0;
-    for (int i = 0; ok && i < n; i++)
-        ok = fprintf(fp, "%d\n", (int)idx[i]) > 0;
-    ok = ok && fflush(fp) == 0 && fsync(fd) == 0;
+    return TS_OK;
+}
+
+/* Ends a temp_open: when ok (everything was written), flushes, syncs and renames it over path;
+ * otherwise (or when any of that fails) removes it. */
+static int temp_commit(FILE *fp, int ok, const char *tmp, const char *path, char *err,
+                       size_t errlen) {
     int e = errno;
+    if (ok && (fflush(fp) != 0 || fsync(fileno(fp)) != 0)) {
+        ok = 0;
+        e = errno;
+    }
     if (fclose(fp) != 0 && ok) {
         ok = 0;
         e = errno;
@@ -586,7 +599,88 @@ int ts_shard_write(const char *path, const int32_t *idx, int n, char *err, size_
     }
     if (!ok) {
         unlink(tmp);
-        return fail(err, errlen, TS_EIO, "cannot write shard file %s: %s", path, strerror(e));
+        return fail(err, errlen, TS_EIO, "cannot write %s: %s", path, strerror(e));
     }
     return TS_OK;
+}
+
+int ts_shard_write(const char *path, const int32_t *idx, int n, char *err, size_t errlen) {
+    if (!path || n < 0 || (n > 0 && !idx))
+        return fail(err, errlen, TS_EINVAL, "ts_shard_write: NULL argument or negative count");
+    int rc = check_shard_indices(idx, n, err, errlen);
+    if (rc)
+        return rc;
+
+    char tmp[PATH_BUF];
+    FILE *fp = NULL;
+    if ((rc = temp_open(path, tmp, &fp, err, errlen)) != TS_OK)
+        return rc;
+    int ok = fprintf(fp, "# tessera shard: %d indices\n", n) > 0;
+    for (int i = 0; ok && i < n; i++)
+        ok = fprintf(fp, "%d\n", (int)idx[i]) > 0;
+    return temp_commit(fp, ok, tmp, path, err, errlen);
+}
+
+/* ---- writing IDX files ------------------------------------------------------------------- */
+
+static void put_be32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
+}
+
+/* Writes head (hlen bytes) then body (blen) to path atomically. */
+static int write_atomic(const char *path, const unsigned char *head, size_t hlen,
+                        const unsigned char *body, size_t blen, char *err, size_t errlen) {
+    char tmp[PATH_BUF];
+    FILE *fp = NULL;
+    int rc = temp_open(path, tmp, &fp, err, errlen);
+    if (rc != TS_OK)
+        return rc;
+    int ok = fwrite(head, 1, hlen, fp) == hlen && fwrite(body, 1, blen, fp) == blen;
+    return temp_commit(fp, ok, tmp, path, err, errlen);
+}
+
+int ts_idx_write(const char *dir, const char *prefix, const float *images, const int32_t *labels,
+                 int n, int height, int width, char *err, size_t errlen) {
+    if (!dir || !prefix || !images || !labels || n < 1 || n > TS_FMNIST_MAX_N || height < 1 ||
+        width < 1 || height > 4096 || width > 4096)
+        return fail(err, errlen, TS_EINVAL, "ts_idx_write: bad arguments");
+    if (!split_prefix(prefix) || strcmp(split_prefix(prefix), prefix) != 0)
+        return fail(err, errlen, TS_EINVAL,
+                    "ts_idx_write: \"%s\" is not a file prefix (letters, digits and +._-)", prefix);
+    for (int i = 0; i < n; i++)
+        if (labels[i] < 0 || labels[i] > 255)
+            return fail(err, errlen, TS_EINVAL, "ts_idx_write: label %d of item %d is not a byte",
+                        (int)labels[i], i);
+    size_t npix = (size_t)n * (size_t)height * (size_t)width;
+    unsigned char *pix = malloc(npix), *lab = malloc((size_t)n);
+    if (!pix || !lab) {
+        free(pix);
+        free(lab);
+        return fail(err, errlen, TS_ENOMEM, "ts_idx_write: out of memory for %d images", n);
+    }
+    for (size_t i = 0; i < npix; i++) {
+        float v = images[i];
+        v = isnan(v) ? -1.0f : v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
+        pix[i] = (unsigned char)floorf((v + 1.0f) * 127.5f + 0.5f);
+    }
+    for (int i = 0; i < n; i++)
+        lab[i] = (unsigned char)labels[i];
+    unsigned char ih[16], lh[8];
+    put_be32(ih, TS_FMNIST_MAGIC_IMAGES), put_be32(ih + 4, (uint32_t)n);
+    put_be32(ih + 8, (uint32_t)height), put_be32(ih + 12, (uint32_t)width);
+    put_be32(lh, TS_FMNIST_MAGIC_LABELS), put_be32(lh + 4, (uint32_t)n);
+    char path[PATH_BUF];
+    int rc = TS_OK;
+    if (snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", dir, prefix) >= (int)sizeof path)
+        rc = fail(err, errlen, TS_EINVAL, "folder path is too long: %s", dir);
+    if (rc == TS_OK)
+        rc = write_atomic(path, ih, sizeof ih, pix, npix, err, errlen);
+    if (rc == TS_OK) {
+        snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte", dir, prefix);
+        rc = write_atomic(path, lh, sizeof lh, lab, (size_t)n, err, errlen);
+    }
+    free(pix);
+    free(lab);
+    return rc;
 }

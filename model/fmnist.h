@@ -52,7 +52,8 @@ typedef struct ts_dataset {
 } ts_dataset_t;
 
 /* Loads one split. dir: the folder holding the IDX files (NULL = TS_FMNIST_DEFAULT_DIR); split:
- * "train" (file prefix "train") or "test" (prefix "t10k"; "t10k" is accepted too). For each file
+ * "train" (file prefix "train") or "test" (prefix "t10k"; "t10k" is accepted too), or any other
+ * file prefix of letters, digits and "+._-" (e.g. the samples `ts_idx_write` saved). For each file
  * <dir>/<prefix>-images-idx3-ubyte.gz is read if it exists, else the uncompressed file of the
  * same name without ".gz". The result has channels = 1 and num_classes = TS_FMNIST_NUM_CLASSES.
  * On success *ds owns malloc'ed images and labels (release with ts_dataset_free); on failure *ds
@@ -77,6 +78,14 @@ void ts_dataset_free(ts_dataset_t *ds);
  * (a line that is not an index, a duplicate), TS_ERANGE (an index ≥ limit or beyond INT32_MAX),
  * TS_EINVAL (bad argument), TS_ENOMEM. On failure *idx = NULL and *n = 0. */
 int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err, size_t errlen);
+
+/* Writes n 8-bit images (n, 1, height, width) with values in [−1, 1] (pixel = ⌊(v + 1)·127.5 +
+ * 0.5⌋, NaN as −1, the mapping of model/png.c) and their labels (each in [0, 255]) as the IDX pair
+ * <dir>/<prefix>-images-idx3-ubyte and <dir>/<prefix>-labels-idx1-ubyte, uncompressed, each
+ * atomically; ts_fmnist_load(dir, prefix) reads them back. prefix: letters, digits and "+._-".
+ * Errors: TS_EINVAL, TS_EIO, TS_ENOMEM. */
+int ts_idx_write(const char *dir, const char *prefix, const float *images, const int32_t *labels,
+                 int n, int height, int width, char *err, size_t errlen);
 
 /* Writes idx[0..n) as a shard file (a `#` header line, then one index per line), atomically: a
  * temporary file in the same folder is written, flushed to disk and renamed over path, so a

@@ -71,20 +71,43 @@ mkdir "$dir/same"
 cp "$dir/mono.safetensors" "$dir/same/expert-0.safetensors"
 cp "$dir/mono.safetensors" "$dir/same/expert-1.safetensors"
 cp "$f/partition.safetensors" "$f/router.safetensors" "$dir/same/"
+mkdir "$dir/samples"
 "$T" eval --local "$dir/same" --classifier "$dir/cls.safetensors" \
-    --monolith "$dir/mono.safetensors" \
-    --policies "monolith learned:top1 uniform:full centroid:top2 learned+prior:top1 uniform+prior:top2" \
-    --n 12 --steps 2 --sampler euler --ref-n 200 --grid 4 --report "$dir/r.html" --json \
+    --monolith "$dir/mono.safetensors,$dir/mono.safetensors" \
+    --policies "monolith learned:top1 uniform:full centroid:top2 learned+prior:top1 uniform+prior:top2 monolith2" \
+    --n 24 --steps 2 --sampler euler --ref-n 200 --grid 4 --bootstrap 20 --report "$dir/r.html" \
+    --save-samples "$dir/samples" --json \
     >"$dir/e.json" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "eval"; }
 "$PY" - "$dir/e.json" <<'PYEOF' || fail "eval results"
 import json, math, sys
 j = json.load(open(sys.argv[1]))
 e = {x["policy"]: x for x in j["entries"]}
-assert len(j["entries"]) == 7, j["entries"]
+assert len(j["entries"]) == 8, j["entries"]
 mono = e["monolith"]["fd"]
 assert math.isfinite(mono) and mono >= 0, mono
-for name in ("learned:top1", "uniform:full", "learned+prior:top1"):
+lo, hi = e["monolith"]["fd_ci95"]
+assert lo < hi, e["monolith"]
+# a mixture of two identical experts is that expert: the same samples, so the same FD, the same
+# interval, and a paired difference of exactly 0 whose interval contains 0
+for name in ("learned:top1", "uniform:full", "learned+prior:top1", "monolith2"):
     assert e[name]["fd"] == mono, (name, e[name]["fd"], mono)
+    assert e[name]["fd_ci95"] == [lo, hi], (name, e[name]["fd_ci95"])
+    d = e[name]["fd_minus_first"]
+    assert d["first"] == "monolith" and d["value"] == 0, d
+    assert d["ci95"][0] <= 0 <= d["ci95"][1], d
+    assert e[name]["precision"] == e["monolith"]["precision"], name
+    assert e[name]["recall"] == e["monolith"]["recall"], name
+    assert e[name]["inception_score"] == e["monolith"]["inception_score"], name
+    assert e[name]["per_class_fd"] == e["monolith"]["per_class_fd"], name
+for x in j["entries"]:
+    assert 0 <= x["precision"] <= 1 and 0 <= x["recall"] <= 1, x
+    assert 1 - 1e-9 <= x["inception_score"] <= 10 + 1e-9, x
+    assert len(x["per_class_fd"]) == 10, x
+    assert len(x["per_cluster"]) == 2, x
+    assert abs(sum(c["share"] for c in x["per_cluster"]) - 1) < 1e-9, x
+    if x["policy"] != "monolith" and "fd_minus_first" not in x:
+        assert x["policy"].startswith("train data"), x
+assert abs(sum(j["cluster_ref_share"]) - 1) < 1e-9, j["cluster_ref_share"]
 for name, evals in (("monolith", 2), ("learned:top1", 2), ("uniform:full", 4), ("centroid:top2", 4),
                     ("learned+prior:top1", 2), ("uniform+prior:top2", 4)):
     assert e[name]["evals_per_sample"] == evals, (name, e[name]["evals_per_sample"])
@@ -93,6 +116,16 @@ for x in j["entries"]:
     assert 0 <= x["coverage_bits"] <= math.log2(10) + 1e-9, x
 PYEOF
 grep -q "<svg" "$dir/r.html" || fail "the report has no chart"
-[ "$(grep -o 'data:image/png;base64' "$dir/r.html" | wc -l)" -eq 6 ] ||
-    fail "the report should hold one grid per entry (6)"
+[ "$(grep -o 'data:image/png;base64' "$dir/r.html" | wc -l)" -eq 7 ] ||
+    fail "the report should hold one grid per entry (7)"
+grep -q "Quality against cost" "$dir/r.html" || fail "the report has no frontier"
+# the saved samples: Fashion-MNIST's IDX format, equal where the samples are equal
+for x in monolith learned_top1 learned+prior_top1 monolith2; do
+    [ -s "$dir/samples/$x-images-idx3-ubyte" ] && [ -s "$dir/samples/$x-labels-idx1-ubyte" ] ||
+        fail "eval --save-samples: no $x"
+done
+cmp -s "$dir/samples/monolith-images-idx3-ubyte" "$dir/samples/learned_top1-images-idx3-ubyte" ||
+    fail "eval --save-samples: equal samples saved differently"
+[ "$(wc -c <"$dir/samples/monolith-images-idx3-ubyte")" -eq $((16 + 24 * 784)) ] ||
+    fail "eval --save-samples: not 24 images of 28×28 behind a 16-byte header"
 echo "ok: partition, train --partition, train-router, train-classifier, generate --local, eval"

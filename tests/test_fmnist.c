@@ -15,6 +15,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,7 +268,12 @@ static void test_missing_files(void **state) {
 static void test_bad_arguments(void **state) {
     (void)state;
     ts_dataset_t ds;
-    CHECK_RC(ts_fmnist_load(tu_temp_dir(), "validation", &ds, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_fmnist_load(tu_temp_dir(), "../validation", &ds, err, sizeof err), TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "../validation");
+    CHECK_RC(ts_fmnist_load(tu_temp_dir(), "a/b", &ds, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_fmnist_load(tu_temp_dir(), "", &ds, err, sizeof err), TS_EINVAL);
+    /* any other file prefix is looked for, and its absence named */
+    CHECK_RC(ts_fmnist_load(tu_temp_dir(), "validation", &ds, err, sizeof err), TS_EIO);
     TU_CHECK_CONTAINS(err, "validation");
     CHECK_RC(ts_fmnist_load(tu_temp_dir(), NULL, &ds, err, sizeof err), TS_EINVAL);
     CHECK_RC(ts_fmnist_load(tu_temp_dir(), "train", NULL, err, sizeof err), TS_EINVAL);
@@ -592,6 +598,39 @@ static void test_shard_many_duplicates(void **state) {
     free(text);
 }
 
+/* ts_idx_write then ts_fmnist_load: the PNG quantisation of the images, the labels, the shape. */
+static void test_idx_write_round_trip(void **state) {
+    (void)state;
+    enum { N = 37, H = 5, W = 3 };
+    float img[N * H * W];
+    int32_t lab[N];
+    for (int i = 0; i < N * H * W; i++)
+        img[i] = -1.2f + 2.4f * (float)((i * 7919) % 1000) / 999.0f; /* also outside [−1, 1] */
+    img[4] = NAN;
+    for (int i = 0; i < N; i++)
+        lab[i] = (i * 3) % 10;
+    CHECK_OK(ts_idx_write(tu_temp_dir(), "learned+prior_top1", img, lab, N, H, W, err, sizeof err));
+    ts_dataset_t ds;
+    CHECK_OK(ts_fmnist_load(tu_temp_dir(), "learned+prior_top1", &ds, err, sizeof err));
+    assert_int_equal(ds.n, N);
+    assert_int_equal(ds.height, H);
+    assert_int_equal(ds.width, W);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(ds.labels[i], lab[i]);
+    for (int i = 0; i < N * H * W; i++) {
+        float v = isnan(img[i]) ? -1.0f : img[i] < -1.0f ? -1.0f : img[i] > 1.0f ? 1.0f : img[i];
+        int byte = (int)floorf((v + 1.0f) * 127.5f + 0.5f);
+        assert_float_equal(ds.images[i], (float)byte / 127.5f - 1.0f, 0.0f);
+    }
+    ts_dataset_free(&ds);
+    /* refusals: a prefix with a slash, a label that is not a byte */
+    CHECK_RC(ts_idx_write(tu_temp_dir(), "../x", img, lab, N, H, W, err, sizeof err), TS_EINVAL);
+    lab[3] = 300;
+    CHECK_RC(ts_idx_write(tu_temp_dir(), "x", img, lab, N, H, W, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_idx_write("/nonexistent-dir", "x", img, (int32_t[N]){0}, N, H, W, err, sizeof err),
+             TS_EIO);
+}
+
 #define DIR_TEST(f) cmocka_unit_test_setup_teardown(f, setup_dir, tu_teardown_temp_dir)
 
 int main(void) {
@@ -619,6 +658,7 @@ int main(void) {
         DIR_TEST(test_shard_comments_and_blanks),
         DIR_TEST(test_shard_errors),
         DIR_TEST(test_shard_many_duplicates),
+        DIR_TEST(test_idx_write_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

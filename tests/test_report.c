@@ -33,9 +33,9 @@ static int setup_dir(void **state) {
 
 /* The tags the writer emits; anything else in the file would be injected markup. */
 static const char *const KNOWN_TAGS[] = {
-    "html", "head",   "meta",       "title", "style", "body",  "h1",    "h2", "h3",
-    "h4",   "h5",     "h6",         "p",     "table", "thead", "tbody", "tr", "th",
-    "td",   "figure", "figcaption", "svg",   "text",  "rect",  "img"};
+    "html", "head",   "meta",       "title", "style", "body",  "h1",    "h2",   "h3",
+    "h4",   "h5",     "h6",         "p",     "table", "thead", "tbody", "tr",   "th",
+    "td",   "figure", "figcaption", "svg",   "text",  "rect",  "img",   "path", "circle"};
 static const char *const VOID_TAGS[] = {"meta", "img"};
 
 static int in_list(const char *name, const char *const *list, size_t n) {
@@ -253,6 +253,38 @@ static void test_report_atomic(void **state) {
     assert_int_equal(tu_count_files(tu_temp_dir()), 1);
 }
 
+/* The scatter plot: a log x axis, a linear y axis from 0, error bars, labels escaped, points that
+ * are not finite left out. */
+static void test_report_scatter(void **state) {
+    (void)state;
+    const char *path = tu_temp_path("scatter.html");
+    ts_report_t *r = NULL;
+    CHECK_OK(ts_report_open(&r, path, "s", err, sizeof err));
+    const char *labels[] = {"one", "ten <p>", "hundred", "broken"};
+    const double x[] = {1, 10, 100, 5}, y[] = {2, 5, 8, NAN}, lo[] = {1, 4, 7, 1},
+                 hi[] = {3, 6, 9, 2};
+    CHECK_OK(ts_report_scatter_svg(r, "FD vs cost", "evals", "FD", labels, x, y, lo, hi, 4));
+    CHECK_OK(ts_report_close(r, err, sizeof err));
+    size_t len;
+    char *html = (char *)tu_read_file(path, &len);
+    html[len] = '\0';
+    check_well_formed(html);
+    assert_int_equal(count(html, "<circle "), 3);
+    /* x: 10^0..10^2 over 560 px from 56; y: 0..10 (step 2) over 320 px from 24 */
+    assert_non_null(strstr(html, "<circle cx=\"56.0\" cy=\"280.0\""));
+    assert_non_null(strstr(html, "<circle cx=\"336.0\" cy=\"184.0\""));
+    assert_non_null(strstr(html, "<circle cx=\"616.0\" cy=\"88.0\""));
+    assert_non_null(strstr(html, "M336.0 216.0 V152.0")); /* the interval [4, 6] */
+    assert_non_null(strstr(html, ">ten &lt;p&gt;</text>"));
+    assert_null(strstr(html, ">broken</text>"));
+    free(html);
+    CHECK_OK(ts_report_open(&r, path, "s", err, sizeof err));
+    labels[1] = NULL;
+    assert_int_equal(ts_report_scatter_svg(r, "t", "x", "y", labels, x, y, lo, hi, 4), TS_EINVAL);
+    CHECK_RC(ts_report_close(r, err, sizeof err), TS_EINVAL);
+    assert_non_null(strstr(err, "label 1"));
+}
+
 static void test_report_errors(void **state) {
     (void)state;
     ts_report_t *r = (ts_report_t *)&r; /* must be reset to NULL on failure */
@@ -312,6 +344,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_report_contents, setup_dir, tu_teardown_temp_dir),
         cmocka_unit_test_setup_teardown(test_report_atomic, setup_dir, tu_teardown_temp_dir),
         cmocka_unit_test_setup_teardown(test_report_errors, setup_dir, tu_teardown_temp_dir),
+        cmocka_unit_test_setup_teardown(test_report_scatter, setup_dir, tu_teardown_temp_dir),
         cmocka_unit_test_setup_teardown(test_png_encode_matches_file, setup_dir,
                                         tu_teardown_temp_dir),
     };
