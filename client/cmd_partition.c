@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,8 +24,10 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "model/classifier.h"
 #include "model/fmnist.h"
 #include "model/partition.h"
+#include "model/train.h"
 #include "model/png.h"
 
 #define PROG "tessera partition"
@@ -182,6 +185,7 @@ static int print_json(const ts_partition_t *p, const int64_t *mix, const char *d
     json_object_set_new(root, "n", json_integer(p->n));
     json_object_set_new(root, "experts", json_integer(p->K));
     json_object_set_new(root, "embed", json_string(p->embed));
+    json_object_set_new(root, "strategy", json_string(p->strategy));
     json_object_set_new(root, "explained_variance", json_real(p->explained));
     json_object_set_new(root, "seed", json_integer((json_int_t)p->seed));
     json_object_set_new(root, "restarts", json_integer(p->restarts));
@@ -196,8 +200,144 @@ static int print_json(const ts_partition_t *p, const int64_t *mix, const char *d
     return TS_OK;
 }
 
+/* --by label: the classes grouped into K clusters. K = 10: one class each. K < 10: starting from
+ * one group per class, the two groups whose pixel means are nearest (squared distance, the
+ * lower pair of indices on a tie) are merged, means weighted by their images, until K are left;
+ * groups are then numbered by their smallest class. */
+static int label_clusters(const ts_dataset_t *ds, int K, int32_t *assign, char *err,
+                          size_t errlen) {
+    enum { C = TS_FMNIST_NUM_CLASSES };
+    if (K > C) {
+        snprintf(err, errlen, "--by label: at most %d clusters (one per class), not %d", C, K);
+        return TS_EINVAL;
+    }
+    int64_t D = (int64_t)ds->channels * ds->height * ds->width;
+    double *mean = calloc((size_t)C * D, sizeof *mean);
+    double w[C] = {0};
+    int group[C], alive[C];
+    if (!mean)
+        return TS_ENOMEM;
+    for (int i = 0; i < ds->n; i++) {
+        w[ds->labels[i]] += 1.0;
+        for (int64_t j = 0; j < D; j++)
+            mean[ds->labels[i] * D + j] += ds->images[(int64_t)i * D + j];
+    }
+    for (int c = 0; c < C; c++) {
+        group[c] = c;
+        alive[c] = w[c] > 0;
+        for (int64_t j = 0; j < D && w[c] > 0; j++)
+            mean[c * D + j] /= w[c];
+    }
+    int groups = 0;
+    for (int c = 0; c < C; c++)
+        groups += alive[c];
+    while (groups > K) {
+        int ba = -1, bb = -1;
+        double best = INFINITY;
+        for (int a = 0; a < C; a++)
+            for (int b = a + 1; b < C; b++) {
+                if (!alive[a] || !alive[b])
+                    continue;
+                double d = 0.0;
+                for (int64_t j = 0; j < D; j++)
+                    d += (mean[a * D + j] - mean[b * D + j]) * (mean[a * D + j] - mean[b * D + j]);
+                if (d < best)
+                    best = d, ba = a, bb = b;
+            }
+        for (int64_t j = 0; j < D; j++)
+            mean[ba * D + j] =
+                (w[ba] * mean[ba * D + j] + w[bb] * mean[bb * D + j]) / (w[ba] + w[bb]);
+        w[ba] += w[bb];
+        alive[bb] = 0;
+        for (int c = 0; c < C; c++)
+            if (group[c] == bb)
+                group[c] = ba;
+        groups--;
+    }
+    free(mean);
+    if (groups < K) {
+        snprintf(err, errlen, "--by label: the data has %d classes, fewer than K = %d", groups, K);
+        return TS_EINVAL;
+    }
+    int number[C], next = 0;
+    for (int c = 0; c < C; c++)
+        number[c] = -1;
+    for (int c = 0; c < C; c++)
+        if (number[group[c]] < 0 && w[group[c]] > 0)
+            number[group[c]] = next++;
+    for (int i = 0; i < ds->n; i++)
+        assign[i] = number[group[ds->labels[i]]];
+    return TS_OK;
+}
+
+/* --by random: a Philox permutation of the images (seed), image perm[i] in cluster i mod K: K
+ * clusters of equal size (±1) that know nothing of the images. */
+static int random_clusters(int n, int K, uint64_t seed, int32_t *assign) {
+    int32_t *perm = malloc((size_t)n * sizeof *perm);
+    if (!perm)
+        return TS_ENOMEM;
+    ts_epoch_permutation(ts_stream_key(seed, 77), 0, n, perm);
+    for (int i = 0; i < n; i++)
+        assign[perm[i]] = i % K;
+    free(perm);
+    return TS_OK;
+}
+
+/* --features FILE: the penultimate features (n, D) of a classifier on the clean images. */
+static int classifier_features(const char *path, const ts_dataset_t *ds, int threads, float **out,
+                               int *dims, char *err, size_t errlen) {
+    enum { B = 256 };
+    ts_engine_t eng = {0};
+    ts_engine_opts_t eo = {TS_CPU, threads, 0};
+    ts_classifier_t *c = NULL;
+    ts_tensor_t x = {0};
+    float *feat = NULL, *logits = NULL;
+    int rc = ts_engine_init(&eng, &eo);
+    if (rc == TS_OK)
+        rc = ts_classifier_open(&c, path, &eng, B, err, errlen);
+    if (rc == TS_OK && ts_classifier_time_conditioned(c)) {
+        snprintf(err, errlen,
+                 "--features %s is time-conditioned (a router); want a classifier of "
+                 "clean images (`tessera train-classifier`)",
+                 path);
+        rc = TS_EINVAL;
+    }
+    int64_t chw = (int64_t)ds->channels * ds->height * ds->width;
+    int D = rc == TS_OK ? ts_classifier_feature_dim(c) : 0;
+    if (rc == TS_OK) {
+        feat = malloc((size_t)ds->n * D * sizeof *feat);
+        logits = malloc((size_t)B * ts_classifier_num_outputs(c) * sizeof *logits);
+        rc = feat && logits ? ts_tensor_alloc(&x, TS_F32, eng.device, 4,
+                                              TS_SHAPE(B, ds->channels, ds->height, ds->width))
+                            : TS_ENOMEM;
+    }
+    for (int lo = 0; lo < ds->n && rc == TS_OK; lo += B) {
+        int m = ds->n - lo < B ? ds->n - lo : B;
+        ts_tensor_t xs, host;
+        rc = ts_tensor_slice(&xs, &x, 0, m);
+        if (rc == TS_OK)
+            rc = ts_tensor_wrap(&host, ds->images + lo * chw, TS_F32, TS_CPU, 4, xs.shape);
+        if (rc == TS_OK)
+            rc = ts_tensor_copy(&xs, &host);
+        if (rc == TS_OK)
+            rc = ts_classifier_run(c, &xs, NULL, m, feat + (int64_t)lo * D, logits);
+    }
+    ts_tensor_free(&x);
+    free(logits);
+    ts_classifier_free(c);
+    ts_engine_free(&eng);
+    if (rc != TS_OK) {
+        free(feat);
+        return rc;
+    }
+    *out = feat;
+    *dims = D;
+    return TS_OK;
+}
+
 int ts_cmd_partition(int argc, char **argv) {
-    const char *data = TS_FMNIST_DEFAULT_DIR, *out = NULL, *embed = "pca64";
+    const char *data = TS_FMNIST_DEFAULT_DIR, *out = NULL, *embed = "pca64", *by = "kmeans";
+    const char *features = NULL;
     int experts = 0, dims = TS_PARTITION_DEFAULT_DIMS, hierarchical = 0;
     int restarts = TS_PARTITION_DEFAULT_RESTARTS, max_iter = TS_PARTITION_DEFAULT_MAX_ITER;
     int threads = 0, json = 0;
@@ -216,7 +356,14 @@ int ts_cmd_partition(int argc, char **argv) {
          "k-means++ restarts, best inertia kept (default 8)", 1, 65535},
         {"max-iter", TS_ARG_INT, &max_iter, "N",
          "Lloyd iterations per restart at most (default 300)", 1, 1e7},
-        {"seed", TS_ARG_U64, &seed, "S", "seed of the k-means++ draws (default 0)"},
+        {"seed", TS_ARG_U64, &seed, "S",
+         "seed of the k-means++ draws and of --by random (default 0)"},
+        {"by", TS_ARG_STRING, &by, "HOW",
+         "kmeans (on the PCA embedding, or on --features), label (the classes, grouped by "
+         "nearest means when K < 10) or random (equal shares; the control) (default kmeans)"},
+        {"features", TS_ARG_STRING, &features, "FILE",
+         "with --by kmeans: cluster a classifier's features of the images (`tessera "
+         "train-classifier`, never the evaluation classifier) instead of the PCA embedding"},
         {"threads", TS_ARG_INT, &threads, "N",
          "threads (default: all cores; the result does not depend on it)", 0, 1024},
         {"out", TS_ARG_STRING, &out, "DIR", "output folder (created if missing)", 0, 0, 1},
@@ -243,6 +390,18 @@ int ts_cmd_partition(int argc, char **argv) {
     }
     if (from_embed > 0)
         dims = from_embed;
+    if (strcmp(by, "kmeans") != 0 && strcmp(by, "label") != 0 && strcmp(by, "random") != 0) {
+        fprintf(stderr, PROG ": --by %s: must be kmeans, label or random\n", by);
+        return 2;
+    }
+    if (features && strcmp(by, "kmeans") != 0) {
+        fprintf(stderr, PROG ": --features goes with --by kmeans\n");
+        return 2;
+    }
+    if (hierarchical > 0 && strcmp(by, "kmeans") != 0) {
+        fprintf(stderr, PROG ": --hierarchical goes with --by kmeans\n");
+        return 2;
+    }
     if (hierarchical > 0 && hierarchical < experts) {
         fprintf(stderr, PROG ": --hierarchical %d: needs at least K = %d fine centroids\n",
                 hierarchical, experts);
@@ -288,9 +447,27 @@ int ts_cmd_partition(int argc, char **argv) {
                               .ctx = &prog};
     ts_partition_t part = {0};
     int64_t *mix = NULL;
+    int32_t *given = NULL;
+    float *space = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/partition.safetensors", out);
-    rc = ts_partition_fit(ds.images, ds.n, D, &po, &part, err, sizeof err);
+    if (strcmp(by, "label") == 0 || strcmp(by, "random") == 0) {
+        given = malloc((size_t)ds.n * sizeof *given);
+        rc = !given                     ? TS_ENOMEM
+             : strcmp(by, "label") == 0 ? label_clusters(&ds, experts, given, err, sizeof err)
+                                        : random_clusters(ds.n, experts, seed, given);
+        po.assign = given;
+        po.strategy = by;
+    } else if (features) {
+        rc = classifier_features(features, &ds, threads, &space, &po.space_dims, err, sizeof err);
+        po.space = space;
+        po.strategy = "features";
+        if (rc == TS_OK)
+            fprintf(stderr, "[%7.1f s] features of %s: %d dims\n", now_s() - prog.t0, features,
+                    po.space_dims);
+    }
+    if (rc == TS_OK)
+        rc = ts_partition_fit(ds.images, ds.n, D, &po, &part, err, sizeof err);
     if (rc == TS_OK)
         rc = ts_partition_save(&part, path, err, sizeof err);
     if (rc == TS_OK)
@@ -313,6 +490,8 @@ int ts_cmd_partition(int argc, char **argv) {
             print_table(&part, mix, out, secs);
     }
     free(mix);
+    free(given);
+    free(space);
     ts_partition_free(&part);
     ts_dataset_free(&ds);
     return rc == TS_OK ? 0 : 1;

@@ -14,6 +14,7 @@ int ts_cmd_train_classifier(int argc, char **argv);
 int ts_cmd_train_router(int argc, char **argv);
 int ts_cmd_generate(int argc, char **argv);
 int ts_cmd_eval(int argc, char **argv);
+int ts_cmd_loss(int argc, char **argv);
 int ts_cmd_keygen(int argc, char **argv);
 int ts_cmd_ping(int argc, char **argv);
 int ts_cmd_status(int argc, char **argv);

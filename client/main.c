@@ -21,34 +21,39 @@
 #endif
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: tessera <verb> [options]\n"
-               "\n"
-               "verbs:\n"
-               "  train         train one DiT expert with flow matching on Fashion-MNIST (or a shard)\n"
-               "  sample        generate images from one expert and write a PNG grid\n"
-               "  forward       one forward pass of an expert on tensors from a file (parity, debug)\n"
-               "  store         the local weights store: ls, import, export, verify, gc, du, rm,\n"
-               "                pin, unpin, evict\n"
-               "  partition     cluster the train set into K shards (PCA + k-means++): the partition\n"
-               "                artifact, shard files and a table of the clusters' class mix\n"
-               "  train-classifier  train the evaluation classifier (DiT trunk, 10 labels, clean images)\n"
-               "  train-router  train a router: cluster of a noisy x_t, per-t-bucket accuracy\n"
-               "  generate      generate images with a routed ensemble of experts, local (--local DIR)\n"
-               "                or the network's (--peer HOST:PORT)\n"
-               "  eval          compare routing policies and a monolith by FD, coverage and cost\n"
-               "  keygen        create a node identity (prints the node id) or a network key\n"
-               "  ping          handshake with a node and time round trips (HOST:PORT)\n"
-               "  status        the network as one node sees it: members, experts, clusters, load\n"
-               "  up            start a network of daemons on this machine hosting a folder's experts\n"
-               "  down          stop the network `tessera up` started\n"
-               "  pull          experts' weights from the network into the store (verified, resumable)\n"
-               "  selfcheck     check the compute kernels against naive references (and a CUDA\n"
-               "                device against the CPU, when one is present)\n"
-               "  bench gemm    GEMM throughput of the DiT configs next to the sgemm peak\n"
-               "\n"
-               "options:\n"
-               "  -h, --help    show this text; `tessera <verb> --help` for a verb's options\n"
-               "  --version     print the version and the backends built in\n");
+    fprintf(
+        f,
+        "usage: tessera <verb> [options]\n"
+        "\n"
+        "verbs:\n"
+        "  train         train one DiT expert with flow matching on Fashion-MNIST (or a shard)\n"
+        "  sample        generate images from one expert and write a PNG grid\n"
+        "  forward       one forward pass of an expert on tensors from a file (parity, debug)\n"
+        "  store         the local weights store: ls, import, export, verify, gc, du, rm,\n"
+        "                pin, unpin, evict\n"
+        "  partition     cluster the train set into K shards (PCA + k-means++): the partition\n"
+        "                artifact, shard files and a table of the clusters' class mix\n"
+        "  train-classifier  train the evaluation classifier (DiT trunk, 10 labels, clean images)\n"
+        "  train-router  train a router: cluster of a noisy x_t, per-t-bucket accuracy\n"
+        "  generate      generate images with a routed ensemble of experts, local (--local DIR)\n"
+        "                or the network's (--peer HOST:PORT)\n"
+        "  eval          compare routing policies and monoliths by FD (with intervals),\n"
+        "                precision/recall, IS, per-class FD, coverage and cost\n"
+        "  loss          each expert's and monolith's denoising loss on every cluster's\n"
+        "                held-out images: where do the experts lose?\n"
+        "  keygen        create a node identity (prints the node id) or a network key\n"
+        "  ping          handshake with a node and time round trips (HOST:PORT)\n"
+        "  status        the network as one node sees it: members, experts, clusters, load\n"
+        "  up            start a network of daemons on this machine hosting a folder's experts\n"
+        "  down          stop the network `tessera up` started\n"
+        "  pull          experts' weights from the network into the store (verified, resumable)\n"
+        "  selfcheck     check the compute kernels against naive references (and a CUDA\n"
+        "                device against the CPU, when one is present)\n"
+        "  bench gemm    GEMM throughput of the DiT configs next to the sgemm peak\n"
+        "\n"
+        "options:\n"
+        "  -h, --help    show this text; `tessera <verb> --help` for a verb's options\n"
+        "  --version     print the version and the backends built in\n");
 }
 
 static void bench_usage(FILE *f) {
@@ -112,6 +117,8 @@ int main(int argc, char **argv) {
         return ts_cmd_generate(argc - 1, argv + 1);
     if (strcmp(verb, "eval") == 0)
         return ts_cmd_eval(argc - 1, argv + 1);
+    if (strcmp(verb, "loss") == 0)
+        return ts_cmd_loss(argc - 1, argv + 1);
     if (strcmp(verb, "keygen") == 0)
         return ts_cmd_keygen(argc - 1, argv + 1);
     if (strcmp(verb, "ping") == 0)

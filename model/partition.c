@@ -181,7 +181,8 @@ int ts_pca_fit(const float *x, int64_t n, int D, int k, int threads, ts_pca_t *p
     memset(pca, 0, sizeof *pca);
     if (!x || n < 2 || D < 1 || k < 1 || k > D || threads < 0) {
         ts_set_err(err, errlen,
-                "PCA needs n >= 2 rows and 1 <= k <= D (got n %" PRId64 ", D %d, k %d)", n, D, k);
+                   "PCA needs n >= 2 rows and 1 <= k <= D (got n %" PRId64 ", D %d, k %d)", n, D,
+                   k);
         return TS_EINVAL;
     }
     openblas_set_num_threads(1);
@@ -518,8 +519,8 @@ static int km_check(const float *x, int64_t n, int dims, const ts_kmeans_opts_t 
         return TS_EINVAL;
     }
     if (o->K < 1 || o->K > n) {
-        ts_set_err(err, errlen, "k-means: K = %d must be between 1 and the number of points %" PRId64,
-                o->K, n);
+        ts_set_err(err, errlen,
+                   "k-means: K = %d must be between 1 and the number of points %" PRId64, o->K, n);
         return TS_EINVAL;
     }
     if (o->restarts < 1 || o->restarts > 65535 || o->max_iter < 1 || o->threads < 0) {
@@ -534,7 +535,8 @@ static int km_check(const float *x, int64_t n, int dims, const ts_kmeans_opts_t 
     if (o->weights)
         for (int64_t i = 0; i < n; i++)
             if (!(o->weights[i] > 0.0) || !isfinite(o->weights[i])) {
-                ts_set_err(err, errlen, "k-means: weight %" PRId64 " is not a finite number > 0", i);
+                ts_set_err(err, errlen, "k-means: weight %" PRId64 " is not a finite number > 0",
+                           i);
                 return TS_EINVAL;
             }
     return TS_OK;
@@ -662,10 +664,11 @@ int ts_kmeans_hierarchical(const float *x, int64_t n, int dims, int fine, const 
         return TS_EINVAL;
     memset(km, 0, sizeof *km);
     if (!o || o->weights || fine < o->K || fine > n) {
-        ts_set_err(err, errlen,
-                "hierarchical k-means: FINE = %d must be between K = %d and the number of points "
-                "%" PRId64,
-                fine, o ? o->K : 0, n);
+        ts_set_err(
+            err, errlen,
+            "hierarchical k-means: FINE = %d must be between K = %d and the number of points "
+            "%" PRId64,
+            fine, o ? o->K : 0, n);
         return TS_EINVAL;
     }
     ts_kmeans_opts_t fo = *o;
@@ -751,6 +754,58 @@ static void fit_restart(void *ctx, int stage, int restart, int restarts, double 
              iters == 1 ? "" : "s");
 }
 
+/* km = the clusters assign (n) of the points e (n, dims): the assignment copied, centroids the
+ * clusters' means and the inertia, both accumulated in double in point order. Every cluster must
+ * hold a point. */
+static int given_clusters(const float *e, int64_t n, int dims, int K, const int32_t *assign,
+                          ts_kmeans_t *km, char *err, size_t errlen) {
+    memset(km, 0, sizeof *km);
+    double *sum = calloc((size_t)K * dims, sizeof *sum);
+    int64_t *count = calloc((size_t)K, sizeof *count);
+    km->assignment = malloc((size_t)n * sizeof *km->assignment);
+    km->centroids = malloc((size_t)K * dims * sizeof *km->centroids);
+    int rc = sum && count && km->assignment && km->centroids ? TS_OK : TS_ENOMEM;
+    for (int64_t i = 0; i < n && rc == TS_OK; i++) {
+        if (assign[i] < 0 || assign[i] >= K) {
+            ts_set_err(err, errlen,
+                       "partition: point %" PRId64 " is given cluster %d, not in [0, %d)", i,
+                       (int)assign[i], K);
+            rc = TS_EINVAL;
+            break;
+        }
+        km->assignment[i] = assign[i];
+        count[assign[i]]++;
+        for (int j = 0; j < dims; j++)
+            sum[(int64_t)assign[i] * dims + j] += e[i * dims + j];
+    }
+    for (int k = 0; k < K && rc == TS_OK; k++) {
+        if (count[k] == 0) {
+            ts_set_err(err, errlen, "partition: cluster %d of the given %d is empty", k, K);
+            rc = TS_EINVAL;
+        }
+        for (int j = 0; j < dims && rc == TS_OK; j++)
+            km->centroids[k * dims + j] = (float)(sum[(int64_t)k * dims + j] / (double)count[k]);
+    }
+    double inertia = 0.0;
+    for (int64_t i = 0; i < n && rc == TS_OK; i++)
+        for (int j = 0; j < dims; j++) {
+            double d = (double)e[i * dims + j] - km->centroids[assign[i] * dims + j];
+            inertia += d * d;
+        }
+    km->inertia = inertia;
+    km->K = K;
+    km->dims = dims;
+    km->n = n;
+    free(sum);
+    free(count);
+    if (rc != TS_OK) {
+        if (rc == TS_ENOMEM)
+            ts_set_err(err, errlen, "partition: out of memory");
+        ts_kmeans_free(km);
+    }
+    return rc;
+}
+
 int ts_partition_fit(const float *x, int64_t n, int D, const ts_partition_opts_t *opts,
                      ts_partition_t *p, char *err, size_t errlen) {
     if (!p)
@@ -771,8 +826,8 @@ int ts_partition_fit(const float *x, int64_t n, int D, const ts_partition_opts_t
         o.dataset = "fashion-mnist-train";
     if (o.experts < 1 || o.experts > n) {
         ts_set_err(err, errlen,
-                "partition: experts K = %d must be between 1 and the %" PRId64 " images", o.experts,
-                n);
+                   "partition: experts K = %d must be between 1 and the %" PRId64 " images",
+                   o.experts, n);
         return TS_EINVAL;
     }
     if (o.dims < 1 || o.dims > D) {
@@ -782,9 +837,9 @@ int ts_partition_fit(const float *x, int64_t n, int D, const ts_partition_opts_t
     if (o.hierarchical < 0 ||
         (o.hierarchical > 0 && (o.hierarchical < o.experts || o.hierarchical > n))) {
         ts_set_err(err, errlen,
-                "partition: hierarchical FINE = %d must be 0 (off) or between K = %d "
-                "and the %" PRId64 " images",
-                o.hierarchical, o.experts, n);
+                   "partition: hierarchical FINE = %d must be 0 (off) or between K = %d "
+                   "and the %" PRId64 " images",
+                   o.hierarchical, o.experts, n);
         return TS_EINVAL;
     }
     if (strlen(o.dataset) >= sizeof p->dataset) {
@@ -813,7 +868,21 @@ int ts_partition_fit(const float *x, int64_t n, int D, const ts_partition_opts_t
                            .progress = fit_restart,
                            .ctx = &fp};
     ts_kmeans_t km = {0};
-    if (rc == TS_OK)
+    if (rc == TS_OK && o.assign)
+        rc = given_clusters(e, n, o.dims, o.experts, o.assign, &km, err, errlen);
+    else if (rc == TS_OK && o.space) {
+        rc = o.space_dims < 1 ? TS_EINVAL
+             : o.hierarchical ? ts_kmeans_hierarchical(o.space, n, o.space_dims, o.hierarchical,
+                                                       &ko, &km, err, errlen)
+                              : ts_kmeans_fit(o.space, n, o.space_dims, &ko, &km, err, errlen);
+        if (rc == TS_OK) { /* centroids and inertia in the PCA embedding */
+            int32_t *a = km.assignment;
+            km.assignment = NULL;
+            ts_kmeans_free(&km);
+            rc = given_clusters(e, n, o.dims, o.experts, a, &km, err, errlen);
+            free(a);
+        }
+    } else if (rc == TS_OK)
         rc = o.hierarchical
                  ? ts_kmeans_hierarchical(e, n, o.dims, o.hierarchical, &ko, &km, err, errlen)
                  : ts_kmeans_fit(e, n, o.dims, &ko, &km, err, errlen);
@@ -845,6 +914,7 @@ int ts_partition_fit(const float *x, int64_t n, int D, const ts_partition_opts_t
     p->explained = pca.explained;
     snprintf(p->embed, sizeof p->embed, "pca%d", o.dims);
     snprintf(p->dataset, sizeof p->dataset, "%s", o.dataset);
+    snprintf(p->strategy, sizeof p->strategy, "%s", o.strategy ? o.strategy : "kmeans");
     free(pca.eigenvalues);
     return TS_OK;
 }
@@ -943,7 +1013,15 @@ int ts_partition_save(ts_partition_t *p, const char *path, char *err, size_t err
                           n,
                           "hierarchical",
                           hier};
-    int rc = ts_st_write(path, e, 5, meta, (int)(sizeof meta / sizeof meta[0]) / 2, err, errlen);
+    int n_meta = (int)(sizeof meta / sizeof meta[0]) / 2;
+    const char *meta2[sizeof meta / sizeof meta[0] + 2];
+    memcpy(meta2, meta, sizeof meta);
+    if (p->strategy[0] && strcmp(p->strategy, "kmeans") != 0) {
+        meta2[2 * n_meta] = "strategy";
+        meta2[2 * n_meta + 1] = p->strategy;
+        n_meta++;
+    }
+    int rc = ts_st_write(path, e, 5, meta2, n_meta, err, errlen);
     if (rc == TS_OK)
         rc = ts_partition_file_id(path, p->id, err, errlen);
     return rc;
@@ -964,8 +1042,8 @@ static int meta_i64(const ts_st_file_t *f, const char *key, int64_t lo, int64_t 
     long long x = strtoll(v, &end, 10);
     if (errno || end == v || *end || x < lo || x > hi) {
         ts_set_err(err, errlen,
-                "metadata '%s' = \"%.40s\" is not an integer in [%" PRId64 ", %" PRId64 "]", key, v,
-                lo, hi);
+                   "metadata '%s' = \"%.40s\" is not an integer in [%" PRId64 ", %" PRId64 "]", key,
+                   v, lo, hi);
         return TS_ECORRUPT;
     }
     *out = x;
@@ -990,7 +1068,7 @@ static int meta_string(const ts_st_file_t *f, const char *key, char *out, size_t
     const char *v = ts_st_meta(f, key);
     if (!v || !*v || strlen(v) >= cap) {
         ts_set_err(err, errlen, "metadata '%s' is missing, empty or longer than %zu bytes", key,
-                cap - 1);
+                   cap - 1);
         return TS_ECORRUPT;
     }
     memcpy(out, v, strlen(v) + 1);
@@ -1005,8 +1083,8 @@ static const ts_st_tensor_t *want_tensor(const ts_st_file_t *f, const char *name
         ts_set_err(err, errlen, "tensor '%s' is missing", name);
     else if (t->dtype != dtype || t->ndim != ndim)
         ts_set_err(err, errlen, "tensor '%s' must be %s with %d dim%s (is %s with %d)", name,
-                ts_st_dtype_name(dtype), ndim, ndim == 1 ? "" : "s", ts_st_dtype_name(t->dtype),
-                t->ndim);
+                   ts_st_dtype_name(dtype), ndim, ndim == 1 ? "" : "s", ts_st_dtype_name(t->dtype),
+                   t->ndim);
     else
         return t;
     return NULL;
@@ -1042,7 +1120,7 @@ static int load_checked(const ts_st_file_t *f, ts_partition_t *p, char *err, siz
     const char *fmt = ts_st_meta(f, "format");
     if (!fmt || strcmp(fmt, TS_PARTITION_FORMAT) != 0) {
         ts_set_err(err, errlen, "not a partition: metadata format is %s%.40s%s, want \"%s\"",
-                fmt ? "\"" : "", fmt ? fmt : "missing", fmt ? "\"" : "", TS_PARTITION_FORMAT);
+                   fmt ? "\"" : "", fmt ? fmt : "missing", fmt ? "\"" : "", TS_PARTITION_FORMAT);
         return TS_ECORRUPT;
     }
     static const char *const names[] = {"basis", "mean", "centroids", "assignment", "sizes"};
@@ -1064,16 +1142,17 @@ static int load_checked(const ts_st_file_t *f, ts_partition_t *p, char *err, siz
         return TS_ECORRUPT;
     int64_t k = basis->shape[0], D = basis->shape[1], K = cent->shape[0], n = assign->shape[0];
     if (k < 1 || D < k || D > INT32_MAX) {
-        ts_set_err(err, errlen, "basis has shape (%" PRId64 ", %" PRId64 "): need 1 <= k <= D", k, D);
+        ts_set_err(err, errlen, "basis has shape (%" PRId64 ", %" PRId64 "): need 1 <= k <= D", k,
+                   D);
         return TS_ECORRUPT;
     }
     if (mean->shape[0] != D || cent->shape[1] != k || sizes->shape[0] != K || K < 1 || n < K ||
         n > INT32_MAX) {
         ts_set_err(err, errlen,
-                "inconsistent shapes: basis (%" PRId64 ", %" PRId64 "), mean (%" PRId64
-                "), centroids (%" PRId64 ", %" PRId64 "), assignment (%" PRId64 "), sizes (%" PRId64
-                ")",
-                k, D, mean->shape[0], K, cent->shape[1], n, sizes->shape[0]);
+                   "inconsistent shapes: basis (%" PRId64 ", %" PRId64 "), mean (%" PRId64
+                   "), centroids (%" PRId64 ", %" PRId64 "), assignment (%" PRId64
+                   "), sizes (%" PRId64 ")",
+                   k, D, mean->shape[0], K, cent->shape[1], n, sizes->shape[0]);
         return TS_ECORRUPT;
     }
     int64_t v;
@@ -1081,22 +1160,22 @@ static int load_checked(const ts_st_file_t *f, ts_partition_t *p, char *err, siz
     if ((rc = meta_i64(f, "experts", 1, INT32_MAX, &v, err, errlen)) != TS_OK)
         return rc;
     if (v != K) {
-        ts_set_err(err, errlen, "metadata experts = %" PRId64 " but there are %" PRId64 " centroids",
-                v, K);
+        ts_set_err(err, errlen,
+                   "metadata experts = %" PRId64 " but there are %" PRId64 " centroids", v, K);
         return TS_ECORRUPT;
     }
     if ((rc = meta_i64(f, "n", 1, INT32_MAX, &v, err, errlen)) != TS_OK)
         return rc;
     if (v != n) {
-        ts_set_err(err, errlen, "metadata n = %" PRId64 " but the assignment has %" PRId64 " entries",
-                v, n);
+        ts_set_err(err, errlen,
+                   "metadata n = %" PRId64 " but the assignment has %" PRId64 " entries", v, n);
         return TS_ECORRUPT;
     }
     if ((rc = meta_i64(f, "dims", 1, INT32_MAX, &v, err, errlen)) != TS_OK)
         return rc;
     if (v != k) {
         ts_set_err(err, errlen, "metadata dims = %" PRId64 " but the basis has %" PRId64 " rows", v,
-                k);
+                   k);
         return TS_ECORRUPT;
     }
     p->K = (int)K;
@@ -1123,6 +1202,13 @@ static int load_checked(const ts_st_file_t *f, ts_partition_t *p, char *err, siz
         (rc = meta_string(f, "embed", p->embed, sizeof p->embed, err, errlen)) != TS_OK ||
         (rc = meta_string(f, "dataset", p->dataset, sizeof p->dataset, err, errlen)) != TS_OK)
         return rc;
+    if (ts_st_meta(f, "strategy")) {
+        if ((rc = meta_string(f, "strategy", p->strategy, sizeof p->strategy, err, errlen)) !=
+            TS_OK)
+            return rc;
+    } else {
+        snprintf(p->strategy, sizeof p->strategy, "kmeans");
+    }
 
     if ((rc = load_floats(basis, &p->basis, err, errlen)) != TS_OK ||
         (rc = load_floats(mean, &p->mean, err, errlen)) != TS_OK ||
@@ -1137,7 +1223,7 @@ static int load_checked(const ts_st_file_t *f, ts_partition_t *p, char *err, siz
         int32_t a = p->assignment[i];
         if (a < 0 || a >= K) {
             ts_set_err(err, errlen, "assignment[%" PRId64 "] = %d is outside [0, %" PRId64 ")", i,
-                    (int)a, K);
+                       (int)a, K);
             free(hist);
             return TS_ECORRUPT;
         }
@@ -1146,9 +1232,9 @@ static int load_checked(const ts_st_file_t *f, ts_partition_t *p, char *err, siz
     for (int64_t j = 0; j < K; j++)
         if (hist[j] != p->sizes[j] || hist[j] == 0) {
             ts_set_err(err, errlen,
-                    "sizes[%" PRId64 "] = %d but %" PRId64 " images are assigned to "
-                    "cluster %" PRId64 "%s",
-                    j, (int)p->sizes[j], hist[j], j, hist[j] == 0 ? " (an empty cluster)" : "");
+                       "sizes[%" PRId64 "] = %d but %" PRId64 " images are assigned to "
+                       "cluster %" PRId64 "%s",
+                       j, (int)p->sizes[j], hist[j], j, hist[j] == 0 ? " (an empty cluster)" : "");
             free(hist);
             return TS_ECORRUPT;
         }
@@ -1197,8 +1283,8 @@ int ts_partition_members(const ts_partition_t *p, int k, int32_t **idx, int *n) 
 }
 
 int ts_partition_load_cluster(const char *path, int cluster, const char *fmnist_dir,
-                              ts_dataset_t *out, char partition_id[TS_PARTITION_ID_HEX],
-                              char *err, size_t errlen) {
+                              ts_dataset_t *out, char partition_id[TS_PARTITION_ID_HEX], char *err,
+                              size_t errlen) {
     if (!out)
         return TS_EINVAL;
     memset(out, 0, sizeof *out);
@@ -1217,10 +1303,10 @@ int ts_partition_load_cluster(const char *path, int cluster, const char *fmnist_
     if (rc == TS_OK)
         rc = ts_fmnist_load(fmnist_dir, "train", &all, err, errlen);
     if (rc == TS_OK && all.n != part.n) {
-        ts_set_err(err, errlen, "partition '%s' was made from %lld images, but the train set in "
-                                "%s has %d: not the data set it partitions",
-                   path, (long long)part.n, fmnist_dir ? fmnist_dir : TS_FMNIST_DEFAULT_DIR,
-                   all.n);
+        ts_set_err(err, errlen,
+                   "partition '%s' was made from %lld images, but the train set in "
+                   "%s has %d: not the data set it partitions",
+                   path, (long long)part.n, fmnist_dir ? fmnist_dir : TS_FMNIST_DEFAULT_DIR, all.n);
         rc = TS_EINVAL;
     }
     if (rc == TS_OK && (rc = ts_partition_members(&part, cluster, &idx, &n)) == TS_OK)

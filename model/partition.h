@@ -140,6 +140,8 @@ typedef struct ts_partition {
     double inertia, explained;
     char embed[32];               /* "pca64" */
     char dataset[64];             /* "fashion-mnist-train" */
+    char strategy[32];            /* how the clusters were made: "kmeans" (on the PCA embedding),
+                                     or what opts.strategy said: "label", "random", "features" */
     char id[TS_PARTITION_ID_HEX]; /* partition_id: BLAKE2b-256 of the file, hex; "" until saved */
 } ts_partition_t;
 
@@ -152,6 +154,17 @@ typedef struct ts_partition_opts {
     uint64_t seed;
     int threads;         /* 0 = one per online core */
     const char *dataset; /* recorded in the metadata; NULL = "fashion-mnist-train" */
+    /* Other strategies (all optional). assign (n, each in [0, K), every cluster used): the
+     * clusters are given, no k-means runs. space (n, space_dims): k-means runs on these
+     * features instead of the PCA embedding. Either way the centroids are the clusters' means
+     * in the PCA embedding (what the centroid policy measures against) and the inertia is
+     * measured there. strategy names it in the artifact ("label", "random", "features"; NULL or
+     * "kmeans" for the default, which writes no strategy key, so default partitions keep their
+     * bytes and ids). */
+    const int32_t *assign;
+    const float *space;
+    int space_dims;
+    const char *strategy;
     /* One line of progress ("PCA: ...", "k-means restart 3/8: ..."), without a newline. */
     void (*progress)(void *ctx, const char *line);
     void *ctx;
@@ -192,8 +205,8 @@ int ts_partition_members(const ts_partition_t *p, int k, int32_t **idx, int *n);
  * Errors: those of ts_partition_load and ts_fmnist_load; TS_EINVAL (cluster ≥ K, or a data set
  * of another size than the partition's). */
 int ts_partition_load_cluster(const char *path, int cluster, const char *fmnist_dir,
-                              ts_dataset_t *out, char partition_id[TS_PARTITION_ID_HEX],
-                              char *err, size_t errlen);
+                              ts_dataset_t *out, char partition_id[TS_PARTITION_ID_HEX], char *err,
+                              size_t errlen);
 
 /* The partition_id of a file: BLAKE2b-256 of its bytes as 64 lowercase hex digits in hex[65].
  * Errors: TS_EINVAL, TS_EIO, TS_ENOMEM. */

@@ -128,4 +128,21 @@ cmp -s "$dir/samples/monolith-images-idx3-ubyte" "$dir/samples/learned_top1-imag
     fail "eval --save-samples: equal samples saved differently"
 [ "$(wc -c <"$dir/samples/monolith-images-idx3-ubyte")" -eq $((16 + 24 * 784)) ] ||
     fail "eval --save-samples: not 24 images of 28×28 behind a 16-byte header"
-echo "ok: partition, train --partition, train-router, train-classifier, generate --local, eval"
+
+# loss: experts identical to the monolith give its losses exactly, on every cluster
+"$T" loss --local "$dir/same" --monolith "$dir/mono.safetensors" --per-cluster 5 --t 0.2,0.7 \
+    --json >"$dir/l.json" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "loss"; }
+"$PY" - "$dir/l.json" <<'PYEOF' || fail "loss results"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+assert j["models"] == ["expert-0", "expert-1", "monolith"], j["models"]
+assert j["t"] == [0.2, 0.7] or [round(t, 6) for t in j["t"]] == [0.2, 0.7], j["t"]
+assert len(j["clusters"]) == 2
+for c in j["clusters"]:
+    assert c["images"] == 5, c
+    e0, e1, m = c["loss"]
+    assert e0 == e1 == m and math.isfinite(m) and m > 0, c
+    assert len(c["loss_by_t"][0]) == 2 and c["loss_by_t"][0] == c["loss_by_t"][2], c
+    assert abs(sum(c["loss_by_t"][2]) / 2 - m) < 1e-12, c
+PYEOF
+echo "ok: partition, train --partition, train-router, train-classifier, generate --local, eval, loss"

@@ -760,6 +760,96 @@ static void test_artifact_tampered(void **state) {
     free(x);
 }
 
+/* Given clusters (--by label / random) and k-means on another space (--features): the assignment
+ * is kept or found there, the centroids are the clusters' means in the PCA embedding (against a
+ * naive mean of ts_pca_project's rows), the strategy survives save and load, and a default
+ * partition writes no strategy key (so its bytes, and id, are what they were). */
+static void test_artifact_strategies(void **state) {
+    (void)state;
+    float *x = make_images();
+    int32_t given[AN];
+    for (int i = 0; i < AN; i++)
+        given[i] = (i / 7) % AK; /* unrelated to the blobs */
+    ts_partition_opts_t o = {.experts = AK,
+                             .dims = AE,
+                             .restarts = 3,
+                             .seed = 7,
+                             .threads = 1,
+                             .dataset = "synthetic",
+                             .assign = given,
+                             .strategy = "random"};
+    ts_partition_t p, q;
+    CHECK_OK(ts_partition_fit(x, AN, AD, &o, &p, err, sizeof err));
+    assert_memory_equal(p.assignment, given, sizeof given);
+    assert_string_equal(p.strategy, "random");
+    float e[AN * AE];
+    CHECK_OK(ts_pca_project(p.basis, p.mean, x, AN, AD, AE, e, 1));
+    for (int k = 0; k < AK; k++) {
+        double sum[AE] = {0};
+        int cnt = 0;
+        for (int i = 0; i < AN; i++)
+            if (given[i] == k) {
+                cnt++;
+                for (int j = 0; j < AE; j++)
+                    sum[j] += e[i * AE + j];
+            }
+        assert_int_equal(p.sizes[k], cnt);
+        for (int j = 0; j < AE; j++)
+            assert_float_equal(p.centroids[k * AE + j], sum[j] / cnt, 1e-5);
+    }
+    CHECK_OK(ts_partition_save(&p, in_dir("s.safetensors"), err, sizeof err));
+    CHECK_OK(ts_partition_load(in_dir("s.safetensors"), &q, err, sizeof err));
+    assert_string_equal(q.strategy, "random");
+    assert_memory_equal(q.assignment, given, sizeof given);
+    ts_partition_free(&q);
+    ts_partition_free(&p);
+    /* an empty given cluster, a cluster out of range */
+    given[0] = AK;
+    CHECK_RC(ts_partition_fit(x, AN, AD, &o, &p, err, sizeof err), TS_EINVAL);
+    for (int i = 0; i < AN; i++)
+        given[i] = i % (AK - 1);
+    CHECK_RC(ts_partition_fit(x, AN, AD, &o, &p, err, sizeof err), TS_EINVAL);
+    assert_non_null(strstr(err, "empty"));
+    /* k-means on another space: blobs there by (i / 3) % AK, not by the images' i % AK */
+    float space[AN * 2];
+    for (int i = 0; i < AN; i++) {
+        int b = (i / 3) % AK;
+        space[i * 2] = 30.0f * (float)b + 0.1f * ts_rng_normal_at(5, (uint64_t)i);
+        space[i * 2 + 1] = 0.1f * ts_rng_normal_at(6, (uint64_t)i);
+    }
+    ts_partition_opts_t f = {.experts = AK,
+                             .dims = AE,
+                             .restarts = 3,
+                             .seed = 7,
+                             .threads = 1,
+                             .dataset = "synthetic",
+                             .space = space,
+                             .space_dims = 2,
+                             .strategy = "features"};
+    CHECK_OK(ts_partition_fit(x, AN, AD, &f, &p, err, sizeof err));
+    for (int i = 0; i < AN; i++)
+        assert_int_equal(p.assignment[i], p.assignment[((i / 3) % AK) * 3]);
+    assert_string_equal(p.strategy, "features");
+    ts_partition_free(&p);
+    /* the default: strategy "kmeans" in memory, no key in the file */
+    fit_images(x, 1, 0, &p);
+    assert_string_equal(p.strategy, "kmeans");
+    CHECK_OK(ts_partition_save(&p, in_dir("d.safetensors"), err, sizeof err));
+    FILE *fp = fopen(in_dir("d.safetensors"), "rb");
+    assert_non_null(fp);
+    static char bytes[1 << 16];
+    size_t len = fread(bytes, 1, sizeof bytes, fp);
+    fclose(fp);
+    assert_true(len > 0 && len < sizeof bytes);
+    for (size_t i = 0; i + 8 <= len; i++)
+        assert_false(memcmp(bytes + i, "strategy", 8) == 0);
+    CHECK_OK(ts_partition_load(in_dir("d.safetensors"), &q, err, sizeof err));
+    assert_string_equal(q.strategy, "kmeans");
+    ts_partition_free(&q);
+    ts_partition_free(&p);
+    free(x);
+}
+
 static void test_partition_bad_options(void **state) {
     (void)state;
     float *x = make_images();
@@ -794,6 +884,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_artifact_roundtrip, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_artifact_hierarchical, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_artifact_tampered, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_artifact_strategies, setup_dir, teardown_dir),
         cmocka_unit_test(test_partition_bad_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
