@@ -27,6 +27,9 @@
  *               those samples against the test images of cluster k: which region of the data loses.
  * An entry POLICY+prior routes class-aware: the policy's scores plus log p(y | k), the class mix
  * of each cluster (client/local.h), so a sample asked for class y goes to the experts that saw y.
+ * POLICY+hold routes each sample once, at t = 1, and keeps those weights to the end;
+ * POLICY+draw draws one expert per sample from them and keeps it (model/ensemble.h): routing per
+ * trajectory rather than per step.
  * Plus one baseline row, "train data": n train images in place of samples, the FD a perfect
  * generator would get at this n (FD is biased upward at small n, by the same amount for every
  * row).
@@ -76,6 +79,7 @@ typedef struct {
     char name[160];
     int monolith; /* 0: a policy over the folder; m ≥ 1: the m-th --monolith file */
     int prior;    /* class-aware routing (POLICY+prior) */
+    int hold;     /* per-trajectory routing (POLICY+hold, POLICY+draw): model/ensemble.h */
     ts_policy_t policy;
     ts_selection_t select;
     /* results */
@@ -143,16 +147,23 @@ static int parse_entries(const char *list, entry_t *e, int *n, char *err, size_t
         char *colon = strchr(tok, ':');
         if (colon)
             *colon = '\0';
-        char *plus = strstr(tok, "+prior");
-        if (plus && plus[6] == '\0') {
+        int bad_mod = 0;
+        for (char *plus = strrchr(tok, '+'); plus; plus = strrchr(tok, '+')) {
+            if (strcmp(plus, "+prior") == 0)
+                x->prior = 1;
+            else if (strcmp(plus, "+hold") == 0 && !x->hold)
+                x->hold = TS_HOLD_FIRST;
+            else if (strcmp(plus, "+draw") == 0 && !x->hold)
+                x->hold = TS_HOLD_DRAW;
+            else
+                bad_mod = 1;
             *plus = '\0';
-            x->prior = 1;
         }
-        if (ts_policy_parse(tok, &x->policy) != TS_OK) {
+        if (bad_mod || ts_policy_parse(tok, &x->policy) != TS_OK) {
             ts_set_err(err, errlen,
                        "--policies: '%s' is not a policy (learned, centroid, confidence, uniform, "
-                       "each optionally +prior, or monolith)",
-                       tok);
+                       "each optionally +prior and +hold or +draw, or monolith)",
+                       x->name);
             rc = TS_EINVAL;
         } else {
             char why[256] = "";
@@ -788,6 +799,7 @@ int ts_cmd_eval(int argc, char **argv) {
                             .tau = tau_used,
                             .cfg = cfg,
                             .log_prior = x->prior ? log_prior : NULL,
+                            .hold = x->monolith ? TS_HOLD_NONE : x->hold,
                             .sampler = so,
                             .n = n,
                             .labels = labels,

@@ -96,30 +96,28 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
             st->local_s, ls->combine_s, ls->seconds);
     json_t *degraded = json_array();
     if (st->degraded_evaluations) {
-        fprintf(stderr, "DEGRADED: %llu of %llu evaluations ran without some expert (it failed "
-                        "and had no replica or cached weights); its samples were routed among "
-                        "the others. Evaluations:",
-                (unsigned long long)st->degraded_evaluations,
-                (unsigned long long)st->evaluations);
+        fprintf(stderr,
+                "DEGRADED: %llu of %llu evaluations ran without some expert (it failed "
+                "and had no replica or cached weights); its samples were routed among "
+                "the others. Evaluations:",
+                (unsigned long long)st->degraded_evaluations, (unsigned long long)st->evaluations);
         for (uint64_t i = 0; i < st->degraded_evaluations && i < 64; i++) {
             fprintf(stderr, " %llu", (unsigned long long)r->degraded_at[i]);
             json_array_append_new(degraded, json_integer((json_int_t)r->degraded_at[i]));
         }
         fprintf(stderr, "%s\n", st->degraded_evaluations > 64 ? " …" : "");
     }
-    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
-                     "s:I, s:I, s:f, s:f, s:I, s:I}",
-                     "partition_id", g->partition_id, "experts", g->K, "replicas", g->n_replicas,
-                     "cached", g->n_cached, "evaluations", (json_int_t)st->evaluations,
-                     "eval_ms_p50", p50, "eval_ms_p99", p99, "requests",
-                     (json_int_t)st->requests, "answers", (json_int_t)st->answers, "hedges",
-                     (json_int_t)st->hedges, "hedge_wins", (json_int_t)st->hedge_wins, "retries",
-                     (json_int_t)st->retries, "busy", (json_int_t)st->busy, "errors",
-                     (json_int_t)st->errors, "garbage", (json_int_t)st->garbage, "local_runs",
-                     (json_int_t)st->local_runs, "network_s", st->network_s - st->local_s,
-                     "local_s", st->local_s, "degraded_evaluations",
-                     (json_int_t)st->degraded_evaluations, "failed_jobs",
-                     (json_int_t)st->failed_jobs);
+    json_t *j = json_pack(
+        "{s:s, s:i, s:i, s:i, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+        "s:I, s:I, s:f, s:f, s:I, s:I}",
+        "partition_id", g->partition_id, "experts", g->K, "replicas", g->n_replicas, "cached",
+        g->n_cached, "evaluations", (json_int_t)st->evaluations, "eval_ms_p50", p50, "eval_ms_p99",
+        p99, "requests", (json_int_t)st->requests, "answers", (json_int_t)st->answers, "hedges",
+        (json_int_t)st->hedges, "hedge_wins", (json_int_t)st->hedge_wins, "retries",
+        (json_int_t)st->retries, "busy", (json_int_t)st->busy, "errors", (json_int_t)st->errors,
+        "garbage", (json_int_t)st->garbage, "local_runs", (json_int_t)st->local_runs, "network_s",
+        st->network_s - st->local_s, "local_s", st->local_s, "degraded_evaluations",
+        (json_int_t)st->degraded_evaluations, "failed_jobs", (json_int_t)st->failed_jobs);
     if (j) {
         json_object_set_new(j, "policy_s", json_real(ls->policy_s));
         json_object_set_new(j, "combine_s", json_real(ls->combine_s));
@@ -145,8 +143,8 @@ static int write_trace(const char *path, const ts_remote_t *r, char *err, size_t
                      e->hedge ? " (hedge)" : "");
         json_array_append_new(
             events, json_pack("{s:s, s:s, s:f, s:f, s:i, s:i, s:{s:i, s:s, s:i, s:i}}", "name",
-                              name, "ph", "X", "ts", e->start_s * 1e6, "dur", e->dur_s * 1e6,
-                              "pid", 1, "tid", e->k, "args", "rows", e->m, "status",
+                              name, "ph", "X", "ts", e->start_s * 1e6, "dur", e->dur_s * 1e6, "pid",
+                              1, "tid", e->k, "args", "rows", e->m, "status",
                               e->status == TS_OK ? "ok" : ts_strerror(e->status), "queue_us",
                               (int)e->queue_us, "compute_us", (int)e->compute_us));
     }
@@ -157,7 +155,6 @@ static int write_trace(const char *path, const ts_remote_t *r, char *err, size_t
     json_decref(root);
     return rc;
 }
-
 
 /* The routing record of all chunks: w[(e · N + i) · K + k] for evaluation e, sample i. */
 typedef struct {
@@ -214,37 +211,67 @@ int ts_cmd_generate(int argc, char **argv) {
     const char *peer = NULL, *nk = NULL, *identity = NULL, *data_dir = NULL, *partition = NULL;
     const char *trace = NULL;
     int prefer_local = 0, no_hedge = 0, timeout_ms = 10000, retries = 2;
-    const char *cls = NULL, *out = NULL, *routing_json = NULL;
+    const char *cls = NULL, *out = NULL, *routing_json = NULL, *trajectory = "step";
     const char *fmnist_dir = TS_FMNIST_DEFAULT_DIR;
     int n = 64, steps = 30, threads = 0, cols = 0, json = 0, class_prior = 0;
     float cfg = 1.0f, tau = 0.0f;
     uint64_t seed = 0;
     ts_arg_t args[] = {
-        {"local", TS_ARG_STRING, &dir, "DIR", "the experts of a folder: partition.safetensors, expert-<k>.safetensors (k = 0..K-1, or any .safetensors with metadata cluster), optional router.safetensors"},
-        {"peer", TS_ARG_STRING, &peer, "HOST:PORT", "the experts of the network this node belongs to (instead of --local)"},
+        {"local", TS_ARG_STRING, &dir, "DIR",
+         "the experts of a folder: partition.safetensors, expert-<k>.safetensors (k = 0..K-1, or "
+         "any .safetensors with metadata cluster), optional router.safetensors"},
+        {"peer", TS_ARG_STRING, &peer, "HOST:PORT",
+         "the experts of the network this node belongs to (instead of --local)"},
         {"network-key", TS_ARG_STRING, &nk, "FILE", "with --peer: the network key"},
-        {"identity", TS_ARG_STRING, &identity, "FILE", "with --peer: an identity to connect with (default: a fresh one)"},
-        {"data-dir", TS_ARG_STRING, &data_dir, "DIR", "with --peer: the store that caches the partition, the router and pulled weights (default: the user's store)"},
-        {"partition", TS_ARG_STRING, &partition, "ID", "with --peer: the partition to use, by id prefix (default: the one most clusters of the network serve)"},
-        {"prefer-local", TS_ARG_FLAG, &prefer_local, NULL, "with --peer: run the experts whose weights are in the store here (`tessera pull`)"},
-        {"no-hedge", TS_ARG_FLAG, &no_hedge, NULL, "with --peer: never send a second request to another replica"},
-        {"timeout-ms", TS_ARG_INT, &timeout_ms, "N", "with --peer: per request (default 10000)", 1, 3600000},
-        {"retries", TS_ARG_INT, &retries, "N", "with --peer: other replicas tried after a failure (default 2)", 0, 16},
-        {"trace", TS_ARG_STRING, &trace, "FILE", "with --peer: write every request as a Chrome trace (JSON)"},
-        {"policy", TS_ARG_STRING, &policy_s, "NAME", "learned (router), centroid (distance of x0-hat to the centroids), confidence (every expert every step), uniform (default learned)"},
-        {"select", TS_ARG_STRING, &select_s, "SEL", "top1, topK, full, threshold=p, or a schedule like \"t>0.7:full,t>0.3:top2,top1\" (default top1)"},
-        {"tau", TS_ARG_FLOAT, &tau, "T", "temperature of centroid/confidence: w ~ exp(-d2/T) (default: the partition's mean squared distance of an image to its centroid)", 0, 1e30},
+        {"identity", TS_ARG_STRING, &identity, "FILE",
+         "with --peer: an identity to connect with (default: a fresh one)"},
+        {"data-dir", TS_ARG_STRING, &data_dir, "DIR",
+         "with --peer: the store that caches the partition, the router and pulled weights "
+         "(default: the user's store)"},
+        {"partition", TS_ARG_STRING, &partition, "ID",
+         "with --peer: the partition to use, by id prefix (default: the one most clusters of the "
+         "network serve)"},
+        {"prefer-local", TS_ARG_FLAG, &prefer_local, NULL,
+         "with --peer: run the experts whose weights are in the store here (`tessera pull`)"},
+        {"no-hedge", TS_ARG_FLAG, &no_hedge, NULL,
+         "with --peer: never send a second request to another replica"},
+        {"timeout-ms", TS_ARG_INT, &timeout_ms, "N", "with --peer: per request (default 10000)", 1,
+         3600000},
+        {"retries", TS_ARG_INT, &retries, "N",
+         "with --peer: other replicas tried after a failure (default 2)", 0, 16},
+        {"trace", TS_ARG_STRING, &trace, "FILE",
+         "with --peer: write every request as a Chrome trace (JSON)"},
+        {"policy", TS_ARG_STRING, &policy_s, "NAME",
+         "learned (router), centroid (distance of x0-hat to the centroids), confidence (every "
+         "expert every step), uniform (default learned)"},
+        {"select", TS_ARG_STRING, &select_s, "SEL",
+         "top1, topK, full, threshold=p, or a schedule like \"t>0.7:full,t>0.3:top2,top1\" "
+         "(default top1)"},
+        {"tau", TS_ARG_FLOAT, &tau, "T",
+         "temperature of centroid/confidence: w ~ exp(-d2/T) (default: the partition's mean "
+         "squared distance of an image to its centroid)",
+         0, 1e30},
         {"n", TS_ARG_INT, &n, "N", "number of samples (default 64)", 1, 100000},
         {"steps", TS_ARG_INT, &steps, "S", "integration steps (default 30)", 1, 10000},
         {"sampler", TS_ARG_STRING, &sampler, "NAME", "euler or heun (default heun)"},
-        {"cfg", TS_ARG_FLOAT, &cfg, "S", "classifier-free guidance scale inside each expert, 1 = off (default 1)", 0, 100},
-        {"class", TS_ARG_STRING, &cls, "C", "class label, or 'null' (default: cycle through classes)"},
+        {"cfg", TS_ARG_FLOAT, &cfg, "S",
+         "classifier-free guidance scale inside each expert, 1 = off (default 1)", 0, 100},
+        {"class", TS_ARG_STRING, &cls, "C",
+         "class label, or 'null' (default: cycle through classes)"},
         {"seed", TS_ARG_U64, &seed, "S", "sample i uses noise stream seed+i (default 0)"},
         {"out", TS_ARG_STRING, &out, "FILE", "PNG grid to write", 0, 0, 1},
         {"cols", TS_ARG_INT, &cols, "N", "grid columns (default: square)", 0, 10000},
-        {"routing-json", TS_ARG_STRING, &routing_json, "FILE", "write every evaluation's routing (t; per sample the experts and weights) as JSON"},
-        {"class-prior", TS_ARG_FLAG, &class_prior, NULL, "class-aware routing: add log p(class | cluster), the clusters' class mix in the train set, to every policy's scores"},
-        {"data", TS_ARG_STRING, &fmnist_dir, "DIR", "Fashion-MNIST IDX directory, for --class-prior (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"routing-json", TS_ARG_STRING, &routing_json, "FILE",
+         "write every evaluation's routing (t; per sample the experts and weights) as JSON"},
+        {"route", TS_ARG_STRING, &trajectory, "WHEN",
+         "step (route every evaluation), hold (route once at t = 1 and keep those weights) or draw "
+         "(draw one expert per sample from the first evaluation's weights and keep it) (default "
+         "step)"},
+        {"class-prior", TS_ARG_FLAG, &class_prior, NULL,
+         "class-aware routing: add log p(class | cluster), the clusters' class mix in the train "
+         "set, to every policy's scores"},
+        {"data", TS_ARG_STRING, &fmnist_dir, "DIR",
+         "Fashion-MNIST IDX directory, for --class-prior (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"json", TS_ARG_FLAG, &json, NULL, "print a JSON summary on stdout"},
         {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
     };
@@ -281,7 +308,18 @@ int ts_cmd_generate(int argc, char **argv) {
     }
     if (!peer && (nk || identity || data_dir || partition || prefer_local || no_hedge || trace)) {
         fprintf(stderr, PROG ": --network-key, --identity, --data-dir, --partition, "
-                        "--prefer-local, --no-hedge and --trace go with --peer\n");
+                             "--prefer-local, --no-hedge and --trace go with --peer\n");
+        return 2;
+    }
+    int hold = strcmp(trajectory, "hold") == 0   ? TS_HOLD_FIRST
+               : strcmp(trajectory, "draw") == 0 ? TS_HOLD_DRAW
+                                                 : TS_HOLD_NONE;
+    if (hold == TS_HOLD_NONE && strcmp(trajectory, "step") != 0) {
+        fprintf(stderr, PROG ": --route %s: must be step, hold or draw\n", trajectory);
+        return 2;
+    }
+    if (hold && strcmp(policy_s, "confidence") == 0) {
+        fprintf(stderr, PROG ": --route %s: the confidence policy scores every step\n", trajectory);
         return 2;
     }
     if (ts_arg_seen(args, (int)(sizeof args / sizeof args[0]), "tau") && !(tau > 0.0f)) {
@@ -303,9 +341,13 @@ int ts_cmd_generate(int argc, char **argv) {
     int rc = ts_engine_init(&eng, &eo), usage = 0;
     int wants_router = policy == TS_POLICY_LEARNED || policy == TS_POLICY_CENTROID;
     if (rc == TS_OK && peer) {
-        ts_netgen_opts_t no = {.peer = peer, .network_key = nk, .identity = identity,
-                               .data_dir = data_dir, .partition = partition,
-                               .trace = trace != NULL, .load_router = wants_router};
+        ts_netgen_opts_t no = {.peer = peer,
+                               .network_key = nk,
+                               .identity = identity,
+                               .data_dir = data_dir,
+                               .partition = partition,
+                               .trace = trace != NULL,
+                               .load_router = wants_router};
         ts_remote_opts_default(&no.remote);
         no.remote.prefer_local = prefer_local;
         no.remote.hedge = !no_hedge;
@@ -367,11 +409,21 @@ int ts_cmd_generate(int argc, char **argv) {
 
     progress_t prog = {isatty(STDERR_FILENO), 0, steps * ((n + chunk - 1) / chunk),
                        peer ? &net.remote : NULL};
-    ts_local_gen_t gen = {.policy = policy, .select = sel, .tau = tau, .cfg = cfg,
+    ts_local_gen_t gen = {.policy = policy,
+                          .select = sel,
+                          .tau = tau,
+                          .cfg = cfg,
                           .log_prior = log_prior,
-                          .sampler = so, .n = n, .labels = labels, .seeds = seeds,
-                          .on_chunk = routing_json ? record_chunk : NULL, .chunk_ctx = &rec,
-                          .record = routing_json != NULL, .on_step = on_step, .step_ctx = &prog};
+                          .hold = hold,
+                          .sampler = so,
+                          .n = n,
+                          .labels = labels,
+                          .seeds = seeds,
+                          .on_chunk = routing_json ? record_chunk : NULL,
+                          .chunk_ctx = &rec,
+                          .record = routing_json != NULL,
+                          .on_step = on_step,
+                          .step_ctx = &prog};
     ts_local_stats_t st = {.use = use};
     rc = ts_local_generate(&loc, &eng, &gen, images, &st, err, sizeof err);
     int64_t forwards = st.forwards, router_calls = st.router_evals;
@@ -387,20 +439,20 @@ int ts_cmd_generate(int argc, char **argv) {
     char sel_text[256];
     ts_selection_format(&sel, sel_text, sizeof sel_text);
     double evals = (double)forwards / n;
-    json_t *summary = json_pack("{s:i, s:i, s:i, s:s, s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:s}",
-                                "n", n, "experts", loc.ex.K, "steps", steps, "sampler", sampler,
-                                "policy", ts_policy_name(policy), "selection", sel_text, "tau",
-                                (double)tau, "cfg", (double)cfg, "evals_per_sample", evals,
-                                "router_evals_per_sample", (double)router_calls / n, "seconds",
-                                secs, "out", out);
+    json_t *summary = json_pack(
+        "{s:i, s:i, s:i, s:s, s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:s}", "n", n, "experts", loc.ex.K,
+        "steps", steps, "sampler", sampler, "policy", ts_policy_name(policy), "selection", sel_text,
+        "tau", (double)tau, "cfg", (double)cfg, "evals_per_sample", evals,
+        "router_evals_per_sample", (double)router_calls / n, "seconds", secs, "out", out);
     if (summary)
         json_object_set_new(summary, "class_prior", json_boolean(class_prior));
+    json_object_set_new(summary, "route", json_string(trajectory));
     json_t *share = json_array();
     fprintf(stderr,
             "%d samples, %d %s steps, policy %s, selection %s, cfg %g: %.1f expert evaluations "
             "per sample, %.2f s (%.1f samples/s) → %s\nexpert use:",
-            n, steps, sampler, ts_policy_name(policy), sel_text, (double)cfg, evals, secs,
-            n / secs, out);
+            n, steps, sampler, ts_policy_name(policy), sel_text, (double)cfg, evals, secs, n / secs,
+            out);
     for (int k = 0; k < loc.ex.K; k++) {
         double f = forwards > 0 ? (double)use[k] / (double)forwards : 0.0;
         fprintf(stderr, " %d:%.0f%%", k, 100.0 * f);

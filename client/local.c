@@ -147,14 +147,16 @@ int ts_local_open(ts_local_t *l, const char *dir, ts_engine_t *e, int chunk, int
     /* warnings: what does not match */
     for (int k = 0; k < l->ex.K && l->has_part; k++)
         if (l->ex.partition_id[k] && strcmp(l->ex.partition_id[k], l->part.id) != 0)
-            fprintf(stderr, "%s: warning: %s was trained on partition %.12s…, not this folder's "
-                            "%.12s…\n",
+            fprintf(stderr,
+                    "%s: warning: %s was trained on partition %.12s…, not this folder's "
+                    "%.12s…\n",
                     prog, l->ex.paths[k], l->ex.partition_id[k], l->part.id);
     if (l->has_router && l->has_part) {
         const char *pid = ts_classifier_meta(l->router, "partition_id");
         if (pid && strcmp(pid, l->part.id) != 0)
-            fprintf(stderr, "%s: warning: the router was trained on partition %.12s…, not this "
-                            "folder's %.12s…\n",
+            fprintf(stderr,
+                    "%s: warning: the router was trained on partition %.12s…, not this "
+                    "folder's %.12s…\n",
                     prog, pid, l->part.id);
     }
     return TS_OK;
@@ -183,8 +185,8 @@ int ts_local_open_remote(ts_local_t *l, const char *dir, int K, const ts_dit_con
     l->eval_ctx = eval_ctx;
     int rc = open_artifacts(l, dir, e, load_router, err, errlen);
     if (rc == TS_OK && l->has_part && l->part.K != K) {
-        ts_set_err(err, errlen, "the partition has %d clusters but the network serves %d", l->part.K,
-                   K);
+        ts_set_err(err, errlen, "the partition has %d clusters but the network serves %d",
+                   l->part.K, K);
         rc = TS_EINVAL;
     }
     return rc;
@@ -224,12 +226,13 @@ int ts_local_check_policy(const ts_local_t *l, ts_policy_t policy, const char *p
         return TS_ENOTFOUND;
     }
     if (policy == TS_POLICY_CENTROID && !l->has_router && l->ex.K > 1)
-        fprintf(stderr, "%s: note: no router in %s: the centroid policy's first step (pure noise, "
-                        "no estimate yet) routes uniformly\n",
+        fprintf(stderr,
+                "%s: note: no router in %s: the centroid policy's first step (pure noise, "
+                "no estimate yet) routes uniformly\n",
                 prog, l->dir);
     if (policy == TS_POLICY_CONFIDENCE && l->ex.K > 1)
-        fprintf(stderr, "%s: note: the confidence policy runs all %d experts at every step\n",
-                prog, l->ex.K);
+        fprintf(stderr, "%s: note: the confidence policy runs all %d experts at every step\n", prog,
+                l->ex.K);
     return TS_OK;
 }
 
@@ -239,8 +242,7 @@ float ts_local_default_tau(const ts_local_t *l) {
                : 1.0f;
 }
 
-int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err,
-                         size_t errlen) {
+int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err, size_t errlen) {
     *label = -1;
     if (!cls)
         return TS_OK;
@@ -262,8 +264,9 @@ int ts_local_class_prior(const ts_local_t *l, const int32_t *labels, int64_t n, 
                          float **out, char *err, size_t errlen) {
     *out = NULL;
     if (!l->has_part) {
-        ts_set_err(err, errlen, "class-aware routing needs %s/partition.safetensors (the "
-                                "clusters' class mix)",
+        ts_set_err(err, errlen,
+                   "class-aware routing needs %s/partition.safetensors (the "
+                   "clusters' class mix)",
                    l->dir);
         return TS_ENOTFOUND;
     }
@@ -310,14 +313,22 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
     int rc = TS_OK;
     for (int start = 0; start < g->n && rc == TS_OK; start += l->chunk) {
         int m = g->n - start < l->chunk ? g->n - start : l->chunk;
-        ts_ensemble_opts_t o = {.policy = g->policy, .select = g->select, .tau = g->tau,
-                                .cfg_scale = g->cfg, .labels = g->labels + start, .n = m,
+        ts_ensemble_opts_t o = {.policy = g->policy,
+                                .select = g->select,
+                                .tau = g->tau,
+                                .cfg_scale = g->cfg,
+                                .labels = g->labels + start,
+                                .n = m,
                                 .router = l->has_router ? ts_classifier_router_fn : NULL,
                                 .router_ctx = l->has_router ? (void *)&l->rr : NULL,
                                 .partition = l->has_part ? &l->part : NULL,
                                 .log_prior = l->ex.K > 1 ? g->log_prior : NULL,
-                                .record = g->record, .eval = l->eval,
-                                .eval_ctx = l->eval_ctx, .config = &l->cfg};
+                                .record = g->record,
+                                .eval = l->eval,
+                                .hold = g->hold,
+                                .seeds = g->seeds + start,
+                                .eval_ctx = l->eval_ctx,
+                                .config = &l->cfg};
         /* one expert needs no scores: route it uniformly whatever the policy asks */
         if (l->ex.K == 1 || (distance && !l->has_part))
             o.policy = TS_POLICY_UNIFORM;
@@ -333,8 +344,8 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
         if (rc == TS_OK)
             rc = ts_sampler_noise(e, &x, g->seeds + start);
         if (rc == TS_OK)
-            rc = ts_sampler_run(e, &g->sampler, &x, scratch, ts_ensemble_velocity, &ens,
-                                g->on_step, g->step_ctx);
+            rc = ts_sampler_run(e, &g->sampler, &x, scratch, ts_ensemble_velocity, &ens, g->on_step,
+                                g->step_ctx);
         if (rc == TS_OK) {
             ts_tensor_t host;
             rc = ts_tensor_wrap(&host, images + start * chw, TS_F32, TS_CPU, 4, x.shape);

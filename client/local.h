@@ -97,6 +97,7 @@ typedef struct ts_local_gen {
     void (*on_chunk)(void *ctx, const ts_ensemble_t *ens, int start);
     void *chunk_ctx;
     int record;
+    int hold; /* TS_HOLD_NONE, _FIRST or _DRAW (model/ensemble.h): per-trajectory routing */
     ts_sample_progress_fn on_step; /* optional, per sampler step of every chunk */
     void *step_ctx;
 } ts_local_gen_t;
@@ -116,7 +117,6 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
 
 /* Parses a class option: "null" (the null label, unconditional) or 0..num_classes−1 into
  * *label; NULL gives −1 (cycle through the classes). TS_EINVAL with a sentence otherwise. */
-int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err,
-                         size_t errlen);
+int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err, size_t errlen);
 
 #endif

@@ -26,8 +26,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/math.h"
 #include "model/dit_io.h"
 #include "model/safetensors.h"
+#include "model/train.h"
 
 static char *dup_str(const char *s) {
     size_t n = strlen(s) + 1;
@@ -251,6 +253,7 @@ void ts_ensemble_free(ts_ensemble_t *s) {
     free(s->job_vp);
     free(s->job_done);
     free(s->scores);
+    free(s->held);
     for (int i = 0; i < s->n_steps; i++)
         free(s->steps[i].w);
     free(s->steps);
@@ -271,6 +274,14 @@ static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensembl
     }
     if ((int)o->policy < TS_POLICY_LEARNED || o->policy > TS_POLICY_UNIFORM) {
         ts_set_err(err, errlen, "ts_ensemble_init: unknown policy %d", (int)o->policy);
+        return TS_EINVAL;
+    }
+    if (o->hold < TS_HOLD_NONE || o->hold > TS_HOLD_DRAW ||
+        (o->hold && o->policy == TS_POLICY_CONFIDENCE) || (o->hold == TS_HOLD_DRAW && !o->seeds)) {
+        ts_set_err(err, errlen,
+                   "ts_ensemble_init: hold %d: per-trajectory routing is 0, 1 (hold) or 2 (draw, "
+                   "which needs the samples' seeds), and not with the confidence policy",
+                   o->hold);
         return TS_EINVAL;
     }
     if (remote && o->policy == TS_POLICY_CONFIDENCE) {
@@ -400,6 +411,8 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
     s->d2 = malloc((size_t)n * K * sizeof *s->d2);
     s->prev_emb = malloc((size_t)n * kd * sizeof *s->prev_emb);
     s->expert_forwards = calloc((size_t)K, sizeof *s->expert_forwards);
+    if (opts->hold && !(s->held = malloc((size_t)n * K * sizeof *s->held)))
+        rc = rc == TS_OK ? TS_ENOMEM : rc;
     if (opts->eval) {
         s->jobs = calloc((size_t)K, sizeof *s->jobs);
         s->job_rows = malloc((size_t)K * n * sizeof *s->job_rows);
@@ -765,6 +778,29 @@ static int remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_te
 
 /* ---- one evaluation ------------------------------------------------------------------------------- */
 
+/* TS_HOLD_DRAW: each row of w (n, K) becomes one-hot at an expert drawn from it: the first k
+ * whose cumulative weight exceeds u · Σw, u the sample's uniform (opts.hold). */
+static void draw_one(float *w, int n, int K, const uint64_t *seeds) {
+    for (int i = 0; i < n; i++) {
+        float *row = w + (size_t)i * K;
+        double total = 0.0, acc = 0.0;
+        for (int k = 0; k < K; k++)
+            total += row[k];
+        double u = ts_rng_uniform_at(ts_stream_key(seeds[i], TS_HOLD_STREAM), 0) * total;
+        int pick = -1;
+        for (int k = 0; k < K; k++) {
+            acc += row[k];
+            if (pick < 0 && row[k] > 0.0f && (acc > u || k == K - 1))
+                pick = k;
+        }
+        for (int k = K - 1; pick < 0 && k >= 0; k--) /* rounding: the last expert with weight */
+            if (row[k] > 0.0f)
+                pick = k;
+        for (int k = 0; k < K; k++)
+            row[k] = k == pick ? 1.0f : 0.0f;
+    }
+}
+
 int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v) {
     ts_ensemble_t *s = ctx;
     if (!s || !x || !v || (!s->experts && !s->o.eval))
@@ -775,10 +811,17 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     ts_engine_t *e = s->eng;
     int n = s->n, K = s->K;
     if (t >= 1.0f)
-        s->has_prev = 0; /* a new run starts from pure noise */
+        s->has_prev = s->has_held = 0; /* a new run starts from pure noise */
     s->evaluations++;
     ts_policy_t used = s->o.policy;
     double t_policy = ts_ensemble_clock_s();
+    if (s->o.hold && s->has_held) {
+        memcpy(s->w, s->held, (size_t)n * K * sizeof *s->w);
+        if (s->o.eval)
+            for (size_t j = 0; j < (size_t)n * K; j++)
+                s->scores[j] = s->held[j] > 0.0f ? logf(s->held[j]) : -INFINITY;
+        goto weighted;
+    }
     switch (s->o.policy) {
     case TS_POLICY_LEARNED: TS_TRY(score_router(s, x, t)); break;
     case TS_POLICY_CENTROID: TS_TRY(score_centroid(s, x, t, &used)); break;
@@ -793,6 +836,13 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     if (s->o.eval)
         memcpy(s->scores, s->w, (size_t)n * K * sizeof *s->w);
     TS_TRY(ts_route_weights(s->w, n, K, &s->o.select, t));
+    if (s->o.hold) {
+        if (s->o.hold == TS_HOLD_DRAW)
+            draw_one(s->w, n, K, s->o.seeds);
+        memcpy(s->held, s->w, (size_t)n * K * sizeof *s->w);
+        s->has_held = 1;
+    }
+weighted:
     s->policy_s += ts_ensemble_clock_s() - t_policy;
     if (s->o.eval)
         TS_TRY(remote_combine(s, x, t, v));

@@ -67,9 +67,9 @@ int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, int B, flo
 
 typedef struct ts_experts {
     int K;
-    ts_dit_t *models; /* K models, in cluster order */
-    int *cluster;     /* K: the metadata "cluster" of each, or −1 when the files carry none */
-    char **paths;     /* K: the file each came from (malloc'd copies) */
+    ts_dit_t *models;    /* K models, in cluster order */
+    int *cluster;        /* K: the metadata "cluster" of each, or −1 when the files carry none */
+    char **paths;        /* K: the file each came from (malloc'd copies) */
     char **partition_id; /* K: metadata "partition_id" (malloc'd), or NULL when absent */
 } ts_experts_t;
 
@@ -78,8 +78,8 @@ typedef struct ts_experts {
  * 0..n−1; when none has one, file order is kept; a mix is an error. Every expert must have the
  * same image config (input_size, in_channels) and the same num_classes. On success *x owns the
  * models (ts_experts_free); on failure *x is empty and err names the file and the problem. */
-int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_t *e,
-                    int max_batch, char *err, size_t errlen);
+int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_t *e, int max_batch,
+                    char *err, size_t errlen);
 void ts_experts_free(ts_experts_t *x);
 
 /* ---- the ensemble as a velocity function ---------------------------------------------------- */
@@ -125,6 +125,14 @@ typedef struct ts_ensemble_opts {
      * when x_t and y are independent given the cluster); the null label's row should be 0 */
     const float *log_prior;
     int record; /* keep every evaluation's weights (ts_ensemble_t.steps) */
+    /* Per-trajectory routing: TS_HOLD_NONE routes every evaluation afresh; TS_HOLD_FIRST keeps
+     * the weights of a run's first evaluation (t = 1) for all of its evaluations; TS_HOLD_DRAW
+     * draws ONE expert per sample from the first evaluation's weights (after the selection:
+     * with full, from the whole distribution) with the uniform at position 0 of the stream
+     * ts_stream_key(seeds[i], TS_HOLD_STREAM), and keeps it to the end. Held evaluations run no
+     * policy (no router, no distances). The confidence policy cannot be held. */
+    int hold;
+    const uint64_t *seeds; /* n: the samples' noise seeds (TS_HOLD_DRAW); borrowed */
     /* Remote experts: when eval is set, the experts argument of ts_ensemble_init may be NULL and
      * config names the experts' shared config. Every evaluation then hands its work to eval at
      * once — one job per expert with at least one row, in expert order — and combines the
@@ -139,11 +147,15 @@ typedef struct ts_ensemble_opts {
     const ts_dit_config_t *config;
 } ts_ensemble_opts_t;
 
+enum { TS_HOLD_NONE = 0, TS_HOLD_FIRST = 1, TS_HOLD_DRAW = 2 };
+#define TS_HOLD_STREAM 0x686f6c64u /* "hold" */
+
 /* One evaluation's routing, recorded when opts.record is set. */
 typedef struct ts_route_step {
     float t;
-    ts_policy_t policy; /* the policy that scored it (the centroid policy's first step falls back) */
-    float *w;           /* (n, K): the weights; 0 for the experts not selected */
+    ts_policy_t
+        policy; /* the policy that scored it (the centroid policy's first step falls back) */
+    float *w;   /* (n, K): the weights; 0 for the experts not selected */
 } ts_route_step_t;
 
 typedef struct ts_ensemble {
@@ -153,9 +165,9 @@ typedef struct ts_ensemble {
     int64_t chw;       /* C·H·W of one sample */
     ts_ensemble_opts_t o;
     /* device staging */
-    ts_tensor_t xx, tt; /* (pairs·n, C, H, W), (pairs·n): one expert's batch */
-    ts_tensor_t vk;     /* (n, C, H, W): one expert's guided answers */
-    ts_tensor_t vall;   /* (K·n, C, H, W): every expert's answers (confidence only) */
+    ts_tensor_t xx, tt;  /* (pairs·n, C, H, W), (pairs·n): one expert's batch */
+    ts_tensor_t vk;      /* (n, C, H, W): one expert's guided answers */
+    ts_tensor_t vall;    /* (K·n, C, H, W): every expert's answers (confidence only) */
     ts_tensor_t idx, wk; /* (n) I32, (n) F32: the rows bound for one expert and their weights */
     /* host scratch */
     int32_t *yy, *idx_h; /* (pairs·n) labels, (n) rows */
@@ -165,23 +177,25 @@ typedef struct ts_ensemble {
     float *emb, *d2;     /* (n, k) embeddings, (n, K) squared distances */
     float *prev_emb;     /* (n, k): φ(x̂0) of the previous evaluation (centroid) */
     int has_prev;
+    float *held; /* (n, K): the held weights (opts.hold) */
+    int has_held;
     /* counters since init */
-    int64_t forwards;        /* sample-forwards through any expert (CFG pair = 2) */
+    int64_t forwards;         /* sample-forwards through any expert (CFG pair = 2) */
     int64_t *expert_forwards; /* (K) the same per expert */
-    int64_t evaluations;     /* calls of ts_ensemble_velocity */
-    int64_t router_calls;    /* router runs (on n samples each) */
-    int64_t fallbacks;       /* centroid evaluations scored without an x̂0 */
-    int64_t dropped;         /* remote jobs that failed: an expert left out of one evaluation */
-    int64_t renormalised;    /* samples routed again after a drop */
-    double policy_s;         /* wall time spent scoring and routing (router, distances, weights) */
-    double combine_s;        /* remote experts: wall time spent combining their answers */
+    int64_t evaluations;      /* calls of ts_ensemble_velocity */
+    int64_t router_calls;     /* router runs (on n samples each) */
+    int64_t fallbacks;        /* centroid evaluations scored without an x̂0 */
+    int64_t dropped;          /* remote jobs that failed: an expert left out of one evaluation */
+    int64_t renormalised;     /* samples routed again after a drop */
+    double policy_s;          /* wall time spent scoring and routing (router, distances, weights) */
+    double combine_s;         /* remote experts: wall time spent combining their answers */
     /* remote experts: one job per expert, and their host buffers */
-    ts_expert_job_t *jobs;          /* (K) */
-    int32_t *job_rows, *job_y;      /* (K·n) */
-    float *job_x, *job_vp;          /* (K·n·chw) a job's rows and answers, packed */
-    float *job_v;                   /* (K·n·chw) answers by (expert, sample) */
-    uint8_t *job_done;              /* (K·n) which of those are in */
-    float *scores;                  /* (n, K) the scores before selection, for rerouting */
+    ts_expert_job_t *jobs;     /* (K) */
+    int32_t *job_rows, *job_y; /* (K·n) */
+    float *job_x, *job_vp;     /* (K·n·chw) a job's rows and answers, packed */
+    float *job_v;              /* (K·n·chw) answers by (expert, sample) */
+    uint8_t *job_done;         /* (K·n) which of those are in */
+    float *scores;             /* (n, K) the scores before selection, for rerouting */
     /* the record */
     ts_route_step_t *steps;
     int n_steps, cap_steps;

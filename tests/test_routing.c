@@ -35,8 +35,6 @@
 
 static char err[512];
 
-
-
 /* ---- routing: weights ---------------------------------------------------------------------- */
 
 static ts_selection_t parse_ok(const char *text) {
@@ -67,8 +65,9 @@ static int count_nonzero(const float *row, int K) {
 static void test_weights_sum_to_one(void **state) {
     (void)state;
     enum { B = 16, K = 5 };
-    const char *sels[] = {"top1", "top2", "top3", "top5", "top9", "full", "threshold=0.5",
-                          "threshold=0.9", "threshold=1", "t>0.5:full,t>0.2:top2,top1"};
+    const char *sels[] = {
+        "top1", "top2",          "top3",          "top5",        "top9",
+        "full", "threshold=0.5", "threshold=0.9", "threshold=1", "t>0.5:full,t>0.2:top2,top1"};
     tu_rng_t r = {42};
     float scores[B * K], w[B * K];
     for (int i = 0; i < B * K; i++)
@@ -342,9 +341,15 @@ static int teardown(void **state) {
 }
 
 static void tiny_config(ts_dit_config_t *c) {
-    *c = (ts_dit_config_t){.input_size = IMG, .in_channels = 1, .patch_size = 2,
-                           .hidden_size = 32, .depth = 1, .num_heads = 2,
-                           .num_classes = NCLS, .mlp_ratio = 2, .freq_dim = 32};
+    *c = (ts_dit_config_t){.input_size = IMG,
+                           .in_channels = 1,
+                           .patch_size = 2,
+                           .hidden_size = 32,
+                           .depth = 1,
+                           .num_heads = 2,
+                           .num_classes = NCLS,
+                           .mlp_ratio = 2,
+                           .freq_dim = 32};
 }
 
 /* Writes a random expert to name in the temp folder: DiT init, then every parameter perturbed
@@ -364,9 +369,9 @@ static const char *write_expert(ts_engine_t *e, const char *name, uint64_t seed,
     }
     const char *extra[2] = {"cluster", cluster};
     const char *path = tu_temp_path(name);
-    TU_CHECK_RC_MSG(ts_dit_save(&m, &m.param_mem, path, TS_ST_F32, extra, cluster ? 1 : 0, err,
-                                sizeof err),
-                    TS_OK, err);
+    TU_CHECK_RC_MSG(
+        ts_dit_save(&m, &m.param_mem, path, TS_ST_F32, extra, cluster ? 1 : 0, err, sizeof err),
+        TS_OK, err);
     ts_dit_free(&m);
     return path;
 }
@@ -542,8 +547,9 @@ static int hook(void *ctx, ts_expert_job_t *jobs, int n) {
     h->calls++;
     for (int i = n - 1; i >= 0; i--) {
         h->jobs++;
-        jobs[i].status =
-            (jobs[i].k == h->fail_k || h->fail_k == -2) ? TS_ETIMEDOUT : ts_expert_job_run(&h->models[jobs[i].k], &jobs[i]);
+        jobs[i].status = (jobs[i].k == h->fail_k || h->fail_k == -2)
+                             ? TS_ETIMEDOUT
+                             : ts_expert_job_run(&h->models[jobs[i].k], &jobs[i]);
     }
     return TS_OK;
 }
@@ -557,7 +563,8 @@ static void test_remote_hook(void **state) {
     for (int k = 0; k < K; k++) {
         char name[32];
         snprintf(name, sizeof name, "r%d.safetensors", k);
-        snprintf(p[k], sizeof p[k], "%s", write_expert(&fx->e, name, 11 + (uint64_t)k, 0.08f, NULL));
+        snprintf(p[k], sizeof p[k], "%s",
+                 write_expert(&fx->e, name, 11 + (uint64_t)k, 0.08f, NULL));
     }
     const char *paths[K] = {p[0], p[1], p[2]};
     ts_experts_t ex;
@@ -674,8 +681,8 @@ static void test_grouping_equals_one_by_one(void **state) {
         o.tau = 0.05f;
         float all[N * CHW], one[CHW];
         ts_ensemble_t probe;
-        TU_CHECK_RC_MSG(ts_ensemble_init(&probe, &fx->e, ex.models, K, &o, err, sizeof err),
-                        TS_OK, err);
+        TU_CHECK_RC_MSG(ts_ensemble_init(&probe, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK,
+                        err);
         /* the batch run, keeping the ensemble to read its counters */
         ts_tensor_t x, scratch[3];
         tu_alloc_f32(&x, 4, TS_SHAPE(N, 1, IMG, IMG));
@@ -686,8 +693,8 @@ static void test_grouping_equals_one_by_one(void **state) {
             seeds[i] = 40 + (uint64_t)i;
         TU_CHECK_OK(ts_sampler_noise(&fx->e, &x, seeds));
         ts_sampler_opts_t so = {.kind = TS_SAMPLER_HEUN, .steps = STEPS};
-        TU_CHECK_OK(ts_sampler_run(&fx->e, &so, &x, scratch, ts_ensemble_velocity, &probe, NULL,
-                                   NULL));
+        TU_CHECK_OK(
+            ts_sampler_run(&fx->e, &so, &x, scratch, ts_ensemble_velocity, &probe, NULL, NULL));
         memcpy(all, tu_f32(&x), sizeof all);
         int used = 0;
         for (int k = 0; k < K; k++)
@@ -704,10 +711,10 @@ static void test_grouping_equals_one_by_one(void **state) {
             ts_ensemble_opts_t o1 = o;
             o1.labels = labels + i;
             o1.n = 1;
-            sample_ensemble(&fx->e, ex.models, K, o1, 40 + (uint64_t)i, TS_SAMPLER_HEUN, STEPS,
-                            one, NULL);
-            tu_check_close(one, all + i * CHW, CHW, 1e-5, 1e-5, "case %zu (%s, %s), sample %d",
-                           c, ts_policy_name(o.policy), cases[c].select, i);
+            sample_ensemble(&fx->e, ex.models, K, o1, 40 + (uint64_t)i, TS_SAMPLER_HEUN, STEPS, one,
+                            NULL);
+            tu_check_close(one, all + i * CHW, CHW, 1e-5, 1e-5, "case %zu (%s, %s), sample %d", c,
+                           ts_policy_name(o.policy), cases[c].select, i);
         }
     }
     ts_experts_free(&ex);
@@ -722,7 +729,8 @@ static void test_full_uniform_is_mean(void **state) {
     for (int k = 0; k < K; k++) {
         char name[32];
         snprintf(name, sizeof name, "m%d.safetensors", k);
-        snprintf(p[k], sizeof p[k], "%s", write_expert(&fx->e, name, 20 + (uint64_t)k, 0.05f, NULL));
+        snprintf(p[k], sizeof p[k], "%s",
+                 write_expert(&fx->e, name, 20 + (uint64_t)k, 0.05f, NULL));
         paths[k] = p[k];
     }
     ts_experts_t ex;
@@ -746,8 +754,7 @@ static void test_full_uniform_is_mean(void **state) {
     ts_ensemble_opts_t o = base_opts("full", TS_POLICY_UNIFORM, labels, N, 3.0f);
     o.record = 1;
     ts_ensemble_t ens;
-    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK,
-                    err);
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK, err);
     TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.6f, &v));
     tu_check_close(tu_f32(&v), mean, N * CHW, 1e-6, 1e-5, "full uniform vs the mean");
     assert_int_equal(ens.n_steps, 1);
@@ -789,14 +796,14 @@ static void test_centroid_nearer(void **state) {
         for (int j = 0; j < CHW; j++)
             tu_f32(&x)[b * CHW + j] = level[b];
     for (int full = 0; full < 2; full++) {
-        ts_ensemble_opts_t o = base_opts(full ? "full" : "top1", TS_POLICY_CENTROID, labels, N,
-                                         2.0f);
+        ts_ensemble_opts_t o =
+            base_opts(full ? "full" : "top1", TS_POLICY_CENTROID, labels, N, 2.0f);
         o.partition = &part;
         o.tau = 2.0f;
         o.record = 1;
         ts_ensemble_t ens;
-        TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err),
-                        TS_OK, err);
+        TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK,
+                        err);
         TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 1.0f, &v)); /* no x̂0 yet: uniform */
         TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.5f, &v));
         assert_int_equal(ens.n_steps, 2);
@@ -880,8 +887,7 @@ static void test_evaluation_counts(void **state) {
         {TS_POLICY_CONFIDENCE, "full", 1.0f, TS_SAMPLER_EULER, 1.0 * K * STEPS},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        ts_ensemble_opts_t o = base_opts(cases[c].select, cases[c].policy, labels, N,
-                                         cases[c].cfg);
+        ts_ensemble_opts_t o = base_opts(cases[c].select, cases[c].policy, labels, N, cases[c].cfg);
         o.router = stub_router;
         o.router_ctx = &r;
         o.partition = &part;
@@ -891,6 +897,135 @@ static void test_evaluation_counts(void **state) {
         tu_check_scalar(evals, cases[c].want, 0, "case %zu: %s %s evaluations per sample", c,
                         ts_policy_name(cases[c].policy), cases[c].select);
     }
+    ts_experts_free(&ex);
+}
+
+/* A router that knows only t: at t = 1 the logits are first[k] for every sample, later ones
+ * strongly prefer the last expert. */
+typedef struct {
+    int K, calls;
+    float first[8];
+} t_router_t;
+
+static int t_router(void *ctx, const ts_tensor_t *x, float t, int B, float *logits) {
+    (void)x;
+    t_router_t *r = ctx;
+    r->calls++;
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < r->K; k++)
+            logits[b * r->K + k] = t >= 1.0f ? r->first[k] : (k == r->K - 1 ? 10.0f : 0.0f);
+    return TS_OK;
+}
+
+/* Runs one sampling of N samples (seeds seed0 + i) with recording on; returns the ensemble for
+ * inspection (the caller frees it). */
+static void run_recorded(ts_engine_t *e, ts_dit_t *experts, int K, ts_ensemble_opts_t *o,
+                         const uint64_t *seeds, int steps, ts_ensemble_t *ens) {
+    o->record = 1;
+    o->seeds = seeds;
+    TU_CHECK_RC_MSG(ts_ensemble_init(ens, e, experts, K, o, err, sizeof err), TS_OK, err);
+    ts_tensor_t x, scratch[3];
+    tu_alloc_f32(&x, 4, TS_SHAPE(o->n, 1, IMG, IMG));
+    for (int i = 0; i < 3; i++)
+        tu_alloc_like(&scratch[i], &x);
+    TU_CHECK_OK(ts_sampler_noise(e, &x, seeds));
+    ts_sampler_opts_t so = {.kind = TS_SAMPLER_EULER, .steps = steps};
+    TU_CHECK_OK(ts_sampler_run(e, &so, &x, scratch, ts_ensemble_velocity, ens, NULL, NULL));
+    TU_FREE_TENSORS(&x, &scratch[0], &scratch[1], &scratch[2]);
+}
+
+/* Per-trajectory routing: hold keeps the first evaluation's weights (the router runs once per
+ * run), draw picks one expert per sample from them, in proportion to the weights, as a function
+ * of the sample's seed alone (not of its batch), and keeps it; without either, later
+ * evaluations follow the router. */
+static void test_hold_and_draw(void **state) {
+    fixture_t *fx = *state;
+    enum { N = MAXB, K = 3, STEPS = 4 };
+    char p[K][512];
+    const char *paths[K];
+    for (int k = 0; k < K; k++) {
+        char name[32], cl[16];
+        snprintf(name, sizeof name, "h%d.safetensors", k);
+        snprintf(cl, sizeof cl, "%d", k);
+        snprintf(p[k], sizeof p[k], "%s", write_expert(&fx->e, name, 70 + (uint64_t)k, 0.05f, cl));
+        paths[k] = p[k];
+    }
+    ts_experts_t ex;
+    open_experts(&ex, &fx->e, paths, K);
+    int32_t labels[N];
+    uint64_t seeds[N];
+    for (int i = 0; i < N; i++)
+        labels[i] = i % NCLS, seeds[i] = 100 + (uint64_t)i;
+    t_router_t r = {.K = K, .first = {10.0f, 0.0f, 0.0f}};
+    for (int hold = TS_HOLD_NONE; hold <= TS_HOLD_FIRST; hold++) {
+        ts_ensemble_opts_t o = base_opts("top1", TS_POLICY_LEARNED, labels, N, 1.0f);
+        o.router = t_router;
+        o.router_ctx = &r;
+        o.hold = hold;
+        r.calls = 0;
+        ts_ensemble_t ens;
+        run_recorded(&fx->e, ex.models, K, &o, seeds, STEPS, &ens);
+        assert_int_equal(ens.n_steps, STEPS);
+        assert_int_equal(r.calls, hold ? 1 : STEPS);
+        for (int st = 0; st < STEPS; st++)
+            for (int i = 0; i < N; i++) {
+                int want = st == 0 || hold ? 0 : K - 1;
+                for (int k = 0; k < K; k++)
+                    assert_float_equal(ens.steps[st].w[i * K + k], k == want ? 1.0f : 0.0f, 0);
+            }
+        ts_ensemble_free(&ens);
+    }
+    /* draw from (0.2, 0.3, 0.5) at t = 1 under full, four batches of N */
+    r.first[0] = logf(0.2f), r.first[1] = logf(0.3f), r.first[2] = logf(0.5f);
+    int picks[4 * N], count[K] = {0};
+    for (int b = 0; b < 4; b++) {
+        uint64_t sd[N];
+        for (int i = 0; i < N; i++)
+            sd[i] = 1000 + (uint64_t)(b * N + i);
+        ts_ensemble_opts_t o = base_opts("full", TS_POLICY_LEARNED, labels, N, 1.0f);
+        o.router = t_router;
+        o.router_ctx = &r;
+        o.hold = TS_HOLD_DRAW;
+        ts_ensemble_t ens;
+        run_recorded(&fx->e, ex.models, K, &o, sd, STEPS, &ens);
+        tu_check_scalar(ts_ensemble_evals_per_sample(&ens), STEPS, 0, "one expert per step");
+        for (int i = 0; i < N; i++) {
+            int pick = -1;
+            for (int k = 0; k < K; k++)
+                if (ens.steps[0].w[i * K + k] == 1.0f)
+                    pick = k;
+            assert_true(pick >= 0);
+            for (int st = 1; st < STEPS; st++)
+                assert_memory_equal(ens.steps[st].w + i * K, ens.steps[0].w + i * K,
+                                    K * sizeof(float));
+            picks[b * N + i] = pick;
+            count[pick]++;
+        }
+        ts_ensemble_free(&ens);
+    }
+    /* 64 draws: each share within ±0.2 of its probability, all three experts drawn */
+    assert_true(count[0] >= 1 && count[1] >= 1 && count[2] >= 1);
+    assert_true(abs(count[0] - 13) <= 13 && abs(count[2] - 32) <= 13);
+    /* the same seeds in another batch (reversed order) draw the same experts */
+    uint64_t rev[N];
+    for (int i = 0; i < N; i++)
+        rev[i] = 1000 + (uint64_t)(N - 1 - i);
+    ts_ensemble_opts_t o = base_opts("full", TS_POLICY_LEARNED, labels, N, 1.0f);
+    o.router = t_router;
+    o.router_ctx = &r;
+    o.hold = TS_HOLD_DRAW;
+    ts_ensemble_t ens;
+    run_recorded(&fx->e, ex.models, K, &o, rev, STEPS, &ens);
+    for (int i = 0; i < N; i++)
+        assert_float_equal(ens.steps[0].w[i * K + picks[N - 1 - i]], 1.0f, 0);
+    ts_ensemble_free(&ens);
+    /* refusals: draw without seeds, hold with the confidence policy */
+    o.seeds = NULL;
+    o.record = 0;
+    TU_CHECK_RC(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_EINVAL);
+    o.hold = TS_HOLD_FIRST;
+    o.policy = TS_POLICY_CONFIDENCE;
+    TU_CHECK_RC(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_EINVAL);
     ts_experts_free(&ex);
 }
 
@@ -930,8 +1065,7 @@ static void test_classifier_router(void **state) {
     o.router_ctx = &rr;
     o.record = 1;
     ts_ensemble_t ens;
-    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK,
-                    err);
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK, err);
     TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.4f, &v));
     for (int b = 0; b < N; b++) {
         int best = 0;
@@ -1014,6 +1148,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_full_uniform_is_mean, setup, teardown),
         cmocka_unit_test_setup_teardown(test_centroid_nearer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_evaluation_counts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hold_and_draw, setup, teardown),
         cmocka_unit_test_setup_teardown(test_classifier_router, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_hook, setup, teardown),
