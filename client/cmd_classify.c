@@ -27,10 +27,12 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/local.h"
 #include "client/jsonout.h"
 #include "kernels/math.h"
 #include "model/classifier.h"
 #include "model/fmnist.h"
+#include "model/ensemble.h"
 #include "model/partition.h"
 
 #define N_BUCKETS 10
@@ -49,6 +51,11 @@ typedef struct {
     int hidden, depth, heads, patch, no_augment, shift;
     float lr, wd, clip;
     uint64_t seed;
+    /* train-router only: the objective and, for the expert objectives, the experts */
+    const char *objective, *experts;
+    float align_tau;
+    ts_router_residuals_fn residuals;
+    void *residuals_ctx;
 } cls_opts_t;
 
 /* The trunk config: the preset, then any size overrides, then the data's image shape. */
@@ -87,6 +94,12 @@ static int train_loop(const cls_opts_t *o, ts_classifier_t *c, const ts_dataset_
     tc.grad_clip = o->clip, tc.seed = o->seed, tc.total_steps = o->steps;
     tc.augment = !o->no_augment;
     tc.shift = o->shift;
+    tc.objective = !o->objective || strcmp(o->objective, "cluster") == 0 ? TS_ROUTER_CLUSTER
+                   : strcmp(o->objective, "alignment") == 0              ? TS_ROUTER_ALIGNMENT
+                                                                         : TS_ROUTER_MIXTURE;
+    tc.align_tau = o->align_tau;
+    tc.residuals = o->residuals;
+    tc.residuals_ctx = o->residuals_ctx;
     ts_classifier_trainer_t *tr = NULL;
     int rc = ts_classifier_trainer_init(&tr, c, ds, targets, &tc);
     if (rc != TS_OK) {
@@ -252,13 +265,23 @@ static int parse(cls_opts_t *o, int router, int argc, char **argv) {
         {"shift", TS_ARG_INT, &o->shift, "N", "augmentation: random shifts of up to N pixels each way, 0 = flips only (default 2)", 0, 8},
         {"no-augment", TS_ARG_FLAG, &o->no_augment, NULL, "train on the images as they are (default: random horizontal flips and shifts of up to --shift pixels)"},
     };
+    ts_arg_t router_only[] = {
+        {"objective", TS_ARG_STRING, &o->objective, "NAME", "cluster (the image's cluster), alignment (the expert with the lowest denoising loss, soft targets softmax(-loss/tau)) or mixture (the weights whose mixture of the experts' velocities is closest to the flow target) (default cluster)"},
+        {"experts", TS_ARG_STRING, &o->experts, "DIR", "the generation folder whose experts (trained on this partition) the alignment and mixture objectives run"},
+        {"align-tau", TS_ARG_FLOAT, &o->align_tau, "T", "the temperature of the alignment targets (default 0.02)", 1e-9, 1e9},
+    };
     /* clang-format on */
     int n = (int)(sizeof common / sizeof common[0]);
+    ts_arg_t all[sizeof common / sizeof common[0] + sizeof router_only / sizeof router_only[0]];
     if (router) { /* a router is never augmented (model/classifier.h): no --shift, --no-augment */
         n -= 2;
+        memcpy(all, common, (size_t)n * sizeof common[0]);
+        memcpy(all + n, router_only, sizeof router_only);
+        n += (int)(sizeof router_only / sizeof router_only[0]);
     } else { /* no --partition */
         memmove(&common[1], &common[2], (size_t)(n - 2) * sizeof common[0]);
         n--;
+        memcpy(all, common, (size_t)n * sizeof common[0]);
     }
     int pr =
         ts_args_parse(o->prog,
@@ -266,7 +289,7 @@ static int parse(cls_opts_t *o, int router, int argc, char **argv) {
                                "predicting the image's cluster in a partition."
                              : "Train the evaluation classifier: a DiT trunk on clean "
                                "Fashion-MNIST images predicting the 10 labels.",
-                      common, n, argc, argv);
+                      all, n, argc, argv);
     return pr == 1 ? -1 : pr;
 }
 
@@ -277,6 +300,7 @@ static void cls_defaults(cls_opts_t *o, const char *prog) {
     o->prog = prog, o->fmnist_dir = TS_FMNIST_DEFAULT_DIR, o->model = "tiny", o->steps = 3000;
     o->batch = tc.batch, o->lr = tc.lr, o->warmup = tc.warmup, o->wd = tc.weight_decay;
     o->clip = tc.grad_clip, o->log_every = 100, o->shift = tc.shift;
+    o->objective = "cluster", o->align_tau = 0.02f;
 }
 
 /* The data, the engine and a freshly initialised classifier: common to both verbs. */
@@ -365,8 +389,8 @@ int ts_cmd_train_classifier(int argc, char **argv) {
             100.0 * acc, right, n, (long long)o.steps, secs, o.out);
     if (o.json)
         ts_json_print(json_pack("{s:b, s:f, s:i, s:I, s:f, s:s}", "done", 1, "test_accuracy", acc,
-                             "test_n", n, "steps", (json_int_t)o.steps, "seconds", secs, "out",
-                             o.out));
+                                "test_n", n, "steps", (json_int_t)o.steps, "seconds", secs, "out",
+                                o.out));
     run_free(&r);
     return 0;
 }
@@ -389,7 +413,25 @@ int ts_cmd_train_router(int argc, char **argv) {
     int pr = parse(&o, 1, argc, argv);
     if (pr)
         return pr < 0 ? 0 : 2;
+    int expert_objective = strcmp(o.objective, "cluster") != 0;
+    if (strcmp(o.objective, "cluster") != 0 && strcmp(o.objective, "alignment") != 0 &&
+        strcmp(o.objective, "mixture") != 0) {
+        fprintf(stderr, "%s: --objective %s: must be cluster, alignment or mixture\n", o.prog,
+                o.objective);
+        return 2;
+    }
+    if (expert_objective != (o.experts != NULL)) {
+        fprintf(stderr,
+                "%s: --experts DIR goes with --objective alignment or mixture, and they "
+                "need it\n",
+                o.prog);
+        return 2;
+    }
     char err[512] = "";
+    ts_local_t experts;
+    memset(&experts, 0, sizeof experts);
+    ts_expert_residuals_t res;
+    memset(&res, 0, sizeof res);
     ts_partition_t p;
     memset(&p, 0, sizeof p);
     cls_run_t r;
@@ -410,6 +452,27 @@ int ts_cmd_train_router(int argc, char **argv) {
     }
     if (rc == TS_OK && (rc = ts_classifier_set_meta(r.c, "partition_id", p.id)) != TS_OK)
         snprintf(err, sizeof err, "cannot set the metadata");
+    if (rc == TS_OK && (rc = ts_classifier_set_meta(r.c, "objective", o.objective)) != TS_OK)
+        snprintf(err, sizeof err, "cannot set the metadata");
+    if (rc == TS_OK && expert_objective) {
+        rc = ts_local_open(&experts, o.experts, &r.eng, o.batch, 1, 0, o.prog, err, sizeof err);
+        if (rc == TS_OK && experts.ex.K != p.K) {
+            snprintf(err, sizeof err, "%s holds %d experts, the partition has %d clusters",
+                     o.experts, experts.ex.K, p.K);
+            rc = TS_EINVAL;
+        }
+        if (rc == TS_OK && experts.has_part && strcmp(experts.part.id, p.id) != 0) {
+            snprintf(err, sizeof err,
+                     "the experts of %s were trained on partition %.12s…, not "
+                     "on %.12s…",
+                     o.experts, experts.part.id, p.id);
+            rc = TS_EINVAL;
+        }
+        if (rc == TS_OK)
+            rc = ts_expert_residuals_init(&res, experts.ex.models, experts.ex.K, o.batch);
+        o.residuals = ts_expert_residuals_fn;
+        o.residuals_ctx = &res;
+    }
     if (rc == TS_OK && (rc = train_loop(&o, r.c, &r.train, p.assignment, &secs)) != TS_OK)
         snprintf(err, sizeof err, "training failed");
     /* held-out truth: each test image's nearest centroid */
@@ -452,14 +515,16 @@ int ts_cmd_train_router(int argc, char **argv) {
             for (int j = 0; buckets && j < N_BUCKETS; j++)
                 json_array_append_new(buckets, json_real(acc[j]));
             ts_json_print(json_pack("{s:b, s:s, s:I, s:f, s:o*, s:s}", "done", 1, "partition_id",
-                                 p.id, "steps", (json_int_t)o.steps, "seconds", secs,
-                                 "bucket_accuracy", buckets, "out", o.out));
+                                    p.id, "steps", (json_int_t)o.steps, "seconds", secs,
+                                    "bucket_accuracy", buckets, "out", o.out));
         }
         fprintf(stderr, "trained %lld steps in %.1f s; router → %s\n", (long long)o.steps, secs,
                 o.out);
     }
     free(truth);
     free(emb);
+    ts_expert_residuals_free(&res);
+    ts_local_free(&experts);
     run_free(&r);
     ts_partition_free(&p);
     return rc == TS_OK ? 0 : 1;

@@ -58,9 +58,11 @@ extern "C" {
       int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c, int64_t batch)        \
     /* A linear layer: out (M, N) = inp (M, K) · weightᵀ, weight (N, K); then, when bias is not    \
      * NULL, + bias (N) on every row, added to the finished product (one rounding per add, as a    \
-     * separate add_bcast_forward: the CPU adds it to each slice right after the slice's GEMM). */ \
+     * separate add_bcast_forward: the CPU adds it to each slice right after the slice's GEMM).    \
+     * group: the rows of one item of the batch (a sample's tokens; 1 for one row per sample),     \
+     * which the CPU may compute apart so that an item's rows do not depend on the batch. */       \
     X(linear_forward, float *out, const float *inp, const float *weight, const float *bias,        \
-      int64_t M, int64_t N, int64_t K)                                                             \
+      int64_t M, int64_t N, int64_t K, int64_t group)                                              \
                                                                                                    \
     /* out, inp (rows, C); mean, rstd (rows), each may be NULL */                                  \
     X(layernorm_forward, float *out, float *mean, float *rstd, const float *inp, int64_t rows,     \

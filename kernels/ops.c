@@ -235,8 +235,10 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
         return TS_ESHAPE;
     if (bias && ts_tensor_numel(bias) != N)
         return TS_ESHAPE;
-    /* out (M, N) = inp (M, K) · weightᵀ (K, N) + bias */
-    return DISPATCH(e, linear_forward, F(out), CF(inp), CF(weight), OPT(bias), M, N, K);
+    /* out (M, N) = inp (M, K) · weightᵀ (K, N) + bias; an item of the batch is inp's leading
+     * index: its rows are M / shape[0] (1 for a 2-D input) */
+    int64_t group = inp->ndim >= 3 && inp->shape[0] > 0 ? M / inp->shape[0] : 1;
+    return DISPATCH(e, linear_forward, F(out), CF(inp), CF(weight), OPT(bias), M, N, K, group);
 }
 
 int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,

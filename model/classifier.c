@@ -293,8 +293,9 @@ static int forward(ts_classifier_t *c, const ts_tensor_t *x, const ts_tensor_t *
     return ts_linear_forward(e, &logits, &feat, &c->head_w, &c->head_b);
 }
 
-/* Gradients of loss = CE(logits, c->labels) of the last forward, accumulated. */
-static int backward(ts_classifier_t *c, int B) {
+/* Gradients of the last forward's loss, accumulated: CE(logits, c->labels) when dlogits_host is
+ * NULL, else the given d loss / d logits (B, K, host). */
+static int backward(ts_classifier_t *c, int B, const float *dlogits_host) {
     ts_engine_t *e = c->eng;
     ts_tensor_t dlogits = rows(&c->dlogits, B), dfeat = rows(&c->dfeat, B);
     ts_tensor_t dlnf = rows(&c->dlnf, B), dxf = rows(&c->dxf, B);
@@ -305,7 +306,13 @@ static int backward(ts_classifier_t *c, int B) {
     ts_tensor_t *scratch[] = {&dlogits, &dfeat, &dlnf, &dxf};
     for (int i = 0; i < 4; i++)
         TS_TRY(ts_zero(e, scratch[i]));
-    TS_TRY(ts_cross_entropy_backward(e, &dlogits, 1.0f, &logits, &ids));
+    if (dlogits_host) {
+        ts_tensor_t host;
+        TS_TRY(ts_tensor_wrap(&host, (void *)dlogits_host, TS_F32, TS_CPU, 2, dlogits.shape));
+        TS_TRY(ts_tensor_copy(&dlogits, &host));
+    } else {
+        TS_TRY(ts_cross_entropy_backward(e, &dlogits, 1.0f, &logits, &ids));
+    }
     TS_TRY(ts_linear_backward(e, &dfeat, &c->dhead_w, &c->dhead_b, &dlogits, &feat, &c->head_w));
     TS_TRY(ts_mean_tokens_backward(e, &dlnf, &dfeat));
     TS_TRY(ts_layernorm_backward(e, &dxf, &dlnf, &xf, &mean, &rstd));
@@ -353,7 +360,48 @@ int ts_classifier_loss_backward(ts_classifier_t *c, const ts_tensor_t *x, const 
         return TS_ENONFINITE;
     TS_TRY(ts_dit_zero_grad(&c->trunk));
     TS_TRY(ts_zero(c->eng, &c->head_grad));
-    return backward(c, B);
+    return backward(c, B, NULL);
+}
+
+double ts_router_objective_loss(ts_router_objective_t obj, const float *logits, const double *G,
+                                int B, int K, float tau, float *dlogits) {
+    double total = 0.0;
+    double p[TS_ROUTER_MAX_EXPERTS], q[TS_ROUTER_MAX_EXPERTS], g[TS_ROUTER_MAX_EXPERTS];
+    for (int b = 0; b < B; b++) {
+        const float *z = logits + (int64_t)b * K;
+        const double *Gb = G + (int64_t)b * K * K;
+        double mx = -INFINITY, s = 0.0;
+        for (int k = 0; k < K; k++)
+            mx = z[k] > mx ? z[k] : mx;
+        for (int k = 0; k < K; k++)
+            s += (p[k] = exp((double)z[k] - mx));
+        for (int k = 0; k < K; k++)
+            p[k] /= s;
+        if (obj == TS_ROUTER_ALIGNMENT) {
+            double qm = -INFINITY, qs = 0.0;
+            for (int k = 0; k < K; k++)
+                qm = -Gb[k * K + k] / tau > qm ? -Gb[k * K + k] / tau : qm;
+            for (int k = 0; k < K; k++)
+                qs += (q[k] = exp(-Gb[k * K + k] / tau - qm));
+            for (int k = 0; k < K; k++) {
+                q[k] /= qs;
+                total -= q[k] * (((double)z[k] - mx) - log(s));
+                dlogits[(int64_t)b * K + k] = (float)((p[k] - q[k]) / B);
+            }
+        } else { /* mixture: L = pᵀ G p, dL/dp = 2 G p, dL/dz_k = p_k (g_k − Σ_j p_j g_j) */
+            double pg = 0.0;
+            for (int j = 0; j < K; j++) {
+                g[j] = 0.0;
+                for (int k = 0; k < K; k++)
+                    g[j] += 2.0 * Gb[j * K + k] * p[k];
+                pg += p[j] * g[j];
+                total += 0.5 * p[j] * g[j];
+            }
+            for (int k = 0; k < K; k++)
+                dlogits[(int64_t)b * K + k] = (float)(p[k] * (g[k] - pg) / B);
+        }
+    }
+    return total / B;
 }
 
 /* ---- files ------------------------------------------------------------------------------ */
@@ -559,8 +607,9 @@ struct ts_classifier_trainer {
     int64_t step;
     ts_tensor_t m_trunk, v_trunk, m_head, v_head;
     ts_tensor_t x0, eps, xt, vel, t, sumsq;
-    float *x0_host, *t_host, *logits_host, *aug_tmp;
-    int32_t *y_host, *perm;
+    float *x0_host, *t_host, *logits_host, *aug_tmp, *dlogits_host;
+    int32_t *y_host, *perm, *cls_host;
+    double *G; /* (B, K, K): the experts' residual Gram matrices (expert objectives) */
     int64_t perm_epoch;
 };
 
@@ -601,6 +650,9 @@ void ts_classifier_trainer_free(ts_classifier_trainer_t *tr) {
     free(tr->y_host);
     free(tr->perm);
     free(tr->aug_tmp);
+    free(tr->dlogits_host);
+    free(tr->cls_host);
+    free(tr->G);
     free(tr);
 }
 
@@ -613,7 +665,12 @@ int ts_classifier_trainer_init(ts_classifier_trainer_t **out, ts_classifier_t *c
     if (!c || !data || !targets || !cfg || !c->trainable || cfg->batch < 1 ||
         cfg->batch > c->max_batch || !(cfg->lr > 0.0f) || !isfinite(cfg->lr) || cfg->warmup < 0 ||
         !(cfg->weight_decay >= 0.0f) || !(cfg->grad_clip >= 0.0f) || data->n < 1 ||
-        cfg->shift < 0 || cfg->shift > 8)
+        cfg->shift < 0 || cfg->shift > 8 || cfg->objective < TS_ROUTER_CLUSTER ||
+        cfg->objective > TS_ROUTER_MIXTURE ||
+        (cfg->objective != TS_ROUTER_CLUSTER &&
+         (!c->time_conditioned || !cfg->residuals || !data->labels ||
+          c->K > TS_ROUTER_MAX_EXPERTS ||
+          (cfg->objective == TS_ROUTER_ALIGNMENT && !(cfg->align_tau > 0.0f)))))
         return TS_EINVAL;
     const ts_dit_config_t *mc = &c->trunk.cfg;
     if (data->channels != mc->in_channels || data->height != mc->input_size ||
@@ -661,6 +718,13 @@ int ts_classifier_trainer_init(ts_classifier_trainer_t **out, ts_classifier_t *c
     if (rc == TS_OK && (!tr->x0_host || !tr->t_host || !tr->logits_host || !tr->y_host ||
                         !tr->perm || !tr->aug_tmp))
         rc = TS_ENOMEM;
+    if (rc == TS_OK && cfg->objective != TS_ROUTER_CLUSTER) {
+        tr->dlogits_host = malloc((size_t)(B * c->K) * sizeof(float));
+        tr->cls_host = malloc((size_t)B * sizeof(int32_t));
+        tr->G = malloc((size_t)(B * c->K * c->K) * sizeof(double));
+        if (!tr->dlogits_host || !tr->cls_host || !tr->G)
+            rc = TS_ENOMEM;
+    }
     if (rc != TS_OK) {
         ts_classifier_trainer_free(tr);
         return rc;
@@ -724,6 +788,8 @@ static int stage_batch(ts_classifier_trainer_t *tr, int64_t s, const ts_tensor_t
             augment_image(tr->x0_host + i * chw, tr->aug_tmp, d->channels, d->height, flip, dx, dy);
         }
         tr->y_host[i] = tr->targets[idx];
+        if (tr->cls_host)
+            tr->cls_host[i] = d->labels[idx];
         tr->t_host[i] = ts_rng_uniform_at(tkey, (uint64_t)g);
     }
     ts_tensor_t host;
@@ -752,7 +818,35 @@ int ts_classifier_trainer_step(ts_classifier_trainer_t *tr, float *loss_out, flo
     const ts_tensor_t *input;
     TS_TRY(stage_batch(tr, s, &input));
     float loss;
-    int rc = ts_classifier_loss_backward(c, input, &tr->t, tr->y_host, B, &loss);
+    int rc;
+    if (tr->cfg.objective == TS_ROUTER_CLUSTER) {
+        rc = ts_classifier_loss_backward(c, input, &tr->t, tr->y_host, B, &loss);
+    } else {
+        /* the experts' residuals, then the objective on the host, then backward from there */
+        TS_TRY(tr->cfg.residuals(tr->cfg.residuals_ctx, input, &tr->t, &tr->vel, tr->cls_host, B,
+                                 tr->G));
+        TS_TRY(forward(c, input, &tr->t, B));
+        TS_TRY(to_host(&c->logits, (int64_t)B * c->K, tr->logits_host));
+        loss = (float)ts_router_objective_loss(tr->cfg.objective, tr->logits_host, tr->G, B, c->K,
+                                               tr->cfg.align_tau, tr->dlogits_host);
+        /* the batch accuracy: the router's top expert is the one with the lowest loss */
+        for (int b = 0; b < B; b++) {
+            int best = 0;
+            for (int k = 1; k < c->K; k++)
+                best = tr->G[((int64_t)b * c->K + k) * c->K + k] <
+                               tr->G[((int64_t)b * c->K + best) * c->K + best]
+                           ? k
+                           : best;
+            tr->y_host[b] = best;
+        }
+        rc = isfinite(loss) ? TS_OK : TS_ENONFINITE;
+        if (rc == TS_OK)
+            rc = ts_dit_zero_grad(&c->trunk);
+        if (rc == TS_OK)
+            rc = ts_zero(c->eng, &c->head_grad);
+        if (rc == TS_OK)
+            rc = backward(c, B, tr->dlogits_host);
+    }
     if (loss_out)
         *loss_out = loss;
     if (rc != TS_OK)

@@ -75,18 +75,57 @@ int ts_classifier_loss_backward(ts_classifier_t *c, const ts_tensor_t *x, const 
 int ts_classifier_head(ts_classifier_t *c, ts_tensor_t *w, ts_tensor_t *b, ts_tensor_t *dw,
                        ts_tensor_t *db);
 
+/* What a router learns (train-router --objective):
+ *   CLUSTER    the cluster of the image in the partition (DDM's router): cross-entropy against
+ *              the assignment.
+ *   ALIGNMENT  which frozen expert denoises this (x_t, t, y) best: cross-entropy against the soft
+ *              target q = softmax(−ℓ/τ), ℓ_k = expert k's flow-matching loss on the sample.
+ *   MIXTURE    the weights w = softmax(logits) that make the mixture Σ_k w_k v_k closest to the
+ *              flow target: the loss is ‖Σ_k w_k v_k − (ε − x0)‖² (mean over pixels) through the
+ *              frozen experts, i.e. wᵀ G w with G the Gram matrix of the experts' residuals.
+ * Both expert objectives take the experts' residuals from cfg.residuals (model/ensemble.c has
+ * one for local experts); the router's parameters get the only gradients. */
+#define TS_ROUTER_MAX_EXPERTS 256 /* K of the expert objectives at most */
+
+typedef enum {
+    TS_ROUTER_CLUSTER = 0,
+    TS_ROUTER_ALIGNMENT = 1,
+    TS_ROUTER_MIXTURE = 2,
+} ts_router_objective_t;
+
+/* For B samples x_t (device, (B, C, H, W)) at times t (device, (B)) with the flow target vel =
+ * ε − x0 (device) and class labels (host, B): G (host, (B, K, K)) with G[b][j][k] = the mean
+ * over pixels of r_j·r_k, r_k = v_k(x_t, t, y) − vel the residual of expert k (so G[b][k][k] is
+ * expert k's loss on sample b). Returns TS_OK or an error, which stops the step. */
+typedef int (*ts_router_residuals_fn)(void *ctx, const ts_tensor_t *xt, const ts_tensor_t *t,
+                                      const ts_tensor_t *vel, const int32_t *labels, int B,
+                                      double *G);
+
+/* The loss and the gradient with respect to the logits of the expert objectives, for B samples
+ * of K experts: logits (B, K), G (B, K, K) as above; dlogits (B, K) receives d(mean loss)/d
+ * logits. alignment: mean over b of −Σ_k q_k log p_k with q = softmax(−diag(G_b)/tau); mixture:
+ * mean over b of wᵀ G_b w, w = softmax(logits_b). Computed in double. Pure: the tests check it
+ * against finite differences. */
+double ts_router_objective_loss(ts_router_objective_t obj, const float *logits, const double *G,
+                                int B, int K, float tau, float *dlogits);
+
 typedef struct ts_classifier_train_config {
     int batch;
-    float lr;             /* peak learning rate */
-    int warmup;           /* steps of linear warm-up from 0 */
-    int64_t total_steps;  /* > 0: cosine decay to 0 at this step after the warm-up; 0: constant */
-    float weight_decay;   /* AdamW's, decoupled */
+    float lr;            /* peak learning rate */
+    int warmup;          /* steps of linear warm-up from 0 */
+    int64_t total_steps; /* > 0: cosine decay to 0 at this step after the warm-up; 0: constant */
+    float weight_decay;  /* AdamW's, decoupled */
     float beta1, beta2, eps;
-    float grad_clip;      /* max global gradient norm; 0 = no clipping */
-    int augment;          /* clean images only: random horizontal flip and a shift of up to
+    float grad_clip; /* max global gradient norm; 0 = no clipping */
+    int augment;     /* clean images only: random horizontal flip and a shift of up to
                              ±shift pixels in each direction, the border filled with −1 */
     int shift;
     uint64_t seed;
+    /* a router's objective (time-conditioned models only); ALIGNMENT and MIXTURE need residuals */
+    ts_router_objective_t objective;
+    float align_tau; /* ALIGNMENT's temperature τ (> 0) */
+    ts_router_residuals_fn residuals;
+    void *residuals_ctx;
 } ts_classifier_train_config_t;
 
 /* batch 64, lr 1e-3, warmup 200, constant, wd 0.05, betas (0.9, 0.999), eps 1e-8, clip 1, no
@@ -108,7 +147,8 @@ int ts_classifier_trainer_init(ts_classifier_trainer_t **out, ts_classifier_t *c
                                const ts_dataset_t *data, const int32_t *targets,
                                const ts_classifier_train_config_t *cfg);
 void ts_classifier_trainer_free(ts_classifier_trainer_t *tr);
-/* One step; *loss (before the update), *accuracy (of the batch, before the update) and
+/* One step; *loss (before the update), *accuracy (of the batch, before the update: for the expert
+ * objectives, how often the router's top expert is the expert with the lowest loss) and
  * *grad_norm (before clipping) may be NULL. TS_ENONFINITE leaves the parameters unchanged. */
 int ts_classifier_trainer_step(ts_classifier_trainer_t *tr, float *loss, float *accuracy,
                                float *grad_norm);

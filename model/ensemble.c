@@ -778,6 +778,66 @@ static int remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_te
 
 /* ---- one evaluation ------------------------------------------------------------------------------- */
 
+/* ---- the experts' residuals ------------------------------------------------------------------- */
+
+int ts_expert_residuals_init(ts_expert_residuals_t *x, ts_dit_t *experts, int K, int max_batch) {
+    if (!x || !experts || K < 1 || max_batch < 1)
+        return TS_EINVAL;
+    memset(x, 0, sizeof *x);
+    const ts_dit_config_t *c = &experts[0].cfg;
+    x->experts = experts;
+    x->K = K;
+    x->max_batch = max_batch;
+    x->chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    for (int k = 0; k < K; k++)
+        if (experts[k].max_batch < max_batch)
+            return TS_EINVAL;
+    x->r = malloc((size_t)K * max_batch * x->chw * sizeof *x->r);
+    x->vel = malloc((size_t)max_batch * x->chw * sizeof *x->vel);
+    if (!x->r || !x->vel) {
+        ts_expert_residuals_free(x);
+        return TS_ENOMEM;
+    }
+    return TS_OK;
+}
+
+void ts_expert_residuals_free(ts_expert_residuals_t *x) {
+    if (!x)
+        return;
+    free(x->r);
+    free(x->vel);
+    memset(x, 0, sizeof *x);
+}
+
+int ts_expert_residuals_fn(void *ctx, const ts_tensor_t *xt, const ts_tensor_t *t,
+                           const ts_tensor_t *vel, const int32_t *labels, int B, double *G) {
+    ts_expert_residuals_t *x = ctx;
+    if (!x || !xt || !t || !vel || !labels || !G || B < 1 || B > x->max_batch)
+        return TS_EINVAL;
+    int K = x->K;
+    int64_t n = (int64_t)B * x->chw;
+    TS_TRY(to_host(x->vel, vel));
+    for (int k = 0; k < K; k++) {
+        ts_tensor_t v;
+        TS_TRY(ts_dit_forward(&x->experts[k], xt, t, labels, B, &v));
+        float *rk = x->r + (int64_t)k * x->max_batch * x->chw;
+        TS_TRY(to_host(rk, &v));
+        for (int64_t i = 0; i < n; i++)
+            rk[i] -= x->vel[i];
+    }
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < K; j++)
+            for (int k = j; k < K; k++) {
+                const float *rj = x->r + ((int64_t)j * x->max_batch + b) * x->chw;
+                const float *rk = x->r + ((int64_t)k * x->max_batch + b) * x->chw;
+                double s = 0.0;
+                for (int64_t p = 0; p < x->chw; p++)
+                    s += (double)rj[p] * (double)rk[p];
+                G[((int64_t)b * K + j) * K + k] = G[((int64_t)b * K + k) * K + j] = s / x->chw;
+            }
+    return TS_OK;
+}
+
 /* TS_HOLD_DRAW: each row of w (n, K) becomes one-hot at an expert drawn from it: the first k
  * whose cumulative weight exceeds u · Σw, u the sample's uniform (opts.hold). */
 static void draw_one(float *w, int n, int K, const uint64_t *seeds) {

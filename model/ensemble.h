@@ -63,6 +63,23 @@ void ts_classifier_router_free(ts_classifier_router_t *r);
 /* ts_router_fn for ctx = ts_classifier_router_t. */
 int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, int B, float *logits);
 
+/* ---- the experts' residuals, for the router's expert objectives (model/classifier.h) -------- */
+
+/* A ts_router_residuals_fn over K local experts (borrowed, each with max_batch ≥ the router's
+ * batch): each expert's forward on (x_t, t, y), its residual v_k − vel, and the per-sample Gram
+ * matrix of the residuals, accumulated in double. */
+typedef struct ts_expert_residuals {
+    ts_dit_t *experts;
+    int K, max_batch;
+    int64_t chw;
+    float *r, *vel; /* (K, max_batch, chw) residuals, (max_batch, chw) the target, host */
+} ts_expert_residuals_t;
+
+int ts_expert_residuals_init(ts_expert_residuals_t *x, ts_dit_t *experts, int K, int max_batch);
+void ts_expert_residuals_free(ts_expert_residuals_t *x);
+int ts_expert_residuals_fn(void *ctx, const ts_tensor_t *xt, const ts_tensor_t *t,
+                           const ts_tensor_t *vel, const int32_t *labels, int B, double *G);
+
 /* ---- a set of experts loaded from files ---------------------------------------------------- */
 
 typedef struct ts_experts {

@@ -341,11 +341,122 @@ static void test_training_separable(void **state) {
     ts_dataset_free(&d);
 }
 
+/* The expert objectives' loss and gradient (ts_router_objective_loss) against central finite
+ * differences in double, on random logits and random positive semi-definite Gram matrices; and
+ * their fixed points: alignment's loss is smallest when the logits are the targets' log-odds,
+ * mixture's gradient pushes weight towards the expert with the lowest loss. */
+static void test_router_objectives_fd(void **state) {
+    (void)state;
+    enum { B = 3, K = 4, P = 6 };
+    tu_rng_t r = {99};
+    float z[B * K], dz[B * K], dz2[B * K];
+    double G[B * K * K];
+    for (int b = 0; b < B; b++) {
+        double res[K][P]; /* residuals: G = R Rᵀ / P is PSD */
+        for (int k = 0; k < K; k++)
+            for (int p = 0; p < P; p++)
+                res[k][p] = tu_rng_uniform(&r, -1.0f, 1.0f) * (1.0 + k * 0.3);
+        for (int j = 0; j < K; j++)
+            for (int k = 0; k < K; k++) {
+                double sum = 0.0;
+                for (int p = 0; p < P; p++)
+                    sum += res[j][p] * res[k][p];
+                G[(b * K + j) * K + k] = sum / P;
+            }
+    }
+    for (int i = 0; i < B * K; i++)
+        z[i] = tu_rng_uniform(&r, -2.0f, 2.0f);
+    for (int obj = TS_ROUTER_ALIGNMENT; obj <= TS_ROUTER_MIXTURE; obj++) {
+        float tau = 0.3f;
+        ts_router_objective_loss((ts_router_objective_t)obj, z, G, B, K, tau, dz);
+        for (int i = 0; i < B * K; i++) {
+            const float h = 1e-2f;
+            float zp[B * K], zm[B * K];
+            memcpy(zp, z, sizeof z);
+            memcpy(zm, z, sizeof z);
+            zp[i] += h, zm[i] -= h;
+            double lp = ts_router_objective_loss((ts_router_objective_t)obj, zp, G, B, K, tau, dz2);
+            double lm = ts_router_objective_loss((ts_router_objective_t)obj, zm, G, B, K, tau, dz2);
+            double fd = (lp - lm) / (2.0 * h);
+            tu_check_scalar(dz[i], fd, 2e-4 + 2e-3 * fabs(fd), "objective %d, logit %d", obj, i);
+        }
+    }
+    /* alignment: at z = −diag(G)/τ the gradient vanishes (p = q) */
+    float zq[B * K];
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < K; k++)
+            zq[b * K + k] = (float)(-G[(b * K + k) * K + k] / 0.3);
+    ts_router_objective_loss(TS_ROUTER_ALIGNMENT, zq, G, B, K, 0.3f, dz);
+    for (int i = 0; i < B * K; i++)
+        assert_true(fabsf(dz[i]) < 1e-6f);
+    /* mixture with a diagonal G at equal weights: the lowest-loss expert gains */
+    double D[K * K] = {0};
+    for (int k = 0; k < K; k++)
+        D[k * K + k] = 1.0 + k;
+    float z0[K] = {0};
+    ts_router_objective_loss(TS_ROUTER_MIXTURE, z0, D, 1, K, 1.0f, dz);
+    for (int k = 1; k < K; k++)
+        assert_true(dz[0] < dz[k]);
+}
+
+/* A router trained with the alignment objective against fixed residuals that make expert
+ * (label mod K) the best for every sample learns to pick it: its loss falls. */
+static int fake_residuals(void *ctx, const ts_tensor_t *xt, const ts_tensor_t *t,
+                          const ts_tensor_t *vel, const int32_t *labels, int B, double *G) {
+    (void)xt, (void)t, (void)vel;
+    int *calls = ctx;
+    (*calls)++;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < K_; j++)
+            for (int k = 0; k < K_; k++)
+                G[(b * K_ + j) * K_ + k] = j == k ? (k == labels[b] % K_ ? 0.1 : 1.0) : 0.0;
+    return TS_OK;
+}
+
+static void test_router_alignment_training(void **state) {
+    ts_engine_t *e = *state;
+    tu_rng_t r = {17};
+    ts_dataset_t d;
+    separable_set(&d, 48, &r);
+    ts_classifier_t *c = make(e, 1, 16, 1, 21);
+    ts_classifier_train_config_t cfg;
+    ts_classifier_train_config_default(&cfg);
+    cfg.batch = 16, cfg.lr = 3e-3f, cfg.warmup = 10, cfg.seed = 4;
+    cfg.objective = TS_ROUTER_ALIGNMENT, cfg.align_tau = 0.1f;
+    int calls = 0;
+    cfg.residuals = fake_residuals, cfg.residuals_ctx = &calls;
+    int32_t *zeros = calloc((size_t)d.n, sizeof *zeros); /* the cluster targets are unused */
+    ts_classifier_trainer_t *tr = NULL;
+    TU_CHECK_OK(ts_classifier_trainer_init(&tr, c, &d, zeros, &cfg));
+    float first = 0, last = 0, loss, acc;
+    const int steps = 150;
+    for (int s = 0; s < steps; s++) {
+        TU_CHECK_OK(ts_classifier_trainer_step(tr, &loss, &acc, NULL));
+        if (s < 3)
+            first += loss / 3;
+        if (s >= steps - 3)
+            last += loss / 3;
+    }
+    assert_int_equal(calls, steps);
+    if (!(last < 0.5f * first)) {
+        print_error("alignment loss went from %g to %g, expected it to halve\n", first, last);
+        fail();
+    }
+    ts_classifier_trainer_free(tr);
+    /* the expert objectives need residuals and a time-conditioned model */
+    cfg.residuals = NULL;
+    assert_int_equal(ts_classifier_trainer_init(&tr, c, &d, zeros, &cfg), TS_EINVAL);
+    free(zeros);
+    ts_classifier_free(c);
+    ts_dataset_free(&d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_accessors_meta),     cmocka_unit_test(test_save_open_roundtrip),
-        cmocka_unit_test(test_bad_files_refused),  cmocka_unit_test(test_head_gradient_fd),
-        cmocka_unit_test(test_training_separable),
+        cmocka_unit_test(test_router_objectives_fd),      cmocka_unit_test(test_accessors_meta),
+        cmocka_unit_test(test_save_open_roundtrip),       cmocka_unit_test(test_bad_files_refused),
+        cmocka_unit_test(test_head_gradient_fd),          cmocka_unit_test(test_training_separable),
+        cmocka_unit_test(test_router_alignment_training),
     };
     return cmocka_run_group_tests_name("classifier", tests, tu_setup_cpu_engine,
                                        tu_teardown_cpu_engine);

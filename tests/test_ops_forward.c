@@ -78,8 +78,54 @@ static void test_linear(void **state) {
     }
 }
 
+/* Batch invariance of a linear layer (kernels/cpu/cpu_ops.c): an item of the batch (a sample's T
+ * tokens of a 3-D input, or one row of a 2-D one) gets the same bits alone as at any place in a
+ * batch, on this machine's OpenBLAS kernels whatever they are. */
+static void test_linear_batch_invariant(void **state) {
+    ts_engine_t *e = *state;
+    static const int64_t cases[][3] = {/* T (0: a 2-D input), K, N */
+                                       {196, 128, 384},
+                                       {49, 64, 256},
+                                       {16, 32, 96},
+                                       {0, 128, 768}};
+    enum { B = 13 };
+    tu_rng_t r = {21};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t T = cases[c][0], K = cases[c][1], N = cases[c][2], rows = T ? T : 1;
+        ts_tensor_t inp, w, b, out, one_in, one_out;
+        if (T) {
+            tu_alloc_f32(&inp, 3, TS_SHAPE(B, T, K));
+            tu_alloc_f32(&out, 3, TS_SHAPE(B, T, N));
+        } else {
+            tu_alloc_f32(&inp, 2, TS_SHAPE(B, K));
+            tu_alloc_f32(&out, 2, TS_SHAPE(B, N));
+        }
+        tu_alloc_f32(&w, 2, TS_SHAPE(N, K));
+        tu_alloc_f32(&b, 1, TS_SHAPE(N));
+        tu_fill_uniform(&r, &inp, -1, 1);
+        tu_fill_uniform(&r, &w, -1, 1);
+        tu_fill_uniform(&r, &b, -1, 1);
+        TU_CHECK_OK(ts_linear_forward(e, &out, &inp, &w, &b));
+        for (int i = 0; i < B; i++) {
+            TU_CHECK_OK(ts_tensor_slice(&one_in, &inp, i, 1));
+            TU_CHECK_OK(ts_tensor_slice(&one_out, &out, i, 1));
+            ts_tensor_t alone;
+            tu_alloc_like(&alone, &one_out);
+            TU_CHECK_OK(ts_linear_forward(e, &alone, &one_in, &w, &b));
+            if (memcmp(tu_f32(&alone), tu_f32(&one_out), (size_t)(rows * N) * sizeof(float))) {
+                print_error("T=%lld K=%lld N=%lld: item %d alone differs from the batch\n",
+                            (long long)T, (long long)K, (long long)N, i);
+                fail();
+            }
+            ts_tensor_free(&alone);
+        }
+        TU_FREE_TENSORS(&inp, &w, &b, &out);
+    }
+}
+
 /* The bias goes into the CPU's GEMM slices (added right after each slice's product): the result
- * must equal, bit for bit, the product followed by a separate broadcast add. Shapes that run on
+ * must equal, bit for bit, the same layer's product without a bias followed by a separate
+ * broadcast add (one rounding each, as on the GPU). Shapes that run on
  * one thread, split over the rows of the output, and split over its columns; and K = 1024, where
  * filling C with the bias and calling sgemm with beta = 1 would round differently (OpenBLAS adds
  * the product to C one K block at a time). */
@@ -102,10 +148,10 @@ static void test_linear_bias_bits(void **state) {
         tu_fill_uniform(&r, &w, -1, 1);
         tu_fill_uniform(&r, &b, -1, 1);
         TU_CHECK_OK(ts_linear_forward(e, &out, &inp, &w, &b));
-        TU_CHECK_OK(ts_matmul(e, &prod, &inp, 0, &w, 1, 1.0f, 0.0f));
+        TU_CHECK_OK(ts_linear_forward(e, &prod, &inp, &w, NULL));
         TU_CHECK_OK(ts_add_bcast_forward(e, &sum, &prod, &b));
         if (memcmp(tu_f32(&out), tu_f32(&sum), (size_t)(M * N) * sizeof(float)) != 0) {
-            print_error("linear M=%lld K=%lld N=%lld with bias differs from matmul + add_bcast\n",
+            print_error("linear M=%lld K=%lld N=%lld with bias differs from linear + add_bcast\n",
                         (long long)M, (long long)K, (long long)N);
             fail();
         }
@@ -1037,6 +1083,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_linear_bias_bits),
+        cmocka_unit_test(test_linear_batch_invariant),
         cmocka_unit_test(test_linear_slices),
         cmocka_unit_test(test_matmul_2d),
         cmocka_unit_test(test_matmul_batched),

@@ -20,6 +20,7 @@
 #include <cblas.h>
 #include <limits.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "kernels/backend.h"
@@ -320,7 +321,19 @@ typedef struct {
 } gemm_job_t;
 
 /* Batch invariance. OpenBLAS picks a kernel by the shape of each call, and its kernels round
- * differently. On this project's reference machine (0.3.21, Cooperlake, i.e. SkylakeX kernels) a
+ * differently. Two ways are taken, by the kernels OpenBLAS runs on this CPU (row_invariant_core):
+ *
+ * Where the blocked kernel's rows do not depend on their place in the call (SkylakeX and its
+ * successors; this project's first reference machine, a Cooperlake), the padding below is enough.
+ * Elsewhere — 0.3.21 runs its Haswell kernels on AMD Zen, and those compute the rows of C in
+ * blocks of 12 whose halves round differently, so a row's bits depend on its position modulo 12
+ * (measured on an AMD EPYC: shifting the rows of a 192-row product by s changes 2s of every 12
+ * rows) — a linear layer computes each item of the batch (a sample's tokens, or a sample's one
+ * row) by its own sgemm call, of the same shape whatever the batch (ts_cpu_linear_forward's
+ * group): the same call gives the same bits on any BLAS. The items are shared among the threads,
+ * never cut, so the thread count does not matter either.
+ *
+ * The padding, on the first kind of machine: On this project's reference machine (0.3.21, Cooperlake, i.e. SkylakeX kernels) a
  * row-major A·Bᵀ with M·N ≤ 1200 (and K ≥ 32) goes to the "small matrix" kernel; anything larger
  * goes to the blocked kernel, whose result for one row of C does not depend on how many rows the
  * call has or where the row sits (tests/test_serve.c checks the DiT for this). A linear layer's
@@ -468,12 +481,45 @@ int ts_cpu_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, 
     return TS_OK;
 }
 
+/* Whether OpenBLAS's blocked sgemm kernel on this CPU gives a row of C the same bits wherever the
+ * row sits in the call (see "Batch invariance"): the SkylakeX family's kernels. Decided once. */
+static int row_invariant_core(void) {
+    static int known = -1;
+    if (known < 0) {
+        const char *name = openblas_get_corename();
+        static const char *const fine[] = {"skylakex", "cooperlake", "sapphirerapids"};
+        int ok = 0;
+        for (size_t i = 0; name && i < sizeof fine / sizeof fine[0]; i++)
+            ok |= strcasecmp(name, fine[i]) == 0;
+        known = ok;
+    }
+    return known;
+}
+
+/* Items lo..hi of a per-item linear layer (j->M = the rows of one item). */
+static void items_range(void *arg, int64_t lo, int64_t hi) {
+    const gemm_job_t *j = arg;
+    for (int64_t i = lo; i < hi; i++) {
+        float *C = j->C + i * j->M * j->ldc;
+        sgemm(j, j->M, j->N, j->A + i * j->M * j->lda, j->B, C);
+        if (j->bias)
+            add_bias(C, j->bias, j->M, j->N, j->ldc);
+    }
+}
+
 int ts_cpu_linear_forward(ts_engine_t *e, float *out, const float *inp, const float *weight,
-                          const float *bias, int64_t M, int64_t N, int64_t K) {
+                          const float *bias, int64_t M, int64_t N, int64_t K, int64_t group) {
     if (!gemm_dims_fit(M, N, K, K, K, N))
         return TS_ERANGE;
     /* out (M, N) = inp (M, K) · weightᵀ (K, N) + bias: lda = ldb = K, ldc = N, alpha 1, beta 0 */
     gemm_job_t j = {0, 1, M, N, K, K, K, N, 0, 0, 0, 1.0f, 0.0f, inp, weight, out, bias};
+    if (!row_invariant_core() && group >= 1 && M % group == 0) {
+        int64_t items = M / group;
+        j.M = group;
+        double work = (double)M * (double)N * (double)K;
+        ts_pool_for(e->pool, items, work < 65536.0 ? INT64_MAX : 1, items_range, &j);
+        return TS_OK;
+    }
     gemm_run(e, &j, 1);
     return TS_OK;
 }
@@ -1122,8 +1168,8 @@ int ts_cpu_mean_tokens_backward(ts_engine_t *e, float *dx, const float *dout, in
 
 /* ---- row gather / scatter ------------------------------------------------------------- */
 
-int ts_cpu_gather_rows(ts_engine_t *e, float *out, const float *inp, const int32_t *idx,
-                       int64_t m, int64_t S) {
+int ts_cpu_gather_rows(ts_engine_t *e, float *out, const float *inp, const int32_t *idx, int64_t m,
+                       int64_t S) {
     for (int64_t i = 0; i < m; i++)
         memcpy(out + i * S, inp + (int64_t)idx[i] * S, (size_t)S * sizeof *out);
     return TS_OK;

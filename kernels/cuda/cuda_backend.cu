@@ -261,7 +261,8 @@ int ts_cuda_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N,
 
 /* out = inp · weightᵀ, then the bias in a second kernel: the same two roundings as the CPU. */
 int ts_cuda_linear_forward(ts_engine_t *e, float *out, const float *inp, const float *weight,
-                           const float *bias, int64_t M, int64_t N, int64_t K) {
+                           const float *bias, int64_t M, int64_t N, int64_t K, int64_t group) {
+    (void)group; /* not used here: batch invariance on the GPU is not established yet */
     int err = ts_cuda_gemm(e, 0, 1, M, N, K, 1.0f, inp, K, 0, weight, K, 0, 0.0f, out, N, 0, 1);
     if (err || !bias)
         return err;
