@@ -241,9 +241,8 @@ static void interval(const double *boot, int B, double est, double *lo, double *
  * mu (G, D), cov (G, D, D), count (G). Groups of fewer than MIN_GROUP rows are left unfitted. */
 static int group_fits(const float *feat, const int32_t *group, int64_t n, int G, int D, double *mu,
                       double *cov, int64_t *count, char *err, size_t errlen) {
-    int32_t *rows = malloc((size_t)n * sizeof *rows);
     float *sub = malloc((size_t)n * (size_t)D * sizeof *sub);
-    int rc = rows && sub ? TS_OK : TS_ENOMEM;
+    int rc = sub ? TS_OK : TS_ENOMEM;
     for (int g = 0; g < G && rc == TS_OK; g++) {
         int64_t m = 0;
         for (int64_t i = 0; i < n; i++)
@@ -254,7 +253,6 @@ static int group_fits(const float *feat, const int32_t *group, int64_t n, int G,
             rc =
                 ts_gauss_fit(sub, m, D, mu + (int64_t)g * D, cov + (int64_t)g * D * D, err, errlen);
     }
-    free(rows);
     free(sub);
     return rc;
 }

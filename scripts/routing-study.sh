@@ -17,7 +17,11 @@
 #
 # Environment: TESSERA (default build/client/tessera), LANES (2), N (samples per eval entry),
 # ARMS (which training arms; default all of: mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm
-# ens-warm-b8), EVAL (0 to train only).
+# ens-warm-b8 part-label part-random align), EVAL (0 to train only).
+#
+# Outputs in RUN_DIR: the weights, eval-<arm>.json (tessera eval --json: FD with intervals,
+# precision/recall, IS, per-class and per-cluster FD), report-<arm>.html, samples-<arm>/ (IDX),
+# loss-<arm>.json (tessera loss: held-out loss per cluster, experts against the monoliths).
 #
 # Arms (docs/routing.md "Training recipes at equal compute"):
 #   mono-s1, mono-s2  the monolith of docs/training.md (batch 64, lr 5e-4, EMA 0.999), two seeds
@@ -27,6 +31,11 @@
 #   ens-b8            8 experts at batch 8 with 8× the steps (lr 2e-4)
 #   warm              a shared warm start: WARM_PCT % of the budget on all the data (batch 64)
 #   ens-warm-b8       8 experts started from `warm`, the remaining budget at batch 8
+#   part-label        the ens-warm-b8 recipe on `tessera partition --by label` (K = 8)
+#   part-random       the same on `--by random` (the control: clusters that know nothing)
+#   align             a router trained with --objective alignment through the ens-warm-b8
+#                     experts (300 steps; every sample runs all 8 experts: its compute is
+#                     reported with the results)
 # The EMA horizon is kept in samples across batch sizes: a batch-8 run's decay cap is
 # 1 − (1 − cap at batch 64) / 8 (0.999 → 0.999875, 0.998 → 0.99975), and the warm-up
 # (1 + s)/(10 + s) already averages the last ~1/9 of the samples seen at any batch.
@@ -45,7 +54,7 @@ RUN=${2:-runs/routing-$budget}
 T=$(realpath "${TESSERA:-build/client/tessera}")
 LANES=${LANES:-2}
 WARM_PCT=${WARM_PCT:-20}
-ARMS=${ARMS:-mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm ens-warm-b8}
+ARMS=${ARMS:-mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm ens-warm-b8 part-label part-random align}
 [ -x "$T" ] || {
     echo "routing-study: $T is not built (make build)" >&2
     exit 1
@@ -81,14 +90,15 @@ train() {
     log "done $name: $(tail -n 1 "$RUN/$name.log")"
 }
 
-# ensemble NAME [ENV...]: 8 experts into $RUN/NAME/ (scripts/train-ensemble.sh)
+# ensemble NAME [ENV...]: 8 experts into $RUN/NAME/ (scripts/train-ensemble.sh) on the
+# partition $PART (default partition8)
 ensemble() {
     local name=$1
     shift
     mkdir -p "$RUN/$name"
     log "ensemble $name: $*"
     env "$@" TESSERA="$T" THREADS=1 DATA_DIR="$STORE/$name" nice scripts/train-ensemble.sh \
-        "$RUN/partition8" "$RUN/$name" "${TOTAL_OVERRIDE:-$TOTAL}" > "$RUN/$name.log" 2>&1
+        "$RUN/${PART:-partition8}" "$RUN/$name" "${TOTAL_OVERRIDE:-$TOTAL}" > "$RUN/$name.log" 2>&1
     log "done $name"
 }
 
@@ -131,6 +141,72 @@ has ens-warm-b8 && TOTAL_OVERRIDE=$((TOTAL - warm_steps)) jobs_run ensemble ens-
 has mono-b8 && jobs_run train mono-b8 --steps "$b8_steps" --batch 8 --lr 2e-4 \
     --warmup $((MONO_WARMUP * 8)) --ema 0.999875 --seed 1
 jobs_run router
+for by in label random; do
+    if has "part-$by" && [ ! -f "$RUN/partition8-$by/partition.safetensors" ]; then
+        nice "$T" partition --experts 8 --by "$by" --seed 0 --out "$RUN/partition8-$by" --json \
+            > "$RUN/partition8-$by.json"
+    fi
+done
+has part-label && PART=partition8-label TOTAL_OVERRIDE=$((TOTAL - warm_steps)) \
+    jobs_run ensemble part-label BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 \
+    INIT="$RUN/warm.safetensors"
+has part-random && PART=partition8-random TOTAL_OVERRIDE=$((TOTAL - warm_steps)) \
+    jobs_run ensemble part-random BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 \
+    INIT="$RUN/warm.safetensors"
 wait
+if has align && [ ! -f "$RUN/router-align.safetensors" ]; then
+    log "router, alignment objective through the ens-warm-b8 experts"
+    nice "$T" train-router --partition "$RUN/partition8" --objective alignment \
+        --experts "$RUN/ens-warm-b8" --steps 300 --patch 7 --depth 2 --threads "$LANES" \
+        --seed 0 --out "$RUN/router-align.safetensors" > "$RUN/router-align.log" 2>&1
+fi
 log "training done"
 [ "${EVAL:-1}" = 0 ] && exit 0
+
+# ---- evaluation -----------------------------------------------------------------------------
+# Each ensemble folder gets the router; "monolith" is the first entry of every run, so that every
+# entry has its paired difference to it.
+COMMON=(--classifier "$RUN/classifier.safetensors" --n "$N" --steps 20 --sampler euler --cfg 1
+    --seed 0 --bootstrap 200 --threads 1 --json)
+evaluate() { # NAME DIR MONOLITHS POLICIES
+    [ -f "$RUN/eval-$1.json" ] && return 0
+    mkdir -p "$RUN/samples-$1"
+    nice "$T" eval --local "$2" --monolith "$3" --policies "$4" "${COMMON[@]}" \
+        --save-samples "$RUN/samples-$1" --report "$RUN/report-$1.html" \
+        > "$RUN/eval-$1.json" 2> "$RUN/eval-$1.log" || rm -f "$RUN/eval-$1.json"
+    log "evaluated $1"
+}
+losses() { # DIR
+    [ -f "$RUN/loss-$1.json" ] && return 0
+    nice "$T" loss --local "$RUN/$1" --monolith "$RUN/mono-s1.safetensors,$RUN/mono-s2.safetensors" \
+        --per-cluster 128 --threads 1 --json > "$RUN/loss-$1.json" 2> "$RUN/loss-$1.err"
+    log "losses of $1"
+}
+HEAD="monolith learned+prior:top1 centroid+prior:top1 learned+prior+hold:top1 learned+prior:top2"
+for arm in ens-base ens-b8 ens-warm-b8 part-label part-random; do
+    has "$arm" || continue
+    cp "$RUN/router.safetensors" "$RUN/$arm/router.safetensors" 2>/dev/null || true
+done
+has ens-base && jobs_run evaluate base "$RUN/ens-base" \
+    "$RUN/mono-s1.safetensors,$RUN/mono-s2.safetensors,$RUN/mono-b8.safetensors" \
+    "monolith monolith2 monolith3 learned+prior:top1 centroid+prior:top1 learned+prior+hold:top1 learned+prior:top2 learned:top1"
+has ens-b8 && jobs_run evaluate b8 "$RUN/ens-b8" "$RUN/mono-s1.safetensors" "$HEAD"
+has ens-warm-b8 && jobs_run evaluate warm "$RUN/ens-warm-b8" "$RUN/mono-s1.safetensors" "$HEAD"
+# the label partition: a class's expert is known, the prior routes exactly (uniform+prior)
+has part-label && jobs_run evaluate label "$RUN/part-label" "$RUN/mono-s1.safetensors" \
+    "monolith uniform+prior:top1 centroid+prior:top1"
+has part-random && jobs_run evaluate random "$RUN/part-random" "$RUN/mono-s1.safetensors" \
+    "monolith learned:top1 uniform:full"
+if has align; then
+    mkdir -p "$RUN/ens-warm-b8-align"
+    cp "$RUN"/ens-warm-b8/expert-*.safetensors "$RUN/ens-warm-b8/partition.safetensors" \
+        "$RUN/ens-warm-b8-align/"
+    cp "$RUN/router-align.safetensors" "$RUN/ens-warm-b8-align/router.safetensors"
+    jobs_run evaluate align "$RUN/ens-warm-b8-align" "$RUN/mono-s1.safetensors" \
+        "monolith learned:top1 learned+prior:top1"
+fi
+for arm in ens-base ens-b8 ens-warm-b8 part-label; do
+    has "$arm" && jobs_run losses "$arm"
+done
+wait
+log "evaluation done: $RUN/eval-*.json, $RUN/loss-*.json"

@@ -129,6 +129,16 @@ cmp -s "$dir/samples/monolith-images-idx3-ubyte" "$dir/samples/learned_top1-imag
 [ "$(wc -c <"$dir/samples/monolith-images-idx3-ubyte")" -eq $((16 + 24 * 784)) ] ||
     fail "eval --save-samples: not 24 images of 28×28 behind a 16-byte header"
 
+# train-router's expert objectives, through the folder's (identical) experts
+for obj in alignment mixture; do
+    run "$T" train-router --partition "$f" --objective "$obj" --experts "$dir/same" --steps 2 \
+        --batch 8 --eval-n 16 --patch 7 --depth 1 --out "$dir/r-$obj.safetensors"
+    grep -q "\"objective\":\"$obj\"" "$dir/r-$obj.safetensors" ||
+        fail "train-router --objective $obj: not recorded in the file"
+done
+"$T" train-router --partition "$f" --objective alignment --steps 2 --out "$dir/x.safetensors" \
+    2>/dev/null && fail "train-router --objective alignment without --experts was accepted"
+
 # loss: experts identical to the monolith give its losses exactly, on every cluster
 "$T" loss --local "$dir/same" --monolith "$dir/mono.safetensors" --per-cluster 5 --t 0.2,0.7 \
     --json >"$dir/l.json" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "loss"; }

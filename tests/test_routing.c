@@ -1029,6 +1029,61 @@ static void test_hold_and_draw(void **state) {
     ts_experts_free(&ex);
 }
 
+/* The experts' residual Gram matrices (ts_expert_residuals_fn, what train-router's expert
+ * objectives learn from) against a direct computation: each expert's forward, its residual
+ * against the target, the mean over pixels of every product, in double (the function forms the
+ * residual in float: a relative 1e-6). */
+static void test_expert_residuals(void **state) {
+    fixture_t *fx = *state;
+    enum { N = 6, K = 3 };
+    char p[K][512];
+    const char *paths[K];
+    for (int k = 0; k < K; k++) {
+        char name[32], cl[16];
+        snprintf(name, sizeof name, "r%d.safetensors", k);
+        snprintf(cl, sizeof cl, "%d", k);
+        snprintf(p[k], sizeof p[k], "%s", write_expert(&fx->e, name, 90 + (uint64_t)k, 0.05f, cl));
+        paths[k] = p[k];
+    }
+    ts_experts_t ex;
+    open_experts(&ex, &fx->e, paths, K);
+    ts_tensor_t xt, t, vel;
+    tu_alloc_f32(&xt, 4, TS_SHAPE(N, 1, IMG, IMG));
+    tu_alloc_f32(&vel, 4, TS_SHAPE(N, 1, IMG, IMG));
+    tu_alloc_f32(&t, 1, TS_SHAPE(N));
+    tu_rng_t r = {5};
+    tu_fill_uniform(&r, &xt, -1, 1);
+    tu_fill_uniform(&r, &vel, -1, 1);
+    tu_fill_uniform(&r, &t, 0, 1);
+    int32_t labels[N] = {0, 1, 2, 3, NCLS, 1};
+    ts_expert_residuals_t res;
+    TU_CHECK_OK(ts_expert_residuals_init(&res, ex.models, K, N));
+    double G[N * K * K];
+    TU_CHECK_OK(ts_expert_residuals_fn(&res, &xt, &t, &vel, labels, N, G));
+    float v[K][N * CHW];
+    for (int k = 0; k < K; k++) {
+        ts_tensor_t out;
+        TU_CHECK_OK(ts_dit_forward(&ex.models[k], &xt, &t, labels, N, &out));
+        memcpy(v[k], out.data, sizeof v[k]);
+    }
+    const float *g = tu_f32(&vel);
+    for (int b = 0; b < N; b++)
+        for (int j = 0; j < K; j++)
+            for (int k = 0; k < K; k++) {
+                double want = 0.0;
+                for (int q = 0; q < CHW; q++)
+                    want += ((double)v[j][b * CHW + q] - g[b * CHW + q]) *
+                            ((double)v[k][b * CHW + q] - g[b * CHW + q]);
+                want /= CHW;
+                tu_check_scalar(G[(b * K + j) * K + k], want, 1e-9 + 1e-6 * fabs(want),
+                                "G[%d][%d][%d]", b, j, k);
+            }
+    TU_CHECK_RC(ts_expert_residuals_fn(&res, &xt, &t, &vel, labels, N + 1, G), TS_EINVAL);
+    ts_expert_residuals_free(&res);
+    TU_FREE_TENSORS(&xt, &vel, &t);
+    ts_experts_free(&ex);
+}
+
 /* A real ts_classifier_t as the learned policy's router: the adapter gives the classifier's own
  * logits at (x, t), and top1 sends each sample to its arg-max cluster. */
 static void test_classifier_router(void **state) {
@@ -1149,6 +1204,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_centroid_nearer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_evaluation_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hold_and_draw, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_expert_residuals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_classifier_router, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_hook, setup, teardown),

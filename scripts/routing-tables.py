@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""routing-tables.py — the tables of docs/routing.md, printed as Markdown from the raw results of
+scripts/routing-study.sh (eval-<arm>.json from `tessera eval --json`, loss-<arm>.json from
+`tessera loss --json`), so that every number in the document can be traced to a file.
+
+    scripts/routing-tables.py RUN_DIR [ARM ...]      (default arms: every eval-*.json there)
+
+Standard library only.
+"""
+import glob
+import json
+import os
+import sys
+
+CLASSES = ["T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+           "Bag", "Boot"]
+
+
+def load(path):
+    """The JSON at path, or None when it is missing or not (yet) complete."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def ci(pair):
+    return "[%.2f, %.2f]" % tuple(pair) if pair else ""
+
+
+def eval_table(run, arms):
+    print("| arm | entry | FD | 95 % interval | FD − monolith (paired 95 %) | precision | recall "
+          "| IS | agree | evals |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for arm in arms:
+        j = load(os.path.join(run, "eval-%s.json" % arm))
+        if not j:
+            continue
+        for e in j["entries"]:
+            name = e["policy"]
+            if name.startswith("train data"):
+                if arm != arms[0]:
+                    continue
+                name = "train data (floor, n = %d)" % j["n"]
+            d = e.get("fd_minus_first")
+            dtxt = ""
+            if d:
+                lo, hi = d["ci95"]
+                star = " **" if lo > 0 or hi < 0 else ""
+                dtxt = "%s%+.2f [%+.2f, %+.2f]%s" % (star, d["value"], lo, hi, star)
+            print("| %s | %s | %.3f | %s | %s | %.3f | %.3f | %.2f | %.3f | %.0f |" % (
+                arm, name, e["fd"], ci(e["fd_ci95"]), dtxt, e["precision"], e["recall"],
+                e["inception_score"], e["agreement"] if e["agreement"] >= 0 else float("nan"),
+                e["evals_per_sample"]))
+
+
+def loss_table(run, arms):
+    rows = []
+    for arm in arms:
+        j = load(os.path.join(run, "loss-%s.json" % arm))
+        if j:
+            rows.append((arm, j))
+    if not rows:
+        return
+    K = len(rows[0][1]["clusters"])
+    print("| arm | against | " + " | ".join("cluster %d" % k for k in range(K)) + " | mean |")
+    print("|---|---|" + "---|" * (K + 1))
+    for arm, j in rows:
+        models = j["models"]
+        for ref, label in (("monolith", "monolith (b64)"), ("monolith3", "monolith (b8)")):
+            if ref not in models:
+                continue
+            r = models.index(ref)
+            ratios = [c["loss"][c["cluster"]] / c["loss"][r] for c in j["clusters"]]
+            print("| %s | %s | " % (arm, label) + " | ".join("%.3f" % x for x in ratios) +
+                  " | %.3f |" % (sum(ratios) / len(ratios)))
+    # the monoliths against each other: seed noise
+    j = rows[0][1]
+    if "monolith2" in j["models"]:
+        a, b = j["models"].index("monolith"), j["models"].index("monolith2")
+        diffs = [c["loss"][b] / c["loss"][a] for c in j["clusters"]]
+        print()
+        print("monolith seed 2 / seed 1 per cluster: " + ", ".join("%.3f" % d for d in diffs))
+
+
+def class_table(run, arm, names):
+    j = load(os.path.join(run, "eval-%s.json" % arm))
+    if not j:
+        return
+    print("| entry | " + " | ".join(CLASSES) + " |")
+    print("|---|" + "---|" * len(CLASSES))
+    for e in j["entries"]:
+        if e["policy"] in names:
+            print("| %s | " % e["policy"] + " | ".join(
+                "%.1f" % v if v is not None else "–" for v in e["per_class_fd"]) + " |")
+
+
+def cluster_table(run, arm, names):
+    j = load(os.path.join(run, "eval-%s.json" % arm))
+    if not j:
+        return
+    ref = j.get("cluster_ref_share", [])
+    K = len(ref)
+    print("| entry | " + " | ".join("c%d share / FD" % k for k in range(K)) + " |")
+    print("|---|" + "---|" * K)
+    print("| test set | " + " | ".join("%.3f / –" % r for r in ref) + " |")
+    for e in j["entries"]:
+        if e["policy"] in names:
+            print("| %s | " % e["policy"] + " | ".join(
+                "%.3f / %s" % (c["share"], "%.1f" % c["fd"] if c["fd"] is not None else "–")
+                for c in e["per_cluster"]) + " |")
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    run = sys.argv[1]
+    arms = sys.argv[2:] or sorted(os.path.basename(p)[5:-5]
+                                  for p in glob.glob(os.path.join(run, "eval-*.json")))
+    print("## FD, intervals, precision/recall, IS\n")
+    eval_table(run, arms)
+    print("\n## Held-out loss of expert k on cluster k, over the monolith's\n")
+    loss_table(run, ["ens-base", "ens-b8", "ens-warm-b8", "part-label"])
+    for arm in arms:
+        j = load(os.path.join(run, "eval-%s.json" % arm))
+        if not j:
+            continue
+        names = [e["policy"] for e in j["entries"] if not e["policy"].startswith("train data")]
+        print("\n## Per-class FD: %s\n" % arm)
+        class_table(run, arm, names)
+        print("\n## Per-cluster share and FD: %s\n" % arm)
+        cluster_table(run, arm, names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
