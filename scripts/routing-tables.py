@@ -47,8 +47,10 @@ def eval_table(run, arms):
             dtxt = ""
             if d:
                 lo, hi = d["ci95"]
-                star = " **" if lo > 0 or hi < 0 else ""
-                dtxt = "%s%+.2f [%+.2f, %+.2f]%s" % (star, d["value"], lo, hi, star)
+                value = "%+.2f" % d["value"]
+                if lo > 0 or hi < 0:  # the paired interval excludes 0: in bold
+                    value = "**%s**" % value
+                dtxt = "%s [%+.2f, %+.2f]" % (value, lo, hi)
             print("| %s | %s | %.3f | %s | %s | %.3f | %.3f | %.2f | %.3f | %.0f |" % (
                 arm, name, e["fd"], ci(e["fd_ci95"]), dtxt, e["precision"], e["recall"],
                 e["inception_score"], e["agreement"] if e["agreement"] >= 0 else float("nan"),
@@ -122,7 +124,7 @@ def main():
     print("## FD, intervals, precision/recall, IS\n")
     eval_table(run, arms)
     print("\n## Held-out loss of expert k on cluster k, over the monolith's\n")
-    loss_table(run, ["ens-base", "ens-b8", "ens-warm-b8", "part-label"])
+    loss_table(run, ["ens-base", "ens-b8", "ens-warm-b8"])
     for arm in arms:
         j = load(os.path.join(run, "eval-%s.json" % arm))
         if not j:
