@@ -213,7 +213,8 @@ int ts_cmd_generate(int argc, char **argv) {
     int prefer_local = 0, no_hedge = 0, timeout_ms = 10000, retries = 2;
     const char *cls = NULL, *out = NULL, *routing_json = NULL, *trajectory = "step";
     const char *fmnist_dir = TS_FMNIST_DEFAULT_DIR;
-    int n = 64, steps = 30, threads = 0, cols = 0, json = 0, class_prior = 0;
+    int n = 64, steps = 30, threads = 0, cols = 0, json = 0, class_prior = 0, no_prior = 0;
+    int require_coverage = 0;
     float cfg = 1.0f, tau = 0.0f;
     uint64_t seed = 0;
     ts_arg_t args[] = {
@@ -231,6 +232,9 @@ int ts_cmd_generate(int argc, char **argv) {
         {"partition", TS_ARG_STRING, &partition, "ID",
          "with --peer: the partition to use, by id prefix (default: the one most clusters of the "
          "network serve)"},
+        {"require-coverage", TS_ARG_FLAG, &require_coverage, NULL,
+         "with --peer: refuse when a cluster has no live expert and no cached weights (default: "
+         "route around it from the first step, with a warning)"},
         {"prefer-local", TS_ARG_FLAG, &prefer_local, NULL,
          "with --peer: run the experts whose weights are in the store here (`tessera pull`)"},
         {"no-hedge", TS_ARG_FLAG, &no_hedge, NULL,
@@ -269,7 +273,9 @@ int ts_cmd_generate(int argc, char **argv) {
          "step)"},
         {"class-prior", TS_ARG_FLAG, &class_prior, NULL,
          "class-aware routing: add log p(class | cluster), the clusters' class mix in the train "
-         "set, to every policy's scores"},
+         "set, to every policy's scores (default: on with --class C, since no router sees "
+         "labels; it needs the partition and the train labels of --data)"},
+        {"no-class-prior", TS_ARG_FLAG, &no_prior, NULL, "never add the class prior"},
         {"data", TS_ARG_STRING, &fmnist_dir, "DIR",
          "Fashion-MNIST IDX directory, for --class-prior (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"json", TS_ARG_FLAG, &json, NULL, "print a JSON summary on stdout"},
@@ -306,9 +312,15 @@ int ts_cmd_generate(int argc, char **argv) {
         fprintf(stderr, PROG ": --peer needs --network-key FILE\n");
         return 2;
     }
-    if (!peer && (nk || identity || data_dir || partition || prefer_local || no_hedge || trace)) {
+    if (!peer && (nk || identity || data_dir || partition || prefer_local || no_hedge || trace ||
+                  require_coverage)) {
         fprintf(stderr, PROG ": --network-key, --identity, --data-dir, --partition, "
-                             "--prefer-local, --no-hedge and --trace go with --peer\n");
+                             "--require-coverage, --prefer-local, --no-hedge and --trace go with "
+                             "--peer\n");
+        return 2;
+    }
+    if (class_prior && no_prior) {
+        fprintf(stderr, PROG ": --class-prior and --no-class-prior: choose one\n");
         return 2;
     }
     int hold = strcmp(trajectory, "hold") == 0   ? TS_HOLD_FIRST
@@ -339,7 +351,12 @@ int ts_cmd_generate(int argc, char **argv) {
     int64_t *use = NULL;
     float *log_prior = NULL;
     int rc = ts_engine_init(&eng, &eo), usage = 0;
-    int wants_router = policy == TS_POLICY_LEARNED || policy == TS_POLICY_CENTROID;
+    /* the learned policy needs a router; the centroid policy uses one for its first step */
+    int wants_router = policy == TS_POLICY_LEARNED    ? TS_NETGEN_ROUTER_REQUIRED
+                       : policy == TS_POLICY_CENTROID ? TS_NETGEN_ROUTER_OPTIONAL
+                                                      : TS_NETGEN_ROUTER_NONE;
+    double *absent_mass = NULL;
+    const char *prior_used = "none";
     if (rc == TS_OK && peer) {
         ts_netgen_opts_t no = {.peer = peer,
                                .network_key = nk,
@@ -347,7 +364,8 @@ int ts_cmd_generate(int argc, char **argv) {
                                .data_dir = data_dir,
                                .partition = partition,
                                .trace = trace != NULL,
-                               .load_router = wants_router};
+                               .load_router = wants_router,
+                               .require_coverage = require_coverage};
         ts_remote_opts_default(&no.remote);
         no.remote.prefer_local = prefer_local;
         no.remote.hedge = !no_hedge;
@@ -363,23 +381,37 @@ int ts_cmd_generate(int argc, char **argv) {
         goto done;
     if (!ts_arg_seen(args, (int)(sizeof args / sizeof args[0]), "tau"))
         tau = ts_local_default_tau(&loc);
-    if (class_prior) {
-        ts_dataset_t train = {0};
-        rc = ts_fmnist_load(fmnist_dir, "train", &train, err, sizeof err);
-        if (rc == TS_OK)
-            rc = ts_local_class_prior(&loc, train.labels, train.n, train.num_classes, &log_prior,
-                                      err, sizeof err);
-        ts_dataset_free(&train);
-        if (rc != TS_OK)
-            goto done;
-    }
-
     const ts_dit_config_t *c = &loc.cfg;
     int label;
     if (ts_local_parse_class(cls, c->num_classes, &label, err, sizeof err) != TS_OK) {
         rc = TS_EINVAL;
         usage = 1;
         goto done;
+    }
+    /* Asking for a class gets that class: no router sees labels, so with --class C the class
+     * prior is on unless --no-class-prior; asked for explicitly, its absence is an error. */
+    int auto_prior =
+        !class_prior && !no_prior && label >= 0 && label < c->num_classes && loc.ex.K > 1;
+    if (class_prior || auto_prior) {
+        ts_dataset_t train = {0};
+        char sub[512] = "";
+        rc = ts_fmnist_load(fmnist_dir, "train", &train, sub, sizeof sub);
+        if (rc == TS_OK)
+            rc = ts_local_class_prior(&loc, train.labels, train.n, train.num_classes, &log_prior,
+                                      sub, sizeof sub);
+        ts_dataset_free(&train);
+        if (rc == TS_OK) {
+            prior_used = auto_prior ? "class (default with --class)" : "class";
+        } else if (auto_prior) {
+            fprintf(stderr,
+                    PROG ": warning: no class prior (%s): the router does not see labels, so "
+                         "samples of class %d may come out as other classes\n",
+                    sub, label);
+            rc = TS_OK;
+        } else {
+            snprintf(err, sizeof err, "--class-prior: %s", sub);
+            goto done;
+        }
     }
     int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
     images = malloc((size_t)(n * chw) * sizeof *images);
@@ -424,7 +456,11 @@ int ts_cmd_generate(int argc, char **argv) {
                           .record = routing_json != NULL,
                           .on_step = on_step,
                           .step_ctx = &prog};
-    ts_local_stats_t st = {.use = use};
+    if (loc.absent && !(absent_mass = calloc((size_t)loc.ex.K, sizeof *absent_mass))) {
+        rc = TS_ENOMEM;
+        goto done;
+    }
+    ts_local_stats_t st = {.use = use, .absent_mass = absent_mass};
     rc = ts_local_generate(&loc, &eng, &gen, images, &st, err, sizeof err);
     int64_t forwards = st.forwards, router_calls = st.router_evals;
     double secs = st.seconds;
@@ -444,8 +480,10 @@ int ts_cmd_generate(int argc, char **argv) {
         "steps", steps, "sampler", sampler, "policy", ts_policy_name(policy), "selection", sel_text,
         "tau", (double)tau, "cfg", (double)cfg, "evals_per_sample", evals,
         "router_evals_per_sample", (double)router_calls / n, "seconds", secs, "out", out);
-    if (summary)
-        json_object_set_new(summary, "class_prior", json_boolean(class_prior));
+    if (summary) {
+        json_object_set_new(summary, "class_prior", json_boolean(log_prior != NULL));
+        json_object_set_new(summary, "prior", json_string(prior_used));
+    }
     json_object_set_new(summary, "route", json_string(trajectory));
     json_t *share = json_array();
     fprintf(stderr,
@@ -458,7 +496,21 @@ int ts_cmd_generate(int argc, char **argv) {
         fprintf(stderr, " %d:%.0f%%", k, 100.0 * f);
         json_array_append_new(share, json_real(f));
     }
-    fprintf(stderr, "\n");
+    fprintf(stderr, "\nprior: %s\n", prior_used);
+    if (loc.absent) {
+        json_t *unc = json_array();
+        fprintf(stderr, "UNCOVERED: routed around");
+        for (int k = 0; k < loc.ex.K; k++)
+            if (loc.absent[k]) {
+                double mass = st.sample_evals ? absent_mass[k] / (double)st.sample_evals : 0.0;
+                fprintf(stderr, " cluster %d (%.1f%% of the routing mass)", k, 100.0 * mass);
+                json_array_append_new(unc, json_pack("{s:i, s:f}", "cluster", k, "mass", mass));
+            }
+        fprintf(stderr, "\n");
+        json_object_set_new(summary, "uncovered", unc);
+    } else if (summary) {
+        json_object_set_new(summary, "uncovered", json_array());
+    }
     if (summary)
         json_object_set_new(summary, "expert_share", share);
     else
@@ -492,6 +544,7 @@ done:
     free(seeds);
     free(use);
     free(log_prior);
+    free(absent_mass);
     free(rec.t);
     free(rec.policy);
     free(rec.w);

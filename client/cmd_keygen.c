@@ -60,7 +60,7 @@ static int make_identity(const char *out, int json) {
         return failed(rc, err);
     if (json)
         ts_json_print(json_pack("{s:s, s:s, s:s, s:s}", "file", out, "kind", "identity", "node_id",
-                             full, "node_id_short", brief));
+                                full, "node_id_short", brief));
     else
         printf("wrote a node identity to %s (mode 0600)\n"
                "node id: %s\n"

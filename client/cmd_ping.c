@@ -160,15 +160,16 @@ int ts_cmd_ping(int argc, char **argv) {
     if (pr)
         return pr == 1 ? 0 : 2;
     if (!addr) {
-        fprintf(stderr, "tessera ping: which node? usage: tessera ping HOST:PORT --network-key FILE\n");
+        fprintf(stderr,
+                "tessera ping: which node? usage: tessera ping HOST:PORT --network-key FILE\n");
         return 2;
     }
     ts_netclient_t nc;
     int rc = ts_netclient_open(&nc, "tessera ping", addr, id_path, nk_path, (uint32_t)timeout_ms);
     if (rc)
         return rc;
-    ping_t p = {.rpc = nc.rpc, .peer = nc.peer, .addr = addr, .count = count,
-                .timeout_ms = timeout_ms};
+    ping_t p = {
+        .rpc = nc.rpc, .peer = nc.peer, .addr = addr, .count = count, .timeout_ms = timeout_ms};
     p.rtt_ms = calloc((size_t)count, sizeof *p.rtt_ms);
     if (!p.rtt_ms || (rc = ts_rpc_peer_connect(p.peer, on_connected, &p)) != TS_OK) {
         fprintf(stderr, "tessera ping: %s\n", ts_strerror(p.rtt_ms ? rc : TS_ENOMEM));

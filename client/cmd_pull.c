@@ -65,7 +65,8 @@ int ts_cmd_pull(int argc, char **argv) {
     ts_arg_t args[] = {
         {"peer", TS_ARG_STRING, &peer, "HOST:PORT", "a node of the network", 0, 0, 1},
         {"network-key", TS_ARG_STRING, &nk, "FILE", "the network key", 0, 0, 1},
-        {"identity", TS_ARG_STRING, &identity, "FILE", "an identity to connect with (default: a fresh one)"},
+        {"identity", TS_ARG_STRING, &identity, "FILE",
+         "an identity to connect with (default: a fresh one)"},
         {"all", TS_ARG_FLAG, &all, NULL, "every expert the peer's view advertises"},
         {"data-dir", TS_ARG_STRING, &data_dir, "DIR", "the store (default: the user's store)"},
         {"timeout-ms", TS_ARG_INT, &timeout_ms, "N", "per request (default 30000)", 1, 3600000},
@@ -87,8 +88,8 @@ int ts_cmd_pull(int argc, char **argv) {
         fprintf(stderr, PROG ": name the weights (a hash or a prefix of 8+ hex digits) or --all\n");
         return 2;
     }
-    if (want && (strlen(want) < 8 || strlen(want) > 64 || strspn(want, "0123456789abcdef") !=
-                                                             strlen(want))) {
+    if (want && (strlen(want) < 8 || strlen(want) > 64 ||
+                 strspn(want, "0123456789abcdef") != strlen(want))) {
         fprintf(stderr, PROG ": '%s' is not a weights hash or a prefix of 8+ hex digits\n", want);
         return 2;
     }
@@ -157,19 +158,19 @@ int ts_cmd_pull(int argc, char **argv) {
         } else if (json) {
             printf("{\"weights\":\"%s\",\"from\":\"%s\",\"present\":%s,\"bytes_fetched\":%llu,"
                    "\"bytes_reused\":%llu,\"seconds\":%.3f}\n",
-                   hex, addr, st.present ? "true" : "false",
-                   (unsigned long long)st.bytes_fetched, (unsigned long long)st.bytes_reused,
-                   st.seconds);
+                   hex, addr, st.present ? "true" : "false", (unsigned long long)st.bytes_fetched,
+                   (unsigned long long)st.bytes_reused, st.seconds);
         } else if (st.present) {
             printf("%.16s  already in the store\n", hex);
         } else {
-            printf("%.16s  from %s: %.1f MiB fetched, %.1f MiB already here, %.2f s\n", hex,
-                   addr, st.bytes_fetched / 1048576.0, st.bytes_reused / 1048576.0, st.seconds);
+            printf("%.16s  from %s: %.1f MiB fetched, %.1f MiB already here, %.2f s\n", hex, addr,
+                   st.bytes_fetched / 1048576.0, st.bytes_reused / 1048576.0, st.seconds);
         }
     }
     if (r && matched == 0) {
-        fprintf(stderr, PROG ": %s\n", want ? "no expert with these weights in the network"
-                                            : "the network advertises no expert");
+        fprintf(stderr, PROG ": %s\n",
+                want ? "no expert with these weights in the network"
+                     : "the network advertises no expert");
         failed = 1;
     }
     ts_frame_free(resp);

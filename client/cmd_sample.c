@@ -69,18 +69,23 @@ int ts_cmd_sample(int argc, char **argv) {
     float cfg = 1.0f;
     uint64_t seed = 0;
     ts_arg_t args[] = {
-        {"weights", TS_ARG_STRING, &weights, "FILE|HASH", "expert weights: a .safetensors file, or a weights hash (prefix) in the store", 0, 0, 1},
-        {"data-dir", TS_ARG_STRING, &data_dir, "DIR", "the store for --weights HASH (default $XDG_DATA_HOME/tessera)"},
+        {"weights", TS_ARG_STRING, &weights, "FILE|HASH",
+         "expert weights: a .safetensors file, or a weights hash (prefix) in the store", 0, 0, 1},
+        {"data-dir", TS_ARG_STRING, &data_dir, "DIR",
+         "the store for --weights HASH (default $XDG_DATA_HOME/tessera)"},
         {"n", TS_ARG_INT, &n, "N", "number of samples (default 64)", 1, 100000},
         {"steps", TS_ARG_INT, &steps, "S", "integration steps (default 30)", 1, 10000},
         {"sampler", TS_ARG_STRING, &sampler, "NAME", "euler or heun (default heun)"},
-        {"cfg", TS_ARG_FLOAT, &cfg, "S", "classifier-free guidance scale, 1 = off (default 1)", 0, 100},
-        {"class", TS_ARG_STRING, &cls, "C", "class label, or 'null' (default: cycle through classes)"},
+        {"cfg", TS_ARG_FLOAT, &cfg, "S", "classifier-free guidance scale, 1 = off (default 1)", 0,
+         100},
+        {"class", TS_ARG_STRING, &cls, "C",
+         "class label, or 'null' (default: cycle through classes)"},
         {"seed", TS_ARG_U64, &seed, "S", "sample i uses noise stream seed+i (default 0)"},
         {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"cols", TS_ARG_INT, &cols, "N", "grid columns (default: square)", 0, 10000},
         {"out", TS_ARG_STRING, &out, "FILE", "PNG grid to write", 0, 0, 1},
-        {"out-tensor", TS_ARG_STRING, &out_tensor, "FILE", "also write the samples as safetensors 'x'"},
+        {"out-tensor", TS_ARG_STRING, &out_tensor, "FILE",
+         "also write the samples as safetensors 'x'"},
         {"json", TS_ARG_FLAG, &json, NULL, "print a JSON summary on stdout"},
     };
     int pr = ts_args_parse("tessera sample", "Generate images from one expert and write a grid.",
@@ -145,7 +150,8 @@ int ts_cmd_sample(int argc, char **argv) {
             rc = ts_tensor_alloc(&scratch[i], TS_F32, eng.device, 4, x.shape);
         if (rc == TS_OK)
             rc = ts_sampler_noise(&eng, &x, seeds + start);
-        if (rc == TS_OK && (rc = ts_dit_velocity_init(&vc, &model, labels + start, m, cfg)) == TS_OK) {
+        if (rc == TS_OK &&
+            (rc = ts_dit_velocity_init(&vc, &model, labels + start, m, cfg)) == TS_OK) {
             rc = ts_sampler_run(&eng, &so, &x, scratch, ts_dit_velocity, &vc, on_step, &prog);
             evals = vc.evals; /* per sample: the same for every chunk */
             ts_dit_velocity_free(&vc);
@@ -167,7 +173,9 @@ int ts_cmd_sample(int argc, char **argv) {
         rc = ts_png_write_grid(out, images, n, c->in_channels, c->input_size, c->input_size, cols,
                                2, err, sizeof err);
     if (rc == TS_OK && out_tensor) {
-        ts_st_entry_t e = {.name = "x", .dtype = TS_ST_F32, .ndim = 4,
+        ts_st_entry_t e = {.name = "x",
+                           .dtype = TS_ST_F32,
+                           .ndim = 4,
                            .shape = {n, c->in_channels, c->input_size, c->input_size},
                            .data = images};
         rc = ts_st_write(out_tensor, &e, 1, NULL, 0, err, sizeof err);
@@ -175,8 +183,9 @@ int ts_cmd_sample(int argc, char **argv) {
     if (rc != TS_OK) {
         fprintf(stderr, "tessera sample: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
     } else {
-        fprintf(stderr, "%d samples, %d %s steps, cfg %g, %.2f s (%.1f samples/s, %.0f model "
-                        "evaluations per sample) → %s\n",
+        fprintf(stderr,
+                "%d samples, %d %s steps, cfg %g, %.2f s (%.1f samples/s, %.0f model "
+                "evaluations per sample) → %s\n",
                 n, steps, sampler, cfg, secs, n / secs, (double)evals, out);
         if (json) {
             json_t *j = json_pack("{s:i, s:i, s:s, s:f, s:f, s:f, s:s}", "n", n, "steps", steps,

@@ -270,8 +270,8 @@ static int run_verify(cli_t *c) {
     char b[32];
     if (c->json)
         ts_json_print(json_pack("{s:b, s:I, s:I, s:I, s:o}", "ok", n == 0, "manifests",
-                             (json_int_t)st.manifests, "chunks", (json_int_t)st.chunks, "bytes",
-                             (json_int_t)st.bytes, "problems", v.arr));
+                                (json_int_t)st.manifests, "chunks", (json_int_t)st.chunks, "bytes",
+                                (json_int_t)st.bytes, "problems", v.arr));
     else if (n == 0)
         printf("ok: %llu manifests, %llu chunks, %s verified\n", (unsigned long long)st.manifests,
                (unsigned long long)st.chunks, human(st.bytes, b, sizeof b));
@@ -412,9 +412,9 @@ static int run_evict(cli_t *c) {
     char b1[32], b2[32], b3[32];
     if (c->json) {
         ts_json_print(json_pack("{s:o, s:I, s:I, s:I, s:I}", "evicted", e.arr, "freed_chunks",
-                             (json_int_t)r.freed_chunks, "freed_bytes", (json_int_t)r.freed_bytes,
-                             "unique_bytes", (json_int_t)r.unique_bytes, "budget",
-                             (json_int_t)budget));
+                                (json_int_t)r.freed_chunks, "freed_bytes",
+                                (json_int_t)r.freed_bytes, "unique_bytes",
+                                (json_int_t)r.unique_bytes, "budget", (json_int_t)budget));
     } else {
         printf("%d evicted, %s freed; the weights now take %s (budget %s)\n", r.evicted,
                human(r.freed_bytes, b1, sizeof b1), human(r.unique_bytes, b2, sizeof b2),

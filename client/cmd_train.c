@@ -69,8 +69,8 @@ static int load_data(train_opts_t *o, ts_dataset_t *ds, char *err, size_t errlen
         char path[4096];
         snprintf(path, sizeof path, "%s/partition.safetensors", o->partition);
         snprintf(o->shard_name, sizeof o->shard_name, "shard-%d", o->cluster);
-        return ts_partition_load_cluster(path, o->cluster, o->fmnist_dir, ds, o->partition_id,
-                                         err, errlen);
+        return ts_partition_load_cluster(path, o->cluster, o->fmnist_dir, ds, o->partition_id, err,
+                                         errlen);
     }
     int rc = ts_fmnist_load(o->fmnist_dir, "train", ds, err, errlen);
     if (rc || !o->shard)
@@ -130,8 +130,9 @@ static int start_point(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o, 
             return rc;
         }
         if (newest >= 0)
-            fprintf(stderr, "run '%s' has checkpoints up to step %lld in %s; starting over at step "
-                            "0 (pass --resume to continue it); the new checkpoints replace them\n",
+            fprintf(stderr,
+                    "run '%s' has checkpoints up to step %lld in %s; starting over at step "
+                    "0 (pass --resume to continue it); the new checkpoints replace them\n",
                     o->run, (long long)newest, ts_store_dir(st));
         return TS_OK;
     }
@@ -160,40 +161,65 @@ static int save_outputs(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o,
 }
 
 int ts_cmd_train(int argc, char **argv) {
-    train_opts_t o = {.fmnist_dir = TS_FMNIST_DEFAULT_DIR, .model = "tiny", .steps = 1000,
-                      .batch = 64, .ckpt_every = 500, .keep = 3, .log_every = 50, .seed = 0,
+    train_opts_t o = {.fmnist_dir = TS_FMNIST_DEFAULT_DIR,
+                      .model = "tiny",
+                      .steps = 1000,
+                      .batch = 64,
+                      .ckpt_every = 500,
+                      .keep = 3,
+                      .log_every = 50,
+                      .seed = 0,
                       .cluster = -1};
     ts_train_config_t tc;
     ts_train_config_default(&tc);
     o.lr = tc.lr, o.wd = tc.weight_decay, o.clip = tc.grad_clip, o.ema = tc.ema_decay;
     o.dropout = tc.label_dropout, o.warmup = tc.warmup;
     ts_arg_t args[] = {
-        {"data", TS_ARG_STRING, &o.fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
-        {"shard", TS_ARG_STRING, &o.shard, "FILE", "train only on these image indices (one per line)"},
-        {"partition", TS_ARG_STRING, &o.partition, "DIR", "a `tessera partition` folder: train on the images of its cluster --cluster (those of shard-<cluster>.txt) and record partition_id and cluster in the weights"},
-        {"cluster", TS_ARG_INT, &o.cluster, "K", "the cluster of --partition to train on", 0, 65535},
-        {"model", TS_ARG_STRING, &o.model, "NAME", "config: mini, tiny, small, S/2, B/4, ... (default tiny)"},
-        {"init", TS_ARG_STRING, &o.init, "FILE", "start from these weights instead of a fresh init"},
+        {"data", TS_ARG_STRING, &o.fmnist_dir, "DIR",
+         "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"shard", TS_ARG_STRING, &o.shard, "FILE",
+         "train only on these image indices (one per line)"},
+        {"partition", TS_ARG_STRING, &o.partition, "DIR",
+         "a `tessera partition` folder: train on the images of its cluster --cluster (those of "
+         "shard-<cluster>.txt) and record partition_id and cluster in the weights"},
+        {"cluster", TS_ARG_INT, &o.cluster, "K", "the cluster of --partition to train on", 0,
+         65535},
+        {"model", TS_ARG_STRING, &o.model, "NAME",
+         "config: mini, tiny, small, S/2, B/4, ... (default tiny)"},
+        {"init", TS_ARG_STRING, &o.init, "FILE",
+         "start from these weights instead of a fresh init"},
         {"steps", TS_ARG_I64, &o.steps, "N", "total optimisation steps (default 1000)", 1, 1e12},
         {"batch", TS_ARG_INT, &o.batch, "B", "samples per step (default 64)", 1, 65536},
         {"lr", TS_ARG_FLOAT, &o.lr, "X", "peak learning rate (default 3e-4)", 1e-9, 10},
         {"warmup", TS_ARG_INT, &o.warmup, "N", "linear warm-up steps (default 200)", 0, 1e9},
-        {"weight-decay", TS_ARG_FLOAT, &o.wd, "X", "AdamW decoupled weight decay (default 0)", 0, 10},
+        {"weight-decay", TS_ARG_FLOAT, &o.wd, "X", "AdamW decoupled weight decay (default 0)", 0,
+         10},
         {"grad-clip", TS_ARG_FLOAT, &o.clip, "X", "max gradient norm, 0 = off (default 1)", 0, 1e9},
         {"ema", TS_ARG_FLOAT, &o.ema, "X", "EMA decay (default 0.999)", 0, 1},
-        {"label-dropout", TS_ARG_FLOAT, &o.dropout, "P", "null-class probability for CFG (default 0.1)", 0, 1},
-        {"logit-normal", TS_ARG_FLAG, &o.logit_normal, NULL, "draw t = sigmoid(N(0,1)) instead of U(0,1)"},
+        {"label-dropout", TS_ARG_FLOAT, &o.dropout, "P",
+         "null-class probability for CFG (default 0.1)", 0, 1},
+        {"logit-normal", TS_ARG_FLAG, &o.logit_normal, NULL,
+         "draw t = sigmoid(N(0,1)) instead of U(0,1)"},
         {"seed", TS_ARG_U64, &o.seed, "S", "seed of every random draw (default 0)"},
         {"threads", TS_ARG_INT, &o.threads, "N", "compute threads (default: all cores)", 0, 1024},
-        {"out", TS_ARG_STRING, &o.out, "FILE", "where to write the EMA weights (.safetensors)", 0, 0, 1},
-        {"data-dir", TS_ARG_STRING, &o.store_dir, "DIR", "the store that holds the checkpoints (default $XDG_DATA_HOME/tessera)"},
-        {"run", TS_ARG_STRING, &o.run, "NAME", "the run's name in the store (default: --out's basename without extension)"},
-        {"ckpt-every", TS_ARG_INT, &o.ckpt_every, "N", "checkpoint every N steps (default 500)", 1, 1e9},
-        {"keep", TS_ARG_INT, &o.keep, "N", "checkpoints of the run kept in the store (default 3)", 1, 1e6},
-        {"resume", TS_ARG_FLAG, &o.resume, NULL, "continue from the run's newest checkpoint, if any"},
-        {"from-ckpt", TS_ARG_STRING, &o.from_ckpt, "FILE", "start from a checkpoint file (an earlier tessera's OUT.ckpt)"},
-        {"log-every", TS_ARG_INT, &o.log_every, "N", "progress line every N steps (default 50)", 1, 1e9},
-        {"loss-log", TS_ARG_STRING, &o.loss_log, "FILE", "append 'step loss grad_norm' per step to FILE"},
+        {"out", TS_ARG_STRING, &o.out, "FILE", "where to write the EMA weights (.safetensors)", 0,
+         0, 1},
+        {"data-dir", TS_ARG_STRING, &o.store_dir, "DIR",
+         "the store that holds the checkpoints (default $XDG_DATA_HOME/tessera)"},
+        {"run", TS_ARG_STRING, &o.run, "NAME",
+         "the run's name in the store (default: --out's basename without extension)"},
+        {"ckpt-every", TS_ARG_INT, &o.ckpt_every, "N", "checkpoint every N steps (default 500)", 1,
+         1e9},
+        {"keep", TS_ARG_INT, &o.keep, "N", "checkpoints of the run kept in the store (default 3)",
+         1, 1e6},
+        {"resume", TS_ARG_FLAG, &o.resume, NULL,
+         "continue from the run's newest checkpoint, if any"},
+        {"from-ckpt", TS_ARG_STRING, &o.from_ckpt, "FILE",
+         "start from a checkpoint file (an earlier tessera's OUT.ckpt)"},
+        {"log-every", TS_ARG_INT, &o.log_every, "N", "progress line every N steps (default 50)", 1,
+         1e9},
+        {"loss-log", TS_ARG_STRING, &o.loss_log, "FILE",
+         "append 'step loss grad_norm' per step to FILE"},
         {"json", TS_ARG_FLAG, &o.json, NULL, "JSON lines on stdout (progress and summary)"},
     };
     int pr = ts_args_parse("tessera train",
@@ -242,7 +268,8 @@ int ts_cmd_train(int argc, char **argv) {
         if (o.init) {
             rc = ts_dit_open(&model, o.init, &eng, o.batch, 1, err, sizeof err);
         } else if ((rc = ts_dit_config_preset(o.model, &cfg)) != TS_OK) {
-            snprintf(err, sizeof err, "unknown model '%s' (mini, tiny, small, S/2 … XL/8)", o.model);
+            snprintf(err, sizeof err, "unknown model '%s' (mini, tiny, small, S/2 … XL/8)",
+                     o.model);
         } else {
             cfg.in_channels = ds.channels, cfg.input_size = ds.height;
             rc = ts_dit_create(&model, &cfg, &eng, o.batch, 1);
@@ -267,8 +294,9 @@ int ts_cmd_train(int argc, char **argv) {
         fprintf(stderr, "tessera train: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
         goto done;
     }
-    fprintf(stderr, "training %s (%lld parameters, %.1f MFLOP/sample fwd) on %d images, batch %d, "
-                    "%d threads, steps %lld → %lld\n",
+    fprintf(stderr,
+            "training %s (%lld parameters, %.1f MFLOP/sample fwd) on %d images, batch %d, "
+            "%d threads, steps %lld → %lld\n",
             o.init ? o.init : o.model, (long long)model.num_params,
             ts_dit_flops_per_sample(&model.cfg) / 1e6, ds.n, o.batch, eng.threads,
             (long long)tr.step, (long long)o.steps);
@@ -281,8 +309,9 @@ int ts_cmd_train(int argc, char **argv) {
     while (tr.step < o.steps && !g_stop) {
         rc = ts_trainer_step(&tr, &loss, &norm);
         if (rc != TS_OK) {
-            fprintf(stderr, "\ntessera train: step %lld failed: %s (loss %g, grad norm %g); the "
-                            "last checkpoint is intact\n",
+            fprintf(stderr,
+                    "\ntessera train: step %lld failed: %s (loss %g, grad norm %g); the "
+                    "last checkpoint is intact\n",
                     (long long)tr.step + 1, ts_strerror(rc), loss, norm);
             goto done;
         }
@@ -296,9 +325,11 @@ int ts_cmd_train(int argc, char **argv) {
                 double eta = (double)(o.steps - tr.step) * o.batch / (sps + 1e-9);
                 char etab[32];
                 fmt_eta(eta, etab, sizeof etab);
-                fprintf(stderr, "%sstep %lld/%lld  loss %.4f (avg %.4f)  |g| %.3f  lr %.2e  %.0f samples/s  ETA %s%s",
-                        tty ? "\r" : "", (long long)tr.step, (long long)o.steps, loss, tr.loss_avg, norm,
-                        ts_trainer_lr(&tc, tr.step - 1), sps, etab, tty ? "   " : "\n");
+                fprintf(stderr,
+                        "%sstep %lld/%lld  loss %.4f (avg %.4f)  |g| %.3f  lr %.2e  %.0f samples/s "
+                        " ETA %s%s",
+                        tty ? "\r" : "", (long long)tr.step, (long long)o.steps, loss, tr.loss_avg,
+                        norm, ts_trainer_lr(&tc, tr.step - 1), sps, etab, tty ? "   " : "\n");
                 if (o.json)
                     printf("{\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"grad_norm\":%.4f,"
                            "\"samples_per_s\":%.1f,\"eta_s\":%.0f}\n",
@@ -320,17 +351,17 @@ int ts_cmd_train(int argc, char **argv) {
         goto done;
     }
     double secs = now_s() - t0;
-    fprintf(stderr, "%s at step %lld: loss %.4f (avg %.4f), %.1f s, %.0f samples/s; weights → %s, "
-                    "checkpoint → run '%s' in %s\n",
+    fprintf(stderr,
+            "%s at step %lld: loss %.4f (avg %.4f), %.1f s, %.0f samples/s; weights → %s, "
+            "checkpoint → run '%s' in %s\n",
             g_stop ? "stopped" : "done", (long long)tr.step, loss, tr.loss_avg, secs,
-            (double)(tr.step - first) * o.batch / (secs + 1e-9), o.out, o.run,
-            ts_store_dir(store));
+            (double)(tr.step - first) * o.batch / (secs + 1e-9), o.out, o.run, ts_store_dir(store));
     if (o.json) {
         /* jansson escapes the paths (a quote in a file name must not break the JSON) */
-        json_t *j = json_pack("{s:b, s:I, s:f, s:f, s:f, s:s, s:s, s:s}", "done", !g_stop, "step",
-                              (json_int_t)tr.step, "loss", (double)loss, "loss_avg", (double)tr.loss_avg,
-                              "seconds", secs, "out", o.out, "run", o.run, "data_dir",
-                              ts_store_dir(store));
+        json_t *j =
+            json_pack("{s:b, s:I, s:f, s:f, s:f, s:s, s:s, s:s}", "done", !g_stop, "step",
+                      (json_int_t)tr.step, "loss", (double)loss, "loss_avg", (double)tr.loss_avg,
+                      "seconds", secs, "out", o.out, "run", o.run, "data_dir", ts_store_dir(store));
         if (j) {
             json_dumpf(j, stdout, JSON_COMPACT);
             printf("\n");

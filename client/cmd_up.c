@@ -167,15 +167,17 @@ static int write_config(const char *rundir, int i, const char *bootstrap, const 
     FILE *f = fopen(path, "w");
     if (!f)
         return -1;
-    fprintf(f, "; written by `tessera up`\n[node]\nidentity = %s/node-%d/identity.key\n"
-               "network_key = %s/network.key\ndata_dir = %s/node-%d/data\n"
-               "listen = 127.0.0.1:0\n",
+    fprintf(f,
+            "; written by `tessera up`\n[node]\nidentity = %s/node-%d/identity.key\n"
+            "network_key = %s/network.key\ndata_dir = %s/node-%d/data\n"
+            "listen = 127.0.0.1:0\n",
             rundir, i, rundir, rundir, i);
     if (bootstrap)
         fprintf(f, "bootstrap = %s\n", bootstrap);
     if (experts) {
-        fprintf(f, "\n[expert]\nmode = host\nweights = %s/expert-%d.safetensors\npartition = "
-                   "%s/partition.safetensors\n",
+        fprintf(f,
+                "\n[expert]\nmode = host\nweights = %s/expert-%d.safetensors\npartition = "
+                "%s/partition.safetensors\n",
                 experts, i % k, experts);
         char router[PATHLEN];
         pathf(router, "%s/router.safetensors", experts);
@@ -184,8 +186,10 @@ static int write_config(const char *rundir, int i, const char *bootstrap, const 
     }
     if (compute_threads > 0)
         fprintf(f, "\n[serve]\ncompute_threads = %d\n", compute_threads);
-    fprintf(f, "\n[gossip]\nprobe_interval_ms = 500\nprobe_timeout_ms = 250\n"
-               "pushpull_interval_s = 10\n\n[metrics]\nlisten = 127.0.0.1:0\n\n[log]\nlevel = info\nfile = %s/node-%d/tesserad.log\n",
+    fprintf(f,
+            "\n[gossip]\nprobe_interval_ms = 500\nprobe_timeout_ms = 250\n"
+            "pushpull_interval_s = 10\n\n[metrics]\nlisten = 127.0.0.1:0\n\n[log]\nlevel = "
+            "info\nfile = %s/node-%d/tesserad.log\n",
             rundir, i);
     return fclose(f) == 0 ? 0 : -1;
 }
@@ -266,8 +270,9 @@ static int stop_all(const char *rundir, double timeout_s, int quiet) {
             for (int i = 0; i < MAX_NODES; i++)
                 if (pids[i]) {
                     if (!quiet)
-                        fprintf(stderr, "tessera down: node %d (pid %ld) still running after "
-                                        "%.0f s: SIGKILL\n",
+                        fprintf(stderr,
+                                "tessera down: node %d (pid %ld) still running after "
+                                "%.0f s: SIGKILL\n",
                                 i, (long)pids[i], timeout_s);
                     kill(pids[i], SIGKILL);
                 }
@@ -291,8 +296,8 @@ static int run_status(const char *addr, const char *rundir, const char *extra, c
     if (n <= 0)
         return -1;
     self[n] = 0;
-    snprintf(cmd, sizeof cmd, "'%s' status --peer %s --network-key '%s/network.key' %s", self,
-             addr, rundir, extra);
+    snprintf(cmd, sizeof cmd, "'%s' status --peer %s --network-key '%s/network.key' %s", self, addr,
+             rundir, extra);
     FILE *p = popen(cmd, "r");
     if (!p)
         return -1;
@@ -330,8 +335,9 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
     abs_path(rundir_arg, rundir, sizeof rundir);
     for (int i = 0; i < MAX_NODES; i++)
         if (live_pid(rundir, i)) {
-            fprintf(stderr, "tessera up: a network is already running in %s (node %d); stop it "
-                            "with `tessera down --dir %s`\n",
+            fprintf(stderr,
+                    "tessera up: a network is already running in %s (node %d); stop it "
+                    "with `tessera down --dir %s`\n",
                     rundir, i, rundir_arg);
             return 1;
         }
@@ -399,8 +405,9 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
         char addr[300];
         pid_t pid = spawn(daemon, rundir, i);
         if (pid <= 0 || wait_listening(rundir, i, pid, deadline, addr, sizeof addr) != 0) {
-            fprintf(stderr, "tessera up: node %d did not start (%s); see %s/node-%d/tesserad.out "
-                            "and tesserad.log\n",
+            fprintf(stderr,
+                    "tessera up: node %d did not start (%s); see %s/node-%d/tesserad.out "
+                    "and tesserad.log\n",
                     i, daemon, rundir, i);
             stop_all(rundir, 10, 1);
             return 1;
@@ -420,17 +427,19 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
                 break;
         }
         if (!json && isatty(STDERR_FILENO))
-            fprintf(stderr, "\rtessera up: %d/%d nodes started; node 0 sees %d alive, %d "
-                            "advert%s   ",
+            fprintf(stderr,
+                    "\rtessera up: %d/%d nodes started; node 0 sees %d alive, %d "
+                    "advert%s   ",
                     nodes, nodes, alive, adverts, adverts == 1 ? "" : "s");
         usleep(200000);
     }
     if (!json && isatty(STDERR_FILENO))
         fprintf(stderr, "\n");
     if (alive != nodes || adverts < want_adverts) {
-        fprintf(stderr, "tessera up: the network did not converge within %d s (node 0 sees %d of "
-                        "%d alive, %d of %d adverts); logs in %s/node-*/tesserad.log. Stopping "
-                        "it.\n",
+        fprintf(stderr,
+                "tessera up: the network did not converge within %d s (node 0 sees %d of "
+                "%d alive, %d of %d adverts); logs in %s/node-*/tesserad.log. Stopping "
+                "it.\n",
                 timeout_s, alive, nodes, adverts, want_adverts, rundir);
         stop_all(rundir, 10, 1);
         return 1;
@@ -472,8 +481,8 @@ int ts_cmd_up(int argc, char **argv) {
     const char *summary = "Start a network of tesserad daemons on this machine (127.0.0.1), "
                           "hosting the experts of a folder.\nusage: tessera up [--nodes N] "
                           "[--experts DIR] [--dir RUNDIR]";
-    int pr = ts_args_parse("tessera up", summary, args, (int)(sizeof args / sizeof args[0]), argc,
-                           argv);
+    int pr =
+        ts_args_parse("tessera up", summary, args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
     return up(rundir, experts, nodes, timeout_s, no_experts, json, compute_threads);
@@ -489,8 +498,8 @@ int ts_cmd_down(int argc, char **argv) {
     };
     const char *summary = "Stop the network `tessera up` started: each node leaves gracefully "
                           "(SIGTERM).\nusage: tessera down [--dir RUNDIR]";
-    int pr = ts_args_parse("tessera down", summary, args, (int)(sizeof args / sizeof args[0]),
-                           argc, argv);
+    int pr = ts_args_parse("tessera down", summary, args, (int)(sizeof args / sizeof args[0]), argc,
+                           argv);
     if (pr)
         return pr == 1 ? 0 : 2;
     int n = stop_all(rundir, timeout_s, 0);

@@ -68,9 +68,8 @@ static int check_manifest(const Tessera__WeightsManifest *m, const ts_hash_t *h,
 }
 
 /* One chunk into the store: from the store when it is there and verifies, else from the peer. */
-static int get_chunk(ts_netclient_t *c, ts_rpc_peer_t *peer, ts_store_t *store,
-                     const ts_hash_t *ch, size_t want_len, uint32_t timeout_ms, int *fetched,
-                     char *err, size_t errlen) {
+static int get_chunk(ts_netclient_t *c, ts_rpc_peer_t *peer, ts_store_t *store, const ts_hash_t *ch,
+                     size_t want_len, uint32_t timeout_ms, int *fetched, char *err, size_t errlen) {
     unsigned char *have = NULL;
     size_t have_len = 0;
     *fetched = 0;
@@ -137,8 +136,8 @@ int ts_fetch_file(ts_netclient_t *c, ts_rpc_peer_t *peer, ts_store_t *store, con
     for (size_t i = 0; rc == TS_OK && i < m->n_chunk_hashes; i++) {
         ts_hash_t ch;
         memcpy(ch.b, m->chunk_hashes[i].data, TS_HASH_BYTES);
-        size_t len = (size_t)(m->total_size - done < m->chunk_size ? m->total_size - done
-                                                                   : m->chunk_size);
+        size_t len =
+            (size_t)(m->total_size - done < m->chunk_size ? m->total_size - done : m->chunk_size);
         int fetched = 0;
         rc = get_chunk(c, peer, store, &ch, len, timeout_ms, &fetched, err, errlen);
         unsigned char *buf = NULL;

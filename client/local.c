@@ -308,7 +308,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
     int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
     int distance = g->policy == TS_POLICY_CENTROID || g->policy == TS_POLICY_CONFIDENCE;
     double t0 = now_s();
-    int64_t forwards = 0, router_evals = 0;
+    int64_t forwards = 0, router_evals = 0, sample_evals = 0;
     double policy_s = 0.0, combine_s = 0.0;
     int rc = TS_OK;
     for (int start = 0; start < g->n && rc == TS_OK; start += l->chunk) {
@@ -328,7 +328,8 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
                                 .hold = g->hold,
                                 .seeds = g->seeds + start,
                                 .eval_ctx = l->eval_ctx,
-                                .config = &l->cfg};
+                                .config = &l->cfg,
+                                .absent = l->absent};
         /* one expert needs no scores: route it uniformly whatever the policy asks */
         if (l->ex.K == 1 || (distance && !l->has_part))
             o.policy = TS_POLICY_UNIFORM;
@@ -355,6 +356,9 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
         if (rc == TS_OK) {
             forwards += ens.forwards;
             router_evals += ens.router_calls * m;
+            sample_evals += ens.evaluations * m;
+            for (int k = 0; stats && stats->absent_mass && ens.absent_mass && k < l->ex.K; k++)
+                stats->absent_mass[k] += ens.absent_mass[k];
             policy_s += ens.policy_s;
             combine_s += ens.combine_s;
             for (int k = 0; stats && stats->use && k < l->ex.K; k++)
@@ -372,6 +376,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
     if (stats) {
         stats->forwards = forwards;
         stats->router_evals = router_evals;
+        stats->sample_evals = sample_evals;
         stats->seconds = now_s() - t0;
         stats->policy_s = policy_s;
         stats->combine_s = combine_s;

@@ -43,6 +43,9 @@ typedef struct ts_local {
     /* remote experts (ts_local_open_remote): ex.K is set, ex.models is NULL */
     ts_expert_eval_fn eval;
     void *eval_ctx;
+    /* optional, borrowed: (ex.K) experts that cannot answer, routed around from the first step
+     * (model/ensemble.h opts.absent); set by the network client for uncovered clusters */
+    const uint8_t *absent;
     char dir[1024];
 } ts_local_t;
 
@@ -108,6 +111,8 @@ typedef struct ts_local_stats {
     int64_t *use;         /* (K) sample-forwards per expert; the caller's array, or NULL */
     double seconds;
     double policy_s, combine_s; /* the ensembles' (model/ensemble.h) */
+    int64_t sample_evals;       /* evaluations × samples: what routing masses are divided by */
+    double *absent_mass;        /* (K) with l->absent: the caller's array, added to */
 } ts_local_stats_t;
 
 /* Generates g->n samples into images (n, C, H, W) in host memory. stats (may be NULL) is

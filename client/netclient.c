@@ -12,8 +12,8 @@
 #include "kernels/error.h"
 #include "net/keys.h"
 
-static int load_keys(const char *prog, const char *id_path, const char *nk_path,
-                     ts_identity_t *id, ts_netkey_t *nk) {
+static int load_keys(const char *prog, const char *id_path, const char *nk_path, ts_identity_t *id,
+                     ts_netkey_t *nk) {
     char err[512] = "";
     if (id_path ? ts_identity_load(id, id_path, err, sizeof err) : ts_identity_generate(id)) {
         fprintf(stderr, "%s: cannot use the identity file: %s\n", prog,

@@ -19,15 +19,6 @@
 #define STATUS_TIMEOUT_MS 10000
 #define FETCH_TIMEOUT_MS 30000
 
-static void hex32(const uint8_t *b, char out[65]) {
-    static const char d[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        out[2 * i] = d[b[i] >> 4];
-        out[2 * i + 1] = d[b[i] & 15];
-    }
-    out[64] = 0;
-}
-
 /* One verified advert of a live member. */
 typedef struct offer {
     Tessera__AdvertBody *body; /* decoded; freed with ts_frame_free */
@@ -66,7 +57,9 @@ static int collect_offers(const Tessera__StatusResponse *r, offer_t **out, int *
         offer_t *o = &(*out)[(*n)++];
         o->body = b;
         o->addr = addr;
-        hex32(b->partition_id.data, o->partition);
+        ts_hash_t pid;
+        memcpy(pid.b, b->partition_id.data, TS_HASH_BYTES);
+        ts_hash_hex(&pid, o->partition);
     }
     return TS_OK;
 }
@@ -94,8 +87,9 @@ static int choose_partition(const offer_t *of, int n, const char *want, char out
         }
     }
     if (best < 0) {
-        ts_set_err(err, errlen, want ? "no live expert of partition %s in the network"
-                                     : "no live expert in the network (see `tessera status`)",
+        ts_set_err(err, errlen,
+                   want ? "no live expert of partition %s in the network"
+                        : "no live expert in the network (see `tessera status`)",
                    want ? want : "");
         return TS_ENOTFOUND;
     }
@@ -104,34 +98,84 @@ static int choose_partition(const offer_t *of, int n, const char *want, char out
 }
 
 static void config_of(const Tessera__ModelConfig *m, ts_dit_config_t *c) {
-    *c = (ts_dit_config_t){.input_size = (int)m->input_size, .patch_size = (int)m->patch_size,
-                           .in_channels = (int)m->in_channels, .hidden_size = (int)m->hidden_size,
-                           .depth = (int)m->depth, .num_heads = (int)m->num_heads,
-                           .num_classes = (int)m->num_classes, .mlp_ratio = (int)m->mlp_ratio,
+    *c = (ts_dit_config_t){.input_size = (int)m->input_size,
+                           .patch_size = (int)m->patch_size,
+                           .in_channels = (int)m->in_channels,
+                           .hidden_size = (int)m->hidden_size,
+                           .depth = (int)m->depth,
+                           .num_heads = (int)m->num_heads,
+                           .num_classes = (int)m->num_classes,
+                           .mlp_ratio = (int)m->mlp_ratio,
                            .freq_dim = (int)m->freq_dim};
 }
 
-/* Fetches file h (named what for messages) into the store and exports it as path. */
-static int fetch_artifact(ts_netgen_t *g, const uint8_t *hash, const char *what, const char *path,
-                          int quiet, char *err, size_t errlen) {
+/* Fetches file hash (named what for messages) into the store and exports it as path: from the
+ * store when it is there, else from the entry node, else from each live node the adverts say
+ * holds it (holders, n_holders addresses). */
+static int fetch_artifact(ts_netgen_t *g, const uint8_t *hash, const char *what,
+                          const char *const *holders, int n_holders, const char *path, int quiet,
+                          char *err, size_t errlen) {
     ts_hash_t h;
     memcpy(h.b, hash, TS_HASH_BYTES);
-    char sub[512] = "";
-    ts_fetch_stats_t st;
+    char sub[512] = "", first[512] = "";
+    ts_fetch_stats_t st = {0};
+    const char *from = g->nc.addr;
     int rc = ts_fetch_file(&g->nc, g->nc.peer, g->store, &h, FETCH_TIMEOUT_MS, NULL, NULL, &st,
-                           sub, sizeof sub);
+                           first, sizeof first);
+    for (int i = 0; rc != TS_OK && i < n_holders; i++) {
+        ts_rpc_peer_t *p = NULL;
+        if (strcmp(holders[i], g->nc.addr) == 0 ||
+            ts_rpc_peer_get(g->nc.rpc, holders[i], &p, NULL, 0) != TS_OK)
+            continue;
+        from = holders[i];
+        rc = ts_fetch_file(&g->nc, p, g->store, &h, FETCH_TIMEOUT_MS, NULL, NULL, &st, sub,
+                           sizeof sub);
+    }
     if (rc == TS_OK)
         rc = ts_weights_export(g->store, &h, path, sub, sizeof sub);
     if (rc != TS_OK) {
         char hex[65];
-        hex32(hash, hex);
-        ts_set_err(err, errlen, "cannot get the %s (%.16s…) from the network: %s", what, hex,
-                   sub);
+        ts_hash_hex(&h, hex);
+        ts_set_err(err, errlen,
+                   "cannot get the %s (%.16s…) from the network: %s (the entry node); %d other "
+                   "holder%s tried%s%s",
+                   what, hex, first, n_holders, n_holders == 1 ? "" : "s", *sub ? ": " : "", sub);
         return rc;
     }
     if (!quiet && st.chunks_fetched)
-        fprintf(stderr, "fetched the %s: %.1f KiB in %.2f s\n", what, st.bytes_fetched / 1024.0,
-                st.seconds);
+        fprintf(stderr, "fetched the %s from %s: %.1f KiB in %.2f s\n", what, from,
+                st.bytes_fetched / 1024.0, st.seconds);
+    return TS_OK;
+}
+
+/* The weights in the store trained for (partition, cluster) — their metadata names both, as
+ * `tessera train --partition` writes it and `tessera pull` keeps it — the most recently used
+ * when there are several. */
+typedef struct stored_query {
+    const char *partition;
+    int cluster;
+    int found;
+    int64_t used;
+    ts_hash_t hash;
+} stored_query_t;
+
+static int stored_match(void *ctx, const ts_weights_info_t *info) {
+    stored_query_t *q = ctx;
+    const char *p = ts_weights_info_meta(info, "partition_id");
+    const char *c = ts_weights_info_meta(info, "cluster");
+    const char *obj = ts_weights_info_meta(info, "objective");
+    char desc[64], *end = NULL;
+    if (!p || !c || strcmp(p, q->partition) != 0 || (obj && strcmp(obj, "velocity") != 0))
+        return TS_OK;
+    long k = strtol(c, &end, 10);
+    ts_weights_describe(info, desc, sizeof desc);
+    if (end == c || *end || k != q->cluster || strcmp(desc, "-") == 0)
+        return TS_OK;
+    if (!q->found || info->last_used > q->used) {
+        q->found = 1;
+        q->used = info->last_used;
+        q->hash = info->hash;
+    }
     return TS_OK;
 }
 
@@ -151,17 +195,22 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, si
                 continue;
             int count = 0;
             for (int j = 0; j < n; j++)
-                count += strcmp(of[j].partition, g->partition_id) == 0 &&
-                         (int)of[j].body->cluster == k &&
-                         memcmp(of[j].body->weights_hash.data, of[i].body->weights_hash.data,
-                                32) == 0;
+                count +=
+                    strcmp(of[j].partition, g->partition_id) == 0 &&
+                    (int)of[j].body->cluster == k &&
+                    memcmp(of[j].body->weights_hash.data, of[i].body->weights_hash.data, 32) == 0;
             if (count > best_count) {
                 best = i;
                 best_count = count;
             }
         }
-        if (best < 0)
-            continue; /* no live replica: the cached weights, if any, or a degraded cluster */
+        if (best < 0) { /* no live replica: weights for this cluster in the store, if any */
+            stored_query_t q = {.partition = g->partition_id, .cluster = k};
+            (void)ts_weights_list(g->store, stored_match, &q);
+            if (q.found)
+                memcpy(ex->weights_hash, q.hash.b, 32);
+            continue;
+        }
         memcpy(ex->weights_hash, of[best].body->weights_hash.data, 32);
         for (int j = 0; j < n && ex->n_rep < TS_REMOTE_MAX_REPLICAS; j++) {
             const Tessera__AdvertBody *b = of[j].body;
@@ -202,8 +251,102 @@ static void open_cached(ts_netgen_t *g, ts_engine_t *e, int max_batch) {
     }
 }
 
-int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, int chunk,
-                   int pairs, ts_local_t *l, const char *prog, char *err, size_t errlen) {
+/* The partition (required) and the router (when o->load_router asks for it) into the cache
+ * folder, from whichever live node holds them. */
+static int fetch_artifacts(ts_netgen_t *g, const ts_netgen_opts_t *o, const offer_t *of, int n,
+                           const offer_t *first, char *err, size_t errlen) {
+    snprintf(g->cache_dir, sizeof g->cache_dir, "%s/generate-%.16s", ts_store_dir(g->store),
+             g->partition_id);
+    mkdir(g->cache_dir, 0700);
+    const char **holders = calloc((size_t)(n ? n : 1), sizeof *holders);
+    if (!holders) {
+        ts_set_err(err, errlen, "out of memory");
+        return TS_ENOMEM;
+    }
+    int nh = 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(of[i].partition, g->partition_id) == 0)
+            holders[nh++] = of[i].addr;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/partition.safetensors", g->cache_dir);
+    int rc = fetch_artifact(g, first->body->partition_id.data, "partition", holders, nh, path,
+                            o->quiet, err, errlen);
+    snprintf(path, sizeof path, "%s/router.safetensors", g->cache_dir);
+    remove(path);
+    const offer_t *with_router = NULL;
+    for (int i = 0; i < n && !with_router; i++)
+        if (strcmp(of[i].partition, g->partition_id) == 0 && of[i].body->has_router_hash &&
+            of[i].body->router_hash.len == TS_HASH_BYTES)
+            with_router = &of[i];
+    if (rc == TS_OK && o->load_router && with_router) {
+        nh = 0;
+        for (int i = 0; i < n; i++)
+            if (of[i].body->has_router_hash && of[i].body->router_hash.len == TS_HASH_BYTES &&
+                memcmp(of[i].body->router_hash.data, with_router->body->router_hash.data,
+                       TS_HASH_BYTES) == 0)
+                holders[nh++] = of[i].addr;
+        char sub[1024] = "";
+        rc = fetch_artifact(g, with_router->body->router_hash.data, "router", holders, nh, path,
+                            o->quiet, sub, sizeof sub);
+        if (rc != TS_OK && o->load_router == TS_NETGEN_ROUTER_OPTIONAL) {
+            fprintf(stderr, "warning: %s; going on without a router\n", sub);
+            remove(path);
+            rc = TS_OK;
+        } else if (rc != TS_OK) {
+            ts_set_err(err, errlen, "%s", sub);
+        }
+    }
+    free(holders);
+    return rc;
+}
+
+/* Clusters with no live replica and no weights in the store: routed around (a warning), or
+ * refused with --require-coverage. */
+static int mark_uncovered(ts_netgen_t *g, const ts_netgen_opts_t *o, const char *prog, char *err,
+                          size_t errlen) {
+    g->absent = calloc((size_t)g->K, 1);
+    if (!g->absent) {
+        ts_set_err(err, errlen, "out of memory");
+        return TS_ENOMEM;
+    }
+    char list[512] = "";
+    size_t used = 0;
+    for (int k = 0; k < g->K; k++)
+        if (g->experts[k].n_rep == 0 && !g->experts[k].local) {
+            g->absent[k] = 1;
+            g->experts[k].absent = 1;
+            g->n_absent++;
+            if (used < sizeof list)
+                used +=
+                    (size_t)snprintf(list + used, sizeof list - used, "%s%d", used ? ", " : "", k);
+        }
+    if (g->n_absent == g->K) {
+        ts_set_err(err, errlen,
+                   "no expert of partition %.16s… can answer: none is live and none "
+                   "is in the store",
+                   g->partition_id);
+        return TS_ENOTFOUND;
+    }
+    if (g->n_absent && o->require_coverage) {
+        ts_set_err(err, errlen,
+                   "cluster%s %s of partition %.16s… ha%s no live expert in the "
+                   "network and no cached weights (--require-coverage; `tessera "
+                   "pull` them while a replica is up)",
+                   g->n_absent > 1 ? "s" : "", list, g->partition_id, g->n_absent > 1 ? "ve" : "s");
+        return TS_ENOTFOUND;
+    }
+    if (g->n_absent && !o->quiet)
+        fprintf(stderr,
+                "%s: WARNING: cluster%s %s of partition %.16s… ha%s no live expert and no "
+                "cached weights: routed around from the first step (--require-coverage "
+                "refuses instead)\n",
+                prog, g->n_absent > 1 ? "s" : "", list, g->partition_id,
+                g->n_absent > 1 ? "ve" : "s");
+    return TS_OK;
+}
+
+int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, int chunk, int pairs,
+                   ts_local_t *l, const char *prog, char *err, size_t errlen) {
     memset(g, 0, sizeof *g);
     char dir[1024];
     ts_store_opts_t so = {.dir = o->data_dir};
@@ -212,8 +355,8 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
     int rc = ts_store_open(&g->store, &so, err, errlen);
     if (rc != TS_OK)
         return rc;
-    if (ts_netclient_open(&g->nc, prog, o->peer, o->identity, o->network_key,
-                          STATUS_TIMEOUT_MS) != 0) {
+    if (ts_netclient_open(&g->nc, prog, o->peer, o->identity, o->network_key, STATUS_TIMEOUT_MS) !=
+        0) {
         ts_set_err(err, errlen, "cannot reach %s", o->peer);
         return TS_EIO;
     }
@@ -246,8 +389,9 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
                  of[i].body->model->input_size != (uint32_t)g->cfg.input_size ||
                  of[i].body->model->in_channels != (uint32_t)g->cfg.in_channels ||
                  of[i].body->model->num_classes != (uint32_t)g->cfg.num_classes)) {
-                ts_set_err(err, errlen, "the experts of partition %.16s… disagree on K or on "
-                                        "the image config",
+                ts_set_err(err, errlen,
+                           "the experts of partition %.16s… disagree on K or on "
+                           "the image config",
                            g->partition_id);
                 rc = TS_ECORRUPT;
                 break;
@@ -256,25 +400,8 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
     if (rc == TS_OK)
         rc = build_experts(g, of, n, err, errlen);
     /* the artifacts, from the network into the store and a cache folder */
-    if (rc == TS_OK) {
-        snprintf(g->cache_dir, sizeof g->cache_dir, "%s/generate-%.16s", ts_store_dir(g->store),
-                 g->partition_id);
-        mkdir(g->cache_dir, 0700);
-        char path[1200];
-        snprintf(path, sizeof path, "%s/partition.safetensors", g->cache_dir);
-        rc = fetch_artifact(g, first->body->partition_id.data, "partition", path, o->quiet, err,
-                            errlen);
-        snprintf(path, sizeof path, "%s/router.safetensors", g->cache_dir);
-        const offer_t *with_router = NULL;
-        for (int i = 0; i < n && !with_router; i++)
-            if (strcmp(of[i].partition, g->partition_id) == 0 && of[i].body->has_router_hash)
-                with_router = &of[i];
-        if (rc == TS_OK && o->load_router && with_router)
-            rc = fetch_artifact(g, with_router->body->router_hash.data, "router", path, o->quiet,
-                                err, errlen);
-        else
-            remove(path);
-    }
+    if (rc == TS_OK)
+        rc = fetch_artifacts(g, o, of, n, first, err, errlen);
     for (int i = 0; i < n; i++)
         ts_frame_free(of[i].body);
     free(of);
@@ -282,24 +409,22 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
     if (rc != TS_OK)
         return rc;
     open_cached(g, e, pairs * chunk);
-    for (int k = 0; k < g->K; k++)
-        if (g->experts[k].n_rep == 0 && !g->experts[k].local) {
-            ts_set_err(err, errlen, "cluster %d of partition %.16s… has no live expert in the "
-                                    "network and no cached weights (`tessera pull` them while "
-                                    "a replica is up)",
-                       k, g->partition_id);
-            return TS_ENOTFOUND;
-        }
+    rc = mark_uncovered(g, o, prog, err, errlen);
+    if (rc != TS_OK)
+        return rc;
     rc = ts_remote_init(&g->remote, &g->nc.loop, g->nc.rpc, g->experts, g->K, g->cfg.in_channels,
                         g->cfg.input_size, &o->remote, o->trace, err, errlen);
     g->remote_init = rc == TS_OK;
     if (rc == TS_OK)
         rc = ts_local_open_remote(l, g->cache_dir, g->K, &g->cfg, e, chunk, o->load_router,
                                   ts_remote_eval, &g->remote, err, errlen);
+    if (rc == TS_OK)
+        l->absent = g->n_absent ? g->absent : NULL;
     if (rc == TS_OK && !o->quiet)
-        fprintf(stderr, "network via %s: partition %.16s…, %d experts, %d replicas, %d cached "
-                        "locally\n",
-                o->peer, g->partition_id, g->K, g->n_replicas, g->n_cached);
+        fprintf(stderr,
+                "network via %s: partition %.16s…, %d experts, %d replicas, %d cached "
+                "locally, %d uncovered\n",
+                o->peer, g->partition_id, g->K, g->n_replicas, g->n_cached, g->n_absent);
     return rc;
 }
 
@@ -313,6 +438,7 @@ void ts_netgen_close(ts_netgen_t *g) {
             ts_dit_free(&g->cached[k]);
     free(g->cached);
     free(g->has_cached);
+    free(g->absent);
     free(g->experts);
     ts_store_close(g->store);
     memset(g, 0, sizeof *g);

@@ -8,7 +8,12 @@
  * open it as a generation folder whose experts are remote (client/local.h): the routing and the
  * sampler then run here exactly as with --local, and every evaluation's expert jobs go to the
  * replicas of each cluster (client/remote.h). Experts whose weights are in the store are opened
- * as the fallback (and with --prefer-local, used first).
+ * as the fallback (and with --prefer-local, used first): the advertised weights, or for a cluster
+ * no live node serves, the weights in the store whose metadata names the partition and the
+ * cluster (so `tessera pull` keeps a cluster alive after its hosts leave). The partition and the
+ * router are fetched from the store, the entry node, or any live node whose advert names them.
+ * A cluster nothing can serve is uncovered: the ensemble routes around it from the first step
+ * (a warning), unless require_coverage asks for today's refusal. Not one expert: an error.
  */
 #ifndef TS_CLIENT_NETGEN_H
 #define TS_CLIENT_NETGEN_H
@@ -26,9 +31,12 @@ typedef struct ts_netgen_opts {
     const char *partition; /* a partition_id prefix, or NULL: the best-covered one */
     ts_remote_opts_t remote;
     int trace;
-    int load_router;
+    int load_router; /* TS_NETGEN_ROUTER_NONE, _OPTIONAL (without one: a warning) or _REQUIRED */
     int quiet;
+    int require_coverage; /* refuse when a cluster has no live expert and no cached weights */
 } ts_netgen_opts_t;
+
+enum { TS_NETGEN_ROUTER_NONE = 0, TS_NETGEN_ROUTER_OPTIONAL = 1, TS_NETGEN_ROUTER_REQUIRED = 2 };
 
 typedef struct ts_netgen {
     ts_netclient_t nc;
@@ -39,7 +47,8 @@ typedef struct ts_netgen {
     ts_remote_expert_t *experts; /* (K) */
     ts_dit_t *cached;            /* (K) the fallback models; valid where has_cached[k] */
     int *has_cached;
-    int K, n_replicas, n_cached;
+    int K, n_replicas, n_cached, n_absent;
+    uint8_t *absent; /* (K) the uncovered clusters: no live replica, no weights in the store */
     ts_dit_config_t cfg;
     char partition_id[65];
     char cache_dir[1024];
@@ -47,8 +56,8 @@ typedef struct ts_netgen {
 
 /* Opens the network as l (remote experts) for engine e, chunk samples per evaluation, pairs
  * (2 with CFG). On failure err says why; ts_netgen_close frees what was opened either way. */
-int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, int chunk,
-                   int pairs, ts_local_t *l, const char *prog, char *err, size_t errlen);
+int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, int chunk, int pairs,
+                   ts_local_t *l, const char *prog, char *err, size_t errlen);
 void ts_netgen_close(ts_netgen_t *g);
 
 #endif

@@ -29,8 +29,12 @@ static uint64_t next_rand(ts_remote_t *r) { /* xorshift64*: replica draws only *
 }
 
 void ts_remote_opts_default(ts_remote_opts_t *o) {
-    *o = (ts_remote_opts_t){.timeout_ms = 10000, .hedge = 1, .hedge_min_ms = 2, .retries = 2,
-                            .ban_ms = 30000, .down_ms = 5000};
+    *o = (ts_remote_opts_t){.timeout_ms = 10000,
+                            .hedge = 1,
+                            .hedge_min_ms = 2,
+                            .retries = 2,
+                            .ban_ms = 30000,
+                            .down_ms = 5000};
 }
 
 /* ---- one job's requests ----------------------------------------------------------------------- */
@@ -46,14 +50,14 @@ typedef struct send {
 
 struct attempt {
     ts_remote_t *r;
-    ts_expert_job_t *job;    /* this attempt's piece of a job: a view of its rows */
-    ts_expert_job_t *whole;  /* the job: its status is the worst of its pieces' */
+    ts_expert_job_t *job;   /* this attempt's piece of a job: a view of its rows */
+    ts_expert_job_t *whole; /* the job: its status is the worst of its pieces' */
     ts_expert_job_t piece;
     ts_remote_expert_t *ex;
     uv_timer_t *hedge_timer; /* this attempt slot's, owned by r */
     float *t;                /* (m) the piece's t, for the request */
     int cap_t;
-    uint32_t tried;          /* replicas asked, as bits */
+    uint32_t tried; /* replicas asked, as bits */
     send_t sends[MAX_SENDS];
     int n_sends, inflight, retries_left, done, last_error;
 };
@@ -81,10 +85,15 @@ static void trace(ts_remote_t *r, const send_t *s, int status, uint32_t q_us, ui
         r->cap_events = cap;
     }
     const ts_expert_job_t *j = s ? s->a->job : NULL;
-    r->events[r->n_events++] = (ts_remote_event_t){
-        .start_s = start - r->t0, .dur_s = now_s() - start, .k = j ? j->k : -1,
-        .m = j ? j->m : 0, .replica = replica, .status = status, .hedge = s ? s->hedge : 0,
-        .queue_us = q_us, .compute_us = c_us};
+    r->events[r->n_events++] = (ts_remote_event_t){.start_s = start - r->t0,
+                                                   .dur_s = now_s() - start,
+                                                   .k = j ? j->k : -1,
+                                                   .m = j ? j->m : 0,
+                                                   .replica = replica,
+                                                   .status = status,
+                                                   .hedge = s ? s->hedge : 0,
+                                                   .queue_us = q_us,
+                                                   .compute_us = c_us};
 }
 
 /* The predicted latency of asking replica i: its round-trip EWMA (a few ms before the first
@@ -210,8 +219,7 @@ static void on_hedge(uv_timer_t *t) {
 }
 
 /* Reads the answer into the job: an F32 (m, C, H, W) tensor of finite values, else TS_ECORRUPT. */
-static int take_answer(attempt_t *a, const Tessera__Envelope *env, uint32_t *q_us,
-                       uint32_t *c_us) {
+static int take_answer(attempt_t *a, const Tessera__Envelope *env, uint32_t *q_us, uint32_t *c_us) {
     const ts_remote_t *r = a->r;
     const ts_expert_job_t *j = a->job;
     const Tessera__DenoiseResponse *d = env->denoise_response;
@@ -374,8 +382,14 @@ static int start_piece(ts_remote_t *r, attempt_t *a, ts_expert_job_t *j, int sta
     float *t = a->t;
     int cap_t = a->cap_t;
     size_t chw = (size_t)r->chw;
-    *a = (attempt_t){.r = r, .whole = j, .ex = &r->experts[j->k], .hedge_timer = timer, .t = t,
-                     .cap_t = cap_t, .retries_left = r->o.retries, .last_error = TS_ENOTFOUND};
+    *a = (attempt_t){.r = r,
+                     .whole = j,
+                     .ex = &r->experts[j->k],
+                     .hedge_timer = timer,
+                     .t = t,
+                     .cap_t = cap_t,
+                     .retries_left = r->o.retries,
+                     .last_error = TS_ENOTFOUND};
     a->piece = *j;
     a->piece.m = m;
     a->piece.rows = j->rows + start;
@@ -486,9 +500,10 @@ int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_exp
     for (int k = 0; k < K; k++) {
         ts_remote_expert_t *ex = &experts[k];
         if (ex->n_rep < 0 || ex->n_rep > TS_REMOTE_MAX_REPLICAS ||
-            (ex->n_rep == 0 && !ex->local)) {
-            ts_set_err(err, errlen, "expert %d has no replica in the network and no cached "
-                                    "weights",
+            (ex->n_rep == 0 && !ex->local && !ex->absent)) {
+            ts_set_err(err, errlen,
+                       "expert %d has no replica in the network and no cached "
+                       "weights",
                        k);
             return TS_EINVAL;
         }

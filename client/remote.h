@@ -36,11 +36,11 @@
 typedef struct ts_replica {
     char addr[280];
     ts_rpc_peer_t *peer;
-    double ewma_ms;             /* round-trip EWMA; 0 until the first answer */
-    uint32_t queue_depth;       /* from the advert */
-    uint32_t item_latency_us;   /* from the advert */
-    uint32_t max_samples;       /* samples one request may carry (the advert's capacity); 0: any */
-    double banned_until;        /* monotonic seconds */
+    double ewma_ms;           /* round-trip EWMA; 0 until the first answer */
+    uint32_t queue_depth;     /* from the advert */
+    uint32_t item_latency_us; /* from the advert */
+    uint32_t max_samples;     /* samples one request may carry (the advert's capacity); 0: any */
+    double banned_until;      /* monotonic seconds */
     uint64_t sent, answered, failed, garbage, hedges_won;
 } ts_replica_t;
 
@@ -49,6 +49,7 @@ typedef struct ts_remote_expert {
     int n_rep;
     ts_replica_t rep[TS_REMOTE_MAX_REPLICAS];
     ts_dit_t *local; /* cached weights for the fallback (borrowed), or NULL */
+    int absent;      /* no replica and no weights: the ensemble routes around it (never asked) */
     double rtt[TS_REMOTE_RTT_WINDOW];
     int n_rtt, rtt_next;
 } ts_remote_expert_t;
@@ -76,12 +77,12 @@ typedef struct ts_remote_stats {
 
 /* One trace event: one request or local run of one job (Chrome trace "X" events). */
 typedef struct ts_remote_event {
-    double start_s, dur_s; /* from ts_remote_init */
-    int k;                 /* expert */
-    int m;                 /* rows */
-    int replica;           /* −1: local */
-    int status;            /* TS_OK, or the failure */
-    int hedge;             /* 1: a hedged second request */
+    double start_s, dur_s;         /* from ts_remote_init */
+    int k;                         /* expert */
+    int m;                         /* rows */
+    int replica;                   /* −1: local */
+    int status;                    /* TS_OK, or the failure */
+    int hedge;                     /* 1: a hedged second request */
     uint32_t queue_us, compute_us; /* the server's Timings (0 when none) */
 } ts_remote_event_t;
 
@@ -100,14 +101,14 @@ typedef struct ts_remote {
     double t0;
     uint64_t rng;
     uint64_t degraded_at[64]; /* the first 64 degraded evaluations' numbers (1-based) */
-    double *eval_ms; /* per evaluation wall time (grows) */
+    double *eval_ms;          /* per evaluation wall time (grows) */
     size_t n_eval, cap_eval;
     void *impl; /* remote.c's: the hedge timers and the attempts of the evaluation in progress */
 } ts_remote_t;
 
 /* Prepares r for K experts (experts[k].rep[...] with addr set; peers are made here) of images
  * C×S×S. trace keeps every request as an event. TS_EINVAL with a sentence for an expert without
- * replicas or local weights. */
+ * replicas or local weights that is not marked absent. */
 int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_expert_t *experts,
                    int K, int channels, int size, const ts_remote_opts_t *o, int trace, char *err,
                    size_t errlen);

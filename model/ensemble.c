@@ -254,6 +254,8 @@ void ts_ensemble_free(ts_ensemble_t *s) {
     free(s->job_done);
     free(s->scores);
     free(s->held);
+    free(s->absent_mass);
+    free(s->absent_w);
     for (int i = 0; i < s->n_steps; i++)
         free(s->steps[i].w);
     free(s->steps);
@@ -283,6 +285,15 @@ static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensembl
                    "which needs the samples' seeds), and not with the confidence policy",
                    o->hold);
         return TS_EINVAL;
+    }
+    if (o->absent) {
+        int present = 0;
+        for (int k = 0; k < K; k++)
+            present += !o->absent[k];
+        if (present == 0) {
+            ts_set_err(err, errlen, "every one of the %d experts is absent: none can answer", K);
+            return TS_EINVAL;
+        }
     }
     if (remote && o->policy == TS_POLICY_CONFIDENCE) {
         ts_set_err(err, errlen,
@@ -413,6 +424,12 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
     s->expert_forwards = calloc((size_t)K, sizeof *s->expert_forwards);
     if (opts->hold && !(s->held = malloc((size_t)n * K * sizeof *s->held)))
         rc = rc == TS_OK ? TS_ENOMEM : rc;
+    if (opts->absent) {
+        s->absent_mass = calloc((size_t)K, sizeof *s->absent_mass);
+        s->absent_w = malloc((size_t)n * K * sizeof *s->absent_w);
+        if (!s->absent_mass || !s->absent_w)
+            rc = rc == TS_OK ? TS_ENOMEM : rc;
+    }
     if (opts->eval) {
         s->jobs = calloc((size_t)K, sizeof *s->jobs);
         s->job_rows = malloc((size_t)K * n * sizeof *s->job_rows);
@@ -838,6 +855,22 @@ int ts_expert_residuals_fn(void *ctx, const ts_tensor_t *xt, const ts_tensor_t *
     return TS_OK;
 }
 
+/* opts.absent: the weights the absent experts would have had go into absent_mass, then their
+ * scores become −∞, so that the selection renormalises over the experts that can answer. */
+static int route_around(ts_ensemble_t *s, float t) {
+    int n = s->n, K = s->K;
+    size_t nk = (size_t)n * K;
+    memcpy(s->absent_w, s->w, nk * sizeof *s->w);
+    TS_TRY(ts_route_weights(s->absent_w, n, K, &s->o.select, t));
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < K; k++)
+            if (s->o.absent[k]) {
+                s->absent_mass[k] += s->absent_w[(size_t)i * K + k];
+                s->w[(size_t)i * K + k] = -INFINITY;
+            }
+    return TS_OK;
+}
+
 /* TS_HOLD_DRAW: each row of w (n, K) becomes one-hot at an expert drawn from it: the first k
  * whose cumulative weight exceeds u · Σw, u the sample's uniform (opts.hold). */
 static void draw_one(float *w, int n, int K, const uint64_t *seeds) {
@@ -893,6 +926,8 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
         for (int i = 0; i < n; i++)
             for (int k = 0; k < K; k++)
                 s->w[(size_t)i * K + k] += s->o.log_prior[(size_t)s->o.labels[i] * K + k];
+    if (s->o.absent)
+        TS_TRY(route_around(s, t));
     if (s->o.eval)
         memcpy(s->scores, s->w, (size_t)n * K * sizeof *s->w);
     TS_TRY(ts_route_weights(s->w, n, K, &s->o.select, t));

@@ -162,6 +162,12 @@ typedef struct ts_ensemble_opts {
     ts_expert_eval_fn eval;
     void *eval_ctx;
     const ts_dit_config_t *config;
+    /* Optional, borrowed: K flags, 1 for an expert that cannot answer at all (an uncovered
+     * cluster: no live replica and no cached weights). Its score is −∞ at every evaluation
+     * before the selection, so each sample's weights renormalise over the others from the first
+     * step (top1 takes the next best expert) and it is never asked. The weight it would have had
+     * is summed in ts_ensemble_t.absent_mass. Not every expert may be absent (TS_EINVAL). */
+    const uint8_t *absent;
 } ts_ensemble_opts_t;
 
 enum { TS_HOLD_NONE = 0, TS_HOLD_FIRST = 1, TS_HOLD_DRAW = 2 };
@@ -206,6 +212,10 @@ typedef struct ts_ensemble {
     int64_t renormalised;     /* samples routed again after a drop */
     double policy_s;          /* wall time spent scoring and routing (router, distances, weights) */
     double combine_s;         /* remote experts: wall time spent combining their answers */
+    /* opts.absent: (K) Σ over evaluations and samples of the weight each absent expert would
+     * have had with every expert present (÷ evaluations·n: its routing mass); NULL otherwise */
+    double *absent_mass;
+    float *absent_w; /* (n, K) scratch for it */
     /* remote experts: one job per expert, and their host buffers */
     ts_expert_job_t *jobs;     /* (K) */
     int32_t *job_rows, *job_y; /* (K·n) */

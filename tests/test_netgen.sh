@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_netgen.sh TESSERA BAD_EXPERT — `tessera generate --peer` against real tesserad networks
+# test_netgen.sh TESSERA BAD_EXPERT TESSERAD — `tessera generate --peer` against real tesserad networks
 # started by `tessera up` (issue 9), with experts trained for 2 steps (the plumbing and the exact
 # invariants, not quality):
 #   - the network's image equals --local's with the same seed, byte for byte;
@@ -10,11 +10,20 @@
 #     --prefer-local then runs them here: the same image, no request;
 #   - a client with another network key is refused, with a sentence;
 #   - kill -9 of the only replica of a cluster mid-generation: the generation completes, degraded,
-#     and says so.
+#     and says so;
+#   - a cluster no node serves and no store holds is routed around from the first step (a warning
+#     naming it and its routing mass, `uncovered` in the JSON, nothing degraded, no request for
+#     it); --require-coverage refuses;
+#   - the same cluster's weights in the store (`tessera pull` from another network) serve it
+#     after its hosts are gone: the --local image byte for byte;
+#   - entering through a node that hosts nothing (no partition, no router): the partition and the
+#     router come from the nodes that advertise them; the uniform policy fetches no router;
+#   - --class C turns the class prior on by default and the summary says so.
 # Waits have generous deadlines (the machine may be loaded); nothing here asserts speed.
 set -eu
-T=${1:?usage: test_netgen.sh TESSERA BAD_EXPERT}
-BAD=${2:?usage: test_netgen.sh TESSERA BAD_EXPERT}
+T=${1:?usage: test_netgen.sh TESSERA BAD_EXPERT TESSERAD}
+BAD=${2:?usage: test_netgen.sh TESSERA BAD_EXPERT TESSERAD}
+D=${3:?usage: test_netgen.sh TESSERA BAD_EXPERT TESSERAD}
 PY=/usr/bin/python3
 dir=$(mktemp -d)
 badpid=
@@ -156,3 +165,100 @@ wait $gen || fail "the generation failed instead of degrading"
     fail "losing a cluster's only replica did not degrade the generation"
 grep -q "DEGRADED" "$dir/err-degraded.txt" || fail "the degraded generation did not say so"
 echo "ok: losing a cluster's only replica: completed, degraded, and said so"
+"$T" down --dir "$dir/netB" >/dev/null
+
+# C: one node for two clusters: cluster 1 is uncovered
+"$T" up --nodes 1 --experts "$F" --dir "$dir/netC" --json >"$dir/netC.json" 2>"$dir/err-up.txt" ||
+    fail "tessera up (C)"
+netgen uncovered netC $FULL --data-dir "$dir/empty" --out "$dir/unc.png" ||
+    fail "an uncovered cluster stopped the generation"
+grep -q "WARNING: cluster 1 of partition" "$dir/err-uncovered.txt" ||
+    fail "no warning names the uncovered cluster"
+grep -q "UNCOVERED: routed around cluster 1 ([0-9.]*% of the routing mass)" \
+    "$dir/err-uncovered.txt" || fail "the summary does not give the uncovered cluster's mass"
+[ "$(json_get "$dir/uncovered.json" "[u['cluster'] for u in j['uncovered']]")" = "[1]" ] ||
+    fail "JSON uncovered: $(cat "$dir/uncovered.json")"
+mass=$(json_get "$dir/uncovered.json" "j['uncovered'][0]['mass']")
+"$PY" -c "import sys; sys.exit(0 if abs(float(sys.argv[1]) - 0.5) < 1e-6 else 1)" "$mass" ||
+    fail "uncovered mass $mass: uniform weights over 2 experts give cluster 1 exactly half"
+[ "$(json_get "$dir/uncovered.json" "j['expert_share'][1]")" = 0.0 ] &&
+    [ "$(json_get "$dir/uncovered.json" "j['network']['degraded_evaluations']")" = 0 ] &&
+    [ "$(json_get "$dir/uncovered.json" "j['network']['failed_jobs']")" = 0 ] ||
+    fail "the uncovered cluster was asked: $(cat "$dir/uncovered.json")"
+rc=0
+netgen cover netC $GEN --data-dir "$dir/empty" --require-coverage --out "$dir/x.png" || rc=$?
+[ $rc -eq 1 ] || fail "--require-coverage with an uncovered cluster: exit $rc, want 1"
+grep -q "cluster 1 of partition .* has no live expert" "$dir/err-cover.txt" ||
+    fail "--require-coverage: $(cat "$dir/err-cover.txt")"
+echo "ok: an uncovered cluster is routed around from the first step (mass $mass); --require-coverage refuses"
+
+# the pulled weights of cluster 1 serve it with no host anywhere: the --local image
+netgen cached netC $GEN --data-dir "$dir/pulled" --require-coverage --out "$dir/cached.png" ||
+    fail "the pulled weights of a cluster with no host did not serve"
+cmp -s "$dir/cached.png" "$dir/local.png" || fail "the cached cluster changed the image"
+[ "$(json_get "$dir/cached.json" "j['uncovered']")" = "[]" ] &&
+    [ "$(json_get "$dir/cached.json" "j['network']['local_runs']")" -gt 0 ] ||
+    fail "cluster 1 was not served from the store: $(cat "$dir/cached.json")"
+echo "ok: weights in the store serve a cluster whose hosts are gone: the --local image"
+
+# D: a node hosting nothing joins C; entering through it works
+mkdir -p "$dir/bare"
+"$T" keygen --out "$dir/bare/id.key" >/dev/null
+cat >"$dir/bare/d.ini" <<INI
+[node]
+identity = $dir/bare/id.key
+network_key = $dir/netC/network.key
+data_dir = $dir/bare/data
+listen = 127.0.0.1:0
+bootstrap = $(peer_of netC)
+[gossip]
+probe_interval_ms = 500
+probe_timeout_ms = 250
+[metrics]
+listen =
+[log]
+file = $dir/bare/d.log
+INI
+"$D" --config "$dir/bare/d.ini" >/dev/null 2>&1 &
+barepid=$!
+i=0
+while [ ! -s "$dir/bare/data/listen.addr" ]; do
+    i=$((i + 1))
+    [ $i -lt 300 ] || fail "the bare node did not start: $(cat "$dir/bare/d.log")"
+    sleep 0.1
+done
+bare=$(cat "$dir/bare/data/listen.addr")
+i=0
+until "$T" status --peer "$bare" --network-key "$dir/netC/network.key" --json >"$dir/st.json" \
+    2>/dev/null && [ "$(json_get "$dir/st.json" "len(j['adverts'])")" -ge 1 ]; do
+    i=$((i + 1))
+    [ $i -lt 120 ] || fail "the bare node never saw the advert"
+    sleep 0.5
+done
+"$T" generate --peer "$bare" --network-key "$dir/netC/network.key" --data-dir "$dir/pulled2" \
+    --json $GEN --out "$dir/bare.png" >"$dir/bare.json" 2>"$dir/err-bare.txt" ||
+    fail "entering through a node without a router"
+grep -q "fetched the router from" "$dir/err-bare.txt" || fail "no router fetched: $(cat "$dir/err-bare.txt")"
+"$T" generate --peer "$bare" --network-key "$dir/netC/network.key" --data-dir "$dir/pulled3" \
+    --json $FULL --out "$dir/bare-u.png" >"$dir/bare-u.json" 2>"$dir/err-bare-u.txt" ||
+    fail "the uniform policy through a node without a router"
+grep -q "fetched the router" "$dir/err-bare-u.txt" && fail "the uniform policy fetched a router"
+grep -q "fetched the partition from" "$dir/err-bare-u.txt" || fail "no partition fetched"
+kill "$barepid"; wait "$barepid" || true
+echo "ok: any entry node works: the partition and the router come from the nodes that hold them"
+
+# --class C: the class prior is on by default, and said
+netgen cls netC --n 4 --steps 2 --class 7 --data-dir "$dir/pulled" --data "$dir/nodata" \
+    --out "$dir/cls.png" || fail "generate --class 7 without the train labels"
+grep -q "warning: no class prior" "$dir/err-cls.txt" || fail "no warning: $(cat "$dir/err-cls.txt")"
+[ "$(json_get "$dir/cls.json" "j['prior']")" = none ] || fail "prior: $(cat "$dir/cls.json")"
+# the data is installed by scripts/setup.sh (dataset-fashion-mnist)
+netgen cls2 netC --n 4 --steps 2 --class 7 --data-dir "$dir/pulled" --out "$dir/cls2.png" ||
+    fail "generate --class 7"
+[ "$(json_get "$dir/cls2.json" "j['prior']")" = "class (default with --class)" ] ||
+    fail "--class 7 did not turn the class prior on: $(cat "$dir/cls2.json")"
+grep -q "^prior: class (default with --class)" "$dir/err-cls2.txt" || fail "the summary does not say"
+netgen cls3 netC --n 4 --steps 2 --class 7 --no-class-prior --data-dir "$dir/pulled" \
+    --out "$dir/cls3.png" || fail "generate --class 7 --no-class-prior"
+[ "$(json_get "$dir/cls3.json" "j['prior']")" = none ] || fail "--no-class-prior"
+echo "ok: --class turns the class prior on by default (--no-class-prior off), and says so"

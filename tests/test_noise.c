@@ -1,12 +1,12 @@
 /*
  * test_noise.c — the Noise handshake and transport ciphers (net/noise.h).
  *
- *   - the public test vectors (cacophony's, in ../shared/vectors/noise/cacophony-xx.json, path
+ *   - the public test vectors (cacophony's, in tests/vectors/noise/cacophony-xx.json, path
  *     given by CMake as TS_NOISE_VECTORS): for every vector (NN, XX, XXpsk3), each handshake
  *     message written by its sender equals the vector's ciphertext byte for byte and the other
  *     side reads the vector's payload back; the handshake hash on both sides; the remote static
  *     keys learned; and every transport message after Split, both ways. A missing file fails the
- *     test (CI has it at the same place): it never skips;
+ *     test (the repository carries it): it never skips;
  *   - properties the vectors cannot show, checked against libsodium called directly: the nonce
  *     encoding at a counter that uses all 8 bytes, and Rekey's definition;
  *   - tampering: every byte of every XXpsk3 handshake message, flipped in turn, makes the reader
@@ -221,8 +221,8 @@ static void test_vectors(void **state) {
         if (access(TS_NOISE_VECTORS, R_OK) != 0)
             print_error(
                 "the Noise test vectors are missing: no readable file %s.\n"
-                "They belong at ../shared/vectors/noise/cacophony-xx.json next to the source "
-                "tree, as in CI; without them this test fails, it does not skip.\n",
+                "They belong at tests/vectors/noise/cacophony-xx.json in the repository; "
+                "without them this test fails, it does not skip.\n",
                 TS_NOISE_VECTORS);
         else
             print_error("cannot parse the Noise test vectors %s: %s (line %d)\n", TS_NOISE_VECTORS,

@@ -720,21 +720,43 @@ static void test_grouping_equals_one_by_one(void **state) {
     ts_experts_free(&ex);
 }
 
+/* K experts written as PREFIX<k>.safetensors from seeds seed0 + k, opened into ex. */
+static void open_written_experts(fixture_t *fx, ts_experts_t *ex, const char *prefix,
+                                 uint64_t seed0, int K) {
+    char p[8][512];
+    const char *paths[8];
+    assert_true(K <= 8);
+    for (int k = 0; k < K; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "%s%d.safetensors", prefix, k);
+        snprintf(p[k], sizeof p[k], "%s",
+                 write_expert(&fx->e, name, seed0 + (uint64_t)k, 0.05f, NULL));
+        paths[k] = p[k];
+    }
+    open_experts(ex, &fx->e, paths, K);
+}
+
+/* mean += (1/div) · expert k's guided velocity at (x, t), for each k with use[k]. */
+static void add_mean(ts_experts_t *ex, const int *use, const int32_t *labels, int n,
+                     const ts_tensor_t *x, float t, ts_tensor_t *vk, float *mean, int div) {
+    for (int k = 0; k < ex->K; k++) {
+        if (!use[k])
+            continue;
+        ts_dit_velocity_ctx_t vc;
+        TU_CHECK_OK(ts_dit_velocity_init(&vc, &ex->models[k], labels, n, 3.0f));
+        TU_CHECK_OK(ts_dit_velocity(&vc, x, t, vk));
+        for (int64_t i = 0; i < ts_tensor_numel(x); i++)
+            mean[i] += tu_f32(vk)[i] / div;
+        ts_dit_velocity_free(&vc);
+    }
+}
+
 /* full + uniform = the plain mean of the experts' guided velocities. */
 static void test_full_uniform_is_mean(void **state) {
     fixture_t *fx = *state;
     enum { N = 4, K = 3 };
-    char p[K][512];
-    const char *paths[K];
-    for (int k = 0; k < K; k++) {
-        char name[32];
-        snprintf(name, sizeof name, "m%d.safetensors", k);
-        snprintf(p[k], sizeof p[k], "%s",
-                 write_expert(&fx->e, name, 20 + (uint64_t)k, 0.05f, NULL));
-        paths[k] = p[k];
-    }
     ts_experts_t ex;
-    open_experts(&ex, &fx->e, paths, K);
+    open_written_experts(fx, &ex, "m", 20, K);
     int32_t labels[N] = {2, 0, NCLS, 1};
     ts_tensor_t x, v, vk;
     tu_alloc_f32(&x, 4, TS_SHAPE(N, 1, IMG, IMG));
@@ -743,14 +765,8 @@ static void test_full_uniform_is_mean(void **state) {
     tu_rng_t r = {9};
     tu_fill_uniform(&r, &x, -2.0f, 2.0f);
     float mean[N * CHW] = {0};
-    for (int k = 0; k < K; k++) {
-        ts_dit_velocity_ctx_t vc;
-        TU_CHECK_OK(ts_dit_velocity_init(&vc, &ex.models[k], labels, N, 3.0f));
-        TU_CHECK_OK(ts_dit_velocity(&vc, &x, 0.6f, &vk));
-        for (int i = 0; i < N * CHW; i++)
-            mean[i] += tu_f32(&vk)[i] / K;
-        ts_dit_velocity_free(&vc);
-    }
+    const int all[K] = {1, 1, 1};
+    add_mean(&ex, all, labels, N, &x, 0.6f, &vk, mean, K);
     ts_ensemble_opts_t o = base_opts("full", TS_POLICY_UNIFORM, labels, N, 3.0f);
     o.record = 1;
     ts_ensemble_t ens;
@@ -769,6 +785,60 @@ static void test_full_uniform_is_mean(void **state) {
     TU_CHECK_CONTAINS(err, "partition");
     TU_FREE_TENSORS(&x, &v, &vk);
     ts_ensemble_free(&ens);
+    ts_experts_free(&ex);
+}
+
+/* opts.absent: an absent expert is scored −∞ from the first evaluation — full + uniform over 3
+ * experts with expert 1 absent is the mean of experts 0 and 2 (weights 1/2), expert 1 is never
+ * run, and its routing mass (1/3 per sample per evaluation) is summed; top1 moves to the next
+ * expert; all experts absent is refused. */
+static void test_absent_routed_around(void **state) {
+    fixture_t *fx = *state;
+    enum { N = 4, K = 3 };
+    ts_experts_t ex;
+    open_written_experts(fx, &ex, "a", 40, K);
+    int32_t labels[N] = {2, 0, NCLS, 1};
+    ts_tensor_t x, v, vk;
+    tu_alloc_f32(&x, 4, TS_SHAPE(N, 1, IMG, IMG));
+    tu_alloc_like(&v, &x);
+    tu_alloc_like(&vk, &x);
+    tu_rng_t r = {11};
+    tu_fill_uniform(&r, &x, -2.0f, 2.0f);
+    float mean[N * CHW] = {0};
+    const int present[K] = {1, 0, 1};
+    add_mean(&ex, present, labels, N, &x, 0.6f, &vk, mean, 2);
+    const uint8_t absent[K] = {0, 1, 0};
+    ts_ensemble_opts_t o = base_opts("full", TS_POLICY_UNIFORM, labels, N, 3.0f);
+    o.record = 1;
+    o.absent = absent;
+    ts_ensemble_t ens;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK, err);
+    TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.6f, &v));
+    tu_check_close(tu_f32(&v), mean, N * CHW, 1e-6, 1e-5, "expert 1 absent vs the mean of 0, 2");
+    TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.3f, &v));
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < K; k++)
+            tu_check_scalar(ens.steps[1].w[i * K + k], k == 1 ? 0.0 : 0.5, 1e-7, "w[%d,%d]", i, k);
+    assert_int_equal(ens.expert_forwards[1], 0);
+    tu_check_scalar(ens.absent_mass[1], 2.0 * N / 3.0, 1e-5, "absent mass");
+    assert_true(ens.absent_mass[0] == 0.0 && ens.absent_mass[2] == 0.0);
+    ts_ensemble_free(&ens);
+    /* top1 with uniform scores takes expert 0 when present; with 0 absent, the next (1) */
+    const uint8_t first_absent[K] = {1, 0, 0};
+    o = base_opts("top1", TS_POLICY_UNIFORM, labels, N, 3.0f);
+    o.record = 1;
+    o.absent = first_absent;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK, err);
+    TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.6f, &v));
+    for (int i = 0; i < N; i++)
+        tu_check_scalar(ens.steps[0].w[i * K + 1], 1.0, 0.0, "top1 moves to expert 1 (%d)", i);
+    tu_check_scalar(ens.absent_mass[0], (double)N, 0.0, "top1's whole mass was expert 0's");
+    ts_ensemble_free(&ens);
+    const uint8_t none[K] = {1, 1, 1};
+    o.absent = none;
+    TU_CHECK_RC(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "absent");
+    TU_FREE_TENSORS(&x, &v, &vk);
     ts_experts_free(&ex);
 }
 
@@ -1204,6 +1274,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_centroid_nearer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_evaluation_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hold_and_draw, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_absent_routed_around, setup, teardown),
         cmocka_unit_test_setup_teardown(test_expert_residuals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_classifier_router, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),

@@ -33,7 +33,7 @@ cat >"$dir/d.ini" <<INI
 identity = $dir/id.key
 network_key = $dir/net.key
 data_dir = $dir/data
-listen = 127.0.0.1:7420
+listen = 127.0.0.1:0
 [metrics]
 listen = 127.0.0.1:0
 [log]
