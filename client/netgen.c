@@ -371,6 +371,9 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
         ts_set_err(err, errlen, "%s does not answer: %s", o->peer, sub);
         return rc;
     }
+    /* from here on a node that refuses a connection fails its calls at once: the client has
+     * other replicas, other holders, cached weights, or the route around it */
+    ts_rpc_set_fail_fast(g->nc.rpc, 1);
     offer_t *of = NULL;
     int n = 0;
     rc = collect_offers(resp->status_response, &of, &n, err, errlen);

@@ -185,6 +185,8 @@ static int send_to(attempt_t *a, int i, int hedge) {
     int rc = ts_rpc_call(p->peer, &env, r->o.timeout_ms, on_answer, s, &s->call, err, sizeof err);
     if (rc != TS_OK) {
         p->failed++;
+        if (rc == TS_ECLOSED) /* unreachable (in backoff after a refused connect): leave it */
+            p->banned_until = now_s() + r->o.down_ms / 1000.0;
         return rc;
     }
     a->n_sends++;

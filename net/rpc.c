@@ -108,16 +108,18 @@ struct ts_rpc_request {
 };
 
 static void peer_schedule(ts_rpc_peer_t *p, int failed);
+static void fail_queue(ts_rpc_peer_t *p, const char *why);
 static void default_ping(ts_rpc_request_t *req, const Tessera__Envelope *env, void *arg);
 
 /* ---- small things ----------------------------------------------------------------------------- */
 
 void ts_rpc_config_default(ts_rpc_config_t *cfg) {
-    cfg->default_timeout_ms = 30000;
-    cfg->max_pending_in = 256;
-    cfg->busy_retry_ms = 100;
-    cfg->backoff_base_ms = 100;
-    cfg->backoff_max_ms = 30000;
+    *cfg = (ts_rpc_config_t){.default_timeout_ms = 30000,
+                             .max_pending_in = 256,
+                             .busy_retry_ms = 100,
+                             .backoff_base_ms = 100,
+                             .backoff_max_ms = 30000,
+                             .fail_fast = 0};
 }
 
 const char *ts_rpc_error_name(int code) {
@@ -612,12 +614,31 @@ static void conn_closed(ts_conn_t *c, const ts_conn_close_info_t *why) {
         p->info.failures++;
         snprintf(p->last_failure, sizeof p->last_failure, "%.199s", why->message);
         peer_notify(p, TS_ECLOSED, why->message);
-        /* the calls waiting for this connection learn why if they time out; they stay queued */
+        /* the calls waiting for this connection learn why if they time out; they stay queued,
+         * unless cfg.fail_fast (once the backoff is set, so that their callbacks' new calls to
+         * this peer are refused at once too) */
     }
     peer_schedule(p, !why->was_open);
+    if (!why->was_open)
+        fail_queue(p, p->last_failure);
 }
 
 static const ts_conn_handler_t rpc_handler = {conn_open, conn_frame, NULL, conn_closed};
+
+void ts_rpc_set_fail_fast(ts_rpc_t *rpc, int on) {
+    if (rpc)
+        rpc->cfg.fail_fast = on != 0;
+}
+
+/* cfg.fail_fast: the calls waiting for p's connection fail now, with why the attempt failed. */
+static void fail_queue(ts_rpc_peer_t *p, const char *why) {
+    if (!p->rpc->cfg.fail_fast)
+        return;
+    char msg[600];
+    snprintf(msg, sizeof msg, "cannot connect to %s: %s", p->addr, why);
+    while (!ts_list_empty(&p->queue))
+        finish_call(TS_CONTAINER_OF(p->queue.next, ts_rpc_call_t, node), TS_ECLOSED, NULL, 0, msg);
+}
 
 static void peer_connect_now(ts_rpc_peer_t *p) {
     ts_rpc_t *rpc = p->rpc;
@@ -640,6 +661,7 @@ static void peer_connect_now(ts_rpc_peer_t *p) {
         snprintf(p->last_failure, sizeof p->last_failure, "%.199s", err);
         peer_notify(p, TS_ECLOSED, err);
         peer_schedule(p, 1);
+        fail_queue(p, p->last_failure);
         return;
     }
     s->conn = p->conn;
@@ -747,6 +769,11 @@ int ts_rpc_call(ts_rpc_peer_t *p, const Tessera__Envelope *req, uint32_t deadlin
     if (p->state == PEER_OPEN && ts_conn_congested(p->conn)) {
         ts_set_err(err, errlen, "the connection to %s is congested", p->addr);
         return TS_EBUSY;
+    }
+    if (p->state == PEER_BACKOFF && rpc->cfg.fail_fast) {
+        ts_set_err(err, errlen, "%s is unreachable (%llu failed attempts, the last: %s)", p->addr,
+                   (unsigned long long)p->info.failures, p->last_failure);
+        return TS_ECLOSED;
     }
     /* Check it as it will be sent, then pack it without the two header fields. */
     Tessera__Envelope e = *req;

@@ -24,7 +24,8 @@
  * The pool. ts_rpc_peer_get returns the one peer entry per address; calls on it share one
  * connection, opened on first use. When an attempt to connect fails (refused, timed out, a failed
  * handshake), the next waits min(backoff_max_ms, backoff_base_ms · 2^(failures−1)) scaled by a
- * random factor in [0.5, 1]; calls queued meanwhile wait for it, each within its own deadline.
+ * random factor in [0.5, 1]; calls queued meanwhile wait for it, each within its own deadline
+ * (with cfg.fail_fast they fail at once instead, and calls during the backoff are refused).
  * A successful handshake resets the count. Calls already sent when a connection drops fail with
  * TS_ECLOSED (they are not retried: the request may have been acted on).
  *
@@ -60,9 +61,17 @@ typedef struct ts_rpc_config {
     uint32_t busy_retry_ms;      /* the retry_after_ms of our busy answers, default 100 */
     uint32_t backoff_base_ms;    /* default 100 */
     uint32_t backoff_max_ms;     /* default 30000 */
+    /* 1: a caller with somewhere else to go (the generation client's replicas). When an attempt
+     * to connect fails, the calls queued for that peer fail at once with TS_ECLOSED instead of
+     * waiting out their deadlines, and a call made while the peer is in backoff is refused at
+     * once (TS_ECLOSED, with the last failure). The first call after the backoff tries again.
+     * Default 0: queued calls wait for the reconnect within their deadlines. */
+    int fail_fast;
 } ts_rpc_config_t;
 
 void ts_rpc_config_default(ts_rpc_config_t *cfg);
+/* Sets cfg.fail_fast of a running endpoint (see above). */
+void ts_rpc_set_fail_fast(ts_rpc_t *rpc, int on);
 
 /* The outcome of a call, valid during its callback. */
 typedef struct ts_rpc_result {

@@ -10,7 +10,8 @@
 #     --prefer-local then runs them here: the same image, no request;
 #   - a client with another network key is refused, with a sentence;
 #   - kill -9 of the only replica of a cluster mid-generation: the generation completes, degraded,
-#     and says so;
+#     and says so, and no request waits out its (60 s) deadline — nor right after the kill, while
+#     the view still has the node alive;
 #   - a cluster no node serves and no store holds is routed around from the first step (a warning
 #     naming it and its routing mass, `uncovered` in the JSON, nothing degraded, no request for
 #     it); --require-coverage refuses;
@@ -156,7 +157,15 @@ echo "ok: a client with another network key is refused"
 # B: one replica per cluster; kill one mid-generation: degraded, and said
 "$T" up --nodes 2 --experts "$F" --dir "$dir/netB" --json >"$dir/netB.json" 2>"$dir/err-up.txt" ||
     fail "tessera up (B)"
-netgen degraded netB $LONG --out "$dir/degraded.png" &
+# With a 60 s request deadline: a lost host must cost a round trip, not the deadline — every
+# request to it fails at once (its connection dropped, reconnecting refused), none times out.
+no_timeouts() { # no_timeouts TRACE: no request of the trace waited out its deadline
+    "$PY" -c "import json,sys; ev=json.load(open(sys.argv[1]))['traceEvents']; \
+bad=[e for e in ev if e['args']['status']=='timed out']; \
+sys.exit(0 if not bad else 1)" "$1"
+}
+netgen degraded netB $LONG --timeout-ms 60000 --trace "$dir/degraded.trace" \
+    --out "$dir/degraded.png" &
 gen=$!
 sleep 1
 kill -9 "$(node_pid netB 1)"
@@ -164,7 +173,13 @@ wait $gen || fail "the generation failed instead of degrading"
 [ "$(json_get "$dir/degraded.json" "j['network']['degraded_evaluations']")" -gt 0 ] ||
     fail "losing a cluster's only replica did not degrade the generation"
 grep -q "DEGRADED" "$dir/err-degraded.txt" || fail "the degraded generation did not say so"
-echo "ok: losing a cluster's only replica: completed, degraded, and said so"
+no_timeouts "$dir/degraded.trace" || fail "a request to the killed host waited out its deadline"
+echo "ok: losing a cluster's only replica: completed, degraded, and said so; nothing timed out"
+# right after: the node is still alive in the view (gossip takes seconds), but refuses
+netgen after netB $LONG --timeout-ms 60000 --trace "$dir/after.trace" --out "$dir/after.png" ||
+    fail "the generation after the kill failed"
+no_timeouts "$dir/after.trace" || fail "a request to the dead host waited out its deadline"
+echo "ok: a host that died between generations costs a refused connect, not a deadline"
 "$T" down --dir "$dir/netB" >/dev/null
 
 # C: one node for two clusters: cluster 1 is uncovered

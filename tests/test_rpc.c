@@ -491,6 +491,41 @@ static void test_reconnect_with_backoff(void **state) {
     assert_true(took + 2 >= (BACKOFF_BASE / 2) * (1 + 2 + 4 + 8));
 }
 
+/* fail_fast: with the server gone, a queued call fails as soon as the connect is refused (well
+ * before its 30 s deadline, TS_ECLOSED with the reason), and a call during the backoff that
+ * follows is refused at once; the default keeps waiting (test_reconnect_with_backoff). */
+static void test_fail_fast(void **state) {
+    sync_ping();
+    ts_listener_close(listener, 1);
+    while (!peer_closed())
+        uv_run(&loop, UV_RUN_ONCE);
+    ts_rpc_set_fail_fast(crpc, 1);
+    got_t g = {0};
+    uint64_t t0 = uv_now(&loop);
+    call_kind(TESSERA__ENVELOPE__BODY_STATUS_REQUEST, 30000, &g);
+    run_until(&g.calls, "the call to a refusing peer");
+    uint64_t took = uv_now(&loop) - t0;
+    assert_int_equal(g.status, TS_ECLOSED);
+    assert_true(took < 10000); /* not its deadline (30 s): a refused connect */
+    ts_rpc_peer_info_t i;
+    ts_rpc_peer_info(peer(), &i);
+    assert_true(i.failures >= 1);
+    /* in the backoff: refused synchronously, with the last failure */
+    Tessera__StatusRequest sr = TESSERA__STATUS_REQUEST__INIT;
+    Tessera__Envelope req = TESSERA__ENVELOPE__INIT;
+    req.body_case = TESSERA__ENVELOPE__BODY_STATUS_REQUEST;
+    req.status_request = &sr;
+    char err[512] = "";
+    got_t g2 = {0};
+    int rc = ts_rpc_call(peer(), &req, 30000, on_result, &g2, NULL, err, sizeof err);
+    assert_int_equal(rc, TS_ECLOSED);
+    assert_non_null(strstr(err, "unreachable"));
+    assert_int_equal(g2.calls, 0);
+    ts_rpc_set_fail_fast(crpc, 0);
+    serve(); /* the server back, for the tests after this one */
+    (void)state;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ping_and_status),
@@ -501,6 +536,7 @@ int main(void) {
         cmocka_unit_test(test_connection_lost),
         cmocka_unit_test(test_wrong_parity),
         cmocka_unit_test(test_reconnect_with_backoff),
+        cmocka_unit_test(test_fail_fast),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
