@@ -3,8 +3,9 @@
  * and runs the event loop until SIGTERM or SIGINT (graceful stop); SIGHUP reopens the log file.
  *
  *   tesserad --config FILE                run
- *   tesserad --config FILE --check-config validate the config and the key files, print a summary,
- *                                         exit 0 (valid) or 1 (not), touching nothing
+ *   tesserad --config FILE --check-config validate the config, the key files and every file it
+ *                                         names (daemon/check.h), print a summary, exit 0
+ *                                         (valid) or 1 (not), touching nothing
  *   tesserad --help-config                every configuration key with its default
  *   tesserad --version | --help
  *
@@ -25,6 +26,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "daemon/check.h"
 #include "daemon/config.h"
 #include "daemon/host.h"
 #include "daemon/log.h"
@@ -46,7 +48,8 @@ static void usage(FILE *f) {
                "options:\n"
                "  --config FILE    the INI configuration (configs/tesserad.ini documents every "
                "key)\n"
-               "  --check-config   validate the configuration and the key files, then exit\n"
+               "  --check-config   validate the configuration, the key files and every file it\n"
+               "                   names (weights, partition, router), then exit\n"
                "  --help-config    list every configuration key with its default\n"
                "  --version        print the version\n"
                "  -h, --help       show this text\n");
@@ -72,8 +75,8 @@ typedef struct {
     int stopping;
     ts_metrics_t *metrics;
     ts_metrics_http_t *http;
-    uv_timer_t stats_timer;   /* copies loop-only counters into the metrics every second */
-    atomic_int ready;         /* /healthz: 1 once joined, 0 while starting or stopping */
+    uv_timer_t stats_timer; /* copies loop-only counters into the metrics every second */
+    atomic_int ready;       /* /healthz: 1 once joined, 0 while starting or stopping */
 } daemon_t;
 
 /* /healthz, on the HTTP thread: reads one atomic. */
@@ -92,8 +95,10 @@ static void on_stats(uv_timer_t *t) {
     static const struct {
         ts_swim_state_t s;
         const char *name;
-    } states[] = {{TS_SWIM_ALIVE, "alive"}, {TS_SWIM_SUSPECT, "suspect"},
-                  {TS_SWIM_DEAD, "dead"}, {TS_SWIM_LEFT, "left"}};
+    } states[] = {{TS_SWIM_ALIVE, "alive"},
+                  {TS_SWIM_SUSPECT, "suspect"},
+                  {TS_SWIM_DEAD, "dead"},
+                  {TS_SWIM_LEFT, "left"}};
     for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
         ts_metrics_gauge_set(d->metrics, TS_M_GOSSIP_MEMBERS, states[i].name,
                              (double)ts_swim_count(sw, states[i].s));
@@ -166,9 +171,7 @@ static void on_gossip_event(void *arg, const ts_swim_event_t *ev) {
         ts_log_warn("gossip", "%s %s (incarnation %u)", node, ts_swim_event_name(ev->type),
                     ev->incarnation);
         break;
-    default:
-        ts_log_debug("gossip", "%s %s", node, ts_swim_event_name(ev->type));
-        break;
+    default: ts_log_debug("gossip", "%s %s", node, ts_swim_event_name(ev->type)); break;
     }
 }
 
@@ -284,8 +287,12 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
                         cfg->metrics_listen, ts_metrics_http_port(d.http));
     }
     if (rc == TS_OK) {
-        ts_host_env_t env = {.loop = &loop, .rpc = d.rpc, .gossip = d.gossip, .store = store,
-                             .metrics = d.metrics, .cfg = cfg};
+        ts_host_env_t env = {.loop = &loop,
+                             .rpc = d.rpc,
+                             .gossip = d.gossip,
+                             .store = store,
+                             .metrics = d.metrics,
+                             .cfg = cfg};
         rc = ts_host_new(&d.host, &env, err, sizeof err);
         if (d.host)
             ts_gossip_on_load(d.gossip, ts_host_load, d.host);
@@ -386,18 +393,30 @@ int main(int argc, char **argv) {
     char node[17];
     ts_node_id_hex(&id.id, 16, node);
     if (check) {
+        ts_identity_wipe(&id);
+        ts_netkey_wipe(&nk);
+        /* every file the config names, opened and validated; the summary only when all are */
+        char *files = NULL;
+        size_t files_len = 0;
+        FILE *fo = open_memstream(&files, &files_len);
+        rc = fo ? ts_check_expert_files(&cfg, fo, err, sizeof err) : TS_ENOMEM;
+        if (fo)
+            fclose(fo);
+        if (rc != TS_OK) {
+            fprintf(stderr, "tesserad: %s: %s\n", config, err[0] ? err : ts_strerror(rc));
+            free(files);
+            return 1;
+        }
         printf("%s: valid\n  node id     %s\n  listen      %s (advertised as %s)\n"
-               "  bootstrap   %d peer%s\n  data_dir    %s\n  log         %s, %s, %s\n",
+               "  bootstrap   %d peer%s\n  data_dir    %s\n  log         %s, %s, %s\n%s",
                config, node, cfg.listen, cfg.advertise, cfg.n_bootstrap,
                cfg.n_bootstrap == 1 ? "" : "s", cfg.data_dir, ts_log_level_name(cfg.log_level),
                cfg.log_format == TS_LOG_JSON ? "json" : "text",
-               cfg.log_file[0] ? cfg.log_file : "stderr");
-        ts_identity_wipe(&id);
-        ts_netkey_wipe(&nk);
+               cfg.log_file[0] ? cfg.log_file : "stderr", files ? files : "");
+        free(files);
         return 0;
     }
-    if ((rc = ts_log_open(cfg.log_level, cfg.log_format, cfg.log_file, err, sizeof err)) !=
-        TS_OK) {
+    if ((rc = ts_log_open(cfg.log_level, cfg.log_format, cfg.log_file, err, sizeof err)) != TS_OK) {
         fprintf(stderr, "tesserad: %s\n", err);
         ts_identity_wipe(&id);
         ts_netkey_wipe(&nk);

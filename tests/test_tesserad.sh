@@ -1,11 +1,14 @@
 #!/bin/sh
-# test_tesserad.sh TESSERA TESSERAD — the daemon as a process: --check-config accepts a valid
-# config and reports the node id that `tessera keygen` printed; it refuses a key file others can
-# read and a config with a typo, exit 1 with the reason; a running daemon logs JSON lines, reopens
+# test_tesserad.sh TESSERA TESSERAD EXPERTS — the daemon as a process: --check-config accepts a
+# valid config and reports the node id that `tessera keygen` printed; it refuses a key file others
+# can read and a config with a typo, exit 1 with the reason; it opens every file the config names
+# (EXPERTS: experts/demo) and refuses a missing or truncated weights file, a misspelt partition
+# path and a router that is not one; a running daemon logs JSON lines, reopens
 # its log file on SIGHUP and stops cleanly (exit 0) on SIGTERM.
 set -eu
-T=${1:?usage: test_tesserad.sh TESSERA TESSERAD}
-D=${2:?usage: test_tesserad.sh TESSERA TESSERAD}
+T=${1:?usage: test_tesserad.sh TESSERA TESSERAD EXPERTS}
+D=${2:?usage: test_tesserad.sh TESSERA TESSERAD EXPERTS}
+E=${3:?usage: test_tesserad.sh TESSERA TESSERAD EXPERTS}
 dir=$(mktemp -d)
 pid=
 cleanup() {
@@ -58,6 +61,38 @@ rc=0
 "$D" --config "$dir/typo.ini" --check-config >/dev/null 2>"$dir/err.txt" || rc=$?
 [ $rc -eq 1 ] || fail "--check-config with a typo: exit $rc, want 1"
 grep -q "typo.ini:9: \[log\] levle: unknown key" "$dir/err.txt" || fail "typo message: $(cat "$dir/err.txt")"
+
+# --check-config opens and validates every file the config names
+cp "$E/partition.safetensors" "$E/expert-1.safetensors" "$E/router.safetensors" "$dir/"
+with_expert() { # with_expert WEIGHTS PARTITION [ROUTER]: the valid config plus [expert]
+    cp "$dir/d.ini" "$dir/ex.ini"
+    printf '\n[expert]\nmode = host\nweights = %s\npartition = %s\n' "$1" "$2" >>"$dir/ex.ini"
+    if [ -n "${3:-}" ]; then echo "router = $3" >>"$dir/ex.ini"; fi
+}
+check_refuses() { # check_refuses WHAT PATTERN: --check-config of ex.ini exits 1 saying PATTERN
+    rc=0
+    "$D" --config "$dir/ex.ini" --check-config >/dev/null 2>"$dir/err.txt" || rc=$?
+    [ $rc -eq 1 ] || fail "--check-config with $1: exit $rc, want 1"
+    grep -q "$2" "$dir/err.txt" || fail "--check-config with $1: $(cat "$dir/err.txt")"
+    [ ! -e "$dir/data" ] || fail "--check-config with $1 created the data directory"
+}
+with_expert "$dir/expert-1.safetensors" "$dir/partition.safetensors" "$dir/router.safetensors"
+out=$("$D" --config "$dir/ex.ini" --check-config) || fail "--check-config refused a good expert"
+echo "$out" | grep -q "weights .*expert-1.safetensors: cluster 1 of 4, every tensor loads" ||
+    fail "no line for the weights: $out"
+echo "$out" | grep -q "router .*router.safetensors: 4 clusters" || fail "no line for the router: $out"
+with_expert "$dir/missing.safetensors" "$dir/partition.safetensors"
+check_refuses "a missing weights file" "\[expert\] weights .*missing.safetensors"
+with_expert "$dir/expert-1.safetensors" "$dir/partiton.safetensors"
+check_refuses "a misspelt partition path" "\[expert\] partition .*partiton.safetensors"
+head -c $(($(wc -c <"$dir/expert-1.safetensors") / 2)) "$dir/expert-1.safetensors" >"$dir/cut.safetensors"
+with_expert "$dir/cut.safetensors" "$dir/partition.safetensors"
+check_refuses "a truncated weights file" "\[expert\] weights .*cut.safetensors"
+with_expert "$dir/expert-1.safetensors" "$dir/partition.safetensors" "$dir/expert-1.safetensors"
+check_refuses "weights named as the router" "\[expert\] router"
+with_expert "0123456789abcdef" "$dir/partition.safetensors"
+check_refuses "a hash with no store" "no store at"
+echo "ok: --check-config opens every file: missing, misspelt, truncated and mismatched refused"
 
 rc=0
 "$D" --config "$dir/missing.ini" >/dev/null 2>&1 || rc=$?
