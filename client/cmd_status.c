@@ -23,7 +23,8 @@
  *    "load": {...} | null,
  *    "aggregates": {"clusters": [{"partition_id", "cluster", "live_experts"}],
  *                   "uncovered": [{"partition_id", "cluster"}], "total_capacity",
- *                   "request_rate", "live_members"}}
+ *                   "request_rate", "live_members"},
+ *    "health": "ok" | "alone: …" | "handshakes refused: …" | null (a node that does not say)}
  *
  * Exit status 0 when the node answered, 1 when it could not be asked (refused, timed out, a
  * handshake broken off — most likely another network key — or an error answer), 2 for bad usage.
@@ -217,9 +218,11 @@ static json_t *j_status(const Tessera__StatusResponse *r, const adverts_t *ad) {
     }
     json_decref(clusters);
     json_decref(uncovered);
-    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:o}", "node_id", id, "live_members",
-                     g ? (int)g->live_members : -1, "members", members, "adverts", adverts, "load",
-                     j_load(r->load), "aggregates", agg);
+    json_t *j = json_pack("{s:s, s:i, s:o, s:o, s:o, s:o}", "node_id", id, "live_members",
+                          g ? (int)g->live_members : -1, "members", members, "adverts", adverts,
+                          "load", j_load(r->load), "aggregates", agg);
+    json_object_set_new(j, "health", r->health ? json_string(r->health) : json_null());
+    return j;
 }
 
 /* One member row: the expert part from its advert, when one is held. */
@@ -257,6 +260,8 @@ static void print_status(const Tessera__StatusResponse *r, const adverts_t *ad, 
            "without one\n",
            id, addr, r->n_members, r->n_members == 1 ? "" : "s", g ? g->live_members : 0, experts,
            experts == 1 ? "" : "s", g ? g->n_uncovered : 0, g && g->n_uncovered == 1 ? "" : "s");
+    if (r->health)
+        printf("health: %s\n", r->health);
     if (r->n_members) {
         printf("\n  %-16s  %-7s  %5s  %-21s  %8s  %-5s %s\n", "MEMBER", "STATE", "INC", "ADDRESS",
                "CHANGED", "ADV", "EXPERT (partition:cluster, model, load)");

@@ -65,6 +65,7 @@ static const key_spec_t KEYS[] = {
     {{"gossip", "suspicion_mult", "integer", "4", "suspicion timeout = suspicion_mult x log10(N) x probe interval (Lifeguard shortens it as confirmations arrive)"}, K_INT, OFF(suspicion_mult), 1, 100},
     {{"gossip", "retransmit_mult", "integer", "4", "each update is piggybacked retransmit_mult x log(N+1) times"}, K_INT, OFF(retransmit_mult), 1, 100},
     {{"gossip", "pushpull_interval_s", "integer", "30", "full state exchange with one random member over TCP (scaled up for large N); 0 = off"}, K_INT, OFF(pushpull_interval_s), 0, 86400},
+    {{"gossip", "join_timeout_s", "integer", "15", "a node with bootstrap addresses that has no peer this long after start warns, answers /healthz 503 (alone) and joins again at this interval"}, K_INT, OFF(join_timeout_s), 1, 3600},
     {{"limits", "max_frame_mib", "integer", "64", "largest application frame accepted, MiB (checked before allocating)"}, K_INT, OFF(max_frame_mib), 1, 1024},
     {{"limits", "max_connections", "integer", "256", "open TCP connections at most, in total"}, K_INT, OFF(max_connections), 1, 65536},
     {{"limits", "max_connections_per_ip", "integer", "8", "open TCP connections at most from one remote address"}, K_INT, OFF(max_connections_per_ip), 1, 65536},
@@ -109,6 +110,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->suspicion_mult = 4;
     c->retransmit_mult = 4;
     c->pushpull_interval_s = 30;
+    c->join_timeout_s = 15;
     c->max_frame_mib = 64;
     c->max_connections = 256;
     c->max_connections_per_ip = 8;

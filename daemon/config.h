@@ -56,6 +56,7 @@ typedef struct ts_daemon_config {
     /* [gossip] */
     int probe_interval_ms, probe_timeout_ms, indirect_probes, suspicion_mult, retransmit_mult;
     int pushpull_interval_s;
+    int join_timeout_s; /* alone this long with seeds: warn, /healthz 503, join again */
     /* [limits] */
     int max_frame_mib, max_connections, max_connections_per_ip;
     int handshake_timeout_ms, idle_timeout_s;

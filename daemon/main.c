@@ -19,6 +19,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@
 
 #include "daemon/check.h"
 #include "daemon/config.h"
+#include "daemon/health.h"
 #include "daemon/host.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
@@ -77,15 +79,64 @@ typedef struct {
     ts_metrics_http_t *http;
     uv_timer_t stats_timer; /* copies loop-only counters into the metrics every second */
     atomic_int ready;       /* /healthz: 1 once joined, 0 while starting or stopping */
+    ts_health_t health;     /* the loop's: alone, refused (daemon/health.h) */
+    pthread_mutex_t health_mu;
+    char health_reason[512]; /* health.reason, for the HTTP thread, under health_mu */
 } daemon_t;
 
-/* /healthz, on the HTTP thread: reads one atomic. */
+/* /healthz, on the HTTP thread: ready, and the last health the loop published. */
 static int health(void *user, char *reason, size_t len) {
     daemon_t *d = user;
     int r = atomic_load(&d->ready);
-    if (r != 1)
+    if (r != 1) {
         snprintf(reason, len, "%s", r == 0 ? "starting" : "stopping");
-    return r == 1;
+        return 0;
+    }
+    pthread_mutex_lock(&d->health_mu);
+    int ok = strcmp(d->health_reason, "ok") == 0;
+    if (!ok)
+        snprintf(reason, len, "%s", d->health_reason);
+    pthread_mutex_unlock(&d->health_mu);
+    return ok;
+}
+
+static double loop_s(const daemon_t *d) { return (double)uv_now(d->loop) / 1000.0; }
+
+static void health_log(ts_health_level_t level, const char *line) {
+    if (level == TS_HEALTH_WARN)
+        ts_log_warn("health", "%s", line);
+    else
+        ts_log_info("health", "%s", line);
+}
+
+/* net/conn.h's observer: every failed handshake, either side, with its likely cause. */
+static void on_handshake_failed(void *arg, const char *addr, int accepted,
+                                const ts_conn_close_info_t *why) {
+    daemon_t *d = arg;
+    char line[512];
+    ts_health_level_t level;
+    if (ts_health_handshake_failed(&d->health, loop_s(d), addr, accepted, why, line, sizeof line,
+                                   &level))
+        health_log(level, line);
+}
+
+/* Once a second: alone or refused, published to /healthz and to status answers. */
+static void health_tick(daemon_t *d) {
+    ts_net_stats_t ns;
+    ts_net_stats(d->net, &ns);
+    uint32_t alive = ts_swim_count(ts_gossip_swim(d->gossip), TS_SWIM_ALIVE);
+    char line[640];
+    ts_health_level_t level;
+    int rejoin = 0;
+    if (ts_health_tick(&d->health, loop_s(d), ns.opened, alive > 0 ? alive - 1 : 0,
+                       ts_gossip_n_seeds(d->gossip), line, sizeof line, &level, &rejoin))
+        health_log(level, line);
+    if (rejoin)
+        ts_gossip_rejoin(d->gossip);
+    ts_gossip_set_health(d->gossip, d->health.reason);
+    pthread_mutex_lock(&d->health_mu);
+    snprintf(d->health_reason, sizeof d->health_reason, "%s", d->health.reason);
+    pthread_mutex_unlock(&d->health_mu);
 }
 
 /* The counters only the loop's thread may read, into the registry. */
@@ -115,6 +166,7 @@ static void on_stats(uv_timer_t *t) {
         ts_metrics_counter_set(d->metrics, TS_M_HANDSHAKE_FAILURES,
                                ts_conn_close_reason_name(hs[i]), ns.closed[hs[i]]);
     ts_host_metrics(d->host);
+    health_tick(d);
 }
 
 static void on_gossip_closed(ts_gossip_t *g, void *arg) {
@@ -230,6 +282,7 @@ static void free_all(daemon_t *d) {
     uv_walk(d->loop, close_cb, NULL);
     uv_run(d->loop, UV_RUN_DEFAULT);
     ts_metrics_http_stop(d->http);
+    pthread_mutex_destroy(&d->health_mu);
     ts_gossip_free(d->gossip);
     ts_rpc_free(d->rpc);
     ts_net_free(d->net);
@@ -245,6 +298,9 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
     uv_loop_t loop;
     daemon_t d = {.loop = &loop};
     uv_loop_init(&loop);
+    pthread_mutex_init(&d.health_mu, NULL);
+    snprintf(d.health_reason, sizeof d.health_reason, "ok");
+    ts_health_init(&d.health, loop_s(&d), cfg->join_timeout_s, NULL);
     ts_net_config_t nc;
     ts_net_config_default(&nc);
     nc.max_frame = (uint32_t)cfg->max_frame_mib << 20;
@@ -254,8 +310,10 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
     nc.idle_timeout_ms = (uint32_t)cfg->idle_timeout_s * 1000;
     ts_listener_t *lst = NULL;
     int rc = ts_net_new(&d.net, &loop, id, nk, &nc);
-    if (rc == TS_OK)
+    if (rc == TS_OK) {
+        ts_net_on_handshake_failure(d.net, on_handshake_failed, &d);
         rc = ts_rpc_new(&d.rpc, d.net, NULL);
+    }
     if (rc == TS_OK)
         rc = ts_rpc_listen(d.rpc, cfg->listen, &lst, err, sizeof err);
     char listen[TS_CONFIG_ADDR_MAX + 8], advertise[TS_CONFIG_ADDR_MAX + 8];
@@ -270,6 +328,7 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
         else
             snprintf(advertise, sizeof advertise, "%s", cfg->advertise);
         gossip_config(cfg, store, listen, advertise, &gc);
+        d.health.advertise = advertise;
         rc = ts_gossip_new(&loop, d.rpc, id, nk, &gc, &d.gossip, err, sizeof err);
     }
     if (rc == TS_OK) {

@@ -64,6 +64,8 @@ struct ts_net {
     ts_net_stats_t st;
     uint8_t rbuf[READ_BUF];                     /* every connection's reads */
     uint8_t pbuf[TS_FRAME_NOISE_PLAINTEXT_MAX]; /* every connection's decrypted plaintext */
+    ts_net_handshake_fail_fn hs_fail;           /* ts_net_on_handshake_failure */
+    void *hs_fail_arg;
 };
 
 struct ts_listener {
@@ -246,11 +248,17 @@ static void conn_finish(ts_conn_t *c) {
     net->st.live--;
     if (c->accepted && !c->refused)
         net->st.live_accepted--;
-    if (!c->refused && c->h.on_close) {
-        c->why.message = c->why_msg;
-        c->why.frames_in = c->frames_in;
+    c->why.message = c->why_msg;
+    c->why.frames_in = c->frames_in;
+    /* the initiator's handshake completes when it sends message 3, before the responder checks
+     * the psk in it: a responder that closes before any frame is a failed handshake too */
+    int silent_close = !c->accepted && c->why.was_open && c->frames_in == 0 &&
+                       (c->why.reason == TS_CONN_CLOSE_EOF || c->why.reason == TS_CONN_CLOSE_IO);
+    if (!c->refused && c->why.reason != TS_CONN_CLOSE_LOCAL && (!c->why.was_open || silent_close) &&
+        net->hs_fail)
+        net->hs_fail(net->hs_fail_arg, c->addr, c->accepted, &c->why);
+    if (!c->refused && c->h.on_close)
         c->h.on_close(c, &c->why);
-    }
     sodium_memzero(c, sizeof *c);
     free(c);
 }
@@ -886,9 +894,7 @@ int ts_conn_connect(ts_net_t *net, const char *addr, const ts_conn_handler_t *h,
 
 /* ---- listening ------------------------------------------------------------------------------ */
 
-static void listener_closed(uv_handle_t *h) {
-    listener_free_if_done(h->data);
-}
+static void listener_closed(uv_handle_t *h) { listener_free_if_done(h->data); }
 
 int ts_net_listen(ts_net_t *net, const char *addr, const ts_conn_handler_t *h, void *arg,
                   ts_listener_t **out, char *err, size_t errlen) {
@@ -969,6 +975,13 @@ int ts_conn_peer_id(const ts_conn_t *c, ts_node_id_t *out) {
     *out = c->peer;
     return TS_OK;
 }
+void ts_net_on_handshake_failure(ts_net_t *net, ts_net_handshake_fail_fn fn, void *arg) {
+    if (!net)
+        return;
+    net->hs_fail = fn;
+    net->hs_fail_arg = arg;
+}
+
 const char *ts_conn_peer_addr(const ts_conn_t *c) { return c ? c->addr : ""; }
 int ts_conn_handshake_hash(const ts_conn_t *c, uint8_t out[TS_NOISE_HASHLEN]) {
     if (!c || !out || c->state != ST_OPEN)

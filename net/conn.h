@@ -158,6 +158,19 @@ void ts_net_shutdown(ts_net_t *net);
  * connections are still alive: shut down and run the loop first. NULL-safe. */
 int ts_net_free(ts_net_t *net);
 
+/* An observer of failed handshakes, for logs and health: called on the loop for every
+ * connection, either side, that closes before its handshake completed for any reason but this
+ * side's own close — a refused or failed connect, a handshake timeout, a handshake message that
+ * does not decrypt (another network key), an identity that does not verify, the peer closing
+ * mid-handshake — and for an outgoing connection the peer closed before sending a single frame
+ * (why->was_open set): the initiator's handshake completes when it sends message 3, before the
+ * responder has checked the network key in it, so that is how another key looks from here.
+ * addr is the peer's "ip:port"; accepted says which side we were. The connection's owner still
+ * gets its on_close. fn NULL removes it. */
+typedef void (*ts_net_handshake_fail_fn)(void *arg, const char *addr, int accepted,
+                                         const ts_conn_close_info_t *why);
+void ts_net_on_handshake_failure(ts_net_t *net, ts_net_handshake_fail_fn fn, void *arg);
+
 uv_loop_t *ts_net_loop(const ts_net_t *net);
 const ts_node_id_t *ts_net_node_id(const ts_net_t *net);
 const ts_net_config_t *ts_net_config(const ts_net_t *net);

@@ -100,6 +100,7 @@ typedef struct resolve {
 struct ts_gossip {
     uv_loop_t *loop;
     ts_rpc_t *rpc;
+    char health[256];       /* StatusResponse.health ("" until set: not sent) */
     ts_gossip_config_t cfg; /* bootstrap, listen, advertise point into the copies below */
     char listen[ADDR_STR], advertise[ADDR_STR];
     char **bootstrap;
@@ -1192,6 +1193,8 @@ static int status_build(ts_gossip_t *g, const Tessera__StatusRequest *req, statu
         s->resp.n_adverts = g->n_adverts;
         s->resp.adverts = s->adverts;
     }
+    if (g->health[0])
+        s->resp.health = g->health;
     int rc = status_aggregates(g, s, n);
     if (rc)
         status_scratch_free(s);
@@ -1468,6 +1471,18 @@ int ts_gossip_start(ts_gossip_t *g, char *err, size_t errlen) {
         join_seeds(g);
     pump(g);
     return TS_OK;
+}
+
+uint32_t ts_gossip_n_seeds(const ts_gossip_t *g) { return g ? (uint32_t)g->n_seeds : 0; }
+
+void ts_gossip_rejoin(ts_gossip_t *g) {
+    if (g && g->started)
+        join_seeds(g);
+}
+
+void ts_gossip_set_health(ts_gossip_t *g, const char *health) {
+    if (g)
+        snprintf(g->health, sizeof g->health, "%s", health ? health : "");
 }
 
 int ts_gossip_port(const ts_gossip_t *g) { return g && g->started ? g->self_addr.port : 0; }

@@ -90,6 +90,13 @@ int ts_gossip_start(ts_gossip_t *g, char *err, size_t errlen);
 
 /* The UDP port bound (after ts_gossip_start). */
 int ts_gossip_port(const ts_gossip_t *g);
+/* The addresses a join goes to (resolved bootstrap addresses and address-book entries); 0: this
+ * node started a network of its own. */
+uint32_t ts_gossip_n_seeds(const ts_gossip_t *g);
+/* Joins through the seeds again (a node that is alone retries). */
+void ts_gossip_rejoin(ts_gossip_t *g);
+/* The health status answers carry (StatusResponse.health): "ok" or a sentence; copied. */
+void ts_gossip_set_health(ts_gossip_t *g, const char *health);
 
 /* Announces our advert: body->version is set here (one more than the last), the body is signed
  * with our identity and its hash (BLAKE2b-256 of the AdvertBody bytes) gossiped in our claim.

@@ -4,7 +4,9 @@
 #   - kill -9 of one node: every other node declares it dead;
 #   - restarted with no bootstrap (its address book only), it rejoins, alive everywhere at a
 #     higher incarnation than the one it was declared dead at;
-#   - a node with another network key never appears in anyone's view;
+#   - a node with another network key never appears in anyone's view, and says why (a warning,
+#     /healthz 503, status "alone: …"), and the seed logs the refused handshake (rate-limited);
+#   - a node whose bootstrap does not answer is alone and says which address failed how;
 #   - a forged alive claim (a valid seal, a signature by the wrong key) and a burst of garbage,
 #     truncated and replayed datagrams change nothing, and the node counts them;
 #   - SIGTERM: the node leaves (seen as "left" by the others) and exits 0.
@@ -50,6 +52,7 @@ start() {
         echo "probe_interval_ms = 200"
         echo "probe_timeout_ms = 100"
         echo "pushpull_interval_s = 5"
+        echo "join_timeout_s = 2"
         echo "[metrics]"
         echo "listen = 127.0.0.1:0"
         echo "[log]"
@@ -119,8 +122,50 @@ wait_all "the stranger is unknown" "state('$stranger') is None and alive == $N"
 status 8 "$dir/other.key" >"$dir/s8.json" || fail "the stranger does not answer its own network"
 "$PY" -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if len(s["members"]) == 1 else 1)' \
     "$dir/s8.json" || fail "the stranger learned members of a network it has no key for"
+# ... and says why: a WARN with the likely cause, /healthz 503, status "alone: …"; the seed logs
+# the refused handshake with the stranger's address; a node of the network answers ok.
+healthz() { # healthz I: "CODE BODY" of node I's /healthz
+    port=$(sed -n 's|.*metrics on http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$dir/n$1/d.log" | head -n 1)
+    "$PY" - "$port" <<'PY'
+import sys, urllib.request, urllib.error
+try:
+    r = urllib.request.urlopen("http://127.0.0.1:%s/healthz" % sys.argv[1], timeout=10)
+    print(r.status, r.read().decode().strip())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode().strip())
+PY
+}
+k=0
+until healthz 8 | grep -q "^503 alone: .*another network key"; do
+    k=$((k + 1))
+    [ $k -lt 60 ] || fail "the stranger's /healthz: $(healthz 8)"
+    sleep 0.5
+done
+grep -q "warn  health: .*another network key" "$dir/n8/d.log" || fail "the stranger logged no warning"
+grep -q "warn  health: refused a handshake from 127.0.0.1.*another network key" "$dir/n0/d.log" ||
+    fail "the seed did not log the refused handshake"
+[ "$(grep -c "refused a handshake from" "$dir/n0/d.log")" -le 2 ] ||
+    fail "the seed's refusals are not rate-limited: $(grep -c "refused a handshake from" "$dir/n0/d.log") lines"
+status 8 "$dir/other.key" >"$dir/s8.json"
+"$PY" -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["health"].startswith("alone: ") else 1)' \
+    "$dir/s8.json" || fail "status does not show the stranger alone: $(cat "$dir/s8.json" | head -c 300)"
+[ "$(healthz 3)" = "200 ok" ] || fail "a healthy node's /healthz: $(healthz 3)"
+status 3 | "$PY" -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["health"] == "ok" else 1)' ||
+    fail "a healthy node's status health is not ok"
 kill "$(cat "$dir/pid.8")"; rm -f "$dir/pid.8"
-echo "ok: a node without the network key never appears"
+echo "ok: a node without the network key never appears, and it and the seed say why"
+
+# A node whose bootstrap does not answer: alone, and says which address failed how.
+start 9 127.0.0.1:1
+k=0
+until healthz 9 | grep -q "^503 alone: .*cannot connect to 127.0.0.1:1"; do
+    k=$((k + 1))
+    [ $k -lt 60 ] || fail "an unreachable bootstrap's /healthz: $(healthz 9)"
+    sleep 0.5
+done
+grep -q "warn  health: alone: " "$dir/n9/d.log" || fail "no 'alone' warning"
+kill "$(cat "$dir/pid.9")"; rm -f "$dir/pid.9"
+echo "ok: a node whose bootstrap does not answer is alone, and says why"
 
 # Forged and garbage datagrams at node 1.
 "$INJECT" --to "$(addr 1)" --network-key "$dir/net.key" --forge-alive --garbage 500 >"$dir/inject.txt" ||
