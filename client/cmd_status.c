@@ -24,7 +24,8 @@
  *    "aggregates": {"clusters": [{"partition_id", "cluster", "live_experts"}],
  *                   "uncovered": [{"partition_id", "cluster"}], "total_capacity",
  *                   "request_rate", "live_members"},
- *    "health": "ok" | "alone: …" | "handshakes refused: …" | null (a node that does not say)}
+ *    "health": "ok" | "alone: …" | "handshakes refused: …" | null (a node that does not say),
+ *    "metrics": "http://HOST:PORT/metrics" | null}
  *
  * Exit status 0 when the node answered, 1 when it could not be asked (refused, timed out, a
  * handshake broken off — most likely another network key — or an error answer), 2 for bad usage.
@@ -222,6 +223,7 @@ static json_t *j_status(const Tessera__StatusResponse *r, const adverts_t *ad) {
                           g ? (int)g->live_members : -1, "members", members, "adverts", adverts,
                           "load", j_load(r->load), "aggregates", agg);
     json_object_set_new(j, "health", r->health ? json_string(r->health) : json_null());
+    json_object_set_new(j, "metrics", r->metrics ? json_string(r->metrics) : json_null());
     return j;
 }
 
@@ -262,6 +264,8 @@ static void print_status(const Tessera__StatusResponse *r, const adverts_t *ad, 
            experts == 1 ? "" : "s", g ? g->n_uncovered : 0, g && g->n_uncovered == 1 ? "" : "s");
     if (r->health)
         printf("health: %s\n", r->health);
+    if (r->metrics)
+        printf("metrics: %s\n", r->metrics);
     if (r->n_members) {
         printf("\n  %-16s  %-7s  %5s  %-21s  %8s  %-5s %s\n", "MEMBER", "STATE", "INC", "ADDRESS",
                "CHANGED", "ADV", "EXPERT (partition:cluster, model, load)");

@@ -444,15 +444,33 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
         stop_all(rundir, 10, 1);
         return 1;
     }
+    /* each node's addresses, from the files it wrote at start */
+    char node_addr[MAX_NODES][300], node_metrics[MAX_NODES][300];
+    for (int i = 0; i < nodes; i++) {
+        pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
+        if (read_line(path, node_addr[i], sizeof node_addr[i]) != 0)
+            snprintf(node_addr[i], sizeof node_addr[i], "?");
+        pathf(path, "%s/node-%d/data/metrics.url", rundir, i);
+        if (read_line(path, node_metrics[i], sizeof node_metrics[i]) != 0)
+            node_metrics[i][0] = 0;
+    }
     if (json) {
         printf("{\"dir\":\"%s\",\"nodes\":%d,\"experts\":%d,\"peer\":\"%s\",\"network_key\":"
-               "\"%s/network.key\",\"seconds\":%.2f}\n",
+               "\"%s/network.key\",\"seconds\":%.2f,\"members\":[",
                rundir, nodes, k, addr0, rundir, now_s() - t0);
+        for (int i = 0; i < nodes; i++)
+            printf("%s{\"node\":%d,\"addr\":\"%s\",\"metrics\":\"%s\",\"log\":\"%s/node-%d/"
+                   "tesserad.log\"}",
+                   i ? "," : "", i, node_addr[i], node_metrics[i], rundir, i);
+        printf("]}\n");
         return 0;
     }
     run_status(addr0, rundir, "", NULL, 0);
     printf("\nThe network is up: %d node%s on 127.0.0.1, %d expert%s, converged in %.1f s.\n",
            nodes, nodes == 1 ? "" : "s", k, k == 1 ? "" : "s", now_s() - t0);
+    for (int i = 0; i < nodes; i++)
+        printf("  node %-2d    %s  metrics %s  log %s/node-%d/tesserad.log\n", i, node_addr[i],
+               node_metrics[i][0] ? node_metrics[i] : "(off)", rundir, i);
     printf("  status:    tessera status --peer %s --network-key %s/network.key\n", addr0, rundir);
     printf("  generate:  tessera generate --peer %s --network-key %s/network.key --n 16 "
            "--out grid.png\n",

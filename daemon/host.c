@@ -39,8 +39,8 @@ struct ts_host {
     uv_timer_t timer;
     uint64_t seen_snapshots;
     int64_t seen_ckpt;
-    ts_serve_stats_t base;         /* the counters of the servers retired so far */
-    ts_serve_stats_t retiring_st;  /* the retiring server's, read before it is freed */
+    ts_serve_stats_t base;        /* the counters of the servers retired so far */
+    ts_serve_stats_t retiring_st; /* the retiring server's, read before it is freed */
     ts_serve_load_t advertised;
     uint64_t since_advert_ms;
     int stopping, closed_handles;
@@ -229,8 +229,9 @@ static void on_train(uv_async_t *a) {
         h->job = NULL;
         serve_weights(h, &p.weights);
     } else if (p.state == TS_TRAIN_FAILED) {
-        ts_log_error("train", "the training job failed: %s (the last checkpoint is intact; a "
-                              "restart resumes from it)",
+        ts_log_error("train",
+                     "the training job failed: %s (the last checkpoint is intact; a "
+                     "restart resumes from it)",
                      p.message);
         ts_train_job_stop(h->job, 0);
         ts_train_job_free(h->job);
@@ -368,12 +369,8 @@ void ts_host_metrics(ts_host_t *h) {
     {
         ts_serve_load_t l;
         current_load(h, &l);
-        uint64_t errors = 0;
-        for (int o = TS_SERVE_INVALID; o < TS_SERVE_OUTCOMES; o++)
-            errors += st.answered[o];
-        /* the retired servers' counts plus the current one's: never going down */
-        ts_metrics_counter_set(m, TS_M_REQUESTS, "denoise", st.requests);
-        ts_metrics_counter_set(m, TS_M_REQUEST_ERRORS, "denoise", errors);
+        /* the retired servers' counts plus the current one's: never going down (requests and
+         * errors by type are counted for every RPC by net/rpc, in main.c) */
         ts_metrics_counter_set(m, TS_M_BUSY, NULL, st.answered[TS_SERVE_BUSY]);
         ts_metrics_counter_set(m, TS_M_DEADLINE_DROPS, NULL, st.answered[TS_SERVE_DEADLINE]);
         ts_metrics_counter_set(m, TS_M_DENOISE_STEPS, NULL, st.batches);
@@ -399,8 +396,9 @@ void ts_host_stop(ts_host_t *h, void (*done)(void *arg), void *arg) {
     h->done_arg = arg;
     if (h->job) {
         if (ts_train_job_stop(h->job, STOP_TRAIN_MS) != TS_OK)
-            ts_log_warn("train", "the training step did not end within %d s; the last "
-                                 "checkpoint is intact",
+            ts_log_warn("train",
+                        "the training step did not end within %d s; the last "
+                        "checkpoint is intact",
                         STOP_TRAIN_MS / 1000);
         else
             ts_log_info("train", "stopped; checkpointed in the store");

@@ -160,6 +160,33 @@ static void on_stats(uv_timer_t *t) {
     ts_net_stats_t ns;
     ts_net_stats(d->net, &ns);
     ts_metrics_gauge_set(d->metrics, TS_M_CONNECTIONS, NULL, (double)ns.live);
+    ts_metrics_counter_set(d->metrics, TS_M_NET_RECEIVED_BYTES, "tcp", ns.bytes_in);
+    ts_metrics_counter_set(d->metrics, TS_M_NET_SENT_BYTES, "tcp", ns.bytes_out);
+    ts_metrics_counter_set(d->metrics, TS_M_CONN_REFUSED, NULL, ns.refused_limit);
+    for (int r = 0; r < TS_CONN_CLOSE_REASONS; r++)
+        ts_metrics_counter_set(d->metrics, TS_M_CONN_CLOSES,
+                               ts_conn_close_reason_name((ts_conn_close_reason_t)r), ns.closed[r]);
+    /* requests by type, for every RPC this node serves */
+    static const struct {
+        Tessera__Envelope__BodyCase k;
+        const char *type;
+    } kinds[] = {{TESSERA__ENVELOPE__BODY_DENOISE_REQUEST, "denoise"},
+                 {TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST_REQUEST, "manifest"},
+                 {TESSERA__ENVELOPE__BODY_CHUNK_REQUEST, "chunk"},
+                 {TESSERA__ENVELOPE__BODY_STATUS_REQUEST, "status"},
+                 {TESSERA__ENVELOPE__BODY_ADVERT_REQUEST, "advert"},
+                 {TESSERA__ENVELOPE__BODY_PUSH_PULL, "push_pull"},
+                 {TESSERA__ENVELOPE__BODY_PING, "ping"}};
+    ts_rpc_stats_t rs;
+    ts_rpc_stats(d->rpc, &rs);
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        ts_metrics_counter_set(d->metrics, TS_M_REQUESTS, kinds[i].type, rs.requests[kinds[i].k]);
+        ts_metrics_counter_set(d->metrics, TS_M_REQUEST_ERRORS, kinds[i].type,
+                               rs.errors[kinds[i].k]);
+        ts_metrics_counter_set(d->metrics, TS_M_REQUESTS_BUSY, kinds[i].type, rs.busy[kinds[i].k]);
+    }
+    ts_metrics_counter_set(d->metrics, TS_M_REQUESTS, "malformed", rs.malformed);
+    ts_metrics_counter_set(d->metrics, TS_M_REQUEST_ERRORS, "malformed", rs.malformed);
     static const ts_conn_close_reason_t hs[] = {TS_CONN_CLOSE_HANDSHAKE_TIMEOUT,
                                                 TS_CONN_CLOSE_HANDSHAKE, TS_CONN_CLOSE_IDENTITY};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
@@ -249,9 +276,11 @@ static void with_port(const char *addr, int port, char *out, size_t len) {
 
 /* Writes the address the daemon listens on to DATA_DIR/listen.addr (for scripts and `tessera
  * up`, when the port was picked by the system), replacing the file atomically. */
-static void write_listen_addr(const char *data_dir, const char *addr) {
+/* DATA_DIR/NAME holds addr and a newline (written atomically): the listen address, the metrics
+ * URL, for scripts and `tessera up`. */
+static void write_addr_file(const char *data_dir, const char *name, const char *addr) {
     char path[TS_CONFIG_PATH_MAX + 32], tmp[TS_CONFIG_PATH_MAX + 48];
-    snprintf(path, sizeof path, "%s/listen.addr", data_dir);
+    snprintf(path, sizeof path, "%s/%s", data_dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f || fprintf(f, "%s\n", addr) < 0 || fclose(f) != 0 || rename(tmp, path) != 0)
@@ -316,7 +345,7 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
     }
     if (rc == TS_OK)
         rc = ts_rpc_listen(d.rpc, cfg->listen, &lst, err, sizeof err);
-    char listen[TS_CONFIG_ADDR_MAX + 8], advertise[TS_CONFIG_ADDR_MAX + 8];
+    char listen[TS_CONFIG_ADDR_MAX + 8], advertise[TS_CONFIG_ADDR_MAX + 8], metrics_url[320] = "";
     ts_gossip_config_t gc;
     if (rc == TS_OK) {
         /* Port 0: the system picked one; gossip's UDP socket takes the same, and so does an
@@ -340,10 +369,13 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
     if (rc == TS_OK && cfg->metrics_listen[0]) {
         rc = ts_metrics_http_start(&d.http, d.metrics, cfg->metrics_listen, health, &d, err,
                                    sizeof err);
-        if (rc == TS_OK)
-            ts_log_info("daemon", "metrics on http://%.*s:%d/metrics",
-                        (int)(strrchr(cfg->metrics_listen, ':') - cfg->metrics_listen),
-                        cfg->metrics_listen, ts_metrics_http_port(d.http));
+        if (rc == TS_OK) {
+            snprintf(metrics_url, sizeof metrics_url, "http://%.*s:%d/metrics",
+                     (int)(strrchr(cfg->metrics_listen, ':') - cfg->metrics_listen),
+                     cfg->metrics_listen, ts_metrics_http_port(d.http));
+            ts_gossip_set_metrics_url(d.gossip, metrics_url);
+            ts_log_info("daemon", "metrics on %s", metrics_url);
+        }
     }
     if (rc == TS_OK) {
         ts_host_env_t env = {.loop = &loop,
@@ -369,7 +401,9 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
         free_all(&d);
         return 1;
     }
-    write_listen_addr(cfg->data_dir, listen);
+    write_addr_file(cfg->data_dir, "listen.addr", listen);
+    if (metrics_url[0])
+        write_addr_file(cfg->data_dir, "metrics.url", metrics_url);
     uv_timer_init(&loop, &d.stats_timer);
     d.stats_timer.data = &d;
     uv_timer_start(&d.stats_timer, on_stats, 0, 1000);

@@ -621,7 +621,9 @@ int ts_metrics_write(ts_metrics_t *m, char **out, size_t *len) {
 /* ---- the daemon's metrics ------------------------------------------------------------------- */
 
 /* clang-format off */
-static const char *const REQUEST_TYPES[] = {"denoise", "manifest", "chunk", "status", "advert", "push_pull", "ping", NULL};
+static const char *const REQUEST_TYPES[] = {"denoise", "manifest", "chunk", "status", "advert", "push_pull", "ping", "malformed", NULL};
+/* every ts_conn_close_reason_t, as ts_conn_close_reason_name spells it */
+static const char *const CLOSE_REASONS[] = {"local", "eof", "io", "handshake-timeout", "idle-timeout", "handshake", "identity", "decrypt", "framing", "protocol", "nomem", NULL};
 static const char *const MEMBER_STATES[] = {"alive", "suspect", "dead", "left", NULL};
 static const char *const TRANSPORTS[] = {"tcp", "udp", NULL};
 /* the handshake's close reasons, as ts_conn_close_reason_name spells them */
@@ -639,8 +641,11 @@ static const ts_metric_spec_t DAEMON_METRICS[TS_M_COUNT] = {
     [TS_M_BUILD_INFO] = {"tessera_build_info", "The tesserad version running (the value is always 1).", G, "version", NULL, NULL, 0},
     [TS_M_START_TIME] = {"process_start_time_seconds", "Start time of the process since the Unix epoch in seconds.", G, NULL, NULL, NULL, 0},
     [TS_M_RESIDENT_MEMORY] = {"process_resident_memory_bytes", "Resident memory size in bytes (/proc/self/statm).", G, NULL, NULL, NULL, 0},
-    [TS_M_REQUESTS] = {"tessera_requests_total", "Requests received, by type.", C, "type", REQUEST_TYPES, NULL, 0},
+    [TS_M_REQUESTS] = {"tessera_requests_total", "Requests received, by type, answered or refused.", C, "type", REQUEST_TYPES, NULL, 0},
     [TS_M_REQUEST_ERRORS] = {"tessera_request_errors_total", "Requests answered with an Error envelope, by type.", C, "type", REQUEST_TYPES, NULL, 0},
+    [TS_M_REQUESTS_BUSY] = {"tessera_requests_busy_total", "Requests answered Busy, by type (a full queue, or a connection over its limits).", C, "type", REQUEST_TYPES, NULL, 0},
+    [TS_M_CONN_CLOSES] = {"tessera_connection_closes_total", "TCP connections closed, by reason.", C, "reason", CLOSE_REASONS, NULL, 0},
+    [TS_M_CONN_REFUSED] = {"tessera_connections_refused_total", "Accepted TCP connections closed at once by the connection limits.", C, NULL, NULL, NULL, 0},
     [TS_M_BUSY] = {"tessera_busy_total", "Denoising requests refused with Busy because the queue was full.", C, NULL, NULL, NULL, 0},
     [TS_M_DEADLINE_DROPS] = {"tessera_deadline_dropped_total", "Denoising requests dropped before compute because their deadline had passed.", C, NULL, NULL, NULL, 0},
     [TS_M_QUEUE_DEPTH] = {"tessera_queue_depth", "Denoising requests waiting for the compute thread.", G, NULL, NULL, NULL, 0},

@@ -128,6 +128,9 @@ typedef enum {
     TS_M_NET_SENT_BYTES,     /* tessera_net_sent_bytes_total{transport} */
     TS_M_HANDSHAKE_FAILURES, /* tessera_handshake_failures_total{reason} */
     TS_M_CONNECTIONS,        /* tessera_connections: open TCP connections */
+    TS_M_REQUESTS_BUSY,      /* tessera_requests_busy_total{type}: answered Busy */
+    TS_M_CONN_CLOSES,        /* tessera_connection_closes_total{reason} */
+    TS_M_CONN_REFUSED,       /* tessera_connections_refused_total: over the connection limits */
     TS_M_COUNT
 } ts_metric_id_t;
 

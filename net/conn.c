@@ -379,6 +379,8 @@ static int conn_write(ts_conn_t *c, wreq_t *w) {
     w->c = c;
     uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)w->len);
     int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
+    if (rc == 0)
+        c->net->st.bytes_out += w->len;
     if (rc < 0) {
         free(w);
         conn_fail(c, TS_CONN_CLOSE_IO, TS_EIO, "writing to %s failed: %s", c->addr,
@@ -635,6 +637,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     }
     const uint8_t *in = (const uint8_t *)buf->base;
     size_t len = (size_t)nread, pos = 0;
+    c->net->st.bytes_in += len;
     while (pos < len && (c->state == ST_HANDSHAKE || c->state == ST_OPEN)) {
         const uint8_t *msg;
         size_t used = 0, mlen = 0;

@@ -138,6 +138,7 @@ typedef struct ts_net_stats {
     uint64_t opened;        /* handshakes completed, either side */
     uint64_t closed[TS_CONN_CLOSE_REASONS]; /* by reason, of the connections on_close saw */
     uint64_t frames_in, frames_out;
+    uint64_t bytes_in, bytes_out; /* TCP bytes read and handed to the socket, handshakes included */
     uint64_t read_pauses;    /* times a connection stopped reading over write_high_water */
     size_t write_queue_peak; /* the most bytes ever queued on one connection */
     uint32_t live;           /* connections not yet freed, either side */

@@ -101,6 +101,7 @@ struct ts_gossip {
     uv_loop_t *loop;
     ts_rpc_t *rpc;
     char health[256];       /* StatusResponse.health ("" until set: not sent) */
+    char metrics_url[128];  /* StatusResponse.metrics ("": not sent) */
     ts_gossip_config_t cfg; /* bootstrap, listen, advertise point into the copies below */
     char listen[ADDR_STR], advertise[ADDR_STR];
     char **bootstrap;
@@ -1195,6 +1196,8 @@ static int status_build(ts_gossip_t *g, const Tessera__StatusRequest *req, statu
     }
     if (g->health[0])
         s->resp.health = g->health;
+    if (g->metrics_url[0])
+        s->resp.metrics = g->metrics_url;
     int rc = status_aggregates(g, s, n);
     if (rc)
         status_scratch_free(s);
@@ -1483,6 +1486,11 @@ void ts_gossip_rejoin(ts_gossip_t *g) {
 void ts_gossip_set_health(ts_gossip_t *g, const char *health) {
     if (g)
         snprintf(g->health, sizeof g->health, "%s", health ? health : "");
+}
+
+void ts_gossip_set_metrics_url(ts_gossip_t *g, const char *url) {
+    if (g)
+        snprintf(g->metrics_url, sizeof g->metrics_url, "%s", url ? url : "");
 }
 
 int ts_gossip_port(const ts_gossip_t *g) { return g && g->started ? g->self_addr.port : 0; }

@@ -97,6 +97,8 @@ uint32_t ts_gossip_n_seeds(const ts_gossip_t *g);
 void ts_gossip_rejoin(ts_gossip_t *g);
 /* The health status answers carry (StatusResponse.health): "ok" or a sentence; copied. */
 void ts_gossip_set_health(ts_gossip_t *g, const char *health);
+/* The /metrics URL status answers carry (StatusResponse.metrics); copied; NULL or "": none. */
+void ts_gossip_set_metrics_url(ts_gossip_t *g, const char *url);
 
 /* Announces our advert: body->version is set here (one more than the last), the body is signed
  * with our identity and its hash (BLAKE2b-256 of the AdvertBody bytes) gossiped in our claim.

@@ -48,6 +48,7 @@ struct ts_rpc {
     int timer_open;
     int closing;
     unsigned sessions, peer_timers; /* still alive: ts_rpc_free waits for them */
+    ts_rpc_stats_t st;
 };
 
 typedef enum { PEER_IDLE, PEER_CONNECTING, PEER_OPEN, PEER_BACKOFF } peer_state_t;
@@ -430,7 +431,10 @@ static void request_free(ts_rpc_request_t *r) {
 static void on_request(session_t *s, const Tessera__Envelope *env) {
     ts_rpc_t *rpc = s->rpc;
     uint64_t id = env->request_id;
+    int k = env->body_case; /* a request kind: below TS_RPC_KINDS */
+    rpc->st.requests[k]++;
     if (s->n_in >= rpc->cfg.max_pending_in || ts_conn_congested(s->conn)) {
+        rpc->st.busy[k]++;
         send_busy(s, id, rpc->cfg.busy_retry_ms);
         return;
     }
@@ -439,11 +443,13 @@ static void on_request(session_t *s, const Tessera__Envelope *env) {
         char msg[128];
         snprintf(msg, sizeof msg, "this node does not serve %s",
                  ts_frame_body_name(env->body_case));
+        rpc->st.errors[k]++;
         send_error(s, id, TESSERA__ERROR_CODE__ERROR_UNSUPPORTED, msg);
         return;
     }
     ts_rpc_request_t *r = calloc(1, sizeof *r);
     if (!r) {
+        rpc->st.errors[k]++;
         send_error(s, id, TESSERA__ERROR_CODE__ERROR_INTERNAL, "out of memory");
         return;
     }
@@ -535,6 +541,12 @@ static void conn_frame(ts_conn_t *c, const uint8_t *data, size_t len) {
          * of a kind we do not know). */
         int request = peers_id && (is_request_kind(env->body_case) ||
                                    env->body_case == TESSERA__ENVELOPE__BODY__NOT_SET);
+        if (request && env->body_case > 0 && env->body_case < TS_RPC_KINDS) {
+            s->rpc->st.requests[env->body_case]++;
+            s->rpc->st.errors[env->body_case]++;
+        } else if (request) {
+            s->rpc->st.malformed++;
+        }
         if (request)
             send_error(s, id,
                        rc == TS_ENOTSUP ? TESSERA__ERROR_CODE__ERROR_UNSUPPORTED
@@ -842,6 +854,7 @@ int ts_rpc_reply(ts_rpc_request_t *req, Tessera__Envelope *resp) {
         char msg[320];
         snprintf(msg, sizeof msg, "the server built an invalid answer: %s", err);
         send_error(s, req->id, TESSERA__ERROR_CODE__ERROR_INTERNAL, msg);
+        s->rpc->st.errors[req->kind]++;
         rc = TS_EINVAL;
     }
     request_free(req);
@@ -860,6 +873,7 @@ int ts_rpc_reply_error(ts_rpc_request_t *req, Tessera__ErrorCode code, const cha
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
     }
+    req->sess->rpc->st.errors[req->kind]++;
     int rc = send_error(req->sess, req->id, code, msg);
     request_free(req);
     return rc;
@@ -870,9 +884,15 @@ int ts_rpc_reply_busy(ts_rpc_request_t *req, uint32_t retry_after_ms) {
         return TS_EINVAL;
     if (!req->sess)
         return request_detached(req);
+    req->sess->rpc->st.busy[req->kind]++;
     int rc = send_busy(req->sess, req->id, retry_after_ms);
     request_free(req);
     return rc;
+}
+
+void ts_rpc_stats(const ts_rpc_t *rpc, ts_rpc_stats_t *out) {
+    if (rpc && out)
+        *out = rpc->st;
 }
 
 void ts_rpc_request_on_cancel(ts_rpc_request_t *req, void (*fn)(ts_rpc_request_t *, void *),

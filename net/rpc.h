@@ -70,6 +70,18 @@ typedef struct ts_rpc_config {
 } ts_rpc_config_t;
 
 void ts_rpc_config_default(ts_rpc_config_t *cfg);
+/* What this endpoint was asked, over its life (incoming requests only), indexed by the request's
+ * Tessera__Envelope__BodyCase: every request received (answered or refused), and of them those
+ * answered Busy (by this layer over its limits, or by the handler) and those answered with an
+ * Error (an unsupported kind, a broken rule, the handler's own). malformed counts requests whose
+ * envelope broke a rule before its kind could be trusted (answered with an Error too). */
+#define TS_RPC_KINDS (TESSERA__ENVELOPE__BODY_CANCEL + 1)
+typedef struct ts_rpc_stats {
+    uint64_t requests[TS_RPC_KINDS], busy[TS_RPC_KINDS], errors[TS_RPC_KINDS];
+    uint64_t malformed;
+} ts_rpc_stats_t;
+void ts_rpc_stats(const ts_rpc_t *rpc, ts_rpc_stats_t *out);
+
 /* Sets cfg.fail_fast of a running endpoint (see above). */
 void ts_rpc_set_fail_fast(ts_rpc_t *rpc, int on);
 

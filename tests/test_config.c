@@ -286,6 +286,43 @@ static void test_addr_check(void **state) {
     assert_int_equal(ts_addr_valid("[::1:7420", 9, 0), 0);
 }
 
+/* docs/protocol.md §3.5 states tesserad's limits and timeouts as `[section] key = default`; each
+ * must be the table's default (the daemon's), so the document cannot drift from the code. And
+ * the numbers in the prose next to them: seconds for the millisecond key, the counts. */
+static void test_protocol_md_limits(void **state) {
+    (void)state;
+    char *doc = slurp(TS_PROTOCOL_MD);
+    assert_non_null(doc);
+    static const char *const keys[][2] = {{"limits", "handshake_timeout_ms"},
+                                          {"limits", "idle_timeout_s"},
+                                          {"limits", "max_connections"},
+                                          {"limits", "max_connections_per_ip"}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const ts_config_key_info_t *k = NULL;
+        for (int j = 0; ts_daemon_config_key(j); j++)
+            if (strcmp(ts_daemon_config_key(j)->section, keys[i][0]) == 0 &&
+                strcmp(ts_daemon_config_key(j)->key, keys[i][1]) == 0)
+                k = ts_daemon_config_key(j);
+        assert_non_null(k);
+        char want[160];
+        snprintf(want, sizeof want, "`[%s] %s = %s`", k->section, k->key, k->deflt);
+        if (!strstr(doc, want))
+            fail_msg("docs/protocol.md does not state %s (the daemon's default)", want);
+        char prose[96];
+        if (strcmp(k->key, "handshake_timeout_ms") == 0)
+            snprintf(prose, sizeof prose, "not open %d s after", atoi(k->deflt) / 1000);
+        else if (strcmp(k->key, "idle_timeout_s") == 0)
+            snprintf(prose, sizeof prose, "received for %s s", k->deflt);
+        else if (strcmp(k->key, "max_connections") == 0)
+            snprintf(prose, sizeof prose, "at most %s connections at once", k->deflt);
+        else
+            snprintf(prose, sizeof prose, "and %s from one IP address", k->deflt);
+        if (!strstr(doc, prose))
+            fail_msg("docs/protocol.md's prose does not say '%s'", prose);
+    }
+    free(doc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_example_is_valid_and_complete),
@@ -293,6 +330,7 @@ int main(void) {
         cmocka_unit_test(test_values),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_addr_check),
+        cmocka_unit_test(test_protocol_md_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

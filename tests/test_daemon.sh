@@ -71,18 +71,30 @@ echo "ok: 16 concurrent clients each get exactly their --local image"
 mport=$(sed -n 's|.*metrics on http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$dir/net/node-0/tesserad.log" | head -n 1)
 [ -n "$mport" ] || fail "node 0 logged no metrics address"
 sleep 1.5 # the registry is refreshed every second
-"$PY" - "$mport" <<'PY' || fail "/metrics does not count the denoise requests served"
+"$T" ping "$peer" --network-key "$dir/net/network.key" --count 2 >/dev/null 2>&1 || fail "tessera ping"
+sleep 1.5 # the registry is refreshed every second
+"$PY" - "$mport" <<'PY' || fail "/metrics does not count what node 0 did"
 import sys, urllib.request
 body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()
 def value(prefix):
     v = [float(l.split()[-1]) for l in body.splitlines() if l.startswith(prefix)]
     return v[0] if v else 0.0
-ok = (value('tessera_requests_total{type="denoise"}') > 0 and value("tessera_batch_size_count") > 0
-      and value("tessera_queue_wait_seconds_count") > 0 and value("tessera_compute_seconds_sum") > 0
-      and value('tessera_gossip_members{state="alive"}') == 4)
-sys.exit(0 if ok else 1)
+want = {  # every RPC the clients and the other nodes made of node 0, and the TCP traffic
+    'tessera_requests_total{type="denoise"}': 1, 'tessera_requests_total{type="status"}': 16,
+    'tessera_requests_total{type="manifest"}': 1, 'tessera_requests_total{type="chunk"}': 1,
+    'tessera_requests_total{type="ping"}': 2, 'tessera_requests_total{type="push_pull"}': 1,
+    'tessera_net_received_bytes_total{transport="tcp"}': 1e5,
+    'tessera_net_sent_bytes_total{transport="tcp"}': 1e6,
+    'tessera_connection_closes_total{reason="eof"}': 16,
+    "tessera_batch_size_count": 1, "tessera_queue_wait_seconds_count": 1,
+    "tessera_compute_seconds_sum": 1e-9}
+bad = ["%s = %g (want >= %g)" % (k, value(k), w) for k, w in want.items() if value(k) < w]
+if value('tessera_gossip_members{state="alive"}') != 4:
+    bad.append("alive members %g" % value('tessera_gossip_members{state="alive"}'))
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
 PY
-echo "ok: /metrics counts the requests served, their batches, queue waits and compute, and the members"
+echo "ok: /metrics counts every RPC by type, TCP bytes, closes by reason, batches, waits, compute, members"
 
 # ---- SIGTERM in the middle of a generation ----
 LONG="--n 32 --steps 16 --sampler heun --cfg 1.5 --seed 9 --policy uniform --select full"

@@ -75,6 +75,15 @@ netgen() {
 # A: 4 nodes, 2 clusters: 2 replicas each.
 "$T" up --nodes 4 --experts "$F" --dir "$dir/netA" --json >"$dir/netA.json" 2>"$dir/err-up.txt" ||
     fail "tessera up"
+# up --json names each node's metrics URL; the node's status says the same
+m0=$(json_get "$dir/netA.json" "j['members'][0]['metrics']")
+case "$m0" in http://127.0.0.1:*/metrics) ;; *) fail "up --json: node 0's metrics: '$m0'" ;; esac
+"$T" status --peer "$(peer_of netA)" --network-key "$dir/netA/network.key" --json >"$dir/stA.json" ||
+    fail "status"
+[ "$(json_get "$dir/stA.json" "j['metrics']")" = "$m0" ] &&
+    [ "$(json_get "$dir/stA.json" "j['health']")" = ok ] ||
+    fail "status: metrics or health: $(head -c 300 "$dir/stA.json")"
+echo "ok: up and status name each node's metrics URL; status says the node is healthy"
 netgen same netA $GEN --out "$dir/net.png" || fail "generate --peer"
 cmp -s "$dir/net.png" "$dir/local.png" || fail "the network's image differs from --local's"
 [ "$(json_get "$dir/same.json" "j['network']['degraded_evaluations']")" = 0 ] ||
