@@ -67,8 +67,9 @@ static const key_spec_t KEYS[] = {
     {{"gossip", "pushpull_interval_s", "integer", "30", "full state exchange with one random member over TCP (scaled up for large N); 0 = off"}, K_INT, OFF(pushpull_interval_s), 0, 86400},
     {{"gossip", "join_timeout_s", "integer", "15", "a node with bootstrap addresses that has no peer this long after start warns, answers /healthz 503 (alone) and joins again at this interval"}, K_INT, OFF(join_timeout_s), 1, 3600},
     {{"limits", "max_frame_mib", "integer", "64", "largest application frame accepted, MiB (checked before allocating)"}, K_INT, OFF(max_frame_mib), 1, 1024},
-    {{"limits", "max_connections", "integer", "256", "open TCP connections at most, in total"}, K_INT, OFF(max_connections), 1, 65536},
-    {{"limits", "max_connections_per_ip", "integer", "8", "open TCP connections at most from one remote address"}, K_INT, OFF(max_connections_per_ip), 1, 65536},
+    {{"limits", "max_partial_frames_mib", "integer", "1024", "buffer memory of partly received frames, all connections together, MiB; the connection whose frame would go over it is closed"}, K_INT, OFF(max_partial_frames_mib), 1, 1048576},
+    {{"limits", "max_connections", "integer", "256", "open TCP connections at most, in total; at the limit the oldest connection still in its handshake makes room"}, K_INT, OFF(max_connections), 1, 65536},
+    {{"limits", "max_connections_per_ip", "integer", "8", "open TCP connections at most from one remote address; at the limit that address's oldest connection still in its handshake makes room"}, K_INT, OFF(max_connections_per_ip), 1, 65536},
     {{"limits", "handshake_timeout_ms", "integer", "5000", "a connection that has not finished its handshake by then is dropped"}, K_INT, OFF(handshake_timeout_ms), 100, 600000},
     {{"limits", "idle_timeout_s", "integer", "120", "a connection with no traffic for this long is closed"}, K_INT, OFF(idle_timeout_s), 1, 86400},
     {{"serve", "max_batch", "integer", "16", "forward rows per batch, and the most one request may take (a guided sample takes 2)"}, K_INT, OFF(serve_max_batch), 1, 4096},
@@ -112,6 +113,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->pushpull_interval_s = 30;
     c->join_timeout_s = 15;
     c->max_frame_mib = 64;
+    c->max_partial_frames_mib = 1024;
     c->max_connections = 256;
     c->max_connections_per_ip = 8;
     c->handshake_timeout_ms = 5000;

@@ -59,6 +59,7 @@ typedef struct ts_daemon_config {
     int join_timeout_s; /* alone this long with seeds: warn, /healthz 503, join again */
     /* [limits] */
     int max_frame_mib, max_connections, max_connections_per_ip;
+    int max_partial_frames_mib; /* net/conn.h max_partial_bytes, MiB */
     int handshake_timeout_ms, idle_timeout_s;
     /* [serve] */
     int serve_max_batch, serve_max_wait_ms, serve_max_queue, serve_compute_threads;

@@ -38,6 +38,12 @@ void ts_health_explain(const char *addr, int accepted, const ts_conn_close_info_
                      "half-open connection, or a very slow link)",
                      addr);
             return;
+        case TS_CONN_CLOSE_EVICTED:
+            snprintf(out, len,
+                     "closed a half-open connection from %s to admit a newer one: the connection "
+                     "limit was reached (many half-open connections: a scanner or a flood?)",
+                     addr);
+            return;
         default:
             snprintf(out, len, "a handshake from %s failed (%s): %s", addr,
                      ts_conn_close_reason_name(why->reason), m);
@@ -130,8 +136,10 @@ int ts_health_handshake_failed(ts_health_t *h, double now, const char *addr, int
         h->out_refusals = key_like(why) ? h->out_refusals + 1 : 0;
     }
     /* a handshake that timed out on an accepted connection is routine noise: INFO */
-    *level = accepted && why->reason == TS_CONN_CLOSE_HANDSHAKE_TIMEOUT ? TS_HEALTH_INFO
-                                                                        : TS_HEALTH_WARN;
+    *level = accepted && (why->reason == TS_CONN_CLOSE_HANDSHAKE_TIMEOUT ||
+                          why->reason == TS_CONN_CLOSE_EVICTED)
+                 ? TS_HEALTH_INFO
+                 : TS_HEALTH_WARN;
     if (!may_log(h, now, addr)) {
         h->suppressed++;
         return 0;

@@ -335,6 +335,7 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
     nc.max_frame = (uint32_t)cfg->max_frame_mib << 20;
     nc.max_conns = (uint32_t)cfg->max_connections;
     nc.max_conns_per_addr = (uint32_t)cfg->max_connections_per_ip;
+    nc.max_partial_bytes = (size_t)cfg->max_partial_frames_mib << 20;
     nc.handshake_timeout_ms = (uint32_t)cfg->handshake_timeout_ms;
     nc.idle_timeout_ms = (uint32_t)cfg->idle_timeout_s * 1000;
     ts_listener_t *lst = NULL;

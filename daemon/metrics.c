@@ -623,7 +623,7 @@ int ts_metrics_write(ts_metrics_t *m, char **out, size_t *len) {
 /* clang-format off */
 static const char *const REQUEST_TYPES[] = {"denoise", "manifest", "chunk", "status", "advert", "push_pull", "ping", "malformed", NULL};
 /* every ts_conn_close_reason_t, as ts_conn_close_reason_name spells it */
-static const char *const CLOSE_REASONS[] = {"local", "eof", "io", "handshake-timeout", "idle-timeout", "handshake", "identity", "decrypt", "framing", "protocol", "nomem", NULL};
+static const char *const CLOSE_REASONS[] = {"local", "eof", "io", "handshake-timeout", "idle-timeout", "handshake", "identity", "decrypt", "framing", "protocol", "nomem", "evicted", "budget", NULL};
 static const char *const MEMBER_STATES[] = {"alive", "suspect", "dead", "left", NULL};
 static const char *const TRANSPORTS[] = {"tcp", "udp", NULL};
 /* the handshake's close reasons, as ts_conn_close_reason_name spells them */

@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "kernels/error.h"
 #include "net/frame.h"
@@ -96,7 +97,8 @@ struct ts_conn {
     int handles_open; /* tcp and timer, until their close callbacks */
     conn_state_t state;
     uint8_t initiator, accepted, refused, paused, has_peer;
-    uint8_t hs_step; /* handshake messages processed so far */
+    size_t partial_held; /* app_rd.cap as counted in net->st.partial_bytes */
+    uint8_t hs_step;     /* handshake messages processed so far */
     ts_noise_handshake_t hs;
     ts_noise_transport_t tr;
     ts_frame_reader_t noise_rd, app_rd;
@@ -105,6 +107,8 @@ struct ts_conn {
     char ip[48];   /* its IP alone, for max_conns_per_addr */
     size_t queued, pending;
     uint64_t last_activity; /* uv_now of the last frame in or out */
+    uint64_t born;          /* uv_now when it was accepted or started */
+    uint64_t bytes_in;      /* bytes read from its socket */
     uint64_t frames_in;
     ts_conn_close_info_t why;
     char why_msg[320];
@@ -132,12 +136,14 @@ void ts_net_config_default(ts_net_config_t *cfg) {
     cfg->write_high_water = (size_t)4 << 20;
     cfg->max_conns = 1024;
     cfg->max_conns_per_addr = 32;
+    cfg->max_partial_bytes = (size_t)1 << 30;
 }
 
 const char *ts_conn_close_reason_name(ts_conn_close_reason_t r) {
     static const char *const names[TS_CONN_CLOSE_REASONS] = {
-        "local",    "eof",     "io",      "handshake-timeout", "idle-timeout", "handshake",
-        "identity", "decrypt", "framing", "protocol",          "nomem"};
+        "local",     "eof",      "io",      "handshake-timeout", "idle-timeout",
+        "handshake", "identity", "decrypt", "framing",           "protocol",
+        "nomem",     "evicted",  "budget"};
     return (unsigned)r < TS_CONN_CLOSE_REASONS ? names[r] : "unknown";
 }
 
@@ -245,6 +251,7 @@ static void conn_finish(ts_conn_t *c) {
     ts_list_remove(&c->node);
     ts_frame_reader_free(&c->noise_rd);
     ts_frame_reader_free(&c->app_rd);
+    net->st.partial_bytes -= c->partial_held;
     net->st.live--;
     if (c->accepted && !c->refused)
         net->st.live_accepted--;
@@ -586,6 +593,21 @@ static void deliver_frame(ts_conn_t *c, const uint8_t *frame, size_t len) {
         c->h.on_frame(c, frame, len);
 }
 
+/* The app reader's buffer into the node-wide account of partly received frames; closes c when
+ * a frame under way would take the account over max_partial_bytes. */
+static void account_partial(ts_conn_t *c) {
+    ts_net_t *net = c->net;
+    size_t now = c->app_rd.cap;
+    net->st.partial_bytes = net->st.partial_bytes - c->partial_held + now;
+    c->partial_held = now;
+    if (net->cfg.max_partial_bytes && net->st.partial_bytes > net->cfg.max_partial_bytes &&
+        c->app_rd.hdr_have == c->app_rd.hdr_size && c->app_rd.have < c->app_rd.len)
+        conn_fail(c, TS_CONN_CLOSE_BUDGET, TS_ERANGE,
+                  "%s sends a frame of %u bytes while the node already holds %zu bytes of "
+                  "partly received frames (limit %zu): refused",
+                  c->addr, c->app_rd.len, net->st.partial_bytes, net->cfg.max_partial_bytes);
+}
+
 /* One transport message: decrypt, then deliver the frames its plaintext completes. */
 static void transport_message(ts_conn_t *c, const uint8_t *msg, size_t len) {
     ts_net_t *net = c->net;
@@ -606,6 +628,8 @@ static void transport_message(ts_conn_t *c, const uint8_t *msg, size_t len) {
         ts_frame_reader_commit(&c->app_rd, plen, &frame, &flen);
         if (frame)
             deliver_frame(c, frame, flen);
+        else
+            account_partial(c);
         return;
     }
     size_t pos = 0;
@@ -621,8 +645,10 @@ static void transport_message(ts_conn_t *c, const uint8_t *msg, size_t len) {
                       "%s: %s", c->addr, err);
             return;
         }
-        if (!frame)
+        if (!frame) {
+            account_partial(c);
             break;
+        }
         deliver_frame(c, frame, flen);
     }
 }
@@ -638,6 +664,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     const uint8_t *in = (const uint8_t *)buf->base;
     size_t len = (size_t)nread, pos = 0;
     c->net->st.bytes_in += len;
+    c->bytes_in += len;
     while (pos < len && (c->state == ST_HANDSHAKE || c->state == ST_OPEN)) {
         const uint8_t *msg;
         size_t used = 0, mlen = 0;
@@ -774,6 +801,16 @@ static void drop_connection(ts_listener_t *l) {
     uv_close((uv_handle_t *)&l->spare, spare_closed);
 }
 
+/* 1 when c's socket has bytes the loop has not read yet (a client whose message 1 arrived in
+ * this same loop iteration is not silent). */
+static int bytes_waiting(ts_conn_t *c) {
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+        return 0;
+    char b;
+    return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
 static void on_connection(uv_stream_t *server, int status) {
     ts_listener_t *l = server->data;
     ts_net_t *net = l->net;
@@ -797,18 +834,48 @@ static void on_connection(uv_stream_t *server, int status) {
     uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl);
     sockaddr_text(&ss, c->ip, sizeof c->ip, c->addr, sizeof c->addr);
 
-    /* The limits, counted over the accepted connections alive now (this one excluded). */
-    uint32_t same = 0;
-    TS_LIST_FOREACH(it, &net->conns) {
+    /* The limits, counted over the accepted connections alive now and not closing (this one
+     * excluded). At a limit, the oldest half-open connection in its scope (the same address for
+     * the per-address limit, any for the total) makes room: a peer without the network key can
+     * hold connections only as long as nobody newer comes, so it cannot keep honest clients
+     * out. Only when every connection in the scope has completed its handshake is the new one
+     * refused. */
+    uint32_t same = 0, all = 0;
+    uint64_t now = uv_now(net->loop);
+    c->born = now;
+    /* candidates in each scope: [0] the oldest silent one (not a byte received: an honest client
+     * sends message 1 as soon as it is connected, so silent ones go first, however many there
+     * are and however fast they come back), [1] the oldest with handshake bytes */
+    ts_conn_t *in_addr[2] = {NULL, NULL}, *in_all[2] = {NULL, NULL};
+    TS_LIST_FOREACH(it, &net->conns) { /* in the order they were made: oldest first */
         ts_conn_t *o = TS_CONTAINER_OF(it, ts_conn_t, node);
-        if (o != c && o->accepted && !o->refused && strcmp(o->ip, c->ip) == 0)
-            same++;
+        if (o == c || !o->accepted || o->refused || o->state == ST_CLOSING)
+            continue;
+        int here = strcmp(o->ip, c->ip) == 0;
+        all++;
+        same += here;
+        if (o->state == ST_OPEN)
+            continue;
+        int spoke = o->bytes_in > 0 || bytes_waiting(o);
+        if (!in_all[spoke])
+            in_all[spoke] = o;
+        if (here && !in_addr[spoke])
+            in_addr[spoke] = o;
     }
-    if (net->st.live_accepted >= net->cfg.max_conns || same >= net->cfg.max_conns_per_addr) {
-        c->refused = 1;
-        net->st.refused_limit++;
-        conn_fail(c, TS_CONN_CLOSE_LOCAL, TS_EBUSY, "connection limit");
-        return;
+    int over_addr = same >= net->cfg.max_conns_per_addr, over_all = all >= net->cfg.max_conns;
+    if (over_addr || over_all) {
+        ts_conn_t *victim = over_addr ? (in_addr[0] ? in_addr[0] : in_addr[1])
+                                      : (in_all[0] ? in_all[0] : in_all[1]);
+        if (!victim) {
+            c->refused = 1;
+            net->st.refused_limit++;
+            conn_fail(c, TS_CONN_CLOSE_LOCAL, TS_EBUSY, "connection limit");
+            return;
+        }
+        net->st.evicted++;
+        conn_fail(victim, TS_CONN_CLOSE_EVICTED, TS_EBUSY,
+                  "a half-open connection from %s was closed to admit a newer one (%s limit)",
+                  victim->addr, over_addr ? "per-address" : "connection");
     }
     net->st.accepted++;
     net->st.live_accepted++;

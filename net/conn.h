@@ -89,6 +89,8 @@ typedef struct ts_net_config {
     size_t write_high_water;       /* bytes queued before reading stops; default 4 MiB */
     uint32_t max_conns;            /* accepted connections at once, default 1024 */
     uint32_t max_conns_per_addr;   /* of them from one IP address, default 32 */
+    size_t max_partial_bytes;      /* buffer memory of partly received frames, all connections
+                                    * together; default 1 GiB; 0: no limit */
     int so_sndbuf;                 /* SO_SNDBUF of each connection; 0: the kernel's default */
 } ts_net_config_t;
 
@@ -108,6 +110,8 @@ typedef enum {
     TS_CONN_CLOSE_FRAMING,  /* a zero Noise length, an app length of 0 or over max_frame */
     TS_CONN_CLOSE_PROTOCOL, /* the owner found a protocol violation in a frame */
     TS_CONN_CLOSE_NOMEM,    /* we ran out of memory */
+    TS_CONN_CLOSE_EVICTED,  /* a half-open accepted connection, closed to admit a newer one */
+    TS_CONN_CLOSE_BUDGET,   /* its partial frame would take max_partial_bytes over */
     TS_CONN_CLOSE_REASONS
 } ts_conn_close_reason_t;
 
@@ -132,17 +136,20 @@ typedef struct ts_conn_handler {
 /* Counters over the life of a ts_net_t. */
 typedef struct ts_net_stats {
     uint64_t accepted;      /* connections accepted (and admitted by the limits) */
-    uint64_t refused_limit; /* accepted sockets closed at once by max_conns(_per_addr); they
-                             * reach no callback and no other counter but live */
+    uint64_t refused_limit; /* accepted sockets closed at once by max_conns(_per_addr): every
+                             * connection at the limit had completed its handshake; they reach
+                             * no callback and no other counter but live */
+    uint64_t evicted;       /* half-open connections closed to admit a new one at a limit */
+    size_t partial_bytes;   /* buffer memory of partly received frames now (max_partial_bytes) */
     uint64_t connects;      /* outgoing connections started */
     uint64_t opened;        /* handshakes completed, either side */
     uint64_t closed[TS_CONN_CLOSE_REASONS]; /* by reason, of the connections on_close saw */
     uint64_t frames_in, frames_out;
     uint64_t bytes_in, bytes_out; /* TCP bytes read and handed to the socket, handshakes included */
-    uint64_t read_pauses;    /* times a connection stopped reading over write_high_water */
-    size_t write_queue_peak; /* the most bytes ever queued on one connection */
-    uint32_t live;           /* connections not yet freed, either side */
-    uint32_t live_accepted;  /* of them accepted ones (what the limits count) */
+    uint64_t read_pauses;         /* times a connection stopped reading over write_high_water */
+    size_t write_queue_peak;      /* the most bytes ever queued on one connection */
+    uint32_t live;                /* connections not yet freed, either side */
+    uint32_t live_accepted;       /* of them accepted ones (what the limits count) */
 } ts_net_stats_t;
 
 /* ---- the context ---------------------------------------------------------------------------- */

@@ -51,6 +51,7 @@
 #define HIGH_WATER (16u << 10)
 #define PER_ADDR 3
 #define TOTAL 6
+#define PARTIAL_BUDGET (2 * MAX_FRAME) /* bytes of partly received frames, all connections */
 #define WAIT_S 60 /* the most any wait may take: a loaded machine is slow, never this slow */
 
 /* ---- counting allocations (the link wraps malloc, calloc and realloc) ------------------------ */
@@ -131,6 +132,7 @@ static void *server_main(void *arg) {
     cfg.so_sndbuf = 16 << 10;
     cfg.max_conns = TOTAL;
     cfg.max_conns_per_addr = PER_ADDR;
+    cfg.max_partial_bytes = PARTIAL_BUDGET;
     ts_listener_t *l = NULL;
     char err[256] = "";
     uv_loop_init(&S.loop);
@@ -955,6 +957,68 @@ static void test_connection_limits(void **state) {
     good_client();
 }
 
+/* Sends the start of one application frame on r: a prefix announcing len bytes, then body bytes
+ * of it (body < len), in transport messages of at most 60000 bytes. */
+static void raw_partial_frame(raw_t *r, uint32_t len, size_t body) {
+    static uint8_t pt[60000], msg[60100];
+    size_t sent = 0;
+    int first = 1;
+    while (first || sent < body) {
+        size_t n = 0;
+        if (first) {
+            assert_int_equal(ts_frame_put_app_len(pt, len, MAX_FRAME), TS_OK);
+            n = TS_FRAME_APP_HEADER;
+            first = 0;
+        }
+        size_t take = body - sent < sizeof pt - n ? body - sent : sizeof pt - n;
+        memset(pt + n, 0x5a, take);
+        n += take;
+        sent += take;
+        size_t ml = seal(r, pt, n, msg);
+        write_all(r->fd, msg, ml);
+    }
+}
+
+static int closed_budget(const ts_net_stats_t *st, uint64_t want) {
+    return st->closed[TS_CONN_CLOSE_BUDGET] >= want;
+}
+static int partial_at_least(const ts_net_stats_t *st, uint64_t want) {
+    return st->partial_bytes >= want;
+}
+
+/* A node-wide budget for partly received frames: key holders that each start a large frame and
+ * never finish it pin at most PARTIAL_BUDGET (plus one frame's growth) between them; the one
+ * whose frame takes the account over is closed ("budget"), the others keep working, and the
+ * memory comes back when they close. */
+static void test_partial_frame_budget(void **state) {
+    (void)state;
+    ts_net_stats_t before = settled();
+    raw_t c[3];
+    static const char *const src[3] = {"127.0.0.9", "127.0.0.10", "127.0.0.11"};
+    for (int i = 0; i < 3; i++) {
+        raw_connect(&c[i], src[i], 0);
+        assert_int_equal(raw_handshake(&c[i], &client_id, &S.nk, NULL), 0);
+    }
+    /* two frames of MAX_FRAME, 70 % sent: each reader holds about MAX_FRAME, the budget's half */
+    for (int i = 0; i < 2; i++) {
+        raw_partial_frame(&c[i], MAX_FRAME, MAX_FRAME * 7 / 10);
+        wait_for(partial_at_least, (uint64_t)(i + 1) * MAX_FRAME * 7 / 10,
+                 "the partial frames held");
+    }
+    raw_partial_frame(&c[2], MAX_FRAME, MAX_FRAME * 7 / 10);
+    wait_for(closed_budget, before.closed[TS_CONN_CLOSE_BUDGET] + 1, "the refusal over budget");
+    size_t got = 0;
+    assert_true(wait_closed(&c[2], &got));
+    ts_net_stats_t mid = stats();
+    assert_true(mid.partial_bytes <= PARTIAL_BUDGET);
+    raw_close(&c[2]);
+    for (int i = 0; i < 2; i++)
+        raw_close(&c[i]);
+    wait_for(live_accepted_is, 0, "the connections gone");
+    assert_int_equal(stats().partial_bytes, 0);
+    good_client();
+}
+
 static void test_backpressure(void **state) {
     enum { N = 20000 };
     ts_net_stats_t before = settled();
@@ -1051,6 +1115,7 @@ int main(void) {
         cmocka_unit_test(test_garbage_before_handshake),
         cmocka_unit_test(test_out_of_memory_at_accept),
         cmocka_unit_test(test_connection_limits),
+        cmocka_unit_test(test_partial_frame_budget),
         cmocka_unit_test(test_backpressure),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
