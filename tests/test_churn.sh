@@ -1,0 +1,27 @@
+#!/bin/sh
+# test_churn.sh TESSERA — churn at process level (issue 15, point 9), short: scripts/churn.sh for
+# 20 s (8 daemons, 4 clients generating continuously, a kill -9, restart, SIGTERM or new node
+# every 2 s): every generation completes (degraded ones are reported, not failed), no daemon
+# dies that was not stopped, and no surviving daemon's resident memory grows by 32 MiB.
+# docs/benchmarks.md has the 60 s run and the load test.
+set -eu
+T=${1:?usage: test_churn.sh TESSERA}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+cd "$ROOT"
+bash scripts/churn.sh --tessera "$T" --seconds 20 --interval 2 --out "$out" ||
+    { echo "FAIL: churn: $(cat "$out")" >&2; exit 1; }
+/usr/bin/python3 - "$out" <<'PY' || exit 1
+import json, sys
+j = json.load(open(sys.argv[1]))
+a = j["actions"]
+bad = []
+if j["completed"] < 20: bad.append("only %d generations" % j["completed"])
+if min(a["kill9"], a["term"], a["restart"], a["add"]) < 1: bad.append("not every action ran: %s" % a)
+if j["rss_growth_kib_max"] >= 32768: bad.append("RSS grew by %d KiB" % j["rss_growth_kib_max"])
+if bad:
+    print("FAIL:", "; ".join(bad), json.dumps(j)); sys.exit(1)
+print("ok: churn: %d generations completed (%d degraded), %s, no unexpected death, RSS +%d KiB at most"
+      % (j["completed"], j["degraded"], a, j["rss_growth_kib_max"]))
+PY
