@@ -20,7 +20,17 @@
 
 /* K_ADDR0: an address whose port may be 0 (any free port, which the daemon logs) */
 typedef enum {
-    K_PATH, K_ADDR, K_ADDR0, K_ADDRLIST, K_INT, K_U64, K_FLOAT, K_BOOL, K_LEVEL, K_FORMAT, K_MODE,
+    K_PATH,
+    K_ADDR,
+    K_ADDR0,
+    K_ADDRLIST,
+    K_INT,
+    K_U64,
+    K_FLOAT,
+    K_BOOL,
+    K_LEVEL,
+    K_FORMAT,
+    K_MODE,
     K_MODEL
 } kind_t;
 
@@ -89,13 +99,9 @@ static const key_spec_t KEYS[] = {
 static const char *LEVELS[] = {"debug", "info", "warn", "error"};
 static const char *MODES[] = {"none", "host", "train"};
 
-const char *ts_log_level_name(ts_log_level_t l) {
-    return (unsigned)l < 4 ? LEVELS[l] : "?";
-}
+const char *ts_log_level_name(ts_log_level_t l) { return (unsigned)l < 4 ? LEVELS[l] : "?"; }
 
-const char *ts_expert_mode_name(ts_expert_mode_t m) {
-    return (unsigned)m < 3 ? MODES[m] : "?";
-}
+const char *ts_expert_mode_name(ts_expert_mode_t m) { return (unsigned)m < 3 ? MODES[m] : "?"; }
 
 const ts_config_key_info_t *ts_daemon_config_key(int n) {
     return n >= 0 && n < N_KEYS ? &KEYS[n].info : NULL;
@@ -229,8 +235,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
                         k->kind == K_ADDR0 ? 0 : 1);
         snprintf(field, TS_CONFIG_ADDR_MAX, "%s", value);
         return 1;
-    case K_ADDRLIST:
-        return add_addrs(p, k, section, value);
+    case K_ADDRLIST: return add_addrs(p, k, section, value);
     case K_INT: {
         char *end;
         errno = 0;
@@ -284,8 +289,8 @@ static int on_key(void *user, const char *section, const char *name, const char 
     case K_MODEL: {
         ts_dit_config_t cfg;
         if (strlen(value) >= TS_CONFIG_MODEL_MAX || ts_dit_config_preset(value, &cfg) != TS_OK)
-            return fail(p, section, name, "'%s': want a model preset (mini, tiny, small, S/2 ... XL/8)",
-                        value);
+            return fail(p, section, name,
+                        "'%s': want a model preset (mini, tiny, small, S/2 ... XL/8)", value);
         snprintf(field, TS_CONFIG_MODEL_MAX, "%s", value);
         return 1;
     }
@@ -337,13 +342,12 @@ static int check_expert(const ts_daemon_config_t *c, const char *name, char *err
         "set mode = host to host an expert, or mode = train to train one",
         "a hosted expert needs its weights and its partition",
         "training needs the partition and the cluster to learn"};
-    int set[3] = {c->expert_weights[0] != 0, c->expert_partition[0] != 0,
-                  c->expert_cluster >= 0};
+    int set[3] = {c->expert_weights[0] != 0, c->expert_partition[0] != 0, c->expert_cluster >= 0};
     int m = c->expert_mode;
     for (int i = 0; i < 3; i++) {
         if (rule[m][i] == 1 && !set[i]) {
-            ts_set_err(err, errlen, "%s: [expert] mode = %s needs %s: %s", name, MODES[m],
-                       keys[i], why[m]);
+            ts_set_err(err, errlen, "%s: [expert] mode = %s needs %s: %s", name, MODES[m], keys[i],
+                       why[m]);
             return TS_EINVAL;
         }
         if (rule[m][i] == -1 && set[i]) {
@@ -368,26 +372,36 @@ static int check_whole(ts_daemon_config_t *c, const char *name, char *err, size_
     if (rc != TS_OK)
         return rc;
     if (c->expert_router[0] && c->expert_mode == TS_EXPERT_NONE) {
-        ts_set_err(err, errlen, "%s: [expert] router is served with an expert: set mode = host "
-                                "or train",
+        ts_set_err(err, errlen,
+                   "%s: [expert] router is served with an expert: set mode = host "
+                   "or train",
                    name);
         return TS_EINVAL;
     }
     if (c->probe_timeout_ms >= c->probe_interval_ms) {
-        ts_set_err(err, errlen, "%s: [gossip] probe_timeout_ms (%d) must be less than "
-                                "probe_interval_ms (%d)",
+        ts_set_err(err, errlen,
+                   "%s: [gossip] probe_timeout_ms (%d) must be less than "
+                   "probe_interval_ms (%d)",
                    name, c->probe_timeout_ms, c->probe_interval_ms);
         return TS_EINVAL;
     }
     if (c->max_connections_per_ip > c->max_connections) {
-        ts_set_err(err, errlen, "%s: [limits] max_connections_per_ip (%d) exceeds "
-                                "max_connections (%d)",
+        ts_set_err(err, errlen,
+                   "%s: [limits] max_connections_per_ip (%d) exceeds "
+                   "max_connections (%d)",
                    name, c->max_connections_per_ip, c->max_connections);
         return TS_EINVAL;
     }
     if (c->serve_max_queue < c->serve_max_batch) {
         ts_set_err(err, errlen, "%s: [serve] max_queue (%d) is less than max_batch (%d)", name,
                    c->serve_max_queue, c->serve_max_batch);
+        return TS_EINVAL;
+    }
+    if (!c->listen[0] || !strrchr(c->listen, ':')) {
+        ts_set_err(err, errlen,
+                   "%s: [node] listen is empty: give the host:port to listen on "
+                   "(port 0 picks a free one)",
+                   name);
         return TS_EINVAL;
     }
     if (!c->advertise[0]) {
@@ -415,8 +429,9 @@ int ts_daemon_config_parse(ts_daemon_config_t *c, const char *text, const char *
     if (p.rc != TS_OK)
         return p.rc;
     if (line != 0) {
-        ts_set_err(err, errlen, "%s:%d: not an INI line (want [section], key = value, or a "
-                                "comment starting with ; or #)",
+        ts_set_err(err, errlen,
+                   "%s:%d: not an INI line (want [section], key = value, or a "
+                   "comment starting with ; or #)",
                    name, line);
         return TS_EINVAL;
     }
@@ -441,8 +456,7 @@ int ts_daemon_config_load(ts_daemon_config_t *c, const char *path, char *err, si
     fclose(f);
     if (bad || n > cap) {
         free(text);
-        ts_set_err(err, errlen, bad ? "%s: cannot read the file" : "%s: larger than 64 KiB",
-                   path);
+        ts_set_err(err, errlen, bad ? "%s: cannot read the file" : "%s: larger than 64 KiB", path);
         return bad ? TS_EIO : TS_EINVAL;
     }
     text[n] = '\0';

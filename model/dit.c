@@ -295,6 +295,12 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
     int rc = ts_dit_param_table(cfg, &m->info, &m->n_params, &m->num_params);
     if (rc)
         return rc;
+    /* a config from a file any peer may serve: its memory is bounded before anything big is
+     * allocated (parameters here, activations below) */
+    if ((uint64_t)m->num_params * 4u * (trainable ? 2u : 1u) > TS_DIT_MAX_BYTES) {
+        ts_dit_free(m);
+        return TS_ERANGE;
+    }
     m->params.blocks = calloc((size_t)cfg->depth, sizeof *m->params.blocks);
     m->grads.blocks = calloc((size_t)cfg->depth, sizeof *m->grads.blocks);
     m->acts.blocks = calloc((size_t)cfg->depth, sizeof *m->acts.blocks);
@@ -324,6 +330,8 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
         rc = ts_arena_init(&measure, e->device, 0);
     if (rc == TS_OK)
         rc = plan_acts(m, &measure);
+    if (rc == TS_OK && (uint64_t)measure.peak > TS_DIT_MAX_BYTES)
+        rc = TS_ERANGE; /* activations for max_batch beyond any model this project runs */
     if (rc == TS_OK)
         rc = ts_arena_init(&m->arena, e->device, measure.peak);
     if (rc == TS_OK)

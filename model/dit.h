@@ -140,6 +140,11 @@ typedef struct ts_dit {
 /* Builds a model for cfg on engine e with activations for max_batch samples (parameters zero:
  * call ts_dit_init_weights or load them). trainable = 1 also allocates gradients and the
  * backward scratch. Free with ts_dit_free. */
+/* The most memory one model may take for its parameters (and gradients), and again for its
+ * activations at max_batch: a config over it is TS_ERANGE before the allocation, so a file whose
+ * metadata names an absurd size (a peer's weights or router) cannot take the machine's memory. */
+#define TS_DIT_MAX_BYTES ((uint64_t)8 << 30)
+
 int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int max_batch,
                   int trainable);
 void ts_dit_free(ts_dit_t *m);
@@ -171,8 +176,8 @@ int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B);
  * of another kind on top (model/classifier.h). Arguments as ts_dit_forward; *x_final is the last
  * block's output m->acts.x_final sliced to B samples, (B, T, h) (a view; valid until the next
  * forward). ts_dit_forward is this followed by the final layer. */
-int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t,
-                         const int32_t *y, int B, ts_tensor_t *x_final);
+int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
+                         int B, ts_tensor_t *x_final);
 /* Backward of the last trunk forward (same B) from dx_final (B, T, h) = dLoss/dx_final, which
  * must not be m's own scratch (m->gacts.dx); accumulates into m->grads (the final layer's
  * gradients are left as they are). Requires trainable. */

@@ -231,6 +231,24 @@ static void test_bad_files_refused(void **state) {
     free(en);
     ts_st_free(&f);
     ts_classifier_free(c);
+
+    /* metadata only, with a trunk of 256×256 in 1×1 patches: ~17 GB of activations for 2
+     * samples, refused before anything that size is allocated (tests/fuzz/fuzz_partition) */
+    static const char big[] =
+        "{\"__metadata__\":{\"format\":\"tessera-classifier/1\",\"input_size\":\"256\","
+        "\"patch_size\":\"1\",\"in_channels\":\"1\",\"hidden_size\":\"4\",\"depth\":\"1\","
+        "\"num_heads\":\"1\",\"num_classes\":\"1\",\"mlp_ratio\":\"1\",\"freq_dim\":\"2\","
+        "\"num_outputs\":\"2\",\"time_conditioned\":\"0\"}}";
+    unsigned char hdr[8 + sizeof big];
+    uint64_t n = sizeof big - 1;
+    for (int i = 0; i < 8; i++)
+        hdr[i] = (unsigned char)(n >> (8 * i));
+    memcpy(hdr + 8, big, n);
+    tu_write_file(path, hdr, 8 + n);
+    d = (ts_classifier_t *)0x1;
+    assert_true(ts_classifier_open(&d, path, e, 2, err, sizeof err) != TS_OK);
+    assert_null(d);
+    TU_CHECK_CONTAINS(err, "cannot build the model");
     remove(path);
     remove(path2);
 }

@@ -132,10 +132,10 @@ static void test_errors_name_file_line_and_key(void **state) {
     expect_error(KEYS "[gossip]\nprobe_interval_ms = 2s\n", "'2s' is not an integer", NULL);
     expect_error(KEYS "[gossip]\nprobe_interval_ms = 99999999999999999999\n", "not an integer",
                  NULL);
-    expect_error(KEYS "[gossip]\nindirect_probes = 3\nindirect_probes = 4\n", "t.ini:7:",
-                 "given twice", NULL);
-    expect_error(KEYS "bootstrap = 10.0.0.1:7420, nohost\n", "t.ini:5:", "'nohost' is not host:port",
-                 NULL);
+    expect_error(KEYS "[gossip]\nindirect_probes = 3\nindirect_probes = 4\n",
+                 "t.ini:7:", "given twice", NULL);
+    expect_error(KEYS "bootstrap = 10.0.0.1:7420, nohost\n",
+                 "t.ini:5:", "'nohost' is not host:port", NULL);
     expect_error(KEYS "advertise = 10.0.0.1:70000\n", "advertise", "not host:port", NULL);
     expect_error(KEYS "advertise = ::1:7420\n", "advertise", NULL);
     expect_error(KEYS "[serve]\nmax_batch = 0\n", "t.ini:6:", "[serve] max_batch",
@@ -150,6 +150,8 @@ static void test_errors_name_file_line_and_key(void **state) {
     expect_error(KEYS "this is not ini\n", "t.ini:5:", "not an INI line", NULL);
     expect_error("[node]\nnetwork_key = n\nlisten = 127.0.0.1:1\n", "identity is required",
                  "tessera keygen", NULL);
+    expect_error("[node]\nidentity = i\nnetwork_key = n\nlisten =\n", "[node] listen is empty",
+                 NULL);
     expect_error("[node]\nidentity = i\nlisten = 127.0.0.1:1\n", "network_key is required",
                  "--network-key", NULL);
     expect_error(KEYS "[gossip]\nprobe_interval_ms = 500\nprobe_timeout_ms = 500\n",
@@ -164,8 +166,7 @@ static void test_errors_name_file_line_and_key(void **state) {
                  "[expert] weights is set but mode = none", "set mode = host", NULL);
     expect_error(KEYS "[expert]\nmode = host\nweights = w.safetensors\n",
                  "mode = host needs partition", NULL);
-    expect_error(KEYS "[expert]\nmode = host\npartition = p\n", "mode = host needs weights",
-                 NULL);
+    expect_error(KEYS "[expert]\nmode = host\npartition = p\n", "mode = host needs weights", NULL);
     expect_error(KEYS "[expert]\nmode = host\nweights = w\npartition = p\ncluster = 1\n",
                  "cluster is set but mode = host", NULL);
     expect_error(KEYS "[expert]\nmode = train\npartition = p\n", "mode = train needs cluster",
@@ -179,8 +180,7 @@ static void test_errors_name_file_line_and_key(void **state) {
     expect_error(KEYS "[train]\nlr = nan\n", "'nan' is not a number", NULL);
     expect_error(KEYS "[train]\nema = 1.5\n", "1.5 is outside 0..1", NULL);
     expect_error(KEYS "[train]\nseed = -3\n", "'-3' is not a non-negative integer", NULL);
-    expect_error(KEYS "[train]\nseed = 99999999999999999999\n", "not a non-negative integer",
-                 NULL);
+    expect_error(KEYS "[train]\nseed = 99999999999999999999\n", "not a non-negative integer", NULL);
     expect_error(KEYS "[train]\nserve_while_training = yes\n", "want true or false", NULL);
     expect_error(KEYS "[train]\nmodel = huge\n", "'huge': want a model preset", NULL);
     expect_error(KEYS "[train]\nckpt_every = 0\n", "0 is outside 1..", NULL);

@@ -533,6 +533,35 @@ static void test_open_errors(void **state) {
     TU_CHECK_RC(ts_dit_load(NULL, NULL, err, sizeof err), TS_EINVAL);
 }
 
+/* A file of metadata only whose config asks for a 256×256 image in 1×1 patches (65 536 tokens):
+ * its attention alone would take ~17 GB for 4 samples. It is refused before anything that size
+ * is allocated (found by tests/fuzz/fuzz_partition); a file that lies about its size must not
+ * take the machine's memory. */
+static void test_absurd_config_refused(void **state) {
+    fixture_t *fx = *state;
+    static const char json[] =
+        "{\"__metadata__\":{\"input_size\":\"256\",\"patch_size\":\"1\",\"in_channels\":"
+        "\"1\",\"hidden_size\":\"4\",\"depth\":\"1\",\"num_heads\":\"1\",\"num_classes\":"
+        "\"10\",\"mlp_ratio\":\"1\",\"freq_dim\":\"2\"}}";
+    unsigned char *buf = malloc(sizeof json + 8); /* ts_st_parse takes it */
+    assert_non_null(buf);
+    uint64_t n = sizeof json - 1;
+    for (int i = 0; i < 8; i++)
+        buf[i] = (unsigned char)(n >> (8 * i));
+    memcpy(buf + 8, json, n);
+    ts_st_file_t f;
+    char err[256] = "";
+    TU_CHECK_RC_MSG(ts_st_parse(buf, 8 + n, &f, err, sizeof err), TS_OK, err);
+    ts_dit_t m2;
+    TU_CHECK_RC(ts_dit_open_file(&m2, &f, &fx->e, 4, 0, err, sizeof err), TS_ERANGE);
+    assert_null(m2.info);
+    ts_st_free(&f);
+    ts_dit_config_t big = fx->cfg;
+    big.input_size = 256;
+    big.patch_size = 1;
+    TU_CHECK_RC(ts_dit_create(&m2, &big, &fx->e, 4, 0), TS_ERANGE);
+}
+
 /* ---- save errors ------------------------------------------------------------------------- */
 
 static void test_save_errors(void **state) {
@@ -587,6 +616,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_wrong_dtype, setup, teardown),
         cmocka_unit_test_setup_teardown(test_non_finite_weight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_tensor, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_absurd_config_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pos_embed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_config_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_errors, setup, teardown),
