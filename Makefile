@@ -97,8 +97,8 @@ test-san: build-san
 
 # Both suites run even when the first fails, so one run reports everything; the exit status is
 # non-zero when either failed.
-# The eight libFuzzer harnesses (frame decoder, Envelope unpacking, handshake responder, gossip
-# wire, safetensors, partition and router files, IDX data, tesserad's config), each for
+# The nine libFuzzer harnesses (frame decoder, Envelope unpacking, handshake responder, gossip
+# wire and a gossip node's sealed datagram path, safetensors, partition and router files, IDX data, tesserad's config), each for
 # FUZZ_SECONDS, built with clang in build-fuzz/ (tests/fuzz/run.sh).
 FUZZ_SECONDS ?= 30
 test-fuzz: setup

@@ -364,18 +364,14 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     *buf = uv_buf_init((char *)g->recv_buf, sizeof g->recv_buf);
 }
 
-static void on_datagram(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
-                        const struct sockaddr *from, unsigned flags) {
-    ts_gossip_t *g = h->data;
-    if (nread <= 0 || !from || g->closing || !g->swim)
-        return; /* nothing more to read, or a socket error: the socket stays open */
+static void receive(ts_gossip_t *g, const struct sockaddr *from, const uint8_t *data, size_t len,
+                    int partial) {
     g->st.udp_in++;
-    g->st.udp_bytes_in += (uint64_t)nread;
+    g->st.udp_bytes_in += (uint64_t)len;
     uint8_t plain[TS_SWIM_PACKET_MAX];
     size_t n;
     uint64_t counter;
-    if ((flags & UV_UDP_PARTIAL) ||
-        unseal(g, (const uint8_t *)buf->base, (size_t)nread, plain, &n, &counter) != 0) {
+    if (partial || unseal(g, data, len, plain, &n, &counter) != 0) {
         g->st.udp_unsealed_failed++;
         return;
     }
@@ -393,6 +389,20 @@ static void on_datagram(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
     addr_from_sockaddr(&src, from);
     ts_swim_on_packet(g->swim, now_ms(g), &src, &msg);
     pump(g);
+}
+
+static void on_datagram(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
+                        const struct sockaddr *from, unsigned flags) {
+    ts_gossip_t *g = h->data;
+    if (nread <= 0 || !from || g->closing || !g->swim)
+        return; /* nothing more to read, or a socket error: the socket stays open */
+    receive(g, from, (const uint8_t *)buf->base, (size_t)nread, (flags & UV_UDP_PARTIAL) != 0);
+}
+
+void ts_gossip_receive_datagram(ts_gossip_t *g, const struct sockaddr *from, const uint8_t *data,
+                                size_t len) {
+    if (g && from && data && !g->closing && g->swim)
+        receive(g, from, data, len, 0);
 }
 
 /* ---- operations in flight ------------------------------------------------------------------- */

@@ -93,6 +93,11 @@ int ts_gossip_port(const ts_gossip_t *g);
 /* The addresses a join goes to (resolved bootstrap addresses and address-book entries); 0: this
  * node started a network of its own. */
 uint32_t ts_gossip_n_seeds(const ts_gossip_t *g);
+/* Handles one datagram as if it had arrived on the UDP socket from `from` (the seal, the replay
+ * window, the decoder, the SWIM core): what the socket's callback does, for the fuzz harness. */
+struct sockaddr;
+void ts_gossip_receive_datagram(ts_gossip_t *g, const struct sockaddr *from, const uint8_t *data,
+                                size_t len);
 /* Joins through the seeds again (a node that is alone retries). */
 void ts_gossip_rejoin(ts_gossip_t *g);
 /* The health status answers carry (StatusResponse.health): "ok" or a sentence; copied. */

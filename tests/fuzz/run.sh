@@ -12,8 +12,8 @@ secs="${1:-30}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$root/build-fuzz"
 jobs="${JOBS:-2}"
-harnesses=(fuzz_frame fuzz_envelope fuzz_handshake fuzz_gossip_datagram fuzz_safetensors
-           fuzz_partition fuzz_idx fuzz_config)
+harnesses=(fuzz_frame fuzz_envelope fuzz_handshake fuzz_gossip_datagram fuzz_gossip_node
+           fuzz_safetensors fuzz_partition fuzz_idx fuzz_config)
 command -v clang >/dev/null || { echo "run.sh: clang not found (apt-get install clang libclang-rt-dev, or scripts/setup.sh --all)" >&2; exit 1; }
 cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
     -DTESSERA_CUDA=OFF -DTESSERA_FUZZ=ON >/dev/null
@@ -82,6 +82,8 @@ seed() {
     fuzz_gossip_datagram)
         { printf '\001\001'; zeros 32; be32 7; zeros 32; printf '\000'; } >"$dir/ping"
         { printf '\001\006'; zeros 32; printf '\000'; be32 0; } >"$dir/state" ;;
+    fuzz_gossip_node) # the first byte odd: sealed with the network key (fuzz_gossip_node.c)
+        { printf '\001\001\001'; zeros 32; be32 7; zeros 32; printf '\000'; } >"$dir/ping" ;;
     esac
 }
 
