@@ -502,7 +502,7 @@ int ts_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "UNCOVERED: routed around");
         for (int k = 0; k < loc.ex.K; k++)
             if (loc.absent[k]) {
-                double mass = st.sample_evals ? absent_mass[k] / (double)st.sample_evals : 0.0;
+                double mass = st.absent_routed ? absent_mass[k] / (double)st.absent_routed : 0.0;
                 fprintf(stderr, " cluster %d (%.1f%% of the routing mass)", k, 100.0 * mass);
                 json_array_append_new(unc, json_pack("{s:i, s:f}", "cluster", k, "mass", mass));
             }

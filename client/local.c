@@ -308,7 +308,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
     int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
     int distance = g->policy == TS_POLICY_CENTROID || g->policy == TS_POLICY_CONFIDENCE;
     double t0 = now_s();
-    int64_t forwards = 0, router_evals = 0, sample_evals = 0;
+    int64_t forwards = 0, router_evals = 0, sample_evals = 0, absent_routed = 0;
     double policy_s = 0.0, combine_s = 0.0;
     int rc = TS_OK;
     for (int start = 0; start < g->n && rc == TS_OK; start += l->chunk) {
@@ -359,6 +359,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
             sample_evals += ens.evaluations * m;
             for (int k = 0; stats && stats->absent_mass && ens.absent_mass && k < l->ex.K; k++)
                 stats->absent_mass[k] += ens.absent_mass[k];
+            absent_routed += ens.absent_routed;
             policy_s += ens.policy_s;
             combine_s += ens.combine_s;
             for (int k = 0; stats && stats->use && k < l->ex.K; k++)
@@ -377,6 +378,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
         stats->forwards = forwards;
         stats->router_evals = router_evals;
         stats->sample_evals = sample_evals;
+        stats->absent_routed = absent_routed;
         stats->seconds = now_s() - t0;
         stats->policy_s = policy_s;
         stats->combine_s = combine_s;

@@ -148,15 +148,17 @@ static int fetch_artifact(ts_netgen_t *g, const uint8_t *hash, const char *what,
     return TS_OK;
 }
 
-/* The weights in the store trained for (partition, cluster) — their metadata names both, as
- * `tessera train --partition` writes it and `tessera pull` keeps it — the most recently used
- * when there are several. */
+/* The weights in the store trained for (partition, cluster): files whose metadata names both
+ * (what `tessera train --partition` writes and `tessera pull` keeps), collected by the listing,
+ * then chosen by stored_best. */
+#define STORED_MAX 16 /* copies of one cluster's weights considered */
+
 typedef struct stored_query {
     const char *partition;
     int cluster;
-    int found;
-    int64_t used;
-    ts_hash_t hash;
+    int n;
+    int64_t used[STORED_MAX];
+    ts_hash_t hash[STORED_MAX];
 } stored_query_t;
 
 static int stored_match(void *ctx, const ts_weights_info_t *info) {
@@ -171,12 +173,24 @@ static int stored_match(void *ctx, const ts_weights_info_t *info) {
     ts_weights_describe(info, desc, sizeof desc);
     if (end == c || *end || k != q->cluster || strcmp(desc, "-") == 0)
         return TS_OK;
-    if (!q->found || info->last_used > q->used) {
-        q->found = 1;
-        q->used = info->last_used;
-        q->hash = info->hash;
+    if (q->n < STORED_MAX) {
+        q->used[q->n] = info->last_used;
+        q->hash[q->n++] = info->hash;
     }
     return TS_OK;
+}
+
+/* The most recently used of the matches whose every chunk is in the store (a pull that was
+ * cut off leaves an incomplete copy). 1 and *out when there is one. */
+static int stored_best(ts_store_t *store, const stored_query_t *q, ts_hash_t *out) {
+    int best = -1;
+    for (int i = 0; i < q->n; i++)
+        if ((best < 0 || q->used[i] > q->used[best]) &&
+            ts_weights_bad_chunks(store, &q->hash[i], NULL, NULL) == 0)
+            best = i;
+    if (best >= 0)
+        *out = q->hash[best];
+    return best >= 0;
 }
 
 /* Fills experts[k] from the offers of the chosen partition: the weights most replicas serve,
@@ -206,9 +220,10 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, si
         }
         if (best < 0) { /* no live replica: weights for this cluster in the store, if any */
             stored_query_t q = {.partition = g->partition_id, .cluster = k};
+            ts_hash_t h;
             (void)ts_weights_list(g->store, stored_match, &q);
-            if (q.found)
-                memcpy(ex->weights_hash, q.hash.b, 32);
+            if (stored_best(g->store, &q, &h))
+                memcpy(ex->weights_hash, h.b, 32);
             continue;
         }
         memcpy(ex->weights_hash, of[best].body->weights_hash.data, 32);

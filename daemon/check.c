@@ -32,7 +32,9 @@ static int read_weights(const ts_daemon_config_t *c, ts_st_file_t *f, unsigned c
     if (is_safetensors_path(c->expert_weights))
         return ts_st_read(c->expert_weights, f, err, errlen);
     struct stat st;
-    if (stat(c->data_dir, &st) != 0) {
+    char mdb[TS_CONFIG_PATH_MAX + 16];
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", c->data_dir);
+    if (stat(mdb, &st) != 0) {
         ts_set_err(err, errlen,
                    "'%s' is not a .safetensors file, and there is no store at %s "
                    "to find it in as a hash",
@@ -40,7 +42,7 @@ static int read_weights(const ts_daemon_config_t *c, ts_st_file_t *f, unsigned c
         return TS_ENOTFOUND;
     }
     ts_store_t *s = NULL;
-    ts_store_opts_t so = {.dir = c->data_dir};
+    ts_store_opts_t so = {.dir = c->data_dir, .readonly = 1}; /* the check writes nothing */
     ts_hash_t h;
     size_t len = 0;
     int rc = ts_store_open(&s, &so, err, errlen);
@@ -74,12 +76,19 @@ static int check_weights(const ts_daemon_config_t *c, ts_engine_t *e, const ts_p
     if (rc == TS_OK)
         ts_dit_free(&m);
     const char *pid = ts_st_meta(&f, "partition_id"), *cl = ts_st_meta(&f, "cluster");
+    const char *obj = ts_st_meta(&f, "objective");
     char *end = NULL;
     long k = cl ? strtol(cl, &end, 10) : -1;
     if (rc == TS_OK && (!pid || !cl)) {
         ts_set_err(sub, sizeof sub,
                    "the weights carry no partition_id and cluster: train them "
                    "with `tessera train --partition DIR --cluster K`");
+        rc = TS_EINVAL;
+    } else if (rc == TS_OK && obj && strcmp(obj, "velocity") != 0) {
+        ts_set_err(sub, sizeof sub,
+                   "the weights' objective '%s' is not one a node serves "
+                   "(velocity)",
+                   obj);
         rc = TS_EINVAL;
     } else if (rc == TS_OK && (end == cl || *end || k < 0)) {
         ts_set_err(sub, sizeof sub, "the weights' cluster '%s' is not a number", cl);

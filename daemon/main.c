@@ -124,7 +124,9 @@ static void on_handshake_failed(void *arg, const char *addr, int accepted,
 static void health_tick(daemon_t *d) {
     ts_net_stats_t ns;
     ts_net_stats(d->net, &ns);
-    uint32_t alive = ts_swim_count(ts_gossip_swim(d->gossip), TS_SWIM_ALIVE);
+    /* a peer briefly suspected is still a peer: alone means nobody alive or suspect */
+    const ts_swim_t *sw = ts_gossip_swim(d->gossip);
+    uint32_t alive = ts_swim_count(sw, TS_SWIM_ALIVE) + ts_swim_count(sw, TS_SWIM_SUSPECT);
     char line[640];
     ts_health_level_t level;
     int rejoin = 0;

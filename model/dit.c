@@ -330,8 +330,8 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
         rc = ts_arena_init(&measure, e->device, 0);
     if (rc == TS_OK)
         rc = plan_acts(m, &measure);
-    if (rc == TS_OK && (uint64_t)measure.peak > TS_DIT_MAX_BYTES)
-        rc = TS_ERANGE; /* activations for max_batch beyond any model this project runs */
+    if (rc == TS_OK && (uint64_t)measure.peak / (uint64_t)max_batch > TS_DIT_MAX_SAMPLE_BYTES)
+        rc = TS_ERANGE; /* activations per sample beyond any model this project runs */
     if (rc == TS_OK)
         rc = ts_arena_init(&m->arena, e->device, measure.peak);
     if (rc == TS_OK)

@@ -140,10 +140,13 @@ typedef struct ts_dit {
 /* Builds a model for cfg on engine e with activations for max_batch samples (parameters zero:
  * call ts_dit_init_weights or load them). trainable = 1 also allocates gradients and the
  * backward scratch. Free with ts_dit_free. */
-/* The most memory one model may take for its parameters (and gradients), and again for its
- * activations at max_batch: a config over it is TS_ERANGE before the allocation, so a file whose
- * metadata names an absurd size (a peer's weights or router) cannot take the machine's memory. */
+/* The most memory one model may take for its parameters (and gradients), and for the
+ * activations of one sample (max_batch, the caller's choice, multiplies them): a config over
+ * either is TS_ERANGE before the allocation, so a file whose metadata names an absurd size (a
+ * peer's weights or router) cannot take the machine's memory. DiT-XL/2 at 256 tokens needs about
+ * 170 MB per sample to train. */
 #define TS_DIT_MAX_BYTES ((uint64_t)8 << 30)
+#define TS_DIT_MAX_SAMPLE_BYTES ((uint64_t)512 << 20)
 
 int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int max_batch,
                   int trainable);

@@ -862,6 +862,7 @@ static int route_around(ts_ensemble_t *s, float t) {
     size_t nk = (size_t)n * K;
     memcpy(s->absent_w, s->w, nk * sizeof *s->w);
     TS_TRY(ts_route_weights(s->absent_w, n, K, &s->o.select, t));
+    s->absent_routed += n;
     for (int i = 0; i < n; i++)
         for (int k = 0; k < K; k++)
             if (s->o.absent[k]) {

@@ -212,10 +212,12 @@ typedef struct ts_ensemble {
     int64_t renormalised;     /* samples routed again after a drop */
     double policy_s;          /* wall time spent scoring and routing (router, distances, weights) */
     double combine_s;         /* remote experts: wall time spent combining their answers */
-    /* opts.absent: (K) Σ over evaluations and samples of the weight each absent expert would
-     * have had with every expert present (÷ evaluations·n: its routing mass); NULL otherwise */
+    /* opts.absent: (K) Σ over routed evaluations and samples of the weight each absent expert
+     * would have had with every expert present (÷ absent_routed: its routing mass); NULL
+     * otherwise */
     double *absent_mass;
-    float *absent_w; /* (n, K) scratch for it */
+    int64_t absent_routed; /* samples routed afresh so far (held evaluations route nothing) */
+    float *absent_w;       /* (n, K) scratch for it */
     /* remote experts: one job per expert, and their host buffers */
     ts_expert_job_t *jobs;     /* (K) */
     int32_t *job_rows, *job_y; /* (K·n) */

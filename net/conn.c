@@ -107,7 +107,6 @@ struct ts_conn {
     char ip[48];   /* its IP alone, for max_conns_per_addr */
     size_t queued, pending;
     uint64_t last_activity; /* uv_now of the last frame in or out */
-    uint64_t born;          /* uv_now when it was accepted or started */
     uint64_t bytes_in;      /* bytes read from its socket */
     uint64_t frames_in;
     ts_conn_close_info_t why;
@@ -628,7 +627,7 @@ static void transport_message(ts_conn_t *c, const uint8_t *msg, size_t len) {
         ts_frame_reader_commit(&c->app_rd, plen, &frame, &flen);
         if (frame)
             deliver_frame(c, frame, flen);
-        else
+        if (c->state == ST_OPEN)
             account_partial(c);
         return;
     }
@@ -645,12 +644,12 @@ static void transport_message(ts_conn_t *c, const uint8_t *msg, size_t len) {
                       "%s: %s", c->addr, err);
             return;
         }
-        if (!frame) {
-            account_partial(c);
+        if (!frame)
             break;
-        }
         deliver_frame(c, frame, flen);
     }
+    if (c->state == ST_OPEN)
+        account_partial(c); /* the buffer as it is now: grown, or freed after a large frame */
 }
 
 static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
@@ -841,31 +840,33 @@ static void on_connection(uv_stream_t *server, int status) {
      * out. Only when every connection in the scope has completed its handshake is the new one
      * refused. */
     uint32_t same = 0, all = 0;
-    uint64_t now = uv_now(net->loop);
-    c->born = now;
-    /* candidates in each scope: [0] the oldest silent one (not a byte received: an honest client
-     * sends message 1 as soon as it is connected, so silent ones go first, however many there
-     * are and however fast they come back), [1] the oldest with handshake bytes */
-    ts_conn_t *in_addr[2] = {NULL, NULL}, *in_all[2] = {NULL, NULL};
-    TS_LIST_FOREACH(it, &net->conns) { /* in the order they were made: oldest first */
+    TS_LIST_FOREACH(it, &net->conns) {
         ts_conn_t *o = TS_CONTAINER_OF(it, ts_conn_t, node);
         if (o == c || !o->accepted || o->refused || o->state == ST_CLOSING)
             continue;
-        int here = strcmp(o->ip, c->ip) == 0;
         all++;
-        same += here;
-        if (o->state == ST_OPEN)
-            continue;
-        int spoke = o->bytes_in > 0 || bytes_waiting(o);
-        if (!in_all[spoke])
-            in_all[spoke] = o;
-        if (here && !in_addr[spoke])
-            in_addr[spoke] = o;
+        same += strcmp(o->ip, c->ip) == 0;
     }
     int over_addr = same >= net->cfg.max_conns_per_addr, over_all = all >= net->cfg.max_conns;
     if (over_addr || over_all) {
-        ts_conn_t *victim = over_addr ? (in_addr[0] ? in_addr[0] : in_addr[1])
-                                      : (in_all[0] ? in_all[0] : in_all[1]);
+        /* in the limit's scope, oldest first: the first silent one (not a byte received, none
+         * waiting in its socket: an honest client sends message 1 as soon as it is connected),
+         * else the oldest still in its handshake */
+        ts_conn_t *victim = NULL, *spoke = NULL;
+        TS_LIST_FOREACH(it, &net->conns) {
+            ts_conn_t *o = TS_CONTAINER_OF(it, ts_conn_t, node);
+            if (o == c || !o->accepted || o->refused || o->state == ST_CLOSING ||
+                o->state == ST_OPEN || (over_addr && strcmp(o->ip, c->ip) != 0))
+                continue;
+            if (o->bytes_in == 0 && !bytes_waiting(o)) {
+                victim = o;
+                break;
+            }
+            if (!spoke)
+                spoke = o;
+        }
+        if (!victim)
+            victim = spoke;
         if (!victim) {
             c->refused = 1;
             net->st.refused_limit++;

@@ -648,8 +648,15 @@ static void fail_queue(ts_rpc_peer_t *p, const char *why) {
         return;
     char msg[600];
     snprintf(msg, sizeof msg, "cannot connect to %s: %s", p->addr, why);
-    while (!ts_list_empty(&p->queue))
-        finish_call(TS_CONTAINER_OF(p->queue.next, ts_rpc_call_t, node), TS_ECLOSED, NULL, 0, msg);
+    ts_list_t doomed; /* the calls queued now: a callback's new calls are not swept up */
+    ts_list_init(&doomed);
+    while (!ts_list_empty(&p->queue)) {
+        ts_list_t *n = p->queue.next;
+        ts_list_remove(n);
+        ts_list_push(&doomed, n);
+    }
+    while (!ts_list_empty(&doomed))
+        finish_call(TS_CONTAINER_OF(doomed.next, ts_rpc_call_t, node), TS_ECLOSED, NULL, 0, msg);
 }
 
 static void peer_connect_now(ts_rpc_peer_t *p) {
@@ -819,14 +826,19 @@ int ts_rpc_call(ts_rpc_peer_t *p, const Tessera__Envelope *req, uint32_t deadlin
     call->deadline_at =
         uv_now(ts_net_loop(rpc->net)) + (deadline_ms ? deadline_ms : rpc->cfg.default_timeout_ms);
     ts_list_init(&call->node);
+    if (p->state == PEER_IDLE) /* before the call is queued: a connect that fails at once */
+        peer_connect_now(p);   /* (out of memory) must not run this call's callback */
+    if (p->state == PEER_BACKOFF && rpc->cfg.fail_fast) {
+        ts_set_err(err, errlen, "cannot connect to %s: %s", p->addr, p->last_failure);
+        free(call);
+        return TS_ECLOSED;
+    }
     ts_list_push(&p->queue, &call->node);
     timeouts_insert(rpc, call);
     if (out)
         *out = call;
     if (p->state == PEER_OPEN)
         send_call(p->sess, call);
-    else if (p->state == PEER_IDLE)
-        peer_connect_now(p);
     return TS_OK;
 }
 

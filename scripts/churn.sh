@@ -51,8 +51,13 @@ log() { echo "churn: $*" >&2; }
 peer=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["peer"])' "$R/up.json")
 nk="$R/net/network.key"
 pidof_node() { cat "$R/net/node-$1/tesserad.pid" 2>/dev/null || true; }
-alive() { [ -n "$(pidof_node "$1")" ] && kill -0 "$(pidof_node "$1")" 2>/dev/null; }
-rss() { sed -n 's/^VmRSS:[^0-9]*\([0-9]*\).*/\1/p' "/proc/$1/status" 2>/dev/null || echo 0; }
+alive() { # alive I: node I's pid runs tesserad and is not a zombie (a pid can be reused)
+    p=$(pidof_node "$1")
+    [ -n "$p" ] && [ -r "/proc/$p/stat" ] || return 1
+    st=$(sed 's/^.*) \(.\).*/\1/' "/proc/$p/stat" 2>/dev/null) || return 1
+    [ "$st" != Z ] && tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q tesserad
+}
+rss() { r=$(sed -n 's/^VmRSS:[^0-9]*\([0-9]*\).*/\1/p' "/proc/$1/status" 2>/dev/null); echo "${r:-0}"; }
 start_node() { # start_node I: tesserad of node I in the background, its pid file written
     "$D" --config "$R/net/node-$1/tesserad.ini" </dev/null >>"$R/net/node-$1/tesserad.out" 2>&1 &
     echo $! >"$R/net/node-$1/tesserad.pid"
@@ -118,7 +123,12 @@ while [ "$CALM" -eq 0 ] && [ "$(date +%s)" -lt $((end - INTERVAL)) ]; do
         [ ${#stopped[@]} -gt 0 ] || continue
         v=${stopped[0]}
         stopped=("${stopped[@]:1}")
-        while alive "$v"; do sleep 0.1; done # a SIGTERM'd node finishes its leave first
+        w=0 # a SIGTERM'd node finishes its leave first (at most 15 s, then it is killed)
+        while alive "$v"; do
+            w=$((w + 1))
+            [ $w -lt 150 ] || { kill -9 "$(pidof_node "$v")" 2>/dev/null || true; }
+            sleep 0.1
+        done
         start_node "$v"
         restarts=$((restarts + 1))
         echo "$(date +%s) restart node $v" >>"$R/actions.txt"

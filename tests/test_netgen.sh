@@ -214,6 +214,11 @@ netgen cover netC $GEN --data-dir "$dir/empty" --require-coverage --out "$dir/x.
 [ $rc -eq 1 ] || fail "--require-coverage with an uncovered cluster: exit $rc, want 1"
 grep -q "cluster 1 of partition .* has no live expert" "$dir/err-cover.txt" ||
     fail "--require-coverage: $(cat "$dir/err-cover.txt")"
+# routed once per trajectory (--route hold): the mass is per routing, the same half
+netgen uncovered-hold netC $FULL --route hold --data-dir "$dir/empty" --out "$dir/unc-h.png" ||
+    fail "--route hold with an uncovered cluster"
+"$PY" -c "import json,sys; m=json.load(open(sys.argv[1]))['uncovered'][0]['mass']; sys.exit(0 if abs(m - 0.5) < 1e-6 else 1)" \
+    "$dir/uncovered-hold.json" || fail "--route hold: uncovered mass $(cat "$dir/uncovered-hold.json")"
 echo "ok: an uncovered cluster is routed around from the first step (mass $mass); --require-coverage refuses"
 
 # the pulled weights of cluster 1 serve it with no host anywhere: the --local image

@@ -821,6 +821,7 @@ static void test_absent_routed_around(void **state) {
             tu_check_scalar(ens.steps[1].w[i * K + k], k == 1 ? 0.0 : 0.5, 1e-7, "w[%d,%d]", i, k);
     assert_int_equal(ens.expert_forwards[1], 0);
     tu_check_scalar(ens.absent_mass[1], 2.0 * N / 3.0, 1e-5, "absent mass");
+    assert_int_equal(ens.absent_routed, 2 * N);
     assert_true(ens.absent_mass[0] == 0.0 && ens.absent_mass[2] == 0.0);
     ts_ensemble_free(&ens);
     /* top1 with uniform scores takes expert 0 when present; with 0 absent, the next (1) */
