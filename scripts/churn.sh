@@ -77,7 +77,7 @@ for c in $(seq 1 "$C"); do
                 --steps 8 --sampler euler --seed $((c * 1000 + k)) --json \
                 --out "$R/client-$c.png" >"$R/client-$c.json" 2>"$R/client-$c.err" || rc=$?
             ms=$((($(date +%s%N) - s) / 1000000))
-            "$PY" - "$R/client-$c.json" "$rc" "$ms" "$c" >>"$R/gens.jsonl" <<'PY'
+            "$PY" - "$R/client-$c.json" "$rc" "$ms" "$c" >>"$R/gens-$c.jsonl" <<'PY'
 import json, sys
 path, rc, ms, c = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 j = {}
@@ -149,6 +149,7 @@ while [ "$CALM" -eq 0 ] && [ "$(date +%s)" -lt $((end - INTERVAL)) ]; do
 done
 for p in $cpids; do wait "$p" || true; done
 cpids=
+cat "$R"/gens-*.jsonl >"$R/gens.jsonl" # one file per client: their lines never interleave
 
 # who should be running: everyone not in `stopped`
 deaths=0 rss_lines=""
