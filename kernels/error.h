@@ -51,8 +51,7 @@ const char *ts_strerror(int err);
  * nothing is written; the text is always NUL-terminated and truncated to errlen). */
 void ts_set_err(char *err, size_t errlen, const char *fmt, ...) TS_PRINTF(3, 4);
 
-/* Returns the code of expr from the calling function unless it is TS_OK. (Older files define the
- * same thing locally as TRY.) */
+/* Returns the code of expr from the calling function unless it is TS_OK. */
 #define TS_TRY(expr)                                                                               \
     do {                                                                                           \
         int ts_try_rc_ = (expr);                                                                   \
