@@ -6,7 +6,7 @@ Usage (from the repository root, after building bench_dit and bench_gemm):
                                          [--seconds S] [--quick] [--json] [--json-out FILE]
                                          [--omp-wait-policy passive|default ...] [--keep DIR]
 
-For each config (`tiny` and `small`, DESIGN §9; 28×28×1 images, 10 classes) it builds the
+For each config (`tiny` and `small`, architecture.md §9; 28×28×1 images, 10 classes) it builds the
 PyTorch DiT of tests/parity/dit_torch.py with random weights (every tensor non-zero, the
 zero-initialised adaLN and final layer too), writes them to a temporary safetensors file, and in
 one run, at the same thread count:
@@ -500,7 +500,7 @@ def main():
     blas = torch_blas()
     if not blas["openblas_library"]:
         log("bench_dit.py: warning: PyTorch does not load OpenBLAS here; the peer is not the one "
-            "DESIGN §11 names")
+            "architecture.md §11 names")
     log(f"PyTorch {torch.__version__}, BLAS: {blas['openblas_library']} "
         f"({blas['openblas_config']}), {ARGS.threads} threads")
     if ARGS.keep:

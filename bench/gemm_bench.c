@@ -1,14 +1,14 @@
 /*
  * gemm_bench.c — GFLOP/s of a DiT expert's matrix products on the CPU engine.
  *
- * How it works. The shape list is derived from the two configs below, exactly as the model will
- * use them (DESIGN §9): for every linear layer the rows are the batch's tokens (M = B·T) — except
- * adaLN, whose input is one conditioning vector per sample (M = B) — and attention multiplies
- * per (sample, head) pair: S = Q·Kᵀ (T × T × head_dim) and O = P·V. Each shape is timed three
- * times: the forward product and the two backward products (dinp and dweight for a linear; dQ/dK
- * and dP/dV for attention), each through the public op that the model will call
- * (ts_linear_forward / ts_linear_backward, ts_matmul / ts_matmul_backward), so the argument
- * checks and the dispatch are part of what is measured.
+ * How it works. The shape list is derived from the two configs below, exactly as the model will use
+ * them (architecture.md §9): for every linear layer the rows are the batch's tokens (M = B·T) —
+ * except adaLN, whose input is one conditioning vector per sample (M = B) — and attention
+ * multiplies per (sample, head) pair: S = Q·Kᵀ (T × T × head_dim) and O = P·V. Each shape is timed
+ * three times: the forward product and the two backward products (dinp and dweight for a linear;
+ * dQ/dK and dP/dV for attention), each through the public op that the model will call
+ * (ts_linear_forward / ts_linear_backward, ts_matmul / ts_matmul_backward), so the argument checks
+ * and the dispatch are part of what is measured.
  *
  * Timing (CLOCK_MONOTONIC): one warm-up call, then windows of calls, each about a fifth of
  * min_time (0.2 s by default), until min_time has passed and at least 3 windows (5 for the peak)

@@ -1,11 +1,11 @@
 /*
  * gemm_bench.h — the GEMM benchmark, shared by `bench_gemm` and `tessera bench gemm`.
  *
- * Times every matrix product of a DiT expert of the `tiny` and `small` configs (DESIGN §9) at
- * batch 1 and 64 — forward and both backward products — through the project's own ops on a CPU
+ * Times every matrix product of a DiT expert of the `tiny` and `small` configs (architecture.md §9)
+ * at batch 1 and 64 — forward and both backward products — through the project's own ops on a CPU
  * engine, next to the sgemm peak measured in the same run on a large square product. See
- * docs/benchmarks.md for how to read the table. It is not a model benchmark: no layer but the
- * GEMMs runs, and attention's products run on contiguous per-head buffers.
+ * docs/benchmarks.md for how to read the table. It is not a model benchmark: no layer but the GEMMs
+ * runs, and attention's products run on contiguous per-head buffers.
  */
 #ifndef TS_GEMM_BENCH_H
 #define TS_GEMM_BENCH_H

@@ -1,6 +1,6 @@
 /*
  * cmd_eval.c — `tessera eval --local DIR`: how good are the samples of each routing policy (and
- * of a monolith), measured in the evaluation classifier's feature space (DESIGN §10).
+ * of a monolith), measured in the evaluation classifier's feature space (architecture.md §10).
  *
  * For every entry of --policies the same n samples are generated — sample i from the noise
  * stream seed + i with label i mod 10, so the entries differ only by their routing — quantised to

@@ -1,6 +1,6 @@
 /*
- * cmd_generate.c — `tessera generate`: routed generation from an ensemble of experts (DESIGN §3,
- * model/ensemble.h), written as a PNG grid. The experts are either
+ * cmd_generate.c — `tessera generate`: routed generation from an ensemble of experts
+ * (architecture.md §3, model/ensemble.h), written as a PNG grid. The experts are either
  *   --local DIR      a folder in this process (client/local.h: experts, partition, router), or
  *   --peer HOST:PORT the network's (client/netgen.h): the view, the partition and the router come
  *                    from the network; the routing and the sampler run here; each evaluation's

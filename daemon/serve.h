@@ -1,6 +1,6 @@
 /*
- * serve.h — serving denoise requests for the node's one expert (DESIGN §7, docs/protocol.md
- * "Serving", §5–§7): a queue, a batcher, and a dedicated compute thread.
+ * serve.h — serving denoise requests for the node's one expert (architecture.md §7,
+ * docs/protocol.md "Serving", §5–§7): a queue, a batcher, and a dedicated compute thread.
  *
  * What it is. A ts_serve_t registers the denoise_request handler on a net/rpc.h endpoint. Each
  * request is checked against the expert (expert id, x_t's dtype and shape, finite values, labels,

@@ -3,7 +3,7 @@
  *
  * Every op takes the engine it runs on, and every tensor it touches must live on the engine's
  * device (else TS_EDEVICE). There is no global compute state: a process may hold a CPU engine and
- * a CUDA engine side by side, each driven by its own compute thread (DESIGN §4).
+ * a CUDA engine side by side, each driven by its own compute thread (architecture.md §4).
  *
  * CPU: a pool of worker threads (one per core by default) runs every op: the per-element and
  * per-row loops, and the GEMMs, each worker calling single-threaded OpenBLAS on its own slice of

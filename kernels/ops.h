@@ -198,7 +198,7 @@ int ts_mean_tokens_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *
 /* dx (B, T, C) += dout (B, C) / T, broadcast over the tokens. */
 int ts_mean_tokens_backward(ts_engine_t *e, ts_tensor_t *dx, const ts_tensor_t *dout);
 
-/* Flow matching, rectified-flow convention (DESIGN §3): per sample b with t_b in [0, 1],
+/* Flow matching, rectified-flow convention (architecture.md §3): per sample b with t_b in [0, 1],
  * xt = (1 − t_b)·x0 + t_b·eps and target = eps − x0 (the velocity). x0, eps, xt, target are
  * (B, ...) with the same shape; t (B). */
 int ts_flow_interp(ts_engine_t *e, ts_tensor_t *xt, ts_tensor_t *target, const ts_tensor_t *x0,

@@ -1,10 +1,11 @@
 /*
  * ref.c — naive reference implementations of the forward ops, for checking (see kernels/ref.h).
  *
- * What it is: the formulas of kernels/ops.h written a second time, as the plainest loops that
- * could possibly be right: one output element at a time, every sum accumulated in double, every
+ * What it is: the formulas of kernels/ops.h written a second time, as the plainest loops that could
+ * possibly be right: one output element at a time, every sum accumulated in double, every
  * transcendental evaluated in double and rounded to float once at the end. The layouts follow the
- * documentation (ops.h, DESIGN §9) and the DiT reference code they describe, not the backends.
+ * documentation (ops.h, architecture.md §9) and the DiT reference code they describe, not the
+ * backends.
  *
  * What it is not: fast, threaded, or shared with anything. It deliberately includes neither
  * kernels/math.h nor a backend header, so a mistake in the shared per-element math cannot hide by

@@ -1,9 +1,9 @@
 /*
  * dit.h — the Diffusion Transformer expert (DiT, Peebles & Xie 2023) as a velocity model.
  *
- * One ts_dit_t is one expert on one engine: its parameters in one allocation with a named view
- * per tensor (the DiT/PyTorch names of DESIGN §9), optionally gradients in a second allocation of
- * the same layout, and activations for up to max_batch samples preallocated in an arena. Forward
+ * One ts_dit_t is one expert on one engine: its parameters in one allocation with a named view per
+ * tensor (the DiT/PyTorch names of architecture.md §9), optionally gradients in a second allocation
+ * of the same layout, and activations for up to max_batch samples preallocated in an arena. Forward
  * and backward are written by hand as a list of op calls (kernels/ops.h); backward accumulates
  * parameter gradients and ts_dit_zero_grad clears them.
  *

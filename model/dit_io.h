@@ -4,7 +4,7 @@
  * The file's __metadata__ carries the config under the DiT constructor's names as decimal
  * strings: input_size, patch_size, in_channels, hidden_size, depth, num_heads, num_classes
  * (required), mlp_ratio (default 4) and freq_dim (default 256); plus anything the caller adds
- * (objective, partition_id, cluster, ...). Tensors are named as in DESIGN §9 (the PyTorch
+ * (objective, partition_id, cluster, ...). Tensors are named as in architecture.md §9 (the PyTorch
  * state_dict of a DiT), pos_embed included as (1, T, hidden) so a PyTorch DiT loads the file
  * with strict=True. F16 and BF16 tensors are converted to F32 on load.
  */

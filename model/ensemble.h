@@ -1,6 +1,6 @@
 /*
  * ensemble.h — K experts in one process, composed per step and per sample into one velocity
- * field for the sampler (DESIGN §3): v(x_t, t) = Σ_k w_k · v_k(x_t, t).
+ * field for the sampler (architecture.md §3): v(x_t, t) = Σ_k w_k · v_k(x_t, t).
  *
  * At every evaluation the ensemble scores the K experts for every sample by a policy (router
  * logits, distances of an estimate to the partition's centroids, each expert's own confidence,

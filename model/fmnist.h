@@ -14,8 +14,8 @@
  * `err` naming the file. Memory grows with the bytes actually read, so a header that lies about
  * its size fails as truncated instead of asking for gigabytes.
  *
- * A shard file names the subset of the training set one expert learns from (DESIGN §10: the
- * k-means partition). It is text, one non-negative decimal index per line; blank lines and `#`
+ * A shard file names the subset of the training set one expert learns from (architecture.md §10:
+ * the k-means partition). It is text, one non-negative decimal index per line; blank lines and `#`
  * comments (whole-line or after the index) are allowed.
  *
  * What it is not: a data loader with batching or augmentation (the trainer draws batches from a

@@ -1,6 +1,6 @@
 /*
- * metrics.h — the numbers `tessera eval` reports (DESIGN §10): the Fréchet distance between two
- * sets of features, and the class coverage of a set of predictions.
+ * metrics.h — the numbers `tessera eval` reports (architecture.md §10): the Fréchet distance
+ * between two sets of features, and the class coverage of a set of predictions.
  *
  * Fréchet distance (FD). Each set of features (n rows of d floats, e.g. the evaluation
  * classifier's penultimate layer) is summarised by a Gaussian N(μ, Σ) fitted to it; the FD of two

@@ -1,6 +1,6 @@
 /*
- * partition.h — the data partition of a decentralized diffusion model (DESIGN §2, §10): PCA,
- * k-means++, and the artifact that defines the clusters.
+ * partition.h — the data partition of a decentralized diffusion model (architecture.md §2, §10):
+ * PCA, k-means++, and the artifact that defines the clusters.
  *
  * A partition embeds every training image with PCA (the top `dims` principal directions of the
  * pixels, 64 by default), clusters the embeddings into K clusters with k-means++ and Lloyd

@@ -1,5 +1,5 @@
 /*
- * routing.h — how one denoising step weighs the experts (DESIGN §3), and nothing else.
+ * routing.h — how one denoising step weighs the experts (architecture.md §3), and nothing else.
  *
  * Pure functions from scores to weights: a policy turns what it knows about each sample
  * (router logits, distances of an estimate to the cluster centroids, each expert's own

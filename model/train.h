@@ -10,10 +10,10 @@
  * Reproducibility. Every random draw is a pure function of (seed, step): the data order is a
  * per-epoch permutation drawn from the counter-based RNG, and the noise, times and label drops of
  * step s come from fixed stretches of their streams. The whole training state is therefore the
- * three slabs, the parameters and the step number; a checkpoint holds exactly that, so a
- * resumed run continues bit-identically (on the same build and thread count). In particular the
- * checkpoint's "RNG state and data cursor" (DESIGN §8) are exactly (seed, step): there is no
- * generator state or file position to save, because every draw — the epoch permutation, the
+ * three slabs, the parameters and the step number; a checkpoint holds exactly that, so a resumed
+ * run continues bit-identically (on the same build and thread count). In particular the
+ * checkpoint's "RNG state and data cursor" (architecture.md §8) are exactly (seed, step): there is
+ * no generator state or file position to save, because every draw — the epoch permutation, the
  * position in it, the noise, the times and the label drops — is a pure function of the two.
  */
 #ifndef TS_TRAIN_H

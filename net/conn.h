@@ -1,6 +1,6 @@
 /*
  * conn.h — encrypted TCP connections on libuv: the Noise handshake, then application frames in
- * both directions (DESIGN §4–§5, docs/protocol.md §2, §3 and "Connection lifecycle").
+ * both directions (architecture.md §4–§5, docs/protocol.md §2, §3 and "Connection lifecycle").
  *
  * What it is. A ts_net_t is one node's connection machinery on one uv_loop: its identity and
  * network key, its limits, its listeners and every live connection. A connection (ts_conn_t) is

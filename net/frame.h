@@ -1,6 +1,6 @@
 /*
- * frame.h — the wire's framing, as a pure codec: bytes in, messages out, no I/O (DESIGN §5,
- * docs/protocol.md).
+ * frame.h — the wire's framing, as a pure codec: bytes in, messages out, no I/O (architecture.md
+ * §5, docs/protocol.md).
  *
  * A TCP connection carries two nested length-prefixed layers:
  *

@@ -1,7 +1,7 @@
 /*
- * gossip.h — the gossip layer as it runs in a daemon (DESIGN §6): the SWIM core of net/swim.h
- * driven by a libuv loop, over sealed UDP datagrams and the secure TCP links of net/rpc.h, with
- * signed adverts, the address book and the status view.
+ * gossip.h — the gossip layer as it runs in a daemon (architecture.md §6): the SWIM core of
+ * net/swim.h driven by a libuv loop, over sealed UDP datagrams and the secure TCP links of
+ * net/rpc.h, with signed adverts, the address book and the status view.
  *
  * What it does, once started:
  *   - UDP: one socket bound to the listen address (the TCP listener's port; the same host:port

@@ -1,6 +1,6 @@
 /*
  * keys.h — a node's identity and the network key: their files, and the handshake payload that
- * binds a node's identity to its Noise static key (DESIGN §5).
+ * binds a node's identity to its Noise static key (architecture.md §5).
  *
  * Identity. Every node has an Ed25519 key pair, and the public key is the node id
  * (ts_node_id_t), shown as a hex prefix (ts_node_id_hex). The node's Noise static key (X25519) is

@@ -1,6 +1,6 @@
 /*
- * swim.h — gossip membership (DESIGN §6): SWIM with Lifeguard's refinements, as a pure state
- * machine.
+ * swim.h — gossip membership (architecture.md §6): SWIM with Lifeguard's refinements, as a pure
+ * state machine.
  *
  * One ts_swim_t is one node's view of the network: which members exist, whether each is alive,
  * suspect, dead or gone, at which incarnation, at which address, and which advert version it
@@ -23,8 +23,8 @@
  * from ts_swim_create, nothing allocates.
  *
  * Messages are plaintext structs. Sealing (XChaCha20-Poly1305 under the network key, with the
- * sender id and a replay counter, DESIGN §5) is the transport's job, between ts_swim_wire_encode
- * and the socket; the packet budget below leaves it TS_SWIM_SEAL_RESERVE bytes.
+ * sender id and a replay counter, architecture.md §5) is the transport's job, between
+ * ts_swim_wire_encode and the socket; the packet budget below leaves it TS_SWIM_SEAL_RESERVE bytes.
  *
  * Signed claims. A node's statements about itself — "I am alive at incarnation i, at this
  * address, serving advert version v with hash h", and "I am leaving" — are claims signed by the

@@ -1,5 +1,5 @@
 /*
- * ckpt.h — training checkpoints in the store (the `ckpt` database, DESIGN §8).
+ * ckpt.h — training checkpoints in the store (the `ckpt` database, architecture.md §8).
  *
  * A checkpoint is an opaque blob — in practice the safetensors bytes of ts_trainer_save_mem:
  * step, parameters, AdamW moments, EMA weights, and (seed, step), which are the RNG state and the

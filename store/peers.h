@@ -1,5 +1,5 @@
 /*
- * peers.h — the address book: the peers a node has seen (the `peers` database, DESIGN §8).
+ * peers.h — the address book: the peers a node has seen (the `peers` database, architecture.md §8).
  *
  * One entry per node id (32 bytes, the key): up to TS_PEER_MAX_ADDRS addresses "host:port"
  * (each 1..TS_PEER_ADDR_MAX bytes; host may be a name, an IPv4 address or a bracketed IPv6

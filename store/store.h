@@ -1,5 +1,6 @@
 /*
- * store.h — the LMDB environment that holds all durable state of a node or a client (DESIGN §8).
+ * store.h — the LMDB environment that holds all durable state of a node or a client
+ * (architecture.md §8).
  *
  * One environment per data directory (default $XDG_DATA_HOME/tessera, else
  * ~/.local/share/tessera), with the named databases below and a schema version in `meta`
@@ -9,8 +10,8 @@
  *     reports MDB_MAP_FULL the transaction is aborted, the map is grown (doubled, up to the
  *     configured maximum) and the function is run again from the start — so a write function
  *     must be restartable: it may only change the store through the transaction it is given.
- *     Writes are serialised by a mutex (LMDB allows one writer; DESIGN §4 wants one writing
- *     thread, and the mutex makes a second one wait rather than corrupt anything).
+ *     Writes are serialised by a mutex (LMDB allows one writer; architecture.md §4 wants one
+ *     writing thread, and the mutex makes a second one wait rather than corrupt anything).
  *   - Reads run inside a read-only transaction (ts_store_read). The environment is opened with
  *     MDB_NOTLS so readers are not tied to threads; MDB_MAP_RESIZED (another process grew the
  *     map) is handled by adopting the new size and retrying; MDB_READERS_FULL by clearing stale

@@ -1,5 +1,5 @@
 /*
- * weights.h — expert weights in the store as content-addressed chunks (DESIGN §8).
+ * weights.h — expert weights in the store as content-addressed chunks (architecture.md §8).
  *
  * A safetensors file is cut into 1 MiB chunks (the last one shorter). Each chunk is stored in
  * the `chunks` database under its BLAKE2b-256 hash, so a chunk shared by two files — or present

@@ -1,8 +1,8 @@
 """dit_torch.py — the PyTorch reference for tessera's DiT expert, and a small safetensors codec.
 
 This is the independent side of the parity test (tests/parity/run_parity.py): a Diffusion
-Transformer written directly from the DiT paper (Peebles & Xie 2023) and DESIGN §9, with the
-parameter names of the DiT state_dict, so that the C model (model/dit.c) and this module load the
+Transformer written directly from the DiT paper (Peebles & Xie 2023) and docs/architecture.md
+§9, with the parameter names of the DiT state_dict, so that the C model (model/dit.c) and this module load the
 very same safetensors file with strict name and shape checking.
 
 What it is not: a training script or a copy of the DiT repository. It holds only what the parity
@@ -346,7 +346,7 @@ class DiT(nn.Module):
 
 
 def flow_matching_loss(model, x0, eps, t, y):
-    """mean((v − (ε − x0))²) at x_t = (1 − t)·x0 + t·ε (DESIGN §3)."""
+    """mean((v − (ε − x0))²) at x_t = (1 − t)·x0 + t·ε (architecture.md §3)."""
     tb = t[:, None, None, None]
     xt = (1 - tb) * x0 + tb * eps
     v = model(xt, t, y)
