@@ -393,13 +393,14 @@ int ts_cmd_generate(int argc, char **argv) {
     int auto_prior =
         !class_prior && !no_prior && label >= 0 && label < c->num_classes && loc.ex.K > 1;
     if (class_prior || auto_prior) {
-        ts_dataset_t train = {0};
+        int32_t *train_labels = NULL; /* the labels alone: the prior needs no pixels */
+        int n_train = 0;
         char sub[512] = "";
-        rc = ts_fmnist_load(fmnist_dir, "train", &train, sub, sizeof sub);
+        rc = ts_fmnist_load_labels(fmnist_dir, "train", &train_labels, &n_train, sub, sizeof sub);
         if (rc == TS_OK)
-            rc = ts_local_class_prior(&loc, train.labels, train.n, train.num_classes, &log_prior,
-                                      sub, sizeof sub);
-        ts_dataset_free(&train);
+            rc = ts_local_class_prior(&loc, train_labels, n_train, TS_FMNIST_NUM_CLASSES,
+                                      &log_prior, sub, sizeof sub);
+        free(train_labels);
         if (rc == TS_OK) {
             prior_used = auto_prior ? "class (default with --class)" : "class";
         } else if (auto_prior) {

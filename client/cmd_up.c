@@ -328,6 +328,9 @@ static void count_view(const char *json, int *alive, int *adverts) {
         (*adverts)++;
 }
 
+/* each node's listen address, as it wrote it at start (up's) */
+static char node_addr[MAX_NODES][300];
+
 static int up(const char *rundir_arg, const char *experts_arg, int nodes, int timeout_s,
               int no_experts, int json, int compute_threads) {
     char rundir[PATHLEN], experts[PATHLEN], daemon[PATHLEN], path[PATHLEN], err[512];
@@ -405,9 +408,9 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
             stop_all(rundir, 10, 1);
             return 1;
         }
-        char addr[300];
+        char *addr = node_addr[i];
         pid_t pid = spawn(daemon, rundir, i);
-        if (pid <= 0 || wait_listening(rundir, i, pid, deadline, addr, sizeof addr) != 0) {
+        if (pid <= 0 || wait_listening(rundir, i, pid, deadline, addr, sizeof node_addr[i]) != 0) {
             fprintf(stderr,
                     "tessera up: node %d did not start (%s); see %s/node-%d/tesserad.out "
                     "and tesserad.log\n",
@@ -416,7 +419,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
             return 1;
         }
         if (i == 0)
-            snprintf(addr0, sizeof addr0, "%s", addr);
+            snprintf(addr0, sizeof addr0, "%s", node_addr[0]);
         if (!json && isatty(STDERR_FILENO))
             fprintf(stderr, "\rtessera up: started %d/%d nodes", i + 1, nodes);
     }
@@ -447,12 +450,9 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
         stop_all(rundir, 10, 1);
         return 1;
     }
-    /* each node's addresses, from the files it wrote at start */
-    char node_addr[MAX_NODES][300], node_metrics[MAX_NODES][300];
+    /* each node's metrics URL, from the file it wrote at start next to listen.addr */
+    char node_metrics[MAX_NODES][300];
     for (int i = 0; i < nodes; i++) {
-        pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
-        if (read_line(path, node_addr[i], sizeof node_addr[i]) != 0)
-            snprintf(node_addr[i], sizeof node_addr[i], "?");
         pathf(path, "%s/node-%d/data/metrics.url", rundir, i);
         if (read_line(path, node_metrics[i], sizeof node_metrics[i]) != 0)
             node_metrics[i][0] = 0;

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "kernels/engine.h"
+#include "daemon/expert.h"
 #include "kernels/error.h"
 #include "model/classifier.h"
 #include "model/dit_io.h"
@@ -75,35 +76,15 @@ static int check_weights(const ts_daemon_config_t *c, ts_engine_t *e, const ts_p
     rc = ts_dit_open_file(&m, &f, e, 1, 0, sub, sizeof sub);
     if (rc == TS_OK)
         ts_dit_free(&m);
-    const char *pid = ts_st_meta(&f, "partition_id"), *cl = ts_st_meta(&f, "cluster");
-    const char *obj = ts_st_meta(&f, "objective");
-    char *end = NULL;
-    long k = cl ? strtol(cl, &end, 10) : -1;
-    if (rc == TS_OK && (!pid || !cl)) {
-        ts_set_err(sub, sizeof sub,
-                   "the weights carry no partition_id and cluster: train them "
-                   "with `tessera train --partition DIR --cluster K`");
-        rc = TS_EINVAL;
-    } else if (rc == TS_OK && obj && strcmp(obj, "velocity") != 0) {
-        ts_set_err(sub, sizeof sub,
-                   "the weights' objective '%s' is not one a node serves "
-                   "(velocity)",
-                   obj);
-        rc = TS_EINVAL;
-    } else if (rc == TS_OK && (end == cl || *end || k < 0)) {
-        ts_set_err(sub, sizeof sub, "the weights' cluster '%s' is not a number", cl);
-        rc = TS_ECORRUPT;
-    } else if (rc == TS_OK && strcmp(pid, p->id) != 0) {
-        ts_set_err(sub, sizeof sub, "they were trained on partition %.16s…, not on %s (%.16s…)",
-                   pid, c->expert_partition, p->id);
-        rc = TS_EINVAL;
-    } else if (rc == TS_OK && k >= p->K) {
-        ts_set_err(sub, sizeof sub, "their cluster %ld is not below the partition's K = %d", k,
-                   p->K);
-        rc = TS_EINVAL;
-    }
+    char pid[TS_PARTITION_ID_HEX + 8] = "";
+    ts_dit_config_t cfg;
+    uint32_t k = 0;
     if (rc == TS_OK)
-        fprintf(out, "  weights     %s: cluster %ld of %d, every tensor loads\n", c->expert_weights,
+        rc = ts_expert_weights_meta(&f, &cfg, &k, pid, sizeof pid, sub, sizeof sub);
+    if (rc == TS_OK)
+        rc = ts_expert_belongs(pid, k, c->expert_weights, p, c->expert_partition, sub, sizeof sub);
+    if (rc == TS_OK)
+        fprintf(out, "  weights     %s: cluster %u of %d, every tensor loads\n", c->expert_weights,
                 k, p->K);
     else
         ts_set_err(err, errlen, "[expert] weights %s: %s", c->expert_weights, sub);

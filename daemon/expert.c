@@ -15,7 +15,7 @@
 #include "model/safetensors.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "adverts send the centroid's floats as they are in memory: little-endian");
+               "adverts send the centroid's floats as they are in memory: little-endian");
 
 /* The weights' hash: a file is imported, anything else is looked up as a hash prefix. */
 static int find_weights(ts_store_t *s, const char *weights, ts_hash_t *h, char *err,
@@ -35,6 +35,48 @@ static int parse_u32(const char *v, uint32_t *out) {
     return TS_OK;
 }
 
+int ts_expert_weights_meta(const ts_st_file_t *f, ts_dit_config_t *cfg, uint32_t *cluster,
+                           char *pid, size_t pidlen, char *err, size_t errlen) {
+    int rc = ts_dit_config_from_file(f, cfg, err, errlen);
+    const char *p = ts_st_meta(f, "partition_id"), *c = ts_st_meta(f, "cluster"),
+               *o = ts_st_meta(f, "objective");
+    if (rc == TS_OK && (!p || !c)) {
+        ts_set_err(err, errlen,
+                   "the weights carry no partition_id and cluster: train them with "
+                   "`tessera train --partition DIR --cluster K`");
+        rc = TS_EINVAL;
+    } else if (rc == TS_OK && parse_u32(c, cluster) != TS_OK) {
+        ts_set_err(err, errlen, "the weights' cluster '%s' is not a number", c);
+        rc = TS_ECORRUPT;
+    } else if (rc == TS_OK && o && strcmp(o, "velocity") != 0) {
+        ts_set_err(err, errlen,
+                   "the weights' objective '%s' is not one this node serves "
+                   "(velocity)",
+                   o);
+        rc = TS_EINVAL;
+    }
+    if (rc == TS_OK)
+        snprintf(pid, pidlen, "%s", p);
+    return rc;
+}
+
+int ts_expert_belongs(const char *pid, uint32_t cluster, const char *weights,
+                      const ts_partition_t *part, const char *partition, char *err, size_t errlen) {
+    if (strcmp(part->id, pid) != 0) {
+        ts_set_err(err, errlen,
+                   "the weights %s were trained on partition %.16s…, not on %s "
+                   "(%.16s…)",
+                   weights, pid, partition, part->id);
+        return TS_EINVAL;
+    }
+    if (cluster >= (uint32_t)part->K) {
+        ts_set_err(err, errlen, "the weights' cluster %u is not below the partition's K = %d",
+                   cluster, part->K);
+        return TS_EINVAL;
+    }
+    return TS_OK;
+}
+
 /* Reads the config and the partition metadata from the weights file in the store. */
 static int read_weights_meta(ts_store_t *s, ts_expert_info_t *e, char *pid, size_t pidlen,
                              char *err, size_t errlen) {
@@ -46,23 +88,7 @@ static int read_weights_meta(ts_store_t *s, ts_expert_info_t *e, char *pid, size
     ts_st_file_t f;
     if ((rc = ts_st_parse(buf, len, &f, err, errlen)) != TS_OK)
         return rc;
-    rc = ts_dit_config_from_file(&f, &e->config, err, errlen);
-    const char *p = ts_st_meta(&f, "partition_id"), *c = ts_st_meta(&f, "cluster"),
-               *o = ts_st_meta(&f, "objective");
-    if (rc == TS_OK && (!p || !c)) {
-        ts_set_err(err, errlen, "the weights carry no partition_id and cluster: train them with "
-                                "`tessera train --partition DIR --cluster K`");
-        rc = TS_EINVAL;
-    } else if (rc == TS_OK && parse_u32(c, &e->cluster) != TS_OK) {
-        ts_set_err(err, errlen, "the weights' cluster '%s' is not a number", c);
-        rc = TS_ECORRUPT;
-    } else if (rc == TS_OK && o && strcmp(o, "velocity") != 0) {
-        ts_set_err(err, errlen, "the weights' objective '%s' is not one this node serves "
-                                "(velocity)", o);
-        rc = TS_EINVAL;
-    }
-    if (rc == TS_OK)
-        snprintf(pid, pidlen, "%s", p);
+    rc = ts_expert_weights_meta(&f, &e->config, &e->cluster, pid, pidlen, err, errlen);
     e->objective = TESSERA__OBJECTIVE__OBJECTIVE_VELOCITY;
     ts_st_free(&f);
     return rc;
@@ -90,15 +116,7 @@ int ts_expert_prepare(ts_store_t *s, const char *weights, const char *partition,
         ts_set_err(err, errlen, "partition %s: %s", partition, sub);
         return rc;
     }
-    if (strcmp(part.id, pid) != 0) {
-        ts_set_err(err, errlen, "the weights %s were trained on partition %.16s…, not on %s "
-                                "(%.16s…)", weights, pid, partition, part.id);
-        rc = TS_EINVAL;
-    } else if (out->cluster >= (uint32_t)part.K) {
-        ts_set_err(err, errlen, "the weights' cluster %u is not below the partition's K = %d",
-                   out->cluster, part.K);
-        rc = TS_EINVAL;
-    }
+    rc = ts_expert_belongs(pid, out->cluster, weights, &part, partition, err, errlen);
     if (rc == TS_OK) {
         out->num_clusters = (uint32_t)part.K;
         out->dims = part.k;
@@ -111,9 +129,8 @@ int ts_expert_prepare(ts_store_t *s, const char *weights, const char *partition,
     }
     ts_partition_free(&part);
     /* The partition goes into the store too, so that clients can fetch it from this node. */
-    if (rc == TS_OK &&
-        (rc = ts_weights_import_file(s, partition, &out->partition_hash, NULL, NULL, sub,
-                                     sizeof sub)) != TS_OK)
+    if (rc == TS_OK && (rc = ts_weights_import_file(s, partition, &out->partition_hash, NULL, NULL,
+                                                    sub, sizeof sub)) != TS_OK)
         ts_set_err(err, errlen, "partition %s: cannot import it into the store: %s", partition,
                    sub);
     if (rc != TS_OK)
@@ -131,8 +148,9 @@ int ts_expert_add_router(ts_store_t *s, const char *router, ts_expert_info_t *e,
         char want[TS_HASH_HEX];
         ts_hash_hex(&e->partition_hash, want);
         if (pid && strcmp(pid, want) != 0) {
-            ts_set_err(sub, sizeof sub, "it was trained on partition %.16s…, not the expert's "
-                                        "%.16s…",
+            ts_set_err(sub, sizeof sub,
+                       "it was trained on partition %.16s…, not the expert's "
+                       "%.16s…",
                        pid, want);
             rc = TS_EINVAL;
         }

@@ -20,6 +20,8 @@
 #include <stdint.h>
 
 #include "model/dit.h"
+#include "model/partition.h"
+#include "model/safetensors.h"
 #include "proto/tessera.pb-c.h"
 #include "store/store.h"
 #include "store/weights.h"
@@ -41,6 +43,16 @@ typedef struct ts_expert_info {
  * already in the store; partition is a `tessera partition` artifact path. The weights must
  * carry partition_id (equal to the partition file's) and a cluster below its K. TS_EINVAL,
  * TS_ENOTFOUND, TS_ECORRUPT, TS_EIO with a sentence. Free with ts_expert_info_free. */
+/* What a weights file says of itself, checked as a node must: the DiT config, partition_id and
+ * cluster present (cluster a number), and an objective a node serves (velocity, or none).
+ * pid receives partition_id. TS_EINVAL or TS_ECORRUPT with a sentence. */
+int ts_expert_weights_meta(const ts_st_file_t *f, ts_dit_config_t *cfg, uint32_t *cluster,
+                           char *pid, size_t pidlen, char *err, size_t errlen);
+/* That weights with (pid, cluster) belong to the partition part (file `partition`): the same id,
+ * the cluster below its K. TS_EINVAL with a sentence naming both. */
+int ts_expert_belongs(const char *pid, uint32_t cluster, const char *weights,
+                      const ts_partition_t *part, const char *partition, char *err, size_t errlen);
+
 int ts_expert_prepare(ts_store_t *s, const char *weights, const char *partition,
                       ts_expert_info_t *out, char *err, size_t errlen);
 

@@ -345,6 +345,31 @@ done:
     return rc;
 }
 
+int ts_fmnist_load_labels(const char *dir, const char *split, int32_t **labels, int *n, char *err,
+                          size_t errlen) {
+    if (!labels || !n || !split)
+        return fail(err, errlen, TS_EINVAL, "ts_fmnist_load_labels: NULL argument");
+    *labels = NULL;
+    *n = 0;
+    const char *prefix = split_prefix(split);
+    if (!prefix)
+        return fail(err, errlen, TS_EINVAL, "unknown split \"%s\"", split);
+    idx_file_t lab = {0};
+    uint32_t ldims[1] = {0};
+    int rc = idx_open(&lab, dir ? dir : TS_FMNIST_DEFAULT_DIR, prefix, "labels-idx1", err, errlen);
+    if (!rc)
+        rc = idx_header(&lab, TS_FMNIST_MAGIC_LABELS, 1, ldims, err, errlen);
+    if (!rc && (ldims[0] < 1 || ldims[0] > TS_FMNIST_MAX_N))
+        rc = fail(err, errlen, TS_ECORRUPT, "%s: item count %u is out of range (1..%d)", lab.path,
+                  ldims[0], TS_FMNIST_MAX_N);
+    if (!rc)
+        rc = load_labels(&lab, (int)ldims[0], labels, err, errlen);
+    if (!rc)
+        *n = (int)ldims[0];
+    idx_close(&lab);
+    return rc;
+}
+
 /* ---- subsets --------------------------------------------------------------------------- */
 
 int ts_dataset_subset(const ts_dataset_t *src, const int32_t *idx, int n, ts_dataset_t *dst) {

@@ -62,6 +62,11 @@ typedef struct ts_dataset {
  * TS_ENOMEM. */
 int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *err, size_t errlen);
 
+/* The labels of one split alone (the labels file, checked as ts_fmnist_load checks it), for what
+ * needs no pixels (the class prior): *labels malloc'ed, *n of them. Errors as ts_fmnist_load. */
+int ts_fmnist_load_labels(const char *dir, const char *split, int32_t **labels, int *n, char *err,
+                          size_t errlen);
+
 /* Copies the items src[idx[0]], ..., src[idx[n−1]] (in that order; repeats allowed) into a new
  * dataset *dst with src's shape and num_classes. n = 0 gives an empty dataset with NULL buffers.
  * dst must not be src. On success *dst owns its buffers (ts_dataset_free); on failure it is

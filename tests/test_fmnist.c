@@ -187,6 +187,13 @@ static void check_real_split(const char *split, int n, int per_class, int first_
         assert_int_equal(hist[c], per_class);
     /* Fashion-MNIST documents the first item of both splits as class 9, "Ankle boot" */
     assert_int_equal(ds.labels[0], first_label);
+    /* the labels alone (what the class prior reads): the same labels */
+    int32_t *labels = NULL;
+    int nl = 0;
+    CHECK_OK(ts_fmnist_load_labels(NULL, split, &labels, &nl, err, sizeof err));
+    assert_int_equal(nl, n);
+    assert_memory_equal(labels, ds.labels, (size_t)n * sizeof *labels);
+    free(labels);
     ts_dataset_free(&ds);
     assert_null(ds.images);
 }
@@ -377,6 +384,12 @@ static void test_label_out_of_range(void **state) {
     s.lab[8 + 2] = 10;
     synth_write(&s, "train", 1);
     expect_load_error(TS_ECORRUPT, "label 10 of item 2 is out of range (classes are 0..9)");
+    int32_t *labels = (int32_t *)1;
+    int n = 7;
+    CHECK_RC(ts_fmnist_load_labels(tu_temp_dir(), "train", &labels, &n, err, sizeof err),
+             TS_ECORRUPT);
+    assert_null(labels);
+    assert_int_equal(n, 0);
 }
 
 static void test_dims_out_of_range(void **state) {
