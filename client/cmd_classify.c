@@ -10,6 +10,13 @@
  *                     accuracy per t-bucket [0, 0.1), [0.1, 0.2), … on test images, each labelled
  *                     with its nearest centroid (ts_partition_embed + ts_partition_nearest): high
  *                     near t = 0, down to chance near t = 1, where x_t is almost pure noise.
+ *   calibrate         how calibrated a router's probabilities are along t: per t-bucket on
+ *                     held-out test images (nearest-centroid truth), accuracy, NLL and expected
+ *                     calibration error (model/quality.h), and the temperature that minimises the
+ *                     NLL — per bucket and one for every t, each fitted on the first half of the
+ *                     images and scored on the second. The class prior of class-aware routing
+ *                     multiplies p(k | x_t) as if it were calibrated; `eval --policies
+ *                     POLICY+temp=T` applies the temperature.
  *
  * Both print the progress line of `tessera train` on stderr (rewritten in place on a terminal)
  * and with --json one JSON object per log line and a summary on stdout. The trunk is a DiT
@@ -34,6 +41,7 @@
 #include "model/fmnist.h"
 #include "model/ensemble.h"
 #include "model/partition.h"
+#include "model/quality.h"
 
 #define N_BUCKETS 10
 #define EVAL_SEED 0x5eedull /* the router evaluation's noise: the same for every run */
@@ -527,5 +535,164 @@ int ts_cmd_train_router(int argc, char **argv) {
     ts_local_free(&experts);
     run_free(&r);
     ts_partition_free(&p);
+    return rc == TS_OK ? 0 : 1;
+}
+
+/* ---- tessera calibrate ------------------------------------------------------------------------ */
+
+#define CAL_BINS_DEFAULT 15
+
+typedef struct {
+    double acc, nll, ece;   /* raw logits, on the scoring half */
+    double T, nll_t, ece_t; /* this bucket's own temperature (fitted on the fitting half) */
+    double ece_g, nll_g;    /* the global temperature */
+} cal_bucket_t;
+
+/* Logits (n, K) of the router for the first n test images in t-bucket j. */
+static int bucket_logits(ts_classifier_t *c, ts_engine_t *e, const ts_dataset_t *test, int n, int B,
+                         int j, float *out) {
+    eval_bufs_t b;
+    int K = ts_classifier_num_outputs(c);
+    int rc = eval_init(&b, e, test, B, K);
+    for (int lo = 0; lo < n && rc == TS_OK; lo += B) {
+        int m = n - lo < B ? n - lo : B;
+        rc = eval_batch(c, e, &b, test, lo, m, j);
+        if (rc == TS_OK)
+            memcpy(out + (int64_t)lo * K, b.logits, (size_t)m * K * sizeof *out);
+    }
+    eval_free(&b);
+    return rc;
+}
+
+/* One bucket's statistics: fit on rows [0, h), score on [h, n). */
+static int cal_score(const float *z, const int32_t *y, int n, int K, int bins, double Tg,
+                     cal_bucket_t *q, char *err, size_t errlen) {
+    int h = n / 2;
+    const float *zs = z + (int64_t)h * K;
+    const int32_t *ys = y + h;
+    int right = 0;
+    for (int i = h; i < n; i++)
+        right += argmax(z + (int64_t)i * K, K) == y[i];
+    q->acc = (double)right / (n - h);
+    TS_TRY(ts_calib_nll(zs, ys, n - h, K, 1.0, &q->nll, err, errlen));
+    TS_TRY(ts_calib_ece(zs, ys, n - h, K, 1.0, bins, &q->ece, err, errlen));
+    TS_TRY(ts_calib_fit_temperature(z, y, h, K, &q->T, err, errlen));
+    TS_TRY(ts_calib_nll(zs, ys, n - h, K, q->T, &q->nll_t, err, errlen));
+    TS_TRY(ts_calib_ece(zs, ys, n - h, K, q->T, bins, &q->ece_t, err, errlen));
+    TS_TRY(ts_calib_nll(zs, ys, n - h, K, Tg, &q->nll_g, err, errlen));
+    return ts_calib_ece(zs, ys, n - h, K, Tg, bins, &q->ece_g, err, errlen);
+}
+
+static void cal_print(const char *router, int n, double Tg, const cal_bucket_t *q, int json) {
+    if (json) {
+        json_t *list = json_array();
+        for (int j = 0; j < N_BUCKETS; j++)
+            json_array_append_new(
+                list,
+                json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "t_lo", j / 10.0,
+                          "t_hi", (j + 1) / 10.0, "accuracy", q[j].acc, "nll", q[j].nll, "ece",
+                          q[j].ece, "temperature", q[j].T, "nll_fit", q[j].nll_t, "ece_fit",
+                          q[j].ece_t, "nll_global", q[j].nll_g, "ece_global", q[j].ece_g));
+        ts_json_print(json_pack("{s:s, s:i, s:f, s:o}", "router", router, "n", n, "temperature", Tg,
+                                "buckets", list));
+        return;
+    }
+    printf("router calibration on %d test images per t-bucket (nearest-centroid truth); each "
+           "temperature fitted on the first half, every number scored on the second\n",
+           n);
+    printf("  t bucket     accuracy   NLL    ECE   |  T (own)  NLL    ECE   |  ECE at T = %.3f\n",
+           Tg);
+    for (int j = 0; j < N_BUCKETS; j++)
+        printf("  [%.1f, %.1f)   %.3f   %6.3f %6.3f |  %6.3f  %6.3f %6.3f |  %6.3f\n", j / 10.0,
+               (j + 1) / 10.0, q[j].acc, q[j].nll, q[j].ece, q[j].T, q[j].nll_t, q[j].ece_t,
+               q[j].ece_g);
+    printf("one temperature for every t: %.4f (eval --policies 'learned+prior+temp=%.3f:top1')\n",
+           Tg, Tg);
+}
+
+int ts_cmd_calibrate(int argc, char **argv) {
+    const char *router = NULL, *partition = NULL, *fmnist_dir = TS_FMNIST_DEFAULT_DIR;
+    int n = 2000, bins = CAL_BINS_DEFAULT, batch = 64, threads = 0, json = 0;
+    /* clang-format off */
+    ts_arg_t args[] = {
+        {"router", TS_ARG_STRING, &router, "FILE", "the router (`tessera train-router`)", 0, 0, 1},
+        {"partition", TS_ARG_STRING, &partition, "DIR", "its partition (a folder with partition.safetensors, or the file): the truth is each test image's nearest centroid", 0, 0, 1},
+        {"data", TS_ARG_STRING, &fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"n", TS_ARG_INT, &n, "N", "test images per t-bucket, half to fit and half to score (default 2000)", 4, 10000},
+        {"bins", TS_ARG_INT, &bins, "B", "confidence bins of the expected calibration error (default 15)", 1, 1000},
+        {"batch", TS_ARG_INT, &batch, "B", "images per forward (default 64)", 1, 4096},
+        {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"json", TS_ARG_FLAG, &json, NULL, "print one JSON object on stdout instead of the table"},
+    };
+    /* clang-format on */
+    int pr = ts_args_parse("tessera calibrate",
+                           "How calibrated a router's p(k | x_t) is along t (accuracy, NLL, "
+                           "expected calibration error per t-bucket on held-out test images) and "
+                           "the temperature that calibrates it (temperature scaling), per bucket "
+                           "and one for every t.",
+                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
+    if (pr)
+        return pr == 1 ? 0 : 2;
+    char err[512] = "";
+    ts_engine_t eng = {0};
+    ts_engine_opts_t eo = {TS_CPU, threads, 0};
+    ts_classifier_t *c = NULL;
+    ts_partition_t p;
+    memset(&p, 0, sizeof p);
+    ts_dataset_t test = {0};
+    float *z = NULL, *emb = NULL, *zf = NULL;
+    int32_t *truth = NULL, *yf = NULL;
+    cal_bucket_t q[N_BUCKETS];
+    int rc = ts_engine_init(&eng, &eo), K = 0;
+    if (rc == TS_OK)
+        rc = ts_classifier_open(&c, router, &eng, batch, err, sizeof err);
+    if (rc == TS_OK && !ts_classifier_time_conditioned(c)) {
+        snprintf(err, sizeof err, "%s is not a router (it does not take t)", router);
+        rc = TS_EINVAL;
+    }
+    if (rc == TS_OK)
+        rc = load_partition(partition, &p, err, sizeof err);
+    if (rc == TS_OK && (K = ts_classifier_num_outputs(c)) != p.K) {
+        snprintf(err, sizeof err, "the router scores %d clusters, the partition has %d", K, p.K);
+        rc = TS_EINVAL;
+    }
+    if (rc == TS_OK)
+        rc = ts_fmnist_load(fmnist_dir, "test", &test, err, sizeof err);
+    n = rc == TS_OK && n > test.n ? test.n : n;
+    int h = n / 2;
+    if (rc == TS_OK) {
+        z = malloc((size_t)N_BUCKETS * n * K * sizeof *z);
+        zf = malloc((size_t)N_BUCKETS * h * K * sizeof *zf);
+        yf = malloc((size_t)N_BUCKETS * h * sizeof *yf);
+        truth = malloc((size_t)n * sizeof *truth);
+        emb = malloc((size_t)n * p.k * sizeof *emb);
+        rc =
+            z && zf && yf && truth && emb ? ts_partition_embed(&p, test.images, n, emb) : TS_ENOMEM;
+    }
+    if (rc == TS_OK)
+        rc = ts_partition_nearest(&p, emb, n, truth, NULL);
+    for (int j = 0; j < N_BUCKETS && rc == TS_OK; j++) {
+        if (isatty(STDERR_FILENO))
+            fprintf(stderr, "\rt-bucket %d/%d", j + 1, N_BUCKETS);
+        rc = bucket_logits(c, &eng, &test, n, batch, j, z + (int64_t)j * n * K);
+        memcpy(zf + (int64_t)j * h * K, z + (int64_t)j * n * K, (size_t)h * K * sizeof *zf);
+        memcpy(yf + (int64_t)j * h, truth, (size_t)h * sizeof *yf);
+    }
+    if (isatty(STDERR_FILENO))
+        fprintf(stderr, "\r%30s\r", "");
+    double Tg = 1.0;
+    if (rc == TS_OK)
+        rc = ts_calib_fit_temperature(zf, yf, (int64_t)N_BUCKETS * h, K, &Tg, err, sizeof err);
+    for (int j = 0; j < N_BUCKETS && rc == TS_OK; j++)
+        rc = cal_score(z + (int64_t)j * n * K, truth, n, K, bins, Tg, &q[j], err, sizeof err);
+    if (rc == TS_OK)
+        cal_print(router, n, Tg, q, json);
+    else
+        fprintf(stderr, "tessera calibrate: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
+    free(z), free(zf), free(yf), free(truth), free(emb);
+    ts_dataset_free(&test);
+    ts_partition_free(&p);
+    ts_classifier_free(c);
+    ts_engine_free(&eng);
     return rc == TS_OK ? 0 : 1;
 }

@@ -29,7 +29,14 @@
  * of each cluster (client/local.h), so a sample asked for class y goes to the experts that saw y.
  * POLICY+hold routes each sample once, at t = 1, and keeps those weights to the end;
  * POLICY+draw draws one expert per sample from them and keeps it (model/ensemble.h): routing per
- * trajectory rather than per step.
+ * trajectory rather than per step. POLICY+exact (with --cfg ≠ 1) guides with the exact mixture:
+ * the conditional half weighted by the class-aware weights, the unconditional half by the weights
+ * without the class prior (model/ensemble.h). POLICY+temp=T divides the router's logits by T
+ * before the prior (`tessera calibrate` fits T). Every routed entry also reports its routing
+ * along t ("route" in the JSON, three figures in the report): per evaluation, the entropy (bits)
+ * and top probability of the routing distribution before the selection, the selected experts'
+ * spread Σ_k w_k ‖v_k − v‖² per pixel, and the share of samples whose top expert switched since
+ * the previous evaluation.
  * Plus one baseline row, "train data": n train images in place of samples, the FD a perfect
  * generator would get at this n (FD is biased upward at small n, by the same amount for every
  * row).
@@ -74,12 +81,25 @@
     "monolith learned:top1 learned:top2 uniform:full learned:full learned:threshold=0.9 "          \
     "learned:t>0.7:full,t>0.3:top2,top1 centroid:top1 confidence:top1"
 
+/* The routing along t of one entry, per evaluation index j (the same t for every sample), summed
+ * over the samples: the entropy (bits) and the largest probability of the routing distribution
+ * before the selection, the selected experts' spread (model/ensemble.h), and whether the top
+ * expert differs from the previous evaluation's (a switch). */
+typedef struct {
+    int cap, n_eval;
+    double *t, *entropy, *top_p, *spread, *switches;
+    int64_t *count, *spread_count;
+    int32_t *prev; /* (n) each sample's top expert at the previous evaluation */
+} route_diag_t;
+
 /* One row of the table: a policy and selection over the folder, or the monolith. */
 typedef struct {
     char name[160];
     int monolith; /* 0: a policy over the folder; m ≥ 1: the m-th --monolith file */
     int prior;    /* class-aware routing (POLICY+prior) */
     int hold;     /* per-trajectory routing (POLICY+hold, POLICY+draw): model/ensemble.h */
+    int exact;    /* exact mixture guidance (POLICY+exact): model/ensemble.h */
+    float temp;   /* the router's temperature (POLICY+temp=T), 0 = raw */
     ts_policy_t policy;
     ts_selection_t select;
     /* results */
@@ -91,6 +111,7 @@ typedef struct {
     double cluster_share[MAX_CLUSTERS], cluster_fd[MAX_CLUSTERS];
     double *boot; /* (B) the resampled FDs */
     float *grid;  /* the first grid_n samples */
+    route_diag_t route;
 } entry_t;
 
 /* What every entry is scored against: the reference set's statistics. */
@@ -111,9 +132,10 @@ typedef struct {
     int32_t *idx; /* (n) scratch */
 } scoring_t;
 
-/* Splits the whitespace-separated list into entries: "monolith" or POLICY[+prior][:SELECTION]
+/* Splits the whitespace-separated list into entries: "monolith" or POLICY[+MOD…][:SELECTION]
  * (the selection defaults to top1; it may itself hold colons, as a schedule does; +prior adds the
- * clusters' class mix to the scores, client/local.h). */
+ * clusters' class mix to the scores, client/local.h; +hold, +draw, +exact and +temp=T as at the
+ * top of the file). */
 static int parse_entries(const char *list, entry_t *e, int *n, char *err, size_t errlen) {
     char *copy = strdup(list), *save = NULL;
     if (!copy)
@@ -155,14 +177,23 @@ static int parse_entries(const char *list, entry_t *e, int *n, char *err, size_t
                 x->hold = TS_HOLD_FIRST;
             else if (strcmp(plus, "+draw") == 0 && !x->hold)
                 x->hold = TS_HOLD_DRAW;
-            else
+            else if (strcmp(plus, "+exact") == 0)
+                x->exact = 1;
+            else if (strncmp(plus, "+temp=", 6) == 0) {
+                char *end = NULL;
+                double v = strtod(plus + 6, &end);
+                if (end == plus + 6 || *end || !(v > 0.0) || !isfinite(v) || v > 1e6)
+                    bad_mod = 1;
+                x->temp = (float)v;
+            } else
                 bad_mod = 1;
             *plus = '\0';
         }
         if (bad_mod || ts_policy_parse(tok, &x->policy) != TS_OK) {
             ts_set_err(err, errlen,
                        "--policies: '%s' is not a policy (learned, centroid, confidence, uniform, "
-                       "each optionally +prior and +hold or +draw, or monolith)",
+                       "each optionally +prior, +hold or +draw, +exact, +temp=T with T > 0, or "
+                       "monolith)",
                        x->name);
             rc = TS_EINVAL;
         } else {
@@ -357,6 +388,85 @@ static void file_prefix(const char *name, char *out, size_t len) {
     out[i] = '\0';
 }
 
+/* ---- the routing along t ---------------------------------------------------------------------- */
+
+static json_t *num(double v);
+
+static int route_alloc(route_diag_t *r, int cap, int n) {
+    memset(r, 0, sizeof *r);
+    r->cap = cap;
+    r->t = calloc((size_t)cap, sizeof *r->t);
+    r->entropy = calloc((size_t)cap, sizeof *r->entropy);
+    r->top_p = calloc((size_t)cap, sizeof *r->top_p);
+    r->spread = calloc((size_t)cap, sizeof *r->spread);
+    r->switches = calloc((size_t)cap, sizeof *r->switches);
+    r->count = calloc((size_t)cap, sizeof *r->count);
+    r->spread_count = calloc((size_t)cap, sizeof *r->spread_count);
+    r->prev = calloc((size_t)n, sizeof *r->prev);
+    return r->t && r->entropy && r->top_p && r->spread && r->switches && r->count &&
+                   r->spread_count && r->prev
+               ? TS_OK
+               : TS_ENOMEM;
+}
+
+static void route_free(route_diag_t *r) {
+    free(r->t), free(r->entropy), free(r->top_p), free(r->spread), free(r->switches);
+    free(r->count), free(r->spread_count), free(r->prev);
+    memset(r, 0, sizeof *r);
+}
+
+/* ts_local_gen_t.on_chunk: adds one chunk's record (samples start…start+n) to the sums. */
+static void route_chunk(void *ctx, const ts_ensemble_t *ens, int start) {
+    route_diag_t *r = ctx;
+    int K = ens->K;
+    for (int j = 0; j < ens->n_steps && j < r->cap; j++) {
+        const ts_route_step_t *st = &ens->steps[j];
+        r->t[j] = st->t;
+        r->n_eval = j + 1 > r->n_eval ? j + 1 : r->n_eval;
+        for (int b = 0; b < ens->n; b++) {
+            const float *p = st->p + (size_t)b * K, *w = st->w + (size_t)b * K;
+            double h = 0.0, top = 0.0;
+            int best = 0;
+            for (int k = 0; k < K; k++) {
+                h -= p[k] > 0.0f ? p[k] * log2(p[k]) : 0.0;
+                top = p[k] > top ? p[k] : top;
+                best = w[k] > w[best] ? k : best;
+            }
+            r->entropy[j] += h;
+            r->top_p[j] += top;
+            r->count[j]++;
+            if (isfinite(st->spread[b])) {
+                r->spread[j] += st->spread[b];
+                r->spread_count[j]++;
+            }
+            if (j > 0)
+                r->switches[j] += best != r->prev[start + b];
+            r->prev[start + b] = best;
+        }
+    }
+}
+
+/* The entry's routing along t as JSON: per evaluation, t and the means over the samples. */
+static json_t *route_json(const route_diag_t *r) {
+    json_t *t = json_array(), *h = json_array(), *top = json_array(), *sp = json_array(),
+           *sw = json_array();
+    double total_switches = 0.0;
+    int64_t samples = r->n_eval ? r->count[0] : 0;
+    for (int j = 0; j < r->n_eval; j++) {
+        double c = r->count[j] ? (double)r->count[j] : NAN;
+        json_array_append_new(t, json_real(r->t[j]));
+        json_array_append_new(h, num(r->entropy[j] / c));
+        json_array_append_new(top, num(r->top_p[j] / c));
+        json_array_append_new(sp,
+                              num(r->spread_count[j] ? r->spread[j] / r->spread_count[j] : NAN));
+        json_array_append_new(sw, num(j ? r->switches[j] / c : NAN));
+        total_switches += r->switches[j];
+    }
+    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "t", t, "entropy_bits", h, "top_p", top,
+                     "spread", sp, "switch_rate", sw, "switches_per_sample",
+                     num(samples ? total_switches / (double)samples : NAN));
+}
+
 typedef struct {
     int tty, done, total;
     const char *name;
@@ -428,7 +538,59 @@ static json_t *entry_json(const entry_t *x, int K, int Kp, const char *first, co
     }
     if (samples)
         json_object_set_new(o, "samples", json_string(samples));
+    if (!x->monolith && x->route.n_eval)
+        json_object_set_new(o, "route", route_json(&x->route));
     return o;
+}
+
+/* The report's routing along t: the routing distribution's entropy, the selected experts' spread
+ * and the switch rate, one line per routed entry (the entries share their evaluation times). */
+static void route_figures(ts_report_t *r, const entry_t *e, int n_entries) {
+    const entry_t *first = NULL;
+    int ns = 0;
+    for (int i = 0; i < n_entries; i++)
+        if (!e[i].monolith && e[i].route.n_eval) {
+            first = first ? first : &e[i];
+            ns++;
+        }
+    if (!first)
+        return;
+    int np = first->route.n_eval;
+    const char **labels = calloc((size_t)ns, sizeof *labels);
+    double *y = calloc((size_t)3 * ns * np, sizeof *y);
+    if (!labels || !y) {
+        free(labels), free(y);
+        return;
+    }
+    double *h = y, *sp = y + (size_t)ns * np, *sw = y + (size_t)2 * ns * np;
+    int s = 0;
+    for (int i = 0; i < n_entries; i++) {
+        const route_diag_t *q = &e[i].route;
+        if (e[i].monolith || !q->n_eval)
+            continue;
+        labels[s] = e[i].name;
+        for (int j = 0; j < np; j++) {
+            double c = j < q->n_eval && q->count[j] ? (double)q->count[j] : NAN;
+            h[(size_t)s * np + j] = j < q->n_eval ? q->entropy[j] / c : NAN;
+            sp[(size_t)s * np + j] = j < q->n_eval && q->spread_count[j]
+                                         ? q->spread[j] / (double)q->spread_count[j]
+                                         : NAN;
+            sw[(size_t)s * np + j] = j > 0 && j < q->n_eval ? q->switches[j] / c : NAN;
+        }
+        s++;
+    }
+    ts_report_heading(r, 2, "Routing along t (sampling runs from t = 1 to 0)");
+    ts_report_paragraph(r, "The entropy of each sample's routing distribution before the "
+                           "selection (its scores' softmax, class prior included), the selected "
+                           "experts' disagreement Σ_k w_k ‖v_k − v‖² per pixel, and the share of "
+                           "samples whose top expert differs from the previous evaluation's, "
+                           "averaged over the samples at each evaluation.");
+    ts_report_lines_svg(r, "Routing entropy", "t", "bits", labels, first->route.t, h, ns, np);
+    ts_report_lines_svg(r, "Selected experts' disagreement", "t", "Σ w‖v_k − v‖² / pixel", labels,
+                        first->route.t, sp, ns, np);
+    ts_report_lines_svg(r, "Top expert switches", "t", "share of samples", labels, first->route.t,
+                        sw, ns, np);
+    free(labels), free(y);
 }
 
 static int write_report(const char *path, const entry_t *e, int n_entries, const entry_t *floor_row,
@@ -512,6 +674,7 @@ static int write_report(const char *path, const entry_t *e, int n_entries, const
     }
     if (K <= MAX_CLASSES)
         ts_report_table(r, cls_cols, n_entries + 1, ccells);
+    route_figures(r, e, n_entries);
     ts_report_heading(r, 2, "Samples");
     for (int i = 0; i < n_entries; i++) {
         char cap[256];
@@ -548,10 +711,10 @@ int ts_cmd_eval(int argc, char **argv) {
     uint64_t seed = 0;
     /* clang-format off */
     ts_arg_t args[] = {
-        {"local", TS_ARG_STRING, &dir, "DIR", "the generation folder of `tessera generate --local` (experts, partition, router) (required)", 0, 0, 1},
+        {"local", TS_ARG_STRING, &dir, "DIR", "the generation folder of `tessera generate --local` (experts, partition, router)", 0, 0, 1},
         {"classifier", TS_ARG_STRING, &classifier, "FILE", "the evaluation classifier (`tessera train-classifier`)", 0, 0, 1},
         {"monolith", TS_ARG_STRING, &monolith, "FILE[,FILE…]", "models trained on all the data: the entries 'monolith', 'monolith2', … in this order"},
-        {"policies", TS_ARG_STRING, &policies, "LIST", "entries separated by spaces: monolith[N], or POLICY[+prior][:SELECTION] as in tessera generate (default: \"" DEFAULT_POLICIES "\")"},
+        {"policies", TS_ARG_STRING, &policies, "LIST", "entries separated by spaces: monolith[N], or POLICY[+prior][+hold|+draw][+exact][+temp=T][:SELECTION] as in tessera generate (default: \"" DEFAULT_POLICIES "\")"},
         {"n", TS_ARG_INT, &n, "N", "samples per entry (default 1000)", 2, 1000000},
         {"steps", TS_ARG_INT, &steps, "S", "integration steps (default 30)", 1, 10000},
         {"sampler", TS_ARG_STRING, &sampler, "NAME", "euler or heun (default heun)"},
@@ -726,7 +889,8 @@ int ts_cmd_eval(int argc, char **argv) {
         goto done;
     }
     for (int i = 0; i < n_entries; i++)
-        if (!(e[i].grid = malloc((size_t)(grid_n * chw) * sizeof(float)))) {
+        if (!(e[i].grid = malloc((size_t)(grid_n * chw) * sizeof(float))) ||
+            (!e[i].monolith && route_alloc(&e[i].route, 2 * steps + 2, n) != TS_OK)) {
             rc = TS_ENOMEM;
             goto done;
         }
@@ -798,6 +962,11 @@ int ts_cmd_eval(int argc, char **argv) {
                             .cfg = cfg,
                             .log_prior = x->prior ? log_prior : NULL,
                             .hold = x->monolith ? TS_HOLD_NONE : x->hold,
+                            .exact_guidance = x->exact,
+                            .router_temp = x->temp,
+                            .record = !x->monolith,
+                            .on_chunk = x->monolith ? NULL : route_chunk,
+                            .chunk_ctx = &x->route,
                             .sampler = so,
                             .n = n,
                             .labels = labels,
@@ -896,6 +1065,7 @@ done:
     for (int i = 0; i < n_entries; i++) {
         free(e[i].grid);
         free(e[i].boot);
+        route_free(&e[i].route);
     }
     for (int i = 0; sample_paths && i < MAX_ENTRIES; i++)
         free(sample_paths[i]);

@@ -213,9 +213,10 @@ int ts_cmd_generate(int argc, char **argv) {
     int prefer_local = 0, no_hedge = 0, timeout_ms = 10000, retries = 2;
     const char *cls = NULL, *out = NULL, *routing_json = NULL, *trajectory = "step";
     const char *fmnist_dir = TS_FMNIST_DEFAULT_DIR;
-    int n = 64, steps = 30, threads = 0, cols = 0, json = 0, class_prior = 0, no_prior = 0;
+    int n = 64, steps = 30, threads = 0, cols = 0, json = 0, class_prior = 0, no_prior = 0,
+        exact = 0;
     int require_coverage = 0;
-    float cfg = 1.0f, tau = 0.0f;
+    float cfg = 1.0f, tau = 0.0f, router_temp = 1.0f;
     uint64_t seed = 0;
     ts_arg_t args[] = {
         {"local", TS_ARG_STRING, &dir, "DIR",
@@ -276,6 +277,12 @@ int ts_cmd_generate(int argc, char **argv) {
          "set, to every policy's scores (default: on with --class C, since no router sees "
          "labels; it needs the partition and the train labels of --data)"},
         {"no-class-prior", TS_ARG_FLAG, &no_prior, NULL, "never add the class prior"},
+        {"exact-guidance", TS_ARG_FLAG, &exact, NULL,
+         "with --local and --cfg ≠ 1: route the guidance's unconditional half by p(k | x_t) (the "
+         "scores without the class prior) and its conditional half by p(k | x_t, y)"},
+        {"router-temp", TS_ARG_FLOAT, &router_temp, "T",
+         "with --local: divide the router's logits by T before the class prior (default 1)", 1e-6,
+         1e6},
         {"data", TS_ARG_STRING, &fmnist_dir, "DIR",
          "Fashion-MNIST IDX directory, for --class-prior (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"json", TS_ARG_FLAG, &json, NULL, "print a JSON summary on stdout"},
@@ -317,6 +324,10 @@ int ts_cmd_generate(int argc, char **argv) {
         fprintf(stderr, PROG ": --network-key, --identity, --data-dir, --partition, "
                              "--require-coverage, --prefer-local, --no-hedge and --trace go with "
                              "--peer\n");
+        return 2;
+    }
+    if (peer && (exact || router_temp != 1.0f)) {
+        fprintf(stderr, PROG ": --exact-guidance and --router-temp go with --local\n");
         return 2;
     }
     if (class_prior && no_prior) {
@@ -448,6 +459,8 @@ int ts_cmd_generate(int argc, char **argv) {
                           .cfg = cfg,
                           .log_prior = log_prior,
                           .hold = hold,
+                          .exact_guidance = exact,
+                          .router_temp = router_temp,
                           .sampler = so,
                           .n = n,
                           .labels = labels,
@@ -484,6 +497,8 @@ int ts_cmd_generate(int argc, char **argv) {
     if (summary) {
         json_object_set_new(summary, "class_prior", json_boolean(log_prior != NULL));
         json_object_set_new(summary, "prior", json_string(prior_used));
+        json_object_set_new(summary, "exact_guidance", json_boolean(exact && cfg != 1.0f));
+        json_object_set_new(summary, "router_temp", json_real(router_temp));
     }
     json_object_set_new(summary, "route", json_string(trajectory));
     json_t *share = json_array();

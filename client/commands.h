@@ -12,6 +12,7 @@ int ts_cmd_store(int argc, char **argv);
 int ts_cmd_partition(int argc, char **argv);
 int ts_cmd_train_classifier(int argc, char **argv);
 int ts_cmd_train_router(int argc, char **argv);
+int ts_cmd_calibrate(int argc, char **argv);
 int ts_cmd_generate(int argc, char **argv);
 int ts_cmd_eval(int argc, char **argv);
 int ts_cmd_loss(int argc, char **argv);

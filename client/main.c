@@ -2,7 +2,7 @@
  * main.c — the `tessera` command: parses the verb and hands over to it.
  *
  * Verbs: `train`, `sample`, `forward`, `store`, `partition`, `train-classifier`, `train-router`,
- * `generate` (--local or --peer), `eval`, `keygen`, `ping`, `status`, `up`, `down`, `pull`
+ * `calibrate`, `generate` (--local or --peer), `eval`, `keygen`, `ping`, `status`, `up`, `down`, `pull`
  * (client/cmd_*.c), `selfcheck` (client/selfcheck.c) and `bench gemm` (bench/gemm_bench.c,
  * shared with the bench_gemm program). Every verb takes --help; an unknown verb or option exits
  * 2 with a message naming it, a failed run exits 1.
@@ -35,6 +35,7 @@ static void usage(FILE *f) {
         "                artifact, shard files and a table of the clusters' class mix\n"
         "  train-classifier  train the evaluation classifier (DiT trunk, 10 labels, clean images)\n"
         "  train-router  train a router: cluster of a noisy x_t, per-t-bucket accuracy\n"
+        "  calibrate     a router's calibration along t (NLL, ECE) and its fitted temperature\n"
         "  generate      generate images with a routed ensemble of experts, local (--local DIR)\n"
         "                or the network's (--peer HOST:PORT)\n"
         "  eval          compare routing policies and monoliths by FD (with intervals),\n"
@@ -113,6 +114,8 @@ int main(int argc, char **argv) {
         return ts_cmd_train_classifier(argc - 1, argv + 1);
     if (strcmp(verb, "train-router") == 0)
         return ts_cmd_train_router(argc - 1, argv + 1);
+    if (strcmp(verb, "calibrate") == 0)
+        return ts_cmd_calibrate(argc - 1, argv + 1);
     if (strcmp(verb, "generate") == 0)
         return ts_cmd_generate(argc - 1, argv + 1);
     if (strcmp(verb, "eval") == 0)

@@ -362,6 +362,113 @@ int ts_report_bar_chart_svg(ts_report_t *r, const char *title, const char *const
 #define SCATTER_RIGHT 220 /* room for the labels of the rightmost points */
 #define SCATTER_BOTTOM 44
 
+/* A round tick step for [*lo, *hi] (1, 2 or 5 × 10^k, about 5 ticks), and the range widened to
+ * whole steps. An empty range becomes [lo, lo + 1]. */
+static double round_axis(double *lo, double *hi) {
+    if (!(*hi > *lo))
+        *hi = *lo + 1;
+    double raw = (*hi - *lo) / 5, mag = pow(10, floor(log10(raw))), step = mag;
+    if (raw / mag > 5)
+        step = 10 * mag;
+    else if (raw / mag > 2)
+        step = 5 * mag;
+    else if (raw / mag > 1)
+        step = 2 * mag;
+    *hi = ceil(*hi / step) * step;
+    *lo = floor(*lo / step) * step;
+    return step;
+}
+
+/* The axes of a linear plot: the frame, y ticks with grid lines, x ticks, both axis labels. */
+static void linear_axes(ts_report_t *r, double xmin, double xmax, double xstep, double ymin,
+                        double ymax, double ystep, const char *xlabel, const char *ylabel) {
+#define PX(v) (SCATTER_LEFT + ((v)-xmin) / (xmax - xmin) * SCATTER_W)
+#define PY(v) (CHART_TITLE_PX + (1.0 - ((v)-ymin) / (ymax - ymin)) * SCATTER_H)
+    put(r, "<path d=\"M%d %d V%d H%d\" stroke=\"#444\" fill=\"none\"/>\n", SCATTER_LEFT,
+        CHART_TITLE_PX, CHART_TITLE_PX + SCATTER_H, SCATTER_LEFT + SCATTER_W);
+    char vb[64];
+    for (double v = ymin; v <= ymax + ystep / 2; v += ystep) {
+        format_value(vb, sizeof vb, v);
+        put(r, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", SCATTER_LEFT - 6,
+            PY(v) + 4, vb);
+        put(r, "<path d=\"M%d %.1f H%d\" stroke=\"#ddd\"/>\n", SCATTER_LEFT, PY(v),
+            SCATTER_LEFT + SCATTER_W);
+    }
+    for (double v = xmin; v <= xmax + xstep / 2; v += xstep) {
+        format_value(vb, sizeof vb, v);
+        put(r, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", PX(v),
+            CHART_TITLE_PX + SCATTER_H + 16, vb);
+    }
+    put(r, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", SCATTER_LEFT + SCATTER_W / 2,
+        CHART_TITLE_PX + SCATTER_H + 36);
+    put_esc(r, xlabel);
+    put(r,
+        "</text>\n<text x=\"12\" y=\"%d\" transform=\"rotate(-90 12 %d)\" "
+        "text-anchor=\"middle\">",
+        CHART_TITLE_PX + SCATTER_H / 2, CHART_TITLE_PX + SCATTER_H / 2);
+    put_esc(r, ylabel);
+    put(r, "</text>\n");
+}
+
+int ts_report_lines_svg(ts_report_t *r, const char *title, const char *xlabel, const char *ylabel,
+                        const char *const *labels, const double *x, const double *y, int n_series,
+                        int n_points) {
+    static const char *const colours[] = {"#4c78a8", "#f58518", "#54a24b", "#e45756",
+                                          "#72b7b2", "#b279a2", "#eeca3b", "#9d755d"};
+    if (!r)
+        return TS_EINVAL;
+    if (r->code)
+        return r->code;
+    if (!title || !xlabel || !ylabel || !labels || !x || !y || n_series < 1 || n_points < 1)
+        return poison(r, TS_EINVAL, "ts_report_lines_svg: NULL argument or %d series of %d points",
+                      n_series, n_points);
+    double xmin = INFINITY, xmax = -INFINITY, ymin = 0.0, ymax = -INFINITY;
+    for (int i = 0; i < n_points; i++)
+        if (isfinite(x[i]))
+            xmin = fmin(xmin, x[i]), xmax = fmax(xmax, x[i]);
+    for (int s = 0; s < n_series; s++) {
+        if (!labels[s])
+            return poison(r, TS_EINVAL, "ts_report_lines_svg: label %d is NULL", s);
+        for (int i = 0; i < n_points; i++) {
+            double v = y[(size_t)s * n_points + i];
+            if (isfinite(v) && isfinite(x[i]))
+                ymin = fmin(ymin, v), ymax = fmax(ymax, v);
+        }
+    }
+    if (!isfinite(xmin))
+        xmin = 0, xmax = 1;
+    if (!isfinite(ymax))
+        ymax = 1;
+    double xstep = round_axis(&xmin, &xmax), ystep = round_axis(&ymin, &ymax);
+    svg_open(r, title, SCATTER_LEFT + SCATTER_W + SCATTER_RIGHT,
+             CHART_TITLE_PX + SCATTER_H + SCATTER_BOTTOM);
+    linear_axes(r, xmin, xmax, xstep, ymin, ymax, ystep, xlabel, ylabel);
+    for (int s = 0; s < n_series; s++) {
+        const char *colour = colours[s % (int)(sizeof colours / sizeof colours[0])];
+        put(r, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" d=\"", colour);
+        int pen = 0; /* a point that is not finite lifts the pen */
+        for (int i = 0; i < n_points; i++) {
+            double v = y[(size_t)s * n_points + i];
+            if (!isfinite(v) || !isfinite(x[i])) {
+                pen = 0;
+                continue;
+            }
+            put(r, "%s%.1f %.1f ", pen ? "L" : "M", PX(x[i]), PY(v));
+            pen = 1;
+        }
+        put(r, "\"/>\n<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>\n",
+            SCATTER_LEFT + SCATTER_W + 12, CHART_TITLE_PX + 4 + 16 * s, colour);
+        put(r, "<text x=\"%d\" y=\"%d\" font-size=\"10\">", SCATTER_LEFT + SCATTER_W + 26,
+            CHART_TITLE_PX + 13 + 16 * s);
+        put_esc(r, labels[s]);
+        put(r, "</text>\n");
+    }
+#undef PX
+#undef PY
+    put(r, "</svg>\n</figure>\n");
+    return check_io(r);
+}
+
 int ts_report_scatter_svg(ts_report_t *r, const char *title, const char *xlabel, const char *ylabel,
                           const char *const *labels, const double *x, const double *y,
                           const double *lo, const double *hi, int n) {
@@ -385,18 +492,7 @@ int ts_report_scatter_svg(ts_report_t *r, const char *title, const char *xlabel,
     double lx0 = floor(log10(xmin)), lx1 = ceil(log10(xmax));
     if (lx1 <= lx0)
         lx1 = lx0 + 1;
-    if (!(ymax > ymin))
-        ymax = ymin + 1;
-    /* a round y step: 1, 2 or 5 × 10^k, about 5 ticks */
-    double raw = (ymax - ymin) / 5, mag = pow(10, floor(log10(raw))), step = mag;
-    if (raw / mag > 5)
-        step = 10 * mag;
-    else if (raw / mag > 2)
-        step = 5 * mag;
-    else if (raw / mag > 1)
-        step = 2 * mag;
-    ymax = ceil(ymax / step) * step;
-    ymin = floor(ymin / step) * step;
+    double step = round_axis(&ymin, &ymax);
     int width = SCATTER_LEFT + SCATTER_W + SCATTER_RIGHT;
     int height = CHART_TITLE_PX + SCATTER_H + SCATTER_BOTTOM;
 #define PX(v) (SCATTER_LEFT + (log10(v) - lx0) / (lx1 - lx0) * SCATTER_W)

@@ -25,7 +25,7 @@
  * need; the caller keeps its strings and arrays.
  *
  * What it is not: a templating engine or a plotting library. No styling options beyond one
- * built-in stylesheet; one kind of chart.
+ * built-in stylesheet; three kinds of chart (bars, a scatter with intervals, lines).
  */
 #ifndef TS_REPORT_H
 #define TS_REPORT_H
@@ -75,6 +75,15 @@ int ts_report_bar_chart_svg(ts_report_t *r, const char *title, const char *const
 int ts_report_scatter_svg(ts_report_t *r, const char *title, const char *xlabel, const char *ylabel,
                           const char *const *labels, const double *x, const double *y,
                           const double *lo, const double *hi, int n);
+
+/* A line plot as inline SVG: n_series lines over the same n_points x values, y row-major
+ * (n_series, n_points); both axes linear (y from 0, or the smallest value if negative), with
+ * ticks; a legend of labels on the right, one colour per series (eight, then repeated). A point
+ * whose x or y is not finite breaks its line. Errors: TS_EINVAL (NULL arguments, a NULL label,
+ * n_series or n_points < 1), TS_EIO. */
+int ts_report_lines_svg(ts_report_t *r, const char *title, const char *xlabel, const char *ylabel,
+                        const char *const *labels, const double *x, const double *y, int n_series,
+                        int n_points);
 
 /* A grid of images (n, C, H, W) with values in [−1, 1] (C = 1 grey, C = 3 RGB), cols columns
  * (0: ceil(sqrt(n))), encoded as one PNG by ts_png_encode_grid (model/png.h; 2 pixels of grey

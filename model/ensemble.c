@@ -49,6 +49,7 @@ int ts_classifier_router_init(ts_classifier_router_t *r, ts_classifier_t *c, ts_
     r->c = c;
     r->eng = e;
     r->max_batch = max_batch;
+    r->temperature = 1.0f;
     return ts_tensor_alloc(&r->t, TS_F32, e->device, 1, TS_SHAPE(max_batch));
 }
 
@@ -66,7 +67,13 @@ int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, int B, flo
     ts_tensor_t tb;
     TS_TRY(ts_tensor_slice(&tb, &r->t, 0, B));
     TS_TRY(ts_fill(r->eng, &tb, t));
-    return ts_classifier_run(r->c, x, &tb, B, NULL, logits);
+    TS_TRY(ts_classifier_run(r->c, x, &tb, B, NULL, logits));
+    if (r->temperature != 1.0f) {
+        int K = ts_classifier_num_outputs(r->c);
+        for (int64_t i = 0; i < (int64_t)B * K; i++)
+            logits[i] /= r->temperature;
+    }
+    return TS_OK;
 }
 
 /* ---- experts from files --------------------------------------------------------------------- */
@@ -254,10 +261,17 @@ void ts_ensemble_free(ts_ensemble_t *s) {
     free(s->job_done);
     free(s->scores);
     free(s->held);
+    free(s->wu);
+    free(s->p);
+    free(s->spread);
+    free(s->sq);
     free(s->absent_mass);
     free(s->absent_w);
-    for (int i = 0; i < s->n_steps; i++)
+    for (int i = 0; i < s->n_steps; i++) {
         free(s->steps[i].w);
+        free(s->steps[i].p);
+        free(s->steps[i].spread);
+    }
     free(s->steps);
     memset(s, 0, sizeof *s);
 }
@@ -294,6 +308,17 @@ static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensembl
             ts_set_err(err, errlen, "every one of the %d experts is absent: none can answer", K);
             return TS_EINVAL;
         }
+    }
+    if (o->exact_guidance && (remote || o->hold || o->policy == TS_POLICY_CONFIDENCE)) {
+        ts_set_err(err, errlen,
+                   "exact mixture guidance routes the two halves of the guidance apart at every "
+                   "evaluation: it runs with local experts only, not held, and not with the "
+                   "confidence policy");
+        return TS_ENOTSUP;
+    }
+    if (!isfinite(o->cfg_scale)) {
+        ts_set_err(err, errlen, "the guidance scale %g is not finite", (double)o->cfg_scale);
+        return TS_EINVAL;
     }
     if (remote && o->policy == TS_POLICY_CONFIDENCE) {
         ts_set_err(err, errlen,
@@ -399,6 +424,10 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
     int64_t B = (int64_t)s->pairs * n, H = c->input_size, C = c->in_channels;
     int confidence = opts->policy == TS_POLICY_CONFIDENCE;
     int kd = opts->partition ? opts->partition->k : 1;
+    /* exact guidance: one expert's rows of both halves, up to 2n */
+    int exact = opts->exact_guidance && s->pairs == 2;
+    int64_t rows = exact ? 2 * (int64_t)n : n;
+    s->o.exact_guidance = exact;
     rc = ts_tensor_alloc(&s->xx, TS_F32, e->device, 4, TS_SHAPE(B, C, H, H));
     if (rc == TS_OK)
         rc = ts_tensor_alloc(&s->tt, TS_F32, e->device, 1, TS_SHAPE(B));
@@ -407,14 +436,14 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
     if (rc == TS_OK && confidence)
         rc = ts_tensor_alloc(&s->vall, TS_F32, e->device, 4, TS_SHAPE((int64_t)K * n, C, H, H));
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&s->idx, TS_I32, e->device, 1, TS_SHAPE(n));
+        rc = ts_tensor_alloc(&s->idx, TS_I32, e->device, 1, TS_SHAPE(rows));
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&s->wk, TS_F32, e->device, 1, TS_SHAPE(n));
+        rc = ts_tensor_alloc(&s->wk, TS_F32, e->device, 1, TS_SHAPE(rows));
     size_t nv = (size_t)(s->chw * n);
     s->yy = malloc((size_t)B * sizeof *s->yy);
-    s->idx_h = malloc((size_t)n * sizeof *s->idx_h);
+    s->idx_h = malloc((size_t)rows * sizeof *s->idx_h);
     s->w = malloc((size_t)n * K * sizeof *s->w);
-    s->wk_h = malloc((size_t)n * sizeof *s->wk_h);
+    s->wk_h = malloc((size_t)rows * sizeof *s->wk_h);
     s->xh = malloc(nv * sizeof *s->xh);
     s->vh = malloc(nv * (confidence ? (size_t)K : 1) * sizeof *s->vh);
     s->xhat = malloc(nv * sizeof *s->xhat);
@@ -424,6 +453,15 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
     s->expert_forwards = calloc((size_t)K, sizeof *s->expert_forwards);
     if (opts->hold && !(s->held = malloc((size_t)n * K * sizeof *s->held)))
         rc = rc == TS_OK ? TS_ENOMEM : rc;
+    if (exact && !(s->wu = malloc((size_t)n * K * sizeof *s->wu)))
+        rc = rc == TS_OK ? TS_ENOMEM : rc;
+    if (opts->record) {
+        s->p = malloc((size_t)n * K * sizeof *s->p);
+        s->spread = malloc((size_t)n * sizeof *s->spread);
+        s->sq = malloc((size_t)n * sizeof *s->sq);
+        if (!s->p || !s->spread || !s->sq)
+            rc = rc == TS_OK ? TS_ENOMEM : rc;
+    }
     if (opts->absent) {
         s->absent_mass = calloc((size_t)K, sizeof *s->absent_mass);
         s->absent_w = malloc((size_t)n * K * sizeof *s->absent_w);
@@ -600,11 +638,19 @@ static int record_step(ts_ensemble_t *s, float t, ts_policy_t used) {
         s->cap_steps = cap;
     }
     size_t nk = (size_t)s->n * s->K;
-    float *w = malloc(nk * sizeof *w);
-    if (!w)
+    float *w = malloc(nk * sizeof *w), *p = malloc(nk * sizeof *p);
+    float *spread = malloc((size_t)s->n * sizeof *spread);
+    if (!w || !p || !spread) {
+        free(w);
+        free(p);
+        free(spread);
         return TS_ENOMEM;
+    }
     memcpy(w, s->w, nk * sizeof *w);
-    s->steps[s->n_steps++] = (ts_route_step_t){.t = t, .policy = used, .w = w};
+    memcpy(p, s->p, nk * sizeof *p);
+    memcpy(spread, s->spread, (size_t)s->n * sizeof *spread);
+    s->steps[s->n_steps++] =
+        (ts_route_step_t){.t = t, .policy = used, .w = w, .p = p, .spread = spread};
     return TS_OK;
 }
 
@@ -895,6 +941,98 @@ static void draw_one(float *w, int n, int K, const uint64_t *seeds) {
     }
 }
 
+/* out (n, K) = the softmax of each row of the scores (n, K) (−∞ entries get 0). */
+static void softmax_rows(float *out, const float *scores, int n, int K) {
+    for (int i = 0; i < n; i++) {
+        const float *r = scores + (size_t)i * K;
+        float *o = out + (size_t)i * K, top = -INFINITY;
+        double z = 0.0;
+        for (int k = 0; k < K; k++)
+            top = r[k] > top ? r[k] : top;
+        for (int k = 0; k < K; k++)
+            z += (o[k] = isfinite(r[k]) ? expf(r[k] - top) : 0.0f);
+        for (int k = 0; k < K; k++)
+            o[k] = z > 0.0 ? (float)(o[k] / z) : 1.0f / (float)K;
+    }
+}
+
+/* Exact guidance: expert k once on [x rows with w^c_k ≠ 0 ; x rows with w^u_k ≠ 0] with labels
+ * [y; ∅], added into v with the weights s·w^c and (1 − s)·w^u. */
+static int run_expert_exact(ts_ensemble_t *s, int k, const ts_tensor_t *x, float t,
+                            ts_tensor_t *v) {
+    int n = s->n, K = s->K, mc = 0, m = 0;
+    float g = s->o.cfg_scale;
+    for (int half = 0; half < 2; half++) {
+        const float *w = half ? s->wu : s->w;
+        float scale = half ? 1.0f - g : g;
+        for (int b = 0; b < n; b++)
+            if (w[(size_t)b * K + k] != 0.0f) {
+                s->idx_h[m] = b;
+                s->wk_h[m++] = scale * w[(size_t)b * K + k];
+            }
+        mc = half ? mc : m;
+    }
+    if (m == 0)
+        return TS_OK;
+    ts_engine_t *e = s->eng;
+    ts_dit_t *model = &s->experts[k];
+    TS_TRY(upload_rows(s, m));
+    ts_tensor_t idx, xb, tb, out, part, pidx, pw;
+    TS_TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
+    TS_TRY(ts_tensor_slice(&xb, &s->xx, 0, m));
+    TS_TRY(ts_tensor_slice(&tb, &s->tt, 0, m));
+    TS_TRY(ts_gather_rows(e, &xb, x, &idx));
+    for (int i = 0; i < m; i++)
+        s->yy[i] = i < mc ? s->o.labels[s->idx_h[i]] : model->cfg.num_classes;
+    TS_TRY(ts_fill(e, &tb, t));
+    TS_TRY(ts_dit_forward(model, &xb, &tb, s->yy, m, &out));
+    s->forwards += m;
+    s->expert_forwards[k] += m;
+    for (int half = 0; half < 2; half++) {
+        int lo = half ? mc : 0, len = half ? m - mc : mc;
+        if (len == 0)
+            continue;
+        TS_TRY(ts_tensor_slice(&part, &out, lo, len));
+        TS_TRY(ts_tensor_slice(&pidx, &s->idx, lo, len));
+        TS_TRY(ts_tensor_slice(&pw, &s->wk, lo, len));
+        TS_TRY(ts_scatter_axpy_rows(e, v, &part, &pidx, &pw));
+    }
+    return TS_OK;
+}
+
+/* opts.record: sq[b] += w · ‖v_k(b)‖² for the m rows of one expert's answers vk (m, C, H, W). */
+static int add_sq(ts_ensemble_t *s, const ts_tensor_t *vk, int m) {
+    TS_TRY(to_host(s->vh, vk));
+    for (int i = 0; i < m; i++) {
+        const float *r = s->vh + (size_t)i * s->chw;
+        double q = 0.0;
+        for (int64_t j = 0; j < s->chw; j++)
+            q += (double)r[j] * r[j];
+        s->sq[s->idx_h[i]] += s->wk_h[i] * q;
+    }
+    return TS_OK;
+}
+
+/* opts.record: spread[b] = (Σ_k w_k ‖v_k‖² − ‖v‖²) / chw = Σ_k w_k ‖v_k − v‖² / chw (the
+ * weights of a sample sum to 1 and v = Σ_k w_k v_k). */
+static int finish_spread(ts_ensemble_t *s, const ts_tensor_t *v) {
+    if (s->o.eval || s->o.exact_guidance) {
+        for (int b = 0; b < s->n; b++)
+            s->spread[b] = NAN;
+        return TS_OK;
+    }
+    TS_TRY(to_host(s->vh, v));
+    for (int b = 0; b < s->n; b++) {
+        const float *r = s->vh + (size_t)b * s->chw;
+        double q = 0.0;
+        for (int64_t j = 0; j < s->chw; j++)
+            q += (double)r[j] * r[j];
+        double d = (s->sq[b] - q) / (double)s->chw;
+        s->spread[b] = d > 0.0 ? (float)d : 0.0f;
+    }
+    return TS_OK;
+}
+
 int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v) {
     ts_ensemble_t *s = ctx;
     if (!s || !x || !v || (!s->experts && !s->o.eval))
@@ -911,6 +1049,8 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     double t_policy = ts_ensemble_clock_s();
     if (s->o.hold && s->has_held) {
         memcpy(s->w, s->held, (size_t)n * K * sizeof *s->w);
+        if (s->o.record)
+            memcpy(s->p, s->held, (size_t)n * K * sizeof *s->p);
         if (s->o.eval)
             for (size_t j = 0; j < (size_t)n * K; j++)
                 s->scores[j] = s->held[j] > 0.0f ? logf(s->held[j]) : -INFINITY;
@@ -923,15 +1063,31 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     case TS_POLICY_UNIFORM:
     default: memset(s->w, 0, (size_t)n * K * sizeof *s->w); break;
     }
+    if (s->o.exact_guidance) /* the unconditional half's scores: the prior's null row */
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < K; k++)
+                s->wu[(size_t)i * K + k] =
+                    s->w[(size_t)i * K + k] +
+                    (s->o.log_prior ? s->o.log_prior[(size_t)s->experts[0].cfg.num_classes * K + k]
+                                    : 0.0f);
     if (s->o.log_prior)
         for (int i = 0; i < n; i++)
             for (int k = 0; k < K; k++)
                 s->w[(size_t)i * K + k] += s->o.log_prior[(size_t)s->o.labels[i] * K + k];
-    if (s->o.absent)
+    if (s->o.absent) {
         TS_TRY(route_around(s, t));
+        for (int i = 0; s->o.exact_guidance && i < n; i++)
+            for (int k = 0; k < K; k++)
+                if (s->o.absent[k])
+                    s->wu[(size_t)i * K + k] = -INFINITY;
+    }
+    if (s->o.record)
+        softmax_rows(s->p, s->w, n, K);
     if (s->o.eval)
         memcpy(s->scores, s->w, (size_t)n * K * sizeof *s->w);
     TS_TRY(ts_route_weights(s->w, n, K, &s->o.select, t));
+    if (s->o.exact_guidance)
+        TS_TRY(ts_route_weights(s->wu, n, K, &s->o.select, t));
     if (s->o.hold) {
         if (s->o.hold == TS_HOLD_DRAW)
             draw_one(s->w, n, K, s->o.seeds);
@@ -944,7 +1100,13 @@ weighted:
         TS_TRY(remote_combine(s, x, t, v));
     else
         TS_TRY(ts_zero(e, v));
+    if (s->o.record)
+        memset(s->sq, 0, (size_t)n * sizeof *s->sq);
     for (int k = 0; !s->o.eval && k < K; k++) {
+        if (s->o.exact_guidance) {
+            TS_TRY(run_expert_exact(s, k, x, t, v));
+            continue;
+        }
         int m = rows_for(s, k);
         if (m == 0)
             continue;
@@ -961,7 +1123,11 @@ weighted:
             TS_TRY(run_expert(s, k, x, t, m, &vk));
         }
         TS_TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
+        if (s->o.record)
+            TS_TRY(add_sq(s, &vk, m));
     }
+    if (s->o.record)
+        TS_TRY(finish_spread(s, v));
     if (s->o.policy == TS_POLICY_CENTROID) {
         size_t nv = (size_t)(s->chw * n);
         TS_TRY(to_host(s->xh, x));

@@ -55,6 +55,9 @@ typedef struct ts_classifier_router {
     ts_engine_t *eng;
     ts_tensor_t t; /* (max_batch) F32 */
     int max_batch;
+    /* the logits are divided by it (1 after init): > 1 flattens an over-confident router's
+     * p(k | x_t) before the class prior is added (temperature scaling, `tessera calibrate`) */
+    float temperature;
 } ts_classifier_router_t;
 
 int ts_classifier_router_init(ts_classifier_router_t *r, ts_classifier_t *c, ts_engine_t *e,
@@ -168,6 +171,15 @@ typedef struct ts_ensemble_opts {
      * step (top1 takes the next best expert) and it is never asked. The weight it would have had
      * is summed in ts_ensemble_t.absent_mass. Not every expert may be absent (TS_EINVAL). */
     const uint8_t *absent;
+    /* Exact mixture guidance (with cfg_scale ≠ 1): the conditional half of the guidance is
+     * weighted by the weights of the class-aware scores, p(k | x_t, y), and the unconditional
+     * half by those of the scores without the class prior (its null row), p(k | x_t):
+     *   v = s·Σ_k w^c_k v_k(x, y) + (1 − s)·Σ_k w^u_k v_k(x, ∅).
+     * Expert k runs once, on the rows of either half it is selected for. Without it, both halves
+     * take w^c (each expert guides itself: v = Σ_k w^c_k (s·v_k(x, y) + (1 − s)·v_k(x, ∅))).
+     * The two agree when the scores do not depend on the label. Local experts only, routed every
+     * evaluation (no hold), not the confidence policy; with cfg_scale = 1 it changes nothing. */
+    int exact_guidance;
 } ts_ensemble_opts_t;
 
 enum { TS_HOLD_NONE = 0, TS_HOLD_FIRST = 1, TS_HOLD_DRAW = 2 };
@@ -179,6 +191,11 @@ typedef struct ts_route_step {
     ts_policy_t
         policy; /* the policy that scored it (the centroid policy's first step falls back) */
     float *w;   /* (n, K): the weights; 0 for the experts not selected */
+    float *p;   /* (n, K): softmax of the scores before the selection (the routing distribution;
+                   a held evaluation records its held weights) */
+    float *spread; /* (n): Σ_k w_k ‖v_k − v‖² / (C·H·W) over the experts run for the sample —
+                      how much the selected experts disagree (0 with one); NAN with remote
+                      experts or exact guidance */
 } ts_route_step_t;
 
 typedef struct ts_ensemble {
@@ -200,7 +217,10 @@ typedef struct ts_ensemble {
     float *emb, *d2;     /* (n, k) embeddings, (n, K) squared distances */
     float *prev_emb;     /* (n, k): φ(x̂0) of the previous evaluation (centroid) */
     int has_prev;
-    float *held; /* (n, K): the held weights (opts.hold) */
+    float *held;       /* (n, K): the held weights (opts.hold) */
+    float *wu;         /* (n, K): exact guidance's unconditional weights */
+    float *p, *spread; /* (n, K), (n): this evaluation's distribution and spread (opts.record) */
+    double *sq;        /* (n): Σ_k w_k ‖v_k‖² (opts.record) */
     int has_held;
     /* counters since init */
     int64_t forwards;         /* sample-forwards through any expert (CFG pair = 2) */

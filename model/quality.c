@@ -243,3 +243,115 @@ int ts_inception_score(const float *logits, const int32_t *idx, int64_t m, int K
     free(marg);
     return TS_OK;
 }
+
+/* ---- calibration -------------------------------------------------------------------------------- */
+
+static int calib_check(const float *logits, const int32_t *truth, int64_t n, int K, double T,
+                       char *err, size_t errlen) {
+    if (!logits || !truth || n < 1 || K < 2 || !(T > 0.0) || !isfinite(T)) {
+        ts_set_err(err, errlen, "calibration: want n >= 1 rows of K >= 2 logits and T > 0");
+        return TS_EINVAL;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (truth[i] < 0 || truth[i] >= K) {
+            ts_set_err(err, errlen, "calibration: label %d of row %lld is not in [0, %d)",
+                       (int)truth[i], (long long)i, K);
+            return TS_EINVAL;
+        }
+        for (int k = 0; k < K; k++)
+            if (!isfinite(logits[i * K + k])) {
+                ts_set_err(err, errlen, "calibration: logit %d of row %lld is not finite", k,
+                           (long long)i);
+                return TS_ENONFINITE;
+            }
+    }
+    return TS_OK;
+}
+
+/* Row i of softmax(logits / T): the log of its normaliser and the top probability and class. */
+static double row_logz(const float *z, int K, double beta, double *top, int *arg) {
+    double mx = -INFINITY, s = 0.0;
+    int best = 0;
+    for (int k = 0; k < K; k++)
+        if (beta * z[k] > mx)
+            mx = beta * z[k], best = k;
+    for (int k = 0; k < K; k++)
+        s += exp(beta * z[k] - mx);
+    if (top)
+        *top = 1.0 / s; /* exp(max − max) / s */
+    if (arg)
+        *arg = best;
+    return mx + log(s);
+}
+
+static double nll_at(const float *logits, const int32_t *truth, int64_t n, int K, double beta) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *z = logits + i * K;
+        sum += row_logz(z, K, beta, NULL, NULL) - beta * z[truth[i]];
+    }
+    return sum / (double)n;
+}
+
+int ts_calib_nll(const float *logits, const int32_t *truth, int64_t n, int K, double T, double *nll,
+                 char *err, size_t errlen) {
+    TS_TRY(calib_check(logits, truth, n, K, T, err, errlen));
+    *nll = nll_at(logits, truth, n, K, 1.0 / T);
+    return TS_OK;
+}
+
+int ts_calib_ece(const float *logits, const int32_t *truth, int64_t n, int K, double T, int bins,
+                 double *ece, char *err, size_t errlen) {
+    TS_TRY(calib_check(logits, truth, n, K, T, err, errlen));
+    if (bins < 1) {
+        ts_set_err(err, errlen, "calibration: want at least one bin");
+        return TS_EINVAL;
+    }
+    double *conf = calloc((size_t)bins, sizeof *conf), *right = calloc((size_t)bins, sizeof *right);
+    int64_t *count = calloc((size_t)bins, sizeof *count);
+    if (!conf || !right || !count) {
+        free(conf), free(right), free(count);
+        return TS_ENOMEM;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double top;
+        int arg;
+        row_logz(logits + i * K, K, 1.0 / T, &top, &arg);
+        int b = (int)(top * bins);
+        b = b >= bins ? bins - 1 : b;
+        conf[b] += top;
+        right[b] += arg == truth[i];
+        count[b]++;
+    }
+    double e = 0.0;
+    for (int b = 0; b < bins; b++)
+        if (count[b])
+            e += fabs(right[b] - conf[b]) / (double)n; /* |b|/n · |acc_b − conf_b| */
+    *ece = e;
+    free(conf), free(right), free(count);
+    return TS_OK;
+}
+
+int ts_calib_fit_temperature(const float *logits, const int32_t *truth, int64_t n, int K, double *T,
+                             char *err, size_t errlen) {
+    TS_TRY(calib_check(logits, truth, n, K, 1.0, err, errlen));
+    /* golden-section search over log β in [log 0.01, log 100]: the NLL is convex in β, hence
+     * unimodal in log β */
+    const double g = (sqrt(5.0) - 1.0) / 2.0;
+    double a = log(0.01), b = log(100.0);
+    double c = b - g * (b - a), d = a + g * (b - a);
+    double fc = nll_at(logits, truth, n, K, exp(c)), fd = nll_at(logits, truth, n, K, exp(d));
+    while (b - a > 1e-6) {
+        if (fc <= fd) {
+            b = d, d = c, fd = fc;
+            c = b - g * (b - a);
+            fc = nll_at(logits, truth, n, K, exp(c));
+        } else {
+            a = c, c = d, fc = fd;
+            d = a + g * (b - a);
+            fd = nll_at(logits, truth, n, K, exp(d));
+        }
+    }
+    *T = 1.0 / exp((a + b) / 2.0);
+    return TS_OK;
+}

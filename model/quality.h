@@ -24,6 +24,14 @@
  * prediction is the same distribution; K (the number of classes) when every prediction is certain
  * and the classes are equally frequent. Computed in double.
  *
+ * Calibration of a classifier's probabilities (a router's p(k | x_t), which the class prior
+ * multiplies as if it were calibrated): the mean negative log-likelihood of the true labels and
+ * the expected calibration error (top label, B equal-width confidence bins: Σ_b |b|/n ·
+ * |accuracy_b − mean confidence_b|) of softmax(logits / T), and temperature scaling (Guo et al.,
+ * "On Calibration of Modern Neural Networks", ICML 2017): the one T > 0 minimising the NLL. The
+ * NLL is convex in β = 1/T (a log-sum-exp minus a linear term), so a golden-section search over β
+ * finds it. Computed in double.
+ *
  * What it is not: a feature extractor (model/classifier.h) or the FD itself (model/metrics.h).
  *
  * `err`/`errlen`: where a function takes them, a failure writes one NUL-terminated sentence there.
@@ -62,6 +70,23 @@ int ts_precision_recall(const float *real, int64_t nr, const float *fake, int64_
  * rows). Errors: TS_EINVAL (m < 1, K < 2), TS_ENONFINITE, TS_ENOMEM. */
 int ts_inception_score(const float *logits, const int32_t *idx, int64_t m, int K, double *is,
                        char *err, size_t errlen);
+
+/* *nll = mean over the n rows of −log softmax(logits_i / T)[truth_i], logits (n, K), truth in
+ * [0, K). Errors: TS_EINVAL (n < 1, K < 2, T ≤ 0, a label out of range), TS_ENONFINITE. */
+int ts_calib_nll(const float *logits, const int32_t *truth, int64_t n, int K, double T, double *nll,
+                 char *err, size_t errlen);
+
+/* *ece = the expected calibration error of softmax(logits / T) over `bins` equal-width bins of
+ * the top probability (a top probability of exactly 1 falls in the last bin). Errors: those of
+ * ts_calib_nll, and bins < 1. */
+int ts_calib_ece(const float *logits, const int32_t *truth, int64_t n, int K, double T, int bins,
+                 double *ece, char *err, size_t errlen);
+
+/* *T = the temperature minimising ts_calib_nll, searched over β = 1/T in [1/100, 100] to a
+ * relative precision of 1e-6 (a T at an end of the range means the optimum is at or beyond it).
+ * Errors: those of ts_calib_nll. */
+int ts_calib_fit_temperature(const float *logits, const int32_t *truth, int64_t n, int K, double *T,
+                             char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

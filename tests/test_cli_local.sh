@@ -42,6 +42,24 @@ run "$T" train-router --partition "$f" --steps 2 --batch 8 --eval-n 16 --patch 7
 run "$T" train-classifier --steps 2 --batch 8 --eval-n 64 --patch 7 --depth 1 \
     --out "$dir/cls.safetensors"
 
+# calibrate: ten t-buckets with their statistics and a temperature > 0 (the statistics themselves
+# are tested in tests/test_quality.c); a classifier that is not a router is refused
+"$T" calibrate --router "$f/router.safetensors" --partition "$f" --n 40 --json >"$dir/cal.json" ||
+    fail "calibrate"
+"$PY" - "$dir/cal.json" <<'PYEOF' || fail "calibrate results"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["n"] == 40 and j["temperature"] > 0, j
+assert len(j["buckets"]) == 10, j
+for b in j["buckets"]:
+    assert 0 <= b["accuracy"] <= 1 and b["nll"] > 0 and 0 <= b["ece"] <= 1, b
+    assert b["temperature"] > 0 and 0 <= b["ece_global"] <= 1, b
+PYEOF
+if "$T" calibrate --router "$dir/cls.safetensors" --partition "$f" --n 40 2>"$dir/err.txt"; then
+    fail "calibrate took a classifier for a router"
+fi
+grep -q "not a router" "$dir/err.txt" || fail "calibrate: $(cat "$dir/err.txt")"
+
 # generate: the cost of each selection
 for sel in top1:2 top2:4 full:4; do
     s=${sel%%:*} want=${sel##*:}
@@ -114,8 +132,22 @@ for name, evals in (("monolith", 2), ("learned:top1", 2), ("uniform:full", 4), (
 assert e["learned:top1"]["router_evals_per_sample"] == 2, e["learned:top1"]
 for x in j["entries"]:
     assert 0 <= x["coverage_bits"] <= math.log2(10) + 1e-9, x
+# the routing along t: uniform over 2 experts is 1 bit at every evaluation, identical experts do
+# not disagree, uniform scores never switch; monoliths are not routed
+u = e["uniform:full"]["route"]
+assert u["t"] == [1.0, 0.5], u
+assert all(abs(h - 1) < 1e-6 for h in u["entropy_bits"]), u
+assert all(abs(p - 0.5) < 1e-6 for p in u["top_p"]), u
+assert all(s < 1e-9 for s in u["spread"]), u
+assert u["switch_rate"][0] is None and u["switch_rate"][1] == 0, u
+assert "route" not in e["monolith"]
+for name in ("learned:top1", "learned+prior:top1"):
+    r = e[name]["route"]
+    assert all(0 <= h <= 1 + 1e-6 for h in r["entropy_bits"]), r
+    assert all(0 <= s <= 1 for s in r["switch_rate"][1:]), r
 PYEOF
 grep -q "<svg" "$dir/r.html" || fail "the report has no chart"
+grep -q "Routing entropy" "$dir/r.html" || fail "the report has no routing along t"
 [ "$(grep -o 'data:image/png;base64' "$dir/r.html" | wc -l)" -eq 7 ] ||
     fail "the report should hold one grid per entry (7)"
 grep -q "Quality against cost" "$dir/r.html" || fail "the report has no frontier"
@@ -128,6 +160,30 @@ cmp -s "$dir/samples/monolith-images-idx3-ubyte" "$dir/samples/learned_top1-imag
     fail "eval --save-samples: equal samples saved differently"
 [ "$(wc -c <"$dir/samples/monolith-images-idx3-ubyte")" -eq $((16 + 24 * 784)) ] ||
     fail "eval --save-samples: not 24 images of 28×28 behind a 16-byte header"
+
+# guidance: exact mixture guidance and a router temperature over two identical experts are that
+# expert's own guided samples; exact top1 runs one forward per half, exact full every expert on both
+"$T" eval --local "$dir/same" --classifier "$dir/cls.safetensors" --monolith "$dir/mono.safetensors" \
+    --policies "monolith learned+prior+exact:top1 uniform+prior+exact:full learned+temp=2.5:top1" \
+    --cfg 2 --n 24 --steps 2 --sampler euler --ref-n 200 --bootstrap 0 --json \
+    >"$dir/g2.json" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "eval --cfg 2"; }
+"$PY" - "$dir/g2.json" <<'PYEOF' || fail "eval with exact guidance"
+import json, sys
+j = json.load(open(sys.argv[1]))
+e = {x["policy"]: x for x in j["entries"]}
+mono = e["monolith"]["fd"]
+for name, evals in (("monolith", 4), ("learned+prior+exact:top1", 4),
+                    ("uniform+prior+exact:full", 8), ("learned+temp=2.5:top1", 4)):
+    assert abs(e[name]["fd"] - mono) < 1e-6 * max(1, mono), (name, e[name]["fd"], mono)
+    assert e[name]["evals_per_sample"] == evals, (name, e[name]["evals_per_sample"])
+PYEOF
+for bad in "learned+temp=0:top1" "learned+temp=x:top1" "learned+exact+nope:top1"; do
+    if "$T" eval --local "$dir/same" --classifier "$dir/cls.safetensors" --policies "$bad" \
+        --n 24 --steps 1 >/dev/null 2>"$dir/err.txt"; then
+        fail "eval --policies '$bad' was accepted"
+    fi
+    grep -q "is not a policy" "$dir/err.txt" || fail "eval --policies '$bad': $(cat "$dir/err.txt")"
+done
 
 # train-router's expert objectives, through the folder's (identical) experts
 for obj in alignment mixture; do

@@ -253,6 +253,70 @@ static void test_inception_score(void **state) {
     free(logits);
 }
 
+/* Calibration: the NLL against the formula, the ECE of a hand-made set, the fitted temperature of
+ * logits made three times over-confident (labels drawn from the softmax of z, logits 3z: T ≈ 3, and
+ * a minimum: the NLL rises 2 % either side), and the refusals. */
+static void test_calibration(void **state) {
+    (void)state;
+    const float L19 = logf(19.0f), L3 = logf(3.0f);
+    const float z[4 * 2] = {0, 0, L3, 0, L19, 0, 0, L19};
+    const int32_t y[4] = {1, 0, 0, 0};
+    double nll, ece, want = 0.0;
+    TU_CHECK_OK(ts_calib_nll(z, y, 4, 2, 1.7, &nll, err, sizeof err));
+    for (int i = 0; i < 4; i++) {
+        double a = z[2 * i] / 1.7, b = z[2 * i + 1] / 1.7;
+        want += (log(exp(a) + exp(b)) - (y[i] ? b : a)) / 4;
+    }
+    tu_check_scalar(nll, want, 1e-12, "nll at T = 1.7");
+    /* top probabilities .5 (wrong: tie → class 0), .75 (right), .95 (right), .95 (wrong) */
+    TU_CHECK_OK(ts_calib_ece(z, y, 4, 2, 1.0, 10, &ece, err, sizeof err));
+    tu_check_scalar(ece, (0.5 + 0.25 + fabs(1.0 - 1.9)) / 4, 1e-6, "ece");
+    TU_CHECK_OK(ts_calib_ece(z, y, 4, 2, 1.0, 1, &ece, err, sizeof err));
+    tu_check_scalar(ece, fabs(2.0 - 3.15) / 4, 1e-6, "ece, one bin");
+
+    enum { N = 20000, K = 5 };
+    float *logits = malloc(sizeof(float) * N * K);
+    int32_t *truth = malloc(sizeof(int32_t) * N);
+    assert_non_null(logits);
+    assert_non_null(truth);
+    tu_rng_t r = {77};
+    for (int i = 0; i < N; i++) {
+        double p[K], sum = 0.0, u = tu_rng_uniform(&r, 0.0f, 1.0f), acc = 0.0;
+        for (int k = 0; k < K; k++) {
+            double u1 = tu_rng_uniform(&r, 1e-7f, 1.0f), u2 = tu_rng_uniform(&r, 0.0f, 1.0f);
+            double zk = 1.5 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+            logits[i * K + k] = (float)(3.0 * zk);
+            sum += (p[k] = exp(zk));
+        }
+        truth[i] = K - 1;
+        for (int k = 0; k < K; k++)
+            if ((acc += p[k] / sum) > u) {
+                truth[i] = k;
+                break;
+            }
+    }
+    double T, at, lo, hi;
+    TU_CHECK_OK(ts_calib_fit_temperature(logits, truth, N, K, &T, err, sizeof err));
+    tu_check_scalar(T, 3.0, 0.15, "fitted temperature");
+    TU_CHECK_OK(ts_calib_nll(logits, truth, N, K, T, &at, err, sizeof err));
+    TU_CHECK_OK(ts_calib_nll(logits, truth, N, K, T * 1.02, &hi, err, sizeof err));
+    TU_CHECK_OK(ts_calib_nll(logits, truth, N, K, T / 1.02, &lo, err, sizeof err));
+    assert_true(at <= hi && at <= lo);
+    double raw_ece, fit_ece;
+    TU_CHECK_OK(ts_calib_ece(logits, truth, N, K, 1.0, 15, &raw_ece, err, sizeof err));
+    TU_CHECK_OK(ts_calib_ece(logits, truth, N, K, T, 15, &fit_ece, err, sizeof err));
+    assert_true(fit_ece < 0.03 && raw_ece > 0.1);
+
+    int32_t bad[4] = {0, 2, 0, 0};
+    TU_CHECK_RC(ts_calib_nll(z, bad, 4, 2, 1.0, &nll, err, sizeof err), TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "label 2 of row 1");
+    TU_CHECK_RC(ts_calib_nll(z, y, 4, 2, 0.0, &nll, err, sizeof err), TS_EINVAL);
+    logits[7] = NAN;
+    TU_CHECK_RC(ts_calib_fit_temperature(logits, truth, N, K, &T, err, sizeof err), TS_ENONFINITE);
+    free(logits);
+    free(truth);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bootstrap_indices),
@@ -261,6 +325,7 @@ int main(void) {
         cmocka_unit_test(test_precision_recall_naive),
         cmocka_unit_test(test_precision_recall_mode_drop),
         cmocka_unit_test(test_inception_score),
+        cmocka_unit_test(test_calibration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -285,6 +285,33 @@ static void test_report_scatter(void **state) {
     assert_non_null(strstr(err, "label 1"));
 }
 
+/* The line plot: linear axes, one path per series (a non-finite point lifts the pen: two
+ * subpaths), the legend escaped, a NULL label refused. */
+static void test_report_lines(void **state) {
+    (void)state;
+    const char *path = tu_temp_path("lines.html");
+    ts_report_t *r = NULL;
+    CHECK_OK(ts_report_open(&r, path, "l", err, sizeof err));
+    const char *labels[] = {"a", "b & c"};
+    const double x[] = {0, 0.5, 1}, y[] = {0, 5, 10, 2, NAN, 4};
+    CHECK_OK(ts_report_lines_svg(r, "entropy", "t", "bits", labels, x, y, 2, 3));
+    CHECK_OK(ts_report_close(r, err, sizeof err));
+    size_t len;
+    char *html = (char *)tu_read_file(path, &len);
+    html[len] = '\0';
+    check_well_formed(html);
+    /* x: 0..1 over 560 px from 56; y: 0..10 (step 2) over 320 px from 24 */
+    assert_non_null(strstr(html, "d=\"M56.0 344.0 L336.0 184.0 L616.0 24.0 \""));
+    assert_non_null(strstr(html, "d=\"M56.0 280.0 M616.0 216.0 \""));
+    assert_non_null(strstr(html, ">b &amp; c</text>"));
+    free(html);
+    CHECK_OK(ts_report_open(&r, path, "l", err, sizeof err));
+    labels[1] = NULL;
+    assert_int_equal(ts_report_lines_svg(r, "t", "x", "y", labels, x, y, 2, 3), TS_EINVAL);
+    CHECK_RC(ts_report_close(r, err, sizeof err), TS_EINVAL);
+    assert_non_null(strstr(err, "label 1"));
+}
+
 static void test_report_errors(void **state) {
     (void)state;
     ts_report_t *r = (ts_report_t *)&r; /* must be reset to NULL on failure */
@@ -345,6 +372,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_report_atomic, setup_dir, tu_teardown_temp_dir),
         cmocka_unit_test_setup_teardown(test_report_errors, setup_dir, tu_teardown_temp_dir),
         cmocka_unit_test_setup_teardown(test_report_scatter, setup_dir, tu_teardown_temp_dir),
+        cmocka_unit_test_setup_teardown(test_report_lines, setup_dir, tu_teardown_temp_dir),
         cmocka_unit_test_setup_teardown(test_png_encode_matches_file, setup_dir,
                                         tu_teardown_temp_dir),
     };

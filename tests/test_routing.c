@@ -13,7 +13,9 @@
  * sample (same seeds) for the learned, centroid and confidence policies; full with uniform
  * weights is the mean of the experts' velocities; the centroid policy with a hand-made partition
  * sends a sample to the nearer centroid with the softmax weights of −d/τ; expert evaluation
- * counts; ts_experts_open's ordering by metadata cluster and its refusals; init refusals.
+ * counts; ts_experts_open's ordering by metadata cluster and its refusals; init refusals; exact
+ * mixture guidance against a naive sum of the experts' conditional and unconditional velocities;
+ * the record's routing distribution and spread against the experts run one by one.
  *
  * The learned policy mostly uses a stub router (a fixed random projection of x, plus t), which
  * spreads samples over the experts on purpose; one test checks a real ts_classifier_t router
@@ -1207,6 +1209,212 @@ static void test_classifier_router(void **state) {
     ts_classifier_free(cl);
 }
 
+/* v_k(x, y) of every expert, unguided (one forward with the given labels), into out (K, n·CHW):
+ * the reference for the guidance tests. */
+static void expert_velocities(ts_experts_t *ex, const int32_t *labels, int n, const ts_tensor_t *x,
+                              float t, ts_tensor_t *vk, float *out) {
+    for (int k = 0; k < ex->K; k++) {
+        ts_dit_velocity_ctx_t vc;
+        TU_CHECK_OK(ts_dit_velocity_init(&vc, &ex->models[k], labels, n, 1.0f));
+        TU_CHECK_OK(ts_dit_velocity(&vc, x, t, vk));
+        memcpy(out + (size_t)k * n * CHW, tu_f32(vk), (size_t)n * CHW * sizeof(float));
+        ts_dit_velocity_free(&vc);
+    }
+}
+
+/* Exact mixture guidance against a naive sum: v = s·Σ_k w^c_k v_k(x, y) + (1 − s)·Σ_k w^u_k
+ * v_k(x, ∅), with w^c from the class-aware scores (uniform + prior) and w^u from the prior's null
+ * row, under full and top1 (ties to expert 0); one forward per sample and half under top1; two
+ * copies of one expert = that expert's own guided velocity; without a prior it equals the plain
+ * ensemble; refused with hold and the confidence policy. */
+static void test_exact_guidance(void **state) {
+    fixture_t *fx = *state;
+    enum { N = 4, K = 2 };
+    const float G = 3.0f, T = 0.55f;
+    ts_experts_t ex;
+    open_written_experts(fx, &ex, "x", 60, K);
+    int32_t labels[N] = {0, 1, NCLS, 2};
+    int32_t nulls[N] = {NCLS, NCLS, NCLS, NCLS};
+    float prior[(NCLS + 1) * K] = {0};
+    prior[0 * K + 0] = logf(0.9f), prior[0 * K + 1] = logf(0.1f);
+    prior[1 * K + 0] = logf(0.2f), prior[1 * K + 1] = logf(0.8f);
+    ts_tensor_t x, v, vk;
+    tu_alloc_f32(&x, 4, TS_SHAPE(N, 1, IMG, IMG));
+    tu_alloc_like(&v, &x);
+    tu_alloc_like(&vk, &x);
+    tu_rng_t r = {21};
+    tu_fill_uniform(&r, &x, -2.0f, 2.0f);
+    static float vc[K * N * CHW], vu[K * N * CHW];
+    expert_velocities(&ex, labels, N, &x, T, &vk, vc);
+    expert_velocities(&ex, nulls, N, &x, T, &vk, vu);
+    const char *sels[2] = {"full", "top1"};
+    for (int c = 0; c < 2; c++) {
+        float want[N * CHW];
+        for (int b = 0; b < N; b++) {
+            double wc[K], wu[K] = {0.5, 0.5};
+            softmax_ref(wc, prior + (size_t)labels[b] * K, K);
+            if (c == 1) { /* top1: argmax, ties to expert 0 */
+                int best = wc[1] > wc[0];
+                wc[0] = best == 0, wc[1] = best == 1, wu[0] = 1.0, wu[1] = 0.0;
+            }
+            for (int j = 0; j < CHW; j++) {
+                double acc = 0.0;
+                for (int k = 0; k < K; k++)
+                    acc += G * wc[k] * vc[((size_t)k * N + b) * CHW + j] +
+                           (1.0 - G) * wu[k] * vu[((size_t)k * N + b) * CHW + j];
+                want[b * CHW + j] = (float)acc;
+            }
+        }
+        ts_ensemble_opts_t o = base_opts(sels[c], TS_POLICY_UNIFORM, labels, N, G);
+        o.log_prior = prior;
+        o.exact_guidance = 1;
+        ts_ensemble_t ens;
+        TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK,
+                        err);
+        TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, T, &v));
+        tu_check_close(tu_f32(&v), want, N * CHW, 1e-5, 1e-5, "exact guidance, %s", sels[c]);
+        /* full: every expert on both halves; top1: one forward per sample and half */
+        assert_int_equal(ens.forwards, c == 0 ? 2 * K * N : 2 * N);
+        ts_ensemble_free(&ens);
+    }
+
+    /* two copies of one expert: the mixture is that expert's own guided velocity */
+    const char *same[K] = {ex.paths[0], ex.paths[0]};
+    ts_experts_t twin;
+    open_experts(&twin, &fx->e, same, K);
+    ts_dit_velocity_ctx_t one;
+    TU_CHECK_OK(ts_dit_velocity_init(&one, &twin.models[0], labels, N, G));
+    TU_CHECK_OK(ts_dit_velocity(&one, &x, T, &vk));
+    ts_dit_velocity_free(&one);
+    ts_ensemble_opts_t o = base_opts("full", TS_POLICY_UNIFORM, labels, N, G);
+    o.log_prior = prior;
+    o.exact_guidance = 1;
+    ts_ensemble_t ens;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, twin.models, K, &o, err, sizeof err), TS_OK,
+                    err);
+    TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, T, &v));
+    tu_check_close(tu_f32(&v), tu_f32(&vk), N * CHW, 1e-5, 1e-5, "two copies of one expert");
+    ts_ensemble_free(&ens);
+    ts_experts_free(&twin);
+
+    /* no prior: the scores do not depend on the label, exact = the plain ensemble */
+    stub_router_t sr;
+    stub_init(&sr, K);
+    float plain[N * CHW];
+    for (int exact = 0; exact < 2; exact++) {
+        o = base_opts("top1", TS_POLICY_LEARNED, labels, N, G);
+        o.router = stub_router;
+        o.router_ctx = &sr;
+        o.exact_guidance = exact;
+        TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK,
+                        err);
+        TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, T, &v));
+        if (!exact)
+            memcpy(plain, tu_f32(&v), sizeof plain);
+        else
+            tu_check_close(tu_f32(&v), plain, N * CHW, 1e-5, 1e-5, "exact without a prior");
+        ts_ensemble_free(&ens);
+    }
+    o.hold = TS_HOLD_FIRST;
+    TU_CHECK_RC(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_ENOTSUP);
+    TU_CHECK_CONTAINS(err, "exact mixture guidance");
+    o.hold = TS_HOLD_NONE;
+    o.policy = TS_POLICY_CONFIDENCE;
+    TU_CHECK_RC(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_ENOTSUP);
+    TU_FREE_TENSORS(&x, &v, &vk);
+    ts_experts_free(&ex);
+}
+
+/* The record's routing distribution and spread: full + uniform over 3 experts records p = 1/3
+ * and spread = Σ_k ⅓‖v_k − v̄‖² / CHW from the experts' guided velocities computed one by one;
+ * top1 with the stub router records p = the softmax of its logits and spread 0; a router's
+ * temperature divides its logits. */
+static void test_record_distribution(void **state) {
+    fixture_t *fx = *state;
+    enum { N = 4, K = 3 };
+    const float T = 0.45f;
+    ts_experts_t ex;
+    open_written_experts(fx, &ex, "d", 80, K);
+    int32_t labels[N] = {1, 0, NCLS, 2};
+    ts_tensor_t x, v, vk;
+    tu_alloc_f32(&x, 4, TS_SHAPE(N, 1, IMG, IMG));
+    tu_alloc_like(&v, &x);
+    tu_alloc_like(&vk, &x);
+    tu_rng_t r = {31};
+    tu_fill_uniform(&r, &x, -2.0f, 2.0f);
+    static float each[K * N * CHW];
+    for (int k = 0; k < K; k++) {
+        ts_dit_velocity_ctx_t vc;
+        TU_CHECK_OK(ts_dit_velocity_init(&vc, &ex.models[k], labels, N, 2.0f));
+        TU_CHECK_OK(ts_dit_velocity(&vc, &x, T, &vk));
+        memcpy(each + (size_t)k * N * CHW, tu_f32(&vk), (size_t)N * CHW * sizeof(float));
+        ts_dit_velocity_free(&vc);
+    }
+    ts_ensemble_opts_t o = base_opts("full", TS_POLICY_UNIFORM, labels, N, 2.0f);
+    o.record = 1;
+    ts_ensemble_t ens;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK, err);
+    TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, T, &v));
+    assert_int_equal(ens.n_steps, 1);
+    for (int b = 0; b < N; b++) {
+        double spread = 0.0;
+        for (int j = 0; j < CHW; j++) {
+            double mean = 0.0;
+            for (int k = 0; k < K; k++)
+                mean += each[((size_t)k * N + b) * CHW + j] / K;
+            for (int k = 0; k < K; k++) {
+                double d = each[((size_t)k * N + b) * CHW + j] - mean;
+                spread += d * d / K;
+            }
+        }
+        tu_check_scalar(ens.steps[0].spread[b], spread / CHW, 1e-5 + 1e-4 * spread / CHW,
+                        "spread of sample %d", b);
+        assert_true(spread > 1e-6); /* the experts differ: the check can fail */
+        for (int k = 0; k < K; k++)
+            tu_check_scalar(ens.steps[0].p[b * K + k], 1.0 / 3.0, 1e-7, "p[%d, %d]", b, k);
+    }
+    ts_ensemble_free(&ens);
+
+    stub_router_t sr;
+    stub_init(&sr, K);
+    float logits[N * K];
+    TU_CHECK_OK(stub_router(&sr, &x, T, N, logits));
+    o = base_opts("top1", TS_POLICY_LEARNED, labels, N, 2.0f);
+    o.router = stub_router;
+    o.router_ctx = &sr;
+    o.record = 1;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_OK, err);
+    TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, T, &v));
+    for (int b = 0; b < N; b++) {
+        double p[K];
+        softmax_ref(p, logits + b * K, K);
+        for (int k = 0; k < K; k++)
+            tu_check_scalar(ens.steps[0].p[b * K + k], p[k], 1e-6, "p[%d, %d]", b, k);
+        tu_check_scalar(ens.steps[0].spread[b], 0.0, 1e-6, "top1 spread %d", b);
+    }
+    ts_ensemble_free(&ens);
+
+    /* the classifier router's temperature */
+    ts_dit_config_t cfg;
+    tiny_config(&cfg);
+    ts_classifier_t *cl = NULL;
+    TU_CHECK_OK(ts_classifier_create(&cl, &cfg, K, 1, &fx->e, MAXB, 0));
+    TU_CHECK_OK(ts_classifier_init_weights(cl, 5));
+    ts_classifier_router_t rr;
+    TU_CHECK_OK(ts_classifier_router_init(&rr, cl, &fx->e, N));
+    assert_true(rr.temperature == 1.0f);
+    float raw[N * K], hot[N * K];
+    TU_CHECK_OK(ts_classifier_router_fn(&rr, &x, T, N, raw));
+    rr.temperature = 2.5f;
+    TU_CHECK_OK(ts_classifier_router_fn(&rr, &x, T, N, hot));
+    for (int i = 0; i < N * K; i++)
+        tu_check_scalar(hot[i], raw[i] / 2.5, 1e-6, "logit %d at temperature 2.5", i);
+    ts_classifier_router_free(&rr);
+    ts_classifier_free(cl);
+    TU_FREE_TENSORS(&x, &v, &vk);
+    ts_experts_free(&ex);
+}
+
 /* ts_experts_open and ts_ensemble_init refuse what does not belong together. */
 static void test_refusals(void **state) {
     fixture_t *fx = *state;
@@ -1278,6 +1486,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_absent_routed_around, setup, teardown),
         cmocka_unit_test_setup_teardown(test_expert_residuals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_classifier_router, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exact_guidance, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_distribution, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_hook, setup, teardown),
     };
