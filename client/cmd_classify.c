@@ -62,6 +62,8 @@ typedef struct {
     /* train-router only: the objective and, for the expert objectives, the experts */
     const char *objective, *experts;
     float align_tau;
+    int label_aware;     /* the router also reads the class label (trained with dropout) */
+    float label_dropout; /* its probability of the null label */
     ts_router_residuals_fn residuals;
     void *residuals_ctx;
 } cls_opts_t;
@@ -106,6 +108,7 @@ static int train_loop(const cls_opts_t *o, ts_classifier_t *c, const ts_dataset_
                    : strcmp(o->objective, "alignment") == 0              ? TS_ROUTER_ALIGNMENT
                                                                          : TS_ROUTER_MIXTURE;
     tc.align_tau = o->align_tau;
+    tc.label_dropout = o->label_dropout > 0.0f ? o->label_dropout : 0.0f;
     tc.residuals = o->residuals;
     tc.residuals_ctx = o->residuals_ctx;
     ts_classifier_trainer_t *tr = NULL;
@@ -226,7 +229,7 @@ static int eval_batch(ts_classifier_t *c, ts_engine_t *e, eval_bufs_t *b, const 
     if (rc == TS_OK)
         rc = ts_flow_interp(e, &xt, &vel, &x0, &eps, &t);
     if (rc == TS_OK)
-        rc = ts_classifier_run(c, &xt, &t, n, NULL, b->logits);
+        rc = ts_classifier_run_labels(c, &xt, &t, ds->labels + lo, n, NULL, b->logits);
     return rc;
 }
 
@@ -277,6 +280,8 @@ static int parse(cls_opts_t *o, int router, int argc, char **argv) {
         {"objective", TS_ARG_STRING, &o->objective, "NAME", "cluster (the image's cluster), alignment (the expert with the lowest denoising loss, soft targets softmax(-loss/tau)) or mixture (the weights whose mixture of the experts' velocities is closest to the flow target) (default cluster)"},
         {"experts", TS_ARG_STRING, &o->experts, "DIR", "the generation folder whose experts (trained on this partition) the alignment and mixture objectives run"},
         {"align-tau", TS_ARG_FLOAT, &o->align_tau, "T", "the temperature of the alignment targets (default 0.02)", 1e-9, 1e9},
+        {"label-aware", TS_ARG_FLAG, &o->label_aware, NULL, "the router also reads the class asked for: it learns p(k | x_t, y), and p(k | x_t) for the null label (no class prior needed)"},
+        {"label-dropout", TS_ARG_FLOAT, &o->label_dropout, "P", "with --label-aware: the probability a training sample's label is replaced by the null label (default 0.1)", 0, 1},
     };
     /* clang-format on */
     int n = (int)(sizeof common / sizeof common[0]);
@@ -308,7 +313,7 @@ static void cls_defaults(cls_opts_t *o, const char *prog) {
     o->prog = prog, o->fmnist_dir = TS_FMNIST_DEFAULT_DIR, o->model = "tiny", o->steps = 3000;
     o->batch = tc.batch, o->lr = tc.lr, o->warmup = tc.warmup, o->wd = tc.weight_decay;
     o->clip = tc.grad_clip, o->log_every = 100, o->shift = tc.shift;
-    o->objective = "cluster", o->align_tau = 0.02f;
+    o->objective = "cluster", o->align_tau = 0.02f, o->label_dropout = -1.0f; /* unset */
 }
 
 /* The data, the engine and a freshly initialised classifier: common to both verbs. */
@@ -337,8 +342,9 @@ static int run_start(cls_run_t *r, const cls_opts_t *o, int K, int time_conditio
     ts_dit_config_t cfg;
     if (rc == TS_OK)
         rc = trunk_config(o, &r->train, &cfg, err, errlen);
-    if (rc == TS_OK && (rc = ts_classifier_create(&r->c, &cfg, K, time_conditioned, &r->eng,
-                                                  o->batch, 1)) != TS_OK)
+    int L = o->label_aware ? TS_FMNIST_NUM_CLASSES : 0;
+    if (rc == TS_OK && (rc = ts_classifier_create_labelled(&r->c, &cfg, K, L, time_conditioned,
+                                                           &r->eng, o->batch, 1)) != TS_OK)
         snprintf(err, errlen, "cannot build the classifier");
     if (rc == TS_OK && (rc = ts_classifier_init_weights(r->c, o->seed)) != TS_OK)
         snprintf(err, errlen, "cannot initialise the classifier");
@@ -428,6 +434,12 @@ int ts_cmd_train_router(int argc, char **argv) {
                 o.objective);
         return 2;
     }
+    if (o.label_dropout >= 0.0f && !o.label_aware) {
+        fprintf(stderr, "%s: --label-dropout goes with --label-aware\n", o.prog);
+        return 2;
+    }
+    if (o.label_dropout < 0.0f)
+        o.label_dropout = 0.1f; /* the default */
     if (expert_objective != (o.experts != NULL)) {
         fprintf(stderr,
                 "%s: --experts DIR goes with --objective alignment or mixture, and they "
@@ -461,6 +473,11 @@ int ts_cmd_train_router(int argc, char **argv) {
     if (rc == TS_OK && (rc = ts_classifier_set_meta(r.c, "partition_id", p.id)) != TS_OK)
         snprintf(err, sizeof err, "cannot set the metadata");
     if (rc == TS_OK && (rc = ts_classifier_set_meta(r.c, "objective", o.objective)) != TS_OK)
+        snprintf(err, sizeof err, "cannot set the metadata");
+    char drop[32];
+    snprintf(drop, sizeof drop, "%g", (double)o.label_dropout);
+    if (rc == TS_OK && o.label_aware &&
+        (rc = ts_classifier_set_meta(r.c, "label_dropout", drop)) != TS_OK)
         snprintf(err, sizeof err, "cannot set the metadata");
     if (rc == TS_OK && expert_objective) {
         rc = ts_local_open(&experts, o.experts, &r.eng, o.batch, 1, 0, o.prog, err, sizeof err);
@@ -511,9 +528,10 @@ int ts_cmd_train_router(int argc, char **argv) {
         int largest = 0;
         for (int k = 0; k < p.K; k++)
             largest = p.sizes[k] > largest ? p.sizes[k] : largest;
-        printf("router accuracy by t on %d test images (nearest-centroid truth; chance: 1/K = "
-               "%.3f, largest cluster %.3f)\n",
-               n, 1.0 / p.K, (double)largest / (double)p.n);
+        printf("router accuracy by t on %d test images (nearest-centroid truth%s; chance: 1/K "
+               "= %.3f, largest cluster %.3f)\n",
+               n, o.label_aware ? ", each given its label" : "", 1.0 / p.K,
+               (double)largest / (double)p.n);
         printf("  t bucket       accuracy\n");
         for (int j = 0; j < N_BUCKETS; j++)
             printf("  [%.1f, %.1f)     %.3f\n", j / 10.0, (j + 1) / 10.0, acc[j]);
@@ -522,9 +540,10 @@ int ts_cmd_train_router(int argc, char **argv) {
             json_t *buckets = json_array();
             for (int j = 0; buckets && j < N_BUCKETS; j++)
                 json_array_append_new(buckets, json_real(acc[j]));
-            ts_json_print(json_pack("{s:b, s:s, s:I, s:f, s:o*, s:s}", "done", 1, "partition_id",
-                                    p.id, "steps", (json_int_t)o.steps, "seconds", secs,
-                                    "bucket_accuracy", buckets, "out", o.out));
+            ts_json_print(json_pack("{s:b, s:s, s:I, s:f, s:o*, s:s, s:b}", "done", 1,
+                                    "partition_id", p.id, "steps", (json_int_t)o.steps, "seconds",
+                                    secs, "bucket_accuracy", buckets, "out", o.out, "label_aware",
+                                    o.label_aware));
         }
         fprintf(stderr, "trained %lld steps in %.1f s; router → %s\n", (long long)o.steps, secs,
                 o.out);

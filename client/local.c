@@ -119,6 +119,13 @@ static int open_artifacts(ts_local_t *l, const char *dir, ts_engine_t *e, int lo
                        path, ts_classifier_num_outputs(l->router), dir, l->ex.K);
             rc = TS_EINVAL;
         }
+        int L = rc == TS_OK ? ts_classifier_num_labels(l->router) : 0;
+        if (L && L != l->cfg.num_classes) {
+            ts_set_err(err, errlen,
+                       "%s reads %d class labels but the experts of %s have %d classes", path, L,
+                       dir, l->cfg.num_classes);
+            rc = TS_EINVAL;
+        }
         if (rc == TS_OK)
             rc = ts_classifier_router_init(&l->rr, l->router, e, chunk);
         l->has_router = rc == TS_OK;

@@ -31,7 +31,6 @@
 #include "model/safetensors.h"
 
 #define CLS_FORMAT "tessera-classifier/1"
-#define CLS_NULL_LABEL 1 /* the trunk has num_classes = 1: row 1 is its null row */
 #define CLS_MAX_OUTPUTS 100000
 #define CLS_MAX_META 64
 
@@ -39,6 +38,7 @@ struct ts_classifier {
     ts_dit_t trunk;
     ts_engine_t *eng; /* borrowed */
     int K, D, T, time_conditioned, max_batch, trainable;
+    int num_labels; /* 0, or L: a label-aware model whose trunk has L classes (null = L) */
     ts_tensor_t head_mem, head_grad; /* (K·D + K): weight (K, D) then bias (K) */
     ts_tensor_t head_w, head_b, dhead_w, dhead_b;
     /* activations for max_batch samples */
@@ -48,7 +48,7 @@ struct ts_classifier {
     ts_tensor_t tzero;  /* (max_batch) zeros: t of a model that is not time-conditioned */
     ts_tensor_t labels; /* (max_batch) I32 staging */
     ts_tensor_t loss;   /* (1) */
-    int32_t *null_y;    /* (max_batch) host, all CLS_NULL_LABEL */
+    int32_t *cond_y;    /* (max_batch) host: the trunk's labels (the null row unless labelled) */
     int n_meta;
     char *meta_keys[CLS_MAX_META], *meta_vals[CLS_MAX_META];
 };
@@ -97,7 +97,7 @@ static int *config_field(ts_dit_config_t *cfg, int i) {
     return f[i];
 }
 
-/* The model's own keys: the format, the trunk config, K and time conditioning. */
+/* The model's own keys: the format, the trunk config, K, time conditioning and the labels. */
 static int own_meta(ts_classifier_t *c) {
     char buf[32];
     TS_TRY(meta_put(c, "format", CLS_FORMAT));
@@ -107,6 +107,10 @@ static int own_meta(ts_classifier_t *c) {
     }
     snprintf(buf, sizeof buf, "%d", c->K);
     TS_TRY(meta_put(c, "num_outputs", buf));
+    if (c->num_labels) {
+        snprintf(buf, sizeof buf, "%d", c->num_labels);
+        TS_TRY(meta_put(c, "num_labels", buf));
+    }
     return meta_put(c, "time_conditioned", c->time_conditioned ? "1" : "0");
 }
 
@@ -125,7 +129,7 @@ void ts_classifier_free(ts_classifier_t *c) {
         free(c->meta_keys[i]);
         free(c->meta_vals[i]);
     }
-    free(c->null_y);
+    free(c->cond_y);
     free(c);
 }
 
@@ -139,16 +143,25 @@ static int bind_head(const ts_classifier_t *c, const ts_tensor_t *slab, ts_tenso
 
 int ts_classifier_create(ts_classifier_t **out, const ts_dit_config_t *trunk, int num_outputs,
                          int time_conditioned, ts_engine_t *e, int max_batch, int trainable) {
+    return ts_classifier_create_labelled(out, trunk, num_outputs, 0, time_conditioned, e, max_batch,
+                                         trainable);
+}
+
+int ts_classifier_create_labelled(ts_classifier_t **out, const ts_dit_config_t *trunk,
+                                  int num_outputs, int num_labels, int time_conditioned,
+                                  ts_engine_t *e, int max_batch, int trainable) {
     if (!out)
         return TS_EINVAL;
     *out = NULL;
-    if (!trunk || !e || num_outputs < 1 || num_outputs > CLS_MAX_OUTPUTS || max_batch < 1)
+    if (!trunk || !e || num_outputs < 1 || num_outputs > CLS_MAX_OUTPUTS || max_batch < 1 ||
+        num_labels < 0 || num_labels > TS_CLASSIFIER_MAX_LABELS)
         return TS_EINVAL;
     ts_classifier_t *c = calloc(1, sizeof *c);
     if (!c)
         return TS_ENOMEM;
     ts_dit_config_t cfg = *trunk;
-    cfg.num_classes = 1;
+    cfg.num_classes = num_labels ? num_labels : 1;
+    c->num_labels = num_labels;
     int rc = ts_dit_create(&c->trunk, &cfg, e, max_batch, trainable);
     if (rc != TS_OK) {
         free(c);
@@ -201,11 +214,11 @@ int ts_classifier_create(ts_classifier_t **out, const ts_dit_config_t *trunk, in
         if (rc == TS_OK)
             rc = ts_tensor_alloc(&c->dxf, TS_F32, dev, 3, TS_SHAPE(B, T, D));
     }
-    c->null_y = malloc((size_t)B * sizeof *c->null_y);
-    if (rc == TS_OK && !c->null_y)
+    c->cond_y = malloc((size_t)B * sizeof *c->cond_y);
+    if (rc == TS_OK && !c->cond_y)
         rc = TS_ENOMEM;
     for (int64_t b = 0; rc == TS_OK && b < B; b++)
-        c->null_y[b] = CLS_NULL_LABEL;
+        c->cond_y[b] = cfg.num_classes; /* the null row */
     if (rc == TS_OK)
         rc = own_meta(c);
     if (rc != TS_OK) {
@@ -243,7 +256,7 @@ int ts_classifier_set_meta(ts_classifier_t *c, const char *key, const char *valu
     if (!c || !key || !value || !*key)
         return TS_EINVAL;
     if (strcmp(key, "format") == 0 || strcmp(key, "num_outputs") == 0 ||
-        strcmp(key, "time_conditioned") == 0)
+        strcmp(key, "time_conditioned") == 0 || strcmp(key, "num_labels") == 0)
         return TS_EINVAL;
     for (int i = 0; i < 9; i++)
         if (strcmp(key, CONFIG_KEYS[i]) == 0)
@@ -287,7 +300,7 @@ static int forward(ts_classifier_t *c, const ts_tensor_t *x, const ts_tensor_t *
     ts_tensor_t xf, lnf = rows(&c->lnf, B), feat = rows(&c->feat, B);
     ts_tensor_t mean = rows(&c->lnf_mean, (int64_t)B * c->T);
     ts_tensor_t rstd = rows(&c->lnf_rstd, (int64_t)B * c->T), logits = rows(&c->logits, B);
-    TS_TRY(ts_dit_forward_trunk(&c->trunk, x, tt, c->null_y, B, &xf));
+    TS_TRY(ts_dit_forward_trunk(&c->trunk, x, tt, c->cond_y, B, &xf));
     TS_TRY(ts_layernorm_forward(e, &lnf, &mean, &rstd, &xf));
     TS_TRY(ts_mean_tokens_forward(e, &feat, &lnf));
     return ts_linear_forward(e, &logits, &feat, &c->head_w, &c->head_b);
@@ -327,10 +340,30 @@ static int to_host(const ts_tensor_t *t, int64_t n, float *dst) {
     return ts_tensor_copy(&h, &src);
 }
 
+int ts_classifier_num_labels(const ts_classifier_t *c) { return c ? c->num_labels : 0; }
+
+int ts_classifier_condition(ts_classifier_t *c, const int32_t *labels, int B) {
+    if (!c || B < 1 || B > c->max_batch)
+        return TS_EINVAL;
+    int null = c->trunk.cfg.num_classes;
+    for (int b = 0; labels && c->num_labels && b < B; b++)
+        if (labels[b] < 0 || labels[b] > c->num_labels)
+            return TS_ERANGE;
+    for (int b = 0; b < B; b++)
+        c->cond_y[b] = labels && c->num_labels ? labels[b] : null;
+    return TS_OK;
+}
+
 int ts_classifier_run(ts_classifier_t *c, const ts_tensor_t *x, const ts_tensor_t *t, int B,
                       float *features, float *logits) {
+    return ts_classifier_run_labels(c, x, t, NULL, B, features, logits);
+}
+
+int ts_classifier_run_labels(ts_classifier_t *c, const ts_tensor_t *x, const ts_tensor_t *t,
+                             const int32_t *labels, int B, float *features, float *logits) {
     if (!c)
         return TS_EINVAL;
+    TS_TRY(ts_classifier_condition(c, labels, B));
     TS_TRY(forward(c, x, t, B));
     if (features)
         TS_TRY(to_host(&c->feat, (int64_t)B * c->D, features));
@@ -574,12 +607,16 @@ int ts_classifier_open(ts_classifier_t **out, const char *path, ts_engine_t *e, 
         rc = meta_int(&f, "num_outputs", 1, CLS_MAX_OUTPUTS, &K, why, sizeof why);
     if (rc == TS_OK)
         rc = meta_int(&f, "time_conditioned", 0, 1, &tc, why, sizeof why);
-    if (rc == TS_OK && (cfg.num_classes != 1 || ts_dit_config_check(&cfg) != TS_OK)) {
+    int L = 0;
+    if (rc == TS_OK && ts_st_meta(&f, "num_labels"))
+        rc = meta_int(&f, "num_labels", 1, TS_CLASSIFIER_MAX_LABELS, &L, why, sizeof why);
+    if (rc == TS_OK && (cfg.num_classes != (L ? L : 1) || ts_dit_config_check(&cfg) != TS_OK)) {
         ts_set_err(why, sizeof why, "the trunk config in the metadata is not valid");
         rc = TS_ECORRUPT;
     }
     ts_classifier_t *c = NULL;
-    if (rc == TS_OK && (rc = ts_classifier_create(&c, &cfg, K, tc, e, max_batch, 0)) != TS_OK)
+    if (rc == TS_OK &&
+        (rc = ts_classifier_create_labelled(&c, &cfg, K, L, tc, e, max_batch, 0)) != TS_OK)
         ts_set_err(why, sizeof why, "cannot build the model: %s", ts_strerror(rc));
     if (rc == TS_OK)
         rc = load_weights(c, &f, why, sizeof why);
@@ -597,7 +634,13 @@ int ts_classifier_open(ts_classifier_t **out, const char *path, ts_engine_t *e, 
 
 /* ---- training ------------------------------------------------------------------------- */
 
-enum { STREAM_PERM = 11, STREAM_TIME = 12, STREAM_NOISE = 13, STREAM_AUGMENT = 14 };
+enum {
+    STREAM_PERM = 11,
+    STREAM_TIME = 12,
+    STREAM_NOISE = 13,
+    STREAM_AUGMENT = 14,
+    STREAM_LABEL_DROP = 15
+};
 
 struct ts_classifier_trainer {
     ts_classifier_t *c;
@@ -609,7 +652,8 @@ struct ts_classifier_trainer {
     ts_tensor_t x0, eps, xt, vel, t, sumsq;
     float *x0_host, *t_host, *logits_host, *aug_tmp, *dlogits_host;
     int32_t *y_host, *perm, *cls_host;
-    double *G; /* (B, K, K): the experts' residual Gram matrices (expert objectives) */
+    int32_t *cond_host; /* (B) a label-aware model's conditioning labels, after dropout */
+    double *G;          /* (B, K, K): the experts' residual Gram matrices (expert objectives) */
     int64_t perm_epoch;
 };
 
@@ -652,6 +696,7 @@ void ts_classifier_trainer_free(ts_classifier_trainer_t *tr) {
     free(tr->aug_tmp);
     free(tr->dlogits_host);
     free(tr->cls_host);
+    free(tr->cond_host);
     free(tr->G);
     free(tr);
 }
@@ -666,7 +711,8 @@ int ts_classifier_trainer_init(ts_classifier_trainer_t **out, ts_classifier_t *c
         cfg->batch > c->max_batch || !(cfg->lr > 0.0f) || !isfinite(cfg->lr) || cfg->warmup < 0 ||
         !(cfg->weight_decay >= 0.0f) || !(cfg->grad_clip >= 0.0f) || data->n < 1 ||
         cfg->shift < 0 || cfg->shift > 8 || cfg->objective < TS_ROUTER_CLUSTER ||
-        cfg->objective > TS_ROUTER_MIXTURE ||
+        !(cfg->label_dropout >= 0.0f && cfg->label_dropout <= 1.0f) ||
+        (c->num_labels && !data->labels) || cfg->objective > TS_ROUTER_MIXTURE ||
         (cfg->objective != TS_ROUTER_CLUSTER &&
          (!c->time_conditioned || !cfg->residuals || !data->labels ||
           c->K > TS_ROUTER_MAX_EXPERTS ||
@@ -718,6 +764,11 @@ int ts_classifier_trainer_init(ts_classifier_trainer_t **out, ts_classifier_t *c
     if (rc == TS_OK && (!tr->x0_host || !tr->t_host || !tr->logits_host || !tr->y_host ||
                         !tr->perm || !tr->aug_tmp))
         rc = TS_ENOMEM;
+    if (rc == TS_OK && c->num_labels && !(tr->cond_host = malloc((size_t)B * sizeof(int32_t))))
+        rc = TS_ENOMEM;
+    for (int i = 0; rc == TS_OK && c->num_labels && i < data->n; i++)
+        if (data->labels[i] < 0 || data->labels[i] >= c->num_labels)
+            rc = TS_ERANGE;
     if (rc == TS_OK && cfg->objective != TS_ROUTER_CLUSTER) {
         tr->dlogits_host = malloc((size_t)(B * c->K) * sizeof(float));
         tr->cls_host = malloc((size_t)B * sizeof(int32_t));
@@ -790,6 +841,11 @@ static int stage_batch(ts_classifier_trainer_t *tr, int64_t s, const ts_tensor_t
         tr->y_host[i] = tr->targets[idx];
         if (tr->cls_host)
             tr->cls_host[i] = d->labels[idx];
+        if (tr->cond_host) { /* label dropout: the null label with probability p */
+            float u =
+                ts_rng_uniform_at(ts_stream_key(tr->cfg.seed, STREAM_LABEL_DROP), (uint64_t)g);
+            tr->cond_host[i] = u < tr->cfg.label_dropout ? tr->c->num_labels : d->labels[idx];
+        }
         tr->t_host[i] = ts_rng_uniform_at(tkey, (uint64_t)g);
     }
     ts_tensor_t host;
@@ -817,6 +873,7 @@ int ts_classifier_trainer_step(ts_classifier_trainer_t *tr, float *loss_out, flo
     int64_t s = tr->step;
     const ts_tensor_t *input;
     TS_TRY(stage_batch(tr, s, &input));
+    TS_TRY(ts_classifier_condition(c, tr->cond_host, B));
     float loss;
     int rc;
     if (tr->cfg.objective == TS_ROUTER_CLUSTER) {

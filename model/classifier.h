@@ -5,12 +5,13 @@
  * its penultimate features are the space the Fréchet distance is measured in) and the router of
  * the learned policy (a noisy x_t and its t → the K clusters of a partition, DDM's router).
  * The trunk is the DiT's own (patch embed + positions, adaLN-Zero blocks conditioned on the
- * timestep embedding); the head is a final LayerNorm, a mean over tokens and a linear layer.
+ * timestep embedding, and for a label-aware router on the class label's embedding too); the head is a final LayerNorm, a mean over tokens and a linear layer.
  * The features are the pooled vector before the linear head.
  *
  * Files are safetensors with the trunk under DiT's names, the head as `head.weight` /
  * `head.bias`, and metadata: the DiT config keys, "format": "tessera-classifier/1",
- * "time_conditioned" ("0" or "1"), "num_outputs", and for a router "partition_id".
+ * "time_conditioned" ("0" or "1"), "num_outputs", "num_labels" for a label-aware one, and for a
+ * router "partition_id".
  */
 #ifndef TS_CLASSIFIER_H
 #define TS_CLASSIFIER_H
@@ -43,6 +44,20 @@ const char *ts_classifier_meta(const ts_classifier_t *c, const char *key);
 int ts_classifier_run(ts_classifier_t *c, const ts_tensor_t *x, const ts_tensor_t *t, int B,
                       float *features, float *logits);
 
+/* Label-aware models (a router that also reads the class asked for: p(k | x_t, y), trained with
+ * label dropout so that the null label gives p(k | x_t)). Their trunk has num_classes = L real
+ * labels and the null row L; a model without labels has L = 0 and always runs with its null row.
+ * The file records "num_labels" when L > 0. */
+#define TS_CLASSIFIER_MAX_LABELS 100000
+int ts_classifier_num_labels(const ts_classifier_t *c); /* L, or 0 */
+/* ts_classifier_run conditioned on labels (host, B values in [0, L], L = none; NULL = none);
+ * ignored by a model with L = 0. TS_ERANGE for a label out of range. */
+int ts_classifier_run_labels(ts_classifier_t *c, const ts_tensor_t *x, const ts_tensor_t *t,
+                             const int32_t *labels, int B, float *features, float *logits);
+/* Sets the labels the next forward (and ts_classifier_loss_backward) is conditioned on, as
+ * ts_classifier_run_labels does; ts_classifier_run resets them to none. */
+int ts_classifier_condition(ts_classifier_t *c, const int32_t *labels, int B);
+
 /* ---- building, saving, training (added with the train-classifier and train-router verbs) ---- */
 /* The trunk is a ts_dit_t made with num_classes = 1 whose every sample carries label 1, the null
  * row: the config check wants a label table, and a constant row is simply one learned vector
@@ -55,17 +70,23 @@ int ts_classifier_run(ts_classifier_t *c, const ts_tensor_t *x, const ts_tensor_
  * ts_classifier_init_weights. Free with ts_classifier_free. */
 int ts_classifier_create(ts_classifier_t **out, const ts_dit_config_t *trunk, int num_outputs,
                          int time_conditioned, ts_engine_t *e, int max_batch, int trainable);
+/* The same with num_labels real labels (0 = none, as ts_classifier_create). */
+int ts_classifier_create_labelled(ts_classifier_t **out, const ts_dit_config_t *trunk,
+                                  int num_outputs, int num_labels, int time_conditioned,
+                                  ts_engine_t *e, int max_batch, int trainable);
 /* DiT's initialisation for the trunk (ts_dit_init_weights, stream seed) and Xavier-uniform for
  * the head's weight (the stretch of the same stream after the trunk's slab), zero head bias. */
 int ts_classifier_init_weights(ts_classifier_t *c, uint64_t seed);
 /* Sets (or replaces) a metadata value written by ts_classifier_save ("partition_id", ...). The
- * format, config, num_outputs and time_conditioned keys are the model's own and are refused. */
+ * format, config, num_outputs, time_conditioned and num_labels keys are the model's own and are
+ * refused. */
 int ts_classifier_set_meta(ts_classifier_t *c, const char *key, const char *value);
 /* Writes the trunk (DiT names, without final_layer.*), head.weight (K, D), head.bias (K) as F32
  * and the metadata, atomically. */
 int ts_classifier_save(const ts_classifier_t *c, const char *path, char *err, size_t errlen);
 
-/* One batch's mean cross-entropy against labels (host, B values in [0, K)), with the gradients
+/* One batch's mean cross-entropy against labels (host, B values in [0, K)), conditioned on the
+ * labels of the last ts_classifier_condition (none after ts_classifier_run), with the gradients
  * of every parameter cleared and then accumulated (requires trainable). x, t as in
  * ts_classifier_run. The training step and the tests' finite differences both use it. */
 int ts_classifier_loss_backward(ts_classifier_t *c, const ts_tensor_t *x, const ts_tensor_t *t,
@@ -126,6 +147,9 @@ typedef struct ts_classifier_train_config {
     float align_tau; /* ALIGNMENT's temperature τ (> 0) */
     ts_router_residuals_fn residuals;
     void *residuals_ctx;
+    /* a label-aware model (num_labels > 0) is conditioned on each image's label, replaced by the
+     * null label with this probability (the data must carry labels) */
+    float label_dropout;
 } ts_classifier_train_config_t;
 
 /* batch 64, lr 1e-3, warmup 200, constant, wd 0.05, betas (0.9, 0.999), eps 1e-8, clip 1, no

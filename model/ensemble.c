@@ -60,14 +60,15 @@ void ts_classifier_router_free(ts_classifier_router_t *r) {
     memset(r, 0, sizeof *r);
 }
 
-int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, int B, float *logits) {
+int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, const int32_t *labels, int B,
+                            float *logits) {
     ts_classifier_router_t *r = ctx;
     if (!r || !r->c || B < 1 || B > r->max_batch)
         return TS_EINVAL;
     ts_tensor_t tb;
     TS_TRY(ts_tensor_slice(&tb, &r->t, 0, B));
     TS_TRY(ts_fill(r->eng, &tb, t));
-    TS_TRY(ts_classifier_run(r->c, x, &tb, B, NULL, logits));
+    TS_TRY(ts_classifier_run_labels(r->c, x, &tb, labels, B, NULL, logits));
     if (r->temperature != 1.0f) {
         int K = ts_classifier_num_outputs(r->c);
         for (int64_t i = 0; i < (int64_t)B * K; i++)
@@ -575,8 +576,7 @@ static void denoised(float *out, const float *x, const float *v, float t, size_t
 
 static int score_router(ts_ensemble_t *s, const ts_tensor_t *x, float t) {
     s->router_calls++;
-    int rc = s->o.router(s->o.router_ctx, x, t, s->n, s->w);
-    return rc;
+    return s->o.router(s->o.router_ctx, x, t, s->o.labels, s->n, s->w);
 }
 
 /* Scores of the distance to the centroids from the previous evaluation's x̂0, or the fallback
@@ -1063,7 +1063,16 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     case TS_POLICY_UNIFORM:
     default: memset(s->w, 0, (size_t)n * K * sizeof *s->w); break;
     }
-    if (s->o.exact_guidance) /* the unconditional half's scores: the prior's null row */
+    if (s->o.exact_guidance && used == TS_POLICY_LEARNED) {
+        /* the unconditional half's scores: the router without the labels (a label-aware router
+         * reads them; another gives the same logits), plus the prior's null row */
+        s->router_calls++;
+        TS_TRY(s->o.router(s->o.router_ctx, x, t, NULL, n, s->wu));
+        for (int i = 0; s->o.log_prior && i < n; i++)
+            for (int k = 0; k < K; k++)
+                s->wu[(size_t)i * K + k] +=
+                    s->o.log_prior[(size_t)s->experts[0].cfg.num_classes * K + k];
+    } else if (s->o.exact_guidance) /* the unconditional half's scores: the prior's null row */
         for (int i = 0; i < n; i++)
             for (int k = 0; k < K; k++)
                 s->wu[(size_t)i * K + k] =

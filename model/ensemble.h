@@ -43,9 +43,11 @@ extern "C" {
 #endif
 
 /* The learned policy's scores: logits (B, K) in host memory for x (B, C, H, W) on the engine's
- * device at time t (the same t for every sample). Returns TS_OK or an error, which stops the
- * step. A ts_classifier_t router is one (client/cmd_generate.c adapts it). */
-typedef int (*ts_router_fn)(void *ctx, const ts_tensor_t *x, float t, int B, float *logits);
+ * device at time t (the same t for every sample) and the samples' labels (host, B; num_classes =
+ * none; NULL = none), which a label-aware router reads and another ignores. Returns TS_OK or an
+ * error, which stops the step. A ts_classifier_t router is one (ts_classifier_router_fn). */
+typedef int (*ts_router_fn)(void *ctx, const ts_tensor_t *x, float t, const int32_t *labels, int B,
+                            float *logits);
 
 /* A ts_classifier_t router (model/classifier.h) as a ts_router_fn: logits of the K clusters on
  * (x_t, t). init borrows c (time-conditioned or not) and allocates the t staging for max_batch
@@ -64,7 +66,8 @@ int ts_classifier_router_init(ts_classifier_router_t *r, ts_classifier_t *c, ts_
                               int max_batch);
 void ts_classifier_router_free(ts_classifier_router_t *r);
 /* ts_router_fn for ctx = ts_classifier_router_t. */
-int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, int B, float *logits);
+int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, const int32_t *labels, int B,
+                            float *logits);
 
 /* ---- the experts' residuals, for the router's expert objectives (model/classifier.h) -------- */
 

@@ -359,6 +359,108 @@ static void test_training_separable(void **state) {
     ts_dataset_free(&d);
 }
 
+/* A label-aware router (num_labels = 3) on images that carry no information (noise) with the
+ * label as its target: trained with label dropout it answers the label when given it and (about)
+ * uniformly for the null label, which is bit for bit ts_classifier_run; it keeps num_labels
+ * through a file; labels out of range are refused; a router without labels ignores them; the
+ * trainer wants labelled data. */
+static void test_label_aware(void **state) {
+    ts_engine_t *e = *state;
+    enum { N = 48, B = 16 };
+    tu_rng_t r = {29};
+    ts_dataset_t d;
+    separable_set(&d, N, &r);
+    for (int i = 0; i < N * S_ * S_; i++)
+        d.images[i] = tu_rng_uniform(&r, -1.0f, 1.0f); /* no class information in the image */
+    ts_dit_config_t cfg = small_trunk();
+    ts_classifier_t *c = NULL;
+    TU_CHECK_OK(ts_classifier_create_labelled(&c, &cfg, K_, K_, 1, e, B, 1));
+    TU_CHECK_OK(ts_classifier_init_weights(c, 5));
+    assert_int_equal(ts_classifier_num_labels(c), K_);
+    assert_string_equal(ts_classifier_meta(c, "num_labels"), "3");
+    assert_string_equal(ts_classifier_meta(c, "num_classes"), "3");
+    assert_int_equal(ts_classifier_set_meta(c, "num_labels", "2"), TS_EINVAL);
+    ts_classifier_train_config_t tc;
+    ts_classifier_train_config_default(&tc);
+    tc.batch = B, tc.lr = 3e-3f, tc.warmup = 10, tc.seed = 2, tc.label_dropout = 0.1f;
+    ts_classifier_trainer_t *tr = NULL;
+    TU_CHECK_OK(ts_classifier_trainer_init(&tr, c, &d, d.labels, &tc));
+    for (int s = 0; s < 200; s++)
+        TU_CHECK_OK(ts_classifier_trainer_step(tr, NULL, NULL, NULL));
+    ts_classifier_trainer_free(tr);
+
+    ts_tensor_t x, t;
+    TU_CHECK_OK(ts_tensor_wrap(&x, d.images, TS_F32, TS_CPU, 4, TS_SHAPE(B, 1, S_, S_)));
+    tu_alloc_f32(&t, 1, TS_SHAPE(B));
+    tu_fill_uniform(&r, &t, 0, 1);
+    float with[B * K_], none[B * K_], plain[B * K_];
+    TU_CHECK_OK(ts_classifier_run_labels(c, &x, &t, d.labels, B, NULL, with));
+    int32_t nulls[B];
+    for (int i = 0; i < B; i++)
+        nulls[i] = K_;
+    TU_CHECK_OK(ts_classifier_run_labels(c, &x, &t, nulls, B, NULL, none));
+    TU_CHECK_OK(ts_classifier_run(c, &x, &t, B, NULL, plain));
+    assert_memory_equal(none, plain, sizeof none);
+    double h_with = 0.0, h_none = 0.0; /* mean entropies (nats) of the two answers */
+    for (int i = 0; i < B; i++) {
+        const float *z = with + i * K_;
+        int best = z[1] > z[0] ? 1 : 0;
+        best = z[2] > z[best] ? 2 : best;
+        assert_int_equal(best, d.labels[i]); /* the label alone decides */
+        for (int v = 0; v < 2; v++) {
+            const float *q = v ? none + i * K_ : z;
+            double mx = fmax(q[0], fmax(q[1], q[2])), zs = 0.0, h = 0.0;
+            for (int k = 0; k < K_; k++)
+                zs += exp(q[k] - mx);
+            for (int k = 0; k < K_; k++) {
+                double p = exp(q[k] - mx) / zs;
+                h -= p > 0 ? p * log(p) : 0.0;
+            }
+            *(v ? &h_none : &h_with) += h / B;
+        }
+    }
+    /* without the label the router is unsure (the image says nothing), with it sure */
+    if (!(h_with < 0.2 && h_none > h_with + 0.3)) {
+        print_error("mean entropy %g with the labels, %g without: want < 0.2 and 0.3 more\n",
+                    h_with, h_none);
+        fail();
+    }
+    int32_t bad[B];
+    memcpy(bad, d.labels, sizeof bad);
+    bad[3] = K_ + 1;
+    assert_int_equal(ts_classifier_run_labels(c, &x, &t, bad, B, NULL, with), TS_ERANGE);
+
+    /* through a file */
+    char path[512], err[512] = "";
+    tu_make_temp_file(path, sizeof path, "lab");
+    TU_CHECK_RC_MSG(ts_classifier_save(c, path, err, sizeof err), TS_OK, err);
+    ts_classifier_t *o = NULL;
+    TU_CHECK_RC_MSG(ts_classifier_open(&o, path, e, B, err, sizeof err), TS_OK, err);
+    assert_int_equal(ts_classifier_num_labels(o), K_);
+    float again[B * K_], before[B * K_];
+    TU_CHECK_OK(ts_classifier_run_labels(c, &x, &t, d.labels, B, NULL, before));
+    TU_CHECK_OK(ts_classifier_run_labels(o, &x, &t, d.labels, B, NULL, again));
+    assert_memory_equal(before, again, sizeof again);
+    ts_classifier_free(o);
+    remove(path);
+
+    /* a router without labels ignores them; the trainer of a label-aware one wants labels */
+    ts_classifier_t *u = make(e, 1, B, 0, 3);
+    TU_CHECK_OK(ts_classifier_run_labels(u, &x, &t, bad, B, NULL, with));
+    TU_CHECK_OK(ts_classifier_run(u, &x, &t, B, NULL, plain));
+    assert_memory_equal(with, plain, sizeof with);
+    ts_classifier_free(u);
+    int32_t *labels = d.labels;
+    d.labels = NULL;
+    assert_int_equal(ts_classifier_trainer_init(&tr, c, &d, labels, &tc), TS_EINVAL);
+    d.labels = labels;
+    tc.label_dropout = 1.5f;
+    assert_int_equal(ts_classifier_trainer_init(&tr, c, &d, labels, &tc), TS_EINVAL);
+    ts_tensor_free(&t);
+    ts_classifier_free(c);
+    ts_dataset_free(&d);
+}
+
 /* The expert objectives' loss and gradient (ts_router_objective_loss) against central finite
  * differences in double, on random logits and random positive semi-definite Gram matrices; and
  * their fixed points: alignment's loss is smallest when the logits are the targets' log-odds,
@@ -474,7 +576,7 @@ int main(void) {
         cmocka_unit_test(test_router_objectives_fd),      cmocka_unit_test(test_accessors_meta),
         cmocka_unit_test(test_save_open_roundtrip),       cmocka_unit_test(test_bad_files_refused),
         cmocka_unit_test(test_head_gradient_fd),          cmocka_unit_test(test_training_separable),
-        cmocka_unit_test(test_router_alignment_training),
+        cmocka_unit_test(test_router_alignment_training), cmocka_unit_test(test_label_aware),
     };
     return cmocka_run_group_tests_name("classifier", tests, tu_setup_cpu_engine,
                                        tu_teardown_cpu_engine);

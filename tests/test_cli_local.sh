@@ -177,6 +177,30 @@ for name, evals in (("monolith", 4), ("learned+prior+exact:top1", 4),
     assert abs(e[name]["fd"] - mono) < 1e-6 * max(1, mono), (name, e[name]["fd"], mono)
     assert e[name]["evals_per_sample"] == evals, (name, e[name]["evals_per_sample"])
 PYEOF
+# a label-aware router: trained, calibrated, and routing the same identical experts
+run "$T" train-router --partition "$f" --label-aware --label-dropout 0.2 --steps 2 --batch 8 \
+    --eval-n 16 --patch 7 --depth 1 --out "$dir/r-label.safetensors"
+grep -q '"num_labels":"10"' "$dir/r-label.safetensors" || fail "the label-aware router has no num_labels"
+run "$T" calibrate --router "$dir/r-label.safetensors" --partition "$f" --n 20
+mkdir "$dir/lab"
+cp "$dir/same"/expert-*.safetensors "$f/partition.safetensors" "$dir/lab/"
+cp "$dir/r-label.safetensors" "$dir/lab/router.safetensors"
+"$T" eval --local "$dir/lab" --classifier "$dir/cls.safetensors" --monolith "$dir/mono.safetensors" \
+    --policies "monolith learned:top1 learned+exact:top1" --cfg 2 --n 24 --steps 2 --sampler euler \
+    --ref-n 200 --bootstrap 0 --json >"$dir/lab.json" 2>"$dir/err.txt" ||
+    { cat "$dir/err.txt"; fail "eval with a label-aware router"; }
+"$PY" - "$dir/lab.json" <<'PYEOF' || fail "eval with a label-aware router: results"
+import json, sys
+e = {x["policy"]: x for x in json.load(open(sys.argv[1]))["entries"]}
+for name in ("learned:top1", "learned+exact:top1"):
+    assert abs(e[name]["fd"] - e["monolith"]["fd"]) < 1e-6 * max(1, e["monolith"]["fd"]), name
+# exact guidance asks the router twice per evaluation (with and without the labels)
+assert e["learned+exact:top1"]["router_evals_per_sample"] == 4, e["learned+exact:top1"]
+PYEOF
+if "$T" train-router --partition "$f" --label-dropout 0.2 --steps 1 --out "$dir/x.safetensors" \
+    2>"$dir/err.txt"; then
+    fail "train-router took --label-dropout without --label-aware"
+fi
 for bad in "learned+temp=0:top1" "learned+temp=x:top1" "learned+exact+nope:top1"; do
     if "$T" eval --local "$dir/same" --classifier "$dir/cls.safetensors" --policies "$bad" \
         --n 24 --steps 1 >/dev/null 2>"$dir/err.txt"; then

@@ -399,8 +399,10 @@ static void stub_init(stub_router_t *r, int K) {
         r->proj[i] = tu_rng_uniform(&g, -1.0f, 1.0f);
 }
 
-static int stub_router(void *ctx, const ts_tensor_t *x, float t, int B, float *logits) {
+static int stub_router(void *ctx, const ts_tensor_t *x, float t, const int32_t *labels, int B,
+                       float *logits) {
     stub_router_t *r = ctx;
+    (void)labels;
     const float *xs = x->data;
     r->calls++;
     for (int b = 0; b < B; b++)
@@ -980,8 +982,10 @@ typedef struct {
     float first[8];
 } t_router_t;
 
-static int t_router(void *ctx, const ts_tensor_t *x, float t, int B, float *logits) {
+static int t_router(void *ctx, const ts_tensor_t *x, float t, const int32_t *labels, int B,
+                    float *logits) {
     (void)x;
+    (void)labels;
     t_router_t *r = ctx;
     r->calls++;
     for (int b = 0; b < B; b++)
@@ -1179,9 +1183,9 @@ static void test_classifier_router(void **state) {
         tu_f32(&tt)[i] = 0.4f;
     float want[N * K], got[N * K];
     TU_CHECK_OK(ts_classifier_run(cl, &x, &tt, N, NULL, want));
-    TU_CHECK_OK(ts_classifier_router_fn(&rr, &x, 0.4f, N, got));
+    TU_CHECK_OK(ts_classifier_router_fn(&rr, &x, 0.4f, NULL, N, got));
     assert_memory_equal(got, want, sizeof got);
-    TU_CHECK_RC(ts_classifier_router_fn(&rr, &x, 0.4f, N + 1, got), TS_EINVAL);
+    TU_CHECK_RC(ts_classifier_router_fn(&rr, &x, 0.4f, NULL, N + 1, got), TS_EINVAL);
 
     const char *path = write_expert(&fx->e, "cr.safetensors", 4, 0.05f, NULL);
     const char *paths[K] = {path, path, path};
@@ -1378,7 +1382,7 @@ static void test_record_distribution(void **state) {
     stub_router_t sr;
     stub_init(&sr, K);
     float logits[N * K];
-    TU_CHECK_OK(stub_router(&sr, &x, T, N, logits));
+    TU_CHECK_OK(stub_router(&sr, &x, T, NULL, N, logits));
     o = base_opts("top1", TS_POLICY_LEARNED, labels, N, 2.0f);
     o.router = stub_router;
     o.router_ctx = &sr;
@@ -1404,9 +1408,9 @@ static void test_record_distribution(void **state) {
     TU_CHECK_OK(ts_classifier_router_init(&rr, cl, &fx->e, N));
     assert_true(rr.temperature == 1.0f);
     float raw[N * K], hot[N * K];
-    TU_CHECK_OK(ts_classifier_router_fn(&rr, &x, T, N, raw));
+    TU_CHECK_OK(ts_classifier_router_fn(&rr, &x, T, NULL, N, raw));
     rr.temperature = 2.5f;
-    TU_CHECK_OK(ts_classifier_router_fn(&rr, &x, T, N, hot));
+    TU_CHECK_OK(ts_classifier_router_fn(&rr, &x, T, NULL, N, hot));
     for (int i = 0; i < N * K; i++)
         tu_check_scalar(hot[i], raw[i] / 2.5, 1e-6, "logit %d at temperature 2.5", i);
     ts_classifier_router_free(&rr);
