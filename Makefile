@@ -30,7 +30,7 @@ SAN_ENV := ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
 CLANG_FORMAT ?= clang-format
-FORMAT_DIRS  := kernels model store net daemon client bench tests
+FORMAT_DIRS  := base kernels model store net daemon client bench tests
 FORMAT_FILES  = $(shell find $(FORMAT_DIRS) -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null)
 
 .PHONY: help setup setup-all build build-san demo selfcheck test test-release test-san test-fuzz clean format format-check

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "kernels/math.h"
 #include "kernels/ops.h"
 #include "model/dit.h"
@@ -61,12 +62,6 @@ typedef struct opts {
 } opts_t;
 
 /* ---- timing ----------------------------------------------------------------------------- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Seconds per call over the timed calls. */
 typedef struct timing {
@@ -99,15 +94,15 @@ static int job_run(job_t *j) {
 /* Warm-up, then calls timed one by one until o->seconds and o->min_calls are both reached. */
 static int time_job(job_t *j, const opts_t *o, timing_t *out) {
     int rc;
-    double w0 = now_s();
-    for (int i = 0; i < o->warmup_calls || now_s() - w0 < o->warmup_seconds; i++)
+    double w0 = ts_now_s();
+    for (int i = 0; i < o->warmup_calls || ts_now_s() - w0 < o->warmup_seconds; i++)
         if ((rc = job_run(j)) != TS_OK)
             return rc;
     size_t cap = 1024, n = 0;
     double *calls = malloc(cap * sizeof *calls);
     if (!calls)
         return TS_ENOMEM;
-    double start = now_s(), total = 0;
+    double start = ts_now_s(), total = 0;
     while (total < o->seconds || n < (size_t)o->min_calls) {
         if (n == cap) {
             double *more = realloc(calls, 2 * cap * sizeof *calls);
@@ -118,12 +113,12 @@ static int time_job(job_t *j, const opts_t *o, timing_t *out) {
             calls = more;
             cap *= 2;
         }
-        double c0 = now_s();
+        double c0 = ts_now_s();
         if ((rc = job_run(j)) != TS_OK) {
             free(calls);
             return rc;
         }
-        double c1 = now_s();
+        double c1 = ts_now_s();
         calls[n++] = c1 - c0;
         total = c1 - start;
     }

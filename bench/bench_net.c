@@ -34,7 +34,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/conn.h"
 #include "net/frame.h"
 

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "daemon/serve.h"
 #include "kernels/ops.h"
 #include "net/rpc.h"
@@ -43,8 +44,6 @@ static struct {
     double seconds;
     int threads, quick, json;
 } opt = {2.0, 2, 0, 0};
-
-static double now_s(void) { return (double)uv_hrtime() / 1e9; }
 
 /* ---- the expert ------------------------------------------------------------------------------- */
 
@@ -97,11 +96,11 @@ static double forward_rate(int B) {
     int n = 0;
     for (int i = 0; i < 3; i++)
         ts_dit_forward(&m, &x, &t, y, B, &v);
-    double end = now_s() + opt.seconds / 2;
-    while ((now_s() < end || n < 5) && n < 100000) {
-        double a = now_s();
+    double end = ts_now_s() + opt.seconds / 2;
+    while ((ts_now_s() < end || n < 5) && n < 100000) {
+        double a = ts_now_s();
         ts_dit_forward(&m, &x, &t, y, B, &v);
-        times[n++] = now_s() - a;
+        times[n++] = ts_now_s() - a;
     }
     qsort(times, (size_t)n, sizeof *times, cmp_double);
     ts_tensor_free(&x);
@@ -191,10 +190,10 @@ static float tdata[BATCH];
 static int32_t ydata[BATCH];
 
 typedef struct run {
-    double end;          /* closed loop: no new requests after this */
-    int in_flight;       /* requests sent and not answered */
+    double end;    /* closed loop: no new requests after this */
+    int in_flight; /* requests sent and not answered */
     uint64_t samples, failed;
-    double *lat;         /* open loop: latencies (s) */
+    double *lat; /* open loop: latencies (s) */
     int n_lat;
 } run_t;
 
@@ -217,11 +216,11 @@ static void on_answer(ts_rpc_call_t *c, const ts_rpc_result_t *res, void *arg) {
         r->failed++;
     if (r->lat) {
         if (r->n_lat < MAX_LAT && res->status == TS_OK)
-            r->lat[r->n_lat++] = now_s() - sl->t0;
+            r->lat[r->n_lat++] = ts_now_s() - sl->t0;
         free(sl);
         return;
     }
-    if (now_s() < r->end)
+    if (ts_now_s() < r->end)
         send_one(sl);
 }
 
@@ -254,16 +253,16 @@ static void send_one(slot_t *sl) {
 
 /* Closed loop: `clients` clients keep one request of B samples each in flight for seconds. */
 static double closed_loop(int clients, int B, double seconds) {
-    run_t r = {.end = now_s() + seconds};
+    run_t r = {.end = ts_now_s() + seconds};
     slot_t slots[CLIENTS];
-    double t0 = now_s();
+    double t0 = ts_now_s();
     for (int i = 0; i < clients; i++) {
         slots[i] = (slot_t){&r, i, B, 0};
         send_one(&slots[i]);
     }
     while (r.in_flight > 0)
         uv_run(&loop, UV_RUN_ONCE);
-    double dt = now_s() - t0;
+    double dt = ts_now_s() - t0;
     if (r.failed)
         fprintf(stderr, "bench_serve: %llu requests failed\n", (unsigned long long)r.failed);
     return (double)r.samples / dt;
@@ -284,7 +283,7 @@ static double uniform01(uint32_t *s) {
 
 static void arrive_cb(uv_timer_t *t) {
     arrivals_t *a = t->data;
-    double now = now_s();
+    double now = ts_now_s();
     while (a->next <= now && a->next < a->end) {
         slot_t *sl = malloc(sizeof *sl);
         *sl = (slot_t){a->run, a->sent++ % CLIENTS, 1, a->next};
@@ -298,7 +297,7 @@ static void arrive_cb(uv_timer_t *t) {
 static void open_loop(double rate, double seconds, double *p50, double *p99) {
     run_t r = {0};
     r.lat = malloc(MAX_LAT * sizeof *r.lat);
-    arrivals_t a = {&r, now_s(), now_s() + seconds, rate, 0, 12345};
+    arrivals_t a = {&r, ts_now_s(), ts_now_s() + seconds, rate, 0, 12345};
     uv_timer_t t;
     uv_timer_init(&loop, &t);
     t.data = &a;
@@ -400,14 +399,13 @@ int main(int argc, char **argv) {
     double mean_batch = st->batches ? (double)st->rows / (double)st->batches : 0;
 
     if (opt.json) {
-        json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
-                              "threads", opt.threads, "forward_b1_per_s", fwd1,
-                              "forward_b16_per_s", fwd16, "served_16x1_per_s", many,
-                              "served_1x16_per_s", one, "ratio_16x1_vs_1x16", many / one,
-                              "p50_ms_at_50", p50[0] * 1e3, "p99_ms_at_50", p99[0] * 1e3,
-                              "p50_ms_at_90", p50[1] * 1e3, "p99_ms_at_90", p99[1] * 1e3,
-                              "served_vs_forward_b16", one / fwd16, "mean_batch_rows",
-                              mean_batch);
+        json_t *o =
+            json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "threads",
+                      opt.threads, "forward_b1_per_s", fwd1, "forward_b16_per_s", fwd16,
+                      "served_16x1_per_s", many, "served_1x16_per_s", one, "ratio_16x1_vs_1x16",
+                      many / one, "p50_ms_at_50", p50[0] * 1e3, "p99_ms_at_50", p99[0] * 1e3,
+                      "p50_ms_at_90", p50[1] * 1e3, "p99_ms_at_90", p99[1] * 1e3,
+                      "served_vs_forward_b16", one / fwd16, "mean_batch_rows", mean_batch);
         char *s = json_dumps(o, JSON_COMPACT);
         printf("%s\n", s);
         free(s);

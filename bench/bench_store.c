@@ -35,16 +35,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "model/dit_io.h"
 #include "store/weights.h"
 
 #define MAX_REPS 101
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -173,41 +168,41 @@ int main(int argc, char **argv) {
     double secs[N_ROWS][MAX_REPS];
     ts_hash_t h;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = ts_now_s();
         read_file(file, buf, len, 1);
-        secs[R_READ_COLD][r] = now_s() - t0;
-        t0 = now_s();
+        secs[R_READ_COLD][r] = ts_now_s() - t0;
+        t0 = ts_now_s();
         read_file(file, buf, len, 0);
-        secs[R_READ_WARM][r] = now_s() - t0;
-        t0 = now_s();
+        secs[R_READ_WARM][r] = ts_now_s() - t0;
+        t0 = ts_now_s();
         ts_hash_compute(&h, buf, len);
-        secs[R_HASH][r] = now_s() - t0;
+        secs[R_HASH][r] = ts_now_s() - t0;
 
         remove_store(store_dir);
         ts_store_t *s = open_store(store_dir);
-        t0 = now_s();
+        t0 = ts_now_s();
         rc = ts_weights_import_file(s, file, &h, NULL, NULL, err, sizeof err);
-        secs[R_IMPORT][r] = now_s() - t0;
+        secs[R_IMPORT][r] = ts_now_s() - t0;
         if (rc)
             die("import", rc, err);
-        t0 = now_s();
+        t0 = ts_now_s();
         rc = ts_weights_import_file(s, file, &h, NULL, NULL, err, sizeof err);
-        secs[R_REIMPORT][r] = now_s() - t0;
+        secs[R_REIMPORT][r] = ts_now_s() - t0;
         if (rc)
             die("import again", rc, err);
         unsigned char *loaded = NULL;
         size_t loaded_len = 0;
-        t0 = now_s();
+        t0 = ts_now_s();
         rc = ts_weights_load(s, &h, &loaded, &loaded_len, err, sizeof err);
-        secs[R_LOAD][r] = now_s() - t0;
+        secs[R_LOAD][r] = ts_now_s() - t0;
         if (rc)
             die("load", rc, err);
         if (loaded_len != len || memcmp(loaded, buf, len) != 0)
             die("load", TS_ECORRUPT, "the loaded bytes differ from the file");
         free(loaded);
-        t0 = now_s();
+        t0 = ts_now_s();
         rc = ts_weights_export(s, &h, out, err, sizeof err);
-        secs[R_EXPORT][r] = now_s() - t0;
+        secs[R_EXPORT][r] = ts_now_s() - t0;
         if (rc)
             die("export", rc, err);
         unlink(out);

@@ -36,7 +36,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/swim.h"
 #include "net/swim_wire.h"
 

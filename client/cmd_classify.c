@@ -32,25 +32,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "client/args.h"
 #include "client/commands.h"
-#include "client/local.h"
 #include "client/jsonout.h"
+#include "client/local.h"
 #include "kernels/math.h"
 #include "model/classifier.h"
-#include "model/fmnist.h"
 #include "model/ensemble.h"
+#include "model/fmnist.h"
 #include "model/partition.h"
 #include "model/quality.h"
 
 #define N_BUCKETS 10
 #define EVAL_SEED 0x5eedull /* the router evaluation's noise: the same for every run */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct {
     const char *prog, *fmnist_dir, *partition, *model, *out;
@@ -119,7 +114,7 @@ static int train_loop(const cls_opts_t *o, ts_classifier_t *c, const ts_dataset_
         return rc;
     }
     int tty = isatty(STDERR_FILENO);
-    double t0 = now_s(), t_log = t0;
+    double t0 = ts_now_s(), t_log = t0;
     int64_t at_log = 0;
     float loss = NAN, acc = NAN, norm = NAN, avg = NAN, avg_acc = NAN;
     for (int64_t s = 0; s < o->steps; s++) {
@@ -133,7 +128,7 @@ static int train_loop(const cls_opts_t *o, ts_classifier_t *c, const ts_dataset_
         avg_acc = isnan(avg_acc) ? acc : 0.98f * avg_acc + 0.02f * acc;
         int64_t done = s + 1;
         if (done % o->log_every == 0 || done == o->steps) {
-            double t = now_s();
+            double t = ts_now_s();
             double sps = (double)(done - at_log) * o->batch / (t - t_log + 1e-9);
             double eta = (double)(o->steps - done) * o->batch / (sps + 1e-9);
             fprintf(stderr,
@@ -151,7 +146,7 @@ static int train_loop(const cls_opts_t *o, ts_classifier_t *c, const ts_dataset_
     }
     if (tty)
         fprintf(stderr, "\n");
-    *secs = now_s() - t0;
+    *secs = ts_now_s() - t0;
     ts_classifier_trainer_free(tr);
     return rc;
 }

@@ -17,10 +17,10 @@
 #include <jansson.h>
 #include <stdio.h>
 
+#include "base/error.h"
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
-#include "kernels/error.h"
 #include "net/keys.h"
 
 static int failed(int rc, const char *err) {

@@ -22,13 +22,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "client/args.h"
 #include "client/commands.h"
 #include "model/classifier.h"
 #include "model/fmnist.h"
 #include "model/partition.h"
-#include "model/train.h"
 #include "model/png.h"
+#include "model/train.h"
 
 #define PROG "tessera partition"
 #define EXAMPLES 10 /* images per cluster in clusters.png */
@@ -38,19 +39,13 @@ static const char *const class_names[TS_FMNIST_NUM_CLASSES] = {
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
     "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 typedef struct {
     double t0;
 } progress_t;
 
 static void on_progress(void *ctx, const char *line) {
     const progress_t *p = ctx;
-    fprintf(stderr, "[%7.1f s] %s\n", now_s() - p->t0, line);
+    fprintf(stderr, "[%7.1f s] %s\n", ts_now_s() - p->t0, line);
 }
 
 /* Creates dir if needed (one level) and checks that it is a writable folder. */
@@ -408,7 +403,7 @@ int ts_cmd_partition(int argc, char **argv) {
         return 2;
     }
     char err[1024] = "";
-    progress_t prog = {now_s()};
+    progress_t prog = {ts_now_s()};
     ts_dataset_t ds = {0};
     int rc = ts_fmnist_load(data, "train", &ds, err, sizeof err);
     if (rc != TS_OK) {
@@ -432,7 +427,7 @@ int ts_cmd_partition(int argc, char **argv) {
         ts_dataset_free(&ds);
         return 1;
     }
-    fprintf(stderr, "[%7.1f s] loaded %d training images of %dx%d from %s\n", now_s() - prog.t0,
+    fprintf(stderr, "[%7.1f s] loaded %d training images of %dx%d from %s\n", ts_now_s() - prog.t0,
             ds.n, ds.height, ds.width, data);
 
     ts_partition_opts_t po = {.experts = experts,
@@ -463,7 +458,7 @@ int ts_cmd_partition(int argc, char **argv) {
         po.space = space;
         po.strategy = "features";
         if (rc == TS_OK)
-            fprintf(stderr, "[%7.1f s] features of %s: %d dims\n", now_s() - prog.t0, features,
+            fprintf(stderr, "[%7.1f s] features of %s: %d dims\n", ts_now_s() - prog.t0, features,
                     po.space_dims);
     }
     if (rc == TS_OK)
@@ -481,7 +476,7 @@ int ts_cmd_partition(int argc, char **argv) {
     } else {
         for (int64_t i = 0; i < part.n; i++)
             mix[(size_t)part.assignment[i] * TS_FMNIST_NUM_CLASSES + ds.labels[i]]++;
-        double secs = now_s() - prog.t0;
+        double secs = ts_now_s() - prog.t0;
         fprintf(stderr, "[%7.1f s] wrote %s (partition_id %.16s...), %d shards, clusters.png\n",
                 secs, path, part.id, part.K);
         if (json)

@@ -25,10 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
-#include "kernels/error.h"
 #include "client/netclient.h"
 #include "net/rpc.h"
 

@@ -21,11 +21,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/fetch.h"
 #include "client/netclient.h"
-#include "kernels/error.h"
 #include "net/frame.h"
 #include "net/gossip.h"
 

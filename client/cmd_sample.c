@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "client/args.h"
 #include "client/commands.h"
 #include "model/dit_io.h"
@@ -54,12 +55,6 @@ static int open_weights(ts_dit_t *m, const char *weights, const char *data_dir, 
         rc = ts_weights_open_dit(s, &h, e, max_batch, 0, m, err, errlen);
     ts_store_close(s);
     return rc;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 int ts_cmd_sample(int argc, char **argv) {
@@ -138,7 +133,7 @@ int ts_cmd_sample(int argc, char **argv) {
         seeds[i] = seed + (uint64_t)i;
     }
     progress_t prog = {isatty(STDERR_FILENO), 0, steps * ((n + chunk - 1) / chunk)};
-    double t0 = now_s();
+    double t0 = ts_now_s();
     int64_t evals = 0;
     for (int start = 0; start < n && rc == TS_OK; start += chunk) {
         int m = n - start < chunk ? n - start : chunk;
@@ -166,7 +161,7 @@ int ts_cmd_sample(int argc, char **argv) {
             ts_tensor_free(&scratch[i]);
         ts_tensor_free(&x);
     }
-    double secs = now_s() - t0;
+    double secs = ts_now_s() - t0;
     if (prog.tty)
         fprintf(stderr, "\n");
     if (rc == TS_OK)

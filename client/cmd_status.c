@@ -39,11 +39,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/error.h"
+#include "base/str.h"
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "client/netclient.h"
-#include "kernels/error.h"
 #include "net/frame.h"
 
 typedef struct status {
@@ -54,14 +55,9 @@ typedef struct status {
     char err[1400];
 } status_t;
 
+/* The hex of b's first digits / 2 bytes (all of them when b is shorter). */
 static void hex(const ProtobufCBinaryData *b, size_t digits, char *out) {
-    static const char d[] = "0123456789abcdef";
-    size_t n = 0;
-    for (size_t i = 0; i < b->len && n + 2 <= digits; i++) {
-        out[n++] = d[b->data[i] >> 4];
-        out[n++] = d[b->data[i] & 15];
-    }
-    out[n] = 0;
+    ts_hex(b->data, b->len < digits / 2 ? b->len : digits / 2, out);
 }
 
 static const char *state_name(int s) {

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "client/args.h"
 #include "client/commands.h"
 #include "model/dit_io.h"
@@ -35,12 +36,6 @@ static volatile sig_atomic_t g_stop; /* set by SIGINT/SIGTERM: stop after this s
 static void on_signal(int sig) {
     (void)sig;
     g_stop = 1;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void fmt_eta(double s, char *buf, size_t len) {
@@ -303,7 +298,7 @@ int ts_cmd_train(int argc, char **argv) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     int tty = isatty(STDERR_FILENO);
-    double t0 = now_s(), t_log = t0;
+    double t0 = ts_now_s(), t_log = t0;
     int64_t first = tr.step, at_log = tr.step;
     float loss = NAN, norm = NAN;
     while (tr.step < o.steps && !g_stop) {
@@ -319,7 +314,7 @@ int ts_cmd_train(int argc, char **argv) {
             fprintf(loss_log, "%lld %.9g %.9g\n", (long long)tr.step, loss, norm);
         int last = tr.step == o.steps;
         if (tr.step % o.log_every == 0 || last || tty) {
-            double t = now_s();
+            double t = ts_now_s();
             if (tr.step % o.log_every == 0 || last) {
                 double sps = (double)(tr.step - at_log) * o.batch / (t - t_log + 1e-9);
                 double eta = (double)(o.steps - tr.step) * o.batch / (sps + 1e-9);
@@ -350,7 +345,7 @@ int ts_cmd_train(int argc, char **argv) {
         fprintf(stderr, "tessera train: %s: %s\n", err, ts_strerror(rc));
         goto done;
     }
-    double secs = now_s() - t0;
+    double secs = ts_now_s() - t0;
     fprintf(stderr,
             "%s at step %lld: loss %.4f (avg %.4f), %.1f s, %.0f samples/s; weights → %s, "
             "checkpoint → run '%s' in %s\n",

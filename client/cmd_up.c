@@ -37,9 +37,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/file.h"
 #include "client/args.h"
 #include "client/commands.h"
-#include "kernels/error.h"
 #include "net/keys.h"
 
 #define MAX_NODES 64
@@ -53,17 +55,6 @@ static void pathf(char *out, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(out, PATHLEN, fmt, ap);
     va_end(ap);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 /* Reads a small text file's first line into buf (without the newline); 0 on success. */
@@ -143,12 +134,12 @@ static int mkdir_p(const char *path) {
 static int count_experts(const char *dir) {
     char path[PATHLEN];
     pathf(path, "%s/partition.safetensors", dir);
-    if (!file_exists(path))
+    if (!ts_file_exists(path))
         return 0;
     int k = 0;
     for (;; k++) {
         pathf(path, "%s/expert-%d.safetensors", dir, k);
-        if (!file_exists(path))
+        if (!ts_file_exists(path))
             return k;
     }
 }
@@ -181,7 +172,7 @@ static int write_config(const char *rundir, int i, const char *bootstrap, const 
                 experts, i % k, experts);
         char router[PATHLEN];
         pathf(router, "%s/router.safetensors", experts);
-        if (file_exists(router))
+        if (ts_file_exists(router))
             fprintf(f, "router = %s\n", router);
     }
     if (compute_threads > 0)
@@ -233,7 +224,7 @@ static int wait_listening(const char *rundir, int i, pid_t pid, double deadline,
                           size_t len) {
     char path[PATHLEN];
     pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
-    while (now_s() < deadline) {
+    while (ts_now_s() < deadline) {
         if (read_line(path, addr, len) == 0)
             return 0;
         int st;
@@ -255,7 +246,7 @@ static int stop_all(const char *rundir, double timeout_s, int quiet) {
             n++;
         }
     }
-    double deadline = now_s() + timeout_s;
+    double deadline = ts_now_s() + timeout_s;
     for (;;) {
         int left = 0;
         for (int i = 0; i < MAX_NODES; i++) {
@@ -269,7 +260,7 @@ static int stop_all(const char *rundir, double timeout_s, int quiet) {
         }
         if (!left)
             break;
-        if (now_s() > deadline) {
+        if (ts_now_s() > deadline) {
             for (int i = 0; i < MAX_NODES; i++)
                 if (pids[i]) {
                     if (!quiet)
@@ -368,7 +359,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
     }
     find_daemon(daemon, sizeof daemon);
     pathf(path, "%s/network.key", rundir);
-    if (!file_exists(path)) {
+    if (!ts_file_exists(path)) {
         ts_netkey_t nk;
         if (ts_netkey_generate(&nk) != TS_OK ||
             ts_netkey_save(&nk, path, err, sizeof err) != TS_OK) {
@@ -379,7 +370,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
         ts_netkey_wipe(&nk);
     }
     char addr0[300] = "";
-    double t0 = now_s(), deadline = t0 + timeout_s;
+    double t0 = ts_now_s(), deadline = t0 + timeout_s;
     for (int i = 0; i < nodes; i++) {
         pathf(path, "%s/node-%d/data", rundir, i);
         if (mkdir_p(path) != 0) {
@@ -388,7 +379,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
             return 1;
         }
         pathf(path, "%s/node-%d/identity.key", rundir, i);
-        if (!file_exists(path)) {
+        if (!ts_file_exists(path)) {
             ts_identity_t id;
             int rc = ts_identity_generate(&id);
             if (rc == TS_OK)
@@ -426,7 +417,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
     /* Converged: node 0 sees every node alive and holds every advert. */
     int alive = 0, adverts = 0, want_adverts = no_experts ? 0 : nodes;
     static char view[1 << 20];
-    while (now_s() < deadline) {
+    while (ts_now_s() < deadline) {
         if (run_status(addr0, rundir, "--json", view, sizeof view) == 0) {
             count_view(view, &alive, &adverts);
             if (alive == nodes && adverts >= want_adverts)
@@ -460,7 +451,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
     if (json) {
         printf("{\"dir\":\"%s\",\"nodes\":%d,\"experts\":%d,\"peer\":\"%s\",\"network_key\":"
                "\"%s/network.key\",\"seconds\":%.2f,\"members\":[",
-               rundir, nodes, k, addr0, rundir, now_s() - t0);
+               rundir, nodes, k, addr0, rundir, ts_now_s() - t0);
         for (int i = 0; i < nodes; i++)
             printf("%s{\"node\":%d,\"addr\":\"%s\",\"metrics\":\"%s\",\"log\":\"%s/node-%d/"
                    "tesserad.log\"}",
@@ -470,7 +461,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
     }
     run_status(addr0, rundir, "", NULL, 0);
     printf("\nThe network is up: %d node%s on 127.0.0.1, %d expert%s, converged in %.1f s.\n",
-           nodes, nodes == 1 ? "" : "s", k, k == 1 ? "" : "s", now_s() - t0);
+           nodes, nodes == 1 ? "" : "s", k, k == 1 ? "" : "s", ts_now_s() - t0);
     for (int i = 0; i < nodes; i++)
         printf("  node %-2d    %s  metrics %s  log %s/node-%d/tesserad.log\n", i, node_addr[i],
                node_metrics[i][0] ? node_metrics[i] : "(off)", rundir, i);

@@ -9,17 +9,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "net/frame.h"
 
 /* A file's size and chunk count are bounded before anything is allocated for them. */
 #define FETCH_MAX_BYTES ((uint64_t)4 << 30)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int call(ts_netclient_t *c, ts_rpc_peer_t *peer, Tessera__Envelope *req,
                 Tessera__Envelope__BodyCase want, uint32_t timeout_ms, Tessera__Envelope **out,
@@ -107,7 +102,7 @@ int ts_fetch_file(ts_netclient_t *c, ts_rpc_peer_t *peer, ts_store_t *store, con
                   uint32_t timeout_ms, ts_fetch_progress_fn progress, void *ctx,
                   ts_fetch_stats_t *stats, char *err, size_t errlen) {
     ts_fetch_stats_t st = {0};
-    double t0 = now_s();
+    double t0 = ts_now_s();
     if (ts_weights_bad_chunks(store, h, NULL, NULL) == 0) { /* already here, every chunk good */
         st.present = 1;
         if (stats)
@@ -175,7 +170,7 @@ int ts_fetch_file(ts_netclient_t *c, ts_rpc_peer_t *peer, ts_store_t *store, con
                                    errlen);
     free(file);
     ts_frame_free(resp);
-    st.seconds = now_s() - t0;
+    st.seconds = ts_now_s() - t0;
     if (stats)
         *stats = st;
     return rc;

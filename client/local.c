@@ -13,18 +13,9 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "base/clock.h"
+#include "base/file.h"
 #include "model/safetensors.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
 
 static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
@@ -50,7 +41,7 @@ static int find_experts(const char *dir, char ***paths, int *n, char *err, size_
         return TS_ENOMEM;
     for (int k = 0; k < TS_ROUTE_MAX_EXPERTS; k++) {
         snprintf(path, sizeof path, "%s/expert-%d.safetensors", dir, k);
-        if (!file_exists(path))
+        if (!ts_file_exists(path))
             break;
         if (!(list[count++] = strdup(path))) {
             free_list(list, count);
@@ -105,12 +96,12 @@ static int open_artifacts(ts_local_t *l, const char *dir, ts_engine_t *e, int lo
     char path[4096];
     int rc = TS_OK, chunk = l->chunk;
     snprintf(path, sizeof path, "%s/partition.safetensors", dir);
-    if (file_exists(path)) {
+    if (ts_file_exists(path)) {
         rc = ts_partition_load(path, &l->part, err, errlen);
         l->has_part = rc == TS_OK;
     }
     snprintf(path, sizeof path, "%s/router.safetensors", dir);
-    if (rc == TS_OK && load_router && file_exists(path)) {
+    if (rc == TS_OK && load_router && ts_file_exists(path)) {
         rc = ts_classifier_open(&l->router, path, e, chunk, err, errlen);
         if (rc == TS_OK && ts_classifier_num_outputs(l->router) != l->ex.K) {
             ts_set_err(err, errlen,
@@ -314,7 +305,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
     const ts_dit_config_t *c = &l->cfg;
     int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
     int distance = g->policy == TS_POLICY_CENTROID || g->policy == TS_POLICY_CONFIDENCE;
-    double t0 = now_s();
+    double t0 = ts_now_s();
     int64_t forwards = 0, router_evals = 0, sample_evals = 0, absent_routed = 0;
     double policy_s = 0.0, combine_s = 0.0;
     int rc = TS_OK;
@@ -389,7 +380,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
         stats->router_evals = router_evals;
         stats->sample_evals = sample_evals;
         stats->absent_routed = absent_routed;
-        stats->seconds = now_s() - t0;
+        stats->seconds = ts_now_s() - t0;
         stats->policy_s = policy_s;
         stats->combine_s = combine_s;
     }

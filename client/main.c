@@ -3,7 +3,7 @@
  *
  * Verbs: `train`, `sample`, `forward`, `store`, `partition`, `train-classifier`, `train-router`,
  * `calibrate`, `generate` (--local or --peer), `eval`, `keygen`, `ping`, `status`, `up`, `down`, `pull`
- * (client/cmd_*.c), `selfcheck` (client/selfcheck.c) and `bench gemm` (bench/gemm_bench.c,
+ * (client/cmd_*.c), `selfcheck` (client/selfcheck.c) and `bench gemm` (kernels/gemm_bench.c,
  * shared with the bench_gemm program). Every verb takes --help; an unknown verb or option exits
  * 2 with a message naming it, a failed run exits 1.
  */
@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "bench/gemm_bench.h"
+#include "kernels/gemm_bench.h"
 #include "client/commands.h"
 #include "client/selfcheck.h"
 #include "kernels/engine.h"

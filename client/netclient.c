@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/keys.h"
 
 static int load_keys(const char *prog, const char *id_path, const char *nk_path, ts_identity_t *id,

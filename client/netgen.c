@@ -10,8 +10,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/error.h"
 #include "client/fetch.h"
-#include "kernels/error.h"
 #include "net/frame.h"
 #include "net/gossip.h"
 #include "store/weights.h"

@@ -11,15 +11,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 
 #define MAX_SENDS 8 /* requests one job may make: the first, a hedge, retries */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t next_rand(ts_remote_t *r) { /* xorshift64*: replica draws only */
     r->rng ^= r->rng >> 12;
@@ -86,7 +81,7 @@ static void trace(ts_remote_t *r, const send_t *s, int status, uint32_t q_us, ui
     }
     const ts_expert_job_t *j = s ? s->a->job : NULL;
     r->events[r->n_events++] = (ts_remote_event_t){.start_s = start - r->t0,
-                                                   .dur_s = now_s() - start,
+                                                   .dur_s = ts_now_s() - start,
                                                    .k = j ? j->k : -1,
                                                    .m = j ? j->m : 0,
                                                    .replica = replica,
@@ -106,7 +101,7 @@ static double predicted_ms(const ts_replica_t *p) {
 /* Power of two choices among the replicas not tried and not banned; −1 when none is left. */
 static int pick(attempt_t *a) {
     ts_remote_expert_t *ex = a->ex;
-    double now = now_s();
+    double now = ts_now_s();
     int cand[TS_REMOTE_MAX_REPLICAS], n = 0;
     for (int i = 0; i < ex->n_rep; i++)
         if (!(a->tried & (1u << i)) && ex->rep[i].banned_until <= now && ex->rep[i].peer)
@@ -158,7 +153,7 @@ static int send_to(attempt_t *a, int i, int hedge) {
         return TS_ERANGE;
     a->tried |= 1u << i;
     send_t *s = &a->sends[a->n_sends];
-    *s = (send_t){.a = a, .replica = i, .hedge = hedge, .start = now_s()};
+    *s = (send_t){.a = a, .replica = i, .hedge = hedge, .start = ts_now_s()};
     int64_t shape[4] = {j->m, r->channels, r->size, r->size};
     Tessera__Tensor x = TESSERA__TENSOR__INIT;
     x.has_dtype = x.has_data = 1;
@@ -186,7 +181,7 @@ static int send_to(attempt_t *a, int i, int hedge) {
     if (rc != TS_OK) {
         p->failed++;
         if (rc == TS_ECLOSED) /* unreachable (in backoff after a refused connect): leave it */
-            p->banned_until = now_s() + r->o.down_ms / 1000.0;
+            p->banned_until = ts_now_s() + r->o.down_ms / 1000.0;
         return rc;
     }
     a->n_sends++;
@@ -288,7 +283,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         /* A wrong answer is worse than none: that replica is not asked again for a while. */
         p->garbage++;
         r->st.garbage++;
-        p->banned_until = now_s() + r->o.ban_ms / 1000.0;
+        p->banned_until = ts_now_s() + r->o.ban_ms / 1000.0;
     } else if (status == TS_EBUSY) {
         r->st.busy++;
     } else if (status != TS_ECANCELED) {
@@ -296,12 +291,12 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         /* a connection that failed or a request that timed out: the replica is taken as down
          * for a while, so that the next evaluations do not wait on it again */
         if (status == TS_ECLOSED || status == TS_ETIMEDOUT)
-            p->banned_until = now_s() + r->o.down_ms / 1000.0;
+            p->banned_until = ts_now_s() + r->o.down_ms / 1000.0;
     }
     p->failed++;
     a->last_error = status;
     if (status != TS_ECANCELED)
-        slower_than(p, (now_s() - s->start) * 1e3);
+        slower_than(p, (ts_now_s() - s->start) * 1e3);
     trace(r, s, status, 0, 0, s->replica, s->start);
     if (a->inflight > 0)
         return; /* the other request may still answer */
@@ -320,7 +315,7 @@ static void finish(attempt_t *a, int status) {
     ts_remote_t *r = a->r;
     a->done = 1;
     uv_timer_stop(a->hedge_timer);
-    double now = now_s();
+    double now = ts_now_s();
     for (int i = 0; i < a->n_sends; i++)
         if (a->sends[i].call) {
             /* a request that lost the race took at least this long: a replica that has not
@@ -329,10 +324,10 @@ static void finish(attempt_t *a, int status) {
             ts_rpc_cancel(a->sends[i].call); /* runs on_answer now, which sees done */
         }
     if (status != TS_OK && a->ex->local) {
-        double t = now_s();
+        double t = ts_now_s();
         status = ts_expert_job_run(a->ex->local, a->job);
         r->st.local_runs++;
-        r->st.local_s += now_s() - t;
+        r->st.local_s += ts_now_s() - t;
         trace(r, NULL, status, 0, 0, -1, t);
     }
     if (status != TS_OK && a->whole->status == TS_OK) {
@@ -427,7 +422,7 @@ static int start_piece(ts_remote_t *r, attempt_t *a, ts_expert_job_t *j, int sta
 int ts_remote_eval(void *ctx, ts_expert_job_t *jobs, int n) {
     ts_remote_t *r = ctx;
     remote_priv_t *pv = priv(r);
-    double t0 = now_s();
+    double t0 = ts_now_s();
     r->st.evaluations++;
     r->st.jobs += (uint64_t)n;
     int rc = TS_OK, used = 0;
@@ -464,7 +459,7 @@ int ts_remote_eval(void *ctx, ts_expert_job_t *jobs, int n) {
     if (degraded && r->st.degraded_evaluations < 64)
         r->degraded_at[r->st.degraded_evaluations] = r->st.evaluations;
     r->st.degraded_evaluations += (uint64_t)degraded;
-    double dt = now_s() - t0;
+    double dt = ts_now_s() - t0;
     r->st.network_s += dt;
     if (r->n_eval == r->cap_eval) {
         size_t cap = r->cap_eval ? 2 * r->cap_eval : 128;
@@ -493,7 +488,7 @@ int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_exp
     r->size = size;
     r->chw = (int64_t)channels * size * size;
     r->trace = trace_on;
-    r->t0 = now_s();
+    r->t0 = ts_now_s();
     r->rng = 0x9E3779B97F4A7C15ULL ^ (uint64_t)(r->t0 * 1e9);
     if (o)
         r->o = *o;

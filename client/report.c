@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "model/png.h"
 
 #define REPORT_PATH_MAX 4096
@@ -40,10 +41,8 @@
 #define GRID_MAX_SCALE 4
 
 struct ts_report {
-    FILE *fp;
-    char *path; /* where close publishes the page */
-    char *tmp;  /* the temporary file being written */
-    int code;   /* the first failure, sticky; 0 while all is well */
+    ts_atomic_file_t out; /* the temporary being written, published at close (base/file.h) */
+    int code;             /* the first failure, sticky; 0 while all is well */
     char msg[512];
 };
 
@@ -76,7 +75,7 @@ TS_PRINTF(3, 4) static int poison(ts_report_t *r, int code, const char *fmt, ...
 TS_PRINTF(2, 3) static void put(ts_report_t *r, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(r->fp, fmt, ap);
+    vfprintf(r->out.fp, fmt, ap);
     va_end(ap);
 }
 
@@ -84,32 +83,27 @@ TS_PRINTF(2, 3) static void put(ts_report_t *r, const char *fmt, ...) {
 static void put_esc(ts_report_t *r, const char *s) {
     for (; *s; s++) {
         switch (*s) {
-        case '&': fputs("&amp;", r->fp); break;
-        case '<': fputs("&lt;", r->fp); break;
-        case '>': fputs("&gt;", r->fp); break;
-        case '"': fputs("&quot;", r->fp); break;
-        case '\'': fputs("&#39;", r->fp); break;
-        default: fputc(*s, r->fp);
+        case '&': fputs("&amp;", r->out.fp); break;
+        case '<': fputs("&lt;", r->out.fp); break;
+        case '>': fputs("&gt;", r->out.fp); break;
+        case '"': fputs("&quot;", r->out.fp); break;
+        case '\'': fputs("&#39;", r->out.fp); break;
+        default: fputc(*s, r->out.fp);
         }
     }
 }
 
 /* Ends an element call: a write error so far poisons the report. Returns r->code. */
 static int check_io(ts_report_t *r) {
-    if (!r->code && ferror(r->fp))
-        poison(r, TS_EIO, "cannot write the report %s: %s", r->path, strerror(errno));
+    if (!r->code && ferror(r->out.fp))
+        poison(r, TS_EIO, "cannot write the report %s: %s", r->out.path, strerror(errno));
     return r->code;
 }
 
 /* ---- open, close, discard ----------------------------------------------------------------- */
 
 static void free_report(ts_report_t *r) {
-    if (r->fp)
-        fclose(r->fp);
-    if (r->tmp)
-        unlink(r->tmp);
-    free(r->path);
-    free(r->tmp);
+    ts_atomic_abort(&r->out); /* nothing left after a commit */
     free(r);
 }
 
@@ -127,34 +121,16 @@ int ts_report_open(ts_report_t **out, const char *path, const char *title, char 
         return TS_EINVAL;
     }
     ts_report_t *r = calloc(1, sizeof *r);
-    char *p = malloc(plen + 1), *tmp = malloc(plen + sizeof ".tmp.XXXXXX");
-    if (!r || !p || !tmp) {
-        free(r);
-        free(p);
-        free(tmp);
+    if (!r) {
         ts_set_err(err, errlen, "out of memory opening the report %s", path);
         return TS_ENOMEM;
     }
-    memcpy(p, path, plen + 1);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-    r->path = p;
-    r->tmp = tmp;
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
+    int e = 0, rc = ts_atomic_open(&r->out, path, &e);
+    if (rc != TS_OK) {
         ts_set_err(err, errlen, "cannot create a temporary file next to the report %s: %s", path,
-                   strerror(errno));
-        free(p);
-        free(tmp);
+                   e ? strerror(e) : ts_strerror(rc));
         free(r);
-        return TS_EIO;
-    }
-    r->fp = fdopen(fd, "w");
-    if (!r->fp) {
-        ts_set_err(err, errlen, "cannot write the report %s: %s", path, strerror(errno));
-        close(fd);
-        free_report(r);
-        return TS_EIO;
+        return rc;
     }
     put(r, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>");
     put_esc(r, title);
@@ -175,20 +151,12 @@ int ts_report_close(ts_report_t *r, char *err, size_t errlen) {
     }
     if (!r->code) {
         put(r, "</body>\n</html>\n");
-        int fd = fileno(r->fp);
-        if (fflush(r->fp) != 0 || ferror(r->fp) || fchmod(fd, 0644) != 0 || fsync(fd) != 0)
-            poison(r, TS_EIO, "cannot write the report %s: %s", r->path, strerror(errno));
-        int e = fclose(r->fp);
-        r->fp = NULL;
-        if (!r->code && e != 0)
-            poison(r, TS_EIO, "cannot write the report %s: %s", r->path, strerror(errno));
-        if (!r->code && rename(r->tmp, r->path) != 0)
-            poison(r, TS_EIO, "cannot rename the finished report to %s: %s", r->path,
-                   strerror(errno));
-        if (!r->code) {
-            free(r->tmp); /* published: nothing left to remove */
-            r->tmp = NULL;
-        }
+        char path[REPORT_PATH_MAX + 1];
+        snprintf(path, sizeof path, "%s", r->out.path);
+        int e = 0;
+        if (ts_atomic_commit(&r->out, 1, &e) != TS_OK)
+            poison(r, TS_EIO, "cannot write the report %s: %s", path,
+                   e ? strerror(e) : "I/O error");
     }
     int rc = r->code;
     if (rc)
@@ -558,7 +526,7 @@ static void put_base64(ts_report_t *r, const unsigned char *data, size_t len) {
         q[1] = A[(v >> 12) & 63];
         q[2] = i + 1 < len ? A[(v >> 6) & 63] : '=';
         q[3] = i + 2 < len ? A[v & 63] : '=';
-        fwrite(q, 1, 4, r->fp);
+        fwrite(q, 1, 4, r->out.fp);
     }
 }
 

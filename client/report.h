@@ -32,7 +32,7 @@
 
 #include <stddef.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 #ifdef __cplusplus
 extern "C" {

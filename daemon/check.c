@@ -10,9 +10,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kernels/engine.h"
+#include "base/error.h"
 #include "daemon/expert.h"
-#include "kernels/error.h"
+#include "kernels/engine.h"
 #include "model/classifier.h"
 #include "model/dit_io.h"
 #include "model/partition.h"

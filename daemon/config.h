@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 #define TS_CONFIG_PATH_MAX 1024
 #define TS_CONFIG_ADDR_MAX 272 /* "host:port" (store/peers.h's bound) */

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "model/dit_io.h"
 #include "model/partition.h"
 #include "model/safetensors.h"

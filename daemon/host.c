@@ -10,13 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "daemon/expert.h"
 #include "daemon/log.h"
 #include "daemon/serve.h"
 #include "daemon/trainer.h"
 #include "daemon/weights_srv.h"
 #include "kernels/engine.h"
-#include "kernels/error.h"
 #include "store/weights.h"
 
 #define TICK_MS 100

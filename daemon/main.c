@@ -27,6 +27,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "base/file.h"
 #include "daemon/check.h"
 #include "daemon/config.h"
 #include "daemon/health.h"
@@ -276,17 +277,14 @@ static void with_port(const char *addr, int port, char *out, size_t len) {
     snprintf(out, len, "%.*s:%d", (int)(colon - addr), addr, port);
 }
 
-/* Writes the address the daemon listens on to DATA_DIR/listen.addr (for scripts and `tessera
- * up`, when the port was picked by the system), replacing the file atomically. */
 /* DATA_DIR/NAME holds addr and a newline (written atomically): the listen address, the metrics
  * URL, for scripts and `tessera up`. */
 static void write_addr_file(const char *data_dir, const char *name, const char *addr) {
-    char path[TS_CONFIG_PATH_MAX + 32], tmp[TS_CONFIG_PATH_MAX + 48];
+    char path[TS_CONFIG_PATH_MAX + 32], line[512];
     snprintf(path, sizeof path, "%s/%s", data_dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f || fprintf(f, "%s\n", addr) < 0 || fclose(f) != 0 || rename(tmp, path) != 0)
-        ts_log_warn("daemon", "cannot write %s", path);
+    int n = snprintf(line, sizeof line, "%s\n", addr), e = 0;
+    if (n < 0 || (size_t)n >= sizeof line || ts_atomic_write(path, line, (size_t)n, &e) != TS_OK)
+        ts_log_warn("daemon", "cannot write %s: %s", path, e ? strerror(e) : "too long");
 }
 
 static void gossip_config(const ts_daemon_config_t *c, ts_store_t *store, const char *listen,

@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 #define TS_METRICS_MAX_FAMILIES 64
 #define TS_METRICS_MAX_SERIES 16  /* label values per family */

@@ -26,9 +26,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/list.h"
+#include "base/str.h"
 #include "kernels/ops.h"
 #include "net/frame.h"
-#include "net/list.h"
 
 #define RATE_TAU_S 5.0     /* requests_per_s decays over this many seconds */
 #define LATENCY_ALPHA 0.2  /* weight of the newest batch in item_latency_us */
@@ -417,10 +418,7 @@ static void on_cancel(ts_rpc_request_t *req, void *arg) {
 
 /* ---- taking requests, on the loop ------------------------------------------------------------ */
 
-static void hex_prefix(const uint8_t *b, char out[17]) {
-    for (int i = 0; i < 8; i++)
-        snprintf(out + 2 * i, 3, "%02x", b[i]);
-}
+static void hex_prefix(const uint8_t *b, char out[17]) { ts_hex(b, 8, out); }
 
 /* Checks d against the expert and the limits (what net/frame.c's envelope check has not: t's
  * range, the counts of t and labels and the 4 dimensions are checked there). On success *rows is

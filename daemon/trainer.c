@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "model/dit_io.h"
 #include "model/fmnist.h"
 #include "model/partition.h"
@@ -56,12 +57,6 @@ const char *ts_train_state_name(ts_train_state_t s) {
     return (unsigned)s < 4 ? names[s] : "?";
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void notify(ts_train_job_t *j) {
     if (j->notify)
         j->notify(j->ctx);
@@ -86,8 +81,7 @@ int ts_train_run_id(const char *partition_id, int cluster, const ts_dit_config_t
                      m->input_size, m->in_channels, m->patch_size, m->hidden_size, m->depth,
                      m->num_heads, m->num_classes, m->mlp_ratio, m->freq_dim, t->batch, t->lr,
                      t->warmup, t->weight_decay, t->beta1, t->beta2, t->eps, t->grad_clip,
-                     t->ema_decay, t->label_dropout, t->logit_normal,
-                     (unsigned long long)t->seed);
+                     t->ema_decay, t->label_dropout, t->logit_normal, (unsigned long long)t->seed);
     ts_hash_t h;
     ts_hash_compute(&h, text, (size_t)n);
     char hex[TS_HASH_HEX];
@@ -215,7 +209,7 @@ static void *job_main(void *arg) {
     const char *what = ""; /* what failed, at step `at` */
     int64_t at = j->tr.step;
     int64_t first = j->tr.step;
-    double t0 = now_s();
+    double t0 = ts_now_s();
     /* resumed mid-run: serve what the checkpoint holds at once (a complete run: finish does) */
     if (j->snapshots && j->tr.step > 0 && j->tr.step < j->steps) {
         what = "snapshot";
@@ -229,7 +223,7 @@ static void *job_main(void *arg) {
             what = "step", at = j->tr.step + 1;
             break;
         }
-        double sps = (double)(j->tr.step - first) * j->tr.cfg.batch / (now_s() - t0 + 1e-9);
+        double sps = (double)(j->tr.step - first) * j->tr.cfg.batch / (ts_now_s() - t0 + 1e-9);
         pthread_mutex_lock(&j->mu);
         j->progress.step = j->tr.step;
         j->progress.loss = loss;
@@ -277,11 +271,16 @@ static void *job_main(void *arg) {
 
 void ts_train_job_opts_from_config(ts_train_job_opts_t *o, const ts_daemon_config_t *c,
                                    ts_store_t *store) {
-    *o = (ts_train_job_opts_t){.store = store, .partition = c->expert_partition,
-                               .cluster = c->expert_cluster, .data = c->train_data,
-                               .model = c->train_model, .steps = c->train_steps,
-                               .threads = c->train_threads, .ckpt_every = c->train_ckpt_every,
-                               .keep = c->train_keep, .snapshots = c->train_serve_while_training,
+    *o = (ts_train_job_opts_t){.store = store,
+                               .partition = c->expert_partition,
+                               .cluster = c->expert_cluster,
+                               .data = c->train_data,
+                               .model = c->train_model,
+                               .steps = c->train_steps,
+                               .threads = c->train_threads,
+                               .ckpt_every = c->train_ckpt_every,
+                               .keep = c->train_keep,
+                               .snapshots = c->train_serve_while_training,
                                .out = c->expert_weights[0] ? c->expert_weights : NULL};
     ts_train_config_default(&o->train);
     o->train.batch = c->train_batch, o->train.lr = (float)c->train_lr;
@@ -290,9 +289,14 @@ void ts_train_job_opts_from_config(ts_train_job_opts_t *o, const ts_daemon_confi
 }
 
 static int check_opts(const ts_train_job_opts_t *o, char *err, size_t errlen) {
-    const char *bad = !o->store ? "store" : !o->partition ? "partition" : o->cluster < 0 ? "cluster"
-                    : o->steps < 1 ? "steps" : o->ckpt_every < 1 ? "ckpt_every"
-                    : o->keep < 1 ? "keep" : o->threads < 0 ? "threads" : NULL;
+    const char *bad = !o->store           ? "store"
+                      : !o->partition     ? "partition"
+                      : o->cluster < 0    ? "cluster"
+                      : o->steps < 1      ? "steps"
+                      : o->ckpt_every < 1 ? "ckpt_every"
+                      : o->keep < 1       ? "keep"
+                      : o->threads < 0    ? "threads"
+                                          : NULL;
     if (bad)
         ts_set_err(err, errlen, "training job: option %s is missing or out of range", bad);
     return bad ? TS_EINVAL : TS_OK;
@@ -362,15 +366,18 @@ int ts_train_job_start(ts_train_job_t **out, const ts_train_job_opts_t *o, char 
     atomic_init(&j->stop, 0);
     j->store = o->store, j->steps = o->steps, j->ckpt_every = o->ckpt_every, j->keep = o->keep;
     j->snapshots = o->snapshots, j->notify = o->notify, j->ctx = o->ctx, j->cluster = o->cluster;
-    j->progress = (ts_train_progress_t){.state = TS_TRAIN_RUNNING, .steps = o->steps,
-                                        .ckpt_step = -1, .loss = NAN, .loss_avg = NAN,
+    j->progress = (ts_train_progress_t){.state = TS_TRAIN_RUNNING,
+                                        .steps = o->steps,
+                                        .ckpt_step = -1,
+                                        .loss = NAN,
+                                        .loss_avg = NAN,
                                         .snapshot_step = -1};
     snprintf(j->shard, sizeof j->shard, "shard-%d", o->cluster);
     if (o->out && !(j->out = strdup(o->out)))
         rc = TS_ENOMEM;
     if (rc == TS_OK)
-        rc = ts_partition_load_cluster(o->partition, o->cluster, o->data, &j->data,
-                                       j->partition_id, err, errlen);
+        rc = ts_partition_load_cluster(o->partition, o->cluster, o->data, &j->data, j->partition_id,
+                                       err, errlen);
     if (rc == TS_OK)
         rc = build(j, o, err, errlen);
     if (rc == TS_OK) {

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "net/list.h"
+#include "base/list.h"
 
 #define HASH TS_HASH_BYTES
 

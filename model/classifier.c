@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/str.h"
 #include "kernels/math.h"
 #include "model/safetensors.h"
 
@@ -55,18 +56,10 @@ struct ts_classifier {
 
 /* ---- metadata -------------------------------------------------------------------------- */
 
-static char *dup_str(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
-
 static int meta_put(ts_classifier_t *c, const char *key, const char *val) {
     for (int i = 0; i < c->n_meta; i++)
         if (strcmp(c->meta_keys[i], key) == 0) {
-            char *v = dup_str(val);
+            char *v = ts_dup_str(val);
             if (!v)
                 return TS_ENOMEM;
             free(c->meta_vals[i]);
@@ -75,7 +68,7 @@ static int meta_put(ts_classifier_t *c, const char *key, const char *val) {
         }
     if (c->n_meta == CLS_MAX_META)
         return TS_ERANGE;
-    char *k = dup_str(key), *v = dup_str(val);
+    char *k = ts_dup_str(key), *v = ts_dup_str(val);
     if (!k || !v) {
         free(k);
         free(v);

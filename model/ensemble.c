@@ -26,18 +26,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
+#include "base/str.h"
 #include "kernels/math.h"
 #include "model/dit_io.h"
 #include "model/safetensors.h"
 #include "model/train.h"
-
-static char *dup_str(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
 
 /* ---- a classifier as the router --------------------------------------------------------------- */
 
@@ -144,8 +138,8 @@ int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_
         } else {
             x->cluster[i] = has ? c : -1;
             with_cluster += has;
-            x->paths[i] = dup_str(paths[i]);
-            x->partition_id[i] = pid && *pid ? dup_str(pid) : NULL;
+            x->paths[i] = ts_dup_str(paths[i]);
+            x->partition_id[i] = pid && *pid ? ts_dup_str(pid) : NULL;
             if (!x->paths[i] || (pid && *pid && !x->partition_id[i]))
                 rc = TS_ENOMEM;
         }
@@ -704,12 +698,6 @@ int ts_expert_job_run(ts_dit_t *m, const ts_expert_job_t *j) {
     return rc;
 }
 
-double ts_ensemble_clock_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ---- remote experts --------------------------------------------------------------------------- */
 
 /* Runs one round of jobs: for every expert still available, the samples that now route to it
@@ -815,7 +803,7 @@ static int remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_te
             break;
         TS_TRY(reroute(s, t, failed));
     }
-    double t_combine = ts_ensemble_clock_s();
+    double t_combine = ts_now_s();
     TS_TRY(ts_zero(e, v));
     for (int k = 0; k < K; k++) {
         int m = rows_for(s, k);
@@ -835,7 +823,7 @@ static int remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_te
         TS_TRY(ts_tensor_copy(&vk, &src));
         TS_TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
     }
-    s->combine_s += ts_ensemble_clock_s() - t_combine;
+    s->combine_s += ts_now_s() - t_combine;
     return TS_OK;
 }
 
@@ -1046,7 +1034,7 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
         s->has_prev = s->has_held = 0; /* a new run starts from pure noise */
     s->evaluations++;
     ts_policy_t used = s->o.policy;
-    double t_policy = ts_ensemble_clock_s();
+    double t_policy = ts_now_s();
     if (s->o.hold && s->has_held) {
         memcpy(s->w, s->held, (size_t)n * K * sizeof *s->w);
         if (s->o.record)
@@ -1104,7 +1092,7 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
         s->has_held = 1;
     }
 weighted:
-    s->policy_s += ts_ensemble_clock_s() - t_policy;
+    s->policy_s += ts_now_s() - t_policy;
     if (s->o.eval)
         TS_TRY(remote_combine(s, x, t, v));
     else

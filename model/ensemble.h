@@ -269,9 +269,6 @@ void ts_ensemble_free(ts_ensemble_t *ens);
  * its previous x̂0. */
 int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v);
 
-/* A monotonic clock in seconds (for the timings above). */
-double ts_ensemble_clock_s(void);
-
 /* Expert evaluations per sample so far: forwards / n. */
 double ts_ensemble_evals_per_sample(const ts_ensemble_t *ens);
 

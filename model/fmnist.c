@@ -32,6 +32,8 @@
 
 #include "model/fmnist.h"
 
+#include "base/file.h"
+
 #define PATH_BUF 4096
 #define GZ_CHUNK (1u << 30)          /* bytes per gzread call (it takes an unsigned) */
 #define PIXELS_FIRST_CAP (16u << 20) /* the pixel buffer starts here and doubles */
@@ -585,48 +587,18 @@ static int check_shard_indices(const int32_t *idx, int n, char *err, size_t errl
     return rc;
 }
 
-/* ---- atomic writes ------------------------------------------------------------------------ */
+/* ---- atomic writes (base/file.h) --------------------------------------------------------- */
 
-/* Opens a temporary file next to path (tmp receives its name), mode 0644. */
-static int temp_open(const char *path, char tmp[PATH_BUF], FILE **fp, char *err, size_t errlen) {
-    int len = snprintf(tmp, PATH_BUF, "%s.tmp.XXXXXX", path);
-    if (len < 0 || len >= PATH_BUF)
-        return fail(err, errlen, TS_EINVAL, "path is too long: %s", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
-        return fail(err, errlen, TS_EIO, "cannot create a temporary file next to %s: %s", path,
-                    strerror(errno));
-    if (fchmod(fd, 0644) != 0 || !(*fp = fdopen(fd, "wb"))) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return fail(err, errlen, TS_EIO, "cannot write %s: %s", tmp, strerror(e));
-    }
-    return TS_OK;
+static int open_failed(int rc, int e, const char *path, char *err, size_t errlen) {
+    return fail(err, errlen, rc, "cannot create a temporary file next to %s: %s", path,
+                e ? strerror(e) : ts_strerror(rc));
 }
 
-/* Ends a temp_open: when ok (everything was written), flushes, syncs and renames it over path;
- * otherwise (or when any of that fails) removes it. */
-static int temp_commit(FILE *fp, int ok, const char *tmp, const char *path, char *err,
-                       size_t errlen) {
-    int e = errno;
-    if (ok && (fflush(fp) != 0 || fsync(fileno(fp)) != 0)) {
-        ok = 0;
-        e = errno;
-    }
-    if (fclose(fp) != 0 && ok) {
-        ok = 0;
-        e = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        e = errno;
-    }
-    if (!ok) {
-        unlink(tmp);
-        return fail(err, errlen, TS_EIO, "cannot write %s: %s", path, strerror(e));
-    }
-    return TS_OK;
+static int commit(ts_atomic_file_t *a, int ok, const char *path, char *err, size_t errlen) {
+    int e = ok ? 0 : errno;
+    int rc = ts_atomic_commit(a, ok, &e);
+    return rc ? fail(err, errlen, rc, "cannot write %s: %s", path, e ? strerror(e) : "I/O error")
+              : TS_OK;
 }
 
 int ts_shard_write(const char *path, const int32_t *idx, int n, char *err, size_t errlen) {
@@ -636,14 +608,14 @@ int ts_shard_write(const char *path, const int32_t *idx, int n, char *err, size_
     if (rc)
         return rc;
 
-    char tmp[PATH_BUF];
-    FILE *fp = NULL;
-    if ((rc = temp_open(path, tmp, &fp, err, errlen)) != TS_OK)
-        return rc;
-    int ok = fprintf(fp, "# tessera shard: %d indices\n", n) > 0;
+    ts_atomic_file_t a;
+    int e = 0;
+    if ((rc = ts_atomic_open(&a, path, &e)) != TS_OK)
+        return open_failed(rc, e, path, err, errlen);
+    int ok = fprintf(a.fp, "# tessera shard: %d indices\n", n) > 0;
     for (int i = 0; ok && i < n; i++)
-        ok = fprintf(fp, "%d\n", (int)idx[i]) > 0;
-    return temp_commit(fp, ok, tmp, path, err, errlen);
+        ok = fprintf(a.fp, "%d\n", (int)idx[i]) > 0;
+    return commit(&a, ok, path, err, errlen);
 }
 
 /* ---- writing IDX files ------------------------------------------------------------------- */
@@ -656,13 +628,12 @@ static void put_be32(unsigned char *p, uint32_t v) {
 /* Writes head (hlen bytes) then body (blen) to path atomically. */
 static int write_atomic(const char *path, const unsigned char *head, size_t hlen,
                         const unsigned char *body, size_t blen, char *err, size_t errlen) {
-    char tmp[PATH_BUF];
-    FILE *fp = NULL;
-    int rc = temp_open(path, tmp, &fp, err, errlen);
+    ts_atomic_file_t a;
+    int e = 0, rc = ts_atomic_open(&a, path, &e);
     if (rc != TS_OK)
-        return rc;
-    int ok = fwrite(head, 1, hlen, fp) == hlen && fwrite(body, 1, blen, fp) == blen;
-    return temp_commit(fp, ok, tmp, path, err, errlen);
+        return open_failed(rc, e, path, err, errlen);
+    int ok = fwrite(head, 1, hlen, a.fp) == hlen && fwrite(body, 1, blen, a.fp) == blen;
+    return commit(&a, ok, path, err, errlen);
 }
 
 int ts_idx_write(const char *dir, const char *prefix, const float *images, const int32_t *labels,

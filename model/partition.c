@@ -30,6 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/str.h"
 #include "kernels/math.h"
 #include "model/safetensors.h"
 
@@ -919,22 +920,13 @@ int ts_partition_fit(const float *x, int64_t n, int D, const ts_partition_opts_t
     return TS_OK;
 }
 
-static void to_hex(const unsigned char *h, size_t n, char *hex) {
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        hex[2 * i] = digits[h[i] >> 4];
-        hex[2 * i + 1] = digits[h[i] & 15];
-    }
-    hex[2 * n] = '\0';
-}
-
 static int hash_bytes(const unsigned char *buf, size_t len, char hex[TS_PARTITION_ID_HEX]) {
     unsigned char h[32];
     if (sodium_init() < 0)
         return TS_EIO;
     if (crypto_generichash(h, sizeof h, buf, len, NULL, 0) != 0)
         return TS_EIO;
-    to_hex(h, sizeof h, hex);
+    ts_hex(h, sizeof h, hex);
     return TS_OK;
 }
 
@@ -964,7 +956,7 @@ int ts_partition_file_id(const char *path, char hex[TS_PARTITION_ID_HEX], char *
     fclose(f);
     if (rc == TS_OK) {
         crypto_generichash_final(&st, h, sizeof h);
-        to_hex(h, sizeof h, hex);
+        ts_hex(h, sizeof h, hex);
     }
     return rc;
 }

@@ -44,7 +44,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "model/fmnist.h"
 
 #ifdef __cplusplus

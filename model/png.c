@@ -29,7 +29,7 @@
 
 #include "model/png.h"
 
-#define PATH_BUF 4096
+#include "base/file.h"
 
 __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
                                                       const char *fmt, ...) {
@@ -161,38 +161,13 @@ static int encode_png(const uint8_t *pix, int width, int height, int C, png_mem_
     return TS_OK;
 }
 
-/* Writes data[0..len) to a temporary file next to path, then renames it over path. */
+/* Writes data[0..len) to path atomically (base/file.h). */
 static int write_atomic(const char *path, const unsigned char *data, size_t len, char *err,
                         size_t errlen) {
-    char tmp[PATH_BUF];
-    int n = snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-    if (n < 0 || (size_t)n >= sizeof tmp)
-        return fail(err, errlen, TS_EINVAL, "PNG path is too long: %s", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
-        return fail(err, errlen, TS_EIO, "cannot create a temporary file next to %s: %s", path,
-                    strerror(errno));
-    FILE *fp = fdopen(fd, "wb");
-    if (!fp) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return fail(err, errlen, TS_EIO, "cannot write %s: %s", tmp, strerror(e));
-    }
-    int e = 0;
-    errno = 0;
-    if (fwrite(data, 1, len, fp) != len || fchmod(fd, 0644) != 0 || fflush(fp) != 0 ||
-        fsync(fd) != 0)
-        e = errno ? errno : EIO;
-    if (fclose(fp) != 0 && !e)
-        e = errno;
-    if (!e && rename(tmp, path) != 0)
-        e = errno;
-    if (e) {
-        unlink(tmp);
-        return fail(err, errlen, TS_EIO, "cannot write PNG %s: %s", path, strerror(e));
-    }
-    return TS_OK;
+    int e = 0, rc = ts_atomic_write(path, data, len, &e);
+    return rc ? fail(err, errlen, rc, "cannot write PNG %s: %s", path,
+                     e ? strerror(e) : ts_strerror(rc))
+              : TS_OK;
 }
 
 /* Checks the arguments of a grid writer (fn names it in the messages), then composes the grid

@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 #ifdef __cplusplus
 extern "C" {

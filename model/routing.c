@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 #define SELECT_HELP                                                                                \
     "want top1, top2, ..., full, threshold=p with 0 < p <= 1, or a schedule such as "              \
@@ -90,8 +90,8 @@ static int parse_body(const char *body, ts_select_rule_t *r, const char *text, c
         long k = ok ? strtol(d, NULL, 10) : 0;
         if (!ok || k < 1 || k > TS_ROUTE_MAX_EXPERTS) {
             ts_set_err(err, errlen,
-                       "selection '%s': '%s' is not a valid top-k (want top1 .. top%d)", text,
-                       body, TS_ROUTE_MAX_EXPERTS);
+                       "selection '%s': '%s' is not a valid top-k (want top1 .. top%d)", text, body,
+                       TS_ROUTE_MAX_EXPERTS);
             return TS_EINVAL;
         }
         r->kind = TS_SELECT_TOPK;
@@ -110,8 +110,7 @@ static int parse_body(const char *body, ts_select_rule_t *r, const char *text, c
         r->p = (float)p;
         return TS_OK;
     }
-    ts_set_err(err, errlen, "selection '%s': unknown selection '%s' (%s)", text, body,
-               SELECT_HELP);
+    ts_set_err(err, errlen, "selection '%s': unknown selection '%s' (%s)", text, body, SELECT_HELP);
     return TS_EINVAL;
 }
 
@@ -168,9 +167,8 @@ int ts_selection_parse(const char *text, ts_selection_t *sel, char *err, size_t 
             char num[64];
             if (!copy_trimmed(num, sizeof num, item + 2, strlen(item + 2)) ||
                 !parse_double(num, &x) || x < 0.0 || x >= 1.0) {
-                ts_set_err(err, errlen,
-                           "selection '%s': condition 't>%s' needs a time 0 <= x < 1", text,
-                           item + 2);
+                ts_set_err(err, errlen, "selection '%s': condition 't>%s' needs a time 0 <= x < 1",
+                           text, item + 2);
                 return TS_EINVAL;
             }
             r->t_above = (float)x;
@@ -253,9 +251,9 @@ static void rank_row(int *order, const double *prob, const float *score, int K) 
         int j = i;
         while (j > 0) {
             int a = order[j - 1], b = i;
-            int before = prob[b] > prob[a] ||
-                         (prob[b] == prob[a] && (score[b] > score[a] ||
-                                                 (score[b] == score[a] && b < a)));
+            int before =
+                prob[b] > prob[a] ||
+                (prob[b] == prob[a] && (score[b] > score[a] || (score[b] == score[a] && b < a)));
             if (!before)
                 break;
             order[j] = order[j - 1];

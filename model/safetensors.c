@@ -48,6 +48,7 @@
 
 #include <jansson.h>
 
+#include "base/file.h"
 #include "kernels/math.h"
 
 #define ST_MAX_FILE ((uint64_t)1 << 40) /* bytes; files larger than this are refused */
@@ -263,9 +264,9 @@ static int parse_entry(const char *name, const json_t *v, uint64_t buflen, ts_st
     const json_t *jo = json_object_get(v, "data_offsets");
     if (!jd || !js || !jo) {
         ts_set_err(err, errlen, "tensor '%s': missing field '%s'", shown.s,
-                !jd   ? "dtype"
-                : !js ? "shape"
-                      : "data_offsets");
+                   !jd   ? "dtype"
+                   : !js ? "shape"
+                         : "data_offsets");
         return TS_ECORRUPT;
     }
     /* dtype */
@@ -275,7 +276,7 @@ static int parse_entry(const char *name, const json_t *v, uint64_t buflen, ts_st
     }
     if (!dtype_from_name(json_string_value(jd), &t->dtype)) {
         ts_set_err(err, errlen, "tensor '%s': unknown dtype '%s'", shown.s,
-                show(json_string_value(jd)).s);
+                   show(json_string_value(jd)).s);
         return TS_ECORRUPT;
     }
     /* shape */
@@ -286,21 +287,21 @@ static int parse_entry(const char *name, const json_t *v, uint64_t buflen, ts_st
     size_t nd = json_array_size(js);
     if (nd > TS_ST_MAX_DIMS) {
         ts_set_err(err, errlen, "tensor '%s': shape has %zu dimensions, at most %d are supported",
-                shown.s, nd, TS_ST_MAX_DIMS);
+                   shown.s, nd, TS_ST_MAX_DIMS);
         return TS_ECORRUPT;
     }
     t->ndim = (int)nd;
     for (size_t i = 0; i < nd; i++) {
         if (!json_uint(json_array_get(js, i), ST_MAX_NUMEL, &t->shape[i])) {
             ts_set_err(err, errlen, "tensor '%s': shape entry %zu is not an integer in [0, 2^40]",
-                    shown.s, i);
+                       shown.s, i);
             return TS_ECORRUPT;
         }
     }
     t->numel = bounded_numel(t->ndim, t->shape);
     if (t->numel < 0) {
         ts_set_err(err, errlen, "tensor '%s': shape %s has more than 2^40 elements", shown.s,
-                shape_text(t->ndim, t->shape).s);
+                   shape_text(t->ndim, t->shape).s);
         return TS_ECORRUPT;
     }
     /* data_offsets */
@@ -308,27 +309,28 @@ static int parse_entry(const char *name, const json_t *v, uint64_t buflen, ts_st
     if (!json_is_array(jo) || json_array_size(jo) != 2 ||
         !json_uint(json_array_get(jo, 0), INT64_MAX, &begin) ||
         !json_uint(json_array_get(jo, 1), INT64_MAX, &end)) {
-        ts_set_err(err, errlen, "tensor '%s': data_offsets is not two non-negative integers", shown.s);
+        ts_set_err(err, errlen, "tensor '%s': data_offsets is not two non-negative integers",
+                   shown.s);
         return TS_ECORRUPT;
     }
     if (begin > end) {
-        ts_set_err(err, errlen, "tensor '%s': data_offsets [%lld,%lld] begin after they end", shown.s,
-                (long long)begin, (long long)end);
+        ts_set_err(err, errlen, "tensor '%s': data_offsets [%lld,%lld] begin after they end",
+                   shown.s, (long long)begin, (long long)end);
         return TS_ECORRUPT;
     }
     if ((uint64_t)end > buflen) {
         ts_set_err(err, errlen,
-                "tensor '%s': data_offsets [%lld,%lld] run past the data buffer of %llu bytes",
-                shown.s, (long long)begin, (long long)end, (unsigned long long)buflen);
+                   "tensor '%s': data_offsets [%lld,%lld] run past the data buffer of %llu bytes",
+                   shown.s, (long long)begin, (long long)end, (unsigned long long)buflen);
         return TS_ECORRUPT;
     }
     /* numel ≤ 2^40 and size ≤ 8: the product fits */
     uint64_t need = (uint64_t)t->numel * ts_st_dtype_size(t->dtype);
     if (need != (uint64_t)(end - begin)) {
         ts_set_err(err, errlen,
-                "tensor '%s': shape %s × %s needs %llu bytes but data_offsets span %llu", shown.s,
-                shape_text(t->ndim, t->shape).s, ts_st_dtype_name(t->dtype),
-                (unsigned long long)need, (unsigned long long)(end - begin));
+                   "tensor '%s': shape %s × %s needs %llu bytes but data_offsets span %llu",
+                   shown.s, shape_text(t->ndim, t->shape).s, ts_st_dtype_name(t->dtype),
+                   (unsigned long long)need, (unsigned long long)(end - begin));
         return TS_ECORRUPT;
     }
     t->begin = (size_t)begin;
@@ -353,17 +355,18 @@ static int check_tiling(const ts_st_file_t *f, uint64_t buflen, char *err, size_
         const ts_st_tensor_t *t = &f->tensors[i];
         if ((uint64_t)t->begin > cursor) {
             ts_set_err(err, errlen,
-                    "tensor '%s': gap of %llu bytes before its data_offsets [%zu,%zu] (the "
-                    "previous tensor ends at %llu)",
-                    show(t->name).s, (unsigned long long)(t->begin - cursor), t->begin, t->end,
-                    (unsigned long long)cursor);
+                       "tensor '%s': gap of %llu bytes before its data_offsets [%zu,%zu] (the "
+                       "previous tensor ends at %llu)",
+                       show(t->name).s, (unsigned long long)(t->begin - cursor), t->begin, t->end,
+                       (unsigned long long)cursor);
             return TS_ECORRUPT;
         }
         if ((uint64_t)t->begin < cursor) {
-            ts_set_err(err, errlen,
-                    "tensor '%s': data_offsets [%zu,%zu] overlap tensor '%s', which ends at %llu",
-                    show(t->name).s, t->begin, t->end, prev ? show(prev->name).s : "?",
-                    (unsigned long long)cursor);
+            ts_set_err(
+                err, errlen,
+                "tensor '%s': data_offsets [%zu,%zu] overlap tensor '%s', which ends at %llu",
+                show(t->name).s, t->begin, t->end, prev ? show(prev->name).s : "?",
+                (unsigned long long)cursor);
             return TS_ECORRUPT;
         }
         cursor = t->end;
@@ -371,9 +374,9 @@ static int check_tiling(const ts_st_file_t *f, uint64_t buflen, char *err, size_
     }
     if (cursor != buflen) {
         ts_set_err(err, errlen,
-                "the data buffer is %llu bytes but the tensors end at %llu: %llu trailing bytes",
-                (unsigned long long)buflen, (unsigned long long)cursor,
-                (unsigned long long)(buflen - cursor));
+                   "the data buffer is %llu bytes but the tensors end at %llu: %llu trailing bytes",
+                   (unsigned long long)buflen, (unsigned long long)cursor,
+                   (unsigned long long)(buflen - cursor));
         return TS_ECORRUPT;
     }
     return TS_OK;
@@ -444,30 +447,31 @@ int ts_st_parse(unsigned char *buf, size_t len, ts_st_file_t *f, char *err, size
         goto done;
     }
     if (len < 8) {
-        ts_set_err(err, errlen, "the file is %zu bytes, too short for the 8-byte header length", len);
+        ts_set_err(err, errlen, "the file is %zu bytes, too short for the 8-byte header length",
+                   len);
         goto done;
     }
     uint64_t n = ld64(buf);
     if (n > TS_ST_MAX_HEADER) {
-        ts_set_err(err, errlen, "header length %llu exceeds the %u-byte limit", (unsigned long long)n,
-                (unsigned)TS_ST_MAX_HEADER);
+        ts_set_err(err, errlen, "header length %llu exceeds the %u-byte limit",
+                   (unsigned long long)n, (unsigned)TS_ST_MAX_HEADER);
         goto done;
     }
     if (n > (uint64_t)len - 8) {
         ts_set_err(err, errlen, "header length %llu runs past the end of the %zu-byte file",
-                (unsigned long long)n, len);
+                   (unsigned long long)n, len);
         goto done;
     }
     json_error_t jerr;
     root = json_loadb((const char *)buf + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         ts_set_err(err, errlen, "the header is not valid JSON: %s (at byte %d)", show(jerr.text).s,
-                jerr.position);
+                   jerr.position);
         goto done;
     }
     if (!json_is_object(root)) {
         ts_set_err(err, errlen, "the header is a JSON %s, not an object",
-                json_is_array(root) ? "array" : "value");
+                   json_is_array(root) ? "array" : "value");
         goto done;
     }
     rc = parse_header(f, root, 8 + n, err, errlen);
@@ -506,7 +510,7 @@ int ts_st_read(const char *path, ts_st_file_t *f, char *err, size_t errlen) {
     }
     if (st.st_size < 0 || (uint64_t)st.st_size > ST_MAX_FILE) {
         ts_set_err(err, errlen, "'%s' is %lld bytes, more than the 2^40-byte limit", show(path).s,
-                (long long)st.st_size);
+                   (long long)st.st_size);
         fclose(fp);
         return TS_ERANGE;
     }
@@ -523,9 +527,9 @@ int ts_st_read(const char *path, ts_st_file_t *f, char *err, size_t errlen) {
     fclose(fp);
     if (got != len || bad || grew) {
         ts_set_err(err, errlen, "reading '%s' failed: %s", show(path).s,
-                bad    ? "read error"
-                : grew ? "the file grew while it was read"
-                       : "the file shrank while it was read");
+                   bad    ? "read error"
+                   : grew ? "the file grew while it was read"
+                          : "the file shrank while it was read");
         free(buf);
         return TS_EIO;
     }
@@ -688,7 +692,7 @@ static int build_header(const ts_st_entry_t *entries, int n, const char *const *
         shown_t shown = show(e->name);
         if (strcmp(e->name, "__metadata__") == 0 || json_object_get(root, e->name)) {
             ts_set_err(err, errlen, "tensor '%s': the name is %s", shown.s,
-                    strcmp(e->name, "__metadata__") == 0 ? "reserved" : "used twice");
+                       strcmp(e->name, "__metadata__") == 0 ? "reserved" : "used twice");
             goto inval;
         }
         if (!dtype_known(e->dtype)) {
@@ -697,19 +701,19 @@ static int build_header(const ts_st_entry_t *entries, int n, const char *const *
         }
         if (e->ndim < 0 || e->ndim > TS_ST_MAX_DIMS) {
             ts_set_err(err, errlen, "tensor '%s': %d dimensions, expected 0..%d", shown.s, e->ndim,
-                    TS_ST_MAX_DIMS);
+                       TS_ST_MAX_DIMS);
             goto inval;
         }
         for (int d = 0; d < e->ndim; d++)
             if (e->shape[d] < 0 || e->shape[d] > ST_MAX_NUMEL) {
-                ts_set_err(err, errlen, "tensor '%s': dimension %d is %lld, expected 0..2^40", shown.s,
-                        d, (long long)e->shape[d]);
+                ts_set_err(err, errlen, "tensor '%s': dimension %d is %lld, expected 0..2^40",
+                           shown.s, d, (long long)e->shape[d]);
                 goto inval;
             }
         int64_t numel = bounded_numel(e->ndim, e->shape);
         if (numel < 0) {
             ts_set_err(err, errlen, "tensor '%s': shape %s has more than 2^40 elements", shown.s,
-                    shape_text(e->ndim, e->shape).s);
+                       shape_text(e->ndim, e->shape).s);
             goto range;
         }
         uint64_t bytes = (uint64_t)numel * ts_st_dtype_size(e->dtype);
@@ -758,27 +762,6 @@ static int write_all(FILE *fp, const void *p, size_t n) {
     return n == 0 || fwrite(p, 1, n, fp) == n;
 }
 
-/* fsync of the directory holding path, so the rename is durable; best effort. */
-static void sync_parent_dir(const char *path) {
-    char *dir = strdup(path);
-    if (!dir)
-        return;
-    char *slash = strrchr(dir, '/');
-    const char *d = ".";
-    if (slash == dir)
-        d = "/";
-    else if (slash) {
-        *slash = '\0';
-        d = dir;
-    }
-    int fd = open(d, O_RDONLY);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-    free(dir);
-}
-
 /* The one encoder of the format's framing, shared by ts_st_serialize and ts_st_write: checks
  * the entries, and returns the 8-byte length and the padded header (hdr_out: 8 + padded bytes,
  * malloc'd) and the size of the data buffer that follows (the tensors back to back, in order). */
@@ -797,8 +780,8 @@ static int encode_header(const ts_st_entry_t *entries, int n, const char *const 
     }
     size_t jlen = strlen(json), padded = (jlen + 7) / 8 * 8;
     if (padded > TS_ST_MAX_HEADER) {
-        ts_set_err(err, errlen, "the header would be %zu bytes, more than the %u-byte limit", padded,
-                (unsigned)TS_ST_MAX_HEADER);
+        ts_set_err(err, errlen, "the header would be %zu bytes, more than the %u-byte limit",
+                   padded, (unsigned)TS_ST_MAX_HEADER);
         free(json);
         return TS_ERANGE;
     }
@@ -850,7 +833,7 @@ int ts_st_serialize(const ts_st_entry_t *entries, int n, const char *const *meta
     unsigned char *out = malloc(hlen + (size_t)dlen);
     if (!out) {
         ts_set_err(err, errlen, "out of memory serialising %llu bytes of tensors",
-                (unsigned long long)dlen);
+                   (unsigned long long)dlen);
         free(hdr);
         return TS_ENOMEM;
     }
@@ -881,54 +864,28 @@ int ts_st_write(const char *path, const ts_st_entry_t *entries, int n, const cha
     if (rc)
         return rc;
 
-    size_t tmplen = strlen(path) + 32;
-    char *tmp = malloc(tmplen);
-    if (!tmp) {
-        free(hdr);
-        ts_set_err(err, errlen, "out of memory");
-        return TS_ENOMEM;
-    }
-    snprintf(tmp, tmplen, "%s.tmp.%ld", path, (long)getpid());
+    /* written whole or not at all (base/file.h): a temporary, fsync, rename, fsync of the folder */
     char why[128] = "";
-    FILE *fp = NULL;
-    /* O_NOFOLLOW: a symlink planted at the temporary name must not redirect the write */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
-    if (fd >= 0) {
-        fp = fdopen(fd, "wb");
-        if (!fp)
-            close(fd);
-    }
-    if (!fp) {
-        errno_text(errno, why, sizeof why);
-        ts_set_err(err, errlen, "cannot create '%s': %s", show(tmp).s, why);
-        free(tmp);
+    ts_atomic_file_t a;
+    int e = 0;
+    rc = ts_atomic_open(&a, path, &e);
+    if (rc != TS_OK) {
+        errno_text(e ? e : EIO, why, sizeof why);
+        ts_set_err(err, errlen, "cannot create a temporary file next to '%s': %s", show(path).s,
+                   e ? why : ts_strerror(rc));
         free(hdr);
-        return TS_EIO;
+        return rc;
     }
     /* the same bytes as ts_st_serialize, streamed: no second copy of the tensors */
-    int ok = write_all(fp, hdr, hlen);
+    int ok = write_all(a.fp, hdr, hlen);
     for (int i = 0; ok && i < n; i++)
-        ok = write_all(fp, entries[i].data, entry_bytes(&entries[i]));
-    if (ok)
-        ok = fflush(fp) == 0 && fsync(fileno(fp)) == 0;
-    if (!ok)
-        errno_text(errno, why, sizeof why);
-    if (fclose(fp) != 0 && ok) {
-        ok = 0;
-        errno_text(errno, why, sizeof why);
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        errno_text(errno, why, sizeof why);
-    }
-    if (!ok) {
+        ok = write_all(a.fp, entries[i].data, entry_bytes(&entries[i]));
+    e = ok ? 0 : errno;
+    rc = ts_atomic_commit(&a, ok, &e);
+    if (rc != TS_OK) {
+        errno_text(e ? e : EIO, why, sizeof why);
         ts_set_err(err, errlen, "writing '%s' failed: %s", show(path).s, why);
-        unlink(tmp);
-        rc = TS_EIO;
-    } else {
-        sync_parent_dir(path);
     }
-    free(tmp);
     free(hdr);
     return rc;
 }

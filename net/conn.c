@@ -44,9 +44,9 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
+#include "base/list.h"
 #include "net/frame.h"
-#include "net/list.h"
 
 #define READ_BUF (256u << 10) /* four full-size Noise messages and change per read */
 /* The handshake's messages have one legal size each (docs/protocol.md §2.2). */

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "store/peers.h"
 #include "store/weights.h"
 

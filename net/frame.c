@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 #define READER_MIN 4096u        /* the first allocation of a buffered message */
 #define READER_KEEP (64u << 10) /* buffers up to this size survive between messages */

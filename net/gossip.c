@@ -34,8 +34,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/list.h"
 #include "net/frame.h"
-#include "net/list.h"
 #include "net/swim_wire.h"
 #include "store/peers.h"
 

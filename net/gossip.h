@@ -36,7 +36,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/keys.h"
 #include "net/rpc.h"
 #include "net/swim.h"

@@ -17,7 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
+#include "base/str.h"
 
 _Static_assert(TS_SIGN_SECRET_BYTES == crypto_sign_SECRETKEYBYTES, "Ed25519 secret key size");
 _Static_assert(TS_NODE_ID_BYTES == crypto_sign_PUBLICKEYBYTES, "Ed25519 public key size");
@@ -209,13 +210,11 @@ void ts_identity_wipe(ts_identity_t *id) {
 }
 
 void ts_node_id_hex(const ts_node_id_t *id, size_t digits, char *out) {
-    static const char hex[] = "0123456789abcdef";
+    char full[2 * TS_NODE_ID_BYTES + 1];
+    ts_hex(id->b, TS_NODE_ID_BYTES, full);
     if (digits > 2 * TS_NODE_ID_BYTES)
         digits = 2 * TS_NODE_ID_BYTES;
-    for (size_t i = 0; i < digits; i++) {
-        uint8_t b = id->b[i / 2];
-        out[i] = hex[i % 2 == 0 ? b >> 4 : b & 0xf];
-    }
+    memcpy(out, full, digits);
     out[digits] = '\0';
 }
 

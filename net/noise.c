@@ -26,7 +26,7 @@
 #include <sodium.h>
 #include <string.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 /* ---- message patterns (§7) ------------------------------------------------------------------ */
 

@@ -29,9 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
+#include "base/list.h"
 #include "net/frame.h"
-#include "net/list.h"
 
 typedef struct session session_t;
 

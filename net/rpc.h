@@ -42,7 +42,7 @@
 
 #include <stdint.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/conn.h"
 #include "proto/tessera.pb-c.h"
 

@@ -48,7 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/swim_claims.h"
 #include "net/swim_wire.h"
 

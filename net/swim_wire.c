@@ -28,7 +28,7 @@
 
 #include <string.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 #define TYPE_STATE 6
 

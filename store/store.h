@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,10 +49,10 @@ typedef struct ts_store ts_store_t;
 typedef struct ts_store_txn ts_store_txn_t;
 
 typedef struct ts_store_opts {
-    const char *dir;     /* NULL: the default data directory (created if missing, mode 0700) */
-    size_t map_size;     /* initial map size in bytes; 0: 64 MiB */
-    size_t map_max;      /* the map never grows past this; 0: 1 TiB */
-    int readonly;        /* open without write access (ts_store_write fails) */
+    const char *dir; /* NULL: the default data directory (created if missing, mode 0700) */
+    size_t map_size; /* initial map size in bytes; 0: 64 MiB */
+    size_t map_max;  /* the map never grows past this; 0: 1 TiB */
+    int readonly;    /* open without write access (ts_store_write fails) */
 } ts_store_opts_t;
 
 /* Writes the default data directory into buf: $XDG_DATA_HOME/tessera, else

@@ -43,6 +43,8 @@
 #include <jansson.h>
 #include <sodium.h>
 
+#include "base/file.h"
+#include "base/str.h"
 #include "model/dit_io.h"
 #include "model/safetensors.h"
 
@@ -80,14 +82,7 @@ void ts_hash_compute(ts_hash_t *h, const void *data, size_t len) {
     crypto_generichash(h->b, TS_HASH_BYTES, data, len, NULL, 0);
 }
 
-void ts_hash_hex(const ts_hash_t *h, char *out) {
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < TS_HASH_BYTES; i++) {
-        out[2 * i] = digits[h->b[i] >> 4];
-        out[2 * i + 1] = digits[h->b[i] & 15];
-    }
-    out[2 * TS_HASH_BYTES] = '\0';
-}
+void ts_hash_hex(const ts_hash_t *h, char *out) { ts_hex(h->b, TS_HASH_BYTES, out); }
 
 static int hex_digit(char c) {
     if (c >= '0' && c <= '9')
@@ -173,14 +168,14 @@ static int manifest_parse(const void *val, size_t vlen, const ts_hash_t *key, ma
     m->root = json_loadb(val, vlen, JSON_REJECT_DUPLICATES, &je);
     if (!m->root || !json_is_object(m->root)) {
         ts_set_err(err, errlen, "the manifest is not a JSON object%s%s", m->root ? "" : ": ",
-                m->root ? "" : je.text);
+                   m->root ? "" : je.text);
         goto bad;
     }
     const json_t *r = m->root;
     const char *format = json_string_value(json_object_get(r, "format"));
     if (!format || strcmp(format, TS_WEIGHTS_FORMAT) != 0) {
         ts_set_err(err, errlen, "the manifest's format is '%.40s', this build reads '%s'",
-                format ? format : "(none)", TS_WEIGHTS_FORMAT);
+                   format ? format : "(none)", TS_WEIGHTS_FORMAT);
         goto bad;
     }
     const char *hash = json_string_value(json_object_get(r, "hash"));
@@ -190,7 +185,7 @@ static int manifest_parse(const void *val, size_t vlen, const ts_hash_t *key, ma
     }
     if (key && memcmp(key->b, m->hash.b, TS_HASH_BYTES) != 0) {
         ts_set_err(err, errlen, "the manifest says hash %s but is stored under %s", hash,
-                hexof(key).s);
+                   hexof(key).s);
         goto bad;
     }
     if (!json_u64(json_object_get(r, "size"), &m->size) || m->size > MAX_FILE ||
@@ -203,8 +198,8 @@ static int manifest_parse(const void *val, size_t vlen, const ts_hash_t *key, ma
     m->n_chunks = (m->size + m->chunk_size - 1) / m->chunk_size;
     if (!json_is_array(chunks) || json_array_size(chunks) != m->n_chunks) {
         ts_set_err(err, errlen, "the manifest lists %zu chunks, a %llu-byte file has %llu",
-                json_is_array(chunks) ? json_array_size(chunks) : 0, (unsigned long long)m->size,
-                (unsigned long long)m->n_chunks);
+                   json_is_array(chunks) ? json_array_size(chunks) : 0, (unsigned long long)m->size,
+                   (unsigned long long)m->n_chunks);
         goto bad;
     }
     m->chunks = malloc((m->n_chunks ? m->n_chunks : 1) * sizeof *m->chunks);
@@ -216,7 +211,7 @@ static int manifest_parse(const void *val, size_t vlen, const ts_hash_t *key, ma
     for (uint64_t i = 0; i < m->n_chunks; i++)
         if (ts_hash_parse(json_string_value(json_array_get(chunks, i)), &m->chunks[i]) != TS_OK) {
             ts_set_err(err, errlen, "the manifest's chunk %llu is not 64 hex digits",
-                    (unsigned long long)i);
+                       (unsigned long long)i);
             goto bad;
         }
     const json_t *tensors = json_object_get(r, "tensors"), *meta = json_object_get(r, "metadata");
@@ -309,7 +304,8 @@ static int manifest_get(ts_store_txn_t *t, const ts_hash_t *h, manifest_t *m, ch
         return rc;
     }
     if (rc) {
-        ts_set_err(err, errlen, "reading the manifest of %s failed: %s", hexof(h).s, ts_strerror(rc));
+        ts_set_err(err, errlen, "reading the manifest of %s failed: %s", hexof(h).s,
+                   ts_strerror(rc));
         return rc;
     }
     rc = manifest_parse(val, vlen, h, m, err, errlen);
@@ -582,8 +578,8 @@ static int import_parsed(ts_store_t *s, const ts_st_file_t *f, ts_hash_t *out,
         rc = ts_store_write(s, write_batch, &j);
         if (rc)
             ts_set_err(err, errlen, "storing chunks %llu..%llu of %llu failed: %s",
-                    (unsigned long long)i, (unsigned long long)(i + j.count - 1),
-                    (unsigned long long)n, ts_strerror(rc));
+                       (unsigned long long)i, (unsigned long long)(i + j.count - 1),
+                       (unsigned long long)n, ts_strerror(rc));
         else if (progress)
             progress(ctx,
                      (i + j.count) * TS_WEIGHTS_CHUNK < len ? (i + j.count) * TS_WEIGHTS_CHUNK
@@ -618,7 +614,7 @@ static int read_file(const char *path, unsigned char **buf, size_t *len, char *e
     }
     if (!S_ISREG(st.st_mode) || st.st_size < 0 || (uint64_t)st.st_size > MAX_FILE) {
         ts_set_err(err, errlen, "'%s' is %s", path,
-                S_ISREG(st.st_mode) ? "larger than 2^40 bytes" : "not a regular file");
+                   S_ISREG(st.st_mode) ? "larger than 2^40 bytes" : "not a regular file");
         close(fd);
         return TS_EINVAL;
     }
@@ -760,18 +756,18 @@ static int reassemble(ts_store_txn_t *t, const manifest_t *m, sink_t *k, char *e
         ts_chunk_problem_t p = check_chunk(t, m, i, &data, &len, &rc);
         if (rc) {
             ts_set_err(err, errlen, "reading chunk %llu of %llu (%s) failed: %s",
-                    (unsigned long long)i, (unsigned long long)m->n_chunks, hexof(&m->chunks[i]).s,
-                    ts_strerror(rc));
+                       (unsigned long long)i, (unsigned long long)m->n_chunks,
+                       hexof(&m->chunks[i]).s, ts_strerror(rc));
             return rc;
         }
         if (p) {
             ts_set_err(err, errlen,
-                    "weights %s: chunk %llu of %llu (%s) is %s; fetch it again, or import the "
-                    "file again",
-                    hexof(&m->hash).s, (unsigned long long)i, (unsigned long long)m->n_chunks,
-                    hexof(&m->chunks[i]).s,
-                    p == TS_CHUNK_MISSING ? "missing from the store"
-                                          : "corrupt (its bytes do not match its hash)");
+                       "weights %s: chunk %llu of %llu (%s) is %s; fetch it again, or import the "
+                       "file again",
+                       hexof(&m->hash).s, (unsigned long long)i, (unsigned long long)m->n_chunks,
+                       hexof(&m->chunks[i]).s,
+                       p == TS_CHUNK_MISSING ? "missing from the store"
+                                             : "corrupt (its bytes do not match its hash)");
             return TS_ECORRUPT;
         }
         crypto_generichash_update(&st, data, len);
@@ -783,9 +779,9 @@ static int reassemble(ts_store_txn_t *t, const manifest_t *m, sink_t *k, char *e
     crypto_generichash_final(&st, whole.b, TS_HASH_BYTES);
     if (memcmp(whole.b, m->hash.b, TS_HASH_BYTES) != 0) {
         ts_set_err(err, errlen,
-                "weights %s: the chunks reassemble into a file hashing to %s: the manifest's "
-                "chunk list is damaged",
-                hexof(&m->hash).s, hexof(&whole).s);
+                   "weights %s: the chunks reassemble into a file hashing to %s: the manifest's "
+                   "chunk list is damaged",
+                   hexof(&m->hash).s, hexof(&whole).s);
         return TS_ECORRUPT;
     }
     return TS_OK;
@@ -812,7 +808,8 @@ static int read_fn(void *ctx, ts_store_txn_t *t) {
         j->buf = malloc(m.size ? (size_t)m.size : 1);
         j->len = (size_t)m.size;
         if (!j->buf) {
-            ts_set_err(j->err, j->errlen, "out of memory for %llu bytes", (unsigned long long)m.size);
+            ts_set_err(j->err, j->errlen, "out of memory for %llu bytes",
+                       (unsigned long long)m.size);
             manifest_free(&m);
             return TS_ENOMEM;
         }
@@ -845,21 +842,6 @@ int ts_weights_load(ts_store_t *s, const ts_hash_t *h, unsigned char **buf, size
     return TS_OK;
 }
 
-/* fsync of the directory holding path, so the rename is durable; best effort. */
-static void sync_parent_dir(const char *path) {
-    char *dir = strdup(path);
-    if (!dir)
-        return;
-    char *slash = strrchr(dir, '/');
-    const char *d = slash == dir ? "/" : slash ? (*slash = '\0', dir) : ".";
-    int fd = open(d, O_RDONLY);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-    free(dir);
-}
-
 int ts_weights_export(ts_store_t *s, const ts_hash_t *h, const char *path, char *err,
                       size_t errlen) {
     if (!s || !h || !path || !path[0]) {
@@ -867,41 +849,26 @@ int ts_weights_export(ts_store_t *s, const ts_hash_t *h, const char *path, char 
         return TS_EINVAL;
     }
     crypto_ready();
-    size_t tmplen = strlen(path) + 32;
-    char *tmp = malloc(tmplen), why[128];
-    if (!tmp)
-        return TS_ENOMEM;
-    snprintf(tmp, tmplen, "%s.tmp.%ld", path, (long)getpid());
-    /* O_NOFOLLOW: a symlink planted at the temporary name must not redirect the write */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
-    if (fd < 0) {
-        errno_text(errno, why, sizeof why);
-        ts_set_err(err, errlen, "cannot create '%s': %s", tmp, why);
-        free(tmp);
-        return TS_EIO;
+    /* written whole or not at all (base/file.h); the reassembly writes the descriptor, never the
+     * FILE's buffer, so that a retried transaction can truncate it and start again */
+    char why[128];
+    ts_atomic_file_t a;
+    int e = 0, rc = ts_atomic_open(&a, path, &e);
+    if (rc != TS_OK) {
+        errno_text(e ? e : EIO, why, sizeof why);
+        ts_set_err(err, errlen, "cannot create a temporary file next to '%s': %s", path,
+                   e ? why : ts_strerror(rc));
+        return rc;
     }
-    read_job_t j = {.h = h, .sink = {.fd = fd}, .err = err, .errlen = errlen};
-    int rc = ts_store_read(s, read_fn, &j);
-    if (rc == TS_OK && fsync(fd) != 0) {
-        errno_text(errno, why, sizeof why);
+    read_job_t j = {.h = h, .sink = {.fd = fileno(a.fp)}, .err = err, .errlen = errlen};
+    rc = ts_store_read(s, read_fn, &j);
+    e = 0;
+    int committed = ts_atomic_commit(&a, rc == TS_OK, &e);
+    if (rc == TS_OK && committed != TS_OK) {
+        errno_text(e ? e : EIO, why, sizeof why);
         ts_set_err(err, errlen, "writing '%s' failed: %s", path, why);
-        rc = TS_EIO;
+        rc = committed;
     }
-    if (close(fd) != 0 && rc == TS_OK) {
-        errno_text(errno, why, sizeof why);
-        ts_set_err(err, errlen, "writing '%s' failed: %s", path, why);
-        rc = TS_EIO;
-    }
-    if (rc == TS_OK && rename(tmp, path) != 0) {
-        errno_text(errno, why, sizeof why);
-        ts_set_err(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, why);
-        rc = TS_EIO;
-    }
-    if (rc)
-        unlink(tmp);
-    else
-        sync_parent_dir(path);
-    free(tmp);
     return rc;
 }
 
@@ -1114,22 +1081,22 @@ static int info_of(const manifest_t *m, ts_weights_info_t *info, const char ***a
         a[n + i] = json_string_value(v);
         i++;
     }
-    *info = (ts_weights_info_t){.hash = m->hash,
-                                .size = m->size,
-                                .chunk_size = m->chunk_size,
-                                .n_chunks = m->n_chunks,
-                                .n_tensors = m->n_tensors,
-                                .pinned = m->pinned,
-                                .lru = m->lru,
-                                .last_used = m->last_used,
-                                .imported = m->imported,
-                                .n_meta = (int)n,
-                                .meta_keys = a,
-                                .meta_vals = a + n,
-                                .chunks = m->chunks,
-                                .dtype = json_string_value(json_object_get(
-                                    json_array_get(json_object_get(m->root, "tensors"), 0),
-                                    "dtype"))};
+    *info =
+        (ts_weights_info_t){.hash = m->hash,
+                            .size = m->size,
+                            .chunk_size = m->chunk_size,
+                            .n_chunks = m->n_chunks,
+                            .n_tensors = m->n_tensors,
+                            .pinned = m->pinned,
+                            .lru = m->lru,
+                            .last_used = m->last_used,
+                            .imported = m->imported,
+                            .n_meta = (int)n,
+                            .meta_keys = a,
+                            .meta_vals = a + n,
+                            .chunks = m->chunks,
+                            .dtype = json_string_value(json_object_get(
+                                json_array_get(json_object_get(m->root, "tensors"), 0), "dtype"))};
     *arr = a;
     return TS_OK;
 }
@@ -1222,9 +1189,9 @@ int ts_weights_resolve(ts_store_t *s, const char *prefix, ts_hash_t *out, char *
         hex = hex_digit(prefix[i]) >= 0;
     if (!hex) {
         ts_set_err(err, errlen,
-                "'%.80s' is not a weights hash: give %d to %d hex digits (tessera store ls "
-                "lists them)",
-                prefix, TS_HASH_MIN_PREFIX, 2 * TS_HASH_BYTES);
+                   "'%.80s' is not a weights hash: give %d to %d hex digits (tessera store ls "
+                   "lists them)",
+                   prefix, TS_HASH_MIN_PREFIX, 2 * TS_HASH_BYTES);
         return TS_EINVAL;
     }
     resolve_job_t j = {.nbytes = n / 2, .odd = (int)(n & 1)};
@@ -1239,14 +1206,14 @@ int ts_weights_resolve(ts_store_t *s, const char *prefix, ts_hash_t *out, char *
     }
     if (j.matches == 0) {
         ts_set_err(err, errlen, "no weights in the store match '%s' (tessera store ls lists them)",
-                prefix);
+                   prefix);
         return TS_ENOTFOUND;
     }
     if (j.matches > 1) {
         ts_set_err(err, errlen,
-                "'%s' is ambiguous: %d weights in the store start with it; give more "
-                "digits",
-                prefix, j.matches);
+                   "'%s' is ambiguous: %d weights in the store start with it; give more "
+                   "digits",
+                   prefix, j.matches);
         return TS_EINVAL;
     }
     *out = j.first;

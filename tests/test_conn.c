@@ -42,7 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/frame.h"
 #include "net/rpc.h"
 

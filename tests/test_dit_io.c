@@ -28,6 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "kernels/math.h"
 #include "model/dit_io.h"
 #include "tests/testutil.h"
@@ -89,8 +90,6 @@ static int teardown(void **state) {
 static void path_in(const fixture_t *fx, const char *name, char *out, size_t len) {
     snprintf(out, len, "%s/%s", fx->dir, name);
 }
-
-static int file_exists(const char *path) { return access(path, F_OK) == 0; }
 
 /* The model's parameter slab on the host (the CPU engine's memory itself). */
 static const float *slab_of(const ts_dit_t *m) { return (const float *)m->param_mem.data; }
@@ -599,9 +598,9 @@ static void test_save_errors(void **state) {
     ((float *)bad.data)[pi->offset + 2] = 1e6f;
     TU_CHECK_RC(ts_dit_save(m, &bad, path, TS_ST_F16, NULL, 0, err, sizeof err), TS_ERANGE);
     TU_CHECK_CONTAINS(err, pi->name);
-    assert_false(file_exists(path)); /* nothing written by any failure */
+    assert_false(ts_file_exists(path)); /* nothing written by any failure */
     TU_CHECK_OK(ts_dit_save(m, &bad, path, TS_ST_BF16, NULL, 0, err, sizeof err));
-    assert_true(file_exists(path));
+    assert_true(ts_file_exists(path));
     ts_tensor_free(&bad);
 }
 

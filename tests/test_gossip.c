@@ -35,7 +35,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/frame.h"
 #include "net/gossip.h"
 #include "net/swim_wire.h"

@@ -30,7 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/keys.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */

@@ -29,7 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/noise.h"
 
 #ifndef TS_NOISE_VECTORS
@@ -219,11 +219,10 @@ static void test_vectors(void **state) {
     json_t *root = json_load_file(TS_NOISE_VECTORS, 0, &jerr);
     if (!root) {
         if (access(TS_NOISE_VECTORS, R_OK) != 0)
-            print_error(
-                "the Noise test vectors are missing: no readable file %s.\n"
-                "They belong at tests/vectors/noise/cacophony-xx.json in the repository; "
-                "without them this test fails, it does not skip.\n",
-                TS_NOISE_VECTORS);
+            print_error("the Noise test vectors are missing: no readable file %s.\n"
+                        "They belong at tests/vectors/noise/cacophony-xx.json in the repository; "
+                        "without them this test fails, it does not skip.\n",
+                        TS_NOISE_VECTORS);
         else
             print_error("cannot parse the Noise test vectors %s: %s (line %d)\n", TS_NOISE_VECTORS,
                         jerr.text, jerr.line);

@@ -25,7 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/frame.h"
 #include "net/rpc.h"
 

@@ -29,9 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/error.h"
 #include "daemon/serve.h"
 #include "daemon/weights_srv.h"
-#include "kernels/error.h"
 #include "kernels/ops.h"
 #include "model/dit_io.h"
 #include "model/sampler.h"
@@ -80,8 +81,6 @@ static void run_until(int (*pred)(void *), void *arg, const char *what) {
 }
 
 static int int_nonzero(void *p) { return *(int *)p != 0; }
-
-static double now_s(void) { return (double)uv_hrtime() / 1e9; }
 
 /* ---- the expert --------------------------------------------------------------------------------- */
 
@@ -932,7 +931,7 @@ static double fetch_all(wfx_t *f, unsigned char **out) {
     assert_true(man.n_chunks >= 3 && man.n_chunks <= 8);
     wgot_t ch[8];
     memset(ch, 0, sizeof ch);
-    double t0 = now_s();
+    double t0 = ts_now_s();
     for (size_t i = 0; i < man.n_chunks; i++)
         ask(5, 0, man.hashes[i], &ch[i]);
     for (size_t i = 0; i < man.n_chunks; i++) {
@@ -943,7 +942,7 @@ static double fetch_all(wfx_t *f, unsigned char **out) {
             run_until(int_nonzero, &ch[i].calls, "a chunk asked again");
         }
     }
-    double dt = now_s() - t0;
+    double dt = ts_now_s() - t0;
     unsigned char *file = malloc(man.total_size);
     size_t at = 0;
     for (size_t i = 0; i < man.n_chunks; i++) {

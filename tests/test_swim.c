@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/swim.h"
 #include "net/swim_wire.h"
 

@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "client/args.h"
-#include "kernels/error.h"
 #include "net/frame.h"
 #include "net/gossip.h"
 #include "net/rpc.h"

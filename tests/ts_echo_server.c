@@ -18,8 +18,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "client/args.h"
-#include "kernels/error.h"
 #include "net/rpc.h"
 
 static ts_rpc_t *g_rpc;

@@ -10,7 +10,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 struct ts_pool {
     int threads;

@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "daemon/config.h"
-#include "kernels/error.h"
 
 #define TERMINATED(field) (memchr((field), 0, sizeof(field)) != NULL)
 

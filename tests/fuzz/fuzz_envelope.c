@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/frame.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/frame.h"
 
 #define MAX_FRAME 4096u

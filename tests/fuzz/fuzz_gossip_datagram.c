@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/swim_wire.h"
 
 #define MAX_STATE 256

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <uv.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "net/conn.h"
 #include "net/gossip.h"
 #include "net/keys.h"

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "model/fmnist.h"
 
 #define PREFIX "fuzz"

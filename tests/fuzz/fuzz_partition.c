@@ -24,8 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "kernels/engine.h"
-#include "kernels/error.h"
 #include "kernels/tensor.h"
 #include "model/classifier.h"
 #include "model/partition.h"

@@ -1,5 +1,5 @@
 /* error.c — words for tessera's error codes. */
-#include "kernels/error.h"
+#include "base/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

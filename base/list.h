@@ -1,11 +1,12 @@
 /*
- * list.h — an intrusive circular doubly-linked list, private to net/ (libuv's QUEUE in spirit).
+ * list.h — an intrusive circular doubly-linked list (libuv's QUEUE in spirit), used by net/ and
+ * the daemon.
  *
  * A list head and a list node are the same struct; an empty list points at itself. The element
  * that holds a node is found with TS_CONTAINER_OF. Nothing here allocates.
  */
-#ifndef TS_NET_LIST_H
-#define TS_NET_LIST_H
+#ifndef TS_BASE_LIST_H
+#define TS_BASE_LIST_H
 
 #include <stddef.h>
 

@@ -25,7 +25,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "bench/gemm_bench.h"
+#include "kernels/gemm_bench.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "kernels/ops.h"
 
 /* ---- the configs and the shape list ------------------------------------------------------ */
@@ -239,12 +240,6 @@ static int case_run(ts_engine_t *e, bench_case_t *k, const shape_t *s, int pass)
 
 /* ---- timing --------------------------------------------------------------------------------- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Timing of one pass: the best window's and the overall mean seconds per call. */
 typedef struct timing {
     double best, mean;
@@ -257,30 +252,30 @@ typedef struct timing {
  * process's burst slows some windows, never speeds one up. */
 static int time_pass(ts_engine_t *e, bench_case_t *k, const shape_t *s, int pass, double min_time,
                      int min_windows, timing_t *t) {
-    double t0 = now_s();
+    double t0 = ts_now_s();
     int rc = case_run(e, k, s, pass);
     if (rc == TS_OK)
         rc = ts_engine_sync(e);
     if (rc != TS_OK)
         return rc;
-    double first = now_s() - t0;
+    double first = ts_now_s() - t0;
     long w = (long)(min_time / 5.0 / (first > 1e-9 ? first : 1e-9));
     w = w < 1 ? 1 : w;
     long calls = 0;
     int windows = 0;
-    double best = 0, start = now_s(), elapsed;
+    double best = 0, start = ts_now_s(), elapsed;
     do {
-        double w0 = now_s();
+        double w0 = ts_now_s();
         for (long i = 0; i < w; i++) {
             if ((rc = case_run(e, k, s, pass)) != TS_OK || (rc = ts_engine_sync(e)) != TS_OK)
                 return rc;
         }
-        double per_call = (now_s() - w0) / (double)w;
+        double per_call = (ts_now_s() - w0) / (double)w;
         if (windows == 0 || per_call < best)
             best = per_call;
         windows++;
         calls += w;
-        elapsed = now_s() - start;
+        elapsed = ts_now_s() - start;
     } while (elapsed < min_time || windows < min_windows);
     t->best = best;
     t->mean = elapsed / (double)calls;
@@ -335,17 +330,17 @@ static int measure_openblas_direct(int size, int threads, double min_time, peak_
     double best = 0, start = 0, elapsed;
     long calls = 0;
     for (int i = -1;; i++) { /* i == -1: the warm-up call */
-        double t0 = now_s();
+        double t0 = ts_now_s();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, size, size, size, 1.0f, a, size, b,
                     size, 0.0f, c, size);
-        double t = now_s() - t0;
+        double t = ts_now_s() - t0;
         if (i < 0) {
-            start = now_s();
+            start = ts_now_s();
             continue;
         }
         best = (i == 0 || t < best) ? t : best;
         calls++;
-        elapsed = now_s() - start;
+        elapsed = ts_now_s() - start;
         if (elapsed >= 5 * min_time && calls >= 5)
             break;
     }
