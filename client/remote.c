@@ -13,6 +13,8 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "kernels/tensor.h"
+#include "net/frame.h"
 
 #define MAX_SENDS 8 /* requests one job may make: the first, a hedge, retries */
 
@@ -154,14 +156,11 @@ static int send_to(attempt_t *a, int i, int hedge) {
     a->tried |= 1u << i;
     send_t *s = &a->sends[a->n_sends];
     *s = (send_t){.a = a, .replica = i, .hedge = hedge, .start = ts_now_s()};
-    int64_t shape[4] = {j->m, r->channels, r->size, r->size};
+    ts_tensor_t xt; /* the job's rows, F32 (m, C, H, W), on the wire by net/frame.h's codec */
     Tessera__Tensor x = TESSERA__TENSOR__INIT;
-    x.has_dtype = x.has_data = 1;
-    x.dtype = TESSERA__DTYPE__DTYPE_F32;
-    x.n_shape = 4;
-    x.shape = shape;
-    x.data.data = (uint8_t *)j->x;
-    x.data.len = (size_t)(j->m * r->chw) * sizeof(float);
+    TS_TRY(ts_tensor_wrap(&xt, (float *)j->x, TS_F32, TS_CPU, 4,
+                          TS_SHAPE(j->m, r->channels, r->size, r->size)));
+    TS_TRY(ts_frame_tensor_set(&x, &xt));
     Tessera__DenoiseRequest dr = TESSERA__DENOISE_REQUEST__INIT;
     dr.has_expert_id = dr.has_cfg_scale = 1;
     dr.expert_id.data = a->ex->weights_hash;
@@ -221,15 +220,14 @@ static int take_answer(attempt_t *a, const Tessera__Envelope *env, uint32_t *q_u
     const ts_expert_job_t *j = a->job;
     const Tessera__DenoiseResponse *d = env->denoise_response;
     const Tessera__Tensor *v = d ? d->velocity : NULL;
-    size_t count = (size_t)(j->m * r->chw);
-    if (!v || !v->has_dtype || v->dtype != TESSERA__DTYPE__DTYPE_F32 || v->n_shape != 4 ||
-        v->shape[0] != j->m || v->shape[1] != r->channels || v->shape[2] != r->size ||
-        v->shape[3] != r->size || v->data.len != count * sizeof(float))
+    ts_tensor_t got;
+    if (!v ||
+        ts_frame_check_tensor(v, TS_FRAME_DTYPE_BIT(TESSERA__DTYPE__DTYPE_F32),
+                              TS_FRAME_CHECK_FINITE, "velocity", NULL, 0) != TS_OK ||
+        ts_frame_tensor_view(v, &got) != TS_OK || got.ndim != 4 || got.shape[0] != j->m ||
+        got.shape[1] != r->channels || got.shape[2] != r->size || got.shape[3] != r->size)
         return TS_ECORRUPT;
-    memcpy(j->v, v->data.data, v->data.len);
-    for (size_t i = 0; i < count; i++)
-        if (!isfinite(j->v[i]))
-            return TS_ECORRUPT;
+    memcpy(j->v, got.data, ts_tensor_nbytes(&got));
     if (d->timings) {
         *q_us = d->timings->queue_us;
         *c_us = d->timings->compute_us;

@@ -102,20 +102,6 @@ static void count(ts_serve_t *s, ts_serve_outcome_t o) {
 
 /* ---- jobs ---------------------------------------------------------------------------------- */
 
-static size_t dtype_bytes(ts_dtype_t d) { return d == TS_F32 ? 4 : 2; }
-
-static ts_dtype_t dtype_of(Tessera__DType d) {
-    return d == TESSERA__DTYPE__DTYPE_F16    ? TS_F16
-           : d == TESSERA__DTYPE__DTYPE_BF16 ? TS_BF16
-                                             : TS_F32;
-}
-
-static Tessera__DType wire_dtype(ts_dtype_t d) {
-    return d == TS_F16    ? TESSERA__DTYPE__DTYPE_F16
-           : d == TS_BF16 ? TESSERA__DTYPE__DTYPE_BF16
-                          : TESSERA__DTYPE__DTYPE_F32;
-}
-
 static void job_free(job_t *j) {
     if (!j)
         return;
@@ -132,21 +118,26 @@ static job_t *job_new(const Tessera__DenoiseRequest *d, int rows, uint64_t deadl
     job_t *j = calloc(1, sizeof *j);
     if (!j)
         return NULL;
-    const Tessera__Tensor *x = d->x_t;
-    j->B = (int)x->shape[0];
+    ts_tensor_t x; /* the checked request's x_t, viewed (net/frame.h: the one wire codec) */
+    if (ts_frame_tensor_view(d->x_t, &x) != TS_OK) {
+        free(j);
+        return NULL;
+    }
+    size_t bytes = ts_tensor_nbytes(&x);
+    j->B = (int)x.shape[0];
     j->rows = rows;
     j->cfg_scale = d->cfg_scale;
-    j->dtype = dtype_of(x->dtype);
-    memcpy(j->shape, x->shape, sizeof j->shape);
-    j->x = malloc(x->data.len);
-    j->v = malloc(x->data.len);
+    j->dtype = x.dtype;
+    memcpy(j->shape, x.shape, sizeof j->shape);
+    j->x = malloc(bytes);
+    j->v = malloc(bytes);
     j->t = malloc((size_t)j->B * sizeof *j->t);
     j->y = malloc((size_t)j->B * sizeof *j->y);
     if (!j->x || !j->v || !j->t || !j->y) {
         job_free(j);
         return NULL;
     }
-    memcpy(j->x, x->data.data, x->data.len);
+    memcpy(j->x, x.data, bytes);
     memcpy(j->t, d->t, (size_t)j->B * sizeof *j->t);
     memcpy(j->y, d->class_labels, (size_t)j->B * sizeof *j->y);
     j->arrival_ns = uv_hrtime();
@@ -335,6 +326,12 @@ static void *compute_main(void *arg) {
 /* Answers a job the compute thread is done with (rpc drops the answer when the requester
  * cancelled meanwhile; it is counted by what the server did). */
 static void answer_job(ts_serve_t *s, job_t *j) {
+    ts_tensor_t answer; /* the velocity in the request's dtype and shape (net/frame.h's codec) */
+    Tessera__Tensor v = TESSERA__TENSOR__INIT;
+    if (j->outcome == TS_SERVE_OK &&
+        (ts_tensor_wrap(&answer, j->v, j->dtype, TS_CPU, 4, j->shape) != TS_OK ||
+         ts_frame_tensor_set(&v, &answer) != TS_OK))
+        j->outcome = TS_SERVE_INTERNAL;
     if (j->outcome == TS_SERVE_DEADLINE) {
         ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_DEADLINE_EXCEEDED,
                            "the deadline passed after %u ms in the queue, before compute",
@@ -345,15 +342,7 @@ static void answer_job(ts_serve_t *s, job_t *j) {
     } else {
         Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
         Tessera__DenoiseResponse resp = TESSERA__DENOISE_RESPONSE__INIT;
-        Tessera__Tensor v = TESSERA__TENSOR__INIT;
         Tessera__Timings tm = TESSERA__TIMINGS__INIT;
-        v.has_dtype = 1;
-        v.dtype = wire_dtype(j->dtype);
-        v.n_shape = 4;
-        v.shape = j->shape;
-        v.has_data = 1;
-        v.data.data = j->v;
-        v.data.len = (size_t)j->B * (size_t)s->chw * dtype_bytes(j->dtype);
         tm.has_queue_us = tm.has_compute_us = tm.has_batch_size = 1;
         tm.queue_us = j->queue_us;
         tm.compute_us = j->compute_us;
