@@ -593,40 +593,47 @@ static void route_figures(ts_report_t *r, const entry_t *e, int n_entries) {
     free(labels), free(y);
 }
 
-static int write_report(const char *path, const entry_t *e, int n_entries, const entry_t *floor_row,
-                        const char *setup, int grid_n, int K, const ts_dit_config_t *c, char *err,
-                        size_t errlen) {
-    ts_report_t *r = NULL;
-    int rc = ts_report_open(&r, path, "tessera eval", err, errlen);
-    if (rc != TS_OK)
-        return rc;
-    ts_report_heading(r, 1, "tessera eval: routing policies compared");
-    ts_report_paragraph(r, setup);
-    /* the table */
+/* The report's per-class FD table. */
+static void class_table(ts_report_t *r, const entry_t *e, int n_entries, int K) {
+    if (K > MAX_CLASSES)
+        return;
+    int cols = K + 1;
+    char(*cbuf)[MAX_CLASSES + 1][32] = calloc((size_t)n_entries + 1, sizeof *cbuf);
+    const char **cells = calloc((size_t)(n_entries + 1) * cols, sizeof *cells);
+    if (cbuf && cells) {
+        cells[0] = "policy";
+        for (int c = 0; c < K; c++) {
+            snprintf(cbuf[0][c + 1], 32, "class %d", c);
+            cells[c + 1] = cbuf[0][c + 1];
+        }
+        for (int i = 0; i < n_entries; i++) {
+            cells[(i + 1) * cols] = e[i].name;
+            for (int c = 0; c < K; c++) {
+                snprintf(cbuf[i + 1][c + 1], 32, "%.2f", e[i].class_fd[c]);
+                cells[(i + 1) * cols + c + 1] = cbuf[i + 1][c + 1];
+            }
+        }
+        ts_report_heading(r, 2,
+                          "FD per class (samples asked for class c against the test images of c)");
+        ts_report_table(r, cols, n_entries + 1, cells);
+    }
+    free(cbuf), free(cells);
+}
+
+/* The report's main table, FD bars and the quality/cost frontier (the floor row first). */
+static int main_table(ts_report_t *r, const entry_t *e, int n_entries, const entry_t *floor_row) {
     enum { COLS = 10 };
     const char *head[COLS] = {"policy", "FD", "95 % interval", "FD − first (95 %)", "precision",
                               "recall", "IS", "agreement",     "evals/sample",      "seconds"};
-    int rows = n_entries + 2;
+    int rows = n_entries + 2, n = n_entries + 1;
     char(*buf)[COLS][160] = calloc((size_t)rows, sizeof *buf);
     const char **cells = calloc((size_t)rows * COLS, sizeof *cells);
-    const char **labels = calloc((size_t)n_entries + 1, sizeof *labels);
-    double *fds = calloc((size_t)n_entries + 1, sizeof *fds);
-    double *xs = calloc((size_t)n_entries + 1, sizeof *xs);
-    double *lo = calloc((size_t)n_entries + 1, sizeof *lo);
-    double *hi = calloc((size_t)n_entries + 1, sizeof *hi);
-    int cls_cols = K + 1;
-    char(*cbuf)[MAX_CLASSES + 1][32] = calloc((size_t)n_entries + 1, sizeof *cbuf);
-    const char **ccells = calloc((size_t)(n_entries + 1) * cls_cols, sizeof *ccells);
-    if (!buf || !cells || !labels || !fds || !xs || !lo || !hi || !cbuf || !ccells) {
-        free(buf), free(cells), free(labels), free(fds), free(xs), free(lo), free(hi);
-        free(cbuf), free(ccells);
-        ts_report_discard(r);
-        ts_set_err(err, errlen, "out of memory");
-        return TS_ENOMEM;
-    }
-    for (int j = 0; j < COLS; j++)
+    const char **labels = calloc((size_t)n, sizeof *labels);
+    double *v = calloc((size_t)n * 4, sizeof *v), *fds = v, *xs = v + n, *lo = xs + n, *hi = lo + n;
+    int rc = buf && cells && labels && v ? TS_OK : TS_ENOMEM;
+    for (int j = 0; rc == TS_OK && j < COLS; j++)
         cells[j] = head[j];
-    for (int i = 0; i < n_entries + 1; i++) {
+    for (int i = 0; rc == TS_OK && i < n; i++) {
         const entry_t *x = i == 0 ? floor_row : &e[i - 1];
         char(*b)[160] = buf[i + 1];
         snprintf(b[0], 160, "%s", x->name);
@@ -648,32 +655,35 @@ static int write_report(const char *path, const entry_t *e, int n_entries, const
         lo[i] = isfinite(x->fd_lo) ? x->fd_lo : x->fd;
         hi[i] = isfinite(x->fd_hi) ? x->fd_hi : x->fd;
     }
-    ts_report_table(r, COLS, n_entries + 2, cells);
-    ts_report_bar_chart_svg(r, "Fréchet distance (lower is better)", labels, fds, n_entries + 1,
-                            NULL);
-    /* the frontier: the entries only (the floor has no cost) */
-    ts_report_scatter_svg(r,
-                          "Quality against cost: FD (95 % interval) vs expert evaluations per "
-                          "sample",
-                          "expert evaluations per sample (log scale)", "FD", labels + 1, xs + 1,
-                          fds + 1, lo + 1, hi + 1, n_entries);
-    /* per-class FD */
-    ts_report_heading(r, 2,
-                      "FD per class (samples asked for class c against the test images of c)");
-    ccells[0] = "policy";
-    for (int cidx = 0; cidx < K && cidx < MAX_CLASSES; cidx++) {
-        snprintf(cbuf[0][cidx + 1], 32, "class %d", cidx);
-        ccells[cidx + 1] = cbuf[0][cidx + 1];
+    if (rc == TS_OK) {
+        ts_report_table(r, COLS, rows, cells);
+        ts_report_bar_chart_svg(r, "Fréchet distance (lower is better)", labels, fds, n, NULL);
+        /* the frontier: the entries only (the floor has no cost) */
+        ts_report_scatter_svg(r,
+                              "Quality against cost: FD (95 % interval) vs expert evaluations "
+                              "per sample",
+                              "expert evaluations per sample (log scale)", "FD", labels + 1, xs + 1,
+                              fds + 1, lo + 1, hi + 1, n_entries);
     }
-    for (int i = 0; i < n_entries; i++) {
-        ccells[(i + 1) * cls_cols] = e[i].name;
-        for (int cidx = 0; cidx < K && cidx < MAX_CLASSES; cidx++) {
-            snprintf(cbuf[i + 1][cidx + 1], 32, "%.2f", e[i].class_fd[cidx]);
-            ccells[(i + 1) * cls_cols + cidx + 1] = cbuf[i + 1][cidx + 1];
-        }
+    free(buf), free(cells), free(labels), free(v);
+    return rc;
+}
+
+static int write_report(const char *path, const entry_t *e, int n_entries, const entry_t *floor_row,
+                        const char *setup, int grid_n, int K, const ts_dit_config_t *c, char *err,
+                        size_t errlen) {
+    ts_report_t *r = NULL;
+    int rc = ts_report_open(&r, path, "tessera eval", err, errlen);
+    if (rc != TS_OK)
+        return rc;
+    ts_report_heading(r, 1, "tessera eval: routing policies compared");
+    ts_report_paragraph(r, setup);
+    if (main_table(r, e, n_entries, floor_row) != TS_OK) {
+        ts_report_discard(r);
+        ts_set_err(err, errlen, "out of memory");
+        return TS_ENOMEM;
     }
-    if (K <= MAX_CLASSES)
-        ts_report_table(r, cls_cols, n_entries + 1, ccells);
+    class_table(r, e, n_entries, K);
     route_figures(r, e, n_entries);
     ts_report_heading(r, 2, "Samples");
     for (int i = 0; i < n_entries; i++) {
@@ -684,8 +694,6 @@ static int write_report(const char *path, const entry_t *e, int n_entries, const
         ts_report_png_grid(r, e[i].grid, grid_n, c->in_channels, c->input_size, c->input_size, 10,
                            cap);
     }
-    free(buf), free(cells), free(labels), free(fds), free(xs), free(lo), free(hi);
-    free(cbuf), free(ccells);
     return ts_report_close(r, err, errlen);
 }
 
@@ -701,320 +709,381 @@ static int split_monoliths(char *copy, const char **paths, int *n) {
     return *n > 0 ? TS_OK : TS_EINVAL;
 }
 
-int ts_cmd_eval(int argc, char **argv) {
-    const char *dir = NULL, *classifier = NULL, *monolith = NULL, *policies = DEFAULT_POLICIES;
-    const char *sampler = "heun", *report = NULL, *fmnist_dir = TS_FMNIST_DEFAULT_DIR;
-    const char *save_dir = NULL;
-    int n = 1000, steps = 30, threads = 0, json = 0, grid_n = 100, ref_n = 0, boot = 200;
-    int pr_k = 3;
-    float cfg = 1.0f, tau = 0.0f;
-    uint64_t seed = 0;
+/* ---- the verb: parse → validate → run → print ---------------------------------------------- */
+
+typedef struct {
+    const char *dir, *classifier, *monolith, *policies, *sampler, *report, *fmnist_dir;
+    const char *save_dir;
+    int n, steps, threads, json, grid_n, ref_n, boot, pr_k, tau_set;
+    float cfg, tau;
+    uint64_t seed;
+} eval_opts_t;
+
+/* Everything one run opens and allocates (eval_free releases it all). */
+typedef struct {
+    eval_opts_t o;
+    entry_t *e, floor_row;
+    int n_entries, n_mono;
+    const char *mono_paths[MAX_MONOLITHS];
+    char *mono_copy;
+    ts_sampler_opts_t so;
+    ts_engine_t eng;
+    ts_local_t loc, mono[MAX_MONOLITHS];
+    ts_classifier_t *cls;
+    ts_dataset_t test, train;
+    float *images, *feat, *ref_feat, *logits, *log_prior;
+    int32_t *pred, *labels, *cluster, *ref_cluster, *scratch;
+    uint64_t *seeds;
+    double *mu_ref, *cov_ref, *cmu, *ccov, *kmu, *kcov;
+    int64_t ccount[MAX_CLASSES], kcount[MAX_CLUSTERS];
+    char **sample_paths;
+    scoring_t sc;
+    int chunk, pairs, D, K, C, S, Kp, usage;
+    int64_t chw;
+    char err[1024];
+} eval_run_t;
+
+/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+static int parse_opts(int argc, char **argv, eval_opts_t *o) {
+    *o = (eval_opts_t){.policies = DEFAULT_POLICIES,
+                       .sampler = "heun",
+                       .fmnist_dir = TS_FMNIST_DEFAULT_DIR,
+                       .n = 1000,
+                       .steps = 30,
+                       .grid_n = 100,
+                       .boot = 200,
+                       .pr_k = 3,
+                       .cfg = 1.0f};
     /* clang-format off */
     ts_arg_t args[] = {
-        {"local", TS_ARG_STRING, &dir, "DIR", "the generation folder of `tessera generate --local` (experts, partition, router)", 0, 0, 1},
-        {"classifier", TS_ARG_STRING, &classifier, "FILE", "the evaluation classifier (`tessera train-classifier`)", 0, 0, 1},
-        {"monolith", TS_ARG_STRING, &monolith, "FILE[,FILE…]", "models trained on all the data: the entries 'monolith', 'monolith2', … in this order"},
-        {"policies", TS_ARG_STRING, &policies, "LIST", "entries separated by spaces: monolith[N], or POLICY[+prior][+hold|+draw][+exact][+temp=T][:SELECTION] as in tessera generate (default: \"" DEFAULT_POLICIES "\")"},
-        {"n", TS_ARG_INT, &n, "N", "samples per entry (default 1000)", 2, 1000000},
-        {"steps", TS_ARG_INT, &steps, "S", "integration steps (default 30)", 1, 10000},
-        {"sampler", TS_ARG_STRING, &sampler, "NAME", "euler or heun (default heun)"},
-        {"cfg", TS_ARG_FLOAT, &cfg, "S", "classifier-free guidance scale inside each expert, 1 = off (default 1)", 0, 100},
-        {"tau", TS_ARG_FLOAT, &tau, "T", "temperature of centroid/confidence (default: the partition's)", 0, 1e30},
-        {"seed", TS_ARG_U64, &seed, "S", "sample i uses noise stream seed+i (default 0)"},
-        {"ref-n", TS_ARG_INT, &ref_n, "N", "reference images from the test split (default all 10000)", 2, 1000000},
-        {"bootstrap", TS_ARG_INT, &boot, "B", "resamples for the 95 % intervals, 0 = none (default 200)", 0, 100000},
-        {"pr-k", TS_ARG_INT, &pr_k, "K", "the k of precision/recall's k-nearest-neighbour radii (default 3)", 1, 100},
-        {"save-samples", TS_ARG_STRING, &save_dir, "DIR", "write each entry's samples as IDX files (Fashion-MNIST's format) into DIR"},
-        {"data", TS_ARG_STRING, &fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
-        {"report", TS_ARG_STRING, &report, "FILE", "write a self-contained HTML report (table, frontier, per-class FD, sample grids)"},
-        {"grid", TS_ARG_INT, &grid_n, "N", "samples per grid in the report (default 100)", 1, 10000},
-        {"json", TS_ARG_FLAG, &json, NULL, "print the results as one JSON object on stdout instead of the table"},
-        {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"local", TS_ARG_STRING, &o->dir, "DIR", "the generation folder of `tessera generate --local` (experts, partition, router)", 0, 0, 1},
+        {"classifier", TS_ARG_STRING, &o->classifier, "FILE", "the evaluation classifier (`tessera train-classifier`)", 0, 0, 1},
+        {"monolith", TS_ARG_STRING, &o->monolith, "FILE[,FILE…]", "models trained on all the data: the entries 'monolith', 'monolith2', … in this order"},
+        {"policies", TS_ARG_STRING, &o->policies, "LIST", "entries separated by spaces: monolith[N], or POLICY[+prior][+hold|+draw][+exact][+temp=T][:SELECTION] as in tessera generate (default: \"" DEFAULT_POLICIES "\")"},
+        {"n", TS_ARG_INT, &o->n, "N", "samples per entry (default 1000)", 2, 1000000},
+        {"steps", TS_ARG_INT, &o->steps, "S", "integration steps (default 30)", 1, 10000},
+        {"sampler", TS_ARG_STRING, &o->sampler, "NAME", "euler or heun (default heun)"},
+        {"cfg", TS_ARG_FLOAT, &o->cfg, "S", "classifier-free guidance scale inside each expert, 1 = off (default 1)", 0, 100},
+        {"tau", TS_ARG_FLOAT, &o->tau, "T", "temperature of centroid/confidence (default: the partition's)", 0, 1e30},
+        {"seed", TS_ARG_U64, &o->seed, "S", "sample i uses noise stream seed+i (default 0)"},
+        {"ref-n", TS_ARG_INT, &o->ref_n, "N", "reference images from the test split (default all 10000)", 2, 1000000},
+        {"bootstrap", TS_ARG_INT, &o->boot, "B", "resamples for the 95 % intervals, 0 = none (default 200)", 0, 100000},
+        {"pr-k", TS_ARG_INT, &o->pr_k, "K", "the k of precision/recall's k-nearest-neighbour radii (default 3)", 1, 100},
+        {"save-samples", TS_ARG_STRING, &o->save_dir, "DIR", "write each entry's samples as IDX files (Fashion-MNIST's format) into DIR"},
+        {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"report", TS_ARG_STRING, &o->report, "FILE", "write a self-contained HTML report (table, frontier, per-class FD, sample grids)"},
+        {"grid", TS_ARG_INT, &o->grid_n, "N", "samples per grid in the report (default 100)", 1, 10000},
+        {"json", TS_ARG_FLAG, &o->json, NULL, "print the results as one JSON object on stdout instead of the table"},
+        {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
     };
     /* clang-format on */
-    ts_arg_t *tau_arg = &args[8];
+    int n = (int)(sizeof args / sizeof args[0]);
     int pr = ts_args_parse(PROG,
                            "Compare routing policies (and monoliths) by the Fréchet distance of "
                            "their samples to the test set in the evaluation classifier's feature "
                            "space, with bootstrap intervals, precision/recall, Inception Score, "
                            "per-class and per-cluster FD, class coverage and expert evaluations "
                            "per sample.",
-                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    char err[1024] = "";
-    entry_t *e = calloc(MAX_ENTRIES, sizeof *e);
-    int n_entries = 0, n_mono = 0;
-    const char *mono_paths[MAX_MONOLITHS];
-    char *mono_copy = monolith ? strdup(monolith) : NULL;
-    ts_sampler_opts_t so = {.steps = steps};
-    if (!e || (monolith && !mono_copy)) {
-        free(e);
-        free(mono_copy);
-        return 1;
-    }
-    int usage_rc = 0;
-    if (parse_entries(policies, e, &n_entries, err, sizeof err) != TS_OK) {
-        fprintf(stderr, PROG ": %s\n", err);
-        usage_rc = 2;
-    } else if (ts_sampler_parse(sampler, &so.kind) != TS_OK) {
-        fprintf(stderr, PROG ": --sampler %s: must be euler or heun\n", sampler);
-        usage_rc = 2;
-    } else if (mono_copy && split_monoliths(mono_copy, mono_paths, &n_mono) != TS_OK) {
-        fprintf(stderr, PROG ": --monolith %s: want 1 to %d files separated by commas\n", monolith,
-                MAX_MONOLITHS);
-        usage_rc = 2;
-    } else if (tau_arg->seen && !(tau > 0.0f)) {
-        fprintf(stderr, PROG ": --tau %g: must be > 0\n", (double)tau);
-        usage_rc = 2;
-    } else if (n <= pr_k) {
-        fprintf(stderr, PROG ": --n %d: want more samples than --pr-k (%d)\n", n, pr_k);
-        usage_rc = 2;
-    } else if (boot == 1) {
-        fprintf(stderr, PROG ": --bootstrap 1: want 0 (none) or at least 2 resamples\n");
-        usage_rc = 2;
-    }
-    for (int i = 0; i < n_entries && !usage_rc; i++)
-        if (e[i].monolith > n_mono) {
-            fprintf(stderr, PROG ": the entry '%s' needs %d file%s in --monolith (%d given)\n",
-                    e[i].name, e[i].monolith, e[i].monolith > 1 ? "s" : "", n_mono);
-            usage_rc = 2;
-        }
-    if (usage_rc) {
-        free(e);
-        free(mono_copy);
-        return usage_rc;
-    }
-    if (grid_n > n)
-        grid_n = n;
+                           args, n, argc, argv);
+    o->tau_set = ts_arg_seen(args, n, "tau");
+    return pr;
+}
 
-    ts_engine_t eng = {0};
-    ts_engine_opts_t eo = {TS_CPU, threads, 0};
-    ts_local_t loc = {0}, mono[MAX_MONOLITHS];
-    memset(mono, 0, sizeof mono);
-    ts_classifier_t *cls = NULL;
-    ts_dataset_t test = {0}, train = {0};
-    float *images = NULL, *feat = NULL, *ref_feat = NULL, *logits = NULL;
-    int32_t *pred = NULL, *labels = NULL, *cluster = NULL, *ref_cluster = NULL, *scratch = NULL;
-    uint64_t *seeds = NULL;
-    double *mu_ref = NULL, *cov_ref = NULL, *cmu = NULL, *ccov = NULL, *kmu = NULL, *kcov = NULL;
-    int64_t ccount[MAX_CLASSES] = {0}, kcount[MAX_CLUSTERS] = {0};
-    float *log_prior = NULL;
-    char **sample_paths = calloc(MAX_ENTRIES + 1, sizeof *sample_paths);
-    int chunk = n < CHUNK ? n : CHUNK, pairs = cfg != 1.0f ? 2 : 1, usage = 0;
-    entry_t floor_row = {.agreement = NAN};
-    snprintf(floor_row.name, sizeof floor_row.name, "train data (the floor at this n)");
-    int rc = sample_paths ? ts_engine_init(&eng, &eo) : TS_ENOMEM;
-    if (rc == TS_OK)
-        rc = ts_local_open(&loc, dir, &eng, chunk, pairs, 1, PROG, err, sizeof err);
-    for (int m = 0; m < n_mono && rc == TS_OK; m++)
-        rc = ts_local_open_file(&mono[m], mono_paths[m], &eng, chunk, pairs, err, sizeof err);
-    for (int i = 0; i < n_entries && rc == TS_OK; i++)
-        if (!e[i].monolith)
-            rc = ts_local_check_policy(&loc, e[i].policy, PROG, err, sizeof err);
-    if (rc == TS_OK)
-        rc = ts_classifier_open(&cls, classifier, &eng, CHUNK, err, sizeof err);
-    if (rc == TS_OK && ts_classifier_time_conditioned(cls)) {
-        ts_set_err(err, sizeof err,
-                   "--classifier %s is a router (time-conditioned); want the evaluation "
-                   "classifier of `tessera train-classifier`",
-                   classifier);
-        rc = TS_EINVAL;
-        usage = 1;
+/* The checks that need no file: the entries, the sampler, the monoliths, the numbers. 0, or 2
+ * with the message printed. */
+static int validate(eval_run_t *r) {
+    const eval_opts_t *o = &r->o;
+    r->so = (ts_sampler_opts_t){.steps = o->steps};
+    if (parse_entries(o->policies, r->e, &r->n_entries, r->err, sizeof r->err) != TS_OK)
+        fprintf(stderr, PROG ": %s\n", r->err);
+    else if (ts_sampler_parse(o->sampler, &r->so.kind) != TS_OK)
+        fprintf(stderr, PROG ": --sampler %s: must be euler or heun\n", o->sampler);
+    else if (r->mono_copy && split_monoliths(r->mono_copy, r->mono_paths, &r->n_mono) != TS_OK)
+        fprintf(stderr, PROG ": --monolith %s: want 1 to %d files separated by commas\n",
+                o->monolith, MAX_MONOLITHS);
+    else if (o->tau_set && !(o->tau > 0.0f))
+        fprintf(stderr, PROG ": --tau %g: must be > 0\n", (double)o->tau);
+    else if (o->n <= o->pr_k)
+        fprintf(stderr, PROG ": --n %d: want more samples than --pr-k (%d)\n", o->n, o->pr_k);
+    else if (o->boot == 1)
+        fprintf(stderr, PROG ": --bootstrap 1: want 0 (none) or at least 2 resamples\n");
+    else {
+        for (int i = 0; i < r->n_entries; i++)
+            if (r->e[i].monolith > r->n_mono) {
+                fprintf(stderr, PROG ": the entry '%s' needs %d file%s in --monolith (%d given)\n",
+                        r->e[i].name, r->e[i].monolith, r->e[i].monolith > 1 ? "s" : "", r->n_mono);
+                return 2;
+            }
+        return 0;
     }
-    if (rc == TS_OK)
-        rc = ts_fmnist_load(fmnist_dir, "test", &test, err, sizeof err);
-    if (rc == TS_OK)
-        rc = ts_fmnist_load(fmnist_dir, "train", &train, err, sizeof err);
-    if (rc != TS_OK)
-        goto done;
-    const ts_dit_config_t *c = &loc.ex.models[0].cfg;
-    for (int m = 0; m < n_mono; m++) {
-        const ts_dit_config_t *mc = &mono[m].ex.models[0].cfg;
+    return 2;
+}
+
+/* Monoliths and data make the experts' images; the class prior; the shapes of the run. */
+static int check_models(eval_run_t *r) {
+    const ts_dit_config_t *c = &r->loc.ex.models[0].cfg;
+    for (int m = 0; m < r->n_mono; m++) {
+        const ts_dit_config_t *mc = &r->mono[m].ex.models[0].cfg;
         if (mc->input_size != c->input_size || mc->in_channels != c->in_channels ||
             mc->num_classes != c->num_classes) {
-            ts_set_err(err, sizeof err, "--monolith %s makes other images than the experts of %s",
-                       mono_paths[m], dir);
-            rc = TS_EINVAL;
-            goto done;
+            ts_set_err(r->err, sizeof r->err,
+                       "--monolith %s makes other images than the experts of %s", r->mono_paths[m],
+                       r->o.dir);
+            return TS_EINVAL;
         }
     }
-    if (test.channels != c->in_channels || test.height != c->input_size ||
-        test.width != c->input_size) {
-        ts_set_err(err, sizeof err, "the experts of %s do not make %dx%dx%d images", dir,
-                   test.channels, test.height, test.width);
-        rc = TS_EINVAL;
-        goto done;
+    if (r->test.channels != c->in_channels || r->test.height != c->input_size ||
+        r->test.width != c->input_size) {
+        ts_set_err(r->err, sizeof r->err, "the experts of %s do not make %dx%dx%d images", r->o.dir,
+                   r->test.channels, r->test.height, r->test.width);
+        return TS_EINVAL;
     }
     int wants_prior = 0;
-    for (int i = 0; i < n_entries; i++)
-        wants_prior |= e[i].prior && !e[i].monolith;
-    if (wants_prior && (rc = ts_local_class_prior(&loc, train.labels, train.n, c->num_classes,
-                                                  &log_prior, err, sizeof err)) != TS_OK)
-        goto done;
-    if (!ref_n || ref_n > test.n)
-        ref_n = test.n;
-    if (n > train.n)
-        n = train.n; /* the floor row takes n train images */
-    int D = ts_classifier_feature_dim(cls), K = ts_classifier_num_outputs(cls);
-    int C = c->in_channels, S = c->input_size;
-    int Kp = loc.has_part ? loc.part.K : 0;
-    if (K > MAX_CLASSES || Kp > MAX_CLUSTERS) {
-        ts_set_err(err, sizeof err, "%d classes or %d clusters: at most %d and %d are scored", K,
-                   Kp, MAX_CLASSES, MAX_CLUSTERS);
-        rc = TS_EINVAL;
-        goto done;
+    for (int i = 0; i < r->n_entries; i++)
+        wants_prior |= r->e[i].prior && !r->e[i].monolith;
+    if (wants_prior) {
+        int rc = ts_local_class_prior(&r->loc, r->train.labels, r->train.n, c->num_classes,
+                                      &r->log_prior, r->err, sizeof r->err);
+        if (rc != TS_OK)
+            return rc;
     }
-    int64_t chw = (int64_t)C * S * S;
-    int rows = ref_n > n ? ref_n : n;
-    images = malloc((size_t)(rows * chw) * sizeof *images);
-    feat = malloc((size_t)n * D * sizeof *feat);
-    ref_feat = malloc((size_t)ref_n * D * sizeof *ref_feat);
-    logits = malloc((size_t)rows * K * sizeof *logits);
-    pred = malloc((size_t)rows * sizeof *pred);
-    labels = malloc((size_t)n * sizeof *labels);
-    cluster = malloc((size_t)n * sizeof *cluster);
-    ref_cluster = malloc((size_t)ref_n * sizeof *ref_cluster);
-    scratch = malloc((size_t)n * sizeof *scratch);
-    seeds = malloc((size_t)n * sizeof *seeds);
-    mu_ref = malloc((size_t)D * sizeof *mu_ref);
-    cov_ref = malloc((size_t)D * D * sizeof *cov_ref);
-    cmu = calloc((size_t)K * D, sizeof *cmu);
-    ccov = calloc((size_t)K * D * D, sizeof *ccov);
-    kmu = calloc((size_t)(Kp ? Kp : 1) * D, sizeof *kmu);
-    kcov = calloc((size_t)(Kp ? Kp : 1) * D * D, sizeof *kcov);
-    if (!images || !feat || !ref_feat || !logits || !pred || !labels || !cluster || !ref_cluster ||
-        !scratch || !seeds || !mu_ref || !cov_ref || !cmu || !ccov || !kmu || !kcov) {
-        rc = TS_ENOMEM;
-        goto done;
+    if (!r->o.ref_n || r->o.ref_n > r->test.n)
+        r->o.ref_n = r->test.n;
+    if (r->o.n > r->train.n)
+        r->o.n = r->train.n; /* the floor row takes n train images */
+    r->D = ts_classifier_feature_dim(r->cls), r->K = ts_classifier_num_outputs(r->cls);
+    r->C = c->in_channels, r->S = c->input_size;
+    r->Kp = r->loc.has_part ? r->loc.part.K : 0;
+    r->chw = (int64_t)r->C * r->S * r->S;
+    if (r->K > MAX_CLASSES || r->Kp > MAX_CLUSTERS) {
+        ts_set_err(r->err, sizeof r->err, "%d classes or %d clusters: at most %d and %d are scored",
+                   r->K, r->Kp, MAX_CLASSES, MAX_CLUSTERS);
+        return TS_EINVAL;
     }
-    for (int i = 0; i < n_entries; i++)
-        if (!(e[i].grid = malloc((size_t)(grid_n * chw) * sizeof(float))) ||
-            (!e[i].monolith && route_alloc(&e[i].route, 2 * steps + 2, n) != TS_OK)) {
-            rc = TS_ENOMEM;
-            goto done;
-        }
+    return TS_OK;
+}
 
-    /* the reference: the test split's features, overall, per class and per cluster */
+/* The engine, the experts, the monoliths, the classifier and the data, checked against each
+ * other; the class prior when an entry wants it. */
+static int open_models(eval_run_t *r) {
+    const eval_opts_t *o = &r->o;
+    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
+    char *err = r->err;
+    size_t errlen = sizeof r->err;
+    int rc = ts_engine_init(&r->eng, &eo);
+    if (rc == TS_OK)
+        rc = ts_local_open(&r->loc, o->dir, &r->eng, r->chunk, r->pairs, 1, PROG, err, errlen);
+    for (int m = 0; m < r->n_mono && rc == TS_OK; m++)
+        rc = ts_local_open_file(&r->mono[m], r->mono_paths[m], &r->eng, r->chunk, r->pairs, err,
+                                errlen);
+    for (int i = 0; i < r->n_entries && rc == TS_OK; i++)
+        if (!r->e[i].monolith)
+            rc = ts_local_check_policy(&r->loc, r->e[i].policy, PROG, err, errlen);
+    if (rc == TS_OK)
+        rc = ts_classifier_open(&r->cls, o->classifier, &r->eng, CHUNK, err, errlen);
+    if (rc == TS_OK && ts_classifier_time_conditioned(r->cls)) {
+        ts_set_err(err, errlen,
+                   "--classifier %s is a router (time-conditioned); want the evaluation "
+                   "classifier of `tessera train-classifier`",
+                   o->classifier);
+        r->usage = 1;
+        return TS_EINVAL;
+    }
+    if (rc == TS_OK)
+        rc = ts_fmnist_load(o->fmnist_dir, "test", &r->test, err, errlen);
+    if (rc == TS_OK)
+        rc = ts_fmnist_load(o->fmnist_dir, "train", &r->train, err, errlen);
+    return rc == TS_OK ? check_models(r) : rc;
+}
+
+static int alloc_buffers(eval_run_t *r) {
+    int n = r->o.n, ref_n = r->o.ref_n, D = r->D, K = r->K, Kp1 = r->Kp ? r->Kp : 1;
+    int rows = ref_n > n ? ref_n : n;
+    r->images = malloc((size_t)(rows * r->chw) * sizeof *r->images);
+    r->feat = malloc((size_t)n * D * sizeof *r->feat);
+    r->ref_feat = malloc((size_t)ref_n * D * sizeof *r->ref_feat);
+    r->logits = malloc((size_t)rows * K * sizeof *r->logits);
+    r->pred = malloc((size_t)rows * sizeof *r->pred);
+    r->labels = malloc((size_t)n * sizeof *r->labels);
+    r->cluster = malloc((size_t)n * sizeof *r->cluster);
+    r->ref_cluster = malloc((size_t)ref_n * sizeof *r->ref_cluster);
+    r->scratch = malloc((size_t)n * sizeof *r->scratch);
+    r->seeds = malloc((size_t)n * sizeof *r->seeds);
+    r->mu_ref = malloc((size_t)D * sizeof *r->mu_ref);
+    r->cov_ref = malloc((size_t)D * D * sizeof *r->cov_ref);
+    r->cmu = calloc((size_t)K * D, sizeof *r->cmu);
+    r->ccov = calloc((size_t)K * D * D, sizeof *r->ccov);
+    r->kmu = calloc((size_t)Kp1 * D, sizeof *r->kmu);
+    r->kcov = calloc((size_t)Kp1 * D * D, sizeof *r->kcov);
+    if (!r->images || !r->feat || !r->ref_feat || !r->logits || !r->pred || !r->labels ||
+        !r->cluster || !r->ref_cluster || !r->scratch || !r->seeds || !r->mu_ref || !r->cov_ref ||
+        !r->cmu || !r->ccov || !r->kmu || !r->kcov)
+        return TS_ENOMEM;
+    for (int i = 0; i < r->n_entries; i++)
+        if (!(r->e[i].grid = malloc((size_t)(r->o.grid_n * r->chw) * sizeof(float))) ||
+            (!r->e[i].monolith && route_alloc(&r->e[i].route, 2 * r->o.steps + 2, n) != TS_OK))
+            return TS_ENOMEM;
+    return TS_OK;
+}
+
+/* r->images (n) through the classifier (and the partition) into the scores of x. */
+static int score_images(eval_run_t *r, entry_t *x) {
+    int n = r->o.n;
+    int rc = classify(r->cls, &r->eng, r->images, n, r->C, r->S, r->S, r->feat, r->logits, r->pred);
+    if (rc == TS_OK && r->Kp)
+        rc = clusters_of(&r->loc.part, r->images, n, r->cluster);
+    if (rc == TS_OK)
+        rc = score(&r->sc, r->feat, r->logits, r->pred, r->labels, r->cluster, x, r->err,
+                   sizeof r->err);
+    return rc;
+}
+
+/* The reference (the test split's features, overall, per class and per cluster) and the
+ * scoring context; then the floor row (n train images through the same pipeline). */
+static int fit_reference(eval_run_t *r) {
+    int ref_n = r->o.ref_n, n = r->o.n, D = r->D;
+    char *err = r->err;
+    size_t errlen = sizeof r->err;
     fprintf(stderr,
             PROG ": %d entries × %d samples, %d %s steps, cfg %g; reference: %d test images; "
                  "%d bootstrap resamples\n",
-            n_entries, n, steps, sampler, (double)cfg, ref_n, boot);
-    memcpy(images, test.images, (size_t)(ref_n * chw) * sizeof *images);
-    rc = classify(cls, &eng, images, ref_n, C, S, S, ref_feat, logits, pred);
+            r->n_entries, n, r->o.steps, r->o.sampler, (double)r->o.cfg, ref_n, r->o.boot);
+    memcpy(r->images, r->test.images, (size_t)(ref_n * r->chw) * sizeof *r->images);
+    int rc = classify(r->cls, &r->eng, r->images, ref_n, r->C, r->S, r->S, r->ref_feat, r->logits,
+                      r->pred);
     if (rc == TS_OK)
-        rc = ts_gauss_fit(ref_feat, ref_n, D, mu_ref, cov_ref, err, sizeof err);
+        rc = ts_gauss_fit(r->ref_feat, ref_n, D, r->mu_ref, r->cov_ref, err, errlen);
     if (rc == TS_OK)
-        rc = group_fits(ref_feat, test.labels, ref_n, K, D, cmu, ccov, ccount, err, sizeof err);
-    if (rc == TS_OK && Kp)
-        rc = clusters_of(&loc.part, images, ref_n, ref_cluster);
-    if (rc == TS_OK && Kp)
-        rc = group_fits(ref_feat, ref_cluster, ref_n, Kp, D, kmu, kcov, kcount, err, sizeof err);
-    if (rc != TS_OK)
-        goto done;
-    scoring_t sc = {.n = n,
-                    .D = D,
-                    .K = K,
-                    .B = boot,
-                    .mu = mu_ref,
-                    .cov = cov_ref,
-                    .cmu = cmu,
-                    .ccov = ccov,
-                    .ccount = ccount,
-                    .Kp = Kp,
-                    .part = Kp ? &loc.part : NULL,
-                    .kmu = kmu,
-                    .kcov = kcov,
-                    .kcount = kcount,
-                    .ref_n = ref_n,
-                    .pr_ref = ref_feat,
-                    .pr_n = n < ref_n ? n : ref_n,
-                    .pr_k = pr_k,
-                    .idx = scratch};
-    /* the floor: n train images through the same pipeline */
+        rc = group_fits(r->ref_feat, r->test.labels, ref_n, r->K, D, r->cmu, r->ccov, r->ccount,
+                        err, errlen);
+    if (rc == TS_OK && r->Kp)
+        rc = clusters_of(&r->loc.part, r->images, ref_n, r->ref_cluster);
+    if (rc == TS_OK && r->Kp)
+        rc = group_fits(r->ref_feat, r->ref_cluster, ref_n, r->Kp, D, r->kmu, r->kcov, r->kcount,
+                        err, errlen);
+    r->sc = (scoring_t){.n = n,
+                        .D = D,
+                        .K = r->K,
+                        .B = r->o.boot,
+                        .mu = r->mu_ref,
+                        .cov = r->cov_ref,
+                        .cmu = r->cmu,
+                        .ccov = r->ccov,
+                        .ccount = r->ccount,
+                        .Kp = r->Kp,
+                        .part = r->Kp ? &r->loc.part : NULL,
+                        .kmu = r->kmu,
+                        .kcov = r->kcov,
+                        .kcount = r->kcount,
+                        .ref_n = ref_n,
+                        .pr_ref = r->ref_feat,
+                        .pr_n = n < ref_n ? n : ref_n,
+                        .pr_k = r->o.pr_k,
+                        .idx = r->scratch};
     for (int i = 0; i < n; i++)
-        labels[i] = train.labels[i];
-    memcpy(images, train.images, (size_t)(n * chw) * sizeof *images);
-    quantise(images, n * chw);
-    rc = classify(cls, &eng, images, n, C, S, S, feat, logits, pred);
-    if (rc == TS_OK && Kp)
-        rc = clusters_of(&loc.part, images, n, cluster);
+        r->labels[i] = r->train.labels[i];
+    memcpy(r->images, r->train.images, (size_t)(n * r->chw) * sizeof *r->images);
+    quantise(r->images, n * r->chw);
     if (rc == TS_OK)
-        rc = score(&sc, feat, logits, pred, labels, cluster, &floor_row, err, sizeof err);
-    if (rc != TS_OK)
-        goto done;
+        rc = score_images(r, &r->floor_row);
+    return rc;
+}
 
-    for (int i = 0; i < n; i++) {
-        labels[i] = i % c->num_classes;
-        seeds[i] = seed + (uint64_t)i;
-    }
-    float tau_used = tau_arg->seen ? tau : ts_local_default_tau(&loc);
-    progress_t prog = {isatty(STDERR_FILENO), 0, 0, NULL};
-    for (int i = 0; i < n_entries && rc == TS_OK; i++) {
-        entry_t *x = &e[i];
-        ts_local_t *l = x->monolith ? &mono[x->monolith - 1] : &loc;
-        prog.name = x->name;
-        prog.done = 0;
-        prog.total = steps * ((n + chunk - 1) / chunk);
-        ts_local_gen_t g = {.policy = x->monolith ? TS_POLICY_UNIFORM : x->policy,
-                            .select = x->select,
-                            .tau = tau_used,
-                            .cfg = cfg,
-                            .log_prior = x->prior ? log_prior : NULL,
-                            .hold = x->monolith ? TS_HOLD_NONE : x->hold,
-                            .exact_guidance = x->exact,
-                            .router_temp = x->temp,
-                            .record = !x->monolith,
-                            .on_chunk = x->monolith ? NULL : route_chunk,
-                            .chunk_ctx = &x->route,
-                            .sampler = so,
-                            .n = n,
-                            .labels = labels,
-                            .seeds = seeds,
-                            .on_step = on_step,
-                            .step_ctx = &prog};
-        if (x->monolith)
-            ts_selection_parse("top1", &g.select, NULL, 0);
-        ts_local_stats_t st = {0};
-        rc = ts_local_generate(l, &eng, &g, images, &st, err, sizeof err);
-        if (prog.tty)
-            fprintf(stderr, "\r%60s\r", "");
-        if (rc != TS_OK)
-            break;
-        quantise(images, n * chw);
-        memcpy(x->grid, images, (size_t)(grid_n * chw) * sizeof(float));
-        if (save_dir) {
-            char prefix[160], path[1400];
-            file_prefix(x->name, prefix, sizeof prefix);
-            rc = ts_idx_write(save_dir, prefix, images, labels, n, S, S, err, sizeof err);
-            snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", save_dir, prefix);
-            if (rc == TS_OK && !(sample_paths[i] = strdup(path)))
-                rc = TS_ENOMEM;
-            if (rc != TS_OK)
-                break;
-        }
-        rc = classify(cls, &eng, images, n, C, S, S, feat, logits, pred);
-        if (rc == TS_OK && Kp)
-            rc = clusters_of(&loc.part, images, n, cluster);
-        if (rc == TS_OK)
-            rc = score(&sc, feat, logits, pred, labels, cluster, x, err, sizeof err);
-        if (rc == TS_OK && i == 0 && x->boot) {
-            sc.first_boot = x->boot;
-            sc.first_fd = x->fd;
-        }
-        x->evals = (double)st.forwards / n;
-        x->router_evals = (double)st.router_evals / n;
-        x->seconds = st.seconds;
-        if (rc == TS_OK)
-            fprintf(stderr,
-                    "%-40s FD %.3f [%.3f, %.3f]  precision %.3f  recall %.3f  IS %.2f  "
-                    "agreement %.3f  %.1f evals/sample  %.1f s\n",
-                    x->name, x->fd, x->fd_lo, x->fd_hi, x->precision, x->recall, x->is,
-                    x->agreement, x->evals, x->seconds);
-    }
-    if (rc != TS_OK)
-        goto done;
+/* --save-samples: entry i's samples (r->images) as an IDX pair. */
+static int save_samples(eval_run_t *r, int i) {
+    char prefix[160], path[1400];
+    file_prefix(r->e[i].name, prefix, sizeof prefix);
+    int rc = ts_idx_write(r->o.save_dir, prefix, r->images, r->labels, r->o.n, r->S, r->S, r->err,
+                          sizeof r->err);
+    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", r->o.save_dir, prefix);
+    if (rc == TS_OK && !(r->sample_paths[i] = strdup(path)))
+        rc = TS_ENOMEM;
+    return rc;
+}
 
+/* Entry i: its n samples, saved when asked, scored. */
+static int run_entry(eval_run_t *r, int i, progress_t *prog) {
+    entry_t *x = &r->e[i];
+    const eval_opts_t *o = &r->o;
+    int n = o->n;
+    ts_local_t *l = x->monolith ? &r->mono[x->monolith - 1] : &r->loc;
+    prog->name = x->name;
+    prog->done = 0;
+    prog->total = o->steps * ((n + r->chunk - 1) / r->chunk);
+    ts_local_gen_t g = {.policy = x->monolith ? TS_POLICY_UNIFORM : x->policy,
+                        .select = x->select,
+                        .tau = o->tau_set ? o->tau : ts_local_default_tau(&r->loc),
+                        .cfg = o->cfg,
+                        .log_prior = x->prior ? r->log_prior : NULL,
+                        .hold = x->monolith ? TS_HOLD_NONE : x->hold,
+                        .exact_guidance = x->exact,
+                        .router_temp = x->temp,
+                        .record = !x->monolith,
+                        .on_chunk = x->monolith ? NULL : route_chunk,
+                        .chunk_ctx = &x->route,
+                        .sampler = r->so,
+                        .n = n,
+                        .labels = r->labels,
+                        .seeds = r->seeds,
+                        .on_step = on_step,
+                        .step_ctx = prog};
+    if (x->monolith)
+        ts_selection_parse("top1", &g.select, NULL, 0);
+    ts_local_stats_t st = {0};
+    int rc = ts_local_generate(l, &r->eng, &g, r->images, &st, r->err, sizeof r->err);
+    if (prog->tty)
+        fprintf(stderr, "\r%60s\r", "");
+    if (rc != TS_OK)
+        return rc;
+    quantise(r->images, n * r->chw);
+    memcpy(x->grid, r->images, (size_t)(o->grid_n * r->chw) * sizeof(float));
+    if (o->save_dir && (rc = save_samples(r, i)) != TS_OK)
+        return rc;
+    if ((rc = score_images(r, x)) != TS_OK)
+        return rc;
+    if (i == 0 && x->boot) {
+        r->sc.first_boot = x->boot;
+        r->sc.first_fd = x->fd;
+    }
+    x->evals = (double)st.forwards / n;
+    x->router_evals = (double)st.router_evals / n;
+    x->seconds = st.seconds;
+    fprintf(stderr,
+            "%-40s FD %.3f [%.3f, %.3f]  precision %.3f  recall %.3f  IS %.2f  "
+            "agreement %.3f  %.1f evals/sample  %.1f s\n",
+            x->name, x->fd, x->fd_lo, x->fd_hi, x->precision, x->recall, x->is, x->agreement,
+            x->evals, x->seconds);
+    return TS_OK;
+}
+
+static void print_json(const eval_run_t *r) {
+    const eval_opts_t *o = &r->o;
+    json_t *list = json_array();
+    const char *first = r->n_entries ? r->e[0].name : NULL;
+    json_array_append_new(list, entry_json(&r->floor_row, r->K, r->Kp, NULL, NULL));
+    for (int i = 0; i < r->n_entries; i++)
+        json_array_append_new(
+            list, entry_json(&r->e[i], r->K, r->Kp, i ? first : NULL, r->sample_paths[i]));
+    json_t *ref_share = json_array();
+    for (int k = 0; k < r->Kp; k++)
+        json_array_append_new(ref_share, json_real((double)r->kcount[k] / o->ref_n));
+    json_t *root = json_pack(
+        "{s:i, s:i, s:s, s:f, s:I, s:i, s:i, s:i, s:s, s:i, s:s*, s:s*, s:s*, s:o, s:o}", "n", o->n,
+        "steps", o->steps, "sampler", o->sampler, "cfg", (double)o->cfg, "seed",
+        (json_int_t)o->seed, "ref_n", o->ref_n, "bootstrap", o->boot, "pr_k", o->pr_k, "local",
+        o->dir, "experts", r->loc.ex.K, "monolith", o->monolith, "report", o->report, "classifier",
+        o->classifier, "cluster_ref_share", ref_share, "entries", list);
+    if (root) {
+        json_dumpf(root, stdout, JSON_COMPACT);
+        printf("\n");
+    }
+    json_decref(root);
+}
+
+/* The report (with --report), then the JSON object or the table. */
+static int print_results(eval_run_t *r) {
+    const eval_opts_t *o = &r->o;
+    const ts_dit_config_t *c = &r->loc.ex.models[0].cfg;
     char setup[1536];
     snprintf(setup, sizeof setup,
              "%d samples per entry (sample i: noise stream %llu + i, class i mod %d), %d %s steps, "
@@ -1023,66 +1092,91 @@ int ts_cmd_eval(int argc, char **argv) {
              "(the same for every entry), bias-corrected percentile. FD is biased upward at "
              "small n; the first row is the FD of %d train images, what a perfect generator "
              "would score.",
-             n, (unsigned long long)seed, c->num_classes, steps, sampler, (double)cfg, dir,
-             loc.ex.K, n_mono ? ", monoliths " : "", n_mono ? monolith : "", ref_n, classifier, D,
-             boot, n);
-    if (report && (rc = write_report(report, e, n_entries, &floor_row, setup, grid_n, K, c, err,
-                                     sizeof err)) != TS_OK)
-        goto done;
-    if (json) {
-        json_t *list = json_array();
-        const char *first = n_entries ? e[0].name : NULL;
-        json_array_append_new(list, entry_json(&floor_row, K, Kp, NULL, NULL));
-        for (int i = 0; i < n_entries; i++)
-            json_array_append_new(list,
-                                  entry_json(&e[i], K, Kp, i ? first : NULL, sample_paths[i]));
-        json_t *ref_share = json_array();
-        for (int k = 0; k < Kp; k++)
-            json_array_append_new(ref_share, json_real((double)kcount[k] / ref_n));
-        json_t *root =
-            json_pack("{s:i, s:i, s:s, s:f, s:I, s:i, s:i, s:i, s:s, s:i, s:s*, s:s*, "
-                      "s:s*, s:o, s:o}",
-                      "n", n, "steps", steps, "sampler", sampler, "cfg", (double)cfg, "seed",
-                      (json_int_t)seed, "ref_n", ref_n, "bootstrap", boot, "pr_k", pr_k, "local",
-                      dir, "experts", loc.ex.K, "monolith", monolith, "report", report,
-                      "classifier", classifier, "cluster_ref_share", ref_share, "entries", list);
-        if (root) {
-            json_dumpf(root, stdout, JSON_COMPACT);
-            printf("\n");
-        }
-        json_decref(root);
-    } else {
-        print_table(e, n_entries, &floor_row, boot >= 2);
-    }
-    if (report)
-        fprintf(stderr, PROG ": report → %s\n", report);
-    if (save_dir)
-        fprintf(stderr, PROG ": samples → %s\n", save_dir);
+             o->n, (unsigned long long)o->seed, c->num_classes, o->steps, o->sampler,
+             (double)o->cfg, o->dir, r->loc.ex.K, r->n_mono ? ", monoliths " : "",
+             r->n_mono ? o->monolith : "", o->ref_n, o->classifier, r->D, o->boot, o->n);
+    int rc = TS_OK;
+    if (o->report && (rc = write_report(o->report, r->e, r->n_entries, &r->floor_row, setup,
+                                        o->grid_n, r->K, c, r->err, sizeof r->err)) != TS_OK)
+        return rc;
+    if (o->json)
+        print_json(r);
+    else
+        print_table(r->e, r->n_entries, &r->floor_row, o->boot >= 2);
+    if (o->report)
+        fprintf(stderr, PROG ": report → %s\n", o->report);
+    if (o->save_dir)
+        fprintf(stderr, PROG ": samples → %s\n", o->save_dir);
+    return TS_OK;
+}
 
-done:
-    if (rc != TS_OK)
-        fprintf(stderr, PROG ": %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
-    for (int i = 0; i < n_entries; i++) {
-        free(e[i].grid);
-        free(e[i].boot);
-        route_free(&e[i].route);
+static void eval_free(eval_run_t *r) {
+    for (int i = 0; r->e && i < r->n_entries; i++) {
+        free(r->e[i].grid);
+        free(r->e[i].boot);
+        route_free(&r->e[i].route);
     }
-    for (int i = 0; sample_paths && i < MAX_ENTRIES; i++)
-        free(sample_paths[i]);
-    free(sample_paths);
-    free(floor_row.boot);
-    free(e);
-    free(mono_copy);
-    free(images), free(feat), free(ref_feat), free(logits), free(pred), free(labels);
-    free(cluster), free(ref_cluster), free(scratch), free(seeds);
-    free(mu_ref), free(cov_ref), free(cmu), free(ccov), free(kmu), free(kcov);
-    free(log_prior);
-    ts_dataset_free(&test);
-    ts_dataset_free(&train);
-    ts_classifier_free(cls);
+    for (int i = 0; r->sample_paths && i < MAX_ENTRIES; i++)
+        free(r->sample_paths[i]);
+    free(r->sample_paths);
+    free(r->floor_row.boot);
+    free(r->e);
+    free(r->mono_copy);
+    free(r->images), free(r->feat), free(r->ref_feat), free(r->logits), free(r->pred);
+    free(r->labels), free(r->cluster), free(r->ref_cluster), free(r->scratch), free(r->seeds);
+    free(r->mu_ref), free(r->cov_ref), free(r->cmu), free(r->ccov), free(r->kmu), free(r->kcov);
+    free(r->log_prior);
+    ts_dataset_free(&r->test);
+    ts_dataset_free(&r->train);
+    ts_classifier_free(r->cls);
     for (int m = 0; m < MAX_MONOLITHS; m++)
-        ts_local_free(&mono[m]);
-    ts_local_free(&loc);
-    ts_engine_free(&eng);
-    return rc == TS_OK ? 0 : usage ? 2 : 1;
+        ts_local_free(&r->mono[m]);
+    ts_local_free(&r->loc);
+    ts_engine_free(&r->eng);
+}
+
+int ts_cmd_eval(int argc, char **argv) {
+    eval_run_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return 1;
+    int pr = parse_opts(argc, argv, &r->o);
+    if (pr) {
+        free(r);
+        return pr == 1 ? 0 : 2;
+    }
+    r->e = calloc(MAX_ENTRIES, sizeof *r->e);
+    r->mono_copy = r->o.monolith ? strdup(r->o.monolith) : NULL;
+    r->sample_paths = calloc(MAX_ENTRIES + 1, sizeof *r->sample_paths);
+    r->floor_row = (entry_t){.agreement = NAN};
+    snprintf(r->floor_row.name, sizeof r->floor_row.name, "train data (the floor at this n)");
+    int rc = !r->e || !r->sample_paths || (r->o.monolith && !r->mono_copy) ? TS_ENOMEM : TS_OK;
+    int usage = rc == TS_OK ? validate(r) : 0;
+    if (rc != TS_OK || usage) {
+        eval_free(r);
+        free(r);
+        return usage ? usage : 1;
+    }
+    r->o.grid_n = r->o.grid_n > r->o.n ? r->o.n : r->o.grid_n;
+    r->chunk = r->o.n < CHUNK ? r->o.n : CHUNK;
+    r->pairs = r->o.cfg != 1.0f ? 2 : 1;
+    rc = open_models(r);
+    if (rc == TS_OK)
+        rc = alloc_buffers(r);
+    if (rc == TS_OK)
+        rc = fit_reference(r);
+    for (int i = 0; rc == TS_OK && i < r->o.n; i++) {
+        r->labels[i] = i % r->loc.ex.models[0].cfg.num_classes;
+        r->seeds[i] = r->o.seed + (uint64_t)i;
+    }
+    progress_t prog = {isatty(STDERR_FILENO), 0, 0, NULL};
+    for (int i = 0; i < r->n_entries && rc == TS_OK; i++)
+        rc = run_entry(r, i, &prog);
+    if (rc == TS_OK)
+        rc = print_results(r);
+    if (rc != TS_OK)
+        fprintf(stderr, PROG ": %s%s%s\n", r->err, *r->err ? ": " : "", ts_strerror(rc));
+    int code = rc == TS_OK ? 0 : r->usage ? 2 : 1;
+    eval_free(r);
+    free(r);
+    return code;
 }
