@@ -29,6 +29,7 @@
 
 #include "base/str.h"
 #include "kernels/math.h"
+#include "model/optim.h"
 #include "model/safetensors.h"
 
 #define CLS_FORMAT "tessera-classifier/1"
@@ -656,22 +657,15 @@ void ts_classifier_train_config_default(ts_classifier_train_config_t *c) {
     c->lr = 1e-3f;
     c->warmup = 200;
     c->weight_decay = 0.05f;
-    c->beta1 = 0.9f;
-    c->beta2 = 0.999f;
-    c->eps = 1e-8f;
-    c->grad_clip = 1.0f;
+    c->beta1 = TS_OPTIM_BETA1;
+    c->beta2 = TS_OPTIM_BETA2;
+    c->eps = TS_OPTIM_EPS;
+    c->grad_clip = TS_OPTIM_GRAD_CLIP;
     c->shift = 2;
 }
 
 float ts_classifier_lr(const ts_classifier_train_config_t *c, int64_t s) {
-    if (c->warmup > 0 && s < c->warmup)
-        return c->lr * (float)(s + 1) / (float)c->warmup;
-    if (c->total_steps > c->warmup) {
-        double p = (double)(s - c->warmup) / (double)(c->total_steps - c->warmup);
-        p = p > 1.0 ? 1.0 : p;
-        return (float)(c->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * p)));
-    }
-    return c->lr;
+    return ts_optim_lr(c->lr, c->warmup, c->total_steps, s);
 }
 
 void ts_classifier_trainer_free(ts_classifier_trainer_t *tr) {
@@ -913,25 +907,13 @@ int ts_classifier_trainer_step(ts_classifier_trainer_t *tr, float *loss_out, flo
         }
         *acc_out = (float)right / (float)B;
     }
-    /* one global norm over both slabs, then AdamW on each */
-    float ss_trunk, ss_head;
-    TS_TRY(ts_sumsq(e, &tr->sumsq, &c->trunk.grad_mem));
-    TS_TRY(ts_tensor_item(e, &tr->sumsq, &ss_trunk));
-    TS_TRY(ts_sumsq(e, &tr->sumsq, &c->head_grad));
-    TS_TRY(ts_tensor_item(e, &tr->sumsq, &ss_head));
-    float norm = sqrtf(ss_trunk + ss_head);
-    if (norm_out)
-        *norm_out = norm;
-    if (!isfinite(norm))
-        return TS_ENONFINITE;
-    float scale =
-        (tr->cfg.grad_clip > 0.0f && norm > tr->cfg.grad_clip) ? tr->cfg.grad_clip / norm : 1.0f;
+    /* one global norm over both slabs, then AdamW on each (model/optim.h) */
     ts_adamw_t hp = {ts_classifier_lr(&tr->cfg, s), tr->cfg.beta1, tr->cfg.beta2, tr->cfg.eps,
                      tr->cfg.weight_decay};
-    TS_TRY(ts_adamw_step(e, &c->trunk.param_mem, &c->trunk.grad_mem, &tr->m_trunk, &tr->v_trunk,
-                         &hp, s + 1, scale));
-    TS_TRY(
-        ts_adamw_step(e, &c->head_mem, &c->head_grad, &tr->m_head, &tr->v_head, &hp, s + 1, scale));
+    ts_optim_slab_t slabs[2] = {
+        {&c->trunk.param_mem, &c->trunk.grad_mem, &tr->m_trunk, &tr->v_trunk},
+        {&c->head_mem, &c->head_grad, &tr->m_head, &tr->v_head}};
+    TS_TRY(ts_optim_step(e, slabs, 2, &hp, s + 1, tr->cfg.grad_clip, &tr->sumsq, norm_out));
     tr->step = s + 1;
     return TS_OK;
 }

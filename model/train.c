@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels/math.h"
+#include "model/optim.h"
 #include "model/safetensors.h"
 
 enum { STREAM_PERM = 1, STREAM_TIME = 2, STREAM_DROP = 3, STREAM_NOISE = 4 };
@@ -52,10 +53,10 @@ void ts_train_config_default(ts_train_config_t *c) {
     c->lr = 3e-4f;
     c->warmup = 200;
     c->weight_decay = 0.0f;
-    c->beta1 = 0.9f;
-    c->beta2 = 0.999f;
-    c->eps = 1e-8f;
-    c->grad_clip = 1.0f;
+    c->beta1 = TS_OPTIM_BETA1;
+    c->beta2 = TS_OPTIM_BETA2;
+    c->eps = TS_OPTIM_EPS;
+    c->grad_clip = TS_OPTIM_GRAD_CLIP;
     c->ema_decay = 0.999f;
     c->label_dropout = 0.1f;
     c->logit_normal = 0;
@@ -63,9 +64,7 @@ void ts_train_config_default(ts_train_config_t *c) {
 }
 
 float ts_trainer_lr(const ts_train_config_t *c, int64_t s) {
-    if (c->warmup > 0 && s < c->warmup)
-        return c->lr * (float)(s + 1) / (float)c->warmup;
-    return c->lr;
+    return ts_optim_lr(c->lr, c->warmup, 0, s); /* constant after the warm-up */
 }
 
 static int check_config(const ts_train_config_t *c) {
@@ -202,21 +201,11 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
     TS_TRY(ts_dit_zero_grad(m));
     TS_TRY(ts_dit_backward(m, &tr->dv, B));
 
-    /* clip, step, average */
-    float sumsq;
-    TS_TRY(ts_sumsq(e, &tr->sumsq, &m->grad_mem));
-    TS_TRY(ts_tensor_item(e, &tr->sumsq, &sumsq));
-    float norm = sqrtf(sumsq);
-    if (norm_out)
-        *norm_out = norm;
-    if (!isfinite(norm))
-        return TS_ENONFINITE;
-    float scale =
-        (tr->cfg.grad_clip > 0.0f && norm > tr->cfg.grad_clip) ? tr->cfg.grad_clip / norm : 1.0f;
+    /* clip, step (model/optim.h), average */
     ts_adamw_t hp = {ts_trainer_lr(&tr->cfg, s), tr->cfg.beta1, tr->cfg.beta2, tr->cfg.eps,
                      tr->cfg.weight_decay};
-    TS_TRY(
-        ts_adamw_step(e, &m->param_mem, &m->grad_mem, &tr->m_mem, &tr->v_mem, &hp, s + 1, scale));
+    ts_optim_slab_t slab = {&m->param_mem, &m->grad_mem, &tr->m_mem, &tr->v_mem};
+    TS_TRY(ts_optim_step(e, &slab, 1, &hp, s + 1, tr->cfg.grad_clip, &tr->sumsq, norm_out));
     /* EMA warm-up: a short memory early on, so the average is not dominated by the init */
     float decay = (float)(1 + s) / (float)(10 + s);
     if (decay > tr->cfg.ema_decay)
