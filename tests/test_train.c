@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kernels/math.h"
+#include "model/optim.h"
 #include "model/sampler.h"
 #include "model/train.h"
 #include "tests/testutil.h"
@@ -213,6 +214,53 @@ static void test_lr_warmup(void **state) {
     assert_float_equal(ts_trainer_lr(&c, 100), 1.0f, 1e-7);
 }
 
+/* model/optim.h: the cosine schedule's ends and midpoint; one clipped step over two slabs reports
+ * the global norm √(Σ‖g‖²) and moves every parameter (with lr 1, no decay, the first AdamW step is
+ * −sign(g) whatever the scale, so a clipped step equals an unclipped one: the check is the norm);
+ * a gradient holding NaN is refused and changes nothing. */
+static void test_optim(void **state) {
+    (void)state;
+    ts_engine_t *e = &g_eng;
+    assert_float_equal(ts_optim_lr(1.0f, 4, 0, 0), 0.25f, 1e-7);
+    assert_float_equal(ts_optim_lr(1.0f, 4, 0, 50), 1.0f, 1e-7);
+    assert_float_equal(ts_optim_lr(1.0f, 4, 104, 4), 1.0f, 1e-7);
+    assert_float_equal(ts_optim_lr(1.0f, 4, 104, 54), 0.5f, 1e-6);
+    assert_float_equal(ts_optim_lr(1.0f, 4, 104, 104), 0.0f, 1e-7);
+    assert_float_equal(ts_optim_lr(1.0f, 4, 104, 500), 0.0f, 1e-7);
+    ts_tensor_t p[2], g[2], m[2], v[2], sumsq;
+    const float gv[2][3] = {{3.0f, 0.0f, -4.0f}, {0.0f, 12.0f, 0.0f}};
+    ts_optim_slab_t slabs[2];
+    for (int i = 0; i < 2; i++) {
+        tu_alloc_f32(&p[i], 1, TS_SHAPE(3));
+        tu_alloc_f32(&g[i], 1, TS_SHAPE(3));
+        tu_alloc_f32(&m[i], 1, TS_SHAPE(3));
+        tu_alloc_f32(&v[i], 1, TS_SHAPE(3));
+        memcpy(tu_f32(&g[i]), gv[i], sizeof gv[i]);
+        for (int j = 0; j < 3; j++)
+            tu_f32(&p[i])[j] = 1.0f, tu_f32(&m[i])[j] = 0.0f, tu_f32(&v[i])[j] = 0.0f;
+        slabs[i] = (ts_optim_slab_t){&p[i], &g[i], &m[i], &v[i]};
+    }
+    tu_alloc_f32(&sumsq, 1, TS_SHAPE(1));
+    ts_adamw_t hp = {1.0f, 0.9f, 0.999f, 1e-8f, 0.0f};
+    float norm = 0.0f;
+    TU_CHECK_OK(ts_optim_step(e, slabs, 2, &hp, 1, 1.0f, &sumsq, &norm));
+    assert_float_equal(norm, 13.0f, 1e-5); /* √(9 + 16 + 144) */
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) {
+            float want = gv[i][j] > 0 ? 0.0f : gv[i][j] < 0 ? 2.0f : 1.0f;
+            assert_float_equal(tu_f32(&p[i])[j], want, 1e-4);
+        }
+    tu_f32(&g[1])[0] = NAN;
+    float before = tu_f32(&p[0])[0];
+    TU_CHECK_RC(ts_optim_step(e, slabs, 2, &hp, 2, 1.0f, &sumsq, &norm), TS_ENONFINITE);
+    assert_true(isnan(norm));
+    assert_true(tu_f32(&p[0])[0] == before);
+    TU_CHECK_RC(ts_optim_step(e, slabs, 0, &hp, 2, 1.0f, &sumsq, &norm), TS_EINVAL);
+    for (int i = 0; i < 2; i++)
+        TU_FREE_TENSORS(&p[i], &g[i], &m[i], &v[i]);
+    ts_tensor_free(&sumsq);
+}
+
 /* ---- samplers ---------------------------------------------------------------------------- */
 
 static int linear_field(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v) {
@@ -333,6 +381,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_of_other_run_refused),
         cmocka_unit_test(test_loss_falls),
         cmocka_unit_test(test_lr_warmup),
+        cmocka_unit_test(test_optim),
         cmocka_unit_test(test_sampler_closed_form),
         cmocka_unit_test(test_noise_independent_of_batch),
         cmocka_unit_test(test_cfg_combination),
