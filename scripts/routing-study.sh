@@ -17,7 +17,8 @@
 #
 # Environment: TESSERA (default build/client/tessera), LANES (2), N (samples per eval entry),
 # ARMS (which training arms; default all of: mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm
-# ens-warm-b8 part-label part-random align), EVAL (0 to train only).
+# ens-warm-b8 part-label part-random align part-features part-hier part-k4 part-k16 part-label4
+# router-label), EVAL (0 to train only).
 #
 # Outputs in RUN_DIR: the weights, eval-<arm>.json (tessera eval --json: FD with intervals,
 # precision/recall, IS, per-class and per-cluster FD), report-<arm>.html, samples-<arm>/ (IDX),
@@ -36,6 +37,17 @@
 #   align             a router trained with --objective alignment through the ens-warm-b8
 #                     experts (300 steps; every sample runs all 8 experts: its compute is
 #                     reported with the results)
+#   part-features     the ens-warm-b8 recipe on k-means of a separate network's features (a
+#                     classifier trained here with another seed and trunk, never the evaluation
+#                     classifier: the stand-in for DDM's DINOv2 embeddings)
+#   part-hier         the same on DDM's two-level k-means (64 fine centroids merged into 8)
+#   part-k4, part-k16 the same on pixel k-means with K = 4 and K = 16
+#   part-label4       the same on the split by label with K = 4 (classes grouped)
+#   router-label      a label-aware router (train-router --label-aware) over the ens-warm-b8
+#                     experts: p(k | x_t, y) learned instead of the hand-made class prior
+# and, with the routers: `tessera calibrate` of each (calib-<router>.json), then evaluations of
+# the routing policies (a fitted temperature, the label-aware router) and of guidance (CFG 2,
+# exact mixture guidance) against the b8 monolith.
 # The EMA horizon is kept in samples across batch sizes: a batch-8 run's decay cap is
 # 1 − (1 − cap at batch 64) / 8 (0.999 → 0.999875, 0.998 → 0.99975), and the warm-up
 # (1 + s)/(10 + s) already averages the last ~1/9 of the samples seen at any batch.
@@ -54,7 +66,7 @@ RUN=${2:-runs/routing-$budget}
 T=$(realpath "${TESSERA:-build/client/tessera}")
 LANES=${LANES:-2}
 WARM_PCT=${WARM_PCT:-20}
-ARMS=${ARMS:-mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm ens-warm-b8 part-label part-random align}
+ARMS=${ARMS:-mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm ens-warm-b8 part-label part-random align part-features part-hier part-k4 part-k16 part-label4 router-label}
 [ -x "$T" ] || {
     echo "routing-study: $T is not built (make build)" >&2
     exit 1
@@ -153,6 +165,35 @@ has part-label && PART=partition8-label TOTAL_OVERRIDE=$((TOTAL - warm_steps)) \
 has part-random && PART=partition8-random TOTAL_OVERRIDE=$((TOTAL - warm_steps)) \
     jobs_run ensemble part-random BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 \
     INIT="$RUN/warm.safetensors"
+# partition strategies (docs/routing.md §4): each with the ens-warm-b8 recipe
+partition() { # NAME ARGS...: $RUN/NAME/ and $RUN/NAME.json
+    local name=$1
+    shift
+    [ -f "$RUN/$name/partition.safetensors" ] && return 0
+    nice "$T" partition --seed 0 --out "$RUN/$name" --json "$@" > "$RUN/$name.json"
+}
+if has part-features && [ ! -f "$RUN/featnet.safetensors" ]; then
+    log "the features network (patch 4, depth 2, seed 1, 3 000 steps)"
+    nice "$T" train-classifier --patch 4 --depth 2 --steps 3000 --threads 1 --seed 1 \
+        --out "$RUN/featnet.safetensors" > "$RUN/featnet.log" 2>&1
+fi
+has part-features && partition partition8-features --experts 8 --features "$RUN/featnet.safetensors"
+has part-hier && partition partition8-hier --experts 8 --hierarchical 64
+has part-k4 && partition partition4 --experts 4
+has part-k16 && partition partition16 --experts 16
+has part-label4 && partition partition4-label --experts 4 --by label
+for arm in features:partition8-features hier:partition8-hier k4:partition4 k16:partition16 \
+    label4:partition4-label; do
+    has "part-${arm%%:*}" || continue
+    PART=${arm#*:} TOTAL_OVERRIDE=$((TOTAL - warm_steps)) jobs_run ensemble "part-${arm%%:*}" \
+        BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 INIT="$RUN/warm.safetensors"
+done
+if has router-label && [ ! -f "$RUN/router-label.safetensors" ]; then
+    log "router, label-aware (patch 7, depth 2, 1 500 steps, label dropout 0.1)"
+    jobs_run sh -c "nice '$T' train-router --partition '$RUN/partition8' --label-aware \
+        --steps 1500 --patch 7 --depth 2 --threads 1 --seed 0 \
+        --out '$RUN/router-label.safetensors' > '$RUN/router-label.log' 2>&1"
+fi
 wait
 if has align && [ ! -f "$RUN/router-align.safetensors" ]; then
     log "router, alignment objective through the ens-warm-b8 experts"
@@ -166,12 +207,13 @@ log "training done"
 # ---- evaluation -----------------------------------------------------------------------------
 # Each ensemble folder gets the router; "monolith" is the first entry of every run, so that every
 # entry has its paired difference to it.
-COMMON=(--classifier "$RUN/classifier.safetensors" --n "$N" --steps 20 --sampler euler --cfg 1
+COMMON=(--classifier "$RUN/classifier.safetensors" --n "$N" --steps 20 --sampler euler
     --seed 0 --bootstrap 200 --threads 1 --json)
-evaluate() { # NAME DIR MONOLITHS POLICIES
+evaluate() { # NAME DIR MONOLITHS POLICIES (COMMON_CFG: the guidance scale, default 1)
     [ -f "$RUN/eval-$1.json" ] && return 0
     mkdir -p "$RUN/samples-$1"
     nice "$T" eval --local "$2" --monolith "$3" --policies "$4" "${COMMON[@]}" \
+        --cfg "${COMMON_CFG:-1}" \
         --save-samples "$RUN/samples-$1" --report "$RUN/report-$1.html" \
         > "$RUN/eval-$1.json" 2> "$RUN/eval-$1.log" || rm -f "$RUN/eval-$1.json"
     log "evaluated $1"
@@ -193,7 +235,8 @@ has ens-base && jobs_run evaluate base "$RUN/ens-base" \
     "$RUN/mono-s1.safetensors,$RUN/mono-s2.safetensors,$RUN/mono-b8.safetensors" \
     "monolith monolith2 monolith3 learned+prior:top1 centroid+prior:top1 learned+prior+hold:top1 learned+prior:top2 learned:top1"
 has ens-b8 && jobs_run evaluate b8 "$RUN/ens-b8" "$RUN/mono-s1.safetensors" "$HEAD"
-has ens-warm-b8 && jobs_run evaluate warm "$RUN/ens-warm-b8" "$RUN/mono-s1.safetensors" "$HEAD"
+has ens-warm-b8 && has mono-s1 && jobs_run evaluate warm "$RUN/ens-warm-b8" \
+    "$RUN/mono-s1.safetensors" "$HEAD"
 # the label partition: a class's expert is known, the prior routes exactly (uniform+prior)
 # the headline pairs: against the best monolith recipe (b8), with a router-free entry
 has ens-b8 && jobs_run evaluate b8-vs-mb8 "$RUN/ens-b8" "$RUN/mono-b8.safetensors" \
@@ -216,7 +259,42 @@ fi
 # (not the label split: tessera loss groups the test images by nearest centroid, which for a
 # split by label is not its clusters)
 for arm in ens-base ens-b8 ens-warm-b8; do
-    has "$arm" && jobs_run losses "$arm"
+    has "$arm" && has mono-s1 && has mono-s2 && jobs_run losses "$arm"
 done
+# partition strategies: router-free (uniform+prior) and by the centroids (centroid+prior)
+for arm in features hier k4 k16 label4; do
+    has "part-$arm" && jobs_run evaluate "part-$arm" "$RUN/part-$arm" "$RUN/mono-b8.safetensors" \
+        "monolith uniform+prior:top1 centroid+prior:top1"
+done
+wait
+# the routers' calibration, then the routing policies with a fitted temperature and with the
+# label-aware router, and guidance (CFG 2, exact mixture guidance), all against the b8 monolith
+calibrate() { # NAME
+    [ -f "$RUN/calib-$1.json" ] && return 0
+    nice "$T" calibrate --router "$RUN/$1.safetensors" --partition "$RUN/partition8" \
+        --threads 1 --json > "$RUN/calib-$1.json" || rm -f "$RUN/calib-$1.json"
+}
+if has ens-warm-b8; then
+    calibrate router
+    temp=$(python3 -c "import json,sys; print('%.3f' % json.load(open(sys.argv[1]))['temperature'])" \
+        "$RUN/calib-router.json")
+    jobs_run evaluate policies "$RUN/ens-warm-b8" "$RUN/mono-b8.safetensors" \
+        "monolith learned+prior:top1 learned+prior+temp=$temp:top1 uniform+prior:top1 centroid+prior:top1"
+    COMMON_CFG=2 jobs_run evaluate cfg2 "$RUN/ens-warm-b8" "$RUN/mono-b8.safetensors" \
+        "monolith learned+prior:top1 learned+prior+exact:top1"
+fi
+if has part-label; then
+    COMMON_CFG=2 jobs_run evaluate label-cfg2 "$RUN/part-label" "$RUN/mono-b8.safetensors" \
+        "monolith uniform+prior:top1 uniform+prior+exact:top1"
+fi
+if has router-label && has ens-warm-b8; then
+    calibrate router-label
+    mkdir -p "$RUN/ens-warm-b8-label"
+    cp "$RUN"/ens-warm-b8/expert-*.safetensors "$RUN/ens-warm-b8/partition.safetensors" \
+        "$RUN/ens-warm-b8-label/"
+    cp "$RUN/router-label.safetensors" "$RUN/ens-warm-b8-label/router.safetensors"
+    jobs_run evaluate router-label "$RUN/ens-warm-b8-label" "$RUN/mono-b8.safetensors" \
+        "monolith learned:top1 learned+prior:top1"
+fi
 wait
 log "evaluation done: $RUN/eval-*.json, $RUN/loss-*.json"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """routing-tables.py — the tables of docs/routing.md, printed as Markdown from the raw results of
 scripts/routing-study.sh (eval-<arm>.json from `tessera eval --json`, loss-<arm>.json from
-`tessera loss --json`), so that every number in the document can be traced to a file.
+`tessera loss --json`, partition*.json from `tessera partition --json`, calib-<router>.json from
+`tessera calibrate --json`), so that every number in the document can be traced to a file.
 
     scripts/routing-tables.py RUN_DIR [ARM ...]      (default arms: every eval-*.json there)
 
@@ -114,6 +115,74 @@ def cluster_table(run, arm, names):
                 for c in e["per_cluster"]) + " |")
 
 
+def concentration(j):
+    """Mean over classes of H(cluster | class) in bits, and of max_k p(k | class), from a
+    partition's sizes and class mixes."""
+    import math
+    clusters = j["clusters"]
+    C = len(clusters[0]["class_mix"])
+    h_sum = top_sum = 0.0
+    for c in range(C):
+        mass = [k["size"] * k["class_mix"][c] for k in clusters]
+        total = sum(mass)
+        p = [m / total for m in mass if m > 0]
+        h_sum += -sum(x * math.log2(x) for x in p)
+        top_sum += max(p)
+    return h_sum / C, top_sum / C
+
+
+def partition_table(run):
+    print("| partition | K | strategy | H(cluster \\| class), bits | mean max p(cluster \\| class) "
+          "| largest share |")
+    print("|---|---|---|---|---|---|")
+    for path in sorted(glob.glob(os.path.join(run, "partition*.json"))):
+        j = load(path)
+        if not j:
+            continue
+        h, top = concentration(j)
+        largest = max(k["share"] for k in j["clusters"])
+        strategy = j.get("strategy") or "kmeans"
+        if j.get("hierarchical"):
+            strategy += " (hierarchical, %d fine)" % j["hierarchical"]
+        print("| %s | %d | %s | %.2f | %.3f | %.3f |" % (
+            os.path.basename(path)[:-5], j["experts"], strategy, h, top, largest))
+
+
+def calib_table(run):
+    for path in sorted(glob.glob(os.path.join(run, "calib-*.json"))):
+        j = load(path)
+        if not j:
+            continue
+        print("\n%s: one temperature for every t, T = %.3f (fitted on half of %d test images per "
+              "bucket, scored on the other half)\n" % (os.path.basename(path)[:-5],
+                                                       j["temperature"], j["n"]))
+        print("| t | accuracy | NLL | ECE | own T | ECE at own T | ECE at T |")
+        print("|---|---|---|---|---|---|---|")
+        for b in j["buckets"]:
+            print("| [%.1f, %.1f) | %.3f | %.3f | %.3f | %.2f | %.3f | %.3f |" % (
+                b["t_lo"], b["t_hi"], b["accuracy"], b["nll"], b["ece"], b["temperature"],
+                b["ece_fit"], b["ece_global"]))
+
+
+def route_table(run, arms):
+    print("| arm | entry | entropy (bits), mean over t | at t = 1 | at the last step | top-expert "
+          "switches per sample | spread |")
+    print("|---|---|---|---|---|---|---|")
+    for arm in arms:
+        j = load(os.path.join(run, "eval-%s.json" % arm))
+        if not j:
+            continue
+        for e in j["entries"]:
+            r = e.get("route")
+            if not r:
+                continue
+            h = [x for x in r["entropy_bits"] if x is not None]
+            sp = [x for x in r["spread"] if x is not None]
+            print("| %s | %s | %.3f | %.3f | %.3f | %.2f | %s |" % (
+                arm, e["policy"], sum(h) / len(h), h[0], h[-1], r["switches_per_sample"] or 0.0,
+                "%.4f" % (sum(sp) / len(sp)) if sp else "–"))
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__.strip(), file=sys.stderr)
@@ -123,6 +192,12 @@ def main():
                                   for p in glob.glob(os.path.join(run, "eval-*.json")))
     print("## FD, intervals, precision/recall, IS\n")
     eval_table(run, arms)
+    print("\n## Partitions: how concentrated each class is\n")
+    partition_table(run)
+    print("\n## Routers' calibration along t\n")
+    calib_table(run)
+    print("\n## Routing along t\n")
+    route_table(run, arms)
     print("\n## Held-out loss of expert k on cluster k, over the monolith's\n")
     loss_table(run, ["ens-base", "ens-b8", "ens-warm-b8"])
     for arm in arms:
