@@ -1,6 +1,7 @@
 /*
  * partition.h — the data partition of a decentralized diffusion model (architecture.md §2, §10):
- * PCA, k-means++, and the artifact that defines the clusters.
+ * the artifact that defines the clusters, made with the PCA of model/pca.h and the k-means++ of
+ * model/kmeans.h (both included here).
  *
  * A partition embeds every training image with PCA (the top `dims` principal directions of the
  * pixels, 64 by default), clusters the embeddings into K clusters with k-means++ and Lloyd
@@ -11,26 +12,9 @@
  * with the same basis and mean and measures distances to the centroids (ts_partition_embed,
  * ts_partition_nearest).
  *
- * Numerics:
- *   - PCA: the covariance (D×D, divided by n − 1) is accumulated in double: rows are centred in
- *     double, in chunks of 512, and added with cblas_dsyrk into one partial matrix per fixed
- *     block of rows; the partials are summed in block order. LAPACKE_dsyevd (double) gives the
- *     eigenvectors; the top k are kept in decreasing eigenvalue order, each with its
- *     largest-magnitude component made positive (the lowest index wins a tie), and stored as F32.
- *   - Projection: e_j = Σ_d (x_d − mean_d)·basis_{j,d}, accumulated in double in increasing d,
- *     row by row — the embedding of an image is the same bits whether it is projected alone or in
- *     a batch, at training time or at routing time.
- *   - k-means: points are held in double; the assignment step takes, for fixed blocks of 256
- *     points, the cross term with cblas_dgemm (argmin of ‖c‖² − 2x·c, lowest index on a tie);
- *     inertia and the centroid means are accumulated in double in point order.
- * Threads: every parallel loop runs over fixed blocks whose results are written to disjoint
- * places or added in block order, so every result is bit-identical for any thread count. The
- * BLAS calls are made single-threaded: ts_pca_fit and ts_kmeans_fit set OpenBLAS to one thread,
- * process-wide, as ts_engine_init does (the pool of this module owns the cores).
- *
- * Randomness: k-means++ draws from the Philox stream of kernels/math.h under the seed: draw j of
- * restart r of stage s is block (s << 48 | r << 32 | j) of ts_rng_block(seed, ·), two words
- * making a 53-bit uniform. The same seed gives the same partition, byte for byte.
+ * Numerics, threads and randomness: model/pca.h and model/kmeans.h. The embedding of an image is
+ * the same bits whether it is projected alone or in a batch, at training time or at routing
+ * time; the same data and seed give the same partition, byte for byte, for any thread count.
  *
  * What it is not: a general clustering library (squared Euclidean distance only), nor the
  * command that prints the class mix and writes the shard files (client/cmd_partition.c).
@@ -46,6 +30,8 @@
 
 #include "base/error.h"
 #include "model/fmnist.h"
+#include "model/kmeans.h"
+#include "model/pca.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,74 +42,6 @@ extern "C" {
 #define TS_PARTITION_DEFAULT_RESTARTS 8
 #define TS_PARTITION_DEFAULT_MAX_ITER 300
 #define TS_PARTITION_ID_HEX 65 /* 64 hex digits + NUL */
-
-/* ---- PCA --------------------------------------------------------------------------------- */
-
-typedef struct ts_pca {
-    int D, k;
-    float *basis;          /* (k, D), rows orthonormal, by decreasing eigenvalue */
-    float *mean;           /* (D) */
-    double *eigenvalues;   /* (k), the variances along the basis rows, decreasing */
-    double total_variance; /* trace of the covariance: Σ of all D eigenvalues */
-    double explained;      /* Σ eigenvalues / total_variance, in [0, 1] (0 when total is 0) */
-} ts_pca_t;
-
-/* Fits PCA to x (n, D): the mean and the top k eigenvectors of the covariance (see Numerics).
- * n ≥ 2, 1 ≤ k ≤ D, threads ≥ 0 (0 = one per online core; the result does not depend on it).
- * On success *pca owns its buffers (ts_pca_free); on failure it is zeroed. Errors: TS_EINVAL,
- * TS_ENONFINITE (x holds NaN or Inf), TS_ENOMEM, TS_ECORRUPT (the eigensolver failed). */
-int ts_pca_fit(const float *x, int64_t n, int D, int k, int threads, ts_pca_t *pca, char *err,
-               size_t errlen);
-void ts_pca_free(ts_pca_t *pca);
-
-/* out (n, k) = (x (n, D) − mean (D)) · basis (k, D)ᵀ, row by row in double (see Numerics).
- * threads as above. Errors: TS_EINVAL, TS_ENOMEM. */
-int ts_pca_project(const float *basis, const float *mean, const float *x, int64_t n, int D, int k,
-                   float *out, int threads);
-
-/* ---- k-means ----------------------------------------------------------------------------- */
-
-/* Called after each restart: stage 0 (plain, or the fine stage of the hierarchical variant) or
- * 1 (the coarse stage), restart index, its inertia and Lloyd iterations. */
-typedef void (*ts_kmeans_progress_fn)(void *ctx, int stage, int restart, int restarts,
-                                      double inertia, int iters);
-
-typedef struct ts_kmeans_opts {
-    int K;        /* clusters, 1 ≤ K ≤ n */
-    int restarts; /* ≥ 1: k-means++ seedings; the lowest inertia wins (earliest on a tie) */
-    int max_iter; /* ≥ 1: Lloyd iterations per restart at most */
-    uint64_t seed;
-    int threads;                    /* 0 = one per online core; the result does not depend on it */
-    const double *weights;          /* (n) point weights > 0, or NULL for all ones */
-    ts_kmeans_progress_fn progress; /* may be NULL */
-    void *ctx;
-} ts_kmeans_opts_t;
-
-typedef struct ts_kmeans {
-    int K, dims;
-    int64_t n;
-    float *centroids;    /* (K, dims): the (weighted) mean of each cluster's points */
-    int32_t *assignment; /* (n), each in [0, K); every cluster has at least one point */
-    double inertia;      /* Σ weight·‖x − centroid‖² over the points */
-    int best_restart, iters;
-} ts_kmeans_t;
-
-/* Clusters x (n, dims): per restart, k-means++ seeding (D² sampling, weighted by the point
- * weights) then Lloyd iterations until no assignment changes or max_iter; a cluster left empty
- * is re-seeded with the point farthest from its centroid among clusters of two or more points
- * (lowest index on a tie). On success *km owns its buffers (ts_kmeans_free); on failure it is
- * zeroed. Errors: TS_EINVAL (sizes, options, a weight ≤ 0), TS_ENONFINITE, TS_ENOMEM. */
-int ts_kmeans_fit(const float *x, int64_t n, int dims, const ts_kmeans_opts_t *o, ts_kmeans_t *km,
-                  char *err, size_t errlen);
-
-/* DDM's hierarchical variant: `fine` clusters by ts_kmeans_fit (o->K ≤ fine ≤ n), then the fine
- * centroids clustered into o->K by k-means weighted by the fine clusters' sizes (stage 1, its
- * own Philox stream); every point takes its fine cluster's coarse label. The centroids returned
- * are the means of the points of each coarse cluster and the inertia is over the points.
- * o->weights must be NULL. Same ownership and errors as ts_kmeans_fit. */
-int ts_kmeans_hierarchical(const float *x, int64_t n, int dims, int fine, const ts_kmeans_opts_t *o,
-                           ts_kmeans_t *km, char *err, size_t errlen);
-void ts_kmeans_free(ts_kmeans_t *km);
 
 /* ---- the partition artifact -------------------------------------------------------------- */
 
