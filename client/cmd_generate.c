@@ -206,366 +206,426 @@ static int write_routing_json(const char *path, const record_t *r, json_t *heade
     return rc;
 }
 
-int ts_cmd_generate(int argc, char **argv) {
-    const char *dir = NULL, *policy_s = "learned", *select_s = "top1", *sampler = "heun";
-    const char *peer = NULL, *nk = NULL, *identity = NULL, *data_dir = NULL, *partition = NULL;
-    const char *trace = NULL;
-    int prefer_local = 0, no_hedge = 0, timeout_ms = 10000, retries = 2;
-    const char *cls = NULL, *out = NULL, *routing_json = NULL, *trajectory = "step";
-    const char *fmnist_dir = TS_FMNIST_DEFAULT_DIR;
-    int n = 64, steps = 30, threads = 0, cols = 0, json = 0, class_prior = 0, no_prior = 0,
-        exact = 0;
-    int require_coverage = 0;
-    float cfg = 1.0f, tau = 0.0f, router_temp = 1.0f;
-    uint64_t seed = 0;
+/* ---- the verb: parse → validate → open → run → print ---------------------------------------- */
+
+typedef struct {
+    const char *dir, *policy_s, *select_s, *sampler, *peer, *nk, *identity, *data_dir, *partition;
+    const char *trace, *cls, *out, *routing_json, *trajectory, *fmnist_dir;
+    int prefer_local, no_hedge, timeout_ms, retries, n, steps, threads, cols, json, class_prior;
+    int no_prior, exact, require_coverage, tau_set;
+    float cfg, tau, router_temp;
+    uint64_t seed;
+} gen_opts_t;
+
+/* Everything one run opens and allocates (gen_free releases it all). */
+typedef struct {
+    gen_opts_t o;
+    ts_policy_t policy;
+    ts_selection_t sel;
+    ts_sampler_opts_t so;
+    int hold, label, chunk, pairs, usage;
+    ts_engine_t eng;
+    ts_local_t loc;
+    ts_netgen_t net;
+    float *images, *log_prior;
+    int32_t *labels;
+    uint64_t *seeds;
+    int64_t *use;
+    double *absent_mass;
+    record_t rec;
+    const char *prior_used;
+    ts_local_stats_t st;
+    char err[1024];
+} gen_run_t;
+
+/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+static int parse_opts(int argc, char **argv, gen_opts_t *o) {
+    *o = (gen_opts_t){.policy_s = "learned",
+                      .select_s = "top1",
+                      .sampler = "heun",
+                      .timeout_ms = 10000,
+                      .retries = 2,
+                      .trajectory = "step",
+                      .fmnist_dir = TS_FMNIST_DEFAULT_DIR,
+                      .n = 64,
+                      .steps = 30,
+                      .cfg = 1.0f,
+                      .router_temp = 1.0f};
     ts_arg_t args[] = {
-        {"local", TS_ARG_STRING, &dir, "DIR",
+        {"local", TS_ARG_STRING, &o->dir, "DIR",
          "the experts of a folder: partition.safetensors, expert-<k>.safetensors (k = 0..K-1, or "
          "any .safetensors with metadata cluster), optional router.safetensors"},
-        {"peer", TS_ARG_STRING, &peer, "HOST:PORT",
+        {"peer", TS_ARG_STRING, &o->peer, "HOST:PORT",
          "the experts of the network this node belongs to (instead of --local)"},
-        {"network-key", TS_ARG_STRING, &nk, "FILE", "with --peer: the network key"},
-        {"identity", TS_ARG_STRING, &identity, "FILE",
+        {"network-key", TS_ARG_STRING, &o->nk, "FILE", "with --peer: the network key"},
+        {"identity", TS_ARG_STRING, &o->identity, "FILE",
          "with --peer: an identity to connect with (default: a fresh one)"},
-        {"data-dir", TS_ARG_STRING, &data_dir, "DIR",
+        {"data-dir", TS_ARG_STRING, &o->data_dir, "DIR",
          "with --peer: the store that caches the partition, the router and pulled weights "
          "(default: the user's store)"},
-        {"partition", TS_ARG_STRING, &partition, "ID",
+        {"partition", TS_ARG_STRING, &o->partition, "ID",
          "with --peer: the partition to use, by id prefix (default: the one most clusters of the "
          "network serve)"},
-        {"require-coverage", TS_ARG_FLAG, &require_coverage, NULL,
+        {"require-coverage", TS_ARG_FLAG, &o->require_coverage, NULL,
          "with --peer: refuse when a cluster has no live expert and no cached weights (default: "
          "route around it from the first step, with a warning)"},
-        {"prefer-local", TS_ARG_FLAG, &prefer_local, NULL,
+        {"prefer-local", TS_ARG_FLAG, &o->prefer_local, NULL,
          "with --peer: run the experts whose weights are in the store here (`tessera pull`)"},
-        {"no-hedge", TS_ARG_FLAG, &no_hedge, NULL,
+        {"no-hedge", TS_ARG_FLAG, &o->no_hedge, NULL,
          "with --peer: never send a second request to another replica"},
-        {"timeout-ms", TS_ARG_INT, &timeout_ms, "N", "with --peer: per request (default 10000)", 1,
-         3600000},
-        {"retries", TS_ARG_INT, &retries, "N",
+        {"timeout-ms", TS_ARG_INT, &o->timeout_ms, "N", "with --peer: per request (default 10000)",
+         1, 3600000},
+        {"retries", TS_ARG_INT, &o->retries, "N",
          "with --peer: other replicas tried after a failure (default 2)", 0, 16},
-        {"trace", TS_ARG_STRING, &trace, "FILE",
+        {"trace", TS_ARG_STRING, &o->trace, "FILE",
          "with --peer: write every request as a Chrome trace (JSON)"},
-        {"policy", TS_ARG_STRING, &policy_s, "NAME",
+        {"policy", TS_ARG_STRING, &o->policy_s, "NAME",
          "learned (router), centroid (distance of x0-hat to the centroids), confidence (every "
          "expert every step), uniform (default learned)"},
-        {"select", TS_ARG_STRING, &select_s, "SEL",
+        {"select", TS_ARG_STRING, &o->select_s, "SEL",
          "top1, topK, full, threshold=p, or a schedule like \"t>0.7:full,t>0.3:top2,top1\" "
          "(default top1)"},
-        {"tau", TS_ARG_FLOAT, &tau, "T",
+        {"tau", TS_ARG_FLOAT, &o->tau, "T",
          "temperature of centroid/confidence: w ~ exp(-d2/T) (default: the partition's mean "
          "squared distance of an image to its centroid)",
          0, 1e30},
-        {"n", TS_ARG_INT, &n, "N", "number of samples (default 64)", 1, 100000},
-        {"steps", TS_ARG_INT, &steps, "S", "integration steps (default 30)", 1, 10000},
-        {"sampler", TS_ARG_STRING, &sampler, "NAME", "euler or heun (default heun)"},
-        {"cfg", TS_ARG_FLOAT, &cfg, "S",
+        {"n", TS_ARG_INT, &o->n, "N", "number of samples (default 64)", 1, 100000},
+        {"steps", TS_ARG_INT, &o->steps, "S", "integration steps (default 30)", 1, 10000},
+        {"sampler", TS_ARG_STRING, &o->sampler, "NAME", "euler or heun (default heun)"},
+        {"cfg", TS_ARG_FLOAT, &o->cfg, "S",
          "classifier-free guidance scale inside each expert, 1 = off (default 1)", 0, 100},
-        {"class", TS_ARG_STRING, &cls, "C",
+        {"class", TS_ARG_STRING, &o->cls, "C",
          "class label, or 'null' (default: cycle through classes)"},
-        {"seed", TS_ARG_U64, &seed, "S", "sample i uses noise stream seed+i (default 0)"},
-        {"out", TS_ARG_STRING, &out, "FILE", "PNG grid to write", 0, 0, 1},
-        {"cols", TS_ARG_INT, &cols, "N", "grid columns (default: square)", 0, 10000},
-        {"routing-json", TS_ARG_STRING, &routing_json, "FILE",
+        {"seed", TS_ARG_U64, &o->seed, "S", "sample i uses noise stream seed+i (default 0)"},
+        {"out", TS_ARG_STRING, &o->out, "FILE", "PNG grid to write", 0, 0, 1},
+        {"cols", TS_ARG_INT, &o->cols, "N", "grid columns (default: square)", 0, 10000},
+        {"routing-json", TS_ARG_STRING, &o->routing_json, "FILE",
          "write every evaluation's routing (t; per sample the experts and weights) as JSON"},
-        {"route", TS_ARG_STRING, &trajectory, "WHEN",
+        {"route", TS_ARG_STRING, &o->trajectory, "WHEN",
          "step (route every evaluation), hold (route once at t = 1 and keep those weights) or draw "
          "(draw one expert per sample from the first evaluation's weights and keep it) (default "
          "step)"},
-        {"class-prior", TS_ARG_FLAG, &class_prior, NULL,
+        {"class-prior", TS_ARG_FLAG, &o->class_prior, NULL,
          "class-aware routing: add log p(class | cluster), the clusters' class mix in the train "
          "set, to every policy's scores (default: on with --class C, since no router sees "
          "labels; it needs the partition and the train labels of --data)"},
-        {"no-class-prior", TS_ARG_FLAG, &no_prior, NULL, "never add the class prior"},
-        {"exact-guidance", TS_ARG_FLAG, &exact, NULL,
+        {"no-class-prior", TS_ARG_FLAG, &o->no_prior, NULL, "never add the class prior"},
+        {"exact-guidance", TS_ARG_FLAG, &o->exact, NULL,
          "with --local and --cfg ≠ 1: route the guidance's unconditional half by p(k | x_t) (the "
          "scores without the class prior) and its conditional half by p(k | x_t, y)"},
-        {"router-temp", TS_ARG_FLOAT, &router_temp, "T",
+        {"router-temp", TS_ARG_FLOAT, &o->router_temp, "T",
          "with --local: divide the router's logits by T before the class prior (default 1)", 1e-6,
          1e6},
-        {"data", TS_ARG_STRING, &fmnist_dir, "DIR",
+        {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR",
          "Fashion-MNIST IDX directory, for --class-prior (default " TS_FMNIST_DEFAULT_DIR ")"},
-        {"json", TS_ARG_FLAG, &json, NULL, "print a JSON summary on stdout"},
-        {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"json", TS_ARG_FLAG, &o->json, NULL, "print a JSON summary on stdout"},
+        {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
     };
+    int n = (int)(sizeof args / sizeof args[0]);
     int pr = ts_args_parse(PROG,
                            "Generate images with a routed ensemble of local experts (per step, per "
                            "sample) and write a grid.",
-                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    char err[1024] = "";
-    ts_policy_t policy;
-    ts_selection_t sel;
-    ts_sampler_opts_t so = {.steps = steps};
-    if (ts_policy_parse(policy_s, &policy) != TS_OK) {
+                           args, n, argc, argv);
+    o->tau_set = ts_arg_seen(args, n, "tau");
+    return pr;
+}
+
+/* What the options say, checked without opening anything: 0, or 2 with the message printed. */
+static int validate(gen_run_t *r) {
+    const gen_opts_t *o = &r->o;
+    r->so = (ts_sampler_opts_t){.steps = o->steps};
+    r->hold = strcmp(o->trajectory, "hold") == 0   ? TS_HOLD_FIRST
+              : strcmp(o->trajectory, "draw") == 0 ? TS_HOLD_DRAW
+                                                   : TS_HOLD_NONE;
+    if (ts_policy_parse(o->policy_s, &r->policy) != TS_OK)
         fprintf(stderr, PROG ": --policy %s: must be learned, centroid, confidence or uniform\n",
-                policy_s);
-        return 2;
-    }
-    if (ts_selection_parse(select_s, &sel, err, sizeof err) != TS_OK) {
-        fprintf(stderr, PROG ": --select: %s\n", err);
-        return 2;
-    }
-    if (ts_sampler_parse(sampler, &so.kind) != TS_OK) {
-        fprintf(stderr, PROG ": --sampler %s: must be euler or heun\n", sampler);
-        return 2;
-    }
-    if (!dir == !peer) {
+                o->policy_s);
+    else if (ts_selection_parse(o->select_s, &r->sel, r->err, sizeof r->err) != TS_OK)
+        fprintf(stderr, PROG ": --select: %s\n", r->err);
+    else if (ts_sampler_parse(o->sampler, &r->so.kind) != TS_OK)
+        fprintf(stderr, PROG ": --sampler %s: must be euler or heun\n", o->sampler);
+    else if (!o->dir == !o->peer)
         fprintf(stderr, PROG ": name the experts: --local DIR or --peer HOST:PORT (one of them)\n");
-        return 2;
-    }
-    if (peer && !nk) {
+    else if (o->peer && !o->nk)
         fprintf(stderr, PROG ": --peer needs --network-key FILE\n");
-        return 2;
-    }
-    if (!peer && (nk || identity || data_dir || partition || prefer_local || no_hedge || trace ||
-                  require_coverage)) {
+    else if (!o->peer && (o->nk || o->identity || o->data_dir || o->partition || o->prefer_local ||
+                          o->no_hedge || o->trace || o->require_coverage))
         fprintf(stderr, PROG ": --network-key, --identity, --data-dir, --partition, "
                              "--require-coverage, --prefer-local, --no-hedge and --trace go with "
                              "--peer\n");
-        return 2;
-    }
-    if (peer && (exact || router_temp != 1.0f)) {
+    else if (o->peer && (o->exact || o->router_temp != 1.0f))
         fprintf(stderr, PROG ": --exact-guidance and --router-temp go with --local\n");
-        return 2;
-    }
-    if (class_prior && no_prior) {
+    else if (o->class_prior && o->no_prior)
         fprintf(stderr, PROG ": --class-prior and --no-class-prior: choose one\n");
-        return 2;
-    }
-    int hold = strcmp(trajectory, "hold") == 0   ? TS_HOLD_FIRST
-               : strcmp(trajectory, "draw") == 0 ? TS_HOLD_DRAW
-                                                 : TS_HOLD_NONE;
-    if (hold == TS_HOLD_NONE && strcmp(trajectory, "step") != 0) {
-        fprintf(stderr, PROG ": --route %s: must be step, hold or draw\n", trajectory);
-        return 2;
-    }
-    if (hold && strcmp(policy_s, "confidence") == 0) {
-        fprintf(stderr, PROG ": --route %s: the confidence policy scores every step\n", trajectory);
-        return 2;
-    }
-    if (ts_arg_seen(args, (int)(sizeof args / sizeof args[0]), "tau") && !(tau > 0.0f)) {
-        fprintf(stderr, PROG ": --tau %g: must be > 0\n", (double)tau);
-        return 2;
-    }
+    else if (r->hold == TS_HOLD_NONE && strcmp(o->trajectory, "step") != 0)
+        fprintf(stderr, PROG ": --route %s: must be step, hold or draw\n", o->trajectory);
+    else if (r->hold && strcmp(o->policy_s, "confidence") == 0)
+        fprintf(stderr, PROG ": --route %s: the confidence policy scores every step\n",
+                o->trajectory);
+    else if (o->tau_set && !(o->tau > 0.0f))
+        fprintf(stderr, PROG ": --tau %g: must be > 0\n", (double)o->tau);
+    else
+        return 0;
+    return 2;
+}
 
-    ts_engine_t eng = {0};
-    ts_engine_opts_t eo = {TS_CPU, threads, 0};
-    ts_local_t loc = {0};
-    ts_netgen_t net = {0};
-    int chunk = n < CHUNK ? n : CHUNK, pairs = cfg != 1.0f ? 2 : 1;
-    float *images = NULL;
-    int32_t *labels = NULL;
-    uint64_t *seeds = NULL;
-    record_t rec = {0};
-    int64_t *use = NULL;
-    float *log_prior = NULL;
-    int rc = ts_engine_init(&eng, &eo), usage = 0;
+/* The engine and the experts (a folder, or the network as one), the policy's needs, tau and the
+ * class asked for. */
+static int open_experts(gen_run_t *r) {
+    const gen_opts_t *o = &r->o;
+    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
     /* the learned policy needs a router; the centroid policy uses one for its first step */
-    int wants_router = policy == TS_POLICY_LEARNED    ? TS_NETGEN_ROUTER_REQUIRED
-                       : policy == TS_POLICY_CENTROID ? TS_NETGEN_ROUTER_OPTIONAL
-                                                      : TS_NETGEN_ROUTER_NONE;
-    double *absent_mass = NULL;
-    const char *prior_used = "none";
-    if (rc == TS_OK && peer) {
-        ts_netgen_opts_t no = {.peer = peer,
-                               .network_key = nk,
-                               .identity = identity,
-                               .data_dir = data_dir,
-                               .partition = partition,
-                               .trace = trace != NULL,
+    int wants_router = r->policy == TS_POLICY_LEARNED    ? TS_NETGEN_ROUTER_REQUIRED
+                       : r->policy == TS_POLICY_CENTROID ? TS_NETGEN_ROUTER_OPTIONAL
+                                                         : TS_NETGEN_ROUTER_NONE;
+    int rc = ts_engine_init(&r->eng, &eo);
+    if (rc == TS_OK && o->peer) {
+        ts_netgen_opts_t no = {.peer = o->peer,
+                               .network_key = o->nk,
+                               .identity = o->identity,
+                               .data_dir = o->data_dir,
+                               .partition = o->partition,
+                               .trace = o->trace != NULL,
                                .load_router = wants_router,
-                               .require_coverage = require_coverage};
+                               .require_coverage = o->require_coverage};
         ts_remote_opts_default(&no.remote);
-        no.remote.prefer_local = prefer_local;
-        no.remote.hedge = !no_hedge;
-        no.remote.timeout_ms = (uint32_t)timeout_ms;
-        no.remote.retries = retries;
-        rc = ts_netgen_open(&net, &no, &eng, chunk, pairs, &loc, PROG, err, sizeof err);
+        no.remote.prefer_local = o->prefer_local;
+        no.remote.hedge = !o->no_hedge;
+        no.remote.timeout_ms = (uint32_t)o->timeout_ms;
+        no.remote.retries = o->retries;
+        rc = ts_netgen_open(&r->net, &no, &r->eng, r->chunk, r->pairs, &r->loc, PROG, r->err,
+                            sizeof r->err);
     } else if (rc == TS_OK) {
-        rc = ts_local_open(&loc, dir, &eng, chunk, pairs, wants_router, PROG, err, sizeof err);
+        rc = ts_local_open(&r->loc, o->dir, &r->eng, r->chunk, r->pairs, wants_router, PROG, r->err,
+                           sizeof r->err);
     }
     if (rc == TS_OK)
-        rc = ts_local_check_policy(&loc, policy, PROG, err, sizeof err);
+        rc = ts_local_check_policy(&r->loc, r->policy, PROG, r->err, sizeof r->err);
     if (rc != TS_OK)
-        goto done;
-    if (!ts_arg_seen(args, (int)(sizeof args / sizeof args[0]), "tau"))
-        tau = ts_local_default_tau(&loc);
-    const ts_dit_config_t *c = &loc.cfg;
-    int label;
-    if (ts_local_parse_class(cls, c->num_classes, &label, err, sizeof err) != TS_OK) {
-        rc = TS_EINVAL;
-        usage = 1;
-        goto done;
+        return rc;
+    if (!o->tau_set)
+        r->o.tau = ts_local_default_tau(&r->loc);
+    if (ts_local_parse_class(o->cls, r->loc.cfg.num_classes, &r->label, r->err, sizeof r->err) !=
+        TS_OK) {
+        r->usage = 1;
+        return TS_EINVAL;
     }
-    /* Asking for a class gets that class: no router sees labels, so with --class C the class
-     * prior is on unless --no-class-prior; asked for explicitly, its absence is an error. */
-    int auto_prior =
-        !class_prior && !no_prior && label >= 0 && label < c->num_classes && loc.ex.K > 1;
-    if (class_prior || auto_prior) {
-        int32_t *train_labels = NULL; /* the labels alone: the prior needs no pixels */
-        int n_train = 0;
-        char sub[512] = "";
-        rc = ts_fmnist_load_labels(fmnist_dir, "train", &train_labels, &n_train, sub, sizeof sub);
-        if (rc == TS_OK)
-            rc = ts_local_class_prior(&loc, train_labels, n_train, TS_FMNIST_NUM_CLASSES,
-                                      &log_prior, sub, sizeof sub);
-        free(train_labels);
-        if (rc == TS_OK) {
-            prior_used = auto_prior ? "class (default with --class)" : "class";
-        } else if (auto_prior) {
-            fprintf(stderr,
-                    PROG ": warning: no class prior (%s): the router does not see labels, so "
-                         "samples of class %d may come out as other classes\n",
-                    sub, label);
-            rc = TS_OK;
-        } else {
-            snprintf(err, sizeof err, "--class-prior: %s", sub);
-            goto done;
-        }
-    }
-    int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
-    images = malloc((size_t)(n * chw) * sizeof *images);
-    labels = malloc((size_t)n * sizeof *labels);
-    seeds = malloc((size_t)n * sizeof *seeds);
-    use = calloc((size_t)loc.ex.K, sizeof *use);
-    if (!images || !labels || !seeds || !use) {
-        rc = TS_ENOMEM;
-        goto done;
-    }
-    for (int i = 0; i < n; i++) {
-        labels[i] = label >= 0 ? label : i % c->num_classes;
-        seeds[i] = seed + (uint64_t)i;
-    }
-    if (routing_json) {
-        rec.n_eval = steps * (so.kind == TS_SAMPLER_HEUN ? 2 : 1);
-        rec.N = n;
-        rec.K = loc.ex.K;
-        rec.t = calloc((size_t)rec.n_eval, sizeof *rec.t);
-        rec.policy = calloc((size_t)rec.n_eval, sizeof *rec.policy);
-        rec.w = calloc((size_t)rec.n_eval * n * loc.ex.K, sizeof *rec.w);
-        if (!rec.t || !rec.policy || !rec.w) {
-            rc = TS_ENOMEM;
-            goto done;
-        }
-    }
+    return TS_OK;
+}
 
-    progress_t prog = {isatty(STDERR_FILENO), 0, steps * ((n + chunk - 1) / chunk),
-                       peer ? &net.remote : NULL};
-    ts_local_gen_t gen = {.policy = policy,
-                          .select = sel,
-                          .tau = tau,
-                          .cfg = cfg,
-                          .log_prior = log_prior,
-                          .hold = hold,
-                          .exact_guidance = exact,
-                          .router_temp = router_temp,
-                          .sampler = so,
-                          .n = n,
-                          .labels = labels,
-                          .seeds = seeds,
-                          .on_chunk = routing_json ? record_chunk : NULL,
-                          .chunk_ctx = &rec,
-                          .record = routing_json != NULL,
+/* Asking for a class gets that class: no router sees labels, so with --class C the class prior
+ * is on unless --no-class-prior; asked for explicitly, its absence is an error. */
+static int class_prior(gen_run_t *r) {
+    const gen_opts_t *o = &r->o;
+    int auto_prior = !o->class_prior && !o->no_prior && r->label >= 0 &&
+                     r->label < r->loc.cfg.num_classes && r->loc.ex.K > 1;
+    if (!o->class_prior && !auto_prior)
+        return TS_OK;
+    int32_t *train_labels = NULL; /* the labels alone: the prior needs no pixels */
+    int n_train = 0;
+    char sub[512] = "";
+    int rc =
+        ts_fmnist_load_labels(o->fmnist_dir, "train", &train_labels, &n_train, sub, sizeof sub);
+    if (rc == TS_OK)
+        rc = ts_local_class_prior(&r->loc, train_labels, n_train, TS_FMNIST_NUM_CLASSES,
+                                  &r->log_prior, sub, sizeof sub);
+    free(train_labels);
+    if (rc == TS_OK) {
+        r->prior_used = auto_prior ? "class (default with --class)" : "class";
+    } else if (auto_prior) {
+        fprintf(stderr,
+                PROG ": warning: no class prior (%s): the router does not see labels, so "
+                     "samples of class %d may come out as other classes\n",
+                sub, r->label);
+        rc = TS_OK;
+    } else {
+        snprintf(r->err, sizeof r->err, "--class-prior: %s", sub);
+    }
+    return rc;
+}
+
+/* The samples' labels and seeds, the images, the per-expert counts and the routing record. */
+static int alloc_buffers(gen_run_t *r) {
+    const gen_opts_t *o = &r->o;
+    const ts_dit_config_t *c = &r->loc.cfg;
+    int n = o->n, K = r->loc.ex.K;
+    int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    r->images = malloc((size_t)(n * chw) * sizeof *r->images);
+    r->labels = malloc((size_t)n * sizeof *r->labels);
+    r->seeds = malloc((size_t)n * sizeof *r->seeds);
+    r->use = calloc((size_t)K, sizeof *r->use);
+    if (!r->images || !r->labels || !r->seeds || !r->use)
+        return TS_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        r->labels[i] = r->label >= 0 ? r->label : i % c->num_classes;
+        r->seeds[i] = o->seed + (uint64_t)i;
+    }
+    if (o->routing_json) {
+        record_t *rec = &r->rec;
+        rec->n_eval = o->steps * (r->so.kind == TS_SAMPLER_HEUN ? 2 : 1);
+        rec->N = n;
+        rec->K = K;
+        rec->t = calloc((size_t)rec->n_eval, sizeof *rec->t);
+        rec->policy = calloc((size_t)rec->n_eval, sizeof *rec->policy);
+        rec->w = calloc((size_t)rec->n_eval * n * K, sizeof *rec->w);
+        if (!rec->t || !rec->policy || !rec->w)
+            return TS_ENOMEM;
+    }
+    if (r->loc.absent && !(r->absent_mass = calloc((size_t)K, sizeof *r->absent_mass)))
+        return TS_ENOMEM;
+    return TS_OK;
+}
+
+/* The samples, then the PNG grid. */
+static int run(gen_run_t *r) {
+    const gen_opts_t *o = &r->o;
+    const ts_dit_config_t *c = &r->loc.cfg;
+    progress_t prog = {isatty(STDERR_FILENO), 0, o->steps * ((o->n + r->chunk - 1) / r->chunk),
+                       o->peer ? &r->net.remote : NULL};
+    ts_local_gen_t gen = {.policy = r->policy,
+                          .select = r->sel,
+                          .tau = o->tau,
+                          .cfg = o->cfg,
+                          .log_prior = r->log_prior,
+                          .hold = r->hold,
+                          .exact_guidance = o->exact,
+                          .router_temp = o->router_temp,
+                          .sampler = r->so,
+                          .n = o->n,
+                          .labels = r->labels,
+                          .seeds = r->seeds,
+                          .on_chunk = o->routing_json ? record_chunk : NULL,
+                          .chunk_ctx = &r->rec,
+                          .record = o->routing_json != NULL,
                           .on_step = on_step,
                           .step_ctx = &prog};
-    if (loc.absent && !(absent_mass = calloc((size_t)loc.ex.K, sizeof *absent_mass))) {
-        rc = TS_ENOMEM;
-        goto done;
-    }
-    ts_local_stats_t st = {.use = use, .absent_mass = absent_mass};
-    rc = ts_local_generate(&loc, &eng, &gen, images, &st, err, sizeof err);
-    int64_t forwards = st.forwards, router_calls = st.router_evals;
-    double secs = st.seconds;
+    r->st = (ts_local_stats_t){.use = r->use, .absent_mass = r->absent_mass};
+    int rc = ts_local_generate(&r->loc, &r->eng, &gen, r->images, &r->st, r->err, sizeof r->err);
     if (prog.tty)
         fprintf(stderr, "\n");
     if (rc == TS_OK)
-        rc = ts_png_write_grid(out, images, n, c->in_channels, c->input_size, c->input_size, cols,
-                               2, err, sizeof err);
-    if (rc != TS_OK)
-        goto done;
+        rc = ts_png_write_grid(o->out, r->images, o->n, c->in_channels, c->input_size,
+                               c->input_size, o->cols, 2, r->err, sizeof r->err);
+    return rc;
+}
 
-    char sel_text[256];
-    ts_selection_format(&sel, sel_text, sizeof sel_text);
-    double evals = (double)forwards / n;
-    json_t *summary = json_pack(
-        "{s:i, s:i, s:i, s:s, s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:s}", "n", n, "experts", loc.ex.K,
-        "steps", steps, "sampler", sampler, "policy", ts_policy_name(policy), "selection", sel_text,
-        "tau", (double)tau, "cfg", (double)cfg, "evals_per_sample", evals,
-        "router_evals_per_sample", (double)router_calls / n, "seconds", secs, "out", out);
-    if (summary) {
-        json_object_set_new(summary, "class_prior", json_boolean(log_prior != NULL));
-        json_object_set_new(summary, "prior", json_string(prior_used));
-        json_object_set_new(summary, "exact_guidance", json_boolean(exact && cfg != 1.0f));
-        json_object_set_new(summary, "router_temp", json_real(router_temp));
-    }
-    json_object_set_new(summary, "route", json_string(trajectory));
-    json_t *share = json_array();
+/* The summary as JSON, and its human lines on stderr (cost, expert use, prior, uncovered). */
+static json_t *summary(const gen_run_t *r, const char *sel_text) {
+    const gen_opts_t *o = &r->o;
+    int n = o->n, K = r->loc.ex.K;
+    int64_t forwards = r->st.forwards;
+    double evals = (double)forwards / n, secs = r->st.seconds;
+    json_t *sum = json_pack(
+        "{s:i, s:i, s:i, s:s, s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:s}", "n", n, "experts", K,
+        "steps", o->steps, "sampler", o->sampler, "policy", ts_policy_name(r->policy), "selection",
+        sel_text, "tau", (double)o->tau, "cfg", (double)o->cfg, "evals_per_sample", evals,
+        "router_evals_per_sample", (double)r->st.router_evals / n, "seconds", secs, "out", o->out);
+    if (!sum)
+        return NULL;
+    json_object_set_new(sum, "class_prior", json_boolean(r->log_prior != NULL));
+    json_object_set_new(sum, "prior", json_string(r->prior_used));
+    json_object_set_new(sum, "exact_guidance", json_boolean(o->exact && o->cfg != 1.0f));
+    json_object_set_new(sum, "router_temp", json_real(o->router_temp));
+    json_object_set_new(sum, "route", json_string(o->trajectory));
+    json_t *share = json_array(), *unc = json_array();
     fprintf(stderr,
             "%d samples, %d %s steps, policy %s, selection %s, cfg %g: %.1f expert evaluations "
             "per sample, %.2f s (%.1f samples/s) → %s\nexpert use:",
-            n, steps, sampler, ts_policy_name(policy), sel_text, (double)cfg, evals, secs, n / secs,
-            out);
-    for (int k = 0; k < loc.ex.K; k++) {
-        double f = forwards > 0 ? (double)use[k] / (double)forwards : 0.0;
+            n, o->steps, o->sampler, ts_policy_name(r->policy), sel_text, (double)o->cfg, evals,
+            secs, n / secs, o->out);
+    for (int k = 0; k < K; k++) {
+        double f = forwards > 0 ? (double)r->use[k] / (double)forwards : 0.0;
         fprintf(stderr, " %d:%.0f%%", k, 100.0 * f);
         json_array_append_new(share, json_real(f));
     }
-    fprintf(stderr, "\nprior: %s\n", prior_used);
-    if (loc.absent) {
-        json_t *unc = json_array();
+    fprintf(stderr, "\nprior: %s\n", r->prior_used);
+    if (r->loc.absent) {
         fprintf(stderr, "UNCOVERED: routed around");
-        for (int k = 0; k < loc.ex.K; k++)
-            if (loc.absent[k]) {
-                double mass = st.absent_routed ? absent_mass[k] / (double)st.absent_routed : 0.0;
+        for (int k = 0; k < K; k++)
+            if (r->loc.absent[k]) {
+                double mass =
+                    r->st.absent_routed ? r->absent_mass[k] / (double)r->st.absent_routed : 0.0;
                 fprintf(stderr, " cluster %d (%.1f%% of the routing mass)", k, 100.0 * mass);
                 json_array_append_new(unc, json_pack("{s:i, s:f}", "cluster", k, "mass", mass));
             }
         fprintf(stderr, "\n");
-        json_object_set_new(summary, "uncovered", unc);
-    } else if (summary) {
-        json_object_set_new(summary, "uncovered", json_array());
     }
-    if (summary)
-        json_object_set_new(summary, "expert_share", share);
-    else
-        json_decref(share);
-    if (peer && summary) {
-        json_t *nsum = network_summary(&net, &st);
+    json_object_set_new(sum, "uncovered", unc);
+    json_object_set_new(sum, "expert_share", share);
+    return sum;
+}
+
+/* The summary, then what else was asked for: the network's numbers, the trace, the routing. */
+static int print_results(gen_run_t *r) {
+    const gen_opts_t *o = &r->o;
+    char sel_text[256];
+    ts_selection_format(&r->sel, sel_text, sizeof sel_text);
+    json_t *sum = summary(r, sel_text);
+    int rc = TS_OK;
+    if (o->peer && sum) {
+        json_t *nsum = network_summary(&r->net, &r->st);
         if (nsum)
-            json_object_set_new(summary, "network", nsum);
+            json_object_set_new(sum, "network", nsum);
     }
-    if (peer && trace) {
-        rc = write_trace(trace, &net.remote, err, sizeof err);
+    if (o->peer && o->trace) {
+        rc = write_trace(o->trace, &r->net.remote, r->err, sizeof r->err);
         if (rc == TS_OK)
-            fprintf(stderr, "trace → %s\n", trace);
+            fprintf(stderr, "trace → %s\n", o->trace);
     }
-    if (routing_json && summary) {
-        rc = write_routing_json(routing_json, &rec, summary, err, sizeof err);
+    if (o->routing_json && sum) {
+        rc = write_routing_json(o->routing_json, &r->rec, sum, r->err, sizeof r->err);
         if (rc == TS_OK)
-            fprintf(stderr, "routing → %s\n", routing_json);
+            fprintf(stderr, "routing → %s\n", o->routing_json);
     }
-    if (json && summary) {
-        json_dumpf(summary, stdout, JSON_COMPACT);
+    if (o->json && sum) {
+        json_dumpf(sum, stdout, JSON_COMPACT);
         printf("\n");
     }
-    json_decref(summary);
+    json_decref(sum);
+    return rc;
+}
 
-done:
+static void gen_free(gen_run_t *r) {
+    free(r->images);
+    free(r->labels);
+    free(r->seeds);
+    free(r->use);
+    free(r->log_prior);
+    free(r->absent_mass);
+    free(r->rec.t);
+    free(r->rec.policy);
+    free(r->rec.w);
+    ts_local_free(&r->loc);
+    ts_netgen_close(&r->net);
+    ts_engine_free(&r->eng);
+}
+
+int ts_cmd_generate(int argc, char **argv) {
+    gen_run_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return 1;
+    int pr = parse_opts(argc, argv, &r->o);
+    int usage = pr ? 0 : validate(r);
+    if (pr || usage) {
+        free(r);
+        return pr == 1 ? 0 : 2;
+    }
+    r->prior_used = "none";
+    r->chunk = r->o.n < CHUNK ? r->o.n : CHUNK;
+    r->pairs = r->o.cfg != 1.0f ? 2 : 1;
+    int rc = open_experts(r);
+    if (rc == TS_OK)
+        rc = class_prior(r);
+    if (rc == TS_OK)
+        rc = alloc_buffers(r);
+    if (rc == TS_OK)
+        rc = run(r);
+    if (rc == TS_OK)
+        rc = print_results(r);
     if (rc != TS_OK)
-        fprintf(stderr, PROG ": %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
-    free(images);
-    free(labels);
-    free(seeds);
-    free(use);
-    free(log_prior);
-    free(absent_mass);
-    free(rec.t);
-    free(rec.policy);
-    free(rec.w);
-    ts_local_free(&loc);
-    ts_netgen_close(&net);
-    ts_engine_free(&eng);
-    return rc == TS_OK ? 0 : usage ? 2 : 1;
+        fprintf(stderr, PROG ": %s%s%s\n", r->err, *r->err ? ": " : "", ts_strerror(rc));
+    int code = rc == TS_OK ? 0 : r->usage ? 2 : 1;
+    gen_free(r);
+    free(r);
+    return code;
 }
