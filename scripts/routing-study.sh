@@ -182,8 +182,8 @@ has part-hier && partition partition8-hier --experts 8 --hierarchical 64
 has part-k4 && partition partition4 --experts 4
 has part-k16 && partition partition16 --experts 16
 has part-label4 && partition partition4-label --experts 4 --by label
-for arm in features:partition8-features hier:partition8-hier k4:partition4 k16:partition16 \
-    label4:partition4-label; do
+for arm in features:partition8-features label4:partition4-label hier:partition8-hier \
+    k16:partition16 k4:partition4; do
     has "part-${arm%%:*}" || continue
     PART=${arm#*:} TOTAL_OVERRIDE=$((TOTAL - warm_steps)) jobs_run ensemble "part-${arm%%:*}" \
         BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 INIT="$RUN/warm.safetensors"
@@ -262,7 +262,7 @@ for arm in ens-base ens-b8 ens-warm-b8; do
     has "$arm" && has mono-s1 && has mono-s2 && jobs_run losses "$arm"
 done
 # partition strategies: router-free (uniform+prior) and by the centroids (centroid+prior)
-for arm in features hier k4 k16 label4; do
+for arm in features label4 hier k16 k4; do
     has "part-$arm" && jobs_run evaluate "part-$arm" "$RUN/part-$arm" "$RUN/mono-b8.safetensors" \
         "monolith uniform+prior:top1 centroid+prior:top1"
 done
