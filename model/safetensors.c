@@ -49,6 +49,7 @@
 #include <jansson.h>
 
 #include "base/file.h"
+#include "base/str.h"
 #include "kernels/math.h"
 
 #define ST_MAX_FILE ((uint64_t)1 << 40) /* bytes; files larger than this are refused */
@@ -101,11 +102,6 @@ static shape_text_t shape_text(int ndim, const int64_t *shape) {
         out.s[sizeof out.s - 1] = '\0';
     }
     return out;
-}
-
-static void errno_text(int errnum, char *buf, size_t len) {
-    if (strerror_r(errnum, buf, len) != 0)
-        snprintf(buf, len, "error %d", errnum);
 }
 
 /* ---- dtypes ----------------------------------------------------------------------------- */
@@ -492,13 +488,13 @@ int ts_st_read(const char *path, ts_st_file_t *f, char *err, size_t errlen) {
     char why[128];
     FILE *fp = fopen(path, "rb");
     if (!fp) {
-        errno_text(errno, why, sizeof why);
+        ts_errno_text(errno, why, sizeof why);
         ts_set_err(err, errlen, "cannot open '%s': %s", show(path).s, why);
         return TS_EIO;
     }
     struct stat st;
     if (fstat(fileno(fp), &st) != 0) {
-        errno_text(errno, why, sizeof why);
+        ts_errno_text(errno, why, sizeof why);
         ts_set_err(err, errlen, "cannot stat '%s': %s", show(path).s, why);
         fclose(fp);
         return TS_EIO;
@@ -870,7 +866,7 @@ int ts_st_write(const char *path, const ts_st_entry_t *entries, int n, const cha
     int e = 0;
     rc = ts_atomic_open(&a, path, &e);
     if (rc != TS_OK) {
-        errno_text(e ? e : EIO, why, sizeof why);
+        ts_errno_text(e ? e : EIO, why, sizeof why);
         ts_set_err(err, errlen, "cannot create a temporary file next to '%s': %s", show(path).s,
                    e ? why : ts_strerror(rc));
         free(hdr);
@@ -883,7 +879,7 @@ int ts_st_write(const char *path, const ts_st_entry_t *entries, int n, const cha
     e = ok ? 0 : errno;
     rc = ts_atomic_commit(&a, ok, &e);
     if (rc != TS_OK) {
-        errno_text(e ? e : EIO, why, sizeof why);
+        ts_errno_text(e ? e : EIO, why, sizeof why);
         ts_set_err(err, errlen, "writing '%s' failed: %s", show(path).s, why);
     }
     free(hdr);
