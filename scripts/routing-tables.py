@@ -5,6 +5,8 @@ scripts/routing-study.sh (eval-<arm>.json from `tessera eval --json`, loss-<arm>
 `tessera calibrate --json`), so that every number in the document can be traced to a file.
 
     scripts/routing-tables.py RUN_DIR [ARM ...]      (default arms: every eval-*.json there)
+    scripts/routing-tables.py --figure REPORT.html TITLE OUT.svg
+                                  (one chart of a `tessera eval --report` page as an SVG file)
 
 Standard library only.
 """
@@ -183,7 +185,31 @@ def route_table(run, arms):
                 "%.4f" % (sum(sp) / len(sp)) if sp else "–"))
 
 
+def figure(report, title, out):
+    """Writes the <svg> of the chart titled `title` in an eval report to out (the report's SVGs
+    are self-contained: xmlns, fonts by name, no scripts)."""
+    import html
+    try:
+        text = open(report, encoding="utf-8").read()
+    except OSError as e:
+        print("routing-tables: %s" % e, file=sys.stderr)
+        return 1
+    key = 'aria-label="%s"' % html.escape(title, quote=True)
+    at = text.find(key)
+    if at < 0:
+        print("routing-tables: no chart titled %r in %s" % (title, report), file=sys.stderr)
+        return 1
+    start = text.rfind("<svg", 0, at)
+    end = text.find("</svg>", at) + len("</svg>")
+    with open(out, "w", encoding="utf-8") as f:
+        f.write('<?xml version="1.0" encoding="UTF-8"?>\n')
+        f.write(text[start:end].replace("<svg ", '<svg style="background:#fff" ', 1) + "\n")
+    return 0
+
+
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "--figure":
+        return figure(sys.argv[2], sys.argv[3], sys.argv[4])
     if len(sys.argv) < 2:
         print(__doc__.strip(), file=sys.stderr)
         return 2
