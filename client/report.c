@@ -347,24 +347,24 @@ static double round_axis(double *lo, double *hi) {
     return step;
 }
 
-/* The axes of a linear plot: the frame, y ticks with grid lines, x ticks, both axis labels. */
-static void linear_axes(ts_report_t *r, double xmin, double xmax, double xstep, double ymin,
-                        double ymax, double ystep, const char *xlabel, const char *ylabel) {
-#define PX(v) (SCATTER_LEFT + ((v)-xmin) / (xmax - xmin) * SCATTER_W)
-#define PY(v) (CHART_TITLE_PX + (1.0 - ((v)-ymin) / (ymax - ymin)) * SCATTER_H)
+/* A plot's frame, y ticks with grid lines over [ymin, ymax] every ystep, the x tick labels xv[i]
+ * at the pixel columns xpx[i], and both axis labels (the scatter and the line plot share it). */
+static void plot_axes(ts_report_t *r, double ymin, double ymax, double ystep, const double *xv,
+                      const double *xpx, int nx, const char *xlabel, const char *ylabel) {
     put(r, "<path d=\"M%d %d V%d H%d\" stroke=\"#444\" fill=\"none\"/>\n", SCATTER_LEFT,
         CHART_TITLE_PX, CHART_TITLE_PX + SCATTER_H, SCATTER_LEFT + SCATTER_W);
     char vb[64];
     for (double v = ymin; v <= ymax + ystep / 2; v += ystep) {
+        double py = CHART_TITLE_PX + (1.0 - (v - ymin) / (ymax - ymin)) * SCATTER_H;
         format_value(vb, sizeof vb, v);
         put(r, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", SCATTER_LEFT - 6,
-            PY(v) + 4, vb);
-        put(r, "<path d=\"M%d %.1f H%d\" stroke=\"#ddd\"/>\n", SCATTER_LEFT, PY(v),
+            py + 4, vb);
+        put(r, "<path d=\"M%d %.1f H%d\" stroke=\"#ddd\"/>\n", SCATTER_LEFT, py,
             SCATTER_LEFT + SCATTER_W);
     }
-    for (double v = xmin; v <= xmax + xstep / 2; v += xstep) {
-        format_value(vb, sizeof vb, v);
-        put(r, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", PX(v),
+    for (int i = 0; i < nx; i++) {
+        format_value(vb, sizeof vb, xv[i]);
+        put(r, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", xpx[i],
             CHART_TITLE_PX + SCATTER_H + 16, vb);
     }
     put(r, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", SCATTER_LEFT + SCATTER_W / 2,
@@ -410,7 +410,14 @@ int ts_report_lines_svg(ts_report_t *r, const char *title, const char *xlabel, c
     double xstep = round_axis(&xmin, &xmax), ystep = round_axis(&ymin, &ymax);
     svg_open(r, title, SCATTER_LEFT + SCATTER_W + SCATTER_RIGHT,
              CHART_TITLE_PX + SCATTER_H + SCATTER_BOTTOM);
-    linear_axes(r, xmin, xmax, xstep, ymin, ymax, ystep, xlabel, ylabel);
+#define PX(v) (SCATTER_LEFT + ((v)-xmin) / (xmax - xmin) * SCATTER_W)
+#define PY(v) (CHART_TITLE_PX + (1.0 - ((v)-ymin) / (ymax - ymin)) * SCATTER_H)
+    enum { MAX_TICKS = 64 };
+    double xv[MAX_TICKS], xpx[MAX_TICKS];
+    int nx = 0;
+    for (double v = xmin; v <= xmax + xstep / 2 && nx < MAX_TICKS; v += xstep, nx++)
+        xv[nx] = v, xpx[nx] = PX(v);
+    plot_axes(r, ymin, ymax, ystep, xv, xpx, nx, xlabel, ylabel);
     for (int s = 0; s < n_series; s++) {
         const char *colour = colours[s % (int)(sizeof colours / sizeof colours[0])];
         put(r, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" d=\"", colour);
@@ -467,32 +474,12 @@ int ts_report_scatter_svg(ts_report_t *r, const char *title, const char *xlabel,
 #define PY(v) (CHART_TITLE_PX + (1.0 - ((v)-ymin) / (ymax - ymin)) * SCATTER_H)
     svg_open(r, title, width, height);
     /* axes and ticks */
-    put(r, "<path d=\"M%d %d V%d H%d\" stroke=\"#444\" fill=\"none\"/>\n", SCATTER_LEFT,
-        CHART_TITLE_PX, CHART_TITLE_PX + SCATTER_H, SCATTER_LEFT + SCATTER_W);
-    for (double v = ymin; v <= ymax + step / 2; v += step) {
-        char vb[64];
-        format_value(vb, sizeof vb, v);
-        put(r, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", SCATTER_LEFT - 6,
-            PY(v) + 4, vb);
-        put(r, "<path d=\"M%d %.1f H%d\" stroke=\"#ddd\"/>\n", SCATTER_LEFT, PY(v),
-            SCATTER_LEFT + SCATTER_W);
-    }
-    for (double e = lx0; e <= lx1 + 0.5; e += 1) {
-        double v = pow(10, e);
-        char vb[64];
-        format_value(vb, sizeof vb, v);
-        put(r, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", PX(v),
-            CHART_TITLE_PX + SCATTER_H + 16, vb);
-    }
-    put(r, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", SCATTER_LEFT + SCATTER_W / 2,
-        CHART_TITLE_PX + SCATTER_H + 36);
-    put_esc(r, xlabel);
-    put(r,
-        "</text>\n<text x=\"12\" y=\"%d\" transform=\"rotate(-90 12 %d)\" "
-        "text-anchor=\"middle\">",
-        CHART_TITLE_PX + SCATTER_H / 2, CHART_TITLE_PX + SCATTER_H / 2);
-    put_esc(r, ylabel);
-    put(r, "</text>\n");
+    enum { MAX_TICKS = 64 };
+    double xv[MAX_TICKS], xpx[MAX_TICKS];
+    int nx = 0;
+    for (double e = lx0; e <= lx1 + 0.5 && nx < MAX_TICKS; e += 1, nx++)
+        xv[nx] = pow(10, e), xpx[nx] = PX(xv[nx]);
+    plot_axes(r, ymin, ymax, step, xv, xpx, nx, xlabel, ylabel);
     for (int i = 0; i < n; i++) {
         if (!(isfinite(x[i]) && x[i] > 0 && isfinite(y[i]) && isfinite(lo[i]) && isfinite(hi[i])))
             continue;
