@@ -3,9 +3,13 @@
 # partition, the evaluation classifier, monoliths and ensembles trained with the same total
 # compute under several recipes, the router, and `tessera eval` of every entry with intervals.
 #
-#   scripts/routing-study.sh [small|full] [RUN_DIR]      (default: small, runs/routing-<budget>)
+#   scripts/routing-study.sh [quick|small|full] [RUN_DIR]   (default: small, runs/routing-<budget>)
 #
 # Budgets (training compute in samples of a `tiny` DiT, 3 × 83.3 MFLOP each):
+#   quick   480 × 64 = 30 720 samples per side; n = 500 per entry; the headline arms only (the
+#           b8 monolith, the warm start, the label split) with a shorter evaluation classifier
+#           (3 000 steps): a check that the whole study runs, in about 20 min on 2 cores. Its
+#           numbers are not results.
 #   small   2 400 × 64 = 153 600 samples per side; n = 2 000 samples per eval entry.
 #           About 70 min on 2 idle cores (two one-thread lanes).
 #   full   12 000 × 64 = 768 000 samples per side (the monolith of docs/training.md);
@@ -55,10 +59,12 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 budget=${1:-small}
 case "$budget" in
+quick) TOTAL=480 MONO_WARMUP=20 EXP_WARMUP=4 N=${N:-500} CLS_STEPS=3000
+    ARMS=${ARMS:-mono-b8 warm part-label} ;;
 small) TOTAL=2400 MONO_WARMUP=100 EXP_WARMUP=20 N=${N:-2000} ;;
 full) TOTAL=12000 MONO_WARMUP=500 EXP_WARMUP=100 N=${N:-5000} ;;
 *)
-    echo "usage: scripts/routing-study.sh [small|full] [RUN_DIR]" >&2
+    echo "usage: scripts/routing-study.sh [quick|small|full] [RUN_DIR]" >&2
     exit 2
     ;;
 esac
@@ -116,8 +122,8 @@ ensemble() {
 
 classifier() {
     [ -f "$RUN/classifier.safetensors" ] && return 0
-    log "evaluation classifier (patch 7, depth 2, 9 000 steps)"
-    nice "$T" train-classifier --patch 7 --depth 2 --steps 9000 --no-augment --threads 1 \
+    log "evaluation classifier (patch 7, depth 2, ${CLS_STEPS:-9000} steps)"
+    nice "$T" train-classifier --patch 7 --depth 2 --steps "${CLS_STEPS:-9000}" --no-augment --threads 1 \
         --seed 0 --out "$RUN/classifier.safetensors" > "$RUN/classifier.log" 2>&1
 }
 
@@ -152,7 +158,10 @@ has ens-warm-b8 && TOTAL_OVERRIDE=$((TOTAL - warm_steps)) jobs_run ensemble ens-
     BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 INIT="$RUN/warm.safetensors"
 has mono-b8 && jobs_run train mono-b8 --steps "$b8_steps" --batch 8 --lr 2e-4 \
     --warmup $((MONO_WARMUP * 8)) --ema 0.999875 --seed 1
-jobs_run router
+# the cluster router: for the learned policy's arms (the label split is routed by the class)
+if [[ " $ARMS " == *" ens-"* || " $ARMS " == *" align "* || " $ARMS " == *" router-label "* ]]; then
+    jobs_run router
+fi
 for by in label random; do
     if has "part-$by" && [ ! -f "$RUN/partition8-$by/partition.safetensors" ]; then
         nice "$T" partition --experts 8 --by "$by" --seed 0 --out "$RUN/partition8-$by" --json \
