@@ -1213,13 +1213,14 @@ static void test_classifier_router(void **state) {
     ts_classifier_free(cl);
 }
 
-/* v_k(x, y) of every expert, unguided (one forward with the given labels), into out (K, n·CHW):
- * the reference for the guidance tests. */
+/* v_k(x, y) of every expert through ts_dit_velocity at guidance scale cfg (1: one unguided
+ * forward with the given labels), into out (K, n·CHW): the reference for the guidance and record
+ * tests. */
 static void expert_velocities(ts_experts_t *ex, const int32_t *labels, int n, const ts_tensor_t *x,
-                              float t, ts_tensor_t *vk, float *out) {
+                              float t, float cfg, ts_tensor_t *vk, float *out) {
     for (int k = 0; k < ex->K; k++) {
         ts_dit_velocity_ctx_t vc;
-        TU_CHECK_OK(ts_dit_velocity_init(&vc, &ex->models[k], labels, n, 1.0f));
+        TU_CHECK_OK(ts_dit_velocity_init(&vc, &ex->models[k], labels, n, cfg));
         TU_CHECK_OK(ts_dit_velocity(&vc, x, t, vk));
         memcpy(out + (size_t)k * n * CHW, tu_f32(vk), (size_t)n * CHW * sizeof(float));
         ts_dit_velocity_free(&vc);
@@ -1249,8 +1250,8 @@ static void test_exact_guidance(void **state) {
     tu_rng_t r = {21};
     tu_fill_uniform(&r, &x, -2.0f, 2.0f);
     static float vc[K * N * CHW], vu[K * N * CHW];
-    expert_velocities(&ex, labels, N, &x, T, &vk, vc);
-    expert_velocities(&ex, nulls, N, &x, T, &vk, vu);
+    expert_velocities(&ex, labels, N, &x, T, 1.0f, &vk, vc);
+    expert_velocities(&ex, nulls, N, &x, T, 1.0f, &vk, vu);
     const char *sels[2] = {"full", "top1"};
     for (int c = 0; c < 2; c++) {
         float want[N * CHW];
@@ -1347,13 +1348,7 @@ static void test_record_distribution(void **state) {
     tu_rng_t r = {31};
     tu_fill_uniform(&r, &x, -2.0f, 2.0f);
     static float each[K * N * CHW];
-    for (int k = 0; k < K; k++) {
-        ts_dit_velocity_ctx_t vc;
-        TU_CHECK_OK(ts_dit_velocity_init(&vc, &ex.models[k], labels, N, 2.0f));
-        TU_CHECK_OK(ts_dit_velocity(&vc, &x, T, &vk));
-        memcpy(each + (size_t)k * N * CHW, tu_f32(&vk), (size_t)N * CHW * sizeof(float));
-        ts_dit_velocity_free(&vc);
-    }
+    expert_velocities(&ex, labels, N, &x, T, 2.0f, &vk, each);
     ts_ensemble_opts_t o = base_opts("full", TS_POLICY_UNIFORM, labels, N, 2.0f);
     o.record = 1;
     ts_ensemble_t ens;
