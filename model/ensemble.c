@@ -1051,22 +1051,22 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     case TS_POLICY_UNIFORM:
     default: memset(s->w, 0, (size_t)n * K * sizeof *s->w); break;
     }
-    if (s->o.exact_guidance && used == TS_POLICY_LEARNED) {
-        /* the unconditional half's scores: the router without the labels (a label-aware router
-         * reads them; another gives the same logits), plus the prior's null row */
-        s->router_calls++;
-        TS_TRY(s->o.router(s->o.router_ctx, x, t, NULL, n, s->wu));
-        for (int i = 0; s->o.log_prior && i < n; i++)
+    if (s->o.exact_guidance) {
+        /* the unconditional half's scores: the router asked without the labels (a label-aware
+         * router reads them; another gives the same logits) or the policy's own scores, plus the
+         * prior's null row */
+        if (used == TS_POLICY_LEARNED) {
+            s->router_calls++;
+            TS_TRY(s->o.router(s->o.router_ctx, x, t, NULL, n, s->wu));
+        } else {
+            memcpy(s->wu, s->w, (size_t)n * K * sizeof *s->wu);
+        }
+        const float *null_row =
+            s->o.log_prior ? s->o.log_prior + (size_t)s->experts[0].cfg.num_classes * K : NULL;
+        for (int i = 0; null_row && i < n; i++)
             for (int k = 0; k < K; k++)
-                s->wu[(size_t)i * K + k] +=
-                    s->o.log_prior[(size_t)s->experts[0].cfg.num_classes * K + k];
-    } else if (s->o.exact_guidance) /* the unconditional half's scores: the prior's null row */
-        for (int i = 0; i < n; i++)
-            for (int k = 0; k < K; k++)
-                s->wu[(size_t)i * K + k] =
-                    s->w[(size_t)i * K + k] +
-                    (s->o.log_prior ? s->o.log_prior[(size_t)s->experts[0].cfg.num_classes * K + k]
-                                    : 0.0f);
+                s->wu[(size_t)i * K + k] += null_row[k];
+    }
     if (s->o.log_prior)
         for (int i = 0; i < n; i++)
             for (int k = 0; k < K; k++)

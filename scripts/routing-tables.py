@@ -194,7 +194,8 @@ def figure(report, title, out):
     except OSError as e:
         print("routing-tables: %s" % e, file=sys.stderr)
         return 1
-    key = 'aria-label="%s"' % html.escape(title, quote=True)
+    # the report's own escaping (client/report.c put_esc): & < > " ' → entities, ' as &#39;
+    key = 'aria-label="%s"' % html.escape(title, quote=True).replace("&#x27;", "&#39;")
     at = text.find(key)
     if at < 0:
         print("routing-tables: no chart titled %r in %s" % (title, report), file=sys.stderr)
