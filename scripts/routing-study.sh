@@ -21,8 +21,8 @@
 #
 # Environment: TESSERA (default build/client/tessera), LANES (2), N (samples per eval entry),
 # ARMS (which training arms; default all of: mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm
-# ens-warm-b8 part-label part-random align part-features part-hier part-k4 part-k16 part-label4
-# router-label), EVAL (0 to train only).
+# ens-warm-b8 part-label part-random align mix part-features part-features4 part-features16
+# part-hier part-k4 part-k16 part-label4 router-label), EVAL (0 to train only).
 #
 # Outputs in RUN_DIR: the weights, eval-<arm>.json (tessera eval --json: FD with intervals,
 # precision/recall, IS, per-class and per-cluster FD), report-<arm>.html, samples-<arm>/ (IDX),
@@ -41,9 +41,12 @@
 #   align             a router trained with --objective alignment through the ens-warm-b8
 #                     experts (300 steps; every sample runs all 8 experts: its compute is
 #                     reported with the results)
+#   mix               a router trained with --objective mixture through the same experts (the
+#                     loss of the weighted mixture of their velocities; 300 steps)
 #   part-features     the ens-warm-b8 recipe on k-means of a separate network's features (a
 #                     classifier trained here with another seed and trunk, never the evaluation
 #                     classifier: the stand-in for DDM's DINOv2 embeddings)
+#   part-features4, part-features16  the features partition with K = 4 and K = 16
 #   part-hier         the same on DDM's two-level k-means (64 fine centroids merged into 8)
 #   part-k4, part-k16 the same on pixel k-means with K = 4 and K = 16
 #   part-label4       the same on the split by label with K = 4 (classes grouped)
@@ -51,7 +54,8 @@
 #                     experts: p(k | x_t, y) learned instead of the hand-made class prior
 # and, with the routers: `tessera calibrate` of each (calib-<router>.json), then evaluations of
 # the routing policies (a fitted temperature, the label-aware router) and of guidance (CFG 2,
-# exact mixture guidance) against the b8 monolith.
+# exact mixture guidance) against the b8 monolith, and each learned router (cluster, alignment,
+# mixture) on every selection rule (top1, top2, full, held per trajectory, drawn per trajectory).
 # The EMA horizon is kept in samples across batch sizes: a batch-8 run's decay cap is
 # 1 − (1 − cap at batch 64) / 8 (0.999 → 0.999875, 0.998 → 0.99975), and the warm-up
 # (1 + s)/(10 + s) already averages the last ~1/9 of the samples seen at any batch.
@@ -72,7 +76,7 @@ RUN=${2:-runs/routing-$budget}
 T=$(realpath "${TESSERA:-build/client/tessera}")
 LANES=${LANES:-2}
 WARM_PCT=${WARM_PCT:-20}
-ARMS=${ARMS:-mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm ens-warm-b8 part-label part-random align part-features part-hier part-k4 part-k16 part-label4 router-label}
+ARMS=${ARMS:-mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm ens-warm-b8 part-label part-random align mix part-features part-features4 part-features16 part-hier part-k4 part-k16 part-label4 router-label}
 [ -x "$T" ] || {
     echo "routing-study: $T is not built (make build)" >&2
     exit 1
@@ -159,7 +163,8 @@ has ens-warm-b8 && TOTAL_OVERRIDE=$((TOTAL - warm_steps)) jobs_run ensemble ens-
 has mono-b8 && jobs_run train mono-b8 --steps "$b8_steps" --batch 8 --lr 2e-4 \
     --warmup $((MONO_WARMUP * 8)) --ema 0.999875 --seed 1
 # the cluster router: for the learned policy's arms (the label split is routed by the class)
-if [[ " $ARMS " == *" ens-"* || " $ARMS " == *" align "* || " $ARMS " == *" router-label "* ]]; then
+if [[ " $ARMS " == *" ens-"* || " $ARMS " == *" align "* || " $ARMS " == *" mix "* ||
+    " $ARMS " == *" router-label "* ]]; then
     jobs_run router
 fi
 for by in label random; do
@@ -181,18 +186,23 @@ partition() { # NAME ARGS...: $RUN/NAME/ and $RUN/NAME.json
     [ -f "$RUN/$name/partition.safetensors" ] && return 0
     nice "$T" partition --seed 0 --out "$RUN/$name" --json "$@" > "$RUN/$name.json"
 }
-if has part-features && [ ! -f "$RUN/featnet.safetensors" ]; then
+features() { has part-features || has part-features4 || has part-features16; }
+if features && [ ! -f "$RUN/featnet.safetensors" ]; then
     log "the features network (patch 4, depth 2, seed 1, 3 000 steps)"
     nice "$T" train-classifier --patch 4 --depth 2 --steps 3000 --threads 1 --seed 1 \
         --out "$RUN/featnet.safetensors" > "$RUN/featnet.log" 2>&1
 fi
-has part-features && partition partition8-features --experts 8 --features "$RUN/featnet.safetensors"
+for k in 8 4 16; do
+    arm=part-features$([ "$k" = 8 ] || echo "$k")
+    has "$arm" && partition "partition$k-features" --experts "$k" --features "$RUN/featnet.safetensors"
+done
 has part-hier && partition partition8-hier --experts 8 --hierarchical 64
 has part-k4 && partition partition4 --experts 4
 has part-k16 && partition partition16 --experts 16
 has part-label4 && partition partition4-label --experts 4 --by label
-for arm in features:partition8-features label4:partition4-label hier:partition8-hier \
-    k16:partition16 k4:partition4; do
+for arm in features:partition8-features features4:partition4-features \
+    features16:partition16-features label4:partition4-label hier:partition8-hier k16:partition16 \
+    k4:partition4; do
     has "part-${arm%%:*}" || continue
     PART=${arm#*:} TOTAL_OVERRIDE=$((TOTAL - warm_steps)) jobs_run ensemble "part-${arm%%:*}" \
         BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 INIT="$RUN/warm.safetensors"
@@ -204,12 +214,16 @@ if has router-label && [ ! -f "$RUN/router-label.safetensors" ]; then
         --out '$RUN/router-label.safetensors' > '$RUN/router-label.log' 2>&1"
 fi
 wait
-if has align && [ ! -f "$RUN/router-align.safetensors" ]; then
-    log "router, alignment objective through the ens-warm-b8 experts"
-    nice "$T" train-router --partition "$RUN/partition8" --objective alignment \
-        --experts "$RUN/ens-warm-b8" --steps 300 --patch 7 --depth 2 --threads "$LANES" \
-        --seed 0 --out "$RUN/router-align.safetensors" > "$RUN/router-align.log" 2>&1
-fi
+# the routers trained through the frozen ens-warm-b8 experts (every sample runs all eight)
+for obj in align:alignment mix:mixture; do
+    name=router-${obj%%:*}
+    if has "${obj%%:*}" && [ ! -f "$RUN/$name.safetensors" ]; then
+        log "router, ${obj#*:} objective through the ens-warm-b8 experts"
+        nice "$T" train-router --partition "$RUN/partition8" --objective "${obj#*:}" \
+            --experts "$RUN/ens-warm-b8" --steps 300 --patch 7 --depth 2 --threads "$LANES" \
+            --seed 0 --out "$RUN/$name.safetensors" > "$RUN/$name.log" 2>&1
+    fi
+done
 log "training done"
 [ "${EVAL:-1}" = 0 ] && exit 0
 
@@ -257,21 +271,25 @@ has part-label && jobs_run evaluate label "$RUN/part-label" "$RUN/mono-b8.safete
     "monolith uniform+prior:top1"
 has part-random && jobs_run evaluate random "$RUN/part-random" "$RUN/mono-b8.safetensors" \
     "monolith uniform:top1 uniform:full"
-if has align; then
-    mkdir -p "$RUN/ens-warm-b8-align"
+with_router() { # ROUTER: $RUN/ens-warm-b8-ROUTER, the warm-b8 experts with $RUN/router-ROUTER
+    mkdir -p "$RUN/ens-warm-b8-$1"
     cp "$RUN"/ens-warm-b8/expert-*.safetensors "$RUN/ens-warm-b8/partition.safetensors" \
-        "$RUN/ens-warm-b8-align/"
-    cp "$RUN/router-align.safetensors" "$RUN/ens-warm-b8-align/router.safetensors"
-    jobs_run evaluate align "$RUN/ens-warm-b8-align" "$RUN/mono-b8.safetensors" \
+        "$RUN/ens-warm-b8-$1/"
+    cp "$RUN/router-$1.safetensors" "$RUN/ens-warm-b8-$1/router.safetensors"
+}
+for r in align mix; do
+    has "$r" || continue
+    with_router "$r"
+    jobs_run evaluate "$r" "$RUN/ens-warm-b8-$r" "$RUN/mono-b8.safetensors" \
         "monolith learned:top1 learned+prior:top1"
-fi
+done
 # (not the label split: tessera loss groups the test images by nearest centroid, which for a
 # split by label is not its clusters)
 for arm in ens-base ens-b8 ens-warm-b8; do
     has "$arm" && has mono-s1 && has mono-s2 && jobs_run losses "$arm"
 done
 # partition strategies: router-free (uniform+prior) and by the centroids (centroid+prior)
-for arm in features label4 hier k16 k4; do
+for arm in features features4 features16 label4 hier k16 k4; do
     has "part-$arm" && jobs_run evaluate "part-$arm" "$RUN/part-$arm" "$RUN/mono-b8.safetensors" \
         "monolith uniform+prior:top1 centroid+prior:top1"
 done
@@ -304,6 +322,15 @@ if has router-label && has ens-warm-b8; then
     cp "$RUN/router-label.safetensors" "$RUN/ens-warm-b8-label/router.safetensors"
     jobs_run evaluate router-label "$RUN/ens-warm-b8-label" "$RUN/mono-b8.safetensors" \
         "monolith learned:top1 learned+prior:top1"
+fi
+# each learned router on every selection rule
+RULES="monolith learned+prior:top1 learned+prior:top2 learned+prior:full learned+prior+hold:top1 learned+prior+draw:full"
+if has ens-warm-b8; then
+    jobs_run evaluate rules-cluster "$RUN/ens-warm-b8" "$RUN/mono-b8.safetensors" "$RULES"
+    for r in align mix; do
+        has "$r" && jobs_run evaluate "rules-$r" "$RUN/ens-warm-b8-$r" "$RUN/mono-b8.safetensors" \
+            "$RULES"
+    done
 fi
 wait
 log "evaluation done: $RUN/eval-*.json, $RUN/loss-*.json"
