@@ -148,8 +148,8 @@ static json_t *j_load(const Tessera__Load *l) {
 static json_t *j_capacity(const Tessera__Capacity *c) {
     if (!c)
         return json_null();
-    return json_pack("{s:f, s:i, s:i}", "items_per_s", (double)c->items_per_s, "max_batch",
-                     (int)c->max_batch, "queue_limit", (int)c->queue_limit);
+    return json_pack("{s:f, s:i, s:i, s:s?}", "items_per_s", (double)c->items_per_s, "max_batch",
+                     (int)c->max_batch, "queue_limit", (int)c->queue_limit, "device", c->device);
 }
 
 static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) {
@@ -225,7 +225,7 @@ static json_t *j_status(const Tessera__StatusResponse *r, const adverts_t *ad) {
 
 /* One member row: the expert part from its advert, when one is held. */
 static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBody *b) {
-    char brief[17], ago[32], expert[96] = "-";
+    char brief[17], ago[32], expert[160] = "-";
     hex(&m->node_id, 16, brief);
     age(m->last_change_age_ms, ago, sizeof ago);
     if (b) {
@@ -235,6 +235,9 @@ static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBod
         if (b->model && n > 0 && (size_t)n < sizeof expert)
             n += snprintf(expert + n, sizeof expert - (size_t)n, " h%u d%u p%u",
                           b->model->hidden_size, b->model->depth, b->model->patch_size);
+        if (b->capacity && b->capacity->device && n > 0 && (size_t)n < sizeof expert)
+            n += snprintf(expert + n, sizeof expert - (size_t)n, " %.*s", /* "cpu", "cuda:0" */
+                          (int)strcspn(b->capacity->device, ","), b->capacity->device);
         if (b->load && n > 0 && (size_t)n < sizeof expert)
             n += snprintf(expert + n, sizeof expert - (size_t)n, " q%u %.1fms",
                           b->load->queue_depth, b->load->item_latency_us / 1000.0);
@@ -264,7 +267,7 @@ static void print_status(const Tessera__StatusResponse *r, const adverts_t *ad, 
         printf("metrics: %s\n", r->metrics);
     if (r->n_members) {
         printf("\n  %-16s  %-7s  %5s  %-21s  %8s  %-5s %s\n", "MEMBER", "STATE", "INC", "ADDRESS",
-               "CHANGED", "ADV", "EXPERT (partition:cluster, model, load)");
+               "CHANGED", "ADV", "EXPERT (partition:cluster, model, device, load)");
         for (size_t i = 0; i < r->n_members; i++)
             print_member(r->members[i], advert_of(r, ad, &r->members[i]->node_id));
     }

@@ -31,7 +31,8 @@ typedef enum {
     K_LEVEL,
     K_FORMAT,
     K_MODE,
-    K_MODEL
+    K_MODEL,
+    K_DEVICE
 } kind_t;
 
 typedef struct {
@@ -57,6 +58,7 @@ static const key_spec_t KEYS[] = {
     {{"expert", "partition", "path", "(none)", "the partition file (`tessera partition`'s partition.safetensors): host: the one the expert was trained on, for the centroid the advert carries; train: the one that defines the cluster's images; required with host and train"}, K_PATH, OFF(expert_partition), 0, 0},
     {{"expert", "router", "path", "(none)", "host and train: a router for the partition (`tessera train-router`), imported into the store and named in the advert, so that clients can fetch it from this node and route with the learned policy"}, K_PATH, OFF(expert_router), 0, 0},
     {{"expert", "cluster", "integer", "(none)", "train: the cluster of partition to train on, 0..K-1 (required); not used otherwise (hosted weights record their cluster)"}, K_INT, OFF(expert_cluster), 0, 65535},
+    {{"compute", "device", "auto|cpu|cuda[:N]", "auto", "where the expert is trained and served: " TS_DEVICE_SPEC_HELP "; the choice is logged, advertised and shown by `tessera status`"}, K_DEVICE, OFF(compute_device), 0, 0},
     {{"train", "model", "name", "tiny", "the DiT config: mini, tiny, small, S/2, S/4, S/8, B/2 ... XL/8"}, K_MODEL, OFF(train_model), 0, 0},
     {{"train", "data", "path", TS_FMNIST_DEFAULT_DIR, "the Fashion-MNIST IDX files (Debian's dataset-fashion-mnist); the partition must have been made from this train set"}, K_PATH, OFF(train_data), 0, 0},
     {{"train", "steps", "integer", "10000", "the run is complete at this step; raising it later continues the run"}, K_INT, OFF(train_steps), 1, 2000000000},
@@ -135,6 +137,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     snprintf(c->metrics_listen, sizeof c->metrics_listen, "127.0.0.1:9420");
     c->expert_mode = TS_EXPERT_NONE;
     c->expert_cluster = -1;
+    c->compute_device.automatic = 1;
     snprintf(c->train_model, sizeof c->train_model, "tiny");
     snprintf(c->train_data, sizeof c->train_data, "%s", TS_FMNIST_DEFAULT_DIR);
     c->train_steps = 10000;
@@ -213,9 +216,10 @@ static int on_key(void *user, const char *section, const char *name, const char 
         for (int j = 0; j < N_KEYS; j++)
             known_section |= strcmp(KEYS[j].info.section, section) == 0;
         return fail(p, section, name,
-                    known_section ? "unknown key (configs/tesserad.ini lists every key)"
-                                  : "unknown section or key (sections: node, expert, train, "
-                                    "gossip, limits, serve, log, metrics)");
+                    known_section
+                        ? "unknown key (configs/tesserad.ini lists every key)"
+                        : "unknown section or key (sections: node, expert, compute, train, "
+                          "gossip, limits, serve, log, metrics)");
     }
     const key_spec_t *k = &KEYS[i];
     if (p->seen[i] && k->kind != K_ADDRLIST)
@@ -294,6 +298,10 @@ static int on_key(void *user, const char *section, const char *name, const char 
         snprintf(field, TS_CONFIG_MODEL_MAX, "%s", value);
         return 1;
     }
+    case K_DEVICE:
+        if (ts_device_spec_parse(value, (ts_device_spec_t *)field) != TS_OK)
+            return fail(p, section, name, "'%s': want auto, cpu, cuda or cuda:N", value);
+        return 1;
     case K_LEVEL:
         for (int l = 0; l < 4; l++)
             if (strcmp(value, LEVELS[l]) == 0) {

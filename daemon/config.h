@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "kernels/engine.h"
 
 #define TS_CONFIG_PATH_MAX 1024
 #define TS_CONFIG_ADDR_MAX 272 /* "host:port" (store/peers.h's bound) */
@@ -53,6 +54,8 @@ typedef struct ts_daemon_config {
     double train_lr, train_ema;
     uint64_t train_seed;
     int train_serve_while_training; /* 0 or 1 */
+    /* [compute] */
+    ts_device_spec_t compute_device; /* the engine of the trainer and the server */
     /* [gossip] */
     int probe_interval_ms, probe_timeout_ms, indirect_probes, suspicion_mult, retransmit_mult;
     int pushpull_interval_s;

@@ -81,6 +81,9 @@ static void advertise(ts_host_t *h) {
     cap.items_per_s = l.item_latency_us ? 1e6f / (float)l.item_latency_us : 0.0f;
     cap.max_batch = (uint32_t)(c->serve_max_batch / 2 > 0 ? c->serve_max_batch / 2 : 1);
     cap.queue_limit = (uint32_t)c->serve_max_queue;
+    char device[128];
+    ts_serve_device(h->serve, device, sizeof device, NULL, 0);
+    cap.device = device;
     ts_host_load(h, &load);
     ts_expert_advert_t a;
     ts_expert_advert(&h->info, &cap, &load, &a);
@@ -152,6 +155,7 @@ static int start_pending(ts_host_t *h, char *err, size_t errlen) {
         so.max_wait_ms = c->serve_max_wait_ms;
         so.max_queue = c->serve_max_queue;
         so.compute_threads = c->serve_compute_threads;
+        so.device = c->compute_device;
         if (h->env.metrics) {
             so.on_batch = observe_batch;
             so.on_queue_wait = observe_queue_wait;
@@ -168,9 +172,11 @@ static int start_pending(ts_host_t *h, char *err, size_t errlen) {
         ts_expert_info_free(&h->info);
     h->info = info;
     h->has_info = 1;
-    ts_log_info("host", "serving expert %.16s (cluster %u of %u, h%d d%d p%d)", hex, info.cluster,
-                info.num_clusters, info.config.hidden_size, info.config.depth,
-                info.config.patch_size);
+    char device[128], note[384];
+    ts_serve_device(h->serve, device, sizeof device, note, sizeof note);
+    ts_log_info("host", "serving expert %.16s (cluster %u of %u, h%d d%d p%d) on %s", hex,
+                info.cluster, info.num_clusters, info.config.hidden_size, info.config.depth,
+                info.config.patch_size, note);
     advertise(h);
     return TS_OK;
 }

@@ -63,10 +63,14 @@ struct ts_serve {
     ts_serve_opts_t o;
     int64_t chw; /* C·H·W of one sample */
     /* the compute thread's own */
-    ts_engine_t eng;
+    ts_engine_t eng, host; /* host: a one-thread CPU engine for conversions when eng is a GPU */
+    int eng_ok, host_ok;
+    char eng_note[384];
     ts_dit_t model;
-    ts_tensor_t xx, tt, vv; /* (max_batch, C, H, W), (max_batch), (max_batch, C, H, W) F32 */
-    int32_t *yy;            /* (max_batch) labels */
+    /* host staging: (max_batch, C, H, W), (max_batch), (max_batch, C, H, W) F32, and on the
+     * engine's device the forward's inputs xd, td (one copy up and one down per batch) */
+    ts_tensor_t xx, tt, vv, xd, td;
+    int32_t *yy; /* (max_batch) labels */
     pthread_t thread;
     /* shared, under mu */
     pthread_mutex_t mu;
@@ -90,8 +94,11 @@ const char *ts_serve_outcome_name(ts_serve_outcome_t o) {
 }
 
 void ts_serve_opts_default(ts_serve_opts_t *o) {
-    *o = (ts_serve_opts_t){
-        .max_batch = 16, .max_wait_ms = 0, .max_queue = 256, .compute_threads = 0};
+    *o = (ts_serve_opts_t){.max_batch = 16,
+                           .max_wait_ms = 0,
+                           .max_queue = 256,
+                           .compute_threads = 0,
+                           .device = {.automatic = 0, .device = TS_CPU, .gpu = 0}};
 }
 
 static void count(ts_serve_t *s, ts_serve_outcome_t o) {
@@ -199,6 +206,7 @@ static int take_batch(ts_serve_t *s, ts_list_t *batch) {
 
 /* Stages every job of batch as rows of xx, tt, yy: [x; x] with labels [y; ∅] for a guided one. */
 static int stage_batch(ts_serve_t *s, ts_list_t *batch) {
+    ts_engine_t *host = s->eng.device == TS_CPU ? &s->eng : &s->host;
     int64_t r = 0;
     TS_LIST_FOREACH(it, batch) {
         job_t *j = job_at(it);
@@ -208,8 +216,7 @@ static int stage_batch(ts_serve_t *s, ts_list_t *batch) {
         TS_TRY(ts_tensor_wrap(&tsrc, j->t, TS_F32, TS_CPU, 1, TS_SHAPE(j->B)));
         for (int p = 0; p < pairs; p++, r += j->B) {
             TS_TRY(ts_tensor_slice(&dst, &s->xx, r, j->B));
-            TS_TRY(j->dtype == TS_F32 ? ts_tensor_copy(&dst, &src)
-                                      : ts_convert(&s->eng, &dst, &src));
+            TS_TRY(j->dtype == TS_F32 ? ts_tensor_copy(&dst, &src) : ts_convert(host, &dst, &src));
             TS_TRY(ts_tensor_slice(&tdst, &s->tt, r, j->B));
             TS_TRY(ts_tensor_copy(&tdst, &tsrc));
             for (int i = 0; i < j->B; i++)
@@ -219,33 +226,45 @@ static int stage_batch(ts_serve_t *s, ts_list_t *batch) {
     return TS_OK;
 }
 
+/* Uploads the staged rows to the engine's device and runs one forward pass over them; out is
+ * the model's output on the device. */
+static int forward_batch(ts_serve_t *s, int rows, ts_tensor_t *out) {
+    ts_tensor_t xh, th, xb, tb;
+    TS_TRY(ts_tensor_slice(&xh, &s->xx, 0, rows));
+    TS_TRY(ts_tensor_slice(&th, &s->tt, 0, rows));
+    TS_TRY(ts_tensor_slice(&xb, &s->xd, 0, rows));
+    TS_TRY(ts_tensor_slice(&tb, &s->td, 0, rows));
+    TS_TRY(ts_tensor_copy(&xb, &xh));
+    TS_TRY(ts_tensor_copy(&tb, &th));
+    return ts_dit_forward(&s->model, &xb, &tb, s->yy, rows, out);
+}
+
 /* One forward pass over the staged rows, then each job's velocity into its answer buffer: the
- * conditional rows, guided as ts_dit_velocity does it (v = s·v(y), then v += (1 − s)·v(∅)). */
+ * conditional rows, guided on the device as ts_dit_velocity does it (v = s·v(y), then
+ * v += (1 − s)·v(∅)), copied down and converted to the request's dtype. */
 static int run_batch(ts_serve_t *s, ts_list_t *batch, int rows) {
-    ts_engine_t *e = &s->eng;
+    ts_engine_t *e = &s->eng, *host = e->device == TS_CPU ? e : &s->host;
     TS_TRY(stage_batch(s, batch));
-    ts_tensor_t xb, tb, out;
-    TS_TRY(ts_tensor_slice(&xb, &s->xx, 0, rows));
-    TS_TRY(ts_tensor_slice(&tb, &s->tt, 0, rows));
-    TS_TRY(ts_dit_forward(&s->model, &xb, &tb, s->yy, rows, &out));
+    ts_tensor_t out;
+    TS_TRY(forward_batch(s, rows, &out));
     int64_t r = 0;
     TS_LIST_FOREACH(it, batch) {
         job_t *j = job_at(it);
         ts_tensor_t cond, uncond, v, answer;
         TS_TRY(ts_tensor_wrap(&answer, j->v, j->dtype, TS_CPU, 4, j->shape));
         TS_TRY(ts_tensor_slice(&cond, &out, r, j->B));
+        if (j->rows == 2 * j->B) {
+            TS_TRY(ts_tensor_slice(&uncond, &out, r + j->B, j->B));
+            TS_TRY(ts_scale(e, &cond, j->cfg_scale));
+            TS_TRY(ts_axpy(e, &cond, 1.0f - j->cfg_scale, &uncond));
+        }
         if (j->dtype == TS_F32)
             v = answer;
         else
             TS_TRY(ts_tensor_slice(&v, &s->vv, 0, j->B));
         TS_TRY(ts_tensor_copy(&v, &cond));
-        if (j->rows == 2 * j->B) {
-            TS_TRY(ts_tensor_slice(&uncond, &out, r + j->B, j->B));
-            TS_TRY(ts_scale(e, &v, j->cfg_scale));
-            TS_TRY(ts_axpy(e, &v, 1.0f - j->cfg_scale, &uncond));
-        }
         if (j->dtype != TS_F32)
-            TS_TRY(ts_convert(e, &answer, &v));
+            TS_TRY(ts_convert(host, &answer, &v));
         r += j->rows;
     }
     return TS_OK;
@@ -548,11 +567,20 @@ static int check_opts(const ts_serve_opts_t *o, char *err, size_t errlen) {
 
 /* The engine, the model with x's parameters and the staging, for max_batch rows. */
 static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, size_t errlen) {
-    ts_engine_opts_t eo = {.device = TS_CPU, .threads = s->o.compute_threads};
-    int rc = ts_engine_init(&s->eng, &eo);
+    int rc = ts_engine_init_spec(&s->eng, &s->o.device, s->o.compute_threads, s->eng_note,
+                                 sizeof s->eng_note);
     if (rc) {
-        ts_set_err(err, errlen, "serve: starting the engine failed: %s", ts_strerror(rc));
+        ts_set_err(err, errlen, "serve: starting the engine failed: %s", s->eng_note);
         return rc;
+    }
+    s->eng_ok = 1;
+    if (s->eng.device != TS_CPU) {
+        ts_engine_opts_t ho = {.device = TS_CPU, .threads = 1};
+        if ((rc = ts_engine_init(&s->host, &ho)) != TS_OK) {
+            ts_set_err(err, errlen, "serve: starting the host engine failed: %s", ts_strerror(rc));
+            return rc;
+        }
+        s->host_ok = 1;
     }
     const ts_dit_config_t *c = &x->cfg;
     int B = s->o.max_batch;
@@ -570,6 +598,11 @@ static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, siz
                              TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
     if (rc == TS_OK)
         rc = ts_tensor_alloc(&s->tt, TS_F32, TS_CPU, 1, TS_SHAPE(B));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&s->xd, TS_F32, s->eng.device, 4,
+                             TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&s->td, TS_F32, s->eng.device, 1, TS_SHAPE(B));
     if (rc == TS_OK && !(s->yy = malloc((size_t)B * sizeof *s->yy)))
         rc = TS_ENOMEM;
     if (rc)
@@ -583,10 +616,14 @@ static void release(ts_serve_t *s) {
     ts_tensor_free(&s->xx);
     ts_tensor_free(&s->vv);
     ts_tensor_free(&s->tt);
+    ts_tensor_free(&s->xd);
+    ts_tensor_free(&s->td);
     free(s->yy);
     ts_dit_free(&s->model);
-    if (s->eng.pool)
+    if (s->eng_ok)
         ts_engine_free(&s->eng);
+    if (s->host_ok)
+        ts_engine_free(&s->host);
     free(s);
 }
 
@@ -704,4 +741,10 @@ void ts_serve_stats(ts_serve_t *s, ts_serve_stats_t *out) {
     pthread_mutex_lock(&s->mu);
     *out = s->st;
     pthread_mutex_unlock(&s->mu);
+}
+
+void ts_serve_device(const ts_serve_t *s, char *buf, size_t len, char *note, size_t note_len) {
+    ts_engine_describe(s ? &s->eng : NULL, buf, len);
+    if (note && note_len > 0)
+        snprintf(note, note_len, "%s", s ? s->eng_note : "");
 }

@@ -64,10 +64,11 @@ typedef struct ts_serve_expert {
 } ts_serve_expert_t;
 
 typedef struct ts_serve_opts {
-    int max_batch;       /* rows per forward pass (a guided sample is 2), default 16 */
-    int max_wait_ms;     /* how long the oldest request waits for others, default 0 */
-    int max_queue;       /* rows queued before busy, default 256 */
-    int compute_threads; /* the engine's worker threads, default 0 = one per core */
+    int max_batch;           /* rows per forward pass (a guided sample is 2), default 16 */
+    int max_wait_ms;         /* how long the oldest request waits for others, default 0 */
+    int max_queue;           /* rows queued before busy, default 256 */
+    int compute_threads;     /* the engine's worker threads, default 0 = one per core */
+    ts_device_spec_t device; /* the engine's device, default cpu (tesserad: [compute] device) */
     /* Optional observers, called on the compute thread after each batch (they must be thread-safe
      * and quick: a metrics registry's updates): the batch's rows and compute time, and each of
      * its requests' time in the queue. */
@@ -129,6 +130,9 @@ void ts_serve_shutdown(ts_serve_t *s);
 int ts_serve_free(ts_serve_t *s);
 
 void ts_serve_load(ts_serve_t *s, ts_serve_load_t *out);
+/* What the server computes on: ts_engine_describe's words ("cpu, 2 threads", "cuda:0, NAME, …"),
+ * and, where the device was chosen by "auto", why (ts_engine_init_spec's note). */
+void ts_serve_device(const ts_serve_t *s, char *buf, size_t len, char *note, size_t note_len);
 void ts_serve_stats(ts_serve_t *s, ts_serve_stats_t *out);
 
 #ifdef __cplusplus

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "daemon/log.h"
 #include "model/dit_io.h"
 #include "model/fmnist.h"
 #include "model/partition.h"
@@ -278,6 +279,7 @@ void ts_train_job_opts_from_config(ts_train_job_opts_t *o, const ts_daemon_confi
                                .model = c->train_model,
                                .steps = c->train_steps,
                                .threads = c->train_threads,
+                               .device = c->compute_device,
                                .ckpt_every = c->train_ckpt_every,
                                .keep = c->train_keep,
                                .snapshots = c->train_serve_while_training,
@@ -313,9 +315,12 @@ static int build(ts_train_job_t *j, const ts_train_job_opts_t *o, char *err, siz
     }
     cfg.in_channels = j->data.channels, cfg.input_size = j->data.height;
     int rc = ts_train_run_id(j->partition_id, j->cluster, &cfg, &o->train, j->progress.run_id);
-    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
-    if (rc == TS_OK && (rc = ts_engine_init(&j->eng, &eo)) != TS_OK)
-        ts_set_err(err, errlen, "cannot start the CPU engine (%d threads)", o->threads);
+    char note[384] = "";
+    if (rc == TS_OK &&
+        (rc = ts_engine_init_spec(&j->eng, &o->device, o->threads, note, sizeof note)) != TS_OK)
+        ts_set_err(err, errlen, "cannot start the training engine: %s", note);
+    if (rc == TS_OK)
+        ts_log_info("train", "training on %s", note);
     if (rc == TS_OK && ((rc = ts_dit_create(&j->model, &cfg, &j->eng, o->train.batch, 1)) ||
                         (rc = ts_dit_init_weights(&j->model, o->train.seed))))
         ts_set_err(err, errlen, "cannot build model '%s' for batch %d", name, o->train.batch);

@@ -63,18 +63,19 @@
 #define TS_TRAIN_RUN_ID_MAX 128 /* bytes of a run id, NUL included */
 
 typedef struct ts_train_job_opts {
-    ts_store_t *store;     /* borrowed: must outlive the job */
-    const char *partition; /* the partition file (`tessera partition`'s partition.safetensors) */
-    int cluster;           /* 0..K−1 */
-    const char *data;      /* the Fashion-MNIST IDX folder; NULL = TS_FMNIST_DEFAULT_DIR */
-    const char *model;     /* a preset of ts_dit_config_preset; NULL = "tiny" */
-    int64_t steps;         /* the run is complete at this step (≥ 1) */
+    ts_store_t *store;       /* borrowed: must outlive the job */
+    const char *partition;   /* the partition file (`tessera partition`'s partition.safetensors) */
+    int cluster;             /* 0..K−1 */
+    const char *data;        /* the Fashion-MNIST IDX folder; NULL = TS_FMNIST_DEFAULT_DIR */
+    const char *model;       /* a preset of ts_dit_config_preset; NULL = "tiny" */
+    int64_t steps;           /* the run is complete at this step (≥ 1) */
     ts_train_config_t train; /* from ts_train_config_default, then batch, lr, warmup, ... */
-    int threads;           /* the job's compute threads; 0 = one per online core */
-    int ckpt_every;        /* steps between checkpoints, ≥ 1 */
-    int keep;              /* checkpoints of the run kept in the store, ≥ 1 */
-    int snapshots;         /* 1: publish the EMA weights at every checkpoint (see above) */
-    const char *out;       /* may be NULL: also write the final weights to this file */
+    int threads;             /* the job's compute threads; 0 = one per online core */
+    ts_device_spec_t device; /* the job's engine ({0}: the CPU; tesserad: [compute] device) */
+    int ckpt_every;          /* steps between checkpoints, ≥ 1 */
+    int keep;                /* checkpoints of the run kept in the store, ≥ 1 */
+    int snapshots;           /* 1: publish the EMA weights at every checkpoint (see above) */
+    const char *out;         /* may be NULL: also write the final weights to this file */
     /* May be NULL. Called on the job's thread; must be thread-safe and return at once
      * (uv_async_send is both). */
     void (*notify)(void *ctx);
@@ -99,17 +100,17 @@ const char *ts_train_state_name(ts_train_state_t s); /* "running", "stopped", "d
 
 typedef struct ts_train_progress {
     ts_train_state_t state;
-    int64_t step, steps;  /* steps completed, of steps */
-    int64_t resumed_from; /* the checkpoint's step the job started from; 0 for a fresh run */
-    int64_t ckpt_step;    /* the newest checkpoint in the store; −1 none yet */
-    float loss;           /* the last step's loss (NaN before the job's first step) */
-    float loss_avg;       /* the run's running average (model/train.h; carried by checkpoints) */
-    double samples_per_s; /* since the job started */
-    uint64_t snapshots;   /* snapshots published so far: a new value means a new snapshot */
+    int64_t step, steps;   /* steps completed, of steps */
+    int64_t resumed_from;  /* the checkpoint's step the job started from; 0 for a fresh run */
+    int64_t ckpt_step;     /* the newest checkpoint in the store; −1 none yet */
+    float loss;            /* the last step's loss (NaN before the job's first step) */
+    float loss_avg;        /* the run's running average (model/train.h; carried by checkpoints) */
+    double samples_per_s;  /* since the job started */
+    uint64_t snapshots;    /* snapshots published so far: a new value means a new snapshot */
     int64_t snapshot_step; /* the newest snapshot's step; −1 none */
-    ts_hash_t weights;    /* TS_TRAIN_DONE: the final EMA weights' hash in the store */
+    ts_hash_t weights;     /* TS_TRAIN_DONE: the final EMA weights' hash in the store */
     char run_id[TS_TRAIN_RUN_ID_MAX];
-    char message[512];    /* TS_TRAIN_FAILED: a sentence */
+    char message[512]; /* TS_TRAIN_FAILED: a sentence */
 } ts_train_progress_t;
 
 /* One published copy of the EMA weights. Immutable once published; shared by reference. */

@@ -180,6 +180,8 @@ int ts_cuda_memcpy(void *dst, ts_device_t dst_dev, const void *src, ts_device_t 
 int ts_cuda_is_built(void);
 /* device count, or 0 with the reason written to why */
 int ts_cuda_count(char *why, size_t why_len);
+/* Device gpu's name and memory in bytes (total, and free now); TS_ENODEV when there is none. */
+int ts_cuda_info(int gpu, char *name, size_t name_len, size_t *total, size_t *free_now);
 
 #ifdef __cplusplus
 }

@@ -47,3 +47,13 @@ int ts_cuda_count(char *why, size_t why_len) {
                  "and cuBLAS)");
     return 0;
 }
+
+int ts_cuda_info(int gpu, char *name, size_t name_len, size_t *total, size_t *free_now) {
+    if (name && name_len > 0)
+        name[0] = '\0';
+    if (total)
+        *total = 0;
+    if (free_now)
+        *free_now = 0;
+    return TS_ENODEV;
+}

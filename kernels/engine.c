@@ -1,6 +1,8 @@
 /* engine.c — starting and stopping compute engines (see engine.h). */
 #include "kernels/engine.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/backend.h"
@@ -42,3 +44,117 @@ int ts_engine_sync(ts_engine_t *e) {
 int ts_cuda_built(void) { return ts_cuda_is_built(); }
 
 int ts_cuda_device_count(char *why, size_t why_len) { return ts_cuda_count(why, why_len); }
+
+/* ---- devices by name ---- */
+
+int ts_device_spec_parse(const char *text, ts_device_spec_t *out) {
+    if (!out)
+        return TS_EINVAL;
+    ts_device_spec_t s = {.automatic = 0, .device = TS_CPU, .gpu = 0};
+    if (!text || !*text || strcmp(text, "auto") == 0)
+        s.automatic = 1;
+    else if (strcmp(text, "cpu") == 0)
+        s.device = TS_CPU;
+    else if (strncmp(text, "cuda", 4) == 0 && (text[4] == '\0' || text[4] == ':')) {
+        s.device = TS_CUDA;
+        if (text[4] == ':') {
+            const char *digits = text + 5;
+            char *end = NULL;
+            if (*digits < '0' || *digits > '9')
+                return TS_EINVAL;
+            long n = strtol(digits, &end, 10);
+            if (*end != '\0' || n < 0 || n > 1023)
+                return TS_EINVAL;
+            s.gpu = (int)n;
+        }
+    } else
+        return TS_EINVAL;
+    *out = s;
+    return TS_OK;
+}
+
+void ts_device_spec_format(const ts_device_spec_t *spec, char *buf, size_t len) {
+    if (!buf || len == 0)
+        return;
+    if (!spec || spec->automatic)
+        snprintf(buf, len, "auto");
+    else if (spec->device == TS_CUDA)
+        snprintf(buf, len, "cuda:%d", spec->gpu);
+    else
+        snprintf(buf, len, "cpu");
+}
+
+void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len) {
+    if (!buf || len == 0)
+        return;
+    if (!e) {
+        snprintf(buf, len, "none");
+        return;
+    }
+    if (e->device != TS_CUDA) {
+        snprintf(buf, len, "cpu, %d thread%s", e->threads, e->threads == 1 ? "" : "s");
+        return;
+    }
+    char name[256];
+    size_t total = 0;
+    if (ts_cuda_info(e->gpu, name, sizeof name, &total, NULL) != TS_OK)
+        snprintf(name, sizeof name, "unknown device");
+    snprintf(buf, len, "cuda:%d, %s, %.1f GiB", e->gpu, name,
+             (double)total / (1024.0 * 1024.0 * 1024.0));
+}
+
+int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used) {
+    if (!e || !total || !used)
+        return TS_EINVAL;
+    *total = *used = 0;
+    if (e->device != TS_CUDA)
+        return TS_ENODEV;
+    size_t t = 0, f = 0;
+    int rc = ts_cuda_info(e->gpu, NULL, 0, &t, &f);
+    if (rc != TS_OK)
+        return rc;
+    *total = t;
+    *used = t - (f < t ? f : t);
+    return TS_OK;
+}
+
+int ts_engine_init_spec(ts_engine_t *e, const ts_device_spec_t *spec, int threads, char *note,
+                        size_t note_len) {
+    if (!e || !spec)
+        return TS_EINVAL;
+    char why[256] = "";
+    ts_engine_opts_t eo = {.device = spec->device, .threads = threads, .gpu = spec->gpu};
+    if (spec->automatic) {
+        eo.device = ts_cuda_device_count(why, sizeof why) > 0 ? TS_CUDA : TS_CPU;
+        eo.gpu = 0;
+    } else if (spec->device == TS_CUDA) {
+        int count = ts_cuda_device_count(why, sizeof why);
+        if (count > 0 && spec->gpu >= count)
+            snprintf(why, sizeof why, "no device cuda:%d (this machine has %d)", spec->gpu, count);
+        if (spec->gpu >= count) {
+            if (note && note_len > 0)
+                snprintf(note, note_len, "cuda:%d: %s", spec->gpu, why);
+            return TS_ENODEV;
+        }
+    }
+    int rc = ts_engine_init(e, &eo);
+    if (rc != TS_OK && spec->automatic && eo.device == TS_CUDA) {
+        /* a GPU that is present but cannot start (driver, memory): auto falls back, and says so */
+        snprintf(why, sizeof why, "cuda:0 did not start: %s", ts_strerror(rc));
+        eo.device = TS_CPU;
+        rc = ts_engine_init(e, &eo);
+    }
+    if (!note || note_len == 0)
+        return rc;
+    if (rc != TS_OK) {
+        snprintf(note, note_len, "%s: %s", eo.device == TS_CUDA ? "cuda" : "cpu", ts_strerror(rc));
+        return rc;
+    }
+    char desc[320];
+    ts_engine_describe(e, desc, sizeof desc);
+    if (spec->automatic && eo.device == TS_CPU)
+        snprintf(note, note_len, "%s (auto: %s)", desc, why);
+    else
+        snprintf(note, note_len, "%s%s", desc, spec->automatic ? " (auto)" : "");
+    return rc;
+}

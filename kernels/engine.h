@@ -46,6 +46,36 @@ void ts_engine_free(ts_engine_t *e);
 /* Waits until all work queued on the engine is done. */
 int ts_engine_sync(ts_engine_t *e);
 
+/* A device as a user names it (`--device`, tesserad's `[compute] device`): "auto", "cpu",
+ * "cuda" (ordinal 0) or "cuda:N". */
+typedef struct ts_device_spec {
+    int automatic;      /* 1 for "auto": the GPU when there is one, else the CPU */
+    ts_device_t device; /* when not automatic */
+    int gpu;            /* TS_CUDA: the ordinal */
+} ts_device_spec_t;
+
+#define TS_DEVICE_SPEC_HELP                                                                        \
+    "auto (a CUDA GPU when this build has the backend and one is present, else the CPU), cpu, "    \
+    "cuda or cuda:N"
+
+/* Parses text (NULL or "" = auto). TS_EINVAL for anything else, out untouched. */
+int ts_device_spec_parse(const char *text, ts_device_spec_t *out);
+/* The spec as text: "auto", "cpu", "cuda:N". */
+void ts_device_spec_format(const ts_device_spec_t *spec, char *buf, size_t len);
+
+/* Starts the engine spec names; threads as in ts_engine_opts_t (CPU). "auto" takes CUDA device 0
+ * when the backend is built and a device is present, else the CPU. note (may be NULL) receives
+ * one line for the log saying what was chosen and why, e.g. "cpu, 2 threads (auto: CUDA backend
+ * not built)" or "cuda:0, NVIDIA H100 80GB HBM3, 79.2 GiB". An explicit cuda[:N] that cannot start
+ * returns its error (TS_ENODEV when there is no such device) with the reason in note. */
+int ts_engine_init_spec(ts_engine_t *e, const ts_device_spec_t *spec, int threads, char *note,
+                        size_t note_len);
+/* What the engine runs on, for adverts, status and logs: "cpu, N threads" or "cuda:N, NAME". */
+void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
+/* Device memory of a CUDA engine in bytes: total and used now (by every process). TS_ENODEV for a
+ * CPU engine. */
+int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used);
+
 /* 1 when this build contains the CUDA backend. */
 int ts_cuda_built(void);
 /* Number of CUDA devices usable now (0 when none or not built). When none, writes the reason

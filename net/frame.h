@@ -61,6 +61,7 @@ extern "C" {
 #define TS_FRAME_SIGNATURE_BYTES 64u         /* Ed25519 */
 #define TS_FRAME_MAX_DIMS 4                  /* of a Tensor */
 #define TS_FRAME_CENTROID_MAX 4096           /* elements of an advert's centroid */
+#define TS_FRAME_DEVICE_MAX 127              /* bytes of an advert's capacity.device */
 #define TS_FRAME_ADDR_MAX 255                /* bytes of one "host:port" (as store/peers.h) */
 #define TS_FRAME_MESSAGE_MAX 1024            /* bytes of an Error's message */
 #define TS_FRAME_SIGNED_BODY_MAX (64u << 10) /* bytes of the body of a signed statement */

@@ -389,11 +389,83 @@ static void test_engine_init_errors(void **state) {
         assert_int_equal(count, 0);
 }
 
+/* Device names as users write them, and "auto" choosing what is there. */
+static void test_device_specs(void **state) {
+    (void)state;
+    static const struct {
+        const char *text;
+        int automatic;
+        ts_device_t device;
+        int gpu;
+        const char *formatted;
+    } good[] = {{NULL, 1, TS_CPU, 0, "auto"},        {"", 1, TS_CPU, 0, "auto"},
+                {"auto", 1, TS_CPU, 0, "auto"},      {"cpu", 0, TS_CPU, 0, "cpu"},
+                {"cuda", 0, TS_CUDA, 0, "cuda:0"},   {"cuda:0", 0, TS_CUDA, 0, "cuda:0"},
+                {"cuda:3", 0, TS_CUDA, 3, "cuda:3"}, {"cuda:1023", 0, TS_CUDA, 1023, "cuda:1023"}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        ts_device_spec_t s;
+        TU_CHECK_RC(ts_device_spec_parse(good[i].text, &s), TS_OK);
+        assert_int_equal(s.automatic, good[i].automatic);
+        if (!s.automatic) {
+            assert_int_equal(s.device, good[i].device);
+            assert_int_equal(s.gpu, good[i].gpu);
+        }
+        char buf[32];
+        ts_device_spec_format(&s, buf, sizeof buf);
+        assert_string_equal(buf, good[i].formatted);
+    }
+    static const char *bad[] = {"gpu",   "CPU",   "cuda:", "cuda:-1", "cuda:1024", "cuda:1x",
+                                "cuda0", "cudax", "cpu ",  " cpu",    "cuda:+1",   "auto:0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ts_device_spec_t s = {.automatic = 7, .device = TS_CUDA, .gpu = 42};
+        TU_CHECK_RC(ts_device_spec_parse(bad[i], &s), TS_EINVAL);
+        assert_int_equal(s.automatic, 7); /* untouched */
+        assert_int_equal(s.gpu, 42);
+    }
+    TU_CHECK_RC(ts_device_spec_parse("cpu", NULL), TS_EINVAL);
+
+    /* auto starts an engine in every build: the GPU when there is one, else the CPU with why */
+    char why[256] = "", note[512] = "";
+    int count = ts_cuda_device_count(why, sizeof why);
+    ts_device_spec_t automatic, cpu, far;
+    TU_CHECK_RC(ts_device_spec_parse("auto", &automatic), TS_OK);
+    TU_CHECK_RC(ts_device_spec_parse("cpu", &cpu), TS_OK);
+    TU_CHECK_RC(ts_device_spec_parse("cuda:1000", &far), TS_OK);
+    ts_engine_t e;
+    TU_CHECK_RC(ts_engine_init_spec(&e, &automatic, 1, note, sizeof note), TS_OK);
+    assert_int_equal(e.device, count > 0 ? TS_CUDA : TS_CPU);
+    if (count == 0) { /* the note names the CPU and repeats the reason there is no GPU */
+        assert_non_null(strstr(note, "cpu, 1 thread (auto: "));
+        assert_non_null(strstr(note, why));
+    }
+    size_t total = 1, used = 1;
+    int mrc = ts_engine_memory(&e, &total, &used);
+    if (e.device == TS_CPU) {
+        assert_int_equal(mrc, TS_ENODEV);
+        assert_true(total == 0 && used == 0);
+    } else {
+        assert_int_equal(mrc, TS_OK);
+        assert_true(total > 0 && used <= total);
+    }
+    ts_engine_free(&e);
+    TU_CHECK_RC(ts_engine_init_spec(&e, &cpu, 2, note, sizeof note), TS_OK);
+    assert_string_equal(note, "cpu, 2 threads");
+    char desc[64];
+    ts_engine_describe(&e, desc, sizeof desc);
+    assert_string_equal(desc, "cpu, 2 threads");
+    ts_engine_free(&e);
+    /* a GPU that is not there is refused, with the reason, never replaced by the CPU */
+    TU_CHECK_RC(ts_engine_init_spec(&e, &far, 0, note, sizeof note), TS_ENODEV);
+    assert_non_null(strstr(note, "cuda:1000: "));
+    TU_CHECK_RC(ts_engine_init_spec(NULL, &cpu, 0, note, sizeof note), TS_EINVAL);
+    TU_CHECK_RC(ts_engine_init_spec(&e, NULL, 0, note, sizeof note), TS_EINVAL);
+}
+
 static void test_strerror(void **state) {
     (void)state;
-    static const int codes[] = {TS_OK,      TS_EINVAL,   TS_ENOMEM, TS_ESHAPE,  TS_EDTYPE,
-                                TS_EDEVICE, TS_ENODEV,   TS_ECUDA,  TS_ECUBLAS, TS_ENONFINITE,
-                                TS_EIO,     TS_ECORRUPT, TS_ERANGE, TS_ENOTSUP, TS_ENOTFOUND,
+    static const int codes[] = {TS_OK,      TS_EINVAL,   TS_ENOMEM, TS_ESHAPE,    TS_EDTYPE,
+                                TS_EDEVICE, TS_ENODEV,   TS_ECUDA,  TS_ECUBLAS,   TS_ENONFINITE,
+                                TS_EIO,     TS_ECORRUPT, TS_ERANGE, TS_ENOTSUP,   TS_ENOTFOUND,
                                 TS_ENOSPC,  TS_EEXIST,   TS_EBUSY,  TS_ETIMEDOUT, TS_ECANCELED,
                                 TS_EPEER,   TS_ECLOSED};
     static const int unknown[] = {1, 42, -22, -1000, INT_MIN, INT_MAX};
@@ -430,6 +502,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_embedding_ids_out_of_range, setup, teardown),
         cmocka_unit_test(test_absurd_sizes),
         cmocka_unit_test(test_engine_init_errors),
+        cmocka_unit_test(test_device_specs),
         cmocka_unit_test(test_strerror),
         cmocka_unit_test_setup_teardown(test_null_gelu_backward_inp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_null_silu_backward_inp, setup, teardown),

@@ -77,6 +77,8 @@ static void test_example_is_valid_and_complete(void **state) {
     assert_int_equal(c.train_ckpt_every, d.train_ckpt_every);
     assert_int_equal(c.train_keep, d.train_keep);
     assert_int_equal(c.train_serve_while_training, d.train_serve_while_training);
+    assert_int_equal(c.compute_device.automatic, 1);
+    assert_int_equal(d.compute_device.automatic, 1);
     /* and every key of the table appears in it, set or commented out, with its default */
     char *text = slurp(TS_CONFIG_EXAMPLE);
     for (int i = 0; ts_daemon_config_key(i); i++) {
@@ -144,6 +146,9 @@ static void test_errors_name_file_line_and_key(void **state) {
                  "max_batch (64)", NULL);
     expect_error(KEYS "[log]\nlevel = verbose\n", "want debug, info, warn or error", NULL);
     expect_error(KEYS "[log]\nformat = xml\n", "want text or json", NULL);
+    expect_error(KEYS "[compute]\ndevice = gpu\n", "t.ini:6:", "[compute] device",
+                 "want auto, cpu, cuda or cuda:N", NULL);
+    expect_error(KEYS "[compute]\ndevice = cuda:x\n", "want auto, cpu, cuda or cuda:N", NULL);
     expect_error(KEYS "[metrics]\nlisten = 9420\n", "t.ini:6:", "[metrics] listen", "not host:port",
                  NULL);
     expect_error(KEYS "[metrics]\nport = 9420\n", "unknown key", NULL);
@@ -184,7 +189,7 @@ static void test_errors_name_file_line_and_key(void **state) {
     expect_error(KEYS "[train]\nserve_while_training = yes\n", "want true or false", NULL);
     expect_error(KEYS "[train]\nmodel = huge\n", "'huge': want a model preset", NULL);
     expect_error(KEYS "[train]\nckpt_every = 0\n", "0 is outside 1..", NULL);
-    expect_error(KEYS "[trian]\nsteps = 5\n", "unknown section", "expert, train", NULL);
+    expect_error(KEYS "[trian]\nsteps = 5\n", "unknown section", "expert, compute, train", NULL);
 }
 
 static void test_values(void **state) {
@@ -195,6 +200,7 @@ static void test_values(void **state) {
                             "bootstrap = node3.example:9\n"
                             "; a comment\n# another\n"
                             "[gossip]\nprobe_interval_ms = 200\nprobe_timeout_ms = 100\n"
+                            "[compute]\ndevice = cuda:1\n"
                             "[log]\nlevel = debug\nformat = json\nfile = /tmp/x.log\n";
     int rc = ts_daemon_config_parse(&c, text, "t.ini", err, sizeof err);
     if (rc != TS_OK)
@@ -206,6 +212,9 @@ static void test_values(void **state) {
     assert_int_equal(c.probe_interval_ms, 200);
     assert_int_equal(c.probe_timeout_ms, 100);
     assert_int_equal(c.log_level, TS_LOG_DEBUG);
+    assert_int_equal(c.compute_device.automatic, 0);
+    assert_int_equal(c.compute_device.device, TS_CUDA);
+    assert_int_equal(c.compute_device.gpu, 1);
     assert_int_equal(c.log_format, TS_LOG_JSON);
     assert_string_equal(c.log_file, "/tmp/x.log");
     assert_string_equal(c.advertise, "127.0.0.1:7420"); /* defaults to listen */

@@ -183,6 +183,13 @@ until [ "$(seen_version)" -gt "$v1" ]; do
     i=$((i + 1)); [ $i -lt 1200 ] || fail "the trainer's advert never changed (version $v1)"; sleep 0.1
 done
 echo "ok: the trainer's advert reaches another node, and its changes propagate (version $v1 → $(seen_version))"
+# the device it computes on: logged with the reason auto chose it, and advertised
+"$T" status --peer "$saddr" --network-key "$dir/tk.key" --json 2>/dev/null >"$dir/dev.json"
+"$PY" -c 'import json,sys; j=json.load(open(sys.argv[1])); d=[a["capacity"]["device"] for a in j["adverts"] if a["node_id"]==sys.argv[2]]; sys.exit(0 if d and d[0].startswith(("cpu, ", "cuda:")) else 1)' \
+    "$dir/dev.json" "$kid" || fail "the trainer's advert names no device: $(head -c 400 "$dir/dev.json")"
+grep -q "training on \(cpu, [0-9]* thread\|cuda:\)" "$dir/killed.log" ||
+    fail "the trainer does not log its device: $(grep -m1 training "$dir/killed.log")"
+echo "ok: the device is logged ($(grep -m1 -o 'training on .*' "$dir/killed.log")) and advertised"
 wait_log "$dir/straight.log" "done: 200 steps"
 wait_log "$dir/killed.log" "done: 200 steps"
 w1=$(sed -n 's/.*done: 200 steps.*weights \([0-9a-f]*\) in the store.*/\1/p' "$dir/straight.log")
