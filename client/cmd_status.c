@@ -10,22 +10,9 @@
  *     the expert it advertises (partition:cluster, model, load);
  *   - per partition, how many live experts serve each cluster, and which have none;
  *   - total capacity and request rate.
- * --json prints one object instead (below); --watch asks again every --interval seconds over
- * the same connection and redraws in place on a terminal (JSON: one object per line), until
- * interrupted.
- *
- *   {"node_id": "<hex>", "live_members": n,
- *    "members": [{"node_id", "node_id_short", "state", "incarnation", "addr",
- *                 "last_change_age_ms", "advert_version"}],
- *    "adverts": [{"node_id", "version", "partition_id", "num_clusters", "cluster",
- *                 "weights_hash", "objective", "model": {...}, "centroid_dims",
- *                 "capacity": {...}, "load": {...}}],
- *    "load": {...} | null,
- *    "aggregates": {"clusters": [{"partition_id", "cluster", "live_experts"}],
- *                   "uncovered": [{"partition_id", "cluster"}], "total_capacity",
- *                   "request_rate", "live_members"},
- *    "health": "ok" | "alone: …" | "handshakes refused: …" | null (a node that does not say),
- *    "metrics": "http://HOST:PORT/metrics" | null}
+ * --json prints one object instead (its fields: net/status_json.h, which tesserad's status page
+ * reads too); --watch asks again every --interval seconds over the same connection and redraws
+ * in place on a terminal (JSON: one object per line), until interrupted.
  *
  * Exit status 0 when the node answered, 1 when it could not be asked (refused, timed out, a
  * handshake broken off — most likely another network key — or an error answer), 2 for bad usage.
@@ -46,6 +33,7 @@
 #include "client/jsonout.h"
 #include "client/netclient.h"
 #include "net/frame.h"
+#include "net/status_json.h"
 
 typedef struct status {
     ts_netclient_t nc;
@@ -54,30 +42,6 @@ typedef struct status {
     uv_signal_t sigint;
     char err[1400];
 } status_t;
-
-/* The hex of b's first digits / 2 bytes (all of them when b is shorter). */
-static void hex(const ProtobufCBinaryData *b, size_t digits, char *out) {
-    ts_hex(b->data, b->len < digits / 2 ? b->len : digits / 2, out);
-}
-
-static const char *state_name(int s) {
-    switch (s) {
-    case TESSERA__MEMBER_STATUS__MEMBER_ALIVE: return "alive";
-    case TESSERA__MEMBER_STATUS__MEMBER_SUSPECT: return "suspect";
-    case TESSERA__MEMBER_STATUS__MEMBER_DEAD: return "dead";
-    case TESSERA__MEMBER_STATUS__MEMBER_LEFT: return "left";
-    default: return "?";
-    }
-}
-
-static const char *objective_name(int o) {
-    switch (o) {
-    case TESSERA__OBJECTIVE__OBJECTIVE_VELOCITY: return "velocity";
-    case TESSERA__OBJECTIVE__OBJECTIVE_EPSILON: return "epsilon";
-    case TESSERA__OBJECTIVE__OBJECTIVE_V_PREDICTION: return "v-prediction";
-    default: return "?";
-    }
-}
 
 /* "12s", "4m05s", "3h02m": how long ago, compactly. */
 static void age(uint64_t ms, char *out, size_t len) {
@@ -93,144 +57,14 @@ static void age(uint64_t ms, char *out, size_t len) {
                  (unsigned long long)(s % 3600 / 60));
 }
 
-/* The adverts of a response, decoded once. bodies[i] is NULL when adverts[i] does not decode (a
- * node must not send those; it is shown as such rather than trusted). */
-typedef struct adverts {
-    size_t n;
-    Tessera__AdvertBody **bodies;
-} adverts_t;
-
-static int adverts_decode(const Tessera__StatusResponse *r, adverts_t *a) {
-    a->n = r->n_adverts;
-    a->bodies = calloc(a->n ? a->n : 1, sizeof *a->bodies);
-    if (!a->bodies)
-        return TS_ENOMEM;
-    for (size_t i = 0; i < a->n; i++) {
-        char err[256];
-        if (ts_frame_decode_advert_body(&r->adverts[i]->body, 0, &a->bodies[i], err, sizeof err))
-            a->bodies[i] = NULL;
-    }
-    return TS_OK;
-}
-
-static void adverts_free(adverts_t *a) {
-    for (size_t i = 0; i < a->n; i++)
-        ts_frame_free(a->bodies[i]);
-    free(a->bodies);
-}
-
-/* The decoded advert of node id, or NULL. */
-static const Tessera__AdvertBody *advert_of(const Tessera__StatusResponse *r, const adverts_t *a,
-                                            const ProtobufCBinaryData *id) {
-    for (size_t i = 0; i < a->n; i++)
-        if (r->adverts[i]->node_id.len == id->len &&
-            memcmp(r->adverts[i]->node_id.data, id->data, id->len) == 0)
-            return a->bodies[i];
-    return NULL;
-}
-
-static json_t *j_model(const Tessera__ModelConfig *m) {
-    if (!m)
-        return json_null();
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "input_size", (int)m->input_size,
-                     "patch_size", (int)m->patch_size, "in_channels", (int)m->in_channels,
-                     "hidden_size", (int)m->hidden_size, "depth", (int)m->depth, "num_heads",
-                     (int)m->num_heads, "num_classes", (int)m->num_classes);
-}
-
-static json_t *j_load(const Tessera__Load *l) {
-    if (!l)
-        return json_null();
-    return json_pack("{s:i, s:i, s:f}", "queue_depth", (int)l->queue_depth, "item_latency_us",
-                     (int)l->item_latency_us, "requests_per_s", (double)l->requests_per_s);
-}
-
-static json_t *j_capacity(const Tessera__Capacity *c) {
-    if (!c)
-        return json_null();
-    return json_pack("{s:f, s:i, s:i, s:s?}", "items_per_s", (double)c->items_per_s, "max_batch",
-                     (int)c->max_batch, "queue_limit", (int)c->queue_limit, "device", c->device);
-}
-
-static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) {
-    char id[65], part[65], wh[65];
-    hex(&a->node_id, 64, id);
-    if (!b)
-        return json_pack("{s:s, s:b}", "node_id", id, "valid", 0);
-    hex(&b->partition_id, 64, part);
-    hex(&b->weights_hash, 64, wh);
-    json_int_t dims = b->centroid && b->centroid->n_shape ? b->centroid->shape[0] : 0;
-    json_t *training =
-        b->training ? json_pack("{s:I, s:I, s:f}", "step", (json_int_t)b->training->step, "steps",
-                                (json_int_t)b->training->steps, "loss", (double)b->training->loss)
-                    : json_null();
-    return json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b}",
-                     "node_id", id, "valid", 1, "version", (json_int_t)b->version, "partition_id",
-                     part, "num_clusters", (int)b->num_clusters, "cluster", (int)b->cluster,
-                     "weights_hash", wh, "objective", objective_name(b->objective), "model",
-                     j_model(b->model), "centroid_dims", dims, "capacity", j_capacity(b->capacity),
-                     "load", j_load(b->load), "training", training, "router", b->has_router_hash);
-}
-
-static json_t *j_status(const Tessera__StatusResponse *r, const adverts_t *ad) {
-    char id[65];
-    hex(&r->node_id, 64, id);
-    json_t *members = json_array(), *adverts = json_array(), *clusters = json_array(),
-           *uncovered = json_array();
-    for (size_t i = 0; i < r->n_members; i++) {
-        const Tessera__MemberState *m = r->members[i];
-        char mid[65], brief[17];
-        hex(&m->node_id, 64, mid);
-        hex(&m->node_id, 16, brief);
-        json_array_append_new(members,
-                              json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:I}", "node_id", mid,
-                                        "node_id_short", brief, "state", state_name(m->status),
-                                        "incarnation", (json_int_t)m->incarnation, "addr",
-                                        m->addr ? m->addr : "", "last_change_age_ms",
-                                        (json_int_t)m->last_change_age_ms, "advert_version",
-                                        (json_int_t)m->advert_version));
-    }
-    for (size_t i = 0; i < r->n_adverts; i++)
-        json_array_append_new(adverts, j_advert(r->adverts[i], ad->bodies[i]));
-    const Tessera__Aggregates *g = r->aggregates;
-    json_t *agg = json_null();
-    if (g) {
-        for (size_t i = 0; i < g->n_clusters; i++) {
-            char p[65];
-            hex(&g->clusters[i]->partition_id, 64, p);
-            json_array_append_new(clusters,
-                                  json_pack("{s:s, s:i, s:i}", "partition_id", p, "cluster",
-                                            (int)g->clusters[i]->cluster, "live_experts",
-                                            (int)g->clusters[i]->live_experts));
-        }
-        for (size_t i = 0; i < g->n_uncovered; i++) {
-            char p[65];
-            hex(&g->uncovered[i]->partition_id, 64, p);
-            json_array_append_new(uncovered, json_pack("{s:s, s:i}", "partition_id", p, "cluster",
-                                                       (int)g->uncovered[i]->cluster));
-        }
-        agg = json_pack("{s:O, s:O, s:f, s:f, s:i}", "clusters", clusters, "uncovered", uncovered,
-                        "total_capacity", (double)g->total_capacity, "request_rate",
-                        (double)g->request_rate, "live_members", (int)g->live_members);
-    }
-    json_decref(clusters);
-    json_decref(uncovered);
-    json_t *j = json_pack("{s:s, s:i, s:o, s:o, s:o, s:o}", "node_id", id, "live_members",
-                          g ? (int)g->live_members : -1, "members", members, "adverts", adverts,
-                          "load", j_load(r->load), "aggregates", agg);
-    json_object_set_new(j, "health", r->health ? json_string(r->health) : json_null());
-    json_object_set_new(j, "metrics", r->metrics ? json_string(r->metrics) : json_null());
-    return j;
-}
-
 /* One member row: the expert part from its advert, when one is held. */
 static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBody *b) {
     char brief[17], ago[32], expert[160] = "-";
-    hex(&m->node_id, 16, brief);
+    ts_status_hex(&m->node_id, 16, brief);
     age(m->last_change_age_ms, ago, sizeof ago);
     if (b) {
         char part[9];
-        hex(&b->partition_id, 8, part);
+        ts_status_hex(&b->partition_id, 8, part);
         int n = snprintf(expert, sizeof expert, "%s:%u", part, b->cluster);
         if (b->model && n > 0 && (size_t)n < sizeof expert)
             n += snprintf(expert + n, sizeof expert - (size_t)n, " h%u d%u p%u",
@@ -245,14 +79,15 @@ static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBod
             snprintf(expert + n, sizeof expert - (size_t)n, " training %llu/%llu",
                      (unsigned long long)b->training->step, (unsigned long long)b->training->steps);
     }
-    printf("  %-16s  %-7s  %5llu  %-21s  %8s  v%-4llu %s\n", brief, state_name(m->status),
+    printf("  %-16s  %-7s  %5llu  %-21s  %8s  v%-4llu %s\n", brief, ts_status_state_name(m->status),
            (unsigned long long)m->incarnation, m->addr ? m->addr : "", ago,
            (unsigned long long)m->advert_version, expert);
 }
 
-static void print_status(const Tessera__StatusResponse *r, const adverts_t *ad, const char *addr) {
+static void print_status(const Tessera__StatusResponse *r, const ts_status_adverts_t *ad,
+                         const char *addr) {
     char id[17];
-    hex(&r->node_id, 16, id);
+    ts_status_hex(&r->node_id, 16, id);
     const Tessera__Aggregates *g = r->aggregates;
     size_t experts = 0;
     for (size_t i = 0; g && i < g->n_clusters; i++)
@@ -269,20 +104,20 @@ static void print_status(const Tessera__StatusResponse *r, const adverts_t *ad, 
         printf("\n  %-16s  %-7s  %5s  %-21s  %8s  %-5s %s\n", "MEMBER", "STATE", "INC", "ADDRESS",
                "CHANGED", "ADV", "EXPERT (partition:cluster, model, device, load)");
         for (size_t i = 0; i < r->n_members; i++)
-            print_member(r->members[i], advert_of(r, ad, &r->members[i]->node_id));
+            print_member(r->members[i], ts_status_advert_of(r, ad, &r->members[i]->node_id));
     }
     if (g && (g->n_clusters || g->n_uncovered)) {
         printf("\n  clusters (live experts):");
         for (size_t i = 0; i < g->n_clusters; i++) {
             char p[9];
-            hex(&g->clusters[i]->partition_id, 8, p);
+            ts_status_hex(&g->clusters[i]->partition_id, 8, p);
             printf(" %s:%u=%u", p, g->clusters[i]->cluster, g->clusters[i]->live_experts);
         }
         if (g->n_uncovered) {
             printf("\n  uncovered:");
             for (size_t i = 0; i < g->n_uncovered; i++) {
                 char p[9];
-                hex(&g->uncovered[i]->partition_id, 8, p);
+                ts_status_hex(&g->uncovered[i]->partition_id, 8, p);
                 printf(" %s:%u", p, g->uncovered[i]->cluster);
             }
         }
@@ -321,13 +156,13 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         return;
     }
     const Tessera__StatusResponse *r = res->reply->status_response;
-    adverts_t ad;
-    if (adverts_decode(r, &ad) != TS_OK) {
+    ts_status_adverts_t ad;
+    if (ts_status_adverts_decode(r, &ad) != TS_OK) {
         stop(s, 1, "out of memory");
         return;
     }
     if (s->json) {
-        ts_json_print(j_status(r, &ad));
+        ts_json_print(ts_status_json(r, &ad));
     } else {
         if (s->watch && s->tty)
             printf("\033[H\033[2J");
@@ -336,7 +171,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
             printf("\n(every %d s; Ctrl-C to stop)\n", s->interval_s);
     }
     fflush(stdout);
-    adverts_free(&ad);
+    ts_status_adverts_free(&ad);
     s->rounds++;
     if (s->watch)
         uv_timer_start(&s->timer, on_tick, (uint64_t)s->interval_s * 1000, 0);

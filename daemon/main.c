@@ -19,6 +19,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -38,6 +39,7 @@
 #include "net/gossip.h"
 #include "net/keys.h"
 #include "net/rpc.h"
+#include "net/status_json.h"
 #include "store/store.h"
 
 #ifndef TS_VERSION
@@ -79,6 +81,7 @@ typedef struct {
     ts_metrics_t *metrics;
     ts_metrics_http_t *http;
     uv_timer_t stats_timer; /* copies loop-only counters into the metrics every second */
+    int status_failures;    /* status.json builds failed in a row (warned once) */
     atomic_int ready;       /* /healthz: 1 once joined, 0 while starting or stopping */
     ts_health_t health;     /* the loop's: alone, refused (daemon/health.h) */
     pthread_mutex_t health_mu;
@@ -142,6 +145,46 @@ static void health_tick(daemon_t *d) {
     pthread_mutex_unlock(&d->health_mu);
 }
 
+/* {"p50", "p95", "p99", "count"} of a histogram of this node's (seconds), or null when empty. */
+static json_t *percentiles(ts_metrics_t *m, int id) {
+    double p[3];
+    uint64_t n = 0;
+    static const double qs[] = {0.5, 0.95, 0.99};
+    for (int i = 0; i < 3; i++)
+        if (ts_metrics_quantile(m, id, NULL, qs[i], &p[i], &n) != TS_OK)
+            return json_null();
+    return json_pack("{s:f, s:f, s:f, s:I}", "p50", p[0], "p95", p[1], "p99", p[2], "count",
+                     (json_int_t)n);
+}
+
+/* The status page's /status.json: the view `tessera status --json` prints (net/status_json.h),
+ * and this node's own latency percentiles under "node". Built on the loop (the only thread that
+ * may read gossip), published to the HTTP thread as one string. */
+static void publish_status(daemon_t *d) {
+    Tessera__StatusResponse *r = NULL;
+    ts_status_adverts_t ad = {0};
+    json_t *j = NULL;
+    char *text = NULL;
+    if (ts_gossip_status(d->gossip, NULL, &r) == TS_OK && ts_status_adverts_decode(r, &ad) == TS_OK)
+        j = ts_status_json(r, &ad);
+    if (j)
+        json_object_set_new(j, "node",
+                            json_pack("{s:o, s:o}", "queue_wait_s",
+                                      percentiles(d->metrics, TS_M_QUEUE_WAIT_SECONDS), "compute_s",
+                                      percentiles(d->metrics, TS_M_COMPUTE_SECONDS)));
+    if (j && (text = json_dumps(j, JSON_COMPACT)) != NULL &&
+        ts_metrics_http_set_status(d->http, text, strlen(text)) == TS_OK)
+        d->status_failures = 0;
+    else if (d->status_failures++ == 0)
+        ts_log_warn("metrics", "cannot build the status page's status.json (out of memory?)");
+    free(text);
+    json_decref(j);
+    if (r) {
+        ts_status_adverts_free(&ad);
+        ts_gossip_status_free(r);
+    }
+}
+
 /* The counters only the loop's thread may read, into the registry. */
 static void on_stats(uv_timer_t *t) {
     daemon_t *d = t->data;
@@ -197,6 +240,8 @@ static void on_stats(uv_timer_t *t) {
                                ts_conn_close_reason_name(hs[i]), ns.closed[hs[i]]);
     ts_host_metrics(d->host);
     health_tick(d);
+    if (d->http)
+        publish_status(d);
 }
 
 static void on_gossip_closed(ts_gossip_t *g, void *arg) {

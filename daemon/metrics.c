@@ -462,6 +462,44 @@ int ts_metrics_get(ts_metrics_t *m, int id, const char *label, double *out) {
     return TS_OK;
 }
 
+int ts_metrics_quantile(ts_metrics_t *m, int id, const char *label, double q, double *out,
+                        uint64_t *count) {
+    if (!m || !out || !(q >= 0.0 && q <= 1.0) || id < 0 ||
+        id >= atomic_load_explicit(&m->n_families, memory_order_acquire))
+        return TS_EINVAL;
+    family_t *f = m->families[id];
+    if (f->type != TS_METRIC_HISTOGRAM)
+        return TS_EINVAL;
+    int rc;
+    series_t *s = series_of(m, f, label, 0, &rc);
+    if (!s)
+        return rc;
+    uint64_t n[TS_METRICS_MAX_BUCKETS + 1], total = 0;
+    for (int b = 0; b <= f->n_bounds; b++)
+        total += n[b] = atomic_load_explicit(&s->buckets[b], memory_order_relaxed);
+    if (count)
+        *count = total;
+    if (total == 0)
+        return TS_ENOTFOUND;
+    /* the rank's bucket, then linear within it from its lower bound (0 for the first bucket,
+     * as Prometheus's histogram_quantile); a rank in +Inf answers the highest finite bound */
+    double rank = q * (double)total, below = 0.0;
+    for (int b = 0; b <= f->n_bounds; b++) {
+        if (below + (double)n[b] >= rank && n[b] > 0) {
+            if (b == f->n_bounds) {
+                *out = f->bounds[f->n_bounds - 1];
+                return TS_OK;
+            }
+            double lo = b == 0 ? fmin(0.0, f->bounds[0]) : f->bounds[b - 1], hi = f->bounds[b];
+            *out = lo + (hi - lo) * (rank - below) / (double)n[b];
+            return TS_OK;
+        }
+        below += (double)n[b];
+    }
+    *out = f->bounds[f->n_bounds - 1];
+    return TS_OK;
+}
+
 /* ---- the text exposition format ------------------------------------------------------------- */
 
 typedef struct {

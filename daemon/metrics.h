@@ -97,6 +97,14 @@ int ts_metrics_observe(ts_metrics_t *m, int id, const char *label, double v);
  * its value, a histogram its count. TS_ENOTFOUND when that label value was never used. */
 int ts_metrics_get(ts_metrics_t *m, int id, const char *label, double *out);
 
+/* The q-quantile (0 ≤ q ≤ 1) of a histogram series, estimated as Prometheus's
+ * histogram_quantile does: the bucket holding rank q·count, linear between its bounds (the first
+ * bucket from 0); a rank in the +Inf bucket answers the highest finite bound. *count (may be
+ * NULL) gets the observations. TS_ENOTFOUND when the series has none; TS_EINVAL for a metric
+ * that is not a histogram or q outside [0, 1]. */
+int ts_metrics_quantile(ts_metrics_t *m, int id, const char *label, double q, double *out,
+                        uint64_t *count);
+
 /* The whole registry in the text exposition format 0.0.4: families in registration order, each
  * as # HELP, # TYPE, then its series in label-value order of first use. *out is a NUL-terminated
  * malloc'd buffer the caller frees; *len its length. TS_ENOMEM. */

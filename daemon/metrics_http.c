@@ -13,6 +13,7 @@
 
 #include <microhttpd.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,12 @@
 
 #define TEXT_PLAIN "text/plain; charset=utf-8"
 #define PROMETHEUS_TEXT "text/plain; version=0.0.4; charset=utf-8"
+#define TEXT_HTML "text/html; charset=utf-8"
+#define APPLICATION_JSON "application/json"
+
+/* The page (status_page.html, embedded at build time by cmake/embed.cmake). */
+extern const unsigned char ts_status_page[];
+extern const size_t ts_status_page_len;
 
 struct ts_metrics_http {
     struct MHD_Daemon *mhd;
@@ -37,6 +44,9 @@ struct ts_metrics_http {
     ts_health_fn health;
     void *user;
     int port;
+    pthread_mutex_t status_mu; /* guards status: the loop publishes, the HTTP thread copies */
+    char *status;              /* the newest /status.json body, NULL until published */
+    size_t status_len;
     char last_error[256]; /* libmicrohttpd's last message, for the sentence of a failed start */
 };
 
@@ -63,6 +73,10 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     enum MHD_Result ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (ok == MHD_YES)
         ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (ok == MHD_YES && strcmp(type, TEXT_HTML) == 0) /* no script or style from elsewhere */
+        ok = MHD_add_response_header(r, "Content-Security-Policy",
+                                     "default-src 'none'; script-src 'unsafe-inline'; "
+                                     "style-src 'unsafe-inline'; connect-src 'self'");
     if (ok == MHD_YES && status == MHD_HTTP_METHOD_NOT_ALLOWED)
         ok = MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
     if (ok == MHD_YES)
@@ -92,6 +106,26 @@ static enum MHD_Result serve_health(ts_metrics_http_t *s, struct MHD_Connection 
     return reply_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, line);
 }
 
+static enum MHD_Result serve_page(struct MHD_Connection *c) {
+    return reply(c, MHD_HTTP_OK, TEXT_HTML, (void *)ts_status_page, ts_status_page_len,
+                 MHD_RESPMEM_PERSISTENT);
+}
+
+static enum MHD_Result serve_status(ts_metrics_http_t *s, struct MHD_Connection *c) {
+    pthread_mutex_lock(&s->status_mu);
+    char *copy = s->status ? malloc(s->status_len) : NULL;
+    size_t len = s->status_len;
+    if (copy)
+        memcpy(copy, s->status, len);
+    int none = !s->status;
+    pthread_mutex_unlock(&s->status_mu);
+    if (none)
+        return reply_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, "no status yet: the node is starting\n");
+    if (!copy)
+        return reply_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    return reply(c, MHD_HTTP_OK, APPLICATION_JSON, copy, len, MHD_RESPMEM_MUST_FREE);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_size, void **con_cls) {
@@ -107,7 +141,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return serve_metrics(s, c);
     if (strcmp(url, "/healthz") == 0)
         return serve_health(s, c);
-    return reply_text(c, MHD_HTTP_NOT_FOUND, "not found: try /metrics or /healthz\n");
+    if (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0)
+        return serve_page(c);
+    if (strcmp(url, "/status.json") == 0)
+        return serve_status(s, c);
+    return reply_text(c, MHD_HTTP_NOT_FOUND,
+                      "not found: try / (the status page), /status.json, /metrics or /healthz\n");
 }
 
 /* The socket address of "host:port" (a name is resolved; the first answer is used). */
@@ -146,6 +185,10 @@ int ts_metrics_http_start(ts_metrics_http_t **out, ts_metrics_t *m, const char *
     ts_metrics_http_t *s = calloc(1, sizeof *s);
     if (!s)
         return TS_ENOMEM;
+    if (pthread_mutex_init(&s->status_mu, NULL) != 0) {
+        free(s);
+        return TS_ENOMEM;
+    }
     s->m = m;
     s->health = health;
     s->user = user;
@@ -161,6 +204,7 @@ int ts_metrics_http_start(ts_metrics_http_t **out, ts_metrics_t *m, const char *
     if (!s->mhd) {
         ts_set_err(err, errlen, "metrics listen %s: cannot serve HTTP there (%s)", addr,
                    s->last_error[0] ? s->last_error : "libmicrohttpd gave no reason");
+        pthread_mutex_destroy(&s->status_mu);
         free(s);
         return TS_EIO;
     }
@@ -176,5 +220,23 @@ void ts_metrics_http_stop(ts_metrics_http_t *s) {
     if (!s)
         return;
     MHD_stop_daemon(s->mhd);
+    pthread_mutex_destroy(&s->status_mu);
+    free(s->status);
     free(s);
+}
+
+int ts_metrics_http_set_status(ts_metrics_http_t *s, const char *json, size_t len) {
+    if (!s || !json)
+        return TS_EINVAL;
+    char *copy = malloc(len ? len : 1);
+    if (!copy)
+        return TS_ENOMEM;
+    memcpy(copy, json, len);
+    pthread_mutex_lock(&s->status_mu);
+    char *old = s->status;
+    s->status = copy;
+    s->status_len = len;
+    pthread_mutex_unlock(&s->status_mu);
+    free(old);
+    return TS_OK;
 }

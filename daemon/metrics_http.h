@@ -1,10 +1,14 @@
 /*
  * metrics_http.h — the daemon's operations endpoint over HTTP (Debian's libmicrohttpd):
  *
- *   GET /metrics   200, the registry in the Prometheus text format (text/plain; version=0.0.4)
- *   GET /healthz   200 "ok" when the health function says the node is ready, otherwise 503 and
- *                  the reason it gave, both as one line of text/plain
- *   anything else  404; a method other than GET or HEAD: 405 with "Allow: GET, HEAD"
+ *   GET /metrics      200, the registry in the Prometheus text format (text/plain; version=0.0.4)
+ *   GET /healthz      200 "ok" when the health function says the node is ready, otherwise 503
+ *                     and the reason it gave, both as one line of text/plain
+ *   GET /             the status page (HTML + JS compiled in, no external assets; a Content-
+ *                     Security-Policy allows nothing from elsewhere), which reads /status.json
+ *   GET /status.json  the newest status the daemon published (ts_metrics_http_set_status), or
+ *                     503 before the first
+ *   anything else     404; a method other than GET or HEAD: 405 with "Allow: GET, HEAD"
  *
  * The server runs on libmicrohttpd's own thread, never on the daemon's event loop: a slow or
  * hostile client can hold that thread, not the loop. It serves one request at a time and bounds
@@ -33,6 +37,10 @@ typedef int (*ts_health_fn)(void *user, char *reason, size_t reasonlen);
  * each with a sentence in err. *out: ts_metrics_http_stop. */
 int ts_metrics_http_start(ts_metrics_http_t **out, ts_metrics_t *m, const char *addr,
                           ts_health_fn health, void *user, char *err, size_t errlen);
+
+/* Publishes json (len bytes, copied) as the /status.json body; safe from any thread (the daemon
+ * calls it from its loop every second). TS_EINVAL, TS_ENOMEM (the previous body stays). */
+int ts_metrics_http_set_status(ts_metrics_http_t *s, const char *json, size_t len);
 
 /* The port the server listens on (the one chosen when addr asked for port 0). */
 int ts_metrics_http_port(const ts_metrics_http_t *s);

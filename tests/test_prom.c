@@ -595,6 +595,43 @@ static void test_updates_check_id_type_and_label(void **state) {
     ts_metrics_free(m);
 }
 
+/* Histogram quantiles as Prometheus's histogram_quantile computes them, worked by hand: ranks
+ * inside the first bucket (from 0), inside a middle one, at its top, and in +Inf. */
+static void test_quantile(void **state) {
+    (void)state;
+    ts_metrics_t *m;
+    assert_int_equal(ts_metrics_create(&m), TS_OK);
+    ts_metric_spec_t h = {"lat_seconds", "L.", TS_METRIC_HISTOGRAM, "op", NULL, B3, 3};
+    ts_metric_spec_t g = {"temp_celsius", "T.", TS_METRIC_GAUGE, NULL, NULL, NULL, 0};
+    int ih, ig;
+    assert_int_equal(ts_metrics_register(m, &h, &ih, NULL, 0), TS_OK);
+    assert_int_equal(ts_metrics_register(m, &g, &ig, NULL, 0), TS_OK);
+    double v = -1;
+    uint64_t n = 99;
+    assert_int_equal(ts_metrics_quantile(m, ih, "a", 0.5, &v, &n), TS_ENOTFOUND);
+    static const double obs[] = {0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 2.0, 2.5};
+    for (size_t i = 0; i < sizeof obs / sizeof obs[0]; i++)
+        assert_int_equal(ts_metrics_observe(m, ih, "a", obs[i]), TS_OK);
+    /* buckets (0, 0.5]: 4, (0.5, 1]: 4, (1, 2.5]: 2 */
+    static const struct {
+        double q, want;
+    } cases[] = {{0.2, 0.25}, {0.5, 0.625}, {0.8, 1.0}, {0.95, 2.125}, {1.0, 2.5}, {0.0, 0.0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(ts_metrics_quantile(m, ih, "a", cases[i].q, &v, &n), TS_OK);
+        assert_int_equal(n, 10);
+        if (fabs(v - cases[i].want) > 1e-12)
+            fail_msg("q %g: %.17g, want %g", cases[i].q, v, cases[i].want);
+    }
+    assert_int_equal(ts_metrics_observe(m, ih, "a", 1e9), TS_OK); /* +Inf */
+    assert_int_equal(ts_metrics_quantile(m, ih, "a", 1.0, &v, NULL), TS_OK);
+    assert_true(v == 2.5); /* the highest finite bound, not infinity */
+    assert_int_equal(ts_metrics_quantile(m, ih, "a", 1.5, &v, NULL), TS_EINVAL);
+    assert_int_equal(ts_metrics_quantile(m, ih, "a", NAN, &v, NULL), TS_EINVAL);
+    assert_int_equal(ts_metrics_quantile(m, ig, NULL, 0.5, &v, NULL), TS_EINVAL);
+    assert_int_equal(ts_metrics_quantile(m, 99, NULL, 0.5, &v, NULL), TS_EINVAL);
+    ts_metrics_free(m);
+}
+
 /* The exact text of a small registry: the format, escaping and the shortest float forms. */
 static void test_writer_exact_text(void **state) {
     (void)state;
@@ -943,7 +980,8 @@ static void test_healthz_both_ways(void **state) {
 static void test_routes_and_methods(void **state) {
     server_t *s = *state;
     http_resp_t r;
-    const char *missing[] = {"/", "/metric", "/metrics/", "/healthz/x", "/../metrics"};
+    const char *missing[] = {"/metric",     "/metrics/",   "/healthz/x",
+                             "/../metrics", "/status.jso", "/index.htm"};
     for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) {
         http_do(s->port, "GET", missing[i], &r);
         if (r.status != 404)
@@ -970,6 +1008,32 @@ static void test_routes_and_methods(void **state) {
     assert_int_equal(r.body_len, 0);
     expect_header(&r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
     http_free(&r);
+}
+
+/* The status page: the page at / (HTML with a CSP), and /status.json, 503 until the daemon has
+ * published one, then exactly the newest one published. */
+static void test_status_page_routes(void **state) {
+    server_t *s = *state;
+    http_resp_t r;
+    http_do(s->port, "GET", "/", &r);
+    assert_int_equal(r.status, 200);
+    expect_header(&r, "Content-Type", "text/html; charset=utf-8");
+    assert_non_null(strstr(r.body, "<title>tessera node status</title>"));
+    assert_non_null(strstr(r.body, "fetch(\"status.json\""));
+    expect_length(&r);
+    http_free(&r);
+    http_do(s->port, "GET", "/status.json", &r);
+    assert_int_equal(r.status, 503);
+    http_free(&r);
+    assert_int_equal(ts_metrics_http_set_status(s->srv, "{\"a\":1}", 7), TS_OK);
+    assert_int_equal(ts_metrics_http_set_status(s->srv, "{\"b\":22}", 8), TS_OK);
+    http_do(s->port, "GET", "/status.json", &r);
+    assert_int_equal(r.status, 200);
+    expect_header(&r, "Content-Type", "application/json");
+    assert_string_equal(r.body, "{\"b\":22}");
+    http_free(&r);
+    assert_int_equal(ts_metrics_http_set_status(NULL, "{}", 2), TS_EINVAL);
+    assert_int_equal(ts_metrics_http_set_status(s->srv, NULL, 0), TS_EINVAL);
 }
 
 /* Not a 2xx: refused with a 4xx or 5xx, or closed without an answer (libmicrohttpd closes on a
@@ -1124,11 +1188,13 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_register_validates),
         cmocka_unit_test(test_updates_check_id_type_and_label),
         cmocka_unit_test(test_writer_exact_text),
+        cmocka_unit_test(test_quantile),
         cmocka_unit_test(test_operations_md_lists_every_metric),
         cmocka_unit_test_setup_teardown(test_daemon_families, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_updates_and_scrapes, server_setup,
                                         server_teardown),
         cmocka_unit_test_setup_teardown(test_healthz_both_ways, server_setup, server_teardown),
+        cmocka_unit_test_setup_teardown(test_status_page_routes, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_routes_and_methods, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_bad_requests, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_start_errors, server_setup, server_teardown),

@@ -1,0 +1,155 @@
+/* status_json.c — a status response as JSON (net/status_json.h). */
+#include "net/status_json.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/str.h"
+
+void ts_status_hex(const ProtobufCBinaryData *b, size_t digits, char *out) {
+    ts_hex(b->data, b->len < digits / 2 ? b->len : digits / 2, out);
+}
+
+const char *ts_status_state_name(int s) {
+    switch (s) {
+    case TESSERA__MEMBER_STATUS__MEMBER_ALIVE: return "alive";
+    case TESSERA__MEMBER_STATUS__MEMBER_SUSPECT: return "suspect";
+    case TESSERA__MEMBER_STATUS__MEMBER_DEAD: return "dead";
+    case TESSERA__MEMBER_STATUS__MEMBER_LEFT: return "left";
+    default: return "?";
+    }
+}
+
+static const char *objective_name(int o) {
+    switch (o) {
+    case TESSERA__OBJECTIVE__OBJECTIVE_VELOCITY: return "velocity";
+    case TESSERA__OBJECTIVE__OBJECTIVE_EPSILON: return "epsilon";
+    case TESSERA__OBJECTIVE__OBJECTIVE_V_PREDICTION: return "v-prediction";
+    default: return "?";
+    }
+}
+
+int ts_status_adverts_decode(const Tessera__StatusResponse *r, ts_status_adverts_t *a) {
+    a->n = 0;
+    a->bodies = calloc(r->n_adverts ? r->n_adverts : 1, sizeof *a->bodies);
+    if (!a->bodies)
+        return TS_ENOMEM; /* a stays safe to free */
+    a->n = r->n_adverts;
+    for (size_t i = 0; i < a->n; i++) {
+        char err[256];
+        if (ts_frame_decode_advert_body(&r->adverts[i]->body, 0, &a->bodies[i], err, sizeof err))
+            a->bodies[i] = NULL;
+    }
+    return TS_OK;
+}
+
+void ts_status_adverts_free(ts_status_adverts_t *a) {
+    for (size_t i = 0; i < a->n; i++)
+        ts_frame_free(a->bodies[i]);
+    free(a->bodies);
+}
+
+/* The decoded advert of node id, or NULL. */
+const Tessera__AdvertBody *ts_status_advert_of(const Tessera__StatusResponse *r,
+                                               const ts_status_adverts_t *a,
+                                               const ProtobufCBinaryData *id) {
+    for (size_t i = 0; i < a->n; i++)
+        if (r->adverts[i]->node_id.len == id->len &&
+            memcmp(r->adverts[i]->node_id.data, id->data, id->len) == 0)
+            return a->bodies[i];
+    return NULL;
+}
+
+static json_t *j_model(const Tessera__ModelConfig *m) {
+    if (!m)
+        return json_null();
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "input_size", (int)m->input_size,
+                     "patch_size", (int)m->patch_size, "in_channels", (int)m->in_channels,
+                     "hidden_size", (int)m->hidden_size, "depth", (int)m->depth, "num_heads",
+                     (int)m->num_heads, "num_classes", (int)m->num_classes);
+}
+
+static json_t *j_load(const Tessera__Load *l) {
+    if (!l)
+        return json_null();
+    return json_pack("{s:i, s:i, s:f}", "queue_depth", (int)l->queue_depth, "item_latency_us",
+                     (int)l->item_latency_us, "requests_per_s", (double)l->requests_per_s);
+}
+
+static json_t *j_capacity(const Tessera__Capacity *c) {
+    if (!c)
+        return json_null();
+    return json_pack("{s:f, s:i, s:i, s:s?}", "items_per_s", (double)c->items_per_s, "max_batch",
+                     (int)c->max_batch, "queue_limit", (int)c->queue_limit, "device", c->device);
+}
+
+static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) {
+    char id[65], part[65], wh[65];
+    ts_status_hex(&a->node_id, 64, id);
+    if (!b)
+        return json_pack("{s:s, s:b}", "node_id", id, "valid", 0);
+    ts_status_hex(&b->partition_id, 64, part);
+    ts_status_hex(&b->weights_hash, 64, wh);
+    json_int_t dims = b->centroid && b->centroid->n_shape ? b->centroid->shape[0] : 0;
+    json_t *training =
+        b->training ? json_pack("{s:I, s:I, s:f}", "step", (json_int_t)b->training->step, "steps",
+                                (json_int_t)b->training->steps, "loss", (double)b->training->loss)
+                    : json_null();
+    return json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b}",
+                     "node_id", id, "valid", 1, "version", (json_int_t)b->version, "partition_id",
+                     part, "num_clusters", (int)b->num_clusters, "cluster", (int)b->cluster,
+                     "weights_hash", wh, "objective", objective_name(b->objective), "model",
+                     j_model(b->model), "centroid_dims", dims, "capacity", j_capacity(b->capacity),
+                     "load", j_load(b->load), "training", training, "router", b->has_router_hash);
+}
+
+json_t *ts_status_json(const Tessera__StatusResponse *r, const ts_status_adverts_t *ad) {
+    char id[65];
+    ts_status_hex(&r->node_id, 64, id);
+    json_t *members = json_array(), *adverts = json_array(), *clusters = json_array(),
+           *uncovered = json_array();
+    for (size_t i = 0; i < r->n_members; i++) {
+        const Tessera__MemberState *m = r->members[i];
+        char mid[65], brief[17];
+        ts_status_hex(&m->node_id, 64, mid);
+        ts_status_hex(&m->node_id, 16, brief);
+        json_array_append_new(members,
+                              json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:I}", "node_id", mid,
+                                        "node_id_short", brief, "state",
+                                        ts_status_state_name(m->status), "incarnation",
+                                        (json_int_t)m->incarnation, "addr", m->addr ? m->addr : "",
+                                        "last_change_age_ms", (json_int_t)m->last_change_age_ms,
+                                        "advert_version", (json_int_t)m->advert_version));
+    }
+    for (size_t i = 0; i < r->n_adverts; i++)
+        json_array_append_new(adverts, j_advert(r->adverts[i], ad->bodies[i]));
+    const Tessera__Aggregates *g = r->aggregates;
+    json_t *agg = json_null();
+    if (g) {
+        for (size_t i = 0; i < g->n_clusters; i++) {
+            char p[65];
+            ts_status_hex(&g->clusters[i]->partition_id, 64, p);
+            json_array_append_new(clusters,
+                                  json_pack("{s:s, s:i, s:i}", "partition_id", p, "cluster",
+                                            (int)g->clusters[i]->cluster, "live_experts",
+                                            (int)g->clusters[i]->live_experts));
+        }
+        for (size_t i = 0; i < g->n_uncovered; i++) {
+            char p[65];
+            ts_status_hex(&g->uncovered[i]->partition_id, 64, p);
+            json_array_append_new(uncovered, json_pack("{s:s, s:i}", "partition_id", p, "cluster",
+                                                       (int)g->uncovered[i]->cluster));
+        }
+        agg = json_pack("{s:O, s:O, s:f, s:f, s:i}", "clusters", clusters, "uncovered", uncovered,
+                        "total_capacity", (double)g->total_capacity, "request_rate",
+                        (double)g->request_rate, "live_members", (int)g->live_members);
+    }
+    json_decref(clusters);
+    json_decref(uncovered);
+    json_t *j = json_pack("{s:s, s:i, s:o, s:o, s:o, s:o}", "node_id", id, "live_members",
+                          g ? (int)g->live_members : -1, "members", members, "adverts", adverts,
+                          "load", j_load(r->load), "aggregates", agg);
+    json_object_set_new(j, "health", r->health ? json_string(r->health) : json_null());
+    json_object_set_new(j, "metrics", r->metrics ? json_string(r->metrics) : json_null());
+    return j;
+}
