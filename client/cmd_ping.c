@@ -29,7 +29,7 @@
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
-#include "client/netclient.h"
+#include "net/netclient.h"
 #include "net/rpc.h"
 
 typedef struct ping {

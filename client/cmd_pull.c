@@ -24,8 +24,8 @@
 #include "base/error.h"
 #include "client/args.h"
 #include "client/commands.h"
-#include "client/fetch.h"
-#include "client/netclient.h"
+#include "net/fetch.h"
+#include "net/netclient.h"
 #include "net/frame.h"
 #include "net/gossip.h"
 

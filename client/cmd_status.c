@@ -31,7 +31,7 @@
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
-#include "client/netclient.h"
+#include "net/netclient.h"
 #include "net/frame.h"
 #include "net/status_json.h"
 

@@ -92,7 +92,7 @@ static pid_t live_pid(const char *rundir, int i) {
 /* The tesserad to run: $TESSERAD, else the one built or installed next to this tessera
  * (build/client/tessera → build/daemon/tesserad; bin/tessera → bin/tesserad), else "tesserad"
  * from PATH. */
-static void find_daemon(char *out, size_t len) {
+void ts_cli_find_tesserad(char *out, size_t len) {
     const char *env = getenv("TESSERAD");
     if (env && *env) {
         snprintf(out, len, "%s", env);
@@ -357,7 +357,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
             return 1;
         }
     }
-    find_daemon(daemon, sizeof daemon);
+    ts_cli_find_tesserad(daemon, sizeof daemon);
     pathf(path, "%s/network.key", rundir);
     if (!ts_file_exists(path)) {
         ts_netkey_t nk;

@@ -21,6 +21,11 @@ int ts_cmd_ping(int argc, char **argv);
 int ts_cmd_status(int argc, char **argv);
 int ts_cmd_up(int argc, char **argv);
 int ts_cmd_down(int argc, char **argv);
+/* The tesserad to run: $TESSERAD, else the one built or installed next to this tessera, else
+ * "tesserad" from PATH (cmd_up.c). */
+void ts_cli_find_tesserad(char *out, size_t len);
+int ts_cmd_network(int argc, char **argv);
+int ts_cmd_join(int argc, char **argv);
 int ts_cmd_pull(int argc, char **argv);
 
 #endif

@@ -2,7 +2,7 @@
  * main.c — the `tessera` command: parses the verb and hands over to it.
  *
  * Verbs: `train`, `sample`, `forward`, `store`, `partition`, `train-classifier`, `train-router`,
- * `calibrate`, `generate` (--local or --peer), `eval`, `keygen`, `ping`, `status`, `up`, `down`, `pull`
+ * `calibrate`, `generate` (--local or --peer), `eval`, `keygen`, `network export`, `join`, `ping`, `status`, `up`, `down`, `pull`
  * (client/cmd_*.c), `selfcheck` (client/selfcheck.c) and `bench gemm` (kernels/gemm_bench.c,
  * shared with the bench_gemm program). Every verb takes --help; an unknown verb or option exits
  * 2 with a message naming it, a failed run exits 1.
@@ -47,6 +47,9 @@ static void usage(FILE *f) {
         "  status        the network as one node sees it: members, experts, clusters, load\n"
         "  up            start a network of daemons on this machine hosting a folder's experts\n"
         "  down          stop the network `tessera up` started\n"
+        "  network       network export: the network as one file (its key, where to join) for\n"
+        "                volunteers\n"
+        "  join          make this machine a node of a network from its file (mode auto)\n"
         "  pull          experts' weights from the network into the store (verified, resumable)\n"
         "  selfcheck     check the compute kernels against naive references (and a CUDA\n"
         "                device against the CPU, when one is present)\n"
@@ -132,6 +135,10 @@ int main(int argc, char **argv) {
         return ts_cmd_up(argc - 1, argv + 1);
     if (strcmp(verb, "down") == 0)
         return ts_cmd_down(argc - 1, argv + 1);
+    if (strcmp(verb, "network") == 0)
+        return ts_cmd_network(argc - 1, argv + 1);
+    if (strcmp(verb, "join") == 0)
+        return ts_cmd_join(argc - 1, argv + 1);
     if (strcmp(verb, "pull") == 0)
         return ts_cmd_pull(argc - 1, argv + 1);
     if (strcmp(verb, "selfcheck") == 0)

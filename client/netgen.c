@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 
 #include "base/error.h"
-#include "client/fetch.h"
+#include "net/fetch.h"
 #include "net/frame.h"
 #include "net/gossip.h"
 #include "store/weights.h"

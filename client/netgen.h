@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "client/local.h"
-#include "client/netclient.h"
+#include "net/netclient.h"
 #include "client/remote.h"
 #include "store/store.h"
 

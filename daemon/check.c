@@ -125,6 +125,11 @@ int ts_check_expert_files(const ts_daemon_config_t *c, FILE *out, char *err, siz
         fprintf(out, "  expert      none\n");
         return TS_OK;
     }
+    if (c->expert_mode == TS_EXPERT_AUTO && !c->expert_partition[0]) {
+        fprintf(out, "  expert      auto: the partition, the cluster and the weights come from the "
+                     "network\n");
+        return TS_OK;
+    }
     ts_partition_t p;
     char sub[512] = "";
     int rc = ts_partition_load(c->expert_partition, &p, sub, sizeof sub);

@@ -53,10 +53,13 @@ static const key_spec_t KEYS[] = {
     {{"node", "listen", "host:port", "0.0.0.0:7420", "where to listen: TCP (RPC, transfers) and UDP (gossip) on the same port; port 0 picks a free one (logged, and written to DATA_DIR/listen.addr)"}, K_ADDR0, OFF(listen), 0, 0},
     {{"node", "advertise", "host:port", "(listen)", "the address other nodes dial; needed when listen is 0.0.0.0 or behind NAT"}, K_ADDR, OFF(advertise), 0, 0},
     {{"node", "bootstrap", "host:port list", "(none)", "nodes to join through, comma-separated; the key may be repeated and the lists add up; empty for the first node"}, K_ADDRLIST, OFF(bootstrap), 0, 0},
-    {{"expert", "mode", "none|host|train", "none", "none: no expert (a bootstrap or relay node); host: serve the expert in weights; train: train the expert of cluster `cluster` of partition ([train] sets how), then host it"}, K_MODE, OFF(expert_mode), 0, 0},
+    {{"expert", "mode", "none|host|train|auto", "none", "none: no expert (a bootstrap or relay node); host: serve the expert in weights; train: train the expert of cluster `cluster` of partition ([train] sets how), then host it; auto: choose the cluster the network needs most, fetch its weights from a peer or, when no node has them, train them, then host it, and choose again every auto_interval_s"}, K_MODE, OFF(expert_mode), 0, 0},
     {{"expert", "weights", "path or hash", "(none)", "host: the expert, a .safetensors file from `tessera train --partition DIR --cluster K` (imported into the store at start) or the weights hash of one already in the store (required); train: where to also write the final weights as a file (optional: they go into the store in any case)"}, K_PATH, OFF(expert_weights), 0, 0},
     {{"expert", "partition", "path", "(none)", "the partition file (`tessera partition`'s partition.safetensors): host: the one the expert was trained on, for the centroid the advert carries; train: the one that defines the cluster's images; required with host and train"}, K_PATH, OFF(expert_partition), 0, 0},
     {{"expert", "router", "path", "(none)", "host and train: a router for the partition (`tessera train-router`), imported into the store and named in the advert, so that clients can fetch it from this node and route with the learned policy"}, K_PATH, OFF(expert_router), 0, 0},
+    {{"expert", "auto_interval_s", "integer", "10", "auto: seconds between two choices (the first comes one interval after start, once the adverts have arrived)"}, K_INT, OFF(auto_interval_s), 1, 86400},
+    {{"expert", "auto_dwell_s", "integer", "60", "auto: the least time a node serves a cluster before it may move to another (nodes do not flap)"}, K_INT, OFF(auto_dwell_s), 0, 86400},
+    {{"expert", "auto_bandwidth_mib_s", "integer", "0", "auto: MiB/s of the node's own weight fetches; 0 = unlimited"}, K_INT, OFF(auto_bandwidth_mib_s), 0, 100000},
     {{"expert", "cluster", "integer", "(none)", "train: the cluster of partition to train on, 0..K-1 (required); not used otherwise (hosted weights record their cluster)"}, K_INT, OFF(expert_cluster), 0, 65535},
     {{"compute", "device", "auto|cpu|cuda[:N]", "auto", "where the expert is trained and served: " TS_DEVICE_SPEC_HELP "; the choice is logged, advertised and shown by `tessera status`"}, K_DEVICE, OFF(compute_device), 0, 0},
     {{"train", "model", "name", "tiny", "the DiT config: mini, tiny, small, S/2, S/4, S/8, B/2 ... XL/8"}, K_MODEL, OFF(train_model), 0, 0},
@@ -99,11 +102,11 @@ static const key_spec_t KEYS[] = {
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
 static const char *LEVELS[] = {"debug", "info", "warn", "error"};
-static const char *MODES[] = {"none", "host", "train"};
+static const char *MODES[] = {"none", "host", "train", "auto"};
 
 const char *ts_log_level_name(ts_log_level_t l) { return (unsigned)l < 4 ? LEVELS[l] : "?"; }
 
-const char *ts_expert_mode_name(ts_expert_mode_t m) { return (unsigned)m < 3 ? MODES[m] : "?"; }
+const char *ts_expert_mode_name(ts_expert_mode_t m) { return (unsigned)m < 4 ? MODES[m] : "?"; }
 
 const ts_config_key_info_t *ts_daemon_config_key(int n) {
     return n >= 0 && n < N_KEYS ? &KEYS[n].info : NULL;
@@ -137,6 +140,8 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     snprintf(c->metrics_listen, sizeof c->metrics_listen, "127.0.0.1:9420");
     c->expert_mode = TS_EXPERT_NONE;
     c->expert_cluster = -1;
+    c->auto_interval_s = 10;
+    c->auto_dwell_s = 60;
     c->compute_device.automatic = 1;
     snprintf(c->train_model, sizeof c->train_model, "tiny");
     snprintf(c->train_data, sizeof c->train_data, "%s", TS_FMNIST_DEFAULT_DIR);
@@ -284,12 +289,12 @@ static int on_key(void *user, const char *section, const char *name, const char 
         }
         return fail(p, section, name, "'%s': want true or false", value);
     case K_MODE:
-        for (int m = 0; m < 3; m++)
+        for (int m = 0; m < 4; m++)
             if (strcmp(value, MODES[m]) == 0) {
                 *(ts_expert_mode_t *)field = (ts_expert_mode_t)m;
                 return 1;
             }
-        return fail(p, section, name, "'%s': want none, host or train", value);
+        return fail(p, section, name, "'%s': want none, host, train or auto", value);
     case K_MODEL: {
         ts_dit_config_t cfg;
         if (strlen(value) >= TS_CONFIG_MODEL_MAX || ts_dit_config_preset(value, &cfg) != TS_OK)
@@ -344,12 +349,14 @@ static char *read_line(char *buf, int size, void *stream) {
 /* Which [expert] keys each mode needs (1), allows (0) or refuses (−1): weights, partition,
  * cluster. */
 static int check_expert(const ts_daemon_config_t *c, const char *name, char *err, size_t errlen) {
-    static const int rule[3][3] = {{-1, -1, -1}, {1, 1, -1}, {0, 1, 1}};
+    static const int rule[4][3] = {{-1, -1, -1}, {1, 1, -1}, {0, 1, 1}, {-1, 0, -1}};
     static const char *const keys[3] = {"weights", "partition", "cluster"};
-    static const char *const why[3] = {
+    static const char *const why[4] = {
         "set mode = host to host an expert, or mode = train to train one",
         "a hosted expert needs its weights and its partition",
-        "training needs the partition and the cluster to learn"};
+        "training needs the partition and the cluster to learn",
+        "an auto node chooses its cluster and fetches or trains its weights (partition, when "
+        "set, restricts it to that partition)"};
     int set[3] = {c->expert_weights[0] != 0, c->expert_partition[0] != 0, c->expert_cluster >= 0};
     int m = c->expert_mode;
     for (int i = 0; i < 3; i++) {
@@ -359,9 +366,11 @@ static int check_expert(const ts_daemon_config_t *c, const char *name, char *err
             return TS_EINVAL;
         }
         if (rule[m][i] == -1 && set[i]) {
-            ts_set_err(err, errlen, "%s: [expert] %s is set but mode = %s does not use it%s%s",
-                       name, keys[i], MODES[m], m == TS_EXPERT_NONE ? ": " : "",
-                       m == TS_EXPERT_NONE ? why[m] : " (the weights record their cluster)");
+            ts_set_err(
+                err, errlen, "%s: [expert] %s is set but mode = %s does not use it%s%s", name,
+                keys[i], MODES[m], m == TS_EXPERT_NONE || m == TS_EXPERT_AUTO ? ": " : "",
+                m == TS_EXPERT_NONE || m == TS_EXPERT_AUTO ? why[m]
+                                                           : " (the weights record their cluster)");
             return TS_EINVAL;
         }
     }

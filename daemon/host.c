@@ -35,6 +35,10 @@ struct ts_host {
     ts_hash_t pending; /* weights to serve once retiring is gone */
     int has_pending;
     ts_train_job_t *job;
+    /* the partition file and the cluster of what is served or trained: the config's, or in auto
+     * mode what daemon/auto.c chose (cluster −1: nothing yet) */
+    char partition[TS_CONFIG_PATH_MAX];
+    int cluster;
     uv_async_t async; /* the job's notify */
     uv_timer_t timer;
     uint64_t seen_snapshots;
@@ -139,7 +143,7 @@ static int start_pending(ts_host_t *h, char *err, size_t errlen) {
     ts_hash_hex(&h->pending, hex);
     h->has_pending = 0;
     ts_expert_info_t info;
-    int rc = ts_expert_prepare(h->env.store, hex, c->expert_partition, &info, err, errlen);
+    int rc = ts_expert_prepare(h->env.store, hex, h->partition, &info, err, errlen);
     if (rc == TS_OK && c->expert_router[0])
         rc = ts_expert_add_router(h->env.store, c->expert_router, &info, err, errlen);
     ts_dit_t m;
@@ -245,6 +249,62 @@ static void on_train(uv_async_t *a) {
     }
 }
 
+/* Starts the training job of h->cluster of h->partition as [train] says (auto mode: serving
+ * every checkpoint while it trains, so that the cluster is advertised at once). */
+static int start_training(ts_host_t *h, char *err, size_t errlen) {
+    const ts_daemon_config_t *c = h->env.cfg;
+    ts_train_job_opts_t o;
+    ts_train_job_opts_from_config(&o, c, h->env.store);
+    o.partition = h->partition;
+    o.cluster = h->cluster;
+    if (c->expert_mode == TS_EXPERT_AUTO)
+        o.snapshots = 1, o.out = NULL;
+    o.notify = notify;
+    o.ctx = &h->async;
+    int rc = ts_train_job_start(&h->job, &o, err, errlen);
+    if (rc == TS_OK) {
+        ts_train_progress_t p;
+        ts_train_job_progress(h->job, &p);
+        ts_log_info("train", "training run %s: cluster %d, from step %lld of %lld%s", p.run_id,
+                    h->cluster, (long long)p.resumed_from, (long long)p.steps,
+                    p.resumed_from ? " (resumed from the store)" : "");
+    }
+    return rc;
+}
+
+/* Ends the training job now (it checkpoints), if there is one. */
+static void end_training(ts_host_t *h) {
+    if (!h->job)
+        return;
+    if (ts_train_job_stop(h->job, STOP_TRAIN_MS) != TS_OK)
+        ts_train_job_stop(h->job, -1);
+    ts_train_job_free(h->job);
+    h->job = NULL;
+}
+
+int ts_host_cluster(const ts_host_t *h) { return h ? h->cluster : -1; }
+
+int ts_host_serve_expert(ts_host_t *h, const char *partition, int cluster, const ts_hash_t *w) {
+    if (!h || !partition || !w || cluster < 0 || h->stopping)
+        return TS_EINVAL;
+    end_training(h);
+    snprintf(h->partition, sizeof h->partition, "%s", partition);
+    h->cluster = cluster;
+    serve_weights(h, w);
+    return TS_OK;
+}
+
+int ts_host_train_expert(ts_host_t *h, const char *partition, int cluster, char *err,
+                         size_t errlen) {
+    if (!h || !partition || cluster < 0 || h->stopping)
+        return TS_EINVAL;
+    end_training(h);
+    snprintf(h->partition, sizeof h->partition, "%s", partition);
+    h->cluster = cluster;
+    h->seen_snapshots = 0, h->seen_ckpt = -1;
+    return start_training(h, err, errlen);
+}
+
 /* ---- the tick: retiring servers, re-adverts, stopping ----------------------------------------- */
 
 static void handle_closed(uv_handle_t *x) {
@@ -316,6 +376,8 @@ int ts_host_new(ts_host_t **out, const ts_host_env_t *env, char *err, size_t err
     h->env = *env;
     h->seen_ckpt = -1;
     const ts_daemon_config_t *c = env->cfg;
+    snprintf(h->partition, sizeof h->partition, "%s", c->expert_partition);
+    h->cluster = c->expert_mode == TS_EXPERT_TRAIN ? c->expert_cluster : -1;
     ts_engine_opts_t eo = {TS_CPU, 1, 0};
     int rc = ts_engine_init(&h->eng, &eo);
     h->eng_ok = rc == TS_OK;
@@ -345,18 +407,7 @@ int ts_host_new(ts_host_t **out, const ts_host_env_t *env, char *err, size_t err
             rc = start_pending(h, err, errlen);
         }
     } else if (c->expert_mode == TS_EXPERT_TRAIN) {
-        ts_train_job_opts_t o;
-        ts_train_job_opts_from_config(&o, c, env->store);
-        o.notify = notify;
-        o.ctx = &h->async;
-        rc = ts_train_job_start(&h->job, &o, err, errlen);
-        if (rc == TS_OK) {
-            ts_train_progress_t p;
-            ts_train_job_progress(h->job, &p);
-            ts_log_info("train", "training run %s: cluster %d, from step %lld of %lld%s", p.run_id,
-                        c->expert_cluster, (long long)p.resumed_from, (long long)p.steps,
-                        p.resumed_from ? " (resumed from the store)" : "");
-        }
+        rc = start_training(h, err, errlen);
     }
     *out = h;
     return rc; /* on failure the caller stops and frees h like a running one */

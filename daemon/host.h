@@ -28,6 +28,7 @@
 #include "net/rpc.h"
 #include "proto/tessera.pb-c.h"
 #include "store/store.h"
+#include "store/weights.h"
 
 typedef struct ts_host ts_host_t;
 
@@ -44,6 +45,17 @@ typedef struct ts_host_env {
  * configuration or files can break fails here, with a sentence: then *out is NULL when nothing
  * was started, or a host to stop and free as usual. Everything in env must outlive the host. */
 int ts_host_new(ts_host_t **out, const ts_host_env_t *env, char *err, size_t errlen);
+
+/* Auto mode (daemon/auto.h). The cluster served or trained now (−1: none). */
+int ts_host_cluster(const ts_host_t *h);
+/* Serves the weights w (in the store) of cluster of partition (a file) from now on, ending a
+ * training job if one runs; the switch happens as for a new snapshot. TS_EINVAL. */
+int ts_host_serve_expert(ts_host_t *h, const char *partition, int cluster, const ts_hash_t *w);
+/* Trains cluster of partition as [train] says (serving each checkpoint), ending a training job
+ * that runs; the server of the previous expert goes on until the first checkpoint replaces it.
+ * The job's error, with a sentence. */
+int ts_host_train_expert(ts_host_t *h, const char *partition, int cluster, char *err,
+                         size_t errlen);
 
 /* Our load, for the status answer (ts_gossip_load_fn). */
 void ts_host_load(void *host, Tessera__Load *load);

@@ -30,6 +30,7 @@
 
 #include "base/file.h"
 #include "daemon/check.h"
+#include "daemon/auto.h"
 #include "daemon/config.h"
 #include "daemon/health.h"
 #include "daemon/host.h"
@@ -77,6 +78,7 @@ typedef struct {
     ts_rpc_t *rpc;
     ts_gossip_t *gossip;
     ts_host_t *host;
+    ts_auto_t *autoc; /* [expert] mode = auto: what to serve (daemon/auto.h) */
     int stopping;
     ts_metrics_t *metrics;
     ts_metrics_http_t *http;
@@ -275,6 +277,8 @@ static void on_stop(uv_signal_t *h, int signum) {
     }
     ts_log_info("daemon", "%s: stopping: work in progress, then leaving the network", name);
     atomic_store(&d->ready, 2);
+    ts_auto_stop(d->autoc);
+    d->autoc = NULL;
     ts_host_stop(d->host, on_host_stopped, d);
 }
 
@@ -353,6 +357,8 @@ static void gossip_config(const ts_daemon_config_t *c, ts_store_t *store, const 
 
 /* Frees what run() made, once the loop has nothing left but handles to close. */
 static void free_all(daemon_t *d) {
+    ts_auto_stop(d->autoc);
+    d->autoc = NULL;
     uv_walk(d->loop, close_cb, NULL);
     uv_run(d->loop, UV_RUN_DEFAULT);
     ts_metrics_http_stop(d->http);
@@ -433,6 +439,12 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
         rc = ts_host_new(&d.host, &env, err, sizeof err);
         if (d.host)
             ts_gossip_on_load(d.gossip, ts_host_load, d.host);
+        if (rc == TS_OK && cfg->expert_mode == TS_EXPERT_AUTO) {
+            rc = ts_auto_start(&d.autoc, &loop, cfg, d.gossip, d.host, store, id->id.b);
+            if (rc == TS_OK)
+                ts_log_info("auto", "mode auto: choosing a cluster every %d s (the first in %d s)",
+                            cfg->auto_interval_s, cfg->auto_interval_s);
+        }
     }
     if (rc != TS_OK) {
         ts_log_error("daemon", "%s", *err ? err : ts_strerror(rc));

@@ -166,7 +166,7 @@ static void test_errors_name_file_line_and_key(void **state) {
     expect_error("[node]\nidentity = i\nnetwork_key = n\nlisten = 0.0.0.0:7420\n",
                  "set [node] advertise", NULL);
     /* [expert] mode and the keys each mode needs or refuses */
-    expect_error(KEYS "[expert]\nmode = serve\n", "'serve': want none, host or train", NULL);
+    expect_error(KEYS "[expert]\nmode = serve\n", "'serve': want none, host, train or auto", NULL);
     expect_error(KEYS "[expert]\nweights = w.safetensors\npartition = p\n",
                  "[expert] weights is set but mode = none", "set mode = host", NULL);
     expect_error(KEYS "[expert]\nmode = host\nweights = w.safetensors\n",
@@ -176,6 +176,11 @@ static void test_errors_name_file_line_and_key(void **state) {
                  "cluster is set but mode = host", NULL);
     expect_error(KEYS "[expert]\nmode = train\npartition = p\n", "mode = train needs cluster",
                  NULL);
+    expect_error(KEYS "[expert]\nmode = auto\ncluster = 1\n", "cluster is set but mode = auto",
+                 "an auto node chooses its cluster", NULL);
+    expect_error(KEYS "[expert]\nmode = auto\nweights = w\n", "weights is set but mode = auto",
+                 NULL);
+    expect_error(KEYS "[expert]\nauto_interval_s = 0\n", "0 is outside 1..86400", NULL);
     expect_error(KEYS "[expert]\nmode = train\ncluster = 0\n", "mode = train needs partition",
                  NULL);
     expect_error(KEYS "[expert]\ncluster = -1\n", "-1 is outside 0..65535", NULL);

@@ -3,7 +3,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "client/netclient.h"
+#include "net/netclient.h"
 
 #include <stdio.h>
 #include <stdlib.h>

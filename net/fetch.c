@@ -3,7 +3,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "client/fetch.h"
+#include "net/fetch.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -8,12 +8,12 @@
  * the store, checks it against the weights hash and stores its manifest. So a fetch that was
  * interrupted resumes where it stopped, and nothing unverified is ever used.
  */
-#ifndef TS_CLIENT_FETCH_H
-#define TS_CLIENT_FETCH_H
+#ifndef TS_NET_FETCH_H
+#define TS_NET_FETCH_H
 
 #include <stdint.h>
 
-#include "client/netclient.h"
+#include "net/netclient.h"
 #include "store/weights.h"
 
 /* Called after each chunk: done and total in bytes, and whether this chunk came over the
