@@ -1,7 +1,8 @@
 /*
  * frame.c — the two length-prefixed layers of a TCP connection (see frame.h): writing the
  * prefixes, and one reader that reassembles the messages of either layer from input pieces of
- * any size. Envelopes are in envelope.c.
+ * any size. Envelopes are in frame_envelope.c (the codec) and frame_check.c (the validity
+ * rules).
  *
  * A reader is a two-state machine over one message at a time:
  *

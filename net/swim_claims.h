@@ -1,6 +1,6 @@
 /*
  * swim_claims.h — internal to net/: the reference-counted pool of signed claims behind
- * ts_swim_claims_t (swim.h). Used only by swim.c.
+ * ts_swim_claims_t (swim.h). Used only by the gossip core (swim*.c, through swim_internal.h).
  *
  * A handle names one distinct claim (every field equal, signature included). Interning a claim
  * returns its handle with one more reference, creating the entry if needed; the entry lives

@@ -1,0 +1,267 @@
+/*
+ * gossip_status.c — the gossip driver's status view (gossip_internal.h): ts_gossip_status and
+ * the status_request handler build the same answer from the core's members, the adverts held,
+ * the owner's load callback, and the aggregates (experts per cluster, uncovered clusters,
+ * capacity, request rate, live members).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/frame.h"
+#include "net/gossip_internal.h"
+
+#define MAX_UNCOVERED 65536 /* uncovered clusters listed in one status answer */
+
+/* ---- status --------------------------------------------------------------------------------- */
+
+typedef struct {
+    const uint8_t *partition;
+    uint32_t cluster, count;
+} cluster_count_t;
+
+/* The pieces a status answer points into; freed together by status_scratch_free. */
+typedef struct {
+    Tessera__StatusResponse resp;
+    Tessera__Aggregates agg;
+    Tessera__Load load;
+    Tessera__MemberState *members, **member_ptrs;
+    char (*addrs)[ADDR_STR];
+    Tessera__Advert **adverts;
+    cluster_count_t *counts;
+    Tessera__ClusterExperts *clusters, **cluster_ptrs;
+    Tessera__ClusterRef *refs, **ref_ptrs;
+} status_scratch_t;
+
+static void status_scratch_free(status_scratch_t *s) {
+    free(s->members);
+    free(s->member_ptrs);
+    free(s->addrs);
+    free(s->adverts);
+    free(s->counts);
+    free(s->clusters);
+    free(s->cluster_ptrs);
+    free(s->refs);
+    free(s->ref_ptrs);
+}
+
+static Tessera__MemberStatus member_status(int state) {
+    switch (state) {
+    case TS_SWIM_ALIVE: return TESSERA__MEMBER_STATUS__MEMBER_ALIVE;
+    case TS_SWIM_SUSPECT: return TESSERA__MEMBER_STATUS__MEMBER_SUSPECT;
+    case TS_SWIM_DEAD: return TESSERA__MEMBER_STATUS__MEMBER_DEAD;
+    default: return TESSERA__MEMBER_STATUS__MEMBER_LEFT;
+    }
+}
+
+static void status_members(ts_gossip_t *g, status_scratch_t *s, uint32_t n) {
+    int64_t now = now_ms(g);
+    for (uint32_t i = 0; i < n; i++) {
+        const ts_swim_member_info_t *m = &g->members[i];
+        Tessera__MemberState *ms = &s->members[i];
+        tessera__member_state__init(ms);
+        ms->has_node_id = 1;
+        ms->node_id.data = (uint8_t *)m->claim.id;
+        ms->node_id.len = TS_SWIM_ID_LEN;
+        ms->has_status = 1;
+        ms->status = member_status(m->state);
+        ms->has_incarnation = 1;
+        ms->incarnation = m->incarnation;
+        ms->has_last_change_age_ms = 1;
+        ms->last_change_age_ms = now > m->change_ms ? (uint64_t)(now - m->change_ms) : 0;
+        if (m->claim.kind == TS_SWIM_CLAIM_ALIVE) {
+            ts_gossip__addr_str(&m->claim.addr, s->addrs[i]);
+            ms->addr = s->addrs[i];
+            ms->has_advert_version = 1;
+            ms->advert_version = m->claim.advert_version;
+        }
+        s->member_ptrs[i] = ms;
+    }
+    s->resp.n_members = n;
+    s->resp.members = s->member_ptrs;
+}
+
+/* The index in s->counts[0..n) of cluster c of partition, n when it is not there. */
+static uint32_t count_index(const status_scratch_t *s, uint32_t n, const uint8_t *partition,
+                            uint32_t c) {
+    uint32_t k = 0;
+    while (k < n && !(s->counts[k].cluster == c &&
+                      memcmp(s->counts[k].partition, partition, TS_FRAME_ID_BYTES) == 0))
+        k++;
+    return k;
+}
+
+/* Whether some live expert of s->counts[0..n) covers cluster c of partition. */
+static int covered(const status_scratch_t *s, uint32_t n, const uint8_t *partition, uint32_t c) {
+    return count_index(s, n, partition, c) < n;
+}
+
+/* Calls fn(s, partition, cluster) for each cluster of each partition named by an advert held
+ * (a dead expert's too: its cluster is then uncovered) that no live expert covers, at most
+ * MAX_UNCOVERED times in all; returns how many. */
+static uint32_t each_uncovered(const ts_gossip_t *g, status_scratch_t *s, uint32_t n_counts,
+                               void (*fn)(status_scratch_t *, uint32_t, const ProtobufCBinaryData *,
+                                          uint32_t)) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < g->n_adverts; i++) {
+        const Tessera__AdvertBody *b = g->adverts[i].body;
+        int seen = 0; /* each partition once */
+        for (uint32_t j = 0; j < i && !seen; j++)
+            seen = memcmp(g->adverts[j].body->partition_id.data, b->partition_id.data,
+                          TS_FRAME_ID_BYTES) == 0;
+        for (uint32_t c = 0; !seen && c < b->num_clusters && n < MAX_UNCOVERED; c++)
+            if (!covered(s, n_counts, b->partition_id.data, c)) {
+                if (fn)
+                    fn(s, n, &b->partition_id, c);
+                n++;
+            }
+    }
+    return n;
+}
+
+static void put_uncovered(status_scratch_t *s, uint32_t i, const ProtobufCBinaryData *partition,
+                          uint32_t cluster) {
+    Tessera__ClusterRef *r = &s->refs[i];
+    tessera__cluster_ref__init(r);
+    r->has_partition_id = r->has_cluster = 1;
+    r->partition_id = *partition;
+    r->cluster = cluster;
+    s->ref_ptrs[i] = r;
+}
+
+/* Experts per (partition, cluster) among ALIVE members, the clusters of every known partition
+ * that none covers, capacity and request rate. */
+static int status_aggregates(ts_gossip_t *g, status_scratch_t *s, uint32_t n) {
+    uint32_t n_counts = 0, live = 0;
+    float capacity = 0, rate = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (g->members[i].state != TS_SWIM_ALIVE)
+            continue;
+        live++;
+        const advert_t *a = ts_gossip__advert_find(g, g->members[i].claim.id);
+        if (!a)
+            continue;
+        capacity += a->body->capacity->items_per_s;
+        if (i == 0 && s->resp.load && s->resp.load->has_requests_per_s)
+            rate += s->resp.load->requests_per_s; /* ours, fresher than our signed advert's */
+        else if (a->body->load->has_requests_per_s)
+            rate += a->body->load->requests_per_s;
+        uint32_t k = count_index(s, n_counts, a->body->partition_id.data, a->body->cluster);
+        if (k == n_counts)
+            s->counts[n_counts++] =
+                (cluster_count_t){a->body->partition_id.data, a->body->cluster, 0};
+        s->counts[k].count++;
+    }
+    for (uint32_t k = 0; k < n_counts; k++) {
+        Tessera__ClusterExperts *c = &s->clusters[k];
+        tessera__cluster_experts__init(c);
+        c->has_partition_id = c->has_cluster = c->has_live_experts = 1;
+        c->partition_id.data = (uint8_t *)s->counts[k].partition;
+        c->partition_id.len = TS_FRAME_ID_BYTES;
+        c->cluster = s->counts[k].cluster;
+        c->live_experts = s->counts[k].count;
+        s->cluster_ptrs[k] = c;
+    }
+    uint32_t n_refs = each_uncovered(g, s, n_counts, NULL);
+    s->refs = calloc(n_refs + 1, sizeof *s->refs);
+    s->ref_ptrs = calloc(n_refs + 1, sizeof *s->ref_ptrs);
+    if (!s->refs || !s->ref_ptrs)
+        return TS_ENOMEM;
+    each_uncovered(g, s, n_counts, put_uncovered);
+    Tessera__Aggregates *agg = &s->agg;
+    tessera__aggregates__init(agg);
+    agg->n_clusters = n_counts;
+    agg->clusters = s->cluster_ptrs;
+    agg->n_uncovered = n_refs;
+    agg->uncovered = s->ref_ptrs;
+    agg->has_total_capacity = agg->has_request_rate = agg->has_live_members = 1;
+    agg->total_capacity = capacity;
+    agg->request_rate = rate;
+    agg->live_members = live;
+    s->resp.aggregates = agg;
+    return TS_OK;
+}
+
+/* Builds the status answer into s (pointing into g's tables: use it before anything changes). */
+static int status_build(ts_gossip_t *g, const Tessera__StatusRequest *req, status_scratch_t *s) {
+    memset(s, 0, sizeof *s);
+    uint32_t n = g->swim ? ts_swim_state_export(g->swim, g->members, g->cfg.swim.max_members) : 0;
+    s->members = calloc(n + 1, sizeof *s->members);
+    s->member_ptrs = calloc(n + 1, sizeof *s->member_ptrs);
+    s->addrs = calloc(n + 1, sizeof *s->addrs);
+    s->adverts = calloc(g->n_adverts + 1, sizeof *s->adverts);
+    s->counts = calloc(n + 1, sizeof *s->counts);
+    s->clusters = calloc(n + 1, sizeof *s->clusters);
+    s->cluster_ptrs = calloc(n + 1, sizeof *s->cluster_ptrs);
+    if (!s->members || !s->member_ptrs || !s->addrs || !s->adverts || !s->counts || !s->clusters ||
+        !s->cluster_ptrs) {
+        status_scratch_free(s);
+        return TS_ENOMEM;
+    }
+    tessera__status_response__init(&s->resp);
+    s->resp.has_node_id = 1;
+    s->resp.node_id.data = g->self.b;
+    s->resp.node_id.len = TS_NODE_ID_BYTES;
+    if (g->on_load) {
+        tessera__load__init(&s->load);
+        g->on_load(g->on_load_arg, &s->load);
+        s->resp.load = &s->load;
+    }
+    if (!req || req->include_members)
+        status_members(g, s, n);
+    if (!req || req->include_adverts) {
+        for (uint32_t i = 0; i < g->n_adverts; i++)
+            s->adverts[i] = g->adverts[i].msg;
+        s->resp.n_adverts = g->n_adverts;
+        s->resp.adverts = s->adverts;
+    }
+    if (g->health[0])
+        s->resp.health = g->health;
+    if (g->metrics_url[0])
+        s->resp.metrics = g->metrics_url;
+    int rc = status_aggregates(g, s, n);
+    if (rc)
+        status_scratch_free(s);
+    return rc;
+}
+
+int ts_gossip_status(ts_gossip_t *g, const Tessera__StatusRequest *req,
+                     Tessera__StatusResponse **out) {
+    if (!g || !out)
+        return TS_EINVAL;
+    *out = NULL;
+    status_scratch_t s;
+    int rc = status_build(g, req, &s);
+    if (rc)
+        return rc;
+    /* packed and unpacked again, the answer owns all its memory and frees in one call */
+    size_t n = protobuf_c_message_get_packed_size(&s.resp.base);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (buf) {
+        protobuf_c_message_pack(&s.resp.base, buf);
+        *out = tessera__status_response__unpack(NULL, n, buf);
+    }
+    free(buf);
+    status_scratch_free(&s);
+    return *out ? TS_OK : TS_ENOMEM;
+}
+
+void ts_gossip_status_free(Tessera__StatusResponse *resp) {
+    if (resp)
+        tessera__status_response__free_unpacked(resp, NULL);
+}
+
+void ts_gossip__serve_status(ts_rpc_request_t *req, const Tessera__Envelope *env, void *arg) {
+    ts_gossip_t *g = arg;
+    status_scratch_t s;
+    if (status_build(g, env->status_request, &s) != TS_OK) {
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+        return;
+    }
+    Tessera__Envelope out = TESSERA__ENVELOPE__INIT;
+    out.body_case = TESSERA__ENVELOPE__BODY_STATUS_RESPONSE;
+    out.status_response = &s.resp;
+    ts_rpc_reply(req, &out);
+    status_scratch_free(&s);
+}
