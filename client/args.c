@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
+
 void ts_args_usage(FILE *f, const char *prog, const char *summary, const ts_arg_t *args, int n) {
     fprintf(f, "usage: %s [options]\n\n%s\n\noptions:\n", prog, summary);
     for (int i = 0; i < n; i++) {
@@ -122,4 +124,10 @@ int ts_arg_seen(const ts_arg_t *args, int n, const char *name) {
         if (strcmp(args[i].name, name) == 0)
             return args[i].seen;
     return 0;
+}
+
+int ts_args_fail(const char *prog, const char *err, int rc) {
+    int said = err && *err;
+    fprintf(stderr, "%s: %s%s%s\n", prog, said ? err : "", said ? ": " : "", ts_strerror(rc));
+    return 1;
 }

@@ -40,4 +40,8 @@ int ts_args_parse(const char *prog, const char *summary, ts_arg_t *args, int n, 
 int ts_arg_seen(const ts_arg_t *args, int n, const char *name);
 void ts_args_usage(FILE *f, const char *prog, const char *summary, const ts_arg_t *args, int n);
 
+/* The line a verb prints on stderr when its run fails, "PROG: ERR: what rc means" ("PROG: what rc
+ * means" when err is NULL or empty). Returns 1, the exit code of a failed run. */
+int ts_args_fail(const char *prog, const char *err, int rc);
+
 #endif

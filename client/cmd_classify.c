@@ -390,7 +390,7 @@ int ts_cmd_train_classifier(int argc, char **argv) {
     if (rc == TS_OK)
         rc = save_model(&r, &o, "test_accuracy", acc, err, sizeof err);
     if (rc != TS_OK) {
-        fprintf(stderr, "%s: %s%s%s\n", o.prog, err, *err ? ": " : "", ts_strerror(rc));
+        ts_args_fail(o.prog, err, rc);
         run_free(&r);
         return 1;
     }
@@ -415,141 +415,192 @@ static int load_partition(const char *where, ts_partition_t *p, char *err, size_
     return ts_partition_load(path, p, err, errlen);
 }
 
-int ts_cmd_train_router(int argc, char **argv) {
+/* train-router's run: the partition, the trunk, the experts of the expert objectives, the held-out
+ * truth and the accuracy per t-bucket (router_free releases it all). */
+typedef struct {
     cls_opts_t o;
-    cls_defaults(&o, "tessera train-router");
-    o.eval_n = 2000;
-    int pr = parse(&o, 1, argc, argv);
-    if (pr)
-        return pr < 0 ? 0 : 2;
-    int expert_objective = strcmp(o.objective, "cluster") != 0;
-    if (strcmp(o.objective, "cluster") != 0 && strcmp(o.objective, "alignment") != 0 &&
-        strcmp(o.objective, "mixture") != 0) {
-        fprintf(stderr, "%s: --objective %s: must be cluster, alignment or mixture\n", o.prog,
-                o.objective);
+    cls_run_t r;
+    ts_partition_t p;
+    ts_local_t experts;
+    ts_expert_residuals_t res;
+    int32_t *truth; /* (n) each test image's nearest centroid */
+    float *emb;
+    int n;
+    double secs, acc[N_BUCKETS], mean;
+    char err[512];
+} router_run_t;
+
+/* train-router's own options: 0, or 2 with the message printed. */
+static int router_validate(cls_opts_t *o) {
+    int expert_objective = strcmp(o->objective, "cluster") != 0;
+    if (strcmp(o->objective, "cluster") != 0 && strcmp(o->objective, "alignment") != 0 &&
+        strcmp(o->objective, "mixture") != 0) {
+        fprintf(stderr, "%s: --objective %s: must be cluster, alignment or mixture\n", o->prog,
+                o->objective);
         return 2;
     }
-    if (o.label_dropout >= 0.0f && !o.label_aware) {
-        fprintf(stderr, "%s: --label-dropout goes with --label-aware\n", o.prog);
+    if (o->label_dropout >= 0.0f && !o->label_aware) {
+        fprintf(stderr, "%s: --label-dropout goes with --label-aware\n", o->prog);
         return 2;
     }
-    if (o.label_dropout < 0.0f)
-        o.label_dropout = 0.1f; /* the default */
-    if (expert_objective != (o.experts != NULL)) {
+    if (o->label_dropout < 0.0f)
+        o->label_dropout = 0.1f; /* the default */
+    if (expert_objective != (o->experts != NULL)) {
         fprintf(stderr,
                 "%s: --experts DIR goes with --objective alignment or mixture, and they "
                 "need it\n",
-                o.prog);
+                o->prog);
         return 2;
     }
-    char err[512] = "";
-    ts_local_t experts;
-    memset(&experts, 0, sizeof experts);
-    ts_expert_residuals_t res;
-    memset(&res, 0, sizeof res);
-    ts_partition_t p;
-    memset(&p, 0, sizeof p);
-    cls_run_t r;
-    memset(&r, 0, sizeof r);
-    int32_t *truth = NULL;
-    float *emb = NULL;
-    double secs = 0;
-    int rc = load_partition(o.partition, &p, err, sizeof err);
+    return 0;
+}
+
+/* The partition, the data and the trunk; the partition must cover the train set. The router's
+ * metadata: its partition, its objective and its label dropout. */
+static int router_start(router_run_t *rr) {
+    const cls_opts_t *o = &rr->o;
+    cls_run_t *r = &rr->r;
+    char *err = rr->err;
+    size_t errlen = sizeof rr->err;
+    int rc = load_partition(o->partition, &rr->p, err, errlen);
     if (rc == TS_OK)
-        rc = run_start(&r, &o, p.K, 1, err, sizeof err);
-    int64_t D = (int64_t)r.train.channels * r.train.height * r.train.width;
-    if (rc == TS_OK && (p.n != r.train.n || p.D != D)) {
-        snprintf(err, sizeof err,
+        rc = run_start(r, o, rr->p.K, 1, err, errlen);
+    int64_t D = (int64_t)r->train.channels * r->train.height * r->train.width;
+    if (rc == TS_OK && (rr->p.n != r->train.n || rr->p.D != D)) {
+        snprintf(err, errlen,
                  "partition %s covers %lld images of %d values, the train set has "
                  "%d of %lld: partition the full train set",
-                 o.partition, (long long)p.n, p.D, r.train.n, (long long)D);
+                 o->partition, (long long)rr->p.n, rr->p.D, r->train.n, (long long)D);
         rc = TS_EINVAL;
     }
-    if (rc == TS_OK && (rc = ts_classifier_set_meta(r.c, "partition_id", p.id)) != TS_OK)
-        snprintf(err, sizeof err, "cannot set the metadata");
-    if (rc == TS_OK && (rc = ts_classifier_set_meta(r.c, "objective", o.objective)) != TS_OK)
-        snprintf(err, sizeof err, "cannot set the metadata");
+    if (rc == TS_OK && (rc = ts_classifier_set_meta(r->c, "partition_id", rr->p.id)) != TS_OK)
+        snprintf(err, errlen, "cannot set the metadata");
+    if (rc == TS_OK && (rc = ts_classifier_set_meta(r->c, "objective", o->objective)) != TS_OK)
+        snprintf(err, errlen, "cannot set the metadata");
     char drop[32];
-    snprintf(drop, sizeof drop, "%g", (double)o.label_dropout);
-    if (rc == TS_OK && o.label_aware &&
-        (rc = ts_classifier_set_meta(r.c, "label_dropout", drop)) != TS_OK)
-        snprintf(err, sizeof err, "cannot set the metadata");
-    if (rc == TS_OK && expert_objective) {
-        rc = ts_local_open(&experts, o.experts, &r.eng, o.batch, 1, 0, o.prog, err, sizeof err);
-        if (rc == TS_OK && experts.ex.K != p.K) {
-            snprintf(err, sizeof err, "%s holds %d experts, the partition has %d clusters",
-                     o.experts, experts.ex.K, p.K);
-            rc = TS_EINVAL;
-        }
-        if (rc == TS_OK && experts.has_part && strcmp(experts.part.id, p.id) != 0) {
-            snprintf(err, sizeof err,
-                     "the experts of %s were trained on partition %.12s…, not "
-                     "on %.12s…",
-                     o.experts, experts.part.id, p.id);
-            rc = TS_EINVAL;
-        }
-        if (rc == TS_OK)
-            rc = ts_expert_residuals_init(&res, experts.ex.models, experts.ex.K, o.batch);
-        o.residuals = ts_expert_residuals_fn;
-        o.residuals_ctx = &res;
+    snprintf(drop, sizeof drop, "%g", (double)o->label_dropout);
+    if (rc == TS_OK && o->label_aware &&
+        (rc = ts_classifier_set_meta(r->c, "label_dropout", drop)) != TS_OK)
+        snprintf(err, errlen, "cannot set the metadata");
+    return rc;
+}
+
+/* The alignment and mixture objectives: the experts of --experts, trained on this partition,
+ * whose residuals the targets are made of. */
+static int open_experts(router_run_t *rr) {
+    cls_opts_t *o = &rr->o;
+    ts_local_t *ex = &rr->experts;
+    char *err = rr->err;
+    size_t errlen = sizeof rr->err;
+    int rc = ts_local_open(ex, o->experts, &rr->r.eng, o->batch, 1, 0, o->prog, err, errlen);
+    if (rc == TS_OK && ex->ex.K != rr->p.K) {
+        snprintf(err, errlen, "%s holds %d experts, the partition has %d clusters", o->experts,
+                 ex->ex.K, rr->p.K);
+        rc = TS_EINVAL;
     }
-    if (rc == TS_OK && (rc = train_loop(&o, r.c, &r.train, p.assignment, &secs)) != TS_OK)
-        snprintf(err, sizeof err, "training failed");
-    /* held-out truth: each test image's nearest centroid */
-    int n = o.eval_n < r.test.n ? o.eval_n : r.test.n;
-    if (rc == TS_OK) {
-        truth = malloc((size_t)n * sizeof *truth);
-        emb = malloc((size_t)n * (size_t)p.k * sizeof *emb);
-        rc = (!truth || !emb) ? TS_ENOMEM : ts_partition_embed(&p, r.test.images, n, emb);
-        if (rc == TS_OK)
-            rc = ts_partition_nearest(&p, emb, n, truth, NULL);
-        if (rc != TS_OK)
-            snprintf(err, sizeof err, "cannot assign the test images to clusters");
-    }
-    double acc[N_BUCKETS] = {0}, mean = 0;
-    for (int j = 0; j < N_BUCKETS && rc == TS_OK; j++) {
-        int right = 0;
-        rc = eval_accuracy(r.c, &r.eng, &r.test, truth, n, o.batch, j, &right);
-        acc[j] = (double)right / n;
-        mean += acc[j] / N_BUCKETS;
-        if (rc != TS_OK)
-            snprintf(err, sizeof err, "evaluation failed");
+    if (rc == TS_OK && ex->has_part && strcmp(ex->part.id, rr->p.id) != 0) {
+        snprintf(err, errlen,
+                 "the experts of %s were trained on partition %.12s…, not "
+                 "on %.12s…",
+                 o->experts, ex->part.id, rr->p.id);
+        rc = TS_EINVAL;
     }
     if (rc == TS_OK)
-        rc = save_model(&r, &o, "eval_accuracy", mean, err, sizeof err);
-    if (rc != TS_OK) {
-        fprintf(stderr, "%s: %s%s%s\n", o.prog, err, *err ? ": " : "", ts_strerror(rc));
-    } else {
-        int largest = 0;
-        for (int k = 0; k < p.K; k++)
-            largest = p.sizes[k] > largest ? p.sizes[k] : largest;
-        printf("router accuracy by t on %d test images (nearest-centroid truth%s; chance: 1/K "
-               "= %.3f, largest cluster %.3f)\n",
-               n, o.label_aware ? ", each given its label" : "", 1.0 / p.K,
-               (double)largest / (double)p.n);
-        printf("  t bucket       accuracy\n");
-        for (int j = 0; j < N_BUCKETS; j++)
-            printf("  [%.1f, %.1f)     %.3f\n", j / 10.0, (j + 1) / 10.0, acc[j]);
-        printf("  mean           %.3f\n", mean);
-        if (o.json) {
-            json_t *buckets = json_array();
-            for (int j = 0; buckets && j < N_BUCKETS; j++)
-                json_array_append_new(buckets, json_real(acc[j]));
-            ts_json_print(json_pack("{s:b, s:s, s:I, s:f, s:o*, s:s, s:b}", "done", 1,
-                                    "partition_id", p.id, "steps", (json_int_t)o.steps, "seconds",
-                                    secs, "bucket_accuracy", buckets, "out", o.out, "label_aware",
-                                    o.label_aware));
-        }
-        fprintf(stderr, "trained %lld steps in %.1f s; router → %s\n", (long long)o.steps, secs,
-                o.out);
+        rc = ts_expert_residuals_init(&rr->res, ex->ex.models, ex->ex.K, o->batch);
+    o->residuals = ts_expert_residuals_fn;
+    o->residuals_ctx = &rr->res;
+    return rc;
+}
+
+/* The accuracy per t-bucket on the first --eval-n test images, against their nearest centroid. */
+static int eval_router(router_run_t *rr) {
+    cls_run_t *r = &rr->r;
+    const ts_partition_t *p = &rr->p;
+    int n = rr->n;
+    rr->truth = malloc((size_t)n * sizeof *rr->truth);
+    rr->emb = malloc((size_t)n * (size_t)p->k * sizeof *rr->emb);
+    int rc =
+        (!rr->truth || !rr->emb) ? TS_ENOMEM : ts_partition_embed(p, r->test.images, n, rr->emb);
+    if (rc == TS_OK)
+        rc = ts_partition_nearest(p, rr->emb, n, rr->truth, NULL);
+    if (rc != TS_OK)
+        snprintf(rr->err, sizeof rr->err, "cannot assign the test images to clusters");
+    for (int j = 0; j < N_BUCKETS && rc == TS_OK; j++) {
+        int right = 0;
+        rc = eval_accuracy(r->c, &r->eng, &r->test, rr->truth, n, rr->o.batch, j, &right);
+        rr->acc[j] = (double)right / n;
+        rr->mean += rr->acc[j] / N_BUCKETS;
+        if (rc != TS_OK)
+            snprintf(rr->err, sizeof rr->err, "evaluation failed");
     }
-    free(truth);
-    free(emb);
-    ts_expert_residuals_free(&res);
-    ts_local_free(&experts);
-    run_free(&r);
-    ts_partition_free(&p);
-    return rc == TS_OK ? 0 : 1;
+    return rc;
+}
+
+/* The accuracy table on stdout (and with --json one JSON object), the last line on stderr. */
+static void print_router(const router_run_t *rr) {
+    const cls_opts_t *o = &rr->o;
+    const ts_partition_t *p = &rr->p;
+    int largest = 0;
+    for (int k = 0; k < p->K; k++)
+        largest = p->sizes[k] > largest ? p->sizes[k] : largest;
+    printf("router accuracy by t on %d test images (nearest-centroid truth%s; chance: 1/K "
+           "= %.3f, largest cluster %.3f)\n",
+           rr->n, o->label_aware ? ", each given its label" : "", 1.0 / p->K,
+           (double)largest / (double)p->n);
+    printf("  t bucket       accuracy\n");
+    for (int j = 0; j < N_BUCKETS; j++)
+        printf("  [%.1f, %.1f)     %.3f\n", j / 10.0, (j + 1) / 10.0, rr->acc[j]);
+    printf("  mean           %.3f\n", rr->mean);
+    if (o->json) {
+        json_t *buckets = json_array();
+        for (int j = 0; buckets && j < N_BUCKETS; j++)
+            json_array_append_new(buckets, json_real(rr->acc[j]));
+        ts_json_print(json_pack("{s:b, s:s, s:I, s:f, s:o*, s:s, s:b}", "done", 1, "partition_id",
+                                p->id, "steps", (json_int_t)o->steps, "seconds", rr->secs,
+                                "bucket_accuracy", buckets, "out", o->out, "label_aware",
+                                o->label_aware));
+    }
+    fprintf(stderr, "trained %lld steps in %.1f s; router → %s\n", (long long)o->steps, rr->secs,
+            o->out);
+}
+
+static void router_free(router_run_t *rr) {
+    free(rr->truth);
+    free(rr->emb);
+    ts_expert_residuals_free(&rr->res);
+    ts_local_free(&rr->experts);
+    run_free(&rr->r);
+    ts_partition_free(&rr->p);
+}
+
+int ts_cmd_train_router(int argc, char **argv) {
+    router_run_t *rr = calloc(1, sizeof *rr);
+    if (!rr)
+        return 1;
+    cls_defaults(&rr->o, "tessera train-router");
+    rr->o.eval_n = 2000;
+    int pr = parse(&rr->o, 1, argc, argv);
+    int code = pr < 0 ? 0 : pr ? 2 : router_validate(&rr->o);
+    if (!pr && code == 0) {
+        const cls_opts_t *o = &rr->o;
+        int rc = router_start(rr);
+        if (rc == TS_OK && o->experts)
+            rc = open_experts(rr);
+        if (rc == TS_OK &&
+            (rc = train_loop(o, rr->r.c, &rr->r.train, rr->p.assignment, &rr->secs)) != TS_OK)
+            snprintf(rr->err, sizeof rr->err, "training failed");
+        rr->n = o->eval_n < rr->r.test.n ? o->eval_n : rr->r.test.n;
+        if (rc == TS_OK)
+            rc = eval_router(rr);
+        if (rc == TS_OK)
+            rc = save_model(&rr->r, o, "eval_accuracy", rr->mean, rr->err, sizeof rr->err);
+        if (rc == TS_OK)
+            print_router(rr);
+        code = rc == TS_OK ? 0 : ts_args_fail(o->prog, rr->err, rc);
+    }
+    router_free(rr);
+    free(rr);
+    return code;
 }
 
 /* ---- tessera calibrate ------------------------------------------------------------------------ */
@@ -624,89 +675,142 @@ static void cal_print(const char *router, int n, double Tg, const cal_bucket_t *
            Tg, Tg);
 }
 
-int ts_cmd_calibrate(int argc, char **argv) {
-    const char *router = NULL, *partition = NULL, *fmnist_dir = TS_FMNIST_DEFAULT_DIR;
-    int n = 2000, bins = CAL_BINS_DEFAULT, batch = 64, threads = 0, json = 0;
+typedef struct {
+    const char *router, *partition, *fmnist_dir;
+    int n, bins, batch, threads, json;
+} cal_opts_t;
+
+/* Everything one calibration opens and allocates (cal_free releases it all). */
+typedef struct {
+    cal_opts_t o;
+    ts_engine_t eng;
+    ts_classifier_t *c;
+    ts_partition_t p;
+    ts_dataset_t test;
+    int K, h;       /* clusters; the fitting half of the n images */
+    float *z, *emb; /* (buckets, n, K) logits */
+    float *zf;      /* (buckets, h, K) the fitting halves, for the global temperature */
+    int32_t *truth; /* (n) nearest centroids */
+    int32_t *yf;    /* (buckets, h) */
+    double Tg;      /* the global temperature */
+    cal_bucket_t q[N_BUCKETS];
+    char err[512];
+} cal_run_t;
+
+/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+static int cal_parse(int argc, char **argv, cal_opts_t *o) {
+    *o = (cal_opts_t){
+        .fmnist_dir = TS_FMNIST_DEFAULT_DIR, .n = 2000, .bins = CAL_BINS_DEFAULT, .batch = 64};
     /* clang-format off */
     ts_arg_t args[] = {
-        {"router", TS_ARG_STRING, &router, "FILE", "the router (`tessera train-router`)", 0, 0, 1},
-        {"partition", TS_ARG_STRING, &partition, "DIR", "its partition (a folder with partition.safetensors, or the file): the truth is each test image's nearest centroid", 0, 0, 1},
-        {"data", TS_ARG_STRING, &fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
-        {"n", TS_ARG_INT, &n, "N", "test images per t-bucket, half to fit and half to score (default 2000)", 4, 10000},
-        {"bins", TS_ARG_INT, &bins, "B", "confidence bins of the expected calibration error (default 15)", 1, 1000},
-        {"batch", TS_ARG_INT, &batch, "B", "images per forward (default 64)", 1, 4096},
-        {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
-        {"json", TS_ARG_FLAG, &json, NULL, "print one JSON object on stdout instead of the table"},
+        {"router", TS_ARG_STRING, &o->router, "FILE", "the router (`tessera train-router`)", 0, 0, 1},
+        {"partition", TS_ARG_STRING, &o->partition, "DIR", "its partition (a folder with partition.safetensors, or the file): the truth is each test image's nearest centroid", 0, 0, 1},
+        {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"n", TS_ARG_INT, &o->n, "N", "test images per t-bucket, half to fit and half to score (default 2000)", 4, 10000},
+        {"bins", TS_ARG_INT, &o->bins, "B", "confidence bins of the expected calibration error (default 15)", 1, 1000},
+        {"batch", TS_ARG_INT, &o->batch, "B", "images per forward (default 64)", 1, 4096},
+        {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"json", TS_ARG_FLAG, &o->json, NULL, "print one JSON object on stdout instead of the table"},
     };
     /* clang-format on */
-    int pr = ts_args_parse("tessera calibrate",
-                           "How calibrated a router's p(k | x_t) is along t (accuracy, NLL, "
-                           "expected calibration error per t-bucket on held-out test images) and "
-                           "the temperature that calibrates it (temperature scaling), per bucket "
-                           "and one for every t.",
-                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    char err[512] = "";
-    ts_engine_t eng = {0};
-    ts_engine_opts_t eo = {TS_CPU, threads, 0};
-    ts_classifier_t *c = NULL;
-    ts_partition_t p;
-    memset(&p, 0, sizeof p);
-    ts_dataset_t test = {0};
-    float *z = NULL, *emb = NULL, *zf = NULL;
-    int32_t *truth = NULL, *yf = NULL;
-    cal_bucket_t q[N_BUCKETS];
-    int rc = ts_engine_init(&eng, &eo), K = 0;
+    return ts_args_parse("tessera calibrate",
+                         "How calibrated a router's p(k | x_t) is along t (accuracy, NLL, "
+                         "expected calibration error per t-bucket on held-out test images) and "
+                         "the temperature that calibrates it (temperature scaling), per bucket "
+                         "and one for every t.",
+                         args, (int)(sizeof args / sizeof args[0]), argc, argv);
+}
+
+/* The engine, the router, its partition and the test split (--n at most its size). */
+static int cal_open(cal_run_t *r) {
+    cal_opts_t *o = &r->o;
+    char *err = r->err;
+    size_t errlen = sizeof r->err;
+    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
+    int rc = ts_engine_init(&r->eng, &eo);
     if (rc == TS_OK)
-        rc = ts_classifier_open(&c, router, &eng, batch, err, sizeof err);
-    if (rc == TS_OK && !ts_classifier_time_conditioned(c)) {
-        snprintf(err, sizeof err, "%s is not a router (it does not take t)", router);
+        rc = ts_classifier_open(&r->c, o->router, &r->eng, o->batch, err, errlen);
+    if (rc == TS_OK && !ts_classifier_time_conditioned(r->c)) {
+        snprintf(err, errlen, "%s is not a router (it does not take t)", o->router);
         rc = TS_EINVAL;
     }
     if (rc == TS_OK)
-        rc = load_partition(partition, &p, err, sizeof err);
-    if (rc == TS_OK && (K = ts_classifier_num_outputs(c)) != p.K) {
-        snprintf(err, sizeof err, "the router scores %d clusters, the partition has %d", K, p.K);
+        rc = load_partition(o->partition, &r->p, err, errlen);
+    if (rc == TS_OK && (r->K = ts_classifier_num_outputs(r->c)) != r->p.K) {
+        snprintf(err, errlen, "the router scores %d clusters, the partition has %d", r->K, r->p.K);
         rc = TS_EINVAL;
     }
     if (rc == TS_OK)
-        rc = ts_fmnist_load(fmnist_dir, "test", &test, err, sizeof err);
-    n = rc == TS_OK && n > test.n ? test.n : n;
-    int h = n / 2;
-    if (rc == TS_OK) {
-        z = malloc((size_t)N_BUCKETS * n * K * sizeof *z);
-        zf = malloc((size_t)N_BUCKETS * h * K * sizeof *zf);
-        yf = malloc((size_t)N_BUCKETS * h * sizeof *yf);
-        truth = malloc((size_t)n * sizeof *truth);
-        emb = malloc((size_t)n * p.k * sizeof *emb);
-        rc =
-            z && zf && yf && truth && emb ? ts_partition_embed(&p, test.images, n, emb) : TS_ENOMEM;
-    }
+        rc = ts_fmnist_load(o->fmnist_dir, "test", &r->test, err, errlen);
+    o->n = rc == TS_OK && o->n > r->test.n ? r->test.n : o->n;
+    r->h = o->n / 2;
+    return rc;
+}
+
+/* Every bucket's logits of the n images and their nearest centroids; the fitting halves apart. */
+static int cal_logits(cal_run_t *r) {
+    int n = r->o.n, h = r->h, K = r->K;
+    r->z = malloc((size_t)N_BUCKETS * n * K * sizeof *r->z);
+    r->zf = malloc((size_t)N_BUCKETS * h * K * sizeof *r->zf);
+    r->yf = malloc((size_t)N_BUCKETS * h * sizeof *r->yf);
+    r->truth = malloc((size_t)n * sizeof *r->truth);
+    r->emb = malloc((size_t)n * r->p.k * sizeof *r->emb);
+    int rc = r->z && r->zf && r->yf && r->truth && r->emb
+                 ? ts_partition_embed(&r->p, r->test.images, n, r->emb)
+                 : TS_ENOMEM;
     if (rc == TS_OK)
-        rc = ts_partition_nearest(&p, emb, n, truth, NULL);
+        rc = ts_partition_nearest(&r->p, r->emb, n, r->truth, NULL);
     for (int j = 0; j < N_BUCKETS && rc == TS_OK; j++) {
         if (isatty(STDERR_FILENO))
             fprintf(stderr, "\rt-bucket %d/%d", j + 1, N_BUCKETS);
-        rc = bucket_logits(c, &eng, &test, n, batch, j, z + (int64_t)j * n * K);
-        memcpy(zf + (int64_t)j * h * K, z + (int64_t)j * n * K, (size_t)h * K * sizeof *zf);
-        memcpy(yf + (int64_t)j * h, truth, (size_t)h * sizeof *yf);
+        rc = bucket_logits(r->c, &r->eng, &r->test, n, r->o.batch, j, r->z + (int64_t)j * n * K);
+        memcpy(r->zf + (int64_t)j * h * K, r->z + (int64_t)j * n * K,
+               (size_t)h * K * sizeof *r->zf);
+        memcpy(r->yf + (int64_t)j * h, r->truth, (size_t)h * sizeof *r->yf);
     }
-    if (isatty(STDERR_FILENO))
-        fprintf(stderr, "\r%30s\r", "");
-    double Tg = 1.0;
-    if (rc == TS_OK)
-        rc = ts_calib_fit_temperature(zf, yf, (int64_t)N_BUCKETS * h, K, &Tg, err, sizeof err);
+    return rc;
+}
+
+/* The global temperature on every bucket's fitting half, then each bucket's statistics. */
+static int cal_fit(cal_run_t *r) {
+    int n = r->o.n, K = r->K;
+    r->Tg = 1.0;
+    int rc = ts_calib_fit_temperature(r->zf, r->yf, (int64_t)N_BUCKETS * r->h, K, &r->Tg, r->err,
+                                      sizeof r->err);
     for (int j = 0; j < N_BUCKETS && rc == TS_OK; j++)
-        rc = cal_score(z + (int64_t)j * n * K, truth, n, K, bins, Tg, &q[j], err, sizeof err);
+        rc = cal_score(r->z + (int64_t)j * n * K, r->truth, n, K, r->o.bins, r->Tg, &r->q[j],
+                       r->err, sizeof r->err);
+    return rc;
+}
+
+static void cal_free(cal_run_t *r) {
+    free(r->z), free(r->zf), free(r->yf), free(r->truth), free(r->emb);
+    ts_dataset_free(&r->test);
+    ts_partition_free(&r->p);
+    ts_classifier_free(r->c);
+    ts_engine_free(&r->eng);
+}
+
+int ts_cmd_calibrate(int argc, char **argv) {
+    cal_run_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return 1;
+    int pr = cal_parse(argc, argv, &r->o);
+    if (pr) {
+        free(r);
+        return pr == 1 ? 0 : 2;
+    }
+    int rc = cal_open(r);
     if (rc == TS_OK)
-        cal_print(router, n, Tg, q, json);
-    else
-        fprintf(stderr, "tessera calibrate: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
-    free(z), free(zf), free(yf), free(truth), free(emb);
-    ts_dataset_free(&test);
-    ts_partition_free(&p);
-    ts_classifier_free(c);
-    ts_engine_free(&eng);
-    return rc == TS_OK ? 0 : 1;
+        rc = cal_logits(r);
+    if (isatty(STDERR_FILENO)) /* the end of the progress line */
+        fprintf(stderr, "\r%30s\r", "");
+    if (rc == TS_OK)
+        rc = cal_fit(r);
+    if (rc == TS_OK)
+        cal_print(r->o.router, r->o.n, r->Tg, r->q, r->o.json);
+    int code = rc == TS_OK ? 0 : ts_args_fail("tessera calibrate", r->err, rc);
+    cal_free(r);
+    free(r);
+    return code;
 }

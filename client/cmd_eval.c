@@ -822,28 +822,16 @@ static int validate(eval_run_t *r) {
 /* Monoliths and data make the experts' images; the class prior; the shapes of the run. */
 static int check_models(eval_run_t *r) {
     const ts_dit_config_t *c = &r->loc.ex.models[0].cfg;
-    for (int m = 0; m < r->n_mono; m++) {
-        const ts_dit_config_t *mc = &r->mono[m].ex.models[0].cfg;
-        if (mc->input_size != c->input_size || mc->in_channels != c->in_channels ||
-            mc->num_classes != c->num_classes) {
-            ts_set_err(r->err, sizeof r->err,
-                       "--monolith %s makes other images than the experts of %s", r->mono_paths[m],
-                       r->o.dir);
-            return TS_EINVAL;
-        }
-    }
-    if (r->test.channels != c->in_channels || r->test.height != c->input_size ||
-        r->test.width != c->input_size) {
-        ts_set_err(r->err, sizeof r->err, "the experts of %s do not make %dx%dx%d images", r->o.dir,
-                   r->test.channels, r->test.height, r->test.width);
-        return TS_EINVAL;
-    }
+    int rc = ts_local_check_images(&r->loc, r->o.dir, r->mono, r->mono_paths, r->n_mono, &r->test,
+                                   r->err, sizeof r->err);
+    if (rc != TS_OK)
+        return rc;
     int wants_prior = 0;
     for (int i = 0; i < r->n_entries; i++)
         wants_prior |= r->e[i].prior && !r->e[i].monolith;
     if (wants_prior) {
-        int rc = ts_local_class_prior(&r->loc, r->train.labels, r->train.n, c->num_classes,
-                                      &r->log_prior, r->err, sizeof r->err);
+        rc = ts_local_class_prior(&r->loc, r->train.labels, r->train.n, c->num_classes,
+                                  &r->log_prior, r->err, sizeof r->err);
         if (rc != TS_OK)
             return rc;
     }
@@ -1174,7 +1162,7 @@ int ts_cmd_eval(int argc, char **argv) {
     if (rc == TS_OK)
         rc = print_results(r);
     if (rc != TS_OK)
-        fprintf(stderr, PROG ": %s%s%s\n", r->err, *r->err ? ": " : "", ts_strerror(rc));
+        ts_args_fail(PROG, r->err, rc);
     int code = rc == TS_OK ? 0 : r->usage ? 2 : 1;
     eval_free(r);
     free(r);

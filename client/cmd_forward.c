@@ -25,96 +25,144 @@ static const ts_st_tensor_t *input(const ts_st_file_t *f, const char *name, int6
     return NULL;
 }
 
-int ts_cmd_forward(int argc, char **argv) {
-    const char *weights = NULL, *inputs = NULL, *out = NULL;
-    int threads = 0;
+/* ---- the verb: parse → run → print ----------------------------------------------------------- */
+
+#define PROG "tessera forward"
+
+typedef struct {
+    const char *weights, *inputs, *out;
+    int threads;
+} fwd_opts_t;
+
+/* Everything one run opens and allocates (fwd_free releases it all). */
+typedef struct {
+    fwd_opts_t o;
+    ts_st_file_t in;
+    ts_engine_t eng;
+    ts_dit_t model;
+    const ts_st_tensor_t *tx, *tt, *ty; /* in the input file */
+    int B;
+    int64_t chw;
+    float *x, *t;
+    int64_t *y64;
+    int32_t *y;
+    char err[512];
+} fwd_run_t;
+
+/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+static int parse_opts(int argc, char **argv, fwd_opts_t *o) {
+    *o = (fwd_opts_t){0};
     ts_arg_t args[] = {
-        {"weights", TS_ARG_STRING, &weights, "FILE", "expert weights (.safetensors)", 0, 0, 1},
-        {"inputs", TS_ARG_STRING, &inputs, "FILE", "safetensors with x, t, y", 0, 0, 1},
-        {"out", TS_ARG_STRING, &out, "FILE", "safetensors to write v into", 0, 0, 1},
-        {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"weights", TS_ARG_STRING, &o->weights, "FILE", "expert weights (.safetensors)", 0, 0, 1},
+        {"inputs", TS_ARG_STRING, &o->inputs, "FILE", "safetensors with x, t, y", 0, 0, 1},
+        {"out", TS_ARG_STRING, &o->out, "FILE", "safetensors to write v into", 0, 0, 1},
+        {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
     };
-    int pr =
-        ts_args_parse("tessera forward", "One forward pass of an expert on tensors from a file.",
-                      args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    char err[512] = "";
-    ts_st_file_t in = {0};
-    ts_engine_t eng = {0};
-    ts_dit_t model = {0};
-    float *x = NULL, *t = NULL;
-    int64_t *y64 = NULL;
-    int32_t *y = NULL;
-    ts_tensor_t xt = {0}, tt = {0};
-    int rc = ts_st_read(inputs, &in, err, sizeof err);
-    const ts_st_tensor_t *tx = rc ? NULL : ts_st_find(&in, "x");
-    if (rc == TS_OK && (!tx || tx->ndim != 4)) {
-        snprintf(err, sizeof err, "%s: needs a 4-D tensor 'x' (B, C, H, W)", inputs);
+    return ts_args_parse(PROG, "One forward pass of an expert on tensors from a file.", args,
+                         (int)(sizeof args / sizeof args[0]), argc, argv);
+}
+
+/* The input file, then the engine and the model for its batch, then its tensors t and y. */
+static int open_inputs(fwd_run_t *r) {
+    const fwd_opts_t *o = &r->o;
+    char *err = r->err;
+    size_t errlen = sizeof r->err;
+    int rc = ts_st_read(o->inputs, &r->in, err, errlen);
+    r->tx = rc ? NULL : ts_st_find(&r->in, "x");
+    if (rc == TS_OK && (!r->tx || r->tx->ndim != 4)) {
+        snprintf(err, errlen, "%s: needs a 4-D tensor 'x' (B, C, H, W)", o->inputs);
         rc = TS_EINVAL;
     }
-    int B = rc ? 0 : (int)tx->shape[0];
-    ts_engine_opts_t eo = {TS_CPU, threads, 0};
+    r->B = rc ? 0 : (int)r->tx->shape[0];
+    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
     if (rc == TS_OK)
-        rc = ts_engine_init(&eng, &eo);
+        rc = ts_engine_init(&r->eng, &eo);
     if (rc == TS_OK)
-        rc = ts_dit_open(&model, weights, &eng, B > 0 ? B : 1, 0, err, sizeof err);
-    const ts_dit_config_t *c = &model.cfg;
-    int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
-    const ts_st_tensor_t *ttt = NULL, *ty = NULL;
-    if (rc == TS_OK && (!input(&in, "x", B * chw, inputs, err, sizeof err) ||
-                        !(ttt = input(&in, "t", B, inputs, err, sizeof err)) ||
-                        !(ty = input(&in, "y", B, inputs, err, sizeof err))))
+        rc = ts_dit_open(&r->model, o->weights, &r->eng, r->B > 0 ? r->B : 1, 0, err, errlen);
+    const ts_dit_config_t *c = &r->model.cfg;
+    r->chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    int B = r->B;
+    if (rc == TS_OK && (!input(&r->in, "x", B * r->chw, o->inputs, err, errlen) ||
+                        !(r->tt = input(&r->in, "t", B, o->inputs, err, errlen)) ||
+                        !(r->ty = input(&r->in, "y", B, o->inputs, err, errlen))))
         rc = TS_EINVAL;
-    if (rc == TS_OK) {
-        x = malloc((size_t)(B * chw) * sizeof *x);
-        t = malloc((size_t)B * sizeof *t);
-        y64 = malloc((size_t)B * sizeof *y64);
-        y = malloc((size_t)B * sizeof *y);
-        rc = (x && t && y64 && y) ? TS_OK : TS_ENOMEM;
-    }
+    return rc;
+}
+
+/* x, t and y in host memory, the labels checked against the model's classes. */
+static int load_inputs(fwd_run_t *r) {
+    int B = r->B, num_classes = r->model.cfg.num_classes;
+    r->x = malloc((size_t)(B * r->chw) * sizeof *r->x);
+    r->t = malloc((size_t)B * sizeof *r->t);
+    r->y64 = malloc((size_t)B * sizeof *r->y64);
+    r->y = malloc((size_t)B * sizeof *r->y);
+    int rc = (r->x && r->t && r->y64 && r->y) ? TS_OK : TS_ENOMEM;
     if (rc == TS_OK)
-        rc = ts_st_to_f32(tx, x, B * chw);
+        rc = ts_st_to_f32(r->tx, r->x, B * r->chw);
     if (rc == TS_OK)
-        rc = ts_st_to_f32(ttt, t, B);
+        rc = ts_st_to_f32(r->tt, r->t, B);
     if (rc == TS_OK)
-        rc = ts_st_to_i64(ty, y64, B);
+        rc = ts_st_to_i64(r->ty, r->y64, B);
     for (int b = 0; b < B && rc == TS_OK; b++) {
-        if (y64[b] < 0 || y64[b] > c->num_classes) {
-            snprintf(err, sizeof err, "%s: y[%d] = %lld is outside 0..%d", inputs, b,
-                     (long long)y64[b], c->num_classes);
+        if (r->y64[b] < 0 || r->y64[b] > num_classes) {
+            snprintf(r->err, sizeof r->err, "%s: y[%d] = %lld is outside 0..%d", r->o.inputs, b,
+                     (long long)r->y64[b], num_classes);
             rc = TS_ERANGE;
         }
-        y[b] = (int32_t)(rc == TS_OK ? y64[b] : 0);
+        r->y[b] = (int32_t)(rc == TS_OK ? r->y64[b] : 0);
     }
-    if (rc == TS_OK)
-        rc = ts_tensor_wrap(&xt, x, TS_F32, TS_CPU, 4,
+    return rc;
+}
+
+/* The forward pass on finite inputs, and v written to --out. */
+static int run(fwd_run_t *r) {
+    const ts_dit_config_t *c = &r->model.cfg;
+    int B = r->B;
+    ts_tensor_t xt = {0}, tt = {0}, v;
+    int rc = ts_tensor_wrap(&xt, r->x, TS_F32, TS_CPU, 4,
                             TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
     if (rc == TS_OK)
-        rc = ts_tensor_wrap(&tt, t, TS_F32, TS_CPU, 1, TS_SHAPE(B));
-    if (rc == TS_OK && (ts_check_finite(&eng, &xt) || ts_check_finite(&eng, &tt))) {
-        snprintf(err, sizeof err, "%s: x or t holds NaN or Inf", inputs);
+        rc = ts_tensor_wrap(&tt, r->t, TS_F32, TS_CPU, 1, TS_SHAPE(B));
+    if (rc == TS_OK && (ts_check_finite(&r->eng, &xt) || ts_check_finite(&r->eng, &tt))) {
+        snprintf(r->err, sizeof r->err, "%s: x or t holds NaN or Inf", r->o.inputs);
         rc = TS_ENONFINITE;
     }
-    ts_tensor_t v;
     if (rc == TS_OK)
-        rc = ts_dit_forward(&model, &xt, &tt, y, B, &v);
+        rc = ts_dit_forward(&r->model, &xt, &tt, r->y, B, &v);
     if (rc == TS_OK) {
         ts_st_entry_t e = {.name = "v",
                            .dtype = TS_ST_F32,
                            .ndim = 4,
                            .shape = {B, c->in_channels, c->input_size, c->input_size},
                            .data = v.data};
-        rc = ts_st_write(out, &e, 1, NULL, 0, err, sizeof err);
+        rc = ts_st_write(r->o.out, &e, 1, NULL, 0, r->err, sizeof r->err);
     }
+    return rc;
+}
+
+static void fwd_free(fwd_run_t *r) {
+    free(r->x);
+    free(r->t);
+    free(r->y64);
+    free(r->y);
+    ts_dit_free(&r->model);
+    ts_engine_free(&r->eng);
+    ts_st_free(&r->in);
+}
+
+int ts_cmd_forward(int argc, char **argv) {
+    fwd_run_t r;
+    memset(&r, 0, sizeof r);
+    int pr = parse_opts(argc, argv, &r.o);
+    if (pr)
+        return pr == 1 ? 0 : 2;
+    int rc = open_inputs(&r);
+    if (rc == TS_OK)
+        rc = load_inputs(&r);
+    if (rc == TS_OK)
+        rc = run(&r);
     if (rc != TS_OK)
-        fprintf(stderr, "tessera forward: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
-    free(x);
-    free(t);
-    free(y64);
-    free(y);
-    ts_dit_free(&model);
-    ts_engine_free(&eng);
-    ts_st_free(&in);
+        ts_args_fail(PROG, r.err, rc);
+    fwd_free(&r);
     return rc == TS_OK ? 0 : 1;
 }

@@ -623,7 +623,7 @@ int ts_cmd_generate(int argc, char **argv) {
     if (rc == TS_OK)
         rc = print_results(r);
     if (rc != TS_OK)
-        fprintf(stderr, PROG ": %s%s%s\n", r->err, *r->err ? ": " : "", ts_strerror(rc));
+        ts_args_fail(PROG, r->err, rc);
     int code = rc == TS_OK ? 0 : r->usage ? 2 : 1;
     gen_free(r);
     free(r);

@@ -32,7 +32,7 @@
 
 #define PROG "tessera loss"
 #define CHUNK 64
-#define MAX_MODELS 72 /* experts + monoliths */
+#define MAX_MONOLITHS 8
 #define MAX_T 32
 
 typedef struct {
@@ -108,219 +108,265 @@ static int parse_grid(const char *s, float *t, int *T) {
     return rc == TS_OK && *T > 0 ? TS_OK : TS_EINVAL;
 }
 
-int ts_cmd_loss(int argc, char **argv) {
-    const char *dir = NULL, *monolith = NULL,
-               *grid = "0.05,0.15,0.25,0.35,0.45,0.55,0.65,0.75,0.85,0.95";
-    const char *fmnist_dir = TS_FMNIST_DEFAULT_DIR;
-    int per = 128, threads = 0, json = 0, tty = isatty(STDERR_FILENO);
-    uint64_t seed = 0;
+/* ---- the verb: parse → validate → run → print ---------------------------------------------- */
+
+typedef struct {
+    const char *dir, *monolith, *grid, *fmnist_dir;
+    int per, threads, json;
+    uint64_t seed;
+} loss_opts_t;
+
+/* Everything one run opens and allocates (loss_free releases it all). */
+typedef struct {
+    loss_opts_t o;
+    float tgrid[MAX_T];
+    int T, K, M, n_mono;
+    char *mono_copy;
+    const char *mono_paths[MAX_MONOLITHS];
+    ts_engine_t eng;
+    ts_local_t loc, mono[MAX_MONOLITHS];
+    ts_dataset_t test;
+    work_t w;
+    int32_t *cluster, *idx;
+    float *emb;
+    double *loss; /* (models, K, T): mean squared error */
+    double *mean; /* (models, K): its mean over t */
+    int *count;   /* (K) images per cluster */
+    char err[1024];
+} loss_run_t;
+
+/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+static int parse_opts(int argc, char **argv, loss_opts_t *o) {
+    *o = (loss_opts_t){.grid = "0.05,0.15,0.25,0.35,0.45,0.55,0.65,0.75,0.85,0.95",
+                       .fmnist_dir = TS_FMNIST_DEFAULT_DIR,
+                       .per = 128};
     /* clang-format off */
     ts_arg_t args[] = {
-        {"local", TS_ARG_STRING, &dir, "DIR", "a generation folder with a partition (experts, partition) (required)", 0, 0, 1},
-        {"monolith", TS_ARG_STRING, &monolith, "FILE[,FILE…]", "models trained on all the data, measured on every cluster too"},
-        {"per-cluster", TS_ARG_INT, &per, "N", "test images per cluster, the first in test order (default 128)", 1, 10000},
-        {"t", TS_ARG_STRING, &grid, "LIST", "the times, comma-separated in [0, 1] (default 0.05,0.15,…,0.95)"},
-        {"seed", TS_ARG_U64, &seed, "S", "the noise stream (default 0)"},
-        {"data", TS_ARG_STRING, &fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
-        {"json", TS_ARG_FLAG, &json, NULL, "print one JSON object on stdout instead of the table"},
-        {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"local", TS_ARG_STRING, &o->dir, "DIR", "a generation folder with a partition (experts, partition) (required)", 0, 0, 1},
+        {"monolith", TS_ARG_STRING, &o->monolith, "FILE[,FILE…]", "models trained on all the data, measured on every cluster too"},
+        {"per-cluster", TS_ARG_INT, &o->per, "N", "test images per cluster, the first in test order (default 128)", 1, 10000},
+        {"t", TS_ARG_STRING, &o->grid, "LIST", "the times, comma-separated in [0, 1] (default 0.05,0.15,…,0.95)"},
+        {"seed", TS_ARG_U64, &o->seed, "S", "the noise stream (default 0)"},
+        {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"json", TS_ARG_FLAG, &o->json, NULL, "print one JSON object on stdout instead of the table"},
+        {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
     };
     /* clang-format on */
-    int pr = ts_args_parse(PROG,
-                           "Each expert's and monolith's flow-matching loss on held-out test "
-                           "images of every cluster at fixed (t, noise): does expert k beat the "
-                           "monolith on its own cluster?",
-                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    float tgrid[MAX_T];
-    int T = 0;
-    if (parse_grid(grid, tgrid, &T) != TS_OK) {
-        fprintf(stderr, PROG ": --t %s: want 1 to %d comma-separated times in [0, 1]\n", grid,
+    return ts_args_parse(PROG,
+                         "Each expert's and monolith's flow-matching loss on held-out test "
+                         "images of every cluster at fixed (t, noise): does expert k beat the "
+                         "monolith on its own cluster?",
+                         args, (int)(sizeof args / sizeof args[0]), argc, argv);
+}
+
+/* The grid of times and the monoliths' paths: 0, or 2 with the message printed. */
+static int validate(loss_run_t *r) {
+    const loss_opts_t *o = &r->o;
+    if (parse_grid(o->grid, r->tgrid, &r->T) != TS_OK) {
+        fprintf(stderr, PROG ": --t %s: want 1 to %d comma-separated times in [0, 1]\n", o->grid,
                 MAX_T);
         return 2;
     }
-    char *mono_copy = monolith ? strdup(monolith) : NULL, *save = NULL;
-    const char *mono_paths[MAX_MODELS];
-    int n_mono = 0;
-    for (char *tok = mono_copy ? strtok_r(mono_copy, ",", &save) : NULL; tok;
+    r->mono_copy = o->monolith ? strdup(o->monolith) : NULL;
+    char *save = NULL;
+    for (char *tok = r->mono_copy ? strtok_r(r->mono_copy, ",", &save) : NULL; tok;
          tok = strtok_r(NULL, ",", &save)) {
-        if (n_mono == 8) {
+        if (r->n_mono == MAX_MONOLITHS) {
             fprintf(stderr, PROG ": --monolith: at most 8 files\n");
-            free(mono_copy);
             return 2;
         }
-        mono_paths[n_mono++] = tok;
+        r->mono_paths[r->n_mono++] = tok;
     }
+    return 0;
+}
 
-    char err[1024] = "";
-    ts_engine_t eng = {0};
-    ts_engine_opts_t eo = {TS_CPU, threads, 0};
-    ts_local_t loc = {0}, mono[8];
-    memset(mono, 0, sizeof mono);
-    ts_dataset_t test = {0};
-    work_t w = {0};
-    int32_t *cluster = NULL, *idx = NULL;
-    float *emb = NULL;
-    double *loss = NULL; /* (models, K, T): mean squared error */
-    int *count = NULL;   /* (K) images per cluster */
-    int rc = ts_engine_init(&eng, &eo);
+/* The engine, the experts with their partition, the monoliths and the test split, which must all
+ * make the same images. */
+static int open_models(loss_run_t *r) {
+    const loss_opts_t *o = &r->o;
+    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
+    int rc = ts_engine_init(&r->eng, &eo);
     if (rc == TS_OK)
-        rc = ts_local_open(&loc, dir, &eng, CHUNK, 1, 0, PROG, err, sizeof err);
-    if (rc == TS_OK && !loc.has_part) {
-        ts_set_err(err, sizeof err, "%s has no partition.safetensors: the clusters are needed",
-                   dir);
+        rc = ts_local_open(&r->loc, o->dir, &r->eng, CHUNK, 1, 0, PROG, r->err, sizeof r->err);
+    if (rc == TS_OK && !r->loc.has_part) {
+        ts_set_err(r->err, sizeof r->err,
+                   "%s has no partition.safetensors: the clusters are needed", o->dir);
         rc = TS_ENOTFOUND;
     }
-    for (int m = 0; m < n_mono && rc == TS_OK; m++)
-        rc = ts_local_open_file(&mono[m], mono_paths[m], &eng, CHUNK, 1, err, sizeof err);
+    for (int m = 0; m < r->n_mono && rc == TS_OK; m++)
+        rc = ts_local_open_file(&r->mono[m], r->mono_paths[m], &r->eng, CHUNK, 1, r->err,
+                                sizeof r->err);
     if (rc == TS_OK)
-        rc = ts_fmnist_load(fmnist_dir, "test", &test, err, sizeof err);
-    if (rc != TS_OK)
-        goto done;
-    const ts_dit_config_t *c = &loc.cfg;
-    int K = loc.ex.K, M = K + n_mono;
-    for (int m = 0; m < n_mono; m++) {
-        const ts_dit_config_t *mc = &mono[m].cfg;
-        if (mc->input_size != c->input_size || mc->in_channels != c->in_channels ||
-            mc->num_classes != c->num_classes) {
-            ts_set_err(err, sizeof err, "--monolith %s makes other images than the experts of %s",
-                       mono_paths[m], dir);
-            rc = TS_EINVAL;
-            goto done;
-        }
-    }
-    if (test.channels != c->in_channels || test.height != c->input_size ||
-        test.width != c->input_size) {
-        ts_set_err(err, sizeof err, "the experts of %s do not make %dx%dx%d images", dir,
-                   test.channels, test.height, test.width);
-        rc = TS_EINVAL;
-        goto done;
-    }
-    w.eng = &eng;
-    w.chw = (int64_t)c->in_channels * c->input_size * c->input_size;
-    w.key = ts_stream_key(seed, 0);
-    w.T = T;
+        rc = ts_fmnist_load(o->fmnist_dir, "test", &r->test, r->err, sizeof r->err);
+    if (rc == TS_OK)
+        rc = ts_local_check_images(&r->loc, o->dir, r->mono, r->mono_paths, r->n_mono, &r->test,
+                                   r->err, sizeof r->err);
+    r->K = r->loc.ex.K, r->M = r->K + r->n_mono;
+    return rc;
+}
+
+/* The work buffers, and the first --per-cluster test images of each cluster (nearest centroid). */
+static int pick_images(loss_run_t *r) {
+    const ts_dit_config_t *c = &r->loc.cfg;
+    const ts_dataset_t *test = &r->test;
+    int K = r->K, per = r->o.per;
+    work_t *w = &r->w;
+    w->eng = &r->eng;
+    w->chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    w->key = ts_stream_key(r->o.seed, 0);
+    w->T = r->T;
+    r->cluster = malloc((size_t)test->n * sizeof *r->cluster);
+    r->idx = malloc((size_t)K * per * sizeof *r->idx);
+    r->emb = malloc((size_t)test->n * r->loc.part.k * sizeof *r->emb);
+    r->loss = calloc((size_t)r->M * K * r->T, sizeof *r->loss);
+    r->count = calloc((size_t)K, sizeof *r->count);
+    w->th = malloc(CHUNK * sizeof *w->th);
+    if (!r->cluster || !r->idx || !r->emb || !r->loss || !r->count || !w->th)
+        return TS_ENOMEM;
     const int64_t *shape = TS_SHAPE(CHUNK, c->in_channels, c->input_size, c->input_size);
-    cluster = malloc((size_t)test.n * sizeof *cluster);
-    idx = malloc((size_t)K * per * sizeof *idx);
-    emb = malloc((size_t)test.n * loc.part.k * sizeof *emb);
-    loss = calloc((size_t)M * K * T, sizeof *loss);
-    count = calloc((size_t)K, sizeof *count);
-    w.th = malloc(CHUNK * sizeof *w.th);
-    if (!cluster || !idx || !emb || !loss || !count || !w.th) {
-        rc = TS_ENOMEM;
-        goto done;
-    }
-    ts_tensor_t *bufs[] = {&w.x0, &w.eps, &w.xt, &w.target};
+    ts_tensor_t *bufs[] = {&w->x0, &w->eps, &w->xt, &w->target};
+    int rc = TS_OK;
     for (int b = 0; b < 4 && rc == TS_OK; b++)
-        rc = ts_tensor_alloc(bufs[b], TS_F32, eng.device, 4, shape);
+        rc = ts_tensor_alloc(bufs[b], TS_F32, r->eng.device, 4, shape);
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&w.t, TS_F32, eng.device, 1, TS_SHAPE(CHUNK));
+        rc = ts_tensor_alloc(&w->t, TS_F32, r->eng.device, 1, TS_SHAPE(CHUNK));
     if (rc == TS_OK)
-        rc = ts_partition_embed(&loc.part, test.images, test.n, emb);
+        rc = ts_partition_embed(&r->loc.part, test->images, test->n, r->emb);
     if (rc == TS_OK)
-        rc = ts_partition_nearest(&loc.part, emb, test.n, cluster, NULL);
-    if (rc != TS_OK)
-        goto done;
-    for (int i = 0; i < test.n; i++)
-        if (count[cluster[i]] < per)
-            idx[cluster[i] * per + count[cluster[i]]++] = i;
+        rc = ts_partition_nearest(&r->loc.part, r->emb, test->n, r->cluster, NULL);
+    for (int i = 0; i < test->n && rc == TS_OK; i++)
+        if (r->count[r->cluster[i]] < per)
+            r->idx[r->cluster[i] * per + r->count[r->cluster[i]]++] = i;
+    return rc;
+}
+
+/* Every model's loss on every cluster at every t. */
+static int measure(loss_run_t *r) {
+    int K = r->K, M = r->M, T = r->T, per = r->o.per, tty = isatty(STDERR_FILENO);
     fprintf(stderr,
             PROG ": %d experts and %d monolith%s × %d clusters × %d times, up to %d test "
                  "images per cluster\n",
-            K, n_mono, n_mono == 1 ? "" : "s", K, T, per);
+            K, r->n_mono, r->n_mono == 1 ? "" : "s", K, T, per);
+    int rc = TS_OK;
     for (int mi = 0; mi < M && rc == TS_OK; mi++) {
-        ts_dit_t *model = mi < K ? &loc.ex.models[mi] : &mono[mi - K].ex.models[0];
+        ts_dit_t *model = mi < K ? &r->loc.ex.models[mi] : &r->mono[mi - K].ex.models[0];
         for (int k = 0; k < K && rc == TS_OK; k++)
             for (int j = 0; j < T && rc == TS_OK; j++) {
                 double sum = 0.0;
-                for (int lo = 0; lo < count[k] && rc == TS_OK; lo += CHUNK) {
-                    int m = count[k] - lo < CHUNK ? count[k] - lo : CHUNK;
-                    rc = chunk_loss(&w, model, &test, idx + k * per + lo, m, j, tgrid[j], &sum);
-                }
-                loss[((int64_t)mi * K + k) * T + j] =
-                    count[k] ? sum / ((double)count[k] * (double)w.chw) : NAN;
+                int n = r->count[k];
+                for (int lo = 0; lo < n && rc == TS_OK; lo += CHUNK)
+                    rc = chunk_loss(&r->w, model, &r->test, r->idx + k * per + lo,
+                                    n - lo < CHUNK ? n - lo : CHUNK, j, r->tgrid[j], &sum);
+                r->loss[((int64_t)mi * K + k) * T + j] =
+                    n ? sum / ((double)n * (double)r->w.chw) : NAN;
             }
         if (tty)
             fprintf(stderr, "\r%s: model %d/%d ", PROG, mi + 1, M);
     }
     if (tty)
         fprintf(stderr, "\n");
-    if (rc != TS_OK)
-        goto done;
+    return rc;
+}
 
-    /* the mean over t of every (model, cluster) */
-    double *mean = calloc((size_t)M * K, sizeof *mean);
-    if (!mean) {
-        rc = TS_ENOMEM;
-        goto done;
+static void print_json(const loss_run_t *r) {
+    int K = r->K, M = r->M, T = r->T;
+    json_t *ts = json_array(), *cl = json_array(), *names = json_array();
+    for (int j = 0; j < T; j++)
+        json_array_append_new(ts, json_real(r->tgrid[j]));
+    for (int mi = 0; mi < M; mi++) {
+        char name[64];
+        if (mi < K)
+            snprintf(name, sizeof name, "expert-%d", mi);
+        else
+            snprintf(name, sizeof name, mi == K ? "monolith" : "monolith%d", mi - K + 1);
+        json_array_append_new(names, json_string(name));
     }
-    for (int i = 0; i < M * K; i++) {
-        for (int j = 0; j < T; j++)
-            mean[i] += loss[(int64_t)i * T + j] / T;
-    }
-    if (json) {
-        json_t *ts = json_array(), *cl = json_array(), *names = json_array();
-        for (int j = 0; j < T; j++)
-            json_array_append_new(ts, json_real(tgrid[j]));
+    for (int k = 0; k < K; k++) {
+        json_t *mean_k = json_array(), *by_t = json_array();
         for (int mi = 0; mi < M; mi++) {
-            char name[64];
-            if (mi < K)
-                snprintf(name, sizeof name, "expert-%d", mi);
-            else
-                snprintf(name, sizeof name, mi == K ? "monolith" : "monolith%d", mi - K + 1);
-            json_array_append_new(names, json_string(name));
+            json_array_append_new(mean_k, json_real(r->mean[mi * K + k]));
+            json_t *row = json_array();
+            for (int j = 0; j < T; j++)
+                json_array_append_new(row, json_real(r->loss[((int64_t)mi * K + k) * T + j]));
+            json_array_append_new(by_t, row);
         }
-        for (int k = 0; k < K; k++) {
-            json_t *mean_k = json_array(), *by_t = json_array();
-            for (int mi = 0; mi < M; mi++) {
-                json_array_append_new(mean_k, json_real(mean[mi * K + k]));
-                json_t *row = json_array();
-                for (int j = 0; j < T; j++)
-                    json_array_append_new(row, json_real(loss[((int64_t)mi * K + k) * T + j]));
-                json_array_append_new(by_t, row);
-            }
-            json_array_append_new(cl, json_pack("{s:i, s:i, s:o, s:o}", "cluster", k, "images",
-                                                count[k], "loss", mean_k, "loss_by_t", by_t));
-        }
-        ts_json_print(json_pack("{s:s, s:i, s:I, s:o, s:o, s:o}", "local", dir, "per_cluster", per,
-                                "seed", (json_int_t)seed, "t", ts, "models", names, "clusters",
-                                cl));
-    } else {
-        printf("%-8s %7s %11s %11s", "cluster", "images", "own expert", "best other");
-        for (int m = 0; m < n_mono; m++)
-            printf(" %11s", m == 0 ? "monolith" : "monolith+");
-        printf(" %12s\n", n_mono ? "own/monolith" : "");
-        for (int k = 0; k < K; k++) {
-            double own = mean[k * K + k], other = INFINITY;
-            int who = -1;
-            for (int j = 0; j < K; j++)
-                if (j != k && mean[j * K + k] < other)
-                    other = mean[j * K + k], who = j;
-            printf("%-8d %7d %11.4f %8.4f(%d)", k, count[k], own, other, who);
-            for (int m = 0; m < n_mono; m++)
-                printf(" %11.4f", mean[(K + m) * K + k]);
-            if (n_mono)
-                printf(" %12.3f", own / mean[K * K + k]);
-            printf("\n");
-        }
+        json_array_append_new(cl, json_pack("{s:i, s:i, s:o, s:o}", "cluster", k, "images",
+                                            r->count[k], "loss", mean_k, "loss_by_t", by_t));
     }
-    free(mean);
+    ts_json_print(json_pack("{s:s, s:i, s:I, s:o, s:o, s:o}", "local", r->o.dir, "per_cluster",
+                            r->o.per, "seed", (json_int_t)r->o.seed, "t", ts, "models", names,
+                            "clusters", cl));
+}
 
-done:
-    if (rc != TS_OK)
-        fprintf(stderr, PROG ": %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
-    ts_tensor_t *frees[] = {&w.x0, &w.eps, &w.xt, &w.target, &w.t};
+/* Per cluster: its own expert, the best other expert and the monoliths, over the mean over t. */
+static void print_table(const loss_run_t *r) {
+    int K = r->K, n_mono = r->n_mono;
+    const double *mean = r->mean;
+    printf("%-8s %7s %11s %11s", "cluster", "images", "own expert", "best other");
+    for (int m = 0; m < n_mono; m++)
+        printf(" %11s", m == 0 ? "monolith" : "monolith+");
+    printf(" %12s\n", n_mono ? "own/monolith" : "");
+    for (int k = 0; k < K; k++) {
+        double own = mean[k * K + k], other = INFINITY;
+        int who = -1;
+        for (int j = 0; j < K; j++)
+            if (j != k && mean[j * K + k] < other)
+                other = mean[j * K + k], who = j;
+        printf("%-8d %7d %11.4f %8.4f(%d)", k, r->count[k], own, other, who);
+        for (int m = 0; m < n_mono; m++)
+            printf(" %11.4f", mean[(K + m) * K + k]);
+        if (n_mono)
+            printf(" %12.3f", own / mean[K * K + k]);
+        printf("\n");
+    }
+}
+
+/* The mean over t of every (model, cluster), then the JSON object or the table. */
+static int print_results(loss_run_t *r) {
+    int n = r->M * r->K, T = r->T;
+    if (!(r->mean = calloc((size_t)n, sizeof *r->mean)))
+        return TS_ENOMEM;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < T; j++)
+            r->mean[i] += r->loss[(int64_t)i * T + j] / T;
+    if (r->o.json)
+        print_json(r);
+    else
+        print_table(r);
+    return TS_OK;
+}
+
+static void loss_free(loss_run_t *r) {
+    ts_tensor_t *frees[] = {&r->w.x0, &r->w.eps, &r->w.xt, &r->w.target, &r->w.t};
     for (int b = 0; b < 5; b++)
         ts_tensor_free(frees[b]);
-    free(w.th);
-    free(cluster), free(idx), free(emb), free(loss), free(count);
-    free(mono_copy);
-    ts_dataset_free(&test);
-    for (int m = 0; m < 8; m++)
-        ts_local_free(&mono[m]);
-    ts_local_free(&loc);
-    ts_engine_free(&eng);
-    return rc == TS_OK ? 0 : 1;
+    free(r->w.th);
+    free(r->cluster), free(r->idx), free(r->emb), free(r->loss), free(r->mean), free(r->count);
+    free(r->mono_copy);
+    ts_dataset_free(&r->test);
+    for (int m = 0; m < MAX_MONOLITHS; m++)
+        ts_local_free(&r->mono[m]);
+    ts_local_free(&r->loc);
+    ts_engine_free(&r->eng);
+}
+
+int ts_cmd_loss(int argc, char **argv) {
+    loss_run_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return 1;
+    int pr = parse_opts(argc, argv, &r->o);
+    int code = pr == 1 ? 0 : pr ? 2 : validate(r);
+    if (!pr && code == 0) {
+        int rc = open_models(r);
+        if (rc == TS_OK)
+            rc = pick_images(r);
+        if (rc == TS_OK)
+            rc = measure(r);
+        if (rc == TS_OK)
+            rc = print_results(r);
+        code = rc == TS_OK ? 0 : ts_args_fail(PROG, r->err, rc);
+    }
+    loss_free(r);
+    free(r);
+    return code;
 }

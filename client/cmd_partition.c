@@ -330,164 +330,226 @@ static int classifier_features(const char *path, const ts_dataset_t *ds, int thr
     return TS_OK;
 }
 
-int ts_cmd_partition(int argc, char **argv) {
-    const char *data = TS_FMNIST_DEFAULT_DIR, *out = NULL, *embed = "pca64", *by = "kmeans";
-    const char *features = NULL;
-    int experts = 0, dims = TS_PARTITION_DEFAULT_DIMS, hierarchical = 0;
-    int restarts = TS_PARTITION_DEFAULT_RESTARTS, max_iter = TS_PARTITION_DEFAULT_MAX_ITER;
-    int threads = 0, json = 0;
-    uint64_t seed = 0;
+/* ---- the verb: parse → validate → run → print ---------------------------------------------- */
+
+typedef struct {
+    const char *data, *out, *embed, *by, *features;
+    int experts, dims, hierarchical, restarts, max_iter, threads, json;
+    int embed_set, dims_set; /* --embed, --dims given */
+    uint64_t seed;
+} part_opts_t;
+
+/* Everything one run loads and makes (part_free releases it all). */
+typedef struct {
+    part_opts_t o;
+    progress_t prog;
+    ts_dataset_t ds;
+    ts_partition_opts_t po;
+    ts_partition_t part;
+    int64_t *mix; /* (K, classes) images of each class in each cluster */
+    int32_t *given;
+    float *space;
+    char path[4096];
+    char err[1024];
+} part_run_t;
+
+/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+static int parse_opts(int argc, char **argv, part_opts_t *o) {
+    *o = (part_opts_t){.data = TS_FMNIST_DEFAULT_DIR,
+                       .embed = "pca64",
+                       .by = "kmeans",
+                       .dims = TS_PARTITION_DEFAULT_DIMS,
+                       .restarts = TS_PARTITION_DEFAULT_RESTARTS,
+                       .max_iter = TS_PARTITION_DEFAULT_MAX_ITER};
     ts_arg_t args[] = {
-        {"data", TS_ARG_STRING, &data, "DIR",
+        {"data", TS_ARG_STRING, &o->data, "DIR",
          "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
-        {"experts", TS_ARG_INT, &experts, "K", "number of clusters, one expert each", 1, 1e6, 1},
-        {"embed", TS_ARG_STRING, &embed, "NAME",
+        {"experts", TS_ARG_INT, &o->experts, "K", "number of clusters, one expert each", 1, 1e6, 1},
+        {"embed", TS_ARG_STRING, &o->embed, "NAME",
          "embedding: pca, or pcaN for N dims (default pca64)"},
-        {"dims", TS_ARG_INT, &dims, "N", "PCA dims (default 64; must agree with --embed pcaN)", 1,
-         100000},
-        {"hierarchical", TS_ARG_INT, &hierarchical, "FINE",
+        {"dims", TS_ARG_INT, &o->dims, "N", "PCA dims (default 64; must agree with --embed pcaN)",
+         1, 100000},
+        {"hierarchical", TS_ARG_INT, &o->hierarchical, "FINE",
          "DDM's variant: FINE fine centroids merged into K (default 0 = off)", 0, 1e7},
-        {"restarts", TS_ARG_INT, &restarts, "R",
+        {"restarts", TS_ARG_INT, &o->restarts, "R",
          "k-means++ restarts, best inertia kept (default 8)", 1, 65535},
-        {"max-iter", TS_ARG_INT, &max_iter, "N",
+        {"max-iter", TS_ARG_INT, &o->max_iter, "N",
          "Lloyd iterations per restart at most (default 300)", 1, 1e7},
-        {"seed", TS_ARG_U64, &seed, "S",
+        {"seed", TS_ARG_U64, &o->seed, "S",
          "seed of the k-means++ draws and of --by random (default 0)"},
-        {"by", TS_ARG_STRING, &by, "HOW",
+        {"by", TS_ARG_STRING, &o->by, "HOW",
          "kmeans (on the PCA embedding, or on --features), label (the classes, grouped by "
          "nearest means when K < 10) or random (equal shares; the control) (default kmeans)"},
-        {"features", TS_ARG_STRING, &features, "FILE",
+        {"features", TS_ARG_STRING, &o->features, "FILE",
          "with --by kmeans: cluster a classifier's features of the images (`tessera "
          "train-classifier`, never the evaluation classifier) instead of the PCA embedding"},
-        {"threads", TS_ARG_INT, &threads, "N",
+        {"threads", TS_ARG_INT, &o->threads, "N",
          "threads (default: all cores; the result does not depend on it)", 0, 1024},
-        {"out", TS_ARG_STRING, &out, "DIR", "output folder (created if missing)", 0, 0, 1},
-        {"json", TS_ARG_FLAG, &json, NULL, "print the result as one JSON object on stdout"},
+        {"out", TS_ARG_STRING, &o->out, "DIR", "output folder (created if missing)", 0, 0, 1},
+        {"json", TS_ARG_FLAG, &o->json, NULL, "print the result as one JSON object on stdout"},
     };
-    enum { A_EMBED = 2, A_DIMS = 3 };
-    int nargs = (int)(sizeof args / sizeof args[0]);
+    int n = (int)(sizeof args / sizeof args[0]);
     int pr =
         ts_args_parse(PROG, "Cluster the Fashion-MNIST train set into K shards (PCA + k-means++).",
-                      args, nargs, argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    /* --embed pcaN sets the dims when given; the default (pca64) yields to --dims. */
-    int from_embed = parse_embed(embed);
+                      args, n, argc, argv);
+    o->embed_set = ts_arg_seen(args, n, "embed");
+    o->dims_set = ts_arg_seen(args, n, "dims");
+    return pr;
+}
+
+/* What the options say, checked without the data: 0, or 2 with the message printed. --embed
+ * pcaN sets the dims when given; the default (pca64) yields to --dims. */
+static int validate(part_opts_t *o) {
+    int from_embed = parse_embed(o->embed);
     if (from_embed < 0) {
-        fprintf(stderr, PROG ": --embed %s: must be pca or pcaN (e.g. pca64)\n", embed);
+        fprintf(stderr, PROG ": --embed %s: must be pca or pcaN (e.g. pca64)\n", o->embed);
         return 2;
     }
-    if (!args[A_EMBED].seen)
+    if (!o->embed_set)
         from_embed = 0;
-    if (from_embed > 0 && args[A_DIMS].seen && dims != from_embed) {
-        fprintf(stderr, PROG ": --embed %s and --dims %d disagree\n", embed, dims);
+    if (from_embed > 0 && o->dims_set && o->dims != from_embed) {
+        fprintf(stderr, PROG ": --embed %s and --dims %d disagree\n", o->embed, o->dims);
         return 2;
     }
     if (from_embed > 0)
-        dims = from_embed;
-    if (strcmp(by, "kmeans") != 0 && strcmp(by, "label") != 0 && strcmp(by, "random") != 0) {
-        fprintf(stderr, PROG ": --by %s: must be kmeans, label or random\n", by);
-        return 2;
-    }
-    if (features && strcmp(by, "kmeans") != 0) {
+        o->dims = from_embed;
+    int kmeans = strcmp(o->by, "kmeans") == 0;
+    if (!kmeans && strcmp(o->by, "label") != 0 && strcmp(o->by, "random") != 0)
+        fprintf(stderr, PROG ": --by %s: must be kmeans, label or random\n", o->by);
+    else if (o->features && !kmeans)
         fprintf(stderr, PROG ": --features goes with --by kmeans\n");
-        return 2;
-    }
-    if (hierarchical > 0 && strcmp(by, "kmeans") != 0) {
+    else if (o->hierarchical > 0 && !kmeans)
         fprintf(stderr, PROG ": --hierarchical goes with --by kmeans\n");
-        return 2;
-    }
-    if (hierarchical > 0 && hierarchical < experts) {
+    else if (o->hierarchical > 0 && o->hierarchical < o->experts)
         fprintf(stderr, PROG ": --hierarchical %d: needs at least K = %d fine centroids\n",
-                hierarchical, experts);
-        return 2;
-    }
-    char err[1024] = "";
-    progress_t prog = {ts_now_s()};
-    ts_dataset_t ds = {0};
-    int rc = ts_fmnist_load(data, "train", &ds, err, sizeof err);
-    if (rc != TS_OK) {
-        fprintf(stderr, PROG ": %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
-        return 1;
-    }
-    int D = ds.channels * ds.height * ds.width;
-    const char *bad = experts > ds.n ? "--experts" : hierarchical > ds.n ? "--hierarchical" : NULL;
-    if (bad || dims > D) {
-        if (bad)
-            fprintf(stderr, PROG ": %s %d: must be at most the %d images of the train set\n", bad,
-                    experts > ds.n ? experts : hierarchical, ds.n);
-        else
-            fprintf(stderr, PROG ": --dims %d: must be at most the %d pixels of an image\n", dims,
-                    D);
-        ts_dataset_free(&ds);
-        return 2;
-    }
-    if (prepare_out(out, err, sizeof err) != TS_OK) {
-        fprintf(stderr, PROG ": %s\n", err);
-        ts_dataset_free(&ds);
-        return 1;
-    }
-    fprintf(stderr, "[%7.1f s] loaded %d training images of %dx%d from %s\n", ts_now_s() - prog.t0,
-            ds.n, ds.height, ds.width, data);
+                o->hierarchical, o->experts);
+    else
+        return 0;
+    return 2;
+}
 
-    ts_partition_opts_t po = {.experts = experts,
-                              .dims = dims,
-                              .hierarchical = hierarchical,
-                              .restarts = restarts,
-                              .max_iter = max_iter,
-                              .seed = seed,
-                              .threads = threads,
-                              .dataset = "fashion-mnist-train",
-                              .progress = on_progress,
-                              .ctx = &prog};
-    ts_partition_t part = {0};
-    int64_t *mix = NULL;
-    int32_t *given = NULL;
-    float *space = NULL;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/partition.safetensors", out);
-    if (strcmp(by, "label") == 0 || strcmp(by, "random") == 0) {
-        given = malloc((size_t)ds.n * sizeof *given);
-        rc = !given                     ? TS_ENOMEM
-             : strcmp(by, "label") == 0 ? label_clusters(&ds, experts, given, err, sizeof err)
-                                        : random_clusters(ds.n, experts, seed, given);
-        po.assign = given;
-        po.strategy = by;
-    } else if (features) {
-        rc = classifier_features(features, &ds, threads, &space, &po.space_dims, err, sizeof err);
-        po.space = space;
-        po.strategy = "features";
+/* The train set, checked against the sizes asked for, and the output folder: 0, or the exit
+ * code (1, 2) with the message printed. */
+static int open_data(part_run_t *r) {
+    const part_opts_t *o = &r->o;
+    int rc = ts_fmnist_load(o->data, "train", &r->ds, r->err, sizeof r->err);
+    if (rc != TS_OK)
+        return ts_args_fail(PROG, r->err, rc);
+    int n = r->ds.n, D = r->ds.channels * r->ds.height * r->ds.width;
+    const char *bad = o->experts > n ? "--experts" : o->hierarchical > n ? "--hierarchical" : NULL;
+    if (bad) {
+        fprintf(stderr, PROG ": %s %d: must be at most the %d images of the train set\n", bad,
+                o->experts > n ? o->experts : o->hierarchical, n);
+        return 2;
+    }
+    if (o->dims > D) {
+        fprintf(stderr, PROG ": --dims %d: must be at most the %d pixels of an image\n", o->dims,
+                D);
+        return 2;
+    }
+    if (prepare_out(o->out, r->err, sizeof r->err) != TS_OK) {
+        fprintf(stderr, PROG ": %s\n", r->err);
+        return 1;
+    }
+    fprintf(stderr, "[%7.1f s] loaded %d training images of %dx%d from %s\n",
+            ts_now_s() - r->prog.t0, n, r->ds.height, r->ds.width, o->data);
+    return 0;
+}
+
+/* The space or the assignment --by asks for, when it is not k-means on the PCA embedding. */
+static int prepare_space(part_run_t *r) {
+    const part_opts_t *o = &r->o;
+    ts_partition_opts_t *po = &r->po;
+    int rc = TS_OK;
+    if (strcmp(o->by, "label") == 0 || strcmp(o->by, "random") == 0) {
+        r->given = malloc((size_t)r->ds.n * sizeof *r->given);
+        rc = !r->given ? TS_ENOMEM
+             : strcmp(o->by, "label") == 0
+                 ? label_clusters(&r->ds, o->experts, r->given, r->err, sizeof r->err)
+                 : random_clusters(r->ds.n, o->experts, o->seed, r->given);
+        po->assign = r->given;
+        po->strategy = o->by;
+    } else if (o->features) {
+        rc = classifier_features(o->features, &r->ds, o->threads, &r->space, &po->space_dims,
+                                 r->err, sizeof r->err);
+        po->space = r->space;
+        po->strategy = "features";
         if (rc == TS_OK)
-            fprintf(stderr, "[%7.1f s] features of %s: %d dims\n", ts_now_s() - prog.t0, features,
-                    po.space_dims);
+            fprintf(stderr, "[%7.1f s] features of %s: %d dims\n", ts_now_s() - r->prog.t0,
+                    o->features, po->space_dims);
     }
+    return rc;
+}
+
+/* The partition, its files in --out, and the class mix of its clusters. */
+static int run(part_run_t *r) {
+    const part_opts_t *o = &r->o;
+    int D = r->ds.channels * r->ds.height * r->ds.width;
+    r->po = (ts_partition_opts_t){.experts = o->experts,
+                                  .dims = o->dims,
+                                  .hierarchical = o->hierarchical,
+                                  .restarts = o->restarts,
+                                  .max_iter = o->max_iter,
+                                  .seed = o->seed,
+                                  .threads = o->threads,
+                                  .dataset = "fashion-mnist-train",
+                                  .progress = on_progress,
+                                  .ctx = &r->prog};
+    snprintf(r->path, sizeof r->path, "%s/partition.safetensors", o->out);
+    int rc = prepare_space(r);
     if (rc == TS_OK)
-        rc = ts_partition_fit(ds.images, ds.n, D, &po, &part, err, sizeof err);
+        rc = ts_partition_fit(r->ds.images, r->ds.n, D, &r->po, &r->part, r->err, sizeof r->err);
     if (rc == TS_OK)
-        rc = ts_partition_save(&part, path, err, sizeof err);
+        rc = ts_partition_save(&r->part, r->path, r->err, sizeof r->err);
     if (rc == TS_OK)
-        rc = write_shards(&part, out, err, sizeof err);
+        rc = write_shards(&r->part, o->out, r->err, sizeof r->err);
     if (rc == TS_OK)
-        rc = write_examples(&part, &ds, out, err, sizeof err);
-    if (rc == TS_OK && !(mix = calloc((size_t)part.K * TS_FMNIST_NUM_CLASSES, sizeof *mix)))
+        rc = write_examples(&r->part, &r->ds, o->out, r->err, sizeof r->err);
+    if (rc == TS_OK &&
+        !(r->mix = calloc((size_t)r->part.K * TS_FMNIST_NUM_CLASSES, sizeof *r->mix)))
         rc = TS_ENOMEM;
-    if (rc != TS_OK) {
-        fprintf(stderr, PROG ": %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
-    } else {
-        for (int64_t i = 0; i < part.n; i++)
-            mix[(size_t)part.assignment[i] * TS_FMNIST_NUM_CLASSES + ds.labels[i]]++;
-        double secs = ts_now_s() - prog.t0;
-        fprintf(stderr, "[%7.1f s] wrote %s (partition_id %.16s...), %d shards, clusters.png\n",
-                secs, path, part.id, part.K);
-        if (json)
-            rc = print_json(&part, mix, out, secs);
-        else
-            print_table(&part, mix, out, secs);
+    for (int64_t i = 0; rc == TS_OK && i < r->part.n; i++)
+        r->mix[(size_t)r->part.assignment[i] * TS_FMNIST_NUM_CLASSES + r->ds.labels[i]]++;
+    return rc;
+}
+
+/* The last progress line, then the table or the JSON object. */
+static int print_results(const part_run_t *r) {
+    double secs = ts_now_s() - r->prog.t0;
+    fprintf(stderr, "[%7.1f s] wrote %s (partition_id %.16s...), %d shards, clusters.png\n", secs,
+            r->path, r->part.id, r->part.K);
+    if (r->o.json)
+        return print_json(&r->part, r->mix, r->o.out, secs);
+    print_table(&r->part, r->mix, r->o.out, secs);
+    return TS_OK;
+}
+
+static void part_free(part_run_t *r) {
+    free(r->mix);
+    free(r->given);
+    free(r->space);
+    ts_partition_free(&r->part);
+    ts_dataset_free(&r->ds);
+}
+
+int ts_cmd_partition(int argc, char **argv) {
+    part_run_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return 1;
+    int pr = parse_opts(argc, argv, &r->o);
+    int code = pr == 1 ? 0 : pr ? 2 : validate(&r->o);
+    if (!pr && code == 0) {
+        r->prog.t0 = ts_now_s();
+        code = open_data(r);
     }
-    free(mix);
-    free(given);
-    free(space);
-    ts_partition_free(&part);
-    ts_dataset_free(&ds);
-    return rc == TS_OK ? 0 : 1;
+    if (!pr && code == 0) {
+        int rc = run(r);
+        if (rc != TS_OK)
+            code = ts_args_fail(PROG, r->err, rc);
+        else
+            code = print_results(r) == TS_OK ? 0 : 1;
+    }
+    part_free(r);
+    free(r);
+    return code;
 }

@@ -59,122 +59,170 @@ static const char *holder(const Tessera__StatusResponse *r, const uint8_t *h) {
     return NULL;
 }
 
-int ts_cmd_pull(int argc, char **argv) {
-    const char *peer = NULL, *nk = NULL, *identity = NULL, *data_dir = NULL, *want = NULL;
-    int all = 0, json = 0, timeout_ms = 30000;
+/* ---- the verb: parse → validate → run → print ---------------------------------------------- */
+
+typedef struct {
+    const char *peer, *nk, *identity, *data_dir, *want;
+    int all, json, timeout_ms;
+} pull_opts_t;
+
+/* Everything one pull opens (the entry point closes it). */
+typedef struct {
+    pull_opts_t o;
+    ts_store_t *store;
+    ts_netclient_t nc;
+    int failed, matched;
+    char err[1024], dir[1024];
+} pull_run_t;
+
+/* The operand WEIGHTS (when it comes first), then the options: 0, 1 (--help was shown) or 2 (a
+ * usage error). */
+static int parse_opts(int argc, char **argv, pull_opts_t *o) {
+    *o = (pull_opts_t){.timeout_ms = 30000};
     ts_arg_t args[] = {
-        {"peer", TS_ARG_STRING, &peer, "HOST:PORT", "a node of the network", 0, 0, 1},
-        {"network-key", TS_ARG_STRING, &nk, "FILE", "the network key", 0, 0, 1},
-        {"identity", TS_ARG_STRING, &identity, "FILE",
+        {"peer", TS_ARG_STRING, &o->peer, "HOST:PORT", "a node of the network", 0, 0, 1},
+        {"network-key", TS_ARG_STRING, &o->nk, "FILE", "the network key", 0, 0, 1},
+        {"identity", TS_ARG_STRING, &o->identity, "FILE",
          "an identity to connect with (default: a fresh one)"},
-        {"all", TS_ARG_FLAG, &all, NULL, "every expert the peer's view advertises"},
-        {"data-dir", TS_ARG_STRING, &data_dir, "DIR", "the store (default: the user's store)"},
-        {"timeout-ms", TS_ARG_INT, &timeout_ms, "N", "per request (default 30000)", 1, 3600000},
-        {"json", TS_ARG_FLAG, &json, NULL, "print one JSON object per file"},
+        {"all", TS_ARG_FLAG, &o->all, NULL, "every expert the peer's view advertises"},
+        {"data-dir", TS_ARG_STRING, &o->data_dir, "DIR", "the store (default: the user's store)"},
+        {"timeout-ms", TS_ARG_INT, &o->timeout_ms, "N", "per request (default 30000)", 1, 3600000},
+        {"json", TS_ARG_FLAG, &o->json, NULL, "print one JSON object per file"},
     };
     const char *summary = "Fetch experts' weights from the network into the store, verified and "
                           "resumable.\nusage: tessera pull (WEIGHTS | --all) --peer HOST:PORT "
                           "--network-key FILE";
     if (argc >= 2 && argv[1][0] != '-') {
-        want = argv[1];
+        o->want = argv[1];
         argv[1] = argv[0];
         argc--;
         argv++;
     }
-    int pr = ts_args_parse(PROG, summary, args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    if (!want == !all) {
+    return ts_args_parse(PROG, summary, args, (int)(sizeof args / sizeof args[0]), argc, argv);
+}
+
+/* WEIGHTS or --all, and WEIGHTS a hash or a prefix of one: 0, or 2 with the message printed. */
+static int validate(const pull_opts_t *o) {
+    const char *want = o->want;
+    if (!want == !o->all)
         fprintf(stderr, PROG ": name the weights (a hash or a prefix of 8+ hex digits) or --all\n");
-        return 2;
-    }
-    if (want && (strlen(want) < 8 || strlen(want) > 64 ||
-                 strspn(want, "0123456789abcdef") != strlen(want))) {
+    else if (want && (strlen(want) < 8 || strlen(want) > 64 ||
+                      strspn(want, "0123456789abcdef") != strlen(want)))
         fprintf(stderr, PROG ": '%s' is not a weights hash or a prefix of 8+ hex digits\n", want);
-        return 2;
-    }
-    char err[1024] = "", dir[1024];
-    ts_store_t *store = NULL;
-    ts_store_opts_t so = {.dir = data_dir};
-    if (!data_dir && ts_store_default_dir(dir, sizeof dir) == TS_OK)
-        so.dir = dir;
-    if (ts_store_open(&store, &so, err, sizeof err) != TS_OK) {
-        fprintf(stderr, PROG ": %s\n", err);
+    else
+        return 0;
+    return 2;
+}
+
+/* The store (--data-dir, else the user's) and the client for --peer: 0, or the exit code with the
+ * message printed. */
+static int open_client(pull_run_t *r) {
+    const pull_opts_t *o = &r->o;
+    ts_store_opts_t so = {.dir = o->data_dir};
+    if (!o->data_dir && ts_store_default_dir(r->dir, sizeof r->dir) == TS_OK)
+        so.dir = r->dir;
+    if (ts_store_open(&r->store, &so, r->err, sizeof r->err) != TS_OK) {
+        fprintf(stderr, PROG ": %s\n", r->err);
         return 1;
     }
-    ts_netclient_t nc;
-    int rc = ts_netclient_open(&nc, PROG, peer, identity, nk, (uint32_t)timeout_ms);
-    if (rc) {
-        ts_store_close(store);
-        return rc;
+    return ts_netclient_open(&r->nc, PROG, o->peer, o->identity, o->nk, (uint32_t)o->timeout_ms);
+}
+
+/* Whether advert i's weights hash h was advertised by an earlier advert. */
+static int advertised_before(const Tessera__StatusResponse *s, size_t i, const ts_hash_t *h) {
+    int seen = 0;
+    for (size_t j = 0; j < i && !seen; j++) {
+        Tessera__AdvertBody *c = NULL;
+        if (ts_frame_decode_advert_body(&s->adverts[j]->body, 0, &c, NULL, 0) == TS_OK) {
+            seen = memcmp(c->weights_hash.data, h->b, TS_HASH_BYTES) == 0;
+            ts_frame_free(c);
+        }
     }
+    return seen;
+}
+
+/* Fetches the weights h from a live node that advertises them, and says how it went. */
+static void pull_one(pull_run_t *r, const Tessera__StatusResponse *s, const ts_hash_t *h,
+                     const char *hex) {
+    const pull_opts_t *o = &r->o;
+    int tty = !o->json && isatty(STDERR_FILENO);
+    const char *addr = holder(s, h->b);
+    ts_rpc_peer_t *p = NULL;
+    ts_fetch_stats_t st = {0};
+    int rc = addr ? ts_rpc_peer_get(r->nc.rpc, addr, &p, r->err, sizeof r->err) : TS_ENOTFOUND;
+    if (!addr)
+        snprintf(r->err, sizeof r->err, "no live node advertises it");
+    if (rc == TS_OK)
+        rc = ts_fetch_file(&r->nc, p, r->store, h, (uint32_t)o->timeout_ms, tty ? progress : NULL,
+                           (void *)hex, &st, r->err, sizeof r->err);
+    if (tty)
+        fprintf(stderr, "\r");
+    if (rc != TS_OK) {
+        r->failed = 1;
+        fprintf(stderr, PROG ": %.16s: %s\n", hex, r->err);
+    } else if (o->json) {
+        printf("{\"weights\":\"%s\",\"from\":\"%s\",\"present\":%s,\"bytes_fetched\":%llu,"
+               "\"bytes_reused\":%llu,\"seconds\":%.3f}\n",
+               hex, addr, st.present ? "true" : "false", (unsigned long long)st.bytes_fetched,
+               (unsigned long long)st.bytes_reused, st.seconds);
+    } else if (st.present) {
+        printf("%.16s  already in the store\n", hex);
+    } else {
+        printf("%.16s  from %s: %.1f MiB fetched, %.1f MiB already here, %.2f s\n", hex, addr,
+               st.bytes_fetched / 1048576.0, st.bytes_reused / 1048576.0, st.seconds);
+    }
+}
+
+/* The peer's status, then every distinct weights hash it advertises (and WEIGHTS matches), once. */
+static void pull(pull_run_t *r) {
+    const pull_opts_t *o = &r->o;
     Tessera__StatusRequest sr = TESSERA__STATUS_REQUEST__INIT;
     Tessera__Envelope req = TESSERA__ENVELOPE__INIT, *resp = NULL;
     req.body_case = TESSERA__ENVELOPE__BODY_STATUS_REQUEST;
     req.status_request = &sr;
-    int failed = 0, matched = 0;
-    if (ts_netclient_call(&nc, nc.peer, &req, (uint32_t)timeout_ms, &resp, err, sizeof err) !=
-        TS_OK) {
-        fprintf(stderr, PROG ": %s does not answer: %s\n", peer, err);
-        failed = 1;
+    if (ts_netclient_call(&r->nc, r->nc.peer, &req, (uint32_t)o->timeout_ms, &resp, r->err,
+                          sizeof r->err) != TS_OK) {
+        fprintf(stderr, PROG ": %s does not answer: %s\n", o->peer, r->err);
+        r->failed = 1;
     }
-    const Tessera__StatusResponse *r = resp ? resp->status_response : NULL;
-    /* every distinct weights hash advertised (and matching), once */
-    for (size_t i = 0; r && i < r->n_adverts; i++) {
+    const Tessera__StatusResponse *s = resp ? resp->status_response : NULL;
+    for (size_t i = 0; s && i < s->n_adverts; i++) {
         Tessera__AdvertBody *b = NULL;
-        if (ts_frame_decode_advert_body(&r->adverts[i]->body, 0, &b, NULL, 0) != TS_OK)
+        if (ts_frame_decode_advert_body(&s->adverts[i]->body, 0, &b, NULL, 0) != TS_OK)
             continue;
         ts_hash_t h;
         memcpy(h.b, b->weights_hash.data, TS_HASH_BYTES);
         ts_frame_free(b);
         char hex[TS_HASH_HEX];
         ts_hash_hex(&h, hex);
-        int seen = 0;
-        for (size_t j = 0; j < i && !seen; j++) {
-            Tessera__AdvertBody *c = NULL;
-            if (ts_frame_decode_advert_body(&r->adverts[j]->body, 0, &c, NULL, 0) == TS_OK) {
-                seen = memcmp(c->weights_hash.data, h.b, TS_HASH_BYTES) == 0;
-                ts_frame_free(c);
-            }
-        }
-        if (seen || (want && strncmp(hex, want, strlen(want)) != 0))
+        if (advertised_before(s, i, &h) || (o->want && strncmp(hex, o->want, strlen(o->want)) != 0))
             continue;
-        matched++;
-        const char *addr = holder(r, h.b);
-        ts_rpc_peer_t *p = NULL;
-        ts_fetch_stats_t st = {0};
-        rc = addr ? ts_rpc_peer_get(nc.rpc, addr, &p, err, sizeof err) : TS_ENOTFOUND;
-        if (!addr)
-            snprintf(err, sizeof err, "no live node advertises it");
-        if (rc == TS_OK)
-            rc = ts_fetch_file(&nc, p, store, &h, (uint32_t)timeout_ms,
-                               json || !isatty(STDERR_FILENO) ? NULL : progress, hex, &st, err,
-                               sizeof err);
-        if (!json && isatty(STDERR_FILENO))
-            fprintf(stderr, "\r");
-        if (rc != TS_OK) {
-            failed = 1;
-            fprintf(stderr, PROG ": %.16s: %s\n", hex, err);
-        } else if (json) {
-            printf("{\"weights\":\"%s\",\"from\":\"%s\",\"present\":%s,\"bytes_fetched\":%llu,"
-                   "\"bytes_reused\":%llu,\"seconds\":%.3f}\n",
-                   hex, addr, st.present ? "true" : "false", (unsigned long long)st.bytes_fetched,
-                   (unsigned long long)st.bytes_reused, st.seconds);
-        } else if (st.present) {
-            printf("%.16s  already in the store\n", hex);
-        } else {
-            printf("%.16s  from %s: %.1f MiB fetched, %.1f MiB already here, %.2f s\n", hex, addr,
-                   st.bytes_fetched / 1048576.0, st.bytes_reused / 1048576.0, st.seconds);
-        }
+        r->matched++;
+        pull_one(r, s, &h, hex);
     }
-    if (r && matched == 0) {
+    if (s && r->matched == 0) {
         fprintf(stderr, PROG ": %s\n",
-                want ? "no expert with these weights in the network"
-                     : "the network advertises no expert");
-        failed = 1;
+                o->want ? "no expert with these weights in the network"
+                        : "the network advertises no expert");
+        r->failed = 1;
     }
     ts_frame_free(resp);
-    ts_netclient_close(&nc);
-    ts_store_close(store);
-    return failed ? 1 : 0;
+}
+
+int ts_cmd_pull(int argc, char **argv) {
+    pull_run_t r;
+    memset(&r, 0, sizeof r);
+    int pr = parse_opts(argc, argv, &r.o);
+    if (pr)
+        return pr == 1 ? 0 : 2;
+    if (validate(&r.o))
+        return 2;
+    int code = open_client(&r);
+    if (code == 0) {
+        pull(&r);
+        ts_netclient_close(&r.nc);
+        code = r.failed ? 1 : 0;
+    }
+    ts_store_close(r.store);
+    return code;
 }

@@ -17,6 +17,7 @@
 #include "base/clock.h"
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/jsonout.h"
 #include "model/dit_io.h"
 #include "model/png.h"
 #include "model/sampler.h"
@@ -57,146 +58,200 @@ static int open_weights(ts_dit_t *m, const char *weights, const char *data_dir, 
     return rc;
 }
 
-int ts_cmd_sample(int argc, char **argv) {
-    const char *weights = NULL, *out = NULL, *sampler = "heun", *cls = NULL, *out_tensor = NULL;
-    const char *data_dir = NULL;
-    int n = 64, steps = 30, threads = 0, cols = 0, json = 0;
-    float cfg = 1.0f;
-    uint64_t seed = 0;
+/* ---- the verb: parse → validate → run → print ---------------------------------------------- */
+
+#define PROG "tessera sample"
+
+typedef struct {
+    const char *weights, *out, *sampler, *cls, *out_tensor, *data_dir;
+    int n, steps, threads, cols, json;
+    float cfg;
+    uint64_t seed;
+} sample_opts_t;
+
+/* Everything one run opens and allocates (sample_free releases it all). */
+typedef struct {
+    sample_opts_t o;
+    ts_sampler_opts_t so;
+    ts_engine_t eng;
+    ts_dit_t model;
+    int chunk, label;
+    int64_t chw;
+    float *images; /* (n, C, H, W) */
+    int32_t *labels;
+    uint64_t *seeds;
+    int64_t evals; /* model evaluations per sample */
+    double secs;
+    char err[512];
+} sample_run_t;
+
+/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+static int parse_opts(int argc, char **argv, sample_opts_t *o) {
+    *o = (sample_opts_t){.sampler = "heun", .n = 64, .steps = 30, .cfg = 1.0f};
     ts_arg_t args[] = {
-        {"weights", TS_ARG_STRING, &weights, "FILE|HASH",
+        {"weights", TS_ARG_STRING, &o->weights, "FILE|HASH",
          "expert weights: a .safetensors file, or a weights hash (prefix) in the store", 0, 0, 1},
-        {"data-dir", TS_ARG_STRING, &data_dir, "DIR",
+        {"data-dir", TS_ARG_STRING, &o->data_dir, "DIR",
          "the store for --weights HASH (default $XDG_DATA_HOME/tessera)"},
-        {"n", TS_ARG_INT, &n, "N", "number of samples (default 64)", 1, 100000},
-        {"steps", TS_ARG_INT, &steps, "S", "integration steps (default 30)", 1, 10000},
-        {"sampler", TS_ARG_STRING, &sampler, "NAME", "euler or heun (default heun)"},
-        {"cfg", TS_ARG_FLOAT, &cfg, "S", "classifier-free guidance scale, 1 = off (default 1)", 0,
-         100},
-        {"class", TS_ARG_STRING, &cls, "C",
+        {"n", TS_ARG_INT, &o->n, "N", "number of samples (default 64)", 1, 100000},
+        {"steps", TS_ARG_INT, &o->steps, "S", "integration steps (default 30)", 1, 10000},
+        {"sampler", TS_ARG_STRING, &o->sampler, "NAME", "euler or heun (default heun)"},
+        {"cfg", TS_ARG_FLOAT, &o->cfg, "S", "classifier-free guidance scale, 1 = off (default 1)",
+         0, 100},
+        {"class", TS_ARG_STRING, &o->cls, "C",
          "class label, or 'null' (default: cycle through classes)"},
-        {"seed", TS_ARG_U64, &seed, "S", "sample i uses noise stream seed+i (default 0)"},
-        {"threads", TS_ARG_INT, &threads, "N", "compute threads (default: all cores)", 0, 1024},
-        {"cols", TS_ARG_INT, &cols, "N", "grid columns (default: square)", 0, 10000},
-        {"out", TS_ARG_STRING, &out, "FILE", "PNG grid to write", 0, 0, 1},
-        {"out-tensor", TS_ARG_STRING, &out_tensor, "FILE",
+        {"seed", TS_ARG_U64, &o->seed, "S", "sample i uses noise stream seed+i (default 0)"},
+        {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"cols", TS_ARG_INT, &o->cols, "N", "grid columns (default: square)", 0, 10000},
+        {"out", TS_ARG_STRING, &o->out, "FILE", "PNG grid to write", 0, 0, 1},
+        {"out-tensor", TS_ARG_STRING, &o->out_tensor, "FILE",
          "also write the samples as safetensors 'x'"},
-        {"json", TS_ARG_FLAG, &json, NULL, "print a JSON summary on stdout"},
+        {"json", TS_ARG_FLAG, &o->json, NULL, "print a JSON summary on stdout"},
     };
-    int pr = ts_args_parse("tessera sample", "Generate images from one expert and write a grid.",
-                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    ts_sampler_opts_t so = {.steps = steps};
-    if (ts_sampler_parse(sampler, &so.kind) != TS_OK) {
-        fprintf(stderr, "tessera sample: --sampler %s: must be euler or heun\n", sampler);
-        return 2;
-    }
-    char err[512] = "";
-    ts_engine_t eng = {0};
-    ts_dit_t model = {0};
-    ts_engine_opts_t eo = {TS_CPU, threads, 0};
-    int chunk = n < SAMPLE_CHUNK ? n : SAMPLE_CHUNK;
-    int rc = ts_engine_init(&eng, &eo);
+    return ts_args_parse(PROG, "Generate images from one expert and write a grid.", args,
+                         (int)(sizeof args / sizeof args[0]), argc, argv);
+}
+
+/* The sampler: 0, or 2 with the message printed. */
+static int validate(sample_run_t *r) {
+    r->so = (ts_sampler_opts_t){.steps = r->o.steps};
+    if (ts_sampler_parse(r->o.sampler, &r->so.kind) == TS_OK)
+        return 0;
+    fprintf(stderr, PROG ": --sampler %s: must be euler or heun\n", r->o.sampler);
+    return 2;
+}
+
+/* The engine and the model; then --class, which needs the model's classes: 0, or the exit code
+ * (1, 2) with the message printed. */
+static int open_model(sample_run_t *r) {
+    const sample_opts_t *o = &r->o;
+    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
+    r->chunk = o->n < SAMPLE_CHUNK ? o->n : SAMPLE_CHUNK;
+    int rc = ts_engine_init(&r->eng, &eo);
     if (rc == TS_OK)
-        rc = open_weights(&model, weights, data_dir, &eng, cfg != 1.0f ? 2 * chunk : chunk, err,
-                          sizeof err);
-    if (rc != TS_OK) {
-        fprintf(stderr, "tessera sample: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
-        ts_engine_free(&eng);
-        return 1;
-    }
-    const ts_dit_config_t *c = &model.cfg;
-    int label = -1;
-    if (cls && strcmp(cls, "null") == 0) {
-        label = c->num_classes;
-    } else if (cls) {
+        rc = open_weights(&r->model, o->weights, o->data_dir, &r->eng,
+                          o->cfg != 1.0f ? 2 * r->chunk : r->chunk, r->err, sizeof r->err);
+    if (rc != TS_OK)
+        return ts_args_fail(PROG, r->err, rc);
+    const ts_dit_config_t *c = &r->model.cfg;
+    r->label = -1;
+    if (o->cls && strcmp(o->cls, "null") == 0) {
+        r->label = c->num_classes;
+    } else if (o->cls) {
         char *end;
-        long v = strtol(cls, &end, 10);
+        long v = strtol(o->cls, &end, 10);
         if (*end || v < 0 || v >= c->num_classes) {
-            fprintf(stderr, "tessera sample: --class %s: must be 0..%d or 'null'\n", cls,
+            fprintf(stderr, PROG ": --class %s: must be 0..%d or 'null'\n", o->cls,
                     c->num_classes - 1);
-            ts_dit_free(&model);
-            ts_engine_free(&eng);
             return 2;
         }
-        label = (int)v;
+        r->label = (int)v;
     }
-    int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
-    float *images = malloc((size_t)(n * chw) * sizeof(float));
-    int32_t *labels = malloc((size_t)n * sizeof(int32_t));
-    uint64_t *seeds = malloc((size_t)n * sizeof(uint64_t));
-    if (!images || !labels || !seeds)
+    r->chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    return 0;
+}
+
+/* Samples [start, start + m) into r->images. */
+static int sample_chunk(sample_run_t *r, int start, int m, progress_t *prog) {
+    const ts_dit_config_t *c = &r->model.cfg;
+    ts_tensor_t x, scratch[3] = {0};
+    ts_dit_velocity_ctx_t vc;
+    int rc = ts_tensor_alloc(&x, TS_F32, r->eng.device, 4,
+                             TS_SHAPE(m, c->in_channels, c->input_size, c->input_size));
+    for (int i = 0; i < 3 && rc == TS_OK; i++)
+        rc = ts_tensor_alloc(&scratch[i], TS_F32, r->eng.device, 4, x.shape);
+    if (rc == TS_OK)
+        rc = ts_sampler_noise(&r->eng, &x, r->seeds + start);
+    if (rc == TS_OK &&
+        (rc = ts_dit_velocity_init(&vc, &r->model, r->labels + start, m, r->o.cfg)) == TS_OK) {
+        rc = ts_sampler_run(&r->eng, &r->so, &x, scratch, ts_dit_velocity, &vc, on_step, prog);
+        r->evals = vc.evals; /* per sample: the same for every chunk */
+        ts_dit_velocity_free(&vc);
+    }
+    if (rc == TS_OK) {
+        ts_tensor_t host;
+        rc = ts_tensor_wrap(&host, r->images + start * r->chw, TS_F32, TS_CPU, 4, x.shape);
+        if (rc == TS_OK)
+            rc = ts_tensor_copy(&host, &x);
+    }
+    for (int i = 0; i < 3; i++)
+        ts_tensor_free(&scratch[i]);
+    ts_tensor_free(&x);
+    return rc;
+}
+
+/* The samples' labels and seeds, the samples chunk by chunk, then the grid and --out-tensor. */
+static int run(sample_run_t *r) {
+    const sample_opts_t *o = &r->o;
+    const ts_dit_config_t *c = &r->model.cfg;
+    int n = o->n, rc = TS_OK;
+    r->images = malloc((size_t)(n * r->chw) * sizeof(float));
+    r->labels = malloc((size_t)n * sizeof(int32_t));
+    r->seeds = malloc((size_t)n * sizeof(uint64_t));
+    if (!r->images || !r->labels || !r->seeds)
         rc = TS_ENOMEM;
     for (int i = 0; i < n && rc == TS_OK; i++) {
-        labels[i] = label >= 0 ? label : i % c->num_classes;
-        seeds[i] = seed + (uint64_t)i;
+        r->labels[i] = r->label >= 0 ? r->label : i % c->num_classes;
+        r->seeds[i] = o->seed + (uint64_t)i;
     }
-    progress_t prog = {isatty(STDERR_FILENO), 0, steps * ((n + chunk - 1) / chunk)};
+    progress_t prog = {isatty(STDERR_FILENO), 0, o->steps * ((n + r->chunk - 1) / r->chunk)};
     double t0 = ts_now_s();
-    int64_t evals = 0;
-    for (int start = 0; start < n && rc == TS_OK; start += chunk) {
-        int m = n - start < chunk ? n - start : chunk;
-        ts_tensor_t x, scratch[3] = {0};
-        ts_dit_velocity_ctx_t vc;
-        rc = ts_tensor_alloc(&x, TS_F32, eng.device, 4,
-                             TS_SHAPE(m, c->in_channels, c->input_size, c->input_size));
-        for (int i = 0; i < 3 && rc == TS_OK; i++)
-            rc = ts_tensor_alloc(&scratch[i], TS_F32, eng.device, 4, x.shape);
-        if (rc == TS_OK)
-            rc = ts_sampler_noise(&eng, &x, seeds + start);
-        if (rc == TS_OK &&
-            (rc = ts_dit_velocity_init(&vc, &model, labels + start, m, cfg)) == TS_OK) {
-            rc = ts_sampler_run(&eng, &so, &x, scratch, ts_dit_velocity, &vc, on_step, &prog);
-            evals = vc.evals; /* per sample: the same for every chunk */
-            ts_dit_velocity_free(&vc);
-        }
-        if (rc == TS_OK) {
-            ts_tensor_t host;
-            rc = ts_tensor_wrap(&host, images + start * chw, TS_F32, TS_CPU, 4, x.shape);
-            if (rc == TS_OK)
-                rc = ts_tensor_copy(&host, &x);
-        }
-        for (int i = 0; i < 3; i++)
-            ts_tensor_free(&scratch[i]);
-        ts_tensor_free(&x);
-    }
-    double secs = ts_now_s() - t0;
+    for (int start = 0; start < n && rc == TS_OK; start += r->chunk)
+        rc = sample_chunk(r, start, n - start < r->chunk ? n - start : r->chunk, &prog);
+    r->secs = ts_now_s() - t0;
     if (prog.tty)
         fprintf(stderr, "\n");
     if (rc == TS_OK)
-        rc = ts_png_write_grid(out, images, n, c->in_channels, c->input_size, c->input_size, cols,
-                               2, err, sizeof err);
-    if (rc == TS_OK && out_tensor) {
+        rc = ts_png_write_grid(o->out, r->images, n, c->in_channels, c->input_size, c->input_size,
+                               o->cols, 2, r->err, sizeof r->err);
+    if (rc == TS_OK && o->out_tensor) {
         ts_st_entry_t e = {.name = "x",
                            .dtype = TS_ST_F32,
                            .ndim = 4,
                            .shape = {n, c->in_channels, c->input_size, c->input_size},
-                           .data = images};
-        rc = ts_st_write(out_tensor, &e, 1, NULL, 0, err, sizeof err);
+                           .data = r->images};
+        rc = ts_st_write(o->out_tensor, &e, 1, NULL, 0, r->err, sizeof r->err);
     }
-    if (rc != TS_OK) {
-        fprintf(stderr, "tessera sample: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
-    } else {
-        fprintf(stderr,
-                "%d samples, %d %s steps, cfg %g, %.2f s (%.1f samples/s, %.0f model "
-                "evaluations per sample) → %s\n",
-                n, steps, sampler, cfg, secs, n / secs, (double)evals, out);
-        if (json) {
-            json_t *j = json_pack("{s:i, s:i, s:s, s:f, s:f, s:f, s:s}", "n", n, "steps", steps,
-                                  "sampler", sampler, "cfg", (double)cfg, "seconds", secs,
-                                  "evals_per_sample", (double)evals, "out", out);
-            if (j) {
-                json_dumpf(j, stdout, JSON_COMPACT);
-                printf("\n");
-                json_decref(j);
-            }
-        }
+    return rc;
+}
+
+/* The summary on stderr, and with --json as one JSON object on stdout. */
+static void print_summary(const sample_run_t *r) {
+    const sample_opts_t *o = &r->o;
+    fprintf(stderr,
+            "%d samples, %d %s steps, cfg %g, %.2f s (%.1f samples/s, %.0f model "
+            "evaluations per sample) → %s\n",
+            o->n, o->steps, o->sampler, o->cfg, r->secs, o->n / r->secs, (double)r->evals, o->out);
+    if (o->json)
+        ts_json_print(json_pack("{s:i, s:i, s:s, s:f, s:f, s:f, s:s}", "n", o->n, "steps", o->steps,
+                                "sampler", o->sampler, "cfg", (double)o->cfg, "seconds", r->secs,
+                                "evals_per_sample", (double)r->evals, "out", o->out));
+}
+
+static void sample_free(sample_run_t *r) {
+    free(r->images);
+    free(r->labels);
+    free(r->seeds);
+    ts_dit_free(&r->model);
+    ts_engine_free(&r->eng);
+}
+
+int ts_cmd_sample(int argc, char **argv) {
+    sample_run_t r;
+    memset(&r, 0, sizeof r);
+    int pr = parse_opts(argc, argv, &r.o);
+    if (pr)
+        return pr == 1 ? 0 : 2;
+    int code = validate(&r);
+    if (code == 0)
+        code = open_model(&r);
+    if (code == 0) {
+        int rc = run(&r);
+        if (rc != TS_OK)
+            code = ts_args_fail(PROG, r.err, rc);
+        else
+            print_summary(&r);
     }
-    free(images);
-    free(labels);
-    free(seeds);
-    ts_dit_free(&model);
-    ts_engine_free(&eng);
-    return rc == TS_OK ? 0 : 1;
+    sample_free(&r);
+    return code;
 }

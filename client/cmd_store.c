@@ -48,6 +48,7 @@ struct cli {
     const verb_t *verb;
     char prog[64]; /* "tessera store import" */
     const char *op[MAX_OPERANDS];
+    int n_ops; /* operands given (more than MAX_OPERANDS are counted, not kept) */
     int json, pin;
     const char *data_dir, *map_size, *budget;
     uint64_t budget_bytes;
@@ -77,11 +78,7 @@ static void when(int64_t t, char *buf, size_t len) {
         snprintf(buf, len, "-");
 }
 
-static int fail(const cli_t *c, int rc, const char *err) {
-    fprintf(stderr, "%s: %s%s%s\n", c->prog, err && *err ? err : "", err && *err ? ": " : "",
-            ts_strerror(rc));
-    return 1;
-}
+static int fail(const cli_t *c, int rc, const char *err) { return ts_args_fail(c->prog, err, rc); }
 
 /* Parses "1048576", "512M", "1.5G", "64KiB" (binary multiples). */
 static int parse_bytes(const char *s, uint64_t *out) {
@@ -472,6 +469,108 @@ static int open_store(cli_t *c) {
     return rc ? fail(c, rc, err) : 0;
 }
 
+static const verb_t *find_verb(const char *name) {
+    for (int i = 0; i < N_VERBS; i++)
+        if (strcmp(name, verbs[i].name) == 0)
+            return &verbs[i];
+    return NULL;
+}
+
+/* The sub-verb's options into args (room for 6): the common three, and --pin for import, --budget
+ * for evict. Returns how many. */
+static int verb_options(cli_t *c, ts_arg_t *args) {
+    int n = 0;
+    args[n++] = (ts_arg_t){"data-dir", TS_ARG_STRING, &c->data_dir, "DIR",
+                           "the store (default $XDG_DATA_HOME/tessera, else "
+                           "~/.local/share/tessera)"};
+    args[n++] = (ts_arg_t){"map-size", TS_ARG_STRING, &c->map_size, "BYTES",
+                           "initial LMDB map size, e.g. 64M (default 64M; it grows as needed)"};
+    args[n++] =
+        (ts_arg_t){"json", TS_ARG_FLAG, &c->json, NULL, "print one JSON document on stdout"};
+    if (strcmp(c->verb->name, "import") == 0)
+        args[n++] = (ts_arg_t){"pin", TS_ARG_FLAG, &c->pin, NULL,
+                               "pin the imported expert (never evicted)"};
+    if (strcmp(c->verb->name, "evict") == 0)
+        args[n++] = (ts_arg_t){"budget",
+                               TS_ARG_STRING,
+                               &c->budget,
+                               "BYTES",
+                               "bytes the weights may take (K, M, G, T suffixes: binary)",
+                               0,
+                               0,
+                               1};
+    return n;
+}
+
+/* Picks the operands out of argv[2..] into c->op (counting them in c->n_ops); the rest — the
+ * sub-verb's name first, then the options with their values — goes into rest for the option
+ * parser. Returns 1 when -h or --help came (the sub-verb's usage is then printed), else 0. */
+static int pick_operands(cli_t *c, const ts_arg_t *args, int n_args, int argc, char **argv,
+                         char **rest, int *n_rest) {
+    *n_rest = 0;
+    rest[(*n_rest)++] = argv[1];
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            char prog[96];
+            snprintf(prog, sizeof prog, "%s%s%s", c->prog, *c->verb->operands ? " " : "",
+                     c->verb->operands);
+            ts_args_usage(stdout, prog, c->verb->summary, args, n_args);
+            return 1;
+        }
+        if (strncmp(a, "--", 2) == 0) {
+            rest[(*n_rest)++] = argv[i];
+            const char *name = a + 2;
+            size_t len = strcspn(name, "=");
+            for (int k = 0; k < n_args; k++)
+                if (!name[len] && strlen(args[k].name) == len &&
+                    strncmp(args[k].name, name, len) == 0 && args[k].kind != TS_ARG_FLAG &&
+                    i + 1 < argc)
+                    rest[(*n_rest)++] = argv[++i]; /* the option's value */
+        } else if (a[0] == '-' && a[1]) {
+            rest[(*n_rest)++] = argv[i]; /* the parser names it */
+        } else if (c->n_ops < MAX_OPERANDS) {
+            c->op[c->n_ops++] = a;
+        } else {
+            c->n_ops++;
+        }
+    }
+    return 0;
+}
+
+/* The operands, then the options, of the sub-verb c->verb: -1 when the run goes on, else the exit
+ * code (0 after --help, 1 out of memory, 2 after a usage error). */
+static int parse_cli(cli_t *c, int argc, char **argv) {
+    ts_arg_t args[6];
+    int n_args = verb_options(c, args);
+    char **rest = malloc((size_t)argc * sizeof *rest);
+    if (!rest)
+        return 1;
+    int n_rest = 0;
+    int help = pick_operands(c, args, n_args, argc, argv, rest, &n_rest);
+    int pr = help ? 1 : ts_args_parse(c->prog, c->verb->summary, args, n_args, n_rest, rest);
+    free(rest);
+    return pr == 0 ? -1 : pr == 1 ? 0 : 2;
+}
+
+/* The number of operands and --budget: 0, or 2 with the message printed. */
+static int validate(cli_t *c) {
+    if (c->n_ops != c->verb->n_operands) {
+        if (c->verb->n_operands == 0)
+            fprintf(stderr, "%s: takes no operands (see %s --help)\n", c->prog, c->prog);
+        else
+            fprintf(stderr, "%s: expects %s (see %s --help)\n", c->prog, c->verb->operands,
+                    c->prog);
+        return 2;
+    }
+    if (c->budget && parse_bytes(c->budget, &c->budget_bytes) != TS_OK) {
+        fprintf(stderr, "%s: --budget %s: must be a byte count such as 1073741824, 512M or 2G\n",
+                c->prog, c->budget);
+        return 2;
+    }
+    return 0;
+}
+
 int ts_cmd_store(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -482,84 +581,16 @@ int ts_cmd_store(int argc, char **argv) {
         return 0;
     }
     cli_t c = {0};
-    for (int i = 0; i < N_VERBS && !c.verb; i++)
-        if (strcmp(argv[1], verbs[i].name) == 0)
-            c.verb = &verbs[i];
-    if (!c.verb) {
+    if (!(c.verb = find_verb(argv[1]))) {
         fprintf(stderr, "tessera store: unknown verb '%s' (see tessera store --help)\n", argv[1]);
         return 2;
     }
     snprintf(c.prog, sizeof c.prog, "tessera store %s", c.verb->name);
-    ts_arg_t args[6] = {
-        {"data-dir", TS_ARG_STRING, &c.data_dir, "DIR",
-         "the store (default $XDG_DATA_HOME/tessera, else ~/.local/share/tessera)"},
-        {"map-size", TS_ARG_STRING, &c.map_size, "BYTES",
-         "initial LMDB map size, e.g. 64M (default 64M; it grows as needed)"},
-        {"json", TS_ARG_FLAG, &c.json, NULL, "print one JSON document on stdout"},
-    };
-    int n_args = 3;
-    if (strcmp(c.verb->name, "import") == 0)
-        args[n_args++] =
-            (ts_arg_t){"pin", TS_ARG_FLAG, &c.pin, NULL, "pin the imported expert (never evicted)"};
-    if (strcmp(c.verb->name, "evict") == 0)
-        args[n_args++] = (ts_arg_t){"budget",
-                                    TS_ARG_STRING,
-                                    &c.budget,
-                                    "BYTES",
-                                    "bytes the weights may take (K, M, G, T suffixes: binary)",
-                                    0,
-                                    0,
-                                    1};
-
-    /* pick the operands out of argv; what remains goes to the option parser */
-    char **rest = malloc((size_t)argc * sizeof *rest);
-    if (!rest)
-        return 1;
-    int n_rest = 0, n_ops = 0;
-    rest[n_rest++] = argv[1];
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            char prog[96];
-            snprintf(prog, sizeof prog, "%s%s%s", c.prog, *c.verb->operands ? " " : "",
-                     c.verb->operands);
-            ts_args_usage(stdout, prog, c.verb->summary, args, n_args);
-            free(rest);
-            return 0;
-        }
-        if (strncmp(a, "--", 2) == 0) {
-            rest[n_rest++] = argv[i];
-            const char *name = a + 2;
-            size_t len = strcspn(name, "=");
-            for (int k = 0; k < n_args; k++)
-                if (!name[len] && strlen(args[k].name) == len &&
-                    strncmp(args[k].name, name, len) == 0 && args[k].kind != TS_ARG_FLAG &&
-                    i + 1 < argc)
-                    rest[n_rest++] = argv[++i]; /* the option's value */
-        } else if (a[0] == '-' && a[1]) {
-            rest[n_rest++] = argv[i]; /* the parser names it */
-        } else if (n_ops < MAX_OPERANDS) {
-            c.op[n_ops++] = a;
-        } else {
-            n_ops++;
-        }
-    }
-    int pr = ts_args_parse(c.prog, c.verb->summary, args, n_args, n_rest, rest);
-    free(rest);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    if (n_ops != c.verb->n_operands) {
-        if (c.verb->n_operands == 0)
-            fprintf(stderr, "%s: takes no operands (see %s --help)\n", c.prog, c.prog);
-        else
-            fprintf(stderr, "%s: expects %s (see %s --help)\n", c.prog, c.verb->operands, c.prog);
+    int code = parse_cli(&c, argc, argv);
+    if (code >= 0)
+        return code;
+    if (validate(&c))
         return 2;
-    }
-    if (c.budget && parse_bytes(c.budget, &c.budget_bytes) != TS_OK) {
-        fprintf(stderr, "%s: --budget %s: must be a byte count such as 1073741824, 512M or 2G\n",
-                c.prog, c.budget);
-        return 2;
-    }
     int rc = open_store(&c);
     if (rc == 0)
         rc = c.verb->run(&c);

@@ -24,6 +24,7 @@
 #include "base/clock.h"
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/jsonout.h"
 #include "model/dit_io.h"
 #include "model/fmnist.h"
 #include "model/partition.h"
@@ -52,19 +53,40 @@ typedef struct {
     const char *store_dir, *run, *from_ckpt, *partition;
     int64_t steps;
     int cluster;
-    char partition_id[TS_PARTITION_ID_HEX], shard_name[32];
     int batch, threads, ckpt_every, keep, log_every, resume, json, warmup, logit_normal;
     float lr, wd, clip, ema, dropout;
     uint64_t seed;
 } train_opts_t;
 
+/* Everything one run opens (train_free releases it all). */
+typedef struct {
+    train_opts_t o;
+    ts_train_config_t tc;
+    char run_default[TS_CKPT_RUN_MAX + 1];
+    char partition_id[TS_PARTITION_ID_HEX], shard_name[32];
+    ts_dataset_t ds;
+    ts_engine_t eng;
+    ts_dit_t model;
+    ts_trainer_t tr;
+    FILE *loss_log;
+    ts_store_t *store;
+    float loss, norm; /* the last step's */
+    int64_t first;    /* the step this run started from */
+    double t0;
+    char err[512];
+} train_run_t;
+
 /* Loads the data set and keeps the partition's cluster or the shard, if any. */
-static int load_data(train_opts_t *o, ts_dataset_t *ds, char *err, size_t errlen) {
+static int load_data(train_run_t *r) {
+    const train_opts_t *o = &r->o;
+    ts_dataset_t *ds = &r->ds;
+    char *err = r->err;
+    size_t errlen = sizeof r->err;
     if (o->partition) {
         char path[4096];
         snprintf(path, sizeof path, "%s/partition.safetensors", o->partition);
-        snprintf(o->shard_name, sizeof o->shard_name, "shard-%d", o->cluster);
-        return ts_partition_load_cluster(path, o->cluster, o->fmnist_dir, ds, o->partition_id, err,
+        snprintf(r->shard_name, sizeof r->shard_name, "shard-%d", o->cluster);
+        return ts_partition_load_cluster(path, o->cluster, o->fmnist_dir, ds, r->partition_id, err,
                                          errlen);
     }
     int rc = ts_fmnist_load(o->fmnist_dir, "train", ds, err, errlen);
@@ -107,8 +129,12 @@ static int note_step(void *ctx, const char *run_id, int64_t step, size_t len) {
 
 /* Starts from a checkpoint: --from-ckpt FILE, else with --resume the run's newest in the store.
  * Without --resume an existing run is started over (and says so). */
-static int start_point(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o, char *err,
-                       size_t errlen) {
+static int start_point(train_run_t *r) {
+    const train_opts_t *o = &r->o;
+    ts_trainer_t *tr = &r->tr;
+    ts_store_t *st = r->store;
+    char *err = r->err;
+    size_t errlen = sizeof r->err;
     if (o->from_ckpt) {
         int rc = ts_trainer_load(tr, o->from_ckpt, err, errlen);
         if (rc == TS_OK)
@@ -144,235 +170,288 @@ static int start_point(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o, 
 }
 
 /* A checkpoint into the store, then the EMA weights to --out. */
-static int save_outputs(ts_trainer_t *tr, ts_store_t *st, const train_opts_t *o, char *err,
-                        size_t errlen) {
+static int save_outputs(train_run_t *r) {
+    const train_opts_t *o = &r->o;
+    ts_trainer_t *tr = &r->tr;
     ts_train_meta_t meta;
-    ts_train_meta(&meta, tr, o->partition ? o->shard_name : o->shard,
-                  o->partition ? o->partition_id : NULL, o->cluster);
-    int rc = ts_ckpt_save_trainer(st, o->run, tr, o->keep, err, errlen);
+    ts_train_meta(&meta, tr, o->partition ? r->shard_name : o->shard,
+                  o->partition ? r->partition_id : NULL, o->cluster);
+    int rc = ts_ckpt_save_trainer(r->store, o->run, tr, o->keep, r->err, sizeof r->err);
     if (rc == TS_OK)
-        rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, TS_ST_F32, meta.kv, meta.n, err, errlen);
+        rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, TS_ST_F32, meta.kv, meta.n, r->err,
+                         sizeof r->err);
     return rc;
 }
 
-int ts_cmd_train(int argc, char **argv) {
-    train_opts_t o = {.fmnist_dir = TS_FMNIST_DEFAULT_DIR,
-                      .model = "tiny",
-                      .steps = 1000,
-                      .batch = 64,
-                      .ckpt_every = 500,
-                      .keep = 3,
-                      .log_every = 50,
-                      .seed = 0,
-                      .cluster = -1};
-    ts_train_config_t tc;
-    ts_train_config_default(&tc);
-    o.lr = tc.lr, o.wd = tc.weight_decay, o.clip = tc.grad_clip, o.ema = tc.ema_decay;
-    o.dropout = tc.label_dropout, o.warmup = tc.warmup;
+/* ---- the verb: parse → validate → run → print ---------------------------------------------- */
+
+/* The options from the command line, their defaults from tc: 0, 1 (--help was shown) or 2 (a
+ * usage error). */
+static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_config_t *tc) {
+    *o = (train_opts_t){.fmnist_dir = TS_FMNIST_DEFAULT_DIR,
+                        .model = "tiny",
+                        .steps = 1000,
+                        .batch = 64,
+                        .ckpt_every = 500,
+                        .keep = 3,
+                        .log_every = 50,
+                        .seed = 0,
+                        .cluster = -1,
+                        .lr = tc->lr,
+                        .wd = tc->weight_decay,
+                        .clip = tc->grad_clip,
+                        .ema = tc->ema_decay,
+                        .dropout = tc->label_dropout,
+                        .warmup = tc->warmup};
     ts_arg_t args[] = {
-        {"data", TS_ARG_STRING, &o.fmnist_dir, "DIR",
+        {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR",
          "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
-        {"shard", TS_ARG_STRING, &o.shard, "FILE",
+        {"shard", TS_ARG_STRING, &o->shard, "FILE",
          "train only on these image indices (one per line)"},
-        {"partition", TS_ARG_STRING, &o.partition, "DIR",
+        {"partition", TS_ARG_STRING, &o->partition, "DIR",
          "a `tessera partition` folder: train on the images of its cluster --cluster (those of "
          "shard-<cluster>.txt) and record partition_id and cluster in the weights"},
-        {"cluster", TS_ARG_INT, &o.cluster, "K", "the cluster of --partition to train on", 0,
+        {"cluster", TS_ARG_INT, &o->cluster, "K", "the cluster of --partition to train on", 0,
          65535},
-        {"model", TS_ARG_STRING, &o.model, "NAME",
+        {"model", TS_ARG_STRING, &o->model, "NAME",
          "config: mini, tiny, small, S/2, B/4, ... (default tiny)"},
-        {"init", TS_ARG_STRING, &o.init, "FILE",
+        {"init", TS_ARG_STRING, &o->init, "FILE",
          "start from these weights instead of a fresh init"},
-        {"steps", TS_ARG_I64, &o.steps, "N", "total optimisation steps (default 1000)", 1, 1e12},
-        {"batch", TS_ARG_INT, &o.batch, "B", "samples per step (default 64)", 1, 65536},
-        {"lr", TS_ARG_FLOAT, &o.lr, "X", "peak learning rate (default 3e-4)", 1e-9, 10},
-        {"warmup", TS_ARG_INT, &o.warmup, "N", "linear warm-up steps (default 200)", 0, 1e9},
-        {"weight-decay", TS_ARG_FLOAT, &o.wd, "X", "AdamW decoupled weight decay (default 0)", 0,
+        {"steps", TS_ARG_I64, &o->steps, "N", "total optimisation steps (default 1000)", 1, 1e12},
+        {"batch", TS_ARG_INT, &o->batch, "B", "samples per step (default 64)", 1, 65536},
+        {"lr", TS_ARG_FLOAT, &o->lr, "X", "peak learning rate (default 3e-4)", 1e-9, 10},
+        {"warmup", TS_ARG_INT, &o->warmup, "N", "linear warm-up steps (default 200)", 0, 1e9},
+        {"weight-decay", TS_ARG_FLOAT, &o->wd, "X", "AdamW decoupled weight decay (default 0)", 0,
          10},
-        {"grad-clip", TS_ARG_FLOAT, &o.clip, "X", "max gradient norm, 0 = off (default 1)", 0, 1e9},
-        {"ema", TS_ARG_FLOAT, &o.ema, "X", "EMA decay (default 0.999)", 0, 1},
-        {"label-dropout", TS_ARG_FLOAT, &o.dropout, "P",
+        {"grad-clip", TS_ARG_FLOAT, &o->clip, "X", "max gradient norm, 0 = off (default 1)", 0,
+         1e9},
+        {"ema", TS_ARG_FLOAT, &o->ema, "X", "EMA decay (default 0.999)", 0, 1},
+        {"label-dropout", TS_ARG_FLOAT, &o->dropout, "P",
          "null-class probability for CFG (default 0.1)", 0, 1},
-        {"logit-normal", TS_ARG_FLAG, &o.logit_normal, NULL,
+        {"logit-normal", TS_ARG_FLAG, &o->logit_normal, NULL,
          "draw t = sigmoid(N(0,1)) instead of U(0,1)"},
-        {"seed", TS_ARG_U64, &o.seed, "S", "seed of every random draw (default 0)"},
-        {"threads", TS_ARG_INT, &o.threads, "N", "compute threads (default: all cores)", 0, 1024},
-        {"out", TS_ARG_STRING, &o.out, "FILE", "where to write the EMA weights (.safetensors)", 0,
+        {"seed", TS_ARG_U64, &o->seed, "S", "seed of every random draw (default 0)"},
+        {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"out", TS_ARG_STRING, &o->out, "FILE", "where to write the EMA weights (.safetensors)", 0,
          0, 1},
-        {"data-dir", TS_ARG_STRING, &o.store_dir, "DIR",
+        {"data-dir", TS_ARG_STRING, &o->store_dir, "DIR",
          "the store that holds the checkpoints (default $XDG_DATA_HOME/tessera)"},
-        {"run", TS_ARG_STRING, &o.run, "NAME",
+        {"run", TS_ARG_STRING, &o->run, "NAME",
          "the run's name in the store (default: --out's basename without extension)"},
-        {"ckpt-every", TS_ARG_INT, &o.ckpt_every, "N", "checkpoint every N steps (default 500)", 1,
+        {"ckpt-every", TS_ARG_INT, &o->ckpt_every, "N", "checkpoint every N steps (default 500)", 1,
          1e9},
-        {"keep", TS_ARG_INT, &o.keep, "N", "checkpoints of the run kept in the store (default 3)",
+        {"keep", TS_ARG_INT, &o->keep, "N", "checkpoints of the run kept in the store (default 3)",
          1, 1e6},
-        {"resume", TS_ARG_FLAG, &o.resume, NULL,
+        {"resume", TS_ARG_FLAG, &o->resume, NULL,
          "continue from the run's newest checkpoint, if any"},
-        {"from-ckpt", TS_ARG_STRING, &o.from_ckpt, "FILE",
+        {"from-ckpt", TS_ARG_STRING, &o->from_ckpt, "FILE",
          "start from a checkpoint file (an earlier tessera's OUT.ckpt)"},
-        {"log-every", TS_ARG_INT, &o.log_every, "N", "progress line every N steps (default 50)", 1,
+        {"log-every", TS_ARG_INT, &o->log_every, "N", "progress line every N steps (default 50)", 1,
          1e9},
-        {"loss-log", TS_ARG_STRING, &o.loss_log, "FILE",
+        {"loss-log", TS_ARG_STRING, &o->loss_log, "FILE",
          "append 'step loss grad_norm' per step to FILE"},
-        {"json", TS_ARG_FLAG, &o.json, NULL, "JSON lines on stdout (progress and summary)"},
+        {"json", TS_ARG_FLAG, &o->json, NULL, "JSON lines on stdout (progress and summary)"},
     };
-    int pr = ts_args_parse("tessera train",
-                           "Train one DiT expert with flow matching on Fashion-MNIST or a shard.",
-                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    char run_default[TS_CKPT_RUN_MAX + 1];
-    if (!o.run) {
-        default_run(o.out, run_default, sizeof run_default);
-        o.run = run_default;
+    return ts_args_parse("tessera train",
+                         "Train one DiT expert with flow matching on Fashion-MNIST or a shard.",
+                         args, (int)(sizeof args / sizeof args[0]), argc, argv);
+}
+
+/* The run name (defaulted from --out) and the data options, then the training config from the
+ * options: 0, or 2 with the message printed. */
+static int validate(train_run_t *r) {
+    train_opts_t *o = &r->o;
+    if (!o->run) {
+        default_run(o->out, r->run_default, sizeof r->run_default);
+        o->run = r->run_default;
     }
-    if (!o.run[0] || strlen(o.run) > TS_CKPT_RUN_MAX) {
+    if (!o->run[0] || strlen(o->run) > TS_CKPT_RUN_MAX)
         fprintf(stderr, "tessera train: the run name must be 1..%d bytes (pass --run NAME)\n",
                 TS_CKPT_RUN_MAX);
-        return 2;
-    }
-    if ((o.partition != NULL) != (o.cluster >= 0)) {
+    else if ((o->partition != NULL) != (o->cluster >= 0))
         fprintf(stderr, "tessera train: --partition and --cluster go together\n");
-        return 2;
-    }
-    if (o.partition && o.shard) {
+    else if (o->partition && o->shard)
         fprintf(stderr, "tessera train: --shard and --partition both name the data; pass one\n");
-        return 2;
+    else {
+        ts_train_config_t *tc = &r->tc;
+        tc->batch = o->batch, tc->lr = o->lr, tc->warmup = o->warmup, tc->weight_decay = o->wd;
+        tc->grad_clip = o->clip, tc->ema_decay = o->ema, tc->label_dropout = o->dropout;
+        tc->logit_normal = o->logit_normal, tc->seed = o->seed;
+        return 0;
     }
-    tc.batch = o.batch, tc.lr = o.lr, tc.warmup = o.warmup, tc.weight_decay = o.wd;
-    tc.grad_clip = o.clip, tc.ema_decay = o.ema, tc.label_dropout = o.dropout;
-    tc.logit_normal = o.logit_normal, tc.seed = o.seed;
+    return 2;
+}
 
-    char err[512] = "";
-    ts_dataset_t ds = {0};
-    ts_engine_t eng = {0};
-    ts_dit_t model = {0};
-    ts_trainer_t tr = {0};
-    FILE *loss_log = NULL;
-    ts_store_t *store = NULL;
-    ts_store_opts_t so = {.dir = o.store_dir};
-    int rc = ts_store_open(&store, &so, err, sizeof err);
-    if (rc == TS_OK)
-        rc = load_data(&o, &ds, err, sizeof err);
-    ts_engine_opts_t eo = {TS_CPU, o.threads, 0};
-    if (rc == TS_OK && (rc = ts_engine_init(&eng, &eo)) != TS_OK)
-        snprintf(err, sizeof err, "cannot start the CPU engine");
+/* The model: --init's weights, or a fresh --model preset for the data's images. */
+static int open_model(train_run_t *r) {
+    const train_opts_t *o = &r->o;
+    if (o->init)
+        return ts_dit_open(&r->model, o->init, &r->eng, o->batch, 1, r->err, sizeof r->err);
     ts_dit_config_t cfg;
-    if (rc == TS_OK) {
-        if (o.init) {
-            rc = ts_dit_open(&model, o.init, &eng, o.batch, 1, err, sizeof err);
-        } else if ((rc = ts_dit_config_preset(o.model, &cfg)) != TS_OK) {
-            snprintf(err, sizeof err, "unknown model '%s' (mini, tiny, small, S/2 … XL/8)",
-                     o.model);
-        } else {
-            cfg.in_channels = ds.channels, cfg.input_size = ds.height;
-            rc = ts_dit_create(&model, &cfg, &eng, o.batch, 1);
-            if (rc == TS_OK)
-                rc = ts_dit_init_weights(&model, o.seed);
-            if (rc)
-                snprintf(err, sizeof err, "cannot build model '%s'", o.model);
-        }
+    int rc = ts_dit_config_preset(o->model, &cfg);
+    if (rc != TS_OK) {
+        snprintf(r->err, sizeof r->err, "unknown model '%s' (mini, tiny, small, S/2 … XL/8)",
+                 o->model);
+        return rc;
     }
-    if (rc == TS_OK && (rc = ts_trainer_init(&tr, &model, &ds, &tc)) != TS_OK)
-        snprintf(err, sizeof err, "cannot start training (batch %d, %d images)", o.batch, ds.n);
+    cfg.in_channels = r->ds.channels, cfg.input_size = r->ds.height;
+    rc = ts_dit_create(&r->model, &cfg, &r->eng, o->batch, 1);
     if (rc == TS_OK)
-        rc = start_point(&tr, store, &o, err, sizeof err);
-    if (rc == TS_OK && o.loss_log && !(loss_log = fopen(o.loss_log, "a"))) {
-        snprintf(err, sizeof err, "cannot open loss log %s", o.loss_log);
+        rc = ts_dit_init_weights(&r->model, o->seed);
+    if (rc)
+        snprintf(r->err, sizeof r->err, "cannot build model '%s'", o->model);
+    return rc;
+}
+
+/* The store, the data, the engine, the model and its trainer at its start point, the loss log. */
+static int open_run(train_run_t *r) {
+    const train_opts_t *o = &r->o;
+    ts_store_opts_t so = {.dir = o->store_dir};
+    int rc = ts_store_open(&r->store, &so, r->err, sizeof r->err);
+    if (rc == TS_OK)
+        rc = load_data(r);
+    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
+    if (rc == TS_OK && (rc = ts_engine_init(&r->eng, &eo)) != TS_OK)
+        snprintf(r->err, sizeof r->err, "cannot start the CPU engine");
+    if (rc == TS_OK)
+        rc = open_model(r);
+    if (rc == TS_OK && (rc = ts_trainer_init(&r->tr, &r->model, &r->ds, &r->tc)) != TS_OK)
+        snprintf(r->err, sizeof r->err, "cannot start training (batch %d, %d images)", o->batch,
+                 r->ds.n);
+    if (rc == TS_OK)
+        rc = start_point(r);
+    if (rc == TS_OK && o->loss_log && !(r->loss_log = fopen(o->loss_log, "a"))) {
+        snprintf(r->err, sizeof r->err, "cannot open loss log %s", o->loss_log);
         rc = TS_EIO;
     }
     /* whole lines: a reader (or a kill) never sees half of one */
-    if (loss_log)
-        setvbuf(loss_log, NULL, _IOLBF, 0);
-    if (rc != TS_OK) {
-        fprintf(stderr, "tessera train: %s%s%s\n", err, *err ? ": " : "", ts_strerror(rc));
-        goto done;
-    }
+    if (r->loss_log)
+        setvbuf(r->loss_log, NULL, _IOLBF, 0);
+    return rc;
+}
+
+/* The progress line's state: where the last line was written. */
+typedef struct {
+    int tty;
+    double t_log;
+    int64_t at_log;
+} progress_t;
+
+/* The progress line on stderr (and with --json its JSON line on stdout). */
+static void log_progress(const train_run_t *r, progress_t *p) {
+    const train_opts_t *o = &r->o;
+    const ts_trainer_t *tr = &r->tr;
+    double t = ts_now_s();
+    double sps = (double)(tr->step - p->at_log) * o->batch / (t - p->t_log + 1e-9);
+    double eta = (double)(o->steps - tr->step) * o->batch / (sps + 1e-9);
+    char etab[32];
+    fmt_eta(eta, etab, sizeof etab);
     fprintf(stderr,
-            "training %s (%lld parameters, %.1f MFLOP/sample fwd) on %d images, batch %d, "
-            "%d threads, steps %lld → %lld\n",
-            o.init ? o.init : o.model, (long long)model.num_params,
-            ts_dit_flops_per_sample(&model.cfg) / 1e6, ds.n, o.batch, eng.threads,
-            (long long)tr.step, (long long)o.steps);
+            "%sstep %lld/%lld  loss %.4f (avg %.4f)  |g| %.3f  lr %.2e  %.0f samples/s "
+            " ETA %s%s",
+            p->tty ? "\r" : "", (long long)tr->step, (long long)o->steps, r->loss, tr->loss_avg,
+            r->norm, ts_trainer_lr(&r->tc, tr->step - 1), sps, etab, p->tty ? "   " : "\n");
+    if (o->json)
+        printf("{\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"grad_norm\":%.4f,"
+               "\"samples_per_s\":%.1f,\"eta_s\":%.0f}\n",
+               (long long)tr->step, r->loss, tr->loss_avg, r->norm, sps, eta);
+    p->t_log = t, p->at_log = tr->step;
+}
+
+/* Steps until --steps or a signal, with the loss log, the progress line and the checkpoints,
+ * then the last checkpoint and the weights. Failures are printed here. */
+static int train(train_run_t *r) {
+    const train_opts_t *o = &r->o;
+    ts_trainer_t *tr = &r->tr;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
-    int tty = isatty(STDERR_FILENO);
-    double t0 = ts_now_s(), t_log = t0;
-    int64_t first = tr.step, at_log = tr.step;
-    float loss = NAN, norm = NAN;
-    while (tr.step < o.steps && !g_stop) {
-        rc = ts_trainer_step(&tr, &loss, &norm);
-        if (rc != TS_OK) {
+    r->first = tr->step;
+    r->t0 = ts_now_s();
+    progress_t p = {isatty(STDERR_FILENO), r->t0, tr->step};
+    r->loss = NAN, r->norm = NAN;
+    int rc = TS_OK;
+    while (tr->step < o->steps && !g_stop) {
+        if ((rc = ts_trainer_step(tr, &r->loss, &r->norm)) != TS_OK) {
             fprintf(stderr,
                     "\ntessera train: step %lld failed: %s (loss %g, grad norm %g); the "
                     "last checkpoint is intact\n",
-                    (long long)tr.step + 1, ts_strerror(rc), loss, norm);
-            goto done;
+                    (long long)tr->step + 1, ts_strerror(rc), r->loss, r->norm);
+            return rc;
         }
-        if (loss_log)
-            fprintf(loss_log, "%lld %.9g %.9g\n", (long long)tr.step, loss, norm);
-        int last = tr.step == o.steps;
-        if (tr.step % o.log_every == 0 || last || tty) {
-            double t = ts_now_s();
-            if (tr.step % o.log_every == 0 || last) {
-                double sps = (double)(tr.step - at_log) * o.batch / (t - t_log + 1e-9);
-                double eta = (double)(o.steps - tr.step) * o.batch / (sps + 1e-9);
-                char etab[32];
-                fmt_eta(eta, etab, sizeof etab);
-                fprintf(stderr,
-                        "%sstep %lld/%lld  loss %.4f (avg %.4f)  |g| %.3f  lr %.2e  %.0f samples/s "
-                        " ETA %s%s",
-                        tty ? "\r" : "", (long long)tr.step, (long long)o.steps, loss, tr.loss_avg,
-                        norm, ts_trainer_lr(&tc, tr.step - 1), sps, etab, tty ? "   " : "\n");
-                if (o.json)
-                    printf("{\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"grad_norm\":%.4f,"
-                           "\"samples_per_s\":%.1f,\"eta_s\":%.0f}\n",
-                           (long long)tr.step, loss, tr.loss_avg, norm, sps, eta);
-                t_log = t, at_log = tr.step;
-            }
-        }
-        if (tr.step % o.ckpt_every == 0 && !last) {
-            if ((rc = save_outputs(&tr, store, &o, err, sizeof err)) != TS_OK) {
-                fprintf(stderr, "\ntessera train: checkpoint: %s: %s\n", err, ts_strerror(rc));
-                goto done;
-            }
+        if (r->loss_log)
+            fprintf(r->loss_log, "%lld %.9g %.9g\n", (long long)tr->step, r->loss, r->norm);
+        int last = tr->step == o->steps;
+        if (tr->step % o->log_every == 0 || last)
+            log_progress(r, &p);
+        if (tr->step % o->ckpt_every == 0 && !last && (rc = save_outputs(r)) != TS_OK) {
+            fprintf(stderr, "\ntessera train: checkpoint: %s: %s\n", r->err, ts_strerror(rc));
+            return rc;
         }
     }
-    if (tty)
+    if (p.tty)
         fprintf(stderr, "\n");
-    if ((rc = save_outputs(&tr, store, &o, err, sizeof err)) != TS_OK) {
-        fprintf(stderr, "tessera train: %s: %s\n", err, ts_strerror(rc));
-        goto done;
-    }
-    double secs = ts_now_s() - t0;
+    if ((rc = save_outputs(r)) != TS_OK)
+        fprintf(stderr, "tessera train: %s: %s\n", r->err, ts_strerror(rc));
+    return rc;
+}
+
+/* What is trained on what, and from which step to which. */
+static void print_start(const train_run_t *r) {
+    const train_opts_t *o = &r->o;
+    fprintf(stderr,
+            "training %s (%lld parameters, %.1f MFLOP/sample fwd) on %d images, batch %d, "
+            "%d threads, steps %lld → %lld\n",
+            o->init ? o->init : o->model, (long long)r->model.num_params,
+            ts_dit_flops_per_sample(&r->model.cfg) / 1e6, r->ds.n, o->batch, r->eng.threads,
+            (long long)r->tr.step, (long long)o->steps);
+}
+
+/* The summary line on stderr, and with --json as one JSON object on stdout. */
+static void print_summary(const train_run_t *r) {
+    const train_opts_t *o = &r->o;
+    const ts_trainer_t *tr = &r->tr;
+    double secs = ts_now_s() - r->t0;
     fprintf(stderr,
             "%s at step %lld: loss %.4f (avg %.4f), %.1f s, %.0f samples/s; weights → %s, "
             "checkpoint → run '%s' in %s\n",
-            g_stop ? "stopped" : "done", (long long)tr.step, loss, tr.loss_avg, secs,
-            (double)(tr.step - first) * o.batch / (secs + 1e-9), o.out, o.run, ts_store_dir(store));
-    if (o.json) {
-        /* jansson escapes the paths (a quote in a file name must not break the JSON) */
-        json_t *j =
-            json_pack("{s:b, s:I, s:f, s:f, s:f, s:s, s:s, s:s}", "done", !g_stop, "step",
-                      (json_int_t)tr.step, "loss", (double)loss, "loss_avg", (double)tr.loss_avg,
-                      "seconds", secs, "out", o.out, "run", o.run, "data_dir", ts_store_dir(store));
-        if (j) {
-            json_dumpf(j, stdout, JSON_COMPACT);
-            printf("\n");
-            json_decref(j);
-        }
+            g_stop ? "stopped" : "done", (long long)tr->step, r->loss, tr->loss_avg, secs,
+            (double)(tr->step - r->first) * o->batch / (secs + 1e-9), o->out, o->run,
+            ts_store_dir(r->store));
+    if (o->json) /* jansson escapes the paths (a quote in a file name must not break the JSON) */
+        ts_json_print(json_pack("{s:b, s:I, s:f, s:f, s:f, s:s, s:s, s:s}", "done", !g_stop, "step",
+                                (json_int_t)tr->step, "loss", (double)r->loss, "loss_avg",
+                                (double)tr->loss_avg, "seconds", secs, "out", o->out, "run", o->run,
+                                "data_dir", ts_store_dir(r->store)));
+}
+
+static void train_free(train_run_t *r) {
+    if (r->loss_log)
+        fclose(r->loss_log);
+    ts_trainer_free(&r->tr);
+    ts_dit_free(&r->model);
+    ts_engine_free(&r->eng);
+    ts_dataset_free(&r->ds);
+    ts_store_close(r->store);
+}
+
+int ts_cmd_train(int argc, char **argv) {
+    train_run_t r;
+    memset(&r, 0, sizeof r);
+    ts_train_config_default(&r.tc);
+    int pr = parse_opts(argc, argv, &r.o, &r.tc);
+    if (pr)
+        return pr == 1 ? 0 : 2;
+    if (validate(&r))
+        return 2;
+    int rc = open_run(&r);
+    if (rc != TS_OK)
+        ts_args_fail("tessera train", r.err, rc);
+    if (rc == TS_OK) {
+        print_start(&r);
+        rc = train(&r);
     }
-    rc = g_stop ? 130 : 0;
-done:
-    if (loss_log)
-        fclose(loss_log);
-    ts_trainer_free(&tr);
-    ts_dit_free(&model);
-    ts_engine_free(&eng);
-    ts_dataset_free(&ds);
-    ts_store_close(store);
-    if (rc == 130)
-        return 130;
-    return rc == TS_OK ? 0 : 1;
+    if (rc == TS_OK)
+        print_summary(&r);
+    train_free(&r);
+    return rc != TS_OK ? 1 : g_stop ? 130 : 0;
 }

@@ -240,6 +240,28 @@ float ts_local_default_tau(const ts_local_t *l) {
                : 1.0f;
 }
 
+int ts_local_check_images(const ts_local_t *l, const char *dir, const ts_local_t *mono,
+                          const char *const *paths, int n, const ts_dataset_t *ds, char *err,
+                          size_t errlen) {
+    const ts_dit_config_t *c = &l->cfg;
+    for (int m = 0; m < n; m++) {
+        const ts_dit_config_t *mc = &mono[m].cfg;
+        if (mc->input_size != c->input_size || mc->in_channels != c->in_channels ||
+            mc->num_classes != c->num_classes) {
+            ts_set_err(err, errlen, "--monolith %s makes other images than the experts of %s",
+                       paths[m], dir);
+            return TS_EINVAL;
+        }
+    }
+    if (ds->channels != c->in_channels || ds->height != c->input_size ||
+        ds->width != c->input_size) {
+        ts_set_err(err, errlen, "the experts of %s do not make %dx%dx%d images", dir, ds->channels,
+                   ds->height, ds->width);
+        return TS_EINVAL;
+    }
+    return TS_OK;
+}
+
 int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err, size_t errlen) {
     *label = -1;
     if (!cls)

@@ -123,6 +123,13 @@ typedef struct ts_local_stats {
 int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, float *images,
                       ts_local_stats_t *stats, char *err, size_t errlen);
 
+/* Whether the n monoliths (opened from paths) make the images of the folder l opened from dir —
+ * the same size, channels and classes — and the data set ds holds images of that shape: TS_OK,
+ * or TS_EINVAL with a sentence naming the first that does not. */
+int ts_local_check_images(const ts_local_t *l, const char *dir, const ts_local_t *mono,
+                          const char *const *paths, int n, const ts_dataset_t *ds, char *err,
+                          size_t errlen);
+
 /* Parses a class option: "null" (the null label, unconditional) or 0..num_classes−1 into
  * *label; NULL gives −1 (cycle through the classes). TS_EINVAL with a sentence otherwise. */
 int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err, size_t errlen);

@@ -668,106 +668,148 @@ static void usage(FILE *f) {
                "  -h, --help    show this text\n");
 }
 
-int ts_cli_selfcheck(int argc, char **argv) {
-    int json = 0, cpu_only = 0, threads = 0;
+typedef struct {
+    int json, cpu_only, threads;
+} sc_opts_t;
+
+/* Everything one self-check opens, and its report (sc_free releases the engines). */
+typedef struct {
+    sc_opts_t o;
+    ts_engine_t cpu, gpu;
+    int have_gpu;  /* the CUDA engine runs the cases too */
+    int built;     /* the CUDA backend is built in */
+    int devices;   /* CUDA devices found */
+    char why[256]; /* why CUDA is not checked */
+    sc_report_t report;
+} sc_run_t;
+
+/* --threads' value: a whole number from 1 to 1024. 0, or 2 with the message printed. */
+static int parse_threads(const char *v, int *threads) {
+    char *end = NULL;
+    errno = 0;
+    long n = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || end == v || *end || n < 1 || n > 1024) {
+        fprintf(stderr,
+                "tessera selfcheck: --threads needs a whole number from 1 to "
+                "1024 (got '%s')\n",
+                v ? v : "");
+        return 2;
+    }
+    *threads = (int)n;
+    return 0;
+}
+
+/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+static int parse_opts(int argc, char **argv, sc_opts_t *o) {
+    *o = (sc_opts_t){0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
-            return 0;
+            return 1;
         } else if (strcmp(a, "--json") == 0) {
-            json = 1;
+            o->json = 1;
         } else if (strcmp(a, "--cpu-only") == 0) {
-            cpu_only = 1;
+            o->cpu_only = 1;
         } else if (strcmp(a, "--threads") == 0 || strncmp(a, "--threads=", 10) == 0) {
             const char *v = a[9] == '=' ? a + 10 : (i + 1 < argc ? argv[++i] : NULL);
-            char *end = NULL;
-            errno = 0;
-            long n = v ? strtol(v, &end, 10) : 0;
-            if (!v || errno || end == v || *end || n < 1 || n > 1024) {
-                fprintf(stderr,
-                        "tessera selfcheck: --threads needs a whole number from 1 to "
-                        "1024 (got '%s')\n",
-                        v ? v : "");
+            if (parse_threads(v, &o->threads))
                 return 2;
-            }
-            threads = (int)n;
         } else {
             fprintf(stderr,
                     "tessera selfcheck: unknown option '%s' (see tessera selfcheck --help)\n", a);
             return 2;
         }
     }
+    return 0;
+}
 
-    sc_report_t report;
-    memset(&report, 0, sizeof report);
-
-    ts_engine_t cpu;
-    ts_engine_opts_t co = {.device = TS_CPU, .threads = threads};
-    int rc = ts_engine_init(&cpu, &co);
+/* The CPU engine, and the CUDA engine on device 0 when there is one (and no --cpu-only); why
+ * says why CUDA is not checked. 0, or 1 with the message printed. */
+static int open_engines(sc_run_t *r) {
+    ts_engine_opts_t co = {.device = TS_CPU, .threads = r->o.threads};
+    int rc = ts_engine_init(&r->cpu, &co);
     if (rc != TS_OK) {
         fprintf(stderr, "tessera selfcheck: cannot start the CPU engine: %s\n", ts_strerror(rc));
         return 1;
     }
-
-    char why[256] = "";
-    int built = ts_cuda_built();
-    int devices = ts_cuda_device_count(why, sizeof why);
-    ts_engine_t gpu;
-    int have_gpu = 0;
-    if (devices > 0 && !cpu_only) {
+    r->built = ts_cuda_built();
+    r->devices = ts_cuda_device_count(r->why, sizeof r->why);
+    if (r->devices > 0 && !r->o.cpu_only) {
         ts_engine_opts_t go = {.device = TS_CUDA, .gpu = 0};
-        rc = ts_engine_init(&gpu, &go);
+        rc = ts_engine_init(&r->gpu, &go);
         if (rc == TS_OK)
-            have_gpu = 1;
+            r->have_gpu = 1;
         else
-            snprintf(why, sizeof why, "CUDA engine on device 0 failed: %s", ts_strerror(rc));
-    } else if (devices > 0) {
-        snprintf(why, sizeof why, "--cpu-only");
+            snprintf(r->why, sizeof r->why, "CUDA engine on device 0 failed: %s", ts_strerror(rc));
+    } else if (r->devices > 0) {
+        snprintf(r->why, sizeof r->why, "--cpu-only");
     }
+    return 0;
+}
 
-    check_philox_kat(&report);
+/* The Philox KATs, then every case on the CPU and, with a CUDA engine, on it against the CPU. */
+static void run_checks(sc_run_t *r) {
+    check_philox_kat(&r->report);
     for (int k = 0; k < NCASES; k++) {
         float *cpu_got = NULL;
         int64_t cpu_n = 0;
-        run_case(&report, k, &cpu, NULL, 0, have_gpu ? &cpu_got : NULL, &cpu_n);
-        if (have_gpu) {
+        run_case(&r->report, k, &r->cpu, NULL, 0, r->have_gpu ? &cpu_got : NULL, &cpu_n);
+        if (r->have_gpu) {
             if (cpu_got) {
-                run_case(&report, k, &gpu, cpu_got, cpu_n, NULL, NULL);
+                run_case(&r->report, k, &r->gpu, cpu_got, cpu_n, NULL, NULL);
             } else { /* the CPU run failed: nothing to compare the CUDA answer with */
                 sc_row_t row = {
                     .backend = "cuda", .against = "cpu", .op = CASES[k].op, .err = TS_EINVAL};
                 snprintf(row.size, sizeof row.size, "(CPU run failed)");
-                add_row(&report, &row);
+                add_row(&r->report, &row);
             }
         }
         free(cpu_got);
     }
+}
 
-    if (json) {
-        print_json(&report, cpu.threads, built, devices, why, have_gpu);
-    } else {
-        printf("tessera selfcheck: CPU engine (%d threads) against the naive references of "
-               "kernels/ref.c\n\n",
-               cpu.threads);
-        print_rows(&report, "cpu");
+/* The rows of each backend under a heading, and the count. */
+static void print_table(const sc_run_t *r) {
+    const sc_report_t *report = &r->report;
+    printf("tessera selfcheck: CPU engine (%d threads) against the naive references of "
+           "kernels/ref.c\n\n",
+           r->cpu.threads);
+    print_rows(report, "cpu");
+    printf("\n");
+    if (r->have_gpu) {
+        printf("CUDA: %d device(s); device 0 against the CPU engine (pass: nmse <= %g)\n\n",
+               r->devices, SC_CUDA_NMSE_TOL);
+        print_rows(report, "cuda");
         printf("\n");
-        if (have_gpu) {
-            printf("CUDA: %d device(s); device 0 against the CPU engine (pass: nmse <= %g)\n\n",
-                   devices, SC_CUDA_NMSE_TOL);
-            print_rows(&report, "cuda");
-            printf("\n");
-        } else if (!built) {
-            printf("CUDA: not checked: %s\n\n", why);
-        } else {
-            printf("CUDA: backend built, not checked: %s\n\n",
-                   devices > 0 ? why : (why[0] ? why : "no CUDA device"));
-        }
-        printf("selfcheck: %d passed, %d failed\n", report.nrows - report.failed, report.failed);
+    } else if (!r->built) {
+        printf("CUDA: not checked: %s\n\n", r->why);
+    } else {
+        printf("CUDA: backend built, not checked: %s\n\n",
+               r->devices > 0 ? r->why : (r->why[0] ? r->why : "no CUDA device"));
     }
+    printf("selfcheck: %d passed, %d failed\n", report->nrows - report->failed, report->failed);
+}
 
-    if (have_gpu)
-        ts_engine_free(&gpu);
-    ts_engine_free(&cpu);
-    return report.failed ? 1 : 0;
+static void sc_free(sc_run_t *r) {
+    if (r->have_gpu)
+        ts_engine_free(&r->gpu);
+    ts_engine_free(&r->cpu);
+}
+
+int ts_cli_selfcheck(int argc, char **argv) {
+    sc_run_t r;
+    memset(&r, 0, sizeof r);
+    int pr = parse_opts(argc, argv, &r.o);
+    if (pr)
+        return pr == 1 ? 0 : 2;
+    if (open_engines(&r))
+        return 1;
+    run_checks(&r);
+    if (r.o.json)
+        print_json(&r.report, r.cpu.threads, r.built, r.devices, r.why, r.have_gpu);
+    else
+        print_table(&r);
+    sc_free(&r);
+    return r.report.failed ? 1 : 0;
 }
