@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "kernels/engine.h"
 
 void ts_args_usage(FILE *f, const char *prog, const char *summary, const ts_arg_t *args, int n) {
     fprintf(f, "usage: %s [options]\n\n%s\n\noptions:\n", prog, summary);
@@ -65,6 +66,10 @@ static int set_value(const char *prog, ts_arg_t *a, const char *v) {
         if (!*v)
             return bad_value(prog, a, v, "must not be empty");
         *(const char **)a->dest = v;
+        return 0;
+    case TS_ARG_DEVICE:
+        if (ts_device_spec_parse(v, (ts_device_spec_t *)a->dest) != TS_OK)
+            return bad_value(prog, a, v, "must be auto, cpu, cuda or cuda:N");
         return 0;
     default: return 2;
     }

@@ -19,6 +19,7 @@ typedef enum {
     TS_ARG_U64,    /* uint64_t* (seeds) */
     TS_ARG_FLOAT,  /* float*, finite, within [min, max] */
     TS_ARG_STRING, /* const char** */
+    TS_ARG_DEVICE, /* ts_device_spec_t* (kernels/engine.h): auto, cpu, cuda, cuda:N */
 } ts_arg_kind_t;
 
 typedef struct ts_arg {

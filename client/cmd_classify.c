@@ -51,6 +51,7 @@ typedef struct {
     const char *prog, *fmnist_dir, *partition, *model, *out;
     int64_t steps;
     int batch, threads, warmup, log_every, json, eval_n;
+    ts_device_spec_t device; /* --device (zeroed: the CPU) */
     int hidden, depth, heads, patch, no_augment, shift;
     float lr, wd, clip;
     uint64_t seed;
@@ -264,6 +265,7 @@ static int parse(cls_opts_t *o, int router, int argc, char **argv) {
         {"grad-clip", TS_ARG_FLOAT, &o->clip, "X", "max gradient norm, 0 = off (default 1)", 0, 1e9},
         {"seed", TS_ARG_U64, &o->seed, "S", "seed of every random draw (default 0)"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
         {"eval-n", TS_ARG_INT, &o->eval_n, "N", router ? "test images per t-bucket (default 2000)" : "test images evaluated (default all 10000)", 1, 1e9},
         {"log-every", TS_ARG_INT, &o->log_every, "N", "progress line every N steps (default 100)", 1, 1e9},
         {"json", TS_ARG_FLAG, &o->json, NULL, "JSON lines on stdout (progress and summary)"},
@@ -331,9 +333,8 @@ static int run_start(cls_run_t *r, const cls_opts_t *o, int K, int time_conditio
     int rc = ts_fmnist_load(o->fmnist_dir, "train", &r->train, err, errlen);
     if (rc == TS_OK)
         rc = ts_fmnist_load(o->fmnist_dir, "test", &r->test, err, errlen);
-    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
-    if (rc == TS_OK && (rc = ts_engine_init(&r->eng, &eo)) != TS_OK)
-        snprintf(err, errlen, "cannot start the CPU engine");
+    if (rc == TS_OK)
+        rc = ts_cli_engine(&r->eng, &o->device, o->threads, o->prog, err, errlen);
     ts_dit_config_t cfg;
     if (rc == TS_OK)
         rc = trunk_config(o, &r->train, &cfg, err, errlen);

@@ -715,6 +715,7 @@ typedef struct {
     const char *dir, *classifier, *monolith, *policies, *sampler, *report, *fmnist_dir;
     const char *save_dir;
     int n, steps, threads, json, grid_n, ref_n, boot, pr_k, tau_set;
+    ts_device_spec_t device; /* --device (zeroed: the CPU) */
     float cfg, tau;
     uint64_t seed;
 } eval_opts_t;
@@ -775,6 +776,7 @@ static int parse_opts(int argc, char **argv, eval_opts_t *o) {
         {"grid", TS_ARG_INT, &o->grid_n, "N", "samples per grid in the report (default 100)", 1, 10000},
         {"json", TS_ARG_FLAG, &o->json, NULL, "print the results as one JSON object on stdout instead of the table"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
     };
     /* clang-format on */
     int n = (int)(sizeof args / sizeof args[0]);
@@ -855,10 +857,9 @@ static int check_models(eval_run_t *r) {
  * other; the class prior when an entry wants it. */
 static int open_models(eval_run_t *r) {
     const eval_opts_t *o = &r->o;
-    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
     char *err = r->err;
     size_t errlen = sizeof r->err;
-    int rc = ts_engine_init(&r->eng, &eo);
+    int rc = ts_cli_engine(&r->eng, &o->device, o->threads, PROG, err, errlen);
     if (rc == TS_OK)
         rc = ts_local_open(&r->loc, o->dir, &r->eng, r->chunk, r->pairs, 1, PROG, err, errlen);
     for (int m = 0; m < r->n_mono && rc == TS_OK; m++)

@@ -212,6 +212,7 @@ typedef struct {
     const char *dir, *policy_s, *select_s, *sampler, *peer, *nk, *identity, *data_dir, *partition;
     const char *trace, *cls, *out, *routing_json, *trajectory, *fmnist_dir;
     int prefer_local, no_hedge, timeout_ms, retries, n, steps, threads, cols, json, class_prior;
+    ts_device_spec_t device; /* --device (zeroed: the CPU): --local and --prefer-local */
     int no_prior, exact, require_coverage, tau_set;
     float cfg, tau, router_temp;
     uint64_t seed;
@@ -320,6 +321,8 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
          "Fashion-MNIST IDX directory, for --class-prior (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"json", TS_ARG_FLAG, &o->json, NULL, "print a JSON summary on stdout"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"device", TS_ARG_DEVICE, &o->device, "NAME",
+         "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
     };
     int n = (int)(sizeof args / sizeof args[0]);
     int pr = ts_args_parse(PROG,
@@ -373,12 +376,11 @@ static int validate(gen_run_t *r) {
  * class asked for. */
 static int open_experts(gen_run_t *r) {
     const gen_opts_t *o = &r->o;
-    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
     /* the learned policy needs a router; the centroid policy uses one for its first step */
     int wants_router = r->policy == TS_POLICY_LEARNED    ? TS_NETGEN_ROUTER_REQUIRED
                        : r->policy == TS_POLICY_CENTROID ? TS_NETGEN_ROUTER_OPTIONAL
                                                          : TS_NETGEN_ROUTER_NONE;
-    int rc = ts_engine_init(&r->eng, &eo);
+    int rc = ts_cli_engine(&r->eng, &o->device, o->threads, PROG, r->err, sizeof r->err);
     if (rc == TS_OK && o->peer) {
         ts_netgen_opts_t no = {.peer = o->peer,
                                .network_key = o->nk,

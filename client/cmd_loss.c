@@ -113,6 +113,7 @@ static int parse_grid(const char *s, float *t, int *T) {
 typedef struct {
     const char *dir, *monolith, *grid, *fmnist_dir;
     int per, threads, json;
+    ts_device_spec_t device; /* --device (zeroed: the CPU) */
     uint64_t seed;
 } loss_opts_t;
 
@@ -150,6 +151,7 @@ static int parse_opts(int argc, char **argv, loss_opts_t *o) {
         {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"json", TS_ARG_FLAG, &o->json, NULL, "print one JSON object on stdout instead of the table"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
     };
     /* clang-format on */
     return ts_args_parse(PROG,
@@ -184,8 +186,7 @@ static int validate(loss_run_t *r) {
  * make the same images. */
 static int open_models(loss_run_t *r) {
     const loss_opts_t *o = &r->o;
-    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
-    int rc = ts_engine_init(&r->eng, &eo);
+    int rc = ts_cli_engine(&r->eng, &o->device, o->threads, PROG, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_local_open(&r->loc, o->dir, &r->eng, CHUNK, 1, 0, PROG, r->err, sizeof r->err);
     if (rc == TS_OK && !r->loc.has_part) {

@@ -16,6 +16,7 @@
 
 #include "base/clock.h"
 #include "client/args.h"
+#include "client/local.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "model/dit_io.h"
@@ -65,6 +66,7 @@ static int open_weights(ts_dit_t *m, const char *weights, const char *data_dir, 
 typedef struct {
     const char *weights, *out, *sampler, *cls, *out_tensor, *data_dir;
     int n, steps, threads, cols, json;
+    ts_device_spec_t device; /* --device (zeroed: the CPU) */
     float cfg;
     uint64_t seed;
 } sample_opts_t;
@@ -102,6 +104,8 @@ static int parse_opts(int argc, char **argv, sample_opts_t *o) {
          "class label, or 'null' (default: cycle through classes)"},
         {"seed", TS_ARG_U64, &o->seed, "S", "sample i uses noise stream seed+i (default 0)"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"device", TS_ARG_DEVICE, &o->device, "NAME",
+         "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
         {"cols", TS_ARG_INT, &o->cols, "N", "grid columns (default: square)", 0, 10000},
         {"out", TS_ARG_STRING, &o->out, "FILE", "PNG grid to write", 0, 0, 1},
         {"out-tensor", TS_ARG_STRING, &o->out_tensor, "FILE",
@@ -125,9 +129,8 @@ static int validate(sample_run_t *r) {
  * (1, 2) with the message printed. */
 static int open_model(sample_run_t *r) {
     const sample_opts_t *o = &r->o;
-    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
     r->chunk = o->n < SAMPLE_CHUNK ? o->n : SAMPLE_CHUNK;
-    int rc = ts_engine_init(&r->eng, &eo);
+    int rc = ts_cli_engine(&r->eng, &o->device, o->threads, PROG, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = open_weights(&r->model, o->weights, o->data_dir, &r->eng,
                           o->cfg != 1.0f ? 2 * r->chunk : r->chunk, r->err, sizeof r->err);

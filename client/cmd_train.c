@@ -23,6 +23,7 @@
 
 #include "base/clock.h"
 #include "client/args.h"
+#include "client/local.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "model/dit_io.h"
@@ -54,6 +55,7 @@ typedef struct {
     int64_t steps;
     int cluster;
     int batch, threads, ckpt_every, keep, log_every, resume, json, warmup, logit_normal;
+    ts_device_spec_t device; /* --device (zeroed: the CPU) */
     float lr, wd, clip, ema, dropout;
     uint64_t seed;
 } train_opts_t;
@@ -232,6 +234,8 @@ static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_con
          "draw t = sigmoid(N(0,1)) instead of U(0,1)"},
         {"seed", TS_ARG_U64, &o->seed, "S", "seed of every random draw (default 0)"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"device", TS_ARG_DEVICE, &o->device, "NAME",
+         "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
         {"out", TS_ARG_STRING, &o->out, "FILE", "where to write the EMA weights (.safetensors)", 0,
          0, 1},
         {"data-dir", TS_ARG_STRING, &o->store_dir, "DIR",
@@ -310,9 +314,8 @@ static int open_run(train_run_t *r) {
     int rc = ts_store_open(&r->store, &so, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = load_data(r);
-    ts_engine_opts_t eo = {TS_CPU, o->threads, 0};
-    if (rc == TS_OK && (rc = ts_engine_init(&r->eng, &eo)) != TS_OK)
-        snprintf(r->err, sizeof r->err, "cannot start the CPU engine");
+    if (rc == TS_OK)
+        rc = ts_cli_engine(&r->eng, &o->device, o->threads, "tessera train", r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = open_model(r);
     if (rc == TS_OK && (rc = ts_trainer_init(&r->tr, &r->model, &r->ds, &r->tc)) != TS_OK)

@@ -408,3 +408,18 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
     }
     return rc;
 }
+
+int ts_cli_engine(ts_engine_t *e, const ts_device_spec_t *device, int threads, const char *prog,
+                  char *err, size_t errlen) {
+    static const ts_device_spec_t cpu = {0};
+    const ts_device_spec_t *d = device ? device : &cpu;
+    char note[512] = "";
+    int rc = ts_engine_init_spec(e, d, threads, note, sizeof note);
+    if (rc != TS_OK) {
+        snprintf(err, errlen, "cannot start the engine: %s", note[0] ? note : ts_strerror(rc));
+        return rc;
+    }
+    if (d->automatic || d->device != TS_CPU)
+        fprintf(stderr, "%s: computing on %s\n", prog, note);
+    return TS_OK;
+}

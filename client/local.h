@@ -134,4 +134,11 @@ int ts_local_check_images(const ts_local_t *l, const char *dir, const ts_local_t
  * *label; NULL gives −1 (cycle through the classes). TS_EINVAL with a sentence otherwise. */
 int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err, size_t errlen);
 
+/* The engine of a verb's --device (a zeroed spec is the CPU, every verb's default) with threads
+ * CPU workers. Anything but the plain CPU is announced on stderr ("PROG: computing on …", with
+ * auto's reason when it stays on the CPU); a device that cannot start is an error with the
+ * reason in err. */
+int ts_cli_engine(ts_engine_t *e, const ts_device_spec_t *device, int threads, const char *prog,
+                  char *err, size_t errlen);
+
 #endif

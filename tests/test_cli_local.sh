@@ -83,6 +83,23 @@ run "$T" sample --weights "$f/expert-0.safetensors" --n 6 --steps 3 --sampler eu
     --seed 7 --out "$dir/sample.png"
 cmp -s "$dir/one.png" "$dir/sample.png" || fail "a one-expert folder differs from tessera sample"
 
+# --device: cpu is the default (the same bytes); auto runs on what there is and says so; a cuda
+# that is not there is refused with the reason (never quietly the CPU)
+run "$T" sample --weights "$f/expert-0.safetensors" --n 6 --steps 3 --sampler euler --cfg 1.5 \
+    --seed 7 --device cpu --out "$dir/sample-cpu.png"
+cmp -s "$dir/sample-cpu.png" "$dir/sample.png" || fail "--device cpu differs from the default"
+"$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --seed 7 --device auto \
+    --out "$dir/sample-auto.png" 2>"$dir/auto.txt" || fail "--device auto: $(cat "$dir/auto.txt")"
+grep -q "computing on \(cpu, [0-9]* thread.* (auto: \|cuda:0\)" "$dir/auto.txt" ||
+    fail "--device auto does not say where it computes: $(cat "$dir/auto.txt")"
+if grep -q "computing on cpu" "$dir/auto.txt"; then
+    if "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --device cuda \
+        --out "$dir/x.png" 2>"$dir/cuda.txt"; then
+        fail "--device cuda ran on a machine auto found no GPU on"
+    fi
+    grep -q "cannot start the engine: cuda:0: " "$dir/cuda.txt" || fail "--device cuda: $(cat "$dir/cuda.txt")"
+fi
+
 # eval: two identical experts (no cluster metadata) against the same weights as the monolith
 run "$T" train --model tiny --steps 2 --batch 8 --data-dir "$dir/store" --out "$dir/mono.safetensors"
 mkdir "$dir/same"
