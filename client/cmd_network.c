@@ -228,6 +228,26 @@ static int from_up(netfile_t *nf, const char *dir, char *err, size_t errlen) {
     return TS_OK;
 }
 
+/* Writes the network file: the header, the key, one bootstrap line per address (mode 0600). */
+static int netfile_write(const netfile_t *nf, const char *out, char *err, size_t errlen) {
+    size_t cap = 256 + (size_t)nf->n * (ADDR_MAX + 16);
+    char *text = calloc(1, cap), hex[2 * TS_NETKEY_BYTES + 1];
+    if (!text)
+        return TS_ENOMEM;
+    ts_hex(nf->key.k, TS_NETKEY_BYTES, hex);
+    size_t n = (size_t)snprintf(text, cap,
+                                "tessera-network 1\n# a tessera network: share this file only "
+                                "with people you let in\nkey %s\n",
+                                hex);
+    sodium_memzero(hex, sizeof hex);
+    for (int i = 0; i < nf->n; i++)
+        n += (size_t)snprintf(text + n, cap - n, "bootstrap %s\n", nf->bootstrap[i]);
+    int rc = write_secret(out, text, err, errlen);
+    sodium_memzero(text, cap);
+    free(text);
+    return rc;
+}
+
 static int network_export(int argc, char **argv) {
     const char *key = NULL, *boot = NULL, *up = NULL, *out = NULL;
     int json = 0;
@@ -279,24 +299,8 @@ static int network_export(int argc, char **argv) {
     }
     if (rc == TS_OK)
         rc = ts_netkey_load(&nf.key, key, err, sizeof err);
-    char *text = NULL;
-    size_t cap = 256 + (size_t)nf.n * (ADDR_MAX + 16);
-    if (rc == TS_OK && !(text = calloc(1, cap)))
-        rc = TS_ENOMEM;
-    if (rc == TS_OK) {
-        char hex[2 * TS_NETKEY_BYTES + 1];
-        ts_hex(nf.key.k, TS_NETKEY_BYTES, hex);
-        size_t n = (size_t)snprintf(text, cap,
-                                    "tessera-network 1\n# a tessera network: share this file "
-                                    "only with people you let in\nkey %s\n",
-                                    hex);
-        sodium_memzero(hex, sizeof hex);
-        for (int i = 0; i < nf.n; i++)
-            n += (size_t)snprintf(text + n, cap - n, "bootstrap %s\n", nf.bootstrap[i]);
-        rc = write_secret(out, text, err, sizeof err);
-        sodium_memzero(text, cap);
-    }
-    free(text);
+    if (rc == TS_OK)
+        rc = netfile_write(&nf, out, err, sizeof err);
     ts_netkey_wipe(&nf.key);
     if (rc != TS_OK) {
         fprintf(stderr, "tessera network export: %s\n", *err ? err : ts_strerror(rc));

@@ -77,7 +77,7 @@ echo "ok: broken network files are refused with the file and line"
 "$D" --config "$dir/vol/tesserad.ini" >"$dir/vol.log" 2>&1 &
 vpid=$!
 i=0
-until grep -q "weights .* of cluster [0-9]* fetched; serving them" "$dir/vol.log"; do
+until grep -qs "weights .* of cluster [0-9]* fetched; serving them" "$dir/vol.log"; do
     i=$((i + 1)); [ $i -lt 600 ] || fail "the joined node never fetched an expert"; sleep 0.1
 done
 grep -q "serving expert" "$dir/vol.log" || sleep 2
