@@ -433,6 +433,11 @@ void ts_host_metrics(ts_host_t *h) {
         ts_metrics_counter_set(m, TS_M_DENOISE_STEPS, NULL, st.batches);
         ts_metrics_counter_set(m, TS_M_DENOISE_SAMPLES, NULL, st.rows);
         ts_metrics_gauge_set(m, TS_M_QUEUE_DEPTH, NULL, l.queue_depth);
+        size_t total = 0, used = 0;
+        if (h->serve && ts_serve_memory(h->serve, &total, &used) == TS_OK) {
+            ts_metrics_gauge_set(m, TS_M_DEVICE_MEMORY, "total", (double)total);
+            ts_metrics_gauge_set(m, TS_M_DEVICE_MEMORY, "used", (double)used);
+        }
     }
     if (h->job) {
         ts_train_progress_t p;

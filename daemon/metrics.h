@@ -139,6 +139,7 @@ typedef enum {
     TS_M_REQUESTS_BUSY,      /* tessera_requests_busy_total{type}: answered Busy */
     TS_M_CONN_CLOSES,        /* tessera_connection_closes_total{reason} */
     TS_M_CONN_REFUSED,       /* tessera_connections_refused_total: over the connection limits */
+    TS_M_DEVICE_MEMORY,      /* tessera_device_memory_bytes{kind}: a GPU server's total, used */
     TS_M_COUNT
 } ts_metric_id_t;
 

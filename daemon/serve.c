@@ -748,3 +748,7 @@ void ts_serve_device(const ts_serve_t *s, char *buf, size_t len, char *note, siz
     if (note && note_len > 0)
         snprintf(note, note_len, "%s", s ? s->eng_note : "");
 }
+
+int ts_serve_memory(const ts_serve_t *s, size_t *total, size_t *used) {
+    return s ? ts_engine_memory(&s->eng, total, used) : TS_EINVAL;
+}

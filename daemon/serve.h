@@ -133,6 +133,8 @@ void ts_serve_load(ts_serve_t *s, ts_serve_load_t *out);
 /* What the server computes on: ts_engine_describe's words ("cpu, 2 threads", "cuda:0, NAME, …"),
  * and, where the device was chosen by "auto", why (ts_engine_init_spec's note). */
 void ts_serve_device(const ts_serve_t *s, char *buf, size_t len, char *note, size_t note_len);
+/* The server's GPU memory, total and used (ts_engine_memory); TS_ENODEV on the CPU. */
+int ts_serve_memory(const ts_serve_t *s, size_t *total, size_t *used);
 void ts_serve_stats(ts_serve_t *s, ts_serve_stats_t *out);
 
 #ifdef __cplusplus

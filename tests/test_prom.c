@@ -853,6 +853,7 @@ static void test_daemon_families(void **state) {
         {"tessera_requests_busy_total", "counter"},
         {"tessera_connection_closes_total", "counter"},
         {"tessera_connections_refused_total", "counter"},
+        {"tessera_device_memory_bytes", "gauge"},
     };
     assert_int_equal(sizeof want / sizeof want[0], TS_M_COUNT);
     assert_int_equal(p.n_families, TS_M_COUNT);
