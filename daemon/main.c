@@ -39,6 +39,7 @@
 #include "daemon/metrics_http.h"
 #include "net/gossip.h"
 #include "net/keys.h"
+#include "net/reach.h"
 #include "net/rpc.h"
 #include "net/status_json.h"
 #include "store/store.h"
@@ -84,8 +85,14 @@ typedef struct {
     ts_metrics_http_t *http;
     uv_timer_t stats_timer; /* copies loop-only counters into the metrics every second */
     int status_failures;    /* status.json builds failed in a row (warned once) */
-    atomic_int ready;       /* /healthz: 1 once joined, 0 while starting or stopping */
-    ts_health_t health;     /* the loop's: alone, refused (daemon/health.h) */
+    /* reachability (net/reach.h): a peer dials us back at the advertised address */
+    uv_timer_t reach_timer;
+    const char *advertise;
+    uint8_t self[32];
+    int reach_pending, reachable; /* reachable: 1, 0, or −1 unknown */
+    double reach_at;              /* when the last definite answer came (loop seconds) */
+    atomic_int ready;             /* /healthz: 1 once joined, 0 while starting or stopping */
+    ts_health_t health;           /* the loop's: alone, refused (daemon/health.h) */
     pthread_mutex_t health_mu;
     char health_reason[512]; /* health.reason, for the HTTP thread, under health_mu */
 } daemon_t;
@@ -145,6 +152,59 @@ static void health_tick(daemon_t *d) {
     pthread_mutex_lock(&d->health_mu);
     snprintf(d->health_reason, sizeof d->health_reason, "%s", d->health.reason);
     pthread_mutex_unlock(&d->health_mu);
+}
+
+/* ---- reachability ---------------------------------------------------------------------------- */
+
+#define REACH_RETRY_MS 15000        /* without an answer yet: ask again this often */
+#define REACH_RECHECK_S (10 * 60.0) /* with one: check again this long after it */
+
+static void on_reach(void *arg, int reachable, const char *message) {
+    daemon_t *d = arg;
+    d->reach_pending = 0;
+    if (reachable < 0) {
+        ts_log_debug("reach", "%s (asking another peer in %d s)", message, REACH_RETRY_MS / 1000);
+        return;
+    }
+    d->reach_at = (double)uv_now(d->loop) / 1000.0;
+    if (reachable && d->reachable != 1)
+        ts_log_info("reach", "reachable at %s: a peer dialled it back (%s)", d->advertise, message);
+    else if (!reachable && d->reachable != 0)
+        ts_log_warn("reach",
+                    "NOT reachable at %s: a peer could not dial it back (%s). Other nodes and "
+                    "clients cannot open connections to this node, so it cannot serve: forward "
+                    "the port (TCP and UDP) on the router or firewall and set [node] advertise "
+                    "to the public address and port (docs/operations.md, \"Joining a network\")",
+                    d->advertise, message);
+    d->reachable = reachable;
+    if (d->metrics)
+        ts_metrics_gauge_set(d->metrics, TS_M_REACHABLE, NULL, reachable);
+}
+
+/* Asks a live member (not this node) to dial us back, when no check is running and the last
+ * definite answer is old. */
+static void on_reach_timer(uv_timer_t *t) {
+    daemon_t *d = t->data;
+    double now = (double)uv_now(d->loop) / 1000.0;
+    if (d->reach_pending || d->stopping || (d->reach_at > 0 && now - d->reach_at < REACH_RECHECK_S))
+        return;
+    Tessera__StatusResponse *r = NULL;
+    if (ts_gossip_status(d->gossip, NULL, &r) != TS_OK)
+        return;
+    size_t n = r->n_members, start = n ? (size_t)(uv_now(d->loop) % n) : 0;
+    for (size_t k = 0; k < n; k++) {
+        const Tessera__MemberState *m = r->members[(start + k) % n];
+        if (m->status != TESSERA__MEMBER_STATUS__MEMBER_ALIVE || !m->addr ||
+            (m->node_id.len == 32 && memcmp(m->node_id.data, d->self, 32) == 0))
+            continue;
+        char err[256];
+        if (ts_reach_check(d->rpc, m->addr, d->advertise, 10000, on_reach, d, err, sizeof err) ==
+            TS_OK) {
+            d->reach_pending = 1;
+            break;
+        }
+    }
+    ts_gossip_status_free(r);
 }
 
 /* {"p50", "p95", "p99", "count"} of a histogram of this node's (seconds), or null when empty. */
@@ -222,6 +282,7 @@ static void on_stats(uv_timer_t *t) {
                  {TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST_REQUEST, "manifest"},
                  {TESSERA__ENVELOPE__BODY_CHUNK_REQUEST, "chunk"},
                  {TESSERA__ENVELOPE__BODY_STATUS_REQUEST, "status"},
+                 {TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST, "dial_back"},
                  {TESSERA__ENVELOPE__BODY_ADVERT_REQUEST, "advert"},
                  {TESSERA__ENVELOPE__BODY_PUSH_PULL, "push_pull"},
                  {TESSERA__ENVELOPE__BODY_PING, "ping"}};
@@ -250,6 +311,7 @@ static void on_gossip_closed(ts_gossip_t *g, void *arg) {
     (void)g;
     daemon_t *d = arg;
     uv_close((uv_handle_t *)&d->stats_timer, NULL);
+    uv_close((uv_handle_t *)&d->reach_timer, NULL);
     ts_rpc_shutdown(d->rpc);
     uv_close((uv_handle_t *)&d->term, NULL);
     uv_close((uv_handle_t *)&d->intr, NULL);
@@ -416,6 +478,8 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
         ts_gossip_on_event(d.gossip, on_gossip_event, &d);
         rc = ts_gossip_start(d.gossip, err, sizeof err);
     }
+    if (rc == TS_OK && (rc = ts_reach_serve(d.rpc)) != TS_OK)
+        snprintf(err, sizeof err, "cannot serve dial-back requests: %s", ts_strerror(rc));
     if (rc == TS_OK && (rc = ts_metrics_create_daemon(&d.metrics, TS_VERSION)) != TS_OK)
         snprintf(err, sizeof err, "cannot create the metrics registry: %s", ts_strerror(rc));
     if (rc == TS_OK && cfg->metrics_listen[0]) {
@@ -465,6 +529,13 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
     uv_timer_init(&loop, &d.stats_timer);
     d.stats_timer.data = &d;
     uv_timer_start(&d.stats_timer, on_stats, 0, 1000);
+    d.advertise = advertise;
+    memcpy(d.self, id->id.b, sizeof d.self);
+    d.reachable = -1;
+    ts_metrics_gauge_set(d.metrics, TS_M_REACHABLE, NULL, -1);
+    uv_timer_init(&loop, &d.reach_timer);
+    d.reach_timer.data = &d;
+    uv_timer_start(&d.reach_timer, on_reach_timer, 2000, REACH_RETRY_MS);
     atomic_store(&d.ready, 1);
     ts_log_info("daemon",
                 "tesserad %s: node %s, store %s, listening on %s (TCP and UDP), advertised as %s, "

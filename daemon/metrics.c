@@ -659,7 +659,7 @@ int ts_metrics_write(ts_metrics_t *m, char **out, size_t *len) {
 /* ---- the daemon's metrics ------------------------------------------------------------------- */
 
 /* clang-format off */
-static const char *const REQUEST_TYPES[] = {"denoise", "manifest", "chunk", "status", "advert", "push_pull", "ping", "malformed", NULL};
+static const char *const REQUEST_TYPES[] = {"denoise", "manifest", "chunk", "status", "advert", "push_pull", "ping", "dial_back", "malformed", NULL};
 /* every ts_conn_close_reason_t, as ts_conn_close_reason_name spells it */
 static const char *const CLOSE_REASONS[] = {"local", "eof", "io", "handshake-timeout", "idle-timeout", "handshake", "identity", "decrypt", "framing", "protocol", "nomem", "evicted", "budget", NULL};
 static const char *const DEVICE_MEMORY_KINDS[] = {"total", "used", NULL};
@@ -701,6 +701,7 @@ static const ts_metric_spec_t DAEMON_METRICS[TS_M_COUNT] = {
     [TS_M_NET_SENT_BYTES] = {"tessera_net_sent_bytes_total", "Bytes sent, by transport.", C, "transport", TRANSPORTS, NULL, 0},
     [TS_M_HANDSHAKE_FAILURES] = {"tessera_handshake_failures_total", "Connections closed during the handshake, by reason.", C, "reason", HANDSHAKE_REASONS, NULL, 0},
     [TS_M_CONNECTIONS] = {"tessera_connections", "Open TCP connections, both directions.", G, NULL, NULL, NULL, 0},
+    [TS_M_REACHABLE] = {"tessera_reachable", "Whether a peer could dial this node back at its advertised address: 1 yes, 0 no, -1 not known yet.", G, NULL, NULL, NULL, 0},
     [TS_M_DEVICE_MEMORY] = {"tessera_device_memory_bytes", "Memory of the GPU the expert is served on: total, and used by every process (0 on a CPU node).", G, "kind", DEVICE_MEMORY_KINDS, NULL, 0},
 };
 /* clang-format on */

@@ -140,6 +140,7 @@ typedef enum {
     TS_M_CONN_CLOSES,        /* tessera_connection_closes_total{reason} */
     TS_M_CONN_REFUSED,       /* tessera_connections_refused_total: over the connection limits */
     TS_M_DEVICE_MEMORY,      /* tessera_device_memory_bytes{kind}: a GPU server's total, used */
+    TS_M_REACHABLE,          /* tessera_reachable: 1, 0, −1 not known yet (net/reach.h) */
     TS_M_COUNT
 } ts_metric_id_t;
 

@@ -477,13 +477,15 @@ static body_kind_t body_kind(Tessera__Envelope__BodyCase b) {
     case TESSERA__ENVELOPE__BODY_DENOISE_REQUEST:
     case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST_REQUEST:
     case TESSERA__ENVELOPE__BODY_CHUNK_REQUEST:
-    case TESSERA__ENVELOPE__BODY_STATUS_REQUEST: return KIND_REQUEST;
+    case TESSERA__ENVELOPE__BODY_STATUS_REQUEST:
+    case TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST: return KIND_REQUEST;
     case TESSERA__ENVELOPE__BODY_ACK:
     case TESSERA__ENVELOPE__BODY_ADVERT:
     case TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE:
     case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST:
     case TESSERA__ENVELOPE__BODY_CHUNK:
     case TESSERA__ENVELOPE__BODY_STATUS_RESPONSE:
+    case TESSERA__ENVELOPE__BODY_DIAL_BACK_RESPONSE:
     case TESSERA__ENVELOPE__BODY_BUSY: return KIND_RESPONSE;
     case TESSERA__ENVELOPE__BODY_ERROR: return KIND_ERROR;
     default: return KIND_ONE_WAY; /* cancel */
@@ -550,6 +552,19 @@ static int check_body(chk_t *c, const Tessera__Envelope *e) {
                         "chunk_request", "chunk_hash");
     case TESSERA__ENVELOPE__BODY_CHUNK: return check_chunk(c, e->chunk);
     case TESSERA__ENVELOPE__BODY_STATUS_REQUEST: return TS_OK;
+    case TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST: {
+        const char *a = e->dial_back_request->addr;
+        if (!a || strlen(a) > TS_FRAME_ADDR_MAX || !ts_addr_valid(a, strlen(a), 0))
+            return bad(c, TS_ECORRUPT, "dial_back_request.addr is missing or not host:port");
+        return TS_OK;
+    }
+    case TESSERA__ENVELOPE__BODY_DIAL_BACK_RESPONSE:
+        CHECK(need_has(c, e->dial_back_response->has_reachable, "dial_back_response", "reachable"));
+        if (e->dial_back_response->message &&
+            strlen(e->dial_back_response->message) > TS_FRAME_MESSAGE_MAX)
+            return bad(c, TS_ECORRUPT, "dial_back_response.message is longer than %d bytes",
+                       TS_FRAME_MESSAGE_MAX);
+        return TS_OK;
     case TESSERA__ENVELOPE__BODY_STATUS_RESPONSE:
         return check_status_response(c, e->status_response);
     case TESSERA__ENVELOPE__BODY_ERROR: return check_error(c, e->error);

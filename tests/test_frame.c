@@ -156,6 +156,8 @@ typedef struct {
     Tessera__ChunkRequest chunk_request;
     Tessera__Chunk chunk;
     Tessera__StatusRequest status_request;
+    Tessera__DialBackRequest dial_back_request;
+    Tessera__DialBackResponse dial_back_response;
     Tessera__Advert *adverts[1];
     Tessera__ClusterExperts cluster;
     Tessera__ClusterExperts *clusters[1];
@@ -305,6 +307,11 @@ static void samples_init(void) {
     SET(S.chunk, data, bin(S.chunk_data, sizeof S.chunk_data));
 
     tessera__status_request__init(&S.status_request);
+    tessera__dial_back_request__init(&S.dial_back_request);
+    S.dial_back_request.addr = "10.0.0.9:7420";
+    tessera__dial_back_response__init(&S.dial_back_response);
+    SET(S.dial_back_response, reachable, 1);
+    S.dial_back_response.message = "reached";
     SET(S.status_request, include_adverts, 0);
     tessera__cluster_experts__init(&S.cluster);
     SET(S.cluster, partition_id, bin(S.hash, 32));
@@ -357,6 +364,8 @@ static const struct {
     {TESSERA__ENVELOPE__BODY_CHUNK, "chunk", 'r'},
     {TESSERA__ENVELOPE__BODY_STATUS_REQUEST, "status_request", 'q'},
     {TESSERA__ENVELOPE__BODY_STATUS_RESPONSE, "status_response", 'r'},
+    {TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST, "dial_back_request", 'q'},
+    {TESSERA__ENVELOPE__BODY_DIAL_BACK_RESPONSE, "dial_back_response", 'r'},
     {TESSERA__ENVELOPE__BODY_ERROR, "error", 'e'},
     {TESSERA__ENVELOPE__BODY_BUSY, "busy", 'r'},
     {TESSERA__ENVELOPE__BODY_CANCEL, "cancel", 'o'},
@@ -383,6 +392,12 @@ static Tessera__Envelope *sample(Tessera__Envelope__BodyCase c) {
     case TESSERA__ENVELOPE__BODY_CHUNK: e->chunk = &S.chunk; break;
     case TESSERA__ENVELOPE__BODY_STATUS_REQUEST: e->status_request = &S.status_request; break;
     case TESSERA__ENVELOPE__BODY_STATUS_RESPONSE: e->status_response = &S.status_response; break;
+    case TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST:
+        e->dial_back_request = &S.dial_back_request;
+        break;
+    case TESSERA__ENVELOPE__BODY_DIAL_BACK_RESPONSE:
+        e->dial_back_response = &S.dial_back_response;
+        break;
     case TESSERA__ENVELOPE__BODY_ERROR: e->error = &S.error; break;
     case TESSERA__ENVELOPE__BODY_BUSY: e->busy = &S.busy; break;
     case TESSERA__ENVELOPE__BODY_CANCEL: e->cancel = &S.cancel; break;
@@ -1489,6 +1504,9 @@ static void br_member_incarnation(void) { S.member[1].has_incarnation = 0; }
 static void br_member_addr(void) { S.member[0].addr = "10.0.0.1"; }
 static void br_member_port(void) { S.member[1].addr = "[fd00::1]:0"; }
 static void br_advert_request_id(void) { S.advert_request.has_node_id = 0; }
+static void br_dial_back_addr(void) { S.dial_back_request.addr = "nohost"; }
+static void br_dial_back_none(void) { S.dial_back_request.addr = NULL; }
+static void br_dial_back_reachable(void) { S.dial_back_response.has_reachable = 0; }
 static void br_expert_id(void) { S.denoise_request.expert_id.len = 64; }
 static void br_t_count(void) { S.denoise_request.n_t = 1; }
 static void br_t_range(void) { S.t[1] = 1.0001f; }
@@ -1549,6 +1567,12 @@ static const rule_case_t RULES[] = {
      br_member_port, TS_ECORRUPT},
     {"advert_request.node_id is missing", TESSERA__ENVELOPE__BODY_ADVERT_REQUEST,
      br_advert_request_id, TS_ECORRUPT},
+    {"dial_back_request.addr is missing or not host:port",
+     TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST, br_dial_back_addr, TS_ECORRUPT},
+    {"dial_back_request.addr is missing", TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST,
+     br_dial_back_none, TS_ECORRUPT},
+    {"dial_back_response.reachable", TESSERA__ENVELOPE__BODY_DIAL_BACK_RESPONSE,
+     br_dial_back_reachable, TS_ECORRUPT},
     {"denoise_request.expert_id is 64 bytes", TESSERA__ENVELOPE__BODY_DENOISE_REQUEST, br_expert_id,
      TS_ECORRUPT},
     {"denoise_request.t has 1 values for a batch of 2", TESSERA__ENVELOPE__BODY_DENOISE_REQUEST,
@@ -1917,6 +1941,8 @@ static const ProtobufCMessageDescriptor *const MESSAGES[] = {
     &tessera__chunk_request__descriptor,
     &tessera__chunk__descriptor,
     &tessera__status_request__descriptor,
+    &tessera__dial_back_request__descriptor,
+    &tessera__dial_back_response__descriptor,
     &tessera__cluster_experts__descriptor,
     &tessera__cluster_ref__descriptor,
     &tessera__aggregates__descriptor,
