@@ -11,7 +11,9 @@
  *                   and their timeouts, our own claim and its refutation, push-pull merges;
  *   swim_members.c  the member table: the random generator, the id index, the probe order,
  *                   adding and reaping members, inspection and the self-check;
- *   swim_bcast.c    the broadcast queue and the piggyback every datagram carries.
+ *   swim_bcast.c    the broadcast queue and the piggyback every datagram carries;
+ *   swim_digest.c   push-pull's digests: a hash per bucket of members, and the members of the
+ *                   buckets in which two views differ.
  *
  * Naming. A helper shared between these files has external linkage, so it is named
  * ts_swim__<name> (two underscores: the module's prefix, then a name no public symbol of
@@ -204,6 +206,8 @@ uint32_t ts_swim__random_member(ts_swim_t *s, const uint32_t *avoid, int n, bool
 uint32_t ts_swim__witnesses(const ts_swim_t *s, uint32_t slot, uint32_t *out, uint32_t max);
 /* How many witnesses a suspect has under the config (K + 1, at most MAX_WITNESSES). */
 uint32_t ts_swim__n_witnesses(const ts_swim_t *s);
+/* The member in slot as swim.h's inspection shows it. */
+void ts_swim__member_info(const ts_swim_t *s, uint32_t slot, ts_swim_member_info_t *info);
 /* Adds an alive member holding claim (a reference the table takes over); returns its slot. */
 uint32_t ts_swim__member_add(ts_swim_t *s, uint32_t claim, int64_t now);
 /* Forgets the member in slot (a REAPED event, its queued update dropped, its slot freed). */

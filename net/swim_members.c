@@ -224,7 +224,7 @@ void ts_swim__member_reap(ts_swim_t *s, uint32_t slot, int64_t now) {
 
 /* ---- inspection -------------------------------------------------------------------------- */
 
-static void member_info(const ts_swim_t *s, uint32_t slot, ts_swim_member_info_t *info) {
+void ts_swim__member_info(const ts_swim_t *s, uint32_t slot, ts_swim_member_info_t *info) {
     const member_t *m = &s->members[slot];
     info->claim = *claim_of(s, slot);
     info->incarnation = m->inc;
@@ -247,7 +247,7 @@ uint32_t ts_swim_state_export(const ts_swim_t *s, ts_swim_member_info_t *out, ui
     uint32_t n = 0;
     for (uint32_t i = 0; i < s->n_slots && n < max; i++)
         if (s->members[i].claim != TS_SWIM_NO_CLAIM)
-            member_info(s, i, &out[n++]);
+            ts_swim__member_info(s, i, &out[n++]);
     return n;
 }
 
@@ -258,7 +258,7 @@ int ts_swim_member_get(const ts_swim_t *s, const uint8_t id[TS_SWIM_ID_LEN],
     uint32_t slot = ts_swim__member_find(s, id);
     if (slot == NONE)
         return TS_ENOTFOUND;
-    member_info(s, slot, info);
+    ts_swim__member_info(s, slot, info);
     return TS_OK;
 }
 

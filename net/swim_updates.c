@@ -86,6 +86,20 @@ static bool susp_confirm(ts_swim_t *s, uint32_t slot, uint64_t accuser, int64_t 
     return true;
 }
 
+/* A suspicion that stands for someone's verdict (a death passed on an older incarnation than
+ * ours, or one a push-pull peer holds): the verdict's timer already counted the independent
+ * accusers, so ours runs the shortest timeout. The member still has that long to answer one of
+ * our suspect pings. */
+static void susp_as_verdict(ts_swim_t *s, uint32_t slot, int64_t now) {
+    uint16_t i = s->members[slot].susp;
+    if (i == NONE16)
+        return;
+    susp_t *p = &s->sp[i];
+    int64_t deadline = now + ts_swim_suspicion_min_ms(&s->cfg, n_live(s));
+    if (deadline < p->deadline_ms)
+        p->deadline_ms = deadline;
+}
+
 /* ---- state changes ----------------------------------------------------------------------- */
 
 void ts_swim__set_state(ts_swim_t *s, uint32_t slot, int state, uint32_t inc, int64_t now) {
@@ -344,6 +358,7 @@ static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_
         return;
     }
     ts_swim_accusation_t held;
+    bool verdict = false;
     if (a->incarnation < m->inc) {
         bool fresh = (type == TS_SWIM_UP_DEAD || direct) &&
                      now - m->change_ms >= s->cfg.probe_interval_ms;
@@ -354,6 +369,7 @@ static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_
         held = *a;
         held.incarnation = m->inc;
         a = &held;
+        verdict = type == TS_SWIM_UP_DEAD;
         type = TS_SWIM_UP_SUSPECT;
     }
     if (type == TS_SWIM_UP_DEAD) {
@@ -370,6 +386,8 @@ static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_
         ts_swim__set_state(s, slot, TS_SWIM_SUSPECT, a->incarnation, now);
         s->st.suspicions++;
         ts_swim__ev_push(s, TS_SWIM_EV_SUSPECT, slot, now);
+        if (verdict)
+            susp_as_verdict(s, slot, now);
         return;
     }
     if (a->incarnation > m->inc) {
@@ -380,10 +398,11 @@ static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_
         /* cannot fail: ts_swim__susp_clear freed an entry */
         (void)susp_start(s, slot, accuser, now);
         s->st.suspicions++;
-        return;
-    }
-    if (susp_confirm(s, slot, accuser, now))
+    } else if (susp_confirm(s, slot, accuser, now)) {
         s->st.confirmations++;
+    }
+    if (verdict)
+        susp_as_verdict(s, slot, now);
 }
 
 void ts_swim__apply_update(ts_swim_t *s, int64_t now, const ts_swim_update_t *u,
@@ -457,6 +476,9 @@ int ts_swim_merge_state(ts_swim_t *s, int64_t now, const uint8_t peer_id[TS_SWIM
             memcpy(a.id, e->claim.id, TS_SWIM_ID_LEN);
             memcpy(a.from, peer_id, TS_SWIM_ID_LEN);
             apply_accusation(s, now, TS_SWIM_UP_SUSPECT, &a, rebroadcast, false);
+            uint32_t slot = ts_swim__member_find(s, a.id);
+            if (slot != NONE && slot != SELF)
+                susp_as_verdict(s, slot, now);
         }
     }
     if (n_live(s) > 1)
