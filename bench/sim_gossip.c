@@ -855,18 +855,27 @@ static void parse(int argc, char **argv, opts_t *o) {
                   .quiet_ms = 10000,
                   .seed = 1,
                   .max_mem_gb = 12};
-    static const struct option opts[] = {
-        {"nodes", 1, 0, 'n'},          {"loss", 1, 0, 'l'},
-        {"slow", 1, 0, 's'},           {"gossip-ms", 1, 0, 'g'},
-        {"probe-ms", 1, 0, 'p'},       {"probe-timeout-ms", 1, 0, 't'},
-        {"suspicion-mult", 1, 0, 'a'}, {"suspicion-max-mult", 1, 0, 'b'},
-        {"latency-ms", 1, 0, 'L'},     {"latency-sigma", 1, 0, 'S'},
-        {"stall-ms", 1, 0, 'T'},       {"stall-every-ms", 1, 0, 'E'},
-        {"adverts", 1, 0, 'A'},        {"crashes", 1, 0, 'C'},
-        {"seed", 1, 0, 'r'},           {"max-mem-gb", 1, 0, 'M'},
-        {"json", 0, 0, 'j'},           {"check", 0, 0, 'K'},
-        {"full-push-pull", 0, 0, 'F'}, {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"nodes", 1, 0, 'n'},
+                                         {"loss", 1, 0, 'l'},
+                                         {"slow", 1, 0, 's'},
+                                         {"gossip-ms", 1, 0, 'g'},
+                                         {"probe-ms", 1, 0, 'p'},
+                                         {"probe-timeout-ms", 1, 0, 't'},
+                                         {"suspicion-mult", 1, 0, 'a'},
+                                         {"suspicion-max-mult", 1, 0, 'b'},
+                                         {"latency-ms", 1, 0, 'L'},
+                                         {"latency-sigma", 1, 0, 'S'},
+                                         {"stall-ms", 1, 0, 'T'},
+                                         {"stall-every-ms", 1, 0, 'E'},
+                                         {"adverts", 1, 0, 'A'},
+                                         {"crashes", 1, 0, 'C'},
+                                         {"seed", 1, 0, 'r'},
+                                         {"max-mem-gb", 1, 0, 'M'},
+                                         {"json", 0, 0, 'j'},
+                                         {"check", 0, 0, 'K'},
+                                         {"full-push-pull", 0, 0, 'F'},
+                                         {"help", 0, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {

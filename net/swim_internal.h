@@ -36,8 +36,8 @@
 #define SELF 0u
 #define NEVER INT64_MAX
 #define MAX_SEEDS 8
-#define MAX_CONFIRM 16 /* bound of suspicion_confirm */
-#define ANSWERED 16    /* accusers we answered lately, so as to answer each at most once a round */
+#define MAX_CONFIRM 16  /* bound of suspicion_confirm */
+#define ANSWERED 16     /* accusers we answered lately, so as to answer each at most once a round */
 #define MAX_WITNESSES 8 /* bound of a suspect's witness set (suspicion_confirm + 1, capped) */
 
 /* ---- tables ------------------------------------------------------------------------------ */

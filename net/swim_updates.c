@@ -77,9 +77,8 @@ static bool susp_confirm(ts_swim_t *s, uint32_t slot, uint64_t accuser, int64_t 
     if (deadline < p->deadline_ms) {
         p->deadline_ms = deadline;
         /* the suspect pings keep their cadence; the last comes a probe interval before */
-        int64_t last = deadline - s->cfg.probe_interval_ms > now
-                           ? deadline - s->cfg.probe_interval_ms
-                           : now;
+        int64_t last =
+            deadline - s->cfg.probe_interval_ms > now ? deadline - s->cfg.probe_interval_ms : now;
         if (last < p->check_at)
             p->check_at = last;
     }
@@ -360,8 +359,8 @@ static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_
     ts_swim_accusation_t held;
     bool verdict = false;
     if (a->incarnation < m->inc) {
-        bool fresh = (type == TS_SWIM_UP_DEAD || direct) &&
-                     now - m->change_ms >= s->cfg.probe_interval_ms;
+        bool fresh =
+            (type == TS_SWIM_UP_DEAD || direct) && now - m->change_ms >= s->cfg.probe_interval_ms;
         if (!fresh) {
             s->st.stale_ignored++;
             return;

@@ -1132,8 +1132,7 @@ static void test_digest_malformed(void **state) {
     TU_CHECK_OK(ts_swim_wire_decode_diff(dbuf, len, from, mask2, out, 2, &n));
     assert_int_equal(n, 1);
     assert_int_equal(ts_swim_wire_decode_diff(dbuf, len, from, mask2, out, 0, &n), TS_ERANGE);
-    assert_int_equal(ts_swim_wire_decode_diff(dbuf, len - 1, from, mask2, out, 2, &n),
-                     TS_ECORRUPT);
+    assert_int_equal(ts_swim_wire_decode_diff(dbuf, len - 1, from, mask2, out, 2, &n), TS_ECORRUPT);
     dbuf[34 + b / 8] ^= (uint8_t)(1u << (b % 8)); /* the member's bucket no longer masked */
     n = 99;
     assert_int_equal(ts_swim_wire_decode_diff(dbuf, len, from, mask2, out, 2, &n), TS_ECORRUPT);
