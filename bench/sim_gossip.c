@@ -5,7 +5,8 @@
  *
  * What is real: every node is a ts_swim_t; every datagram is encoded with net/swim_wire.h,
  * carried as bytes, decoded and handed to the receiver, so the byte counts are the protocol's;
- * push-pull exchanges export and merge full states and are counted at their encoded size.
+ * push-pull exchanges digests, then the members of the buckets that differ (or, with
+ * --full-push-pull, full states), counted at their encoded size.
  * What is modelled: the network (independent loss per datagram, lognormal one-way latency),
  * slow nodes (a fraction of nodes that, now and then, stall for a few seconds: no timers, no
  * packets — those queue up to a socket buffer's worth — then catch up, timers first as libuv
@@ -58,6 +59,7 @@ typedef struct {
     int warmup_ms, quiet_ms;
     uint64_t seed;
     bool json, check;
+    bool full_push_pull; /* exchange full states, as before digests */
     double max_mem_gb;
 } opts_t;
 
@@ -185,6 +187,7 @@ typedef struct {
     int64_t measure_t0, quiet_t0, quiet_t1;
     uint64_t udp_bytes, udp_packets, tcp_bytes, quiet_udp_bytes, quiet_udp_packets;
     uint64_t lost, buffer_drops, push_pulls, push_pulls_failed, stalls;
+    uint64_t push_pull_buckets; /* differing buckets, summed over the exchanges */
     advert_t adverts[MAX_ADVERTS];
     int n_adverts;
     crash_t crashes[MAX_CRASHES];
@@ -421,16 +424,38 @@ static void push_pull(sim_t *S, uint32_t a, uint32_t b) {
         push_event(S, S->now + 100000, EV_PUSH_PULL, a, b);
         return;
     }
-    uint32_t ca = ts_swim_state_export(na->core, S->state_a, S->o.nodes + 16);
-    uint32_t cb = ts_swim_state_export(nb->core, S->state_b, S->o.nodes + 16);
-    if (S->measuring)
-        S->tcp_bytes +=
-            ts_swim_wire_state_size(S->state_a, ca) + ts_swim_wire_state_size(S->state_b, cb);
     S->push_pulls++;
-    ts_swim_merge_state(nb->core, S->now / 1000, na->id, S->state_a, ca);
-    drain(S, b);
+    if (S->o.full_push_pull) {
+        uint32_t ca = ts_swim_state_export(na->core, S->state_a, S->o.nodes + 16);
+        uint32_t cb = ts_swim_state_export(nb->core, S->state_b, S->o.nodes + 16);
+        if (S->measuring)
+            S->tcp_bytes +=
+                ts_swim_wire_state_size(S->state_a, ca) + ts_swim_wire_state_size(S->state_b, cb);
+        ts_swim_merge_state(nb->core, S->now / 1000, na->id, S->state_a, ca);
+        drain(S, b);
+        ts_swim_merge_state(na->core, S->now / 1000, nb->id, S->state_b, cb);
+        drain(S, a);
+        return;
+    }
+    /* by digests: A's digest; B's members in the buckets that differ; A's in the same */
+    ts_swim_digest_t da, db;
+    uint8_t mask[TS_SWIM_DIGEST_MASK_BYTES];
+    ts_swim_state_digest(na->core, &da);
+    ts_swim_state_digest(nb->core, &db);
+    uint32_t differ = ts_swim_digest_diff(&da, &db, mask);
+    uint32_t cb = ts_swim_state_export_buckets(nb->core, mask, S->state_b, S->o.nodes + 16);
+    uint64_t bytes = TS_SWIM_WIRE_DIGEST + ts_swim_wire_diff_size(S->state_b, cb);
+    S->push_pull_buckets += differ;
     ts_swim_merge_state(na->core, S->now / 1000, nb->id, S->state_b, cb);
     drain(S, a);
+    if (differ > 0) {
+        uint32_t ca = ts_swim_state_export_buckets(na->core, mask, S->state_a, S->o.nodes + 16);
+        bytes += ts_swim_wire_diff_size(S->state_a, ca);
+        ts_swim_merge_state(nb->core, S->now / 1000, na->id, S->state_a, ca);
+        drain(S, b);
+    }
+    if (S->measuring)
+        S->tcp_bytes += bytes;
 }
 
 /* ---- setup ------------------------------------------------------------------------------- */
@@ -808,6 +833,7 @@ static void usage(FILE *f) {
                "  --seed S               random seed (1)\n"
                "  --max-mem-gb G         refuse a run estimated above G GiB (12)\n"
                "  --check                check every core's invariants every virtual second\n"
+               "  --full-push-pull       push-pull exchanges full states, not digests\n"
                "  --json                 one JSON document instead of the table\n");
 }
 
@@ -829,17 +855,27 @@ static void parse(int argc, char **argv, opts_t *o) {
                   .quiet_ms = 10000,
                   .seed = 1,
                   .max_mem_gb = 12};
-    static const struct option opts[] = {
-        {"nodes", 1, 0, 'n'},          {"loss", 1, 0, 'l'},
-        {"slow", 1, 0, 's'},           {"gossip-ms", 1, 0, 'g'},
-        {"probe-ms", 1, 0, 'p'},       {"probe-timeout-ms", 1, 0, 't'},
-        {"suspicion-mult", 1, 0, 'a'}, {"suspicion-max-mult", 1, 0, 'b'},
-        {"latency-ms", 1, 0, 'L'},     {"latency-sigma", 1, 0, 'S'},
-        {"stall-ms", 1, 0, 'T'},       {"stall-every-ms", 1, 0, 'E'},
-        {"adverts", 1, 0, 'A'},        {"crashes", 1, 0, 'C'},
-        {"seed", 1, 0, 'r'},           {"max-mem-gb", 1, 0, 'M'},
-        {"json", 0, 0, 'j'},           {"check", 0, 0, 'K'},
-        {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
+    static const struct option opts[] = {{"nodes", 1, 0, 'n'},
+                                         {"loss", 1, 0, 'l'},
+                                         {"slow", 1, 0, 's'},
+                                         {"gossip-ms", 1, 0, 'g'},
+                                         {"probe-ms", 1, 0, 'p'},
+                                         {"probe-timeout-ms", 1, 0, 't'},
+                                         {"suspicion-mult", 1, 0, 'a'},
+                                         {"suspicion-max-mult", 1, 0, 'b'},
+                                         {"latency-ms", 1, 0, 'L'},
+                                         {"latency-sigma", 1, 0, 'S'},
+                                         {"stall-ms", 1, 0, 'T'},
+                                         {"stall-every-ms", 1, 0, 'E'},
+                                         {"adverts", 1, 0, 'A'},
+                                         {"crashes", 1, 0, 'C'},
+                                         {"seed", 1, 0, 'r'},
+                                         {"max-mem-gb", 1, 0, 'M'},
+                                         {"json", 0, 0, 'j'},
+                                         {"check", 0, 0, 'K'},
+                                         {"full-push-pull", 0, 0, 'F'},
+                                         {"help", 0, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -864,6 +900,7 @@ static void parse(int argc, char **argv, opts_t *o) {
         case 'M': o->max_mem_gb = atof(optarg); break;
         case 'j': o->json = true; break;
         case 'K': o->check = true; break;
+        case 'F': o->full_push_pull = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }
@@ -1028,6 +1065,7 @@ int main(int argc, char **argv) {
                "\"falsely_suspected_nodes\": %llu, \"false_suspicion_events\": %llu, "
                "\"udp_bytes_per_s_per_node\": %.1f, \"udp_packets_per_s_per_node\": %.2f, "
                "\"idle_udp_bytes_per_s_per_node\": %.1f, \"tcp_bytes_per_s_per_node\": %.1f, "
+               "\"push_pull\": \"%s\", \"push_pull_buckets_differing\": %llu, "
                "\"push_pulls\": %llu, \"lost\": %llu, \"stalls\": %llu, \"buffer_drops\": %llu, "
                "\"refutations\": %llu, \"stalls_detected\": %llu, \"last_chance_pings\": %llu, "
                "\"broadcasts_dropped\": %llu, "
@@ -1035,7 +1073,8 @@ int main(int argc, char **argv) {
                "\"peak_rss_mb\": %ld}\n",
                (unsigned long long)fp_nodes, (unsigned long long)S->fp_events,
                (unsigned long long)susp_nodes, (unsigned long long)S->false_suspect_events, bps,
-               pps, quiet_bps, tcp_bps, (unsigned long long)S->push_pulls,
+               pps, quiet_bps, tcp_bps, o->full_push_pull ? "full" : "digest",
+               (unsigned long long)S->push_pull_buckets, (unsigned long long)S->push_pulls,
                (unsigned long long)S->lost, (unsigned long long)S->stalls,
                (unsigned long long)S->buffer_drops, (unsigned long long)tot.refutations,
                (unsigned long long)tot.stalls_detected, (unsigned long long)tot.last_chance_pings,
@@ -1078,8 +1117,10 @@ int main(int argc, char **argv) {
                (unsigned long long)tot.last_chance_pings,
                (unsigned long long)tot.broadcasts_dropped);
         printf("  traffic per node: %.0f B/s UDP (%.2f datagrams/s; idle %.0f B/s), %.0f B/s "
-               "TCP push-pull\n",
-               bps, pps, quiet_bps, tcp_bps);
+               "TCP push-pull (%s; %llu exchanges, %.2f buckets differing per exchange)\n",
+               bps, pps, quiet_bps, tcp_bps, o->full_push_pull ? "full states" : "digests",
+               (unsigned long long)S->push_pulls,
+               S->push_pulls ? (double)S->push_pull_buckets / (double)S->push_pulls : 0.0);
         printf("  run: %.0f s virtual in %.1f s wall (setup %.1f s), peak RSS %ld MiB\n",
                t_stop / 1e6, wall, wall_setup, peak_rss_mb());
     }

@@ -518,15 +518,15 @@ int ts_swim_tick(ts_swim_t *s, int64_t now) {
         }
     }
 
-    /* A last-chance ping to each suspect, a probe interval before our verdict, carrying our
-     * suspicion (the buddy piggyback). A suspect that refuted long ago but whose refutation
-     * missed us (gossip reaches a given node only with high probability) answers us directly;
-     * a crashed one costs one datagram per node. */
+    /* A suspect ping to each suspect every probe interval until our verdict, carrying our
+     * suspicion (the buddy piggyback). A suspect whose refutation missed us (it reaches only
+     * the accusers and witnesses it hears of, and datagrams get lost) answers us directly; a
+     * crashed one costs a datagram a second from each of its few suspecters. */
     for (uint32_t i = 0; i < s->n_sp; i++) {
         susp_t *p = &s->sp[i];
         if (p->check_at > now)
             continue;
-        p->check_at = NEVER;
+        p->check_at = now + s->cfg.probe_interval_ms;
         out_t *o = ts_swim__out_to_member(s, TS_SWIM_PING, p->member);
         if (o) {
             o->seq = ++s->seq;
@@ -592,7 +592,7 @@ int ts_swim_on_packet(ts_swim_t *s, int64_t now, const ts_swim_addr_t *from,
     if (now > s->last_input_ms)
         s->last_input_ms = now;
     for (int i = 0; i < msg->n_updates; i++)
-        ts_swim__apply_update(s, now, &msg->updates[i]);
+        ts_swim__apply_update(s, now, &msg->updates[i], msg->from);
 
     const uint8_t *self_id = id_of(s, SELF);
     switch (msg->type) {
@@ -709,7 +709,7 @@ int ts_swim_leave(ts_swim_t *s, int64_t now) {
         return TS_OK;
     ts_swim_claim_t c = {.kind = TS_SWIM_CLAIM_LEAVE, .incarnation = s->members[SELF].inc};
     memcpy(c.id, id_of(s, SELF), TS_SWIM_ID_LEN);
-    int rc = ts_swim__adopt_own_claim(s, now, &c);
+    int rc = ts_swim__adopt_own_claim(s, now, &c, true);
     if (rc != TS_OK)
         return rc;
     ts_swim__set_state(s, SELF, TS_SWIM_LEFT, c.incarnation, now);
@@ -750,5 +750,5 @@ int ts_swim_set_advert(ts_swim_t *s, int64_t now, uint64_t version,
         return TS_EINVAL;
     c.advert_version = version;
     memcpy(c.advert_hash, hash, TS_SWIM_HASH_LEN);
-    return ts_swim__adopt_own_claim(s, now, &c);
+    return ts_swim__adopt_own_claim(s, now, &c, true);
 }

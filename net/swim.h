@@ -338,6 +338,37 @@ uint32_t ts_swim_state_export(const ts_swim_t *s, ts_swim_member_info_t *out, ui
 int ts_swim_merge_state(ts_swim_t *s, int64_t now_ms, const uint8_t peer_id[TS_SWIM_ID_LEN],
                         const ts_swim_member_info_t *entries, uint32_t n);
 
+/* Push-pull by digests. A full state grows with n; two views that agree should cost nothing
+ * to compare. So the members are split into TS_SWIM_DIGEST_BUCKETS buckets by the first byte of
+ * their id, and a digest holds one 64-bit hash per bucket: the XOR of a hash of each member's
+ * id, state class (live — alive or suspect —, dead, left), address and advert (version, hash).
+ * Incarnations and suspicions are left out on purpose: refutations and suspicions are local
+ * (they reach only the accusers and the suspect's witnesses), so views differ in them all the
+ * time, and a difference in them alone is not worth a member's 164 bytes.
+ *
+ * An exchange: A sends its digest; B answers with the mask of buckets whose hashes differ and
+ * its members in them (ts_swim_state_export_buckets); A merges those (ts_swim_merge_state) and
+ * sends its own members in the same buckets, which B merges. Bytes: the digest (2 KiB) and the
+ * members of the differing buckets, about n/256 each. */
+#define TS_SWIM_DIGEST_BUCKETS 256
+#define TS_SWIM_DIGEST_MASK_BYTES (TS_SWIM_DIGEST_BUCKETS / 8)
+
+typedef struct ts_swim_digest {
+    uint64_t bucket[TS_SWIM_DIGEST_BUCKETS];
+} ts_swim_digest_t;
+
+/* Our digest. O(members). */
+void ts_swim_state_digest(const ts_swim_t *s, ts_swim_digest_t *d);
+/* Sets in mask (zeroed first) the bucket bits where a and b differ; returns how many. */
+uint32_t ts_swim_digest_diff(const ts_swim_digest_t *a, const ts_swim_digest_t *b,
+                             uint8_t mask[TS_SWIM_DIGEST_MASK_BYTES]);
+/* Writes up to max members whose bucket is set in mask to out; returns how many. */
+uint32_t ts_swim_state_export_buckets(const ts_swim_t *s,
+                                      const uint8_t mask[TS_SWIM_DIGEST_MASK_BYTES],
+                                      ts_swim_member_info_t *out, uint32_t max);
+/* The bucket of a member id. */
+static inline uint32_t ts_swim_digest_bucket(const uint8_t id[TS_SWIM_ID_LEN]) { return id[0]; }
+
 /* The member id as we see it; TS_ENOTFOUND when unknown (or reaped). */
 int ts_swim_member_get(const ts_swim_t *s, const uint8_t id[TS_SWIM_ID_LEN],
                        ts_swim_member_info_t *info);

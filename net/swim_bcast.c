@@ -81,20 +81,6 @@ void ts_swim__bc_queue(ts_swim_t *s, int64_t now, uint32_t slot, int type, uint3
     }
 }
 
-/* A confirmation travels on its suspicion's remaining budget: the queued suspicion of the member
- * names the new accuser instead, keeping its transmit count. Re-queueing it afresh (memberlist's
- * way) multiplies one suspicion's gossip by up to K + 1 at every node, and under many false
- * suspicions at once (stalling nodes) that saturates the piggyback and delays refutations. */
-void ts_swim__bc_confirm(ts_swim_t *s, int64_t now, uint32_t slot, uint32_t inc,
-                         const uint8_t *from) {
-    uint32_t i = s->members[slot].bcast;
-    if (i != NONE && s->bc[i].type == TS_SWIM_UP_SUSPECT && s->bc[i].inc == inc) {
-        memcpy(s->bc[i].from, from, TS_SWIM_ID_LEN);
-        return;
-    }
-    ts_swim__bc_queue(s, now, slot, TS_SWIM_UP_SUSPECT, inc, from);
-}
-
 static size_t bc_size(const bcast_t *b) {
     switch (b->type) {
     case TS_SWIM_UP_ALIVE: return TS_SWIM_WIRE_ALIVE;
@@ -126,8 +112,9 @@ static bool add_update(ts_swim_msg_t *msg, size_t *room, const ts_swim_update_t 
     return true;
 }
 
-/* Fills the piggyback: our claim first if asked, the receiver's own accusation if we hold it
- * suspect or dead (buddy), then queued updates, fewest transmissions first and newest first
+/* Fills the piggyback: our claim first if asked, our suspicion of a member if asked (to its
+ * witness), the receiver's own accusation if we hold it suspect or dead (buddy), then queued
+ * updates, fewest transmissions first and newest first
  * among equals, skipping what no longer fits. Each one taken counts a transmission; those that
  * reach the limit leave the queue. */
 void ts_swim__fill_piggyback(ts_swim_t *s, const out_t *o, ts_swim_msg_t *msg) {
@@ -141,6 +128,17 @@ void ts_swim__fill_piggyback(ts_swim_t *s, const out_t *o, ts_swim_msg_t *msg) {
         u.u.claim = *c;
         if (add_update(msg, &room, &u))
             skip_member = SELF;
+    }
+    if (o->flags & OUT_ACCUSE) {
+        /* to a witness: our suspicion of the member named in target, if we still hold it */
+        uint32_t x = ts_swim__member_find(s, o->target);
+        if (x != NONE && x != SELF && s->members[x].state == TS_SWIM_SUSPECT) {
+            u = (ts_swim_update_t){.type = TS_SWIM_UP_SUSPECT};
+            memcpy(u.u.accuse.id, o->target, TS_SWIM_ID_LEN);
+            memcpy(u.u.accuse.from, id_of(s, SELF), TS_SWIM_ID_LEN);
+            u.u.accuse.incarnation = s->members[x].inc;
+            (void)add_update(msg, &room, &u);
+        }
     }
     if (o->dest != NONE && o->dest != SELF && s->members[o->dest].fp == o->dest_fp &&
         s->members[o->dest].claim != TS_SWIM_NO_CLAIM) {

@@ -11,7 +11,9 @@
  *                   and their timeouts, our own claim and its refutation, push-pull merges;
  *   swim_members.c  the member table: the random generator, the id index, the probe order,
  *                   adding and reaping members, inspection and the self-check;
- *   swim_bcast.c    the broadcast queue and the piggyback every datagram carries.
+ *   swim_bcast.c    the broadcast queue and the piggyback every datagram carries;
+ *   swim_digest.c   push-pull's digests: a hash per bucket of members, and the members of the
+ *                   buckets in which two views differ.
  *
  * Naming. A helper shared between these files has external linkage, so it is named
  * ts_swim__<name> (two underscores: the module's prefix, then a name no public symbol of
@@ -34,8 +36,9 @@
 #define SELF 0u
 #define NEVER INT64_MAX
 #define MAX_SEEDS 8
-#define MAX_CONFIRM 16 /* bound of suspicion_confirm */
-#define ANSWERED 16    /* accusers we answered lately, so as to answer each at most once a round */
+#define MAX_CONFIRM 16  /* bound of suspicion_confirm */
+#define ANSWERED 16     /* accusers we answered lately, so as to answer each at most once a round */
+#define MAX_WITNESSES 8 /* bound of a suspect's witness set (suspicion_confirm + 1, capped) */
 
 /* ---- tables ------------------------------------------------------------------------------ */
 
@@ -77,7 +80,10 @@ typedef struct {
     int64_t deadline_ms;
 } relay_t;
 
-enum { OUT_SELF_CLAIM = 1 }; /* put our own claim first in the piggyback */
+enum {
+    OUT_SELF_CLAIM = 1, /* put our own claim first in the piggyback */
+    OUT_ACCUSE = 2,     /* put our suspicion of the member named in target first (to a witness) */
+};
 
 typedef struct {
     ts_swim_addr_t to;
@@ -193,6 +199,15 @@ void ts_swim__order_remove(ts_swim_t *s, uint32_t slot);
 void ts_swim__order_shuffle(ts_swim_t *s);
 /* A random live member other than us and the n slots in avoid; NONE after a few tries. */
 uint32_t ts_swim__random_member(ts_swim_t *s, const uint32_t *avoid, int n, bool alive_only);
+/* The witnesses of the member in slot: the live members (ourselves included, the member not)
+ * ranked first by a hash of both ids, at most max (≤ MAX_WITNESSES) of them, into out; returns
+ * how many. Every node with the same view computes the same set, so a suspicion sent to it
+ * meets its confirmations there, and the suspect can send its refutation there too. */
+uint32_t ts_swim__witnesses(const ts_swim_t *s, uint32_t slot, uint32_t *out, uint32_t max);
+/* How many witnesses a suspect has under the config (K + 1, at most MAX_WITNESSES). */
+uint32_t ts_swim__n_witnesses(const ts_swim_t *s);
+/* The member in slot as swim.h's inspection shows it. */
+void ts_swim__member_info(const ts_swim_t *s, uint32_t slot, ts_swim_member_info_t *info);
 /* Adds an alive member holding claim (a reference the table takes over); returns its slot. */
 uint32_t ts_swim__member_add(ts_swim_t *s, uint32_t claim, int64_t now);
 /* Forgets the member in slot (a REAPED event, its queued update dropped, its slot freed). */
@@ -203,9 +218,6 @@ void ts_swim__member_reap(ts_swim_t *s, uint32_t slot, int64_t now);
 /* Queues an update about the member in slot, replacing any older one about it. */
 void ts_swim__bc_queue(ts_swim_t *s, int64_t now, uint32_t slot, int type, uint32_t inc,
                        const uint8_t *from);
-/* A confirmation of the member's queued suspicion: the queued entry names the new accuser. */
-void ts_swim__bc_confirm(ts_swim_t *s, int64_t now, uint32_t slot, uint32_t inc,
-                         const uint8_t *from);
 /* Drops queue entry i. */
 void ts_swim__bc_remove(ts_swim_t *s, uint32_t i);
 /* Fills msg's updates for the datagram o, counting each queued update it takes. */
@@ -216,10 +228,13 @@ void ts_swim__fill_piggyback(ts_swim_t *s, const out_t *o, ts_swim_msg_t *msg);
 void ts_swim__set_state(ts_swim_t *s, uint32_t slot, int state, uint32_t inc, int64_t now);
 /* Drops the suspicion held about the member in slot, if any. */
 void ts_swim__susp_clear(ts_swim_t *s, uint32_t slot);
-/* Signs c (all but sig filled in) and makes it our claim; queues it for gossip. */
-int ts_swim__adopt_own_claim(ts_swim_t *s, int64_t now, ts_swim_claim_t *c);
-/* Applies one update received on a datagram (and gossips on what is new). */
-void ts_swim__apply_update(ts_swim_t *s, int64_t now, const ts_swim_update_t *u);
+/* Signs c (all but sig filled in) and makes it our claim; queues it for gossip when gossip is
+ * true (a refutation of a suspicion is not gossiped: it goes to the accusers and witnesses). */
+int ts_swim__adopt_own_claim(ts_swim_t *s, int64_t now, ts_swim_claim_t *c, bool gossip);
+/* Applies one update received on a datagram sent by sender (gossips on claims and verdicts that
+ * are new; suspicions stay with whoever holds them). */
+void ts_swim__apply_update(ts_swim_t *s, int64_t now, const ts_swim_update_t *u,
+                           const uint8_t sender[TS_SWIM_ID_LEN]);
 /* Our own accusation (TS_SWIM_UP_SUSPECT or TS_SWIM_UP_DEAD) of the member in slot. */
 void ts_swim__accuse(ts_swim_t *s, int64_t now, int type, uint32_t slot);
 

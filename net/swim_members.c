@@ -137,6 +137,46 @@ uint32_t ts_swim__random_member(ts_swim_t *s, const uint32_t *avoid, int n, bool
     return NONE;
 }
 
+/* ---- witnesses --------------------------------------------------------------------------- */
+
+/* The rank of a would-be witness w of suspect x: a fixed mix of both ids' first 8 bytes, with
+ * no per-node salt, so that every node ranks the same way. */
+static uint64_t witness_rank(uint64_t x, uint64_t w) {
+    uint64_t z = x ^ (w * 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint32_t ts_swim__n_witnesses(const ts_swim_t *s) {
+    int n = s->cfg.suspicion_confirm + 1;
+    return n > MAX_WITNESSES ? MAX_WITNESSES : (uint32_t)n;
+}
+
+/* O(live members): a selection of the max lowest ranks, kept sorted in out. */
+uint32_t ts_swim__witnesses(const ts_swim_t *s, uint32_t slot, uint32_t *out, uint32_t max) {
+    uint64_t rank[MAX_WITNESSES], x = s->members[slot].fp;
+    uint32_t n = 0;
+    if (max > MAX_WITNESSES)
+        max = MAX_WITNESSES;
+    for (uint32_t i = 0; i <= s->n_order; i++) {
+        uint32_t w = i == s->n_order ? SELF : s->order[i];
+        if (w == slot || (w == SELF && !is_live(s->members[SELF].state)))
+            continue;
+        uint64_t r = witness_rank(x, s->members[w].fp);
+        if (n == max && r >= rank[n - 1])
+            continue;
+        uint32_t j = n < max ? n++ : n - 1;
+        for (; j > 0 && rank[j - 1] > r; j--) {
+            rank[j] = rank[j - 1];
+            out[j] = out[j - 1];
+        }
+        rank[j] = r;
+        out[j] = w;
+    }
+    return n;
+}
+
 /* ---- adding and reaping members ---------------------------------------------------------- */
 
 uint32_t ts_swim__member_add(ts_swim_t *s, uint32_t claim, int64_t now) {
@@ -184,7 +224,7 @@ void ts_swim__member_reap(ts_swim_t *s, uint32_t slot, int64_t now) {
 
 /* ---- inspection -------------------------------------------------------------------------- */
 
-static void member_info(const ts_swim_t *s, uint32_t slot, ts_swim_member_info_t *info) {
+void ts_swim__member_info(const ts_swim_t *s, uint32_t slot, ts_swim_member_info_t *info) {
     const member_t *m = &s->members[slot];
     info->claim = *claim_of(s, slot);
     info->incarnation = m->inc;
@@ -207,7 +247,7 @@ uint32_t ts_swim_state_export(const ts_swim_t *s, ts_swim_member_info_t *out, ui
     uint32_t n = 0;
     for (uint32_t i = 0; i < s->n_slots && n < max; i++)
         if (s->members[i].claim != TS_SWIM_NO_CLAIM)
-            member_info(s, i, &out[n++]);
+            ts_swim__member_info(s, i, &out[n++]);
     return n;
 }
 
@@ -218,7 +258,7 @@ int ts_swim_member_get(const ts_swim_t *s, const uint8_t id[TS_SWIM_ID_LEN],
     uint32_t slot = ts_swim__member_find(s, id);
     if (slot == NONE)
         return TS_ENOTFOUND;
-    member_info(s, slot, info);
+    ts_swim__member_info(s, slot, info);
     return TS_OK;
 }
 

@@ -52,7 +52,7 @@ static bool susp_start(ts_swim_t *s, uint32_t slot, uint64_t accuser, int64_t no
     p->n_accusers = 1;
     p->accusers[0] = accuser;
     p->deadline_ms = now + suspicion_timeout(s, 1);
-    p->check_at = p->deadline_ms - s->cfg.probe_interval_ms;
+    p->check_at = now + s->cfg.probe_interval_ms;
     s->members[slot].susp = (uint16_t)s->n_sp++;
     return true;
 }
@@ -76,12 +76,27 @@ static bool susp_confirm(ts_swim_t *s, uint32_t slot, uint64_t accuser, int64_t 
         deadline = now;
     if (deadline < p->deadline_ms) {
         p->deadline_ms = deadline;
-        if (p->check_at != NEVER)
-            p->check_at = deadline - s->cfg.probe_interval_ms > now
-                              ? deadline - s->cfg.probe_interval_ms
-                              : now;
+        /* the suspect pings keep their cadence; the last comes a probe interval before */
+        int64_t last =
+            deadline - s->cfg.probe_interval_ms > now ? deadline - s->cfg.probe_interval_ms : now;
+        if (last < p->check_at)
+            p->check_at = last;
     }
     return true;
+}
+
+/* A suspicion that stands for someone's verdict (a death passed on an older incarnation than
+ * ours, or one a push-pull peer holds): the verdict's timer already counted the independent
+ * accusers, so ours runs the shortest timeout. The member still has that long to answer one of
+ * our suspect pings. */
+static void susp_as_verdict(ts_swim_t *s, uint32_t slot, int64_t now) {
+    uint16_t i = s->members[slot].susp;
+    if (i == NONE16)
+        return;
+    susp_t *p = &s->sp[i];
+    int64_t deadline = now + ts_swim_suspicion_min_ms(&s->cfg, n_live(s));
+    if (deadline < p->deadline_ms)
+        p->deadline_ms = deadline;
 }
 
 /* ---- state changes ----------------------------------------------------------------------- */
@@ -89,9 +104,13 @@ static bool susp_confirm(ts_swim_t *s, uint32_t slot, uint64_t accuser, int64_t 
 void ts_swim__set_state(ts_swim_t *s, uint32_t slot, int state, uint32_t inc, int64_t now) {
     member_t *m = &s->members[slot];
     int old = m->state;
-    m->inc = inc;
-    if (old == state)
+    if (old == state) {
+        if (inc != m->inc)
+            m->change_ms = now; /* a refutation: what a late accusation is measured against */
+        m->inc = inc;
         return;
+    }
+    m->inc = inc;
     s->count[old]--;
     s->count[state]++;
     m->state = (uint8_t)state;
@@ -119,8 +138,8 @@ static bool verify(ts_swim_t *s, const ts_swim_claim_t *c) {
     return true;
 }
 
-/* Signs c (all but sig filled in) and makes it our claim; queues it for gossip. */
-int ts_swim__adopt_own_claim(ts_swim_t *s, int64_t now, ts_swim_claim_t *c) {
+/* Signs c (all but sig filled in) and makes it our claim; queues it for gossip if asked. */
+int ts_swim__adopt_own_claim(ts_swim_t *s, int64_t now, ts_swim_claim_t *c, bool gossip) {
     uint8_t buf[TS_SWIM_SIGNED_MAX];
     size_t len = ts_swim_claim_signed_bytes(c, buf);
     if (len == 0 || s->cfg.sign(s->cfg.crypto_ctx, buf, len, c->sig) != 0) {
@@ -135,9 +154,14 @@ int ts_swim__adopt_own_claim(ts_swim_t *s, int64_t now, ts_swim_claim_t *c) {
     ts_swim_claims_unref(s->pool, s->members[SELF].claim);
     s->members[SELF].claim = h;
     s->members[SELF].inc = c->incarnation;
-    ts_swim__bc_queue(s, now, SELF,
-                      c->kind == TS_SWIM_CLAIM_LEAVE ? TS_SWIM_UP_LEAVE : TS_SWIM_UP_ALIVE, 0,
-                      NULL);
+    if (gossip)
+        ts_swim__bc_queue(s, now, SELF,
+                          c->kind == TS_SWIM_CLAIM_LEAVE ? TS_SWIM_UP_LEAVE : TS_SWIM_UP_ALIVE, 0,
+                          NULL);
+    else if (s->members[SELF].bcast != NONE &&
+             s->bc[s->members[SELF].bcast].type == TS_SWIM_UP_ALIVE)
+        /* an older claim of ours still queued (an advert) goes out as the new one */
+        ts_swim__bc_queue(s, now, SELF, TS_SWIM_UP_ALIVE, 0, NULL);
     return TS_OK;
 }
 
@@ -163,14 +187,26 @@ static void answer_accuser(ts_swim_t *s, int64_t now, const uint8_t from[TS_SWIM
         o->flags |= OUT_SELF_CLAIM;
 }
 
-/* Answers a suspicion or death of ours at incarnation inc: a new claim at inc + 1. */
-static void refute(ts_swim_t *s, int64_t now, uint32_t inc) {
+/* Answers an accusation of ours at incarnation inc: a new claim at inc + 1. A suspicion is held
+ * only by its accusers (answered directly, answer_accuser) and our witnesses, so the refutation
+ * goes to those and nowhere else; a verdict, or a claim of a previous run of ours, has gone
+ * network-wide, and so does the answer to it. */
+static void refute(ts_swim_t *s, int64_t now, uint32_t inc, bool network_wide) {
     if (inc == UINT32_MAX)
         return; /* cannot go higher; 4 billion refutations do not happen */
     ts_swim_claim_t c = *claim_of(s, SELF);
     c.incarnation = inc + 1;
-    if (ts_swim__adopt_own_claim(s, now, &c) != TS_OK)
+    if (ts_swim__adopt_own_claim(s, now, &c, network_wide) != TS_OK)
         return;
+    if (!network_wide) {
+        uint32_t w[MAX_WITNESSES];
+        uint32_t n = ts_swim__witnesses(s, SELF, w, ts_swim__n_witnesses(s));
+        for (uint32_t i = 0; i < n; i++) {
+            out_t *o = ts_swim__out_to_member(s, TS_SWIM_GOSSIP, w[i]);
+            if (o)
+                o->flags |= OUT_SELF_CLAIM;
+        }
+    }
     s->st.refutations++;
     health_up(s);
     ts_swim__ev_push(s, TS_SWIM_EV_REFUTED, SELF, now);
@@ -194,7 +230,7 @@ static void on_own_claim(ts_swim_t *s, int64_t now, const ts_swim_claim_t *c) {
         return; /* our current claim */
     if (!verify(s, c))
         return;
-    refute(s, now, c->incarnation);
+    refute(s, now, c->incarnation, true);
 }
 
 static void apply_claim(ts_swim_t *s, int64_t now, const ts_swim_claim_t *c, bool rebroadcast) {
@@ -273,6 +309,11 @@ static void apply_claim(ts_swim_t *s, int64_t now, const ts_swim_claim_t *c, boo
     }
     if (c->incarnation > m->inc)
         ts_swim__set_state(s, slot, TS_SWIM_ALIVE, c->incarnation, now);
+    /* a newer incarnation of a member we hold live, and nothing else, is a refutation: news
+     * only to those who held the suspicion, which it reaches directly; it is not gossiped on.
+     * A new member, a revival, a move or an advert is news to everyone. */
+    if (is_live(old_state) && !advert_changed && !moved)
+        rebroadcast = false;
     if (old_state != TS_SWIM_ALIVE && m->state == TS_SWIM_ALIVE)
         ts_swim__ev_push(s, TS_SWIM_EV_ALIVE_AGAIN, slot, now);
     else if (moved)
@@ -283,30 +324,52 @@ static void apply_claim(ts_swim_t *s, int64_t now, const ts_swim_claim_t *c, boo
         ts_swim__bc_queue(s, now, slot, TS_SWIM_UP_ALIVE, 0, NULL);
 }
 
-static void on_accused(ts_swim_t *s, int64_t now, const ts_swim_accusation_t *a) {
+static void on_accused(ts_swim_t *s, int64_t now, int type, const ts_swim_accusation_t *a) {
     if (s->leaving)
         return;
     if (a->incarnation < s->members[SELF].inc) {
         answer_accuser(s, now, a->from); /* they have not heard our refutation yet */
         return;
     }
-    refute(s, now, a->incarnation);
+    refute(s, now, a->incarnation, type == TS_SWIM_UP_DEAD);
     answer_accuser(s, now, a->from);
 }
 
+/* direct: the accusation came from its accuser (not relayed, not merged). Suspicions are never
+ * relayed, so an accusation older than the incarnation we hold is either one that crossed the
+ * refutation on its way (it arrives within a probe interval of it) or new evidence from an
+ * accuser whose view of the member is old (refutations reach only accusers and witnesses). The
+ * first is ignored; the second counts, as a suspicion at the incarnation we hold. So does a
+ * verdict passed on an older incarnation: the member, if alive, refutes it when our suspect
+ * ping reaches it, and if it is dead we reach the verdict ourselves. */
 static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_accusation_t *a,
-                             bool rebroadcast) {
+                             bool rebroadcast, bool direct) {
     uint32_t slot = ts_swim__member_find(s, a->id);
     if (slot == NONE)
         return; /* nothing to accuse */
     if (slot == SELF) {
-        on_accused(s, now, a);
+        on_accused(s, now, type, a);
         return;
     }
     member_t *m = &s->members[slot];
-    if (!is_live(m->state) || a->incarnation < m->inc) {
+    if (!is_live(m->state)) {
         s->st.stale_ignored++;
         return;
+    }
+    ts_swim_accusation_t held;
+    bool verdict = false;
+    if (a->incarnation < m->inc) {
+        bool fresh =
+            (type == TS_SWIM_UP_DEAD || direct) && now - m->change_ms >= s->cfg.probe_interval_ms;
+        if (!fresh) {
+            s->st.stale_ignored++;
+            return;
+        }
+        held = *a;
+        held.incarnation = m->inc;
+        a = &held;
+        verdict = type == TS_SWIM_UP_DEAD;
+        type = TS_SWIM_UP_SUSPECT;
     }
     if (type == TS_SWIM_UP_DEAD) {
         ts_swim__set_state(s, slot, TS_SWIM_DEAD, a->incarnation, now);
@@ -322,8 +385,8 @@ static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_
         ts_swim__set_state(s, slot, TS_SWIM_SUSPECT, a->incarnation, now);
         s->st.suspicions++;
         ts_swim__ev_push(s, TS_SWIM_EV_SUSPECT, slot, now);
-        if (rebroadcast)
-            ts_swim__bc_queue(s, now, slot, TS_SWIM_UP_SUSPECT, a->incarnation, a->from);
+        if (verdict)
+            susp_as_verdict(s, slot, now);
         return;
     }
     if (a->incarnation > m->inc) {
@@ -334,18 +397,15 @@ static void apply_accusation(ts_swim_t *s, int64_t now, int type, const ts_swim_
         /* cannot fail: ts_swim__susp_clear freed an entry */
         (void)susp_start(s, slot, accuser, now);
         s->st.suspicions++;
-        if (rebroadcast)
-            ts_swim__bc_queue(s, now, slot, TS_SWIM_UP_SUSPECT, a->incarnation, a->from);
-        return;
-    }
-    if (susp_confirm(s, slot, accuser, now)) {
+    } else if (susp_confirm(s, slot, accuser, now)) {
         s->st.confirmations++;
-        if (rebroadcast)
-            ts_swim__bc_confirm(s, now, slot, m->inc, a->from);
     }
+    if (verdict)
+        susp_as_verdict(s, slot, now);
 }
 
-void ts_swim__apply_update(ts_swim_t *s, int64_t now, const ts_swim_update_t *u) {
+void ts_swim__apply_update(ts_swim_t *s, int64_t now, const ts_swim_update_t *u,
+                           const uint8_t sender[TS_SWIM_ID_LEN]) {
     switch (u->type) {
     case TS_SWIM_UP_ALIVE:
     case TS_SWIM_UP_LEAVE:
@@ -354,17 +414,37 @@ void ts_swim__apply_update(ts_swim_t *s, int64_t now, const ts_swim_update_t *u)
             apply_claim(s, now, &u->u.claim, true);
         break;
     case TS_SWIM_UP_SUSPECT:
-    case TS_SWIM_UP_DEAD: apply_accusation(s, now, u->type, &u->u.accuse, true); break;
+    case TS_SWIM_UP_DEAD:
+        apply_accusation(s, now, u->type, &u->u.accuse, true,
+                         memcmp(u->u.accuse.from, sender, TS_SWIM_ID_LEN) == 0);
+        break;
     default: break;
     }
 }
 
-/* Our own accusation: the probe of slot failed, or its suspicion ran out. */
+/* Our own accusation: the probe of slot failed, or its suspicion ran out. A verdict is gossiped
+ * network-wide. A suspicion goes to the suspect (the buddy piggyback: it can refute at once) and
+ * to its witnesses, where it meets the other accusers' and is timed with their confirmations;
+ * nobody passes it on. */
 void ts_swim__accuse(ts_swim_t *s, int64_t now, int type, uint32_t slot) {
     ts_swim_accusation_t a = {.incarnation = s->members[slot].inc};
     memcpy(a.id, id_of(s, slot), TS_SWIM_ID_LEN);
     memcpy(a.from, id_of(s, SELF), TS_SWIM_ID_LEN);
-    apply_accusation(s, now, type, &a, true);
+    apply_accusation(s, now, type, &a, true, true);
+    if (type != TS_SWIM_UP_SUSPECT || s->members[slot].state != TS_SWIM_SUSPECT)
+        return;
+    ts_swim__out_to_member(s, TS_SWIM_GOSSIP, slot);
+    uint32_t w[MAX_WITNESSES];
+    uint32_t n = ts_swim__witnesses(s, slot, w, ts_swim__n_witnesses(s));
+    for (uint32_t i = 0; i < n; i++) {
+        if (w[i] == SELF)
+            continue;
+        out_t *o = ts_swim__out_to_member(s, TS_SWIM_GOSSIP, w[i]);
+        if (o) {
+            o->flags |= OUT_ACCUSE;
+            memcpy(o->target, a.id, TS_SWIM_ID_LEN);
+        }
+    }
 }
 
 /* ---- anti-entropy ------------------------------------------------------------------------ */
@@ -388,11 +468,16 @@ int ts_swim_merge_state(ts_swim_t *s, int64_t now, const uint8_t peer_id[TS_SWIM
         if (accused && ts_swim__member_find(s, e->claim.id) == NONE)
             continue;
         apply_claim(s, now, &e->claim, rebroadcast);
-        if (accused) {
+        /* a suspicion is the peer's own business (its witnesses time it); a death it holds
+         * becomes our suspicion, which the member can still refute */
+        if (e->state == TS_SWIM_DEAD) {
             ts_swim_accusation_t a = {.incarnation = e->incarnation};
             memcpy(a.id, e->claim.id, TS_SWIM_ID_LEN);
             memcpy(a.from, peer_id, TS_SWIM_ID_LEN);
-            apply_accusation(s, now, TS_SWIM_UP_SUSPECT, &a, rebroadcast);
+            apply_accusation(s, now, TS_SWIM_UP_SUSPECT, &a, rebroadcast, false);
+            uint32_t slot = ts_swim__member_find(s, a.id);
+            if (slot != NONE && slot != SELF)
+                susp_as_verdict(s, slot, now);
         }
     }
     if (n_live(s) > 1)

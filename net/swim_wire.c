@@ -18,7 +18,10 @@
  *
  * and the datagram ends exactly after the last update. A push-pull state is a header (version,
  * type 6, sender id, join flag 0/1, count (4)) then per member: state (1), state incarnation
- * (4), and the member's claim encoded as an alive or leave update.
+ * (4), and the member's claim encoded as an alive or leave update. A digest is version, type 7,
+ * sender id, the bucket count (2, always TS_SWIM_DIGEST_BUCKETS) and a 64-bit hash per bucket.
+ * A diff is version, type 8, sender id, the mask of differing buckets (32 bytes, bucket b is
+ * bit b % 8 of byte b / 8), then count and entries as in a state, each in a masked bucket.
  *
  * The decoder reads through a cursor that refuses to move past the end, so every read is
  * bounds-checked in one place; a failed read poisons the cursor and the decode ends as
@@ -30,7 +33,9 @@
 
 #include "base/error.h"
 
-#define TYPE_STATE 6
+#define TYPE_STATE 6  /* push-pull: a full state */
+#define TYPE_DIGEST 7 /* push-pull: a digest */
+#define TYPE_DIFF 8   /* push-pull: the members of the buckets that differ */
 
 /* The largest body and the smallest update bound how many updates fit in the plaintext budget;
  * swim.h's TS_SWIM_MAX_UPDATES must be exactly that many, so that a full packet is always
@@ -327,13 +332,103 @@ static int entry_ok(const ts_swim_member_info_t *e) {
     return e->claim.kind == want && e->incarnation >= e->claim.incarnation;
 }
 
-size_t ts_swim_wire_state_size(const ts_swim_member_info_t *entries, uint32_t n) {
-    size_t size = TS_SWIM_WIRE_STATE_HEADER;
+/* The header of a push-pull message: version, type (must be want), sender. TS_ENOTSUP for
+ * another version, TS_ECORRUPT for another type or a short input. */
+static int get_header(rcur_t *r, uint8_t want, uint8_t from[TS_SWIM_ID_LEN]) {
+    uint8_t version = get_u8(r);
+    if (!r->bad && version != TS_SWIM_WIRE_VERSION)
+        return TS_ENOTSUP;
+    uint8_t type = get_u8(r);
+    get(r, from, TS_SWIM_ID_LEN);
+    return r->bad || type != want ? TS_ECORRUPT : TS_OK;
+}
+
+/* The entries of a state or a diff: per member, state (1), state incarnation (4), and its claim
+ * encoded as an alive or leave update. */
+static int put_entries(wcur_t *w, const ts_swim_member_info_t *entries, uint32_t n) {
+    put_u32(w, n);
+    for (uint32_t i = 0; i < n; i++) {
+        const ts_swim_member_info_t *e = &entries[i];
+        ts_swim_update_t u = {.type = e->claim.kind == TS_SWIM_CLAIM_LEAVE ? TS_SWIM_UP_LEAVE
+                                                                           : TS_SWIM_UP_ALIVE};
+        u.u.claim = e->claim;
+        put_u8(w, e->state);
+        put_u32(w, e->incarnation);
+        int rc = put_update(w, &u);
+        if (rc != TS_OK)
+            return rc;
+    }
+    return TS_OK;
+}
+
+/* Reads the count and the entries to the end of the input; TS_ERANGE for more than max,
+ * TS_ECORRUPT for anything malformed (out then zeroed). */
+static int get_entries(rcur_t *r, ts_swim_member_info_t *out, uint32_t max, uint32_t *n) {
+    uint32_t count = get_u32(r);
+    if (r->bad)
+        return TS_ECORRUPT;
+    if (count > max)
+        return TS_ERANGE;
+    /* every entry takes at least 1 + 4 + a leave's bytes: a count the input cannot hold is
+     * corrupt before anything is decoded */
+    if (count > (size_t)(r->end - r->p) / (1 + 4 + TS_SWIM_WIRE_LEAVE))
+        return TS_ECORRUPT;
+    for (uint32_t i = 0; i < count && !r->bad; i++) {
+        ts_swim_member_info_t *e = &out[i];
+        memset(e, 0, sizeof *e);
+        e->state = get_u8(r);
+        e->incarnation = get_u32(r);
+        uint8_t t = get_u8(r);
+        if (t != TS_SWIM_UP_ALIVE && t != TS_SWIM_UP_LEAVE) {
+            r->bad = 1;
+            break;
+        }
+        ts_swim_update_t u;
+        get_update(r, t, &u);
+        e->claim = u.u.claim;
+        if (!r->bad && !entry_ok(e))
+            r->bad = 1;
+    }
+    if (r->bad || r->p != r->end) {
+        memset(out, 0, sizeof *out * count);
+        return TS_ECORRUPT;
+    }
+    *n = count;
+    return TS_OK;
+}
+
+static size_t entries_size(const ts_swim_member_info_t *entries, uint32_t n) {
+    size_t size = 4;
     for (uint32_t i = 0; i < n; i++)
         size += 1 + 4 +
                 (entries[i].claim.kind == TS_SWIM_CLAIM_LEAVE ? TS_SWIM_WIRE_LEAVE
                                                               : TS_SWIM_WIRE_ALIVE);
     return size;
+}
+
+/* A state or a diff, need bytes: version, type, sender, what sits between the sender and the
+ * entries (a state's join byte, a diff's mask), then the entries. */
+static int encode_members(uint8_t type, const uint8_t from[TS_SWIM_ID_LEN], const uint8_t *mid,
+                          size_t mid_len, const ts_swim_member_info_t *entries, uint32_t n,
+                          size_t need, uint8_t *buf, size_t cap, size_t *len) {
+    if (need > cap)
+        return TS_ERANGE;
+    wcur_t w = {buf, buf + cap, 0};
+    put_u8(&w, TS_SWIM_WIRE_VERSION);
+    put_u8(&w, type);
+    put(&w, from, TS_SWIM_ID_LEN);
+    put(&w, mid, mid_len);
+    int rc = put_entries(&w, entries, n);
+    if (rc != TS_OK)
+        return rc;
+    if (w.overflow || (size_t)(w.p - buf) != need)
+        return TS_ERANGE;
+    *len = need;
+    return TS_OK;
+}
+
+size_t ts_swim_wire_state_size(const ts_swim_member_info_t *entries, uint32_t n) {
+    return TS_SWIM_WIRE_STATE_HEADER - 4 + entries_size(entries, n);
 }
 
 int ts_swim_wire_encode_state(const uint8_t from[TS_SWIM_ID_LEN], bool join,
@@ -344,30 +439,9 @@ int ts_swim_wire_encode_state(const uint8_t from[TS_SWIM_ID_LEN], bool join,
     for (uint32_t i = 0; i < n; i++)
         if (!entry_ok(&entries[i]))
             return TS_EINVAL;
-    size_t need = ts_swim_wire_state_size(entries, n);
-    if (need > cap)
-        return TS_ERANGE;
-    wcur_t w = {buf, buf + cap, 0};
-    put_u8(&w, TS_SWIM_WIRE_VERSION);
-    put_u8(&w, TYPE_STATE);
-    put(&w, from, TS_SWIM_ID_LEN);
-    put_u8(&w, join ? 1 : 0);
-    put_u32(&w, n);
-    for (uint32_t i = 0; i < n; i++) {
-        const ts_swim_member_info_t *e = &entries[i];
-        ts_swim_update_t u = {.type = e->claim.kind == TS_SWIM_CLAIM_LEAVE ? TS_SWIM_UP_LEAVE
-                                                                           : TS_SWIM_UP_ALIVE};
-        u.u.claim = e->claim;
-        put_u8(&w, e->state);
-        put_u32(&w, e->incarnation);
-        int rc = put_update(&w, &u);
-        if (rc != TS_OK)
-            return rc;
-    }
-    if (w.overflow || (size_t)(w.p - buf) != need)
-        return TS_ERANGE;
-    *len = need;
-    return TS_OK;
+    uint8_t join_byte = join ? 1 : 0;
+    return encode_members(TYPE_STATE, from, &join_byte, 1, entries, n,
+                          ts_swim_wire_state_size(entries, n), buf, cap, len);
 }
 
 int ts_swim_wire_decode_state(const uint8_t *buf, size_t len, uint8_t from[TS_SWIM_ID_LEN],
@@ -376,42 +450,114 @@ int ts_swim_wire_decode_state(const uint8_t *buf, size_t len, uint8_t from[TS_SW
         return TS_EINVAL;
     *n = 0;
     rcur_t r = {buf, buf + len, 0};
-    uint8_t version = get_u8(&r);
-    if (!r.bad && version != TS_SWIM_WIRE_VERSION)
-        return TS_ENOTSUP;
-    uint8_t type = get_u8(&r);
-    get(&r, from, TS_SWIM_ID_LEN);
+    int rc = get_header(&r, TYPE_STATE, from);
+    if (rc != TS_OK)
+        return rc;
     uint8_t join_byte = get_u8(&r);
-    uint32_t count = get_u32(&r);
-    if (r.bad || type != TYPE_STATE || join_byte > 1)
+    if (r.bad || join_byte > 1)
         return TS_ECORRUPT;
-    if (count > max)
-        return TS_ERANGE;
-    /* every entry takes at least 1 + 4 + a leave's bytes: a count the input cannot hold is
-     * corrupt before anything is decoded */
-    if (count > (size_t)(r.end - r.p) / (1 + 4 + TS_SWIM_WIRE_LEAVE))
-        return TS_ECORRUPT;
-    for (uint32_t i = 0; i < count && !r.bad; i++) {
-        ts_swim_member_info_t *e = &out[i];
-        memset(e, 0, sizeof *e);
-        e->state = get_u8(&r);
-        e->incarnation = get_u32(&r);
-        uint8_t t = get_u8(&r);
-        if (t != TS_SWIM_UP_ALIVE && t != TS_SWIM_UP_LEAVE) {
-            r.bad = 1;
-            break;
-        }
-        ts_swim_update_t u;
-        get_update(&r, t, &u);
-        e->claim = u.u.claim;
-        if (!r.bad && !entry_ok(e))
-            r.bad = 1;
-    }
-    if (r.bad || r.p != r.end) {
-        memset(out, 0, sizeof *out * count);
-        return TS_ECORRUPT;
-    }
+    rc = get_entries(&r, out, max, n);
+    if (rc != TS_OK)
+        return rc;
     *join = join_byte == 1;
+    return TS_OK;
+}
+
+/* ---- push-pull by digests ---------------------------------------------------------------- */
+
+int ts_swim_wire_tcp_type(const uint8_t *buf, size_t len) {
+    if (!buf || len < 2 || buf[0] != TS_SWIM_WIRE_VERSION)
+        return 0;
+    return buf[1] == TYPE_STATE || buf[1] == TYPE_DIGEST || buf[1] == TYPE_DIFF ? buf[1] : 0;
+}
+
+int ts_swim_wire_encode_digest(const uint8_t from[TS_SWIM_ID_LEN], const ts_swim_digest_t *d,
+                               uint8_t *buf, size_t cap, size_t *len) {
+    if (!from || !d || !buf || !len)
+        return TS_EINVAL;
+    if (cap < TS_SWIM_WIRE_DIGEST)
+        return TS_ERANGE;
+    wcur_t w = {buf, buf + cap, 0};
+    put_u8(&w, TS_SWIM_WIRE_VERSION);
+    put_u8(&w, TYPE_DIGEST);
+    put(&w, from, TS_SWIM_ID_LEN);
+    put_u16(&w, TS_SWIM_DIGEST_BUCKETS);
+    for (uint32_t i = 0; i < TS_SWIM_DIGEST_BUCKETS; i++)
+        put_u64(&w, d->bucket[i]);
+    *len = TS_SWIM_WIRE_DIGEST;
+    return w.overflow ? TS_ERANGE : TS_OK;
+}
+
+int ts_swim_wire_decode_digest(const uint8_t *buf, size_t len, uint8_t from[TS_SWIM_ID_LEN],
+                               ts_swim_digest_t *d) {
+    if (!buf || !from || !d)
+        return TS_EINVAL;
+    memset(d, 0, sizeof *d);
+    rcur_t r = {buf, buf + len, 0};
+    int rc = get_header(&r, TYPE_DIGEST, from);
+    if (rc == TS_ENOTSUP)
+        return rc;
+    uint16_t buckets = get_u16(&r);
+    for (uint32_t i = 0; i < TS_SWIM_DIGEST_BUCKETS; i++)
+        d->bucket[i] = get_u64(&r);
+    if (rc != TS_OK || r.bad || buckets != TS_SWIM_DIGEST_BUCKETS || r.p != r.end) {
+        memset(d, 0, sizeof *d);
+        memset(from, 0, TS_SWIM_ID_LEN);
+        return TS_ECORRUPT;
+    }
+    return TS_OK;
+}
+
+static bool in_mask(const uint8_t mask[TS_SWIM_DIGEST_MASK_BYTES], const uint8_t *id) {
+    uint32_t b = ts_swim_digest_bucket(id);
+    return (mask[b / 8] >> (b % 8)) & 1u;
+}
+
+size_t ts_swim_wire_diff_size(const ts_swim_member_info_t *entries, uint32_t n) {
+    return TS_SWIM_WIRE_DIFF_HEADER - 4 + entries_size(entries, n);
+}
+
+int ts_swim_wire_encode_diff(const uint8_t from[TS_SWIM_ID_LEN],
+                             const uint8_t mask[TS_SWIM_DIGEST_MASK_BYTES],
+                             const ts_swim_member_info_t *entries, uint32_t n, uint8_t *buf,
+                             size_t cap, size_t *len) {
+    if (!from || !mask || (!entries && n > 0) || !buf || !len)
+        return TS_EINVAL;
+    for (uint32_t i = 0; i < n; i++)
+        if (!entry_ok(&entries[i]) || !in_mask(mask, entries[i].claim.id))
+            return TS_EINVAL;
+    return encode_members(TYPE_DIFF, from, mask, TS_SWIM_DIGEST_MASK_BYTES, entries, n,
+                          ts_swim_wire_diff_size(entries, n), buf, cap, len);
+}
+
+int ts_swim_wire_decode_diff(const uint8_t *buf, size_t len, uint8_t from[TS_SWIM_ID_LEN],
+                             uint8_t mask[TS_SWIM_DIGEST_MASK_BYTES], ts_swim_member_info_t *out,
+                             uint32_t max, uint32_t *n) {
+    if (!buf || !from || !mask || (!out && max > 0) || !n)
+        return TS_EINVAL;
+    *n = 0;
+    memset(mask, 0, TS_SWIM_DIGEST_MASK_BYTES);
+    rcur_t r = {buf, buf + len, 0};
+    int rc = get_header(&r, TYPE_DIFF, from);
+    if (rc != TS_OK)
+        return rc;
+    get(&r, mask, TS_SWIM_DIGEST_MASK_BYTES);
+    if (r.bad) {
+        memset(mask, 0, TS_SWIM_DIGEST_MASK_BYTES);
+        return TS_ECORRUPT;
+    }
+    uint32_t count = 0;
+    rc = get_entries(&r, out, max, &count);
+    for (uint32_t i = 0; rc == TS_OK && i < count; i++)
+        if (!in_mask(mask, out[i].claim.id)) {
+            /* a member outside the buckets the diff says it answers */
+            memset(out, 0, sizeof *out * count);
+            rc = TS_ECORRUPT;
+        }
+    if (rc != TS_OK) {
+        memset(mask, 0, TS_SWIM_DIGEST_MASK_BYTES);
+        return rc;
+    }
     *n = count;
     return TS_OK;
 }

@@ -2,9 +2,10 @@
  * swim_wire.h — the bytes of gossip: a compact, bounded, versioned binary encoding of the
  * structs in swim.h.
  *
- * Three things are encoded here: a UDP datagram (ts_swim_msg_t, at most TS_SWIM_PLAIN_MAX bytes
+ * Five things are encoded here: a UDP datagram (ts_swim_msg_t, at most TS_SWIM_PLAIN_MAX bytes
  * before the transport seals it), a push-pull full state (a list of ts_swim_member_info_t, sent
- * over the secure TCP link), and the bytes a claim's signature covers. The layouts are in
+ * over the secure TCP link), push-pull's digest and diff (the same link), and the bytes a
+ * claim's signature covers. The layouts are in
  * docs/protocol.md ("Gossip packets"); all integers are big-endian; every field has a fixed
  * size, so an encoding is canonical: bytes that decode re-encode to the same bytes.
  *
@@ -69,6 +70,35 @@ int ts_swim_wire_encode_state(const uint8_t from[TS_SWIM_ID_LEN], bool join,
  * for datagrams. */
 int ts_swim_wire_decode_state(const uint8_t *buf, size_t len, uint8_t from[TS_SWIM_ID_LEN],
                               bool *join, ts_swim_member_info_t *out, uint32_t max, uint32_t *n);
+
+/* Push-pull by digests (swim.h). A digest: sender id and a hash per bucket, always
+ * TS_SWIM_WIRE_DIGEST bytes. A diff: sender id, the mask of buckets it answers, and the sender's
+ * members in those buckets, laid out as in a state. */
+#define TS_SWIM_WIRE_DIGEST (1 + 1 + TS_SWIM_ID_LEN + 2 + 8 * TS_SWIM_DIGEST_BUCKETS)
+#define TS_SWIM_WIRE_DIFF_HEADER (1 + 1 + TS_SWIM_ID_LEN + TS_SWIM_DIGEST_MASK_BYTES + 4)
+
+/* What an encoded push-pull message is: 6 a full state, 7 a digest, 8 a diff; 0 when it is
+ * none of these or of another wire version (the decoders say which). */
+int ts_swim_wire_tcp_type(const uint8_t *buf, size_t len);
+/* TS_ERANGE when cap is below TS_SWIM_WIRE_DIGEST. */
+int ts_swim_wire_encode_digest(const uint8_t from[TS_SWIM_ID_LEN], const ts_swim_digest_t *d,
+                               uint8_t *buf, size_t cap, size_t *len);
+/* TS_ENOTSUP for another wire version; TS_ECORRUPT for anything but exactly one digest of
+ * TS_SWIM_DIGEST_BUCKETS buckets (d and from then zeroed). */
+int ts_swim_wire_decode_digest(const uint8_t *buf, size_t len, uint8_t from[TS_SWIM_ID_LEN],
+                               ts_swim_digest_t *d);
+size_t ts_swim_wire_diff_size(const ts_swim_member_info_t *entries, uint32_t n);
+/* TS_EINVAL as for a state, and for an entry outside the mask's buckets; TS_ERANGE when it
+ * does not fit in cap. */
+int ts_swim_wire_encode_diff(const uint8_t from[TS_SWIM_ID_LEN],
+                             const uint8_t mask[TS_SWIM_DIGEST_MASK_BYTES],
+                             const ts_swim_member_info_t *entries, uint32_t n, uint8_t *buf,
+                             size_t cap, size_t *len);
+/* At most max entries (TS_ERANGE for more); TS_ECORRUPT for a malformed diff or an entry
+ * outside the mask (mask and out then zeroed), TS_ENOTSUP for another wire version. */
+int ts_swim_wire_decode_diff(const uint8_t *buf, size_t len, uint8_t from[TS_SWIM_ID_LEN],
+                             uint8_t mask[TS_SWIM_DIGEST_MASK_BYTES], ts_swim_member_info_t *out,
+                             uint32_t max, uint32_t *n);
 
 /* The signed bytes of c into buf (TS_SWIM_SIGNED_MAX bytes); returns their length, or 0 for a
  * claim of unknown kind. */

@@ -478,6 +478,18 @@ static bool pred_alive_at(const net_t *net, const void *arg) {
 
 /* A node cut off for a moment is suspected; when it hears of it, it refutes with a higher
  * incarnation, and every node sees it alive at that incarnation; nobody declares it dead. */
+/* Every datagram to victim is lost until somebody suspects it; then the links heal. */
+static void cut_until_suspected(net_t *net, int victim) {
+    for (int i = 0; i < net->n; i++)
+        net->cut[i][victim] = true;
+    int64_t t_cut = net->now;
+    while (count_events(net, -1, TS_SWIM_EV_SUSPECT, victim) == 0 && net->now < t_cut + 10000)
+        net_run(net, net->now + 20);
+    assert_true(count_events(net, -1, TS_SWIM_EV_SUSPECT, victim) >= 1);
+    for (int i = 0; i < net->n; i++)
+        net->cut[i][victim] = false;
+}
+
 static void test_refute_false_suspicion(void **state) {
     (void)state;
     net_t net;
@@ -488,14 +500,8 @@ static void test_refute_false_suspicion(void **state) {
     int victim = 2;
     uint32_t inc0 = ts_swim_incarnation(net.node[victim]);
     /* every datagram to the victim is lost until somebody suspects it; then the link heals */
-    for (int i = 0; i < net.n; i++)
-        net.cut[i][victim] = true;
     int64_t t_cut = net.now;
-    while (count_events(&net, -1, TS_SWIM_EV_SUSPECT, victim) == 0 && net.now < t_cut + 10000)
-        net_run(&net, net.now + 20);
-    assert_true(count_events(&net, -1, TS_SWIM_EV_SUSPECT, victim) >= 1);
-    for (int i = 0; i < net.n; i++)
-        net.cut[i][victim] = false;
+    cut_until_suspected(&net, victim);
     want_inc_t want = {victim, inc0 + 1};
     int64_t t = run_until(&net, pred_alive_at, &want, net.now + 20000, 50);
     assert_true(t >= 0);
@@ -929,8 +935,18 @@ static void test_restart_higher_incarnation(void **state) {
     }
     assert_int_equal(ts_swim_incarnation(net.node[who]), 4);
     net_run(&net, net.now + 5000);
+    /* a refutation of a suspicion goes to the accuser (answered once a probe interval: it got
+     * the first) and to the witnesses (every one), not everywhere */
+    ts_swim_member_info_t info;
+    TU_CHECK_OK(ts_swim_member_get(net.node[0], net.key[who].pk, &info));
+    assert_true(info.incarnation >= 1);
+    int at4 = 0;
+    for (int i = 0; i < net.n; i++) {
+        TU_CHECK_OK(ts_swim_member_get(net.node[i], net.key[who].pk, &info));
+        at4 += i != who && info.incarnation == 4;
+    }
+    assert_true(at4 >= 3);
     want_inc_t want = {who, 4};
-    assert_true(pred_alive_at(&net, &want));
     net_restart(&net, who, 0);
     ts_swim_addr_t seed = addr_of(0);
     TU_CHECK_OK(ts_swim_join(net.node[who], net.now, &seed, 1));
@@ -941,6 +957,191 @@ static void test_restart_higher_incarnation(void **state) {
     assert_true(ts_swim_incarnation(net.node[who]) >= 5);
     assert_int_equal(count_events(&net, -1, TS_SWIM_EV_DEAD, who), 0);
     net_free(&net);
+}
+
+/* A suspicion stays with its accusers and the suspect's witnesses: it is not gossiped to every
+ * node, yet the suspect hears of it and refutes, and the refutation reaches the suspecters
+ * without going network-wide either. */
+static void test_suspicion_stays_local(void **state) {
+    (void)state;
+    net_t net;
+    net_init(&net, NMAX, NULL);
+    net_join_all(&net);
+    assert_true(run_until(&net, pred_all_alive, NULL, 20000, 100) >= 0);
+    net_run(&net, net.now + 5000);
+    int victim = 4;
+    uint32_t inc0 = ts_swim_incarnation(net.node[victim]);
+    cut_until_suspected(&net, victim);
+    /* refuted: every node that suspected it sees the new incarnation */
+    int64_t t0 = net.now;
+    for (;;) {
+        bool done = ts_swim_incarnation(net.node[victim]) > inc0;
+        for (int o = 0; o < net.n && done; o++)
+            if (o != victim && count_events(&net, o, TS_SWIM_EV_SUSPECT, victim) > 0)
+                done = view(&net, o, victim) == TS_SWIM_ALIVE;
+        if (done)
+            break;
+        assert_true(net.now < t0 + 10000);
+        net_run(&net, net.now + 20);
+    }
+    int suspecters = 0, at_new = 0;
+    for (int o = 0; o < net.n; o++) {
+        if (o == victim)
+            continue;
+        suspecters += count_events(&net, o, TS_SWIM_EV_SUSPECT, victim) > 0;
+        at_new += view_inc(&net, o, victim) > inc0;
+    }
+    print_message("suspected by %d of %d nodes, new incarnation known to %d\n", suspecters,
+                  net.n - 1, at_new);
+    assert_true(suspecters >= 1);
+    assert_true(suspecters <= 1 + 4); /* the accusers so far and the K + 1 witnesses */
+    assert_true(at_new < net.n - 1);  /* the refutation did not go network-wide */
+    assert_int_equal(count_events(&net, -1, TS_SWIM_EV_DEAD, victim), 0);
+    net_run(&net, net.now + 30000);
+    assert_true(all_alive(&net));
+    net_free(&net);
+}
+
+/* Push-pull by digests: two views that agree differ in no bucket; one new claim makes exactly
+ * its bucket differ, the diff carries only that bucket's members, and merging it makes the two
+ * digests equal again. The digest and the diff survive their wire encodings. */
+static void test_digest_push_pull(void **state) {
+    (void)state;
+    net_t net;
+    net_init(&net, 10, NULL);
+    net_join_all(&net);
+    assert_true(run_until(&net, pred_all_alive, NULL, 20000, 100) >= 0);
+    net_run(&net, net.now + 3000);
+    int a = 1, b = 2, who = 3;
+    ts_swim_digest_t da, db;
+    uint8_t mask[TS_SWIM_DIGEST_MASK_BYTES];
+    ts_swim_state_digest(net.node[a], &da);
+    ts_swim_state_digest(net.node[b], &db);
+    assert_int_equal(ts_swim_digest_diff(&da, &db, mask), 0);
+
+    /* a learns who's newer advert; b does not (nothing is delivered meanwhile) */
+    ts_swim_claim_t c = own_claim(&net, who);
+    c.advert_version = 7;
+    memset(c.advert_hash, 7, TS_SWIM_HASH_LEN);
+    sign_claim(&c, &net.key[who]);
+    ts_swim_update_t u = {.type = TS_SWIM_UP_ALIVE};
+    u.u.claim = c;
+    inject(&net, who, a, &u, 1);
+    ts_swim_state_digest(net.node[a], &da);
+
+    /* b receives a's digest over the wire */
+    uint8_t buf[TS_SWIM_WIRE_DIGEST], from[TS_SWIM_ID_LEN];
+    size_t len;
+    TU_CHECK_OK(ts_swim_wire_encode_digest(net.key[a].pk, &da, buf, sizeof buf, &len));
+    assert_int_equal(len, TS_SWIM_WIRE_DIGEST);
+    assert_int_equal(ts_swim_wire_tcp_type(buf, len), 7);
+    ts_swim_digest_t got;
+    TU_CHECK_OK(ts_swim_wire_decode_digest(buf, len, from, &got));
+    assert_memory_equal(from, net.key[a].pk, TS_SWIM_ID_LEN);
+    assert_memory_equal(&got, &da, sizeof da);
+    ts_swim_state_digest(net.node[b], &db);
+    assert_int_equal(ts_swim_digest_diff(&got, &db, mask), 1);
+    uint32_t bucket = ts_swim_digest_bucket(net.key[who].pk);
+    assert_true(mask[bucket / 8] & (1u << (bucket % 8)));
+
+    /* a's answer to b's diff: its members of that bucket only, who among them */
+    ts_swim_member_info_t ea[NMAX], eb[NMAX];
+    uint32_t na = ts_swim_state_export_buckets(net.node[a], mask, ea, NMAX);
+    uint32_t nb = ts_swim_state_export_buckets(net.node[b], mask, eb, NMAX);
+    assert_true(na >= 1 && na < ts_swim_member_count(net.node[a]));
+    assert_int_equal(na, nb);
+    size_t cap = ts_swim_wire_diff_size(ea, na);
+    uint8_t *dbuf = malloc(cap);
+    assert_non_null(dbuf);
+    TU_CHECK_OK(ts_swim_wire_encode_diff(net.key[a].pk, mask, ea, na, dbuf, cap, &len));
+    assert_int_equal(len, cap);
+    assert_true(len < ts_swim_wire_state_size(ea, 0) + 200 * na);
+    ts_swim_member_info_t dec[NMAX];
+    uint8_t mask2[TS_SWIM_DIGEST_MASK_BYTES];
+    uint32_t n;
+    TU_CHECK_OK(ts_swim_wire_decode_diff(dbuf, len, from, mask2, dec, NMAX, &n));
+    assert_int_equal(n, na);
+    assert_memory_equal(mask2, mask, sizeof mask);
+    free(dbuf);
+    TU_CHECK_OK(ts_swim_merge_state(net.node[b], net.now, net.key[a].pk, dec, n));
+    drain(&net, b);
+    ts_swim_state_digest(net.node[b], &db);
+    assert_int_equal(ts_swim_digest_diff(&da, &db, mask), 0);
+    ts_swim_member_info_t info;
+    TU_CHECK_OK(ts_swim_member_get(net.node[b], net.key[who].pk, &info));
+    assert_int_equal(info.claim.advert_version, 7);
+    assert_int_equal(count_events(&net, b, TS_SWIM_EV_ADVERT_NEEDED, who), 1);
+
+    /* a suspicion or a newer incarnation alone does not make a bucket differ */
+    ts_swim_update_t acc = {.type = TS_SWIM_UP_SUSPECT};
+    memcpy(acc.u.accuse.id, net.key[5].pk, TS_SWIM_ID_LEN);
+    memcpy(acc.u.accuse.from, net.key[6].pk, TS_SWIM_ID_LEN);
+    acc.u.accuse.incarnation = view_inc(&net, b, 5);
+    inject(&net, 6, b, &acc, 1);
+    assert_int_equal(view(&net, b, 5), TS_SWIM_SUSPECT);
+    ts_swim_state_digest(net.node[b], &db);
+    assert_int_equal(ts_swim_digest_diff(&da, &db, mask), 0);
+    net_free(&net);
+}
+
+/* Digests and diffs that are not exactly well-formed are refused, with nothing half-filled. */
+static void test_digest_malformed(void **state) {
+    (void)state;
+    key_t_ k;
+    make_key(&k, 70);
+    ts_swim_digest_t d, got;
+    for (int i = 0; i < TS_SWIM_DIGEST_BUCKETS; i++)
+        d.bucket[i] = 0x0102030405060708ULL * (uint64_t)(i + 1);
+    uint8_t buf[TS_SWIM_WIRE_DIGEST + 1], from[TS_SWIM_ID_LEN];
+    size_t len;
+    assert_int_equal(ts_swim_wire_encode_digest(k.pk, &d, buf, TS_SWIM_WIRE_DIGEST - 1, &len),
+                     TS_ERANGE);
+    TU_CHECK_OK(ts_swim_wire_encode_digest(k.pk, &d, buf, sizeof buf, &len));
+    TU_CHECK_OK(ts_swim_wire_decode_digest(buf, len, from, &got));
+    assert_int_equal(ts_swim_wire_decode_digest(buf, len - 1, from, &got), TS_ECORRUPT);
+    static const ts_swim_digest_t zero;
+    assert_memory_equal(&got, &zero, sizeof got);
+    buf[len] = 0;
+    assert_int_equal(ts_swim_wire_decode_digest(buf, len + 1, from, &got), TS_ECORRUPT);
+    buf[34] ^= 1; /* the bucket count */
+    assert_int_equal(ts_swim_wire_decode_digest(buf, len, from, &got), TS_ECORRUPT);
+    buf[34] ^= 1;
+    buf[1] = 6; /* a state's type */
+    assert_int_equal(ts_swim_wire_decode_digest(buf, len, from, &got), TS_ECORRUPT);
+    buf[1] = 7;
+    buf[0] = 2;
+    assert_int_equal(ts_swim_wire_decode_digest(buf, len, from, &got), TS_ENOTSUP);
+    assert_int_equal(ts_swim_wire_tcp_type(buf, len), 0);
+    assert_int_equal(ts_swim_wire_decode_digest(buf, 0, from, &got), TS_ECORRUPT);
+
+    /* a diff: one member, in its bucket */
+    ts_swim_member_info_t e = {.state = TS_SWIM_ALIVE};
+    e.claim.kind = TS_SWIM_CLAIM_ALIVE;
+    memcpy(e.claim.id, k.pk, TS_SWIM_ID_LEN);
+    sign_claim(&e.claim, &k);
+    uint8_t mask[TS_SWIM_DIGEST_MASK_BYTES] = {0}, mask2[TS_SWIM_DIGEST_MASK_BYTES];
+    uint8_t dbuf[512];
+    assert_int_equal(ts_swim_wire_encode_diff(k.pk, mask, &e, 1, dbuf, sizeof dbuf, &len),
+                     TS_EINVAL); /* outside the mask */
+    uint32_t b = ts_swim_digest_bucket(k.pk);
+    mask[b / 8] |= (uint8_t)(1u << (b % 8));
+    TU_CHECK_OK(ts_swim_wire_encode_diff(k.pk, mask, &e, 1, dbuf, sizeof dbuf, &len));
+    assert_int_equal(ts_swim_wire_tcp_type(dbuf, len), 8);
+    ts_swim_member_info_t out[2];
+    uint32_t n = 99;
+    TU_CHECK_OK(ts_swim_wire_decode_diff(dbuf, len, from, mask2, out, 2, &n));
+    assert_int_equal(n, 1);
+    assert_int_equal(ts_swim_wire_decode_diff(dbuf, len, from, mask2, out, 0, &n), TS_ERANGE);
+    assert_int_equal(ts_swim_wire_decode_diff(dbuf, len - 1, from, mask2, out, 2, &n), TS_ECORRUPT);
+    dbuf[34 + b / 8] ^= (uint8_t)(1u << (b % 8)); /* the member's bucket no longer masked */
+    n = 99;
+    assert_int_equal(ts_swim_wire_decode_diff(dbuf, len, from, mask2, out, 2, &n), TS_ECORRUPT);
+    assert_int_equal(n, 0);
+    static const uint8_t zmask[TS_SWIM_DIGEST_MASK_BYTES];
+    assert_memory_equal(mask2, zmask, sizeof zmask);
+    dbuf[34 + b / 8] ^= (uint8_t)(1u << (b % 8));
+    dbuf[1] = 7;
+    assert_int_equal(ts_swim_wire_decode_diff(dbuf, len, from, mask2, out, 2, &n), TS_ECORRUPT);
 }
 
 /* ---- one core driven by hand ------------------------------------------------------------- */
@@ -1036,7 +1237,7 @@ static void solo_run(solo_t *so, int64_t until) {
     so->now = until;
 }
 
-/* A probe interval before its verdict, a suspecter pings the suspect with the suspicion on
+/* Every probe interval until its verdict, a suspecter pings the suspect with the suspicion on
  * board; the suspect's answer (its refutation, which had not reached us) clears it. And a
  * suspicion at a newer incarnation is a new suspicion: its timer starts again. */
 static void test_last_chance_and_new_suspicion(void **state) {
@@ -1054,12 +1255,13 @@ static void test_last_chance_and_new_suspicion(void **state) {
     int64_t t0 = so.now;
     so.pings_to_b_with_suspicion = 0;
     ts_swim_stats_t st;
-    solo_run(&so, t0 + hi - cfg.probe_interval_ms - 1);
+    solo_run(&so, t0 + cfg.probe_interval_ms - 1);
     ts_swim_get_stats(so.core, &st);
     assert_int_equal(st.last_chance_pings, 0);
+    /* one suspect ping a probe interval, the last a probe interval before the verdict */
     solo_run(&so, t0 + hi - cfg.probe_interval_ms);
     ts_swim_get_stats(so.core, &st);
-    assert_int_equal(st.last_chance_pings, 1);
+    assert_int_equal(st.last_chance_pings, hi / cfg.probe_interval_ms - 1);
     assert_int_equal(so.last_chance_at, t0 + hi - cfg.probe_interval_ms);
     /* B answers as a node that refuted long ago would: its claim at incarnation 1 */
     ts_swim_msg_t m = {.type = TS_SWIM_GOSSIP, .n_updates = 1};
@@ -1579,6 +1781,9 @@ int main(void) {
         cmocka_unit_test(test_last_chance_and_new_suspicion),
         cmocka_unit_test(test_who_are_you),
         cmocka_unit_test(test_wire_fuzz),
+        cmocka_unit_test(test_suspicion_stays_local),
+        cmocka_unit_test(test_digest_push_pull),
+        cmocka_unit_test(test_digest_malformed),
     };
     return cmocka_run_group_tests(tests, setup_sodium, NULL);
 }

@@ -2,8 +2,8 @@
  * fuzz_gossip_datagram.c — libFuzzer harness for the gossip wire decoders (net/swim_wire.h):
  * the input is the plaintext of one gossip datagram as net/gossip.c hands it to
  * ts_swim_wire_decode after opening it, and, read again, one push-pull full state as
- * ts_swim_wire_decode_state reads it from the secure link. The seal layer in front of the
- * datagram decoder (unseal and the sender's replay window) is static in net/gossip.c; it is
+ * ts_swim_wire_decode_state reads it from the secure link, and push-pull's digest and diff
+ * (ts_swim_wire_decode_digest, _diff). The seal layer in front of the datagram decoder (unseal and the sender's replay window) is static in net/gossip.c; it is
  * covered by test_gossip's hostile datagrams (garbage, truncated, wrongly keyed, replayed,
  * oversized, another seal version), which go through a real socket.
  *
@@ -103,9 +103,56 @@ static void full_state(const uint8_t *data, size_t size) {
         abort(); /* canonical too */
 }
 
+/* A push-pull digest: a failure leaves it and the sender zeroed; what decodes re-encodes to
+ * exactly the input. */
+static void digest(const uint8_t *data, size_t size) {
+    uint8_t from[TS_SWIM_ID_LEN], buf[TS_SWIM_WIRE_DIGEST];
+    ts_swim_digest_t d;
+    int rc = ts_swim_wire_decode_digest(data, size, from, &d);
+    if (rc != TS_OK) {
+        static const ts_swim_digest_t zero;
+        if ((rc != TS_ECORRUPT && rc != TS_ENOTSUP) || memcmp(&d, &zero, sizeof d) != 0)
+            abort();
+        return;
+    }
+    size_t len = 0;
+    if (size != TS_SWIM_WIRE_DIGEST || ts_swim_wire_tcp_type(data, size) != 7 ||
+        ts_swim_wire_encode_digest(from, &d, buf, sizeof buf, &len) != TS_OK || len != size ||
+        memcmp(buf, data, size) != 0)
+        abort();
+}
+
+/* A push-pull diff: a failure reports no entries and an empty mask; what decodes has every
+ * entry in a masked bucket and re-encodes to exactly the input. */
+static void diff(const uint8_t *data, size_t size) {
+    uint8_t from[TS_SWIM_ID_LEN], mask[TS_SWIM_DIGEST_MASK_BYTES];
+    uint32_t n = 12345;
+    int rc = ts_swim_wire_decode_diff(data, size, from, mask, entries, MAX_STATE, &n);
+    if (rc != TS_OK) {
+        static const uint8_t zero[TS_SWIM_DIGEST_MASK_BYTES];
+        if (n != 0 || memcmp(mask, zero, sizeof zero) != 0)
+            abort();
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t b = ts_swim_digest_bucket(entries[i].claim.id);
+        if (!(mask[b / 8] & (1u << (b % 8))))
+            abort();
+        check_claim(&entries[i].claim);
+    }
+    size_t len = 0;
+    if (ts_swim_wire_diff_size(entries, n) != size ||
+        ts_swim_wire_encode_diff(from, mask, entries, n, state_buf, sizeof state_buf, &len) !=
+            TS_OK ||
+        len != size || memcmp(state_buf, data, size) != 0)
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     datagram(data, size);
     full_state(data, size);
+    digest(data, size);
+    diff(data, size);
     return 0;
 }
