@@ -22,7 +22,7 @@
  * page on 127.0.0.1:9420. With --systemd it writes tesserad.service beside them, a unit that runs
  * that config. It never overwrites a file; run the daemon with the command it prints.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -333,22 +333,28 @@ static int write_config(const join_opts_t *o, const char *abs, const netfile_t *
         strncat(boot, i ? ", " : "", sizeof boot - strlen(boot) - 1);
         strncat(boot, nf->bootstrap[i], sizeof boot - strlen(boot) - 1);
     }
-    char *ini = calloc(1, 8192 + sizeof boot);
+    size_t cap = 8192 + sizeof boot + 4 * (size_t)PATH_MAX;
+    char *ini = calloc(1, cap);
     if (!ini)
         return TS_ENOMEM;
-    snprintf(ini, 8192 + sizeof boot,
-             "# tesserad.ini — written by `tessera join`; configs/tesserad.ini documents every "
-             "key.\n"
-             "[node]\nidentity = %s/identity.key\nnetwork_key = %s/network.key\n"
-             "data_dir = %s/data\nlisten = %s\n%s%s%sbootstrap = %s\n\n"
-             "[expert]\n# the node chooses the cluster the network needs, fetches its expert "
-             "from a peer\n# (or trains it when nobody has it) and hosts it\nmode = auto\n\n"
-             "[metrics]\n# /metrics, /healthz and the status page (/) over HTTP\n"
-             "listen = %s\n",
-             abs, abs, abs, o->listen, o->advertise ? "advertise = " : "",
-             o->advertise ? o->advertise : "", o->advertise ? "\n" : "", boot, o->metrics);
+    int len =
+        snprintf(ini, cap,
+                 "# tesserad.ini — written by `tessera join`; configs/tesserad.ini documents every "
+                 "key.\n"
+                 "[node]\nidentity = %s/identity.key\nnetwork_key = %s/network.key\n"
+                 "data_dir = %s/data\nlisten = %s\n%s%s%sbootstrap = %s\n\n"
+                 "[expert]\n# the node chooses the cluster the network needs, fetches its expert "
+                 "from a peer\n# (or trains it when nobody has it) and hosts it\nmode = auto\n\n"
+                 "[metrics]\n# /metrics, /healthz and the status page (/) over HTTP\n"
+                 "listen = %s\n",
+                 abs, abs, abs, o->listen, o->advertise ? "advertise = " : "",
+                 o->advertise ? o->advertise : "", o->advertise ? "\n" : "", boot, o->metrics);
     snprintf(path, sizeof path, "%s/tesserad.ini", o->dir);
-    int rc = write_new(path, ini, err, errlen);
+    int rc = TS_ERANGE;
+    if (len < 0 || (size_t)len >= cap)
+        ts_set_err(err, errlen, "the config for %s is too long", abs);
+    else
+        rc = write_new(path, ini, err, errlen);
     free(ini);
     if (rc != TS_OK || !o->systemd)
         return rc;
@@ -356,20 +362,25 @@ static int write_config(const join_opts_t *o, const char *abs, const netfile_t *
     ts_cli_find_tesserad(found, sizeof found);
     if (!realpath(found, tesserad)) /* not found here: the unit names the usual install path */
         snprintf(tesserad, sizeof tesserad, "/usr/local/bin/tesserad");
-    snprintf(unit, sizeof unit,
-             "# tesserad.service — written by `tessera join --systemd` for %s/tesserad.ini.\n"
-             "# Install: cp %s/tesserad.service /etc/systemd/system/ && systemctl daemon-reload "
-             "&& systemctl enable --now tesserad\n"
-             "# (configs/tesserad.service is the hardened unit for a system install under "
-             "/var/lib/tessera.)\n"
-             "[Unit]\nDescription=tessera daemon (auto: hosts the expert the network needs)\n"
-             "After=network-online.target\nWants=network-online.target\n\n"
-             "[Service]\nType=exec\nExecStart=%s --config %s/tesserad.ini\n"
-             "ExecReload=/bin/kill -HUP $MAINPID\nKillSignal=SIGTERM\nTimeoutStopSec=30\n"
-             "Restart=on-failure\nRestartSec=5\nUMask=0077\nNoNewPrivileges=yes\n\n"
-             "[Install]\nWantedBy=multi-user.target\n",
-             abs, abs, tesserad, abs);
+    int ulen = snprintf(
+        unit, sizeof unit,
+        "# tesserad.service — written by `tessera join --systemd` for %s/tesserad.ini.\n"
+        "# Install: cp %s/tesserad.service /etc/systemd/system/ && systemctl daemon-reload "
+        "&& systemctl enable --now tesserad\n"
+        "# (configs/tesserad.service is the hardened unit for a system install under "
+        "/var/lib/tessera.)\n"
+        "[Unit]\nDescription=tessera daemon (auto: hosts the expert the network needs)\n"
+        "After=network-online.target\nWants=network-online.target\n\n"
+        "[Service]\nType=exec\nExecStart=%s --config %s/tesserad.ini\n"
+        "ExecReload=/bin/kill -HUP $MAINPID\nKillSignal=SIGTERM\nTimeoutStopSec=30\n"
+        "Restart=on-failure\nRestartSec=5\nUMask=0077\nNoNewPrivileges=yes\n\n"
+        "[Install]\nWantedBy=multi-user.target\n",
+        abs, abs, tesserad, abs);
     snprintf(path, sizeof path, "%s/tesserad.service", o->dir);
+    if (ulen < 0 || (size_t)ulen >= sizeof unit) {
+        ts_set_err(err, errlen, "the unit for %s is too long", abs);
+        return TS_ERANGE;
+    }
     return write_new(path, unit, err, errlen);
 }
 

@@ -355,8 +355,7 @@ static int check_expert(const ts_daemon_config_t *c, const char *name, char *err
         "set mode = host to host an expert, or mode = train to train one",
         "a hosted expert needs its weights and its partition",
         "training needs the partition and the cluster to learn",
-        "an auto node chooses its cluster and fetches or trains its weights (partition, when "
-        "set, restricts it to that partition)"};
+        "an auto node chooses its cluster and fetches or trains its weights"};
     int set[3] = {c->expert_weights[0] != 0, c->expert_partition[0] != 0, c->expert_cluster >= 0};
     int m = c->expert_mode;
     for (int i = 0; i < 3; i++) {
