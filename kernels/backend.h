@@ -73,6 +73,8 @@ extern "C" {
      * out, bias (fp32) added to the fp32 product. TS_ENOTSUP as gemm_bf16. */                     \
     X(linear_forward_bf16, float *out, const float *inp, const uint16_t *weight,                   \
       const float *bias, int64_t M, int64_t N, int64_t K, int64_t group)                           \
+    /* GELU (tanh form) for a bf16 consumer: a vector exp, within 1e-6 of gelu_forward. */         \
+    X(gelu_forward_bf16, float *out, const float *inp, int64_t n)                                  \
                                                                                                    \
     /* out, inp (rows, C); mean, rstd (rows), each may be NULL */                                  \
     X(layernorm_forward, float *out, float *mean, float *rstd, const float *inp, int64_t rows,     \

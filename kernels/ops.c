@@ -430,6 +430,11 @@ int ts_gelu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
     return DISPATCH(e, gelu_forward, F(out), CF(inp), ts_tensor_numel(out));
 }
 
+int ts_gelu_forward_bf16(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
+    TS_TRY(check_same2(e, out, inp));
+    return DISPATCH(e, gelu_forward_bf16, F(out), CF(inp), ts_tensor_numel(out));
+}
+
 int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                      const ts_tensor_t *inp) {
     TS_TRY(check_same3(e, dinp, dout, inp));

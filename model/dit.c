@@ -477,7 +477,10 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     TS_TRY(ts_layernorm_forward(e, &ln2, &m2, &r2, &x_mid));
     TS_TRY(ts_modulate_forward(e, &mod2, &ln2, &mod, 3, 4));
     TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
-    TS_TRY(ts_gelu_forward(e, &gelu, &fc1));
+    if (m->precision == TS_PREC_BF16) /* its reader, fc2, rounds it to bf16 */
+        TS_TRY(ts_gelu_forward_bf16(e, &gelu, &fc1));
+    else
+        TS_TRY(ts_gelu_forward(e, &gelu, &fc1));
     TS_TRY(ts_linear_forward(e, &fc2, &gelu, &W->fc2_w, &P->fc2_b));
     TS_TRY(ts_gate_residual_forward(e, &x_out, &x_mid, &fc2, &mod, 5));
     return TS_OK;

@@ -5,6 +5,9 @@
  *   linear, matmul     against a naive loop over the same inputs rounded to bf16, accumulated in
  *                      double: a bf16·bf16 product is exact in fp32, so the only error is fp32
  *                      accumulation in oneDNN's order: |got − ref| ≤ 1e-5 · Σ_k |a_k·b_k| + 1e-7.
+ *   gelu for bf16      against ts_gelu_forward: 1e-6 relative + 1e-6 absolute (a vector exp; the
+ *                      fp32 tanh form itself loses ~|x|·2^-24 to cancellation in 1 + tanh u for
+ *                      x < −3; the output is rounded to bf16 by the next product, 2^-9 relative).
  *   attention          bf16 against the fp32 op: q, k, v and the softmax weights rounded to bf16
  *                      (2^-9 relative each): 2e-2 abs + 2e-2 rel on values of O(1).
  *   DiT forward        bf16 against fp32 on the same random weights: the velocity's relative
@@ -153,6 +156,23 @@ static void test_attention(void **state) {
     TU_FREE_TENSORS(&qkv, &out, &out16, &att, &att16);
 }
 
+static void test_gelu(void **state) {
+    ts_engine_t *e = *state;
+    int64_t n = 100003; /* odd: a masked tail */
+    ts_tensor_t x, want, got;
+    tu_alloc_f32(&x, 1, TS_SHAPE(n));
+    tu_alloc_f32(&want, 1, TS_SHAPE(n));
+    tu_alloc_f32(&got, 1, TS_SHAPE(n));
+    tu_rng_t r = {31};
+    tu_fill_uniform(&r, &x, -12, 12);
+    float *xs = tu_f32(&x);
+    xs[0] = 0.0f, xs[1] = -100.0f, xs[2] = 100.0f, xs[3] = -1e30f, xs[4] = 1e30f, xs[5] = 1e-30f;
+    assert_int_equal(ts_gelu_forward(e, &want, &x), TS_OK);
+    assert_int_equal(ts_gelu_forward_bf16(e, &got, &x), TS_OK);
+    tu_check_close(tu_f32(&got), tu_f32(&want), n, 1e-6, 1e-6, "gelu for bf16 vs gelu");
+    TU_FREE_TENSORS(&x, &want, &got);
+}
+
 /* ---- the DiT forward --------------------------------------------------------------------- */
 
 /* A `tiny` DiT with every parameter N(0, 0.05): DiT's own init zeroes the adaLN and final layers,
@@ -271,11 +291,9 @@ int main(int argc, char **argv) {
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_linear),
-        cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_dit_forward),
-        cmocka_unit_test(test_trainable_refused),
+        cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_attention),   cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_dit_forward), cmocka_unit_test(test_trainable_refused),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

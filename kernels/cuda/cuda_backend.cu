@@ -316,3 +316,7 @@ int ts_cuda_linear_forward_bf16(ts_engine_t *, float *, const float *, const uin
                                 const float *, int64_t, int64_t, int64_t, int64_t) {
     return TS_ENOTSUP;
 }
+
+int ts_cuda_gelu_forward_bf16(ts_engine_t *, float *, const float *, int64_t) {
+    return TS_ENOTSUP;
+}
