@@ -45,6 +45,8 @@ if(TESSERA_DNNL)
   else()
     message(WARNING "oneDNN not found: the bf16 path (--precision bf16) is off. Install it with: apt-get install libdnnl-dev (or run scripts/setup.sh)")
   endif()
+else()
+  message(STATUS "oneDNN not used (TESSERA_DNNL=OFF): the bf16 path (--precision bf16) is off")
 endif()
 
 find_program(PROTOC_C NAMES protoc-c protoc-gen-c)
