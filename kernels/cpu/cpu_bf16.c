@@ -363,7 +363,10 @@ static void lin_slices(void *arg, int64_t lo, int64_t hi) {
 
 int ts_cpu_linear_forward_bf16(ts_engine_t *e, float *out, const float *inp, const uint16_t *weight,
                                const float *bias, int64_t M, int64_t N, int64_t K, int64_t group) {
-    (void)group; /* oneDNN's rows do not depend on the slicing: no per-item calls needed */
+    /* No per-item calls: a row's bits from oneDNN's matmul do not depend on how many rows share
+     * its call here (test_bf16 checks a sample alone against its batch, test_serve the server's
+     * answers against the local forward); a CPU where they did would fail those tests. */
+    (void)group;
     ts_bf16_ctx_t *x;
     TS_TRY(ctx_get(e, &x));
     int T = x->nslots;
