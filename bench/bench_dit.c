@@ -20,6 +20,10 @@
  * most --tol (1e-4), else the program exits 3 — a benchmark of two different computations means
  * nothing.
  *
+ * --precision bf16 runs the forward with ts_dit_set_precision(TS_PREC_BF16) (bf16 products through
+ * oneDNN, fp32 accumulation): forward rows only (training stays f32), and a --check against an
+ * fp32 reference then needs a bf16-sized --tol (bench_dit.py passes 3e-2).
+ *
  * What it is not: a profiler (run it under `perf record`), nor a test of speed targets (those are
  * judged by bench_dit.py against PyTorch in the same run).
  */
@@ -59,6 +63,7 @@ typedef struct opts {
     int quick;
     int warmup_calls, min_calls;
     double warmup_seconds;
+    ts_precision_t precision;
 } opts_t;
 
 /* ---- timing ----------------------------------------------------------------------------- */
@@ -300,7 +305,8 @@ static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_e
         if ((unsigned char)*s >= 0x20)
             fputc(*s, out);
     }
-    fprintf(out, "\",\n  \"threads\": %d,\n  \"seconds\": %g,\n", e->threads, o->seconds);
+    fprintf(out, "\",\n  \"threads\": %d,\n  \"seconds\": %g,\n  \"precision\": \"%s\",\n",
+            e->threads, o->seconds, ts_precision_name(m->precision));
     fprintf(out,
             "  \"config\": {\"input_size\": %d, \"in_channels\": %d, \"patch_size\": %d, "
             "\"hidden_size\": %d, \"depth\": %d, \"num_heads\": %d, \"num_classes\": %d, "
@@ -335,9 +341,9 @@ static void print_header(FILE *out, const opts_t *o, const ts_dit_t *m, const ts
             o->weights, c->input_size, c->input_size, c->in_channels, c->patch_size, c->hidden_size,
             c->depth, c->num_heads, (long long)m->num_params);
     fprintf(out,
-            "engine: CPU, %d threads; %.3f MFLOP per sample forward (GEMMs), %gs per "
+            "engine: CPU, %d threads, %s; %.3f MFLOP per sample forward (GEMMs), %gs per "
             "measurement\n",
-            e->threads, flops / 1e6, o->seconds);
+            e->threads, ts_precision_name(m->precision), flops / 1e6, o->seconds);
 }
 
 static void print_check(FILE *out, const opts_t *o, const check_t *ck) {
@@ -394,6 +400,13 @@ static int run(const opts_t *o) {
         ts_st_free(&cf);
         ts_engine_free(&e);
         return fail(o->weights, rc, err);
+    }
+    if (o->precision != TS_PREC_F32 &&
+        (rc = ts_dit_set_precision(&m, o->precision, err, sizeof err)) != TS_OK) {
+        ts_st_free(&cf);
+        ts_dit_free(&m);
+        ts_engine_free(&e);
+        return fail("--precision", rc, err);
     }
     double flops = ts_dit_flops_per_sample(&m.cfg);
     FILE *out = stdout;
@@ -482,24 +495,27 @@ done:
 /* ---- command line ----------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
-            "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
-            "\n"
-            "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
-            "ts_trainer_step on random images) at the training batch, on the CPU engine.\n"
-            "\n"
-            "  --weights FILE     a DiT safetensors file (config in its __metadata__)\n"
-            "  --threads N        engine threads (default: one per online core)\n"
-            "  --batch B          a forward batch size; repeat for several (default: 1 and 64)\n"
-            "  --train-batch B    training batch size; 0 = no training measurement (default 64)\n"
-            "  --seconds S        timed seconds per measurement, after a warm-up (default 2)\n"
-            "  --quick            a smoke run: short warm-up, 0.3 s unless --seconds, 3 calls\n"
-            "  --check FILE       first compare one forward on FILE's x, t, y with its v; exit 3\n"
-            "                     when they differ by more than the tolerance\n"
-            "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
-            "  --json             print one JSON document instead of the table\n"
-            "  -h, --help         show this text\n");
+    fprintf(
+        f, "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
+           "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
+           "                 [--precision f32|bf16]\n"
+           "\n"
+           "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
+           "ts_trainer_step on random images) at the training batch, on the CPU engine.\n"
+           "\n"
+           "  --weights FILE     a DiT safetensors file (config in its __metadata__)\n"
+           "  --threads N        engine threads (default: one per online core)\n"
+           "  --batch B          a forward batch size; repeat for several (default: 1 and 64)\n"
+           "  --train-batch B    training batch size; 0 = no training measurement (default 64)\n"
+           "  --seconds S        timed seconds per measurement, after a warm-up (default 2)\n"
+           "  --quick            a smoke run: short warm-up, 0.3 s unless --seconds, 3 calls\n"
+           "  --check FILE       first compare one forward on FILE's x, t, y with its v; exit 3\n"
+           "                     when they differ by more than the tolerance\n"
+           "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
+           "  --json             print one JSON document instead of the table\n"
+           "  --precision P      f32 (default) or bf16: the forward's products (bf16: no training\n"
+           "                     row)\n"
+           "  -h, --help         show this text\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
@@ -559,6 +575,8 @@ int main(int argc, char **argv) {
             bad = parse_int(v, 0, 65536, &o.train_batch);
         } else if (strcmp(a, "--seconds") == 0) {
             bad = parse_double(v, 0.0, 3600.0, &o.seconds);
+        } else if (strcmp(a, "--precision") == 0) {
+            bad = ts_precision_parse(v, &o.precision) != TS_OK || !v;
         } else if (strcmp(a, "--tol") == 0) {
             bad = parse_double(v, 0.0, 1.0, &o.tol);
         } else {
@@ -578,6 +596,8 @@ int main(int argc, char **argv) {
     }
     if (o.seconds < 0)
         o.seconds = o.quick ? 0.3 : 2.0;
+    if (o.precision != TS_PREC_F32)
+        o.train_batch = 0; /* a trainable model stays f32 */
     if (o.n_batches == 0) {
         o.batches[0] = 1;
         o.batches[1] = 64;

@@ -20,7 +20,15 @@ one run, at the same thread count:
      ε ~ N(0, 1), x_t = (1 − t)·x0 + t·ε, forward, MSE against ε − x0, backward, gradient-norm
      clipping to 1, AdamW (foreach), EMA of the weights;
 and once per run it takes the sgemm peak from `bench_gemm --json` (a 2048³ product through the
-engine, plus OpenBLAS alone on its own threads). Both sides are timed call by call after a
+engine, plus OpenBLAS alone on its own threads) and, where the bf16 path runs, the bf16 peak (the
+same product through ts_matmul_bf16, i.e. oneDNN).
+
+bf16 rows (issue 19), where the bf16 path runs (else skipped, with the reason): ours with
+`bench_dit --precision bf16` (checked against PyTorch's fp32 output to BF16_TOL) against
+PyTorch's best bf16 CPU path of two — torch.autocast("cpu", bfloat16) around the eager model, and
+torch.utils.mkldnn.to_mkldnn(model, bfloat16) — each timed in the same worker as the fp32 rows;
+every bf16 row is also read as a fraction of the fp32 and of the bf16 peak, and against our own
+fp32 row. The worker also times a 2048³ torch.matmul in fp32 and bf16, PyTorch's own peaks. Both sides are timed call by call after a
 warm-up, for at least S seconds and 5 calls, and the figure is the median call.
 
 PyTorch gets its best showing. Its OpenMP threads (for the elementwise ops) and OpenBLAS's
@@ -66,6 +74,9 @@ CONFIGS = {
 FORWARD_BATCHES = (1, 64)
 TRAIN_BATCH = 64
 ROW_KEYS = [f"forward_b{B}" for B in FORWARD_BATCHES] + [f"train_b{TRAIN_BATCH}"]
+BF16_KEYS = [f"forward_b{B}_bf16" for B in FORWARD_BATCHES]
+BF16_TOL = 3e-2      # bf16 against PyTorch's fp32 output, relative to max(1, max|v|)
+TORCH_BF16_PATHS = ("autocast", "mkldnn")
 CHECK_BATCH = 8
 TOL_FORWARD = 1e-4   # max|Δv| / max(1, max|v|), as tests/parity/run_parity.py
 DATA_N = 1024        # synthetic training images, as bench_dit.c
@@ -79,6 +90,11 @@ TARGETS = (
     ("forward_b1", "ratio", 10.0),
     ("train_b64", "ratio", 2.0),
     ("forward_b64", "of_peak", 0.5),
+)
+# issue 19's: bf16 forward b64 ≥ 1.7× our fp32 and ≥ 1.5× PyTorch's best bf16
+TARGETS_BF16 = (
+    ("forward_b64_bf16", "vs_ours_f32", 1.7),
+    ("forward_b64_bf16", "ratio", 1.5),
 )
 
 
@@ -241,7 +257,9 @@ def sgemm_peak(build):
     if ARGS.quick:
         cmd.append("--quick")
     g = run_json(cmd)
+    bf16 = g.get("peak_bf16")
     return {"gflops": g["peak"]["gflops"], "size": g["peak"]["m"],
+            "bf16_gflops": bf16["gflops"] if bf16 else None,
             "openblas_direct_gflops": g["openblas_direct"]["gflops"],
             "engine_openblas_config": g.get("openblas_config"), "command": " ".join(cmd)}
 
@@ -300,6 +318,37 @@ def torch_forward(model, cfg, B, seconds, gen):
     return time_calls(step, seconds)
 
 
+def torch_forward_bf16(model, cfg, B, seconds, gen, path):
+    """PyTorch's bf16 forward by one of TORCH_BF16_PATHS; model is the fp32 eager model."""
+    x, t, y = random_inputs(cfg, B, gen)
+    model.eval()
+    if path == "autocast":
+        def step():
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                model(x, t, y)
+    else:  # every nn.Linear becomes oneDNN's MkldnnLinear with bf16 weights
+        import copy
+        from torch.utils import mkldnn as mk
+        mm = mk.to_mkldnn(copy.deepcopy(model), torch.bfloat16)
+
+        def step():
+            with torch.no_grad():
+                mm(x, t, y)
+    return time_calls(step, seconds)
+
+
+def torch_peaks(seconds):
+    """PyTorch's own 2048³ matmul in fp32 and bf16 (GFLOP/s of the median call)."""
+    n = 1024 if ARGS.quick else 2048
+    out = {}
+    for name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        r = time_calls(lambda: torch.matmul(a, b), seconds)
+        out[name] = 2.0 * n ** 3 / r["median_s"] / 1e9
+    out["size"] = n
+    return out
+
+
 def torch_train(model, cfg, B, seconds, gen):
     """The training step of model/train.c, in PyTorch eager."""
     C, S, K = cfg["in_channels"], cfg["input_size"], cfg["num_classes"]
@@ -352,7 +401,16 @@ def torch_worker(weights, check):
     for B in FORWARD_BATCHES:
         rows[f"forward_b{B}"] = torch_forward(model, cfg, B, ARGS.seconds, gen)
     rows[f"train_b{TRAIN_BATCH}"] = torch_train(model, cfg, TRAIN_BATCH, ARGS.seconds, gen)
-    json.dump({"blas": blas, "rows": rows}, sys.stdout)
+    bf16 = {}
+    for path in TORCH_BF16_PATHS:
+        try:
+            bf16[path] = {f"forward_b{B}_bf16": torch_forward_bf16(model, cfg, B, ARGS.seconds,
+                                                                   gen, path)
+                          for B in FORWARD_BATCHES}
+        except Exception as e:  # a path this PyTorch cannot take is reported, not fatal
+            bf16[path] = {"error": repr(e)[:300]}
+    json.dump({"blas": blas, "rows": rows, "bf16": bf16,
+               "peaks": torch_peaks(ARGS.seconds)}, sys.stdout)
     print()
 
 
@@ -394,13 +452,26 @@ def run_config(name, build, work, peak):
         f"max|diff| {ck['max_abs_diff']:.3e}, relative {ck['rel']:.3e} ≤ {TOL_FORWARD:.0e}")
     flops = ours["flops_per_sample"]
     res_ours = {f"{r['what']}_b{r['batch']}": r for r in ours["results"]}
+    ours16, cmd16 = None, None
+    if peak.get("bf16_gflops"):
+        cmd16 = [exe, "--weights", weights, "--threads", str(ARGS.threads), "--seconds",
+                 str(ARGS.seconds), "--check", check_path, "--tol", str(BF16_TOL),
+                 "--precision", "bf16", "--json"] + (["--quick"] if ARGS.quick else [])
+        log(f"[{name}] ours bf16: {' '.join(cmd16)}")
+        ours16 = run_json(cmd16)
+        log(f"[{name}] check bf16: relative {ours16['check']['rel']:.3e} ≤ {BF16_TOL:.0e}")
+        for r in ours16["results"]:
+            res_ours[f"{r['what']}_b{r['batch']}_bf16"] = r
 
     # 3. PyTorch, once per OpenMP wait policy
-    res_torch, blas = {}, None
+    res_torch, blas, torch16, tpeaks = {}, None, {}, {}
     for policy in ARGS.omp_wait_policy:
-        log(f"[{name}] PyTorch (OMP_WAIT_POLICY {policy}): forward b1, b64, train b64")
+        log(f"[{name}] PyTorch (OMP_WAIT_POLICY {policy}): forward b1, b64, train b64; bf16 "
+            f"forward by {' and '.join(TORCH_BF16_PATHS)}")
         w = torch_worker_run(weights, check_path, policy)
         res_torch[policy] = w["rows"]
+        torch16[policy] = w["bf16"]
+        tpeaks[policy] = w["peaks"]
         blas = blas or w["blas"]
 
     rows = []
@@ -423,9 +494,32 @@ def run_config(name, build, work, peak):
             "ours": o, "torch": p, "torch_by_policy": {pol: res_torch[pol][key]
                                                        for pol in ARGS.omp_wait_policy},
         })
+    for key in (BF16_KEYS if ours16 else []):
+        o, f32 = res_ours[key], res_ours[key[:-len("_bf16")]]
+        B = o["batch"]
+        cands = [(pol, path, r[key]) for pol in ARGS.omp_wait_policy
+                 for path, r in torch16[pol].items() if key in r]
+        pol, path, p = min(cands, key=lambda c: c[2]["median_s"])
+        sps_t = B / p["median_s"]
+        sps_t32 = max(B / res_torch[q][key[:-len("_bf16")]]["median_s"]
+                      for q in ARGS.omp_wait_policy)
+        rows.append({
+            "key": key, "what": "forward bf16", "batch": B,
+            "ours_samples_per_s": o["samples_per_s"], "torch_samples_per_s": sps_t,
+            "torch_policy": pol, "torch_path": path,
+            "torch_samples_per_s_by_path": {f"{c[1]}/{c[0]}": B / c[2]["median_s"]
+                                            for c in cands},
+            "ratio": o["samples_per_s"] / sps_t,
+            "vs_ours_f32": o["samples_per_s"] / f32["samples_per_s"],
+            "vs_torch_f32": o["samples_per_s"] / sps_t32,
+            "ours_gflops": o["gflops"], "torch_gflops": flops * sps_t / 1e9,
+            "of_peak": o["gflops"] / peak["gflops"],
+            "of_bf16_peak": o["gflops"] / peak["bf16_gflops"],
+            "ours": o, "torch": p,
+        })
     targets = []
     by_key = {r["key"]: r for r in rows}
-    for key, field, thr in TARGETS:
+    for key, field, thr in TARGETS + (TARGETS_BF16 if ours16 else ()):
         val = by_key[key][field]
         targets.append({"row": key, "measure": field, "value": val, "target": thr,
                         "met": val >= thr})
@@ -434,15 +528,23 @@ def run_config(name, build, work, peak):
         f"these {load['seconds']:.0f} s")
     return {"config": name, "model": cfg, "num_params": ours["num_params"],
             "flops_per_sample": flops, "check": ck, "command": " ".join(cmd), "rows": rows,
-            "targets": targets, "other_load": load, "torch_blas": blas}
+            "targets": targets, "other_load": load, "torch_blas": blas,
+            "bf16": {"command": " ".join(cmd16) if cmd16 else None,
+                     "check": ours16["check"] if ours16 else None,
+                     "skipped": None if ours16 else "no bf16 peak: bf16 does not run here",
+                     "torch_paths": torch16},
+            "torch_peaks": tpeaks}
 
 
 # ---- output --------------------------------------------------------------------------------------
 
 def describe_target(t):
+    row = t["row"].replace("_b", " b").replace("_bf16", " bf16")
     if t["measure"] == "ratio":
-        return (f"{t['row'].replace('_b', ' b')} ≥ {t['target']:g}× PyTorch",
-                f"{t['value']:.2f}×")
+        best = " best bf16" if t["row"].endswith("_bf16") else ""
+        return (f"{row} ≥ {t['target']:g}× PyTorch{best}", f"{t['value']:.2f}×")
+    if t["measure"] == "vs_ours_f32":
+        return (f"{row} ≥ {t['target']:g}× our f32", f"{t['value']:.2f}×")
     return (f"{t['row'].replace('_b', ' b')} ≥ {100 * t['target']:.0f} % of sgemm peak",
             f"{100 * t['value']:.1f} %")
 
@@ -464,6 +566,13 @@ def print_report(env, peak, results):
     print(f"peak:     sgemm {peak['size']}³ through the engine {peak['gflops']:.1f} GFLOP/s "
           f"(OpenBLAS alone on its own threads: {peak['openblas_direct_gflops']:.1f}); other "
           f"processes meanwhile: {peak['other_load']['other_cores']:.2f} cores", file=out)
+    if peak.get("bf16_gflops"):
+        print(f"          bf16 {peak['size']}³ through the engine (oneDNN) "
+              f"{peak['bf16_gflops']:.1f} GFLOP/s", file=out)
+    for r in results[:1]:
+        for pol, tp in r["torch_peaks"].items():
+            print(f"          PyTorch matmul {tp['size']}³ (OMP {pol}): f32 {tp['f32']:.1f}, "
+                  f"bf16 {tp['bf16']:.1f} GFLOP/s", file=out)
     policies = ARGS.omp_wait_policy
     for r in results:
         print(f"\n{r['config']}: {r['num_params']} parameters, "
@@ -474,12 +583,29 @@ def print_report(env, peak, results):
         print(f"  {'':12} {'ours/s':>9} {'PyTorch/s':>10} {'ratio':>7} {'ours GF/s':>10} "
               f"{'of peak':>8} {'PT GF/s':>8}{per_pol}", file=out)
         for row in r["rows"]:
+            if row["key"].endswith("_bf16"):
+                continue
             label = f"{row['what']} b{row['batch']}"
             pp = "".join(f" {row['torch_samples_per_s_by_policy'][pol]:11.1f}" for pol in policies)
             print(f"  {label:12} {row['ours_samples_per_s']:9.1f} "
                   f"{row['torch_samples_per_s']:10.1f} {row['ratio']:6.2f}× "
                   f"{row['ours_gflops']:10.2f} {100 * row['of_peak']:7.1f}% "
                   f"{row['torch_gflops']:8.2f}{pp}", file=out)
+        rows16 = [row for row in r["rows"] if row["key"].endswith("_bf16")]
+        if rows16:
+            print(f"  {'bf16':12} {'ours/s':>9} {'PT bf16/s':>10} {'ratio':>7} {'vs ours32':>10} "
+                  f"{'vs PT32':>8} {'ours GF/s':>10} {'of f32pk':>9} {'of bf16pk':>10}  PT path",
+                  file=out)
+        else:
+            print(f"  bf16: skipped ({r['bf16']['skipped']})", file=out)
+        for row in rows16:
+            label = f"forward b{row['batch']}"
+            print(f"  {label:12} {row['ours_samples_per_s']:9.1f} "
+                  f"{row['torch_samples_per_s']:10.1f} {row['ratio']:6.2f}× "
+                  f"{row['vs_ours_f32']:9.2f}× {row['vs_torch_f32']:7.2f}× "
+                  f"{row['ours_gflops']:10.2f} {100 * row['of_peak']:8.1f}% "
+                  f"{100 * row['of_bf16_peak']:9.1f}%  {row['torch_path']}/{row['torch_policy']}",
+                  file=out)
         for t in r["targets"]:
             what, val = describe_target(t)
             print(f"  target {what:34} {val:>9}  {'MET' if t['met'] else 'NOT MET'}", file=out)

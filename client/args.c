@@ -71,6 +71,10 @@ static int set_value(const char *prog, ts_arg_t *a, const char *v) {
         if (ts_device_spec_parse(v, (ts_device_spec_t *)a->dest) != TS_OK)
             return bad_value(prog, a, v, "must be auto, cpu, cuda or cuda:N");
         return 0;
+    case TS_ARG_PRECISION:
+        if (ts_precision_parse(v, (ts_precision_t *)a->dest) != TS_OK)
+            return bad_value(prog, a, v, "must be f32 or bf16");
+        return 0;
     default: return 2;
     }
 }

@@ -13,13 +13,14 @@
 #include <stdio.h>
 
 typedef enum {
-    TS_ARG_FLAG,   /* int*: set to 1, takes no value */
-    TS_ARG_INT,    /* int*, within [min, max] */
-    TS_ARG_I64,    /* int64_t*, within [min, max] */
-    TS_ARG_U64,    /* uint64_t* (seeds) */
-    TS_ARG_FLOAT,  /* float*, finite, within [min, max] */
-    TS_ARG_STRING, /* const char** */
-    TS_ARG_DEVICE, /* ts_device_spec_t* (kernels/engine.h): auto, cpu, cuda, cuda:N */
+    TS_ARG_FLAG,      /* int*: set to 1, takes no value */
+    TS_ARG_INT,       /* int*, within [min, max] */
+    TS_ARG_I64,       /* int64_t*, within [min, max] */
+    TS_ARG_U64,       /* uint64_t* (seeds) */
+    TS_ARG_FLOAT,     /* float*, finite, within [min, max] */
+    TS_ARG_STRING,    /* const char** */
+    TS_ARG_DEVICE,    /* ts_device_spec_t* (kernels/engine.h): auto, cpu, cuda, cuda:N */
+    TS_ARG_PRECISION, /* ts_precision_t* (kernels/engine.h): f32, bf16 */
 } ts_arg_kind_t;
 
 typedef struct ts_arg {

@@ -715,7 +715,8 @@ typedef struct {
     const char *dir, *classifier, *monolith, *policies, *sampler, *report, *fmnist_dir;
     const char *save_dir;
     int n, steps, threads, json, grid_n, ref_n, boot, pr_k, tau_set;
-    ts_device_spec_t device; /* --device (zeroed: the CPU) */
+    ts_device_spec_t device;  /* --device (zeroed: the CPU) */
+    ts_precision_t precision; /* --precision (zeroed: f32): experts and monoliths */
     float cfg, tau;
     uint64_t seed;
 } eval_opts_t;
@@ -777,6 +778,7 @@ static int parse_opts(int argc, char **argv, eval_opts_t *o) {
         {"json", TS_ARG_FLAG, &o->json, NULL, "print the results as one JSON object on stdout instead of the table"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+        {"precision", TS_ARG_PRECISION, &o->precision, "P", "the experts' and monoliths' matrix products in " TS_PRECISION_HELP "; the classifier and the router stay f32"},
     };
     /* clang-format on */
     int n = (int)(sizeof args / sizeof args[0]);
@@ -865,6 +867,11 @@ static int open_models(eval_run_t *r) {
     for (int m = 0; m < r->n_mono && rc == TS_OK; m++)
         rc = ts_local_open_file(&r->mono[m], r->mono_paths[m], &r->eng, r->chunk, r->pairs, err,
                                 errlen);
+    if (rc == TS_OK)
+        rc = ts_local_set_precision(&r->loc, o->precision, PROG, err, errlen);
+    for (int m = 0; m < r->n_mono && rc == TS_OK; m++)
+        rc = ts_local_set_precision(&r->mono[m], o->precision, r->loc.ex.K ? NULL : PROG, err,
+                                    errlen); /* announced once */
     for (int i = 0; i < r->n_entries && rc == TS_OK; i++)
         if (!r->e[i].monolith)
             rc = ts_local_check_policy(&r->loc, r->e[i].policy, PROG, err, errlen);
@@ -1062,6 +1069,8 @@ static void print_json(const eval_run_t *r) {
         (json_int_t)o->seed, "ref_n", o->ref_n, "bootstrap", o->boot, "pr_k", o->pr_k, "local",
         o->dir, "experts", r->loc.ex.K, "monolith", o->monolith, "report", o->report, "classifier",
         o->classifier, "cluster_ref_share", ref_share, "entries", list);
+    if (root)
+        json_object_set_new(root, "precision", json_string(ts_precision_name(o->precision)));
     if (root) {
         json_dumpf(root, stdout, JSON_COMPACT);
         printf("\n");

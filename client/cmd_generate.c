@@ -212,7 +212,8 @@ typedef struct {
     const char *dir, *policy_s, *select_s, *sampler, *peer, *nk, *identity, *data_dir, *partition;
     const char *trace, *cls, *out, *routing_json, *trajectory, *fmnist_dir;
     int prefer_local, no_hedge, timeout_ms, retries, n, steps, threads, cols, json, class_prior;
-    ts_device_spec_t device; /* --device (zeroed: the CPU): --local and --prefer-local */
+    ts_device_spec_t device;  /* --device (zeroed: the CPU): --local and --prefer-local */
+    ts_precision_t precision; /* --precision (zeroed: f32): the experts of --local */
     int no_prior, exact, require_coverage, tau_set;
     float cfg, tau, router_temp;
     uint64_t seed;
@@ -323,6 +324,8 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o->device, "NAME",
          "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+        {"precision", TS_ARG_PRECISION, &o->precision, "P",
+         "the local experts' matrix products in " TS_PRECISION_HELP},
     };
     int n = (int)(sizeof args / sizeof args[0]);
     int pr = ts_args_parse(PROG,
@@ -401,6 +404,8 @@ static int open_experts(gen_run_t *r) {
         rc = ts_local_open(&r->loc, o->dir, &r->eng, r->chunk, r->pairs, wants_router, PROG, r->err,
                            sizeof r->err);
     }
+    if (rc == TS_OK)
+        rc = ts_local_set_precision(&r->loc, o->precision, PROG, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_local_check_policy(&r->loc, r->policy, PROG, r->err, sizeof r->err);
     if (rc != TS_OK)

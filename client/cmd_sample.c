@@ -66,7 +66,8 @@ static int open_weights(ts_dit_t *m, const char *weights, const char *data_dir, 
 typedef struct {
     const char *weights, *out, *sampler, *cls, *out_tensor, *data_dir;
     int n, steps, threads, cols, json;
-    ts_device_spec_t device; /* --device (zeroed: the CPU) */
+    ts_device_spec_t device;  /* --device (zeroed: the CPU) */
+    ts_precision_t precision; /* --precision (zeroed: f32) */
     float cfg;
     uint64_t seed;
 } sample_opts_t;
@@ -106,6 +107,8 @@ static int parse_opts(int argc, char **argv, sample_opts_t *o) {
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o->device, "NAME",
          "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+        {"precision", TS_ARG_PRECISION, &o->precision, "P",
+         "matrix products in " TS_PRECISION_HELP},
         {"cols", TS_ARG_INT, &o->cols, "N", "grid columns (default: square)", 0, 10000},
         {"out", TS_ARG_STRING, &o->out, "FILE", "PNG grid to write", 0, 0, 1},
         {"out-tensor", TS_ARG_STRING, &o->out_tensor, "FILE",
@@ -134,6 +137,8 @@ static int open_model(sample_run_t *r) {
     if (rc == TS_OK)
         rc = open_weights(&r->model, o->weights, o->data_dir, &r->eng,
                           o->cfg != 1.0f ? 2 * r->chunk : r->chunk, r->err, sizeof r->err);
+    if (rc == TS_OK)
+        rc = ts_cli_precision(&r->model, 1, o->precision, PROG, r->err, sizeof r->err);
     if (rc != TS_OK)
         return ts_args_fail(PROG, r->err, rc);
     const ts_dit_config_t *c = &r->model.cfg;

@@ -423,3 +423,27 @@ int ts_cli_engine(ts_engine_t *e, const ts_device_spec_t *device, int threads, c
         fprintf(stderr, "%s: computing on %s\n", prog, note);
     return TS_OK;
 }
+
+int ts_cli_precision(ts_dit_t *models, int n, ts_precision_t p, const char *prog, char *err,
+                     size_t errlen) {
+    char why[256] = "";
+    for (int i = 0; i < n; i++) {
+        int rc = ts_dit_set_precision(&models[i], p, why, sizeof why);
+        if (rc != TS_OK) {
+            snprintf(err, errlen, "--precision %s: %s", ts_precision_name(p),
+                     why[0] ? why : ts_strerror(rc));
+            return rc;
+        }
+    }
+    if (p == TS_PREC_BF16 && n > 0 && prog)
+        fprintf(stderr, "%s: bf16 products (oneDNN), fp32 accumulation, LayerNorm and softmax\n",
+                prog);
+    return TS_OK;
+}
+
+int ts_local_set_precision(ts_local_t *l, ts_precision_t p, const char *prog, char *err,
+                           size_t errlen) {
+    if (!l->ex.models)
+        return TS_OK;
+    return ts_cli_precision(l->ex.models, l->ex.K, p, prog, err, errlen);
+}

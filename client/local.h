@@ -141,4 +141,14 @@ int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err
 int ts_cli_engine(ts_engine_t *e, const ts_device_spec_t *device, int threads, const char *prog,
                   char *err, size_t errlen);
 
+/* Sets the precision of a verb's --precision on the n models (kernels/engine.h, model/dit.h
+ * ts_dit_set_precision: bf16 converts their weights once, here). f32 is the default and says
+ * nothing; bf16 is announced on stderr ("PROG: bf16 products …"; prog NULL: silently). Where
+ * bf16 cannot run the error is TS_ENOTSUP with the reason in err. */
+int ts_cli_precision(ts_dit_t *models, int n, ts_precision_t p, const char *prog, char *err,
+                     size_t errlen);
+/* The same on the experts of a folder opened here (remote experts have none: nothing to do). */
+int ts_local_set_precision(ts_local_t *l, ts_precision_t p, const char *prog, char *err,
+                           size_t errlen);
+
 #endif

@@ -29,6 +29,26 @@ tessera_require_pkg(LAPACKE   lapacke       liblapacke-dev)
 tessera_require_pkg(INIH      inih          libinih-dev)
 tessera_require_pkg(MHD       libmicrohttpd libmicrohttpd-dev)
 
+# Optional: oneDNN (Debian: libdnnl-dev, 2.6) for the CPU's bf16 path (--precision bf16). Without
+# it everything builds and runs in fp32, and bf16 is refused with the reason. Found by its header
+# and library rather than its CMake package, which drags in OpenCL for the GPU runtime we do not
+# use. omp_set_num_threads comes from libgomp, which Debian's oneDNN is built on.
+option(TESSERA_DNNL "bf16 on the CPU through oneDNN when libdnnl-dev is installed" ON)
+set(TESSERA_HAVE_DNNL OFF)
+if(TESSERA_DNNL)
+  find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.h)
+  find_library(DNNL_LIBRARY dnnl)
+  find_package(OpenMP COMPONENTS C QUIET)
+  if(DNNL_INCLUDE_DIR AND DNNL_LIBRARY AND OpenMP_C_FOUND)
+    set(TESSERA_HAVE_DNNL ON)
+    message(STATUS "Found oneDNN: ${DNNL_LIBRARY} (bf16 on the CPU)")
+  else()
+    message(WARNING "oneDNN not found: the bf16 path (--precision bf16) is off. Install it with: apt-get install libdnnl-dev (or run scripts/setup.sh)")
+  endif()
+else()
+  message(STATUS "oneDNN not used (TESSERA_DNNL=OFF): the bf16 path (--precision bf16) is off")
+endif()
+
 find_program(PROTOC_C NAMES protoc-c protoc-gen-c)
 if(NOT PROTOC_C)
   message(FATAL_ERROR "Missing protoc-c. Install it with: apt-get install protobuf-c-compiler (or run scripts/setup.sh)")

@@ -28,7 +28,12 @@
 typedef enum { TS_LOG_DEBUG = 0, TS_LOG_INFO, TS_LOG_WARN, TS_LOG_ERROR } ts_log_level_t;
 typedef enum { TS_LOG_TEXT = 0, TS_LOG_JSON } ts_log_format_t;
 /* What the node does with an expert ([expert] mode). */
-typedef enum { TS_EXPERT_NONE = 0, TS_EXPERT_HOST, TS_EXPERT_TRAIN, TS_EXPERT_AUTO } ts_expert_mode_t;
+typedef enum {
+    TS_EXPERT_NONE = 0,
+    TS_EXPERT_HOST,
+    TS_EXPERT_TRAIN,
+    TS_EXPERT_AUTO
+} ts_expert_mode_t;
 
 #define TS_CONFIG_MODEL_MAX 32 /* a model preset's name ("tiny", "XL/8") */
 
@@ -53,11 +58,12 @@ typedef struct ts_daemon_config {
     int train_steps, train_batch, train_warmup, train_threads, train_ckpt_every, train_keep;
     double train_lr, train_ema;
     uint64_t train_seed;
-    int train_serve_while_training; /* 0 or 1 */
+    int train_serve_while_training;    /* 0 or 1 */
     int auto_interval_s, auto_dwell_s; /* [expert] mode = auto: how often to choose, min dwell */
     int auto_bandwidth_mib_s;          /* its fetches' bandwidth, MiB/s; 0 = unlimited */
     /* [compute] */
-    ts_device_spec_t compute_device; /* the engine of the trainer and the server */
+    ts_device_spec_t compute_device;  /* the engine of the trainer and the server */
+    ts_precision_t compute_precision; /* the server's forward products (training stays f32) */
     /* [gossip] */
     int probe_interval_ms, probe_timeout_ms, indirect_probes, suspicion_mult, retransmit_mult;
     int pushpull_interval_s;

@@ -160,6 +160,7 @@ static int start_pending(ts_host_t *h, char *err, size_t errlen) {
         so.max_queue = c->serve_max_queue;
         so.compute_threads = c->serve_compute_threads;
         so.device = c->compute_device;
+        so.precision = c->compute_precision;
         if (h->env.metrics) {
             so.on_batch = observe_batch;
             so.on_queue_wait = observe_queue_wait;

@@ -565,6 +565,23 @@ static int check_opts(const ts_serve_opts_t *o, char *err, size_t errlen) {
     return TS_OK;
 }
 
+/* The model's precision, after its parameters are in: bf16 converts the weights once; where bf16
+ * cannot run, the server stays f32 and the device note (logged at start, shown by status) says
+ * why rather than refusing to serve. */
+static void set_precision(ts_serve_t *s) {
+    char why[256] = "";
+    size_t used = strlen(s->eng_note);
+    char *tail = s->eng_note + used;
+    size_t room = sizeof s->eng_note - used;
+    if (s->o.precision == TS_PREC_F32)
+        return;
+    if (ts_dit_set_precision(&s->model, s->o.precision, why, sizeof why) == TS_OK)
+        snprintf(tail, room, "; %s products", ts_precision_name(s->o.precision));
+    else
+        snprintf(tail, room, "; f32 (precision %s refused: %s)", ts_precision_name(s->o.precision),
+                 why);
+}
+
 /* The engine, the model with x's parameters and the staging, for max_batch rows. */
 static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, size_t errlen) {
     int rc = ts_engine_init_spec(&s->eng, &s->o.device, s->o.compute_threads, s->eng_note,
@@ -590,6 +607,8 @@ static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, siz
         rc = TS_ESHAPE;
     if (rc == TS_OK)
         rc = ts_tensor_copy(&s->model.param_mem, x->params);
+    if (rc == TS_OK)
+        set_precision(s);
     if (rc == TS_OK)
         rc = ts_tensor_alloc(&s->xx, TS_F32, TS_CPU, 4,
                              TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));

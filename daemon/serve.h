@@ -69,6 +69,9 @@ typedef struct ts_serve_opts {
     int max_queue;           /* rows queued before busy, default 256 */
     int compute_threads;     /* the engine's worker threads, default 0 = one per core */
     ts_device_spec_t device; /* the engine's device, default cpu (tesserad: [compute] device) */
+    /* the forward's products (tesserad: [compute] precision), default f32. bf16 where the engine
+     * cannot run it falls back to f32, and the device note (ts_serve_device) says why. */
+    ts_precision_t precision;
     /* Optional observers, called on the compute thread after each batch (they must be thread-safe
      * and quick: a metrics registry's updates): the batch's rows and compute time, and each of
      * its requests' time in the queue. */

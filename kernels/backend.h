@@ -63,6 +63,18 @@ extern "C" {
      * which the CPU may compute apart so that an item's rows do not depend on the batch. */       \
     X(linear_forward, float *out, const float *inp, const float *weight, const float *bias,        \
       int64_t M, int64_t N, int64_t K, int64_t group)                                              \
+    /* As gemm, with op(A) and op(B) rounded to bf16 (nearest even) and the products accumulated \
+     * in fp32; C stays fp32. The CPU runs it through oneDNN (kernels/cpu/cpu_bf16.c); TS_ENOTSUP \
+     * where bf16 cannot run (ts_engine_precision_check says why). */                             \
+    X(gemm_bf16, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,           \
+      const float *A, int64_t lda, int64_t stride_a, const float *B, int64_t ldb,                  \
+      int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c, int64_t batch)        \
+    /* As linear_forward with a bf16 weight (N, K): inp rounded to bf16, fp32 accumulation, fp32   \
+     * out, bias (fp32) added to the fp32 product. TS_ENOTSUP as gemm_bf16. */                     \
+    X(linear_forward_bf16, float *out, const float *inp, const uint16_t *weight,                   \
+      const float *bias, int64_t M, int64_t N, int64_t K, int64_t group)                           \
+    /* GELU (tanh form) for a bf16 consumer: a vector exp, within 1e-6 of gelu_forward. */         \
+    X(gelu_forward_bf16, float *out, const float *inp, int64_t n)                                  \
                                                                                                    \
     /* out, inp (rows, C); mean, rstd (rows), each may be NULL */                                  \
     X(layernorm_forward, float *out, float *mean, float *rstd, const float *inp, int64_t rows,     \
@@ -166,6 +178,11 @@ TS_BACKEND_OPS(TS_BACKEND_DECLARE)
 /* ---- engine and memory hooks (not per-op) ---- */
 int ts_cpu_engine_init(ts_engine_t *e, int threads);
 void ts_cpu_engine_free(ts_engine_t *e);
+/* TS_OK when the CPU's bf16 path can run here (this build has oneDNN, the CPU has AVX-512 BF16);
+ * TS_ENOTSUP otherwise, with the reason in why (may be NULL). */
+int ts_cpu_bf16_check(ts_engine_t *e, char *why, size_t why_len);
+/* Releases the engine's oneDNN state (primitives, scratch), made on the first bf16 product. */
+void ts_cpu_bf16_free(ts_engine_t *e);
 
 int ts_cuda_engine_init(ts_engine_t *e, int gpu);
 void ts_cuda_engine_free(ts_engine_t *e);

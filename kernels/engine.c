@@ -28,9 +28,10 @@ int ts_engine_init(ts_engine_t *e, const ts_engine_opts_t *opts) {
 void ts_engine_free(ts_engine_t *e) {
     if (!e)
         return;
-    if (e->device == TS_CPU)
+    if (e->device == TS_CPU) {
+        ts_cpu_bf16_free(e);
         ts_cpu_engine_free(e);
-    else if (e->device == TS_CUDA)
+    } else if (e->device == TS_CUDA)
         ts_cuda_engine_free(e);
     memset(e, 0, sizeof *e);
 }
@@ -157,4 +158,36 @@ int ts_engine_init_spec(ts_engine_t *e, const ts_device_spec_t *spec, int thread
     else
         snprintf(note, note_len, "%s%s", desc, spec->automatic ? " (auto)" : "");
     return rc;
+}
+
+/* ---- precision ---- */
+
+int ts_precision_parse(const char *text, ts_precision_t *out) {
+    if (!out)
+        return TS_EINVAL;
+    if (!text || !*text || strcmp(text, "f32") == 0)
+        *out = TS_PREC_F32;
+    else if (strcmp(text, "bf16") == 0)
+        *out = TS_PREC_BF16;
+    else
+        return TS_EINVAL;
+    return TS_OK;
+}
+
+const char *ts_precision_name(ts_precision_t p) { return p == TS_PREC_BF16 ? "bf16" : "f32"; }
+
+int ts_engine_precision_check(ts_engine_t *e, ts_precision_t p, char *why, size_t why_len) {
+    if (!e)
+        return TS_EINVAL;
+    if (p == TS_PREC_F32)
+        return TS_OK;
+    if (p != TS_PREC_BF16)
+        return TS_EINVAL;
+    if (e->device != TS_CPU) {
+        if (why && why_len)
+            snprintf(why, why_len,
+                     "bf16 runs on the CPU only for now (use --precision f32 on a GPU)");
+        return TS_ENOTSUP;
+    }
+    return ts_cpu_bf16_check(e, why, why_len);
 }

@@ -24,6 +24,7 @@ extern "C" {
 
 typedef struct ts_pool ts_pool_t;         /* CPU worker pool (kernels/cpu/pool.c) */
 typedef struct ts_cuda_ctx ts_cuda_ctx_t; /* cuBLAS handle + stream (kernels/cuda/) */
+typedef struct ts_bf16_ctx ts_bf16_ctx_t; /* oneDNN primitives + scratch (kernels/cpu/cpu_bf16.c) */
 
 typedef struct ts_engine {
     ts_device_t device;
@@ -31,6 +32,7 @@ typedef struct ts_engine {
     int gpu;             /* CUDA: device ordinal */
     ts_pool_t *pool;     /* CPU only */
     ts_cuda_ctx_t *cuda; /* CUDA only */
+    ts_bf16_ctx_t *bf16; /* CPU only, made by the first bf16 product */
 } ts_engine_t;
 
 typedef struct ts_engine_opts {
@@ -75,6 +77,24 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
 /* Device memory of a CUDA engine in bytes: total and used now (by every process). TS_ENODEV for a
  * CPU engine. */
 int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used);
+
+/* The precision of a model's matrix products (`--precision`, tesserad's `[compute] precision`).
+ * TS_PREC_F32: everything fp32, the default. TS_PREC_BF16: the linear layers' weights held in
+ * bf16, their inputs and attention's two products rounded to bf16, accumulation and every other op
+ * (LayerNorm, softmax, the residual stream) fp32. CPU only, through oneDNN, on a CPU with
+ * AVX-512 BF16 (ts_engine_precision_check). */
+typedef enum { TS_PREC_F32 = 0, TS_PREC_BF16 = 1 } ts_precision_t;
+
+#define TS_PRECISION_HELP                                                                          \
+    "f32 (default) or bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16)"
+
+/* Parses "f32" or "bf16" (NULL or "" = f32); TS_EINVAL for anything else, out untouched. */
+int ts_precision_parse(const char *text, ts_precision_t *out);
+/* "f32" or "bf16". */
+const char *ts_precision_name(ts_precision_t p);
+/* TS_OK when engine e can run precision p; TS_ENOTSUP otherwise with the reason in why (may be
+ * NULL): a CUDA engine, a build without oneDNN, a CPU without AVX-512 BF16. f32 always runs. */
+int ts_engine_precision_check(ts_engine_t *e, ts_precision_t p, char *why, size_t why_len);
 
 /* 1 when this build contains the CUDA backend. */
 int ts_cuda_built(void);

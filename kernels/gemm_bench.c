@@ -74,6 +74,7 @@ typedef struct shape {
     int64_t rows, in, out; /* linear */
     int64_t groups, T, d;  /* attention */
     int per_step;
+    int bf16; /* the peak's bf16 twin: ts_matmul_bf16 (oneDNN) */
 } shape_t;
 
 #define MAX_SHAPES 64
@@ -231,7 +232,10 @@ static int case_run(ts_engine_t *e, bench_case_t *k, const shape_t *s, int pass)
     int trans_b = s->kind == KIND_QK; /* S = Q·Kᵀ; O = P·V */
     float alpha = trans_b ? 1.0f / sqrtf((float)s->d) : 1.0f;
     switch (pass) {
-    case PASS_FWD: return ts_matmul(e, &k->c, &k->a, 0, &k->b, trans_b, alpha, 0.0f);
+    case PASS_FWD:
+        if (s->bf16)
+            return ts_matmul_bf16(e, &k->c, &k->a, 0, &k->b, trans_b, alpha, 0.0f);
+        return ts_matmul(e, &k->c, &k->a, 0, &k->b, trans_b, alpha, 0.0f);
     case PASS_BWD_A:
         return ts_matmul_backward(e, &k->da, NULL, &k->dc, &k->a, 0, &k->b, trans_b, alpha);
     default: return ts_matmul_backward(e, NULL, &k->db, &k->dc, &k->a, 0, &k->b, trans_b, alpha);
@@ -290,9 +294,11 @@ typedef struct peak {
 } peak_t;
 
 /* The reference: one square product c = a·b through ts_matmul (timed as an O = P·V pass), over
- * five times the shapes' window so that its best window is a steady one. */
-static int measure_peak(ts_engine_t *e, int size, double min_time, peak_t *p) {
-    shape_t s = {.layer = "peak", .kind = KIND_PV, .groups = 1, .T = size, .d = size};
+ * five times the shapes' window so that its best window is a steady one. With bf16, the same
+ * product through ts_matmul_bf16 (both operands rounded to bf16 on each call, as the bf16 path's
+ * inputs are): the bf16 peak the bf16 forward is read against. */
+static int measure_peak(ts_engine_t *e, int size, double min_time, int bf16, peak_t *p) {
+    shape_t s = {.layer = "peak", .kind = KIND_PV, .groups = 1, .T = size, .d = size, .bf16 = bf16};
     bench_case_t k;
     memset(&k, 0, sizeof k);
     int64_t n = size;
@@ -459,8 +465,9 @@ static void print_table(FILE *out, const result_t *r, int nr, const peak_t *pk, 
         }
 }
 
-static void print_json(FILE *out, const result_t *r, int nr, const peak_t *pk, const peak_t *direct,
-                       int threads, const char *blas_config, const char *cpu, double min_time) {
+static void print_json(FILE *out, const result_t *r, int nr, const peak_t *pk, const peak_t *pk16,
+                       const peak_t *direct, int threads, const char *blas_config, const char *cpu,
+                       double min_time) {
     fprintf(out, "{\n  \"engine\": \"cpu\",\n  \"threads\": %d,\n  \"openblas_threads\": %d,\n",
             threads, openblas_get_num_threads());
     fprintf(out, "  \"min_time_s\": %g,\n", min_time);
@@ -473,6 +480,14 @@ static void print_json(FILE *out, const result_t *r, int nr, const peak_t *pk, c
             "  \"peak\": {\"m\": %d, \"n\": %d, \"k\": %d, \"gflops\": %.3f, "
             "\"seconds_per_call\": %.6g, \"mean_seconds_per_call\": %.6g, \"calls\": %ld},\n",
             pk->size, pk->size, pk->size, pk->gflops, pk->t.best, pk->t.mean, pk->t.calls);
+    if (pk16->size)
+        fprintf(out,
+                "  \"peak_bf16\": {\"m\": %d, \"n\": %d, \"k\": %d, \"gflops\": %.3f, "
+                "\"seconds_per_call\": %.6g, \"mean_seconds_per_call\": %.6g, \"calls\": %ld},\n",
+                pk16->size, pk16->size, pk16->size, pk16->gflops, pk16->t.best, pk16->t.mean,
+                pk16->t.calls);
+    else
+        fprintf(out, "  \"peak_bf16\": null,\n");
     fprintf(out,
             "  \"openblas_direct\": {\"m\": %d, \"n\": %d, \"k\": %d, \"threads\": %d, "
             "\"gflops\": %.3f, \"seconds_per_call\": %.6g, \"calls\": %ld},\n",
@@ -533,15 +548,31 @@ int ts_gemm_bench_run(const ts_gemm_bench_opts_t *opts) {
     }
 
     peak_t pk;
-    rc = measure_peak(&e, peak_size, min_time, &pk);
+    rc = measure_peak(&e, peak_size, min_time, 0, &pk);
     if (rc != TS_OK) {
         fprintf(stderr, "bench gemm: peak sgemm %d^3 failed: %s\n", peak_size, ts_strerror(rc));
         ts_engine_free(&e);
         return rc;
     }
+    /* the bf16 peak where bf16 runs (peak_bf16.size 0 otherwise, with the reason) */
+    peak_t pk16 = {0};
+    char why16[256] = "";
+    if (ts_engine_precision_check(&e, TS_PREC_BF16, why16, sizeof why16) == TS_OK &&
+        (rc = measure_peak(&e, peak_size, min_time, 1, &pk16)) != TS_OK) {
+        fprintf(stderr, "bench gemm: peak bf16 %d^3 failed: %s\n", peak_size, ts_strerror(rc));
+        ts_engine_free(&e);
+        return rc;
+    }
     if (!opts->json) {
-        fprintf(out, "peak:     sgemm %dx%dx%d via ts_matmul: %.2f GFLOP/s (%.1f ms per call)\n\n",
+        fprintf(out, "peak:     sgemm %dx%dx%d via ts_matmul: %.2f GFLOP/s (%.1f ms per call)\n",
                 peak_size, peak_size, peak_size, pk.gflops, pk.t.best * 1e3);
+        if (pk16.size)
+            fprintf(out,
+                    "          bf16 %dx%dx%d via ts_matmul_bf16 (oneDNN): %.2f GFLOP/s (%.1f ms "
+                    "per call)\n\n",
+                    peak_size, peak_size, peak_size, pk16.gflops, pk16.t.best * 1e3);
+        else
+            fprintf(out, "          bf16: not measured (%s)\n\n", why16);
         fflush(out);
     }
 
@@ -573,7 +604,8 @@ int ts_gemm_bench_run(const ts_gemm_bench_opts_t *opts) {
         rc = measure_openblas_direct(peak_size, e.threads, min_time, &direct);
     if (rc == TS_OK) {
         if (opts->json) {
-            print_json(out, results, nr, &pk, &direct, e.threads, blas_config, cpu, min_time);
+            print_json(out, results, nr, &pk, &pk16, &direct, e.threads, blas_config, cpu,
+                       min_time);
         } else {
             print_table(out, results, nr, &pk, opts->config);
             fprintf(out,

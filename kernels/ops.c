@@ -225,7 +225,8 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, out));
     TS_TRY(check_f32(e, inp));
-    TS_TRY(check_f32(e, weight));
+    int bf16 = weight && weight->dtype == TS_BF16;
+    TS_TRY(check_on(e, weight, bf16 ? TS_BF16 : TS_F32));
     TS_TRY(check_opt(e, bias));
     if (weight->ndim != 2)
         return TS_ESHAPE;
@@ -238,6 +239,9 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
     /* out (M, N) = inp (M, K) · weightᵀ (K, N) + bias; an item of the batch is inp's leading
      * index: its rows are M / shape[0] (1 for a 2-D input) */
     int64_t group = inp->ndim >= 3 && inp->shape[0] > 0 ? M / inp->shape[0] : 1;
+    if (bf16)
+        return DISPATCH(e, linear_forward_bf16, F(out), CF(inp), (const uint16_t *)weight->data,
+                        OPT(bias), M, N, K, group);
     return DISPATCH(e, linear_forward, F(out), CF(inp), CF(weight), OPT(bias), M, N, K, group);
 }
 
@@ -303,8 +307,8 @@ static int matmul_dims(const ts_tensor_t *c, const ts_tensor_t *a, int ta, const
     return TS_OK;
 }
 
-int ts_matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
-              const ts_tensor_t *b, int trans_b, float alpha, float beta) {
+static int matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
+                  const ts_tensor_t *b, int trans_b, float alpha, float beta, int bf16) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, c));
     TS_TRY(check_f32(e, a));
@@ -312,8 +316,21 @@ int ts_matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
     mm_dims_t d;
     TS_TRY(matmul_dims(c, a, trans_a, b, trans_b, &d));
     int64_t lda = a->shape[a->ndim - 1], ldb = b->shape[b->ndim - 1];
+    if (bf16)
+        return DISPATCH(e, gemm_bf16, trans_a, trans_b, d.M, d.N, d.K, alpha, CF(a), lda, d.M * d.K,
+                        CF(b), ldb, d.K * d.N, beta, F(c), d.N, d.M * d.N, d.batch);
     return DISPATCH(e, gemm, trans_a, trans_b, d.M, d.N, d.K, alpha, CF(a), lda, d.M * d.K, CF(b),
                     ldb, d.K * d.N, beta, F(c), d.N, d.M * d.N, d.batch);
+}
+
+int ts_matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
+              const ts_tensor_t *b, int trans_b, float alpha, float beta) {
+    return matmul(e, c, a, trans_a, b, trans_b, alpha, beta, 0);
+}
+
+int ts_matmul_bf16(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
+                   const ts_tensor_t *b, int trans_b, float alpha, float beta) {
+    return matmul(e, c, a, trans_a, b, trans_b, alpha, beta, 1);
 }
 
 int ts_matmul_backward(ts_engine_t *e, ts_tensor_t *da, ts_tensor_t *db, const ts_tensor_t *dc,
@@ -413,6 +430,11 @@ int ts_gelu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
     return DISPATCH(e, gelu_forward, F(out), CF(inp), ts_tensor_numel(out));
 }
 
+int ts_gelu_forward_bf16(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
+    TS_TRY(check_same2(e, out, inp));
+    return DISPATCH(e, gelu_forward_bf16, F(out), CF(inp), ts_tensor_numel(out));
+}
+
 int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                      const ts_tensor_t *inp) {
     TS_TRY(check_same3(e, dinp, dout, inp));
@@ -471,8 +493,8 @@ static int attention_dims(const ts_tensor_t *qkv, const ts_tensor_t *out, const 
 /* For sample b, head h: Q, K, V are (T, hd) slices of qkv with row stride 3C, at column offsets
  * h·hd, C + h·hd, 2C + h·hd; the heads of one sample are a strided batch (stride hd). So no
  * permuted copies of q, k, v are ever made: the GEMMs read them in place. */
-int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv,
-                         int heads) {
+static int attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
+                             const ts_tensor_t *qkv, int heads, int bf16) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, out));
     TS_TRY(check_f32(e, att));
@@ -485,18 +507,36 @@ int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, con
         const float *q = CF(qkv) + b * T * ld;
         float *a = F(att) + b * H * T * T;
         /* att[b, h] (T, T) = scale · Q_h · K_hᵀ */
-        TS_TRY(DISPATCH(e, gemm, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a, T, T * T,
-                        H));
+        if (bf16)
+            TS_TRY(DISPATCH(e, gemm_bf16, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a,
+                            T, T * T, H));
+        else
+            TS_TRY(DISPATCH(e, gemm, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a, T,
+                            T * T, H));
     }
     TS_TRY(DISPATCH(e, softmax_forward, F(att), CF(att), d.B * H * T, T));
     for (int64_t b = 0; b < d.B; b++) {
         const float *v = CF(qkv) + b * T * ld + 2 * C;
         const float *a = CF(att) + b * H * T * T;
         /* out[b, :, h·hd:(h+1)·hd] (T, hd) = att[b, h] (T, T) · V_h (T, hd) */
-        TS_TRY(DISPATCH(e, gemm, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
-                        F(out) + b * T * C, C, hd, H));
+        if (bf16)
+            TS_TRY(DISPATCH(e, gemm_bf16, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
+                            F(out) + b * T * C, C, hd, H));
+        else
+            TS_TRY(DISPATCH(e, gemm, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
+                            F(out) + b * T * C, C, hd, H));
     }
     return TS_OK;
+}
+
+int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv,
+                         int heads) {
+    return attention_forward(e, out, att, qkv, heads, 0);
+}
+
+int ts_attention_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
+                              const ts_tensor_t *qkv, int heads) {
+    return attention_forward(e, out, att, qkv, heads, 1);
 }
 
 int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,

@@ -63,7 +63,8 @@ int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t);
 /* ---- matrix products ------------------------------------------------------------------- */
 
 /* out (..., N) = inp (..., K) · weightᵀ + bias. weight is (N, K) as in torch.nn.Linear;
- * bias (N) may be NULL. */
+ * bias (N) may be NULL. A BF16 weight takes the bf16 path: inp rounded to bf16, fp32
+ * accumulation, out and bias fp32 (TS_ENOTSUP where it cannot run: ts_engine_precision_check). */
 int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias);
 /* dinp (..., K) += dout · weight; dweight (N, K) += doutᵀ · inp; dbias (N) += Σ_rows dout. */
@@ -74,6 +75,10 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, 
  * common leading batch dimension (a strided-batched GEMM, one product per batch entry). */
 int ts_matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
               const ts_tensor_t *b, int trans_b, float alpha, float beta);
+/* As ts_matmul, with op(a) and op(b) rounded to bf16 and fp32 accumulation (all tensors stay
+ * F32). TS_ENOTSUP where bf16 cannot run (ts_engine_precision_check says why). */
+int ts_matmul_bf16(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
+                   const ts_tensor_t *b, int trans_b, float alpha, float beta);
 /* Gradients of c = alpha · op(a) · op(b): da += ..., db += ... (either may be NULL). */
 int ts_matmul_backward(ts_engine_t *e, ts_tensor_t *da, ts_tensor_t *db, const ts_tensor_t *dc,
                        const ts_tensor_t *a, int trans_a, const ts_tensor_t *b, int trans_b,
@@ -92,6 +97,12 @@ int ts_layernorm_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *
 int ts_gelu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                      const ts_tensor_t *inp);
+/* GELU for the bf16 forward, whose next op rounds it to bf16 anyway: the same tanh form, written
+ * as x / (1 + exp(−2u)) with a vectorised exp (AVX-512), within 1e-6 relative + 1e-6 absolute of
+ * ts_gelu_forward (whose 1 + tanh u itself cancels for x < −3) — far below a bf16 rounding
+ * (2^-9), and several times faster. F32 in and out; out may alias inp. TS_ENOTSUP where bf16
+ * cannot run (ts_engine_precision_check). */
+int ts_gelu_forward_bf16(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 /* SiLU, x·sigmoid(x). out may alias inp. */
 int ts_silu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 int ts_silu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
@@ -110,6 +121,10 @@ int ts_softmax_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *do
  * backward. Scale 1/sqrt(head_dim). */
 int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv,
                          int heads);
+/* As ts_attention_forward with both products in bf16 (q, k, v and the softmax weights rounded
+ * to bf16, fp32 accumulation); the softmax and every tensor stay fp32. Inference only. */
+int ts_attention_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
+                              const ts_tensor_t *qkv, int heads);
 /* dqkv (B, T, 3C) += ...; datt (B, heads, T, T) is scratch (overwritten). */
 int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
                           const ts_tensor_t *dout, const ts_tensor_t *qkv, const ts_tensor_t *att,

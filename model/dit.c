@@ -169,8 +169,8 @@ static int view_of(const ts_tensor_t *slab, const ts_dit_param_info_t *pi, ts_te
         shape[1] = pi->shape[1] * pi->shape[2] * pi->shape[3];
         ndim = 2;
     }
-    float *base = (float *)slab->data + pi->offset;
-    return ts_tensor_wrap(out, base, TS_F32, slab->device, ndim, shape);
+    char *base = (char *)slab->data + pi->offset * (int64_t)ts_dtype_size(slab->dtype);
+    return ts_tensor_wrap(out, base, slab->dtype, slab->device, ndim, shape);
 }
 
 int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_params_t *v,
@@ -180,7 +180,8 @@ int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_para
     int64_t total;
     TS_TRY(ts_dit_param_table(cfg, &info, &count, &total));
     int rc = TS_OK;
-    if (ts_tensor_check(slab) || slab->dtype != TS_F32 || ts_tensor_numel(slab) < total)
+    if (ts_tensor_check(slab) || (slab->dtype != TS_F32 && slab->dtype != TS_BF16) ||
+        ts_tensor_numel(slab) < total)
         rc = TS_ESHAPE;
     /* the table's order is fixed: 7 head tensors, 10 per block, 4 final */
     ts_tensor_t *head[7] = {&v->x_w, &v->x_b, &v->t_w0, &v->t_b0, &v->t_w2, &v->t_b2, &v->y_table};
@@ -349,6 +350,8 @@ void ts_dit_free(ts_dit_t *m) {
     ts_tensor_free(&m->pos_embed);
     ts_tensor_free(&m->grad_mem);
     ts_tensor_free(&m->param_mem);
+    ts_tensor_free(&m->param_bf16);
+    free(m->wbf16.blocks);
     free(m->acts.blocks);
     free(m->grads.blocks);
     free(m->params.blocks);
@@ -400,11 +403,58 @@ static ts_tensor_t stat_rows(const ts_tensor_t *t, int B, int T) {
     return v;
 }
 
+/* ---- precision ------------------------------------------------------------------------- */
+
+int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len) {
+    if (!m || !m->info)
+        return TS_EINVAL;
+    if (p == TS_PREC_F32) {
+        ts_tensor_free(&m->param_bf16);
+        free(m->wbf16.blocks);
+        memset(&m->wbf16, 0, sizeof m->wbf16);
+        m->precision = TS_PREC_F32;
+        return TS_OK;
+    }
+    if (m->trainable) {
+        if (why && why_len)
+            snprintf(why, why_len, "bf16 is an inference precision: a trainable model stays f32");
+        return TS_ENOTSUP;
+    }
+    TS_TRY(ts_engine_precision_check(m->eng, p, why, why_len));
+    if (!m->wbf16.blocks) {
+        m->wbf16.blocks = calloc((size_t)m->cfg.depth, sizeof *m->wbf16.blocks);
+        if (!m->wbf16.blocks)
+            return TS_ENOMEM;
+    }
+    int rc = TS_OK;
+    if (!m->param_bf16.data)
+        rc = ts_tensor_alloc(&m->param_bf16, TS_BF16, m->eng->device, 1, TS_SHAPE(m->num_params));
+    if (rc == TS_OK)
+        rc = ts_dit_bind(&m->cfg, &m->param_bf16, &m->wbf16, m->wbf16.blocks);
+    if (rc == TS_OK)
+        rc = ts_convert(m->eng, &m->param_bf16, &m->param_mem);
+    if (rc == TS_OK)
+        m->precision = p;
+    return rc;
+}
+
+/* The weights a linear layer multiplies by: the bf16 copies at bf16, else the parameters. The
+ * biases always come from the fp32 parameters. */
+static const ts_dit_params_t *weights(const ts_dit_t *m) {
+    return m->precision == TS_PREC_BF16 ? &m->wbf16 : &m->params;
+}
+
+static int attention(ts_dit_t *m, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv) {
+    if (m->precision == TS_PREC_BF16)
+        return ts_attention_forward_bf16(m->eng, out, att, qkv, m->cfg.num_heads);
+    return ts_attention_forward(m->eng, out, att, qkv, m->cfg.num_heads);
+}
+
 static int block_forward(ts_dit_t *m, int l, int B) {
     ts_engine_t *e = m->eng;
-    const ts_dit_block_params_t *P = &m->params.blocks[l];
+    const ts_dit_block_params_t *P = &m->params.blocks[l], *W = &weights(m)->blocks[l];
     ts_dit_block_acts_t *A = &m->acts.blocks[l];
-    int T = ts_dit_tokens(&m->cfg), H = m->cfg.num_heads;
+    int T = ts_dit_tokens(&m->cfg);
     ts_tensor_t c_silu = rows(&m->acts.c_silu, B), mod = rows(&A->mod, B);
     ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B), mod1 = rows(&A->mod1, B);
     ts_tensor_t m1 = stat_rows(&A->ln1_mean, B, T), r1 = stat_rows(&A->ln1_rstd, B, T);
@@ -415,20 +465,23 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     ts_tensor_t fc1 = rows(&A->fc1, B), gelu = rows(&A->gelu, B), fc2 = rows(&A->fc2, B);
     ts_tensor_t x_out = rows(&A->x_out, B);
 
-    TS_TRY(ts_linear_forward(e, &mod, &c_silu, &P->ada_w, &P->ada_b)); /* 6 chunks of h */
+    TS_TRY(ts_linear_forward(e, &mod, &c_silu, &W->ada_w, &P->ada_b)); /* 6 chunks of h */
     /* attention branch: x_mid = x_in + gate_msa · proj(attn(modulate(LN(x_in)))) */
     TS_TRY(ts_layernorm_forward(e, &ln1, &m1, &r1, &x_in));
     TS_TRY(ts_modulate_forward(e, &mod1, &ln1, &mod, 0, 1));
-    TS_TRY(ts_linear_forward(e, &qkv, &mod1, &P->qkv_w, &P->qkv_b));
-    TS_TRY(ts_attention_forward(e, &atty, &att, &qkv, H));
-    TS_TRY(ts_linear_forward(e, &proj, &atty, &P->proj_w, &P->proj_b));
+    TS_TRY(ts_linear_forward(e, &qkv, &mod1, &W->qkv_w, &P->qkv_b));
+    TS_TRY(attention(m, &atty, &att, &qkv));
+    TS_TRY(ts_linear_forward(e, &proj, &atty, &W->proj_w, &P->proj_b));
     TS_TRY(ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2));
     /* MLP branch: x_out = x_mid + gate_mlp · fc2(gelu(fc1(modulate(LN(x_mid))))) */
     TS_TRY(ts_layernorm_forward(e, &ln2, &m2, &r2, &x_mid));
     TS_TRY(ts_modulate_forward(e, &mod2, &ln2, &mod, 3, 4));
-    TS_TRY(ts_linear_forward(e, &fc1, &mod2, &P->fc1_w, &P->fc1_b));
-    TS_TRY(ts_gelu_forward(e, &gelu, &fc1));
-    TS_TRY(ts_linear_forward(e, &fc2, &gelu, &P->fc2_w, &P->fc2_b));
+    TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
+    if (m->precision == TS_PREC_BF16) /* its reader, fc2, rounds it to bf16 */
+        TS_TRY(ts_gelu_forward_bf16(e, &gelu, &fc1));
+    else
+        TS_TRY(ts_gelu_forward(e, &gelu, &fc1));
+    TS_TRY(ts_linear_forward(e, &fc2, &gelu, &W->fc2_w, &P->fc2_b));
     TS_TRY(ts_gate_residual_forward(e, &x_out, &x_mid, &fc2, &mod, 5));
     return TS_OK;
 }
@@ -451,7 +504,7 @@ int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t
     const ts_dit_config_t *c = &m->cfg;
     ts_engine_t *e = m->eng;
     ts_dit_acts_t *A = &m->acts;
-    ts_dit_params_t *P = &m->params;
+    const ts_dit_params_t *P = &m->params, *W = weights(m);
     int p = c->patch_size;
     if (x->ndim != 4 || x->shape[0] != B || x->shape[1] != c->in_channels ||
         x->shape[2] != c->input_size || x->shape[3] != c->input_size || ts_tensor_numel(t) != B)
@@ -465,13 +518,13 @@ int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t
 
     /* patch embedding: the stride-p conv is a linear over (c, py, px)-ordered patches */
     TS_TRY(ts_patchify_forward(e, &patches, x, p));
-    TS_TRY(ts_linear_forward(e, &x0, &patches, &P->x_w, &P->x_b));
+    TS_TRY(ts_linear_forward(e, &x0, &patches, &W->x_w, &P->x_b));
     TS_TRY(ts_add_bcast_forward(e, &x0, &x0, &m->pos_embed));
     /* conditioning: c = MLP(sinusoid(1000·t)) + label embedding */
     TS_TRY(ts_timestep_embedding_forward(e, &tfreq, t, 1000.0f));
-    TS_TRY(ts_linear_forward(e, &t_h, &tfreq, &P->t_w0, &P->t_b0));
+    TS_TRY(ts_linear_forward(e, &t_h, &tfreq, &W->t_w0, &P->t_b0));
     TS_TRY(ts_silu_forward(e, &t_s, &t_h));
-    TS_TRY(ts_linear_forward(e, &t_emb, &t_s, &P->t_w2, &P->t_b2));
+    TS_TRY(ts_linear_forward(e, &t_emb, &t_s, &W->t_w2, &P->t_b2));
     TS_TRY(ts_embedding_forward(e, &y_emb, &P->y_table, &ids));
     TS_TRY(ts_add(e, &cc, &t_emb, &y_emb));
     TS_TRY(ts_silu_forward(e, &c_silu, &cc));
@@ -491,7 +544,7 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
     const ts_dit_config_t *c = &m->cfg;
     ts_engine_t *e = m->eng;
     ts_dit_acts_t *A = &m->acts;
-    ts_dit_params_t *P = &m->params;
+    const ts_dit_params_t *P = &m->params, *W = weights(m);
     int p = c->patch_size;
     ts_tensor_t c_silu = rows(&A->c_silu, B);
 
@@ -500,10 +553,10 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
     ts_tensor_t mf = stat_rows(&A->lnf_mean, B, ts_dit_tokens(c));
     ts_tensor_t rf = stat_rows(&A->lnf_rstd, B, ts_dit_tokens(c));
     ts_tensor_t fx = rows(&A->fx, B), out_tok = rows(&A->out_tok, B), out = rows(&A->out, B);
-    TS_TRY(ts_linear_forward(e, &fmod, &c_silu, &P->fada_w, &P->fada_b));
+    TS_TRY(ts_linear_forward(e, &fmod, &c_silu, &W->fada_w, &P->fada_b));
     TS_TRY(ts_layernorm_forward(e, &lnf, &mf, &rf, &xf));
     TS_TRY(ts_modulate_forward(e, &fx, &lnf, &fmod, 0, 1));
-    TS_TRY(ts_linear_forward(e, &out_tok, &fx, &P->f_w, &P->f_b));
+    TS_TRY(ts_linear_forward(e, &out_tok, &fx, &W->f_w, &P->f_b));
     TS_TRY(ts_unpatchify_forward(e, &out, &out_tok, p));
     *v = out;
     return TS_OK;

@@ -132,8 +132,11 @@ typedef struct ts_dit {
     ts_arena_t arena;
     ts_dit_acts_t acts;
     ts_dit_grad_acts_t gacts;
-    ts_tensor_t labels; /* (max_batch) I32 staging for y */
-    ts_tensor_t tvals;  /* (max_batch) F32 staging for t */
+    ts_precision_t precision; /* of the forward's products (ts_dit_set_precision), f32 by default */
+    ts_tensor_t param_bf16;   /* (num_params) BF16 copy of param_mem at bf16, else empty */
+    ts_dit_params_t wbf16;    /* views into param_bf16: the linear weights the bf16 forward uses */
+    ts_tensor_t labels;       /* (max_batch) I32 staging for y */
+    ts_tensor_t tvals;        /* (max_batch) F32 staging for t */
     int trainable;
 } ts_dit_t;
 
@@ -186,6 +189,15 @@ int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t
  * gradients are left as they are). Requires trainable. */
 int ts_dit_backward_trunk(ts_dit_t *m, const ts_tensor_t *dx_final, int B);
 int ts_dit_zero_grad(ts_dit_t *m);
+
+/* Sets the precision of the forward's matrix products (kernels/engine.h ts_precision_t). bf16:
+ * every linear weight is converted to bf16 now, once (call again after the parameters change),
+ * and the forward's linears and attention products run in bf16 with fp32 accumulation; the
+ * biases, LayerNorm, softmax, modulation and residual stream stay fp32. f32 (the default) drops
+ * the copy; its forward is bit-identical to a model that never left f32. TS_ENOTSUP, with the
+ * reason in why (may be NULL), where the engine cannot run bf16 or the model is trainable (the
+ * backward assumes the fp32 forward). */
+int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len);
 
 /* Multiply-adds (×2 = FLOPs) of one forward pass per sample, counting the GEMMs only. */
 double ts_dit_flops_per_sample(const ts_dit_config_t *cfg);

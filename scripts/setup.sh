@@ -24,7 +24,7 @@ set -euo pipefail
 BUILD_PKGS=(
     build-essential cmake pkg-config
     libuv1-dev libsodium-dev libprotobuf-c-dev protobuf-c-compiler liblmdb-dev lmdb-utils
-    libopenblas-dev liblapacke-dev libcmocka-dev
+    libopenblas-dev liblapacke-dev libcmocka-dev libdnnl-dev
     zlib1g-dev libpng-dev libinih-dev libjansson-dev libmicrohttpd-dev
     python3 python3-torch dataset-fashion-mnist
     clang libclang-rt-dev

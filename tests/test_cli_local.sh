@@ -100,6 +100,27 @@ if grep -q "computing on cpu" "$dir/auto.txt"; then
     grep -q "cannot start the engine: cuda:0: " "$dir/cuda.txt" || fail "--device cuda: $(cat "$dir/cuda.txt")"
 fi
 
+# --precision: f32 is the default (the same bytes); bf16 runs and says so, or — without oneDNN or
+# AVX-512 BF16 — is refused with the reason; anything else is a usage error
+run "$T" sample --weights "$f/expert-0.safetensors" --n 6 --steps 3 --sampler euler --cfg 1.5 \
+    --seed 7 --precision f32 --out "$dir/sample-f32.png"
+cmp -s "$dir/sample-f32.png" "$dir/sample.png" || fail "--precision f32 differs from the default"
+if "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --seed 7 --precision bf16 \
+    --out "$dir/sample-bf16.png" 2>"$dir/bf16.txt"; then
+    grep -q "bf16 products" "$dir/bf16.txt" || fail "--precision bf16 does not say so: $(cat "$dir/bf16.txt")"
+    run "$T" generate --local "$dir/one" --policy uniform --n 2 --steps 2 --seed 7 \
+        --precision bf16 --out "$dir/one-bf16.png"
+    cmp -s "$dir/one-bf16.png" "$dir/sample-bf16.png" || fail "generate --precision bf16 differs from sample's"
+else
+    grep -q -- "--precision bf16: .*\(AVX-512 BF16\|oneDNN\)" "$dir/bf16.txt" ||
+        fail "--precision bf16 refused without the reason: $(cat "$dir/bf16.txt")"
+fi
+if "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --precision fp16 \
+    --out "$dir/x.png" 2>"$dir/p.txt"; then
+    fail "--precision fp16 was accepted"
+fi
+grep -q "must be f32 or bf16" "$dir/p.txt" || fail "--precision fp16: $(cat "$dir/p.txt")"
+
 # eval: two identical experts (no cluster metadata) against the same weights as the monolith
 run "$T" train --model tiny --steps 2 --batch 8 --data-dir "$dir/store" --out "$dir/mono.safetensors"
 mkdir "$dir/same"

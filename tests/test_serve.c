@@ -410,18 +410,23 @@ static void test_forward_batch_invariant(void **state) {
 
 /* ---- answers ------------------------------------------------------------------------------------- */
 
+/* Sends a plain request of 3 samples and a guided one of 5 (guidance 2.5) and waits for both. */
+static void plain_and_guided(tu_rng_t *rng, req_t *plain, req_t *guided, got_t *g1, got_t *g2) {
+    req_init(plain, rng, 3, 1.0f, 0);
+    req_init(guided, rng, 5, 2.5f, 1);
+    send_req(0, plain, 10000, g1);
+    send_req(0, guided, 10000, g2);
+    wait_answer(g1);
+    wait_answer(g2);
+}
+
 static void test_answers_equal_local(void **state) {
     (void)state;
     serve_with(MAXB, 1, 64);
     tu_rng_t rng = {17};
     static req_t plain, guided, f16;
-    req_init(&plain, &rng, 3, 1.0f, 0);
-    req_init(&guided, &rng, 5, 2.5f, 1);
     got_t g1 = {0}, g2 = {0};
-    send_req(0, &plain, 10000, &g1);
-    send_req(0, &guided, 10000, &g2);
-    wait_answer(&g1);
-    wait_answer(&g2);
+    plain_and_guided(&rng, &plain, &guided, &g1, &g2);
     check_answer(&plain, &g1, "per-sample t, no guidance");
     check_answer(&guided, &g2, "guidance 2.5");
     assert_true(g2.batch_size >= 10); /* 5 guided samples are 10 rows */
@@ -455,6 +460,38 @@ static void test_answers_equal_local(void **state) {
     ts_serve_stats(srv, &st);
     assert_int_equal(st.requests, 3);
     assert_int_equal(st.answered[TS_SERVE_OK], 3);
+    serve_stop();
+}
+
+/* [compute] precision = bf16: the served answers equal the local bf16 forward bit for bit (so
+ * bf16 rows do not depend on their batch or the server's threads either), and the device note
+ * says bf16. Skipped with the reason where bf16 cannot run (the server then stays f32). */
+static void test_answers_bf16(void **state) {
+    (void)state;
+    char why[256] = "";
+    if (ts_engine_precision_check(&eng, TS_PREC_BF16, why, sizeof why) != TS_OK) {
+        print_message("test_answers_bf16: skipped: %s\n", why);
+        skip();
+    }
+    ts_serve_opts_t o;
+    ts_serve_opts_default(&o);
+    o.max_batch = MAXB;
+    o.max_wait_ms = 1;
+    o.max_queue = 64;
+    o.compute_threads = 2;
+    o.precision = TS_PREC_BF16;
+    serve_start(&o);
+    char device[128], note[512];
+    ts_serve_device(srv, device, sizeof device, note, sizeof note);
+    assert_non_null(strstr(note, "bf16 products"));
+    tu_rng_t rng = {23};
+    static req_t plain, guided;
+    got_t g1 = {0}, g2 = {0};
+    plain_and_guided(&rng, &plain, &guided, &g1, &g2);
+    TU_CHECK_OK(ts_dit_set_precision(&ref, TS_PREC_BF16, NULL, 0));
+    check_answer(&plain, &g1, "bf16, no guidance");
+    check_answer(&guided, &g2, "bf16, guidance 2.5");
+    TU_CHECK_OK(ts_dit_set_precision(&ref, TS_PREC_F32, NULL, 0));
     serve_stop();
 }
 
@@ -1038,6 +1075,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_batch_invariant),
         cmocka_unit_test(test_answers_equal_local),
+        cmocka_unit_test(test_answers_bf16),
         cmocka_unit_test(test_concurrent_clients),
         cmocka_unit_test(test_flood_busy),
         cmocka_unit_test(test_deadline_dropped),

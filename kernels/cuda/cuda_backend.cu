@@ -303,3 +303,20 @@ int ts_cuda_linear_forward(ts_engine_t *e, float *out, const float *inp, const f
         return err;
     return ts_cuda_add_bcast_forward(e, out, out, bias, M, N);
 }
+
+/* The bf16 products run on the CPU only for now (oneDNN); the GPU's would be cuBLAS's
+ * cublasGemmEx with CUDA_R_16BF inputs. */
+int ts_cuda_gemm_bf16(ts_engine_t *, int, int, int64_t, int64_t, int64_t, float, const float *,
+                      int64_t, int64_t, const float *, int64_t, int64_t, float, float *, int64_t,
+                      int64_t, int64_t) {
+    return TS_ENOTSUP;
+}
+
+int ts_cuda_linear_forward_bf16(ts_engine_t *, float *, const float *, const uint16_t *,
+                                const float *, int64_t, int64_t, int64_t, int64_t) {
+    return TS_ENOTSUP;
+}
+
+int ts_cuda_gelu_forward_bf16(ts_engine_t *, float *, const float *, int64_t) {
+    return TS_ENOTSUP;
+}

@@ -1,0 +1,299 @@
+/*
+ * test_bf16.c — the CPU's bf16 path (kernels/cpu/cpu_bf16.c, ts_dit_set_precision), against fp32.
+ *
+ * Tolerances, and why:
+ *   linear, matmul     against a naive loop over the same inputs rounded to bf16, accumulated in
+ *                      double: a bf16·bf16 product is exact in fp32, so the only error is fp32
+ *                      accumulation in oneDNN's order: |got − ref| ≤ 1e-5 · Σ_k |a_k·b_k| + 1e-7.
+ *   gelu for bf16      against ts_gelu_forward: 1e-6 relative + 1e-6 absolute (a vector exp; the
+ *                      fp32 tanh form itself loses ~|x|·2^-24 to cancellation in 1 + tanh u for
+ *                      x < −3; the output is rounded to bf16 by the next product, 2^-9 relative).
+ *   attention          bf16 against the fp32 op: q, k, v and the softmax weights rounded to bf16
+ *                      (2^-9 relative each): 2e-2 abs + 2e-2 rel on values of O(1).
+ *   DiT forward        bf16 against fp32 on the same random weights: the velocity's relative
+ *                      L2 error ≤ 3e-2 (measured ~5e-3 on `tiny`), and the largest element
+ *                      error ≤ 0.1 · max |v|.
+ * Also: f32 after bf16 is bit-identical to a model that never left f32; a sample's bf16 velocity
+ * does not depend on the rest of its batch (the server batches strangers' requests); a trainable
+ * model refuses bf16.
+ *
+ * A machine that cannot run bf16 (no oneDNN in the build, or a CPU without AVX-512 BF16) skips
+ * every test (exit 77) with the reason. `test_bf16 --expect-refusal` instead checks that bf16
+ * IS refused with a reason — ctest runs it with DNNL_MAX_CPU_ISA=AVX2, oneDNN's own switch, so
+ * the refusal path is exercised on a machine that has the instructions.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/engine.h"
+#include "kernels/math.h"
+#include "kernels/ops.h"
+#include "model/dit.h"
+#include "tests/testutil.h"
+
+static float bf(float x) { return ts_bf16_to_f32(ts_f32_to_bf16(x)); }
+
+/* ---- linear and matmul against the naive loop -------------------------------------------- */
+
+/* Checks out (M, N) = bf16(A) (M, K) · bf16(B)ᵀ-or-not + bias, elements of A at a[m·ars + k·acs]
+ * and of op(B) (K, N) at b[k·brs + n·bcs]. */
+static void check_naive(const float *got, const float *a, int64_t ars, int64_t acs, const float *b,
+                        int64_t brs, int64_t bcs, const float *bias, float alpha, int64_t M,
+                        int64_t N, int64_t K, int64_t ldc, const char *what) {
+    double worst = 0.0;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = 0.0, mag = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                double t = (double)bf(a[m * ars + k * acs]) * (double)bf(b[k * brs + n * bcs]);
+                s += t;
+                mag += fabs(t);
+            }
+            s *= alpha;
+            if (bias)
+                s += bias[n];
+            double err = fabs((double)got[m * ldc + n] - s);
+            double tol = 1e-5 * fabs(alpha) * mag + 1e-7;
+            if (err > tol)
+                fail_msg("%s: element (%lld, %lld) is %.9g, want %.9g (tolerance %.3g)", what,
+                         (long long)m, (long long)n, got[m * ldc + n], s, tol);
+            worst = err > worst ? err : worst;
+        }
+    printf("  %-40s max |diff| %.3g\n", what, worst);
+}
+
+static void test_linear(void **state) {
+    ts_engine_t *e = *state;
+    /* rows × out × in: one row (adaLN at batch 1), tiny's 49 tokens, a batch cut into row
+     * slices, few rows and many columns (a column split), and an odd everything */
+    static const int64_t shapes[][3] = {
+        {1, 768, 128}, {49, 384, 128}, {3136, 512, 128}, {40, 2048, 512}, {77, 33, 19}};
+    tu_rng_t r = {19};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            ts_tensor_t inp, w, wb, bias, out;
+            tu_alloc_f32(&inp, 2, TS_SHAPE(M, K));
+            tu_alloc_f32(&w, 2, TS_SHAPE(N, K));
+            tu_alloc_f32(&bias, 1, TS_SHAPE(N));
+            tu_alloc_f32(&out, 2, TS_SHAPE(M, N));
+            tu_fill_uniform(&r, &inp, -1, 1);
+            tu_fill_uniform(&r, &w, -1, 1);
+            tu_fill_uniform(&r, &bias, -1, 1);
+            assert_int_equal(ts_tensor_alloc(&wb, TS_BF16, TS_CPU, 2, TS_SHAPE(N, K)), TS_OK);
+            assert_int_equal(ts_convert(e, &wb, &w), TS_OK);
+            assert_int_equal(ts_linear_forward(e, &out, &inp, &wb, with_bias ? &bias : NULL),
+                             TS_OK);
+            char what[96];
+            snprintf(what, sizeof what, "linear %lldx%lldx%lld%s", (long long)M, (long long)N,
+                     (long long)K, with_bias ? " + bias" : "");
+            /* op(B) (K, N) = wᵀ: element (k, n) at w[n·K + k] */
+            check_naive(tu_f32(&out), tu_f32(&inp), K, 1, tu_f32(&w), 1, K,
+                        with_bias ? tu_f32(&bias) : NULL, 1.0f, M, N, K, N, what);
+            TU_FREE_TENSORS(&inp, &w, &wb, &bias, &out);
+        }
+    }
+}
+
+static void test_matmul(void **state) {
+    ts_engine_t *e = *state;
+    /* batch (0 = 2-D), M, N, K, with every transpose, alpha ≠ 1 and beta ∈ {0, 1} */
+    static const int64_t shapes[][4] = {
+        {0, 49, 49, 32}, {8, 49, 32, 49}, {0, 300, 200, 96}, {3, 17, 5, 64}};
+    tu_rng_t r = {23};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int tr = 0; tr < 4; tr++)
+            for (int beta1 = 0; beta1 < 2; beta1++) {
+                int64_t Bt = shapes[s][0], M = shapes[s][1], N = shapes[s][2], K = shapes[s][3];
+                int ta = tr & 1, tb = tr >> 1;
+                float alpha = 0.75f, beta = beta1 ? 1.0f : 0.0f;
+                ts_tensor_t a, b, c;
+                tu_alloc_f32_batch(&a, Bt, ta ? K : M, ta ? M : K);
+                tu_alloc_f32_batch(&b, Bt, tb ? N : K, tb ? K : N);
+                tu_alloc_f32_batch(&c, Bt, M, N);
+                tu_fill_uniform(&r, &a, -1, 1);
+                tu_fill_uniform(&r, &b, -1, 1);
+                tu_fill_uniform(&r, &c, -1, 1);
+                float *c0 = tu_host_copy(&c);
+                assert_int_equal(ts_matmul_bf16(e, &c, &a, ta, &b, tb, alpha, beta), TS_OK);
+                int64_t nb = Bt ? Bt : 1;
+                for (int64_t i = 0; i < nb; i++) {
+                    const float *A = tu_f32(&a) + i * M * K, *Bm = tu_f32(&b) + i * K * N;
+                    float *got = tu_f32(&c) + i * M * N;
+                    /* take beta · c0 out first: what is left is the product */
+                    for (int64_t j = 0; j < M * N; j++)
+                        got[j] -= beta * c0[i * M * N + j];
+                    char what[96];
+                    snprintf(what, sizeof what, "matmul b%lld %lldx%lldx%lld ta%d tb%d beta%g",
+                             (long long)Bt, (long long)M, (long long)N, (long long)K, ta, tb,
+                             (double)beta);
+                    check_naive(got, A, ta ? 1 : K, ta ? M : 1, Bm, tb ? 1 : N, tb ? K : 1, NULL,
+                                alpha, M, N, K, N, what);
+                }
+                free(c0);
+                TU_FREE_TENSORS(&a, &b, &c);
+            }
+}
+
+static void test_attention(void **state) {
+    ts_engine_t *e = *state;
+    int64_t B = 3, T = 49, C = 128, H = 4;
+    tu_rng_t r = {29};
+    ts_tensor_t qkv, out, out16, att, att16;
+    tu_alloc_f32(&qkv, 3, TS_SHAPE(B, T, 3 * C));
+    tu_alloc_f32(&out, 3, TS_SHAPE(B, T, C));
+    tu_alloc_f32(&out16, 3, TS_SHAPE(B, T, C));
+    tu_alloc_f32(&att, 4, TS_SHAPE(B, H, T, T));
+    tu_alloc_f32(&att16, 4, TS_SHAPE(B, H, T, T));
+    tu_fill_uniform(&r, &qkv, -1, 1);
+    assert_int_equal(ts_attention_forward(e, &out, &att, &qkv, (int)H), TS_OK);
+    assert_int_equal(ts_attention_forward_bf16(e, &out16, &att16, &qkv, (int)H), TS_OK);
+    tu_check_close(tu_f32(&att16), tu_f32(&att), B * H * T * T, 2e-2, 2e-2,
+                   "bf16 attention weights");
+    tu_check_close(tu_f32(&out16), tu_f32(&out), B * T * C, 2e-2, 2e-2, "bf16 attention output");
+    TU_FREE_TENSORS(&qkv, &out, &out16, &att, &att16);
+}
+
+static void test_gelu(void **state) {
+    ts_engine_t *e = *state;
+    int64_t n = 100003; /* odd: a masked tail */
+    ts_tensor_t x, want, got;
+    tu_alloc_f32(&x, 1, TS_SHAPE(n));
+    tu_alloc_f32(&want, 1, TS_SHAPE(n));
+    tu_alloc_f32(&got, 1, TS_SHAPE(n));
+    tu_rng_t r = {31};
+    tu_fill_uniform(&r, &x, -12, 12);
+    float *xs = tu_f32(&x);
+    xs[0] = 0.0f, xs[1] = -100.0f, xs[2] = 100.0f, xs[3] = -1e30f, xs[4] = 1e30f, xs[5] = 1e-30f;
+    assert_int_equal(ts_gelu_forward(e, &want, &x), TS_OK);
+    assert_int_equal(ts_gelu_forward_bf16(e, &got, &x), TS_OK);
+    tu_check_close(tu_f32(&got), tu_f32(&want), n, 1e-6, 1e-6, "gelu for bf16 vs gelu");
+    TU_FREE_TENSORS(&x, &want, &got);
+}
+
+/* ---- the DiT forward --------------------------------------------------------------------- */
+
+/* A `tiny` DiT with every parameter N(0, 0.05): DiT's own init zeroes the adaLN and final layers,
+ * whose output would be 0 in any precision. */
+static void make_model(ts_engine_t *e, ts_dit_t *m, int max_batch) {
+    ts_dit_config_t cfg;
+    assert_int_equal(ts_dit_config_preset("tiny", &cfg), TS_OK);
+    assert_int_equal(ts_dit_create(m, &cfg, e, max_batch, 0), TS_OK);
+    assert_int_equal(ts_rng_normal(e, &m->param_mem, 7, 0), TS_OK);
+    assert_int_equal(ts_scale(e, &m->param_mem, 0.05f), TS_OK);
+}
+
+/* v (B, C, H, W) of the model at its precision for x drawn from stream seed, t and labels fixed. */
+static float *velocity(ts_dit_t *m, int B, uint64_t seed) {
+    const ts_dit_config_t *c = &m->cfg;
+    ts_tensor_t x, t, v;
+    tu_alloc_f32(&x, 4, TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
+    tu_alloc_f32(&t, 1, TS_SHAPE(B));
+    assert_int_equal(ts_rng_normal(m->eng, &x, seed, 0), TS_OK);
+    int32_t y[64];
+    for (int b = 0; b < B; b++) {
+        tu_f32(&t)[b] = (float)(b + 1) / 65.0f; /* sample b gets the same t in any batch */
+        y[b] = b % (c->num_classes + 1);
+    }
+    assert_int_equal(ts_dit_forward(m, &x, &t, y, B, &v), TS_OK);
+    float *out = tu_host_copy(&v);
+    TU_FREE_TENSORS(&x, &t);
+    return out;
+}
+
+static void test_dit_forward(void **state) {
+    ts_engine_t *e = *state;
+    ts_dit_t m;
+    make_model(e, &m, 24);
+    int B = 24;
+    int64_t n = (int64_t)B * m.cfg.in_channels * m.cfg.input_size * m.cfg.input_size;
+    float *v32 = velocity(&m, B, 3);
+    char why[256] = "";
+    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_BF16, why, sizeof why), TS_OK);
+    float *v16 = velocity(&m, B, 3);
+    double num = 0, den = 0, worst = 0, vmax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)v16[i] - (double)v32[i];
+        num += d * d;
+        den += (double)v32[i] * (double)v32[i];
+        worst = fabs(d) > worst ? fabs(d) : worst;
+        vmax = fabs(v32[i]) > vmax ? fabs(v32[i]) : vmax;
+    }
+    double rel = sqrt(num / den);
+    printf("  DiT tiny forward bf16 vs f32: relative L2 %.3g, max |diff| %.3g of max |v| %.3g\n",
+           rel, worst, vmax);
+    assert_true(rel <= 3e-2);
+    assert_true(worst <= 0.1 * vmax);
+    assert_true(rel > 0.0); /* bf16 really ran */
+
+    /* batch invariance: sample 0 alone gives the bits it had in the batch of 24 */
+    float *one = velocity(&m, 1, 3);
+    int64_t per = n / B;
+    assert_memory_equal(one, v16, (size_t)per * sizeof *one);
+
+    /* back to f32: bit for bit the fp32 forward */
+    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_F32, NULL, 0), TS_OK);
+    float *back = velocity(&m, B, 3);
+    assert_memory_equal(back, v32, (size_t)n * sizeof *back);
+    free(v32), free(v16), free(one), free(back);
+    ts_dit_free(&m);
+}
+
+static void test_trainable_refused(void **state) {
+    ts_engine_t *e = *state;
+    ts_dit_config_t cfg;
+    ts_dit_t m;
+    assert_int_equal(ts_dit_config_preset("mini", &cfg), TS_OK);
+    assert_int_equal(ts_dit_create(&m, &cfg, e, 2, 1), TS_OK);
+    char why[256] = "";
+    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_BF16, why, sizeof why), TS_ENOTSUP);
+    assert_non_null(strstr(why, "trainable"));
+    assert_int_equal(m.precision, TS_PREC_F32);
+    ts_dit_free(&m);
+}
+
+/* With --expect-refusal: bf16 must be refused, with a reason, and the model must stay f32. */
+static int expect_refusal(void) {
+    ts_engine_t e;
+    if (tu_engine_init_cpu(&e) != TS_OK)
+        return 1;
+    char why[256] = "";
+    int rc = ts_engine_precision_check(&e, TS_PREC_BF16, why, sizeof why);
+    ts_dit_config_t cfg;
+    ts_dit_t m;
+    int ok = rc == TS_ENOTSUP && why[0];
+    if (ok && ts_dit_config_preset("mini", &cfg) == TS_OK &&
+        ts_dit_create(&m, &cfg, &e, 1, 0) == 0) {
+        char why2[256] = "";
+        ok = ts_dit_set_precision(&m, TS_PREC_BF16, why2, sizeof why2) == TS_ENOTSUP &&
+             m.precision == TS_PREC_F32 && strcmp(why, why2) == 0;
+        ts_dit_free(&m);
+    }
+    printf("test_bf16 --expect-refusal: %s (%s)\n", ok ? "refused as expected" : "NOT refused",
+           why);
+    ts_engine_free(&e);
+    return ok ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--expect-refusal") == 0)
+        return expect_refusal();
+    ts_engine_t e;
+    char why[256] = "";
+    if (tu_engine_init_cpu(&e) != TS_OK)
+        return 1;
+    int rc = ts_engine_precision_check(&e, TS_PREC_BF16, why, sizeof why);
+    ts_engine_free(&e);
+    if (rc != TS_OK) {
+        printf("test_bf16: SKIPPED: %s\n", why);
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_attention),   cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_dit_forward), cmocka_unit_test(test_trainable_refused),
+    };
+    return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
+}
