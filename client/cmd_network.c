@@ -460,6 +460,17 @@ static int join(int argc, char **argv) {
         fprintf(stderr, "tessera join: %s\n", err);
         return 2;
     }
+    /* a wildcard listen address is not an address anyone can dial: tesserad refuses it without
+     * an advertised one, so join does too, now, rather than writing a config that cannot start */
+    if (!o.advertise &&
+        (strncmp(o.listen, "0.0.0.0:", 8) == 0 || strncmp(o.listen, "[::]:", 5) == 0)) {
+        fprintf(stderr,
+                "tessera join: --listen %s is every interface, not an address other nodes can "
+                "dial: add --advertise HOST:PORT (this machine's address as the network sees it: "
+                "its public address, or the router's with a port forwarded here)\n",
+                o.listen);
+        return 2;
+    }
     int rc = join_run(&o, abs, node, err, sizeof err);
     if (rc != TS_OK) {
         fprintf(stderr, "tessera join: %s\n", *err ? err : ts_strerror(rc));

@@ -31,10 +31,11 @@
 
 #define PROG "tessera pull"
 
-static void progress(void *ctx, uint64_t done, uint64_t total, int fetched) {
+static int progress(void *ctx, uint64_t done, uint64_t total, int fetched) {
     (void)fetched;
     const char *name = ctx;
     fprintf(stderr, "\r%.16s: %.1f / %.1f MiB   ", name, done / 1048576.0, total / 1048576.0);
+    return 0;
 }
 
 /* The address of a live node advertising weights h, from the status answer; NULL if none. */

@@ -3,6 +3,7 @@
 
 #include "daemon/auto.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/file.h"
+#include "base/str.h"
 #include "daemon/assign.h"
 #include "daemon/fetcher.h"
 #include "daemon/log.h"
@@ -125,7 +127,12 @@ static int partition_file(ts_auto_t *a) {
     }
     char dir[TS_CONFIG_PATH_MAX + 16];
     snprintf(dir, sizeof dir, "%s/auto", a->cfg->data_dir);
-    mkdir(dir, 0700);
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        char why[128];
+        ts_errno_text(errno, why, sizeof why);
+        ts_log_error("auto", "cannot create %s: %s", dir, why);
+        return TS_EIO;
+    }
     snprintf(a->partition_path, sizeof a->partition_path, "%s/partition-%.16s.safetensors", dir,
              hex);
     if (ts_file_exists(a->partition_path))
@@ -210,14 +217,20 @@ static void choose(ts_auto_t *a, const live_t *l, size_t n) {
                                   : 0.0;
         m++;
     }
-    int current = ts_host_cluster(a->host);
+    /* a cluster of another partition (the majority moved on) is no cluster of this one */
+    int current =
+        strcmp(ts_host_partition(a->host), a->partition_path) == 0 ? ts_host_cluster(a->host) : -1;
     ts_assign_view_t v = {.K = K,
                           .experts = e,
                           .n = m,
                           .gain = 2.0,
                           .dwell_ok = ts_now_s() - a->switched_at >= a->cfg->auto_dwell_s};
     ts_assign_result_t r;
-    if (K >= 1 && current < K && ts_assign_choose(&v, a->self, current, &r) == TS_OK && r.move)
+    int rc = K >= 1 ? ts_assign_choose(&v, a->self, current < K ? current : -1, &r) : TS_EINVAL;
+    if (rc != TS_OK)
+        ts_log_warn("auto", "the adverts of this partition do not agree (K, clusters, rates): no "
+                            "choice this round");
+    else if (r.move)
         take(a, l, n, r.cluster, r.why);
     free(e);
 }
@@ -235,9 +248,10 @@ static void tick(ts_auto_t *a) {
     if (l && choose_partition(a, l, n, &p)) {
         a->waiting_logged = 0;
         a->partition = p, a->has_partition = 1;
-        if (partition_file(a) == TS_OK)
+        int prc = partition_file(a);
+        if (prc == TS_OK)
             choose(a, l, n);
-        else
+        else if (prc == TS_ENOTFOUND)      /* (any other failure was logged: no fetch for it) */
             for (size_t i = 0; i < n; i++) /* fetch it from a node that advertises it */
                 if (same_hash(&l[i].b->partition_id, &p) && l[i].m->addr &&
                     memcmp(l[i].m->node_id.data, a->self, TS_ASSIGN_ID_BYTES) != 0) {

@@ -29,7 +29,8 @@ int ts_auto_start(ts_auto_t **out, uv_loop_t *loop, const ts_daemon_config_t *cf
                   ts_gossip_t *gossip, ts_host_t *host, ts_store_t *store,
                   const uint8_t self_id[32]);
 
-/* Stops the timer and a fetch in progress (waiting for it); frees once the handles have closed.
+/* Stops the timer and a fetch in progress (after its chunk in flight); frees once the handles
+ * have closed.
  * NULL-safe. */
 void ts_auto_stop(ts_auto_t *a);
 

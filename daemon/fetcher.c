@@ -4,6 +4,7 @@
 #include "daemon/fetcher.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,9 @@ struct ts_fetcher {
     uv_async_t async; /* the thread's "done", to the loop */
     pthread_t thread;
     int started;
+    atomic_int cancel; /* set by ts_fetcher_free: the thread stops at the next chunk */
+    uint64_t fetched;  /* bytes that came over the network (the pace counts only these) */
+    uint64_t passed;   /* bytes of the file passed so far, fetched or reused */
     ts_store_t *store;
     char *peer, *identity, *network_key;
     ts_hash_t file;
@@ -31,18 +35,23 @@ struct ts_fetcher {
     char err[512];
 };
 
-/* After each chunk: sleep until the bytes fetched so far fit the bandwidth. */
-static void pace(void *ctx, uint64_t done, uint64_t total, int fetched) {
-    (void)total, (void)fetched;
+/* After each chunk: stop when cancelled; else sleep (in slices, so a cancel is seen within
+ * 0.1 s) until the bytes fetched over the network so far fit the bandwidth. */
+static int pace(void *ctx, uint64_t done, uint64_t total, int fetched) {
+    (void)total;
     ts_fetcher_t *f = ctx;
-    if (!f->bytes_per_s)
-        return;
-    double due = f->t0 + (double)done / (double)f->bytes_per_s, now = ts_now_s();
-    if (due > now) {
-        double s = due - now;
-        struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    if (fetched) /* count what came over the network, not chunks reused from the store */
+        f->fetched += done - f->passed;
+    f->passed = done;
+    while (!atomic_load(&f->cancel) && f->bytes_per_s) {
+        double due = f->t0 + (double)f->fetched / (double)f->bytes_per_s, now = ts_now_s();
+        if (due <= now)
+            break;
+        double s = due - now < 0.1 ? due - now : 0.1;
+        struct timespec ts = {0, (long)(s * 1e9)};
         nanosleep(&ts, NULL);
     }
+    return atomic_load(&f->cancel);
 }
 
 static void *run(void *arg) {
@@ -107,6 +116,7 @@ static void on_closed(uv_handle_t *h) {
 void ts_fetcher_free(ts_fetcher_t *f) {
     if (!f)
         return;
+    atomic_store(&f->cancel, 1); /* the thread stops after the chunk in flight */
     if (f->started)
         pthread_join(f->thread, NULL);
     f->done = NULL;

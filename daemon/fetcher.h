@@ -32,8 +32,9 @@ typedef struct ts_fetcher_opts {
 int ts_fetcher_start(ts_fetcher_t **out, uv_loop_t *loop, ts_store_t *store,
                      const ts_fetcher_opts_t *o, ts_fetcher_done_fn done, void *arg);
 
-/* Frees the fetcher: waits for its thread (a fetch still running is finished first: call it
- * after done, or at shutdown). NULL-safe; the handle closes asynchronously. */
+/* Frees the fetcher: a fetch still running stops after the chunk in flight (at most one call's
+ * timeout; what is stored stays, so the next fetch resumes), then the thread is joined and done
+ * is not called. NULL-safe; the handle closes asynchronously. */
 void ts_fetcher_free(ts_fetcher_t *f);
 
 #endif

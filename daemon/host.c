@@ -137,6 +137,13 @@ static void observe_queue_wait(void *ctx, uint64_t queue_us) {
 
 /* Starts serving h->pending (in the store): the expert checked against the partition, the model
  * loaded, the server started, the advert signed. */
+/* Weights that could not be served: said, and in auto mode the node chooses again. */
+static void pending_failed(ts_host_t *h, const char *err) {
+    ts_log_error("host", "cannot serve the new weights: %s", err);
+    if (h->env.cfg->expert_mode == TS_EXPERT_AUTO && !h->serve && !h->job)
+        h->cluster = -1;
+}
+
 static int start_pending(ts_host_t *h, char *err, size_t errlen) {
     const ts_daemon_config_t *c = h->env.cfg;
     char hex[TS_HASH_HEX];
@@ -202,7 +209,7 @@ static void serve_weights(ts_host_t *h, const ts_hash_t *w) {
     if (!h->retiring) {
         char err[1024];
         if (start_pending(h, err, sizeof err) != TS_OK)
-            ts_log_error("host", "cannot serve the new weights: %s", err);
+            pending_failed(h, err);
     }
 }
 
@@ -222,7 +229,7 @@ static void on_train(uv_async_t *a) {
                     (long long)p.step, (long long)p.steps, (double)p.loss_avg, p.samples_per_s);
     }
     if (p.state == TS_TRAIN_RUNNING && p.snapshots != h->seen_snapshots &&
-        h->env.cfg->train_serve_while_training) {
+        (h->env.cfg->train_serve_while_training || h->env.cfg->expert_mode == TS_EXPERT_AUTO)) {
         h->seen_snapshots = p.snapshots;
         ts_train_snapshot_t *s = ts_train_job_snapshot(h->job);
         if (s) {
@@ -247,6 +254,8 @@ static void on_train(uv_async_t *a) {
         ts_train_job_stop(h->job, 0);
         ts_train_job_free(h->job);
         h->job = NULL;
+        if (h->env.cfg->expert_mode == TS_EXPERT_AUTO && !h->serve)
+            h->cluster = -1; /* nothing served: the auto node chooses again */
     }
 }
 
@@ -285,6 +294,8 @@ static void end_training(ts_host_t *h) {
 
 int ts_host_cluster(const ts_host_t *h) { return h ? h->cluster : -1; }
 
+const char *ts_host_partition(const ts_host_t *h) { return h ? h->partition : ""; }
+
 int ts_host_serve_expert(ts_host_t *h, const char *partition, int cluster, const ts_hash_t *w) {
     if (!h || !partition || !w || cluster < 0 || h->stopping)
         return TS_EINVAL;
@@ -303,7 +314,10 @@ int ts_host_train_expert(ts_host_t *h, const char *partition, int cluster, char 
     snprintf(h->partition, sizeof h->partition, "%s", partition);
     h->cluster = cluster;
     h->seen_snapshots = 0, h->seen_ckpt = -1;
-    return start_training(h, err, errlen);
+    int rc = start_training(h, err, errlen);
+    if (rc != TS_OK && !h->serve)
+        h->cluster = -1; /* nothing served, nothing trained: choose again */
+    return rc;
 }
 
 /* ---- the tick: retiring servers, re-adverts, stopping ----------------------------------------- */
@@ -339,7 +353,7 @@ static void on_tick(uv_timer_t *t) {
         if (h->has_pending && !h->stopping) {
             char err[1024];
             if (start_pending(h, err, sizeof err) != TS_OK)
-                ts_log_error("host", "cannot serve the new weights: %s", err);
+                pending_failed(h, err);
         }
     }
     if (h->stopping) {

@@ -48,6 +48,8 @@ int ts_host_new(ts_host_t **out, const ts_host_env_t *env, char *err, size_t err
 
 /* Auto mode (daemon/auto.h). The cluster served or trained now (−1: none). */
 int ts_host_cluster(const ts_host_t *h);
+/* The partition file of that cluster ("" when none). */
+const char *ts_host_partition(const ts_host_t *h);
 /* Serves the weights w (in the store) of cluster of partition (a file) from now on, ending a
  * training job if one runs; the switch happens as for a new snapshot. TS_EINVAL. */
 int ts_host_serve_expert(ts_host_t *h, const char *partition, int cluster, const ts_hash_t *w);

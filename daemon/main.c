@@ -87,6 +87,7 @@ typedef struct {
     int status_failures;    /* status.json builds failed in a row (warned once) */
     /* reachability (net/reach.h): a peer dials us back at the advertised address */
     uv_timer_t reach_timer;
+    ts_reach_t *reach; /* answers dial-back requests */
     const char *advertise;
     uint8_t self[32];
     int reach_pending, reachable; /* reachable: 1, 0, or −1 unknown */
@@ -427,6 +428,7 @@ static void free_all(daemon_t *d) {
     pthread_mutex_destroy(&d->health_mu);
     ts_gossip_free(d->gossip);
     ts_rpc_free(d->rpc);
+    ts_reach_free(d->reach);
     ts_net_free(d->net);
     uv_loop_close(d->loop);
     ts_host_free(d->host);
@@ -478,7 +480,7 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
         ts_gossip_on_event(d.gossip, on_gossip_event, &d);
         rc = ts_gossip_start(d.gossip, err, sizeof err);
     }
-    if (rc == TS_OK && (rc = ts_reach_serve(d.rpc)) != TS_OK)
+    if (rc == TS_OK && (rc = ts_reach_serve(d.rpc, &d.reach)) != TS_OK)
         snprintf(err, sizeof err, "cannot serve dial-back requests: %s", ts_strerror(rc));
     if (rc == TS_OK && (rc = ts_metrics_create_daemon(&d.metrics, TS_VERSION)) != TS_OK)
         snprintf(err, sizeof err, "cannot create the metrics registry: %s", ts_strerror(rc));

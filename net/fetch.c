@@ -154,8 +154,12 @@ int ts_fetch_file(ts_netclient_t *c, ts_rpc_peer_t *peer, ts_store_t *store, con
             st.chunks_reused++;
             st.bytes_reused += len;
         }
-        if (progress)
-            progress(ctx, done, m->total_size, fetched);
+        if (progress && progress(ctx, done, m->total_size, fetched)) {
+            ts_set_err(err, errlen, "stopped after %llu of %llu bytes (resumable)",
+                       (unsigned long long)done, (unsigned long long)m->total_size);
+            rc = TS_ECANCELED;
+            break;
+        }
     }
     ts_hash_t got;
     if (rc == TS_OK) {

@@ -17,8 +17,9 @@
 #include "store/weights.h"
 
 /* Called after each chunk: done and total in bytes, and whether this chunk came over the
- * network (0: it was already in the store). */
-typedef void (*ts_fetch_progress_fn)(void *ctx, uint64_t done, uint64_t total, int fetched);
+ * network (0: it was already in the store). A non-zero return stops the fetch there
+ * (TS_ECANCELED; what is stored stays, so a later fetch resumes). */
+typedef int (*ts_fetch_progress_fn)(void *ctx, uint64_t done, uint64_t total, int fetched);
 
 typedef struct ts_fetch_stats {
     int present; /* the whole file was already in the store: nothing was asked for */
@@ -29,8 +30,8 @@ typedef struct ts_fetch_stats {
 
 /* Fetches the file h from peer into store (nothing to do when its manifest is there and every
  * chunk verifies). TS_ENOTFOUND when the peer does not have it, TS_ECORRUPT when what arrives
- * does not match its hashes (the bad chunk is not stored), or the call's failure; err says
- * which. stats may be NULL. */
+ * does not match its hashes (the bad chunk is not stored), TS_ECANCELED when progress asked to
+ * stop, or the call's failure; err says which. stats may be NULL. */
 int ts_fetch_file(ts_netclient_t *c, ts_rpc_peer_t *peer, ts_store_t *store, const ts_hash_t *h,
                   uint32_t timeout_ms, ts_fetch_progress_fn progress, void *ctx,
                   ts_fetch_stats_t *stats, char *err, size_t errlen);

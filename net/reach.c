@@ -13,10 +13,27 @@
 
 /* ---- the dialling side ---------------------------------------------------------------------- */
 
+/* At most this many dials at once, and one per address (the RPC layer keeps one connect waiter
+ * per peer): a request over either is answered ERROR_UNAVAILABLE, which the asker retries. */
+#define REACH_MAX_DIALS 8
+
+struct ts_reach {
+    ts_rpc_t *rpc;
+    int n;
+    char addr[REACH_MAX_DIALS][TS_FRAME_ADDR_MAX + 1];
+};
+
 typedef struct {
+    ts_reach_t *r;
+    int slot;
     ts_rpc_request_t *req;
     ts_node_id_t asker;
 } dial_t;
+
+static void release_slot(ts_reach_t *r, int slot) {
+    r->addr[slot][0] = '\0';
+    r->n--;
+}
 
 static void answer(ts_rpc_request_t *req, int reachable, const char *message) {
     Tessera__DialBackResponse r = TESSERA__DIAL_BACK_RESPONSE__INIT;
@@ -32,7 +49,13 @@ static void answer(ts_rpc_request_t *req, int reachable, const char *message) {
 static void on_dialled(ts_rpc_peer_t *p, int status, const char *message, void *arg) {
     dial_t *d = arg;
     char text[512];
-    if (status != TS_OK) {
+    release_slot(d->r, d->slot);
+    if (status == TS_ENOMEM ||
+        (status == TS_ECLOSED && message && strstr(message, "shutting down"))) {
+        /* this node's own trouble, not the asker's reachability */
+        ts_rpc_reply_error(d->req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE, "%s",
+                           message && *message ? message : ts_strerror(status));
+    } else if (status != TS_OK) {
         snprintf(text, sizeof text, "the connection failed: %s",
                  message && *message ? message : ts_strerror(status));
         answer(d->req, 0, text);
@@ -53,31 +76,61 @@ static void on_dialled(ts_rpc_peer_t *p, int status, const char *message, void *
 }
 
 static void on_request(ts_rpc_request_t *req, const Tessera__Envelope *env, void *arg) {
-    ts_rpc_t *rpc = arg;
+    ts_reach_t *r = arg;
     const char *addr = env->dial_back_request->addr;
-    ts_rpc_peer_t *p = NULL;
-    char err[256] = "";
-    dial_t *d = calloc(1, sizeof *d);
+    int slot = -1;
+    for (int i = 0; i < REACH_MAX_DIALS; i++) {
+        if (strcmp(r->addr[i], addr) == 0) {
+            ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE,
+                               "%s is being dialled already; ask again", addr);
+            return;
+        }
+        if (slot < 0 && !r->addr[i][0])
+            slot = i;
+    }
+    dial_t *d = slot >= 0 ? calloc(1, sizeof *d) : NULL;
     if (!d) {
-        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE, "out of memory");
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE,
+                           slot < 0 ? "too many dial-backs at once; ask again" : "out of memory");
         return;
     }
-    d->req = req;
-    memcpy(&d->asker, ts_rpc_request_peer(req), sizeof d->asker);
-    if (ts_rpc_peer_get(rpc, addr, &p, err, sizeof err) != TS_OK) {
-        answer(req, 0, err[0] ? err : "not an address this node can dial");
+    ts_rpc_peer_t *p = NULL;
+    char err[256] = "";
+    if (ts_rpc_peer_get(r->rpc, addr, &p, err, sizeof err) != TS_OK) {
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE, "%s",
+                           err[0] ? err : "this node cannot dial now");
         free(d);
         return;
     }
+    snprintf(r->addr[slot], sizeof r->addr[slot], "%s", addr);
+    r->n++;
+    *d = (dial_t){.r = r, .slot = slot, .req = req};
+    memcpy(&d->asker, ts_rpc_request_peer(req), sizeof d->asker);
     if (ts_rpc_peer_connect(p, on_dialled, d) != TS_OK) {
-        answer(req, 0, "this node cannot open a connection now");
+        release_slot(r, slot);
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE,
+                           "this node cannot open a connection now");
         free(d);
     }
 }
 
-int ts_reach_serve(ts_rpc_t *rpc) {
-    return ts_rpc_handle(rpc, TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST, on_request, rpc);
+int ts_reach_serve(ts_rpc_t *rpc, ts_reach_t **out) {
+    if (!rpc || !out)
+        return TS_EINVAL;
+    ts_reach_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return TS_ENOMEM;
+    r->rpc = rpc;
+    int rc = ts_rpc_handle(rpc, TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST, on_request, r);
+    if (rc != TS_OK) {
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return TS_OK;
 }
+
+void ts_reach_free(ts_reach_t *r) { free(r); }
 
 /* ---- the asking side ------------------------------------------------------------------------ */
 

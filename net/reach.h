@@ -18,8 +18,15 @@
 extern "C" {
 #endif
 
-/* Answers dial_back_request on rpc from now on. TS_ENOMEM. */
-int ts_reach_serve(ts_rpc_t *rpc);
+typedef struct ts_reach ts_reach_t;
+
+/* Answers dial_back_request on rpc from now on: one dial per address and at most 8 at once
+ * (others are answered ERROR_UNAVAILABLE, as is this node's own trouble — out of memory,
+ * shutting down — which says nothing about the asker). The address is dialled as given: any
+ * holder of the network key can make a node dial an address (bounded as above). *out: free
+ * with ts_reach_free after ts_rpc_free (every dial has answered by then). */
+int ts_reach_serve(ts_rpc_t *rpc, ts_reach_t **out);
+void ts_reach_free(ts_reach_t *r);
 
 /* The outcome of a check: reachable 1 or 0, or −1 when the checker could not be asked (then
  * message says why: a refused connection, a timeout, an error answer). */

@@ -51,7 +51,12 @@ grep -q "^bootstrap = 127.0.0.1:[0-9]*, 127.0.0.1" "$dir/vol/tesserad.ini" || fa
 grep -q "^ExecStart=.*tesserad --config $dir/vol/tesserad.ini" "$dir/vol/tesserad.service" ||
     fail "the unit does not run the config"
 cmp -s "$dir/vol/network.key" "$dir/net/network.key" || fail "the joined key differs from the network's"
-if "$T" join "$dir/net.tessera" --dir "$dir/vol" 2>"$dir/err.txt"; then fail "join into a node folder"; fi
+if "$T" join "$dir/net.tessera" --dir "$dir/wild" 2>"$dir/err.txt"; then
+    fail "join wrote a config listening on 0.0.0.0 with nothing to advertise"
+fi
+grep -q "add --advertise HOST:PORT" "$dir/err.txt" || fail "join 0.0.0.0: $(cat "$dir/err.txt")"
+[ ! -e "$dir/wild" ] || fail "a refused join left $dir/wild behind"
+if "$T" join "$dir/net.tessera" --dir "$dir/vol" --advertise 127.0.0.1:9 2>"$dir/err.txt"; then fail "join into a node folder"; fi
 grep -q "already holds a node" "$dir/err.txt" || fail "join again: $(cat "$dir/err.txt")"
 if command -v systemd-analyze >/dev/null 2>&1; then
     systemd-analyze verify "$dir/vol/tesserad.service" 2>"$dir/sa.txt" ||
@@ -62,7 +67,9 @@ echo "ok: join writes the keys (0600), a mode-auto config and a unit, and refuse
 # broken files
 bad() { # CONTENT WANT
     printf '%b' "$1" >"$dir/bad.tessera"
-    if "$T" join "$dir/bad.tessera" --dir "$dir/badnode" 2>"$dir/err.txt"; then fail "join took: $1"; fi
+    if "$T" join "$dir/bad.tessera" --dir "$dir/badnode" --listen 127.0.0.1:0 2>"$dir/err.txt"; then
+        fail "join took: $1"
+    fi
     grep -q "$2" "$dir/err.txt" || fail "join of a bad file said: $(cat "$dir/err.txt"), want $2"
 }
 bad 'hello\n' "bad.tessera:1: not a tessera network file"
