@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pwd.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -362,6 +363,9 @@ static int write_config(const join_opts_t *o, const char *abs, const netfile_t *
     ts_cli_find_tesserad(found, sizeof found);
     if (!realpath(found, tesserad)) /* not found here: the unit names the usual install path */
         snprintf(tesserad, sizeof tesserad, "/usr/local/bin/tesserad");
+    /* the node runs as whoever joined (who owns its keys), never as root by default */
+    const struct passwd *pw = getpwuid(geteuid());
+    const char *user = pw && pw->pw_name ? pw->pw_name : "nobody";
     int ulen = snprintf(
         unit, sizeof unit,
         "# tesserad.service — written by `tessera join --systemd` for %s/tesserad.ini.\n"
@@ -371,11 +375,11 @@ static int write_config(const join_opts_t *o, const char *abs, const netfile_t *
         "/var/lib/tessera.)\n"
         "[Unit]\nDescription=tessera daemon (auto: hosts the expert the network needs)\n"
         "After=network-online.target\nWants=network-online.target\n\n"
-        "[Service]\nType=exec\nExecStart=%s --config %s/tesserad.ini\n"
+        "[Service]\nType=exec\nUser=%s\nExecStart=%s --config %s/tesserad.ini\n"
         "ExecReload=/bin/kill -HUP $MAINPID\nKillSignal=SIGTERM\nTimeoutStopSec=30\n"
         "Restart=on-failure\nRestartSec=5\nUMask=0077\nNoNewPrivileges=yes\n\n"
         "[Install]\nWantedBy=multi-user.target\n",
-        abs, abs, tesserad, abs);
+        abs, abs, user, tesserad, abs);
     snprintf(path, sizeof path, "%s/tesserad.service", o->dir);
     if (ulen < 0 || (size_t)ulen >= sizeof unit) {
         ts_set_err(err, errlen, "the unit for %s is too long", abs);
@@ -388,8 +392,10 @@ static int join_run(const join_opts_t *o, char *abs, char *node, char *err, size
     char eb[128];
     netfile_t nf;
     int rc = netfile_read(&nf, o->file, err, errlen);
-    if (rc != TS_OK)
+    if (rc != TS_OK) {
+        ts_netkey_wipe(&nf.key); /* a key line may have been read before the error */
         return rc;
+    }
     char path[PATH_MAX];
     if (mkdir(o->dir, 0700) != 0 && errno != EEXIST) {
         ts_set_err(err, errlen, "%s: %s", o->dir, etext(errno, eb));

@@ -50,6 +50,7 @@ grep -qx "mode = auto" "$dir/vol/tesserad.ini" || fail "the config is not in mod
 grep -q "^bootstrap = 127.0.0.1:[0-9]*, 127.0.0.1" "$dir/vol/tesserad.ini" || fail "no bootstrap line"
 grep -q "^ExecStart=.*tesserad --config $dir/vol/tesserad.ini" "$dir/vol/tesserad.service" ||
     fail "the unit does not run the config"
+grep -qx "User=$(id -un)" "$dir/vol/tesserad.service" || fail "the unit does not run as the user who joined"
 cmp -s "$dir/vol/network.key" "$dir/net/network.key" || fail "the joined key differs from the network's"
 if "$T" join "$dir/net.tessera" --dir "$dir/wild" 2>"$dir/err.txt"; then
     fail "join wrote a config listening on 0.0.0.0 with nothing to advertise"
