@@ -25,15 +25,12 @@ static double need_of(const int *replicas, const double *demand, int k) {
     return replicas[k] == 0 ? INFINITY : demand[k] / (double)(replicas[k] + 1);
 }
 
-/* The cluster of greatest need other than skip (−1: none skipped); ties by self's rank. */
-static int neediest(int K, const int *replicas, const double *demand, const uint8_t *self,
-                    int skip) {
+/* The cluster of greatest need; ties by self's rank (so nodes starting together spread). */
+static int neediest(int K, const int *replicas, const double *demand, const uint8_t *self) {
     int best = -1;
     double best_need = -1.0;
     uint64_t best_rank = 0;
     for (int k = 0; k < K; k++) {
-        if (k == skip)
-            continue;
         double n = need_of(replicas, demand, k);
         uint64_t r = ts_assign_rank(self, k);
         if (best < 0 || n > best_need || (n == best_need && r > best_rank))
@@ -130,7 +127,7 @@ int ts_assign_choose(const ts_assign_view_t *v, const uint8_t self[TS_ASSIGN_ID_
             replicas[e->cluster]++; /* this node counts once, below, where it serves now */
     }
     if (current < 0) {
-        int k = neediest(v->K, replicas, demand, self, -1);
+        int k = neediest(v->K, replicas, demand, self);
         *out = (ts_assign_result_t){.cluster = k,
                                     .move = 1,
                                     .need = need_of(replicas, demand, k),

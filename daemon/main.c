@@ -304,8 +304,8 @@ static void on_stats(uv_timer_t *t) {
                                ts_conn_close_reason_name(hs[i]), ns.closed[hs[i]]);
     ts_host_metrics(d->host);
     health_tick(d);
-    if (d->http)
-        publish_status(d);
+    if (d->http && ts_metrics_http_status_wanted(d->http))
+        publish_status(d); /* only while someone reads it */
 }
 
 static void on_gossip_closed(ts_gossip_t *g, void *arg) {

@@ -14,12 +14,14 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
+#include "base/clock.h"
 #include "daemon/log.h"
 #include "net/conn.h"
 
@@ -47,6 +49,7 @@ struct ts_metrics_http {
     pthread_mutex_t status_mu; /* guards status: the loop publishes, the HTTP thread copies */
     char *status;              /* the newest /status.json body, NULL until published */
     size_t status_len;
+    _Atomic double status_asked; /* ts_now_s of the last /status.json request, 0: none */
     char last_error[256]; /* libmicrohttpd's last message, for the sentence of a failed start */
 };
 
@@ -112,6 +115,7 @@ static enum MHD_Result serve_page(struct MHD_Connection *c) {
 }
 
 static enum MHD_Result serve_status(ts_metrics_http_t *s, struct MHD_Connection *c) {
+    atomic_store(&s->status_asked, ts_now_s());
     pthread_mutex_lock(&s->status_mu);
     char *copy = s->status ? malloc(s->status_len) : NULL;
     size_t len = s->status_len;
@@ -239,4 +243,9 @@ int ts_metrics_http_set_status(ts_metrics_http_t *s, const char *json, size_t le
     pthread_mutex_unlock(&s->status_mu);
     free(old);
     return TS_OK;
+}
+
+int ts_metrics_http_status_wanted(ts_metrics_http_t *s) {
+    double asked = s ? atomic_load(&s->status_asked) : 0.0;
+    return asked > 0.0 && ts_now_s() - asked < TS_METRICS_HTTP_STATUS_IDLE_S;
 }

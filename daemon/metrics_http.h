@@ -39,8 +39,16 @@ int ts_metrics_http_start(ts_metrics_http_t **out, ts_metrics_t *m, const char *
                           ts_health_fn health, void *user, char *err, size_t errlen);
 
 /* Publishes json (len bytes, copied) as the /status.json body; safe from any thread (the daemon
- * calls it from its loop every second). TS_EINVAL, TS_ENOMEM (the previous body stays). */
+ * calls it from its loop every second while the status is wanted). TS_EINVAL, TS_ENOMEM (the
+ * previous body stays). */
 int ts_metrics_http_set_status(ts_metrics_http_t *s, const char *json, size_t len);
+
+/* 1 when /status.json was asked for in the last TS_METRICS_HTTP_STATUS_IDLE_S seconds: the
+ * daemon builds the status only then (at 10 000 members it is megabytes), so the first request
+ * after a quiet spell may get the 503 or an older status, and the page's next poll the fresh
+ * one. Safe from any thread. */
+#define TS_METRICS_HTTP_STATUS_IDLE_S 30.0
+int ts_metrics_http_status_wanted(ts_metrics_http_t *s);
 
 /* The port the server listens on (the one chosen when addr asked for port 0). */
 int ts_metrics_http_port(const ts_metrics_http_t *s);

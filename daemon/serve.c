@@ -68,7 +68,8 @@ struct ts_serve {
     char eng_note[384];
     ts_dit_t model;
     /* host staging: (max_batch, C, H, W), (max_batch), (max_batch, C, H, W) F32, and on the
-     * engine's device the forward's inputs xd, td (one copy up and one down per batch) */
+     * engine's device, when it is a GPU, the forward's inputs xd, td (one copy up and one down
+     * per batch; a CPU engine reads the staging itself) */
     ts_tensor_t xx, tt, vv, xd, td;
     int32_t *yy; /* (max_batch) labels */
     pthread_t thread;
@@ -232,6 +233,8 @@ static int forward_batch(ts_serve_t *s, int rows, ts_tensor_t *out) {
     ts_tensor_t xh, th, xb, tb;
     TS_TRY(ts_tensor_slice(&xh, &s->xx, 0, rows));
     TS_TRY(ts_tensor_slice(&th, &s->tt, 0, rows));
+    if (s->eng.device == TS_CPU) /* the staging is the engine's memory: no copy */
+        return ts_dit_forward(&s->model, &xh, &th, s->yy, rows, out);
     TS_TRY(ts_tensor_slice(&xb, &s->xd, 0, rows));
     TS_TRY(ts_tensor_slice(&tb, &s->td, 0, rows));
     TS_TRY(ts_tensor_copy(&xb, &xh));
@@ -617,10 +620,10 @@ static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, siz
                              TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
     if (rc == TS_OK)
         rc = ts_tensor_alloc(&s->tt, TS_F32, TS_CPU, 1, TS_SHAPE(B));
-    if (rc == TS_OK)
+    if (rc == TS_OK && s->eng.device != TS_CPU)
         rc = ts_tensor_alloc(&s->xd, TS_F32, s->eng.device, 4,
                              TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
-    if (rc == TS_OK)
+    if (rc == TS_OK && s->eng.device != TS_CPU)
         rc = ts_tensor_alloc(&s->td, TS_F32, s->eng.device, 1, TS_SHAPE(B));
     if (rc == TS_OK && !(s->yy = malloc((size_t)B * sizeof *s->yy)))
         rc = TS_ENOMEM;

@@ -1024,9 +1024,11 @@ static void test_status_page_routes(void **state) {
     assert_non_null(strstr(r.body, "fetch(\"status.json\""));
     expect_length(&r);
     http_free(&r);
+    assert_int_equal(ts_metrics_http_status_wanted(s->srv), 0); /* nobody asked yet */
     http_do(s->port, "GET", "/status.json", &r);
     assert_int_equal(r.status, 503);
     http_free(&r);
+    assert_int_equal(ts_metrics_http_status_wanted(s->srv), 1); /* asked: the daemon builds it */
     assert_int_equal(ts_metrics_http_set_status(s->srv, "{\"a\":1}", 7), TS_OK);
     assert_int_equal(ts_metrics_http_set_status(s->srv, "{\"b\":22}", 8), TS_OK);
     http_do(s->port, "GET", "/status.json", &r);

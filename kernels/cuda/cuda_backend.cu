@@ -214,39 +214,50 @@ int ts_cuda_count(char *why, size_t why_len) {
     return count;
 }
 
-int ts_cuda_info(int gpu, char *name, size_t name_len, size_t *total, size_t *free_now) {
-    if (name && name_len > 0)
-        name[0] = '\0';
-    if (total)
-        *total = 0;
-    if (free_now)
-        *free_now = 0;
-    int count = ts_cuda_count(NULL, 0), current = -1;
-    if (gpu < 0 || gpu >= count)
-        return TS_ENODEV;
-    cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, gpu) != cudaSuccess) {
-        cudaGetLastError();
-        return TS_ECUDA;
-    }
-    if (name && name_len > 0)
-        snprintf(name, name_len, "%s", prop.name);
-    if (total)
-        *total = prop.totalGlobalMem;
-    if (!free_now)
-        return TS_OK;
-    /* cudaMemGetInfo answers for the current device: switch to gpu for the call, then back */
+/* Device gpu's memory, total and free, from the cheap call (the current device is restored). */
+static int mem_info(int gpu, size_t *total, size_t *free_now) {
+    int current = -1;
+    size_t f = 0, t = 0;
     if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(gpu) != cudaSuccess)
         return TS_ECUDA;
-    size_t f = 0, t = 0;
     cudaError_t rc = cudaMemGetInfo(&f, &t);
     cudaSetDevice(current);
     if (rc != cudaSuccess) {
         cudaGetLastError();
         return TS_ECUDA;
     }
-    *free_now = f;
+    *total = t, *free_now = f;
     return TS_OK;
+}
+
+int ts_cuda_info(int gpu, char *name, size_t name_len, size_t *total, size_t *free_now) {
+    if (name && name_len > 0)
+        name[0] = '\0';
+    size_t t = 0, f = 0;
+    if (total)
+        *total = 0;
+    if (free_now)
+        *free_now = 0;
+    if (gpu < 0 || gpu >= ts_cuda_count(NULL, 0))
+        return TS_ENODEV;
+    /* the name needs the device's properties (slow); the memory, called every second for
+     * /metrics, only cudaMemGetInfo */
+    if (name && name_len > 0) {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, gpu) != cudaSuccess) {
+            cudaGetLastError();
+            return TS_ECUDA;
+        }
+        snprintf(name, name_len, "%s", prop.name);
+    }
+    if (!total && !free_now)
+        return TS_OK;
+    int rc = mem_info(gpu, &t, &f);
+    if (rc == TS_OK && total)
+        *total = t;
+    if (rc == TS_OK && free_now)
+        *free_now = f;
+    return rc;
 }
 
 /* ---- GEMM ------------------------------------------------------------------------------ */
