@@ -76,8 +76,14 @@ static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBod
             n += snprintf(expert + n, sizeof expert - (size_t)n, " q%u %.1fms",
                           b->load->queue_depth, b->load->item_latency_us / 1000.0);
         if (b->training && n > 0 && (size_t)n < sizeof expert)
-            snprintf(expert + n, sizeof expert - (size_t)n, " training %llu/%llu",
-                     (unsigned long long)b->training->step, (unsigned long long)b->training->steps);
+            n += snprintf(expert + n, sizeof expert - (size_t)n, " training %llu/%llu",
+                          (unsigned long long)b->training->step,
+                          (unsigned long long)b->training->steps);
+        if (b->has_relay_id && n > 0 && (size_t)n < sizeof expert) {
+            char via[9];
+            ts_status_hex(&b->relay_id, 8, via);
+            snprintf(expert + n, sizeof expert - (size_t)n, " relayed via %s", via);
+        }
     }
     printf("  %-16s  %-7s  %5llu  %-21s  %8s  v%-4llu %s\n", brief, ts_status_state_name(m->status),
            (unsigned long long)m->incarnation, m->addr ? m->addr : "", ago,

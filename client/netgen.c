@@ -24,6 +24,7 @@ typedef struct offer {
     Tessera__AdvertBody *body; /* decoded; freed with ts_frame_free */
     const char *addr;          /* the member's, from the same status answer */
     char partition[65];
+    ts_node_id_t node; /* whose advert: the node that must answer at addr */
 } offer_t;
 
 /* The live members' addresses by node id. */
@@ -57,6 +58,7 @@ static int collect_offers(const Tessera__StatusResponse *r, offer_t **out, int *
         offer_t *o = &(*out)[(*n)++];
         o->body = b;
         o->addr = addr;
+        memcpy(o->node.b, a->node_id.data, sizeof o->node.b); /* 32 bytes: the check verified */
         ts_hash_t pid;
         memcpy(pid.b, b->partition_id.data, TS_HASH_BYTES);
         ts_hash_hex(&pid, o->partition);
@@ -234,6 +236,8 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, si
                 continue;
             ts_replica_t *p = &ex->rep[ex->n_rep++];
             snprintf(p->addr, sizeof p->addr, "%s", of[j].addr);
+            p->node = of[j].node;
+            p->has_node = 1;
             p->queue_depth = b->load ? b->load->queue_depth : 0;
             p->item_latency_us = b->load ? b->load->item_latency_us : 0;
             p->max_samples = b->capacity ? b->capacity->max_batch : 0;

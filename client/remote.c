@@ -506,6 +506,8 @@ int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_exp
             int rc = ts_rpc_peer_get(rpc, ex->rep[i].addr, &ex->rep[i].peer, err, errlen);
             if (rc != TS_OK)
                 return rc;
+            if (ex->rep[i].has_node)
+                ts_rpc_peer_expect(ex->rep[i].peer, &ex->rep[i].node);
         }
     }
     remote_priv_t *pv = calloc(1, sizeof *pv);

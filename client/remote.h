@@ -36,6 +36,8 @@
 typedef struct ts_replica {
     char addr[280];
     ts_rpc_peer_t *peer;
+    ts_node_id_t node;        /* the node that must answer there (a relay's address is not) */
+    int has_node;             /* node is known (from its advert) */
     double ewma_ms;           /* round-trip EWMA; 0 until the first answer */
     uint32_t queue_depth;     /* from the advert */
     uint32_t item_latency_us; /* from the advert */

@@ -95,6 +95,12 @@ static const key_spec_t KEYS[] = {
     {{"serve", "compute_threads", "integer", "0", "threads of the compute engine; 0 = one per core"}, K_INT, OFF(serve_compute_threads), 0, 1024},
     {{"serve", "weights_bandwidth_mib_s", "integer", "0", "MiB/s of weight chunks served to other nodes; 0 = unlimited"}, K_INT, OFF(weights_bandwidth_mib_s), 0, 100000},
     {{"serve", "weights_max_pending", "integer", "64", "chunk requests waiting for bandwidth before busy"}, K_INT, OFF(weights_max_pending), 1, 65536},
+    {{"relay", "serve", "true|false", "false", "carry nodes that cannot be dialled (behind NAT): each gets a port of this node, through which others reach it, end-to-end encrypted; this node must be reachable itself"}, K_BOOL, OFF(relay_serve), 0, 0},
+    {{"relay", "max_nodes", "integer", "32", "serve: nodes carried at once"}, K_INT, OFF(relay_max_nodes), 1, 4096},
+    {{"relay", "max_circuits", "integer", "32", "serve: connections spliced (or waiting) per node carried"}, K_INT, OFF(relay_max_circuits), 1, 4096},
+    {{"relay", "bandwidth_mib_s", "integer", "8", "serve: MiB/s carried per node, both ways together; 0 = unlimited"}, K_INT, OFF(relay_bandwidth_mib_s), 0, 100000},
+    {{"relay", "use", "true|false", "true", "when the reachability check finds this node cannot be dialled at its advertised address, take an address at a relay (any live member that serves relays) and advertise that"}, K_BOOL, OFF(relay_use), 0, 0},
+    {{"relay", "via", "host:port", "(none)", "always take an address at the relay at host:port, reachable or not (a node that knows it is behind NAT, or a test)"}, K_ADDR, OFF(relay_via), 0, 0},
     {{"log", "level", "debug|info|warn|error", "info", "the least severe level written"}, K_LEVEL, OFF(log_level), 0, 0},
     {{"log", "format", "text|json", "text", "text lines, or one JSON object per line (ts, level, component, msg)"}, K_FORMAT, OFF(log_format), 0, 0},
     {{"log", "file", "path", "(stderr)", "append logs to this file instead of stderr; SIGHUP reopens it (log rotation)"}, K_PATH, OFF(log_file), 0, 0},
@@ -137,6 +143,10 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->serve_compute_threads = 0;
     c->weights_bandwidth_mib_s = 0;
     c->weights_max_pending = 64;
+    c->relay_max_nodes = 32;
+    c->relay_max_circuits = 32;
+    c->relay_bandwidth_mib_s = 8;
+    c->relay_use = 1;
     c->log_level = TS_LOG_INFO;
     c->log_format = TS_LOG_TEXT;
     snprintf(c->metrics_listen, sizeof c->metrics_listen, "127.0.0.1:9420");

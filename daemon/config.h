@@ -75,6 +75,10 @@ typedef struct ts_daemon_config {
     /* [serve] */
     int serve_max_batch, serve_max_wait_ms, serve_max_queue, serve_compute_threads;
     int weights_bandwidth_mib_s, weights_max_pending;
+    /* [relay] (net/relay.h) */
+    int relay_serve, relay_use; /* carry others; take an address at a relay when unreachable */
+    int relay_max_nodes, relay_max_circuits, relay_bandwidth_mib_s;
+    char relay_via[TS_CONFIG_ADDR_MAX]; /* always this relay; "" = choose when unreachable */
     /* [log] */
     ts_log_level_t log_level;
     ts_log_format_t log_format;

@@ -40,6 +40,7 @@
 #include "net/gossip.h"
 #include "net/keys.h"
 #include "net/reach.h"
+#include "daemon/relaying.h"
 #include "net/rpc.h"
 #include "net/status_json.h"
 #include "store/store.h"
@@ -74,6 +75,7 @@ static void help_config(void) {
 
 typedef struct {
     uv_loop_t *loop;
+    const ts_daemon_config_t *cfg;
     uv_signal_t term, intr, hup;
     ts_net_t *net;
     ts_rpc_t *rpc;
@@ -87,7 +89,8 @@ typedef struct {
     int status_failures;    /* status.json builds failed in a row (warned once) */
     /* reachability (net/reach.h): a peer dials us back at the advertised address */
     uv_timer_t reach_timer;
-    ts_reach_t *reach; /* answers dial-back requests */
+    ts_reach_t *reach;       /* answers dial-back requests */
+    ts_relaying_t *relaying; /* [relay]: serving as one, being carried by one */
     const char *advertise;
     uint8_t self[32];
     int reach_pending, reachable; /* reachable: 1, 0, or −1 unknown */
@@ -173,11 +176,14 @@ static void on_reach(void *arg, int reachable, const char *message) {
     else if (!reachable && d->reachable != 0)
         ts_log_warn("reach",
                     "NOT reachable at %s: a peer could not dial it back (%s). Other nodes and "
-                    "clients cannot open connections to this node, so it cannot serve: forward "
-                    "the port (TCP and UDP) on the router or firewall and set [node] advertise "
-                    "to the public address and port (docs/operations.md, \"Joining a network\")",
-                    d->advertise, message);
+                    "clients cannot open connections to this node: %s; or forward the port (TCP "
+                    "and UDP) on the router or firewall and set [node] advertise to the public "
+                    "address and port (docs/operations.md, \"Behind a home router\")",
+                    d->advertise, message,
+                    d->cfg->relay_use ? "a relay will carry it ([relay] use)"
+                                      : "it cannot serve ([relay] use = false)");
     d->reachable = reachable;
+    ts_relaying_reachable(d->relaying, reachable);
     if (d->metrics)
         ts_metrics_gauge_set(d->metrics, TS_M_REACHABLE, NULL, reachable);
 }
@@ -303,6 +309,7 @@ static void on_stats(uv_timer_t *t) {
         ts_metrics_counter_set(d->metrics, TS_M_HANDSHAKE_FAILURES,
                                ts_conn_close_reason_name(hs[i]), ns.closed[hs[i]]);
     ts_host_metrics(d->host);
+    ts_relaying_metrics(d->relaying, d->metrics);
     health_tick(d);
     if (d->http && ts_metrics_http_status_wanted(d->http))
         publish_status(d); /* only while someone reads it */
@@ -313,6 +320,7 @@ static void on_gossip_closed(ts_gossip_t *g, void *arg) {
     daemon_t *d = arg;
     uv_close((uv_handle_t *)&d->stats_timer, NULL);
     uv_close((uv_handle_t *)&d->reach_timer, NULL);
+    ts_relaying_close(d->relaying);
     ts_rpc_shutdown(d->rpc);
     uv_close((uv_handle_t *)&d->term, NULL);
     uv_close((uv_handle_t *)&d->intr, NULL);
@@ -427,6 +435,7 @@ static void free_all(daemon_t *d) {
     ts_metrics_http_stop(d->http);
     pthread_mutex_destroy(&d->health_mu);
     ts_gossip_free(d->gossip);
+    ts_relaying_free(d->relaying);
     ts_rpc_free(d->rpc);
     ts_reach_free(d->reach);
     ts_net_free(d->net);
@@ -440,7 +449,7 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
                ts_store_t *store, const char *node) {
     char err[1024] = "";
     uv_loop_t loop;
-    daemon_t d = {.loop = &loop};
+    daemon_t d = {.loop = &loop, .cfg = cfg};
     uv_loop_init(&loop);
     pthread_mutex_init(&d.health_mu, NULL);
     snprintf(d.health_reason, sizeof d.health_reason, "ok");
@@ -484,6 +493,9 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
         snprintf(err, sizeof err, "cannot serve dial-back requests: %s", ts_strerror(rc));
     if (rc == TS_OK && (rc = ts_metrics_create_daemon(&d.metrics, TS_VERSION)) != TS_OK)
         snprintf(err, sizeof err, "cannot create the metrics registry: %s", ts_strerror(rc));
+    if (rc == TS_OK)
+        rc = ts_relaying_start(&d.relaying, &loop, cfg, d.rpc, d.gossip, listen, advertise,
+                               id->id.b, err, sizeof err);
     if (rc == TS_OK && cfg->metrics_listen[0]) {
         rc = ts_metrics_http_start(&d.http, d.metrics, cfg->metrics_listen, health, &d, err,
                                    sizeof err);
@@ -518,6 +530,7 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
             ts_host_stop(d.host, NULL, NULL);
         if (d.gossip)
             ts_gossip_close(d.gossip, NULL, NULL);
+        ts_relaying_close(d.relaying);
         if (d.rpc)
             ts_rpc_shutdown(d.rpc);
         else if (d.net)

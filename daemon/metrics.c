@@ -666,6 +666,8 @@ static const char *const DEVICE_MEMORY_KINDS[] = {"total", "used", NULL};
 static const char *const MEMBER_STATES[] = {"alive", "suspect", "dead", "left", NULL};
 static const char *const TRANSPORTS[] = {"tcp", "udp", NULL};
 /* the handshake's close reasons, as ts_conn_close_reason_name spells them */
+static const char *const RELAY_CIRCUIT_OUTCOMES[] = {"spliced", "failed", NULL};
+static const char *const RELAY_DATAGRAM_OUTCOMES[] = {"forwarded", "dropped", NULL};
 static const char *const HANDSHAKE_REASONS[] = {"handshake-timeout", "handshake", "identity", NULL};
 static const double BATCH_BUCKETS[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 static const double WAIT_BUCKETS[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -702,6 +704,12 @@ static const ts_metric_spec_t DAEMON_METRICS[TS_M_COUNT] = {
     [TS_M_HANDSHAKE_FAILURES] = {"tessera_handshake_failures_total", "Connections closed during the handshake, by reason.", C, "reason", HANDSHAKE_REASONS, NULL, 0},
     [TS_M_CONNECTIONS] = {"tessera_connections", "Open TCP connections, both directions.", G, NULL, NULL, NULL, 0},
     [TS_M_REACHABLE] = {"tessera_reachable", "Whether a peer could dial this node back at its advertised address: 1 yes, 0 no, -1 not known yet.", G, NULL, NULL, NULL, 0},
+    [TS_M_RELAYED] = {"tessera_relayed", "Whether this node is reached through a relay (it cannot be dialled at its own address): 1 yes, 0 no.", G, NULL, NULL, NULL, 0},
+    [TS_M_RELAY_NODES] = {"tessera_relay_nodes", "Nodes this relay carries now ([relay] serve).", G, NULL, NULL, NULL, 0},
+    [TS_M_RELAY_CIRCUITS] = {"tessera_relay_circuits", "Connections this relay splices now.", G, NULL, NULL, NULL, 0},
+    [TS_M_RELAY_CIRCUITS_TOTAL] = {"tessera_relay_circuits_total", "Connections to carried nodes: spliced, or failed (no connect-back in time, over the cap).", C, "outcome", RELAY_CIRCUIT_OUTCOMES, NULL, 0},
+    [TS_M_RELAY_BYTES] = {"tessera_relay_bytes_total", "Bytes this relay spliced, both ways.", C, NULL, NULL, NULL, 0},
+    [TS_M_RELAY_DATAGRAMS] = {"tessera_relay_datagrams_total", "Gossip datagrams for carried nodes: forwarded, or dropped (rate cap, congestion).", C, "outcome", RELAY_DATAGRAM_OUTCOMES, NULL, 0},
     [TS_M_DEVICE_MEMORY] = {"tessera_device_memory_bytes", "Memory of the GPU the expert is served on: total, and used by every process (0 on a CPU node).", G, "kind", DEVICE_MEMORY_KINDS, NULL, 0},
 };
 /* clang-format on */

@@ -115,32 +115,38 @@ int ts_metrics_write(ts_metrics_t *m, char **out, size_t *len);
 /* Every family tesserad exports, in registration order (so each is its own id). Names, labels
  * and buckets are in metrics.c's table; docs/operations.md says what each one means. */
 typedef enum {
-    TS_M_BUILD_INFO = 0,     /* tessera_build_info{version} = 1 */
-    TS_M_START_TIME,         /* process_start_time_seconds */
-    TS_M_RESIDENT_MEMORY,    /* process_resident_memory_bytes (collected at each scrape) */
-    TS_M_REQUESTS,           /* tessera_requests_total{type} */
-    TS_M_REQUEST_ERRORS,     /* tessera_request_errors_total{type} */
-    TS_M_BUSY,               /* tessera_busy_total: requests refused over the queue limit */
-    TS_M_DEADLINE_DROPS,     /* tessera_deadline_dropped_total: expired before compute */
-    TS_M_QUEUE_DEPTH,        /* tessera_queue_depth: requests waiting now */
-    TS_M_BATCH_SIZE,         /* tessera_batch_size: samples per computed batch */
-    TS_M_QUEUE_WAIT_SECONDS, /* tessera_queue_wait_seconds: enqueue to start of compute */
-    TS_M_COMPUTE_SECONDS,    /* tessera_compute_seconds: one batch on the device */
-    TS_M_DENOISE_STEPS,      /* tessera_denoise_steps_total: expert evaluations (batches) */
-    TS_M_DENOISE_SAMPLES,    /* tessera_denoise_samples_total: samples evaluated */
-    TS_M_TRAIN_STEP,         /* tessera_train_step: the optimiser step reached */
-    TS_M_TRAIN_LOSS,         /* tessera_train_loss: the last step's loss */
-    TS_M_TRAIN_SAMPLES,      /* tessera_train_samples_total */
-    TS_M_GOSSIP_MEMBERS,     /* tessera_gossip_members{state} */
-    TS_M_NET_RECEIVED_BYTES, /* tessera_net_received_bytes_total{transport} */
-    TS_M_NET_SENT_BYTES,     /* tessera_net_sent_bytes_total{transport} */
-    TS_M_HANDSHAKE_FAILURES, /* tessera_handshake_failures_total{reason} */
-    TS_M_CONNECTIONS,        /* tessera_connections: open TCP connections */
-    TS_M_REQUESTS_BUSY,      /* tessera_requests_busy_total{type}: answered Busy */
-    TS_M_CONN_CLOSES,        /* tessera_connection_closes_total{reason} */
-    TS_M_CONN_REFUSED,       /* tessera_connections_refused_total: over the connection limits */
-    TS_M_DEVICE_MEMORY,      /* tessera_device_memory_bytes{kind}: a GPU server's total, used */
-    TS_M_REACHABLE,          /* tessera_reachable: 1, 0, −1 not known yet (net/reach.h) */
+    TS_M_BUILD_INFO = 0,       /* tessera_build_info{version} = 1 */
+    TS_M_START_TIME,           /* process_start_time_seconds */
+    TS_M_RESIDENT_MEMORY,      /* process_resident_memory_bytes (collected at each scrape) */
+    TS_M_REQUESTS,             /* tessera_requests_total{type} */
+    TS_M_REQUEST_ERRORS,       /* tessera_request_errors_total{type} */
+    TS_M_BUSY,                 /* tessera_busy_total: requests refused over the queue limit */
+    TS_M_DEADLINE_DROPS,       /* tessera_deadline_dropped_total: expired before compute */
+    TS_M_QUEUE_DEPTH,          /* tessera_queue_depth: requests waiting now */
+    TS_M_BATCH_SIZE,           /* tessera_batch_size: samples per computed batch */
+    TS_M_QUEUE_WAIT_SECONDS,   /* tessera_queue_wait_seconds: enqueue to start of compute */
+    TS_M_COMPUTE_SECONDS,      /* tessera_compute_seconds: one batch on the device */
+    TS_M_DENOISE_STEPS,        /* tessera_denoise_steps_total: expert evaluations (batches) */
+    TS_M_DENOISE_SAMPLES,      /* tessera_denoise_samples_total: samples evaluated */
+    TS_M_TRAIN_STEP,           /* tessera_train_step: the optimiser step reached */
+    TS_M_TRAIN_LOSS,           /* tessera_train_loss: the last step's loss */
+    TS_M_TRAIN_SAMPLES,        /* tessera_train_samples_total */
+    TS_M_GOSSIP_MEMBERS,       /* tessera_gossip_members{state} */
+    TS_M_NET_RECEIVED_BYTES,   /* tessera_net_received_bytes_total{transport} */
+    TS_M_NET_SENT_BYTES,       /* tessera_net_sent_bytes_total{transport} */
+    TS_M_HANDSHAKE_FAILURES,   /* tessera_handshake_failures_total{reason} */
+    TS_M_CONNECTIONS,          /* tessera_connections: open TCP connections */
+    TS_M_REQUESTS_BUSY,        /* tessera_requests_busy_total{type}: answered Busy */
+    TS_M_CONN_CLOSES,          /* tessera_connection_closes_total{reason} */
+    TS_M_CONN_REFUSED,         /* tessera_connections_refused_total: over the connection limits */
+    TS_M_DEVICE_MEMORY,        /* tessera_device_memory_bytes{kind}: a GPU server's total, used */
+    TS_M_REACHABLE,            /* tessera_reachable: 1, 0, −1 not known yet (net/reach.h) */
+    TS_M_RELAYED,              /* tessera_relayed: 1 while reached through a relay (net/relay.h) */
+    TS_M_RELAY_NODES,          /* tessera_relay_nodes: nodes this relay carries now */
+    TS_M_RELAY_CIRCUITS,       /* tessera_relay_circuits: connections it splices now */
+    TS_M_RELAY_CIRCUITS_TOTAL, /* tessera_relay_circuits_total{outcome}: spliced, failed */
+    TS_M_RELAY_BYTES,          /* tessera_relay_bytes_total: spliced bytes, both ways */
+    TS_M_RELAY_DATAGRAMS,      /* tessera_relay_datagrams_total{outcome}: forwarded, dropped */
     TS_M_COUNT
 } ts_metric_id_t;
 

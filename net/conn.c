@@ -366,6 +366,16 @@ static int handshake_check_peer(ts_conn_t *c, const uint8_t *payload, size_t len
                       err);
         return rc;
     }
+    if (c->has_expect && memcmp(c->peer.b, c->expect.b, sizeof c->peer.b) != 0) {
+        char got[TS_NODE_ID_HEX], want[TS_NODE_ID_HEX];
+        ts_node_id_hex(&c->peer, 16, got);
+        ts_node_id_hex(&c->expect, 16, want);
+        ts_conn__fail(c, TS_CONN_CLOSE_IDENTITY, TS_ECORRUPT,
+                      "%s proved node %s…, not %s… as expected (a stale address, or a relay "
+                      "answering for the node)",
+                      c->addr, got, want);
+        return TS_ECORRUPT;
+    }
     c->has_peer = 1;
     return TS_OK;
 }
@@ -589,6 +599,17 @@ static void connect_cb(uv_connect_t *req, int status) {
                       uv_strerror(status));
         return;
     }
+    if (c->preamble_len) { /* in clear, before the handshake: queued ahead of its first message */
+        wreq_t *w = malloc(sizeof *w + c->preamble_len);
+        if (!w) {
+            ts_conn__fail(c, TS_CONN_CLOSE_NOMEM, TS_ENOMEM, "out of memory");
+            return;
+        }
+        memcpy(w->data, c->preamble, c->preamble_len);
+        w->len = c->preamble_len;
+        if (conn_write(c, w))
+            return;
+    }
     ts_conn__start(c);
 }
 
@@ -620,11 +641,23 @@ static void resolved_cb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
 
 int ts_conn_connect(ts_net_t *net, const char *addr, const ts_conn_handler_t *h, void *arg,
                     ts_conn_t **out, char *err, size_t errlen) {
+    return ts_conn_connect_ex(net, addr, NULL, h, arg, out, err, errlen);
+}
+
+int ts_conn_connect_ex(ts_net_t *net, const char *addr, const ts_conn_connect_opts_t *opts,
+                       const ts_conn_handler_t *h, void *arg, ts_conn_t **out, char *err,
+                       size_t errlen) {
     if (!net || !addr || !out) {
         ts_set_err(err, errlen, "ts_conn_connect: NULL argument");
         return TS_EINVAL;
     }
     *out = NULL;
+    if (opts &&
+        (opts->preamble_len > TS_CONN_PREAMBLE_MAX || (opts->preamble_len && !opts->preamble))) {
+        ts_set_err(err, errlen, "ts_conn_connect: a preamble of %zu bytes (at most %d)",
+                   opts->preamble_len, TS_CONN_PREAMBLE_MAX);
+        return TS_EINVAL;
+    }
     char host[256];
     int port;
     int rc = ts_net_parse_addr(addr, host, sizeof host, &port, 0, err, errlen);
@@ -633,7 +666,15 @@ int ts_conn_connect(ts_net_t *net, const char *addr, const ts_conn_handler_t *h,
     ts_conn_t *c = ts_conn__new(net, h, arg);
     if (!c)
         return TS_ENOMEM;
-    c->initiator = 1;
+    c->initiator = !(opts && opts->responder);
+    if (opts && opts->preamble_len) {
+        memcpy(c->preamble, opts->preamble, opts->preamble_len);
+        c->preamble_len = (uint8_t)opts->preamble_len;
+    }
+    if (opts && opts->expect) {
+        c->expect = *opts->expect;
+        c->has_expect = 1;
+    }
     snprintf(c->addr, sizeof c->addr, "%s", addr);
     net->st.connects++;
     uv_timer_start(&c->timer, ts_conn__handshake_timeout_cb, net->cfg.handshake_timeout_ms, 0);

@@ -211,6 +211,29 @@ void ts_listener_close(ts_listener_t *l, int close_conns);
 int ts_conn_connect(ts_net_t *net, const char *addr, const ts_conn_handler_t *h, void *arg,
                     ts_conn_t **out, char *err, size_t errlen);
 
+/* What ts_conn_connect_ex does beyond ts_conn_connect. */
+#define TS_CONN_PREAMBLE_MAX 64
+typedef struct ts_conn_connect_opts {
+    /* Raw bytes sent once the TCP connection is made, before the handshake (at most
+     * TS_CONN_PREAMBLE_MAX): what a relay reads to pair a connect-back with its dialer. */
+    const uint8_t *preamble;
+    size_t preamble_len;
+    /* 1: this side answers the handshake (the Noise responder) although it dialled: a reserved
+     * node's connect-back to its relay, behind which a dialer is the initiator. The connection
+     * then reports ts_conn_is_initiator() == 0, and its request ids are the responder's. */
+    int responder;
+    /* Non-NULL: the node id the peer must prove. A handshake that proves another closes the
+     * connection as TS_CONN_CLOSE_IDENTITY before a single frame is sent — so a relay, or
+     * whoever holds a stale address, cannot answer for the node the caller meant. */
+    const ts_node_id_t *expect;
+} ts_conn_connect_opts_t;
+
+/* ts_conn_connect with opts (NULL: as ts_conn_connect). TS_EINVAL also for a preamble over
+ * TS_CONN_PREAMBLE_MAX bytes. */
+int ts_conn_connect_ex(ts_net_t *net, const char *addr, const ts_conn_connect_opts_t *opts,
+                       const ts_conn_handler_t *h, void *arg, ts_conn_t **out, char *err,
+                       size_t errlen);
+
 /* ---- a connection ----------------------------------------------------------------------- */
 
 /* Queues one application frame, the bytes of parts[0..n) concatenated (the 4-byte prefix is

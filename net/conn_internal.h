@@ -66,6 +66,10 @@ struct ts_conn {
     int handles_open; /* tcp and timer, until their close callbacks */
     conn_state_t state;
     uint8_t initiator, accepted, refused, paused, has_peer;
+    uint8_t has_expect;   /* the peer must prove expect (ts_conn_connect_ex) */
+    uint8_t preamble_len; /* bytes of preamble sent on connect, before the handshake */
+    uint8_t preamble[TS_CONN_PREAMBLE_MAX];
+    ts_node_id_t expect;
     size_t partial_held; /* app_rd.cap as counted in net->st.partial_bytes */
     uint8_t hs_step;     /* handshake messages processed so far */
     ts_noise_handshake_t hs;

@@ -64,6 +64,8 @@ extern "C" {
 #define TS_FRAME_DEVICE_MAX 127              /* bytes of an advert's capacity.device */
 #define TS_FRAME_ADDR_MAX 255                /* bytes of one "host:port" (as store/peers.h) */
 #define TS_FRAME_MESSAGE_MAX 1024            /* bytes of an Error's message */
+#define TS_FRAME_CIRCUIT_BYTES 16            /* a relay circuit's token (RelayEvent.circuit) */
+#define TS_FRAME_DATAGRAM_MAX 2048           /* bytes of a relayed gossip datagram */
 #define TS_FRAME_SIGNED_BODY_MAX (64u << 10) /* bytes of the body of a signed statement */
 #define TS_FRAME_CHUNK_MIN (4u << 10)        /* a manifest's chunk_size, at least */
 #define TS_FRAME_CHUNK_MAX (16u << 20)       /* and at most; also the most bytes in a Chunk */

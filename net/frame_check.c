@@ -464,6 +464,44 @@ static int check_error(chk_t *c, const Tessera__Error *m) {
     return TS_OK;
 }
 
+/* ---- relays ------------------------------------------------------------------------------- */
+
+/* An optional UTF-8 sentence of at most TS_FRAME_MESSAGE_MAX bytes. */
+static int check_message(chk_t *c, const char *m, const char *what) {
+    size_t n = m ? strlen(m) : 0;
+    if (n > TS_FRAME_MESSAGE_MAX)
+        return bad(c, TS_ECORRUPT, "%s is longer than %d bytes", what, TS_FRAME_MESSAGE_MAX);
+    if (m && !utf8_ok((const unsigned char *)m, n))
+        return bad(c, TS_ECORRUPT, "%s is not UTF-8", what);
+    return TS_OK;
+}
+
+static int check_addr_field(chk_t *c, const char *a, const char *what) {
+    if (!a || strlen(a) > TS_FRAME_ADDR_MAX || !ts_addr_valid(a, strlen(a), 0))
+        return bad(c, TS_ECORRUPT, "%s is missing or not host:port", what);
+    return TS_OK;
+}
+
+/* Exactly one of addr, circuit (16 bytes), datagram (with from) — the datagram no longer than a
+ * gossip datagram can be. */
+static int check_relay_event(chk_t *c, const Tessera__RelayEvent *e) {
+    int n = (e->addr != NULL) + e->has_circuit + e->has_datagram;
+    if (n != 1)
+        return bad(c, TS_ECORRUPT, "relay_event must carry exactly one of addr, circuit, datagram");
+    if (e->addr)
+        return check_addr_field(c, e->addr, "relay_event.addr");
+    if (e->has_circuit) {
+        if (e->circuit.len != TS_FRAME_CIRCUIT_BYTES)
+            return bad(c, TS_ECORRUPT, "relay_event.circuit must be %d bytes",
+                       TS_FRAME_CIRCUIT_BYTES);
+        return TS_OK;
+    }
+    if (e->datagram.len == 0 || e->datagram.len > TS_FRAME_DATAGRAM_MAX)
+        return bad(c, TS_ECORRUPT, "relay_event.datagram must be 1..%d bytes",
+                   TS_FRAME_DATAGRAM_MAX);
+    return check_addr_field(c, e->from, "relay_event.from");
+}
+
 /* ---- the envelope ------------------------------------------------------------------------- */
 
 /* What a body is for the request id and deadline rules. */
@@ -478,7 +516,8 @@ static body_kind_t body_kind(Tessera__Envelope__BodyCase b) {
     case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST_REQUEST:
     case TESSERA__ENVELOPE__BODY_CHUNK_REQUEST:
     case TESSERA__ENVELOPE__BODY_STATUS_REQUEST:
-    case TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST: return KIND_REQUEST;
+    case TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST:
+    case TESSERA__ENVELOPE__BODY_RELAY_RESERVE: return KIND_REQUEST;
     case TESSERA__ENVELOPE__BODY_ACK:
     case TESSERA__ENVELOPE__BODY_ADVERT:
     case TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE:
@@ -486,9 +525,10 @@ static body_kind_t body_kind(Tessera__Envelope__BodyCase b) {
     case TESSERA__ENVELOPE__BODY_CHUNK:
     case TESSERA__ENVELOPE__BODY_STATUS_RESPONSE:
     case TESSERA__ENVELOPE__BODY_DIAL_BACK_RESPONSE:
+    case TESSERA__ENVELOPE__BODY_RELAY_ENDED:
     case TESSERA__ENVELOPE__BODY_BUSY: return KIND_RESPONSE;
     case TESSERA__ENVELOPE__BODY_ERROR: return KIND_ERROR;
-    default: return KIND_ONE_WAY; /* cancel */
+    default: return KIND_ONE_WAY; /* cancel, relay_event */
     }
 }
 
@@ -552,12 +592,8 @@ static int check_body(chk_t *c, const Tessera__Envelope *e) {
                         "chunk_request", "chunk_hash");
     case TESSERA__ENVELOPE__BODY_CHUNK: return check_chunk(c, e->chunk);
     case TESSERA__ENVELOPE__BODY_STATUS_REQUEST: return TS_OK;
-    case TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST: {
-        const char *a = e->dial_back_request->addr;
-        if (!a || strlen(a) > TS_FRAME_ADDR_MAX || !ts_addr_valid(a, strlen(a), 0))
-            return bad(c, TS_ECORRUPT, "dial_back_request.addr is missing or not host:port");
-        return TS_OK;
-    }
+    case TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST:
+        return check_addr_field(c, e->dial_back_request->addr, "dial_back_request.addr");
     case TESSERA__ENVELOPE__BODY_DIAL_BACK_RESPONSE:
         CHECK(need_has(c, e->dial_back_response->has_reachable, "dial_back_response", "reachable"));
         if (e->dial_back_response->message &&
@@ -567,6 +603,10 @@ static int check_body(chk_t *c, const Tessera__Envelope *e) {
         return TS_OK;
     case TESSERA__ENVELOPE__BODY_STATUS_RESPONSE:
         return check_status_response(c, e->status_response);
+    case TESSERA__ENVELOPE__BODY_RELAY_RESERVE: return TS_OK;
+    case TESSERA__ENVELOPE__BODY_RELAY_ENDED:
+        return check_message(c, e->relay_ended->message, "relay_ended.message");
+    case TESSERA__ENVELOPE__BODY_RELAY_EVENT: return check_relay_event(c, e->relay_event);
     case TESSERA__ENVELOPE__BODY_ERROR: return check_error(c, e->error);
     case TESSERA__ENVELOPE__BODY_BUSY:
         return need_has(c, e->busy->has_retry_after_ms, "busy", "retry_after_ms");
@@ -615,6 +655,8 @@ int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, cha
     CHECK(check_id(&c, b->has_weights_hash, &b->weights_hash, w, "weights_hash"));
     if (b->has_router_hash)
         CHECK(check_id(&c, 1, &b->router_hash, w, "router_hash"));
+    if (b->has_relay_id)
+        CHECK(check_id(&c, 1, &b->relay_id, w, "relay_id"));
     if (b->training) {
         const Tessera__TrainingStatus *tr = b->training;
         if (!tr->has_step || !tr->has_steps || tr->step > tr->steps)

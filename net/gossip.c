@@ -323,8 +323,19 @@ int ts_gossip__op_call(op_t *op, const ts_swim_addr_t *addr, const Tessera__Enve
     ts_gossip_t *g = op->g;
     char a[ADDR_STR];
     ts_gossip__addr_str(addr, a);
-    if (ts_rpc_peer_get(g->rpc, a, &op->peer, NULL, 0) != TS_OK ||
-        ts_rpc_call(op->peer, env, timeout_ms, cb, op, &op->call, NULL, 0) != TS_OK) {
+    static const uint8_t zero[TS_SWIM_ID_LEN];
+    if (ts_rpc_peer_get(g->rpc, a, &op->peer, NULL, 0) != TS_OK) {
+        ts_gossip__op_free(op);
+        return -1;
+    }
+    /* a member's address may be its relay's, or another node's since: only the member itself
+     * may answer (a join's seed is known by address alone) */
+    if (memcmp(op->id, zero, sizeof zero) != 0) {
+        ts_node_id_t want;
+        memcpy(want.b, op->id, sizeof want.b);
+        ts_rpc_peer_expect(op->peer, &want);
+    }
+    if (ts_rpc_call(op->peer, env, timeout_ms, cb, op, &op->call, NULL, 0) != TS_OK) {
         ts_gossip__op_free(op);
         return -1;
     }
@@ -642,6 +653,10 @@ void ts_gossip_set_metrics_url(ts_gossip_t *g, const char *url) {
 }
 
 int ts_gossip_port(const ts_gossip_t *g) { return g && g->started ? g->self_addr.port : 0; }
+
+const char *ts_gossip_addr(const ts_gossip_t *g) {
+    return g->relay_addr[0] ? g->relay_addr : g->advertise;
+}
 
 const ts_swim_t *ts_gossip_swim(const ts_gossip_t *g) { return g ? g->swim : NULL; }
 

@@ -102,6 +102,14 @@ void ts_gossip_receive_datagram(ts_gossip_t *g, const struct sockaddr *from, con
 void ts_gossip_rejoin(ts_gossip_t *g);
 /* The health status answers carry (StatusResponse.health): "ok" or a sentence; copied. */
 void ts_gossip_set_health(ts_gossip_t *g, const char *health);
+/* Moves this node, in its claims, to addr ("ip:port", numeric): the address a relay holds for
+ * it (net/relay.h), relay that relay's node id, which our advert then carries as relay_id (a
+ * new version, re-signed). addr NULL: back to the configured address, no relay. After start;
+ * TS_EINVAL otherwise or for a bad address (err says why). */
+int ts_gossip_set_relay(ts_gossip_t *g, const char *addr, const ts_node_id_t *relay, char *err,
+                        size_t errlen);
+/* The address our claims carry now: the relay's for us, or the configured one. */
+const char *ts_gossip_addr(const ts_gossip_t *g);
 /* The /metrics URL status answers carry (StatusResponse.metrics); copied; NULL or "": none. */
 void ts_gossip_set_metrics_url(ts_gossip_t *g, const char *url);
 

@@ -235,10 +235,13 @@ int ts_gossip_set_advert(ts_gossip_t *g, const Tessera__AdvertBody *body, char *
         ts_set_err(err, errlen, "ts_gossip_set_advert: NULL argument, or closing");
         return TS_EINVAL;
     }
-    /* a copy that owns nothing: only the version changes */
+    /* a copy that owns nothing: only the version (and the relay) changes */
     Tessera__AdvertBody copy = *body;
     copy.has_version = 1;
     copy.version = g->own_version + 1;
+    copy.has_relay_id = g->has_relay;
+    copy.relay_id.data = g->relay_id.b;
+    copy.relay_id.len = g->has_relay ? sizeof g->relay_id.b : 0;
     if (!g->swim) { /* before start: checked now, signed and announced by start */
         int rc = ts_frame_check_advert_body(&copy, TS_FRAME_CHECK_FINITE, err, errlen);
         if (rc)
@@ -285,5 +288,31 @@ int ts_gossip_advert_get(const ts_gossip_t *g, const uint8_t id[TS_NODE_ID_BYTES
         return TS_ENOTFOUND;
     *packed = a->packed;
     *len = a->packed_len;
+    return TS_OK;
+}
+
+int ts_gossip_set_relay(ts_gossip_t *g, const char *addr, const ts_node_id_t *relay, char *err,
+                        size_t errlen) {
+    if (!g || !g->swim || g->closing || (addr && !relay)) {
+        ts_set_err(err, errlen, "ts_gossip_set_relay: not started, closing, or no relay id");
+        return TS_EINVAL;
+    }
+    ts_swim_addr_t a = g->self_addr;
+    int rc;
+    if (addr && (rc = ts_gossip__addr_parse(addr, &a, 0, err, errlen)) != TS_OK)
+        return rc;
+    if ((rc = ts_swim_set_addr(g->swim, now_ms(g), &a)) != TS_OK) {
+        ts_set_err(err, errlen, "the gossip core refused the address (%s)", ts_strerror(rc));
+        return rc;
+    }
+    snprintf(g->relay_addr, sizeof g->relay_addr, "%s", addr ? addr : "");
+    g->has_relay = addr != NULL;
+    if (relay && addr)
+        g->relay_id = *relay;
+    ts_gossip__pump(g);
+    /* our advert, if we have one, names the relay (or no longer does) */
+    const advert_t *own = ts_gossip__advert_find(g, g->self.b);
+    if (own && own->body)
+        return ts_gossip_set_advert(g, own->body, err, errlen);
     return TS_OK;
 }

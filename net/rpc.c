@@ -42,6 +42,10 @@ struct ts_rpc {
         ts_rpc_handler_fn fn;
         void *arg;
     } handlers[TESSERA__ENVELOPE__BODY_CANCEL + 1];
+    struct {
+        ts_rpc_oneway_fn fn;
+        void *arg;
+    } oneway[TESSERA__ENVELOPE__BODY_CANCEL + 1];
     ts_list_t peers;
     ts_list_t timeouts; /* calls by deadline_at, earliest first */
     uv_timer_t timer;
@@ -67,6 +71,8 @@ struct ts_rpc_peer {
     ts_rpc_peer_info_t info;
     ts_rpc_peer_cb waiter;
     void *waiter_arg;
+    int has_expect; /* ts_rpc_peer_expect: the node id its connections must prove */
+    ts_node_id_t expect;
     char last_failure[200]; /* why the last connection attempt failed ("" after a success) */
 };
 
@@ -149,6 +155,7 @@ static Tessera__Envelope__BodyCase answer_kind(Tessera__Envelope__BodyCase k) {
     case TESSERA__ENVELOPE__BODY_STATUS_REQUEST: return TESSERA__ENVELOPE__BODY_STATUS_RESPONSE;
     case TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST:
         return TESSERA__ENVELOPE__BODY_DIAL_BACK_RESPONSE;
+    case TESSERA__ENVELOPE__BODY_RELAY_RESERVE: return TESSERA__ENVELOPE__BODY_RELAY_ENDED;
     default: return TESSERA__ENVELOPE__BODY__NOT_SET;
     }
 }
@@ -213,6 +220,21 @@ int ts_rpc_handle(ts_rpc_t *rpc, Tessera__Envelope__BodyCase kind, ts_rpc_handle
         return TS_EINVAL;
     rpc->handlers[kind].fn = fn;
     rpc->handlers[kind].arg = arg;
+    return TS_OK;
+}
+
+/* One-way kinds a handler may take: every body kind that is neither a request, an answer, an
+ * error, nor the cancel this layer handles itself. */
+static int is_oneway_kind(Tessera__Envelope__BodyCase k) {
+    return k == TESSERA__ENVELOPE__BODY_RELAY_EVENT;
+}
+
+int ts_rpc_handle_oneway(ts_rpc_t *rpc, Tessera__Envelope__BodyCase kind, ts_rpc_oneway_fn fn,
+                         void *arg) {
+    if (!rpc || !is_oneway_kind(kind))
+        return TS_EINVAL;
+    rpc->oneway[kind].fn = fn;
+    rpc->oneway[kind].arg = arg;
     return TS_OK;
 }
 
@@ -560,6 +582,10 @@ static void conn_frame(ts_conn_t *c, const uint8_t *data, size_t len) {
     Tessera__Envelope__BodyCase k = env->body_case;
     if (k == TESSERA__ENVELOPE__BODY_CANCEL) {
         on_cancel_msg(s, env->cancel->request_id);
+    } else if (is_oneway_kind(k)) {
+        s->rpc->st.oneway[k]++;
+        if (s->rpc->oneway[k].fn)
+            s->rpc->oneway[k].fn(c, &s->peer_id, env, s->rpc->oneway[k].arg);
     } else if (is_request_kind(k) && (k != TESSERA__ENVELOPE__BODY_PUSH_PULL || peers_id)) {
         if (!peers_id) {
             snprintf(err, sizeof err, "request %llu has the wrong parity for its sender",
@@ -639,6 +665,8 @@ static void conn_closed(ts_conn_t *c, const ts_conn_close_info_t *why) {
 
 static const ts_conn_handler_t rpc_handler = {conn_open, conn_frame, NULL, conn_closed};
 
+ts_net_t *ts_rpc_net(const ts_rpc_t *rpc) { return rpc->net; }
+
 void ts_rpc_set_fail_fast(ts_rpc_t *rpc, int on) {
     if (rpc)
         rpc->cfg.fail_fast = on != 0;
@@ -673,7 +701,8 @@ static void peer_connect_now(ts_rpc_peer_t *p) {
     p->info.attempts++;
     p->connect_started_ns = uv_hrtime();
     p->sess = s;
-    int rc = ts_conn_connect(rpc->net, p->addr, &rpc_handler, s, &p->conn, err, sizeof err);
+    ts_conn_connect_opts_t o = {.expect = p->has_expect ? &p->expect : NULL};
+    int rc = ts_conn_connect_ex(rpc->net, p->addr, &o, &rpc_handler, s, &p->conn, err, sizeof err);
     if (rc) { /* no callback follows: fail as a refused attempt would */
         p->sess = NULL;
         rpc->sessions--;
@@ -769,6 +798,38 @@ int ts_rpc_peer_connect(ts_rpc_peer_t *p, ts_rpc_peer_cb cb, void *arg) {
 }
 
 void ts_rpc_peer_info(const ts_rpc_peer_t *p, ts_rpc_peer_info_t *out) { *out = p->info; }
+
+void ts_rpc_peer_expect(ts_rpc_peer_t *p, const ts_node_id_t *id) {
+    if (!p)
+        return;
+    if (!id) {
+        p->has_expect = 0;
+        return;
+    }
+    int changed = !p->has_expect || memcmp(p->expect.b, id->b, sizeof id->b) != 0;
+    p->has_expect = 1;
+    p->expect = *id;
+    /* an open connection to another node serves nobody who now expects this one */
+    if (changed && p->state == PEER_OPEN && p->sess &&
+        memcmp(p->sess->peer_id.b, id->b, sizeof id->b) != 0)
+        ts_conn_close(p->conn);
+}
+
+int ts_rpc_accept_via(ts_rpc_t *rpc, const char *addr, const uint8_t *preamble, size_t preamble_len,
+                      char *err, size_t errlen) {
+    if (!rpc || !addr) {
+        ts_set_err(err, errlen, "ts_rpc_accept_via: NULL argument");
+        return TS_EINVAL;
+    }
+    if (rpc->closing) {
+        ts_set_err(err, errlen, "the RPC endpoint is shutting down");
+        return TS_ECLOSED;
+    }
+    ts_conn_connect_opts_t o = {.preamble = preamble, .preamble_len = preamble_len, .responder = 1};
+    ts_conn_t *c;
+    /* served as an accepted connection: its data is the endpoint until conn_open */
+    return ts_conn_connect_ex(rpc->net, addr, &o, &rpc_handler, rpc, &c, err, errlen);
+}
 
 int ts_rpc_call(ts_rpc_peer_t *p, const Tessera__Envelope *req, uint32_t deadline_ms, ts_rpc_cb cb,
                 void *arg, ts_rpc_call_t **out, char *err, size_t errlen) {
@@ -902,6 +963,36 @@ int ts_rpc_reply_busy(ts_rpc_request_t *req, uint32_t retry_after_ms) {
     int rc = send_busy(req->sess, req->id, retry_after_ms);
     request_free(req);
     return rc;
+}
+
+int ts_rpc_request_send(ts_rpc_request_t *req, const Tessera__Envelope *env, char *err,
+                        size_t errlen) {
+    if (!req || !env || !is_oneway_kind(env->body_case)) {
+        ts_set_err(err, errlen, "ts_rpc_request_send: NULL argument, or not a one-way kind");
+        return TS_EINVAL;
+    }
+    if (!req->sess) {
+        ts_set_err(err, errlen, "the request's connection is gone");
+        return TS_ECLOSED;
+    }
+    if (ts_conn_congested(req->sess->conn)) {
+        ts_set_err(err, errlen, "the request's connection is congested");
+        return TS_EBUSY;
+    }
+    return send_envelope(req->sess, env, err, errlen);
+}
+
+int ts_rpc_oneway_send(ts_conn_t *c, const Tessera__Envelope *env, char *err, size_t errlen) {
+    session_t *s = c ? ts_conn_data(c) : NULL;
+    if (!s || !env || !is_oneway_kind(env->body_case) || !ts_conn_is_open(c)) {
+        ts_set_err(err, errlen, "ts_rpc_oneway_send: no open session, or not a one-way kind");
+        return TS_EINVAL;
+    }
+    if (ts_conn_congested(c)) {
+        ts_set_err(err, errlen, "the connection is congested");
+        return TS_EBUSY;
+    }
+    return send_envelope(s, env, err, errlen);
 }
 
 void ts_rpc_stats(const ts_rpc_t *rpc, ts_rpc_stats_t *out) {

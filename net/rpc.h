@@ -79,8 +79,12 @@ void ts_rpc_config_default(ts_rpc_config_t *cfg);
 typedef struct ts_rpc_stats {
     uint64_t requests[TS_RPC_KINDS], busy[TS_RPC_KINDS], errors[TS_RPC_KINDS];
     uint64_t malformed;
+    uint64_t oneway[TS_RPC_KINDS]; /* one-way envelopes received (relay_event), handled or not */
 } ts_rpc_stats_t;
 void ts_rpc_stats(const ts_rpc_t *rpc, ts_rpc_stats_t *out);
+
+/* The connection context the endpoint runs on. */
+ts_net_t *ts_rpc_net(const ts_rpc_t *rpc);
 
 /* Sets cfg.fail_fast of a running endpoint (see above). */
 void ts_rpc_set_fail_fast(ts_rpc_t *rpc, int on);
@@ -123,6 +127,23 @@ int ts_rpc_listen(ts_rpc_t *rpc, const char *addr, ts_listener_t **out, char *er
 /* Serves requests of kind with fn (NULL: stop serving it; such requests get ERROR_UNSUPPORTED).
  * TS_EINVAL unless kind is a request kind. */
 int ts_rpc_handle(ts_rpc_t *rpc, Tessera__Envelope__BodyCase kind, ts_rpc_handler_fn fn, void *arg);
+
+/* One-way envelopes (no request id, no answer; today only relay_event): fn gets each one of kind
+ * that arrives on any connection, with the connection and the node id its handshake proved;
+ * env is valid during the call. A kind with no handler is dropped (and counted). TS_EINVAL
+ * unless kind is a one-way kind. */
+typedef void (*ts_rpc_oneway_fn)(ts_conn_t *c, const ts_node_id_t *from,
+                                 const Tessera__Envelope *env, void *arg);
+int ts_rpc_handle_oneway(ts_rpc_t *rpc, Tessera__Envelope__BodyCase kind, ts_rpc_oneway_fn fn,
+                         void *arg);
+/* Sends the one-way env on the connection of a request still held (not yet answered): how a
+ * long-lived request (relay_reserve) streams events to its requester. TS_ECLOSED once the
+ * request is detached, TS_EBUSY when the connection is congested (nothing sent: the caller
+ * drops or retries), TS_EINVAL for a kind that is not one-way or does not encode. */
+int ts_rpc_request_send(ts_rpc_request_t *req, const Tessera__Envelope *env, char *err,
+                        size_t errlen);
+/* The same on a connection of this endpoint (the c a one-way handler got). */
+int ts_rpc_oneway_send(ts_conn_t *c, const Tessera__Envelope *env, char *err, size_t errlen);
 
 /* ---- answering (server side) ------------------------------------------------------------------ */
 
@@ -169,6 +190,21 @@ typedef struct ts_rpc_peer_info {
     uint64_t handshake_ns;    /* connect + handshake time of the last connection opened */
 } ts_rpc_peer_info_t;
 void ts_rpc_peer_info(const ts_rpc_peer_t *p, ts_rpc_peer_info_t *out);
+
+/* The node id p's connections must prove from now on (NULL: any): a handshake proving another
+ * closes the connection before anything is sent on it (net/conn.h ts_conn_connect_ex), and the
+ * calls waiting fail as for a failed attempt. An open connection that proved another id is
+ * closed now. What the pool needs where an address is not the node it means — a relayed node's
+ * address is its relay's — and where an address may have changed hands. */
+void ts_rpc_peer_expect(ts_rpc_peer_t *p, const ts_node_id_t *id);
+
+/* Answers a handshake on a connection this side opens: connects to addr, sends the preamble in
+ * clear, then serves what arrives as on an accepted connection (this side the Noise responder).
+ * A reserved node's connect-back to its relay, for a dialer waiting there (net/relay.h). No
+ * callback: the session appears like an accepted one. TS_EINVAL (bad address or preamble),
+ * TS_ECLOSED after shutdown, TS_ENOMEM. */
+int ts_rpc_accept_via(ts_rpc_t *rpc, const char *addr, const uint8_t *preamble, size_t preamble_len,
+                      char *err, size_t errlen);
 
 /* Sends the request req (a request kind; its request_id and deadline_ms are ignored: the id is
  * chosen here and deadline_ms given apart, 0 for none) to p, connecting if need be. cb runs

@@ -95,12 +95,31 @@ static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) 
         b->training ? json_pack("{s:I, s:I, s:f}", "step", (json_int_t)b->training->step, "steps",
                                 (json_int_t)b->training->steps, "loss", (double)b->training->loss)
                     : json_null();
-    return json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b}",
+    char relay[65];
+    ts_status_hex(&b->relay_id, 64, relay);
+    return json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b, s:s?}",
                      "node_id", id, "valid", 1, "version", (json_int_t)b->version, "partition_id",
                      part, "num_clusters", (int)b->num_clusters, "cluster", (int)b->cluster,
                      "weights_hash", wh, "objective", objective_name(b->objective), "model",
                      j_model(b->model), "centroid_dims", dims, "capacity", j_capacity(b->capacity),
-                     "load", j_load(b->load), "training", training, "router", b->has_router_hash);
+                     "load", j_load(b->load), "training", training, "router", b->has_router_hash,
+                     "relayed_via", b->has_relay_id ? relay : NULL);
+}
+
+/* The relay carrying member m, as its advert says (short hex), or NULL. Only the adverts that
+ * name a relay are looked at: few, where the members may be thousands. */
+static const char *relayed_via(const Tessera__MemberState *m, const Tessera__StatusResponse *r,
+                               const ts_status_adverts_t *ad, const size_t *relayed,
+                               size_t n_relayed, char out[17]) {
+    for (size_t k = 0; k < n_relayed; k++) {
+        const Tessera__Advert *a = r->adverts[relayed[k]];
+        if (a->node_id.len == m->node_id.len &&
+            memcmp(a->node_id.data, m->node_id.data, a->node_id.len) == 0) {
+            ts_status_hex(&ad->bodies[relayed[k]]->relay_id, 16, out);
+            return out;
+        }
+    }
+    return NULL;
 }
 
 json_t *ts_status_json(const Tessera__StatusResponse *r, const ts_status_adverts_t *ad) {
@@ -108,19 +127,25 @@ json_t *ts_status_json(const Tessera__StatusResponse *r, const ts_status_adverts
     ts_status_hex(&r->node_id, 64, id);
     json_t *members = json_array(), *adverts = json_array(), *clusters = json_array(),
            *uncovered = json_array();
+    size_t *relayed = calloc(r->n_adverts ? r->n_adverts : 1, sizeof *relayed), n_relayed = 0;
+    for (size_t i = 0; relayed && i < r->n_adverts; i++)
+        if (ad->bodies[i] && ad->bodies[i]->has_relay_id)
+            relayed[n_relayed++] = i;
     for (size_t i = 0; i < r->n_members; i++) {
         const Tessera__MemberState *m = r->members[i];
-        char mid[65], brief[17];
+        char mid[65], brief[17], via[17];
         ts_status_hex(&m->node_id, 64, mid);
         ts_status_hex(&m->node_id, 16, brief);
-        json_array_append_new(members,
-                              json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:I}", "node_id", mid,
-                                        "node_id_short", brief, "state",
-                                        ts_status_state_name(m->status), "incarnation",
-                                        (json_int_t)m->incarnation, "addr", m->addr ? m->addr : "",
-                                        "last_change_age_ms", (json_int_t)m->last_change_age_ms,
-                                        "advert_version", (json_int_t)m->advert_version));
+        json_array_append_new(
+            members,
+            json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:s?}", "node_id", mid, "node_id_short",
+                      brief, "state", ts_status_state_name(m->status), "incarnation",
+                      (json_int_t)m->incarnation, "addr", m->addr ? m->addr : "",
+                      "last_change_age_ms", (json_int_t)m->last_change_age_ms, "advert_version",
+                      (json_int_t)m->advert_version, "relayed_via",
+                      relayed_via(m, r, ad, relayed, n_relayed, via)));
     }
+    free(relayed);
     for (size_t i = 0; i < r->n_adverts; i++)
         json_array_append_new(adverts, j_advert(r->adverts[i], ad->bodies[i]));
     const Tessera__Aggregates *g = r->aggregates;

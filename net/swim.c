@@ -739,6 +739,21 @@ bool ts_swim_leave_done(const ts_swim_t *s, int64_t now) {
            now - s->leave_at >= s->cfg.leave_linger_ms;
 }
 
+int ts_swim_set_addr(ts_swim_t *s, int64_t now, const ts_swim_addr_t *addr) {
+    if (!s || !addr || addr->port == 0)
+        return TS_EINVAL;
+    if (s->leaving)
+        return TS_ENOTSUP;
+    ts_swim_claim_t c = *claim_of(s, SELF);
+    if (memcmp(&c.addr, addr, sizeof *addr) == 0)
+        return TS_OK;
+    if (c.incarnation == UINT32_MAX)
+        return TS_ERANGE;
+    c.addr = *addr;
+    c.incarnation++; /* a move at the same incarnation would read as stale */
+    return ts_swim__adopt_own_claim(s, now, &c, true);
+}
+
 int ts_swim_set_advert(ts_swim_t *s, int64_t now, uint64_t version,
                        const uint8_t hash[TS_SWIM_HASH_LEN]) {
     if (!s || !hash)

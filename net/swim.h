@@ -313,6 +313,11 @@ bool ts_swim_leave_done(const ts_swim_t *s, int64_t now_ms);
 int ts_swim_set_advert(ts_swim_t *s, int64_t now_ms, uint64_t version,
                        const uint8_t hash[TS_SWIM_HASH_LEN]);
 
+/* Moves us to addr (a relay's address for us, or back): a new alive claim at the next
+ * incarnation, gossiped network-wide. TS_OK and nothing new when addr is the current one;
+ * TS_EINVAL for port 0; TS_ENOTSUP after leave; TS_ERANGE at the last incarnation. */
+int ts_swim_set_addr(ts_swim_t *s, int64_t now_ms, const ts_swim_addr_t *addr);
+
 /* Output queues. Each returns 1 and fills its argument when it took one item, 0 when the queue
  * is empty. A packet's piggyback is chosen when it is taken, so take packets only to send them. */
 int ts_swim_next_packet(ts_swim_t *s, ts_swim_addr_t *to, ts_swim_msg_t *msg);

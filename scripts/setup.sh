@@ -28,10 +28,11 @@ BUILD_PKGS=(
     zlib1g-dev libpng-dev libinih-dev libjansson-dev libmicrohttpd-dev
     python3 python3-torch dataset-fashion-mnist
     clang libclang-rt-dev
-    chromium
+    chromium iptables iproute2
 )
 # chromium (above, without its recommends: 16 packages) runs tesserad's status page in
-# tests/test_status_page.sh, headless.
+# tests/test_status_page.sh, headless. iptables and iproute2 build the home routers (network
+# namespaces behind a MASQUERADE NAT) of tests/test_nat.sh.
 # clang + libclang-rt-dev (above): the libFuzzer harnesses, which `make test` runs for a short
 # while (tests/fuzz/run.sh, TESSERA_FUZZ=ON).
 # prometheus brings promtool, which tests/test_promtool.sh uses to check /metrics' output a second

@@ -855,6 +855,12 @@ static void test_daemon_families(void **state) {
         {"tessera_connections_refused_total", "counter"},
         {"tessera_device_memory_bytes", "gauge"},
         {"tessera_reachable", "gauge"},
+        {"tessera_relayed", "gauge"},
+        {"tessera_relay_nodes", "gauge"},
+        {"tessera_relay_circuits", "gauge"},
+        {"tessera_relay_circuits_total", "counter"},
+        {"tessera_relay_bytes_total", "counter"},
+        {"tessera_relay_datagrams_total", "counter"},
     };
     assert_int_equal(sizeof want / sizeof want[0], TS_M_COUNT);
     assert_int_equal(p.n_families, TS_M_COUNT);
