@@ -356,36 +356,59 @@ BF16_TARGET static void pack_values(bf16_scratch_t *w, const float *v, int64_t l
                 (uint32_t)w->tmp[2 * p * hv + d] | (uint32_t)w->tmp[(2 * p + 1) * hv + d] << 16;
 }
 
-/* out[0..16·nv) = (accumulate ? out : 0) + scale · Σ_p a[p] · b_p, nv ≤ 4 vectors: a[p] one bf16
- * pair, broadcast to all 16 lanes; b_p the nv·16 lanes' pairs at b + p·bstride (bf16 units).
- * Inlined with nv a constant, so the accumulators stay in registers. */
+/* A tile of R ≤ 4 rows × nv ≤ 4 vectors of 16 lanes: out[r][0..16·nv) (row stride ldo) =
+ * (accumulate ? out : 0) + scale · Σ_p a_r[p] · b_p, where a_r[p] is row r's p-th bf16 pair (rows
+ * of lda pairs), broadcast to every lane, and b_p the nv·16 lanes' pairs at b + p·bstride (bf16
+ * units). Inlined with R and nv constants, so the R·nv accumulators (independent chains: one
+ * vdpbf16ps has a latency of several cycles) stay in registers. */
 BF16_TARGET static inline __attribute__((always_inline)) void
-dot_pairs(float *out, const uint32_t *a, int64_t np, const uint16_t *b, int64_t bstride, int nv,
-          int accumulate, float scale) {
-    __m512 acc[4];
-    for (int i = 0; i < nv; i++)
-        acc[i] = accumulate ? _mm512_loadu_ps(out + 16 * i) : _mm512_setzero_ps();
-    for (int64_t p = 0; p < np; p++) {
-        __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[p]);
-        const uint16_t *bp = b + p * bstride;
+dot_tile(float *out, int64_t ldo, const uint32_t *a, int64_t lda, int64_t np, const uint16_t *b,
+         int64_t bstride, int R, int nv, int accumulate, float scale) {
+    __m512 acc[4][4];
+    for (int r = 0; r < R; r++)
         for (int i = 0; i < nv; i++)
-            acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(bp + 32 * i), x);
+            acc[r][i] = accumulate ? _mm512_loadu_ps(out + r * ldo + 16 * i) : _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; p++) {
+        const uint16_t *bp = b + p * bstride;
+        __m512bh y[4];
+        for (int i = 0; i < nv; i++)
+            y[i] = (__m512bh)_mm512_loadu_si512(bp + 32 * i);
+        for (int r = 0; r < R; r++) {
+            __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[r * lda + p]);
+            for (int i = 0; i < nv; i++)
+                acc[r][i] = _mm512_dpbf16_ps(acc[r][i], x, y[i]);
+        }
     }
-    for (int i = 0; i < nv; i++)
-        _mm512_storeu_ps(out + 16 * i,
-                         scale == 1.0f ? acc[i] : _mm512_mul_ps(acc[i], _mm512_set1_ps(scale)));
+    __m512 k = _mm512_set1_ps(scale);
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < nv; i++)
+            _mm512_storeu_ps(out + r * ldo + 16 * i, _mm512_mul_ps(acc[r][i], k));
 }
 
-/* out (width, a multiple of 16) = (accumulate ? out : 0) + scale · Σ_p a[p] · b_p (see dot_pairs):
- * one row of a product whose second operand is in pairs ([p][column][2]). */
-BF16_TARGET static void row_dots(float *out, const uint16_t *a, int64_t np, const uint16_t *b,
-                                 int64_t bstride, int64_t width, int accumulate, float scale) {
-    const uint32_t *a32 = (const uint32_t *)a;
+/* The R rows' columns [0, width) (width a multiple of 16), in tiles of 4, 2 or 1 vectors. */
+BF16_TARGET static inline __attribute__((always_inline)) void
+dot_rows(float *out, int64_t ldo, const uint32_t *a, int64_t lda, int64_t np, const uint16_t *b,
+         int64_t bstride, int64_t width, int R, int accumulate, float scale) {
     int64_t c = 0;
     for (; c + 64 <= width; c += 64)
-        dot_pairs(out + c, a32, np, b + 2 * c, bstride, 4, accumulate, scale);
+        dot_tile(out + c, ldo, a, lda, np, b + 2 * c, bstride, R, 4, accumulate, scale);
+    for (; c + 32 <= width; c += 32)
+        dot_tile(out + c, ldo, a, lda, np, b + 2 * c, bstride, R, 2, accumulate, scale);
     for (; c < width; c += 16)
-        dot_pairs(out + c, a32, np, b + 2 * c, bstride, 1, accumulate, scale);
+        dot_tile(out + c, ldo, a, lda, np, b + 2 * c, bstride, R, 1, accumulate, scale);
+}
+
+/* out (n, width), row stride ldo, = (accumulate ? out : 0) + scale · A · B: A (n, np pairs) bf16
+ * rows of lda pairs, B in pairs ([p][column][2], bstride bf16 per p). Four rows at a time. */
+BF16_TARGET static void product_bf16(float *out, int64_t ldo, const uint16_t *A, int64_t lda,
+                                     int64_t n, int64_t np, const uint16_t *B, int64_t bstride,
+                                     int64_t width, int accumulate, float scale) {
+    const uint32_t *a = (const uint32_t *)A;
+    int64_t r = 0;
+    for (; r + 4 <= n; r += 4)
+        dot_rows(out + r * ldo, ldo, a + r * lda, lda, np, B, bstride, width, 4, accumulate, scale);
+    for (; r < n; r++)
+        dot_rows(out + r * ldo, ldo, a + r * lda, lda, np, B, bstride, width, 1, accumulate, scale);
 }
 
 /* Rows r0..r0+n of head h of sample b, as fwd_block_f32 with the products in bf16. */
@@ -403,8 +426,7 @@ BF16_TARGET static void fwd_block_bf16(const att_job_t *j, bf16_scratch_t *w, in
         pack_keys(w, k + k0 * ld, ld, m, m16, hd);
         pack_values(w, v + k0 * ld, ld, m, m2, hd);
         /* s (n, m16) = scale · Q_blk · K_blkᵀ */
-        for (int64_t i = 0; i < n; i++)
-            row_dots(w->s + i * BK, w->q + i * hp, hp / 2, w->k, 2 * m16, m16, 0, j->scale);
+        product_bf16(w->s, BK, w->q, hp / 2, n, hp / 2, w->k, 2 * m16, m16, 0, j->scale);
         online_softmax(w->s, n, m, BK, mx, l, alpha, k0 == 0);
         /* O_blk (n, hv) = (first block ? 0 : alpha · O_blk) + P · V_blk */
         for (int64_t i = 0; i < n; i++) {
@@ -412,8 +434,8 @@ BF16_TARGET static void fwd_block_bf16(const att_job_t *j, bf16_scratch_t *w, in
             for (int64_t d = 0; d < hv; d++)
                 oi[d] = k0 == 0 ? 0.0f : oi[d] * alpha[i];
             round_row(w->p + i * BK, w->s + i * BK, m, m2);
-            row_dots(oi, w->p + i * BK, m2 / 2, w->v, 2 * hv, hv, 1, 1.0f);
         }
+        product_bf16(w->o, hv, w->p, BK / 2, n, m2 / 2, w->v, 2 * hv, hv, 1, 1.0f);
     }
     finish_rows(w->o, n, hd, hv, mx, l, j->lse ? j->lse + (b * j->H + h) * T + r0 : NULL);
     for (int64_t i = 0; i < n; i++)
