@@ -41,13 +41,14 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/row_max.h"
 #include "kernels/math.h"
 
 /* Queries per forward task, and keys per block of scores. With the DiT presets' 49 to 256 tokens
  * a head's keys are one block (no rescaling), and the scores of a task are at most 64 KB. */
 #define BQ 64
 #define BK 256
-/* Lanes of the row max and row sum: independent chains, added in a fixed order. */
+/* Lanes of the row sum: independent chains, added in a fixed order. */
 #define LANES 16
 
 typedef struct {
@@ -68,23 +69,6 @@ static int att_run(ts_engine_t *e, att_job_t *j, int64_t tasks, double work, ts_
 }
 
 /* ---- the online softmax, shared by both forwards ------------------------------------------- */
-
-/* The largest of x[0..n), NaN skipped (unless x[0] is NaN: the row is NaN either way). */
-static float row_max(const float *x, int64_t n) {
-    float m[LANES];
-    for (int l = 0; l < LANES; l++)
-        m[l] = x[0];
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++)
-            m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
-    for (; i < n; i++)
-        m[0] = x[i] > m[0] ? x[i] : m[0];
-    float mx = m[0];
-    for (int l = 1; l < LANES; l++)
-        mx = m[l] > mx ? m[l] : mx;
-    return mx;
-}
 
 /* x[i] = e^(x[i] − sub) for i < n; returns Σ x, in LANES chains added in lane order. */
 static float exp_sum(float *x, int64_t n, float sub) {
@@ -113,7 +97,7 @@ static void online_softmax(float *s, int64_t n, int64_t m, int64_t lds, float *m
                            float *alpha, int first) {
     for (int64_t i = 0; i < n; i++) {
         float *si = s + i * lds;
-        float bm = row_max(si, m);
+        float bm = ts_row_max(si, m);
         float mn = first || bm > mx[i] ? bm : mx[i];
         float a = first ? 0.0f : ts_expf(mx[i] - mn);
         float rs = exp_sum(si, m, mn);
