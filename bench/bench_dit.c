@@ -64,6 +64,9 @@ typedef struct opts {
     int warmup_calls, min_calls;
     double warmup_seconds;
     ts_precision_t precision;
+    int attn_set;        /* --attention given */
+    ts_attn_impl_t attn; /* the model's attention (default: the model's own choice) */
+    int attention_ops;   /* --attention-ops B: time the attention ops alone at batch B */
 } opts_t;
 
 /* ---- timing ----------------------------------------------------------------------------- */
@@ -86,9 +89,14 @@ typedef struct job {
     ts_tensor_t x, t; /* forward inputs (B, C, H, W), (B) */
     int32_t *y;       /* (B) host labels */
     int B;
+    struct att_job *att; /* an attention op alone when non-NULL (--attention-ops) */
 } job_t;
 
+static int att_job_run(struct att_job *a);
+
 static int job_run(job_t *j) {
+    if (j->att)
+        return att_job_run(j->att);
     if (j->tr)
         return ts_trainer_step(j->tr, NULL, NULL);
     ts_tensor_t v;
@@ -286,6 +294,134 @@ static int run_check(ts_dit_t *m, const ts_st_file_t *f, check_t *ck, char *err,
     return rc;
 }
 
+static int fail(const char *what, int rc, const char *err) {
+    fprintf(stderr, "bench_dit: %s: %s%s%s\n", what, ts_strerror(rc), err && err[0] ? ": " : "",
+            err ? err : "");
+    return 1;
+}
+
+/* ---- attention alone (--attention-ops) ------------------------------------------------------ */
+
+/* One attention op on random qkv (B, T, 3C): forward, or forward then backward; composed
+ * (gemm · softmax · gemm) or fused; fp32 or bf16 products (forward only). */
+typedef struct att_job {
+    ts_engine_t *e;
+    ts_tensor_t qkv, out, att, lse, dout, dqkv, datt;
+    int heads, fused, bf16, backward;
+} att_job_t;
+
+static int att_job_run(att_job_t *a) {
+    ts_engine_t *e = a->e;
+    if (a->fused)
+        TS_TRY(a->bf16 ? ts_attention_fused_forward_bf16(e, &a->out, NULL, &a->qkv, a->heads)
+                       : ts_attention_fused_forward(e, &a->out, &a->lse, &a->qkv, a->heads));
+    else
+        TS_TRY(a->bf16 ? ts_attention_forward_bf16(e, &a->out, &a->att, &a->qkv, a->heads)
+                       : ts_attention_forward(e, &a->out, &a->att, &a->qkv, a->heads));
+    if (!a->backward)
+        return TS_OK;
+    if (a->fused)
+        return ts_attention_fused_backward(e, &a->dqkv, &a->dout, &a->qkv, &a->out, &a->lse,
+                                           a->heads);
+    return ts_attention_backward(e, &a->dqkv, &a->datt, &a->dout, &a->qkv, &a->att, a->heads);
+}
+
+static int att_job_alloc(att_job_t *a, ts_engine_t *e, int64_t B, int64_t T, int64_t C, int H) {
+    memset(a, 0, sizeof *a);
+    a->e = e, a->heads = H;
+    int rc = ts_tensor_alloc(&a->qkv, TS_F32, TS_CPU, 3, TS_SHAPE(B, T, 3 * C));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&a->dqkv, TS_F32, TS_CPU, 3, TS_SHAPE(B, T, 3 * C));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&a->out, TS_F32, TS_CPU, 3, TS_SHAPE(B, T, C));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&a->dout, TS_F32, TS_CPU, 3, TS_SHAPE(B, T, C));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&a->lse, TS_F32, TS_CPU, 3, TS_SHAPE(B, H, T));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&a->att, TS_F32, TS_CPU, 4, TS_SHAPE(B, H, T, T));
+    if (rc == TS_OK)
+        rc = ts_tensor_alloc(&a->datt, TS_F32, TS_CPU, 4, TS_SHAPE(B, H, T, T));
+    if (rc == TS_OK)
+        rc = ts_rng_normal(e, &a->qkv, 7, 0);
+    if (rc == TS_OK)
+        rc = ts_rng_normal(e, &a->dout, 8, 0);
+    if (rc == TS_OK)
+        rc = ts_zero(e, &a->dqkv);
+    return rc;
+}
+
+static void att_job_free(att_job_t *a) {
+    ts_tensor_t *all[] = {&a->qkv, &a->out, &a->att, &a->lse, &a->dout, &a->dqkv, &a->datt};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        ts_tensor_free(all[i]);
+}
+
+/* Composed against fused, per shape and kind: the tiny and small presets' heads (4 of 32 and of
+ * 64) at T = 64 and 256, forward fp32, forward + backward fp32, forward bf16 (where it runs). */
+static int run_attention_ops(const opts_t *o) {
+    static const struct {
+        const char *preset;
+        int64_t C;
+        int H;
+    } cfgs[] = {{"tiny", 128, 4}, {"small", 256, 4}};
+    static const int64_t Ts[] = {64, 256};
+    static const char *const kinds[] = {"forward f32", "forward+backward f32", "forward bf16"};
+    ts_engine_t e;
+    ts_engine_opts_t eo = {.device = TS_CPU, .threads = o->threads};
+    int rc = ts_engine_init(&e, &eo), first = 1;
+    if (rc != TS_OK)
+        return fail("cannot start the CPU engine", rc, NULL);
+    int bf16 = ts_engine_precision_check(&e, TS_PREC_BF16, NULL, 0) == TS_OK &&
+               ts_attention_fused_bf16_check(&e) == TS_OK;
+    int64_t B = o->attention_ops;
+    if (o->json)
+        printf("{\n  \"threads\": %d,\n  \"seconds\": %g,\n  \"batch\": %lld,\n  \"rows\": [\n",
+               e.threads, o->seconds, (long long)B);
+    else
+        printf("attention alone: batch %lld, %d threads, %gs per measurement; median ms per call\n",
+               (long long)B, e.threads, o->seconds);
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0] && rc == TS_OK; c++)
+        for (size_t t = 0; t < sizeof Ts / sizeof Ts[0] && rc == TS_OK; t++)
+            for (int k = 0; k < 3 && rc == TS_OK; k++) {
+                if (k == 2 && !bf16)
+                    continue;
+                timing_t tm[2];
+                for (int fused = 0; fused < 2 && rc == TS_OK; fused++) {
+                    att_job_t a;
+                    rc = att_job_alloc(&a, &e, B, Ts[t], cfgs[c].C, cfgs[c].H);
+                    a.fused = fused, a.bf16 = k == 2, a.backward = k == 1;
+                    job_t j = {.att = &a, .B = (int)B};
+                    if (rc == TS_OK)
+                        rc = time_job(&j, o, &tm[fused]);
+                    att_job_free(&a);
+                }
+                if (rc != TS_OK)
+                    break;
+                double ratio = tm[0].median / tm[1].median;
+                if (o->json)
+                    printf("%s    {\"preset\": \"%s\", \"T\": %lld, \"C\": %lld, \"heads\": %d, "
+                           "\"what\": \"%s\", \"composed_median_s\": %.6g, "
+                           "\"fused_median_s\": %.6g, \"composed_min_s\": %.6g, "
+                           "\"fused_min_s\": %.6g, \"composed_over_fused\": %.4g}",
+                           first ? "" : ",\n", cfgs[c].preset, (long long)Ts[t],
+                           (long long)cfgs[c].C, cfgs[c].H, kinds[k], tm[0].median, tm[1].median,
+                           tm[0].min, tm[1].min, ratio);
+                else
+                    printf("%-5s T=%-3lld heads %d × %-2lld %-21s composed %8.3f  fused %8.3f  "
+                           "composed/fused %.2f×\n",
+                           cfgs[c].preset, (long long)Ts[t], cfgs[c].H,
+                           (long long)(cfgs[c].C / cfgs[c].H), kinds[k], tm[0].median * 1e3,
+                           tm[1].median * 1e3, ratio);
+                first = 0;
+                fflush(stdout);
+            }
+    if (o->json)
+        printf("\n  ]\n}\n");
+    ts_engine_free(&e);
+    return rc == TS_OK ? 0 : fail("attention", rc, NULL);
+}
+
 /* ---- output ----------------------------------------------------------------------------- */
 
 typedef struct result {
@@ -305,8 +441,11 @@ static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_e
         if ((unsigned char)*s >= 0x20)
             fputc(*s, out);
     }
-    fprintf(out, "\",\n  \"threads\": %d,\n  \"seconds\": %g,\n  \"precision\": \"%s\",\n",
-            e->threads, o->seconds, ts_precision_name(m->precision));
+    fprintf(out,
+            "\",\n  \"threads\": %d,\n  \"seconds\": %g,\n  \"precision\": \"%s\",\n  "
+            "\"attention\": \"%s\",\n",
+            e->threads, o->seconds, ts_precision_name(m->precision),
+            m->attn == TS_ATTN_FUSED ? "fused" : "composed");
     fprintf(out,
             "  \"config\": {\"input_size\": %d, \"in_channels\": %d, \"patch_size\": %d, "
             "\"hidden_size\": %d, \"depth\": %d, \"num_heads\": %d, \"num_classes\": %d, "
@@ -341,9 +480,10 @@ static void print_header(FILE *out, const opts_t *o, const ts_dit_t *m, const ts
             o->weights, c->input_size, c->input_size, c->in_channels, c->patch_size, c->hidden_size,
             c->depth, c->num_heads, (long long)m->num_params);
     fprintf(out,
-            "engine: CPU, %d threads, %s; %.3f MFLOP per sample forward (GEMMs), %gs per "
-            "measurement\n",
-            e->threads, ts_precision_name(m->precision), flops / 1e6, o->seconds);
+            "engine: CPU, %d threads, %s, %s attention; %.3f MFLOP per sample forward (GEMMs), "
+            "%gs per measurement\n",
+            e->threads, ts_precision_name(m->precision),
+            m->attn == TS_ATTN_FUSED ? "fused" : "composed", flops / 1e6, o->seconds);
 }
 
 static void print_check(FILE *out, const opts_t *o, const check_t *ck) {
@@ -364,12 +504,6 @@ static void print_result(FILE *out, const result_t *r) {
 }
 
 /* ---- the run ---------------------------------------------------------------------------- */
-
-static int fail(const char *what, int rc, const char *err) {
-    fprintf(stderr, "bench_dit: %s: %s%s%s\n", what, ts_strerror(rc), err && err[0] ? ": " : "",
-            err ? err : "");
-    return 1;
-}
 
 static int run(const opts_t *o) {
     char err[ERRLEN] = "";
@@ -407,6 +541,12 @@ static int run(const opts_t *o) {
         ts_dit_free(&m);
         ts_engine_free(&e);
         return fail("--precision", rc, err);
+    }
+    if (o->attn_set && (rc = ts_dit_set_attention(&m, o->attn)) != TS_OK) {
+        ts_st_free(&cf);
+        ts_dit_free(&m);
+        ts_engine_free(&e);
+        return fail("--attention", rc, NULL);
     }
     double flops = ts_dit_flops_per_sample(&m.cfg);
     FILE *out = stdout;
@@ -498,7 +638,8 @@ static void usage(FILE *f) {
     fprintf(
         f, "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
            "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
-           "                 [--precision f32|bf16]\n"
+           "                 [--precision f32|bf16] [--attention fused|composed]\n"
+           "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
            "\n"
            "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
            "ts_trainer_step on random images) at the training batch, on the CPU engine.\n"
@@ -515,6 +656,11 @@ static void usage(FILE *f) {
            "  --json             print one JSON document instead of the table\n"
            "  --precision P      f32 (default) or bf16: the forward's products (bf16: no training\n"
            "                     row)\n"
+           "  --attention A      fused or composed: the model's attention (default: fused on the\n"
+           "                     CPU; see ts_dit_set_attention)\n"
+           "  --attention-ops B  no model: time the attention ops alone, composed against fused,\n"
+           "                     at batch B (tiny's and small's heads, T = 64 and 256; forward\n"
+           "                     f32, forward+backward f32, forward bf16 where it runs)\n"
            "  -h, --help         show this text\n");
 }
 
@@ -577,6 +723,12 @@ int main(int argc, char **argv) {
             bad = parse_double(v, 0.0, 3600.0, &o.seconds);
         } else if (strcmp(a, "--precision") == 0) {
             bad = ts_precision_parse(v, &o.precision) != TS_OK || !v;
+        } else if (strcmp(a, "--attention") == 0) {
+            bad = !v || (strcmp(v, "fused") != 0 && strcmp(v, "composed") != 0);
+            o.attn_set = 1;
+            o.attn = v && strcmp(v, "composed") == 0 ? TS_ATTN_COMPOSED : TS_ATTN_FUSED;
+        } else if (strcmp(a, "--attention-ops") == 0) {
+            bad = parse_int(v, 1, 4096, &o.attention_ops);
         } else if (strcmp(a, "--tol") == 0) {
             bad = parse_double(v, 0.0, 1.0, &o.tol);
         } else {
@@ -590,6 +742,10 @@ int main(int argc, char **argv) {
         }
         i++;
     }
+    if (o.seconds < 0 && o.attention_ops)
+        o.seconds = o.quick ? 0.3 : 2.0;
+    if (o.attention_ops)
+        return run_attention_ops(&o);
     if (!o.weights) {
         fprintf(stderr, "bench_dit: --weights FILE is required (see bench_dit --help)\n");
         return 2;

@@ -92,6 +92,16 @@ extern "C" {
      * dinp may alias dout. */                                                                     \
     X(softmax_backward, float *dinp, const float *dout, const float *out, int64_t rows, int64_t C, \
       float scale, int accumulate)                                                                 \
+    /* Fused (flash-style) attention, not causal: qkv (B, T, 3C) laid out (3, H, C/H), out      \
+     * (B, T, C), lse (B, H, T) each row's log-sum-exp of the scaled scores (nullable in the      \
+     * forwards). _bf16: the products in bf16, fp32 accumulation. The backward adds into dqkv.   \
+     * The CPU's is kernels/cpu/cpu_attention.c; TS_ENOTSUP where there is none. */               \
+    X(attention_fused_forward, float *out, float *lse, const float *qkv, int64_t B, int64_t T,     \
+      int64_t C, int64_t H)                                                                        \
+    X(attention_fused_forward_bf16, float *out, float *lse, const float *qkv, int64_t B,           \
+      int64_t T, int64_t C, int64_t H)                                                             \
+    X(attention_fused_backward, float *dqkv, const float *dout, const float *qkv,                  \
+      const float *out, const float *lse, int64_t B, int64_t T, int64_t C, int64_t H)              \
                                                                                                    \
     /* x, out (B, T, C); mod (B, M·C); chunk i of sample b is mod + b·M·C + i·C */                 \
     X(modulate_forward, float *out, const float *x, const float *mod, int64_t B, int64_t T,        \
@@ -181,6 +191,9 @@ void ts_cpu_engine_free(ts_engine_t *e);
 /* TS_OK when the CPU's bf16 path can run here (this build has oneDNN, the CPU has AVX-512 BF16);
  * TS_ENOTSUP otherwise, with the reason in why (may be NULL). */
 int ts_cpu_bf16_check(ts_engine_t *e, char *why, size_t why_len);
+/* Whether the CPU's fused bf16 attention can run here: this compiler knows AVX-512 BF16 and the
+ * CPU has it (kernels/cpu/cpu_attention.c). */
+int ts_cpu_attention_fused_bf16_ok(void);
 /* Releases the engine's oneDNN state (primitives, scratch), made on the first bf16 product. */
 void ts_cpu_bf16_free(ts_engine_t *e);
 

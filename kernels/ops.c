@@ -474,9 +474,10 @@ typedef struct {
     int64_t B, T, C, H, hd;
 } att_dims_t;
 
-static int attention_dims(const ts_tensor_t *qkv, const ts_tensor_t *out, const ts_tensor_t *att,
-                          int heads, att_dims_t *d) {
-    if (heads < 1 || qkv->ndim != 3 || out->ndim != 3 || att->ndim != 4)
+/* qkv (B, T, 3C), the last axis (3, heads, C/heads); out (B, T, C). */
+static int attention_dims(const ts_tensor_t *qkv, const ts_tensor_t *out, int heads,
+                          att_dims_t *d) {
+    if (heads < 1 || qkv->ndim != 3 || out->ndim != 3)
         return TS_ESHAPE;
     int64_t B = qkv->shape[0], T = qkv->shape[1], C3 = qkv->shape[2];
     if (C3 % 3 != 0 || (C3 / 3) % heads != 0)
@@ -484,9 +485,18 @@ static int attention_dims(const ts_tensor_t *qkv, const ts_tensor_t *out, const 
     int64_t C = C3 / 3;
     if (out->shape[0] != B || out->shape[1] != T || out->shape[2] != C)
         return TS_ESHAPE;
-    if (att->shape[0] != B || att->shape[1] != heads || att->shape[2] != T || att->shape[3] != T)
-        return TS_ESHAPE;
     *d = (att_dims_t){B, T, C, heads, C / heads};
+    return TS_OK;
+}
+
+/* att (B, heads, T, T): the composed op's softmax weights. */
+static int att_shape(const ts_tensor_t *att, const att_dims_t *d) {
+    int64_t want[4] = {d->B, d->H, d->T, d->T};
+    if (att->ndim != 4)
+        return TS_ESHAPE;
+    for (int i = 0; i < 4; i++)
+        if (att->shape[i] != want[i])
+            return TS_ESHAPE;
     return TS_OK;
 }
 
@@ -500,7 +510,8 @@ static int attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
     TS_TRY(check_f32(e, att));
     TS_TRY(check_f32(e, qkv));
     att_dims_t d;
-    TS_TRY(attention_dims(qkv, out, att, heads, &d));
+    TS_TRY(attention_dims(qkv, out, heads, &d));
+    TS_TRY(att_shape(att, &d));
     int64_t T = d.T, C = d.C, H = d.H, hd = d.hd, ld = 3 * C;
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t b = 0; b < d.B; b++) {
@@ -549,7 +560,8 @@ int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
     TS_TRY(check_f32(e, qkv));
     TS_TRY(check_f32(e, att));
     att_dims_t d;
-    TS_TRY(attention_dims(qkv, dout, att, heads, &d));
+    TS_TRY(attention_dims(qkv, dout, heads, &d));
+    TS_TRY(att_shape(att, &d));
     if (!ts_tensor_same_shape(dqkv, qkv) || !ts_tensor_same_shape(datt, att))
         return TS_ESHAPE;
     int64_t T = d.T, C = d.C, H = d.H, hd = d.hd, ld = 3 * C;
@@ -575,6 +587,65 @@ int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
             DISPATCH(e, gemm, 1, 0, T, hd, T, 1.0f, da, T, T * T, q, ld, hd, 1.0f, dk, ld, hd, H));
     }
     return TS_OK;
+}
+
+/* ---- fused attention ------------------------------------------------------------------- */
+
+/* lse (B, heads, T) when present. */
+static int lse_shape(const ts_tensor_t *lse, const att_dims_t *d) {
+    if (!lse)
+        return TS_OK;
+    if (lse->ndim != 3 || lse->shape[0] != d->B || lse->shape[1] != d->H || lse->shape[2] != d->T)
+        return TS_ESHAPE;
+    return TS_OK;
+}
+
+static int fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse, const ts_tensor_t *qkv,
+                         int heads, int bf16) {
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_opt(e, lse));
+    TS_TRY(check_f32(e, qkv));
+    att_dims_t d;
+    TS_TRY(attention_dims(qkv, out, heads, &d));
+    TS_TRY(lse_shape(lse, &d));
+    if (bf16)
+        return DISPATCH(e, attention_fused_forward_bf16, F(out), OPT(lse), CF(qkv), d.B, d.T, d.C,
+                        d.H);
+    return DISPATCH(e, attention_fused_forward, F(out), OPT(lse), CF(qkv), d.B, d.T, d.C, d.H);
+}
+
+int ts_attention_fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
+                               const ts_tensor_t *qkv, int heads) {
+    return fused_forward(e, out, lse, qkv, heads, 0);
+}
+
+int ts_attention_fused_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
+                                    const ts_tensor_t *qkv, int heads) {
+    return fused_forward(e, out, lse, qkv, heads, 1);
+}
+
+int ts_attention_fused_bf16_check(ts_engine_t *e) {
+    TS_TRY(check_engine(e));
+    return e->device == TS_CPU && ts_cpu_attention_fused_bf16_ok() ? TS_OK : TS_ENOTSUP;
+}
+
+int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
+                                const ts_tensor_t *qkv, const ts_tensor_t *out,
+                                const ts_tensor_t *lse, int heads) {
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, dqkv));
+    TS_TRY(check_f32(e, dout));
+    TS_TRY(check_f32(e, qkv));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, lse));
+    att_dims_t d;
+    TS_TRY(attention_dims(qkv, out, heads, &d));
+    TS_TRY(lse_shape(lse, &d));
+    if (!ts_tensor_same_shape(dqkv, qkv) || !ts_tensor_same_shape(dout, out))
+        return TS_ESHAPE;
+    return DISPATCH(e, attention_fused_backward, F(dqkv), CF(dout), CF(qkv), CF(out), CF(lse), d.B,
+                    d.T, d.C, d.H);
 }
 
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */

@@ -130,6 +130,27 @@ int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
                           const ts_tensor_t *dout, const ts_tensor_t *qkv, const ts_tensor_t *att,
                           int heads);
 
+/* Fused (flash-style) attention: the same function as ts_attention_forward, computed in blocks
+ * of queries with an online softmax, so no (B, heads, T, T) tensor exists. qkv (B, T, 3C) and
+ * out (B, T, C) as above; lse (B, heads, T) each query row's log-sum-exp of its scaled scores,
+ * saved for the backward (NULL at inference). Not bit-identical to the composed op (another
+ * order of summation; within 1e-5 relative), but a row's result does not depend on the batch
+ * or the thread count. CPU only: TS_ENOTSUP on a CUDA engine. */
+int ts_attention_fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
+                               const ts_tensor_t *qkv, int heads);
+/* As ts_attention_fused_forward with both products in bf16 (q, k, v and the unnormalised softmax
+ * weights rounded to bf16, fp32 accumulation; softmax and every tensor fp32). TS_ENOTSUP where
+ * the CPU lacks AVX-512 BF16 (ts_attention_fused_bf16_check) or on a CUDA engine. */
+int ts_attention_fused_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
+                                    const ts_tensor_t *qkv, int heads);
+/* TS_OK when ts_attention_fused_forward_bf16 can run on e, TS_ENOTSUP otherwise. */
+int ts_attention_fused_bf16_check(ts_engine_t *e);
+/* dqkv (B, T, 3C) += the gradient, from the forward's out and lse (FlashAttention-2: the softmax
+ * weights are recomputed block by block from lse; no scratch argument). */
+int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
+                                const ts_tensor_t *qkv, const ts_tensor_t *out,
+                                const ts_tensor_t *lse, int heads);
+
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */
 /* mod (B, M·C) is the adaLN modulation output, read as M chunks of C (DiT's .chunk(M, dim=1));
  * a chunk index picks shift, scale or gate, so no chunk is ever copied out. */

@@ -14,6 +14,7 @@
 #include "kernels/ref.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <stddef.h>
 
 /* ---- matrix products ------------------------------------------------------------------- */
@@ -158,6 +159,84 @@ void ts_ref_attention(float *out, float *att, const float *qkv, int64_t B, int64
             }
         }
     }
+}
+
+/* The scaled scores of head h of sample b in double, s (T, T). */
+static void ref_scores(double *s, const float *qkv, int64_t b, int64_t h, int64_t T, int64_t C,
+                       int64_t hd) {
+    for (int64_t tq = 0; tq < T; tq++)
+        for (int64_t tk = 0; tk < T; tk++)
+            s[tq * T + tk] = ref_score(qkv, b, tq, tk, h, T, C, hd);
+}
+
+void ts_ref_attention_lse(float *lse, const float *qkv, int64_t B, int64_t T, int64_t C,
+                          int64_t H) {
+    int64_t hd = C / H;
+    double *s = malloc((size_t)(T * T) * sizeof *s);
+    if (!s)
+        abort();
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            ref_scores(s, qkv, b, h, T, C, hd);
+            for (int64_t tq = 0; tq < T; tq++) {
+                double mx = -INFINITY, total = 0.0;
+                for (int64_t tk = 0; tk < T; tk++)
+                    mx = s[tq * T + tk] > mx ? s[tq * T + tk] : mx;
+                for (int64_t tk = 0; tk < T; tk++)
+                    total += exp(s[tq * T + tk] - mx);
+                lse[(b * H + h) * T + tq] = (float)(mx + log(total));
+            }
+        }
+    free(s);
+}
+
+/* Per head: P = softmax(S) in double, then dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − Σ_k P dP) (the
+ * softmax's own Jacobian, not the D = dO·O of the fused kernels), dQ = dS K / √hd, dK = dSᵀ Q / √hd. */
+void ts_ref_attention_backward(float *dqkv, const float *dout, const float *qkv, int64_t B,
+                               int64_t T, int64_t C, int64_t H) {
+    int64_t hd = C / H, ld = 3 * C;
+    double inv = 1.0 / sqrt((double)hd);
+    double *p = malloc((size_t)(T * T) * sizeof *p), *ds = malloc((size_t)(T * T) * sizeof *ds);
+    if (!p || !ds)
+        abort();
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *q = qkv + b * T * ld + h * hd, *k = q + C, *v = q + 2 * C;
+            const float *dy = dout + b * T * C + h * hd;
+            float *dq = dqkv + b * T * ld + h * hd, *dk = dq + C, *dv = dq + 2 * C;
+            ref_scores(p, qkv, b, h, T, C, hd);
+            for (int64_t i = 0; i < T; i++) {
+                double mx = -INFINITY, total = 0.0, dot = 0.0;
+                for (int64_t j = 0; j < T; j++)
+                    mx = p[i * T + j] > mx ? p[i * T + j] : mx;
+                for (int64_t j = 0; j < T; j++)
+                    total += (p[i * T + j] = exp(p[i * T + j] - mx));
+                for (int64_t j = 0; j < T; j++) {
+                    p[i * T + j] /= total;
+                    double dp = 0.0; /* dP_ij = dO_i · V_j */
+                    for (int64_t d = 0; d < hd; d++)
+                        dp += (double)dy[i * C + d] * (double)v[j * ld + d];
+                    ds[i * T + j] = dp;
+                    dot += p[i * T + j] * dp;
+                }
+                for (int64_t j = 0; j < T; j++)
+                    ds[i * T + j] = p[i * T + j] * (ds[i * T + j] - dot);
+            }
+            for (int64_t j = 0; j < T; j++)
+                for (int64_t d = 0; d < hd; d++) {
+                    double sq = 0.0, sk = 0.0, sv = 0.0;
+                    for (int64_t i = 0; i < T; i++) {
+                        sq += ds[j * T + i] * (double)k[i * ld + d]; /* row j of dS · K */
+                        sk += ds[i * T + j] * (double)q[i * ld + d]; /* row j of dSᵀ · Q */
+                        sv += p[i * T + j] * (double)dy[i * C + d];  /* row j of Pᵀ · dO */
+                    }
+                    dq[j * ld + d] = (float)(sq * inv);
+                    dk[j * ld + d] = (float)(sk * inv);
+                    dv[j * ld + d] = (float)sv;
+                }
+        }
+    free(p);
+    free(ds);
 }
 
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */

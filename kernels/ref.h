@@ -1,5 +1,6 @@
 /*
- * ref.h — naive reference implementations of the forward ops, for checking.
+ * ref.h — naive reference implementations of the forward ops (and attention's backward), for
+ * checking.
  *
  * Plain loops over host float arrays, accumulating in double, written for obviousness rather
  * than speed and sharing no code with the backends (not even kernels/math.h): the tests and
@@ -29,6 +30,12 @@ void ts_ref_softmax(float *out, const float *inp, int64_t R, int64_t C);
 /* out (B, T, C), att (B, H, T, T) nullable, qkv (B, T, 3C) laid out (3, H, C/H) */
 void ts_ref_attention(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C,
                       int64_t H);
+/* lse (B, H, T): each query row's log-sum-exp of its scaled scores (what the fused attention
+ * saves for its backward). */
+void ts_ref_attention_lse(float *lse, const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H);
+/* dqkv (B, T, 3C) = the gradient of Σ dout ⊙ attention(qkv) (overwritten); dout (B, T, C). */
+void ts_ref_attention_backward(float *dqkv, const float *dout, const float *qkv, int64_t B,
+                               int64_t T, int64_t C, int64_t H);
 /* out (B, T, C) = x · (1 + mod[b, scale_idx]) + mod[b, shift_idx], mod (B, M·C) */
 void ts_ref_modulate(float *out, const float *x, const float *mod, int64_t B, int64_t T, int64_t C,
                      int64_t M, int shift_idx, int scale_idx);

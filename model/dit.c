@@ -205,7 +205,7 @@ int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_para
 /* ---- creation -------------------------------------------------------------------------- */
 
 /* Hands out every activation tensor from the arena (or only measures, in measuring mode). */
-static int plan_acts(ts_dit_t *m, ts_arena_t *a) {
+static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
     const ts_dit_config_t *c = &m->cfg;
     int64_t B = m->max_batch, T = ts_dit_tokens(c), h = c->hidden_size, H = c->num_heads;
     int64_t F = (int64_t)c->in_channels * c->patch_size * c->patch_size, r = c->mlp_ratio * h;
@@ -232,7 +232,12 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a) {
         T1(k->ln1_rstd, B * T);
         T3(k->mod1, h);
         T3(k->qkv, 3 * h);
-        TS_TRY(ts_arena_tensor(a, &k->att, TS_F32, 4, TS_SHAPE(B, H, T, T)));
+        memset(&k->att, 0, sizeof k->att);
+        memset(&k->lse, 0, sizeof k->lse);
+        if (attn == TS_ATTN_COMPOSED)
+            TS_TRY(ts_arena_tensor(a, &k->att, TS_F32, 4, TS_SHAPE(B, H, T, T)));
+        else if (m->trainable)
+            TS_TRY(ts_arena_tensor(a, &k->lse, TS_F32, 3, TS_SHAPE(B, H, T)));
         T3(k->atty, h);
         T3(k->proj, h);
         T3(k->x_mid, h);
@@ -273,13 +278,32 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a) {
         T3(G->dproj, h);
         T3(G->datty, h);
         T3(G->dqkv, 3 * h);
-        TS_TRY(ts_arena_tensor(a, &G->datt, TS_F32, 4, TS_SHAPE(B, H, T, T)));
+        memset(&G->datt, 0, sizeof G->datt);
+        if (attn == TS_ATTN_COMPOSED)
+            TS_TRY(ts_arena_tensor(a, &G->datt, TS_F32, 4, TS_SHAPE(B, H, T, T)));
         T3(G->dmod1, h);
         T3(G->dln1, h);
     }
 #undef T1
 #undef T2
 #undef T3
+    return TS_OK;
+}
+
+static ts_attn_impl_t default_attention(const ts_dit_t *m);
+
+/* The arena's size for attention attn: *peak bytes. TS_ERANGE when the activations of one sample
+ * with the composed attention (the larger layout) pass TS_DIT_MAX_SAMPLE_BYTES, whichever attn is
+ * asked for. Allocates nothing; leaves m->acts pointing nowhere. */
+static int measure_acts(ts_dit_t *m, ts_attn_impl_t attn, size_t *peak) {
+    ts_arena_t bound, measure;
+    TS_TRY(ts_arena_init(&bound, m->eng->device, 0));
+    TS_TRY(plan_acts(m, &bound, TS_ATTN_COMPOSED));
+    if ((uint64_t)bound.peak / (uint64_t)m->max_batch > TS_DIT_MAX_SAMPLE_BYTES)
+        return TS_ERANGE; /* activations per sample beyond any model this project runs */
+    TS_TRY(ts_arena_init(&measure, m->eng->device, 0));
+    TS_TRY(plan_acts(m, &measure, attn));
+    *peak = measure.peak;
     return TS_OK;
 }
 
@@ -326,17 +350,14 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
     if (rc == TS_OK)
         rc = ts_tensor_alloc(&m->labels, TS_I32, e->device, 1, TS_SHAPE(max_batch));
     /* size the arena by running the plan in measuring mode, then for real */
-    ts_arena_t measure;
+    m->attn = default_attention(m);
+    size_t peak = 0;
     if (rc == TS_OK)
-        rc = ts_arena_init(&measure, e->device, 0);
+        rc = measure_acts(m, m->attn, &peak);
     if (rc == TS_OK)
-        rc = plan_acts(m, &measure);
-    if (rc == TS_OK && (uint64_t)measure.peak / (uint64_t)max_batch > TS_DIT_MAX_SAMPLE_BYTES)
-        rc = TS_ERANGE; /* activations per sample beyond any model this project runs */
+        rc = ts_arena_init(&m->arena, e->device, peak);
     if (rc == TS_OK)
-        rc = ts_arena_init(&m->arena, e->device, measure.peak);
-    if (rc == TS_OK)
-        rc = plan_acts(m, &m->arena);
+        rc = plan_acts(m, &m->arena, m->attn);
     if (rc != TS_OK)
         ts_dit_free(m);
     return rc;
@@ -403,7 +424,42 @@ static ts_tensor_t stat_rows(const ts_tensor_t *t, int B, int T) {
     return v;
 }
 
-/* ---- precision ------------------------------------------------------------------------- */
+/* ---- precision and attention -------------------------------------------------------------- */
+
+/* Where the fused attention was measured faster (docs/benchmarks.md, "Fused attention"): the
+ * CPU's f32 inference forward with at least FUSED_MIN_TOKENS tokens (`small`, 196 tokens: +10 % at
+ * b64; `tiny`, 49: −5 %). Training keeps the composed one: its fused backward recomputes the
+ * scores and was slower (`small` train b64 −29 %). A GPU has only the composed one. */
+#define FUSED_MIN_TOKENS 128
+static ts_attn_impl_t default_attention(const ts_dit_t *m) {
+    int fits =
+        m->eng->device == TS_CPU && !m->trainable && ts_dit_tokens(&m->cfg) >= FUSED_MIN_TOKENS;
+    return fits ? TS_ATTN_FUSED : TS_ATTN_COMPOSED;
+}
+
+int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
+    if (!m || !m->info || (a != TS_ATTN_FUSED && a != TS_ATTN_COMPOSED))
+        return TS_EINVAL;
+    if (a == TS_ATTN_FUSED &&
+        (m->eng->device != TS_CPU ||
+         (m->precision == TS_PREC_BF16 && ts_attention_fused_bf16_check(m->eng) != TS_OK)))
+        return TS_ENOTSUP;
+    if (a == m->attn)
+        return TS_OK;
+    size_t peak = 0;
+    ts_arena_t fresh;
+    int rc = measure_acts(m, a, &peak);
+    if (rc == TS_OK)
+        rc = ts_arena_init(&fresh, m->eng->device, peak);
+    if (rc != TS_OK) { /* the views onto the arena m keeps */
+        TS_TRY(plan_acts(m, &m->arena, m->attn));
+        return rc;
+    }
+    ts_arena_free(&m->arena);
+    m->arena = fresh;
+    m->attn = a;
+    return plan_acts(m, &m->arena, a);
+}
 
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len) {
     if (!m || !m->info)
@@ -413,7 +469,8 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
         free(m->wbf16.blocks);
         memset(&m->wbf16, 0, sizeof m->wbf16);
         m->precision = TS_PREC_F32;
-        return TS_OK;
+        /* back to the attention a model that never left f32 has (set_attention's default) */
+        return ts_dit_set_attention(m, default_attention(m));
     }
     if (m->trainable) {
         if (why && why_len)
@@ -421,6 +478,10 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
         return TS_ENOTSUP;
     }
     TS_TRY(ts_engine_precision_check(m->eng, p, why, why_len));
+    /* at bf16 the composed attention (oneDNN's products) was measured faster than the fused
+     * one's (docs/benchmarks.md); ts_dit_set_attention may still choose the fused one after */
+    if (m->attn == TS_ATTN_FUSED)
+        TS_TRY(ts_dit_set_attention(m, TS_ATTN_COMPOSED));
     if (!m->wbf16.blocks) {
         m->wbf16.blocks = calloc((size_t)m->cfg.depth, sizeof *m->wbf16.blocks);
         if (!m->wbf16.blocks)
@@ -444,10 +505,35 @@ static const ts_dit_params_t *weights(const ts_dit_t *m) {
     return m->precision == TS_PREC_BF16 ? &m->wbf16 : &m->params;
 }
 
-static int attention(ts_dit_t *m, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv) {
-    if (m->precision == TS_PREC_BF16)
-        return ts_attention_forward_bf16(m->eng, out, att, qkv, m->cfg.num_heads);
-    return ts_attention_forward(m->eng, out, att, qkv, m->cfg.num_heads);
+/* atty = attention(qkv), keeping what the backward reads: the weights att (composed) or, in a
+ * trainable model, each row's log-sum-exp (fused). */
+static int attention_forward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
+    ts_engine_t *e = m->eng;
+    int H = m->cfg.num_heads, bf16 = m->precision == TS_PREC_BF16;
+    ts_tensor_t qkv = rows(&A->qkv, B), atty = rows(&A->atty, B);
+    if (m->attn == TS_ATTN_COMPOSED) {
+        ts_tensor_t att = rows(&A->att, B);
+        return bf16 ? ts_attention_forward_bf16(e, &atty, &att, &qkv, H)
+                    : ts_attention_forward(e, &atty, &att, &qkv, H);
+    }
+    ts_tensor_t lse = rows(&A->lse, B), *keep = m->trainable ? &lse : NULL;
+    return bf16 ? ts_attention_fused_forward_bf16(e, &atty, keep, &qkv, H)
+                : ts_attention_fused_forward(e, &atty, keep, &qkv, H);
+}
+
+/* dqkv += the gradient of attention from datty, by the attention the forward used. */
+static int attention_backward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
+    ts_engine_t *e = m->eng;
+    ts_dit_grad_acts_t *G = &m->gacts;
+    int H = m->cfg.num_heads;
+    ts_tensor_t qkv = rows(&A->qkv, B), atty = rows(&A->atty, B);
+    ts_tensor_t dqkv = rows(&G->dqkv, B), datty = rows(&G->datty, B);
+    if (m->attn == TS_ATTN_COMPOSED) {
+        ts_tensor_t att = rows(&A->att, B), datt = rows(&G->datt, B);
+        return ts_attention_backward(e, &dqkv, &datt, &datty, &qkv, &att, H);
+    }
+    ts_tensor_t lse = rows(&A->lse, B);
+    return ts_attention_fused_backward(e, &dqkv, &datty, &qkv, &atty, &lse, H);
 }
 
 static int block_forward(ts_dit_t *m, int l, int B) {
@@ -458,7 +544,7 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     ts_tensor_t c_silu = rows(&m->acts.c_silu, B), mod = rows(&A->mod, B);
     ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B), mod1 = rows(&A->mod1, B);
     ts_tensor_t m1 = stat_rows(&A->ln1_mean, B, T), r1 = stat_rows(&A->ln1_rstd, B, T);
-    ts_tensor_t qkv = rows(&A->qkv, B), att = rows(&A->att, B), atty = rows(&A->atty, B);
+    ts_tensor_t qkv = rows(&A->qkv, B), atty = rows(&A->atty, B);
     ts_tensor_t proj = rows(&A->proj, B), x_mid = rows(&A->x_mid, B);
     ts_tensor_t ln2 = rows(&A->ln2, B), mod2 = rows(&A->mod2, B);
     ts_tensor_t m2 = stat_rows(&A->ln2_mean, B, T), r2 = stat_rows(&A->ln2_rstd, B, T);
@@ -470,7 +556,7 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     TS_TRY(ts_layernorm_forward(e, &ln1, &m1, &r1, &x_in));
     TS_TRY(ts_modulate_forward(e, &mod1, &ln1, &mod, 0, 1));
     TS_TRY(ts_linear_forward(e, &qkv, &mod1, &W->qkv_w, &P->qkv_b));
-    TS_TRY(attention(m, &atty, &att, &qkv));
+    TS_TRY(attention_forward(m, A, B));
     TS_TRY(ts_linear_forward(e, &proj, &atty, &W->proj_w, &P->proj_b));
     TS_TRY(ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2));
     /* MLP branch: x_out = x_mid + gate_mlp · fc2(gelu(fc1(modulate(LN(x_mid))))) */
@@ -581,19 +667,19 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     ts_dit_block_params_t *D = &m->grads.blocks[l];
     ts_dit_block_acts_t *A = &m->acts.blocks[l];
     ts_dit_grad_acts_t *G = &m->gacts;
-    int T = ts_dit_tokens(&m->cfg), H = m->cfg.num_heads;
+    int T = ts_dit_tokens(&m->cfg);
     ts_tensor_t *scratch[] = {&G->dmod,  &G->dfc2,  &G->dgelu, &G->dfc1,  &G->dmod2, &G->dln2,
                               &G->dproj, &G->datty, &G->dqkv,  &G->dmod1, &G->dln1};
     TS_TRY(zero_rows(e, B, scratch, (int)(sizeof scratch / sizeof scratch[0])));
     ts_tensor_t dx = rows(&G->dx, B), dmod = rows(&G->dmod, B), dc_silu = rows(&G->dc_silu, B);
     ts_tensor_t dfc2 = rows(&G->dfc2, B), dgelu = rows(&G->dgelu, B), dfc1 = rows(&G->dfc1, B);
     ts_tensor_t dmod2 = rows(&G->dmod2, B), dln2 = rows(&G->dln2, B), dproj = rows(&G->dproj, B);
-    ts_tensor_t datty = rows(&G->datty, B), dqkv = rows(&G->dqkv, B), datt = rows(&G->datt, B);
+    ts_tensor_t datty = rows(&G->datty, B), dqkv = rows(&G->dqkv, B);
     ts_tensor_t dmod1 = rows(&G->dmod1, B), dln1 = rows(&G->dln1, B);
     ts_tensor_t c_silu = rows(&m->acts.c_silu, B), mod = rows(&A->mod, B);
     ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B), mod1 = rows(&A->mod1, B);
     ts_tensor_t m1 = stat_rows(&A->ln1_mean, B, T), r1 = stat_rows(&A->ln1_rstd, B, T);
-    ts_tensor_t qkv = rows(&A->qkv, B), att = rows(&A->att, B), atty = rows(&A->atty, B);
+    ts_tensor_t atty = rows(&A->atty, B);
     ts_tensor_t proj = rows(&A->proj, B), x_mid = rows(&A->x_mid, B), ln2 = rows(&A->ln2, B);
     ts_tensor_t mod2 = rows(&A->mod2, B);
     ts_tensor_t m2 = stat_rows(&A->ln2_mean, B, T), r2 = stat_rows(&A->ln2_rstd, B, T);
@@ -610,7 +696,7 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     /* attention branch: dx now holds dL/dx_mid */
     TS_TRY(ts_gate_residual_backward(e, NULL, &dproj, &dmod, &dx, &proj, &mod, 2));
     TS_TRY(ts_linear_backward(e, &datty, &D->proj_w, &D->proj_b, &dproj, &atty, &P->proj_w));
-    TS_TRY(ts_attention_backward(e, &dqkv, &datt, &datty, &qkv, &att, H));
+    TS_TRY(attention_backward(m, A, B));
     TS_TRY(ts_linear_backward(e, &dmod1, &D->qkv_w, &D->qkv_b, &dqkv, &mod1, &P->qkv_w));
     TS_TRY(ts_modulate_backward(e, &dln1, &dmod, &dmod1, &ln1, &mod, 0, 1));
     TS_TRY(ts_layernorm_backward(e, &dx, &dln1, &x_in, &m1, &r1));

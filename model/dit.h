@@ -85,10 +85,11 @@ typedef struct ts_dit_block_acts {
     ts_tensor_t mod;                           /* (B, 6h) adaLN output: shift/scale/gate ×2 */
     ts_tensor_t ln1, ln1_mean, ln1_rstd, mod1; /* (B,T,h), (B·T), (B·T), (B,T,h) */
     ts_tensor_t qkv;                           /* (B, T, 3h) */
-    ts_tensor_t att;                           /* (B, heads, T, T) */
-    ts_tensor_t atty;                          /* (B, T, h) attention output, heads concatenated */
-    ts_tensor_t proj;                          /* (B, T, h) */
-    ts_tensor_t x_mid;                         /* (B, T, h) after the attention residual */
+    ts_tensor_t att;                           /* (B, heads, T, T), composed attention only */
+    ts_tensor_t lse;   /* (B, heads, T) fused attention, trainable: each row's log-sum-exp */
+    ts_tensor_t atty;  /* (B, T, h) attention output, heads concatenated */
+    ts_tensor_t proj;  /* (B, T, h) */
+    ts_tensor_t x_mid; /* (B, T, h) after the attention residual */
     ts_tensor_t ln2, ln2_mean, ln2_rstd, mod2;
     ts_tensor_t fc1, gelu; /* (B, T, r·h) */
     ts_tensor_t fc2;       /* (B, T, h) */
@@ -118,6 +119,15 @@ typedef struct ts_dit_grad_acts {
     ts_tensor_t dmod, dfc2, dgelu, dfc1, dmod2, dln2, dproj, datty, dqkv, datt, dmod1, dln1;
 } ts_dit_grad_acts_t;
 
+/* How a model computes attention. Fused (kernels/cpu/cpu_attention.c): blocks of queries with
+ * an online softmax, no (B, heads, T, T) tensor in the activations, the backward recomputing the
+ * weights from each row's saved log-sum-exp; the default where it was measured faster: a CPU
+ * engine's f32 inference at 128 tokens or more (docs/benchmarks.md, "Fused attention"). Composed (gemm · softmax · gemm, kernels/ops.c): the reference, bit for
+ * bit what this model computed before the fused op existed, and the only one on a GPU. The two
+ * agree to ~1e-6 relative, not bit for bit; each alone gives a sample the same bits in any
+ * batch. */
+typedef enum { TS_ATTN_FUSED = 0, TS_ATTN_COMPOSED = 1 } ts_attn_impl_t;
+
 typedef struct ts_dit {
     ts_dit_config_t cfg;
     ts_engine_t *eng; /* borrowed: must outlive the model */
@@ -131,7 +141,8 @@ typedef struct ts_dit {
     ts_tensor_t pos_embed; /* (T, h) fixed, not trained */
     ts_arena_t arena;
     ts_dit_acts_t acts;
-    ts_dit_grad_acts_t gacts;
+    ts_dit_grad_acts_t gacts; /* datt (B, heads, T, T) only for the composed attention */
+    ts_attn_impl_t attn;      /* how attention is computed (ts_dit_set_attention) */
     ts_precision_t precision; /* of the forward's products (ts_dit_set_precision), f32 by default */
     ts_tensor_t param_bf16;   /* (num_params) BF16 copy of param_mem at bf16, else empty */
     ts_dit_params_t wbf16;    /* views into param_bf16: the linear weights the bf16 forward uses */
@@ -196,8 +207,17 @@ int ts_dit_zero_grad(ts_dit_t *m);
  * biases, LayerNorm, softmax, modulation and residual stream stay fp32. f32 (the default) drops
  * the copy; its forward is bit-identical to a model that never left f32. TS_ENOTSUP, with the
  * reason in why (may be NULL), where the engine cannot run bf16 or the model is trainable (the
- * backward assumes the fp32 forward). */
+ * backward assumes the fp32 forward). Either way the attention goes back to its default for the
+ * precision (bf16: composed, f32: the engine's default; see ts_attn_impl_t): call
+ * ts_dit_set_attention after this, not before. */
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len);
+
+/* Switches m's attention to a (see ts_attn_impl_t). The activations are laid out again (a
+ * backward must follow a forward made with the same attention); the per-sample bound on them is
+ * the composed layout's, so either fits any model that was built. TS_ENOTSUP for fused on a CUDA
+ * engine, or at bf16 where the fused bf16 op cannot run (ts_attention_fused_bf16_check);
+ * TS_ENOMEM leaves m as it was. */
+int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a);
 
 /* Multiply-adds (×2 = FLOPs) of one forward pass per sample, counting the GEMMs only. */
 double ts_dit_flops_per_sample(const ts_dit_config_t *cfg);

@@ -12,7 +12,7 @@
  *
  * where noise bounds what a few half-ulps of float round-off in each output can do to the
  * quotient (it matters only where the gradient itself is tiny). For the nonlinear ops
- * (layernorm, gelu, silu, softmax, attention, timestep embedding) rtol = 2e-3, ftol = 5e-4 with
+ * (layernorm, gelu, silu, softmax, attention composed and fused, timestep embedding) rtol = 2e-3, ftol = 5e-4 with
  * h = 1e-3..2e-3, and h = 1e-4 / 1e-6 on t for the timestep embedding at scale 10 / 1000 so
  * the phase moves as little (the O(h²) truncation is far below the tolerance); for the ops
  * linear in the perturbed input (linear, matmul, modulate, gate_residual, add_bcast, embedding,
@@ -475,6 +475,46 @@ static void test_attention_backward(void **state) {
     }
 }
 
+/* The fused attention: its backward recomputes the weights from the forward's lse. */
+static int attention_fused_fwd(grad_case_t *c) {
+    att_args_t *a = c->op;
+    return ts_attention_fused_forward(c->e, c->out, a->att, c->in[0], a->heads);
+}
+
+static int attention_fused_bwd(grad_case_t *c) {
+    att_args_t *a = c->op;
+    return ts_attention_fused_backward(c->e, c->grad[0], c->dout, c->in[0], c->out, a->att,
+                                       a->heads);
+}
+
+static void test_attention_fused_backward(void **state) {
+    ts_engine_t *e = *state;
+    static const int64_t cases[][4] = {/* B, T, C, heads */
+                                       {2, 5, 8, 2},
+                                       {1, 3, 6, 3},
+                                       {1, 1, 4, 1},
+                                       {1, 9, 6, 1}};
+    tu_rng_t r = {37};
+    for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
+        int64_t B = cases[s][0], T = cases[s][1], C = cases[s][2], H = cases[s][3];
+        ts_tensor_t qkv, out, dout, dqkv, lse;
+        tu_alloc_f32(&qkv, 3, TS_SHAPE(B, T, 3 * C));
+        tu_alloc_f32(&out, 3, TS_SHAPE(B, T, C));
+        tu_alloc_like(&dout, &out);
+        tu_alloc_like(&dqkv, &qkv);
+        tu_alloc_f32(&lse, 3, TS_SHAPE(B, H, T));
+        tu_fill_uniform(&r, &qkv, -1.5f, 1.5f);
+        tu_fill_uniform(&r, &dout, -1, 1);
+        att_args_t args = {&lse, NULL, (int)H}; /* att holds the lse here */
+        grad_case_t c = grad_case(e, attention_fused_fwd, attention_fused_bwd, &args, &out, &dout,
+                                  nonlinear(2e-3));
+        add_input(&c, "qkv", &qkv, &dqkv);
+        run_grad_case(&c, "attention_fused_backward B=%lld T=%lld C=%lld heads=%lld", (long long)B,
+                      (long long)T, (long long)C, (long long)H);
+        TU_FREE_TENSORS(&qkv, &out, &dout, &dqkv, &lse);
+    }
+}
+
 /* ---- adaLN pieces ---------------------------------------------------------------------- */
 
 typedef struct {
@@ -845,6 +885,7 @@ int main(void) {
         cmocka_unit_test(test_silu_backward),
         cmocka_unit_test(test_softmax_backward),
         cmocka_unit_test(test_attention_backward),
+        cmocka_unit_test(test_attention_fused_backward),
         cmocka_unit_test(test_modulate_backward),
         cmocka_unit_test(test_gate_residual_backward),
         cmocka_unit_test(test_add_bcast_backward),

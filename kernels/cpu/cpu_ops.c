@@ -25,6 +25,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/row_max.h"
 #include "kernels/math.h"
 
 /* Below this many elements per thread, an elementwise op runs on the caller alone. */
@@ -39,8 +40,7 @@
  * caller computes every slice itself. The second thread saves less than the wake-up costs there
  * (tiny's products at batch 1, up to 3.2M multiply-adds, ran faster on one thread). */
 #define GEMM_WAKE_MACS 4194304.0
-/* Softmax: the row max in this many lanes, the row sums this many rows at a time. */
-#define MAX_LANES 8
+/* Softmax: the row sums this many rows at a time. */
 #define SUM_ROWS 8
 
 /* ---- engine ---------------------------------------------------------------------------- */
@@ -591,28 +591,6 @@ int ts_cpu_layernorm_backward(ts_engine_t *e, float *dinp, const float *dout, co
     return TS_OK;
 }
 
-/* The largest element of x[0..C), C ≥ 1, in MAX_LANES independent lanes: that many chains of
- * comparisons run side by side instead of one. (gcc will not vectorise a float max reduction
- * without -ffinite-math-only and -fno-signed-zeros, so the lanes stay scalar.) The order does not
- * matter to softmax: without a NaN the maximum is the same number whatever the order (at most the
- * sign of a zero differs, and x − (+0) and x − (−0) have the same exponential); a row with a NaN
- * comes out all NaN whatever this returns. */
-static float row_max(const float *x, int64_t C) {
-    float m[MAX_LANES];
-    for (int k = 0; k < MAX_LANES; k++)
-        m[k] = x[0];
-    int64_t i = 0;
-    for (; i + MAX_LANES <= C; i += MAX_LANES)
-        for (int k = 0; k < MAX_LANES; k++)
-            m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
-    for (; i < C; i++)
-        m[0] = x[i] > m[0] ? x[i] : m[0];
-    float mx = m[0];
-    for (int k = 1; k < MAX_LANES; k++)
-        mx = m[k] > mx ? m[k] : mx;
-    return mx;
-}
-
 /* s[k] = Σ_i rows[k·C + i] for k < n ≤ SUM_ROWS, each sum in its row's element order (the order
  * is the result's rounding). One row's sum is a chain of dependent additions; a full block runs
  * SUM_ROWS chains side by side. */
@@ -642,7 +620,7 @@ static void softmax_fwd_range(void *arg, int64_t lo, int64_t hi) {
         for (int64_t k = 0; k < n; k++) {
             const float *x = j->inp + (r0 + k) * C;
             float *ok = o + k * C;
-            float mx = row_max(x, C);
+            float mx = ts_row_max(x, C);
             for (int64_t i = 0; i < C; i++)
                 ok[i] = ts_expf(x[i] - mx);
         }

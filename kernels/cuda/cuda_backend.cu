@@ -26,10 +26,10 @@
 #include "kernels/backend.h"
 
 struct ts_cuda_ctx {
-    int device;            /* CUDA device ordinal */
-    cudaStream_t stream;   /* every op of the engine is queued here */
-    cublasHandle_t blas;   /* bound to stream */
-    void *scratch;         /* device memory for reduction partials (cuda_ops.cu) */
+    int device;          /* CUDA device ordinal */
+    cudaStream_t stream; /* every op of the engine is queued here */
+    cublasHandle_t blas; /* bound to stream */
+    void *scratch;       /* device memory for reduction partials (cuda_ops.cu) */
     size_t scratch_bytes;
 };
 
@@ -39,11 +39,9 @@ struct ts_cuda_ctx {
 /* Shared with cuda_ops.cu, which declares it too (the backend has no private header): makes the
  * engine's device current on the calling thread (an engine may be driven from a thread other
  * than the one that created it) and returns its stream and scratch buffer. */
-int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch,
-                      size_t *scratch_bytes);
+int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size_t *scratch_bytes);
 
-int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch,
-                      size_t *scratch_bytes) {
+int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size_t *scratch_bytes) {
     if (!e || !e->cuda)
         return TS_EINVAL;
     ts_cuda_ctx_t *ctx = e->cuda;
@@ -274,8 +272,8 @@ static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
  */
 int ts_cuda_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                  float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
-                 int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
-                 int64_t stride_c, int64_t batch) {
+                 int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c,
+                 int64_t batch) {
     if (M <= 0 || N <= 0 || batch <= 0)
         return TS_OK; /* nothing to write */
     if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) ||
@@ -298,10 +296,9 @@ int ts_cuda_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N,
         st = cublasSgemm(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, (int)ldb, A, (int)lda,
                          &beta, C, (int)ldc);
     else
-        st = cublasSgemmStridedBatched(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B,
-                                       (int)ldb, (long long)stride_b, A, (int)lda,
-                                       (long long)stride_a, &beta, C, (int)ldc,
-                                       (long long)stride_c, (int)batch);
+        st = cublasSgemmStridedBatched(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, (int)ldb,
+                                       (long long)stride_b, A, (int)lda, (long long)stride_a, &beta,
+                                       C, (int)ldc, (long long)stride_c, (int)batch);
     return st == CUBLAS_STATUS_SUCCESS ? TS_OK : TS_ECUBLAS;
 }
 
@@ -328,6 +325,22 @@ int ts_cuda_linear_forward_bf16(ts_engine_t *, float *, const float *, const uin
     return TS_ENOTSUP;
 }
 
-int ts_cuda_gelu_forward_bf16(ts_engine_t *, float *, const float *, int64_t) {
+int ts_cuda_gelu_forward_bf16(ts_engine_t *, float *, const float *, int64_t) { return TS_ENOTSUP; }
+
+/* Fused attention is the CPU's for now (kernels/cpu/cpu_attention.c); on the GPU the model runs
+ * the composed attention (GEMM · softmax · GEMM), which ops.c builds from the ops above. */
+int ts_cuda_attention_fused_forward(ts_engine_t *, float *, float *, const float *, int64_t,
+                                    int64_t, int64_t, int64_t) {
+    return TS_ENOTSUP;
+}
+
+int ts_cuda_attention_fused_forward_bf16(ts_engine_t *, float *, float *, const float *, int64_t,
+                                         int64_t, int64_t, int64_t) {
+    return TS_ENOTSUP;
+}
+
+int ts_cuda_attention_fused_backward(ts_engine_t *, float *, const float *, const float *,
+                                     const float *, const float *, int64_t, int64_t, int64_t,
+                                     int64_t) {
     return TS_ENOTSUP;
 }

@@ -1,0 +1,465 @@
+/*
+ * cpu_attention.c — fused (flash-style) self-attention on the CPU: the forward in fp32 and in
+ * bf16, and the fp32 backward (ts_cpu_attention_fused_* of kernels/backend.h).
+ *
+ * What it is. The composed attention of kernels/ops.c writes the (B, heads, T, T) softmax
+ * weights to memory, reads them back for the second product and keeps them for the backward.
+ * Here a task takes one block of BQ queries of one head of one sample and walks the keys in
+ * blocks of BK: the block's scores S = scale · Q Kᵀ (BQ × BK, in per-task scratch), an online
+ * softmax (each row's running max m and sum l; when a later block raises the max, the sum and
+ * the output so far are rescaled by e^(m_old − m_new)), and O += P V. At the end O is divided by
+ * l and the row's log-sum-exp m + ln l is saved. No T × T matrix exists anywhere.
+ *
+ * The backward is FlashAttention-2's: with O and the log-sum-exp of the forward, a task (one head
+ * of one sample) takes D = rowsum(dO ∘ O) per query block, then per block of keys recomputes
+ * P = e^(S − lse) and accumulates dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − D), dQ += scale · dS K,
+ * dK += scale · dSᵀ Q. Its tasks are whole heads, not query blocks: every query block adds into
+ * the same dK and dV rows, and a head per task keeps those sums in one fixed order.
+ *
+ * Products. fp32: single-threaded OpenBLAS on the blocks (the pool owns the cores, as in
+ * cpu_ops.c). bf16: a kernel of AVX-512 BF16 dot products (vdpbf16ps: two bf16 products added to
+ * an fp32 lane), q, k, v and the unnormalised weights e^(S − m) rounded to bf16 (nearest even, the
+ * CPU's vcvtneps2bf16 as in cpu_bf16.c), fp32 accumulation, the softmax in fp32. It runs where the
+ * CPU has AVX-512 BF16 (checked once, at run time) and the compiler knows the instructions;
+ * elsewhere it answers TS_ENOTSUP and the caller keeps the composed bf16 path.
+ *
+ * Invariants. A task reads only its own head's q, k, v and writes only its own rows of out and
+ * lse (forward) or its own head's columns of dqkv (backward); its products have shapes that
+ * depend on T and the head size alone. So a row's result does not depend on the batch, on the
+ * thread count or on which thread ran it, on any BLAS. Scratch is per task range (malloc'd once
+ * per range, not per task); a range that cannot get it flags the job, and the op says TS_ENOMEM.
+ *
+ * NaN: a NaN anywhere in a head's q, k or v reaches every output row it touches (a NaN key row
+ * makes every row of its head NaN), as through the composed ops: the row max skips NaN, e^NaN is
+ * NaN and it spreads through the sums and products.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/pool.h"
+#include "kernels/cpu/row_max.h"
+#include "kernels/math.h"
+
+/* Queries per forward task, and keys per block of scores. With the DiT presets' 49 to 256 tokens
+ * a head's keys are one block (no rescaling), and the scores of a task are at most 64 KB. */
+#define BQ 64
+#define BK 256
+/* Lanes of the row sum: independent chains, added in a fixed order. */
+#define LANES 16
+
+typedef struct {
+    float *out, *lse, *dqkv;              /* the outputs: forward (lse may be NULL), backward */
+    const float *qkv, *dout, *o, *lse_in; /* the backward's inputs beside qkv */
+    int64_t B, T, C, H, hd, nq;           /* nq: query blocks per head */
+    float scale;
+    int failed; /* a task range found no scratch */
+} att_job_t;
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Runs fn over the job's tasks on the pool; all of them on the caller when the whole op is below
+ * ~64k multiply-adds (work), where a woken thread costs more than it saves. */
+static int att_run(ts_engine_t *e, att_job_t *j, int64_t tasks, double work, ts_pool_fn fn) {
+    ts_pool_for(e->pool, tasks, work < 65536.0 ? INT64_MAX : 1, fn, j);
+    return j->failed ? TS_ENOMEM : TS_OK;
+}
+
+/* ---- the online softmax, shared by both forwards ------------------------------------------- */
+
+/* x[i] = e^(x[i] − sub) for i < n; returns Σ x, in LANES chains added in lane order. */
+static float exp_sum(float *x, int64_t n, float sub) {
+    float s[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) {
+            x[i + l] = ts_expf(x[i + l] - sub);
+            s[l] += x[i + l];
+        }
+    for (; i < n; i++) {
+        x[i] = ts_expf(x[i] - sub);
+        s[0] += x[i];
+    }
+    float total = 0.0f;
+    for (int l = 0; l < LANES; l++)
+        total += s[l];
+    return total;
+}
+
+/* One block of scores s (n, m), row stride lds, becomes e^(s − m_new) in place, and the rows'
+ * running max mx and sum l take it in. first: the row's first block. Returns, per row, in
+ * alpha, the factor e^(m_old − m_new) by which the output so far must be rescaled (1 when the
+ * max did not move; unused for a first block). */
+static void online_softmax(float *s, int64_t n, int64_t m, int64_t lds, float *mx, float *l,
+                           float *alpha, int first) {
+    for (int64_t i = 0; i < n; i++) {
+        float *si = s + i * lds;
+        float bm = ts_row_max(si, m);
+        float mn = first || bm > mx[i] ? bm : mx[i];
+        float a = first ? 0.0f : ts_expf(mx[i] - mn);
+        float rs = exp_sum(si, m, mn);
+        l[i] = first ? rs : l[i] * a + rs;
+        mx[i] = mn;
+        alpha[i] = a;
+    }
+}
+
+/* The end of a row block: o (n, hd), row stride ldo, divided by l; lse = m + ln l (may be NULL). */
+static void finish_rows(float *o, int64_t n, int64_t hd, int64_t ldo, const float *mx,
+                        const float *l, float *lse) {
+    for (int64_t i = 0; i < n; i++) {
+        float inv = 1.0f / l[i];
+        for (int64_t d = 0; d < hd; d++)
+            o[i * ldo + d] *= inv;
+        if (lse)
+            lse[i] = mx[i] + logf(l[i]);
+    }
+}
+
+/* Task t of a forward: its sample, head and first query row. */
+static void task_of(const att_job_t *j, int64_t t, int64_t *b, int64_t *h, int64_t *r0) {
+    *b = t / (j->H * j->nq);
+    *h = t / j->nq % j->H;
+    *r0 = t % j->nq * BQ;
+}
+
+/* ---- fp32 forward ---------------------------------------------------------------------------- */
+
+/* Rows r0..r0+n of head h of sample b; s is (BQ, BK) scratch. */
+static void fwd_block_f32(const att_job_t *j, float *s, int64_t b, int64_t h, int64_t r0) {
+    int64_t T = j->T, C = j->C, hd = j->hd, ld = 3 * C, n = min64(BQ, T - r0);
+    const float *q = j->qkv + (b * T + r0) * ld + h * hd;
+    const float *k = j->qkv + b * T * ld + C + h * hd, *v = k + C;
+    float *o = j->out + (b * T + r0) * C + h * hd;
+    float mx[BQ], l[BQ], alpha[BQ];
+    for (int64_t k0 = 0; k0 < T; k0 += BK) {
+        int64_t m = min64(BK, T - k0);
+        /* s (n, m) = scale · Q_blk · K_blkᵀ */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)hd, j->scale, q,
+                    (int)ld, k + k0 * ld, (int)ld, 0.0f, s, (int)m);
+        online_softmax(s, n, m, m, mx, l, alpha, k0 == 0);
+        if (k0 > 0)
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t d = 0; d < hd; d++)
+                    o[i * C + d] *= alpha[i];
+        /* O_blk (n, hd) = (first block ? 0 : O_blk) + P · V_blk */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)hd, (int)m, 1.0f, s,
+                    (int)m, v + k0 * ld, (int)ld, k0 == 0 ? 0.0f : 1.0f, o, (int)C);
+    }
+    finish_rows(o, n, hd, C, mx, l, j->lse ? j->lse + (b * j->H + h) * T + r0 : NULL);
+}
+
+static void fwd_range_f32(void *arg, int64_t lo, int64_t hi) {
+    att_job_t *j = arg;
+    float *s = malloc((size_t)BQ * BK * sizeof *s);
+    if (!s) {
+        j->failed = 1;
+        return;
+    }
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t b, h, r0;
+        task_of(j, t, &b, &h, &r0);
+        fwd_block_f32(j, s, b, h, r0);
+    }
+    free(s);
+}
+
+static att_job_t job_of(int64_t B, int64_t T, int64_t C, int64_t H) {
+    att_job_t j = {.B = B, .T = T, .C = C, .H = H, .hd = C / H, .nq = (T + BQ - 1) / BQ};
+    j.scale = 1.0f / sqrtf((float)j.hd);
+    return j;
+}
+
+int ts_cpu_attention_fused_forward(ts_engine_t *e, float *out, float *lse, const float *qkv,
+                                   int64_t B, int64_t T, int64_t C, int64_t H) {
+    if (3 * C > INT32_MAX || T > INT32_MAX)
+        return TS_ERANGE;
+    att_job_t j = job_of(B, T, C, H);
+    j.out = out, j.lse = lse, j.qkv = qkv;
+    return att_run(e, &j, B * H * j.nq, 2.0 * B * H * T * T * j.hd, fwd_range_f32);
+}
+
+/* ---- fp32 backward --------------------------------------------------------------------------- */
+
+/* Head h of sample b; p and dp are (BQ, BK) scratch. */
+static void bwd_head(const att_job_t *j, float *p, float *dp, int64_t b, int64_t h) {
+    int64_t T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
+    float scale = j->scale;
+    const float *q = j->qkv + b * T * ld + h * hd, *k = q + C, *v = q + 2 * C;
+    float *dq = j->dqkv + b * T * ld + h * hd, *dk = dq + C, *dv = dq + 2 * C;
+    const float *o = j->o + b * T * C + h * hd, *dout = j->dout + b * T * C + h * hd;
+    const float *lse = j->lse_in + (b * j->H + h) * T;
+    for (int64_t q0 = 0; q0 < T; q0 += BQ) {
+        int64_t n = min64(BQ, T - q0);
+        const float *qb = q + q0 * ld, *ob = o + q0 * C, *dob = dout + q0 * C;
+        float D[BQ]; /* D_i = dO_i · O_i */
+        for (int64_t i = 0; i < n; i++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < hd; d++)
+                acc += dob[i * C + d] * ob[i * C + d];
+            D[i] = acc;
+        }
+        for (int64_t k0 = 0; k0 < T; k0 += BK) {
+            int64_t m = min64(BK, T - k0);
+            const float *kb = k + k0 * ld, *vb = v + k0 * ld;
+            /* P (n, m) = e^(scale · Q_blk K_blkᵀ − lse) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)hd, scale, qb,
+                        (int)ld, kb, (int)ld, 0.0f, p, (int)m);
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t c = 0; c < m; c++)
+                    p[i * m + c] = ts_expf(p[i * m + c] - lse[q0 + i]);
+            /* dV_blk (m, hd) += Pᵀ · dO_blk */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)hd, (int)n, 1.0f, p,
+                        (int)m, dob, (int)C, 1.0f, dv + k0 * ld, (int)ld);
+            /* dP (n, m) = dO_blk · V_blkᵀ; then dS = P ∘ (dP − D), in dp */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)hd, 1.0f, dob,
+                        (int)C, vb, (int)ld, 0.0f, dp, (int)m);
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t c = 0; c < m; c++)
+                    dp[i * m + c] = p[i * m + c] * (dp[i * m + c] - D[i]);
+            /* dQ_blk += scale · dS · K_blk; dK_blk += scale · dSᵀ · Q_blk */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)hd, (int)m, scale,
+                        dp, (int)m, kb, (int)ld, 1.0f, dq + q0 * ld, (int)ld);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)hd, (int)n, scale, dp,
+                        (int)m, qb, (int)ld, 1.0f, dk + k0 * ld, (int)ld);
+        }
+    }
+}
+
+static void bwd_range(void *arg, int64_t lo, int64_t hi) {
+    att_job_t *j = arg;
+    float *p = malloc((size_t)2 * BQ * BK * sizeof *p);
+    if (!p) {
+        j->failed = 1;
+        return;
+    }
+    for (int64_t t = lo; t < hi; t++)
+        bwd_head(j, p, p + BQ * BK, t / j->H, t % j->H);
+    free(p);
+}
+
+int ts_cpu_attention_fused_backward(ts_engine_t *e, float *dqkv, const float *dout,
+                                    const float *qkv, const float *out, const float *lse, int64_t B,
+                                    int64_t T, int64_t C, int64_t H) {
+    if (3 * C > INT32_MAX || T > INT32_MAX)
+        return TS_ERANGE;
+    att_job_t j = job_of(B, T, C, H);
+    j.dqkv = dqkv, j.dout = dout, j.qkv = qkv, j.o = out, j.lse_in = lse;
+    return att_run(e, &j, B * H, 5.0 * B * H * T * T * j.hd, bwd_range);
+}
+
+/* ---- bf16 forward ---------------------------------------------------------------------------- */
+
+#if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 10))
+
+#include <immintrin.h>
+
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* One task range's scratch for head size hd; hp = hd rounded up to even (whole bf16 pairs), hv =
+ * hd rounded up to 16 (whole vectors of output lanes). Pairs are read as uint32 (the build has
+ * -fno-strict-aliasing). */
+typedef struct {
+    int64_t hp, hv;
+    uint16_t *q;   /* (BQ, hp) the query block */
+    uint16_t *k;   /* (hp/2, BK, 2) the key block: the pair (k_j[2p], k_j[2p+1]) at [p][j] */
+    uint16_t *v;   /* (BK/2, hv, 2) the value block: the pair (v_2p[d], v_2p+1[d]) at [p][d] */
+    uint16_t *p;   /* (BQ, BK) the weights e^(S − m) */
+    uint16_t *tmp; /* (BK, max(hp, hv)) rows rounded before they are interleaved */
+    float *s;      /* (BQ, BK) the scores, then the weights in fp32 */
+    float *o;      /* (BQ, hv) the output block */
+    void *mem;
+} bf16_scratch_t;
+
+static int scratch_new(bf16_scratch_t *w, int64_t hd) {
+    int64_t hp = round_up(hd, 2), hv = round_up(hd, 16), wide = hp > hv ? hp : hv;
+    /* every piece a multiple of 64 bytes: BQ, BK, hv are multiples of 16 */
+    size_t u16 = (size_t)(BQ * round_up(hp, 32) + hp * BK + BK * hv + BQ * BK + BK * wide);
+    size_t f32 = (size_t)(BQ * BK + BQ * hv);
+    char *mem = aligned_alloc(64, round_up((int64_t)(u16 * 2 + f32 * 4), 64));
+    if (!mem)
+        return TS_ENOMEM;
+    w->hp = hp, w->hv = hv, w->mem = mem;
+    w->s = (float *)mem;
+    w->o = w->s + BQ * BK;
+    w->q = (uint16_t *)(w->o + BQ * hv);
+    w->k = w->q + BQ * round_up(hp, 32);
+    w->v = w->k + hp * BK;
+    w->p = w->v + BK * hv;
+    w->tmp = w->p + BQ * BK;
+    return TS_OK;
+}
+
+/* d[0..n) = s[0..n) rounded to bf16 (nearest even), d[n..npad) = 0. */
+BF16_TARGET static void round_row(uint16_t *d, const float *s, int64_t n, int64_t npad) {
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16)
+        _mm256_storeu_si256((__m256i *)(d + c),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + c)));
+    if (c < n) {
+        __mmask16 m = (__mmask16)((1u << (n - c)) - 1u);
+        _mm256_mask_storeu_epi16(d + c, m,
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, s + c)));
+    }
+    for (c = n; c < npad; c++)
+        d[c] = 0;
+}
+
+/* The m keys k (rows of stride ld, hd wide) into w->k, for m16 = m rounded up to 16 (zero keys
+ * past m). */
+BF16_TARGET static void pack_keys(bf16_scratch_t *w, const float *k, int64_t ld, int64_t m,
+                                  int64_t m16, int64_t hd) {
+    int64_t np = w->hp / 2;
+    for (int64_t j = 0; j < m; j++)
+        round_row(w->tmp + j * w->hp, k + j * ld, hd, w->hp);
+    const uint32_t *rows = (const uint32_t *)w->tmp;
+    uint32_t *dst = (uint32_t *)w->k;
+    for (int64_t p = 0; p < np; p++)
+        for (int64_t j = 0; j < m16; j++)
+            dst[p * m16 + j] = j < m ? rows[j * np + p] : 0u;
+}
+
+/* The m value rows v (stride ld, hd wide) into w->v, pairs of rows interleaved; m2 = m rounded
+ * up to even (a zero row past m). */
+BF16_TARGET static void pack_values(bf16_scratch_t *w, const float *v, int64_t ld, int64_t m,
+                                    int64_t m2, int64_t hd) {
+    int64_t hv = w->hv;
+    for (int64_t j = 0; j < m; j++)
+        round_row(w->tmp + j * hv, v + j * ld, hd, hv);
+    if (m2 > m)
+        memset(w->tmp + m * hv, 0, (size_t)hv * sizeof *w->tmp);
+    uint32_t *dst = (uint32_t *)w->v;
+    for (int64_t p = 0; p < m2 / 2; p++)
+        for (int64_t d = 0; d < hv; d++)
+            dst[p * hv + d] =
+                (uint32_t)w->tmp[2 * p * hv + d] | (uint32_t)w->tmp[(2 * p + 1) * hv + d] << 16;
+}
+
+/* A tile of R ≤ 4 rows × nv ≤ 4 vectors of 16 lanes: out[r][0..16·nv) (row stride ldo) =
+ * (accumulate ? out : 0) + scale · Σ_p a_r[p] · b_p, where a_r[p] is row r's p-th bf16 pair (rows
+ * of lda pairs), broadcast to every lane, and b_p the nv·16 lanes' pairs at b + p·bstride (bf16
+ * units). Inlined with R and nv constants, so the R·nv accumulators (independent chains: one
+ * vdpbf16ps has a latency of several cycles) stay in registers. */
+BF16_TARGET static inline __attribute__((always_inline)) void
+dot_tile(float *out, int64_t ldo, const uint32_t *a, int64_t lda, int64_t np, const uint16_t *b,
+         int64_t bstride, int R, int nv, int accumulate, float scale) {
+    __m512 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < nv; i++)
+            acc[r][i] = accumulate ? _mm512_loadu_ps(out + r * ldo + 16 * i) : _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; p++) {
+        const uint16_t *bp = b + p * bstride;
+        __m512bh y[4];
+        for (int i = 0; i < nv; i++)
+            y[i] = (__m512bh)_mm512_loadu_si512(bp + 32 * i);
+        for (int r = 0; r < R; r++) {
+            __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[r * lda + p]);
+            for (int i = 0; i < nv; i++)
+                acc[r][i] = _mm512_dpbf16_ps(acc[r][i], x, y[i]);
+        }
+    }
+    __m512 k = _mm512_set1_ps(scale);
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < nv; i++)
+            _mm512_storeu_ps(out + r * ldo + 16 * i, _mm512_mul_ps(acc[r][i], k));
+}
+
+/* The R rows' columns [0, width) (width a multiple of 16), in tiles of 4, 2 or 1 vectors. */
+BF16_TARGET static inline __attribute__((always_inline)) void
+dot_rows(float *out, int64_t ldo, const uint32_t *a, int64_t lda, int64_t np, const uint16_t *b,
+         int64_t bstride, int64_t width, int R, int accumulate, float scale) {
+    int64_t c = 0;
+    for (; c + 64 <= width; c += 64)
+        dot_tile(out + c, ldo, a, lda, np, b + 2 * c, bstride, R, 4, accumulate, scale);
+    for (; c + 32 <= width; c += 32)
+        dot_tile(out + c, ldo, a, lda, np, b + 2 * c, bstride, R, 2, accumulate, scale);
+    for (; c < width; c += 16)
+        dot_tile(out + c, ldo, a, lda, np, b + 2 * c, bstride, R, 1, accumulate, scale);
+}
+
+/* out (n, width), row stride ldo, = (accumulate ? out : 0) + scale · A · B: A (n, np pairs) bf16
+ * rows of lda pairs, B in pairs ([p][column][2], bstride bf16 per p). Four rows at a time. */
+BF16_TARGET static void product_bf16(float *out, int64_t ldo, const uint16_t *A, int64_t lda,
+                                     int64_t n, int64_t np, const uint16_t *B, int64_t bstride,
+                                     int64_t width, int accumulate, float scale) {
+    const uint32_t *a = (const uint32_t *)A;
+    int64_t r = 0;
+    for (; r + 4 <= n; r += 4)
+        dot_rows(out + r * ldo, ldo, a + r * lda, lda, np, B, bstride, width, 4, accumulate, scale);
+    for (; r < n; r++)
+        dot_rows(out + r * ldo, ldo, a + r * lda, lda, np, B, bstride, width, 1, accumulate, scale);
+}
+
+/* Rows r0..r0+n of head h of sample b, as fwd_block_f32 with the products in bf16. */
+BF16_TARGET static void fwd_block_bf16(const att_job_t *j, bf16_scratch_t *w, int64_t b, int64_t h,
+                                       int64_t r0) {
+    int64_t T = j->T, C = j->C, hd = j->hd, ld = 3 * C, n = min64(BQ, T - r0);
+    int64_t hp = w->hp, hv = w->hv;
+    const float *q = j->qkv + (b * T + r0) * ld + h * hd;
+    const float *k = j->qkv + b * T * ld + C + h * hd, *v = k + C;
+    float mx[BQ], l[BQ], alpha[BQ];
+    for (int64_t i = 0; i < n; i++)
+        round_row(w->q + i * hp, q + i * ld, hd, hp);
+    for (int64_t k0 = 0; k0 < T; k0 += BK) {
+        int64_t m = min64(BK, T - k0), m16 = round_up(m, 16), m2 = round_up(m, 2);
+        pack_keys(w, k + k0 * ld, ld, m, m16, hd);
+        pack_values(w, v + k0 * ld, ld, m, m2, hd);
+        /* s (n, m16) = scale · Q_blk · K_blkᵀ */
+        product_bf16(w->s, BK, w->q, hp / 2, n, hp / 2, w->k, 2 * m16, m16, 0, j->scale);
+        online_softmax(w->s, n, m, BK, mx, l, alpha, k0 == 0);
+        /* O_blk (n, hv) = (first block ? 0 : alpha · O_blk) + P · V_blk */
+        for (int64_t i = 0; i < n; i++) {
+            float *oi = w->o + i * hv;
+            for (int64_t d = 0; d < hv; d++)
+                oi[d] = k0 == 0 ? 0.0f : oi[d] * alpha[i];
+            round_row(w->p + i * BK, w->s + i * BK, m, m2);
+        }
+        product_bf16(w->o, hv, w->p, BK / 2, n, m2 / 2, w->v, 2 * hv, hv, 1, 1.0f);
+    }
+    finish_rows(w->o, n, hd, hv, mx, l, j->lse ? j->lse + (b * j->H + h) * T + r0 : NULL);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(j->out + (b * T + r0 + i) * C + h * hd, w->o + i * hv, (size_t)hd * sizeof(float));
+}
+
+static void fwd_range_bf16(void *arg, int64_t lo, int64_t hi) {
+    att_job_t *j = arg;
+    bf16_scratch_t w;
+    if (scratch_new(&w, j->hd) != TS_OK) {
+        j->failed = 1;
+        return;
+    }
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t b, h, r0;
+        task_of(j, t, &b, &h, &r0);
+        fwd_block_bf16(j, &w, b, h, r0);
+    }
+    free(w.mem);
+}
+
+int ts_cpu_attention_fused_bf16_ok(void) { return __builtin_cpu_supports("avx512bf16") != 0; }
+
+int ts_cpu_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv,
+                                        int64_t B, int64_t T, int64_t C, int64_t H) {
+    if (!ts_cpu_attention_fused_bf16_ok())
+        return TS_ENOTSUP;
+    att_job_t j = job_of(B, T, C, H);
+    j.out = out, j.lse = lse, j.qkv = qkv;
+    return att_run(e, &j, B * H * j.nq, 2.0 * B * H * T * T * j.hd, fwd_range_bf16);
+}
+
+#else /* no AVX-512 BF16 in this compiler or on this architecture */
+
+int ts_cpu_attention_fused_bf16_ok(void) { return 0; }
+
+int ts_cpu_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv,
+                                        int64_t B, int64_t T, int64_t C, int64_t H) {
+    (void)e, (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)C, (void)H;
+    return TS_ENOTSUP;
+}
+
+#endif

@@ -1,0 +1,347 @@
+/*
+ * test_attention.c — the fused (flash-style) attention (ts_attention_fused_*, kernels/cpu/
+ * cpu_attention.c) against the naive reference (kernels/ref.c: plain loops, double) and against
+ * the composed op (gemm · softmax · gemm), on a CPU engine with 2 threads.
+ *
+ * Shapes: T = 1, T below, at and past a block of queries (64) and of keys (256), T not a multiple
+ * of either (257, 300: a second block of keys, so the online softmax rescales); head sizes 1 to 64,
+ * odd ones included; 1 to 6 heads; batches of 1 to 3. Inputs uniform in [−2, 2).
+ *
+ * Tolerances, and why:
+ *   fp32 forward    |got − ref| ≤ 2e-5 + 1e-5·|ref|, as the composed op's test: the scores, sums
+ *                   and products in fp32 in another order. lse: 2e-5 + 1e-6·|ref| (an fp32 log
+ *                   of a sum of up to 300 terms).
+ *   fp32 backward   |got − ref| ≤ 1e-5·max|ref| + 1e-5·|ref|: P is recomputed as e^(S − lse) from
+ *                   an fp32 lse, whose rounding (~|lse|·6e-8) is a relative error of P, and each
+ *                   gradient element is a sum of T products of such terms that partly cancel
+ *                   (Σ_j dS_ij = 0; for T = 1 dq and dk are exactly 0 and we give ~1e-7), so the
+ *                   error is relative to the largest element, not to each. Measured worst over
+ *                   these cases: 5e-7 of max|ref|.
+ *   bf16 forward    against the reference on q, k, v already rounded to bf16 (the rest of the
+ *                   error): |got − ref| ≤ 2^-8 · max|v| + 1e-5 per head, because each softmax
+ *                   weight is rounded to bf16 (relative 2^-9) before it multiplies v, and the
+ *                   weights sum to 1 (2× margin). Against the composed bf16 op (which rounds the
+ *                   normalised weights instead): 2e-2 abs + 2e-2 rel, as test_bf16.
+ * Exact checks: a sample's result (forward fp32 and bf16, lse, backward) is bit-identical alone and
+ * in a batch, and with 1 thread or 2; the backward accumulates (+=); a NaN in q spreads to its own
+ * row of its head and a NaN in k to every row of its head, exactly where the composed op puts
+ * them, and nowhere else; bad shapes, dtypes and NULLs give the codes the other ops give.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/engine.h"
+#include "kernels/math.h"
+#include "kernels/ops.h"
+#include "kernels/ref.h"
+#include "tests/testutil.h"
+
+/* B, T, C, heads */
+static const int64_t cases[][4] = {{1, 1, 4, 1},   {2, 5, 8, 2},    {1, 3, 6, 6},
+                                   {3, 7, 12, 3},  {2, 49, 128, 4}, {1, 64, 256, 4},
+                                   {1, 65, 30, 2}, {1, 257, 16, 2}, {1, 300, 24, 3}};
+#define NCASES (sizeof cases / sizeof cases[0])
+
+typedef struct {
+    int64_t B, T, C, H;
+    ts_tensor_t qkv, out, lse;
+} fwd_t;
+
+static void fwd_alloc(fwd_t *f, const int64_t *c, tu_rng_t *r) {
+    f->B = c[0], f->T = c[1], f->C = c[2], f->H = c[3];
+    tu_alloc_f32(&f->qkv, 3, TS_SHAPE(f->B, f->T, 3 * f->C));
+    tu_alloc_f32(&f->out, 3, TS_SHAPE(f->B, f->T, f->C));
+    tu_alloc_f32(&f->lse, 3, TS_SHAPE(f->B, f->H, f->T));
+    tu_fill_uniform(r, &f->qkv, -2, 2);
+}
+
+static void fwd_free(fwd_t *f) { TU_FREE_TENSORS(&f->qkv, &f->out, &f->lse); }
+
+#define DESC "B=%lld T=%lld C=%lld heads=%lld"
+#define ARGS(f) (long long)(f)->B, (long long)(f)->T, (long long)(f)->C, (long long)(f)->H
+
+/* ---- fp32 forward ------------------------------------------------------------------------ */
+
+static void test_forward_f32(void **state) {
+    ts_engine_t *e = *state;
+    tu_rng_t r = {11};
+    for (size_t c = 0; c < NCASES; c++) {
+        fwd_t f;
+        fwd_alloc(&f, cases[c], &r);
+        int64_t n = f.B * f.T * f.C, nl = f.B * f.H * f.T;
+        float *want = tu_floats(n), *wlse = tu_floats(nl);
+        ts_ref_attention(want, NULL, tu_f32(&f.qkv), f.B, f.T, f.C, f.H);
+        ts_ref_attention_lse(wlse, tu_f32(&f.qkv), f.B, f.T, f.C, f.H);
+        TU_CHECK_OK(ts_attention_fused_forward(e, &f.out, &f.lse, &f.qkv, (int)f.H));
+        tu_check_close(tu_f32(&f.out), want, n, 2e-5, 1e-5, "fused out " DESC, ARGS(&f));
+        tu_check_close(tu_f32(&f.lse), wlse, nl, 2e-5, 1e-6, "fused lse " DESC, ARGS(&f));
+        /* against the composed op; and without lse the output is the same */
+        ts_tensor_t att, out2;
+        tu_alloc_f32(&att, 4, TS_SHAPE(f.B, f.H, f.T, f.T));
+        tu_alloc_like(&out2, &f.out);
+        TU_CHECK_OK(ts_attention_forward(e, &out2, &att, &f.qkv, (int)f.H));
+        tu_check_close(tu_f32(&f.out), tu_f32(&out2), n, 2e-5, 1e-5, "fused vs composed " DESC,
+                       ARGS(&f));
+        TU_CHECK_OK(ts_attention_fused_forward(e, &out2, NULL, &f.qkv, (int)f.H));
+        assert_memory_equal(tu_f32(&out2), tu_f32(&f.out), (size_t)n * sizeof(float));
+        free(want);
+        free(wlse);
+        TU_FREE_TENSORS(&att, &out2);
+        fwd_free(&f);
+    }
+}
+
+/* ---- fp32 backward ----------------------------------------------------------------------- */
+
+static double max_abs(const float *x, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        m = fabs((double)x[i]) > m ? fabs((double)x[i]) : m;
+    return m;
+}
+
+static void test_backward_f32(void **state) {
+    ts_engine_t *e = *state;
+    tu_rng_t r = {12};
+    for (size_t c = 0; c < NCASES; c++) {
+        fwd_t f;
+        fwd_alloc(&f, cases[c], &r);
+        ts_tensor_t dout, dqkv, dqkv2, att, datt, out2;
+        tu_alloc_like(&dout, &f.out);
+        tu_alloc_like(&dqkv, &f.qkv);
+        tu_alloc_like(&dqkv2, &f.qkv);
+        tu_alloc_like(&out2, &f.out);
+        tu_alloc_f32(&att, 4, TS_SHAPE(f.B, f.H, f.T, f.T));
+        tu_alloc_like(&datt, &att);
+        tu_fill_uniform(&r, &dout, -1, 1);
+        int64_t n = ts_tensor_numel(&f.qkv);
+        float *want = tu_floats(n);
+        ts_ref_attention_backward(want, tu_f32(&dout), tu_f32(&f.qkv), f.B, f.T, f.C, f.H);
+        double tol = 1e-5 * max_abs(want, n);
+
+        TU_CHECK_OK(ts_attention_fused_forward(e, &f.out, &f.lse, &f.qkv, (int)f.H));
+        TU_CHECK_OK(ts_zero(e, &dqkv));
+        TU_CHECK_OK(ts_attention_fused_backward(e, &dqkv, &dout, &f.qkv, &f.out, &f.lse, (int)f.H));
+        tu_check_close(tu_f32(&dqkv), want, n, tol, 1e-5, "fused dqkv " DESC, ARGS(&f));
+        /* against the composed backward */
+        TU_CHECK_OK(ts_attention_forward(e, &out2, &att, &f.qkv, (int)f.H));
+        TU_CHECK_OK(ts_zero(e, &dqkv2));
+        TU_CHECK_OK(ts_attention_backward(e, &dqkv2, &datt, &dout, &f.qkv, &att, (int)f.H));
+        tu_check_close(tu_f32(&dqkv), tu_f32(&dqkv2), n, tol, 1e-5, "fused vs composed dqkv " DESC,
+                       ARGS(&f));
+        /* it accumulates: a second call gives twice the gradient (up to the order in which the
+         * blocks' parts are added to what was there) */
+        float *once = tu_host_copy(&dqkv);
+        TU_CHECK_OK(ts_attention_fused_backward(e, &dqkv, &dout, &f.qkv, &f.out, &f.lse, (int)f.H));
+        for (int64_t i = 0; i < n; i++)
+            once[i] *= 2.0f;
+        tu_check_close(tu_f32(&dqkv), once, n, 1e-6 * max_abs(once, n), 1e-6,
+                       "fused dqkv accumulated twice " DESC, ARGS(&f));
+        free(once);
+        free(want);
+        TU_FREE_TENSORS(&dout, &dqkv, &dqkv2, &att, &datt, &out2);
+        fwd_free(&f);
+    }
+}
+
+/* ---- bf16 forward ------------------------------------------------------------------------ */
+
+static void test_forward_bf16(void **state) {
+    ts_engine_t *e = *state;
+    if (ts_attention_fused_bf16_check(e) != TS_OK)
+        skip(); /* no AVX-512 BF16 here */
+    tu_rng_t r = {13};
+    for (size_t c = 0; c < NCASES; c++) {
+        fwd_t f;
+        fwd_alloc(&f, cases[c], &r);
+        int64_t n = f.B * f.T * f.C, nq = ts_tensor_numel(&f.qkv), hd = f.C / f.H;
+        /* the reference on the operands rounded to bf16 */
+        float *rounded = tu_host_copy(&f.qkv), *want = tu_floats(n);
+        for (int64_t i = 0; i < nq; i++)
+            rounded[i] = ts_bf16_to_f32(ts_f32_to_bf16(rounded[i]));
+        ts_ref_attention(want, NULL, rounded, f.B, f.T, f.C, f.H);
+        TU_CHECK_OK(ts_attention_fused_forward_bf16(e, &f.out, &f.lse, &f.qkv, (int)f.H));
+        const float *got = tu_f32(&f.out);
+        for (int64_t b = 0; b < f.B; b++)
+            for (int64_t h = 0; h < f.H; h++) {
+                double vmax = 0.0; /* the head's largest |v| */
+                for (int64_t t = 0; t < f.T; t++)
+                    for (int64_t d = 0; d < hd; d++) {
+                        double v = fabs(rounded[(b * f.T + t) * 3 * f.C + 2 * f.C + h * hd + d]);
+                        vmax = v > vmax ? v : vmax;
+                    }
+                for (int64_t t = 0; t < f.T; t++) {
+                    int64_t at = (b * f.T + t) * f.C + h * hd;
+                    tu_check_close(got + at, want + at, hd, vmax / 256.0 + 1e-5, 0.0,
+                                   "bf16 out " DESC " b=%lld h=%lld t=%lld", ARGS(&f), (long long)b,
+                                   (long long)h, (long long)t);
+                }
+            }
+        ts_tensor_t att, out2;
+        tu_alloc_f32(&att, 4, TS_SHAPE(f.B, f.H, f.T, f.T));
+        tu_alloc_like(&out2, &f.out);
+        TU_CHECK_OK(ts_attention_forward_bf16(e, &out2, &att, &f.qkv, (int)f.H));
+        tu_check_close(got, tu_f32(&out2), n, 2e-2, 2e-2, "bf16 fused vs composed " DESC, ARGS(&f));
+        free(rounded);
+        free(want);
+        TU_FREE_TENSORS(&att, &out2);
+        fwd_free(&f);
+    }
+}
+
+/* ---- batch and thread invariance ----------------------------------------------------------- */
+
+/* Runs forward (fp32 or bf16) and backward over the batch in f with dout, writing out, lse and
+ * dqkv (cleared first). */
+static void run_all(ts_engine_t *e, fwd_t *f, const ts_tensor_t *dout, ts_tensor_t *dqkv,
+                    ts_tensor_t *out16, int bf16) {
+    TU_CHECK_OK(ts_attention_fused_forward(e, &f->out, &f->lse, &f->qkv, (int)f->H));
+    TU_CHECK_OK(ts_zero(e, dqkv));
+    TU_CHECK_OK(ts_attention_fused_backward(e, dqkv, dout, &f->qkv, &f->out, &f->lse, (int)f->H));
+    if (bf16)
+        TU_CHECK_OK(ts_attention_fused_forward_bf16(e, out16, NULL, &f->qkv, (int)f->H));
+}
+
+/* Sample s of every output of a batch run equals the same sample run alone (on engine e1). */
+static void check_sample_alone(ts_engine_t *e1, fwd_t *batch, const ts_tensor_t *dout,
+                               const ts_tensor_t *dqkv, const ts_tensor_t *out16, int bf16,
+                               int64_t s) {
+    int64_t T = batch->T, C = batch->C, H = batch->H;
+    fwd_t one = {1, T, C, H};
+    ts_tensor_t d1, g1, o16;
+    tu_alloc_f32(&one.qkv, 3, TS_SHAPE(1, T, 3 * C));
+    tu_alloc_f32(&one.out, 3, TS_SHAPE(1, T, C));
+    tu_alloc_f32(&one.lse, 3, TS_SHAPE(1, H, T));
+    tu_alloc_like(&d1, &one.out);
+    tu_alloc_like(&g1, &one.qkv);
+    tu_alloc_like(&o16, &one.out);
+    memcpy(tu_f32(&one.qkv), tu_f32(&batch->qkv) + s * T * 3 * C, (size_t)(T * 3 * C) * 4);
+    memcpy(tu_f32(&d1), tu_f32(dout) + s * T * C, (size_t)(T * C) * 4);
+    run_all(e1, &one, &d1, &g1, &o16, bf16);
+    assert_memory_equal(tu_f32(&one.out), tu_f32(&batch->out) + s * T * C, (size_t)(T * C) * 4);
+    assert_memory_equal(tu_f32(&one.lse), tu_f32(&batch->lse) + s * H * T, (size_t)(H * T) * 4);
+    assert_memory_equal(tu_f32(&g1), tu_f32(dqkv) + s * T * 3 * C, (size_t)(T * 3 * C) * 4);
+    if (bf16)
+        assert_memory_equal(tu_f32(&o16), tu_f32(out16) + s * T * C, (size_t)(T * C) * 4);
+    TU_FREE_TENSORS(&one.qkv, &one.out, &one.lse, &d1, &g1, &o16);
+}
+
+static void test_batch_invariance(void **state) {
+    ts_engine_t *e = *state, e1;
+    ts_engine_opts_t opts = {.device = TS_CPU, .threads = 1};
+    TU_CHECK_OK(ts_engine_init(&e1, &opts));
+    int bf16 = ts_attention_fused_bf16_check(e) == TS_OK;
+    static const int64_t shapes[][4] = {{5, 49, 128, 4}, {3, 300, 24, 3}, {4, 65, 30, 2}};
+    tu_rng_t r = {14};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        fwd_t f;
+        fwd_alloc(&f, shapes[c], &r);
+        ts_tensor_t dout, dqkv, out16;
+        tu_alloc_like(&dout, &f.out);
+        tu_alloc_like(&dqkv, &f.qkv);
+        tu_alloc_like(&out16, &f.out);
+        tu_fill_uniform(&r, &dout, -1, 1);
+        run_all(e, &f, &dout, &dqkv, &out16, bf16); /* the batch, 2 threads */
+        for (int64_t s = 0; s < f.B; s++) {
+            check_sample_alone(e, &f, &dout, &dqkv, &out16, bf16, s);   /* alone, 2 threads */
+            check_sample_alone(&e1, &f, &dout, &dqkv, &out16, bf16, s); /* alone, 1 thread */
+        }
+        TU_FREE_TENSORS(&dout, &dqkv, &out16);
+        fwd_free(&f);
+    }
+    ts_engine_free(&e1);
+}
+
+/* ---- NaN ------------------------------------------------------------------------------------ */
+
+/* The NaNs of got are exactly those of want. */
+static void same_nans(const float *got, const float *want, int64_t n, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        if (isnan(got[i]) != isnan(want[i]))
+            fail_msg("%s: element %lld is %g, the composed op's %g", what, (long long)i,
+                     (double)got[i], (double)want[i]);
+}
+
+static void test_nan(void **state) {
+    ts_engine_t *e = *state;
+    int bf16 = ts_attention_fused_bf16_check(e) == TS_OK;
+    int64_t B = 2, T = 70, C = 16, H = 2, hd = C / H;
+    tu_rng_t r = {15};
+    for (int which = 0; which < 3; which++) { /* a NaN in q, in k, in v */
+        fwd_t f;
+        fwd_alloc(&f, (int64_t[]){B, T, C, H}, &r);
+        /* sample 1, token 3, head 1, element 2 of q, k or v */
+        tu_f32(&f.qkv)[(1 * T + 3) * 3 * C + which * C + 1 * hd + 2] = NAN;
+        ts_tensor_t att, want, out16;
+        tu_alloc_f32(&att, 4, TS_SHAPE(B, H, T, T));
+        tu_alloc_like(&want, &f.out);
+        tu_alloc_like(&out16, &f.out);
+        TU_CHECK_OK(ts_attention_forward(e, &want, &att, &f.qkv, (int)H));
+        TU_CHECK_OK(ts_attention_fused_forward(e, &f.out, &f.lse, &f.qkv, (int)H));
+        same_nans(tu_f32(&f.out), tu_f32(&want), B * T * C, "fused forward with a NaN");
+        if (bf16) {
+            TU_CHECK_OK(ts_attention_fused_forward_bf16(e, &out16, NULL, &f.qkv, (int)H));
+            same_nans(tu_f32(&out16), tu_f32(&want), B * T * C, "bf16 fused forward with a NaN");
+        }
+        /* and how many: a q row's NaN fills its output row of the head (hd elements), a k row's
+         * every row of the head (T·hd), a v element its column of the head (T) */
+        int64_t nans = 0;
+        for (int64_t i = 0; i < B * T * C; i++)
+            nans += isnan(tu_f32(&f.out)[i]);
+        assert_int_equal(nans, which == 0 ? hd : which == 1 ? T * hd : T);
+        TU_FREE_TENSORS(&att, &want, &out16);
+        fwd_free(&f);
+    }
+}
+
+/* ---- argument errors ----------------------------------------------------------------------- */
+
+static void test_bad_arguments(void **state) {
+    ts_engine_t *e = *state;
+    ts_tensor_t qkv, out, lse, lse_bad, out_bad, qkv_bad, dqkv, i32;
+    tu_alloc_f32(&qkv, 3, TS_SHAPE(2, 4, 18)); /* C = 6 */
+    tu_alloc_f32(&out, 3, TS_SHAPE(2, 4, 6));
+    tu_alloc_f32(&lse, 3, TS_SHAPE(2, 2, 4));
+    tu_alloc_f32(&lse_bad, 3, TS_SHAPE(2, 3, 4));
+    tu_alloc_f32(&out_bad, 3, TS_SHAPE(2, 5, 6));
+    tu_alloc_f32(&qkv_bad, 3, TS_SHAPE(2, 4, 19));
+    tu_alloc_like(&dqkv, &qkv);
+    TU_CHECK_OK(ts_tensor_alloc(&i32, TS_I32, TS_CPU, 3, TS_SHAPE(2, 4, 6)));
+    TU_CHECK_OK(ts_fill(e, &out, 7.0f));
+    int (*fwd[2])(ts_engine_t *, ts_tensor_t *, ts_tensor_t *, const ts_tensor_t *,
+                  int) = {ts_attention_fused_forward, ts_attention_fused_forward_bf16};
+    for (int k = 0; k < 2; k++) {
+        TU_CHECK_RC(fwd[k](e, &out, &lse, &qkv, 4), TS_ESHAPE); /* 6 % 4 heads */
+        TU_CHECK_RC(fwd[k](e, &out, &lse, &qkv, 0), TS_ESHAPE);
+        TU_CHECK_RC(fwd[k](e, &out, &lse, &qkv, -1), TS_ESHAPE);
+        TU_CHECK_RC(fwd[k](e, &out, &lse_bad, &qkv, 2), TS_ESHAPE); /* lse has 3 heads */
+        TU_CHECK_RC(fwd[k](e, &out_bad, &lse, &qkv, 2), TS_ESHAPE); /* out has 5 tokens */
+        TU_CHECK_RC(fwd[k](e, &out, &lse, &qkv_bad, 2), TS_ESHAPE); /* 19 is not 3C */
+        TU_CHECK_RC(fwd[k](e, &i32, &lse, &qkv, 2), TS_EDTYPE);
+        TU_CHECK_RC(fwd[k](e, NULL, &lse, &qkv, 2), TS_EINVAL);
+        TU_CHECK_RC(fwd[k](e, &out, &lse, NULL, 2), TS_EINVAL);
+        TU_CHECK_RC(fwd[k](NULL, &out, &lse, &qkv, 2), TS_EINVAL);
+    }
+    for (int64_t i = 0; i < 2 * 4 * 6; i++)
+        assert_true(tu_f32(&out)[i] == 7.0f); /* nothing was written */
+    TU_CHECK_OK(ts_attention_fused_forward(e, &out, &lse, &qkv, 2));
+    TU_CHECK_RC(ts_attention_fused_backward(e, &dqkv, &out, &qkv, &out, NULL, 2), TS_EINVAL);
+    TU_CHECK_RC(ts_attention_fused_backward(e, &dqkv, &out, &qkv, &out, &lse_bad, 2), TS_ESHAPE);
+    TU_CHECK_RC(ts_attention_fused_backward(e, &qkv_bad, &out, &qkv, &out, &lse, 2), TS_ESHAPE);
+    TU_CHECK_RC(ts_attention_fused_backward(e, &dqkv, &out_bad, &qkv, &out, &lse, 2), TS_ESHAPE);
+    TU_CHECK_RC(ts_attention_fused_backward(e, &dqkv, &out, &qkv, &out, &lse, 3), TS_ESHAPE);
+    TU_CHECK_RC(ts_attention_fused_backward(e, &dqkv, &i32, &qkv, &out, &lse, 2), TS_EDTYPE);
+    TU_FREE_TENSORS(&qkv, &out, &lse, &lse_bad, &out_bad, &qkv_bad, &dqkv, &i32);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_forward_f32),  cmocka_unit_test(test_backward_f32),
+        cmocka_unit_test(test_forward_bf16), cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_nan),          cmocka_unit_test(test_bad_arguments),
+    };
+    return cmocka_run_group_tests_name("attention", tests, tu_setup_cpu_engine,
+                                       tu_teardown_cpu_engine);
+}
