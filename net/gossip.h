@@ -61,6 +61,7 @@ typedef struct ts_gossip_config {
     ts_store_t *store;            /* the address book; NULL: none (nothing persisted) */
     uint32_t book_max_age_s;      /* book entries unseen this long are pruned at start (7 days) */
     uint32_t pushpull_timeout_ms; /* one push-pull exchange (5000) */
+    int full_push_pull;           /* 1: exchange full states, not digests (as before digests) */
     uint32_t advert_timeout_ms;   /* one advert fetch (5000) */
     uint32_t max_state_bytes;     /* the largest push-pull state accepted (16 MiB) */
 } ts_gossip_config_t;
@@ -156,6 +157,8 @@ typedef struct ts_gossip_stats {
     uint64_t udp_malformed;       /* opened but did not decode */
     uint64_t udp_send_failed;
     uint64_t pushpull_ok, pushpull_failed, pushpull_served;
+    uint64_t pushpull_digests; /* of the push-pulls started, those by digest (not joins) */
+    uint64_t pushpull_buckets; /* differing buckets found in the digests served */
     uint64_t adverts_fetched, adverts_rejected, adverts_served;
     uint64_t book_writes;
 } ts_gossip_stats_t;

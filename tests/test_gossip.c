@@ -414,6 +414,32 @@ static void test_join(void **state) {
     }
 }
 
+/* Anti-entropy between members goes by digests (joins alone by full states): every node starts
+ * digest exchanges and serves them, none fails, and the views stay converged. */
+static void test_push_pull_digests(void **state) {
+    (void)state;
+    ts_gossip_stats_t before[N];
+    for (int i = 0; i < N; i++)
+        ts_gossip_get_stats(nodes[i].g, &before[i]);
+    run_for(6000); /* three push-pull intervals */
+    wait_until(converged, NULL, "all ALIVE after the digest exchanges");
+    uint64_t digests = 0, served = 0, failed = 0, ok = 0;
+    for (int i = 0; i < N; i++) {
+        ts_gossip_stats_t st;
+        ts_gossip_get_stats(nodes[i].g, &st);
+        digests += st.pushpull_digests - before[i].pushpull_digests;
+        served += st.pushpull_served - before[i].pushpull_served;
+        ok += st.pushpull_ok - before[i].pushpull_ok;
+        failed += st.pushpull_failed - before[i].pushpull_failed;
+    }
+    print_message("  %llu digest exchanges started, %llu answered, %llu served, %llu failed\n",
+                  (unsigned long long)digests, (unsigned long long)ok, (unsigned long long)served,
+                  (unsigned long long)failed);
+    assert_true(digests >= N);
+    assert_true(ok >= digests / 2 && served >= ok);
+    assert_int_equal(failed, 0);
+}
+
 static void test_adverts(void **state) {
     (void)state;
     set_advert(2, 1, 100.0f);
@@ -675,6 +701,7 @@ static void test_rejoin_from_book(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_join),
+        cmocka_unit_test(test_push_pull_digests),
         cmocka_unit_test(test_adverts),
         cmocka_unit_test(test_status),
         cmocka_unit_test(test_dead_and_restart),
