@@ -29,7 +29,8 @@
  * of each cluster (client/local.h), so a sample asked for class y goes to the experts that saw y.
  * POLICY+hold routes each sample once, at t = 1, and keeps those weights to the end;
  * POLICY+draw draws one expert per sample from them and keeps it (model/ensemble.h): routing per
- * trajectory rather than per step. POLICY+exact (with --cfg ≠ 1) guides with the exact mixture:
+ * trajectory rather than per step; POLICY+until=T routes every step while t > T, then keeps the
+ * last weights. POLICY+exact (with --cfg ≠ 1) guides with the exact mixture:
  * the conditional half weighted by the class-aware weights, the unconditional half by the weights
  * without the class prior (model/ensemble.h). POLICY+temp=T divides the router's logits by T
  * before the prior (`tessera calibrate` fits T). Every routed entry also reports its routing
@@ -97,7 +98,8 @@ typedef struct {
     char name[160];
     int monolith; /* 0: a policy over the folder; m ≥ 1: the m-th --monolith file */
     int prior;    /* class-aware routing (POLICY+prior) */
-    int hold;     /* per-trajectory routing (POLICY+hold, POLICY+draw): model/ensemble.h */
+    int hold;     /* per-trajectory routing (POLICY+hold, +draw, +until=T): model/ensemble.h */
+    float hold_t; /* +until=T */
     int exact;    /* exact mixture guidance (POLICY+exact): model/ensemble.h */
     float temp;   /* the router's temperature (POLICY+temp=T), 0 = raw */
     ts_policy_t policy;
@@ -177,7 +179,14 @@ static int parse_entries(const char *list, entry_t *e, int *n, char *err, size_t
                 x->hold = TS_HOLD_FIRST;
             else if (strcmp(plus, "+draw") == 0 && !x->hold)
                 x->hold = TS_HOLD_DRAW;
-            else if (strcmp(plus, "+exact") == 0)
+            else if (strncmp(plus, "+until=", 7) == 0 && !x->hold) {
+                char *end = NULL;
+                double v = strtod(plus + 7, &end);
+                if (end == plus + 7 || *end || !(v > 0.0 && v < 1.0))
+                    bad_mod = 1;
+                x->hold = TS_HOLD_BELOW;
+                x->hold_t = (float)v;
+            } else if (strcmp(plus, "+exact") == 0)
                 x->exact = 1;
             else if (strncmp(plus, "+temp=", 6) == 0) {
                 char *end = NULL;
@@ -192,7 +201,8 @@ static int parse_entries(const char *list, entry_t *e, int *n, char *err, size_t
         if (bad_mod || ts_policy_parse(tok, &x->policy) != TS_OK) {
             ts_set_err(err, errlen,
                        "--policies: '%s' is not a policy (learned, centroid, confidence, uniform, "
-                       "each optionally +prior, +hold or +draw, +exact, +temp=T with T > 0, or "
+                       "each optionally +prior, +hold, +draw or +until=T (0 < T < 1), +exact, "
+                       "+temp=T with T > 0, or "
                        "monolith)",
                        x->name);
             rc = TS_EINVAL;
@@ -1012,6 +1022,7 @@ static int run_entry(eval_run_t *r, int i, progress_t *prog) {
                         .cfg = o->cfg,
                         .log_prior = x->prior ? r->log_prior : NULL,
                         .hold = x->monolith ? TS_HOLD_NONE : x->hold,
+                        .hold_t = x->hold_t,
                         .exact_guidance = x->exact,
                         .router_temp = x->temp,
                         .record = !x->monolith,

@@ -226,6 +226,7 @@ typedef struct {
     ts_selection_t sel;
     ts_sampler_opts_t so;
     int hold, label, chunk, pairs, usage;
+    float hold_t; /* --route until=T */
     ts_engine_t eng;
     ts_local_t loc;
     ts_netgen_t net;
@@ -304,9 +305,10 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
         {"routing-json", TS_ARG_STRING, &o->routing_json, "FILE",
          "write every evaluation's routing (t; per sample the experts and weights) as JSON"},
         {"route", TS_ARG_STRING, &o->trajectory, "WHEN",
-         "step (route every evaluation), hold (route once at t = 1 and keep those weights) or draw "
-         "(draw one expert per sample from the first evaluation's weights and keep it) (default "
-         "step)"},
+         "step (route every evaluation), hold (route once at t = 1 and keep those weights), draw "
+         "(draw one expert per sample from the first evaluation's weights and keep it), or "
+         "until=T (route every evaluation while t > T, then keep the last weights; 0 < T < 1) "
+         "(default step)"},
         {"class-prior", TS_ARG_FLAG, &o->class_prior, NULL,
          "class-aware routing: add log p(class | cluster), the clusters' class mix in the train "
          "set, to every policy's scores (default: on with --class C, since no router sees "
@@ -343,6 +345,14 @@ static int validate(gen_run_t *r) {
     r->hold = strcmp(o->trajectory, "hold") == 0   ? TS_HOLD_FIRST
               : strcmp(o->trajectory, "draw") == 0 ? TS_HOLD_DRAW
                                                    : TS_HOLD_NONE;
+    if (strncmp(o->trajectory, "until=", 6) == 0) {
+        char *end = NULL;
+        double v = strtod(o->trajectory + 6, &end);
+        if (end != o->trajectory + 6 && !*end && v > 0.0 && v < 1.0) {
+            r->hold = TS_HOLD_BELOW;
+            r->hold_t = (float)v;
+        }
+    }
     if (ts_policy_parse(o->policy_s, &r->policy) != TS_OK)
         fprintf(stderr, PROG ": --policy %s: must be learned, centroid, confidence or uniform\n",
                 o->policy_s);
@@ -364,7 +374,8 @@ static int validate(gen_run_t *r) {
     else if (o->class_prior && o->no_prior)
         fprintf(stderr, PROG ": --class-prior and --no-class-prior: choose one\n");
     else if (r->hold == TS_HOLD_NONE && strcmp(o->trajectory, "step") != 0)
-        fprintf(stderr, PROG ": --route %s: must be step, hold or draw\n", o->trajectory);
+        fprintf(stderr, PROG ": --route %s: must be step, hold, draw or until=T (0 < T < 1)\n",
+                o->trajectory);
     else if (r->hold && strcmp(o->policy_s, "confidence") == 0)
         fprintf(stderr, PROG ": --route %s: the confidence policy scores every step\n",
                 o->trajectory);
@@ -495,6 +506,7 @@ static int run(gen_run_t *r) {
                           .cfg = o->cfg,
                           .log_prior = r->log_prior,
                           .hold = r->hold,
+                          .hold_t = r->hold_t,
                           .exact_guidance = o->exact,
                           .router_temp = o->router_temp,
                           .sampler = r->so,

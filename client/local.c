@@ -346,6 +346,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
                                 .record = g->record,
                                 .eval = l->eval,
                                 .hold = g->hold,
+                                .hold_t = g->hold_t,
                                 .seeds = g->seeds + start,
                                 .eval_ctx = l->eval_ctx,
                                 .config = &l->cfg,

@@ -100,7 +100,8 @@ typedef struct ts_local_gen {
     void (*on_chunk)(void *ctx, const ts_ensemble_t *ens, int start);
     void *chunk_ctx;
     int record;
-    int hold; /* TS_HOLD_NONE, _FIRST or _DRAW (model/ensemble.h): per-trajectory routing */
+    int hold; /* TS_HOLD_NONE, _FIRST, _DRAW or _BELOW (model/ensemble.h): per-trajectory routing */
+    float hold_t; /* _BELOW: route while t > hold_t */
     int exact_guidance;            /* model/ensemble.h: guidance halves routed apart (cfg ≠ 1) */
     float router_temp;             /* the router's logits are divided by it; 0 = 1 (raw) */
     ts_sample_progress_fn on_step; /* optional, per sampler step of every chunk */

@@ -287,11 +287,13 @@ static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensembl
         ts_set_err(err, errlen, "ts_ensemble_init: unknown policy %d", (int)o->policy);
         return TS_EINVAL;
     }
-    if (o->hold < TS_HOLD_NONE || o->hold > TS_HOLD_DRAW ||
-        (o->hold && o->policy == TS_POLICY_CONFIDENCE) || (o->hold == TS_HOLD_DRAW && !o->seeds)) {
+    if (o->hold < TS_HOLD_NONE || o->hold > TS_HOLD_BELOW ||
+        (o->hold && o->policy == TS_POLICY_CONFIDENCE) || (o->hold == TS_HOLD_DRAW && !o->seeds) ||
+        (o->hold == TS_HOLD_BELOW && !(o->hold_t > 0.0f && o->hold_t < 1.0f))) {
         ts_set_err(err, errlen,
-                   "ts_ensemble_init: hold %d: per-trajectory routing is 0, 1 (hold) or 2 (draw, "
-                   "which needs the samples' seeds), and not with the confidence policy",
+                   "ts_ensemble_init: hold %d: per-trajectory routing is 0, 1 (hold), 2 (draw, "
+                   "which needs the samples' seeds) or 3 (below hold_t, 0 < hold_t < 1), and not "
+                   "with the confidence policy",
                    o->hold);
         return TS_EINVAL;
     }
@@ -1085,7 +1087,7 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     TS_TRY(ts_route_weights(s->w, n, K, &s->o.select, t));
     if (s->o.exact_guidance)
         TS_TRY(ts_route_weights(s->wu, n, K, &s->o.select, t));
-    if (s->o.hold) {
+    if (s->o.hold && (s->o.hold != TS_HOLD_BELOW || t <= s->o.hold_t)) {
         if (s->o.hold == TS_HOLD_DRAW)
             draw_one(s->w, n, K, s->o.seeds);
         memcpy(s->held, s->w, (size_t)n * K * sizeof *s->w);

@@ -152,9 +152,13 @@ typedef struct ts_ensemble_opts {
      * the weights of a run's first evaluation (t = 1) for all of its evaluations; TS_HOLD_DRAW
      * draws ONE expert per sample from the first evaluation's weights (after the selection:
      * with full, from the whole distribution) with the uniform at position 0 of the stream
-     * ts_stream_key(seeds[i], TS_HOLD_STREAM), and keeps it to the end. Held evaluations run no
-     * policy (no router, no distances). The confidence policy cannot be held. */
+     * ts_stream_key(seeds[i], TS_HOLD_STREAM), and keeps it to the end. TS_HOLD_BELOW routes
+     * every evaluation while t > hold_t and keeps the weights of the first evaluation at or
+     * below hold_t to the end: the router commits early in a trajectory (docs/routing.md), so
+     * its late evaluations can be skipped. Held evaluations run no policy (no router, no
+     * distances). The confidence policy cannot be held. */
     int hold;
+    float hold_t;          /* TS_HOLD_BELOW: 0 < hold_t < 1 */
     const uint64_t *seeds; /* n: the samples' noise seeds (TS_HOLD_DRAW); borrowed */
     /* Remote experts: when eval is set, the experts argument of ts_ensemble_init may be NULL and
      * config names the experts' shared config. Every evaluation then hands its work to eval at
@@ -185,7 +189,7 @@ typedef struct ts_ensemble_opts {
     int exact_guidance;
 } ts_ensemble_opts_t;
 
-enum { TS_HOLD_NONE = 0, TS_HOLD_FIRST = 1, TS_HOLD_DRAW = 2 };
+enum { TS_HOLD_NONE = 0, TS_HOLD_FIRST = 1, TS_HOLD_DRAW = 2, TS_HOLD_BELOW = 3 };
 #define TS_HOLD_STREAM 0x686f6c64u /* "hold" */
 
 /* One evaluation's routing, recorded when opts.record is set. */

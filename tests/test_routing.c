@@ -1052,6 +1052,27 @@ static void test_hold_and_draw(void **state) {
             }
         ts_ensemble_free(&ens);
     }
+    /* until t <= 0.6: routed at t = 1, 0.75 and 0.5 (kept), not at 0.25 */
+    {
+        ts_ensemble_opts_t o = base_opts("top1", TS_POLICY_LEARNED, labels, N, 1.0f);
+        o.router = t_router;
+        o.router_ctx = &r;
+        o.hold = TS_HOLD_BELOW;
+        o.hold_t = 0.6f;
+        r.calls = 0;
+        ts_ensemble_t ens;
+        run_recorded(&fx->e, ex.models, K, &o, seeds, STEPS, &ens);
+        assert_int_equal(r.calls, 3);
+        for (int st = 0; st < STEPS; st++)
+            for (int i = 0; i < N; i++)
+                for (int k = 0; k < K; k++)
+                    assert_float_equal(ens.steps[st].w[i * K + k],
+                                       k == (st == 0 ? 0 : K - 1) ? 1.0f : 0.0f, 0);
+        ts_ensemble_free(&ens);
+        o.hold_t = 1.0f; /* out of range */
+        o.record = 0;
+        TU_CHECK_RC(ts_ensemble_init(&ens, &fx->e, ex.models, K, &o, err, sizeof err), TS_EINVAL);
+    }
     /* draw from (0.2, 0.3, 0.5) at t = 1 under full, four batches of N */
     r.first[0] = logf(0.2f), r.first[1] = logf(0.3f), r.first[2] = logf(0.5f);
     int picks[4 * N], count[K] = {0};
