@@ -60,6 +60,8 @@ typedef struct {
     uint64_t seed;
     bool json, check;
     bool full_push_pull; /* exchange full states, as before digests */
+    int push_pull_ms;    /* the push-pull period (30000) */
+    bool push_pull_scaled; /* the period grows with log n even with digests (as before) */
     double max_mem_gb;
 } opts_t;
 
@@ -469,6 +471,9 @@ static void setup(sim_t *S) {
     S->cfg.probe_timeout_ms = o->probe_timeout_ms;
     S->cfg.suspicion_mult = o->suspicion_mult;
     S->cfg.suspicion_max_mult = o->suspicion_max_mult;
+    S->cfg.push_pull_interval_ms = o->push_pull_ms;
+    /* full states grow with n: their period grows with log n; digests do not */
+    S->cfg.push_pull_fixed = !o->full_push_pull && !o->push_pull_scaled;
     S->cfg.max_members = N + 16;
     /* smaller queues than the daemon's defaults: 10⁴ cores hold them all */
     S->cfg.max_broadcasts = 128;
@@ -833,13 +838,17 @@ static void usage(FILE *f) {
                "  --seed S               random seed (1)\n"
                "  --max-mem-gb G         refuse a run estimated above G GiB (12)\n"
                "  --check                check every core's invariants every virtual second\n"
-               "  --full-push-pull       push-pull exchanges full states, not digests\n"
+               "  --full-push-pull       push-pull exchanges full states, not digests (their\n"
+               "                         period grows with log n)\n"
+               "  --push-pull-ms MS      push-pull period (30000)\n"
+               "  --push-pull-scaled     with digests too, the period grows with log n (as before)\n"
                "  --json                 one JSON document instead of the table\n");
 }
 
 static void parse(int argc, char **argv, opts_t *o) {
     *o = (opts_t){.nodes = 1000,
                   .gossip_ms = 200,
+                  .push_pull_ms = 30000,
                   .probe_ms = 1000,
                   .probe_timeout_ms = 500,
                   .suspicion_mult = 4,
@@ -874,6 +883,8 @@ static void parse(int argc, char **argv, opts_t *o) {
                                          {"json", 0, 0, 'j'},
                                          {"check", 0, 0, 'K'},
                                          {"full-push-pull", 0, 0, 'F'},
+                                         {"push-pull-ms", 1, 0, 'P'},
+                                         {"push-pull-scaled", 0, 0, 'Q'},
                                          {"help", 0, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -901,6 +912,8 @@ static void parse(int argc, char **argv, opts_t *o) {
         case 'j': o->json = true; break;
         case 'K': o->check = true; break;
         case 'F': o->full_push_pull = true; break;
+        case 'P': o->push_pull_ms = atoi(optarg); break;
+        case 'Q': o->push_pull_scaled = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }

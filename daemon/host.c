@@ -35,6 +35,8 @@ struct ts_host {
     ts_hash_t pending; /* weights to serve once retiring is gone */
     int has_pending;
     ts_train_job_t *job;
+    ts_train_job_t *old_job; /* told to stop (another cluster chosen), finishing its step and
+                              * checkpoint on its own thread; reaped by the tick */
     /* the partition file and the cluster of what is served or trained: the config's, or in auto
      * mode what daemon/auto.c chose (cluster −1: nothing yet) */
     char partition[TS_CONFIG_PATH_MAX];
@@ -283,12 +285,28 @@ static int start_training(ts_host_t *h, char *err, size_t errlen) {
 }
 
 /* Ends the training job now (it checkpoints), if there is one. */
+/* Frees the old job once its thread has ended (wait_ms: how long to wait for it; -1 for ever);
+ * 1 when there is none left. */
+static int reap_old_job(ts_host_t *h, int wait_ms) {
+    if (!h->old_job)
+        return 1;
+    if (ts_train_job_stop(h->old_job, wait_ms) != TS_OK)
+        return 0;
+    ts_train_job_free(h->old_job);
+    h->old_job = NULL;
+    ts_log_info("train", "the previous training run stopped; its last checkpoint is in the store");
+    return 1;
+}
+
+/* Stops the training job without waiting on the loop: it finishes its step and checkpoint on
+ * its own thread while the loop goes on serving, and the tick frees it. Only one waits so: a
+ * job still stopping from before is waited for here (seconds at most, and rare). */
 static void end_training(ts_host_t *h) {
     if (!h->job)
         return;
-    if (ts_train_job_stop(h->job, STOP_TRAIN_MS) != TS_OK)
-        ts_train_job_stop(h->job, -1);
-    ts_train_job_free(h->job);
+    reap_old_job(h, -1);
+    ts_train_job_request_stop(h->job);
+    h->old_job = h->job;
     h->job = NULL;
 }
 
@@ -349,6 +367,7 @@ static int reap(ts_host_t *h, ts_serve_t **s) {
 
 static void on_tick(uv_timer_t *t) {
     ts_host_t *h = t->data;
+    reap_old_job(h, 0);
     if (h->retiring && reap(h, &h->retiring)) {
         if (h->has_pending && !h->stopping) {
             char err[1024];
@@ -471,6 +490,7 @@ void ts_host_stop(ts_host_t *h, void (*done)(void *arg), void *arg) {
     h->stopping = 1;
     h->done = done;
     h->done_arg = arg;
+    reap_old_job(h, STOP_TRAIN_MS);
     if (h->job) {
         if (ts_train_job_stop(h->job, STOP_TRAIN_MS) != TS_OK)
             ts_log_warn("train",
@@ -492,6 +512,7 @@ void ts_host_free(ts_host_t *h) {
     if (h->job && ts_train_job_stop(h->job, 0) != TS_OK)
         ts_train_job_stop(h->job, -1);
     ts_train_job_free(h->job);
+    reap_old_job(h, -1);
     if (h->has_info)
         ts_expert_info_free(&h->info);
     if (h->eng_ok)

@@ -427,6 +427,8 @@ static ts_swim_config_t swim_config(ts_gossip_t *g) {
     c.verify = verify_cb;
     c.crypto_ctx = g;
     c.claims = NULL;
+    /* digests cost the same at any size: the period need not grow with n */
+    c.push_pull_fixed = !g->cfg.full_push_pull;
     return c;
 }
 

@@ -85,11 +85,12 @@ int ts_swim_retransmit_limit(const ts_swim_config_t *cfg, uint32_t n) {
 
 /* The push-pull period for n live members: the base up to 32 members, then one base more per
  * doubling (memberlist's scaling), so a node's share of full-state traffic grows like log n
- * while the state grows like n. */
+ * while the state grows like n — unless push_pull_fixed: exchanges by digests cost about the
+ * same at any n, and a shorter period repairs a missed verdict sooner. */
 static int64_t push_pull_period(const ts_swim_t *s) {
     uint32_t n = n_live(s);
     int64_t base = s->cfg.push_pull_interval_ms;
-    if (n <= 32)
+    if (n <= 32 || s->cfg.push_pull_fixed)
         return base;
     return base * (int64_t)(ceil(log2((double)n) - 5.0) + 1.0);
 }

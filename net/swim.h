@@ -230,6 +230,8 @@ typedef struct ts_swim_config {
     int health_max;               /* Lifeguard's local health multiplier cap S (8) */
     int stall_slack_ms;           /* a tick this late, nothing in between: we stalled (250) */
     int push_pull_interval_ms;    /* anti-entropy, scaled up past 32 members (30000); 0: never */
+    bool push_pull_fixed;         /* the period does not grow with n: exchanges by digests cost
+                                   * the same at any size (false: memberlist's log scaling) */
     int join_retry_ms;            /* retry the seeds while we know nobody (5000) */
     int dead_retention_ms;        /* dead and departed members are remembered this long (600000) */
     int leave_linger_ms;          /* after leave, keep gossiping at most this long (5000) */
