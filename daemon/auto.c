@@ -70,6 +70,10 @@ static live_t *collect(const Tessera__StatusResponse *r, const ts_status_adverts
     return l;
 }
 
+static int id_cmp(const void *x, const void *y) {
+    return memcmp(*(const uint8_t *const *)x, *(const uint8_t *const *)y, TS_HASH_BYTES);
+}
+
 /* The partition: the configured one, else the one most live experts advertise (ties: the lower
  * id). 0 when none is advertised. */
 static int choose_partition(ts_auto_t *a, const live_t *l, size_t n, ts_hash_t *out) {
@@ -82,22 +86,28 @@ static int choose_partition(ts_auto_t *a, const live_t *l, size_t n, ts_hash_t *
         ts_partition_free(&part);
         return ok;
     }
-    int best = -1, best_count = 0;
-    for (size_t i = 0; i < n; i++) {
-        int count = 0;
-        for (size_t j = 0; j < n; j++)
-            count +=
-                l[j].b->partition_id.len == l[i].b->partition_id.len &&
-                memcmp(l[j].b->partition_id.data, l[i].b->partition_id.data, TS_HASH_BYTES) == 0;
-        if (best < 0 || count > best_count ||
-            (count == best_count &&
-             memcmp(l[i].b->partition_id.data, l[best].b->partition_id.data, TS_HASH_BYTES) < 0))
-            best = (int)i, best_count = count;
-    }
-    if (best < 0)
+    /* sorted by partition id: each run of equal ids is one partition's count (n log n, where
+     * counting every pair was n²: thousands of experts) */
+    const uint8_t **ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids)
         return 0;
-    memcpy(out->b, l[best].b->partition_id.data, TS_HASH_BYTES);
-    return 1;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (l[i].b->partition_id.len == TS_HASH_BYTES)
+            ids[m++] = l[i].b->partition_id.data;
+    qsort(ids, m, sizeof *ids, id_cmp);
+    const uint8_t *best_id = NULL;
+    size_t best_count = 0;
+    for (size_t i = 0, j; i < m; i = j) {
+        for (j = i + 1; j < m && memcmp(ids[j], ids[i], TS_HASH_BYTES) == 0; j++)
+            ;
+        if (j - i > best_count) /* ties: the first run, the lower id */
+            best_id = ids[i], best_count = j - i;
+    }
+    if (best_id)
+        memcpy(out->b, best_id, TS_HASH_BYTES);
+    free(ids);
+    return best_id != NULL;
 }
 
 static void on_fetched(ts_fetcher_t *f, int rc, const char *err, void *arg);

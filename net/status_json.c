@@ -29,17 +29,43 @@ static const char *objective_name(int o) {
     }
 }
 
+struct ts_status_advert_key {
+    const ProtobufCBinaryData *id;
+    size_t index;
+};
+
+static int key_cmp(const void *x, const void *y) {
+    const ProtobufCBinaryData *a = ((const ts_status_advert_key_t *)x)->id;
+    const ProtobufCBinaryData *b = ((const ts_status_advert_key_t *)y)->id;
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    int c = a->len ? memcmp(a->data, b->data, a->len) : 0;
+    if (c)
+        return c;
+    size_t i = ((const ts_status_advert_key_t *)x)->index,
+           j = ((const ts_status_advert_key_t *)y)->index;
+    return i < j ? -1 : i > j; /* the first of two adverts of one node wins, as a scan would */
+}
+
 int ts_status_adverts_decode(const Tessera__StatusResponse *r, ts_status_adverts_t *a) {
     a->n = 0;
     a->bodies = calloc(r->n_adverts ? r->n_adverts : 1, sizeof *a->bodies);
-    if (!a->bodies)
+    a->by_id = calloc(r->n_adverts ? r->n_adverts : 1, sizeof *a->by_id);
+    if (!a->bodies || !a->by_id) {
+        free(a->bodies);
+        free(a->by_id);
+        a->bodies = NULL;
+        a->by_id = NULL;
         return TS_ENOMEM; /* a stays safe to free */
+    }
     a->n = r->n_adverts;
     for (size_t i = 0; i < a->n; i++) {
         char err[256];
         if (ts_frame_decode_advert_body(&r->adverts[i]->body, 0, &a->bodies[i], err, sizeof err))
             a->bodies[i] = NULL;
+        a->by_id[i] = (ts_status_advert_key_t){&r->adverts[i]->node_id, i};
     }
+    qsort(a->by_id, a->n, sizeof *a->by_id, key_cmp);
     return TS_OK;
 }
 
@@ -47,16 +73,26 @@ void ts_status_adverts_free(ts_status_adverts_t *a) {
     for (size_t i = 0; i < a->n; i++)
         ts_frame_free(a->bodies[i]);
     free(a->bodies);
+    free(a->by_id);
 }
 
 /* The decoded advert of node id, or NULL. */
 const Tessera__AdvertBody *ts_status_advert_of(const Tessera__StatusResponse *r,
                                                const ts_status_adverts_t *a,
                                                const ProtobufCBinaryData *id) {
-    for (size_t i = 0; i < a->n; i++)
-        if (r->adverts[i]->node_id.len == id->len &&
-            memcmp(r->adverts[i]->node_id.data, id->data, id->len) == 0)
-            return a->bodies[i];
+    (void)r;
+    size_t lo = 0, hi = a->n; /* the first key not below (id, 0) */
+    ts_status_advert_key_t want = {id, 0};
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (key_cmp(&a->by_id[mid], &want) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < a->n && a->by_id[lo].id->len == id->len &&
+        (id->len == 0 || memcmp(a->by_id[lo].id->data, id->data, id->len) == 0))
+        return a->bodies[a->by_id[lo].index];
     return NULL;
 }
 

@@ -30,15 +30,18 @@ extern "C" {
 
 /* The adverts of a response, decoded once. bodies[i] is NULL when adverts[i] does not decode (a
  * node must not send those; it is shown as such rather than trusted). */
+typedef struct ts_status_advert_key ts_status_advert_key_t;
 typedef struct ts_status_adverts {
     size_t n;
     Tessera__AdvertBody **bodies;
+    ts_status_advert_key_t *by_id; /* the adverts by node id, for ts_status_advert_of */
 } ts_status_adverts_t;
 
 /* Decodes r's adverts into a (free with ts_status_adverts_free). TS_ENOMEM. */
 int ts_status_adverts_decode(const Tessera__StatusResponse *r, ts_status_adverts_t *a);
 void ts_status_adverts_free(ts_status_adverts_t *a);
-/* The decoded advert of node id, or NULL (none, or one that did not decode). */
+/* The decoded advert of node id, or NULL (none, or one that did not decode). O(log n): status
+ * answers of thousands of members look up every member's advert. */
 const Tessera__AdvertBody *ts_status_advert_of(const Tessera__StatusResponse *r,
                                                const ts_status_adverts_t *a,
                                                const ProtobufCBinaryData *id);
