@@ -35,6 +35,7 @@ struct ts_host {
     ts_hash_t pending; /* weights to serve once retiring is gone */
     int has_pending;
     ts_train_job_t *job;
+    uint64_t nomem_seen;     /* out-of-memory splits and refusals already logged */
     ts_train_job_t *old_job; /* told to stop (another cluster chosen), finishing its step and
                               * checkpoint on its own thread; reaped by the tick */
     /* the partition file and the cluster of what is served or trained: the config's, or in auto
@@ -353,6 +354,8 @@ static void add_stats(ts_serve_stats_t *to, const ts_serve_stats_t *s) {
         to->answered[o] += s->answered[o];
     to->batches += s->batches;
     to->rows += s->rows;
+    to->nomem_splits += s->nomem_splits;
+    to->nomem_refused += s->nomem_refused;
 }
 
 /* Frees a server that was shut down, once it has finished; 1 when it is gone. */
@@ -467,6 +470,19 @@ void ts_host_metrics(ts_host_t *h) {
         ts_metrics_counter_set(m, TS_M_DENOISE_STEPS, NULL, st.batches);
         ts_metrics_counter_set(m, TS_M_DENOISE_SAMPLES, NULL, st.rows);
         ts_metrics_gauge_set(m, TS_M_QUEUE_DEPTH, NULL, l.queue_depth);
+        ts_metrics_counter_set(m, TS_M_OUT_OF_MEMORY, "split", st.nomem_splits);
+        ts_metrics_counter_set(m, TS_M_OUT_OF_MEMORY, "refused", st.nomem_refused);
+        if (st.nomem_splits + st.nomem_refused != h->nomem_seen) {
+            h->nomem_seen = st.nomem_splits + st.nomem_refused;
+            ts_serve_stats_t now = {0};
+            if (h->serve)
+                ts_serve_stats(h->serve, &now);
+            ts_log_warn("serve",
+                        "out of device memory: %llu batches split, %llu requests refused (too big "
+                        "alone); batches now at most %u rows",
+                        (unsigned long long)st.nomem_splits, (unsigned long long)st.nomem_refused,
+                        now.rows_cap);
+        }
         size_t total = 0, used = 0;
         if (h->serve && ts_serve_memory(h->serve, &total, &used) == TS_OK) {
             ts_metrics_gauge_set(m, TS_M_DEVICE_MEMORY, "total", (double)total);

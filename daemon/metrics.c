@@ -666,6 +666,7 @@ static const char *const DEVICE_MEMORY_KINDS[] = {"total", "used", NULL};
 static const char *const MEMBER_STATES[] = {"alive", "suspect", "dead", "left", NULL};
 static const char *const TRANSPORTS[] = {"tcp", "udp", NULL};
 /* the handshake's close reasons, as ts_conn_close_reason_name spells them */
+static const char *const NOMEM_ACTIONS[] = {"split", "refused", NULL};
 static const char *const RELAY_CIRCUIT_OUTCOMES[] = {"spliced", "failed", NULL};
 static const char *const RELAY_DATAGRAM_OUTCOMES[] = {"forwarded", "dropped", NULL};
 static const char *const HANDSHAKE_REASONS[] = {"handshake-timeout", "handshake", "identity", NULL};
@@ -710,6 +711,7 @@ static const ts_metric_spec_t DAEMON_METRICS[TS_M_COUNT] = {
     [TS_M_RELAY_CIRCUITS_TOTAL] = {"tessera_relay_circuits_total", "Connections to carried nodes: spliced, or failed (no connect-back in time, over the cap).", C, "outcome", RELAY_CIRCUIT_OUTCOMES, NULL, 0},
     [TS_M_RELAY_BYTES] = {"tessera_relay_bytes_total", "Bytes this relay spliced, both ways.", C, NULL, NULL, NULL, 0},
     [TS_M_RELAY_DATAGRAMS] = {"tessera_relay_datagrams_total", "Gossip datagrams for carried nodes: forwarded, or dropped (rate cap, congestion).", C, "outcome", RELAY_DATAGRAM_OUTCOMES, NULL, 0},
+    [TS_M_OUT_OF_MEMORY] = {"tessera_serve_out_of_memory_total", "Batches the device had no memory for: split into smaller ones (the rows per batch halve), or a request refused (too big alone).", C, "action", NOMEM_ACTIONS, NULL, 0},
     [TS_M_DEVICE_MEMORY] = {"tessera_device_memory_bytes", "Memory of the GPU the expert is served on: total, and used by every process (0 on a CPU node).", G, "kind", DEVICE_MEMORY_KINDS, NULL, 0},
 };
 /* clang-format on */

@@ -33,6 +33,7 @@
 
 #define RATE_TAU_S 5.0     /* requests_per_s decays over this many seconds */
 #define LATENCY_ALPHA 0.2  /* weight of the newest batch in item_latency_us */
+#define CAP_RECOVER 64     /* batches at a lowered cap before it doubles again */
 #define RETRY_MAX_MS 10000 /* the longest retry hint a busy answer gives */
 
 typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_DONE } job_state_t;
@@ -50,7 +51,8 @@ typedef struct job {
     float *t;         /* (B) */
     int32_t *y;       /* (B) */
     uint64_t arrival_ns, deadline_ns;
-    ts_serve_outcome_t outcome; /* set by the compute thread: OK, DEADLINE or INTERNAL */
+    ts_serve_outcome_t outcome; /* set by the compute thread: OK, DEADLINE, INTERNAL, or
+                                 * UNAVAILABLE when it alone does not fit the device's memory */
     uint32_t queue_us, compute_us, batch_rows;
 } job_t;
 
@@ -78,6 +80,8 @@ struct ts_serve {
     pthread_cond_t cv;
     ts_list_t queue, done;
     int queued_rows;
+    int rows_cap; /* rows per batch now: max_batch, halved by each batch out of memory */
+    int cap_ok;   /* batches run at a lowered cap since it was lowered */
     int stop, exited;
     ts_serve_stats_t st;
     double item_us; /* moving average of compute time per row, 0: none yet */
@@ -194,7 +198,8 @@ static int take_batch(ts_serve_t *s, ts_list_t *batch) {
             ts_list_push(&s->done, &j->node);
             continue;
         }
-        if (rows + j->rows > s->o.max_batch)
+        /* rows_cap: max_batch, or less since a batch ran out of memory; a job over it runs alone */
+        if (rows + j->rows > s->o.max_batch || (rows > 0 && rows + j->rows > s->rows_cap))
             break;
         ts_list_remove(&j->node);
         s->queued_rows -= j->rows;
@@ -288,7 +293,9 @@ static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint
         job_t *j = job_at(batch->next);
         ts_list_remove(&j->node);
         j->state = JOB_DONE;
-        j->outcome = rc == TS_OK ? TS_SERVE_OK : TS_SERVE_INTERNAL;
+        j->outcome = rc == TS_OK       ? TS_SERVE_OK
+                     : rc == TS_ENOMEM ? TS_SERVE_UNAVAILABLE
+                                       : TS_SERVE_INTERNAL;
         j->queue_us = (uint32_t)((t0 - j->arrival_ns) / 1000u);
         j->compute_us = (uint32_t)compute_us;
         j->batch_rows = (uint32_t)rows;
@@ -312,6 +319,36 @@ static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint
         s->item_us > 0 ? (1 - LATENCY_ALPHA) * s->item_us + LATENCY_ALPHA * per_row : per_row;
 }
 
+/* The forward pass of a batch; TS_ENOMEM when the device has no memory for it (or, in tests,
+ * when it has more rows than o.fault_nomem_rows). */
+static int run_batch_checked(ts_serve_t *s, ts_list_t *batch, int rows) {
+    if (s->o.fault_nomem_rows > 0 && rows > s->o.fault_nomem_rows)
+        return TS_ENOMEM;
+    return run_batch(s, batch, rows);
+}
+
+/* With mu held, after a batch of rows ran out of memory: the cap halves, and a batch of several
+ * jobs goes back to the head of the queue, in order, to run as smaller batches (answers do not
+ * depend on their batch). 1 when it went back; 0 for a lone job, which is refused. */
+static int split_after_nomem(ts_serve_t *s, ts_list_t *batch, int rows) {
+    s->rows_cap = rows / 2 > 0 ? rows / 2 : 1;
+    s->cap_ok = 0;
+    s->st.rows_cap = (uint32_t)s->rows_cap;
+    if (batch->next->next == batch) { /* one job: nothing to split */
+        s->st.nomem_refused++;
+        return 0;
+    }
+    s->st.nomem_splits++;
+    while (!ts_list_empty(batch)) {
+        job_t *j = job_at(batch->prev); /* the last first: each goes to the head */
+        ts_list_remove(&j->node);
+        j->state = JOB_QUEUED;
+        s->queued_rows += j->rows;
+        ts_list_insert_before(s->queue.next, &j->node);
+    }
+    return 1;
+}
+
 static void *compute_main(void *arg) {
     ts_serve_t *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -329,9 +366,17 @@ static void *compute_main(void *arg) {
         if (rows > 0) {
             pthread_mutex_unlock(&s->mu);
             uint64_t t0 = uv_hrtime();
-            int rc = run_batch(s, &batch, rows);
+            int rc = run_batch_checked(s, &batch, rows);
             uint64_t t1 = uv_hrtime();
             pthread_mutex_lock(&s->mu);
+            if (rc == TS_ENOMEM && split_after_nomem(s, &batch, rows))
+                continue;
+            if (rc == TS_OK && s->rows_cap < s->o.max_batch && ++s->cap_ok >= CAP_RECOVER) {
+                /* memory pressure passes (another process on the GPU): try twice the rows */
+                s->rows_cap = s->rows_cap * 2 < s->o.max_batch ? s->rows_cap * 2 : s->o.max_batch;
+                s->st.rows_cap = (uint32_t)s->rows_cap;
+                s->cap_ok = 0;
+            }
             finish_batch(s, &batch, rows, rc, t0, t1);
         }
         if (!ts_list_empty(&s->done))
@@ -361,6 +406,11 @@ static void answer_job(ts_serve_t *s, job_t *j) {
     } else if (j->outcome == TS_SERVE_INTERNAL) {
         ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_INTERNAL,
                            "the expert's forward pass failed");
+    } else if (j->outcome == TS_SERVE_UNAVAILABLE) { /* set by the compute thread: memory */
+        ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE,
+                           "out of device memory for %d rows alone: send fewer samples per "
+                           "request, or ask another replica",
+                           j->rows);
     } else {
         Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
         Tessera__DenoiseResponse resp = TESSERA__DENOISE_RESPONSE__INIT;
@@ -681,6 +731,8 @@ int ts_serve_new(ts_serve_t **out, uv_loop_t *loop, ts_rpc_t *rpc, const ts_serv
     s->rpc = rpc;
     s->cfg = x->cfg;
     s->o = *o;
+    s->rows_cap = o->max_batch;
+    s->st.rows_cap = (uint32_t)o->max_batch;
     memcpy(s->id, x->id, TS_SERVE_ID_BYTES);
     s->chw = (int64_t)x->cfg.in_channels * x->cfg.input_size * x->cfg.input_size;
     ts_list_init(&s->queue);

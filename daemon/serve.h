@@ -78,6 +78,9 @@ typedef struct ts_serve_opts {
     void (*on_batch)(void *ctx, int rows, uint64_t compute_us);
     void (*on_queue_wait)(void *ctx, uint64_t queue_us);
     void *observe_ctx;
+    /* Tests: a batch of more rows than this fails as out of device memory (0: never), so that
+     * what a GPU running out of memory does can be checked on any machine. */
+    int fault_nomem_rows;
 } ts_serve_opts_t;
 
 void ts_serve_opts_default(ts_serve_opts_t *o);
@@ -115,6 +118,11 @@ typedef struct ts_serve_stats {
     uint64_t batch_hist[TS_SERVE_BATCH_BUCKETS];
     uint64_t queue_us_sum, queue_us_max; /* per computed request: arrival to its batch's start */
     uint64_t compute_us_sum, compute_us_max; /* per batch */
+    /* Out of device memory: a batch that does not fit is split (its jobs go back to the queue and
+     * the rows per batch halve; they double again after 64 batches that fit), and a job that
+     * does not fit alone is answered ERROR_UNAVAILABLE. The daemon stays up. */
+    uint64_t nomem_splits, nomem_refused;
+    uint32_t rows_cap; /* rows per batch now (max_batch until memory ran out) */
 } ts_serve_stats_t;
 
 /* Creates the server: an engine of o->compute_threads workers, the model (activations for

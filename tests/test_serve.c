@@ -533,6 +533,63 @@ static void test_concurrent_clients(void **state) {
     serve_stop();
 }
 
+/* Out of device memory (simulated: batches over 4 rows fail as a GPU's would): a batch that does
+ * not fit is split and its requests still get the right answers, the rows per batch drop to
+ * what fits, and a request that does not fit alone is answered ERROR_UNAVAILABLE with the
+ * reason. The server goes on serving. */
+static void test_out_of_memory(void **state) {
+    (void)state;
+    enum { N = 12 };
+    ts_serve_opts_t o;
+    ts_serve_opts_default(&o);
+    o.max_batch = MAXB;
+    o.max_wait_ms = 20; /* so that the requests batch */
+    o.max_queue = 256;
+    o.compute_threads = 2;
+    o.fault_nomem_rows = 4;
+    serve_start(&o);
+    static req_t reqs[N], big;
+    static got_t gots[N], gbig;
+    memset(gots, 0, sizeof gots);
+    memset(&gbig, 0, sizeof gbig);
+    tu_rng_t rng = {29};
+    for (int i = 0; i < N; i++) { /* 1 or 2 rows, or a guided sample: 2 rows */
+        int guided = i % 4 == 0;
+        req_init(&reqs[i], &rng, 1 + (i % 2) * !guided, guided ? 2.0f : 1.0f, guided);
+        send_req(i % CLIENTS, &reqs[i], 30000, &gots[i]);
+    }
+    req_init(&big, &rng, 3, 2.0f, 1); /* 6 rows: more than fit at once */
+    send_req(0, &big, 30000, &gbig);
+    for (int i = 0; i < N; i++)
+        wait_answer(&gots[i]);
+    wait_answer(&gbig);
+    for (int i = 0; i < N; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "request %d, after a split", i);
+        check_answer(&reqs[i], &gots[i], what);
+        assert_true(gots[i].batch_size <= 4);
+    }
+    assert_int_equal(gbig.status, TS_EPEER);
+    assert_int_equal(gbig.remote_code, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE);
+    assert_non_null(strstr(gbig.message, "out of device memory"));
+    ts_serve_stats_t st;
+    ts_serve_stats(srv, &st);
+    assert_true(st.nomem_splits >= 1);
+    assert_int_equal(st.nomem_refused, 1);
+    assert_true(st.rows_cap <= 4 && st.rows_cap >= 1);
+    assert_int_equal(st.answered[TS_SERVE_OK], N);
+    assert_int_equal(st.answered[TS_SERVE_UNAVAILABLE], 1);
+    /* and it still serves */
+    static req_t after;
+    static got_t gafter;
+    memset(&gafter, 0, sizeof gafter);
+    req_init(&after, &rng, 2, 1.0f, 0);
+    send_req(1, &after, 30000, &gafter);
+    wait_answer(&gafter);
+    check_answer(&after, &gafter, "after the refusal");
+    serve_stop();
+}
+
 /* ---- load: busy, deadlines, cancel ------------------------------------------------------------ */
 
 /* At least n of the server's counter at byte offset off of ts_serve_stats_t. */
@@ -1077,6 +1134,7 @@ int main(void) {
         cmocka_unit_test(test_answers_equal_local),
         cmocka_unit_test(test_answers_bf16),
         cmocka_unit_test(test_concurrent_clients),
+        cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_flood_busy),
         cmocka_unit_test(test_deadline_dropped),
         cmocka_unit_test(test_cancel_not_computed),
