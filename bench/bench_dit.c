@@ -24,6 +24,10 @@
  * oneDNN, fp32 accumulation): forward rows only (training stays f32), and a --check against an
  * fp32 reference then needs a bf16-sized --tol (bench_dit.py passes 3e-2).
  *
+ * --ops, after each fp32 forward row, times every op call of a block alone on block 0's
+ * activations (and the unfused pairs next to the fused ops), and prints each one's share of the
+ * forward: where the time goes, without a profiler.
+ *
  * What it is not: a profiler (run it under `perf record`), nor a test of speed targets (those are
  * judged by bench_dit.py against PyTorch in the same run).
  */
@@ -61,6 +65,7 @@ typedef struct opts {
     double tol;
     int json;
     int quick;
+    int ops; /* --ops: a per-op breakdown after each forward row */
     int warmup_calls, min_calls;
     double warmup_seconds;
     ts_precision_t precision;
@@ -503,6 +508,115 @@ static void print_result(FILE *out, const result_t *r) {
     fflush(out);
 }
 
+/* ---- per-op breakdown (--ops) ------------------------------------------------------------ */
+
+/* The op calls of one block's forward (model/dit.c, block_forward, fp32), each timed alone on
+ * block 0's activations; the unfused pairs are timed too, to show what a fusion saves. */
+enum {
+    OP_ADA,
+    OP_LN_MOD,
+    OP_LN,
+    OP_MOD,
+    OP_QKV,
+    OP_ATTN,
+    OP_PROJ,
+    OP_GATE,
+    OP_FC1_GELU,
+    OP_FC1,
+    OP_GELU,
+    OP_FC2,
+    OP_COUNT
+};
+static const char *const op_names[OP_COUNT] = {
+    "adaLN linear",    "layernorm+modulate", "  (layernorm alone)", "  (modulate alone)",
+    "qkv linear",      "attention",          "proj linear",         "gate residual",
+    "fc1+gelu linear", "  (fc1 alone)",      "  (gelu alone)",      "fc2 linear"};
+/* how many times a block calls it (the unfused ones: 0, they are not in the forward) */
+static const int op_calls[OP_COUNT] = {1, 2, 0, 0, 1, 1, 1, 2, 1, 0, 0, 1};
+
+static ts_tensor_t first_rows(const ts_tensor_t *t, int64_t n) {
+    ts_tensor_t v;
+    if (ts_tensor_slice(&v, t, 0, n) != TS_OK)
+        memset(&v, 0, sizeof v);
+    return v;
+}
+
+static int block_op(ts_dit_t *m, int op, int B) {
+    ts_engine_t *e = m->eng;
+    const ts_dit_block_params_t *P = &m->params.blocks[0];
+    const ts_dit_block_acts_t *A = &m->acts.blocks[0];
+    int64_t T = ts_dit_tokens(&m->cfg);
+    ts_tensor_t c_silu = first_rows(&m->acts.c_silu, B), mod = first_rows(&A->mod, B);
+    ts_tensor_t x_in = first_rows(&A->x_in, B), ln1 = first_rows(&A->ln1, B);
+    ts_tensor_t mod1 = first_rows(&A->mod1, B), qkv = first_rows(&A->qkv, B);
+    ts_tensor_t m1 = first_rows(&A->ln1_mean, B * T), r1 = first_rows(&A->ln1_rstd, B * T);
+    ts_tensor_t att = first_rows(&A->att, B), atty = first_rows(&A->atty, B);
+    ts_tensor_t proj = first_rows(&A->proj, B), x_mid = first_rows(&A->x_mid, B);
+    ts_tensor_t fc1 = first_rows(&A->fc1, B), gelu = first_rows(&A->gelu, B);
+    ts_tensor_t fc2 = first_rows(&A->fc2, B), mod2 = first_rows(&A->mod2, B);
+    switch (op) {
+    case OP_ADA: return ts_linear_forward(e, &mod, &c_silu, &P->ada_w, &P->ada_b);
+    case OP_LN_MOD:
+        return ts_layernorm_modulate_forward(e, &ln1, &m1, &r1, &mod1, &x_in, &mod, 0, 1);
+    case OP_LN: return ts_layernorm_forward(e, &ln1, &m1, &r1, &x_in);
+    case OP_MOD: return ts_modulate_forward(e, &mod1, &ln1, &mod, 0, 1);
+    case OP_QKV: return ts_linear_forward(e, &qkv, &mod1, &P->qkv_w, &P->qkv_b);
+    case OP_ATTN: return ts_attention_forward(e, &atty, &att, &qkv, m->cfg.num_heads);
+    case OP_PROJ: return ts_linear_forward(e, &proj, &atty, &P->proj_w, &P->proj_b);
+    case OP_GATE: return ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2);
+    case OP_FC1_GELU: return ts_linear_gelu_forward(e, &fc1, &gelu, &mod2, &P->fc1_w, &P->fc1_b);
+    case OP_FC1: return ts_linear_forward(e, &fc1, &mod2, &P->fc1_w, &P->fc1_b);
+    case OP_GELU: return ts_gelu_forward(e, &gelu, &fc1);
+    default: return ts_linear_forward(e, &fc2, &gelu, &P->fc2_w, &P->fc2_b);
+    }
+}
+
+/* Median seconds of one call of op over at least 0.3 s (or o->seconds / 4) and 5 calls. */
+static double time_op(ts_dit_t *m, int op, int B, const opts_t *o) {
+    double budget = o->seconds / 4 > 0.3 ? o->seconds / 4 : 0.3, t[4096];
+    int n = 0;
+    for (int i = 0; i < 2; i++)
+        block_op(m, op, B);
+    for (double start = ts_now_s(); n < 4096 && (n < 5 || ts_now_s() - start < budget); n++) {
+        double t0 = ts_now_s();
+        if (block_op(m, op, B) != TS_OK)
+            return -1.0;
+        t[n] = ts_now_s() - t0;
+    }
+    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    return t[n / 2];
+}
+
+/* One forward at B (to fill the activations), then each op of a block timed alone: ms per call,
+ * ms per forward (× calls per block × depth) and its share of the forward's median time. */
+static int ops_breakdown(FILE *out, ts_dit_t *m, int B, double forward_s, const opts_t *o) {
+    job_t j;
+    int rc = job_inputs(&j, m, B, 99);
+    if (rc == TS_OK)
+        rc = job_run(&j);
+    job_free(&j);
+    if (rc != TS_OK)
+        return rc;
+    int depth = m->cfg.depth;
+    fprintf(out, "ops at B=%d (block 0, each alone; per forward = x calls per block x %d blocks)\n",
+            B, depth);
+    double sum = 0.0;
+    for (int op = 0; op < OP_COUNT; op++) {
+        double s = time_op(m, op, B, o);
+        if (s < 0)
+            return TS_EINVAL;
+        double per_fwd = s * op_calls[op] * depth;
+        sum += per_fwd;
+        fprintf(out, "  %-22s %9.3f ms/call  %9.3f ms/forward  %5.1f %%\n", op_names[op], s * 1e3,
+                per_fwd * 1e3, 100.0 * per_fwd / forward_s);
+    }
+    fprintf(out,
+            "  %-22s %9s            %9.3f ms/forward  %5.1f %%  (embeddings, final layer, "
+            "calls' overhead)\n",
+            "rest", "", (forward_s - sum) * 1e3, 100.0 * (forward_s - sum) / forward_s);
+    return TS_OK;
+}
+
 /* ---- the run ---------------------------------------------------------------------------- */
 
 static int run(const opts_t *o) {
@@ -594,6 +708,11 @@ static int run(const opts_t *o) {
         r->gflops = flops * r->samples_per_s / 1e9;
         if (!o->json)
             print_result(out, r);
+        if (o->ops && !o->json && m.precision == TS_PREC_F32 &&
+            (rc = ops_breakdown(out, &m, r->batch, r->t.median, o)) != TS_OK) {
+            status = fail("--ops", rc, NULL);
+            goto done;
+        }
         nr++;
     }
 
@@ -638,7 +757,7 @@ static void usage(FILE *f) {
     fprintf(
         f, "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
            "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
-           "                 [--precision f32|bf16] [--attention fused|composed]\n"
+           "                 [--precision f32|bf16] [--attention fused|composed] [--ops]\n"
            "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
            "\n"
            "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
@@ -650,6 +769,7 @@ static void usage(FILE *f) {
            "  --train-batch B    training batch size; 0 = no training measurement (default 64)\n"
            "  --seconds S        timed seconds per measurement, after a warm-up (default 2)\n"
            "  --quick            a smoke run: short warm-up, 0.3 s unless --seconds, 3 calls\n"
+           "  --ops              after each f32 forward row, each op of a block timed alone\n"
            "  --check FILE       first compare one forward on FILE's x, t, y with its v; exit 3\n"
            "                     when they differ by more than the tolerance\n"
            "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
@@ -700,6 +820,8 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--json") == 0) {
             o.json = 1;
             continue;
+        } else if (strcmp(a, "--ops") == 0) {
+            o.ops = 1;
         } else if (strcmp(a, "--quick") == 0) {
             o.quick = 1;
             o.warmup_calls = 1;

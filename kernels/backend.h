@@ -63,6 +63,9 @@ extern "C" {
      * which the CPU may compute apart so that an item's rows do not depend on the batch. */       \
     X(linear_forward, float *out, const float *inp, const float *weight, const float *bias,        \
       int64_t M, int64_t N, int64_t K, int64_t group)                                              \
+    /* linear_forward into pre, then act = gelu(pre) (the CPU in the same pass as the bias) */     \
+    X(linear_gelu_forward, float *pre, float *act, const float *inp, const float *weight,          \
+      const float *bias, int64_t M, int64_t N, int64_t K, int64_t group)                           \
     /* As gemm, with op(A) and op(B) rounded to bf16 (nearest even) and the products accumulated \
      * in fp32; C stays fp32. The CPU runs it through oneDNN (kernels/cpu/cpu_bf16.c); TS_ENOTSUP \
      * where bf16 cannot run (ts_engine_precision_check says why). */                             \
@@ -79,6 +82,11 @@ extern "C" {
     /* out, inp (rows, C); mean, rstd (rows), each may be NULL */                                  \
     X(layernorm_forward, float *out, float *mean, float *rstd, const float *inp, int64_t rows,     \
       int64_t C)                                                                                   \
+    /* layernorm_forward into ln, then modulate_forward of ln into out (the CPU in one pass over   \
+     * each row); ln, out (B, T, C); mean, rstd (B·T) nullable; mod (B, M·C) */                    \
+    X(layernorm_modulate_forward, float *ln, float *mean, float *rstd, float *out,                 \
+      const float *inp, const float *mod, int64_t B, int64_t T, int64_t C, int64_t M,              \
+      int shift_idx, int scale_idx)                                                                \
     /* dinp (rows, C) += ...; mean and rstd (from the forward) are required */                     \
     X(layernorm_backward, float *dinp, const float *dout, const float *inp, const float *mean,     \
       const float *rstd, int64_t rows, int64_t C)                                                  \

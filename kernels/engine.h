@@ -33,6 +33,9 @@ typedef struct ts_engine {
     ts_pool_t *pool;     /* CPU only */
     ts_cuda_ctx_t *cuda; /* CUDA only */
     ts_bf16_ctx_t *bf16; /* CPU only, made by the first bf16 product */
+    /* CPU only: the hot loops built for this CPU (kernels/cpu/vec.h); the environment's
+     * TESSERA_CPU_ISA (avx512, avx2, base) caps the choice, for tests and measurements */
+    const struct ts_cpu_vec *vec;
 } ts_engine_t;
 
 typedef struct ts_engine_opts {

@@ -220,14 +220,14 @@ int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t) {
 
 /* ---- matrix products ------------------------------------------------------------------- */
 
-int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
-                      const ts_tensor_t *weight, const ts_tensor_t *bias) {
-    TS_TRY(check_engine(e));
-    TS_TRY(check_f32(e, out));
-    TS_TRY(check_f32(e, inp));
-    int bf16 = weight && weight->dtype == TS_BF16;
-    TS_TRY(check_on(e, weight, bf16 ? TS_BF16 : TS_F32));
-    TS_TRY(check_opt(e, bias));
+typedef struct {
+    int64_t M, N, K, group;
+} linear_dims_t;
+
+/* The sizes of out (..., N) = inp (..., K) · weightᵀ (N, K) + bias (N), checked; an item of the
+ * batch is inp's leading index: its rows are M / shape[0] (1 for a 2-D input). */
+static int linear_dims(const ts_tensor_t *out, const ts_tensor_t *inp, const ts_tensor_t *weight,
+                       const ts_tensor_t *bias, linear_dims_t *d) {
     if (weight->ndim != 2)
         return TS_ESHAPE;
     int64_t N = weight->shape[0], K = weight->shape[1];
@@ -236,13 +236,43 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
         return TS_ESHAPE;
     if (bias && ts_tensor_numel(bias) != N)
         return TS_ESHAPE;
-    /* out (M, N) = inp (M, K) · weightᵀ (K, N) + bias; an item of the batch is inp's leading
-     * index: its rows are M / shape[0] (1 for a 2-D input) */
     int64_t group = inp->ndim >= 3 && inp->shape[0] > 0 ? M / inp->shape[0] : 1;
+    *d = (linear_dims_t){M, N, K, group};
+    return TS_OK;
+}
+
+int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                      const ts_tensor_t *weight, const ts_tensor_t *bias) {
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, inp));
+    int bf16 = weight && weight->dtype == TS_BF16;
+    TS_TRY(check_on(e, weight, bf16 ? TS_BF16 : TS_F32));
+    TS_TRY(check_opt(e, bias));
+    linear_dims_t d;
+    TS_TRY(linear_dims(out, inp, weight, bias, &d));
     if (bf16)
         return DISPATCH(e, linear_forward_bf16, F(out), CF(inp), (const uint16_t *)weight->data,
-                        OPT(bias), M, N, K, group);
-    return DISPATCH(e, linear_forward, F(out), CF(inp), CF(weight), OPT(bias), M, N, K, group);
+                        OPT(bias), d.M, d.N, d.K, d.group);
+    return DISPATCH(e, linear_forward, F(out), CF(inp), CF(weight), OPT(bias), d.M, d.N, d.K,
+                    d.group);
+}
+
+int ts_linear_gelu_forward(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act,
+                           const ts_tensor_t *inp, const ts_tensor_t *weight,
+                           const ts_tensor_t *bias) {
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, pre));
+    TS_TRY(check_f32(e, act));
+    TS_TRY(check_f32(e, inp));
+    TS_TRY(check_f32(e, weight)); /* the bf16 forward runs its own GELU (ts_gelu_forward_bf16) */
+    TS_TRY(check_opt(e, bias));
+    if (!ts_tensor_same_shape(pre, act))
+        return TS_ESHAPE;
+    linear_dims_t d;
+    TS_TRY(linear_dims(pre, inp, weight, bias, &d));
+    return DISPATCH(e, linear_gelu_forward, F(pre), F(act), CF(inp), CF(weight), OPT(bias), d.M,
+                    d.N, d.K, d.group);
 }
 
 int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
@@ -680,6 +710,24 @@ int ts_modulate_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x,
     TS_TRY(ada_dims(x, mod, shift_idx, scale_idx, &d));
     return DISPATCH(e, modulate_forward, F(out), CF(x), CF(mod), d.B, d.T, d.C, d.M, shift_idx,
                     scale_idx);
+}
+
+int ts_layernorm_modulate_forward(ts_engine_t *e, ts_tensor_t *ln, ts_tensor_t *mean,
+                                  ts_tensor_t *rstd, ts_tensor_t *out, const ts_tensor_t *x,
+                                  const ts_tensor_t *mod, int shift_idx, int scale_idx) {
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, ln));
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, x));
+    TS_TRY(check_f32(e, mod));
+    if (!ts_tensor_same_shape(ln, x) || !ts_tensor_same_shape(out, x))
+        return TS_ESHAPE;
+    ada_dims_t d;
+    TS_TRY(ada_dims(x, mod, shift_idx, scale_idx, &d));
+    TS_TRY(check_rows(e, mean, d.B * d.T));
+    TS_TRY(check_rows(e, rstd, d.B * d.T));
+    return DISPATCH(e, layernorm_modulate_forward, F(ln), OPT(mean), OPT(rstd), F(out), CF(x),
+                    CF(mod), d.B, d.T, d.C, d.M, shift_idx, scale_idx);
 }
 
 int ts_modulate_backward(ts_engine_t *e, ts_tensor_t *dx, ts_tensor_t *dmod,

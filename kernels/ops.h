@@ -67,6 +67,13 @@ int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t);
  * accumulation, out and bias fp32 (TS_ENOTSUP where it cannot run: ts_engine_precision_check). */
 int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias);
+/* pre (..., N) = inp · weightᵀ + bias, as ts_linear_forward; act = GELU(pre), as ts_gelu_forward
+ * — the same bits as the two calls; the CPU applies GELU in the bias's pass over each slice of
+ * the product, while it is in cache. F32 weight only (TS_EDTYPE otherwise). pre and act do not
+ * alias each other or inp. */
+int ts_linear_gelu_forward(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act,
+                           const ts_tensor_t *inp, const ts_tensor_t *weight,
+                           const ts_tensor_t *bias);
 /* dinp (..., K) += dout · weight; dweight (N, K) += doutᵀ · inp; dbias (N) += Σ_rows dout. */
 int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
                        const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight);
@@ -159,6 +166,13 @@ int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tens
  * per sample, broadcast over tokens. out may alias x. */
 int ts_modulate_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x,
                         const ts_tensor_t *mod, int shift_idx, int scale_idx);
+/* ln = LayerNorm(x) as ts_layernorm_forward (mean, rstd (B·T) saved, may be NULL), and
+ * out = ln · (1 + scale) + shift as ts_modulate_forward — the same bits as the two calls; the CPU
+ * modulates each row in the LayerNorm's pass, while the row is in cache. x, ln, out (B, T, C),
+ * none aliasing another; mod (B, M·C). */
+int ts_layernorm_modulate_forward(ts_engine_t *e, ts_tensor_t *ln, ts_tensor_t *mean,
+                                  ts_tensor_t *rstd, ts_tensor_t *out, const ts_tensor_t *x,
+                                  const ts_tensor_t *mod, int shift_idx, int scale_idx);
 /* dx += dout · (1 + scale); dmod[shift] += Σ_T dout; dmod[scale] += Σ_T dout · x. */
 int ts_modulate_backward(ts_engine_t *e, ts_tensor_t *dx, ts_tensor_t *dmod,
                          const ts_tensor_t *dout, const ts_tensor_t *x, const ts_tensor_t *mod,

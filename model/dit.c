@@ -553,20 +553,19 @@ static int block_forward(ts_dit_t *m, int l, int B) {
 
     TS_TRY(ts_linear_forward(e, &mod, &c_silu, &W->ada_w, &P->ada_b)); /* 6 chunks of h */
     /* attention branch: x_mid = x_in + gate_msa · proj(attn(modulate(LN(x_in)))) */
-    TS_TRY(ts_layernorm_forward(e, &ln1, &m1, &r1, &x_in));
-    TS_TRY(ts_modulate_forward(e, &mod1, &ln1, &mod, 0, 1));
+    TS_TRY(ts_layernorm_modulate_forward(e, &ln1, &m1, &r1, &mod1, &x_in, &mod, 0, 1));
     TS_TRY(ts_linear_forward(e, &qkv, &mod1, &W->qkv_w, &P->qkv_b));
     TS_TRY(attention_forward(m, A, B));
     TS_TRY(ts_linear_forward(e, &proj, &atty, &W->proj_w, &P->proj_b));
     TS_TRY(ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2));
     /* MLP branch: x_out = x_mid + gate_mlp · fc2(gelu(fc1(modulate(LN(x_mid))))) */
-    TS_TRY(ts_layernorm_forward(e, &ln2, &m2, &r2, &x_mid));
-    TS_TRY(ts_modulate_forward(e, &mod2, &ln2, &mod, 3, 4));
-    TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
-    if (m->precision == TS_PREC_BF16) /* its reader, fc2, rounds it to bf16 */
+    TS_TRY(ts_layernorm_modulate_forward(e, &ln2, &m2, &r2, &mod2, &x_mid, &mod, 3, 4));
+    if (m->precision == TS_PREC_BF16) { /* its reader, fc2, rounds it to bf16 */
+        TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
         TS_TRY(ts_gelu_forward_bf16(e, &gelu, &fc1));
-    else
-        TS_TRY(ts_gelu_forward(e, &gelu, &fc1));
+    } else {
+        TS_TRY(ts_linear_gelu_forward(e, &fc1, &gelu, &mod2, &W->fc1_w, &P->fc1_b));
+    }
     TS_TRY(ts_linear_forward(e, &fc2, &gelu, &W->fc2_w, &P->fc2_b));
     TS_TRY(ts_gate_residual_forward(e, &x_out, &x_mid, &fc2, &mod, 5));
     return TS_OK;
@@ -640,8 +639,7 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
     ts_tensor_t rf = stat_rows(&A->lnf_rstd, B, ts_dit_tokens(c));
     ts_tensor_t fx = rows(&A->fx, B), out_tok = rows(&A->out_tok, B), out = rows(&A->out, B);
     TS_TRY(ts_linear_forward(e, &fmod, &c_silu, &W->fada_w, &P->fada_b));
-    TS_TRY(ts_layernorm_forward(e, &lnf, &mf, &rf, &xf));
-    TS_TRY(ts_modulate_forward(e, &fx, &lnf, &fmod, 0, 1));
+    TS_TRY(ts_layernorm_modulate_forward(e, &lnf, &mf, &rf, &fx, &xf, &fmod, 0, 1));
     TS_TRY(ts_linear_forward(e, &out_tok, &fx, &W->f_w, &P->f_b));
     TS_TRY(ts_unpatchify_forward(e, &out, &out_tok, p));
     *v = out;

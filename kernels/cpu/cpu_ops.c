@@ -19,6 +19,7 @@
  */
 #include <cblas.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/row_max.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/math.h"
 
 /* Below this many elements per thread, an elementwise op runs on the caller alone. */
@@ -54,6 +56,7 @@ int ts_cpu_engine_init(ts_engine_t *e, int threads) {
     if (rc)
         return rc;
     e->threads = threads;
+    e->vec = ts_cpu_vec_pick(getenv("TESSERA_CPU_ISA"));
     /* The pool owns the cores; OpenBLAS runs one thread inside each pool worker (ts_cpu_gemm). */
     openblas_set_num_threads(1);
     return TS_OK;
@@ -112,6 +115,7 @@ typedef struct {
     const float *a, *b, *x;
     float alpha, beta;
     int64_t S;
+    const ts_cpu_vec_t *vec;
 } ew_t;
 
 int ts_cpu_memzero(ts_engine_t *e, void *p, size_t bytes) {
@@ -134,14 +138,11 @@ int ts_cpu_fill(ts_engine_t *e, float *t, int64_t n, float v) {
 
 static void axpy_range(void *arg, int64_t lo, int64_t hi) {
     ew_t *j = arg;
-    float *y = j->y, alpha = j->alpha;
-    const float *x = j->x;
-    for (int64_t i = lo; i < hi; i++)
-        y[i] += alpha * x[i];
+    j->vec->axpy(j->y + lo, j->alpha, j->x + lo, hi - lo);
 }
 
 int ts_cpu_axpy(ts_engine_t *e, float *y, float alpha, const float *x, int64_t n) {
-    ew_t j = {.y = y, .x = x, .alpha = alpha};
+    ew_t j = {.y = y, .x = x, .alpha = alpha, .vec = e->vec};
     parallel(e, n, GRAIN_ELEMS, axpy_range, &j);
     return TS_OK;
 }
@@ -317,7 +318,9 @@ typedef struct {
     const float *A, *B;
     float *C;
     const float *bias; /* (N) added to every row of C after the product, or NULL */
-    int split;         /* 0: batch, 1: rows of C, 2: columns of C */
+    float *act;        /* when not NULL: act = gelu(C) after the bias (C's layout), or NULL */
+    const ts_cpu_vec_t *vec;
+    int split; /* 0: batch, 1: rows of C, 2: columns of C */
 } gemm_job_t;
 
 /* Batch invariance. OpenBLAS picks a kernel by the shape of each call, and its kernels round
@@ -400,13 +403,14 @@ static void sgemm(const gemm_job_t *j, int64_t M, int64_t N, const float *A, con
     sgemm_raw(j, M, N, A, j->lda, B, j->ldb, C, j->ldc);
 }
 
-/* C (M, N), row stride ldc, += bias (N) on every row: C + b rounded once, as add_bcast does. */
-static void add_bias(float *C, const float *bias, int64_t M, int64_t N, int64_t ldc) {
-    for (int64_t r = 0; r < M; r++) {
-        float *c = C + r * ldc;
-        for (int64_t i = 0; i < N; i++)
-            c[i] += bias[i];
-    }
+/* The output pass of a slice C (M, N) at column col of the whole product: C += bias (N) on
+ * every row, C + b rounded once as add_bcast does; then act = gelu(C) for a linear + GELU. Run by
+ * the worker that computed the slice, right after its sgemm, while the slice is in cache. */
+static void slice_epilogue(const gemm_job_t *j, float *C, int64_t M, int64_t N, int64_t col) {
+    if (!j->bias && !j->act)
+        return;
+    float *act = j->act ? j->act + (C - j->C) : NULL; /* same offset as C's slice */
+    j->vec->bias_act(C, act, j->bias ? j->bias + col : NULL, M, N, j->ldc);
 }
 
 static void gemm_range(void *arg, int64_t lo, int64_t hi) {
@@ -415,19 +419,16 @@ static void gemm_range(void *arg, int64_t lo, int64_t hi) {
         for (int64_t b = lo; b < hi; b++) {
             float *C = j->C + b * j->sc;
             sgemm(j, j->M, j->N, j->A + b * j->sa, j->B + b * j->sb, C);
-            if (j->bias)
-                add_bias(C, j->bias, j->M, j->N, j->ldc);
+            slice_epilogue(j, C, j->M, j->N, 0);
         }
     } else if (j->split == 1) { /* rows lo..hi of C: rows of op(A) */
         const float *A = j->ta ? j->A + lo : j->A + lo * j->lda;
         sgemm(j, hi - lo, j->N, A, j->B, j->C + lo * j->ldc);
-        if (j->bias)
-            add_bias(j->C + lo * j->ldc, j->bias, hi - lo, j->N, j->ldc);
+        slice_epilogue(j, j->C + lo * j->ldc, hi - lo, j->N, 0);
     } else { /* columns lo..hi of C: columns of op(B) */
         const float *B = j->tb ? j->B + lo * j->ldb : j->B + lo;
         sgemm(j, j->M, hi - lo, j->A, B, j->C + lo);
-        if (j->bias)
-            add_bias(j->C + lo, j->bias + lo, j->M, hi - lo, j->ldc);
+        slice_epilogue(j, j->C + lo, j->M, hi - lo, lo);
     }
 }
 
@@ -475,8 +476,8 @@ int ts_cpu_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, 
                 int64_t batch) {
     if (!gemm_dims_fit(M, N, K, lda, ldb, ldc))
         return TS_ERANGE;
-    gemm_job_t j = {trans_a,  trans_b,  M,     N,    K, lda, ldb, ldc, stride_a,
-                    stride_b, stride_c, alpha, beta, A, B,   C,   NULL};
+    gemm_job_t j = {trans_a,  trans_b, M,    N, K, lda, ldb,  ldc,  stride_a, stride_b,
+                    stride_c, alpha,   beta, A, B, C,   NULL, NULL, e->vec};
     gemm_run(e, &j, batch);
     return TS_OK;
 }
@@ -502,17 +503,19 @@ static void items_range(void *arg, int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) {
         float *C = j->C + i * j->M * j->ldc;
         sgemm(j, j->M, j->N, j->A + i * j->M * j->lda, j->B, C);
-        if (j->bias)
-            add_bias(C, j->bias, j->M, j->N, j->ldc);
+        slice_epilogue(j, C, j->M, j->N, 0);
     }
 }
 
-int ts_cpu_linear_forward(ts_engine_t *e, float *out, const float *inp, const float *weight,
-                          const float *bias, int64_t M, int64_t N, int64_t K, int64_t group) {
+/* out (M, N) = inp (M, K) · weightᵀ + bias, then act = gelu(out) when act is not NULL. */
+static int linear_forward(ts_engine_t *e, float *out, float *act, const float *inp,
+                          const float *weight, const float *bias, int64_t M, int64_t N, int64_t K,
+                          int64_t group) {
     if (!gemm_dims_fit(M, N, K, K, K, N))
         return TS_ERANGE;
     /* out (M, N) = inp (M, K) · weightᵀ (K, N) + bias: lda = ldb = K, ldc = N, alpha 1, beta 0 */
-    gemm_job_t j = {0, 1, M, N, K, K, K, N, 0, 0, 0, 1.0f, 0.0f, inp, weight, out, bias};
+    gemm_job_t j = {0, 1,    M,    N,   K,      K,   K,    N,   0,     0,
+                    0, 1.0f, 0.0f, inp, weight, out, bias, act, e->vec};
     if (!row_invariant_core() && group >= 1 && M % group == 0) {
         int64_t items = M / group;
         j.M = group;
@@ -524,6 +527,17 @@ int ts_cpu_linear_forward(ts_engine_t *e, float *out, const float *inp, const fl
     return TS_OK;
 }
 
+int ts_cpu_linear_forward(ts_engine_t *e, float *out, const float *inp, const float *weight,
+                          const float *bias, int64_t M, int64_t N, int64_t K, int64_t group) {
+    return linear_forward(e, out, NULL, inp, weight, bias, M, N, K, group);
+}
+
+int ts_cpu_linear_gelu_forward(ts_engine_t *e, float *pre, float *act, const float *inp,
+                               const float *weight, const float *bias, int64_t M, int64_t N,
+                               int64_t K, int64_t group) {
+    return linear_forward(e, pre, act, inp, weight, bias, M, N, K, group);
+}
+
 /* ---- row ops: LayerNorm, softmax ------------------------------------------------------- */
 
 typedef struct {
@@ -532,35 +546,60 @@ typedef struct {
     int64_t C;
     float scale;
     int accumulate;
+    /* LayerNorm + modulate: mod_out (B, T, C) from the chunks shift_idx, scale_idx of mod */
+    float *mod_out;
+    const float *mod;
+    int64_t T, M;
+    int shift_idx, scale_idx;
+    const ts_cpu_vec_t *vec;
 } row_t;
 
+/* Rows lo..hi: per row the sum in element order, the mean, the sum of squared deviations in
+ * element order, rstd, then (x − mean)·rstd — several rows' sums side by side (vec.c). With
+ * mod_out, each row is modulated by its sample's shift and scale in the same pass. */
 static void layernorm_fwd_range(void *arg, int64_t lo, int64_t hi) {
     row_t *j = arg;
     int64_t C = j->C;
-    for (int64_t r = lo; r < hi; r++) {
-        const float *x = j->inp + r * C;
-        float *o = j->out + r * C;
-        float s = 0.0f;
-        for (int64_t i = 0; i < C; i++)
-            s += x[i];
-        float m = s / (float)C;
-        float v = 0.0f;
-        for (int64_t i = 0; i < C; i++)
-            v += (x[i] - m) * (x[i] - m);
-        float rs = ts_ln_rstd(v / (float)C);
-        for (int64_t i = 0; i < C; i++)
-            o[i] = (x[i] - m) * rs;
-        if (j->mean)
-            j->mean[r] = m;
-        if (j->rstd)
-            j->rstd[r] = rs;
+    for (int64_t r = lo; r < hi;) {
+        int64_t end = hi; /* rows of one sample: one shift and scale */
+        const float *shift = NULL, *scale = NULL;
+        if (j->mod_out) {
+            int64_t b = r / j->T;
+            end = (b + 1) * j->T < hi ? (b + 1) * j->T : hi;
+            shift = j->mod + b * j->M * C + j->shift_idx * C;
+            scale = j->mod + b * j->M * C + j->scale_idx * C;
+        }
+        j->vec->layernorm(j->out ? j->out + r * C : NULL, j->mean ? j->mean + r : NULL,
+                          j->rstd ? j->rstd + r : NULL, j->mod_out ? j->mod_out + r * C : NULL,
+                          j->inp + r * C, shift, scale, end - r, C);
+        r = end;
     }
 }
 
 int ts_cpu_layernorm_forward(ts_engine_t *e, float *out, float *mean, float *rstd, const float *inp,
                              int64_t rows, int64_t C) {
-    row_t j = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .C = C};
+    row_t j = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .C = C, .vec = e->vec};
     parallel(e, rows, 1 + GRAIN_ELEMS / (4 * C), layernorm_fwd_range, &j);
+    return TS_OK;
+}
+
+int ts_cpu_layernorm_modulate_forward(ts_engine_t *e, float *ln, float *mean, float *rstd,
+                                      float *out, const float *inp, const float *mod, int64_t B,
+                                      int64_t T, int64_t C, int64_t M, int shift_idx,
+                                      int scale_idx) {
+    row_t j = {.out = ln,
+               .mean = mean,
+               .rstd = rstd,
+               .inp = inp,
+               .C = C,
+               .mod_out = out,
+               .mod = mod,
+               .T = T,
+               .M = M,
+               .shift_idx = shift_idx,
+               .scale_idx = scale_idx,
+               .vec = e->vec};
+    parallel(e, B * T, 1 + GRAIN_ELEMS / (4 * C), layernorm_fwd_range, &j);
     return TS_OK;
 }
 
@@ -673,22 +712,17 @@ int ts_cpu_softmax_backward(ts_engine_t *e, float *dinp, const float *dout, cons
 typedef struct {
     float *out; /* the output; dinp in a backward */
     const float *inp, *dout;
+    const ts_cpu_vec_t *vec;
 } act_t;
 
 static void gelu_fwd_range(void *arg, int64_t lo, int64_t hi) {
     act_t *j = arg;
-    float *out = j->out;
-    const float *inp = j->inp;
-    for (int64_t i = lo; i < hi; i++)
-        out[i] = ts_gelu(inp[i]);
+    j->vec->gelu(j->out + lo, j->inp + lo, hi - lo);
 }
 
 static void gelu_bwd_range(void *arg, int64_t lo, int64_t hi) {
     act_t *j = arg;
-    float *dinp = j->out;
-    const float *dout = j->dout, *inp = j->inp;
-    for (int64_t i = lo; i < hi; i++)
-        dinp[i] += dout[i] * ts_gelu_grad(inp[i]);
+    j->vec->gelu_backward(j->out + lo, j->dout + lo, j->inp + lo, hi - lo);
 }
 
 static void silu_fwd_range(void *arg, int64_t lo, int64_t hi) {
@@ -710,14 +744,14 @@ static void silu_bwd_range(void *arg, int64_t lo, int64_t hi) {
 /* Vectorised, GELU and SiLU still cost several times a plain load/store per element: a smaller
  * grain (ACT_GRAIN). */
 int ts_cpu_gelu_forward(ts_engine_t *e, float *out, const float *inp, int64_t n) {
-    act_t j = {out, inp, NULL};
+    act_t j = {out, inp, NULL, e->vec};
     parallel(e, n, ACT_GRAIN, gelu_fwd_range, &j);
     return TS_OK;
 }
 
 int ts_cpu_gelu_backward(ts_engine_t *e, float *dinp, const float *dout, const float *inp,
                          int64_t n) {
-    act_t j = {dinp, inp, dout};
+    act_t j = {dinp, inp, dout, e->vec};
     parallel(e, n, ACT_GRAIN, gelu_bwd_range, &j);
     return TS_OK;
 }
@@ -742,26 +776,37 @@ typedef struct {
     const float *x, *mod, *dout, *res, *y;
     int64_t T, C, M;
     int i0, i1; /* chunk indices: shift/scale, or gate */
+    const ts_cpu_vec_t *vec;
 } ada_t;
+
+/* The rows [r, end) of (B·T, C) that belong to r's sample, end ≤ hi; *b = that sample. */
+static int64_t sample_end(const ada_t *j, int64_t r, int64_t hi, int64_t *b) {
+    *b = r / j->T;
+    return (*b + 1) * j->T < hi ? (*b + 1) * j->T : hi;
+}
 
 static void modulate_fwd_range(void *arg, int64_t lo, int64_t hi) {
     ada_t *j = arg;
-    int64_t C = j->C;
-    for (int64_t bt = lo; bt < hi; bt++) {
-        int64_t b = bt / j->T;
+    int64_t C = j->C, b;
+    for (int64_t r = lo, end; r < hi; r = end) {
+        end = sample_end(j, r, hi, &b);
         const float *shift = j->mod + b * j->M * C + j->i0 * C;
         const float *scale = j->mod + b * j->M * C + j->i1 * C;
-        const float *x = j->x + bt * C;
-        float *o = j->out + bt * C;
-        for (int64_t c = 0; c < C; c++)
-            o[c] = ts_modulate(x[c], shift[c], scale[c]);
+        j->vec->modulate(j->out + r * C, j->x + r * C, shift, scale, end - r, C);
     }
 }
 
 int ts_cpu_modulate_forward(ts_engine_t *e, float *out, const float *x, const float *mod, int64_t B,
                             int64_t T, int64_t C, int64_t M, int shift_idx, int scale_idx) {
-    ada_t j = {
-        .out = out, .x = x, .mod = mod, .T = T, .C = C, .M = M, .i0 = shift_idx, .i1 = scale_idx};
+    ada_t j = {.out = out,
+               .x = x,
+               .mod = mod,
+               .T = T,
+               .C = C,
+               .M = M,
+               .i0 = shift_idx,
+               .i1 = scale_idx,
+               .vec = e->vec};
     parallel(e, B * T, 1 + GRAIN_ELEMS / C, modulate_fwd_range, &j);
     return TS_OK;
 }
@@ -810,21 +855,26 @@ int ts_cpu_modulate_backward(ts_engine_t *e, float *dx, float *dmod, const float
 
 static void gate_fwd_range(void *arg, int64_t lo, int64_t hi) {
     ada_t *j = arg;
-    int64_t C = j->C;
-    for (int64_t bt = lo; bt < hi; bt++) {
-        const float *gate = j->mod + (bt / j->T) * j->M * C + j->i0 * C;
-        const float *r = j->res + bt * C;
-        const float *y = j->y + bt * C;
-        float *o = j->out + bt * C;
-        for (int64_t c = 0; c < C; c++)
-            o[c] = r[c] + gate[c] * y[c];
+    int64_t C = j->C, b;
+    for (int64_t r = lo, end; r < hi; r = end) {
+        end = sample_end(j, r, hi, &b);
+        const float *gate = j->mod + b * j->M * C + j->i0 * C;
+        j->vec->gate_residual(j->out + r * C, j->res + r * C, j->y + r * C, gate, end - r, C);
     }
 }
 
 int ts_cpu_gate_residual_forward(ts_engine_t *e, float *out, const float *res, const float *y,
                                  const float *mod, int64_t B, int64_t T, int64_t C, int64_t M,
                                  int gate_idx) {
-    ada_t j = {.out = out, .res = res, .y = y, .mod = mod, .T = T, .C = C, .M = M, .i0 = gate_idx};
+    ada_t j = {.out = out,
+               .res = res,
+               .y = y,
+               .mod = mod,
+               .T = T,
+               .C = C,
+               .M = M,
+               .i0 = gate_idx,
+               .vec = e->vec};
     parallel(e, B * T, 1 + GRAIN_ELEMS / C, gate_fwd_range, &j);
     return TS_OK;
 }
@@ -1182,19 +1232,19 @@ typedef struct {
     float *param, *m, *v;
     const float *grad;
     float lr, beta1, beta2, eps, wd, bc1, sqrt_bc2, grad_scale;
+    const ts_cpu_vec_t *vec;
 } adamw_t;
 
 static void adamw_range(void *arg, int64_t lo, int64_t hi) {
     adamw_t *j = arg;
-    for (int64_t i = lo; i < hi; i++)
-        ts_adamw_elem(&j->param[i], &j->m[i], &j->v[i], j->grad[i] * j->grad_scale, j->lr, j->beta1,
-                      j->beta2, j->eps, j->wd, j->bc1, j->sqrt_bc2);
+    j->vec->adamw(j->param + lo, j->grad + lo, j->m + lo, j->v + lo, hi - lo, j->lr, j->beta1,
+                  j->beta2, j->eps, j->wd, j->bc1, j->sqrt_bc2, j->grad_scale);
 }
 
 int ts_cpu_adamw(ts_engine_t *e, float *param, const float *grad, float *m, float *v, int64_t n,
                  float lr, float beta1, float beta2, float eps, float wd, float bc1, float sqrt_bc2,
                  float grad_scale) {
-    adamw_t j = {param, m, v, grad, lr, beta1, beta2, eps, wd, bc1, sqrt_bc2, grad_scale};
+    adamw_t j = {param, m, v, grad, lr, beta1, beta2, eps, wd, bc1, sqrt_bc2, grad_scale, e->vec};
     parallel(e, n, GRAIN_ELEMS / 4, adamw_range, &j);
     return TS_OK;
 }
@@ -1203,18 +1253,16 @@ typedef struct {
     float *ema;
     const float *param;
     float decay;
+    const ts_cpu_vec_t *vec;
 } ema_t;
 
 static void ema_range(void *arg, int64_t lo, int64_t hi) {
     ema_t *j = arg;
-    float *ema = j->ema, decay = j->decay;
-    const float *param = j->param;
-    for (int64_t i = lo; i < hi; i++)
-        ema[i] = ts_ema_elem(ema[i], param[i], decay);
+    j->vec->ema(j->ema + lo, j->param + lo, hi - lo, j->decay);
 }
 
 int ts_cpu_ema(ts_engine_t *e, float *ema, const float *param, int64_t n, float decay) {
-    ema_t j = {ema, param, decay};
+    ema_t j = {ema, param, decay, e->vec};
     parallel(e, n, GRAIN_ELEMS, ema_range, &j);
     return TS_OK;
 }

@@ -312,6 +312,14 @@ int ts_cuda_linear_forward(ts_engine_t *e, float *out, const float *inp, const f
     return ts_cuda_add_bcast_forward(e, out, out, bias, M, N);
 }
 
+/* Two kernels here; the CPU applies GELU in the bias's pass. The same bits either way. */
+int ts_cuda_linear_gelu_forward(ts_engine_t *e, float *pre, float *act, const float *inp,
+                                const float *weight, const float *bias, int64_t M, int64_t N,
+                                int64_t K, int64_t group) {
+    int err = ts_cuda_linear_forward(e, pre, inp, weight, bias, M, N, K, group);
+    return err ? err : ts_cuda_gelu_forward(e, act, pre, M * N);
+}
+
 /* The bf16 products run on the CPU only for now (oneDNN); the GPU's would be cuBLAS's
  * cublasGemmEx with CUDA_R_16BF inputs. */
 int ts_cuda_gemm_bf16(ts_engine_t *, int, int, int64_t, int64_t, int64_t, float, const float *,

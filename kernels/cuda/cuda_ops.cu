@@ -631,6 +631,16 @@ int ts_cuda_modulate_forward(ts_engine_t *e, float *out, const float *x, const f
                     scale_idx);
 }
 
+/* Two kernels here; the CPU modulates each row in the LayerNorm's pass. The same bits. */
+int ts_cuda_layernorm_modulate_forward(ts_engine_t *e, float *ln, float *mean, float *rstd,
+                                       float *out, const float *inp, const float *mod, int64_t B,
+                                       int64_t T, int64_t C, int64_t M, int shift_idx,
+                                       int scale_idx) {
+    int err = ts_cuda_layernorm_forward(e, ln, mean, rstd, inp, B * T, C);
+    return err ? err
+               : ts_cuda_modulate_forward(e, out, ln, mod, B, T, C, M, shift_idx, scale_idx);
+}
+
 int ts_cuda_modulate_backward(ts_engine_t *e, float *dx, float *dmod, const float *dout,
                               const float *x, const float *mod, int64_t B, int64_t T, int64_t C,
                               int64_t M, int shift_idx, int scale_idx) {

@@ -1,0 +1,61 @@
+/*
+ * vec.h — internal: the CPU backend's hot per-element and per-row loops, built once per
+ * instruction set and chosen when the engine starts.
+ *
+ * kernels/cpu/vec.c is compiled three times (kernels/CMakeLists.txt): with -mavx512f, with -mavx2,
+ * and for baseline x86-64 (SSE2). Each build fills one table of function pointers; the engine
+ * takes the widest its CPU runs (ts_cpu_vec_pick), so the same loop runs 16, 8 or 4 lanes wide.
+ *
+ * Every variant gives the same bits. Each loop computes, per element, the kernels/math.h formula
+ * the plain loop computes, with the same IEEE operations in the same order: no build fuses a
+ * multiply-add (-ffp-contract=off everywhere), gcc never reorders a float sum without
+ * -ffast-math, and the one reduction here (LayerNorm's row statistics) is a chain per row in
+ * element order, several rows side by side. Only the vector width differs, and every lane does
+ * what the scalar loop does. tests/test_cpu_vec.c checks each variant the CPU can run against
+ * the plain loops, with memcmp, on sizes with tails.
+ *
+ * What is not here: the GEMMs (OpenBLAS picks its own kernels), softmax and attention (the
+ * attention kernel's own file), the reductions in double (their order is their rounding).
+ */
+#ifndef TS_CPU_VEC_H
+#define TS_CPU_VEC_H
+
+#include <stdint.h>
+
+typedef struct ts_cpu_vec {
+    const char *name; /* "avx512", "avx2" or "base" */
+    /* out[i] = gelu(inp[i]); out may alias inp */
+    void (*gelu)(float *out, const float *inp, int64_t n);
+    /* dinp[i] += dout[i] · gelu'(inp[i]) */
+    void (*gelu_backward)(float *dinp, const float *dout, const float *inp, int64_t n);
+    /* A linear layer's output pass over c (M, N), row stride ld: c += bias (when bias is not
+     * NULL), then, when act is not NULL, act = gelu(c) (act has c's layout) — one pass over each
+     * row while the GEMM's output is still in cache. */
+    void (*bias_act)(float *c, float *act, const float *bias, int64_t M, int64_t N, int64_t ld);
+    /* LayerNorm of rows x (rows, C): out (nullable) = (x − mean)·rstd; mean, rstd (rows)
+     * nullable; when mod_out is not NULL, also mod_out = modulate(that, shift, scale), shift and
+     * scale (C) shared by these rows. */
+    void (*layernorm)(float *out, float *mean, float *rstd, float *mod_out, const float *x,
+                      const float *shift, const float *scale, int64_t rows, int64_t C);
+    /* out (rows, C) = modulate(x, shift, scale), shift and scale (C); out may alias x */
+    void (*modulate)(float *out, const float *x, const float *shift, const float *scale,
+                     int64_t rows, int64_t C);
+    /* out (rows, C) = res + gate · y, gate (C); out may alias res */
+    void (*gate_residual)(float *out, const float *res, const float *y, const float *gate,
+                          int64_t rows, int64_t C);
+    /* ts_adamw_elem on n elements, g = grad · grad_scale */
+    void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, float bc1, float sqrt_bc2,
+                  float grad_scale);
+    /* ema[i] = ts_ema_elem(ema[i], param[i], decay) */
+    void (*ema)(float *ema, const float *param, int64_t n, float decay);
+    /* y[i] += alpha · x[i] */
+    void (*axpy)(float *y, float alpha, const float *x, int64_t n);
+} ts_cpu_vec_t;
+
+/* The table of the widest build this CPU runs, no wider than `cap` ("avx512", "avx2", "base";
+ * NULL or "" for no cap; an unknown name caps nothing). The engine passes the environment's
+ * TESSERA_CPU_ISA, so a test or a measurement can run the narrower builds on a wide CPU. */
+const ts_cpu_vec_t *ts_cpu_vec_pick(const char *cap);
+
+#endif

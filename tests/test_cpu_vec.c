@@ -1,0 +1,335 @@
+/*
+ * test_cpu_vec.c — the CPU's per-ISA loops (kernels/cpu/vec.h) and the fused ops built on them
+ * give exactly the bits of the plain loops.
+ *
+ * Two levels, each on every build this CPU runs (avx512, avx2, base; a build the CPU lacks is
+ * said and skipped):
+ *   - the tables: each function of ts_cpu_vec_pick(isa) against the plain scalar loop written
+ *     here (the kernels/math.h formulas, one element at a time, sums in element order), compared
+ *     with memcmp, on sizes with vector tails (1, 3, 13, 31, 129 …) and LayerNorm's row blocks
+ *     cut short (7, 9, 17 rows);
+ *   - the engine: an engine started under TESSERA_CPU_ISA=<isa> runs the fused ops
+ *     (ts_layernorm_modulate_forward, ts_linear_gelu_forward) and AdamW, EMA, GELU; their outputs
+ *     must equal, bit for bit, the unfused ops on an engine capped to the base build.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/vec.h"
+#include "kernels/engine.h"
+#include "kernels/math.h"
+#include "kernels/ops.h"
+#include "tests/testutil.h"
+
+static const char *const isas[] = {"avx512", "avx2", "base"};
+
+/* The table for isa, or NULL (and a note) when this CPU does not run that build. */
+static const ts_cpu_vec_t *table_for(const char *isa) {
+    const ts_cpu_vec_t *t = ts_cpu_vec_pick(isa);
+    if (strcmp(t->name, isa) != 0) {
+        printf("# %s: not on this CPU (the widest below it is %s), skipped\n", isa, t->name);
+        return NULL;
+    }
+    return t;
+}
+
+static void fill(tu_rng_t *r, float *x, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = tu_rng_uniform(r, lo, hi);
+}
+
+static void check_bits(const float *got, const float *want, int64_t n, const char *what,
+                       const char *isa, int64_t a, int64_t b) {
+    if (memcmp(got, want, (size_t)n * sizeof *got) != 0) {
+        int64_t i = 0;
+        while (i < n && memcmp(&got[i], &want[i], sizeof *got) == 0)
+            i++;
+        print_error("%s (%s, sizes %lld, %lld): element %lld is %.9g, the plain loop gives %.9g\n",
+                    what, isa, (long long)a, (long long)b, (long long)i, (double)got[i],
+                    (double)want[i]);
+        fail();
+    }
+}
+
+/* ---- the plain loops ------------------------------------------------------------------- */
+
+static void plain_layernorm(float *out, float *mean, float *rstd, float *mod, const float *x,
+                            const float *shift, const float *scale, int64_t rows, int64_t C) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C;
+        float s = 0.0f;
+        for (int64_t i = 0; i < C; i++)
+            s += xr[i];
+        float m = s / (float)C;
+        float v = 0.0f;
+        for (int64_t i = 0; i < C; i++)
+            v += (xr[i] - m) * (xr[i] - m);
+        float rs = ts_ln_rstd(v / (float)C);
+        for (int64_t i = 0; i < C; i++) {
+            out[r * C + i] = (xr[i] - m) * rs;
+            mod[r * C + i] = ts_modulate(out[r * C + i], shift[i], scale[i]);
+        }
+        mean[r] = m;
+        rstd[r] = rs;
+    }
+}
+
+/* ---- the tables ------------------------------------------------------------------------ */
+
+static const int64_t lens[] = {1, 3, 13, 16, 31, 33, 129, 1000};
+
+static void test_elementwise(void **state) {
+    for (size_t k = 0; k < sizeof isas / sizeof isas[0]; k++) {
+        const ts_cpu_vec_t *t = table_for(isas[k]);
+        if (!t)
+            continue;
+        tu_rng_t r = {21};
+        for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++) {
+            int64_t n = lens[c];
+            float *x = tu_floats(n), *d = tu_floats(n), *got = tu_floats(n), *want = tu_floats(n);
+            fill(&r, x, n, -6.0f, 6.0f);
+            fill(&r, d, n, -1.0f, 1.0f);
+            t->gelu(got, x, n);
+            for (int64_t i = 0; i < n; i++)
+                want[i] = ts_gelu(x[i]);
+            check_bits(got, want, n, "gelu", t->name, n, 0);
+
+            fill(&r, got, n, -1.0f, 1.0f);
+            memcpy(want, got, (size_t)n * sizeof *want);
+            t->gelu_backward(got, d, x, n);
+            for (int64_t i = 0; i < n; i++)
+                want[i] += d[i] * ts_gelu_grad(x[i]);
+            check_bits(got, want, n, "gelu_backward", t->name, n, 0);
+
+            memcpy(want, got, (size_t)n * sizeof *want);
+            t->axpy(got, 0.37f, d, n);
+            for (int64_t i = 0; i < n; i++)
+                want[i] += 0.37f * d[i];
+            check_bits(got, want, n, "axpy", t->name, n, 0);
+
+            memcpy(want, got, (size_t)n * sizeof *want);
+            t->ema(got, x, n, 0.999f);
+            for (int64_t i = 0; i < n; i++)
+                want[i] = ts_ema_elem(want[i], x[i], 0.999f);
+            check_bits(got, want, n, "ema", t->name, n, 0);
+            free(x), free(d), free(got), free(want);
+        }
+    }
+}
+
+static void test_adamw(void **state) {
+    for (size_t k = 0; k < sizeof isas / sizeof isas[0]; k++) {
+        const ts_cpu_vec_t *t = table_for(isas[k]);
+        if (!t)
+            continue;
+        tu_rng_t r = {22};
+        for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++) {
+            int64_t n = lens[c];
+            float *g = tu_floats(n), *p = tu_floats(n), *m = tu_floats(n), *v = tu_floats(n);
+            float *p2 = tu_floats(n), *m2 = tu_floats(n), *v2 = tu_floats(n);
+            fill(&r, p, n, -1.0f, 1.0f);
+            fill(&r, m, n, -0.1f, 0.1f);
+            fill(&r, v, n, 0.0f, 0.01f);
+            memcpy(p2, p, (size_t)n * sizeof *p), memcpy(m2, m, (size_t)n * sizeof *m);
+            memcpy(v2, v, (size_t)n * sizeof *v);
+            for (int step = 1; step <= 3; step++) {
+                fill(&r, g, n, -2.0f, 2.0f);
+                float bc1 = (float)(1.0 - pow(0.9, step)),
+                      sbc2 = (float)sqrt(1.0 - pow(0.999, step));
+                t->adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, bc1, sbc2, 0.5f);
+                for (int64_t i = 0; i < n; i++)
+                    ts_adamw_elem(&p2[i], &m2[i], &v2[i], g[i] * 0.5f, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                                  0.01f, bc1, sbc2);
+            }
+            check_bits(p, p2, n, "adamw param", t->name, n, 0);
+            check_bits(m, m2, n, "adamw m", t->name, n, 0);
+            check_bits(v, v2, n, "adamw v", t->name, n, 0);
+            free(g), free(p), free(m), free(v), free(p2), free(m2), free(v2);
+        }
+    }
+}
+
+static const int64_t row_cases[][2] = {/* rows, C */
+                                       {1, 1},  {1, 7},    {7, 13},   {8, 31},   {9, 128},
+                                       {17, 3}, {16, 129}, {49, 256}, {23, 1000}};
+
+static void test_rows(void **state) {
+    for (size_t k = 0; k < sizeof isas / sizeof isas[0]; k++) {
+        const ts_cpu_vec_t *t = table_for(isas[k]);
+        if (!t)
+            continue;
+        tu_rng_t r = {23};
+        for (size_t c = 0; c < sizeof row_cases / sizeof row_cases[0]; c++) {
+            int64_t rows = row_cases[c][0], C = row_cases[c][1], n = rows * C;
+            float *x = tu_floats(n), *y = tu_floats(n), *sh = tu_floats(C), *sc = tu_floats(C);
+            float *out = tu_floats(n), *mod = tu_floats(n), *mean = tu_floats(rows);
+            float *rstd = tu_floats(rows), *w_out = tu_floats(n), *w_mod = tu_floats(n);
+            float *w_mean = tu_floats(rows), *w_rstd = tu_floats(rows);
+            fill(&r, x, n, -3.0f, 5.0f);
+            fill(&r, y, n, -1.0f, 1.0f);
+            fill(&r, sh, C, -1.0f, 1.0f);
+            fill(&r, sc, C, -1.0f, 1.0f);
+            plain_layernorm(w_out, w_mean, w_rstd, w_mod, x, sh, sc, rows, C);
+            t->layernorm(out, mean, rstd, mod, x, sh, sc, rows, C);
+            check_bits(out, w_out, n, "layernorm out", t->name, rows, C);
+            check_bits(mod, w_mod, n, "layernorm + modulate", t->name, rows, C);
+            check_bits(mean, w_mean, rows, "layernorm mean", t->name, rows, C);
+            check_bits(rstd, w_rstd, rows, "layernorm rstd", t->name, rows, C);
+            /* the other combinations of outputs */
+            memset(mod, 0, (size_t)n * sizeof *mod);
+            t->layernorm(NULL, NULL, NULL, mod, x, sh, sc, rows, C);
+            check_bits(mod, w_mod, n, "layernorm + modulate alone", t->name, rows, C);
+            memset(out, 0, (size_t)n * sizeof *out);
+            t->layernorm(out, NULL, NULL, NULL, x, NULL, NULL, rows, C);
+            check_bits(out, w_out, n, "layernorm alone", t->name, rows, C);
+
+            t->modulate(out, x, sh, sc, rows, C);
+            for (int64_t i = 0; i < n; i++)
+                w_out[i] = ts_modulate(x[i], sh[i % C], sc[i % C]);
+            check_bits(out, w_out, n, "modulate", t->name, rows, C);
+            t->gate_residual(out, x, y, sc, rows, C);
+            for (int64_t i = 0; i < n; i++)
+                w_out[i] = x[i] + sc[i % C] * y[i];
+            check_bits(out, w_out, n, "gate_residual", t->name, rows, C);
+
+            /* the linear layer's output pass: bias, then GELU; bias alone; GELU alone */
+            memcpy(out, y, (size_t)n * sizeof *out);
+            memcpy(w_out, y, (size_t)n * sizeof *out);
+            t->bias_act(out, mod, sh, rows, C, C);
+            for (int64_t i = 0; i < n; i++) {
+                w_out[i] += sh[i % C];
+                w_mod[i] = ts_gelu(w_out[i]);
+            }
+            check_bits(out, w_out, n, "bias + gelu (pre)", t->name, rows, C);
+            check_bits(mod, w_mod, n, "bias + gelu (act)", t->name, rows, C);
+            t->bias_act(out, NULL, sc, rows, C, C);
+            for (int64_t i = 0; i < n; i++)
+                w_out[i] += sc[i % C];
+            check_bits(out, w_out, n, "bias", t->name, rows, C);
+            t->bias_act(out, mod, NULL, rows, C, C);
+            for (int64_t i = 0; i < n; i++)
+                w_mod[i] = ts_gelu(w_out[i]);
+            check_bits(mod, w_mod, n, "gelu after the product", t->name, rows, C);
+            free(x), free(y), free(sh), free(sc), free(out), free(mod), free(mean), free(rstd);
+            free(w_out), free(w_mod), free(w_mean), free(w_rstd);
+        }
+    }
+}
+
+/* ---- the engine ------------------------------------------------------------------------ */
+
+/* A 2-thread CPU engine on the build for isa; 0 when this CPU does not run it. */
+static int engine_for(ts_engine_t *e, const char *isa) {
+    setenv("TESSERA_CPU_ISA", isa, 1);
+    int rc = tu_engine_init_cpu(e);
+    unsetenv("TESSERA_CPU_ISA");
+    TU_CHECK_OK(rc);
+    if (strcmp(e->vec->name, isa) != 0) {
+        printf("# engine %s: not on this CPU, skipped\n", isa);
+        ts_engine_free(e);
+        return 0;
+    }
+    return 1;
+}
+
+static void check_tensors(const ts_tensor_t *got, const ts_tensor_t *want, const char *what,
+                          const char *isa, int64_t a, int64_t b) {
+    check_bits(tu_f32(got), tu_f32(want), ts_tensor_numel(want), what, isa, a, b);
+}
+
+/* B, T, C of the adaLN cases: T = 49 tokens (tiny), 196 (small), odd C for the tails. */
+static const int64_t ada_cases[][3] = {{1, 49, 128}, {3, 49, 128}, {2, 196, 256}, {5, 7, 13}};
+
+static void test_engine_fused(void **state) {
+    ts_engine_t base;
+    TU_CHECK_OK(engine_for(&base, "base") ? TS_OK : TS_ENOTSUP);
+    for (size_t k = 0; k < sizeof isas / sizeof isas[0]; k++) {
+        ts_engine_t e;
+        if (!engine_for(&e, isas[k]))
+            continue;
+        tu_rng_t r = {24};
+        for (size_t c = 0; c < sizeof ada_cases / sizeof ada_cases[0]; c++) {
+            int64_t B = ada_cases[c][0], T = ada_cases[c][1], C = ada_cases[c][2];
+            ts_tensor_t x, mod, ln, out, mean, rstd, w_ln, w_out, w_mean, w_rstd;
+            tu_alloc_f32(&x, 3, TS_SHAPE(B, T, C));
+            tu_alloc_f32(&mod, 2, TS_SHAPE(B, 6 * C));
+            tu_alloc_f32(&mean, 1, TS_SHAPE(B * T));
+            tu_alloc_like(&ln, &x), tu_alloc_like(&out, &x), tu_alloc_like(&w_ln, &x);
+            tu_alloc_like(&w_out, &x), tu_alloc_like(&rstd, &mean);
+            tu_alloc_like(&w_mean, &mean), tu_alloc_like(&w_rstd, &mean);
+            tu_fill_uniform(&r, &x, -2, 3);
+            tu_fill_uniform(&r, &mod, -1, 1);
+            TU_CHECK_OK(ts_layernorm_modulate_forward(&e, &ln, &mean, &rstd, &out, &x, &mod, 3, 4));
+            TU_CHECK_OK(ts_layernorm_forward(&base, &w_ln, &w_mean, &w_rstd, &x));
+            TU_CHECK_OK(ts_modulate_forward(&base, &w_out, &w_ln, &mod, 3, 4));
+            check_tensors(&ln, &w_ln, "layernorm_modulate ln", isas[k], B * T, C);
+            check_tensors(&out, &w_out, "layernorm_modulate out", isas[k], B * T, C);
+            check_tensors(&mean, &w_mean, "layernorm_modulate mean", isas[k], B * T, C);
+            check_tensors(&rstd, &w_rstd, "layernorm_modulate rstd", isas[k], B * T, C);
+            TU_CHECK_OK(ts_gate_residual_forward(&e, &out, &x, &ln, &mod, 2));
+            TU_CHECK_OK(ts_gate_residual_forward(&base, &w_out, &x, &ln, &mod, 2));
+            check_tensors(&out, &w_out, "gate_residual", isas[k], B * T, C);
+            TU_FREE_TENSORS(&x, &mod, &ln, &out, &mean, &rstd, &w_ln, &w_out, &w_mean, &w_rstd);
+        }
+        /* linear + GELU: rows of the tiny and small MLPs, and odd sizes */
+        static const int64_t lin_cases[][3] = {/* M, K, N */
+                                               {49, 128, 512},
+                                               {3136, 128, 512},
+                                               {7, 13, 29}};
+        for (size_t c = 0; c < sizeof lin_cases / sizeof lin_cases[0]; c++) {
+            int64_t M = lin_cases[c][0], K = lin_cases[c][1], N = lin_cases[c][2];
+            ts_tensor_t inp, w, b, pre, act, w_pre, w_act;
+            tu_alloc_f32(&inp, 2, TS_SHAPE(M, K));
+            tu_alloc_f32(&w, 2, TS_SHAPE(N, K));
+            tu_alloc_f32(&b, 1, TS_SHAPE(N));
+            tu_alloc_f32(&pre, 2, TS_SHAPE(M, N));
+            tu_alloc_like(&act, &pre), tu_alloc_like(&w_pre, &pre), tu_alloc_like(&w_act, &pre);
+            tu_fill_uniform(&r, &inp, -1, 1);
+            tu_fill_uniform(&r, &w, -1, 1);
+            tu_fill_uniform(&r, &b, -1, 1);
+            TU_CHECK_OK(ts_linear_gelu_forward(&e, &pre, &act, &inp, &w, &b));
+            TU_CHECK_OK(ts_linear_forward(&base, &w_pre, &inp, &w, &b));
+            TU_CHECK_OK(ts_gelu_forward(&base, &w_act, &w_pre));
+            check_tensors(&pre, &w_pre, "linear_gelu pre", isas[k], M, N);
+            check_tensors(&act, &w_act, "linear_gelu act", isas[k], M, N);
+            TU_FREE_TENSORS(&inp, &w, &b, &pre, &act, &w_pre, &w_act);
+        }
+        /* AdamW and EMA over a slab larger than one thread's grain */
+        int64_t n = 100003;
+        ts_tensor_t p, g, m, v, p2, m2, v2;
+        tu_alloc_f32(&p, 1, TS_SHAPE(n));
+        tu_alloc_like(&g, &p), tu_alloc_like(&m, &p), tu_alloc_like(&v, &p);
+        tu_alloc_like(&p2, &p), tu_alloc_like(&m2, &p), tu_alloc_like(&v2, &p);
+        tu_fill_uniform(&r, &p, -1, 1);
+        memcpy(tu_f32(&p2), tu_f32(&p), (size_t)n * sizeof(float));
+        ts_adamw_t hp = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
+        for (int step = 1; step <= 3; step++) {
+            tu_fill_uniform(&r, &g, -1, 1);
+            TU_CHECK_OK(ts_adamw_step(&e, &p, &g, &m, &v, &hp, step, 0.7f));
+            TU_CHECK_OK(ts_adamw_step(&base, &p2, &g, &m2, &v2, &hp, step, 0.7f));
+        }
+        check_tensors(&p, &p2, "adamw param", isas[k], n, 0);
+        check_tensors(&m, &m2, "adamw m", isas[k], n, 0);
+        check_tensors(&v, &v2, "adamw v", isas[k], n, 0);
+        TU_CHECK_OK(ts_ema_update(&e, &m, &p, 0.99f));
+        TU_CHECK_OK(ts_ema_update(&base, &m2, &p2, 0.99f));
+        check_tensors(&m, &m2, "ema", isas[k], n, 0);
+        TU_FREE_TENSORS(&p, &g, &m, &v, &p2, &m2, &v2);
+        ts_engine_free(&e);
+    }
+    ts_engine_free(&base);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_engine_fused),
+    };
+    return cmocka_run_group_tests_name("cpu_vec", tests, NULL, NULL);
+}
