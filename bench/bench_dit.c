@@ -20,9 +20,10 @@
  * most --tol (1e-4), else the program exits 3 — a benchmark of two different computations means
  * nothing.
  *
- * --precision bf16 runs the forward with ts_dit_set_precision(TS_PREC_BF16) (bf16 products through
- * oneDNN, fp32 accumulation): forward rows only (training stays f32), and a --check against an
- * fp32 reference then needs a bf16-sized --tol (bench_dit.py passes 3e-2).
+ * --precision bf16 runs the model with ts_dit_set_precision(TS_PREC_BF16) (bf16 products through
+ * oneDNN, fp32 accumulation): the forward rows, and the training row in bf16 training (the
+ * backward's linear products in bf16 too, fp32 masters and AdamW); a --check against an fp32
+ * reference then needs a bf16-sized --tol (bench_dit.py passes 3e-2).
  *
  * What it is not: a profiler (run it under `perf record`), nor a test of speed targets (those are
  * judged by bench_dit.py against PyTorch in the same run).
@@ -635,33 +636,33 @@ done:
 /* ---- command line ----------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
-    fprintf(
-        f, "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
-           "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
-           "                 [--precision f32|bf16] [--attention fused|composed]\n"
-           "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
-           "\n"
-           "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
-           "ts_trainer_step on random images) at the training batch, on the CPU engine.\n"
-           "\n"
-           "  --weights FILE     a DiT safetensors file (config in its __metadata__)\n"
-           "  --threads N        engine threads (default: one per online core)\n"
-           "  --batch B          a forward batch size; repeat for several (default: 1 and 64)\n"
-           "  --train-batch B    training batch size; 0 = no training measurement (default 64)\n"
-           "  --seconds S        timed seconds per measurement, after a warm-up (default 2)\n"
-           "  --quick            a smoke run: short warm-up, 0.3 s unless --seconds, 3 calls\n"
-           "  --check FILE       first compare one forward on FILE's x, t, y with its v; exit 3\n"
-           "                     when they differ by more than the tolerance\n"
-           "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
-           "  --json             print one JSON document instead of the table\n"
-           "  --precision P      f32 (default) or bf16: the forward's products (bf16: no training\n"
-           "                     row)\n"
-           "  --attention A      fused or composed: the model's attention (default: fused on the\n"
-           "                     CPU; see ts_dit_set_attention)\n"
-           "  --attention-ops B  no model: time the attention ops alone, composed against fused,\n"
-           "                     at batch B (tiny's and small's heads, T = 64 and 256; forward\n"
-           "                     f32, forward+backward f32, forward bf16 where it runs)\n"
-           "  -h, --help         show this text\n");
+    fprintf(f,
+            "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
+            "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
+            "                 [--precision f32|bf16] [--attention fused|composed]\n"
+            "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
+            "\n"
+            "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
+            "ts_trainer_step on random images) at the training batch, on the CPU engine.\n"
+            "\n"
+            "  --weights FILE     a DiT safetensors file (config in its __metadata__)\n"
+            "  --threads N        engine threads (default: one per online core)\n"
+            "  --batch B          a forward batch size; repeat for several (default: 1 and 64)\n"
+            "  --train-batch B    training batch size; 0 = no training measurement (default 64)\n"
+            "  --seconds S        timed seconds per measurement, after a warm-up (default 2)\n"
+            "  --quick            a smoke run: short warm-up, 0.3 s unless --seconds, 3 calls\n"
+            "  --check FILE       first compare one forward on FILE's x, t, y with its v; exit 3\n"
+            "                     when they differ by more than the tolerance\n"
+            "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
+            "  --json             print one JSON document instead of the table\n"
+            "  --precision P      f32 (default) or bf16: the products, forward and training (bf16\n"
+            "                     training: fp32 masters and optimiser)\n"
+            "  --attention A      fused or composed: the model's attention (default: fused on the\n"
+            "                     CPU; see ts_dit_set_attention)\n"
+            "  --attention-ops B  no model: time the attention ops alone, composed against fused,\n"
+            "                     at batch B (tiny's and small's heads, T = 64 and 256; forward\n"
+            "                     f32, forward+backward f32, forward bf16 where it runs)\n"
+            "  -h, --help         show this text\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
@@ -752,8 +753,6 @@ int main(int argc, char **argv) {
     }
     if (o.seconds < 0)
         o.seconds = o.quick ? 0.3 : 2.0;
-    if (o.precision != TS_PREC_F32)
-        o.train_batch = 0; /* a trainable model stays f32 */
     if (o.n_batches == 0) {
         o.batches[0] = 1;
         o.batches[1] = 64;
