@@ -267,16 +267,9 @@ static int expect_refusal(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--expect-refusal") == 0)
         return expect_refusal();
-    ts_engine_t e;
-    char why[256] = "";
-    if (tu_engine_init_cpu(&e) != TS_OK)
-        return 1;
-    int rc = ts_engine_precision_check(&e, TS_PREC_BF16, why, sizeof why);
-    ts_engine_free(&e);
-    if (rc != TS_OK) {
-        printf("test_bf16: SKIPPED: %s\n", why);
-        return 77;
-    }
+    int skip = tu_bf16_or_skip("test_bf16");
+    if (skip)
+        return skip;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_attention),   cmocka_unit_test(test_gelu),

@@ -46,6 +46,29 @@ static float bf(float x) { return ts_bf16_to_f32(ts_f32_to_bf16(x)); }
 
 /* ---- the linear backward against the naive loop ----------------------------------------- */
 
+/* Checks got (R, C) = prev + bf16(A) (R, I) · bf16(B) (I, C), element (r, i) of A at
+ * a[r·ars + i·acs] and (i, c) of B at b[i·brs + c·bcs]; returns the largest error. */
+static double check_acc(const float *got, const float *prev, const float *a, int64_t ars,
+                        int64_t acs, const float *b, int64_t brs, int64_t bcs, int64_t R, int64_t C,
+                        int64_t I, const char *what) {
+    double worst = 0;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) {
+            double acc = 0, mag = 0;
+            for (int64_t i = 0; i < I; i++) {
+                double t = (double)bf(a[r * ars + i * acs]) * (double)bf(b[i * brs + c * bcs]);
+                acc += t, mag += fabs(t);
+            }
+            double want = (double)prev[r * C + c] + acc, err = fabs((double)got[r * C + c] - want);
+            if (err > 1e-5 * (mag + fabs((double)prev[r * C + c])) + 1e-7)
+                fail_msg("%s (%lld, %lld) of %lldx%lld·%lld: %.9g, want %.9g", what, (long long)r,
+                         (long long)c, (long long)R, (long long)C, (long long)I, got[r * C + c],
+                         want);
+            worst = err > worst ? err : worst;
+        }
+    return worst;
+}
+
 static void test_linear_backward(void **state) {
     ts_engine_t *e = *state;
     /* rows × out × in: tiny's fc1 at b8 (row split), the adaLN at b64 (few rows: a column
@@ -77,37 +100,9 @@ static void test_linear_backward(void **state) {
         assert_int_equal(ts_linear_backward(e, NULL, NULL, &db32, &dout, &inp, &w), TS_OK);
         assert_memory_equal(tu_f32(&db), tu_f32(&db32), (size_t)N * sizeof(float));
         const float *a = tu_f32(&dout), *x = tu_f32(&inp), *W = tu_f32(&w);
-        double worst_x = 0, worst_w = 0;
-        for (int64_t m = 0; m < M; m++) /* dinp (M, K) += dout (M, N) · W (N, K) */
-            for (int64_t k = 0; k < K; k++) {
-                double acc = 0, mag = 0;
-                for (int64_t n = 0; n < N; n++) {
-                    double t = (double)bf(a[m * N + n]) * (double)bf(W[n * K + k]);
-                    acc += t, mag += fabs(t);
-                }
-                double prev = dinp_prev[m * K + k], want = prev + acc;
-                double err = fabs((double)tu_f32(&dinp)[m * K + k] - want);
-                if (err > 1e-5 * (mag + fabs(prev)) + 1e-7)
-                    fail_msg("dinp (%lld, %lld) of %lldx%lldx%lld: %.9g, want %.9g", (long long)m,
-                             (long long)k, (long long)M, (long long)N, (long long)K,
-                             tu_f32(&dinp)[m * K + k], want);
-                worst_x = err > worst_x ? err : worst_x;
-            }
-        for (int64_t n = 0; n < N; n++) /* dw (N, K) += doutᵀ (N, M) · inp (M, K) */
-            for (int64_t k = 0; k < K; k++) {
-                double acc = 0, mag = 0;
-                for (int64_t m = 0; m < M; m++) {
-                    double t = (double)bf(a[m * N + n]) * (double)bf(x[m * K + k]);
-                    acc += t, mag += fabs(t);
-                }
-                double prev = dw_prev[n * K + k], want = prev + acc;
-                double err = fabs((double)tu_f32(&dw)[n * K + k] - want);
-                if (err > 1e-5 * (mag + fabs(prev)) + 1e-7)
-                    fail_msg("dweight (%lld, %lld) of %lldx%lldx%lld: %.9g, want %.9g",
-                             (long long)n, (long long)k, (long long)M, (long long)N, (long long)K,
-                             tu_f32(&dw)[n * K + k], want);
-                worst_w = err > worst_w ? err : worst_w;
-            }
+        /* dinp (M, K) += dout (M, N) · W (N, K); dw (N, K) += doutᵀ (N, M) · inp (M, K) */
+        double worst_x = check_acc(tu_f32(&dinp), dinp_prev, a, N, 1, W, K, 1, M, K, N, "dinp");
+        double worst_w = check_acc(tu_f32(&dw), dw_prev, a, 1, N, x, K, 1, N, K, M, "dweight");
         printf("  linear backward %4lldx%4lldx%4lld: max |diff| dinp %.3g, dweight %.3g\n",
                (long long)M, (long long)N, (long long)K, worst_x, worst_w);
         free(dinp_prev), free(dw_prev);
@@ -209,25 +204,6 @@ static ts_dit_config_t small_config(void) {
     return c;
 }
 
-/* n images of 8×8: class k is a bright k-th quarter on a dark background, plus noise (as
- * test_train's). */
-static void make_data(ts_dataset_t *d, int n) {
-    d->n = n, d->channels = 1, d->height = 8, d->width = 8, d->num_classes = 3;
-    d->images = malloc((size_t)n * 64 * sizeof(float));
-    d->labels = malloc((size_t)n * sizeof(int32_t));
-    assert_non_null(d->images);
-    assert_non_null(d->labels);
-    for (int i = 0; i < n; i++) {
-        int k = i % 3;
-        d->labels[i] = k;
-        for (int p = 0; p < 64; p++) {
-            int quarter = (p / 8 < 4 ? 0 : 2) + (p % 8 < 4 ? 0 : 1);
-            float noise = 0.1f * ts_rng_normal_at(99, (uint64_t)(i * 64 + p));
-            d->images[i * 64 + p] = (quarter == k ? 0.8f : -0.8f) + noise;
-        }
-    }
-}
-
 typedef struct {
     ts_dataset_t data;
     ts_dit_t model;
@@ -237,7 +213,7 @@ typedef struct {
 /* A run at precision p: the model, then its precision, then the trainer (as `tessera train`). */
 static void run_start(ts_engine_t *e, run_t *r, uint64_t seed, ts_precision_t p) {
     ts_dit_config_t c = small_config();
-    make_data(&r->data, 48);
+    tu_quarters_dataset(&r->data, 48);
     assert_int_equal(ts_dit_create(&r->model, &c, e, 16, 1), TS_OK);
     assert_int_equal(ts_dit_init_weights(&r->model, seed), TS_OK);
     char why[256] = "";
@@ -395,16 +371,9 @@ static int expect_refusal(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--expect-refusal") == 0)
         return expect_refusal();
-    ts_engine_t e;
-    char why[256] = "";
-    if (tu_engine_init_cpu(&e) != TS_OK)
-        return 1;
-    int rc = ts_engine_precision_check(&e, TS_PREC_BF16, why, sizeof why);
-    ts_engine_free(&e);
-    if (rc != TS_OK) {
-        printf("test_bf16_train: SKIPPED: %s\n", why);
-        return 77;
-    }
+    int skip = tu_bf16_or_skip("test_bf16_train");
+    if (skip)
+        return skip;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear_backward), cmocka_unit_test(test_gradients_vs_f32),
         cmocka_unit_test(test_loss_falls),      cmocka_unit_test(test_masters_and_refresh),
