@@ -20,9 +20,10 @@
  * most --tol (1e-4), else the program exits 3 — a benchmark of two different computations means
  * nothing.
  *
- * --precision bf16 runs the forward with ts_dit_set_precision(TS_PREC_BF16) (bf16 products through
- * oneDNN, fp32 accumulation): forward rows only (training stays f32), and a --check against an
- * fp32 reference then needs a bf16-sized --tol (bench_dit.py passes 3e-2).
+ * --precision bf16 runs the model with ts_dit_set_precision(TS_PREC_BF16) (bf16 products through
+ * oneDNN, fp32 accumulation): the forward rows, and the training row in bf16 training (the
+ * backward's linear products in bf16 too, fp32 masters and AdamW); a --check against an fp32
+ * reference then needs a bf16-sized --tol (bench_dit.py passes 3e-2).
  *
  * --ops, after each fp32 forward row, times every op call of a block alone on block 0's
  * activations (and the unfused pairs next to the fused ops), and prints each one's share of the
@@ -774,8 +775,8 @@ static void usage(FILE *f) {
            "                     when they differ by more than the tolerance\n"
            "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
            "  --json             print one JSON document instead of the table\n"
-           "  --precision P      f32 (default) or bf16: the forward's products (bf16: no training\n"
-           "                     row)\n"
+           "  --precision P      f32 (default) or bf16: the products, forward and training (bf16\n"
+           "                     training: fp32 masters and optimiser)\n"
            "  --attention A      fused or composed: the model's attention (default: fused on the\n"
            "                     CPU; see ts_dit_set_attention)\n"
            "  --attention-ops B  no model: time the attention ops alone, composed against fused,\n"
@@ -874,8 +875,6 @@ int main(int argc, char **argv) {
     }
     if (o.seconds < 0)
         o.seconds = o.quick ? 0.3 : 2.0;
-    if (o.precision != TS_PREC_F32)
-        o.train_batch = 0; /* a trainable model stays f32 */
     if (o.n_batches == 0) {
         o.batches[0] = 1;
         o.batches[1] = 64;

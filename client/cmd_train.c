@@ -55,7 +55,8 @@ typedef struct {
     int64_t steps;
     int cluster;
     int batch, threads, ckpt_every, keep, log_every, resume, json, warmup, logit_normal;
-    ts_device_spec_t device; /* --device (zeroed: the CPU) */
+    ts_device_spec_t device;  /* --device (zeroed: the CPU) */
+    ts_precision_t precision; /* --precision (zeroed: f32) */
     float lr, wd, clip, ema, dropout;
     uint64_t seed;
 } train_opts_t;
@@ -236,6 +237,9 @@ static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_con
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o->device, "NAME",
          "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+        {"precision", TS_ARG_PRECISION, &o->precision, "P",
+         "the products, forward and backward: " TS_PRECISION_HELP
+         "; bf16 keeps fp32 master weights, AdamW, EMA, checkpoints and --out"},
         {"out", TS_ARG_STRING, &o->out, "FILE", "where to write the EMA weights (.safetensors)", 0,
          0, 1},
         {"data-dir", TS_ARG_STRING, &o->store_dir, "DIR",
@@ -318,6 +322,8 @@ static int open_run(train_run_t *r) {
         rc = ts_cli_engine(&r->eng, &o->device, o->threads, "tessera train", r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = open_model(r);
+    if (rc == TS_OK) /* before the trainer: it takes the bf16 copy of the start weights */
+        rc = ts_cli_precision(&r->model, 1, o->precision, NULL, r->err, sizeof r->err);
     if (rc == TS_OK && (rc = ts_trainer_init(&r->tr, &r->model, &r->ds, &r->tc)) != TS_OK)
         snprintf(r->err, sizeof r->err, "cannot start training (batch %d, %d images)", o->batch,
                  r->ds.n);
@@ -403,9 +409,12 @@ static void print_start(const train_run_t *r) {
     const train_opts_t *o = &r->o;
     fprintf(stderr,
             "training %s (%lld parameters, %.1f MFLOP/sample fwd) on %d images, batch %d, "
-            "%d threads, steps %lld → %lld\n",
+            "%d threads, %s, steps %lld → %lld\n",
             o->init ? o->init : o->model, (long long)r->model.num_params,
             ts_dit_flops_per_sample(&r->model.cfg) / 1e6, r->ds.n, o->batch, r->eng.threads,
+            o->precision == TS_PREC_BF16
+                ? "bf16 products forward and backward (oneDNN), fp32 masters, AdamW and EMA"
+                : "f32",
             (long long)r->tr.step, (long long)o->steps);
 }
 

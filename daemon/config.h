@@ -63,7 +63,7 @@ typedef struct ts_daemon_config {
     int auto_bandwidth_mib_s;          /* its fetches' bandwidth, MiB/s; 0 = unlimited */
     /* [compute] */
     ts_device_spec_t compute_device;  /* the engine of the trainer and the server */
-    ts_precision_t compute_precision; /* the server's forward products (training stays f32) */
+    ts_precision_t compute_precision; /* the server's and the trainer's products */
     /* [gossip] */
     int probe_interval_ms, probe_timeout_ms, indirect_probes, suspicion_mult, retransmit_mult;
     int pushpull_interval_s;

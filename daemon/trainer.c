@@ -280,6 +280,7 @@ void ts_train_job_opts_from_config(ts_train_job_opts_t *o, const ts_daemon_confi
                                .steps = c->train_steps,
                                .threads = c->train_threads,
                                .device = c->compute_device,
+                               .precision = c->compute_precision,
                                .ckpt_every = c->train_ckpt_every,
                                .keep = c->train_keep,
                                .snapshots = c->train_serve_while_training,
@@ -324,6 +325,17 @@ static int build(ts_train_job_t *j, const ts_train_job_opts_t *o, char *err, siz
     if (rc == TS_OK && ((rc = ts_dit_create(&j->model, &cfg, &j->eng, o->train.batch, 1)) ||
                         (rc = ts_dit_init_weights(&j->model, o->train.seed))))
         ts_set_err(err, errlen, "cannot build model '%s' for batch %d", name, o->train.batch);
+    if (rc == TS_OK && o->precision != TS_PREC_F32) { /* where it cannot run: f32, and why */
+        char why[256] = "";
+        if (ts_dit_set_precision(&j->model, o->precision, why, sizeof why) == TS_OK)
+            ts_log_info("train",
+                        "precision %s: bf16 products forward and backward, fp32 masters, "
+                        "AdamW and EMA",
+                        ts_precision_name(o->precision));
+        else
+            ts_log_warn("train", "precision %s refused (%s): training in f32",
+                        ts_precision_name(o->precision), why[0] ? why : "not supported");
+    }
     if (rc == TS_OK && (rc = ts_trainer_init(&j->tr, &j->model, &j->data, &o->train)) != TS_OK)
         ts_set_err(err, errlen, "cannot start training (batch %d, lr %g, %d images)",
                    o->train.batch, o->train.lr, j->data.n);

@@ -72,10 +72,14 @@ typedef struct ts_train_job_opts {
     ts_train_config_t train; /* from ts_train_config_default, then batch, lr, warmup, ... */
     int threads;             /* the job's compute threads; 0 = one per online core */
     ts_device_spec_t device; /* the job's engine ({0}: the CPU; tesserad: [compute] device) */
-    int ckpt_every;          /* steps between checkpoints, ≥ 1 */
-    int keep;                /* checkpoints of the run kept in the store, ≥ 1 */
-    int snapshots;           /* 1: publish the EMA weights at every checkpoint (see above) */
-    const char *out;         /* may be NULL: also write the final weights to this file */
+    /* the products (tesserad: [compute] precision): f32 (zeroed), or bf16 training (fp32 masters,
+     * AdamW and EMA; ts_dit_set_precision). Where bf16 cannot run the job trains in f32 and logs
+     * why, as the server does. */
+    ts_precision_t precision;
+    int ckpt_every;  /* steps between checkpoints, ≥ 1 */
+    int keep;        /* checkpoints of the run kept in the store, ≥ 1 */
+    int snapshots;   /* 1: publish the EMA weights at every checkpoint (see above) */
+    const char *out; /* may be NULL: also write the final weights to this file */
     /* May be NULL. Called on the job's thread; must be thread-safe and return at once
      * (uv_async_send is both). */
     void (*notify)(void *ctx);

@@ -76,6 +76,11 @@ extern "C" {
      * out, bias (fp32) added to the fp32 product. TS_ENOTSUP as gemm_bf16. */                     \
     X(linear_forward_bf16, float *out, const float *inp, const uint16_t *weight,                   \
       const float *bias, int64_t M, int64_t N, int64_t K, int64_t group)                           \
+    /* The backward of a linear layer with a bf16 weight (N, K) (bf16 training): dout rounded to  \
+     * bf16, dinp (M, K) += dout · weight and dweight (N, K) += doutᵀ · inp (inp rounded to bf16), \
+     * fp32 accumulation into the fp32 gradients; either may be NULL. TS_ENOTSUP as gemm_bf16. */  \
+    X(linear_backward_bf16, float *dinp, float *dweight, const float *dout, const float *inp,      \
+      const uint16_t *weight, int64_t M, int64_t N, int64_t K)                                     \
     /* GELU (tanh form) for a bf16 consumer: a vector exp, within 1e-6 of gelu_forward. */         \
     X(gelu_forward_bf16, float *out, const float *inp, int64_t n)                                  \
                                                                                                    \

@@ -74,7 +74,10 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
 int ts_linear_gelu_forward(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act,
                            const ts_tensor_t *inp, const ts_tensor_t *weight,
                            const ts_tensor_t *bias);
-/* dinp (..., K) += dout · weight; dweight (N, K) += doutᵀ · inp; dbias (N) += Σ_rows dout. */
+/* dinp (..., K) += dout · weight; dweight (N, K) += doutᵀ · inp; dbias (N) += Σ_rows dout. A BF16
+ * weight (the bf16 copy the bf16 forward used) takes the bf16 path of bf16 training: dout, inp
+ * and the weight in bf16, fp32 accumulation into the fp32 gradients, dbias in fp32 (TS_ENOTSUP
+ * where it cannot run, as ts_linear_forward). */
 int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
                        const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight);
 

@@ -472,11 +472,6 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
         /* back to the attention a model that never left f32 has (set_attention's default) */
         return ts_dit_set_attention(m, default_attention(m));
     }
-    if (m->trainable) {
-        if (why && why_len)
-            snprintf(why, why_len, "bf16 is an inference precision: a trainable model stays f32");
-        return TS_ENOTSUP;
-    }
     TS_TRY(ts_engine_precision_check(m->eng, p, why, why_len));
     /* at bf16 the composed attention (oneDNN's products) was measured faster than the fused
      * one's (docs/benchmarks.md); ts_dit_set_attention may still choose the fused one after */
@@ -499,8 +494,16 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
     return rc;
 }
 
-/* The weights a linear layer multiplies by: the bf16 copies at bf16, else the parameters. The
- * biases always come from the fp32 parameters. */
+int ts_dit_refresh_bf16(ts_dit_t *m) {
+    if (!m || !m->info)
+        return TS_EINVAL;
+    if (m->precision != TS_PREC_BF16)
+        return TS_OK;
+    return ts_convert(m->eng, &m->param_bf16, &m->param_mem);
+}
+
+/* The weights a linear layer multiplies by, forward and backward: the bf16 copies at bf16, else
+ * the parameters. The biases always come from the fp32 parameters. */
 static const ts_dit_params_t *weights(const ts_dit_t *m) {
     return m->precision == TS_PREC_BF16 ? &m->wbf16 : &m->params;
 }
@@ -661,7 +664,7 @@ static int zero_rows(ts_engine_t *e, int B, ts_tensor_t **list, int n) {
  * into m->grads.blocks[l]; the adaLN input gradient into G->dc_silu. */
 static int block_backward(ts_dit_t *m, int l, int B) {
     ts_engine_t *e = m->eng;
-    const ts_dit_block_params_t *P = &m->params.blocks[l];
+    const ts_dit_block_params_t *P = &weights(m)->blocks[l]; /* the forward's weights */
     ts_dit_block_params_t *D = &m->grads.blocks[l];
     ts_dit_block_acts_t *A = &m->acts.blocks[l];
     ts_dit_grad_acts_t *G = &m->gacts;
@@ -718,7 +721,8 @@ static int trunk_backward(ts_dit_t *m, int B) {
     ts_engine_t *e = m->eng;
     ts_dit_acts_t *A = &m->acts;
     ts_dit_grad_acts_t *G = &m->gacts;
-    ts_dit_params_t *P = &m->params, *D = &m->grads;
+    const ts_dit_params_t *P = weights(m); /* the forward's weights */
+    ts_dit_params_t *D = &m->grads;
     ts_tensor_t dx = rows(&G->dx, B), dc_silu = rows(&G->dc_silu, B), dc = rows(&G->dc, B);
     ts_tensor_t dt_s = rows(&G->dt_s, B), dt_h = rows(&G->dt_h, B), cc = rows(&A->c, B);
     ts_tensor_t patches = rows(&A->patches, B), t_s = rows(&A->t_s, B), t_h = rows(&A->t_h, B);
@@ -756,7 +760,8 @@ int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B) {
     ts_engine_t *e = m->eng;
     ts_dit_acts_t *A = &m->acts;
     ts_dit_grad_acts_t *G = &m->gacts;
-    ts_dit_params_t *P = &m->params, *D = &m->grads;
+    const ts_dit_params_t *P = weights(m); /* the forward's weights */
+    ts_dit_params_t *D = &m->grads;
     int p = c->patch_size, T = ts_dit_tokens(c);
     ts_tensor_t out = rows(&A->out, B);
     if (!ts_tensor_same_shape(dv, &out))

@@ -118,6 +118,8 @@ int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
         rc = TS_ENOMEM;
     if (rc == TS_OK)
         rc = ts_tensor_copy(&tr->ema_mem, &m->param_mem);
+    if (rc == TS_OK) /* at bf16, the copy of the parameters as they are now */
+        rc = ts_dit_refresh_bf16(m);
     if (rc != TS_OK)
         ts_trainer_free(tr);
     return rc;
@@ -211,6 +213,8 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
     if (decay > tr->cfg.ema_decay)
         decay = tr->cfg.ema_decay;
     TS_TRY(ts_ema_update(e, &tr->ema_mem, &m->param_mem, decay));
+    /* bf16 training: the next forward multiplies by the updated masters, rounded */
+    TS_TRY(ts_dit_refresh_bf16(m));
     tr->step = s + 1;
     tr->loss_avg = isnan(tr->loss_avg) ? loss : 0.98f * tr->loss_avg + 0.02f * loss;
     return TS_OK;
@@ -364,6 +368,10 @@ static int ckpt_apply(ts_trainer_t *tr, const ts_st_file_t *f, const char *what,
     free(host);
     if (rc != TS_OK) {
         snprintf(err, errlen, "%s: cannot copy the training state to the device", what);
+        return rc;
+    }
+    if ((rc = ts_dit_refresh_bf16(tr->model)) != TS_OK) { /* the loaded masters, rounded */
+        snprintf(err, errlen, "%s: cannot refresh the bf16 weights", what);
         return rc;
     }
     tr->step = s;

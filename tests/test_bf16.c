@@ -14,8 +14,8 @@
  *                      L2 error ≤ 3e-2 (measured ~5e-3 on `tiny`), and the largest element
  *                      error ≤ 0.1 · max |v|.
  * Also: f32 after bf16 is bit-identical to a model that never left f32; a sample's bf16 velocity
- * does not depend on the rest of its batch (the server batches strangers' requests); a trainable
- * model refuses bf16.
+ * does not depend on the rest of its batch (the server batches strangers' requests). bf16
+ * training (the backward) is tests/test_bf16_train.c's.
  *
  * A machine that cannot run bf16 (no oneDNN in the build, or a CPU without AVX-512 BF16) skips
  * every test (exit 77) with the reason. `test_bf16 --expect-refusal` instead checks that bf16
@@ -241,19 +241,6 @@ static void test_dit_forward(void **state) {
     ts_dit_free(&m);
 }
 
-static void test_trainable_refused(void **state) {
-    ts_engine_t *e = *state;
-    ts_dit_config_t cfg;
-    ts_dit_t m;
-    assert_int_equal(ts_dit_config_preset("mini", &cfg), TS_OK);
-    assert_int_equal(ts_dit_create(&m, &cfg, e, 2, 1), TS_OK);
-    char why[256] = "";
-    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_BF16, why, sizeof why), TS_ENOTSUP);
-    assert_non_null(strstr(why, "trainable"));
-    assert_int_equal(m.precision, TS_PREC_F32);
-    ts_dit_free(&m);
-}
-
 /* With --expect-refusal: bf16 must be refused, with a reason, and the model must stay f32. */
 static int expect_refusal(void) {
     ts_engine_t e;
@@ -280,20 +267,13 @@ static int expect_refusal(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--expect-refusal") == 0)
         return expect_refusal();
-    ts_engine_t e;
-    char why[256] = "";
-    if (tu_engine_init_cpu(&e) != TS_OK)
-        return 1;
-    int rc = ts_engine_precision_check(&e, TS_PREC_BF16, why, sizeof why);
-    ts_engine_free(&e);
-    if (rc != TS_OK) {
-        printf("test_bf16: SKIPPED: %s\n", why);
-        return 77;
-    }
+    int skip = tu_bf16_or_skip("test_bf16");
+    if (skip)
+        return skip;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_attention),   cmocka_unit_test(test_gelu),
-        cmocka_unit_test(test_dit_forward), cmocka_unit_test(test_trainable_refused),
+        cmocka_unit_test(test_dit_forward),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

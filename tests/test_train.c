@@ -47,24 +47,6 @@ static ts_dit_config_t small_config(void) {
     return c;
 }
 
-/* n images of 8×8: class k is a bright k-th quarter on a dark background, plus noise. */
-static void make_data(ts_dataset_t *d, int n) {
-    d->n = n, d->channels = 1, d->height = 8, d->width = 8, d->num_classes = 3;
-    d->images = malloc((size_t)n * 64 * sizeof(float));
-    d->labels = malloc((size_t)n * sizeof(int32_t));
-    assert_non_null(d->images);
-    assert_non_null(d->labels);
-    for (int i = 0; i < n; i++) {
-        int k = i % 3;
-        d->labels[i] = k;
-        for (int p = 0; p < 64; p++) {
-            int quarter = (p / 8 < 4 ? 0 : 2) + (p % 8 < 4 ? 0 : 1);
-            float noise = 0.1f * ts_rng_normal_at(99, (uint64_t)(i * 64 + p));
-            d->images[i * 64 + p] = (quarter == k ? 0.8f : -0.8f) + noise;
-        }
-    }
-}
-
 typedef struct {
     ts_dataset_t data;
     ts_dit_t model;
@@ -73,7 +55,7 @@ typedef struct {
 
 static void run_start(run_t *r, uint64_t seed) {
     ts_dit_config_t c = small_config();
-    make_data(&r->data, 40);
+    tu_quarters_dataset(&r->data, 40);
     assert_int_equal(ts_dit_create(&r->model, &c, &g_eng, 8, 1), TS_OK);
     assert_int_equal(ts_dit_init_weights(&r->model, seed), TS_OK);
     ts_train_config_t tc;

@@ -11,13 +11,45 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "kernels/math.h"
 #include "kernels/ref.h"
+#include "model/fmnist.h"
 
 /* ---- a CPU engine ------------------------------------------------------------------------ */
 
 int tu_engine_init_cpu(ts_engine_t *e) {
     ts_engine_opts_t opts = {.device = TS_CPU, .threads = 2, .gpu = 0};
     return ts_engine_init(e, &opts);
+}
+
+int tu_bf16_or_skip(const char *prog) {
+    ts_engine_t e;
+    char why[256] = "";
+    if (tu_engine_init_cpu(&e) != TS_OK)
+        return 1;
+    int rc = ts_engine_precision_check(&e, TS_PREC_BF16, why, sizeof why);
+    ts_engine_free(&e);
+    if (rc == TS_OK)
+        return 0;
+    printf("%s: SKIPPED: %s\n", prog, why);
+    return 77;
+}
+
+void tu_quarters_dataset(struct ts_dataset *d, int n) {
+    d->n = n, d->channels = 1, d->height = 8, d->width = 8, d->num_classes = 3;
+    d->images = malloc((size_t)n * 64 * sizeof(float));
+    d->labels = malloc((size_t)n * sizeof(int32_t));
+    assert_non_null(d->images);
+    assert_non_null(d->labels);
+    for (int i = 0; i < n; i++) {
+        int k = i % 3;
+        d->labels[i] = k;
+        for (int p = 0; p < 64; p++) {
+            int quarter = (p / 8 < 4 ? 0 : 2) + (p % 8 < 4 ? 0 : 1);
+            float noise = 0.1f * ts_rng_normal_at(99, (uint64_t)(i * 64 + p));
+            d->images[i * 64 + p] = (quarter == k ? 0.8f : -0.8f) + noise;
+        }
+    }
 }
 
 int tu_setup_cpu_engine(void **state) {

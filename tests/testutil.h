@@ -79,6 +79,17 @@ int tu_engine_init_cpu(ts_engine_t *e);
  * the teardown. */
 int tu_setup_cpu_engine(void **state);
 int tu_teardown_cpu_engine(void **state);
+/* 0 where the CPU engine can run bf16 (ts_engine_precision_check); else prints "PROG: SKIPPED:"
+ * and the reason, and returns 77 (ctest's skip) — or 1 when no engine starts. */
+int tu_bf16_or_skip(const char *prog);
+
+/* ---- a synthetic data set ------------------------------------------------------------------ */
+
+struct ts_dataset;
+/* n images of 8×8×1 in 3 classes (model/fmnist.h's ts_dataset_t; free with ts_dataset_free):
+ * image i is of class i mod 3, whose quarter of the image is bright (0.8) on a dark background
+ * (−0.8), plus N(0, 0.1²) noise (stream 99). Fails the test when out of memory. */
+void tu_quarters_dataset(struct ts_dataset *d, int n);
 
 /* ---- deterministic random numbers --------------------------------------------------------- */
 

@@ -44,11 +44,14 @@ extern void omp_set_num_threads(int n);
 #define SLICE_MIN 32
 
 /* The shape of one primitive: C (batch, M, N), row stride ldc, batch stride sc, = alpha ·
- * A (batch, M, K) dense bf16 · B, B (batch, K, N) read from bf16 stored as (N, K) rows of stride
- * ldb when b_nk, else as (K, N) rows of stride ldb; + bias (N) when bias. */
+ * A (batch, M, K) bf16 · B, B (batch, K, N) read from bf16 stored as (N, K) rows of stride
+ * ldb when b_nk, else as (K, N) rows of stride ldb; + bias (N) when bias. A is dense unless lda
+ * is set: then stored as (M, K) rows of stride lda, or — a_t — as (K, M) rows of stride lda (the
+ * backward's doutᵀ, read in place). accum: C += the product (oneDNN's sum post-op) instead of
+ * C = the product (the backward's gradients accumulate). */
 typedef struct {
-    int64_t batch, M, N, K, ldb, ldc, sc;
-    int b_nk, bias, team;
+    int64_t batch, M, N, K, ldb, ldc, sc, lda;
+    int b_nk, bias, team, a_t, accum;
     float alpha;
 } prim_key_t;
 
@@ -77,6 +80,8 @@ struct ts_bf16_ctx {
     slot_t *slots;
     prim_t *prims;
     int nprims, cap;
+    uint16_t *g16, *x16; /* the linear backward's dout and inp in bf16, shared by its slices */
+    size_t g16_cap, x16_cap;
 };
 
 static const char *isa_name(dnnl_cpu_isa_t isa) {
@@ -131,6 +136,8 @@ void ts_cpu_bf16_free(ts_engine_t *e) {
         slot_free(&x->slots[i]);
     free(x->prims);
     free(x->slots);
+    free(x->g16);
+    free(x->x16);
     if (x->eng)
         dnnl_engine_destroy(x->eng);
     free(x);
@@ -190,7 +197,9 @@ static int prim_create(ts_bf16_ctx_t *x, int threads, const prim_key_t *k, prim_
     memset(p, 0, sizeof *p);
     p->key = *k;
     int nd = k->batch > 1 ? 3 : 2, o = 3 - nd; /* 2-D: skip the batch entry */
-    int64_t sd[3] = {k->batch, k->M, k->K}, ss[3] = {k->M * k->K, k->K, 1};
+    int64_t lda = k->lda ? k->lda : k->K;
+    int64_t sd[3] = {k->batch, k->M, k->K},
+            ss[3] = {k->M * k->K, k->a_t ? 1 : lda, k->a_t ? lda : 1};
     int64_t wd[3] = {k->batch, k->K, k->N}, ws[3] = {0, 0, 0};
     int64_t dd[3] = {k->batch, k->M, k->N}, ds[3] = {k->sc, k->ldc, 1};
     int64_t bd[3] = {1, 1, k->N}, bs[3] = {k->N, k->N, 1};
@@ -208,7 +217,13 @@ static int prim_create(ts_bf16_ctx_t *x, int threads, const prim_key_t *k, prim_
         return TS_ENOTSUP;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_primitive_desc_t pd = NULL;
+    dnnl_post_ops_t ops = NULL;
     int rc = dnnl_primitive_attr_create(&attr) == dnnl_success ? TS_OK : TS_ENOMEM;
+    if (rc == TS_OK && k->accum && /* C += product: the sum post-op adds C as it was */
+        (dnnl_post_ops_create(&ops) != dnnl_success ||
+         dnnl_post_ops_append_sum(ops, 1.0f) != dnnl_success ||
+         dnnl_primitive_attr_set_post_ops(attr, ops) != dnnl_success))
+        rc = TS_ENOTSUP;
     if (rc == TS_OK &&
         dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success)
         rc = TS_ENOTSUP;
@@ -229,6 +244,8 @@ static int prim_create(ts_bf16_ctx_t *x, int threads, const prim_key_t *k, prim_
     }
     if (pd)
         dnnl_primitive_desc_destroy(pd);
+    if (ops)
+        dnnl_post_ops_destroy(ops);
     if (attr)
         dnnl_primitive_attr_destroy(attr);
     return rc;
@@ -407,6 +424,109 @@ int ts_cpu_linear_forward_bf16(ts_engine_t *e, float *out, const float *inp, con
     } else
         lin_slices(&j, 0, 1);
     return j.rc;
+}
+
+/* ---- linear backward --------------------------------------------------------------------- */
+
+/* One product c (+)= a · b of a primitive key, cut into slices along its rows or its columns;
+ * slice i's operands start at a + i·step·a_adv, b + i·step·b_adv, c + i·step·c_adv. */
+typedef struct {
+    ts_bf16_ctx_t *x;
+    const uint16_t *a, *b;
+    float *c;
+    int64_t a_adv, b_adv, c_adv, step, nslices;
+    const prim_t *full, *last;
+    int rc;
+} mm_job_t;
+
+static void mm_slices(void *arg, int64_t lo, int64_t hi) {
+    mm_job_t *j = arg;
+    omp_set_num_threads(j->x->team ? j->x->nslots : 1);
+    for (int64_t i = lo; i < hi; i++) {
+        const prim_t *p = i == j->nslices - 1 ? j->last : j->full;
+        int64_t at = i * j->step;
+        int rc = prim_exec(j->x, &j->x->slots[i], p, j->a + at * j->a_adv, j->b + at * j->b_adv,
+                           NULL, j->c + at * j->c_adv);
+        if (rc != TS_OK)
+            j->rc = rc;
+    }
+}
+
+/* Runs the product of key k (whole) in one slice per worker — along its rows (by_n 0) or its
+ * columns (by_n 1) — where it pays as in the forward (BF16_WAKE_MACS, SLICE_MIN), else in one.
+ * a_adv, b_adv, c_adv: how far a slice's operands move per row (column) of the split. */
+static int mm_sliced(ts_engine_t *e, ts_bf16_ctx_t *x, prim_key_t k, int by_n, const uint16_t *a,
+                     int64_t a_adv, const uint16_t *b, int64_t b_adv, float *c, int64_t c_adv) {
+    int T = x->nslots;
+    double macs = (double)k.M * (double)k.N * (double)k.K;
+    int64_t len = by_n ? k.N : k.M;
+    int64_t nsl = x->team || macs < BF16_WAKE_MACS || len < (int64_t)T * SLICE_MIN ? 1 : T;
+    int64_t step = (len + nsl - 1) / nsl;
+    nsl = (len + step - 1) / step;
+    int64_t tail = len - (nsl - 1) * step;
+    prim_key_t kf = k, kl = k;
+    if (by_n)
+        kf.N = step, kl.N = tail;
+    else
+        kf.M = step, kl.M = tail;
+    int threads = x->team ? T : 1;
+    mm_job_t j = {x, a, b, c, a_adv, b_adv, c_adv, step, nsl, NULL, NULL, TS_OK};
+    TS_TRY(prim_get(x, threads, &kf, &j.full));
+    TS_TRY(prim_get(x, threads, &kl, &j.last));
+    omp_set_num_threads(threads);
+    if (nsl > 1)
+        ts_pool_for(e->pool, nsl, 1, mm_slices, &j);
+    else
+        mm_slices(&j, 0, 1);
+    return j.rc;
+}
+
+typedef struct {
+    uint16_t *dst;
+    const float *src;
+    int64_t cols;
+} round_job_t;
+
+static void round_rows(void *arg, int64_t lo, int64_t hi) {
+    const round_job_t *j = arg;
+    to_bf16(j->dst + lo * j->cols, j->src + lo * j->cols, hi - lo, j->cols, j->cols, 1);
+}
+
+/* *dst (grown to rows·cols) = bf16 of src (rows, cols) dense, rows shared by the pool. */
+static int round_all(ts_engine_t *e, uint16_t **dst, size_t *cap, const float *src, int64_t rows,
+                     int64_t cols) {
+    TS_TRY(grow((void **)dst, cap, (size_t)(rows * cols) * 2));
+    round_job_t j = {*dst, src, cols};
+    ts_pool_for(e->pool, rows, 32768 / (cols > 0 ? cols : 1) + 1, round_rows, &j);
+    return TS_OK;
+}
+
+int ts_cpu_linear_backward_bf16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
+                                const float *inp, const uint16_t *weight, int64_t M, int64_t N,
+                                int64_t K) {
+    ts_bf16_ctx_t *x;
+    TS_TRY(ctx_get(e, &x));
+    if (!dinp && !dweight)
+        return TS_OK;
+    int64_t split = (int64_t)x->nslots * SLICE_MIN;
+    /* dout (M, N) rounded once: both products read it */
+    TS_TRY(round_all(e, &x->g16, &x->g16_cap, dout, M, N));
+    if (dinp) { /* dinp (M, K) += dout (M, N) · weight (N, K), weight as stored */
+        prim_key_t k = key_of(1, M, K, N, 0, K, K, 0, 0, 1.0f, x->team);
+        k.accum = 1;
+        int by_n = M < split;
+        TS_TRY(mm_sliced(e, x, k, by_n, x->g16, by_n ? 0 : N, weight, by_n ? 1 : 0, dinp,
+                         by_n ? 1 : K));
+    }
+    if (dweight) { /* dweight (N, K) += doutᵀ (N, M) · inp (M, K), doutᵀ read in place */
+        TS_TRY(round_all(e, &x->x16, &x->x16_cap, inp, M, K));
+        prim_key_t k = key_of(1, N, K, M, 0, K, K, 0, 0, 1.0f, x->team);
+        k.a_t = 1, k.lda = N, k.accum = 1;
+        int by_n = N < split;
+        TS_TRY(mm_sliced(e, x, k, by_n, x->g16, by_n ? 0 : 1, x->x16, by_n ? 1 : 0, dweight,
+                         by_n ? 1 : K));
+    }
+    return TS_OK;
 }
 
 /* ---- gemm ------------------------------------------------------------------------------ */
@@ -610,6 +730,14 @@ int ts_cpu_gelu_forward_bf16(ts_engine_t *e, float *out, const float *inp, int64
 int ts_cpu_linear_forward_bf16(ts_engine_t *e, float *out, const float *inp, const uint16_t *weight,
                                const float *bias, int64_t M, int64_t N, int64_t K, int64_t group) {
     (void)e, (void)out, (void)inp, (void)weight, (void)bias, (void)M, (void)N, (void)K, (void)group;
+    return TS_ENOTSUP;
+}
+
+int ts_cpu_linear_backward_bf16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
+                                const float *inp, const uint16_t *weight, int64_t M, int64_t N,
+                                int64_t K) {
+    (void)e, (void)dinp, (void)dweight, (void)dout, (void)inp, (void)weight, (void)M, (void)N;
+    (void)K;
     return TS_ENOTSUP;
 }
 

@@ -333,6 +333,11 @@ int ts_cuda_linear_forward_bf16(ts_engine_t *, float *, const float *, const uin
     return TS_ENOTSUP;
 }
 
+int ts_cuda_linear_backward_bf16(ts_engine_t *, float *, float *, const float *, const float *,
+                                 const uint16_t *, int64_t, int64_t, int64_t) {
+    return TS_ENOTSUP;
+}
+
 int ts_cuda_gelu_forward_bf16(ts_engine_t *, float *, const float *, int64_t) { return TS_ENOTSUP; }
 
 /* Fused attention is the CPU's for now (kernels/cpu/cpu_attention.c); on the GPU the model runs

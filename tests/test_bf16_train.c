@@ -1,0 +1,383 @@
+/*
+ * test_bf16_train.c — bf16 training (ts_dit_set_precision on a trainable model, the bf16 linear
+ * backward of kernels/cpu/cpu_bf16.c, the refresh of the bf16 weights in model/train.c).
+ *
+ * Tolerances, and why:
+ *   linear backward    against a naive loop over the same operands rounded to bf16, accumulated
+ *                      in double, added to the gradient's previous value: a bf16·bf16 product is
+ *                      exact in fp32, so the only error is fp32 accumulation (oneDNN's order) and
+ *                      the one add: |got − ref| ≤ 1e-5 · (Σ_k |a_k·b_k| + |previous|) + 1e-7.
+ *                      dbias is computed in fp32 from the fp32 dout: equal to the fp32 path's.
+ *   DiT gradients      bf16 training step against the fp32 one, same weights and batch: the
+ *                      relative L2 error of the whole gradient ≤ 1e-2. Why that bound: each product
+ *                      rounds its operands to bf16 (8 bits of mantissa, 2^-9 relative each), the
+ *                      errors of independent roundings add in quadrature along a sum of K terms,
+ *                      so one product's output carries ~2^-9 ≈ 2e-3 relative; a gradient passes
+ *                      through ~3·depth products forward and back, partly averaging out. The
+ *                      forward alone was measured at ~5e-3 (test_bf16); 1e-2 is twice that, and
+ *                      far below the gradient's own step-to-step noise (a different batch
+ *                      changes it by O(1) relative). Each tensor's own error ≤ 5e-2 (the small
+ *                      ones, few products deep, are noisier in relative terms).
+ * Also: the loss falls over 50 bf16 steps on a small config; the masters, gradients, moments and
+ * EMA are F32 and the bf16 copy equals the masters rounded after every step (and a step changes
+ * it); a checkpoint of a bf16 run resumes bit-identically in bf16; a model that went bf16 and
+ * back to f32 trains bit for bit as one that never left f32.
+ *
+ * A machine that cannot run bf16 skips (exit 77) with the reason; `--expect-refusal` (ctest runs
+ * it with DNNL_MAX_CPU_ISA=AVX2) checks that a trainable model and the bf16 linear backward are
+ * refused with the reason of ts_engine_precision_check.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/engine.h"
+#include "kernels/math.h"
+#include "kernels/ops.h"
+#include "model/dit.h"
+#include "model/train.h"
+#include "tests/testutil.h"
+
+static float bf(float x) { return ts_bf16_to_f32(ts_f32_to_bf16(x)); }
+
+/* ---- the linear backward against the naive loop ----------------------------------------- */
+
+/* Checks got (R, C) = prev + bf16(A) (R, I) · bf16(B) (I, C), element (r, i) of A at
+ * a[r·ars + i·acs] and (i, c) of B at b[i·brs + c·bcs]; returns the largest error. */
+static double check_acc(const float *got, const float *prev, const float *a, int64_t ars,
+                        int64_t acs, const float *b, int64_t brs, int64_t bcs, int64_t R, int64_t C,
+                        int64_t I, const char *what) {
+    double worst = 0;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) {
+            double acc = 0, mag = 0;
+            for (int64_t i = 0; i < I; i++) {
+                double t = (double)bf(a[r * ars + i * acs]) * (double)bf(b[i * brs + c * bcs]);
+                acc += t, mag += fabs(t);
+            }
+            double want = (double)prev[r * C + c] + acc, err = fabs((double)got[r * C + c] - want);
+            if (err > 1e-5 * (mag + fabs((double)prev[r * C + c])) + 1e-7)
+                fail_msg("%s (%lld, %lld) of %lldx%lld·%lld: %.9g, want %.9g", what, (long long)r,
+                         (long long)c, (long long)R, (long long)C, (long long)I, got[r * C + c],
+                         want);
+            worst = err > worst ? err : worst;
+        }
+    return worst;
+}
+
+static void test_linear_backward(void **state) {
+    ts_engine_t *e = *state;
+    /* rows × out × in: tiny's fc1 at b8 (row split), the adaLN at b64 (few rows: a column
+     * split), the final linear (few outputs: dweight split by columns), an odd shape */
+    static const int64_t shapes[][3] = {
+        {392, 512, 128}, {64, 768, 128}, {3136, 16, 128}, {77, 33, 19}};
+    tu_rng_t r = {23};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        ts_tensor_t inp, w, wb, dout, dinp, dw, db, db32;
+        tu_alloc_f32(&inp, 2, TS_SHAPE(M, K));
+        tu_alloc_f32(&w, 2, TS_SHAPE(N, K));
+        tu_alloc_f32(&dout, 2, TS_SHAPE(M, N));
+        tu_alloc_f32(&dinp, 2, TS_SHAPE(M, K));
+        tu_alloc_f32(&dw, 2, TS_SHAPE(N, K));
+        tu_alloc_f32(&db, 1, TS_SHAPE(N));
+        tu_alloc_f32(&db32, 1, TS_SHAPE(N));
+        tu_fill_uniform(&r, &inp, -1.0f, 1.0f);
+        tu_fill_uniform(&r, &w, -1.0f, 1.0f);
+        tu_fill_uniform(&r, &dout, -1.0f, 1.0f);
+        tu_fill_uniform(&r, &dinp, -1.0f, 1.0f); /* the backward accumulates */
+        tu_fill_uniform(&r, &dw, -1.0f, 1.0f);
+        assert_int_equal(ts_zero(e, &db), TS_OK);
+        assert_int_equal(ts_zero(e, &db32), TS_OK);
+        float *dinp_prev = tu_host_copy(&dinp), *dw_prev = tu_host_copy(&dw);
+        assert_int_equal(ts_tensor_alloc(&wb, TS_BF16, TS_CPU, 2, TS_SHAPE(N, K)), TS_OK);
+        assert_int_equal(ts_convert(e, &wb, &w), TS_OK);
+        assert_int_equal(ts_linear_backward(e, &dinp, &dw, &db, &dout, &inp, &wb), TS_OK);
+        assert_int_equal(ts_linear_backward(e, NULL, NULL, &db32, &dout, &inp, &w), TS_OK);
+        assert_memory_equal(tu_f32(&db), tu_f32(&db32), (size_t)N * sizeof(float));
+        const float *a = tu_f32(&dout), *x = tu_f32(&inp), *W = tu_f32(&w);
+        /* dinp (M, K) += dout (M, N) · W (N, K); dw (N, K) += doutᵀ (N, M) · inp (M, K) */
+        double worst_x = check_acc(tu_f32(&dinp), dinp_prev, a, N, 1, W, K, 1, M, K, N, "dinp");
+        double worst_w = check_acc(tu_f32(&dw), dw_prev, a, 1, N, x, K, 1, N, K, M, "dweight");
+        printf("  linear backward %4lldx%4lldx%4lld: max |diff| dinp %.3g, dweight %.3g\n",
+               (long long)M, (long long)N, (long long)K, worst_x, worst_w);
+        free(dinp_prev), free(dw_prev);
+        TU_FREE_TENSORS(&inp, &w, &wb, &dout, &dinp, &dw, &db, &db32);
+    }
+}
+
+/* ---- the DiT's gradients, bf16 against fp32 --------------------------------------------- */
+
+/* A trainable `tiny` DiT with every parameter N(0, 0.05) (DiT's init zeroes the adaLN and final
+ * layers, whose gradients would then mostly vanish). */
+static void make_model(ts_engine_t *e, ts_dit_t *m, int max_batch) {
+    ts_dit_config_t cfg;
+    assert_int_equal(ts_dit_config_preset("tiny", &cfg), TS_OK);
+    assert_int_equal(ts_dit_create(m, &cfg, e, max_batch, 1), TS_OK);
+    assert_int_equal(ts_rng_normal(e, &m->param_mem, 7, 0), TS_OK);
+    assert_int_equal(ts_scale(e, &m->param_mem, 0.05f), TS_OK);
+}
+
+/* The gradient of mean((v − target)²) for a fixed batch, at the model's precision (host copy). */
+static float *gradient(ts_dit_t *m, int B) {
+    const ts_dit_config_t *c = &m->cfg;
+    ts_engine_t *e = m->eng;
+    ts_tensor_t x, t, target, dv, loss, v;
+    const int64_t *img = TS_SHAPE(B, c->in_channels, c->input_size, c->input_size);
+    tu_alloc_f32(&x, 4, img);
+    tu_alloc_f32(&target, 4, img);
+    tu_alloc_f32(&dv, 4, img);
+    tu_alloc_f32(&t, 1, TS_SHAPE(B));
+    tu_alloc_f32(&loss, 1, TS_SHAPE(1));
+    assert_int_equal(ts_rng_normal(e, &x, 3, 0), TS_OK);
+    assert_int_equal(ts_rng_normal(e, &target, 4, 0), TS_OK);
+    int32_t y[64];
+    for (int b = 0; b < B; b++) {
+        tu_f32(&t)[b] = (float)(b + 1) / (float)(B + 1);
+        y[b] = b % (c->num_classes + 1);
+    }
+    assert_int_equal(ts_dit_forward(m, &x, &t, y, B, &v), TS_OK);
+    assert_int_equal(ts_mse_forward(e, &loss, &v, &target), TS_OK);
+    assert_int_equal(ts_zero(e, &dv), TS_OK);
+    assert_int_equal(ts_mse_backward(e, &dv, 1.0f, &v, &target), TS_OK);
+    assert_int_equal(ts_dit_zero_grad(m), TS_OK);
+    assert_int_equal(ts_dit_backward(m, &dv, B), TS_OK);
+    TU_FREE_TENSORS(&x, &t, &target, &dv, &loss);
+    return tu_host_copy(&m->grad_mem);
+}
+
+static double rel_l2(const float *got, const float *want, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - (double)want[i];
+        num += d * d, den += (double)want[i] * (double)want[i];
+    }
+    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+}
+
+static void test_gradients_vs_f32(void **state) {
+    ts_engine_t *e = *state;
+    ts_dit_t m;
+    make_model(e, &m, 8);
+    float *g32 = gradient(&m, 8);
+    char why[256] = "";
+    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_BF16, why, sizeof why), TS_OK);
+    float *g16 = gradient(&m, 8);
+    double all = rel_l2(g16, g32, m.num_params), worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < m.n_params; i++) {
+        const ts_dit_param_info_t *p = &m.info[i];
+        double r = rel_l2(g16 + p->offset, g32 + p->offset, p->numel);
+        if (r > worst)
+            worst = r, worst_name = p->name;
+        if (r > 5e-2)
+            fail_msg("%s: gradient relative L2 %.3g > 5e-2", p->name, r);
+    }
+    printf("  tiny b8 gradient bf16 vs f32: relative L2 %.3g (worst tensor %s %.3g)\n", all,
+           worst_name, worst);
+    assert_true(all <= 1e-2);
+    assert_true(all > 0.0); /* bf16 really ran */
+    /* back to f32: the gradient is the fp32 one, bit for bit */
+    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_F32, NULL, 0), TS_OK);
+    float *back = gradient(&m, 8);
+    assert_memory_equal(back, g32, (size_t)m.num_params * sizeof *back);
+    free(g32), free(g16), free(back);
+    ts_dit_free(&m);
+}
+
+/* ---- training runs ---------------------------------------------------------------------- */
+
+static ts_dit_config_t small_config(void) {
+    ts_dit_config_t c = {.input_size = 8,
+                         .in_channels = 1,
+                         .patch_size = 2,
+                         .hidden_size = 64,
+                         .depth = 2,
+                         .num_heads = 2,
+                         .num_classes = 3,
+                         .mlp_ratio = 4,
+                         .freq_dim = 32};
+    return c;
+}
+
+typedef struct {
+    ts_dataset_t data;
+    ts_dit_t model;
+    ts_trainer_t tr;
+} run_t;
+
+/* A run at precision p: the model, then its precision, then the trainer (as `tessera train`). */
+static void run_start(ts_engine_t *e, run_t *r, uint64_t seed, ts_precision_t p) {
+    ts_dit_config_t c = small_config();
+    tu_quarters_dataset(&r->data, 48);
+    assert_int_equal(ts_dit_create(&r->model, &c, e, 16, 1), TS_OK);
+    assert_int_equal(ts_dit_init_weights(&r->model, seed), TS_OK);
+    char why[256] = "";
+    assert_int_equal(ts_dit_set_precision(&r->model, p, why, sizeof why), TS_OK);
+    ts_train_config_t tc;
+    ts_train_config_default(&tc);
+    tc.batch = 16, tc.lr = 3e-3f, tc.warmup = 2, tc.seed = seed;
+    assert_int_equal(ts_trainer_init(&r->tr, &r->model, &r->data, &tc), TS_OK);
+}
+
+static void run_end(run_t *r) {
+    ts_trainer_free(&r->tr);
+    ts_dit_free(&r->model);
+    ts_dataset_free(&r->data);
+}
+
+static void run_steps(run_t *r, int n, float *losses) {
+    for (int i = 0; i < n; i++)
+        assert_int_equal(ts_trainer_step(&r->tr, &losses[i], NULL), TS_OK);
+}
+
+/* The bf16 copy holds exactly the masters rounded (ts_convert's rounding). */
+static void check_copy_fresh(ts_engine_t *e, const ts_dit_t *m) {
+    ts_tensor_t want;
+    assert_int_equal(ts_tensor_alloc(&want, TS_BF16, TS_CPU, 1, TS_SHAPE(m->num_params)), TS_OK);
+    assert_int_equal(ts_convert(e, &want, &m->param_mem), TS_OK);
+    assert_memory_equal(want.data, m->param_bf16.data, ts_tensor_nbytes(&want));
+    ts_tensor_free(&want);
+}
+
+static void test_loss_falls(void **state) {
+    ts_engine_t *e = *state;
+    run_t a;
+    float l[50];
+    run_start(e, &a, 3, TS_PREC_BF16);
+    run_steps(&a, 50, l);
+    double first = 0, last = 0;
+    for (int i = 0; i < 10; i++) {
+        first += l[i] / 10.0;
+        last += l[40 + i] / 10.0;
+    }
+    printf("  bf16 loss: first 10 steps %.4f, last 10 steps %.4f\n", first, last);
+    assert_true(last < 0.6 * first);
+    run_end(&a);
+}
+
+static void test_masters_and_refresh(void **state) {
+    ts_engine_t *e = *state;
+    run_t a;
+    float l[2];
+    run_start(e, &a, 4, TS_PREC_BF16);
+    ts_dit_t *m = &a.model;
+    assert_int_equal(m->precision, TS_PREC_BF16);
+    /* the masters and everything the optimiser keeps are fp32; the copy is bf16 */
+    assert_int_equal(m->param_mem.dtype, TS_F32);
+    assert_int_equal(m->grad_mem.dtype, TS_F32);
+    assert_int_equal(a.tr.m_mem.dtype, TS_F32);
+    assert_int_equal(a.tr.v_mem.dtype, TS_F32);
+    assert_int_equal(a.tr.ema_mem.dtype, TS_F32);
+    assert_int_equal(m->param_bf16.dtype, TS_BF16);
+    assert_int_equal(m->wbf16.blocks[0].fc1_w.dtype, TS_BF16);
+    check_copy_fresh(e, m);
+    size_t nb = ts_tensor_nbytes(&m->param_bf16);
+    void *before = malloc(nb);
+    assert_non_null(before);
+    for (int i = 0; i < 2; i++) {
+        memcpy(before, m->param_bf16.data, nb);
+        run_steps(&a, 1, &l[i]);
+        check_copy_fresh(e, m);                                   /* refreshed after the step */
+        assert_true(memcmp(before, m->param_bf16.data, nb) != 0); /* and the step changed it */
+    }
+    free(before);
+    run_end(&a);
+}
+
+static void test_resume_bf16(void **state) {
+    ts_engine_t *e = *state;
+    char path[256], err[256] = "";
+    tu_make_temp_file(path, sizeof path, "tessera-test-bf16-train");
+    run_t a, b, c;
+    float la[8], lb[8];
+    run_start(e, &a, 11, TS_PREC_BF16); /* straight through */
+    run_steps(&a, 8, la);
+    run_start(e, &b, 11, TS_PREC_BF16); /* 3 steps, checkpoint, resumed for 5 */
+    run_steps(&b, 3, lb);
+    assert_int_equal(ts_trainer_save(&b.tr, path, err, sizeof err), TS_OK);
+    run_end(&b);
+    run_start(e, &c, 11, TS_PREC_BF16);
+    assert_int_equal(ts_trainer_load(&c.tr, path, err, sizeof err), TS_OK);
+    assert_int_equal(c.tr.step, 3);
+    check_copy_fresh(e, &c.model); /* the loaded masters, rounded */
+    run_steps(&c, 5, lb + 3);
+    assert_memory_equal(la, lb, sizeof la);
+    assert_memory_equal(a.model.param_mem.data, c.model.param_mem.data,
+                        ts_tensor_nbytes(&a.model.param_mem));
+    assert_memory_equal(a.tr.ema_mem.data, c.tr.ema_mem.data, ts_tensor_nbytes(&a.tr.ema_mem));
+    /* the checkpoint holds the fp32 masters: an f32 run loads it too */
+    run_t d;
+    run_start(e, &d, 11, TS_PREC_F32);
+    assert_int_equal(ts_trainer_load(&d.tr, path, err, sizeof err), TS_OK);
+    assert_int_equal(d.tr.step, 3);
+    run_end(&d);
+    run_end(&a);
+    run_end(&c);
+    unlink(path);
+}
+
+static void test_f32_after_bf16(void **state) {
+    ts_engine_t *e = *state;
+    run_t a, b;
+    float la[4], lb[4];
+    run_start(e, &a, 5, TS_PREC_F32);
+    run_start(e, &b, 5, TS_PREC_BF16);
+    assert_int_equal(ts_dit_set_precision(&b.model, TS_PREC_F32, NULL, 0), TS_OK);
+    run_steps(&a, 4, la);
+    run_steps(&b, 4, lb);
+    assert_memory_equal(la, lb, sizeof la);
+    assert_memory_equal(a.model.param_mem.data, b.model.param_mem.data,
+                        ts_tensor_nbytes(&a.model.param_mem));
+    run_end(&a);
+    run_end(&b);
+}
+
+/* With --expect-refusal: a trainable model refuses bf16 with the engine's reason and stays f32,
+ * and the bf16 linear backward answers TS_ENOTSUP. */
+static int expect_refusal(void) {
+    ts_engine_t e;
+    if (tu_engine_init_cpu(&e) != TS_OK)
+        return 1;
+    char why[256] = "", why2[256] = "";
+    int ok = ts_engine_precision_check(&e, TS_PREC_BF16, why, sizeof why) == TS_ENOTSUP && why[0];
+    ts_dit_config_t cfg = small_config();
+    ts_dit_t m;
+    if (ok && ts_dit_create(&m, &cfg, &e, 2, 1) == TS_OK) {
+        ok = ts_dit_set_precision(&m, TS_PREC_BF16, why2, sizeof why2) == TS_ENOTSUP &&
+             m.precision == TS_PREC_F32 && strcmp(why, why2) == 0;
+        ts_dit_free(&m);
+    } else
+        ok = 0;
+    ts_tensor_t w, x, d, dx;
+    if (ok && ts_tensor_alloc(&w, TS_BF16, TS_CPU, 2, TS_SHAPE(4, 4)) == TS_OK) {
+        tu_alloc_f32(&x, 2, TS_SHAPE(2, 4));
+        tu_alloc_f32(&d, 2, TS_SHAPE(2, 4));
+        tu_alloc_f32(&dx, 2, TS_SHAPE(2, 4));
+        ts_zero(&e, &w), ts_zero(&e, &x), ts_zero(&e, &d), ts_zero(&e, &dx);
+        ok = ts_linear_backward(&e, &dx, NULL, NULL, &d, &x, &w) == TS_ENOTSUP;
+        TU_FREE_TENSORS(&w, &x, &d, &dx);
+    }
+    printf("test_bf16_train --expect-refusal: %s (%s)\n",
+           ok ? "refused as expected" : "NOT refused", why);
+    ts_engine_free(&e);
+    return ok ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--expect-refusal") == 0)
+        return expect_refusal();
+    int skip = tu_bf16_or_skip("test_bf16_train");
+    if (skip)
+        return skip;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_linear_backward), cmocka_unit_test(test_gradients_vs_f32),
+        cmocka_unit_test(test_loss_falls),      cmocka_unit_test(test_masters_and_refresh),
+        cmocka_unit_test(test_resume_bf16),     cmocka_unit_test(test_f32_after_bf16),
+    };
+    return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
+}
