@@ -151,8 +151,13 @@ static const char *abs_path(const char *p, char *buf, size_t len) {
 }
 
 /* Writes RUNDIR/node-i/tesserad.ini. */
+/* Each daemon's [serve] settings (0: the daemon's default). */
+typedef struct {
+    int compute_threads, max_batch;
+} serve_opts_t;
+
 static int write_config(const char *rundir, int i, const char *bootstrap, const char *experts,
-                        int k, int compute_threads) {
+                        int k, const serve_opts_t *so) {
     char path[PATHLEN];
     pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
     FILE *f = fopen(path, "w");
@@ -175,8 +180,13 @@ static int write_config(const char *rundir, int i, const char *bootstrap, const 
         if (ts_file_exists(router))
             fprintf(f, "router = %s\n", router);
     }
-    if (compute_threads > 0)
-        fprintf(f, "\n[serve]\ncompute_threads = %d\n", compute_threads);
+    if (so->compute_threads > 0 || so->max_batch > 0)
+        fprintf(f, "\n[serve]\n");
+    if (so->compute_threads > 0)
+        fprintf(f, "compute_threads = %d\n", so->compute_threads);
+    if (so->max_batch > 0) /* the queue holds at least one batch */
+        fprintf(f, "max_batch = %d\nmax_queue = %d\n", so->max_batch,
+                so->max_batch > 256 ? so->max_batch : 256);
     /* every node and every client of a local network connects from 127.0.0.1: the per-address
      * limit, meant for distinct machines, would refuse the ninth */
     fprintf(f, "\n[limits]\nmax_connections_per_ip = 1024\nmax_connections = 1024\n");
@@ -323,7 +333,7 @@ static void count_view(const char *json, int *alive, int *adverts) {
 static char node_addr[MAX_NODES][300];
 
 static int up(const char *rundir_arg, const char *experts_arg, int nodes, int timeout_s,
-              int no_experts, int json, int compute_threads) {
+              int no_experts, int json, const serve_opts_t *so) {
     char rundir[PATHLEN], experts[PATHLEN], daemon[PATHLEN], path[PATHLEN], err[512];
     if (mkdir_p(rundir_arg) != 0) {
         fprintf(stderr, "tessera up: cannot create %s: %s\n", rundir_arg, strerror(errno));
@@ -393,8 +403,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
         }
         pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
         unlink(path);
-        if (write_config(rundir, i, i ? addr0 : NULL, no_experts ? NULL : experts, k,
-                         compute_threads) != 0) {
+        if (write_config(rundir, i, i ? addr0 : NULL, no_experts ? NULL : experts, k, so) != 0) {
             fprintf(stderr, "tessera up: cannot write the config of node %d\n", i);
             stop_all(rundir, 10, 1);
             return 1;
@@ -475,7 +484,8 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
 
 int ts_cmd_up(int argc, char **argv) {
     const char *rundir = "tessera-net", *experts = "experts";
-    int nodes = 4, timeout_s = 120, no_experts = 0, json = 0, compute_threads = 0;
+    int nodes = 4, timeout_s = 120, no_experts = 0, json = 0;
+    serve_opts_t so = {0, 0};
     ts_arg_t args[] = {
         {"nodes", TS_ARG_INT, &nodes, "N", "daemons to start (default 4)", 1, MAX_NODES},
         {"experts", TS_ARG_STRING, &experts, "DIR",
@@ -486,8 +496,12 @@ int ts_cmd_up(int argc, char **argv) {
         {"timeout", TS_ARG_INT, &timeout_s, "S",
          "seconds to wait for the network to converge (default 120)", 1, 3600},
         {"no-experts", TS_ARG_FLAG, &no_experts, NULL, "start daemons that host nothing"},
-        {"compute-threads", TS_ARG_INT, &compute_threads, "N",
+        {"compute-threads", TS_ARG_INT, &so.compute_threads, "N",
          "each daemon's serving threads (default: one per core)", 0, 1024},
+        {"max-batch", TS_ARG_INT, &so.max_batch, "ROWS",
+         "each daemon's [serve] max_batch: forward rows per batch, and the most one request may "
+         "take (default: the daemon's, 16)",
+         1, 4096},
         {"json", TS_ARG_FLAG, &json, NULL, "print one JSON object (dir, peer, network_key)"},
     };
     const char *summary = "Start a network of tesserad daemons on this machine (127.0.0.1), "
@@ -497,7 +511,7 @@ int ts_cmd_up(int argc, char **argv) {
         ts_args_parse("tessera up", summary, args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
-    return up(rundir, experts, nodes, timeout_s, no_experts, json, compute_threads);
+    return up(rundir, experts, nodes, timeout_s, no_experts, json, &so);
 }
 
 int ts_cmd_down(int argc, char **argv) {
