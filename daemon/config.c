@@ -81,7 +81,7 @@ static const key_spec_t KEYS[] = {
     {{"gossip", "indirect_probes", "integer", "3", "members asked to probe on our behalf (k)"}, K_INT, OFF(indirect_probes), 0, 16},
     {{"gossip", "suspicion_mult", "integer", "4", "suspicion timeout = suspicion_mult x log10(N) x probe interval (Lifeguard shortens it as confirmations arrive)"}, K_INT, OFF(suspicion_mult), 1, 100},
     {{"gossip", "retransmit_mult", "integer", "4", "each update is piggybacked retransmit_mult x log(N+1) times"}, K_INT, OFF(retransmit_mult), 1, 100},
-    {{"gossip", "pushpull_interval_s", "integer", "30", "anti-entropy with one random member over TCP: digests both ways, then the members where they differ (the same cost at any N, so the period does not grow with N); 0 = off"}, K_INT, OFF(pushpull_interval_s), 0, 86400},
+    {{"gossip", "pushpull_interval_s", "integer", "10", "anti-entropy with one random member over TCP: digests both ways, then the members where they differ (about 240 B/s per node at any N; a verdict a node missed reaches it within one period); 0 = off"}, K_INT, OFF(pushpull_interval_s), 0, 86400},
     {{"gossip", "join_timeout_s", "integer", "15", "a node with bootstrap addresses that has no peer this long after start warns, answers /healthz 503 (alone) and joins again at this interval"}, K_INT, OFF(join_timeout_s), 1, 3600},
     {{"limits", "max_frame_mib", "integer", "64", "largest application frame accepted, MiB (checked before allocating)"}, K_INT, OFF(max_frame_mib), 1, 1024},
     {{"limits", "max_partial_frames_mib", "integer", "1024", "buffer memory of partly received frames, all connections together, MiB; the connection whose frame would go over it is closed"}, K_INT, OFF(max_partial_frames_mib), 1, 1048576},
@@ -129,7 +129,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->indirect_probes = 3;
     c->suspicion_mult = 4;
     c->retransmit_mult = 4;
-    c->pushpull_interval_s = 30;
+    c->pushpull_interval_s = 10;
     c->join_timeout_s = 15;
     c->max_frame_mib = 64;
     c->max_partial_frames_mib = 1024;
