@@ -52,6 +52,7 @@ static void fmt_eta(double s, char *buf, size_t len) {
 typedef struct {
     const char *fmnist_dir, *shard, *model, *out, *loss_log, *init;
     const char *store_dir, *run, *from_ckpt, *partition;
+    const char *dtype; /* --dtype: the --out file's */
     int64_t steps;
     int cluster;
     int batch, threads, ckpt_every, keep, log_every, resume, json, warmup, logit_normal;
@@ -172,6 +173,13 @@ static int start_point(train_run_t *r) {
     return rc;
 }
 
+/* --dtype's name as a safetensors dtype (checked by validate: f32, bf16 or f16). */
+static ts_st_dtype_t out_dtype(const char *name) {
+    return strcmp(name, "bf16") == 0  ? TS_ST_BF16
+           : strcmp(name, "f16") == 0 ? TS_ST_F16
+                                      : TS_ST_F32;
+}
+
 /* A checkpoint into the store, then the EMA weights to --out. */
 static int save_outputs(train_run_t *r) {
     const train_opts_t *o = &r->o;
@@ -181,8 +189,8 @@ static int save_outputs(train_run_t *r) {
                   o->partition ? r->partition_id : NULL, o->cluster);
     int rc = ts_ckpt_save_trainer(r->store, o->run, tr, o->keep, r->err, sizeof r->err);
     if (rc == TS_OK)
-        rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, TS_ST_F32, meta.kv, meta.n, r->err,
-                         sizeof r->err);
+        rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, out_dtype(o->dtype), meta.kv, meta.n,
+                         r->err, sizeof r->err);
     return rc;
 }
 
@@ -192,6 +200,7 @@ static int save_outputs(train_run_t *r) {
  * usage error). */
 static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_config_t *tc) {
     *o = (train_opts_t){.fmnist_dir = TS_FMNIST_DEFAULT_DIR,
+                        .dtype = "f32",
                         .model = "tiny",
                         .steps = 1000,
                         .batch = 64,
@@ -242,6 +251,9 @@ static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_con
          "; bf16 keeps fp32 master weights, AdamW, EMA, checkpoints and --out"},
         {"out", TS_ARG_STRING, &o->out, "FILE", "where to write the EMA weights (.safetensors)", 0,
          0, 1},
+        {"dtype", TS_ARG_STRING, &o->dtype, "D",
+         "the --out file's weights: f32 (default), bf16 or f16 (half the bytes to store and serve: "
+         "a node hosting it serves half the chunks; checkpoints stay f32)"},
         {"data-dir", TS_ARG_STRING, &o->store_dir, "DIR",
          "the store that holds the checkpoints (default $XDG_DATA_HOME/tessera)"},
         {"run", TS_ARG_STRING, &o->run, "NAME",
@@ -278,6 +290,9 @@ static int validate(train_run_t *r) {
                 TS_CKPT_RUN_MAX);
     else if ((o->partition != NULL) != (o->cluster >= 0))
         fprintf(stderr, "tessera train: --partition and --cluster go together\n");
+    else if (strcmp(o->dtype, "f32") != 0 && strcmp(o->dtype, "bf16") != 0 &&
+             strcmp(o->dtype, "f16") != 0)
+        fprintf(stderr, "tessera train: --dtype %s: want f32, bf16 or f16\n", o->dtype);
     else if (o->partition && o->shard)
         fprintf(stderr, "tessera train: --shard and --partition both name the data; pass one\n");
     else {

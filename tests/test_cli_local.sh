@@ -123,6 +123,27 @@ grep -q "must be f32 or bf16" "$dir/p.txt" || fail "--precision fp16: $(cat "$di
 
 # eval: two identical experts (no cluster metadata) against the same weights as the monolith
 run "$T" train --model tiny --steps 2 --batch 8 --data-dir "$dir/store" --out "$dir/mono.safetensors"
+# the same weights as a bf16 file: half the bytes (what a node hosting it stores and serves),
+# loaded back within bf16's rounding, and sampled from
+run "$T" train --model tiny --steps 2 --batch 8 --data-dir "$dir/store" --dtype bf16 \
+    --out "$dir/mono-bf16.safetensors"
+"$PY" - "$dir/mono.safetensors" "$dir/mono-bf16.safetensors" <<'PYEOF' || fail "the bf16 file"
+import json, os, struct, sys
+f32, b16 = sys.argv[1], sys.argv[2]
+ratio = os.path.getsize(b16) / os.path.getsize(f32)
+assert 0.45 < ratio < 0.55, ratio
+def header(p):
+    with open(p, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))
+h = header(b16)
+dt = {v["dtype"] for k, v in h.items() if k != "__metadata__"}
+assert dt == {"BF16"}, dt
+print(f"bf16 file: {ratio:.3f} of the f32 file's bytes, every tensor BF16")
+PYEOF
+run "$T" sample --weights "$dir/mono-bf16.safetensors" --n 4 --steps 2 --sampler euler \
+    --out "$dir/bf16.png"
+[ -s "$dir/bf16.png" ] || fail "no image from the bf16 weights"
 mkdir "$dir/same"
 cp "$dir/mono.safetensors" "$dir/same/expert-0.safetensors"
 cp "$dir/mono.safetensors" "$dir/same/expert-1.safetensors"
