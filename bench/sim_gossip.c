@@ -59,8 +59,8 @@ typedef struct {
     int warmup_ms, quiet_ms;
     uint64_t seed;
     bool json, check;
-    bool full_push_pull; /* exchange full states, as before digests */
-    int push_pull_ms;    /* the push-pull period (30000) */
+    bool full_push_pull;   /* exchange full states, as before digests */
+    int push_pull_ms;      /* the push-pull period (30000) */
     bool push_pull_scaled; /* the period grows with log n even with digests (as before) */
     double max_mem_gb;
 } opts_t;
@@ -154,6 +154,7 @@ struct node {
     uint32_t timer_gen;
     uint32_t q_head, q_tail, q_len; /* packets held while stalled */
     uint64_t advert_version;
+    int64_t stall_from, stall_to; /* µs: the last stall (TRACE) */
 };
 
 typedef struct {
@@ -333,8 +334,20 @@ static void on_core_event(sim_t *S, uint32_t i, const ts_swim_event_t *ev) {
     case TS_SWIM_EV_ADVERT_NEEDED:
         for (int k = 0; k < S->n_adverts; k++) {
             advert_t *a = &S->adverts[k];
-            if (a->node == subj && a->version == ev->advert_version && a->learned[i] < 0)
+            if (a->node == subj && a->version == ev->advert_version && a->learned[i] < 0) {
                 a->learned[i] = S->now;
+                /* SIM_TRACE_LAST: who hears an advert late (after 2.8 s), and its stall */
+                if (S->now - a->t0 > 2800000 && getenv("SIM_TRACE_LAST"))
+                    fprintf(stderr,
+                            "advert %d: node %u (slow %d) learned at %.3f s; its last stall "
+                            "%.3f..%.3f s%s\n",
+                            k, i, S->nodes[i].slow, (S->now - a->t0) / 1e6,
+                            (S->nodes[i].stall_from - a->t0) / 1e6,
+                            S->nodes[i].stall_to == INT64_MAX
+                                ? -1.0
+                                : (S->nodes[i].stall_to - a->t0) / 1e6,
+                            S->nodes[i].stall_to == S->now ? " (learned as it resumed)" : "");
+            }
         }
         break;
     case TS_SWIM_EV_SUSPECT:
@@ -552,6 +565,8 @@ static void stall_begin(sim_t *S, uint32_t i) {
     if (n->crashed)
         return;
     n->stalled = true;
+    n->stall_from = S->now;
+    n->stall_to = INT64_MAX;
     S->stalls++;
     int span = S->o.stall_max_ms - S->o.stall_min_ms;
     int64_t ms = S->o.stall_min_ms + (span > 0 ? rng_below(&S->rng, (uint32_t)span + 1) : 0);
@@ -561,6 +576,7 @@ static void stall_begin(sim_t *S, uint32_t i) {
 static void stall_end(sim_t *S, uint32_t i) {
     node_t *n = &S->nodes[i];
     n->stalled = false;
+    n->stall_to = S->now;
     if (n->crashed)
         return;
     /* catching up as an event loop does: timers first, then what waits in the socket */
@@ -820,29 +836,32 @@ static void teardown(sim_t *S) {
 /* ---- main -------------------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: bench_gossip [options]\n"
-               "  --nodes N              virtual nodes (1000)\n"
-               "  --loss PCT             datagrams lost, percent (0)\n"
-               "  --slow PCT             nodes that stall now and then, percent (0)\n"
-               "  --gossip-ms MS         gossip interval (200)\n"
-               "  --probe-ms MS          probe interval (1000)\n"
-               "  --probe-timeout-ms MS  probe timeout (500)\n"
-               "  --suspicion-mult A     shortest suspicion A·log10(n)·probe interval (4)\n"
-               "  --suspicion-max-mult B longest suspicion, B times the shortest (6)\n"
-               "  --latency-ms MS        median one-way latency (20), lognormal\n"
-               "  --latency-sigma S      σ of the latency's logarithm (0.5)\n"
-               "  --stall-ms MIN:MAX     length of a slow node's stall (1000:3000)\n"
-               "  --stall-every-ms MS    mean time between a slow node's stalls (10000)\n"
-               "  --adverts A            advert changes measured (5)\n"
-               "  --crashes C            crashes measured (min(20, N/10))\n"
-               "  --seed S               random seed (1)\n"
-               "  --max-mem-gb G         refuse a run estimated above G GiB (12)\n"
-               "  --check                check every core's invariants every virtual second\n"
-               "  --full-push-pull       push-pull exchanges full states, not digests (their\n"
-               "                         period grows with log n)\n"
-               "  --push-pull-ms MS      push-pull period (30000)\n"
-               "  --push-pull-scaled     with digests too, the period grows with log n (as before)\n"
-               "  --json                 one JSON document instead of the table\n");
+    fprintf(f,
+            "usage: bench_gossip [options]\n"
+            "  --nodes N              virtual nodes (1000)\n"
+            "  --loss PCT             datagrams lost, percent (0)\n"
+            "  --slow PCT             nodes that stall now and then, percent (0)\n"
+            "  --gossip-ms MS         gossip interval (200)\n"
+            "  --probe-ms MS          probe interval (1000)\n"
+            "  --probe-timeout-ms MS  probe timeout (500)\n"
+            "  --suspicion-mult A     shortest suspicion A·log10(n)·probe interval (4)\n"
+            "  --suspicion-max-mult B longest suspicion, B times the shortest (6)\n"
+            "  --latency-ms MS        median one-way latency (20), lognormal\n"
+            "  --latency-sigma S      σ of the latency's logarithm (0.5)\n"
+            "  --stall-ms MIN:MAX     length of a slow node's stall (1000:3000)\n"
+            "  --stall-every-ms MS    mean time between a slow node's stalls (10000)\n"
+            "  --adverts A            advert changes measured (5)\n"
+            "  --crashes C            crashes measured (min(20, N/10))\n"
+            "  --seed S               random seed (1)\n"
+            "  --max-mem-gb G         refuse a run estimated above G GiB (12)\n"
+            "  --check                check every core's invariants every virtual second\n"
+            "  --full-push-pull       push-pull exchanges full states, not digests (their\n"
+            "                         period grows with log n)\n"
+            "  --push-pull-ms MS      push-pull period (30000)\n"
+            "  --push-pull-scaled     with digests too, the period grows with log n (as before)\n"
+            "  --json                 one JSON document instead of the table\n"
+            "environment: SIM_TRACE_LAST=1 prints, on stderr, every node that learns an advert\n"
+            "  more than 2.8 s after it, with its last stall\n");
 }
 
 static void parse(int argc, char **argv, opts_t *o) {
