@@ -656,10 +656,6 @@ void ts_gossip_set_metrics_url(ts_gossip_t *g, const char *url) {
 
 int ts_gossip_port(const ts_gossip_t *g) { return g && g->started ? g->self_addr.port : 0; }
 
-const char *ts_gossip_addr(const ts_gossip_t *g) {
-    return g->relay_addr[0] ? g->relay_addr : g->advertise;
-}
-
 const ts_swim_t *ts_gossip_swim(const ts_gossip_t *g) { return g ? g->swim : NULL; }
 
 void ts_gossip_get_stats(const ts_gossip_t *g, ts_gossip_stats_t *st) { *st = g->st; }

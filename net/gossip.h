@@ -109,8 +109,6 @@ void ts_gossip_set_health(ts_gossip_t *g, const char *health);
  * TS_EINVAL otherwise or for a bad address (err says why). */
 int ts_gossip_set_relay(ts_gossip_t *g, const char *addr, const ts_node_id_t *relay, char *err,
                         size_t errlen);
-/* The address our claims carry now: the relay's for us, or the configured one. */
-const char *ts_gossip_addr(const ts_gossip_t *g);
 /* The /metrics URL status answers carry (StatusResponse.metrics); copied; NULL or "": none. */
 void ts_gossip_set_metrics_url(ts_gossip_t *g, const char *url);
 

@@ -305,7 +305,6 @@ int ts_gossip_set_relay(ts_gossip_t *g, const char *addr, const ts_node_id_t *re
         ts_set_err(err, errlen, "the gossip core refused the address (%s)", ts_strerror(rc));
         return rc;
     }
-    snprintf(g->relay_addr, sizeof g->relay_addr, "%s", addr ? addr : "");
     g->has_relay = addr != NULL;
     if (relay && addr)
         g->relay_id = *relay;

@@ -80,7 +80,6 @@ struct ts_gossip {
     uint8_t seal_key[32];                  /* secret: wiped by ts_gossip_free */
     ts_swim_t *swim;                       /* created by start, once the port is known */
     ts_swim_addr_t self_addr;              /* the configured address (the port bound) */
-    char relay_addr[ADDR_STR];             /* where a relay holds our address ("" when none) */
     int has_relay;
     ts_node_id_t relay_id; /* that relay's node id, put into our advert */
 

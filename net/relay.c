@@ -182,13 +182,15 @@ static void leg_read(leg_t *l, int on) {
         uv_read_stop((uv_stream_t *)&l->tcp);
 }
 
-/* A spliced leg reads while its partner's queue is short and the byte cap allows. */
+/* A spliced leg stops reading while its partner's write queue is over LEG_HIGH (or the byte cap
+ * is spent), and reads again once that queue is back under half of it. */
 static void leg_update_reading(leg_t *l) {
     if (!l->peer) {
         leg_read(l, !l->closing);
         return;
     }
-    leg_read(l, !l->rv->throttled && l->peer->queued <= LEG_HIGH / 2);
+    size_t limit = l->reading ? LEG_HIGH : LEG_HIGH / 2;
+    leg_read(l, !l->rv->throttled && l->peer->queued <= limit);
 }
 
 static void pace_cb(uv_timer_t *t) {

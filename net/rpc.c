@@ -982,19 +982,6 @@ int ts_rpc_request_send(ts_rpc_request_t *req, const Tessera__Envelope *env, cha
     return send_envelope(req->sess, env, err, errlen);
 }
 
-int ts_rpc_oneway_send(ts_conn_t *c, const Tessera__Envelope *env, char *err, size_t errlen) {
-    session_t *s = c ? ts_conn_data(c) : NULL;
-    if (!s || !env || !is_oneway_kind(env->body_case) || !ts_conn_is_open(c)) {
-        ts_set_err(err, errlen, "ts_rpc_oneway_send: no open session, or not a one-way kind");
-        return TS_EINVAL;
-    }
-    if (ts_conn_congested(c)) {
-        ts_set_err(err, errlen, "the connection is congested");
-        return TS_EBUSY;
-    }
-    return send_envelope(s, env, err, errlen);
-}
-
 void ts_rpc_stats(const ts_rpc_t *rpc, ts_rpc_stats_t *out) {
     if (rpc && out)
         *out = rpc->st;

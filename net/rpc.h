@@ -142,8 +142,6 @@ int ts_rpc_handle_oneway(ts_rpc_t *rpc, Tessera__Envelope__BodyCase kind, ts_rpc
  * drops or retries), TS_EINVAL for a kind that is not one-way or does not encode. */
 int ts_rpc_request_send(ts_rpc_request_t *req, const Tessera__Envelope *env, char *err,
                         size_t errlen);
-/* The same on a connection of this endpoint (the c a one-way handler got). */
-int ts_rpc_oneway_send(ts_conn_t *c, const Tessera__Envelope *env, char *err, size_t errlen);
 
 /* ---- answering (server side) ------------------------------------------------------------------ */
 
