@@ -241,6 +241,7 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, si
             p->queue_depth = b->load ? b->load->queue_depth : 0;
             p->item_latency_us = b->load ? b->load->item_latency_us : 0;
             p->max_samples = b->capacity ? b->capacity->max_batch : 0;
+            p->max_rows = b->capacity && b->capacity->has_max_rows ? b->capacity->max_rows : 0;
         }
         g->n_replicas += ex->n_rep;
     }

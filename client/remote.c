@@ -362,12 +362,21 @@ static attempt_t *slot(ts_remote_t *r, int i) {
     return pv->att[i];
 }
 
-/* Samples per request for expert ex: the smallest max_batch its replicas advertise (0: any). */
-static int piece_size(const ts_remote_expert_t *ex) {
+/* Samples per request for expert ex: the least its replicas take (0: any). A replica that says
+ * how many forward rows it takes (Capacity.max_rows) takes that many unguided samples, half as
+ * many guided; one that does not, the samples it advertises (good guided or not). */
+static int piece_size(const ts_remote_expert_t *ex, float cfg_scale) {
     int cap = 0;
-    for (int i = 0; i < ex->n_rep; i++)
-        if (ex->rep[i].max_samples > 0 && (cap == 0 || (int)ex->rep[i].max_samples < cap))
-            cap = (int)ex->rep[i].max_samples;
+    for (int i = 0; i < ex->n_rep; i++) {
+        const ts_replica_t *p = &ex->rep[i];
+        int m = (int)p->max_samples;
+        if (p->max_rows > 0) {
+            int by_rows = (int)p->max_rows / (cfg_scale != 1.0f ? 2 : 1);
+            m = by_rows > m ? by_rows : m;
+        }
+        if (m > 0 && (cap == 0 || m < cap))
+            cap = m;
+    }
     return cap;
 }
 
@@ -427,13 +436,13 @@ int ts_remote_eval(void *ctx, ts_expert_job_t *jobs, int n) {
     pv->pending = 0;
     for (int i = 0; i < n; i++) {
         jobs[i].status = TS_OK;
-        int cap = piece_size(&r->experts[jobs[i].k]);
+        int cap = piece_size(&r->experts[jobs[i].k], jobs[i].cfg_scale);
         for (int start = 0; start < jobs[i].m; start += cap ? cap : jobs[i].m)
             pv->pending++;
     }
     for (int i = 0; i < n && rc == TS_OK; i++) {
         ts_expert_job_t *j = &jobs[i];
-        int cap = piece_size(&r->experts[j->k]);
+        int cap = piece_size(&r->experts[j->k], j->cfg_scale);
         for (int start = 0; start < j->m && rc == TS_OK; start += cap ? cap : j->m) {
             int m = cap && j->m - start > cap ? cap : j->m - start;
             attempt_t *a = slot(r, used++);

@@ -42,6 +42,7 @@ typedef struct ts_replica {
     uint32_t queue_depth;     /* from the advert */
     uint32_t item_latency_us; /* from the advert */
     uint32_t max_samples;     /* samples one request may carry (the advert's capacity); 0: any */
+    uint32_t max_rows;        /* forward rows one request may carry (B, 2B guided); 0: not said */
     double banned_until;      /* monotonic seconds */
     uint64_t sent, answered, failed, garbage, hedges_won;
 } ts_replica_t;

@@ -83,10 +83,11 @@ static void advertise(ts_host_t *h) {
     current_load(h, &l);
     Tessera__Capacity cap = TESSERA__CAPACITY__INIT;
     Tessera__Load load = TESSERA__LOAD__INIT;
-    cap.has_items_per_s = cap.has_max_batch = cap.has_queue_limit = 1;
+    cap.has_items_per_s = cap.has_max_batch = cap.has_max_rows = cap.has_queue_limit = 1;
     /* a row is a sample (two with guidance): rows per second from the per-row latency */
     cap.items_per_s = l.item_latency_us ? 1e6f / (float)l.item_latency_us : 0.0f;
     cap.max_batch = (uint32_t)(c->serve_max_batch / 2 > 0 ? c->serve_max_batch / 2 : 1);
+    cap.max_rows = (uint32_t)c->serve_max_batch; /* an unguided request may carry this many */
     cap.queue_limit = (uint32_t)c->serve_max_queue;
     char device[128];
     ts_serve_device(h->serve, device, sizeof device, NULL, 0);

@@ -702,6 +702,10 @@ int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, cha
     CHECK(need_has(&c, b->capacity->has_items_per_s, "advert body.capacity", "items_per_s"));
     CHECK(check_float(&c, b->capacity->items_per_s, 0.0f, 1e9f, "advert body.capacity",
                       "items_per_s"));
+    if (b->capacity->has_max_rows && b->capacity->max_rows < b->capacity->max_batch)
+        return bad(&c, TS_ECORRUPT,
+                   "advert body.capacity.max_rows (%u) is below max_batch (%u) samples",
+                   (unsigned)b->capacity->max_rows, (unsigned)b->capacity->max_batch);
     if (b->capacity->device && strlen(b->capacity->device) > TS_FRAME_DEVICE_MAX)
         return bad(&c, TS_ECORRUPT, "advert body.capacity.device is longer than %d bytes",
                    TS_FRAME_DEVICE_MAX);

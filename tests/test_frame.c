@@ -228,6 +228,7 @@ static void samples_init(void) {
     tessera__capacity__init(&S.capacity);
     SET(S.capacity, items_per_s, 850.0f);
     SET(S.capacity, max_batch, 64);
+    SET(S.capacity, max_rows, 128);
     SET(S.capacity, queue_limit, 512);
     tessera__load__init(&S.load);
     SET(S.load, queue_depth, 12);
@@ -1724,6 +1725,7 @@ static void test_signed_bodies(void **state) {
         {"advert body.centroid: element 7 is NaN", TS_ENONFINITE},
         {"advert body.capacity.max_batch", TS_ECORRUPT},
         {"advert body.load is missing", TS_ECORRUPT},
+        {"advert body.capacity.max_rows (63) is below max_batch (64)", TS_ECORRUPT},
         {"advert body.version is missing", TS_ECORRUPT},
         {"advert body.partition_id is 16 bytes", TS_ECORRUPT},
     };
@@ -1745,8 +1747,9 @@ static void test_signed_bodies(void **state) {
         case 7: S.centroid[7] = 0x7E00; break; /* F16 NaN */
         case 8: S.capacity.has_max_batch = 0; break;
         case 9: S.advert_body.load = NULL; break;
-        case 10: S.advert_body.version = 0; break;
-        case 11: S.advert_body.partition_id.len = 16; break;
+        case 10: S.capacity.has_max_rows = 1, S.capacity.max_rows = 63; break;
+        case 11: S.advert_body.version = 0; break;
+        case 12: S.advert_body.partition_id.len = 16; break;
         }
         samples_sign();
         Tessera__AdvertBody *vo = NULL;

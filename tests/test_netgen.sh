@@ -90,6 +90,20 @@ cmp -s "$dir/net.png" "$dir/local.png" || fail "the network's image differs from
     fail "a healthy network degraded"
 echo "ok: generate --peer = --local, byte for byte"
 
+# requests cut by the rows a node takes (Capacity.max_rows, [serve] max_batch = 16): 16 samples
+# of a cluster are one request unguided, two of 8 guided (each 16 forward rows)
+UNG="--n 16 --steps 4 --sampler heun --cfg 1 --seed 3 --policy uniform --select full"
+run "$T" generate --local "$F" $UNG --out "$dir/local-ung.png"
+netgen ung netA $UNG --out "$dir/ung.png" || fail "generate --peer, unguided"
+cmp -s "$dir/ung.png" "$dir/local-ung.png" || fail "unguided: the network's image differs from --local's"
+netgen full netA $FULL --out "$dir/full.png" || fail "generate --peer, full"
+cmp -s "$dir/full.png" "$dir/local-full.png" || fail "full: the network's image differs from --local's"
+per_eval() { json_get "$dir/$1.json" \
+    "(j['network']['requests'] - j['network']['hedges'] - j['network']['retries']) / j['network']['evaluations']"; }
+[ "$(per_eval ung)" = 2.0 ] && [ "$(per_eval full)" = 4.0 ] ||
+    fail "requests per evaluation: unguided $(per_eval ung) (want 2: one per cluster), guided $(per_eval full) (want 4)"
+echo "ok: requests carry max_rows samples unguided, half guided: 2 and 4 per evaluation, the same images"
+
 # tessera pull: the experts into a store, verified; then --prefer-local runs them here
 "$T" pull --all --peer "$(peer_of netA)" --network-key "$dir/netA/network.key" \
     --data-dir "$dir/pulled" --json >"$dir/pull.json" 2>"$dir/err-pull.txt" || fail "tessera pull --all"

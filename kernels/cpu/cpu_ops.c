@@ -47,6 +47,9 @@
 
 /* ---- engine ---------------------------------------------------------------------------- */
 
+/* OpenBLAS's (pthreads build) own thread pool, stopped; weak, for BLAS builds without it. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+
 int ts_cpu_engine_init(ts_engine_t *e, int threads) {
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -57,8 +60,13 @@ int ts_cpu_engine_init(ts_engine_t *e, int threads) {
         return rc;
     e->threads = threads;
     e->vec = ts_cpu_vec_pick(getenv("TESSERA_CPU_ISA"));
-    /* The pool owns the cores; OpenBLAS runs one thread inside each pool worker (ts_cpu_gemm). */
+    /* The pool owns the cores; OpenBLAS runs one thread inside each pool worker (ts_cpu_gemm).
+     * The threads OpenBLAS started when it was loaded would spin (sched_yield) for about 0.1 s
+     * of a core whenever woken, beside the pool: they are stopped (OpenBLAS starts them again
+     * itself if a multi-threaded call ever comes, as bench_gemm's peer measurement makes). */
     openblas_set_num_threads(1);
+    if (blas_thread_shutdown_)
+        blas_thread_shutdown_();
     return TS_OK;
 }
 
