@@ -133,7 +133,8 @@ static void test_linear_bias_bits(void **state) {
     ts_engine_t *e = *state;
     static const int64_t cases[][3] = {/* M, K, N */
                                        {7, 3, 5},      {1, 128, 768},    {49, 128, 384},
-                                       {200, 64, 300}, {3136, 128, 512}, {196, 1024, 256}};
+                                       {200, 64, 300}, {3136, 128, 512}, {196, 1024, 256},
+                                       {3, 256, 128},  {3136, 256, 384}, {392, 512, 128}};
     tu_rng_t r = {11};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int64_t M = cases[c][0], K = cases[c][1], N = cases[c][2];

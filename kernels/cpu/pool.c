@@ -1,15 +1,31 @@
 /*
  * pool.c — the CPU worker pool (see pool.h).
  *
- * Workers sleep on a condition variable and wake for each job, identified by a generation
- * counter; each takes the chunk matching its index, and the last to finish signals the caller.
- * Chunks are static (equal sizes): the ops are uniform, so stealing would buy nothing.
+ * Workers wait for each job, identified by a generation counter; each takes the chunk matching
+ * its index, and the last to finish signals the caller. Chunks are static (equal sizes): the ops
+ * are uniform, so stealing would buy nothing.
+ *
+ * Waiting: a worker that finished a job first watches the generation for SPIN_S, then sleeps
+ * on a condition variable; the caller likewise watches for the workers' end before it sleeps.
+ * The ops of a forward pass come tens of µs apart, and waking a sleeping thread costs about that
+ * much (20–80 µs on the 2-vCPU VM: a futex wake and, for an idle vCPU, the hypervisor's
+ * wake-up), so a pool that always slept paid a wake-up per op — more than a small op's work
+ * (tiny at batch 3 ran slower on 2 threads than on 1). A spin is bounded: an idle pool costs
+ * SPIN_S of a core per job, then nothing.
  */
 #include "kernels/cpu/pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
 
+#include "base/clock.h"
 #include "base/error.h"
 
 struct ts_pool {
@@ -18,8 +34,8 @@ struct ts_pool {
     pthread_mutex_t mu;
     pthread_cond_t wake;
     pthread_cond_t done;
-    uint64_t generation; /* bumped for each job */
-    int pending;         /* workers still running the current job */
+    uint64_t generation; /* bumped for each job (under mu; read atomically while spinning) */
+    int pending;         /* workers still running the current job (likewise) */
     int stop;
     /* the current job */
     ts_pool_fn fn;
@@ -38,6 +54,45 @@ static void chunk_range(int64_t n, int chunks, int i, int64_t *lo, int64_t *hi) 
     *hi = n * (i + 1) / chunks;
 }
 
+/* How long a thread watches for its next event before it sleeps. */
+#define SPIN_S 60e-6
+
+/* One pause of a spin that began at t0, at iteration i; 1 when the spin is over. The first
+ * SPIN_PAUSES iterations only pause the core; after them each yields it (sched_yield), so that
+ * a thread of another process sharing the cores (four daemons on two, in bench_netgen) runs
+ * instead of waiting on a spinner. */
+#define SPIN_PAUSES 256
+static int relax(int i, double t0) {
+    if (i < SPIN_PAUSES) {
+        CPU_RELAX();
+        return 0;
+    }
+    sched_yield();
+    return ts_now_s() - t0 > SPIN_S;
+}
+
+/* Spins up to SPIN_S while *v == unchanged (and *stop is 0); 1 when it changed. */
+static int spin_while_u64(const uint64_t *v, uint64_t unchanged, const int *stop) {
+    double t0 = ts_now_s();
+    for (int i = 1;; i++) {
+        if (__atomic_load_n(v, __ATOMIC_ACQUIRE) != unchanged ||
+            __atomic_load_n(stop, __ATOMIC_ACQUIRE))
+            return 1;
+        if (relax(i, t0))
+            return 0;
+    }
+}
+
+static int spin_while_nonzero(const int *v) {
+    double t0 = ts_now_s();
+    for (int i = 1;; i++) {
+        if (__atomic_load_n(v, __ATOMIC_ACQUIRE) == 0)
+            return 1;
+        if (relax(i, t0))
+            return 0;
+    }
+}
+
 static void *worker_main(void *arg) {
     worker_arg_t wa = *(worker_arg_t *)arg;
     free(arg);
@@ -45,6 +100,11 @@ static void *worker_main(void *arg) {
     uint64_t seen = 0;
     pthread_mutex_lock(&p->mu);
     for (;;) {
+        if (!p->stop && p->generation == seen) { /* watch a while before sleeping */
+            pthread_mutex_unlock(&p->mu);
+            spin_while_u64(&p->generation, seen, &p->stop);
+            pthread_mutex_lock(&p->mu);
+        }
         while (!p->stop && p->generation == seen)
             pthread_cond_wait(&p->wake, &p->mu);
         if (p->stop)
@@ -61,7 +121,7 @@ static void *worker_main(void *arg) {
             fn(ctx, lo, hi);
         }
         pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0)
+        if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_ACQ_REL) == 0)
             pthread_cond_signal(&p->done);
     }
     pthread_mutex_unlock(&p->mu);
@@ -106,7 +166,7 @@ void ts_pool_free(ts_pool_t *p) {
     if (!p)
         return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->threads; i++)
@@ -152,8 +212,8 @@ void ts_pool_for(ts_pool_t *p, int64_t n, int64_t grain, ts_pool_fn fn, void *ct
     p->ctx = ctx;
     p->n = n;
     p->chunks = chunks;
-    p->pending = p->threads - 1;
-    p->generation++;
+    __atomic_store_n(&p->pending, p->threads - 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&p->generation, 1, __ATOMIC_ACQ_REL);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
 
@@ -161,6 +221,7 @@ void ts_pool_for(ts_pool_t *p, int64_t n, int64_t grain, ts_pool_fn fn, void *ct
     chunk_range(n, chunks, 0, &lo, &hi);
     fn(ctx, lo, hi);
 
+    spin_while_nonzero(&p->pending);
     pthread_mutex_lock(&p->mu);
     while (p->pending > 0)
         pthread_cond_wait(&p->done, &p->mu);
