@@ -115,6 +115,8 @@ extern "C" {
       int64_t T, int64_t C, int64_t H)                                                             \
     X(attention_fused_backward, float *dqkv, const float *dout, const float *qkv,                  \
       const float *out, const float *lse, int64_t B, int64_t T, int64_t C, int64_t H)              \
+    X(attention_fused_backward_bf16, float *dqkv, const float *dout, const float *qkv,             \
+      const float *out, const float *lse, int64_t B, int64_t T, int64_t C, int64_t H)              \
                                                                                                    \
     /* x, out (B, T, C); mod (B, M·C); chunk i of sample b is mod + b·M·C + i·C */                 \
     X(modulate_forward, float *out, const float *x, const float *mod, int64_t B, int64_t T,        \

@@ -664,9 +664,9 @@ int ts_attention_fused_bf16_check(ts_engine_t *e) {
     return e->device == TS_CPU && ts_cpu_attention_fused_bf16_ok() ? TS_OK : TS_ENOTSUP;
 }
 
-int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
-                                const ts_tensor_t *qkv, const ts_tensor_t *out,
-                                const ts_tensor_t *lse, int heads) {
+static int fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
+                          const ts_tensor_t *qkv, const ts_tensor_t *out, const ts_tensor_t *lse,
+                          int heads, int bf16) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, dqkv));
     TS_TRY(check_f32(e, dout));
@@ -678,8 +678,23 @@ int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tens
     TS_TRY(lse_shape(lse, &d));
     if (!ts_tensor_same_shape(dqkv, qkv) || !ts_tensor_same_shape(dout, out))
         return TS_ESHAPE;
+    if (bf16)
+        return DISPATCH(e, attention_fused_backward_bf16, F(dqkv), CF(dout), CF(qkv), CF(out),
+                        CF(lse), d.B, d.T, d.C, d.H);
     return DISPATCH(e, attention_fused_backward, F(dqkv), CF(dout), CF(qkv), CF(out), CF(lse), d.B,
                     d.T, d.C, d.H);
+}
+
+int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
+                                const ts_tensor_t *qkv, const ts_tensor_t *out,
+                                const ts_tensor_t *lse, int heads) {
+    return fused_backward(e, dqkv, dout, qkv, out, lse, heads, 0);
+}
+
+int ts_attention_fused_backward_bf16(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
+                                     const ts_tensor_t *qkv, const ts_tensor_t *out,
+                                     const ts_tensor_t *lse, int heads) {
+    return fused_backward(e, dqkv, dout, qkv, out, lse, heads, 1);
 }
 
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */

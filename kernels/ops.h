@@ -160,6 +160,12 @@ int ts_attention_fused_bf16_check(ts_engine_t *e);
 int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
                                 const ts_tensor_t *qkv, const ts_tensor_t *out,
                                 const ts_tensor_t *lse, int heads);
+/* As ts_attention_fused_backward with its five products in bf16 (q, k, v, dout and the
+ * recomputed weights and their gradients rounded to bf16, fp32 accumulation; the softmax, D and
+ * every sum into dqkv in fp32). TS_ENOTSUP where ts_attention_fused_bf16_check says so. */
+int ts_attention_fused_backward_bf16(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
+                                     const ts_tensor_t *qkv, const ts_tensor_t *out,
+                                     const ts_tensor_t *lse, int heads);
 
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */
 /* mod (B, M·C) is the adaLN modulation output, read as M chunks of C (DiT's .chunk(M, dim=1));

@@ -536,7 +536,9 @@ static int attention_backward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) 
         return ts_attention_backward(e, &dqkv, &datt, &datty, &qkv, &att, H);
     }
     ts_tensor_t lse = rows(&A->lse, B);
-    return ts_attention_fused_backward(e, &dqkv, &datty, &qkv, &atty, &lse, H);
+    return m->precision == TS_PREC_BF16
+               ? ts_attention_fused_backward_bf16(e, &dqkv, &datty, &qkv, &atty, &lse, H)
+               : ts_attention_fused_backward(e, &dqkv, &datty, &qkv, &atty, &lse, H);
 }
 
 static int block_forward(ts_dit_t *m, int l, int B) {

@@ -22,7 +22,11 @@
  *                   weight is rounded to bf16 (relative 2^-9) before it multiplies v, and the
  *                   weights sum to 1 (2× margin). Against the composed bf16 op (which rounds the
  *                   normalised weights instead): 2e-2 abs + 2e-2 rel, as test_bf16.
- * Exact checks: a sample's result (forward fp32 and bf16, lse, backward) is bit-identical alone and
+ *   bf16 backward   against the reference on q, k, v and dout rounded to bf16: 1e-2 of max|ref|
+ *                   (P and dS rounded before their products, D from the bf16 forward's output;
+ *                   the worst measured is printed), and the same against the fp32 backward.
+ * Exact checks: a sample's result (forward fp32 and bf16, lse, backward fp32 and bf16) is
+ * bit-identical alone and
  * in a batch, and with 1 thread or 2; the backward accumulates (+=); a NaN in q spreads to its own
  * row of its head and a NaN in k to every row of its head, exactly where the composed op puts
  * them, and nowhere else; bad shapes, dtypes and NULLs give the codes the other ops give.
@@ -191,6 +195,75 @@ static void test_forward_bf16(void **state) {
     }
 }
 
+/* ---- bf16 backward ----------------------------------------------------------------------- */
+
+/* The reference backward on q, k, v and dout rounded to bf16 (in double), against the bf16
+ * backward after the bf16 forward (as a bf16 training step runs them): what is left is P and dS
+ * rounded to bf16 (relative 2^-9 each) before their products, and D = dO·O from the bf16
+ * forward's O (off by up to 2^-8 · max|v|); every gradient element is a sum of T such terms
+ * that partly cancel, so the error is relative to the largest element, as in fp32: 1e-2 of
+ * max|ref| (measured worst over these cases 4.0e-3, printed). Against the fp32 fused backward
+ * the same bound. */
+static void test_backward_bf16(void **state) {
+    ts_engine_t *e = *state;
+    if (ts_attention_fused_bf16_check(e) != TS_OK)
+        skip(); /* no AVX-512 BF16 here */
+    tu_rng_t r = {16};
+    double worst = 0.0;
+    for (size_t c = 0; c < NCASES; c++) {
+        fwd_t f;
+        fwd_alloc(&f, cases[c], &r);
+        ts_tensor_t dout, dqkv, dqkv32, out32, lse32;
+        tu_alloc_like(&dout, &f.out);
+        tu_alloc_like(&dqkv, &f.qkv);
+        tu_alloc_like(&dqkv32, &f.qkv);
+        tu_alloc_like(&out32, &f.out);
+        tu_alloc_like(&lse32, &f.lse);
+        tu_fill_uniform(&r, &dout, -1, 1);
+        int64_t n = ts_tensor_numel(&f.qkv), no = ts_tensor_numel(&f.out);
+        float *rq = tu_host_copy(&f.qkv), *rd = tu_host_copy(&dout), *want = tu_floats(n);
+        for (int64_t i = 0; i < n; i++)
+            rq[i] = ts_bf16_to_f32(ts_f32_to_bf16(rq[i]));
+        for (int64_t i = 0; i < no; i++)
+            rd[i] = ts_bf16_to_f32(ts_f32_to_bf16(rd[i]));
+        ts_ref_attention_backward(want, rd, rq, f.B, f.T, f.C, f.H);
+        double big = max_abs(want, n), tol = 1e-2 * big;
+
+        TU_CHECK_OK(ts_attention_fused_forward_bf16(e, &f.out, &f.lse, &f.qkv, (int)f.H));
+        TU_CHECK_OK(ts_zero(e, &dqkv));
+        TU_CHECK_OK(
+            ts_attention_fused_backward_bf16(e, &dqkv, &dout, &f.qkv, &f.out, &f.lse, (int)f.H));
+        const float *got = tu_f32(&dqkv);
+        for (int64_t i = 0; i < n; i++) {
+            double d = fabs((double)got[i] - want[i]);
+            worst = big > 0.0 && d / big > worst ? d / big : worst;
+        }
+        tu_check_close(got, want, n, tol, 0.0, "bf16 fused dqkv " DESC, ARGS(&f));
+        /* against the fp32 fused backward on the unrounded operands */
+        TU_CHECK_OK(ts_attention_fused_forward(e, &out32, &lse32, &f.qkv, (int)f.H));
+        TU_CHECK_OK(ts_zero(e, &dqkv32));
+        TU_CHECK_OK(
+            ts_attention_fused_backward(e, &dqkv32, &dout, &f.qkv, &out32, &lse32, (int)f.H));
+        tu_check_close(got, tu_f32(&dqkv32), n, 1e-2 * max_abs(tu_f32(&dqkv32), n), 0.0,
+                       "bf16 vs fp32 fused dqkv " DESC, ARGS(&f));
+        /* it accumulates */
+        float *once = tu_host_copy(&dqkv);
+        TU_CHECK_OK(
+            ts_attention_fused_backward_bf16(e, &dqkv, &dout, &f.qkv, &f.out, &f.lse, (int)f.H));
+        for (int64_t i = 0; i < n; i++)
+            once[i] *= 2.0f;
+        tu_check_close(tu_f32(&dqkv), once, n, 1e-6 * max_abs(once, n), 1e-6,
+                       "bf16 fused dqkv accumulated twice " DESC, ARGS(&f));
+        free(once);
+        free(rq);
+        free(rd);
+        free(want);
+        TU_FREE_TENSORS(&dout, &dqkv, &dqkv32, &out32, &lse32);
+        fwd_free(&f);
+    }
+    printf("# bf16 backward: worst |got − ref| = %.2e of max|ref|\n", worst);
+}
+
 /* ---- batch and thread invariance ----------------------------------------------------------- */
 
 /* Runs forward (fp32 or bf16) and backward over the batch in f with dout, writing out, lse and
@@ -200,8 +273,13 @@ static void run_all(ts_engine_t *e, fwd_t *f, const ts_tensor_t *dout, ts_tensor
     TU_CHECK_OK(ts_attention_fused_forward(e, &f->out, &f->lse, &f->qkv, (int)f->H));
     TU_CHECK_OK(ts_zero(e, dqkv));
     TU_CHECK_OK(ts_attention_fused_backward(e, dqkv, dout, &f->qkv, &f->out, &f->lse, (int)f->H));
-    if (bf16)
-        TU_CHECK_OK(ts_attention_fused_forward_bf16(e, out16, NULL, &f->qkv, (int)f->H));
+    if (bf16) {
+        TU_CHECK_OK(ts_attention_fused_forward_bf16(e, out16, &f->lse, &f->qkv, (int)f->H));
+        /* the bf16 backward, from the bf16 forward's out and lse, into the same dqkv */
+        TU_CHECK_OK(
+            ts_attention_fused_backward_bf16(e, dqkv, dout, &f->qkv, out16, &f->lse, (int)f->H));
+        TU_CHECK_OK(ts_attention_fused_forward(e, &f->out, &f->lse, &f->qkv, (int)f->H));
+    }
 }
 
 /* Sample s of every output of a batch run equals the same sample run alone (on engine e1). */
@@ -327,19 +405,29 @@ static void test_bad_arguments(void **state) {
     for (int64_t i = 0; i < 2 * 4 * 6; i++)
         assert_true(tu_f32(&out)[i] == 7.0f); /* nothing was written */
     TU_CHECK_OK(ts_attention_fused_forward(e, &out, &lse, &qkv, 2));
-    TU_CHECK_RC(ts_attention_fused_backward(e, &dqkv, &out, &qkv, &out, NULL, 2), TS_EINVAL);
-    TU_CHECK_RC(ts_attention_fused_backward(e, &dqkv, &out, &qkv, &out, &lse_bad, 2), TS_ESHAPE);
-    TU_CHECK_RC(ts_attention_fused_backward(e, &qkv_bad, &out, &qkv, &out, &lse, 2), TS_ESHAPE);
-    TU_CHECK_RC(ts_attention_fused_backward(e, &dqkv, &out_bad, &qkv, &out, &lse, 2), TS_ESHAPE);
-    TU_CHECK_RC(ts_attention_fused_backward(e, &dqkv, &out, &qkv, &out, &lse, 3), TS_ESHAPE);
-    TU_CHECK_RC(ts_attention_fused_backward(e, &dqkv, &i32, &qkv, &out, &lse, 2), TS_EDTYPE);
+    int (*bwd[2])(ts_engine_t *, ts_tensor_t *, const ts_tensor_t *, const ts_tensor_t *,
+                  const ts_tensor_t *, const ts_tensor_t *,
+                  int) = {ts_attention_fused_backward, ts_attention_fused_backward_bf16};
+    for (int k = 0; k < 2; k++) {
+        TU_CHECK_OK(ts_fill(e, &dqkv, 5.0f));
+        TU_CHECK_RC(bwd[k](e, &dqkv, &out, &qkv, &out, NULL, 2), TS_EINVAL);
+        TU_CHECK_RC(bwd[k](e, &dqkv, &out, &qkv, &out, &lse_bad, 2), TS_ESHAPE);
+        TU_CHECK_RC(bwd[k](e, &qkv_bad, &out, &qkv, &out, &lse, 2), TS_ESHAPE);
+        TU_CHECK_RC(bwd[k](e, &dqkv, &out_bad, &qkv, &out, &lse, 2), TS_ESHAPE);
+        TU_CHECK_RC(bwd[k](e, &dqkv, &out, &qkv, &out, &lse, 3), TS_ESHAPE);
+        TU_CHECK_RC(bwd[k](e, &dqkv, &i32, &qkv, &out, &lse, 2), TS_EDTYPE);
+        TU_CHECK_RC(bwd[k](NULL, &dqkv, &out, &qkv, &out, &lse, 2), TS_EINVAL);
+        for (int64_t i = 0; i < 2 * 4 * 18; i++)
+            assert_true(tu_f32(&dqkv)[i] == 5.0f); /* nothing was written */
+    }
     TU_FREE_TENSORS(&qkv, &out, &lse, &lse_bad, &out_bad, &qkv_bad, &dqkv, &i32);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_f32),  cmocka_unit_test(test_backward_f32),
-        cmocka_unit_test(test_forward_bf16), cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_forward_bf16), cmocka_unit_test(test_backward_bf16),
+        cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_nan),          cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests_name("attention", tests, tu_setup_cpu_engine,

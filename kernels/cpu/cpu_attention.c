@@ -1,6 +1,6 @@
 /*
- * cpu_attention.c — fused (flash-style) self-attention on the CPU: the forward in fp32 and in
- * bf16, and the fp32 backward (ts_cpu_attention_fused_* of kernels/backend.h).
+ * cpu_attention.c — fused (flash-style) self-attention on the CPU: the forward and the backward,
+ * each in fp32 and in bf16 (ts_cpu_attention_fused_* of kernels/backend.h).
  *
  * What it is. The composed attention of kernels/ops.c writes the (B, heads, T, T) softmax
  * weights to memory, reads them back for the second product and keeps them for the backward.
@@ -21,7 +21,10 @@
  * an fp32 lane), q, k, v and the unnormalised weights e^(S − m) rounded to bf16 (nearest even, the
  * CPU's vcvtneps2bf16 as in cpu_bf16.c), fp32 accumulation, the softmax in fp32. It runs where the
  * CPU has AVX-512 BF16 (checked once, at run time) and the compiler knows the instructions;
- * elsewhere it answers TS_ENOTSUP and the caller keeps the composed bf16 path.
+ * elsewhere it answers TS_ENOTSUP and the caller keeps the composed bf16 path. The bf16 backward
+ * is the fp32 one's algorithm with its five products so (q, k, v, dO, P and dS rounded to bf16;
+ * D, the recomputed softmax, dS and the sums into dqkv in fp32); its operands are packed per head
+ * and key block into the layouts that kernel reads (Pᵀ and dSᵀ transposed through fp32 scratch).
  *
  * Invariants. A task reads only its own head's q, k, v and writes only its own rows of out and
  * lse (forward) or its own head's columns of dqkv (backward); its products have shapes that
@@ -310,18 +313,25 @@ BF16_TARGET static void round_row(uint16_t *d, const float *s, int64_t n, int64_
         d[c] = 0;
 }
 
-/* The m keys k (rows of stride ld, hd wide) into w->k, for m16 = m rounded up to 16 (zero keys
- * past m). */
-BF16_TARGET static void pack_keys(bf16_scratch_t *w, const float *k, int64_t ld, int64_t m,
-                                  int64_t m16, int64_t hd) {
-    int64_t np = w->hp / 2;
+/* The m rows k (stride ld, hd wide) into dst16 as B of a product over the head dimension
+ * ([pair of dimensions][row][2]), for m16 = m rounded up to 16 (zero rows past m); tmp holds
+ * the rounded rows (m, hp). */
+BF16_TARGET static void pack_keys_to(uint16_t *dst16, uint16_t *tmp, int64_t hp, const float *k,
+                                     int64_t ld, int64_t m, int64_t m16, int64_t hd) {
+    int64_t np = hp / 2;
     for (int64_t j = 0; j < m; j++)
-        round_row(w->tmp + j * w->hp, k + j * ld, hd, w->hp);
-    const uint32_t *rows = (const uint32_t *)w->tmp;
-    uint32_t *dst = (uint32_t *)w->k;
+        round_row(tmp + j * hp, k + j * ld, hd, hp);
+    const uint32_t *rows = (const uint32_t *)tmp;
+    uint32_t *dst = (uint32_t *)dst16;
     for (int64_t p = 0; p < np; p++)
         for (int64_t j = 0; j < m16; j++)
             dst[p * m16 + j] = j < m ? rows[j * np + p] : 0u;
+}
+
+/* The m keys k into w->k (pack_keys_to). */
+BF16_TARGET static void pack_keys(bf16_scratch_t *w, const float *k, int64_t ld, int64_t m,
+                                  int64_t m16, int64_t hd) {
+    pack_keys_to(w->k, w->tmp, w->hp, k, ld, m, m16, hd);
 }
 
 /* The m value rows v (stride ld, hd wide) into w->v, pairs of rows interleaved; m2 = m rounded
@@ -441,7 +451,174 @@ static void fwd_range_bf16(void *arg, int64_t lo, int64_t hi) {
     free(w.mem);
 }
 
+/* ---- bf16 backward --------------------------------------------------------------------------- */
+
+/* The backward's scratch for one task range (a head at a time), head size hd: the fp32 blocks
+ * P and dS and an output block, the bf16 operands of the five products in the layouts
+ * product_bf16 reads (rows of pairs for A; [pair][column][2] for B). */
+typedef struct {
+    int64_t hp, hv;
+    float *p, *ds;   /* (BQ, BK) P = e^(S − lse), then dP and dS */
+    float *acc;      /* (max(BQ, BK), hv) one product's result before it is added to dqkv */
+    uint16_t *q;     /* (BQ, hp) rows: the query block (for S) */
+    uint16_t *dor;   /* (BQ, hp) rows: the dO block (for dP) */
+    uint16_t *kk;    /* (hp/2, BK, 2): keys as B of S = Q Kᵀ */
+    uint16_t *vk;    /* (hp/2, BK, 2): values as B of dP = dO Vᵀ */
+    uint16_t *kv;    /* (BK/2, hv, 2): keys as B of dQ = dS K */
+    uint16_t *dov;   /* (BQ/2, hv, 2): dO as B of dV = Pᵀ dO */
+    uint16_t *qv;    /* (BQ/2, hv, 2): queries as B of dK = dSᵀ Q */
+    uint16_t *pt;    /* (BK, BQ) rows: Pᵀ */
+    uint16_t *dsr;   /* (BQ, BK) rows: dS */
+    uint16_t *dst;   /* (BK, BQ) rows: dSᵀ */
+    uint16_t *tmp;   /* (max(BQ, BK), max(hp, hv)) rows rounded before they are interleaved */
+    float *tr;       /* (BK, BQ) a transposed fp32 block before rounding */
+    void *mem;
+} bf16_bwd_t;
+
+static int bwd_scratch_new(bf16_bwd_t *w, int64_t hd) {
+    int64_t hp = round_up(hd, 2), hv = round_up(hd, 16), wide = hp > hv ? hp : hv;
+    int64_t rows = BQ > BK ? BQ : BK;
+    size_t f32 = (size_t)(2 * BQ * BK + rows * hv + BK * BQ);
+    size_t u16 = (size_t)(2 * BQ * round_up(hp, 32) + 2 * hp * BK + BK * hv + 2 * BQ * hv +
+                          3 * BQ * BK + rows * wide);
+    char *mem = aligned_alloc(64, round_up((int64_t)(f32 * 4 + u16 * 2), 64));
+    if (!mem)
+        return TS_ENOMEM;
+    w->hp = hp, w->hv = hv, w->mem = mem;
+    w->p = (float *)mem;
+    w->ds = w->p + BQ * BK;
+    w->acc = w->ds + BQ * BK;
+    w->tr = w->acc + rows * hv;
+    w->q = (uint16_t *)(w->tr + BK * BQ);
+    w->dor = w->q + BQ * round_up(hp, 32);
+    w->kk = w->dor + BQ * round_up(hp, 32);
+    w->vk = w->kk + hp * BK;
+    w->kv = w->vk + hp * BK;
+    w->dov = w->kv + BK * hv;
+    w->qv = w->dov + BQ * hv;
+    w->pt = w->qv + BQ * hv;
+    w->dsr = w->pt + BK * BQ;
+    w->dst = w->dsr + BQ * BK;
+    w->tmp = w->dst + BK * BQ;
+    return TS_OK;
+}
+
+/* The m rows x (stride ld, hd wide), rounded, into dst as B of a product over those rows:
+ * ([pair of rows][column][2]), hv columns, m2 = m rounded up to even (a zero row past m). */
+BF16_TARGET static void pack_rows_as_b(uint16_t *dst16, uint16_t *tmp, const float *x, int64_t ld,
+                                       int64_t m, int64_t m2, int64_t hd, int64_t hv) {
+    for (int64_t j = 0; j < m; j++)
+        round_row(tmp + j * hv, x + j * ld, hd, hv);
+    if (m2 > m)
+        memset(tmp + m * hv, 0, (size_t)hv * sizeof *tmp);
+    uint32_t *dst = (uint32_t *)dst16;
+    for (int64_t p = 0; p < m2 / 2; p++)
+        for (int64_t d = 0; d < hv; d++)
+            dst[p * hv + d] =
+                (uint32_t)tmp[2 * p * hv + d] | (uint32_t)tmp[(2 * p + 1) * hv + d] << 16;
+}
+
+/* x (n, m), row stride ldx, transposed into w->tr (m, n) and rounded into dst (m rows of n2
+ * bf16, n2 = n rounded up to even, zero past n). */
+BF16_TARGET static void round_transposed(uint16_t *dst, float *tr, const float *x, int64_t ldx,
+                                         int64_t n, int64_t m, int64_t n2) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < m; c++)
+            tr[c * n + i] = x[i * ldx + c];
+    for (int64_t c = 0; c < m; c++)
+        round_row(dst + c * n2, tr + c * n, n, n2);
+}
+
+/* dst rows (n, hd) at stride ld += acc (n, hv), the first hd columns. */
+static void add_rows(float *dst, int64_t ld, const float *acc, int64_t n, int64_t hd, int64_t hv) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t d = 0; d < hd; d++)
+            dst[i * ld + d] += acc[i * hv + d];
+}
+
+/* Head h of sample b, as bwd_head with the five products in bf16 (fp32 accumulation; the
+ * recomputed softmax, D, dS and every sum into dqkv in fp32). */
+BF16_TARGET static void bwd_head_bf16(const att_job_t *j, bf16_bwd_t *w, int64_t b, int64_t h) {
+    int64_t T = j->T, C = j->C, hd = j->hd, ld = 3 * C, hp = w->hp, hv = w->hv;
+    float scale = j->scale;
+    const float *q = j->qkv + b * T * ld + h * hd, *k = q + C, *v = q + 2 * C;
+    float *dq = j->dqkv + b * T * ld + h * hd, *dk = dq + C, *dv = dq + 2 * C;
+    const float *o = j->o + b * T * C + h * hd, *dout = j->dout + b * T * C + h * hd;
+    const float *lse = j->lse_in + (b * j->H + h) * T;
+    for (int64_t q0 = 0; q0 < T; q0 += BQ) {
+        int64_t n = min64(BQ, T - q0), n2 = round_up(n, 2);
+        const float *qb = q + q0 * ld, *ob = o + q0 * C, *dob = dout + q0 * C;
+        float D[BQ]; /* D_i = dO_i · O_i, fp32 */
+        for (int64_t i = 0; i < n; i++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < hd; d++)
+                acc += dob[i * C + d] * ob[i * C + d];
+            D[i] = acc;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            round_row(w->q + i * hp, qb + i * ld, hd, hp);
+            round_row(w->dor + i * hp, dob + i * C, hd, hp);
+        }
+        pack_rows_as_b(w->dov, w->tmp, dob, C, n, n2, hd, hv);
+        pack_rows_as_b(w->qv, w->tmp, qb, ld, n, n2, hd, hv);
+        for (int64_t k0 = 0; k0 < T; k0 += BK) {
+            int64_t m = min64(BK, T - k0), m16 = round_up(m, 16), m2 = round_up(m, 2);
+            const float *kb = k + k0 * ld, *vb = v + k0 * ld;
+            pack_keys_to(w->kk, w->tmp, hp, kb, ld, m, m16, hd);
+            pack_keys_to(w->vk, w->tmp, hp, vb, ld, m, m16, hd);
+            pack_rows_as_b(w->kv, w->tmp, kb, ld, m, m2, hd, hv);
+            /* P (n, m) = e^(scale · Q Kᵀ − lse) */
+            product_bf16(w->p, BK, w->q, hp / 2, n, hp / 2, w->kk, 2 * m16, m16, 0, scale);
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t c = 0; c < m; c++)
+                    w->p[i * BK + c] = ts_expf(w->p[i * BK + c] - lse[q0 + i]);
+            /* dV_blk (m, hd) += Pᵀ · dO_blk */
+            round_transposed(w->pt, w->tr, w->p, BK, n, m, n2);
+            product_bf16(w->acc, hv, w->pt, n2 / 2, m, n2 / 2, w->dov, 2 * hv, hv, 0, 1.0f);
+            add_rows(dv + k0 * ld, ld, w->acc, m, hd, hv);
+            /* dP (n, m) = dO · Vᵀ; dS = P ∘ (dP − D) */
+            product_bf16(w->ds, BK, w->dor, hp / 2, n, hp / 2, w->vk, 2 * m16, m16, 0, 1.0f);
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t c = 0; c < m; c++)
+                    w->ds[i * BK + c] = w->p[i * BK + c] * (w->ds[i * BK + c] - D[i]);
+            /* dQ_blk (n, hd) += scale · dS · K_blk */
+            for (int64_t i = 0; i < n; i++)
+                round_row(w->dsr + i * BK, w->ds + i * BK, m, m2);
+            product_bf16(w->acc, hv, w->dsr, BK / 2, n, m2 / 2, w->kv, 2 * hv, hv, 0, scale);
+            add_rows(dq + q0 * ld, ld, w->acc, n, hd, hv);
+            /* dK_blk (m, hd) += scale · dSᵀ · Q_blk */
+            round_transposed(w->dst, w->tr, w->ds, BK, n, m, n2);
+            product_bf16(w->acc, hv, w->dst, n2 / 2, m, n2 / 2, w->qv, 2 * hv, hv, 0, scale);
+            add_rows(dk + k0 * ld, ld, w->acc, m, hd, hv);
+        }
+    }
+}
+
+static void bwd_range_bf16(void *arg, int64_t lo, int64_t hi) {
+    att_job_t *j = arg;
+    bf16_bwd_t w;
+    if (bwd_scratch_new(&w, j->hd) != TS_OK) {
+        j->failed = 1;
+        return;
+    }
+    for (int64_t t = lo; t < hi; t++)
+        bwd_head_bf16(j, &w, t / j->H, t % j->H);
+    free(w.mem);
+}
+
 int ts_cpu_attention_fused_bf16_ok(void) { return __builtin_cpu_supports("avx512bf16") != 0; }
+
+int ts_cpu_attention_fused_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout,
+                                         const float *qkv, const float *out, const float *lse,
+                                         int64_t B, int64_t T, int64_t C, int64_t H) {
+    if (!ts_cpu_attention_fused_bf16_ok())
+        return TS_ENOTSUP;
+    if (3 * C > INT32_MAX || T > INT32_MAX)
+        return TS_ERANGE;
+    att_job_t j = job_of(B, T, C, H);
+    j.dqkv = dqkv, j.dout = dout, j.qkv = qkv, j.o = out, j.lse_in = lse;
+    return att_run(e, &j, B * H, 5.0 * B * H * T * T * j.hd, bwd_range_bf16);
+}
 
 int ts_cpu_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv,
                                         int64_t B, int64_t T, int64_t C, int64_t H) {
@@ -459,6 +636,14 @@ int ts_cpu_attention_fused_bf16_ok(void) { return 0; }
 int ts_cpu_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv,
                                         int64_t B, int64_t T, int64_t C, int64_t H) {
     (void)e, (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)C, (void)H;
+    return TS_ENOTSUP;
+}
+
+int ts_cpu_attention_fused_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout,
+                                         const float *qkv, const float *out, const float *lse,
+                                         int64_t B, int64_t T, int64_t C, int64_t H) {
+    (void)e, (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)C;
+    (void)H;
     return TS_ENOTSUP;
 }
 

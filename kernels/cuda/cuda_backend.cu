@@ -357,3 +357,9 @@ int ts_cuda_attention_fused_backward(ts_engine_t *, float *, const float *, cons
                                      int64_t) {
     return TS_ENOTSUP;
 }
+
+int ts_cuda_attention_fused_backward_bf16(ts_engine_t *, float *, const float *, const float *,
+                                          const float *, const float *, int64_t, int64_t, int64_t,
+                                          int64_t) {
+    return TS_ENOTSUP;
+}
