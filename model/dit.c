@@ -290,7 +290,7 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
     return TS_OK;
 }
 
-static ts_attn_impl_t default_attention(const ts_dit_t *m);
+static ts_attn_impl_t default_attention(const ts_dit_t *m, ts_precision_t p);
 
 /* The arena's size for attention attn: *peak bytes. TS_ERANGE when the activations of one sample
  * with the composed attention (the larger layout) pass TS_DIT_MAX_SAMPLE_BYTES, whichever attn is
@@ -350,7 +350,7 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
     if (rc == TS_OK)
         rc = ts_tensor_alloc(&m->labels, TS_I32, e->device, 1, TS_SHAPE(max_batch));
     /* size the arena by running the plan in measuring mode, then for real */
-    m->attn = default_attention(m);
+    m->attn = default_attention(m, TS_PREC_F32);
     size_t peak = 0;
     if (rc == TS_OK)
         rc = measure_acts(m, m->attn, &peak);
@@ -426,15 +426,25 @@ static ts_tensor_t stat_rows(const ts_tensor_t *t, int B, int T) {
 
 /* ---- precision and attention -------------------------------------------------------------- */
 
-/* Where the fused attention was measured faster (docs/benchmarks.md, "Fused attention"): the
- * CPU's f32 inference forward with at least FUSED_MIN_TOKENS tokens (`small`, 196 tokens: +10 % at
- * b64; `tiny`, 49: −5 %). Training keeps the composed one: its fused backward recomputes the
- * scores and was slower (`small` train b64 −29 %). A GPU has only the composed one. */
-#define FUSED_MIN_TOKENS 128
-static ts_attn_impl_t default_attention(const ts_dit_t *m) {
-    int fits =
-        m->eng->device == TS_CPU && !m->trainable && ts_dit_tokens(&m->cfg) >= FUSED_MIN_TOKENS;
-    return fits ? TS_ATTN_FUSED : TS_ATTN_COMPOSED;
+/* Where the fused attention was measured faster at batch 64 (docs/benchmarks.md, "Fused
+ * attention" and "Which attention, after the pool change"): the CPU's inference forward, in
+ * fp32 (`small`, 196 tokens: +2–4 %; `tiny`, 49: +6–12 %) and in bf16 below BF16_COMPOSED_TOKENS
+ * tokens (`tiny`: +15–21 %); at bf16 from there on the composed one, whose products are oneDNN's
+ * (`small`: +11–15 %). Batch 1 of `tiny` is 6–19 % slower fused; the choice is per model, never
+ * per batch (a sample's bits must not depend on its batch). Training keeps the composed one: its
+ * fused backward recomputes the scores and was slower (`small` train b64 −29 % in fp32, −18 % in
+ * bf16). A GPU has only the composed one. */
+#define BF16_COMPOSED_TOKENS 128
+/* Below this many tokens (a router's 16) the fused one was not measured faster: composed, which
+ * also gives a model reopened for inference the bits it had while it trained (test_classifier). */
+#define FUSED_MIN_TOKENS 48
+static ts_attn_impl_t default_attention(const ts_dit_t *m, ts_precision_t p) {
+    if (m->eng->device != TS_CPU || m->trainable || ts_dit_tokens(&m->cfg) < FUSED_MIN_TOKENS)
+        return TS_ATTN_COMPOSED;
+    if (p == TS_PREC_BF16 && (ts_dit_tokens(&m->cfg) >= BF16_COMPOSED_TOKENS ||
+                              ts_attention_fused_bf16_check(m->eng) != TS_OK))
+        return TS_ATTN_COMPOSED;
+    return TS_ATTN_FUSED;
 }
 
 int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
@@ -470,13 +480,12 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
         memset(&m->wbf16, 0, sizeof m->wbf16);
         m->precision = TS_PREC_F32;
         /* back to the attention a model that never left f32 has (set_attention's default) */
-        return ts_dit_set_attention(m, default_attention(m));
+        return ts_dit_set_attention(m, default_attention(m, TS_PREC_F32));
     }
     TS_TRY(ts_engine_precision_check(m->eng, p, why, why_len));
-    /* at bf16 the composed attention (oneDNN's products) was measured faster than the fused
-     * one's (docs/benchmarks.md); ts_dit_set_attention may still choose the fused one after */
-    if (m->attn == TS_ATTN_FUSED)
-        TS_TRY(ts_dit_set_attention(m, TS_ATTN_COMPOSED));
+    /* the attention measured faster at bf16 (default_attention); ts_dit_set_attention may
+     * still choose the other after */
+    TS_TRY(ts_dit_set_attention(m, default_attention(m, TS_PREC_BF16)));
     if (!m->wbf16.blocks) {
         m->wbf16.blocks = calloc((size_t)m->cfg.depth, sizeof *m->wbf16.blocks);
         if (!m->wbf16.blocks)
