@@ -132,7 +132,8 @@ int ts_softmax_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *do
 int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv,
                          int heads);
 /* As ts_attention_forward with both products in bf16 (q, k, v and the softmax weights rounded
- * to bf16, fp32 accumulation); the softmax and every tensor stay fp32. Inference only. */
+ * to bf16, fp32 accumulation); the softmax and every tensor stay fp32 (bf16 training runs it too;
+ * its backward is the fp32 op). */
 int ts_attention_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
                               const ts_tensor_t *qkv, int heads);
 /* dqkv (B, T, 3C) += ...; datt (B, heads, T, T) is scratch (overwritten). */
