@@ -43,6 +43,7 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "kernels/gemm_bench.h"
 #include "kernels/math.h"
 #include "kernels/ops.h"
 #include "model/dit.h"
@@ -73,7 +74,34 @@ typedef struct opts {
     int attn_set;        /* --attention given */
     ts_attn_impl_t attn; /* the model's attention (default: the model's own choice) */
     int attention_ops;   /* --attention-ops B: time the attention ops alone at batch B */
+    const char *device;  /* --device: cpu (default), cuda or cuda:N */
+    int peak;            /* --peak N: also the engine's N³ GEMM peak, fp32 and bf16 */
 } opts_t;
+
+/* --peak's measurement: GFLOP/s of an N³ product on the engine (0: not measured, or failed). */
+typedef struct {
+    int size;
+    double f32, bf16;
+} peak_res_t;
+
+/* Starts the engine --device names (the CPU by default, not auto: the CPU tables' commands stay
+ * what they measure); 0, or the exit code after saying why. */
+static int start_engine(const opts_t *o, ts_engine_t *e) {
+    ts_device_spec_t spec;
+    char note[256] = "";
+    if (ts_device_spec_parse(o->device ? o->device : "cpu", &spec) != TS_OK) {
+        fprintf(stderr, "bench_dit: --device wants %s, not '%s'\n", TS_DEVICE_SPEC_HELP,
+                o->device);
+        return 2;
+    }
+    int rc = ts_engine_init_spec(e, &spec, o->threads, note, sizeof note);
+    if (rc != TS_OK) {
+        fprintf(stderr, "bench_dit: cannot start the engine: %s (%s)\n", note,
+                ts_strerror(rc));
+        return 1;
+    }
+    return 0;
+}
 
 /* ---- timing ----------------------------------------------------------------------------- */
 
@@ -374,10 +402,9 @@ static int run_attention_ops(const opts_t *o) {
     static const int64_t Ts[] = {64, 256};
     static const char *const kinds[] = {"forward f32", "forward+backward f32", "forward bf16"};
     ts_engine_t e;
-    ts_engine_opts_t eo = {.device = TS_CPU, .threads = o->threads};
-    int rc = ts_engine_init(&e, &eo), first = 1;
-    if (rc != TS_OK)
-        return fail("cannot start the CPU engine", rc, NULL);
+    int rc = start_engine(o, &e), first = 1;
+    if (rc != 0)
+        return rc;
     int bf16 = ts_engine_precision_check(&e, TS_PREC_BF16, NULL, 0) == TS_OK &&
                ts_attention_fused_bf16_check(&e) == TS_OK;
     int64_t B = o->attention_ops;
@@ -438,7 +465,8 @@ typedef struct result {
 } result_t;
 
 static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_engine_t *e,
-                       double flops, const check_t *ck, const result_t *r, int nr) {
+                       double flops, const check_t *ck, const result_t *r, int nr,
+                       const peak_res_t *pk) {
     const ts_dit_config_t *c = &m->cfg;
     fprintf(out, "{\n  \"weights\": \"");
     for (const char *s = o->weights; *s; s++) { /* a path: escape what JSON requires */
@@ -447,10 +475,12 @@ static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_e
         if ((unsigned char)*s >= 0x20)
             fputc(*s, out);
     }
+    char dev[160];
+    ts_engine_describe(e, dev, sizeof dev);
     fprintf(out,
-            "\",\n  \"threads\": %d,\n  \"seconds\": %g,\n  \"precision\": \"%s\",\n  "
-            "\"attention\": \"%s\",\n",
-            e->threads, o->seconds, ts_precision_name(m->precision),
+            "\",\n  \"device\": \"%s\",\n  \"threads\": %d,\n  \"seconds\": %g,\n  "
+            "\"precision\": \"%s\",\n  \"attention\": \"%s\",\n",
+            dev, e->threads, o->seconds, ts_precision_name(m->precision),
             m->attn == TS_ATTN_FUSED ? "fused" : "composed");
     fprintf(out,
             "  \"config\": {\"input_size\": %d, \"in_channels\": %d, \"patch_size\": %d, "
@@ -466,6 +496,9 @@ static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_e
                 "\"rel\": %.6g, \"tol\": %g, \"ok\": %s},\n",
                 ck->batch, ck->max_abs_diff, ck->scale, ck->rel, o->tol,
                 ck->rel <= o->tol ? "true" : "false");
+    if (pk->size > 0)
+        fprintf(out, "  \"peak\": {\"size\": %d, \"f32_gflops\": %.6g, \"bf16_gflops\": %.6g},\n",
+                pk->size, pk->f32, pk->bf16);
     fprintf(out, "  \"results\": [\n");
     for (int i = 0; i < nr; i++)
         fprintf(out,
@@ -485,10 +518,12 @@ static void print_header(FILE *out, const opts_t *o, const ts_dit_t *m, const ts
             "%lld parameters\n",
             o->weights, c->input_size, c->input_size, c->in_channels, c->patch_size, c->hidden_size,
             c->depth, c->num_heads, (long long)m->num_params);
+    char dev[160];
+    ts_engine_describe(e, dev, sizeof dev);
     fprintf(out,
-            "engine: CPU, %d threads, %s, %s attention; %.3f MFLOP per sample forward (GEMMs), "
+            "engine: %s, %s, %s attention; %.3f MFLOP per sample forward (GEMMs), "
             "%gs per measurement\n",
-            e->threads, ts_precision_name(m->precision),
+            dev, ts_precision_name(m->precision),
             m->attn == TS_ATTN_FUSED ? "fused" : "composed", flops / 1e6, o->seconds);
 }
 
@@ -639,10 +674,9 @@ static int run(const opts_t *o) {
     }
 
     ts_engine_t e;
-    ts_engine_opts_t eo = {.device = TS_CPU, .threads = o->threads};
-    if ((rc = ts_engine_init(&e, &eo)) != TS_OK) {
+    if ((rc = start_engine(o, &e)) != 0) {
         ts_st_free(&cf);
-        return fail("cannot start the CPU engine", rc, NULL);
+        return rc;
     }
     ts_dit_t m;
     if ((rc = ts_dit_open(&m, o->weights, &e, max_batch, o->train_batch > 0, err, sizeof err))) {
@@ -744,8 +778,30 @@ static int run(const opts_t *o) {
         if (!o->json)
             print_result(out, r);
     }
+    peak_res_t pk = {0};
+    if (o->peak > 0) { /* after the rows, so that they run on a device that has not worked yet */
+        pk.size = o->peak;
+        double min_time = o->quick ? 0.02 : 0.2;
+        if ((rc = ts_gemm_peak(&e, o->peak, min_time, 0, &pk.f32)) != TS_OK) {
+            status = fail("--peak", rc, "fp32");
+            goto done;
+        }
+        if (ts_engine_precision_check(&e, TS_PREC_BF16, NULL, 0) == TS_OK &&
+            ts_gemm_peak(&e, o->peak, min_time, 1, &pk.bf16) != TS_OK)
+            pk.bf16 = 0.0; /* bf16 said it could run but did not: no bf16 peak */
+        if (!o->json) {
+            fprintf(out, "peak:    %d³ GEMM on this engine: fp32 %.1f GFLOP/s", pk.size, pk.f32);
+            if (pk.bf16 > 0)
+                fprintf(out, ", bf16 %.1f GFLOP/s", pk.bf16);
+            fprintf(out, "\n");
+            for (int i = 0; i < nr; i++)
+                fprintf(out, "  %-8s B=%-3d %5.1f %% of the fp32 peak%s\n", res[i].what,
+                        res[i].batch, 100.0 * res[i].gflops / pk.f32,
+                        m.precision == TS_PREC_BF16 && pk.bf16 > 0 ? " (bf16 run)" : "");
+        }
+    }
     if (o->json)
-        print_json(out, o, &m, &e, flops, &ck, res, nr);
+        print_json(out, o, &m, &e, flops, &ck, res, nr, &pk);
 done:
     ts_dit_free(&m);
     ts_engine_free(&e);
@@ -759,10 +815,12 @@ static void usage(FILE *f) {
         f, "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
            "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
            "                 [--precision f32|bf16] [--attention fused|composed] [--ops]\n"
+           "                 [--device cpu|cuda[:N]] [--peak N]\n"
            "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
            "\n"
            "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
-           "ts_trainer_step on random images) at the training batch, on the CPU engine.\n"
+           "ts_trainer_step on random images) at the training batch, on the CPU engine or a\n"
+           "CUDA GPU (--device).\n"
            "\n"
            "  --weights FILE     a DiT safetensors file (config in its __metadata__)\n"
            "  --threads N        engine threads (default: one per online core)\n"
@@ -777,8 +835,12 @@ static void usage(FILE *f) {
            "  --json             print one JSON document instead of the table\n"
            "  --precision P      f32 (default) or bf16: the products, forward and training (bf16\n"
            "                     training: fp32 masters and optimiser)\n"
-           "  --attention A      fused or composed: the model's attention (default: fused on the\n"
-           "                     CPU; see ts_dit_set_attention)\n"
+           "  --attention A      fused or composed: the model's attention (default: the model's\n"
+           "                     own choice, see ts_dit_set_attention; a GPU has only composed)\n"
+           "  --device D         cpu (default), cuda or cuda:N: the engine; each timed call ends\n"
+           "                     with the device synchronised\n"
+           "  --peak N           after the rows, the engine's N³ GEMM peak (fp32; bf16 where it\n"
+           "                     runs) and each row as a fraction of it (JSON: \"peak\")\n"
            "  --attention-ops B  no model: time the attention ops alone, composed against fused,\n"
            "                     at batch B (tiny's and small's heads, T = 64 and 256; forward\n"
            "                     f32, forward+backward f32, forward bf16 where it runs)\n"
@@ -850,6 +912,11 @@ int main(int argc, char **argv) {
             bad = !v || (strcmp(v, "fused") != 0 && strcmp(v, "composed") != 0);
             o.attn_set = 1;
             o.attn = v && strcmp(v, "composed") == 0 ? TS_ATTN_COMPOSED : TS_ATTN_FUSED;
+        } else if (strcmp(a, "--peak") == 0) {
+            bad = parse_int(v, 1, 16384, &o.peak);
+        } else if (strcmp(a, "--device") == 0) {
+            bad = !v;
+            o.device = v;
         } else if (strcmp(a, "--attention-ops") == 0) {
             bad = parse_int(v, 1, 4096, &o.attention_ops);
         } else if (strcmp(a, "--tol") == 0) {

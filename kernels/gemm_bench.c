@@ -313,6 +313,15 @@ static int measure_peak(ts_engine_t *e, int size, double min_time, int bf16, pea
     return rc;
 }
 
+int ts_gemm_peak(ts_engine_t *e, int size, double min_time, int bf16, double *gflops) {
+    if (!e || size < 1 || size > 65536 || !gflops)
+        return TS_EINVAL;
+    peak_t p;
+    int rc = measure_peak(e, size, min_time > 0 ? min_time : 0.2, bf16, &p);
+    *gflops = rc == TS_OK ? p.gflops : 0.0;
+    return rc;
+}
+
 /* OpenBLAS on its own, for comparison with the engine's path: the same square product straight
  * to cblas_sgemm, with OpenBLAS's own threads (as many as the engine has) instead of the
  * engine's pool. OpenBLAS's thread count is process-wide, so it is restored afterwards; this runs

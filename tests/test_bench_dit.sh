@@ -1,0 +1,45 @@
+#!/bin/sh
+# test_bench_dit.sh TESSERA BENCH_DIT — bench_dit's command line: a quick CPU run with --peak
+# gives JSON whose rows and peak are positive and whose device is the CPU; --device with a GPU
+# that cannot start exits 1 with the reason (checked where no GPU can start), and a device name
+# it does not know exits 2. The measurements themselves are docs/benchmarks.md's.
+set -eu
+T=${1:?usage: test_bench_dit.sh TESSERA BENCH_DIT}
+B=${2:?usage: test_bench_dit.sh TESSERA BENCH_DIT}
+PY=/usr/bin/python3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+"$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$dir/p" >/dev/null 2>&1 ||
+    fail "tessera partition"
+"$T" train --partition "$dir/p" --cluster 0 --model tiny --steps 1 --batch 4 --seed 0 \
+    --data-dir "$dir/st" --out "$dir/w.safetensors" >/dev/null 2>&1 || fail "tessera train"
+
+"$B" --weights "$dir/w.safetensors" --threads 2 --quick --batch 2 --train-batch 2 --peak 256 \
+    --json >"$dir/b.json" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "bench_dit --peak"; }
+"$PY" - "$dir/b.json" <<'PY' || fail "bench_dit JSON: $(head -c 600 "$dir/b.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["device"].startswith("cpu, 2 thread"), d["device"]
+assert [(r["what"], r["batch"]) for r in d["results"]] == [("forward", 2), ("train", 2)]
+assert all(r["samples_per_s"] > 0 and r["gflops"] > 0 for r in d["results"])
+assert d["peak"]["size"] == 256 and d["peak"]["f32_gflops"] > 0 and d["peak"]["bf16_gflops"] >= 0
+PY
+echo "ok: bench_dit --peak: JSON with the rows, the device and the engine's GEMM peak"
+
+rc=0
+"$B" --weights "$dir/w.safetensors" --device gpu --quick >/dev/null 2>"$dir/err.txt" || rc=$?
+[ "$rc" = 2 ] && grep -q "device wants" "$dir/err.txt" || fail "--device gpu: exit $rc, $(cat "$dir/err.txt")"
+rc=0
+"$B" --weights "$dir/w.safetensors" --device cuda --quick --batch 1 --train-batch 0 \
+    >/dev/null 2>"$dir/err.txt" || rc=$?
+if [ "$rc" = 0 ]; then
+    echo "ok: --device cuda ran (a GPU is here)"
+else
+    [ "$rc" = 1 ] && grep -q "cannot start the engine: cuda:0" "$dir/err.txt" ||
+        fail "--device cuda without a GPU: exit $rc, $(cat "$dir/err.txt")"
+    echo "ok: --device cuda without a GPU: exit 1, '$(cut -c1-100 "$dir/err.txt")'"
+fi
