@@ -106,6 +106,23 @@ static double max_abs(const float *x, int64_t n) {
     return m;
 }
 
+typedef int (*fused_bwd_fn)(ts_engine_t *, ts_tensor_t *, const ts_tensor_t *, const ts_tensor_t *,
+                            const ts_tensor_t *, const ts_tensor_t *, int);
+
+/* The backward accumulates: a second call into dqkv (holding one call's gradient) gives twice
+ * the gradient, up to the order in which the blocks' parts are added to what was there. */
+static void check_accumulates(ts_engine_t *e, fused_bwd_fn bwd, ts_tensor_t *dqkv,
+                              const ts_tensor_t *dout, const fwd_t *f, const char *what) {
+    int64_t n = ts_tensor_numel(dqkv);
+    float *once = tu_host_copy(dqkv);
+    TU_CHECK_OK(bwd(e, dqkv, dout, &f->qkv, &f->out, &f->lse, (int)f->H));
+    for (int64_t i = 0; i < n; i++)
+        once[i] *= 2.0f;
+    tu_check_close(tu_f32(dqkv), once, n, 1e-6 * max_abs(once, n), 1e-6,
+                   "%s dqkv accumulated twice " DESC, what, ARGS(f));
+    free(once);
+}
+
 static void test_backward_f32(void **state) {
     ts_engine_t *e = *state;
     tu_rng_t r = {12};
@@ -135,15 +152,7 @@ static void test_backward_f32(void **state) {
         TU_CHECK_OK(ts_attention_backward(e, &dqkv2, &datt, &dout, &f.qkv, &att, (int)f.H));
         tu_check_close(tu_f32(&dqkv), tu_f32(&dqkv2), n, tol, 1e-5, "fused vs composed dqkv " DESC,
                        ARGS(&f));
-        /* it accumulates: a second call gives twice the gradient (up to the order in which the
-         * blocks' parts are added to what was there) */
-        float *once = tu_host_copy(&dqkv);
-        TU_CHECK_OK(ts_attention_fused_backward(e, &dqkv, &dout, &f.qkv, &f.out, &f.lse, (int)f.H));
-        for (int64_t i = 0; i < n; i++)
-            once[i] *= 2.0f;
-        tu_check_close(tu_f32(&dqkv), once, n, 1e-6 * max_abs(once, n), 1e-6,
-                       "fused dqkv accumulated twice " DESC, ARGS(&f));
-        free(once);
+        check_accumulates(e, ts_attention_fused_backward, &dqkv, &dout, &f, "fused");
         free(want);
         TU_FREE_TENSORS(&dout, &dqkv, &dqkv2, &att, &datt, &out2);
         fwd_free(&f);
@@ -246,15 +255,7 @@ static void test_backward_bf16(void **state) {
             ts_attention_fused_backward(e, &dqkv32, &dout, &f.qkv, &out32, &lse32, (int)f.H));
         tu_check_close(got, tu_f32(&dqkv32), n, 1e-2 * max_abs(tu_f32(&dqkv32), n), 0.0,
                        "bf16 vs fp32 fused dqkv " DESC, ARGS(&f));
-        /* it accumulates */
-        float *once = tu_host_copy(&dqkv);
-        TU_CHECK_OK(
-            ts_attention_fused_backward_bf16(e, &dqkv, &dout, &f.qkv, &f.out, &f.lse, (int)f.H));
-        for (int64_t i = 0; i < n; i++)
-            once[i] *= 2.0f;
-        tu_check_close(tu_f32(&dqkv), once, n, 1e-6 * max_abs(once, n), 1e-6,
-                       "bf16 fused dqkv accumulated twice " DESC, ARGS(&f));
-        free(once);
+        check_accumulates(e, ts_attention_fused_backward_bf16, &dqkv, &dout, &f, "bf16 fused");
         free(rq);
         free(rd);
         free(want);
@@ -405,9 +406,7 @@ static void test_bad_arguments(void **state) {
     for (int64_t i = 0; i < 2 * 4 * 6; i++)
         assert_true(tu_f32(&out)[i] == 7.0f); /* nothing was written */
     TU_CHECK_OK(ts_attention_fused_forward(e, &out, &lse, &qkv, 2));
-    int (*bwd[2])(ts_engine_t *, ts_tensor_t *, const ts_tensor_t *, const ts_tensor_t *,
-                  const ts_tensor_t *, const ts_tensor_t *,
-                  int) = {ts_attention_fused_backward, ts_attention_fused_backward_bf16};
+    fused_bwd_fn bwd[2] = {ts_attention_fused_backward, ts_attention_fused_backward_bf16};
     for (int k = 0; k < 2; k++) {
         TU_CHECK_OK(ts_fill(e, &dqkv, 5.0f));
         TU_CHECK_RC(bwd[k](e, &dqkv, &out, &qkv, &out, NULL, 2), TS_EINVAL);

@@ -334,20 +334,25 @@ BF16_TARGET static void pack_keys(bf16_scratch_t *w, const float *k, int64_t ld,
     pack_keys_to(w->k, w->tmp, w->hp, k, ld, m, m16, hd);
 }
 
-/* The m value rows v (stride ld, hd wide) into w->v, pairs of rows interleaved; m2 = m rounded
- * up to even (a zero row past m). */
-BF16_TARGET static void pack_values(bf16_scratch_t *w, const float *v, int64_t ld, int64_t m,
-                                    int64_t m2, int64_t hd) {
-    int64_t hv = w->hv;
+/* The m rows x (stride ld, hd wide), rounded, into dst as B of a product over those rows:
+ * ([pair of rows][column][2]), hv columns, m2 = m rounded up to even (a zero row past m). */
+BF16_TARGET static void pack_rows_as_b(uint16_t *dst16, uint16_t *tmp, const float *x, int64_t ld,
+                                       int64_t m, int64_t m2, int64_t hd, int64_t hv) {
     for (int64_t j = 0; j < m; j++)
-        round_row(w->tmp + j * hv, v + j * ld, hd, hv);
+        round_row(tmp + j * hv, x + j * ld, hd, hv);
     if (m2 > m)
-        memset(w->tmp + m * hv, 0, (size_t)hv * sizeof *w->tmp);
-    uint32_t *dst = (uint32_t *)w->v;
+        memset(tmp + m * hv, 0, (size_t)hv * sizeof *tmp);
+    uint32_t *dst = (uint32_t *)dst16;
     for (int64_t p = 0; p < m2 / 2; p++)
         for (int64_t d = 0; d < hv; d++)
             dst[p * hv + d] =
-                (uint32_t)w->tmp[2 * p * hv + d] | (uint32_t)w->tmp[(2 * p + 1) * hv + d] << 16;
+                (uint32_t)tmp[2 * p * hv + d] | (uint32_t)tmp[(2 * p + 1) * hv + d] << 16;
+}
+
+/* The m value rows v into w->v as B of P · V (pack_rows_as_b). */
+BF16_TARGET static void pack_values(bf16_scratch_t *w, const float *v, int64_t ld, int64_t m,
+                                    int64_t m2, int64_t hd) {
+    pack_rows_as_b(w->v, w->tmp, v, ld, m, m2, hd, w->hv);
 }
 
 /* A tile of R ≤ 4 rows × nv ≤ 4 vectors of 16 lanes: out[r][0..16·nv) (row stride ldo) =
@@ -501,21 +506,6 @@ static int bwd_scratch_new(bf16_bwd_t *w, int64_t hd) {
     w->dst = w->dsr + BQ * BK;
     w->tmp = w->dst + BK * BQ;
     return TS_OK;
-}
-
-/* The m rows x (stride ld, hd wide), rounded, into dst as B of a product over those rows:
- * ([pair of rows][column][2]), hv columns, m2 = m rounded up to even (a zero row past m). */
-BF16_TARGET static void pack_rows_as_b(uint16_t *dst16, uint16_t *tmp, const float *x, int64_t ld,
-                                       int64_t m, int64_t m2, int64_t hd, int64_t hv) {
-    for (int64_t j = 0; j < m; j++)
-        round_row(tmp + j * hv, x + j * ld, hd, hv);
-    if (m2 > m)
-        memset(tmp + m * hv, 0, (size_t)hv * sizeof *tmp);
-    uint32_t *dst = (uint32_t *)dst16;
-    for (int64_t p = 0; p < m2 / 2; p++)
-        for (int64_t d = 0; d < hv; d++)
-            dst[p * hv + d] =
-                (uint32_t)tmp[2 * p * hv + d] | (uint32_t)tmp[(2 * p + 1) * hv + d] << 16;
 }
 
 /* x (n, m), row stride ldx, transposed into w->tr (m, n) and rounded into dst (m rows of n2

@@ -71,26 +71,21 @@ static int relax(int i, double t0) {
     return ts_now_s() - t0 > SPIN_S;
 }
 
-/* Spins up to SPIN_S while *v == unchanged (and *stop is 0); 1 when it changed. */
-static int spin_while_u64(const uint64_t *v, uint64_t unchanged, const int *stop) {
+/* Watches up to SPIN_S while *v == unchanged and *stop is 0 (the caller then re-checks under
+ * the mutex and sleeps if nothing came). */
+static void spin_while_u64(const uint64_t *v, uint64_t unchanged, const int *stop) {
     double t0 = ts_now_s();
-    for (int i = 1;; i++) {
-        if (__atomic_load_n(v, __ATOMIC_ACQUIRE) != unchanged ||
-            __atomic_load_n(stop, __ATOMIC_ACQUIRE))
-            return 1;
-        if (relax(i, t0))
-            return 0;
-    }
+    for (int i = 1; __atomic_load_n(v, __ATOMIC_ACQUIRE) == unchanged &&
+                    !__atomic_load_n(stop, __ATOMIC_ACQUIRE) && !relax(i, t0);
+         i++)
+        ;
 }
 
-static int spin_while_nonzero(const int *v) {
+/* Watches up to SPIN_S while *v is not 0 (likewise). */
+static void spin_while_nonzero(const int *v) {
     double t0 = ts_now_s();
-    for (int i = 1;; i++) {
-        if (__atomic_load_n(v, __ATOMIC_ACQUIRE) == 0)
-            return 1;
-        if (relax(i, t0))
-            return 0;
-    }
+    for (int i = 1; __atomic_load_n(v, __ATOMIC_ACQUIRE) != 0 && !relax(i, t0); i++)
+        ;
 }
 
 static void *worker_main(void *arg) {
