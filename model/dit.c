@@ -223,8 +223,22 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
     T2(A->y_emb, h);
     T2(A->c, h);
     T2(A->c_silu, h);
+    /* A model that cannot train never reads a block's activations after the block: every block
+     * of it shares block 0's buffers, and its residual stream alternates between block 0's x_out
+     * and x_alt. The arena holds one block instead of depth (per sample: DiT-XL/2 at 32×32×4
+     * ~30 MB instead of ~780). */
+    ts_tensor_t x_alt;
+    memset(&x_alt, 0, sizeof x_alt);
+    if (!m->trainable && c->depth > 1)
+        T3(x_alt, h);
     for (int l = 0; l < c->depth; l++) {
         ts_dit_block_acts_t *k = &A->blocks[l];
+        if (!m->trainable && l > 0) {
+            *k = A->blocks[0];
+            k->x_in = A->blocks[l - 1].x_out;
+            k->x_out = l % 2 ? x_alt : A->blocks[0].x_out;
+            continue;
+        }
         k->x_in = l == 0 ? A->x0 : A->blocks[l - 1].x_out;
         T2(k->mod, 6 * h);
         T3(k->ln1, h);
@@ -293,13 +307,15 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
 static ts_attn_impl_t default_attention(const ts_dit_t *m, ts_precision_t p);
 
 /* The arena's size for attention attn: *peak bytes. TS_ERANGE when the activations of one sample
- * with the composed attention (the larger layout) pass TS_DIT_MAX_SAMPLE_BYTES, whichever attn is
- * asked for. Allocates nothing; leaves m->acts pointing nowhere. */
+ * with the composed attention (the larger layout) pass TS_DIT_MAX_SAMPLE_BYTES (a trainable model:
+ * TS_DIT_MAX_TRAIN_SAMPLE_BYTES), whichever attn is asked for. Allocates nothing; leaves m->acts
+ * pointing nowhere. */
 static int measure_acts(ts_dit_t *m, ts_attn_impl_t attn, size_t *peak) {
     ts_arena_t bound, measure;
     TS_TRY(ts_arena_init(&bound, m->eng->device, 0));
     TS_TRY(plan_acts(m, &bound, TS_ATTN_COMPOSED));
-    if ((uint64_t)bound.peak / (uint64_t)m->max_batch > TS_DIT_MAX_SAMPLE_BYTES)
+    uint64_t cap = m->trainable ? TS_DIT_MAX_TRAIN_SAMPLE_BYTES : TS_DIT_MAX_SAMPLE_BYTES;
+    if ((uint64_t)bound.peak / (uint64_t)m->max_batch > cap)
         return TS_ERANGE; /* activations per sample beyond any model this project runs */
     TS_TRY(ts_arena_init(&measure, m->eng->device, 0));
     TS_TRY(plan_acts(m, &measure, attn));

@@ -155,12 +155,15 @@ typedef struct ts_dit {
  * call ts_dit_init_weights or load them). trainable = 1 also allocates gradients and the
  * backward scratch. Free with ts_dit_free. */
 /* The most memory one model may take for its parameters (and gradients), and for the
- * activations of one sample (max_batch, the caller's choice, multiplies them): a config over
- * either is TS_ERANGE before the allocation, so a file whose metadata names an absurd size (a
- * peer's weights or router) cannot take the machine's memory. DiT-XL/2 at 256 tokens needs about
- * 170 MB per sample to train. */
+ * activations of one sample (max_batch, the caller's choice, multiplies them), measured with the
+ * composed attention: a config over either is TS_ERANGE before the allocation, so a file whose
+ * metadata names an absurd size (a peer's weights or router) cannot take the machine's memory.
+ * A model that cannot train keeps one block's activations (all blocks share them): DiT-XL/2 at
+ * 32×32×4 (256 tokens) needs about 30 MB per sample; a trainable one keeps every block's, about
+ * 800 MB per sample for DiT-XL/2, hence the larger bound for training. */
 #define TS_DIT_MAX_BYTES ((uint64_t)8 << 30)
 #define TS_DIT_MAX_SAMPLE_BYTES ((uint64_t)512 << 20)
+#define TS_DIT_MAX_TRAIN_SAMPLE_BYTES ((uint64_t)1 << 30)
 
 int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int max_batch,
                   int trainable);

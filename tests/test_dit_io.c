@@ -561,6 +561,42 @@ static void test_absurd_config_refused(void **state) {
     TU_CHECK_RC(ts_dit_create(&m2, &big, &fx->e, 4, 0), TS_ERANGE);
 }
 
+/* A model that cannot train shares one block's activations among its blocks (the residual
+ * stream alternating between two buffers): its forward gives the bits of a trainable model (which
+ * keeps every block's) on the same weights, for an odd and an even depth, and its arena does not
+ * grow with the depth. */
+static void test_inference_shares_block_buffers(void **state) {
+    fixture_t *fx = *state;
+    const int n = 3 * fx->cfg.input_size * fx->cfg.input_size;
+    size_t arena_cap[2] = {0, 0};
+    for (int d = 0; d < 2; d++) {
+        ts_dit_config_t c = fx->cfg;
+        c.depth = d ? 6 : 3;
+        ts_dit_t inf, tr;
+        TU_CHECK_OK(ts_dit_create(&inf, &c, &fx->e, 4, 0));
+        TU_CHECK_OK(ts_dit_create(&tr, &c, &fx->e, 4, 1));
+        TU_CHECK_OK(ts_rng_normal(&fx->e, &inf.param_mem, SEED + (uint64_t)d, 0));
+        TU_CHECK_OK(ts_scale(&fx->e, &inf.param_mem, 0.1f));
+        TU_CHECK_OK(ts_tensor_copy(&tr.param_mem, &inf.param_mem));
+        float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
+        assert_non_null(a);
+        assert_non_null(b);
+        forward_fixed(fx, &inf, a);
+        forward_fixed(fx, &tr, b);
+        assert_memory_equal(a, b, (size_t)n * sizeof *a);
+        /* twice: the shared buffers hold nothing from the last call that the next one reads */
+        forward_fixed(fx, &inf, b);
+        assert_memory_equal(a, b, (size_t)n * sizeof *a);
+        assert_true(inf.arena.cap < tr.arena.cap);
+        arena_cap[d] = inf.arena.cap;
+        free(a);
+        free(b);
+        ts_dit_free(&inf);
+        ts_dit_free(&tr);
+    }
+    assert_int_equal(arena_cap[0], arena_cap[1]);
+}
+
 /* ---- save errors ------------------------------------------------------------------------- */
 
 static void test_save_errors(void **state) {
@@ -616,6 +652,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_non_finite_weight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(test_absurd_config_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inference_shares_block_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pos_embed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_config_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_errors, setup, teardown),
