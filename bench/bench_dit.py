@@ -155,6 +155,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dit_torch as dt  # noqa: E402
+import timing  # noqa: E402  (bench/, this script's folder)
 
 LOG = sys.stderr if (ARGS.json or ARGS.torch_worker) else sys.stdout
 
@@ -284,25 +285,7 @@ def torch_worker_run(weights, check, policy):
 
 def time_calls(fn, seconds):
     """Warm-up, then fn timed call by call until `seconds` and MIN_CALLS; as bench_dit.c."""
-    w0 = time.perf_counter()
-    i = 0
-    while i < WARMUP_CALLS or time.perf_counter() - w0 < WARMUP_SECONDS:
-        fn()
-        i += 1
-    calls = []
-    start = time.perf_counter()
-    total = 0.0
-    while total < seconds or len(calls) < MIN_CALLS:
-        c0 = time.perf_counter()
-        fn()
-        c1 = time.perf_counter()
-        calls.append(c1 - c0)
-        total = c1 - start
-    calls.sort()
-    n = len(calls)
-    median = calls[n // 2] if n % 2 else 0.5 * (calls[n // 2 - 1] + calls[n // 2])
-    return {"calls": n, "seconds": total, "median_s": median, "mean_s": total / n,
-            "min_s": calls[0]}
+    return timing.time_calls(fn, seconds, WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS)
 
 
 def random_inputs(cfg, B, gen):

@@ -8,7 +8,7 @@
 set -eu
 T=${1:?usage: test_gpu_daemon.sh TESSERA TESSERAD}
 D=${2:?usage: test_gpu_daemon.sh TESSERA TESSERAD}
-PY=/usr/bin/python3
+PY=${TESSERA_PYTHON:-/usr/bin/python3} # a GPU machine's python3 may live elsewhere
 dir=$(mktemp -d)
 pid=
 cleanup() {

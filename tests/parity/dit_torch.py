@@ -184,7 +184,8 @@ def timestep_sinusoid(t, dim, max_period=10000.0):
     t here is already scaled (1000·t). A trailing zero column when dim is odd.
     """
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / half)
+    i = torch.arange(half, dtype=torch.float32, device=t.device)  # t's device: CPU or a GPU
+    freqs = torch.exp(-math.log(max_period) * i / half)
     args = t.to(torch.float32)[:, None] * freqs[None, :]
     emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
     if dim % 2:

@@ -1,0 +1,433 @@
+#!/usr/bin/python3
+"""bench_gpu.py — the DiT expert on a GPU (issue 17, item 6): tessera's CUDA engine against
+PyTorch on the same device, forward and training samples/s, each as a fraction of the GEMM peak
+measured in the same run.
+
+Usage (from the repository root, after building bench_dit with the CUDA backend):
+    python3 bench/bench_gpu.py [--build DIR] [--device cuda|cuda:N|cpu] [--config NAME ...]
+                               [--batch B ...] [--train-batch B] [--seconds S] [--quick]
+                               [--peak N] [--no-torch] [--json-out FILE] [--keep DIR]
+
+Configs: `tiny` and `small` (the Fashion-MNIST experts, 28×28×1, 10 classes) and DiT-S/2, B/2,
+L/2, XL/2 at 32×32×4 latents with 1000 classes (`dit-s`, `dit-b`, `dit-l`, `dit-xl`; Peebles &
+Xie 2023, table 1: hidden 384/768/1024/1152, depth 12/12/24/28, heads 6/12/16/16). By default all
+six on a GPU and `tiny` alone on the CPU (a dry run of the script's plumbing).
+
+For each config, in one run:
+  1. the PyTorch DiT of tests/parity/dit_torch.py with random weights (every tensor non-zero)
+     is written to a safetensors file, and its fp32 forward on fixed (x, t, y), computed on the
+     device with TF32 off, to a check file;
+  2. ours: `bench_dit --device D --check FILE` (the forward must agree to 1e-3 relative, 3e-2
+     in bf16, else nothing of it is timed and the disagreement is recorded), forward at each batch and a training step (ts_trainer_step) at
+     the training batch, fp32 and then bf16 (`--precision bf16`; where the engine has no bf16
+     path, the reason it gave is recorded);
+  3. PyTorch on the same device, with its best attention (F.scaled_dot_product_attention where
+     it has it; the JSON says which): forward (eval, no_grad) at each batch and the same training
+     step as ours (flow matching, MSE, backward, gradient clipping, AdamW, EMA), in fp32 (TF32
+     off, so both sides do fp32 products) and under torch.autocast(bfloat16).
+Both sides are timed call by call after a warm-up, each call ending with the device
+synchronised, for at least S seconds and 5 calls; the figure is the median call. Ours' GEMM peak
+comes from `bench_dit --peak N` (the engine's N³ product, fp32 and bf16), PyTorch's from its own
+N³ torch.matmul; every row is reported as samples/s, ours/PyTorch, and GFLOP/s (the forward's
+GEMM FLOPs per sample, ×3 for a training step) as a fraction of ours' peak of that precision.
+
+A failure of one row (out of memory, an unsupported path) is recorded in the JSON with its
+message and the run goes on; the exit status is 0 when the run completed, 1 when a tool could
+not be run at all, 2 on bad arguments.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
+
+MNIST = dict(input_size=28, in_channels=1, num_classes=10)
+LATENT = dict(input_size=32, in_channels=4, num_classes=1000, patch_size=2)
+CONFIGS = {
+    "tiny": dict(MNIST, patch_size=4, hidden_size=128, depth=4, num_heads=4),
+    "small": dict(MNIST, patch_size=2, hidden_size=256, depth=6, num_heads=4),
+    "dit-s": dict(LATENT, hidden_size=384, depth=12, num_heads=6),
+    "dit-b": dict(LATENT, hidden_size=768, depth=12, num_heads=12),
+    "dit-l": dict(LATENT, hidden_size=1024, depth=24, num_heads=16),
+    "dit-xl": dict(LATENT, hidden_size=1152, depth=28, num_heads=16),
+}
+CHECK_BATCH = 4
+TOL_F32 = 1e-3   # ours against PyTorch's fp32 forward, relative to max(1, max|v|)
+TOL_BF16 = 3e-2  # ours bf16 against the same fp32 forward
+WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS = 3, 0.2, 5
+DATA_N = 1024    # synthetic training images, as bench_dit.c
+# issue 17's target: DiT-XL training at batch 64 in bf16 at >= 60 % of the bf16 GEMM peak
+TARGET = ("dit-xl", "train_b64_bf16", 0.60)
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build", help="the build tree (default build)")
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    ap.add_argument("--config", action="append", choices=list(CONFIGS),
+                    help="a config; repeat for several (default: all on a GPU, tiny on the CPU)")
+    ap.add_argument("--batch", action="append", type=int,
+                    help="a forward batch; repeat (default 1 16 64 256)")
+    ap.add_argument("--train-batch", type=int, default=64, help="0: no training rows (default 64)")
+    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per row (1.0)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 0.2 s per row, 3 calls")
+    ap.add_argument("--peak", type=int, default=None,
+                    help="N of the N³ GEMM peaks (default 8192 on a GPU, 1024 on the CPU)")
+    ap.add_argument("--no-torch", action="store_true", help="ours only")
+    ap.add_argument("--json-out", metavar="FILE", help="also write the JSON document here")
+    ap.add_argument("--keep", metavar="DIR", help="keep the weights and check files in DIR")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds one bench_dit run may take (default 600)")
+    a = ap.parse_args()
+    gpu = a.device.startswith("cuda")
+    if not gpu and a.device != "cpu":
+        ap.error(f"--device: '{a.device}' is not cpu, cuda or cuda:N")
+    a.config = a.config or (list(CONFIGS) if gpu else ["tiny"])
+    a.batch = a.batch or [1, 16, 64, 256]
+    if any(b < 1 for b in a.batch) or a.train_batch < 0:
+        ap.error("batches must be positive (--train-batch 0 skips training)")
+    if a.seconds is None:
+        a.seconds = 0.2 if a.quick else 1.0
+    if a.peak is None:
+        a.peak = 8192 if gpu else 1024
+    return a
+
+
+ARGS = parse_args()
+if ARGS.quick:
+    WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS = 1, 0.05, 3
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import dit_torch as dt  # noqa: E402
+import timing  # noqa: E402  (bench/, this script's folder)
+
+LOG = sys.stderr
+
+
+def log(*a):
+    print(*a, file=LOG, flush=True)
+
+
+def torch_device():
+    if ARGS.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        return None
+    return torch.device(ARGS.device if ":" in ARGS.device else "cuda:0")
+
+
+DEV = torch_device()
+
+
+def sync():
+    if DEV is not None and DEV.type == "cuda":
+        torch.cuda.synchronize(DEV)
+
+
+def time_calls(fn):
+    """Warm-up, then fn timed call by call, each ending with the device synchronised."""
+    return timing.time_calls(fn, ARGS.seconds, WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS, sync)
+
+
+def guarded(what, fn):
+    """fn(), or the error it raised (a row that cannot run is recorded, not fatal)."""
+    try:
+        return fn()
+    except Exception as e:  # out of memory, an unsupported dtype path, ...
+        log(f"  {what}: {type(e).__name__}: {str(e)[:200]}")
+        if DEV is not None and DEV.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
+# ---- PyTorch ---------------------------------------------------------------------------------
+
+def random_inputs(cfg, B, gen):
+    C, S, K = cfg["in_channels"], cfg["input_size"], cfg["num_classes"]
+    x = torch.randn(B, C, S, S, generator=gen)
+    t = torch.rand(B, generator=gen)
+    y = torch.randint(0, K + 1, (B,), generator=gen)  # the null class included
+    return x.to(DEV), t.to(DEV), y.to(DEV)
+
+
+def autocast(enabled):
+    return torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def torch_forward(model, cfg, B, bf16, gen):
+    x, t, y = random_inputs(cfg, B, gen)
+    model.eval()
+
+    def step():
+        with torch.no_grad(), autocast(bf16):
+            model(x, t, y)
+    return time_calls(step)
+
+
+def torch_train(model, cfg, B, bf16, gen):
+    """model/train.c's step: a batch with 10 % of labels dropped to the null class, t ~ U(0, 1),
+    ε ~ N(0, 1), x_t = (1 − t)·x0 + t·ε, MSE against ε − x0, backward, clip to 1, AdamW, EMA;
+    bf16: forward and loss under autocast (fp32 weights, gradients and AdamW)."""
+    C, S, K = cfg["in_channels"], cfg["input_size"], cfg["num_classes"]
+    data = (torch.rand(DATA_N, C, S, S, generator=gen) * 2 - 1).to(DEV)
+    labels = torch.randint(0, K, (DATA_N,), generator=gen).to(DEV)
+    params = [p for _, p in model.trainable()]
+    ema = [p.detach().clone() for p in params]
+    opt = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                            foreach=True)
+    model.train()
+
+    def step():
+        idx = torch.randint(0, DATA_N, (B,), device=DEV)
+        x0 = data[idx]
+        y = torch.where(torch.rand(B, device=DEV) < 0.1, torch.full((B,), K, device=DEV),
+                        labels[idx])
+        t = torch.rand(B, device=DEV)
+        eps = torch.randn_like(x0)
+        tb = t[:, None, None, None]
+        xt = (1 - tb) * x0 + tb * eps
+        with autocast(bf16):
+            loss = F.mse_loss(model(xt, t, y).float(), eps - x0)
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        with torch.no_grad():
+            torch._foreach_mul_(ema, 0.999)
+            torch._foreach_add_(ema, params, alpha=0.001)
+    try:
+        return time_calls(step)
+    finally:
+        del opt, ema, data, labels
+
+
+COMPOSED_ATTENTION = dt.Attention.forward
+HAVE_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+
+def sdpa_attention(self, x):
+    """PyTorch's best attention for the timed rows: F.scaled_dot_product_attention (its flash /
+    memory-efficient kernels on a GPU), in place of the reference module's composed attention,
+    which the check uses."""
+    B, T, h = x.shape
+    qkv = self.qkv(x).reshape(B, T, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+    y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+    return self.proj(y.transpose(1, 2).reshape(B, T, h))
+
+
+def torch_peaks(n):
+    out = {"size": n}
+    for name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+        def run():
+            a = torch.randn(n, n, device=DEV).to(dtype)
+            b = torch.randn(n, n, device=DEV).to(dtype)
+            r = time_calls(lambda: torch.matmul(a, b))
+            return 2.0 * n ** 3 / r["median_s"] / 1e9
+        v = guarded(f"torch {name} peak", run)
+        out[name + "_gflops"] = v if isinstance(v, float) else None
+    return out
+
+
+# ---- ours ----------------------------------------------------------------------------------
+
+def bench_dit():
+    exe = os.path.join(ARGS.build, "bench", "bench_dit")
+    if not os.path.isfile(exe):
+        log(f"bench_gpu.py: no {exe} (build it: cmake --build {ARGS.build} --target bench_dit), "
+            f"or pass --build DIR")
+        sys.exit(1)
+    return exe
+
+
+def run_ours(weights, check, precision, peak):
+    cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--check", check,
+           "--tol", str(TOL_BF16 if precision == "bf16" else TOL_F32),
+           "--precision", precision, "--seconds", str(ARGS.seconds),
+           "--train-batch", str(ARGS.train_batch), "--json"]
+    for B in ARGS.batch:
+        cmd += ["--batch", str(B)]
+    if ARGS.quick:
+        cmd.append("--quick")
+    if peak:
+        cmd += ["--peak", str(ARGS.peak)]
+    log(f"  ours {precision}: {' '.join(cmd)}")
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=ARGS.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {ARGS.timeout:.0f} s", "command": " ".join(cmd)}
+    if p.returncode != 0:  # 3: the check failed, nothing timed
+        msg = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
+        log(f"  ours {precision}: exit {p.returncode}: {msg}")
+        return {"error": msg, "exit": p.returncode, "command": " ".join(cmd)}
+    try:
+        out = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        msg = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"error": f"no JSON from bench_dit (exit {p.returncode}): {msg}",
+                "command": " ".join(cmd)}
+    out["command"] = " ".join(cmd)
+    return out
+
+
+# ---- one config ----------------------------------------------------------------------------
+
+def run_config(name, work, first):
+    cfg = dict(CONFIGS[name])
+    res = {"config": cfg}
+    gen = torch.Generator().manual_seed(20261126)
+    t0 = time.perf_counter()
+    model = dt.DiT(**cfg)
+    model.randomise(gen)
+    weights = os.path.join(work, f"{name}.safetensors")
+    dt.save_model(model, weights)
+    x, t, y = (v.cpu() for v in random_inputs(cfg, CHECK_BATCH, gen))
+    model.to(DEV).eval()
+    with torch.no_grad():
+        v = model(x.to(DEV), t.to(DEV), y.to(DEV)).cpu()
+    check = os.path.join(work, f"{name}.check.safetensors")
+    dt.st_write(check, {"x": x, "t": t, "y": y, "v": v})
+    model.cpu()
+    sync()
+    if DEV.type == "cuda":
+        torch.cuda.empty_cache()
+    res["num_params"] = sum(p.numel() for _, p in model.trainable())
+    log(f"[{name}] {res['num_params'] / 1e6:.1f} M parameters; weights and check written in "
+        f"{time.perf_counter() - t0:.1f} s")
+
+    res["ours"] = run_ours(weights, check, "f32", first)
+    res["ours_bf16"] = run_ours(weights, check, "bf16", False)
+
+    if not ARGS.no_torch:
+        tr = {}
+        model.to(DEV)
+        if HAVE_SDPA:  # the timed rows compute what the check did (within rounding)
+            dt.Attention.forward = sdpa_attention
+            with torch.no_grad():
+                v2 = model(x.to(DEV), t.to(DEV), y.to(DEV)).cpu()
+            res["torch_sdpa_rel"] = ((v2 - v).abs().max() / max(1.0, v.abs().max())).item()
+        for bf16 in (False, True):
+            sfx = "_bf16" if bf16 else ""
+            for B in ARGS.batch:
+                tr[f"forward_b{B}{sfx}"] = guarded(
+                    f"torch forward b{B}{sfx}", lambda: torch_forward(model, cfg, B, bf16, gen))
+            if ARGS.train_batch:
+                B = ARGS.train_batch
+                tr[f"train_b{B}{sfx}"] = guarded(
+                    f"torch train b{B}{sfx}", lambda: torch_train(model, cfg, B, bf16, gen))
+        res["torch"] = tr
+        dt.Attention.forward = COMPOSED_ATTENTION
+    del model
+    if DEV.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def rows_of(res, peaks):
+    """The table's rows: key, ours and PyTorch samples/s, ratio, fraction of ours' peak."""
+    out = []
+    flops = None
+    for which, sfx in (("ours", ""), ("ours_bf16", "_bf16")):
+        ours = res.get(which, {})
+        if "results" not in ours:
+            continue
+        flops = ours.get("flops_per_sample", flops)
+        peak = peaks.get("bf16_gflops" if sfx else "f32_gflops")
+        for r in ours["results"]:
+            key = f"{r['what']}_b{r['batch']}{sfx}"
+            tr = res.get("torch", {}).get(key, {})
+            t_sps = 1.0 / tr["median_s"] * r["batch"] if "median_s" in tr else None
+            mult = 3.0 if r["what"] == "train" else 1.0
+            gflops = r["samples_per_s"] * ours["flops_per_sample"] * mult / 1e9
+            out.append({"key": key, "ours": r["samples_per_s"], "torch": t_sps,
+                        "ratio": r["samples_per_s"] / t_sps if t_sps else None,
+                        "gflops": gflops, "of_peak": gflops / peak if peak else None})
+    for key, tr in res.get("torch", {}).items():  # PyTorch rows ours could not run
+        if "median_s" in tr and not any(r["key"] == key for r in out):
+            B = int(key.split("_b")[1].split("_")[0])
+            out.append({"key": key, "ours": None, "torch": B / tr["median_s"], "ratio": None,
+                        "gflops": None, "of_peak": None})
+    return out
+
+
+def fmt(v, spec):
+    return format(v, spec) if v is not None else "—"
+
+
+def main():
+    if DEV is None:
+        log(f"bench_gpu.py: PyTorch sees no CUDA device for --device {ARGS.device}")
+        sys.exit(1)
+    work = ARGS.keep or tempfile.mkdtemp(prefix="bench_gpu.")
+    os.makedirs(work, exist_ok=True)
+    doc = {"device": ARGS.device, "engine": None, "torch_version": torch.__version__,
+           "gpu": torch.cuda.get_device_name(DEV) if DEV.type == "cuda" else None,
+           "seconds": ARGS.seconds, "batches": ARGS.batch, "train_batch": ARGS.train_batch,
+           "configs": {}}
+    doc["torch_attention"] = "sdpa" if HAVE_SDPA else "composed"
+    if DEV.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 rows are fp32 products on both sides
+        torch.backends.cudnn.allow_tf32 = False
+    try:
+        for i, name in enumerate(ARGS.config):
+            res = doc["configs"][name] = run_config(name, work, i == 0)
+            if i == 0:
+                doc["peak_ours"] = res.get("ours", {}).get("peak", {})
+                doc["engine"] = res.get("ours", {}).get("device")
+            res["rows"] = rows_of(res, doc.get("peak_ours") or {})
+            save(doc)  # as it goes: a run stopped by its time limit keeps what it measured
+        if not ARGS.no_torch:
+            doc["peak_torch"] = torch_peaks(ARGS.peak)
+    finally:
+        if not ARGS.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    peaks = doc.get("peak_ours") or {}
+    print(f"device: {doc['engine'] or ARGS.device}; GPU: {doc['gpu']}; torch {doc['torch_version']}")
+    print(f"GEMM peak {ARGS.peak}³: ours fp32 {fmt(peaks.get('f32_gflops'), '.0f')} GFLOP/s, "
+          f"bf16 {fmt(peaks.get('bf16_gflops'), '.0f')}; PyTorch fp32 "
+          f"{fmt(doc.get('peak_torch', {}).get('f32_gflops'), '.0f')}, bf16 "
+          f"{fmt(doc.get('peak_torch', {}).get('bf16_gflops'), '.0f')}")
+    print(f"{'config':8} {'row':22} {'ours/s':>10} {'torch/s':>10} {'ratio':>6} "
+          f"{'GFLOP/s':>9} {'of peak':>8}")
+    for name, res in doc["configs"].items():
+        for which in ("ours", "ours_bf16"):
+            if "error" in res.get(which, {}):
+                print(f"{name:8} {which:22} not run: {res[which]['error']}")
+        for r in res["rows"]:
+            print(f"{name:8} {r['key']:22} {fmt(r['ours'], '10.1f')} {fmt(r['torch'], '10.1f')} "
+                  f"{fmt(r['ratio'], '6.2f')} {fmt(r['gflops'], '9.0f')} "
+                  f"{fmt(r['of_peak'] and 100 * r['of_peak'], '7.1f')}%")
+    cfg, key, line = TARGET
+    got = next((r for r in doc["configs"].get(cfg, {}).get("rows", []) if r["key"] == key), None)
+    doc["target"] = {"config": cfg, "row": key, "of_bf16_peak_at_least": line,
+                     "measured": got["of_peak"] if got else None,
+                     "met": bool(got and got["of_peak"] and got["of_peak"] >= line)}
+    if cfg in doc["configs"]:
+        print(f"target: {cfg} {key} ≥ {100 * line:.0f} % of the bf16 peak: " +
+              (f"{100 * got['of_peak']:.1f} %" if got and got["of_peak"] else "not measured"))
+    save(doc)
+    return 0
+
+
+def save(doc):
+    if ARGS.json_out:
+        with open(ARGS.json_out + ".part", "w") as f:
+            f.write(json.dumps(doc, indent=1) + "\n")
+        os.replace(ARGS.json_out + ".part", ARGS.json_out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
