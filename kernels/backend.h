@@ -227,6 +227,10 @@ int ts_cuda_is_built(void);
 int ts_cuda_count(char *why, size_t why_len);
 /* Device gpu's name and memory in bytes (total, and free now); TS_ENODEV when there is none. */
 int ts_cuda_info(int gpu, char *name, size_t name_len, size_t *total, size_t *free_now);
+/* TS_OK when the bf16 products can run on e's GPU (compute capability 8.0 or newer: bf16
+ * tensor cores, which cuBLAS needs for CUDA_R_16BF); TS_ENOTSUP otherwise, with the reason in
+ * why (may be NULL). */
+int ts_cuda_bf16_check(ts_engine_t *e, char *why, size_t why_len);
 
 #ifdef __cplusplus
 }

@@ -57,3 +57,9 @@ int ts_cuda_info(int gpu, char *name, size_t name_len, size_t *total, size_t *fr
         *free_now = 0;
     return TS_ENODEV;
 }
+
+int ts_cuda_bf16_check(ts_engine_t *e, char *why, size_t why_len) {
+    if (why && why_len > 0)
+        snprintf(why, why_len, "%s", "CUDA backend not built");
+    return TS_ENODEV;
+}

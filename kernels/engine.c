@@ -183,11 +183,7 @@ int ts_engine_precision_check(ts_engine_t *e, ts_precision_t p, char *why, size_
         return TS_OK;
     if (p != TS_PREC_BF16)
         return TS_EINVAL;
-    if (e->device != TS_CPU) {
-        if (why && why_len)
-            snprintf(why, why_len,
-                     "bf16 runs on the CPU only for now (use --precision f32 on a GPU)");
-        return TS_ENOTSUP;
-    }
+    if (e->device == TS_CUDA)
+        return ts_cuda_bf16_check(e, why, why_len);
     return ts_cpu_bf16_check(e, why, why_len);
 }

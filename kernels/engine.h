@@ -84,8 +84,9 @@ int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used);
 /* The precision of a model's matrix products (`--precision`, tesserad's `[compute] precision`).
  * TS_PREC_F32: everything fp32, the default. TS_PREC_BF16: the linear layers' weights held in
  * bf16, their inputs and attention's two products rounded to bf16, accumulation and every other op
- * (LayerNorm, softmax, the residual stream) fp32. CPU only, through oneDNN, on a CPU with
- * AVX-512 BF16 (ts_engine_precision_check). */
+ * (LayerNorm, softmax, the residual stream) fp32. On the CPU through oneDNN, on a CPU with
+ * AVX-512 BF16; on a GPU through cuBLAS, compute capability 8.0 or newer
+ * (ts_engine_precision_check). */
 typedef enum { TS_PREC_F32 = 0, TS_PREC_BF16 = 1 } ts_precision_t;
 
 #define TS_PRECISION_HELP                                                                          \
@@ -96,7 +97,8 @@ int ts_precision_parse(const char *text, ts_precision_t *out);
 /* "f32" or "bf16". */
 const char *ts_precision_name(ts_precision_t p);
 /* TS_OK when engine e can run precision p; TS_ENOTSUP otherwise with the reason in why (may be
- * NULL): a CUDA engine, a build without oneDNN, a CPU without AVX-512 BF16. f32 always runs. */
+ * NULL): a build without oneDNN, a CPU without AVX-512 BF16, a GPU older than compute capability
+ * 8.0. f32 always runs. */
 int ts_engine_precision_check(ts_engine_t *e, ts_precision_t p, char *why, size_t why_len);
 
 /* 1 when this build contains the CUDA backend. */

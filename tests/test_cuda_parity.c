@@ -11,6 +11,9 @@
  * and the dtype conversions use no transcendental and no reordered sum, so they must match bit
  * for bit (memcmp).
  *
+ * The bf16 products (test_bf16) are held against a naive reference on the rounded operands
+ * instead, to 1e-9 (where the GPU has bf16: compute capability 8.0 or newer).
+ *
  * Sizes are the realistic ones (B = 4 samples of T = 49 tokens, C = 128, 4 heads) plus odd ones
  * that catch indexing and grid-loop mistakes: n = 1000003 (prime) for the elementwise ops, row
  * widths that are not a multiple of the warp size, column sums tall enough to be split over
@@ -25,6 +28,7 @@
 #include <string.h>
 
 #include "kernels/engine.h"
+#include "kernels/math.h"
 #include "kernels/ops.h"
 #include "tests/testutil.h"
 
@@ -409,6 +413,161 @@ static void test_matmul(void **state) {
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++)
                 matmul_case(fx, &r, batched ? 3 : 1, ta, tb);
+}
+
+/* ---- bf16 products ----------------------------------------------------------------------- */
+
+/* The bf16 products on the GPU against a naive reference in double on the same operands rounded
+ * to bf16 (kernels/math.h's rounding, the one both backends use): independent of the CPU's bf16
+ * path, which needs AVX-512 BF16. BF16_TOL is far below what unrounded operands would give
+ * (relative errors ~2⁻⁹ per operand: nmse ~1e-6) and far above fp32 accumulation (~1e-13). */
+#define BF16_TOL 1e-9
+
+static double bf(float x) { return (double)ts_bf16_to_f32(ts_f32_to_bf16(x)); }
+
+/* Asserts nmse(GPU side of p, ref) ≤ BF16_TOL. */
+static void expect_ref(fixture_t *fx, const char *what, const pair_t *p, const double *ref) {
+    float *a = download(fx, p);
+    int64_t n = ts_tensor_numel(&p->t[0]);
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    free(a);
+    double e = den > 0.0 ? num / den : num;
+    printf("test_cuda_parity: %-40s nmse %.3e (against rounded operands)\n", what, e);
+    if (!(e <= BF16_TOL)) {
+        print_error("%s: nmse %.3e exceeds %.1e\n", what, e, BF16_TOL);
+        fail();
+    }
+}
+
+/* c = alpha·op(a)·op(b) + beta·c for one (batch, trans_a, trans_b), M, N, K odd. */
+static void matmul_bf16_case(fixture_t *fx, tu_rng_t *r, int64_t batch, int ta, int tb) {
+    const int64_t M = 37, N = 53, K = 61;
+    int nd = batch > 1 ? 3 : 2, o = nd - 2;
+    int64_t as[3] = {batch}, bs[3] = {batch}, cs[3] = {batch};
+    as[o] = ta ? K : M, as[o + 1] = ta ? M : K;
+    bs[o] = tb ? N : K, bs[o + 1] = tb ? K : N;
+    cs[o] = M, cs[o + 1] = N;
+    pair_t a, b, c;
+    pair_rand(&a, r, -1.0f, 1.0f, nd, as);
+    pair_rand(&b, r, -1.0f, 1.0f, nd, bs);
+    pair_rand(&c, r, -1.0f, 1.0f, nd, cs);
+    const float *A = host_f32(&a), *Bm = host_f32(&b), *C0 = host_f32(&c);
+    double *ref = malloc((size_t)(batch * M * N) * sizeof *ref);
+    assert_non_null(ref);
+    for (int64_t q = 0; q < batch; q++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double acc = 0.0;
+                for (int64_t k = 0; k < K; k++) {
+                    float x = ta ? A[q * M * K + k * M + i] : A[q * M * K + i * K + k];
+                    float y = tb ? Bm[q * K * N + j * K + k] : Bm[q * K * N + k * N + j];
+                    acc += bf(x) * bf(y);
+                }
+                ref[q * M * N + i * N + j] = 1.25 * acc + 0.5 * (double)C0[q * M * N + i * N + j];
+            }
+    TU_CHECK_OK(ts_matmul_bf16(&fx->e[1], &c.t[1], &a.t[1], ta, &b.t[1], tb, 1.25f, 0.5f));
+    char what[96];
+    snprintf(what, sizeof what, "matmul_bf16 batch %lld ta %d tb %d", (long long)batch, ta, tb);
+    expect_ref(fx, what, &c, ref);
+    free(ref);
+    pair_free(&a);
+    pair_free(&b);
+    pair_free(&c);
+}
+
+/* A linear layer with a BF16 weight, forward and backward (the += of every gradient too). */
+static void linear_bf16_case(fixture_t *fx, tu_rng_t *r) {
+    const int64_t M = B_ * T_, K = C_, N = 3 * C_ + 5;
+    pair_t inp, w, w16, bias, out, dout, dinp, dw, db;
+    pair_rand(&inp, r, -1.0f, 1.0f, 2, TS_SHAPE(M, K));
+    pair_rand(&w, r, -0.1f, 0.1f, 2, TS_SHAPE(N, K));
+    pair_alloc(&w16, TS_BF16, 2, TS_SHAPE(N, K));
+    TU_CHECK_OK(ts_convert(&fx->e[0], &w16.t[0], &w.t[0]));
+    pair_upload(&w16);
+    pair_rand(&bias, r, -0.1f, 0.1f, 1, TS_SHAPE(N));
+    pair_zeros(&out, 2, TS_SHAPE(M, N));
+    pair_rand(&dout, r, -1.0f, 1.0f, 2, TS_SHAPE(M, N));
+    pair_rand(&dinp, r, -1.0f, 1.0f, 2, TS_SHAPE(M, K));
+    pair_rand(&dw, r, -1.0f, 1.0f, 2, TS_SHAPE(N, K));
+    pair_rand(&db, r, -1.0f, 1.0f, 1, TS_SHAPE(N));
+    const float *X = host_f32(&inp), *D = host_f32(&dout);
+    const uint16_t *W = w16.t[0].data;
+    double *ref = malloc((size_t)(M * N + M * K + N * K + N) * sizeof *ref);
+    assert_non_null(ref);
+    double *r_out = ref, *r_dinp = r_out + M * N, *r_dw = r_dinp + M * K, *r_db = r_dw + N * K;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0.0;
+            for (int64_t k = 0; k < K; k++)
+                acc += bf(X[i * K + k]) * (double)ts_bf16_to_f32(W[j * K + k]);
+            r_out[i * N + j] = (double)(float)acc + (double)host_f32(&bias)[j];
+        }
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++) {
+            double acc = 0.0;
+            for (int64_t j = 0; j < N; j++)
+                acc += bf(D[i * N + j]) * (double)ts_bf16_to_f32(W[j * K + k]);
+            r_dinp[i * K + k] = (double)host_f32(&dinp)[i * K + k] + acc;
+        }
+    for (int64_t j = 0; j < N; j++) {
+        for (int64_t k = 0; k < K; k++) {
+            double acc = 0.0;
+            for (int64_t i = 0; i < M; i++)
+                acc += bf(D[i * N + j]) * bf(X[i * K + k]);
+            r_dw[j * K + k] = (double)host_f32(&dw)[j * K + k] + acc;
+        }
+        double acc = 0.0;
+        for (int64_t i = 0; i < M; i++)
+            acc += (double)D[i * N + j];
+        r_db[j] = (double)host_f32(&db)[j] + acc;
+    }
+    ts_engine_t *G = &fx->e[1];
+    TU_CHECK_OK(ts_linear_forward(G, &out.t[1], &inp.t[1], &w16.t[1], &bias.t[1]));
+    expect_ref(fx, "linear_forward bf16 weight", &out, r_out);
+    TU_CHECK_OK(ts_linear_backward(G, &dinp.t[1], &dw.t[1], &db.t[1], &dout.t[1], &inp.t[1],
+                                   &w16.t[1]));
+    expect_ref(fx, "linear_backward bf16 dinp", &dinp, r_dinp);
+    expect_ref(fx, "linear_backward bf16 dweight", &dw, r_dw);
+    expect_ref(fx, "linear_backward bf16 dbias", &db, r_db);
+    free(ref);
+    pair_free(&inp);
+    pair_free(&w);
+    pair_free(&w16);
+    pair_free(&bias);
+    pair_free(&out);
+    pair_free(&dout);
+    pair_free(&dinp);
+    pair_free(&dw);
+    pair_free(&db);
+}
+
+static void test_bf16(void **state) {
+    fixture_t *fx = *state;
+    char why[256] = "";
+    if (ts_engine_precision_check(&fx->e[1], TS_PREC_BF16, why, sizeof why) != TS_OK) {
+        printf("test_cuda_parity: bf16 products not checked: %s\n", why);
+        skip();
+    }
+    tu_rng_t r = {15};
+    for (int batched = 0; batched < 2; batched++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                matmul_bf16_case(fx, &r, batched ? 3 : 1, ta, tb);
+    linear_bf16_case(fx, &r);
+    /* the GELU of the bf16 forward: on the GPU, the fp32 one */
+    pair_t x, y;
+    pair_rand(&x, &r, -6.0f, 6.0f, 1, TS_SHAPE(N_ODD));
+    pair_zeros(&y, 1, TS_SHAPE(N_ODD));
+    BOTH(ts_gelu_forward(E, ON(y), ON(x)));
+    TU_CHECK_OK(ts_gelu_forward_bf16(&fx->e[1], &y.t[1], &x.t[1]));
+    expect_identical(fx, "gelu_forward_bf16 (= gelu_forward)", &y);
+    pair_free(&x);
+    pair_free(&y);
 }
 
 /* ---- normalisation and activations ------------------------------------------------------ */
@@ -905,7 +1064,7 @@ int main(void) {
         cmocka_unit_test(test_embeddings),  cmocka_unit_test(test_patches),
         cmocka_unit_test(test_reductions),  cmocka_unit_test(test_flow_interp),
         cmocka_unit_test(test_optimiser),   cmocka_unit_test(test_rng),
-        cmocka_unit_test(test_classification),
+        cmocka_unit_test(test_classification), cmocka_unit_test(test_bf16),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,5 +1,6 @@
 /*
- * cuda_backend.cu — the CUDA engine: its context, device memory, and the GEMM on cuBLAS.
+ * cuda_backend.cu — the CUDA engine: its context, device memory, and the GEMMs on cuBLAS (fp32,
+ * and bf16 with fp32 accumulation).
  *
  * An engine owns one ts_cuda_ctx: the device ordinal, one CUDA stream, a cuBLAS handle bound to
  * that stream, and a small device scratch buffer the reductions in cuda_ops.cu use for their
@@ -26,11 +27,15 @@
 #include "kernels/backend.h"
 
 struct ts_cuda_ctx {
-    int device;          /* CUDA device ordinal */
-    cudaStream_t stream; /* every op of the engine is queued here */
-    cublasHandle_t blas; /* bound to stream */
-    void *scratch;       /* device memory for reduction partials (cuda_ops.cu) */
+    int device;            /* CUDA device ordinal */
+    cudaStream_t stream;   /* every op of the engine is queued here */
+    cublasHandle_t blas;   /* bound to stream; fp32 products, pedantic math */
+    cublasHandle_t blas16; /* bound to stream; bf16 products, default math (tensor cores) */
+    void *scratch;         /* device memory for reduction partials (cuda_ops.cu) */
     size_t scratch_bytes;
+    uint16_t *bf16;        /* the bf16 products' rounded operands; grows on demand */
+    size_t bf16_elems;
+    int cc_major, cc_minor; /* compute capability */
 };
 
 /* Room for 1024 double partial sums and a 64-bit counter, with slack. */
@@ -68,8 +73,12 @@ static void ctx_destroy(ts_cuda_ctx_t *ctx) {
         cudaStreamSynchronize(ctx->stream);
     if (ctx->scratch)
         cudaFree(ctx->scratch);
+    if (ctx->bf16)
+        cudaFree(ctx->bf16);
     if (ctx->blas)
         cublasDestroy(ctx->blas);
+    if (ctx->blas16)
+        cublasDestroy(ctx->blas16);
     if (ctx->stream)
         cudaStreamDestroy(ctx->stream);
     free(ctx);
@@ -119,6 +128,23 @@ int ts_cuda_engine_init(ts_engine_t *e, int gpu) {
         goto fail;
     /* Deterministic GEMMs: no atomics-based algorithms (this is cuBLAS's default; stated here). */
     if (cublasSetAtomicsMode(ctx->blas, CUBLAS_ATOMICS_NOT_ALLOWED) != CUBLAS_STATUS_SUCCESS)
+        goto fail;
+    /* The bf16 products have their own handle on the same stream: default math lets cuBLAS take
+     * the tensor cores for bf16 inputs with fp32 accumulation (CUBLAS_COMPUTE_32F), which the
+     * pedantic mode of the fp32 handle would forbid. */
+    if (cublasCreate(&ctx->blas16) != CUBLAS_STATUS_SUCCESS) {
+        ctx->blas16 = NULL;
+        goto fail;
+    }
+    if (cublasSetStream(ctx->blas16, ctx->stream) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(ctx->blas16, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetAtomicsMode(ctx->blas16, CUBLAS_ATOMICS_NOT_ALLOWED) != CUBLAS_STATUS_SUCCESS)
+        goto fail;
+    err = TS_ECUDA;
+    if (cudaDeviceGetAttribute(&ctx->cc_major, cudaDevAttrComputeCapabilityMajor, gpu) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&ctx->cc_minor, cudaDevAttrComputeCapabilityMinor, gpu) !=
+            cudaSuccess)
         goto fail;
 
     e->cuda = ctx;
@@ -320,25 +346,148 @@ int ts_cuda_linear_gelu_forward(ts_engine_t *e, float *pre, float *act, const fl
     return err ? err : ts_cuda_gelu_forward(e, act, pre, M * N);
 }
 
-/* The bf16 products run on the CPU only for now (oneDNN); the GPU's would be cuBLAS's
- * cublasGemmEx with CUDA_R_16BF inputs. */
-int ts_cuda_gemm_bf16(ts_engine_t *, int, int, int64_t, int64_t, int64_t, float, const float *,
-                      int64_t, int64_t, const float *, int64_t, int64_t, float, float *, int64_t,
-                      int64_t, int64_t) {
+/* ---- bf16 products ------------------------------------------------------------------------ */
+
+int ts_cuda_bf16_check(ts_engine_t *e, char *why, size_t why_len) {
+    if (!e || !e->cuda)
+        return TS_EINVAL;
+    if (e->cuda->cc_major >= 8)
+        return TS_OK;
+    if (why && why_len > 0)
+        snprintf(why, why_len,
+                 "bf16 needs a GPU of compute capability 8.0 or newer (this one is %d.%d); use "
+                 "--precision f32",
+                 e->cuda->cc_major, e->cuda->cc_minor);
     return TS_ENOTSUP;
 }
 
-int ts_cuda_linear_forward_bf16(ts_engine_t *, float *, const float *, const uint16_t *,
-                                const float *, int64_t, int64_t, int64_t, int64_t) {
-    return TS_ENOTSUP;
+/* Room for n bf16 elements of rounded operands, at *out. The buffer grows (never shrinks) by
+ * freeing and reallocating: cudaFree waits for the device, so no queued kernel still reads the
+ * old one. Every bf16 op of the engine uses it in turn, ordered by the engine's one stream. */
+static int bf16_room(ts_engine_t *e, int64_t n, uint16_t **out) {
+    ts_cuda_ctx_t *ctx = e->cuda;
+    if ((size_t)n > ctx->bf16_elems) {
+        if (ctx->bf16)
+            cudaFree(ctx->bf16);
+        ctx->bf16 = NULL;
+        ctx->bf16_elems = 0;
+        size_t want = (size_t)n + (size_t)n / 4; /* some slack: sizes creep up by batch */
+        if (cudaMalloc((void **)&ctx->bf16, want * sizeof(uint16_t)) != cudaSuccess) {
+            cudaGetLastError();
+            ctx->bf16 = NULL;
+            return TS_ENOMEM;
+        }
+        ctx->bf16_elems = want;
+    }
+    *out = ctx->bf16;
+    return TS_OK;
 }
 
-int ts_cuda_linear_backward_bf16(ts_engine_t *, float *, float *, const float *, const float *,
-                                 const uint16_t *, int64_t, int64_t, int64_t) {
-    return TS_ENOTSUP;
+/* Elements spanned by a strided batch of (rows, cols) matrices with row stride ld. */
+static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
+    return (batch - 1) * stride + (rows - 1) * ld + cols;
 }
 
-int ts_cuda_gelu_forward_bf16(ts_engine_t *, float *, const float *, int64_t) { return TS_ENOTSUP; }
+/* As ts_cuda_gemm with A and B already bf16 (CUDA_R_16BF) and fp32 accumulation into C (fp32),
+ * on the bf16 handle. The same row-major mapping as ts_cuda_gemm. */
+static int gemm_ex(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                   float alpha, const uint16_t *A, int64_t lda, int64_t stride_a,
+                   const uint16_t *B, int64_t ldb, int64_t stride_b, float beta, float *C,
+                   int64_t ldc, int64_t stride_c, int64_t batch) {
+    if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) ||
+        !fits_int(ldc) || !fits_int(batch))
+        return TS_ERANGE;
+    cudaStream_t stream;
+    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+    if (err)
+        return err;
+    cublasHandle_t h = e->cuda->blas16;
+    cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasStatus_t st;
+    if (batch == 1)
+        st = cublasGemmEx(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_16BF, (int)ldb,
+                          A, CUDA_R_16BF, (int)lda, &beta, C, CUDA_R_32F, (int)ldc,
+                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else
+        st = cublasGemmStridedBatchedEx(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B,
+                                        CUDA_R_16BF, (int)ldb, (long long)stride_b, A, CUDA_R_16BF,
+                                        (int)lda, (long long)stride_a, &beta, C, CUDA_R_32F,
+                                        (int)ldc, (long long)stride_c, (int)batch,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return st == CUBLAS_STATUS_SUCCESS ? TS_OK : TS_ECUBLAS;
+}
+
+/* op(A) and op(B) rounded to bf16 (nearest even, kernels/math.h's rounding, as the CPU's) into
+ * the engine's operand buffer, in their own layout (the whole span a strided batch covers, so ld
+ * and strides carry over), then one cuBLAS product with fp32 accumulation. */
+int ts_cuda_gemm_bf16(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                      float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
+                      int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
+                      int64_t stride_c, int64_t batch) {
+    if (M <= 0 || N <= 0 || batch <= 0)
+        return TS_OK;
+    if (K <= 0) /* C = beta·C: no operand to round */
+        return ts_cuda_gemm(e, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
+                            stride_b, beta, C, ldc, stride_c, batch);
+    int64_t sa = batch > 1 ? stride_a : 0, sb = batch > 1 ? stride_b : 0;
+    int64_t na = span(trans_a ? K : M, trans_a ? M : K, lda, sa, batch);
+    int64_t nb = span(trans_b ? N : K, trans_b ? K : N, ldb, sb, batch);
+    uint16_t *buf;
+    int err = bf16_room(e, na + nb, &buf);
+    if (!err)
+        err = ts_cuda_convert(e, buf, TS_BF16, A, TS_F32, na);
+    if (!err)
+        err = ts_cuda_convert(e, buf + na, TS_BF16, B, TS_F32, nb);
+    if (err)
+        return err;
+    return gemm_ex(e, trans_a, trans_b, M, N, K, alpha, buf, lda, sa, buf + na, ldb, sb, beta, C,
+                   ldc, stride_c, batch);
+}
+
+/* out = bf16(inp) · weightᵀ in fp32, then the bias in a second kernel, as the fp32 path. */
+int ts_cuda_linear_forward_bf16(ts_engine_t *e, float *out, const float *inp,
+                                const uint16_t *weight, const float *bias, int64_t M, int64_t N,
+                                int64_t K, int64_t group) {
+    (void)group;
+    if (M <= 0 || N <= 0)
+        return TS_OK;
+    uint16_t *in16;
+    int err = bf16_room(e, M * K, &in16);
+    if (!err)
+        err = ts_cuda_convert(e, in16, TS_BF16, inp, TS_F32, M * K);
+    if (!err)
+        err = gemm_ex(e, 0, 1, M, N, K, 1.0f, in16, K, 0, weight, K, 0, 0.0f, out, N, 0, 1);
+    if (err || !bias)
+        return err;
+    return ts_cuda_add_bcast_forward(e, out, out, bias, M, N);
+}
+
+/* dinp (M, K) += bf16(dout) (M, N) · weight (N, K); dweight (N, K) += bf16(dout)ᵀ · bf16(inp). */
+int ts_cuda_linear_backward_bf16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
+                                 const float *inp, const uint16_t *weight, int64_t M, int64_t N,
+                                 int64_t K) {
+    if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
+        return TS_OK;
+    uint16_t *buf;
+    int err = bf16_room(e, M * N + (dweight ? M * K : 0), &buf);
+    if (!err)
+        err = ts_cuda_convert(e, buf, TS_BF16, dout, TS_F32, M * N);
+    if (!err && dinp)
+        err = gemm_ex(e, 0, 0, M, K, N, 1.0f, buf, N, 0, weight, K, 0, 1.0f, dinp, K, 0, 1);
+    if (!err && dweight) {
+        uint16_t *in16 = buf + M * N;
+        err = ts_cuda_convert(e, in16, TS_BF16, inp, TS_F32, M * K);
+        if (!err)
+            err = gemm_ex(e, 1, 0, N, K, M, 1.0f, buf, N, 0, in16, K, 0, 1.0f, dweight, K, 0, 1);
+    }
+    return err;
+}
+
+/* The GPU's GELU is already fast: the bf16 forward's is the fp32 one (within 0 of it). */
+int ts_cuda_gelu_forward_bf16(ts_engine_t *e, float *out, const float *inp, int64_t n) {
+    return ts_cuda_gelu_forward(e, out, inp, n);
+}
 
 /* Fused attention is the CPU's for now (kernels/cpu/cpu_attention.c); on the GPU the model runs
  * the composed attention (GEMM · softmax · GEMM), which ops.c builds from the ops above. */
