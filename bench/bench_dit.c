@@ -344,7 +344,8 @@ typedef struct att_job {
     int heads, fused, bf16, backward;
 } att_job_t;
 
-static int att_job_run(att_job_t *a) {
+/* Ends with the device synchronised (a GPU's ops are queued; the CPU's are done). */
+static int att_job_ops(att_job_t *a) {
     ts_engine_t *e = a->e;
     if (a->fused)
         TS_TRY(a->bf16 ? ts_attention_fused_forward_bf16(e, &a->out, NULL, &a->qkv, a->heads)
@@ -360,22 +361,27 @@ static int att_job_run(att_job_t *a) {
     return ts_attention_backward(e, &a->dqkv, &a->datt, &a->dout, &a->qkv, &a->att, a->heads);
 }
 
+static int att_job_run(att_job_t *a) {
+    int rc = att_job_ops(a);
+    return rc == TS_OK ? ts_engine_sync(a->e) : rc;
+}
+
 static int att_job_alloc(att_job_t *a, ts_engine_t *e, int64_t B, int64_t T, int64_t C, int H) {
     memset(a, 0, sizeof *a);
     a->e = e, a->heads = H;
-    int rc = ts_tensor_alloc(&a->qkv, TS_F32, TS_CPU, 3, TS_SHAPE(B, T, 3 * C));
+    int rc = ts_tensor_alloc(&a->qkv, TS_F32, e->device, 3, TS_SHAPE(B, T, 3 * C));
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&a->dqkv, TS_F32, TS_CPU, 3, TS_SHAPE(B, T, 3 * C));
+        rc = ts_tensor_alloc(&a->dqkv, TS_F32, e->device, 3, TS_SHAPE(B, T, 3 * C));
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&a->out, TS_F32, TS_CPU, 3, TS_SHAPE(B, T, C));
+        rc = ts_tensor_alloc(&a->out, TS_F32, e->device, 3, TS_SHAPE(B, T, C));
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&a->dout, TS_F32, TS_CPU, 3, TS_SHAPE(B, T, C));
+        rc = ts_tensor_alloc(&a->dout, TS_F32, e->device, 3, TS_SHAPE(B, T, C));
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&a->lse, TS_F32, TS_CPU, 3, TS_SHAPE(B, H, T));
+        rc = ts_tensor_alloc(&a->lse, TS_F32, e->device, 3, TS_SHAPE(B, H, T));
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&a->att, TS_F32, TS_CPU, 4, TS_SHAPE(B, H, T, T));
+        rc = ts_tensor_alloc(&a->att, TS_F32, e->device, 4, TS_SHAPE(B, H, T, T));
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&a->datt, TS_F32, TS_CPU, 4, TS_SHAPE(B, H, T, T));
+        rc = ts_tensor_alloc(&a->datt, TS_F32, e->device, 4, TS_SHAPE(B, H, T, T));
     if (rc == TS_OK)
         rc = ts_rng_normal(e, &a->qkv, 7, 0);
     if (rc == TS_OK)
@@ -836,7 +842,7 @@ static void usage(FILE *f) {
            "  --precision P      f32 (default) or bf16: the products, forward and training (bf16\n"
            "                     training: fp32 masters and optimiser)\n"
            "  --attention A      fused or composed: the model's attention (default: the model's\n"
-           "                     own choice, see ts_dit_set_attention; a GPU has only composed)\n"
+           "                     own choice, see ts_dit_set_attention; a GPU: composed, fused in fp32)\n"
            "  --device D         cpu (default), cuda or cuda:N: the engine; each timed call ends\n"
            "                     with the device synchronised\n"
            "  --peak N           after the rows, the engine's N³ GEMM peak (fp32; bf16 where it\n"

@@ -21,7 +21,9 @@ For each config, in one run:
      in bf16, else nothing of it is timed and the disagreement is recorded), forward at each batch and a training step (ts_trainer_step) at
      the training batch, fp32 and then bf16 (`--precision bf16`; where the engine has no bf16
      path, the reason it gave is recorded);
-  3. PyTorch on the same device, with its best attention (F.scaled_dot_product_attention where
+  3. (after the configs) the attention alone, composed against fused (`bench_dit
+     --attention-ops 64`: issue 17's target is the fused ≥ 2× the composed at T = 256);
+  4. PyTorch on the same device, with its best attention (F.scaled_dot_product_attention where
      it has it; the JSON says which): forward (eval, no_grad) at each batch and the same training
      step as ours (flow matching, MSE, backward, gradient clipping, AdamW, EMA), in fp32 (TF32
      off, so both sides do fp32 products) and under torch.autocast(bfloat16).
@@ -84,6 +86,8 @@ def parse_args():
     ap.add_argument("--peak", type=int, default=None,
                     help="N of the N³ GEMM peaks (default 8192 on a GPU, 1024 on the CPU)")
     ap.add_argument("--no-torch", action="store_true", help="ours only")
+    ap.add_argument("--attention-batch", type=int, default=64,
+                    help="batch of the attention-alone rows (default 64)")
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON document here")
     ap.add_argument("--keep", metavar="DIR", help="keep the weights and check files in DIR")
     ap.add_argument("--timeout", type=float, default=600.0,
@@ -263,23 +267,37 @@ def run_ours(weights, check, precision, peak):
     if peak:
         cmd += ["--peak", str(ARGS.peak)]
     log(f"  ours {precision}: {' '.join(cmd)}")
+    return run_child(cmd)
+
+
+def run_child(cmd):
+    """A bench_dit run's JSON document, or {"error": its last line of stderr} (a failed check,
+    exit 3, times nothing; an unsupported path or out of memory is also recorded, not fatal)."""
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            timeout=ARGS.timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {ARGS.timeout:.0f} s", "command": " ".join(cmd)}
-    if p.returncode != 0:  # 3: the check failed, nothing timed
-        msg = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
-        log(f"  ours {precision}: exit {p.returncode}: {msg}")
+    msg = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
+    if p.returncode != 0:
+        log(f"  exit {p.returncode}: {msg}")
         return {"error": msg, "exit": p.returncode, "command": " ".join(cmd)}
     try:
         out = json.loads(p.stdout)
     except json.JSONDecodeError:
-        msg = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {"error": f"no JSON from bench_dit (exit {p.returncode}): {msg}",
-                "command": " ".join(cmd)}
+        return {"error": f"no JSON from bench_dit: {msg}", "command": " ".join(cmd)}
     out["command"] = " ".join(cmd)
     return out
+
+
+def attention_ops():
+    """The attention alone, composed against fused (`bench_dit --attention-ops`): the heads of
+    tiny and small at T = 64 and 256, forward and forward + backward (issue 17's target: fused
+    ≥ 2× the composed at T = 256)."""
+    cmd = [bench_dit(), "--attention-ops", str(ARGS.attention_batch), "--device", ARGS.device,
+           "--seconds", str(ARGS.seconds), "--json"] + (["--quick"] if ARGS.quick else [])
+    log(f"attention ops: {' '.join(cmd)}")
+    return run_child(cmd)
 
 
 # ---- one config ----------------------------------------------------------------------------
@@ -388,6 +406,8 @@ def main():
                 doc["engine"] = res.get("ours", {}).get("device")
             res["rows"] = rows_of(res, doc.get("peak_ours") or {})
             save(doc)  # as it goes: a run stopped by its time limit keeps what it measured
+        doc["attention_ops"] = attention_ops()
+        save(doc)
         if not ARGS.no_torch:
             doc["peak_torch"] = torch_peaks(ARGS.peak)
     finally:
@@ -410,6 +430,13 @@ def main():
             print(f"{name:8} {r['key']:22} {fmt(r['ours'], '10.1f')} {fmt(r['torch'], '10.1f')} "
                   f"{fmt(r['ratio'], '6.2f')} {fmt(r['gflops'], '9.0f')} "
                   f"{fmt(r['of_peak'] and 100 * r['of_peak'], '7.1f')}%")
+    att = doc.get("attention_ops", {})
+    if "rows" in att:
+        print(f"attention alone, batch {att['batch']}: composed time / fused time")
+        for r in att["rows"]:
+            print(f"  {r['preset']:6} T={r['T']:<4} {r['what']:22} {r['composed_over_fused']:6.2f}×")
+    elif "error" in att:
+        print(f"attention alone: not run: {att['error']}")
     cfg, key, line = TARGET
     got = next((r for r in doc["configs"].get(cfg, {}).get("rows", []) if r["key"] == key), None)
     doc["target"] = {"config": cfg, "row": key, "of_bf16_peak_at_least": line,

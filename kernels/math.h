@@ -12,7 +12,8 @@
  *
  * What is here: dtype conversions, GELU (tanh) and SiLU with derivatives, LayerNorm and softmax
  * element formulas, adaLN modulate, AdamW and EMA updates, the timestep-embedding frequency,
- * the Philox4x32-10 counter-based generator and the uniform / normal streams built on it.
+ * the Philox4x32-10 counter-based generator and the uniform / normal streams built on it, and the
+ * per-row steps of the CUDA fused attention (an online-softmax tile, a backward pair).
  */
 #ifndef TS_MATH_H
 #define TS_MATH_H
@@ -380,6 +381,52 @@ TS_HD void ts_xent_grad_row(float *dz, const float *z, int64_t K, int32_t label,
     float inv = 1.0f / s;
     for (int64_t i = 0; i < K; i++)
         dz[i] += scale * (ts_expf(z[i] - mx) * inv - (i == (int64_t)label ? 1.0f : 0.0f));
+}
+
+/* ---- fused attention: the steps of the CUDA kernels (kernels/cuda/cuda_attention.cu) ---- */
+
+/* Keys (forward, dQ) or queries (dK, dV) per tile of the CUDA fused-attention kernels. */
+#define TS_ATTN_TILE 32
+
+TS_HD float ts_dot(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* One query row q (hd) against a tile of n ≤ TS_ATTN_TILE keys K and values V (rows ld apart):
+ * the online softmax's running max *m (start at −FLT_MAX), sum *l (0) and unnormalised output
+ * acc (hd, 0) move to include the tile, the max once per tile. The row's result is acc / l and
+ * its log-sum-exp *m + ln *l once every tile is in. */
+TS_HD void ts_attn_row_tile(const float *q, const float *K, const float *V, int n, int hd, int ld,
+                            float scale, float *m, float *l, float *acc) {
+    float s[TS_ATTN_TILE];
+    float mt = *m;
+    for (int j = 0; j < n; j++) {
+        s[j] = ts_dot(q, K + j * ld, hd) * scale;
+        mt = s[j] > mt ? s[j] : mt;
+    }
+    float corr = ts_expf(*m - mt);
+    *l *= corr;
+    for (int d = 0; d < hd; d++)
+        acc[d] *= corr;
+    for (int j = 0; j < n; j++) {
+        float p = ts_expf(s[j] - mt);
+        *l += p;
+        for (int d = 0; d < hd; d++)
+            acc[d] += p * V[j * ld + d];
+    }
+    *m = mt;
+}
+
+/* The backward of one (query, key) pair from the forward's log-sum-exp lse of the query row and
+ * D = dO·O of that row (FlashAttention-2): the weight *p = exp(scale·q·k − lse) and the score's
+ * gradient *ds = p·(dO·v − D); then dV_k += p·dO, dK_k += scale·ds·q, dQ_q += scale·ds·k. */
+TS_HD void ts_attn_pair_grad(const float *q, const float *k, const float *v, const float *dO,
+                             int hd, float scale, float lse, float D, float *p, float *ds) {
+    *p = ts_expf(ts_dot(q, k, hd) * scale - lse);
+    *ds = *p * (ts_dot(dO, v, hd) - D);
 }
 
 /* The mean over T tokens of one channel: x points at token 0 of that channel, tokens C apart. */

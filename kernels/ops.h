@@ -146,7 +146,9 @@ int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
  * out (B, T, C) as above; lse (B, heads, T) each query row's log-sum-exp of its scaled scores,
  * saved for the backward (NULL at inference). Not bit-identical to the composed op (another
  * order of summation; within 1e-5 relative), but a row's result does not depend on the batch
- * or the thread count. CPU only: TS_ENOTSUP on a CUDA engine. */
+ * or the thread count. On a CUDA engine (kernels/cuda/cuda_attention.cu): fp32, heads at most
+ * TS_CUDA_FUSED_HD_MAX wide (TS_ENOTSUP beyond; the composed op has no limit). */
+#define TS_CUDA_FUSED_HD_MAX 128
 int ts_attention_fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
                                const ts_tensor_t *qkv, int heads);
 /* As ts_attention_fused_forward with both products in bf16 (q, k, v and the unnormalised softmax

@@ -449,7 +449,8 @@ static ts_tensor_t stat_rows(const ts_tensor_t *t, int B, int T) {
  * (`small`: +11–15 %). Batch 1 of `tiny` is 6–19 % slower fused; the choice is per model, never
  * per batch (a sample's bits must not depend on its batch). Training keeps the composed one: its
  * fused backward recomputes the scores and was slower (`small` train b64 −29 % in fp32, −18 % in
- * bf16). A GPU has only the composed one. */
+ * bf16). A GPU takes the composed one until its fused kernels are measured (set_attention can
+ * choose them). */
 #define BF16_COMPOSED_TOKENS 128
 /* Below this many tokens (a router's 16) the fused one was not measured faster: composed, which
  * also gives a model reopened for inference the bits it had while it trained (test_classifier). */
@@ -467,8 +468,9 @@ int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
     if (!m || !m->info || (a != TS_ATTN_FUSED && a != TS_ATTN_COMPOSED))
         return TS_EINVAL;
     if (a == TS_ATTN_FUSED &&
-        (m->eng->device != TS_CPU ||
-         (m->precision == TS_PREC_BF16 && ts_attention_fused_bf16_check(m->eng) != TS_OK)))
+        ((m->precision == TS_PREC_BF16 && ts_attention_fused_bf16_check(m->eng) != TS_OK) ||
+         (m->eng->device == TS_CUDA &&
+          m->cfg.hidden_size / m->cfg.num_heads > TS_CUDA_FUSED_HD_MAX)))
         return TS_ENOTSUP;
     if (a == m->attn)
         return TS_OK;

@@ -119,11 +119,13 @@ typedef struct ts_dit_grad_acts {
     ts_tensor_t dmod, dfc2, dgelu, dfc1, dmod2, dln2, dproj, datty, dqkv, datt, dmod1, dln1;
 } ts_dit_grad_acts_t;
 
-/* How a model computes attention. Fused (kernels/cpu/cpu_attention.c): blocks of queries with
+/* How a model computes attention. Fused (kernels/cpu/cpu_attention.c, and on a GPU
+ * kernels/cuda/cuda_attention.cu in fp32, heads up to 128 wide): blocks of queries with
  * an online softmax, no (B, heads, T, T) tensor in the activations, the backward recomputing the
  * weights from each row's saved log-sum-exp; the default where it was measured faster: a CPU
  * engine's f32 inference at 128 tokens or more (docs/benchmarks.md, "Fused attention"). Composed (gemm · softmax · gemm, kernels/ops.c): the reference, bit for
- * bit what this model computed before the fused op existed, and the only one on a GPU. The two
+ * bit what this model computed before the fused op existed, and a GPU's default (its fused
+ * kernels have not been measured yet: they were written without a GPU). The two
  * agree to ~1e-6 relative, not bit for bit; each alone gives a sample the same bits in any
  * batch. */
 typedef enum { TS_ATTN_FUSED = 0, TS_ATTN_COMPOSED = 1 } ts_attn_impl_t;
@@ -223,9 +225,10 @@ int ts_dit_refresh_bf16(ts_dit_t *m);
 
 /* Switches m's attention to a (see ts_attn_impl_t). The activations are laid out again (a
  * backward must follow a forward made with the same attention); the per-sample bound on them is
- * the composed layout's, so either fits any model that was built. TS_ENOTSUP for fused on a CUDA
- * engine, or at bf16 where the fused bf16 op cannot run (ts_attention_fused_bf16_check);
- * TS_ENOMEM leaves m as it was. */
+ * the composed layout's, so either fits any model that was built. TS_ENOTSUP for fused at bf16
+ * where the fused bf16 op cannot run (ts_attention_fused_bf16_check: a CPU without AVX-512 BF16,
+ * any GPU) or on a GPU with heads wider than TS_CUDA_FUSED_HD_MAX; TS_ENOMEM leaves m as it
+ * was. */
 int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a);
 
 /* Multiply-adds (×2 = FLOPs) of one forward pass per sample, counting the GEMMs only. */

@@ -25,12 +25,15 @@
  *   bf16 backward   against the reference on q, k, v and dout rounded to bf16: 1e-2 of max|ref|
  *                   (P and dS rounded before their products, D from the bf16 forward's output;
  *                   the worst measured is printed), and the same against the fp32 backward.
+ * The CUDA kernels' steps (kernels/math.h's ts_attn_row_tile and ts_attn_pair_grad, in the
+ * kernels' tiles of 32) are emulated here and held to the fp32 tolerances above.
  * Exact checks: a sample's result (forward fp32 and bf16, lse, backward fp32 and bf16) is
  * bit-identical alone and
  * in a batch, and with 1 thread or 2; the backward accumulates (+=); a NaN in q spreads to its own
  * row of its head and a NaN in k to every row of its head, exactly where the composed op puts
  * them, and nowhere else; bad shapes, dtypes and NULLs give the codes the other ops give.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +158,135 @@ static void test_backward_f32(void **state) {
         check_accumulates(e, ts_attention_fused_backward, &dqkv, &dout, &f, "fused");
         free(want);
         TU_FREE_TENSORS(&dout, &dqkv, &dqkv2, &att, &datt, &out2);
+        fwd_free(&f);
+    }
+}
+
+/* ---- the CUDA kernels' steps, on the CPU ------------------------------------------------- */
+
+/* kernels/cuda/cuda_attention.cu's three kernels, emulated: the same tiles of TS_ATTN_TILE,
+ * staged into (n, hd) buffers as the kernels stage shared memory, and the same kernels/math.h
+ * steps (ts_attn_row_tile, ts_attn_pair_grad) — so the per-row math a GPU runs is checked here
+ * against the reference, at the fp32 fused tolerances; only the kernels' indexing and
+ * synchronisation wait for a GPU (test_cuda_parity). */
+static void stage_rows(float *dst, const float *src, int64_t r0, int n, int hd, int64_t ld,
+                       int64_t col) {
+    for (int r = 0; r < n; r++)
+        for (int d = 0; d < hd; d++)
+            dst[r * hd + d] = src[(r0 + r) * ld + col + d];
+}
+
+static void gpu_steps_forward(float *out, float *lse, const float *qkv, const fwd_t *f) {
+    int64_t T = f->T, C = f->C, ld = 3 * C;
+    int hd = (int)(C / f->H);
+    float scale = 1.0f / sqrtf((float)hd);
+    float *Ks = tu_floats(TS_ATTN_TILE * hd), *Vs = tu_floats(TS_ATTN_TILE * hd);
+    float *acc = tu_floats(hd);
+    for (int64_t b = 0; b < f->B; b++)
+        for (int64_t h = 0; h < f->H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                const float *base = qkv + b * T * ld, *q = base + i * ld + h * hd;
+                float m = -FLT_MAX, l = 0.0f;
+                memset(acc, 0, (size_t)hd * sizeof *acc);
+                for (int64_t j0 = 0; j0 < T; j0 += TS_ATTN_TILE) {
+                    int n = (int)(T - j0 < TS_ATTN_TILE ? T - j0 : TS_ATTN_TILE);
+                    stage_rows(Ks, base, j0, n, hd, ld, C + h * hd);
+                    stage_rows(Vs, base, j0, n, hd, ld, 2 * C + h * hd);
+                    ts_attn_row_tile(q, Ks, Vs, n, hd, hd, scale, &m, &l, acc);
+                }
+                for (int d = 0; d < hd; d++)
+                    out[(b * T + i) * C + h * hd + d] = acc[d] * (1.0f / l);
+                lse[(b * f->H + h) * T + i] = m + ts_rng_log(l);
+            }
+    free(Ks), free(Vs), free(acc);
+}
+
+/* The dK/dV kernel (a key row against tiles of queries) and the dQ kernel (a query row against
+ * tiles of keys), adding into dqkv. */
+static void gpu_steps_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, const fwd_t *f) {
+    int64_t T = f->T, C = f->C, ld = 3 * C;
+    int hd = (int)(C / f->H);
+    float scale = 1.0f / sqrtf((float)hd);
+    float *A = tu_floats(TS_ATTN_TILE * hd), *Bt = tu_floats(TS_ATTN_TILE * hd);
+    float *g1 = tu_floats(hd), *g2 = tu_floats(hd), Ls[TS_ATTN_TILE], Ds[TS_ATTN_TILE];
+    for (int64_t b = 0; b < f->B; b++)
+        for (int64_t h = 0; h < f->H; h++) {
+            const float *base = qkv + b * T * ld, *dO = dout + b * T * C, *O = out + b * T * C;
+            const float *L = lse + (b * f->H + h) * T;
+            int64_t ho = h * hd;
+            for (int64_t j = 0; j < T; j++) { /* dK, dV of key j */
+                const float *k = base + j * ld + C + ho, *v = base + j * ld + 2 * C + ho;
+                memset(g1, 0, (size_t)hd * sizeof *g1), memset(g2, 0, (size_t)hd * sizeof *g2);
+                for (int64_t i0 = 0; i0 < T; i0 += TS_ATTN_TILE) {
+                    int n = (int)(T - i0 < TS_ATTN_TILE ? T - i0 : TS_ATTN_TILE);
+                    stage_rows(A, base, i0, n, hd, ld, ho);
+                    stage_rows(Bt, dO, i0, n, hd, C, ho);
+                    for (int t = 0; t < n; t++) {
+                        Ls[t] = L[i0 + t];
+                        Ds[t] = ts_dot(dO + (i0 + t) * C + ho, O + (i0 + t) * C + ho, hd);
+                    }
+                    for (int t = 0; t < n; t++) {
+                        float p, ds;
+                        ts_attn_pair_grad(A + t * hd, k, v, Bt + t * hd, hd, scale, Ls[t], Ds[t],
+                                          &p, &ds);
+                        for (int d = 0; d < hd; d++) {
+                            g2[d] += p * Bt[t * hd + d];
+                            g1[d] += scale * ds * A[t * hd + d];
+                        }
+                    }
+                }
+                for (int d = 0; d < hd; d++) {
+                    dqkv[(b * T + j) * ld + C + ho + d] += g1[d];
+                    dqkv[(b * T + j) * ld + 2 * C + ho + d] += g2[d];
+                }
+            }
+            for (int64_t i = 0; i < T; i++) { /* dQ of query i */
+                const float *q = base + i * ld + ho, *dOi = dO + i * C + ho;
+                float D = ts_dot(dOi, O + i * C + ho, hd);
+                memset(g1, 0, (size_t)hd * sizeof *g1);
+                for (int64_t j0 = 0; j0 < T; j0 += TS_ATTN_TILE) {
+                    int n = (int)(T - j0 < TS_ATTN_TILE ? T - j0 : TS_ATTN_TILE);
+                    stage_rows(A, base, j0, n, hd, ld, C + ho);
+                    stage_rows(Bt, base, j0, n, hd, ld, 2 * C + ho);
+                    for (int t = 0; t < n; t++) {
+                        float p, ds;
+                        ts_attn_pair_grad(q, A + t * hd, Bt + t * hd, dOi, hd, scale, L[i], D, &p,
+                                          &ds);
+                        for (int d = 0; d < hd; d++)
+                            g1[d] += scale * ds * A[t * hd + d];
+                    }
+                }
+                for (int d = 0; d < hd; d++)
+                    dqkv[(b * T + i) * ld + ho + d] += g1[d];
+            }
+        }
+    free(A), free(Bt), free(g1), free(g2);
+}
+
+static void test_gpu_kernel_steps(void **state) {
+    (void)state;
+    tu_rng_t r = {17};
+    for (size_t c = 0; c < NCASES; c++) {
+        fwd_t f;
+        fwd_alloc(&f, cases[c], &r);
+        int64_t n = f.B * f.T * f.C, nl = f.B * f.H * f.T, nq = 3 * n;
+        float *out = tu_floats(n), *lse = tu_floats(nl), *want = tu_floats(n);
+        float *wlse = tu_floats(nl), *dout = tu_floats(n), *dqkv = tu_floats(nq);
+        float *wd = tu_floats(nq);
+        for (int64_t i = 0; i < n; i++)
+            dout[i] = tu_rng_uniform(&r, -1.0f, 1.0f);
+        memset(dqkv, 0, (size_t)nq * sizeof *dqkv);
+        ts_ref_attention(want, NULL, tu_f32(&f.qkv), f.B, f.T, f.C, f.H);
+        ts_ref_attention_lse(wlse, tu_f32(&f.qkv), f.B, f.T, f.C, f.H);
+        ts_ref_attention_backward(wd, dout, tu_f32(&f.qkv), f.B, f.T, f.C, f.H);
+        gpu_steps_forward(out, lse, tu_f32(&f.qkv), &f);
+        tu_check_close(out, want, n, 2e-5, 1e-5, "GPU steps out " DESC, ARGS(&f));
+        tu_check_close(lse, wlse, nl, 2e-5, 1e-6, "GPU steps lse " DESC, ARGS(&f));
+        gpu_steps_backward(dqkv, dout, tu_f32(&f.qkv), out, lse, &f);
+        tu_check_close(dqkv, wd, nq, 1e-5 * max_abs(wd, nq), 1e-5, "GPU steps dqkv " DESC,
+                       ARGS(&f));
+        free(out), free(lse), free(want), free(wlse), free(dout), free(dqkv), free(wd);
         fwd_free(&f);
     }
 }
@@ -426,7 +558,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_f32),  cmocka_unit_test(test_backward_f32),
         cmocka_unit_test(test_forward_bf16), cmocka_unit_test(test_backward_bf16),
-        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_gpu_kernel_steps),
         cmocka_unit_test(test_nan),          cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests_name("attention", tests, tu_setup_cpu_engine,

@@ -699,6 +699,51 @@ static void test_attention(void **state) {
     pair_free(&datt);
 }
 
+/* The fused attention (kernels/cuda/cuda_attention.cu) against the CPU's fused one, forward with
+ * its lse and backward (+= into dqkv), for one (B, T, C, H): head sizes with their own kernel
+ * instance (32, 64, 72) and one of the run-time instance (48), T below, at and across tiles of 32
+ * keys. */
+static void fused_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t T, int64_t C, int64_t H) {
+    char what[96], size[48];
+    snprintf(size, sizeof size, "(%lld,%lld,%lld,%lld)", (long long)B, (long long)T, (long long)C,
+             (long long)H);
+    pair_t qkv, out, lse, dout, dqkv;
+    pair_rand(&qkv, r, -1.5f, 1.5f, 3, TS_SHAPE(B, T, 3 * C));
+    pair_zeros(&out, 3, TS_SHAPE(B, T, C));
+    pair_zeros(&lse, 3, TS_SHAPE(B, H, T));
+    pair_rand(&dout, r, -1.0f, 1.0f, 3, TS_SHAPE(B, T, C));
+    pair_rand(&dqkv, r, -1.0f, 1.0f, 3, TS_SHAPE(B, T, 3 * C));
+    BOTH(ts_attention_fused_forward(E, ON(out), ON(lse), ON(qkv), (int)H));
+    snprintf(what, sizeof what, "attention_fused_forward %s out", size);
+    expect_close(fx, what, &out);
+    snprintf(what, sizeof what, "attention_fused_forward %s lse", size);
+    expect_close(fx, what, &lse);
+    BOTH(ts_attention_fused_backward(E, ON(dqkv), ON(dout), ON(qkv), ON(out), ON(lse), (int)H));
+    snprintf(what, sizeof what, "attention_fused_backward %s dqkv", size);
+    expect_close(fx, what, &dqkv);
+    pair_free(&qkv);
+    pair_free(&out);
+    pair_free(&lse);
+    pair_free(&dout);
+    pair_free(&dqkv);
+}
+
+static void test_attention_fused(void **state) {
+    fixture_t *fx = *state;
+    tu_rng_t r = {16};
+    fused_case(fx, &r, B_, T_, C_, HEADS);  /* tiny: hd 32, T = 49 (a tile and a part) */
+    fused_case(fx, &r, 2, 256, 128, 2);     /* hd 64, 8 whole tiles */
+    fused_case(fx, &r, 2, 64, 144, 2);      /* hd 72: DiT-XL/2's and L's heads are 72 and 64 */
+    fused_case(fx, &r, 3, 17, 96, 2);       /* hd 48: the run-time instance; T under a tile */
+    /* a head over 128 wide: the composed attention's job */
+    ts_tensor_t qkv, out;
+    TU_CHECK_OK(ts_tensor_alloc(&qkv, TS_F32, TS_CUDA, 3, TS_SHAPE(1, 4, 3 * 256)));
+    TU_CHECK_OK(ts_tensor_alloc(&out, TS_F32, TS_CUDA, 3, TS_SHAPE(1, 4, 256)));
+    TU_CHECK_RC(ts_attention_fused_forward(&fx->e[1], &out, NULL, &qkv, 1), TS_ENOTSUP);
+    ts_tensor_free(&qkv);
+    ts_tensor_free(&out);
+}
+
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */
 
 /* modulate and gate_residual, forward and backward, for x (B, T, C), mod (B, 6C). */
@@ -1065,6 +1110,7 @@ int main(void) {
         cmocka_unit_test(test_reductions),  cmocka_unit_test(test_flow_interp),
         cmocka_unit_test(test_optimiser),   cmocka_unit_test(test_rng),
         cmocka_unit_test(test_classification), cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_attention_fused),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -44,7 +44,7 @@ PY
 echo "ok: gpu-bundle.sh: binaries, their libraries (not glibc's, not CUDA's), the data slice"
 
 rc=0
-BENCH_GPU_ARGS="--device cpu --config tiny --quick --batch 2 --train-batch 2 --peak 128" \
+BENCH_GPU_ARGS="--device cpu --config tiny --quick --batch 2 --train-batch 2 --peak 128 --attention-batch 2" \
     bash "$root/scripts/gpu-check.sh" --bundle "$dir/b/bundle.tar.xz" --out "$dir/out" \
     >"$dir/c.txt" 2>&1 || rc=$?
 S=$dir/out/summary.txt
@@ -70,6 +70,8 @@ for k in ("forward_b2", "train_b2"):
     assert 0 < rows[k]["of_peak"], rows[k]
 assert d["peak_ours"]["size"] == 128 and d["engine"].startswith("cpu"), d["peak_ours"]
 assert d["target"]["config"] == "dit-xl" and d["target"]["met"] is False
+a = d["attention_ops"]["rows"]
+assert len(a) >= 8 and all(r["composed_over_fused"] > 0 for r in a), a
 PY
 echo "ok: gpu-check.sh: every step ran or skipped with its reason; bench_gpu.py's JSON has both sides"
 

@@ -488,27 +488,3 @@ int ts_cuda_linear_backward_bf16(ts_engine_t *e, float *dinp, float *dweight, co
 int ts_cuda_gelu_forward_bf16(ts_engine_t *e, float *out, const float *inp, int64_t n) {
     return ts_cuda_gelu_forward(e, out, inp, n);
 }
-
-/* Fused attention is the CPU's for now (kernels/cpu/cpu_attention.c); on the GPU the model runs
- * the composed attention (GEMM · softmax · GEMM), which ops.c builds from the ops above. */
-int ts_cuda_attention_fused_forward(ts_engine_t *, float *, float *, const float *, int64_t,
-                                    int64_t, int64_t, int64_t) {
-    return TS_ENOTSUP;
-}
-
-int ts_cuda_attention_fused_forward_bf16(ts_engine_t *, float *, float *, const float *, int64_t,
-                                         int64_t, int64_t, int64_t) {
-    return TS_ENOTSUP;
-}
-
-int ts_cuda_attention_fused_backward(ts_engine_t *, float *, const float *, const float *,
-                                     const float *, const float *, int64_t, int64_t, int64_t,
-                                     int64_t) {
-    return TS_ENOTSUP;
-}
-
-int ts_cuda_attention_fused_backward_bf16(ts_engine_t *, float *, const float *, const float *,
-                                          const float *, const float *, int64_t, int64_t, int64_t,
-                                          int64_t) {
-    return TS_ENOTSUP;
-}
