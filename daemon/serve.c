@@ -69,9 +69,10 @@ struct ts_serve {
     int eng_ok, host_ok;
     char eng_note[384];
     ts_dit_t model;
-    /* host staging: (max_batch, C, H, W), (max_batch), (max_batch, C, H, W) F32, and on the
-     * engine's device, when it is a GPU, the forward's inputs xd, td (one copy up and one down
-     * per batch; a CPU engine reads the staging itself) */
+    /* host staging, x (max_batch, C, H, W) and t (max_batch) F32, and when the engine is a GPU
+     * the rows coming back vv (max_batch, C, H, W), all three pinned, and the forward's inputs on
+     * the GPU xd, td: one copy up and one down per batch. A CPU engine reads xx and tt itself
+     * and its output is host memory: no vv, xd, td. */
     ts_tensor_t xx, tt, vv, xd, td;
     int32_t *yy; /* (max_batch) labels */
     pthread_t thread;
@@ -249,7 +250,8 @@ static int forward_batch(ts_serve_t *s, int rows, ts_tensor_t *out) {
 
 /* One forward pass over the staged rows, then each job's velocity into its answer buffer: the
  * conditional rows, guided on the device as ts_dit_velocity does it (v = s·v(y), then
- * v += (1 − s)·v(∅)), copied down and converted to the request's dtype. */
+ * v += (1 − s)·v(∅)); on a GPU the batch's rows come down in one copy into pinned memory, and
+ * each answer is taken from there (converted to the request's dtype on the host). */
 static int run_batch(ts_serve_t *s, ts_list_t *batch, int rows) {
     ts_engine_t *e = &s->eng, *host = e->device == TS_CPU ? e : &s->host;
     TS_TRY(stage_batch(s, batch));
@@ -258,21 +260,27 @@ static int run_batch(ts_serve_t *s, ts_list_t *batch, int rows) {
     int64_t r = 0;
     TS_LIST_FOREACH(it, batch) {
         job_t *j = job_at(it);
-        ts_tensor_t cond, uncond, v, answer;
-        TS_TRY(ts_tensor_wrap(&answer, j->v, j->dtype, TS_CPU, 4, j->shape));
-        TS_TRY(ts_tensor_slice(&cond, &out, r, j->B));
         if (j->rows == 2 * j->B) {
+            ts_tensor_t cond, uncond;
+            TS_TRY(ts_tensor_slice(&cond, &out, r, j->B));
             TS_TRY(ts_tensor_slice(&uncond, &out, r + j->B, j->B));
             TS_TRY(ts_scale(e, &cond, j->cfg_scale));
             TS_TRY(ts_axpy(e, &cond, 1.0f - j->cfg_scale, &uncond));
         }
-        if (j->dtype == TS_F32)
-            v = answer;
-        else
-            TS_TRY(ts_tensor_slice(&v, &s->vv, 0, j->B));
-        TS_TRY(ts_tensor_copy(&v, &cond));
-        if (j->dtype != TS_F32)
-            TS_TRY(ts_convert(host, &answer, &v));
+        r += j->rows;
+    }
+    ts_tensor_t down = out; /* the CPU engine's output is host memory already */
+    if (e->device != TS_CPU) {
+        TS_TRY(ts_tensor_slice(&down, &s->vv, 0, rows));
+        TS_TRY(ts_tensor_copy(&down, &out));
+    }
+    r = 0;
+    TS_LIST_FOREACH(it, batch) {
+        job_t *j = job_at(it);
+        ts_tensor_t v, answer;
+        TS_TRY(ts_tensor_wrap(&answer, j->v, j->dtype, TS_CPU, 4, j->shape));
+        TS_TRY(ts_tensor_slice(&v, &down, r, j->B));
+        TS_TRY(j->dtype == TS_F32 ? ts_tensor_copy(&answer, &v) : ts_convert(host, &answer, &v));
         r += j->rows;
     }
     return TS_OK;
@@ -662,14 +670,17 @@ static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, siz
         rc = ts_tensor_copy(&s->model.param_mem, x->params);
     if (rc == TS_OK)
         set_precision(s);
+    /* the host side of every copy to and from a GPU is pinned (ordinary memory on the CPU) */
+    int gpu = s->eng.device != TS_CPU;
+    int64_t S = c->input_size;
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&s->xx, TS_F32, TS_CPU, 4,
-                             TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
+        rc = gpu ? ts_tensor_alloc_pinned(&s->xx, TS_F32, 4, TS_SHAPE(B, c->in_channels, S, S))
+                 : ts_tensor_alloc(&s->xx, TS_F32, TS_CPU, 4, TS_SHAPE(B, c->in_channels, S, S));
+    if (rc == TS_OK && gpu)
+        rc = ts_tensor_alloc_pinned(&s->vv, TS_F32, 4, TS_SHAPE(B, c->in_channels, S, S));
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&s->vv, TS_F32, TS_CPU, 4,
-                             TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
-    if (rc == TS_OK)
-        rc = ts_tensor_alloc(&s->tt, TS_F32, TS_CPU, 1, TS_SHAPE(B));
+        rc = gpu ? ts_tensor_alloc_pinned(&s->tt, TS_F32, 1, TS_SHAPE(B))
+                 : ts_tensor_alloc(&s->tt, TS_F32, TS_CPU, 1, TS_SHAPE(B));
     if (rc == TS_OK && s->eng.device != TS_CPU)
         rc = ts_tensor_alloc(&s->xd, TS_F32, s->eng.device, 4,
                              TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));

@@ -222,6 +222,9 @@ void ts_cuda_free(void *p);
 /* Copies bytes between host and device or within a device; kind from the two devices. Blocks. */
 int ts_cuda_memcpy(void *dst, ts_device_t dst_dev, const void *src, ts_device_t src_dev,
                    size_t bytes);
+/* Page-locked host memory (cudaHostAlloc; TS_ENODEV without the backend or a driver). */
+int ts_cuda_host_alloc(void **p, size_t bytes);
+void ts_cuda_host_free(void *p);
 int ts_cuda_is_built(void);
 /* device count, or 0 with the reason written to why */
 int ts_cuda_count(char *why, size_t why_len);

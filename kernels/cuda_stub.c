@@ -38,6 +38,13 @@ int ts_cuda_memcpy(void *dst, ts_device_t dst_dev, const void *src, ts_device_t 
     return TS_ENODEV;
 }
 
+int ts_cuda_host_alloc(void **p, size_t bytes) {
+    if (p)
+        *p = NULL;
+    return TS_ENODEV;
+}
+void ts_cuda_host_free(void *p) {}
+
 int ts_cuda_is_built(void) { return 0; }
 
 int ts_cuda_count(char *why, size_t why_len) {

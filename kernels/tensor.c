@@ -174,10 +174,29 @@ int ts_tensor_alloc(ts_tensor_t *t, ts_dtype_t dtype, ts_device_t device, int nd
     return TS_OK;
 }
 
+int ts_tensor_alloc_pinned(ts_tensor_t *t, ts_dtype_t dtype, int ndim, const int64_t *shape) {
+    if (!t)
+        return TS_EINVAL;
+    memset(t, 0, sizeof *t);
+    size_t bytes;
+    int rc = shape_bytes(dtype, TS_CPU, ndim, shape, &bytes);
+    if (rc)
+        return rc;
+    void *p = NULL;
+    if (ts_cuda_host_alloc(&p, bytes) == TS_OK) {
+        memset(p, 0, bytes);
+        set_meta(t, p, dtype, TS_CPU, ndim, shape, 2);
+        return TS_OK;
+    }
+    return ts_tensor_alloc(t, dtype, TS_CPU, ndim, shape); /* no CUDA here: ordinary memory */
+}
+
 void ts_tensor_free(ts_tensor_t *t) {
     if (!t)
         return;
-    if (t->owns)
+    if (t->owns == 2)
+        ts_cuda_host_free(t->data);
+    else if (t->owns)
         ts_device_free(t->device, t->data);
     memset(t, 0, sizeof *t);
 }

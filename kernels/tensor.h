@@ -36,7 +36,7 @@ typedef struct ts_tensor {
     ts_device_t device;
     int ndim; /* 1..TS_MAX_DIMS */
     int64_t shape[TS_MAX_DIMS];
-    int owns; /* 1: ts_tensor_free releases data */
+    int owns; /* 1: ts_tensor_free releases data; 2: data is page-locked host memory (CUDA) */
 } ts_tensor_t;
 
 /* A shape literal: ts_tensor_alloc(&t, TS_F32, TS_CPU, 2, TS_SHAPE(B, C)). */
@@ -62,6 +62,11 @@ char *ts_tensor_describe(const ts_tensor_t *t, char *buf, size_t len);
  * ts_tensor_free. Returns TS_ERANGE when the byte size overflows or exceeds 2^40. */
 int ts_tensor_alloc(ts_tensor_t *t, ts_dtype_t dtype, ts_device_t device, int ndim,
                     const int64_t *shape);
+/* As ts_tensor_alloc on the CPU, in page-locked ("pinned") memory where the CUDA backend is
+ * built and a driver can give it: copies between it and a GPU run at the bus's full speed (a GPU
+ * engine's staging buffers). Elsewhere ordinary CPU memory, the same to every caller; t->owns says
+ * which (2 pinned, 1 not). Zeroed either way. */
+int ts_tensor_alloc_pinned(ts_tensor_t *t, ts_dtype_t dtype, int ndim, const int64_t *shape);
 /* Releases an owning tensor's data (a view's data is left alone) and clears *t. NULL-safe. */
 void ts_tensor_free(ts_tensor_t *t);
 /* Makes a non-owning view of memory the caller owns and keeps alive. */

@@ -415,6 +415,27 @@ static void test_matmul(void **state) {
                 matmul_case(fx, &r, batched ? 3 : 1, ta, tb);
 }
 
+/* Pinned host memory where a GPU is: page-locked (owns 2), and a round trip through the GPU
+ * gives back every byte. */
+static void test_pinned(void **state) {
+    (void)state;
+    ts_tensor_t h, back, d;
+    TU_CHECK_OK(ts_tensor_alloc_pinned(&h, TS_F32, 1, TS_SHAPE(N_ODD)));
+    TU_CHECK_OK(ts_tensor_alloc_pinned(&back, TS_F32, 1, TS_SHAPE(N_ODD)));
+    assert_int_equal(h.owns, 2);
+    TU_CHECK_OK(ts_tensor_alloc(&d, TS_F32, TS_CUDA, 1, TS_SHAPE(N_ODD)));
+    tu_rng_t r = {21};
+    for (int64_t i = 0; i < N_ODD; i++)
+        ((float *)h.data)[i] = tu_rng_uniform(&r, -1.0f, 1.0f);
+    TU_CHECK_OK(ts_tensor_copy(&d, &h));
+    TU_CHECK_OK(ts_tensor_copy(&back, &d));
+    assert_memory_equal(h.data, back.data, (size_t)N_ODD * sizeof(float));
+    printf("test_cuda_parity: %-40s bit-identical\n", "pinned host -> GPU -> pinned host");
+    ts_tensor_free(&h);
+    ts_tensor_free(&back);
+    ts_tensor_free(&d);
+}
+
 /* ---- bf16 products ----------------------------------------------------------------------- */
 
 /* The bf16 products on the GPU against a naive reference in double on the same operands rounded
@@ -1110,7 +1131,7 @@ int main(void) {
         cmocka_unit_test(test_reductions),  cmocka_unit_test(test_flow_interp),
         cmocka_unit_test(test_optimiser),   cmocka_unit_test(test_rng),
         cmocka_unit_test(test_classification), cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_attention_fused),
+        cmocka_unit_test(test_attention_fused), cmocka_unit_test(test_pinned),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

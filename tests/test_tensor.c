@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/engine.h"
 #include "kernels/tensor.h"
 #include "tests/testutil.h"
 
@@ -124,6 +125,31 @@ static void test_alloc_byte_size_limits(void **state) {
 }
 
 /* ---- views ----------------------------------------------------------------------------- */
+
+/* Pinned host memory: a zeroed, writable CPU tensor either way — page-locked (owns 2) exactly
+ * where a CUDA device can give it, ordinary memory (owns 1) elsewhere — freed by ts_tensor_free;
+ * bad shapes refused as ts_tensor_alloc refuses them. */
+static void test_alloc_pinned(void **state) {
+    (void)state;
+    ts_tensor_t t;
+    assert_int_equal(ts_tensor_alloc_pinned(&t, TS_F32, 2, TS_SHAPE(3, 1000)), TS_OK);
+    assert_int_equal(t.device, TS_CPU);
+    assert_int_equal(t.owns, ts_cuda_device_count(NULL, 0) > 0 ? 2 : 1);
+    float *f = t.data;
+    for (int i = 0; i < 3000; i++) {
+        assert_true(f[i] == 0.0f);
+        f[i] = (float)i;
+    }
+    ts_tensor_t v;
+    assert_int_equal(ts_tensor_slice(&v, &t, 1, 2), TS_OK);
+    assert_int_equal(v.owns, 0);
+    assert_true(((float *)v.data)[0] == 1000.0f);
+    ts_tensor_free(&t);
+    assert_null(t.data);
+    CHECK_FAILS(ts_tensor_alloc_pinned(&t, TS_F32, 2, TS_SHAPE(3, -1)));
+    CHECK_FAILS(ts_tensor_alloc_pinned(&t, (ts_dtype_t)42, 1, TS_SHAPE(4)));
+    CHECK_FAILS(ts_tensor_alloc_pinned(NULL, TS_F32, 1, TS_SHAPE(4)));
+}
 
 static void test_wrap_is_a_view(void **state) {
     (void)state;
@@ -438,6 +464,7 @@ int main(void) {
         cmocka_unit_test(test_alloc_shape_zeroed_aligned),
         cmocka_unit_test(test_alloc_rejects_bad_arguments),
         cmocka_unit_test(test_alloc_byte_size_limits),
+        cmocka_unit_test(test_alloc_pinned),
         cmocka_unit_test(test_wrap_is_a_view),
         cmocka_unit_test(test_slice),
         cmocka_unit_test(test_reshape),

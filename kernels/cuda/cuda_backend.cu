@@ -219,6 +219,26 @@ int ts_cuda_memcpy(void *dst, ts_device_t dst_dev, const void *src, ts_device_t 
     return TS_OK;
 }
 
+int ts_cuda_host_alloc(void **p, size_t bytes) {
+    if (!p)
+        return TS_EINVAL;
+    *p = NULL;
+    if (bytes == 0)
+        return TS_ERANGE;
+    /* without a device the driver gives none: the caller falls back to ordinary memory */
+    if (cudaHostAlloc(p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        *p = NULL;
+        return TS_ENODEV;
+    }
+    return TS_OK;
+}
+
+void ts_cuda_host_free(void *p) {
+    if (p)
+        cudaFreeHost(p);
+}
+
 int ts_cuda_is_built(void) { return 1; }
 
 int ts_cuda_count(char *why, size_t why_len) {
