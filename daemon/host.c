@@ -489,6 +489,9 @@ void ts_host_metrics(ts_host_t *h) {
             ts_metrics_gauge_set(m, TS_M_DEVICE_MEMORY, "total", (double)total);
             ts_metrics_gauge_set(m, TS_M_DEVICE_MEMORY, "used", (double)used);
         }
+        double util = 0.0;
+        if (h->serve && ts_serve_utilization(h->serve, &util) == TS_OK)
+            ts_metrics_gauge_set(m, TS_M_DEVICE_UTILIZATION, NULL, util);
     }
     if (h->job) {
         ts_train_progress_t p;

@@ -837,3 +837,7 @@ void ts_serve_device(const ts_serve_t *s, char *buf, size_t len, char *note, siz
 int ts_serve_memory(const ts_serve_t *s, size_t *total, size_t *used) {
     return s ? ts_engine_memory(&s->eng, total, used) : TS_EINVAL;
 }
+
+int ts_serve_utilization(const ts_serve_t *s, double *ratio) {
+    return s ? ts_engine_utilization(&s->eng, ratio) : TS_EINVAL;
+}

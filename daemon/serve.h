@@ -146,6 +146,8 @@ void ts_serve_load(ts_serve_t *s, ts_serve_load_t *out);
 void ts_serve_device(const ts_serve_t *s, char *buf, size_t len, char *note, size_t note_len);
 /* The server's GPU memory, total and used (ts_engine_memory); TS_ENODEV on the CPU. */
 int ts_serve_memory(const ts_serve_t *s, size_t *total, size_t *used);
+/* The server's GPU utilisation (ts_engine_utilization); TS_ENODEV on the CPU. */
+int ts_serve_utilization(const ts_serve_t *s, double *ratio);
 void ts_serve_stats(ts_serve_t *s, ts_serve_stats_t *out);
 
 #ifdef __cplusplus

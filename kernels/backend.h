@@ -87,8 +87,8 @@ extern "C" {
     /* out, inp (rows, C); mean, rstd (rows), each may be NULL */                                  \
     X(layernorm_forward, float *out, float *mean, float *rstd, const float *inp, int64_t rows,     \
       int64_t C)                                                                                   \
-    /* layernorm_forward into ln, then modulate_forward of ln into out (the CPU in one pass over   \
-     * each row); ln, out (B, T, C); mean, rstd (B·T) nullable; mod (B, M·C) */                    \
+    /* layernorm_forward into ln, then modulate_forward of ln into out (both backends in one pass  \
+     * over each row); ln, out (B, T, C); mean, rstd (B·T) nullable; mod (B, M·C) */               \
     X(layernorm_modulate_forward, float *ln, float *mean, float *rstd, float *out,                 \
       const float *inp, const float *mod, int64_t B, int64_t T, int64_t C, int64_t M,              \
       int shift_idx, int scale_idx)                                                                \
@@ -230,6 +230,9 @@ int ts_cuda_is_built(void);
 int ts_cuda_count(char *why, size_t why_len);
 /* Device gpu's name and memory in bytes (total, and free now); TS_ENODEV when there is none. */
 int ts_cuda_info(int gpu, char *name, size_t name_len, size_t *total, size_t *free_now);
+/* The fraction of the last sample period (NVML: 1/6 s to 1 s) in which a kernel ran on device
+ * gpu, in [0, 1]; TS_ENOTSUP where NVML (the driver's libnvidia-ml.so.1) is not there. */
+int ts_cuda_utilization(int gpu, double *ratio);
 /* TS_OK when the bf16 products can run on e's GPU (compute capability 8.0 or newer: bf16
  * tensor cores, which cuBLAS needs for CUDA_R_16BF); TS_ENOTSUP otherwise, with the reason in
  * why (may be NULL). */

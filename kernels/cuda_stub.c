@@ -70,3 +70,9 @@ int ts_cuda_bf16_check(ts_engine_t *e, char *why, size_t why_len) {
         snprintf(why, why_len, "%s", "CUDA backend not built");
     return TS_ENODEV;
 }
+
+int ts_cuda_utilization(int gpu, double *ratio) {
+    if (ratio)
+        *ratio = 0.0;
+    return TS_ENODEV;
+}

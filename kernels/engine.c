@@ -119,6 +119,15 @@ int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used) {
     return TS_OK;
 }
 
+int ts_engine_utilization(const ts_engine_t *e, double *ratio) {
+    if (!e || !ratio)
+        return TS_EINVAL;
+    *ratio = 0.0;
+    if (e->device != TS_CUDA)
+        return TS_ENODEV;
+    return ts_cuda_utilization(e->gpu, ratio);
+}
+
 int ts_engine_init_spec(ts_engine_t *e, const ts_device_spec_t *spec, int threads, char *note,
                         size_t note_len) {
     if (!e || !spec)

@@ -80,6 +80,10 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
 /* Device memory of a CUDA engine in bytes: total and used now (by every process). TS_ENODEV for a
  * CPU engine. */
 int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used);
+/* A CUDA engine's GPU utilisation: the fraction of the last sample period in which a kernel ran
+ * (NVML's reading, by every process), in [0, 1]. TS_ENODEV for a CPU engine, TS_ENOTSUP where the
+ * driver's NVML library is missing. */
+int ts_engine_utilization(const ts_engine_t *e, double *ratio);
 
 /* The precision of a model's matrix products (`--precision`, tesserad's `[compute] precision`).
  * TS_PREC_F32: everything fp32, the default. TS_PREC_BF16: the linear layers' weights held in

@@ -147,8 +147,10 @@ int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
  * saved for the backward (NULL at inference). Not bit-identical to the composed op (another
  * order of summation; within 1e-5 relative), but a row's result does not depend on the batch
  * or the thread count. On a CUDA engine (kernels/cuda/cuda_attention.cu): fp32, heads at most
- * TS_CUDA_FUSED_HD_MAX wide (TS_ENOTSUP beyond; the composed op has no limit). */
+ * TS_CUDA_FUSED_HD_MAX wide (TS_ENOTSUP beyond; the composed op has no limit), batches of at
+ * most TS_CUDA_FUSED_MAX_BATCH (TS_ERANGE). */
 #define TS_CUDA_FUSED_HD_MAX 128
+#define TS_CUDA_FUSED_MAX_BATCH 65535 /* the samples are the grid's third dimension */
 int ts_attention_fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
                                const ts_tensor_t *qkv, int heads);
 /* As ts_attention_fused_forward with both products in bf16 (q, k, v and the unnormalised softmax

@@ -470,7 +470,8 @@ int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
     if (a == TS_ATTN_FUSED &&
         ((m->precision == TS_PREC_BF16 && ts_attention_fused_bf16_check(m->eng) != TS_OK) ||
          (m->eng->device == TS_CUDA &&
-          m->cfg.hidden_size / m->cfg.num_heads > TS_CUDA_FUSED_HD_MAX)))
+          (m->cfg.hidden_size / m->cfg.num_heads > TS_CUDA_FUSED_HD_MAX ||
+           m->max_batch > TS_CUDA_FUSED_MAX_BATCH))))
         return TS_ENOTSUP;
     if (a == m->attn)
         return TS_OK;
@@ -479,7 +480,10 @@ int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
     int rc = measure_acts(m, a, &peak);
     if (rc == TS_OK)
         rc = ts_arena_init(&fresh, m->eng->device, peak);
-    if (rc != TS_OK) { /* the views onto the arena m keeps */
+    if (rc != TS_OK) { /* the views onto the arena m keeps: measuring pointed them nowhere, and
+                        * the plan is deterministic, so laid out again from the arena's start
+                        * they are the same bytes */
+        ts_arena_reset(&m->arena, 0);
         TS_TRY(plan_acts(m, &m->arena, m->attn));
         return rc;
     }

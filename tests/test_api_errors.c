@@ -447,6 +447,14 @@ static void test_device_specs(void **state) {
         assert_int_equal(mrc, TS_OK);
         assert_true(total > 0 && used <= total);
     }
+    double util = -1.0;
+    int urc = ts_engine_utilization(&e, &util);
+    if (e.device == TS_CPU)
+        assert_int_equal(urc, TS_ENODEV);
+    else /* NVML comes with the driver; a machine without it answers TS_ENOTSUP */
+        assert_true(urc == TS_OK || urc == TS_ENOTSUP);
+    assert_true(util >= 0.0 && util <= 1.0);
+    assert_int_equal(ts_engine_utilization(NULL, &util), TS_EINVAL);
     ts_engine_free(&e);
     TU_CHECK_RC(ts_engine_init_spec(&e, &cpu, 2, note, sizeof note), TS_OK);
     assert_string_equal(note, "cpu, 2 threads");

@@ -627,12 +627,41 @@ static void layernorm_case(fixture_t *fx, tu_rng_t *r, int64_t rows, int64_t C) 
     pair_free(&dinp);
 }
 
+/* LayerNorm and modulate in one op (one kernel on the GPU), every output. */
+static void layernorm_modulate_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t T, int64_t C) {
+    char what[96];
+    pair_t x, mod, ln, out, mean, rstd;
+    pair_rand(&x, r, -2.0f, 2.0f, 3, TS_SHAPE(B, T, C));
+    pair_rand(&mod, r, -1.0f, 1.0f, 2, TS_SHAPE(B, 6 * C));
+    pair_zeros(&ln, 3, TS_SHAPE(B, T, C));
+    pair_zeros(&out, 3, TS_SHAPE(B, T, C));
+    pair_zeros(&mean, 1, TS_SHAPE(B * T));
+    pair_zeros(&rstd, 1, TS_SHAPE(B * T));
+    BOTH(ts_layernorm_modulate_forward(E, ON(ln), ON(mean), ON(rstd), ON(out), ON(x), ON(mod), 3,
+                                       4));
+    const char *names[] = {"ln", "out", "mean", "rstd"};
+    const pair_t *got[] = {&ln, &out, &mean, &rstd};
+    for (int i = 0; i < 4; i++) {
+        snprintf(what, sizeof what, "layernorm_modulate (%lld,%lld,%lld) %s", (long long)B,
+                 (long long)T, (long long)C, names[i]);
+        expect_close(fx, what, got[i]);
+    }
+    pair_free(&x);
+    pair_free(&mod);
+    pair_free(&ln);
+    pair_free(&out);
+    pair_free(&mean);
+    pair_free(&rstd);
+}
+
 static void test_layernorm(void **state) {
     fixture_t *fx = *state;
     tu_rng_t r = {6};
     layernorm_case(fx, &r, B_ * T_, C_);
     layernorm_case(fx, &r, 37, 1000); /* wider than a block, not a multiple of 32 */
     layernorm_case(fx, &r, 5, 3);     /* narrower than a warp */
+    layernorm_modulate_case(fx, &r, B_, T_, C_);
+    layernorm_modulate_case(fx, &r, 3, 5, 1000);
 }
 
 static void test_activations(void **state) {

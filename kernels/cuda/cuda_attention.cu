@@ -187,7 +187,7 @@ static int attn_grid(int64_t B, int64_t T, int64_t C, int64_t H, dim3 *grid, int
     *hd = (int)(C / H);
     if (*hd > TS_ATTN_HD_MAX)
         return TS_ENOTSUP; /* the composed attention has no such limit */
-    if (B > 65535 || H > 65535 || T > INT32_MAX / 2 || 3 * C > INT32_MAX)
+    if (B > TS_CUDA_FUSED_MAX_BATCH || H > 65535 || T > INT32_MAX / 2 || 3 * C > INT32_MAX)
         return TS_ERANGE;
     *grid = dim3((unsigned)((T + TS_ATTN_TILE - 1) / TS_ATTN_TILE), (unsigned)H, (unsigned)B);
     return TS_OK;

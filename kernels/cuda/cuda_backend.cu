@@ -20,6 +20,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <dlfcn.h>
+#include <pthread.h>
+
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -241,6 +244,54 @@ void ts_cuda_host_free(void *p) {
 
 int ts_cuda_is_built(void) { return 1; }
 
+/* ---- utilisation (NVML, opened at run time) ----------------------------------------------- */
+
+/* NVML comes with the driver (libnvidia-ml.so.1), not with the toolkit: it is opened when first
+ * asked for, so a build or a machine without it loses only this reading. The few entry points
+ * used are declared here with NVML's documented signatures (nvml.h is not needed to build). */
+typedef int (*nvml_init_fn)(void);
+typedef int (*nvml_by_pci_fn)(const char *, void **);
+typedef int (*nvml_util_fn)(void *, unsigned int *);
+
+static struct {
+    pthread_once_t once;
+    int ok;
+    nvml_by_pci_fn by_pci;
+    nvml_util_fn util;
+} g_nvml = {PTHREAD_ONCE_INIT, 0, NULL, NULL};
+
+static void nvml_open(void) {
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return;
+    nvml_init_fn init = (nvml_init_fn)dlsym(h, "nvmlInit_v2");
+    g_nvml.by_pci = (nvml_by_pci_fn)dlsym(h, "nvmlDeviceGetHandleByPciBusId_v2");
+    /* nvmlUtilization_t is {unsigned gpu, memory}: read into two unsigned ints */
+    g_nvml.util = (nvml_util_fn)dlsym(h, "nvmlDeviceGetUtilizationRates");
+    g_nvml.ok = init && g_nvml.by_pci && g_nvml.util && init() == 0; /* NVML_SUCCESS */
+}
+
+int ts_cuda_utilization(int gpu, double *ratio) {
+    if (!ratio)
+        return TS_EINVAL;
+    *ratio = 0.0;
+    pthread_once(&g_nvml.once, nvml_open);
+    if (!g_nvml.ok)
+        return TS_ENOTSUP;
+    /* NVML numbers devices its own way: find this CUDA ordinal by its PCI bus id */
+    char bus[32];
+    if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, gpu) != cudaSuccess) {
+        cudaGetLastError();
+        return TS_ENODEV;
+    }
+    void *dev = NULL;
+    unsigned int rates[2] = {0, 0};
+    if (g_nvml.by_pci(bus, &dev) != 0 || g_nvml.util(dev, rates) != 0)
+        return TS_ECUDA;
+    *ratio = rates[0] / 100.0; /* percent of the last sample period a kernel ran */
+    return TS_OK;
+}
+
 int ts_cuda_count(char *why, size_t why_len) {
     int count = 0;
     cudaError_t rc = cudaGetDeviceCount(&count);
@@ -403,6 +454,9 @@ static int bf16_room(ts_engine_t *e, int64_t n, uint16_t **out) {
     return TS_OK;
 }
 
+/* n bf16 elements rounded up to a 128-byte boundary. */
+static int64_t aligned_elems(int64_t n) { return (n + 63) / 64 * 64; }
+
 /* Elements spanned by a strided batch of (rows, cols) matrices with row stride ld. */
 static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
     return (batch - 1) * stride + (rows - 1) * ld + cols;
@@ -453,15 +507,16 @@ int ts_cuda_gemm_bf16(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64
     int64_t sa = batch > 1 ? stride_a : 0, sb = batch > 1 ? stride_b : 0;
     int64_t na = span(trans_a ? K : M, trans_a ? M : K, lda, sa, batch);
     int64_t nb = span(trans_b ? N : K, trans_b ? K : N, ldb, sb, batch);
+    int64_t ob = aligned_elems(na); /* B's operand starts 128-byte aligned, as cuBLAS prefers */
     uint16_t *buf;
-    int err = bf16_room(e, na + nb, &buf);
+    int err = bf16_room(e, ob + nb, &buf);
     if (!err)
         err = ts_cuda_convert(e, buf, TS_BF16, A, TS_F32, na);
     if (!err)
-        err = ts_cuda_convert(e, buf + na, TS_BF16, B, TS_F32, nb);
+        err = ts_cuda_convert(e, buf + ob, TS_BF16, B, TS_F32, nb);
     if (err)
         return err;
-    return gemm_ex(e, trans_a, trans_b, M, N, K, alpha, buf, lda, sa, buf + na, ldb, sb, beta, C,
+    return gemm_ex(e, trans_a, trans_b, M, N, K, alpha, buf, lda, sa, buf + ob, ldb, sb, beta, C,
                    ldc, stride_c, batch);
 }
 
@@ -490,13 +545,14 @@ int ts_cuda_linear_backward_bf16(ts_engine_t *e, float *dinp, float *dweight, co
     if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
         return TS_OK;
     uint16_t *buf;
-    int err = bf16_room(e, M * N + (dweight ? M * K : 0), &buf);
+    int64_t oi = aligned_elems(M * N);
+    int err = bf16_room(e, oi + (dweight ? M * K : 0), &buf);
     if (!err)
         err = ts_cuda_convert(e, buf, TS_BF16, dout, TS_F32, M * N);
     if (!err && dinp)
         err = gemm_ex(e, 0, 0, M, K, N, 1.0f, buf, N, 0, weight, K, 0, 1.0f, dinp, K, 0, 1);
     if (!err && dweight) {
-        uint16_t *in16 = buf + M * N;
+        uint16_t *in16 = buf + oi;
         err = ts_cuda_convert(e, in16, TS_BF16, inp, TS_F32, M * K);
         if (!err)
             err = gemm_ex(e, 1, 0, N, K, M, 1.0f, buf, N, 0, in16, K, 0, 1.0f, dweight, K, 0, 1);

@@ -632,13 +632,41 @@ int ts_cuda_modulate_forward(ts_engine_t *e, float *out, const float *x, const f
 }
 
 /* Two kernels here; the CPU modulates each row in the LayerNorm's pass. The same bits. */
+/* LayerNorm then modulate in one pass over each row (one kernel, one read of the row): ln is
+ * written for the backward, out = ln·(1 + scale) + shift of the row's sample. The same formulas,
+ * so the same bits, as layernorm_forward followed by modulate_forward. */
+static __global__ void k_layernorm_modulate_forward(float *ln, float *mean, float *rstd,
+                                                    float *out, const float *inp,
+                                                    const float *mod, int64_t rows, int64_t T,
+                                                    int64_t C, int64_t M, int shift_idx,
+                                                    int scale_idx) {
+    __shared__ float sh[32];
+    TS_ROW_LOOP(r, rows) {
+        const float *x = inp + r * C;
+        const float *shift = mod_chunk(mod, r / T, M, C, shift_idx);
+        const float *scale = mod_chunk(mod, r / T, M, C, scale_idx);
+        float m, rs;
+        row_stats(x, C, sh, &m, &rs);
+        TS_COL_LOOP(i, C) {
+            float v = (x[i] - m) * rs;
+            ln[r * C + i] = v;
+            out[r * C + i] = ts_modulate(v, shift[i], scale[i]);
+        }
+        if (threadIdx.x == 0) {
+            if (mean)
+                mean[r] = m;
+            if (rstd)
+                rstd[r] = rs;
+        }
+    }
+}
+
 int ts_cuda_layernorm_modulate_forward(ts_engine_t *e, float *ln, float *mean, float *rstd,
                                        float *out, const float *inp, const float *mod, int64_t B,
                                        int64_t T, int64_t C, int64_t M, int shift_idx,
                                        int scale_idx) {
-    int err = ts_cuda_layernorm_forward(e, ln, mean, rstd, inp, B * T, C);
-    return err ? err
-               : ts_cuda_modulate_forward(e, out, ln, mod, B, T, C, M, shift_idx, scale_idx);
+    return launch_rows(e, B * T, C, k_layernorm_modulate_forward, ln, mean, rstd, out, inp, mod,
+                       B * T, T, C, M, shift_idx, scale_idx);
 }
 
 int ts_cuda_modulate_backward(ts_engine_t *e, float *dx, float *dmod, const float *dout,
