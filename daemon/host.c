@@ -127,10 +127,12 @@ static int load_moved(const ts_serve_load_t *a, const ts_serve_load_t *b) {
 }
 
 /* The server's observers: the metrics' histograms, from the compute thread. */
-static void observe_batch(void *ctx, int rows, uint64_t compute_us) {
+static void observe_batch(void *ctx, int rows, uint64_t compute_us, uint64_t device_us) {
     ts_metrics_t *m = ctx;
     ts_metrics_observe(m, TS_M_BATCH_SIZE, NULL, rows);
     ts_metrics_observe(m, TS_M_COMPUTE_SECONDS, NULL, (double)compute_us / 1e6);
+    if (device_us > 0)
+        ts_metrics_observe(m, TS_M_DEVICE_SECONDS, NULL, (double)device_us / 1e6);
 }
 
 static void observe_queue_wait(void *ctx, uint64_t queue_us) {

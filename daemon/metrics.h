@@ -149,6 +149,7 @@ typedef enum {
     TS_M_RELAY_DATAGRAMS,      /* tessera_relay_datagrams_total{outcome}: forwarded, dropped */
     TS_M_OUT_OF_MEMORY,        /* tessera_serve_out_of_memory_total{action}: split, refused */
     TS_M_DEVICE_UTILIZATION,   /* tessera_device_utilization_ratio: a GPU server's busy share */
+    TS_M_DEVICE_SECONDS,       /* tessera_device_seconds: a batch's device time (CUDA events) */
     TS_M_COUNT
 } ts_metric_id_t;
 

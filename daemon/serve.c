@@ -74,6 +74,7 @@ struct ts_serve {
      * the GPU xd, td: one copy up and one down per batch. A CPU engine reads xx and tt itself
      * and its output is host memory: no vv, xd, td. */
     ts_tensor_t xx, tt, vv, xd, td;
+    ts_engine_mark_t mark[2]; /* a batch's device time (CUDA events on a GPU), compute thread's */
     int32_t *yy; /* (max_batch) labels */
     pthread_t thread;
     /* shared, under mu */
@@ -252,10 +253,11 @@ static int forward_batch(ts_serve_t *s, int rows, ts_tensor_t *out) {
  * conditional rows, guided on the device as ts_dit_velocity does it (v = s·v(y), then
  * v += (1 − s)·v(∅)); on a GPU the batch's rows come down in one copy into pinned memory, and
  * each answer is taken from there (converted to the request's dtype on the host). */
-static int run_batch(ts_serve_t *s, ts_list_t *batch, int rows) {
+static int run_batch(ts_serve_t *s, ts_list_t *batch, int rows, double *device_s) {
     ts_engine_t *e = &s->eng, *host = e->device == TS_CPU ? e : &s->host;
     TS_TRY(stage_batch(s, batch));
     ts_tensor_t out;
+    TS_TRY(ts_engine_mark(e, &s->mark[0])); /* the device's time: upload, forward, guidance */
     TS_TRY(forward_batch(s, rows, &out));
     int64_t r = 0;
     TS_LIST_FOREACH(it, batch) {
@@ -269,11 +271,13 @@ static int run_batch(ts_serve_t *s, ts_list_t *batch, int rows) {
         }
         r += j->rows;
     }
+    TS_TRY(ts_engine_mark(e, &s->mark[1]));
     ts_tensor_t down = out; /* the CPU engine's output is host memory already */
     if (e->device != TS_CPU) {
         TS_TRY(ts_tensor_slice(&down, &s->vv, 0, rows));
         TS_TRY(ts_tensor_copy(&down, &out));
     }
+    TS_TRY(ts_engine_marks_elapsed(e, &s->mark[0], &s->mark[1], device_s)); /* done: no wait */
     r = 0;
     TS_LIST_FOREACH(it, batch) {
         job_t *j = job_at(it);
@@ -295,7 +299,7 @@ static int hist_bucket(int rows) {
 
 /* With mu held: the batch's jobs to done with their outcome and timings, and the counters. */
 static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint64_t t0,
-                         uint64_t t1) {
+                         uint64_t t1, double device_s) {
     uint64_t compute_us = (t1 - t0) / 1000u;
     while (!ts_list_empty(batch)) {
         job_t *j = job_at(batch->next);
@@ -315,7 +319,8 @@ static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint
         ts_list_push(&s->done, &j->node);
     }
     if (s->o.on_batch)
-        s->o.on_batch(s->o.observe_ctx, rows, compute_us);
+        s->o.on_batch(s->o.observe_ctx, rows, compute_us,
+                      rc == TS_OK ? (uint64_t)(device_s * 1e6) : 0);
     s->st.batches++;
     s->st.rows += (uint64_t)rows;
     s->st.batch_hist[hist_bucket(rows)]++;
@@ -329,10 +334,10 @@ static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint
 
 /* The forward pass of a batch; TS_ENOMEM when the device has no memory for it (or, in tests,
  * when it has more rows than o.fault_nomem_rows). */
-static int run_batch_checked(ts_serve_t *s, ts_list_t *batch, int rows) {
+static int run_batch_checked(ts_serve_t *s, ts_list_t *batch, int rows, double *device_s) {
     if (s->o.fault_nomem_rows > 0 && rows > s->o.fault_nomem_rows)
         return TS_ENOMEM;
-    return run_batch(s, batch, rows);
+    return run_batch(s, batch, rows, device_s);
 }
 
 /* With mu held, after a batch of rows ran out of memory: the cap halves, and a batch of several
@@ -374,7 +379,8 @@ static void *compute_main(void *arg) {
         if (rows > 0) {
             pthread_mutex_unlock(&s->mu);
             uint64_t t0 = uv_hrtime();
-            int rc = run_batch_checked(s, &batch, rows);
+            double device_s = 0.0;
+            int rc = run_batch_checked(s, &batch, rows, &device_s);
             uint64_t t1 = uv_hrtime();
             pthread_mutex_lock(&s->mu);
             if (rc == TS_ENOMEM && split_after_nomem(s, &batch, rows))
@@ -385,7 +391,7 @@ static void *compute_main(void *arg) {
                 s->st.rows_cap = (uint32_t)s->rows_cap;
                 s->cap_ok = 0;
             }
-            finish_batch(s, &batch, rows, rc, t0, t1);
+            finish_batch(s, &batch, rows, rc, t0, t1, device_s);
         }
         if (!ts_list_empty(&s->done))
             uv_async_send(&s->async);
@@ -701,6 +707,8 @@ static void release(ts_serve_t *s) {
     ts_tensor_free(&s->tt);
     ts_tensor_free(&s->xd);
     ts_tensor_free(&s->td);
+    ts_engine_mark_free(&s->mark[0]);
+    ts_engine_mark_free(&s->mark[1]);
     free(s->yy);
     ts_dit_free(&s->model);
     if (s->eng_ok)

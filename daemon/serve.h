@@ -73,9 +73,11 @@ typedef struct ts_serve_opts {
      * cannot run it falls back to f32, and the device note (ts_serve_device) says why. */
     ts_precision_t precision;
     /* Optional observers, called on the compute thread after each batch (they must be thread-safe
-     * and quick: a metrics registry's updates): the batch's rows and compute time, and each of
-     * its requests' time in the queue. */
-    void (*on_batch)(void *ctx, int rows, uint64_t compute_us);
+     * and quick: a metrics registry's updates): the batch's rows, compute time (wall, staging
+     * and copies included) and device time (upload, forward and guidance: on a GPU the CUDA
+     * events' time, the kernels alone; 0 for a failed batch), and each of its requests' time in
+     * the queue. */
+    void (*on_batch)(void *ctx, int rows, uint64_t compute_us, uint64_t device_us);
     void (*on_queue_wait)(void *ctx, uint64_t queue_us);
     void *observe_ctx;
     /* Tests: a batch of more rows than this fails as out of device memory (0: never), so that

@@ -230,6 +230,11 @@ int ts_cuda_is_built(void);
 int ts_cuda_count(char *why, size_t why_len);
 /* Device gpu's name and memory in bytes (total, and free now); TS_ENODEV when there is none. */
 int ts_cuda_info(int gpu, char *name, size_t name_len, size_t *total, size_t *free_now);
+/* Events on e's stream: *ev is made on the first record (timing enabled) and recorded each
+ * call; elapsed waits for b and gives the seconds from a to b; free destroys one. */
+int ts_cuda_event_record(ts_engine_t *e, void **ev);
+int ts_cuda_event_elapsed(ts_engine_t *e, void *a, void *b, double *seconds);
+void ts_cuda_event_free(void *ev);
 /* The fraction of the last sample period (NVML: 1/6 s to 1 s) in which a kernel ran on device
  * gpu, in [0, 1]; TS_ENOTSUP where NVML (the driver's libnvidia-ml.so.1) is not there. */
 int ts_cuda_utilization(int gpu, double *ratio);

@@ -76,3 +76,11 @@ int ts_cuda_utilization(int gpu, double *ratio) {
         *ratio = 0.0;
     return TS_ENODEV;
 }
+
+int ts_cuda_event_record(ts_engine_t *e, void **ev) { return TS_ENODEV; }
+int ts_cuda_event_elapsed(ts_engine_t *e, void *a, void *b, double *seconds) {
+    if (seconds)
+        *seconds = 0.0;
+    return TS_ENODEV;
+}
+void ts_cuda_event_free(void *ev) {}

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
+
 #include "kernels/backend.h"
 
 int ts_engine_init(ts_engine_t *e, const ts_engine_opts_t *opts) {
@@ -117,6 +119,39 @@ int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used) {
     *total = t;
     *used = t - (f < t ? f : t);
     return TS_OK;
+}
+
+int ts_engine_mark(ts_engine_t *e, ts_engine_mark_t *m) {
+    if (!e || !m)
+        return TS_EINVAL;
+    if (e->device == TS_CUDA)
+        return e->cuda ? ts_cuda_event_record(e, &m->event) : TS_ENODEV;
+    if (!e->pool)
+        return TS_EINVAL;
+    m->t = ts_now_s();
+    return TS_OK;
+}
+
+int ts_engine_marks_elapsed(ts_engine_t *e, const ts_engine_mark_t *a, const ts_engine_mark_t *b,
+                            double *seconds) {
+    if (!e || !a || !b || !seconds)
+        return TS_EINVAL;
+    *seconds = 0.0;
+    if (e->device == TS_CUDA)
+        return a->event && b->event ? ts_cuda_event_elapsed(e, a->event, b->event, seconds)
+                                    : TS_EINVAL;
+    if (b->t < a->t)
+        return TS_EINVAL;
+    *seconds = b->t - a->t;
+    return TS_OK;
+}
+
+void ts_engine_mark_free(ts_engine_mark_t *m) {
+    if (!m)
+        return;
+    if (m->event)
+        ts_cuda_event_free(m->event);
+    memset(m, 0, sizeof *m);
 }
 
 int ts_engine_utilization(const ts_engine_t *e, double *ratio) {

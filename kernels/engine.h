@@ -80,6 +80,21 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
 /* Device memory of a CUDA engine in bytes: total and used now (by every process). TS_ENODEV for a
  * CPU engine. */
 int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used);
+/* Device time. A mark records how far the engine's queued work has got: on a GPU an event on
+ * the engine's stream (no waiting), on the CPU — whose ops are done when they return — the
+ * clock. ts_engine_marks_elapsed waits for the later mark and gives the seconds between two:
+ * on a GPU the device's own time for the kernels queued between them, without the host's share.
+ * A mark starts zeroed (= {0}) and is reused from call to call; free it with
+ * ts_engine_mark_free (on the engine's device, before the engine). */
+typedef struct ts_engine_mark {
+    double t;    /* the CPU's clock, seconds (base/clock.h) */
+    void *event; /* a GPU's event, made on the first mark */
+} ts_engine_mark_t;
+int ts_engine_mark(ts_engine_t *e, ts_engine_mark_t *m);
+int ts_engine_marks_elapsed(ts_engine_t *e, const ts_engine_mark_t *a, const ts_engine_mark_t *b,
+                            double *seconds);
+void ts_engine_mark_free(ts_engine_mark_t *m);
+
 /* A CUDA engine's GPU utilisation: the fraction of the last sample period in which a kernel ran
  * (NVML's reading, by every process), in [0, 1]. TS_ENODEV for a CPU engine, TS_ENOTSUP where the
  * driver's NVML library is missing. */

@@ -455,6 +455,21 @@ static void test_device_specs(void **state) {
         assert_true(urc == TS_OK || urc == TS_ENOTSUP);
     assert_true(util >= 0.0 && util <= 1.0);
     assert_int_equal(ts_engine_utilization(NULL, &util), TS_EINVAL);
+    /* marks: the device's time between two points, never negative; bad arguments refused */
+    ts_engine_mark_t a = {0}, b = {0};
+    double secs = -1.0;
+    assert_int_equal(ts_engine_mark(&e, &a), TS_OK);
+    assert_int_equal(ts_engine_mark(&e, &b), TS_OK);
+    assert_int_equal(ts_engine_marks_elapsed(&e, &a, &b, &secs), TS_OK);
+    assert_true(secs >= 0.0 && secs < 10.0);
+    if (e.device == TS_CPU && b.t > a.t) /* the later mark first: an error, not a negative time */
+        assert_int_equal(ts_engine_marks_elapsed(&e, &b, &a, &secs), TS_EINVAL);
+    assert_int_equal(ts_engine_mark(NULL, &a), TS_EINVAL);
+    assert_int_equal(ts_engine_mark(&e, NULL), TS_EINVAL);
+    assert_int_equal(ts_engine_marks_elapsed(&e, &a, NULL, &secs), TS_EINVAL);
+    ts_engine_mark_free(&a);
+    ts_engine_mark_free(&b);
+    ts_engine_mark_free(NULL);
     ts_engine_free(&e);
     TU_CHECK_RC(ts_engine_init_spec(&e, &cpu, 2, note, sizeof note), TS_OK);
     assert_string_equal(note, "cpu, 2 threads");

@@ -24,6 +24,7 @@
 
 #include <math.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -420,9 +421,25 @@ static void plain_and_guided(tu_rng_t *rng, req_t *plain, req_t *guided, got_t *
     wait_answer(g2);
 }
 
+/* The batch observer: how many batches, and any whose device time was 0 or over its compute
+ * time (on the CPU both are wall time, the device's the inner span). */
+static _Atomic int obs_batches, obs_bad;
+static void observe(void *ctx, int rows, uint64_t compute_us, uint64_t device_us) {
+    (void)ctx;
+    atomic_fetch_add(&obs_batches, 1);
+    if (rows < 1 || device_us == 0 || device_us > compute_us)
+        atomic_fetch_add(&obs_bad, 1);
+}
+
 static void test_answers_equal_local(void **state) {
     (void)state;
-    serve_with(MAXB, 1, 64);
+    ts_serve_opts_t o;
+    ts_serve_opts_default(&o);
+    o.max_batch = MAXB, o.max_wait_ms = 1, o.max_queue = 64, o.compute_threads = 2;
+    o.on_batch = observe;
+    atomic_store(&obs_batches, 0);
+    atomic_store(&obs_bad, 0);
+    serve_start(&o);
     tu_rng_t rng = {17};
     static req_t plain, guided, f16;
     got_t g1 = {0}, g2 = {0};
@@ -461,6 +478,9 @@ static void test_answers_equal_local(void **state) {
     assert_int_equal(st.requests, 3);
     assert_int_equal(st.answered[TS_SERVE_OK], 3);
     serve_stop();
+    /* every batch reported its device time, inside its compute time */
+    assert_true(atomic_load(&obs_batches) >= 2);
+    assert_int_equal(atomic_load(&obs_bad), 0);
 }
 
 /* [compute] precision = bf16: the served answers equal the local bf16 forward bit for bit (so

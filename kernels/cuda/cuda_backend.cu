@@ -244,6 +244,49 @@ void ts_cuda_host_free(void *p) {
 
 int ts_cuda_is_built(void) { return 1; }
 
+/* ---- events: the device's own time ---------------------------------------------------------- */
+
+int ts_cuda_event_record(ts_engine_t *e, void **ev) {
+    if (!ev)
+        return TS_EINVAL;
+    cudaStream_t stream;
+    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+    if (err)
+        return err;
+    if (!*ev) {
+        cudaEvent_t made;
+        if (cudaEventCreate(&made) != cudaSuccess) {
+            cudaGetLastError();
+            return TS_ECUDA;
+        }
+        *ev = (void *)made;
+    }
+    return cudaEventRecord((cudaEvent_t)*ev, stream) == cudaSuccess ? TS_OK : TS_ECUDA;
+}
+
+int ts_cuda_event_elapsed(ts_engine_t *e, void *a, void *b, double *seconds) {
+    if (!a || !b || !seconds)
+        return TS_EINVAL;
+    *seconds = 0.0;
+    cudaStream_t stream;
+    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+    if (err)
+        return err;
+    float ms = 0.0f;
+    if (cudaEventSynchronize((cudaEvent_t)b) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b) != cudaSuccess) {
+        cudaGetLastError();
+        return TS_ECUDA;
+    }
+    *seconds = ms / 1e3;
+    return TS_OK;
+}
+
+void ts_cuda_event_free(void *ev) {
+    if (ev)
+        cudaEventDestroy((cudaEvent_t)ev);
+}
+
 /* ---- utilisation (NVML, opened at run time) ----------------------------------------------- */
 
 /* NVML comes with the driver (libnvidia-ml.so.1), not with the toolkit: it is opened when first
