@@ -231,8 +231,11 @@ static void on_train(uv_async_t *a) {
     ts_train_job_progress(h->job, &p);
     if (p.ckpt_step != h->seen_ckpt && p.ckpt_step >= 0) {
         h->seen_ckpt = p.ckpt_step;
-        ts_log_info("train", "step %lld/%lld, loss %.4f, %.0f samples/s: checkpoint in the store",
-                    (long long)p.step, (long long)p.steps, (double)p.loss_avg, p.samples_per_s);
+        ts_log_info("train",
+                    "step %lld/%lld, loss %.4f, %.0f samples/s (a step %.1f ms, %.1f ms of it on "
+                    "the device): checkpoint in the store",
+                    (long long)p.step, (long long)p.steps, (double)p.loss_avg, p.samples_per_s,
+                    p.step_s * 1e3, p.step_device_s * 1e3);
     }
     if (p.state == TS_TRAIN_RUNNING && p.snapshots != h->seen_snapshots &&
         (h->env.cfg->train_serve_while_training || h->env.cfg->expert_mode == TS_EXPERT_AUTO)) {
@@ -503,6 +506,8 @@ void ts_host_metrics(ts_host_t *h) {
             ts_metrics_gauge_set(m, TS_M_TRAIN_LOSS, NULL, p.loss);
         ts_metrics_counter_set(m, TS_M_TRAIN_SAMPLES, NULL,
                                (uint64_t)p.step * (uint64_t)h->env.cfg->train_batch);
+        ts_metrics_gauge_set(m, TS_M_TRAIN_STEP_SECONDS, "wall", p.step_s);
+        ts_metrics_gauge_set(m, TS_M_TRAIN_STEP_SECONDS, "device", p.step_device_s);
     }
 }
 

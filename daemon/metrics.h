@@ -150,6 +150,7 @@ typedef enum {
     TS_M_OUT_OF_MEMORY,        /* tessera_serve_out_of_memory_total{action}: split, refused */
     TS_M_DEVICE_UTILIZATION,   /* tessera_device_utilization_ratio: a GPU server's busy share */
     TS_M_DEVICE_SECONDS,       /* tessera_device_seconds: a batch's device time (CUDA events) */
+    TS_M_TRAIN_STEP_SECONDS,   /* tessera_train_step_seconds{clock}: the last step, wall, device */
     TS_M_COUNT
 } ts_metric_id_t;
 

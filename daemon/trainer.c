@@ -217,19 +217,29 @@ static void *job_main(void *arg) {
         if ((rc = publish_snapshot(j, err, sizeof err)) == TS_OK)
             notify(j);
     }
+    ts_engine_mark_t mk[2] = {{0}, {0}}; /* a step's device time */
     while (rc == TS_OK && j->tr.step < j->steps && !atomic_load(&j->stop)) {
         float loss = NAN;
+        double s0 = ts_now_s(), dev = 0.0;
+        int marked = ts_engine_mark(&j->eng, &mk[0]) == TS_OK;
         if ((rc = ts_trainer_step(&j->tr, &loss, NULL)) != TS_OK) {
             snprintf(err, sizeof err, "loss %g", loss);
             what = "step", at = j->tr.step + 1;
             break;
         }
-        double sps = (double)(j->tr.step - first) * j->tr.cfg.batch / (ts_now_s() - t0 + 1e-9);
+        /* the step has read its loss back: the second mark's work is done, no wait */
+        if (!(marked && ts_engine_mark(&j->eng, &mk[1]) == TS_OK &&
+              ts_engine_marks_elapsed(&j->eng, &mk[0], &mk[1], &dev) == TS_OK))
+            dev = 0.0;
+        double now = ts_now_s();
+        double sps = (double)(j->tr.step - first) * j->tr.cfg.batch / (now - t0 + 1e-9);
         pthread_mutex_lock(&j->mu);
         j->progress.step = j->tr.step;
         j->progress.loss = loss;
         j->progress.loss_avg = j->tr.loss_avg;
         j->progress.samples_per_s = sps;
+        j->progress.step_s = now - s0;
+        j->progress.step_device_s = dev;
         pthread_mutex_unlock(&j->mu);
         if (j->tr.step % j->ckpt_every == 0 && j->tr.step < j->steps) {
             what = "checkpoint", at = j->tr.step;
@@ -237,6 +247,8 @@ static void *job_main(void *arg) {
                 notify(j);
         }
     }
+    ts_engine_mark_free(&mk[0]);
+    ts_engine_mark_free(&mk[1]);
     ts_train_state_t state = TS_TRAIN_FAILED;
     ts_hash_t weights = {{0}};
     int complete = j->tr.step >= j->steps;

@@ -110,6 +110,8 @@ typedef struct ts_train_progress {
     float loss;            /* the last step's loss (NaN before the job's first step) */
     float loss_avg;        /* the run's running average (model/train.h; carried by checkpoints) */
     double samples_per_s;  /* since the job started */
+    double step_s;         /* the last step's wall time */
+    double step_device_s;  /* its device time (CUDA events on a GPU: the kernels alone) */
     uint64_t snapshots;    /* snapshots published so far: a new value means a new snapshot */
     int64_t snapshot_step; /* the newest snapshot's step; −1 none */
     ts_hash_t weights;     /* TS_TRAIN_DONE: the final EMA weights' hash in the store */

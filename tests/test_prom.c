@@ -864,6 +864,7 @@ static void test_daemon_families(void **state) {
         {"tessera_serve_out_of_memory_total", "counter"},
         {"tessera_device_utilization_ratio", "gauge"},
         {"tessera_device_seconds", "histogram"},
+        {"tessera_train_step_seconds", "gauge"},
     };
     assert_int_equal(sizeof want / sizeof want[0], TS_M_COUNT);
     assert_int_equal(p.n_families, TS_M_COUNT);

@@ -218,6 +218,8 @@ static void test_stop_and_resume_is_bit_identical(void **state) {
     assert_int_equal(p.resumed_from, 0);
     assert_true(isfinite(p.loss) && isfinite(p.loss_avg) && p.loss > 0);
     assert_true(p.samples_per_s > 0);
+    /* the last step's time, and the device's share of it (on the CPU the same span) */
+    assert_true(p.step_s > 0 && p.step_device_s > 0 && p.step_device_s <= p.step_s);
     assert_int_equal(p.snapshots, 0); /* snapshots off */
     g_straight = p.weights;
     int64_t step = 0;
