@@ -91,9 +91,10 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
             (unsigned long long)st->degraded_evaluations);
     fprintf(stderr,
             "breakdown: policy %.3f s, network %.3f s (servers' queue %.3f s and compute %.3f s, "
-            "summed over requests), local fallback %.3f s, combine %.3f s, of %.3f s\n",
+            "%.3f s of it on their devices, summed over requests), local fallback %.3f s, "
+            "combine %.3f s, of %.3f s\n",
             ls->policy_s, st->network_s - st->local_s, st->server_queue_s, st->server_compute_s,
-            st->local_s, ls->combine_s, ls->seconds);
+            st->server_device_s, st->local_s, ls->combine_s, ls->seconds);
     json_t *degraded = json_array();
     if (st->degraded_evaluations) {
         fprintf(stderr,
@@ -123,6 +124,7 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
         json_object_set_new(j, "combine_s", json_real(ls->combine_s));
         json_object_set_new(j, "server_queue_s", json_real(st->server_queue_s));
         json_object_set_new(j, "server_compute_s", json_real(st->server_compute_s));
+        json_object_set_new(j, "server_device_s", json_real(st->server_device_s));
         json_object_set_new(j, "degraded_at", degraded);
     } else {
         json_decref(degraded);
@@ -142,11 +144,12 @@ static int write_trace(const char *path, const ts_remote_t *r, char *err, size_t
             snprintf(name, sizeof name, "expert %d → replica %d%s", e->k, e->replica,
                      e->hedge ? " (hedge)" : "");
         json_array_append_new(
-            events, json_pack("{s:s, s:s, s:f, s:f, s:i, s:i, s:{s:i, s:s, s:i, s:i}}", "name",
-                              name, "ph", "X", "ts", e->start_s * 1e6, "dur", e->dur_s * 1e6, "pid",
-                              1, "tid", e->k, "args", "rows", e->m, "status",
-                              e->status == TS_OK ? "ok" : ts_strerror(e->status), "queue_us",
-                              (int)e->queue_us, "compute_us", (int)e->compute_us));
+            events, json_pack("{s:s, s:s, s:f, s:f, s:i, s:i, s:{s:i, s:s, s:i, s:i, s:i}}",
+                              "name", name, "ph", "X", "ts", e->start_s * 1e6, "dur",
+                              e->dur_s * 1e6, "pid", 1, "tid", e->k, "args", "rows", e->m,
+                              "status", e->status == TS_OK ? "ok" : ts_strerror(e->status),
+                              "queue_us", (int)e->queue_us, "compute_us", (int)e->compute_us,
+                              "device_us", (int)e->device_us));
     }
     json_t *root = json_pack("{s:o}", "traceEvents", events);
     int rc = root && json_dump_file(root, path, JSON_COMPACT) == 0 ? TS_OK : TS_EIO;

@@ -69,8 +69,13 @@ typedef struct remote_priv {
 
 static remote_priv_t *priv(ts_remote_t *r) { return (remote_priv_t *)r->impl; }
 
-static void trace(ts_remote_t *r, const send_t *s, int status, uint32_t q_us, uint32_t c_us,
-                  int replica, double start) {
+/* A server's Timings (zeros when it sent none). */
+typedef struct timings {
+    uint32_t queue_us, compute_us, device_us;
+} timings_t;
+
+static void trace(ts_remote_t *r, const send_t *s, int status, timings_t tm, int replica,
+                  double start) {
     if (!r->trace)
         return;
     if (r->n_events == r->cap_events) {
@@ -89,8 +94,9 @@ static void trace(ts_remote_t *r, const send_t *s, int status, uint32_t q_us, ui
                                                    .replica = replica,
                                                    .status = status,
                                                    .hedge = s ? s->hedge : 0,
-                                                   .queue_us = q_us,
-                                                   .compute_us = c_us};
+                                                   .queue_us = tm.queue_us,
+                                                   .compute_us = tm.compute_us,
+                                                   .device_us = tm.device_us};
 }
 
 /* The predicted latency of asking replica i: its round-trip EWMA (a few ms before the first
@@ -215,7 +221,7 @@ static void on_hedge(uv_timer_t *t) {
 }
 
 /* Reads the answer into the job: an F32 (m, C, H, W) tensor of finite values, else TS_ECORRUPT. */
-static int take_answer(attempt_t *a, const Tessera__Envelope *env, uint32_t *q_us, uint32_t *c_us) {
+static int take_answer(attempt_t *a, const Tessera__Envelope *env, timings_t *tm) {
     const ts_remote_t *r = a->r;
     const ts_expert_job_t *j = a->job;
     const Tessera__DenoiseResponse *d = env->denoise_response;
@@ -229,8 +235,9 @@ static int take_answer(attempt_t *a, const Tessera__Envelope *env, uint32_t *q_u
         return TS_ECORRUPT;
     memcpy(j->v, got.data, ts_tensor_nbytes(&got));
     if (d->timings) {
-        *q_us = d->timings->queue_us;
-        *c_us = d->timings->compute_us;
+        tm->queue_us = d->timings->queue_us;
+        tm->compute_us = d->timings->compute_us;
+        tm->device_us = d->timings->device_us;
     }
     return TS_OK;
 }
@@ -260,9 +267,9 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
     if (a->done)
         return; /* the loser of a hedge, cancelled or late */
     int status = res->status;
-    uint32_t q_us = 0, c_us = 0;
+    timings_t tm = {0, 0, 0};
     if (status == TS_OK) {
-        status = take_answer(a, res->reply, &q_us, &c_us);
+        status = take_answer(a, res->reply, &tm);
         if (status == TS_OK) {
             p->answered++;
             r->st.answers++;
@@ -272,9 +279,10 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
                 r->st.hedge_wins++;
             }
             note_rtt(a->ex, p, (double)res->rtt_ns / 1e6);
-            r->st.server_queue_s += q_us / 1e6;
-            r->st.server_compute_s += c_us / 1e6;
-            trace(r, s, TS_OK, q_us, c_us, s->replica, s->start);
+            r->st.server_queue_s += tm.queue_us / 1e6;
+            r->st.server_compute_s += tm.compute_us / 1e6;
+            r->st.server_device_s += tm.device_us / 1e6;
+            trace(r, s, TS_OK, tm, s->replica, s->start);
             finish(a, TS_OK);
             return;
         }
@@ -295,7 +303,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
     a->last_error = status;
     if (status != TS_ECANCELED)
         slower_than(p, (ts_now_s() - s->start) * 1e3);
-    trace(r, s, status, 0, 0, s->replica, s->start);
+    trace(r, s, status, (timings_t){0, 0, 0}, s->replica, s->start);
     if (a->inflight > 0)
         return; /* the other request may still answer */
     while (a->retries_left > 0) {
@@ -326,7 +334,7 @@ static void finish(attempt_t *a, int status) {
         status = ts_expert_job_run(a->ex->local, a->job);
         r->st.local_runs++;
         r->st.local_s += ts_now_s() - t;
-        trace(r, NULL, status, 0, 0, -1, t);
+        trace(r, NULL, status, (timings_t){0, 0, 0}, -1, t);
     }
     if (status != TS_OK && a->whole->status == TS_OK) {
         a->whole->status = status;

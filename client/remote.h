@@ -75,7 +75,8 @@ typedef struct ts_remote_stats {
     uint64_t garbage, local_runs, failed_jobs, degraded_evaluations;
     uint64_t bytes_out, bytes_in;
     double network_s, local_s; /* wall time waiting for the network, computing locally */
-    double server_queue_s, server_compute_s; /* the servers' Timings, summed over answers */
+    /* the servers' Timings, summed over answers: queue, compute, and of compute the device's */
+    double server_queue_s, server_compute_s, server_device_s;
 } ts_remote_stats_t;
 
 /* One trace event: one request or local run of one job (Chrome trace "X" events). */
@@ -86,7 +87,7 @@ typedef struct ts_remote_event {
     int replica;                   /* −1: local */
     int status;                    /* TS_OK, or the failure */
     int hedge;                     /* 1: a hedged second request */
-    uint32_t queue_us, compute_us; /* the server's Timings (0 when none) */
+    uint32_t queue_us, compute_us, device_us; /* the server's Timings (0 when none) */
 } ts_remote_event_t;
 
 typedef struct ts_remote {

@@ -53,7 +53,7 @@ typedef struct job {
     uint64_t arrival_ns, deadline_ns;
     ts_serve_outcome_t outcome; /* set by the compute thread: OK, DEADLINE, INTERNAL, or
                                  * UNAVAILABLE when it alone does not fit the device's memory */
-    uint32_t queue_us, compute_us, batch_rows;
+    uint32_t queue_us, compute_us, device_us, batch_rows;
 } job_t;
 
 struct ts_serve {
@@ -310,6 +310,7 @@ static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint
                                        : TS_SERVE_INTERNAL;
         j->queue_us = (uint32_t)((t0 - j->arrival_ns) / 1000u);
         j->compute_us = (uint32_t)compute_us;
+        j->device_us = rc == TS_OK ? (uint32_t)(device_s * 1e6) : 0;
         j->batch_rows = (uint32_t)rows;
         s->st.queue_us_sum += j->queue_us;
         if (j->queue_us > s->st.queue_us_max)
@@ -429,9 +430,10 @@ static void answer_job(ts_serve_t *s, job_t *j) {
         Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
         Tessera__DenoiseResponse resp = TESSERA__DENOISE_RESPONSE__INIT;
         Tessera__Timings tm = TESSERA__TIMINGS__INIT;
-        tm.has_queue_us = tm.has_compute_us = tm.has_batch_size = 1;
+        tm.has_queue_us = tm.has_compute_us = tm.has_batch_size = tm.has_device_us = 1;
         tm.queue_us = j->queue_us;
         tm.compute_us = j->compute_us;
+        tm.device_us = j->device_us;
         tm.batch_size = j->batch_rows;
         resp.velocity = &v;
         resp.timings = &tm;

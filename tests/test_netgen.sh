@@ -205,6 +205,11 @@ netgen after netB $LONG --timeout-ms 60000 --trace "$dir/after.trace" --out "$di
     fail "the generation after the kill failed"
 no_timeouts "$dir/after.trace" || fail "a request to the dead host waited out its deadline"
 echo "ok: a host that died between generations costs a refused connect, not a deadline"
+# every answer in the trace carries the server's device time, inside its compute time
+"$PY" -c "import json,sys; ev=json.load(open(sys.argv[1]))['traceEvents']; \
+ok=[e['args'] for e in ev if e['args']['status']=='ok' and 'replica' in e['name']]; \
+sys.exit(0 if ok and all(0 < a['device_us'] <= a['compute_us'] for a in ok) else 1)" \
+    "$dir/after.trace" || fail "the trace's answers lack the servers' device time"
 "$T" down --dir "$dir/netB" >/dev/null
 
 # C: one node for two clusters: cluster 1 is uncovered

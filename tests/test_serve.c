@@ -237,7 +237,7 @@ typedef struct got {
     float v[MAXB * CHW];
     uint16_t v16[MAXB * CHW];
     Tessera__DType vdtype;
-    uint32_t queue_us, compute_us, batch_size;
+    uint32_t queue_us, compute_us, device_us, batch_size;
 } got_t;
 
 static void on_result(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg) {
@@ -259,6 +259,7 @@ static void on_result(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
     if (d->timings) {
         g->queue_us = d->timings->queue_us;
         g->compute_us = d->timings->compute_us;
+        g->device_us = d->timings->device_us;
         g->batch_size = d->timings->batch_size;
     }
 }
@@ -448,6 +449,7 @@ static void test_answers_equal_local(void **state) {
     check_answer(&guided, &g2, "guidance 2.5");
     assert_true(g2.batch_size >= 10); /* 5 guided samples are 10 rows */
     assert_true(g2.compute_us > 0);
+    assert_true(g2.device_us > 0 && g2.device_us <= g2.compute_us); /* Timings.device_us */
 
     /* F16 in, F16 out: the F32 answer for the F16-rounded input, rounded to F16 */
     req_init(&f16, &rng, 2, 1.0f, 1);
