@@ -51,6 +51,17 @@ struct ts_train_job {
     int ended;
     ts_train_progress_t progress;
     ts_train_snapshot_t *snapshot;
+    /* The writer: a periodic checkpoint's bytes (and its snapshot's) go to the store on a thread
+     * of their own while the steps go on; one write in flight, the next waits for it. Under mu. */
+    pthread_t writer;
+    pthread_cond_t wcv;        /* a write was handed over, finished, or the writer must quit */
+    int w_busy, w_quit;        /* w_busy: a write handed over and not finished */
+    int64_t w_step;            /* the step the write holds */
+    unsigned char *w_ckpt, *w_snap;
+    size_t w_ckpt_len, w_snap_len;
+    int w_rc;                  /* the first failed write's error; the job ends with it */
+    int64_t w_at;
+    char w_err[320];
 };
 
 const char *ts_train_state_name(ts_train_state_t s) {
@@ -141,8 +152,8 @@ static int encode_weights(ts_train_job_t *j, unsigned char **buf, size_t *len, c
 /* Imports buf (taken: freed or kept by the snapshot) into the store and, with snapshots on,
  * publishes it as the newest snapshot, removing the previous one's manifest unless it is the
  * same file. *hash gets the weights hash. */
-static int publish(ts_train_job_t *j, unsigned char *buf, size_t len, ts_hash_t *hash, char *err,
-                   size_t errlen) {
+static int publish(ts_train_job_t *j, unsigned char *buf, size_t len, int64_t step,
+                   ts_hash_t *hash, char *err, size_t errlen) {
     int rc = ts_weights_import_buf(j->store, buf, len, hash, NULL, NULL, err, errlen);
     if (rc != TS_OK || !j->snapshots) {
         free(buf);
@@ -153,7 +164,7 @@ static int publish(ts_train_job_t *j, unsigned char *buf, size_t len, ts_hash_t 
         free(buf);
         return TS_ENOMEM;
     }
-    s->step = j->tr.step;
+    s->step = step;
     s->hash = *hash;
     s->bytes = buf;
     s->len = len;
@@ -175,7 +186,7 @@ static int publish_snapshot(ts_train_job_t *j, char *err, size_t errlen) {
     size_t len = 0;
     ts_hash_t hash;
     int rc = encode_weights(j, &buf, &len, err, errlen);
-    return rc == TS_OK ? publish(j, buf, len, &hash, err, errlen) : rc;
+    return rc == TS_OK ? publish(j, buf, len, j->tr.step, &hash, err, errlen) : rc;
 }
 
 /* ---- the job's thread -------------------------------------------------------------------- */
@@ -191,13 +202,112 @@ static int checkpoint(ts_train_job_t *j, int snapshot, char *err, size_t errlen)
     return snapshot && j->snapshots ? publish_snapshot(j, err, errlen) : TS_OK;
 }
 
+/* ---- the writer ----------------------------------------------------------------------------- */
+
+/* The writer's thread: each handed-over checkpoint into the store, then its snapshot published;
+ * progress.ckpt_step moves when the checkpoint is in. A failure is kept for the job to end with. */
+static void *writer_main(void *arg) {
+    ts_train_job_t *j = arg;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        while (!j->w_busy && !j->w_quit)
+            pthread_cond_wait(&j->wcv, &j->mu);
+        if (!j->w_busy)
+            break;
+        int64_t step = j->w_step;
+        unsigned char *ckpt = j->w_ckpt, *snap = j->w_snap;
+        size_t ckpt_len = j->w_ckpt_len, snap_len = j->w_snap_len;
+        pthread_mutex_unlock(&j->mu);
+        char err[320] = "";
+        int rc = ts_ckpt_save(j->store, j->progress.run_id, step, ckpt, ckpt_len, j->keep);
+        free(ckpt);
+        if (rc != TS_OK)
+            snprintf(err, sizeof err, "store %s: cannot save the checkpoint (%zu bytes)",
+                     ts_store_dir(j->store), ckpt_len);
+        if (rc == TS_OK) {
+            pthread_mutex_lock(&j->mu);
+            j->progress.ckpt_step = step;
+            pthread_mutex_unlock(&j->mu);
+        }
+        ts_hash_t hash;
+        if (rc == TS_OK && snap)
+            rc = publish(j, snap, snap_len, step, &hash, err, sizeof err); /* takes snap */
+        else
+            free(snap);
+        if (rc == TS_OK)
+            notify(j);
+        pthread_mutex_lock(&j->mu);
+        j->w_busy = 0;
+        if (rc != TS_OK && j->w_rc == TS_OK) {
+            j->w_rc = rc, j->w_at = step;
+            snprintf(j->w_err, sizeof j->w_err, "%s", err);
+        }
+        pthread_cond_broadcast(&j->wcv);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+/* With mu held: waits until no write is in flight; the first failed write's error, if any (its
+ * step in *at, its sentence in err). */
+static int writer_idle(ts_train_job_t *j, int64_t *at, char *err, size_t errlen) {
+    while (j->w_busy)
+        pthread_cond_wait(&j->wcv, &j->mu);
+    if (j->w_rc != TS_OK) {
+        *at = j->w_at;
+        snprintf(err, errlen, "%s", j->w_err);
+    }
+    return j->w_rc;
+}
+
+/* A periodic checkpoint without stopping the steps: the trainer's state copied out here (from
+ * the device: the one synchronous part) and, with snapshots, the EMA weights encoded; the store
+ * writes go to the writer once the previous one is done. */
+static int checkpoint_async(ts_train_job_t *j, int64_t *at, char *err, size_t errlen) {
+    unsigned char *ckpt = NULL, *snap = NULL;
+    size_t ckpt_len = 0, snap_len = 0;
+    int rc = ts_trainer_save_mem(&j->tr, &ckpt, &ckpt_len, err, errlen);
+    if (rc == TS_OK && j->snapshots)
+        rc = encode_weights(j, &snap, &snap_len, err, errlen);
+    if (rc != TS_OK) {
+        free(ckpt);
+        return rc;
+    }
+    pthread_mutex_lock(&j->mu);
+    rc = writer_idle(j, at, err, errlen);
+    if (rc == TS_OK) {
+        j->w_step = j->tr.step;
+        j->w_ckpt = ckpt, j->w_ckpt_len = ckpt_len;
+        j->w_snap = snap, j->w_snap_len = snap_len;
+        j->w_busy = 1;
+        pthread_cond_broadcast(&j->wcv);
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (rc != TS_OK) {
+        free(ckpt);
+        free(snap);
+    }
+    return rc;
+}
+
+/* Waits for the write in flight, then ends the writer; its error, if any. */
+static int writer_stop(ts_train_job_t *j, int64_t *at, char *err, size_t errlen) {
+    pthread_mutex_lock(&j->mu);
+    int rc = writer_idle(j, at, err, errlen);
+    j->w_quit = 1;
+    pthread_cond_broadcast(&j->wcv);
+    pthread_mutex_unlock(&j->mu);
+    pthread_join(j->writer, NULL);
+    return rc;
+}
+
 /* The end of a complete run: the final weights into the store (and the file, if asked). */
 static int finish(ts_train_job_t *j, ts_hash_t *weights, char *err, size_t errlen) {
     unsigned char *buf = NULL;
     size_t len = 0;
     int rc = encode_weights(j, &buf, &len, err, errlen);
     if (rc == TS_OK)
-        rc = publish(j, buf, len, weights, err, errlen);
+        rc = publish(j, buf, len, j->tr.step, weights, err, errlen);
     if (rc == TS_OK && j->out)
         rc = ts_weights_export(j->store, weights, j->out, err, errlen);
     return rc;
@@ -211,6 +321,18 @@ static void *job_main(void *arg) {
     int64_t at = j->tr.step;
     int64_t first = j->tr.step;
     double t0 = ts_now_s();
+    if (pthread_create(&j->writer, NULL, writer_main, j) != 0) {
+        rc = TS_ENOMEM, what = "the checkpoint writer";
+        snprintf(err, sizeof err, "cannot start its thread");
+        pthread_mutex_lock(&j->mu);
+        j->progress.state = TS_TRAIN_FAILED;
+        snprintf(j->progress.message, sizeof j->progress.message, "%s: %s", what, err);
+        j->ended = 1;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        notify(j);
+        return NULL;
+    }
     /* resumed mid-run: serve what the checkpoint holds at once (a complete run: finish does) */
     if (j->snapshots && j->tr.step > 0 && j->tr.step < j->steps) {
         what = "snapshot";
@@ -243,10 +365,13 @@ static void *job_main(void *arg) {
         pthread_mutex_unlock(&j->mu);
         if (j->tr.step % j->ckpt_every == 0 && j->tr.step < j->steps) {
             what = "checkpoint", at = j->tr.step;
-            if ((rc = checkpoint(j, 1, err, sizeof err)) == TS_OK)
-                notify(j);
+            rc = checkpoint_async(j, &at, err, sizeof err);
         }
     }
+    /* the last periodic write in, before the final checkpoint or the weights */
+    int wrc = writer_stop(j, &at, err, sizeof err);
+    if (rc == TS_OK && wrc != TS_OK)
+        rc = wrc, what = "checkpoint";
     ts_engine_mark_free(&mk[0]);
     ts_engine_mark_free(&mk[1]);
     ts_train_state_t state = TS_TRAIN_FAILED;
@@ -368,6 +493,7 @@ static void job_free_parts(ts_train_job_t *j) {
     ts_dataset_free(&j->data);
     ts_train_snapshot_release(j->snapshot);
     pthread_cond_destroy(&j->cv);
+    pthread_cond_destroy(&j->wcv);
     pthread_mutex_destroy(&j->mu);
     free(j->out);
     free(j);
@@ -391,6 +517,7 @@ int ts_train_job_start(ts_train_job_t **out, const ts_train_job_opts_t *o, char 
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&j->cv, &ca);
     pthread_condattr_destroy(&ca);
+    pthread_cond_init(&j->wcv, NULL);
     pthread_mutex_init(&j->mu, NULL);
     atomic_init(&j->stop, 0);
     j->store = o->store, j->steps = o->steps, j->ckpt_every = o->ckpt_every, j->keep = o->keep;

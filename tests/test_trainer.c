@@ -441,6 +441,36 @@ static void expect_refused(const ts_train_job_opts_t *o, int want, ...) {
     va_end(ap);
 }
 
+/* A checkpoint the store cannot take (its map capped under one checkpoint's size): the write,
+ * on the writer's thread, fails; the job ends failed at the next hand-over or at its end, with
+ * the store's sentence, the step of the write and "intact" for the older checkpoint (none here),
+ * and ckpt_step never moved. The store stays usable. */
+static void test_checkpoint_write_fails(void **state) {
+    (void)state;
+    ts_store_t *s = NULL;
+    char err[256] = "";
+    ts_store_opts_t so = {.dir = path_in("full"), .map_size = 1 << 20, .map_max = 1 << 20};
+    TU_CHECK_RC_MSG(ts_store_open(&s, &so, err, sizeof err), TS_OK, err);
+    ts_train_job_opts_t o = job_opts(s, 0);
+    ts_train_progress_t p;
+    ts_train_job_t *j = start(&o);
+    wait_end(j, &p);
+    assert_int_equal(p.state, TS_TRAIN_FAILED);
+    assert_int_equal(p.ckpt_step, -1);
+    assert_true(p.step >= EVERY && p.step <= 2 * EVERY); /* noticed at the next hand-over */
+    char want[64];
+    snprintf(want, sizeof want, "checkpoint at step %d failed", EVERY);
+    if (!strstr(p.message, want) || !strstr(p.message, "cannot save the checkpoint") ||
+        !strstr(p.message, "intact"))
+        fail_msg("message: %s", p.message);
+    ts_train_job_free(j);
+    int64_t step = 0;
+    unsigned char *blob = NULL;
+    size_t len = 0;
+    assert_int_equal(ts_ckpt_latest(s, p.run_id, &step, &blob, &len), TS_ENOTFOUND);
+    ts_store_close(s);
+}
+
 static void test_bad_inputs(void **state) {
     (void)state;
     ts_store_t *s = open_store("bad");
@@ -550,6 +580,7 @@ int main(void) {
         cmocka_unit_test(test_run_id),
         cmocka_unit_test(test_opts_from_config),
         cmocka_unit_test(test_cluster_is_the_shard_file),
+        cmocka_unit_test(test_checkpoint_write_fails),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_stop_and_resume_is_bit_identical),
         cmocka_unit_test(test_kill9_resume_is_bit_identical),
