@@ -11,7 +11,8 @@ Usage (from the repository root, after building bench_dit with the CUDA backend)
 Configs: `tiny` and `small` (the Fashion-MNIST experts, 28×28×1, 10 classes) and DiT-S/2, B/2,
 L/2, XL/2 at 32×32×4 latents with 1000 classes (`dit-s`, `dit-b`, `dit-l`, `dit-xl`; Peebles &
 Xie 2023, table 1: hidden 384/768/1024/1152, depth 12/12/24/28, heads 6/12/16/16). By default all
-six on a GPU and `tiny` alone on the CPU (a dry run of the script's plumbing).
+six on a GPU (DiT-XL/2 first: issue 17's target row) and `tiny` alone on the CPU (a dry run of
+the script's plumbing).
 
 For each config, in one run:
   1. the PyTorch DiT of tests/parity/dit_torch.py with random weights (every tensor non-zero)
@@ -29,7 +30,8 @@ For each config, in one run:
      off, so both sides do fp32 products) and under torch.autocast(bfloat16).
 Both sides are timed call by call after a warm-up, each call ending with the device
 synchronised, for at least S seconds and 5 calls; the figure is the median call. Ours' GEMM peak
-comes from `bench_dit --peak N` (the engine's N³ product, fp32 and bf16), PyTorch's from its own
+comes from a `bench_dit --peak N` call of its own (the engine's N³ product, fp32 and bf16),
+PyTorch's from its own
 N³ torch.matmul; every row is reported as samples/s, ours/PyTorch, and GFLOP/s (the forward's
 GEMM FLOPs per sample, ×3 for a training step) as a fraction of ours' peak of that precision.
 
@@ -96,7 +98,8 @@ def parse_args():
     gpu = a.device.startswith("cuda")
     if not gpu and a.device != "cpu":
         ap.error(f"--device: '{a.device}' is not cpu, cuda or cuda:N")
-    a.config = a.config or (list(CONFIGS) if gpu else ["tiny"])
+    # on a GPU the target's config first: a run cut short by its time limit still has it
+    a.config = a.config or (["dit-xl"] + [c for c in CONFIGS if c != "dit-xl"] if gpu else ["tiny"])
     a.batch = a.batch or [1, 16, 64, 256]
     if any(b < 1 for b in a.batch) or a.train_batch < 0:
         ap.error("batches must be positive (--train-batch 0 skips training)")
@@ -255,7 +258,17 @@ def bench_dit():
     return exe
 
 
-def run_ours(weights, check, precision, peak):
+def run_peak(weights):
+    """Ours' N³ GEMM peaks, fp32 and bf16, in a call of their own (no check, one short row), so
+    that they do not depend on the first config's rows running."""
+    cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--batch", "1",
+           "--train-batch", "0", "--seconds", "0.2", "--quick", "--peak", str(ARGS.peak), "--json"]
+    log(f"  GEMM peak: {' '.join(cmd)}")
+    out = run_child(cmd)
+    return out if "error" in out else dict(out.get("peak", {}), device=out.get("device"))
+
+
+def run_ours(weights, check, precision):
     cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--check", check,
            "--tol", str(TOL_BF16 if precision == "bf16" else TOL_F32),
            "--precision", precision, "--seconds", str(ARGS.seconds),
@@ -264,8 +277,6 @@ def run_ours(weights, check, precision, peak):
         cmd += ["--batch", str(B)]
     if ARGS.quick:
         cmd.append("--quick")
-    if peak:
-        cmd += ["--peak", str(ARGS.peak)]
     log(f"  ours {precision}: {' '.join(cmd)}")
     return run_child(cmd)
 
@@ -325,8 +336,10 @@ def run_config(name, work, first):
     log(f"[{name}] {res['num_params'] / 1e6:.1f} M parameters; weights and check written in "
         f"{time.perf_counter() - t0:.1f} s")
 
-    res["ours"] = run_ours(weights, check, "f32", first)
-    res["ours_bf16"] = run_ours(weights, check, "bf16", False)
+    if first:
+        res["peak"] = run_peak(weights)
+    res["ours"] = run_ours(weights, check, "f32")
+    res["ours_bf16"] = run_ours(weights, check, "bf16")
 
     if not ARGS.no_torch:
         tr = {}
@@ -402,8 +415,8 @@ def main():
         for i, name in enumerate(ARGS.config):
             res = doc["configs"][name] = run_config(name, work, i == 0)
             if i == 0:
-                doc["peak_ours"] = res.get("ours", {}).get("peak", {})
-                doc["engine"] = res.get("ours", {}).get("device")
+                doc["peak_ours"] = res.pop("peak", {})
+                doc["engine"] = doc["peak_ours"].get("device") or res.get("ours", {}).get("device")
             res["rows"] = rows_of(res, doc.get("peak_ours") or {})
             save(doc)  # as it goes: a run stopped by its time limit keeps what it measured
         doc["attention_ops"] = attention_ops()

@@ -714,8 +714,8 @@ static const ts_metric_spec_t DAEMON_METRICS[TS_M_COUNT] = {
     [TS_M_RELAY_DATAGRAMS] = {"tessera_relay_datagrams_total", "Gossip datagrams for carried nodes: forwarded, or dropped (rate cap, congestion).", C, "outcome", RELAY_DATAGRAM_OUTCOMES, NULL, 0},
     [TS_M_OUT_OF_MEMORY] = {"tessera_serve_out_of_memory_total", "Batches the device had no memory for: split into smaller ones (the rows per batch halve), or a request refused (too big alone).", C, "action", NOMEM_ACTIONS, NULL, 0},
     [TS_M_DEVICE_UTILIZATION] = {"tessera_device_utilization_ratio", "Fraction of the last sample period (NVML: 1/6 s to 1 s) in which a kernel ran on the GPU the expert is served on, by every process (0 on a CPU node or without NVML).", G, NULL, NULL, NULL, 0},
-    [TS_M_DEVICE_SECONDS] = {"tessera_device_seconds", "Device time of one batch's upload, forward pass and guidance: on a GPU from CUDA events on the engine's stream (the kernels alone, without the host's share); on a CPU the same span's wall time.", H, NULL, NULL, BUCKETS(COMPUTE_BUCKETS)},
-    [TS_M_TRAIN_STEP_SECONDS] = {"tessera_train_step_seconds", "The training job's last step: its wall time, and the device's time for it (CUDA events on a GPU: the kernels alone; on a CPU the same as wall).", G, "clock", STEP_CLOCKS, NULL, 0},
+    [TS_M_DEVICE_SECONDS] = {"tessera_device_seconds", "Device time of one batch's upload, forward pass and guidance: on a GPU from CUDA events on the engine's stream (the span on the device's timeline: its kernels and any gaps between them, without the host's staging before and copy down after); on a CPU the same span's wall time.", H, NULL, NULL, BUCKETS(COMPUTE_BUCKETS)},
+    [TS_M_TRAIN_STEP_SECONDS] = {"tessera_train_step_seconds", "The training job's last step: its wall time, and the device's time for it (on a GPU the span between CUDA events around it, idle gaps included; on a CPU the same as wall).", G, "clock", STEP_CLOCKS, NULL, 0},
     [TS_M_DEVICE_MEMORY] = {"tessera_device_memory_bytes", "Memory of the GPU the expert is served on: total, and used by every process (0 on a CPU node).", G, "kind", DEVICE_MEMORY_KINDS, NULL, 0},
 };
 /* clang-format on */

@@ -297,6 +297,9 @@ static int hist_bucket(int rows) {
     return b;
 }
 
+/* Microseconds for a uint32 field: past ~71 minutes, UINT32_MAX. */
+static uint32_t clamp_us(double us) { return us < (double)UINT32_MAX ? (uint32_t)us : UINT32_MAX; }
+
 /* With mu held: the batch's jobs to done with their outcome and timings, and the counters. */
 static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint64_t t0,
                          uint64_t t1, double device_s) {
@@ -309,8 +312,8 @@ static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint
                      : rc == TS_ENOMEM ? TS_SERVE_UNAVAILABLE
                                        : TS_SERVE_INTERNAL;
         j->queue_us = (uint32_t)((t0 - j->arrival_ns) / 1000u);
-        j->compute_us = (uint32_t)compute_us;
-        j->device_us = rc == TS_OK ? (uint32_t)(device_s * 1e6) : 0;
+        j->compute_us = clamp_us((double)compute_us);
+        j->device_us = rc == TS_OK ? clamp_us(device_s * 1e6) : 0;
         j->batch_rows = (uint32_t)rows;
         s->st.queue_us_sum += j->queue_us;
         if (j->queue_us > s->st.queue_us_max)

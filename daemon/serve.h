@@ -74,8 +74,9 @@ typedef struct ts_serve_opts {
     ts_precision_t precision;
     /* Optional observers, called on the compute thread after each batch (they must be thread-safe
      * and quick: a metrics registry's updates): the batch's rows, compute time (wall, staging
-     * and copies included) and device time (upload, forward and guidance: on a GPU the CUDA
-     * events' time, the kernels alone; 0 for a failed batch), and each of its requests' time in
+     * and copies included) and device time (upload, forward and guidance: on a GPU the span
+     * between two CUDA events on the engine's stream, idle gaps between kernels included; 0 for
+     * a failed batch), and each of its requests' time in
      * the queue. */
     void (*on_batch)(void *ctx, int rows, uint64_t compute_us, uint64_t device_us);
     void (*on_queue_wait)(void *ctx, uint64_t queue_us);

@@ -2,10 +2,12 @@
  * trainer.c — tesserad's training job (trainer.h).
  *
  * The job's thread owns the engine, the model, the trainer and the data set; the caller's thread
- * touches none of them after ts_train_job_start returns. What the two share lives in `shared`,
- * under `mu`: the progress (copied out by ts_train_job_progress), the newest snapshot pointer,
- * and `ended`, which the thread sets last and signals on `cv` so that ts_train_job_stop can wait
- * with a deadline. The stop request is an atomic flag the thread reads between steps.
+ * touches none of them after ts_train_job_start returns. What the two share lives under `mu`:
+ * the progress (copied out by ts_train_job_progress), the newest snapshot pointer, and `ended`,
+ * which the thread sets last and signals on `cv` so that ts_train_job_stop can wait with a
+ * deadline. The stop request is an atomic flag the thread reads between steps. The job's writer
+ * thread (started and joined by the job's thread) takes the periodic checkpoints' bytes through
+ * a one-slot hand-over under the same mutex (`w_*`, signalled on `wcv`).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -349,7 +351,8 @@ static void *job_main(void *arg) {
             what = "step", at = j->tr.step + 1;
             break;
         }
-        /* the step has read its loss back: the second mark's work is done, no wait */
+        /* the device's timeline from before the step's batch went up to after its last kernel
+         * (elapsed waits for that kernel: AdamW and EMA are queued after the loss is read) */
         if (!(marked && ts_engine_mark(&j->eng, &mk[1]) == TS_OK &&
               ts_engine_marks_elapsed(&j->eng, &mk[0], &mk[1], &dev) == TS_OK))
             dev = 0.0;
@@ -362,16 +365,27 @@ static void *job_main(void *arg) {
         j->progress.samples_per_s = sps;
         j->progress.step_s = now - s0;
         j->progress.step_device_s = dev;
+        if (j->w_rc != TS_OK) { /* a periodic write failed: stop now, not at the next hand-over */
+            rc = writer_idle(j, &at, err, sizeof err);
+            what = "checkpoint";
+        }
         pthread_mutex_unlock(&j->mu);
+        if (rc != TS_OK)
+            break;
         if (j->tr.step % j->ckpt_every == 0 && j->tr.step < j->steps) {
             what = "checkpoint", at = j->tr.step;
             rc = checkpoint_async(j, &at, err, sizeof err);
         }
     }
-    /* the last periodic write in, before the final checkpoint or the weights */
-    int wrc = writer_stop(j, &at, err, sizeof err);
-    if (rc == TS_OK && wrc != TS_OK)
-        rc = wrc, what = "checkpoint";
+    /* the last periodic write in, before the final checkpoint or the weights; a write's failure
+     * names its own step and sentence only when nothing else failed first */
+    int64_t wat = at;
+    char werr[320] = "";
+    int wrc = writer_stop(j, &wat, werr, sizeof werr);
+    if (rc == TS_OK && wrc != TS_OK) {
+        rc = wrc, what = "checkpoint", at = wat;
+        snprintf(err, sizeof err, "%s", werr);
+    }
     ts_engine_mark_free(&mk[0]);
     ts_engine_mark_free(&mk[1]);
     ts_train_state_t state = TS_TRAIN_FAILED;

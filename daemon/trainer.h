@@ -12,8 +12,10 @@
  * Threads. ts_train_job_start does, on the calling thread, everything that a bad input can make
  * fail — it loads the partition and the cluster's images, builds the model and a CPU engine,
  * and resumes from the run's newest checkpoint (well under a second for `tiny`) — so that a
- * misconfigured node stops at start with a sentence. Then a pthread of the job runs the steps
- * and writes the checkpoints; the caller's thread (the daemon's uv loop) never waits for a step.
+ * misconfigured node stops at start with a sentence. Then a pthread of the job runs the steps,
+ * and a second one, its writer, puts the periodic checkpoints and their snapshots into the store
+ * while the steps go on (the final checkpoint and weights the job's thread writes itself, after
+ * the writer has finished); the caller's thread (the daemon's uv loop) never waits for a step.
  * The two share only a few hundred bytes under a mutex that is never held across compute or
  * I/O: the progress, the newest snapshot, and the stop flag. The engine is the job's alone.
  *
@@ -43,8 +45,8 @@
  * removed from the store when a newer one is published (its chunks go with the next gc); the
  * final weights are never removed. The last snapshot is the final weights, byte for byte.
  *
- * Notify. After a checkpoint, after a new snapshot and when the job ends, the job's thread calls
- * opts.notify(ctx) — the daemon passes a function calling uv_async_send — and the loop then reads
+ * Notify. After a checkpoint, after a new snapshot and when the job ends, the job's thread or its
+ * writer (never both at once) calls opts.notify(ctx) — the daemon passes a function calling uv_async_send — and the loop then reads
  * ts_train_job_progress and ts_train_job_snapshot. Calls may coalesce; they carry no data.
  */
 #ifndef TS_DAEMON_TRAINER_H
@@ -80,8 +82,8 @@ typedef struct ts_train_job_opts {
     int keep;        /* checkpoints of the run kept in the store, ≥ 1 */
     int snapshots;   /* 1: publish the EMA weights at every checkpoint (see above) */
     const char *out; /* may be NULL: also write the final weights to this file */
-    /* May be NULL. Called on the job's thread; must be thread-safe and return at once
-     * (uv_async_send is both). */
+    /* May be NULL. Called on the job's thread or its writer's (never at once); must be
+     * thread-safe and return at once (uv_async_send is both). */
     void (*notify)(void *ctx);
     void *ctx;
 } ts_train_job_opts_t;
@@ -111,7 +113,8 @@ typedef struct ts_train_progress {
     float loss_avg;        /* the run's running average (model/train.h; carried by checkpoints) */
     double samples_per_s;  /* since the job started */
     double step_s;         /* the last step's wall time */
-    double step_device_s;  /* its device time (CUDA events on a GPU: the kernels alone) */
+    double step_device_s;  /* its span on the device's timeline (CUDA events on a GPU; idle gaps
+                            * between its kernels included); on a CPU the same as step_s */
     uint64_t snapshots;    /* snapshots published so far: a new value means a new snapshot */
     int64_t snapshot_step; /* the newest snapshot's step; −1 none */
     ts_hash_t weights;     /* TS_TRAIN_DONE: the final EMA weights' hash in the store */

@@ -83,7 +83,9 @@ int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used);
 /* Device time. A mark records how far the engine's queued work has got: on a GPU an event on
  * the engine's stream (no waiting), on the CPU — whose ops are done when they return — the
  * clock. ts_engine_marks_elapsed waits for the later mark and gives the seconds between two:
- * on a GPU the device's own time for the kernels queued between them, without the host's share.
+ * on a GPU the span on the device's timeline between them (the kernels queued in between and any
+ * gaps where the device waited for the host to queue more), without what the host did before
+ * the first mark or after the second.
  * A mark starts zeroed (= {0}) and is reused from call to call; free it with
  * ts_engine_mark_free (on the engine's device, before the engine). */
 typedef struct ts_engine_mark {

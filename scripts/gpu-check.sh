@@ -56,7 +56,6 @@ note() { echo "$*" | tee -a "$summary"; }
 
 w=$(mktemp -d /tmp/tsgpu.XXXXXX)
 tar -xJf "$bundle" -C "$w" || { note "FAIL unpack: $bundle"; exit 1; }
-B=$w/build
 
 # CUDA's runtime and cuBLAS: the toolkit's folders, else wherever a copy of libcublas.so.13 sits
 # (PyTorch's wheels carry one).
@@ -70,7 +69,18 @@ if [ -z "$cudalib" ]; then
     f=$(find /usr/local /opt /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -n 1)
     [ -n "$f" ] && cudalib=$cudalib:$(dirname "$f")
 fi
-export LD_LIBRARY_PATH=$w/lib$cudalib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The bundle's libraries are this project's binaries' alone: each binary runs through a wrapper
+# (same layout as build/, under $w/wrap) that sets LD_LIBRARY_PATH for it, so that python3 and
+# the shell tools keep this machine's own libraries (libz, libffi, libgomp, ...).
+LIBS=$w/lib$cudalib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+B=$w/wrap
+for f in "$w"/build/*/*; do
+    rel=${f#"$w"/build/}
+    mkdir -p "$B/$(dirname "$rel")"
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s\nexport LD_LIBRARY_PATH\nexec %s "$@"\n' "'$LIBS'" "'$f'" \
+        >"$B/$rel"
+    chmod +x "$B/$rel"
+done
 # the python3 that has PyTorch (bench_gpu.py needs it; test_gpu_daemon.sh reads JSON with it)
 if [ -z "${TESSERA_PYTHON:-}" ]; then
     for p in python3 /usr/bin/python3 /opt/torch/.venv/bin/python3; do
@@ -113,20 +123,20 @@ env_check() {
     nvidia-smi || echo "(no nvidia-smi)"
     echo "== tessera --version"
     "$B/client/tessera" --version
-    echo "== libraries (LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
+    echo "== libraries (LD_LIBRARY_PATH=$LIBS, for the bundle's binaries only)"
     local bad=0
-    for b in "$B"/*/*; do
+    for b in "$w"/build/*/*; do
         [ -x "$b" ] || continue
-        if ldd "$b" | grep -q "not found"; then
-            echo "$b:"; ldd "$b" | grep "not found"; bad=1
+        if LD_LIBRARY_PATH=$LIBS ldd "$b" | grep -q "not found"; then
+            echo "$b:"; LD_LIBRARY_PATH=$LIBS ldd "$b" | grep "not found"; bad=1
         fi
     done
     echo "== where test_cuda_parity's libraries come from"
-    ldd "$B/tests/test_cuda_parity"
+    LD_LIBRARY_PATH=$LIBS ldd "$w/build/tests/test_cuda_parity"
     [ $bad -eq 0 ] || { echo "missing libraries: nothing else can run"; return 1; }
 }
 
-export B
+export B w LIBS
 export -f env_check
 failed=0
 for s in "${steps[@]}"; do

@@ -173,7 +173,7 @@ kid=$(sed 's/.*"node_id":"\([0-9a-f]*\)".*/\1/' "$dir/killed/id.json")
 "$D" --config "$dir/killed/d.ini" &
 p2=$!
 pids="$pids $p2"
-wait_log "$dir/killed.log" "step [0-9]+/200.*checkpoint"
+wait_log "$dir/killed.log" "checkpoint of step [0-9]+ in the store; at step [0-9]+/200"
 kill -9 $p2
 wait $p2 2>/dev/null || true
 "$D" --config "$dir/killed/d.ini" &

@@ -244,7 +244,7 @@ void ts_cuda_host_free(void *p) {
 
 int ts_cuda_is_built(void) { return 1; }
 
-/* ---- events: the device's own time ---------------------------------------------------------- */
+/* ---- events: spans on the device's timeline -------------------------------------------------- */
 
 int ts_cuda_event_record(ts_engine_t *e, void **ev) {
     if (!ev)
@@ -329,7 +329,12 @@ int ts_cuda_utilization(int gpu, double *ratio) {
     }
     void *dev = NULL;
     unsigned int rates[2] = {0, 0};
-    if (g_nvml.by_pci(bus, &dev) != 0 || g_nvml.util(dev, rates) != 0)
+    int rc = g_nvml.by_pci(bus, &dev);
+    if (rc == 0)
+        rc = g_nvml.util(dev, rates);
+    if (rc == 3 || rc == 4) /* NVML_ERROR_NOT_SUPPORTED (MIG, some boards), _NO_PERMISSION */
+        return TS_ENOTSUP;
+    if (rc != 0)
         return TS_ECUDA;
     *ratio = rates[0] / 100.0; /* percent of the last sample period a kernel ran */
     return TS_OK;
