@@ -24,6 +24,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/backend.h"
 #include "kernels/math.h"
@@ -195,68 +196,70 @@ static int attn_grid(int64_t B, int64_t T, int64_t C, int64_t H, dim3 *grid, int
 
 static int launched(void) { return cudaGetLastError() == cudaSuccess ? TS_OK : TS_ECUDA; }
 
-/* What both entry points start with: the grid, the head size, the stream and the scale; *run
- * is 0 when there is nothing to compute (B or T is 0). */
-static int attn_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H, dim3 *grid,
-                      int *hd, cudaStream_t *st, float *scale, int *run) {
+/* What both entry points start with: the grid, the head size, the stream and the scale. */
+typedef struct attn_launch {
+    dim3 grid, block;
+    int hd, t, c, h;
+    cudaStream_t st;
+    float scale;
+} attn_launch_t;
+
+/* Fills *L; *run is 0 when there is nothing to compute (B or T is 0). */
+static int attn_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H,
+                      attn_launch_t *L, int *run) {
     *run = 0;
-    int err = attn_grid(B, T, C, H, grid, hd);
+    int err = attn_grid(B, T, C, H, &L->grid, &L->hd);
     if (err || B <= 0 || T <= 0)
         return err;
-    if ((err = ts_cuda_ctx_enter(e, st, NULL, NULL)) != TS_OK)
+    if ((err = ts_cuda_ctx_enter(e, &L->st, NULL, NULL)) != TS_OK)
         return err;
-    *scale = 1.0f / sqrtf((float)*hd);
+    L->block = dim3(TS_ATTN_TILE);
+    L->t = (int)T, L->c = (int)C, L->h = (int)H;
+    L->scale = 1.0f / sqrtf((float)L->hd);
     *run = 1;
     return TS_OK;
 }
 
+/* Calls launch(k) with k an integral_constant of the kernels' instance for head size hd: its
+ * own for 32, 64 and 72, the run-time one (0) otherwise. */
+template <typename F> static int by_head_size(int hd, F launch) {
+    if (hd == 32)
+        launch(std::integral_constant<int, 32>{});
+    else if (hd == 64)
+        launch(std::integral_constant<int, 64>{});
+    else if (hd == 72)
+        launch(std::integral_constant<int, 72>{});
+    else
+        launch(std::integral_constant<int, 0>{});
+    return launched();
+}
+
 int ts_cuda_attention_fused_forward(ts_engine_t *e, float *out, float *lse, const float *qkv,
                                     int64_t B, int64_t T, int64_t C, int64_t H) {
-    dim3 grid, block(TS_ATTN_TILE);
-    int hd = 0, run = 0, t = (int)T, c = (int)C, h = (int)H;
-    cudaStream_t st;
-    float scale = 0.0f;
-    int err = attn_setup(e, B, T, C, H, &grid, &hd, &st, &scale, &run);
+    attn_launch_t L;
+    int run = 0, err = attn_setup(e, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
-    if (hd == 32)
-        k_attn_forward<32><<<grid, block, 0, st>>>(out, lse, qkv, t, c, h, hd, scale);
-    else if (hd == 64)
-        k_attn_forward<64><<<grid, block, 0, st>>>(out, lse, qkv, t, c, h, hd, scale);
-    else if (hd == 72)
-        k_attn_forward<72><<<grid, block, 0, st>>>(out, lse, qkv, t, c, h, hd, scale);
-    else
-        k_attn_forward<0><<<grid, block, 0, st>>>(out, lse, qkv, t, c, h, hd, scale);
-    return launched();
+    return by_head_size(L.hd, [&](auto k) {
+        k_attn_forward<decltype(k)::value>
+            <<<L.grid, L.block, 0, L.st>>>(out, lse, qkv, L.t, L.c, L.h, L.hd, L.scale);
+    });
 }
 
 int ts_cuda_attention_fused_backward(ts_engine_t *e, float *dqkv, const float *dout,
                                      const float *qkv, const float *out, const float *lse,
                                      int64_t B, int64_t T, int64_t C, int64_t H) {
-    dim3 grid, block(TS_ATTN_TILE);
-    int hd = 0, run = 0, t = (int)T, c = (int)C, h = (int)H;
-    cudaStream_t st;
-    float scale = 0.0f;
-    int err = attn_setup(e, B, T, C, H, &grid, &hd, &st, &scale, &run);
+    attn_launch_t L;
+    int run = 0, err = attn_setup(e, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
-#define TS_ATTN_BWD(HD)                                                                            \
-    do {                                                                                           \
-        k_attn_backward_kv<HD><<<grid, block, 0, st>>>(dqkv, dout, qkv, out, lse, t, c, h, hd,     \
-                                                       scale);                                     \
-        k_attn_backward_q<HD><<<grid, block, 0, st>>>(dqkv, dout, qkv, out, lse, t, c, h, hd,      \
-                                                      scale);                                      \
-    } while (0)
-    if (hd == 32)
-        TS_ATTN_BWD(32);
-    else if (hd == 64)
-        TS_ATTN_BWD(64);
-    else if (hd == 72)
-        TS_ATTN_BWD(72);
-    else
-        TS_ATTN_BWD(0);
-#undef TS_ATTN_BWD
-    return launched();
+    return by_head_size(L.hd, [&](auto k) {
+        constexpr int HD = decltype(k)::value;
+        k_attn_backward_kv<HD><<<L.grid, L.block, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t, L.c,
+                                                             L.h, L.hd, L.scale);
+        k_attn_backward_q<HD><<<L.grid, L.block, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t, L.c,
+                                                            L.h, L.hd, L.scale);
+    });
 }
 
 /* The bf16 fused attention is the CPU's (AVX-512 BF16); a bf16 model on a GPU takes the composed

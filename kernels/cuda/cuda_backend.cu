@@ -407,6 +407,17 @@ int ts_cuda_info(int gpu, char *name, size_t name_len, size_t *total, size_t *fr
 
 static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
+/* Both GEMMs' start: every size fits cuBLAS's int, and e's device is current (its handles are
+ * bound to its stream). */
+static int gemm_enter(ts_engine_t *e, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+                      int64_t ldc, int64_t batch) {
+    if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) ||
+        !fits_int(ldc) || !fits_int(batch))
+        return TS_ERANGE;
+    cudaStream_t stream;
+    return ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+}
+
 /*
  * Row-major C = alpha·op(A)·op(B) + beta·C on column-major cuBLAS. A row-major (R, S) matrix
  * with row stride ld is, read column-major, its transpose (S, R) with leading dimension ld. So
@@ -421,16 +432,12 @@ int ts_cuda_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N,
                  int64_t batch) {
     if (M <= 0 || N <= 0 || batch <= 0)
         return TS_OK; /* nothing to write */
-    if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) ||
-        !fits_int(ldc) || !fits_int(batch))
-        return TS_ERANGE;
     /* K == 0 makes C = beta·C; cuBLAS reads neither A nor B then but still wants ld ≥ 1. */
     if (lda < 1)
         lda = 1;
     if (ldb < 1)
         ldb = 1;
-    cudaStream_t stream;
-    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+    int err = gemm_enter(e, M, N, K, lda, ldb, ldc, batch);
     if (err)
         return err;
     cublasHandle_t h = e->cuda->blas;
@@ -516,11 +523,7 @@ static int gemm_ex(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t 
                    float alpha, const uint16_t *A, int64_t lda, int64_t stride_a,
                    const uint16_t *B, int64_t ldb, int64_t stride_b, float beta, float *C,
                    int64_t ldc, int64_t stride_c, int64_t batch) {
-    if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) ||
-        !fits_int(ldc) || !fits_int(batch))
-        return TS_ERANGE;
-    cudaStream_t stream;
-    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+    int err = gemm_enter(e, M, N, K, lda, ldb, ldc, batch);
     if (err)
         return err;
     cublasHandle_t h = e->cuda->blas16;
