@@ -21,6 +21,7 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -95,6 +96,10 @@ typedef struct {
     uint8_t self[32];
     int reach_pending, reachable; /* reachable: 1, 0, or −1 unknown */
     double reach_at;              /* when the last definite answer came (loop seconds) */
+    /* the peer asked last, and the one that last could not be asked (refused, timed out): the
+     * next try skips it while another live member exists, so a peer that cannot be dialled
+     * (itself behind NAT) is not asked again and again */
+    char reach_asked[TS_CONFIG_ADDR_MAX + 8], reach_unasked[TS_CONFIG_ADDR_MAX + 8];
     atomic_int ready;             /* /healthz: 1 once joined, 0 while starting or stopping */
     ts_health_t health;           /* the loop's: alone, refused (daemon/health.h) */
     pthread_mutex_t health_mu;
@@ -168,8 +173,10 @@ static void on_reach(void *arg, int reachable, const char *message) {
     d->reach_pending = 0;
     if (reachable < 0) {
         ts_log_debug("reach", "%s (asking another peer in %d s)", message, REACH_RETRY_MS / 1000);
+        snprintf(d->reach_unasked, sizeof d->reach_unasked, "%s", d->reach_asked);
         return;
     }
+    d->reach_unasked[0] = '\0';
     d->reach_at = (double)uv_now(d->loop) / 1000.0;
     if (reachable && d->reachable != 1)
         ts_log_info("reach", "reachable at %s: a peer dialled it back (%s)", d->advertise, message);
@@ -189,7 +196,8 @@ static void on_reach(void *arg, int reachable, const char *message) {
 }
 
 /* Asks a live member (not this node) to dial us back, when no check is running and the last
- * definite answer is old. */
+ * definite answer is old: from a random place in the member list, skipping on the first pass
+ * the member that could not be asked last time. */
 static void on_reach_timer(uv_timer_t *t) {
     daemon_t *d = t->data;
     double now = (double)uv_now(d->loop) / 1000.0;
@@ -198,18 +206,18 @@ static void on_reach_timer(uv_timer_t *t) {
     Tessera__StatusResponse *r = NULL;
     if (ts_gossip_status(d->gossip, NULL, &r) != TS_OK)
         return;
-    size_t n = r->n_members, start = n ? (size_t)(uv_now(d->loop) % n) : 0;
-    for (size_t k = 0; k < n; k++) {
+    size_t n = r->n_members, start = n ? randombytes_uniform((uint32_t)n) : 0;
+    for (size_t k = 0; k < 2 * n && !d->reach_pending; k++) {
         const Tessera__MemberState *m = r->members[(start + k) % n];
         if (m->status != TESSERA__MEMBER_STATUS__MEMBER_ALIVE || !m->addr ||
-            (m->node_id.len == 32 && memcmp(m->node_id.data, d->self, 32) == 0))
+            (m->node_id.len == 32 && memcmp(m->node_id.data, d->self, 32) == 0) ||
+            (k < n && strcmp(m->addr, d->reach_unasked) == 0))
             continue;
         char err[256];
+        snprintf(d->reach_asked, sizeof d->reach_asked, "%s", m->addr);
         if (ts_reach_check(d->rpc, m->addr, d->advertise, 10000, on_reach, d, err, sizeof err) ==
-            TS_OK) {
+            TS_OK)
             d->reach_pending = 1;
-            break;
-        }
     }
     ts_gossip_status_free(r);
 }
