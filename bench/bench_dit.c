@@ -23,7 +23,8 @@
  * --precision bf16 runs the model with ts_dit_set_precision(TS_PREC_BF16) (bf16 products through
  * oneDNN, fp32 accumulation): the forward rows, and the training row in bf16 training (the
  * backward's linear products in bf16 too, fp32 masters and AdamW); a --check against an fp32
- * reference then needs a bf16-sized --tol (bench_dit.py passes 3e-2).
+ * reference then needs a bf16-sized --tol (bench_dit.py passes 3e-2). --precision f16 is the
+ * same in half precision, forward only (--train-batch 0): cuBLAS on a GPU, emulated on the CPU.
  *
  * --ops, after each fp32 forward row, times every op call of a block alone on block 0's
  * activations (and the unfused pairs next to the fused ops), and prints each one's share of the
@@ -75,13 +76,13 @@ typedef struct opts {
     ts_attn_impl_t attn; /* the model's attention (default: the model's own choice) */
     int attention_ops;   /* --attention-ops B: time the attention ops alone at batch B */
     const char *device;  /* --device: cpu (default), cuda or cuda:N */
-    int peak;            /* --peak N: also the engine's N³ GEMM peak, fp32 and bf16 */
+    int peak;            /* --peak N: also the engine's N³ GEMM peak, fp32, bf16 (and f16) */
 } opts_t;
 
 /* --peak's measurement: GFLOP/s of an N³ product on the engine (0: not measured, or failed). */
 typedef struct {
     int size;
-    double f32, bf16;
+    double f32, bf16, f16; /* f16: measured for an f16 run only */
 } peak_res_t;
 
 /* Starts the engine --device names (the CPU by default, not auto: the CPU tables' commands stay
@@ -503,8 +504,10 @@ static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_e
                 ck->batch, ck->max_abs_diff, ck->scale, ck->rel, o->tol,
                 ck->rel <= o->tol ? "true" : "false");
     if (pk->size > 0)
-        fprintf(out, "  \"peak\": {\"size\": %d, \"f32_gflops\": %.6g, \"bf16_gflops\": %.6g},\n",
-                pk->size, pk->f32, pk->bf16);
+        fprintf(out,
+                "  \"peak\": {\"size\": %d, \"f32_gflops\": %.6g, \"bf16_gflops\": %.6g, "
+                "\"f16_gflops\": %.6g},\n",
+                pk->size, pk->f32, pk->bf16, pk->f16);
     fprintf(out, "  \"results\": [\n");
     for (int i = 0; i < nr; i++)
         fprintf(out,
@@ -795,15 +798,26 @@ static int run(const opts_t *o) {
         if (ts_engine_precision_check(&e, TS_PREC_BF16, NULL, 0) == TS_OK &&
             ts_gemm_peak(&e, o->peak, min_time, 1, &pk.bf16) != TS_OK)
             pk.bf16 = 0.0; /* bf16 said it could run but did not: no bf16 peak */
+        if (m.precision == TS_PREC_F16 &&
+            (rc = ts_gemm_peak(&e, o->peak, min_time, TS_PREC_F16, &pk.f16)) != TS_OK) {
+            status = fail("--peak", rc, "f16");
+            goto done;
+        }
         if (!o->json) {
             fprintf(out, "peak:    %d³ GEMM on this engine: fp32 %.1f GFLOP/s", pk.size, pk.f32);
             if (pk.bf16 > 0)
                 fprintf(out, ", bf16 %.1f GFLOP/s", pk.bf16);
+            if (pk.f16 > 0)
+                fprintf(out, ", f16 %.1f GFLOP/s", pk.f16);
             fprintf(out, "\n");
+            /* each row against the peak of its own precision, where it was measured */
+            double own = m.precision == TS_PREC_BF16 ? pk.bf16
+                         : m.precision == TS_PREC_F16 ? pk.f16
+                                                      : pk.f32;
+            const char *of = own > 0 ? ts_precision_name(m.precision) : "f32";
             for (int i = 0; i < nr; i++)
-                fprintf(out, "  %-8s B=%-3d %5.1f %% of the fp32 peak%s\n", res[i].what,
-                        res[i].batch, 100.0 * res[i].gflops / pk.f32,
-                        m.precision == TS_PREC_BF16 && pk.bf16 > 0 ? " (bf16 run)" : "");
+                fprintf(out, "  %-8s B=%-3d %5.1f %% of the %s peak\n", res[i].what, res[i].batch,
+                        100.0 * res[i].gflops / (own > 0 ? own : pk.f32), of);
         }
     }
     if (o->json)
@@ -820,7 +834,7 @@ static void usage(FILE *f) {
     fprintf(
         f, "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
            "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
-           "                 [--precision f32|bf16] [--attention fused|composed] [--ops]\n"
+           "                 [--precision f32|bf16|f16] [--attention fused|composed] [--ops]\n"
            "                 [--device cpu|cuda[:N]] [--peak N]\n"
            "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
            "\n"
@@ -839,14 +853,16 @@ static void usage(FILE *f) {
            "                     when they differ by more than the tolerance\n"
            "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
            "  --json             print one JSON document instead of the table\n"
-           "  --precision P      f32 (default) or bf16: the products, forward and training (bf16\n"
-           "                     training: fp32 masters and optimiser)\n"
+           "  --precision P      f32 (default), bf16 or f16: the products, forward and training\n"
+           "                     (bf16 training: fp32 masters and optimiser; f16 is forward\n"
+           "                     only: pass --train-batch 0; the CPU emulates it)\n"
            "  --attention A      fused or composed: the model's attention (default: the model's\n"
            "                     own choice, see ts_dit_set_attention; a GPU: composed, fused in fp32)\n"
            "  --device D         cpu (default), cuda or cuda:N: the engine; each timed call ends\n"
            "                     with the device synchronised\n"
            "  --peak N           after the rows, the engine's N³ GEMM peak (fp32; bf16 where it\n"
-           "                     runs) and each row as a fraction of it (JSON: \"peak\")\n"
+           "                     runs; f16 in an f16 run) and each row as a fraction of its\n"
+           "                     precision's peak (JSON: \"peak\")\n"
            "  --attention-ops B  no model: time the attention ops alone, composed against fused,\n"
            "                     at batch B (tiny's and small's heads, T = 64 and 256; forward\n"
            "                     f32, forward+backward f32, forward bf16 where it runs)\n"

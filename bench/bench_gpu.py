@@ -19,20 +19,21 @@ For each config, in one run:
      is written to a safetensors file, and its fp32 forward on fixed (x, t, y), computed on the
      device with TF32 off, to a check file;
   2. ours: `bench_dit --device D --check FILE` (the forward must agree to 1e-3 relative, 3e-2
-     in bf16, else nothing of it is timed and the disagreement is recorded), forward at each batch and a training step (ts_trainer_step) at
-     the training batch, fp32 and then bf16 (`--precision bf16`; where the engine has no bf16
-     path, the reason it gave is recorded);
+     in bf16, 5e-3 in f16, else nothing of it is timed and the disagreement is recorded),
+     forward at each batch and a training step (ts_trainer_step) at the training batch, fp32,
+     then bf16 (`--precision bf16`; where the engine has no bf16 path, the reason it gave is
+     recorded), then f16 (`--precision f16`: forward only);
   3. (after the configs) the attention alone, composed against fused (`bench_dit
      --attention-ops 64`: issue 17's target is the fused ≥ 2× the composed at T = 256);
   4. PyTorch on the same device, with its best attention (F.scaled_dot_product_attention where
      it has it; the JSON says which): forward (eval, no_grad) at each batch and the same training
      step as ours (flow matching, MSE, backward, gradient clipping, AdamW, EMA), in fp32 (TF32
-     off, so both sides do fp32 products) and under torch.autocast(bfloat16).
+     off, so both sides do fp32 products), under torch.autocast(bfloat16), and under
+     torch.autocast(float16) (forward only).
 Both sides are timed call by call after a warm-up, each call ending with the device
 synchronised, for at least S seconds and 5 calls; the figure is the median call. Ours' GEMM peak
-comes from a `bench_dit --peak N` call of its own (the engine's N³ product, fp32 and bf16),
-PyTorch's from its own
-N³ torch.matmul; every row is reported as samples/s, ours/PyTorch, and GFLOP/s (the forward's
+comes from a `bench_dit --peak N` call of its own (the engine's N³ product, fp32, bf16 and f16),
+PyTorch's from its own N³ torch.matmul; every row is reported as samples/s, ours/PyTorch, and GFLOP/s (the forward's
 GEMM FLOPs per sample, ×3 for a training step) as a fraction of ours' peak of that precision.
 
 A failure of one row (out of memory, an unsupported path) is recorded in the JSON with its
@@ -67,6 +68,7 @@ CONFIGS = {
 CHECK_BATCH = 4
 TOL_F32 = 1e-3   # ours against PyTorch's fp32 forward, relative to max(1, max|v|)
 TOL_BF16 = 3e-2  # ours bf16 against the same fp32 forward
+TOL_F16 = 5e-3  # ours f16 likewise (3 more significant bits than bf16)
 WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS = 3, 0.2, 5
 DATA_N = 1024    # synthetic training images, as bench_dit.c
 # issue 17's target: DiT-XL training at batch 64 in bf16 at >= 60 % of the bf16 GEMM peak
@@ -169,21 +171,26 @@ def random_inputs(cfg, B, gen):
     return x.to(DEV), t.to(DEV), y.to(DEV)
 
 
-def autocast(enabled):
-    return torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=enabled)
+AUTOCAST = {"": None, "_bf16": torch.bfloat16, "_f16": torch.float16}
 
 
-def torch_forward(model, cfg, B, bf16, gen):
+def autocast(sfx):
+    """torch.autocast for a row's precision suffix ("" fp32, "_bf16", "_f16")."""
+    dtype = AUTOCAST[sfx]
+    return torch.autocast(DEV.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def torch_forward(model, cfg, B, sfx, gen):
     x, t, y = random_inputs(cfg, B, gen)
     model.eval()
 
     def step():
-        with torch.no_grad(), autocast(bf16):
+        with torch.no_grad(), autocast(sfx):
             model(x, t, y)
     return time_calls(step)
 
 
-def torch_train(model, cfg, B, bf16, gen):
+def torch_train(model, cfg, B, sfx, gen):
     """model/train.c's step: a batch with 10 % of labels dropped to the null class, t ~ U(0, 1),
     ε ~ N(0, 1), x_t = (1 − t)·x0 + t·ε, MSE against ε − x0, backward, clip to 1, AdamW, EMA;
     bf16: forward and loss under autocast (fp32 weights, gradients and AdamW)."""
@@ -205,7 +212,7 @@ def torch_train(model, cfg, B, bf16, gen):
         eps = torch.randn_like(x0)
         tb = t[:, None, None, None]
         xt = (1 - tb) * x0 + tb * eps
-        with autocast(bf16):
+        with autocast(sfx):
             loss = F.mse_loss(model(xt, t, y).float(), eps - x0)
         opt.zero_grad(set_to_none=False)
         loss.backward()
@@ -236,7 +243,8 @@ def sdpa_attention(self, x):
 
 def torch_peaks(n):
     out = {"size": n}
-    for name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+    for name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16),
+                        ("f16", torch.float16)):
         def run():
             a = torch.randn(n, n, device=DEV).to(dtype)
             b = torch.randn(n, n, device=DEV).to(dtype)
@@ -259,20 +267,23 @@ def bench_dit():
 
 
 def run_peak(weights):
-    """Ours' N³ GEMM peaks, fp32 and bf16, in a call of their own (no check, one short row), so
-    that they do not depend on the first config's rows running."""
+    """Ours' N³ GEMM peaks, fp32, bf16 and f16 (an f16 run measures all three), in a call of
+    their own (no check, one short row), so that they do not depend on the first config's rows
+    running."""
     cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--batch", "1",
-           "--train-batch", "0", "--seconds", "0.2", "--quick", "--peak", str(ARGS.peak), "--json"]
+           "--train-batch", "0", "--seconds", "0.2", "--quick", "--precision", "f16",
+           "--peak", str(ARGS.peak), "--json"]
     log(f"  GEMM peak: {' '.join(cmd)}")
     out = run_child(cmd)
     return out if "error" in out else dict(out.get("peak", {}), device=out.get("device"))
 
 
 def run_ours(weights, check, precision):
+    """f16 is forward only (ours does not train in f16)."""
+    tol = {"f32": TOL_F32, "bf16": TOL_BF16, "f16": TOL_F16}[precision]
     cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--check", check,
-           "--tol", str(TOL_BF16 if precision == "bf16" else TOL_F32),
-           "--precision", precision, "--seconds", str(ARGS.seconds),
-           "--train-batch", str(ARGS.train_batch), "--json"]
+           "--tol", str(tol), "--precision", precision, "--seconds", str(ARGS.seconds),
+           "--train-batch", str(ARGS.train_batch if precision != "f16" else 0), "--json"]
     for B in ARGS.batch:
         cmd += ["--batch", str(B)]
     if ARGS.quick:
@@ -340,6 +351,7 @@ def run_config(name, work, first):
         res["peak"] = run_peak(weights)
     res["ours"] = run_ours(weights, check, "f32")
     res["ours_bf16"] = run_ours(weights, check, "bf16")
+    res["ours_f16"] = run_ours(weights, check, "f16")
 
     if not ARGS.no_torch:
         tr = {}
@@ -349,15 +361,14 @@ def run_config(name, work, first):
             with torch.no_grad():
                 v2 = model(x.to(DEV), t.to(DEV), y.to(DEV)).cpu()
             res["torch_sdpa_rel"] = ((v2 - v).abs().max() / max(1.0, v.abs().max())).item()
-        for bf16 in (False, True):
-            sfx = "_bf16" if bf16 else ""
+        for sfx in AUTOCAST:
             for B in ARGS.batch:
                 tr[f"forward_b{B}{sfx}"] = guarded(
-                    f"torch forward b{B}{sfx}", lambda: torch_forward(model, cfg, B, bf16, gen))
-            if ARGS.train_batch:
+                    f"torch forward b{B}{sfx}", lambda: torch_forward(model, cfg, B, sfx, gen))
+            if ARGS.train_batch and sfx != "_f16":  # f16 training needs loss scaling: not ours
                 B = ARGS.train_batch
                 tr[f"train_b{B}{sfx}"] = guarded(
-                    f"torch train b{B}{sfx}", lambda: torch_train(model, cfg, B, bf16, gen))
+                    f"torch train b{B}{sfx}", lambda: torch_train(model, cfg, B, sfx, gen))
         res["torch"] = tr
         dt.Attention.forward = COMPOSED_ATTENTION
     del model
@@ -370,12 +381,12 @@ def rows_of(res, peaks):
     """The table's rows: key, ours and PyTorch samples/s, ratio, fraction of ours' peak."""
     out = []
     flops = None
-    for which, sfx in (("ours", ""), ("ours_bf16", "_bf16")):
+    for which, sfx in (("ours", ""), ("ours_bf16", "_bf16"), ("ours_f16", "_f16")):
         ours = res.get(which, {})
         if "results" not in ours:
             continue
         flops = ours.get("flops_per_sample", flops)
-        peak = peaks.get("bf16_gflops" if sfx else "f32_gflops")
+        peak = peaks.get((sfx[1:] or "f32") + "_gflops")
         for r in ours["results"]:
             key = f"{r['what']}_b{r['batch']}{sfx}"
             tr = res.get("torch", {}).get(key, {})
@@ -429,14 +440,15 @@ def main():
 
     peaks = doc.get("peak_ours") or {}
     print(f"device: {doc['engine'] or ARGS.device}; GPU: {doc['gpu']}; torch {doc['torch_version']}")
+    pt = doc.get("peak_torch", {})
     print(f"GEMM peak {ARGS.peak}³: ours fp32 {fmt(peaks.get('f32_gflops'), '.0f')} GFLOP/s, "
-          f"bf16 {fmt(peaks.get('bf16_gflops'), '.0f')}; PyTorch fp32 "
-          f"{fmt(doc.get('peak_torch', {}).get('f32_gflops'), '.0f')}, bf16 "
-          f"{fmt(doc.get('peak_torch', {}).get('bf16_gflops'), '.0f')}")
+          f"bf16 {fmt(peaks.get('bf16_gflops'), '.0f')}, f16 {fmt(peaks.get('f16_gflops'), '.0f')}; "
+          f"PyTorch fp32 {fmt(pt.get('f32_gflops'), '.0f')}, bf16 {fmt(pt.get('bf16_gflops'), '.0f')}, "
+          f"f16 {fmt(pt.get('f16_gflops'), '.0f')}")
     print(f"{'config':8} {'row':22} {'ours/s':>10} {'torch/s':>10} {'ratio':>6} "
           f"{'GFLOP/s':>9} {'of peak':>8}")
     for name, res in doc["configs"].items():
-        for which in ("ours", "ours_bf16"):
+        for which in ("ours", "ours_bf16", "ours_f16"):
             if "error" in res.get(which, {}):
                 print(f"{name:8} {which:22} not run: {res[which]['error']}")
         for r in res["rows"]:

@@ -73,7 +73,7 @@ static int set_value(const char *prog, ts_arg_t *a, const char *v) {
         return 0;
     case TS_ARG_PRECISION:
         if (ts_precision_parse(v, (ts_precision_t *)a->dest) != TS_OK)
-            return bad_value(prog, a, v, "must be f32 or bf16");
+            return bad_value(prog, a, v, "must be f32, bf16 or f16");
         return 0;
     default: return 2;
     }

@@ -428,7 +428,9 @@ static void print_start(const train_run_t *r) {
             o->init ? o->init : o->model, (long long)r->model.num_params,
             ts_dit_flops_per_sample(&r->model.cfg) / 1e6, r->ds.n, o->batch, r->eng.threads,
             o->precision == TS_PREC_BF16
-                ? "bf16 products forward and backward (oneDNN), fp32 masters, AdamW and EMA"
+                ? r->eng.device == TS_CPU
+                      ? "bf16 products forward and backward (oneDNN), fp32 masters, AdamW and EMA"
+                      : "bf16 products forward and backward (cuBLAS), fp32 masters, AdamW and EMA"
                 : "f32",
             (long long)r->tr.step, (long long)o->steps);
 }

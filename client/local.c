@@ -436,9 +436,12 @@ int ts_cli_precision(ts_dit_t *models, int n, ts_precision_t p, const char *prog
             return rc;
         }
     }
-    if (p == TS_PREC_BF16 && n > 0 && prog)
-        fprintf(stderr, "%s: bf16 products (oneDNN), fp32 accumulation, LayerNorm and softmax\n",
-                prog);
+    if (p != TS_PREC_F32 && n > 0 && prog) {
+        int cpu = models[0].eng->device == TS_CPU;
+        fprintf(stderr, "%s: %s products (%s), fp32 accumulation, LayerNorm and softmax\n", prog,
+                ts_precision_name(p),
+                !cpu ? "cuBLAS" : p == TS_PREC_BF16 ? "oneDNN" : "emulated: slower than f32");
+    }
     return TS_OK;
 }
 

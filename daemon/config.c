@@ -63,7 +63,7 @@ static const key_spec_t KEYS[] = {
     {{"expert", "auto_bandwidth_mib_s", "integer", "0", "auto: MiB/s of the node's own weight fetches; 0 = unlimited"}, K_INT, OFF(auto_bandwidth_mib_s), 0, 100000},
     {{"expert", "cluster", "integer", "(none)", "train: the cluster of partition to train on, 0..K-1 (required); not used otherwise (hosted weights record their cluster)"}, K_INT, OFF(expert_cluster), 0, 65535},
     {{"compute", "device", "auto|cpu|cuda[:N]", "auto", "where the expert is trained and served: " TS_DEVICE_SPEC_HELP "; the choice is logged, advertised and shown by `tessera status`"}, K_DEVICE, OFF(compute_device), 0, 0},
-    {{"compute", "precision", "f32|bf16", "f32", "the served expert's matrix products: f32, or bf16 (bf16 weights and products, fp32 accumulation, LayerNorm, softmax and residual stream; CPU with AVX-512 BF16 and oneDNN). The trainer ([expert] mode = train) honours it too: bf16 training, with fp32 master weights, AdamW and EMA, and fp32 checkpoints. Where bf16 cannot run the server and the trainer stay f32 and log why"}, K_PRECISION, OFF(compute_precision), 0, 0},
+    {{"compute", "precision", "f32|bf16|f16", "f32", "the served expert's matrix products: f32, bf16 (bf16 weights and products, fp32 accumulation, LayerNorm, softmax and residual stream; CPU with AVX-512 BF16 and oneDNN, or a GPU of compute capability 8.0 or newer) or f16 (the same in half precision, for serving only; on a GPU; a CPU emulates it, slower than f32). The trainer ([expert] mode = train) honours bf16 too: bf16 training, with fp32 master weights, AdamW and EMA, and fp32 checkpoints. Where the precision cannot run (f16 in the trainer) the server and the trainer stay f32 and log why"}, K_PRECISION, OFF(compute_precision), 0, 0},
     {{"train", "model", "name", "tiny", "the DiT config: mini, tiny, small, S/2, S/4, S/8, B/2 ... XL/8"}, K_MODEL, OFF(train_model), 0, 0},
     {{"train", "data", "path", TS_FMNIST_DEFAULT_DIR, "the Fashion-MNIST IDX files (Debian's dataset-fashion-mnist); the partition must have been made from this train set"}, K_PATH, OFF(train_data), 0, 0},
     {{"train", "steps", "integer", "10000", "the run is complete at this step; raising it later continues the run"}, K_INT, OFF(train_steps), 1, 2000000000},
@@ -321,7 +321,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
         return 1;
     case K_PRECISION:
         if (ts_precision_parse(value, (ts_precision_t *)field) != TS_OK)
-            return fail(p, section, name, "'%s': want f32 or bf16", value);
+            return fail(p, section, name, "'%s': want f32, bf16 or f16", value);
         return 1;
     case K_LEVEL:
         for (int l = 0; l < 4; l++)

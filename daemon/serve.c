@@ -648,7 +648,10 @@ static void set_precision(ts_serve_t *s) {
     if (s->o.precision == TS_PREC_F32)
         return;
     if (ts_dit_set_precision(&s->model, s->o.precision, why, sizeof why) == TS_OK)
-        snprintf(tail, room, "; %s products", ts_precision_name(s->o.precision));
+        snprintf(tail, room, "; %s products%s", ts_precision_name(s->o.precision),
+                 s->o.precision == TS_PREC_F16 && s->eng.device == TS_CPU
+                     ? " (emulated on the CPU: slower than f32)"
+                     : "");
     else
         snprintf(tail, room, "; f32 (precision %s refused: %s)", ts_precision_name(s->o.precision),
                  why);

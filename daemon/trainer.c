@@ -53,14 +53,18 @@ struct ts_train_job {
     int ended;
     ts_train_progress_t progress;
     ts_train_snapshot_t *snapshot;
-    /* The writer: a periodic checkpoint's bytes (and its snapshot's) go to the store on a thread
-     * of their own while the steps go on; one write in flight, the next waits for it. Under mu. */
+    /* The writer: a periodic checkpoint (and its snapshot) is copied out into the stage — on a
+     * GPU queued behind the step, so the next step overlaps the copy — and the writer's thread
+     * waits for the copy, encodes it and puts it into the store while the steps go on; one write
+     * in flight, the next waits for it. Under mu, but for the stage and w_meta, which only the
+     * writer touches while w_busy and only the job's thread otherwise. */
     pthread_t writer;
     pthread_cond_t wcv;        /* a write was handed over, finished, or the writer must quit */
     int w_busy, w_quit;        /* w_busy: a write handed over and not finished */
     int64_t w_step;            /* the step the write holds */
-    unsigned char *w_ckpt, *w_snap;
-    size_t w_ckpt_len, w_snap_len;
+    ts_trainer_stage_t stage;  /* the state copied out (made at the first periodic checkpoint) */
+    int staged;                /* stage made */
+    ts_train_meta_t w_meta;    /* the snapshot's metadata at the staged step */
     int w_rc;                  /* the first failed write's error; the job ends with it */
     int64_t w_at;
     char w_err[320];
@@ -217,15 +221,21 @@ static void *writer_main(void *arg) {
         if (!j->w_busy)
             break;
         int64_t step = j->w_step;
-        unsigned char *ckpt = j->w_ckpt, *snap = j->w_snap;
-        size_t ckpt_len = j->w_ckpt_len, snap_len = j->w_snap_len;
         pthread_mutex_unlock(&j->mu);
         char err[320] = "";
-        int rc = ts_ckpt_save(j->store, j->progress.run_id, step, ckpt, ckpt_len, j->keep);
-        free(ckpt);
-        if (rc != TS_OK)
+        unsigned char *ckpt = NULL, *snap = NULL;
+        size_t ckpt_len = 0, snap_len = 0;
+        /* waits for the copy out, then encodes: the checkpoint, and the snapshot from its EMA */
+        int rc = ts_trainer_stage_encode(&j->stage, &ckpt, &ckpt_len, err, sizeof err);
+        if (rc == TS_OK && j->snapshots)
+            rc = ts_dit_save_mem(&j->model, &j->stage.host[3], TS_ST_F32, j->w_meta.kv,
+                                 j->w_meta.n, &snap, &snap_len, err, sizeof err);
+        if (rc == TS_OK &&
+            (rc = ts_ckpt_save(j->store, j->progress.run_id, step, ckpt, ckpt_len, j->keep)) !=
+                TS_OK)
             snprintf(err, sizeof err, "store %s: cannot save the checkpoint (%zu bytes)",
                      ts_store_dir(j->store), ckpt_len);
+        free(ckpt);
         if (rc == TS_OK) {
             pthread_mutex_lock(&j->mu);
             j->progress.ckpt_step = step;
@@ -262,34 +272,40 @@ static int writer_idle(ts_train_job_t *j, int64_t *at, char *err, size_t errlen)
     return j->w_rc;
 }
 
-/* A periodic checkpoint without stopping the steps: the trainer's state copied out here (from
- * the device: the one synchronous part) and, with snapshots, the EMA weights encoded; the store
- * writes go to the writer once the previous one is done. */
+/* Page-locked staging up to this many bytes of state (16 per parameter: DiT-B/2 and smaller);
+ * past it the stage is ordinary memory, into which a GPU's copy is synchronous. */
+#define STAGE_PINNED_MAX ((size_t)2 << 30)
+
+/* A periodic checkpoint without stopping the steps: once the previous write is done, the
+ * trainer's state is copied out into the stage (on a GPU queued on the engine's stream: the
+ * call returns at once) and the writer does the rest. */
 static int checkpoint_async(ts_train_job_t *j, int64_t *at, char *err, size_t errlen) {
-    unsigned char *ckpt = NULL, *snap = NULL;
-    size_t ckpt_len = 0, snap_len = 0;
-    int rc = ts_trainer_save_mem(&j->tr, &ckpt, &ckpt_len, err, errlen);
-    if (rc == TS_OK && j->snapshots)
-        rc = encode_weights(j, &snap, &snap_len, err, errlen);
-    if (rc != TS_OK) {
-        free(ckpt);
+    pthread_mutex_lock(&j->mu);
+    int rc = writer_idle(j, at, err, errlen);
+    pthread_mutex_unlock(&j->mu);
+    if (rc != TS_OK)
+        return rc;
+    if (!j->staged) {
+        int pinned = j->model.eng->device == TS_CUDA &&
+                     (size_t)j->model.num_params * 16 <= STAGE_PINNED_MAX;
+        if ((rc = ts_trainer_stage_init(&j->stage, &j->tr, pinned)) != TS_OK) {
+            snprintf(err, errlen, "no memory for a copy of the training state (%lld bytes)",
+                     (long long)j->model.num_params * 16);
+            return rc;
+        }
+        j->staged = 1;
+    }
+    if ((rc = ts_trainer_stage_begin(&j->stage, &j->tr)) != TS_OK) {
+        snprintf(err, errlen, "cannot copy the training state out: %s", ts_strerror(rc));
         return rc;
     }
+    ts_train_meta(&j->w_meta, &j->tr, j->shard, j->partition_id, j->cluster);
     pthread_mutex_lock(&j->mu);
-    rc = writer_idle(j, at, err, errlen);
-    if (rc == TS_OK) {
-        j->w_step = j->tr.step;
-        j->w_ckpt = ckpt, j->w_ckpt_len = ckpt_len;
-        j->w_snap = snap, j->w_snap_len = snap_len;
-        j->w_busy = 1;
-        pthread_cond_broadcast(&j->wcv);
-    }
+    j->w_step = j->tr.step;
+    j->w_busy = 1;
+    pthread_cond_broadcast(&j->wcv);
     pthread_mutex_unlock(&j->mu);
-    if (rc != TS_OK) {
-        free(ckpt);
-        free(snap);
-    }
-    return rc;
+    return TS_OK;
 }
 
 /* Waits for the write in flight, then ends the writer; its error, if any. */
@@ -501,6 +517,8 @@ static int build(ts_train_job_t *j, const ts_train_job_opts_t *o, char *err, siz
 }
 
 static void job_free_parts(ts_train_job_t *j) {
+    if (j->staged)
+        ts_trainer_stage_free(&j->stage);
     ts_trainer_free(&j->tr);
     ts_dit_free(&j->model);
     ts_engine_free(&j->eng);

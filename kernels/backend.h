@@ -81,6 +81,15 @@ extern "C" {
      * fp32 accumulation into the fp32 gradients; either may be NULL. TS_ENOTSUP as gemm_bf16. */  \
     X(linear_backward_bf16, float *dinp, float *dweight, const float *dout, const float *inp,      \
       const uint16_t *weight, int64_t M, int64_t N, int64_t K)                                     \
+    /* As gemm_bf16 and linear_forward_bf16 in IEEE half precision (f16, nearest even; inference \
+     * only: no backward). The GPU's are cuBLAS products on f16 operands; the CPU has no f16      \
+     * product, so it emulates one (kernels/cpu/cpu_f16.c): operands rounded to f16 and widened   \
+     * back, then the fp32 gemm, whose products of two f16 values are exact. */                   \
+    X(gemm_f16, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,            \
+      const float *A, int64_t lda, int64_t stride_a, const float *B, int64_t ldb,                  \
+      int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c, int64_t batch)        \
+    X(linear_forward_f16, float *out, const float *inp, const uint16_t *weight,                    \
+      const float *bias, int64_t M, int64_t N, int64_t K, int64_t group)                           \
     /* GELU (tanh form) for a bf16 consumer: a vector exp, within 1e-6 of gelu_forward. */         \
     X(gelu_forward_bf16, float *out, const float *inp, int64_t n)                                  \
                                                                                                    \
@@ -211,6 +220,8 @@ int ts_cpu_bf16_check(ts_engine_t *e, char *why, size_t why_len);
 int ts_cpu_attention_fused_bf16_ok(void);
 /* Releases the engine's oneDNN state (primitives, scratch), made on the first bf16 product. */
 void ts_cpu_bf16_free(ts_engine_t *e);
+/* Releases the engine's f16 scratch (kernels/cpu/cpu_f16.c), made on the first f16 product. */
+void ts_cpu_f16_free(ts_engine_t *e);
 
 int ts_cuda_engine_init(ts_engine_t *e, int gpu);
 void ts_cuda_engine_free(ts_engine_t *e);
@@ -235,6 +246,12 @@ int ts_cuda_info(int gpu, char *name, size_t name_len, size_t *total, size_t *fr
 int ts_cuda_event_record(ts_engine_t *e, void **ev);
 int ts_cuda_event_elapsed(ts_engine_t *e, void *a, void *b, double *seconds);
 void ts_cuda_event_free(void *ev);
+/* Waits for event ev of e's device (any thread). */
+int ts_cuda_event_wait(ts_engine_t *e, void *ev);
+/* As ts_cuda_memcpy, queued on e's stream (cudaMemcpyAsync): returns at once for page-locked host
+ * memory; ordered after the stream's earlier work and before its later work. */
+int ts_cuda_memcpy_async(ts_engine_t *e, void *dst, ts_device_t dst_dev, const void *src,
+                         ts_device_t src_dev, size_t bytes);
 /* The fraction of the last sample period (NVML: 1/6 s to 1 s) in which a kernel ran on device
  * gpu, in [0, 1]; TS_ENOTSUP where NVML (the driver's libnvidia-ml.so.1) is not there. */
 int ts_cuda_utilization(int gpu, double *ratio);

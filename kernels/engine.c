@@ -32,6 +32,7 @@ void ts_engine_free(ts_engine_t *e) {
         return;
     if (e->device == TS_CPU) {
         ts_cpu_bf16_free(e);
+        ts_cpu_f16_free(e);
         ts_cpu_engine_free(e);
     } else if (e->device == TS_CUDA)
         ts_cuda_engine_free(e);
@@ -146,6 +147,27 @@ int ts_engine_marks_elapsed(ts_engine_t *e, const ts_engine_mark_t *a, const ts_
     return TS_OK;
 }
 
+int ts_engine_mark_wait(ts_engine_t *e, const ts_engine_mark_t *m) {
+    if (!e || !m)
+        return TS_EINVAL;
+    if (e->device == TS_CUDA)
+        return m->event ? ts_cuda_event_wait(e, m->event) : TS_EINVAL;
+    return TS_OK;
+}
+
+int ts_engine_copy_async(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *src) {
+    if (!e || ts_tensor_check(dst) || ts_tensor_check(src))
+        return TS_EINVAL;
+    if (dst->dtype != src->dtype)
+        return TS_EDTYPE;
+    if (ts_tensor_numel(dst) != ts_tensor_numel(src))
+        return TS_ESHAPE;
+    if (e->device != TS_CUDA || (dst->device == TS_CPU && src->device == TS_CPU))
+        return ts_tensor_copy(dst, src);
+    return ts_cuda_memcpy_async(e, dst->data, dst->device, src->data, src->device,
+                                ts_tensor_nbytes(src));
+}
+
 void ts_engine_mark_free(ts_engine_mark_t *m) {
     if (!m)
         return;
@@ -213,17 +235,25 @@ int ts_precision_parse(const char *text, ts_precision_t *out) {
         *out = TS_PREC_F32;
     else if (strcmp(text, "bf16") == 0)
         *out = TS_PREC_BF16;
+    else if (strcmp(text, "f16") == 0)
+        *out = TS_PREC_F16;
     else
         return TS_EINVAL;
     return TS_OK;
 }
 
-const char *ts_precision_name(ts_precision_t p) { return p == TS_PREC_BF16 ? "bf16" : "f32"; }
+const char *ts_precision_name(ts_precision_t p) {
+    return p == TS_PREC_BF16 ? "bf16" : p == TS_PREC_F16 ? "f16" : "f32";
+}
+
+ts_dtype_t ts_precision_dtype(ts_precision_t p) {
+    return p == TS_PREC_BF16 ? TS_BF16 : p == TS_PREC_F16 ? TS_F16 : TS_F32;
+}
 
 int ts_engine_precision_check(ts_engine_t *e, ts_precision_t p, char *why, size_t why_len) {
     if (!e)
         return TS_EINVAL;
-    if (p == TS_PREC_F32)
+    if (p == TS_PREC_F32 || p == TS_PREC_F16)
         return TS_OK;
     if (p != TS_PREC_BF16)
         return TS_EINVAL;

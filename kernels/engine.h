@@ -33,6 +33,8 @@ typedef struct ts_engine {
     ts_pool_t *pool;     /* CPU only */
     ts_cuda_ctx_t *cuda; /* CUDA only */
     ts_bf16_ctx_t *bf16; /* CPU only, made by the first bf16 product */
+    float *f16_scratch;  /* CPU only: the f16 emulation's rounded operands (grow-only) */
+    size_t f16_cap;      /* its size in floats */
     /* CPU only: the hot loops built for this CPU (kernels/cpu/vec.h); the environment's
      * TESSERA_CPU_ISA (avx512, avx2, base) caps the choice, for tests and measurements */
     const struct ts_cpu_vec *vec;
@@ -96,6 +98,16 @@ int ts_engine_mark(ts_engine_t *e, ts_engine_mark_t *m);
 int ts_engine_marks_elapsed(ts_engine_t *e, const ts_engine_mark_t *a, const ts_engine_mark_t *b,
                             double *seconds);
 void ts_engine_mark_free(ts_engine_mark_t *m);
+/* Waits until the work queued on m's engine before mark m is done (a GPU: its event; the CPU:
+ * nothing to wait for). Any thread may wait, while the engine's user queues more. TS_EINVAL for
+ * a mark never recorded on a GPU. */
+int ts_engine_mark_wait(ts_engine_t *e, const ts_engine_mark_t *m);
+/* Copies src into dst (same dtype and element count) in e's queue order: on a GPU queued on the
+ * engine's stream behind the work before it, and returning at once when dst is page-locked host
+ * memory (ts_tensor_alloc_pinned) — then dst may be read only after a mark recorded after the
+ * copy has been waited for (ts_engine_mark_wait); work queued after the copy cannot change what
+ * it reads. On the CPU, or to pageable memory, the copy is done on return. */
+int ts_engine_copy_async(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *src);
 
 /* A CUDA engine's GPU utilisation: the fraction of the last sample period in which a kernel ran
  * (NVML's reading, by every process), in [0, 1]. TS_ENODEV for a CPU engine, TS_ENOTSUP where the
@@ -107,19 +119,25 @@ int ts_engine_utilization(const ts_engine_t *e, double *ratio);
  * bf16, their inputs and attention's two products rounded to bf16, accumulation and every other op
  * (LayerNorm, softmax, the residual stream) fp32. On the CPU through oneDNN, on a CPU with
  * AVX-512 BF16; on a GPU through cuBLAS, compute capability 8.0 or newer
- * (ts_engine_precision_check). */
-typedef enum { TS_PREC_F32 = 0, TS_PREC_BF16 = 1 } ts_precision_t;
+ * (ts_engine_precision_check). TS_PREC_F16: the same in IEEE half precision (11 significant
+ * bits to bf16's 8, range ±65504), for inference only (training in f16 needs loss scaling, not
+ * built); on a GPU through cuBLAS, on the CPU emulated (f16-rounded operands, fp32 products: the
+ * GPU's reference, slower than f32). */
+typedef enum { TS_PREC_F32 = 0, TS_PREC_BF16 = 1, TS_PREC_F16 = 2 } ts_precision_t;
 
 #define TS_PRECISION_HELP                                                                          \
-    "f32 (default) or bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16)"
+    "f32 (default), bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16, or a GPU) or " \
+    "f16 (half-precision products for inference; a GPU, emulated on the CPU)"
 
-/* Parses "f32" or "bf16" (NULL or "" = f32); TS_EINVAL for anything else, out untouched. */
+/* Parses "f32", "bf16" or "f16" (NULL or "" = f32); TS_EINVAL for anything else, out untouched. */
 int ts_precision_parse(const char *text, ts_precision_t *out);
-/* "f32" or "bf16". */
+/* "f32", "bf16" or "f16". */
 const char *ts_precision_name(ts_precision_t p);
+/* The dtype a precision holds weights in: TS_F32, TS_BF16 or TS_F16. */
+ts_dtype_t ts_precision_dtype(ts_precision_t p);
 /* TS_OK when engine e can run precision p; TS_ENOTSUP otherwise with the reason in why (may be
- * NULL): a build without oneDNN, a CPU without AVX-512 BF16, a GPU older than compute capability
- * 8.0. f32 always runs. */
+ * NULL): bf16 in a build without oneDNN, on a CPU without AVX-512 BF16 or on a GPU older than
+ * compute capability 8.0. f32 and f16 always run. */
 int ts_engine_precision_check(ts_engine_t *e, ts_precision_t p, char *why, size_t why_len);
 
 /* 1 when this build contains the CUDA backend. */

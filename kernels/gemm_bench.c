@@ -74,7 +74,7 @@ typedef struct shape {
     int64_t rows, in, out; /* linear */
     int64_t groups, T, d;  /* attention */
     int per_step;
-    int bf16; /* the peak's bf16 twin: ts_matmul_bf16 (oneDNN) */
+    int prec; /* the peak's precision (ts_precision_t): f32, or its bf16 or f16 twin */
 } shape_t;
 
 #define MAX_SHAPES 64
@@ -233,8 +233,10 @@ static int case_run(ts_engine_t *e, bench_case_t *k, const shape_t *s, int pass)
     float alpha = trans_b ? 1.0f / sqrtf((float)s->d) : 1.0f;
     switch (pass) {
     case PASS_FWD:
-        if (s->bf16)
+        if (s->prec == TS_PREC_BF16)
             return ts_matmul_bf16(e, &k->c, &k->a, 0, &k->b, trans_b, alpha, 0.0f);
+        if (s->prec == TS_PREC_F16)
+            return ts_matmul_f16(e, &k->c, &k->a, 0, &k->b, trans_b, alpha, 0.0f);
         return ts_matmul(e, &k->c, &k->a, 0, &k->b, trans_b, alpha, 0.0f);
     case PASS_BWD_A:
         return ts_matmul_backward(e, &k->da, NULL, &k->dc, &k->a, 0, &k->b, trans_b, alpha);
@@ -294,11 +296,11 @@ typedef struct peak {
 } peak_t;
 
 /* The reference: one square product c = a·b through ts_matmul (timed as an O = P·V pass), over
- * five times the shapes' window so that its best window is a steady one. With bf16, the same
- * product through ts_matmul_bf16 (both operands rounded to bf16 on each call, as the bf16 path's
- * inputs are): the bf16 peak the bf16 forward is read against. */
-static int measure_peak(ts_engine_t *e, int size, double min_time, int bf16, peak_t *p) {
-    shape_t s = {.layer = "peak", .kind = KIND_PV, .groups = 1, .T = size, .d = size, .bf16 = bf16};
+ * five times the shapes' window so that its best window is a steady one. At bf16 (f16), the
+ * same product through ts_matmul_bf16 (ts_matmul_f16), both operands rounded on each call, as the
+ * 16-bit path's inputs are: the peak a bf16 (f16) forward is read against. */
+static int measure_peak(ts_engine_t *e, int size, double min_time, int prec, peak_t *p) {
+    shape_t s = {.layer = "peak", .kind = KIND_PV, .groups = 1, .T = size, .d = size, .prec = prec};
     bench_case_t k;
     memset(&k, 0, sizeof k);
     int64_t n = size;
@@ -313,11 +315,13 @@ static int measure_peak(ts_engine_t *e, int size, double min_time, int bf16, pea
     return rc;
 }
 
-int ts_gemm_peak(ts_engine_t *e, int size, double min_time, int bf16, double *gflops) {
+int ts_gemm_peak(ts_engine_t *e, int size, double min_time, int prec, double *gflops) {
     if (!e || size < 1 || size > 65536 || !gflops)
         return TS_EINVAL;
     peak_t p;
-    int rc = measure_peak(e, size, min_time > 0 ? min_time : 0.2, bf16, &p);
+    if (prec != TS_PREC_F32 && prec != TS_PREC_BF16 && prec != TS_PREC_F16)
+        return TS_EINVAL;
+    int rc = measure_peak(e, size, min_time > 0 ? min_time : 0.2, prec, &p);
     *gflops = rc == TS_OK ? p.gflops : 0.0;
     return rc;
 }

@@ -31,12 +31,13 @@ typedef struct ts_gemm_bench_opts {
  * config name. */
 int ts_gemm_bench_run(const ts_gemm_bench_opts_t *opts);
 
-/* The engine's GEMM peak as this benchmark measures it: a square size³ product (fp32, or bf16
- * operands with bf16 = 1) of random matrices through ts_matmul on e, the best of the timed calls
+/* The engine's GEMM peak as this benchmark measures it: a square size³ product (prec, a
+ * ts_precision_t: fp32, or bf16 or f16 operands) of random matrices through ts_matmul (_bf16,
+ * _f16) on e, the best of the timed calls
  * after a warm-up (about 5 × min_time seconds; 0 = 0.2), each ending with the device
  * synchronised; GFLOP/s in *gflops. CPU or CUDA. */
 struct ts_engine;
-int ts_gemm_peak(struct ts_engine *e, int size, double min_time, int bf16, double *gflops);
+int ts_gemm_peak(struct ts_engine *e, int size, double min_time, int prec, double *gflops);
 
 /* Command-line front end: parses --threads N, --config NAME, --json, --quick, --help from
  * argv[1..argc) and runs. `prog` names the command in messages and the usage text ("bench_gemm",

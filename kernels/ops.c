@@ -246,13 +246,17 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, out));
     TS_TRY(check_f32(e, inp));
-    int bf16 = weight && weight->dtype == TS_BF16;
-    TS_TRY(check_on(e, weight, bf16 ? TS_BF16 : TS_F32));
+    ts_dtype_t wt = weight && (weight->dtype == TS_BF16 || weight->dtype == TS_F16) ? weight->dtype
+                                                                                  : TS_F32;
+    TS_TRY(check_on(e, weight, wt));
     TS_TRY(check_opt(e, bias));
     linear_dims_t d;
     TS_TRY(linear_dims(out, inp, weight, bias, &d));
-    if (bf16)
+    if (wt == TS_BF16)
         return DISPATCH(e, linear_forward_bf16, F(out), CF(inp), (const uint16_t *)weight->data,
+                        OPT(bias), d.M, d.N, d.K, d.group);
+    if (wt == TS_F16)
+        return DISPATCH(e, linear_forward_f16, F(out), CF(inp), (const uint16_t *)weight->data,
                         OPT(bias), d.M, d.N, d.K, d.group);
     return DISPATCH(e, linear_forward, F(out), CF(inp), CF(weight), OPT(bias), d.M, d.N, d.K,
                     d.group);
@@ -341,8 +345,24 @@ static int matmul_dims(const ts_tensor_t *c, const ts_tensor_t *a, int ta, const
     return TS_OK;
 }
 
+/* The backend's gemm with operands in precision lp: TS_F32 (as stored), TS_BF16 or TS_F16
+ * (rounded, fp32 accumulation). */
+static int gemm_in(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int64_t M, int64_t N,
+                   int64_t K, float alpha, const float *A, int64_t lda, int64_t stride_a,
+                   const float *B, int64_t ldb, int64_t stride_b, float beta, float *C,
+                   int64_t ldc, int64_t stride_c, int64_t batch) {
+    if (lp == TS_BF16)
+        return DISPATCH(e, gemm_bf16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
+                        stride_b, beta, C, ldc, stride_c, batch);
+    if (lp == TS_F16)
+        return DISPATCH(e, gemm_f16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
+                        stride_b, beta, C, ldc, stride_c, batch);
+    return DISPATCH(e, gemm, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b,
+                    beta, C, ldc, stride_c, batch);
+}
+
 static int matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
-                  const ts_tensor_t *b, int trans_b, float alpha, float beta, int bf16) {
+                  const ts_tensor_t *b, int trans_b, float alpha, float beta, ts_dtype_t lp) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, c));
     TS_TRY(check_f32(e, a));
@@ -350,21 +370,23 @@ static int matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int tran
     mm_dims_t d;
     TS_TRY(matmul_dims(c, a, trans_a, b, trans_b, &d));
     int64_t lda = a->shape[a->ndim - 1], ldb = b->shape[b->ndim - 1];
-    if (bf16)
-        return DISPATCH(e, gemm_bf16, trans_a, trans_b, d.M, d.N, d.K, alpha, CF(a), lda, d.M * d.K,
-                        CF(b), ldb, d.K * d.N, beta, F(c), d.N, d.M * d.N, d.batch);
-    return DISPATCH(e, gemm, trans_a, trans_b, d.M, d.N, d.K, alpha, CF(a), lda, d.M * d.K, CF(b),
-                    ldb, d.K * d.N, beta, F(c), d.N, d.M * d.N, d.batch);
+    return gemm_in(e, lp, trans_a, trans_b, d.M, d.N, d.K, alpha, CF(a), lda, d.M * d.K, CF(b), ldb,
+                   d.K * d.N, beta, F(c), d.N, d.M * d.N, d.batch);
 }
 
 int ts_matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
               const ts_tensor_t *b, int trans_b, float alpha, float beta) {
-    return matmul(e, c, a, trans_a, b, trans_b, alpha, beta, 0);
+    return matmul(e, c, a, trans_a, b, trans_b, alpha, beta, TS_F32);
 }
 
 int ts_matmul_bf16(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
                    const ts_tensor_t *b, int trans_b, float alpha, float beta) {
-    return matmul(e, c, a, trans_a, b, trans_b, alpha, beta, 1);
+    return matmul(e, c, a, trans_a, b, trans_b, alpha, beta, TS_BF16);
+}
+
+int ts_matmul_f16(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
+                  const ts_tensor_t *b, int trans_b, float alpha, float beta) {
+    return matmul(e, c, a, trans_a, b, trans_b, alpha, beta, TS_F16);
 }
 
 int ts_matmul_backward(ts_engine_t *e, ts_tensor_t *da, ts_tensor_t *db, const ts_tensor_t *dc,
@@ -538,7 +560,7 @@ static int att_shape(const ts_tensor_t *att, const att_dims_t *d) {
  * h·hd, C + h·hd, 2C + h·hd; the heads of one sample are a strided batch (stride hd). So no
  * permuted copies of q, k, v are ever made: the GEMMs read them in place. */
 static int attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
-                             const ts_tensor_t *qkv, int heads, int bf16) {
+                             const ts_tensor_t *qkv, int heads, ts_dtype_t lp) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, out));
     TS_TRY(check_f32(e, att));
@@ -552,36 +574,33 @@ static int attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
         const float *q = CF(qkv) + b * T * ld;
         float *a = F(att) + b * H * T * T;
         /* att[b, h] (T, T) = scale · Q_h · K_hᵀ */
-        if (bf16)
-            TS_TRY(DISPATCH(e, gemm_bf16, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a,
-                            T, T * T, H));
-        else
-            TS_TRY(DISPATCH(e, gemm, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a, T,
-                            T * T, H));
+        TS_TRY(gemm_in(e, lp, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a, T, T * T,
+                       H));
     }
     TS_TRY(DISPATCH(e, softmax_forward, F(att), CF(att), d.B * H * T, T));
     for (int64_t b = 0; b < d.B; b++) {
         const float *v = CF(qkv) + b * T * ld + 2 * C;
         const float *a = CF(att) + b * H * T * T;
         /* out[b, :, h·hd:(h+1)·hd] (T, hd) = att[b, h] (T, T) · V_h (T, hd) */
-        if (bf16)
-            TS_TRY(DISPATCH(e, gemm_bf16, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
-                            F(out) + b * T * C, C, hd, H));
-        else
-            TS_TRY(DISPATCH(e, gemm, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
-                            F(out) + b * T * C, C, hd, H));
+        TS_TRY(gemm_in(e, lp, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
+                       F(out) + b * T * C, C, hd, H));
     }
     return TS_OK;
 }
 
 int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv,
                          int heads) {
-    return attention_forward(e, out, att, qkv, heads, 0);
+    return attention_forward(e, out, att, qkv, heads, TS_F32);
 }
 
 int ts_attention_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
                               const ts_tensor_t *qkv, int heads) {
-    return attention_forward(e, out, att, qkv, heads, 1);
+    return attention_forward(e, out, att, qkv, heads, TS_BF16);
+}
+
+int ts_attention_forward_f16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
+                             const ts_tensor_t *qkv, int heads) {
+    return attention_forward(e, out, att, qkv, heads, TS_F16);
 }
 
 int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,

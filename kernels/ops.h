@@ -64,7 +64,8 @@ int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t);
 
 /* out (..., N) = inp (..., K) · weightᵀ + bias. weight is (N, K) as in torch.nn.Linear;
  * bias (N) may be NULL. A BF16 weight takes the bf16 path: inp rounded to bf16, fp32
- * accumulation, out and bias fp32 (TS_ENOTSUP where it cannot run: ts_engine_precision_check). */
+ * accumulation, out and bias fp32 (TS_ENOTSUP where it cannot run: ts_engine_precision_check).
+ * An F16 weight takes the f16 path likewise (inference only: ts_linear_backward refuses it). */
 int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias);
 /* pre (..., N) = inp · weightᵀ + bias, as ts_linear_forward; act = GELU(pre), as ts_gelu_forward
@@ -89,6 +90,10 @@ int ts_matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
  * F32). TS_ENOTSUP where bf16 cannot run (ts_engine_precision_check says why). */
 int ts_matmul_bf16(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
                    const ts_tensor_t *b, int trans_b, float alpha, float beta);
+/* As ts_matmul_bf16 in f16 (nearest even: past ±65504 becomes ±Inf); runs on every engine (the
+ * CPU's is emulated: kernels/cpu/cpu_f16.c). */
+int ts_matmul_f16(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
+                  const ts_tensor_t *b, int trans_b, float alpha, float beta);
 /* Gradients of c = alpha · op(a) · op(b): da += ..., db += ... (either may be NULL). */
 int ts_matmul_backward(ts_engine_t *e, ts_tensor_t *da, ts_tensor_t *db, const ts_tensor_t *dc,
                        const ts_tensor_t *a, int trans_a, const ts_tensor_t *b, int trans_b,
@@ -136,6 +141,9 @@ int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, con
  * its backward is the fp32 op). */
 int ts_attention_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
                               const ts_tensor_t *qkv, int heads);
+/* As ts_attention_forward_bf16 in f16 (the inference forward of `--precision f16`). */
+int ts_attention_forward_f16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
+                             const ts_tensor_t *qkv, int heads);
 /* dqkv (B, T, 3C) += ...; datt (B, heads, T, T) is scratch (overwritten). */
 int ts_attention_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *datt,
                           const ts_tensor_t *dout, const ts_tensor_t *qkv, const ts_tensor_t *att,

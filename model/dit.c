@@ -180,7 +180,8 @@ int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_para
     int64_t total;
     TS_TRY(ts_dit_param_table(cfg, &info, &count, &total));
     int rc = TS_OK;
-    if (ts_tensor_check(slab) || (slab->dtype != TS_F32 && slab->dtype != TS_BF16) ||
+    if (ts_tensor_check(slab) ||
+        (slab->dtype != TS_F32 && slab->dtype != TS_BF16 && slab->dtype != TS_F16) ||
         ts_tensor_numel(slab) < total)
         rc = TS_ESHAPE;
     /* the table's order is fixed: 7 head tensors, 10 per block, 4 final */
@@ -387,8 +388,8 @@ void ts_dit_free(ts_dit_t *m) {
     ts_tensor_free(&m->pos_embed);
     ts_tensor_free(&m->grad_mem);
     ts_tensor_free(&m->param_mem);
-    ts_tensor_free(&m->param_bf16);
-    free(m->wbf16.blocks);
+    ts_tensor_free(&m->param_lp);
+    free(m->wlp.blocks);
     free(m->acts.blocks);
     free(m->grads.blocks);
     free(m->params.blocks);
@@ -456,7 +457,8 @@ static ts_tensor_t stat_rows(const ts_tensor_t *t, int B, int T) {
  * also gives a model reopened for inference the bits it had while it trained (test_classifier). */
 #define FUSED_MIN_TOKENS 48
 static ts_attn_impl_t default_attention(const ts_dit_t *m, ts_precision_t p) {
-    if (m->eng->device != TS_CPU || m->trainable || ts_dit_tokens(&m->cfg) < FUSED_MIN_TOKENS)
+    if (m->eng->device != TS_CPU || m->trainable || ts_dit_tokens(&m->cfg) < FUSED_MIN_TOKENS ||
+        p == TS_PREC_F16)
         return TS_ATTN_COMPOSED;
     if (p == TS_PREC_BF16 && (ts_dit_tokens(&m->cfg) >= BF16_COMPOSED_TOKENS ||
                               ts_attention_fused_bf16_check(m->eng) != TS_OK))
@@ -469,6 +471,7 @@ int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
         return TS_EINVAL;
     if (a == TS_ATTN_FUSED &&
         ((m->precision == TS_PREC_BF16 && ts_attention_fused_bf16_check(m->eng) != TS_OK) ||
+         m->precision == TS_PREC_F16 ||
          (m->eng->device == TS_CUDA &&
           (m->cfg.hidden_size / m->cfg.num_heads > TS_CUDA_FUSED_HD_MAX ||
            m->max_batch > TS_CUDA_FUSED_MAX_BATCH))))
@@ -497,29 +500,40 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
     if (!m || !m->info)
         return TS_EINVAL;
     if (p == TS_PREC_F32) {
-        ts_tensor_free(&m->param_bf16);
-        free(m->wbf16.blocks);
-        memset(&m->wbf16, 0, sizeof m->wbf16);
+        ts_tensor_free(&m->param_lp);
+        free(m->wlp.blocks);
+        memset(&m->wlp, 0, sizeof m->wlp);
         m->precision = TS_PREC_F32;
         /* back to the attention a model that never left f32 has (set_attention's default) */
         return ts_dit_set_attention(m, default_attention(m, TS_PREC_F32));
     }
+    if (p == TS_PREC_F16 && m->trainable) {
+        if (why && why_len)
+            snprintf(why, why_len, "f16 is for inference: training in f16 needs loss scaling, "
+                                   "which is not built (train in bf16 or f32)");
+        return TS_ENOTSUP;
+    }
     TS_TRY(ts_engine_precision_check(m->eng, p, why, why_len));
-    /* the attention measured faster at bf16 (default_attention); ts_dit_set_attention may
-     * still choose the other after */
-    TS_TRY(ts_dit_set_attention(m, default_attention(m, TS_PREC_BF16)));
-    if (!m->wbf16.blocks) {
-        m->wbf16.blocks = calloc((size_t)m->cfg.depth, sizeof *m->wbf16.blocks);
-        if (!m->wbf16.blocks)
+    ts_dtype_t lp = ts_precision_dtype(p);
+    if (m->param_lp.data && m->param_lp.dtype != lp) { /* bf16 ↔ f16: a copy of the other type */
+        ts_tensor_free(&m->param_lp);
+        m->precision = TS_PREC_F32; /* until the new copy is in */
+    }
+    /* the attention measured faster at this precision (default_attention); ts_dit_set_attention
+     * may still choose the other after (not at f16) */
+    TS_TRY(ts_dit_set_attention(m, default_attention(m, p)));
+    if (!m->wlp.blocks) {
+        m->wlp.blocks = calloc((size_t)m->cfg.depth, sizeof *m->wlp.blocks);
+        if (!m->wlp.blocks)
             return TS_ENOMEM;
     }
     int rc = TS_OK;
-    if (!m->param_bf16.data)
-        rc = ts_tensor_alloc(&m->param_bf16, TS_BF16, m->eng->device, 1, TS_SHAPE(m->num_params));
+    if (!m->param_lp.data)
+        rc = ts_tensor_alloc(&m->param_lp, lp, m->eng->device, 1, TS_SHAPE(m->num_params));
     if (rc == TS_OK)
-        rc = ts_dit_bind(&m->cfg, &m->param_bf16, &m->wbf16, m->wbf16.blocks);
+        rc = ts_dit_bind(&m->cfg, &m->param_lp, &m->wlp, m->wlp.blocks);
     if (rc == TS_OK)
-        rc = ts_convert(m->eng, &m->param_bf16, &m->param_mem);
+        rc = ts_convert(m->eng, &m->param_lp, &m->param_mem);
     if (rc == TS_OK)
         m->precision = p;
     return rc;
@@ -530,13 +544,13 @@ int ts_dit_refresh_bf16(ts_dit_t *m) {
         return TS_EINVAL;
     if (m->precision != TS_PREC_BF16)
         return TS_OK;
-    return ts_convert(m->eng, &m->param_bf16, &m->param_mem);
+    return ts_convert(m->eng, &m->param_lp, &m->param_mem);
 }
 
-/* The weights a linear layer multiplies by, forward and backward: the bf16 copies at bf16, else
- * the parameters. The biases always come from the fp32 parameters. */
+/* The weights a linear layer multiplies by, forward and backward: the 16-bit copies at bf16 and
+ * f16, else the parameters. The biases always come from the fp32 parameters. */
 static const ts_dit_params_t *weights(const ts_dit_t *m) {
-    return m->precision == TS_PREC_BF16 ? &m->wbf16 : &m->params;
+    return m->precision != TS_PREC_F32 ? &m->wlp : &m->params;
 }
 
 /* atty = attention(qkv), keeping what the backward reads: the weights att (composed) or, in a
@@ -547,6 +561,8 @@ static int attention_forward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
     ts_tensor_t qkv = rows(&A->qkv, B), atty = rows(&A->atty, B);
     if (m->attn == TS_ATTN_COMPOSED) {
         ts_tensor_t att = rows(&A->att, B);
+        if (m->precision == TS_PREC_F16)
+            return ts_attention_forward_f16(e, &atty, &att, &qkv, H);
         return bf16 ? ts_attention_forward_bf16(e, &atty, &att, &qkv, H)
                     : ts_attention_forward(e, &atty, &att, &qkv, H);
     }
@@ -599,6 +615,9 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     if (m->precision == TS_PREC_BF16) { /* its reader, fc2, rounds it to bf16 */
         TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
         TS_TRY(ts_gelu_forward_bf16(e, &gelu, &fc1));
+    } else if (m->precision == TS_PREC_F16) { /* an F16 weight: the linear and GELU apart */
+        TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
+        TS_TRY(ts_gelu_forward(e, &gelu, &fc1));
     } else {
         TS_TRY(ts_linear_gelu_forward(e, &fc1, &gelu, &mod2, &W->fc1_w, &P->fc1_b));
     }

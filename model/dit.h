@@ -146,8 +146,8 @@ typedef struct ts_dit {
     ts_dit_grad_acts_t gacts; /* datt (B, heads, T, T) only for the composed attention */
     ts_attn_impl_t attn;      /* how attention is computed (ts_dit_set_attention) */
     ts_precision_t precision; /* of the forward's products (ts_dit_set_precision), f32 by default */
-    ts_tensor_t param_bf16;   /* (num_params) BF16 copy of param_mem at bf16, else empty */
-    ts_dit_params_t wbf16;    /* views into param_bf16: the linear weights the bf16 forward uses */
+    ts_tensor_t param_lp;     /* (num_params) BF16 or F16 copy of param_mem at bf16 or f16 */
+    ts_dit_params_t wlp;      /* views into param_lp: the linear weights the 16-bit forward uses */
     ts_tensor_t labels;       /* (max_batch) I32 staging for y */
     ts_tensor_t tvals;        /* (max_batch) F32 staging for t */
     int trainable;
@@ -215,9 +215,11 @@ int ts_dit_zero_grad(ts_dit_t *m);
  * updates and checkpoints hold — stay fp32 (bf16 training: model/train.c refreshes the copy after
  * every step). f32 (the default) drops the copy; its forward and backward are bit-identical to a
  * model that never left f32. TS_ENOTSUP, with the reason in why (may be NULL), where the engine
- * cannot run bf16. Either way the attention goes back to its default for the precision (bf16:
- * composed, f32: the engine's default; see ts_attn_impl_t): call ts_dit_set_attention after
- * this, not before. */
+ * cannot run bf16. f16: as bf16 in IEEE half precision, for a model that cannot train only
+ * (TS_ENOTSUP with the reason for a trainable one: f16 training needs loss scaling, not built);
+ * its attention is always the composed one. Either way the attention goes back to its default for
+ * the precision (bf16: composed, f32: the engine's default; see ts_attn_impl_t): call
+ * ts_dit_set_attention after this, not before. */
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len);
 /* At bf16, converts the parameters into the bf16 copy again (O(parameters)), after they changed:
  * an optimiser step, a load. TS_OK and nothing at f32. */
@@ -227,7 +229,7 @@ int ts_dit_refresh_bf16(ts_dit_t *m);
  * backward must follow a forward made with the same attention); the per-sample bound on them is
  * the composed layout's, so either fits any model that was built. TS_ENOTSUP for fused at bf16
  * where the fused bf16 op cannot run (ts_attention_fused_bf16_check: a CPU without AVX-512 BF16,
- * any GPU) or on a GPU with heads wider than TS_CUDA_FUSED_HD_MAX or a max_batch over
+ * any GPU), at f16 (there is no fused f16 op) or on a GPU with heads wider than TS_CUDA_FUSED_HD_MAX or a max_batch over
  * TS_CUDA_FUSED_MAX_BATCH; TS_ENOMEM leaves m as it was. */
 int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a);
 

@@ -232,6 +232,8 @@ static ts_tensor_t *slab_of(ts_trainer_t *tr, int i) {
 /* Decimal metadata: the step, the keys a checkpoint must agree on to be resumed (1..4), and the
  * loss average (%.9g: a float's exact decimal round trip). */
 #define N_META 6
+_Static_assert(N_META == sizeof((ts_trainer_stage_t *)0)->vals / sizeof((ts_trainer_stage_t *)0)->vals[0],
+               "ts_trainer_stage_t holds every metadata value");
 #define N_META_MATCH 5 /* keys [1, N_META_MATCH) must match */
 static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
     const ts_dit_config_t *c = &tr->model->cfg;
@@ -248,49 +250,99 @@ static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
 static const char *const META_KEYS[N_META] = {"step",      "seed",  "batch",
                                               "data_size", "model", "loss_avg"};
 
-/* The checkpoint's tensors (the four slabs copied to the host) and metadata, ready for the
- * encoder. Free with ckpt_parts_free. */
-typedef struct {
-    float *host[4];
-    ts_st_entry_t entries[4];
-    char vals[N_META][32];
-    const char *meta[2 * N_META];
-} ckpt_parts_t;
-
-static void ckpt_parts_free(ckpt_parts_t *p) {
+void ts_trainer_stage_free(ts_trainer_stage_t *s) {
+    if (!s)
+        return;
     for (int i = 0; i < 4; i++)
-        free(p->host[i]);
+        ts_tensor_free(&s->host[i]);
+    ts_engine_mark_free(&s->done);
+    memset(s, 0, sizeof *s);
 }
 
-static int ckpt_parts(const ts_trainer_t *tr, ckpt_parts_t *p, char *err, size_t errlen) {
-    memset(p, 0, sizeof *p);
-    ts_trainer_t *t = (ts_trainer_t *)tr; /* slab_of only reads */
+int ts_trainer_stage_init(ts_trainer_stage_t *s, const ts_trainer_t *tr, int pinned) {
+    if (!s || !tr || !tr->model)
+        return TS_EINVAL;
+    memset(s, 0, sizeof *s);
     int64_t n = tr->model->num_params;
     int rc = TS_OK;
-    for (int i = 0; i < 4 && rc == TS_OK; i++) {
-        p->host[i] = malloc((size_t)n * sizeof(float));
-        if (!p->host[i]) {
-            rc = TS_ENOMEM;
-            break;
-        }
-        ts_tensor_t h;
-        rc = ts_tensor_wrap(&h, p->host[i], TS_F32, TS_CPU, 1, TS_SHAPE(n));
-        if (rc == TS_OK)
-            rc = ts_tensor_copy(&h, slab_of(t, i));
-        p->entries[i] = (ts_st_entry_t){
-            .name = SLAB_NAMES[i], .dtype = TS_ST_F32, .ndim = 1, .shape = {n}, .data = p->host[i]};
-    }
+    for (int i = 0; i < 4 && rc == TS_OK; i++)
+        rc = pinned ? ts_tensor_alloc_pinned(&s->host[i], TS_F32, 1, TS_SHAPE(n))
+                    : ts_tensor_alloc(&s->host[i], TS_F32, TS_CPU, 1, TS_SHAPE(n));
+    if (rc != TS_OK)
+        ts_trainer_stage_free(s);
+    return rc;
+}
+
+int ts_trainer_stage_begin(ts_trainer_stage_t *s, const ts_trainer_t *tr) {
+    if (!s || !tr || !tr->model || !s->host[0].data ||
+        ts_tensor_numel(&s->host[0]) != tr->model->num_params)
+        return TS_EINVAL;
+    ts_trainer_t *t = (ts_trainer_t *)tr; /* slab_of only reads */
+    ts_engine_t *e = tr->model->eng;
+    int rc = TS_OK;
+    for (int i = 0; i < 4 && rc == TS_OK; i++)
+        rc = ts_engine_copy_async(e, &s->host[i], slab_of(t, i));
+    if (rc == TS_OK)
+        rc = ts_engine_mark(e, &s->done);
+    if (rc != TS_OK)
+        return rc;
+    s->eng = e;
+    s->step = tr->step;
+    meta_values(tr, s->vals);
+    return TS_OK;
+}
+
+int ts_trainer_stage_wait(ts_trainer_stage_t *s) {
+    if (!s || !s->eng)
+        return TS_EINVAL;
+    return ts_engine_mark_wait(s->eng, &s->done);
+}
+
+/* The stage's tensors and metadata as the encoder takes them (the copies waited for). */
+static int stage_parts(ts_trainer_stage_t *s, ts_st_entry_t entries[4],
+                       const char *meta[2 * N_META], char *err, size_t errlen) {
+    int rc = ts_trainer_stage_wait(s);
     if (rc != TS_OK) {
         snprintf(err, errlen, "checkpoint: cannot copy the training state to the host");
-        ckpt_parts_free(p);
         return rc;
     }
-    meta_values(tr, p->vals);
+    for (int i = 0; i < 4; i++)
+        entries[i] = (ts_st_entry_t){.name = SLAB_NAMES[i],
+                                     .dtype = TS_ST_F32,
+                                     .ndim = 1,
+                                     .shape = {ts_tensor_numel(&s->host[i])},
+                                     .data = s->host[i].data};
     for (int i = 0; i < N_META; i++) {
-        p->meta[2 * i] = META_KEYS[i];
-        p->meta[2 * i + 1] = p->vals[i];
+        meta[2 * i] = META_KEYS[i];
+        meta[2 * i + 1] = s->vals[i];
     }
     return TS_OK;
+}
+
+int ts_trainer_stage_encode(ts_trainer_stage_t *s, unsigned char **buf, size_t *len, char *err,
+                            size_t errlen) {
+    if (buf)
+        *buf = NULL;
+    if (len)
+        *len = 0;
+    if (!s || !buf || !len)
+        return TS_EINVAL;
+    ts_st_entry_t entries[4];
+    const char *meta[2 * N_META];
+    TS_TRY(stage_parts(s, entries, meta, err, errlen));
+    return ts_st_serialize(entries, 4, meta, N_META, buf, len, err, errlen);
+}
+
+/* The trainer's state, copied out and waited for, in ordinary memory. */
+static int stage_now(const ts_trainer_t *tr, ts_trainer_stage_t *s, char *err, size_t errlen) {
+    int rc = ts_trainer_stage_init(s, tr, 0);
+    if (rc == TS_OK && (rc = ts_trainer_stage_begin(s, tr)) == TS_OK)
+        rc = ts_trainer_stage_wait(s);
+    if (rc != TS_OK) {
+        snprintf(err, errlen, "checkpoint: cannot copy the training state to the host");
+        ts_trainer_stage_free(s);
+    }
+    return rc;
 }
 
 int ts_trainer_save_mem(const ts_trainer_t *tr, unsigned char **buf, size_t *len, char *err,
@@ -301,21 +353,25 @@ int ts_trainer_save_mem(const ts_trainer_t *tr, unsigned char **buf, size_t *len
         *len = 0;
     if (!tr || !tr->model || !buf || !len)
         return TS_EINVAL;
-    ckpt_parts_t p;
-    TS_TRY(ckpt_parts(tr, &p, err, errlen));
-    int rc = ts_st_serialize(p.entries, 4, p.meta, N_META, buf, len, err, errlen);
-    ckpt_parts_free(&p);
+    ts_trainer_stage_t s;
+    TS_TRY(stage_now(tr, &s, err, errlen));
+    int rc = ts_trainer_stage_encode(&s, buf, len, err, errlen);
+    ts_trainer_stage_free(&s);
     return rc;
 }
 
 int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t errlen) {
     if (!tr || !tr->model || !path)
         return TS_EINVAL;
-    ckpt_parts_t p;
-    TS_TRY(ckpt_parts(tr, &p, err, errlen));
+    ts_trainer_stage_t s;
+    TS_TRY(stage_now(tr, &s, err, errlen));
     /* the same bytes as ts_trainer_save_mem, streamed to the file (one encoder) */
-    int rc = ts_st_write(path, p.entries, 4, p.meta, N_META, err, errlen);
-    ckpt_parts_free(&p);
+    ts_st_entry_t entries[4];
+    const char *meta[2 * N_META];
+    int rc = stage_parts(&s, entries, meta, err, errlen);
+    if (rc == TS_OK)
+        rc = ts_st_write(path, entries, 4, meta, N_META, err, errlen);
+    ts_trainer_stage_free(&s);
     return rc;
 }
 

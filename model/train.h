@@ -99,6 +99,29 @@ int ts_trainer_load_mem(ts_trainer_t *tr, const unsigned char *buf, size_t len, 
 int ts_trainer_save(const ts_trainer_t *tr, const char *path, char *err, size_t errlen);
 int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen);
 
+/* A checkpoint copied out while the steps go on (tesserad's trainer): host buffers for the four
+ * slabs (page-locked with pinned, where the engine's device can give them), filled by
+ * ts_trainer_stage_begin — on a GPU the copies are queued on the engine's stream behind the step
+ * before and return at once, so the next step overlaps them (a later step cannot change what
+ * they read: the same stream) — and encoded by ts_trainer_stage_encode, which first waits for
+ * them and may run on another thread. ts_trainer_save_mem is init, begin, encode and free in one.
+ * One stage holds one checkpoint at a time: begin again only after the encode (or wait). */
+typedef struct ts_trainer_stage {
+    ts_tensor_t host[4];   /* params, adam_m, adam_v, ema: F32 (num_params), on the host */
+    ts_engine_mark_t done; /* recorded after the copies */
+    ts_engine_t *eng;      /* whose queue they are in (set by begin) */
+    int64_t step;          /* the step staged */
+    char vals[6][32];      /* the checkpoint's metadata values at that step */
+} ts_trainer_stage_t;
+int ts_trainer_stage_init(ts_trainer_stage_t *s, const ts_trainer_t *tr, int pinned);
+int ts_trainer_stage_begin(ts_trainer_stage_t *s, const ts_trainer_t *tr);
+/* Waits for the copies of the last begin (any thread). */
+int ts_trainer_stage_wait(ts_trainer_stage_t *s);
+/* The checkpoint bytes of the staged step (as ts_trainer_save_mem's): *buf malloc'd. */
+int ts_trainer_stage_encode(ts_trainer_stage_t *s, unsigned char **buf, size_t *len, char *err,
+                            size_t errlen);
+void ts_trainer_stage_free(ts_trainer_stage_t *s);
+
 /* The metadata an expert's EMA weights carry besides the model config, as key/value pairs for
  * ts_dit_save's `extra`: objective "velocity", weights "ema", train_steps (tr->step),
  * train_loss (tr->loss_avg), shard, and — when partition_id is not NULL — partition_id and

@@ -1,27 +1,36 @@
 /*
- * test_bf16.c — the CPU's bf16 path (kernels/cpu/cpu_bf16.c, ts_dit_set_precision), against fp32.
+ * test_bf16.c — the CPU's 16-bit paths, against fp32: bf16 (kernels/cpu/cpu_bf16.c) and, run as
+ * `test_bf16 --f16` (ctest's test_f16), f16 (kernels/cpu/cpu_f16.c, emulated), both through
+ * ts_dit_set_precision.
  *
  * Tolerances, and why:
- *   linear, matmul     against a naive loop over the same inputs rounded to bf16, accumulated in
- *                      double: a bf16·bf16 product is exact in fp32, so the only error is fp32
- *                      accumulation in oneDNN's order: |got − ref| ≤ 1e-5 · Σ_k |a_k·b_k| + 1e-7.
+ *   linear, matmul     against a naive loop over the same inputs rounded to bf16 (f16),
+ *                      accumulated in double: a bf16·bf16 (f16·f16) product is exact in fp32, so
+ *                      the only error is fp32 accumulation in oneDNN's (OpenBLAS's) order:
+ *                      |got − ref| ≤ 1e-5 · Σ_k |a_k·b_k| + 1e-7.
  *   gelu for bf16      against ts_gelu_forward: 1e-6 relative + 1e-6 absolute (a vector exp; the
  *                      fp32 tanh form itself loses ~|x|·2^-24 to cancellation in 1 + tanh u for
  *                      x < −3; the output is rounded to bf16 by the next product, 2^-9 relative).
  *   attention          bf16 against the fp32 op: q, k, v and the softmax weights rounded to bf16
- *                      (2^-9 relative each): 2e-2 abs + 2e-2 rel on values of O(1).
+ *                      (2^-9 relative each): 2e-2 abs + 2e-2 rel on values of O(1); f16 (2^-12
+ *                      each): 3e-3.
  *   DiT forward        bf16 against fp32 on the same random weights: the velocity's relative
  *                      L2 error ≤ 3e-2 (measured ~5e-3 on `tiny`), and the largest element
- *                      error ≤ 0.1 · max |v|.
+ *                      error ≤ 0.1 · max |v|; f16: ≤ 2e-3 (measured 3e-4) and 0.01 · max |v|.
  * Also: f32 after bf16 is bit-identical to a model that never left f32; a sample's bf16 velocity
  * does not depend on the rest of its batch (the server batches strangers' requests). bf16
  * training (the backward) is tests/test_bf16_train.c's.
  *
+ * f16 only: its rounding at the edges (±65504 and past it, subnormals, NaN) is kernels/math.h's
+ * bit for bit, with the vector (F16C) conversion and without (TESSERA_F16_SCALAR); a trainable
+ * model refuses f16, and an f16 model refuses the fused attention.
+ *
  * A machine that cannot run bf16 (no oneDNN in the build, or a CPU without AVX-512 BF16) skips
- * every test (exit 77) with the reason. `test_bf16 --expect-refusal` instead checks that bf16
+ * every bf16 test (exit 77) with the reason; f16 runs everywhere. `test_bf16 --expect-refusal` instead checks that bf16
  * IS refused with a reason — ctest runs it with DNNL_MAX_CPU_ISA=AVX2, oneDNN's own switch, so
  * the refusal path is exercised on a machine that has the instructions.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +42,26 @@
 #include "model/dit.h"
 #include "tests/testutil.h"
 
+/* The precision under test: its rounding, its ops and its tolerances. */
+typedef struct {
+    const char *name;
+    ts_precision_t prec;
+    ts_dtype_t dtype;
+    float (*round)(float);
+    int (*matmul)(ts_engine_t *, ts_tensor_t *, const ts_tensor_t *, int, const ts_tensor_t *, int,
+                  float, float);
+    int (*attention)(ts_engine_t *, ts_tensor_t *, ts_tensor_t *, const ts_tensor_t *, int);
+    double att_tol, dit_rel, dit_max;
+} lowp_t;
+
 static float bf(float x) { return ts_bf16_to_f32(ts_f32_to_bf16(x)); }
+static float hf(float x) { return ts_f16_to_f32(ts_f32_to_f16(x)); }
+
+static const lowp_t BF16 = {"bf16",         TS_PREC_BF16, TS_BF16, bf, ts_matmul_bf16,
+                            ts_attention_forward_bf16, 2e-2, 3e-2, 0.1};
+static const lowp_t F16 = {"f16",         TS_PREC_F16, TS_F16, hf, ts_matmul_f16,
+                           ts_attention_forward_f16, 3e-3, 2e-3, 0.01};
+static const lowp_t *LP = &BF16;
 
 /* ---- linear and matmul against the naive loop -------------------------------------------- */
 
@@ -47,7 +75,8 @@ static void check_naive(const float *got, const float *a, int64_t ars, int64_t a
         for (int64_t n = 0; n < N; n++) {
             double s = 0.0, mag = 0.0;
             for (int64_t k = 0; k < K; k++) {
-                double t = (double)bf(a[m * ars + k * acs]) * (double)bf(b[k * brs + n * bcs]);
+                double t = (double)LP->round(a[m * ars + k * acs]) *
+                           (double)LP->round(b[k * brs + n * bcs]);
                 s += t;
                 mag += fabs(t);
             }
@@ -82,13 +111,13 @@ static void test_linear(void **state) {
             tu_fill_uniform(&r, &inp, -1, 1);
             tu_fill_uniform(&r, &w, -1, 1);
             tu_fill_uniform(&r, &bias, -1, 1);
-            assert_int_equal(ts_tensor_alloc(&wb, TS_BF16, TS_CPU, 2, TS_SHAPE(N, K)), TS_OK);
+            assert_int_equal(ts_tensor_alloc(&wb, LP->dtype, TS_CPU, 2, TS_SHAPE(N, K)), TS_OK);
             assert_int_equal(ts_convert(e, &wb, &w), TS_OK);
             assert_int_equal(ts_linear_forward(e, &out, &inp, &wb, with_bias ? &bias : NULL),
                              TS_OK);
             char what[96];
-            snprintf(what, sizeof what, "linear %lldx%lldx%lld%s", (long long)M, (long long)N,
-                     (long long)K, with_bias ? " + bias" : "");
+            snprintf(what, sizeof what, "%s linear %lldx%lldx%lld%s", LP->name, (long long)M,
+                     (long long)N, (long long)K, with_bias ? " + bias" : "");
             /* op(B) (K, N) = wᵀ: element (k, n) at w[n·K + k] */
             check_naive(tu_f32(&out), tu_f32(&inp), K, 1, tu_f32(&w), 1, K,
                         with_bias ? tu_f32(&bias) : NULL, 1.0f, M, N, K, N, what);
@@ -117,7 +146,7 @@ static void test_matmul(void **state) {
                 tu_fill_uniform(&r, &b, -1, 1);
                 tu_fill_uniform(&r, &c, -1, 1);
                 float *c0 = tu_host_copy(&c);
-                assert_int_equal(ts_matmul_bf16(e, &c, &a, ta, &b, tb, alpha, beta), TS_OK);
+                assert_int_equal(LP->matmul(e, &c, &a, ta, &b, tb, alpha, beta), TS_OK);
                 int64_t nb = Bt ? Bt : 1;
                 for (int64_t i = 0; i < nb; i++) {
                     const float *A = tu_f32(&a) + i * M * K, *Bm = tu_f32(&b) + i * K * N;
@@ -126,9 +155,9 @@ static void test_matmul(void **state) {
                     for (int64_t j = 0; j < M * N; j++)
                         got[j] -= beta * c0[i * M * N + j];
                     char what[96];
-                    snprintf(what, sizeof what, "matmul b%lld %lldx%lldx%lld ta%d tb%d beta%g",
-                             (long long)Bt, (long long)M, (long long)N, (long long)K, ta, tb,
-                             (double)beta);
+                    snprintf(what, sizeof what, "%s matmul b%lld %lldx%lldx%lld ta%d tb%d beta%g",
+                             LP->name, (long long)Bt, (long long)M, (long long)N, (long long)K, ta,
+                             tb, (double)beta);
                     check_naive(got, A, ta ? 1 : K, ta ? M : 1, Bm, tb ? 1 : N, tb ? K : 1, NULL,
                                 alpha, M, N, K, N, what);
                 }
@@ -149,10 +178,12 @@ static void test_attention(void **state) {
     tu_alloc_f32(&att16, 4, TS_SHAPE(B, H, T, T));
     tu_fill_uniform(&r, &qkv, -1, 1);
     assert_int_equal(ts_attention_forward(e, &out, &att, &qkv, (int)H), TS_OK);
-    assert_int_equal(ts_attention_forward_bf16(e, &out16, &att16, &qkv, (int)H), TS_OK);
-    tu_check_close(tu_f32(&att16), tu_f32(&att), B * H * T * T, 2e-2, 2e-2,
-                   "bf16 attention weights");
-    tu_check_close(tu_f32(&out16), tu_f32(&out), B * T * C, 2e-2, 2e-2, "bf16 attention output");
+    assert_int_equal(LP->attention(e, &out16, &att16, &qkv, (int)H), TS_OK);
+    tu_check_close(tu_f32(&att16), tu_f32(&att), B * H * T * T, LP->att_tol, LP->att_tol,
+                   "%s attention weights", LP->name);
+    tu_check_close(tu_f32(&out16), tu_f32(&out), B * T * C, LP->att_tol, LP->att_tol,
+                   "%s attention output", LP->name);
+    assert_memory_not_equal(tu_f32(&out16), tu_f32(&out), (size_t)(B * T * C) * sizeof(float));
     TU_FREE_TENSORS(&qkv, &out, &out16, &att, &att16);
 }
 
@@ -211,7 +242,7 @@ static void test_dit_forward(void **state) {
     int64_t n = (int64_t)B * m.cfg.in_channels * m.cfg.input_size * m.cfg.input_size;
     float *v32 = velocity(&m, B, 3);
     char why[256] = "";
-    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_BF16, why, sizeof why), TS_OK);
+    assert_int_equal(ts_dit_set_precision(&m, LP->prec, why, sizeof why), TS_OK);
     float *v16 = velocity(&m, B, 3);
     double num = 0, den = 0, worst = 0, vmax = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -222,11 +253,11 @@ static void test_dit_forward(void **state) {
         vmax = fabs(v32[i]) > vmax ? fabs(v32[i]) : vmax;
     }
     double rel = sqrt(num / den);
-    printf("  DiT tiny forward bf16 vs f32: relative L2 %.3g, max |diff| %.3g of max |v| %.3g\n",
-           rel, worst, vmax);
-    assert_true(rel <= 3e-2);
-    assert_true(worst <= 0.1 * vmax);
-    assert_true(rel > 0.0); /* bf16 really ran */
+    printf("  DiT tiny forward %s vs f32: relative L2 %.3g, max |diff| %.3g of max |v| %.3g\n",
+           LP->name, rel, worst, vmax);
+    assert_true(rel <= LP->dit_rel);
+    assert_true(worst <= LP->dit_max * vmax);
+    assert_true(rel > 0.0); /* the 16-bit path really ran */
 
     /* batch invariance: sample 0 alone gives the bits it had in the batch of 24 */
     float *one = velocity(&m, 1, 3);
@@ -238,6 +269,100 @@ static void test_dit_forward(void **state) {
     float *back = velocity(&m, B, 3);
     assert_memory_equal(back, v32, (size_t)n * sizeof *back);
     free(v32), free(v16), free(one), free(back);
+    ts_dit_free(&m);
+}
+
+/* ---- f16 only ------------------------------------------------------------------------------ */
+
+/* The emulation's rounding, through a K = 1 product by 1 (exact in fp32), is kernels/math.h's
+ * f16 rounding bit for bit at its edges and over the whole exponent range. */
+static void check_edges(ts_engine_t *e, const char *how) {
+    static const float edge[] = {65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e6f, -INFINITY,
+                                 6.1035156e-5f, 6.0e-5f, 5.9604645e-8f, 2.9802322e-8f,
+                                 2.9802326e-8f, 1e-8f, -1e-8f, 1e-30f, -0.0f, 0.0f, 1.0f,
+                                 1.0004883f, 1.0009766f, 1.0014648f, 2049.0f, 2051.0f, NAN};
+    int64_t ne = sizeof edge / sizeof edge[0], n = ne + 20000;
+    ts_tensor_t a, b, c;
+    tu_alloc_f32(&a, 2, TS_SHAPE(n, 1));
+    tu_alloc_f32(&b, 2, TS_SHAPE(1, 1));
+    tu_alloc_f32(&c, 2, TS_SHAPE(n, 1));
+    float *x = tu_f32(&a);
+    memcpy(x, edge, sizeof edge);
+    tu_rng_t r = {41};
+    for (int64_t i = ne; i < n; i++) { /* mantissa × 2^[-30, 20), either sign */
+        float u = tu_rng_uniform(&r, 1.0f, 2.0f), ex = floorf(tu_rng_uniform(&r, -30.0f, 20.0f));
+        x[i] = (i & 1 ? -1.0f : 1.0f) * ldexpf(u, (int)ex);
+    }
+    tu_f32(&b)[0] = 1.0f;
+    memset(tu_f32(&c), 0, (size_t)n * sizeof(float));
+    assert_int_equal(ts_matmul_f16(e, &c, &a, 0, &b, 0, 1.0f, 0.0f), TS_OK);
+    int64_t inf = 0, sub = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float want = hf(x[i]), got = tu_f32(&c)[i];
+        if (isnan(want)) {
+            if (!isnan(got))
+                fail_msg("%s: f16(NaN) is %g", how, (double)got);
+            continue;
+        }
+        /* a zero's sign is the product's sum's (0 + −0 = +0), not the rounding's */
+        if (memcmp(&want, &got, sizeof want) != 0 && !(want == 0.0f && got == 0.0f))
+            fail_msg("%s: f16(%.9g) is %.9g, want %.9g", how, (double)x[i], (double)got,
+                     (double)want);
+        inf += isinf(got) && !isinf(x[i]);
+        sub += got != 0.0f && fabsf(got) < 6.1035156e-5f;
+    }
+    printf("  %-40s %lld values bit-exact (%lld became ±Inf, %lld subnormal)\n", how,
+           (long long)n, (long long)inf, (long long)sub);
+    assert_true(inf >= 4 && sub >= 4); /* the edges were reached */
+    TU_FREE_TENSORS(&a, &b, &c);
+}
+
+static void test_f16_edges(void **state) {
+    ts_engine_t *e = *state;
+    check_edges(e, "f16 rounding (vector where the CPU has it)");
+    setenv("TESSERA_F16_SCALAR", "1", 1);
+    check_edges(e, "f16 rounding (scalar)");
+    unsetenv("TESSERA_F16_SCALAR");
+}
+
+/* f16 is for inference: a trainable model refuses it, with the reason, and stays f32; an f16
+ * model has no fused attention and its weights no backward. Switching away and back gives the
+ * same bits. */
+static void test_f16_refusals(void **state) {
+    ts_engine_t *e = *state;
+    ts_dit_config_t cfg;
+    ts_dit_t m;
+    assert_int_equal(ts_dit_config_preset("tiny", &cfg), TS_OK);
+    assert_int_equal(ts_dit_create(&m, &cfg, e, 2, 1), TS_OK);
+    char why[256] = "";
+    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_F16, why, sizeof why), TS_ENOTSUP);
+    assert_non_null(strstr(why, "inference"));
+    assert_int_equal(m.precision, TS_PREC_F32);
+    ts_dit_free(&m);
+
+    make_model(e, &m, 4);
+    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_F16, why, sizeof why), TS_OK);
+    assert_int_equal(m.attn, TS_ATTN_COMPOSED);
+    assert_int_equal(ts_dit_set_attention(&m, TS_ATTN_FUSED), TS_ENOTSUP);
+    assert_int_equal(m.param_lp.dtype, TS_F16);
+    float *v1 = velocity(&m, 4, 5);
+    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_F32, NULL, 0), TS_OK);
+    if (ts_dit_set_precision(&m, TS_PREC_BF16, NULL, 0) == TS_OK) /* where bf16 runs: via it */
+        assert_int_equal(m.param_lp.dtype, TS_BF16);
+    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_F16, NULL, 0), TS_OK);
+    float *v2 = velocity(&m, 4, 5);
+    int64_t n = 4 * (int64_t)cfg.in_channels * cfg.input_size * cfg.input_size;
+    assert_memory_equal(v1, v2, (size_t)n * sizeof *v1);
+
+    /* the f16 weights have no backward */
+    const ts_tensor_t *w = &m.wlp.blocks[0].fc1_w;
+    ts_tensor_t inp, dout, dinp;
+    tu_alloc_f32(&inp, 2, TS_SHAPE(3, w->shape[1]));
+    tu_alloc_f32(&dout, 2, TS_SHAPE(3, w->shape[0]));
+    tu_alloc_f32(&dinp, 2, TS_SHAPE(3, w->shape[1]));
+    assert_int_not_equal(ts_linear_backward(e, &dinp, NULL, NULL, &dout, &inp, w), TS_OK);
+    TU_FREE_TENSORS(&inp, &dout, &dinp);
+    free(v1), free(v2);
     ts_dit_free(&m);
 }
 
@@ -267,6 +392,15 @@ static int expect_refusal(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--expect-refusal") == 0)
         return expect_refusal();
+    if (argc > 1 && strcmp(argv[1], "--f16") == 0) { /* runs on every CPU: no skip */
+        LP = &F16;
+        const struct CMUnitTest f16[] = {
+            cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
+            cmocka_unit_test(test_attention),   cmocka_unit_test(test_dit_forward),
+            cmocka_unit_test(test_f16_edges),   cmocka_unit_test(test_f16_refusals),
+        };
+        return cmocka_run_group_tests(f16, tu_setup_cpu_engine, tu_teardown_cpu_engine);
+    }
     int skip = tu_bf16_or_skip("test_bf16");
     if (skip)
         return skip;

@@ -240,7 +240,7 @@ static void check_copy_fresh(ts_engine_t *e, const ts_dit_t *m) {
     ts_tensor_t want;
     assert_int_equal(ts_tensor_alloc(&want, TS_BF16, TS_CPU, 1, TS_SHAPE(m->num_params)), TS_OK);
     assert_int_equal(ts_convert(e, &want, &m->param_mem), TS_OK);
-    assert_memory_equal(want.data, m->param_bf16.data, ts_tensor_nbytes(&want));
+    assert_memory_equal(want.data, m->param_lp.data, ts_tensor_nbytes(&want));
     ts_tensor_free(&want);
 }
 
@@ -273,17 +273,17 @@ static void test_masters_and_refresh(void **state) {
     assert_int_equal(a.tr.m_mem.dtype, TS_F32);
     assert_int_equal(a.tr.v_mem.dtype, TS_F32);
     assert_int_equal(a.tr.ema_mem.dtype, TS_F32);
-    assert_int_equal(m->param_bf16.dtype, TS_BF16);
-    assert_int_equal(m->wbf16.blocks[0].fc1_w.dtype, TS_BF16);
+    assert_int_equal(m->param_lp.dtype, TS_BF16);
+    assert_int_equal(m->wlp.blocks[0].fc1_w.dtype, TS_BF16);
     check_copy_fresh(e, m);
-    size_t nb = ts_tensor_nbytes(&m->param_bf16);
+    size_t nb = ts_tensor_nbytes(&m->param_lp);
     void *before = malloc(nb);
     assert_non_null(before);
     for (int i = 0; i < 2; i++) {
-        memcpy(before, m->param_bf16.data, nb);
+        memcpy(before, m->param_lp.data, nb);
         run_steps(&a, 1, &l[i]);
         check_copy_fresh(e, m);                                   /* refreshed after the step */
-        assert_true(memcmp(before, m->param_bf16.data, nb) != 0); /* and the step changed it */
+        assert_true(memcmp(before, m->param_lp.data, nb) != 0); /* and the step changed it */
     }
     free(before);
     run_end(&a);

@@ -115,11 +115,27 @@ else
     grep -q -- "--precision bf16: .*\(AVX-512 BF16\|oneDNN\)" "$dir/bf16.txt" ||
         fail "--precision bf16 refused without the reason: $(cat "$dir/bf16.txt")"
 fi
+# f16 runs everywhere (emulated on a CPU, and it says so), the same image from generate --local;
+# training refuses it with the reason
+run "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --seed 7 --precision f16 \
+    --out "$dir/sample-f16.png"
+grep -q "f16 products (emulated" "$dir/err.txt" || fail "--precision f16 does not say so: $(cat "$dir/err.txt")"
+run "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --seed 7 \
+    --out "$dir/sample-2.png"
+cmp -s "$dir/sample-f16.png" "$dir/sample-2.png" && fail "--precision f16 gave the f32 image"
+run "$T" generate --local "$dir/one" --policy uniform --n 2 --steps 2 --seed 7 \
+    --precision f16 --out "$dir/one-f16.png"
+cmp -s "$dir/one-f16.png" "$dir/sample-f16.png" || fail "generate --precision f16 differs from sample's"
+if "$T" train --model tiny --steps 1 --batch 8 --data-dir "$dir/store" --precision f16 \
+    --out "$dir/x.safetensors" 2>"$dir/p.txt"; then
+    fail "train --precision f16 was accepted"
+fi
+grep -q "f16 is for inference" "$dir/p.txt" || fail "train --precision f16: $(cat "$dir/p.txt")"
 if "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --precision fp16 \
     --out "$dir/x.png" 2>"$dir/p.txt"; then
     fail "--precision fp16 was accepted"
 fi
-grep -q "must be f32 or bf16" "$dir/p.txt" || fail "--precision fp16: $(cat "$dir/p.txt")"
+grep -q "must be f32, bf16 or f16" "$dir/p.txt" || fail "--precision fp16: $(cat "$dir/p.txt")"
 
 # eval: two identical experts (no cluster metadata) against the same weights as the monolith
 run "$T" train --model tiny --steps 2 --batch 8 --data-dir "$dir/store" --out "$dir/mono.safetensors"

@@ -152,7 +152,7 @@ static void test_errors_name_file_line_and_key(void **state) {
                  "want auto, cpu, cuda or cuda:N", NULL);
     expect_error(KEYS "[compute]\ndevice = cuda:x\n", "want auto, cpu, cuda or cuda:N", NULL);
     expect_error(KEYS "[compute]\nprecision = fp16\n", "t.ini:6:", "[compute] precision",
-                 "'fp16': want f32 or bf16", NULL);
+                 "'fp16': want f32, bf16 or f16", NULL);
     expect_error(KEYS "[metrics]\nlisten = 9420\n", "t.ini:6:", "[metrics] listen", "not host:port",
                  NULL);
     expect_error(KEYS "[metrics]\nport = 9420\n", "unknown key", NULL);

@@ -13,7 +13,8 @@
  * differences). They are an order of magnitude above what test_cuda_parity allows one op.
  *
  * test_bf16 runs the model with bf16 products on the GPU (where it has them) against the CPU's
- * fp32, to bf16's tolerance (nmse 1e-4 forward, 2 % per training loss).
+ * fp32, to bf16's tolerance (nmse 1e-4 forward, 2 % per training loss); test_f16 the f16
+ * forward against the CPU's emulated f16 (nmse 1e-7) and its fp32 (1e-5).
  *
  * Without a usable GPU (or without the CUDA backend) it prints why and exits 77: ctest skipped.
  */
@@ -209,6 +210,42 @@ static void test_training_steps(void **state) {
     free_data(&data);
 }
 
+/* A checkpoint copied out into pinned memory on the engine's stream (tesserad's writer): the
+ * copy is queued behind the step before it, the next step is queued behind the copy, and the
+ * bytes encoded after that step are those of the step staged. */
+static void test_stage_async(void **state) {
+    fixture_t *fx = *state;
+    ts_dataset_t data = synthetic_data(64);
+    ts_train_config_t tc;
+    ts_train_config_default(&tc);
+    tc.batch = 8, tc.seed = 5, tc.warmup = 2;
+    ts_dit_t m[2];
+    ts_trainer_t tr;
+    models(fx, m, tc.batch, 1);
+    TU_CHECK_OK(ts_trainer_init(&tr, &m[1], &data, &tc));
+    char err[256] = "";
+    ts_trainer_stage_t st;
+    TU_CHECK_OK(ts_trainer_stage_init(&st, &tr, 1));
+    for (int round = 0; round < 3; round++) {
+        TU_CHECK_OK(ts_trainer_step(&tr, NULL, NULL));
+        unsigned char *want = NULL, *got = NULL;
+        size_t want_len = 0, got_len = 0;
+        TU_CHECK_OK(ts_trainer_save_mem(&tr, &want, &want_len, err, sizeof err));
+        TU_CHECK_OK(ts_trainer_stage_begin(&st, &tr));
+        TU_CHECK_OK(ts_trainer_step(&tr, NULL, NULL)); /* queued behind the copy */
+        TU_CHECK_OK(ts_trainer_stage_encode(&st, &got, &got_len, err, sizeof err));
+        assert_int_equal(got_len, want_len);
+        assert_memory_equal(got, want, want_len);
+        free(want), free(got);
+    }
+    printf("  staged checkpoints equal the synchronous ones (3 rounds, a step between)\n");
+    ts_trainer_stage_free(&st);
+    ts_trainer_free(&tr);
+    for (int s = 0; s < 2; s++)
+        ts_dit_free(&m[s]);
+    free_data(&data);
+}
+
 /* bf16 on the GPU (compute capability 8.0 or newer; cuBLAS with fp32 accumulation): the forward
  * within bf16's error of the CPU's fp32 forward (nmse ≤ 1e-4; a bf16 rounding is 2⁻⁹ relative)
  * yet not equal to the GPU's fp32 one (the bf16 path ran), the same bits twice; five bf16
@@ -273,6 +310,46 @@ static void test_bf16(void **state) {
     free_data(&data);
 }
 
+/* f16 on the GPU (cuBLAS, fp32 accumulation; every GPU this backend is built for) against the
+ * CPU's f16 (emulated: the same rounded operands, fp32 sums in another order): nmse ≤ 1e-7 (an
+ * activation's f16 rounding may fall the other way now and then: 2⁻¹¹ relative where it does);
+ * against the CPU's fp32, within f16's error (nmse ≤ 1e-5; measured ~1e-7 on the CPU); the same
+ * bits twice. */
+static void test_f16(void **state) {
+    fixture_t *fx = *state;
+    char why[256] = "";
+    ts_dit_t m[2];
+    ts_tensor_t x[2], t[2], v[2], h16, first;
+    int32_t y[B];
+    models(fx, m, B, 0);
+    inputs(x, t, y);
+    TU_CHECK_OK(ts_dit_forward(&m[0], &x[0], &t[0], y, B, &v[0]));
+    TU_CHECK_OK(ts_tensor_alloc(&h16, TS_F32, TS_CPU, 4, v[0].shape));
+    TU_CHECK_OK(ts_tensor_alloc(&first, TS_F32, TS_CPU, 4, v[0].shape));
+    TU_CHECK_OK(ts_tensor_copy(&h16, &v[0])); /* the CPU's fp32, for now */
+    for (int s = 0; s < 2; s++)
+        TU_CHECK_OK(ts_dit_set_precision(&m[s], TS_PREC_F16, why, sizeof why));
+    TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
+    TU_CHECK_OK(ts_tensor_copy(&first, &v[1]));
+    double e32 = nmse(&first, &h16);
+    TU_CHECK_OK(ts_dit_forward(&m[0], &x[0], &t[0], y, B, &v[0]));
+    TU_CHECK_OK(ts_tensor_copy(&h16, &v[0]));
+    double e16 = nmse(&first, &h16);
+    printf("  f16 forward nmse %.3g against the CPU's f16, %.3g against the CPU's fp32\n", e16,
+           e32);
+    assert_true(e16 <= 1e-7);
+    assert_true(e32 <= 1e-5);
+    assert_true(e32 > 1e-12); /* the f16 path ran */
+    TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
+    TU_CHECK_OK(ts_tensor_copy(&h16, &v[1]));
+    assert_memory_equal(first.data, h16.data, (size_t)ts_tensor_numel(&h16) * sizeof(float));
+    ts_tensor_free(&h16), ts_tensor_free(&first);
+    for (int s = 0; s < 2; s++) {
+        ts_tensor_free(&x[s]), ts_tensor_free(&t[s]);
+        ts_dit_free(&m[s]);
+    }
+}
+
 /* 20 guided Euler steps from the same noise: the images agree. */
 static void test_sampler(void **state) {
     fixture_t *fx = *state;
@@ -315,8 +392,10 @@ int main(void) {
         cmocka_unit_test(test_forward_backward),
         cmocka_unit_test(test_gpu_repeatable),
         cmocka_unit_test(test_training_steps),
+        cmocka_unit_test(test_stage_async),
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_f16),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

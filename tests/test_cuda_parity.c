@@ -11,8 +11,9 @@
  * and the dtype conversions use no transcendental and no reordered sum, so they must match bit
  * for bit (memcmp).
  *
- * The bf16 products (test_bf16) are held against a naive reference on the rounded operands
- * instead, to 1e-9 (where the GPU has bf16: compute capability 8.0 or newer).
+ * The bf16 and f16 products (test_bf16, test_f16) are held against a naive reference on the
+ * rounded operands instead, to 1e-9 (bf16 where the GPU has it: compute capability 8.0 or
+ * newer); f16's rounding alone (a K = 1 product) matches the CPU's emulation bit for bit.
  *
  * Sizes are the realistic ones (B = 4 samples of T = 49 tokens, C = 128, 4 heads) plus odd ones
  * that catch indexing and grid-loop mistakes: n = 1000003 (prime) for the elementwise ops, row
@@ -436,15 +437,24 @@ static void test_pinned(void **state) {
     ts_tensor_free(&d);
 }
 
-/* ---- bf16 products ----------------------------------------------------------------------- */
+/* ---- bf16 and f16 products --------------------------------------------------------------- */
 
-/* The bf16 products on the GPU against a naive reference in double on the same operands rounded
- * to bf16 (kernels/math.h's rounding, the one both backends use): independent of the CPU's bf16
- * path, which needs AVX-512 BF16. BF16_TOL is far below what unrounded operands would give
- * (relative errors ~2⁻⁹ per operand: nmse ~1e-6) and far above fp32 accumulation (~1e-13). */
+/* The bf16 and f16 products on the GPU against a naive reference in double on the same operands
+ * rounded to bf16 or f16 (kernels/math.h's rounding, the one both backends use): independent of
+ * the CPU's bf16 path, which needs AVX-512 BF16. BF16_TOL is far below what unrounded operands
+ * would give (relative errors ~2⁻⁹ per bf16 operand, 2⁻¹² per f16: nmse ~1e-6, ~1e-8) and far
+ * above fp32 accumulation (~1e-13). */
 #define BF16_TOL 1e-9
 
-static double bf(float x) { return (double)ts_bf16_to_f32(ts_f32_to_bf16(x)); }
+/* x rounded to lp (TS_BF16 or TS_F16), and a stored lp value, widened. */
+static double rnd(ts_dtype_t lp, float x) {
+    return lp == TS_F16 ? (double)ts_f16_to_f32(ts_f32_to_f16(x))
+                        : (double)ts_bf16_to_f32(ts_f32_to_bf16(x));
+}
+static double wide(ts_dtype_t lp, uint16_t v) {
+    return lp == TS_F16 ? (double)ts_f16_to_f32(v) : (double)ts_bf16_to_f32(v);
+}
+static double bf(float x) { return rnd(TS_BF16, x); }
 
 /* Asserts nmse(GPU side of p, ref) ≤ BF16_TOL. */
 static void expect_ref(fixture_t *fx, const char *what, const pair_t *p, const double *ref) {
@@ -465,8 +475,9 @@ static void expect_ref(fixture_t *fx, const char *what, const pair_t *p, const d
     }
 }
 
-/* c = alpha·op(a)·op(b) + beta·c for one (batch, trans_a, trans_b), M, N, K odd. */
-static void matmul_bf16_case(fixture_t *fx, tu_rng_t *r, int64_t batch, int ta, int tb) {
+/* c = alpha·op(a)·op(b) + beta·c for one (batch, trans_a, trans_b), M, N, K odd, in lp. */
+static void matmul_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp, int64_t batch, int ta,
+                           int tb) {
     const int64_t M = 37, N = 53, K = 61;
     int nd = batch > 1 ? 3 : 2, o = nd - 2;
     int64_t as[3] = {batch}, bs[3] = {batch}, cs[3] = {batch};
@@ -487,13 +498,15 @@ static void matmul_bf16_case(fixture_t *fx, tu_rng_t *r, int64_t batch, int ta, 
                 for (int64_t k = 0; k < K; k++) {
                     float x = ta ? A[q * M * K + k * M + i] : A[q * M * K + i * K + k];
                     float y = tb ? Bm[q * K * N + j * K + k] : Bm[q * K * N + k * N + j];
-                    acc += bf(x) * bf(y);
+                    acc += rnd(lp, x) * rnd(lp, y);
                 }
                 ref[q * M * N + i * N + j] = 1.25 * acc + 0.5 * (double)C0[q * M * N + i * N + j];
             }
-    TU_CHECK_OK(ts_matmul_bf16(&fx->e[1], &c.t[1], &a.t[1], ta, &b.t[1], tb, 1.25f, 0.5f));
+    TU_CHECK_OK((lp == TS_F16 ? ts_matmul_f16 : ts_matmul_bf16)(&fx->e[1], &c.t[1], &a.t[1], ta,
+                                                                 &b.t[1], tb, 1.25f, 0.5f));
     char what[96];
-    snprintf(what, sizeof what, "matmul_bf16 batch %lld ta %d tb %d", (long long)batch, ta, tb);
+    snprintf(what, sizeof what, "matmul_%s batch %lld ta %d tb %d", lp == TS_F16 ? "f16" : "bf16",
+             (long long)batch, ta, tb);
     expect_ref(fx, what, &c, ref);
     free(ref);
     pair_free(&a);
@@ -501,13 +514,14 @@ static void matmul_bf16_case(fixture_t *fx, tu_rng_t *r, int64_t batch, int ta, 
     pair_free(&c);
 }
 
-/* A linear layer with a BF16 weight, forward and backward (the += of every gradient too). */
-static void linear_bf16_case(fixture_t *fx, tu_rng_t *r) {
+/* A linear layer with a BF16 weight, forward and backward (the += of every gradient too); with an
+ * F16 weight (lp), the forward only: f16 has no backward. */
+static void linear_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
     const int64_t M = B_ * T_, K = C_, N = 3 * C_ + 5;
     pair_t inp, w, w16, bias, out, dout, dinp, dw, db;
     pair_rand(&inp, r, -1.0f, 1.0f, 2, TS_SHAPE(M, K));
     pair_rand(&w, r, -0.1f, 0.1f, 2, TS_SHAPE(N, K));
-    pair_alloc(&w16, TS_BF16, 2, TS_SHAPE(N, K));
+    pair_alloc(&w16, lp, 2, TS_SHAPE(N, K));
     TU_CHECK_OK(ts_convert(&fx->e[0], &w16.t[0], &w.t[0]));
     pair_upload(&w16);
     pair_rand(&bias, r, -0.1f, 0.1f, 1, TS_SHAPE(N));
@@ -525,7 +539,7 @@ static void linear_bf16_case(fixture_t *fx, tu_rng_t *r) {
         for (int64_t j = 0; j < N; j++) {
             double acc = 0.0;
             for (int64_t k = 0; k < K; k++)
-                acc += bf(X[i * K + k]) * (double)ts_bf16_to_f32(W[j * K + k]);
+                acc += rnd(lp, X[i * K + k]) * wide(lp, W[j * K + k]);
             r_out[i * N + j] = (double)(float)acc + (double)host_f32(&bias)[j];
         }
     for (int64_t i = 0; i < M; i++)
@@ -549,12 +563,19 @@ static void linear_bf16_case(fixture_t *fx, tu_rng_t *r) {
     }
     ts_engine_t *G = &fx->e[1];
     TU_CHECK_OK(ts_linear_forward(G, &out.t[1], &inp.t[1], &w16.t[1], &bias.t[1]));
-    expect_ref(fx, "linear_forward bf16 weight", &out, r_out);
-    TU_CHECK_OK(ts_linear_backward(G, &dinp.t[1], &dw.t[1], &db.t[1], &dout.t[1], &inp.t[1],
-                                   &w16.t[1]));
-    expect_ref(fx, "linear_backward bf16 dinp", &dinp, r_dinp);
-    expect_ref(fx, "linear_backward bf16 dweight", &dw, r_dw);
-    expect_ref(fx, "linear_backward bf16 dbias", &db, r_db);
+    expect_ref(fx, lp == TS_F16 ? "linear_forward f16 weight" : "linear_forward bf16 weight", &out,
+               r_out);
+    if (lp == TS_F16) { /* refused, and nothing written */
+        assert_int_not_equal(ts_linear_backward(G, &dinp.t[1], &dw.t[1], &db.t[1], &dout.t[1],
+                                                &inp.t[1], &w16.t[1]),
+                             TS_OK);
+    } else {
+        TU_CHECK_OK(ts_linear_backward(G, &dinp.t[1], &dw.t[1], &db.t[1], &dout.t[1], &inp.t[1],
+                                       &w16.t[1]));
+        expect_ref(fx, "linear_backward bf16 dinp", &dinp, r_dinp);
+        expect_ref(fx, "linear_backward bf16 dweight", &dw, r_dw);
+        expect_ref(fx, "linear_backward bf16 dbias", &db, r_db);
+    }
     free(ref);
     pair_free(&inp);
     pair_free(&w);
@@ -578,8 +599,8 @@ static void test_bf16(void **state) {
     for (int batched = 0; batched < 2; batched++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++)
-                matmul_bf16_case(fx, &r, batched ? 3 : 1, ta, tb);
-    linear_bf16_case(fx, &r);
+                matmul_lp_case(fx, &r, TS_BF16, batched ? 3 : 1, ta, tb);
+    linear_lp_case(fx, &r, TS_BF16);
     /* the GELU of the bf16 forward: on the GPU, the fp32 one */
     pair_t x, y;
     pair_rand(&x, &r, -6.0f, 6.0f, 1, TS_SHAPE(N_ODD));
@@ -589,6 +610,36 @@ static void test_bf16(void **state) {
     expect_identical(fx, "gelu_forward_bf16 (= gelu_forward)", &y);
     pair_free(&x);
     pair_free(&y);
+}
+
+/* f16 runs on every GPU this backend is built for: the same products in half precision against
+ * the same reference, then the GPU's f16 matmul against the CPU's emulation (the same rounded
+ * operands, fp32 accumulation in two orders), and the rounding at f16's edges. */
+static void test_f16(void **state) {
+    fixture_t *fx = *state;
+    tu_rng_t r = {16};
+    for (int batched = 0; batched < 2; batched++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                matmul_lp_case(fx, &r, TS_F16, batched ? 3 : 1, ta, tb);
+    linear_lp_case(fx, &r, TS_F16);
+    /* GPU against the CPU's emulation, operands past ±65504 and in the subnormals included */
+    pair_t a, b, c;
+    pair_rand(&a, &r, -2.0f, 2.0f, 2, TS_SHAPE(67, 1));
+    pair_rand(&b, &r, -2.0f, 2.0f, 2, TS_SHAPE(1, 1));
+    pair_zeros(&c, 2, TS_SHAPE(67, 1));
+    float *A = a.t[0].data;
+    static const float edge[] = {65504.0f, 65520.0f, -70000.0f, 6.0e-5f, 5.9604645e-8f, 1e-8f,
+                                 2.9802326e-8f, 1.0004883f, 2049.0f, 2051.0f};
+    memcpy(A, edge, sizeof edge);
+    ((float *)b.t[0].data)[0] = 1.0f;
+    pair_upload(&a);
+    pair_upload(&b);
+    BOTH(ts_matmul_f16(E, ON(c), ON(a), 0, ON(b), 0, 1.0f, 0.0f));
+    expect_identical(fx, "matmul_f16 (K = 1: the rounding alone)", &c);
+    pair_free(&a);
+    pair_free(&b);
+    pair_free(&c);
 }
 
 /* ---- normalisation and activations ------------------------------------------------------ */
@@ -1160,7 +1211,8 @@ int main(void) {
         cmocka_unit_test(test_reductions),  cmocka_unit_test(test_flow_interp),
         cmocka_unit_test(test_optimiser),   cmocka_unit_test(test_rng),
         cmocka_unit_test(test_classification), cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_attention_fused), cmocka_unit_test(test_pinned),
+        cmocka_unit_test(test_f16),         cmocka_unit_test(test_attention_fused),
+        cmocka_unit_test(test_pinned),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

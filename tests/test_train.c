@@ -145,6 +145,59 @@ static void test_resume_bit_identical(void **state) {
     unlink(path);
 }
 
+/* A staged checkpoint (ts_trainer_stage_*, what tesserad's writer encodes while the steps go
+ * on) is the bytes ts_trainer_save_mem gives at the staged step, even when steps ran between the
+ * copy out and the encoding; one stage serves checkpoint after checkpoint. */
+static void test_stage_matches_save_mem(void **state) {
+    (void)state;
+    char err[256] = "";
+    run_t r;
+    float l[3];
+    run_start(&r, 13);
+    run_steps(&r, 2, l);
+    ts_trainer_stage_t st;
+    assert_int_equal(ts_trainer_stage_init(&st, &r.tr, 1), TS_OK); /* pinned: a CPU falls back */
+    for (int round = 0; round < 2; round++) {
+        unsigned char *want = NULL, *got = NULL;
+        size_t want_len = 0, got_len = 0;
+        assert_int_equal(ts_trainer_save_mem(&r.tr, &want, &want_len, err, sizeof err), TS_OK);
+        assert_int_equal(ts_trainer_stage_begin(&st, &r.tr), TS_OK);
+        assert_int_equal(st.step, r.tr.step);
+        run_steps(&r, 1 + round, l); /* the state moves on before the encoding */
+        assert_int_equal(ts_trainer_stage_encode(&st, &got, &got_len, err, sizeof err), TS_OK);
+        assert_int_equal(got_len, want_len);
+        assert_memory_equal(got, want, want_len);
+        unsigned char *now = NULL;
+        size_t now_len = 0;
+        assert_int_equal(ts_trainer_save_mem(&r.tr, &now, &now_len, err, sizeof err), TS_OK);
+        assert_true(now_len != want_len || memcmp(now, want, want_len) != 0);
+        free(want), free(got), free(now);
+    }
+    /* a stage of another model's size is refused, not overrun */
+    run_t o;
+    ts_dit_config_t c = small_config();
+    c.hidden_size = 64;
+    tu_quarters_dataset(&o.data, 40);
+    assert_int_equal(ts_dit_create(&o.model, &c, &g_eng, 8, 1), TS_OK);
+    ts_train_config_t tc;
+    ts_train_config_default(&tc);
+    tc.batch = 8;
+    assert_int_equal(ts_trainer_init(&o.tr, &o.model, &o.data, &tc), TS_OK);
+    assert_int_equal(ts_trainer_stage_begin(&st, &o.tr), TS_EINVAL);
+    run_end(&o);
+    ts_trainer_stage_free(&st);
+    /* the engine's copy in queue order: dtype and size checked */
+    ts_tensor_t a, b;
+    assert_int_equal(ts_tensor_alloc(&a, TS_F32, TS_CPU, 1, TS_SHAPE(5)), TS_OK);
+    assert_int_equal(ts_tensor_alloc(&b, TS_F16, TS_CPU, 1, TS_SHAPE(5)), TS_OK);
+    assert_int_equal(ts_engine_copy_async(&g_eng, &b, &a), TS_EDTYPE);
+    ts_tensor_free(&b);
+    assert_int_equal(ts_tensor_alloc(&b, TS_F32, TS_CPU, 1, TS_SHAPE(4)), TS_OK);
+    assert_int_equal(ts_engine_copy_async(&g_eng, &b, &a), TS_ESHAPE);
+    ts_tensor_free(&a), ts_tensor_free(&b);
+    run_end(&r);
+}
+
 static void test_checkpoint_of_other_run_refused(void **state) {
     (void)state;
     char path[256];
@@ -360,6 +413,7 @@ int main(void) {
         cmocka_unit_test(test_same_seed_bit_identical),
         cmocka_unit_test(test_other_seed_differs),
         cmocka_unit_test(test_resume_bit_identical),
+        cmocka_unit_test(test_stage_matches_save_mem),
         cmocka_unit_test(test_checkpoint_of_other_run_refused),
         cmocka_unit_test(test_loss_falls),
         cmocka_unit_test(test_lr_warmup),

@@ -1,6 +1,6 @@
 /*
  * cuda_backend.cu — the CUDA engine: its context, device memory, and the GEMMs on cuBLAS (fp32,
- * and bf16 with fp32 accumulation).
+ * and bf16 or f16 with fp32 accumulation).
  *
  * An engine owns one ts_cuda_ctx: the device ordinal, one CUDA stream, a cuBLAS handle bound to
  * that stream, and a small device scratch buffer the reductions in cuda_ops.cu use for their
@@ -33,11 +33,11 @@ struct ts_cuda_ctx {
     int device;            /* CUDA device ordinal */
     cudaStream_t stream;   /* every op of the engine is queued here */
     cublasHandle_t blas;   /* bound to stream; fp32 products, pedantic math */
-    cublasHandle_t blas16; /* bound to stream; bf16 products, default math (tensor cores) */
+    cublasHandle_t blas16; /* bound to stream; bf16 and f16 products, default math (tensor cores) */
     void *scratch;         /* device memory for reduction partials (cuda_ops.cu) */
     size_t scratch_bytes;
-    uint16_t *bf16;        /* the bf16 products' rounded operands; grows on demand */
-    size_t bf16_elems;
+    uint16_t *lp16;        /* the bf16 and f16 products' rounded operands; grows on demand */
+    size_t lp16_elems;
     int cc_major, cc_minor; /* compute capability */
 };
 
@@ -76,8 +76,8 @@ static void ctx_destroy(ts_cuda_ctx_t *ctx) {
         cudaStreamSynchronize(ctx->stream);
     if (ctx->scratch)
         cudaFree(ctx->scratch);
-    if (ctx->bf16)
-        cudaFree(ctx->bf16);
+    if (ctx->lp16)
+        cudaFree(ctx->lp16);
     if (ctx->blas)
         cublasDestroy(ctx->blas);
     if (ctx->blas16)
@@ -132,9 +132,9 @@ int ts_cuda_engine_init(ts_engine_t *e, int gpu) {
     /* Deterministic GEMMs: no atomics-based algorithms (this is cuBLAS's default; stated here). */
     if (cublasSetAtomicsMode(ctx->blas, CUBLAS_ATOMICS_NOT_ALLOWED) != CUBLAS_STATUS_SUCCESS)
         goto fail;
-    /* The bf16 products have their own handle on the same stream: default math lets cuBLAS take
-     * the tensor cores for bf16 inputs with fp32 accumulation (CUBLAS_COMPUTE_32F), which the
-     * pedantic mode of the fp32 handle would forbid. */
+    /* The bf16 and f16 products have their own handle on the same stream: default math lets
+     * cuBLAS take the tensor cores for 16-bit inputs with fp32 accumulation (CUBLAS_COMPUTE_32F),
+     * which the pedantic mode of the fp32 handle would forbid. */
     if (cublasCreate(&ctx->blas16) != CUBLAS_STATUS_SUCCESS) {
         ctx->blas16 = NULL;
         goto fail;
@@ -279,6 +279,41 @@ int ts_cuda_event_elapsed(ts_engine_t *e, void *a, void *b, double *seconds) {
         return TS_ECUDA;
     }
     *seconds = ms / 1e3;
+    return TS_OK;
+}
+
+int ts_cuda_event_wait(ts_engine_t *e, void *ev) {
+    if (!ev)
+        return TS_EINVAL;
+    cudaStream_t stream;
+    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL); /* this thread on the event's device */
+    if (err)
+        return err;
+    if (cudaEventSynchronize((cudaEvent_t)ev) != cudaSuccess) {
+        cudaGetLastError();
+        return TS_ECUDA;
+    }
+    return TS_OK;
+}
+
+int ts_cuda_memcpy_async(ts_engine_t *e, void *dst, ts_device_t dst_dev, const void *src,
+                         ts_device_t src_dev, size_t bytes) {
+    if (bytes == 0)
+        return TS_OK;
+    if (!dst || !src)
+        return TS_EINVAL;
+    cudaStream_t stream;
+    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+    if (err)
+        return err;
+    cudaMemcpyKind kind = dst_dev == TS_CUDA && src_dev == TS_CUDA ? cudaMemcpyDeviceToDevice
+                          : dst_dev == TS_CUDA                     ? cudaMemcpyHostToDevice
+                          : src_dev == TS_CUDA                     ? cudaMemcpyDeviceToHost
+                                                                   : cudaMemcpyHostToHost;
+    if (cudaMemcpyAsync(dst, src, bytes, kind, stream) != cudaSuccess) {
+        cudaGetLastError();
+        return TS_ECUDA;
+    }
     return TS_OK;
 }
 
@@ -472,7 +507,7 @@ int ts_cuda_linear_gelu_forward(ts_engine_t *e, float *pre, float *act, const fl
     return err ? err : ts_cuda_gelu_forward(e, act, pre, M * N);
 }
 
-/* ---- bf16 products ------------------------------------------------------------------------ */
+/* ---- bf16 and f16 products --------------------------------------------------------------- */
 
 int ts_cuda_bf16_check(ts_engine_t *e, char *why, size_t why_len) {
     if (!e || !e->cuda)
@@ -487,29 +522,30 @@ int ts_cuda_bf16_check(ts_engine_t *e, char *why, size_t why_len) {
     return TS_ENOTSUP;
 }
 
-/* Room for n bf16 elements of rounded operands, at *out. The buffer grows (never shrinks) by
- * freeing and reallocating: cudaFree waits for the device, so no queued kernel still reads the
- * old one. Every bf16 op of the engine uses it in turn, ordered by the engine's one stream. */
-static int bf16_room(ts_engine_t *e, int64_t n, uint16_t **out) {
+/* Room for n 16-bit elements of rounded operands (bf16 or f16), at *out. The buffer grows
+ * (never shrinks) by freeing and reallocating: cudaFree waits for the device, so no queued kernel
+ * still reads the old one. Every bf16 and f16 op of the engine uses it in turn, ordered by the
+ * engine's one stream. */
+static int lp_room(ts_engine_t *e, int64_t n, uint16_t **out) {
     ts_cuda_ctx_t *ctx = e->cuda;
-    if ((size_t)n > ctx->bf16_elems) {
-        if (ctx->bf16)
-            cudaFree(ctx->bf16);
-        ctx->bf16 = NULL;
-        ctx->bf16_elems = 0;
+    if ((size_t)n > ctx->lp16_elems) {
+        if (ctx->lp16)
+            cudaFree(ctx->lp16);
+        ctx->lp16 = NULL;
+        ctx->lp16_elems = 0;
         size_t want = (size_t)n + (size_t)n / 4; /* some slack: sizes creep up by batch */
-        if (cudaMalloc((void **)&ctx->bf16, want * sizeof(uint16_t)) != cudaSuccess) {
+        if (cudaMalloc((void **)&ctx->lp16, want * sizeof(uint16_t)) != cudaSuccess) {
             cudaGetLastError();
-            ctx->bf16 = NULL;
+            ctx->lp16 = NULL;
             return TS_ENOMEM;
         }
-        ctx->bf16_elems = want;
+        ctx->lp16_elems = want;
     }
-    *out = ctx->bf16;
+    *out = ctx->lp16;
     return TS_OK;
 }
 
-/* n bf16 elements rounded up to a 128-byte boundary. */
+/* n 16-bit elements rounded up to a 128-byte boundary. */
 static int64_t aligned_elems(int64_t n) { return (n + 63) / 64 * 64; }
 
 /* Elements spanned by a strided batch of (rows, cols) matrices with row stride ld. */
@@ -517,10 +553,13 @@ static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int6
     return (batch - 1) * stride + (rows - 1) * ld + cols;
 }
 
-/* As ts_cuda_gemm with A and B already bf16 (CUDA_R_16BF) and fp32 accumulation into C (fp32),
- * on the bf16 handle. The same row-major mapping as ts_cuda_gemm. */
-static int gemm_ex(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
-                   float alpha, const uint16_t *A, int64_t lda, int64_t stride_a,
+/* cuBLAS's name for a 16-bit dtype. */
+static cudaDataType_t cuda_type(ts_dtype_t lp) { return lp == TS_F16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+/* As ts_cuda_gemm with A and B already in lp (bf16 or f16) and fp32 accumulation into C (fp32),
+ * on the 16-bit handle. The same row-major mapping as ts_cuda_gemm. */
+static int gemm_ex(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int64_t M, int64_t N,
+                   int64_t K, float alpha, const uint16_t *A, int64_t lda, int64_t stride_a,
                    const uint16_t *B, int64_t ldb, int64_t stride_b, float beta, float *C,
                    int64_t ldc, int64_t stride_c, int64_t batch) {
     int err = gemm_enter(e, M, N, K, lda, ldb, ldc, batch);
@@ -529,27 +568,28 @@ static int gemm_ex(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t 
     cublasHandle_t h = e->cuda->blas16;
     cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cudaDataType_t t = cuda_type(lp);
     cublasStatus_t st;
     if (batch == 1)
-        st = cublasGemmEx(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_16BF, (int)ldb,
-                          A, CUDA_R_16BF, (int)lda, &beta, C, CUDA_R_32F, (int)ldc,
-                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        st = cublasGemmEx(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t, (int)ldb, A, t,
+                          (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT);
     else
-        st = cublasGemmStridedBatchedEx(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B,
-                                        CUDA_R_16BF, (int)ldb, (long long)stride_b, A, CUDA_R_16BF,
-                                        (int)lda, (long long)stride_a, &beta, C, CUDA_R_32F,
-                                        (int)ldc, (long long)stride_c, (int)batch,
-                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        st = cublasGemmStridedBatchedEx(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t,
+                                        (int)ldb, (long long)stride_b, A, t, (int)lda,
+                                        (long long)stride_a, &beta, C, CUDA_R_32F, (int)ldc,
+                                        (long long)stride_c, (int)batch, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? TS_OK : TS_ECUBLAS;
 }
 
-/* op(A) and op(B) rounded to bf16 (nearest even, kernels/math.h's rounding, as the CPU's) into
- * the engine's operand buffer, in their own layout (the whole span a strided batch covers, so ld
- * and strides carry over), then one cuBLAS product with fp32 accumulation. */
-int ts_cuda_gemm_bf16(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
-                      float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
-                      int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
-                      int64_t stride_c, int64_t batch) {
+/* op(A) and op(B) rounded to lp (nearest even, kernels/math.h's rounding, as the CPU's) into the
+ * engine's operand buffer, in their own layout (the whole span a strided batch covers, so ld and
+ * strides carry over), then one cuBLAS product with fp32 accumulation. */
+static int gemm_lp(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int64_t M, int64_t N,
+                   int64_t K, float alpha, const float *A, int64_t lda, int64_t stride_a,
+                   const float *B, int64_t ldb, int64_t stride_b, float beta, float *C,
+                   int64_t ldc, int64_t stride_c, int64_t batch) {
     if (M <= 0 || N <= 0 || batch <= 0)
         return TS_OK;
     if (K <= 0) /* C = beta·C: no operand to round */
@@ -560,33 +600,63 @@ int ts_cuda_gemm_bf16(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64
     int64_t nb = span(trans_b ? N : K, trans_b ? K : N, ldb, sb, batch);
     int64_t ob = aligned_elems(na); /* B's operand starts 128-byte aligned, as cuBLAS prefers */
     uint16_t *buf;
-    int err = bf16_room(e, ob + nb, &buf);
+    int err = lp_room(e, ob + nb, &buf);
     if (!err)
-        err = ts_cuda_convert(e, buf, TS_BF16, A, TS_F32, na);
+        err = ts_cuda_convert(e, buf, lp, A, TS_F32, na);
     if (!err)
-        err = ts_cuda_convert(e, buf + ob, TS_BF16, B, TS_F32, nb);
+        err = ts_cuda_convert(e, buf + ob, lp, B, TS_F32, nb);
     if (err)
         return err;
-    return gemm_ex(e, trans_a, trans_b, M, N, K, alpha, buf, lda, sa, buf + ob, ldb, sb, beta, C,
-                   ldc, stride_c, batch);
+    return gemm_ex(e, lp, trans_a, trans_b, M, N, K, alpha, buf, lda, sa, buf + ob, ldb, sb, beta,
+                   C, ldc, stride_c, batch);
 }
 
-/* out = bf16(inp) · weightᵀ in fp32, then the bias in a second kernel, as the fp32 path. */
+int ts_cuda_gemm_bf16(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                      float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
+                      int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
+                      int64_t stride_c, int64_t batch) {
+    return gemm_lp(e, TS_BF16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
+                   stride_b, beta, C, ldc, stride_c, batch);
+}
+
+int ts_cuda_gemm_f16(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                     float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
+                     int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
+                     int64_t stride_c, int64_t batch) {
+    return gemm_lp(e, TS_F16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
+                   stride_b, beta, C, ldc, stride_c, batch);
+}
+
+/* out = lp(inp) · weightᵀ in fp32 (weight already in lp), then the bias in a second kernel, as
+ * the fp32 path. */
+static int linear_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, const float *inp,
+                             const uint16_t *weight, const float *bias, int64_t M, int64_t N,
+                             int64_t K) {
+    if (M <= 0 || N <= 0)
+        return TS_OK;
+    uint16_t *in16;
+    int err = lp_room(e, M * K, &in16);
+    if (!err)
+        err = ts_cuda_convert(e, in16, lp, inp, TS_F32, M * K);
+    if (!err)
+        err = gemm_ex(e, lp, 0, 1, M, N, K, 1.0f, in16, K, 0, weight, K, 0, 0.0f, out, N, 0, 1);
+    if (err || !bias)
+        return err;
+    return ts_cuda_add_bcast_forward(e, out, out, bias, M, N);
+}
+
 int ts_cuda_linear_forward_bf16(ts_engine_t *e, float *out, const float *inp,
                                 const uint16_t *weight, const float *bias, int64_t M, int64_t N,
                                 int64_t K, int64_t group) {
     (void)group;
-    if (M <= 0 || N <= 0)
-        return TS_OK;
-    uint16_t *in16;
-    int err = bf16_room(e, M * K, &in16);
-    if (!err)
-        err = ts_cuda_convert(e, in16, TS_BF16, inp, TS_F32, M * K);
-    if (!err)
-        err = gemm_ex(e, 0, 1, M, N, K, 1.0f, in16, K, 0, weight, K, 0, 0.0f, out, N, 0, 1);
-    if (err || !bias)
-        return err;
-    return ts_cuda_add_bcast_forward(e, out, out, bias, M, N);
+    return linear_forward_lp(e, TS_BF16, out, inp, weight, bias, M, N, K);
+}
+
+int ts_cuda_linear_forward_f16(ts_engine_t *e, float *out, const float *inp,
+                               const uint16_t *weight, const float *bias, int64_t M, int64_t N,
+                               int64_t K, int64_t group) {
+    (void)group;
+    return linear_forward_lp(e, TS_F16, out, inp, weight, bias, M, N, K);
 }
 
 /* dinp (M, K) += bf16(dout) (M, N) · weight (N, K); dweight (N, K) += bf16(dout)ᵀ · bf16(inp). */
@@ -597,16 +667,18 @@ int ts_cuda_linear_backward_bf16(ts_engine_t *e, float *dinp, float *dweight, co
         return TS_OK;
     uint16_t *buf;
     int64_t oi = aligned_elems(M * N);
-    int err = bf16_room(e, oi + (dweight ? M * K : 0), &buf);
+    int err = lp_room(e, oi + (dweight ? M * K : 0), &buf);
     if (!err)
         err = ts_cuda_convert(e, buf, TS_BF16, dout, TS_F32, M * N);
     if (!err && dinp)
-        err = gemm_ex(e, 0, 0, M, K, N, 1.0f, buf, N, 0, weight, K, 0, 1.0f, dinp, K, 0, 1);
+        err = gemm_ex(e, TS_BF16, 0, 0, M, K, N, 1.0f, buf, N, 0, weight, K, 0, 1.0f, dinp, K, 0,
+                      1);
     if (!err && dweight) {
         uint16_t *in16 = buf + oi;
         err = ts_cuda_convert(e, in16, TS_BF16, inp, TS_F32, M * K);
         if (!err)
-            err = gemm_ex(e, 1, 0, N, K, M, 1.0f, buf, N, 0, in16, K, 0, 1.0f, dweight, K, 0, 1);
+            err = gemm_ex(e, TS_BF16, 1, 0, N, K, M, 1.0f, buf, N, 0, in16, K, 0, 1.0f, dweight,
+                          K, 0, 1);
     }
     return err;
 }

@@ -1,0 +1,108 @@
+/*
+ * cpu_f16.c — the CPU backend's f16 products (`--precision f16`), emulated.
+ *
+ * A CPU has no f16 matrix product that this build can use (Debian's oneDNN 2.6 has no f16
+ * matmul on x86; OpenBLAS none at all), yet the GPU's f16 path needs a reference that computes the
+ * same thing, and the model's f16 plumbing needs to run in CI. So: each operand is rounded to f16
+ * (nearest even, kernels/math.h's rounding: NaN stays NaN, past ±65504 becomes ±Inf, tiny values
+ * become subnormals) and widened back to fp32 into the engine's scratch, and the fp32 product runs
+ * on that. A product of two f16 values has at most 22 significant bits, so fp32 holds it exactly:
+ * this is an f16 product with fp32 accumulation, as cuBLAS computes it with CUBLAS_COMPUTE_32F,
+ * up to the order of the sums. It costs a rounding pass per operand on top of the fp32 product;
+ * it saves nothing, and is for reference and tests.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "kernels/backend.h"
+#include "kernels/math.h"
+
+void ts_cpu_f16_free(ts_engine_t *e) {
+    free(e->f16_scratch);
+    e->f16_scratch = NULL;
+    e->f16_cap = 0;
+}
+
+/* Room for n floats of rounded operands; grows, never shrinks, contents not kept. */
+static int room(ts_engine_t *e, int64_t n, float **out) {
+    if ((size_t)n > e->f16_cap) {
+        size_t want = (size_t)n + (size_t)n / 4, bytes = (want * sizeof(float) + 63) & ~(size_t)63;
+        float *p = aligned_alloc(64, bytes);
+        if (!p)
+            return TS_ENOMEM;
+        free(e->f16_scratch);
+        e->f16_scratch = p;
+        e->f16_cap = want;
+    }
+    *out = e->f16_scratch;
+    return TS_OK;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/* F16C's conversions round to nearest even with subnormals kept (MXCSR's DAZ/FTZ are off in this
+ * process), the same bits as ts_f32_to_f16 (test_f16 checks the edge cases). */
+__attribute__((target("f16c,avx"))) static void round_f16c(float *d, const float *s, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(s + i),
+                                                                _MM_FROUND_TO_NEAREST_INT)));
+    for (; i < n; i++)
+        d[i] = ts_f16_to_f32(ts_f32_to_f16(s[i]));
+}
+#endif
+
+/* d[i] = f16(s[i]) widened back to fp32. */
+static void round_f16(float *d, const float *s, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("f16c") && !getenv("TESSERA_F16_SCALAR")) {
+        round_f16c(d, s, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++)
+        d[i] = ts_f16_to_f32(ts_f32_to_f16(s[i]));
+}
+
+/* Elements spanned by a strided batch of (rows, cols) matrices with row stride ld. */
+static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
+    return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+int ts_cpu_gemm_f16(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                    float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
+                    int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
+                    int64_t stride_c, int64_t batch) {
+    if (M <= 0 || N <= 0 || batch <= 0 || K <= 0) /* nothing to round */
+        return ts_cpu_gemm(e, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b,
+                           beta, C, ldc, stride_c, batch);
+    /* each operand rounded in its own layout (the whole span a strided batch covers, gaps
+     * included), so that lda, ldb and the strides carry over */
+    int64_t sa = batch > 1 ? stride_a : 0, sb = batch > 1 ? stride_b : 0;
+    int64_t na = span(trans_a ? K : M, trans_a ? M : K, lda, sa, batch);
+    int64_t nb = span(trans_b ? N : K, trans_b ? K : N, ldb, sb, batch);
+    int64_t ob = (na + 15) / 16 * 16;
+    float *buf;
+    TS_TRY(room(e, ob + nb, &buf));
+    round_f16(buf, A, na);
+    round_f16(buf + ob, B, nb);
+    return ts_cpu_gemm(e, trans_a, trans_b, M, N, K, alpha, buf, lda, sa, buf + ob, ldb, sb, beta,
+                       C, ldc, stride_c, batch);
+}
+
+int ts_cpu_linear_forward_f16(ts_engine_t *e, float *out, const float *inp, const uint16_t *weight,
+                              const float *bias, int64_t M, int64_t N, int64_t K, int64_t group) {
+    if (M <= 0 || N <= 0)
+        return TS_OK;
+    int64_t ow = (M * K + 15) / 16 * 16;
+    float *buf;
+    TS_TRY(room(e, ow + N * K, &buf));
+    round_f16(buf, inp, M * K);
+    for (int64_t i = 0; i < N * K; i++) /* the weight, already f16: widening is exact */
+        buf[ow + i] = ts_f16_to_f32(weight[i]);
+    /* the fp32 linear (its slicing by group: an item's rows do not depend on the batch) */
+    return ts_cpu_linear_forward(e, out, buf, buf + ow, bias, M, N, K, group);
+}
