@@ -682,6 +682,11 @@ static int run(const opts_t *o) {
         max_batch = b > max_batch ? b : max_batch;
     }
 
+    if (o->precision == TS_PREC_F16 && o->train_batch > 0) {
+        ts_st_free(&cf);
+        return fail("--precision f16", TS_ENOTSUP,
+                    "f16 is forward only (no f16 training): pass --train-batch 0");
+    }
     ts_engine_t e;
     if ((rc = start_engine(o, &e)) != 0) {
         ts_st_free(&cf);
@@ -704,7 +709,13 @@ static int run(const opts_t *o) {
         ts_st_free(&cf);
         ts_dit_free(&m);
         ts_engine_free(&e);
-        return fail("--attention", rc, NULL);
+        return fail("--attention", rc,
+                    rc != TS_ENOTSUP                ? NULL
+                    : m.precision == TS_PREC_F16    ? "there is no fused attention at f16"
+                    : m.precision == TS_PREC_BF16   ? "no fused bf16 attention on this engine"
+                    : e.device == TS_CUDA           ? "the GPU's fused kernel takes heads of up to "
+                                                      "128 and batches of up to 65535"
+                                                    : NULL);
     }
     double flops = ts_dit_flops_per_sample(&m.cfg);
     FILE *out = stdout;

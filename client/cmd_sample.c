@@ -206,6 +206,12 @@ static int run(sample_run_t *r) {
     double t0 = ts_now_s();
     for (int start = 0; start < n && rc == TS_OK; start += r->chunk)
         rc = sample_chunk(r, start, n - start < r->chunk ? n - start : r->chunk, &prog);
+    if (rc == TS_ENONFINITE)
+        snprintf(r->err, sizeof r->err,
+                 "the samples are not finite (NaN or Inf): the model's forward overflowed%s",
+                 r->model.precision == TS_PREC_F16
+                     ? " at f16 (an activation past ±65504): use --precision bf16 or f32"
+                     : "");
     r->secs = ts_now_s() - t0;
     if (prog.tty)
         fprintf(stderr, "\n");

@@ -53,6 +53,7 @@ typedef struct job {
     uint64_t arrival_ns, deadline_ns;
     ts_serve_outcome_t outcome; /* set by the compute thread: OK, DEADLINE, INTERNAL, or
                                  * UNAVAILABLE when it alone does not fit the device's memory */
+    int nonfinite;              /* INTERNAL because the batch's velocity was not finite */
     uint32_t queue_us, compute_us, device_us, batch_rows;
 } job_t;
 
@@ -278,6 +279,8 @@ static int run_batch(ts_serve_t *s, ts_list_t *batch, int rows, double *device_s
         TS_TRY(ts_tensor_copy(&down, &out));
     }
     TS_TRY(ts_engine_marks_elapsed(e, &s->mark[0], &s->mark[1], device_s)); /* done: no wait */
+    /* a NaN or Inf is never sent (at f16, an activation past ±65504 makes one): TS_ENONFINITE */
+    TS_TRY(ts_check_finite(host, &down));
     r = 0;
     TS_LIST_FOREACH(it, batch) {
         job_t *j = job_at(it);
@@ -311,6 +314,7 @@ static void finish_batch(ts_serve_t *s, ts_list_t *batch, int rows, int rc, uint
         j->outcome = rc == TS_OK       ? TS_SERVE_OK
                      : rc == TS_ENOMEM ? TS_SERVE_UNAVAILABLE
                                        : TS_SERVE_INTERNAL;
+        j->nonfinite = rc == TS_ENONFINITE;
         j->queue_us = (uint32_t)((t0 - j->arrival_ns) / 1000u);
         j->compute_us = clamp_us((double)compute_us);
         j->device_us = rc == TS_OK ? clamp_us(device_s * 1e6) : 0;
@@ -421,6 +425,13 @@ static void answer_job(ts_serve_t *s, job_t *j) {
         ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_DEADLINE_EXCEEDED,
                            "the deadline passed after %u ms in the queue, before compute",
                            j->queue_us / 1000u);
+    } else if (j->outcome == TS_SERVE_INTERNAL && j->nonfinite) {
+        ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_INTERNAL,
+                           "the expert's forward pass gave a non-finite velocity (NaN or Inf) "
+                           "for its batch%s",
+                           s->o.precision == TS_PREC_F16
+                               ? ": at f16, an activation past ±65504 (serve in bf16 or f32)"
+                               : "");
     } else if (j->outcome == TS_SERVE_INTERNAL) {
         ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_INTERNAL,
                            "the expert's forward pass failed");
@@ -647,14 +658,15 @@ static void set_precision(ts_serve_t *s) {
     size_t room = sizeof s->eng_note - used;
     if (s->o.precision == TS_PREC_F32)
         return;
-    if (ts_dit_set_precision(&s->model, s->o.precision, why, sizeof why) == TS_OK)
+    int rc = ts_dit_set_precision(&s->model, s->o.precision, why, sizeof why);
+    if (rc == TS_OK)
         snprintf(tail, room, "; %s products%s", ts_precision_name(s->o.precision),
                  s->o.precision == TS_PREC_F16 && s->eng.device == TS_CPU
                      ? " (emulated on the CPU: slower than f32)"
                      : "");
     else
         snprintf(tail, room, "; f32 (precision %s refused: %s)", ts_precision_name(s->o.precision),
-                 why);
+                 why[0] ? why : ts_strerror(rc));
 }
 
 /* The engine, the model with x's parameters and the staging, for max_batch rows. */

@@ -228,7 +228,7 @@ static void *writer_main(void *arg) {
         /* waits for the copy out, then encodes: the checkpoint, and the snapshot from its EMA */
         int rc = ts_trainer_stage_encode(&j->stage, &ckpt, &ckpt_len, err, sizeof err);
         if (rc == TS_OK && j->snapshots)
-            rc = ts_dit_save_mem(&j->model, &j->stage.host[3], TS_ST_F32, j->w_meta.kv,
+            rc = ts_dit_save_mem(&j->model, &j->stage.host[TS_STAGE_EMA], TS_ST_F32, j->w_meta.kv,
                                  j->w_meta.n, &snap, &snap_len, err, sizeof err);
         if (rc == TS_OK &&
             (rc = ts_ckpt_save(j->store, j->progress.run_id, step, ckpt, ckpt_len, j->keep)) !=
@@ -398,6 +398,10 @@ static void *job_main(void *arg) {
     int64_t wat = at;
     char werr[320] = "";
     int wrc = writer_stop(j, &wat, werr, sizeof werr);
+    if (j->staged) { /* the final checkpoint makes its own copy: not a third one at the end */
+        ts_trainer_stage_free(&j->stage);
+        j->staged = 0;
+    }
     if (rc == TS_OK && wrc != TS_OK) {
         rc = wrc, what = "checkpoint", at = wat;
         snprintf(err, sizeof err, "%s", werr);

@@ -126,7 +126,8 @@ int ts_engine_utilization(const ts_engine_t *e, double *ratio);
 typedef enum { TS_PREC_F32 = 0, TS_PREC_BF16 = 1, TS_PREC_F16 = 2 } ts_precision_t;
 
 #define TS_PRECISION_HELP                                                                          \
-    "f32 (default), bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16, or a GPU) or " \
+    "f32 (default), bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16, or a GPU of " \
+    "compute capability 8.0 or newer) or "                                                       \
     "f16 (half-precision products for inference; a GPU, emulated on the CPU)"
 
 /* Parses "f32", "bf16" or "f16" (NULL or "" = f32); TS_EINVAL for anything else, out untouched. */

@@ -55,7 +55,8 @@ int ts_sampler_run(ts_engine_t *e, const ts_sampler_opts_t *o, ts_tensor_t *x,
         if (progress && progress(pctx, k + 1, o->steps))
             return TS_EINVAL;
     }
-    return TS_OK;
+    /* a model that overflowed (f16's range) leaves NaN or Inf: an error, never an image */
+    return ts_check_finite(e, x);
 }
 
 /* ---- a DiT with classifier-free guidance ---------------------------------------------- */

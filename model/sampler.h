@@ -39,7 +39,8 @@ int ts_sampler_parse(const char *name, ts_sampler_kind_t *kind);
  * so a sample's noise does not depend on the batch it is generated in. */
 int ts_sampler_noise(ts_engine_t *e, ts_tensor_t *x, const uint64_t *seeds);
 
-/* Integrates x in place from t = 1 to t = 0. scratch: 3 tensors shaped like x. */
+/* Integrates x in place from t = 1 to t = 0. scratch: 3 tensors shaped like x. TS_ENONFINITE
+ * when a sample is not finite at the end (a velocity that overflowed: f16's range). */
 int ts_sampler_run(ts_engine_t *e, const ts_sampler_opts_t *o, ts_tensor_t *x,
                    ts_tensor_t scratch[3], ts_velocity_fn fn, void *ctx,
                    ts_sample_progress_fn progress, void *pctx);

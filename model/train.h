@@ -106,6 +106,7 @@ int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen
  * they read: the same stream) — and encoded by ts_trainer_stage_encode, which first waits for
  * them and may run on another thread. ts_trainer_save_mem is init, begin, encode and free in one.
  * One stage holds one checkpoint at a time: begin again only after the encode (or wait). */
+#define TS_STAGE_EMA 3 /* host[TS_STAGE_EMA]: the EMA weights */
 typedef struct ts_trainer_stage {
     ts_tensor_t host[4];   /* params, adam_m, adam_v, ema: F32 (num_params), on the host */
     ts_engine_mark_t done; /* recorded after the copies */

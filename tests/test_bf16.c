@@ -346,13 +346,23 @@ static void test_f16_refusals(void **state) {
     assert_int_equal(ts_dit_set_attention(&m, TS_ATTN_FUSED), TS_ENOTSUP);
     assert_int_equal(m.param_lp.dtype, TS_F16);
     float *v1 = velocity(&m, 4, 5);
+    int64_t n = 4 * (int64_t)cfg.in_channels * cfg.input_size * cfg.input_size;
+    /* f16 → f32 → f16, and where bf16 runs f16 → bf16 → f16 directly: the same bits */
     assert_int_equal(ts_dit_set_precision(&m, TS_PREC_F32, NULL, 0), TS_OK);
-    if (ts_dit_set_precision(&m, TS_PREC_BF16, NULL, 0) == TS_OK) /* where bf16 runs: via it */
-        assert_int_equal(m.param_lp.dtype, TS_BF16);
     assert_int_equal(ts_dit_set_precision(&m, TS_PREC_F16, NULL, 0), TS_OK);
     float *v2 = velocity(&m, 4, 5);
-    int64_t n = 4 * (int64_t)cfg.in_channels * cfg.input_size * cfg.input_size;
     assert_memory_equal(v1, v2, (size_t)n * sizeof *v1);
+    if (ts_dit_set_precision(&m, TS_PREC_BF16, NULL, 0) == TS_OK) {
+        assert_int_equal(m.param_lp.dtype, TS_BF16);
+        float *vb = velocity(&m, 4, 5);
+        assert_memory_not_equal(vb, v1, (size_t)n * sizeof *v1);
+        assert_int_equal(ts_dit_set_precision(&m, TS_PREC_F16, NULL, 0), TS_OK);
+        assert_int_equal(m.param_lp.dtype, TS_F16);
+        free(v2);
+        v2 = velocity(&m, 4, 5);
+        assert_memory_equal(v1, v2, (size_t)n * sizeof *v1);
+        free(vb);
+    }
 
     /* the f16 weights have no backward */
     const ts_tensor_t *w = &m.wlp.blocks[0].fc1_w;
@@ -360,7 +370,10 @@ static void test_f16_refusals(void **state) {
     tu_alloc_f32(&inp, 2, TS_SHAPE(3, w->shape[1]));
     tu_alloc_f32(&dout, 2, TS_SHAPE(3, w->shape[0]));
     tu_alloc_f32(&dinp, 2, TS_SHAPE(3, w->shape[1]));
-    assert_int_not_equal(ts_linear_backward(e, &dinp, NULL, NULL, &dout, &inp, w), TS_OK);
+    memset(tu_f32(&dinp), 0, (size_t)ts_tensor_nbytes(&dinp));
+    assert_int_equal(ts_linear_backward(e, &dinp, NULL, NULL, &dout, &inp, w), TS_EDTYPE);
+    for (int64_t i = 0; i < ts_tensor_numel(&dinp); i++)
+        assert_true(tu_f32(&dinp)[i] == 0.0f); /* refused before writing anything */
     TU_FREE_TENSORS(&inp, &dout, &dinp);
     free(v1), free(v2);
     ts_dit_free(&m);

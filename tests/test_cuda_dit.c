@@ -211,8 +211,9 @@ static void test_training_steps(void **state) {
 }
 
 /* A checkpoint copied out into pinned memory on the engine's stream (tesserad's writer): the
- * copy is queued behind the step before it, the next step is queued behind the copy, and the
- * bytes encoded after that step are those of the step staged. */
+ * copy is queued behind the step before it, and work queued after it — here a scaling of every
+ * slab, queued with nothing in between that waits for the device, then a whole step — cannot
+ * change what it copies: the bytes encoded afterwards are those of the step staged. */
 static void test_stage_async(void **state) {
     fixture_t *fx = *state;
     ts_dataset_t data = synthetic_data(64);
@@ -226,13 +227,18 @@ static void test_stage_async(void **state) {
     char err[256] = "";
     ts_trainer_stage_t st;
     TU_CHECK_OK(ts_trainer_stage_init(&st, &tr, 1));
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(st.host[i].owns, 2); /* page-locked: the copy is truly asynchronous */
     for (int round = 0; round < 3; round++) {
         TU_CHECK_OK(ts_trainer_step(&tr, NULL, NULL));
         unsigned char *want = NULL, *got = NULL;
         size_t want_len = 0, got_len = 0;
         TU_CHECK_OK(ts_trainer_save_mem(&tr, &want, &want_len, err, sizeof err));
         TU_CHECK_OK(ts_trainer_stage_begin(&st, &tr));
-        TU_CHECK_OK(ts_trainer_step(&tr, NULL, NULL)); /* queued behind the copy */
+        TU_CHECK_OK(ts_scale(&fx->e[1], &m[1].param_mem, 2.0f)); /* queued behind the copy */
+        TU_CHECK_OK(ts_scale(&fx->e[1], &tr.ema_mem, 2.0f));
+        TU_CHECK_OK(ts_scale(&fx->e[1], &tr.m_mem, 2.0f));
+        TU_CHECK_OK(ts_trainer_step(&tr, NULL, NULL));
         TU_CHECK_OK(ts_trainer_stage_encode(&st, &got, &got_len, err, sizeof err));
         assert_int_equal(got_len, want_len);
         assert_memory_equal(got, want, want_len);

@@ -485,9 +485,36 @@ static void test_answers_equal_local(void **state) {
     assert_int_equal(atomic_load(&obs_bad), 0);
 }
 
-/* [compute] precision = bf16: the served answers equal the local bf16 forward bit for bit (so
- * bf16 rows do not depend on their batch or the server's threads either), and the device note
- * says bf16. Skipped with the reason where bf16 cannot run (the server then stays f32). */
+/* Serves at precision p: the device note says so (note_frag), and the answers, plain and guided,
+ * are the local forward's at p bit for bit (so its rows do not depend on their batch or the
+ * server's threads either). The server stays up (serve_stop is the caller's). */
+static void answers_at(ts_precision_t p, const char *note_frag, uint64_t seed,
+                       ts_serve_opts_t *o) {
+    ts_serve_opts_default(o);
+    o->max_batch = MAXB;
+    o->max_wait_ms = 1;
+    o->max_queue = 64;
+    o->compute_threads = 2;
+    o->precision = p;
+    serve_start(o);
+    char device[128], note[512];
+    ts_serve_device(srv, device, sizeof device, note, sizeof note);
+    assert_non_null(strstr(note, note_frag));
+    tu_rng_t rng = {seed};
+    static req_t plain, guided;
+    got_t g1 = {0}, g2 = {0};
+    plain_and_guided(&rng, &plain, &guided, &g1, &g2);
+    TU_CHECK_OK(ts_dit_set_precision(&ref, p, NULL, 0));
+    char what[64];
+    snprintf(what, sizeof what, "%s, no guidance", ts_precision_name(p));
+    check_answer(&plain, &g1, what);
+    snprintf(what, sizeof what, "%s, guidance 2.5", ts_precision_name(p));
+    check_answer(&guided, &g2, what);
+    TU_CHECK_OK(ts_dit_set_precision(&ref, TS_PREC_F32, NULL, 0));
+}
+
+/* [compute] precision = bf16. Skipped with the reason where bf16 cannot run (the server then
+ * stays f32). */
 static void test_answers_bf16(void **state) {
     (void)state;
     char why[256] = "";
@@ -496,25 +523,37 @@ static void test_answers_bf16(void **state) {
         skip();
     }
     ts_serve_opts_t o;
-    ts_serve_opts_default(&o);
-    o.max_batch = MAXB;
-    o.max_wait_ms = 1;
-    o.max_queue = 64;
-    o.compute_threads = 2;
-    o.precision = TS_PREC_BF16;
-    serve_start(&o);
-    char device[128], note[512];
-    ts_serve_device(srv, device, sizeof device, note, sizeof note);
-    assert_non_null(strstr(note, "bf16 products"));
-    tu_rng_t rng = {23};
-    static req_t plain, guided;
-    got_t g1 = {0}, g2 = {0};
-    plain_and_guided(&rng, &plain, &guided, &g1, &g2);
-    TU_CHECK_OK(ts_dit_set_precision(&ref, TS_PREC_BF16, NULL, 0));
-    check_answer(&plain, &g1, "bf16, no guidance");
-    check_answer(&guided, &g2, "bf16, guidance 2.5");
-    TU_CHECK_OK(ts_dit_set_precision(&ref, TS_PREC_F32, NULL, 0));
+    answers_at(TS_PREC_BF16, "bf16 products", 23, &o);
     serve_stop();
+}
+
+/* f16 serves everywhere (emulated on the CPU, and the device note says so), its answers those of
+ * the local forward at f16; a model whose f16 forward overflows (a weight past ±65504) is answered
+ * with an error that says so, never with NaNs. */
+static void test_answers_f16(void **state) {
+    (void)state;
+    ts_serve_opts_t o;
+    answers_at(TS_PREC_F16, "f16 products (emulated", 29, &o);
+    serve_stop();
+
+    static req_t plain;
+    tu_rng_t rng = {31};
+    req_init(&plain, &rng, 3, 1.0f, 0);
+    float *p = ref.param_mem.data, keep = p[0]; /* the patch embedding's first weight */
+    p[0] = 1e5f;
+    serve_start(&o);
+    got_t g = {0};
+    send_req(0, &plain, 10000, &g);
+    wait_answer(&g);
+    p[0] = keep;
+    serve_stop();
+    if (g.status != TS_EPEER || g.remote_code != TESSERA__ERROR_CODE__ERROR_INTERNAL) {
+        print_error("an overflowing f16 model: status %s code %d: %s\n", ts_strerror(g.status),
+                    g.remote_code, g.message);
+        fail();
+    }
+    TU_CHECK_CONTAINS(g.message, "non-finite velocity");
+    TU_CHECK_CONTAINS(g.message, "65504");
 }
 
 /* 16 clients, 4 requests each, all at once (a mix of guided and not, 1 or 2 samples): each gets
@@ -1169,6 +1208,7 @@ int main(void) {
         cmocka_unit_test(test_forward_batch_invariant),
         cmocka_unit_test(test_answers_equal_local),
         cmocka_unit_test(test_answers_bf16),
+        cmocka_unit_test(test_answers_f16),
         cmocka_unit_test(test_concurrent_clients),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_flood_busy),

@@ -254,8 +254,8 @@ int ts_cuda_event_record(ts_engine_t *e, void **ev) {
     if (err)
         return err;
     if (!*ev) {
-        cudaEvent_t made;
-        if (cudaEventCreate(&made) != cudaSuccess) {
+        cudaEvent_t made; /* a waiting thread sleeps rather than spins (ts_engine_mark_wait) */
+        if (cudaEventCreateWithFlags(&made, cudaEventBlockingSync) != cudaSuccess) {
             cudaGetLastError();
             return TS_ECUDA;
         }
