@@ -24,7 +24,8 @@
  * oneDNN, fp32 accumulation): the forward rows, and the training row in bf16 training (the
  * backward's linear products in bf16 too, fp32 masters and AdamW); a --check against an fp32
  * reference then needs a bf16-sized --tol (bench_dit.py passes 3e-2). --precision f16 is the
- * same in half precision, forward only (--train-batch 0): cuBLAS on a GPU, emulated on the CPU.
+ * same in half precision (training with the trainer's loss scaling): cuBLAS on a GPU, emulated on
+ * the CPU.
  *
  * --ops, after each fp32 forward row, times every op call of a block alone on block 0's
  * activations (and the unfused pairs next to the fused ops), and prints each one's share of the
@@ -682,11 +683,6 @@ static int run(const opts_t *o) {
         max_batch = b > max_batch ? b : max_batch;
     }
 
-    if (o->precision == TS_PREC_F16 && o->train_batch > 0) {
-        ts_st_free(&cf);
-        return fail("--precision f16", TS_ENOTSUP,
-                    "f16 is forward only (no f16 training): pass --train-batch 0");
-    }
     ts_engine_t e;
     if ((rc = start_engine(o, &e)) != 0) {
         ts_st_free(&cf);
@@ -865,8 +861,8 @@ static void usage(FILE *f) {
            "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
            "  --json             print one JSON document instead of the table\n"
            "  --precision P      f32 (default), bf16 or f16: the products, forward and training\n"
-           "                     (bf16 training: fp32 masters and optimiser; f16 is forward\n"
-           "                     only: pass --train-batch 0; the CPU emulates it)\n"
+           "                     (fp32 masters and optimiser; f16 training scales the loss;\n"
+           "                     the CPU emulates f16)\n"
            "  --attention A      fused or composed: the model's attention (default: the model's\n"
            "                     own choice, see ts_dit_set_attention; a GPU: composed, fused in fp32)\n"
            "  --device D         cpu (default), cuda or cuda:N: the engine; each timed call ends\n"

@@ -22,14 +22,14 @@ For each config, in one run:
      in bf16, 5e-3 in f16, else nothing of it is timed and the disagreement is recorded),
      forward at each batch and a training step (ts_trainer_step) at the training batch, fp32,
      then bf16 (`--precision bf16`; where the engine has no bf16 path, the reason it gave is
-     recorded), then f16 (`--precision f16`: forward only);
+     recorded), then f16 (`--precision f16`, its training with dynamic loss scaling);
   3. (after the configs) the attention alone, composed against fused (`bench_dit
      --attention-ops 64`: issue 17's target is the fused ≥ 2× the composed at T = 256);
   4. PyTorch on the same device, with its best attention (F.scaled_dot_product_attention where
      it has it; the JSON says which): forward (eval, no_grad) at each batch and the same training
      step as ours (flow matching, MSE, backward, gradient clipping, AdamW, EMA), in fp32 (TF32
      off, so both sides do fp32 products), under torch.autocast(bfloat16), and under
-     torch.autocast(float16) (forward only).
+     torch.autocast(float16) (training with torch's GradScaler).
 Both sides are timed call by call after a warm-up, each call ending with the device
 synchronised, for at least S seconds and 5 calls; the figure is the median call. Ours' GEMM peak
 comes from a `bench_dit --peak N` call of its own (the engine's N³ product, fp32, bf16 and f16),
@@ -190,10 +190,18 @@ def torch_forward(model, cfg, B, sfx, gen):
     return time_calls(step)
 
 
+def grad_scaler(enabled):
+    """torch's dynamic loss scaler (torch.amp's where this torch has it, else torch.cuda.amp's)."""
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler(DEV.type, enabled=enabled)
+    return torch.cuda.amp.GradScaler(enabled=enabled and DEV.type == "cuda")
+
+
 def torch_train(model, cfg, B, sfx, gen):
     """model/train.c's step: a batch with 10 % of labels dropped to the null class, t ~ U(0, 1),
     ε ~ N(0, 1), x_t = (1 − t)·x0 + t·ε, MSE against ε − x0, backward, clip to 1, AdamW, EMA;
-    bf16: forward and loss under autocast (fp32 weights, gradients and AdamW)."""
+    bf16: forward and loss under autocast (fp32 weights, gradients and AdamW); f16 likewise, with
+    torch's GradScaler (dynamic loss scaling, as ours)."""
     C, S, K = cfg["in_channels"], cfg["input_size"], cfg["num_classes"]
     data = (torch.rand(DATA_N, C, S, S, generator=gen) * 2 - 1).to(DEV)
     labels = torch.randint(0, K, (DATA_N,), generator=gen).to(DEV)
@@ -201,6 +209,7 @@ def torch_train(model, cfg, B, sfx, gen):
     ema = [p.detach().clone() for p in params]
     opt = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                             foreach=True)
+    scaler = grad_scaler(sfx == "_f16")
     model.train()
 
     def step():
@@ -215,9 +224,11 @@ def torch_train(model, cfg, B, sfx, gen):
         with autocast(sfx):
             loss = F.mse_loss(model(xt, t, y).float(), eps - x0)
         opt.zero_grad(set_to_none=False)
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         with torch.no_grad():
             torch._foreach_mul_(ema, 0.999)
             torch._foreach_add_(ema, params, alpha=0.001)
@@ -279,11 +290,10 @@ def run_peak(weights):
 
 
 def run_ours(weights, check, precision):
-    """f16 is forward only (ours does not train in f16)."""
     tol = {"f32": TOL_F32, "bf16": TOL_BF16, "f16": TOL_F16}[precision]
     cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--check", check,
            "--tol", str(tol), "--precision", precision, "--seconds", str(ARGS.seconds),
-           "--train-batch", str(ARGS.train_batch if precision != "f16" else 0), "--json"]
+           "--train-batch", str(ARGS.train_batch), "--json"]
     for B in ARGS.batch:
         cmd += ["--batch", str(B)]
     if ARGS.quick:
@@ -365,7 +375,7 @@ def run_config(name, work, first):
             for B in ARGS.batch:
                 tr[f"forward_b{B}{sfx}"] = guarded(
                     f"torch forward b{B}{sfx}", lambda: torch_forward(model, cfg, B, sfx, gen))
-            if ARGS.train_batch and sfx != "_f16":  # f16 training needs loss scaling: not ours
+            if ARGS.train_batch:
                 B = ARGS.train_batch
                 tr[f"train_b{B}{sfx}"] = guarded(
                     f"torch train b{B}{sfx}", lambda: torch_train(model, cfg, B, sfx, gen))

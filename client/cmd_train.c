@@ -431,6 +431,12 @@ static void print_start(const train_run_t *r) {
                 ? r->eng.device == TS_CPU
                       ? "bf16 products forward and backward (oneDNN), fp32 masters, AdamW and EMA"
                       : "bf16 products forward and backward (cuBLAS), fp32 masters, AdamW and EMA"
+            : o->precision == TS_PREC_F16
+                ? r->eng.device == TS_CPU
+                      ? "f16 products forward and backward (emulated on the CPU: slower than "
+                        "f32), dynamic loss scaling, fp32 masters, AdamW and EMA"
+                      : "f16 products forward and backward (cuBLAS), dynamic loss scaling, fp32 "
+                        "masters, AdamW and EMA"
                 : "f32",
             (long long)r->tr.step, (long long)o->steps);
 }
@@ -446,11 +452,22 @@ static void print_summary(const train_run_t *r) {
             g_stop ? "stopped" : "done", (long long)tr->step, r->loss, tr->loss_avg, secs,
             (double)(tr->step - r->first) * o->batch / (secs + 1e-9), o->out, o->run,
             ts_store_dir(r->store));
-    if (o->json) /* jansson escapes the paths (a quote in a file name must not break the JSON) */
-        ts_json_print(json_pack("{s:b, s:I, s:f, s:f, s:f, s:s, s:s, s:s}", "done", !g_stop, "step",
-                                (json_int_t)tr->step, "loss", (double)r->loss, "loss_avg",
-                                (double)tr->loss_avg, "seconds", secs, "out", o->out, "run", o->run,
-                                "data_dir", ts_store_dir(r->store)));
+    int f16 = o->precision == TS_PREC_F16;
+    if (f16)
+        fprintf(stderr, "f16: loss scale %g, %lld steps skipped for overflowing gradients\n",
+                (double)tr->loss_scale, (long long)tr->skipped);
+    if (o->json) { /* jansson escapes the paths (a quote in a file name must not break the JSON) */
+        json_t *j = json_pack("{s:b, s:I, s:f, s:f, s:f, s:s, s:s, s:s, s:s}", "done", !g_stop,
+                              "step", (json_int_t)tr->step, "loss", (double)r->loss, "loss_avg",
+                              (double)tr->loss_avg, "seconds", secs, "out", o->out, "run", o->run,
+                              "data_dir", ts_store_dir(r->store), "precision",
+                              ts_precision_name(o->precision));
+        if (j && f16) {
+            json_object_set_new(j, "loss_scale", json_real(tr->loss_scale));
+            json_object_set_new(j, "skipped_steps", json_integer((json_int_t)tr->skipped));
+        }
+        ts_json_print(j);
+    }
 }
 
 static void train_free(train_run_t *r) {

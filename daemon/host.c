@@ -231,11 +231,16 @@ static void on_train(uv_async_t *a) {
     ts_train_job_progress(h->job, &p);
     if (p.ckpt_step != h->seen_ckpt && p.ckpt_step >= 0) {
         h->seen_ckpt = p.ckpt_step;
+        char f16[96] = "";
+        if (p.f16)
+            snprintf(f16, sizeof f16, "; f16 loss scale %g, %lld steps skipped", (double)p.loss_scale,
+                     (long long)p.skipped);
         ts_log_info("train",
                     "checkpoint of step %lld in the store; at step %lld/%lld, loss %.4f, %.0f "
-                    "samples/s (a step %.1f ms, %.1f ms of it on the device's timeline)",
+                    "samples/s (a step %.1f ms, %.1f ms of it on the device's timeline)%s",
                     (long long)p.ckpt_step, (long long)p.step, (long long)p.steps,
-                    (double)p.loss_avg, p.samples_per_s, p.step_s * 1e3, p.step_device_s * 1e3);
+                    (double)p.loss_avg, p.samples_per_s, p.step_s * 1e3, p.step_device_s * 1e3,
+                    f16);
     }
     if (p.state == TS_TRAIN_RUNNING && p.snapshots != h->seen_snapshots &&
         (h->env.cfg->train_serve_while_training || h->env.cfg->expert_mode == TS_EXPERT_AUTO)) {

@@ -381,6 +381,9 @@ static void *job_main(void *arg) {
         j->progress.samples_per_s = sps;
         j->progress.step_s = now - s0;
         j->progress.step_device_s = dev;
+        j->progress.f16 = j->model.precision == TS_PREC_F16;
+        j->progress.loss_scale = j->tr.loss_scale;
+        j->progress.skipped = j->tr.skipped;
         if (j->w_rc != TS_OK) { /* a periodic write failed: stop now, not at the next hand-over */
             rc = writer_idle(j, &at, err, sizeof err);
             what = "checkpoint";
@@ -500,9 +503,13 @@ static int build(ts_train_job_t *j, const ts_train_job_opts_t *o, char *err, siz
         char why[256] = "";
         if (ts_dit_set_precision(&j->model, o->precision, why, sizeof why) == TS_OK)
             ts_log_info("train",
-                        "precision %s: bf16 products forward and backward, fp32 masters, "
-                        "AdamW and EMA",
-                        ts_precision_name(o->precision));
+                        "precision %s: %s products forward and backward%s, fp32 masters, "
+                        "AdamW and EMA%s",
+                        ts_precision_name(o->precision), ts_precision_name(o->precision),
+                        j->eng.device == TS_CPU && o->precision == TS_PREC_F16
+                            ? " (emulated on the CPU: slower than f32)"
+                            : "",
+                        o->precision == TS_PREC_F16 ? ", dynamic loss scaling" : "");
         else
             ts_log_warn("train", "precision %s refused (%s): training in f32",
                         ts_precision_name(o->precision), why[0] ? why : "not supported");

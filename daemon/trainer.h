@@ -74,9 +74,9 @@ typedef struct ts_train_job_opts {
     ts_train_config_t train; /* from ts_train_config_default, then batch, lr, warmup, ... */
     int threads;             /* the job's compute threads; 0 = one per online core */
     ts_device_spec_t device; /* the job's engine ({0}: the CPU; tesserad: [compute] device) */
-    /* the products (tesserad: [compute] precision): f32 (zeroed), or bf16 training (fp32 masters,
-     * AdamW and EMA; ts_dit_set_precision). Where bf16 cannot run the job trains in f32 and logs
-     * why, as the server does. */
+    /* the products (tesserad: [compute] precision): f32 (zeroed), or bf16 or f16 training (fp32
+     * masters, AdamW and EMA; ts_dit_set_precision; f16 with the trainer's loss scaling). Where
+     * the precision cannot run the job trains in f32 and logs why, as the server does. */
     ts_precision_t precision;
     int ckpt_every;  /* steps between checkpoints, ≥ 1 */
     int keep;        /* checkpoints of the run kept in the store, ≥ 1 */
@@ -115,6 +115,9 @@ typedef struct ts_train_progress {
     double step_s;         /* the last step's wall time */
     double step_device_s;  /* its span on the device's timeline (CUDA events on a GPU; idle gaps
                             * between its kernels included); on a CPU the same as step_s */
+    int f16;               /* the job trains in f16 (the two below mean something) */
+    float loss_scale;      /* f16: the trainer's loss scale now (model/train.h) */
+    int64_t skipped;       /* f16: steps skipped for overflowing gradients since the job started */
     uint64_t snapshots;    /* snapshots published so far: a new value means a new snapshot */
     int64_t snapshot_step; /* the newest snapshot's step; −1 none */
     ts_hash_t weights;     /* TS_TRAIN_DONE: the final EMA weights' hash in the store */

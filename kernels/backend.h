@@ -81,15 +81,17 @@ extern "C" {
      * fp32 accumulation into the fp32 gradients; either may be NULL. TS_ENOTSUP as gemm_bf16. */  \
     X(linear_backward_bf16, float *dinp, float *dweight, const float *dout, const float *inp,      \
       const uint16_t *weight, int64_t M, int64_t N, int64_t K)                                     \
-    /* As gemm_bf16 and linear_forward_bf16 in IEEE half precision (f16, nearest even; inference \
-     * only: no backward). The GPU's are cuBLAS products on f16 operands; the CPU has no f16      \
-     * product, so it emulates one (kernels/cpu/cpu_f16.c): operands rounded to f16 and widened   \
-     * back, then the fp32 gemm, whose products of two f16 values are exact. */                   \
+    /* As gemm_bf16, linear_forward_bf16 and linear_backward_bf16 in IEEE half precision (f16,    \
+     * nearest even). The GPU's are cuBLAS products on f16 operands; the CPU has no f16 product,  \
+     * so it emulates one (kernels/cpu/cpu_f16.c): operands rounded to f16 and widened back, then \
+     * the fp32 gemm, whose products of two f16 values are exact. */                              \
     X(gemm_f16, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,            \
       const float *A, int64_t lda, int64_t stride_a, const float *B, int64_t ldb,                  \
       int64_t stride_b, float beta, float *C, int64_t ldc, int64_t stride_c, int64_t batch)        \
     X(linear_forward_f16, float *out, const float *inp, const uint16_t *weight,                    \
       const float *bias, int64_t M, int64_t N, int64_t K, int64_t group)                           \
+    X(linear_backward_f16, float *dinp, float *dweight, const float *dout, const float *inp,       \
+      const uint16_t *weight, int64_t M, int64_t N, int64_t K)                                     \
     /* GELU (tanh form) for a bf16 consumer: a vector exp, within 1e-6 of gelu_forward. */         \
     X(gelu_forward_bf16, float *out, const float *inp, int64_t n)                                  \
                                                                                                    \

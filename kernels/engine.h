@@ -120,15 +120,15 @@ int ts_engine_utilization(const ts_engine_t *e, double *ratio);
  * (LayerNorm, softmax, the residual stream) fp32. On the CPU through oneDNN, on a CPU with
  * AVX-512 BF16; on a GPU through cuBLAS, compute capability 8.0 or newer
  * (ts_engine_precision_check). TS_PREC_F16: the same in IEEE half precision (11 significant
- * bits to bf16's 8, range ±65504), for inference only (training in f16 needs loss scaling, not
- * built); on a GPU through cuBLAS, on the CPU emulated (f16-rounded operands, fp32 products: the
- * GPU's reference, slower than f32). */
+ * bits to bf16's 8, range ±65504; training scales the loss, model/train.h), on every GPU (bf16
+ * needs compute capability 8.0); on a GPU through cuBLAS, on the CPU emulated (f16-rounded
+ * operands, fp32 products: the GPU's reference, slower than f32). */
 typedef enum { TS_PREC_F32 = 0, TS_PREC_BF16 = 1, TS_PREC_F16 = 2 } ts_precision_t;
 
 #define TS_PRECISION_HELP                                                                          \
     "f32 (default), bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16, or a GPU of " \
     "compute capability 8.0 or newer) or "                                                       \
-    "f16 (half-precision products for inference; a GPU, emulated on the CPU)"
+    "f16 (half-precision products, loss-scaled training; a GPU, emulated on the CPU)"
 
 /* Parses "f32", "bf16" or "f16" (NULL or "" = f32); TS_EINVAL for anything else, out untouched. */
 int ts_precision_parse(const char *text, ts_precision_t *out);

@@ -284,8 +284,10 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, 
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, dout));
     TS_TRY(check_f32(e, inp));
-    int bf16 = weight && weight->dtype == TS_BF16;
-    TS_TRY(check_on(e, weight, bf16 ? TS_BF16 : TS_F32));
+    ts_dtype_t wt = weight && (weight->dtype == TS_BF16 || weight->dtype == TS_F16) ? weight->dtype
+                                                                                  : TS_F32;
+    int bf16 = wt == TS_BF16, lp = wt != TS_F32;
+    TS_TRY(check_on(e, weight, wt));
     TS_TRY(check_opt(e, dinp));
     TS_TRY(check_opt(e, dweight));
     TS_TRY(check_opt(e, dbias));
@@ -301,12 +303,15 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, 
     if (bf16 && (dinp || dweight)) /* both products in bf16, as the bf16 forward's */
         TS_TRY(DISPATCH(e, linear_backward_bf16, OPT(dinp), OPT(dweight), CF(dout), CF(inp),
                         (const uint16_t *)weight->data, M, N, K));
+    if (lp && !bf16 && (dinp || dweight)) /* f16 likewise */
+        TS_TRY(DISPATCH(e, linear_backward_f16, OPT(dinp), OPT(dweight), CF(dout), CF(inp),
+                        (const uint16_t *)weight->data, M, N, K));
     /* dinp (M, K) += dout (M, N) · weight (N, K) */
-    if (dinp && !bf16)
+    if (dinp && !lp)
         TS_TRY(DISPATCH(e, gemm, 0, 0, M, K, N, 1.0f, CF(dout), N, 0, CF(weight), K, 0, 1.0f,
                         F(dinp), K, 0, 1));
     /* dweight (N, K) += doutᵀ (N, M) · inp (M, K) */
-    if (dweight && !bf16)
+    if (dweight && !lp)
         TS_TRY(DISPATCH(e, gemm, 1, 0, N, K, M, 1.0f, CF(dout), N, 0, CF(inp), K, 0, 1.0f,
                         F(dweight), K, 0, 1));
     if (dbias)

@@ -65,7 +65,7 @@ int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t);
 /* out (..., N) = inp (..., K) · weightᵀ + bias. weight is (N, K) as in torch.nn.Linear;
  * bias (N) may be NULL. A BF16 weight takes the bf16 path: inp rounded to bf16, fp32
  * accumulation, out and bias fp32 (TS_ENOTSUP where it cannot run: ts_engine_precision_check).
- * An F16 weight takes the f16 path likewise (inference only: ts_linear_backward refuses it). */
+ * An F16 weight takes the f16 path likewise (and ts_linear_backward its f16 backward). */
 int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias);
 /* pre (..., N) = inp · weightᵀ + bias, as ts_linear_forward; act = GELU(pre), as ts_gelu_forward
@@ -78,7 +78,7 @@ int ts_linear_gelu_forward(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act,
 /* dinp (..., K) += dout · weight; dweight (N, K) += doutᵀ · inp; dbias (N) += Σ_rows dout. A BF16
  * weight (the bf16 copy the bf16 forward used) takes the bf16 path of bf16 training: dout, inp
  * and the weight in bf16, fp32 accumulation into the fp32 gradients, dbias in fp32 (TS_ENOTSUP
- * where it cannot run, as ts_linear_forward). */
+ * where it cannot run, as ts_linear_forward). An F16 weight likewise in f16 (f16 training). */
 int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
                        const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight);
 

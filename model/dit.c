@@ -507,12 +507,6 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
         /* back to the attention a model that never left f32 has (set_attention's default) */
         return ts_dit_set_attention(m, default_attention(m, TS_PREC_F32));
     }
-    if (p == TS_PREC_F16 && m->trainable) {
-        if (why && why_len)
-            snprintf(why, why_len, "f16 is for inference: training in f16 needs loss scaling, "
-                                   "which is not built (train in bf16 or f32)");
-        return TS_ENOTSUP;
-    }
     TS_TRY(ts_engine_precision_check(m->eng, p, why, why_len));
     ts_dtype_t lp = ts_precision_dtype(p);
     if (m->param_lp.data && m->param_lp.dtype != lp) { /* bf16 ↔ f16: a copy of the other type */
@@ -539,10 +533,10 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
     return rc;
 }
 
-int ts_dit_refresh_bf16(ts_dit_t *m) {
+int ts_dit_refresh_lp(ts_dit_t *m) {
     if (!m || !m->info)
         return TS_EINVAL;
-    if (m->precision != TS_PREC_BF16)
+    if (m->precision == TS_PREC_F32)
         return TS_OK;
     return ts_convert(m->eng, &m->param_lp, &m->param_mem);
 }

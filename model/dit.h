@@ -207,7 +207,7 @@ int ts_dit_backward_trunk(ts_dit_t *m, const ts_tensor_t *dx_final, int B);
 int ts_dit_zero_grad(ts_dit_t *m);
 
 /* Sets the precision of the matrix products (kernels/engine.h ts_precision_t). bf16: every
- * linear weight is converted to bf16 now (ts_dit_refresh_bf16 after the parameters change), and
+ * linear weight is converted to bf16 now (ts_dit_refresh_lp after the parameters change), and
  * the forward's linears and attention products run in bf16 with fp32 accumulation; the biases,
  * LayerNorm, softmax, modulation and residual stream stay fp32. In a trainable model the
  * backward's linear products run in bf16 too (dout, the saved input and the bf16 weight; fp32
@@ -215,15 +215,14 @@ int ts_dit_zero_grad(ts_dit_t *m);
  * updates and checkpoints hold — stay fp32 (bf16 training: model/train.c refreshes the copy after
  * every step). f32 (the default) drops the copy; its forward and backward are bit-identical to a
  * model that never left f32. TS_ENOTSUP, with the reason in why (may be NULL), where the engine
- * cannot run bf16. f16: as bf16 in IEEE half precision, for a model that cannot train only
- * (TS_ENOTSUP with the reason for a trainable one: f16 training needs loss scaling, not built);
- * its attention is always the composed one. Either way the attention goes back to its default for
+ * cannot run bf16. f16: as bf16 in IEEE half precision (f16 training: the trainer scales the
+ * loss, model/train.h); its attention is always the composed one. Either way the attention goes back to its default for
  * the precision (bf16: composed, f32: the engine's default; see ts_attn_impl_t): call
  * ts_dit_set_attention after this, not before. */
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len);
-/* At bf16, converts the parameters into the bf16 copy again (O(parameters)), after they changed:
- * an optimiser step, a load. TS_OK and nothing at f32. */
-int ts_dit_refresh_bf16(ts_dit_t *m);
+/* At bf16 or f16, converts the parameters into the 16-bit copy again (O(parameters)), after they
+ * changed: an optimiser step, a load. TS_OK and nothing at f32. */
+int ts_dit_refresh_lp(ts_dit_t *m);
 
 /* Switches m's attention to a (see ts_attn_impl_t). The activations are laid out again (a
  * backward must follow a forward made with the same attention); the per-sample bound on them is

@@ -34,7 +34,13 @@ typedef struct ts_optim_slab {
 /* The global gradient norm over the n slabs, √(Σ ‖grad‖²), into *norm (may be NULL); then, when
  * it is finite, one AdamW step (hp, step number t ≥ 1) of every slab with the gradients scaled
  * by clip / norm when clip > 0 and the norm exceeds it. sumsq is a (1) F32 scratch tensor on the
- * engine. A norm that is not finite changes nothing and returns TS_ENONFINITE. */
+ * engine. A norm that is not finite changes nothing and returns TS_ENONFINITE.
+ * ts_optim_step_scaled multiplies the gradients by unscale (> 0) first — the norm, the clipping
+ * and the step all see unscale · grad (f16 training's loss scale undone; a power of two is
+ * exact); ts_optim_step is unscale 1. */
+int ts_optim_step_scaled(ts_engine_t *e, const ts_optim_slab_t *slabs, int n, const ts_adamw_t *hp,
+                         int64_t t, float clip, float unscale, ts_tensor_t *sumsq,
+                         float *norm_out);
 int ts_optim_step(ts_engine_t *e, const ts_optim_slab_t *slabs, int n, const ts_adamw_t *hp,
                   int64_t t, float clip, ts_tensor_t *sumsq, float *norm);
 

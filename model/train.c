@@ -118,8 +118,9 @@ int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
         rc = TS_ENOMEM;
     if (rc == TS_OK)
         rc = ts_tensor_copy(&tr->ema_mem, &m->param_mem);
-    if (rc == TS_OK) /* at bf16, the copy of the parameters as they are now */
-        rc = ts_dit_refresh_bf16(m);
+    if (rc == TS_OK) /* at bf16 or f16, the copy of the parameters as they are now */
+        rc = ts_dit_refresh_lp(m);
+    tr->loss_scale = TS_LOSS_SCALE_INIT;
     if (rc != TS_OK)
         ts_trainer_free(tr);
     return rc;
@@ -198,23 +199,40 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
         *loss_out = loss;
     if (!isfinite(loss))
         return TS_ENONFINITE;
+    /* f16: the loss scaled (a power of two: scaling and unscaling are exact) */
+    int f16 = m->precision == TS_PREC_F16;
+    float scale = f16 ? tr->loss_scale : 1.0f;
     TS_TRY(ts_zero(e, &tr->dv));
-    TS_TRY(ts_mse_backward(e, &tr->dv, 1.0f, &v, &tr->target));
+    TS_TRY(ts_mse_backward(e, &tr->dv, scale, &v, &tr->target));
     TS_TRY(ts_dit_zero_grad(m));
     TS_TRY(ts_dit_backward(m, &tr->dv, B));
 
-    /* clip, step (model/optim.h), average */
+    /* unscale, clip, step (model/optim.h), average */
     ts_adamw_t hp = {ts_trainer_lr(&tr->cfg, s), tr->cfg.beta1, tr->cfg.beta2, tr->cfg.eps,
                      tr->cfg.weight_decay};
     ts_optim_slab_t slab = {&m->param_mem, &m->grad_mem, &tr->m_mem, &tr->v_mem};
-    TS_TRY(ts_optim_step(e, &slab, 1, &hp, s + 1, tr->cfg.grad_clip, &tr->sumsq, norm_out));
+    int rc = ts_optim_step_scaled(e, &slab, 1, &hp, s + 1, tr->cfg.grad_clip, 1.0f / scale,
+                                  &tr->sumsq, norm_out);
+    if (rc == TS_ENONFINITE && f16) { /* a product overflowed: skip, with half the scale */
+        tr->loss_scale = tr->loss_scale > 1.0f ? 0.5f * tr->loss_scale : 1.0f;
+        tr->scale_good = 0;
+        tr->skipped++;
+        tr->step = s + 1;
+        tr->loss_avg = isnan(tr->loss_avg) ? loss : 0.98f * tr->loss_avg + 0.02f * loss;
+        return TS_OK;
+    }
+    TS_TRY(rc);
+    if (f16 && ++tr->scale_good >= TS_LOSS_SCALE_INTERVAL) {
+        tr->loss_scale = tr->loss_scale < 16777216.0f ? 2.0f * tr->loss_scale : tr->loss_scale;
+        tr->scale_good = 0;
+    }
     /* EMA warm-up: a short memory early on, so the average is not dominated by the init */
     float decay = (float)(1 + s) / (float)(10 + s);
     if (decay > tr->cfg.ema_decay)
         decay = tr->cfg.ema_decay;
     TS_TRY(ts_ema_update(e, &tr->ema_mem, &m->param_mem, decay));
-    /* bf16 training: the next forward multiplies by the updated masters, rounded */
-    TS_TRY(ts_dit_refresh_bf16(m));
+    /* bf16 and f16 training: the next forward multiplies by the updated masters, rounded */
+    TS_TRY(ts_dit_refresh_lp(m));
     tr->step = s + 1;
     tr->loss_avg = isnan(tr->loss_avg) ? loss : 0.98f * tr->loss_avg + 0.02f * loss;
     return TS_OK;
@@ -229,9 +247,10 @@ static ts_tensor_t *slab_of(ts_trainer_t *tr, int i) {
     return s[i];
 }
 
-/* Decimal metadata: the step, the keys a checkpoint must agree on to be resumed (1..4), and the
- * loss average (%.9g: a float's exact decimal round trip). */
-#define N_META 6
+/* Decimal metadata: the step, the keys a checkpoint must agree on to be resumed (1..4), the
+ * loss average (%.9g: a float's exact decimal round trip), and f16 training's loss scale and its
+ * good steps (checkpoints before them: the initial scale). */
+#define N_META 8
 _Static_assert(N_META == sizeof((ts_trainer_stage_t *)0)->vals / sizeof((ts_trainer_stage_t *)0)->vals[0],
                "ts_trainer_stage_t holds every metadata value");
 #define N_META_MATCH 5 /* keys [1, N_META_MATCH) must match */
@@ -245,10 +264,13 @@ static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
              c->patch_size, c->hidden_size, c->depth, c->num_heads, c->num_classes, c->mlp_ratio,
              c->freq_dim);
     snprintf(vals[5], 32, "%.9g", tr->loss_avg);
+    snprintf(vals[6], 32, "%.9g", tr->loss_scale);
+    snprintf(vals[7], 32, "%lld", (long long)tr->scale_good);
 }
 
 static const char *const META_KEYS[N_META] = {"step",      "seed",  "batch",
-                                              "data_size", "model", "loss_avg"};
+                                              "data_size", "model", "loss_avg",
+                                              "loss_scale", "scale_good"};
 
 void ts_trainer_stage_free(ts_trainer_stage_t *s) {
     if (!s)
@@ -398,6 +420,21 @@ static int ckpt_apply(ts_trainer_t *tr, const ts_st_file_t *f, const char *what,
         snprintf(err, errlen, "%s: bad or missing step", what);
         return TS_ECORRUPT;
     }
+    /* f16's loss scale: a power of two in [1, 2^24], and its good steps (both absent before) */
+    const char *ls = ts_st_meta(f, "loss_scale"), *lg = ts_st_meta(f, "scale_good");
+    float scale = ls ? strtof(ls, &end) : TS_LOSS_SCALE_INIT;
+    int e2 = 0;
+    if (ls && (end == ls || *end != '\0' || !(scale >= 1.0f && scale <= 16777216.0f) ||
+               frexpf(scale, &e2) != 0.5f)) {
+        snprintf(err, errlen, "%s: bad loss_scale '%s' (want a power of two in [1, 2^24])", what,
+                 ls);
+        return TS_ECORRUPT;
+    }
+    long long good = lg ? strtoll(lg, &end, 10) : 0;
+    if (lg && (end == lg || *end != '\0' || good < 0)) {
+        snprintf(err, errlen, "%s: bad scale_good '%s'", what, lg);
+        return TS_ECORRUPT;
+    }
     int64_t n = tr->model->num_params;
     const ts_st_tensor_t *t[4];
     for (int i = 0; i < 4; i++) {
@@ -426,14 +463,15 @@ static int ckpt_apply(ts_trainer_t *tr, const ts_st_file_t *f, const char *what,
         snprintf(err, errlen, "%s: cannot copy the training state to the device", what);
         return rc;
     }
-    if ((rc = ts_dit_refresh_bf16(tr->model)) != TS_OK) { /* the loaded masters, rounded */
-        snprintf(err, errlen, "%s: cannot refresh the bf16 weights", what);
+    if ((rc = ts_dit_refresh_lp(tr->model)) != TS_OK) { /* the loaded masters, rounded */
+        snprintf(err, errlen, "%s: cannot refresh the 16-bit weights", what);
         return rc;
     }
     tr->step = s;
     tr->perm_epoch = -1;
     const char *avg = ts_st_meta(f, "loss_avg");
     tr->loss_avg = avg ? strtof(avg, NULL) : NAN;
+    tr->loss_scale = scale, tr->scale_good = good;
     return TS_OK;
 }
 

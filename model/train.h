@@ -67,7 +67,19 @@ typedef struct ts_trainer {
      * step's loss to begin with; NaN before any step). Checkpoints carry it, so a resumed run
      * reports — and writes into its weights — the same value as an uninterrupted one. */
     float loss_avg;
+    /* f16 training (the model at TS_PREC_F16): the loss is multiplied by loss_scale before the
+     * backward, so that small gradients survive the f16 rounding of the backward's products, and
+     * the gradients are divided by it before clipping and AdamW. A step whose gradients are not
+     * finite (a product past ±65504) changes no parameter: the scale halves and the step counts as
+     * skipped; after TS_LOSS_SCALE_INTERVAL good steps in a row it doubles (PyTorch's GradScaler's
+     * policy). Both travel in checkpoints. Unused at f32 and bf16 (bf16 has fp32's range). */
+    float loss_scale;   /* a power of two, TS_LOSS_SCALE_INIT to start */
+    int64_t scale_good; /* good f16 steps since the scale last changed */
+    int64_t skipped;    /* f16 steps skipped for non-finite gradients, in this process */
 } ts_trainer_t;
+
+#define TS_LOSS_SCALE_INIT 65536.0f
+#define TS_LOSS_SCALE_INTERVAL 2000
 
 /* Starts a trainer at step 0 with zero moments and EMA = the current parameters. */
 int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
@@ -76,7 +88,8 @@ void ts_trainer_free(ts_trainer_t *tr);
 
 /* One optimisation step. *loss (the batch loss before the update) and *grad_norm (before
  * clipping) may be NULL. A non-finite loss or gradient is TS_ENONFINITE, and the parameters are
- * left as they were. */
+ * left as they were — but for a non-finite gradient at f16, which skips the step (loss_scale
+ * above): TS_OK, the step counted, *grad_norm not finite. */
 int ts_trainer_step(ts_trainer_t *tr, float *loss, float *grad_norm);
 
 /* The learning rate used at step s (0-based). */
@@ -112,7 +125,7 @@ typedef struct ts_trainer_stage {
     ts_engine_mark_t done; /* recorded after the copies */
     ts_engine_t *eng;      /* whose queue they are in (set by begin) */
     int64_t step;          /* the step staged */
-    char vals[6][32];      /* the checkpoint's metadata values at that step */
+    char vals[8][32];      /* the checkpoint's metadata values at that step */
 } ts_trainer_stage_t;
 int ts_trainer_stage_init(ts_trainer_stage_t *s, const ts_trainer_t *tr, int pinned);
 int ts_trainer_stage_begin(ts_trainer_stage_t *s, const ts_trainer_t *tr);

@@ -1,6 +1,8 @@
 /*
  * test_bf16_train.c — bf16 training (ts_dit_set_precision on a trainable model, the bf16 linear
- * backward of kernels/cpu/cpu_bf16.c, the refresh of the bf16 weights in model/train.c).
+ * backward of kernels/cpu/cpu_bf16.c, the refresh of the bf16 weights in model/train.c); run as
+ * `test_bf16_train --f16` (ctest's test_f16_train), the same for f16 training (the emulated f16
+ * backward of kernels/cpu/cpu_f16.c) and its dynamic loss scaling.
  *
  * Tolerances, and why:
  *   linear backward    against a naive loop over the same operands rounded to bf16, accumulated
@@ -23,6 +25,12 @@
  * it); a checkpoint of a bf16 run resumes bit-identically in bf16; a model that went bf16 and
  * back to f32 trains bit for bit as one that never left f32.
  *
+ * f16: the gradients are taken as the trainer takes them (the loss scaled by 2^16, the gradient
+ * divided by it) and held to 2e-3 (each tensor 1e-2): f16 rounds to 2^-12, eight times finer
+ * than bf16. Its loss scale: an overflowing step (scale 2^40) changes no parameter, counts as
+ * skipped and halves the scale; TS_LOSS_SCALE_INTERVAL good steps double it; a resumed run
+ * continues with the checkpoint's scale, bit for bit.
+ *
  * A machine that cannot run bf16 skips (exit 77) with the reason; `--expect-refusal` (ctest runs
  * it with DNNL_MAX_CPU_ISA=AVX2) checks that a trainable model and the bf16 linear backward are
  * refused with the reason of ts_engine_precision_check.
@@ -42,7 +50,14 @@
 #include "model/train.h"
 #include "tests/testutil.h"
 
-static float bf(float x) { return ts_bf16_to_f32(ts_f32_to_bf16(x)); }
+/* The precision under test (bf16, or f16 with --f16) and its rounding and tolerances. */
+static ts_precision_t P = TS_PREC_BF16;
+static ts_dtype_t DT = TS_BF16;
+static float SCALE = 1.0f;              /* the loss scale the gradients are taken with */
+static double TOL_ALL = 1e-2, TOL_EACH = 5e-2;
+static float bf(float x) {
+    return DT == TS_F16 ? ts_f16_to_f32(ts_f32_to_f16(x)) : ts_bf16_to_f32(ts_f32_to_bf16(x));
+}
 
 /* ---- the linear backward against the naive loop ----------------------------------------- */
 
@@ -94,7 +109,7 @@ static void test_linear_backward(void **state) {
         assert_int_equal(ts_zero(e, &db), TS_OK);
         assert_int_equal(ts_zero(e, &db32), TS_OK);
         float *dinp_prev = tu_host_copy(&dinp), *dw_prev = tu_host_copy(&dw);
-        assert_int_equal(ts_tensor_alloc(&wb, TS_BF16, TS_CPU, 2, TS_SHAPE(N, K)), TS_OK);
+        assert_int_equal(ts_tensor_alloc(&wb, DT, TS_CPU, 2, TS_SHAPE(N, K)), TS_OK);
         assert_int_equal(ts_convert(e, &wb, &w), TS_OK);
         assert_int_equal(ts_linear_backward(e, &dinp, &dw, &db, &dout, &inp, &wb), TS_OK);
         assert_int_equal(ts_linear_backward(e, NULL, NULL, &db32, &dout, &inp, &w), TS_OK);
@@ -103,8 +118,8 @@ static void test_linear_backward(void **state) {
         /* dinp (M, K) += dout (M, N) · W (N, K); dw (N, K) += doutᵀ (N, M) · inp (M, K) */
         double worst_x = check_acc(tu_f32(&dinp), dinp_prev, a, N, 1, W, K, 1, M, K, N, "dinp");
         double worst_w = check_acc(tu_f32(&dw), dw_prev, a, 1, N, x, K, 1, N, K, M, "dweight");
-        printf("  linear backward %4lldx%4lldx%4lld: max |diff| dinp %.3g, dweight %.3g\n",
-               (long long)M, (long long)N, (long long)K, worst_x, worst_w);
+        printf("  %s linear backward %4lldx%4lldx%4lld: max |diff| dinp %.3g, dweight %.3g\n",
+               ts_precision_name(P), (long long)M, (long long)N, (long long)K, worst_x, worst_w);
         free(dinp_prev), free(dw_prev);
         TU_FREE_TENSORS(&inp, &w, &wb, &dout, &dinp, &dw, &db, &db32);
     }
@@ -122,8 +137,9 @@ static void make_model(ts_engine_t *e, ts_dit_t *m, int max_batch) {
     assert_int_equal(ts_scale(e, &m->param_mem, 0.05f), TS_OK);
 }
 
-/* The gradient of mean((v − target)²) for a fixed batch, at the model's precision (host copy). */
-static float *gradient(ts_dit_t *m, int B) {
+/* The gradient of mean((v − target)²) for a fixed batch, at the model's precision (host copy),
+ * taken with the loss scaled by scale and divided by it afterwards, as the trainer does. */
+static float *gradient(ts_dit_t *m, int B, float scale) {
     const ts_dit_config_t *c = &m->cfg;
     ts_engine_t *e = m->eng;
     ts_tensor_t x, t, target, dv, loss, v;
@@ -143,11 +159,14 @@ static float *gradient(ts_dit_t *m, int B) {
     assert_int_equal(ts_dit_forward(m, &x, &t, y, B, &v), TS_OK);
     assert_int_equal(ts_mse_forward(e, &loss, &v, &target), TS_OK);
     assert_int_equal(ts_zero(e, &dv), TS_OK);
-    assert_int_equal(ts_mse_backward(e, &dv, 1.0f, &v, &target), TS_OK);
+    assert_int_equal(ts_mse_backward(e, &dv, scale, &v, &target), TS_OK);
     assert_int_equal(ts_dit_zero_grad(m), TS_OK);
     assert_int_equal(ts_dit_backward(m, &dv, B), TS_OK);
     TU_FREE_TENSORS(&x, &t, &target, &dv, &loss);
-    return tu_host_copy(&m->grad_mem);
+    float *g = tu_host_copy(&m->grad_mem);
+    for (int64_t i = 0; i < m->num_params; i++)
+        g[i] /= scale; /* a power of two: exact */
+    return g;
 }
 
 static double rel_l2(const float *got, const float *want, int64_t n) {
@@ -163,10 +182,10 @@ static void test_gradients_vs_f32(void **state) {
     ts_engine_t *e = *state;
     ts_dit_t m;
     make_model(e, &m, 8);
-    float *g32 = gradient(&m, 8);
+    float *g32 = gradient(&m, 8, 1.0f);
     char why[256] = "";
-    assert_int_equal(ts_dit_set_precision(&m, TS_PREC_BF16, why, sizeof why), TS_OK);
-    float *g16 = gradient(&m, 8);
+    assert_int_equal(ts_dit_set_precision(&m, P, why, sizeof why), TS_OK);
+    float *g16 = gradient(&m, 8, SCALE);
     double all = rel_l2(g16, g32, m.num_params), worst = 0;
     const char *worst_name = "";
     for (int i = 0; i < m.n_params; i++) {
@@ -174,16 +193,16 @@ static void test_gradients_vs_f32(void **state) {
         double r = rel_l2(g16 + p->offset, g32 + p->offset, p->numel);
         if (r > worst)
             worst = r, worst_name = p->name;
-        if (r > 5e-2)
-            fail_msg("%s: gradient relative L2 %.3g > 5e-2", p->name, r);
+        if (r > TOL_EACH)
+            fail_msg("%s: gradient relative L2 %.3g > %.3g", p->name, r, TOL_EACH);
     }
-    printf("  tiny b8 gradient bf16 vs f32: relative L2 %.3g (worst tensor %s %.3g)\n", all,
-           worst_name, worst);
-    assert_true(all <= 1e-2);
-    assert_true(all > 0.0); /* bf16 really ran */
+    printf("  tiny b8 gradient %s vs f32: relative L2 %.3g (worst tensor %s %.3g)\n",
+           ts_precision_name(P), all, worst_name, worst);
+    assert_true(all <= TOL_ALL);
+    assert_true(all > 0.0); /* the 16-bit path really ran */
     /* back to f32: the gradient is the fp32 one, bit for bit */
     assert_int_equal(ts_dit_set_precision(&m, TS_PREC_F32, NULL, 0), TS_OK);
-    float *back = gradient(&m, 8);
+    float *back = gradient(&m, 8, 1.0f);
     assert_memory_equal(back, g32, (size_t)m.num_params * sizeof *back);
     free(g32), free(g16), free(back);
     ts_dit_free(&m);
@@ -235,10 +254,10 @@ static void run_steps(run_t *r, int n, float *losses) {
         assert_int_equal(ts_trainer_step(&r->tr, &losses[i], NULL), TS_OK);
 }
 
-/* The bf16 copy holds exactly the masters rounded (ts_convert's rounding). */
+/* The 16-bit copy holds exactly the masters rounded (ts_convert's rounding). */
 static void check_copy_fresh(ts_engine_t *e, const ts_dit_t *m) {
     ts_tensor_t want;
-    assert_int_equal(ts_tensor_alloc(&want, TS_BF16, TS_CPU, 1, TS_SHAPE(m->num_params)), TS_OK);
+    assert_int_equal(ts_tensor_alloc(&want, DT, TS_CPU, 1, TS_SHAPE(m->num_params)), TS_OK);
     assert_int_equal(ts_convert(e, &want, &m->param_mem), TS_OK);
     assert_memory_equal(want.data, m->param_lp.data, ts_tensor_nbytes(&want));
     ts_tensor_free(&want);
@@ -248,14 +267,15 @@ static void test_loss_falls(void **state) {
     ts_engine_t *e = *state;
     run_t a;
     float l[50];
-    run_start(e, &a, 3, TS_PREC_BF16);
+    run_start(e, &a, 3, P);
     run_steps(&a, 50, l);
     double first = 0, last = 0;
     for (int i = 0; i < 10; i++) {
         first += l[i] / 10.0;
         last += l[40 + i] / 10.0;
     }
-    printf("  bf16 loss: first 10 steps %.4f, last 10 steps %.4f\n", first, last);
+    printf("  %s loss: first 10 steps %.4f, last 10 steps %.4f (%lld skipped)\n",
+           ts_precision_name(P), first, last, (long long)a.tr.skipped);
     assert_true(last < 0.6 * first);
     run_end(&a);
 }
@@ -264,17 +284,17 @@ static void test_masters_and_refresh(void **state) {
     ts_engine_t *e = *state;
     run_t a;
     float l[2];
-    run_start(e, &a, 4, TS_PREC_BF16);
+    run_start(e, &a, 4, P);
     ts_dit_t *m = &a.model;
-    assert_int_equal(m->precision, TS_PREC_BF16);
+    assert_int_equal(m->precision, P);
     /* the masters and everything the optimiser keeps are fp32; the copy is bf16 */
     assert_int_equal(m->param_mem.dtype, TS_F32);
     assert_int_equal(m->grad_mem.dtype, TS_F32);
     assert_int_equal(a.tr.m_mem.dtype, TS_F32);
     assert_int_equal(a.tr.v_mem.dtype, TS_F32);
     assert_int_equal(a.tr.ema_mem.dtype, TS_F32);
-    assert_int_equal(m->param_lp.dtype, TS_BF16);
-    assert_int_equal(m->wlp.blocks[0].fc1_w.dtype, TS_BF16);
+    assert_int_equal(m->param_lp.dtype, DT);
+    assert_int_equal(m->wlp.blocks[0].fc1_w.dtype, DT);
     check_copy_fresh(e, m);
     size_t nb = ts_tensor_nbytes(&m->param_lp);
     void *before = malloc(nb);
@@ -295,15 +315,22 @@ static void test_resume_bf16(void **state) {
     tu_make_temp_file(path, sizeof path, "tessera-test-bf16-train");
     run_t a, b, c;
     float la[8], lb[8];
-    run_start(e, &a, 11, TS_PREC_BF16); /* straight through */
+    run_start(e, &a, 11, P); /* straight through */
+    /* a scale other than the initial one (f16: it must travel with the checkpoint) */
+    a.tr.loss_scale = 1048576.0f, a.tr.scale_good = 5;
     run_steps(&a, 8, la);
-    run_start(e, &b, 11, TS_PREC_BF16); /* 3 steps, checkpoint, resumed for 5 */
+    run_start(e, &b, 11, P); /* 3 steps, checkpoint, resumed for 5 */
+    b.tr.loss_scale = 1048576.0f, b.tr.scale_good = 5;
     run_steps(&b, 3, lb);
     assert_int_equal(ts_trainer_save(&b.tr, path, err, sizeof err), TS_OK);
+    float saved_scale = b.tr.loss_scale;
+    int64_t saved_good = b.tr.scale_good;
     run_end(&b);
-    run_start(e, &c, 11, TS_PREC_BF16);
+    run_start(e, &c, 11, P);
     assert_int_equal(ts_trainer_load(&c.tr, path, err, sizeof err), TS_OK);
     assert_int_equal(c.tr.step, 3);
+    assert_true(c.tr.loss_scale == saved_scale);
+    assert_int_equal(c.tr.scale_good, saved_good);
     check_copy_fresh(e, &c.model); /* the loaded masters, rounded */
     run_steps(&c, 5, lb + 3);
     assert_memory_equal(la, lb, sizeof la);
@@ -326,7 +353,7 @@ static void test_f32_after_bf16(void **state) {
     run_t a, b;
     float la[4], lb[4];
     run_start(e, &a, 5, TS_PREC_F32);
-    run_start(e, &b, 5, TS_PREC_BF16);
+    run_start(e, &b, 5, P);
     assert_int_equal(ts_dit_set_precision(&b.model, TS_PREC_F32, NULL, 0), TS_OK);
     run_steps(&a, 4, la);
     run_steps(&b, 4, lb);
@@ -368,9 +395,57 @@ static int expect_refusal(void) {
     return ok ? 0 : 1;
 }
 
+/* f16's loss scale: an overflowing step changes nothing but the scale (halved) and the step
+ * count; a good step after TS_LOSS_SCALE_INTERVAL - 1 others doubles it. */
+static void test_f16_loss_scale(void **state) {
+    ts_engine_t *e = *state;
+    run_t a;
+    float l;
+    run_start(e, &a, 6, TS_PREC_F16);
+    assert_true(a.tr.loss_scale == TS_LOSS_SCALE_INIT);
+    run_steps(&a, 1, &l);
+    ts_dit_t *m = &a.model;
+    size_t nb = ts_tensor_nbytes(&m->param_mem);
+    float *before = tu_host_copy(&m->param_mem), *ema = tu_host_copy(&a.tr.ema_mem);
+    a.tr.loss_scale = 1099511627776.0f; /* 2^40: the gradients pass ±65504 in the products */
+    float norm = 0.0f;
+    assert_int_equal(ts_trainer_step(&a.tr, &l, &norm), TS_OK);
+    assert_false(isfinite(norm));
+    assert_true(isfinite(l));
+    assert_int_equal(a.tr.step, 2);
+    assert_int_equal(a.tr.skipped, 1);
+    assert_true(a.tr.loss_scale == 549755813888.0f); /* 2^39 */
+    assert_int_equal(a.tr.scale_good, 0);
+    assert_memory_equal(before, m->param_mem.data, nb); /* nothing moved */
+    assert_memory_equal(ema, a.tr.ema_mem.data, nb);
+    check_copy_fresh(e, m);
+    /* a good step at the end of an interval: the parameters move, the scale doubles */
+    a.tr.loss_scale = TS_LOSS_SCALE_INIT;
+    a.tr.scale_good = TS_LOSS_SCALE_INTERVAL - 1;
+    assert_int_equal(ts_trainer_step(&a.tr, &l, &norm), TS_OK);
+    assert_true(isfinite(norm));
+    assert_true(memcmp(before, m->param_mem.data, nb) != 0);
+    assert_true(a.tr.loss_scale == 2.0f * TS_LOSS_SCALE_INIT);
+    assert_int_equal(a.tr.scale_good, 0);
+    assert_int_equal(a.tr.skipped, 1);
+    printf("  f16 loss scale: an overflowing step skipped (2^40 -> 2^39), a good one doubled it\n");
+    free(before), free(ema);
+    run_end(&a);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--expect-refusal") == 0)
         return expect_refusal();
+    if (argc > 1 && strcmp(argv[1], "--f16") == 0) { /* runs on every CPU: no skip */
+        P = TS_PREC_F16, DT = TS_F16, SCALE = TS_LOSS_SCALE_INIT, TOL_ALL = 2e-3, TOL_EACH = 1e-2;
+        const struct CMUnitTest f16[] = {
+            cmocka_unit_test(test_linear_backward), cmocka_unit_test(test_gradients_vs_f32),
+            cmocka_unit_test(test_loss_falls),      cmocka_unit_test(test_masters_and_refresh),
+            cmocka_unit_test(test_resume_bf16),     cmocka_unit_test(test_f32_after_bf16),
+            cmocka_unit_test(test_f16_loss_scale),
+        };
+        return cmocka_run_group_tests(f16, tu_setup_cpu_engine, tu_teardown_cpu_engine);
+    }
     int skip = tu_bf16_or_skip("test_bf16_train");
     if (skip)
         return skip;

@@ -116,7 +116,7 @@ else
         fail "--precision bf16 refused without the reason: $(cat "$dir/bf16.txt")"
 fi
 # f16 runs everywhere (emulated on a CPU, and it says so), the same image from generate --local;
-# training refuses it with the reason
+# it trains too, with its loss scale in the summary
 run "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --seed 7 --precision f16 \
     --out "$dir/sample-f16.png"
 grep -q "f16 products (emulated" "$dir/err.txt" || fail "--precision f16 does not say so: $(cat "$dir/err.txt")"
@@ -126,11 +126,15 @@ cmp -s "$dir/sample-f16.png" "$dir/sample-2.png" && fail "--precision f16 gave t
 run "$T" generate --local "$dir/one" --policy uniform --n 2 --steps 2 --seed 7 \
     --precision f16 --out "$dir/one-f16.png"
 cmp -s "$dir/one-f16.png" "$dir/sample-f16.png" || fail "generate --precision f16 differs from sample's"
-if "$T" train --model tiny --steps 1 --batch 8 --data-dir "$dir/store" --precision f16 \
-    --out "$dir/x.safetensors" 2>"$dir/p.txt"; then
-    fail "train --precision f16 was accepted"
-fi
-grep -q "f16 is for inference" "$dir/p.txt" || fail "train --precision f16: $(cat "$dir/p.txt")"
+run "$T" train --model tiny --steps 2 --batch 8 --data-dir "$dir/store" --precision f16 \
+    --out "$dir/x.safetensors" --json
+grep -q "f16 products forward and backward" "$dir/err.txt" || fail "train --precision f16: $(cat "$dir/err.txt")"
+"$PY" - "$dir/out.txt" <<'PYEOF' || fail "train --precision f16 --json: $(cat "$dir/out.txt")"
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])  # the summary: the last line
+assert d["precision"] == "f16" and d["step"] == 2 and d["loss_scale"] >= 1, d
+assert d["skipped_steps"] >= 0, d
+PYEOF
 if "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --precision fp16 \
     --out "$dir/x.png" 2>"$dir/p.txt"; then
     fail "--precision fp16 was accepted"

@@ -14,7 +14,8 @@
  *
  * test_bf16 runs the model with bf16 products on the GPU (where it has them) against the CPU's
  * fp32, to bf16's tolerance (nmse 1e-4 forward, 2 % per training loss); test_f16 the f16
- * forward against the CPU's emulated f16 (nmse 1e-7) and its fp32 (1e-5).
+ * forward against the CPU's emulated f16 (nmse 1e-7) and its fp32 (1e-5), and five f16 training
+ * steps against the CPU's (losses to 1e-3, parameters to nmse 1e-7).
  *
  * Without a usable GPU (or without the CUDA backend) it prints why and exits 77: ctest skipped.
  */
@@ -252,6 +253,45 @@ static void test_stage_async(void **state) {
     free_data(&data);
 }
 
+/* Five training steps on the CPU at cpu_p and on the GPU at gpu_p from the same weights and
+ * data: each loss within loss_tol (relative), the same skipped steps and loss scale, and the
+ * parameters within nmse param_tol. */
+static void train_both(fixture_t *fx, ts_precision_t cpu_p, ts_precision_t gpu_p, double loss_tol,
+                       double param_tol) {
+    ts_dataset_t data = synthetic_data(64);
+    ts_train_config_t tc;
+    ts_train_config_default(&tc);
+    tc.batch = 8, tc.seed = 3, tc.warmup = 2;
+    ts_trainer_t tr[2];
+    ts_dit_t m[2];
+    char why[256] = "";
+    models(fx, m, tc.batch, 1);
+    for (int s = 0; s < 2; s++) {
+        ts_precision_t p = s ? gpu_p : cpu_p;
+        if (p != TS_PREC_F32)
+            TU_CHECK_OK(ts_dit_set_precision(&m[s], p, why, sizeof why));
+        TU_CHECK_OK(ts_trainer_init(&tr[s], &m[s], &data, &tc));
+    }
+    for (int step = 0; step < 5; step++) {
+        float loss[2];
+        for (int s = 0; s < 2; s++)
+            TU_CHECK_OK(ts_trainer_step(&tr[s], &loss[s], NULL));
+        printf("  %s training step %d: loss %.5f (CPU %s %.5f)\n", ts_precision_name(gpu_p), step,
+               loss[1], ts_precision_name(cpu_p), loss[0]);
+        assert_true(fabs(loss[1] - loss[0]) <= loss_tol * fabs(loss[0]));
+    }
+    assert_int_equal(tr[1].skipped, tr[0].skipped);
+    assert_true(tr[1].loss_scale == tr[0].loss_scale);
+    double e = nmse(&m[1].param_mem, &m[0].param_mem);
+    printf("  parameters after 5 %s steps nmse %.3g\n", ts_precision_name(gpu_p), e);
+    assert_true(e <= param_tol);
+    for (int s = 0; s < 2; s++) {
+        ts_trainer_free(&tr[s]);
+        ts_dit_free(&m[s]);
+    }
+    free_data(&data);
+}
+
 /* bf16 on the GPU (compute capability 8.0 or newer; cuBLAS with fp32 accumulation): the forward
  * within bf16's error of the CPU's fp32 forward (nmse ≤ 1e-4; a bf16 rounding is 2⁻⁹ relative)
  * yet not equal to the GPU's fp32 one (the bf16 path ran), the same bits twice; five bf16
@@ -290,30 +330,7 @@ static void test_bf16(void **state) {
         ts_dit_free(&m[s]);
     }
 
-    ts_dataset_t data = synthetic_data(64);
-    ts_train_config_t tc;
-    ts_train_config_default(&tc);
-    tc.batch = 8, tc.seed = 3, tc.warmup = 2;
-    ts_trainer_t tr[2];
-    models(fx, m, tc.batch, 1);
-    TU_CHECK_OK(ts_dit_set_precision(&m[1], TS_PREC_BF16, why, sizeof why));
-    for (int s = 0; s < 2; s++)
-        TU_CHECK_OK(ts_trainer_init(&tr[s], &m[s], &data, &tc));
-    for (int step = 0; step < 5; step++) {
-        float loss[2];
-        for (int s = 0; s < 2; s++)
-            TU_CHECK_OK(ts_trainer_step(&tr[s], &loss[s], NULL));
-        printf("  bf16 training step %d: loss %.5f (CPU fp32 %.5f)\n", step, loss[1], loss[0]);
-        assert_true(fabs(loss[1] - loss[0]) <= 2e-2 * fabs(loss[0]));
-    }
-    e = nmse(&m[1].param_mem, &m[0].param_mem);
-    printf("  parameters after 5 bf16 steps nmse %.3g\n", e);
-    assert_true(e <= 1e-6);
-    for (int s = 0; s < 2; s++) {
-        ts_trainer_free(&tr[s]);
-        ts_dit_free(&m[s]);
-    }
-    free_data(&data);
+    train_both(fx, TS_PREC_F32, TS_PREC_BF16, 2e-2, 1e-6);
 }
 
 /* f16 on the GPU (cuBLAS, fp32 accumulation; every GPU this backend is built for) against the
@@ -354,6 +371,10 @@ static void test_f16(void **state) {
         ts_tensor_free(&x[s]), ts_tensor_free(&t[s]);
         ts_dit_free(&m[s]);
     }
+
+    /* five f16 training steps (loss scaling) on both, both in f16: the same losses to 1e-3, the
+     * same skips and scale, the same parameters to nmse 1e-7 */
+    train_both(fx, TS_PREC_F16, TS_PREC_F16, 1e-3, 1e-7);
 }
 
 /* 20 guided Euler steps from the same noise: the images agree. */

@@ -264,6 +264,42 @@ static void test_stop_and_resume_is_bit_identical(void **state) {
     ts_store_close(b);
 }
 
+/* An f16 job (emulated on the CPU): it trains with its loss scale in the progress, and stopped
+ * and resumed it ends with the same weights as straight through (the scale travels in the
+ * checkpoints). */
+static void test_f16_stop_and_resume(void **state) {
+    (void)state;
+    ts_store_t *a = open_store("f16-straight"), *b = open_store("f16-stopped");
+    ts_train_job_opts_t o = job_opts(a, 0);
+    o.precision = TS_PREC_F16;
+    ts_train_progress_t p;
+    ts_train_job_t *j = start(&o);
+    expect_done(j, &p);
+    assert_true(p.f16 && isfinite(p.loss));
+    assert_true(p.loss_scale >= 1.0f && p.skipped >= 0);
+    ts_hash_t straight = p.weights;
+    ts_train_job_free(j);
+    o.store = b;
+    j = start(&o);
+    do
+        ts_train_job_progress(j, &p);
+    while (p.step < 2 && p.state == TS_TRAIN_RUNNING);
+    TU_CHECK_OK(ts_train_job_stop(j, 60000));
+    ts_train_job_progress(j, &p);
+    assert_int_equal(p.state, TS_TRAIN_STOPPED);
+    int64_t stopped = p.step;
+    ts_train_job_free(j);
+    j = start(&o);
+    expect_done(j, &p);
+    assert_int_equal(p.resumed_from, stopped);
+    assert_memory_equal(&p.weights, &straight, sizeof straight);
+    printf("  f16 job: stopped at step %lld, resumed, the same weights as straight through "
+           "(loss scale %g)\n", (long long)stopped, (double)p.loss_scale);
+    ts_train_job_free(j);
+    ts_store_close(a);
+    ts_store_close(b);
+}
+
 /* The child's notify: the first call follows the first checkpoint's commit. */
 static void tell_parent(void *ctx) {
     static int told;
@@ -583,6 +619,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_write_fails),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_stop_and_resume_is_bit_identical),
+        cmocka_unit_test(test_f16_stop_and_resume),
         cmocka_unit_test(test_kill9_resume_is_bit_identical),
         cmocka_unit_test(test_snapshots_and_final_weights),
     };

@@ -124,3 +124,26 @@ int ts_cpu_linear_forward_f16(ts_engine_t *e, float *out, const float *inp, cons
     /* the fp32 linear (its slicing by group: an item's rows do not depend on the batch) */
     return ts_cpu_linear_forward(e, out, buf, buf + ow, bias, M, N, K, group);
 }
+
+int ts_cpu_linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
+                               const float *inp, const uint16_t *weight, int64_t M, int64_t N,
+                               int64_t K) {
+    if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
+        return TS_OK;
+    /* scratch: f16(dout) (M, N), then the weight widened (N, K) or f16(inp) (M, K) */
+    int64_t og = (M * N + 15) / 16 * 16, ow = (N * K + 15) / 16 * 16;
+    float *buf;
+    TS_TRY(room(e, og + ow + (dweight ? M * K : 0), &buf));
+    float *g = buf, *w = buf + og, *x = buf + og + ow;
+    round_f16(g, dout, M * N);
+    if (dinp) { /* dinp (M, K) += f16(dout) (M, N) · weight (N, K) */
+        for (int64_t i = 0; i < N * K; i++)
+            w[i] = ts_f16_to_f32(weight[i]);
+        TS_TRY(ts_cpu_gemm(e, 0, 0, M, K, N, 1.0f, g, N, 0, w, K, 0, 1.0f, dinp, K, 0, 1));
+    }
+    if (dweight) { /* dweight (N, K) += f16(dout)ᵀ (N, M) · f16(inp) (M, K) */
+        round_f16(x, inp, M * K);
+        TS_TRY(ts_cpu_gemm(e, 1, 0, N, K, M, 1.0f, g, N, 0, x, K, 0, 1.0f, dweight, K, 0, 1));
+    }
+    return TS_OK;
+}
