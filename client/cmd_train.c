@@ -370,15 +370,23 @@ static void log_progress(const train_run_t *r, progress_t *p) {
     double eta = (double)(o->steps - tr->step) * o->batch / (sps + 1e-9);
     char etab[32];
     fmt_eta(eta, etab, sizeof etab);
+    /* a finite norm, or an f16 step skipped for overflowing gradients (model/train.h) */
+    int skipped = !isfinite(r->norm);
+    char g[32] = "skipped (f16 overflow)", gj[32] = "null";
+    if (!skipped) {
+        snprintf(g, sizeof g, "%.3f", (double)r->norm);
+        snprintf(gj, sizeof gj, "%.4f", (double)r->norm);
+    }
     fprintf(stderr,
-            "%sstep %lld/%lld  loss %.4f (avg %.4f)  |g| %.3f  lr %.2e  %.0f samples/s "
+            "%sstep %lld/%lld  loss %.4f (avg %.4f)  |g| %s  lr %.2e  %.0f samples/s "
             " ETA %s%s",
             p->tty ? "\r" : "", (long long)tr->step, (long long)o->steps, r->loss, tr->loss_avg,
-            r->norm, ts_trainer_lr(&r->tc, tr->step - 1), sps, etab, p->tty ? "   " : "\n");
+            g, ts_trainer_lr(&r->tc, tr->step - 1), sps, etab, p->tty ? "   " : "\n");
     if (o->json)
-        printf("{\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"grad_norm\":%.4f,"
-               "\"samples_per_s\":%.1f,\"eta_s\":%.0f}\n",
-               (long long)tr->step, r->loss, tr->loss_avg, r->norm, sps, eta);
+        printf("{\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"grad_norm\":%s,"
+               "\"skipped\":%s,\"samples_per_s\":%.1f,\"eta_s\":%.0f}\n",
+               (long long)tr->step, r->loss, tr->loss_avg, gj, skipped ? "true" : "false", sps,
+               eta);
     p->t_log = t, p->at_log = tr->step;
 }
 
@@ -454,8 +462,9 @@ static void print_summary(const train_run_t *r) {
             ts_store_dir(r->store));
     int f16 = o->precision == TS_PREC_F16;
     if (f16)
-        fprintf(stderr, "f16: loss scale %g, %lld steps skipped for overflowing gradients\n",
-                (double)tr->loss_scale, (long long)tr->skipped);
+        fprintf(stderr, "f16: loss scale 2^%d, %lld steps of the run skipped for overflowing "
+                        "gradients\n",
+                ts_log2i(tr->loss_scale), (long long)tr->skipped);
     if (o->json) { /* jansson escapes the paths (a quote in a file name must not break the JSON) */
         json_t *j = json_pack("{s:b, s:I, s:f, s:f, s:f, s:s, s:s, s:s, s:s}", "done", !g_stop,
                               "step", (json_int_t)tr->step, "loss", (double)r->loss, "loss_avg",

@@ -233,8 +233,8 @@ static void on_train(uv_async_t *a) {
         h->seen_ckpt = p.ckpt_step;
         char f16[96] = "";
         if (p.f16)
-            snprintf(f16, sizeof f16, "; f16 loss scale %g, %lld steps skipped", (double)p.loss_scale,
-                     (long long)p.skipped);
+            snprintf(f16, sizeof f16, "; f16 loss scale 2^%d, %lld steps skipped",
+                     ts_log2i(p.loss_scale), (long long)p.skipped);
         ts_log_info("train",
                     "checkpoint of step %lld in the store; at step %lld/%lld, loss %.4f, %.0f "
                     "samples/s (a step %.1f ms, %.1f ms of it on the device's timeline)%s",

@@ -117,7 +117,7 @@ typedef struct ts_train_progress {
                             * between its kernels included); on a CPU the same as step_s */
     int f16;               /* the job trains in f16 (the two below mean something) */
     float loss_scale;      /* f16: the trainer's loss scale now (model/train.h) */
-    int64_t skipped;       /* f16: steps skipped for overflowing gradients since the job started */
+    int64_t skipped;       /* f16: steps of the run skipped for overflowing gradients */
     uint64_t snapshots;    /* snapshots published so far: a new value means a new snapshot */
     int64_t snapshot_step; /* the newest snapshot's step; −1 none */
     ts_hash_t weights;     /* TS_TRAIN_DONE: the final EMA weights' hash in the store */

@@ -128,7 +128,7 @@ typedef enum { TS_PREC_F32 = 0, TS_PREC_BF16 = 1, TS_PREC_F16 = 2 } ts_precision
 #define TS_PRECISION_HELP                                                                          \
     "f32 (default), bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16, or a GPU of " \
     "compute capability 8.0 or newer) or "                                                       \
-    "f16 (half-precision products, loss-scaled training; a GPU, emulated on the CPU)"
+    "f16 (half-precision products, for GPUs without bf16; emulated on the CPU)"
 
 /* Parses "f32", "bf16" or "f16" (NULL or "" = f32); TS_EINVAL for anything else, out untouched. */
 int ts_precision_parse(const char *text, ts_precision_t *out);

@@ -141,7 +141,8 @@ int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, con
  * its backward is the fp32 op). */
 int ts_attention_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
                               const ts_tensor_t *qkv, int heads);
-/* As ts_attention_forward_bf16 in f16 (the inference forward of `--precision f16`). */
+/* As ts_attention_forward_bf16 in f16 (the forward of `--precision f16`; its backward is the fp32
+ * op, as bf16's). */
 int ts_attention_forward_f16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
                              const ts_tensor_t *qkv, int heads);
 /* dqkv (B, T, 3C) += ...; datt (B, heads, T, T) is scratch (overwritten). */

@@ -211,21 +211,21 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
     ts_adamw_t hp = {ts_trainer_lr(&tr->cfg, s), tr->cfg.beta1, tr->cfg.beta2, tr->cfg.eps,
                      tr->cfg.weight_decay};
     ts_optim_slab_t slab = {&m->param_mem, &m->grad_mem, &tr->m_mem, &tr->v_mem};
-    int rc = ts_optim_step_scaled(e, &slab, 1, &hp, s + 1, tr->cfg.grad_clip, 1.0f / scale,
-                                  &tr->sumsq, norm_out);
-    if (rc == TS_ENONFINITE && f16) { /* a product overflowed: skip, with half the scale */
-        tr->loss_scale = tr->loss_scale > 1.0f ? 0.5f * tr->loss_scale : 1.0f;
-        tr->scale_good = 0;
-        tr->skipped++;
-        tr->step = s + 1;
-        tr->loss_avg = isnan(tr->loss_avg) ? loss : 0.98f * tr->loss_avg + 0.02f * loss;
-        return TS_OK;
+    /* AdamW counts the updates made (skipped f16 steps made none) */
+    int rc = ts_optim_step_scaled(e, &slab, 1, &hp, s + 1 - tr->skipped, tr->cfg.grad_clip,
+                                  1.0f / scale, &tr->sumsq, norm_out);
+    if (f16 && (rc == TS_OK || rc == TS_ENONFINITE)) {
+        int skip = ts_loss_scale_next(&tr->loss_scale, &tr->scale_good, rc == TS_OK);
+        if (skip < 0)
+            return skip; /* not finite at scale 1: diverged */
+        if (skip) { /* a product overflowed: nothing changed; the next step at half the scale */
+            tr->skipped++;
+            tr->step = s + 1;
+            tr->loss_avg = isnan(tr->loss_avg) ? loss : 0.98f * tr->loss_avg + 0.02f * loss;
+            return TS_OK;
+        }
     }
     TS_TRY(rc);
-    if (f16 && ++tr->scale_good >= TS_LOSS_SCALE_INTERVAL) {
-        tr->loss_scale = tr->loss_scale < 16777216.0f ? 2.0f * tr->loss_scale : tr->loss_scale;
-        tr->scale_good = 0;
-    }
     /* EMA warm-up: a short memory early on, so the average is not dominated by the init */
     float decay = (float)(1 + s) / (float)(10 + s);
     if (decay > tr->cfg.ema_decay)
@@ -238,6 +238,29 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
     return TS_OK;
 }
 
+int ts_log2i(float power_of_two) {
+    int e = 0;
+    frexpf(power_of_two, &e); /* 2^k = 0.5 · 2^(k+1) */
+    return e - 1;
+}
+
+int ts_loss_scale_next(float *scale, int64_t *good, int finite) {
+    if (!scale || !good)
+        return TS_EINVAL;
+    if (!finite) {
+        if (*scale <= 1.0f)
+            return TS_ENONFINITE;
+        *scale *= 0.5f;
+        *good = 0;
+        return 1;
+    }
+    if (++*good >= TS_LOSS_SCALE_INTERVAL) {
+        *scale = *scale < TS_LOSS_SCALE_MAX ? 2.0f * *scale : TS_LOSS_SCALE_MAX;
+        *good = 0;
+    }
+    return 0;
+}
+
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
 static const char *const SLAB_NAMES[4] = {"params", "adam_m", "adam_v", "ema"};
@@ -248,9 +271,9 @@ static ts_tensor_t *slab_of(ts_trainer_t *tr, int i) {
 }
 
 /* Decimal metadata: the step, the keys a checkpoint must agree on to be resumed (1..4), the
- * loss average (%.9g: a float's exact decimal round trip), and f16 training's loss scale and its
- * good steps (checkpoints before them: the initial scale). */
-#define N_META 8
+ * loss average (%.9g: a float's exact decimal round trip), and f16 training's loss scale, its
+ * good steps and the run's skipped steps (checkpoints before them: the initial values). */
+#define N_META 9
 _Static_assert(N_META == sizeof((ts_trainer_stage_t *)0)->vals / sizeof((ts_trainer_stage_t *)0)->vals[0],
                "ts_trainer_stage_t holds every metadata value");
 #define N_META_MATCH 5 /* keys [1, N_META_MATCH) must match */
@@ -266,11 +289,12 @@ static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
     snprintf(vals[5], 32, "%.9g", tr->loss_avg);
     snprintf(vals[6], 32, "%.9g", tr->loss_scale);
     snprintf(vals[7], 32, "%lld", (long long)tr->scale_good);
+    snprintf(vals[8], 32, "%lld", (long long)tr->skipped);
 }
 
 static const char *const META_KEYS[N_META] = {"step",      "seed",  "batch",
                                               "data_size", "model", "loss_avg",
-                                              "loss_scale", "scale_good"};
+                                              "loss_scale", "scale_good", "skipped"};
 
 void ts_trainer_stage_free(ts_trainer_stage_t *s) {
     if (!s)
@@ -424,15 +448,21 @@ static int ckpt_apply(ts_trainer_t *tr, const ts_st_file_t *f, const char *what,
     const char *ls = ts_st_meta(f, "loss_scale"), *lg = ts_st_meta(f, "scale_good");
     float scale = ls ? strtof(ls, &end) : TS_LOSS_SCALE_INIT;
     int e2 = 0;
-    if (ls && (end == ls || *end != '\0' || !(scale >= 1.0f && scale <= 16777216.0f) ||
+    if (ls && (end == ls || *end != '\0' || !(scale >= 1.0f && scale <= TS_LOSS_SCALE_MAX) ||
                frexpf(scale, &e2) != 0.5f)) {
         snprintf(err, errlen, "%s: bad loss_scale '%s' (want a power of two in [1, 2^24])", what,
                  ls);
         return TS_ECORRUPT;
     }
     long long good = lg ? strtoll(lg, &end, 10) : 0;
-    if (lg && (end == lg || *end != '\0' || good < 0)) {
+    if (lg && (end == lg || *end != '\0' || good < 0 || good >= TS_LOSS_SCALE_INTERVAL)) {
         snprintf(err, errlen, "%s: bad scale_good '%s'", what, lg);
+        return TS_ECORRUPT;
+    }
+    const char *sk = ts_st_meta(f, "skipped");
+    long long skipped = sk ? strtoll(sk, &end, 10) : 0;
+    if (sk && (end == sk || *end != '\0' || skipped < 0 || skipped > s)) {
+        snprintf(err, errlen, "%s: bad skipped '%s' (want 0 to the step, %lld)", what, sk, s);
         return TS_ECORRUPT;
     }
     int64_t n = tr->model->num_params;
@@ -471,7 +501,7 @@ static int ckpt_apply(ts_trainer_t *tr, const ts_st_file_t *f, const char *what,
     tr->perm_epoch = -1;
     const char *avg = ts_st_meta(f, "loss_avg");
     tr->loss_avg = avg ? strtof(avg, NULL) : NAN;
-    tr->loss_scale = scale, tr->scale_good = good;
+    tr->loss_scale = scale, tr->scale_good = good, tr->skipped = skipped;
     return TS_OK;
 }
 

@@ -69,17 +69,28 @@ typedef struct ts_trainer {
     float loss_avg;
     /* f16 training (the model at TS_PREC_F16): the loss is multiplied by loss_scale before the
      * backward, so that small gradients survive the f16 rounding of the backward's products, and
-     * the gradients are divided by it before clipping and AdamW. A step whose gradients are not
-     * finite (a product past ±65504) changes no parameter: the scale halves and the step counts as
-     * skipped; after TS_LOSS_SCALE_INTERVAL good steps in a row it doubles (PyTorch's GradScaler's
-     * policy). Both travel in checkpoints. Unused at f32 and bf16 (bf16 has fp32's range). */
-    float loss_scale;   /* a power of two, TS_LOSS_SCALE_INIT to start */
-    int64_t scale_good; /* good f16 steps since the scale last changed */
-    int64_t skipped;    /* f16 steps skipped for non-finite gradients, in this process */
+     * the gradients are divided by it before clipping and AdamW (ts_loss_scale_next's policy).
+     * A skipped step changes no parameter, moment or EMA; it consumes its batch and moves the
+     * learning-rate schedule, not AdamW's own count (its bias correction counts updates made,
+     * step − skipped, as PyTorch's AdamW under GradScaler). All three travel in checkpoints.
+     * Unused at f32 and bf16 (bf16 has fp32's range). */
+    float loss_scale;   /* a power of two in [1, 2^24], TS_LOSS_SCALE_INIT to start */
+    int64_t scale_good; /* good f16 steps since the scale last changed, < the interval */
+    int64_t skipped;    /* f16 steps of the run skipped for non-finite gradients */
 } ts_trainer_t;
 
 #define TS_LOSS_SCALE_INIT 65536.0f
+#define TS_LOSS_SCALE_MAX 16777216.0f /* 2^24 */
 #define TS_LOSS_SCALE_INTERVAL 2000
+
+/* f16's loss-scale policy (PyTorch's GradScaler's) after a step whose gradients were finite or
+ * not, updating *scale and *good. Finite: 0, apply the step; after TS_LOSS_SCALE_INTERVAL of them
+ * in a row the scale doubles (up to TS_LOSS_SCALE_MAX). Not finite: 1, skip the step, with the
+ * scale halved; or TS_ENONFINITE when the scale is already 1 (nothing left to lower: the run
+ * itself has diverged, and stops as an f32 run does). */
+int ts_loss_scale_next(float *scale, int64_t *good, int finite);
+/* log2 of a power of two (a loss scale), for messages. */
+int ts_log2i(float power_of_two);
 
 /* Starts a trainer at step 0 with zero moments and EMA = the current parameters. */
 int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
@@ -88,8 +99,8 @@ void ts_trainer_free(ts_trainer_t *tr);
 
 /* One optimisation step. *loss (the batch loss before the update) and *grad_norm (before
  * clipping) may be NULL. A non-finite loss or gradient is TS_ENONFINITE, and the parameters are
- * left as they were — but for a non-finite gradient at f16, which skips the step (loss_scale
- * above): TS_OK, the step counted, *grad_norm not finite. */
+ * left as they were — but for a non-finite gradient at f16 above scale 1, which skips the step
+ * (loss_scale above): TS_OK, the step counted, *grad_norm not finite. */
 int ts_trainer_step(ts_trainer_t *tr, float *loss, float *grad_norm);
 
 /* The learning rate used at step s (0-based). */
@@ -125,7 +136,7 @@ typedef struct ts_trainer_stage {
     ts_engine_mark_t done; /* recorded after the copies */
     ts_engine_t *eng;      /* whose queue they are in (set by begin) */
     int64_t step;          /* the step staged */
-    char vals[8][32];      /* the checkpoint's metadata values at that step */
+    char vals[9][32];      /* the checkpoint's metadata values at that step */
 } ts_trainer_stage_t;
 int ts_trainer_stage_init(ts_trainer_stage_t *s, const ts_trainer_t *tr, int pinned);
 int ts_trainer_stage_begin(ts_trainer_stage_t *s, const ts_trainer_t *tr);

@@ -324,13 +324,14 @@ static void test_resume_bf16(void **state) {
     run_steps(&b, 3, lb);
     assert_int_equal(ts_trainer_save(&b.tr, path, err, sizeof err), TS_OK);
     float saved_scale = b.tr.loss_scale;
-    int64_t saved_good = b.tr.scale_good;
+    int64_t saved_good = b.tr.scale_good, saved_skipped = b.tr.skipped;
     run_end(&b);
     run_start(e, &c, 11, P);
     assert_int_equal(ts_trainer_load(&c.tr, path, err, sizeof err), TS_OK);
     assert_int_equal(c.tr.step, 3);
     assert_true(c.tr.loss_scale == saved_scale);
     assert_int_equal(c.tr.scale_good, saved_good);
+    assert_int_equal(c.tr.skipped, saved_skipped);
     check_copy_fresh(e, &c.model); /* the loaded masters, rounded */
     run_steps(&c, 5, lb + 3);
     assert_memory_equal(la, lb, sizeof la);
@@ -407,6 +408,7 @@ static void test_f16_loss_scale(void **state) {
     ts_dit_t *m = &a.model;
     size_t nb = ts_tensor_nbytes(&m->param_mem);
     float *before = tu_host_copy(&m->param_mem), *ema = tu_host_copy(&a.tr.ema_mem);
+    float *mom = tu_host_copy(&a.tr.m_mem), *var = tu_host_copy(&a.tr.v_mem);
     a.tr.loss_scale = 1099511627776.0f; /* 2^40: the gradients pass ±65504 in the products */
     float norm = 0.0f;
     assert_int_equal(ts_trainer_step(&a.tr, &l, &norm), TS_OK);
@@ -418,6 +420,8 @@ static void test_f16_loss_scale(void **state) {
     assert_int_equal(a.tr.scale_good, 0);
     assert_memory_equal(before, m->param_mem.data, nb); /* nothing moved */
     assert_memory_equal(ema, a.tr.ema_mem.data, nb);
+    assert_memory_equal(mom, a.tr.m_mem.data, nb);
+    assert_memory_equal(var, a.tr.v_mem.data, nb);
     check_copy_fresh(e, m);
     /* a good step at the end of an interval: the parameters move, the scale doubles */
     a.tr.loss_scale = TS_LOSS_SCALE_INIT;
@@ -429,8 +433,27 @@ static void test_f16_loss_scale(void **state) {
     assert_int_equal(a.tr.scale_good, 0);
     assert_int_equal(a.tr.skipped, 1);
     printf("  f16 loss scale: an overflowing step skipped (2^40 -> 2^39), a good one doubled it\n");
-    free(before), free(ema);
+    free(before), free(ema), free(mom), free(var);
     run_end(&a);
+
+    /* the policy alone: halving, the floor at 1 (a diverged run stops), growth, the cap */
+    float sc = 4.0f;
+    int64_t good = 7;
+    assert_int_equal(ts_loss_scale_next(&sc, &good, 0), 1);
+    assert_true(sc == 2.0f && good == 0);
+    assert_int_equal(ts_loss_scale_next(&sc, &good, 0), 1);
+    assert_true(sc == 1.0f);
+    assert_int_equal(ts_loss_scale_next(&sc, &good, 0), TS_ENONFINITE);
+    assert_true(sc == 1.0f && good == 0);
+    for (int i = 0; i < TS_LOSS_SCALE_INTERVAL - 1; i++)
+        assert_int_equal(ts_loss_scale_next(&sc, &good, 1), 0);
+    assert_true(sc == 1.0f && good == TS_LOSS_SCALE_INTERVAL - 1);
+    assert_int_equal(ts_loss_scale_next(&sc, &good, 1), 0);
+    assert_true(sc == 2.0f && good == 0);
+    sc = TS_LOSS_SCALE_MAX, good = TS_LOSS_SCALE_INTERVAL - 1;
+    assert_int_equal(ts_loss_scale_next(&sc, &good, 1), 0);
+    assert_true(sc == TS_LOSS_SCALE_MAX && good == 0);
+    assert_int_equal(ts_log2i(TS_LOSS_SCALE_MAX), 24);
 }
 
 int main(int argc, char **argv) {
