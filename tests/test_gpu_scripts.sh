@@ -68,10 +68,11 @@ rows = {r["key"]: r for r in d["configs"]["tiny"]["rows"]}
 for k in ("forward_b2", "train_b2"):
     assert rows[k]["ours"] > 0 and rows[k]["torch"] > 0 and rows[k]["ratio"] > 0, rows[k]
     assert 0 < rows[k]["of_peak"], rows[k]
-# f16: ours, against its own peak (PyTorch's CPU autocast has no f16: recorded, not a row)
+# f16: ours, against its own peak (PyTorch's side may be a recorded error: its CPU autocast has
+# no f16 in Debian's version)
 for k in ("forward_b2_f16", "train_b2_f16"):
     assert rows[k]["ours"] > 0 and rows[k]["of_peak"] > 0, rows[k]
-assert "error" in d["configs"]["tiny"]["torch"]["train_b2_f16"], d["configs"]["tiny"]["torch"]
+assert "train_b2_f16" in d["configs"]["tiny"]["torch"], d["configs"]["tiny"]["torch"]
 assert d["peak_ours"]["size"] == 128 and d["engine"].startswith("cpu"), d["peak_ours"]
 assert d["peak_ours"]["f16_gflops"] > 0, d["peak_ours"]
 assert d["target"]["config"] == "dit-xl" and d["target"]["met"] is False

@@ -130,7 +130,7 @@ int ts_cpu_linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, cons
                                int64_t K) {
     if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
         return TS_OK;
-    /* scratch: f16(dout) (M, N), then the weight widened (N, K) or f16(inp) (M, K) */
+    /* scratch: f16(dout) (M, N), the weight widened (N, K), and f16(inp) (M, K) for dweight */
     int64_t og = (M * N + 15) / 16 * 16, ow = (N * K + 15) / 16 * 16;
     float *buf;
     TS_TRY(room(e, og + ow + (dweight ? M * K : 0), &buf));
