@@ -69,7 +69,8 @@ typedef struct opts {
     double tol;
     int json;
     int quick;
-    int ops; /* --ops: a per-op breakdown after each forward row */
+    int ops;    /* --ops: a per-op breakdown after each forward row */
+    int memory; /* --memory: the memory figures only, nothing built or timed */
     int warmup_calls, min_calls;
     double warmup_seconds;
     ts_precision_t precision;
@@ -92,14 +93,12 @@ static int start_engine(const opts_t *o, ts_engine_t *e) {
     ts_device_spec_t spec;
     char note[256] = "";
     if (ts_device_spec_parse(o->device ? o->device : "cpu", &spec) != TS_OK) {
-        fprintf(stderr, "bench_dit: --device wants %s, not '%s'\n", TS_DEVICE_SPEC_HELP,
-                o->device);
+        fprintf(stderr, "bench_dit: --device wants %s, not '%s'\n", TS_DEVICE_SPEC_HELP, o->device);
         return 2;
     }
     int rc = ts_engine_init_spec(e, &spec, o->threads, note, sizeof note);
     if (rc != TS_OK) {
-        fprintf(stderr, "bench_dit: cannot start the engine: %s (%s)\n", note,
-                ts_strerror(rc));
+        fprintf(stderr, "bench_dit: cannot start the engine: %s (%s)\n", note, ts_strerror(rc));
         return 1;
     }
     return 0;
@@ -463,6 +462,98 @@ static int run_attention_ops(const opts_t *o) {
     return rc == TS_OK ? 0 : fail("attention", rc, NULL);
 }
 
+/* ---- memory --------------------------------------------------------------------------------- */
+
+static double gib(uint64_t b) { return (double)b / (double)(1u << 30); }
+
+/* The memory figures of the run: the model's (from its config) and what each row needs, against
+ * what the engine's device has free now. */
+typedef struct mem_report {
+    ts_dit_memory_t m;
+    int fwd_batch, train_batch;
+    uint64_t fwd_need, train_need; /* bytes of the forward rows' model, the training row's */
+    uint64_t dev_free, dev_total;  /* 0 when unknown */
+} mem_report_t;
+
+static int mem_report(const opts_t *o, const ts_engine_t *e, const ts_dit_config_t *cfg,
+                      int fwd_batch, mem_report_t *r) {
+    memset(r, 0, sizeof *r);
+    /* the composed attention's layout unless fused is asked for: the larger of the two */
+    ts_attn_impl_t a = o->attn_set ? o->attn : TS_ATTN_COMPOSED;
+    TS_TRY(ts_dit_memory(cfg, o->precision, a, &r->m));
+    r->fwd_batch = fwd_batch;
+    r->train_batch = o->train_batch;
+    r->fwd_need = ts_dit_memory_total(&r->m, 0, fwd_batch);
+    r->train_need = o->train_batch > 0 ? ts_dit_memory_total(&r->m, 1, o->train_batch) : 0;
+    if (ts_engine_memory_free(e, &r->dev_free, &r->dev_total) != TS_OK)
+        r->dev_free = r->dev_total = 0;
+    return TS_OK;
+}
+
+static void print_memory(FILE *out, const mem_report_t *r) {
+    const ts_dit_memory_t *m = &r->m;
+    fprintf(out,
+            "memory:  parameters %.3f GiB%s; per sample %.1f MiB inference, %.1f MiB training "
+            "(+ gradients, AdamW, EMA %.3f GiB)\n",
+            gib(m->params + m->params_lp), m->params_lp ? " (with the 16-bit copy)" : "",
+            (double)m->infer_per_sample / (1 << 20), (double)m->train_per_sample / (1 << 20),
+            gib(m->grads + m->adamw + m->ema));
+    fprintf(out, "         forward rows (B <= %d) %.2f GiB", r->fwd_batch, gib(r->fwd_need));
+    if (r->train_batch > 0)
+        fprintf(out, ", training row (B = %d) %.2f GiB", r->train_batch, gib(r->train_need));
+    if (r->dev_total > 0)
+        fprintf(out, "; device %.2f GiB free of %.2f", gib(r->dev_free), gib(r->dev_total));
+    fprintf(out, "\n");
+}
+
+static void print_memory_json(FILE *out, const mem_report_t *r) {
+    const ts_dit_memory_t *m = &r->m;
+    fprintf(out,
+            "  \"memory\": {\"params_bytes\": %llu, \"params_lp_bytes\": %llu, "
+            "\"grads_bytes\": %llu, \"adamw_bytes\": %llu, \"ema_bytes\": %llu, "
+            "\"inference_fixed_bytes\": %llu, \"inference_per_sample_bytes\": %llu, "
+            "\"training_fixed_bytes\": %llu, \"training_per_sample_bytes\": %llu, "
+            "\"forward_batch\": %d, \"forward_bytes\": %llu, \"train_batch\": %d, "
+            "\"train_bytes\": %llu, \"device_free_bytes\": %llu, \"device_total_bytes\": %llu},\n",
+            (unsigned long long)m->params, (unsigned long long)m->params_lp,
+            (unsigned long long)m->grads, (unsigned long long)m->adamw, (unsigned long long)m->ema,
+            (unsigned long long)m->infer_fixed, (unsigned long long)m->infer_per_sample,
+            (unsigned long long)m->train_fixed, (unsigned long long)m->train_per_sample,
+            r->fwd_batch, (unsigned long long)r->fwd_need, r->train_batch,
+            (unsigned long long)r->train_need, (unsigned long long)r->dev_free,
+            (unsigned long long)r->dev_total);
+}
+
+/* Whether need bytes fit the device's free memory (less what a GPU engine keeps for itself); true
+ * where the free memory is unknown. */
+static int fits(const mem_report_t *r, uint64_t need) {
+    uint64_t reserve =
+        r->dev_total && r->dev_free > TS_DIT_ENGINE_RESERVE ? TS_DIT_ENGINE_RESERVE : 0;
+    return r->dev_total == 0 || need + reserve <= r->dev_free;
+}
+
+/* The reason a row could not be built: its bytes against the device's free memory. */
+static void say_short(const char *row, int B, uint64_t need, const mem_report_t *r) {
+    fprintf(stderr, "bench_dit: the %s row at batch %d needs %.2f GiB", row, B, gib(need));
+    if (r->dev_total > 0)
+        fprintf(stderr, "; the device has %.2f GiB free of %.2f", gib(r->dev_free),
+                gib(r->dev_total));
+    fprintf(stderr, " (bench_dit --memory --batch B --train-batch B says what each size needs; "
+                    "ask for a smaller batch)\n");
+}
+
+/* What the header and the JSON say of the model (the rows' models are built and freed in turn). */
+typedef struct model_desc {
+    ts_dit_config_t cfg;
+    int64_t num_params;
+    ts_precision_t precision;
+    ts_attn_impl_t attn;
+} model_desc_t;
+
+static model_desc_t describe(const ts_dit_t *m) {
+    return (model_desc_t){m->cfg, m->num_params, m->precision, m->attn};
+}
+
 /* ---- output ----------------------------------------------------------------------------- */
 
 typedef struct result {
@@ -472,9 +563,9 @@ typedef struct result {
     double samples_per_s, gflops;
 } result_t;
 
-static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_engine_t *e,
+static void print_json(FILE *out, const opts_t *o, const model_desc_t *m, const ts_engine_t *e,
                        double flops, const check_t *ck, const result_t *r, int nr,
-                       const peak_res_t *pk) {
+                       const peak_res_t *pk, const mem_report_t *mr) {
     const ts_dit_config_t *c = &m->cfg;
     fprintf(out, "{\n  \"weights\": \"");
     for (const char *s = o->weights; *s; s++) { /* a path: escape what JSON requires */
@@ -498,6 +589,7 @@ static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_e
             c->num_classes, c->mlp_ratio, c->freq_dim);
     fprintf(out, "  \"num_params\": %lld,\n  \"flops_per_sample\": %.6g,\n",
             (long long)m->num_params, flops);
+    print_memory_json(out, mr);
     if (ck->done)
         fprintf(out,
                 "  \"check\": {\"batch\": %d, \"max_abs_diff\": %.6g, \"scale\": %.6g, "
@@ -520,7 +612,7 @@ static void print_json(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_e
     fprintf(out, "  ]\n}\n");
 }
 
-static void print_header(FILE *out, const opts_t *o, const ts_dit_t *m, const ts_engine_t *e,
+static void print_header(FILE *out, const opts_t *o, const model_desc_t *m, const ts_engine_t *e,
                          double flops) {
     const ts_dit_config_t *c = &m->cfg;
     fprintf(out,
@@ -533,8 +625,8 @@ static void print_header(FILE *out, const opts_t *o, const ts_dit_t *m, const ts
     fprintf(out,
             "engine: %s, %s, %s attention; %.3f MFLOP per sample forward (GEMMs), "
             "%gs per measurement\n",
-            dev, ts_precision_name(m->precision),
-            m->attn == TS_ATTN_FUSED ? "fused" : "composed", flops / 1e6, o->seconds);
+            dev, ts_precision_name(m->precision), m->attn == TS_ATTN_FUSED ? "fused" : "composed",
+            flops / 1e6, o->seconds);
 }
 
 static void print_check(FILE *out, const opts_t *o, const check_t *ck) {
@@ -607,7 +699,10 @@ static int block_op(ts_dit_t *m, int op, int B) {
     case OP_LN: return ts_layernorm_forward(e, &ln1, &m1, &r1, &x_in);
     case OP_MOD: return ts_modulate_forward(e, &mod1, &ln1, &mod, 0, 1);
     case OP_QKV: return ts_linear_forward(e, &qkv, &mod1, &P->qkv_w, &P->qkv_b);
-    case OP_ATTN: return ts_attention_forward(e, &atty, &att, &qkv, m->cfg.num_heads);
+    case OP_ATTN: /* the model's own attention */
+        return m->attn == TS_ATTN_FUSED
+                   ? ts_attention_fused_forward(e, &atty, NULL, &qkv, m->cfg.num_heads)
+                   : ts_attention_forward(e, &atty, &att, &qkv, m->cfg.num_heads);
     case OP_PROJ: return ts_linear_forward(e, &proj, &atty, &P->proj_w, &P->proj_b);
     case OP_GATE: return ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2);
     case OP_FC1_GELU: return ts_linear_gelu_forward(e, &fc1, &gelu, &mod2, &P->fc1_w, &P->fc1_b);
@@ -617,18 +712,32 @@ static int block_op(ts_dit_t *m, int op, int B) {
     }
 }
 
-/* Median seconds of one call of op over at least 0.3 s (or o->seconds / 4) and 5 calls. */
+/* reps calls of op, then the device synchronised (a GPU's calls are queued: the time is the
+ * device's, not the launches'); seconds per call, or < 0 on an error. */
+static double op_calls_s(ts_dit_t *m, int op, int B, int reps) {
+    double t0 = ts_now_s();
+    for (int i = 0; i < reps; i++)
+        if (block_op(m, op, B) != TS_OK)
+            return -1.0;
+    if (ts_engine_sync(m->eng) != TS_OK)
+        return -1.0;
+    return (ts_now_s() - t0) / reps;
+}
+
+/* Median seconds of one call of op over at least 0.3 s (or o->seconds / 4) and 5 measurements,
+ * each of enough calls back to back (then a synchronisation) to last about a millisecond, so a
+ * GPU's synchronisation does not count in a short op's time. */
 static double time_op(ts_dit_t *m, int op, int B, const opts_t *o) {
     double budget = o->seconds / 4 > 0.3 ? o->seconds / 4 : 0.3, t[4096];
     int n = 0;
-    for (int i = 0; i < 2; i++)
-        block_op(m, op, B);
-    for (double start = ts_now_s(); n < 4096 && (n < 5 || ts_now_s() - start < budget); n++) {
-        double t0 = ts_now_s();
-        if (block_op(m, op, B) != TS_OK)
+    double one = op_calls_s(m, op, B, 2); /* warm-up, and the size of a call */
+    if (one < 0)
+        return -1.0;
+    int reps = one > 0 && one < 1e-3 ? (int)(1e-3 / one) + 1 : 1;
+    reps = reps > 1000 ? 1000 : reps;
+    for (double start = ts_now_s(); n < 4096 && (n < 5 || ts_now_s() - start < budget); n++)
+        if ((t[n] = op_calls_s(m, op, B, reps)) < 0)
             return -1.0;
-        t[n] = ts_now_s() - t0;
-    }
     qsort(t, (size_t)n, sizeof t[0], cmp_double);
     return t[n / 2];
 }
@@ -665,13 +774,46 @@ static int ops_breakdown(FILE *out, ts_dit_t *m, int B, double forward_s, const 
 
 /* ---- the run ---------------------------------------------------------------------------- */
 
+/* Builds the model of the file for max_batch samples (trainable or not) with the run's precision
+ * and attention; 0, or the exit status after saying why. */
+static int open_model(const opts_t *o, const ts_st_file_t *f, ts_engine_t *e, int max_batch,
+                      int trainable, const mem_report_t *mr, ts_dit_t *m) {
+    char err[ERRLEN] = "";
+    int rc = ts_dit_open_file(m, f, e, max_batch, trainable, err, sizeof err);
+    if (rc == TS_OK && o->precision != TS_PREC_F32 &&
+        (rc = ts_dit_set_precision(m, o->precision, err, sizeof err)) != TS_OK) {
+        ts_dit_free(m);
+        return fail("--precision", rc, err);
+    }
+    if (rc == TS_OK && o->attn_set && (rc = ts_dit_set_attention(m, o->attn)) != TS_OK) {
+        int nomem = rc == TS_ENOMEM;
+        ts_dit_free(m);
+        if (!nomem)
+            return fail("--attention", rc,
+                        rc != TS_ENOTSUP               ? NULL
+                        : o->precision == TS_PREC_F16  ? "there is no fused attention at f16"
+                        : o->precision == TS_PREC_BF16 ? "no fused bf16 attention on this engine"
+                        : e->device == TS_CUDA         ? "the GPU's fused kernel takes heads of up "
+                                                         "to 128 and batches of up to 65535"
+                                                       : NULL);
+    }
+    if (rc == TS_ENOMEM) {
+        say_short(trainable ? "training" : "forward", max_batch,
+                  trainable ? mr->train_need : mr->fwd_need, mr);
+        return 1;
+    }
+    return rc == TS_OK ? 0 : fail(o->weights, rc, err);
+}
+
 static int run(const opts_t *o) {
     char err[ERRLEN] = "";
+    ts_st_file_t f;
+    memset(&f, 0, sizeof f);
     ts_st_file_t cf;
     memset(&cf, 0, sizeof cf);
-    int max_batch = o->train_batch, rc;
+    int fwd_batch = 0, rc, status = 0;
     for (int i = 0; i < o->n_batches; i++)
-        max_batch = o->batches[i] > max_batch ? o->batches[i] : max_batch;
+        fwd_batch = o->batches[i] > fwd_batch ? o->batches[i] : fwd_batch;
     if (o->check) {
         if ((rc = ts_st_read(o->check, &cf, err, sizeof err)) != TS_OK)
             return fail(o->check, rc, err);
@@ -680,50 +822,66 @@ static int run(const opts_t *o) {
             ts_st_free(&cf);
             return fail(o->check, b, "needs a 1-D tensor t");
         }
-        max_batch = b > max_batch ? b : max_batch;
+        fwd_batch = b > fwd_batch ? b : fwd_batch;
     }
-
+    ts_dit_config_t cfg;
+    if ((rc = ts_st_read(o->weights, &f, err, sizeof err)) != TS_OK ||
+        (rc = ts_dit_config_from_file(&f, &cfg, err, sizeof err)) != TS_OK) {
+        ts_st_free(&f);
+        ts_st_free(&cf);
+        return fail(o->weights, rc, err);
+    }
     ts_engine_t e;
     if ((rc = start_engine(o, &e)) != 0) {
+        ts_st_free(&f);
         ts_st_free(&cf);
         return rc;
     }
-    ts_dit_t m;
-    if ((rc = ts_dit_open(&m, o->weights, &e, max_batch, o->train_batch > 0, err, sizeof err))) {
-        ts_st_free(&cf);
-        ts_engine_free(&e);
-        return fail(o->weights, rc, err);
+    mem_report_t mr;
+    if ((rc = mem_report(o, &e, &cfg, fwd_batch, &mr)) != TS_OK) {
+        status = fail(o->weights, rc, "the model's memory");
+        goto done;
     }
-    if (o->precision != TS_PREC_F32 &&
-        (rc = ts_dit_set_precision(&m, o->precision, err, sizeof err)) != TS_OK) {
-        ts_st_free(&cf);
-        ts_dit_free(&m);
-        ts_engine_free(&e);
-        return fail("--precision", rc, err);
-    }
-    if (o->attn_set && (rc = ts_dit_set_attention(&m, o->attn)) != TS_OK) {
-        ts_st_free(&cf);
-        ts_dit_free(&m);
-        ts_engine_free(&e);
-        return fail("--attention", rc,
-                    rc != TS_ENOTSUP                ? NULL
-                    : m.precision == TS_PREC_F16    ? "there is no fused attention at f16"
-                    : m.precision == TS_PREC_BF16   ? "no fused bf16 attention on this engine"
-                    : e.device == TS_CUDA           ? "the GPU's fused kernel takes heads of up to "
-                                                      "128 and batches of up to 65535"
-                                                    : NULL);
-    }
-    double flops = ts_dit_flops_per_sample(&m.cfg);
     FILE *out = stdout;
-    if (!o->json)
-        print_header(out, o, &m, &e, flops);
+    if (o->memory) { /* the figures alone: nothing built, nothing timed */
+        if (o->json) {
+            fprintf(out, "{\n  \"precision\": \"%s\",\n  \"attention\": \"%s\",\n",
+                    ts_precision_name(o->precision),
+                    o->attn_set && o->attn == TS_ATTN_FUSED ? "fused" : "composed");
+            print_memory_json(out, &mr);
+            fprintf(out, "  \"fits\": {\"forward\": %s, \"train\": %s}\n}\n",
+                    fits(&mr, mr.fwd_need) ? "true" : "false",
+                    fits(&mr, mr.train_need) ? "true" : "false");
+        } else {
+            print_memory(out, &mr);
+        }
+        goto done;
+    }
 
-    int status = 0;
+    double flops = ts_dit_flops_per_sample(&cfg);
+    model_desc_t md = {0};
     check_t ck = {0};
+    result_t res[MAX_BATCHES + 1];
+    int nr = 0;
+    /* the forward rows (and the check) on a model that cannot train, sized for the largest; a row
+     * that cannot fit is refused before anything is allocated */
+    ts_dit_t m;
+    if (!fits(&mr, mr.fwd_need)) {
+        say_short("forward", fwd_batch, mr.fwd_need, &mr);
+        status = 1;
+        goto done;
+    }
+    if ((status = open_model(o, &f, &e, fwd_batch, 0, &mr, &m)) != 0)
+        goto done;
+    md = describe(&m);
+    if (!o->json) {
+        print_header(out, o, &md, &e, flops);
+        print_memory(out, &mr);
+    }
     if (o->check) {
         rc = run_check(&m, &cf, &ck, err, sizeof err);
-        ts_st_free(&cf);
         if (rc != TS_OK) {
+            ts_dit_free(&m);
             status = fail(o->check, rc, err);
             goto done;
         }
@@ -734,13 +892,11 @@ static int run(const opts_t *o) {
                     "bench_dit: the forward output differs from %s by %.3e (relative; "
                     "tolerance %.0e): not the same computation, nothing timed\n",
                     o->check, ck.rel, o->tol);
+            ts_dit_free(&m);
             status = 3;
             goto done;
         }
     }
-
-    result_t res[MAX_BATCHES + 1];
-    int nr = 0;
     for (int i = 0; i < o->n_batches; i++) {
         job_t j;
         result_t *r = &res[nr];
@@ -749,6 +905,7 @@ static int run(const opts_t *o) {
             rc = time_job(&j, o, &r->t);
         job_free(&j);
         if (rc != TS_OK) {
+            ts_dit_free(&m);
             snprintf(err, sizeof err, "batch %d", o->batches[i]);
             status = fail("forward", rc, err);
             goto done;
@@ -761,14 +918,23 @@ static int run(const opts_t *o) {
             print_result(out, r);
         if (o->ops && !o->json && m.precision == TS_PREC_F32 &&
             (rc = ops_breakdown(out, &m, r->batch, r->t.median, o)) != TS_OK) {
+            ts_dit_free(&m);
             status = fail("--ops", rc, NULL);
             goto done;
         }
         nr++;
     }
+    ts_dit_free(&m); /* before the training row's model: each row's memory alone */
 
     if (o->train_batch > 0) {
-        /* the forward runs above do not touch the parameters: training starts from the file */
+        /* a trainable model for the training batch, from the file's parameters */
+        if (!fits(&mr, mr.train_need)) {
+            say_short("training", o->train_batch, mr.train_need, &mr);
+            status = 1;
+            goto done;
+        }
+        if ((status = open_model(o, &f, &e, o->train_batch, 1, &mr, &m)) != 0)
+            goto done;
         ts_dataset_t ds;
         ts_train_config_t tc;
         ts_trainer_t tr;
@@ -781,6 +947,12 @@ static int run(const opts_t *o) {
             ts_trainer_free(&tr);
         }
         ts_dataset_free(&ds);
+        ts_dit_free(&m);
+        if (rc == TS_ENOMEM) {
+            say_short("training", o->train_batch, mr.train_need, &mr);
+            status = 1;
+            goto done;
+        }
         if (rc != TS_OK) {
             snprintf(err, sizeof err, "batch %d", o->train_batch);
             status = fail("training step", rc, err);
@@ -805,7 +977,7 @@ static int run(const opts_t *o) {
         if (ts_engine_precision_check(&e, TS_PREC_BF16, NULL, 0) == TS_OK &&
             ts_gemm_peak(&e, o->peak, min_time, 1, &pk.bf16) != TS_OK)
             pk.bf16 = 0.0; /* bf16 said it could run but did not: no bf16 peak */
-        if (m.precision == TS_PREC_F16 &&
+        if (md.precision == TS_PREC_F16 &&
             (rc = ts_gemm_peak(&e, o->peak, min_time, TS_PREC_F16, &pk.f16)) != TS_OK) {
             status = fail("--peak", rc, "f16");
             goto done;
@@ -818,19 +990,20 @@ static int run(const opts_t *o) {
                 fprintf(out, ", f16 %.1f GFLOP/s", pk.f16);
             fprintf(out, "\n");
             /* each row against the peak of its own precision, where it was measured */
-            double own = m.precision == TS_PREC_BF16 ? pk.bf16
-                         : m.precision == TS_PREC_F16 ? pk.f16
-                                                      : pk.f32;
-            const char *of = own > 0 ? ts_precision_name(m.precision) : "f32";
+            double own = md.precision == TS_PREC_BF16  ? pk.bf16
+                         : md.precision == TS_PREC_F16 ? pk.f16
+                                                       : pk.f32;
+            const char *of = own > 0 ? ts_precision_name(md.precision) : "f32";
             for (int i = 0; i < nr; i++)
                 fprintf(out, "  %-8s B=%-3d %5.1f %% of the %s peak\n", res[i].what, res[i].batch,
                         100.0 * res[i].gflops / (own > 0 ? own : pk.f32), of);
         }
     }
     if (o->json)
-        print_json(out, o, &m, &e, flops, &ck, res, nr, &pk);
+        print_json(out, o, &md, &e, flops, &ck, res, nr, &pk, &mr);
 done:
-    ts_dit_free(&m);
+    ts_st_free(&f);
+    ts_st_free(&cf);
     ts_engine_free(&e);
     return status;
 }
@@ -842,7 +1015,7 @@ static void usage(FILE *f) {
         f, "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
            "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
            "                 [--precision f32|bf16|f16] [--attention fused|composed] [--ops]\n"
-           "                 [--device cpu|cuda[:N]] [--peak N]\n"
+           "                 [--device cpu|cuda[:N]] [--peak N] [--memory]\n"
            "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
            "\n"
            "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
@@ -856,6 +1029,11 @@ static void usage(FILE *f) {
            "  --seconds S        timed seconds per measurement, after a warm-up (default 2)\n"
            "  --quick            a smoke run: short warm-up, 0.3 s unless --seconds, 3 calls\n"
            "  --ops              after each f32 forward row, each op of a block timed alone\n"
+           "                     (calls back to back, then the device synchronised)\n"
+           "  --memory           only the memory figures (from the config: parameters, per\n"
+           "                     sample for inference and training, each row's total) against the\n"
+           "                     device's free memory; nothing is built or timed (with --json: a\n"
+           "                     document with \"memory\")\n"
            "  --check FILE       first compare one forward on FILE's x, t, y with its v; exit 3\n"
            "                     when they differ by more than the tolerance\n"
            "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
@@ -864,7 +1042,8 @@ static void usage(FILE *f) {
            "                     (fp32 masters and optimiser; f16 training scales the loss;\n"
            "                     the CPU emulates f16)\n"
            "  --attention A      fused or composed: the model's attention (default: the model's\n"
-           "                     own choice, see ts_dit_set_attention; a GPU: composed, fused in fp32)\n"
+           "                     own choice, see ts_dit_set_attention; a GPU: composed, fused in "
+           "fp32)\n"
            "  --device D         cpu (default), cuda or cuda:N: the engine; each timed call ends\n"
            "                     with the device synchronised\n"
            "  --peak N           after the rows, the engine's N³ GEMM peak (fp32; bf16 where it\n"
@@ -914,6 +1093,10 @@ int main(int argc, char **argv) {
             continue;
         } else if (strcmp(a, "--ops") == 0) {
             o.ops = 1;
+            continue;
+        } else if (strcmp(a, "--memory") == 0) {
+            o.memory = 1;
+            continue;
         } else if (strcmp(a, "--quick") == 0) {
             o.quick = 1;
             o.warmup_calls = 1;

@@ -289,17 +289,71 @@ def run_peak(weights):
     return out if "error" in out else dict(out.get("peak", {}), device=out.get("device"))
 
 
+GIB = float(1 << 30)
+ENGINE_RESERVE = 256 << 20  # model/dit.h TS_DIT_ENGINE_RESERVE: what a GPU engine keeps
+
+
+def what_fits(weights, precision):
+    """The forward batches and the training batch whose memory (`bench_dit --memory`: computed
+    from the config, per row) fits the device's free memory now, and a note for each that does
+    not (needed and free GiB): each bench_dit row builds its own model, so each row must fit
+    alone."""
+    cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--memory", "--json",
+           "--precision", precision, "--train-batch", str(ARGS.train_batch)]
+    for B in ARGS.batch:
+        cmd += ["--batch", str(B)]
+    m = run_child(cmd)
+    if "memory" not in m:  # no figures: try every row, and record what fails
+        return ARGS.batch, ARGS.train_batch, []
+    m = m["memory"]
+    free = m["device_free_bytes"]
+    reserve = ENGINE_RESERVE if free > ENGINE_RESERVE else 0
+
+    def need(train, B):
+        if train:
+            return (m["params_bytes"] + m["params_lp_bytes"] + m["grads_bytes"] + m["adamw_bytes"]
+                    + m["ema_bytes"] + m["training_fixed_bytes"] + B * m["training_per_sample_bytes"])
+        return (m["params_bytes"] + m["params_lp_bytes"] + m["inference_fixed_bytes"]
+                + B * m["inference_per_sample_bytes"])
+
+    def ok(n):
+        return not m["device_total_bytes"] or n + reserve <= free
+
+    skipped, batches = [], []
+    for B in ARGS.batch:
+        if ok(need(False, B)):
+            batches.append(B)
+        else:
+            skipped.append({"row": f"forward_b{B}", "needs_gib": need(False, B) / GIB,
+                            "free_gib": free / GIB})
+    train = ARGS.train_batch
+    if train and not ok(need(True, train)):
+        skipped.append({"row": f"train_b{train}", "needs_gib": need(True, train) / GIB,
+                        "free_gib": free / GIB})
+        train = 0
+    for s in skipped:
+        log(f"  ours {precision}: {s['row']} skipped: needs {s['needs_gib']:.2f} GiB, "
+            f"{s['free_gib']:.2f} GiB free")
+    return batches, train, skipped
+
+
 def run_ours(weights, check, precision):
     tol = {"f32": TOL_F32, "bf16": TOL_BF16, "f16": TOL_F16}[precision]
+    batches, train, skipped = what_fits(weights, precision)
+    if not batches:  # the check needs a forward model: the smallest batch, tried anyway
+        batches = [min(ARGS.batch)]
     cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--check", check,
            "--tol", str(tol), "--precision", precision, "--seconds", str(ARGS.seconds),
-           "--train-batch", str(ARGS.train_batch), "--json"]
-    for B in ARGS.batch:
+           "--train-batch", str(train), "--json"]
+    for B in batches:
         cmd += ["--batch", str(B)]
     if ARGS.quick:
         cmd.append("--quick")
     log(f"  ours {precision}: {' '.join(cmd)}")
-    return run_child(cmd)
+    out = run_child(cmd)
+    if skipped:
+        out["skipped"] = skipped
+    return out
 
 
 def run_child(cmd):
@@ -461,6 +515,9 @@ def main():
         for which in ("ours", "ours_bf16", "ours_f16"):
             if "error" in res.get(which, {}):
                 print(f"{name:8} {which:22} not run: {res[which]['error']}")
+            for s in res.get(which, {}).get("skipped", []):
+                print(f"{name:8} {s['row'] + '_' + which[5:] if which != 'ours' else s['row']:22} "
+                      f"not run: needs {s['needs_gib']:.2f} GiB, {s['free_gib']:.2f} GiB free")
         for r in res["rows"]:
             print(f"{name:8} {r['key']:22} {fmt(r['ours'], '10.1f')} {fmt(r['torch'], '10.1f')} "
                   f"{fmt(r['ratio'], '6.2f')} {fmt(r['gflops'], '9.0f')} "

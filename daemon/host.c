@@ -86,8 +86,15 @@ static void advertise(ts_host_t *h) {
     cap.has_items_per_s = cap.has_max_batch = cap.has_max_rows = cap.has_queue_limit = 1;
     /* a row is a sample (two with guidance): rows per second from the per-row latency */
     cap.items_per_s = l.item_latency_us ? 1e6f / (float)l.item_latency_us : 0.0f;
-    cap.max_batch = (uint32_t)(c->serve_max_batch / 2 > 0 ? c->serve_max_batch / 2 : 1);
-    cap.max_rows = (uint32_t)c->serve_max_batch; /* an unguided request may carry this many */
+    int rows = 0;
+    uint64_t model_bytes = 0, row_bytes = 0;
+    /* [serve] max_batch, or what the device's memory holds */
+    ts_serve_capacity(h->serve, &rows, &model_bytes, &row_bytes);
+    cap.max_batch = (uint32_t)(rows / 2 > 0 ? rows / 2 : 1);
+    cap.max_rows = (uint32_t)(rows > 0 ? rows : 1); /* an unguided request may carry this many */
+    cap.has_model_bytes = cap.has_row_bytes = 1;
+    cap.model_bytes = model_bytes;
+    cap.row_bytes = row_bytes;
     cap.queue_limit = (uint32_t)c->serve_max_queue;
     char device[128];
     ts_serve_device(h->serve, device, sizeof device, NULL, 0);

@@ -68,7 +68,8 @@ struct ts_serve {
     /* the compute thread's own */
     ts_engine_t eng, host; /* host: a one-thread CPU engine for conversions when eng is a GPU */
     int eng_ok, host_ok;
-    char eng_note[384];
+    char eng_note[640];
+    ts_dit_memory_t mem; /* the model's memory, from its config (ts_dit_memory) */
     ts_dit_t model;
     /* host staging, x (max_batch, C, H, W) and t (max_batch) F32, and when the engine is a GPU
      * the rows coming back vv (max_batch, C, H, W), all three pinned, and the forward's inputs on
@@ -76,7 +77,7 @@ struct ts_serve {
      * and its output is host memory: no vv, xd, td. */
     ts_tensor_t xx, tt, vv, xd, td;
     ts_engine_mark_t mark[2]; /* a batch's device time (CUDA events on a GPU), compute thread's */
-    int32_t *yy; /* (max_batch) labels */
+    int32_t *yy;              /* (max_batch) labels */
     pthread_t thread;
     /* shared, under mu */
     pthread_mutex_t mu;
@@ -669,7 +670,72 @@ static void set_precision(ts_serve_t *s) {
                  why[0] ? why : ts_strerror(rc));
 }
 
-/* The engine, the model with x's parameters and the staging, for max_batch rows. */
+static double gib(uint64_t b) { return (double)b / (double)(1u << 30); }
+
+/* The memory the model takes (from its config: parameters, fixed part, bytes per row) against what
+ * the engine's device has free now (or o.memory_budget, when less), less what a GPU engine keeps
+ * for itself: a max_batch that
+ * does not fit is lowered to the most rows that do, and the device note says so; not even one row
+ * is TS_ENOMEM with both figures. Where the free memory is unknown, max_batch stays. */
+static int size_batch(ts_serve_t *s, const ts_dit_config_t *c, char *err, size_t errlen) {
+    /* the composed attention's layout, the larger, and the 16-bit copy if one is asked for */
+    int rc = ts_dit_memory(c, s->o.precision, TS_ATTN_COMPOSED, &s->mem);
+    if (rc) {
+        ts_set_err(err, errlen, "serve: the expert's config needs too much memory: %s",
+                   ts_strerror(rc));
+        return rc;
+    }
+    uint64_t free_b = 0, total = 0;
+    size_t used = strlen(s->eng_note);
+    char *tail = s->eng_note + used;
+    size_t room = sizeof s->eng_note - used;
+    int B = s->o.max_batch;
+    int known = ts_engine_memory_free(&s->eng, &free_b, &total) == TS_OK && total > 0;
+    if (s->o.memory_budget > 0) { /* the operator's cap, or the device's, whichever is less */
+        uint64_t cap = s->o.memory_budget +
+                       (s->eng.device == TS_CUDA ? TS_DIT_ENGINE_RESERVE : 0); /* taken off below */
+        free_b = known && free_b < cap ? free_b : cap;
+        total = known ? total : s->o.memory_budget;
+        known = 1;
+    }
+    if (!known) {
+        snprintf(tail, room, "; memory %.3f GiB for %d rows",
+                 gib(ts_dit_memory_total(&s->mem, 0, B)), B);
+        return TS_OK;
+    }
+    uint64_t reserve = s->eng.device == TS_CUDA ? TS_DIT_ENGINE_RESERVE : 0;
+    uint64_t budget = free_b > reserve ? free_b - reserve : 0;
+    int fit = ts_dit_memory_max_batch(&s->mem, 0, budget, B);
+    if (fit < 1) {
+        ts_set_err(err, errlen,
+                   "serve: the expert needs %.3f GiB for one row (%.3f GiB with its parameters) "
+                   "and the %s has %.3f GiB free of %.3f",
+                   gib(s->mem.infer_per_sample), gib(ts_dit_memory_total(&s->mem, 0, 1)),
+                   s->eng.device == TS_CUDA ? "device" : "machine", gib(free_b), gib(total));
+        return TS_ENOMEM;
+    }
+    if (fit < B) {
+        snprintf(tail, room,
+                 "; [serve] max_batch %d lowered to %d: %d rows would take %.3f GiB, %.3f GiB are "
+                 "free",
+                 B, fit, B, gib(ts_dit_memory_total(&s->mem, 0, B)), gib(free_b));
+        s->o.max_batch = fit;
+        s->rows_cap = fit;
+        s->st.rows_cap = (uint32_t)fit;
+        if (s->o.max_queue < fit)
+            s->o.max_queue = fit;
+        used = strlen(s->eng_note);
+        tail = s->eng_note + used;
+        room = sizeof s->eng_note - used;
+    }
+    snprintf(tail, room, "; memory %.3f GiB for %d rows (%.1f MiB per row) of %.3f GiB free",
+             gib(ts_dit_memory_total(&s->mem, 0, s->o.max_batch)), s->o.max_batch,
+             (double)s->mem.infer_per_sample / (1 << 20), gib(free_b));
+    return TS_OK;
+}
+
+/* The engine, the model with x's parameters and the staging, for max_batch rows (lowered to what
+ * the device's memory holds: size_batch). */
 static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, size_t errlen) {
     int rc = ts_engine_init_spec(&s->eng, &s->o.device, s->o.compute_threads, s->eng_note,
                                  sizeof s->eng_note);
@@ -687,6 +753,8 @@ static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, siz
         s->host_ok = 1;
     }
     const ts_dit_config_t *c = &x->cfg;
+    if ((rc = size_batch(s, c, err, errlen)) != TS_OK)
+        return rc;
     int B = s->o.max_batch;
     rc = ts_dit_create(&s->model, c, &s->eng, B, 0);
     if (rc == TS_OK && (x->params->dtype != TS_F32 || x->params->ndim != 1 ||
@@ -860,6 +928,13 @@ void ts_serve_device(const ts_serve_t *s, char *buf, size_t len, char *note, siz
     ts_engine_describe(s ? &s->eng : NULL, buf, len);
     if (note && note_len > 0)
         snprintf(note, note_len, "%s", s ? s->eng_note : "");
+}
+
+void ts_serve_capacity(const ts_serve_t *s, int *max_rows, uint64_t *model_bytes,
+                       uint64_t *row_bytes) {
+    *max_rows = s ? s->o.max_batch : 0;
+    *model_bytes = s ? ts_dit_memory_total(&s->mem, 0, 0) : 0;
+    *row_bytes = s ? s->mem.infer_per_sample : 0;
 }
 
 int ts_serve_memory(const ts_serve_t *s, size_t *total, size_t *used) {

@@ -81,6 +81,10 @@ typedef struct ts_serve_opts {
     void (*on_batch)(void *ctx, int rows, uint64_t compute_us, uint64_t device_us);
     void (*on_queue_wait)(void *ctx, uint64_t queue_us);
     void *observe_ctx;
+    /* The most bytes the model may take (0: the engine's free memory, less a GPU engine's own):
+     * a max_batch whose memory (model/dit.h ts_dit_memory) passes it is lowered to the most rows
+     * that fit, and the device note says so; a model whose one row does not fit is refused. */
+    uint64_t memory_budget;
     /* Tests: a batch of more rows than this fails as out of device memory (0: never), so that
      * what a GPU running out of memory does can be checked on any machine. */
     int fault_nomem_rows;
@@ -149,6 +153,11 @@ void ts_serve_load(ts_serve_t *s, ts_serve_load_t *out);
 void ts_serve_device(const ts_serve_t *s, char *buf, size_t len, char *note, size_t note_len);
 /* The server's GPU memory, total and used (ts_engine_memory); TS_ENODEV on the CPU. */
 int ts_serve_memory(const ts_serve_t *s, size_t *total, size_t *used);
+/* The rows one batch (and one request) may carry — [serve] max_batch, or less where the device's
+ * memory holds fewer (the device note says so) — and the model's memory: *model_bytes besides
+ * the rows, *row_bytes per row (model/dit.h ts_dit_memory). Zeros for NULL. */
+void ts_serve_capacity(const ts_serve_t *s, int *max_rows, uint64_t *model_bytes,
+                       uint64_t *row_bytes);
 /* The server's GPU utilisation (ts_engine_utilization); TS_ENODEV on the CPU. */
 int ts_serve_utilization(const ts_serve_t *s, double *ratio);
 void ts_serve_stats(ts_serve_t *s, ts_serve_stats_t *out);

@@ -1,9 +1,11 @@
 /* engine.c — starting and stopping compute engines (see engine.h). */
+#define _DEFAULT_SOURCE /* sysconf(_SC_PHYS_PAGES), _SC_AVPHYS_PAGES */
 #include "kernels/engine.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 
@@ -105,6 +107,37 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len) {
         snprintf(name, sizeof name, "unknown device");
     snprintf(buf, len, "cuda:%d, %s, %.1f GiB", e->gpu, name,
              (double)total / (1024.0 * 1024.0 * 1024.0));
+}
+
+int ts_engine_memory_free(const ts_engine_t *e, uint64_t *free_bytes, uint64_t *total) {
+    if (!e || !free_bytes || !total)
+        return TS_EINVAL;
+    *free_bytes = *total = 0;
+    if (e->device == TS_CUDA) {
+        size_t t = 0, used = 0;
+        TS_TRY(ts_engine_memory(e, &t, &used));
+        *total = t;
+        *free_bytes = t - used;
+        return TS_OK;
+    }
+    long page = sysconf(_SC_PAGESIZE), pages = sysconf(_SC_PHYS_PAGES);
+    long avail = sysconf(_SC_AVPHYS_PAGES);
+    if (page <= 0 || pages <= 0)
+        return TS_ENOTSUP;
+    *total = (uint64_t)pages * (uint64_t)page;
+    *free_bytes = avail > 0 ? (uint64_t)avail * (uint64_t)page : 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[128];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                *free_bytes = (uint64_t)kb * 1024u;
+                break;
+            }
+        fclose(f);
+    }
+    return TS_OK;
 }
 
 int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used) {

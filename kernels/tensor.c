@@ -129,6 +129,11 @@ static void set_meta(ts_tensor_t *t, void *data, ts_dtype_t dtype, ts_device_t d
     t->owns = owns;
 }
 
+int ts_alloc_poisoned(void) {
+    const char *v = getenv("TESSERA_POISON_ALLOC");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 int ts_device_alloc(ts_device_t device, size_t bytes, void **out) {
     if (!out)
         return TS_EINVAL;
@@ -143,7 +148,7 @@ int ts_device_alloc(ts_device_t device, size_t bytes, void **out) {
     void *p = aligned_alloc(TS_ALIGN, rounded);
     if (!p)
         return TS_ENOMEM;
-    memset(p, 0, rounded);
+    memset(p, ts_alloc_poisoned() ? 0xff : 0, rounded);
     *out = p;
     return TS_OK;
 }
@@ -188,7 +193,11 @@ int ts_tensor_alloc_pinned(ts_tensor_t *t, ts_dtype_t dtype, int ndim, const int
         set_meta(t, p, dtype, TS_CPU, ndim, shape, 2);
         return TS_OK;
     }
-    return ts_tensor_alloc(t, dtype, TS_CPU, ndim, shape); /* no CUDA here: ordinary memory */
+    /* no CUDA here: ordinary memory, zeroed as pinned memory is even when poisoning */
+    rc = ts_tensor_alloc(t, dtype, TS_CPU, ndim, shape);
+    if (rc == TS_OK)
+        memset(t->data, 0, bytes);
+    return rc;
 }
 
 void ts_tensor_free(ts_tensor_t *t) {

@@ -58,8 +58,10 @@ int ts_tensor_check(const ts_tensor_t *t);
 /* Writes "F32[2,3,4]@cpu" into buf (always NUL-terminated); returns buf. */
 char *ts_tensor_describe(const ts_tensor_t *t, char *buf, size_t len);
 
-/* Allocates an owning tensor (contents uninitialised; zeroed on the CPU). Free with
- * ts_tensor_free. Returns TS_ERANGE when the byte size overflows or exceeds 2^40. */
+/* Allocates an owning tensor. Its contents are unspecified: zero on the CPU, whatever the device
+ * last held on a GPU (cudaMalloc), so every caller writes what it reads, padding included
+ * (TESSERA_POISON_ALLOC, below, checks that on the CPU). Free with ts_tensor_free. Returns
+ * TS_ERANGE when the byte size overflows or exceeds 2^40. */
 int ts_tensor_alloc(ts_tensor_t *t, ts_dtype_t dtype, ts_device_t device, int ndim,
                     const int64_t *shape);
 /* As ts_tensor_alloc on the CPU, in page-locked ("pinned") memory where the CUDA backend is
@@ -77,7 +79,11 @@ int ts_tensor_slice(ts_tensor_t *out, const ts_tensor_t *src, int64_t start, int
 /* out = src with a new shape of the same element count; a view. */
 int ts_tensor_reshape(ts_tensor_t *out, const ts_tensor_t *src, int ndim, const int64_t *shape);
 
-/* Device memory, used by tensors and arenas. CPU memory is TS_ALIGN-aligned and zeroed. */
+/* Device memory, used by tensors and arenas. CPU memory is TS_ALIGN-aligned and zeroed, or, when
+ * the environment sets TESSERA_POISON_ALLOC (to anything but 0), filled with 0xff bytes — NaN in
+ * f32, bf16 and f16, −1 in i32 — so that a test run on the CPU reads what a GPU's uninitialised
+ * memory may hold wherever code forgets to write before it reads. Pinned memory stays zeroed. */
+int ts_alloc_poisoned(void);
 int ts_device_alloc(ts_device_t device, size_t bytes, void **out);
 void ts_device_free(ts_device_t device, void *p);
 /* Copies between any two devices; both tensors must have the same dtype and element count. */

@@ -352,6 +352,8 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
         rc = ts_tensor_alloc(&m->param_mem, TS_F32, e->device, 1, TS_SHAPE(m->num_params));
     if (rc == TS_OK)
         rc = ts_dit_bind(cfg, &m->param_mem, &m->params, m->params.blocks);
+    if (rc == TS_OK) /* "parameters zero" on every engine: a GPU's fresh memory is not */
+        rc = ts_zero(e, &m->param_mem);
     if (rc == TS_OK && trainable) {
         rc = ts_tensor_alloc(&m->grad_mem, TS_F32, e->device, 1, TS_SHAPE(m->num_params));
         if (rc == TS_OK)
@@ -835,6 +837,115 @@ int ts_dit_zero_grad(ts_dit_t *m) {
     if (!m || !m->trainable)
         return TS_EINVAL;
     return ts_zero(m->eng, &m->grad_mem);
+}
+
+/* ---- memory, from the config -------------------------------------------------------------- */
+
+/* The activations' arena for cfg at batch B (plan_acts in measuring mode: nothing allocated). */
+static int measure_plan(const ts_dit_config_t *cfg, int trainable, ts_attn_impl_t a, int B,
+                        uint64_t *peak) {
+    ts_dit_t m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *cfg;
+    m.max_batch = B;
+    m.trainable = trainable;
+    m.acts.blocks = calloc((size_t)cfg->depth, sizeof *m.acts.blocks);
+    if (!m.acts.blocks)
+        return TS_ENOMEM;
+    ts_arena_t ar;
+    int rc = ts_arena_init(&ar, TS_CPU, 0);
+    if (rc == TS_OK)
+        rc = plan_acts(&m, &ar, a);
+    *peak = ar.peak;
+    free(m.acts.blocks);
+    return rc;
+}
+
+static uint64_t round_up(uint64_t n) { return (n + TS_ALIGN - 1) / TS_ALIGN * TS_ALIGN; }
+
+int ts_dit_memory(const ts_dit_config_t *cfg, ts_precision_t p, ts_attn_impl_t a,
+                  ts_dit_memory_t *out) {
+    if (!cfg || !out || (a != TS_ATTN_FUSED && a != TS_ATTN_COMPOSED))
+        return TS_EINVAL;
+    memset(out, 0, sizeof *out);
+    TS_TRY(ts_dit_config_check(cfg));
+    int n = 0;
+    int64_t total = 0;
+    ts_dit_param_info_t *info = NULL;
+    TS_TRY(ts_dit_param_table(cfg, &info, &n, &total));
+    free(info);
+    uint64_t slab = round_up((uint64_t)total * 4u);
+    uint64_t T = (uint64_t)ts_dit_tokens(cfg), h = (uint64_t)cfg->hidden_size;
+    uint64_t H = (uint64_t)cfg->num_heads, r = (uint64_t)cfg->mlp_ratio * h;
+    uint64_t chw = (uint64_t)cfg->in_channels * (uint64_t)cfg->input_size * cfg->input_size;
+    out->params = slab;
+    out->grads = slab;
+    out->adamw = 2 * slab;
+    out->ema = slab;
+    /* the same bounds ts_dit_create applies, so what this sizes can be built */
+    uint64_t bound = 0;
+    TS_TRY(measure_plan(cfg, 0, TS_ATTN_COMPOSED, 1, &bound));
+    if (bound > TS_DIT_MAX_SAMPLE_BYTES)
+        return TS_ERANGE;
+    TS_TRY(measure_plan(cfg, 1, TS_ATTN_COMPOSED, 1, &bound));
+    if (bound > TS_DIT_MAX_TRAIN_SAMPLE_BYTES)
+        return TS_ERANGE;
+    uint64_t pos = round_up(T * h * 4u);
+    /* Per sample: the arena at 64 samples over 64, rounded up (at least the sum of every
+     * tensor's bytes per sample); fixed: the arena of one sample, which covers each tensor's
+     * rounding to TS_ALIGN. So fixed + B · per bounds the arena at any B from above, by at most
+     * about one sample. */
+    for (int trainable = 0; trainable < 2; trainable++) {
+        uint64_t one = 0, many = 0;
+        TS_TRY(measure_plan(cfg, trainable, a, 1, &one));
+        TS_TRY(measure_plan(cfg, trainable, a, 64, &many));
+        uint64_t per = (many + 63u) / 64u, fixed = one;
+        per += 4u + chw * 4u + 4u; /* a label, and the forward's inputs x and t */
+        if (trainable)
+            per += 5u * chw * 4u + 4u; /* the trainer's x0, eps, xt, target, dv and t */
+        /* each allocation beside the arena rounds up to TS_ALIGN: the model's three, the
+         * inputs' two and the trainer's eight */
+        *(trainable ? &out->train_fixed : &out->infer_fixed) = fixed + pos + 16u * TS_ALIGN;
+        *(trainable ? &out->train_per_sample : &out->infer_per_sample) = per;
+    }
+    if (p != TS_PREC_F32) {
+        /* The 16-bit copy, and the products' operand buffer: both operands of the largest
+         * product, as wide as fp32 (the CPU's f16 emulation widens them back; a GPU keeps them
+         * in 16 bits: half of this), with the GPU buffer's quarter of slack. Per sample: a
+         * linear's input and output rows (backward), two heads' spans of qkv (q·kᵀ), the
+         * attention weights with v's span (p·v); fixed: the largest weight. */
+        out->params_lp = round_up((uint64_t)total * 2u);
+        uint64_t per = T * (r + h);
+        per = 6u * T * h > per ? 6u * T * h : per;
+        per = H * T * T + 3u * T * h > per ? H * T * T + 3u * T * h : per;
+        uint64_t fixed = r * h > 6u * h * h ? r * h : 6u * h * h;
+        out->infer_per_sample += per * 4u * 5u / 4u;
+        out->train_per_sample += per * 4u * 5u / 4u;
+        out->infer_fixed += fixed * 4u * 5u / 4u;
+        out->train_fixed += fixed * 4u * 5u / 4u;
+    }
+    return TS_OK;
+}
+
+uint64_t ts_dit_memory_total(const ts_dit_memory_t *mem, int training, int batch) {
+    if (!mem || batch < 0)
+        return 0;
+    uint64_t b = (uint64_t)batch;
+    if (!training)
+        return mem->params + mem->params_lp + mem->infer_fixed + b * mem->infer_per_sample;
+    return mem->params + mem->params_lp + mem->grads + mem->adamw + mem->ema + mem->train_fixed +
+           b * mem->train_per_sample;
+}
+
+int ts_dit_memory_max_batch(const ts_dit_memory_t *mem, int training, uint64_t budget, int cap) {
+    if (!mem || cap < 1)
+        return 0;
+    uint64_t base = ts_dit_memory_total(mem, training, 0);
+    uint64_t per = training ? mem->train_per_sample : mem->infer_per_sample;
+    if (budget <= base || per == 0)
+        return budget > base ? cap : 0;
+    uint64_t n = (budget - base) / per;
+    return n > (uint64_t)cap ? cap : (int)n;
 }
 
 double ts_dit_flops_per_sample(const ts_dit_config_t *c) {

@@ -232,6 +232,39 @@ int ts_dit_refresh_lp(ts_dit_t *m);
  * TS_CUDA_FUSED_MAX_BATCH; TS_ENOMEM leaves m as it was. */
 int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a);
 
+/* The device memory a model of cfg takes, computed from the config alone (nothing is allocated;
+ * the activations are laid out in the arena's measuring mode, so the figures are the bytes
+ * ts_dit_create asks for). The fixed costs do not depend on the batch; a batch of B adds B times
+ * the per-sample figure. The 16-bit products' operand buffer (a GPU's rounded operands, the
+ * CPU's emulation scratch) is an upper estimate from the largest product's operands; a CUDA
+ * engine's own context and cuBLAS workspaces are not counted (see ts_dit_memory_fits). */
+typedef struct ts_dit_memory {
+    uint64_t params;           /* the fp32 parameter slab */
+    uint64_t params_lp;        /* its bf16 or f16 copy (0 at f32) */
+    uint64_t grads;            /* training: the gradient slab */
+    uint64_t adamw;            /* training: AdamW's two moments */
+    uint64_t ema;              /* training: the EMA copy */
+    uint64_t infer_fixed;      /* inference: positional table and activations' fixed part */
+    uint64_t infer_per_sample; /* inference: activations (one block's, shared), staging */
+    uint64_t train_fixed;      /* training: as infer_fixed for a trainable model */
+    uint64_t train_per_sample; /* training: every block's activations, the backward's scratch
+                                * and the trainer's images */
+} ts_dit_memory_t;
+
+/* *out for cfg at precision p with attention a. TS_ERANGE for a config whose activations pass the
+ * per-sample bounds above. */
+int ts_dit_memory(const ts_dit_config_t *cfg, ts_precision_t p, ts_attn_impl_t a,
+                  ts_dit_memory_t *out);
+/* Bytes of a model serving batches of up to batch samples (training = 0), or of a model and its
+ * trainer at that training batch (training = 1). */
+uint64_t ts_dit_memory_total(const ts_dit_memory_t *mem, int training, int batch);
+/* The largest batch (1 … cap) whose ts_dit_memory_total fits in budget bytes; 0 when not even
+ * one sample fits. */
+int ts_dit_memory_max_batch(const ts_dit_memory_t *mem, int training, uint64_t budget, int cap);
+/* What a CUDA engine keeps for itself beyond the model (cuBLAS workspaces, reduction scratch,
+ * allocator slack): subtracted from the device's free memory before a batch is sized. */
+#define TS_DIT_ENGINE_RESERVE ((uint64_t)256 << 20)
+
 /* Multiply-adds (×2 = FLOPs) of one forward pass per sample, counting the GEMMs only. */
 double ts_dit_flops_per_sample(const ts_dit_config_t *cfg);
 

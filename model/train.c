@@ -100,6 +100,10 @@ int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
     ts_tensor_t *slabs[] = {&tr->m_mem, &tr->v_mem, &tr->ema_mem};
     for (int i = 0; i < 3 && rc == TS_OK; i++)
         rc = ts_tensor_alloc(slabs[i], TS_F32, dev, 1, TS_SHAPE(m->num_params));
+    /* AdamW walks the whole moment slabs, the padding between tensors included: zero them all
+     * (a GPU's fresh memory holds whatever was there, and NaN in v poisons every parameter) */
+    for (int i = 0; i < 2 && rc == TS_OK; i++)
+        rc = ts_zero(m->eng, slabs[i]);
     ts_tensor_t *imgs[] = {&tr->x0, &tr->eps, &tr->xt, &tr->target, &tr->dv};
     for (int i = 0; i < 5 && rc == TS_OK; i++)
         rc = ts_tensor_alloc(imgs[i], TS_F32, dev, 4, img);
@@ -274,7 +278,8 @@ static ts_tensor_t *slab_of(ts_trainer_t *tr, int i) {
  * loss average (%.9g: a float's exact decimal round trip), and f16 training's loss scale, its
  * good steps and the run's skipped steps (checkpoints before them: the initial values). */
 #define N_META 9
-_Static_assert(N_META == sizeof((ts_trainer_stage_t *)0)->vals / sizeof((ts_trainer_stage_t *)0)->vals[0],
+_Static_assert(N_META ==
+                   sizeof((ts_trainer_stage_t *)0)->vals / sizeof((ts_trainer_stage_t *)0)->vals[0],
                "ts_trainer_stage_t holds every metadata value");
 #define N_META_MATCH 5 /* keys [1, N_META_MATCH) must match */
 static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
@@ -292,8 +297,8 @@ static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
     snprintf(vals[8], 32, "%lld", (long long)tr->skipped);
 }
 
-static const char *const META_KEYS[N_META] = {"step",      "seed",  "batch",
-                                              "data_size", "model", "loss_avg",
+static const char *const META_KEYS[N_META] = {"step",       "seed",       "batch",
+                                              "data_size",  "model",      "loss_avg",
                                               "loss_scale", "scale_good", "skipped"};
 
 void ts_trainer_stage_free(ts_trainer_stage_t *s) {

@@ -706,6 +706,10 @@ int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, cha
         return bad(&c, TS_ECORRUPT,
                    "advert body.capacity.max_rows (%u) is below max_batch (%u) samples",
                    (unsigned)b->capacity->max_rows, (unsigned)b->capacity->max_batch);
+    if ((b->capacity->has_model_bytes && b->capacity->model_bytes > TS_FRAME_MEMORY_MAX) ||
+        (b->capacity->has_row_bytes && b->capacity->row_bytes > TS_FRAME_MEMORY_MAX))
+        return bad(&c, TS_ECORRUPT,
+                   "advert body.capacity.model_bytes or row_bytes is over 2^50 (1 PiB)");
     if (b->capacity->device && strlen(b->capacity->device) > TS_FRAME_DEVICE_MAX)
         return bad(&c, TS_ECORRUPT, "advert body.capacity.device is longer than %d bytes",
                    TS_FRAME_DEVICE_MAX);

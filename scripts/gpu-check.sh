@@ -11,12 +11,18 @@
 #   --deadline S   the whole run's seconds (default 540): each step's timeout is cut to what is
 #                  left, and a step that cannot start with 20 s left is skipped, so the run ends
 #                  inside one device call and says what it did not reach
-#   STEP           any of: env parity dit selfcheck daemon bench (default: all, in that order)
+#   STEP           any of: env parity dit selfcheck daemon memcheck initcheck bench (default:
+#                  all, in that order)
 #       env        the GPU (nvidia-smi) and the libraries every binary resolves
 #       parity     tests/test_cuda_parity: every op on the GPU against the CPU
 #       dit        tests/test_cuda_dit: the DiT forward, backward, training steps and sampler
 #       selfcheck  tessera selfcheck (kernels against references, the GPU against the CPU)
 #       daemon     tests/test_gpu_daemon.sh: tesserad with device = cuda trains and serves
+#       memcheck   compute-sanitizer --tool memcheck over test_cuda_parity, then test_cuda_dit:
+#                  fails on any report (out-of-bounds or misaligned access, a leak at exit, a
+#                  CUDA API error), or when compute-sanitizer is not found
+#       initcheck  compute-sanitizer --tool initcheck over the same two: fails on any read of
+#                  device memory nobody wrote
 #       bench      bench/bench_gpu.py: the DiT configs against PyTorch on the same GPU
 #
 # BENCH_GPU_ARGS, when set, is added to bench_gpu.py's arguments (e.g. "--config dit-s --quick";
@@ -41,11 +47,11 @@ while [ $# -gt 0 ]; do
         awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
         exit 0
         ;;
-    env | parity | dit | selfcheck | daemon | bench) steps+=("$1"); shift ;;
+    env | parity | dit | selfcheck | daemon | memcheck | initcheck | bench) steps+=("$1"); shift ;;
     *) echo "gpu-check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
-[ ${#steps[@]} -gt 0 ] || steps=(env parity dit selfcheck daemon bench)
+[ ${#steps[@]} -gt 0 ] || steps=(env parity dit selfcheck daemon memcheck initcheck bench)
 [ -f "$bundle" ] || { echo "gpu-check.sh: no bundle at $bundle (scripts/gpu-bundle.sh)" >&2; exit 2; }
 
 start=$(date +%s)
@@ -136,8 +142,34 @@ env_check() {
     [ $bad -eq 0 ] || { echo "missing libraries: nothing else can run"; return 1; }
 }
 
+# sanitize TOOL: compute-sanitizer --tool TOOL over test_cuda_parity, then test_cuda_dit (each
+# through its wrapper: the tool follows the exec); any report is exit 86 and fails the step, and so
+# does a test that fails under the tool. Each binary's report is in the step's log, in turn.
+sanitize() {
+    local tool=$1 cs bad=0 rc t
+    if ! nvidia-smi -L >/dev/null 2>&1; then
+        echo "no GPU here (nvidia-smi -L failed): nothing for $tool to check"
+        return 77
+    fi
+    cs=$(command -v compute-sanitizer || true)
+    for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
+        [ -n "$cs" ] || { [ -x "$d/compute-sanitizer" ] && cs=$d/compute-sanitizer; }
+    done
+    [ -n "$cs" ] || { echo "no compute-sanitizer on PATH or in /usr/local/cuda: cannot check"; return 1; }
+    for t in test_cuda_parity test_cuda_dit; do
+        echo "== $cs --tool $tool $t"
+        rc=0
+        "$cs" --tool "$tool" --target-processes all --error-exitcode 86 --print-limit 50 \
+            "$B/tests/$t" || rc=$?
+        echo "== $t under $tool: exit $rc"
+        [ "$rc" -eq 0 ] || bad=1
+    done
+    [ $bad -eq 0 ] && echo "no report from $tool" || echo "$tool: a report or a failure above"
+    return $bad
+}
+
 export B w LIBS
-export -f env_check
+export -f env_check sanitize
 failed=0
 for s in "${steps[@]}"; do
     case $s in
@@ -147,6 +179,8 @@ for s in "${steps[@]}"; do
     selfcheck) step selfcheck 60 "$B/client/tessera" selfcheck ;;
     daemon) step daemon 240 sh "$here/tests/test_gpu_daemon.sh" "$B/client/tessera" \
         "$B/daemon/tesserad" ;;
+    memcheck) step memcheck 120 bash -c 'sanitize memcheck' ;;
+    initcheck) step initcheck 150 bash -c 'sanitize initcheck' ;;
     bench) step bench 600 "$TESSERA_PYTHON" "$here/bench/bench_gpu.py" --build "$B" \
         --json-out "$out/bench-gpu.json" ${BENCH_GPU_ARGS:-} ;;
     esac

@@ -43,3 +43,32 @@ else
         fail "--device cuda without a GPU: exit $rc, $(cat "$dir/err.txt")"
     echo "ok: --device cuda without a GPU: exit 1, '$(cut -c1-100 "$dir/err.txt")'"
 fi
+
+# --ops with its neighbours' arguments (it takes none itself)
+"$B" --weights "$dir/w.safetensors" --threads 2 --quick --batch 2 --train-batch 0 --ops \
+    --seconds 0.3 >"$dir/ops.txt" 2>"$dir/err.txt" || fail "--ops --seconds 0.3: $(cat "$dir/err.txt")"
+grep -q "^  attention " "$dir/ops.txt" && grep -q "^  rest " "$dir/ops.txt" ||
+    fail "--ops printed no breakdown: $(cat "$dir/ops.txt")"
+grep -q "0.3s per measurement" "$dir/ops.txt" || fail "--seconds after --ops was not read"
+echo "ok: --ops parses the arguments around it and prints each op"
+
+# the memory figures up front, and a row that cannot fit refused before anything is built
+"$B" --weights "$dir/w.safetensors" --memory --json --batch 64 --train-batch 8 >"$dir/m.json" ||
+    fail "--memory --json"
+"$PY" - "$dir/m.json" <<'PY' || fail "--memory JSON: $(cat "$dir/m.json")"
+import json, sys
+m = json.load(open(sys.argv[1]))["memory"]
+assert m["params_bytes"] >= 4 * 1275408, m  # tiny's parameters in fp32
+assert m["forward_bytes"] == m["params_bytes"] + m["inference_fixed_bytes"] + 64 * m["inference_per_sample_bytes"], m
+assert m["train_bytes"] == (m["params_bytes"] + m["grads_bytes"] + m["adamw_bytes"] + m["ema_bytes"]
+                            + m["training_fixed_bytes"] + 8 * m["training_per_sample_bytes"]), m
+assert m["training_per_sample_bytes"] > m["inference_per_sample_bytes"] > 0, m
+assert m["device_total_bytes"] > 0 and m["device_free_bytes"] > 0, m
+PY
+rc=0
+"$B" --weights "$dir/w.safetensors" --quick --batch 2 --train-batch 60000 >"$dir/o.txt" \
+    2>"$dir/err.txt" || rc=$?
+[ "$rc" = 1 ] && grep -q "training row at batch 60000 needs .* GiB; the device has .* GiB free" \
+    "$dir/err.txt" || fail "an oversized training row: exit $rc, $(cat "$dir/err.txt")"
+grep -q "^forward  B=2" "$dir/o.txt" || fail "the forward row did not run before the refusal"
+echo "ok: --memory; a training row that cannot fit says what it needs and what is free"

@@ -202,6 +202,11 @@ echo "ok: the trainer's advert reaches another node, and its changes propagate (
     "$dir/dev.json" "$kid" || fail "the trainer's advert names no device: $(head -c 400 "$dir/dev.json")"
 grep -q "training on \(cpu, [0-9]* thread\|cuda:\)" "$dir/killed.log" ||
     fail "the trainer does not log its device: $(grep -m1 training "$dir/killed.log")"
+grep -q "training on .*; memory [0-9.]* GiB for batch [0-9]* ([0-9.]* MiB per sample)" \
+    "$dir/killed.log" || fail "the trainer does not log its memory: $(grep -m1 'training on' "$dir/killed.log")"
+# the memory it serves with, known from the config: model bytes and bytes per row, advertised
+"$PY" -c 'import json,sys; j=json.load(open(sys.argv[1])); c=[a["capacity"] for a in j["adverts"] if a["node_id"]==sys.argv[2]]; sys.exit(0 if c and c[0]["model_bytes"] > c[0]["row_bytes"] > 0 and c[0]["max_rows"] >= 1 else 1)' \
+    "$dir/dev.json" "$kid" || fail "the advert's capacity has no memory figures: $(head -c 600 "$dir/dev.json")"
 echo "ok: the device is logged ($(grep -m1 -o 'training on .*' "$dir/killed.log")) and advertised"
 wait_log "$dir/straight.log" "done: 200 steps"
 wait_log "$dir/killed.log" "done: 200 steps"

@@ -229,6 +229,8 @@ static void samples_init(void) {
     SET(S.capacity, items_per_s, 850.0f);
     SET(S.capacity, max_batch, 64);
     SET(S.capacity, max_rows, 128);
+    SET(S.capacity, model_bytes, (uint64_t)5 << 20); /* within 2^50: accepted */
+    SET(S.capacity, row_bytes, (uint64_t)1 << 20);
     SET(S.capacity, queue_limit, 512);
     tessera__load__init(&S.load);
     SET(S.load, queue_depth, 12);
@@ -1728,6 +1730,8 @@ static void test_signed_bodies(void **state) {
         {"advert body.capacity.max_rows (63) is below max_batch (64)", TS_ECORRUPT},
         {"advert body.version is missing", TS_ECORRUPT},
         {"advert body.partition_id is 16 bytes", TS_ECORRUPT},
+        {"advert body.capacity.model_bytes or row_bytes is over 2^50", TS_ECORRUPT},
+        {"advert body.capacity.model_bytes or row_bytes is over 2^50", TS_ECORRUPT},
     };
     static uint16_t wide[4097];
     for (size_t i = 0; i < N_OF(cases); i++) {
@@ -1750,6 +1754,8 @@ static void test_signed_bodies(void **state) {
         case 10: S.capacity.has_max_rows = 1, S.capacity.max_rows = 63; break;
         case 11: S.advert_body.version = 0; break;
         case 12: S.advert_body.partition_id.len = 16; break;
+        case 13: S.capacity.has_model_bytes = 1, S.capacity.model_bytes = (1ull << 50) + 1; break;
+        case 14: S.capacity.has_row_bytes = 1, S.capacity.row_bytes = UINT64_MAX; break;
         }
         samples_sign();
         Tessera__AdvertBody *vo = NULL;

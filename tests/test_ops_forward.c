@@ -927,6 +927,8 @@ static void test_adamw_decay_only(void **state) {
     tu_alloc_f32(&g, 1, TS_SHAPE(3));
     tu_alloc_f32(&m, 1, TS_SHAPE(3));
     tu_alloc_f32(&v, 1, TS_SHAPE(3));
+    for (int i = 0; i < 3; i++) /* written, not assumed: a poisoned allocation holds NaN */
+        tu_f32(&g)[i] = tu_f32(&m)[i] = tu_f32(&v)[i] = 0.0f;
     tu_f32(&p)[0] = 1.0f;
     tu_f32(&p)[1] = -2.0f;
     tu_f32(&p)[2] = 0.25f;

@@ -488,8 +488,7 @@ static void test_answers_equal_local(void **state) {
 /* Serves at precision p: the device note says so (note_frag), and the answers, plain and guided,
  * are the local forward's at p bit for bit (so its rows do not depend on their batch or the
  * server's threads either). The server stays up (serve_stop is the caller's). */
-static void answers_at(ts_precision_t p, const char *note_frag, uint64_t seed,
-                       ts_serve_opts_t *o) {
+static void answers_at(ts_precision_t p, const char *note_frag, uint64_t seed, ts_serve_opts_t *o) {
     ts_serve_opts_default(o);
     o->max_batch = MAXB;
     o->max_wait_ms = 1;
@@ -680,6 +679,68 @@ static int dropped_all(void *arg) {
 static void wait_received(int n) {
     at_least_t a = {n, offsetof(ts_serve_stats_t, requests)};
     run_until(reached, &a, "requests received");
+}
+
+/* The memory the server holds, known from the expert's config (ts_dit_memory): max_batch is kept
+ * where it fits, lowered to the rows that fit a smaller budget (a request over them refused with
+ * the reason, one within answered as the local forward), and a budget under one row refuses the
+ * expert with both figures. */
+static void test_memory_sizes_batch(void **state) {
+    (void)state;
+    ts_dit_memory_t mem;
+    TU_CHECK_OK(ts_dit_memory(&ref.cfg, TS_PREC_F32, TS_ATTN_COMPOSED, &mem));
+    serve_with(MAXB, 0, 64);
+    int rows = 0;
+    uint64_t model_bytes = 0, row_bytes = 0;
+    char dev[128], note[640];
+    ts_serve_capacity(srv, &rows, &model_bytes, &row_bytes);
+    ts_serve_device(srv, dev, sizeof dev, note, sizeof note);
+    assert_int_equal(rows, MAXB);
+    assert_true(model_bytes == ts_dit_memory_total(&mem, 0, 0) && model_bytes >= mem.params);
+    assert_true(row_bytes == mem.infer_per_sample && row_bytes > 0);
+    TU_CHECK_CONTAINS(note, "rows");
+    serve_stop();
+
+    ts_serve_opts_t o;
+    ts_serve_opts_default(&o);
+    o.max_batch = MAXB;
+    o.max_queue = 64;
+    o.compute_threads = 2;
+    o.memory_budget = ts_dit_memory_total(&mem, 0, 5) + 1;
+    serve_start(&o);
+    ts_serve_capacity(srv, &rows, &model_bytes, &row_bytes);
+    ts_serve_device(srv, dev, sizeof dev, note, sizeof note);
+    assert_int_equal(rows, 5);
+    TU_CHECK_CONTAINS(note, "max_batch 16 lowered to 5");
+    ts_serve_stats_t st;
+    ts_serve_stats(srv, &st);
+    assert_int_equal(st.rows_cap, 5);
+    tu_rng_t rng = {41};
+    static req_t fits, over;
+    static got_t gf, go;
+    memset(&gf, 0, sizeof gf);
+    memset(&go, 0, sizeof go);
+    req_init(&fits, &rng, 5, 1.0f, 0);
+    req_init(&over, &rng, 3, 2.0f, 1); /* 6 rows with guidance */
+    send_req(0, &fits, 30000, &gf);
+    send_req(1, &over, 30000, &go);
+    wait_answer(&gf);
+    wait_answer(&go);
+    check_answer(&fits, &gf, "5 rows under a 5-row budget");
+    assert_int_equal(go.status, TS_EPEER);
+    assert_int_equal(go.remote_code, TESSERA__ERROR_CODE__ERROR_INVALID_ARGUMENT);
+    TU_CHECK_CONTAINS(go.message, "at most 5 rows");
+    serve_stop();
+
+    o.memory_budget = ts_dit_memory_total(&mem, 0, 1) - 1;
+    ts_serve_expert_t x = {.cfg = ref.cfg, .params = &ref.param_mem};
+    memcpy(x.id, expert_id, sizeof x.id);
+    char err[512] = "";
+    ts_serve_t *none = NULL;
+    assert_int_equal(ts_serve_new(&none, &loop, srpc, &x, &o, err, sizeof err), TS_ENOMEM);
+    assert_null(none);
+    TU_CHECK_CONTAINS(err, "needs");
+    TU_CHECK_CONTAINS(err, "for one row");
 }
 
 static void test_flood_busy(void **state) {
@@ -1211,6 +1272,7 @@ int main(void) {
         cmocka_unit_test(test_answers_f16),
         cmocka_unit_test(test_concurrent_clients),
         cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_memory_sizes_batch),
         cmocka_unit_test(test_flood_busy),
         cmocka_unit_test(test_deadline_dropped),
         cmocka_unit_test(test_cancel_not_computed),

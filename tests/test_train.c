@@ -75,6 +75,100 @@ static void run_steps(run_t *r, int n, float *losses) {
         assert_int_equal(ts_trainer_step(&r->tr, &losses[i], NULL), TS_OK);
 }
 
+/* ---- memory known up front ---- */
+
+static uint64_t nbytes(const ts_tensor_t *t) { return t->data ? ts_tensor_nbytes(t) : 0; }
+
+/* What a model really holds on the CPU engine: every tensor it owns and its arena. */
+static uint64_t model_bytes(const ts_dit_t *m) {
+    return nbytes(&m->param_mem) + nbytes(&m->grad_mem) + nbytes(&m->pos_embed) +
+           nbytes(&m->labels) + nbytes(&m->param_lp) + m->arena.cap;
+}
+
+static uint64_t trainer_bytes(const ts_trainer_t *tr) {
+    const ts_tensor_t *all[] = {&tr->m_mem, &tr->v_mem, &tr->ema_mem, &tr->x0,
+                                &tr->eps,   &tr->xt,    &tr->target,  &tr->dv,
+                                &tr->t,     &tr->loss,  &tr->sumsq};
+    uint64_t n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        n += nbytes(all[i]);
+    return n;
+}
+
+/* ts_dit_memory, computed from the config alone, against the bytes the model (and its trainer)
+ * really allocate: never below, and above by at most one sample's worth and the alignment — for
+ * three configs, both attentions, several batches, inference and training. */
+static void test_memory_figures(void **state) {
+    (void)state;
+    ts_dit_config_t cfgs[3];
+    cfgs[0] = small_config();
+    assert_int_equal(ts_dit_config_preset("tiny", &cfgs[1]), TS_OK);
+    assert_int_equal(ts_dit_config_preset("small", &cfgs[2]), TS_OK);
+    static const int batches[] = {1, 7, 64};
+    ts_dataset_t data;
+    tu_quarters_dataset(&data, 40);
+    for (int ci = 0; ci < 3; ci++)
+        for (int a = 0; a < 2; a++)
+            for (int bi = 0; bi < 3; bi++)
+                for (int train = 0; train < 2; train++) {
+                    ts_dit_config_t c = cfgs[ci];
+                    if (train && c.input_size != data.height)
+                        continue; /* the data set is small_config's size */
+                    int B = batches[bi];
+                    ts_attn_impl_t attn = a ? TS_ATTN_COMPOSED : TS_ATTN_FUSED;
+                    ts_dit_memory_t mem;
+                    assert_int_equal(ts_dit_memory(&c, TS_PREC_F32, attn, &mem), TS_OK);
+                    ts_dit_t m;
+                    assert_int_equal(ts_dit_create(&m, &c, &g_eng, B, train), TS_OK);
+                    assert_int_equal(ts_dit_set_attention(&m, attn), TS_OK);
+                    uint64_t chw = (uint64_t)c.in_channels * c.input_size * c.input_size;
+                    uint64_t real = model_bytes(&m) + (uint64_t)B * (chw + 1) * 4; /* x, t */
+                    ts_trainer_t tr;
+                    if (train) {
+                        ts_train_config_t tc;
+                        ts_train_config_default(&tc);
+                        tc.batch = B;
+                        assert_int_equal(ts_trainer_init(&tr, &m, &data, &tc), TS_OK);
+                        real += trainer_bytes(&tr);
+                        ts_trainer_free(&tr);
+                    }
+                    ts_dit_free(&m);
+                    uint64_t said = ts_dit_memory_total(&mem, train, B);
+                    uint64_t slack = (train ? mem.train_fixed + mem.train_per_sample
+                                            : mem.infer_fixed + mem.infer_per_sample);
+                    if (said < real || said > real + slack) {
+                        print_error("config %d attention %d B %d train %d: said %llu, allocated "
+                                    "%llu (slack %llu)\n",
+                                    ci, a, B, train, (unsigned long long)said,
+                                    (unsigned long long)real, (unsigned long long)slack);
+                        fail();
+                    }
+                }
+    ts_dataset_free(&data);
+
+    /* the 16-bit copy and its operand buffer come on top */
+    ts_dit_memory_t f32, f16;
+    assert_int_equal(ts_dit_memory(&cfgs[1], TS_PREC_F32, TS_ATTN_COMPOSED, &f32), TS_OK);
+    assert_int_equal(ts_dit_memory(&cfgs[1], TS_PREC_F16, TS_ATTN_COMPOSED, &f16), TS_OK);
+    assert_int_equal(f32.params_lp, 0);
+    assert_true(f16.params_lp >= f32.params / 2);
+    assert_true(ts_dit_memory_total(&f16, 0, 8) > ts_dit_memory_total(&f32, 0, 8) + f16.params_lp);
+    /* the largest batch that fits a budget */
+    uint64_t at10 = ts_dit_memory_total(&f32, 1, 10);
+    assert_int_equal(ts_dit_memory_max_batch(&f32, 1, at10, 4096), 10);
+    assert_int_equal(ts_dit_memory_max_batch(&f32, 1, at10 - 1, 4096), 9);
+    assert_int_equal(ts_dit_memory_max_batch(&f32, 1, at10, 6), 6);
+    assert_int_equal(ts_dit_memory_max_batch(&f32, 1, ts_dit_memory_total(&f32, 1, 1) - 1, 64), 0);
+    assert_int_equal(ts_dit_memory_max_batch(&f32, 0, UINT64_MAX / 2, 64), 64);
+    /* a config whose activations pass the bounds: refused here as ts_dit_create refuses it */
+    ts_dit_config_t huge = cfgs[1];
+    huge.input_size = 256, huge.patch_size = 2; /* 16 384 tokens: (heads, T, T) is 4 GiB */
+    assert_int_equal(ts_dit_memory(&huge, TS_PREC_F32, TS_ATTN_COMPOSED, &f32), TS_ERANGE);
+    ts_dit_t m;
+    assert_int_equal(ts_dit_create(&m, &huge, &g_eng, 1, 0), TS_ERANGE);
+    assert_int_equal(ts_dit_memory(NULL, TS_PREC_F32, TS_ATTN_COMPOSED, &f32), TS_EINVAL);
+}
+
 static void test_same_seed_bit_identical(void **state) {
     (void)state;
     run_t a, b;
@@ -410,6 +504,7 @@ static void test_cfg_combination(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_memory_figures),
         cmocka_unit_test(test_same_seed_bit_identical),
         cmocka_unit_test(test_other_seed_differs),
         cmocka_unit_test(test_resume_bit_identical),

@@ -228,10 +228,12 @@ static void cmd_adamw(ts_engine_t *e, const char *weights, const char *batch, in
     batch_open(batch, &bt);
     ts_dit_t m;
     CHECK(weights, ts_dit_open(&m, weights, e, bt.B, 1, g_err, sizeof g_err));
-    /* the moments are slabs of the parameter layout, zero at the start (CPU memory is zeroed) */
+    /* the moments are slabs of the parameter layout, zero at the start */
     ts_tensor_t mom1, mom2, losses;
     CHECK("alloc", ts_tensor_alloc(&mom1, TS_F32, TS_CPU, 1, TS_SHAPE(m.num_params)));
     CHECK("alloc", ts_tensor_alloc(&mom2, TS_F32, TS_CPU, 1, TS_SHAPE(m.num_params)));
+    CHECK("zero", ts_zero(e, &mom1));
+    CHECK("zero", ts_zero(e, &mom2));
     CHECK("alloc", ts_tensor_alloc(&losses, TS_F32, TS_CPU, 1, TS_SHAPE(steps)));
     ts_adamw_t hp = {.lr = lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = wd};
     for (int s = 1; s <= steps; s++) {
