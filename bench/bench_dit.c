@@ -27,9 +27,17 @@
  * same in half precision (training with the trainer's loss scaling): cuBLAS on a GPU, emulated on
  * the CPU.
  *
+ * Each row runs on a model built for what it runs: the forward rows (and --check) on a model
+ * that cannot train, sized for the largest forward batch; then, that model freed, the training
+ * row on a trainable one at the training batch. The memory each needs is computed from the
+ * config first (ts_dit_memory) and printed with the device's free memory; a row that cannot fit
+ * is refused before anything is allocated, saying what it needs and what is free (exit 1).
+ * --memory prints those figures alone (--json: a document with "memory" and "fits").
+ *
  * --ops, after each fp32 forward row, times every op call of a block alone on block 0's
  * activations (and the unfused pairs next to the fused ops), and prints each one's share of the
- * forward: where the time goes, without a profiler.
+ * forward: where the time goes, without a profiler. Each op runs as calls back to back followed
+ * by a device synchronisation, so a GPU's figure is its work, not the launches.
  *
  * What it is not: a profiler (run it under `perf record`), nor a test of speed targets (those are
  * judged by bench_dit.py against PyTorch in the same run).

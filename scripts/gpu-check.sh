@@ -19,8 +19,8 @@
 #       selfcheck  tessera selfcheck (kernels against references, the GPU against the CPU)
 #       daemon     tests/test_gpu_daemon.sh: tesserad with device = cuda trains and serves
 #       memcheck   compute-sanitizer --tool memcheck over test_cuda_parity, then test_cuda_dit:
-#                  fails on any report (out-of-bounds or misaligned access, a leak at exit, a
-#                  CUDA API error), or when compute-sanitizer is not found
+#                  fails on any report (an out-of-bounds or misaligned access, a CUDA API
+#                  error), on a test failing under it, or when compute-sanitizer is not found
 #       initcheck  compute-sanitizer --tool initcheck over the same two: fails on any read of
 #                  device memory nobody wrote
 #       bench      bench/bench_gpu.py: the DiT configs against PyTorch on the same GPU
