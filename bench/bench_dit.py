@@ -193,7 +193,8 @@ def torch_blas():
             "config_mentions_openblas": "openblas" in show.lower(),
             "blas_info": next((s.split("=", 1)[1] for s in show.replace(",", " ").split()
                                if s.startswith("BLAS_INFO=")), "?"),
-            "openblas_library": None, "openblas_config": None, "openblas_threads": None,
+"openblas_library": None, "openblas_config": None, "openblas_threads": None,
+            "openblas_core": None,
             "torch_threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}
     for path in sorted(libs):
@@ -203,6 +204,8 @@ def torch_blas():
             info["openblas_library"] = path
             info["openblas_config"] = lib.openblas_get_config().decode().strip()
             info["openblas_threads"] = lib.openblas_get_num_threads()
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            info["openblas_core"] = lib.openblas_get_corename().decode().strip()
             break
         except (OSError, AttributeError):
             continue
@@ -267,13 +270,27 @@ def sgemm_peak(build):
     return {"gflops": g["peak"]["gflops"], "size": g["peak"]["m"],
             "bf16_gflops": bf16["gflops"] if bf16 else None,
             "openblas_direct_gflops": g["openblas_direct"]["gflops"],
-            "engine_openblas_config": g.get("openblas_config"), "command": " ".join(cmd)}
+            "engine_openblas_config": g.get("openblas_config"),
+            "engine_blas": g.get("blas"), "command": " ".join(cmd)}
+
+
+OURS_CORE = None  # the OpenBLAS kernel set our engine runs (bench_gemm --json's "blas")
+
+
+def kernels_fair(ours, torch_core):
+    """Whether both sides' GEMMs run the same OpenBLAS kernel set: a ratio between different
+    kernels measures the kernels, not the implementations."""
+    return bool(ours) and ours == torch_core
 
 
 def torch_worker_run(weights, check, policy):
     """The PyTorch side of one config, in a fresh process with the given OpenMP wait policy."""
     env = dict(os.environ)
     env.pop("OMP_WAIT_POLICY", None)
+    # PyTorch's OpenBLAS runs the kernel set ours runs (ours re-executes itself with the CPU's best
+    # where OpenBLAS picks weaker: kernels/cpu/blas_core.h); OpenBLAS reads this as it loads
+    if OURS_CORE and not env.get("OPENBLAS_CORETYPE"):
+        env["OPENBLAS_CORETYPE"] = OURS_CORE
     if policy == "passive":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     cmd = [sys.executable, HERE, "--torch-worker", weights, check, "--threads",
@@ -550,7 +567,7 @@ def describe_target(t):
             f"{100 * t['value']:.1f} %")
 
 
-def print_report(env, peak, results):
+def print_report(env, peak, results, kernels):
     out = sys.stdout
     print(f"machine:  {env['cpu_model']}, {env['nproc']} online cores; load average "
           f"{env['loadavg']}", file=out)
@@ -564,6 +581,12 @@ def print_report(env, peak, results):
               f"{b['openblas_library'] or 'NO OpenBLAS'} [{b['openblas_config']}], "
               f"{b['openblas_threads']} OpenBLAS threads, {b['torch_threads']} torch threads",
               file=out)
+    if kernels["fair"]:
+        print(f"kernels:  both sides' GEMMs run OpenBLAS {kernels['ours']}", file=out)
+    else:
+        print(f"kernels:  NOT THE SAME — ours OpenBLAS {kernels['ours']}, PyTorch's "
+              f"{kernels['torch']}: the ratios below compare kernel sets, not implementations; "
+              f"not a fair comparison", file=out)
     print(f"peak:     sgemm {peak['size']}³ through the engine {peak['gflops']:.1f} GFLOP/s "
           f"(OpenBLAS alone on its own threads: {peak['openblas_direct_gflops']:.1f}); other "
           f"processes meanwhile: {peak['other_load']['other_cores']:.2f} cores", file=out)
@@ -638,11 +661,17 @@ def main():
         snap = cpu_snapshot()
         peak = sgemm_peak(build)
         peak["other_load"] = other_load(snap, cpu_snapshot())
+        global OURS_CORE
+        OURS_CORE = (peak.get("engine_blas") or {}).get("core")
+        log(f"ours: {(peak.get('engine_blas') or {}).get('line', 'GEMM kernels unknown')}")
         results = [run_config(name, build, work, peak) for name in ARGS.config]
     finally:
         if not ARGS.keep:
             shutil.rmtree(work, ignore_errors=True)
-    doc = {"env": env, "peak": peak, "results": results}
+    torch_core = (results[0]["torch_blas"] or {}).get("openblas_core") if results else None
+    doc = {"env": env, "peak": peak, "results": results,
+           "kernels": {"ours": OURS_CORE, "torch": torch_core,
+                       "fair": kernels_fair(OURS_CORE, torch_core)}}
     if ARGS.json_out:
         with open(ARGS.json_out, "w") as f:
             json.dump(doc, f, indent=2)
@@ -651,7 +680,7 @@ def main():
         json.dump(doc, sys.stdout, indent=2)
         print()
     else:
-        print_report(env, peak, results)
+        print_report(env, peak, results, doc["kernels"])
 
 
 if __name__ == "__main__":

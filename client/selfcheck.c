@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/blas_core.h"
 #include "kernels/math.h"
 #include "kernels/ops.h"
 #include "kernels/ref.h"
@@ -521,7 +522,7 @@ typedef struct sc_row {
 } sc_row_t;
 
 typedef struct sc_report {
-    sc_row_t rows[2 * NCASES + 1];
+    sc_row_t rows[2 * NCASES + 2];
     int nrows, failed;
 } sc_report_t;
 
@@ -551,6 +552,21 @@ static void check_philox_kat(sc_report_t *r) {
     row.max_abs = ts_ref_max_abs_diff(got, want, 24);
     row.nmse = ts_ref_nmse(got, want, 24);
     row.pass = row.max_abs == 0.0;
+    add_row(r, &row);
+}
+
+/* The GEMM kernels (kernels/cpu/blas_core.h): a row that fails when OpenBLAS runs a weaker set
+ * than the CPU allows — unless the user chose that set (OPENBLAS_CORETYPE): then it passes, and
+ * the line above the table still says so and names the fix. */
+static void check_blas(sc_report_t *r, char *line, size_t len) {
+    ts_blas_status_t b;
+    ts_blas_status(&b);
+    ts_blas_describe(&b, line, len);
+    sc_row_t row = {.backend = "host", .against = "cpu", .op = "gemm kernels"};
+    snprintf(row.size, sizeof row.size, "%.20s (CPU: %.20s)", b.core,
+             b.cpu_best[0] ? b.cpu_best : "unknown");
+    int user_chose = strstr(b.chosen_by, "set by the user") != NULL;
+    row.pass = !b.weaker || user_chose;
     add_row(r, &row);
 }
 
@@ -629,10 +645,11 @@ static void json_num(double x) {
 }
 
 static void print_json(const sc_report_t *r, int threads, int built, int devices, const char *why,
-                       int cuda_ran) {
-    printf("{\n  \"cpu_threads\": %d,\n  \"cuda\": {\"built\": %s, \"devices\": %d, "
-           "\"checked\": %s, \"reason\": ",
-           threads, built ? "true" : "false", devices, cuda_ran ? "true" : "false");
+                       int cuda_ran, const char *blas) {
+    printf("{\n  \"cpu_threads\": %d,\n  \"gemm\": ", threads);
+    json_str(blas);
+    printf(",\n  \"cuda\": {\"built\": %s, \"devices\": %d, \"checked\": %s, \"reason\": ",
+           built ? "true" : "false", devices, cuda_ran ? "true" : "false");
     json_str(why);
     printf("},\n  \"results\": [\n");
     for (int i = 0; i < r->nrows; i++) {
@@ -681,6 +698,7 @@ typedef struct {
     int devices;   /* CUDA devices found */
     char why[256]; /* why CUDA is not checked */
     sc_report_t report;
+    char blas_line[512]; /* the GEMM kernels, said (check_blas) */
 } sc_run_t;
 
 /* --threads' value: a whole number from 1 to 1024. 0, or 2 with the message printed. */
@@ -750,6 +768,7 @@ static int open_engines(sc_run_t *r) {
 
 /* The Philox KATs, then every case on the CPU and, with a CUDA engine, on it against the CPU. */
 static void run_checks(sc_run_t *r) {
+    check_blas(&r->report, r->blas_line, sizeof r->blas_line);
     check_philox_kat(&r->report);
     for (int k = 0; k < NCASES; k++) {
         float *cpu_got = NULL;
@@ -773,8 +792,8 @@ static void run_checks(sc_run_t *r) {
 static void print_table(const sc_run_t *r) {
     const sc_report_t *report = &r->report;
     printf("tessera selfcheck: CPU engine (%d threads) against the naive references of "
-           "kernels/ref.c\n\n",
-           r->cpu.threads);
+           "kernels/ref.c\nGEMM: %s\n\n",
+           r->cpu.threads, r->blas_line);
     print_rows(report, "cpu");
     printf("\n");
     if (r->have_gpu) {
@@ -807,7 +826,7 @@ int ts_cli_selfcheck(int argc, char **argv) {
         return 1;
     run_checks(&r);
     if (r.o.json)
-        print_json(&r.report, r.cpu.threads, r.built, r.devices, r.why, r.have_gpu);
+        print_json(&r.report, r.cpu.threads, r.built, r.devices, r.why, r.have_gpu, r.blas_line);
     else
         print_table(&r);
     sc_free(&r);

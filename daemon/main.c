@@ -42,6 +42,7 @@
 #include "net/keys.h"
 #include "net/reach.h"
 #include "daemon/relaying.h"
+#include "kernels/cpu/blas_core.h"
 #include "net/rpc.h"
 #include "net/status_json.h"
 #include "store/store.h"
@@ -100,8 +101,8 @@ typedef struct {
      * next try skips it while another live member exists, so a peer that cannot be dialled
      * (itself behind NAT) is not asked again and again */
     char reach_asked[TS_CONFIG_ADDR_MAX + 8], reach_unasked[TS_CONFIG_ADDR_MAX + 8];
-    atomic_int ready;             /* /healthz: 1 once joined, 0 while starting or stopping */
-    ts_health_t health;           /* the loop's: alone, refused (daemon/health.h) */
+    atomic_int ready;   /* /healthz: 1 once joined, 0 while starting or stopping */
+    ts_health_t health; /* the loop's: alone, refused (daemon/health.h) */
     pthread_mutex_t health_mu;
     char health_reason[512]; /* health.reason, for the HTTP thread, under health_mu */
 } daemon_t;
@@ -565,6 +566,18 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
                 "%d bootstrap peer%s",
                 TS_VERSION, node, ts_store_dir(store), listen, advertise, cfg->n_bootstrap,
                 cfg->n_bootstrap == 1 ? "" : "s");
+    { /* the GEMM kernels every CPU engine of this process runs (kernels/cpu/blas_core.h) */
+        ts_blas_status_t bs;
+        char line[384];
+        ts_blas_status(&bs);
+        ts_blas_describe(&bs, line, sizeof line);
+        if (bs.weaker)
+            ts_log_warn("daemon", "GEMM: %s", line);
+        else
+            ts_log_info("daemon", "GEMM: %s", line);
+        ts_metrics_gauge_set(d.metrics, TS_M_BLAS_KERNELS, bs.core, 1);
+        ts_metrics_gauge_set(d.metrics, TS_M_BLAS_WEAKER, NULL, bs.weaker);
+    }
 
     uv_signal_init(&loop, &d.term);
     uv_signal_init(&loop, &d.intr);

@@ -716,6 +716,8 @@ static const ts_metric_spec_t DAEMON_METRICS[TS_M_COUNT] = {
     [TS_M_DEVICE_UTILIZATION] = {"tessera_device_utilization_ratio", "Fraction of the last sample period (NVML: 1/6 s to 1 s) in which a kernel ran on the GPU the expert is served on, by every process (0 on a CPU node or without NVML).", G, NULL, NULL, NULL, 0},
     [TS_M_DEVICE_SECONDS] = {"tessera_device_seconds", "Device time of one batch's upload, forward pass and guidance: on a GPU from CUDA events on the engine's stream (the span on the device's timeline: its kernels and any gaps between them, without the host's staging before and copy down after); on a CPU the same span's wall time.", H, NULL, NULL, BUCKETS(COMPUTE_BUCKETS)},
     [TS_M_TRAIN_STEP_SECONDS] = {"tessera_train_step_seconds", "The training job's last step: its wall time, and the device's time for it (on a GPU the span between CUDA events around it, idle gaps included; on a CPU the same as wall).", G, "clock", STEP_CLOCKS, NULL, 0},
+    [TS_M_BLAS_KERNELS] = {"tessera_blas_kernels_info", "The OpenBLAS kernel set the CPU engine's GEMMs run (the value is always 1): SkylakeX, Cooperlake, Haswell, Prescott, ...", G, "core", NULL, NULL, 0},
+    [TS_M_BLAS_WEAKER] = {"tessera_blas_kernels_weaker", "1 when the OpenBLAS kernels in use are weaker than the CPU runs (the log and tessera selfcheck name the fix), else 0.", G, NULL, NULL, NULL, 0},
     [TS_M_DEVICE_MEMORY] = {"tessera_device_memory_bytes", "Memory of the GPU the expert is served on: total, and used by every process (0 on a CPU node).", G, "kind", DEVICE_MEMORY_KINDS, NULL, 0},
 };
 /* clang-format on */

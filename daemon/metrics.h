@@ -151,6 +151,8 @@ typedef enum {
     TS_M_DEVICE_UTILIZATION,   /* tessera_device_utilization_ratio: a GPU server's busy share */
     TS_M_DEVICE_SECONDS,       /* tessera_device_seconds: a batch's device time (CUDA events) */
     TS_M_TRAIN_STEP_SECONDS,   /* tessera_train_step_seconds{clock}: the last step, wall, device */
+    TS_M_BLAS_KERNELS,         /* tessera_blas_kernels_info{core} = 1: OpenBLAS's kernel set */
+    TS_M_BLAS_WEAKER,          /* tessera_blas_kernels_weaker: 1 when weaker than the CPU runs */
     TS_M_COUNT
 } ts_metric_id_t;
 

@@ -10,6 +10,7 @@
 #include "base/clock.h"
 
 #include "kernels/backend.h"
+#include "kernels/cpu/blas_core.h"
 
 int ts_engine_init(ts_engine_t *e, const ts_engine_opts_t *opts) {
     if (!e || !opts)
@@ -97,8 +98,12 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len) {
         snprintf(buf, len, "none");
         return;
     }
-    if (e->device != TS_CUDA) {
-        snprintf(buf, len, "cpu, %d thread%s", e->threads, e->threads == 1 ? "" : "s");
+    if (e->device != TS_CUDA) { /* and the GEMM kernels: OpenBLAS's set (blas_core.h) */
+        ts_blas_status_t b;
+        ts_blas_status(&b);
+        snprintf(buf, len, "cpu, %d thread%s, OpenBLAS %s%s%s%s", e->threads,
+                 e->threads == 1 ? "" : "s", b.core, b.weaker ? " (the CPU runs " : "",
+                 b.weaker ? b.cpu_best : "", b.weaker ? ")" : "");
         return;
     }
     char name[256];

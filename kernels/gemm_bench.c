@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/ops.h"
 
 /* ---- the configs and the shape list ------------------------------------------------------ */
@@ -486,6 +487,19 @@ static void print_json(FILE *out, const result_t *r, int nr, const peak_t *pk, c
     fprintf(out, "  \"min_time_s\": %g,\n", min_time);
     fprintf(out, "  \"openblas_config\": ");
     json_string(out, blas_config);
+    ts_blas_status_t bs;
+    char line[512];
+    ts_blas_status(&bs);
+    ts_blas_describe(&bs, line, sizeof line);
+    fprintf(out, ",\n  \"blas\": {\"core\": ");
+    json_string(out, bs.core);
+    fprintf(out, ", \"cpu_best\": ");
+    json_string(out, bs.cpu_best);
+    fprintf(out, ", \"chosen_by\": ");
+    json_string(out, bs.chosen_by);
+    fprintf(out, ", \"weaker\": %s, \"line\": ", bs.weaker ? "true" : "false");
+    json_string(out, line);
+    fprintf(out, "}");
     fprintf(out, ",\n  \"cpu_model\": ");
     json_string(out, cpu);
     fprintf(out, ",\n  \"online_cores\": %ld,\n", sysconf(_SC_NPROCESSORS_ONLN));
@@ -557,6 +571,11 @@ int ts_gemm_bench_run(const ts_gemm_bench_opts_t *opts) {
         fprintf(out, "engine:   %d thread%s; OpenBLAS's own threads: %d\n", e.threads,
                 e.threads == 1 ? "" : "s", openblas_get_num_threads());
         fprintf(out, "OpenBLAS: %s\n", blas_config);
+        ts_blas_status_t bs;
+        char line[512];
+        ts_blas_status(&bs);
+        ts_blas_describe(&bs, line, sizeof line);
+        fprintf(out, "GEMM:     %s\n", line);
         fflush(out);
     }
 

@@ -865,6 +865,8 @@ static void test_daemon_families(void **state) {
         {"tessera_device_utilization_ratio", "gauge"},
         {"tessera_device_seconds", "histogram"},
         {"tessera_train_step_seconds", "gauge"},
+        {"tessera_blas_kernels_info", "gauge"},
+        {"tessera_blas_kernels_weaker", "gauge"},
     };
     assert_int_equal(sizeof want / sizeof want[0], TS_M_COUNT);
     assert_int_equal(p.n_families, TS_M_COUNT);

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/row_max.h"
 #include "kernels/cpu/vec.h"
@@ -336,7 +337,8 @@ typedef struct {
  *
  * Where the blocked kernel's rows do not depend on their place in the call (SkylakeX and its
  * successors; this project's first reference machine, a Cooperlake), the padding below is enough.
- * Elsewhere — 0.3.21 runs its Haswell kernels on AMD Zen, and those compute the rows of C in
+ * Elsewhere — Haswell's kernels (run on this project's AMD EPYC machines because their
+ * environment sets OPENBLAS_CORETYPE=Haswell; 0.3.21 itself picks Cooperlake there), which compute the rows of C in
  * blocks of 12 whose halves round differently, so a row's bits depend on its position modulo 12
  * (measured on an AMD EPYC: shifting the rows of a 192-row product by s changes 2s of every 12
  * rows) — a linear layer computes each item of the batch (a sample's tokens, or a sample's one
@@ -495,7 +497,9 @@ int ts_cpu_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, 
 static int row_invariant_core(void) {
     static int known = -1;
     if (known < 0) {
-        const char *name = openblas_get_corename();
+        ts_blas_status_t b; /* the kernels OpenBLAS runs (also what ties blas_core.o in) */
+        ts_blas_status(&b);
+        const char *name = b.core;
         static const char *const fine[] = {"skylakex", "cooperlake", "sapphirerapids"};
         int ok = 0;
         for (size_t i = 0; name && i < sizeof fine / sizeof fine[0]; i++)
