@@ -481,6 +481,7 @@ typedef struct mem_report {
     int fwd_batch, train_batch;
     uint64_t fwd_need, train_need; /* bytes of the forward rows' model, the training row's */
     uint64_t dev_free, dev_total;  /* 0 when unknown */
+    int gpu;                       /* the engine is a GPU: it keeps TS_DIT_ENGINE_RESERVE */
 } mem_report_t;
 
 static int mem_report(const opts_t *o, const ts_engine_t *e, const ts_dit_config_t *cfg,
@@ -495,6 +496,7 @@ static int mem_report(const opts_t *o, const ts_engine_t *e, const ts_dit_config
     r->train_need = o->train_batch > 0 ? ts_dit_memory_total(&r->m, 1, o->train_batch) : 0;
     if (ts_engine_memory_free(e, &r->dev_free, &r->dev_total) != TS_OK)
         r->dev_free = r->dev_total = 0;
+    r->gpu = e->device == TS_CUDA;
     return TS_OK;
 }
 
@@ -507,7 +509,9 @@ static void print_memory(FILE *out, const mem_report_t *r) {
             (double)m->infer_per_sample / (1 << 20), (double)m->train_per_sample / (1 << 20),
             gib(m->grads + m->adamw + m->ema));
     fprintf(out, "         forward rows (B <= %d) %.2f GiB", r->fwd_batch, gib(r->fwd_need));
-    if (r->train_batch > 0)
+    if (r->train_batch > 0 && !r->m.can_train)
+        fprintf(out, ", training: this config cannot be trained (past the bounds)");
+    else if (r->train_batch > 0)
         fprintf(out, ", training row (B = %d) %.2f GiB", r->train_batch, gib(r->train_need));
     if (r->dev_total > 0)
         fprintf(out, "; device %.2f GiB free of %.2f", gib(r->dev_free), gib(r->dev_total));
@@ -522,26 +526,33 @@ static void print_memory_json(FILE *out, const mem_report_t *r) {
             "\"inference_fixed_bytes\": %llu, \"inference_per_sample_bytes\": %llu, "
             "\"training_fixed_bytes\": %llu, \"training_per_sample_bytes\": %llu, "
             "\"forward_batch\": %d, \"forward_bytes\": %llu, \"train_batch\": %d, "
-            "\"train_bytes\": %llu, \"device_free_bytes\": %llu, \"device_total_bytes\": %llu},\n",
+            "\"train_bytes\": %llu, \"can_train\": %s, \"device_free_bytes\": %llu, "
+            "\"device_total_bytes\": %llu},\n",
             (unsigned long long)m->params, (unsigned long long)m->params_lp,
             (unsigned long long)m->grads, (unsigned long long)m->adamw, (unsigned long long)m->ema,
             (unsigned long long)m->infer_fixed, (unsigned long long)m->infer_per_sample,
             (unsigned long long)m->train_fixed, (unsigned long long)m->train_per_sample,
             r->fwd_batch, (unsigned long long)r->fwd_need, r->train_batch,
-            (unsigned long long)r->train_need, (unsigned long long)r->dev_free,
-            (unsigned long long)r->dev_total);
+            (unsigned long long)(m->can_train ? r->train_need : 0), m->can_train ? "true" : "false",
+            (unsigned long long)r->dev_free, (unsigned long long)r->dev_total);
 }
 
 /* Whether need bytes fit the device's free memory (less what a GPU engine keeps for itself); true
  * where the free memory is unknown. */
 static int fits(const mem_report_t *r, uint64_t need) {
-    uint64_t reserve =
-        r->dev_total && r->dev_free > TS_DIT_ENGINE_RESERVE ? TS_DIT_ENGINE_RESERVE : 0;
-    return r->dev_total == 0 || need + reserve <= r->dev_free;
+    if (need == UINT64_MAX) /* a training row of a config that cannot train */
+        return 0;
+    uint64_t reserve = r->gpu ? TS_DIT_ENGINE_RESERVE : 0;
+    return r->dev_total == 0 || (r->dev_free >= reserve && need <= r->dev_free - reserve);
 }
 
 /* The reason a row could not be built: its bytes against the device's free memory. */
 static void say_short(const char *row, int B, uint64_t need, const mem_report_t *r) {
+    if (need == UINT64_MAX) {
+        fprintf(stderr, "bench_dit: this config cannot be trained: its training activations per "
+                        "sample pass this project's bound (model/dit.h); --train-batch 0\n");
+        return;
+    }
     fprintf(stderr, "bench_dit: the %s row at batch %d needs %.2f GiB", row, B, gib(need));
     if (r->dev_total > 0)
         fprintf(stderr, "; the device has %.2f GiB free of %.2f", gib(r->dev_free),
@@ -859,7 +870,9 @@ static int run(const opts_t *o) {
             print_memory_json(out, &mr);
             fprintf(out, "  \"fits\": {\"forward\": %s, \"train\": %s}\n}\n",
                     fits(&mr, mr.fwd_need) ? "true" : "false",
-                    fits(&mr, mr.train_need) ? "true" : "false");
+                    o->train_batch == 0        ? "null"
+                    : fits(&mr, mr.train_need) ? "true"
+                                               : "false");
         } else {
             print_memory(out, &mr);
         }

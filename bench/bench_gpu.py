@@ -293,6 +293,12 @@ GIB = float(1 << 30)
 ENGINE_RESERVE = 256 << 20  # model/dit.h TS_DIT_ENGINE_RESERVE: what a GPU engine keeps
 
 
+def why_skipped(s):
+    if s.get("needs_gib") is None:
+        return s.get("reason", "cannot run")
+    return f"needs {s['needs_gib']:.2f} GiB, {s['free_gib']:.2f} GiB free"
+
+
 def what_fits(weights, precision):
     """The forward batches and the training batch whose memory (`bench_dit --memory`: computed
     from the config, per row) fits the device's free memory now, and a note for each that does
@@ -307,7 +313,7 @@ def what_fits(weights, precision):
         return ARGS.batch, ARGS.train_batch, []
     m = m["memory"]
     free = m["device_free_bytes"]
-    reserve = ENGINE_RESERVE if free > ENGINE_RESERVE else 0
+    reserve = ENGINE_RESERVE if ARGS.device.startswith("cuda") else 0
 
     def need(train, B):
         if train:
@@ -327,13 +333,17 @@ def what_fits(weights, precision):
             skipped.append({"row": f"forward_b{B}", "needs_gib": need(False, B) / GIB,
                             "free_gib": free / GIB})
     train = ARGS.train_batch
+    if train and not m.get("can_train", True):
+        skipped.append({"row": f"train_b{train}", "needs_gib": None, "free_gib": free / GIB,
+                        "reason": "this config cannot be trained: its training activations pass "
+                                  "the per-sample bound of model/dit.h"})
+        train = 0
     if train and not ok(need(True, train)):
         skipped.append({"row": f"train_b{train}", "needs_gib": need(True, train) / GIB,
                         "free_gib": free / GIB})
         train = 0
     for s in skipped:
-        log(f"  ours {precision}: {s['row']} skipped: needs {s['needs_gib']:.2f} GiB, "
-            f"{s['free_gib']:.2f} GiB free")
+        log(f"  ours {precision}: {s['row']} skipped: {why_skipped(s)}")
     return batches, train, skipped
 
 
@@ -517,7 +527,7 @@ def main():
                 print(f"{name:8} {which:22} not run: {res[which]['error']}")
             for s in res.get(which, {}).get("skipped", []):
                 print(f"{name:8} {s['row'] + '_' + which[5:] if which != 'ours' else s['row']:22} "
-                      f"not run: needs {s['needs_gib']:.2f} GiB, {s['free_gib']:.2f} GiB free")
+                      f"not run: {why_skipped(s)}")
         for r in res["rows"]:
             print(f"{name:8} {r['key']:22} {fmt(r['ours'], '10.1f')} {fmt(r['torch'], '10.1f')} "
                   f"{fmt(r['ratio'], '6.2f')} {fmt(r['gflops'], '9.0f')} "

@@ -709,28 +709,29 @@ static int size_batch(ts_serve_t *s, const ts_dit_config_t *c, char *err, size_t
     if (fit < 1) {
         ts_set_err(err, errlen,
                    "serve: the expert needs %.3f GiB for one row (%.3f GiB with its parameters) "
-                   "and the %s has %.3f GiB free of %.3f",
+                   "and %.3f GiB of the %s's %.3f are usable%s",
                    gib(s->mem.infer_per_sample), gib(ts_dit_memory_total(&s->mem, 0, 1)),
-                   s->eng.device == TS_CUDA ? "device" : "machine", gib(free_b), gib(total));
+                   gib(budget), s->eng.device == TS_CUDA ? "device" : "machine", gib(total),
+                   s->o.memory_budget ? " (memory_budget)"
+                   : reserve          ? " (its free memory less the engine's own)"
+                                      : " (its available memory)");
         return TS_ENOMEM;
     }
     if (fit < B) {
         snprintf(tail, room,
                  "; [serve] max_batch %d lowered to %d: %d rows would take %.3f GiB, %.3f GiB are "
-                 "free",
-                 B, fit, B, gib(ts_dit_memory_total(&s->mem, 0, B)), gib(free_b));
-        s->o.max_batch = fit;
+                 "usable",
+                 B, fit, B, gib(ts_dit_memory_total(&s->mem, 0, B)), gib(budget));
+        s->o.max_batch = fit; /* max_queue >= the configured max_batch > fit: still valid */
         s->rows_cap = fit;
         s->st.rows_cap = (uint32_t)fit;
-        if (s->o.max_queue < fit)
-            s->o.max_queue = fit;
         used = strlen(s->eng_note);
         tail = s->eng_note + used;
         room = sizeof s->eng_note - used;
     }
-    snprintf(tail, room, "; memory %.3f GiB for %d rows (%.1f MiB per row) of %.3f GiB free",
+    snprintf(tail, room, "; memory %.3f GiB for %d rows (%.1f MiB per row) of %.3f GiB usable",
              gib(ts_dit_memory_total(&s->mem, 0, s->o.max_batch)), s->o.max_batch,
-             (double)s->mem.infer_per_sample / (1 << 20), gib(free_b));
+             (double)s->mem.infer_per_sample / (1 << 20), gib(budget));
     return TS_OK;
 }
 
@@ -764,6 +765,8 @@ static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, siz
         rc = ts_tensor_copy(&s->model.param_mem, x->params);
     if (rc == TS_OK)
         set_precision(s);
+    if (rc == TS_OK && s->model.precision != s->o.precision) /* fell back: advertise what runs */
+        (void)ts_dit_memory(c, s->model.precision, TS_ATTN_COMPOSED, &s->mem);
     /* the host side of every copy to and from a GPU is pinned (ordinary memory on the CPU) */
     int gpu = s->eng.device != TS_CPU;
     int64_t S = c->input_size;

@@ -497,8 +497,18 @@ static int build(ts_train_job_t *j, const ts_train_job_opts_t *o, char *err, siz
      * config, against what the device has free: a batch that cannot fit is refused with both */
     ts_dit_memory_t mem;
     uint64_t need = 0, free_b = 0, total = 0;
-    if (rc == TS_OK && (rc = ts_dit_memory(&cfg, o->precision, TS_ATTN_COMPOSED, &mem)) != TS_OK)
-        ts_set_err(err, errlen, "model '%s' is beyond this project's memory bounds", name);
+    if (rc == TS_OK) {
+        int mrc = ts_dit_memory(&cfg, o->precision, TS_ATTN_COMPOSED, &mem);
+        if (mrc == TS_OK && !mem.can_train)
+            mrc = TS_ERANGE;
+        if (mrc != TS_OK) {
+            ts_set_err(err, errlen,
+                       "model '%s' cannot be trained here: its parameters or activations per "
+                       "sample pass this project's memory bounds (model/dit.h)",
+                       name);
+            rc = mrc;
+        }
+    }
     if (rc == TS_OK) {
         need = ts_dit_memory_total(&mem, 1, o->train.batch);
         const double gib = (double)(1u << 30);

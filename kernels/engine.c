@@ -142,6 +142,19 @@ int ts_engine_memory_free(const ts_engine_t *e, uint64_t *free_bytes, uint64_t *
             }
         fclose(f);
     }
+    /* a container's limit (cgroup v2), which the machine-wide figures do not see */
+    unsigned long long max = 0, cur = 0;
+    FILE *fm = fopen("/sys/fs/cgroup/memory.max", "r"),
+         *fc = fopen("/sys/fs/cgroup/memory.current", "r");
+    if (fm && fc && fscanf(fm, "%llu", &max) == 1 && fscanf(fc, "%llu", &cur) == 1 && max > 0) {
+        uint64_t room = max > cur ? (uint64_t)(max - cur) : 0;
+        *free_bytes = room < *free_bytes ? room : *free_bytes;
+        *total = (uint64_t)max < *total ? (uint64_t)max : *total;
+    }
+    if (fm)
+        fclose(fm);
+    if (fc)
+        fclose(fc);
     return TS_OK;
 }
 

@@ -84,7 +84,8 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
 int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used);
 /* The memory a model on e may still take, in bytes: on a GPU its free device memory
  * (cudaMemGetInfo), on the CPU the machine's available memory (MemAvailable of /proc/meminfo, else
- * the free pages); *total the device's or the machine's whole. */
+ * the free pages) and no more than a cgroup v2 limit leaves; *total the device's or the machine's
+ * whole (or the limit). */
 int ts_engine_memory_free(const ts_engine_t *e, uint64_t *free_bytes, uint64_t *total);
 /* Device time. A mark records how far the engine's queued work has got: on a GPU an event on
  * the engine's stream (no waiting), on the CPU — whose ops are done when they return — the

@@ -882,20 +882,23 @@ int ts_dit_memory(const ts_dit_config_t *cfg, ts_precision_t p, ts_attn_impl_t a
     out->grads = slab;
     out->adamw = 2 * slab;
     out->ema = slab;
-    /* the same bounds ts_dit_create applies, so what this sizes can be built */
+    /* the same bounds ts_dit_create applies, so what this sizes can be built: a model that may
+     * be served but not trained (its training layout past the bounds) has can_train = 0 */
     uint64_t bound = 0;
+    if ((uint64_t)total * 4u > TS_DIT_MAX_BYTES)
+        return TS_ERANGE;
     TS_TRY(measure_plan(cfg, 0, TS_ATTN_COMPOSED, 1, &bound));
     if (bound > TS_DIT_MAX_SAMPLE_BYTES)
         return TS_ERANGE;
     TS_TRY(measure_plan(cfg, 1, TS_ATTN_COMPOSED, 1, &bound));
-    if (bound > TS_DIT_MAX_TRAIN_SAMPLE_BYTES)
-        return TS_ERANGE;
+    out->can_train =
+        bound <= TS_DIT_MAX_TRAIN_SAMPLE_BYTES && (uint64_t)total * 8u <= TS_DIT_MAX_BYTES;
     uint64_t pos = round_up(T * h * 4u);
     /* Per sample: the arena at 64 samples over 64, rounded up (at least the sum of every
      * tensor's bytes per sample); fixed: the arena of one sample, which covers each tensor's
      * rounding to TS_ALIGN. So fixed + B · per bounds the arena at any B from above, by at most
      * about one sample. */
-    for (int trainable = 0; trainable < 2; trainable++) {
+    for (int trainable = 0; trainable < 1 + out->can_train; trainable++) {
         uint64_t one = 0, many = 0;
         TS_TRY(measure_plan(cfg, trainable, a, 1, &one));
         TS_TRY(measure_plan(cfg, trainable, a, 64, &many));
@@ -920,9 +923,9 @@ int ts_dit_memory(const ts_dit_config_t *cfg, ts_precision_t p, ts_attn_impl_t a
         per = H * T * T + 3u * T * h > per ? H * T * T + 3u * T * h : per;
         uint64_t fixed = r * h > 6u * h * h ? r * h : 6u * h * h;
         out->infer_per_sample += per * 4u * 5u / 4u;
-        out->train_per_sample += per * 4u * 5u / 4u;
+        out->train_per_sample += out->can_train ? per * 4u * 5u / 4u : 0;
         out->infer_fixed += fixed * 4u * 5u / 4u;
-        out->train_fixed += fixed * 4u * 5u / 4u;
+        out->train_fixed += out->can_train ? fixed * 4u * 5u / 4u : 0;
     }
     return TS_OK;
 }
@@ -933,12 +936,14 @@ uint64_t ts_dit_memory_total(const ts_dit_memory_t *mem, int training, int batch
     uint64_t b = (uint64_t)batch;
     if (!training)
         return mem->params + mem->params_lp + mem->infer_fixed + b * mem->infer_per_sample;
+    if (!mem->can_train)
+        return UINT64_MAX; /* no trainable model of this config can be built */
     return mem->params + mem->params_lp + mem->grads + mem->adamw + mem->ema + mem->train_fixed +
            b * mem->train_per_sample;
 }
 
 int ts_dit_memory_max_batch(const ts_dit_memory_t *mem, int training, uint64_t budget, int cap) {
-    if (!mem || cap < 1)
+    if (!mem || cap < 1 || (training && !mem->can_train))
         return 0;
     uint64_t base = ts_dit_memory_total(mem, training, 0);
     uint64_t per = training ? mem->train_per_sample : mem->infer_per_sample;

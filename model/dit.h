@@ -249,14 +249,18 @@ typedef struct ts_dit_memory {
     uint64_t train_fixed;      /* training: as infer_fixed for a trainable model */
     uint64_t train_per_sample; /* training: every block's activations, the backward's scratch
                                 * and the trainer's images */
+    int can_train;             /* 0: the training layout passes the bounds above (a model that
+                                * may be served, not trained): train_* are 0 */
 } ts_dit_memory_t;
 
-/* *out for cfg at precision p with attention a. TS_ERANGE for a config whose activations pass the
- * per-sample bounds above. */
+/* *out for cfg at precision p with attention a. TS_ERANGE for a config whose parameters or
+ * inference activations pass the bounds above (ts_dit_create refuses it too); one whose training
+ * layout alone passes them gets can_train = 0. */
+
 int ts_dit_memory(const ts_dit_config_t *cfg, ts_precision_t p, ts_attn_impl_t a,
                   ts_dit_memory_t *out);
 /* Bytes of a model serving batches of up to batch samples (training = 0), or of a model and its
- * trainer at that training batch (training = 1). */
+ * trainer at that training batch (training = 1; UINT64_MAX when !can_train). */
 uint64_t ts_dit_memory_total(const ts_dit_memory_t *mem, int training, int batch);
 /* The largest batch (1 … cap) whose ts_dit_memory_total fits in budget bytes; 0 when not even
  * one sample fits. */

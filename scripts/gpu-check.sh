@@ -180,7 +180,7 @@ for s in "${steps[@]}"; do
     daemon) step daemon 240 sh "$here/tests/test_gpu_daemon.sh" "$B/client/tessera" \
         "$B/daemon/tesserad" ;;
     memcheck) step memcheck 120 bash -c 'sanitize memcheck' ;;
-    initcheck) step initcheck 150 bash -c 'sanitize initcheck' ;;
+    initcheck) step initcheck 200 bash -c 'sanitize initcheck' ;;
     bench) step bench 600 "$TESSERA_PYTHON" "$here/bench/bench_gpu.py" --build "$B" \
         --json-out "$out/bench-gpu.json" ${BENCH_GPU_ARGS:-} ;;
     esac

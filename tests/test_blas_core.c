@@ -10,6 +10,8 @@
  * allows — the re-execution took (skipped with the reason where OpenBLAS cannot be told: the
  * user chose, or the library lacks the CPU's kernel set).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv, strdup */
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -147,7 +149,16 @@ static void test_this_process(void **state) {
         return;
     }
     const char *as_detected = getenv("TESSERA_BLAS_TEST_AS_DETECTED");
-    const char *from = getenv("TESSERA_BLAS_FROM");
+    const char *mark = getenv("TESSERA_BLAS_FROM"); /* "FROM:TO" after a re-execution */
+    char from_buf[32] = "";
+    const char *from = NULL;
+    if (mark) {
+        const char *colon = strchr(mark, ':');
+        assert_non_null(colon);
+        assert_string_equal(colon + 1, user ? user : "");
+        snprintf(from_buf, sizeof from_buf, "%.*s", (int)(colon - mark), mark);
+        from = from_buf;
+    }
     if (as_detected && strcmp(as_detected, "1") == 0 && s.cpu_best[0]) {
         /* a weak set loaded on purpose (OPENBLAS_CORETYPE below the CPU's best): the process
          * must be the second run, started with the CPU's set, and say so */
@@ -163,17 +174,56 @@ static void test_this_process(void **state) {
     }
     if (!s.weaker)
         return;
-    if ((user && *user && !getenv("TESSERA_BLAS_FROM")) || (no && strcmp(no, "0") == 0)) {
+    if ((user && *user && !from) || (no && strcmp(no, "0") == 0)) {
         print_message("  skipped: the kernels were chosen by the environment (%s)\n", s.chosen_by);
         skip();
     }
-    if (getenv("TESSERA_BLAS_FROM")) {
+    if (from) {
+        assert_true(s.missing);
+        assert_non_null(strstr(line, "does not provide"));
         print_message("  skipped: tessera asked OpenBLAS for %s and got %s: this build of OpenBLAS "
                       "lacks the CPU's kernel set\n",
                       s.cpu_best, s.core);
         skip();
     }
     fail_msg("the kernels are weaker than the CPU allows and nothing re-executed: %s", line);
+}
+
+/* The marker of a re-execution counts only while OPENBLAS_CORETYPE still holds what tessera set:
+ * a child whose OPENBLAS_CORETYPE the user changed is the user's choice. (The process's own
+ * kernels are not touched: OpenBLAS read its variable long ago.) */
+static void test_marker(void **state) {
+    (void)state;
+    char *keep_type = getenv("OPENBLAS_CORETYPE") ? strdup(getenv("OPENBLAS_CORETYPE")) : NULL;
+    char *keep_mark = getenv("TESSERA_BLAS_FROM") ? strdup(getenv("TESSERA_BLAS_FROM")) : NULL;
+    char *keep_test = getenv("TESSERA_BLAS_TEST_AS_DETECTED")
+                          ? strdup(getenv("TESSERA_BLAS_TEST_AS_DETECTED"))
+                          : NULL;
+    unsetenv("TESSERA_BLAS_TEST_AS_DETECTED");
+    ts_blas_status_t s;
+    setenv("OPENBLAS_CORETYPE", "Cooperlake", 1);
+    setenv("TESSERA_BLAS_FROM", "Prescott:Cooperlake", 1);
+    ts_blas_status(&s);
+    assert_string_equal(s.chosen_by, "tessera (OpenBLAS chose Prescott on this CPU)");
+    setenv("OPENBLAS_CORETYPE", "Haswell", 1); /* changed since: the user's */
+    ts_blas_status(&s);
+    assert_string_equal(s.chosen_by, "OPENBLAS_CORETYPE=Haswell, set by the user");
+    setenv("TESSERA_BLAS_FROM", "garbage", 1); /* no TO: not a marker */
+    ts_blas_status(&s);
+    assert_string_equal(s.chosen_by, "OPENBLAS_CORETYPE=Haswell, set by the user");
+    if (keep_type)
+        setenv("OPENBLAS_CORETYPE", keep_type, 1);
+    else
+        unsetenv("OPENBLAS_CORETYPE");
+    if (keep_mark)
+        setenv("TESSERA_BLAS_FROM", keep_mark, 1);
+    else
+        unsetenv("TESSERA_BLAS_FROM");
+    if (keep_test)
+        setenv("TESSERA_BLAS_TEST_AS_DETECTED", keep_test, 1);
+    free(keep_type);
+    free(keep_mark);
+    free(keep_test);
 }
 
 /* The description names the fix when the kernels are weaker. */
@@ -185,6 +235,11 @@ static void test_describe(void **state) {
     ts_blas_describe(&s, line, sizeof line);
     assert_non_null(strstr(line, "OPENBLAS_CORETYPE=SkylakeX"));
     assert_non_null(strstr(line, "weaker"));
+    s.missing = 1; /* asked for and not given: the fix is another OpenBLAS build */
+    ts_blas_describe(&s, line, sizeof line);
+    assert_non_null(strstr(line, "does not provide"));
+    assert_null(strstr(line, "run with OPENBLAS_CORETYPE"));
+    s.missing = 0;
     s.weaker = 0;
     snprintf(s.core, sizeof s.core, "SkylakeX");
     ts_blas_describe(&s, line, sizeof line);
@@ -194,9 +249,9 @@ static void test_describe(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_core_for),     cmocka_unit_test(test_tiers),
-        cmocka_unit_test(test_decide),       cmocka_unit_test(test_describe),
-        cmocka_unit_test(test_this_process),
+        cmocka_unit_test(test_core_for), cmocka_unit_test(test_tiers),
+        cmocka_unit_test(test_decide),   cmocka_unit_test(test_describe),
+        cmocka_unit_test(test_marker),   cmocka_unit_test(test_this_process),
     };
     return cmocka_run_group_tests_name("blas_core", tests, NULL, NULL);
 }

@@ -166,6 +166,18 @@ static void test_memory_figures(void **state) {
     assert_int_equal(ts_dit_memory(&huge, TS_PREC_F32, TS_ATTN_COMPOSED, &f32), TS_ERANGE);
     ts_dit_t m;
     assert_int_equal(ts_dit_create(&m, &huge, &g_eng, 1, 0), TS_ERANGE);
+    /* one that may be served but not trained: 2025 tokens and 16 heads, one block's attention
+     * weights (262 MB a sample) fit inference's bound, four blocks' do not fit training's */
+    ts_dit_config_t serve_only = cfgs[1];
+    serve_only.input_size = 45, serve_only.patch_size = 1, serve_only.num_heads = 16;
+    assert_int_equal(ts_dit_memory(&serve_only, TS_PREC_F32, TS_ATTN_COMPOSED, &f32), TS_OK);
+    assert_int_equal(f32.can_train, 0);
+    assert_true(f32.infer_per_sample > (uint64_t)16 * 2025 * 2025 * 4);
+    assert_true(ts_dit_memory_total(&f32, 1, 1) == UINT64_MAX);
+    assert_int_equal(ts_dit_memory_max_batch(&f32, 1, UINT64_MAX / 2, 64), 0);
+    assert_int_equal(ts_dit_create(&m, &serve_only, &g_eng, 1, 1), TS_ERANGE);
+    assert_int_equal(ts_dit_memory(&cfgs[1], TS_PREC_F32, TS_ATTN_COMPOSED, &f32), TS_OK);
+    assert_int_equal(f32.can_train, 1);
     assert_int_equal(ts_dit_memory(NULL, TS_PREC_F32, TS_ATTN_COMPOSED, &f32), TS_EINVAL);
 }
 

@@ -10,7 +10,8 @@
  * allows executes itself again, once, with OPENBLAS_CORETYPE set to the set that matches the CPU
  * (a constructor in blas_core.c, before main) — unless the user set OPENBLAS_CORETYPE, or set
  * TESSERA_BLAS_REEXEC=0. Every binary that links the CPU engine does this, daemons and tests alike.
- * TESSERA_BLAS_FROM, set for the second run, holds what OpenBLAS chose first (and stops a third);
+ * TESSERA_BLAS_FROM, set for the second run, holds "FROM:TO" — what OpenBLAS chose first, what
+ * tessera set — and stops a third run while OPENBLAS_CORETYPE still holds TO (children inherit it);
  * TESSERA_BLAS_TEST_AS_DETECTED=1, for tests only, takes OPENBLAS_CORETYPE as OpenBLAS's own
  * detection rather than the user's choice, so that a test can load a weak set on purpose.
  *
@@ -66,9 +67,10 @@ ts_blas_action_t ts_blas_decide(const char *core, const ts_cpu_isa_t *isa,
 typedef struct ts_blas_status {
     char core[32];       /* what OpenBLAS runs now (openblas_get_corename) */
     char cpu_best[32];   /* what the CPU allows (ts_blas_core_for), "" when unknown */
-    char chosen_by[128]; /* "OpenBLAS", "OPENBLAS_CORETYPE (set by the user)", or "tessera
-                          * (OpenBLAS chose Haswell)" after a re-execution */
+    char chosen_by[128]; /* "OpenBLAS", "OPENBLAS_CORETYPE=X, set by the user", or "tessera
+                          * (OpenBLAS chose Haswell on this CPU)" after a re-execution */
     int weaker;          /* 1 when core is weaker than cpu_best */
+    int missing;         /* 1 when tessera asked OpenBLAS for cpu_best and did not get it */
 } ts_blas_status_t;
 
 void ts_blas_status(ts_blas_status_t *out);
