@@ -6,8 +6,8 @@
 # (4 experts, so N = 8 gives two replicas each), C clients generating through node 0 one after
 # the other for S seconds, while every --interval seconds the next action of a fixed rotation
 # hits a node other than node 0: kill -9, restart (a killed or stopped node comes back with its
-# store and address book), SIGTERM (a graceful leave), add a new node (it joins through node 0
-# and hosts the next expert). At the end it checks that every daemon it did not stop is still
+# store and address book), add a new node (it joins through node 0 and hosts the next expert),
+# SIGTERM (a graceful leave), restart. At the end it checks that every daemon it did not stop is still
 # running, and compares each surviving daemon's resident memory with what it was after warm-up.
 # --calm takes no action: a load test (`--nodes 4 --clients 32 --calm`).
 #
@@ -102,7 +102,9 @@ declare -A rss0
 for i in $(seq 0 $((N - 1))); do alive "$i" && rss0[$i]=$(rss "$(pidof_node "$i")"); done
 
 # the rotation
-actions='kill9 restart term restart add'
+# add before term: a restart after SIGTERM waits for the node's leave (up to 15 s), which in a short
+# run (test_churn: 20 s) could end the run before a later action ever ran
+actions='kill9 restart add term restart'
 stopped=() next=$N n_act=0 kills=0 terms=0 restarts=0 adds=0
 : >"$R/actions.txt"
 while [ "$CALM" -eq 0 ] && [ "$(date +%s)" -lt $((end - INTERVAL)) ]; do
