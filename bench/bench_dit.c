@@ -30,8 +30,9 @@
  * Each row runs on a model built for what it runs: the forward rows (and --check) on a model
  * that cannot train, sized for the largest forward batch; then, that model freed, the training
  * row on a trainable one at the training batch. The memory each needs is computed from the
- * config first (ts_dit_memory) and printed with the device's free memory; a row that cannot fit
- * is refused before anything is allocated, saying what it needs and what is free (exit 1).
+ * config first (ts_dit_memory) and printed with the memory the device can still give
+ * (ts_engine_memory_usable); a row that cannot fit is refused before anything is allocated,
+ * saying what it needs and what is usable (exit 1).
  * --memory prints those figures alone (--json: a document with "memory" and "fits").
  *
  * --ops, after each fp32 forward row, times every op call of a block alone on block 0's
@@ -475,13 +476,12 @@ static int run_attention_ops(const opts_t *o) {
 static double gib(uint64_t b) { return (double)b / (double)(1u << 30); }
 
 /* The memory figures of the run: the model's (from its config) and what each row needs, against
- * what the engine's device has free now. */
+ * what the engine's device can still give now. */
 typedef struct mem_report {
     ts_dit_memory_t m;
     int fwd_batch, train_batch;
     uint64_t fwd_need, train_need; /* bytes of the forward rows' model, the training row's */
-    uint64_t dev_free, dev_total;  /* 0 when unknown */
-    int gpu;                       /* the engine is a GPU: it keeps TS_DIT_ENGINE_RESERVE */
+    uint64_t dev_free, dev_total;  /* usable now (ts_engine_memory_usable), whole; 0: unknown */
 } mem_report_t;
 
 static int mem_report(const opts_t *o, const ts_engine_t *e, const ts_dit_config_t *cfg,
@@ -494,9 +494,8 @@ static int mem_report(const opts_t *o, const ts_engine_t *e, const ts_dit_config
     r->train_batch = o->train_batch;
     r->fwd_need = ts_dit_memory_total(&r->m, 0, fwd_batch);
     r->train_need = o->train_batch > 0 ? ts_dit_memory_total(&r->m, 1, o->train_batch) : 0;
-    if (ts_engine_memory_free(e, &r->dev_free, &r->dev_total) != TS_OK)
+    if (ts_engine_memory_usable(e, &r->dev_free, &r->dev_total) != TS_OK)
         r->dev_free = r->dev_total = 0;
-    r->gpu = e->device == TS_CUDA;
     return TS_OK;
 }
 
@@ -514,7 +513,7 @@ static void print_memory(FILE *out, const mem_report_t *r) {
     else if (r->train_batch > 0)
         fprintf(out, ", training row (B = %d) %.2f GiB", r->train_batch, gib(r->train_need));
     if (r->dev_total > 0)
-        fprintf(out, "; device %.2f GiB free of %.2f", gib(r->dev_free), gib(r->dev_total));
+        fprintf(out, "; device %.2f GiB usable of %.2f", gib(r->dev_free), gib(r->dev_total));
     fprintf(out, "\n");
 }
 
@@ -526,7 +525,7 @@ static void print_memory_json(FILE *out, const mem_report_t *r) {
             "\"inference_fixed_bytes\": %llu, \"inference_per_sample_bytes\": %llu, "
             "\"training_fixed_bytes\": %llu, \"training_per_sample_bytes\": %llu, "
             "\"forward_batch\": %d, \"forward_bytes\": %llu, \"train_batch\": %d, "
-            "\"train_bytes\": %llu, \"can_train\": %s, \"device_free_bytes\": %llu, "
+            "\"train_bytes\": %llu, \"can_train\": %s, \"device_usable_bytes\": %llu, "
             "\"device_total_bytes\": %llu},\n",
             (unsigned long long)m->params, (unsigned long long)m->params_lp,
             (unsigned long long)m->grads, (unsigned long long)m->adamw, (unsigned long long)m->ema,
@@ -537,16 +536,14 @@ static void print_memory_json(FILE *out, const mem_report_t *r) {
             (unsigned long long)r->dev_free, (unsigned long long)r->dev_total);
 }
 
-/* Whether need bytes fit the device's free memory (less what a GPU engine keeps for itself); true
- * where the free memory is unknown. */
+/* Whether need bytes fit the memory the device can still give; true where that is unknown. */
 static int fits(const mem_report_t *r, uint64_t need) {
     if (need == UINT64_MAX) /* a training row of a config that cannot train */
         return 0;
-    uint64_t reserve = r->gpu ? TS_DIT_ENGINE_RESERVE : 0;
-    return r->dev_total == 0 || (r->dev_free >= reserve && need <= r->dev_free - reserve);
+    return r->dev_total == 0 || need <= r->dev_free;
 }
 
-/* The reason a row could not be built: its bytes against the device's free memory. */
+/* The reason a row could not be built: its bytes against the device's usable memory. */
 static void say_short(const char *row, int B, uint64_t need, const mem_report_t *r) {
     if (need == UINT64_MAX) {
         fprintf(stderr, "bench_dit: this config cannot be trained: its training activations per "
@@ -555,7 +552,7 @@ static void say_short(const char *row, int B, uint64_t need, const mem_report_t 
     }
     fprintf(stderr, "bench_dit: the %s row at batch %d needs %.2f GiB", row, B, gib(need));
     if (r->dev_total > 0)
-        fprintf(stderr, "; the device has %.2f GiB free of %.2f", gib(r->dev_free),
+        fprintf(stderr, "; the device has %.2f GiB usable of %.2f", gib(r->dev_free),
                 gib(r->dev_total));
     fprintf(stderr, " (bench_dit --memory --batch B --train-batch B says what each size needs; "
                     "ask for a smaller batch)\n");
@@ -868,11 +865,27 @@ static int run(const opts_t *o) {
                     ts_precision_name(o->precision),
                     o->attn_set && o->attn == TS_ATTN_FUSED ? "fused" : "composed");
             print_memory_json(out, &mr);
-            fprintf(out, "  \"fits\": {\"forward\": %s, \"train\": %s}\n}\n",
-                    fits(&mr, mr.fwd_need) ? "true" : "false",
-                    o->train_batch == 0        ? "null"
-                    : fits(&mr, mr.train_need) ? "true"
-                                               : "false");
+            /* each row on its own: a bench_dit run builds one model per row kind */
+            fprintf(out, "  \"rows\": [");
+            for (int i = 0; i < o->n_batches; i++) {
+                uint64_t n = ts_dit_memory_total(&mr.m, 0, o->batches[i]);
+                fprintf(out,
+                        "%s\n    {\"what\": \"forward\", \"batch\": %d, \"bytes\": %llu, "
+                        "\"fits\": %s}",
+                        i ? "," : "", o->batches[i], (unsigned long long)n,
+                        fits(&mr, n) ? "true" : "false");
+            }
+            if (o->train_batch > 0) { /* bytes null: a config that cannot be trained */
+                char bytes[32] = "null";
+                if (mr.m.can_train)
+                    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)mr.train_need);
+                fprintf(out,
+                        "%s\n    {\"what\": \"train\", \"batch\": %d, \"bytes\": %s, "
+                        "\"fits\": %s}",
+                        o->n_batches ? "," : "", o->train_batch, bytes,
+                        fits(&mr, mr.train_need) ? "true" : "false");
+            }
+            fprintf(out, "\n  ]\n}\n");
         } else {
             print_memory(out, &mr);
         }
@@ -1033,47 +1046,48 @@ done:
 
 static void usage(FILE *f) {
     fprintf(
-        f, "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
-           "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
-           "                 [--precision f32|bf16|f16] [--attention fused|composed] [--ops]\n"
-           "                 [--device cpu|cuda[:N]] [--peak N] [--memory]\n"
-           "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
-           "\n"
-           "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
-           "ts_trainer_step on random images) at the training batch, on the CPU engine or a\n"
-           "CUDA GPU (--device).\n"
-           "\n"
-           "  --weights FILE     a DiT safetensors file (config in its __metadata__)\n"
-           "  --threads N        engine threads (default: one per online core)\n"
-           "  --batch B          a forward batch size; repeat for several (default: 1 and 64)\n"
-           "  --train-batch B    training batch size; 0 = no training measurement (default 64)\n"
-           "  --seconds S        timed seconds per measurement, after a warm-up (default 2)\n"
-           "  --quick            a smoke run: short warm-up, 0.3 s unless --seconds, 3 calls\n"
-           "  --ops              after each f32 forward row, each op of a block timed alone\n"
-           "                     (calls back to back, then the device synchronised)\n"
-           "  --memory           only the memory figures (from the config: parameters, per\n"
-           "                     sample for inference and training, each row's total) against the\n"
-           "                     device's free memory; nothing is built or timed (with --json: a\n"
-           "                     document with \"memory\")\n"
-           "  --check FILE       first compare one forward on FILE's x, t, y with its v; exit 3\n"
-           "                     when they differ by more than the tolerance\n"
-           "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
-           "  --json             print one JSON document instead of the table\n"
-           "  --precision P      f32 (default), bf16 or f16: the products, forward and training\n"
-           "                     (fp32 masters and optimiser; f16 training scales the loss;\n"
-           "                     the CPU emulates f16)\n"
-           "  --attention A      fused or composed: the model's attention (default: the model's\n"
-           "                     own choice, see ts_dit_set_attention; a GPU: composed, fused in "
-           "fp32)\n"
-           "  --device D         cpu (default), cuda or cuda:N: the engine; each timed call ends\n"
-           "                     with the device synchronised\n"
-           "  --peak N           after the rows, the engine's N³ GEMM peak (fp32; bf16 where it\n"
-           "                     runs; f16 in an f16 run) and each row as a fraction of its\n"
-           "                     precision's peak (JSON: \"peak\")\n"
-           "  --attention-ops B  no model: time the attention ops alone, composed against fused,\n"
-           "                     at batch B (tiny's and small's heads, T = 64 and 256; forward\n"
-           "                     f32, forward+backward f32, forward bf16 where it runs)\n"
-           "  -h, --help         show this text\n");
+        f,
+        "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
+        "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
+        "                 [--precision f32|bf16|f16] [--attention fused|composed] [--ops]\n"
+        "                 [--device cpu|cuda[:N]] [--peak N] [--memory]\n"
+        "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
+        "\n"
+        "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
+        "ts_trainer_step on random images) at the training batch, on the CPU engine or a\n"
+        "CUDA GPU (--device).\n"
+        "\n"
+        "  --weights FILE     a DiT safetensors file (config in its __metadata__)\n"
+        "  --threads N        engine threads (default: one per online core)\n"
+        "  --batch B          a forward batch size; repeat for several (default: 1 and 64)\n"
+        "  --train-batch B    training batch size; 0 = no training measurement (default 64)\n"
+        "  --seconds S        timed seconds per measurement, after a warm-up (default 2)\n"
+        "  --quick            a smoke run: short warm-up, 0.3 s unless --seconds, 3 calls\n"
+        "  --ops              after each f32 forward row, each op of a block timed alone\n"
+        "                     (calls back to back, then the device synchronised)\n"
+        "  --memory           only the memory figures (from the config: parameters, per\n"
+        "                     sample for inference and training, each row's total) against the\n"
+        "                     device's usable memory; nothing is built or timed (with --json: a\n"
+        "                     document with \"memory\")\n"
+        "  --check FILE       first compare one forward on FILE's x, t, y with its v; exit 3\n"
+        "                     when they differ by more than the tolerance\n"
+        "  --tol X            tolerance of --check, relative to max(1, max|v|) (default 1e-4)\n"
+        "  --json             print one JSON document instead of the table\n"
+        "  --precision P      f32 (default), bf16 or f16: the products, forward and training\n"
+        "                     (fp32 masters and optimiser; f16 training scales the loss;\n"
+        "                     the CPU emulates f16)\n"
+        "  --attention A      fused or composed: the model's attention (default: the model's\n"
+        "                     own choice, see ts_dit_set_attention; a GPU: composed, fused in "
+        "fp32)\n"
+        "  --device D         cpu (default), cuda or cuda:N: the engine; each timed call ends\n"
+        "                     with the device synchronised\n"
+        "  --peak N           after the rows, the engine's N³ GEMM peak (fp32; bf16 where it\n"
+        "                     runs; f16 in an f16 run) and each row as a fraction of its\n"
+        "                     precision's peak (JSON: \"peak\")\n"
+        "  --attention-ops B  no model: time the attention ops alone, composed against fused,\n"
+        "                     at batch B (tiny's and small's heads, T = 64 and 256; forward\n"
+        "                     f32, forward+backward f32, forward bf16 where it runs)\n"
+        "  -h, --help         show this text\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {

@@ -290,58 +290,40 @@ def run_peak(weights):
 
 
 GIB = float(1 << 30)
-ENGINE_RESERVE = 256 << 20  # model/dit.h TS_DIT_ENGINE_RESERVE: what a GPU engine keeps
 
 
 def why_skipped(s):
     if s.get("needs_gib") is None:
         return s.get("reason", "cannot run")
-    return f"needs {s['needs_gib']:.2f} GiB, {s['free_gib']:.2f} GiB free"
+    return f"needs {s['needs_gib']:.2f} GiB, {s['usable_gib']:.2f} GiB usable"
 
 
 def what_fits(weights, precision):
-    """The forward batches and the training batch whose memory (`bench_dit --memory`: computed
-    from the config, per row) fits the device's free memory now, and a note for each that does
-    not (needed and free GiB): each bench_dit row builds its own model, so each row must fit
-    alone."""
+    """The forward batches and the training batch that fit the device's usable memory now, as
+    `bench_dit --memory --json` says row by row (computed from the config; each bench_dit row
+    builds its own model, so each row must fit alone), and a note for each that does not."""
     cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--memory", "--json",
            "--precision", precision, "--train-batch", str(ARGS.train_batch)]
     for B in ARGS.batch:
         cmd += ["--batch", str(B)]
     m = run_child(cmd)
-    if "memory" not in m:  # no figures: try every row, and record what fails
+    if "rows" not in m:  # no figures: try every row, and record what fails
         return ARGS.batch, ARGS.train_batch, []
-    m = m["memory"]
-    free = m["device_free_bytes"]
-    reserve = ENGINE_RESERVE if ARGS.device.startswith("cuda") else 0
-
-    def need(train, B):
-        if train:
-            return (m["params_bytes"] + m["params_lp_bytes"] + m["grads_bytes"] + m["adamw_bytes"]
-                    + m["ema_bytes"] + m["training_fixed_bytes"] + B * m["training_per_sample_bytes"])
-        return (m["params_bytes"] + m["params_lp_bytes"] + m["inference_fixed_bytes"]
-                + B * m["inference_per_sample_bytes"])
-
-    def ok(n):
-        return not m["device_total_bytes"] or n + reserve <= free
-
-    skipped, batches = [], []
-    for B in ARGS.batch:
-        if ok(need(False, B)):
-            batches.append(B)
+    usable = m["memory"]["device_usable_bytes"] / GIB
+    skipped, batches, train = [], [], 0
+    for r in m["rows"]:
+        if r["fits"]:
+            if r["what"] == "forward":
+                batches.append(r["batch"])
+            else:
+                train = r["batch"]
+        elif r["bytes"] is None:
+            skipped.append({"row": f"train_b{r['batch']}", "needs_gib": None,
+                            "reason": "this config cannot be trained: its training activations "
+                                      "pass the per-sample bound of model/dit.h"})
         else:
-            skipped.append({"row": f"forward_b{B}", "needs_gib": need(False, B) / GIB,
-                            "free_gib": free / GIB})
-    train = ARGS.train_batch
-    if train and not m.get("can_train", True):
-        skipped.append({"row": f"train_b{train}", "needs_gib": None, "free_gib": free / GIB,
-                        "reason": "this config cannot be trained: its training activations pass "
-                                  "the per-sample bound of model/dit.h"})
-        train = 0
-    if train and not ok(need(True, train)):
-        skipped.append({"row": f"train_b{train}", "needs_gib": need(True, train) / GIB,
-                        "free_gib": free / GIB})
-        train = 0
+            skipped.append({"row": f"{r['what']}_b{r['batch']}", "needs_gib": r["bytes"] / GIB,
+                            "usable_gib": usable})
     for s in skipped:
         log(f"  ours {precision}: {s['row']} skipped: {why_skipped(s)}")
     return batches, train, skipped

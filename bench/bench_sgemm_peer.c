@@ -1,7 +1,6 @@
 /*
  * bench_sgemm_peer.c — OpenBLAS's sgemm against oneDNN's (dnnl_sgemm), one thread each, on the
  * products the CPU engine makes for a DiT expert: is oneDNN's fp32 GEMM faster for our shapes?
- * (issue 28, item 1).
  *
  * The engine runs every product as single-threaded BLAS calls on its own workers (one per core),
  * so the comparison that matters is one call on one thread, of the shapes those calls have: for

@@ -101,8 +101,8 @@ typedef struct {
      * next try skips it while another live member exists, so a peer that cannot be dialled
      * (itself behind NAT) is not asked again and again */
     char reach_asked[TS_CONFIG_ADDR_MAX + 8], reach_unasked[TS_CONFIG_ADDR_MAX + 8];
-    atomic_int ready;   /* /healthz: 1 once joined, 0 while starting or stopping */
-    ts_health_t health; /* the loop's: alone, refused (daemon/health.h) */
+    atomic_int ready;             /* /healthz: 1 once joined, 0 while starting or stopping */
+    ts_health_t health;           /* the loop's: alone, refused (daemon/health.h) */
     pthread_mutex_t health_mu;
     char health_reason[512]; /* health.reason, for the HTTP thread, under health_mu */
 } daemon_t;

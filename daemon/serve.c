@@ -77,7 +77,7 @@ struct ts_serve {
      * and its output is host memory: no vv, xd, td. */
     ts_tensor_t xx, tt, vv, xd, td;
     ts_engine_mark_t mark[2]; /* a batch's device time (CUDA events on a GPU), compute thread's */
-    int32_t *yy;              /* (max_batch) labels */
+    int32_t *yy; /* (max_batch) labels */
     pthread_t thread;
     /* shared, under mu */
     pthread_mutex_t mu;
@@ -673,8 +673,8 @@ static void set_precision(ts_serve_t *s) {
 static double gib(uint64_t b) { return (double)b / (double)(1u << 30); }
 
 /* The memory the model takes (from its config: parameters, fixed part, bytes per row) against what
- * the engine's device has free now (or o.memory_budget, when less), less what a GPU engine keeps
- * for itself: a max_batch that
+ * the engine can still use now (ts_engine_memory_usable, or o.memory_budget when less): a
+ * max_batch that
  * does not fit is lowered to the most rows that do, and the device note says so; not even one row
  * is TS_ENOMEM with both figures. Where the free memory is unknown, max_batch stays. */
 static int size_batch(ts_serve_t *s, const ts_dit_config_t *c, char *err, size_t errlen) {
@@ -685,16 +685,14 @@ static int size_batch(ts_serve_t *s, const ts_dit_config_t *c, char *err, size_t
                    ts_strerror(rc));
         return rc;
     }
-    uint64_t free_b = 0, total = 0;
+    uint64_t budget = 0, total = 0;
     size_t used = strlen(s->eng_note);
     char *tail = s->eng_note + used;
     size_t room = sizeof s->eng_note - used;
     int B = s->o.max_batch;
-    int known = ts_engine_memory_free(&s->eng, &free_b, &total) == TS_OK && total > 0;
+    int known = ts_engine_memory_usable(&s->eng, &budget, &total) == TS_OK && total > 0;
     if (s->o.memory_budget > 0) { /* the operator's cap, or the device's, whichever is less */
-        uint64_t cap = s->o.memory_budget +
-                       (s->eng.device == TS_CUDA ? TS_DIT_ENGINE_RESERVE : 0); /* taken off below */
-        free_b = known && free_b < cap ? free_b : cap;
+        budget = known && budget < s->o.memory_budget ? budget : s->o.memory_budget;
         total = known ? total : s->o.memory_budget;
         known = 1;
     }
@@ -703,8 +701,6 @@ static int size_batch(ts_serve_t *s, const ts_dit_config_t *c, char *err, size_t
                  gib(ts_dit_memory_total(&s->mem, 0, B)), B);
         return TS_OK;
     }
-    uint64_t reserve = s->eng.device == TS_CUDA ? TS_DIT_ENGINE_RESERVE : 0;
-    uint64_t budget = free_b > reserve ? free_b - reserve : 0;
     int fit = ts_dit_memory_max_batch(&s->mem, 0, budget, B);
     if (fit < 1) {
         ts_set_err(err, errlen,
@@ -712,9 +708,7 @@ static int size_batch(ts_serve_t *s, const ts_dit_config_t *c, char *err, size_t
                    "and %.3f GiB of the %s's %.3f are usable%s",
                    gib(s->mem.infer_per_sample), gib(ts_dit_memory_total(&s->mem, 0, 1)),
                    gib(budget), s->eng.device == TS_CUDA ? "device" : "machine", gib(total),
-                   s->o.memory_budget ? " (memory_budget)"
-                   : reserve          ? " (its free memory less the engine's own)"
-                                      : " (its available memory)");
+                   s->o.memory_budget ? " (memory_budget)" : "");
         return TS_ENOMEM;
     }
     if (fit < B) {

@@ -59,13 +59,13 @@ struct ts_train_job {
      * in flight, the next waits for it. Under mu, but for the stage and w_meta, which only the
      * writer touches while w_busy and only the job's thread otherwise. */
     pthread_t writer;
-    pthread_cond_t wcv;       /* a write was handed over, finished, or the writer must quit */
-    int w_busy, w_quit;       /* w_busy: a write handed over and not finished */
-    int64_t w_step;           /* the step the write holds */
-    ts_trainer_stage_t stage; /* the state copied out (made at the first periodic checkpoint) */
-    int staged;               /* stage made */
-    ts_train_meta_t w_meta;   /* the snapshot's metadata at the staged step */
-    int w_rc;                 /* the first failed write's error; the job ends with it */
+    pthread_cond_t wcv;        /* a write was handed over, finished, or the writer must quit */
+    int w_busy, w_quit;        /* w_busy: a write handed over and not finished */
+    int64_t w_step;            /* the step the write holds */
+    ts_trainer_stage_t stage;  /* the state copied out (made at the first periodic checkpoint) */
+    int staged;                /* stage made */
+    ts_train_meta_t w_meta;    /* the snapshot's metadata at the staged step */
+    int w_rc;                  /* the first failed write's error; the job ends with it */
     int64_t w_at;
     char w_err[320];
 };
@@ -158,8 +158,8 @@ static int encode_weights(ts_train_job_t *j, unsigned char **buf, size_t *len, c
 /* Imports buf (taken: freed or kept by the snapshot) into the store and, with snapshots on,
  * publishes it as the newest snapshot, removing the previous one's manifest unless it is the
  * same file. *hash gets the weights hash. */
-static int publish(ts_train_job_t *j, unsigned char *buf, size_t len, int64_t step, ts_hash_t *hash,
-                   char *err, size_t errlen) {
+static int publish(ts_train_job_t *j, unsigned char *buf, size_t len, int64_t step,
+                   ts_hash_t *hash, char *err, size_t errlen) {
     int rc = ts_weights_import_buf(j->store, buf, len, hash, NULL, NULL, err, errlen);
     if (rc != TS_OK || !j->snapshots) {
         free(buf);
@@ -230,8 +230,9 @@ static void *writer_main(void *arg) {
         if (rc == TS_OK && j->snapshots)
             rc = ts_dit_save_mem(&j->model, &j->stage.host[TS_STAGE_EMA], TS_ST_F32, j->w_meta.kv,
                                  j->w_meta.n, &snap, &snap_len, err, sizeof err);
-        if (rc == TS_OK && (rc = ts_ckpt_save(j->store, j->progress.run_id, step, ckpt, ckpt_len,
-                                              j->keep)) != TS_OK)
+        if (rc == TS_OK &&
+            (rc = ts_ckpt_save(j->store, j->progress.run_id, step, ckpt, ckpt_len, j->keep)) !=
+                TS_OK)
             snprintf(err, sizeof err, "store %s: cannot save the checkpoint (%zu bytes)",
                      ts_store_dir(j->store), ckpt_len);
         free(ckpt);
@@ -285,8 +286,8 @@ static int checkpoint_async(ts_train_job_t *j, int64_t *at, char *err, size_t er
     if (rc != TS_OK)
         return rc;
     if (!j->staged) {
-        int pinned =
-            j->model.eng->device == TS_CUDA && (size_t)j->model.num_params * 16 <= STAGE_PINNED_MAX;
+        int pinned = j->model.eng->device == TS_CUDA &&
+                     (size_t)j->model.num_params * 16 <= STAGE_PINNED_MAX;
         if ((rc = ts_trainer_stage_init(&j->stage, &j->tr, pinned)) != TS_OK) {
             snprintf(err, errlen, "no memory for a copy of the training state (%lld bytes)",
                      (long long)j->model.num_params * 16);
@@ -512,16 +513,14 @@ static int build(ts_train_job_t *j, const ts_train_job_opts_t *o, char *err, siz
     if (rc == TS_OK) {
         need = ts_dit_memory_total(&mem, 1, o->train.batch);
         const double gib = (double)(1u << 30);
-        if (ts_engine_memory_free(&j->eng, &free_b, &total) == TS_OK && total > 0) {
-            uint64_t reserve = j->eng.device == TS_CUDA ? TS_DIT_ENGINE_RESERVE : 0;
-            if (need + reserve > free_b) {
+        if (ts_engine_memory_usable(&j->eng, &free_b, &total) == TS_OK && total > 0) {
+            if (need > free_b) {
                 ts_set_err(err, errlen,
                            "model '%s' at batch %d needs %.3f GiB to train (%.1f MiB per sample) "
-                           "and the %s has %.3f GiB free of %.3f: lower [train] batch",
+                           "and %.3f GiB of the %s's %.3f are usable: lower [train] batch",
                            name, o->train.batch, (double)need / gib,
-                           (double)mem.train_per_sample / (1 << 20),
-                           j->eng.device == TS_CUDA ? "device" : "machine", (double)free_b / gib,
-                           (double)total / gib);
+                           (double)mem.train_per_sample / (1 << 20), (double)free_b / gib,
+                           j->eng.device == TS_CUDA ? "device" : "machine", (double)total / gib);
                 rc = TS_ENOMEM;
             }
         }

@@ -114,7 +114,7 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len) {
              (double)total / (1024.0 * 1024.0 * 1024.0));
 }
 
-int ts_engine_memory_free(const ts_engine_t *e, uint64_t *free_bytes, uint64_t *total) {
+int ts_engine_memory_usable(const ts_engine_t *e, uint64_t *free_bytes, uint64_t *total) {
     if (!e || !free_bytes || !total)
         return TS_EINVAL;
     *free_bytes = *total = 0;
@@ -122,7 +122,7 @@ int ts_engine_memory_free(const ts_engine_t *e, uint64_t *free_bytes, uint64_t *
         size_t t = 0, used = 0;
         TS_TRY(ts_engine_memory(e, &t, &used));
         *total = t;
-        *free_bytes = t - used;
+        *free_bytes = t - used > TS_ENGINE_GPU_RESERVE ? t - used - TS_ENGINE_GPU_RESERVE : 0;
         return TS_OK;
     }
     long page = sysconf(_SC_PAGESIZE), pages = sysconf(_SC_PHYS_PAGES);

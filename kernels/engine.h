@@ -82,11 +82,14 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
 /* Device memory of a CUDA engine in bytes: total and used now (by every process). TS_ENODEV for a
  * CPU engine. */
 int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used);
+/* What a GPU engine keeps for itself beyond the tensors it is asked for (cuBLAS workspaces,
+ * reduction scratch, allocator slack): ts_engine_memory_usable leaves it out. */
+#define TS_ENGINE_GPU_RESERVE ((uint64_t)256 << 20)
 /* The memory a model on e may still take, in bytes: on a GPU its free device memory
- * (cudaMemGetInfo), on the CPU the machine's available memory (MemAvailable of /proc/meminfo, else
- * the free pages) and no more than a cgroup v2 limit leaves; *total the device's or the machine's
- * whole (or the limit). */
-int ts_engine_memory_free(const ts_engine_t *e, uint64_t *free_bytes, uint64_t *total);
+ * (cudaMemGetInfo) less TS_ENGINE_GPU_RESERVE, on the CPU the machine's available memory
+ * (MemAvailable of /proc/meminfo, else the free pages) and no more than a cgroup v2 limit leaves;
+ * *total the device's or the machine's whole (or the limit). */
+int ts_engine_memory_usable(const ts_engine_t *e, uint64_t *usable, uint64_t *total);
 /* Device time. A mark records how far the engine's queued work has got: on a GPU an event on
  * the engine's stream (no waiting), on the CPU — whose ops are done when they return — the
  * clock. ts_engine_marks_elapsed waits for the later mark and gives the seconds between two:
@@ -131,8 +134,8 @@ int ts_engine_utilization(const ts_engine_t *e, double *ratio);
 typedef enum { TS_PREC_F32 = 0, TS_PREC_BF16 = 1, TS_PREC_F16 = 2 } ts_precision_t;
 
 #define TS_PRECISION_HELP                                                                          \
-    "f32 (default), bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16, or a GPU of "   \
-    "compute capability 8.0 or newer) or "                                                         \
+    "f32 (default), bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16, or a GPU of " \
+    "compute capability 8.0 or newer) or "                                                       \
     "f16 (half-precision products, for GPUs without bf16; emulated on the CPU)"
 
 /* Parses "f32", "bf16" or "f16" (NULL or "" = f32); TS_EINVAL for anything else, out untouched. */

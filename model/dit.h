@@ -237,7 +237,8 @@ int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a);
  * ts_dit_create asks for). The fixed costs do not depend on the batch; a batch of B adds B times
  * the per-sample figure. The 16-bit products' operand buffer (a GPU's rounded operands, the
  * CPU's emulation scratch) is an upper estimate from the largest product's operands; a CUDA
- * engine's own context and cuBLAS workspaces are not counted (see ts_dit_memory_fits). */
+ * engine's own context and cuBLAS workspaces are not counted (ts_engine_memory_usable leaves them
+ * out of what it offers). */
 typedef struct ts_dit_memory {
     uint64_t params;           /* the fp32 parameter slab */
     uint64_t params_lp;        /* its bf16 or f16 copy (0 at f32) */
@@ -265,9 +266,6 @@ uint64_t ts_dit_memory_total(const ts_dit_memory_t *mem, int training, int batch
 /* The largest batch (1 … cap) whose ts_dit_memory_total fits in budget bytes; 0 when not even
  * one sample fits. */
 int ts_dit_memory_max_batch(const ts_dit_memory_t *mem, int training, uint64_t budget, int cap);
-/* What a CUDA engine keeps for itself beyond the model (cuBLAS workspaces, reduction scratch,
- * allocator slack): subtracted from the device's free memory before a batch is sized. */
-#define TS_DIT_ENGINE_RESERVE ((uint64_t)256 << 20)
 
 /* Multiply-adds (×2 = FLOPs) of one forward pass per sample, counting the GEMMs only. */
 double ts_dit_flops_per_sample(const ts_dit_config_t *cfg);

@@ -57,20 +57,20 @@ extern "C" {
 #define TS_FRAME_APP_HEADER 4u           /* bytes of the application length prefix */
 #define TS_FRAME_NOISE_HEADER 2u         /* bytes of the Noise length prefix */
 
-#define TS_FRAME_ID_BYTES 32u        /* node ids, partition ids, weights and chunk hashes */
-#define TS_FRAME_SIGNATURE_BYTES 64u /* Ed25519 */
-#define TS_FRAME_MAX_DIMS 4          /* of a Tensor */
-#define TS_FRAME_CENTROID_MAX 4096   /* elements of an advert's centroid */
-#define TS_FRAME_DEVICE_MAX 127      /* bytes of an advert's capacity.device */
-#define TS_FRAME_MEMORY_MAX ((uint64_t)1 << 50)  /* capacity.model_bytes, row_bytes: 1 PiB */
-#define TS_FRAME_ADDR_MAX 255                    /* bytes of one "host:port" (as store/peers.h) */
-#define TS_FRAME_MESSAGE_MAX 1024                /* bytes of an Error's message */
-#define TS_FRAME_CIRCUIT_BYTES 16                /* a relay circuit's token (RelayEvent.circuit) */
-#define TS_FRAME_DATAGRAM_MAX 2048               /* bytes of a relayed gossip datagram */
-#define TS_FRAME_SIGNED_BODY_MAX (64u << 10)     /* bytes of the body of a signed statement */
-#define TS_FRAME_CHUNK_MIN (4u << 10)            /* a manifest's chunk_size, at least */
-#define TS_FRAME_CHUNK_MAX (16u << 20)           /* and at most; also the most bytes in a Chunk */
+#define TS_FRAME_ID_BYTES 32u                /* node ids, partition ids, weights and chunk hashes */
+#define TS_FRAME_SIGNATURE_BYTES 64u         /* Ed25519 */
+#define TS_FRAME_MAX_DIMS 4                  /* of a Tensor */
+#define TS_FRAME_CENTROID_MAX 4096           /* elements of an advert's centroid */
+#define TS_FRAME_DEVICE_MAX 127              /* bytes of an advert's capacity.device */
+#define TS_FRAME_ADDR_MAX 255                /* bytes of one "host:port" (as store/peers.h) */
+#define TS_FRAME_MESSAGE_MAX 1024            /* bytes of an Error's message */
+#define TS_FRAME_CIRCUIT_BYTES 16            /* a relay circuit's token (RelayEvent.circuit) */
+#define TS_FRAME_DATAGRAM_MAX 2048           /* bytes of a relayed gossip datagram */
+#define TS_FRAME_SIGNED_BODY_MAX (64u << 10) /* bytes of the body of a signed statement */
+#define TS_FRAME_CHUNK_MIN (4u << 10)        /* a manifest's chunk_size, at least */
+#define TS_FRAME_CHUNK_MAX (16u << 20)       /* and at most; also the most bytes in a Chunk */
 #define TS_FRAME_WEIGHTS_MAX ((uint64_t)1 << 40) /* a weights file's total_size, at most */
+#define TS_FRAME_MEMORY_MAX ((uint64_t)1 << 50)  /* capacity.model_bytes, row_bytes: 1 PiB */
 #define TS_FRAME_CFG_SCALE_MAX 100.0f            /* |cfg_scale| */
 
 /* protobuf-c's allocations while decoding a frame of n bytes stay within

@@ -115,9 +115,9 @@ static json_t *j_load(const Tessera__Load *l) {
 static json_t *j_capacity(const Tessera__Capacity *c) {
     if (!c)
         return json_null();
-    json_t *j =
-        json_pack("{s:f, s:i, s:i, s:s?}", "items_per_s", (double)c->items_per_s, "max_batch",
-                  (int)c->max_batch, "queue_limit", (int)c->queue_limit, "device", c->device);
+    json_t *j = json_pack("{s:f, s:i, s:i, s:s?}", "items_per_s", (double)c->items_per_s,
+                          "max_batch", (int)c->max_batch, "queue_limit", (int)c->queue_limit,
+                          "device", c->device);
     if (j && c->has_max_rows)
         json_object_set_new(j, "max_rows", json_integer((json_int_t)c->max_rows));
     if (j && c->has_model_bytes)

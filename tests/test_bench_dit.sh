@@ -57,18 +57,23 @@ echo "ok: --ops parses the arguments around it and prints each op"
     fail "--memory --json"
 "$PY" - "$dir/m.json" <<'PY' || fail "--memory JSON: $(cat "$dir/m.json")"
 import json, sys
-m = json.load(open(sys.argv[1]))["memory"]
+d = json.load(open(sys.argv[1]))
+m = d["memory"]
 assert m["params_bytes"] >= 4 * 1275408, m  # tiny's parameters in fp32
 assert m["forward_bytes"] == m["params_bytes"] + m["inference_fixed_bytes"] + 64 * m["inference_per_sample_bytes"], m
 assert m["train_bytes"] == (m["params_bytes"] + m["grads_bytes"] + m["adamw_bytes"] + m["ema_bytes"]
                             + m["training_fixed_bytes"] + 8 * m["training_per_sample_bytes"]), m
 assert m["training_per_sample_bytes"] > m["inference_per_sample_bytes"] > 0, m
-assert m["device_total_bytes"] > 0 and m["device_free_bytes"] > 0, m
+assert m["device_total_bytes"] >= m["device_usable_bytes"] > 0, m
+rows = {(r["what"], r["batch"]): r for r in d["rows"]}
+assert set(rows) == {("forward", 64), ("train", 8)}, rows
+assert rows[("train", 8)]["bytes"] == m["train_bytes"] and rows[("forward", 64)]["bytes"] == m["forward_bytes"]
+assert all(r["fits"] for r in rows.values()), rows  # a tiny model fits any machine this runs on
 PY
 rc=0
 "$B" --weights "$dir/w.safetensors" --quick --batch 2 --train-batch 60000 >"$dir/o.txt" \
     2>"$dir/err.txt" || rc=$?
-[ "$rc" = 1 ] && grep -q "training row at batch 60000 needs .* GiB; the device has .* GiB free" \
+[ "$rc" = 1 ] && grep -q "training row at batch 60000 needs .* GiB; the device has .* GiB usable" \
     "$dir/err.txt" || fail "an oversized training row: exit $rc, $(cat "$dir/err.txt")"
 grep -q "^forward  B=2" "$dir/o.txt" || fail "the forward row did not run before the refusal"
 echo "ok: --memory; a training row that cannot fit says what it needs and what is free"

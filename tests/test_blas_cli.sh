@@ -1,6 +1,6 @@
 #!/bin/sh
-# test_blas_cli.sh TESSERA TESSERAD — the GEMM kernels, said and checked by the programs (issue
-# 28): OpenBLAS made to load its weakest x86-64 set (Prescott) as though it had chosen it
+# test_blas_cli.sh TESSERA TESSERAD — the GEMM kernels, said and checked by the programs:
+# OpenBLAS made to load its weakest x86-64 set (Prescott) as though it had chosen it
 # (TESSERA_BLAS_TEST_AS_DETECTED=1, kernels/cpu/blas_core.h), on a CPU that runs better:
 #   - tessera selfcheck re-executes itself with the CPU's set and passes, saying who chose it;
 #   - with the re-execution forbidden (TESSERA_BLAS_REEXEC=0) it fails, naming the fix;

@@ -37,7 +37,8 @@ static ts_cpu_isa_t haswell(void) {
     return c;
 }
 
-/* "Intel(R) Xeon(R) Processor" on a cloud VM: AVX-512 F/CD/BW/DQ/VL, no BF16 (issue 28) */
+/* "Intel(R) Xeon(R) Processor" on a cloud VM that OpenBLAS 0.3.21 does not recognise: AVX-512
+ * F/CD/BW/DQ/VL, no BF16 */
 static ts_cpu_isa_t cloud_xeon(void) {
     ts_cpu_isa_t c = haswell();
     c.os_zmm = c.avx512f = c.avx512cd = c.avx512bw = c.avx512dq = c.avx512vl = 1;
@@ -101,7 +102,7 @@ static void test_decide(void **state) {
     (void)state;
     const char *want = NULL;
     ts_cpu_isa_t c = cloud_xeon();
-    /* the VM of issue 28: Prescott chosen on an AVX-512 CPU */
+    /* that VM: OpenBLAS fell back to Prescott on an AVX-512 CPU */
     assert_int_equal(ts_blas_decide("Prescott", &c, NULL, NULL, &want), TS_BLAS_REEXEC);
     assert_string_equal(want, "SkylakeX");
     /* the user chose, or forbade the re-execution, or it already happened: said, not changed */

@@ -488,7 +488,8 @@ static void test_answers_equal_local(void **state) {
 /* Serves at precision p: the device note says so (note_frag), and the answers, plain and guided,
  * are the local forward's at p bit for bit (so its rows do not depend on their batch or the
  * server's threads either). The server stays up (serve_stop is the caller's). */
-static void answers_at(ts_precision_t p, const char *note_frag, uint64_t seed, ts_serve_opts_t *o) {
+static void answers_at(ts_precision_t p, const char *note_frag, uint64_t seed,
+                       ts_serve_opts_t *o) {
     ts_serve_opts_default(o);
     o->max_batch = MAXB;
     o->max_wait_ms = 1;
