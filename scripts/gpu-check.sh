@@ -22,7 +22,10 @@
 #                  fails on any report (an out-of-bounds or misaligned access, a CUDA API
 #                  error), on a test failing under it, or when compute-sanitizer is not found
 #       initcheck  compute-sanitizer --tool initcheck over the same two: fails on any read of
-#                  device memory nobody wrote
+#                  device memory nobody wrote. The tool does not see cuBLAS's bf16 products'
+#                  writes (docs/benchmarks.md, "On a GPU"), so this step runs the binaries with
+#                  TESSERA_CUDA_INITCHECK=1: the engine memsets each 16-bit product's output
+#                  first, where the tool sees it
 #       bench      bench/bench_gpu.py: the DiT configs against PyTorch on the same GPU
 #
 # BENCH_GPU_ARGS, when set, is added to bench_gpu.py's arguments (e.g. "--config dit-s --quick";
@@ -159,6 +162,7 @@ sanitize() {
     for t in test_cuda_parity test_cuda_dit; do
         echo "== $cs --tool $tool $t"
         rc=0
+        [ "$tool" = initcheck ] && export TESSERA_CUDA_INITCHECK=1
         "$cs" --tool "$tool" --target-processes all --error-exitcode 86 --print-limit 50 \
             "$B/tests/$t" || rc=$?
         echo "== $t under $tool: exit $rc"
