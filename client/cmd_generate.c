@@ -218,7 +218,7 @@ typedef struct {
     ts_device_spec_t device;  /* --device (zeroed: the CPU): --local and --prefer-local */
     ts_precision_t precision; /* --precision (zeroed: f32): the experts of --local */
     int no_prior, exact, require_coverage, tau_set;
-    float cfg, tau, router_temp;
+    float cfg, tau, router_temp, min_trained;
     uint64_t seed;
 } gen_opts_t;
 
@@ -256,7 +256,8 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
                       .n = 64,
                       .steps = 30,
                       .cfg = 1.0f,
-                      .router_temp = 1.0f};
+                      .router_temp = 1.0f,
+                      .min_trained = (float)TS_NETGEN_MIN_TRAINED};
     ts_arg_t args[] = {
         {"local", TS_ARG_STRING, &o->dir, "DIR",
          "the experts of a folder: partition.safetensors, expert-<k>.safetensors (k = 0..K-1, or "
@@ -275,6 +276,10 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
         {"require-coverage", TS_ARG_FLAG, &o->require_coverage, NULL,
          "with --peer: refuse when a cluster has no live expert and no cached weights (default: "
          "route around it from the first step, with a warning)"},
+        {"min-trained", TS_ARG_FLOAT, &o->min_trained, "F",
+         "with --peer: use an expert whose node is still training it once it has done this "
+         "fraction of its steps (default 1: only finished experts; 0: any)",
+         0, 1},
         {"prefer-local", TS_ARG_FLAG, &o->prefer_local, NULL,
          "with --peer: run the experts whose weights are in the store here (`tessera pull`)"},
         {"no-hedge", TS_ARG_FLAG, &o->no_hedge, NULL,
@@ -368,10 +373,11 @@ static int validate(gen_run_t *r) {
     else if (o->peer && !o->nk)
         fprintf(stderr, PROG ": --peer needs --network-key FILE\n");
     else if (!o->peer && (o->nk || o->identity || o->data_dir || o->partition || o->prefer_local ||
-                          o->no_hedge || o->trace || o->require_coverage))
+                          o->no_hedge || o->trace || o->require_coverage ||
+                          o->min_trained != (float)TS_NETGEN_MIN_TRAINED))
         fprintf(stderr, PROG ": --network-key, --identity, --data-dir, --partition, "
-                             "--require-coverage, --prefer-local, --no-hedge and --trace go with "
-                             "--peer\n");
+                             "--require-coverage, --min-trained, --prefer-local, --no-hedge and "
+                             "--trace go with --peer\n");
     else if (o->peer && (o->exact || o->router_temp != 1.0f))
         fprintf(stderr, PROG ": --exact-guidance and --router-temp go with --local\n");
     else if (o->class_prior && o->no_prior)
@@ -406,7 +412,8 @@ static int open_experts(gen_run_t *r) {
                                .partition = o->partition,
                                .trace = o->trace != NULL,
                                .load_router = wants_router,
-                               .require_coverage = o->require_coverage};
+                               .require_coverage = o->require_coverage,
+                               .min_trained = o->min_trained};
         ts_remote_opts_default(&no.remote);
         no.remote.prefer_local = o->prefer_local;
         no.remote.hedge = !o->no_hedge;
@@ -562,15 +569,25 @@ static json_t *summary(const gen_run_t *r, const char *sel_text) {
     }
     fprintf(stderr, "\nprior: %s\n", r->prior_used);
     if (r->loc.absent) {
-        fprintf(stderr, "UNCOVERED: routed around");
         for (int k = 0; k < K; k++)
             if (r->loc.absent[k]) {
                 double mass =
                     r->st.absent_routed ? r->absent_mass[k] / (double)r->st.absent_routed : 0.0;
-                fprintf(stderr, " cluster %d (%.1f%% of the routing mass)", k, 100.0 * mass);
-                json_array_append_new(unc, json_pack("{s:i, s:f}", "cluster", k, "mass", mass));
+                const ts_netgen_held_t *h = r->net.held ? &r->net.held[k] : NULL;
+                char why[320] = "no live expert and no cached weights";
+                if (h && h->n)
+                    ts_netgen_held_text(&r->net, k, why, sizeof why);
+                fprintf(stderr, "UNCOVERED: cluster %d, routed around (%.1f%% of the routing mass): %s\n",
+                        k, 100.0 * mass, why);
+                json_t *u = json_pack("{s:i, s:f, s:s}", "cluster", k, "mass", mass, "reason",
+                                      h && h->n ? "training" : "no expert");
+                if (u && h && h->n)
+                    json_object_set_new(u, "training",
+                                        json_pack("{s:i, s:I, s:I, s:s}", "experts", h->n, "step",
+                                                  (json_int_t)h->step, "steps",
+                                                  (json_int_t)h->steps, "addr", h->addr));
+                json_array_append_new(unc, u);
             }
-        fprintf(stderr, "\n");
     }
     json_object_set_new(sum, "uncovered", unc);
     json_object_set_new(sum, "expert_share", share);

@@ -33,6 +33,7 @@
 #include "client/jsonout.h"
 #include "net/netclient.h"
 #include "net/frame.h"
+#include "net/gossip.h"
 #include "net/status_json.h"
 
 typedef struct status {
@@ -76,9 +77,10 @@ static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBod
             n += snprintf(expert + n, sizeof expert - (size_t)n, " q%u %.1fms",
                           b->load->queue_depth, b->load->item_latency_us / 1000.0);
         if (b->training && n > 0 && (size_t)n < sizeof expert)
-            n += snprintf(expert + n, sizeof expert - (size_t)n, " training %llu/%llu",
-                          (unsigned long long)b->training->step,
-                          (unsigned long long)b->training->steps);
+            n += snprintf(expert + n, sizeof expert - (size_t)n,
+                          " training %llu/%llu%s", (unsigned long long)b->training->step,
+                          (unsigned long long)b->training->steps,
+                          ts_advert_trained(b) ? "" : " (not used by default)");
         if (b->has_relay_id && n > 0 && (size_t)n < sizeof expert) {
             char via[9];
             ts_status_hex(&b->relay_id, 8, via);
@@ -104,6 +106,23 @@ static void print_status(const Tessera__StatusResponse *r, const ts_status_adver
            experts == 1 ? "" : "s", g ? g->n_uncovered : 0, g && g->n_uncovered == 1 ? "" : "s");
     if (r->health)
         printf("health: %s\n", r->health);
+    if (r->training) {
+        const Tessera__TrainingStatus *t = r->training;
+        char part[17], left[32] = "unknown";
+        ts_status_hex(&t->partition_id, 16, part);
+        if (t->has_steps_per_s && t->steps_per_s > 0.0f)
+            age((uint64_t)((double)(t->steps - t->step) / t->steps_per_s * 1000.0), left,
+                sizeof left);
+        printf("this node trains cluster %u of partition %s: step %llu of %llu (%.1f%%)", t->cluster,
+               part, (unsigned long long)t->step, (unsigned long long)t->steps,
+               t->steps ? 100.0 * (double)t->step / (double)t->steps : 0.0);
+        if (t->has_loss)
+            printf(", loss %.4f", (double)t->loss);
+        printf(", %.2f steps/s, %s left; %s\n", (double)t->steps_per_s, left,
+               t->served ? "a checkpoint is served, used only by clients that ask for "
+                           "--min-trained"
+                         : "not served yet");
+    }
     if (r->metrics)
         printf("metrics: %s\n", r->metrics);
     if (r->n_members) {
@@ -124,7 +143,9 @@ static void print_status(const Tessera__StatusResponse *r, const ts_status_adver
             for (size_t i = 0; i < g->n_uncovered; i++) {
                 char p[9];
                 ts_status_hex(&g->uncovered[i]->partition_id, 8, p);
-                printf(" %s:%u", p, g->uncovered[i]->cluster);
+                printf("%s %s:%u", i ? "," : "", p, g->uncovered[i]->cluster);
+                if (g->uncovered[i]->training_experts)
+                    printf(" (%u training)", g->uncovered[i]->training_experts);
             }
         }
         printf("\n");

@@ -195,25 +195,50 @@ static int stored_best(ts_store_t *store, const stored_query_t *q, ts_hash_t *ou
     return best >= 0;
 }
 
-/* Fills experts[k] from the offers of the chosen partition: the weights most replicas serve,
- * and those replicas. */
-static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, size_t errlen) {
+/* Whether an offer's expert is trained enough to be used: trained to the end, or (while its
+ * run goes on) at least min_trained of its steps. */
+static int ready(const Tessera__AdvertBody *b, double min_trained) {
+    if (ts_advert_trained(b))
+        return 1;
+    return (double)b->training->step >= min_trained * (double)b->training->steps;
+}
+
+/* Fills experts[k] from the offers of the chosen partition that are ready: the weights most
+ * replicas serve, and those replicas. The others are held back (g->held). */
+static int build_experts(ts_netgen_t *g, const offer_t *of, int n, double min_trained, char *err,
+                         size_t errlen) {
     g->experts = calloc((size_t)g->K, sizeof *g->experts);
-    if (!g->experts) {
+    g->held = calloc((size_t)g->K, sizeof *g->held);
+    if (!g->experts || !g->held) {
         ts_set_err(err, errlen, "out of memory");
         return TS_ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        const Tessera__AdvertBody *b = of[i].body;
+        if (strcmp(of[i].partition, g->partition_id) != 0 || (int)b->cluster >= g->K ||
+            ready(b, min_trained))
+            continue;
+        ts_netgen_held_t *h = &g->held[b->cluster];
+        if (!h->n || b->training->step > h->step) {
+            h->step = b->training->step;
+            h->steps = b->training->steps;
+            snprintf(h->addr, sizeof h->addr, "%s", of[i].addr);
+        }
+        h->n++;
+        g->n_held++;
     }
     for (int k = 0; k < g->K; k++) {
         ts_remote_expert_t *ex = &g->experts[k];
         int best = -1, best_count = 0;
         for (int i = 0; i < n; i++) {
-            if (strcmp(of[i].partition, g->partition_id) != 0 || (int)of[i].body->cluster != k)
+            if (strcmp(of[i].partition, g->partition_id) != 0 || (int)of[i].body->cluster != k ||
+                !ready(of[i].body, min_trained))
                 continue;
             int count = 0;
             for (int j = 0; j < n; j++)
                 count +=
                     strcmp(of[j].partition, g->partition_id) == 0 &&
-                    (int)of[j].body->cluster == k &&
+                    (int)of[j].body->cluster == k && ready(of[j].body, min_trained) &&
                     memcmp(of[j].body->weights_hash.data, of[i].body->weights_hash.data, 32) == 0;
             if (count > best_count) {
                 best = i;
@@ -232,7 +257,7 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, si
         for (int j = 0; j < n && ex->n_rep < TS_REMOTE_MAX_REPLICAS; j++) {
             const Tessera__AdvertBody *b = of[j].body;
             if (strcmp(of[j].partition, g->partition_id) != 0 || (int)b->cluster != k ||
-                memcmp(b->weights_hash.data, ex->weights_hash, 32) != 0)
+                !ready(b, min_trained) || memcmp(b->weights_hash.data, ex->weights_hash, 32) != 0)
                 continue;
             ts_replica_t *p = &ex->rep[ex->n_rep++];
             snprintf(p->addr, sizeof p->addr, "%s", of[j].addr);
@@ -340,6 +365,13 @@ static int mark_uncovered(ts_netgen_t *g, const ts_netgen_opts_t *o, const char 
                 used +=
                     (size_t)snprintf(list + used, sizeof list - used, "%s%d", used ? ", " : "", k);
         }
+    for (int k = 0; k < g->K; k++) /* a cluster whose only experts are held back, said apart */
+        if (g->held[k].n && !o->quiet) {
+            char why[320];
+            ts_netgen_held_text(g, k, why, sizeof why);
+            fprintf(stderr, "%s: cluster %d: %s%s\n", prog, k, why,
+                    g->absent[k] ? "" : "; its other replicas or cached weights serve it");
+        }
     if (g->n_absent == g->K) {
         ts_set_err(err, errlen,
                    "no expert of partition %.16s… can answer: none is live and none "
@@ -357,7 +389,7 @@ static int mark_uncovered(ts_netgen_t *g, const ts_netgen_opts_t *o, const char 
     }
     if (g->n_absent && !o->quiet)
         fprintf(stderr,
-                "%s: WARNING: cluster%s %s of partition %.16s… ha%s no live expert and no "
+                "%s: WARNING: cluster%s %s of partition %.16s… ha%s no usable live expert and no "
                 "cached weights: routed around from the first step (--require-coverage "
                 "refuses instead)\n",
                 prog, g->n_absent > 1 ? "s" : "", list, g->partition_id,
@@ -421,7 +453,7 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
             }
     }
     if (rc == TS_OK)
-        rc = build_experts(g, of, n, err, errlen);
+        rc = build_experts(g, of, n, o->min_trained, err, errlen);
     /* the artifacts, from the network into the store and a cache folder */
     if (rc == TS_OK)
         rc = fetch_artifacts(g, o, of, n, first, err, errlen);
@@ -446,9 +478,20 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
     if (rc == TS_OK && !o->quiet)
         fprintf(stderr,
                 "network via %s: partition %.16s…, %d experts, %d replicas, %d cached "
-                "locally, %d uncovered\n",
-                o->peer, g->partition_id, g->K, g->n_replicas, g->n_cached, g->n_absent);
+                "locally, %d uncovered, %d still training (not used)\n",
+                o->peer, g->partition_id, g->K, g->n_replicas, g->n_cached, g->n_absent,
+                g->n_held);
     return rc;
+}
+
+void ts_netgen_held_text(const ts_netgen_t *g, int k, char *out, size_t len) {
+    const ts_netgen_held_t *h = &g->held[k];
+    snprintf(out, len,
+             "%d expert%s still training, not used (the furthest, at %s: step %llu of %llu, "
+             "%.1f%%; --min-trained 0 would use it)",
+             h->n, h->n == 1 ? "" : "s", h->addr, (unsigned long long)h->step,
+             (unsigned long long)h->steps,
+             h->steps ? 100.0 * (double)h->step / (double)h->steps : 0.0);
 }
 
 void ts_netgen_close(ts_netgen_t *g) {
@@ -462,6 +505,7 @@ void ts_netgen_close(ts_netgen_t *g) {
     free(g->cached);
     free(g->has_cached);
     free(g->absent);
+    free(g->held);
     free(g->experts);
     ts_store_close(g->store);
     memset(g, 0, sizeof *g);

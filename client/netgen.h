@@ -34,7 +34,19 @@ typedef struct ts_netgen_opts {
     int load_router; /* TS_NETGEN_ROUTER_NONE, _OPTIONAL (without one: a warning) or _REQUIRED */
     int quiet;
     int require_coverage; /* refuse when a cluster has no live expert and no cached weights */
+    /* the readiness bar: an expert advertised while its run is still training is used only
+     * past this fraction of its steps (TS_NETGEN_MIN_TRAINED: only finished experts) */
+    double min_trained;
 } ts_netgen_opts_t;
+
+#define TS_NETGEN_MIN_TRAINED 1.0
+
+/* The experts of a cluster held back by the readiness bar: how many, and the furthest one. */
+typedef struct ts_netgen_held {
+    int n;
+    uint64_t step, steps;
+    char addr[64];
+} ts_netgen_held_t;
 
 enum { TS_NETGEN_ROUTER_NONE = 0, TS_NETGEN_ROUTER_OPTIONAL = 1, TS_NETGEN_ROUTER_REQUIRED = 2 };
 
@@ -49,6 +61,8 @@ typedef struct ts_netgen {
     int *has_cached;
     int K, n_replicas, n_cached, n_absent;
     uint8_t *absent; /* (K) the uncovered clusters: no live replica, no weights in the store */
+    ts_netgen_held_t *held; /* (K) the live experts not used because they are still training */
+    int n_held;
     ts_dit_config_t cfg;
     char partition_id[65];
     char cache_dir[1024];
@@ -59,5 +73,8 @@ typedef struct ts_netgen {
 int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, int chunk, int pairs,
                    ts_local_t *l, const char *prog, char *err, size_t errlen);
 void ts_netgen_close(ts_netgen_t *g);
+
+/* "1 expert still training, not used (the furthest, at ADDR: step 41 of 10000, 0.4%; ...)" */
+void ts_netgen_held_text(const ts_netgen_t *g, int k, char *out, size_t len);
 
 #endif

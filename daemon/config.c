@@ -73,6 +73,7 @@ static const key_spec_t KEYS[] = {
     {{"train", "ema", "number", "0.999", "decay of the EMA weights, which are what the node serves and keeps"}, K_FLOAT, OFF(train_ema), 0, 0, 0, 1},
     {{"train", "seed", "integer", "0", "the seed of every random draw (init, data order, noise, times)"}, K_U64, OFF(train_seed), 0, 0},
     {{"train", "threads", "integer", "0", "compute threads of the training job; 0 = one per online core"}, K_INT, OFF(train_threads), 0, 1024},
+    {{"train", "progress_every_s", "integer", "60", "seconds between the log's training progress lines (step, loss, steps/s, time left); the first comes after the job's first step"}, K_INT, OFF(train_progress_every_s), 1, 86400},
     {{"train", "ckpt_every", "integer", "500", "a checkpoint into the store every this many steps (and when stopped); a killed daemon resumes from the newest"}, K_INT, OFF(train_ckpt_every), 1, 1000000000},
     {{"train", "keep", "integer", "3", "checkpoints of the run kept in the store"}, K_INT, OFF(train_keep), 1, 1000000},
     {{"train", "serve_while_training", "true|false", "false", "serve the EMA weights of the newest checkpoint while training, instead of waiting for the end"}, K_BOOL, OFF(train_serve_while_training), 0, 0},
@@ -164,6 +165,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->train_ema = 0.999;
     c->train_seed = 0;
     c->train_threads = 0;
+    c->train_progress_every_s = 60;
     c->train_ckpt_every = 500;
     c->train_keep = 3;
     c->train_serve_while_training = 0;

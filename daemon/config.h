@@ -56,6 +56,7 @@ typedef struct ts_daemon_config {
     char train_model[TS_CONFIG_MODEL_MAX];
     char train_data[TS_CONFIG_PATH_MAX]; /* the Fashion-MNIST IDX folder */
     int train_steps, train_batch, train_warmup, train_threads, train_ckpt_every, train_keep;
+    int train_progress_every_s; /* between the log's training progress lines */
     double train_lr, train_ema;
     uint64_t train_seed;
     int train_serve_while_training;    /* 0 or 1 */

@@ -50,6 +50,11 @@ struct ts_host {
     ts_serve_stats_t retiring_st; /* the retiring server's, read before it is freed */
     ts_serve_load_t advertised;
     uint64_t since_advert_ms;
+    /* the training progress line: the step last logged (−1: none since the job started) and the
+     * milliseconds since */
+    int64_t logged_step;
+    uint64_t since_progress_ms;
+    int training_shown; /* the gossip's status carries our job */
     int stopping, closed_handles;
     void (*done)(void *);
     void *done_arg;
@@ -71,6 +76,12 @@ void ts_host_load(void *host, Tessera__Load *load) {
     load->queue_depth = l.queue_depth;
     load->item_latency_us = l.item_latency_us;
     load->requests_per_s = l.requests_per_s;
+}
+
+/* Optimiser steps per second since the job started (0 before its first step). */
+static double train_rate(const ts_host_t *h, const ts_train_progress_t *p) {
+    int batch = h->env.cfg->train_batch;
+    return batch > 0 && p->samples_per_s > 0 ? p->samples_per_s / batch : 0.0;
 }
 
 /* Signs and announces the advert of what is served now, with capacity, load and (while
@@ -107,9 +118,10 @@ static void advertise(ts_host_t *h) {
         ts_train_progress_t p;
         ts_train_job_progress(h->job, &p);
         if (p.state == TS_TRAIN_RUNNING || p.state == TS_TRAIN_STOPPED) {
-            tr.has_step = tr.has_steps = 1;
+            tr.has_step = tr.has_steps = tr.has_steps_per_s = 1;
             tr.step = (uint64_t)p.snapshot_step;
             tr.steps = (uint64_t)p.steps;
+            tr.steps_per_s = (float)train_rate(h, &p);
             if (isfinite(p.loss_avg)) {
                 tr.has_loss = 1;
                 tr.loss = p.loss_avg;
@@ -280,6 +292,73 @@ static void on_train(uv_async_t *a) {
     }
 }
 
+/* "4m05s", "1h52m", "3d04h": the time left at this rate; "unknown" before the first step. */
+static void eta_text(int64_t left, double rate, char *out, size_t len) {
+    if (!(rate > 0.0)) {
+        snprintf(out, len, "unknown");
+        return;
+    }
+    double s = (double)left / rate;
+    if (s < 60.0)
+        snprintf(out, len, "%.0fs", s);
+    else if (s < 3600.0)
+        snprintf(out, len, "%dm%02ds", (int)(s / 60), (int)s % 60);
+    else if (s < 86400.0)
+        snprintf(out, len, "%dh%02dm", (int)(s / 3600), (int)s / 60 % 60);
+    else
+        snprintf(out, len, "%dd%02dh", (int)(s / 86400), (int)s / 3600 % 24);
+}
+
+/* Every tick while a job runs: the progress line in the log after its first step and then
+ * every [train] progress_every_s, and the job in our status answers (from its first step, before
+ * any snapshot is advertised). */
+static void training_tick(ts_host_t *h) {
+    if (!h->job) {
+        if (h->training_shown) {
+            ts_gossip_set_training(h->env.gossip, NULL);
+            h->training_shown = 0;
+        }
+        return;
+    }
+    ts_train_progress_t p;
+    ts_train_job_progress(h->job, &p);
+    if (p.state != TS_TRAIN_RUNNING)
+        return;
+    double rate = train_rate(h, &p);
+    ts_gossip_training_t t = {.active = 1,
+                              .step = (uint64_t)p.step,
+                              .steps = (uint64_t)p.steps,
+                              .loss = p.loss_avg,
+                              .steps_per_s = (float)rate,
+                              .cluster = (uint32_t)(h->cluster > 0 ? h->cluster : 0),
+                              .served = h->has_info && h->serve && p.snapshot_step >= 0};
+    /* the run id is tesserad/<partition_id>/<cluster>/<digits> */
+    char hex[TS_HASH_HEX];
+    ts_hash_t pid;
+    if (sscanf(p.run_id, "tesserad/%64[0-9a-f]/", hex) == 1 && ts_hash_parse(hex, &pid) == TS_OK)
+        memcpy(t.partition, pid.b, sizeof t.partition);
+    ts_gossip_set_training(h->env.gossip, &t);
+    h->training_shown = 1;
+    h->since_progress_ms += TICK_MS;
+    int first = h->logged_step < 0 && p.step > p.resumed_from;
+    int due = h->logged_step >= 0 && p.step > h->logged_step &&
+              h->since_progress_ms >= (uint64_t)h->env.cfg->train_progress_every_s * 1000u;
+    if (!first && !due)
+        return;
+    char eta[32];
+    eta_text(p.steps - p.step, rate, eta, sizeof eta);
+    ts_log_info("train",
+                "step %lld/%lld (%.1f%%), loss %.4f (running average %.4f), %.2f steps/s, %.0f "
+                "samples/s; about %s to go%s",
+                (long long)p.step, (long long)p.steps, 100.0 * (double)p.step / (double)p.steps,
+                (double)p.loss, (double)p.loss_avg, rate, p.samples_per_s, eta,
+                t.served ? "; served from its newest checkpoint, which clients skip until the "
+                           "run is done"
+                         : "");
+    h->logged_step = p.step;
+    h->since_progress_ms = 0;
+}
+
 /* Starts the training job of h->cluster of h->partition as [train] says (auto mode: serving
  * every checkpoint while it trains, so that the cluster is advertised at once). */
 static int start_training(ts_host_t *h, char *err, size_t errlen) {
@@ -293,6 +372,8 @@ static int start_training(ts_host_t *h, char *err, size_t errlen) {
     o.notify = notify;
     o.ctx = &h->async;
     int rc = ts_train_job_start(&h->job, &o, err, errlen);
+    h->logged_step = -1;
+    h->since_progress_ms = 0;
     if (rc == TS_OK) {
         ts_train_progress_t p;
         ts_train_job_progress(h->job, &p);
@@ -408,6 +489,7 @@ static void on_tick(uv_timer_t *t) {
         }
         return;
     }
+    training_tick(h);
     h->since_advert_ms += TICK_MS;
     if (h->serve && h->since_advert_ms >= READVERTISE_MS) {
         ts_serve_load_t l;
@@ -430,6 +512,7 @@ int ts_host_new(ts_host_t **out, const ts_host_env_t *env, char *err, size_t err
     }
     h->env = *env;
     h->seen_ckpt = -1;
+    h->logged_step = -1;
     const ts_daemon_config_t *c = env->cfg;
     snprintf(h->partition, sizeof h->partition, "%s", c->expert_partition);
     h->cluster = c->expert_mode == TS_EXPERT_TRAIN ? c->expert_cluster : -1;

@@ -88,6 +88,7 @@ typedef struct {
     ts_metrics_t *metrics;
     ts_metrics_http_t *http;
     uv_timer_t stats_timer; /* copies loop-only counters into the metrics every second */
+    uint64_t stats_ticks;
     int status_failures;    /* status.json builds failed in a row (warned once) */
     /* reachability (net/reach.h): a peer dials us back at the advertised address */
     uv_timer_t reach_timer;
@@ -320,8 +321,11 @@ static void on_stats(uv_timer_t *t) {
     ts_host_metrics(d->host);
     ts_relaying_metrics(d->relaying, d->metrics);
     health_tick(d);
-    if (d->http && ts_metrics_http_status_wanted(d->http))
-        publish_status(d); /* only while someone reads it */
+    /* every second while someone reads it, else every tenth: a first load then shows the node
+     * as it was at most ten seconds ago, never nothing */
+    if (d->http && (ts_metrics_http_status_wanted(d->http) || d->stats_ticks % 10 == 0))
+        publish_status(d);
+    d->stats_ticks++;
 }
 
 static void on_gossip_closed(ts_gossip_t *g, void *arg) {

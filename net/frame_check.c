@@ -435,6 +435,20 @@ static int check_aggregates(chk_t *c, const Tessera__Aggregates *m) {
     return TS_OK;
 }
 
+/* A training status: an advert's (step, steps, loss, rate) or a status answer's own job (also
+ * the partition and cluster). */
+static int check_training(chk_t *c, const Tessera__TrainingStatus *tr, const char *w) {
+    if (!tr->has_step || !tr->has_steps || tr->step > tr->steps)
+        return bad(c, TS_ECORRUPT, "%s needs step <= steps", w);
+    if (tr->has_loss)
+        CHECK(check_float(c, tr->loss, -1e30f, 1e30f, w, "loss"));
+    if (tr->has_steps_per_s)
+        CHECK(check_float(c, tr->steps_per_s, 0.0f, 1e12f, w, "steps_per_s"));
+    if (tr->has_partition_id)
+        CHECK(check_id(c, 1, &tr->partition_id, w, "partition_id"));
+    return TS_OK;
+}
+
 static int check_status_response(chk_t *c, const Tessera__StatusResponse *m) {
     const char *w = "status_response";
     CHECK(check_id(c, m->has_node_id, &m->node_id, w, "node_id"));
@@ -446,6 +460,8 @@ static int check_status_response(chk_t *c, const Tessera__StatusResponse *m) {
         CHECK(check_load(c, m->load, "status_response.load"));
     if (m->aggregates)
         CHECK(check_aggregates(c, m->aggregates));
+    if (m->training)
+        CHECK(check_training(c, m->training, "status_response.training"));
     return TS_OK;
 }
 
@@ -657,13 +673,8 @@ int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, cha
         CHECK(check_id(&c, 1, &b->router_hash, w, "router_hash"));
     if (b->has_relay_id)
         CHECK(check_id(&c, 1, &b->relay_id, w, "relay_id"));
-    if (b->training) {
-        const Tessera__TrainingStatus *tr = b->training;
-        if (!tr->has_step || !tr->has_steps || tr->step > tr->steps)
-            return bad(&c, TS_ECORRUPT, "advert body.training needs step <= steps");
-        if (tr->has_loss)
-            CHECK(check_float(&c, tr->loss, -1e30f, 1e30f, "advert body.training", "loss"));
-    }
+    if (b->training)
+        CHECK(check_training(&c, b->training, "advert body.training"));
     CHECK(need(&c, b->model, w, "model"));
     const Tessera__ModelConfig *m = b->model;
     const struct {

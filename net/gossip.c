@@ -649,6 +649,19 @@ void ts_gossip_set_health(ts_gossip_t *g, const char *health) {
         snprintf(g->health, sizeof g->health, "%s", health ? health : "");
 }
 
+void ts_gossip_set_training(ts_gossip_t *g, const ts_gossip_training_t *t) {
+    if (!g)
+        return;
+    if (t)
+        g->training = *t;
+    else
+        memset(&g->training, 0, sizeof g->training);
+}
+
+int ts_advert_trained(const Tessera__AdvertBody *b) {
+    return b && (!b->training || b->training->step >= b->training->steps);
+}
+
 void ts_gossip_set_metrics_url(ts_gossip_t *g, const char *url) {
     if (g)
         snprintf(g->metrics_url, sizeof g->metrics_url, "%s", url ? url : "");

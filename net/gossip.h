@@ -112,6 +112,23 @@ int ts_gossip_set_relay(ts_gossip_t *g, const char *addr, const ts_node_id_t *re
 /* The /metrics URL status answers carry (StatusResponse.metrics); copied; NULL or "": none. */
 void ts_gossip_set_metrics_url(ts_gossip_t *g, const char *url);
 
+/* This node's own training job, as status answers carry it (StatusResponse.training) from its
+ * first step, before any snapshot of it is advertised. */
+typedef struct ts_gossip_training {
+    int active;            /* 0: no job (not sent) */
+    uint64_t step, steps;  /* steps done, of the run's total */
+    float loss;            /* running average; NaN: none yet */
+    float steps_per_s;     /* since the job started; 0: not measured yet */
+    uint8_t partition[32]; /* partition_id */
+    uint32_t cluster;
+    int served; /* a snapshot of it is advertised */
+} ts_gossip_training_t;
+void ts_gossip_set_training(ts_gossip_t *g, const ts_gossip_training_t *t); /* NULL: none */
+
+/* Whether an advert's expert is trained to the end: no training status, or its step has
+ * reached its total. Clients route to these by default; status counts only these as covering. */
+int ts_advert_trained(const Tessera__AdvertBody *b);
+
 /* Announces our advert: body->version is set here (one more than the last), the body is signed
  * with our identity and its hash (BLAKE2b-256 of the AdvertBody bytes) gossiped in our claim.
  * The body is copied. Before ts_gossip_start it is checked and kept, and announced by start.

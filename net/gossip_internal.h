@@ -72,6 +72,7 @@ struct ts_gossip {
     ts_rpc_t *rpc;
     char health[256];       /* StatusResponse.health ("" until set: not sent) */
     char metrics_url[128];  /* StatusResponse.metrics ("": not sent) */
+    ts_gossip_training_t training; /* StatusResponse.training (step/steps 0: not sent) */
     ts_gossip_config_t cfg; /* bootstrap, listen, advertise point into the copies below */
     char listen[ADDR_STR], advertise[ADDR_STR];
     char **bootstrap;

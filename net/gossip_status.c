@@ -6,6 +6,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,7 +19,8 @@
 
 typedef struct {
     const uint8_t *partition;
-    uint32_t cluster, count;
+    uint32_t cluster, count; /* count: trained to the end (ts_advert_trained) */
+    uint32_t training;       /* advertised while still training */
 } cluster_count_t;
 
 /* The pieces a status answer points into; freed together by status_scratch_free. */
@@ -26,12 +28,14 @@ typedef struct {
     Tessera__StatusResponse resp;
     Tessera__Aggregates agg;
     Tessera__Load load;
+    Tessera__TrainingStatus training;
     Tessera__MemberState *members, **member_ptrs;
     char (*addrs)[ADDR_STR];
     Tessera__Advert **adverts;
     cluster_count_t *counts;
     Tessera__ClusterExperts *clusters, **cluster_ptrs;
     Tessera__ClusterRef *refs, **ref_ptrs;
+    uint32_t n_counts;
 } status_scratch_t;
 
 static void status_scratch_free(status_scratch_t *s) {
@@ -94,7 +98,8 @@ static uint32_t count_index(const status_scratch_t *s, uint32_t n, const uint8_t
 
 /* Whether some live expert of s->counts[0..n) covers cluster c of partition. */
 static int covered(const status_scratch_t *s, uint32_t n, const uint8_t *partition, uint32_t c) {
-    return count_index(s, n, partition, c) < n;
+    uint32_t k = count_index(s, n, partition, c);
+    return k < n && s->counts[k].count > 0;
 }
 
 /* Calls fn(s, partition, cluster) for each cluster of each partition named by an advert held
@@ -128,6 +133,11 @@ static void put_uncovered(status_scratch_t *s, uint32_t i, const ProtobufCBinary
     r->partition_id = *partition;
     r->cluster = cluster;
     s->ref_ptrs[i] = r;
+    uint32_t k = count_index(s, s->n_counts, partition->data, cluster);
+    if (k < s->n_counts && s->counts[k].training) {
+        r->has_training_experts = 1;
+        r->training_experts = s->counts[k].training;
+    }
 }
 
 /* Experts per (partition, cluster) among ALIVE members, the clusters of every known partition
@@ -150,18 +160,29 @@ static int status_aggregates(ts_gossip_t *g, status_scratch_t *s, uint32_t n) {
         uint32_t k = count_index(s, n_counts, a->body->partition_id.data, a->body->cluster);
         if (k == n_counts)
             s->counts[n_counts++] =
-                (cluster_count_t){a->body->partition_id.data, a->body->cluster, 0};
-        s->counts[k].count++;
+                (cluster_count_t){a->body->partition_id.data, a->body->cluster, 0, 0};
+        if (ts_advert_trained(a->body))
+            s->counts[k].count++;
+        else
+            s->counts[k].training++;
     }
+    s->n_counts = n_counts;
+    uint32_t n_clusters = 0; /* those with a trained expert; the rest are uncovered */
     for (uint32_t k = 0; k < n_counts; k++) {
-        Tessera__ClusterExperts *c = &s->clusters[k];
+        if (!s->counts[k].count)
+            continue;
+        Tessera__ClusterExperts *c = &s->clusters[n_clusters];
         tessera__cluster_experts__init(c);
         c->has_partition_id = c->has_cluster = c->has_live_experts = 1;
         c->partition_id.data = (uint8_t *)s->counts[k].partition;
         c->partition_id.len = TS_FRAME_ID_BYTES;
         c->cluster = s->counts[k].cluster;
         c->live_experts = s->counts[k].count;
-        s->cluster_ptrs[k] = c;
+        if (s->counts[k].training) {
+            c->has_training_experts = 1;
+            c->training_experts = s->counts[k].training;
+        }
+        s->cluster_ptrs[n_clusters++] = c;
     }
     uint32_t n_refs = each_uncovered(g, s, n_counts, NULL);
     s->refs = calloc(n_refs + 1, sizeof *s->refs);
@@ -171,7 +192,7 @@ static int status_aggregates(ts_gossip_t *g, status_scratch_t *s, uint32_t n) {
     each_uncovered(g, s, n_counts, put_uncovered);
     Tessera__Aggregates *agg = &s->agg;
     tessera__aggregates__init(agg);
-    agg->n_clusters = n_counts;
+    agg->n_clusters = n_clusters;
     agg->clusters = s->cluster_ptrs;
     agg->n_uncovered = n_refs;
     agg->uncovered = s->ref_ptrs;
@@ -220,6 +241,25 @@ static int status_build(ts_gossip_t *g, const Tessera__StatusRequest *req, statu
         s->resp.health = g->health;
     if (g->metrics_url[0])
         s->resp.metrics = g->metrics_url;
+    if (g->training.active) {
+        const ts_gossip_training_t *t = &g->training;
+        Tessera__TrainingStatus *tr = &s->training;
+        tessera__training_status__init(tr);
+        tr->has_step = tr->has_steps = tr->has_steps_per_s = 1;
+        tr->step = t->step;
+        tr->steps = t->steps;
+        tr->steps_per_s = t->steps_per_s;
+        if (isfinite(t->loss)) {
+            tr->has_loss = 1;
+            tr->loss = t->loss;
+        }
+        tr->has_partition_id = tr->has_cluster = tr->has_served = 1;
+        tr->partition_id.data = (uint8_t *)t->partition;
+        tr->partition_id.len = sizeof t->partition;
+        tr->cluster = t->cluster;
+        tr->served = t->served != 0;
+        s->resp.training = tr;
+    }
     int rc = status_aggregates(g, s, n);
     if (rc)
         status_scratch_free(s);

@@ -127,6 +127,29 @@ static json_t *j_capacity(const Tessera__Capacity *c) {
     return j;
 }
 
+/* A training status: step, steps, fraction, loss (null before one), steps_per_s, eta_s (null
+ * while the rate is unknown); the responder's own job adds partition_id, cluster and served. */
+static json_t *j_training(const Tessera__TrainingStatus *t) {
+    if (!t)
+        return json_null();
+    double rate = t->has_steps_per_s ? (double)t->steps_per_s : 0.0;
+    json_t *j = json_pack("{s:I, s:I, s:f, s:o, s:f, s:o}", "step", (json_int_t)t->step, "steps",
+                          (json_int_t)t->steps, "fraction",
+                          t->steps ? (double)t->step / (double)t->steps : 1.0, "loss",
+                          t->has_loss ? json_real(t->loss) : json_null(), "steps_per_s", rate,
+                          "eta_s",
+                          rate > 0.0 ? json_real((double)(t->steps - t->step) / rate)
+                                     : json_null());
+    if (j && t->has_partition_id) {
+        char part[65];
+        ts_status_hex(&t->partition_id, 64, part);
+        json_object_set_new(j, "partition_id", json_string(part));
+        json_object_set_new(j, "cluster", json_integer(t->cluster));
+        json_object_set_new(j, "served", json_boolean(t->served));
+    }
+    return j;
+}
+
 static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) {
     char id[65], part[65], wh[65];
     ts_status_hex(&a->node_id, 64, id);
@@ -135,10 +158,7 @@ static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) 
     ts_status_hex(&b->partition_id, 64, part);
     ts_status_hex(&b->weights_hash, 64, wh);
     json_int_t dims = b->centroid && b->centroid->n_shape ? b->centroid->shape[0] : 0;
-    json_t *training =
-        b->training ? json_pack("{s:I, s:I, s:f}", "step", (json_int_t)b->training->step, "steps",
-                                (json_int_t)b->training->steps, "loss", (double)b->training->loss)
-                    : json_null();
+    json_t *training = j_training(b->training);
     char relay[65];
     ts_status_hex(&b->relay_id, 64, relay);
     return json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b, s:s?}",
@@ -199,15 +219,18 @@ json_t *ts_status_json(const Tessera__StatusResponse *r, const ts_status_adverts
             char p[65];
             ts_status_hex(&g->clusters[i]->partition_id, 64, p);
             json_array_append_new(clusters,
-                                  json_pack("{s:s, s:i, s:i}", "partition_id", p, "cluster",
+                                  json_pack("{s:s, s:i, s:i, s:i}", "partition_id", p, "cluster",
                                             (int)g->clusters[i]->cluster, "live_experts",
-                                            (int)g->clusters[i]->live_experts));
+                                            (int)g->clusters[i]->live_experts, "training_experts",
+                                            (int)g->clusters[i]->training_experts));
         }
         for (size_t i = 0; i < g->n_uncovered; i++) {
             char p[65];
             ts_status_hex(&g->uncovered[i]->partition_id, 64, p);
-            json_array_append_new(uncovered, json_pack("{s:s, s:i}", "partition_id", p, "cluster",
-                                                       (int)g->uncovered[i]->cluster));
+            json_array_append_new(uncovered,
+                                  json_pack("{s:s, s:i, s:i}", "partition_id", p, "cluster",
+                                            (int)g->uncovered[i]->cluster, "training_experts",
+                                            (int)g->uncovered[i]->training_experts));
         }
         agg = json_pack("{s:O, s:O, s:f, s:f, s:i}", "clusters", clusters, "uncovered", uncovered,
                         "total_capacity", (double)g->total_capacity, "request_rate",
@@ -220,5 +243,6 @@ json_t *ts_status_json(const Tessera__StatusResponse *r, const ts_status_adverts
                           "load", j_load(r->load), "aggregates", agg);
     json_object_set_new(j, "health", r->health ? json_string(r->health) : json_null());
     json_object_set_new(j, "metrics", r->metrics ? json_string(r->metrics) : json_null());
+    json_object_set_new(j, "training", j_training(r->training));
     return j;
 }

@@ -164,6 +164,7 @@ typedef struct {
     Tessera__ClusterRef uncovered;
     Tessera__ClusterRef *uncovereds[1];
     Tessera__Aggregates aggregates;
+    Tessera__TrainingStatus own_training;
     Tessera__StatusResponse status_response;
     Tessera__Error error;
     Tessera__Busy busy;
@@ -324,6 +325,7 @@ static void samples_init(void) {
     tessera__cluster_ref__init(&S.uncovered);
     SET(S.uncovered, partition_id, bin(S.hash, 32));
     SET(S.uncovered, cluster, 0);
+    SET(S.uncovered, training_experts, 1);
     S.uncovereds[0] = &S.uncovered;
     tessera__aggregates__init(&S.aggregates);
     S.aggregates.n_clusters = 1, S.aggregates.clusters = S.clusters;
@@ -338,6 +340,15 @@ static void samples_init(void) {
     S.status_response.n_adverts = 1, S.status_response.adverts = S.adverts;
     S.status_response.load = &S.load;
     S.status_response.aggregates = &S.aggregates;
+    tessera__training_status__init(&S.own_training);
+    SET(S.own_training, step, 41);
+    SET(S.own_training, steps, 10000);
+    SET(S.own_training, loss, 0.5f);
+    SET(S.own_training, steps_per_s, 1.25f);
+    SET(S.own_training, partition_id, bin(S.hash, 32));
+    SET(S.own_training, cluster, 3);
+    SET(S.own_training, served, 0);
+    S.status_response.training = &S.own_training;
 
     tessera__error__init(&S.error);
     SET(S.error, code, TESSERA__ERROR_CODE__ERROR_NOT_FOUND);
@@ -1532,6 +1543,9 @@ static void br_status_node(void) { S.status_response.has_node_id = 0; }
 static void br_status_cluster_zero(void) { S.cluster.live_experts = 0; }
 static void br_status_uncovered(void) { S.uncovered.has_cluster = 0; }
 static void br_status_capacity(void) { S.aggregates.total_capacity = -1.0f; }
+static void br_status_training_step(void) { S.own_training.step = 10001; }
+static void br_status_training_rate(void) { S.own_training.steps_per_s = -1.0f; }
+static void br_status_training_partition(void) { S.own_training.partition_id.len = 5; }
 static void br_status_advert_sig(void) { S.advert.signature.len = 0; }
 static void br_load_rate(void) { S.load.requests_per_s = NAN; }
 static void br_error_code(void) { S.error.has_code = 0; }
@@ -1615,6 +1629,12 @@ static const rule_case_t RULES[] = {
      br_status_uncovered, TS_ECORRUPT},
     {"aggregates.total_capacity is -1", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE, br_status_capacity,
      TS_ERANGE},
+    {"status_response.training needs step <= steps", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE,
+     br_status_training_step, TS_ECORRUPT},
+    {"status_response.training.steps_per_s is -1", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE,
+     br_status_training_rate, TS_ERANGE},
+    {"status_response.training.partition_id is 5 bytes", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE,
+     br_status_training_partition, TS_ECORRUPT},
     {"status_response.adverts[0].signature is 0 bytes", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE,
      br_status_advert_sig, TS_ECORRUPT},
     {"status_response.load.requests_per_s", TESSERA__ENVELOPE__BODY_STATUS_RESPONSE, br_load_rate,
