@@ -28,6 +28,7 @@ const char *ts_strerror(int err) {
     case TS_ECANCELED: return "cancelled";
     case TS_EPEER: return "the peer answered with an error";
     case TS_ECLOSED: return "connection closed";
+    case TS_EKIND: return "the file is another kind of artifact";
     default: return "unknown error";
     }
 }

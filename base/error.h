@@ -36,6 +36,7 @@ enum {
     TS_ECANCELED = -19, /* cancelled by the caller */
     TS_EPEER = -20,     /* the peer answered with an error (net/rpc.h: Error envelope) */
     TS_ECLOSED = -21,   /* the connection closed (or failed to open) before the answer */
+    TS_EKIND = -22,     /* a valid file of another kind (a partition where weights were asked) */
 };
 
 /* Returns a static string describing err; never NULL, also for unknown codes. */

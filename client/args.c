@@ -9,17 +9,94 @@
 #include "base/error.h"
 #include "kernels/engine.h"
 
+#define HELP_COL 29   /* where an option's help starts */
+#define HELP_WIDTH 100 /* the line it wraps at */
+
+/* text wrapped at HELP_WIDTH, its first line starting at column col (already there) and the
+ * others indented to indent. */
+static void wrap(FILE *f, const char *text, int col, int indent) {
+    const char *p = text;
+    while (*p) {
+        int room = HELP_WIDTH - col;
+        size_t len = strlen(p);
+        if ((int)len <= room) {
+            fprintf(f, "%s\n", p);
+            return;
+        }
+        int cut = room;
+        while (cut > 0 && p[cut] != ' ')
+            cut--;
+        if (cut == 0) { /* one word longer than the room: it goes whole */
+            cut = room;
+            while (p[cut] && p[cut] != ' ')
+                cut++;
+        }
+        fprintf(f, "%.*s\n%*s", cut, p, indent, "");
+        p += cut;
+        while (*p == ' ')
+            p++;
+        col = indent;
+    }
+    fprintf(f, "\n");
+}
+
+/* The summary's lines that begin with tag ("usage:", "example:"), each printed by itself; how
+ * many. */
+static int tagged_lines(FILE *f, const char *summary, const char *tag) {
+    int n = 0;
+    for (const char *line = summary; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (strncmp(line, tag, strlen(tag)) == 0) {
+            fprintf(f, "%.*s\n", (int)len, line);
+            n++;
+        }
+        line = end ? end + 1 : NULL;
+    }
+    return n;
+}
+
 void ts_args_usage(FILE *f, const char *prog, const char *summary, const ts_arg_t *args, int n) {
-    fprintf(f, "usage: %s [options]\n\n%s\n\noptions:\n", prog, summary);
+    /* one usage line: the summary's, else the required options and [options] */
+    if (!tagged_lines(f, summary, "usage:")) {
+        fprintf(f, "usage: %s", prog);
+        for (int i = 0; i < n; i++)
+            if (args[i].required)
+                fprintf(f, " --%s %s", args[i].name, args[i].meta ? args[i].meta : "X");
+        fprintf(f, " [options]\n");
+    }
+    fprintf(f, "\n");
+    for (const char *line = summary; line && *line;) { /* the description */
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (strncmp(line, "usage:", 6) != 0 && strncmp(line, "example:", 8) != 0) {
+            char text[2048];
+            snprintf(text, sizeof text, "%.*s", (int)len, line);
+            wrap(f, text, 0, 0);
+        }
+        line = end ? end + 1 : NULL;
+    }
+    fprintf(f, "\noptions:\n");
     for (int i = 0; i < n; i++) {
-        char left[64];
+        char left[96], help[1200];
         if (args[i].kind == TS_ARG_FLAG)
             snprintf(left, sizeof left, "--%s", args[i].name);
         else
             snprintf(left, sizeof left, "--%s %s", args[i].name, args[i].meta ? args[i].meta : "X");
-        fprintf(f, "  %-26s %s%s\n", left, args[i].help, args[i].required ? " (required)" : "");
+        snprintf(help, sizeof help, "%s%s", args[i].help,
+                 args[i].required && !strstr(args[i].help, "(required)") ? " (required)" : "");
+        if ((int)strlen(left) + 3 > HELP_COL) { /* a long name: its help on the next line */
+            fprintf(f, "  %s\n%*s", left, HELP_COL, "");
+        } else {
+            fprintf(f, "  %-*s ", HELP_COL - 3, left);
+        }
+        wrap(f, help, HELP_COL, HELP_COL);
     }
-    fprintf(f, "  %-26s %s\n", "-h, --help", "show this text");
+    fprintf(f, "  %-*s %s\n", HELP_COL - 3, "-h, --help", "show this text");
+    if (strstr(summary, "example:")) {
+        fprintf(f, "\n");
+        tagged_lines(f, summary, "example:");
+    }
 }
 
 static int bad_value(const char *prog, const ts_arg_t *a, const char *v, const char *why) {

@@ -296,9 +296,12 @@ static int parse(cls_opts_t *o, int router, int argc, char **argv) {
     int pr =
         ts_args_parse(o->prog,
                       router ? "Train a router: a DiT-trunk classifier of noisy x_t (t ~ U(0,1)) "
-                               "predicting the image's cluster in a partition."
+                               "predicting the image's cluster in a partition.\nexample: tessera "
+                               "train-router --partition experts --steps 2000 --out "
+                               "experts/router.safetensors"
                              : "Train the evaluation classifier: a DiT trunk on clean "
-                               "Fashion-MNIST images predicting the 10 labels.",
+                               "Fashion-MNIST images predicting the 10 labels.\nexample: tessera "
+                               "train-classifier --steps 3000 --out classifier.safetensors",
                       all, n, argc, argv);
     return pr == 1 ? -1 : pr;
 }
@@ -718,7 +721,8 @@ static int cal_parse(int argc, char **argv, cal_opts_t *o) {
                          "How calibrated a router's p(k | x_t) is along t (accuracy, NLL, "
                          "expected calibration error per t-bucket on held-out test images) and "
                          "the temperature that calibrates it (temperature scaling), per bucket "
-                         "and one for every t.",
+                         "and one for every t.\nexample: tessera calibrate --router "
+                         "experts/router.safetensors --partition experts",
                          args, (int)(sizeof args / sizeof args[0]), argc, argv);
 }
 

@@ -58,7 +58,9 @@ static int parse_opts(int argc, char **argv, fwd_opts_t *o) {
         {"out", TS_ARG_STRING, &o->out, "FILE", "safetensors to write v into", 0, 0, 1},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
     };
-    return ts_args_parse(PROG, "One forward pass of an expert on tensors from a file.", args,
+    return ts_args_parse(PROG, "One forward pass of an expert on tensors from a file.\nexample: tessera "
+                         "forward --weights expert-0.safetensors --inputs x.safetensors --out "
+                         "v.safetensors", args,
                          (int)(sizeof args / sizeof args[0]), argc, argv);
 }
 

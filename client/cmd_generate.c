@@ -108,6 +108,16 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
         }
         fprintf(stderr, "%s\n", st->degraded_evaluations > 64 ? " …" : "");
     }
+    json_t *failed = json_array();
+    for (int k = 0; k < g->K; k++) {
+        const ts_remote_fail_t *f = &r->fail[k];
+        if (!f->jobs)
+            continue;
+        fprintf(stderr, "  expert of cluster %d: %llu job%s failed; the last: %s\n", k,
+                (unsigned long long)f->jobs, f->jobs == 1 ? "" : "s", f->note);
+        json_array_append_new(failed, json_pack("{s:i, s:I, s:s}", "cluster", k, "jobs",
+                                                (json_int_t)f->jobs, "last", f->note));
+    }
     json_t *j = json_pack(
         "{s:s, s:i, s:i, s:i, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
         "s:I, s:I, s:f, s:f, s:I, s:I}",
@@ -126,8 +136,10 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
         json_object_set_new(j, "server_compute_s", json_real(st->server_compute_s));
         json_object_set_new(j, "server_device_s", json_real(st->server_device_s));
         json_object_set_new(j, "degraded_at", degraded);
+        json_object_set_new(j, "failed_experts", failed);
     } else {
         json_decref(degraded);
+        json_decref(failed);
     }
     return j;
 }
@@ -215,6 +227,7 @@ typedef struct {
     const char *dir, *policy_s, *select_s, *sampler, *peer, *nk, *identity, *data_dir, *partition;
     const char *trace, *cls, *out, *routing_json, *trajectory, *fmnist_dir;
     int prefer_local, no_hedge, timeout_ms, retries, n, steps, threads, cols, json, class_prior;
+    int quiet;
     ts_device_spec_t device;  /* --device (zeroed: the CPU): --local and --prefer-local */
     ts_precision_t precision; /* --precision (zeroed: f32): the experts of --local */
     int no_prior, exact, require_coverage, tau_set;
@@ -228,7 +241,7 @@ typedef struct {
     ts_policy_t policy;
     ts_selection_t sel;
     ts_sampler_opts_t so;
-    int hold, label, chunk, pairs, usage;
+    int hold, label, chunk, pairs, usage, said;
     float hold_t; /* --route until=T */
     ts_engine_t eng;
     ts_local_t loc;
@@ -306,7 +319,8 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
         {"cfg", TS_ARG_FLOAT, &o->cfg, "S",
          "classifier-free guidance scale inside each expert, 1 = off (default 1)", 0, 100},
         {"class", TS_ARG_STRING, &o->cls, "C",
-         "class label, or 'null' (default: cycle through classes)"},
+         "class label or name (" TS_FMNIST_CLASS_LIST "), or 'null' (default: cycle through the "
+         "classes)"},
         {"seed", TS_ARG_U64, &o->seed, "S", "sample i uses noise stream seed+i (default 0)"},
         {"out", TS_ARG_STRING, &o->out, "FILE", "PNG grid to write", 0, 0, 1},
         {"cols", TS_ARG_INT, &o->cols, "N", "grid columns (default: square)", 0, 10000},
@@ -331,6 +345,9 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
         {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR",
          "Fashion-MNIST IDX directory, for --class-prior (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"json", TS_ARG_FLAG, &o->json, NULL, "print a JSON summary on stdout"},
+        {"quiet", TS_ARG_FLAG, &o->quiet, NULL,
+         "no progress line and no notes while opening (the summary, with what was uncovered or "
+         "degraded, stays); the progress line is also off when stderr is not a terminal"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o->device, "NAME",
          "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
@@ -339,8 +356,11 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
     };
     int n = (int)(sizeof args / sizeof args[0]);
     int pr = ts_args_parse(PROG,
-                           "Generate images with a routed ensemble of local experts (per step, per "
-                           "sample) and write a grid.",
+                           "Generate images with a routed ensemble of experts — a folder's, or the "
+                           "network's — routing every step of every sample, and write a grid.\n"
+                           "example: tessera generate --local experts/demo --n 16 --out grid.png\n"
+                           "example: tessera generate --peer 127.0.0.1:7420 --network-key "
+                           "tessera-net/network.key --class sneaker --n 16 --out grid.png",
                            args, n, argc, argv);
     o->tau_set = ts_arg_seen(args, n, "tau");
     return pr;
@@ -390,6 +410,10 @@ static int validate(gen_run_t *r) {
                 o->trajectory);
     else if (o->tau_set && !(o->tau > 0.0f))
         fprintf(stderr, PROG ": --tau %g: must be > 0\n", (double)o->tau);
+    else if (o->cls && strcmp(o->cls, "null") != 0 && strspn(o->cls, "0123456789") != strlen(o->cls) &&
+             ts_fmnist_class_parse(o->cls) < 0)
+        fprintf(stderr, PROG ": --class %s: must be a label, a class name (%s) or 'null'\n",
+                o->cls, TS_FMNIST_CLASS_LIST);
     else
         return 0;
     return 2;
@@ -413,7 +437,9 @@ static int open_experts(gen_run_t *r) {
                                .trace = o->trace != NULL,
                                .load_router = wants_router,
                                .require_coverage = o->require_coverage,
-                               .min_trained = o->min_trained};
+                               .min_trained = o->min_trained,
+                               .quiet = o->quiet,
+                               .cls = o->cls};
         ts_remote_opts_default(&no.remote);
         no.remote.prefer_local = o->prefer_local;
         no.remote.hedge = !o->no_hedge;
@@ -421,6 +447,8 @@ static int open_experts(gen_run_t *r) {
         no.remote.retries = o->retries;
         rc = ts_netgen_open(&r->net, &no, &r->eng, r->chunk, r->pairs, &r->loc, PROG, r->err,
                             sizeof r->err);
+        r->said = rc != TS_OK && r->net.said;
+        r->usage = rc != TS_OK && r->net.usage;
     } else if (rc == TS_OK) {
         rc = ts_local_open(&r->loc, o->dir, &r->eng, r->chunk, r->pairs, wants_router, PROG, r->err,
                            sizeof r->err);
@@ -508,7 +536,8 @@ static int alloc_buffers(gen_run_t *r) {
 static int run(gen_run_t *r) {
     const gen_opts_t *o = &r->o;
     const ts_dit_config_t *c = &r->loc.cfg;
-    progress_t prog = {isatty(STDERR_FILENO), 0, o->steps * ((o->n + r->chunk - 1) / r->chunk),
+    progress_t prog = {isatty(STDERR_FILENO) && !o->quiet, 0,
+                       o->steps * ((o->n + r->chunk - 1) / r->chunk),
                        o->peer ? &r->net.remote : NULL};
     ts_local_gen_t gen = {.policy = r->policy,
                           .select = r->sel,
@@ -661,7 +690,7 @@ int ts_cmd_generate(int argc, char **argv) {
         rc = run(r);
     if (rc == TS_OK)
         rc = print_results(r);
-    if (rc != TS_OK)
+    if (rc != TS_OK && !r->said)
         ts_args_fail(PROG, r->err, rc);
     int code = rc == TS_OK ? 0 : r->usage ? 2 : 1;
     gen_free(r);

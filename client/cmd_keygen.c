@@ -82,7 +82,8 @@ int ts_cmd_keygen(int argc, char **argv) {
     int pr =
         ts_args_parse("tessera keygen",
                       "Create a node identity (an Ed25519 key; the node id is its public key)\n"
-                      "or, with --network-key, a network key.",
+                      "or, with --network-key, a network key.\nexample: tessera keygen --out "
+                      "node.key\nexample: tessera keygen --network-key --out network.key",
                       args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;

@@ -157,7 +157,8 @@ static int parse_opts(int argc, char **argv, loss_opts_t *o) {
     return ts_args_parse(PROG,
                          "Each expert's and monolith's flow-matching loss on held-out test "
                          "images of every cluster at fixed (t, noise): does expert k beat the "
-                         "monolith on its own cluster?",
+                         "monolith on its own cluster?\nexample: tessera loss --local experts/demo "
+                         "--per-cluster 64",
                          args, (int)(sizeof args / sizeof args[0]), argc, argv);
 }
 

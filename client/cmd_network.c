@@ -266,7 +266,8 @@ static int network_export(int argc, char **argv) {
     };
     int pr = ts_args_parse("tessera network export",
                            "Write the network as one file: its key and where to join it. Share the "
-                           "file only with people you let in: it holds the network key.",
+                           "file only with people you let in: it holds the network key.\n"
+                           "example: tessera network export --from-up tessera-net --out net.tessera",
                            args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
@@ -314,7 +315,9 @@ static int network_export(int argc, char **argv) {
         ts_json_print(json_pack("{s:s, s:o}", "file", out, "bootstrap", b));
     } else {
         printf("wrote the network file %s (mode 0600; %d bootstrap address%s)\n"
-               "a volunteer joins with: tessera join %s\n",
+               "a volunteer joins with: tessera join %s --advertise HOST:7420\n"
+               "  (HOST: the volunteer's address as the other nodes reach it; on one machine, "
+               "--listen 127.0.0.1:0 instead)\n",
                out, nf.n, nf.n == 1 ? "" : "es", out);
     }
     return 0;
@@ -448,7 +451,9 @@ static int join(int argc, char **argv) {
     int pr = ts_args_parse("tessera join",
                            "Make this machine a node of the network in FILE (tessera network "
                            "export): keys, a config in mode auto, optionally a systemd unit.\n"
-                           "usage: tessera join FILE [options]",
+                           "usage: tessera join FILE [options]\n"
+                           "example: tessera join net.tessera --advertise 203.0.113.7:7420\n"
+                           "example: tessera join net.tessera --listen 127.0.0.1:0 --dir node-b",
                            args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
@@ -488,10 +493,17 @@ static int join(int argc, char **argv) {
         ts_json_print(json_pack("{s:s, s:s, s:s, s:s}", "dir", abs, "config", cfg, "node_id", node,
                                 "command", "tesserad --config"));
     } else {
+        char watch[PATH_MAX + 128];
+        const char *colon = strrchr(o.metrics, ':');
+        if (colon && strcmp(colon, ":0") == 0) /* the port is chosen when the node starts */
+            snprintf(watch, sizeof watch, "the status page, at the URL in %s/data/metrics.url once "
+                     "it runs", abs);
+        else
+            snprintf(watch, sizeof watch, "http://%s/ (the status page)", o.metrics);
         printf("joined: node %.16s in %s (mode auto: it picks the cluster the network needs)\n"
                "start it:    tesserad --config %s/tesserad.ini\n"
-               "watch it:    http://%s/ (the status page)\n%s%s%s",
-               node, abs, abs, o.metrics, o.systemd ? "or install:  cp " : "", o.systemd ? abs : "",
+               "watch it:    %s\n%s%s%s",
+               node, abs, abs, watch, o.systemd ? "or install:  cp " : "", o.systemd ? abs : "",
                o.systemd ? "/tesserad.service /etc/systemd/system/ && systemctl enable --now "
                            "tesserad\n"
                          : "");

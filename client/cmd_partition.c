@@ -34,10 +34,6 @@
 #define PROG "tessera partition"
 #define EXAMPLES 10 /* images per cluster in clusters.png */
 
-/* The ten Fashion-MNIST classes, by label (a fact of the data set). */
-static const char *const class_names[TS_FMNIST_NUM_CLASSES] = {
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
 
 typedef struct {
     double t0;
@@ -134,13 +130,13 @@ static void print_table(const ts_partition_t *p, const int64_t *mix, const char 
     printf("; inertia %.6g; %.1f s\n\n", p->inertia, secs);
     printf("%7s %7s %7s", "cluster", "images", "share");
     for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
-        printf("  %*s", (int)(strlen(class_names[c]) > 6 ? strlen(class_names[c]) : 6),
-               class_names[c]);
+        printf("  %*s", (int)(strlen(ts_fmnist_class_name(c)) > 6 ? strlen(ts_fmnist_class_name(c)) : 6),
+               ts_fmnist_class_name(c));
     printf("\n");
     for (int k = 0; k < p->K; k++) {
         printf("%7d %7d %6.1f%%", k, p->sizes[k], 100.0 * p->sizes[k] / (double)p->n);
         for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
-            printf("  %*.1f%%", (int)(strlen(class_names[c]) > 6 ? strlen(class_names[c]) : 6) - 1,
+            printf("  %*.1f%%", (int)(strlen(ts_fmnist_class_name(c)) > 6 ? strlen(ts_fmnist_class_name(c)) : 6) - 1,
                    100.0 * (double)mix[(size_t)k * TS_FMNIST_NUM_CLASSES + c] / p->sizes[k]);
         printf("\n");
     }
@@ -159,7 +155,7 @@ static int print_json(const ts_partition_t *p, const int64_t *mix, const char *d
         return TS_ENOMEM;
     }
     for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
-        json_array_append_new(classes, json_string(class_names[c]));
+        json_array_append_new(classes, json_string(ts_fmnist_class_name(c)));
     for (int k = 0; k < p->K; k++) {
         json_t *m = json_array();
         for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
@@ -390,7 +386,8 @@ static int parse_opts(int argc, char **argv, part_opts_t *o) {
     };
     int n = (int)(sizeof args / sizeof args[0]);
     int pr =
-        ts_args_parse(PROG, "Cluster the Fashion-MNIST train set into K shards (PCA + k-means++).",
+        ts_args_parse(PROG, "Cluster the Fashion-MNIST train set into K shards (PCA + k-means++).\n"
+                      "example: tessera partition --experts 4 --out experts",
                       args, n, argc, argv);
     o->embed_set = ts_arg_seen(args, n, "embed");
     o->dims_set = ts_arg_seen(args, n, "dims");

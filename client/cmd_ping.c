@@ -147,7 +147,9 @@ int ts_cmd_ping(int argc, char **argv) {
         {"json", TS_ARG_FLAG, &json, NULL, "print one JSON object"},
     };
     const char *summary = "Connect to a node, complete the handshake and time N pings.\n"
-                          "usage: tessera ping HOST:PORT --network-key FILE [--identity FILE]";
+                          "usage: tessera ping HOST:PORT --network-key FILE [options]\n"
+                          "example: tessera ping 127.0.0.1:7420 --network-key "
+                          "tessera-net/network.key --count 5";
     int n = (int)(sizeof args / sizeof args[0]);
     /* HOST:PORT comes first; the options follow it. */
     if (argc >= 2 && argv[1][0] != '-') {

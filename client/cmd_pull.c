@@ -92,7 +92,8 @@ static int parse_opts(int argc, char **argv, pull_opts_t *o) {
     };
     const char *summary = "Fetch experts' weights from the network into the store, verified and "
                           "resumable.\nusage: tessera pull (WEIGHTS | --all) --peer HOST:PORT "
-                          "--network-key FILE";
+                          "--network-key FILE [options]\nexample: tessera pull --all --peer "
+                          "127.0.0.1:7420 --network-key tessera-net/network.key";
     if (argc >= 2 && argv[1][0] != '-') {
         o->want = argv[1];
         argv[1] = argv[0];

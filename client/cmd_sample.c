@@ -20,6 +20,7 @@
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "model/dit_io.h"
+#include "model/fmnist.h"
 #include "model/png.h"
 #include "model/sampler.h"
 #include "store/weights.h"
@@ -102,7 +103,8 @@ static int parse_opts(int argc, char **argv, sample_opts_t *o) {
         {"cfg", TS_ARG_FLOAT, &o->cfg, "S", "classifier-free guidance scale, 1 = off (default 1)",
          0, 100},
         {"class", TS_ARG_STRING, &o->cls, "C",
-         "class label, or 'null' (default: cycle through classes)"},
+         "class label or name (" TS_FMNIST_CLASS_LIST "), or 'null' (default: cycle through the "
+         "classes)"},
         {"seed", TS_ARG_U64, &o->seed, "S", "sample i uses noise stream seed+i (default 0)"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o->device, "NAME",
@@ -115,7 +117,8 @@ static int parse_opts(int argc, char **argv, sample_opts_t *o) {
          "also write the samples as safetensors 'x'"},
         {"json", TS_ARG_FLAG, &o->json, NULL, "print a JSON summary on stdout"},
     };
-    return ts_args_parse(PROG, "Generate images from one expert and write a grid.", args,
+    return ts_args_parse(PROG, "Generate images from one expert and write a grid.\nexample: tessera sample "
+                         "--weights experts/demo/expert-0.safetensors --n 16 --out grid.png", args,
                          (int)(sizeof args / sizeof args[0]), argc, argv);
 }
 
@@ -142,18 +145,9 @@ static int open_model(sample_run_t *r) {
     if (rc != TS_OK)
         return ts_args_fail(PROG, r->err, rc);
     const ts_dit_config_t *c = &r->model.cfg;
-    r->label = -1;
-    if (o->cls && strcmp(o->cls, "null") == 0) {
-        r->label = c->num_classes;
-    } else if (o->cls) {
-        char *end;
-        long v = strtol(o->cls, &end, 10);
-        if (*end || v < 0 || v >= c->num_classes) {
-            fprintf(stderr, PROG ": --class %s: must be 0..%d or 'null'\n", o->cls,
-                    c->num_classes - 1);
-            return 2;
-        }
-        r->label = (int)v;
+    if (ts_local_parse_class(o->cls, c->num_classes, &r->label, r->err, sizeof r->err) != TS_OK) {
+        fprintf(stderr, PROG ": %s\n", r->err);
+        return 2;
     }
     r->chw = (int64_t)c->in_channels * c->input_size * c->input_size;
     return 0;

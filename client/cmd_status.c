@@ -76,7 +76,9 @@ static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBod
         if (b->load && n > 0 && (size_t)n < sizeof expert)
             n += snprintf(expert + n, sizeof expert - (size_t)n, " q%u %.1fms",
                           b->load->queue_depth, b->load->item_latency_us / 1000.0);
-        if (b->training && n > 0 && (size_t)n < sizeof expert)
+        if (b->training && n > 0 && (size_t)n < sizeof expert &&
+            (m->status == TESSERA__MEMBER_STATUS__MEMBER_ALIVE ||
+             m->status == TESSERA__MEMBER_STATUS__MEMBER_SUSPECT)) /* a gone node trains nothing */
             n += snprintf(expert + n, sizeof expert - (size_t)n,
                           " training %llu/%llu%s", (unsigned long long)b->training->step,
                           (unsigned long long)b->training->steps,
@@ -222,12 +224,55 @@ static void on_sigint(uv_signal_t *h, int signum) {
     stop(h->data, 0, "");
 }
 
+/* A running node of the `tessera up` folder dir: its listen address into peer (the first whose
+ * process is alive), and the folder's network key into nk. 0, or 1 with err. */
+static int from_rundir(const char *dir, char *peer, size_t peer_len, char *nk, size_t nk_len,
+                       char *err, size_t errlen) {
+    snprintf(nk, nk_len, "%s/network.key", dir);
+    if (access(nk, R_OK) != 0) {
+        snprintf(err, errlen, "--dir %s: no network.key there (is it a `tessera up` folder?)",
+                 dir);
+        return 1;
+    }
+    for (int i = 0; i < 4096; i++) {
+        char path[4200], line[128] = "";
+        snprintf(path, sizeof path, "%s/node-%d", dir, i);
+        if (access(path, F_OK) != 0)
+            break;
+        long pid = 0;
+        snprintf(path, sizeof path, "%s/node-%d/tesserad.pid", dir, i);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (fscanf(f, "%ld", &pid) != 1)
+                pid = 0;
+            fclose(f);
+        }
+        if (pid <= 0 || kill((pid_t)pid, 0) != 0)
+            continue;
+        snprintf(path, sizeof path, "%s/node-%d/data/listen.addr", dir, i);
+        if ((f = fopen(path, "r")) != NULL) {
+            int ok = fgets(line, sizeof line, f) != NULL;
+            fclose(f);
+            line[strcspn(line, "\r\n")] = '\0';
+            if (ok && line[0]) {
+                snprintf(peer, peer_len, "%s", line);
+                return 0;
+            }
+        }
+    }
+    snprintf(err, errlen, "--dir %s: no node of it is running (`tessera up --dir %s` starts them)",
+             dir, dir);
+    return 1;
+}
+
 int ts_cmd_status(int argc, char **argv) {
-    const char *id_path = NULL, *nk_path = NULL, *peer = NULL;
+    const char *id_path = NULL, *nk_path = NULL, *peer = NULL, *dir = NULL;
     status_t s = {.timeout_ms = 5000, .interval_s = 2};
     ts_arg_t args[] = {
-        {"peer", TS_ARG_STRING, &peer, "HOST:PORT", "the node to ask", 0, 0, 1},
-        {"network-key", TS_ARG_STRING, &nk_path, "FILE", "the network key", 0, 0, 1},
+        {"peer", TS_ARG_STRING, &peer, "HOST:PORT", "the node to ask (or --dir)"},
+        {"network-key", TS_ARG_STRING, &nk_path, "FILE", "the network key (or --dir)"},
+        {"dir", TS_ARG_STRING, &dir, "DIR",
+         "a `tessera up` folder: ask one of its running nodes, with its network key"},
         {"identity", TS_ARG_STRING, &id_path, "FILE",
          "an identity to connect with (default: a fresh one for this run)"},
         {"json", TS_ARG_FLAG, &s.json, NULL, "print JSON (one object per answer)"},
@@ -239,12 +284,35 @@ int ts_cmd_status(int argc, char **argv) {
         {"timeout-ms", TS_ARG_INT, &s.timeout_ms, "N",
          "for connect + handshake, and for each answer (default 5000)", 1, 3600000},
     };
-    const char *summary = "Show the network as one node sees it: members, experts, clusters, "
-                          "load.\nusage: tessera status --peer HOST:PORT --network-key FILE";
+    const char *summary =
+        "Show the network as one node sees it: members, experts, clusters, load, and the node's "
+        "own training.\nusage: tessera status (--peer HOST:PORT --network-key FILE | --dir DIR) "
+        "[options]\nexample: tessera status --dir tessera-net --watch";
     int pr = ts_args_parse("tessera status", summary, args, (int)(sizeof args / sizeof args[0]),
                            argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
+    char dir_peer[128], dir_nk[4200], err[4400];
+    if (dir && (peer || nk_path)) {
+        fprintf(stderr, "tessera status: --dir names the node and the key: no --peer or "
+                        "--network-key with it\n");
+        return 2;
+    }
+    if (!dir && (!peer || !nk_path)) {
+        fprintf(stderr, "tessera status: name the node: --peer HOST:PORT and --network-key FILE, "
+                        "or --dir DIR (a `tessera up` folder)\n");
+        return 2;
+    }
+    if (dir) {
+        if (from_rundir(dir, dir_peer, sizeof dir_peer, dir_nk, sizeof dir_nk, err, sizeof err)) {
+            if (s.json)
+                ts_json_print(json_pack("{s:s, s:s}", "error", err, "dir", dir));
+            fprintf(stderr, "tessera status: %s\n", err);
+            return 1;
+        }
+        peer = dir_peer;
+        nk_path = dir_nk;
+    }
     int rc =
         ts_netclient_open(&s.nc, "tessera status", peer, id_path, nk_path, (uint32_t)s.timeout_ms);
     if (rc)
@@ -259,6 +327,8 @@ int ts_cmd_status(int argc, char **argv) {
     uv_run(&s.nc.loop, UV_RUN_DEFAULT);
     ts_netclient_close(&s.nc);
     if (s.failed) {
+        if (s.json) /* a script reading stdout gets an answer either way */
+            ts_json_print(json_pack("{s:s, s:s}", "error", s.err, "peer", peer));
         fprintf(stderr, "tessera status: %s: %s\n", peer, s.err);
         return 1;
     }

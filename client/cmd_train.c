@@ -6,8 +6,10 @@
  * line on stdout. Checkpoints go to the store (store/ckpt.h: the LMDB environment in --data-dir)
  * under the run's name (--run, default the basename of --out) every --ckpt-every steps and at the
  * end, keeping the newest --keep; each is written in one transaction, so a kill at any moment
- * leaves the previous one intact. --resume continues from the newest bit-identically.
- * SIGINT/SIGTERM finish the current step, write a checkpoint and stop (exit 130). The output file
+ * leaves the previous one intact. The same command again continues the run from its newest
+ * checkpoint, bit-identically (--restart starts it over instead; a run whose checkpoints hold
+ * another configuration is refused, naming both ways out). SIGINT/SIGTERM finish the current
+ * step, write a checkpoint and stop (exit 130), saying how to continue. The output file
  * (--out) holds the EMA weights, with the config in its metadata.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -55,7 +57,7 @@ typedef struct {
     const char *dtype; /* --dtype: the --out file's */
     int64_t steps;
     int cluster;
-    int batch, threads, ckpt_every, keep, log_every, resume, json, warmup, logit_normal;
+    int batch, threads, ckpt_every, keep, log_every, resume, restart, json, warmup, logit_normal;
     ts_device_spec_t device;  /* --device (zeroed: the CPU) */
     ts_precision_t precision; /* --precision (zeroed: f32) */
     float lr, wd, clip, ema, dropout;
@@ -77,7 +79,8 @@ typedef struct {
     float loss, norm; /* the last step's */
     int64_t first;    /* the step this run started from */
     double t0;
-    char err[512];
+    int usage; /* the failure is the command line's (exit 2) */
+    char err[1024];
 } train_run_t;
 
 /* Loads the data set and keeps the partition's cluster or the shard, if any. */
@@ -131,8 +134,8 @@ static int note_step(void *ctx, const char *run_id, int64_t step, size_t len) {
     return TS_OK;
 }
 
-/* Starts from a checkpoint: --from-ckpt FILE, else with --resume the run's newest in the store.
- * Without --resume an existing run is started over (and says so). */
+/* Starts from a checkpoint: --from-ckpt FILE, else the run's newest in the store (unless
+ * --restart: an existing run is then started over, and says so). */
 static int start_point(train_run_t *r) {
     const train_opts_t *o = &r->o;
     ts_trainer_t *tr = &r->tr;
@@ -146,7 +149,7 @@ static int start_point(train_run_t *r) {
                     (long long)tr->step);
         return rc;
     }
-    if (!o->resume) {
+    if (o->restart) {
         int64_t newest = -1;
         int rc = ts_ckpt_list(st, o->run, note_step, &newest);
         if (rc != TS_OK) {
@@ -156,20 +159,28 @@ static int start_point(train_run_t *r) {
         }
         if (newest >= 0)
             fprintf(stderr,
-                    "run '%s' has checkpoints up to step %lld in %s; starting over at step "
-                    "0 (pass --resume to continue it); the new checkpoints replace them\n",
+                    "run '%s' has checkpoints up to step %lld in %s; starting over at step 0 "
+                    "(--restart): the new checkpoints replace them\n",
                     o->run, (long long)newest, ts_store_dir(st));
         return TS_OK;
     }
-    int rc = ts_ckpt_resume_trainer(st, o->run, tr, err, errlen);
+    char sub[512] = "";
+    int rc = ts_ckpt_resume_trainer(st, o->run, tr, sub, sizeof sub);
     if (rc == TS_ENOTFOUND) {
         fprintf(stderr, "no checkpoint of run '%s' in %s: starting at step 0\n", o->run,
                 ts_store_dir(st));
         return TS_OK;
     }
-    if (rc == TS_OK)
-        fprintf(stderr, "resuming run '%s' from step %lld (%s)\n", o->run, (long long)tr->step,
-                ts_store_dir(st));
+    if (rc == TS_OK) {
+        fprintf(stderr, "resuming run '%s' from step %lld (%s; --restart starts it over)\n",
+                o->run, (long long)tr->step, ts_store_dir(st));
+        return TS_OK;
+    }
+    snprintf(err, errlen,
+             "run '%s' in %s has a checkpoint this command cannot continue (%s): --restart "
+             "replaces it, or --run NAME trains a separate run",
+             o->run, ts_store_dir(st), sub);
+    r->usage = 1;
     return rc;
 }
 
@@ -263,7 +274,9 @@ static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_con
         {"keep", TS_ARG_INT, &o->keep, "N", "checkpoints of the run kept in the store (default 3)",
          1, 1e6},
         {"resume", TS_ARG_FLAG, &o->resume, NULL,
-         "continue from the run's newest checkpoint, if any"},
+         "continue from the run's newest checkpoint, if any (the default; kept for scripts)"},
+        {"restart", TS_ARG_FLAG, &o->restart, NULL,
+         "start the run over at step 0, replacing its checkpoints (default: continue it)"},
         {"from-ckpt", TS_ARG_STRING, &o->from_ckpt, "FILE",
          "start from a checkpoint file (an earlier tessera's OUT.ckpt)"},
         {"log-every", TS_ARG_INT, &o->log_every, "N", "progress line every N steps (default 50)", 1,
@@ -273,7 +286,9 @@ static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_con
         {"json", TS_ARG_FLAG, &o->json, NULL, "JSON lines on stdout (progress and summary)"},
     };
     return ts_args_parse("tessera train",
-                         "Train one DiT expert with flow matching on Fashion-MNIST or a shard.",
+                         "Train one DiT expert with flow matching on Fashion-MNIST or a shard.\n"
+                         "example: tessera train --partition experts --cluster 0 --model tiny "
+                         "--steps 2000 --out experts/expert-0.safetensors",
                          args, (int)(sizeof args / sizeof args[0]), argc, argv);
 }
 
@@ -295,6 +310,9 @@ static int validate(train_run_t *r) {
         fprintf(stderr, "tessera train: --dtype %s: want f32, bf16 or f16\n", o->dtype);
     else if (o->partition && o->shard)
         fprintf(stderr, "tessera train: --shard and --partition both name the data; pass one\n");
+    else if (o->restart && (o->resume || o->from_ckpt))
+        fprintf(stderr, "tessera train: --restart starts over; --resume and --from-ckpt continue: "
+                        "pass one\n");
     else {
         ts_train_config_t *tc = &r->tc;
         tc->batch = o->batch, tc->lr = o->lr, tc->warmup = o->warmup, tc->weight_decay = o->wd;
@@ -465,6 +483,9 @@ static void print_summary(const train_run_t *r) {
         fprintf(stderr, "f16: loss scale 2^%d, %lld steps of the run skipped for overflowing "
                         "gradients\n",
                 ts_log2i(tr->loss_scale), (long long)tr->skipped);
+    if (g_stop)
+        fprintf(stderr, "the same command again continues from step %lld (--restart starts over)\n",
+                (long long)tr->step);
     if (o->json) { /* jansson escapes the paths (a quote in a file name must not break the JSON) */
         json_t *j = json_pack("{s:b, s:I, s:f, s:f, s:f, s:s, s:s, s:s, s:s}", "done", !g_stop,
                               "step", (json_int_t)tr->step, "loss", (double)r->loss, "loss_avg",
@@ -508,5 +529,5 @@ int ts_cmd_train(int argc, char **argv) {
     if (rc == TS_OK)
         print_summary(&r);
     train_free(&r);
-    return rc != TS_OK ? 1 : g_stop ? 130 : 0;
+    return rc != TS_OK ? (r.usage ? 2 : 1) : g_stop ? 130 : 0;
 }

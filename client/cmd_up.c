@@ -23,6 +23,8 @@
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* setsid, usleep */
 
+#include <dirent.h>
+#include <jansson.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -42,6 +44,7 @@
 #include "base/file.h"
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/jsonout.h"
 #include "net/keys.h"
 
 #define MAX_NODES 64
@@ -70,23 +73,68 @@ static int read_line(const char *path, char *buf, size_t len) {
     return buf[0] ? 0 : -1;
 }
 
-/* The pid in DIR/node-i/tesserad.pid when that process is alive and is a tesserad (a stale file
- * whose pid was reused by another program does not count); 0 otherwise. */
-static pid_t live_pid(const char *rundir, int i) {
-    char path[PATHLEN], line[64], cmd[PATHLEN];
-    pathf(path, "%s/node-%d/tesserad.pid", rundir, i);
-    if (read_line(path, line, sizeof line))
-        return 0;
-    long pid = strtol(line, NULL, 10);
-    if (pid <= 1 || kill((pid_t)pid, 0) != 0)
-        return 0;
+/* Whether process pid is a tesserad run with --config naming the file ini (an absolute, real
+ * path): its command line, a relative path resolved against its working folder. */
+static int runs_config(long pid, const char *ini) {
+    char path[PATHLEN], cmd[PATHLEN], cwd[PATHLEN], full[2 * PATHLEN + 2], real[PATH_MAX];
     pathf(path, "/proc/%ld/cmdline", pid);
     FILE *f = fopen(path, "r");
     size_t n = f ? fread(cmd, 1, sizeof cmd - 1, f) : 0;
     if (f)
         fclose(f);
     cmd[n] = 0;
-    return strstr(cmd, "tesserad") ? (pid_t)pid : 0;
+    const char *argv0 = strrchr(cmd, '/') ? strrchr(cmd, '/') + 1 : cmd;
+    if (strcmp(argv0, "tesserad") != 0)
+        return 0;
+    for (size_t at = strlen(cmd) + 1; at < n; at += strlen(cmd + at) + 1) {
+        const char *arg = cmd + at, *value = NULL;
+        if (strcmp(arg, "--config") == 0 && at + strlen(arg) + 1 < n)
+            value = arg + strlen(arg) + 1;
+        else if (strncmp(arg, "--config=", 9) == 0)
+            value = arg + 9;
+        if (!value)
+            continue;
+        if (value[0] == '/') {
+            snprintf(full, sizeof full, "%s", value);
+        } else {
+            pathf(path, "/proc/%ld/cwd", pid);
+            ssize_t m = readlink(path, cwd, sizeof cwd - 1);
+            if (m <= 0)
+                return 0;
+            cwd[m] = 0;
+            snprintf(full, sizeof full, "%s/%s", cwd, value);
+        }
+        return realpath(full, real) && strcmp(real, ini) == 0;
+    }
+    return 0;
+}
+
+/* The tesserad of node i: the pid in DIR/node-i/tesserad.pid when that process is alive and is
+ * a tesserad (a stale file whose pid was reused by another program does not count), else any
+ * tesserad running that node's config (one restarted by hand); 0 when none. */
+static pid_t live_pid(const char *rundir, int i) {
+    char path[PATHLEN], line[64], ini[PATH_MAX];
+    pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
+    if (!realpath(path, ini))
+        return 0; /* no such node */
+    pathf(path, "%s/node-%d/tesserad.pid", rundir, i);
+    if (read_line(path, line, sizeof line) == 0) {
+        long pid = strtol(line, NULL, 10);
+        if (pid > 1 && kill((pid_t)pid, 0) == 0 && runs_config(pid, ini))
+            return (pid_t)pid;
+    }
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = 0;
+    while (d && !found && (e = readdir(d)) != NULL) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end == 0 && pid > 1 && runs_config(pid, ini))
+            found = (pid_t)pid;
+    }
+    if (d)
+        closedir(d);
+    return found;
 }
 
 /* The tesserad to run: $TESSERAD, else the one built or installed next to this tessera
@@ -344,8 +392,9 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
         if (live_pid(rundir, i)) {
             fprintf(stderr,
                     "tessera up: a network is already running in %s (node %d); stop it "
-                    "with `tessera down --dir %s`\n",
-                    rundir, i, rundir_arg);
+                    "with `tessera down --dir %s`, or start its stopped nodes again with "
+                    "`tessera up --dir %s --restart`\n",
+                    rundir, i, rundir_arg, rundir_arg);
             return 1;
         }
     int k = 0;
@@ -482,9 +531,87 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
     return 0;
 }
 
+/* Node i's config with its bootstrap set to addr (a running node: the one it was written with may
+ * be gone, and a restarted first node would otherwise start a network of its own). */
+static int set_bootstrap(const char *rundir, int i, const char *addr) {
+    char path[PATHLEN], line[PATHLEN];
+    pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *o = open_memstream(&text, &len);
+    int in_node = 0;
+    while (o && fgets(line, sizeof line, f)) {
+        if (line[0] == '[')
+            in_node = strncmp(line, "[node]", 6) == 0;
+        if (in_node && strncmp(line, "bootstrap =", 11) == 0)
+            continue;
+        fputs(line, o);
+        if (in_node && strncmp(line, "listen =", 8) == 0)
+            fprintf(o, "bootstrap = %s\n", addr);
+    }
+    fclose(f);
+    if (!o)
+        return -1;
+    fclose(o);
+    int e = 0, rc = ts_atomic_write(path, text, len, &e);
+    free(text);
+    return rc == TS_OK ? 0 : -1;
+}
+
+/* `tessera up --restart`: the nodes of rundir that are not running, started again with their
+ * keys, stores and experts, joining through a running one. */
+static int restart_dead(const char *rundir_arg, int timeout_s) {
+    char rundir[PATHLEN], daemon[PATHLEN], path[PATHLEN], via[300] = "", done[512] = "";
+    abs_path(rundir_arg, rundir, sizeof rundir);
+    int n = 0, failed = 0;
+    size_t used = 0;
+    for (int i = 0; i < MAX_NODES && !via[0]; i++) {
+        pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
+        if (live_pid(rundir, i) && read_line(path, via, sizeof via) != 0)
+            via[0] = 0;
+    }
+    if (!via[0]) {
+        fprintf(stderr,
+                "tessera up: no node of %s is running to rejoin through: `tessera up --dir %s` "
+                "starts the network again\n",
+                rundir_arg, rundir_arg);
+        return 1;
+    }
+    ts_cli_find_tesserad(daemon, sizeof daemon);
+    double deadline = ts_now_s() + timeout_s;
+    for (int i = 0; i < MAX_NODES; i++) {
+        pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
+        if (!ts_file_exists(path) || live_pid(rundir, i))
+            continue;
+        char addr[300];
+        pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
+        unlink(path);
+        pid_t pid = set_bootstrap(rundir, i, via) == 0 ? spawn(daemon, rundir, i) : -1;
+        if (pid <= 0 || wait_listening(rundir, i, pid, deadline, addr, sizeof addr) != 0) {
+            fprintf(stderr, "tessera up: node %d did not start again: see %s/node-%d/tesserad.log\n",
+                    i, rundir, i);
+            failed = 1;
+            continue;
+        }
+        n++;
+        if (used < sizeof done)
+            used += (size_t)snprintf(done + used, sizeof done - used, "%s%d at %s",
+                                     used ? ", " : "", i, addr);
+    }
+    if (n)
+        printf("tessera up: restarted node%s %s (joining through %s)\n", n == 1 ? "" : "s", done,
+               via);
+    else if (!failed)
+        printf("tessera up: every node of %s is running\n", rundir_arg);
+    return failed;
+}
+
 int ts_cmd_up(int argc, char **argv) {
     const char *rundir = "tessera-net", *experts = "experts";
-    int nodes = 4, timeout_s = 120, no_experts = 0, json = 0;
+    int nodes = 4, timeout_s = 120, no_experts = 0, json = 0, restart = 0;
     serve_opts_t so = {0, 0};
     ts_arg_t args[] = {
         {"nodes", TS_ARG_INT, &nodes, "N", "daemons to start (default 4)", 1, MAX_NODES},
@@ -503,35 +630,74 @@ int ts_cmd_up(int argc, char **argv) {
          "take (default: the daemon's, 16)",
          1, 4096},
         {"json", TS_ARG_FLAG, &json, NULL, "print one JSON object (dir, peer, network_key)"},
+        {"restart", TS_ARG_FLAG, &restart, NULL,
+         "start again the nodes of RUNDIR that stopped (crashed, killed), with their keys, stores "
+         "and experts, joining through a running one"},
     };
     const char *summary = "Start a network of tesserad daemons on this machine (127.0.0.1), "
                           "hosting the experts of a folder.\nusage: tessera up [--nodes N] "
-                          "[--experts DIR] [--dir RUNDIR]";
+                          "[--experts DIR] [--dir RUNDIR] [--restart]\n"
+                          "example: tessera up --nodes 4 --experts experts/demo --dir tessera-net";
     int pr =
         ts_args_parse("tessera up", summary, args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
+    if (restart)
+        return restart_dead(rundir, timeout_s);
     return up(rundir, experts, nodes, timeout_s, no_experts, json, &so);
 }
 
 int ts_cmd_down(int argc, char **argv) {
     const char *rundir = "tessera-net";
-    int timeout_s = 30;
+    int timeout_s = 30, json = 0;
     ts_arg_t args[] = {
         {"dir", TS_ARG_STRING, &rundir, "RUNDIR", "the network's folder (default ./tessera-net)"},
+        {"json", TS_ARG_FLAG, &json, NULL,
+         "print one JSON object (dir, stopped, already_stopped: the nodes that were not running)"},
         {"timeout", TS_ARG_INT, &timeout_s, "S",
          "seconds to wait for a graceful stop before SIGKILL (default 30)", 1, 3600},
     };
     const char *summary = "Stop the network `tessera up` started: each node leaves gracefully "
-                          "(SIGTERM).\nusage: tessera down [--dir RUNDIR]";
+                          "(SIGTERM).\nusage: tessera down [--dir RUNDIR] [options]\n"
+                          "example: tessera down --dir tessera-net";
     int pr = ts_args_parse("tessera down", summary, args, (int)(sizeof args / sizeof args[0]), argc,
                            argv);
     if (pr)
         return pr == 1 ? 0 : 2;
+    char path[PATHLEN], dead[512] = "";
+    pathf(path, "%s/network.key", rundir);
+    if (!ts_file_exists(path)) {
+        fprintf(stderr, "tessera down: %s is not a network `tessera up` started (no %s)\n", rundir,
+                path);
+        return 1;
+    }
+    int n_dead = 0;
+    size_t used = 0;
+    json_t *gone = json_array();
+    for (int i = 0; i < MAX_NODES; i++) {
+        pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
+        if (ts_file_exists(path) && !live_pid(rundir, i)) {
+            n_dead++;
+            json_array_append_new(gone, json_integer(i));
+            if (used < sizeof dead)
+                used += (size_t)snprintf(dead + used, sizeof dead - used, "%s%d", used ? ", " : "",
+                                         i);
+        }
+    }
     int n = stop_all(rundir, timeout_s, 0);
+    if (json) {
+        ts_json_print(json_pack("{s:s, s:i, s:o}", "dir", rundir, "stopped", n, "already_stopped",
+                                gone));
+        return 0;
+    }
+    json_decref(gone);
     if (n == 0)
-        printf("tessera down: no node of %s was running\n", rundir);
+        printf("tessera down: no node of %s was running", rundir);
     else
-        printf("tessera down: stopped %d node%s of %s\n", n, n == 1 ? "" : "s", rundir);
+        printf("tessera down: stopped %d node%s of %s", n, n == 1 ? "" : "s", rundir);
+    if (n_dead && n)
+        printf("; node%s %s had already stopped (see node-N/tesserad.log)", n_dead == 1 ? "" : "s",
+               dead);
+    printf("\n");
     return 0;
 }

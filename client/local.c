@@ -15,6 +15,7 @@
 
 #include "base/clock.h"
 #include "base/file.h"
+#include "model/fmnist.h"
 #include "model/safetensors.h"
 
 static int cmp_str(const void *a, const void *b) {
@@ -272,12 +273,22 @@ int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err
     }
     char *end;
     long v = strtol(cls, &end, 10);
-    if (!*cls || *end || v < 0 || v >= num_classes) {
-        ts_set_err(err, errlen, "--class %s: must be 0..%d or 'null'", cls, num_classes - 1);
-        return TS_EINVAL;
+    if (*cls && !*end && v >= 0 && v < num_classes) {
+        *label = (int)v;
+        return TS_OK;
     }
-    *label = (int)v;
-    return TS_OK;
+    int named = num_classes == TS_FMNIST_NUM_CLASSES ? ts_fmnist_class_parse(cls) : -1;
+    if (named >= 0) {
+        *label = named;
+        return TS_OK;
+    }
+    if (num_classes == TS_FMNIST_NUM_CLASSES)
+        ts_set_err(err, errlen,
+                   "--class %s: must be 0..9, a class name (%s) or 'null'", cls,
+                   TS_FMNIST_CLASS_LIST);
+    else
+        ts_set_err(err, errlen, "--class %s: must be 0..%d or 'null'", cls, num_classes - 1);
+    return TS_EINVAL;
 }
 
 int ts_local_class_prior(const ts_local_t *l, const int32_t *labels, int64_t n, int num_classes,

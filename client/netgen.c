@@ -407,25 +407,33 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
     int rc = ts_store_open(&g->store, &so, err, errlen);
     if (rc != TS_OK)
         return rc;
-    if (ts_netclient_open(&g->nc, prog, o->peer, o->identity, o->network_key, STATUS_TIMEOUT_MS) !=
-        0) {
-        ts_set_err(err, errlen, "cannot reach %s", o->peer);
-        return TS_EIO;
+    int orc =
+        ts_netclient_open(&g->nc, prog, o->peer, o->identity, o->network_key, STATUS_TIMEOUT_MS);
+    if (orc != 0) { /* it said why: a bad address (a usage error) or a key that does not load */
+        g->said = 1;
+        g->usage = orc == 2;
+        ts_set_err(err, errlen, "%s", "");
+        return orc == 2 ? TS_EINVAL : TS_EIO;
     }
     g->nc_open = 1;
+    /* a peer that refuses the connection fails the first call at once, as `ping` does: there is
+     * nobody else to ask yet */
+    ts_rpc_set_fail_fast(g->nc.rpc, 1);
     Tessera__StatusRequest sr = TESSERA__STATUS_REQUEST__INIT;
     Tessera__Envelope req = TESSERA__ENVELOPE__INIT, *resp = NULL;
     req.body_case = TESSERA__ENVELOPE__BODY_STATUS_REQUEST;
     req.status_request = &sr;
     char sub[512] = "";
     rc = ts_netclient_call(&g->nc, g->nc.peer, &req, STATUS_TIMEOUT_MS, &resp, sub, sizeof sub);
-    if (rc != TS_OK) {
-        ts_set_err(err, errlen, "%s does not answer: %s", o->peer, sub);
+    if (rc != TS_OK) { /* the reason names the address already, or it is added */
+        if (strstr(sub, o->peer))
+            ts_set_err(err, errlen, "%s", sub);
+        else
+            ts_set_err(err, errlen, "%s does not answer: %s", o->peer, sub);
         return rc;
     }
-    /* from here on a node that refuses a connection fails its calls at once: the client has
-     * other replicas, other holders, cached weights, or the route around it */
-    ts_rpc_set_fail_fast(g->nc.rpc, 1);
+    /* from here on, too, a node that refuses a connection fails its calls at once: the client
+     * has other replicas, other holders, cached weights, or the route around it */
     offer_t *of = NULL;
     int n = 0;
     rc = collect_offers(resp->status_response, &of, &n, err, errlen);
@@ -451,6 +459,13 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
                 rc = TS_ECORRUPT;
                 break;
             }
+    }
+    if (rc == TS_OK && o->cls) { /* a class the experts do not have: before fetching anything */
+        int label;
+        if (ts_local_parse_class(o->cls, g->cfg.num_classes, &label, err, errlen) != TS_OK) {
+            g->usage = 1;
+            rc = TS_EINVAL;
+        }
     }
     if (rc == TS_OK)
         rc = build_experts(g, of, n, o->min_trained, err, errlen);

@@ -37,6 +37,7 @@ typedef struct ts_netgen_opts {
     /* the readiness bar: an expert advertised while its run is still training is used only
      * past this fraction of its steps (TS_NETGEN_MIN_TRAINED: only finished experts) */
     double min_trained;
+    const char *cls; /* --class, checked against the experts' classes before any fetch */
 } ts_netgen_opts_t;
 
 #define TS_NETGEN_MIN_TRAINED 1.0
@@ -63,6 +64,7 @@ typedef struct ts_netgen {
     uint8_t *absent; /* (K) the uncovered clusters: no live replica, no weights in the store */
     ts_netgen_held_t *held; /* (K) the live experts not used because they are still training */
     int n_held;
+    int said, usage; /* a failed open already printed why; usage: a bad --peer (exit 2) */
     ts_dit_config_t cfg;
     char partition_id[65];
     char cache_dir[1024];

@@ -57,6 +57,7 @@ struct attempt {
     uint32_t tried; /* replicas asked, as bits */
     send_t sends[MAX_SENDS];
     int n_sends, inflight, retries_left, done, last_error;
+    char note[200]; /* the last failure: node and reason (ts_remote_fail_t) */
 };
 
 /* Attempt slots (one per piece of a job of the evaluation in progress), each with its hedge
@@ -185,6 +186,8 @@ static int send_to(attempt_t *a, int i, int hedge) {
     int rc = ts_rpc_call(p->peer, &env, r->o.timeout_ms, on_answer, s, &s->call, err, sizeof err);
     if (rc != TS_OK) {
         p->failed++;
+        snprintf(a->note, sizeof a->note, "%.64s: %.120s", p->addr,
+                 *err ? err : ts_strerror(rc));
         if (rc == TS_ECLOSED) /* unreachable (in backoff after a refused connect): leave it */
             p->banned_until = ts_now_s() + r->o.down_ms / 1000.0;
         return rc;
@@ -267,6 +270,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
     if (a->done)
         return; /* the loser of a hedge, cancelled or late */
     int status = res->status;
+    const char *why = res->message && *res->message ? res->message : NULL;
     timings_t tm = {0, 0, 0};
     if (status == TS_OK) {
         status = take_answer(a, res->reply, &tm);
@@ -289,6 +293,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         /* A wrong answer is worse than none: that replica is not asked again for a while. */
         p->garbage++;
         r->st.garbage++;
+        why = "a malformed or wrong answer";
         p->banned_until = ts_now_s() + r->o.ban_ms / 1000.0;
     } else if (status == TS_EBUSY) {
         r->st.busy++;
@@ -301,6 +306,9 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
     }
     p->failed++;
     a->last_error = status;
+    if (status != TS_ECANCELED)
+        snprintf(a->note, sizeof a->note, "%.64s: %.120s", p->addr,
+                 why ? why : ts_strerror(status));
     if (status != TS_ECANCELED)
         slower_than(p, (ts_now_s() - s->start) * 1e3);
     trace(r, s, status, (timings_t){0, 0, 0}, s->replica, s->start);
@@ -339,6 +347,12 @@ static void finish(attempt_t *a, int status) {
     if (status != TS_OK && a->whole->status == TS_OK) {
         a->whole->status = status;
         r->st.failed_jobs++;
+        ts_remote_fail_t *f = &r->fail[a->ex - r->experts];
+        f->jobs++;
+        snprintf(f->note, sizeof f->note, "%s",
+                 a->note[0]             ? a->note
+                 : a->ex->n_rep         ? "every replica is down or banned"
+                                        : ts_strerror(status));
     }
     priv(r)->pending--;
 }
@@ -528,7 +542,9 @@ int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_exp
         }
     }
     remote_priv_t *pv = calloc(1, sizeof *pv);
-    if (!pv) {
+    r->fail = calloc((size_t)(K > 0 ? K : 1), sizeof *r->fail);
+    if (!pv || !r->fail) {
+        free(pv);
         ts_set_err(err, errlen, "out of memory");
         return TS_ENOMEM;
     }
@@ -551,6 +567,8 @@ void ts_remote_free(ts_remote_t *r) {
     }
     free(r->events);
     free(r->eval_ms);
+    free(r->fail);
+    r->fail = NULL;
     r->impl = NULL;
     r->events = NULL;
     r->eval_ms = NULL;

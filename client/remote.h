@@ -79,6 +79,13 @@ typedef struct ts_remote_stats {
     double server_queue_s, server_compute_s, server_device_s;
 } ts_remote_stats_t;
 
+/* The jobs of one expert that failed on every replica (and locally), and the last failure: the
+ * node and what it said. */
+typedef struct ts_remote_fail {
+    uint64_t jobs;
+    char note[200]; /* "127.0.0.1:4000: expert not found", or why no request went out */
+} ts_remote_fail_t;
+
 /* One trace event: one request or local run of one job (Chrome trace "X" events). */
 typedef struct ts_remote_event {
     double start_s, dur_s;         /* from ts_remote_init */
@@ -105,6 +112,7 @@ typedef struct ts_remote {
     double t0;
     uint64_t rng;
     uint64_t degraded_at[64]; /* the first 64 degraded evaluations' numbers (1-based) */
+    ts_remote_fail_t *fail;   /* (K) */
     double *eval_ms;          /* per evaluation wall time (grows) */
     size_t n_eval, cap_eval;
     void *impl; /* remote.c's: the hedge timers and the attempts of the evaluation in progress */

@@ -179,6 +179,35 @@ static int weights_of(const ts_auto_t *a, const live_t *l, size_t n, int k, ts_h
     return 1;
 }
 
+/* The preset the live experts of the partition use, into preset ("mini", "tiny", "small"), so
+ * that an expert trained here has the network's shape; 1 when one matches. 0 with what they use
+ * ("h96 d3 p4") in preset when it is no preset, or "" when no expert of it is live. */
+static int network_model(const ts_auto_t *a, const live_t *l, size_t n, char *preset,
+                         size_t len) {
+    static const char *const names[] = {"mini", "tiny", "small"};
+    preset[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Tessera__ModelConfig *m = l[i].b->model;
+        if (!same_hash(&l[i].b->partition_id, &a->partition) || !m)
+            continue;
+        for (size_t j = 0; j < sizeof names / sizeof names[0]; j++) {
+            ts_dit_config_t c;
+            if (ts_dit_config_preset(names[j], &c) == TS_OK &&
+                (int)m->hidden_size == c.hidden_size && (int)m->depth == c.depth &&
+                (int)m->num_heads == c.num_heads && (int)m->patch_size == c.patch_size &&
+                (int)m->input_size == c.input_size && (int)m->in_channels == c.in_channels &&
+                (int)m->num_classes == c.num_classes && (int)m->mlp_ratio == c.mlp_ratio &&
+                (int)m->freq_dim == c.freq_dim) {
+                snprintf(preset, len, "%s", names[j]);
+                return 1;
+            }
+        }
+        snprintf(preset, len, "h%u d%u p%u", m->hidden_size, m->depth, m->patch_size);
+        return 0;
+    }
+    return 0;
+}
+
 /* Serves cluster k: the weights from a replica, or trained here when no live node has them. */
 static void take(ts_auto_t *a, const live_t *l, size_t n, int k, const char *why) {
     char phex[TS_HASH_HEX], whex[TS_HASH_HEX], err[1024];
@@ -201,8 +230,20 @@ static void take(ts_auto_t *a, const live_t *l, size_t n, int k, const char *why
         start_fetch(a, peer, &w, FETCH_WEIGHTS, k);
         return;
     }
-    ts_log_info("auto", "cluster %d of partition %.16s: %s; no live node serves it: training it", k,
-                phex, why);
+    char model[64];
+    int same = network_model(a, l, n, model, sizeof model);
+    ts_host_set_train_model(a->host, same ? model : NULL);
+    const char *mine = a->cfg->train_model[0] ? a->cfg->train_model : "tiny";
+    ts_log_info("auto",
+                "cluster %d of partition %.16s: %s; no live node serves it: training it as "
+                "'%s' (%s), %lld steps; the time it takes follows its first step",
+                k, phex, why, same ? model : mine,
+                same ? "the model the network's experts of this partition use"
+                : model[0] ? "[train] model: the network's experts are no preset"
+                           : "[train] model: no expert of this partition is live to copy",
+                (long long)a->cfg->train_steps);
+    if (same && strcmp(model, mine) != 0)
+        ts_log_info("auto", "(not [train] model '%s': an ensemble's experts share one shape)", mine);
     if (ts_host_train_expert(a->host, a->partition_path, k, err, sizeof err) != TS_OK)
         ts_log_error("auto", "cannot train cluster %d: %s", k, err);
     else

@@ -5,10 +5,14 @@
 
 #include "daemon/check.h"
 
+#include <errno.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "daemon/expert.h"
@@ -17,6 +21,7 @@
 #include "model/dit_io.h"
 #include "model/partition.h"
 #include "model/safetensors.h"
+#include "net/conn.h"
 #include "store/store.h"
 #include "store/weights.h"
 
@@ -155,5 +160,62 @@ int ts_check_expert_files(const ts_daemon_config_t *c, FILE *out, char *err, siz
         rc = check_router(c, &e, &p, out, err, errlen);
     ts_engine_free(&e);
     ts_partition_free(&p);
+    return rc;
+}
+
+/* 0 when a socket of type can bind host:port now (and is closed again), else errno. */
+static int try_bind(const char *host, int port, int type) {
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = type,
+                             .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    if (getaddrinfo(host, service, &hints, &ai) != 0 || !ai)
+        return EINVAL;
+    int e = 0, fd = socket(ai->ai_family, ai->ai_socktype, 0);
+    if (fd < 0) {
+        e = errno;
+    } else {
+        int one = 1; /* as libuv's TCP bind: a socket in TIME_WAIT does not count as taken */
+        if (type == SOCK_STREAM)
+            (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+            e = errno;
+        close(fd);
+    }
+    freeaddrinfo(ai);
+    return e;
+}
+
+/* One key's address: TS_OK when free (or port 0, or off), else TS_EIO with err. */
+static int port_free(const char *key, const char *addr, int udp_too, char *err, size_t errlen) {
+    char host[256], sub[256] = "";
+    int port = 0;
+    if (!addr[0])
+        return TS_OK;
+    if (ts_net_parse_addr(addr, host, sizeof host, &port, 1, sub, sizeof sub) != TS_OK) {
+        ts_set_err(err, errlen, "%s %s: %s", key, addr, sub);
+        return TS_EINVAL;
+    }
+    if (port == 0)
+        return TS_OK;
+    int e = try_bind(host, port, SOCK_STREAM);
+    if (!e && udp_too)
+        e = try_bind(host, port, SOCK_DGRAM);
+    if (!e)
+        return TS_OK;
+    ts_set_err(err, errlen, "%s %s: cannot listen there: %s%s", key, addr, strerror(e),
+               e == EADDRINUSE ? " (another tesserad, or another program? choose a free port, "
+                                 "or port 0 for any)"
+               : e == EADDRNOTAVAIL ? " (no interface of this machine has that address)"
+                                    : "");
+    return TS_EIO;
+}
+
+int ts_check_ports(const ts_daemon_config_t *c, char *err, size_t errlen) {
+    int rc = port_free("[node] listen", c->listen, 1, err, errlen);
+    if (rc == TS_OK)
+        rc = port_free("[metrics] listen", c->metrics_listen, 0, err, errlen);
     return rc;
 }

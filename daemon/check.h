@@ -22,4 +22,10 @@
 
 int ts_check_expert_files(const ts_daemon_config_t *c, FILE *out, char *err, size_t errlen);
 
+/* Whether the ports the config listens on are free now: [node] listen (TCP and UDP: RPC and
+ * gossip share the port) and [metrics] listen (TCP), each bound and released at once (port 0
+ * always is). TS_EIO with err naming the key, the address and the reason ("address already in
+ * use: another tesserad?") for the first that is taken. */
+int ts_check_ports(const ts_daemon_config_t *c, char *err, size_t errlen);
+
 #endif

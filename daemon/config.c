@@ -195,7 +195,7 @@ static char *trim(char *s) {
 static int fail(parse_ctx_t *p, const char *section, const char *name, const char *fmt, ...)
     TS_PRINTF(4, 5);
 static int fail(parse_ctx_t *p, const char *section, const char *name, const char *fmt, ...) {
-    char what[256];
+    char what[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
@@ -222,6 +222,62 @@ static int add_addrs(parse_ctx_t *p, const key_spec_t *k, const char *section, c
     return 1;
 }
 
+/* Levenshtein distance of a and b, capped at 9 (names are short). */
+static int edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 40 || lb > 40)
+        return 9;
+    int d[41][41];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[la][lb] < 9 ? d[la][lb] : 9;
+}
+
+/* The unknown [section] name's complaint: the closest key ("did you mean [node] bootstrap?")
+ * when one is within a third of its length, and the sections there are. */
+static int unknown_key(parse_ctx_t *p, const char *section, const char *name) {
+    int best = -1, best_d = 9, best_room = 0;
+    for (int j = 0; j < N_KEYS; j++) {
+        int d = edit_distance(KEYS[j].info.key, name);
+        size_t typed = strlen(name); /* a third of what was typed may be wrong */
+        if (strcmp(KEYS[j].info.section, section) != 0) {
+            d += edit_distance(KEYS[j].info.section, section);
+            typed += strlen(section);
+        }
+        if (d < best_d) {
+            best_d = d;
+            best = j;
+            best_room = (int)(typed + 2) / 3;
+        }
+    }
+    char hint[160] = "", sections[256] = "";
+    if (best >= 0 && best_d <= best_room)
+        snprintf(hint, sizeof hint, "; did you mean [%s] %s?", KEYS[best].info.section,
+                 KEYS[best].info.key);
+    int known_section = 0;
+    size_t used = 0;
+    for (int j = 0; j < N_KEYS; j++) {
+        known_section |= strcmp(KEYS[j].info.section, section) == 0;
+        int seen = 0;
+        for (int i = 0; i < j && !seen; i++)
+            seen = strcmp(KEYS[i].info.section, KEYS[j].info.section) == 0;
+        if (!seen && used < sizeof sections)
+            used += (size_t)snprintf(sections + used, sizeof sections - used, "%s%s",
+                                     used ? ", " : "", KEYS[j].info.section);
+    }
+    if (known_section)
+        return fail(p, section, name, "unknown key%s (configs/tesserad.ini lists every key)", hint);
+    return fail(p, section, name, "unknown section or key%s (sections: %s)", hint, sections);
+}
+
 static int on_key(void *user, const char *section, const char *name, const char *value) {
     parse_ctx_t *p = user;
     if (p->rc != TS_OK)
@@ -230,16 +286,8 @@ static int on_key(void *user, const char *section, const char *name, const char 
     while (i < N_KEYS &&
            !(strcmp(KEYS[i].info.section, section) == 0 && strcmp(KEYS[i].info.key, name) == 0))
         i++;
-    if (i == N_KEYS) {
-        int known_section = 0;
-        for (int j = 0; j < N_KEYS; j++)
-            known_section |= strcmp(KEYS[j].info.section, section) == 0;
-        return fail(p, section, name,
-                    known_section
-                        ? "unknown key (configs/tesserad.ini lists every key)"
-                        : "unknown section or key (sections: node, expert, compute, train, "
-                          "gossip, limits, serve, log, metrics)");
-    }
+    if (i == N_KEYS)
+        return unknown_key(p, section, name);
     const key_spec_t *k = &KEYS[i];
     if (p->seen[i] && k->kind != K_ADDRLIST)
         return fail(p, section, name, "given twice");

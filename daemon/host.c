@@ -55,6 +55,7 @@ struct ts_host {
     int64_t logged_step;
     uint64_t since_progress_ms;
     int training_shown; /* the gossip's status carries our job */
+    char train_model[32]; /* a preset instead of [train] model ("": none) */
     int stopping, closed_handles;
     void (*done)(void *);
     void *done_arg;
@@ -367,6 +368,8 @@ static int start_training(ts_host_t *h, char *err, size_t errlen) {
     ts_train_job_opts_from_config(&o, c, h->env.store);
     o.partition = h->partition;
     o.cluster = h->cluster;
+    if (h->train_model[0])
+        o.model = h->train_model;
     if (c->expert_mode == TS_EXPERT_AUTO)
         o.snapshots = 1, o.out = NULL;
     o.notify = notify;
@@ -422,6 +425,11 @@ int ts_host_serve_expert(ts_host_t *h, const char *partition, int cluster, const
     h->cluster = cluster;
     serve_weights(h, w);
     return TS_OK;
+}
+
+void ts_host_set_train_model(ts_host_t *h, const char *preset) {
+    if (h)
+        snprintf(h->train_model, sizeof h->train_model, "%s", preset ? preset : "");
 }
 
 int ts_host_train_expert(ts_host_t *h, const char *partition, int cluster, char *err,

@@ -58,6 +58,9 @@ int ts_host_serve_expert(ts_host_t *h, const char *partition, int cluster, const
  * The job's error, with a sentence. */
 int ts_host_train_expert(ts_host_t *h, const char *partition, int cluster, char *err,
                          size_t errlen);
+/* The model preset the next training job uses instead of [train] model (auto mode: the one the
+ * network's experts of the partition use); NULL: [train] model again. */
+void ts_host_set_train_model(ts_host_t *h, const char *preset);
 
 /* Our load, for the status answer (ts_gossip_load_fn). */
 void ts_host_load(void *host, Tessera__Load *load);

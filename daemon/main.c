@@ -368,11 +368,16 @@ static void on_stop(uv_signal_t *h, int signum) {
 
 /* Membership changes are worth a line each: they are what an operator looks for. */
 static void on_gossip_event(void *arg, const ts_swim_event_t *ev) {
-    (void)arg;
+    const daemon_t *d = arg;
     ts_node_id_t id;
     memcpy(id.b, ev->id, sizeof id.b);
     char node[TS_NODE_ID_SHORT + 1];
     ts_node_id_hex(&id, TS_NODE_ID_SHORT, node);
+    /* leaving, the node's own leave is spread as a newer claim of it: not news for the log */
+    if (d && d->stopping && ev->type == TS_SWIM_EV_REFUTED) {
+        ts_log_debug("gossip", "%s %s while leaving", node, ts_swim_event_name(ev->type));
+        return;
+    }
     switch (ev->type) {
     case TS_SWIM_EV_JOINED:
     case TS_SWIM_EV_ALIVE_AGAIN:
@@ -662,6 +667,8 @@ int main(int argc, char **argv) {
         size_t files_len = 0;
         FILE *fo = open_memstream(&files, &files_len);
         rc = fo ? ts_check_expert_files(&cfg, fo, err, sizeof err) : TS_ENOMEM;
+        if (rc == TS_OK)
+            rc = ts_check_ports(&cfg, err, sizeof err);
         if (fo)
             fclose(fo);
         if (rc != TS_OK) {
@@ -688,6 +695,15 @@ int main(int argc, char **argv) {
     ts_store_opts_t so = {.dir = cfg.data_dir};
     if ((rc = ts_store_open(&store, &so, err, sizeof err)) != TS_OK) {
         ts_log_error("store", "%s", err);
+        ts_identity_wipe(&id);
+        ts_netkey_wipe(&nk);
+        ts_log_close();
+        return 1;
+    }
+    /* a taken port, said with the key that names it, before anything starts */
+    if ((rc = ts_check_ports(&cfg, err, sizeof err)) != TS_OK) {
+        ts_log_error("daemon", "%s", err);
+        ts_store_close(store);
         ts_identity_wipe(&id);
         ts_netkey_wipe(&nk);
         ts_log_close();

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "kernels/math.h"
+#include "model/partition.h"
 
 #define DIT_FORMAT "tessera-dit/1"
 #define DIT_POS_TOL 1e-5
@@ -116,6 +117,16 @@ int ts_dit_config_from_file(const ts_st_file_t *f, ts_dit_config_t *cfg, char *e
         return TS_EINVAL;
     }
     const char *format = ts_st_meta(f, "format");
+    if (format && strcmp(format, TS_PARTITION_FORMAT) == 0) {
+        ts_set_err(err, errlen, "this is a partition (`tessera partition`'s partition.safetensors), "
+                                "not an expert's weights (expert-<k>.safetensors)");
+        return TS_EKIND;
+    }
+    if (format && strncmp(format, "tessera-classifier/", 19) == 0) {
+        ts_set_err(err, errlen, "this is a classifier or a router (`tessera train-classifier`, "
+                                "`train-router`), not an expert's weights");
+        return TS_EKIND;
+    }
     if (format && strcmp(format, DIT_FORMAT) != 0) {
         char shown[100];
         shown_name(shown, 64, format);

@@ -18,6 +18,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -679,4 +680,44 @@ int ts_idx_write(const char *dir, const char *prefix, const float *images, const
     free(pix);
     free(lab);
     return rc;
+}
+
+/* ---- class names ------------------------------------------------------------------------------ */
+
+static const char *const class_names[TS_FMNIST_NUM_CLASSES] = {
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+
+const char *ts_fmnist_class_name(int label) {
+    return label >= 0 && label < TS_FMNIST_NUM_CLASSES ? class_names[label] : NULL;
+}
+
+/* s lowercased with everything but letters and digits dropped, into out (len bytes). */
+static void squash(const char *s, char *out, size_t len) {
+    size_t n = 0;
+    for (; *s && n + 1 < len; s++)
+        if (isalnum((unsigned char)*s))
+            out[n++] = (char)tolower((unsigned char)*s);
+    out[n] = '\0';
+}
+
+int ts_fmnist_class_parse(const char *name) {
+    char want[64], have[64];
+    if (!name || strlen(name) >= sizeof want)
+        return -1;
+    squash(name, want, sizeof want);
+    size_t n = strlen(want);
+    if (n == 0)
+        return -1;
+    int found = -1, matches = 0;
+    for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++) {
+        squash(class_names[c], have, sizeof have);
+        if (strcmp(have, want) == 0)
+            return c; /* a whole name wins over prefixes ("shirt" is not "t-shirt/top") */
+        if (strncmp(have, want, n) == 0) {
+            found = c;
+            matches++;
+        }
+    }
+    return matches == 1 ? found : -1;
 }

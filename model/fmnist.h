@@ -45,6 +45,17 @@ extern "C" {
  * dataset, or class embeddings would change shape between shards. */
 #define TS_FMNIST_NUM_CLASSES 10
 
+/* The ten classes' names by label ("T-shirt/top" .. "Ankle boot"; a fact of the data set). */
+const char *ts_fmnist_class_name(int label);
+/* The label a name means: case, spaces and punctuation ignored ("sneaker", "Ankle boot",
+ * "ankle-boot", "t-shirt/top"), or a prefix of one name alone ("t-shirt", "ankle", "pull");
+ * −1 when it names none or more than one. */
+int ts_fmnist_class_parse(const char *name);
+/* The names as --class accepts them, for help and errors. */
+#define TS_FMNIST_CLASS_LIST                                                                     \
+    "0 t-shirt/top, 1 trouser, 2 pullover, 3 dress, 4 coat, 5 sandal, 6 shirt, 7 sneaker, 8 bag, " \
+    "9 ankle boot"
+
 typedef struct ts_dataset {
     int n, channels, height, width, num_classes;
     float *images; /* (n, channels, height, width), pixel p stored as p / 127.5 − 1 in [−1, 1] */

@@ -488,9 +488,10 @@ int ts_st_read(const char *path, ts_st_file_t *f, char *err, size_t errlen) {
     char why[128];
     FILE *fp = fopen(path, "rb");
     if (!fp) {
-        ts_errno_text(errno, why, sizeof why);
+        int e = errno;
+        ts_errno_text(e, why, sizeof why);
         ts_set_err(err, errlen, "cannot open '%s': %s", show(path).s, why);
-        return TS_EIO;
+        return e == ENOENT || e == ENOTDIR ? TS_ENOTFOUND : TS_EIO;
     }
     struct stat st;
     if (fstat(fileno(fp), &st) != 0) {

@@ -677,7 +677,10 @@ static void fail_queue(ts_rpc_peer_t *p, const char *why) {
     if (!p->rpc->cfg.fail_fast)
         return;
     char msg[600];
-    snprintf(msg, sizeof msg, "cannot connect to %s: %s", p->addr, why);
+    if (strncmp(why, "cannot connect to ", 18) == 0) /* the connection's own words name it */
+        snprintf(msg, sizeof msg, "%s", why);
+    else
+        snprintf(msg, sizeof msg, "cannot connect to %s: %s", p->addr, why);
     ts_list_t doomed; /* the calls queued now: a callback's new calls are not swept up */
     ts_list_init(&doomed);
     while (!ts_list_empty(&p->queue)) {
@@ -892,7 +895,10 @@ int ts_rpc_call(ts_rpc_peer_t *p, const Tessera__Envelope *req, uint32_t deadlin
     if (p->state == PEER_IDLE) /* before the call is queued: a connect that fails at once */
         peer_connect_now(p);   /* (out of memory) must not run this call's callback */
     if (p->state == PEER_BACKOFF && rpc->cfg.fail_fast) {
-        ts_set_err(err, errlen, "cannot connect to %s: %s", p->addr, p->last_failure);
+        if (strncmp(p->last_failure, "cannot connect to ", 18) == 0)
+            ts_set_err(err, errlen, "%s", p->last_failure);
+        else
+            ts_set_err(err, errlen, "cannot connect to %s: %s", p->addr, p->last_failure);
         free(call);
         return TS_ECLOSED;
     }

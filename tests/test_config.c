@@ -131,6 +131,14 @@ static void test_errors_name_file_line_and_key(void **state) {
     expect_error(KEYS "[gossip]\nprobe_intervall_ms = 200\n", "t.ini:6:", "[gossip]",
                  "probe_intervall_ms", "unknown key", NULL);
     expect_error(KEYS "[gosip]\nprobe_interval_ms = 200\n", "t.ini:6:", "unknown section", NULL);
+    /* a misspelling gets the key it most likely meant; an unknown section, the list of all */
+    expect_error(KEYS "bootstap = 10.0.0.1:7420\n", "[node] bootstap", "did you mean [node] bootstrap?",
+                 NULL);
+    expect_error(KEYS "[gossip]\nprobe_intervall_ms = 200\n", "did you mean [gossip] probe_interval_ms?",
+                 NULL);
+    expect_error(KEYS "[relya]\nuse = true\n", "did you mean [relay] use?", "relay, log, metrics",
+                 NULL);
+    expect_error(KEYS "[node]\nzzzzzzzz = 1\n", "unknown key (configs", NULL); /* nothing close */
     expect_error(KEYS "[gossip]\nprobe_interval_ms = 20\n", "t.ini:6:", "20 is outside 50..60000",
                  NULL);
     expect_error(KEYS "[gossip]\nprobe_interval_ms = 2s\n", "'2s' is not an integer", NULL);

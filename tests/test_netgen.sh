@@ -198,6 +198,11 @@ wait $gen || fail "the generation failed instead of degrading"
 [ "$(json_get "$dir/degraded.json" "j['network']['degraded_evaluations']")" -gt 0 ] ||
     fail "losing a cluster's only replica did not degrade the generation"
 grep -q "DEGRADED" "$dir/err-degraded.txt" || fail "the degraded generation did not say so"
+# and which expert failed, on which node, and why
+grep -qE "^  expert of cluster [01]: [0-9]+ jobs? failed; the last: 127\.0\.0\.1:[0-9]+: " \
+    "$dir/err-degraded.txt" || fail "DEGRADED does not name the expert and node: $(cat "$dir/err-degraded.txt")"
+[ "$(json_get "$dir/degraded.json" "len(j['network']['failed_experts'])")" -ge 1 ] ||
+    fail "the JSON names no failed expert: $(cat "$dir/degraded.json")"
 no_timeouts "$dir/degraded.trace" || fail "a request to the killed host waited out its deadline"
 echo "ok: losing a cluster's only replica: completed, degraded, and said so; nothing timed out"
 # right after: the node is still alive in the view (gossip takes seconds), but refuses
@@ -219,7 +224,7 @@ netgen uncovered netC $FULL --data-dir "$dir/empty" --out "$dir/unc.png" ||
     fail "an uncovered cluster stopped the generation"
 grep -q "WARNING: cluster 1 of partition" "$dir/err-uncovered.txt" ||
     fail "no warning names the uncovered cluster"
-grep -q "UNCOVERED: routed around cluster 1 ([0-9.]*% of the routing mass)" \
+grep -q "UNCOVERED: cluster 1, routed around ([0-9.]*% of the routing mass): no live expert" \
     "$dir/err-uncovered.txt" || fail "the summary does not give the uncovered cluster's mass"
 [ "$(json_get "$dir/uncovered.json" "[u['cluster'] for u in j['uncovered']]")" = "[1]" ] ||
     fail "JSON uncovered: $(cat "$dir/uncovered.json")"
