@@ -147,6 +147,7 @@ static int set_value(const char *prog, ts_arg_t *a, const char *v) {
     case TS_ARG_DEVICE:
         if (ts_device_spec_parse(v, (ts_device_spec_t *)a->dest) != TS_OK)
             return bad_value(prog, a, v, "must be auto, cpu, cuda or cuda:N");
+        ((ts_device_spec_t *)a->dest)->named = 1;
         return 0;
     case TS_ARG_PRECISION:
         if (ts_precision_parse(v, (ts_precision_t *)a->dest) != TS_OK)

@@ -249,6 +249,7 @@ static int eval_accuracy(ts_classifier_t *c, ts_engine_t *e, const ts_dataset_t 
 /* The options both verbs share, then the verb's own, parsed into o. */
 static int parse(cls_opts_t *o, int router, int argc, char **argv) {
     /* clang-format off */
+    o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
     ts_arg_t common[] = {
         {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"partition", TS_ARG_STRING, &o->partition, "DIR", "the partition (a folder with partition.safetensors, or the file)", 0, 0, 1},
@@ -265,7 +266,7 @@ static int parse(cls_opts_t *o, int router, int argc, char **argv) {
         {"grad-clip", TS_ARG_FLOAT, &o->clip, "X", "max gradient norm, 0 = off (default 1)", 0, 1e9},
         {"seed", TS_ARG_U64, &o->seed, "S", "seed of every random draw (default 0)"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
-        {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+        {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
         {"eval-n", TS_ARG_INT, &o->eval_n, "N", router ? "test images per t-bucket (default 2000)" : "test images evaluated (default all 10000)", 1, 1e9},
         {"log-every", TS_ARG_INT, &o->log_every, "N", "progress line every N steps (default 100)", 1, 1e9},
         {"json", TS_ARG_FLAG, &o->json, NULL, "JSON lines on stdout (progress and summary)"},

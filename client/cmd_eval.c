@@ -767,6 +767,7 @@ static int parse_opts(int argc, char **argv, eval_opts_t *o) {
                        .pr_k = 3,
                        .cfg = 1.0f};
     /* clang-format off */
+    o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
     ts_arg_t args[] = {
         {"local", TS_ARG_STRING, &o->dir, "DIR", "the generation folder of `tessera generate --local` (experts, partition, router)", 0, 0, 1},
         {"classifier", TS_ARG_STRING, &o->classifier, "FILE", "the evaluation classifier (`tessera train-classifier`)", 0, 0, 1},
@@ -787,7 +788,7 @@ static int parse_opts(int argc, char **argv, eval_opts_t *o) {
         {"grid", TS_ARG_INT, &o->grid_n, "N", "samples per grid in the report (default 100)", 1, 10000},
         {"json", TS_ARG_FLAG, &o->json, NULL, "print the results as one JSON object on stdout instead of the table"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
-        {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+        {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
         {"precision", TS_ARG_PRECISION, &o->precision, "P", "the experts' and monoliths' matrix products in " TS_PRECISION_HELP "; the classifier and the router stay f32"},
     };
     /* clang-format on */
@@ -797,7 +798,8 @@ static int parse_opts(int argc, char **argv, eval_opts_t *o) {
                            "their samples to the test set in the evaluation classifier's feature "
                            "space, with bootstrap intervals, precision/recall, Inception Score, "
                            "per-class and per-cluster FD, class coverage and expert evaluations "
-                           "per sample.",
+                           "per sample.\nexample: tessera eval --local experts/demo --classifier "
+                           "classifier.safetensors --n 500 --policies \"learned uniform:full\"",
                            args, n, argc, argv);
     o->tau_set = ts_arg_seen(args, n, "tau");
     return pr;

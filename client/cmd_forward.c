@@ -3,12 +3,15 @@
  * and debugging. Inputs: x (B, C, H, W) F32, t (B) F32 in [0, 1], y (B) I64 or I32 with the null
  * class = num_classes. Output: v (B, C, H, W) F32.
  */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/jsonout.h"
 #include "model/dit_io.h"
 
 /* Finds tensor name in f with the expected element count, or says what is wrong. */
@@ -31,7 +34,7 @@ static const ts_st_tensor_t *input(const ts_st_file_t *f, const char *name, int6
 
 typedef struct {
     const char *weights, *inputs, *out;
-    int threads;
+    int threads, json;
 } fwd_opts_t;
 
 /* Everything one run opens and allocates (fwd_free releases it all). */
@@ -57,6 +60,8 @@ static int parse_opts(int argc, char **argv, fwd_opts_t *o) {
         {"inputs", TS_ARG_STRING, &o->inputs, "FILE", "safetensors with x, t, y", 0, 0, 1},
         {"out", TS_ARG_STRING, &o->out, "FILE", "safetensors to write v into", 0, 0, 1},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"json", TS_ARG_FLAG, &o->json, NULL,
+         "print one JSON object (out, batch, shape of v, seconds) on stdout"},
     };
     return ts_args_parse(PROG, "One forward pass of an expert on tensors from a file.\nexample: tessera "
                          "forward --weights expert-0.safetensors --inputs x.safetensors --out "
@@ -129,8 +134,10 @@ static int run(fwd_run_t *r) {
         snprintf(r->err, sizeof r->err, "%s: x or t holds NaN or Inf", r->o.inputs);
         rc = TS_ENONFINITE;
     }
+    double t0 = ts_now_s();
     if (rc == TS_OK)
         rc = ts_dit_forward(&r->model, &xt, &tt, r->y, B, &v);
+    double secs = ts_now_s() - t0;
     if (rc == TS_OK) {
         ts_st_entry_t e = {.name = "v",
                            .dtype = TS_ST_F32,
@@ -139,6 +146,13 @@ static int run(fwd_run_t *r) {
                            .data = v.data};
         rc = ts_st_write(r->o.out, &e, 1, NULL, 0, r->err, sizeof r->err);
     }
+    if (rc == TS_OK && r->o.json)
+        ts_json_print(json_pack("{s:s, s:i, s:[i, i, i, i], s:f}", "out", r->o.out, "batch", B,
+                                "shape", B, c->in_channels, c->input_size, c->input_size,
+                                "seconds", secs));
+    else if (rc == TS_OK)
+        fprintf(stderr, "v (%d×%d×%d×%d) → %s in %.3f s\n", B, c->in_channels, c->input_size,
+                c->input_size, r->o.out, secs);
     return rc;
 }
 

@@ -271,6 +271,7 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
                       .cfg = 1.0f,
                       .router_temp = 1.0f,
                       .min_trained = (float)TS_NETGEN_MIN_TRAINED};
+    o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
     ts_arg_t args[] = {
         {"local", TS_ARG_STRING, &o->dir, "DIR",
          "the experts of a folder: partition.safetensors, expert-<k>.safetensors (k = 0..K-1, or "
@@ -350,7 +351,7 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
          "degraded, stays); the progress line is also off when stderr is not a terminal"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o->device, "NAME",
-         "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+         "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
         {"precision", TS_ARG_PRECISION, &o->precision, "P",
          "the local experts' matrix products in " TS_PRECISION_HELP},
     };

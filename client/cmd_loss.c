@@ -142,6 +142,7 @@ static int parse_opts(int argc, char **argv, loss_opts_t *o) {
                        .fmnist_dir = TS_FMNIST_DEFAULT_DIR,
                        .per = 128};
     /* clang-format off */
+    o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
     ts_arg_t args[] = {
         {"local", TS_ARG_STRING, &o->dir, "DIR", "a generation folder with a partition (experts, partition) (required)", 0, 0, 1},
         {"monolith", TS_ARG_STRING, &o->monolith, "FILE[,FILE…]", "models trained on all the data, measured on every cluster too"},
@@ -151,7 +152,7 @@ static int parse_opts(int argc, char **argv, loss_opts_t *o) {
         {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"json", TS_ARG_FLAG, &o->json, NULL, "print one JSON object on stdout instead of the table"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
-        {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+        {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
     };
     /* clang-format on */
     return ts_args_parse(PROG,

@@ -92,6 +92,7 @@ typedef struct {
 /* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
 static int parse_opts(int argc, char **argv, sample_opts_t *o) {
     *o = (sample_opts_t){.sampler = "heun", .n = 64, .steps = 30, .cfg = 1.0f};
+    o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
     ts_arg_t args[] = {
         {"weights", TS_ARG_STRING, &o->weights, "FILE|HASH",
          "expert weights: a .safetensors file, or a weights hash (prefix) in the store", 0, 0, 1},
@@ -108,7 +109,7 @@ static int parse_opts(int argc, char **argv, sample_opts_t *o) {
         {"seed", TS_ARG_U64, &o->seed, "S", "sample i uses noise stream seed+i (default 0)"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o->device, "NAME",
-         "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+         "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
         {"precision", TS_ARG_PRECISION, &o->precision, "P",
          "matrix products in " TS_PRECISION_HELP},
         {"cols", TS_ARG_INT, &o->cols, "N", "grid columns (default: square)", 0, 10000},

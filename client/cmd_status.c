@@ -73,9 +73,13 @@ static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBod
         if (b->capacity && b->capacity->device && n > 0 && (size_t)n < sizeof expert)
             n += snprintf(expert + n, sizeof expert - (size_t)n, " %.*s", /* "cpu", "cuda:0" */
                           (int)strcspn(b->capacity->device, ","), b->capacity->device);
-        if (b->load && n > 0 && (size_t)n < sizeof expert)
-            n += snprintf(expert + n, sizeof expert - (size_t)n, " q%u %.1fms",
-                          b->load->queue_depth, b->load->item_latency_us / 1000.0);
+        if (b->load && n > 0 && (size_t)n < sizeof expert) {
+            char lat[32] = "–"; /* nothing served yet: no latency to show */
+            if (b->load->item_latency_us > 0)
+                snprintf(lat, sizeof lat, "%.1fms", b->load->item_latency_us / 1000.0);
+            n += snprintf(expert + n, sizeof expert - (size_t)n, " q%u %s", b->load->queue_depth,
+                          lat);
+        }
         if (b->training && n > 0 && (size_t)n < sizeof expert &&
             (m->status == TESSERA__MEMBER_STATUS__MEMBER_ALIVE ||
              m->status == TESSERA__MEMBER_STATUS__MEMBER_SUSPECT)) /* a gone node trains nothing */

@@ -226,6 +226,7 @@ static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_con
                         .ema = tc->ema_decay,
                         .dropout = tc->label_dropout,
                         .warmup = tc->warmup};
+    o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
     ts_arg_t args[] = {
         {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR",
          "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
@@ -256,7 +257,7 @@ static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_con
         {"seed", TS_ARG_U64, &o->seed, "S", "seed of every random draw (default 0)"},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o->device, "NAME",
-         "where to compute: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+         "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
         {"precision", TS_ARG_PRECISION, &o->precision, "P",
          "the products, forward and backward: " TS_PRECISION_HELP
          "; bf16 keeps fp32 master weights, AdamW, EMA, checkpoints and --out"},

@@ -431,7 +431,7 @@ int ts_cli_engine(ts_engine_t *e, const ts_device_spec_t *device, int threads, c
         snprintf(err, errlen, "cannot start the engine: %s", note[0] ? note : ts_strerror(rc));
         return rc;
     }
-    if (d->automatic || d->device != TS_CPU)
+    if (e->device != TS_CPU || d->named) /* a GPU is worth a line, and what was asked for */
         fprintf(stderr, "%s: computing on %s\n", prog, note);
     return TS_OK;
 }

@@ -349,10 +349,13 @@ static void finish(attempt_t *a, int status) {
         r->st.failed_jobs++;
         ts_remote_fail_t *f = &r->fail[a->ex - r->experts];
         f->jobs++;
-        snprintf(f->note, sizeof f->note, "%s",
-                 a->note[0]             ? a->note
-                 : a->ex->n_rep         ? "every replica is down or banned"
-                                        : ts_strerror(status));
+        /* a job that sent nothing (every replica taken as down) keeps the failure that put them
+         * there */
+        if (a->note[0])
+            snprintf(f->note, sizeof f->note, "%s", a->note);
+        else if (!f->note[0])
+            snprintf(f->note, sizeof f->note, "%s",
+                     a->ex->n_rep ? "every replica is down or banned" : ts_strerror(status));
     }
     priv(r)->pending--;
 }

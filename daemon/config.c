@@ -76,7 +76,7 @@ static const key_spec_t KEYS[] = {
     {{"train", "progress_every_s", "integer", "60", "seconds between the log's training progress lines (step, loss, steps/s, time left); the first comes after the job's first step"}, K_INT, OFF(train_progress_every_s), 1, 86400},
     {{"train", "ckpt_every", "integer", "500", "a checkpoint into the store every this many steps (and when stopped); a killed daemon resumes from the newest"}, K_INT, OFF(train_ckpt_every), 1, 1000000000},
     {{"train", "keep", "integer", "3", "checkpoints of the run kept in the store"}, K_INT, OFF(train_keep), 1, 1000000},
-    {{"train", "serve_while_training", "true|false", "false", "serve the EMA weights of the newest checkpoint while training, instead of waiting for the end"}, K_BOOL, OFF(train_serve_while_training), 0, 0},
+    {{"train", "serve_while_training", "true|false", "false", "serve the EMA weights of the newest checkpoint while training, instead of waiting for the end; clients use such an expert only past `generate --min-trained F` of its steps (default: finished experts only)"}, K_BOOL, OFF(train_serve_while_training), 0, 0},
     {{"gossip", "probe_interval_ms", "integer", "1000", "SWIM protocol period: one probe per period"}, K_INT, OFF(probe_interval_ms), 50, 60000},
     {{"gossip", "probe_timeout_ms", "integer", "500", "wait for a direct ack before indirect probes; less than probe_interval_ms"}, K_INT, OFF(probe_timeout_ms), 10, 60000},
     {{"gossip", "indirect_probes", "integer", "3", "members asked to probe on our behalf (k)"}, K_INT, OFF(indirect_probes), 0, 16},

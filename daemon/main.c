@@ -20,6 +20,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <signal.h>
@@ -29,6 +30,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "base/clock.h"
 #include "base/file.h"
 #include "daemon/check.h"
 #include "daemon/auto.h"
@@ -90,6 +92,13 @@ typedef struct {
     uv_timer_t stats_timer; /* copies loop-only counters into the metrics every second */
     uint64_t stats_ticks;
     int status_failures;    /* status.json builds failed in a row (warned once) */
+    /* the status page's history: one sample every HISTORY_EVERY_S, the newest HISTORY_N */
+    struct {
+        double at;              /* ts_now_s() */
+        float rps, latency_ms;  /* this node's requests/s and per-row latency (0: none served) */
+        float loss;             /* its training job's running loss; NaN: no job */
+    } hist[64];
+    int n_hist, hist_next;
     /* reachability (net/reach.h): a peer dials us back at the advertised address */
     uv_timer_t reach_timer;
     ts_reach_t *reach;       /* answers dial-back requests */
@@ -236,9 +245,43 @@ static json_t *percentiles(ts_metrics_t *m, int id) {
                      (json_int_t)n);
 }
 
+#define HISTORY_N 60       /* samples kept: ten minutes */
+#define HISTORY_EVERY_S 10 /* seconds between samples */
+
+/* A history sample from the status answer r when one is due; the history as JSON (oldest first:
+ * the samples' ages in seconds, and each series). */
+static json_t *history(daemon_t *d, const Tessera__StatusResponse *r) {
+    double now = ts_now_s();
+    int newest = (d->hist_next + HISTORY_N - 1) % HISTORY_N;
+    if (d->n_hist == 0 || now - d->hist[newest].at >= HISTORY_EVERY_S - 0.5) {
+        const Tessera__Load *l = r->load;
+        d->hist[d->hist_next].at = now;
+        d->hist[d->hist_next].rps = l && l->has_requests_per_s ? l->requests_per_s : 0.0f;
+        d->hist[d->hist_next].latency_ms =
+            l && l->has_item_latency_us ? (float)l->item_latency_us / 1000.0f : 0.0f;
+        d->hist[d->hist_next].loss =
+            r->training && r->training->has_loss ? r->training->loss : NAN;
+        d->hist_next = (d->hist_next + 1) % HISTORY_N;
+        if (d->n_hist < HISTORY_N)
+            d->n_hist++;
+    }
+    json_t *age = json_array(), *rps = json_array(), *lat = json_array(), *loss = json_array();
+    for (int i = 0; i < d->n_hist; i++) {
+        int k = (d->hist_next + HISTORY_N - d->n_hist + i) % HISTORY_N;
+        json_array_append_new(age, json_real(now - d->hist[k].at));
+        json_array_append_new(rps, json_real(d->hist[k].rps));
+        json_array_append_new(lat, json_real(d->hist[k].latency_ms));
+        json_array_append_new(loss, isfinite(d->hist[k].loss) ? json_real(d->hist[k].loss)
+                                                              : json_null());
+    }
+    return json_pack("{s:i, s:o, s:o, s:o, s:o}", "every_s", HISTORY_EVERY_S, "age_s", age,
+                     "requests_per_s", rps, "latency_ms", lat, "train_loss", loss);
+}
+
 /* The status page's /status.json: the view `tessera status --json` prints (net/status_json.h),
- * and this node's own latency percentiles under "node". Built on the loop (the only thread that
- * may read gossip), published to the HTTP thread as one string. */
+ * this node's own latency percentiles under "node", and its last ten minutes under "history".
+ * Built on the loop (the only thread that may read gossip), published to the HTTP thread as one
+ * string. */
 static void publish_status(daemon_t *d) {
     Tessera__StatusResponse *r = NULL;
     ts_status_adverts_t ad = {0};
@@ -251,6 +294,8 @@ static void publish_status(daemon_t *d) {
                             json_pack("{s:o, s:o}", "queue_wait_s",
                                       percentiles(d->metrics, TS_M_QUEUE_WAIT_SECONDS), "compute_s",
                                       percentiles(d->metrics, TS_M_COMPUTE_SECONDS)));
+    if (j)
+        json_object_set_new(j, "history", history(d, r));
     if (j && (text = json_dumps(j, JSON_COMPACT)) != NULL &&
         ts_metrics_http_set_status(d->http, text, strlen(text)) == TS_OK)
         d->status_failures = 0;

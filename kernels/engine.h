@@ -59,6 +59,7 @@ typedef struct ts_device_spec {
     int automatic;      /* 1 for "auto": the GPU when there is one, else the CPU */
     ts_device_t device; /* when not automatic */
     int gpu;            /* TS_CUDA: the ordinal */
+    int named;          /* the user named it (a --device option): say where it runs, even the CPU */
 } ts_device_spec_t;
 
 #define TS_DEVICE_SPEC_HELP                                                                        \

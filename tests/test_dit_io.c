@@ -521,9 +521,22 @@ static void test_open_errors(void **state) {
     ts_dit_t m2;
     char path[256], err[256] = "";
     path_in(fx, "absent.safetensors", path, sizeof path);
-    TU_CHECK_RC(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err), TS_EIO);
+    TU_CHECK_RC(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err), TS_ENOTFOUND);
     TU_CHECK_CONTAINS(err, "absent.safetensors");
     assert_null(m2.info);
+    /* a valid file of another kind says what it is, with its own code */
+    static const char *const kinds[][2] = {{"tessera-partition/1", "this is a partition"},
+                                           {"tessera-classifier/1", "a classifier or a router"}};
+    for (int i = 0; i < 2; i++) {
+        const char *meta[] = {"format", kinds[i][0]};
+        float one = 1.0f;
+        ts_st_entry_t e = {.name = "x", .dtype = TS_ST_F32, .ndim = 1, .shape = {1}, .data = &one};
+        path_in(fx, "other.safetensors", path, sizeof path);
+        TU_CHECK_OK(ts_st_write(path, &e, 1, meta, 1, err, sizeof err));
+        TU_CHECK_RC(ts_dit_open(&m2, path, &fx->e, 1, 0, err, sizeof err), TS_EKIND);
+        TU_CHECK_CONTAINS(err, kinds[i][1]);
+        assert_null(m2.info);
+    }
     TU_CHECK_RC(ts_dit_open(&m2, NULL, &fx->e, 1, 0, err, sizeof err), TS_EINVAL);
     TU_CHECK_RC(ts_dit_open(&m2, fx->good, NULL, 1, 0, err, sizeof err), TS_EINVAL);
     TU_CHECK_RC(ts_dit_open(&m2, fx->good, &fx->e, 0, 0, err, sizeof err), TS_EINVAL);

@@ -93,6 +93,26 @@ expect 1 "$T" sample --weights "$dir/none.safetensors" --out "$dir/x.png"
 has "No such file or directory: not found" e
 echo "ok: a partition given as weights and a missing file are named for what they are"
 
+# ---- forward --json ----
+"$PY" - "$dir/in.safetensors" <<'PYEOF'
+import json, struct, sys
+B = 2
+x = struct.pack("<%df" % (B * 28 * 28), *[((i * 37) % 101) / 50.0 - 1.0 for i in range(B * 28 * 28)])
+t = struct.pack("<2f", 0.25, 0.75)
+y = struct.pack("<2q", 3, 7)
+head, off = {}, 0
+for name, dt, shape, data in (("x", "F32", [B, 1, 28, 28], x), ("t", "F32", [B], t), ("y", "I64", [B], y)):
+    head[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+    off += len(data)
+h = json.dumps(head).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + x + t + y)
+PYEOF
+expect 0 "$T" forward --weights "$E/expert-0.safetensors" --inputs "$dir/in.safetensors" \
+    --out "$dir/v.safetensors" --json
+"$PY" -c 'import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if j["batch"] == 2 and j["shape"] == [2, 1, 28, 28] and j["seconds"] >= 0 else 1)' "$dir/o" ||
+    fail "forward --json: $(cat "$dir/o")"
+echo "ok: forward --json"
+
 # ---- a tessera up network: status --dir, kill -9, down, up --restart, a node restarted by hand ----
 expect 0 "$T" up --nodes 3 --experts "$E" --dir "$dir/net" --compute-threads 1
 expect 0 "$T" status --dir "$dir/net" --json
@@ -155,7 +175,7 @@ PYEOF
 echo "ok: tesserad and --check-config name the key of a taken port"
 
 # ---- help ----
-for v in generate sample train partition status up down join ping pull loss keygen forward \
+for v in generate sample train partition status up down join ping pull loss keygen forward eval \
     train-router; do
     "$T" $v --help >"$dir/h" 2>&1 || fail "$v --help"
     [ "$(grep -c '^usage:' "$dir/h")" -eq 1 ] || fail "$v --help: $(grep '^usage:' "$dir/h")"

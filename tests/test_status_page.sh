@@ -37,7 +37,11 @@ page = r.read()
 assert r.status == 200 and r.headers["Content-Type"].startswith("text/html"), r.headers
 assert "default-src 'none'" in r.headers["Content-Security-Policy"]
 assert b"src=\"http" not in page and b"href=\"http" not in page, "an external asset"
-for i in range(100):  # the first publication is at most a second after start
+# the node publishes its status at start and every 10 s even unread: the first load is a status
+# (perhaps up to 10 s old), never "no status yet"
+first = urllib.request.urlopen(base + "/status.json", timeout=10)
+assert first.status == 200, first.status
+for i in range(100):  # read, it is published every second
     try:
         s = json.load(urllib.request.urlopen(base + "/status.json", timeout=10))
         if len(s["members"]) == 3 and all(m["state"] == "alive" for m in s["members"]):
@@ -50,6 +54,11 @@ else:
 assert len(s["adverts"]) == 3 and all(a["valid"] for a in s["adverts"])
 assert [u["cluster"] for u in s["aggregates"]["uncovered"]] == [3], s["aggregates"]
 assert "queue_wait_s" in s["node"] and "compute_s" in s["node"]
+h = s["history"]  # the last ten minutes, a sample every 10 s, oldest first
+assert h["every_s"] == 10 and 1 <= len(h["age_s"]) <= 60, h
+assert len(h["requests_per_s"]) == len(h["latency_ms"]) == len(h["train_loss"]) == len(h["age_s"])
+assert h["age_s"] == sorted(h["age_s"], reverse=True), h["age_s"]
+assert s["training"] is None  # these nodes host, they do not train
 assert all(a["capacity"]["device"].startswith(("cpu, ", "cuda:")) for a in s["adverts"])
 open(d + "/page.html", "wb").write(page)
 open(d + "/status.json", "w").write(json.dumps(s))
@@ -84,6 +93,10 @@ grep -q 'data-members="3" data-alive="3"' "$dir/dom1.html" ||
     fail "the page does not show 3 members, 3 alive: $(grep -o 'id="summary"[^<]*' "$dir/dom1.html")"
 grep -q 'class="cluster uncovered"' "$dir/dom1.html" || fail "the page does not mark the uncovered cluster"
 [ "$(grep -o '<tr data-state="alive"' "$dir/dom1.html" | wc -l)" = 3 ] || fail "the page lists $(grep -o '<tr data-state=' "$dir/dom1.html" | wc -l) member rows, not 3"
+grep -q 'id="h-rps"[^>]*><b>[0-9.]*</b><svg class="spark"' "$dir/dom1.html" ||
+    fail "the page draws no request-rate history: $(grep -o 'id="h-rps".\{0,120\}' "$dir/dom1.html")"
+grep -q 'id="training" class="muted">no training job on this node' "$dir/dom1.html" ||
+    fail "the page's training line: $(grep -o 'id="training".\{0,80\}' "$dir/dom1.html")"
 echo "ok: in Chromium the page shows 3 members, 3 alive, and the uncovered cluster"
 
 # a node leaves: the page, never reloaded by hand, follows (SIGTERM: the node says goodbye)

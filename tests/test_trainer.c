@@ -514,7 +514,7 @@ static void test_bad_inputs(void **state) {
     ts_store_t *s = open_store("bad");
     ts_train_job_opts_t o = job_opts(s, 0);
     o.partition = path_in("no-such-partition.safetensors");
-    expect_refused(&o, TS_EIO, "no-such-partition.safetensors", NULL);
+    expect_refused(&o, TS_ENOTFOUND, "no-such-partition.safetensors", NULL);
     o = job_opts(s, 2);
     expect_refused(&o, TS_EINVAL, "cluster 2", "has clusters 0..1", NULL);
     o = job_opts(s, 0);
