@@ -333,7 +333,10 @@ int ts_cmd_status(int argc, char **argv) {
     if (s.failed) {
         if (s.json) /* a script reading stdout gets an answer either way */
             ts_json_print(json_pack("{s:s, s:s}", "error", s.err, "peer", peer));
-        fprintf(stderr, "tessera status: %s: %s\n", peer, s.err);
+        if (strstr(s.err, peer)) /* the reason names the node already */
+            fprintf(stderr, "tessera status: %s\n", s.err);
+        else
+            fprintf(stderr, "tessera status: %s: %s\n", peer, s.err);
         return 1;
     }
     return 0;

@@ -121,6 +121,15 @@ expect 0 "$T" status --dir "$dir/net" --json
 expect 1 "$T" status --peer 127.0.0.1:1 --network-key "$dir/nk" --json
 "$PY" -c 'import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if "error" in j else 1)' "$dir/o" ||
     fail "status --json of a dead peer printed: '$(cat "$dir/o")'"
+# a wrong network key: said once, with the address once
+peer0=$(cat "$dir/net/node-0/data/listen.addr")
+for v in status generate; do
+    extra=
+    [ $v = generate ] && extra="--out $dir/x.png"
+    expect 1 "$T" $v --peer "$peer0" --network-key "$dir/nk" $extra
+    has "a wrong network key" e
+    [ "$(grep -o "$peer0" "$dir/e" | wc -l)" -eq 1 ] || fail "$v repeats the address: $(cat "$dir/e")"
+done
 expect 0 "$T" network export --from-up "$dir/net" --out "$dir/net.tessera"
 has "tessera join $dir/net.tessera --advertise HOST:7420" o
 expect 0 "$T" join "$dir/net.tessera" --listen 127.0.0.1:0 --metrics 127.0.0.1:0 --dir "$dir/vol"
