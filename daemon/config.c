@@ -77,6 +77,7 @@ static const key_spec_t KEYS[] = {
     {{"train", "ckpt_every", "integer", "500", "a checkpoint into the store every this many steps (and when stopped); a killed daemon resumes from the newest"}, K_INT, OFF(train_ckpt_every), 1, 1000000000},
     {{"train", "keep", "integer", "3", "checkpoints of the run kept in the store"}, K_INT, OFF(train_keep), 1, 1000000},
     {{"train", "serve_while_training", "true|false", "false", "serve the EMA weights of the newest checkpoint while training, instead of waiting for the end; clients use such an expert only past `generate --min-trained F` of its steps (default: finished experts only)"}, K_BOOL, OFF(train_serve_while_training), 0, 0},
+    {{"train", "serve_from", "number", "0", "with serve_while_training (mode = train): serve no checkpoint before this fraction of the steps (0..1; 1: only the finished expert); an auto node always advertises its checkpoints, so that other auto nodes see the cluster taken"}, K_FLOAT, OFF(train_serve_from), 0, 0, 0, 1},
     {{"gossip", "probe_interval_ms", "integer", "1000", "SWIM protocol period: one probe per period"}, K_INT, OFF(probe_interval_ms), 50, 60000},
     {{"gossip", "probe_timeout_ms", "integer", "500", "wait for a direct ack before indirect probes; less than probe_interval_ms"}, K_INT, OFF(probe_timeout_ms), 10, 60000},
     {{"gossip", "indirect_probes", "integer", "3", "members asked to probe on our behalf (k)"}, K_INT, OFF(indirect_probes), 0, 16},
@@ -166,6 +167,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->train_seed = 0;
     c->train_threads = 0;
     c->train_progress_every_s = 60;
+    c->train_serve_from = 0.0;
     c->train_ckpt_every = 500;
     c->train_keep = 3;
     c->train_serve_while_training = 0;

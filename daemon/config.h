@@ -58,6 +58,7 @@ typedef struct ts_daemon_config {
     int train_steps, train_batch, train_warmup, train_threads, train_ckpt_every, train_keep;
     int train_progress_every_s; /* between the log's training progress lines */
     double train_lr, train_ema;
+    double train_serve_from; /* serve_while_training: no checkpoint before this fraction */
     uint64_t train_seed;
     int train_serve_while_training;    /* 0 or 1 */
     int auto_interval_s, auto_dwell_s; /* [expert] mode = auto: how often to choose, min dwell */

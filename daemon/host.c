@@ -262,7 +262,12 @@ static void on_train(uv_async_t *a) {
                     (double)p.loss_avg, p.samples_per_s, p.step_s * 1e3, p.step_device_s * 1e3,
                     f16);
     }
-    if (p.state == TS_TRAIN_RUNNING && p.snapshots != h->seen_snapshots &&
+    /* a train-mode node serves its checkpoints only past [train] serve_from of the run; an auto
+     * node advertises every one (its advert is how the other auto nodes see the cluster taken;
+     * clients leave an unfinished expert out by their own bar) */
+    int past_bar = h->env.cfg->expert_mode == TS_EXPERT_AUTO ||
+                   (double)p.snapshot_step >= h->env.cfg->train_serve_from * (double)p.steps;
+    if (p.state == TS_TRAIN_RUNNING && p.snapshots != h->seen_snapshots && past_bar &&
         (h->env.cfg->train_serve_while_training || h->env.cfg->expert_mode == TS_EXPERT_AUTO)) {
         h->seen_snapshots = p.snapshots;
         ts_train_snapshot_t *s = ts_train_job_snapshot(h->job);

@@ -44,7 +44,7 @@ run "$T" train --partition "$F" --cluster 0 --model tiny --steps 2 --batch 8 --s
     --data-dir "$dir/st" --out "$F/expert-0.safetensors"
 run "$T" keygen --network-key --out "$dir/net.key"
 
-# node NAME MODE [BOOTSTRAP]: a host of cluster 0, or a trainer of cluster 1
+# node NAME MODE [BOOTSTRAP [TRAIN_LINE]]: a host of cluster 0, or a trainer of cluster 1
 node() {
     mkdir -p "$dir/$1"
     run "$T" keygen --out "$dir/$1/id.key"
@@ -74,6 +74,7 @@ ckpt_every = 400
 threads = 1
 serve_while_training = true
 progress_every_s = 1
+${4:-}
 [serve]
 compute_threads = 1
 [gossip]
@@ -173,6 +174,26 @@ gen any --min-trained 0
     "$dir/any.json" || fail "--min-trained 0 did not use the training expert: $(cat "$dir/any.json")"
 cmp -s "$dir/any.png" "$dir/held.png" && fail "--min-trained 0 gave the same image"
 echo "ok: --min-trained 0 uses it"
+
+# a trainer told to serve only past half its run: its checkpoints stay unadvertised
+node late train "$seed" "serve_from = 0.5"
+wait_log "$dir/late.log" "checkpoint of step [0-9]+ in the store"
+while [ ! -s "$dir/late/data/listen.addr" ]; do sleep 0.1; done
+laddr=$(cat "$dir/late/data/listen.addr")
+sleep 2 # an advert would have reached the seed by now
+"$T" status --peer "$laddr" --network-key "$dir/net.key" --json >"$dir/late.json" 2>/dev/null ||
+    fail "status of the late trainer"
+"$T" status --peer "$seed" --network-key "$dir/net.key" --json >"$dir/s.json" 2>/dev/null ||
+    fail "status of the seed"
+"$PY" - "$dir/late.json" "$dir/s.json" <<'PYEOF' || fail "serve_from: $(head -c 600 "$dir/late.json")"
+import json, sys
+own, seen = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert own["training"] and own["training"]["served"] is False, own["training"]
+assert not any(a["node_id"] == own["node_id"] for a in seen["adverts"]), "advertised before the bar"
+PYEOF
+grep -q "host: serving" "$dir/late.log" && fail "serve_from = 0.5 served a checkpoint at the start"
+kill -TERM "$(cat "$dir/late/pid")"
+echo "ok: [train] serve_from keeps a train-mode node's checkpoints unadvertised until the bar"
 
 # the network without the trainer: the same image as while it was held back
 kill -TERM "$(cat "$dir/trainer/pid")"
