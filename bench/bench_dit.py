@@ -23,7 +23,7 @@ and once per run it takes the sgemm peak from `bench_gemm --json` (a 2048³ prod
 engine, plus OpenBLAS alone on its own threads) and, where the bf16 path runs, the bf16 peak (the
 same product through ts_matmul_bf16, i.e. oneDNN).
 
-bf16 rows (issue 19), where the bf16 path runs (else skipped, with the reason): ours with
+bf16 rows, where the bf16 path runs (else skipped, with the reason): ours with
 `bench_dit --precision bf16` (checked against PyTorch's fp32 output to BF16_TOL) against
 PyTorch's best bf16 CPU path of two — torch.autocast("cpu", bfloat16) around the eager model, and
 torch.utils.mkldnn.to_mkldnn(model, bfloat16) — each timed in the same worker as the fp32 rows;
@@ -44,7 +44,7 @@ of the two (both are in the JSON; --omp-wait-policy picks which to run).
 The machine may be shared: from /proc/stat and the CPU time of this process and its children,
 the run reports how many cores' worth of CPU other processes took meanwhile.
 
-Targets (issue 3): forward ≥ 3× PyTorch at batch 64 and ≥ 10× at batch 1, training ≥ 2×, forward
+Targets (the CPU engine's): forward ≥ 3× PyTorch at batch 64 and ≥ 10× at batch 1, training ≥ 2×, forward
 at batch 64 ≥ 50 % of the sgemm peak. Unmet targets are reported, not an error: the exit status
 is 0 when the run completed, 1 when a tool failed, 3 when the two sides disagree.
 
@@ -94,7 +94,7 @@ TARGETS = (
     ("train_b64", "ratio", 2.0),
     ("forward_b64", "of_peak", 0.5),
 )
-# issue 19's: bf16 forward b64 ≥ 1.7× our fp32 and ≥ 1.5× PyTorch's best bf16; bf16 training b64
+# the bf16 path's targets: bf16 forward b64 ≥ 1.7× our fp32 and ≥ 1.5× PyTorch's best bf16; bf16 training b64
 # ≥ 1.5× our fp32 training
 TARGETS_BF16 = (
     ("forward_b64_bf16", "vs_ours_f32", 1.7),

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""bench_gpu.py — the DiT expert on a GPU (issue 17, item 6): tessera's CUDA engine against
+"""bench_gpu.py — the DiT expert on a GPU: tessera's CUDA engine against
 PyTorch on the same device, forward and training samples/s, each as a fraction of the GEMM peak
 measured in the same run.
 
@@ -11,7 +11,7 @@ Usage (from the repository root, after building bench_dit with the CUDA backend)
 Configs: `tiny` and `small` (the Fashion-MNIST experts, 28×28×1, 10 classes) and DiT-S/2, B/2,
 L/2, XL/2 at 32×32×4 latents with 1000 classes (`dit-s`, `dit-b`, `dit-l`, `dit-xl`; Peebles &
 Xie 2023, table 1: hidden 384/768/1024/1152, depth 12/12/24/28, heads 6/12/16/16). By default all
-six on a GPU (DiT-XL/2 first: issue 17's target row) and `tiny` alone on the CPU (a dry run of
+six on a GPU (DiT-XL/2 first: the target row) and `tiny` alone on the CPU (a dry run of
 the script's plumbing).
 
 For each config, in one run:
@@ -24,7 +24,7 @@ For each config, in one run:
      then bf16 (`--precision bf16`; where the engine has no bf16 path, the reason it gave is
      recorded), then f16 (`--precision f16`, its training with dynamic loss scaling);
   3. (after the configs) the attention alone, composed against fused (`bench_dit
-     --attention-ops 64`: issue 17's target is the fused ≥ 2× the composed at T = 256);
+     --attention-ops 64`: the target is the fused ≥ 2× the composed at T = 256);
   4. PyTorch on the same device, with its best attention (F.scaled_dot_product_attention where
      it has it; the JSON says which): forward (eval, no_grad) at each batch and the same training
      step as ours (flow matching, MSE, backward, gradient clipping, AdamW, EMA), in fp32 (TF32
@@ -71,7 +71,7 @@ TOL_BF16 = 3e-2  # ours bf16 against the same fp32 forward
 TOL_F16 = 5e-3  # ours f16 likewise (3 more significant bits than bf16)
 WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS = 3, 0.2, 5
 DATA_N = 1024    # synthetic training images, as bench_dit.c
-# issue 17's target: DiT-XL training at batch 64 in bf16 at >= 60 % of the bf16 GEMM peak
+# the GPU target: DiT-XL training at batch 64 in bf16 at >= 60 % of the bf16 GEMM peak
 TARGET = ("dit-xl", "train_b64_bf16", 0.60)
 
 
@@ -370,7 +370,7 @@ def run_child(cmd):
 
 def attention_ops():
     """The attention alone, composed against fused (`bench_dit --attention-ops`): the heads of
-    tiny and small at T = 64 and 256, forward and forward + backward (issue 17's target: fused
+    tiny and small at T = 64 and 256, forward and forward + backward (the target: fused
     ≥ 2× the composed at T = 256)."""
     cmd = [bench_dit(), "--attention-ops", str(ARGS.attention_batch), "--device", ARGS.device,
            "--seconds", str(ARGS.seconds), "--json"] + (["--quick"] if ARGS.quick else [])

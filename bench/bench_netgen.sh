@@ -1,6 +1,6 @@
 #!/bin/bash
 # bench/bench_netgen.sh — generation over the network against the same generation in one process
-# (issue 9's benchmark), in one run on this machine:
+# (the network generation benchmark), in one run on this machine:
 #   - time per step with 4 experts and top2 routing, over a loopback network of 4 tesserad
 #     (`tessera generate --peer`) against `tessera generate --local`, at batch 1 and batch 64;
 #   - images per second of the network with top1 against one local expert of the same size

@@ -31,7 +31,7 @@
 #include "kernels/ops.h"
 #include "kernels/ref.h"
 
-/* CUDA answers are compared with the CPU's at the parity test's bound (issue 2). */
+/* CUDA answers are compared with the CPU's at the parity test's bound (tests/test_cuda_parity.c). */
 #define SC_CUDA_NMSE_TOL 1e-6
 
 /* ---- a case's context -------------------------------------------------------------------- */

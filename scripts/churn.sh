@@ -2,7 +2,7 @@
 # churn.sh [--tessera PATH] [--seconds S] [--nodes N] [--clients C] [--interval S] [--calm]
 #          [--out FILE]
 #
-# Churn at process level (issue 15, point 9): `tessera up --nodes N --experts experts/demo`
+# Churn at process level (nodes killed, restarted, added and stopped in turn): `tessera up --nodes N --experts experts/demo`
 # (4 experts, so N = 8 gives two replicas each), C clients generating through node 0 one after
 # the other for S seconds, while every --interval seconds the next action of a fixed rotation
 # hits a node other than node 0: kill -9, restart (a killed or stopped node comes back with its

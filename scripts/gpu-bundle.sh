@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu-bundle.sh — pack what issue 17's GPU checks need into one file, for a machine that
+# scripts/gpu-bundle.sh — pack what the GPU checks (scripts/gpu-check.sh) need into one file, for a machine that
 # has a GPU and the CUDA Toolkit but none of this project's Debian libraries.
 #
 # Usage: scripts/gpu-bundle.sh [BUILD] [DEST]      (defaults: build, .gpu)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh — issue 17's checks on a machine with an NVIDIA GPU, run from the bundle
+# scripts/gpu-check.sh — the CUDA path's checks and benchmark on a machine with an NVIDIA GPU, run from the bundle
 # scripts/gpu-bundle.sh made (so that machine needs the CUDA Toolkit's libraries, python3 with
 # PyTorch, and nothing of Debian's).
 #

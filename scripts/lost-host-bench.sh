@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# lost-host-bench.sh TESSERA MODE [RUNDIR] — what a lost host costs a generation (issue 15, point 2).
+# lost-host-bench.sh TESSERA MODE [RUNDIR] — what a lost host costs a generation.
 # Starts `tessera up --nodes 4 --experts experts/demo` (one replica per cluster), generates 64
 # samples x 30 steps through it twice (a warm-up, then the undisturbed time), then kill -9 of
 # node 2 and the same generation again: MODE=between kills before it starts, MODE=inflight 0.3 s

@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_churn.sh TESSERA — churn at process level (issue 15, point 9), short: scripts/churn.sh for
+# test_churn.sh TESSERA — churn at process level, short: scripts/churn.sh for
 # 20 s (8 daemons, 4 clients generating continuously, a kill -9, restart, SIGTERM or new node
 # every 2 s): every generation completes (degraded ones are reported, not failed), no daemon
 # dies that was not stopped, and no surviving daemon's resident memory grows by 32 MiB.

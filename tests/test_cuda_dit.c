@@ -1,6 +1,6 @@
 /*
- * test_cuda_dit.c — the whole DiT on the CUDA engine against the CPU engine (issue 17's
- * "correctness where a GPU exists"): the forward pass, the backward pass into every parameter's
+ * test_cuda_dit.c — the whole DiT on the CUDA engine against the CPU engine (correctness where
+ * a GPU exists): the forward pass, the backward pass into every parameter's
  * gradient, ten training steps (AdamW, EMA, the data draws), and a guided Euler sampler's images,
  * each from the same weights and inputs on both engines; and two CUDA runs of the same forward,
  * which must agree bit for bit (replicas of one GPU model answer alike, so a client's replica

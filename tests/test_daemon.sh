@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_daemon.sh TESSERA TESSERAD — tesserad serving and training, as processes (issue 8):
+# test_daemon.sh TESSERA TESSERAD — tesserad serving and training, as processes:
 #   - 16 clients generating at once through one network each get exactly their --local image
 #     (their requests are batched together by the servers: answers must not mix);
 #   - SIGTERM to a node in the middle of a generation: the node drains and exits 0, the client's

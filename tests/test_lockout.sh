@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_lockout.sh TESSERA TESSERAD — no key, no lock-out (issue 15): while a peer without the
+# test_lockout.sh TESSERA TESSERAD — no key, no lock-out: while a peer without the
 # network key holds 400 half-open connections from 50 loopback addresses (8 each, the per-address
 # limit) plus 8 from 127.0.0.1 — renewing each one the node closes — a new `tessera status` from
 # 127.0.0.1 answers within 1 s, every time; the node's resident memory stays within 32 MiB of

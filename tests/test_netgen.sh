@@ -1,6 +1,6 @@
 #!/bin/sh
 # test_netgen.sh TESSERA BAD_EXPERT TESSERAD — `tessera generate --peer` against real tesserad networks
-# started by `tessera up` (issue 9), with experts trained for 2 steps (the plumbing and the exact
+# started by `tessera up`, with experts trained for 2 steps (the plumbing and the exact
 # invariants, not quality):
 #   - the network's image equals --local's with the same seed, byte for byte;
 #   - kill -9 of a node mid-generation, with a replica alive: the same image, nothing degraded;

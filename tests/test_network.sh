@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_network.sh TESSERA TESSERAD INJECT — eight real tesserad processes on loopback (issue 7):
+# test_network.sh TESSERA TESSERAD INJECT — eight real tesserad processes on loopback:
 #   - they form one network from one bootstrap: every node sees all eight alive;
 #   - kill -9 of one node: every other node declares it dead;
 #   - restarted with no bootstrap (its address book only), it rejoins, alive everywhere at a

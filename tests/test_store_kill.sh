@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_store_kill.sh — kill -9 during training, then resume (issue 4).
+# test_store_kill.sh — kill -9 during training, then resume.
 #
 # Usage: test_store_kill.sh TESSERA
 #
