@@ -116,9 +116,11 @@ static void print_status(const Tessera__StatusResponse *r, const ts_status_adver
         const Tessera__TrainingStatus *t = r->training;
         char part[17], left[32] = "unknown";
         ts_status_hex(&t->partition_id, 16, part);
-        if (t->has_steps_per_s && t->steps_per_s > 0.0f)
-            age((uint64_t)((double)(t->steps - t->step) / t->steps_per_s * 1000.0), left,
-                sizeof left);
+        double left_ms = t->has_steps_per_s && t->steps_per_s > 0.0f
+                             ? (double)(t->steps - t->step) / t->steps_per_s * 1000.0
+                             : -1.0;
+        if (left_ms >= 0.0 && left_ms < 1e15) /* from the network: bounded before converting */
+            age((uint64_t)left_ms, left, sizeof left);
         printf("this node trains cluster %u of partition %s: step %llu of %llu (%.1f%%)", t->cluster,
                part, (unsigned long long)t->step, (unsigned long long)t->steps,
                t->steps ? 100.0 * (double)t->step / (double)t->steps : 0.0);

@@ -176,6 +176,12 @@ static int start_point(train_run_t *r) {
                 o->run, (long long)tr->step, ts_store_dir(st));
         return TS_OK;
     }
+    if (rc != TS_EINVAL) { /* the store could not be read: a failure, not a choice to make */
+        snprintf(err, errlen, "run '%s' in %s: %s", o->run, ts_store_dir(st),
+                 sub[0] ? sub : ts_strerror(rc));
+        return rc;
+    }
+    /* another configuration's checkpoint: the command line must choose */
     snprintf(err, errlen,
              "run '%s' in %s has a checkpoint this command cannot continue (%s): --restart "
              "replaces it, or --run NAME trains a separate run",

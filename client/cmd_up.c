@@ -84,7 +84,7 @@ static int runs_config(long pid, const char *ini) {
         fclose(f);
     cmd[n] = 0;
     const char *argv0 = strrchr(cmd, '/') ? strrchr(cmd, '/') + 1 : cmd;
-    if (strcmp(argv0, "tesserad") != 0)
+    if (!strstr(argv0, "tesserad")) /* tesserad, or a build of it named after it */
         return 0;
     for (size_t at = strlen(cmd) + 1; at < n; at += strlen(cmd + at) + 1) {
         const char *arg = cmd + at, *value = NULL;

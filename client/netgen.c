@@ -68,8 +68,10 @@ static int collect_offers(const Tessera__StatusResponse *r, offer_t **out, int *
 
 /* The partition to use: the one named (a prefix), else the one whose adverts cover the most
  * clusters (the lowest id on a tie). */
-static int choose_partition(const offer_t *of, int n, const char *want, char out[65], char *err,
-                            size_t errlen) {
+static int ready(const Tessera__AdvertBody *b, double min_trained);
+
+static int choose_partition(const offer_t *of, int n, const char *want, double min_trained,
+                            char out[65], char *err, size_t errlen) {
     int best = -1, best_cover = 0;
     for (int i = 0; i < n; i++) {
         if (want && strncmp(of[i].partition, want, strlen(want)) != 0)
@@ -78,7 +80,8 @@ static int choose_partition(const offer_t *of, int n, const char *want, char out
         int cover = 0;
         for (uint32_t k = 0; k < K; k++)
             for (int j = 0; j < n; j++)
-                if (strcmp(of[j].partition, of[i].partition) == 0 && of[j].body->cluster == k) {
+                if (strcmp(of[j].partition, of[i].partition) == 0 && of[j].body->cluster == k &&
+                    ready(of[j].body, min_trained)) { /* held-back experts cover nothing */
                     cover++;
                     break;
                 }
@@ -438,7 +441,7 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
     int n = 0;
     rc = collect_offers(resp->status_response, &of, &n, err, errlen);
     if (rc == TS_OK)
-        rc = choose_partition(of, n, o->partition, g->partition_id, err, errlen);
+        rc = choose_partition(of, n, o->partition, o->min_trained, g->partition_id, err, errlen);
     const offer_t *first = NULL;
     for (int i = 0; rc == TS_OK && i < n && !first; i++)
         if (strcmp(of[i].partition, g->partition_id) == 0)

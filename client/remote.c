@@ -154,6 +154,20 @@ static uint64_t hedge_delay_ms(const ts_remote_t *r, const ts_remote_expert_t *e
 static void finish(attempt_t *a, int status);
 static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg);
 
+/* A note cut at a byte count may end inside a UTF-8 character: drop that partial character, so
+ * the note stays valid UTF-8 (the JSON summary takes only valid strings). */
+static void utf8_trim(char *s) {
+    size_t n = strlen(s), i = n;
+    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) /* continuation bytes */
+        i--;
+    if (i == 0 || ((unsigned char)s[i - 1] & 0x80) == 0)
+        return; /* ASCII last, or nothing but continuations: nothing to judge */
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t want = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    if (n - (i - 1) < want)
+        s[i - 1] = '\0';
+}
+
 /* Sends the job to replica i; on an immediate refusal, marks it tried and returns the error. */
 static int send_to(attempt_t *a, int i, int hedge) {
     ts_remote_t *r = a->r;
@@ -181,13 +195,14 @@ static int send_to(attempt_t *a, int i, int hedge) {
     Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
     env.body_case = TESSERA__ENVELOPE__BODY_DENOISE_REQUEST;
     env.denoise_request = &dr;
-    char err[256];
+    char err[256] = "";
     ts_replica_t *p = &a->ex->rep[i];
     int rc = ts_rpc_call(p->peer, &env, r->o.timeout_ms, on_answer, s, &s->call, err, sizeof err);
     if (rc != TS_OK) {
         p->failed++;
         snprintf(a->note, sizeof a->note, "%.64s: %.120s", p->addr,
                  *err ? err : ts_strerror(rc));
+        utf8_trim(a->note);
         if (rc == TS_ECLOSED) /* unreachable (in backoff after a refused connect): leave it */
             p->banned_until = ts_now_s() + r->o.down_ms / 1000.0;
         return rc;
@@ -306,9 +321,11 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
     }
     p->failed++;
     a->last_error = status;
-    if (status != TS_ECANCELED)
+    if (status != TS_ECANCELED) {
         snprintf(a->note, sizeof a->note, "%.64s: %.120s", p->addr,
                  why ? why : ts_strerror(status));
+        utf8_trim(a->note);
+    }
     if (status != TS_ECANCELED)
         slower_than(p, (ts_now_s() - s->start) * 1e3);
     trace(r, s, status, (timings_t){0, 0, 0}, s->replica, s->start);
@@ -548,6 +565,8 @@ int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_exp
     r->fail = calloc((size_t)(K > 0 ? K : 1), sizeof *r->fail);
     if (!pv || !r->fail) {
         free(pv);
+        free(r->fail);
+        r->fail = NULL;
         ts_set_err(err, errlen, "out of memory");
         return TS_ENOMEM;
     }

@@ -179,12 +179,14 @@ static int weights_of(const ts_auto_t *a, const live_t *l, size_t n, int k, ts_h
     return 1;
 }
 
-/* The preset the live experts of the partition use, into preset ("mini", "tiny", "small"), so
+/* The preset the live experts of the partition use, into preset ("mini", "tiny", "XL/2", ...), so
  * that an expert trained here has the network's shape; 1 when one matches. 0 with what they use
  * ("h96 d3 p4") in preset when it is no preset, or "" when no expert of it is live. */
 static int network_model(const ts_auto_t *a, const live_t *l, size_t n, char *preset,
                          size_t len) {
-    static const char *const names[] = {"mini", "tiny", "small"};
+    static const char *const names[] = {"mini",  "tiny",  "small", "S/2",  "S/4",  "S/8",
+                                        "B/2",   "B/4",   "B/8",   "L/2",  "L/4",  "L/8",
+                                        "XL/2",  "XL/4",  "XL/8"};
     preset[0] = 0;
     for (size_t i = 0; i < n; i++) {
         const Tessera__ModelConfig *m = l[i].b->model;

@@ -172,7 +172,7 @@ static int try_bind(const char *host, int port, int type) {
                              .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE};
     struct addrinfo *ai = NULL;
     if (getaddrinfo(host, service, &hints, &ai) != 0 || !ai)
-        return EINVAL;
+        return 0; /* a name ([metrics] listen may be one): the real bind resolves it and says */
     int e = 0, fd = socket(ai->ai_family, ai->ai_socktype, 0);
     if (fd < 0) {
         e = errno;

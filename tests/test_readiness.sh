@@ -178,7 +178,10 @@ echo "ok: --min-trained 0 uses it"
 # a trainer told to serve only past half its run: its checkpoints stay unadvertised
 node late train "$seed" "serve_from = 0.5"
 wait_log "$dir/late.log" "checkpoint of step [0-9]+ in the store"
-while [ ! -s "$dir/late/data/listen.addr" ]; do sleep 0.1; done
+i=0
+while [ ! -s "$dir/late/data/listen.addr" ]; do
+    i=$((i + 1)); [ $i -lt 600 ] || fail "the late trainer did not start"; sleep 0.1
+done
 laddr=$(cat "$dir/late/data/listen.addr")
 sleep 2 # an advert would have reached the seed by now
 "$T" status --peer "$laddr" --network-key "$dir/net.key" --json >"$dir/late.json" 2>/dev/null ||
