@@ -230,8 +230,8 @@ static void on_sigint(uv_signal_t *h, int signum) {
     stop(h->data, 0, "");
 }
 
-/* A running node of the `tessera up` folder dir: its listen address into peer (the first whose
- * process is alive), and the folder's network key into nk. 0, or 1 with err. */
+/* A running node of the `tessera up` folder dir: its listen address into peer, and the folder's
+ * network key into nk. 0, or 1 with err. */
 static int from_rundir(const char *dir, char *peer, size_t peer_len, char *nk, size_t nk_len,
                        char *err, size_t errlen) {
     snprintf(nk, nk_len, "%s/network.key", dir);
@@ -240,32 +240,8 @@ static int from_rundir(const char *dir, char *peer, size_t peer_len, char *nk, s
                  dir);
         return 1;
     }
-    for (int i = 0; i < 4096; i++) {
-        char path[4200], line[128] = "";
-        snprintf(path, sizeof path, "%s/node-%d", dir, i);
-        if (access(path, F_OK) != 0)
-            break;
-        long pid = 0;
-        snprintf(path, sizeof path, "%s/node-%d/tesserad.pid", dir, i);
-        FILE *f = fopen(path, "r");
-        if (f) {
-            if (fscanf(f, "%ld", &pid) != 1)
-                pid = 0;
-            fclose(f);
-        }
-        if (pid <= 0 || kill((pid_t)pid, 0) != 0)
-            continue;
-        snprintf(path, sizeof path, "%s/node-%d/data/listen.addr", dir, i);
-        if ((f = fopen(path, "r")) != NULL) {
-            int ok = fgets(line, sizeof line, f) != NULL;
-            fclose(f);
-            line[strcspn(line, "\r\n")] = '\0';
-            if (ok && line[0]) {
-                snprintf(peer, peer_len, "%s", line);
-                return 0;
-            }
-        }
-    }
+    if (ts_cli_up_live_addr(dir, peer, peer_len) == 0)
+        return 0;
     snprintf(err, errlen, "--dir %s: no node of it is running (`tessera up --dir %s` starts them)",
              dir, dir);
     return 1;

@@ -137,6 +137,16 @@ static pid_t live_pid(const char *rundir, int i) {
     return found;
 }
 
+int ts_cli_up_live_addr(const char *rundir, char *addr, size_t len) {
+    char path[PATHLEN];
+    for (int i = 0; i < MAX_NODES; i++) {
+        pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
+        if (live_pid(rundir, i) && read_line(path, addr, len) == 0)
+            return 0;
+    }
+    return -1;
+}
+
 /* The tesserad to run: $TESSERAD, else the one built or installed next to this tessera
  * (build/client/tessera → build/daemon/tesserad; bin/tessera → bin/tesserad), else "tesserad"
  * from PATH. */
@@ -568,12 +578,7 @@ static int restart_dead(const char *rundir_arg, int timeout_s) {
     abs_path(rundir_arg, rundir, sizeof rundir);
     int n = 0, failed = 0;
     size_t used = 0;
-    for (int i = 0; i < MAX_NODES && !via[0]; i++) {
-        pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
-        if (live_pid(rundir, i) && read_line(path, via, sizeof via) != 0)
-            via[0] = 0;
-    }
-    if (!via[0]) {
+    if (ts_cli_up_live_addr(rundir, via, sizeof via) != 0) {
         fprintf(stderr,
                 "tessera up: no node of %s is running to rejoin through: `tessera up --dir %s` "
                 "starts the network again\n",
