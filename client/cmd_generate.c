@@ -21,6 +21,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,7 +232,7 @@ typedef struct {
     ts_device_spec_t device;  /* --device (zeroed: the CPU): --local and --prefer-local */
     ts_precision_t precision; /* --precision (zeroed: f32): the experts of --local */
     int no_prior, exact, require_coverage, tau_set;
-    float cfg, tau, router_temp, min_trained;
+    float cfg, tau, router_temp, min_trained, ready_loss;
     uint64_t seed;
 } gen_opts_t;
 
@@ -294,6 +295,10 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
          "with --peer: use an expert whose node is still training it once it has done this "
          "fraction of its steps (default 1: only finished experts; 0: any)",
          0, 1},
+        {"ready-loss", TS_ARG_FLOAT, &o->ready_loss, "R",
+         "with --peer: also use one whose weights' held-out loss is at most R times the finished "
+         "experts' of its partition (e.g. 1.05; default 0: off)",
+         0, 1000},
         {"prefer-local", TS_ARG_FLAG, &o->prefer_local, NULL,
          "with --peer: run the experts whose weights are in the store here (`tessera pull`)"},
         {"no-hedge", TS_ARG_FLAG, &o->no_hedge, NULL,
@@ -395,9 +400,10 @@ static int validate(gen_run_t *r) {
         fprintf(stderr, PROG ": --peer needs --network-key FILE\n");
     else if (!o->peer && (o->nk || o->identity || o->data_dir || o->partition || o->prefer_local ||
                           o->no_hedge || o->trace || o->require_coverage ||
-                          o->min_trained != (float)TS_NETGEN_MIN_TRAINED))
+                          o->min_trained != (float)TS_NETGEN_MIN_TRAINED || o->ready_loss > 0))
         fprintf(stderr, PROG ": --network-key, --identity, --data-dir, --partition, "
-                             "--require-coverage, --min-trained, --prefer-local, --no-hedge and "
+                             "--require-coverage, --min-trained, --ready-loss, --prefer-local, "
+                             "--no-hedge and "
                              "--trace go with --peer\n");
     else if (o->peer && (o->exact || o->router_temp != 1.0f))
         fprintf(stderr, PROG ": --exact-guidance and --router-temp go with --local\n");
@@ -439,6 +445,7 @@ static int open_experts(gen_run_t *r) {
                                .load_router = wants_router,
                                .require_coverage = o->require_coverage,
                                .min_trained = o->min_trained,
+                               .ready_loss = o->ready_loss,
                                .quiet = o->quiet,
                                .cls = o->cls};
         ts_remote_opts_default(&no.remote);
@@ -611,11 +618,16 @@ static json_t *summary(const gen_run_t *r, const char *sel_text) {
                         k, 100.0 * mass, why);
                 json_t *u = json_pack("{s:i, s:f, s:s}", "cluster", k, "mass", mass, "reason",
                                       h && h->n ? "training" : "no expert");
-                if (u && h && h->n)
-                    json_object_set_new(u, "training",
-                                        json_pack("{s:i, s:I, s:I, s:s}", "experts", h->n, "step",
-                                                  (json_int_t)h->step, "steps",
-                                                  (json_int_t)h->steps, "addr", h->addr));
+                json_t *tj = u && h && h->n ? json_pack("{s:i, s:I, s:I, s:s}", "experts", h->n,
+                                                        "step", (json_int_t)h->step, "steps",
+                                                        (json_int_t)h->steps, "addr", h->addr)
+                                            : NULL;
+                if (tj && isfinite(h->heldout))
+                    json_object_set_new(tj, "heldout_loss", json_real(h->heldout));
+                if (tj && isfinite(h->reference))
+                    json_object_set_new(tj, "reference_loss", json_real(h->reference));
+                if (tj)
+                    json_object_set_new(u, "training", tj);
                 json_array_append_new(unc, u);
             }
     }

@@ -2,13 +2,9 @@
  * cmd_loss.c — `tessera loss --local DIR [--monolith FILE[,FILE…]]`: where do the experts lose?
  * Each model's flow-matching loss on held-out images at fixed (t, ε), per cluster.
  *
- * The test images are assigned to the clusters of DIR's partition (nearest centroid in its PCA
- * space, as the training images were), and the first --per-cluster of each cluster (in test-split
- * order) are kept. For each of them and each t of the grid, ε is the Philox normal stream --seed
- * at offset (test index · T + t index) · C·H·W, so every model sees exactly the same x_t =
- * (1 − t)·x0 + t·ε and target ε − x0, and the loss is the mean over pixels, images and t of
- * (v(x_t, t, y) − target)², with y the image's true label (the conditional branch the samplers
- * guide with). Every expert is measured on every cluster (the K × K matrix: its diagonal is each
+ * The measurement is model/heldout.h's: the test images assigned to the clusters of DIR's
+ * partition, the first --per-cluster of each, fixed (t, ε) from --seed, y the true label (the
+ * conditional branch the samplers guide with). Every expert is measured on every cluster (the K × K matrix: its diagonal is each
  * expert on its own data) and every monolith on every cluster. If the monolith is lower than
  * expert k on cluster k, the gap between the ensemble and the monolith is in the experts'
  * training, not in the routing. Output: a table, or one JSON object (--json) with the matrix and
@@ -28,85 +24,10 @@
 #include "client/jsonout.h"
 #include "client/local.h"
 #include "model/fmnist.h"
-#include "model/train.h"
+#include "model/heldout.h"
 
 #define PROG "tessera loss"
-#define CHUNK 64
 #define MAX_MONOLITHS 8
-#define MAX_T 32
-
-typedef struct {
-    ts_engine_t *eng;
-    ts_tensor_t x0, eps, xt, target, t; /* (CHUNK, C, H, W) ×4, (CHUNK) */
-    float *th;                          /* host: t of a chunk */
-    int64_t chw;
-    uint64_t key;
-    int T;
-} work_t;
-
-/* Sum over the m images (test indices idx, labels y) at t-index j of Σ (v − target)² for model
- * m, added into *sum (double). */
-static int chunk_loss(work_t *w, ts_dit_t *model, const ts_dataset_t *test, const int32_t *idx,
-                      int m, int j, float t, double *sum) {
-    ts_tensor_t x0, eps, xt, tg, tt, host, v;
-    int32_t y[CHUNK];
-    int rc = ts_tensor_slice(&x0, &w->x0, 0, m);
-    if (rc == TS_OK)
-        rc = ts_tensor_slice(&eps, &w->eps, 0, m);
-    if (rc == TS_OK)
-        rc = ts_tensor_slice(&xt, &w->xt, 0, m);
-    if (rc == TS_OK)
-        rc = ts_tensor_slice(&tg, &w->target, 0, m);
-    if (rc == TS_OK)
-        rc = ts_tensor_slice(&tt, &w->t, 0, m);
-    for (int i = 0; i < m && rc == TS_OK; i++) {
-        ts_tensor_t row;
-        y[i] = test->labels[idx[i]];
-        w->th[i] = t;
-        memcpy((float *)x0.data + i * w->chw, test->images + (int64_t)idx[i] * w->chw,
-               (size_t)w->chw * sizeof(float));
-        rc = ts_tensor_slice(&row, &eps, i, 1);
-        if (rc == TS_OK)
-            rc =
-                ts_rng_normal(w->eng, &row, w->key,
-                              ((uint64_t)idx[i] * (uint64_t)w->T + (uint64_t)j) * (uint64_t)w->chw);
-    }
-    if (rc == TS_OK)
-        rc = ts_tensor_wrap(&host, w->th, TS_F32, TS_CPU, 1, tt.shape);
-    if (rc == TS_OK)
-        rc = ts_tensor_copy(&tt, &host);
-    if (rc == TS_OK)
-        rc = ts_flow_interp(w->eng, &xt, &tg, &x0, &eps, &tt);
-    if (rc == TS_OK)
-        rc = ts_dit_forward(model, &xt, &tt, y, m, &v);
-    if (rc != TS_OK)
-        return rc;
-    const float *vv = v.data, *gg = tg.data;
-    for (int64_t k = 0; k < (int64_t)m * w->chw; k++) {
-        double d = (double)vv[k] - (double)gg[k];
-        *sum += d * d;
-    }
-    return TS_OK;
-}
-
-static int parse_grid(const char *s, float *t, int *T) {
-    char *copy = strdup(s), *save = NULL;
-    if (!copy)
-        return TS_ENOMEM;
-    *T = 0;
-    int rc = TS_OK;
-    for (char *tok = strtok_r(copy, ",", &save); tok && rc == TS_OK;
-         tok = strtok_r(NULL, ",", &save)) {
-        char *end = NULL;
-        double v = strtod(tok, &end);
-        if (*end || !(v >= 0.0 && v <= 1.0) || *T == MAX_T)
-            rc = TS_EINVAL;
-        else
-            t[(*T)++] = (float)v;
-    }
-    free(copy);
-    return rc == TS_OK && *T > 0 ? TS_OK : TS_EINVAL;
-}
 
 /* ---- the verb: parse → validate → run → print ---------------------------------------------- */
 
@@ -120,16 +41,15 @@ typedef struct {
 /* Everything one run opens and allocates (loss_free releases it all). */
 typedef struct {
     loss_opts_t o;
-    float tgrid[MAX_T];
+    float tgrid[TS_HELDOUT_MAX_T];
     int T, K, M, n_mono;
     char *mono_copy;
     const char *mono_paths[MAX_MONOLITHS];
     ts_engine_t eng;
     ts_local_t loc, mono[MAX_MONOLITHS];
     ts_dataset_t test;
-    work_t w;
+    ts_heldout_t h;
     int32_t *cluster, *idx;
-    float *emb;
     double *loss; /* (models, K, T): mean squared error */
     double *mean; /* (models, K): its mean over t */
     int *count;   /* (K) images per cluster */
@@ -138,7 +58,7 @@ typedef struct {
 
 /* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
 static int parse_opts(int argc, char **argv, loss_opts_t *o) {
-    *o = (loss_opts_t){.grid = "0.05,0.15,0.25,0.35,0.45,0.55,0.65,0.75,0.85,0.95",
+    *o = (loss_opts_t){.grid = TS_HELDOUT_GRID,
                        .fmnist_dir = TS_FMNIST_DEFAULT_DIR,
                        .per = 128};
     /* clang-format off */
@@ -166,9 +86,9 @@ static int parse_opts(int argc, char **argv, loss_opts_t *o) {
 /* The grid of times and the monoliths' paths: 0, or 2 with the message printed. */
 static int validate(loss_run_t *r) {
     const loss_opts_t *o = &r->o;
-    if (parse_grid(o->grid, r->tgrid, &r->T) != TS_OK) {
+    if (ts_heldout_parse_grid(o->grid, r->tgrid, &r->T) != TS_OK) {
         fprintf(stderr, PROG ": --t %s: want 1 to %d comma-separated times in [0, 1]\n", o->grid,
-                MAX_T);
+                TS_HELDOUT_MAX_T);
         return 2;
     }
     r->mono_copy = o->monolith ? strdup(o->monolith) : NULL;
@@ -190,14 +110,14 @@ static int open_models(loss_run_t *r) {
     const loss_opts_t *o = &r->o;
     int rc = ts_cli_engine(&r->eng, &o->device, o->threads, PROG, r->err, sizeof r->err);
     if (rc == TS_OK)
-        rc = ts_local_open(&r->loc, o->dir, &r->eng, CHUNK, 1, 0, PROG, r->err, sizeof r->err);
+        rc = ts_local_open(&r->loc, o->dir, &r->eng, TS_HELDOUT_CHUNK, 1, 0, PROG, r->err, sizeof r->err);
     if (rc == TS_OK && !r->loc.has_part) {
         ts_set_err(r->err, sizeof r->err,
                    "%s has no partition.safetensors: the clusters are needed", o->dir);
         rc = TS_ENOTFOUND;
     }
     for (int m = 0; m < r->n_mono && rc == TS_OK; m++)
-        rc = ts_local_open_file(&r->mono[m], r->mono_paths[m], &r->eng, CHUNK, 1, r->err,
+        rc = ts_local_open_file(&r->mono[m], r->mono_paths[m], &r->eng, TS_HELDOUT_CHUNK, 1, r->err,
                                 sizeof r->err);
     if (rc == TS_OK)
         rc = ts_fmnist_load(o->fmnist_dir, "test", &r->test, r->err, sizeof r->err);
@@ -208,38 +128,22 @@ static int open_models(loss_run_t *r) {
     return rc;
 }
 
-/* The work buffers, and the first --per-cluster test images of each cluster (nearest centroid). */
+/* The buffers, and the first --per-cluster test images of each cluster (nearest centroid). */
 static int pick_images(loss_run_t *r) {
-    const ts_dit_config_t *c = &r->loc.cfg;
     const ts_dataset_t *test = &r->test;
     int K = r->K, per = r->o.per;
-    work_t *w = &r->w;
-    w->eng = &r->eng;
-    w->chw = (int64_t)c->in_channels * c->input_size * c->input_size;
-    w->key = ts_stream_key(r->o.seed, 0);
-    w->T = r->T;
     r->cluster = malloc((size_t)test->n * sizeof *r->cluster);
     r->idx = malloc((size_t)K * per * sizeof *r->idx);
-    r->emb = malloc((size_t)test->n * r->loc.part.k * sizeof *r->emb);
     r->loss = calloc((size_t)r->M * K * r->T, sizeof *r->loss);
     r->count = calloc((size_t)K, sizeof *r->count);
-    w->th = malloc(CHUNK * sizeof *w->th);
-    if (!r->cluster || !r->idx || !r->emb || !r->loss || !r->count || !w->th)
+    if (!r->cluster || !r->idx || !r->loss || !r->count)
         return TS_ENOMEM;
-    const int64_t *shape = TS_SHAPE(CHUNK, c->in_channels, c->input_size, c->input_size);
-    ts_tensor_t *bufs[] = {&w->x0, &w->eps, &w->xt, &w->target};
-    int rc = TS_OK;
-    for (int b = 0; b < 4 && rc == TS_OK; b++)
-        rc = ts_tensor_alloc(bufs[b], TS_F32, r->eng.device, 4, shape);
+    int rc = ts_heldout_init(&r->h, &r->eng, test, r->tgrid, r->T, r->o.seed, r->err,
+                             sizeof r->err);
     if (rc == TS_OK)
-        rc = ts_tensor_alloc(&w->t, TS_F32, r->eng.device, 1, TS_SHAPE(CHUNK));
-    if (rc == TS_OK)
-        rc = ts_partition_embed(&r->loc.part, test->images, test->n, r->emb);
-    if (rc == TS_OK)
-        rc = ts_partition_nearest(&r->loc.part, r->emb, test->n, r->cluster, NULL);
-    for (int i = 0; i < test->n && rc == TS_OK; i++)
-        if (r->count[r->cluster[i]] < per)
-            r->idx[r->cluster[i] * per + r->count[r->cluster[i]]++] = i;
+        rc = ts_heldout_assign(&r->loc.part, test, r->cluster);
+    for (int k = 0; k < K && rc == TS_OK; k++)
+        ts_heldout_pick(r->cluster, test->n, k, per, r->idx + k * per, &r->count[k]);
     return rc;
 }
 
@@ -253,16 +157,13 @@ static int measure(loss_run_t *r) {
     int rc = TS_OK;
     for (int mi = 0; mi < M && rc == TS_OK; mi++) {
         ts_dit_t *model = mi < K ? &r->loc.ex.models[mi] : &r->mono[mi - K].ex.models[0];
-        for (int k = 0; k < K && rc == TS_OK; k++)
-            for (int j = 0; j < T && rc == TS_OK; j++) {
-                double sum = 0.0;
-                int n = r->count[k];
-                for (int lo = 0; lo < n && rc == TS_OK; lo += CHUNK)
-                    rc = chunk_loss(&r->w, model, &r->test, r->idx + k * per + lo,
-                                    n - lo < CHUNK ? n - lo : CHUNK, j, r->tgrid[j], &sum);
-                r->loss[((int64_t)mi * K + k) * T + j] =
-                    n ? sum / ((double)n * (double)r->w.chw) : NAN;
-            }
+        for (int k = 0; k < K && rc == TS_OK; k++) {
+            double *by_t = r->loss + ((int64_t)mi * K + k) * T, mean;
+            for (int j = 0; j < T; j++)
+                by_t[j] = NAN; /* a cluster without test images */
+            if (r->count[k] > 0)
+                rc = ts_heldout_loss(&r->h, model, r->idx + k * per, r->count[k], by_t, &mean);
+        }
         if (tty)
             fprintf(stderr, "\r%s: model %d/%d ", PROG, mi + 1, M);
     }
@@ -340,11 +241,8 @@ static int print_results(loss_run_t *r) {
 }
 
 static void loss_free(loss_run_t *r) {
-    ts_tensor_t *frees[] = {&r->w.x0, &r->w.eps, &r->w.xt, &r->w.target, &r->w.t};
-    for (int b = 0; b < 5; b++)
-        ts_tensor_free(frees[b]);
-    free(r->w.th);
-    free(r->cluster), free(r->idx), free(r->emb), free(r->loss), free(r->mean), free(r->count);
+    ts_heldout_free(&r->h);
+    free(r->cluster), free(r->idx), free(r->loss), free(r->mean), free(r->count);
     free(r->mono_copy);
     ts_dataset_free(&r->test);
     for (int m = 0; m < MAX_MONOLITHS; m++)

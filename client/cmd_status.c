@@ -80,6 +80,9 @@ static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBod
             n += snprintf(expert + n, sizeof expert - (size_t)n, " q%u %s", b->load->queue_depth,
                           lat);
         }
+        if (b->has_heldout_loss && n > 0 && (size_t)n < sizeof expert)
+            n += snprintf(expert + n, sizeof expert - (size_t)n, " held-out %.4f",
+                          (double)b->heldout_loss);
         if (b->training && n > 0 && (size_t)n < sizeof expert &&
             (m->status == TESSERA__MEMBER_STATUS__MEMBER_ALIVE ||
              m->status == TESSERA__MEMBER_STATUS__MEMBER_SUSPECT)) /* a gone node trains nothing */
@@ -126,6 +129,9 @@ static void print_status(const Tessera__StatusResponse *r, const ts_status_adver
                t->steps ? 100.0 * (double)t->step / (double)t->steps : 0.0);
         if (t->has_loss)
             printf(", loss %.4f", (double)t->loss);
+        if (t->has_heldout_loss)
+            printf(", held-out loss %.4f at step %llu", (double)t->heldout_loss,
+                   (unsigned long long)t->heldout_step);
         printf(", %.2f steps/s, %s left; %s\n", (double)t->steps_per_s, left,
                t->served ? "a checkpoint is served, used only by clients that ask for "
                            "--min-trained"

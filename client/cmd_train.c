@@ -28,6 +28,7 @@
 #include "client/local.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
+#include "model/heldout.h"
 #include "model/dit_io.h"
 #include "model/fmnist.h"
 #include "model/partition.h"
@@ -74,6 +75,9 @@ typedef struct {
     ts_engine_t eng;
     ts_dit_t model;
     ts_trainer_t tr;
+    ts_heldout_own_t heldout; /* --partition: the EMA weights' held-out loss on the cluster */
+    int has_heldout;
+    double heldout_loss; /* at the last save (NaN: none) */
     FILE *loss_log;
     ts_store_t *store;
     float loss, norm; /* the last step's */
@@ -202,8 +206,11 @@ static int save_outputs(train_run_t *r) {
     const train_opts_t *o = &r->o;
     ts_trainer_t *tr = &r->tr;
     ts_train_meta_t meta;
+    r->heldout_loss = NAN;
+    if (r->has_heldout && ts_heldout_own_measure(&r->heldout, &tr->ema_mem, &r->heldout_loss))
+        r->heldout_loss = NAN;
     ts_train_meta(&meta, tr, o->partition ? r->shard_name : o->shard,
-                  o->partition ? r->partition_id : NULL, o->cluster);
+                  o->partition ? r->partition_id : NULL, o->cluster, r->heldout_loss);
     int rc = ts_ckpt_save_trainer(r->store, o->run, tr, o->keep, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, out_dtype(o->dtype), meta.kv, meta.n,
@@ -369,6 +376,15 @@ static int open_run(train_run_t *r) {
                  r->ds.n);
     if (rc == TS_OK)
         rc = start_point(r);
+    if (rc == TS_OK && o->partition) { /* without the test split: trained all the same */
+        char path[4096], why[320] = "";
+        snprintf(path, sizeof path, "%s/partition.safetensors", o->partition);
+        r->has_heldout = ts_heldout_own_open(&r->heldout, path, o->cluster, o->fmnist_dir,
+                                             &r->model.cfg, &r->eng, o->batch, why,
+                                             sizeof why) == TS_OK;
+        if (!r->has_heldout)
+            fprintf(stderr, "tessera train: no held-out loss for this expert (%s)\n", why);
+    }
     if (rc == TS_OK && o->loss_log && !(r->loss_log = fopen(o->loss_log, "a"))) {
         snprintf(r->err, sizeof r->err, "cannot open loss log %s", o->loss_log);
         rc = TS_EIO;
@@ -490,6 +506,10 @@ static void print_summary(const train_run_t *r) {
         fprintf(stderr, "f16: loss scale 2^%d, %lld steps of the run skipped for overflowing "
                         "gradients\n",
                 ts_log2i(tr->loss_scale), (long long)tr->skipped);
+    if (isfinite(r->heldout_loss))
+        fprintf(stderr, "held-out loss %.4f on %d test images of cluster %d (heldout_loss in the "
+                        "weights' metadata)\n",
+                r->heldout_loss, r->heldout.n, o->cluster);
     if (g_stop)
         fprintf(stderr, "the same command again continues from step %lld (--restart starts over)\n",
                 (long long)tr->step);
@@ -499,6 +519,8 @@ static void print_summary(const train_run_t *r) {
                               (double)tr->loss_avg, "seconds", secs, "out", o->out, "run", o->run,
                               "data_dir", ts_store_dir(r->store), "precision",
                               ts_precision_name(o->precision));
+        if (j && isfinite(r->heldout_loss))
+            json_object_set_new(j, "heldout_loss", json_real(r->heldout_loss));
         if (j && f16) {
             json_object_set_new(j, "loss_scale", json_real(tr->loss_scale));
             json_object_set_new(j, "skipped_steps", json_integer((json_int_t)tr->skipped));
@@ -511,6 +533,7 @@ static void train_free(train_run_t *r) {
     if (r->loss_log)
         fclose(r->loss_log);
     ts_trainer_free(&r->tr);
+    ts_heldout_own_free(&r->heldout);
     ts_dit_free(&r->model);
     ts_engine_free(&r->eng);
     ts_dataset_free(&r->ds);
@@ -520,6 +543,7 @@ static void train_free(train_run_t *r) {
 int ts_cmd_train(int argc, char **argv) {
     train_run_t r;
     memset(&r, 0, sizeof r);
+    r.heldout_loss = NAN;
     ts_train_config_default(&r.tc);
     int pr = parse_opts(argc, argv, &r.o, &r.tc);
     if (pr)

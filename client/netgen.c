@@ -5,6 +5,7 @@
 
 #include "client/netgen.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,8 @@ typedef struct offer {
     const char *addr;          /* the member's, from the same status answer */
     char partition[65];
     ts_node_id_t node; /* whose advert: the node that must answer at addr */
+    int ready;         /* past the readiness bar (mark_ready) */
+    float reference;   /* the finished experts' held-out loss it is compared with; NaN: none */
 } offer_t;
 
 /* The live members' addresses by node id. */
@@ -66,12 +69,53 @@ static int collect_offers(const Tessera__StatusResponse *r, offer_t **out, int *
     return TS_OK;
 }
 
+static int same_config(const Tessera__ModelConfig *a, const Tessera__ModelConfig *b) {
+    return a && b && a->input_size == b->input_size && a->patch_size == b->patch_size &&
+           a->in_channels == b->in_channels && a->hidden_size == b->hidden_size &&
+           a->depth == b->depth && a->num_heads == b->num_heads &&
+           a->num_classes == b->num_classes && a->mlp_ratio == b->mlp_ratio &&
+           a->freq_dim == b->freq_dim;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The readiness bar (architecture.md "Readiness"): an offer is ready when its expert is trained
+ * to the end, or has done min_trained of its steps, or — ready_loss > 0 — its weights' held-out
+ * loss is at most ready_loss times the reference: the median held-out loss of the finished
+ * experts of the same partition and model config (a value each advert declares from its weights'
+ * metadata). Without a reference the loss bar admits nothing. */
+static int mark_ready(offer_t *of, int n, double min_trained, double ready_loss) {
+    float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v)
+        return TS_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        const Tessera__AdvertBody *b = of[i].body;
+        int m = 0;
+        for (int j = 0; j < n; j++) {
+            const Tessera__AdvertBody *c = of[j].body;
+            if (strcmp(of[j].partition, of[i].partition) == 0 && ts_advert_trained(c) &&
+                c->has_heldout_loss && same_config(c->model, b->model))
+                v[m++] = c->heldout_loss;
+        }
+        qsort(v, (size_t)m, sizeof *v, cmp_float);
+        of[i].reference = m == 0 ? NAN : m % 2 ? v[m / 2] : 0.5f * (v[m / 2 - 1] + v[m / 2]);
+        of[i].ready =
+            ts_advert_trained(b) ||
+            (double)b->training->step >= min_trained * (double)b->training->steps ||
+            (ready_loss > 0.0 && b->has_heldout_loss && isfinite(of[i].reference) &&
+             (double)b->heldout_loss <= ready_loss * (double)of[i].reference);
+    }
+    free(v);
+    return TS_OK;
+}
+
 /* The partition to use: the one named (a prefix), else the one whose adverts cover the most
  * clusters (the lowest id on a tie). */
-static int ready(const Tessera__AdvertBody *b, double min_trained);
-
-static int choose_partition(const offer_t *of, int n, const char *want, double min_trained,
-                            char out[65], char *err, size_t errlen) {
+static int choose_partition(const offer_t *of, int n, const char *want, char out[65], char *err,
+                            size_t errlen) {
     int best = -1, best_cover = 0;
     for (int i = 0; i < n; i++) {
         if (want && strncmp(of[i].partition, want, strlen(want)) != 0)
@@ -81,7 +125,7 @@ static int choose_partition(const offer_t *of, int n, const char *want, double m
         for (uint32_t k = 0; k < K; k++)
             for (int j = 0; j < n; j++)
                 if (strcmp(of[j].partition, of[i].partition) == 0 && of[j].body->cluster == k &&
-                    ready(of[j].body, min_trained)) { /* held-back experts cover nothing */
+                    of[j].ready) { /* held-back experts cover nothing */
                     cover++;
                     break;
                 }
@@ -198,18 +242,9 @@ static int stored_best(ts_store_t *store, const stored_query_t *q, ts_hash_t *ou
     return best >= 0;
 }
 
-/* Whether an offer's expert is trained enough to be used: trained to the end, or (while its
- * run goes on) at least min_trained of its steps. */
-static int ready(const Tessera__AdvertBody *b, double min_trained) {
-    if (ts_advert_trained(b))
-        return 1;
-    return (double)b->training->step >= min_trained * (double)b->training->steps;
-}
-
 /* Fills experts[k] from the offers of the chosen partition that are ready: the weights most
  * replicas serve, and those replicas. The others are held back (g->held). */
-static int build_experts(ts_netgen_t *g, const offer_t *of, int n, double min_trained, char *err,
-                         size_t errlen) {
+static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, size_t errlen) {
     g->experts = calloc((size_t)g->K, sizeof *g->experts);
     g->held = calloc((size_t)g->K, sizeof *g->held);
     if (!g->experts || !g->held) {
@@ -219,12 +254,14 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, double min_tr
     for (int i = 0; i < n; i++) {
         const Tessera__AdvertBody *b = of[i].body;
         if (strcmp(of[i].partition, g->partition_id) != 0 || (int)b->cluster >= g->K ||
-            ready(b, min_trained))
+            of[i].ready)
             continue;
         ts_netgen_held_t *h = &g->held[b->cluster];
         if (!h->n || b->training->step > h->step) {
             h->step = b->training->step;
             h->steps = b->training->steps;
+            h->heldout = b->has_heldout_loss ? b->heldout_loss : NAN;
+            h->reference = of[i].reference;
             snprintf(h->addr, sizeof h->addr, "%s", of[i].addr);
         }
         h->n++;
@@ -235,13 +272,13 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, double min_tr
         int best = -1, best_count = 0;
         for (int i = 0; i < n; i++) {
             if (strcmp(of[i].partition, g->partition_id) != 0 || (int)of[i].body->cluster != k ||
-                !ready(of[i].body, min_trained))
+                !of[i].ready)
                 continue;
             int count = 0;
             for (int j = 0; j < n; j++)
                 count +=
                     strcmp(of[j].partition, g->partition_id) == 0 &&
-                    (int)of[j].body->cluster == k && ready(of[j].body, min_trained) &&
+                    (int)of[j].body->cluster == k && of[j].ready &&
                     memcmp(of[j].body->weights_hash.data, of[i].body->weights_hash.data, 32) == 0;
             if (count > best_count) {
                 best = i;
@@ -260,7 +297,7 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, double min_tr
         for (int j = 0; j < n && ex->n_rep < TS_REMOTE_MAX_REPLICAS; j++) {
             const Tessera__AdvertBody *b = of[j].body;
             if (strcmp(of[j].partition, g->partition_id) != 0 || (int)b->cluster != k ||
-                !ready(b, min_trained) || memcmp(b->weights_hash.data, ex->weights_hash, 32) != 0)
+                !of[j].ready || memcmp(b->weights_hash.data, ex->weights_hash, 32) != 0)
                 continue;
             ts_replica_t *p = &ex->rep[ex->n_rep++];
             snprintf(p->addr, sizeof p->addr, "%s", of[j].addr);
@@ -440,8 +477,10 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
     offer_t *of = NULL;
     int n = 0;
     rc = collect_offers(resp->status_response, &of, &n, err, errlen);
+    if (rc == TS_OK && (rc = mark_ready(of, n, o->min_trained, o->ready_loss)) != TS_OK)
+        ts_set_err(err, errlen, "out of memory");
     if (rc == TS_OK)
-        rc = choose_partition(of, n, o->partition, o->min_trained, g->partition_id, err, errlen);
+        rc = choose_partition(of, n, o->partition, g->partition_id, err, errlen);
     const offer_t *first = NULL;
     for (int i = 0; rc == TS_OK && i < n && !first; i++)
         if (strcmp(of[i].partition, g->partition_id) == 0)
@@ -471,7 +510,7 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
         }
     }
     if (rc == TS_OK)
-        rc = build_experts(g, of, n, o->min_trained, err, errlen);
+        rc = build_experts(g, of, n, err, errlen);
     /* the artifacts, from the network into the store and a cache folder */
     if (rc == TS_OK)
         rc = fetch_artifacts(g, o, of, n, first, err, errlen);
@@ -504,12 +543,21 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
 
 void ts_netgen_held_text(const ts_netgen_t *g, int k, char *out, size_t len) {
     const ts_netgen_held_t *h = &g->held[k];
+    char loss[160] = "";
+    if (isfinite(h->heldout) && isfinite(h->reference))
+        snprintf(loss, sizeof loss,
+                 ", held-out loss %.4f against %.4f for the finished experts (%.2f×)",
+                 (double)h->heldout, (double)h->reference,
+                 h->reference > 0.0f ? (double)(h->heldout / h->reference) : 0.0);
+    else if (isfinite(h->heldout))
+        snprintf(loss, sizeof loss, ", held-out loss %.4f (no finished expert to compare with)",
+                 (double)h->heldout);
     snprintf(out, len,
              "%d expert%s still training, not used (the furthest, at %s: step %llu of %llu, "
-             "%.1f%%; --min-trained 0 would use it)",
+             "%.1f%%%s; --min-trained 0 would use it)",
              h->n, h->n == 1 ? "" : "s", h->addr, (unsigned long long)h->step,
              (unsigned long long)h->steps,
-             h->steps ? 100.0 * (double)h->step / (double)h->steps : 0.0);
+             h->steps ? 100.0 * (double)h->step / (double)h->steps : 0.0, loss);
 }
 
 void ts_netgen_close(ts_netgen_t *g) {

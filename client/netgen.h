@@ -37,6 +37,9 @@ typedef struct ts_netgen_opts {
     /* the readiness bar: an expert advertised while its run is still training is used only
      * past this fraction of its steps (TS_NETGEN_MIN_TRAINED: only finished experts) */
     double min_trained;
+    /* and (> 0) one whose weights' held-out loss is at most this times the finished experts' of
+     * its partition and config (their median); 0: off, the default */
+    double ready_loss;
     const char *cls; /* --class, checked against the experts' classes before any fetch */
 } ts_netgen_opts_t;
 
@@ -46,6 +49,7 @@ typedef struct ts_netgen_opts {
 typedef struct ts_netgen_held {
     int n;
     uint64_t step, steps;
+    float heldout, reference; /* its held-out loss and the finished experts'; NaN: not known */
     char addr[64];
 } ts_netgen_held_t;
 

@@ -5,6 +5,7 @@
 
 #include "daemon/expert.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,11 @@ static int read_weights_meta(ts_store_t *s, ts_expert_info_t *e, char *pid, size
         return rc;
     rc = ts_expert_weights_meta(&f, &e->config, &e->cluster, pid, pidlen, err, errlen);
     e->objective = TESSERA__OBJECTIVE__OBJECTIVE_VELOCITY;
+    /* advisory: a value that is not a finite non-negative number is left out, not an error */
+    const char *h = ts_st_meta(&f, "heldout_loss");
+    char *end = NULL;
+    double v = h ? strtod(h, &end) : NAN;
+    e->heldout_loss = h && *h && end && !*end && isfinite(v) && v >= 0.0 ? (float)v : NAN;
     ts_st_free(&f);
     return rc;
 }
@@ -97,6 +103,7 @@ static int read_weights_meta(ts_store_t *s, ts_expert_info_t *e, char *pid, size
 int ts_expert_prepare(ts_store_t *s, const char *weights, const char *partition,
                       ts_expert_info_t *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
+    out->heldout_loss = NAN;
     if (!s || !weights || !partition) {
         ts_set_err(err, errlen, "ts_expert_prepare: NULL argument");
         return TS_EINVAL;
@@ -217,6 +224,10 @@ void ts_expert_advert(const ts_expert_info_t *e, const Tessera__Capacity *capaci
         b->has_router_hash = 1;
         b->router_hash.data = (uint8_t *)e->router_hash.b;
         b->router_hash.len = TS_HASH_BYTES;
+    }
+    if (isfinite(e->heldout_loss)) {
+        b->has_heldout_loss = 1;
+        b->heldout_loss = e->heldout_loss;
     }
     b->model = m;
     b->centroid = &a->centroid;

@@ -36,6 +36,7 @@ typedef struct ts_expert_info {
     int objective; /* Tessera__Objective */
     int dims;      /* centroid length */
     float *centroid;
+    float heldout_loss; /* the weights' heldout_loss metadata (model/heldout.h); NaN: none */
 } ts_expert_info_t;
 
 /* Imports (or finds) the weights and the partition in the store and checks that they belong

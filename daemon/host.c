@@ -251,15 +251,18 @@ static void on_train(uv_async_t *a) {
     ts_train_job_progress(h->job, &p);
     if (p.ckpt_step != h->seen_ckpt && p.ckpt_step >= 0) {
         h->seen_ckpt = p.ckpt_step;
-        char f16[96] = "";
+        char f16[96] = "", ho[64] = "";
+        if (isfinite(p.heldout_loss) && p.heldout_step == p.ckpt_step)
+            snprintf(ho, sizeof ho, " (held-out loss %.4f at step %lld)",
+                     (double)p.heldout_loss, (long long)p.heldout_step);
         if (p.f16)
             snprintf(f16, sizeof f16, "; f16 loss scale 2^%d, %lld steps skipped",
                      ts_log2i(p.loss_scale), (long long)p.skipped);
         ts_log_info("train",
-                    "checkpoint of step %lld in the store; at step %lld/%lld, loss %.4f, %.0f "
+                    "checkpoint of step %lld in the store; at step %lld/%lld, loss %.4f%s, %.0f "
                     "samples/s (a step %.1f ms, %.1f ms of it on the device's timeline)%s",
                     (long long)p.ckpt_step, (long long)p.step, (long long)p.steps,
-                    (double)p.loss_avg, p.samples_per_s, p.step_s * 1e3, p.step_device_s * 1e3,
+                    (double)p.loss_avg, ho, p.samples_per_s, p.step_s * 1e3, p.step_device_s * 1e3,
                     f16);
     }
     /* a train-mode node serves its checkpoints only past [train] serve_from of the run; an auto
@@ -280,8 +283,11 @@ static void on_train(uv_async_t *a) {
         ts_train_job_stop(h->job, 0);
         char hex[TS_HASH_HEX];
         ts_hash_hex(&p.weights, hex);
-        ts_log_info("train", "done: %lld steps, loss %.4f; weights %.16s in the store",
-                    (long long)p.steps, (double)p.loss_avg, hex);
+        char ho[48] = "";
+        if (isfinite(p.heldout_loss))
+            snprintf(ho, sizeof ho, ", held-out loss %.4f", (double)p.heldout_loss);
+        ts_log_info("train", "done: %lld steps, loss %.4f%s; weights %.16s in the store",
+                    (long long)p.steps, (double)p.loss_avg, ho, hex);
         ts_train_job_free(h->job);
         h->job = NULL;
         serve_weights(h, &p.weights);
@@ -337,7 +343,9 @@ static void training_tick(ts_host_t *h) {
                               .loss = p.loss_avg,
                               .steps_per_s = (float)rate,
                               .cluster = (uint32_t)(h->cluster > 0 ? h->cluster : 0),
-                              .served = h->has_info && h->serve && p.snapshot_step >= 0};
+                              .served = h->has_info && h->serve && p.snapshot_step >= 0,
+                              .heldout_loss = p.heldout_loss,
+                              .heldout_step = p.heldout_step >= 0 ? (uint64_t)p.heldout_step : 0};
     /* the run id is tesserad/<partition_id>/<cluster>/<digits> */
     char hex[TS_HASH_HEX];
     ts_hash_t pid;
@@ -351,13 +359,16 @@ static void training_tick(ts_host_t *h) {
               h->since_progress_ms >= (uint64_t)h->env.cfg->train_progress_every_s * 1000u;
     if (!first && !due)
         return;
-    char eta[32];
+    char eta[32], ho[96] = "";
     eta_text(p.steps - p.step, rate, eta, sizeof eta);
+    if (isfinite(p.heldout_loss))
+        snprintf(ho, sizeof ho, ", held-out loss %.4f at step %lld", (double)p.heldout_loss,
+                 (long long)p.heldout_step);
     ts_log_info("train",
-                "step %lld/%lld (%.1f%%), loss %.4f (running average %.4f), %.2f steps/s, %.0f "
+                "step %lld/%lld (%.1f%%), loss %.4f (running average %.4f)%s, %.2f steps/s, %.0f "
                 "samples/s; about %s to go%s",
                 (long long)p.step, (long long)p.steps, 100.0 * (double)p.step / (double)p.steps,
-                (double)p.loss, (double)p.loss_avg, rate, p.samples_per_s, eta,
+                (double)p.loss, (double)p.loss_avg, ho, rate, p.samples_per_s, eta,
                 t.served ? "; served from its newest checkpoint, which clients skip until the "
                            "run is done"
                          : "");

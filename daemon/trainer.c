@@ -25,6 +25,7 @@
 #include "daemon/log.h"
 #include "model/dit_io.h"
 #include "model/fmnist.h"
+#include "model/heldout.h"
 #include "model/partition.h"
 #include "model/safetensors.h"
 #include "store/ckpt.h"
@@ -44,6 +45,12 @@ struct ts_train_job {
     ts_engine_t eng;
     ts_dit_t model;
     ts_trainer_t tr;
+    /* the EMA weights' loss on held-out images of the cluster (model/heldout.h), measured where a
+     * snapshot or the final weights are made; has_heldout 0 when the test split is missing */
+    ts_heldout_own_t heldout;
+    int has_heldout;
+    double heldout_loss; /* at heldout_step (NaN: not measured) */
+    int64_t heldout_step;
     pthread_t thread;
     int joined;
     atomic_int stop;
@@ -146,11 +153,27 @@ int ts_train_snapshot_open_dit(const ts_train_snapshot_t *s, ts_engine_t *e, int
     return rc;
 }
 
+/* The held-out loss of the EMA weights at this step (measured once per step; NaN without the
+ * test split or when the measure fails, which only loses the figure), into the progress. */
+static double measure_heldout(ts_train_job_t *j) {
+    if (!j->has_heldout || j->heldout_step == j->tr.step)
+        return j->heldout_loss;
+    double loss = NAN;
+    if (ts_heldout_own_measure(&j->heldout, &j->tr.ema_mem, &loss) != TS_OK)
+        loss = NAN;
+    j->heldout_loss = loss, j->heldout_step = j->tr.step;
+    pthread_mutex_lock(&j->mu);
+    j->progress.heldout_loss = (float)loss;
+    j->progress.heldout_step = j->tr.step;
+    pthread_mutex_unlock(&j->mu);
+    return loss;
+}
+
 /* The EMA weights as a safetensors file, with the metadata `tessera train --partition` writes. */
 static int encode_weights(ts_train_job_t *j, unsigned char **buf, size_t *len, char *err,
                           size_t errlen) {
     ts_train_meta_t meta;
-    ts_train_meta(&meta, &j->tr, j->shard, j->partition_id, j->cluster);
+    ts_train_meta(&meta, &j->tr, j->shard, j->partition_id, j->cluster, measure_heldout(j));
     return ts_dit_save_mem(&j->model, &j->tr.ema_mem, TS_ST_F32, meta.kv, meta.n, buf, len, err,
                            errlen);
 }
@@ -299,7 +322,8 @@ static int checkpoint_async(ts_train_job_t *j, int64_t *at, char *err, size_t er
         snprintf(err, errlen, "cannot copy the training state out: %s", ts_strerror(rc));
         return rc;
     }
-    ts_train_meta(&j->w_meta, &j->tr, j->shard, j->partition_id, j->cluster);
+    ts_train_meta(&j->w_meta, &j->tr, j->shard, j->partition_id, j->cluster,
+                  measure_heldout(j));
     pthread_mutex_lock(&j->mu);
     j->w_step = j->tr.step;
     j->w_busy = 1;
@@ -564,6 +588,7 @@ static void job_free_parts(ts_train_job_t *j) {
     if (j->staged)
         ts_trainer_stage_free(&j->stage);
     ts_trainer_free(&j->tr);
+    ts_heldout_own_free(&j->heldout);
     ts_dit_free(&j->model);
     ts_engine_free(&j->eng);
     ts_dataset_free(&j->data);
@@ -603,7 +628,10 @@ int ts_train_job_start(ts_train_job_t **out, const ts_train_job_opts_t *o, char 
                                         .ckpt_step = -1,
                                         .loss = NAN,
                                         .loss_avg = NAN,
-                                        .snapshot_step = -1};
+                                        .snapshot_step = -1,
+                                        .heldout_loss = NAN,
+                                        .heldout_step = -1};
+    j->heldout_loss = NAN, j->heldout_step = -1;
     snprintf(j->shard, sizeof j->shard, "shard-%d", o->cluster);
     if (o->out && !(j->out = strdup(o->out)))
         rc = TS_ENOMEM;
@@ -612,6 +640,15 @@ int ts_train_job_start(ts_train_job_t **out, const ts_train_job_opts_t *o, char 
                                        err, errlen);
     if (rc == TS_OK)
         rc = build(j, o, err, errlen);
+    if (rc == TS_OK) { /* without the test split the job trains, and advertises no held-out loss */
+        char why[320] = "";
+        int hrc = ts_heldout_own_open(&j->heldout, o->partition, o->cluster, o->data,
+                                      &j->model.cfg, &j->eng, o->train.batch, why, sizeof why);
+        j->has_heldout = hrc == TS_OK;
+        if (hrc != TS_OK)
+            ts_log_warn("train", "no held-out loss for this expert (%s): it trains all the same",
+                        why);
+    }
     if (rc == TS_OK) {
         j->progress.step = j->tr.step;
         j->progress.loss_avg = j->tr.loss_avg;

@@ -550,7 +550,7 @@ int ts_trainer_load(ts_trainer_t *tr, const char *path, char *err, size_t errlen
 }
 
 void ts_train_meta(ts_train_meta_t *m, const ts_trainer_t *tr, const char *shard,
-                   const char *partition_id, int cluster) {
+                   const char *partition_id, int cluster, double heldout) {
     snprintf(m->steps, sizeof m->steps, "%lld", (long long)tr->step);
     snprintf(m->loss, sizeof m->loss, "%.6f", tr->loss_avg);
     snprintf(m->cluster, sizeof m->cluster, "%d", cluster);
@@ -565,4 +565,10 @@ void ts_train_meta(ts_train_meta_t *m, const ts_trainer_t *tr, const char *shard
     /* clang-format on */
     m->n = partition_id ? 7 : 5;
     memcpy(m->kv, kv, sizeof(const char *) * 2 * (size_t)m->n);
+    if (isfinite(heldout)) {
+        snprintf(m->heldout, sizeof m->heldout, "%.6f", heldout);
+        m->kv[2 * m->n] = "heldout_loss";
+        m->kv[2 * m->n + 1] = m->heldout;
+        m->n++;
+    }
 }

@@ -149,18 +149,19 @@ void ts_trainer_stage_free(ts_trainer_stage_t *s);
 
 /* The metadata an expert's EMA weights carry besides the model config, as key/value pairs for
  * ts_dit_save's `extra`: objective "velocity", weights "ema", train_steps (tr->step),
- * train_loss (tr->loss_avg), shard, and — when partition_id is not NULL — partition_id and
- * cluster. Every value is a function of the training state, so a resumed run writes the same
- * bytes as an uninterrupted one. `tessera train` and tesserad's trainer both write it; the
+ * train_loss (tr->loss_avg), shard, — when partition_id is not NULL — partition_id and
+ * cluster, and — when heldout is finite — heldout_loss (model/heldout.h: the EMA weights' loss
+ * on held-out images of their cluster). Every value is a function of the training state, so a
+ * resumed run writes the same bytes as an uninterrupted one. `tessera train` and tesserad's trainer both write it; the
  * hosted expert (daemon/expert.h) reads partition_id, cluster and objective back. kv points into
  * *m and into the caller's strings, which must outlive its use. */
 typedef struct ts_train_meta {
-    const char *kv[14];
+    const char *kv[16];
     int n; /* pairs in kv */
-    char steps[24], loss[32], cluster[16];
+    char steps[24], loss[32], cluster[16], heldout[32];
 } ts_train_meta_t;
 void ts_train_meta(ts_train_meta_t *m, const ts_trainer_t *tr, const char *shard,
-                   const char *partition_id, int cluster);
+                   const char *partition_id, int cluster, double heldout);
 
 #ifdef __cplusplus
 }

@@ -446,6 +446,10 @@ static int check_training(chk_t *c, const Tessera__TrainingStatus *tr, const cha
         CHECK(check_float(c, tr->steps_per_s, 0.0f, 1e12f, w, "steps_per_s"));
     if (tr->has_partition_id)
         CHECK(check_id(c, 1, &tr->partition_id, w, "partition_id"));
+    if (tr->has_heldout_loss)
+        CHECK(check_float(c, tr->heldout_loss, 0.0f, 1e30f, w, "heldout_loss"));
+    if (tr->has_heldout_step && tr->heldout_step > tr->steps)
+        return bad(c, TS_ECORRUPT, "%s needs heldout_step <= steps", w);
     return TS_OK;
 }
 
@@ -673,6 +677,8 @@ int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, cha
         CHECK(check_id(&c, 1, &b->router_hash, w, "router_hash"));
     if (b->has_relay_id)
         CHECK(check_id(&c, 1, &b->relay_id, w, "relay_id"));
+    if (b->has_heldout_loss)
+        CHECK(check_float(&c, b->heldout_loss, 0.0f, 1e30f, w, "heldout_loss"));
     if (b->training)
         CHECK(check_training(&c, b->training, "advert body.training"));
     CHECK(need(&c, b->model, w, "model"));

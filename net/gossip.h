@@ -122,6 +122,8 @@ typedef struct ts_gossip_training {
     uint8_t partition[32]; /* partition_id */
     uint32_t cluster;
     int served; /* a snapshot of it is advertised */
+    float heldout_loss;    /* model/heldout.h, at heldout_step; NaN: not measured yet */
+    uint64_t heldout_step;
 } ts_gossip_training_t;
 void ts_gossip_set_training(ts_gossip_t *g, const ts_gossip_training_t *t); /* NULL: none */
 

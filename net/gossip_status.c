@@ -258,6 +258,11 @@ static int status_build(ts_gossip_t *g, const Tessera__StatusRequest *req, statu
         tr->partition_id.len = sizeof t->partition;
         tr->cluster = t->cluster;
         tr->served = t->served != 0;
+        if (isfinite(t->heldout_loss)) {
+            tr->has_heldout_loss = tr->has_heldout_step = 1;
+            tr->heldout_loss = t->heldout_loss;
+            tr->heldout_step = t->heldout_step;
+        }
         s->resp.training = tr;
     }
     int rc = status_aggregates(g, s, n);

@@ -128,7 +128,8 @@ static json_t *j_capacity(const Tessera__Capacity *c) {
 }
 
 /* A training status: step, steps, fraction, loss (null before one), steps_per_s, eta_s (null
- * while the rate is unknown); the responder's own job adds partition_id, cluster and served. */
+ * while the rate is unknown); the responder's own job adds partition_id, cluster and served, and
+ * heldout_loss with heldout_step once measured. */
 static json_t *j_training(const Tessera__TrainingStatus *t) {
     if (!t)
         return json_null();
@@ -147,6 +148,10 @@ static json_t *j_training(const Tessera__TrainingStatus *t) {
         json_object_set_new(j, "cluster", json_integer(t->cluster));
         json_object_set_new(j, "served", json_boolean(t->served));
     }
+    if (j && t->has_heldout_loss) { /* the responder's own job: the newest measure */
+        json_object_set_new(j, "heldout_loss", json_real(t->heldout_loss));
+        json_object_set_new(j, "heldout_step", json_integer((json_int_t)t->heldout_step));
+    }
     return j;
 }
 
@@ -161,13 +166,17 @@ static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) 
     json_t *training = j_training(b->training);
     char relay[65];
     ts_status_hex(&b->relay_id, 64, relay);
-    return json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b, s:s?}",
+    json_t *j = json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b, s:s?}",
                      "node_id", id, "valid", 1, "version", (json_int_t)b->version, "partition_id",
                      part, "num_clusters", (int)b->num_clusters, "cluster", (int)b->cluster,
                      "weights_hash", wh, "objective", objective_name(b->objective), "model",
                      j_model(b->model), "centroid_dims", dims, "capacity", j_capacity(b->capacity),
                      "load", j_load(b->load), "training", training, "router", b->has_router_hash,
                      "relayed_via", b->has_relay_id ? relay : NULL);
+    if (j) /* the served weights' own figure (model/heldout.h), null when they carry none */
+        json_object_set_new(j, "heldout_loss",
+                            b->has_heldout_loss ? json_real(b->heldout_loss) : json_null());
+    return j;
 }
 
 /* The relay carrying member m, as its advert says (short hex), or NULL. Only the adverts that

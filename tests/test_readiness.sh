@@ -8,7 +8,9 @@
 #   - `status` does not count cluster 1 as covered while its only expert trains, and says so;
 #   - `generate --peer` does not route to it: cluster 1 is uncovered, named, with the trainer's
 #     step; the image equals, byte for byte, the image of the network once the trainer has left;
-#   - `--min-trained 0` uses it (cluster 1 gets evaluations, and the image differs).
+#   - `--min-trained 0` uses it (cluster 1 gets evaluations, and the image differs);
+#   - both experts advertise their held-out loss, and `--ready-loss R` admits the training expert
+#     when its loss is within R of the finished expert's, or keeps it out naming both losses.
 # Waits are generous; nothing here asserts speed.
 set -eu
 T=${1:?usage: test_readiness.sh TESSERA TESSERAD}
@@ -174,6 +176,39 @@ gen any --min-trained 0
     "$dir/any.json" || fail "--min-trained 0 did not use the training expert: $(cat "$dir/any.json")"
 cmp -s "$dir/any.png" "$dir/held.png" && fail "--min-trained 0 gave the same image"
 echo "ok: --min-trained 0 uses it"
+
+# the held-out loss: expert-0 (finished: `tessera train` wrote it into its metadata) and the
+# trainer's snapshot advertise theirs; the trainer's own status has its newest; the loss bar
+# admits the training expert when generous and keeps it out when strict, naming both losses
+"$T" status --peer "$seed" --network-key "$dir/net.key" --json >"$dir/s.json" 2>/dev/null || fail "status"
+"$T" status --peer "$taddr" --network-key "$dir/net.key" --json >"$dir/own.json" 2>/dev/null || fail "status"
+"$PY" - "$dir/s.json" "$dir/own.json" <<'PYEOF' || fail "held-out loss in the adverts: $(head -c 900 "$dir/s.json")"
+import json, sys
+seen, own = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+by = {a["cluster"]: a for a in seen["adverts"] if a.get("valid")}
+assert by[0]["heldout_loss"] > 0 and by[0]["training"] is None, by[0]
+assert by[1]["heldout_loss"] > 0 and by[1]["training"], by[1]
+t = own["training"]
+assert t["heldout_loss"] > 0 and 0 < t["heldout_step"] <= t["step"], t
+PYEOF
+echo "ok: finished and training experts advertise their held-out loss"
+gen loose --ready-loss 1000
+"$PY" -c 'import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if j["expert_share"][1] > 0 and not j["uncovered"] else 1)' \
+    "$dir/loose.json" || fail "--ready-loss 1000 did not use the training expert: $(cat "$dir/loose.json")"
+cmp -s "$dir/loose.png" "$dir/any.png" || fail "--ready-loss 1000 and --min-trained 0 differ"
+gen strict --ready-loss 0.001
+grep -qE "cluster 1: 1 expert still training, not used \(.*held-out loss [0-9.]+ against [0-9.]+ for the finished experts" \
+    "$dir/err-strict.txt" || fail "the held-out losses are not named: $(cat "$dir/err-strict.txt")"
+"$PY" - "$dir/strict.json" <<'PYEOF' || fail "--ready-loss 0.001: $(cat "$dir/strict.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+u = j["uncovered"]
+assert len(u) == 1 and u[0]["cluster"] == 1 and j["expert_share"][1] == 0, j
+t = u[0]["training"]
+assert t["heldout_loss"] > 0 and t["reference_loss"] > 0, t
+PYEOF
+cmp -s "$dir/strict.png" "$dir/held.png" || fail "--ready-loss 0.001 differs from the default"
+echo "ok: --ready-loss admits the training expert by its held-out loss, or keeps it out and says why"
 
 # a trainer told to serve only past half its run: its checkpoints stay unadvertised
 node late train "$seed" "serve_from = 0.5"

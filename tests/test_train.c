@@ -240,8 +240,8 @@ static void test_resume_bit_identical(void **state) {
     assert_false(isnan(a.tr.loss_avg));
     assert_memory_equal(&a.tr.loss_avg, &c.tr.loss_avg, sizeof(float));
     ts_train_meta_t ma, mc;
-    ts_train_meta(&ma, &a.tr, "shard-1", "abc", 1);
-    ts_train_meta(&mc, &c.tr, "shard-1", "abc", 1);
+    ts_train_meta(&ma, &a.tr, "shard-1", "abc", 1, NAN);
+    ts_train_meta(&mc, &c.tr, "shard-1", "abc", 1, NAN);
     assert_int_equal(ma.n, 7);
     for (int i = 0; i < 2 * ma.n; i++)
         assert_string_equal(ma.kv[i], mc.kv[i]);
