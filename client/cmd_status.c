@@ -134,7 +134,7 @@ static void print_status(const Tessera__StatusResponse *r, const ts_status_adver
                    (unsigned long long)t->heldout_step);
         printf(", %.2f steps/s, %s left; %s\n", (double)t->steps_per_s, left,
                t->served ? "a checkpoint is served, used only by clients that ask for "
-                           "--min-trained"
+                           "--min-trained or --ready-loss"
                          : "not served yet");
     }
     if (r->metrics)
