@@ -321,7 +321,9 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
          0, 1e30},
         {"n", TS_ARG_INT, &o->n, "N", "number of samples (default 64)", 1, 100000},
         {"steps", TS_ARG_INT, &o->steps, "S", "integration steps (default 30)", 1, 10000},
-        {"sampler", TS_ARG_STRING, &o->sampler, "NAME", "euler or heun (default heun)"},
+        {"sampler", TS_ARG_STRING, &o->sampler, "NAME",
+         "euler, heun, ddim or ddpm (DDPM-schedule grids: DiT's linear beta over 1000 steps; "
+         "default heun)"},
         {"cfg", TS_ARG_FLOAT, &o->cfg, "S",
          "classifier-free guidance scale inside each expert, 1 = off (default 1)", 0, 100},
         {"class", TS_ARG_STRING, &o->cls, "C",
@@ -393,7 +395,10 @@ static int validate(gen_run_t *r) {
     else if (ts_selection_parse(o->select_s, &r->sel, r->err, sizeof r->err) != TS_OK)
         fprintf(stderr, PROG ": --select: %s\n", r->err);
     else if (ts_sampler_parse(o->sampler, &r->so.kind) != TS_OK)
-        fprintf(stderr, PROG ": --sampler %s: must be euler or heun\n", o->sampler);
+        fprintf(stderr, PROG ": --sampler %s: must be euler, heun, ddim or ddpm\n", o->sampler);
+    else if (r->so.kind >= TS_SAMPLER_DDIM && o->steps > 1000)
+        fprintf(stderr, PROG ": --sampler %s takes at most 1000 steps (the schedule's)\n",
+                o->sampler);
     else if (!o->dir == !o->peer)
         fprintf(stderr, PROG ": name the experts: --local DIR or --peer HOST:PORT (one of them)\n");
     else if (o->peer && !o->nk)

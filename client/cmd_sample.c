@@ -100,7 +100,9 @@ static int parse_opts(int argc, char **argv, sample_opts_t *o) {
          "the store for --weights HASH (default $XDG_DATA_HOME/tessera)"},
         {"n", TS_ARG_INT, &o->n, "N", "number of samples (default 64)", 1, 100000},
         {"steps", TS_ARG_INT, &o->steps, "S", "integration steps (default 30)", 1, 10000},
-        {"sampler", TS_ARG_STRING, &o->sampler, "NAME", "euler or heun (default heun)"},
+        {"sampler", TS_ARG_STRING, &o->sampler, "NAME",
+         "euler, heun, ddim or ddpm (DDPM-schedule grids: DiT's linear beta over 1000 steps; "
+         "default heun)"},
         {"cfg", TS_ARG_FLOAT, &o->cfg, "S", "classifier-free guidance scale, 1 = off (default 1)",
          0, 100},
         {"class", TS_ARG_STRING, &o->cls, "C",
@@ -126,9 +128,13 @@ static int parse_opts(int argc, char **argv, sample_opts_t *o) {
 /* The sampler: 0, or 2 with the message printed. */
 static int validate(sample_run_t *r) {
     r->so = (ts_sampler_opts_t){.steps = r->o.steps};
-    if (ts_sampler_parse(r->o.sampler, &r->so.kind) == TS_OK)
+    if (ts_sampler_parse(r->o.sampler, &r->so.kind) != TS_OK)
+        fprintf(stderr, PROG ": --sampler %s: must be euler, heun, ddim or ddpm\n", r->o.sampler);
+    else if (r->so.kind >= TS_SAMPLER_DDIM && r->o.steps > 1000)
+        fprintf(stderr, PROG ": --sampler %s takes at most 1000 steps (the schedule's)\n",
+                r->o.sampler);
+    else
         return 0;
-    fprintf(stderr, PROG ": --sampler %s: must be euler or heun\n", r->o.sampler);
     return 2;
 }
 
@@ -167,7 +173,9 @@ static int sample_chunk(sample_run_t *r, int start, int m, progress_t *prog) {
         rc = ts_sampler_noise(&r->eng, &x, r->seeds + start);
     if (rc == TS_OK &&
         (rc = ts_dit_velocity_init(&vc, &r->model, r->labels + start, m, r->o.cfg)) == TS_OK) {
-        rc = ts_sampler_run(&r->eng, &r->so, &x, scratch, ts_dit_velocity, &vc, on_step, prog);
+        ts_sampler_opts_t so = r->so;
+        so.seeds = r->seeds + start; /* DDPM's draws: each sample's own stream */
+        rc = ts_sampler_run(&r->eng, &so, &x, scratch, ts_dit_velocity, &vc, on_step, prog);
         r->evals = vc.evals; /* per sample: the same for every chunk */
         ts_dit_velocity_free(&vc);
     }

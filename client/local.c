@@ -379,8 +379,10 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
             rc = ts_tensor_alloc(&scratch[i], TS_F32, e->device, 4, x.shape);
         if (rc == TS_OK)
             rc = ts_sampler_noise(e, &x, g->seeds + start);
+        ts_sampler_opts_t so = g->sampler;
+        so.seeds = g->seeds + start; /* DDPM's draws: each sample's own stream */
         if (rc == TS_OK)
-            rc = ts_sampler_run(e, &g->sampler, &x, scratch, ts_ensemble_velocity, &ens, g->on_step,
+            rc = ts_sampler_run(e, &so, &x, scratch, ts_ensemble_velocity, &ens, g->on_step,
                                 g->step_ctx);
         if (rc == TS_OK) {
             ts_tensor_t host;

@@ -1032,8 +1032,9 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
         return TS_ESHAPE;
     ts_engine_t *e = s->eng;
     int n = s->n, K = s->K;
-    if (t >= 1.0f)
+    if (t >= 1.0f || t > s->last_t)
         s->has_prev = s->has_held = 0; /* a new run starts from pure noise */
+    s->last_t = t;
     s->evaluations++;
     ts_policy_t used = s->o.policy;
     double t_policy = ts_now_s();

@@ -229,6 +229,7 @@ typedef struct ts_ensemble {
     float *p, *spread; /* (n, K), (n): this evaluation's distribution and spread (opts.record) */
     double *sq;        /* (n): Σ_k w_k ‖v_k‖² (opts.record) */
     int has_held;
+    float last_t; /* the previous call's t: a later time starts a new run (0 before any) */
     /* counters since init */
     int64_t forwards;         /* sample-forwards through any expert (CFG pair = 2) */
     int64_t *expert_forwards; /* (K) the same per expert */
@@ -269,8 +270,8 @@ int ts_ensemble_init(ts_ensemble_t *ens, ts_engine_t *e, ts_dit_t *experts, int 
 void ts_ensemble_free(ts_ensemble_t *ens);
 
 /* ts_velocity_fn for ctx = ts_ensemble_t: the combined velocity v (n, C, H, W) at (x, t). A call
- * at t = 1 (the first step of every sampler run) starts a new run: the centroid policy forgets
- * its previous x̂0. */
+ * at t = 1, or at a later time than the previous call (the first step of every sampler run:
+ * DDIM and DDPM start below 1), starts a new run: the centroid policy forgets its previous x̂0. */
 int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v);
 
 /* Expert evaluations per sample so far: forwards / n. */

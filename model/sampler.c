@@ -1,6 +1,8 @@
-/* sampler.c — Euler and Heun integration of a velocity field, and a DiT with CFG as one. */
+/* sampler.c — Euler, Heun, DDIM and DDPM over a velocity field, and a DiT with CFG as one. */
 #include "model/sampler.h"
 
+#include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +13,10 @@ int ts_sampler_parse(const char *name, ts_sampler_kind_t *kind) {
         *kind = TS_SAMPLER_EULER;
     else if (strcmp(name, "heun") == 0)
         *kind = TS_SAMPLER_HEUN;
+    else if (strcmp(name, "ddim") == 0)
+        *kind = TS_SAMPLER_DDIM;
+    else if (strcmp(name, "ddpm") == 0)
+        *kind = TS_SAMPLER_DDPM;
     else
         return TS_EINVAL;
     return TS_OK;
@@ -28,6 +34,78 @@ int ts_sampler_noise(ts_engine_t *e, ts_tensor_t *x, const uint64_t *seeds) {
     return TS_OK;
 }
 
+int ts_sampler_ddpm_grid(const ts_ddpm_schedule_t *s, int steps, double *t, double *abar) {
+    if (!s || !t || !abar || steps < 1 || steps > s->n)
+        return TS_EINVAL;
+    for (int k = 0; k < steps; k++) { /* trailing: the first step is the schedule's last */
+        long tau = lround((double)(s->n - 1) - (double)k * (double)s->n / (double)steps);
+        tau = tau < 0 ? 0 : tau;
+        double ab = s->abar[tau], a = sqrt(ab), b = sqrt(1.0 - ab);
+        t[k] = b / (a + b);
+        abar[k] = ab;
+    }
+    t[steps] = 0.0, abar[steps] = 1.0;
+    return TS_OK;
+}
+
+static ts_ddpm_schedule_t dit_schedule; /* DiT's, made once */
+static pthread_once_t dit_once = PTHREAD_ONCE_INIT;
+static void make_dit_schedule(void) { (void)ts_ddpm_linear(&dit_schedule, 1000, 1e-4, 0.02); }
+
+/* DDIM and DDPM (sampler.h): the grid of the schedule, x scaled from DDPM's start, then per step
+ * the Euler step to the next time (DDIM, and every last step), or DDPM's ancestral step. */
+static int run_ddpm(ts_engine_t *e, const ts_sampler_opts_t *o, ts_tensor_t *x,
+                    ts_tensor_t scratch[3], ts_velocity_fn fn, void *ctx,
+                    ts_sample_progress_fn progress, void *pctx) {
+    const ts_ddpm_schedule_t *s = o->schedule;
+    if (!s) {
+        pthread_once(&dit_once, make_dit_schedule);
+        s = &dit_schedule;
+    }
+    int steps = o->steps;
+    if (steps > s->n || (o->kind == TS_SAMPLER_DDPM && !o->seeds))
+        return TS_EINVAL;
+    double *t = malloc((size_t)(steps + 1) * 2 * sizeof *t);
+    if (!t)
+        return TS_ENOMEM;
+    double *abar = t + steps + 1;
+    int rc = ts_sampler_ddpm_grid(s, steps, t, abar);
+    ts_tensor_t *v = &scratch[0], *z = &scratch[1];
+    int64_t n = x->shape[0], chw = ts_tensor_numel(x) / (n ? n : 1);
+    /* DDPM's start x_τ0 ~ N(0, I) is the flow state times a0 + b0 */
+    if (rc == TS_OK)
+        rc = ts_scale(e, x, (float)(1.0 / (sqrt(abar[0]) + sqrt(1.0 - abar[0]))));
+    for (int k = 0; k < steps && rc == TS_OK; k++) {
+        rc = fn(ctx, x, (float)t[k], v);
+        if (rc != TS_OK)
+            break;
+        if (o->kind == TS_SAMPLER_DDIM || k + 1 == steps) {
+            rc = ts_axpy(e, x, (float)-(t[k] - t[k + 1]), v); /* x̂0 at the last step */
+        } else {
+            /* x_τ' = √ᾱ'·x̂0 + c2·ε̂ + σ·z, x̂0 = x − t·v, ε̂ = x + (1 − t)·v, flow x' = x_τ'/(a'+b') */
+            double ab = abar[k], ab1 = abar[k + 1], a1 = sqrt(ab1), b1 = sqrt(1.0 - ab1);
+            double var = (1.0 - ab1) / (1.0 - ab) * (1.0 - ab / ab1);
+            double c2 = sqrt(fmax(0.0, 1.0 - ab1 - var)), den = a1 + b1, tk = t[k];
+            for (int64_t i = 0; i < n && rc == TS_OK; i++) {
+                ts_tensor_t row;
+                rc = ts_tensor_slice(&row, z, i, 1);
+                if (rc == TS_OK)
+                    rc = ts_rng_normal(e, &row, o->seeds[i], (uint64_t)(k + 1) * (uint64_t)chw);
+            }
+            if (rc == TS_OK)
+                rc = ts_scale(e, x, (float)((a1 + c2) / den));
+            if (rc == TS_OK)
+                rc = ts_axpy(e, x, (float)((c2 * (1.0 - tk) - tk * a1) / den), v);
+            if (rc == TS_OK)
+                rc = ts_axpy(e, x, (float)(sqrt(fmax(0.0, var)) / den), z);
+        }
+        if (rc == TS_OK && progress && progress(pctx, k + 1, steps))
+            rc = TS_EINVAL;
+    }
+    free(t);
+    return rc == TS_OK ? ts_check_finite(e, x) : rc;
+}
+
 int ts_sampler_run(ts_engine_t *e, const ts_sampler_opts_t *o, ts_tensor_t *x,
                    ts_tensor_t scratch[3], ts_velocity_fn fn, void *ctx,
                    ts_sample_progress_fn progress, void *pctx) {
@@ -36,6 +114,8 @@ int ts_sampler_run(ts_engine_t *e, const ts_sampler_opts_t *o, ts_tensor_t *x,
     for (int i = 0; i < 3; i++)
         if (!ts_tensor_same_shape(&scratch[i], x))
             return TS_ESHAPE;
+    if (o->kind == TS_SAMPLER_DDIM || o->kind == TS_SAMPLER_DDPM)
+        return run_ddpm(e, o, x, scratch, fn, ctx, progress, pctx);
     ts_tensor_t *v1 = &scratch[0], *v2 = &scratch[1], *xp = &scratch[2];
     for (int k = 0; k < o->steps; k++) {
         /* t computed from k each time (not accumulated) so the grid has no drift */
