@@ -10,6 +10,14 @@
  * head. Each shape: a warm-up, then calls until --seconds, median call; GFLOP/s of both, and
  * oneDNN / OpenBLAS. The kernel set OpenBLAS runs is printed (blas_core.h: this program too is
  * re-executed with the CPU's best when OpenBLAS chose weaker). --json for a document.
+ *
+ * --invariance instead asks whether each library is batch-invariant on those shapes — the
+ * property every served answer rests on: for each product whose rows are samples' tokens (the
+ * forward and the input gradient), C of all M rows is computed once, then rows [r, r + m) alone
+ * for several (r, m) (one row, 7 rows at an odd offset, one sample's tokens, half the rows plus
+ * 3; those of more than 1200 outputs: the engine pads smaller products up to that, cpu_ops.c);
+ * each must be the same bits as those rows of the whole. Prints per library and shape
+ * whether every split matched, and exits 1 when OpenBLAS (what the engine uses) does not.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -84,6 +92,69 @@ static double time_gemm(gemm_fn f, const shape_t *s, const float *A, const float
 
 #define MAX_SHAPES 128
 
+/* Whether rows [r, r + m) of op(A)·op(B), computed alone, are the bits of those rows of full. */
+static int rows_match(gemm_fn f, const shape_t *s, const float *A, const float *B,
+                      const float *full, float *C, int64_t r, int64_t m) {
+    shape_t sub = *s;
+    sub.M = m;
+    /* A row-major (M, K), lda = K: the rows start r·K in; B is shared. */
+    f(&sub, A + r * s->K, B, C);
+    return memcmp(C, full + r * s->N, (size_t)(m * s->N) * sizeof(float)) == 0;
+}
+
+/* For each product with rows of tokens: does every split give the bits of the whole? Returns the
+ * number of shapes where OpenBLAS did not. */
+static int invariance(const shape_t *sh, int n, const float *A, const float *B, float *C,
+                      float *full, int json) {
+    static const char *const libs[] = {"OpenBLAS", "oneDNN"};
+    gemm_fn fns[2] = {run_openblas, NULL};
+#ifdef TESSERA_HAVE_DNNL
+    fns[1] = run_dnnl;
+#endif
+    int bad_openblas = 0, first = 1;
+    if (json)
+        printf("{\n  \"rows\": [\n");
+    else
+        printf("%-6s %-18s %6s %6s %6s %9s %9s\n", "config", "product", "M", "N", "K", libs[0],
+               libs[1]);
+    for (int i = 0; i < n; i++) {
+        const shape_t *s = &sh[i];
+        if (s->ta || s->M < 8) /* rows that are not tokens (weight gradients), or one head */
+            continue;
+        int64_t T = strstr(s->what, "b64") ? s->M / 64 : s->M;
+        int64_t splits[][2] = {{0, 1}, {s->M - 1, 1}, {3, 7}, {T, T < s->M ? T : s->M - T},
+                               {s->M / 2 - 3, s->M / 2 + 3}};
+        int ok[2] = {1, 1};
+        for (int l = 0; l < 2; l++) {
+            if (!fns[l]) {
+                ok[l] = -1;
+                continue;
+            }
+            fns[l](s, A, B, full);
+            for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++)
+                /* products of at most 1200 outputs the engine pads past that (cpu_ops.c) */
+                if (splits[k][1] > 0 && splits[k][0] >= 0 && splits[k][0] + splits[k][1] <= s->M &&
+                    splits[k][1] * s->N > 1200)
+                    ok[l] &= rows_match(fns[l], s, A, B, full, C, splits[k][0], splits[k][1]);
+        }
+        bad_openblas += ok[0] != 1;
+        if (json)
+            printf("%s    {\"config\": \"%s\", \"product\": \"%s\", \"m\": %lld, \"n\": %lld, "
+                   "\"k\": %lld, \"openblas_invariant\": %s, \"onednn_invariant\": %s}",
+                   first ? "" : ",\n", s->config, s->what, (long long)s->M, (long long)s->N,
+                   (long long)s->K, ok[0] ? "true" : "false",
+                   ok[1] < 0 ? "null" : ok[1] ? "true" : "false");
+        else
+            printf("%-6s %-18s %6lld %6lld %6lld %9s %9s\n", s->config, s->what, (long long)s->M,
+                   (long long)s->N, (long long)s->K, ok[0] ? "yes" : "NO",
+                   ok[1] < 0 ? "-" : ok[1] ? "yes" : "NO");
+        first = 0;
+    }
+    if (json)
+        printf("\n  ]\n}\n");
+    return bad_openblas;
+}
+
 static int build(shape_t *sh) {
     static const struct {
         const char *name;
@@ -117,17 +188,21 @@ static int build(shape_t *sh) {
 
 int main(int argc, char **argv) {
     double seconds = 0.2;
-    int json = 0;
+    int json = 0, inv = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0)
             json = 1;
+        else if (strcmp(argv[i], "--invariance") == 0)
+            inv = 1;
         else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
             seconds = atof(argv[++i]);
         else {
             fprintf(stderr,
-                    "usage: bench_sgemm_peer [--seconds S] [--json]\n"
+                    "usage: bench_sgemm_peer [--seconds S] [--invariance] [--json]\n"
                     "OpenBLAS sgemm against oneDNN's dnnl_sgemm, one thread each, on the DiT\n"
-                    "engine's product shapes (tiny and small; 1 and 64 samples per call).\n");
+                    "engine's product shapes (tiny and small; 1 and 64 samples per call).\n"
+                    "--invariance: is a row's result the same bits whatever rows it is computed\n"
+                    "with (batch invariance), for each library and shape?\n");
             return strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 ? 0 : 2;
         }
     }
@@ -153,6 +228,18 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < big; i++)
         A[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f,
         B[i] = (float)((i * 104729) % 997) / 997.0f - 0.5f;
+    if (inv) {
+        float *full = malloc((size_t)big * 4);
+        if (!full)
+            return 1;
+        if (!json)
+            printf("%s\nbatch invariance, one thread each: rows computed alone == the same rows "
+                   "of the whole call\n",
+                   line);
+        int bad = invariance(sh, n, A, B, C, full, json);
+        free(full), free(A), free(B), free(C);
+        return bad ? 1 : 0;
+    }
     if (json)
         printf("{\n  \"blas\": \"%s\",\n  \"openblas_core\": \"%s\",\n  \"seconds\": %g,\n  "
                "\"rows\": [\n",

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "kernels/cpu/blas_core.h"
+#include "kernels/cpu/fwd_gemm.h"
 #include "kernels/math.h"
 #include "kernels/ops.h"
 #include "kernels/ref.h"
@@ -562,6 +563,9 @@ static void check_blas(sc_report_t *r, char *line, size_t len) {
     ts_blas_status_t b;
     ts_blas_status(&b);
     ts_blas_describe(&b, line, len);
+    size_t used = strlen(line);
+    if (used < len)
+        snprintf(line + used, len - used, "; linear forward products: %s", ts_cpu_fwd_gemm_name());
     sc_row_t row = {.backend = "host", .against = "cpu", .op = "gemm kernels"};
     snprintf(row.size, sizeof row.size, "%.20s (CPU: %.20s)", b.core,
              b.cpu_best[0] ? b.cpu_best : "unknown");

@@ -45,6 +45,7 @@
 #include "net/reach.h"
 #include "daemon/relaying.h"
 #include "kernels/cpu/blas_core.h"
+#include "kernels/cpu/fwd_gemm.h"
 #include "net/rpc.h"
 #include "net/status_json.h"
 #include "store/store.h"
@@ -629,6 +630,8 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
             ts_log_warn("daemon", "GEMM: %s", line);
         else
             ts_log_info("daemon", "GEMM: %s", line);
+        ts_log_info("daemon", "GEMM: the forward products of linear layers through %s",
+                    ts_cpu_fwd_gemm_name());
         ts_metrics_gauge_set(d.metrics, TS_M_BLAS_KERNELS, bs.core, 1);
         ts_metrics_gauge_set(d.metrics, TS_M_BLAS_WEAKER, NULL, bs.weaker);
     }

@@ -11,6 +11,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/blas_core.h"
+#include "kernels/cpu/fwd_gemm.h"
 
 int ts_engine_init(ts_engine_t *e, const ts_engine_opts_t *opts) {
     if (!e || !opts)
@@ -101,9 +102,10 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len) {
     if (e->device != TS_CUDA) { /* and the GEMM kernels: OpenBLAS's set (blas_core.h) */
         ts_blas_status_t b;
         ts_blas_status(&b);
-        snprintf(buf, len, "cpu, %d thread%s, OpenBLAS %s%s%s%s", e->threads,
+        snprintf(buf, len, "cpu, %d thread%s, OpenBLAS %s%s%s%s%s", e->threads,
                  e->threads == 1 ? "" : "s", b.core, b.weaker ? " (the CPU runs " : "",
-                 b.weaker ? b.cpu_best : "", b.weaker ? ")" : "");
+                 b.weaker ? b.cpu_best : "", b.weaker ? ")" : "",
+                 ts_cpu_fwd_onednn() ? ", forward products oneDNN" : "");
         return;
     }
     char name[256];

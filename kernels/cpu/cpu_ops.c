@@ -26,6 +26,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/blas_core.h"
+#include "kernels/cpu/fwd_gemm.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/row_max.h"
 #include "kernels/cpu/vec.h"
@@ -329,7 +330,9 @@ typedef struct {
     const float *bias; /* (N) added to every row of C after the product, or NULL */
     float *act;        /* when not NULL: act = gelu(C) after the bias (C's layout), or NULL */
     const ts_cpu_vec_t *vec;
-    int split; /* 0: batch, 1: rows of C, 2: columns of C */
+    int split;  /* 0: batch, 1: rows of C, 2: columns of C */
+    int onednn; /* items_range: each item's product through oneDNN (fwd_gemm.h) */
+    int64_t nb, cb; /* items_range: each item's columns in nb blocks of cb (the last may be less) */
 } gemm_job_t;
 
 /* Batch invariance. OpenBLAS picks a kernel by the shape of each call, and its kernels round
@@ -512,10 +515,17 @@ static int row_invariant_core(void) {
 /* Items lo..hi of a per-item linear layer (j->M = the rows of one item). */
 static void items_range(void *arg, int64_t lo, int64_t hi) {
     const gemm_job_t *j = arg;
-    for (int64_t i = lo; i < hi; i++) {
-        float *C = j->C + i * j->M * j->ldc;
-        sgemm(j, j->M, j->N, j->A + i * j->M * j->lda, j->B, C);
-        slice_epilogue(j, C, j->M, j->N, 0);
+    for (int64_t u = lo; u < hi; u++) { /* unit u: item u / nb, its column block u % nb */
+        int64_t i = u / j->nb, c0 = u % j->nb * j->cb;
+        int64_t n = j->N - c0 < j->cb ? j->N - c0 : j->cb;
+        const float *A = j->A + i * j->M * j->lda;
+        float *C = j->C + i * j->M * j->ldc + c0;
+        if (j->onednn)
+            ts_cpu_onednn_sgemm_nt(j->M, n, j->K, A, j->lda, j->B + c0 * j->ldb, j->ldb, C,
+                                   j->ldc);
+        else
+            sgemm(j, j->M, n, A, j->B + c0 * j->ldb, C);
+        slice_epilogue(j, C, j->M, n, c0);
     }
 }
 
@@ -528,11 +538,19 @@ static int linear_forward(ts_engine_t *e, float *out, float *act, const float *i
     /* out (M, N) = inp (M, K) · weightᵀ (K, N) + bias: lda = ldb = K, ldc = N, alpha 1, beta 0 */
     gemm_job_t j = {0, 1,    M,    N,   K,      K,   K,    N,   0,     0,
                     0, 1.0f, 0.0f, inp, weight, out, bias, act, e->vec};
-    if (!row_invariant_core() && group >= 1 && M % group == 0) {
+    /* oneDNN (fwd_gemm.h), or OpenBLAS kernels whose rows depend on their place: one call per
+     * item, the same whatever the batch */
+    j.onednn = ts_cpu_fwd_onednn();
+    if ((j.onednn || !row_invariant_core()) && group >= 1 && M % group == 0) {
         int64_t items = M / group;
         j.M = group;
+        /* Through oneDNN an item's columns are cut in two blocks from 512 on (each a multiple of
+         * 64), a cut that depends on N alone: one sample's product then still runs on two
+         * threads, and its bits are the same whatever the batch. OpenBLAS: whole items. */
+        j.cb = j.onednn && N >= 512 ? (N / 2 + 63) / 64 * 64 : N;
+        j.nb = (N + j.cb - 1) / j.cb;
         double work = (double)M * (double)N * (double)K;
-        ts_pool_for(e->pool, items, work < 65536.0 ? INT64_MAX : 1, items_range, &j);
+        ts_pool_for(e->pool, items * j.nb, work < 65536.0 ? INT64_MAX : 1, items_range, &j);
         return TS_OK;
     }
     gemm_run(e, &j, 1);
