@@ -52,6 +52,9 @@ const char *ts_strerror(int err);
  * nothing is written; the text is always NUL-terminated and truncated to errlen). */
 void ts_set_err(char *err, size_t errlen, const char *fmt, ...) TS_PRINTF(3, 4);
 
+/* ts_set_err, then returns code: `return ts_fail(err, errlen, TS_EIO, "cannot read %s", p);`. */
+int ts_fail(char *err, size_t errlen, int code, const char *fmt, ...) TS_PRINTF(4, 5);
+
 /* Returns the code of expr from the calling function unless it is TS_OK. */
 #define TS_TRY(expr)                                                                               \
     do {                                                                                           \

@@ -1,11 +1,10 @@
 /*
  * main.c — the `tessera` command: parses the verb and hands over to it.
  *
- * Verbs: `train`, `sample`, `forward`, `store`, `partition`, `train-classifier`, `train-router`,
- * `calibrate`, `generate` (--local or --peer), `eval`, `keygen`, `network export`, `join`, `ping`, `status`, `up`, `down`, `pull`
- * (client/cmd_*.c), `selfcheck` (client/selfcheck.c) and `bench gemm` (kernels/gemm_bench.c,
- * shared with the bench_gemm program). Every verb takes --help; an unknown verb or option exits
- * 2 with a message naming it, a failed run exits 1.
+ * Verbs: the table `verbs` below — its rows dispatch and make the usage text: the cmd_*.c verbs
+ * (client/), `selfcheck` (client/selfcheck.c) and `bench gemm` (kernels/gemm_bench.c, shared
+ * with the bench_gemm program). Every verb takes --help; an unknown verb or option exits 2 with a
+ * message naming it, a failed run exits 1.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -20,44 +19,86 @@
 #define TS_VERSION "0.0.0-dev"
 #endif
 
+/* Every verb: its name, what runs it, and its line in the usage text (a "\n" continues the
+ * summary on the next line, indented). label, when set, is what the usage shows instead of the
+ * name ("bench gemm"). Dispatch and usage both read this table. */
+typedef struct verb {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+    const char *label;
+} verb_t;
+
+static int cmd_bench(int argc, char **argv);
+
+static const verb_t verbs[] = {
+    {"train", ts_cmd_train,
+     "train one DiT expert with flow matching on Fashion-MNIST (or a shard)", NULL},
+    {"sample", ts_cmd_sample, "generate images from one expert and write a PNG grid", NULL},
+    {"forward", ts_cmd_forward,
+     "one forward pass of an expert on tensors from a file (parity, debug)", NULL},
+    {"store", ts_cmd_store,
+     "the local weights store: ls, import, export, verify, gc, du, rm,\npin, unpin, evict", NULL},
+    {"partition", ts_cmd_partition,
+     "cluster the train set into K shards (PCA + k-means++): the partition\nartifact, shard "
+     "files and a table of the clusters' class mix",
+     NULL},
+    {"train-classifier", ts_cmd_train_classifier,
+     "train the evaluation classifier (DiT trunk, 10 labels, clean images)", NULL},
+    {"train-router", ts_cmd_train_router,
+     "train a router: cluster of a noisy x_t, per-t-bucket accuracy", NULL},
+    {"calibrate", ts_cmd_calibrate,
+     "a router's calibration along t (NLL, ECE) and its fitted temperature", NULL},
+    {"generate", ts_cmd_generate,
+     "generate images with a routed ensemble of experts, local (--local DIR)\nor the "
+     "network's (--peer HOST:PORT)",
+     NULL},
+    {"eval", ts_cmd_eval,
+     "compare routing policies and monoliths by FD (with intervals),\nprecision/recall, IS, "
+     "per-class FD, coverage and cost",
+     NULL},
+    {"loss", ts_cmd_loss,
+     "each expert's and monolith's denoising loss on every cluster's\nheld-out images: where "
+     "do the experts lose?",
+     NULL},
+    {"keygen", ts_cmd_keygen, "create a node identity (prints the node id) or a network key",
+     NULL},
+    {"ping", ts_cmd_ping, "handshake with a node and time round trips (HOST:PORT)", NULL},
+    {"status", ts_cmd_status, "the network as one node sees it: members, experts, clusters, load",
+     NULL},
+    {"up", ts_cmd_up, "start a network of daemons on this machine hosting a folder's experts",
+     NULL},
+    {"down", ts_cmd_down, "stop the network `tessera up` started", NULL},
+    {"network", ts_cmd_network,
+     "network export: the network as one file (its key, where to join) for\nvolunteers", NULL},
+    {"join", ts_cmd_join, "make this machine a node of a network from its file (mode auto)",
+     NULL},
+    {"pull", ts_cmd_pull,
+     "experts' weights from the network into the store (verified, resumable)", NULL},
+    {"selfcheck", ts_cli_selfcheck,
+     "check the compute kernels against naive references (and a CUDA\ndevice against the CPU, "
+     "when one is present)",
+     NULL},
+    {"bench", cmd_bench, "GEMM throughput of the DiT configs next to the sgemm peak",
+     "bench gemm"},
+};
+#define N_VERBS (sizeof verbs / sizeof verbs[0])
+
 static void usage(FILE *f) {
-    fprintf(
-        f,
-        "usage: tessera <verb> [options]\n"
-        "\n"
-        "verbs:\n"
-        "  train         train one DiT expert with flow matching on Fashion-MNIST (or a shard)\n"
-        "  sample        generate images from one expert and write a PNG grid\n"
-        "  forward       one forward pass of an expert on tensors from a file (parity, debug)\n"
-        "  store         the local weights store: ls, import, export, verify, gc, du, rm,\n"
-        "                pin, unpin, evict\n"
-        "  partition     cluster the train set into K shards (PCA + k-means++): the partition\n"
-        "                artifact, shard files and a table of the clusters' class mix\n"
-        "  train-classifier  train the evaluation classifier (DiT trunk, 10 labels, clean images)\n"
-        "  train-router  train a router: cluster of a noisy x_t, per-t-bucket accuracy\n"
-        "  calibrate     a router's calibration along t (NLL, ECE) and its fitted temperature\n"
-        "  generate      generate images with a routed ensemble of experts, local (--local DIR)\n"
-        "                or the network's (--peer HOST:PORT)\n"
-        "  eval          compare routing policies and monoliths by FD (with intervals),\n"
-        "                precision/recall, IS, per-class FD, coverage and cost\n"
-        "  loss          each expert's and monolith's denoising loss on every cluster's\n"
-        "                held-out images: where do the experts lose?\n"
-        "  keygen        create a node identity (prints the node id) or a network key\n"
-        "  ping          handshake with a node and time round trips (HOST:PORT)\n"
-        "  status        the network as one node sees it: members, experts, clusters, load\n"
-        "  up            start a network of daemons on this machine hosting a folder's experts\n"
-        "  down          stop the network `tessera up` started\n"
-        "  network       network export: the network as one file (its key, where to join) for\n"
-        "                volunteers\n"
-        "  join          make this machine a node of a network from its file (mode auto)\n"
-        "  pull          experts' weights from the network into the store (verified, resumable)\n"
-        "  selfcheck     check the compute kernels against naive references (and a CUDA\n"
-        "                device against the CPU, when one is present)\n"
-        "  bench gemm    GEMM throughput of the DiT configs next to the sgemm peak\n"
-        "\n"
-        "options:\n"
-        "  -h, --help    show this text; `tessera <verb> --help` for a verb's options\n"
-        "  --version     print the version and the backends built in\n");
+    fprintf(f, "usage: tessera <verb> [options]\n\nverbs:\n");
+    for (size_t i = 0; i < N_VERBS; i++) {
+        const char *label = verbs[i].label ? verbs[i].label : verbs[i].name;
+        fprintf(f, "  %-*s", strlen(label) > 12 ? (int)strlen(label) + 2 : 14, label);
+        for (const char *p = verbs[i].summary; *p; p++) {
+            fputc(*p, f);
+            if (*p == '\n')
+                fprintf(f, "%16s", "");
+        }
+        fputc('\n', f);
+    }
+    fprintf(f, "\noptions:\n"
+               "  -h, --help    show this text; `tessera <verb> --help` for a verb's options\n"
+               "  --version     print the version and the backends built in\n");
 }
 
 static void bench_usage(FILE *f) {
@@ -103,48 +144,9 @@ int main(int argc, char **argv) {
                ts_cuda_built() ? "built" : "not built");
         return 0;
     }
-    if (strcmp(verb, "train") == 0)
-        return ts_cmd_train(argc - 1, argv + 1);
-    if (strcmp(verb, "sample") == 0)
-        return ts_cmd_sample(argc - 1, argv + 1);
-    if (strcmp(verb, "forward") == 0)
-        return ts_cmd_forward(argc - 1, argv + 1);
-    if (strcmp(verb, "store") == 0)
-        return ts_cmd_store(argc - 1, argv + 1);
-    if (strcmp(verb, "partition") == 0)
-        return ts_cmd_partition(argc - 1, argv + 1);
-    if (strcmp(verb, "train-classifier") == 0)
-        return ts_cmd_train_classifier(argc - 1, argv + 1);
-    if (strcmp(verb, "train-router") == 0)
-        return ts_cmd_train_router(argc - 1, argv + 1);
-    if (strcmp(verb, "calibrate") == 0)
-        return ts_cmd_calibrate(argc - 1, argv + 1);
-    if (strcmp(verb, "generate") == 0)
-        return ts_cmd_generate(argc - 1, argv + 1);
-    if (strcmp(verb, "eval") == 0)
-        return ts_cmd_eval(argc - 1, argv + 1);
-    if (strcmp(verb, "loss") == 0)
-        return ts_cmd_loss(argc - 1, argv + 1);
-    if (strcmp(verb, "keygen") == 0)
-        return ts_cmd_keygen(argc - 1, argv + 1);
-    if (strcmp(verb, "ping") == 0)
-        return ts_cmd_ping(argc - 1, argv + 1);
-    if (strcmp(verb, "status") == 0)
-        return ts_cmd_status(argc - 1, argv + 1);
-    if (strcmp(verb, "up") == 0)
-        return ts_cmd_up(argc - 1, argv + 1);
-    if (strcmp(verb, "down") == 0)
-        return ts_cmd_down(argc - 1, argv + 1);
-    if (strcmp(verb, "network") == 0)
-        return ts_cmd_network(argc - 1, argv + 1);
-    if (strcmp(verb, "join") == 0)
-        return ts_cmd_join(argc - 1, argv + 1);
-    if (strcmp(verb, "pull") == 0)
-        return ts_cmd_pull(argc - 1, argv + 1);
-    if (strcmp(verb, "selfcheck") == 0)
-        return ts_cli_selfcheck(argc - 1, argv + 1);
-    if (strcmp(verb, "bench") == 0)
-        return cmd_bench(argc - 1, argv + 1);
+    for (size_t i = 0; i < N_VERBS; i++)
+        if (strcmp(verb, verbs[i].name) == 0)
+            return verbs[i].run(argc - 1, argv + 1);
     if (verb[0] == '-')
         fprintf(stderr, "tessera: unknown option '%s' (see tessera --help)\n", verb);
     else

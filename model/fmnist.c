@@ -21,7 +21,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,17 +40,6 @@
 #define INSTALL_HINT                                                                               \
     "install Fashion-MNIST with `apt-get install dataset-fashion-mnist`, "                         \
     "or pass the folder that holds the IDX files"
-
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
-                                                      const char *fmt, ...) {
-    if (err && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 static uint32_t be32(const unsigned char *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
@@ -75,19 +63,19 @@ static int idx_open(idx_file_t *f, const char *dir, const char *prefix, const ch
     f->gz = NULL;
     int len = snprintf(f->path, sizeof f->path, "%s/%s-%s-ubyte.gz", dir, prefix, kind);
     if (len < 0 || (size_t)len >= sizeof f->path)
-        return fail(err, errlen, TS_EINVAL, "dataset folder path is too long: %s", dir);
+        return ts_fail(err, errlen, TS_EINVAL, "dataset folder path is too long: %s", dir);
     if (!path_exists(f->path)) {
         f->path[len - 3] = '\0'; /* drop ".gz" */
         if (!path_exists(f->path)) {
             int e = errno;
-            return fail(err, errlen, TS_EIO, "cannot find %s.gz (nor %s): %s; " INSTALL_HINT,
+            return ts_fail(err, errlen, TS_EIO, "cannot find %s.gz (nor %s): %s; " INSTALL_HINT,
                         f->path, f->path, strerror(e));
         }
     }
     f->gz = gzopen(f->path, "rb");
     if (!f->gz) {
         int e = errno;
-        return fail(err, errlen, e == ENOMEM ? TS_ENOMEM : TS_EIO, "cannot open %s: %s", f->path,
+        return ts_fail(err, errlen, e == ENOMEM ? TS_ENOMEM : TS_EIO, "cannot open %s: %s", f->path,
                     e ? strerror(e) : "out of memory");
     }
     gzbuffer(f->gz, 128u << 10);
@@ -116,11 +104,11 @@ static int idx_read(idx_file_t *f, void *buf, size_t len, size_t *got, char *err
     int zerr;
     const char *msg = gzerror(f->gz, &zerr);
     if (zerr == Z_ERRNO)
-        return fail(err, errlen, TS_EIO, "%s: read failed: %s", f->path, strerror(errno));
+        return ts_fail(err, errlen, TS_EIO, "%s: read failed: %s", f->path, strerror(errno));
     if (zerr == Z_MEM_ERROR)
-        return fail(err, errlen, TS_ENOMEM, "%s: out of memory while inflating", f->path);
+        return ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory while inflating", f->path);
     if (zerr != Z_OK && zerr != Z_BUF_ERROR) /* Z_BUF_ERROR: the gzip stream ends early */
-        return fail(err, errlen, TS_ECORRUPT, "%s: corrupt gzip data: %s", f->path, msg);
+        return ts_fail(err, errlen, TS_ECORRUPT, "%s: corrupt gzip data: %s", f->path, msg);
     return TS_OK;
 }
 
@@ -136,7 +124,7 @@ static int idx_expect_end(idx_file_t *f, const char *what, size_t declared, char
         extra += got;
     } while (got == sizeof scratch);
     if (extra)
-        return fail(err, errlen, TS_ECORRUPT,
+        return ts_fail(err, errlen, TS_ECORRUPT,
                     "%s: %zu trailing bytes after the declared %zu bytes of %s", f->path, extra,
                     declared, what);
     return TS_OK;
@@ -151,11 +139,11 @@ static int idx_header(idx_file_t *f, uint32_t magic, int ndim, uint32_t *dims, c
     if (rc)
         return rc;
     if (got >= 4 && be32(hdr) != magic)
-        return fail(err, errlen, TS_ECORRUPT,
+        return ts_fail(err, errlen, TS_ECORRUPT,
                     "%s: not an IDX %s file: magic number is 0x%08x, expected 0x%08x", f->path,
                     ndim == 3 ? "image" : "label", be32(hdr), magic);
     if (got < need)
-        return fail(err, errlen, TS_ECORRUPT,
+        return ts_fail(err, errlen, TS_ECORRUPT,
                     "%s: truncated: expected a %zu-byte IDX header, got %zu bytes", f->path, need,
                     got);
     for (int i = 0; i < ndim; i++)
@@ -171,7 +159,7 @@ static int idx_body(idx_file_t *f, const char *what, size_t len, unsigned char *
     size_t cap = len < PIXELS_FIRST_CAP ? len : PIXELS_FIRST_CAP, have = 0, got;
     unsigned char *buf = malloc(cap ? cap : 1);
     if (!buf)
-        return fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu bytes", f->path, cap);
+        return ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu bytes", f->path, cap);
     for (;;) {
         int rc = idx_read(f, buf + have, cap - have, &got, err, errlen);
         if (rc) {
@@ -185,14 +173,14 @@ static int idx_body(idx_file_t *f, const char *what, size_t len, unsigned char *
         unsigned char *grown = realloc(buf, next);
         if (!grown) {
             free(buf);
-            return fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu bytes", f->path, next);
+            return ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu bytes", f->path, next);
         }
         buf = grown;
         cap = next;
     }
     if (have < len) {
         free(buf);
-        return fail(err, errlen, TS_ECORRUPT, "%s: truncated: expected %zu bytes of %s, got %zu",
+        return ts_fail(err, errlen, TS_ECORRUPT, "%s: truncated: expected %zu bytes of %s, got %zu",
                     f->path, len, what, have);
     }
     int rc = idx_expect_end(f, what, len, err, errlen);
@@ -240,11 +228,11 @@ static int load_labels(idx_file_t *f, int n, int32_t **labels, char *err, size_t
     int32_t *out = malloc((size_t)n * sizeof *out);
     if (!out) {
         free(raw);
-        return fail(err, errlen, TS_ENOMEM, "%s: out of memory for %d labels", f->path, n);
+        return ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory for %d labels", f->path, n);
     }
     for (int i = 0; i < n && !rc; i++) {
         if (raw[i] >= TS_FMNIST_NUM_CLASSES)
-            rc = fail(err, errlen, TS_ECORRUPT,
+            rc = ts_fail(err, errlen, TS_ECORRUPT,
                       "%s: label %d of item %d is out of range (classes are 0..%d)", f->path,
                       raw[i], i, TS_FMNIST_NUM_CLASSES - 1);
         out[i] = raw[i];
@@ -268,7 +256,7 @@ static int load_pixels(idx_file_t *f, size_t npix, float **images, char *err, si
     float *out = malloc(npix * sizeof *out);
     if (!out) {
         free(raw);
-        return fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu floats", f->path, npix);
+        return ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu floats", f->path, npix);
     }
     float table[256];
     for (int p = 0; p < 256; p++)
@@ -282,13 +270,13 @@ static int load_pixels(idx_file_t *f, size_t npix, float **images, char *err, si
 
 int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *err, size_t errlen) {
     if (!ds)
-        return fail(err, errlen, TS_EINVAL, "ts_fmnist_load: ds is NULL");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_fmnist_load: ds is NULL");
     memset(ds, 0, sizeof *ds);
     if (!split)
-        return fail(err, errlen, TS_EINVAL, "ts_fmnist_load: split is NULL");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_fmnist_load: split is NULL");
     const char *prefix = split_prefix(split);
     if (!prefix)
-        return fail(err, errlen, TS_EINVAL,
+        return ts_fail(err, errlen, TS_EINVAL,
                     "unknown split \"%s\": expected \"train\", \"test\" or a file prefix of "
                     "letters, digits and +._-",
                     split);
@@ -308,18 +296,18 @@ int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *e
         goto done;
 
     if (idims[0] < 1 || idims[0] > TS_FMNIST_MAX_N) {
-        rc = fail(err, errlen, TS_ECORRUPT, "%s: item count %u is out of range (1..%d)", img.path,
+        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: item count %u is out of range (1..%d)", img.path,
                   idims[0], TS_FMNIST_MAX_N);
         goto done;
     }
     if (idims[1] < 1 || idims[1] > TS_FMNIST_MAX_DIM || idims[2] < 1 ||
         idims[2] > TS_FMNIST_MAX_DIM) {
-        rc = fail(err, errlen, TS_ECORRUPT, "%s: image size %u×%u is out of range (1..%d each)",
+        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: image size %u×%u is out of range (1..%d each)",
                   img.path, idims[1], idims[2], TS_FMNIST_MAX_DIM);
         goto done;
     }
     if (ldims[0] != idims[0]) {
-        rc = fail(err, errlen, TS_ECORRUPT, "%s holds %u images but %s holds %u labels", img.path,
+        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s holds %u images but %s holds %u labels", img.path,
                   idims[0], lab.path, ldims[0]);
         goto done;
     }
@@ -332,7 +320,7 @@ int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *e
     size_t npix = (size_t)ds->n * (size_t)ds->height * (size_t)ds->width;
     if (npix / (size_t)ds->n / (size_t)ds->height != (size_t)ds->width ||
         npix > SIZE_MAX / sizeof(float)) {
-        rc = fail(err, errlen, TS_ERANGE, "%s: %u images of %u×%u do not fit in memory", img.path,
+        rc = ts_fail(err, errlen, TS_ERANGE, "%s: %u images of %u×%u do not fit in memory", img.path,
                   idims[0], idims[1], idims[2]);
         goto done;
     }
@@ -351,19 +339,19 @@ done:
 int ts_fmnist_load_labels(const char *dir, const char *split, int32_t **labels, int *n, char *err,
                           size_t errlen) {
     if (!labels || !n || !split)
-        return fail(err, errlen, TS_EINVAL, "ts_fmnist_load_labels: NULL argument");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_fmnist_load_labels: NULL argument");
     *labels = NULL;
     *n = 0;
     const char *prefix = split_prefix(split);
     if (!prefix)
-        return fail(err, errlen, TS_EINVAL, "unknown split \"%s\"", split);
+        return ts_fail(err, errlen, TS_EINVAL, "unknown split \"%s\"", split);
     idx_file_t lab = {0};
     uint32_t ldims[1] = {0};
     int rc = idx_open(&lab, dir ? dir : TS_FMNIST_DEFAULT_DIR, prefix, "labels-idx1", err, errlen);
     if (!rc)
         rc = idx_header(&lab, TS_FMNIST_MAGIC_LABELS, 1, ldims, err, errlen);
     if (!rc && (ldims[0] < 1 || ldims[0] > TS_FMNIST_MAX_N))
-        rc = fail(err, errlen, TS_ECORRUPT, "%s: item count %u is out of range (1..%d)", lab.path,
+        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: item count %u is out of range (1..%d)", lab.path,
                   ldims[0], TS_FMNIST_MAX_N);
     if (!rc)
         rc = load_labels(&lab, (int)ldims[0], labels, err, errlen);
@@ -483,10 +471,10 @@ int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err,
     if (n)
         *n = 0;
     if (!path || !idx || !n || limit < 0)
-        return fail(err, errlen, TS_EINVAL, "ts_shard_read: NULL argument or negative limit");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_shard_read: NULL argument or negative limit");
     FILE *fp = fopen(path, "r");
     if (!fp)
-        return fail(err, errlen, TS_EIO, "cannot open shard file %s: %s", path, strerror(errno));
+        return ts_fail(err, errlen, TS_EIO, "cannot open shard file %s: %s", path, strerror(errno));
 
     shard_entry_t *e = NULL;
     size_t count = 0, cap = 0, linecap = 0;
@@ -502,7 +490,7 @@ int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err,
         const char *digits = NULL;
         if (parse_shard_line(line, &has, &v, &digits, &ndigits) != 0) {
             line[strcspn(line, "\r\n")] = '\0';
-            rc = fail(err, errlen, TS_ECORRUPT,
+            rc = ts_fail(err, errlen, TS_ECORRUPT,
                       "%s:%ld: expected one non-negative decimal index, got \"%.60s\"", path,
                       lineno, line);
             break;
@@ -510,7 +498,7 @@ int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err,
         if (!has)
             continue;
         if (v >= limit) {
-            rc = fail(err, errlen, TS_ERANGE,
+            rc = ts_fail(err, errlen, TS_ERANGE,
                       "%s:%ld: index %.*s is out of range: the dataset has %d items (0..%d)", path,
                       lineno, ndigits, digits, limit, limit - 1);
             break;
@@ -519,7 +507,7 @@ int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err,
             size_t next = cap ? cap * 2 : 1024;
             shard_entry_t *grown = realloc(e, next * sizeof *e);
             if (!grown) {
-                rc = fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu indices", path, next);
+                rc = ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu indices", path, next);
                 break;
             }
             e = grown;
@@ -530,7 +518,7 @@ int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err,
         count++;
     }
     if (!rc && ferror(fp))
-        rc = fail(err, errlen, TS_EIO, "cannot read shard file %s: %s", path, strerror(errno));
+        rc = ts_fail(err, errlen, TS_EIO, "cannot read shard file %s: %s", path, strerror(errno));
     free(line);
     fclose(fp);
 
@@ -538,7 +526,7 @@ int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err,
     if (!rc && count > 0) {
         out = malloc(count * sizeof *out);
         if (!out)
-            rc = fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu indices", path, count);
+            rc = ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu indices", path, count);
     }
     if (!rc) {
         for (size_t i = 0; i < count; i++) /* in file order, before find_duplicate sorts e */
@@ -547,7 +535,7 @@ int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err,
         long first = 0, again = 0;
         if (find_duplicate(e, count, &dup, &first, &again))
             rc =
-                fail(err, errlen, TS_ECORRUPT, "%s:%ld: index %d appears twice (first on line %ld)",
+                ts_fail(err, errlen, TS_ECORRUPT, "%s:%ld: index %d appears twice (first on line %ld)",
                      path, again, dup, first);
     }
     free(e);
@@ -569,19 +557,19 @@ static int int32_cmp(const void *a, const void *b) {
 static int check_shard_indices(const int32_t *idx, int n, char *err, size_t errlen) {
     for (int i = 0; i < n; i++)
         if (idx[i] < 0)
-            return fail(err, errlen, TS_EINVAL, "shard index %d (position %d) is negative", idx[i],
+            return ts_fail(err, errlen, TS_EINVAL, "shard index %d (position %d) is negative", idx[i],
                         i);
     if (n < 2)
         return TS_OK;
     int32_t *sorted = malloc((size_t)n * sizeof *sorted);
     if (!sorted)
-        return fail(err, errlen, TS_ENOMEM, "out of memory for %d shard indices", n);
+        return ts_fail(err, errlen, TS_ENOMEM, "out of memory for %d shard indices", n);
     memcpy(sorted, idx, (size_t)n * sizeof *sorted);
     qsort(sorted, (size_t)n, sizeof *sorted, int32_cmp);
     int rc = TS_OK;
     for (int i = 1; i < n; i++)
         if (sorted[i] == sorted[i - 1]) {
-            rc = fail(err, errlen, TS_EINVAL, "shard index %d appears twice", sorted[i]);
+            rc = ts_fail(err, errlen, TS_EINVAL, "shard index %d appears twice", sorted[i]);
             break;
         }
     free(sorted);
@@ -591,20 +579,20 @@ static int check_shard_indices(const int32_t *idx, int n, char *err, size_t errl
 /* ---- atomic writes (base/file.h) --------------------------------------------------------- */
 
 static int open_failed(int rc, int e, const char *path, char *err, size_t errlen) {
-    return fail(err, errlen, rc, "cannot create a temporary file next to %s: %s", path,
+    return ts_fail(err, errlen, rc, "cannot create a temporary file next to %s: %s", path,
                 e ? strerror(e) : ts_strerror(rc));
 }
 
 static int commit(ts_atomic_file_t *a, int ok, const char *path, char *err, size_t errlen) {
     int e = ok ? 0 : errno;
     int rc = ts_atomic_commit(a, ok, &e);
-    return rc ? fail(err, errlen, rc, "cannot write %s: %s", path, e ? strerror(e) : "I/O error")
+    return rc ? ts_fail(err, errlen, rc, "cannot write %s: %s", path, e ? strerror(e) : "I/O error")
               : TS_OK;
 }
 
 int ts_shard_write(const char *path, const int32_t *idx, int n, char *err, size_t errlen) {
     if (!path || n < 0 || (n > 0 && !idx))
-        return fail(err, errlen, TS_EINVAL, "ts_shard_write: NULL argument or negative count");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_shard_write: NULL argument or negative count");
     int rc = check_shard_indices(idx, n, err, errlen);
     if (rc)
         return rc;
@@ -641,20 +629,20 @@ int ts_idx_write(const char *dir, const char *prefix, const float *images, const
                  int n, int height, int width, char *err, size_t errlen) {
     if (!dir || !prefix || !images || !labels || n < 1 || n > TS_FMNIST_MAX_N || height < 1 ||
         width < 1 || height > 4096 || width > 4096)
-        return fail(err, errlen, TS_EINVAL, "ts_idx_write: bad arguments");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_idx_write: bad arguments");
     if (!split_prefix(prefix) || strcmp(split_prefix(prefix), prefix) != 0)
-        return fail(err, errlen, TS_EINVAL,
+        return ts_fail(err, errlen, TS_EINVAL,
                     "ts_idx_write: \"%s\" is not a file prefix (letters, digits and +._-)", prefix);
     for (int i = 0; i < n; i++)
         if (labels[i] < 0 || labels[i] > 255)
-            return fail(err, errlen, TS_EINVAL, "ts_idx_write: label %d of item %d is not a byte",
+            return ts_fail(err, errlen, TS_EINVAL, "ts_idx_write: label %d of item %d is not a byte",
                         (int)labels[i], i);
     size_t npix = (size_t)n * (size_t)height * (size_t)width;
     unsigned char *pix = malloc(npix), *lab = malloc((size_t)n);
     if (!pix || !lab) {
         free(pix);
         free(lab);
-        return fail(err, errlen, TS_ENOMEM, "ts_idx_write: out of memory for %d images", n);
+        return ts_fail(err, errlen, TS_ENOMEM, "ts_idx_write: out of memory for %d images", n);
     }
     for (size_t i = 0; i < npix; i++) {
         float v = images[i];
@@ -670,7 +658,7 @@ int ts_idx_write(const char *dir, const char *prefix, const float *images, const
     char path[PATH_BUF];
     int rc = TS_OK;
     if (snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", dir, prefix) >= (int)sizeof path)
-        rc = fail(err, errlen, TS_EINVAL, "folder path is too long: %s", dir);
+        rc = ts_fail(err, errlen, TS_EINVAL, "folder path is too long: %s", dir);
     if (rc == TS_OK)
         rc = write_atomic(path, ih, sizeof ih, pix, npix, err, errlen);
     if (rc == TS_OK) {

@@ -17,7 +17,6 @@
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,17 +29,6 @@
 #include "model/png.h"
 
 #include "base/file.h"
-
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
-                                                      const char *fmt, ...) {
-    if (err && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 /* Filled by on_error. It lives in the caller of the function that calls setjmp, so it is not a
  * local of that function changed between setjmp and longjmp (whose value C leaves
@@ -165,7 +153,7 @@ static int encode_png(const uint8_t *pix, int width, int height, int C, png_mem_
 static int write_atomic(const char *path, const unsigned char *data, size_t len, char *err,
                         size_t errlen) {
     int e = 0, rc = ts_atomic_write(path, data, len, &e);
-    return rc ? fail(err, errlen, rc, "cannot write PNG %s: %s", path,
+    return rc ? ts_fail(err, errlen, rc, "cannot write PNG %s: %s", path,
                      e ? strerror(e) : ts_strerror(rc))
               : TS_OK;
 }
@@ -176,11 +164,11 @@ static int make_grid(const char *fn, const float *images, int n, int C, int H, i
                      int pad, uint8_t **pix, int *width_out, int *height_out, char *err,
                      size_t errlen) {
     if (n < 1 || H < 1 || W < 1 || cols < 0 || pad < 0)
-        return fail(err, errlen, TS_EINVAL,
+        return ts_fail(err, errlen, TS_EINVAL,
                     "%s: bad sizes n=%d H=%d W=%d cols=%d pad=%d (need n, H, W ≥ 1, cols, pad ≥ 0)",
                     fn, n, H, W, cols, pad);
     if (C != 1 && C != 3)
-        return fail(err, errlen, TS_EINVAL,
+        return ts_fail(err, errlen, TS_EINVAL,
                     "%s: %d channels; only 1 (grey) or 3 (RGB) can be written", fn, C);
     if (cols == 0)
         cols = default_cols(n);
@@ -188,13 +176,13 @@ static int make_grid(const char *fn, const float *images, int n, int C, int H, i
     int64_t width = (int64_t)cols * W + (int64_t)(cols - 1) * pad;
     int64_t height = (int64_t)rows * H + (int64_t)(rows - 1) * pad;
     if (width > TS_PNG_MAX_SIDE || height > TS_PNG_MAX_SIDE)
-        return fail(err, errlen, TS_ERANGE,
+        return ts_fail(err, errlen, TS_ERANGE,
                     "a %d×%d grid of %d×%d tiles with padding %d is %lld×%lld pixels, more than "
                     "%d on a side",
                     rows, cols, H, W, pad, (long long)height, (long long)width, TS_PNG_MAX_SIDE);
     *pix = malloc((size_t)width * (size_t)height * (size_t)C);
     if (!*pix)
-        return fail(err, errlen, TS_ENOMEM, "out of memory for a %lld×%lld PNG", (long long)width,
+        return ts_fail(err, errlen, TS_ENOMEM, "out of memory for a %lld×%lld PNG", (long long)width,
                     (long long)height);
     compose_grid(*pix, (int)width, (int)height, images, n, C, H, W, cols, pad);
     *width_out = (int)width;
@@ -214,14 +202,14 @@ static int encode_grid(const char *fn, const float *images, int n, int C, int H,
     rc = encode_png(pix, width, height, C, mem, &ctx);
     free(pix);
     if (rc)
-        fail(err, errlen, rc, "%s: cannot encode the PNG: libpng: %s", fn, ctx.msg);
+        ts_fail(err, errlen, rc, "%s: cannot encode the PNG: libpng: %s", fn, ctx.msg);
     return rc;
 }
 
 int ts_png_write_grid(const char *path, const float *images, int n, int C, int H, int W, int cols,
                       int pad, char *err, size_t errlen) {
     if (!path || !images)
-        return fail(err, errlen, TS_EINVAL, "ts_png_write_grid: path or images is NULL");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_png_write_grid: path or images is NULL");
     png_mem_t mem = {NULL, 0, 0};
     int rc = encode_grid("ts_png_write_grid", images, n, C, H, W, cols, pad, &mem, err, errlen);
     if (!rc)
@@ -237,7 +225,7 @@ int ts_png_encode_grid(const float *images, int n, int C, int H, int W, int cols
     if (len)
         *len = 0;
     if (!images || !buf || !len)
-        return fail(err, errlen, TS_EINVAL, "ts_png_encode_grid: images, buf or len is NULL");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_png_encode_grid: images, buf or len is NULL");
     png_mem_t mem = {NULL, 0, 0};
     int rc = encode_grid("ts_png_encode_grid", images, n, C, H, W, cols, pad, &mem, err, errlen);
     if (rc) {
@@ -316,19 +304,19 @@ int ts_png_read_gray(const char *path, uint8_t **pixels, int *w, int *h, char *e
     if (pixels)
         *pixels = NULL;
     if (!path || !pixels || !w || !h)
-        return fail(err, errlen, TS_EINVAL, "ts_png_read_gray: NULL argument");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_png_read_gray: NULL argument");
     FILE *fp = fopen(path, "rb");
     if (!fp)
-        return fail(err, errlen, TS_EIO, "cannot open %s: %s", path, strerror(errno));
+        return ts_fail(err, errlen, TS_EIO, "cannot open %s: %s", path, strerror(errno));
     unsigned char sig[8];
     if (fread(sig, 1, sizeof sig, fp) != sizeof sig || png_sig_cmp(sig, 0, sizeof sig) != 0) {
         fclose(fp);
-        return fail(err, errlen, TS_ECORRUPT, "%s is not a PNG file", path);
+        return ts_fail(err, errlen, TS_ECORRUPT, "%s is not a PNG file", path);
     }
     png_ctx_t ctx = {0, {0}};
     int rc = decode_gray(fp, &ctx, pixels, w, h);
     fclose(fp);
     if (rc)
-        return fail(err, errlen, rc, "%s: libpng: %s", path, ctx.msg);
+        return ts_fail(err, errlen, rc, "%s: libpng: %s", path, ctx.msg);
     return TS_OK;
 }

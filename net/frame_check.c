@@ -15,7 +15,6 @@
 #include "net/frame.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -102,16 +101,8 @@ typedef struct {
     size_t errlen;
 } chk_t;
 
-static int bad(chk_t *c, int code, const char *fmt, ...) TS_PRINTF(3, 4);
-static int bad(chk_t *c, int code, const char *fmt, ...) {
-    if (c->err && c->errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(c->err, c->errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
+/* The check's error sentence (base/error.h's ts_fail into the chk_t's buffer). */
+#define bad(c, code, ...) ts_fail((c)->err, (c)->errlen, (code), __VA_ARGS__)
 
 /* path = "<base>.<field>" or "<base>.<field>[i]" (i ≥ 0); a path too long for the buffer
  * ends in "..." (only the error sentence suffers). */
