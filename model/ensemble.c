@@ -21,6 +21,7 @@
 #include "model/ensemble.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,7 @@ void ts_experts_free(ts_experts_t *x) {
     free(x->cluster);
     free(x->paths);
     free(x->partition_id);
+    free(x->objective);
     memset(x, 0, sizeof *x);
 }
 
@@ -118,7 +120,8 @@ int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_
     x->cluster = calloc((size_t)n, sizeof *x->cluster);
     x->paths = calloc((size_t)n, sizeof *x->paths);
     x->partition_id = calloc((size_t)n, sizeof *x->partition_id);
-    if (!x->models || !x->cluster || !x->paths || !x->partition_id) {
+    x->objective = calloc((size_t)n, sizeof *x->objective);
+    if (!x->models || !x->cluster || !x->paths || !x->partition_id || !x->objective) {
         ts_experts_free(x);
         return TS_ENOMEM;
     }
@@ -130,8 +133,14 @@ int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_
         if (rc)
             break;
         int c = -1, has = meta_cluster(&f, &c);
-        const char *pid = ts_st_meta(&f, "partition_id");
-        if (has < 0) {
+        const char *pid = ts_st_meta(&f, "partition_id"), *obj = ts_st_meta(&f, "objective");
+        if (obj && ts_objective_parse(obj, &x->objective[i]) != TS_OK) {
+            ts_set_err(err, errlen,
+                       "'%s': metadata objective '%s' is not velocity, epsilon, v_prediction or "
+                       "x0",
+                       paths[i], obj);
+            rc = TS_EINVAL;
+        } else if (has < 0) {
             ts_set_err(err, errlen, "'%s': metadata cluster '%s' is not an index 0..%d", paths[i],
                        ts_st_meta(&f, "cluster"), TS_ROUTE_MAX_EXPERTS - 1);
             rc = TS_ECORRUPT;
@@ -196,7 +205,9 @@ int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_
             ts_dit_t *models = malloc((size_t)n * sizeof *models);
             int *cl = malloc((size_t)n * sizeof *cl);
             char **pa = malloc((size_t)n * sizeof *pa), **pid = malloc((size_t)n * sizeof *pid);
-            if (!models || !cl || !pa || !pid) {
+            ts_objective_t *ob = malloc((size_t)n * sizeof *ob);
+            if (!models || !cl || !pa || !pid || !ob) {
+                free(ob);
                 free(models);
                 free(cl);
                 free(pa);
@@ -208,7 +219,10 @@ int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_
                     cl[k] = k;
                     pa[k] = s.paths[where[k]];
                     pid[k] = s.partition_id[where[k]];
+                    ob[k] = s.objective[where[k]];
                 }
+                free(s.objective);
+                x->objective = ob;
                 free(s.models);
                 free(s.cluster);
                 free(s.paths);
@@ -238,6 +252,8 @@ void ts_ensemble_free(ts_ensemble_t *s) {
     ts_tensor_free(&s->wk);
     free(s->yy);
     free(s->idx_h);
+    free(s->conv_x);
+    free(s->conv_f);
     free(s->w);
     free(s->wk_h);
     free(s->xh);
@@ -311,6 +327,15 @@ static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensembl
                    "exact mixture guidance routes the two halves of the guidance apart at every "
                    "evaluation: it runs with local experts only, not held, and not with the "
                    "confidence policy");
+        return TS_ENOTSUP;
+    }
+    int ddpm = 0;
+    for (int k = 0; o->objectives && k < K; k++)
+        ddpm |= o->objectives[k] != TS_OBJ_VELOCITY;
+    if (ddpm && (remote || o->exact_guidance || o->policy == TS_POLICY_CONFIDENCE)) {
+        ts_set_err(err, errlen,
+                   "experts of a DDPM objective (epsilon, v_prediction, x0) run with local "
+                   "experts only, not with the confidence policy nor exact guidance");
         return TS_ENOTSUP;
     }
     if (!isfinite(o->cfg_scale)) {
@@ -444,6 +469,11 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
     s->xh = malloc(nv * sizeof *s->xh);
     s->vh = malloc(nv * (confidence ? (size_t)K : 1) * sizeof *s->vh);
     s->xhat = malloc(nv * sizeof *s->xhat);
+    for (int k = 0; opts->objectives && k < K; k++)
+        s->ddpm |= opts->objectives[k] != TS_OBJ_VELOCITY;
+    if (s->ddpm && (!(s->conv_x = malloc(nv * sizeof *s->conv_x)) ||
+                    !(s->conv_f = malloc(nv * sizeof *s->conv_f))))
+        rc = rc == TS_OK ? TS_ENOMEM : rc;
     s->emb = malloc((size_t)n * kd * sizeof *s->emb);
     s->d2 = malloc((size_t)n * K * sizeof *s->d2);
     s->prev_emb = malloc((size_t)n * kd * sizeof *s->prev_emb);
@@ -506,14 +536,30 @@ static int upload_rows(ts_ensemble_t *s, int m) {
     return ts_tensor_copy(&dst, &src);
 }
 
+static ts_ddpm_schedule_t dit_schedule; /* DiT's: linear β 1e-4..0.02 over 1000 steps */
+static pthread_once_t dit_once = PTHREAD_ONCE_INIT;
+static void make_dit_schedule(void) { (void)ts_ddpm_linear(&dit_schedule, 1000, 1e-4, 0.02); }
+
+static const ts_ddpm_schedule_t *ensemble_schedule(const ts_ensemble_t *s) {
+    if (s->o.schedule)
+        return s->o.schedule;
+    pthread_once(&dit_once, make_dit_schedule);
+    return &dit_schedule;
+}
+
 /* dst (m, C, H, W) = expert k's guided velocity for the rows idx[0..m) of x, in one forward of
- * pairs·m samples: [x_idx; x_idx] with labels [y_idx; ∅]. */
+ * pairs·m samples: [x_idx; x_idx] with labels [y_idx; ∅]. An expert of a DDPM objective is asked
+ * at (c·x, its step) and its guided answer converted to the velocity (opts.objectives). */
 static int run_expert(ts_ensemble_t *s, int k, const ts_tensor_t *x, float t, int m,
                       ts_tensor_t *dst) {
     ts_engine_t *e = s->eng;
     ts_dit_t *model = &s->experts[k];
     int B = s->pairs * m;
-    ts_tensor_t idx, xb, tb, half, out, cond, uncond;
+    ts_tensor_t idx, xb, tb, half, out, cond, uncond, host;
+    ts_objective_t obj = s->o.objectives ? s->o.objectives[k] : TS_OBJ_VELOCITY;
+    double step = 0.0, abar = 0.0, scale = 1.0;
+    if (obj != TS_OBJ_VELOCITY) /* asked at (c·x_t, the step of equal SNR) */
+        (void)ts_ddpm_from_flow(ensemble_schedule(s), t, &step, &abar, &scale);
     TS_TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
     TS_TRY(ts_tensor_slice(&xb, &s->xx, 0, B));
     TS_TRY(ts_tensor_slice(&tb, &s->tt, 0, B));
@@ -521,22 +567,37 @@ static int run_expert(ts_ensemble_t *s, int k, const ts_tensor_t *x, float t, in
         TS_TRY(ts_tensor_slice(&half, &xb, (int64_t)p * m, m));
         TS_TRY(ts_gather_rows(e, &half, x, &idx));
     }
+    if (obj != TS_OBJ_VELOCITY) { /* the rows of x_t kept for the conversion, then scaled */
+        TS_TRY(ts_tensor_slice(&half, &xb, 0, m));
+        TS_TRY(ts_tensor_wrap(&host, s->conv_x, TS_F32, TS_CPU, half.ndim, half.shape));
+        TS_TRY(ts_tensor_copy(&host, &half));
+        TS_TRY(ts_scale(e, &xb, (float)scale));
+    }
     for (int i = 0; i < m; i++) {
         s->yy[i] = s->o.labels[s->idx_h[i]];
         if (s->pairs == 2)
             s->yy[m + i] = model->cfg.num_classes; /* the null class */
     }
-    TS_TRY(ts_fill(e, &tb, t));
+    /* a DDPM expert's time input is its step / 1000 (DiT embeds 1000·t: the step itself) */
+    TS_TRY(ts_fill(e, &tb, obj != TS_OBJ_VELOCITY ? (float)(step / 1000.0) : t));
     TS_TRY(ts_dit_forward(model, &xb, &tb, s->yy, B, &out));
     s->forwards += B;
     s->expert_forwards[k] += B;
     TS_TRY(ts_tensor_slice(&cond, &out, 0, m));
     TS_TRY(ts_tensor_copy(dst, &cond));
     if (s->pairs == 2) {
-        /* v = v_u + s·(v_c − v_u) = s·v_c + (1 − s)·v_u, as ts_dit_velocity */
+        /* v = v_u + s·(v_c − v_u) = s·v_c + (1 − s)·v_u, as ts_dit_velocity (for a DDPM expert
+         * on its own output: the conversion below is affine, so guiding before it is the same) */
         TS_TRY(ts_tensor_slice(&uncond, &out, m, m));
         TS_TRY(ts_scale(e, dst, s->o.cfg_scale));
         TS_TRY(ts_axpy(e, dst, 1.0f - s->o.cfg_scale, &uncond));
+    }
+    if (obj != TS_OBJ_VELOCITY) { /* the answer to the velocity at (x_t, t), on the host */
+        TS_TRY(ts_tensor_wrap(&host, s->conv_f, TS_F32, TS_CPU, dst->ndim, dst->shape));
+        TS_TRY(ts_tensor_copy(&host, dst));
+        TS_TRY(ts_objective_to_velocity(obj, t, abar, scale, s->conv_x, s->conv_f, s->conv_f,
+                                        (int64_t)m * s->chw));
+        TS_TRY(ts_tensor_copy(dst, &host));
     }
     return TS_OK;
 }

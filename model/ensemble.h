@@ -35,6 +35,7 @@
 
 #include "model/classifier.h"
 #include "model/dit.h"
+#include "model/objective.h"
 #include "model/partition.h"
 #include "model/routing.h"
 
@@ -94,6 +95,7 @@ typedef struct ts_experts {
     int *cluster;        /* K: the metadata "cluster" of each, or −1 when the files carry none */
     char **paths;        /* K: the file each came from (malloc'd copies) */
     char **partition_id; /* K: metadata "partition_id" (malloc'd), or NULL when absent */
+    ts_objective_t *objective; /* K: metadata "objective" (model/objective.h); absent: velocity */
 } ts_experts_t;
 
 /* Opens n expert files on engine e with activations for max_batch samples each. When every file
@@ -187,6 +189,14 @@ typedef struct ts_ensemble_opts {
      * The two agree when the scores do not depend on the label. Local experts only, routed every
      * evaluation (no hold), not the confidence policy; with cfg_scale = 1 it changes nothing. */
     int exact_guidance;
+    /* Optional, borrowed: K objectives (model/objective.h), NULL: every expert a velocity (flow)
+     * expert. An expert of a DDPM objective is asked at (c·x_t, its schedule's step of equal SNR)
+     * — its time input is that step / 1000, DiT's convention — and its (guided) answer is
+     * converted to the velocity before the weighted sum, so one ensemble mixes both kinds at
+     * every step. schedule: the DDPM experts' (NULL: DiT's linear β, 1000 steps). Local experts
+     * only, not the confidence policy nor exact guidance (TS_ENOTSUP at init, said). */
+    const ts_objective_t *objectives;
+    const ts_ddpm_schedule_t *schedule;
 } ts_ensemble_opts_t;
 
 enum { TS_HOLD_NONE = 0, TS_HOLD_FIRST = 1, TS_HOLD_DRAW = 2, TS_HOLD_BELOW = 3 };
@@ -221,6 +231,8 @@ typedef struct ts_ensemble {
     float *w, *wk_h;     /* (n, K) scores → weights, (n) */
     float *xh, *vh;      /* (n·chw) x and v (v: K·n·chw for confidence) */
     float *xhat;         /* (n·chw) x − t·v */
+    float *conv_x, *conv_f; /* (n·chw) host: a DDPM expert's rows of x and its answer */
+    int ddpm;               /* some expert has a DDPM objective (opts.objectives) */
     float *emb, *d2;     /* (n, k) embeddings, (n, K) squared distances */
     float *prev_emb;     /* (n, k): φ(x̂0) of the previous evaluation (centroid) */
     int has_prev;

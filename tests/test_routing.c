@@ -356,8 +356,17 @@ static void tiny_config(ts_dit_config_t *c) {
 
 /* Writes a random expert to name in the temp folder: DiT init, then every parameter perturbed
  * (so the output depends on x, t and y). perturb = 0 keeps the DiT init, whose output is 0. */
+static const char *write_expert_meta(ts_engine_t *e, const char *name, uint64_t seed,
+                                     float perturb, const char *key, const char *value);
+
 static const char *write_expert(ts_engine_t *e, const char *name, uint64_t seed, float perturb,
                                 const char *cluster) {
+    return write_expert_meta(e, name, seed, perturb, cluster ? "cluster" : NULL, cluster);
+}
+
+/* As write_expert, with one metadata pair (key NULL: none). */
+static const char *write_expert_meta(ts_engine_t *e, const char *name, uint64_t seed,
+                                     float perturb, const char *key, const char *value) {
     ts_dit_config_t cfg;
     tiny_config(&cfg);
     ts_dit_t m;
@@ -369,10 +378,10 @@ static const char *write_expert(ts_engine_t *e, const char *name, uint64_t seed,
         for (int64_t i = 0; i < m.num_params; i++)
             p[i] += tu_rng_uniform(&r, -perturb, perturb);
     }
-    const char *extra[2] = {"cluster", cluster};
+    const char *extra[2] = {key, value};
     const char *path = tu_temp_path(name);
     TU_CHECK_RC_MSG(
-        ts_dit_save(&m, &m.param_mem, path, TS_ST_F32, extra, cluster ? 1 : 0, err, sizeof err),
+        ts_dit_save(&m, &m.param_mem, path, TS_ST_F32, extra, key ? 1 : 0, err, sizeof err),
         TS_OK, err);
     ts_dit_free(&m);
     return path;
@@ -494,6 +503,85 @@ static ts_ensemble_opts_t base_opts(const char *select, ts_policy_t policy, cons
 }
 
 /* ---- the ensemble: tests --------------------------------------------------------------------- */
+
+/* A flow expert and an ε-expert (the same weights, metadata objective "epsilon") in one ensemble,
+ * full uniform routing: v = ½·v_flow + ½·convert(ε̂), where the ε-expert is asked at (c·x_t, its
+ * step of equal SNR / 1000) and its guided answer converted (model/objective.h) — computed here
+ * by hand from ts_dit_velocity and the conversion functions. Then the refusals. */
+static void test_mixed_objectives(void **state) {
+    fixture_t *fx = *state;
+    enum { N = 3 };
+    char flow[512], eps[512]; /* the temp path is one buffer: copied */
+    snprintf(flow, sizeof flow, "%s",
+             write_expert_meta(&fx->e, "flow.safetensors", 11, 0.05f, "objective", "velocity"));
+    snprintf(eps, sizeof eps, "%s",
+             write_expert_meta(&fx->e, "eps.safetensors", 11, 0.05f, "objective", "epsilon"));
+    const char *paths[2] = {flow, eps};
+    ts_experts_t ex;
+    open_experts(&ex, &fx->e, paths, 2);
+    assert_int_equal(ex.objective[0], TS_OBJ_VELOCITY);
+    assert_int_equal(ex.objective[1], TS_OBJ_EPSILON);
+    ts_ddpm_schedule_t sched;
+    TU_CHECK_OK(ts_ddpm_linear(&sched, 1000, 1e-4, 0.02));
+    const int32_t labels[N] = {0, 1, NCLS}; /* the last one unconditional */
+    ts_tensor_t x, xs, v, v1, f;
+    tu_alloc_f32(&x, 4, TS_SHAPE(N, 1, IMG, IMG));
+    tu_alloc_like(&xs, &x), tu_alloc_like(&v, &x), tu_alloc_like(&v1, &x), tu_alloc_like(&f, &x);
+    tu_rng_t r = {99};
+    for (int64_t i = 0; i < N * CHW; i++)
+        tu_f32(&x)[i] = tu_rng_uniform(&r, -1.5f, 1.5f);
+    const float t = 0.6f, cfgs[2] = {1.0f, 2.0f};
+    for (int c = 0; c < 2; c++) {
+        ts_ensemble_opts_t o = base_opts("full", TS_POLICY_UNIFORM, labels, N, cfgs[c]);
+        o.objectives = ex.objective;
+        ts_ensemble_t ens;
+        TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, ex.models, 2, &o, err, sizeof err), TS_OK,
+                        err);
+        TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, t, &v));
+        ts_ensemble_free(&ens);
+        /* by hand */
+        double step, abar, scale;
+        (void)ts_ddpm_from_flow(&sched, t, &step, &abar, &scale);
+        ts_dit_velocity_ctx_t vc;
+        TU_CHECK_OK(ts_dit_velocity_init(&vc, &ex.models[0], labels, N, cfgs[c]));
+        TU_CHECK_OK(ts_dit_velocity(&vc, &x, t, &v1));
+        ts_dit_velocity_free(&vc);
+        for (int64_t i = 0; i < N * CHW; i++)
+            tu_f32(&xs)[i] = (float)scale * tu_f32(&x)[i];
+        TU_CHECK_OK(ts_dit_velocity_init(&vc, &ex.models[1], labels, N, cfgs[c]));
+        TU_CHECK_OK(ts_dit_velocity(&vc, &xs, (float)(step / 1000.0), &f));
+        ts_dit_velocity_free(&vc);
+        float *want = tu_f32(&f);
+        TU_CHECK_OK(ts_objective_to_velocity(TS_OBJ_EPSILON, t, abar, scale, tu_f32(&x), want,
+                                             want, N * CHW));
+        for (int64_t i = 0; i < N * CHW; i++)
+            want[i] = 0.5f * tu_f32(&v1)[i] + 0.5f * want[i];
+        tu_check_close(tu_f32(&v), want, N * CHW, 1e-5, 1e-5, "flow + converted epsilon");
+        /* and it is not the ε-expert's raw answer mixed in: the conversion matters */
+        double diff = 0.0;
+        for (int64_t i = 0; i < N * CHW; i++)
+            diff += fabs((double)tu_f32(&v)[i] - 0.5 * (tu_f32(&v1)[i] + tu_f32(&f)[i]));
+        assert_true(diff > 1e-3);
+    }
+    /* the refusals: the confidence policy, and remote experts */
+    ts_partition_t part = make_partition(2, (const float[4]){0, 0, 1, 1});
+    ts_ensemble_opts_t o = base_opts("full", TS_POLICY_CONFIDENCE, labels, N, 1.0f);
+    o.partition = &part;
+    o.objectives = ex.objective;
+    ts_ensemble_t ens;
+    assert_int_equal(ts_ensemble_init(&ens, &fx->e, ex.models, 2, &o, err, sizeof err),
+                     TS_ENOTSUP);
+    TU_CHECK_CONTAINS(err, "DDPM objective");
+    /* an objective no one knows is refused when the file is opened */
+    const char *bad[1] = {write_expert_meta(&fx->e, "bad.safetensors", 11, 0.0f, "objective",
+                                            "score")};
+    ts_experts_t none;
+    assert_int_equal(ts_experts_open(&none, bad, 1, &fx->e, MAXB, err, sizeof err), TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "objective 'score'");
+    ts_tensor_free(&x), ts_tensor_free(&xs), ts_tensor_free(&v), ts_tensor_free(&v1);
+    ts_tensor_free(&f);
+    ts_experts_free(&ex);
+}
 
 /* top1 over K copies of one expert = that expert alone: bit for bit when every sample goes to
  * expert 0 (uniform scores, ties to the lowest index; also K = 1, `tessera sample`'s path), and
@@ -1498,6 +1586,7 @@ int main(void) {
         cmocka_unit_test(test_schedule_malformed),
         cmocka_unit_test(test_sq_dist),
         cmocka_unit_test_setup_teardown(test_top1_identical_equals_single, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mixed_objectives, setup, teardown),
         cmocka_unit_test_setup_teardown(test_grouping_equals_one_by_one, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_uniform_is_mean, setup, teardown),
         cmocka_unit_test_setup_teardown(test_centroid_nearer, setup, teardown),
