@@ -22,6 +22,7 @@
 #include "model/dit_io.h"
 #include "model/fmnist.h"
 #include "model/png.h"
+#include "model/safetensors.h"
 #include "model/sampler.h"
 #include "store/weights.h"
 
@@ -48,8 +49,24 @@ static int open_weights(ts_dit_t *m, const char *weights, const char *data_dir, 
     int hex = n >= TS_HASH_MIN_PREFIX && n < TS_HASH_HEX && access(weights, F_OK) != 0;
     for (size_t i = 0; hex && i < n; i++)
         hex = strchr("0123456789abcdefABCDEF", weights[i]) != NULL;
-    if (!hex)
-        return ts_dit_open(m, weights, e, max_batch, 0, err, errlen);
+    if (!hex) { /* a velocity expert only: the one model's output is the velocity as it is */
+        ts_st_file_t f;
+        int rc = ts_st_read(weights, &f, err, errlen);
+        if (rc != TS_OK)
+            return rc;
+        const char *obj = ts_st_meta(&f, "objective");
+        if (obj && strcmp(obj, "velocity") != 0) {
+            ts_set_err(err, errlen,
+                       "%s is a DDPM expert (objective %s): sample it with `tessera generate "
+                       "--local DIR`, which converts its answers",
+                       weights, obj);
+            rc = TS_EINVAL;
+        }
+        if (rc == TS_OK)
+            rc = ts_dit_open_file(m, &f, e, max_batch, 0, err, errlen);
+        ts_st_free(&f);
+        return rc;
+    }
     ts_store_t *s = NULL;
     ts_store_opts_t so = {.dir = data_dir};
     ts_hash_t h;

@@ -316,3 +316,27 @@ for c in j["clusters"]:
     assert abs(sum(c["loss_by_t"][2]) / 2 - m) < 1e-12, c
 PYEOF
 echo "ok: partition, train --partition, train-router, train-classifier, generate --local, eval, loss"
+
+# an expert of a DDPM objective: sample (one model, no conversion) refuses it and says where to go;
+# generate --local converts its answers (an epsilon expert beside a velocity one)
+"$PY" - "$f/expert-1.safetensors" "$dir/eps.safetensors" <<'PYEOF' || fail "could not write an epsilon expert"
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+h["__metadata__"]["objective"] = "epsilon"
+hb = json.dumps(h).encode()
+hb += b" " * ((8 - len(hb) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
+PYEOF
+if "$T" sample --weights "$dir/eps.safetensors" --n 2 --steps 2 --out "$dir/s.png" 2>"$dir/err.txt"; then
+    fail "sample took an epsilon expert as a velocity one"
+fi
+grep -q "is a DDPM expert (objective epsilon): sample it with .tessera generate --local" "$dir/err.txt" ||
+    fail "sample's refusal: $(cat "$dir/err.txt")"
+mkdir -p "$dir/mixed"
+cp "$f/partition.safetensors" "$f/expert-0.safetensors" "$dir/mixed/"
+cp "$dir/eps.safetensors" "$dir/mixed/expert-1.safetensors"
+"$T" generate --local "$dir/mixed" --n 4 --steps 3 --sampler ddim --policy uniform --select full \
+    --out "$dir/mixed.png" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "generate with a mixed ensemble"; }
+echo "ok: a DDPM expert: sample refuses it, generate --local mixes it with a flow expert (ddim)"
