@@ -21,6 +21,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "tests/testutil.h"
+#include "tests/uvutil.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,23 +45,9 @@ static char addr[64];
 
 /* ---- running the loop ------------------------------------------------------------------------- */
 
-static int guard_fired;
-static void guard_cb(uv_timer_t *t) { guard_fired = 1; }
-
-/* Runs the loop until *flag is non-zero; fails the test after WAIT_MS. */
+/* Runs the loop until *flag is non-zero; fails the test after WAIT_MS (tests/uvutil.h). */
 static void run_until(const int *flag, const char *what) {
-    uv_timer_t guard;
-    uv_timer_init(&loop, &guard);
-    guard_fired = 0;
-    uv_timer_start(&guard, guard_cb, WAIT_MS, 0);
-    while (!*flag && !guard_fired)
-        uv_run(&loop, UV_RUN_ONCE);
-    uv_close((uv_handle_t *)&guard, NULL);
-    uv_run(&loop, UV_RUN_NOWAIT);
-    if (!*flag) {
-        print_error("waited %d ms for: %s\n", WAIT_MS, what);
-        fail();
-    }
+    tu_run_until_flag(&loop, flag, WAIT_MS, what);
 }
 
 /* ---- the endpoints ---------------------------------------------------------------------------- */

@@ -21,6 +21,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "tests/testutil.h"
+#include "tests/uvutil.h"
 
 #include <math.h>
 #include <sodium.h>
@@ -60,25 +61,9 @@ static ts_serve_t *srv;
 
 /* ---- the loop --------------------------------------------------------------------------------- */
 
-static int guard_fired;
-static void guard_cb(uv_timer_t *t) { guard_fired = 1; }
-
-/* Runs the loop until pred(arg) holds (pred is not called again once it has); fails the test
- * after WAIT_MS. */
+/* Runs the loop until pred(arg) holds; fails the test after WAIT_MS (tests/uvutil.h). */
 static void run_until(int (*pred)(void *), void *arg, const char *what) {
-    uv_timer_t guard;
-    uv_timer_init(&loop, &guard);
-    guard_fired = 0;
-    uv_timer_start(&guard, guard_cb, WAIT_MS, 0);
-    int ok;
-    while (!(ok = pred(arg)) && !guard_fired)
-        uv_run(&loop, UV_RUN_ONCE);
-    uv_close((uv_handle_t *)&guard, NULL);
-    uv_run(&loop, UV_RUN_NOWAIT);
-    if (!ok) {
-        print_error("waited %d ms for: %s\n", WAIT_MS, what);
-        fail();
-    }
+    tu_run_until(&loop, pred, arg, WAIT_MS, what);
 }
 
 static int int_nonzero(void *p) { return *(int *)p != 0; }
