@@ -238,7 +238,7 @@ int ts_cuda_memcpy(void *dst, ts_device_t dst_dev, const void *src, ts_device_t 
 /* Page-locked host memory (cudaHostAlloc; TS_ENODEV without the backend or a driver). */
 int ts_cuda_host_alloc(void **p, size_t bytes);
 void ts_cuda_host_free(void *p);
-int ts_cuda_is_built(void);
+/* ts_cuda_built (engine.h) is defined by the backend: 1 in cuda_backend.cu, 0 in cuda_stub.c */
 /* device count, or 0 with the reason written to why */
 int ts_cuda_count(char *why, size_t why_len);
 /* Device gpu's name and memory in bytes (total, and free now); TS_ENODEV when there is none. */

@@ -2,7 +2,7 @@
  * cuda_stub.c — the CUDA backend in a build without CUDA.
  *
  * Every ts_cuda_* entry point of kernels/backend.h exists so kernels/ops.c links the same way
- * in every build; here each one reports TS_ENODEV (the void ones do nothing), ts_cuda_is_built
+ * in every build; here each one reports TS_ENODEV (the void ones do nothing), ts_cuda_built
  * says 0 and ts_cuda_count explains how to get the real backend. The op stubs are generated
  * from backend.h's TS_BACKEND_OPS list, so they cannot fall out of step with the declarations.
  */
@@ -45,7 +45,7 @@ int ts_cuda_host_alloc(void **p, size_t bytes) {
 }
 void ts_cuda_host_free(void *p) {}
 
-int ts_cuda_is_built(void) { return 0; }
+int ts_cuda_built(void) { return 0; }
 
 int ts_cuda_count(char *why, size_t why_len) {
     if (why && why_len > 0)

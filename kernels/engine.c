@@ -49,8 +49,6 @@ int ts_engine_sync(ts_engine_t *e) {
     return e->device == TS_CUDA ? ts_cuda_engine_sync(e) : TS_OK;
 }
 
-int ts_cuda_built(void) { return ts_cuda_is_built(); }
-
 int ts_cuda_device_count(char *why, size_t why_len) { return ts_cuda_count(why, why_len); }
 
 /* ---- devices by name ---- */

@@ -252,7 +252,7 @@ void ts_cuda_host_free(void *p) {
         cudaFreeHost(p);
 }
 
-int ts_cuda_is_built(void) { return 1; }
+int ts_cuda_built(void) { return 1; }
 
 /* ---- events: spans on the device's timeline -------------------------------------------------- */
 
