@@ -39,9 +39,9 @@
  * Held-out loss. At start the job also loads the test split and picks its cluster's first
  * TS_HELDOUT_PER test images (model/heldout.h); at every checkpoint, snapshot and the end it
  * measures the EMA weights' flow-matching loss on them (~0.1 s for `mini`, ~0.75 s for `tiny`
- * on two cores), puts
- * it in the progress and in the weights' metadata (heldout_loss), so the node can advertise how
- * trained its expert is and a client compare it with the finished experts of the partition.
+ * on two cores), puts it in the progress and in the weights' metadata (heldout_loss), so the
+ * node can advertise how trained its expert is and a client compare it with the finished
+ * experts of the partition.
  * Without the test split the job trains all the same and says why once.
  *
  * Snapshots (serve_while_training). With `snapshots` set, at every checkpoint (and on start when
