@@ -46,9 +46,13 @@ struct ts_train_job {
     ts_dit_t model;
     ts_trainer_t tr;
     /* the EMA weights' loss on held-out images of the cluster (model/heldout.h), measured where a
-     * snapshot or the final weights are made; has_heldout 0 when the test split is missing */
+     * snapshot or the final weights are made. Opened by the job's thread at the first measure
+     * (loading the test split and embedding it takes ~0.4 s, which the daemon's loop must not
+     * wait for); has_heldout 0 when it could not be (no test split: the job trains all the same) */
     ts_heldout_own_t heldout;
-    int has_heldout;
+    int heldout_tried, has_heldout;
+    char *heldout_partition, *heldout_data; /* copies of opts.partition and opts.data */
+    int heldout_batch;
     double heldout_loss; /* at heldout_step (NaN: not measured) */
     int64_t heldout_step;
     pthread_t thread;
@@ -156,6 +160,16 @@ int ts_train_snapshot_open_dit(const ts_train_snapshot_t *s, ts_engine_t *e, int
 /* The held-out loss of the EMA weights at this step (measured once per step; NaN without the
  * test split or when the measure fails, which only loses the figure), into the progress. */
 static double measure_heldout(ts_train_job_t *j) {
+    if (!j->heldout_tried) {
+        char why[320] = "";
+        j->heldout_tried = 1;
+        j->has_heldout = ts_heldout_own_open(&j->heldout, j->heldout_partition, j->cluster,
+                                             j->heldout_data, &j->model.cfg, &j->eng,
+                                             j->heldout_batch, why, sizeof why) == TS_OK;
+        if (!j->has_heldout)
+            ts_log_warn("train", "no held-out loss for this expert (%s): it trains all the same",
+                        why);
+    }
     if (!j->has_heldout || j->heldout_step == j->tr.step)
         return j->heldout_loss;
     double loss = NAN;
@@ -589,6 +603,8 @@ static void job_free_parts(ts_train_job_t *j) {
         ts_trainer_stage_free(&j->stage);
     ts_trainer_free(&j->tr);
     ts_heldout_own_free(&j->heldout);
+    free(j->heldout_partition);
+    free(j->heldout_data);
     ts_dit_free(&j->model);
     ts_engine_free(&j->eng);
     ts_dataset_free(&j->data);
@@ -635,20 +651,15 @@ int ts_train_job_start(ts_train_job_t **out, const ts_train_job_opts_t *o, char 
     snprintf(j->shard, sizeof j->shard, "shard-%d", o->cluster);
     if (o->out && !(j->out = strdup(o->out)))
         rc = TS_ENOMEM;
+    j->heldout_batch = o->train.batch;
+    if (!(j->heldout_partition = strdup(o->partition)) ||
+        (o->data && !(j->heldout_data = strdup(o->data))))
+        rc = TS_ENOMEM;
     if (rc == TS_OK)
         rc = ts_partition_load_cluster(o->partition, o->cluster, o->data, &j->data, j->partition_id,
                                        err, errlen);
     if (rc == TS_OK)
         rc = build(j, o, err, errlen);
-    if (rc == TS_OK) { /* without the test split the job trains, and advertises no held-out loss */
-        char why[320] = "";
-        int hrc = ts_heldout_own_open(&j->heldout, o->partition, o->cluster, o->data,
-                                      &j->model.cfg, &j->eng, o->train.batch, why, sizeof why);
-        j->has_heldout = hrc == TS_OK;
-        if (hrc != TS_OK)
-            ts_log_warn("train", "no held-out loss for this expert (%s): it trains all the same",
-                        why);
-    }
     if (rc == TS_OK) {
         j->progress.step = j->tr.step;
         j->progress.loss_avg = j->tr.loss_avg;
