@@ -39,7 +39,7 @@
  * Held-out loss. At its first measure the job's thread loads the test split and picks its
  * cluster's first TS_HELDOUT_PER test images (model/heldout.h; ~0.4 s, kept off the daemon's
  * loop); at every checkpoint, snapshot and the end it measures the EMA weights' flow-matching
- * loss on them (~0.1 s for `mini`, ~0.75 s for `tiny` on two cores; the steps wait for it), puts
+ * loss on them (~0.1 s for `mini`, ~0.5 s for `tiny` on two cores; the steps wait for it), puts
  * it in the progress and in the weights' metadata (heldout_loss), so the node can advertise how
  * trained its expert is and a client compare it with the finished experts of the partition.
  * Without the test split the job trains all the same and says why once.

@@ -17,19 +17,6 @@
 #include "model/train.h"
 #include "tests/testutil.h"
 
-static ts_engine_t g_eng;
-
-static int setup(void **state) {
-    (void)state;
-    return tu_engine_init_cpu(&g_eng);
-}
-
-static int teardown(void **state) {
-    (void)state;
-    ts_engine_free(&g_eng);
-    return 0;
-}
-
 static ts_dit_config_t small_config(void) {
     ts_dit_config_t c = {.input_size = 8,
                          .in_channels = 1,
@@ -44,9 +31,9 @@ static ts_dit_config_t small_config(void) {
 }
 
 /* A model whose every parameter is nudged off DiT's zero initialisation, so the output is not 0. */
-static void make_model(ts_dit_t *m, int max_batch) {
+static void make_model(ts_engine_t *e, ts_dit_t *m, int max_batch) {
     ts_dit_config_t c = small_config();
-    assert_int_equal(ts_dit_create(m, &c, &g_eng, max_batch, 0), TS_OK);
+    assert_int_equal(ts_dit_create(m, &c, e, max_batch, 0), TS_OK);
     assert_int_equal(ts_dit_init_weights(m, 7), TS_OK);
     float *p = m->param_mem.data;
     uint64_t s = 12345;
@@ -57,8 +44,8 @@ static void make_model(ts_dit_t *m, int max_batch) {
 }
 
 /* The naive loss: per image and time, one forward at batch 1. */
-static double naive_loss(ts_dit_t *m1, const ts_dataset_t *d, const int32_t *idx, int n,
-                         const float *t, int T, uint64_t seed) {
+static double naive_loss(ts_engine_t *e, ts_dit_t *m1, const ts_dataset_t *d, const int32_t *idx,
+                         int n, const float *t, int T, uint64_t seed) {
     int64_t chw = (int64_t)d->channels * d->height * d->width;
     const int64_t *shape = TS_SHAPE(1, d->channels, d->height, d->width);
     ts_tensor_t eps, xt, tt, v;
@@ -72,19 +59,19 @@ static double naive_loss(ts_dit_t *m1, const ts_dataset_t *d, const int32_t *idx
         for (int i = 0; i < n; i++) {
             const float *x0 = d->images + (int64_t)idx[i] * chw;
             assert_int_equal(
-                ts_rng_normal(&g_eng, &eps, key,
+                ts_rng_normal(e, &eps, key,
                               ((uint64_t)idx[i] * (uint64_t)T + (uint64_t)j) * (uint64_t)chw),
                 TS_OK);
-            const float *e = eps.data;
+            const float *ep = eps.data;
             float *x = xt.data;
             for (int64_t k = 0; k < chw; k++)
-                x[k] = (float)((1.0 - (double)t[j]) * x0[k] + (double)t[j] * e[k]);
+                x[k] = (float)((1.0 - (double)t[j]) * x0[k] + (double)t[j] * ep[k]);
             ((float *)tt.data)[0] = t[j];
             int32_t y = d->labels[idx[i]];
             assert_int_equal(ts_dit_forward(m1, &xt, &tt, &y, 1, &v), TS_OK);
             const float *vv = v.data;
             for (int64_t k = 0; k < chw; k++) {
-                double diff = (double)vv[k] - ((double)e[k] - (double)x0[k]);
+                double diff = (double)vv[k] - ((double)ep[k] - (double)x0[k]);
                 sum += diff * diff;
             }
         }
@@ -95,13 +82,13 @@ static double naive_loss(ts_dit_t *m1, const ts_dataset_t *d, const int32_t *idx
 }
 
 static void test_against_naive(void **state) {
-    (void)state;
+    ts_engine_t *e = *state;
     ts_dataset_t d;
     tu_quarters_dataset(&d, 40);
     ts_dit_t big, small, one;
-    make_model(&big, 16);
-    make_model(&small, 3);
-    make_model(&one, 1);
+    make_model(e, &big, 16);
+    make_model(e, &small, 3);
+    make_model(e, &one, 1);
     int32_t idx[] = {3, 0, 17, 25, 8, 39, 11, 30, 21, 5, 14, 2, 33, 36, 27, 19, 9, 1, 38, 24};
     int n = 20;
     float t[TS_HELDOUT_MAX_T];
@@ -110,11 +97,11 @@ static void test_against_naive(void **state) {
     assert_int_equal(T, 4);
     ts_heldout_t h;
     char err[256];
-    assert_int_equal(ts_heldout_init(&h, &g_eng, &d, t, T, 4, err, sizeof err), TS_OK);
+    assert_int_equal(ts_heldout_init(&h, e, &d, t, T, 4, err, sizeof err), TS_OK);
     double by_t[4], mean_big, mean_small;
     assert_int_equal(ts_heldout_loss(&h, &big, idx, n, by_t, &mean_big), TS_OK);
     assert_int_equal(ts_heldout_loss(&h, &small, idx, n, NULL, &mean_small), TS_OK);
-    double naive = naive_loss(&one, &d, idx, n, t, T, 4);
+    double naive = naive_loss(e, &one, &d, idx, n, t, T, 4);
     print_message("held-out loss %.9f, naive %.9f, by t %.4f %.4f %.4f %.4f\n", mean_big, naive,
                   by_t[0], by_t[1], by_t[2], by_t[3]);
     assert_true(mean_big > 0.1);
@@ -124,7 +111,7 @@ static void test_against_naive(void **state) {
     /* another noise stream: another value */
     ts_heldout_t h2;
     double other;
-    assert_int_equal(ts_heldout_init(&h2, &g_eng, &d, t, T, 5, err, sizeof err), TS_OK);
+    assert_int_equal(ts_heldout_init(&h2, e, &d, t, T, 5, err, sizeof err), TS_OK);
     assert_int_equal(ts_heldout_loss(&h2, &big, idx, n, NULL, &other), TS_OK);
     assert_true(other != mean_big);
     /* bad calls */
@@ -166,5 +153,5 @@ int main(void) {
         cmocka_unit_test(test_against_naive),
         cmocka_unit_test(test_grid_and_pick),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }
