@@ -21,7 +21,6 @@
 #include "model/ensemble.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -536,15 +535,8 @@ static int upload_rows(ts_ensemble_t *s, int m) {
     return ts_tensor_copy(&dst, &src);
 }
 
-static ts_ddpm_schedule_t dit_schedule; /* DiT's: linear β 1e-4..0.02 over 1000 steps */
-static pthread_once_t dit_once = PTHREAD_ONCE_INIT;
-static void make_dit_schedule(void) { (void)ts_ddpm_linear(&dit_schedule, 1000, 1e-4, 0.02); }
-
 static const ts_ddpm_schedule_t *ensemble_schedule(const ts_ensemble_t *s) {
-    if (s->o.schedule)
-        return s->o.schedule;
-    pthread_once(&dit_once, make_dit_schedule);
-    return &dit_schedule;
+    return s->o.schedule ? s->o.schedule : ts_ddpm_dit();
 }
 
 /* dst (m, C, H, W) = expert k's guided velocity for the rows idx[0..m) of x, in one forward of

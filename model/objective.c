@@ -4,6 +4,7 @@
 #include "model/objective.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "base/error.h"
@@ -105,4 +106,13 @@ int ts_objective_to_velocity(ts_objective_t o, double t, double abar, double sca
         out[i] = (float)(eps - x0);
     }
     return TS_OK;
+}
+
+static ts_ddpm_schedule_t dit_schedule;
+static pthread_once_t dit_once = PTHREAD_ONCE_INIT;
+static void make_dit_schedule(void) { (void)ts_ddpm_linear(&dit_schedule, 1000, 1e-4, 0.02); }
+
+const ts_ddpm_schedule_t *ts_ddpm_dit(void) {
+    pthread_once(&dit_once, make_dit_schedule);
+    return &dit_schedule;
 }

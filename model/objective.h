@@ -50,6 +50,10 @@ typedef struct ts_ddpm_schedule {
  * TS_EINVAL for n outside 2..TS_DDPM_MAX_STEPS or betas outside (0, 1) or not increasing. */
 int ts_ddpm_linear(ts_ddpm_schedule_t *s, int n, double beta_start, double beta_end);
 
+/* DiT's schedule (ts_ddpm_linear 1000, 1e-4, 0.02), made once per process: the default of the
+ * DDIM/DDPM samplers and of DDPM experts in an ensemble. */
+const ts_ddpm_schedule_t *ts_ddpm_dit(void);
+
 /* ᾱ at continuous step s ∈ [0, n − 1] (log ᾱ interpolated linearly between steps). */
 double ts_ddpm_abar(const ts_ddpm_schedule_t *s, double step);
 

@@ -2,7 +2,6 @@
 #include "model/sampler.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,20 +47,12 @@ int ts_sampler_ddpm_grid(const ts_ddpm_schedule_t *s, int steps, double *t, doub
     return TS_OK;
 }
 
-static ts_ddpm_schedule_t dit_schedule; /* DiT's, made once */
-static pthread_once_t dit_once = PTHREAD_ONCE_INIT;
-static void make_dit_schedule(void) { (void)ts_ddpm_linear(&dit_schedule, 1000, 1e-4, 0.02); }
-
 /* DDIM and DDPM (sampler.h): the grid of the schedule, x scaled from DDPM's start, then per step
  * the Euler step to the next time (DDIM, and every last step), or DDPM's ancestral step. */
 static int run_ddpm(ts_engine_t *e, const ts_sampler_opts_t *o, ts_tensor_t *x,
                     ts_tensor_t scratch[3], ts_velocity_fn fn, void *ctx,
                     ts_sample_progress_fn progress, void *pctx) {
-    const ts_ddpm_schedule_t *s = o->schedule;
-    if (!s) {
-        pthread_once(&dit_once, make_dit_schedule);
-        s = &dit_schedule;
-    }
+    const ts_ddpm_schedule_t *s = o->schedule ? o->schedule : ts_ddpm_dit();
     int steps = o->steps;
     if (steps > s->n || (o->kind == TS_SAMPLER_DDPM && !o->seeds))
         return TS_EINVAL;
