@@ -186,22 +186,33 @@ static void wait_for_company(ts_serve_t *s) {
     }
 }
 
-/* With mu held: moves jobs from the head of the queue into batch while they fit in max_batch
- * rows, and those whose deadline has passed into done. Returns the batch's rows. */
+/* With mu held: moves every queued job whose deadline has passed to done, wherever it stands in
+ * the queue. Returns how many. */
+static int drop_expired(ts_serve_t *s) {
+    int n = 0;
+    uint64_t now = uv_hrtime();
+    for (ts_list_t *it = s->queue.next, *next; it != &s->queue; it = next) {
+        next = it->next;
+        job_t *j = job_at(it);
+        if (j->deadline_ns > now)
+            continue;
+        ts_list_remove(&j->node);
+        s->queued_rows -= j->rows;
+        j->state = JOB_DONE;
+        j->outcome = TS_SERVE_DEADLINE;
+        j->queue_us = (uint32_t)((now - j->arrival_ns) / 1000u);
+        ts_list_push(&s->done, &j->node);
+        n++;
+    }
+    return n;
+}
+
+/* With mu held and no queued job past its deadline: moves jobs from the head of the queue into
+ * batch while they fit in max_batch rows. Returns the batch's rows. */
 static int take_batch(ts_serve_t *s, ts_list_t *batch) {
     int rows = 0;
-    uint64_t now = uv_hrtime();
     while (!ts_list_empty(&s->queue)) {
         job_t *j = job_at(s->queue.next);
-        if (j->deadline_ns <= now) {
-            ts_list_remove(&j->node);
-            s->queued_rows -= j->rows;
-            j->state = JOB_DONE;
-            j->outcome = TS_SERVE_DEADLINE;
-            j->queue_us = (uint32_t)((now - j->arrival_ns) / 1000u);
-            ts_list_push(&s->done, &j->node);
-            continue;
-        }
         /* rows_cap: max_batch, or less since a batch ran out of memory; a job over it runs alone */
         if (rows + j->rows > s->o.max_batch || (rows > 0 && rows + j->rows > s->rows_cap))
             break;
@@ -382,6 +393,12 @@ static void *compute_main(void *arg) {
         wait_for_company(s);
         if (s->stop)
             break;
+        /* The expired leave first; the rest, when some left, wait for company again from their
+         * own arrival (a job that came just after an expired head is not run alone at once). */
+        if (drop_expired(s) > 0) {
+            uv_async_send(&s->async);
+            continue;
+        }
         ts_list_t batch;
         ts_list_init(&batch);
         int rows = take_batch(s, &batch);
