@@ -70,8 +70,8 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias);
 /* pre (..., N) = inp · weightᵀ + bias, as ts_linear_forward; act = GELU(pre), as ts_gelu_forward
  * — the same bits as the two calls; the CPU applies GELU in the bias's pass over each slice of
- * the product, while it is in cache. F32 weight only (TS_EDTYPE otherwise). pre and act do not
- * alias each other or inp. */
+ * the product, while it is in cache. F32 weight only (TS_EDTYPE otherwise). act may be pre itself
+ * (it then holds GELU(pre) alone: a forward that keeps no activations); neither aliases inp. */
 int ts_linear_gelu_forward(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act,
                            const ts_tensor_t *inp, const ts_tensor_t *weight,
                            const ts_tensor_t *bias);

@@ -614,6 +614,9 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     } else if (m->precision == TS_PREC_F16) { /* an F16 weight: the linear and GELU apart */
         TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
         TS_TRY(ts_gelu_forward(e, &gelu, &fc1));
+    } else if (!m->trainable) { /* nothing reads fc1 again: GELU in place, one stream less */
+        TS_TRY(ts_linear_gelu_forward(e, &fc1, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
+        gelu = fc1;
     } else {
         TS_TRY(ts_linear_gelu_forward(e, &fc1, &gelu, &mod2, &W->fc1_w, &P->fc1_b));
     }

@@ -116,6 +116,26 @@ static void test_elementwise(void **state) {
             for (int64_t i = 0; i < n; i++)
                 want[i] = ts_ema_elem(want[i], x[i], 0.999f);
             check_bits(got, want, n, "ema", t->name, n, 0);
+
+            /* the attention's exponentials: e^(x − sub), and their sum in TS_EXP_LANES chains
+             * (element i in chain i mod lanes, the tail in chain 0), added in chain order */
+            const float sub = 0.75f;
+            fill(&r, x, n, -30.0f, 2.0f);
+            memcpy(got, x, (size_t)n * sizeof *got);
+            t->exp_sub(got, n, sub);
+            for (int64_t i = 0; i < n; i++)
+                want[i] = ts_expf(x[i] - sub);
+            check_bits(got, want, n, "exp_sub", t->name, n, 0);
+            memcpy(got, x, (size_t)n * sizeof *got);
+            float total = t->exp_sum(got, n, sub), chain[TS_EXP_LANES] = {0};
+            int64_t full = n / TS_EXP_LANES * TS_EXP_LANES;
+            for (int64_t i = 0; i < n; i++)
+                chain[i < full ? i % TS_EXP_LANES : 0] += want[i];
+            float want_total = 0.0f;
+            for (int l = 0; l < TS_EXP_LANES; l++)
+                want_total += chain[l];
+            check_bits(got, want, n, "exp_sum's exponentials", t->name, n, 0);
+            check_bits(&total, &want_total, 1, "exp_sum's sum", t->name, n, 0);
             free(x), free(d), free(got), free(want);
         }
     }
@@ -296,6 +316,13 @@ static void test_engine_fused(void **state) {
             TU_CHECK_OK(ts_gelu_forward(&base, &w_act, &w_pre));
             check_tensors(&pre, &w_pre, "linear_gelu pre", isas[k], M, N);
             check_tensors(&act, &w_act, "linear_gelu act", isas[k], M, N);
+            /* in place (pre is act: a forward that keeps no activations), with and without bias */
+            TU_CHECK_OK(ts_linear_gelu_forward(&e, &pre, &pre, &inp, &w, &b));
+            check_tensors(&pre, &w_act, "linear_gelu in place", isas[k], M, N);
+            TU_CHECK_OK(ts_linear_gelu_forward(&e, &pre, &pre, &inp, &w, NULL));
+            TU_CHECK_OK(ts_linear_forward(&base, &w_pre, &inp, &w, NULL));
+            TU_CHECK_OK(ts_gelu_forward(&base, &w_act, &w_pre));
+            check_tensors(&pre, &w_act, "linear_gelu in place, no bias", isas[k], M, N);
             TU_FREE_TENSORS(&inp, &w, &b, &pre, &act, &w_pre, &w_act);
         }
         /* AdamW and EMA over a slab larger than one thread's grain */

@@ -575,8 +575,8 @@ static void test_absurd_config_refused(void **state) {
 }
 
 /* A model that cannot train shares one block's activations among its blocks (the residual
- * stream alternating between two buffers): its forward gives the bits of a trainable model (which
- * keeps every block's) on the same weights, for an odd and an even depth, and its arena does not
+ * stream alternating between two buffers) and applies an fp32 MLP's GELU in place: its forward
+ * gives the bits of a trainable model (which keeps every block's) on the same weights, for an odd and an even depth, and its arena does not
  * grow with the depth. */
 static void test_inference_shares_block_buffers(void **state) {
     fixture_t *fx = *state;

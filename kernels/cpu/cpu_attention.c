@@ -45,21 +45,21 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/row_max.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/math.h"
 
 /* Queries per forward task, and keys per block of scores. With the DiT presets' 49 to 256 tokens
  * a head's keys are one block (no rescaling), and the scores of a task are at most 64 KB. */
 #define BQ 64
 #define BK 256
-/* Lanes of the row sum: independent chains, added in a fixed order. */
-#define LANES 16
 
 typedef struct {
     float *out, *lse, *dqkv;              /* the outputs: forward (lse may be NULL), backward */
     const float *qkv, *dout, *o, *lse_in; /* the backward's inputs beside qkv */
     int64_t B, T, C, H, hd, nq;           /* nq: query blocks per head */
     float scale;
-    int failed; /* a task range found no scratch */
+    const ts_cpu_vec_t *vec; /* the exponentials, at the CPU's vector width (kernels/cpu/vec.h) */
+    int failed;              /* a task range found no scratch */
 } att_job_t;
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -73,37 +73,18 @@ static int att_run(ts_engine_t *e, att_job_t *j, int64_t tasks, double work, ts_
 
 /* ---- the online softmax, shared by both forwards ------------------------------------------- */
 
-/* x[i] = e^(x[i] − sub) for i < n; returns Σ x, in LANES chains added in lane order. */
-static float exp_sum(float *x, int64_t n, float sub) {
-    float s[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++) {
-            x[i + l] = ts_expf(x[i + l] - sub);
-            s[l] += x[i + l];
-        }
-    for (; i < n; i++) {
-        x[i] = ts_expf(x[i] - sub);
-        s[0] += x[i];
-    }
-    float total = 0.0f;
-    for (int l = 0; l < LANES; l++)
-        total += s[l];
-    return total;
-}
-
 /* One block of scores s (n, m), row stride lds, becomes e^(s − m_new) in place, and the rows'
  * running max mx and sum l take it in. first: the row's first block. Returns, per row, in
  * alpha, the factor e^(m_old − m_new) by which the output so far must be rescaled (1 when the
  * max did not move; unused for a first block). */
-static void online_softmax(float *s, int64_t n, int64_t m, int64_t lds, float *mx, float *l,
-                           float *alpha, int first) {
+static void online_softmax(const ts_cpu_vec_t *vec, float *s, int64_t n, int64_t m, int64_t lds,
+                           float *mx, float *l, float *alpha, int first) {
     for (int64_t i = 0; i < n; i++) {
         float *si = s + i * lds;
         float bm = ts_row_max(si, m);
         float mn = first || bm > mx[i] ? bm : mx[i];
         float a = first ? 0.0f : ts_expf(mx[i] - mn);
-        float rs = exp_sum(si, m, mn);
+        float rs = vec->exp_sum(si, m, mn);
         l[i] = first ? rs : l[i] * a + rs;
         mx[i] = mn;
         alpha[i] = a;
@@ -143,7 +124,7 @@ static void fwd_block_f32(const att_job_t *j, float *s, int64_t b, int64_t h, in
         /* s (n, m) = scale · Q_blk · K_blkᵀ */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)hd, j->scale, q,
                     (int)ld, k + k0 * ld, (int)ld, 0.0f, s, (int)m);
-        online_softmax(s, n, m, m, mx, l, alpha, k0 == 0);
+        online_softmax(j->vec, s, n, m, m, mx, l, alpha, k0 == 0);
         if (k0 > 0)
             for (int64_t i = 0; i < n; i++)
                 for (int64_t d = 0; d < hd; d++)
@@ -170,8 +151,9 @@ static void fwd_range_f32(void *arg, int64_t lo, int64_t hi) {
     free(s);
 }
 
-static att_job_t job_of(int64_t B, int64_t T, int64_t C, int64_t H) {
+static att_job_t job_of(const ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H) {
     att_job_t j = {.B = B, .T = T, .C = C, .H = H, .hd = C / H, .nq = (T + BQ - 1) / BQ};
+    j.vec = e->vec;
     j.scale = 1.0f / sqrtf((float)j.hd);
     return j;
 }
@@ -180,7 +162,7 @@ int ts_cpu_attention_fused_forward(ts_engine_t *e, float *out, float *lse, const
                                    int64_t B, int64_t T, int64_t C, int64_t H) {
     if (3 * C > INT32_MAX || T > INT32_MAX)
         return TS_ERANGE;
-    att_job_t j = job_of(B, T, C, H);
+    att_job_t j = job_of(e, B, T, C, H);
     j.out = out, j.lse = lse, j.qkv = qkv;
     return att_run(e, &j, B * H * j.nq, 2.0 * B * H * T * T * j.hd, fwd_range_f32);
 }
@@ -212,8 +194,7 @@ static void bwd_head(const att_job_t *j, float *p, float *dp, int64_t b, int64_t
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)hd, scale, qb,
                         (int)ld, kb, (int)ld, 0.0f, p, (int)m);
             for (int64_t i = 0; i < n; i++)
-                for (int64_t c = 0; c < m; c++)
-                    p[i * m + c] = ts_expf(p[i * m + c] - lse[q0 + i]);
+                j->vec->exp_sub(p + i * m, m, lse[q0 + i]);
             /* dV_blk (m, hd) += Pᵀ · dO_blk */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)hd, (int)n, 1.0f, p,
                         (int)m, dob, (int)C, 1.0f, dv + k0 * ld, (int)ld);
@@ -249,7 +230,7 @@ int ts_cpu_attention_fused_backward(ts_engine_t *e, float *dqkv, const float *do
                                     int64_t T, int64_t C, int64_t H) {
     if (3 * C > INT32_MAX || T > INT32_MAX)
         return TS_ERANGE;
-    att_job_t j = job_of(B, T, C, H);
+    att_job_t j = job_of(e, B, T, C, H);
     j.dqkv = dqkv, j.dout = dout, j.qkv = qkv, j.o = out, j.lse_in = lse;
     return att_run(e, &j, B * H, 5.0 * B * H * T * T * j.hd, bwd_range);
 }
@@ -426,7 +407,7 @@ BF16_TARGET static void fwd_block_bf16(const att_job_t *j, bf16_scratch_t *w, in
         pack_values(w, v + k0 * ld, ld, m, m2, hd);
         /* s (n, m16) = scale · Q_blk · K_blkᵀ */
         product_bf16(w->s, BK, w->q, hp / 2, n, hp / 2, w->k, 2 * m16, m16, 0, j->scale);
-        online_softmax(w->s, n, m, BK, mx, l, alpha, k0 == 0);
+        online_softmax(j->vec, w->s, n, m, BK, mx, l, alpha, k0 == 0);
         /* O_blk (n, hv) = (first block ? 0 : alpha · O_blk) + P · V_blk */
         for (int64_t i = 0; i < n; i++) {
             float *oi = w->o + i * hv;
@@ -560,8 +541,7 @@ BF16_TARGET static void bwd_head_bf16(const att_job_t *j, bf16_bwd_t *w, int64_t
             /* P (n, m) = e^(scale · Q Kᵀ − lse) */
             product_bf16(w->p, BK, w->q, hp / 2, n, hp / 2, w->kk, 2 * m16, m16, 0, scale);
             for (int64_t i = 0; i < n; i++)
-                for (int64_t c = 0; c < m; c++)
-                    w->p[i * BK + c] = ts_expf(w->p[i * BK + c] - lse[q0 + i]);
+                j->vec->exp_sub(w->p + i * BK, m, lse[q0 + i]);
             /* dV_blk (m, hd) += Pᵀ · dO_blk */
             round_transposed(w->pt, w->tr, w->p, BK, n, m, n2);
             product_bf16(w->acc, hv, w->pt, n2 / 2, m, n2 / 2, w->dov, 2 * hv, hv, 0, 1.0f);
@@ -605,7 +585,7 @@ int ts_cpu_attention_fused_backward_bf16(ts_engine_t *e, float *dqkv, const floa
         return TS_ENOTSUP;
     if (3 * C > INT32_MAX || T > INT32_MAX)
         return TS_ERANGE;
-    att_job_t j = job_of(B, T, C, H);
+    att_job_t j = job_of(e, B, T, C, H);
     j.dqkv = dqkv, j.dout = dout, j.qkv = qkv, j.o = out, j.lse_in = lse;
     return att_run(e, &j, B * H, 5.0 * B * H * T * T * j.hd, bwd_range_bf16);
 }
@@ -614,7 +594,7 @@ int ts_cpu_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse, 
                                         int64_t B, int64_t T, int64_t C, int64_t H) {
     if (!ts_cpu_attention_fused_bf16_ok())
         return TS_ENOTSUP;
-    att_job_t j = job_of(B, T, C, H);
+    att_job_t j = job_of(e, B, T, C, H);
     j.out = out, j.lse = lse, j.qkv = qkv;
     return att_run(e, &j, B * H * j.nq, 2.0 * B * H * T * T * j.hd, fwd_range_bf16);
 }

@@ -43,7 +43,10 @@ static void bias_act(float *c, float *act, const float *bias, int64_t M, int64_t
     for (int64_t r = 0; r < M; r++) {
         float *cr = c + r * ld;
         float *ar = act ? act + r * ld : NULL;
-        if (bias && ar)
+        if (bias && ar == cr) /* GELU in place: one store per element */
+            for (int64_t i = 0; i < N; i++)
+                cr[i] = ts_gelu(cr[i] + bias[i]);
+        else if (bias && ar)
             for (int64_t i = 0; i < N; i++) {
                 float v = cr[i] + bias[i];
                 cr[i] = v;
@@ -163,6 +166,31 @@ static void axpy(float *y, float alpha, const float *x, int64_t n) {
         y[i] += alpha * x[i];
 }
 
+static void exp_sub(float *x, int64_t n, float sub) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = ts_expf(x[i] - sub);
+}
+
+/* The chains are independent, so each build runs them as lanes of its vectors (one 16-wide
+ * vector, two of 8, four of 4): every chain adds its own elements in element order. */
+static float exp_sum(float *x, int64_t n, float sub) {
+    float s[TS_EXP_LANES] = {0};
+    int64_t i = 0;
+    for (; i + TS_EXP_LANES <= n; i += TS_EXP_LANES)
+        for (int l = 0; l < TS_EXP_LANES; l++) {
+            x[i + l] = ts_expf(x[i + l] - sub);
+            s[l] += x[i + l];
+        }
+    for (; i < n; i++) {
+        x[i] = ts_expf(x[i] - sub);
+        s[0] += x[i];
+    }
+    float total = 0.0f;
+    for (int l = 0; l < TS_EXP_LANES; l++)
+        total += s[l];
+    return total;
+}
+
 extern const ts_cpu_vec_t VEC_CAT(ts_cpu_vec_, TS_VEC_ISA);
 const ts_cpu_vec_t VEC_CAT(ts_cpu_vec_, TS_VEC_ISA) = {
     .name = VEC_STR(TS_VEC_ISA),
@@ -175,6 +203,8 @@ const ts_cpu_vec_t VEC_CAT(ts_cpu_vec_, TS_VEC_ISA) = {
     .adamw = adamw,
     .ema = ema,
     .axpy = axpy,
+    .exp_sub = exp_sub,
+    .exp_sum = exp_sum,
 };
 
 #ifdef TS_VEC_PICK

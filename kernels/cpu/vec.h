@@ -15,7 +15,8 @@
  * the plain loops, with memcmp, on sizes with tails.
  *
  * What is not here: the GEMMs (OpenBLAS picks its own kernels), softmax and attention (the
- * attention kernel's own file), the reductions in double (their order is their rounding).
+ * attention kernel's own file, which takes its exponentials from here), the reductions in double
+ * (their order is their rounding).
  */
 #ifndef TS_CPU_VEC_H
 #define TS_CPU_VEC_H
@@ -29,8 +30,8 @@ typedef struct ts_cpu_vec {
     /* dinp[i] += dout[i] · gelu'(inp[i]) */
     void (*gelu_backward)(float *dinp, const float *dout, const float *inp, int64_t n);
     /* A linear layer's output pass over c (M, N), row stride ld: c += bias (when bias is not
-     * NULL), then, when act is not NULL, act = gelu(c) (act has c's layout) — one pass over each
-     * row while the GEMM's output is still in cache. */
+     * NULL), then, when act is not NULL, act = gelu(c) (act has c's layout; act == c leaves
+     * only gelu(c + bias) in c) — one pass over each row while the GEMM's output is in cache. */
     void (*bias_act)(float *c, float *act, const float *bias, int64_t M, int64_t N, int64_t ld);
     /* LayerNorm of rows x (rows, C): out (nullable) = (x − mean)·rstd; mean, rstd (rows)
      * nullable; when mod_out is not NULL, also mod_out = modulate(that, shift, scale), shift and
@@ -51,7 +52,14 @@ typedef struct ts_cpu_vec {
     void (*ema)(float *ema, const float *param, int64_t n, float decay);
     /* y[i] += alpha · x[i] */
     void (*axpy)(float *y, float alpha, const float *x, int64_t n);
+    /* x[i] = e^(x[i] − sub) for i < n (the fused attention's softmax weights) */
+    void (*exp_sub)(float *x, int64_t n, float sub);
+    /* exp_sub, and returns Σ x[i]: TS_EXP_LANES chains (element i in chain i mod TS_EXP_LANES,
+     * the tail past the last full group in chain 0), added in chain order at the end */
+    float (*exp_sum)(float *x, int64_t n, float sub);
 } ts_cpu_vec_t;
+
+#define TS_EXP_LANES 16
 
 /* The table of the widest build this CPU runs, no wider than `cap` ("avx512", "avx2", "base";
  * NULL or "" for no cap; an unknown name caps nothing). The engine passes the environment's
