@@ -96,6 +96,22 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
             "combine %.3f s, of %.3f s\n",
             ls->policy_s, st->network_s - st->local_s, st->server_queue_s, st->server_compute_s,
             st->server_device_s, st->local_s, ls->combine_s, ls->seconds);
+    if (st->checks || st->liars)
+        fprintf(stderr,
+                "checks: %llu answers spot-checked (rate %.3g): %llu agreed, %llu disagreed, "
+                "%llu liars caught, %llu undecided, %llu could not be checked\n",
+                (unsigned long long)st->checks, r->o.verify_rate,
+                (unsigned long long)st->checks_agreed, (unsigned long long)st->mismatches,
+                (unsigned long long)st->liars, (unsigned long long)st->undecided,
+                (unsigned long long)st->checks_failed);
+    for (int k = 0; k < g->K; k++)
+        for (int i = 0; i < g->experts[k].n_rep; i++)
+            if (g->experts[k].rep[i].lies)
+                fprintf(stderr, "  LIAR: %s (expert of cluster %d): %llu wrong answer%s caught; not "
+                                "asked again\n",
+                        g->experts[k].rep[i].addr, k,
+                        (unsigned long long)g->experts[k].rep[i].lies,
+                        g->experts[k].rep[i].lies == 1 ? "" : "s");
     json_t *degraded = json_array();
     if (st->degraded_evaluations) {
         fprintf(stderr,
@@ -137,6 +153,22 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
         json_object_set_new(j, "server_compute_s", json_real(st->server_compute_s));
         json_object_set_new(j, "server_device_s", json_real(st->server_device_s));
         json_object_set_new(j, "degraded_at", degraded);
+        json_t *liars = json_array();
+        for (int k = 0; k < g->K; k++)
+            for (int i = 0; i < g->experts[k].n_rep; i++)
+                if (g->experts[k].rep[i].lies)
+                    json_array_append_new(
+                        liars, json_pack("{s:s, s:i, s:I, s:I}", "addr", g->experts[k].rep[i].addr,
+                                         "cluster", k, "lies",
+                                         (json_int_t)g->experts[k].rep[i].lies, "checked",
+                                         (json_int_t)g->experts[k].rep[i].checked));
+        json_object_set_new(
+            j, "checks",
+            json_pack("{s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "rate", r->o.verify_rate,
+                      "checked", (json_int_t)st->checks, "agreed", (json_int_t)st->checks_agreed,
+                      "disagreed", (json_int_t)st->mismatches, "liars", (json_int_t)st->liars,
+                      "undecided", (json_int_t)st->undecided, "failed",
+                      (json_int_t)st->checks_failed, "caught", liars));
         json_object_set_new(j, "failed_experts", failed);
     } else {
         json_decref(degraded);
@@ -233,6 +265,7 @@ typedef struct {
     ts_precision_t precision; /* --precision (zeroed: f32): the experts of --local */
     int no_prior, exact, require_coverage, tau_set;
     float cfg, tau, router_temp, min_trained, ready_loss;
+    float verify; /* --verify; < 0: not given (TS_REMOTE_VERIFY_RATE) */
     uint64_t seed;
 } gen_opts_t;
 
@@ -271,6 +304,7 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
                       .steps = 30,
                       .cfg = 1.0f,
                       .router_temp = 1.0f,
+                      .verify = -1.0f,
                       .min_trained = (float)TS_NETGEN_MIN_TRAINED};
     o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
     ts_arg_t args[] = {
@@ -301,6 +335,11 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
          0, 1000},
         {"prefer-local", TS_ARG_FLAG, &o->prefer_local, NULL,
          "with --peer: run the experts whose weights are in the store here (`tessera pull`)"},
+        {"verify", TS_ARG_FLOAT, &o->verify, "RATE",
+         "with --peer: the fraction of answers spot-checked by asking a second replica of the "
+         "expert (bits equal, or a third replica or the cached weights decide; a replica caught "
+         "lying is not asked again) (default 0.05; 0: off)",
+         0, 1},
         {"no-hedge", TS_ARG_FLAG, &o->no_hedge, NULL,
          "with --peer: never send a second request to another replica"},
         {"timeout-ms", TS_ARG_INT, &o->timeout_ms, "N", "with --peer: per request (default 10000)",
@@ -404,11 +443,11 @@ static int validate(gen_run_t *r) {
     else if (o->peer && !o->nk)
         fprintf(stderr, PROG ": --peer needs --network-key FILE\n");
     else if (!o->peer && (o->nk || o->identity || o->data_dir || o->partition || o->prefer_local ||
-                          o->no_hedge || o->trace || o->require_coverage ||
+                          o->no_hedge || o->trace || o->require_coverage || o->verify >= 0 ||
                           o->min_trained != (float)TS_NETGEN_MIN_TRAINED || o->ready_loss > 0))
         fprintf(stderr, PROG ": --network-key, --identity, --data-dir, --partition, "
                              "--require-coverage, --min-trained, --ready-loss, --prefer-local, "
-                             "--no-hedge and "
+                             "--verify, --no-hedge and "
                              "--trace go with --peer\n");
     else if (o->peer && (o->exact || o->router_temp != 1.0f))
         fprintf(stderr, PROG ": --exact-guidance and --router-temp go with --local\n");
@@ -458,6 +497,8 @@ static int open_experts(gen_run_t *r) {
         no.remote.hedge = !o->no_hedge;
         no.remote.timeout_ms = (uint32_t)o->timeout_ms;
         no.remote.retries = o->retries;
+        if (o->verify >= 0)
+            no.remote.verify_rate = o->verify;
         rc = ts_netgen_open(&r->net, &no, &r->eng, r->chunk, r->pairs, &r->loc, PROG, r->err,
                             sizeof r->err);
         r->said = rc != TS_OK && r->net.said;

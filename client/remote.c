@@ -31,7 +31,9 @@ void ts_remote_opts_default(ts_remote_opts_t *o) {
                             .hedge_min_ms = 2,
                             .retries = 2,
                             .ban_ms = 30000,
-                            .down_ms = 5000};
+                            .down_ms = 5000,
+                            .require_signed = 1,
+                            .verify_rate = TS_REMOTE_VERIFY_RATE};
 }
 
 /* ---- one job's requests ----------------------------------------------------------------------- */
@@ -58,6 +60,17 @@ struct attempt {
     send_t sends[MAX_SENDS];
     int n_sends, inflight, retries_left, done, last_error;
     char note[200]; /* the last failure: node and reason (ts_remote_fail_t) */
+    uint8_t req_hash[TS_ANSWER_HASH_BYTES]; /* the request's (net/answer.h), at the first send */
+    int hashed, cancelling;
+    /* A spot-check: phase 0 answering; 1 the same request asked of a second replica; 2 of a
+     * third, to break a tie. held: (3, m·chw) the answers kept, with their replicas and signed
+     * claims (the evidence). */
+    int phase;
+    float *held;
+    size_t cap_held;
+    int held_rep[3];
+    ts_answer_claim_t held_claim[3];
+    uint8_t held_sig[3][TS_SIGNATURE_BYTES];
 };
 
 /* Attempt slots (one per piece of a job of the evaluation in progress), each with its hedge
@@ -195,6 +208,10 @@ static int send_to(attempt_t *a, int i, int hedge) {
     Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
     env.body_case = TESSERA__ENVELOPE__BODY_DENOISE_REQUEST;
     env.denoise_request = &dr;
+    if (!a->hashed) { /* the same request goes to every replica asked: hashed once */
+        TS_TRY(ts_answer_request_hash(&dr, a->req_hash));
+        a->hashed = 1;
+    }
     char err[256] = "";
     ts_replica_t *p = &a->ex->rep[i];
     int rc = ts_rpc_call(p->peer, &env, r->o.timeout_ms, on_answer, s, &s->call, err, sizeof err);
@@ -238,8 +255,11 @@ static void on_hedge(uv_timer_t *t) {
         a->r->st.hedges++;
 }
 
-/* Reads the answer into the job: an F32 (m, C, H, W) tensor of finite values, else TS_ECORRUPT. */
-static int take_answer(attempt_t *a, const Tessera__Envelope *env, timings_t *tm) {
+/* Reads the answer into dst (m·chw floats): an F32 (m, C, H, W) tensor of finite values, signed
+ * by replica p's node when the options ask for it (its claim and signature into c and sig), else
+ * TS_ECORRUPT. */
+static int take_answer(attempt_t *a, const Tessera__Envelope *env, timings_t *tm, float *dst,
+                       ts_replica_t *p, ts_answer_claim_t *c, uint8_t sig[TS_SIGNATURE_BYTES]) {
     const ts_remote_t *r = a->r;
     const ts_expert_job_t *j = a->job;
     const Tessera__DenoiseResponse *d = env->denoise_response;
@@ -251,7 +271,17 @@ static int take_answer(attempt_t *a, const Tessera__Envelope *env, timings_t *tm
         ts_frame_tensor_view(v, &got) != TS_OK || got.ndim != 4 || got.shape[0] != j->m ||
         got.shape[1] != r->channels || got.shape[2] != r->size || got.shape[3] != r->size)
         return TS_ECORRUPT;
-    memcpy(j->v, got.data, ts_tensor_nbytes(&got));
+    memset(c, 0, sizeof *c);
+    if (ts_answer_claim_of(c, env->request_id, a->req_hash, a->ex->weights_hash, d) == TS_OK) {
+        memcpy(sig, d->signature.data, TS_SIGNATURE_BYTES);
+        if (!p->has_node || ts_answer_verify(c, &p->node, sig) != TS_OK)
+            return TS_ECORRUPT; /* signed, but not by the node asked, or not this answer */
+        snprintf(p->device_class, sizeof p->device_class, "%s", c->device_class);
+        p->precision = c->precision;
+    } else if (r->o.require_signed) {
+        return TS_ECORRUPT;
+    }
+    memcpy(dst, got.data, ts_tensor_nbytes(&got));
     if (d->timings) {
         tm->queue_us = d->timings->queue_us;
         tm->compute_us = d->timings->compute_us;
@@ -274,6 +304,165 @@ static void note_rtt(ts_remote_expert_t *ex, ts_replica_t *p, double ms) {
         ex->n_rtt++;
 }
 
+/* ---- spot-checks ------------------------------------------------------------------------------ */
+
+/* Cancels the sends of a still in flight (their callbacks see `cancelling` and do nothing). */
+static void cancel_inflight(attempt_t *a) {
+    double now = ts_now_s();
+    a->cancelling = 1;
+    for (int i = 0; i < a->n_sends; i++)
+        if (a->sends[i].call) {
+            slower_than(&a->ex->rep[a->sends[i].replica], (now - a->sends[i].start) * 1e3);
+            ts_rpc_cancel(a->sends[i].call);
+        }
+    a->cancelling = 0;
+}
+
+/* A replica to check an answer of class cls and precision prec with: one not asked yet, not
+ * banned, of that class and precision (or whose class is not known yet) — preferred — or any
+ * other. −1 when none is left. */
+static int pick_checker(attempt_t *a, const char *cls, uint8_t prec) {
+    ts_remote_expert_t *ex = a->ex;
+    double now = ts_now_s();
+    int any = -1;
+    for (int i = 0; i < ex->n_rep; i++) {
+        const ts_replica_t *p = &ex->rep[i];
+        if ((a->tried & (1u << i)) || p->banned_until > now || !p->peer)
+            continue;
+        if (p->precision == 0 || (p->precision == prec && strcmp(p->device_class, cls) == 0))
+            return i;
+        if (any < 0)
+            any = i;
+    }
+    return any;
+}
+
+/* The largest |x − y| over n values, relative to max(1, max|y|). */
+static double rel_diff(const float *x, const float *y, size_t n) {
+    double d = 0.0, m = 1.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)x[i] - (double)y[i]);
+        d = e > d ? e : d;
+        m = fabs((double)y[i]) > m ? fabs((double)y[i]) : m;
+    }
+    return d / m;
+}
+
+/* Whether two answers agree: bit for bit where both claims name the same device class and
+ * precision, within the tolerance of their precisions otherwise. */
+static int agree(const float *x, const ts_answer_claim_t *cx, const float *y,
+                 const ts_answer_claim_t *cy, size_t n) {
+    if (cx->precision == cy->precision && strcmp(cx->device_class, cy->device_class) == 0)
+        return memcmp(x, y, n * sizeof *x) == 0;
+    int low = cx->precision != TESSERA__DTYPE__DTYPE_F32 ||
+              cy->precision != TESSERA__DTYPE__DTYPE_F32;
+    return rel_diff(x, y, n) <= (low ? TS_REMOTE_TOL_LOW : TS_REMOTE_TOL_F32);
+}
+
+/* Held answer slot k (m·chw floats). */
+static float *held(attempt_t *a, int k) { return a->held + (size_t)k * (size_t)a->job->m * (size_t)a->r->chw; }
+
+/* Replica i answered wrongly, as the check showed: never asked again by this client. */
+static void caught(attempt_t *a, int i) {
+    ts_replica_t *p = &a->ex->rep[i];
+    p->lies++;
+    p->banned_until = INFINITY;
+    a->r->st.liars++;
+    snprintf(a->note, sizeof a->note, "%.64s: a wrong answer, caught by a spot-check", p->addr);
+}
+
+/* Whether to check the answer just taken: at the rate asked, when a second replica or cached
+ * weights can. On yes the answer is kept (slot 0) and the check is asked; 1 then. */
+static int start_check(attempt_t *a, int replica, const ts_answer_claim_t *c,
+                       const uint8_t sig[TS_SIGNATURE_BYTES]) {
+    ts_remote_t *r = a->r;
+    if (r->o.verify_rate <= 0.0 ||
+        (double)(next_rand(r) >> 11) * 0x1.0p-53 >= r->o.verify_rate)
+        return 0;
+    int i = pick_checker(a, c->device_class, c->precision);
+    if (i < 0)
+        return 0; /* nothing to check with: the cached weights alone do not make a check */
+    size_t n = (size_t)a->job->m * (size_t)r->chw;
+    if (a->cap_held < 3 * n) {
+        float *h = realloc(a->held, 3 * n * sizeof *h);
+        if (!h)
+            return 0;
+        a->held = h;
+        a->cap_held = 3 * n;
+    }
+    uv_timer_stop(a->hedge_timer);
+    cancel_inflight(a); /* a hedge still out: its answer is no longer wanted */
+    memcpy(held(a, 0), a->job->v, n * sizeof(float));
+    a->held_rep[0] = replica;
+    a->held_claim[0] = *c;
+    memcpy(a->held_sig[0], sig, TS_SIGNATURE_BYTES);
+    a->phase = 1;
+    a->retries_left = r->o.retries;
+    r->st.checks++;
+    a->ex->rep[replica].checked++;
+    if (send_to(a, i, 0) == TS_OK)
+        return 1;
+    a->phase = 0; /* refused at once: the answer stands unchecked */
+    r->st.checks_failed++;
+    return 0;
+}
+
+/* The check's answer k (1: the second replica's, 2: a tie-breaker's) is in slot k: agreeing
+ * answers are trusted; a disagreement is broken by the cached weights or a third replica, and
+ * the one that loses is caught. The job then holds the answer that stands. */
+static void judge(attempt_t *a, int k) {
+    ts_remote_t *r = a->r;
+    size_t n = (size_t)a->job->m * (size_t)r->chw;
+    ts_answer_claim_t *c = a->held_claim;
+    if (k == 1 && agree(held(a, 1), &c[1], held(a, 0), &c[0], n)) {
+        r->st.checks_agreed++;
+        finish(a, TS_OK); /* the job's v is the first answer */
+        return;
+    }
+    if (k == 1) {
+        r->st.mismatches++;
+        if (a->ex->local) { /* the cached weights decide, within the fp32 tolerance */
+            ts_expert_job_t mine = *a->job;
+            mine.v = held(a, 2);
+            double t0 = ts_now_s();
+            int rc = ts_expert_job_run(a->ex->local, &mine);
+            r->st.local_runs++;
+            r->st.local_s += ts_now_s() - t0;
+            double d0 = rc == TS_OK ? rel_diff(held(a, 0), held(a, 2), n) : INFINITY;
+            double d1 = rc == TS_OK ? rel_diff(held(a, 1), held(a, 2), n) : INFINITY;
+            int low = c[0].precision != TESSERA__DTYPE__DTYPE_F32;
+            double tol = low ? TS_REMOTE_TOL_LOW : TS_REMOTE_TOL_F32;
+            if ((d0 <= tol) != (d1 <= tol)) {
+                int liar = d0 <= tol ? 1 : 0;
+                caught(a, a->held_rep[liar]);
+                if (liar == 0)
+                    memcpy(a->job->v, held(a, 1), n * sizeof(float));
+                finish(a, TS_OK);
+                return;
+            }
+        }
+        int i = pick_checker(a, c[0].device_class, c[0].precision);
+        a->phase = 2;
+        a->retries_left = r->o.retries;
+        if (i >= 0 && send_to(a, i, 0) == TS_OK)
+            return;
+        r->st.undecided++;
+        finish(a, TS_OK); /* nothing breaks the tie: the first answer stands, unproven */
+        return;
+    }
+    int with0 = agree(held(a, 2), &c[2], held(a, 0), &c[0], n);
+    int with1 = agree(held(a, 2), &c[2], held(a, 1), &c[1], n);
+    if (with0 != with1) {
+        int liar = with0 ? 1 : 0;
+        caught(a, a->held_rep[liar]);
+        if (liar == 0)
+            memcpy(a->job->v, held(a, 1), n * sizeof(float));
+    } else {
+        r->st.undecided++;
+    }
+    finish(a, TS_OK);
+}
+
 static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg) {
     (void)call;
     send_t *s = arg;
@@ -282,13 +471,16 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
     ts_replica_t *p = &a->ex->rep[s->replica];
     s->call = NULL;
     a->inflight--;
-    if (a->done)
+    if (a->done || a->cancelling)
         return; /* the loser of a hedge, cancelled or late */
     int status = res->status;
     const char *why = res->message && *res->message ? res->message : NULL;
     timings_t tm = {0, 0, 0};
     if (status == TS_OK) {
-        status = take_answer(a, res->reply, &tm);
+        int k = a->phase; /* where the answer goes: the job, or a check's slot */
+        ts_answer_claim_t claim;
+        uint8_t sig[TS_SIGNATURE_BYTES];
+        status = take_answer(a, res->reply, &tm, k == 0 ? a->job->v : held(a, k), p, &claim, sig);
         if (status == TS_OK) {
             p->answered++;
             r->st.answers++;
@@ -302,7 +494,14 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
             r->st.server_compute_s += tm.compute_us / 1e6;
             r->st.server_device_s += tm.device_us / 1e6;
             trace(r, s, TS_OK, tm, s->replica, s->start);
-            finish(a, TS_OK);
+            if (k > 0) {
+                a->held_rep[k] = s->replica;
+                a->held_claim[k] = claim;
+                memcpy(a->held_sig[k], sig, TS_SIGNATURE_BYTES);
+                judge(a, k);
+            } else if (!start_check(a, s->replica, &claim, sig)) {
+                finish(a, TS_OK);
+            }
             return;
         }
         /* A wrong answer is worse than none: that replica is not asked again for a while. */
@@ -334,8 +533,19 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
     while (a->retries_left > 0) {
         a->retries_left--;
         r->st.retries++;
+        if (a->phase > 0) { /* a check: another replica of the answer's class */
+            int i = pick_checker(a, a->held_claim[0].device_class, a->held_claim[0].precision);
+            if (i >= 0 && send_to(a, i, 0) == TS_OK)
+                return;
+            continue;
+        }
         if (send_next(a, 0) == TS_OK)
             return;
+    }
+    if (a->phase > 0) { /* the check could not be made: the first answer stands, unchecked */
+        r->st.checks_failed++;
+        finish(a, TS_OK);
+        return;
     }
     finish(a, status);
 }
@@ -425,8 +635,9 @@ static int piece_size(const ts_remote_expert_t *ex, float cfg_scale) {
 /* Starts one piece: rows [start, start + m) of job j, in attempt slot a. */
 static int start_piece(ts_remote_t *r, attempt_t *a, ts_expert_job_t *j, int start, int m) {
     uv_timer_t *timer = a->hedge_timer;
-    float *t = a->t;
+    float *t = a->t, *held_buf = a->held;
     int cap_t = a->cap_t;
+    size_t cap_held = a->cap_held;
     size_t chw = (size_t)r->chw;
     *a = (attempt_t){.r = r,
                      .whole = j,
@@ -434,6 +645,8 @@ static int start_piece(ts_remote_t *r, attempt_t *a, ts_expert_job_t *j, int sta
                      .hedge_timer = timer,
                      .t = t,
                      .cap_t = cap_t,
+                     .held = held_buf,
+                     .cap_held = cap_held,
                      .retries_left = r->o.retries,
                      .last_error = TS_ENOTFOUND};
     a->piece = *j;
@@ -582,6 +795,7 @@ void ts_remote_free(ts_remote_t *r) {
         for (int i = 0; i < pv->n_slots; i++) {
             uv_close((uv_handle_t *)pv->att[i]->hedge_timer, timer_closed);
             free(pv->att[i]->t);
+            free(pv->att[i]->held);
             free(pv->att[i]);
         }
         free(pv->att);

@@ -28,6 +28,7 @@
 
 #include "model/dit.h"
 #include "model/ensemble.h"
+#include "net/answer.h"
 #include "net/rpc.h"
 
 #define TS_REMOTE_MAX_REPLICAS 16
@@ -43,8 +44,12 @@ typedef struct ts_replica {
     uint32_t item_latency_us; /* from the advert */
     uint32_t max_samples;     /* samples one request may carry (the advert's capacity); 0: any */
     uint32_t max_rows;        /* forward rows one request may carry (B, 2B guided); 0: not said */
-    double banned_until;      /* monotonic seconds */
+    double banned_until;      /* monotonic seconds; INFINITY once caught lying */
     uint64_t sent, answered, failed, garbage, hedges_won;
+    /* learned from its signed answers: what computes them (net/answer.h) */
+    char device_class[TS_ANSWER_DEVICE_MAX + 1];
+    uint8_t precision; /* a Tessera__DType value; 0 until its first answer */
+    uint64_t checked, lies; /* its answers spot-checked, and found wrong */
 } ts_replica_t;
 
 typedef struct ts_remote_expert {
@@ -65,7 +70,21 @@ typedef struct ts_remote_opts {
     uint32_t ban_ms;       /* a replica that answered garbage is not asked for this long (30000) */
     uint32_t down_ms;      /* nor one whose connection failed or request timed out (5000) */
     int prefer_local;      /* run every expert with cached weights locally (0) */
+    /* Every answer must carry a valid signature by the node that was asked (1); an answer
+     * without one counts as garbage. */
+    int require_signed;
+    /* The fraction of answers spot-checked (TS_REMOTE_VERIFY_RATE): the same request asked of a
+     * second replica, bit for bit where both report the same device class and precision, within
+     * TS_REMOTE_TOL_F32 / TS_REMOTE_TOL_LOW otherwise; when they differ, a third replica or the
+     * cached weights decide, and the liar is never asked again by this client. */
+    double verify_rate;
 } ts_remote_opts_t;
+
+#define TS_REMOTE_VERIFY_RATE 0.05
+/* Tolerances between answers of different device classes, relative to max(1, max|v|): fp32
+ * answers (the CPU-GPU parity tests' 1e-4), and answers where either side ran bf16 or f16. */
+#define TS_REMOTE_TOL_F32 1e-4
+#define TS_REMOTE_TOL_LOW 5e-2
 
 void ts_remote_opts_default(ts_remote_opts_t *o);
 
@@ -73,6 +92,9 @@ void ts_remote_opts_default(ts_remote_opts_t *o);
 typedef struct ts_remote_stats {
     uint64_t evaluations, jobs, requests, answers, hedges, hedge_wins, retries, busy, errors;
     uint64_t garbage, local_runs, failed_jobs, degraded_evaluations;
+    /* spot-checks: asked, agreed, disagreed, decided against a replica (liars found), left
+     * undecided (nothing to break the tie), abandoned (the checker did not answer) */
+    uint64_t checks, checks_agreed, mismatches, liars, undecided, checks_failed;
     uint64_t bytes_out, bytes_in;
     double network_s, local_s; /* wall time waiting for the network, computing locally */
     /* the servers' Timings, summed over answers: queue, compute, and of compute the device's */

@@ -106,6 +106,10 @@ static const key_spec_t KEYS[] = {
     {{"log", "level", "debug|info|warn|error", "info", "the least severe level written"}, K_LEVEL, OFF(log_level), 0, 0},
     {{"log", "format", "text|json", "text", "text lines, or one JSON object per line (ts, level, component, msg)"}, K_FORMAT, OFF(log_format), 0, 0},
     {{"log", "file", "path", "(stderr)", "append logs to this file instead of stderr; SIGHUP reopens it (log rotation)"}, K_PATH, OFF(log_file), 0, 0},
+    {{"fault", "lie_bias", "number", "0", "tests and measurements only: add this to every element of the answers this node lies in (a liar for the spot-checks: docs/operations.md, \"Wrong answers\")"}, K_FLOAT, OFF(fault_lie_bias), 0, 0, -1e6, 1e6},
+    {{"fault", "lie_noise", "number", "0", "tests and measurements only: add Gaussian noise of this standard deviation to the answers this node lies in"}, K_FLOAT, OFF(fault_lie_noise), 0, 0, 0, 1e6},
+    {{"fault", "lie_scale", "number", "1", "tests and measurements only: multiply the answers this node lies in by this (an answer of the wrong size, like another expert's)"}, K_FLOAT, OFF(fault_lie_scale), 0, 0, -1e6, 1e6},
+    {{"fault", "lie_rate", "number", "1", "tests and measurements only: the fraction of answers the lies above apply to (each answer drawn at random); they sign them like honest ones"}, K_FLOAT, OFF(fault_lie_rate), 0, 0, 0, 1},
     {{"metrics", "listen", "host:port", "127.0.0.1:9420", "HTTP endpoint for Prometheus (/metrics) and health checks (/healthz); port 0 picks a free port (logged); empty turns it off"}, K_ADDR0, OFF(metrics_listen), 0, 0},
 };
 /* clang-format on */
@@ -141,6 +145,10 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->idle_timeout_s = 120;
     c->serve_max_batch = 16;
     c->serve_max_wait_ms = 0;
+    c->fault_lie_bias = 0.0;
+    c->fault_lie_noise = 0.0;
+    c->fault_lie_scale = 1.0;
+    c->fault_lie_rate = 1.0;
     c->serve_max_queue = 256;
     c->serve_compute_threads = 0;
     c->weights_bandwidth_mib_s = 0;

@@ -194,6 +194,12 @@ static int start_pending(ts_host_t *h, char *err, size_t errlen) {
         so.compute_threads = c->serve_compute_threads;
         so.device = c->compute_device;
         so.precision = c->compute_precision;
+        so.identity = h->env.identity;
+        so.lie_bias = c->fault_lie_bias;
+        so.lie_noise = c->fault_lie_noise;
+        so.lie_scale = c->fault_lie_scale;
+        so.lie_rate = c->fault_lie_rate;
+        so.lie_seed = uv_hrtime(); /* a liar's draws differ from run to run */
         if (h->env.metrics) {
             so.on_batch = observe_batch;
             so.on_queue_wait = observe_queue_wait;

@@ -39,6 +39,7 @@ typedef struct ts_host_env {
     ts_store_t *store;
     ts_metrics_t *metrics; /* may be NULL */
     const ts_daemon_config_t *cfg;
+    const ts_identity_t *identity; /* signs the served answers; NULL: unsigned */
 } ts_host_env_t;
 
 /* Starts the weight server and the configured expert (hosting or training). Everything that bad

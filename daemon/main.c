@@ -577,7 +577,8 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
                              .gossip = d.gossip,
                              .store = store,
                              .metrics = d.metrics,
-                             .cfg = cfg};
+                             .cfg = cfg,
+                             .identity = id};
         rc = ts_host_new(&d.host, &env, err, sizeof err);
         if (d.host)
             ts_gossip_on_load(d.gossip, ts_host_load, d.host);

@@ -29,6 +29,7 @@
 #include "base/list.h"
 #include "base/str.h"
 #include "kernels/ops.h"
+#include "net/answer.h"
 #include "net/frame.h"
 
 #define RATE_TAU_S 5.0     /* requests_per_s decays over this many seconds */
@@ -55,6 +56,8 @@ typedef struct job {
                                  * UNAVAILABLE when it alone does not fit the device's memory */
     int nonfinite;              /* INTERNAL because the batch's velocity was not finite */
     uint32_t queue_us, compute_us, device_us, batch_rows;
+    uint64_t request_id;                         /* the Envelope's, for the signed claim */
+    uint8_t request_hash[TS_ANSWER_HASH_BYTES]; /* net/answer.h's, when answers are signed */
 } job_t;
 
 struct ts_serve {
@@ -69,6 +72,9 @@ struct ts_serve {
     ts_engine_t eng, host; /* host: a one-thread CPU engine for conversions when eng is a GPU */
     int eng_ok, host_ok;
     char eng_note[640];
+    char device_class[TS_ANSWER_DEVICE_MAX + 1]; /* in every signed answer */
+    uint8_t precision_dtype;                     /* the model's products, as a wire DType */
+    uint64_t lie_rng;                            /* the loop's: [fault] lie_rate's draws */
     ts_dit_memory_t mem; /* the model's memory, from its config (ts_dit_memory) */
     ts_dit_t model;
     /* host staging, x (max_batch, C, H, W) and t (max_batch) F32, and when the engine is a GPU
@@ -107,7 +113,9 @@ void ts_serve_opts_default(ts_serve_opts_t *o) {
                            .max_wait_ms = 0,
                            .max_queue = 256,
                            .compute_threads = 0,
-                           .device = {.automatic = 0, .device = TS_CPU, .gpu = 0}};
+                           .device = {.automatic = 0, .device = TS_CPU, .gpu = 0},
+                           .lie_scale = 1.0,
+                           .lie_rate = 1.0};
 }
 
 static void count(ts_serve_t *s, ts_serve_outcome_t o) {
@@ -430,11 +438,63 @@ static void *compute_main(void *arg) {
 
 /* ---- answering, on the loop ------------------------------------------------------------------ */
 
+/* A uniform double in [0, 1) and a standard normal from the loop's generator (splitmix64). */
+static double lie_uniform(ts_serve_t *s) {
+    uint64_t z = (s->lie_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+}
+
+static double lie_normal(ts_serve_t *s) {
+    double u = lie_uniform(s), w = lie_uniform(s);
+    return sqrt(-2.0 * log(u > 0.0 ? u : 0x1.0p-53)) * cos(6.283185307179586 * w);
+}
+
+/* [fault] lie_*: changes a drawn fraction of the F32 answers, before they are signed. */
+static void maybe_lie(ts_serve_t *s, job_t *j) {
+    const ts_serve_opts_t *o = &s->o;
+    if ((o->lie_bias == 0.0 && o->lie_noise == 0.0 && o->lie_scale == 1.0) || j->dtype != TS_F32 ||
+        lie_uniform(s) >= o->lie_rate)
+        return;
+    float *v = j->v;
+    int64_t n = (int64_t)j->B * s->chw;
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (float)(v[i] * o->lie_scale + o->lie_bias +
+                       (o->lie_noise > 0.0 ? o->lie_noise * lie_normal(s) : 0.0));
+    pthread_mutex_lock(&s->mu);
+    s->st.lies++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Signs the answer resp (its velocity set) to job j with the node's identity (net/answer.h):
+ * resp's signature (into sig, which must outlive resp), device class and precision. */
+static void sign_answer(ts_serve_t *s, const job_t *j, Tessera__DenoiseResponse *resp,
+                        uint8_t sig[TS_SIGNATURE_BYTES]) {
+    ts_answer_claim_t c;
+    memset(&c, 0, sizeof c);
+    c.request_id = j->request_id;
+    memcpy(c.request_hash, j->request_hash, sizeof c.request_hash);
+    memcpy(c.expert, s->id, sizeof c.expert);
+    (void)ts_answer_tensor_hash(resp->velocity, c.answer_hash); /* set just before: valid */
+    c.precision = s->precision_dtype;
+    snprintf(c.device_class, sizeof c.device_class, "%s", s->device_class);
+    ts_answer_sign(&c, s->o.identity, sig);
+    resp->has_signature = 1;
+    resp->signature.data = sig;
+    resp->signature.len = TS_SIGNATURE_BYTES;
+    resp->device_class = s->device_class;
+    resp->has_precision = 1;
+    resp->precision = (Tessera__DType)s->precision_dtype;
+}
+
 /* Answers a job the compute thread is done with (rpc drops the answer when the requester
  * cancelled meanwhile; it is counted by what the server did). */
 static void answer_job(ts_serve_t *s, job_t *j) {
     ts_tensor_t answer; /* the velocity in the request's dtype and shape (net/frame.h's codec) */
     Tessera__Tensor v = TESSERA__TENSOR__INIT;
+    if (j->outcome == TS_SERVE_OK)
+        maybe_lie(s, j);
     if (j->outcome == TS_SERVE_OK &&
         (ts_tensor_wrap(&answer, j->v, j->dtype, TS_CPU, 4, j->shape) != TS_OK ||
          ts_frame_tensor_set(&v, &answer) != TS_OK))
@@ -469,6 +529,9 @@ static void answer_job(ts_serve_t *s, job_t *j) {
         tm.batch_size = j->batch_rows;
         resp.velocity = &v;
         resp.timings = &tm;
+        uint8_t sig[TS_SIGNATURE_BYTES];
+        if (s->o.identity)
+            sign_answer(s, j, &resp, sig);
         env.body_case = TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE;
         env.denoise_response = &resp;
         ts_rpc_reply(j->req, &env);
@@ -644,6 +707,13 @@ static void on_denoise(ts_rpc_request_t *req, const Tessera__Envelope *env, void
     }
     j->srv = s;
     j->req = req;
+    j->request_id = ts_rpc_request_id(req);
+    if (s->o.identity && ts_answer_request_hash(d, j->request_hash) != TS_OK) { /* checked: */
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_INTERNAL, "cannot hash the request");
+        count(s, TS_SERVE_INTERNAL);
+        job_free(j);
+        return;
+    }
     pthread_mutex_lock(&s->mu);
     ts_list_push(&s->queue, &j->node);
     s->queued_rows += rows;
@@ -864,6 +934,16 @@ int ts_serve_new(ts_serve_t **out, uv_loop_t *loop, ts_rpc_t *rpc, const ts_serv
         release(s);
         return rc;
     }
+    /* what the signed answers say computed them: the engine's class and the attention's kind
+     * (both decide the bits), and the precision that runs (after any fall-back) */
+    char cls[TS_ANSWER_DEVICE_MAX + 1];
+    ts_engine_device_class(&s->eng, cls, sizeof cls);
+    snprintf(s->device_class, sizeof s->device_class, "%.100s/%s", cls,
+             s->model.attn == TS_ATTN_FUSED ? "fused" : "composed");
+    s->precision_dtype = s->model.precision == TS_PREC_BF16   ? TESSERA__DTYPE__DTYPE_BF16
+                         : s->model.precision == TS_PREC_F16 ? TESSERA__DTYPE__DTYPE_F16
+                                                             : TESSERA__DTYPE__DTYPE_F32;
+    s->lie_rng = s->o.lie_seed;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* uv_hrtime's clock */

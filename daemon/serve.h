@@ -45,6 +45,7 @@
 #include <uv.h>
 
 #include "model/dit.h"
+#include "net/keys.h"
 #include "net/rpc.h"
 
 #ifdef __cplusplus
@@ -88,6 +89,14 @@ typedef struct ts_serve_opts {
     /* Tests: a batch of more rows than this fails as out of device memory (0: never), so that
      * what a GPU running out of memory does can be checked on any machine. */
     int fault_nomem_rows;
+    /* The node's identity: every velocity answered is signed with it (net/answer.h), with the
+     * engine's device class and the precision. NULL: unsigned answers (tests of the server
+     * alone; a client that checks signatures refuses them). Borrowed: it must outlive the server. */
+    const ts_identity_t *identity;
+    /* Tests and measurements ([fault] lie_*): a fraction lie_rate of the F32 answers (drawn from
+     * lie_seed) is changed to v·lie_scale + lie_bias + N(0, lie_noise²) before it is signed. */
+    double lie_bias, lie_noise, lie_scale, lie_rate;
+    uint64_t lie_seed;
 } ts_serve_opts_t;
 
 void ts_serve_opts_default(ts_serve_opts_t *o);
@@ -130,6 +139,7 @@ typedef struct ts_serve_stats {
      * does not fit alone is answered ERROR_UNAVAILABLE. The daemon stays up. */
     uint64_t nomem_splits, nomem_refused;
     uint32_t rows_cap; /* rows per batch now (max_batch until memory ran out) */
+    uint64_t lies;     /* answers changed on purpose ([fault] lie_*) */
 } ts_serve_stats_t;
 
 /* Creates the server: an engine of o->compute_threads workers, the model (activations for

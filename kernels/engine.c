@@ -2,6 +2,7 @@
 #define _DEFAULT_SOURCE /* sysconf(_SC_PHYS_PAGES), _SC_AVPHYS_PAGES */
 #include "kernels/engine.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +113,28 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len) {
         snprintf(name, sizeof name, "unknown device");
     snprintf(buf, len, "cuda:%d, %s, %.1f GiB", e->gpu, name,
              (double)total / (1024.0 * 1024.0 * 1024.0));
+}
+
+void ts_engine_device_class(const ts_engine_t *e, char *buf, size_t len) {
+    if (!buf || len == 0)
+        return;
+    if (!e) {
+        snprintf(buf, len, "none");
+        return;
+    }
+    if (e->device != TS_CUDA) {
+        ts_blas_status_t b;
+        ts_blas_status(&b);
+        snprintf(buf, len, "cpu/%s%s", b.core[0] ? b.core : "unknown",
+                 ts_cpu_fwd_onednn() ? "+onednn" : "");
+        for (char *c = buf; *c; c++)
+            *c = (char)tolower((unsigned char)*c);
+        return;
+    }
+    char name[200];
+    if (ts_cuda_info(e->gpu, name, sizeof name, NULL, NULL) != TS_OK)
+        snprintf(name, sizeof name, "unknown device");
+    snprintf(buf, len, "cuda/%s", name);
 }
 
 int ts_engine_memory_usable(const ts_engine_t *e, uint64_t *free_bytes, uint64_t *total) {

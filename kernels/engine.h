@@ -80,6 +80,10 @@ int ts_engine_init_spec(ts_engine_t *e, const ts_device_spec_t *spec, int thread
                         size_t note_len);
 /* What the engine runs on, for adverts, status and logs: "cpu, N threads" or "cuda:N, NAME". */
 void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
+/* The engine's device class, for comparing answers: two engines of one class give a model's
+ * rows the same bits. "cpu/KERNELS" (OpenBLAS's kernel set, lowercase; "+onednn" when the forward
+ * products go through oneDNN) or "cuda/NAME" (the GPU's name). */
+void ts_engine_device_class(const ts_engine_t *e, char *buf, size_t len);
 /* Device memory of a CUDA engine in bytes: total and used now (by every process). TS_ENODEV for a
  * CPU engine. */
 int ts_engine_memory(const ts_engine_t *e, size_t *total, size_t *used);

@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "net/frame_internal.h"
+#include "net/keys.h"
 #include "store/peers.h"
 #include "store/weights.h"
 
@@ -362,6 +363,18 @@ static int check_denoise_response(chk_t *c, const Tessera__DenoiseResponse *m) {
     if (m->velocity->n_shape != 4)
         return bad(c, TS_ESHAPE, "denoise_response.velocity has %zu dimensions, not 4 (B, C, H, W)",
                    m->velocity->n_shape);
+    /* the signed answer's parts (net/answer.h): whether the signature holds is the client's
+     * check, against the node it asked */
+    if (m->has_signature && m->signature.len != TS_SIGNATURE_BYTES)
+        return bad(c, TS_ECORRUPT, "denoise_response.signature is %zu bytes, not %d",
+                   m->signature.len, TS_SIGNATURE_BYTES);
+    if (m->device_class && strlen(m->device_class) > TS_FRAME_DEVICE_MAX)
+        return bad(c, TS_ECORRUPT, "denoise_response.device_class is longer than %d bytes",
+                   TS_FRAME_DEVICE_MAX);
+    if (m->has_precision && m->precision != TESSERA__DTYPE__DTYPE_F32 &&
+        m->precision != TESSERA__DTYPE__DTYPE_BF16 && m->precision != TESSERA__DTYPE__DTYPE_F16)
+        return bad(c, TS_ECORRUPT, "denoise_response.precision %d is not F32, BF16 or F16",
+                   (int)m->precision);
     return TS_OK;
 }
 

@@ -1369,6 +1369,31 @@ static void test_tensor_rules(void **state) {
     TU_CHECK_RC(decode_raw(sample(TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE), 0, err, sizeof err),
                 TS_ECORRUPT);
     TU_CHECK_CONTAINS(err, "velocity is missing");
+    /* a signed answer's parts: a 64-byte signature, a bounded device class, a float precision */
+    samples_init();
+    static uint8_t sig[65];
+    static char cls[TS_FRAME_DEVICE_MAX + 2];
+    memset(cls, 'c', sizeof cls - 1);
+    S.denoise_response.has_signature = 1;
+    S.denoise_response.signature.data = sig;
+    S.denoise_response.signature.len = 64;
+    S.denoise_response.device_class = cls + 2; /* TS_FRAME_DEVICE_MAX − 1 bytes */
+    S.denoise_response.has_precision = 1;
+    S.denoise_response.precision = TESSERA__DTYPE__DTYPE_BF16;
+    e = sample(TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE);
+    TU_CHECK_RC_MSG(decode_raw(e, 0, err, sizeof err), TS_OK, err);
+    S.denoise_response.signature.len = 65;
+    TU_CHECK_RC(decode_raw(e, 0, err, sizeof err), TS_ECORRUPT);
+    TU_CHECK_CONTAINS(err, "denoise_response.signature is 65 bytes, not 64");
+    S.denoise_response.signature.len = 64;
+    S.denoise_response.device_class = cls;
+    TU_CHECK_RC(decode_raw(e, 0, err, sizeof err), TS_ECORRUPT);
+    TU_CHECK_CONTAINS(err, "device_class is longer than");
+    S.denoise_response.device_class = cls + 2;
+    S.denoise_response.precision = TESSERA__DTYPE__DTYPE_UNSPECIFIED;
+    TU_CHECK_RC(decode_raw(e, 0, err, sizeof err), TS_ECORRUPT);
+    TU_CHECK_CONTAINS(err, "is not F32, BF16 or F16");
+    samples_init();
 
     /* non-finite values: only when asked for, and named by index */
     samples_init();

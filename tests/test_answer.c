@@ -1,0 +1,228 @@
+/*
+ * test_answer.c — signed answers (net/answer.h), checked against libsodium directly:
+ *
+ *   - the claim's bytes are laid out as documented (context, request id LE, the three hashes,
+ *     precision, the device class's length and bytes) and the signature is libsodium's
+ *     crypto_sign_detached over exactly those bytes;
+ *   - a tensor's hash is BLAKE2b-256 of dtype, ndim, each dim (int64 LE) and the data;
+ *   - the request's hash changes with every input it covers (expert, a byte of x_t, a t, a label,
+ *     cfg_scale, the count of t) and not otherwise; an absent cfg_scale hashes as 1.0;
+ *   - a signature verifies for its node and claim only: another node, and each field of the
+ *     claim changed in turn (request id, each hash, precision, device class), fail;
+ *   - ts_answer_claim_of refuses a response without signature, device class, precision or
+ *     velocity, or with a device class too long, and reads a good one into the claim it signed.
+ */
+#include "tests/testutil.h"
+
+#include <sodium.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "net/answer.h"
+
+static ts_identity_t alice, bob;
+
+static int setup(void **state) {
+    (void)state;
+    return ts_identity_generate(&alice) || ts_identity_generate(&bob);
+}
+
+/* A request over 2 samples of 1×2×2 and its tensors. */
+typedef struct {
+    float x[8], t[2];
+    int32_t y[2];
+    int64_t shape[4];
+    uint8_t expert[32];
+    Tessera__Tensor xt;
+    Tessera__DenoiseRequest d;
+} req_t;
+
+static void req_init(req_t *r) {
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < 8; i++)
+        r->x[i] = 0.25f * (float)i - 1.0f;
+    r->t[0] = 0.3f, r->t[1] = 0.7f;
+    r->y[0] = 3, r->y[1] = 10;
+    r->shape[0] = 2, r->shape[1] = 1, r->shape[2] = 2, r->shape[3] = 2;
+    memset(r->expert, 0xab, sizeof r->expert);
+    tessera__tensor__init(&r->xt);
+    r->xt.has_dtype = 1;
+    r->xt.dtype = TESSERA__DTYPE__DTYPE_F32;
+    r->xt.n_shape = 4;
+    r->xt.shape = r->shape;
+    r->xt.has_data = 1;
+    r->xt.data.data = (uint8_t *)r->x;
+    r->xt.data.len = sizeof r->x;
+    tessera__denoise_request__init(&r->d);
+    r->d.has_expert_id = 1;
+    r->d.expert_id.data = r->expert;
+    r->d.expert_id.len = sizeof r->expert;
+    r->d.x_t = &r->xt;
+    r->d.n_t = 2;
+    r->d.t = r->t;
+    r->d.n_class_labels = 2;
+    r->d.class_labels = r->y;
+    r->d.has_cfg_scale = 1;
+    r->d.cfg_scale = 1.5f;
+}
+
+static void test_tensor_hash(void **state) {
+    (void)state;
+    req_t r;
+    req_init(&r);
+    uint8_t got[32], want[32], buf[2 + 4 * 8 + sizeof r.x];
+    TU_CHECK_OK(ts_answer_tensor_hash(&r.xt, got));
+    buf[0] = TESSERA__DTYPE__DTYPE_F32, buf[1] = 4;
+    for (int d = 0; d < 4; d++)
+        for (int i = 0; i < 8; i++)
+            buf[2 + 8 * d + i] = (uint8_t)((uint64_t)r.shape[d] >> (8 * i));
+    memcpy(buf + 2 + 32, r.x, sizeof r.x);
+    crypto_generichash(want, sizeof want, buf, sizeof buf, NULL, 0);
+    assert_memory_equal(got, want, 32);
+    r.xt.has_dtype = 0;
+    TU_CHECK_RC(ts_answer_tensor_hash(&r.xt, got), TS_EINVAL);
+}
+
+static void test_request_hash(void **state) {
+    (void)state;
+    req_t r;
+    req_init(&r);
+    uint8_t base[32], h[32];
+    TU_CHECK_OK(ts_answer_request_hash(&r.d, base));
+    TU_CHECK_OK(ts_answer_request_hash(&r.d, h));
+    assert_memory_equal(base, h, 32); /* deterministic */
+#define CHANGED(stmt, undo)                                                                       \
+    do {                                                                                          \
+        stmt;                                                                                     \
+        TU_CHECK_OK(ts_answer_request_hash(&r.d, h));                                             \
+        assert_memory_not_equal(base, h, 32);                                                     \
+        undo;                                                                                     \
+    } while (0)
+    CHANGED(r.expert[31] ^= 1, r.expert[31] ^= 1);
+    CHANGED(((uint8_t *)r.x)[17] ^= 1, ((uint8_t *)r.x)[17] ^= 1);
+    CHANGED(r.t[1] = 0.71f, r.t[1] = 0.7f);
+    CHANGED(r.y[0] = 4, r.y[0] = 3);
+    CHANGED(r.d.cfg_scale = 1.0f, r.d.cfg_scale = 1.5f);
+    CHANGED(r.d.n_t = 1, r.d.n_t = 2);
+    CHANGED(r.shape[3] = 1; r.xt.data.len = 16, r.shape[3] = 2; r.xt.data.len = 32);
+    TU_CHECK_OK(ts_answer_request_hash(&r.d, h));
+    assert_memory_equal(base, h, 32); /* every change undone */
+    /* an absent cfg_scale is 1.0, as the server reads it */
+    r.d.cfg_scale = 1.0f;
+    TU_CHECK_OK(ts_answer_request_hash(&r.d, base));
+    r.d.has_cfg_scale = 0;
+    TU_CHECK_OK(ts_answer_request_hash(&r.d, h));
+    assert_memory_equal(base, h, 32);
+    r.d.expert_id.len = 31;
+    TU_CHECK_RC(ts_answer_request_hash(&r.d, h), TS_EINVAL);
+    r.d.expert_id.len = 32;
+    r.d.x_t = NULL;
+    TU_CHECK_RC(ts_answer_request_hash(&r.d, h), TS_EINVAL);
+}
+
+static ts_answer_claim_t claim_example(void) {
+    ts_answer_claim_t c;
+    memset(&c, 0, sizeof c);
+    c.request_id = 0x0102030405060708ull;
+    for (int i = 0; i < 32; i++) {
+        c.request_hash[i] = (uint8_t)i;
+        c.answer_hash[i] = (uint8_t)(100 + i);
+        c.expert[i] = (uint8_t)(200 + i);
+    }
+    c.precision = TESSERA__DTYPE__DTYPE_BF16;
+    strcpy(c.device_class, "cpu/cooperlake/fused");
+    return c;
+}
+
+static void test_claim_bytes_and_signature(void **state) {
+    (void)state;
+    ts_answer_claim_t c = claim_example();
+    uint8_t b[TS_ANSWER_CLAIM_MAX];
+    size_t n = ts_answer_claim_bytes(&c, b);
+    size_t cls = strlen(c.device_class);
+    assert_int_equal(n, 122 + cls);
+    assert_memory_equal(b, "tessera/answer/1", 16);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(b[16 + i], (uint8_t)(c.request_id >> (8 * i)));
+    assert_memory_equal(b + 24, c.request_hash, 32);
+    assert_memory_equal(b + 56, c.answer_hash, 32);
+    assert_memory_equal(b + 88, c.expert, 32);
+    assert_int_equal(b[120], TESSERA__DTYPE__DTYPE_BF16);
+    assert_int_equal(b[121], cls);
+    assert_memory_equal(b + 122, c.device_class, cls);
+    uint8_t sig[TS_SIGNATURE_BYTES];
+    ts_answer_sign(&c, &alice, sig);
+    /* libsodium's own check over the documented bytes */
+    assert_int_equal(crypto_sign_verify_detached(sig, b, n, alice.id.b), 0);
+    TU_CHECK_OK(ts_answer_verify(&c, &alice.id, sig));
+    TU_CHECK_RC(ts_answer_verify(&c, &bob.id, sig), TS_ECORRUPT);
+    /* every field of the claim is covered */
+    for (int f = 0; f < 6; f++) {
+        ts_answer_claim_t d = c;
+        switch (f) {
+        case 0: d.request_id ^= 1; break;
+        case 1: d.request_hash[5] ^= 1; break;
+        case 2: d.answer_hash[31] ^= 0x80; break;
+        case 3: d.expert[0] ^= 1; break;
+        case 4: d.precision = TESSERA__DTYPE__DTYPE_F32; break;
+        default: strcpy(d.device_class, "cpu/haswell/fused"); break;
+        }
+        TU_CHECK_RC(ts_answer_verify(&d, &alice.id, sig), TS_ECORRUPT);
+    }
+    sig[10] ^= 1;
+    TU_CHECK_RC(ts_answer_verify(&c, &alice.id, sig), TS_ECORRUPT);
+}
+
+static void test_claim_of(void **state) {
+    (void)state;
+    req_t r;
+    req_init(&r); /* its x_t stands for the velocity */
+    ts_answer_claim_t signed_c = claim_example(), got;
+    TU_CHECK_OK(ts_answer_tensor_hash(&r.xt, signed_c.answer_hash));
+    uint8_t sig[TS_SIGNATURE_BYTES];
+    ts_answer_sign(&signed_c, &alice, sig);
+    Tessera__DenoiseResponse resp = TESSERA__DENOISE_RESPONSE__INIT;
+    resp.velocity = &r.xt;
+    resp.has_signature = 1;
+    resp.signature.data = sig;
+    resp.signature.len = sizeof sig;
+    resp.device_class = signed_c.device_class;
+    resp.has_precision = 1;
+    resp.precision = TESSERA__DTYPE__DTYPE_BF16;
+    TU_CHECK_OK(ts_answer_claim_of(&got, signed_c.request_id, signed_c.request_hash,
+                                   signed_c.expert, &resp));
+    TU_CHECK_OK(ts_answer_verify(&got, &alice.id, sig));
+    ((uint8_t *)r.x)[0] ^= 1; /* the answer is not the one signed */
+    TU_CHECK_OK(ts_answer_claim_of(&got, signed_c.request_id, signed_c.request_hash,
+                                   signed_c.expert, &resp));
+    TU_CHECK_RC(ts_answer_verify(&got, &alice.id, sig), TS_ECORRUPT);
+    ((uint8_t *)r.x)[0] ^= 1;
+    char longcls[TS_ANSWER_DEVICE_MAX + 2];
+    memset(longcls, 'x', sizeof longcls - 1);
+    longcls[sizeof longcls - 1] = '\0';
+    for (int f = 0; f < 5; f++) {
+        Tessera__DenoiseResponse bad = resp;
+        switch (f) {
+        case 0: bad.has_signature = 0; break;
+        case 1: bad.signature.len = 63; break;
+        case 2: bad.device_class = NULL; break;
+        case 3: bad.has_precision = 0; break;
+        default: bad.device_class = longcls; break;
+        }
+        TU_CHECK_RC(ts_answer_claim_of(&got, 1, signed_c.request_hash, signed_c.expert, &bad),
+                    TS_ECORRUPT);
+    }
+    resp.velocity = NULL;
+    TU_CHECK_RC(ts_answer_claim_of(&got, 1, signed_c.request_hash, signed_c.expert, &resp),
+                TS_ECORRUPT);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tensor_hash),
+        cmocka_unit_test(test_request_hash),
+        cmocka_unit_test(test_claim_bytes_and_signature),
+        cmocka_unit_test(test_claim_of),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
