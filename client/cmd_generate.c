@@ -99,7 +99,7 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
     if (st->checks || st->liars)
         fprintf(stderr,
                 "checks: %llu answers spot-checked (rate %.3g): %llu agreed, %llu disagreed, "
-                "%llu liars caught, %llu undecided, %llu could not be checked\n",
+                "%llu wrong answers caught, %llu undecided, %llu could not be checked\n",
                 (unsigned long long)st->checks, r->o.verify_rate,
                 (unsigned long long)st->checks_agreed, (unsigned long long)st->mismatches,
                 (unsigned long long)st->liars, (unsigned long long)st->undecided,
@@ -166,7 +166,7 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
             j, "checks",
             json_pack("{s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "rate", r->o.verify_rate,
                       "checked", (json_int_t)st->checks, "agreed", (json_int_t)st->checks_agreed,
-                      "disagreed", (json_int_t)st->mismatches, "liars", (json_int_t)st->liars,
+                      "disagreed", (json_int_t)st->mismatches, "wrong_answers", (json_int_t)st->liars,
                       "undecided", (json_int_t)st->undecided, "failed",
                       (json_int_t)st->checks_failed, "caught", liars));
         json_object_set_new(j, "failed_experts", failed);

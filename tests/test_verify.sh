@@ -49,7 +49,7 @@ chk() { json_get "$dir/$1.json" "j['network']['checks']['$2']"; }
 netgen honest $GEN --verify 1 --no-hedge --out "$dir/honest.png" || fail "generate --verify 1"
 cmp -s "$dir/honest.png" "$dir/local.png" || fail "honest network: the image differs from --local's"
 [ "$(chk honest checked)" -gt 0 ] && [ "$(chk honest checked)" = "$(chk honest agreed)" ] &&
-    [ "$(chk honest liars)" = 0 ] && [ "$(json_get "$dir/honest.json" "j['network']['garbage']")" = 0 ] ||
+    [ "$(chk honest wrong_answers)" = 0 ] && [ "$(json_get "$dir/honest.json" "j['network']['garbage']")" = 0 ] ||
     fail "honest network: $(json_get "$dir/honest.json" "j['network']['checks']")"
 echo "ok: an honest network: $(chk honest checked) answers checked, every signature valid, all agree, the image = --local"
 
