@@ -368,14 +368,14 @@ size_t ts_vae_work_bytes(const ts_vae_config_t *c, int64_t height, int64_t width
 }
 
 int ts_vae_reserve(ts_vae_t *m, int64_t height, int64_t width, char *err, size_t errlen) {
+    if (ts_vae_work_bytes(&m->cfg, height, width) == 0)
+        return ts_fail(err, errlen, TS_ESHAPE,
+                       "image size %lldx%lld: height and width must be positive multiples of %d",
+                       (long long)height, (long long)width, ts_vae_factor(&m->cfg));
     if (m->work.data && height <= m->work_h && width <= m->work_w)
         return TS_OK;
     int64_t h = height > m->work_h ? height : m->work_h, w = width > m->work_w ? width : m->work_w;
     size_t bytes = ts_vae_work_bytes(&m->cfg, h, w);
-    if (bytes == 0)
-        return ts_fail(err, errlen, TS_ESHAPE,
-                       "image size %lldx%lld: height and width must be positive multiples of %d",
-                       (long long)height, (long long)width, ts_vae_factor(&m->cfg));
     ts_tensor_free(&m->work);
     m->work_h = m->work_w = 0;
     int rc = ts_tensor_alloc(&m->work, TS_F32, TS_CPU, 1, TS_SHAPE((int64_t)(bytes / 4)));
