@@ -64,8 +64,8 @@ int64_t ts_conv2d_scratch_min(const ts_tensor_t *inp, const ts_tensor_t *weight,
                               const ts_conv2d_t *g) {
     if (!inp || !weight || !g || inp->ndim != 4 || weight->ndim != 4)
         return -1;
-    int64_t Wo = ts_conv2d_out_dim(inp->shape[3], weight->shape[3], g->stride, g->pad_left,
-                                   g->pad_right);
+    int64_t Wo =
+        ts_conv2d_out_dim(inp->shape[3], weight->shape[3], g->stride, g->pad_left, g->pad_right);
     if (Wo < 1)
         return -1;
     if (direct_conv(weight, g))
@@ -92,10 +92,10 @@ static int check_conv(ts_engine_t *e, const ts_tensor_t *out, const ts_tensor_t 
         return TS_ESHAPE;
     if (bias && ts_tensor_numel(bias) != weight->shape[0])
         return TS_ESHAPE;
-    int64_t Ho = ts_conv2d_out_dim(inp->shape[2], weight->shape[2], g->stride, g->pad_top,
-                                   g->pad_bottom);
-    int64_t Wo = ts_conv2d_out_dim(inp->shape[3], weight->shape[3], g->stride, g->pad_left,
-                                   g->pad_right);
+    int64_t Ho =
+        ts_conv2d_out_dim(inp->shape[2], weight->shape[2], g->stride, g->pad_top, g->pad_bottom);
+    int64_t Wo =
+        ts_conv2d_out_dim(inp->shape[3], weight->shape[3], g->stride, g->pad_left, g->pad_right);
     if (Ho < 1 || Wo < 1 || out->shape[2] != Ho || out->shape[3] != Wo)
         return TS_ESHAPE;
     if (overlaps(out, inp) || overlaps(out, weight) || (bias && overlaps(out, bias)))

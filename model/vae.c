@@ -30,7 +30,7 @@
 #include "kernels/ops.h"
 
 #define SCRATCH_FLOATS ((int64_t)4 << 20) /* im2col tile: 16 MiB */
-#define WORK_ALIGN 16                      /* floats: each workspace part on a 64-byte line */
+#define WORK_ALIGN 16                     /* floats: each workspace part on a 64-byte line */
 
 /* ---- the layers -------------------------------------------------------------------------- */
 
@@ -391,11 +391,11 @@ int ts_vae_reserve(ts_vae_t *m, int64_t height, int64_t width, char *err, size_t
 typedef struct {
     ts_engine_t *e;
     const ts_vae_config_t *cfg;
-    float *buf[4];        /* x is buf[cur]; a layer writes buf[cur ^ 1]; 2 and 3 are scratch */
-    float *qkv, *att;     /* the attention's (3C, T) and (T, T) */
-    ts_tensor_t scratch;  /* the convs' im2col */
+    float *buf[4];       /* x is buf[cur]; a layer writes buf[cur ^ 1]; 2 and 3 are scratch */
+    float *qkv, *att;    /* the attention's (3C, T) and (T, T) */
+    ts_tensor_t scratch; /* the convs' im2col */
     int cur;
-    int64_t C, H, W;      /* x's shape */
+    int64_t C, H, W; /* x's shape */
 } run_t;
 
 static const ts_conv2d_t SAME = {1, 1, 1, 1, 1};  /* 3×3, stride 1, pad 1 */
@@ -463,8 +463,8 @@ static int attn_forward(run_t *r, const vae_attn_t *at) {
     TS_TRY(ts_tensor_wrap(&v, r->qkv + 2 * C * T, TS_F32, TS_CPU, 2, TS_SHAPE(C, T)));
     TS_TRY(ts_tensor_wrap(&att, r->att, TS_F32, TS_CPU, 2, TS_SHAPE(T, T)));
     TS_TRY(ts_tensor_wrap(&o, r->buf[2], TS_F32, TS_CPU, 2, TS_SHAPE(C, T)));
-    TS_TRY(ts_groupnorm_forward(r->e, &h, &x, &at->norm.w, &at->norm.b, r->cfg->groups,
-                                r->cfg->eps));
+    TS_TRY(
+        ts_groupnorm_forward(r->e, &h, &x, &at->norm.w, &at->norm.b, r->cfg->groups, r->cfg->eps));
     TS_TRY(conv(r, &qkv, &h, &at->qkv, &POINT));
     TS_TRY(ts_matmul(r->e, &att, &q, 1, &k, 0, (float)(1.0 / sqrt((double)C)), 0.0f));
     TS_TRY(ts_softmax_forward(r->e, &att, &att)); /* row t: query t over the keys */
@@ -485,7 +485,8 @@ static int mid_forward(run_t *r, const vae_mid_t *mid) {
 /* x ← conv 3×3 stride 2 of x padded (0, 1, 0, 1): half the side */
 static int down_forward(run_t *r, const vae_conv_t *c) {
     int64_t Ho = ts_conv2d_out_dim(r->H, 3, 2, 0, 1), Wo = ts_conv2d_out_dim(r->W, 3, 2, 0, 1);
-    ts_tensor_t x = img4(r->buf[r->cur], r->C, r->H, r->W), y = img4(r->buf[r->cur ^ 1], r->C, Ho, Wo);
+    ts_tensor_t x = img4(r->buf[r->cur], r->C, r->H, r->W),
+                y = img4(r->buf[r->cur ^ 1], r->C, Ho, Wo);
     TS_TRY(conv(r, &y, &x, c, &DOWN));
     r->cur ^= 1;
     r->H = Ho, r->W = Wo;
@@ -515,8 +516,8 @@ static int level_forward(run_t *r, const vae_level_t *lv, int down) {
 /* y = conv_out(SiLU(norm_out(x))) */
 static int head_forward(run_t *r, const vae_coder_t *cd, ts_tensor_t *y) {
     ts_tensor_t x = img4(r->buf[r->cur], r->C, r->H, r->W), h = img4(r->buf[2], r->C, r->H, r->W);
-    TS_TRY(ts_groupnorm_silu_forward(r->e, &h, &x, &cd->norm_out.w, &cd->norm_out.b,
-                                     r->cfg->groups, r->cfg->eps));
+    TS_TRY(ts_groupnorm_silu_forward(r->e, &h, &x, &cd->norm_out.w, &cd->norm_out.b, r->cfg->groups,
+                                     r->cfg->eps));
     return conv(r, y, &h, &cd->conv_out, &SAME);
 }
 
@@ -569,8 +570,8 @@ static int decode_one(run_t *r, const struct ts_vae_net *net, const ts_tensor_t 
 static int check_images(const ts_tensor_t *t, int64_t channels, const char *what, char *err,
                         size_t errlen) {
     char d[96];
-    if (ts_tensor_check(t) != TS_OK || t->dtype != TS_F32 || t->device != TS_CPU ||
-        t->ndim != 4 || t->shape[1] != channels)
+    if (ts_tensor_check(t) != TS_OK || t->dtype != TS_F32 || t->device != TS_CPU || t->ndim != 4 ||
+        t->shape[1] != channels)
         return ts_fail(err, errlen, TS_ESHAPE, "%s is %s; want F32 (B, %lld, H, W) on the cpu",
                        what, t ? ts_tensor_describe(t, d, sizeof d) : "missing",
                        (long long)channels);
@@ -595,7 +596,8 @@ int ts_vae_encode(ts_vae_t *m, ts_engine_t *e, ts_tensor_t *latent, ts_tensor_t 
     const int f = ts_vae_factor(c);
     TS_TRY(ts_vae_reserve(m, H, W, err, errlen));
     if (latent->shape[0] != B || latent->shape[2] != H / f || latent->shape[3] != W / f)
-        return ts_fail(err, errlen, TS_ESHAPE, "latent is (%lld, %lld, %lld, %lld); want (%lld, "
+        return ts_fail(err, errlen, TS_ESHAPE,
+                       "latent is (%lld, %lld, %lld, %lld); want (%lld, "
                        "%d, %lld, %lld) for images of %lldx%lld",
                        (long long)latent->shape[0], (long long)latent->shape[1],
                        (long long)latent->shape[2], (long long)latent->shape[3], (long long)B,
@@ -627,7 +629,8 @@ int ts_vae_decode(ts_vae_t *m, ts_engine_t *e, ts_tensor_t *image, const ts_tens
     const int64_t B = latent->shape[0], f = ts_vae_factor(c);
     const int64_t H = latent->shape[2] * f, W = latent->shape[3] * f;
     if (image->shape[0] != B || image->shape[2] != H || image->shape[3] != W)
-        return ts_fail(err, errlen, TS_ESHAPE, "image is (%lld, %lld, %lld, %lld); want (%lld, %d, "
+        return ts_fail(err, errlen, TS_ESHAPE,
+                       "image is (%lld, %lld, %lld, %lld); want (%lld, %d, "
                        "%lld, %lld) for latents of %lldx%lld",
                        (long long)image->shape[0], (long long)image->shape[1],
                        (long long)image->shape[2], (long long)image->shape[3], (long long)B,

@@ -45,11 +45,11 @@ typedef struct ts_vae_config {
     int in_channels;  /* image channels into the encoder (3) */
     int out_channels; /* image channels out of the decoder (3) */
     int latent_channels;
-    int n_blocks;                         /* len(block_out_channels) */
-    int block_out[TS_VAE_MAX_BLOCKS];     /* block_out_channels */
+    int n_blocks;                     /* len(block_out_channels) */
+    int block_out[TS_VAE_MAX_BLOCKS]; /* block_out_channels */
     int layers_per_block;
-    int groups;   /* GroupNorm groups; every channel count is a multiple */
-    float eps;    /* GroupNorm eps */
+    int groups; /* GroupNorm groups; every channel count is a multiple */
+    float eps;  /* GroupNorm eps */
     float scaling_factor;
 } ts_vae_config_t;
 

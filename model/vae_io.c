@@ -79,8 +79,7 @@ static int is_compvis(const ts_st_file_t *f) {
     return ts_st_find(f, "encoder.down.0.block.0.norm1.weight") != NULL;
 }
 
-int ts_vae_config_from_file(const ts_st_file_t *f, ts_vae_config_t *cfg, char *err,
-                            size_t errlen) {
+int ts_vae_config_from_file(const ts_st_file_t *f, ts_vae_config_t *cfg, char *err, size_t errlen) {
     ts_vae_config_t c;
     ts_vae_config_sd(&c);
     if (is_compvis(f))
@@ -103,14 +102,15 @@ int ts_vae_config_from_file(const ts_st_file_t *f, ts_vae_config_t *cfg, char *e
         if (!t)
             break;
         if (i == TS_VAE_MAX_BLOCKS || t->ndim != 4)
-            return ts_fail(err, errlen, TS_ENOTSUP, "more than %d down blocks, or a misshaped "
-                           "encoder.down_blocks.%d.resnets.0.conv1.weight", TS_VAE_MAX_BLOCKS, i);
+            return ts_fail(err, errlen, TS_ENOTSUP,
+                           "more than %d down blocks, or a misshaped "
+                           "encoder.down_blocks.%d.resnets.0.conv1.weight",
+                           TS_VAE_MAX_BLOCKS, i);
         c.block_out[i] = (int)t->shape[0];
         c.n_blocks = i + 1;
     }
     c.layers_per_block = 0;
-    while (c.layers_per_block <= TS_VAE_MAX_LAYERS &&
-           down_conv1(f, 0, c.layers_per_block))
+    while (c.layers_per_block <= TS_VAE_MAX_LAYERS && down_conv1(f, 0, c.layers_per_block))
         c.layers_per_block++;
     const char *g = ts_st_meta(f, "norm_num_groups"), *s = ts_st_meta(f, "scaling_factor");
     if (g)
@@ -143,8 +143,9 @@ static int load_params(ts_vae_t *m, const ts_st_file_t *f, char *err, size_t err
         const ts_st_tensor_t *t = ts_st_find(f, name);
         shape_str(want, sizeof want, p->ndim, p->shape);
         if (!t) {
-            rc = ts_fail(err, errlen, TS_ENOTFOUND, "tensor '%s' %s is missing (attention named %s)",
-                         name, want, m->attn_naming);
+            rc =
+                ts_fail(err, errlen, TS_ENOTFOUND, "tensor '%s' %s is missing (attention named %s)",
+                        name, want, m->attn_naming);
             break;
         }
         used[t - f->tensors] = 1;
@@ -219,8 +220,8 @@ int ts_vae_save(const ts_vae_t *m, const char *path, char *err, size_t errlen) {
     char groups[16], scale[32];
     snprintf(groups, sizeof groups, "%d", m->cfg.groups);
     snprintf(scale, sizeof scale, "%.9g", (double)m->cfg.scaling_factor);
-    const char *meta[] = {"format", "tessera-vae/1", "norm_num_groups", groups, "scaling_factor",
-                          scale};
+    const char *meta[] = {"format", "tessera-vae/1",  "norm_num_groups",
+                          groups,   "scaling_factor", scale};
     int rc = ts_st_write(path, en, m->n_params, meta, 3, err, errlen);
     free(en);
     return rc;

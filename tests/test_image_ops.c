@@ -69,14 +69,14 @@ static void run_conv_case(ts_engine_t *e, const conv_case_t *c, uint64_t seed, i
     TU_CHECK_OK(ts_conv2d_forward(e, &out, &inp, &w, c->bias ? &b : NULL, g, &scratch));
 
     float *want = tu_floats(ts_tensor_numel(&out));
-    ts_ref_conv2d(want, tu_f32(&inp), tu_f32(&w), c->bias ? tu_f32(&b) : NULL, c->B, c->Cin,
-                  c->H, c->W, c->Cout, c->k, c->k, g->stride, g->pad_top, g->pad_bottom,
-                  g->pad_left, g->pad_right);
+    ts_ref_conv2d(want, tu_f32(&inp), tu_f32(&w), c->bias ? tu_f32(&b) : NULL, c->B, c->Cin, c->H,
+                  c->W, c->Cout, c->k, c->k, g->stride, g->pad_top, g->pad_bottom, g->pad_left,
+                  g->pad_right);
     int64_t K = c->Cin * c->k * c->k;
     tu_check_close(tu_f32(&out), want, ts_tensor_numel(&out), 1e-6 * (double)K, 1e-5,
-                   "conv2d B=%lld Cin=%lld %lldx%lld k=%lld stride %d nan_at %lld",
-                   (long long)c->B, (long long)c->Cin, (long long)c->H, (long long)c->W,
-                   (long long)c->k, g->stride, (long long)nan_at);
+                   "conv2d B=%lld Cin=%lld %lldx%lld k=%lld stride %d nan_at %lld", (long long)c->B,
+                   (long long)c->Cin, (long long)c->H, (long long)c->W, (long long)c->k, g->stride,
+                   (long long)nan_at);
     if (nan_at >= 0) { /* the NaN reached some outputs, and not all of them */
         int64_t nans = 0, n = ts_tensor_numel(&out);
         for (int64_t i = 0; i < n; i++)
@@ -214,11 +214,11 @@ static void check_groupnorm(ts_engine_t *e, int64_t B, int64_t C, int64_t S, int
 static void test_groupnorm_matches_reference(void **state) {
     ts_engine_t *e = *state;
     check_groupnorm(e, 2, 8, 49, 4, 1, 0, 0, 0, 1);
-    check_groupnorm(e, 1, 6, 1, 3, 1, 0, 0, 0, 2);    /* two values a group */
-    check_groupnorm(e, 3, 32, 17, 32, 1, 0, 0, 0, 3); /* one channel a group */
-    check_groupnorm(e, 1, 4, 5, 1, 0, 0, 0, 0, 4);    /* one group, no affine */
-    check_groupnorm(e, 2, 64, 64, 32, 1, 1, 0, 0, 5); /* + SiLU */
-    check_groupnorm(e, 2, 16, 33, 8, 1, 1, 0, 1, 6);  /* + SiLU, in place */
+    check_groupnorm(e, 1, 6, 1, 3, 1, 0, 0, 0, 2);         /* two values a group */
+    check_groupnorm(e, 3, 32, 17, 32, 1, 0, 0, 0, 3);      /* one channel a group */
+    check_groupnorm(e, 1, 4, 5, 1, 0, 0, 0, 0, 4);         /* one group, no affine */
+    check_groupnorm(e, 2, 64, 64, 32, 1, 1, 0, 0, 5);      /* + SiLU */
+    check_groupnorm(e, 2, 16, 33, 8, 1, 1, 0, 1, 6);       /* + SiLU, in place */
     check_groupnorm(e, 1, 8, 100, 2, 1, 0, 1000.0f, 0, 7); /* mean 1000, spread 1 */
 }
 

@@ -156,8 +156,8 @@ static void write_variant(const ts_vae_t *m, const char *path, int drop, int res
         }
     }
     if (extra)
-        en[n++] = (ts_st_entry_t){.name = extra, .dtype = TS_ST_F32, .ndim = 1, .shape = {3},
-                                  .data = big};
+        en[n++] = (ts_st_entry_t){
+            .name = extra, .dtype = TS_ST_F32, .ndim = 1, .shape = {3}, .data = big};
     char err[ERRLEN] = "";
     TU_CHECK_RC_MSG(ts_st_write(path, en, n, NULL, 0, err, sizeof err), TS_OK, err);
     free(en);
@@ -257,9 +257,11 @@ static void test_forwards_batch_invariant(void **state) {
         TU_CHECK_RC_MSG(ts_vae_encode(m, e, &one_lat, &one_lv, &one_img, err, sizeof err), TS_OK,
                         err);
         TU_CHECK_OK(ts_tensor_slice(&view, &lat, b, 1));
-        tu_check_close(tu_f32(&one_lat), tu_f32(&view), 96, 0, 0, "latent of image %lld", (long long)b);
+        tu_check_close(tu_f32(&one_lat), tu_f32(&view), 96, 0, 0, "latent of image %lld",
+                       (long long)b);
         TU_CHECK_OK(ts_tensor_slice(&view, &lv, b, 1));
-        tu_check_close(tu_f32(&one_lv), tu_f32(&view), 96, 0, 0, "logvar of image %lld", (long long)b);
+        tu_check_close(tu_f32(&one_lv), tu_f32(&view), 96, 0, 0, "logvar of image %lld",
+                       (long long)b);
         TU_CHECK_RC_MSG(ts_vae_decode(m, e, &one_dec, &one_lat, err, sizeof err), TS_OK, err);
         TU_CHECK_OK(ts_tensor_slice(&view, &dec, b, 1));
         tu_check_close(tu_f32(&one_dec), tu_f32(&view), 288, 0, 0, "decoded %lld", (long long)b);

@@ -85,11 +85,10 @@ int main(int argc, char **argv) {
     CHECK("alloc", ts_tensor_alloc(&decoded, TS_F32, TS_CPU, 4,
                                    TS_SHAPE(latent.shape[0], m->cfg.out_channels,
                                             latent.shape[2] * fct, latent.shape[3] * fct)));
-    CHECK("reserve", ts_vae_reserve(m, image.shape[2] > decoded.shape[2] ? image.shape[2]
-                                                                           : decoded.shape[2],
-                                    image.shape[3] > decoded.shape[3] ? image.shape[3]
-                                                                      : decoded.shape[3],
-                                    g_err, sizeof g_err));
+    CHECK("reserve",
+          ts_vae_reserve(m, image.shape[2] > decoded.shape[2] ? image.shape[2] : decoded.shape[2],
+                         image.shape[3] > decoded.shape[3] ? image.shape[3] : decoded.shape[3],
+                         g_err, sizeof g_err));
     t0 = ts_now_s();
     CHECK("encode", ts_vae_encode(m, &e, &mean, &logvar, &image, g_err, sizeof g_err));
     double t_enc = ts_now_s() - t0;
