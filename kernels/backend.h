@@ -162,6 +162,22 @@ extern "C" {
     X(unpatchify_backward, float *dtok, const float *dimg, int64_t B, int64_t C, int64_t H,        \
       int64_t W, int64_t p)                                                                        \
                                                                                                    \
+    /* Image ops of the VAE (kernels/cpu/cpu_image.c; the CUDA backend answers TS_ENOTSUP).      \
+     * im2col: col (C·kh·kw, rows·Wo) = the patches of img (C, H, W) under output rows            \
+     * [oy0, oy0 + rows) of a conv with this stride and top/left padding, zero outside the image; \
+     * col row (c·kh + ky)·kw + kx, column (oy − oy0)·Wo + ox. */                                  \
+    X(im2col, float *col, const float *img, int64_t C, int64_t H, int64_t W, int64_t kh,          \
+      int64_t kw, int64_t stride, int64_t pad_top, int64_t pad_left, int64_t Wo, int64_t oy0,      \
+      int64_t rows)                                                                                \
+    /* x (B, C, S) += bias (C), per channel */                                                     \
+    X(add_channel_bias, float *x, const float *bias, int64_t B, int64_t C, int64_t S)              \
+    /* GroupNorm: out, inp (B, C, S), statistics over each group of C/G channels × S; weight,     \
+     * bias (C) nullable (both or neither); silu: out = silu(normalised) (out may alias inp) */     \
+    X(groupnorm_forward, float *out, const float *inp, const float *weight, const float *bias,    \
+      int64_t B, int64_t C, int64_t S, int64_t G, float eps, int silu)                             \
+    /* out (R, 2H, 2W) = nearest ×2 upsample of inp (R, H, W) */                                   \
+    X(upsample_nearest2x, float *out, const float *inp, int64_t R, int64_t H, int64_t W)          \
+                                                                                                   \
     /* out[0] = Σ inp (device scalar) */                                                           \
     X(sum, float *out, const float *inp, int64_t n)                                                \
     /* out[0] = Σ inp² */                                                                          \

@@ -238,6 +238,47 @@ int ts_patchify_backward(ts_engine_t *e, ts_tensor_t *dimg, const ts_tensor_t *d
 int ts_unpatchify_forward(ts_engine_t *e, ts_tensor_t *img, const ts_tensor_t *tok, int p);
 int ts_unpatchify_backward(ts_engine_t *e, ts_tensor_t *dtok, const ts_tensor_t *dimg, int p);
 
+/* ---- images (NCHW), for the VAE: kernels/ops_image.c ------------------------------------ */
+/* Inference only (no backward). The CUDA backend answers TS_ENOTSUP for all four. */
+
+/* A 2-D convolution's stride and zero padding, each side on its own (a downsampler pads only
+ * the bottom and the right). */
+typedef struct ts_conv2d {
+    int stride;
+    int pad_top, pad_bottom, pad_left, pad_right;
+} ts_conv2d_t;
+
+/* The output size along one axis: (in + pad_a + pad_b − k) / stride + 1, or 0 when the kernel
+ * does not fit in the padded input (or an argument is out of range). */
+int64_t ts_conv2d_out_dim(int64_t in, int64_t k, int stride, int pad_a, int pad_b);
+/* The fewest floats of scratch ts_conv2d_forward takes for this input, weight and geometry:
+ * one output row's patches, Cin·kh·kw·Wo; 0 for a 1×1 kernel of stride 1 without padding (it
+ * reads the input directly). −1 when the shapes are not a conv's. */
+int64_t ts_conv2d_scratch_min(const ts_tensor_t *inp, const ts_tensor_t *weight,
+                              const ts_conv2d_t *g);
+/* out (B, Cout, Ho, Wo) = conv2d(inp (B, Cin, H, W), weight (Cout, Cin, kh, kw)) + bias (Cout,
+ * nullable), torch's Conv2d (cross-correlation), with g's stride and padding; Ho, Wo as
+ * ts_conv2d_out_dim. Computed image by image as im2col into scratch (F32, any shape, at least
+ * ts_conv2d_scratch_min floats; NULL allowed when that is 0), as many output rows at a time as
+ * fit, then one GEMM per tile: an image's result depends on the scratch size and the thread
+ * count, never on the other images of the batch. out aliases neither inp nor scratch.
+ * TS_ESHAPE for shapes that disagree, TS_EINVAL for a bad geometry, missing or small scratch. */
+int ts_conv2d_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                      const ts_tensor_t *weight, const ts_tensor_t *bias, const ts_conv2d_t *g,
+                      ts_tensor_t *scratch);
+/* GroupNorm as torch.nn.GroupNorm: out, inp (B, C, ...) normalised over each group of C/groups
+ * channels and all positions, biased variance, 1/sqrt(var + eps), then · weight[c] + bias[c]
+ * (both (C), or both NULL for no affine). The statistics are summed in double. out may alias
+ * inp. TS_ESHAPE when groups does not divide C; TS_EINVAL for groups < 1 or eps < 0. */
+int ts_groupnorm_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                         const ts_tensor_t *weight, const ts_tensor_t *bias, int groups, float eps);
+/* out = SiLU(GroupNorm(inp)), in one pass (the VAE's norm + act pairs). As above otherwise. */
+int ts_groupnorm_silu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                              const ts_tensor_t *weight, const ts_tensor_t *bias, int groups,
+                              float eps);
+/* out (B, C, 2H, 2W) = inp (B, C, H, W), each pixel repeated 2×2 (F.interpolate, nearest). */
+int ts_upsample_nearest2x_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
+
 /* ---- reductions and losses ------------------------------------------------------------- */
 
 /* out (1) = Σ inp. Computed with a double accumulator on the CPU. */

@@ -343,6 +343,57 @@ void ts_ref_unpatchify(float *img, const float *tok, int64_t B, int64_t C, int64
 
 /* ---- reductions, loss, optimiser ------------------------------------------------------- */
 
+void ts_ref_conv2d(float *out, const float *inp, const float *w, const float *bias, int64_t B,
+                   int64_t Cin, int64_t H, int64_t W, int64_t Cout, int64_t kh, int64_t kw,
+                   int64_t s, int64_t pt, int64_t pb, int64_t pl, int64_t pr) {
+    int64_t Ho = (H + pt + pb - kh) / s + 1, Wo = (W + pl + pr - kw) / s + 1;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t co = 0; co < Cout; co++)
+            for (int64_t oy = 0; oy < Ho; oy++)
+                for (int64_t ox = 0; ox < Wo; ox++) {
+                    double acc = bias ? (double)bias[co] : 0.0;
+                    for (int64_t ci = 0; ci < Cin; ci++)
+                        for (int64_t ky = 0; ky < kh; ky++)
+                            for (int64_t kx = 0; kx < kw; kx++) {
+                                int64_t iy = oy * s + ky - pt, ix = ox * s + kx - pl;
+                                if (iy < 0 || iy >= H || ix < 0 || ix >= W)
+                                    continue;
+                                acc += (double)inp[((b * Cin + ci) * H + iy) * W + ix] *
+                                       (double)w[((co * Cin + ci) * kh + ky) * kw + kx];
+                            }
+                    out[((b * Cout + co) * Ho + oy) * Wo + ox] = (float)acc;
+                }
+}
+
+void ts_ref_groupnorm(float *out, const float *inp, const float *weight, const float *bias,
+                      int64_t B, int64_t C, int64_t S, int64_t G, double eps, int silu) {
+    int64_t cg = C / G;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t g = 0; g < G; g++) {
+            const float *x = inp + (b * C + g * cg) * S;
+            double mean = 0.0, var = 0.0;
+            for (int64_t i = 0; i < cg * S; i++)
+                mean += x[i];
+            mean /= (double)(cg * S);
+            for (int64_t i = 0; i < cg * S; i++)
+                var += ((double)x[i] - mean) * ((double)x[i] - mean);
+            var /= (double)(cg * S);
+            for (int64_t i = 0; i < cg * S; i++) {
+                int64_t c = g * cg + i / S;
+                double y = ((double)x[i] - mean) / sqrt(var + eps);
+                y = y * (weight ? (double)weight[c] : 1.0) + (bias ? (double)bias[c] : 0.0);
+                out[(b * C + g * cg) * S + i] = (float)(silu ? y / (1.0 + exp(-y)) : y);
+            }
+        }
+}
+
+void ts_ref_upsample2x(float *out, const float *inp, int64_t R, int64_t H, int64_t W) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t y = 0; y < 2 * H; y++)
+            for (int64_t x = 0; x < 2 * W; x++)
+                out[(r * 2 * H + y) * 2 * W + x] = inp[(r * H + y / 2) * W + x / 2];
+}
+
 double ts_ref_sum(const float *x, int64_t n) {
     double s = 0.0;
     for (int64_t i = 0; i < n; i++)

@@ -51,6 +51,16 @@ void ts_ref_patchify(float *out, const float *img, int64_t B, int64_t C, int64_t
                      int64_t p);
 void ts_ref_unpatchify(float *img, const float *tok, int64_t B, int64_t C, int64_t H, int64_t W,
                        int64_t p);
+/* out (B, Cout, Ho, Wo) = conv2d of inp (B, Cin, H, W) with w (Cout, Cin, kh, kw), bias (Cout,
+ * nullable), stride s, zero padding pt/pb/pl/pr (top, bottom, left, right) */
+void ts_ref_conv2d(float *out, const float *inp, const float *w, const float *bias, int64_t B,
+                   int64_t Cin, int64_t H, int64_t W, int64_t Cout, int64_t kh, int64_t kw,
+                   int64_t s, int64_t pt, int64_t pb, int64_t pl, int64_t pr);
+/* out, inp (B, C, S); GroupNorm over G groups, then weight, bias (C, nullable); silu: SiLU after */
+void ts_ref_groupnorm(float *out, const float *inp, const float *weight, const float *bias,
+                      int64_t B, int64_t C, int64_t S, int64_t G, double eps, int silu);
+/* out (R, 2H, 2W) = nearest ×2 of inp (R, H, W) */
+void ts_ref_upsample2x(float *out, const float *inp, int64_t R, int64_t H, int64_t W);
 double ts_ref_sum(const float *x, int64_t n);
 double ts_ref_mse(const float *pred, const float *target, int64_t n);
 /* AdamW step exactly as torch.optim.AdamW (decoupled decay), in double. */

@@ -1,0 +1,200 @@
+/*
+ * ops_image.c — the public image ops of kernels/ops.h (conv2d, GroupNorm, nearest ×2
+ * upsampling): argument checks, then dispatch to a backend, as kernels/ops.c does for the rest.
+ *
+ * A convolution is composed here from two backend primitives, im2col and the GEMM that every
+ * linear layer runs on, so its multiply-adds reach OpenBLAS (or, one day, cuBLAS) unchanged:
+ *
+ *     for each image b:                          (one image at a time: batch-invariant)
+ *         for each tile of output rows that fits in scratch:
+ *             col (Cin·kh·kw, rows·Wo) = im2col(inp_b)
+ *             out_b[:, tile] (Cout, rows·Wo) = weight (Cout, Cin·kh·kw) · col
+ *     out += bias per channel
+ *
+ * A 1×1 kernel of stride 1 without padding skips im2col: the image already is its col matrix.
+ * The tile is as many whole output rows as scratch holds, so the working memory is the caller's
+ * choice (the VAE's decoder would need 600 MB of col for one 256×256 layer at once).
+ */
+#include "kernels/ops.h"
+
+#include <stdint.h>
+
+#include "kernels/backend.h"
+
+/* Calls ts_cpu_<name> or ts_cuda_<name> for the engine's device (as kernels/ops.c). */
+#define DISPATCH(e, name, ...)                                                                     \
+    ((e)->device == TS_CPU ? ts_cpu_##name((e), __VA_ARGS__) : ts_cuda_##name((e), __VA_ARGS__))
+
+#define F(t) ((float *)(t)->data)
+#define CF(t) ((const float *)(t)->data)
+
+/* e is a started engine and t a valid F32 tensor on its device. */
+static int check_f32(const ts_engine_t *e, const ts_tensor_t *t) {
+    if (!e || (e->device == TS_CPU && !e->pool))
+        return TS_EINVAL;
+    if (e->device == TS_CUDA && !e->cuda)
+        return TS_ENODEV;
+    TS_TRY(ts_tensor_check(t));
+    if (t->device != e->device)
+        return TS_EDEVICE;
+    return t->dtype == TS_F32 ? TS_OK : TS_EDTYPE;
+}
+
+/* 1 when the memory of a and b overlaps. */
+static int overlaps(const ts_tensor_t *a, const ts_tensor_t *b) {
+    uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    return a0 < b0 + ts_tensor_nbytes(b) && b0 < a0 + ts_tensor_nbytes(a);
+}
+
+/* ---- conv2d ---------------------------------------------------------------------------- */
+
+int64_t ts_conv2d_out_dim(int64_t in, int64_t k, int stride, int pad_a, int pad_b) {
+    if (in < 1 || k < 1 || stride < 1 || pad_a < 0 || pad_b < 0)
+        return 0;
+    int64_t span = in + pad_a + pad_b - k;
+    return span < 0 ? 0 : span / stride + 1;
+}
+
+static int direct_conv(const ts_tensor_t *weight, const ts_conv2d_t *g) {
+    return weight->shape[2] == 1 && weight->shape[3] == 1 && g->stride == 1 && g->pad_top == 0 &&
+           g->pad_bottom == 0 && g->pad_left == 0 && g->pad_right == 0;
+}
+
+int64_t ts_conv2d_scratch_min(const ts_tensor_t *inp, const ts_tensor_t *weight,
+                              const ts_conv2d_t *g) {
+    if (!inp || !weight || !g || inp->ndim != 4 || weight->ndim != 4)
+        return -1;
+    int64_t Wo =
+        ts_conv2d_out_dim(inp->shape[3], weight->shape[3], g->stride, g->pad_left, g->pad_right);
+    if (Wo < 1)
+        return -1;
+    if (direct_conv(weight, g))
+        return 0;
+    return weight->shape[1] * weight->shape[2] * weight->shape[3] * Wo;
+}
+
+/* The shapes of a conv: inp (B, Cin, H, W), weight (Cout, Cin, kh, kw), bias (Cout) or NULL,
+ * out (B, Cout, Ho, Wo). */
+static int check_conv(ts_engine_t *e, const ts_tensor_t *out, const ts_tensor_t *inp,
+                      const ts_tensor_t *weight, const ts_tensor_t *bias, const ts_conv2d_t *g) {
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, inp));
+    TS_TRY(check_f32(e, weight));
+    if (bias)
+        TS_TRY(check_f32(e, bias));
+    if (!g || g->stride < 1 || g->pad_top < 0 || g->pad_bottom < 0 || g->pad_left < 0 ||
+        g->pad_right < 0)
+        return TS_EINVAL;
+    if (inp->ndim != 4 || weight->ndim != 4 || out->ndim != 4)
+        return TS_ESHAPE;
+    if (weight->shape[1] != inp->shape[1] || out->shape[0] != inp->shape[0] ||
+        out->shape[1] != weight->shape[0])
+        return TS_ESHAPE;
+    if (bias && ts_tensor_numel(bias) != weight->shape[0])
+        return TS_ESHAPE;
+    int64_t Ho =
+        ts_conv2d_out_dim(inp->shape[2], weight->shape[2], g->stride, g->pad_top, g->pad_bottom);
+    int64_t Wo =
+        ts_conv2d_out_dim(inp->shape[3], weight->shape[3], g->stride, g->pad_left, g->pad_right);
+    if (Ho < 1 || Wo < 1 || out->shape[2] != Ho || out->shape[3] != Wo)
+        return TS_ESHAPE;
+    if (overlaps(out, inp) || overlaps(out, weight) || (bias && overlaps(out, bias)))
+        return TS_EINVAL;
+    return TS_OK;
+}
+
+int ts_conv2d_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                      const ts_tensor_t *weight, const ts_tensor_t *bias, const ts_conv2d_t *g,
+                      ts_tensor_t *scratch) {
+    TS_TRY(check_conv(e, out, inp, weight, bias, g));
+    const int64_t B = inp->shape[0], Cin = inp->shape[1], H = inp->shape[2], W = inp->shape[3];
+    const int64_t Cout = weight->shape[0], kh = weight->shape[2], kw = weight->shape[3];
+    const int64_t Ho = out->shape[2], Wo = out->shape[3], K = Cin * kh * kw;
+    const int direct = direct_conv(weight, g);
+    int64_t tile = Ho; /* output rows per GEMM */
+    if (!direct) {
+        if (!scratch)
+            return TS_EINVAL;
+        TS_TRY(check_f32(e, scratch));
+        if (overlaps(scratch, out) || overlaps(scratch, inp))
+            return TS_EINVAL;
+        tile = ts_tensor_numel(scratch) / (K * Wo);
+        if (tile < 1)
+            return TS_EINVAL; /* smaller than ts_conv2d_scratch_min */
+        tile = tile < Ho ? tile : Ho;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        const float *img = CF(inp) + b * Cin * H * W;
+        float *o = F(out) + b * Cout * Ho * Wo;
+        for (int64_t oy0 = 0; oy0 < Ho; oy0 += tile) {
+            int64_t rows = Ho - oy0 < tile ? Ho - oy0 : tile, N = rows * Wo;
+            const float *col = img;
+            if (!direct) {
+                TS_TRY(DISPATCH(e, im2col, F(scratch), img, Cin, H, W, kh, kw, g->stride,
+                                g->pad_top, g->pad_left, Wo, oy0, rows));
+                col = CF(scratch);
+            }
+            /* o[:, oy0·Wo ..] (Cout, N), row stride Ho·Wo = weight (Cout, K) · col (K, N) */
+            TS_TRY(DISPATCH(e, gemm, 0, 0, Cout, N, K, 1.0f, CF(weight), K, 0, col, N, 0, 0.0f,
+                            o + oy0 * Wo, Ho * Wo, 0, 1));
+        }
+    }
+    if (bias)
+        TS_TRY(DISPATCH(e, add_channel_bias, F(out), CF(bias), B, Cout, Ho * Wo));
+    return TS_OK;
+}
+
+/* ---- GroupNorm ------------------------------------------------------------------------- */
+
+static int groupnorm(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                     const ts_tensor_t *weight, const ts_tensor_t *bias, int groups, float eps,
+                     int silu) {
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, inp));
+    if (inp->ndim < 2 || !ts_tensor_same_shape(out, inp))
+        return TS_ESHAPE;
+    if (groups < 1 || !(eps >= 0.0f) || eps > 1.0f)
+        return TS_EINVAL;
+    const int64_t B = inp->shape[0], C = inp->shape[1], S = ts_tensor_numel(inp) / (B * C);
+    if (C % groups != 0)
+        return TS_ESHAPE;
+    if (!weight != !bias)
+        return TS_EINVAL; /* affine means both */
+    if (weight) {
+        TS_TRY(check_f32(e, weight));
+        TS_TRY(check_f32(e, bias));
+        if (ts_tensor_numel(weight) != C || ts_tensor_numel(bias) != C)
+            return TS_ESHAPE;
+    }
+    if (out->data != inp->data && overlaps(out, inp))
+        return TS_EINVAL; /* in place is exact aliasing only */
+    return DISPATCH(e, groupnorm_forward, F(out), CF(inp), weight ? CF(weight) : NULL,
+                    bias ? CF(bias) : NULL, B, C, S, groups, eps, silu);
+}
+
+int ts_groupnorm_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                         const ts_tensor_t *weight, const ts_tensor_t *bias, int groups,
+                         float eps) {
+    return groupnorm(e, out, inp, weight, bias, groups, eps, 0);
+}
+
+int ts_groupnorm_silu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
+                              const ts_tensor_t *weight, const ts_tensor_t *bias, int groups,
+                              float eps) {
+    return groupnorm(e, out, inp, weight, bias, groups, eps, 1);
+}
+
+/* ---- upsampling ------------------------------------------------------------------------ */
+
+int ts_upsample_nearest2x_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
+    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, inp));
+    if (inp->ndim != 4 || out->ndim != 4 || out->shape[0] != inp->shape[0] ||
+        out->shape[1] != inp->shape[1] || out->shape[2] != 2 * inp->shape[2] ||
+        out->shape[3] != 2 * inp->shape[3])
+        return TS_ESHAPE;
+    if (overlaps(out, inp))
+        return TS_EINVAL;
+    return DISPATCH(e, upsample_nearest2x, F(out), CF(inp), inp->shape[0] * inp->shape[1],
+                    inp->shape[2], inp->shape[3]);
+}

@@ -1,0 +1,301 @@
+/*
+ * test_image_ops.c — the image ops of kernels/ops.h (conv2d, GroupNorm, GroupNorm + SiLU, nearest
+ * ×2 upsampling) on a CPU engine, against the naive loops of kernels/ref.c.
+ *
+ * Sizes are odd on purpose (7×5 images, 1×1 images under a 3×3 kernel, a stride-2 conv on an odd
+ * height), the padding includes the downsampler's asymmetric (0, 1, 0, 1), and a scratch of one
+ * output row forces the conv to tile. Tolerances are the float rounding the op may do against a
+ * reference that sums in double:
+ *
+ *   conv2d       1e-6·K abs + 1e-5 rel (sgemm over K = Cin·kh·kw products of values in [-1, 1])
+ *   GroupNorm    2e-5 abs + 1e-5 rel, also with a mean of 1000 beside a spread of 1
+ *   upsample     exact
+ *
+ * Also: a conv's image is the same bits alone or in a batch; a NaN spreads exactly to the outputs
+ * that read it (the reference computes the same NaNs); every bad argument gets its error code.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/engine.h"
+#include "kernels/ops.h"
+#include "kernels/ref.h"
+#include "tests/testutil.h"
+
+/* ---- conv2d ---------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t B, Cin, H, W, Cout, k;
+    ts_conv2d_t g;
+    int bias;
+    int tiny_scratch; /* scratch of exactly ts_conv2d_scratch_min floats: one row per tile */
+} conv_case_t;
+
+static const conv_case_t conv_cases[] = {
+    {2, 3, 7, 5, 4, 3, {1, 1, 1, 1, 1}, 1, 0},   /* odd sizes, "same" padding */
+    {1, 4, 9, 8, 5, 3, {2, 0, 1, 0, 1}, 1, 0},   /* the downsampler: pad (0, 1, 0, 1), stride 2 */
+    {2, 4, 9, 8, 5, 3, {2, 0, 1, 0, 1}, 1, 1},   /* ... tiled one output row at a time */
+    {3, 6, 5, 5, 7, 1, {1, 0, 0, 0, 0}, 1, 0},   /* 1×1: no im2col */
+    {1, 2, 1, 1, 3, 3, {1, 1, 1, 1, 1}, 0, 0},   /* a 1×1 image under a 3×3 kernel, no bias */
+    {2, 5, 12, 10, 6, 3, {1, 1, 1, 1, 1}, 1, 1}, /* tiled, 12 tiles */
+    {1, 3, 6, 7, 2, 2, {2, 0, 0, 0, 0}, 0, 0},   /* 2×2 stride 2, odd width */
+    {1, 16, 16, 16, 24, 3, {1, 1, 1, 1, 1}, 1, 0},
+};
+
+/* Runs case c on random inputs (nan_at >= 0: that input element is NaN) and checks it against
+ * the reference. */
+static void run_conv_case(ts_engine_t *e, const conv_case_t *c, uint64_t seed, int64_t nan_at) {
+    const ts_conv2d_t *g = &c->g;
+    int64_t Ho = ts_conv2d_out_dim(c->H, c->k, g->stride, g->pad_top, g->pad_bottom);
+    int64_t Wo = ts_conv2d_out_dim(c->W, c->k, g->stride, g->pad_left, g->pad_right);
+    assert_true(Ho >= 1 && Wo >= 1);
+    ts_tensor_t inp, w, b, out, scratch;
+    tu_alloc_f32(&inp, 4, TS_SHAPE(c->B, c->Cin, c->H, c->W));
+    tu_alloc_f32(&w, 4, TS_SHAPE(c->Cout, c->Cin, c->k, c->k));
+    tu_alloc_f32(&b, 1, TS_SHAPE(c->Cout));
+    tu_alloc_f32(&out, 4, TS_SHAPE(c->B, c->Cout, Ho, Wo));
+    tu_rng_t r = {seed};
+    tu_fill_uniform(&r, &inp, -1, 1);
+    tu_fill_uniform(&r, &w, -1, 1);
+    tu_fill_uniform(&r, &b, -1, 1);
+    if (nan_at >= 0)
+        tu_f32(&inp)[nan_at] = NAN;
+    int64_t need = ts_conv2d_scratch_min(&inp, &w, g);
+    assert_true(need >= 0);
+    int64_t have = c->tiny_scratch ? need : need * Ho + 5;
+    tu_alloc_f32(&scratch, 1, TS_SHAPE(have > 0 ? have : 1));
+    TU_CHECK_OK(ts_conv2d_forward(e, &out, &inp, &w, c->bias ? &b : NULL, g, &scratch));
+
+    float *want = tu_floats(ts_tensor_numel(&out));
+    ts_ref_conv2d(want, tu_f32(&inp), tu_f32(&w), c->bias ? tu_f32(&b) : NULL, c->B, c->Cin, c->H,
+                  c->W, c->Cout, c->k, c->k, g->stride, g->pad_top, g->pad_bottom, g->pad_left,
+                  g->pad_right);
+    int64_t K = c->Cin * c->k * c->k;
+    tu_check_close(tu_f32(&out), want, ts_tensor_numel(&out), 1e-6 * (double)K, 1e-5,
+                   "conv2d B=%lld Cin=%lld %lldx%lld k=%lld stride %d nan_at %lld", (long long)c->B,
+                   (long long)c->Cin, (long long)c->H, (long long)c->W, (long long)c->k, g->stride,
+                   (long long)nan_at);
+    if (nan_at >= 0) { /* the NaN reached some outputs, and not all of them */
+        int64_t nans = 0, n = ts_tensor_numel(&out);
+        for (int64_t i = 0; i < n; i++)
+            nans += isnan(tu_f32(&out)[i]) != 0;
+        assert_true(nans > 0);
+        assert_true(nans < n);
+    }
+    free(want);
+    TU_FREE_TENSORS(&inp, &w, &b, &out, &scratch);
+}
+
+static void test_conv2d_matches_reference(void **state) {
+    for (size_t i = 0; i < sizeof conv_cases / sizeof conv_cases[0]; i++)
+        run_conv_case(*state, &conv_cases[i], 100 + i, -1);
+}
+
+static void test_conv2d_nan_spreads_to_its_outputs(void **state) {
+    /* the middle pixel of channel 1 of the last image: its 3×3 neighbourhood in every output
+     * channel of that image becomes NaN, the rest stays finite (checked against the reference) */
+    const conv_case_t *c = &conv_cases[5];
+    int64_t at = ((c->B - 1) * c->Cin + 1) * c->H * c->W + (c->H / 2) * c->W + c->W / 2;
+    run_conv_case(*state, c, 7, at);
+    run_conv_case(*state, &conv_cases[1], 8, 2 * 9 * 8 + 4 * 8 + 3); /* through a stride 2 */
+}
+
+/* Each image of a batch of 3 gives the same bits as the same image convolved alone. */
+static void test_conv2d_batch_invariant(void **state) {
+    ts_engine_t *e = *state;
+    const ts_conv2d_t g = {1, 1, 1, 1, 1};
+    ts_tensor_t inp, w, b, out, one_in, one_out, scratch;
+    tu_alloc_f32(&inp, 4, TS_SHAPE(3, 8, 13, 11));
+    tu_alloc_f32(&w, 4, TS_SHAPE(16, 8, 3, 3));
+    tu_alloc_f32(&b, 1, TS_SHAPE(16));
+    tu_alloc_f32(&out, 4, TS_SHAPE(3, 16, 13, 11));
+    tu_alloc_f32(&one_out, 4, TS_SHAPE(1, 16, 13, 11));
+    tu_alloc_f32(&scratch, 1, TS_SHAPE(8 * 9 * 11 * 4));
+    tu_rng_t r = {21};
+    tu_fill_uniform(&r, &inp, -1, 1);
+    tu_fill_uniform(&r, &w, -1, 1);
+    tu_fill_uniform(&r, &b, -1, 1);
+    TU_CHECK_OK(ts_conv2d_forward(e, &out, &inp, &w, &b, &g, &scratch));
+    for (int64_t i = 0; i < 3; i++) {
+        TU_CHECK_OK(ts_tensor_slice(&one_in, &inp, i, 1));
+        TU_CHECK_OK(ts_conv2d_forward(e, &one_out, &one_in, &w, &b, &g, &scratch));
+        assert_memory_equal(tu_f32(&one_out), tu_f32(&out) + i * 16 * 13 * 11,
+                            (size_t)(16 * 13 * 11) * sizeof(float));
+    }
+    TU_FREE_TENSORS(&inp, &w, &b, &out, &one_out, &scratch);
+}
+
+static void test_conv2d_bad_arguments(void **state) {
+    ts_engine_t *e = *state;
+    const ts_conv2d_t g = {1, 1, 1, 1, 1};
+    ts_tensor_t inp, w, b, out, scratch, small, w_cin, b5, out_h, inp3, ids;
+    tu_alloc_f32(&inp, 4, TS_SHAPE(2, 3, 6, 5));
+    tu_alloc_f32(&w, 4, TS_SHAPE(4, 3, 3, 3));
+    tu_alloc_f32(&b, 1, TS_SHAPE(4));
+    tu_alloc_f32(&out, 4, TS_SHAPE(2, 4, 6, 5));
+    tu_alloc_f32(&scratch, 1, TS_SHAPE(3 * 9 * 5 * 6));
+    tu_alloc_f32(&small, 1, TS_SHAPE(3 * 9 * 5 - 1));
+    tu_alloc_f32(&w_cin, 4, TS_SHAPE(4, 2, 3, 3));
+    tu_alloc_f32(&b5, 1, TS_SHAPE(5));
+    tu_alloc_f32(&out_h, 4, TS_SHAPE(2, 4, 5, 5));
+    tu_alloc_f32(&inp3, 3, TS_SHAPE(3, 6, 5));
+    TU_CHECK_OK(ts_tensor_alloc(&ids, TS_I32, TS_CPU, 4, TS_SHAPE(2, 3, 6, 5)));
+
+    TU_CHECK_OK(ts_conv2d_forward(e, &out, &inp, &w, &b, &g, &scratch));
+    TU_CHECK_RC(ts_conv2d_forward(e, &out, &inp, &w_cin, &b, &g, &scratch), TS_ESHAPE);
+    TU_CHECK_RC(ts_conv2d_forward(e, &out, &inp, &w, &b5, &g, &scratch), TS_ESHAPE);
+    TU_CHECK_RC(ts_conv2d_forward(e, &out_h, &inp, &w, &b, &g, &scratch), TS_ESHAPE);
+    TU_CHECK_RC(ts_conv2d_forward(e, &out, &inp3, &w, &b, &g, &scratch), TS_ESHAPE);
+    TU_CHECK_RC(ts_conv2d_forward(e, &out, &ids, &w, &b, &g, &scratch), TS_EDTYPE);
+    TU_CHECK_RC(ts_conv2d_forward(e, &out, &inp, &w, &b, NULL, &scratch), TS_EINVAL);
+    TU_CHECK_RC(ts_conv2d_forward(e, &out, &inp, &w, &b, &(ts_conv2d_t){0, 1, 1, 1, 1}, &scratch),
+                TS_EINVAL);
+    TU_CHECK_RC(ts_conv2d_forward(e, &out, &inp, &w, &b, &(ts_conv2d_t){1, -1, 1, 1, 1}, &scratch),
+                TS_EINVAL);
+    TU_CHECK_RC(ts_conv2d_forward(e, &out, &inp, &w, &b, &g, NULL), TS_EINVAL);
+    TU_CHECK_RC(ts_conv2d_forward(e, &out, &inp, &w, &b, &g, &small), TS_EINVAL);
+    TU_CHECK_RC(ts_conv2d_forward(e, &out, &inp, &w, &b, &g, &out), TS_EINVAL); /* aliases out */
+    TU_CHECK_RC(ts_conv2d_forward(NULL, &out, &inp, &w, &b, &g, &scratch), TS_EINVAL);
+    /* a kernel larger than the padded input: 6×5 under 9×9 without padding */
+    ts_tensor_t w9, out1;
+    tu_alloc_f32(&w9, 4, TS_SHAPE(4, 3, 9, 9));
+    tu_alloc_f32(&out1, 4, TS_SHAPE(2, 4, 1, 1));
+    TU_CHECK_RC(ts_conv2d_forward(e, &out1, &inp, &w9, &b, &(ts_conv2d_t){1, 0, 0, 0, 0}, &scratch),
+                TS_ESHAPE);
+    /* out written over its own input */
+    ts_tensor_t sq, w1;
+    tu_alloc_f32(&sq, 4, TS_SHAPE(1, 4, 3, 3));
+    tu_alloc_f32(&w1, 4, TS_SHAPE(4, 4, 1, 1));
+    TU_CHECK_RC(ts_conv2d_forward(e, &sq, &sq, &w1, NULL, &(ts_conv2d_t){1, 0, 0, 0, 0}, NULL),
+                TS_EINVAL);
+
+    assert_int_equal(ts_conv2d_out_dim(6, 9, 1, 0, 0), 0);
+    assert_int_equal(ts_conv2d_out_dim(9, 3, 2, 0, 1), 4);
+    assert_int_equal(ts_conv2d_out_dim(256, 3, 2, 0, 1), 128);
+    assert_int_equal(ts_conv2d_out_dim(5, 3, 0, 1, 1), 0);
+    assert_int_equal(ts_conv2d_scratch_min(&inp, &w, &g), 3 * 9 * 5);
+    assert_int_equal(ts_conv2d_scratch_min(&sq, &w1, &(ts_conv2d_t){1, 0, 0, 0, 0}), 0);
+    assert_int_equal(ts_conv2d_scratch_min(&inp3, &w, &g), -1);
+    TU_FREE_TENSORS(&inp, &w, &b, &out, &scratch, &small, &w_cin, &b5, &out_h, &inp3, &ids, &w9,
+                    &out1, &sq, &w1);
+}
+
+/* ---- GroupNorm ------------------------------------------------------------------------- */
+
+static void check_groupnorm(ts_engine_t *e, int64_t B, int64_t C, int64_t S, int G, int affine,
+                            int silu, float offset, int in_place, uint64_t seed) {
+    ts_tensor_t x, y, w, b;
+    tu_alloc_f32(&x, 3, TS_SHAPE(B, C, S));
+    tu_alloc_f32(&y, 3, TS_SHAPE(B, C, S));
+    tu_alloc_f32(&w, 1, TS_SHAPE(C));
+    tu_alloc_f32(&b, 1, TS_SHAPE(C));
+    tu_rng_t r = {seed};
+    tu_fill_uniform(&r, &x, offset - 1, offset + 1);
+    tu_fill_uniform(&r, &w, -2, 2);
+    tu_fill_uniform(&r, &b, -1, 1);
+    float *want = tu_floats(B * C * S);
+    ts_ref_groupnorm(want, tu_f32(&x), affine ? tu_f32(&w) : NULL, affine ? tu_f32(&b) : NULL, B, C,
+                     S, G, 1e-6, silu);
+    ts_tensor_t *out = in_place ? &x : &y;
+    int (*op)(ts_engine_t *, ts_tensor_t *, const ts_tensor_t *, const ts_tensor_t *,
+              const ts_tensor_t *, int, float) =
+        silu ? ts_groupnorm_silu_forward : ts_groupnorm_forward;
+    TU_CHECK_OK(op(e, out, &x, affine ? &w : NULL, affine ? &b : NULL, G, 1e-6f));
+    tu_check_close(tu_f32(out), want, B * C * S, 2e-5, 1e-5,
+                   "groupnorm B=%lld C=%lld S=%lld G=%d affine %d silu %d offset %g in place %d",
+                   (long long)B, (long long)C, (long long)S, G, affine, silu, (double)offset,
+                   in_place);
+    free(want);
+    TU_FREE_TENSORS(&x, &y, &w, &b);
+}
+
+static void test_groupnorm_matches_reference(void **state) {
+    ts_engine_t *e = *state;
+    check_groupnorm(e, 2, 8, 49, 4, 1, 0, 0, 0, 1);
+    check_groupnorm(e, 1, 6, 1, 3, 1, 0, 0, 0, 2);         /* two values a group */
+    check_groupnorm(e, 3, 32, 17, 32, 1, 0, 0, 0, 3);      /* one channel a group */
+    check_groupnorm(e, 1, 4, 5, 1, 0, 0, 0, 0, 4);         /* one group, no affine */
+    check_groupnorm(e, 2, 64, 64, 32, 1, 1, 0, 0, 5);      /* + SiLU */
+    check_groupnorm(e, 2, 16, 33, 8, 1, 1, 0, 1, 6);       /* + SiLU, in place */
+    check_groupnorm(e, 1, 8, 100, 2, 1, 0, 1000.0f, 0, 7); /* mean 1000, spread 1 */
+}
+
+static void test_groupnorm_nan_stays_in_its_group(void **state) {
+    ts_engine_t *e = *state;
+    ts_tensor_t x, y;
+    tu_alloc_f32(&x, 4, TS_SHAPE(2, 8, 3, 3));
+    tu_alloc_f32(&y, 4, TS_SHAPE(2, 8, 3, 3));
+    tu_rng_t r = {9};
+    tu_fill_uniform(&r, &x, -1, 1);
+    tu_f32(&x)[(1 * 8 + 5) * 9 + 4] = NAN; /* sample 1, channel 5: group 2 of 4 */
+    TU_CHECK_OK(ts_groupnorm_forward(e, &y, &x, NULL, NULL, 4, 1e-6f));
+    for (int64_t i = 0; i < 2 * 8 * 9; i++) {
+        int64_t s = i / 72, g = i % 72 / 18;
+        if (s == 1 && g == 2)
+            assert_true(isnan(tu_f32(&y)[i]));
+        else
+            assert_true(isfinite(tu_f32(&y)[i]));
+    }
+    TU_FREE_TENSORS(&x, &y);
+}
+
+static void test_groupnorm_bad_arguments(void **state) {
+    ts_engine_t *e = *state;
+    ts_tensor_t x, y, w, b, w3, y2, v;
+    tu_alloc_f32(&x, 4, TS_SHAPE(2, 6, 4, 4));
+    tu_alloc_f32(&y, 4, TS_SHAPE(2, 6, 4, 4));
+    tu_alloc_f32(&w, 1, TS_SHAPE(6));
+    tu_alloc_f32(&b, 1, TS_SHAPE(6));
+    tu_alloc_f32(&w3, 1, TS_SHAPE(3));
+    tu_alloc_f32(&y2, 4, TS_SHAPE(2, 6, 4, 3));
+    tu_alloc_f32(&v, 1, TS_SHAPE(6));
+    TU_CHECK_OK(ts_groupnorm_forward(e, &y, &x, &w, &b, 3, 1e-6f));
+    TU_CHECK_RC(ts_groupnorm_forward(e, &y, &x, &w, &b, 4, 1e-6f), TS_ESHAPE);
+    TU_CHECK_RC(ts_groupnorm_forward(e, &y, &x, &w, &b, 0, 1e-6f), TS_EINVAL);
+    TU_CHECK_RC(ts_groupnorm_forward(e, &y, &x, &w, &b, 3, -1.0f), TS_EINVAL);
+    TU_CHECK_RC(ts_groupnorm_forward(e, &y, &x, &w, &b, 3, NAN), TS_EINVAL);
+    TU_CHECK_RC(ts_groupnorm_forward(e, &y, &x, &w, NULL, 3, 1e-6f), TS_EINVAL);
+    TU_CHECK_RC(ts_groupnorm_forward(e, &y, &x, &w3, &b, 3, 1e-6f), TS_ESHAPE);
+    TU_CHECK_RC(ts_groupnorm_silu_forward(e, &y2, &x, &w, &b, 3, 1e-6f), TS_ESHAPE);
+    TU_CHECK_RC(ts_groupnorm_forward(e, &v, &v, NULL, NULL, 1, 1e-6f), TS_ESHAPE); /* 1-D */
+    TU_FREE_TENSORS(&x, &y, &w, &b, &w3, &y2, &v);
+}
+
+/* ---- upsampling ------------------------------------------------------------------------ */
+
+static void test_upsample_nearest2x(void **state) {
+    ts_engine_t *e = *state;
+    ts_tensor_t x, y, bad;
+    tu_alloc_f32(&x, 4, TS_SHAPE(2, 3, 3, 5));
+    tu_alloc_f32(&y, 4, TS_SHAPE(2, 3, 6, 10));
+    tu_alloc_f32(&bad, 4, TS_SHAPE(2, 3, 6, 9));
+    tu_rng_t r = {11};
+    tu_fill_uniform(&r, &x, -1, 1);
+    tu_f32(&x)[7] = NAN;
+    TU_CHECK_OK(ts_upsample_nearest2x_forward(e, &y, &x));
+    float *want = tu_floats(2 * 3 * 6 * 10);
+    ts_ref_upsample2x(want, tu_f32(&x), 6, 3, 5);
+    tu_check_close(tu_f32(&y), want, 2 * 3 * 6 * 10, 0, 0, "upsample 3x5");
+    assert_true(isnan(tu_f32(&y)[2 * 10 + 4])); /* x[0,0,1,2] → rows 2-3, columns 4-5 */
+    assert_true(isnan(tu_f32(&y)[3 * 10 + 5]));
+    TU_CHECK_RC(ts_upsample_nearest2x_forward(e, &bad, &x), TS_ESHAPE);
+    TU_CHECK_RC(ts_upsample_nearest2x_forward(e, &x, &y), TS_ESHAPE);
+    free(want);
+    TU_FREE_TENSORS(&x, &y, &bad);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv2d_matches_reference),
+        cmocka_unit_test(test_conv2d_nan_spreads_to_its_outputs),
+        cmocka_unit_test(test_conv2d_batch_invariant),
+        cmocka_unit_test(test_conv2d_bad_arguments),
+        cmocka_unit_test(test_groupnorm_matches_reference),
+        cmocka_unit_test(test_groupnorm_nan_stays_in_its_group),
+        cmocka_unit_test(test_groupnorm_bad_arguments),
+        cmocka_unit_test(test_upsample_nearest2x),
+    };
+    return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
+}
