@@ -169,6 +169,12 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
                       "disagreed", (json_int_t)st->mismatches, "wrong_answers", (json_int_t)st->liars,
                       "undecided", (json_int_t)st->undecided, "failed",
                       (json_int_t)st->checks_failed, "caught", liars));
+        json_t *ck = json_object_get(j, "checks");
+        if (ck) {
+            json_object_set_new(ck, "first_catch_requests",
+                                json_integer((json_int_t)st->first_catch_requests));
+            json_object_set_new(ck, "first_catch_s", json_real(st->first_catch_s));
+        }
         json_object_set_new(j, "failed_experts", failed);
     } else {
         json_decref(degraded);
@@ -338,7 +344,8 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
         {"verify", TS_ARG_FLOAT, &o->verify, "RATE",
          "with --peer: the fraction of answers spot-checked by asking a second replica of the "
          "expert (bits equal, or a third replica or the cached weights decide; a replica caught "
-         "lying is not asked again) (default 0.05; 0: off)",
+         "lying is not asked again); every answer of a replica is checked until one agrees "
+         "(default 0.02; 0: off)",
          0, 1},
         {"no-hedge", TS_ARG_FLAG, &o->no_hedge, NULL,
          "with --peer: never send a second request to another replica"},

@@ -367,7 +367,10 @@ static void caught(attempt_t *a, int i) {
     ts_replica_t *p = &a->ex->rep[i];
     p->lies++;
     p->banned_until = INFINITY;
-    a->r->st.liars++;
+    if (a->r->st.liars++ == 0) {
+        a->r->st.first_catch_requests = a->r->st.requests;
+        a->r->st.first_catch_s = ts_now_s() - a->r->t0;
+    }
     snprintf(a->note, sizeof a->note, "%.64s: a wrong answer, caught by a spot-check", p->addr);
 }
 
@@ -376,8 +379,11 @@ static void caught(attempt_t *a, int i) {
 static int start_check(attempt_t *a, int replica, const ts_answer_claim_t *c,
                        const uint8_t sig[TS_SIGNATURE_BYTES]) {
     ts_remote_t *r = a->r;
+    /* every answer of a replica not vouched for yet is checked (one that lies on every answer
+     * is caught at once, even with several answers in flight), then the drawn fraction */
+    int first = !a->ex->rep[replica].vouched;
     if (r->o.verify_rate <= 0.0 ||
-        (double)(next_rand(r) >> 11) * 0x1.0p-53 >= r->o.verify_rate)
+        (!first && (double)(next_rand(r) >> 11) * 0x1.0p-53 >= r->o.verify_rate))
         return 0;
     int i = pick_checker(a, c->device_class, c->precision);
     if (i < 0)
@@ -416,6 +422,7 @@ static void judge(attempt_t *a, int k) {
     ts_answer_claim_t *c = a->held_claim;
     if (k == 1 && agree(held(a, 1), &c[1], held(a, 0), &c[0], n)) {
         r->st.checks_agreed++;
+        a->ex->rep[a->held_rep[0]].vouched = a->ex->rep[a->held_rep[1]].vouched = 1;
         finish(a, TS_OK); /* the job's v is the first answer */
         return;
     }
@@ -435,6 +442,7 @@ static void judge(attempt_t *a, int k) {
             if ((d0 <= tol) != (d1 <= tol)) {
                 int liar = d0 <= tol ? 1 : 0;
                 caught(a, a->held_rep[liar]);
+                a->ex->rep[a->held_rep[1 - liar]].vouched = 1;
                 if (liar == 0)
                     memcpy(a->job->v, held(a, 1), n * sizeof(float));
                 finish(a, TS_OK);
@@ -455,6 +463,7 @@ static void judge(attempt_t *a, int k) {
     if (with0 != with1) {
         int liar = with0 ? 1 : 0;
         caught(a, a->held_rep[liar]);
+        a->ex->rep[a->held_rep[1 - liar]].vouched = a->ex->rep[a->held_rep[2]].vouched = 1;
         if (liar == 0)
             memcpy(a->job->v, held(a, 1), n * sizeof(float));
     } else {

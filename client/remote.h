@@ -50,6 +50,7 @@ typedef struct ts_replica {
     char device_class[TS_ANSWER_DEVICE_MAX + 1];
     uint8_t precision; /* a Tessera__DType value; 0 until its first answer */
     uint64_t checked, lies; /* its answers spot-checked, and found wrong */
+    int vouched;            /* one of its answers has agreed with another replica's */
 } ts_replica_t;
 
 typedef struct ts_remote_expert {
@@ -73,14 +74,16 @@ typedef struct ts_remote_opts {
     /* Every answer must carry a valid signature by the node that was asked (1); an answer
      * without one counts as garbage. */
     int require_signed;
-    /* The fraction of answers spot-checked (TS_REMOTE_VERIFY_RATE): the same request asked of a
-     * second replica, bit for bit where both report the same device class and precision, within
+    /* The fraction of answers spot-checked (TS_REMOTE_VERIFY_RATE), and when the rate is not 0
+     * every answer of a replica until one of them has agreed with another replica's (a replica
+     * that lies on every answer is caught at its first): the same request asked of a second
+     * replica, bit for bit where both report the same device class and precision, within
      * TS_REMOTE_TOL_F32 / TS_REMOTE_TOL_LOW otherwise; when they differ, a third replica or the
      * cached weights decide, and the liar is never asked again by this client. */
     double verify_rate;
 } ts_remote_opts_t;
 
-#define TS_REMOTE_VERIFY_RATE 0.05
+#define TS_REMOTE_VERIFY_RATE 0.02 /* docs/benchmarks.md, "Spot-checks against liars" */
 /* Tolerances between answers of different device classes, relative to max(1, max|v|): fp32
  * answers (the CPU-GPU parity tests' 1e-4), and answers where either side ran bf16 or f16. */
 #define TS_REMOTE_TOL_F32 1e-4
@@ -95,6 +98,8 @@ typedef struct ts_remote_stats {
     /* spot-checks: asked, agreed, disagreed, decided against a replica (liars found), left
      * undecided (nothing to break the tie), abandoned (the checker did not answer) */
     uint64_t checks, checks_agreed, mismatches, liars, undecided, checks_failed;
+    uint64_t first_catch_requests; /* requests sent when the first wrong answer was caught */
+    double first_catch_s;          /* and the seconds since ts_remote_init (0: none caught) */
     uint64_t bytes_out, bytes_in;
     double network_s, local_s; /* wall time waiting for the network, computing locally */
     /* the servers' Timings, summed over answers: queue, compute, and of compute the device's */

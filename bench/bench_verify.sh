@@ -1,0 +1,142 @@
+#!/bin/sh
+# bench_verify.sh TESSERA OUT_DIR [GENS] — spot-checks against liars, measured on loopback.
+#
+# One expert (`tiny`, trained for 2 steps: the plumbing, not quality) served by 8 daemons
+# (`tessera up --nodes 8`). For each liar kind — a bias of 1e-3 on every answer, Gaussian noise
+# of σ 1e-2, the answer scaled by 1.1 (a wrong model's answer), and a bias of 1e-3 on 1 % of the
+# answers only — one node (node 1) is restarted as that liar ([fault] lie_*), and for each
+# spot-check rate (0.01, 0.02, 0.05, 0.1) GENS generations (default 2) of 64 images, 8 Heun
+# steps, run with fresh seeds. Per generation: the images that differ from --local's with the same
+# seed (each 28×28 tile of the grid compared), the requests and checks made, the wrong answers
+# caught and when (requests sent, seconds since the client opened the network), and the extra
+# requests the checks cost. Every run's JSON line goes to OUT_DIR/verify.jsonl, the table to
+# stdout. The client bans a liar for its own run only: a ban network-wide is not built yet, so
+# each generation starts with the liar trusted again.
+set -eu
+T=${1:?usage: bench_verify.sh TESSERA OUT_DIR [GENS]}
+OUT=${2:?usage: bench_verify.sh TESSERA OUT_DIR [GENS]}
+GENS=${3:-2}
+PY=/usr/bin/python3
+mkdir -p "$OUT"
+dir=$(mktemp -d)
+cleanup() {
+    [ -d "$dir/net" ] && "$T" down --dir "$dir/net" --timeout 5 >/dev/null 2>&1 || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+F=$dir/experts
+"$T" partition --experts 1 --restarts 1 --max-iter 3 --seed 1 --out "$F" >/dev/null
+"$T" train --partition "$F" --cluster 0 --model tiny --steps 2 --batch 8 --seed 0 \
+    --data-dir "$dir/st" --out "$F/expert-0.safetensors" >/dev/null 2>&1
+"$T" up --nodes 8 --experts "$F" --dir "$dir/net" --json >"$dir/net.json" 2>/dev/null
+peer=$("$PY" -c "import json; print(json.load(open('$dir/net.json'))['peer'])")
+GEN="--n 64 --cols 8 --steps 8 --sampler heun --cfg 1.5 --policy uniform --select full"
+: >"$OUT/verify.jsonl"
+
+# tiles_differ A.png B.png: how many of the 64 28×28 tiles differ (our PNGs: 8-bit grey)
+tiles_differ() {
+    "$PY" - "$1" "$2" <<'PYEOF'
+import struct, sys, zlib
+def read(p):
+    b = open(p, "rb").read()
+    i, idat, w, h = 8, b"", 0, 0
+    while i < len(b):
+        n, t = struct.unpack(">I4s", b[i:i + 8])
+        d = b[i + 8:i + 8 + n]
+        if t == b"IHDR":
+            w, h = struct.unpack(">II", d[:8])
+        elif t == b"IDAT":
+            idat += d
+        i += 12 + n
+    raw = zlib.decompress(idat)
+    rows, prev, k = [], bytearray(w), 0
+    for y in range(h):
+        f, line = raw[k], bytearray(raw[k + 1:k + 1 + w])
+        k += 1 + w
+        for x in range(w):
+            a = line[x - 1] if x else 0
+            c = prev[x - 1] if x else 0
+            pr = [0, a, prev[x], (a + prev[x]) // 2,
+                  a if abs(prev[x] - c) >= abs(a - c) and abs(a + prev[x] - 2 * c) >= abs(a - c)
+                  else (prev[x] if abs(prev[x] - c) <= abs(a + prev[x] - 2 * c) else c)][f]
+            line[x] = (line[x] + pr) & 255
+        rows.append(bytes(line))
+        prev = line
+    return rows, w, h
+a, w, h = read(sys.argv[1])
+b, _, _ = read(sys.argv[2])
+cols, rows = 8, 8
+tw, th = w // cols, h // rows
+n = 0
+for r in range(rows):
+    for c in range(cols):
+        if any(a[r * th + y][c * tw:(c + 1) * tw] != b[r * th + y][c * tw:(c + 1) * tw]
+               for y in range(th)):
+            n += 1
+print(n)
+PYEOF
+}
+
+liar() { # liar KIND: node 1 restarted with that [fault] section (none: honest)
+    kill "$(cat "$dir/net/node-1/tesserad.pid")"
+    while kill -0 "$(cat "$dir/net/node-1/tesserad.pid")" 2>/dev/null; do sleep 0.1; done
+    sed -i '/^\[fault\]/,$d' "$dir/net/node-1/tesserad.ini"
+    case $1 in
+    bias) printf '[fault]\nlie_bias = 0.001\n' ;;
+    noise) printf '[fault]\nlie_noise = 0.01\n' ;;
+    other) printf '[fault]\nlie_scale = 1.1\n' ;;
+    rare) printf '[fault]\nlie_bias = 0.001\nlie_rate = 0.01\n' ;;
+    *) : ;;
+    esac >>"$dir/net/node-1/tesserad.ini"
+    "$T" up --dir "$dir/net" --restart >/dev/null
+    i=0
+    until "$T" status --peer "$peer" --network-key "$dir/net/network.key" --json >"$dir/st.json" 2>/dev/null &&
+        [ "$("$PY" -c "
+import json; s = json.load(open('$dir/st.json'))
+live = {m['node_id'] for m in s['members'] if m['state'] == 'alive'}
+print(len({a['node_id'] for a in s['adverts'] if a.get('valid') and a['node_id'] in live}))")" = 8 ]; do
+        i=$((i + 1)); [ $i -lt 240 ] || { echo "bench_verify: the liar did not come back" >&2; exit 1; }
+        sleep 0.5
+    done
+}
+
+printf '%-6s %6s %5s %10s %9s %7s %12s %14s %10s\n' liar rate gens "images≠" requests checks "caught(gens)" "first catch" overhead
+for kind in bias noise other rare; do
+    liar $kind
+    for rate in 0.01 0.02 0.05 0.1; do
+        for g in $(seq 1 "$GENS"); do
+            seed=$((1000 * g + 7))
+            [ -f "$dir/local-$seed.png" ] ||
+                "$T" generate --local "$F" $GEN --seed $seed --out "$dir/local-$seed.png" >/dev/null 2>&1
+            "$T" generate --peer "$peer" --network-key "$dir/net/network.key" --data-dir "$dir/cache" \
+                $GEN --no-hedge --seed $seed --verify $rate --json --out "$dir/g.png" >"$dir/g.json" 2>/dev/null
+            differ=$(tiles_differ "$dir/g.png" "$dir/local-$seed.png")
+            "$PY" - "$dir/g.json" "$kind" "$rate" "$seed" "$differ" >>"$OUT/verify.jsonl" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1]))["network"]
+c = j["checks"]
+print(json.dumps({"liar": sys.argv[2], "rate": float(sys.argv[3]), "seed": int(sys.argv[4]),
+                  "images": 64, "images_differ": int(sys.argv[5]), "requests": j["requests"],
+                  "checks": c["checked"], "disagreed": c["disagreed"],
+                  "wrong_answers": c["wrong_answers"], "undecided": c["undecided"],
+                  "first_catch_requests": c["first_catch_requests"],
+                  "first_catch_s": c["first_catch_s"]}))
+PYEOF
+        done
+        "$PY" - "$OUT/verify.jsonl" "$kind" "$rate" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+rows = [r for r in rows if r["liar"] == sys.argv[2] and r["rate"] == float(sys.argv[3])]
+caught = [r for r in rows if r["wrong_answers"] > 0]
+req = sum(r["requests"] for r in rows)
+chk = sum(r["checks"] for r in rows)
+first = sorted(r["first_catch_requests"] for r in caught)
+print("%-6s %6.2f %5d %10s %9d %7d %12s %14s %9.1f%%" % (
+    sys.argv[2], float(sys.argv[3]), len(rows),
+    "%d/%d" % (sum(r["images_differ"] for r in rows), 64 * len(rows)), req, chk,
+    "%d/%d" % (len(caught), len(rows)),
+    ("%d req" % first[len(first) // 2]) if first else "-",
+    100.0 * chk / max(1, req - chk)))
+PYEOF
+    done
+done
