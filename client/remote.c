@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "client/remote.h"
+#include "client/remote_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -16,9 +17,7 @@
 #include "kernels/tensor.h"
 #include "net/frame.h"
 
-#define MAX_SENDS 8 /* requests one job may make: the first, a hedge, retries */
-
-static uint64_t next_rand(ts_remote_t *r) { /* xorshift64*: replica draws only */
+uint64_t ts_remote_rand(ts_remote_t *r) { /* xorshift64*: replica draws only */
     r->rng ^= r->rng >> 12;
     r->rng ^= r->rng << 25;
     r->rng ^= r->rng >> 27;
@@ -37,51 +36,6 @@ void ts_remote_opts_default(ts_remote_opts_t *o) {
 }
 
 /* ---- one job's requests ----------------------------------------------------------------------- */
-
-typedef struct attempt attempt_t;
-
-typedef struct send {
-    attempt_t *a;
-    ts_rpc_call_t *call; /* NULL once its callback has run */
-    int replica, hedge;
-    double start;
-} send_t;
-
-struct attempt {
-    ts_remote_t *r;
-    ts_expert_job_t *job;   /* this attempt's piece of a job: a view of its rows */
-    ts_expert_job_t *whole; /* the job: its status is the worst of its pieces' */
-    ts_expert_job_t piece;
-    ts_remote_expert_t *ex;
-    uv_timer_t *hedge_timer; /* this attempt slot's, owned by r */
-    float *t;                /* (m) the piece's t, for the request */
-    int cap_t;
-    uint32_t tried; /* replicas asked, as bits */
-    send_t sends[MAX_SENDS];
-    int n_sends, inflight, retries_left, done, last_error;
-    char note[200]; /* the last failure: node and reason (ts_remote_fail_t) */
-    uint8_t req_hash[TS_ANSWER_HASH_BYTES]; /* the request's (net/answer.h), at the first send */
-    int hashed, cancelling;
-    /* A spot-check: phase 0 answering; 1 the same request asked of a second replica; 2 of a
-     * third, to break a tie. held: (3, m·chw) the answers kept, with their replicas and signed
-     * claims (the evidence). */
-    int phase;
-    float *held;
-    size_t cap_held;
-    int held_rep[3];
-    ts_answer_claim_t held_claim[3];
-    uint8_t held_sig[3][TS_SIGNATURE_BYTES];
-};
-
-/* Attempt slots (one per piece of a job of the evaluation in progress), each with its hedge
- * timer; they grow as needed and live until ts_remote_free. */
-typedef struct remote_priv {
-    attempt_t **att;
-    int n_slots;
-    int pending; /* pieces not done */
-} remote_priv_t;
-
-static remote_priv_t *priv(ts_remote_t *r) { return (remote_priv_t *)r->impl; }
 
 /* A server's Timings (zeros when it sent none). */
 typedef struct timings {
@@ -132,9 +86,9 @@ static int pick(attempt_t *a) {
         return -1;
     if (n == 1)
         return cand[0];
-    int x = cand[next_rand(a->r) % (uint64_t)n], y;
+    int x = cand[ts_remote_rand(a->r) % (uint64_t)n], y;
     do
-        y = cand[next_rand(a->r) % (uint64_t)n];
+        y = cand[ts_remote_rand(a->r) % (uint64_t)n];
     while (y == x);
     return predicted_ms(&ex->rep[y]) < predicted_ms(&ex->rep[x]) ? y : x;
 }
@@ -164,7 +118,6 @@ static uint64_t hedge_delay_ms(const ts_remote_t *r, const ts_remote_expert_t *e
     return (uint64_t)ceil(d < r->o.hedge_min_ms ? r->o.hedge_min_ms : d);
 }
 
-static void finish(attempt_t *a, int status);
 static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg);
 
 /* A note cut at a byte count may end inside a UTF-8 character: drop that partial character, so
@@ -182,7 +135,7 @@ static void utf8_trim(char *s) {
 }
 
 /* Sends the job to replica i; on an immediate refusal, marks it tried and returns the error. */
-static int send_to(attempt_t *a, int i, int hedge) {
+int ts_remote_send_to(attempt_t *a, int i, int hedge) {
     ts_remote_t *r = a->r;
     ts_expert_job_t *j = a->job;
     if (a->n_sends == MAX_SENDS)
@@ -217,8 +170,7 @@ static int send_to(attempt_t *a, int i, int hedge) {
     int rc = ts_rpc_call(p->peer, &env, r->o.timeout_ms, on_answer, s, &s->call, err, sizeof err);
     if (rc != TS_OK) {
         p->failed++;
-        snprintf(a->note, sizeof a->note, "%.64s: %.120s", p->addr,
-                 *err ? err : ts_strerror(rc));
+        snprintf(a->note, sizeof a->note, "%.64s: %.120s", p->addr, *err ? err : ts_strerror(rc));
         utf8_trim(a->note);
         if (rc == TS_ECLOSED) /* unreachable (in backoff after a refused connect): leave it */
             p->banned_until = ts_now_s() + r->o.down_ms / 1000.0;
@@ -238,7 +190,7 @@ static int send_next(attempt_t *a, int hedge) {
         int i = pick(a);
         if (i < 0)
             return TS_ENOTFOUND;
-        int rc = send_to(a, i, hedge);
+        int rc = ts_remote_send_to(a, i, hedge);
         if (rc == TS_OK)
             return TS_OK;
         if (rc == TS_ERANGE)
@@ -291,7 +243,7 @@ static int take_answer(attempt_t *a, const Tessera__Envelope *env, timings_t *tm
 }
 
 /* What is known of a replica that did not answer within ms: its EWMA is at least that. */
-static void slower_than(ts_replica_t *p, double ms) {
+void ts_remote_slower_than(ts_replica_t *p, double ms) {
     if (p->ewma_ms < ms)
         p->ewma_ms = ms;
 }
@@ -302,174 +254,6 @@ static void note_rtt(ts_remote_expert_t *ex, ts_replica_t *p, double ms) {
     ex->rtt_next = (ex->rtt_next + 1) % TS_REMOTE_RTT_WINDOW;
     if (ex->n_rtt < TS_REMOTE_RTT_WINDOW)
         ex->n_rtt++;
-}
-
-/* ---- spot-checks ------------------------------------------------------------------------------ */
-
-/* Cancels the sends of a still in flight (their callbacks see `cancelling` and do nothing). */
-static void cancel_inflight(attempt_t *a) {
-    double now = ts_now_s();
-    a->cancelling = 1;
-    for (int i = 0; i < a->n_sends; i++)
-        if (a->sends[i].call) {
-            slower_than(&a->ex->rep[a->sends[i].replica], (now - a->sends[i].start) * 1e3);
-            ts_rpc_cancel(a->sends[i].call);
-        }
-    a->cancelling = 0;
-}
-
-/* A replica to check an answer of class cls and precision prec with: one not asked yet, not
- * banned, of that class and precision (or whose class is not known yet) — preferred — or any
- * other. −1 when none is left. */
-static int pick_checker(attempt_t *a, const char *cls, uint8_t prec) {
-    ts_remote_expert_t *ex = a->ex;
-    double now = ts_now_s();
-    int any = -1;
-    for (int i = 0; i < ex->n_rep; i++) {
-        const ts_replica_t *p = &ex->rep[i];
-        if ((a->tried & (1u << i)) || p->banned_until > now || !p->peer)
-            continue;
-        if (p->precision == 0 || (p->precision == prec && strcmp(p->device_class, cls) == 0))
-            return i;
-        if (any < 0)
-            any = i;
-    }
-    return any;
-}
-
-/* The largest |x − y| over n values, relative to max(1, max|y|). */
-static double rel_diff(const float *x, const float *y, size_t n) {
-    double d = 0.0, m = 1.0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)x[i] - (double)y[i]);
-        d = e > d ? e : d;
-        m = fabs((double)y[i]) > m ? fabs((double)y[i]) : m;
-    }
-    return d / m;
-}
-
-/* Whether two answers agree: bit for bit where both claims name the same device class and
- * precision, within the tolerance of their precisions otherwise. */
-static int agree(const float *x, const ts_answer_claim_t *cx, const float *y,
-                 const ts_answer_claim_t *cy, size_t n) {
-    if (cx->precision == cy->precision && strcmp(cx->device_class, cy->device_class) == 0)
-        return memcmp(x, y, n * sizeof *x) == 0;
-    int low = cx->precision != TESSERA__DTYPE__DTYPE_F32 ||
-              cy->precision != TESSERA__DTYPE__DTYPE_F32;
-    return rel_diff(x, y, n) <= (low ? TS_REMOTE_TOL_LOW : TS_REMOTE_TOL_F32);
-}
-
-/* Held answer slot k (m·chw floats). */
-static float *held(attempt_t *a, int k) { return a->held + (size_t)k * (size_t)a->job->m * (size_t)a->r->chw; }
-
-/* Replica i answered wrongly, as the check showed: never asked again by this client. */
-static void caught(attempt_t *a, int i) {
-    ts_replica_t *p = &a->ex->rep[i];
-    p->lies++;
-    p->banned_until = INFINITY;
-    if (a->r->st.liars++ == 0) {
-        a->r->st.first_catch_requests = a->r->st.requests;
-        a->r->st.first_catch_s = ts_now_s() - a->r->t0;
-    }
-    snprintf(a->note, sizeof a->note, "%.64s: a wrong answer, caught by a spot-check", p->addr);
-}
-
-/* Whether to check the answer just taken: at the rate asked, when a second replica or cached
- * weights can. On yes the answer is kept (slot 0) and the check is asked; 1 then. */
-static int start_check(attempt_t *a, int replica, const ts_answer_claim_t *c,
-                       const uint8_t sig[TS_SIGNATURE_BYTES]) {
-    ts_remote_t *r = a->r;
-    /* every answer of a replica not vouched for yet is checked (one that lies on every answer
-     * is caught at once, even with several answers in flight), then the drawn fraction */
-    int first = !a->ex->rep[replica].vouched;
-    if (r->o.verify_rate <= 0.0 ||
-        (!first && (double)(next_rand(r) >> 11) * 0x1.0p-53 >= r->o.verify_rate))
-        return 0;
-    int i = pick_checker(a, c->device_class, c->precision);
-    if (i < 0)
-        return 0; /* nothing to check with: the cached weights alone do not make a check */
-    size_t n = (size_t)a->job->m * (size_t)r->chw;
-    if (a->cap_held < 3 * n) {
-        float *h = realloc(a->held, 3 * n * sizeof *h);
-        if (!h)
-            return 0;
-        a->held = h;
-        a->cap_held = 3 * n;
-    }
-    uv_timer_stop(a->hedge_timer);
-    cancel_inflight(a); /* a hedge still out: its answer is no longer wanted */
-    memcpy(held(a, 0), a->job->v, n * sizeof(float));
-    a->held_rep[0] = replica;
-    a->held_claim[0] = *c;
-    memcpy(a->held_sig[0], sig, TS_SIGNATURE_BYTES);
-    a->phase = 1;
-    a->retries_left = r->o.retries;
-    r->st.checks++;
-    a->ex->rep[replica].checked++;
-    if (send_to(a, i, 0) == TS_OK)
-        return 1;
-    a->phase = 0; /* refused at once: the answer stands unchecked */
-    r->st.checks_failed++;
-    return 0;
-}
-
-/* The check's answer k (1: the second replica's, 2: a tie-breaker's) is in slot k: agreeing
- * answers are trusted; a disagreement is broken by the cached weights or a third replica, and
- * the one that loses is caught. The job then holds the answer that stands. */
-static void judge(attempt_t *a, int k) {
-    ts_remote_t *r = a->r;
-    size_t n = (size_t)a->job->m * (size_t)r->chw;
-    ts_answer_claim_t *c = a->held_claim;
-    if (k == 1 && agree(held(a, 1), &c[1], held(a, 0), &c[0], n)) {
-        r->st.checks_agreed++;
-        a->ex->rep[a->held_rep[0]].vouched = a->ex->rep[a->held_rep[1]].vouched = 1;
-        finish(a, TS_OK); /* the job's v is the first answer */
-        return;
-    }
-    if (k == 1) {
-        r->st.mismatches++;
-        if (a->ex->local) { /* the cached weights decide, within the fp32 tolerance */
-            ts_expert_job_t mine = *a->job;
-            mine.v = held(a, 2);
-            double t0 = ts_now_s();
-            int rc = ts_expert_job_run(a->ex->local, &mine);
-            r->st.local_runs++;
-            r->st.local_s += ts_now_s() - t0;
-            double d0 = rc == TS_OK ? rel_diff(held(a, 0), held(a, 2), n) : INFINITY;
-            double d1 = rc == TS_OK ? rel_diff(held(a, 1), held(a, 2), n) : INFINITY;
-            int low = c[0].precision != TESSERA__DTYPE__DTYPE_F32;
-            double tol = low ? TS_REMOTE_TOL_LOW : TS_REMOTE_TOL_F32;
-            if ((d0 <= tol) != (d1 <= tol)) {
-                int liar = d0 <= tol ? 1 : 0;
-                caught(a, a->held_rep[liar]);
-                a->ex->rep[a->held_rep[1 - liar]].vouched = 1;
-                if (liar == 0)
-                    memcpy(a->job->v, held(a, 1), n * sizeof(float));
-                finish(a, TS_OK);
-                return;
-            }
-        }
-        int i = pick_checker(a, c[0].device_class, c[0].precision);
-        a->phase = 2;
-        a->retries_left = r->o.retries;
-        if (i >= 0 && send_to(a, i, 0) == TS_OK)
-            return;
-        r->st.undecided++;
-        finish(a, TS_OK); /* nothing breaks the tie: the first answer stands, unproven */
-        return;
-    }
-    int with0 = agree(held(a, 2), &c[2], held(a, 0), &c[0], n);
-    int with1 = agree(held(a, 2), &c[2], held(a, 1), &c[1], n);
-    if (with0 != with1) {
-        int liar = with0 ? 1 : 0;
-        caught(a, a->held_rep[liar]);
-        a->ex->rep[a->held_rep[1 - liar]].vouched = a->ex->rep[a->held_rep[2]].vouched = 1;
-        if (liar == 0)
-            memcpy(a->job->v, held(a, 1), n * sizeof(float));
-    } else {
-        r->st.undecided++;
-    }
-    finish(a, TS_OK);
 }
 
 static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg) {
@@ -489,7 +273,8 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         int k = a->phase; /* where the answer goes: the job, or a check's slot */
         ts_answer_claim_t claim;
         uint8_t sig[TS_SIGNATURE_BYTES];
-        status = take_answer(a, res->reply, &tm, k == 0 ? a->job->v : held(a, k), p, &claim, sig);
+        status = take_answer(a, res->reply, &tm, k == 0 ? a->job->v : ts_remote_held(a, k), p,
+                             &claim, sig);
         if (status == TS_OK) {
             p->answered++;
             r->st.answers++;
@@ -507,9 +292,9 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
                 a->held_rep[k] = s->replica;
                 a->held_claim[k] = claim;
                 memcpy(a->held_sig[k], sig, TS_SIGNATURE_BYTES);
-                judge(a, k);
-            } else if (!start_check(a, s->replica, &claim, sig)) {
-                finish(a, TS_OK);
+                ts_remote_check_judge(a, k);
+            } else if (!ts_remote_check_start(a, s->replica, &claim, sig)) {
+                ts_remote_finish(a, TS_OK);
             }
             return;
         }
@@ -535,7 +320,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         utf8_trim(a->note);
     }
     if (status != TS_ECANCELED)
-        slower_than(p, (ts_now_s() - s->start) * 1e3);
+        ts_remote_slower_than(p, (ts_now_s() - s->start) * 1e3);
     trace(r, s, status, (timings_t){0, 0, 0}, s->replica, s->start);
     if (a->inflight > 0)
         return; /* the other request may still answer */
@@ -543,8 +328,9 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         a->retries_left--;
         r->st.retries++;
         if (a->phase > 0) { /* a check: another replica of the answer's class */
-            int i = pick_checker(a, a->held_claim[0].device_class, a->held_claim[0].precision);
-            if (i >= 0 && send_to(a, i, 0) == TS_OK)
+            int i = ts_remote_pick_checker(a, a->held_claim[0].device_class,
+                                           a->held_claim[0].precision);
+            if (i >= 0 && ts_remote_send_to(a, i, 0) == TS_OK)
                 return;
             continue;
         }
@@ -553,15 +339,15 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
     }
     if (a->phase > 0) { /* the check could not be made: the first answer stands, unchecked */
         r->st.checks_failed++;
-        finish(a, TS_OK);
+        ts_remote_finish(a, TS_OK);
         return;
     }
-    finish(a, status);
+    ts_remote_finish(a, status);
 }
 
 /* Ends a job: cancels what is still in flight, and when the network failed it, runs the expert
  * from cached weights if there are any. */
-static void finish(attempt_t *a, int status) {
+void ts_remote_finish(attempt_t *a, int status) {
     ts_remote_t *r = a->r;
     a->done = 1;
     uv_timer_stop(a->hedge_timer);
@@ -570,7 +356,8 @@ static void finish(attempt_t *a, int status) {
         if (a->sends[i].call) {
             /* a request that lost the race took at least this long: a replica that has not
              * answered must not look fast because it never answered */
-            slower_than(&a->ex->rep[a->sends[i].replica], (now - a->sends[i].start) * 1e3);
+            ts_remote_slower_than(&a->ex->rep[a->sends[i].replica],
+                                  (now - a->sends[i].start) * 1e3);
             ts_rpc_cancel(a->sends[i].call); /* runs on_answer now, which sees done */
         }
     if (status != TS_OK && a->ex->local) {
@@ -676,11 +463,11 @@ static int start_piece(ts_remote_t *r, attempt_t *a, ts_expert_job_t *j, int sta
         a->t[b] = j->t;
     timer->data = a;
     if (r->o.prefer_local && a->ex->local) {
-        finish(a, TS_ENOTSUP); /* straight to the cached weights */
+        ts_remote_finish(a, TS_ENOTSUP); /* straight to the cached weights */
         return TS_OK;
     }
     if (send_next(a, 0) != TS_OK) {
-        finish(a, a->last_error);
+        ts_remote_finish(a, a->last_error);
         return TS_OK;
     }
     if (r->o.hedge && a->ex->n_rep > 1)
@@ -721,7 +508,7 @@ int ts_remote_eval(void *ctx, ts_expert_job_t *jobs, int n) {
     for (int i = 0; i < used && i < pv->n_slots; i++) {
         attempt_t *a = pv->att[i];
         if (!a->done && a->job)
-            finish(a, TS_ECANCELED);
+            ts_remote_finish(a, TS_ECANCELED);
         a->hedge_timer->data = NULL;
     }
     int degraded = 0;

@@ -91,12 +91,12 @@ static void test_request_hash(void **state) {
     TU_CHECK_OK(ts_answer_request_hash(&r.d, base));
     TU_CHECK_OK(ts_answer_request_hash(&r.d, h));
     assert_memory_equal(base, h, 32); /* deterministic */
-#define CHANGED(stmt, undo)                                                                       \
-    do {                                                                                          \
-        stmt;                                                                                     \
-        TU_CHECK_OK(ts_answer_request_hash(&r.d, h));                                             \
-        assert_memory_not_equal(base, h, 32);                                                     \
-        undo;                                                                                     \
+#define CHANGED(stmt, undo)                                                                        \
+    do {                                                                                           \
+        stmt;                                                                                      \
+        TU_CHECK_OK(ts_answer_request_hash(&r.d, h));                                              \
+        assert_memory_not_equal(base, h, 32);                                                      \
+        undo;                                                                                      \
     } while (0)
     CHANGED(r.expert[31] ^= 1, r.expert[31] ^= 1);
     CHANGED(((uint8_t *)r.x)[17] ^= 1, ((uint8_t *)r.x)[17] ^= 1);
