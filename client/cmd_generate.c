@@ -107,10 +107,10 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
     for (int k = 0; k < g->K; k++)
         for (int i = 0; i < g->experts[k].n_rep; i++)
             if (g->experts[k].rep[i].lies)
-                fprintf(stderr, "  LIAR: %s (expert of cluster %d): %llu wrong answer%s caught; not "
-                                "asked again\n",
-                        g->experts[k].rep[i].addr, k,
-                        (unsigned long long)g->experts[k].rep[i].lies,
+                fprintf(stderr,
+                        "  LIAR: %s (expert of cluster %d): %llu wrong answer%s caught; not "
+                        "asked again\n",
+                        g->experts[k].rep[i].addr, k, (unsigned long long)g->experts[k].rep[i].lies,
                         g->experts[k].rep[i].lies == 1 ? "" : "s");
     json_t *degraded = json_array();
     if (st->degraded_evaluations) {
@@ -158,17 +158,17 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
             for (int i = 0; i < g->experts[k].n_rep; i++)
                 if (g->experts[k].rep[i].lies)
                     json_array_append_new(
-                        liars, json_pack("{s:s, s:i, s:I, s:I}", "addr", g->experts[k].rep[i].addr,
-                                         "cluster", k, "lies",
-                                         (json_int_t)g->experts[k].rep[i].lies, "checked",
-                                         (json_int_t)g->experts[k].rep[i].checked));
-        json_object_set_new(
-            j, "checks",
-            json_pack("{s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "rate", r->o.verify_rate,
-                      "checked", (json_int_t)st->checks, "agreed", (json_int_t)st->checks_agreed,
-                      "disagreed", (json_int_t)st->mismatches, "wrong_answers", (json_int_t)st->liars,
-                      "undecided", (json_int_t)st->undecided, "failed",
-                      (json_int_t)st->checks_failed, "caught", liars));
+                        liars,
+                        json_pack("{s:s, s:i, s:I, s:I}", "addr", g->experts[k].rep[i].addr,
+                                  "cluster", k, "lies", (json_int_t)g->experts[k].rep[i].lies,
+                                  "checked", (json_int_t)g->experts[k].rep[i].checked));
+        json_object_set_new(j, "checks",
+                            json_pack("{s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "rate",
+                                      r->o.verify_rate, "checked", (json_int_t)st->checks, "agreed",
+                                      (json_int_t)st->checks_agreed, "disagreed",
+                                      (json_int_t)st->mismatches, "wrong_answers",
+                                      (json_int_t)st->liars, "undecided", (json_int_t)st->undecided,
+                                      "failed", (json_int_t)st->checks_failed, "caught", liars));
         json_t *ck = json_object_get(j, "checks");
         if (ck) {
             json_object_set_new(ck, "first_catch_requests",
@@ -195,12 +195,12 @@ static int write_trace(const char *path, const ts_remote_t *r, char *err, size_t
             snprintf(name, sizeof name, "expert %d → replica %d%s", e->k, e->replica,
                      e->hedge ? " (hedge)" : "");
         json_array_append_new(
-            events, json_pack("{s:s, s:s, s:f, s:f, s:i, s:i, s:{s:i, s:s, s:i, s:i, s:i}}",
-                              "name", name, "ph", "X", "ts", e->start_s * 1e6, "dur",
-                              e->dur_s * 1e6, "pid", 1, "tid", e->k, "args", "rows", e->m,
-                              "status", e->status == TS_OK ? "ok" : ts_strerror(e->status),
-                              "queue_us", (int)e->queue_us, "compute_us", (int)e->compute_us,
-                              "device_us", (int)e->device_us));
+            events, json_pack("{s:s, s:s, s:f, s:f, s:i, s:i, s:{s:i, s:s, s:i, s:i, s:i}}", "name",
+                              name, "ph", "X", "ts", e->start_s * 1e6, "dur", e->dur_s * 1e6, "pid",
+                              1, "tid", e->k, "args", "rows", e->m, "status",
+                              e->status == TS_OK ? "ok" : ts_strerror(e->status), "queue_us",
+                              (int)e->queue_us, "compute_us", (int)e->compute_us, "device_us",
+                              (int)e->device_us));
     }
     json_t *root = json_pack("{s:o}", "traceEvents", events);
     int rc = root && json_dump_file(root, path, JSON_COMPACT) == 0 ? TS_OK : TS_EIO;
@@ -468,10 +468,10 @@ static int validate(gen_run_t *r) {
                 o->trajectory);
     else if (o->tau_set && !(o->tau > 0.0f))
         fprintf(stderr, PROG ": --tau %g: must be > 0\n", (double)o->tau);
-    else if (o->cls && strcmp(o->cls, "null") != 0 && strspn(o->cls, "0123456789") != strlen(o->cls) &&
-             ts_fmnist_class_parse(o->cls) < 0)
-        fprintf(stderr, PROG ": --class %s: must be a label, a class name (%s) or 'null'\n",
-                o->cls, TS_FMNIST_CLASS_LIST);
+    else if (o->cls && strcmp(o->cls, "null") != 0 &&
+             strspn(o->cls, "0123456789") != strlen(o->cls) && ts_fmnist_class_parse(o->cls) < 0)
+        fprintf(stderr, PROG ": --class %s: must be a label, a class name (%s) or 'null'\n", o->cls,
+                TS_FMNIST_CLASS_LIST);
     else
         return 0;
     return 2;
@@ -667,7 +667,8 @@ static json_t *summary(const gen_run_t *r, const char *sel_text) {
                 char why[320] = "no live expert and no cached weights";
                 if (h && h->n)
                     ts_netgen_held_text(&r->net, k, why, sizeof why);
-                fprintf(stderr, "UNCOVERED: cluster %d, routed around (%.1f%% of the routing mass): %s\n",
+                fprintf(stderr,
+                        "UNCOVERED: cluster %d, routed around (%.1f%% of the routing mass): %s\n",
                         k, 100.0 * mass, why);
                 json_t *u = json_pack("{s:i, s:f, s:s}", "cluster", k, "mass", mass, "reason",
                                       h && h->n ? "training" : "no expert");

@@ -56,7 +56,7 @@ typedef struct job {
                                  * UNAVAILABLE when it alone does not fit the device's memory */
     int nonfinite;              /* INTERNAL because the batch's velocity was not finite */
     uint32_t queue_us, compute_us, device_us, batch_rows;
-    uint64_t request_id;                         /* the Envelope's, for the signed claim */
+    uint64_t request_id;                        /* the Envelope's, for the signed claim */
     uint8_t request_hash[TS_ANSWER_HASH_BYTES]; /* net/answer.h's, when answers are signed */
 } job_t;
 
@@ -83,7 +83,7 @@ struct ts_serve {
      * and its output is host memory: no vv, xd, td. */
     ts_tensor_t xx, tt, vv, xd, td;
     ts_engine_mark_t mark[2]; /* a batch's device time (CUDA events on a GPU), compute thread's */
-    int32_t *yy; /* (max_batch) labels */
+    int32_t *yy;              /* (max_batch) labels */
     pthread_t thread;
     /* shared, under mu */
     pthread_mutex_t mu;
@@ -940,7 +940,7 @@ int ts_serve_new(ts_serve_t **out, uv_loop_t *loop, ts_rpc_t *rpc, const ts_serv
     ts_engine_device_class(&s->eng, cls, sizeof cls);
     snprintf(s->device_class, sizeof s->device_class, "%.100s/%s", cls,
              s->model.attn == TS_ATTN_FUSED ? "fused" : "composed");
-    s->precision_dtype = s->model.precision == TS_PREC_BF16   ? TESSERA__DTYPE__DTYPE_BF16
+    s->precision_dtype = s->model.precision == TS_PREC_BF16  ? TESSERA__DTYPE__DTYPE_BF16
                          : s->model.precision == TS_PREC_F16 ? TESSERA__DTYPE__DTYPE_F16
                                                              : TESSERA__DTYPE__DTYPE_F32;
     s->lie_rng = s->o.lie_seed;
