@@ -54,11 +54,15 @@ def read(p):
         f, line = raw[k], bytearray(raw[k + 1:k + 1 + w])
         k += 1 + w
         for x in range(w):
-            a = line[x - 1] if x else 0
-            c = prev[x - 1] if x else 0
-            pr = [0, a, prev[x], (a + prev[x]) // 2,
-                  a if abs(prev[x] - c) >= abs(a - c) and abs(a + prev[x] - 2 * c) >= abs(a - c)
-                  else (prev[x] if abs(prev[x] - c) <= abs(a + prev[x] - 2 * c) else c)][f]
+            a = line[x - 1] if x else 0  # left
+            b = prev[x]                  # up
+            c = prev[x - 1] if x else 0  # upper left
+            if f == 4:  # Paeth (PNG spec 9.4)
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                pr = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+            else:
+                pr = [0, a, b, (a + b) // 2][f]
             line[x] = (line[x] + pr) & 255
         rows.append(bytes(line))
         prev = line

@@ -17,6 +17,12 @@
 #include "kernels/tensor.h"
 #include "net/frame.h"
 
+void ts_remote_ban(ts_replica_t *p, uint32_t ms) {
+    double until = ts_now_s() + ms / 1000.0;
+    if (until > p->banned_until) /* never shortens a ban, nor the run-long one of a liar */
+        p->banned_until = until;
+}
+
 uint64_t ts_remote_rand(ts_remote_t *r) { /* xorshift64*: replica draws only */
     r->rng ^= r->rng >> 12;
     r->rng ^= r->rng << 25;
@@ -138,7 +144,7 @@ static void utf8_trim(char *s) {
 int ts_remote_send_to(attempt_t *a, int i, int hedge) {
     ts_remote_t *r = a->r;
     ts_expert_job_t *j = a->job;
-    if (a->n_sends == MAX_SENDS)
+    if (a->n_sends >= MAX_SENDS)
         return TS_ERANGE;
     a->tried |= 1u << i;
     send_t *s = &a->sends[a->n_sends];
@@ -167,17 +173,20 @@ int ts_remote_send_to(attempt_t *a, int i, int hedge) {
     }
     char err[256] = "";
     ts_replica_t *p = &a->ex->rep[i];
+    /* counted before the call: a connection that fails while sending runs on_answer inside it */
+    a->n_sends++;
+    a->inflight++;
     int rc = ts_rpc_call(p->peer, &env, r->o.timeout_ms, on_answer, s, &s->call, err, sizeof err);
-    if (rc != TS_OK) {
+    if (rc != TS_OK) { /* refused at once, no callback */
+        a->n_sends--;
+        a->inflight--;
         p->failed++;
         snprintf(a->note, sizeof a->note, "%.64s: %.120s", p->addr, *err ? err : ts_strerror(rc));
         utf8_trim(a->note);
         if (rc == TS_ECLOSED) /* unreachable (in backoff after a refused connect): leave it */
-            p->banned_until = ts_now_s() + r->o.down_ms / 1000.0;
+            ts_remote_ban(p, r->o.down_ms);
         return rc;
     }
-    a->n_sends++;
-    a->inflight++;
     p->sent++;
     r->st.requests++;
     r->st.bytes_out += x.data.len;
@@ -201,15 +210,15 @@ static int send_next(attempt_t *a, int hedge) {
 
 static void on_hedge(uv_timer_t *t) {
     attempt_t *a = t->data;
-    if (!a || a->done || a->inflight != 1)
+    if (!a || a->done || a->inflight != 1 || a->phase != 0)
         return;
     if (send_next(a, 1) == TS_OK)
         a->r->st.hedges++;
 }
 
 /* Reads the answer into dst (m·chw floats): an F32 (m, C, H, W) tensor of finite values, signed
- * by replica p's node when the options ask for it (its claim and signature into c and sig), else
- * TS_ECORRUPT. */
+ * by replica p's node (its claim and signature into c and sig), else TS_ECORRUPT — or TS_EKIND
+ * for an answer that carries no signature where the options require one. */
 static int take_answer(attempt_t *a, const Tessera__Envelope *env, timings_t *tm, float *dst,
                        ts_replica_t *p, ts_answer_claim_t *c, uint8_t sig[TS_SIGNATURE_BYTES]) {
     const ts_remote_t *r = a->r;
@@ -231,7 +240,7 @@ static int take_answer(attempt_t *a, const Tessera__Envelope *env, timings_t *tm
         snprintf(p->device_class, sizeof p->device_class, "%s", c->device_class);
         p->precision = c->precision;
     } else if (r->o.require_signed) {
-        return TS_ECORRUPT;
+        return TS_EKIND; /* unsigned: an older tesserad, or not a tesserad */
     }
     memcpy(dst, got.data, ts_tensor_nbytes(&got));
     if (d->timings) {
@@ -273,8 +282,11 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         int k = a->phase; /* where the answer goes: the job, or a check's slot */
         ts_answer_claim_t claim;
         uint8_t sig[TS_SIGNATURE_BYTES];
-        status = take_answer(a, res->reply, &tm, k == 0 ? a->job->v : ts_remote_held(a, k), p,
-                             &claim, sig);
+        /* a replica caught lying meanwhile (another piece's check): its answers are refused */
+        status = isinf(p->banned_until) ? TS_EPEER
+                                        : take_answer(a, res->reply, &tm,
+                                                      k == 0 ? a->job->v : ts_remote_held(a, k),
+                                                      p, &claim, sig);
         if (status == TS_OK) {
             p->answered++;
             r->st.answers++;
@@ -301,8 +313,10 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         /* A wrong answer is worse than none: that replica is not asked again for a while. */
         p->garbage++;
         r->st.garbage++;
-        why = "a malformed or wrong answer";
-        p->banned_until = ts_now_s() + r->o.ban_ms / 1000.0;
+        why = status == TS_EPEER   ? "an answer from a replica caught lying"
+              : status == TS_EKIND ? "an unsigned answer (an older tesserad?)"
+                                   : "a malformed, wrongly signed or wrong answer";
+        ts_remote_ban(p, r->o.ban_ms);
     } else if (status == TS_EBUSY) {
         r->st.busy++;
     } else if (status != TS_ECANCELED) {
@@ -310,7 +324,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         /* a connection that failed or a request that timed out: the replica is taken as down
          * for a while, so that the next evaluations do not wait on it again */
         if (status == TS_ECLOSED || status == TS_ETIMEDOUT)
-            p->banned_until = ts_now_s() + r->o.down_ms / 1000.0;
+            ts_remote_ban(p, r->o.down_ms);
     }
     p->failed++;
     a->last_error = status;
@@ -338,7 +352,10 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
             return;
     }
     if (a->phase > 0) { /* the check could not be made: the first answer stands, unchecked */
-        r->st.checks_failed++;
+        if (a->phase == 2)
+            r->st.undecided++; /* a disagreement nobody broke */
+        else
+            r->st.checks_failed++;
         ts_remote_finish(a, TS_OK);
         return;
     }

@@ -95,7 +95,7 @@ void ts_remote_opts_default(ts_remote_opts_t *o);
 typedef struct ts_remote_stats {
     uint64_t evaluations, jobs, requests, answers, hedges, hedge_wins, retries, busy, errors;
     uint64_t garbage, local_runs, failed_jobs, degraded_evaluations;
-    /* spot-checks: asked, agreed, disagreed, decided against a replica (liars found), left
+    /* spot-checks: asked, agreed, disagreed, decided against a replica (wrong answers caught), left
      * undecided (nothing to break the tie), abandoned (the checker did not answer) */
     uint64_t checks, checks_agreed, mismatches, liars, undecided, checks_failed;
     uint64_t first_catch_requests; /* requests sent when the first wrong answer was caught */

@@ -57,15 +57,43 @@ static double rel_diff(const float *x, const float *y, size_t n) {
     return d / m;
 }
 
-/* Whether two answers agree: bit for bit where both claims name the same device class and
- * precision, within the tolerance of their precisions otherwise. */
+/* Whether two claims promise the same bits: one device class (the engine, the attention and the
+ * build: serve.c) and one precision, on a CPU — whose rows are batch invariant; a GPU's are not
+ * established, so GPU answers are compared within a tolerance. */
+static int exact(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
+    return cx->precision == cy->precision && strcmp(cx->device_class, cy->device_class) == 0 &&
+           strncmp(cx->device_class, "cpu/", 4) == 0;
+}
+
+/* The tolerance between answers of two claims: fp32 both, or bf16/f16 on either side. */
+static double tol_of(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
+    return cx->precision == TESSERA__DTYPE__DTYPE_F32 && cy->precision == TESSERA__DTYPE__DTYPE_F32
+               ? TS_REMOTE_TOL_F32
+               : TS_REMOTE_TOL_LOW;
+}
+
+/* Whether two answers agree: bit for bit where their claims promise the same bits, within the
+ * tolerance otherwise. */
 static int agree(const float *x, const ts_answer_claim_t *cx, const float *y,
                  const ts_answer_claim_t *cy, size_t n) {
-    if (cx->precision == cy->precision && strcmp(cx->device_class, cy->device_class) == 0)
+    if (exact(cx, cy))
         return memcmp(x, y, n * sizeof *x) == 0;
-    int low =
-        cx->precision != TESSERA__DTYPE__DTYPE_F32 || cy->precision != TESSERA__DTYPE__DTYPE_F32;
-    return rel_diff(x, y, n) <= (low ? TS_REMOTE_TOL_LOW : TS_REMOTE_TOL_F32);
+    return rel_diff(x, y, n) <= tol_of(cx, cy);
+}
+
+/* Whether x is wrong beyond doubt against y: any bit where the claims promise the same bits, else
+ * more than ten times the tolerance (an honest answer just past it is never called a lie). */
+static int far(const float *x, const ts_answer_claim_t *cx, const float *y,
+               const ts_answer_claim_t *cy, size_t n) {
+    if (exact(cx, cy))
+        return memcmp(x, y, n * sizeof *x) != 0;
+    return rel_diff(x, y, n) > 10.0 * tol_of(cx, cy);
+}
+
+/* Whether an agreement vouches for both replicas: the same bits, or fp32 within its tolerance (a
+ * replica that claims bf16 is compared loosely, and is never vouched for by it). */
+static int vouches(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
+    return exact(cx, cy) || tol_of(cx, cy) == TS_REMOTE_TOL_F32;
 }
 
 /* Held answer slot k (m·chw floats). */
@@ -78,6 +106,7 @@ static void caught(attempt_t *a, int i) {
     ts_replica_t *p = &a->ex->rep[i];
     p->lies++;
     p->banned_until = INFINITY;
+    p->vouched = 0;
     if (a->r->st.liars++ == 0) {
         a->r->st.first_catch_requests = a->r->st.requests;
         a->r->st.first_catch_s = ts_now_s() - a->r->t0;
@@ -85,8 +114,9 @@ static void caught(attempt_t *a, int i) {
     snprintf(a->note, sizeof a->note, "%.64s: a wrong answer, caught by a spot-check", p->addr);
 }
 
-/* Whether to check the answer just taken: at the rate asked, when a second replica or cached
- * weights can. On yes the answer is kept (slot 0) and the check is asked; 1 then. */
+/* Whether to check the answer just taken: every answer of a replica not vouched for yet, then at
+ * the rate asked, when another replica can (a disagreement may then be decided by the cached
+ * weights). On yes the answer is kept (slot 0) and the check is asked; 1 then. */
 int ts_remote_check_start(attempt_t *a, int replica, const ts_answer_claim_t *c,
                           const uint8_t sig[TS_SIGNATURE_BYTES]) {
     ts_remote_t *r = a->r;
@@ -117,9 +147,14 @@ int ts_remote_check_start(attempt_t *a, int replica, const ts_answer_claim_t *c,
     a->retries_left = r->o.retries;
     r->st.checks++;
     a->ex->rep[replica].checked++;
-    if (ts_remote_send_to(a, i, 0) == TS_OK)
-        return 1;
-    a->phase = 0; /* refused at once: the answer stands unchecked */
+    for (; i >= 0; i = ts_remote_pick_checker(a, c->device_class, c->precision)) {
+        int rc = ts_remote_send_to(a, i, 0); /* a refusal marks it tried: the next */
+        if (rc == TS_OK)
+            return 1;
+        if (rc == TS_ERANGE) /* no send left for this piece */
+            break;
+    }
+    a->phase = 0; /* every checker refused at once: the answer stands unchecked */
     r->st.checks_failed++;
     return 0;
 }
@@ -133,13 +168,15 @@ void ts_remote_check_judge(attempt_t *a, int k) {
     ts_answer_claim_t *c = a->held_claim;
     if (k == 1 && agree(ts_remote_held(a, 1), &c[1], ts_remote_held(a, 0), &c[0], n)) {
         r->st.checks_agreed++;
-        a->ex->rep[a->held_rep[0]].vouched = a->ex->rep[a->held_rep[1]].vouched = 1;
+        if (vouches(&c[0], &c[1]))
+            a->ex->rep[a->held_rep[0]].vouched = a->ex->rep[a->held_rep[1]].vouched = 1;
         ts_remote_finish(a, TS_OK); /* the job's v is the first answer */
         return;
     }
     if (k == 1) {
         r->st.mismatches++;
-        if (a->ex->local) { /* the cached weights decide, within the fp32 tolerance */
+        if (a->ex->local) { /* the cached weights (fp32) decide: one answer within its
+                             * tolerance of them, the other beyond ten times its own */
             ts_expert_job_t mine = *a->job;
             mine.v = ts_remote_held(a, 2);
             double t0 = ts_now_s();
@@ -150,33 +187,45 @@ void ts_remote_check_judge(attempt_t *a, int k) {
                 rc == TS_OK ? rel_diff(ts_remote_held(a, 0), ts_remote_held(a, 2), n) : INFINITY;
             double d1 =
                 rc == TS_OK ? rel_diff(ts_remote_held(a, 1), ts_remote_held(a, 2), n) : INFINITY;
-            int low = c[0].precision != TESSERA__DTYPE__DTYPE_F32;
-            double tol = low ? TS_REMOTE_TOL_LOW : TS_REMOTE_TOL_F32;
-            if ((d0 <= tol) != (d1 <= tol)) {
-                int liar = d0 <= tol ? 1 : 0;
+            double t0s = c[0].precision == TESSERA__DTYPE__DTYPE_F32 ? TS_REMOTE_TOL_F32
+                                                                       : TS_REMOTE_TOL_LOW;
+            double t1s = c[1].precision == TESSERA__DTYPE__DTYPE_F32 ? TS_REMOTE_TOL_F32
+                                                                       : TS_REMOTE_TOL_LOW;
+            int liar = d0 <= t0s && d1 > 10.0 * t1s   ? 1
+                       : d1 <= t1s && d0 > 10.0 * t0s ? 0
+                                                      : -1;
+            if (liar >= 0) {
                 caught(a, a->held_rep[liar]);
-                a->ex->rep[a->held_rep[1 - liar]].vouched = 1;
+                if (c[1 - liar].precision == TESSERA__DTYPE__DTYPE_F32)
+                    a->ex->rep[a->held_rep[1 - liar]].vouched = 1;
                 if (liar == 0)
                     memcpy(a->job->v, ts_remote_held(a, 1), n * sizeof(float));
                 ts_remote_finish(a, TS_OK);
                 return;
             }
         }
-        int i = ts_remote_pick_checker(a, c[0].device_class, c[0].precision);
         a->phase = 2;
         a->retries_left = r->o.retries;
-        if (i >= 0 && ts_remote_send_to(a, i, 0) == TS_OK)
-            return;
+        for (int i = ts_remote_pick_checker(a, c[0].device_class, c[0].precision); i >= 0;
+             i = ts_remote_pick_checker(a, c[0].device_class, c[0].precision)) {
+            int rc = ts_remote_send_to(a, i, 0);
+            if (rc == TS_OK)
+                return;
+            if (rc == TS_ERANGE)
+                break;
+        }
         r->st.undecided++;
         ts_remote_finish(a, TS_OK); /* nothing breaks the tie: the first answer stands, unproven */
         return;
     }
-    int with0 = agree(ts_remote_held(a, 2), &c[2], ts_remote_held(a, 0), &c[0], n);
-    int with1 = agree(ts_remote_held(a, 2), &c[2], ts_remote_held(a, 1), &c[1], n);
-    if (with0 != with1) {
-        int liar = with0 ? 1 : 0;
+    float *h0 = ts_remote_held(a, 0), *h1 = ts_remote_held(a, 1), *h2 = ts_remote_held(a, 2);
+    int liar = agree(h2, &c[2], h0, &c[0], n) && far(h1, &c[1], h2, &c[2], n)   ? 1
+               : agree(h2, &c[2], h1, &c[1], n) && far(h0, &c[0], h2, &c[2], n) ? 0
+                                                                                 : -1;
+    if (liar >= 0) {
         caught(a, a->held_rep[liar]);
-        a->ex->rep[a->held_rep[1 - liar]].vouched = a->ex->rep[a->held_rep[2]].vouched = 1;
+        if (vouches(&c[1 - liar], &c[2]))
+            a->ex->rep[a->held_rep[1 - liar]].vouched = a->ex->rep[a->held_rep[2]].vouched = 1;
         if (liar == 0)
             memcpy(a->job->v, ts_remote_held(a, 1), n * sizeof(float));
     } else {

@@ -7,7 +7,9 @@
 
 #include "client/remote.h"
 
-#define MAX_SENDS 8 /* requests one job may make: the first, a hedge, retries, checks */
+/* requests one piece may make: the first, a hedge and retries (≤ 2 + retries), a check and a
+ * tie-breaker with theirs; past it a send answers TS_ERANGE and the piece ends with what it has */
+#define MAX_SENDS 24
 
 typedef struct attempt attempt_t;
 
@@ -55,6 +57,8 @@ typedef struct remote_priv {
 static inline remote_priv_t *priv(ts_remote_t *r) { return (remote_priv_t *)r->impl; }
 
 /* remote.c */
+/* Replica p is not asked for ms from now (a ban never shortens, nor lifts a liar's). */
+void ts_remote_ban(ts_replica_t *p, uint32_t ms);
 uint64_t ts_remote_rand(ts_remote_t *r);
 void ts_remote_slower_than(ts_replica_t *p, double ms);
 int ts_remote_send_to(attempt_t *a, int i, int hedge);

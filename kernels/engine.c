@@ -125,8 +125,8 @@ void ts_engine_device_class(const ts_engine_t *e, char *buf, size_t len) {
     if (e->device != TS_CUDA) {
         ts_blas_status_t b;
         ts_blas_status(&b);
-        snprintf(buf, len, "cpu/%s%s", b.core[0] ? b.core : "unknown",
-                 ts_cpu_fwd_onednn() ? "+onednn" : "");
+        snprintf(buf, len, "cpu/%s%s/n%d", b.core[0] ? b.core : "unknown",
+                 ts_cpu_fwd_onednn() ? "+onednn" : "", TS_NUMERICS_REV);
         for (char *c = buf; *c; c++)
             *c = (char)tolower((unsigned char)*c);
         return;
@@ -134,7 +134,7 @@ void ts_engine_device_class(const ts_engine_t *e, char *buf, size_t len) {
     char name[200];
     if (ts_cuda_info(e->gpu, name, sizeof name, NULL, NULL) != TS_OK)
         snprintf(name, sizeof name, "unknown device");
-    snprintf(buf, len, "cuda/%s", name);
+    snprintf(buf, len, "cuda/%s/n%d", name, TS_NUMERICS_REV);
 }
 
 int ts_engine_memory_usable(const ts_engine_t *e, uint64_t *free_bytes, uint64_t *total) {

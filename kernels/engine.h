@@ -80,9 +80,14 @@ int ts_engine_init_spec(ts_engine_t *e, const ts_device_spec_t *spec, int thread
                         size_t note_len);
 /* What the engine runs on, for adverts, status and logs: "cpu, N threads" or "cuda:N, NAME". */
 void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
+/* The revision of the engine's numerics: bump it with any change that alters the bits of an op's
+ * result (a new kernel, another order of a sum). It is part of the device class, so that honest
+ * replicas on builds that round differently are compared within a tolerance, never bit for bit. */
+#define TS_NUMERICS_REV 2
+
 /* The engine's device class, for comparing answers: two engines of one class give a model's
- * rows the same bits. "cpu/KERNELS" (OpenBLAS's kernel set, lowercase; "+onednn" when the forward
- * products go through oneDNN) or "cuda/NAME" (the GPU's name). */
+ * rows the same bits. "cpu/KERNELS/nREV" (OpenBLAS's kernel set, lowercase, "+onednn" when the
+ * forward products go through oneDNN; TS_NUMERICS_REV) or "cuda/NAME/nREV" (the GPU's name). */
 void ts_engine_device_class(const ts_engine_t *e, char *buf, size_t len);
 /* Device memory of a CUDA engine in bytes: total and used now (by every process). TS_ENODEV for a
  * CPU engine. */
