@@ -462,9 +462,6 @@ static void maybe_lie(ts_serve_t *s, job_t *j) {
     for (int64_t i = 0; i < n; i++)
         v[i] = (float)(v[i] * o->lie_scale + o->lie_bias +
                        (o->lie_noise > 0.0 ? o->lie_noise * lie_normal(s) : 0.0));
-    pthread_mutex_lock(&s->mu);
-    s->st.lies++;
-    pthread_mutex_unlock(&s->mu);
 }
 
 /* Signs the answer resp (its velocity set) to job j with the node's identity (net/answer.h):

@@ -139,7 +139,6 @@ typedef struct ts_serve_stats {
      * does not fit alone is answered ERROR_UNAVAILABLE. The daemon stays up. */
     uint64_t nomem_splits, nomem_refused;
     uint32_t rows_cap; /* rows per batch now (max_batch until memory ran out) */
-    uint64_t lies;     /* answers changed on purpose ([fault] lie_*) */
 } ts_serve_stats_t;
 
 /* Creates the server: an engine of o->compute_threads workers, the model (activations for

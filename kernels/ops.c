@@ -16,38 +16,9 @@
 #include <string.h>
 
 #include "kernels/backend.h"
-
-/* Calls ts_cpu_<name> or ts_cuda_<name> for the engine's device. */
-#define DISPATCH(e, name, ...)                                                                     \
-    ((e)->device == TS_CPU ? ts_cpu_##name((e), __VA_ARGS__) : ts_cuda_##name((e), __VA_ARGS__))
-
-#define F(t) ((float *)(t)->data)
-#define CF(t) ((const float *)(t)->data)
-#define OPT(t) ((t) ? (float *)(t)->data : NULL)
+#include "kernels/ops_internal.h"
 
 /* ---- checks ---------------------------------------------------------------------------- */
-
-static int check_engine(const ts_engine_t *e) {
-    if (!e)
-        return TS_EINVAL;
-    if (e->device == TS_CPU)
-        return e->pool ? TS_OK : TS_EINVAL;
-    if (e->device == TS_CUDA)
-        return e->cuda ? TS_OK : TS_ENODEV;
-    return TS_EINVAL;
-}
-
-/* t is a valid tensor of dtype dt on the engine's device. */
-static int check_on(const ts_engine_t *e, const ts_tensor_t *t, ts_dtype_t dt) {
-    TS_TRY(ts_tensor_check(t));
-    if (t->device != e->device)
-        return TS_EDEVICE;
-    if (t->dtype != dt)
-        return TS_EDTYPE;
-    return TS_OK;
-}
-
-static int check_f32(const ts_engine_t *e, const ts_tensor_t *t) { return check_on(e, t, TS_F32); }
 
 static int check_index(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V, int distinct);
 

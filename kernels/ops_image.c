@@ -20,24 +20,12 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
+#include "kernels/ops_internal.h"
 
-/* Calls ts_cpu_<name> or ts_cuda_<name> for the engine's device (as kernels/ops.c). */
-#define DISPATCH(e, name, ...)                                                                     \
-    ((e)->device == TS_CPU ? ts_cpu_##name((e), __VA_ARGS__) : ts_cuda_##name((e), __VA_ARGS__))
-
-#define F(t) ((float *)(t)->data)
-#define CF(t) ((const float *)(t)->data)
-
-/* e is a started engine and t a valid F32 tensor on its device. */
-static int check_f32(const ts_engine_t *e, const ts_tensor_t *t) {
-    if (!e || (e->device == TS_CPU && !e->pool))
-        return TS_EINVAL;
-    if (e->device == TS_CUDA && !e->cuda)
-        return TS_ENODEV;
-    TS_TRY(ts_tensor_check(t));
-    if (t->device != e->device)
-        return TS_EDEVICE;
-    return t->dtype == TS_F32 ? TS_OK : TS_EDTYPE;
+/* An F32 tensor on a started engine's device. */
+static int check_arg(const ts_engine_t *e, const ts_tensor_t *t) {
+    TS_TRY(check_engine(e));
+    return check_f32(e, t);
 }
 
 /* 1 when the memory of a and b overlaps. */
@@ -77,11 +65,11 @@ int64_t ts_conv2d_scratch_min(const ts_tensor_t *inp, const ts_tensor_t *weight,
  * out (B, Cout, Ho, Wo). */
 static int check_conv(ts_engine_t *e, const ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias, const ts_conv2d_t *g) {
-    TS_TRY(check_f32(e, out));
-    TS_TRY(check_f32(e, inp));
-    TS_TRY(check_f32(e, weight));
+    TS_TRY(check_arg(e, out));
+    TS_TRY(check_arg(e, inp));
+    TS_TRY(check_arg(e, weight));
     if (bias)
-        TS_TRY(check_f32(e, bias));
+        TS_TRY(check_arg(e, bias));
     if (!g || g->stride < 1 || g->pad_top < 0 || g->pad_bottom < 0 || g->pad_left < 0 ||
         g->pad_right < 0)
         return TS_EINVAL;
@@ -115,7 +103,7 @@ int ts_conv2d_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
     if (!direct) {
         if (!scratch)
             return TS_EINVAL;
-        TS_TRY(check_f32(e, scratch));
+        TS_TRY(check_arg(e, scratch));
         if (overlaps(scratch, out) || overlaps(scratch, inp))
             return TS_EINVAL;
         tile = ts_tensor_numel(scratch) / (K * Wo);
@@ -149,8 +137,8 @@ int ts_conv2d_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
 static int groupnorm(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                      const ts_tensor_t *weight, const ts_tensor_t *bias, int groups, float eps,
                      int silu) {
-    TS_TRY(check_f32(e, out));
-    TS_TRY(check_f32(e, inp));
+    TS_TRY(check_arg(e, out));
+    TS_TRY(check_arg(e, inp));
     if (inp->ndim < 2 || !ts_tensor_same_shape(out, inp))
         return TS_ESHAPE;
     if (groups < 1 || !(eps >= 0.0f) || eps > 1.0f)
@@ -161,8 +149,8 @@ static int groupnorm(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
     if (!weight != !bias)
         return TS_EINVAL; /* affine means both */
     if (weight) {
-        TS_TRY(check_f32(e, weight));
-        TS_TRY(check_f32(e, bias));
+        TS_TRY(check_arg(e, weight));
+        TS_TRY(check_arg(e, bias));
         if (ts_tensor_numel(weight) != C || ts_tensor_numel(bias) != C)
             return TS_ESHAPE;
     }
@@ -187,8 +175,8 @@ int ts_groupnorm_silu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_
 /* ---- upsampling ------------------------------------------------------------------------ */
 
 int ts_upsample_nearest2x_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
-    TS_TRY(check_f32(e, out));
-    TS_TRY(check_f32(e, inp));
+    TS_TRY(check_arg(e, out));
+    TS_TRY(check_arg(e, inp));
     if (inp->ndim != 4 || out->ndim != 4 || out->shape[0] != inp->shape[0] ||
         out->shape[1] != inp->shape[1] || out->shape[2] != 2 * inp->shape[2] ||
         out->shape[3] != 2 * inp->shape[3])

@@ -1,0 +1,45 @@
+/*
+ * ops_internal.h — internal to kernels/ops.c and kernels/ops_image.c: the dispatch to a backend
+ * and the argument checks every public op starts with.
+ */
+#ifndef TS_KERNELS_OPS_INTERNAL_H
+#define TS_KERNELS_OPS_INTERNAL_H
+
+#include "base/error.h"
+#include "kernels/backend.h"
+#include "kernels/tensor.h"
+
+/* Calls ts_cpu_<name> or ts_cuda_<name> for the engine's device. */
+#define DISPATCH(e, name, ...)                                                                     \
+    ((e)->device == TS_CPU ? ts_cpu_##name((e), __VA_ARGS__) : ts_cuda_##name((e), __VA_ARGS__))
+
+#define F(t) ((float *)(t)->data)
+#define CF(t) ((const float *)(t)->data)
+#define OPT(t) ((t) ? (float *)(t)->data : NULL)
+
+/* e is a started engine: TS_EINVAL, or TS_ENODEV for a CUDA engine without its device. */
+static inline int check_engine(const ts_engine_t *e) {
+    if (!e)
+        return TS_EINVAL;
+    if (e->device == TS_CPU)
+        return e->pool ? TS_OK : TS_EINVAL;
+    if (e->device == TS_CUDA)
+        return e->cuda ? TS_OK : TS_ENODEV;
+    return TS_EINVAL;
+}
+
+/* t is a valid tensor of dtype dt on the engine's device. */
+static inline int check_on(const ts_engine_t *e, const ts_tensor_t *t, ts_dtype_t dt) {
+    TS_TRY(ts_tensor_check(t));
+    if (t->device != e->device)
+        return TS_EDEVICE;
+    if (t->dtype != dt)
+        return TS_EDTYPE;
+    return TS_OK;
+}
+
+static inline int check_f32(const ts_engine_t *e, const ts_tensor_t *t) {
+    return check_on(e, t, TS_F32);
+}
+
+#endif
