@@ -45,6 +45,13 @@ static const verb_t verbs[] = {
      NULL},
     {"train-classifier", ts_cmd_train_classifier,
      "train the evaluation classifier (DiT trunk, 10 labels, clean images)", NULL},
+    {"train-judge", ts_cmd_train_judge,
+     "train a judge for eval: a plain CNN classifier or an autoencoder\n(a feature space learnt without labels)",
+     NULL},
+    {"judge", ts_cmd_judge,
+     "score saved sample sets in several feature spaces (FD, KID, precision,\nrecall, paired "
+     "differences) and say where the judges agree",
+     NULL},
     {"train-router", ts_cmd_train_router,
      "train a router: cluster of a noisy x_t, per-t-bucket accuracy", NULL},
     {"calibrate", ts_cmd_calibrate,

@@ -57,6 +57,20 @@ static int path_exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
+/* Opens the IDX file at path (gzip or not: zlib reads both). */
+static int idx_open_path(idx_file_t *f, const char *path, char *err, size_t errlen) {
+    if (f->path != path && snprintf(f->path, sizeof f->path, "%s", path) >= (int)sizeof f->path)
+        return ts_fail(err, errlen, TS_EINVAL, "path is too long: %s", path);
+    f->gz = gzopen(f->path, "rb");
+    if (!f->gz) {
+        int e = errno;
+        return ts_fail(err, errlen, e == ENOMEM ? TS_ENOMEM : e == ENOENT ? TS_ENOTFOUND : TS_EIO,
+                       "cannot open %s: %s", f->path, e ? strerror(e) : "out of memory");
+    }
+    gzbuffer(f->gz, 128u << 10);
+    return TS_OK;
+}
+
 /* Opens <dir>/<prefix>-<kind>-ubyte.gz, or the same name without .gz when only that exists. */
 static int idx_open(idx_file_t *f, const char *dir, const char *prefix, const char *kind, char *err,
                     size_t errlen) {
@@ -72,14 +86,7 @@ static int idx_open(idx_file_t *f, const char *dir, const char *prefix, const ch
                         f->path, f->path, strerror(e));
         }
     }
-    f->gz = gzopen(f->path, "rb");
-    if (!f->gz) {
-        int e = errno;
-        return ts_fail(err, errlen, e == ENOMEM ? TS_ENOMEM : TS_EIO, "cannot open %s: %s", f->path,
-                    e ? strerror(e) : "out of memory");
-    }
-    gzbuffer(f->gz, 128u << 10);
-    return TS_OK;
+    return idx_open_path(f, f->path, err, errlen);
 }
 
 static void idx_close(idx_file_t *f) {
@@ -268,6 +275,9 @@ static int load_pixels(idx_file_t *f, size_t npix, float **images, char *err, si
     return TS_OK;
 }
 
+static int load_opened(idx_file_t *pimg, idx_file_t *plab, int rc, ts_dataset_t *ds, char *err,
+                       size_t errlen);
+
 int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *err, size_t errlen) {
     if (!ds)
         return ts_fail(err, errlen, TS_EINVAL, "ts_fmnist_load: ds is NULL");
@@ -284,10 +294,30 @@ int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *e
         dir = TS_FMNIST_DEFAULT_DIR;
 
     idx_file_t img = {0}, lab = {0};
-    uint32_t idims[3] = {0}, ldims[1] = {0};
     int rc = idx_open(&img, dir, prefix, "images-idx3", err, errlen);
     if (!rc)
         rc = idx_open(&lab, dir, prefix, "labels-idx1", err, errlen);
+    return load_opened(&img, &lab, rc, ds, err, errlen);
+}
+
+int ts_idx_load_files(const char *images, const char *labels, ts_dataset_t *ds, char *err,
+                      size_t errlen) {
+    if (!ds || !images || !labels)
+        return ts_fail(err, errlen, TS_EINVAL, "ts_idx_load_files: a NULL argument");
+    memset(ds, 0, sizeof *ds);
+    idx_file_t img = {0}, lab = {0};
+    int rc = idx_open_path(&img, images, err, errlen);
+    if (!rc)
+        rc = idx_open_path(&lab, labels, err, errlen);
+    return load_opened(&img, &lab, rc, ds, err, errlen);
+}
+
+/* The dataset of an opened IDX pair (rc: the opening's code, passed on when not TS_OK); closes
+ * both files. */
+static int load_opened(idx_file_t *pimg, idx_file_t *plab, int rc, ts_dataset_t *ds, char *err,
+                       size_t errlen) {
+    idx_file_t img = *pimg, lab = *plab;
+    uint32_t idims[3] = {0}, ldims[1] = {0};
     if (!rc)
         rc = idx_header(&img, TS_FMNIST_MAGIC_IMAGES, 3, idims, err, errlen);
     if (!rc)

@@ -73,6 +73,12 @@ typedef struct ts_dataset {
  * TS_ENOMEM. */
 int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *err, size_t errlen);
 
+/* As ts_fmnist_load, from an IDX pair at any two paths (gzip'ed or not), e.g. the samples a run
+ * saved and compressed: "best-ensemble.idx.gz" and "best-ensemble-labels.idx.gz". A missing file
+ * is TS_ENOTFOUND. */
+int ts_idx_load_files(const char *images, const char *labels, ts_dataset_t *ds, char *err,
+                      size_t errlen);
+
 /* The labels of one split alone (the labels file, checked as ts_fmnist_load checks it), for what
  * needs no pixels (the class prior): *labels malloc'ed, *n of them. Errors as ts_fmnist_load. */
 int ts_fmnist_load_labels(const char *dir, const char *split, int32_t **labels, int *n, char *err,
