@@ -63,6 +63,7 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/judges.h"
 #include "client/local.h"
 #include "client/report.h"
 #include "model/classifier.h"
@@ -680,7 +681,8 @@ static int main_table(ts_report_t *r, const entry_t *e, int n_entries, const ent
 }
 
 static int write_report(const char *path, const entry_t *e, int n_entries, const entry_t *floor_row,
-                        const char *setup, int grid_n, int K, const ts_dit_config_t *c, char *err,
+                        const char *setup, int grid_n, int K, const ts_dit_config_t *c,
+                        const ts_cli_judge_t *jd, int J, const ts_space_score_t *jsc, char *err,
                         size_t errlen) {
     ts_report_t *r = NULL;
     int rc = ts_report_open(&r, path, "tessera eval", err, errlen);
@@ -694,6 +696,12 @@ static int write_report(const char *path, const entry_t *e, int n_entries, const
         return TS_ENOMEM;
     }
     class_table(r, e, n_entries, K);
+    if (J) {
+        char *names[MAX_ENTRIES];
+        for (int i = 0; i < n_entries; i++)
+            names[i] = (char *)e[i].name;
+        ts_cli_judges_report(r, names, n_entries, jd, J, jsc);
+    }
     route_figures(r, e, n_entries);
     ts_report_heading(r, 2, "Samples");
     for (int i = 0; i < n_entries; i++) {
@@ -723,7 +731,7 @@ static int split_monoliths(char *copy, const char **paths, int *n) {
 
 typedef struct {
     const char *dir, *classifier, *monolith, *policies, *sampler, *report, *fmnist_dir;
-    const char *save_dir;
+    const char *save_dir, *judges;
     int n, steps, threads, json, grid_n, ref_n, boot, pr_k, tau_set;
     ts_device_spec_t device;  /* --device (zeroed: the CPU) */
     ts_precision_t precision; /* --precision (zeroed: f32): experts and monoliths */
@@ -750,6 +758,12 @@ typedef struct {
     int64_t ccount[MAX_CLASSES], kcount[MAX_CLUSTERS];
     char **sample_paths;
     scoring_t sc;
+    /* --judges: each judge's features of every entry's samples, then their scores */
+    ts_cli_judge_t jd[TS_CLI_MAX_JUDGES];
+    int n_judges;
+    char *judges_copy;
+    float *jfeat[TS_CLI_MAX_JUDGES][MAX_ENTRIES];
+    ts_space_score_t *jsc; /* (n_judges, n_entries) */
     int chunk, pairs, D, K, C, S, Kp, usage;
     int64_t chw;
     char err[1024];
@@ -782,6 +796,7 @@ static int parse_opts(int argc, char **argv, eval_opts_t *o) {
         {"ref-n", TS_ARG_INT, &o->ref_n, "N", "reference images from the test split (default all 10000)", 2, 1000000},
         {"bootstrap", TS_ARG_INT, &o->boot, "B", "resamples for the 95 % intervals, 0 = none (default 200)", 0, 100000},
         {"pr-k", TS_ARG_INT, &o->pr_k, "K", "the k of precision/recall's k-nearest-neighbour radii (default 3)", 1, 100},
+        {"judges", TS_ARG_STRING, &o->judges, "FILE,...", "further feature spaces: judges of `tessera train-judge` (or other classifiers); every entry is also scored in each (FD and KID with paired intervals, precision, recall), side by side, with where they all agree"},
         {"save-samples", TS_ARG_STRING, &o->save_dir, "DIR", "write each entry's samples as IDX files (Fashion-MNIST's format) into DIR"},
         {"data", TS_ARG_STRING, &o->fmnist_dir, "DIR", "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"report", TS_ARG_STRING, &o->report, "FILE", "write a self-contained HTML report (table, frontier, per-class FD, sample grids)"},
@@ -897,6 +912,20 @@ static int open_models(eval_run_t *r) {
         r->usage = 1;
         return TS_EINVAL;
     }
+    char *jpath[TS_CLI_MAX_JUDGES];
+    if (rc == TS_OK && o->judges) {
+        r->judges_copy = strdup(o->judges);
+        r->n_judges = r->judges_copy ? ts_cli_split_list(r->judges_copy, jpath, TS_CLI_MAX_JUDGES)
+                                     : 0;
+        if (r->n_judges < 1) {
+            ts_set_err(err, errlen, "--judges: want 1 to %d files separated by commas",
+                       TS_CLI_MAX_JUDGES);
+            r->usage = 1;
+            return TS_EINVAL;
+        }
+    }
+    for (int k = 0; k < r->n_judges && rc == TS_OK; k++)
+        rc = ts_cli_judge_open(&r->jd[k], jpath[k], &r->eng, CHUNK, err, errlen);
     if (rc == TS_OK)
         rc = ts_fmnist_load(o->fmnist_dir, "test", &r->test, err, errlen);
     if (rc == TS_OK)
@@ -1050,6 +1079,16 @@ static int run_entry(eval_run_t *r, int i, progress_t *prog) {
         return rc;
     if ((rc = score_images(r, x)) != TS_OK)
         return rc;
+    for (int k = 0; k < r->n_judges && rc == TS_OK; k++) {
+        if (!(r->jfeat[k][i] = malloc((size_t)n * r->jd[k].D * sizeof(float))))
+            return TS_ENOMEM;
+        if ((rc = ts_cli_judge_features(&r->jd[k], &r->eng, r->images, n, r->C, r->S, r->S,
+                                        r->jfeat[k][i])) != TS_OK)
+            ts_set_err(r->err, sizeof r->err, "%s: the features of '%s' failed: %s",
+                       r->jd[k].path, x->name, ts_strerror(rc));
+    }
+    if (rc != TS_OK)
+        return rc;
     if (i == 0 && x->boot) {
         r->sc.first_boot = x->boot;
         r->sc.first_fd = x->fd;
@@ -1063,6 +1102,32 @@ static int run_entry(eval_run_t *r, int i, progress_t *prog) {
             x->name, x->fd, x->fd_lo, x->fd_hi, x->precision, x->recall, x->is, x->agreement,
             x->evals, x->seconds);
     return TS_OK;
+}
+
+/* --judges: every entry scored in each judge's space against the reference (the test split's
+ * first ref_n images). */
+static int score_judges(eval_run_t *r) {
+    int E = r->n_entries, ref_n = r->o.ref_n;
+    if (!r->n_judges || !E)
+        return TS_OK;
+    if (!(r->jsc = calloc((size_t)(r->n_judges * E), sizeof *r->jsc)))
+        return TS_ENOMEM;
+    int64_t n[MAX_ENTRIES];
+    for (int i = 0; i < E; i++)
+        n[i] = r->o.n;
+    int rc = TS_OK;
+    for (int k = 0; k < r->n_judges && rc == TS_OK; k++) {
+        float *ref = malloc((size_t)ref_n * r->jd[k].D * sizeof *ref);
+        rc = ref ? ts_cli_judge_features(&r->jd[k], &r->eng, r->test.images, ref_n, r->C, r->S,
+                                         r->S, ref)
+                 : TS_ENOMEM;
+        if (rc == TS_OK)
+            rc = ts_space_score((const float *const *)r->jfeat[k], n, E, ref, ref_n, r->jd[k].D,
+                                r->o.boot, r->o.pr_k, r->jsc + (size_t)k * E, r->err,
+                                sizeof r->err);
+        free(ref);
+    }
+    return rc;
 }
 
 static void print_json(const eval_run_t *r) {
@@ -1084,6 +1149,15 @@ static void print_json(const eval_run_t *r) {
         o->classifier, "cluster_ref_share", ref_share, "entries", list);
     if (root)
         json_object_set_new(root, "precision", json_string(ts_precision_name(o->precision)));
+    if (root && r->n_judges) {
+        char *names[MAX_ENTRIES];
+        int64_t n[MAX_ENTRIES];
+        for (int i = 0; i < r->n_entries; i++)
+            names[i] = (char *)r->e[i].name, n[i] = o->n;
+        json_object_set_new(root, "judges",
+                            ts_cli_judges_json("test", o->boot, o->pr_k, names, r->n_entries,
+                                               r->jd, r->n_judges, r->jsc, n, o->ref_n));
+    }
     if (root) {
         json_dumpf(root, stdout, JSON_COMPACT);
         printf("\n");
@@ -1108,12 +1182,22 @@ static int print_results(eval_run_t *r) {
              r->n_mono ? o->monolith : "", o->ref_n, o->classifier, r->D, o->boot, o->n);
     int rc = TS_OK;
     if (o->report && (rc = write_report(o->report, r->e, r->n_entries, &r->floor_row, setup,
-                                        o->grid_n, r->K, c, r->err, sizeof r->err)) != TS_OK)
+                                        o->grid_n, r->K, c, r->jd, r->n_judges, r->jsc, r->err,
+                                        sizeof r->err)) != TS_OK)
         return rc;
     if (o->json)
         print_json(r);
     else
         print_table(r->e, r->n_entries, &r->floor_row, o->boot >= 2);
+    if (!o->json && r->n_judges) {
+        char *names[MAX_ENTRIES];
+        int64_t n[MAX_ENTRIES];
+        for (int i = 0; i < r->n_entries; i++)
+            names[i] = r->e[i].name, n[i] = o->n;
+        printf("\nthe same entries in further judges' spaces:\n");
+        ts_cli_judges_print("test", o->boot, names, r->n_entries, r->jd, r->n_judges, r->jsc, n,
+                            o->ref_n);
+    }
     if (o->report)
         fprintf(stderr, PROG ": report → %s\n", o->report);
     if (o->save_dir)
@@ -1137,6 +1221,12 @@ static void eval_free(eval_run_t *r) {
     free(r->labels), free(r->cluster), free(r->ref_cluster), free(r->scratch), free(r->seeds);
     free(r->mu_ref), free(r->cov_ref), free(r->cmu), free(r->ccov), free(r->kmu), free(r->kcov);
     free(r->log_prior);
+    for (int k = 0; k < TS_CLI_MAX_JUDGES; k++) {
+        for (int i = 0; i < MAX_ENTRIES; i++)
+            free(r->jfeat[k][i]);
+        ts_cli_judge_close(&r->jd[k]);
+    }
+    free(r->judges_copy), free(r->jsc);
     ts_dataset_free(&r->test);
     ts_dataset_free(&r->train);
     ts_classifier_free(r->cls);
@@ -1182,6 +1272,8 @@ int ts_cmd_eval(int argc, char **argv) {
     progress_t prog = {isatty(STDERR_FILENO), 0, 0, NULL};
     for (int i = 0; i < r->n_entries && rc == TS_OK; i++)
         rc = run_entry(r, i, &prog);
+    if (rc == TS_OK)
+        rc = score_judges(r);
     if (rc == TS_OK)
         rc = print_results(r);
     if (rc != TS_OK)

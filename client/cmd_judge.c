@@ -19,6 +19,7 @@
 #include "client/commands.h"
 #include "client/judges.h"
 #include "client/jsonout.h"
+#include "client/report.h"
 #include "client/local.h"
 #include "model/fmnist.h"
 #include "model/judge.h"
@@ -144,7 +145,7 @@ int ts_cmd_train_judge(int argc, char **argv) {
 int ts_cli_judge_open(ts_cli_judge_t *j, const char *path, ts_engine_t *e, int max_batch, char *err,
                       size_t errlen) {
     memset(j, 0, sizeof *j);
-    j->path = path;
+    j->path = path, j->max_batch = max_batch;
     int rc = ts_judge_open(&j->judge, path, e, max_batch, err, errlen);
     if (rc == TS_OK) {
         const char *seed = ts_judge_meta(j->judge, "seed");
@@ -182,10 +183,11 @@ int ts_cli_judge_features(ts_cli_judge_t *j, ts_engine_t *e, const float *images
                           int H, int W, float *features) {
     int64_t chw = (int64_t)C * H * W;
     ts_tensor_t x = {0};
-    int rc = j->classifier ? ts_tensor_alloc(&x, TS_F32, e->device, 4, TS_SHAPE(CHUNK, C, H, W))
+    int B = j->max_batch;
+    int rc = j->classifier ? ts_tensor_alloc(&x, TS_F32, e->device, 4, TS_SHAPE(B, C, H, W))
                            : TS_OK;
-    for (int lo = 0; lo < n && rc == TS_OK; lo += CHUNK) {
-        int m = n - lo < CHUNK ? n - lo : CHUNK;
+    for (int lo = 0; lo < n && rc == TS_OK; lo += B) {
+        int m = n - lo < B ? n - lo : B;
         const float *img = images + lo * chw;
         float *f = features + (int64_t)lo * j->D;
         if (j->judge) {
@@ -207,18 +209,17 @@ int ts_cli_judge_features(ts_cli_judge_t *j, ts_engine_t *e, const float *images
 
 /* ---- tessera judge ------------------------------------------------------------------------- */
 
-#define MAX_LIST 16
+#define MAX_LIST TS_CLI_MAX_JUDGES
 
 typedef struct {
     const char *prog, *samples, *judges, *ref, *fmnist_dir;
     int n, ref_n, boot, pr_k, threads, json;
 } score_opts_t;
 
-/* Splits a comma list in place into at most MAX_LIST items; the count, or −1 past MAX_LIST. */
-static int split_list(char *s, char **out) {
+int ts_cli_split_list(char *s, char **out, int max) {
     int n = 0;
     for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
-        if (n == MAX_LIST)
+        if (n == max)
             return -1;
         out[n++] = tok;
     }
@@ -255,11 +256,12 @@ static int side(double lo, double hi) {
     return !isfinite(lo) || !isfinite(hi) ? 0 : hi < 0.0 ? -1 : lo > 0.0 ? 1 : 0;
 }
 
-static void print_tables(const score_opts_t *o, char **names, int E, const ts_cli_judge_t *jd,
-                         int J, const ts_space_score_t *sc, const int64_t *n, int64_t r) {
+void ts_cli_judges_print(const char *ref, int boot, char *const *names, int E,
+                         const ts_cli_judge_t *jd, int J, const ts_space_score_t *sc,
+                         const int64_t *n, int64_t r) {
     printf("%d sample sets scored against %lld %s images; 95 %% bootstrap intervals (%d "
            "resamples), differences paired with %s\n",
-           E, (long long)r, o->ref, o->boot, names[0]);
+           E, (long long)r, ref, boot, names[0]);
     for (int k = 0; k < J; k++) {
         printf("\njudge %d: %s (%s, %d features)\n", k + 1, jd[k].name, jd[k].path, jd[k].D);
         printf("  %-24s %6s  %-22s  %-26s  %-24s  %-26s  %6s  %6s\n", "samples", "n",
@@ -279,7 +281,7 @@ static void print_tables(const score_opts_t *o, char **names, int E, const ts_cl
                    (long long)n[e], a, b, c, d, s->precision, s->recall);
         }
     }
-    if (E < 2 || o->boot < 2)
+    if (E < 2 || boot < 2)
         return;
     printf("\nagreement, against %s (a difference counts where its 95 %% interval excludes 0):\n",
            names[0]);
@@ -299,10 +301,53 @@ static void print_tables(const score_opts_t *o, char **names, int E, const ts_cl
     }
 }
 
-static json_t *scores_json(const score_opts_t *o, char **names, int E, const ts_cli_judge_t *jd,
-                           int J, const ts_space_score_t *sc, const int64_t *n, int64_t r) {
-    json_t *root = json_pack("{s:s, s:I, s:i, s:i}", "reference", o->ref, "reference_n",
-                             (json_int_t)r, "bootstrap", o->boot, "pr_k", o->pr_k);
+int ts_cli_judges_report(ts_report_t *rep, char *const *names, int E, const ts_cli_judge_t *jd,
+                         int J, const ts_space_score_t *sc) {
+    enum { COLS = 7 };
+    const char *head[COLS] = {"samples",   "FD (95 %)", "FD − first (95 %)", "KID ×1e3 (95 %)",
+                              "KID − first ×1e3 (95 %)", "precision", "recall"};
+    char(*buf)[COLS][96] = calloc((size_t)E, sizeof *buf);
+    const char **cells = calloc((size_t)(E + 1) * COLS, sizeof *cells);
+    if (!buf || !cells) {
+        free(buf), free(cells);
+        return TS_ENOMEM;
+    }
+    ts_report_heading(rep, 2, "Every judge");
+    ts_report_paragraph(rep, "The same samples in further feature spaces (model/judge.h): FD and "
+                             "KID with 95 % bootstrap intervals, paired with the first entry. A "
+                             "difference holds only where every judge finds it.");
+    for (int k = 0; k < J; k++) {
+        char title[160];
+        snprintf(title, sizeof title, "%s (%d features)", jd[k].name, jd[k].D);
+        ts_report_heading(rep, 3, title);
+        for (int c = 0; c < COLS; c++)
+            cells[c] = head[c];
+        for (int e = 0; e < E; e++) {
+            const ts_space_score_t *s = &sc[k * E + e];
+            char(*b)[96] = buf[e];
+            snprintf(b[0], 96, "%s", names[e]);
+            snprintf(b[1], 96, "%.3f [%.3f, %.3f]", s->fd, s->fd_lo, s->fd_hi);
+            snprintf(b[2], 96, e ? "%+.3f [%+.3f, %+.3f]" : "", s->d_fd, s->d_fd_lo, s->d_fd_hi);
+            snprintf(b[3], 96, "%.2f [%.2f, %.2f]", 1e3 * s->kid, 1e3 * s->kid_lo,
+                     1e3 * s->kid_hi);
+            snprintf(b[4], 96, e ? "%+.2f [%+.2f, %+.2f]" : "", 1e3 * s->d_kid, 1e3 * s->d_kid_lo,
+                     1e3 * s->d_kid_hi);
+            snprintf(b[5], 96, "%.3f", s->precision);
+            snprintf(b[6], 96, "%.3f", s->recall);
+            for (int c = 0; c < COLS; c++)
+                cells[(e + 1) * COLS + c] = b[c];
+        }
+        ts_report_table(rep, COLS, E + 1, cells);
+    }
+    free(buf), free(cells);
+    return TS_OK;
+}
+
+json_t *ts_cli_judges_json(const char *ref, int boot, int pr_k, char *const *names, int E,
+                           const ts_cli_judge_t *jd, int J, const ts_space_score_t *sc,
+                           const int64_t *n, int64_t r) {
+    json_t *root = json_pack("{s:s, s:I, s:i, s:i}", "reference", ref, "reference_n",
+                             (json_int_t)r, "bootstrap", boot, "pr_k", pr_k);
     json_t *entries = json_array(), *judges = json_array();
     for (int e = 0; e < E; e++)
         json_array_append_new(entries, json_pack("{s:s, s:I}", "name", names[e], "n",
@@ -369,7 +414,7 @@ int ts_cmd_judge(int argc, char **argv) {
     }
     char *slist = ts_dup_str(o.samples), *jlist = ts_dup_str(o.judges);
     char *spath[MAX_LIST], *jpath[MAX_LIST];
-    int E = slist ? split_list(slist, spath) : 0, J = jlist ? split_list(jlist, jpath) : 0;
+    int E = slist ? ts_cli_split_list(slist, spath, MAX_LIST) : 0, J = jlist ? ts_cli_split_list(jlist, jpath, MAX_LIST) : 0;
     if (E < 1 || J < 1) {
         fprintf(stderr, "%s: --samples and --judges take 1 to %d comma-separated files\n", o.prog,
                 MAX_LIST);
@@ -441,9 +486,9 @@ int ts_cmd_judge(int argc, char **argv) {
     }
     if (rc == TS_OK) {
         if (o.json)
-            ts_json_print(scores_json(&o, names, E, jd, J, sc, n, r));
+            ts_json_print(ts_cli_judges_json(o.ref, o.boot, o.pr_k, names, E, jd, J, sc, n, r));
         else
-            print_tables(&o, names, E, jd, J, sc, n, r);
+            ts_cli_judges_print(o.ref, o.boot, names, E, jd, J, sc, n, r);
     } else {
         ts_args_fail(o.prog, err, rc);
     }

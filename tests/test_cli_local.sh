@@ -170,11 +170,14 @@ cp "$dir/mono.safetensors" "$dir/same/expert-0.safetensors"
 cp "$dir/mono.safetensors" "$dir/same/expert-1.safetensors"
 cp "$f/partition.safetensors" "$f/router.safetensors" "$dir/same/"
 mkdir "$dir/samples"
+# a further judge (an autoencoder, barely trained) and the evaluation classifier as a judge too:
+# its scores must be the main table's to the bit
+run "$T" train-judge --kind ae --steps 3 --batch 16 --eval-n 50 --quiet --out "$dir/ae.safetensors"
 "$T" eval --local "$dir/same" --classifier "$dir/cls.safetensors" \
     --monolith "$dir/mono.safetensors,$dir/mono.safetensors" \
     --policies "monolith learned:top1 uniform:full centroid:top2 learned+prior:top1 uniform+prior:top2 monolith2" \
     --n 24 --steps 2 --sampler euler --ref-n 200 --grid 4 --bootstrap 20 --report "$dir/r.html" \
-    --save-samples "$dir/samples" --json \
+    --save-samples "$dir/samples" --judges "$dir/ae.safetensors,$dir/cls.safetensors" --json \
     >"$dir/e.json" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "eval"; }
 "$PY" - "$dir/e.json" <<'PYEOF' || fail "eval results"
 import json, math, sys
@@ -206,6 +209,17 @@ for x in j["entries"]:
     if x["policy"] != "monolith" and "fd_minus_first" not in x:
         assert x["policy"].startswith("train data"), x
 assert abs(sum(j["cluster_ref_share"]) - 1) < 1e-9, j["cluster_ref_share"]
+# the judges: both spaces for every entry; the classifier's own space repeats the main table
+jd = j["judges"]
+assert [x["name"] for x in jd["entries"]] == [x["policy"] for x in j["entries"][1:]], jd["entries"]
+ae, cls = jd["judges"]
+assert ae["features"] == 32 and cls["name"] == "classifier", (ae["name"], cls["name"])
+for s in cls["scores"]:
+    assert s["fd"] == e[s["entry"]]["fd"] and s["fd_ci95"] == e[s["entry"]]["fd_ci95"], s
+    assert s["precision"] == e[s["entry"]]["precision"], s
+for s in ae["scores"]:
+    if s["entry"] in ("learned:top1", "uniform:full", "learned+prior:top1", "monolith2"):
+        assert s["fd_minus_first"] == 0 and s["kid_minus_first"] == 0, s
 for name, evals in (("monolith", 2), ("learned:top1", 2), ("uniform:full", 4), ("centroid:top2", 4),
                     ("learned+prior:top1", 2), ("uniform+prior:top2", 4)):
     assert e[name]["evals_per_sample"] == evals, (name, e[name]["evals_per_sample"])
@@ -231,6 +245,7 @@ grep -q "Routing entropy" "$dir/r.html" || fail "the report has no routing along
 [ "$(grep -o 'data:image/png;base64' "$dir/r.html" | wc -l)" -eq 7 ] ||
     fail "the report should hold one grid per entry (7)"
 grep -q "Quality against cost" "$dir/r.html" || fail "the report has no frontier"
+grep -q "Every judge" "$dir/r.html" && grep -q "ae seed" "$dir/r.html" || fail "the report has no judges' tables"
 # the saved samples: Fashion-MNIST's IDX format, equal where the samples are equal
 for x in monolith learned_top1 learned+prior_top1 monolith2; do
     [ -s "$dir/samples/$x-images-idx3-ubyte" ] && [ -s "$dir/samples/$x-labels-idx1-ubyte" ] ||

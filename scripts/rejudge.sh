@@ -1,0 +1,56 @@
+#!/bin/bash
+# rejudge.sh — the routing study's committed samples re-scored by every judge (docs/routing.md,
+# "Every judge"): the evaluation classifier as the study trained it, a plain CNN classifier of
+# another seed and an autoencoder trained without labels (`tessera train-judge`), each kept with
+# the results; then `tessera judge` (FD and KID with paired 95 % intervals, precision, recall) on
+# the headline at the full budget and on the first small-budget study's entries.
+#
+#   scripts/rejudge.sh [OUT_DIR]   (default docs/results/judges; resumable: a file that exists is
+#                                   not made again)
+#
+# Environment: TESSERA (default build/client/tessera), THREADS (default 2), BOOT (200).
+# About 25 min on 2 idle cores (the classifier's 9 000 steps take 6 of them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T=${TESSERA:-build/client/tessera}
+OUT=${1:-docs/results/judges}
+THREADS=${THREADS:-2}
+BOOT=${BOOT:-200}
+mkdir -p "$OUT"
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+# the judges (the classifier with the study's own command: scripts/routing-study.sh)
+[ -f "$OUT/classifier.safetensors" ] || {
+    log "evaluation classifier (patch 7, depth 2, 9000 steps, seed 0)"
+    nice "$T" train-classifier --patch 7 --depth 2 --steps 9000 --no-augment --threads 1 --seed 0 \
+        --out "$OUT/classifier.safetensors" --json >"$OUT/classifier.json" 2>"$OUT/classifier.log"
+}
+[ -f "$OUT/judge-cnn-s2.safetensors" ] || {
+    log "judge: cnn, seed 2, 2000 steps"
+    nice "$T" train-judge --kind cnn --seed 2 --steps 2000 --threads "$THREADS" --json \
+        --out "$OUT/judge-cnn-s2.safetensors" >"$OUT/judge-cnn-s2.json" 2>"$OUT/judge-cnn-s2.log"
+}
+[ -f "$OUT/judge-ae-s3.safetensors" ] || {
+    log "judge: ae, seed 3, 3000 steps"
+    nice "$T" train-judge --kind ae --seed 3 --steps 3000 --threads "$THREADS" --json \
+        --out "$OUT/judge-ae-s3.safetensors" >"$OUT/judge-ae-s3.json" 2>"$OUT/judge-ae-s3.log"
+}
+JUDGES="$OUT/classifier.safetensors,$OUT/judge-cnn-s2.safetensors,$OUT/judge-ae-s3.safetensors"
+
+rejudge() { # NAME DIR ENTRY...
+    local name=$1 dir=$2 files=""
+    shift 2
+    [ -f "$OUT/rejudge-$name.json" ] && return 0
+    for e in "$@"; do files="${files:+$files,}$dir/$e.idx.gz"; done
+    log "rejudge $name: $*"
+    nice "$T" judge --samples "$files" --judges "$JUDGES" --bootstrap "$BOOT" --threads "$THREADS" \
+        >"$OUT/rejudge-$name.txt" 2>"$OUT/rejudge-$name.log"
+    nice "$T" judge --samples "$files" --judges "$JUDGES" --bootstrap "$BOOT" --threads "$THREADS" \
+        --json >"$OUT/rejudge-$name.json" 2>>"$OUT/rejudge-$name.log"
+}
+# the headline: the b8 monolith against the label-split ensemble, n = 5 000 each
+rejudge full docs/results/routing-full monolith best-ensemble
+# the small budget's first study (one b8 monolith for all of them), n = 2 000 each
+rejudge small docs/results/routing-small monolith best-ensemble monolith-b64 \
+    ens-warm-b8-learned+prior_top1 ens-b8-learned+prior_top1 ens-base-learned+prior_top1
+log "done: $OUT/rejudge-*.txt and .json"
