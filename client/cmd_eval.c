@@ -915,8 +915,8 @@ static int open_models(eval_run_t *r) {
     char *jpath[TS_CLI_MAX_JUDGES];
     if (rc == TS_OK && o->judges) {
         r->judges_copy = strdup(o->judges);
-        r->n_judges = r->judges_copy ? ts_cli_split_list(r->judges_copy, jpath, TS_CLI_MAX_JUDGES)
-                                     : 0;
+        r->n_judges =
+            r->judges_copy ? ts_cli_split_list(r->judges_copy, jpath, TS_CLI_MAX_JUDGES) : 0;
         if (r->n_judges < 1) {
             ts_set_err(err, errlen, "--judges: want 1 to %d files separated by commas",
                        TS_CLI_MAX_JUDGES);
@@ -1084,8 +1084,8 @@ static int run_entry(eval_run_t *r, int i, progress_t *prog) {
             return TS_ENOMEM;
         if ((rc = ts_cli_judge_features(&r->jd[k], &r->eng, r->images, n, r->C, r->S, r->S,
                                         r->jfeat[k][i])) != TS_OK)
-            ts_set_err(r->err, sizeof r->err, "%s: the features of '%s' failed: %s",
-                       r->jd[k].path, x->name, ts_strerror(rc));
+            ts_set_err(r->err, sizeof r->err, "%s: the features of '%s' failed: %s", r->jd[k].path,
+                       x->name, ts_strerror(rc));
     }
     if (rc != TS_OK)
         return rc;
@@ -1122,9 +1122,9 @@ static int score_judges(eval_run_t *r) {
                                          r->S, ref)
                  : TS_ENOMEM;
         if (rc == TS_OK)
-            rc = ts_space_score((const float *const *)r->jfeat[k], n, E, ref, ref_n, r->jd[k].D,
-                                r->o.boot, r->o.pr_k, r->jsc + (size_t)k * E, r->err,
-                                sizeof r->err);
+            rc =
+                ts_space_score((const float *const *)r->jfeat[k], n, E, ref, ref_n, r->jd[k].D,
+                               r->o.boot, r->o.pr_k, r->jsc + (size_t)k * E, r->err, sizeof r->err);
         free(ref);
     }
     return rc;
@@ -1155,8 +1155,8 @@ static void print_json(const eval_run_t *r) {
         for (int i = 0; i < r->n_entries; i++)
             names[i] = (char *)r->e[i].name, n[i] = o->n;
         json_object_set_new(root, "judges",
-                            ts_cli_judges_json("test", o->boot, o->pr_k, names, r->n_entries,
-                                               r->jd, r->n_judges, r->jsc, n, o->ref_n));
+                            ts_cli_judges_json("test", o->boot, o->pr_k, names, r->n_entries, r->jd,
+                                               r->n_judges, r->jsc, n, o->ref_n));
     }
     if (root) {
         json_dumpf(root, stdout, JSON_COMPACT);
@@ -1181,9 +1181,9 @@ static int print_results(eval_run_t *r) {
              (double)o->cfg, o->dir, r->loc.ex.K, r->n_mono ? ", monoliths " : "",
              r->n_mono ? o->monolith : "", o->ref_n, o->classifier, r->D, o->boot, o->n);
     int rc = TS_OK;
-    if (o->report && (rc = write_report(o->report, r->e, r->n_entries, &r->floor_row, setup,
-                                        o->grid_n, r->K, c, r->jd, r->n_judges, r->jsc, r->err,
-                                        sizeof r->err)) != TS_OK)
+    if (o->report &&
+        (rc = write_report(o->report, r->e, r->n_entries, &r->floor_row, setup, o->grid_n, r->K, c,
+                           r->jd, r->n_judges, r->jsc, r->err, sizeof r->err)) != TS_OK)
         return rc;
     if (o->json)
         print_json(r);

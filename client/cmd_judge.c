@@ -43,8 +43,12 @@ static void on_progress(void *ctx, int64_t step, int64_t steps, double loss) {
 }
 
 int ts_cmd_train_judge(int argc, char **argv) {
-    judge_opts_t o = {.prog = "tessera train-judge", .fmnist_dir = TS_FMNIST_DEFAULT_DIR,
-                      .steps = 3000, .batch = 128, .lr = 2e-3f, .seed = 1};
+    judge_opts_t o = {.prog = "tessera train-judge",
+                      .fmnist_dir = TS_FMNIST_DEFAULT_DIR,
+                      .steps = 3000,
+                      .batch = 128,
+                      .lr = 2e-3f,
+                      .seed = 1};
     /* clang-format off */
     ts_arg_t args[] = {
         {"kind", TS_ARG_STRING, &o.kind, "KIND", "cnn (a plain convolutional classifier, trained on the labels) or ae (an autoencoder, trained without labels; its 32-wide bottleneck is the feature space)", 0, 0, 1},
@@ -83,22 +87,22 @@ int ts_cmd_train_judge(int argc, char **argv) {
     int rc = ts_fmnist_load(o.fmnist_dir, "train", &train, err, sizeof err);
     if (rc == TS_OK)
         rc = ts_fmnist_load(o.fmnist_dir, "test", &test, err, sizeof err);
-    if (rc == TS_OK && (rc = ts_cli_engine(&eng, &o.device, o.threads, o.prog, err,
-                                           sizeof err)) == TS_OK)
+    if (rc == TS_OK &&
+        (rc = ts_cli_engine(&eng, &o.device, o.threads, o.prog, err, sizeof err)) == TS_OK)
         have_eng = 1;
     if (rc == TS_OK)
-        rc = ts_judge_create(&j, kind, train.channels, train.height, train.width,
-                             train.num_classes, o.seed, &eng, o.batch, 1, err, sizeof err);
+        rc = ts_judge_create(&j, kind, train.channels, train.height, train.width, train.num_classes,
+                             o.seed, &eng, o.batch, 1, err, sizeof err);
     double t0 = ts_now_s(), score = 0.0;
     if (rc == TS_OK) {
         if (!o.quiet)
-            fprintf(stderr, "%s: %s judge, %d features, seed %llu; %d train images, batch %d, "
-                            "%lld steps, %d threads\n",
+            fprintf(stderr,
+                    "%s: %s judge, %d features, seed %llu; %d train images, batch %d, "
+                    "%lld steps, %d threads\n",
                     o.prog, o.kind, ts_judge_feature_dim(j), (unsigned long long)o.seed, train.n,
                     o.batch, (long long)o.steps, eng.threads);
         rc = ts_judge_train(j, &train, o.steps, o.batch, o.lr, o.seed,
-                            o.steps / 20 > 0 ? o.steps / 20 : 1, on_progress, &o, err,
-                            sizeof err);
+                            o.steps / 20 > 0 ? o.steps / 20 : 1, on_progress, &o, err, sizeof err);
     }
     double secs = ts_now_s() - t0;
     if (rc == TS_OK && o.eval_n && o.eval_n < test.n)
@@ -184,8 +188,8 @@ int ts_cli_judge_features(ts_cli_judge_t *j, ts_engine_t *e, const float *images
     int64_t chw = (int64_t)C * H * W;
     ts_tensor_t x = {0};
     int B = j->max_batch;
-    int rc = j->classifier ? ts_tensor_alloc(&x, TS_F32, e->device, 4, TS_SHAPE(B, C, H, W))
-                           : TS_OK;
+    int rc =
+        j->classifier ? ts_tensor_alloc(&x, TS_F32, e->device, 4, TS_SHAPE(B, C, H, W)) : TS_OK;
     for (int lo = 0; lo < n && rc == TS_OK; lo += B) {
         int m = n - lo < B ? n - lo : B;
         const float *img = images + lo * chw;
@@ -264,9 +268,8 @@ void ts_cli_judges_print(const char *ref, int boot, char *const *names, int E,
            E, (long long)r, ref, boot, names[0]);
     for (int k = 0; k < J; k++) {
         printf("\njudge %d: %s (%s, %d features)\n", k + 1, jd[k].name, jd[k].path, jd[k].D);
-        printf("  %-24s %6s  %-22s  %-26s  %-24s  %-26s  %6s  %6s\n", "samples", "n",
-               "FD [95 %]", "FD − first [95 %]", "KID ×1e3 [95 %]", "KID − first ×1e3 [95 %]",
-               "prec", "recall");
+        printf("  %-24s %6s  %-22s  %-26s  %-24s  %-26s  %6s  %6s\n", "samples", "n", "FD [95 %]",
+               "FD − first [95 %]", "KID ×1e3 [95 %]", "KID − first ×1e3 [95 %]", "prec", "recall");
         for (int e = 0; e < E; e++) {
             const ts_space_score_t *s = &sc[k * E + e];
             char a[96], b[96], c[96], d[96];
@@ -293,19 +296,21 @@ void ts_cli_judges_print(const char *ref, int boot, char *const *names, int E,
             lower += f < 0 && g < 0;
             higher += f > 0 && g > 0;
         }
-        const char *verdict = lower == J    ? "lower in every judge: holds"
-                              : higher == J ? "higher in every judge: holds"
-                              : "the judges disagree or find no difference: does not hold";
-        printf("  %-24s FD and KID lower in %d of %d judges, higher in %d — %s\n", names[e],
-               lower, J, higher, verdict);
+        const char *verdict = lower == J ? "lower in every judge: holds"
+                              : higher == J
+                                  ? "higher in every judge: holds"
+                                  : "the judges disagree or find no difference: does not hold";
+        printf("  %-24s FD and KID lower in %d of %d judges, higher in %d — %s\n", names[e], lower,
+               J, higher, verdict);
     }
 }
 
 int ts_cli_judges_report(ts_report_t *rep, char *const *names, int E, const ts_cli_judge_t *jd,
                          int J, const ts_space_score_t *sc) {
     enum { COLS = 7 };
-    const char *head[COLS] = {"samples",   "FD (95 %)", "FD − first (95 %)", "KID ×1e3 (95 %)",
-                              "KID − first ×1e3 (95 %)", "precision", "recall"};
+    const char *head[COLS] = {
+        "samples",   "FD (95 %)", "FD − first (95 %)", "KID ×1e3 (95 %)", "KID − first ×1e3 (95 %)",
+        "precision", "recall"};
     char(*buf)[COLS][96] = calloc((size_t)E, sizeof *buf);
     const char **cells = calloc((size_t)(E + 1) * COLS, sizeof *cells);
     if (!buf || !cells) {
@@ -328,8 +333,7 @@ int ts_cli_judges_report(ts_report_t *rep, char *const *names, int E, const ts_c
             snprintf(b[0], 96, "%s", names[e]);
             snprintf(b[1], 96, "%.3f [%.3f, %.3f]", s->fd, s->fd_lo, s->fd_hi);
             snprintf(b[2], 96, e ? "%+.3f [%+.3f, %+.3f]" : "", s->d_fd, s->d_fd_lo, s->d_fd_hi);
-            snprintf(b[3], 96, "%.2f [%.2f, %.2f]", 1e3 * s->kid, 1e3 * s->kid_lo,
-                     1e3 * s->kid_hi);
+            snprintf(b[3], 96, "%.2f [%.2f, %.2f]", 1e3 * s->kid, 1e3 * s->kid_lo, 1e3 * s->kid_hi);
             snprintf(b[4], 96, e ? "%+.2f [%+.2f, %+.2f]" : "", 1e3 * s->d_kid, 1e3 * s->d_kid_lo,
                      1e3 * s->d_kid_hi);
             snprintf(b[5], 96, "%.3f", s->precision);
@@ -346,12 +350,12 @@ int ts_cli_judges_report(ts_report_t *rep, char *const *names, int E, const ts_c
 json_t *ts_cli_judges_json(const char *ref, int boot, int pr_k, char *const *names, int E,
                            const ts_cli_judge_t *jd, int J, const ts_space_score_t *sc,
                            const int64_t *n, int64_t r) {
-    json_t *root = json_pack("{s:s, s:I, s:i, s:i}", "reference", ref, "reference_n",
-                             (json_int_t)r, "bootstrap", boot, "pr_k", pr_k);
+    json_t *root = json_pack("{s:s, s:I, s:i, s:i}", "reference", ref, "reference_n", (json_int_t)r,
+                             "bootstrap", boot, "pr_k", pr_k);
     json_t *entries = json_array(), *judges = json_array();
     for (int e = 0; e < E; e++)
-        json_array_append_new(entries, json_pack("{s:s, s:I}", "name", names[e], "n",
-                                                 (json_int_t)n[e]));
+        json_array_append_new(entries,
+                              json_pack("{s:s, s:I}", "name", names[e], "n", (json_int_t)n[e]));
     for (int k = 0; k < J; k++) {
         json_t *rows = json_array();
         for (int e = 0; e < E; e++) {
@@ -362,8 +366,8 @@ json_t *ts_cli_judges_json(const char *ref, int boot, int pr_k, char *const *nam
                                 "fd_minus_first", jnum(s->d_fd), "fd_minus_first_ci95",
                                 pair(s->d_fd_lo, s->d_fd_hi), "kid", jnum(s->kid), "kid_ci95",
                                 pair(s->kid_lo, s->kid_hi), "kid_minus_first", jnum(s->d_kid),
-                                "kid_minus_first_ci95", pair(s->d_kid_lo, s->d_kid_hi),
-                                "precision", jnum(s->precision), "recall", jnum(s->recall)));
+                                "kid_minus_first_ci95", pair(s->d_kid_lo, s->d_kid_hi), "precision",
+                                jnum(s->precision), "recall", jnum(s->recall)));
         }
         json_t *meta = json_object();
         const char *keys[] = {"seed", "steps", "test_accuracy", "test_mse", "train_steps"};
@@ -383,8 +387,11 @@ json_t *ts_cli_judges_json(const char *ref, int boot, int pr_k, char *const *nam
 }
 
 int ts_cmd_judge(int argc, char **argv) {
-    score_opts_t o = {.prog = "tessera judge", .ref = "test", .fmnist_dir = TS_FMNIST_DEFAULT_DIR,
-                      .boot = 200, .pr_k = 3};
+    score_opts_t o = {.prog = "tessera judge",
+                      .ref = "test",
+                      .fmnist_dir = TS_FMNIST_DEFAULT_DIR,
+                      .boot = 200,
+                      .pr_k = 3};
     /* clang-format off */
     ts_arg_t args[] = {
         {"samples", TS_ARG_STRING, &o.samples, "FILE,...", "the sample sets, IDX images (X.idx.gz with X-labels.idx.gz beside it, or P-images-idx3-ubyte[.gz] as `tessera eval --save-samples` writes); the first is what the others are compared with", 0, 0, 1},
@@ -399,13 +406,14 @@ int ts_cmd_judge(int argc, char **argv) {
         {"json", TS_ARG_FLAG, &o.json, NULL, "print one JSON object on stdout instead of the tables"},
     };
     /* clang-format on */
-    int pr = ts_args_parse(o.prog,
-                           "Score saved sample sets in several feature spaces: FD and KID with 95 % "
-                           "intervals, paired differences to the first set, precision and recall, "
-                           "and whether every judge agrees.\nexample: tessera judge --samples "
-                           "monolith.idx.gz,best-ensemble.idx.gz --judges classifier.safetensors,"
-                           "judge-cnn.safetensors,judge-ae.safetensors",
-                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
+    int pr =
+        ts_args_parse(o.prog,
+                      "Score saved sample sets in several feature spaces: FD and KID with 95 % "
+                      "intervals, paired differences to the first set, precision and recall, "
+                      "and whether every judge agrees.\nexample: tessera judge --samples "
+                      "monolith.idx.gz,best-ensemble.idx.gz --judges classifier.safetensors,"
+                      "judge-cnn.safetensors,judge-ae.safetensors",
+                      args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (pr)
         return pr == 1 ? 0 : 2;
     if (strcmp(o.ref, "test") != 0 && strcmp(o.ref, "train") != 0) {
@@ -414,7 +422,8 @@ int ts_cmd_judge(int argc, char **argv) {
     }
     char *slist = ts_dup_str(o.samples), *jlist = ts_dup_str(o.judges);
     char *spath[MAX_LIST], *jpath[MAX_LIST];
-    int E = slist ? ts_cli_split_list(slist, spath, MAX_LIST) : 0, J = jlist ? ts_cli_split_list(jlist, jpath, MAX_LIST) : 0;
+    int E = slist ? ts_cli_split_list(slist, spath, MAX_LIST) : 0,
+        J = jlist ? ts_cli_split_list(jlist, jpath, MAX_LIST) : 0;
     if (E < 1 || J < 1) {
         fprintf(stderr, "%s: --samples and --judges take 1 to %d comma-separated files\n", o.prog,
                 MAX_LIST);
@@ -453,8 +462,8 @@ int ts_cmd_judge(int argc, char **argv) {
         }
         n[e] = o.n && o.n < sets[e].n ? o.n : sets[e].n;
     }
-    if (rc == TS_OK && (rc = ts_cli_engine(&eng, &cpu, o.threads, o.prog, err, sizeof err)) ==
-                           TS_OK)
+    if (rc == TS_OK &&
+        (rc = ts_cli_engine(&eng, &cpu, o.threads, o.prog, err, sizeof err)) == TS_OK)
         have_eng = 1;
     int C = ref.channels, H = ref.height, W = ref.width;
     double t0 = ts_now_s();
@@ -478,8 +487,8 @@ int ts_cmd_judge(int argc, char **argv) {
             rc = ts_space_score((const float *const *)feat, n, E, rfeat, r, D, o.boot, o.pr_k,
                                 sc + (size_t)k * E, err, sizeof err);
         if (rc == TS_OK && !o.json)
-            fprintf(stderr, "%s: judge %d of %d (%s) done, %.1f s\n", o.prog, k + 1, J,
-                    jd[k].name, ts_now_s() - t0);
+            fprintf(stderr, "%s: judge %d of %d (%s) done, %.1f s\n", o.prog, k + 1, J, jd[k].name,
+                    ts_now_s() - t0);
         for (int e = 0; e < E; e++)
             free(feat[e]), feat[e] = NULL;
         free(rfeat), rfeat = NULL;

@@ -64,7 +64,10 @@ static int idx_open_path(idx_file_t *f, const char *path, char *err, size_t errl
     f->gz = gzopen(f->path, "rb");
     if (!f->gz) {
         int e = errno;
-        return ts_fail(err, errlen, e == ENOMEM ? TS_ENOMEM : e == ENOENT ? TS_ENOTFOUND : TS_EIO,
+        return ts_fail(err, errlen,
+                       e == ENOMEM   ? TS_ENOMEM
+                       : e == ENOENT ? TS_ENOTFOUND
+                                     : TS_EIO,
                        "cannot open %s: %s", f->path, e ? strerror(e) : "out of memory");
     }
     gzbuffer(f->gz, 128u << 10);
@@ -83,7 +86,7 @@ static int idx_open(idx_file_t *f, const char *dir, const char *prefix, const ch
         if (!path_exists(f->path)) {
             int e = errno;
             return ts_fail(err, errlen, TS_EIO, "cannot find %s.gz (nor %s): %s; " INSTALL_HINT,
-                        f->path, f->path, strerror(e));
+                           f->path, f->path, strerror(e));
         }
     }
     return idx_open_path(f, f->path, err, errlen);
@@ -132,8 +135,8 @@ static int idx_expect_end(idx_file_t *f, const char *what, size_t declared, char
     } while (got == sizeof scratch);
     if (extra)
         return ts_fail(err, errlen, TS_ECORRUPT,
-                    "%s: %zu trailing bytes after the declared %zu bytes of %s", f->path, extra,
-                    declared, what);
+                       "%s: %zu trailing bytes after the declared %zu bytes of %s", f->path, extra,
+                       declared, what);
     return TS_OK;
 }
 
@@ -147,12 +150,12 @@ static int idx_header(idx_file_t *f, uint32_t magic, int ndim, uint32_t *dims, c
         return rc;
     if (got >= 4 && be32(hdr) != magic)
         return ts_fail(err, errlen, TS_ECORRUPT,
-                    "%s: not an IDX %s file: magic number is 0x%08x, expected 0x%08x", f->path,
-                    ndim == 3 ? "image" : "label", be32(hdr), magic);
+                       "%s: not an IDX %s file: magic number is 0x%08x, expected 0x%08x", f->path,
+                       ndim == 3 ? "image" : "label", be32(hdr), magic);
     if (got < need)
         return ts_fail(err, errlen, TS_ECORRUPT,
-                    "%s: truncated: expected a %zu-byte IDX header, got %zu bytes", f->path, need,
-                    got);
+                       "%s: truncated: expected a %zu-byte IDX header, got %zu bytes", f->path,
+                       need, got);
     for (int i = 0; i < ndim; i++)
         dims[i] = be32(hdr + 4 + 4 * i);
     return TS_OK;
@@ -180,7 +183,8 @@ static int idx_body(idx_file_t *f, const char *what, size_t len, unsigned char *
         unsigned char *grown = realloc(buf, next);
         if (!grown) {
             free(buf);
-            return ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu bytes", f->path, next);
+            return ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu bytes", f->path,
+                           next);
         }
         buf = grown;
         cap = next;
@@ -188,7 +192,7 @@ static int idx_body(idx_file_t *f, const char *what, size_t len, unsigned char *
     if (have < len) {
         free(buf);
         return ts_fail(err, errlen, TS_ECORRUPT, "%s: truncated: expected %zu bytes of %s, got %zu",
-                    f->path, len, what, have);
+                       f->path, len, what, have);
     }
     int rc = idx_expect_end(f, what, len, err, errlen);
     if (rc) {
@@ -240,8 +244,8 @@ static int load_labels(idx_file_t *f, int n, int32_t **labels, char *err, size_t
     for (int i = 0; i < n && !rc; i++) {
         if (raw[i] >= TS_FMNIST_NUM_CLASSES)
             rc = ts_fail(err, errlen, TS_ECORRUPT,
-                      "%s: label %d of item %d is out of range (classes are 0..%d)", f->path,
-                      raw[i], i, TS_FMNIST_NUM_CLASSES - 1);
+                         "%s: label %d of item %d is out of range (classes are 0..%d)", f->path,
+                         raw[i], i, TS_FMNIST_NUM_CLASSES - 1);
         out[i] = raw[i];
     }
     free(raw);
@@ -287,9 +291,9 @@ int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *e
     const char *prefix = split_prefix(split);
     if (!prefix)
         return ts_fail(err, errlen, TS_EINVAL,
-                    "unknown split \"%s\": expected \"train\", \"test\" or a file prefix of "
-                    "letters, digits and +._-",
-                    split);
+                       "unknown split \"%s\": expected \"train\", \"test\" or a file prefix of "
+                       "letters, digits and +._-",
+                       split);
     if (!dir)
         dir = TS_FMNIST_DEFAULT_DIR;
 
@@ -326,19 +330,19 @@ static int load_opened(idx_file_t *pimg, idx_file_t *plab, int rc, ts_dataset_t 
         goto done;
 
     if (idims[0] < 1 || idims[0] > TS_FMNIST_MAX_N) {
-        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: item count %u is out of range (1..%d)", img.path,
-                  idims[0], TS_FMNIST_MAX_N);
+        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: item count %u is out of range (1..%d)",
+                     img.path, idims[0], TS_FMNIST_MAX_N);
         goto done;
     }
     if (idims[1] < 1 || idims[1] > TS_FMNIST_MAX_DIM || idims[2] < 1 ||
         idims[2] > TS_FMNIST_MAX_DIM) {
         rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: image size %u×%u is out of range (1..%d each)",
-                  img.path, idims[1], idims[2], TS_FMNIST_MAX_DIM);
+                     img.path, idims[1], idims[2], TS_FMNIST_MAX_DIM);
         goto done;
     }
     if (ldims[0] != idims[0]) {
-        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s holds %u images but %s holds %u labels", img.path,
-                  idims[0], lab.path, ldims[0]);
+        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s holds %u images but %s holds %u labels",
+                     img.path, idims[0], lab.path, ldims[0]);
         goto done;
     }
 
@@ -350,8 +354,8 @@ static int load_opened(idx_file_t *pimg, idx_file_t *plab, int rc, ts_dataset_t 
     size_t npix = (size_t)ds->n * (size_t)ds->height * (size_t)ds->width;
     if (npix / (size_t)ds->n / (size_t)ds->height != (size_t)ds->width ||
         npix > SIZE_MAX / sizeof(float)) {
-        rc = ts_fail(err, errlen, TS_ERANGE, "%s: %u images of %u×%u do not fit in memory", img.path,
-                  idims[0], idims[1], idims[2]);
+        rc = ts_fail(err, errlen, TS_ERANGE, "%s: %u images of %u×%u do not fit in memory",
+                     img.path, idims[0], idims[1], idims[2]);
         goto done;
     }
     rc = load_labels(&lab, ds->n, &ds->labels, err, errlen);
@@ -381,8 +385,8 @@ int ts_fmnist_load_labels(const char *dir, const char *split, int32_t **labels, 
     if (!rc)
         rc = idx_header(&lab, TS_FMNIST_MAGIC_LABELS, 1, ldims, err, errlen);
     if (!rc && (ldims[0] < 1 || ldims[0] > TS_FMNIST_MAX_N))
-        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: item count %u is out of range (1..%d)", lab.path,
-                  ldims[0], TS_FMNIST_MAX_N);
+        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: item count %u is out of range (1..%d)",
+                     lab.path, ldims[0], TS_FMNIST_MAX_N);
     if (!rc)
         rc = load_labels(&lab, (int)ldims[0], labels, err, errlen);
     if (!rc)
@@ -521,23 +525,24 @@ int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err,
         if (parse_shard_line(line, &has, &v, &digits, &ndigits) != 0) {
             line[strcspn(line, "\r\n")] = '\0';
             rc = ts_fail(err, errlen, TS_ECORRUPT,
-                      "%s:%ld: expected one non-negative decimal index, got \"%.60s\"", path,
-                      lineno, line);
+                         "%s:%ld: expected one non-negative decimal index, got \"%.60s\"", path,
+                         lineno, line);
             break;
         }
         if (!has)
             continue;
         if (v >= limit) {
             rc = ts_fail(err, errlen, TS_ERANGE,
-                      "%s:%ld: index %.*s is out of range: the dataset has %d items (0..%d)", path,
-                      lineno, ndigits, digits, limit, limit - 1);
+                         "%s:%ld: index %.*s is out of range: the dataset has %d items (0..%d)",
+                         path, lineno, ndigits, digits, limit, limit - 1);
             break;
         }
         if (count == cap) {
             size_t next = cap ? cap * 2 : 1024;
             shard_entry_t *grown = realloc(e, next * sizeof *e);
             if (!grown) {
-                rc = ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu indices", path, next);
+                rc = ts_fail(err, errlen, TS_ENOMEM, "%s: out of memory for %zu indices", path,
+                             next);
                 break;
             }
             e = grown;
@@ -564,9 +569,9 @@ int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err,
         int32_t dup = 0;
         long first = 0, again = 0;
         if (find_duplicate(e, count, &dup, &first, &again))
-            rc =
-                ts_fail(err, errlen, TS_ECORRUPT, "%s:%ld: index %d appears twice (first on line %ld)",
-                     path, again, dup, first);
+            rc = ts_fail(err, errlen, TS_ECORRUPT,
+                         "%s:%ld: index %d appears twice (first on line %ld)", path, again, dup,
+                         first);
     }
     free(e);
     if (rc) {
@@ -587,8 +592,8 @@ static int int32_cmp(const void *a, const void *b) {
 static int check_shard_indices(const int32_t *idx, int n, char *err, size_t errlen) {
     for (int i = 0; i < n; i++)
         if (idx[i] < 0)
-            return ts_fail(err, errlen, TS_EINVAL, "shard index %d (position %d) is negative", idx[i],
-                        i);
+            return ts_fail(err, errlen, TS_EINVAL, "shard index %d (position %d) is negative",
+                           idx[i], i);
     if (n < 2)
         return TS_OK;
     int32_t *sorted = malloc((size_t)n * sizeof *sorted);
@@ -610,7 +615,7 @@ static int check_shard_indices(const int32_t *idx, int n, char *err, size_t errl
 
 static int open_failed(int rc, int e, const char *path, char *err, size_t errlen) {
     return ts_fail(err, errlen, rc, "cannot create a temporary file next to %s: %s", path,
-                e ? strerror(e) : ts_strerror(rc));
+                   e ? strerror(e) : ts_strerror(rc));
 }
 
 static int commit(ts_atomic_file_t *a, int ok, const char *path, char *err, size_t errlen) {
@@ -662,11 +667,12 @@ int ts_idx_write(const char *dir, const char *prefix, const float *images, const
         return ts_fail(err, errlen, TS_EINVAL, "ts_idx_write: bad arguments");
     if (!split_prefix(prefix) || strcmp(split_prefix(prefix), prefix) != 0)
         return ts_fail(err, errlen, TS_EINVAL,
-                    "ts_idx_write: \"%s\" is not a file prefix (letters, digits and +._-)", prefix);
+                       "ts_idx_write: \"%s\" is not a file prefix (letters, digits and +._-)",
+                       prefix);
     for (int i = 0; i < n; i++)
         if (labels[i] < 0 || labels[i] > 255)
-            return ts_fail(err, errlen, TS_EINVAL, "ts_idx_write: label %d of item %d is not a byte",
-                        (int)labels[i], i);
+            return ts_fail(err, errlen, TS_EINVAL,
+                           "ts_idx_write: label %d of item %d is not a byte", (int)labels[i], i);
     size_t npix = (size_t)n * (size_t)height * (size_t)width;
     unsigned char *pix = malloc(npix), *lab = malloc((size_t)n);
     if (!pix || !lab) {

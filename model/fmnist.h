@@ -52,7 +52,7 @@ const char *ts_fmnist_class_name(int label);
  * −1 when it names none or more than one. */
 int ts_fmnist_class_parse(const char *name);
 /* The names as --class accepts them, for help and errors. */
-#define TS_FMNIST_CLASS_LIST                                                                     \
+#define TS_FMNIST_CLASS_LIST                                                                       \
     "0 t-shirt/top, 1 trouser, 2 pullover, 3 dress, 4 coat, 5 sandal, 6 shirt, 7 sneaker, 8 bag, " \
     "9 ankle boot"
 

@@ -26,8 +26,8 @@ typedef enum { L_CONV, L_POOL, L_LINEAR } layer_op_t;
 typedef struct {
     layer_op_t op;
     int gelu;
-    int H, W;         /* the input's spatial size (conv, pool) */
-    int cin, cout;    /* channels, or features of a linear layer */
+    int H, W;      /* the input's spatial size (conv, pool) */
+    int cin, cout; /* channels, or features of a linear layer */
     int rows_in, rows_out;
     int pidx;         /* first parameter index (conv, linear): weight pidx, bias pidx + 1 */
     float *cols;      /* conv: im2col of the input (B · H · W, 9 · cin) */
@@ -204,8 +204,8 @@ static int new_judge(ts_judge_t **out, ts_judge_kind_t kind, int C, int H, int W
     }
     int P = C * H * W;
     if (C < 1 || H < 4 || W < 4 || C > 64 || H > 1024 || W > 1024 || max_batch < 1 ||
-        max_batch > 65536 || (kind == TS_JUDGE_CNN && (H % 4 || W % 4 || classes < 2 ||
-                                                       classes > 100000)) ||
+        max_batch > 65536 ||
+        (kind == TS_JUDGE_CNN && (H % 4 || W % 4 || classes < 2 || classes > 100000)) ||
         (int64_t)P * max_batch > (int64_t)1 << 28) {
         ts_set_err(err, errlen,
                    "judge: images %d×%d×%d, %d classes, batch %d are not a %s judge's shape", C, H,
@@ -235,7 +235,7 @@ static void init_uniform(ts_tensor_t *w, uint64_t seed, uint64_t *block) {
     float a = sqrtf(6.0f / (float)(in + out));
     for (int64_t i = 0; i < n; i += 4) {
         ts_u32x4_t r = ts_rng_block(seed, (*block)++);
-                for (int k = 0; k < 4 && i + k < n; k++)
+        for (int k = 0; k < 4 && i + k < n; k++)
             d[i + k] = a * (2.0f * ((float)(r.v[k] >> 8) * (1.0f / 16777216.0f)) - 1.0f);
     }
 }
@@ -359,8 +359,7 @@ static int forward(ts_judge_t *j, const float *x, int B) {
         TS_TRY(wrap2(&to, l->pre, M, l->cout));
         if (l->gelu) {
             TS_TRY(wrap2(&ta, l->act, M, l->cout));
-            TS_TRY(ts_linear_gelu_forward(j->e, &to, &ta, &ti, &j->p[l->pidx],
-                                          &j->p[l->pidx + 1]));
+            TS_TRY(ts_linear_gelu_forward(j->e, &to, &ta, &ti, &j->p[l->pidx], &j->p[l->pidx + 1]));
         } else {
             TS_TRY(ts_linear_forward(j->e, &to, &ti, &j->p[l->pidx], &j->p[l->pidx + 1]));
         }
@@ -458,8 +457,8 @@ int ts_judge_loss_backward(ts_judge_t *j, const float *x, const int32_t *labels,
             memset(dcols, 0, (size_t)M * K * sizeof *dcols);
         if (dcols && (l->op != L_CONV || din))
             TS_TRY(wrap2(&tdi, dcols, M, K));
-        TS_TRY(ts_linear_backward(j->e, din ? &tdi : NULL, &j->g[l->pidx], &j->g[l->pidx + 1],
-                                  &tdp, &ti, &j->p[l->pidx]));
+        TS_TRY(ts_linear_backward(j->e, din ? &tdi : NULL, &j->g[l->pidx], &j->g[l->pidx + 1], &tdp,
+                                  &ti, &j->p[l->pidx]));
         if (l->op == L_CONV && din)
             col2im(din, dcols, B, l->H, l->W, l->cin);
     }
@@ -506,7 +505,8 @@ int ts_judge_train(ts_judge_t *j, const ts_dataset_t *data, int64_t steps, int b
     float *x = malloc((size_t)(batch * P) * sizeof *x);
     ts_optim_slab_t slabs[2 * MAX_LAYERS];
     ts_tensor_t sumsq = {0};
-    int rc = perm && x && labels ? ts_tensor_alloc(&sumsq, TS_F32, TS_CPU, 1, TS_SHAPE(1)) : TS_ENOMEM;
+    int rc =
+        perm && x && labels ? ts_tensor_alloc(&sumsq, TS_F32, TS_CPU, 1, TS_SHAPE(1)) : TS_ENOMEM;
     for (int i = 0; i < j->n_params; i++)
         slabs[i] = (ts_optim_slab_t){&j->p[i], &j->g[i], &j->m[i], &j->v[i]};
     int per_epoch = data->n / batch;
@@ -593,8 +593,8 @@ int ts_judge_save(const ts_judge_t *j, const char *path, char *err, size_t errle
     ts_st_entry_t ent[2 * MAX_LAYERS];
     for (int i = 0; i < j->n_params; i++) {
         snprintf(names[i], sizeof names[i], "l%d.%s", i / 2, i % 2 ? "bias" : "weight");
-        ent[i] = (ts_st_entry_t){.name = names[i], .dtype = TS_ST_F32, .ndim = j->p[i].ndim,
-                                 .data = j->p[i].data};
+        ent[i] = (ts_st_entry_t){
+            .name = names[i], .dtype = TS_ST_F32, .ndim = j->p[i].ndim, .data = j->p[i].data};
         for (int d = 0; d < j->p[i].ndim; d++)
             ent[i].shape[d] = j->p[i].shape[d];
     }
@@ -603,9 +603,9 @@ int ts_judge_save(const ts_judge_t *j, const char *path, char *err, size_t errle
     snprintf(dims[2], 16, "%d", j->W), snprintf(dims[3], 16, "%d", j->classes);
     const char *meta[2 * (MAX_META + 6)];
     int n = 0;
-    const char *fixed[] = {"format", FORMAT, "kind", ts_judge_kind_name(j->kind),
-                           "channels", dims[0], "height", dims[1], "width", dims[2],
-                           "num_classes", dims[3]};
+    const char *fixed[] = {"format",   FORMAT,  "kind",        ts_judge_kind_name(j->kind),
+                           "channels", dims[0], "height",      dims[1],
+                           "width",    dims[2], "num_classes", dims[3]};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i += 2)
         meta[n++] = fixed[i], meta[n++] = fixed[i + 1];
     for (int i = 0; i < j->n_meta; i++)
@@ -640,8 +640,10 @@ int ts_judge_open(ts_judge_t **out, const char *path, ts_engine_t *e, int max_ba
                !meta_int(&f, "channels", &C) || !meta_int(&f, "height", &H) ||
                !meta_int(&f, "width", &W) || !meta_int(&f, "num_classes", &K)) {
         rc = TS_ECORRUPT;
-        ts_set_err(err, errlen, "%s: a judge without a valid kind, channels, height, width or "
-                                "num_classes", path);
+        ts_set_err(err, errlen,
+                   "%s: a judge without a valid kind, channels, height, width or "
+                   "num_classes",
+                   path);
     } else {
         rc = new_judge(out, kind, C, H, W, K, e, max_batch, 0, err, errlen);
     }
@@ -659,8 +661,8 @@ int ts_judge_open(ts_judge_t **out, const char *path, ts_engine_t *e, int max_ba
         }
     }
     for (int i = 0; rc == TS_OK && i < f.n_meta; i++) {
-        static const char *const own[] = {"format",   "kind",   "channels",
-                                          "height",   "width",  "num_classes"};
+        static const char *const own[] = {"format", "kind",  "channels",
+                                          "height", "width", "num_classes"};
         int skip = 0;
         for (size_t k = 0; k < sizeof own / sizeof own[0]; k++)
             skip |= strcmp(f.meta_keys[i], own[k]) == 0;

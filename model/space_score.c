@@ -147,8 +147,9 @@ static double kid_of(const float *kxx, const double *rowsum, int64_t m, int64_t 
 int ts_kid(const float *x, int64_t m, const float *y, int64_t r, int d, double *kid, char *err,
            size_t errlen) {
     if (!x || !y || !kid || m < 2 || r < 2 || d < 1 || m > INT32_MAX || r > INT32_MAX)
-        return ts_fail(err, errlen, TS_EINVAL, "KID: %lld samples and %lld reference rows of %d "
-                                               "dimensions (two each at least)",
+        return ts_fail(err, errlen, TS_EINVAL,
+                       "KID: %lld samples and %lld reference rows of %d "
+                       "dimensions (two each at least)",
                        (long long)m, (long long)r, d);
     if (!all_finite(x, m * d) || !all_finite(y, r * d))
         return ts_fail(err, errlen, TS_ENONFINITE, "KID: a feature is not finite");
@@ -222,8 +223,10 @@ int ts_space_score(const float *const *feat, const int64_t *n, int E, const floa
             return ts_fail(err, errlen, TS_EINVAL, "scores: entry %d has %lld samples", e,
                            (long long)(feat[e] ? n[e] : 0));
         if (!all_finite(feat[e], n[e] * d))
-            return ts_fail(err, errlen, TS_ENONFINITE, "scores: entry %d has a feature that is "
-                                                       "not finite", e);
+            return ts_fail(err, errlen, TS_ENONFINITE,
+                           "scores: entry %d has a feature that is "
+                           "not finite",
+                           e);
         if (pr_k < 1 || pr_k >= n[e] || pr_k >= (n[e] < r ? n[e] : r))
             return ts_fail(err, errlen, TS_EINVAL, "scores: k = %d neighbours for %lld samples",
                            pr_k, (long long)n[e]);
@@ -252,9 +255,16 @@ int ts_space_score(const float *const *feat, const int64_t *n, int E, const floa
     yy /= (double)r * (double)(r - 1);
     for (int e = 0; rc == TS_OK && e < E; e++) {
         ts_space_score_t *s = &out[e];
-        *s = (ts_space_score_t){.fd_lo = NAN, .fd_hi = NAN, .d_fd = NAN, .d_fd_lo = NAN,
-                                .d_fd_hi = NAN, .kid_lo = NAN, .kid_hi = NAN, .d_kid = NAN,
-                                .d_kid_lo = NAN, .d_kid_hi = NAN};
+        *s = (ts_space_score_t){.fd_lo = NAN,
+                                .fd_hi = NAN,
+                                .d_fd = NAN,
+                                .d_fd_lo = NAN,
+                                .d_fd_hi = NAN,
+                                .kid_lo = NAN,
+                                .kid_hi = NAN,
+                                .d_kid = NAN,
+                                .d_kid_lo = NAN,
+                                .d_kid_hi = NAN};
         rc = score_entry(feat[e], n[e], yd, scale, ref, r, d, yy, mu, cov, B, pr_k, s,
                          fdb + (size_t)e * B, kidb + (size_t)e * B, err, errlen);
         if (rc != TS_OK || e == 0 || !paired)

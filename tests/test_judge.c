@@ -26,8 +26,7 @@ static void fill(float *x, int n, unsigned seed) {
 static void check_gradients(ts_engine_t *e, ts_judge_kind_t kind) {
     ts_judge_t *j;
     char err[256] = "";
-    TU_CHECK_RC_MSG(ts_judge_create(&j, kind, C, H, W, K, 7, e, B, 1, err, sizeof err), TS_OK,
-                    err);
+    TU_CHECK_RC_MSG(ts_judge_create(&j, kind, C, H, W, K, 7, e, B, 1, err, sizeof err), TS_OK, err);
     float x[B * P];
     int32_t y[B] = {0, 2, 1, 2};
     fill(x, B * P, 3);
@@ -111,10 +110,10 @@ static void naive_cnn(ts_judge_t *j, const float *x, float *feat) {
             for (int xx = 0; xx < n / 2; xx++)
                 for (int o = 0; o < co; o++)
                     a[(y * (n / 2) + xx) * co + o] =
-                        0.25f * (b[(2 * y * n + 2 * xx) * co + o] +
-                                 b[(2 * y * n + 2 * xx + 1) * co + o] +
-                                 b[((2 * y + 1) * n + 2 * xx) * co + o] +
-                                 b[((2 * y + 1) * n + 2 * xx + 1) * co + o]);
+                        0.25f *
+                        (b[(2 * y * n + 2 * xx) * co + o] + b[(2 * y * n + 2 * xx + 1) * co + o] +
+                         b[((2 * y + 1) * n + 2 * xx) * co + o] +
+                         b[((2 * y + 1) * n + 2 * xx + 1) * co + o]);
     }
     int in = 32 * (H / 4) * (W / 4);
     const float *wt = p[4]->data, *bs = p[4]->data == NULL ? NULL : p[5]->data;
@@ -157,8 +156,8 @@ static void test_file_round_trip(void **state) {
     tu_make_temp_file(path, sizeof path, "test_judge");
     for (int kind = 0; kind < 2; kind++) {
         ts_judge_t *a, *b;
-        TU_CHECK_OK(ts_judge_create(&a, (ts_judge_kind_t)kind, C, H, W, K, 21, e, B, 0, err,
-                                    sizeof err));
+        TU_CHECK_OK(
+            ts_judge_create(&a, (ts_judge_kind_t)kind, C, H, W, K, 21, e, B, 0, err, sizeof err));
         TU_CHECK_OK(ts_judge_set_meta(a, "test_accuracy", "0.5"));
         TU_CHECK_RC_MSG(ts_judge_save(a, path, err, sizeof err), TS_OK, err);
         TU_CHECK_RC_MSG(ts_judge_open(&b, path, e, 2, err, sizeof err), TS_OK, err);
@@ -197,8 +196,8 @@ static void test_training_learns(void **state) {
     char err[256] = "";
     for (int kind = 0; kind < 2; kind++) {
         ts_judge_t *j;
-        TU_CHECK_OK(ts_judge_create(&j, (ts_judge_kind_t)kind, C, H, W, K, 3, e, 32, 1, err,
-                                    sizeof err));
+        TU_CHECK_OK(
+            ts_judge_create(&j, (ts_judge_kind_t)kind, C, H, W, K, 3, e, 32, 1, err, sizeof err));
         double before, after;
         TU_CHECK_OK(ts_judge_score(j, &d, &before, err, sizeof err));
         TU_CHECK_RC_MSG(ts_judge_train(j, &d, 150, 32, 3e-3f, 1, 0, NULL, NULL, err, sizeof err),
@@ -239,8 +238,9 @@ static void test_errors(void **state) {
     assert_int_equal(ts_judge_open(&j, path, e, 2, err, sizeof err), TS_EKIND);
     TU_CHECK_CONTAINS(err, "not a judge");
     /* a judge file with a tensor of the wrong shape */
-    const char *meta2[] = {"format", "tessera-judge/1", "kind", "ae", "channels", "1",
-                           "height", "8", "width", "8", "num_classes", "0"};
+    const char *meta2[] = {
+        "format", "tessera-judge/1", "kind", "ae",          "channels", "1", "height",
+        "8",      "width",           "8",    "num_classes", "0"};
     TU_CHECK_OK(ts_st_write(path, &ent, 1, meta2, 6, err, sizeof err));
     assert_int_equal(ts_judge_open(&j, path, e, 2, err, sizeof err), TS_ECORRUPT);
     TU_CHECK_CONTAINS(err, "l0.weight");
@@ -258,9 +258,9 @@ static void test_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gradients_cnn),   cmocka_unit_test(test_gradients_ae),
+        cmocka_unit_test(test_gradients_cnn),     cmocka_unit_test(test_gradients_ae),
         cmocka_unit_test(test_cnn_against_loops), cmocka_unit_test(test_file_round_trip),
-        cmocka_unit_test(test_training_learns), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_training_learns),   cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

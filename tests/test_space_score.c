@@ -72,7 +72,8 @@ static void test_kid_against_loops(void **state) {
     char err[256] = "";
     TU_CHECK_RC_MSG(ts_kid(x, M, y, R, D, &kid, err, sizeof err), TS_OK, err);
     printf("KID %.9g, naive %.9g\n", kid, want);
-    tu_check_scalar(kid, want, 1e-9 + 1e-6 * fabs(want), "KID"); /* the samples' kernel is kept in float */
+    tu_check_scalar(kid, want, 1e-9 + 1e-6 * fabs(want),
+                    "KID"); /* the samples' kernel is kept in float */
     free(y);
 }
 
@@ -125,8 +126,7 @@ static void test_errors(void **state) {
     int64_t n[1] = {4};
     ts_space_score_t s;
     char err[256] = "";
-    assert_int_equal(ts_space_score(feat, n, 1, y, 4, 2, 0, 1, &s, err, sizeof err),
-                     TS_ENONFINITE);
+    assert_int_equal(ts_space_score(feat, n, 1, y, 4, 2, 0, 1, &s, err, sizeof err), TS_ENONFINITE);
     TU_CHECK_CONTAINS(err, "not finite");
     n[0] = 1;
     assert_int_equal(ts_space_score(feat, n, 1, y, 4, 2, 0, 1, &s, err, sizeof err), TS_EINVAL);
