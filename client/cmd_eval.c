@@ -51,6 +51,10 @@
  * Output: a table on stdout (or one JSON object with --json), and with --report a self-contained
  * HTML page (client/report.h) with the table, the quality/cost frontier (FD with its interval
  * against expert evaluations per sample), per-class FD, and a sample grid per entry.
+ *
+ * This file is the verb (options, entries, models, the run); the statistics of an entry are
+ * eval_score.c's, its routing along t eval_route.c's, and the table, JSON and HTML report
+ * eval_report.c's (eval_internal.h holds what they share).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -63,77 +67,19 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "client/eval_internal.h"
 #include "client/judges.h"
 #include "client/local.h"
-#include "client/report.h"
 #include "model/classifier.h"
 #include "model/fmnist.h"
 #include "model/metrics.h"
-#include "model/quality.h"
 
 #define PROG "tessera eval"
-#define CHUNK 64 /* samples per ensemble call */
-#define MAX_ENTRIES 32
 #define MAX_MONOLITHS 8
-#define MAX_CLASSES 64
-#define MAX_CLUSTERS TS_ROUTE_MAX_EXPERTS
-#define MIN_GROUP 10 /* fewest samples a per-class or per-cluster FD is computed from */
 #define MONOLITH "monolith"
 #define DEFAULT_POLICIES                                                                           \
     "monolith learned:top1 learned:top2 uniform:full learned:full learned:threshold=0.9 "          \
     "learned:t>0.7:full,t>0.3:top2,top1 centroid:top1 confidence:top1"
-
-/* The routing along t of one entry, per evaluation index j (the same t for every sample), summed
- * over the samples: the entropy (bits) and the largest probability of the routing distribution
- * before the selection, the selected experts' spread (model/ensemble.h), and whether the top
- * expert differs from the previous evaluation's (a switch). */
-typedef struct {
-    int cap, n_eval;
-    double *t, *entropy, *top_p, *spread, *switches;
-    int64_t *count, *spread_count;
-    int32_t *prev; /* (n) each sample's top expert at the previous evaluation */
-} route_diag_t;
-
-/* One row of the table: a policy and selection over the folder, or the monolith. */
-typedef struct {
-    char name[160];
-    int monolith; /* 0: a policy over the folder; m ≥ 1: the m-th --monolith file */
-    int prior;    /* class-aware routing (POLICY+prior) */
-    int hold;     /* per-trajectory routing (POLICY+hold, +draw, +until=T): model/ensemble.h */
-    float hold_t; /* +until=T */
-    int exact;    /* exact mixture guidance (POLICY+exact): model/ensemble.h */
-    float temp;   /* the router's temperature (POLICY+temp=T), 0 = raw */
-    ts_policy_t policy;
-    ts_selection_t select;
-    /* results */
-    double fd, coverage, agreement, evals, router_evals, seconds;
-    double fd_lo, fd_hi, fd_bias; /* the bootstrap interval and bias (NAN without) */
-    double d_fd, d_lo, d_hi;      /* FD − the first entry's FD, and its paired interval */
-    double precision, recall, is, is_lo, is_hi;
-    double class_fd[MAX_CLASSES]; /* NAN where fewer than MIN_GROUP samples */
-    double cluster_share[MAX_CLUSTERS], cluster_fd[MAX_CLUSTERS];
-    double *boot; /* (B) the resampled FDs */
-    float *grid;  /* the first grid_n samples */
-    route_diag_t route;
-} entry_t;
-
-/* What every entry is scored against: the reference set's statistics. */
-typedef struct {
-    int n, D, K, B;           /* samples per entry, feature dims, classes, bootstrap resamples */
-    const double *mu, *cov;   /* the reference Gaussian */
-    const double *cmu, *ccov; /* (K, D), (K, D, D): per class (count < MIN_GROUP: unused) */
-    const int64_t *ccount;    /* (K) reference images per class */
-    int Kp;                   /* partition clusters, 0 when the folder has no partition */
-    const ts_partition_t *part;
-    const double *kmu, *kcov; /* (Kp, D), (Kp, D, D): per cluster */
-    const int64_t *kcount;    /* (Kp) reference images per cluster */
-    int64_t ref_n;
-    const float *pr_ref; /* (pr_n, D) reference features for precision/recall */
-    int pr_n, pr_k;
-    const double *first_boot; /* the first scored entry's resampled FDs, NULL before it */
-    double first_fd;
-    int32_t *idx; /* (n) scratch */
-} scoring_t;
 
 /* Splits the whitespace-separated list into entries: "monolith" or POLICY[+MOD…][:SELECTION]
  * (the selection defaults to top1; it may itself hold colons, as a schedule does; +prior adds the
@@ -224,169 +170,6 @@ static int parse_entries(const char *list, entry_t *e, int *n, char *err, size_t
     }
     return rc;
 }
-
-/* Rounds images to the 8-bit grey levels a PNG of them holds (model/png.c's mapping), in place. */
-static void quantise(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i] < -1.0f ? -1.0f : x[i] > 1.0f ? 1.0f : x[i];
-        v = isnan(v) ? -1.0f : v;
-        x[i] = floorf((v + 1.0f) * 127.5f + 0.5f) / 127.5f - 1.0f;
-    }
-}
-
-/* The classifier's features (n, D), logits (n, K) and predicted classes (n) of host images
- * (n, C, H, W). */
-static int classify(ts_classifier_t *c, ts_engine_t *e, const float *images, int n, int C, int H,
-                    int W, float *feat, float *logits, int32_t *pred) {
-    int D = ts_classifier_feature_dim(c), K = ts_classifier_num_outputs(c);
-    int64_t chw = (int64_t)C * H * W;
-    ts_tensor_t x = {0};
-    int rc = ts_tensor_alloc(&x, TS_F32, e->device, 4, TS_SHAPE(CHUNK, C, H, W));
-    for (int lo = 0; lo < n && rc == TS_OK; lo += CHUNK) {
-        int m = n - lo < CHUNK ? n - lo : CHUNK;
-        ts_tensor_t host, xs;
-        rc = ts_tensor_slice(&xs, &x, 0, m);
-        if (rc == TS_OK)
-            rc = ts_tensor_wrap(&host, (float *)images + lo * chw, TS_F32, TS_CPU, 4, xs.shape);
-        if (rc == TS_OK)
-            rc = ts_tensor_copy(&xs, &host);
-        if (rc == TS_OK)
-            rc = ts_classifier_run(c, &xs, NULL, m, feat + (int64_t)lo * D,
-                                   logits + (int64_t)lo * K);
-        if (rc == TS_OK)
-            ts_argmax_rows(logits + (int64_t)lo * K, m, K, pred + lo);
-    }
-    ts_tensor_free(&x);
-    return rc;
-}
-
-/* A 95 % interval from B resampled values of a statistic whose estimate is est: the 2.5 and 97.5
- * percentiles shifted by the bootstrap bias (mean − est). Sorts a copy. */
-static void interval(const double *boot, int B, double est, double *lo, double *hi,
-                     double *bias_out) {
-    double *c = malloc((size_t)B * sizeof *c), mean = 0.0;
-    if (!c) {
-        *lo = *hi = NAN;
-        return;
-    }
-    for (int b = 0; b < B; b++)
-        mean += (c[b] = boot[b]) / B;
-    double bias = mean - est;
-    *lo = ts_quantile(c, B, 0.025) - bias;
-    *hi = ts_quantile(c, B, 0.975) - bias;
-    if (bias_out)
-        *bias_out = bias;
-    free(c);
-}
-
-/* Fits the Gaussians of the groups of feat (n, D) rows: group[i] in [0, G) (others ignored);
- * mu (G, D), cov (G, D, D), count (G). Groups of fewer than MIN_GROUP rows are left unfitted. */
-static int group_fits(const float *feat, const int32_t *group, int64_t n, int G, int D, double *mu,
-                      double *cov, int64_t *count, char *err, size_t errlen) {
-    float *sub = malloc((size_t)n * (size_t)D * sizeof *sub);
-    int rc = sub ? TS_OK : TS_ENOMEM;
-    for (int g = 0; g < G && rc == TS_OK; g++) {
-        int64_t m = 0;
-        for (int64_t i = 0; i < n; i++)
-            if (group[i] == g)
-                memcpy(sub + m++ * D, feat + i * D, (size_t)D * sizeof *sub);
-        count[g] = m;
-        if (m >= MIN_GROUP)
-            rc =
-                ts_gauss_fit(sub, m, D, mu + (int64_t)g * D, cov + (int64_t)g * D * D, err, errlen);
-    }
-    free(sub);
-    return rc;
-}
-
-/* The FD of the rows of feat whose group is g against the fit (mu, cov); NAN below MIN_GROUP. */
-static int group_fd(const float *feat, const int32_t *group, int n, int g, int D, int32_t *idx,
-                    const double *mu, const double *cov, int64_t ref_count, double *fd, char *err,
-                    size_t errlen) {
-    int m = 0;
-    for (int i = 0; i < n; i++)
-        if (group[i] == g)
-            idx[m++] = i;
-    *fd = NAN;
-    if (m < MIN_GROUP || ref_count < MIN_GROUP)
-        return TS_OK;
-    return ts_fd_rows(feat, idx, m, D, mu, cov, fd, err, errlen);
-}
-
-/* The partition's cluster (nearest centroid in its PCA space) of each of n host images. */
-static int clusters_of(const ts_partition_t *p, const float *images, int64_t n, int32_t *out) {
-    float *emb = malloc((size_t)n * (size_t)p->k * sizeof *emb);
-    int rc = emb ? ts_partition_embed(p, images, n, emb) : TS_ENOMEM;
-    if (rc == TS_OK)
-        rc = ts_partition_nearest(p, emb, n, out, NULL);
-    free(emb);
-    return rc;
-}
-
-/* Every statistic of one entry (see the top of the file) from its n samples' features, logits,
- * predicted classes, asked classes and (with a partition) clusters. */
-static int score(scoring_t *sc, const float *feat, const float *logits, const int32_t *pred,
-                 const int32_t *asked, const int32_t *cluster, entry_t *x, char *err,
-                 size_t errlen) {
-    int n = sc->n, D = sc->D, K = sc->K;
-    int32_t *idx = sc->idx;
-    for (int i = 0; i < n; i++)
-        idx[i] = i;
-    int rc = ts_fd_rows(feat, idx, n, D, sc->mu, sc->cov, &x->fd, err, errlen);
-    if (rc == TS_OK)
-        rc = ts_class_coverage(pred, n, K, &x->coverage, NULL, err, errlen);
-    if (rc == TS_OK)
-        rc = ts_inception_score(logits, NULL, n, K, &x->is, err, errlen);
-    int right = 0, conditional = 0;
-    for (int i = 0; i < n; i++) {
-        conditional += asked[i] < K;
-        right += pred[i] == asked[i];
-    }
-    x->agreement = conditional ? (double)right / conditional : NAN;
-    if (rc == TS_OK)
-        rc = ts_precision_recall(sc->pr_ref, sc->pr_n, feat, n, D, sc->pr_k, &x->precision,
-                                 &x->recall, err, errlen);
-    for (int c = 0; c < K && c < MAX_CLASSES && rc == TS_OK; c++)
-        rc = group_fd(feat, asked, n, c, D, idx, sc->cmu + (int64_t)c * D,
-                      sc->ccov + (int64_t)c * D * D, sc->ccount[c], &x->class_fd[c], err, errlen);
-    for (int k = 0; k < sc->Kp && rc == TS_OK; k++) {
-        int m = 0;
-        for (int i = 0; i < n; i++)
-            m += cluster[i] == k;
-        x->cluster_share[k] = (double)m / n;
-        rc = group_fd(feat, cluster, n, k, D, idx, sc->kmu + (int64_t)k * D,
-                      sc->kcov + (int64_t)k * D * D, sc->kcount[k], &x->cluster_fd[k], err, errlen);
-    }
-    /* the bootstrap: FD and IS on the same B resamples for every entry */
-    x->fd_lo = x->fd_hi = x->fd_bias = x->is_lo = x->is_hi = NAN;
-    x->d_fd = x->d_lo = x->d_hi = NAN;
-    if (rc != TS_OK || sc->B < 2)
-        return rc;
-    double *isb = malloc((size_t)sc->B * sizeof *isb), *diff = malloc((size_t)sc->B * sizeof *diff);
-    x->boot = malloc((size_t)sc->B * sizeof *x->boot);
-    if (!isb || !diff || !x->boot)
-        rc = TS_ENOMEM;
-    for (int b = 0; b < sc->B && rc == TS_OK; b++) {
-        ts_bootstrap_indices(0, b, n, idx);
-        rc = ts_fd_rows(feat, idx, n, D, sc->mu, sc->cov, &x->boot[b], err, errlen);
-        if (rc == TS_OK)
-            rc = ts_inception_score(logits, idx, n, K, &isb[b], err, errlen);
-    }
-    if (rc == TS_OK) {
-        interval(x->boot, sc->B, x->fd, &x->fd_lo, &x->fd_hi, &x->fd_bias);
-        interval(isb, sc->B, x->is, &x->is_lo, &x->is_hi, NULL);
-        if (sc->first_boot) {
-            for (int b = 0; b < sc->B; b++)
-                diff[b] = x->boot[b] - sc->first_boot[b];
-            x->d_fd = x->fd - sc->first_fd;
-            interval(diff, sc->B, x->d_fd, &x->d_lo, &x->d_hi, NULL);
-        }
-    }
-    free(isb);
-    free(diff);
-    return rc;
-}
-
 /* An entry's name as a file prefix: letters, digits and "+._-" kept, anything else "_". */
 static void file_prefix(const char *name, char *out, size_t len) {
     size_t i = 0;
@@ -397,85 +180,6 @@ static void file_prefix(const char *name, char *out, size_t len) {
         out[i] = ok && !(i == 0 && c == '.') ? c : '_';
     }
     out[i] = '\0';
-}
-
-/* ---- the routing along t ---------------------------------------------------------------------- */
-
-static json_t *num(double v);
-
-static int route_alloc(route_diag_t *r, int cap, int n) {
-    memset(r, 0, sizeof *r);
-    r->cap = cap;
-    r->t = calloc((size_t)cap, sizeof *r->t);
-    r->entropy = calloc((size_t)cap, sizeof *r->entropy);
-    r->top_p = calloc((size_t)cap, sizeof *r->top_p);
-    r->spread = calloc((size_t)cap, sizeof *r->spread);
-    r->switches = calloc((size_t)cap, sizeof *r->switches);
-    r->count = calloc((size_t)cap, sizeof *r->count);
-    r->spread_count = calloc((size_t)cap, sizeof *r->spread_count);
-    r->prev = calloc((size_t)n, sizeof *r->prev);
-    return r->t && r->entropy && r->top_p && r->spread && r->switches && r->count &&
-                   r->spread_count && r->prev
-               ? TS_OK
-               : TS_ENOMEM;
-}
-
-static void route_free(route_diag_t *r) {
-    free(r->t), free(r->entropy), free(r->top_p), free(r->spread), free(r->switches);
-    free(r->count), free(r->spread_count), free(r->prev);
-    memset(r, 0, sizeof *r);
-}
-
-/* ts_local_gen_t.on_chunk: adds one chunk's record (samples start…start+n) to the sums. */
-static void route_chunk(void *ctx, const ts_ensemble_t *ens, int start) {
-    route_diag_t *r = ctx;
-    int K = ens->K;
-    for (int j = 0; j < ens->n_steps && j < r->cap; j++) {
-        const ts_route_step_t *st = &ens->steps[j];
-        r->t[j] = st->t;
-        r->n_eval = j + 1 > r->n_eval ? j + 1 : r->n_eval;
-        for (int b = 0; b < ens->n; b++) {
-            const float *p = st->p + (size_t)b * K, *w = st->w + (size_t)b * K;
-            double h = 0.0, top = 0.0;
-            int best = 0;
-            for (int k = 0; k < K; k++) {
-                h -= p[k] > 0.0f ? p[k] * log2(p[k]) : 0.0;
-                top = p[k] > top ? p[k] : top;
-                best = w[k] > w[best] ? k : best;
-            }
-            r->entropy[j] += h;
-            r->top_p[j] += top;
-            r->count[j]++;
-            if (isfinite(st->spread[b])) {
-                r->spread[j] += st->spread[b];
-                r->spread_count[j]++;
-            }
-            if (j > 0)
-                r->switches[j] += best != r->prev[start + b];
-            r->prev[start + b] = best;
-        }
-    }
-}
-
-/* The entry's routing along t as JSON: per evaluation, t and the means over the samples. */
-static json_t *route_json(const route_diag_t *r) {
-    json_t *t = json_array(), *h = json_array(), *top = json_array(), *sp = json_array(),
-           *sw = json_array();
-    double total_switches = 0.0;
-    int64_t samples = r->n_eval ? r->count[0] : 0;
-    for (int j = 0; j < r->n_eval; j++) {
-        double c = r->count[j] ? (double)r->count[j] : NAN;
-        json_array_append_new(t, json_real(r->t[j]));
-        json_array_append_new(h, num(r->entropy[j] / c));
-        json_array_append_new(top, num(r->top_p[j] / c));
-        json_array_append_new(sp,
-                              num(r->spread_count[j] ? r->spread[j] / r->spread_count[j] : NAN));
-        json_array_append_new(sw, num(j ? r->switches[j] / c : NAN));
-        total_switches += r->switches[j];
-    }
-    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "t", t, "entropy_bits", h, "top_p", top,
-                     "spread", sp, "switch_rate", sw, "switches_per_sample",
-                     num(samples ? total_switches / (double)samples : NAN));
 }
 
 typedef struct {
@@ -490,229 +194,6 @@ static int on_step(void *ctx, int step, int steps) {
         fprintf(stderr, "\r%-40.40s step %d/%d (%d/%d)   ", p->name, step, steps, p->done,
                 p->total);
     return 0;
-}
-
-static void print_table(const entry_t *e, int n_entries, const entry_t *floor_row, int boot) {
-    printf("%-40s %8s %17s %9s %6s %6s %6s %6s %7s %7s\n", "policy", "FD",
-           boot ? "95% interval" : "", boot ? "vs first" : "", "prec", "recall", "IS", "agree",
-           "evals", "seconds");
-    const entry_t *rows[MAX_ENTRIES + 1];
-    int n = 0;
-    rows[n++] = floor_row;
-    for (int i = 0; i < n_entries; i++)
-        rows[n++] = &e[i];
-    for (int i = 0; i < n; i++) {
-        const entry_t *x = rows[i];
-        char ci[48] = "", d[32] = "";
-        if (boot && isfinite(x->fd_lo))
-            snprintf(ci, sizeof ci, "[%.3f, %.3f]", x->fd_lo, x->fd_hi);
-        if (boot && isfinite(x->d_fd))
-            snprintf(d, sizeof d, "%+.3f%s", x->d_fd, x->d_lo > 0 || x->d_hi < 0 ? "*" : "");
-        printf("%-40.40s %8.3f %17s %9s %6.3f %6.3f %6.2f %6.3f %7.1f %7.1f\n", x->name, x->fd, ci,
-               d, x->precision, x->recall, x->is, x->agreement, x->evals, x->seconds);
-    }
-    if (boot)
-        printf("(vs first: FD minus the first entry's; * where its paired 95%% interval excludes "
-               "0)\n");
-}
-
-static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
-
-static json_t *pair(double lo, double hi) {
-    return isfinite(lo) ? json_pack("[f, f]", lo, hi) : json_null();
-}
-
-static json_t *entry_json(const entry_t *x, int K, int Kp, const char *first, const char *samples) {
-    json_t *o = json_pack("{s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:f, s:f, s:f}",
-                          "policy", x->name, "fd", num(x->fd), "fd_ci95", pair(x->fd_lo, x->fd_hi),
-                          "fd_bootstrap_bias", num(x->fd_bias), "precision", num(x->precision),
-                          "recall", num(x->recall), "inception_score", num(x->is), "is_ci95",
-                          pair(x->is_lo, x->is_hi), "coverage_bits", num(x->coverage), "agreement",
-                          num(x->agreement), "evals_per_sample", x->evals,
-                          "router_evals_per_sample", x->router_evals, "seconds", x->seconds);
-    if (!o)
-        return NULL;
-    if (first && isfinite(x->d_fd))
-        json_object_set_new(o, "fd_minus_first",
-                            json_pack("{s:s, s:f, s:o}", "first", first, "value", x->d_fd, "ci95",
-                                      pair(x->d_lo, x->d_hi)));
-    json_t *cf = json_array();
-    for (int c = 0; c < K && c < MAX_CLASSES; c++)
-        json_array_append_new(cf, num(x->class_fd[c]));
-    json_object_set_new(o, "per_class_fd", cf);
-    if (Kp > 0) {
-        json_t *pc = json_array();
-        for (int k = 0; k < Kp; k++)
-            json_array_append_new(pc, json_pack("{s:i, s:f, s:o}", "cluster", k, "share",
-                                                x->cluster_share[k], "fd", num(x->cluster_fd[k])));
-        json_object_set_new(o, "per_cluster", pc);
-    }
-    if (samples)
-        json_object_set_new(o, "samples", json_string(samples));
-    if (!x->monolith && x->route.n_eval)
-        json_object_set_new(o, "route", route_json(&x->route));
-    return o;
-}
-
-/* The report's routing along t: the routing distribution's entropy, the selected experts' spread
- * and the switch rate, one line per routed entry (the entries share their evaluation times). */
-static void route_figures(ts_report_t *r, const entry_t *e, int n_entries) {
-    const entry_t *first = NULL;
-    int ns = 0;
-    for (int i = 0; i < n_entries; i++)
-        if (!e[i].monolith && e[i].route.n_eval) {
-            first = first ? first : &e[i];
-            ns++;
-        }
-    if (!first)
-        return;
-    int np = first->route.n_eval;
-    const char **labels = calloc((size_t)ns, sizeof *labels);
-    double *y = calloc((size_t)3 * ns * np, sizeof *y);
-    if (!labels || !y) {
-        free(labels), free(y);
-        return;
-    }
-    double *h = y, *sp = y + (size_t)ns * np, *sw = y + (size_t)2 * ns * np;
-    int s = 0;
-    for (int i = 0; i < n_entries; i++) {
-        const route_diag_t *q = &e[i].route;
-        if (e[i].monolith || !q->n_eval)
-            continue;
-        labels[s] = e[i].name;
-        for (int j = 0; j < np; j++) {
-            double c = j < q->n_eval && q->count[j] ? (double)q->count[j] : NAN;
-            h[(size_t)s * np + j] = j < q->n_eval ? q->entropy[j] / c : NAN;
-            sp[(size_t)s * np + j] = j < q->n_eval && q->spread_count[j]
-                                         ? q->spread[j] / (double)q->spread_count[j]
-                                         : NAN;
-            sw[(size_t)s * np + j] = j > 0 && j < q->n_eval ? q->switches[j] / c : NAN;
-        }
-        s++;
-    }
-    ts_report_heading(r, 2, "Routing along t (sampling runs from t = 1 to 0)");
-    ts_report_paragraph(r, "The entropy of each sample's routing distribution before the "
-                           "selection (its scores' softmax, class prior included), the selected "
-                           "experts' disagreement Σ_k w_k ‖v_k − v‖² per pixel, and the share of "
-                           "samples whose top expert differs from the previous evaluation's, "
-                           "averaged over the samples at each evaluation.");
-    ts_report_lines_svg(r, "Routing entropy", "t", "bits", labels, first->route.t, h, ns, np);
-    ts_report_lines_svg(r, "Selected experts' disagreement", "t", "Σ w‖v_k − v‖² / pixel", labels,
-                        first->route.t, sp, ns, np);
-    ts_report_lines_svg(r, "Top expert switches", "t", "share of samples", labels, first->route.t,
-                        sw, ns, np);
-    free(labels), free(y);
-}
-
-/* The report's per-class FD table. */
-static void class_table(ts_report_t *r, const entry_t *e, int n_entries, int K) {
-    if (K > MAX_CLASSES)
-        return;
-    int cols = K + 1;
-    char(*cbuf)[MAX_CLASSES + 1][32] = calloc((size_t)n_entries + 1, sizeof *cbuf);
-    const char **cells = calloc((size_t)(n_entries + 1) * cols, sizeof *cells);
-    if (cbuf && cells) {
-        cells[0] = "policy";
-        for (int c = 0; c < K; c++) {
-            snprintf(cbuf[0][c + 1], 32, "class %d", c);
-            cells[c + 1] = cbuf[0][c + 1];
-        }
-        for (int i = 0; i < n_entries; i++) {
-            cells[(i + 1) * cols] = e[i].name;
-            for (int c = 0; c < K; c++) {
-                snprintf(cbuf[i + 1][c + 1], 32, "%.2f", e[i].class_fd[c]);
-                cells[(i + 1) * cols + c + 1] = cbuf[i + 1][c + 1];
-            }
-        }
-        ts_report_heading(r, 2,
-                          "FD per class (samples asked for class c against the test images of c)");
-        ts_report_table(r, cols, n_entries + 1, cells);
-    }
-    free(cbuf), free(cells);
-}
-
-/* The report's main table, FD bars and the quality/cost frontier (the floor row first). */
-static int main_table(ts_report_t *r, const entry_t *e, int n_entries, const entry_t *floor_row) {
-    enum { COLS = 10 };
-    const char *head[COLS] = {"policy", "FD", "95 % interval", "FD − first (95 %)", "precision",
-                              "recall", "IS", "agreement",     "evals/sample",      "seconds"};
-    int rows = n_entries + 2, n = n_entries + 1;
-    char(*buf)[COLS][160] = calloc((size_t)rows, sizeof *buf);
-    const char **cells = calloc((size_t)rows * COLS, sizeof *cells);
-    const char **labels = calloc((size_t)n, sizeof *labels);
-    double *v = calloc((size_t)n * 4, sizeof *v), *fds = v, *xs = v + n, *lo = xs + n, *hi = lo + n;
-    int rc = buf && cells && labels && v ? TS_OK : TS_ENOMEM;
-    for (int j = 0; rc == TS_OK && j < COLS; j++)
-        cells[j] = head[j];
-    for (int i = 0; rc == TS_OK && i < n; i++) {
-        const entry_t *x = i == 0 ? floor_row : &e[i - 1];
-        char(*b)[160] = buf[i + 1];
-        snprintf(b[0], 160, "%s", x->name);
-        snprintf(b[1], 160, "%.3f", x->fd);
-        snprintf(b[2], 160, isfinite(x->fd_lo) ? "[%.3f, %.3f]" : "", x->fd_lo, x->fd_hi);
-        snprintf(b[3], 160, isfinite(x->d_fd) ? "%+.3f [%+.3f, %+.3f]" : "", x->d_fd, x->d_lo,
-                 x->d_hi);
-        snprintf(b[4], 160, "%.3f", x->precision);
-        snprintf(b[5], 160, "%.3f", x->recall);
-        snprintf(b[6], 160, "%.2f", x->is);
-        snprintf(b[7], 160, "%.3f", x->agreement);
-        snprintf(b[8], 160, "%.1f", x->evals);
-        snprintf(b[9], 160, "%.1f", x->seconds);
-        for (int j = 0; j < COLS; j++)
-            cells[(i + 1) * COLS + j] = b[j];
-        labels[i] = x->name;
-        fds[i] = x->fd;
-        xs[i] = x->evals;
-        lo[i] = isfinite(x->fd_lo) ? x->fd_lo : x->fd;
-        hi[i] = isfinite(x->fd_hi) ? x->fd_hi : x->fd;
-    }
-    if (rc == TS_OK) {
-        ts_report_table(r, COLS, rows, cells);
-        ts_report_bar_chart_svg(r, "Fréchet distance (lower is better)", labels, fds, n, NULL);
-        /* the frontier: the entries only (the floor has no cost) */
-        ts_report_scatter_svg(r,
-                              "Quality against cost: FD (95 % interval) vs expert evaluations "
-                              "per sample",
-                              "expert evaluations per sample (log scale)", "FD", labels + 1, xs + 1,
-                              fds + 1, lo + 1, hi + 1, n_entries);
-    }
-    free(buf), free(cells), free(labels), free(v);
-    return rc;
-}
-
-static int write_report(const char *path, const entry_t *e, int n_entries, const entry_t *floor_row,
-                        const char *setup, int grid_n, int K, const ts_dit_config_t *c,
-                        const ts_cli_judge_t *jd, int J, const ts_space_score_t *jsc, char *err,
-                        size_t errlen) {
-    ts_report_t *r = NULL;
-    int rc = ts_report_open(&r, path, "tessera eval", err, errlen);
-    if (rc != TS_OK)
-        return rc;
-    ts_report_heading(r, 1, "tessera eval: routing policies compared");
-    ts_report_paragraph(r, setup);
-    if (main_table(r, e, n_entries, floor_row) != TS_OK) {
-        ts_report_discard(r);
-        ts_set_err(err, errlen, "out of memory");
-        return TS_ENOMEM;
-    }
-    class_table(r, e, n_entries, K);
-    if (J) {
-        char *names[MAX_ENTRIES];
-        for (int i = 0; i < n_entries; i++)
-            names[i] = (char *)e[i].name;
-        ts_cli_judges_report(r, names, n_entries, jd, J, jsc);
-    }
-    route_figures(r, e, n_entries);
-    ts_report_heading(r, 2, "Samples");
-    for (int i = 0; i < n_entries; i++) {
-        char cap[256];
-        snprintf(cap, sizeof cap, "%s: FD %.3f, %.1f expert evaluations per sample", e[i].name,
-                 e[i].fd, e[i].evals);
-        ts_report_heading(r, 3, e[i].name);
-        ts_report_png_grid(r, e[i].grid, grid_n, c->in_channels, c->input_size, c->input_size, 10,
-                           cap);
-    }
-    return ts_report_close(r, err, errlen);
 }
 
 /* Splits --monolith's comma-separated list into at most MAX_MONOLITHS paths (copy: modified). */
@@ -958,7 +439,8 @@ static int alloc_buffers(eval_run_t *r) {
         return TS_ENOMEM;
     for (int i = 0; i < r->n_entries; i++)
         if (!(r->e[i].grid = malloc((size_t)(r->o.grid_n * r->chw) * sizeof(float))) ||
-            (!r->e[i].monolith && route_alloc(&r->e[i].route, 2 * r->o.steps + 2, n) != TS_OK))
+            (!r->e[i].monolith &&
+             ts_eval_route_alloc(&r->e[i].route, 2 * r->o.steps + 2, n) != TS_OK))
             return TS_ENOMEM;
     return TS_OK;
 }
@@ -966,12 +448,13 @@ static int alloc_buffers(eval_run_t *r) {
 /* r->images (n) through the classifier (and the partition) into the scores of x. */
 static int score_images(eval_run_t *r, entry_t *x) {
     int n = r->o.n;
-    int rc = classify(r->cls, &r->eng, r->images, n, r->C, r->S, r->S, r->feat, r->logits, r->pred);
+    int rc = ts_eval_score_classify(r->cls, &r->eng, r->images, n, r->C, r->S, r->S, r->feat,
+                                    r->logits, r->pred);
     if (rc == TS_OK && r->Kp)
-        rc = clusters_of(&r->loc.part, r->images, n, r->cluster);
+        rc = ts_eval_score_clusters(&r->loc.part, r->images, n, r->cluster);
     if (rc == TS_OK)
-        rc = score(&r->sc, r->feat, r->logits, r->pred, r->labels, r->cluster, x, r->err,
-                   sizeof r->err);
+        rc = ts_eval_score(&r->sc, r->feat, r->logits, r->pred, r->labels, r->cluster, x, r->err,
+                           sizeof r->err);
     return rc;
 }
 
@@ -986,18 +469,18 @@ static int fit_reference(eval_run_t *r) {
                  "%d bootstrap resamples\n",
             r->n_entries, n, r->o.steps, r->o.sampler, (double)r->o.cfg, ref_n, r->o.boot);
     memcpy(r->images, r->test.images, (size_t)(ref_n * r->chw) * sizeof *r->images);
-    int rc = classify(r->cls, &r->eng, r->images, ref_n, r->C, r->S, r->S, r->ref_feat, r->logits,
-                      r->pred);
+    int rc = ts_eval_score_classify(r->cls, &r->eng, r->images, ref_n, r->C, r->S, r->S,
+                                    r->ref_feat, r->logits, r->pred);
     if (rc == TS_OK)
         rc = ts_gauss_fit(r->ref_feat, ref_n, D, r->mu_ref, r->cov_ref, err, errlen);
     if (rc == TS_OK)
-        rc = group_fits(r->ref_feat, r->test.labels, ref_n, r->K, D, r->cmu, r->ccov, r->ccount,
-                        err, errlen);
+        rc = ts_eval_score_group_fits(r->ref_feat, r->test.labels, ref_n, r->K, D, r->cmu, r->ccov,
+                                      r->ccount, err, errlen);
     if (rc == TS_OK && r->Kp)
-        rc = clusters_of(&r->loc.part, r->images, ref_n, r->ref_cluster);
+        rc = ts_eval_score_clusters(&r->loc.part, r->images, ref_n, r->ref_cluster);
     if (rc == TS_OK && r->Kp)
-        rc = group_fits(r->ref_feat, r->ref_cluster, ref_n, r->Kp, D, r->kmu, r->kcov, r->kcount,
-                        err, errlen);
+        rc = ts_eval_score_group_fits(r->ref_feat, r->ref_cluster, ref_n, r->Kp, D, r->kmu, r->kcov,
+                                      r->kcount, err, errlen);
     r->sc = (scoring_t){.n = n,
                         .D = D,
                         .K = r->K,
@@ -1020,7 +503,7 @@ static int fit_reference(eval_run_t *r) {
     for (int i = 0; i < n; i++)
         r->labels[i] = r->train.labels[i];
     memcpy(r->images, r->train.images, (size_t)(n * r->chw) * sizeof *r->images);
-    quantise(r->images, n * r->chw);
+    ts_eval_score_quantise(r->images, n * r->chw);
     if (rc == TS_OK)
         rc = score_images(r, &r->floor_row);
     return rc;
@@ -1057,7 +540,7 @@ static int run_entry(eval_run_t *r, int i, progress_t *prog) {
                         .exact_guidance = x->exact,
                         .router_temp = x->temp,
                         .record = !x->monolith,
-                        .on_chunk = x->monolith ? NULL : route_chunk,
+                        .on_chunk = x->monolith ? NULL : ts_eval_route_chunk,
                         .chunk_ctx = &x->route,
                         .sampler = r->so,
                         .n = n,
@@ -1073,7 +556,7 @@ static int run_entry(eval_run_t *r, int i, progress_t *prog) {
         fprintf(stderr, "\r%60s\r", "");
     if (rc != TS_OK)
         return rc;
-    quantise(r->images, n * r->chw);
+    ts_eval_score_quantise(r->images, n * r->chw);
     memcpy(x->grid, r->images, (size_t)(o->grid_n * r->chw) * sizeof(float));
     if (o->save_dir && (rc = save_samples(r, i)) != TS_OK)
         return rc;
@@ -1134,10 +617,11 @@ static void print_json(const eval_run_t *r) {
     const eval_opts_t *o = &r->o;
     json_t *list = json_array();
     const char *first = r->n_entries ? r->e[0].name : NULL;
-    json_array_append_new(list, entry_json(&r->floor_row, r->K, r->Kp, NULL, NULL));
+    json_array_append_new(list, ts_eval_report_entry_json(&r->floor_row, r->K, r->Kp, NULL, NULL));
     for (int i = 0; i < r->n_entries; i++)
         json_array_append_new(
-            list, entry_json(&r->e[i], r->K, r->Kp, i ? first : NULL, r->sample_paths[i]));
+            list,
+            ts_eval_report_entry_json(&r->e[i], r->K, r->Kp, i ? first : NULL, r->sample_paths[i]));
     json_t *ref_share = json_array();
     for (int k = 0; k < r->Kp; k++)
         json_array_append_new(ref_share, json_real((double)r->kcount[k] / o->ref_n));
@@ -1181,14 +665,14 @@ static int print_results(eval_run_t *r) {
              (double)o->cfg, o->dir, r->loc.ex.K, r->n_mono ? ", monoliths " : "",
              r->n_mono ? o->monolith : "", o->ref_n, o->classifier, r->D, o->boot, o->n);
     int rc = TS_OK;
-    if (o->report &&
-        (rc = write_report(o->report, r->e, r->n_entries, &r->floor_row, setup, o->grid_n, r->K, c,
-                           r->jd, r->n_judges, r->jsc, r->err, sizeof r->err)) != TS_OK)
+    if (o->report && (rc = ts_eval_report_write(o->report, r->e, r->n_entries, &r->floor_row, setup,
+                                                o->grid_n, r->K, c, r->jd, r->n_judges, r->jsc,
+                                                r->err, sizeof r->err)) != TS_OK)
         return rc;
     if (o->json)
         print_json(r);
     else
-        print_table(r->e, r->n_entries, &r->floor_row, o->boot >= 2);
+        ts_eval_report_table(r->e, r->n_entries, &r->floor_row, o->boot >= 2);
     if (!o->json && r->n_judges) {
         char *names[MAX_ENTRIES];
         int64_t n[MAX_ENTRIES];
@@ -1209,7 +693,7 @@ static void eval_free(eval_run_t *r) {
     for (int i = 0; r->e && i < r->n_entries; i++) {
         free(r->e[i].grid);
         free(r->e[i].boot);
-        route_free(&r->e[i].route);
+        ts_eval_route_free(&r->e[i].route);
     }
     for (int i = 0; r->sample_paths && i < MAX_ENTRIES; i++)
         free(r->sample_paths[i]);

@@ -268,7 +268,7 @@ void ts_cli_judges_print(const char *ref, int boot, char *const *names, int E,
            E, (long long)r, ref, boot, names[0]);
     for (int k = 0; k < J; k++) {
         printf("\njudge %d: %s (%s, %d features)\n", k + 1, jd[k].name, jd[k].path, jd[k].D);
-        printf("  %-24s %6s  %-22s  %-26s  %-24s  %-26s  %6s  %6s\n", "samples", "n", "FD [95 %]",
+        printf("  %-32s %6s  %-22s  %-26s  %-24s  %-26s  %6s  %6s\n", "samples", "n", "FD [95 %]",
                "FD − first [95 %]", "KID ×1e3 [95 %]", "KID − first ×1e3 [95 %]", "prec", "recall");
         for (int e = 0; e < E; e++) {
             const ts_space_score_t *s = &sc[k * E + e];
@@ -280,7 +280,7 @@ void ts_cli_judges_print(const char *ref, int boot, char *const *names, int E,
                      1e3 * s->kid_hi);
             snprintf(d, sizeof d, e ? "%+.2f [%+.2f, %+.2f]" : "(first)", 1e3 * s->d_kid,
                      1e3 * s->d_kid_lo, 1e3 * s->d_kid_hi);
-            printf("  %-24s %6lld  %-22s  %-26s  %-24s  %-26s  %6.3f  %6.3f\n", names[e],
+            printf("  %-32s %6lld  %-22s  %-26s  %-24s  %-26s  %6.3f  %6.3f\n", names[e],
                    (long long)n[e], a, b, c, d, s->precision, s->recall);
         }
     }
@@ -300,7 +300,7 @@ void ts_cli_judges_print(const char *ref, int boot, char *const *names, int E,
                               : higher == J
                                   ? "higher in every judge: holds"
                                   : "the judges disagree or find no difference: does not hold";
-        printf("  %-24s FD and KID lower in %d of %d judges, higher in %d — %s\n", names[e], lower,
+        printf("  %-32s FD and KID lower in %d of %d judges, higher in %d — %s\n", names[e], lower,
                J, higher, verdict);
     }
 }

@@ -355,3 +355,21 @@ int ts_calib_fit_temperature(const float *logits, const int32_t *truth, int64_t 
     *T = 1.0 / exp((a + b) / 2.0);
     return TS_OK;
 }
+
+void ts_bootstrap_interval(const double *boot, int B, double est, double *lo, double *hi,
+                           double *bias_out) {
+    double *c = B >= 2 ? malloc((size_t)B * sizeof *c) : NULL, mean = 0.0;
+    *lo = *hi = NAN;
+    if (bias_out)
+        *bias_out = NAN;
+    if (!c)
+        return;
+    for (int b = 0; b < B; b++)
+        mean += (c[b] = boot[b]) / B;
+    double bias = mean - est;
+    *lo = ts_quantile(c, B, 0.025) - bias;
+    *hi = ts_quantile(c, B, 0.975) - bias;
+    if (bias_out)
+        *bias_out = bias;
+    free(c);
+}

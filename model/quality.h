@@ -51,6 +51,12 @@ extern "C" {
 /* idx (n) = resample b of n items under seed (see above). n ≥ 1. */
 void ts_bootstrap_indices(uint64_t seed, int64_t b, int64_t n, int32_t *idx);
 
+/* The 95 % interval from B resampled values of a statistic whose estimate is est: the 2.5 and
+ * 97.5 percentiles shifted by the bootstrap bias (mean − est), which *bias receives (may be
+ * NULL). NaN bounds when B < 2 or memory runs out. */
+void ts_bootstrap_interval(const double *boot, int B, double est, double *lo, double *hi,
+                           double *bias);
+
 /* The q-quantile (q in [0, 1]) of x (n ≥ 1) by linear interpolation between the order statistics
  * (x sorted; position q·(n − 1)). Sorts x in place. NaNs are not allowed. */
 double ts_quantile(double *x, int64_t n, double q);

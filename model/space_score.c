@@ -15,24 +15,6 @@
 
 #define BLOCK 512 /* rows per kernel block */
 
-void ts_bootstrap_interval(const double *boot, int B, double est, double *lo, double *hi,
-                           double *bias_out) {
-    double *c = B >= 2 ? malloc((size_t)B * sizeof *c) : NULL, mean = 0.0;
-    *lo = *hi = NAN;
-    if (bias_out)
-        *bias_out = NAN;
-    if (!c)
-        return;
-    for (int b = 0; b < B; b++)
-        mean += (c[b] = boot[b]) / B;
-    double bias = mean - est;
-    *lo = ts_quantile(c, B, 0.025) - bias;
-    *hi = ts_quantile(c, B, 0.975) - bias;
-    if (bias_out)
-        *bias_out = bias;
-    free(c);
-}
-
 /* x (n, d) in double, each dimension standardised by the reference's mean and 1 / std (the KID's
  * kernel then sees every feature space at one scale) */
 static double *to_double(const float *x, int64_t n, int d, const double *mean,

@@ -21,8 +21,7 @@
  * / (m² − Σ_u c_u²) with c_u the times sample u was drawn. Kernel sums in double (each kernel
  * value from a double product), the m × m matrix of the samples kept in float.
  *
- * Intervals are the 2.5 and 97.5 percentiles of the resampled values shifted by the bootstrap's
- * bias (their mean − the estimate), as `tessera eval` reports the FD's.
+ * Intervals: ts_bootstrap_interval (model/quality.h), as `tessera eval` reports the FD's.
  */
 #ifndef TS_SPACE_SCORE_H
 #define TS_SPACE_SCORE_H
@@ -53,12 +52,6 @@ int ts_space_score(const float *const *feat, const int64_t *n, int E, const floa
 /* The unbiased KID of x (m, d) against y (r, d), as above, without intervals. */
 int ts_kid(const float *x, int64_t m, const float *y, int64_t r, int d, double *kid, char *err,
            size_t errlen);
-
-/* The 95 % interval from B resampled values of a statistic whose estimate is est: the 2.5 and
- * 97.5 percentiles shifted by the bootstrap bias (mean − est), which *bias receives (may be
- * NULL). NaN bounds when B < 2 or memory runs out. */
-void ts_bootstrap_interval(const double *boot, int B, double est, double *lo, double *hi,
-                           double *bias);
 
 #ifdef __cplusplus
 }

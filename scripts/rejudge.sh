@@ -37,20 +37,42 @@ log() { echo "[$(date +%H:%M:%S)] $*"; }
 }
 JUDGES="$OUT/classifier.safetensors,$OUT/judge-cnn-s2.safetensors,$OUT/judge-ae-s3.safetensors"
 
-rejudge() { # NAME DIR ENTRY...
-    local name=$1 dir=$2 files=""
-    shift 2
+# the floor: N train images as a sample set (what a perfect generator would score at this n), in
+# a temporary folder: train-data-N.idx.gz
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+floor() { # N
+    /usr/bin/python3 - "$TMP" "$1" <<'PYEOF'
+import gzip, struct, sys
+d, n = sys.argv[1], int(sys.argv[2])
+src = "/usr/share/datasets/fashion-mnist/train-"
+with gzip.open(src + "images-idx3-ubyte.gz") as f:
+    f.read(16); pix = f.read(n * 784)
+with gzip.open(src + "labels-idx1-ubyte.gz") as f:
+    f.read(8); lab = f.read(n)
+with gzip.open(f"{d}/train-data-{n}.idx.gz", "wb") as f:
+    f.write(struct.pack(">IIII", 2051, n, 28, 28) + pix)
+with gzip.open(f"{d}/train-data-{n}-labels.idx.gz", "wb") as f:
+    f.write(struct.pack(">II", 2049, n) + lab)
+PYEOF
+}
+
+rejudge() { # NAME DIR N ENTRY...: the entries of DIR, then the floor of N train images
+    local name=$1 dir=$2 n=$3 files=""
+    shift 3
     [ -f "$OUT/rejudge-$name.json" ] && return 0
     for e in "$@"; do files="${files:+$files,}$dir/$e.idx.gz"; done
+    floor "$n"
+    files="$files,$TMP/train-data-$n.idx.gz"
     log "rejudge $name: $*"
     nice "$T" judge --samples "$files" --judges "$JUDGES" --bootstrap "$BOOT" --threads "$THREADS" \
         >"$OUT/rejudge-$name.txt" 2>"$OUT/rejudge-$name.log"
     nice "$T" judge --samples "$files" --judges "$JUDGES" --bootstrap "$BOOT" --threads "$THREADS" \
         --json >"$OUT/rejudge-$name.json" 2>>"$OUT/rejudge-$name.log"
 }
-# the headline: the b8 monolith against the label-split ensemble, n = 5 000 each
-rejudge full docs/results/routing-full monolith best-ensemble
+# the headline: the b8 monolith against the label-split ensemble, n = 5 000 each (and the floor)
+rejudge full docs/results/routing-full 5000 monolith best-ensemble
 # the small budget's first study (one b8 monolith for all of them), n = 2 000 each
-rejudge small docs/results/routing-small monolith best-ensemble monolith-b64 \
+rejudge small docs/results/routing-small 2000 monolith best-ensemble monolith-b64 \
     ens-warm-b8-learned+prior_top1 ens-b8-learned+prior_top1 ens-base-learned+prior_top1
 log "done: $OUT/rejudge-*.txt and .json"

@@ -10,22 +10,8 @@
 set -eu
 T=${1:?usage: test_auto.sh TESSERA TESSERAD}
 D=${2:?usage: test_auto.sh TESSERA TESSERAD}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-pids=
-cleanup() {
-    for p in $pids; do kill -9 "$p" 2>/dev/null || true; done
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$dir"/*.log; do
-        [ -f "$f" ] && { echo "--- $f" >&2; grep -E "auto|error|warn" "$f" | tail -n 8 >&2; }
-    done
-    exit 1
-}
-run() { "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }; }
+. "$(dirname "$0")/lib.sh"
+logs="$dir/*.log" log_grep="auto|error|warn" log_lines=8
 
 F=$dir/experts
 run "$T" partition --experts 4 --restarts 1 --max-iter 5 --seed 1 --out "$F"
@@ -46,13 +32,9 @@ partition = $F/partition.safetensors"
 auto_interval_s = 2
 auto_dwell_s = 4"
     fi
-    cat >"$dir/$1/d.ini" <<INI
-[node]
-identity = $dir/$1/id.key
-network_key = $dir/net.key
-data_dir = $dir/$1/data
-listen = 127.0.0.1:0
-${3:+bootstrap = $3}
+    {
+        node_section "$1" "${3:-}"
+        cat <<INI
 [expert]
 $expert
 [train]
@@ -71,15 +53,11 @@ listen =
 [log]
 file = $dir/$1.log
 INI
-    "$D" --config "$dir/$1/d.ini" 2>>"$dir/$1.err" &
-    pids="$pids $!"
-    echo $! >"$dir/$1/pid"
+    } >"$dir/$1/d.ini"
+    start_node "$1"
 }
 node seed host
-i=0
-while [ ! -s "$dir/seed/data/listen.addr" ]; do
-    i=$((i + 1)); [ $i -lt 300 ] || fail "the seed did not start"; sleep 0.1
-done
+wait_listen "$dir/seed" "the seed"
 seed=$(cat "$dir/seed/data/listen.addr")
 for n in 1 2 3 4 5 6; do node "auto$n" auto "$seed"; done
 

@@ -6,13 +6,7 @@
 set -eu
 T=${1:?usage: test_bench_dit.sh TESSERA BENCH_DIT}
 B=${2:?usage: test_bench_dit.sh TESSERA BENCH_DIT}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
+. "$(dirname "$0")/lib.sh"
 "$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$dir/p" >/dev/null 2>&1 ||
     fail "tessera partition"
 "$T" train --partition "$dir/p" --cluster 0 --model tiny --steps 1 --batch 4 --seed 0 \

@@ -10,14 +10,7 @@
 set -eu
 T=${1:?usage: test_blas_cli.sh TESSERA TESSERAD}
 D=${2:?usage: test_blas_cli.sh TESSERA TESSERAD}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-trap 'kill $dpid 2>/dev/null || true; rm -rf "$dir"' EXIT
-dpid=
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
+. "$(dirname "$0")/lib.sh"
 gemm() { "$PY" -c 'import json,sys; print(json.load(sys.stdin)["gemm"])'; }
 
 env -u OPENBLAS_CORETYPE -u TESSERA_BLAS_REEXEC "$T" selfcheck --json --threads 1 >"$dir/own.json" || true
@@ -61,13 +54,9 @@ data_dir = $dir/data
 file = $dir/d.log
 INI
 OPENBLAS_CORETYPE=Prescott TESSERA_BLAS_TEST_AS_DETECTED=1 "$D" --config "$dir/d.ini" 2>"$dir/d.err" &
-dpid=$!
-i=0
-until grep -q "GEMM:" "$dir/d.log" 2>/dev/null; do
-    i=$((i + 1))
-    [ $i -lt 300 ] || fail "tesserad logged no GEMM line: $(cat "$dir/d.err" "$dir/d.log" 2>/dev/null | tail -5)"
-    sleep 0.1
-done
+pids=$!
+logs="$dir/d.err $dir/d.log" log_lines=5
+wait_log "$dir/d.log" "GEMM:" 30
 grep -q "GEMM: OpenBLAS $best kernels (chosen by tessera (OpenBLAS chose Prescott" "$dir/d.log" ||
     fail "tesserad's GEMM line: $(grep GEMM "$dir/d.log")"
 echo "ok: tesserad logs its kernels: $(grep -o 'GEMM: .*' "$dir/d.log" | cut -c1-100)"

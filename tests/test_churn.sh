@@ -7,8 +7,8 @@
 set -eu
 T=${1:?usage: test_churn.sh TESSERA}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+. "$ROOT/tests/lib.sh"
+out=$dir/churn.json
 cd "$ROOT"
 # Under AddressSanitizer (make test's second run) freed memory waits in ASan's quarantine, which
 # reads as growth: turn the quarantine off so that the RSS check measures the daemons' own memory.
@@ -17,8 +17,8 @@ if [ -n "${ASAN_OPTIONS:-}" ]; then
     export ASAN_OPTIONS
 fi
 bash scripts/churn.sh --tessera "$T" --seconds 20 --interval 2 --out "$out" ||
-    { echo "FAIL: churn: $(cat "$out")" >&2; exit 1; }
-/usr/bin/python3 - "$out" <<'PY' || exit 1
+    fail "churn: $(cat "$out")"
+"$PY" - "$out" <<'PY' || exit 1
 import json, sys
 j = json.load(open(sys.argv[1]))
 a = j["actions"]

@@ -12,19 +12,7 @@
 #   - the report is a self-contained HTML page with the chart and a grid per entry.
 set -eu
 T=${1:?usage: test_cli_local.sh TESSERA}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-run() { # quiet unless it fails
-    "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }
-}
-json_get() { # json_get FILE EXPR: EXPR over the parsed object j
-    "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"
-}
+. "$(dirname "$0")/lib.sh"
 
 f=$dir/folder
 run "$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$f"

@@ -13,32 +13,8 @@
 set -eu
 T=${1:?usage: test_daemon.sh TESSERA TESSERAD}
 D=${2:?usage: test_daemon.sh TESSERA TESSERAD}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-pids=
-cleanup() {
-    for p in $pids; do kill -9 "$p" 2>/dev/null || true; done
-    [ -d "$dir/net" ] && "$T" down --dir "$dir/net" --timeout 5 >/dev/null 2>&1 || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$dir"/*.log "$dir"/err*.txt; do
-        [ -f "$f" ] && { echo "--- $f" >&2; tail -n 15 "$f" >&2; }
-    done
-    exit 1
-}
-run() { "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }; }
-json_get() { "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
-wait_log() { # wait_log FILE REGEX: up to 120 s
-    i=0
-    while ! grep -qE "$2" "$1" 2>/dev/null; do
-        i=$((i + 1))
-        [ $i -lt 1200 ] || fail "no /$2/ in $1 after 120 s"
-        sleep 0.1
-    done
-}
+. "$(dirname "$0")/lib.sh"
+nets="$dir/net" logs="$dir/*.log $dir/err*.txt"
 
 F=$dir/experts
 run "$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$F"
@@ -132,13 +108,9 @@ echo "ok: SIGTERM mid-generation: the node drains and stops, the image is unchan
 trainer() {
     mkdir -p "$dir/$1"
     [ -f "$dir/$1/id.key" ] || "$T" keygen --out "$dir/$1/id.key" --json >"$dir/$1/id.json"
-    cat >"$dir/$1/d.ini" <<INI
-[node]
-identity = $dir/$1/id.key
-network_key = $dir/tk.key
-data_dir = $dir/$1/data
-listen = 127.0.0.1:0
-${2:+bootstrap = $2}
+    {
+        node_section "$1" "${2:-}" "$dir/tk.key"
+        cat <<INI
 [expert]
 mode = train
 partition = $F/partition.safetensors
@@ -158,15 +130,13 @@ listen =
 [log]
 file = $dir/$1.log
 INI
+    } >"$dir/$1/d.ini"
 }
 trainer straight
 "$D" --config "$dir/straight/d.ini" &
 p1=$!
 pids="$pids $p1"
-i=0
-while [ ! -s "$dir/straight/data/listen.addr" ]; do
-    i=$((i + 1)); [ $i -lt 300 ] || fail "the first trainer did not start"; sleep 0.1
-done
+wait_listen "$dir/straight" "the first trainer"
 saddr=$(cat "$dir/straight/data/listen.addr")
 trainer killed "$saddr"
 kid=$(sed 's/.*"node_id":"\([0-9a-f]*\)".*/\1/' "$dir/killed/id.json")

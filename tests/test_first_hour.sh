@@ -19,19 +19,8 @@ set -eu
 T=${1:?usage: test_first_hour.sh TESSERA TESSERAD EXPERTS}
 D=${2:?usage: test_first_hour.sh TESSERA TESSERAD EXPERTS}
 E=${3:?usage: test_first_hour.sh TESSERA TESSERAD EXPERTS}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-hand=
-cleanup() {
-    [ -n "$hand" ] && kill -9 "$hand" 2>/dev/null || true
-    "$T" down --dir "$dir/net" --timeout 5 >/dev/null 2>&1 || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
+. "$(dirname "$0")/lib.sh"
+nets="$dir/net"
 # expect CODE CMD...: runs CMD, stdout and stderr into $dir/o and $dir/e; its exit status must be CODE
 expect() {
     want=$1
@@ -151,15 +140,13 @@ sleep 0.3
 rm -f "$dir/net/node-2/data/listen.addr"
 (cd "$dir/net/node-2" && exec "$D" --config tesserad.ini >/dev/null 2>&1) &
 hand=$!
-i=0
-until [ -s "$dir/net/node-2/data/listen.addr" ]; do
-    i=$((i + 1)); [ $i -lt 300 ] || fail "the node started by hand did not start"; sleep 0.1
-done
+pids=$hand
+wait_listen "$dir/net/node-2" "the node started by hand"
 expect 0 "$T" down --dir "$dir/net" --timeout 10
 has "stopped 2 nodes" o
 has "node 1 had already stopped" o
 kill -0 $hand 2>/dev/null && fail "down left the node started by hand running"
-hand=
+pids=
 expect 1 "$T" down --dir "$dir/nothing-here"
 echo "ok: status --dir, up --restart, and down (dead nodes said, a hand-started node stopped)"
 

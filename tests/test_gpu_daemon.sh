@@ -8,20 +8,8 @@
 set -eu
 T=${1:?usage: test_gpu_daemon.sh TESSERA TESSERAD}
 D=${2:?usage: test_gpu_daemon.sh TESSERA TESSERAD}
-PY=${TESSERA_PYTHON:-/usr/bin/python3} # a GPU machine's python3 may live elsewhere
-dir=$(mktemp -d)
-pid=
-cleanup() {
-    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    [ -f "$dir/d.log" ] && tail -n 20 "$dir/d.log" >&2
-    exit 1
-}
-run() { "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }; }
+. "$(dirname "$0")/lib.sh"
+logs="$dir/d.log" log_lines=20
 
 F=$dir/experts
 run "$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$F"
@@ -64,7 +52,7 @@ listen =
 file = $dir/d.log
 INI
 "$D" --config "$dir/d.ini" &
-pid=$!
+pids=$!
 i=0
 until grep -q "done: 40 steps" "$dir/d.log" 2>/dev/null; do
     i=$((i + 1)); [ $i -lt 1800 ] || fail "the daemon did not finish training on the GPU"; sleep 0.1

@@ -8,13 +8,7 @@
 set -eu
 BUILD=${1:?usage: test_gpu_scripts.sh BUILD}
 root=$(cd "$(dirname "$0")/.." && pwd)
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
+. "$(dirname "$0")/lib.sh"
 "$BUILD/client/tessera" --version | grep -q "CUDA backend: built" ||
     { echo "SKIP: $BUILD has no CUDA backend: nothing to bundle for a GPU"; exit 77; }
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||

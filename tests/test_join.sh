@@ -13,20 +13,8 @@ set -eu
 T=${1:?usage: test_join.sh TESSERA TESSERAD EXPERTS}
 D=${2:?usage: test_join.sh TESSERA TESSERAD EXPERTS}
 E=${3:?usage: test_join.sh TESSERA TESSERAD EXPERTS}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-vpid=
-cleanup() {
-    [ -n "$vpid" ] && kill -9 "$vpid" 2>/dev/null || true
-    "$T" down --dir "$dir/net" --timeout 5 >/dev/null 2>&1 || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    [ -f "$dir/vol.log" ] && tail -n 15 "$dir/vol.log" >&2
-    exit 1
-}
+. "$(dirname "$0")/lib.sh"
+nets="$dir/net" logs="$dir/vol.log"
 mode() { stat -c %a "$1"; }
 
 "$T" up --nodes 4 --experts "$E" --dir "$dir/net" --compute-threads 1 --json >"$dir/up.json" \
@@ -83,7 +71,7 @@ echo "ok: broken network files are refused with the file and line"
 
 # the joined node, started as join says: it picks a cluster and fetches its expert
 "$D" --config "$dir/vol/tesserad.ini" >"$dir/vol.log" 2>&1 &
-vpid=$!
+pids=$!
 i=0
 until grep -qs "weights .* of cluster [0-9]* fetched; serving them" "$dir/vol.log"; do
     i=$((i + 1)); [ $i -lt 600 ] || fail "the joined node never fetched an expert"; sleep 0.1

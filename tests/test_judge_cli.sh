@@ -9,16 +9,10 @@
 #     are refused with a message, exit 1 or 2.
 set -eu
 T=${1:?usage: test_judge_cli.sh TESSERA}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
+. "$(dirname "$0")/lib.sh"
 
 "$T" train-judge --kind ae --seed 5 --steps 40 --batch 64 --eval-n 500 --threads 2 --quiet --json \
-    --out "$dir/ae.safetensors" >"$dir/ae.json" || fail "train-judge ae"
+    --out "$dir/ae.safetensors" >"$dir/ae.json" 2>"$dir/ae.log" || fail "train-judge ae: $(cat "$dir/ae.log")"
 "$PY" - "$dir/ae.json" <<'PYEOF' || fail "train-judge's JSON: $(cat "$dir/ae.json")"
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -14,13 +14,7 @@
 set -euo pipefail
 
 tessera=$1
-dir=$(mktemp -d "${TMPDIR:-/tmp}/tessera_keygen_XXXXXX")
-trap 'rm -rf "$dir"' EXIT
-
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
+. "$(dirname "$0")/lib.sh"
 
 # Hex of bytes [from, from + n) of a file.
 hex_bytes() { od -An -v -tx1 -j "$2" -N "$3" "$1" | tr -d ' \n'; }

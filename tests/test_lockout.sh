@@ -8,21 +8,9 @@
 set -eu
 T=${1:?usage: test_lockout.sh TESSERA TESSERAD}
 D=${2:?usage: test_lockout.sh TESSERA TESSERAD}
-PY=/usr/bin/python3
 HERE=$(dirname "$0")
-dir=$(mktemp -d)
-pid= hp=
-cleanup() {
-    [ -n "$hp" ] && kill "$hp" 2>/dev/null || true
-    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    tail -n 20 "$dir/d.log" >&2 || true
-    exit 1
-}
+. "$HERE/lib.sh"
+logs="$dir/d.log" log_lines=20
 rss_kib() { sed -n 's/^VmRSS:[^0-9]*\([0-9]*\).*/\1/p' "/proc/$pid/status"; }
 
 "$T" keygen --out "$dir/id.key" >/dev/null
@@ -40,6 +28,7 @@ file = $dir/d.log
 INI
 "$D" --config "$dir/d.ini" &
 pid=$!
+pids=$pid
 i=0
 while [ ! -s "$dir/data/metrics.url" ]; do
     i=$((i + 1))
@@ -52,6 +41,7 @@ rss0=$(rss_kib)
 
 "$PY" "$HERE/ts_half_open.py" "${addr##*:}" 8 50 20 "$dir/ready" 0.2 >"$dir/attack.txt" &
 hp=$!
+pids="$pids $hp"
 i=0
 while [ ! -e "$dir/ready" ]; do
     i=$((i + 1))
@@ -77,7 +67,7 @@ v = [float(l.split()[-1]) for l in body.splitlines()
 print("evicted:", v)
 sys.exit(0 if v and v[0] > 0 else 1)
 PY
-kill "$hp"; wait "$hp" 2>/dev/null || true; hp=
+kill "$hp"; wait "$hp" 2>/dev/null || true; pids=$pid
 kill -0 "$pid" || fail "the node died"
 "$T" status --peer "$addr" --network-key "$dir/net.key" >/dev/null || fail "status after"
 echo "ok: 408 half-open connections held without the key lock nobody out (RSS $rss0 -> $rss1 KiB)"

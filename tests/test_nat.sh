@@ -18,31 +18,18 @@ set -eu
 T=${1:?usage: test_nat.sh TESSERA TESSERAD EXPERTS}
 D=${2:?usage: test_nat.sh TESSERA TESSERAD EXPERTS}
 F=${3:?usage: test_nat.sh TESSERA TESSERAD EXPERTS}
-PY=/usr/bin/python3
-skip() {
-    echo "SKIP: $*"
-    exit 77
-}
+. "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || skip "network namespaces need root"
 command -v ip >/dev/null || skip "no ip (iproute2)"
 IPT=$(command -v iptables || true)
 [ -n "$IPT" ] || skip "no iptables (scripts/setup.sh installs it)"
 P="ts$$"
 pub=${P}pub r1=${P}r1 h1=${P}h1 r2=${P}r2 h2=${P}h2
-dir=$(mktemp -d)
-pids=
-cleanup() {
-    for p in $pids; do kill -9 "$p" 2>/dev/null || true; done
+cleanup_more() {
     for n in $pub $r1 $h1 $r2 $h2; do ip netns del "$n" 2>/dev/null || true; done
-    rm -rf "$dir"
 }
-trap cleanup EXIT
 ip netns add "$pub" 2>"$dir/ns.err" || skip "cannot create a network namespace: $(cat "$dir/ns.err")"
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 12 "$f" >&2; }; done
-    exit 1
-}
+logs="$dir/*.log" log_lines=12
 in_ns() { ns=$1; shift; ip netns exec "$ns" "$@"; }
 
 # ---- the small internet ----
@@ -110,25 +97,18 @@ node() { # NAME NS LISTEN BOOTSTRAP EXPERT [EXTRA]
     ip netns exec "$2" "$D" --config "$dir/$1/d.ini" 2>>"$dir/$1.err" &
     pids="$pids $!"
 }
-wait_log() { # FILE REGEX: up to 60 s
-    i=0
-    while ! grep -qsE "$2" "$1"; do
-        i=$((i + 1)); [ $i -lt 600 ] || fail "no /$2/ in $1 after 60 s"; sleep 0.1
-    done
-}
 seed=10.201.0.1:7420
 node relay "$pub" "$seed" "" 2 '[relay]\nserve = true\n'
-wait_log "$dir/relay.log" "ready"
+wait_log "$dir/relay.log" "ready" 60
 node pub3 "$pub" 10.201.0.1:7421 "$seed" 3
 node home1 "$h1" 192.168.71.2:7420 "$seed" 0
 node home2 "$h2" 192.168.72.2:7420 "$seed" 1
 for n in home1 home2; do
-    wait_log "$dir/$n.log" "NOT reachable at 192\.168\.7[12]\.2:7420"
-    wait_log "$dir/$n.log" "reached through relay .* at 10\.201\.0\.1:[0-9]+"
+    wait_log "$dir/$n.log" "NOT reachable at 192\.168\.7[12]\.2:7420" 60
+    wait_log "$dir/$n.log" "reached through relay .* at 10\.201\.0\.1:[0-9]+" 60
 done
 echo "ok: both home nodes found they cannot be dialled and took addresses at the relay"
 
-json_get() { "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
 all_alive() { # NS PEER
     in_ns "$1" "$T" status --peer "$2" --network-key "$dir/net.key" --json >"$dir/st.json" 2>/dev/null &&
         [ "$(json_get "$dir/st.json" "sum(m['state'] == 'alive' for m in j['members'])")" = 4 ] &&

@@ -25,24 +25,8 @@ set -eu
 T=${1:?usage: test_netgen.sh TESSERA BAD_EXPERT TESSERAD}
 BAD=${2:?usage: test_netgen.sh TESSERA BAD_EXPERT TESSERAD}
 D=${3:?usage: test_netgen.sh TESSERA BAD_EXPERT TESSERAD}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-badpid=
-cleanup() {
-    [ -n "$badpid" ] && kill -9 "$badpid" 2>/dev/null || true
-    for n in "$dir"/net*; do
-        [ -d "$n" ] && "$T" down --dir "$n" --timeout 5 >/dev/null 2>&1 || true
-    done
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$dir"/err*.txt; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 20 "$f" >&2; }; done
-    exit 1
-}
-run() { "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }; }
-json_get() { "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
+. "$(dirname "$0")/lib.sh"
+nets="$dir/netA $dir/netB $dir/netC" logs="$dir/err*.txt $dir/bare/d.log" log_lines=20
 peer_of() { json_get "$dir/$1.json" "j['peer']"; }
 node_pid() { cat "$dir/$1/node-$2/tesserad.pid"; }
 
@@ -145,6 +129,7 @@ echo "ok: a stalled node is hedged around ($moved hedges and retries): the same 
 "$BAD" --bootstrap "$(peer_of netA)" --network-key "$dir/netA/network.key" --cluster 0 \
     >"$dir/bad.txt" 2>"$dir/err-bad.txt" &
 badpid=$!
+pids=$badpid
 i=0
 while ! grep -q listening "$dir/bad.txt" 2>/dev/null; do
     i=$((i + 1))
@@ -166,7 +151,7 @@ netgen garbage netA $LONG --out "$dir/garbage.png" || fail "generate with a lyin
 cmp -s "$dir/garbage.png" "$dir/local-long.png" || fail "a lying replica changed the image"
 [ "$(json_get "$dir/garbage.json" "j['network']['garbage']")" -ge 1 ] ||
     fail "the lying replica was never caught (or never asked)"
-kill "$badpid"; wait "$badpid" || true; badpid=
+kill "$badpid"; wait "$badpid" || true; pids=
 echo "ok: a replica answering garbage is banned: the same image"
 
 # a client without the network key
@@ -260,13 +245,9 @@ echo "ok: weights in the store serve a cluster whose hosts are gone: the --local
 # D: a node hosting nothing joins C; entering through it works
 mkdir -p "$dir/bare"
 "$T" keygen --out "$dir/bare/id.key" >/dev/null
-cat >"$dir/bare/d.ini" <<INI
-[node]
-identity = $dir/bare/id.key
-network_key = $dir/netC/network.key
-data_dir = $dir/bare/data
-listen = 127.0.0.1:0
-bootstrap = $(peer_of netC)
+{
+    node_section bare "$(peer_of netC)" "$dir/netC/network.key"
+    cat <<INI
 [gossip]
 probe_interval_ms = 500
 probe_timeout_ms = 250
@@ -275,14 +256,11 @@ listen =
 [log]
 file = $dir/bare/d.log
 INI
+} >"$dir/bare/d.ini"
 "$D" --config "$dir/bare/d.ini" >/dev/null 2>&1 &
 barepid=$!
-i=0
-while [ ! -s "$dir/bare/data/listen.addr" ]; do
-    i=$((i + 1))
-    [ $i -lt 300 ] || fail "the bare node did not start: $(cat "$dir/bare/d.log")"
-    sleep 0.1
-done
+pids=$barepid
+wait_listen "$dir/bare" "the bare node"
 bare=$(cat "$dir/bare/data/listen.addr")
 i=0
 until "$T" status --peer "$bare" --network-key "$dir/netC/network.key" --json >"$dir/st.json" \

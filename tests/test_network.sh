@@ -15,22 +15,14 @@ set -eu
 T=${1:?usage: test_network.sh TESSERA TESSERAD INJECT}
 D=${2:?usage: test_network.sh TESSERA TESSERAD INJECT}
 INJECT=${3:?usage: test_network.sh TESSERA TESSERAD INJECT}
-PY=/usr/bin/python3
 N=8
-dir=$(mktemp -d)
-cleanup() {
+. "$(dirname "$0")/lib.sh"
+logs="$dir/n*/d.log"
+# the daemons' process ids are in pid.I (removed when a node is stopped on purpose)
+cleanup_more() {
     for f in "$dir"/pid.*; do
         [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true
     done
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$dir"/n*/d.log; do
-        [ -f "$f" ] && { echo "--- $f (last 15 lines)" >&2; tail -n 15 "$f" >&2; }
-    done
-    exit 1
 }
 
 "$T" keygen --network-key --out "$dir/net.key" >/dev/null
@@ -42,12 +34,7 @@ start() {
     mkdir -p "$dir/n$i"
     [ -f "$dir/n$i/id.key" ] || "$T" keygen --out "$dir/n$i/id.key" --json >"$dir/n$i/id.json"
     {
-        echo "[node]"
-        echo "identity = $dir/n$i/id.key"
-        echo "network_key = ${3:-$dir/net.key}"
-        echo "data_dir = $dir/n$i/data"
-        echo "listen = 127.0.0.1:0"
-        [ -n "${2:-}" ] && echo "bootstrap = $2"
+        node_section "n$i" "${2:-}" "${3:-}"
         echo "[gossip]"
         echo "probe_interval_ms = 200"
         echo "probe_timeout_ms = 100"
@@ -62,12 +49,7 @@ start() {
     rm -f "$dir/n$i/data/listen.addr"
     "$D" --config "$dir/n$i/d.ini" &
     echo $! >"$dir/pid.$i"
-    k=0
-    while [ ! -s "$dir/n$i/data/listen.addr" ]; do
-        k=$((k + 1))
-        [ $k -lt 300 ] || fail "node $i wrote no listen.addr in 30 s"
-        sleep 0.1
-    done
+    wait_listen "$dir/n$i" "node $i"
 }
 addr() { cat "$dir/n$1/data/listen.addr"; }
 node_id() { sed 's/.*"node_id":"\([0-9a-f]*\)".*/\1/' "$dir/n$1/id.json"; }

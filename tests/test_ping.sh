@@ -8,14 +8,7 @@
 set -euo pipefail
 tessera="$1"
 server="$2"
-dir="$(mktemp -d "${TMPDIR:-/tmp}/test_ping_XXXXXX")"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() { echo "test_ping: $*" >&2; exit 1; }
+. "$(dirname "$0")/lib.sh"
 
 "$tessera" keygen --out "$dir/s.key" >/dev/null
 "$tessera" keygen --out "$dir/c.key" >/dev/null
@@ -25,10 +18,11 @@ fail() { echo "test_ping: $*" >&2; exit 1; }
 # Start the server and wait (without sleeping blindly) for its "listening" line.
 "$server" --listen 127.0.0.1:0 --identity "$dir/s.key" --network-key "$dir/n.key" \
     >"$dir/server.out" 2>"$dir/server.err" &
-pids+=($!)
+server_pid=$!
+pids=$server_pid
 for _ in $(seq 600); do
     grep -q '^listening ' "$dir/server.out" 2>/dev/null && break
-    kill -0 "${pids[0]}" 2>/dev/null || fail "the server exited: $(cat "$dir/server.err")"
+    kill -0 "$server_pid" 2>/dev/null || fail "the server exited: $(cat "$dir/server.err")"
     sleep 0.1
 done
 line="$(head -n1 "$dir/server.out")"
@@ -44,7 +38,7 @@ grep -q "^5 round trips: min .* ms, p50 .* ms, p99 .* ms, max .* ms$" <<<"$out" 
 
 # A good run, JSON: the node id is the server's, every sample is a positive number.
 json="$("$tessera" ping "$addr" --identity "$dir/c.key" --network-key "$dir/n.key" --count 7 --json)"
-python3 - "$json" "$server_id" <<'PY'
+"$PY" - "$json" "$server_id" <<'PY'
 import json, sys
 j = json.loads(sys.argv[1])
 assert j["node_id"] == sys.argv[2], j
@@ -78,7 +72,7 @@ expect_fail "missing identity file" "identity file" \
     "$addr" --identity "$dir/none.key" --network-key "$dir/n.key"
 
 # A listener that accepts and never speaks: the handshake times out.
-python3 -c '
+"$PY" -c '
 import socket, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(8)
 print(s.getsockname()[1], flush=True)
@@ -86,15 +80,15 @@ conns = []
 while True:
     c, _ = s.accept(); conns.append(c)
 ' >"$dir/silent.out" &
-pids+=($!)
+pids="$pids $!"
 for _ in $(seq 600); do [[ -s "$dir/silent.out" ]] && break; sleep 0.1; done
 silent_port="$(head -n1 "$dir/silent.out")"
 expect_fail "silent peer" "did not complete the handshake within 300 ms" \
     "127.0.0.1:$silent_port" --identity "$dir/c.key" --network-key "$dir/n.key" --timeout-ms 300
 
 # The server stops: its port refuses.
-kill "${pids[0]}"
-wait "${pids[0]}" 2>/dev/null || true
+kill "$server_pid"
+wait "$server_pid" 2>/dev/null || true
 grep -q "^closed handshake 1$" "$dir/server.err" || fail "server counters: $(cat "$dir/server.err")"
 expect_fail "refused" "cannot connect to $addr: connection refused" \
     "$addr" --identity "$dir/c.key" --network-key "$dir/n.key"

@@ -7,19 +7,11 @@
 set -eu
 P=${1:?usage: test_promtool.sh TEST_PROM}
 promtool=${PROMTOOL:-$(command -v promtool || true)}
-if [ -z "$promtool" ]; then
-    echo "SKIP: promtool not found (apt-get install prometheus, or scripts/setup.sh --all)"
-    exit 77
-fi
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+. "$(dirname "$0")/lib.sh"
+[ -n "$promtool" ] || skip "promtool not found (apt-get install prometheus, or scripts/setup.sh --all)"
+out=$dir/metrics.txt
 "$P" --dump >"$out"
-grep -q '^tessera_requests_total{type="denoise"} 12$' "$out" || {
-    echo "FAIL: test_prom --dump did not print the expected sample" >&2
-    exit 1
-}
-if ! "$promtool" check metrics <"$out"; then
-    echo "FAIL: promtool check metrics refused the output above" >&2
-    exit 1
-fi
+grep -q '^tessera_requests_total{type="denoise"} 12$' "$out" ||
+    fail "test_prom --dump did not print the expected sample"
+"$promtool" check metrics <"$out" || fail "promtool check metrics refused the output above"
 echo "promtool check metrics: ok ($(grep -c '^# TYPE' "$out") families)"

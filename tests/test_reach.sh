@@ -8,40 +8,18 @@
 set -eu
 T=${1:?usage: test_reach.sh TESSERA TESSERAD}
 D=${2:?usage: test_reach.sh TESSERA TESSERAD}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-pids=
-cleanup() {
-    for p in $pids; do kill -9 "$p" 2>/dev/null || true; done
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 8 "$f" >&2; }; done
-    exit 1
-}
-run() { "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }; }
-wait_log() { # FILE REGEX: up to 120 s
-    i=0
-    while ! grep -qsE "$2" "$1"; do
-        i=$((i + 1)); [ $i -lt 1200 ] || fail "no /$2/ in $1 after 120 s"; sleep 0.1
-    done
-}
+. "$(dirname "$0")/lib.sh"
+logs="$dir/*.log" log_lines=8
 run "$T" keygen --network-key --out "$dir/net.key"
 # a port nothing listens on: bind one, note it, let it go
-closed=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+closed=$(free_port)
 node() { # NAME [BOOTSTRAP] [ADVERTISE]
     mkdir -p "$dir/$1"
     run "$T" keygen --out "$dir/$1/id.key"
-    cat >"$dir/$1/d.ini" <<INI
-[node]
-identity = $dir/$1/id.key
-network_key = $dir/net.key
-data_dir = $dir/$1/data
-listen = 127.0.0.1:0
+    {
+        node_section "$1" "${2:-}"
+        cat <<INI
 ${3:+advertise = $3}
-${2:+bootstrap = $2}
 [gossip]
 probe_interval_ms = 200
 probe_timeout_ms = 100
@@ -50,8 +28,8 @@ listen =
 [log]
 file = $dir/$1.log
 INI
-    "$D" --config "$dir/$1/d.ini" 2>>"$dir/$1.err" &
-    pids="$pids $!"
+    } >"$dir/$1/d.ini"
+    start_node "$1"
 }
 node seed
 wait_log "$dir/seed.log" "listening on"

@@ -15,30 +15,8 @@
 set -eu
 T=${1:?usage: test_readiness.sh TESSERA TESSERAD}
 D=${2:?usage: test_readiness.sh TESSERA TESSERAD}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-pids=
-cleanup() {
-    for p in $pids; do kill -9 "$p" 2>/dev/null || true; done
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$dir"/*.log "$dir"/err*.txt; do
-        [ -f "$f" ] && { echo "--- $f" >&2; tail -n 15 "$f" >&2; }
-    done
-    exit 1
-}
-run() { "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }; }
-wait_log() { # wait_log FILE REGEX: up to 120 s
-    i=0
-    while ! grep -qE "$2" "$1" 2>/dev/null; do
-        i=$((i + 1))
-        [ $i -lt 1200 ] || fail "no /$2/ in $1 after 120 s"
-        sleep 0.1
-    done
-}
+. "$(dirname "$0")/lib.sh"
+logs="$dir/*.log $dir/*.err $dir/err*.txt"
 
 F=$dir/experts
 run "$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$F"
@@ -59,13 +37,9 @@ partition = $F/partition.safetensors"
 partition = $F/partition.safetensors
 cluster = 1"
     fi
-    cat >"$dir/$1/d.ini" <<INI
-[node]
-identity = $dir/$1/id.key
-network_key = $dir/net.key
-data_dir = $dir/$1/data
-listen = 127.0.0.1:0
-${3:+bootstrap = $3}
+    {
+        node_section "$1" "${3:-}"
+        cat <<INI
 [expert]
 $expert
 [train]
@@ -87,20 +61,14 @@ listen =
 [log]
 file = $dir/$1.log
 INI
-    "$D" --config "$dir/$1/d.ini" 2>>"$dir/err-$1.txt" &
-    pids="$pids $!"
-    echo $! >"$dir/$1/pid"
+    } >"$dir/$1/d.ini"
+    start_node "$1"
 }
 node seed host
-i=0
-while [ ! -s "$dir/seed/data/listen.addr" ]; do
-    i=$((i + 1)); [ $i -lt 300 ] || fail "the seed did not start"; sleep 0.1
-done
+wait_listen "$dir/seed" "the seed"
 seed=$(cat "$dir/seed/data/listen.addr")
 node trainer train "$seed"
-while [ ! -s "$dir/trainer/data/listen.addr" ]; do
-    i=$((i + 1)); [ $i -lt 600 ] || fail "the trainer did not start"; sleep 0.1
-done
+wait_listen "$dir/trainer" "the trainer" 60
 taddr=$(cat "$dir/trainer/data/listen.addr")
 
 # the progress line from the first step, and again (every second here)
@@ -213,10 +181,7 @@ echo "ok: --ready-loss admits the training expert by its held-out loss, or keeps
 # a trainer told to serve only past half its run: its checkpoints stay unadvertised
 node late train "$seed" "serve_from = 0.5"
 wait_log "$dir/late.log" "checkpoint of step [0-9]+ in the store"
-i=0
-while [ ! -s "$dir/late/data/listen.addr" ]; do
-    i=$((i + 1)); [ $i -lt 600 ] || fail "the late trainer did not start"; sleep 0.1
-done
+wait_listen "$dir/late" "the late trainer" 60
 laddr=$(cat "$dir/late/data/listen.addr")
 sleep 2 # an advert would have reached the seed by now
 "$T" status --peer "$laddr" --network-key "$dir/net.key" --json >"$dir/late.json" 2>/dev/null ||

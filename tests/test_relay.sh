@@ -17,42 +17,20 @@ set -eu
 T=${1:?usage: test_relay.sh TESSERA TESSERAD EXPERTS}
 D=${2:?usage: test_relay.sh TESSERA TESSERAD EXPERTS}
 F=${3:?usage: test_relay.sh TESSERA TESSERAD EXPERTS}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-pids=
-cleanup() {
-    for p in $pids; do kill -9 "$p" 2>/dev/null || true; done
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 12 "$f" >&2; }; done
-    exit 1
-}
-run() { "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }; }
-wait_log() { # FILE REGEX: up to 60 s
-    i=0
-    while ! grep -qsE "$2" "$1"; do
-        i=$((i + 1)); [ $i -lt 600 ] || fail "no /$2/ in $1 after 60 s"; sleep 0.1
-    done
-}
-json_get() { "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
+. "$(dirname "$0")/lib.sh"
+logs="$dir/*.log" log_lines=12
 metric() { # URL NAME{labels}: the value, 0 when absent
     curl -fsS "$1" | awk -v n="$2" '$1 == n { print $2; f = 1 } END { if (!f) print 0 }'
 }
 run "$T" keygen --network-key --out "$dir/net.key"
-# ports nothing listens on (bound, noted, let go): one per node, as two homes' addresses differ
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# ports nothing listens on: one per node, as two homes' addresses differ
 closed0=$(free_port)
 closed1=$(free_port)
 node() { # NAME BOOTSTRAP ADVERTISE EXPERT_INDEX [EXTRA INI LINES]
     mkdir -p "$dir/$1"
     run "$T" keygen --out "$dir/$1/id.key"
     {
-        printf '[node]\nidentity = %s\nnetwork_key = %s\ndata_dir = %s\nlisten = 127.0.0.1:0\n' \
-            "$dir/$1/id.key" "$dir/net.key" "$dir/$1/data"
-        [ -n "$2" ] && printf 'bootstrap = %s\n' "$2"
+        node_section "$1" "$2"
         [ -n "$3" ] && printf 'advertise = %s\n' "$3"
         if [ -n "$4" ]; then
             printf '[expert]\nmode = host\nweights = %s\npartition = %s\n' \
@@ -62,12 +40,10 @@ node() { # NAME BOOTSTRAP ADVERTISE EXPERT_INDEX [EXTRA INI LINES]
         printf '[metrics]\nlisten = 127.0.0.1:0\n[log]\nfile = %s\n' "$dir/$1.log"
         printf '%b' "${5:-}"
     } >"$dir/$1/d.ini"
-    "$D" --config "$dir/$1/d.ini" 2>>"$dir/$1.err" &
-    pids="$pids $!"
-    echo $! >"$dir/$1.pid"
+    start_node "$1"
 }
 node relay "" "" "" '[relay]\nserve = true\n'
-wait_log "$dir/relay.log" "ready"
+wait_log "$dir/relay.log" "ready" 60
 seed=$(cat "$dir/relay/data/listen.addr")
 grep -q "serving as a relay" "$dir/relay.log" || fail "the relay does not say it serves"
 node n0 "$seed" "127.0.0.1:$closed0" 0
@@ -75,8 +51,8 @@ node n1 "$seed" "127.0.0.1:$closed1" 1
 node d2 "$seed" "" 2
 node d3 "$seed" "" 3
 for n in n0 n1; do
-    wait_log "$dir/$n.log" "NOT reachable at 127.0.0.1:"
-    wait_log "$dir/$n.log" "reached through relay .* at 127\.0\.0\.1:[0-9]+"
+    wait_log "$dir/$n.log" "NOT reachable at 127.0.0.1:" 60
+    wait_log "$dir/$n.log" "reached through relay .* at 127\.0\.0\.1:[0-9]+" 60
 done
 echo "ok: two nodes that cannot be dialled took addresses at the relay"
 
@@ -143,12 +119,12 @@ echo "ok: the relay's metrics: 2 nodes, $spliced connections spliced, $bytes byt
 
 # a reachable node that names the relay is carried too
 node v4 "$seed" "" "" "[relay]\nvia = $seed\n"
-wait_log "$dir/v4.log" "reached through relay .* at 127\.0\.0\.1:[0-9]+"
+wait_log "$dir/v4.log" "reached through relay .* at 127\.0\.0\.1:[0-9]+" 60
 echo "ok: [relay] via carries a reachable node"
 
 # the relay dies: the carried nodes go back to their own address, and say so
-kill -9 "$(cat "$dir/relay.pid")"
-for n in n0 n1 v4; do wait_log "$dir/$n.log" "no relay at"; done
+kill -9 "$(cat "$dir/relay/pid")"
+for n in n0 n1 v4; do wait_log "$dir/$n.log" "no relay at" 60; done
 "$T" status --peer "$(cat "$dir/d2/data/listen.addr")" --network-key "$dir/net.key" --json \
     >/dev/null || fail "d2 went down with the relay"
 echo "ok: the relay's death is logged by the nodes it carried; the others stay up"

@@ -12,17 +12,8 @@
 set -eu
 T=${1:?usage: test_status_page.sh TESSERA EXPERTS}
 E=${2:?usage: test_status_page.sh TESSERA EXPERTS}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-cleanup() {
-    "$T" down --dir "$dir/net" --timeout 5 >/dev/null 2>&1 || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
+. "$(dirname "$0")/lib.sh"
+nets="$dir/net"
 
 "$T" up --nodes 3 --experts "$E" --dir "$dir/net" --compute-threads 1 --json >"$dir/up.json" \
     2>"$dir/up.err" || { cat "$dir/up.err" >&2; fail "tessera up"; }

@@ -20,29 +20,15 @@ FMNIST=${TESSERA_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 STEPS=60
 EVERY=5
 
+. "$(dirname "$0")/lib.sh"
 if [ ! -e "$FMNIST/train-images-idx3-ubyte.gz" ] && [ ! -e "$FMNIST/train-images-idx3-ubyte" ]; then
-    echo "skip: no Fashion-MNIST in $FMNIST"
-    exit 77
+    skip "no Fashion-MNIST in $FMNIST"
 fi
 for tool in mdb_stat mdb_dump; do
-    if ! command -v "$tool" >/dev/null; then
-        echo "FAIL: $tool not found (install lmdb-utils, or run scripts/setup.sh)"
-        exit 1
-    fi
+    command -v "$tool" >/dev/null || fail "$tool not found (install lmdb-utils, or run scripts/setup.sh)"
 done
 
-W=$(mktemp -d /tmp/tessera-test-kill-XXXXXX)
-pid=
-cleanup() {
-    if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
-    rm -rf "$W"
-}
-trap cleanup EXIT
-
-fail() {
-    echo "FAIL: $*"
-    exit 1
-}
+W=$dir
 
 # 512 images spread over the training set, in the shard format (a '#' line, one index a line)
 {
@@ -67,6 +53,7 @@ train() {
 # B: killed after the first checkpoint, at a random moment
 (train "$W/B" "$W/B.log" "$W/b.safetensors") 2>"$W/B1.err" &
 pid=$!
+pids=$pid
 for _ in $(seq 1 1200); do
     if [ -f "$W/B.log" ] && [ "$(wc -l <"$W/B.log")" -ge 12 ]; then break; fi
     kill -0 "$pid" 2>/dev/null || break
@@ -77,7 +64,7 @@ kill -0 "$pid" 2>/dev/null || { cat "$W/B1.err"; fail "run B ended before it cou
 kill -9 "$pid"
 status=0
 wait "$pid" 2>/dev/null || status=$?
-pid=
+pids=
 [ $status -eq 137 ] || fail "run B exited with status $status, want 137 (SIGKILL)"
 grep -q '^done' "$W/B1.err" && fail "run B finished although it was killed"
 killed_at=$(tail -n 1 "$W/B.log" | cut -d' ' -f1)

@@ -10,16 +10,8 @@
 set -eu
 UNIT=${1:?usage: test_systemd_unit.sh UNIT TESSERAD}
 D=${2:?usage: test_systemd_unit.sh UNIT TESSERAD}
-if ! command -v systemd-analyze >/dev/null 2>&1; then
-    echo "SKIP: systemd-analyze not found (Debian package systemd)"
-    exit 77
-fi
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/lib.sh"
+command -v systemd-analyze >/dev/null 2>&1 || skip "systemd-analyze not found (Debian package systemd)"
 for want in '^User=tessera$' '^StateDirectory=tessera$' '^WorkingDirectory=/var/lib/tessera$' \
     '^ExecStart=/usr/local/bin/tesserad --config /etc/tessera/tesserad.ini$' \
     '^ExecReload=/bin/kill -HUP \$MAINPID$' '^Restart=on-failure$' '^KillSignal=SIGTERM$' \

@@ -9,25 +9,7 @@ set -eu
 T=${1:?usage: test_tesserad.sh TESSERA TESSERAD EXPERTS}
 D=${2:?usage: test_tesserad.sh TESSERA TESSERAD EXPERTS}
 E=${3:?usage: test_tesserad.sh TESSERA TESSERAD EXPERTS}
-dir=$(mktemp -d)
-pid=
-cleanup() {
-    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-wait_for() { # wait_for FILE TEXT: up to 60 s (a loaded machine is slow, never wrong)
-    i=0
-    while ! grep -q "$2" "$1" 2>/dev/null; do
-        i=$((i + 1))
-        [ $i -lt 600 ] || fail "no '$2' in $1 after 60 s"
-        sleep 0.1
-    done
-}
+. "$(dirname "$0")/lib.sh"
 
 id=$("$T" keygen --out "$dir/id.key" --json | sed 's/.*"node_id_short":"\([0-9a-f]*\)".*/\1/')
 "$T" keygen --network-key --out "$dir/net.key" >/dev/null
@@ -100,18 +82,19 @@ rc=0
 
 "$D" --config "$dir/d.ini" 2>"$dir/stderr.txt" &
 pid=$!
-wait_for "$dir/d.log" '"msg":"ready"'
+pids=$pid
+wait_log "$dir/d.log" '"msg":"ready"' 60
 grep -q "\"level\":\"info\",\"component\":\"daemon\",\"msg\":\"tesserad .*node $id" "$dir/d.log" ||
     fail "the start line lacks the node id: $(cat "$dir/d.log")"
-/usr/bin/python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$dir/d.log" ||
+"$PY" -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$dir/d.log" ||
     fail "a log line is not JSON"
 mv "$dir/d.log" "$dir/d.log.1"
 kill -HUP "$pid"
-wait_for "$dir/d.log" "log file reopened"
+wait_log "$dir/d.log" "log file reopened" 60
 kill -TERM "$pid"
 rc=0
 wait "$pid" || rc=$?
-pid=
+pids=
 [ $rc -eq 0 ] || fail "SIGTERM: exit $rc, want 0 ($(cat "$dir/stderr.txt"))"
 grep -q '"msg":"stopped"' "$dir/d.log" || fail "no 'stopped' line"
 if grep -q "$(od -An -tx1 -j16 -N8 "$dir/id.key" | tr -d ' \n')" "$dir/d.log" "$dir/d.log.1"; then

@@ -11,20 +11,8 @@
 # Waits have generous deadlines; nothing here asserts speed.
 set -eu
 T=${1:?usage: test_verify.sh TESSERA}
-PY=/usr/bin/python3
-dir=$(mktemp -d)
-cleanup() {
-    [ -d "$dir/net" ] && "$T" down --dir "$dir/net" --timeout 5 >/dev/null 2>&1 || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$dir"/err*.txt; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 20 "$f" >&2; }; done
-    exit 1
-}
-run() { "$@" >"$dir/out.txt" 2>"$dir/err.txt" || { cat "$dir/err.txt" >&2; fail "$*"; }; }
-json_get() { "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
+. "$(dirname "$0")/lib.sh"
+nets="$dir/net" logs="$dir/err*.txt" log_lines=20
 
 F=$dir/experts
 run "$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$F"

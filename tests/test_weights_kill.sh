@@ -23,14 +23,8 @@ set -u
 T=${1:?usage: test_weights_kill.sh path/to/tessera [cli]}
 mode=${2:-kill}
 command -v python3 >/dev/null || { echo "skipped: python3 not found"; exit 77; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/ts_weights_kill_XXXXXX") || exit 1
-pid=
-cleanup() {
-    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh"
+work=$dir
 # The value of a Python expression over the JSON document $1 (as `d`).
 jget() { python3 -c 'import json,sys; d = json.loads(sys.argv[1]); print(eval(sys.argv[2]))' "$1" "$2"; }
 
@@ -135,6 +129,7 @@ for attempt in 1 2 3 4 5; do
     store=$work/store
     "$T" store import "$big" --data-dir "$store" --map-size 8M >"$work/out" 2>"$work/err" &
     pid=$!
+    pids=$pid
     killed=0
     while kill -0 "$pid" 2>/dev/null; do
         p=$(progress "$store")
@@ -146,7 +141,7 @@ for attempt in 1 2 3 4 5; do
     done
     wait "$pid"
     rc=$?
-    pid=
+    pids=
     if [ $killed = 1 ] && [ $rc = 137 ]; then
         killed_mid=1
         break
