@@ -15,6 +15,10 @@
  *
  * Invariant: every buffer is sized at init for n samples; an evaluation allocates nothing except
  * when it grows the record.
+ *
+ * With opts.eval the experts' answers come from a hook instead (ensemble_remote.c); the experts
+ * outside an evaluation (files, one job on one model, the residuals) are experts.c's, a classifier
+ * as the router classifier_router.c's. ensemble_internal.h holds what these files share.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -27,216 +31,9 @@
 #include <time.h>
 
 #include "base/clock.h"
-#include "base/str.h"
 #include "kernels/math.h"
-#include "model/dit_io.h"
-#include "model/safetensors.h"
+#include "model/ensemble_internal.h"
 #include "model/train.h"
-
-/* ---- a classifier as the router --------------------------------------------------------------- */
-
-int ts_classifier_router_init(ts_classifier_router_t *r, ts_classifier_t *c, ts_engine_t *e,
-                              int max_batch) {
-    if (!r || !c || !e || max_batch < 1)
-        return TS_EINVAL;
-    memset(r, 0, sizeof *r);
-    r->c = c;
-    r->eng = e;
-    r->max_batch = max_batch;
-    r->temperature = 1.0f;
-    return ts_tensor_alloc(&r->t, TS_F32, e->device, 1, TS_SHAPE(max_batch));
-}
-
-void ts_classifier_router_free(ts_classifier_router_t *r) {
-    if (!r)
-        return;
-    ts_tensor_free(&r->t);
-    memset(r, 0, sizeof *r);
-}
-
-int ts_classifier_router_fn(void *ctx, const ts_tensor_t *x, float t, const int32_t *labels, int B,
-                            float *logits) {
-    ts_classifier_router_t *r = ctx;
-    if (!r || !r->c || B < 1 || B > r->max_batch)
-        return TS_EINVAL;
-    ts_tensor_t tb;
-    TS_TRY(ts_tensor_slice(&tb, &r->t, 0, B));
-    TS_TRY(ts_fill(r->eng, &tb, t));
-    TS_TRY(ts_classifier_run_labels(r->c, x, &tb, labels, B, NULL, logits));
-    if (r->temperature != 1.0f) {
-        int K = ts_classifier_num_outputs(r->c);
-        for (int64_t i = 0; i < (int64_t)B * K; i++)
-            logits[i] /= r->temperature;
-    }
-    return TS_OK;
-}
-
-/* ---- experts from files --------------------------------------------------------------------- */
-
-void ts_experts_free(ts_experts_t *x) {
-    if (!x)
-        return;
-    for (int k = 0; k < x->K; k++) {
-        if (x->models)
-            ts_dit_free(&x->models[k]);
-        if (x->paths)
-            free(x->paths[k]);
-        if (x->partition_id)
-            free(x->partition_id[k]);
-    }
-    free(x->models);
-    free(x->cluster);
-    free(x->paths);
-    free(x->partition_id);
-    free(x->objective);
-    memset(x, 0, sizeof *x);
-}
-
-/* Reads "cluster" as a non-negative decimal: 1 and *out when present and valid, 0 when absent,
- * −1 when malformed. */
-static int meta_cluster(const ts_st_file_t *f, int *out) {
-    const char *s = ts_st_meta(f, "cluster");
-    if (!s)
-        return 0;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < 0 || v >= TS_ROUTE_MAX_EXPERTS)
-        return -1;
-    *out = (int)v;
-    return 1;
-}
-
-int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_t *e, int max_batch,
-                    char *err, size_t errlen) {
-    if (x)
-        memset(x, 0, sizeof *x);
-    if (!x || !paths || !e || n < 1 || n > TS_ROUTE_MAX_EXPERTS || max_batch < 1) {
-        ts_set_err(err, errlen, "ts_experts_open: invalid arguments (need 1..%d expert files)",
-                   TS_ROUTE_MAX_EXPERTS);
-        return TS_EINVAL;
-    }
-    x->models = calloc((size_t)n, sizeof *x->models);
-    x->cluster = calloc((size_t)n, sizeof *x->cluster);
-    x->paths = calloc((size_t)n, sizeof *x->paths);
-    x->partition_id = calloc((size_t)n, sizeof *x->partition_id);
-    x->objective = calloc((size_t)n, sizeof *x->objective);
-    if (!x->models || !x->cluster || !x->paths || !x->partition_id || !x->objective) {
-        ts_experts_free(x);
-        return TS_ENOMEM;
-    }
-    int rc = TS_OK, with_cluster = 0;
-    for (int i = 0; i < n && rc == TS_OK; i++) {
-        ts_st_file_t f;
-        x->K = i + 1; /* so a failure frees what was opened */
-        rc = ts_st_read(paths[i], &f, err, errlen);
-        if (rc)
-            break;
-        int c = -1, has = meta_cluster(&f, &c);
-        const char *pid = ts_st_meta(&f, "partition_id"), *obj = ts_st_meta(&f, "objective");
-        if (obj && ts_objective_parse(obj, &x->objective[i]) != TS_OK) {
-            ts_set_err(err, errlen,
-                       "'%s': metadata objective '%s' is not velocity, epsilon, v_prediction or "
-                       "x0",
-                       paths[i], obj);
-            rc = TS_EINVAL;
-        } else if (has < 0) {
-            ts_set_err(err, errlen, "'%s': metadata cluster '%s' is not an index 0..%d", paths[i],
-                       ts_st_meta(&f, "cluster"), TS_ROUTE_MAX_EXPERTS - 1);
-            rc = TS_ECORRUPT;
-        } else {
-            x->cluster[i] = has ? c : -1;
-            with_cluster += has;
-            x->paths[i] = ts_dup_str(paths[i]);
-            x->partition_id[i] = pid && *pid ? ts_dup_str(pid) : NULL;
-            if (!x->paths[i] || (pid && *pid && !x->partition_id[i]))
-                rc = TS_ENOMEM;
-        }
-        if (rc == TS_OK &&
-            (rc = ts_dit_open_file(&x->models[i], &f, e, max_batch, 0, err, errlen)) != TS_OK) {
-            char why[384];
-            snprintf(why, sizeof why, "%s", err ? err : "");
-            ts_set_err(err, errlen, "'%s': %s", paths[i], why);
-        }
-        ts_st_free(&f);
-        if (rc == TS_OK && i > 0) {
-            const ts_dit_config_t *a = &x->models[0].cfg, *b = &x->models[i].cfg;
-            if (a->input_size != b->input_size || a->in_channels != b->in_channels ||
-                a->num_classes != b->num_classes) {
-                ts_set_err(err, errlen,
-                           "'%s' makes %dx%dx%d images with %d classes but '%s' makes %dx%dx%d "
-                           "with %d: the experts of one ensemble must share the image config",
-                           paths[i], b->in_channels, b->input_size, b->input_size, b->num_classes,
-                           paths[0], a->in_channels, a->input_size, a->input_size, a->num_classes);
-                rc = TS_EINVAL;
-            }
-        }
-    }
-    if (rc == TS_OK && with_cluster != 0 && with_cluster != n) {
-        ts_set_err(err, errlen,
-                   "%d of the %d expert files have a metadata cluster and %d do not: either all "
-                   "name their cluster or none does (then file order is used)",
-                   with_cluster, n, n - with_cluster);
-        rc = TS_EINVAL;
-    }
-    if (rc == TS_OK && with_cluster == n) {
-        /* order by cluster: a permutation of 0..n−1 is required */
-        int where[TS_ROUTE_MAX_EXPERTS];
-        for (int k = 0; k < n; k++)
-            where[k] = -1;
-        for (int i = 0; i < n && rc == TS_OK; i++) {
-            int c = x->cluster[i];
-            if (c >= n) {
-                ts_set_err(err, errlen,
-                           "'%s' is expert of cluster %d but only %d experts are given (clusters "
-                           "must be 0..%d)",
-                           x->paths[i], c, n, n - 1);
-                rc = TS_EINVAL;
-            } else if (where[c] >= 0) {
-                ts_set_err(err, errlen, "'%s' and '%s' are both the expert of cluster %d",
-                           x->paths[where[c]], x->paths[i], c);
-                rc = TS_EINVAL;
-            } else {
-                where[c] = i;
-            }
-        }
-        if (rc == TS_OK) {
-            ts_experts_t s = *x;
-            ts_dit_t *models = malloc((size_t)n * sizeof *models);
-            int *cl = malloc((size_t)n * sizeof *cl);
-            char **pa = malloc((size_t)n * sizeof *pa), **pid = malloc((size_t)n * sizeof *pid);
-            ts_objective_t *ob = malloc((size_t)n * sizeof *ob);
-            if (!models || !cl || !pa || !pid || !ob) {
-                free(ob);
-                free(models);
-                free(cl);
-                free(pa);
-                free(pid);
-                rc = TS_ENOMEM;
-            } else {
-                for (int k = 0; k < n; k++) {
-                    models[k] = s.models[where[k]];
-                    cl[k] = k;
-                    pa[k] = s.paths[where[k]];
-                    pid[k] = s.partition_id[where[k]];
-                    ob[k] = s.objective[where[k]];
-                }
-                free(s.objective);
-                x->objective = ob;
-                free(s.models);
-                free(s.cluster);
-                free(s.paths);
-                free(s.partition_id);
-                x->models = models;
-                x->cluster = cl;
-                x->paths = pa;
-                x->partition_id = pid;
-            }
-        }
-    }
-    if (rc != TS_OK)
-        ts_experts_free(x);
-    return rc;
-}
 
 /* ---- init and free ---------------------------------------------------------------------------- */
 
@@ -525,7 +322,7 @@ double ts_ensemble_evals_per_sample(const ts_ensemble_t *s) {
 /* ---- one expert on the rows bound for it ------------------------------------------------------ */
 
 /* Uploads idx_h[0..m) and wk_h[0..m) into the device tensors idx and wk. */
-static int upload_rows(ts_ensemble_t *s, int m) {
+int ts_ensemble__upload_rows(ts_ensemble_t *s, int m) {
     ts_tensor_t dst, src;
     TS_TRY(ts_tensor_slice(&dst, &s->idx, 0, m));
     TS_TRY(ts_tensor_wrap(&src, s->idx_h, TS_I32, TS_CPU, 1, TS_SHAPE(m)));
@@ -595,7 +392,7 @@ static int run_expert(ts_ensemble_t *s, int k, const ts_tensor_t *x, float t, in
 }
 
 /* Selects the rows with a non-zero weight for expert k into idx_h / wk_h; returns their count. */
-static int rows_for(ts_ensemble_t *s, int k) {
+int ts_ensemble__rows_for(ts_ensemble_t *s, int k) {
     int m = 0;
     for (int b = 0; b < s->n; b++) {
         float wb = s->w[(size_t)b * s->K + k];
@@ -609,13 +406,6 @@ static int rows_for(ts_ensemble_t *s, int k) {
 }
 
 /* ---- policies ----------------------------------------------------------------------------------- */
-
-/* Copies a device tensor of count floats into host memory. */
-static int to_host(float *dst, const ts_tensor_t *src) {
-    ts_tensor_t h;
-    TS_TRY(ts_tensor_wrap(&h, dst, TS_F32, TS_CPU, src->ndim, src->shape));
-    return ts_tensor_copy(&h, src);
-}
 
 /* out (n·chw) = x − t·v, on the host. */
 static void denoised(float *out, const float *x, const float *v, float t, size_t count) {
@@ -657,7 +447,7 @@ static int score_confidence(ts_ensemble_t *s, const ts_tensor_t *x, float t) {
     size_t nv = (size_t)(s->chw * n);
     for (int b = 0; b < n; b++)
         s->idx_h[b] = b;
-    TS_TRY(upload_rows(s, n));
+    TS_TRY(ts_ensemble__upload_rows(s, n));
     TS_TRY(to_host(s->xh, x));
     for (int k = 0; k < K; k++) {
         ts_tensor_t vk;
@@ -703,246 +493,7 @@ static int record_step(ts_ensemble_t *s, float t, ts_policy_t used) {
     return TS_OK;
 }
 
-int ts_expert_job_run(ts_dit_t *m, const ts_expert_job_t *j) {
-    if (!m || !j || j->m < 1 || !j->x || !j->labels || !j->v)
-        return TS_EINVAL;
-    if (m->eng->device != TS_CPU)
-        return TS_EDEVICE;
-    const ts_dit_config_t *c = &m->cfg;
-    int pairs = j->cfg_scale != 1.0f ? 2 : 1, B = pairs * j->m;
-    if (B > m->max_batch)
-        return TS_ERANGE;
-    int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
-    ts_tensor_t x = {0}, t = {0}, out, dst, half;
-    int32_t *y = malloc((size_t)B * sizeof *y);
-    int rc = y ? TS_OK : TS_ENOMEM;
-    if (rc == TS_OK)
-        rc = ts_tensor_alloc(&x, TS_F32, TS_CPU, 4,
-                             TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
-    if (rc == TS_OK)
-        rc = ts_tensor_alloc(&t, TS_F32, TS_CPU, 1, TS_SHAPE(B));
-    if (rc == TS_OK) {
-        float *xs = x.data;
-        for (int p = 0; p < pairs; p++) {
-            memcpy(xs + (size_t)p * j->m * chw, j->x, (size_t)(j->m * chw) * sizeof *xs);
-            for (int i = 0; i < j->m; i++)
-                y[p * j->m + i] = p ? c->num_classes : j->labels[i];
-        }
-        rc = ts_fill(m->eng, &t, j->t);
-    }
-    if (rc == TS_OK)
-        rc = ts_dit_forward(m, &x, &t, y, B, &out);
-    if (rc == TS_OK)
-        rc = ts_tensor_wrap(&dst, j->v, TS_F32, TS_CPU, 4,
-                            TS_SHAPE(j->m, c->in_channels, c->input_size, c->input_size));
-    if (rc == TS_OK)
-        rc = ts_tensor_slice(&half, &out, 0, j->m);
-    if (rc == TS_OK)
-        rc = ts_tensor_copy(&dst, &half);
-    if (rc == TS_OK && pairs == 2) {
-        /* as run_expert */
-        rc = ts_tensor_slice(&half, &out, j->m, j->m);
-        if (rc == TS_OK)
-            rc = ts_scale(m->eng, &dst, j->cfg_scale);
-        if (rc == TS_OK)
-            rc = ts_axpy(m->eng, &dst, 1.0f - j->cfg_scale, &half);
-    }
-    ts_tensor_free(&x);
-    ts_tensor_free(&t);
-    free(y);
-    return rc;
-}
-
-/* ---- remote experts --------------------------------------------------------------------------- */
-
-/* Runs one round of jobs: for every expert still available, the samples that now route to it
- * and have no answer from it yet. Answers land in job_v by sample ((k, b) → row k·n + b);
- * *failed gets the experts whose job failed. Returns how many jobs ran (0: nothing left). */
-static int remote_round(ts_ensemble_t *s, float t, uint8_t *done, uint8_t *failed, int *ran) {
-    int n = s->n, K = s->K, n_jobs = 0;
-    size_t chw = (size_t)s->chw;
-    for (int k = 0; k < K; k++) {
-        if (failed[k])
-            continue;
-        int m = 0;
-        int32_t *rows = s->job_rows + (size_t)k * n, *y = s->job_y + (size_t)k * n;
-        float *xk = s->job_x + (size_t)k * n * chw;
-        for (int b = 0; b < n; b++)
-            if (s->w[(size_t)b * K + k] != 0.0f && !done[(size_t)k * n + b]) {
-                rows[m] = b;
-                y[m] = s->o.labels[b];
-                memcpy(xk + (size_t)m * chw, s->xh + (size_t)b * chw, chw * sizeof *xk);
-                m++;
-            }
-        if (m == 0)
-            continue;
-        s->jobs[n_jobs++] = (ts_expert_job_t){.k = k,
-                                              .m = m,
-                                              .rows = rows,
-                                              .x = xk,
-                                              .labels = y,
-                                              .t = t,
-                                              .cfg_scale = s->o.cfg_scale,
-                                              .v = s->job_vp + (size_t)k * n * chw,
-                                              .status = TS_EIO};
-    }
-    *ran = n_jobs;
-    if (n_jobs == 0)
-        return TS_OK;
-    TS_TRY(s->o.eval(s->o.eval_ctx, s->jobs, n_jobs));
-    for (int j = 0; j < n_jobs; j++) {
-        const ts_expert_job_t *jb = &s->jobs[j];
-        if (jb->status != TS_OK) {
-            failed[jb->k] = 1;
-            s->dropped++;
-            continue;
-        }
-        s->forwards += (int64_t)s->pairs * jb->m;
-        s->expert_forwards[jb->k] += (int64_t)s->pairs * jb->m;
-        for (int r = 0; r < jb->m; r++) {
-            size_t at = (size_t)jb->k * n + (size_t)jb->rows[r];
-            memcpy(s->job_v + at * chw, jb->v + (size_t)r * chw, chw * sizeof *jb->v);
-            done[at] = 1;
-        }
-    }
-    return TS_OK;
-}
-
-/* Routes again, without the failed experts, every sample that one of them was serving: its
- * scores for them become −∞ and its row of weights is made anew (so top1 moves to the next best
- * expert). TS_EPEER when a sample has no expert left. */
-static int reroute(ts_ensemble_t *s, float t, const uint8_t *failed) {
-    int n = s->n, K = s->K;
-    for (int b = 0; b < n; b++) {
-        float *wb = s->w + (size_t)b * K, *sb = s->scores + (size_t)b * K;
-        int hit = 0, left = 0;
-        for (int k = 0; k < K; k++) {
-            hit |= failed[k] && wb[k] != 0.0f;
-            if (failed[k])
-                sb[k] = -INFINITY;
-            else
-                left++;
-        }
-        if (!hit)
-            continue;
-        if (left == 0)
-            return TS_EPEER;
-        memcpy(wb, sb, (size_t)K * sizeof *wb);
-        TS_TRY(ts_route_weights(wb, 1, K, &s->o.select, t));
-        s->renormalised++;
-    }
-    return TS_OK;
-}
-
-/* v = Σ_k w_k · v_k with every expert's answer computed by the hook: the jobs are made in expert
- * order, handed over at once, and combined in expert order as the local path does. A failed
- * expert is left out and the samples it served are routed again among the others, in further
- * rounds, until every sample has the answers of the experts it now routes to. */
-static int remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t, ts_tensor_t *v) {
-    ts_engine_t *e = s->eng;
-    int n = s->n, K = s->K;
-    size_t chw = (size_t)s->chw;
-    uint8_t failed[TS_ROUTE_MAX_EXPERTS] = {0};
-    memset(s->job_done, 0, (size_t)K * n);
-    TS_TRY(to_host(s->xh, x));
-    for (int round = 0; round <= K; round++) {
-        int ran = 0, any_failed = 0;
-        uint8_t before[TS_ROUTE_MAX_EXPERTS];
-        memcpy(before, failed, sizeof before);
-        TS_TRY(remote_round(s, t, s->job_done, failed, &ran));
-        if (ran == 0)
-            break;
-        for (int k = 0; k < K; k++)
-            any_failed |= failed[k] && !before[k];
-        if (!any_failed)
-            break;
-        TS_TRY(reroute(s, t, failed));
-    }
-    double t_combine = ts_now_s();
-    TS_TRY(ts_zero(e, v));
-    for (int k = 0; k < K; k++) {
-        int m = rows_for(s, k);
-        if (m == 0)
-            continue;
-        float *packed = s->job_vp + (size_t)k * n * chw;
-        for (int r = 0; r < m; r++)
-            memcpy(packed + (size_t)r * chw, s->job_v + ((size_t)k * n + s->idx_h[r]) * chw,
-                   chw * sizeof *packed);
-        TS_TRY(upload_rows(s, m));
-        ts_tensor_t vk, idx, wk, src;
-        TS_TRY(ts_tensor_slice(&vk, &s->vk, 0, m));
-        TS_TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
-        TS_TRY(ts_tensor_slice(&wk, &s->wk, 0, m));
-        TS_TRY(ts_tensor_wrap(&src, packed, TS_F32, TS_CPU, 4,
-                              TS_SHAPE(m, x->shape[1], x->shape[2], x->shape[3])));
-        TS_TRY(ts_tensor_copy(&vk, &src));
-        TS_TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
-    }
-    s->combine_s += ts_now_s() - t_combine;
-    return TS_OK;
-}
-
 /* ---- one evaluation ------------------------------------------------------------------------------- */
-
-/* ---- the experts' residuals ------------------------------------------------------------------- */
-
-int ts_expert_residuals_init(ts_expert_residuals_t *x, ts_dit_t *experts, int K, int max_batch) {
-    if (!x || !experts || K < 1 || max_batch < 1)
-        return TS_EINVAL;
-    memset(x, 0, sizeof *x);
-    const ts_dit_config_t *c = &experts[0].cfg;
-    x->experts = experts;
-    x->K = K;
-    x->max_batch = max_batch;
-    x->chw = (int64_t)c->in_channels * c->input_size * c->input_size;
-    for (int k = 0; k < K; k++)
-        if (experts[k].max_batch < max_batch)
-            return TS_EINVAL;
-    x->r = malloc((size_t)K * max_batch * x->chw * sizeof *x->r);
-    x->vel = malloc((size_t)max_batch * x->chw * sizeof *x->vel);
-    if (!x->r || !x->vel) {
-        ts_expert_residuals_free(x);
-        return TS_ENOMEM;
-    }
-    return TS_OK;
-}
-
-void ts_expert_residuals_free(ts_expert_residuals_t *x) {
-    if (!x)
-        return;
-    free(x->r);
-    free(x->vel);
-    memset(x, 0, sizeof *x);
-}
-
-int ts_expert_residuals_fn(void *ctx, const ts_tensor_t *xt, const ts_tensor_t *t,
-                           const ts_tensor_t *vel, const int32_t *labels, int B, double *G) {
-    ts_expert_residuals_t *x = ctx;
-    if (!x || !xt || !t || !vel || !labels || !G || B < 1 || B > x->max_batch)
-        return TS_EINVAL;
-    int K = x->K;
-    int64_t n = (int64_t)B * x->chw;
-    TS_TRY(to_host(x->vel, vel));
-    for (int k = 0; k < K; k++) {
-        ts_tensor_t v;
-        TS_TRY(ts_dit_forward(&x->experts[k], xt, t, labels, B, &v));
-        float *rk = x->r + (int64_t)k * x->max_batch * x->chw;
-        TS_TRY(to_host(rk, &v));
-        for (int64_t i = 0; i < n; i++)
-            rk[i] -= x->vel[i];
-    }
-    for (int b = 0; b < B; b++)
-        for (int j = 0; j < K; j++)
-            for (int k = j; k < K; k++) {
-                const float *rj = x->r + ((int64_t)j * x->max_batch + b) * x->chw;
-                const float *rk = x->r + ((int64_t)k * x->max_batch + b) * x->chw;
-                double s = 0.0;
-                for (int64_t p = 0; p < x->chw; p++)
-                    s += (double)rj[p] * (double)rk[p];
-                G[((int64_t)b * K + j) * K + k] = G[((int64_t)b * K + k) * K + j] = s / x->chw;
-            }
-    return TS_OK;
-}
 
 /* opts.absent: the weights the absent experts would have had go into absent_mass, then their
  * scores become −∞, so that the selection renormalises over the experts that can answer. */
@@ -1019,7 +570,7 @@ static int run_expert_exact(ts_ensemble_t *s, int k, const ts_tensor_t *x, float
         return TS_OK;
     ts_engine_t *e = s->eng;
     ts_dit_t *model = &s->experts[k];
-    TS_TRY(upload_rows(s, m));
+    TS_TRY(ts_ensemble__upload_rows(s, m));
     ts_tensor_t idx, xb, tb, out, part, pidx, pw;
     TS_TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
     TS_TRY(ts_tensor_slice(&xb, &s->xx, 0, m));
@@ -1150,7 +701,7 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
 weighted:
     s->policy_s += ts_now_s() - t_policy;
     if (s->o.eval)
-        TS_TRY(remote_combine(s, x, t, v));
+        TS_TRY(ts_ensemble__remote_combine(s, x, t, v));
     else
         TS_TRY(ts_zero(e, v));
     if (s->o.record)
@@ -1160,10 +711,10 @@ weighted:
             TS_TRY(run_expert_exact(s, k, x, t, v));
             continue;
         }
-        int m = rows_for(s, k);
+        int m = ts_ensemble__rows_for(s, k);
         if (m == 0)
             continue;
-        TS_TRY(upload_rows(s, m));
+        TS_TRY(ts_ensemble__upload_rows(s, m));
         ts_tensor_t vk, idx, wk;
         TS_TRY(ts_tensor_slice(&vk, &s->vk, 0, m));
         TS_TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
