@@ -241,7 +241,8 @@ typedef struct {
     scoring_t sc;
     /* --judges: each judge's features of every entry's samples, then their scores */
     ts_cli_judge_t jd[TS_CLI_MAX_JUDGES];
-    int n_judges;
+    ts_engine_t jeng; /* the judges' CPU engine when the run's is a GPU's (has_jeng) */
+    int n_judges, has_jeng;
     char *judges_copy;
     float *jfeat[TS_CLI_MAX_JUDGES][MAX_ENTRIES];
     ts_space_score_t *jsc; /* (n_judges, n_entries) */
@@ -363,6 +364,8 @@ static int check_models(eval_run_t *r) {
     return TS_OK;
 }
 
+static ts_engine_t *judge_engine(eval_run_t *r) { return r->has_jeng ? &r->jeng : &r->eng; }
+
 /* The engine, the experts, the monoliths, the classifier and the data, checked against each
  * other; the class prior when an entry wants it. */
 static int open_models(eval_run_t *r) {
@@ -405,13 +408,22 @@ static int open_models(eval_run_t *r) {
             return TS_EINVAL;
         }
     }
-    for (int k = 0; k < r->n_judges && rc == TS_OK; k++)
-        rc = ts_cli_judge_open(&r->jd[k], jpath[k], &r->eng, CHUNK, err, errlen);
     if (rc == TS_OK)
         rc = ts_fmnist_load(o->fmnist_dir, "test", &r->test, err, errlen);
     if (rc == TS_OK)
         rc = ts_fmnist_load(o->fmnist_dir, "train", &r->train, err, errlen);
-    return rc == TS_OK ? check_models(r) : rc;
+    if (rc == TS_OK)
+        rc = check_models(r);
+    /* the judges run on the CPU (model/judge.h): the run's engine when it is one, else their own */
+    if (rc == TS_OK && r->n_judges && r->eng.device != TS_CPU) {
+        ts_device_spec_t cpu = {.device = TS_CPU};
+        if ((rc = ts_cli_engine(&r->jeng, &cpu, o->threads, PROG, err, errlen)) == TS_OK)
+            r->has_jeng = 1;
+    }
+    for (int k = 0; k < r->n_judges && rc == TS_OK; k++)
+        rc = ts_cli_judge_open(&r->jd[k], jpath[k], judge_engine(r), CHUNK, r->C, r->S, r->S, err,
+                               errlen);
+    return rc;
 }
 
 static int alloc_buffers(eval_run_t *r) {
@@ -564,8 +576,11 @@ static int run_entry(eval_run_t *r, int i, progress_t *prog) {
         return rc;
     for (int k = 0; k < r->n_judges && rc == TS_OK; k++) {
         if (!(r->jfeat[k][i] = malloc((size_t)n * r->jd[k].D * sizeof(float))))
-            return TS_ENOMEM;
-        if ((rc = ts_cli_judge_features(&r->jd[k], &r->eng, r->images, n, r->C, r->S, r->S,
+            return ts_fail(r->err, sizeof r->err, TS_ENOMEM,
+                           "no memory for %s's features of %d "
+                           "samples",
+                           r->jd[k].path, n);
+        if ((rc = ts_cli_judge_features(&r->jd[k], judge_engine(r), r->images, n, r->C, r->S, r->S,
                                         r->jfeat[k][i])) != TS_OK)
             ts_set_err(r->err, sizeof r->err, "%s: the features of '%s' failed: %s", r->jd[k].path,
                        x->name, ts_strerror(rc));
@@ -594,16 +609,19 @@ static int score_judges(eval_run_t *r) {
     if (!r->n_judges || !E)
         return TS_OK;
     if (!(r->jsc = calloc((size_t)(r->n_judges * E), sizeof *r->jsc)))
-        return TS_ENOMEM;
+        return ts_fail(r->err, sizeof r->err, TS_ENOMEM, "no memory for the judges' scores");
     int64_t n[MAX_ENTRIES];
     for (int i = 0; i < E; i++)
         n[i] = r->o.n;
     int rc = TS_OK;
     for (int k = 0; k < r->n_judges && rc == TS_OK; k++) {
         float *ref = malloc((size_t)ref_n * r->jd[k].D * sizeof *ref);
-        rc = ref ? ts_cli_judge_features(&r->jd[k], &r->eng, r->test.images, ref_n, r->C, r->S,
-                                         r->S, ref)
+        rc = ref ? ts_cli_judge_features(&r->jd[k], judge_engine(r), r->test.images, ref_n, r->C,
+                                         r->S, r->S, ref)
                  : TS_ENOMEM;
+        if (rc != TS_OK)
+            ts_set_err(r->err, sizeof r->err, "%s: the reference's features: %s", r->jd[k].path,
+                       ts_strerror(rc));
         if (rc == TS_OK)
             rc =
                 ts_space_score((const float *const *)r->jfeat[k], n, E, ref, ref_n, r->jd[k].D,
@@ -711,6 +729,8 @@ static void eval_free(eval_run_t *r) {
         ts_cli_judge_close(&r->jd[k]);
     }
     free(r->judges_copy), free(r->jsc);
+    if (r->has_jeng)
+        ts_engine_free(&r->jeng);
     ts_dataset_free(&r->test);
     ts_dataset_free(&r->train);
     ts_classifier_free(r->cls);

@@ -146,8 +146,27 @@ int ts_cmd_train_judge(int argc, char **argv) {
 
 /* ---- the feature spaces ------------------------------------------------------------------ */
 
-int ts_cli_judge_open(ts_cli_judge_t *j, const char *path, ts_engine_t *e, int max_batch, char *err,
-                      size_t errlen) {
+/* The shape a judge or classifier file takes, against the images' (C, H, W). */
+static int shape_check(ts_cli_judge_t *j, int C, int H, int W, char *err, size_t errlen) {
+    int c = 0, h = 0, w = 0;
+    if (j->judge) {
+        ts_judge_shape(j->judge, &c, &h, &w);
+    } else {
+        const char *cs = ts_classifier_meta(j->classifier, "in_channels");
+        const char *ss = ts_classifier_meta(j->classifier, "input_size");
+        c = cs ? atoi(cs) : 0, h = w = ss ? atoi(ss) : 0;
+    }
+    if (c == C && h == H && w == W) {
+        if (err && errlen)
+            err[0] = '\0'; /* a judge file's "not a judge" before the classifier opened */
+        return TS_OK;
+    }
+    return ts_fail(err, errlen, TS_EINVAL, "%s takes images of %d×%d×%d, these are %d×%d×%d",
+                   j->path, c, h, w, C, H, W);
+}
+
+int ts_cli_judge_open(ts_cli_judge_t *j, const char *path, ts_engine_t *e, int max_batch, int C,
+                      int H, int W, char *err, size_t errlen) {
     memset(j, 0, sizeof *j);
     j->path = path, j->max_batch = max_batch;
     int rc = ts_judge_open(&j->judge, path, e, max_batch, err, errlen);
@@ -156,23 +175,28 @@ int ts_cli_judge_open(ts_cli_judge_t *j, const char *path, ts_engine_t *e, int m
         snprintf(j->name, sizeof j->name, "%s seed %s", ts_judge_kind_name(ts_judge_kind(j->judge)),
                  seed ? seed : "?");
         j->D = ts_judge_feature_dim(j->judge);
-        return TS_OK;
+        return shape_check(j, C, H, W, err, errlen);
     }
-    if (rc != TS_EKIND) {
+    if (rc == TS_ECORRUPT) { /* not safetensors, or a judge file that does not hold together */
         char why[512];
         snprintf(why, sizeof why, "%s", err);
         ts_set_err(err, errlen, "%s is not a judge file: %s", path, why);
         return rc;
     }
+    if (rc != TS_EKIND) /* a missing file, no memory, ...: its own message */
+        return rc;
     char cerr[512] = "";
     rc = ts_classifier_open(&j->classifier, path, e, max_batch, cerr, sizeof cerr);
     if (rc != TS_OK) {
         ts_set_err(err, errlen, "%s is neither a judge nor a classifier: %s", path, cerr);
         return rc == TS_ECORRUPT ? TS_EKIND : rc;
     }
+    if (ts_classifier_time_conditioned(j->classifier))
+        return ts_fail(err, errlen, TS_EKIND, "%s is a router (time-conditioned), not a judge",
+                       path);
     snprintf(j->name, sizeof j->name, "classifier");
     j->D = ts_classifier_feature_dim(j->classifier);
-    return TS_OK;
+    return shape_check(j, C, H, W, err, errlen);
 }
 
 void ts_cli_judge_close(ts_cli_judge_t *j) {
@@ -296,7 +320,8 @@ void ts_cli_judges_print(const char *ref, int boot, char *const *names, int E,
             lower += f < 0 && g < 0;
             higher += f > 0 && g > 0;
         }
-        const char *verdict = lower == J ? "lower in every judge: holds"
+        const char *verdict = n[e] != n[0] ? "not paired (a different n): no verdict"
+                              : lower == J ? "lower in every judge: holds"
                               : higher == J
                                   ? "higher in every judge: holds"
                                   : "the judges disagree or find no difference: does not hold";
@@ -468,8 +493,8 @@ int ts_cmd_judge(int argc, char **argv) {
     int C = ref.channels, H = ref.height, W = ref.width;
     double t0 = ts_now_s();
     for (int k = 0; k < J && rc == TS_OK; k++) {
-        rc = ts_cli_judge_open(&jd[k], jpath[k], &eng, CHUNK, err, sizeof err);
-        int D = jd[k].D;
+        rc = ts_cli_judge_open(&jd[k], jpath[k], &eng, CHUNK, C, H, W, err, sizeof err);
+        int D = jd[k].D, opened = rc == TS_OK;
         if (rc == TS_OK && !(rfeat = malloc((size_t)(r * D) * sizeof *rfeat)))
             rc = TS_ENOMEM;
         if (rc == TS_OK)
@@ -481,8 +506,8 @@ int ts_cmd_judge(int argc, char **argv) {
                 rc = ts_cli_judge_features(&jd[k], &eng, sets[e].images, (int)n[e], C, H, W,
                                            feat[e]);
         }
-        if (rc != TS_OK && !*err)
-            ts_set_err(err, sizeof err, "%s: the features failed", jpath[k]);
+        if (rc != TS_OK && opened)
+            ts_set_err(err, sizeof err, "%s: the features: %s", jpath[k], ts_strerror(rc));
         if (rc == TS_OK)
             rc = ts_space_score((const float *const *)feat, n, E, rfeat, r, D, o.boot, o.pr_k,
                                 sc + (size_t)k * E, err, sizeof err);

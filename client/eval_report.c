@@ -241,7 +241,10 @@ int ts_eval_report_write(const char *path, const entry_t *e, int n_entries,
         char *names[MAX_ENTRIES];
         for (int i = 0; i < n_entries; i++)
             names[i] = (char *)e[i].name;
-        ts_cli_judges_report(r, names, n_entries, jd, J, jsc);
+        if (ts_cli_judges_report(r, names, n_entries, jd, J, jsc) != TS_OK) {
+            ts_report_discard(r);
+            return ts_fail(err, errlen, TS_ENOMEM, "out of memory for the judges' tables");
+        }
     }
     route_figures(r, e, n_entries);
     ts_report_heading(r, 2, "Samples");

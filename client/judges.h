@@ -24,9 +24,11 @@ typedef struct ts_cli_judge {
     int D, max_batch;
 } ts_cli_judge_t;
 
-/* Opens path as a judge, or as a classifier when it is one (its "format" says which). */
-int ts_cli_judge_open(ts_cli_judge_t *j, const char *path, ts_engine_t *e, int max_batch, char *err,
-                      size_t errlen);
+/* Opens path as a judge, or as a classifier when it is one (its "format" says which), for images
+ * of (C, H, W): TS_EINVAL, naming both shapes, when it takes others. A judge needs a CPU engine
+ * (model/judge.h); a classifier runs on any. */
+int ts_cli_judge_open(ts_cli_judge_t *j, const char *path, ts_engine_t *e, int max_batch, int C,
+                      int H, int W, char *err, size_t errlen);
 /* features (n, D) of n host images (n, C, H, W) in [−1, 1]. */
 int ts_cli_judge_features(ts_cli_judge_t *j, ts_engine_t *e, const float *images, int n, int C,
                           int H, int W, float *features);

@@ -64,6 +64,10 @@ int ts_judge_kind_parse(const char *name, ts_judge_kind_t *kind) {
 
 ts_judge_kind_t ts_judge_kind(const ts_judge_t *j) { return j->kind; }
 int ts_judge_feature_dim(const ts_judge_t *j) { return j ? j->D : 0; }
+
+void ts_judge_shape(const ts_judge_t *j, int *channels, int *height, int *width) {
+    *channels = j->C, *height = j->H, *width = j->W;
+}
 int ts_judge_num_params(const ts_judge_t *j) { return j ? j->n_params : 0; }
 
 int ts_judge_param(ts_judge_t *j, int i, ts_tensor_t **param, ts_tensor_t **grad) {
@@ -202,11 +206,13 @@ static int new_judge(ts_judge_t **out, ts_judge_kind_t kind, int C, int H, int W
         ts_set_err(err, errlen, "judge: the judges run on the CPU engine only");
         return TS_ENOTSUP;
     }
-    int P = C * H * W;
-    if (C < 1 || H < 4 || W < 4 || C > 64 || H > 1024 || W > 1024 || max_batch < 1 ||
-        max_batch > 65536 ||
-        (kind == TS_JUDGE_CNN && (H % 4 || W % 4 || classes < 2 || classes > 100000)) ||
-        (int64_t)P * max_batch > (int64_t)1 << 28) {
+    /* floats per sample the buffers take, at most: a cnn's first convolution's columns and four
+     * copies of its output dominate; an ae's input, output and their gradients */
+    int fits = C >= 1 && H >= 4 && W >= 4 && C <= 64 && H <= 1024 && W <= 1024 && max_batch >= 1 &&
+               max_batch <= 65536;
+    int64_t per = fits ? (int64_t)H * W * (kind == TS_JUDGE_CNN ? 9 * C + 4 * 16 + 64 : 8 * C) : 0;
+    if (!fits || (kind == TS_JUDGE_CNN && (H % 4 || W % 4 || classes < 2 || classes > 100000)) ||
+        per * max_batch > (int64_t)1 << 28) {
         ts_set_err(err, errlen,
                    "judge: images %d×%d×%d, %d classes, batch %d are not a %s judge's shape", C, H,
                    W, classes, max_batch, ts_judge_kind_name(kind));
@@ -215,7 +221,7 @@ static int new_judge(ts_judge_t **out, ts_judge_kind_t kind, int C, int H, int W
     ts_judge_t *j = calloc(1, sizeof *j);
     if (!j)
         return TS_ENOMEM;
-    j->e = e, j->kind = kind, j->C = C, j->H = H, j->W = W;
+    j->e = e, j->kind = kind, j->C = C, j->H = H, j->W = W; /* checked above */
     j->classes = kind == TS_JUDGE_CNN ? classes : 0;
     j->max_batch = max_batch, j->trainable = trainable;
     int rc = build(j);
@@ -499,6 +505,10 @@ int ts_judge_train(ts_judge_t *j, const ts_dataset_t *data, int64_t steps, int b
                    data->channels, data->height, data->width, j->C, j->H, j->W);
         return TS_EINVAL;
     }
+    if (j->kind == TS_JUDGE_CNN && !data->labels) {
+        ts_set_err(err, errlen, "judge: a cnn learns the labels, and these images have none");
+        return TS_EINVAL;
+    }
     int64_t P = (int64_t)j->C * j->H * j->W;
     int32_t *perm = malloc((size_t)data->n * sizeof *perm);
     int32_t *labels = malloc((size_t)batch * sizeof *labels);
@@ -555,7 +565,8 @@ int ts_judge_score(ts_judge_t *j, const ts_dataset_t *data, double *score, char 
     int K = j->L[j->n_layers - 1].cout;
     float *out = malloc((size_t)j->max_batch * K * sizeof *out);
     if (!out)
-        return TS_ENOMEM;
+        return ts_fail(err, errlen, TS_ENOMEM, "judge: no memory to score a batch of %d",
+                       j->max_batch);
     double sum = 0.0;
     int rc = TS_OK;
     for (int lo = 0; rc == TS_OK && lo < data->n; lo += j->max_batch) {

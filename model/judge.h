@@ -55,6 +55,8 @@ ts_judge_kind_t ts_judge_kind(const ts_judge_t *j);
 const char *ts_judge_kind_name(ts_judge_kind_t kind); /* "cnn", "ae" */
 int ts_judge_kind_parse(const char *name, ts_judge_kind_t *kind);
 int ts_judge_feature_dim(const ts_judge_t *j);
+/* The images it takes: (channels, height, width). */
+void ts_judge_shape(const ts_judge_t *j, int *channels, int *height, int *width);
 /* A metadata value of the file it was loaded from or saved to ("seed", "test_accuracy", ...). */
 const char *ts_judge_meta(const ts_judge_t *j, const char *key);
 int ts_judge_set_meta(ts_judge_t *j, const char *key, const char *value);
@@ -75,7 +77,7 @@ int ts_judge_loss_backward(ts_judge_t *j, const float *x, const int32_t *labels,
 int ts_judge_num_params(const ts_judge_t *j);
 int ts_judge_param(ts_judge_t *j, int i, ts_tensor_t **param, ts_tensor_t **grad);
 
-/* Trains on data for steps AdamW steps of batch samples (lr with a linear warm-up over the first
+/* Trains (a cnn: on data's labels, which it must have) on data for steps AdamW steps of batch samples (lr with a linear warm-up over the first
  * 5 % and a cosine decay; shuffled epochs from seed). progress, when not NULL, is called every
  * report steps with the step and the mean loss since the last report. */
 typedef void (*ts_judge_progress_fn)(void *ctx, int64_t step, int64_t steps, double loss);

@@ -362,6 +362,11 @@ void ts_bootstrap_interval(const double *boot, int B, double est, double *lo, do
     *lo = *hi = NAN;
     if (bias_out)
         *bias_out = NAN;
+    for (int b = 0; c && b < B; b++)
+        if (!isfinite(boot[b])) { /* ts_quantile takes no NaN: no interval */
+            free(c);
+            return;
+        }
     if (!c)
         return;
     for (int b = 0; b < B; b++)

@@ -53,7 +53,7 @@ void ts_bootstrap_indices(uint64_t seed, int64_t b, int64_t n, int32_t *idx);
 
 /* The 95 % interval from B resampled values of a statistic whose estimate is est: the 2.5 and
  * 97.5 percentiles shifted by the bootstrap bias (mean − est), which *bias receives (may be
- * NULL). NaN bounds when B < 2 or memory runs out. */
+ * NULL). NaN bounds when B < 2, a value is not finite, or memory runs out. */
 void ts_bootstrap_interval(const double *boot, int B, double est, double *lo, double *hi,
                            double *bias);
 

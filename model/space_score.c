@@ -123,6 +123,8 @@ static double kid_of(const float *kxx, const double *rowsum, int64_t m, int64_t 
         cross += cu * rowsum[u];
     }
     double md = (double)m, pairs = md * md - sq;
+    if (pairs <= 0.0) /* a resample of one sample drawn m times: no pair to compare */
+        return NAN;
     return (within - diag) / pairs + yy - 2.0 * cross / (md * (double)r);
 }
 
@@ -201,9 +203,10 @@ int ts_space_score(const float *const *feat, const int64_t *n, int E, const floa
     if (!feat || !n || E < 1 || !ref || r < 2 || d < 1 || B < 0 || !out || r > INT32_MAX)
         return ts_fail(err, errlen, TS_EINVAL, "scores: no entries or no reference");
     for (int e = 0; e < E; e++) {
-        if (!feat[e] || n[e] < 2 || n[e] > INT32_MAX)
-            return ts_fail(err, errlen, TS_EINVAL, "scores: entry %d has %lld samples", e,
-                           (long long)(feat[e] ? n[e] : 0));
+        if (!feat[e] || n[e] < TS_SPACE_SCORE_MIN_N || n[e] > INT32_MAX)
+            return ts_fail(err, errlen, TS_EINVAL,
+                           "scores: entry %d has %lld samples; the scores want %d at least", e,
+                           (long long)(feat[e] ? n[e] : 0), TS_SPACE_SCORE_MIN_N);
         if (!all_finite(feat[e], n[e] * d))
             return ts_fail(err, errlen, TS_ENONFINITE,
                            "scores: entry %d has a feature that is "

@@ -41,10 +41,13 @@ typedef struct ts_space_score {
     double precision, recall;
 } ts_space_score_t;
 
+#define TS_SPACE_SCORE_MIN_N 10 /* samples per entry at least (a resample then has pairs) */
+
 /* Scores E ≥ 1 entries, entry e having feat[e] (n[e], d) rows, against ref (r, d): B bootstrap
  * resamples (0: no intervals; paired differences need every n[e] equal), precision/recall with
- * k-th-neighbour radii (pr_k). out: E scores. Errors: TS_EINVAL (n[e] < 2, r < 2, d < 1, pr_k too
- * large for the sets), TS_ENONFINITE (a feature that is not finite), TS_ENOMEM; the message says
+ * k-th-neighbour radii (pr_k). out: E scores. A resample whose KID is undefined (every draw the
+ * same sample: odds n^(1−n)) leaves the KID's interval NaN. Errors: TS_EINVAL (n[e] <
+ * TS_SPACE_SCORE_MIN_N, r < 2, d < 1, pr_k too large for the sets), TS_ENONFINITE (a feature that is not finite), TS_ENOMEM; the message says
  * which. */
 int ts_space_score(const float *const *feat, const int64_t *n, int E, const float *ref, int64_t r,
                    int d, int B, int pr_k, ts_space_score_t *out, char *err, size_t errlen);

@@ -23,13 +23,14 @@ static void fill(float *x, int n, unsigned seed) {
 }
 
 /* Every parameter's gradient against (L(p + h) − L(p − h)) / 2h at a sample of its elements. */
-static void check_gradients(ts_engine_t *e, ts_judge_kind_t kind) {
+static void check_gradients(ts_engine_t *e, ts_judge_kind_t kind, int c0, int h0, int w0) {
     ts_judge_t *j;
     char err[256] = "";
-    TU_CHECK_RC_MSG(ts_judge_create(&j, kind, C, H, W, K, 7, e, B, 1, err, sizeof err), TS_OK, err);
-    float x[B * P];
+    TU_CHECK_RC_MSG(ts_judge_create(&j, kind, c0, h0, w0, K, 7, e, B, 1, err, sizeof err), TS_OK,
+                    err);
+    float x[B * 2 * 8 * 12];
     int32_t y[B] = {0, 2, 1, 2};
-    fill(x, B * P, 3);
+    fill(x, B * c0 * h0 * w0, 3);
     /* biases start at zero: give them values so that their gradients are not a special case */
     for (int i = 0; i < ts_judge_num_params(j); i++) {
         ts_tensor_t *p, *g;
@@ -50,7 +51,7 @@ static void check_gradients(ts_engine_t *e, ts_judge_kind_t kind) {
         memcpy(gs, g->data, (size_t)n * sizeof *gs);
         for (int64_t k = 0; k < n; k += n / 7 + 1) {
             float *w = (float *)p->data + k, keep = *w;
-            const float h = 1e-2f;
+            const float h = 3e-3f; /* truncation O(h²) and float rounding O(eps/h) both small */
             float lp, lm;
             *w = keep + h;
             TU_CHECK_OK(ts_judge_loss_backward(j, x, y, B, &lp));
@@ -68,85 +69,100 @@ static void check_gradients(ts_engine_t *e, ts_judge_kind_t kind) {
         }
         free(gs);
     }
-    printf("%s: %d gradients checked, worst relative difference %.3g\n", ts_judge_kind_name(kind),
-           checked, worst);
+    printf("%s %d×%d×%d: %d gradients checked, worst relative difference %.3g\n",
+           ts_judge_kind_name(kind), c0, h0, w0, checked, worst);
     assert_true(worst < 0.05);
     ts_judge_free(j);
 }
 
-static void test_gradients_cnn(void **state) { check_gradients(*state, TS_JUDGE_CNN); }
-static void test_gradients_ae(void **state) { check_gradients(*state, TS_JUDGE_AE); }
+static void test_gradients_cnn(void **state) {
+    check_gradients(*state, TS_JUDGE_CNN, 1, 8, 8);
+    check_gradients(*state, TS_JUDGE_CNN, 2, 8, 12);
+}
+static void test_gradients_ae(void **state) { check_gradients(*state, TS_JUDGE_AE, 1, 8, 8); }
 
 static float gelu(float v) {
     return 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
 }
 
-/* The cnn's features by plain loops from its parameters: conv, pool, conv, pool, linear. */
-static void naive_cnn(ts_judge_t *j, const float *x, float *feat) {
+/* The cnn's features by plain loops from its parameters: conv, pool, conv, pool, linear, for an
+ * image x (c0, h0, w0) as the judge takes it (channels first). */
+static void naive_cnn(ts_judge_t *j, const float *x, int c0, int h0, int w0, float *feat) {
     ts_tensor_t *p[6], *g;
     for (int i = 0; i < 6; i++)
         TU_CHECK_OK(ts_judge_param(j, i, &p[i], &g));
-    int hs[2] = {H, H / 2}, cs[3] = {C, 16, 32};
-    float *a = malloc(sizeof(float) * H * W * 32), *b = malloc(sizeof(float) * H * W * 32);
-    memcpy(a, x, sizeof(float) * P); /* channels-last equals (C, H, W) for C = 1 */
+    int hs[2] = {h0, h0 / 2}, ws[2] = {w0, w0 / 2}, cs[3] = {c0, 16, 32};
+    size_t cap = (size_t)h0 * w0 * 32 + (size_t)h0 * w0 * c0;
+    float *a = malloc(sizeof(float) * cap), *b = malloc(sizeof(float) * cap);
+    for (int c = 0; c < c0; c++) /* channels-last, [(y·w + x)·c0 + c] */
+        for (int q = 0; q < h0 * w0; q++)
+            a[q * c0 + c] = x[c * h0 * w0 + q];
     for (int l = 0; l < 2; l++) {
-        int n = hs[l], ci = cs[l], co = cs[l + 1];
+        int h = hs[l], w = ws[l], ci = cs[l], co = cs[l + 1];
         const float *wt = p[2 * l]->data, *bs = p[2 * l + 1]->data;
-        for (int y = 0; y < n; y++)
-            for (int xx = 0; xx < n; xx++)
+        for (int y = 0; y < h; y++)
+            for (int xx = 0; xx < w; xx++)
                 for (int o = 0; o < co; o++) {
-                    double s = bs[o];
+                    double sum = bs[o];
                     for (int ky = 0; ky < 3; ky++)
                         for (int kx = 0; kx < 3; kx++)
                             for (int c = 0; c < ci; c++) {
                                 int sy = y + ky - 1, sx = xx + kx - 1;
-                                if (sy >= 0 && sy < n && sx >= 0 && sx < n)
-                                    s += (double)wt[o * 9 * ci + (ky * 3 + kx) * ci + c] *
-                                         a[(sy * n + sx) * ci + c];
+                                if (sy >= 0 && sy < h && sx >= 0 && sx < w)
+                                    sum += (double)wt[o * 9 * ci + (ky * 3 + kx) * ci + c] *
+                                           a[(sy * w + sx) * ci + c];
                             }
-                    b[(y * n + xx) * co + o] = gelu((float)s);
+                    b[(y * w + xx) * co + o] = gelu((float)sum);
                 }
-        for (int y = 0; y < n / 2; y++)
-            for (int xx = 0; xx < n / 2; xx++)
+        for (int y = 0; y < h / 2; y++)
+            for (int xx = 0; xx < w / 2; xx++)
                 for (int o = 0; o < co; o++)
-                    a[(y * (n / 2) + xx) * co + o] =
+                    a[(y * (w / 2) + xx) * co + o] =
                         0.25f *
-                        (b[(2 * y * n + 2 * xx) * co + o] + b[(2 * y * n + 2 * xx + 1) * co + o] +
-                         b[((2 * y + 1) * n + 2 * xx) * co + o] +
-                         b[((2 * y + 1) * n + 2 * xx + 1) * co + o]);
+                        (b[(2 * y * w + 2 * xx) * co + o] + b[(2 * y * w + 2 * xx + 1) * co + o] +
+                         b[((2 * y + 1) * w + 2 * xx) * co + o] +
+                         b[((2 * y + 1) * w + 2 * xx + 1) * co + o]);
     }
-    int in = 32 * (H / 4) * (W / 4);
-    const float *wt = p[4]->data, *bs = p[4]->data == NULL ? NULL : p[5]->data;
+    int in = 32 * (h0 / 4) * (w0 / 4);
+    const float *wt = p[4]->data, *bs = p[5]->data;
     for (int o = 0; o < 128; o++) {
-        double s = bs[o];
+        double sum = bs[o];
         for (int k = 0; k < in; k++)
-            s += (double)wt[o * in + k] * a[k];
-        feat[o] = gelu((float)s);
+            sum += (double)wt[o * in + k] * a[k];
+        feat[o] = gelu((float)sum);
     }
     free(a), free(b);
 }
 
+/* Square and grey, and two channels on a wide image (the channels-last layout and H ≠ W). */
 static void test_cnn_against_loops(void **state) {
     ts_engine_t *e = *state;
-    ts_judge_t *j;
-    char err[256] = "";
-    TU_CHECK_RC_MSG(ts_judge_create(&j, TS_JUDGE_CNN, C, H, W, K, 5, e, B, 0, err, sizeof err),
-                    TS_OK, err);
-    assert_int_equal(ts_judge_feature_dim(j), 128);
-    float x[B * P], feat[B * 128], ref[128];
-    fill(x, B * P, 9);
-    TU_CHECK_OK(ts_judge_features(j, x, B, feat));
-    double worst = 0.0;
-    for (int b = 0; b < B; b++) {
-        naive_cnn(j, x + b * P, ref);
-        for (int k = 0; k < 128; k++) {
-            double d = fabs((double)feat[b * 128 + k] - ref[k]);
-            worst = d > worst ? d : worst;
+    const int shapes[2][3] = {{1, 8, 8}, {2, 8, 12}};
+    for (int sh = 0; sh < 2; sh++) {
+        int c0 = shapes[sh][0], h0 = shapes[sh][1], w0 = shapes[sh][2], p0 = c0 * h0 * w0;
+        ts_judge_t *j;
+        char err[256] = "";
+        TU_CHECK_RC_MSG(
+            ts_judge_create(&j, TS_JUDGE_CNN, c0, h0, w0, K, 5, e, B, 0, err, sizeof err), TS_OK,
+            err);
+        assert_int_equal(ts_judge_feature_dim(j), 128);
+        float *x = malloc(sizeof(float) * B * p0), feat[B * 128], ref[128];
+        fill(x, B * p0, 9);
+        TU_CHECK_OK(ts_judge_features(j, x, B, feat));
+        double worst = 0.0;
+        for (int b = 0; b < B; b++) {
+            naive_cnn(j, x + b * p0, c0, h0, w0, ref);
+            for (int k = 0; k < 128; k++) {
+                double d = fabs((double)feat[b * 128 + k] - ref[k]);
+                worst = d > worst ? d : worst;
+            }
         }
+        printf("cnn features of %d×%d×%d images against loops: max |difference| %.3g\n", c0, h0, w0,
+               worst);
+        assert_true(worst < 1e-5);
+        free(x);
+        ts_judge_free(j);
     }
-    printf("cnn features against loops: max |difference| %.3g\n", worst);
-    assert_true(worst < 1e-5);
-    ts_judge_free(j);
 }
 
 /* Saved and opened again: the same features, to the bit; the metadata kept. */
@@ -246,6 +262,30 @@ static void test_errors(void **state) {
     TU_CHECK_CONTAINS(err, "l0.weight");
     assert_null(j);
     unlink(path);
+    /* a cnn needs labels to learn; images of another shape are refused */
+    ts_judge_t *t;
+    TU_CHECK_OK(ts_judge_create(&t, TS_JUDGE_CNN, C, H, W, K, 1, e, 4, 1, err, sizeof err));
+    float imgs[8 * P] = {0};
+    ts_dataset_t d = {
+        .n = 8, .channels = C, .height = H, .width = W, .num_classes = K, .images = imgs};
+    assert_int_equal(ts_judge_train(t, &d, 2, 4, 1e-3f, 1, 0, NULL, NULL, err, sizeof err),
+                     TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "labels");
+    d.height = 4, d.width = 16;
+    assert_int_equal(ts_judge_train(t, &d, 2, 4, 1e-3f, 1, 0, NULL, NULL, err, sizeof err),
+                     TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "the judge's");
+    int sc, sh, sw;
+    ts_judge_shape(t, &sc, &sh, &sw);
+    assert_true(sc == C && sh == H && sw == W);
+    ts_judge_free(t);
+    /* absurd sizes (a file may claim them) are refused before any arithmetic on them */
+    assert_int_equal(ts_judge_create(&t, TS_JUDGE_CNN, 1000000, 1000000, 1000000, 3, 1, e, 2, 0,
+                                     err, sizeof err),
+                     TS_EINVAL);
+    assert_int_equal(
+        ts_judge_create(&t, TS_JUDGE_CNN, 1, 1024, 1024, 3, 1, e, 128, 0, err, sizeof err),
+        TS_EINVAL); /* its buffers would take ~40 GB */
     /* a NaN image gives no features */
     TU_CHECK_OK(ts_judge_create(&j, TS_JUDGE_AE, C, H, W, K, 1, e, 2, 0, err, sizeof err));
     float x[P], f[32];

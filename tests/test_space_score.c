@@ -28,9 +28,8 @@ static long double k3(const float *a, const float *b, int d) {
     return v * v * v;
 }
 
-/* the KID of x against y by its formula, on copies standardised by y's column mean and std */
-static double naive_kid(const float *x0, int m, const float *y0, int r, int d) {
-    float *x = malloc(sizeof(float) * m * d), *y = malloc(sizeof(float) * r * d);
+/* x0, y0 into x, y standardised by y0's column mean and (population) std */
+static void standardise(const float *x0, int m, const float *y0, int r, int d, float *x, float *y) {
     for (int k = 0; k < d; k++) {
         long double mean = 0, var = 0;
         for (int i = 0; i < r; i++)
@@ -44,6 +43,12 @@ static double naive_kid(const float *x0, int m, const float *y0, int r, int d) {
         for (int i = 0; i < m; i++)
             x[i * d + k] = (float)((x0[i * d + k] - mean) / sd);
     }
+}
+
+/* the KID of x against y by its formula, on copies standardised by y's column mean and std */
+static double naive_kid(const float *x0, int m, const float *y0, int r, int d) {
+    float *x = malloc(sizeof(float) * m * d), *y = malloc(sizeof(float) * r * d);
+    standardise(x0, m, y0, r, d, x, y);
     long double xx = 0, yy = 0, xy = 0;
     for (int i = 0; i < m; i++)
         for (int j = 0; j < m; j++)
@@ -119,28 +124,83 @@ static void test_scores(void **state) {
     free(ref), free(same), free(shifted);
 }
 
-static void test_errors(void **state) {
+/* The bootstrap's KID: each resample's value by its formula — the pairs of draws of distinct
+ * samples, in long double — then the same interval: the counted path of ts_space_score. */
+static void test_kid_bootstrap_against_loops(void **state) {
     (void)state;
-    float x[8] = {0, 1, 2, 3, 4, 5, 6, NAN}, y[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    tu_rng_t r = {3};
+    enum { M = 12, R = 30, D = 3, NB = 25 };
+    float x[M * D], y[R * D], xs[M * D], xz[M * D], yz[R * D];
+    gaussian(&r, x, M, D, 0.4f, 1.0f);
+    gaussian(&r, y, R, D, 0.0f, 1.0f);
     const float *feat[1] = {x};
-    int64_t n[1] = {4};
+    int64_t n[1] = {M};
     ts_space_score_t s;
     char err[256] = "";
-    assert_int_equal(ts_space_score(feat, n, 1, y, 4, 2, 0, 1, &s, err, sizeof err), TS_ENONFINITE);
+    TU_CHECK_RC_MSG(ts_space_score(feat, n, 1, y, R, D, NB, 3, &s, err, sizeof err), TS_OK, err);
+    double boot[NB];
+    int32_t idx[M];
+    for (int b = 0; b < NB; b++) {
+        ts_bootstrap_indices(0, b, M, idx);
+        for (int i = 0; i < M; i++)
+            memcpy(xs + i * D, x + idx[i] * D, sizeof(float) * D);
+        /* naive_kid counts every pair i ≠ j of the resample; two draws of one sample must not
+         * pair: its within-set mean replaced by the mean over pairs of distinct samples */
+        double full = naive_kid(xs, M, y, R, D);
+        standardise(xs, M, y, R, D, xz, yz);
+        long double all = 0, same = 0;
+        long pairs_all = 0, pairs_distinct = 0;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < M; j++) {
+                if (i == j)
+                    continue;
+                long double k = k3(xz + i * D, xz + j * D, D);
+                all += k, pairs_all++;
+                if (idx[i] == idx[j])
+                    same += k;
+                else
+                    pairs_distinct++;
+            }
+        boot[b] = full - (double)(all / pairs_all) + (double)((all - same) / pairs_distinct);
+    }
+    double lo, hi;
+    ts_bootstrap_interval(boot, NB, s.kid, &lo, &hi, NULL);
+    printf("KID %.6f [%.6f, %.6f]; by the formula per resample [%.6f, %.6f]\n", s.kid, s.kid_lo,
+           s.kid_hi, lo, hi);
+    tu_check_scalar(s.kid_lo, lo, 1e-6 * (1 + fabs(lo)), "KID interval, low");
+    tu_check_scalar(s.kid_hi, hi, 1e-6 * (1 + fabs(hi)), "KID interval, high");
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    float x[24], y[24];
+    for (int i = 0; i < 24; i++)
+        x[i] = (float)i, y[i] = (float)(i % 7);
+    x[23] = NAN;
+    const float *feat[1] = {x};
+    int64_t n[1] = {12};
+    ts_space_score_t s;
+    char err[256] = "";
+    assert_int_equal(ts_space_score(feat, n, 1, y, 12, 2, 0, 1, &s, err, sizeof err),
+                     TS_ENONFINITE);
     TU_CHECK_CONTAINS(err, "not finite");
-    n[0] = 1;
-    assert_int_equal(ts_space_score(feat, n, 1, y, 4, 2, 0, 1, &s, err, sizeof err), TS_EINVAL);
+    n[0] = 9; /* below TS_SPACE_SCORE_MIN_N */
+    assert_int_equal(ts_space_score(feat, n, 1, y, 12, 2, 0, 1, &s, err, sizeof err), TS_EINVAL);
+    TU_CHECK_CONTAINS(err, "at least");
     double kid;
     assert_int_equal(ts_kid(y, 1, y, 4, 2, &kid, err, sizeof err), TS_EINVAL);
-    assert_int_equal(ts_kid(x, 4, y, 4, 2, &kid, err, sizeof err), TS_ENONFINITE);
-    double lo, hi, one = 1.0;
+    assert_int_equal(ts_kid(x, 12, y, 4, 2, &kid, err, sizeof err), TS_ENONFINITE);
+    double lo, hi, one = 1.0, vals[3] = {1.0, NAN, 2.0};
     ts_bootstrap_interval(&one, 1, 0.0, &lo, &hi, NULL);
+    assert_true(isnan(lo) && isnan(hi));
+    ts_bootstrap_interval(vals, 3, 1.0, &lo, &hi, NULL); /* a NaN resample: no interval */
     assert_true(isnan(lo) && isnan(hi));
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kid_against_loops),
+        cmocka_unit_test(test_kid_bootstrap_against_loops),
         cmocka_unit_test(test_scores),
         cmocka_unit_test(test_errors),
     };
