@@ -31,6 +31,7 @@
 #include "model/heldout.h"
 #include "model/dit_io.h"
 #include "model/fmnist.h"
+#include "model/latents.h"
 #include "model/partition.h"
 #include "model/train.h"
 #include "store/ckpt.h"
@@ -54,7 +55,7 @@ static void fmt_eta(double s, char *buf, size_t len) {
 
 typedef struct {
     const char *fmnist_dir, *shard, *model, *out, *loss_log, *init;
-    const char *store_dir, *run, *from_ckpt, *partition;
+    const char *store_dir, *run, *from_ckpt, *partition, *latents;
     const char *dtype; /* --dtype: the --out file's */
     int64_t steps;
     int cluster;
@@ -93,6 +94,15 @@ static int load_data(train_run_t *r) {
     ts_dataset_t *ds = &r->ds;
     char *err = r->err;
     size_t errlen = sizeof r->err;
+    if (o->latents) { /* a latent data set of `tessera encode` (shards index it like the images) */
+        int rc = ts_latents_load(o->latents, ds, err, errlen);
+        if (rc == TS_OK && ds->height != ds->width)
+            rc = ts_fail(err, errlen, TS_EINVAL, "%s: latents of %d×%d; a DiT takes square ones",
+                         o->latents, ds->height, ds->width);
+        if (rc || !o->shard)
+            return rc;
+        goto shard;
+    }
     if (o->partition) {
         char path[4096];
         snprintf(path, sizeof path, "%s/partition.safetensors", o->partition);
@@ -103,6 +113,7 @@ static int load_data(train_run_t *r) {
     int rc = ts_fmnist_load(o->fmnist_dir, "train", ds, err, errlen);
     if (rc || !o->shard)
         return rc;
+shard:;
     int32_t *idx = NULL;
     int n = 0;
     rc = ts_shard_read(o->shard, &idx, &n, ds->n, err, errlen);
@@ -176,8 +187,8 @@ static int start_point(train_run_t *r) {
         return TS_OK;
     }
     if (rc == TS_OK) {
-        fprintf(stderr, "resuming run '%s' from step %lld (%s; --restart starts it over)\n",
-                o->run, (long long)tr->step, ts_store_dir(st));
+        fprintf(stderr, "resuming run '%s' from step %lld (%s; --restart starts it over)\n", o->run,
+                (long long)tr->step, ts_store_dir(st));
         return TS_OK;
     }
     if (rc != TS_EINVAL) { /* the store could not be read: a failure, not a choice to make */
@@ -245,6 +256,9 @@ static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_con
          "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
         {"shard", TS_ARG_STRING, &o->shard, "FILE",
          "train only on these image indices (one per line)"},
+        {"latents", TS_ARG_STRING, &o->latents, "FILE",
+         "train on a latent data set of `tessera encode` instead of Fashion-MNIST: the model takes "
+         "its channels, side and classes"},
         {"partition", TS_ARG_STRING, &o->partition, "DIR",
          "a `tessera partition` folder: train on the images of its cluster --cluster (those of "
          "shard-<cluster>.txt) and record partition_id and cluster in the weights"},
@@ -324,6 +338,8 @@ static int validate(train_run_t *r) {
         fprintf(stderr, "tessera train: --dtype %s: want f32, bf16 or f16\n", o->dtype);
     else if (o->partition && o->shard)
         fprintf(stderr, "tessera train: --shard and --partition both name the data; pass one\n");
+    else if (o->partition && o->latents)
+        fprintf(stderr, "tessera train: --latents and --partition both name the data; pass one\n");
     else if (o->restart && (o->resume || o->from_ckpt))
         fprintf(stderr, "tessera train: --restart starts over; --resume and --from-ckpt continue: "
                         "pass one\n");
@@ -350,6 +366,15 @@ static int open_model(train_run_t *r) {
         return rc;
     }
     cfg.in_channels = r->ds.channels, cfg.input_size = r->ds.height;
+    cfg.num_classes = r->ds.num_classes; /* Fashion-MNIST's 10, or a latent set's own */
+    if (cfg.input_size % cfg.patch_size) {
+        snprintf(r->err, sizeof r->err,
+                 "model '%s' cuts images into %d×%d patches, and these are %d×%d: pick a model "
+                 "whose patch divides the side (mini and tiny: 4, small and */2: 2)",
+                 o->model, cfg.patch_size, cfg.patch_size, cfg.input_size, cfg.input_size);
+        r->usage = 1;
+        return TS_EINVAL;
+    }
     rc = ts_dit_create(&r->model, &cfg, &r->eng, o->batch, 1);
     if (rc == TS_OK)
         rc = ts_dit_init_weights(&r->model, o->seed);
@@ -379,9 +404,9 @@ static int open_run(train_run_t *r) {
     if (rc == TS_OK && o->partition) { /* without the test split: trained all the same */
         char path[4096], why[320] = "";
         snprintf(path, sizeof path, "%s/partition.safetensors", o->partition);
-        r->has_heldout = ts_heldout_own_open(&r->heldout, path, o->cluster, o->fmnist_dir,
-                                             &r->model.cfg, &r->eng, o->batch, why,
-                                             sizeof why) == TS_OK;
+        r->has_heldout =
+            ts_heldout_own_open(&r->heldout, path, o->cluster, o->fmnist_dir, &r->model.cfg,
+                                &r->eng, o->batch, why, sizeof why) == TS_OK;
         if (!r->has_heldout)
             fprintf(stderr, "tessera train: no held-out loss for this expert (%s)\n", why);
     }
@@ -421,8 +446,8 @@ static void log_progress(const train_run_t *r, progress_t *p) {
     fprintf(stderr,
             "%sstep %lld/%lld  loss %.4f (avg %.4f)  |g| %s  lr %.2e  %.0f samples/s "
             " ETA %s%s",
-            p->tty ? "\r" : "", (long long)tr->step, (long long)o->steps, r->loss, tr->loss_avg,
-            g, ts_trainer_lr(&r->tc, tr->step - 1), sps, etab, p->tty ? "   " : "\n");
+            p->tty ? "\r" : "", (long long)tr->step, (long long)o->steps, r->loss, tr->loss_avg, g,
+            ts_trainer_lr(&r->tc, tr->step - 1), sps, etab, p->tty ? "   " : "\n");
     if (o->json)
         printf("{\"step\":%lld,\"loss\":%.6f,\"loss_avg\":%.6f,\"grad_norm\":%s,"
                "\"skipped\":%s,\"samples_per_s\":%.1f,\"eta_s\":%.0f}\n",
@@ -503,12 +528,14 @@ static void print_summary(const train_run_t *r) {
             ts_store_dir(r->store));
     int f16 = o->precision == TS_PREC_F16;
     if (f16)
-        fprintf(stderr, "f16: loss scale 2^%d, %lld steps of the run skipped for overflowing "
-                        "gradients\n",
+        fprintf(stderr,
+                "f16: loss scale 2^%d, %lld steps of the run skipped for overflowing "
+                "gradients\n",
                 ts_log2i(tr->loss_scale), (long long)tr->skipped);
     if (isfinite(r->heldout_loss))
-        fprintf(stderr, "held-out loss %.4f on %d test images of cluster %d (heldout_loss in the "
-                        "weights' metadata)\n",
+        fprintf(stderr,
+                "held-out loss %.4f on %d test images of cluster %d (heldout_loss in the "
+                "weights' metadata)\n",
                 r->heldout_loss, r->heldout.n, o->cluster);
     if (g_stop)
         fprintf(stderr, "the same command again continues from step %lld (--restart starts over)\n",

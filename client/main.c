@@ -48,6 +48,9 @@ static const verb_t verbs[] = {
     {"train-judge", ts_cmd_train_judge,
      "train a judge for eval: a plain CNN classifier or an autoencoder\n(a feature space learnt without labels)",
      NULL},
+    {"encode", ts_cmd_encode,
+     "a folder of PNG images through the VAE's encoder into a latent data set\n(for train --latents)",
+     NULL},
     {"judge", ts_cmd_judge,
      "score saved sample sets in several feature spaces (FD, KID, precision,\nrecall, paired "
      "differences) and say where the judges agree",

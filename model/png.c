@@ -154,7 +154,7 @@ static int write_atomic(const char *path, const unsigned char *data, size_t len,
                         size_t errlen) {
     int e = 0, rc = ts_atomic_write(path, data, len, &e);
     return rc ? ts_fail(err, errlen, rc, "cannot write PNG %s: %s", path,
-                     e ? strerror(e) : ts_strerror(rc))
+                        e ? strerror(e) : ts_strerror(rc))
               : TS_OK;
 }
 
@@ -164,12 +164,13 @@ static int make_grid(const char *fn, const float *images, int n, int C, int H, i
                      int pad, uint8_t **pix, int *width_out, int *height_out, char *err,
                      size_t errlen) {
     if (n < 1 || H < 1 || W < 1 || cols < 0 || pad < 0)
-        return ts_fail(err, errlen, TS_EINVAL,
-                    "%s: bad sizes n=%d H=%d W=%d cols=%d pad=%d (need n, H, W ≥ 1, cols, pad ≥ 0)",
-                    fn, n, H, W, cols, pad);
+        return ts_fail(
+            err, errlen, TS_EINVAL,
+            "%s: bad sizes n=%d H=%d W=%d cols=%d pad=%d (need n, H, W ≥ 1, cols, pad ≥ 0)", fn, n,
+            H, W, cols, pad);
     if (C != 1 && C != 3)
         return ts_fail(err, errlen, TS_EINVAL,
-                    "%s: %d channels; only 1 (grey) or 3 (RGB) can be written", fn, C);
+                       "%s: %d channels; only 1 (grey) or 3 (RGB) can be written", fn, C);
     if (cols == 0)
         cols = default_cols(n);
     int rows = (n + cols - 1) / cols;
@@ -177,13 +178,13 @@ static int make_grid(const char *fn, const float *images, int n, int C, int H, i
     int64_t height = (int64_t)rows * H + (int64_t)(rows - 1) * pad;
     if (width > TS_PNG_MAX_SIDE || height > TS_PNG_MAX_SIDE)
         return ts_fail(err, errlen, TS_ERANGE,
-                    "a %d×%d grid of %d×%d tiles with padding %d is %lld×%lld pixels, more than "
-                    "%d on a side",
-                    rows, cols, H, W, pad, (long long)height, (long long)width, TS_PNG_MAX_SIDE);
+                       "a %d×%d grid of %d×%d tiles with padding %d is %lld×%lld pixels, more than "
+                       "%d on a side",
+                       rows, cols, H, W, pad, (long long)height, (long long)width, TS_PNG_MAX_SIDE);
     *pix = malloc((size_t)width * (size_t)height * (size_t)C);
     if (!*pix)
-        return ts_fail(err, errlen, TS_ENOMEM, "out of memory for a %lld×%lld PNG", (long long)width,
-                    (long long)height);
+        return ts_fail(err, errlen, TS_ENOMEM, "out of memory for a %lld×%lld PNG",
+                       (long long)width, (long long)height);
     compose_grid(*pix, (int)width, (int)height, images, n, C, H, W, cols, pad);
     *width_out = (int)width;
     *height_out = (int)height;
@@ -240,7 +241,10 @@ int ts_png_encode_grid(const float *images, int n, int C, int H, int W, int cols
 /* ---- reading --------------------------------------------------------------------------- */
 
 /* Asks libpng to deliver 8-bit grey whatever the file's colour type and depth. */
-static void request_gray8(png_structp png, png_infop info) {
+/* Asks libpng for 8-bit pixels of `channels` (1: grey, RGB by its default weights; 3: RGB, grey
+ * copied to the three), whatever the file holds: palettes and low depths expanded, 16 bits
+ * reduced, alpha dropped. */
+static void request_8bit(png_structp png, png_infop info, int channels) {
     int color = png_get_color_type(png, info);
     int depth = png_get_bit_depth(png, info);
     if (depth == 16)
@@ -251,14 +255,18 @@ static void request_gray8(png_structp png, png_infop info) {
         png_set_expand_gray_1_2_4_to_8(png);
     if (color & PNG_COLOR_MASK_ALPHA)
         png_set_strip_alpha(png);
-    if (color & PNG_COLOR_MASK_COLOR)
+    if (channels == 1 && ((color & PNG_COLOR_MASK_COLOR) || color == PNG_COLOR_TYPE_PALETTE))
         png_set_rgb_to_gray_fixed(png, 1, -1, -1); /* 1: no warning; -1: default weights */
+    if (channels == 3 && !(color & PNG_COLOR_MASK_COLOR) && color != PNG_COLOR_TYPE_PALETTE)
+        png_set_gray_to_rgb(png);
     png_read_update_info(png, info);
 }
 
-/* Decodes the PNG after its signature as 8-bit grey into *pixels (malloc'ed, (h, w)). Returns
- * 0, or a TS_E* code with ctx filled. */
-static int decode_gray(FILE *fp, png_ctx_t *ctx, uint8_t **pixels, int *w, int *h) {
+#define READ_MAX_PIXELS (1 << 28) /* a PNG read here holds at most this many pixels */
+
+/* Decodes the PNG after its signature as 8-bit pixels of `channels` into *pixels (malloc'ed,
+ * (h, w, channels)). Returns 0, or a TS_E* code with ctx filled. */
+static int decode_8bit(FILE *fp, png_ctx_t *ctx, int channels, uint8_t **pixels, int *w, int *h) {
     ctx->code = TS_ECORRUPT;
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, ctx, on_error, on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
@@ -278,18 +286,23 @@ static int decode_gray(FILE *fp, png_ctx_t *ctx, uint8_t **pixels, int *w, int *
     png_init_io(png, fp);
     png_set_sig_bytes(png, 8);
     png_read_info(png, info);
-    request_gray8(png, info);
-    if (png_get_channels(png, info) != 1 || png_get_bit_depth(png, info) != 8)
-        png_error(png, "cannot convert this PNG to 8-bit grey");
+    request_8bit(png, info, channels);
+    if ((int)png_get_channels(png, info) != channels || png_get_bit_depth(png, info) != 8)
+        png_error(png, channels == 1 ? "cannot convert this PNG to 8-bit grey"
+                                     : "cannot convert this PNG to 8-bit RGB");
     png_uint_32 width = png_get_image_width(png, info), height = png_get_image_height(png, info);
-    buf = malloc((size_t)width * height);
+    if ((uint64_t)width * height > READ_MAX_PIXELS) {
+        ctx->code = TS_ERANGE;
+        png_error(png, "too many pixels to read");
+    }
+    buf = malloc((size_t)width * height * (size_t)channels);
     rows = malloc((size_t)height * sizeof *rows);
     if (!buf || !rows) {
         ctx->code = TS_ENOMEM;
         png_error(png, "out of memory for the pixels");
     }
     for (png_uint_32 y = 0; y < height; y++)
-        rows[y] = buf + (size_t)y * width;
+        rows[y] = buf + (size_t)y * width * (size_t)channels;
     png_read_image(png, rows);
     png_read_end(png, NULL);
     png_destroy_read_struct(&png, &info, NULL);
@@ -300,23 +313,33 @@ static int decode_gray(FILE *fp, png_ctx_t *ctx, uint8_t **pixels, int *w, int *
     return TS_OK;
 }
 
-int ts_png_read_gray(const char *path, uint8_t **pixels, int *w, int *h, char *err, size_t errlen) {
+static int read_8bit(const char *path, int channels, uint8_t **pixels, int *w, int *h, char *err,
+                     size_t errlen) {
     if (pixels)
         *pixels = NULL;
     if (!path || !pixels || !w || !h)
-        return ts_fail(err, errlen, TS_EINVAL, "ts_png_read_gray: NULL argument");
+        return ts_fail(err, errlen, TS_EINVAL, "reading a PNG: NULL argument");
     FILE *fp = fopen(path, "rb");
     if (!fp)
-        return ts_fail(err, errlen, TS_EIO, "cannot open %s: %s", path, strerror(errno));
+        return ts_fail(err, errlen, errno == ENOENT ? TS_ENOTFOUND : TS_EIO, "cannot open %s: %s",
+                       path, strerror(errno));
     unsigned char sig[8];
     if (fread(sig, 1, sizeof sig, fp) != sizeof sig || png_sig_cmp(sig, 0, sizeof sig) != 0) {
         fclose(fp);
         return ts_fail(err, errlen, TS_ECORRUPT, "%s is not a PNG file", path);
     }
     png_ctx_t ctx = {0, {0}};
-    int rc = decode_gray(fp, &ctx, pixels, w, h);
+    int rc = decode_8bit(fp, &ctx, channels, pixels, w, h);
     fclose(fp);
     if (rc)
         return ts_fail(err, errlen, rc, "%s: libpng: %s", path, ctx.msg);
     return TS_OK;
+}
+
+int ts_png_read_rgb(const char *path, uint8_t **pixels, int *w, int *h, char *err, size_t errlen) {
+    return read_8bit(path, 3, pixels, w, h, err, errlen);
+}
+
+int ts_png_read_gray(const char *path, uint8_t **pixels, int *w, int *h, char *err, size_t errlen) {
+    return read_8bit(path, 1, pixels, w, h, err, errlen);
 }

@@ -60,6 +60,10 @@ int ts_png_encode_grid(const float *images, int n, int C, int H, int W, int cols
  * buffer that the caller frees. Errors: TS_EINVAL, TS_EIO (cannot open; not a PNG; a libpng
  * error), TS_ENOMEM. */
 int ts_png_read_gray(const char *path, uint8_t **pixels, int *w, int *h, char *err, size_t errlen);
+/* The same as 8-bit RGB: *pixels (h, w, 3) row-major, red first; a grey PNG's value copied to the
+ * three. Errors as ts_png_read_gray; a missing file is TS_ENOTFOUND, more than 2^28 pixels
+ * TS_ERANGE. */
+int ts_png_read_rgb(const char *path, uint8_t **pixels, int *w, int *h, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -207,6 +207,13 @@ static void test_rgb(void **state) {
     assert_int_equal(px[5 + 4], 80);
     assert_int_equal(px[2], TS_PNG_BACKGROUND);
     free(px);
+
+    /* ts_png_read_rgb gives the RGB bytes libpng's own reader gave, channel by channel */
+    CHECK_OK(ts_png_read_rgb(path, &px, &w, &h, err, sizeof err));
+    assert_int_equal(w, 5);
+    assert_int_equal(h, 2);
+    assert_memory_equal(px, rgb, sizeof rgb);
+    free(px);
 }
 
 /* ---- atomic writes and errors ---------------------------------------------------------- */
@@ -223,6 +230,11 @@ static void test_overwrite_is_atomic(void **state) {
     CHECK_OK(ts_png_read_gray(path, &px, &w, &h, err, sizeof err));
     assert_int_equal(w, 3);
     assert_int_equal(h, 3);
+    uint8_t *rgb;
+    CHECK_OK(ts_png_read_rgb(path, &rgb, &w, &h, err, sizeof err)); /* grey copied to R, G, B */
+    for (int i = 0; i < 9; i++)
+        assert_true(rgb[3 * i] == px[i] && rgb[3 * i + 1] == px[i] && rgb[3 * i + 2] == px[i]);
+    free(rgb);
     free(px);
     free(img);
 }
@@ -257,7 +269,8 @@ static void test_read_errors(void **state) {
     (void)state;
     uint8_t *px = (uint8_t *)err;
     int w, h;
-    CHECK_RC(ts_png_read_gray(tu_temp_path("absent.png"), &px, &w, &h, err, sizeof err), TS_EIO);
+    CHECK_RC(ts_png_read_gray(tu_temp_path("absent.png"), &px, &w, &h, err, sizeof err),
+             TS_ENOTFOUND);
     assert_null(px);
     assert_non_null(strstr(err, "absent.png"));
     CHECK_RC(ts_png_read_gray(NULL, &px, &w, &h, err, sizeof err), TS_EINVAL);

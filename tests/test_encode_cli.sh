@@ -1,0 +1,115 @@
+#!/bin/sh
+# test_encode_cli.sh TESSERA — latent training data end to end, on images made here:
+#   - twelve RGB PNGs (Fashion-MNIST images tinted, 28×28) and a labels.txt;
+#   - a small random VAE written by the PyTorch reference (tests/parity/vae_torch.py);
+#   - `tessera encode` writes their latents, which equal the reference encoder's mean × scaling
+#     factor within 1e-5, with the labels of labels.txt;
+#   - --sample --seed S is the same file twice and another file than the means;
+#   - `tessera train --latents` trains a DiT on them whose weights take 4 channels of 14×14;
+#   - a mixed-size folder, a labels.txt naming a missing image, a missing folder and a model
+#     whose patches do not divide the latents are refused, naming the cause.
+set -eu
+T=${1:?usage: test_encode_cli.sh TESSERA}
+. "$(dirname "$0")/lib.sh"
+here=$(cd "$(dirname "$0")" && pwd)
+
+mkdir "$dir/img"
+"$PY" - "$dir" "$here/parity" <<'PYEOF' || fail "making the images and the VAE"
+import gzip, struct, sys, zlib
+d, parity = sys.argv[1], sys.argv[2]
+sys.path.insert(0, parity)
+import torch
+import vae_torch as vt
+
+def png(path, w, h, rgb):  # 8-bit RGB, no filter
+    raw = b"".join(b"\0" + bytes(rgb[y * w * 3:(y + 1) * w * 3]) for y in range(h))
+    def chunk(t, b):
+        return struct.pack(">I", len(b)) + t + b + struct.pack(">I", zlib.crc32(t + b) & 0xffffffff)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+with gzip.open("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz") as f:
+    f.read(16); pix = f.read(12 * 784)
+with gzip.open("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz") as f:
+    f.read(8); lab = f.read(12)
+imgs = []
+with open(f"{d}/img/labels.txt", "w") as lf:
+    for i in range(12):
+        p = pix[i * 784:(i + 1) * 784]
+        rgb = []
+        for v in p:
+            rgb += [v, v // 2, 255 - v]
+        png(f"{d}/img/im{i:02d}.png", 28, 28, rgb)
+        imgs.append(rgb)
+        lf.write(f"im{i:02d}.png {lab[i]}\n")
+cfg = dict(in_channels=3, out_channels=3, latent_channels=4, block_out=[8, 16],
+           layers_per_block=1, groups=4, scaling_factor=0.18215)
+m = vt.AutoencoderKL(cfg)
+vt.randomize(m, 5)
+vt.save(m, f"{d}/vae.safetensors")
+x = torch.tensor(imgs, dtype=torch.float64).reshape(12, 28, 28, 3).permute(0, 3, 1, 2) / 127.5 - 1
+with torch.no_grad():
+    mean, _ = m.double().encode(x)
+vt.st_write(f"{d}/ref.safetensors", {"mean": mean.float().contiguous()})
+# a second folder whose images differ in size
+import os
+os.mkdir(f"{d}/mixed")
+png(f"{d}/mixed/a.png", 28, 28, imgs[0])
+png(f"{d}/mixed/b.png", 32, 32, [0] * (32 * 32 * 3))
+PYEOF
+
+run "$T" encode "$dir/img" --vae "$dir/vae.safetensors" --out "$dir/lat.safetensors" --json
+cp "$dir/out.txt" "$dir/enc.json"
+"$PY" - "$dir" "$here/parity" <<'PYEOF' || fail "the latents"
+import gzip, json, sys
+d, parity = sys.argv[1], sys.argv[2]
+sys.path.insert(0, parity)
+import vae_torch as vt
+j = json.load(open(f"{d}/enc.json"))
+assert j["images"] == 12 and j["latent_shape"] == [4, 14, 14] and j["mode"] == "mean", j
+t, meta, _ = vt.st_read(f"{d}/lat.safetensors")
+ref, _, _ = vt.st_read(f"{d}/ref.safetensors")
+err = (t["latents"].double() - ref["mean"].double()).abs().max().item()
+print(f"latents against the PyTorch encoder: max |difference| {err:.2e}")
+assert err < 1e-5, err
+with gzip.open("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz") as f:
+    f.read(8); lab = list(f.read(12))
+assert t["labels"].tolist() == lab, (t["labels"].tolist(), lab)
+assert meta["format"] == "tessera-latents/1" and int(meta["num_classes"]) == max(lab) + 1, meta
+assert meta["image_height"] == "28" and meta["mode"] == "mean", meta
+PYEOF
+
+run "$T" encode "$dir/img" --vae "$dir/vae.safetensors" --out "$dir/s1.safetensors" --sample --seed 3 --quiet
+run "$T" encode "$dir/img" --vae "$dir/vae.safetensors" --out "$dir/s2.safetensors" --sample --seed 3 --quiet
+cmp -s "$dir/s1.safetensors" "$dir/s2.safetensors" || fail "--sample --seed 3 twice gave two files"
+cmp -s "$dir/s1.safetensors" "$dir/lat.safetensors" && fail "--sample gave the means"
+echo "ok: latents equal the reference encoder's; seeded samples repeat"
+
+run "$T" train --latents "$dir/lat.safetensors" --model small --steps 3 --batch 4 \
+    --data-dir "$dir/store" --out "$dir/expert.safetensors"
+"$PY" - "$dir/expert.safetensors" "$here/parity" <<'PYEOF' || fail "the latent expert"
+import sys
+sys.path.insert(0, sys.argv[2])
+import vae_torch as vt
+t, meta, _ = vt.st_read(sys.argv[1])
+assert meta["in_channels"] == "4" and meta["input_size"] == "14", meta
+assert t["x_embedder.proj.weight"].shape[1] == 4, t["x_embedder.proj.weight"].shape
+PYEOF
+echo "ok: a DiT trained on the latents takes 4 channels of 14x14"
+
+# errors
+rc=0; "$T" encode "$dir/mixed" --vae "$dir/vae.safetensors" --out "$dir/x.safetensors" 2>"$dir/e1" || rc=$?
+[ "$rc" = 1 ] && grep -q "b.png is 32×32, the first image 28×28" "$dir/e1" || fail "mixed sizes: exit $rc, $(cat "$dir/e1")"
+echo "im99.png 1" >>"$dir/img/labels.txt"
+rc=0; "$T" encode "$dir/img" --vae "$dir/vae.safetensors" --out "$dir/x.safetensors" 2>"$dir/e2" || rc=$?
+[ "$rc" = 1 ] && grep -q "no image im99.png" "$dir/e2" || fail "a label for no image: exit $rc, $(cat "$dir/e2")"
+rc=0; "$T" encode "$dir/none" --vae "$dir/vae.safetensors" --out "$dir/x.safetensors" 2>"$dir/e3" || rc=$?
+[ "$rc" = 1 ] && grep -q "cannot open the folder" "$dir/e3" || fail "a missing folder: exit $rc, $(cat "$dir/e3")"
+rc=0; "$T" train --latents "$dir/lat.safetensors" --model tiny --steps 1 --data-dir "$dir/store" \
+    --out "$dir/y.safetensors" 2>"$dir/e4" || rc=$?
+[ "$rc" = 2 ] && grep -q "pick a model" "$dir/e4" || fail "tiny on 14x14 latents: exit $rc, $(cat "$dir/e4")"
+rc=0; "$T" train --latents "$dir/vae.safetensors" --model small --steps 1 --data-dir "$dir/store" \
+    --out "$dir/y.safetensors" 2>"$dir/e5" || rc=$?
+[ "$rc" != 0 ] && grep -q "not a latent data set" "$dir/e5" || fail "a VAE as latents: exit $rc, $(cat "$dir/e5")"
+echo "ok: the errors name the cause"
