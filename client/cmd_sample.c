@@ -24,6 +24,7 @@
 #include "model/png.h"
 #include "model/safetensors.h"
 #include "model/sampler.h"
+#include "model/vae.h"
 #include "store/weights.h"
 
 #define SAMPLE_CHUNK 64 /* samples per model call (twice that with CFG) */
@@ -82,7 +83,7 @@ static int open_weights(ts_dit_t *m, const char *weights, const char *data_dir, 
 #define PROG "tessera sample"
 
 typedef struct {
-    const char *weights, *out, *sampler, *cls, *out_tensor, *data_dir;
+    const char *weights, *out, *sampler, *cls, *out_tensor, *data_dir, *vae;
     int n, steps, threads, cols, json;
     ts_device_spec_t device;  /* --device (zeroed: the CPU) */
     ts_precision_t precision; /* --precision (zeroed: f32) */
@@ -134,12 +135,17 @@ static int parse_opts(int argc, char **argv, sample_opts_t *o) {
         {"cols", TS_ARG_INT, &o->cols, "N", "grid columns (default: square)", 0, 10000},
         {"out", TS_ARG_STRING, &o->out, "FILE", "PNG grid to write", 0, 0, 1},
         {"out-tensor", TS_ARG_STRING, &o->out_tensor, "FILE",
-         "also write the samples as safetensors 'x'"},
+         "also write the samples as safetensors 'x' (a latent expert's: the latents)"},
+        {"vae", TS_ARG_STRING, &o->vae, "FILE",
+         "a latent expert's VAE (`tessera encode`'s): each sample decoded into an image on the "
+         "CPU, the grid in RGB"},
         {"json", TS_ARG_FLAG, &o->json, NULL, "print a JSON summary on stdout"},
     };
-    return ts_args_parse(PROG, "Generate images from one expert and write a grid.\nexample: tessera sample "
-                         "--weights experts/demo/expert-0.safetensors --n 16 --out grid.png", args,
-                         (int)(sizeof args / sizeof args[0]), argc, argv);
+    return ts_args_parse(
+        PROG,
+        "Generate images from one expert and write a grid.\nexample: tessera sample "
+        "--weights experts/demo/expert-0.safetensors --n 16 --out grid.png",
+        args, (int)(sizeof args / sizeof args[0]), argc, argv);
 }
 
 /* The sampler: 0, or 2 with the message printed. */
@@ -175,6 +181,48 @@ static int open_model(sample_run_t *r) {
     }
     r->chw = (int64_t)c->in_channels * c->input_size * c->input_size;
     return 0;
+}
+
+/* --vae: the samples (latents) decoded one by one on a CPU engine into *out (n, C, H, W),
+ * malloc'ed; the image's shape in *C, *side. */
+static int decode_latents(sample_run_t *r, float **out, int *C, int *side) {
+    const sample_opts_t *o = &r->o;
+    const ts_dit_config_t *c = &r->model.cfg;
+    ts_vae_t *vae = NULL;
+    ts_engine_t cpu_eng = {0}, *e = &r->eng;
+    int rc = ts_vae_open(&vae, o->vae, NULL, r->err, sizeof r->err), own = 0;
+    if (rc == TS_OK && vae->cfg.latent_channels != c->in_channels)
+        rc = ts_fail(r->err, sizeof r->err, TS_EINVAL,
+                     "%s makes latents of %d channels, and %s samples %d: not its expert", o->vae,
+                     vae->cfg.latent_channels, o->weights, c->in_channels);
+    if (rc == TS_OK && r->eng.device != TS_CPU) { /* the VAE runs on the CPU (model/vae.h) */
+        ts_device_spec_t spec = {.device = TS_CPU};
+        rc = ts_cli_engine(&cpu_eng, &spec, o->threads, PROG, r->err, sizeof r->err);
+        own = rc == TS_OK, e = &cpu_eng;
+    }
+    int f = rc == TS_OK ? ts_vae_factor(&vae->cfg) : 1, S = c->input_size * f;
+    int64_t per = (int64_t)(rc == TS_OK ? vae->cfg.out_channels : 0) * S * S;
+    float *img = rc == TS_OK ? malloc((size_t)(o->n * per) * sizeof *img) : NULL;
+    if (rc == TS_OK && !img)
+        rc = ts_fail(r->err, sizeof r->err, TS_ENOMEM, "no memory for %d decoded images", o->n);
+    for (int i = 0; rc == TS_OK && i < o->n; i++) {
+        ts_tensor_t lat, pic;
+        rc = ts_tensor_wrap(&lat, r->images + i * r->chw, TS_F32, TS_CPU, 4,
+                            TS_SHAPE(1, c->in_channels, c->input_size, c->input_size));
+        if (rc == TS_OK)
+            rc = ts_tensor_wrap(&pic, img + i * per, TS_F32, TS_CPU, 4,
+                                TS_SHAPE(1, vae->cfg.out_channels, S, S));
+        if (rc == TS_OK)
+            rc = ts_vae_decode(vae, e, &pic, &lat, r->err, sizeof r->err);
+    }
+    if (rc == TS_OK)
+        *out = img, *C = vae->cfg.out_channels, *side = S;
+    else
+        free(img);
+    ts_vae_free(vae);
+    if (own)
+        ts_engine_free(&cpu_eng);
+    return rc;
 }
 
 /* Samples [start, start + m) into r->images. */
@@ -235,9 +283,14 @@ static int run(sample_run_t *r) {
     r->secs = ts_now_s() - t0;
     if (prog.tty)
         fprintf(stderr, "\n");
+    float *decoded = NULL;
+    int C = c->in_channels, side = c->input_size;
+    if (rc == TS_OK && o->vae)
+        rc = decode_latents(r, &decoded, &C, &side);
     if (rc == TS_OK)
-        rc = ts_png_write_grid(o->out, r->images, n, c->in_channels, c->input_size, c->input_size,
-                               o->cols, 2, r->err, sizeof r->err);
+        rc = ts_png_write_grid(o->out, decoded ? decoded : r->images, n, C, side, side, o->cols, 2,
+                               r->err, sizeof r->err);
+    free(decoded);
     if (rc == TS_OK && o->out_tensor) {
         ts_st_entry_t e = {.name = "x",
                            .dtype = TS_ST_F32,

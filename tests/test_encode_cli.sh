@@ -6,8 +6,11 @@
 #     factor within 1e-5, with the labels of labels.txt;
 #   - --sample --seed S is the same file twice and another file than the means;
 #   - `tessera train --latents` trains a DiT on them whose weights take 4 channels of 14×14;
-#   - a mixed-size folder, a labels.txt naming a missing image, a missing folder and a model
-#     whose patches do not divide the latents are refused, naming the cause.
+#   - `tessera sample --vae` decodes that expert's samples into an RGB grid, every pixel within
+#     one grey level of the reference decoder's image of the same latents;
+#   - a mixed-size folder, a labels.txt naming a missing image, a missing folder, a model whose
+#     patches do not divide the latents, a pixel expert given a VAE and a file of another kind
+#     are refused, naming the cause.
 set -eu
 T=${1:?usage: test_encode_cli.sh TESSERA}
 . "$(dirname "$0")/lib.sh"
@@ -97,6 +100,70 @@ assert meta["in_channels"] == "4" and meta["input_size"] == "14", meta
 assert t["x_embedder.proj.weight"].shape[1] == 4, t["x_embedder.proj.weight"].shape
 PYEOF
 echo "ok: a DiT trained on the latents takes 4 channels of 14x14"
+
+# sampled latents decoded by the VAE into an RGB grid: each pixel within one grey level of the
+# reference decoder's image of the same latents
+run "$T" sample --weights "$dir/expert.safetensors" --vae "$dir/vae.safetensors" --n 4 --steps 2 \
+    --sampler euler --device cpu --out "$dir/grid.png" --out-tensor "$dir/lat4.safetensors"
+"$PY" - "$dir" "$here/parity" <<'PYEOF' || fail "the decoded grid"
+import struct, sys, zlib
+d, parity = sys.argv[1], sys.argv[2]
+sys.path.insert(0, parity)
+import torch
+import vae_torch as vt
+buf = open(f"{d}/grid.png", "rb").read()
+assert buf[:8] == b"\x89PNG\r\n\x1a\n"
+pos, idat = 8, b""
+while pos < len(buf):
+    n, t = struct.unpack(">I4s", buf[pos:pos + 8])
+    body = buf[pos + 8:pos + 8 + n]
+    if t == b"IHDR":
+        w, h, depth, color = struct.unpack(">IIBB", body[:10])
+    elif t == b"IDAT":
+        idat += body
+    pos += 12 + n
+assert (w, h, depth, color) == (58, 58, 8, 2), (w, h, depth, color)  # 2×2 tiles of 28, pad 2, RGB
+raw, stride, rows, prev = zlib.decompress(idat), w * 3, [], bytearray(w * 3)
+for y in range(h):
+    f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+    for i in range(stride):
+        a = line[i - 3] if i >= 3 else 0
+        b, c = prev[i], prev[i - 3] if i >= 3 else 0
+        if f == 1: line[i] = (line[i] + a) & 255
+        elif f == 2: line[i] = (line[i] + b) & 255
+        elif f == 3: line[i] = (line[i] + (a + b) // 2) & 255
+        elif f == 4:
+            p = a + b - c; pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+    rows.append(line); prev = line
+cfg = dict(in_channels=3, out_channels=3, latent_channels=4, block_out=[8, 16],
+           layers_per_block=1, groups=4, scaling_factor=0.18215)
+m = vt.AutoencoderKL(cfg)
+vt.randomize(m, 5)
+t, _, _ = vt.st_read(f"{d}/lat4.safetensors")
+with torch.no_grad():
+    img = m.double().decode(t["x"].double())
+worst = 0
+for k in range(4):
+    oy, ox = (k // 2) * 30, (k % 2) * 30
+    for y in range(28):
+        for x in range(28):
+            for c in range(3):
+                v = float(img[k, c, y, x].clamp(-1, 1))
+                want = int((v + 1) * 127.5 + 0.5)
+                worst = max(worst, abs(rows[oy + y][(ox + x) * 3 + c] - want))
+print(f"decoded grid against the reference decoder: max {worst} grey level(s)")
+assert worst <= 1, worst
+PYEOF
+rc=0; "$T" sample --weights "$dir/expert.safetensors" --vae "$dir/expert.safetensors" --n 1 --steps 1 \
+    --out "$dir/z.png" 2>"$dir/e0" || rc=$?
+[ "$rc" = 1 ] && grep -q "expert.safetensors" "$dir/e0" || fail "an expert as the VAE: exit $rc, $(cat "$dir/e0")"
+run "$T" train --model mini --steps 1 --batch 4 --data-dir "$dir/store" --out "$dir/fm.safetensors"
+rc=0; "$T" sample --weights "$dir/fm.safetensors" --vae "$dir/vae.safetensors" --n 1 --steps 1 \
+    --out "$dir/z.png" 2>"$dir/e6" || rc=$?
+[ "$rc" = 1 ] && grep -q "latents of 4 channels, and .*fm.safetensors samples 1: not its expert" "$dir/e6" ||
+    fail "a pixel expert with a VAE: exit $rc, $(cat "$dir/e6")"
+echo "ok: sampled latents decode into the reference decoder's RGB images"
 
 # errors
 rc=0; "$T" encode "$dir/mixed" --vae "$dir/vae.safetensors" --out "$dir/x.safetensors" 2>"$dir/e1" || rc=$?
