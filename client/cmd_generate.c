@@ -264,6 +264,7 @@ static int write_routing_json(const char *path, const record_t *r, json_t *heade
 
 typedef struct {
     const char *dir, *policy_s, *select_s, *sampler, *peer, *nk, *identity, *data_dir, *partition;
+    const char *vae;
     const char *trace, *cls, *out, *routing_json, *trajectory, *fmnist_dir;
     int prefer_local, no_hedge, timeout_ms, retries, n, steps, threads, cols, json, class_prior;
     int quiet;
@@ -377,6 +378,9 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
          "classes)"},
         {"seed", TS_ARG_U64, &o->seed, "S", "sample i uses noise stream seed+i (default 0)"},
         {"out", TS_ARG_STRING, &o->out, "FILE", "PNG grid to write", 0, 0, 1},
+        {"vae", TS_ARG_STRING, &o->vae, "FILE",
+         "latent experts' VAE: the samples decoded on the CPU after the last step, the grid in "
+         "RGB"},
         {"cols", TS_ARG_INT, &o->cols, "N", "grid columns (default: square)", 0, 10000},
         {"routing-json", TS_ARG_STRING, &o->routing_json, "FILE",
          "write every evaluation's routing (t; per sample the experts and weights) as JSON"},
@@ -622,9 +626,16 @@ static int run(gen_run_t *r) {
     int rc = ts_local_generate(&r->loc, &r->eng, &gen, r->images, &r->st, r->err, sizeof r->err);
     if (prog.tty)
         fprintf(stderr, "\n");
+    float *decoded = NULL; /* --vae: the latents decoded into images */
+    int C = c->in_channels, side = c->input_size;
+    if (rc == TS_OK && o->vae)
+        rc = ts_cli_vae_decode(o->vae, &r->eng, o->threads, r->images, o->n, c->in_channels,
+                               c->input_size, "the experts", &decoded, &C, &side, r->err,
+                               sizeof r->err);
     if (rc == TS_OK)
-        rc = ts_png_write_grid(o->out, r->images, o->n, c->in_channels, c->input_size,
-                               c->input_size, o->cols, 2, r->err, sizeof r->err);
+        rc = ts_png_write_grid(o->out, decoded ? decoded : r->images, o->n, C, side, side, o->cols,
+                               2, r->err, sizeof r->err);
+    free(decoded);
     return rc;
 }
 

@@ -24,7 +24,6 @@
 #include "model/png.h"
 #include "model/safetensors.h"
 #include "model/sampler.h"
-#include "model/vae.h"
 #include "store/weights.h"
 
 #define SAMPLE_CHUNK 64 /* samples per model call (twice that with CFG) */
@@ -183,48 +182,6 @@ static int open_model(sample_run_t *r) {
     return 0;
 }
 
-/* --vae: the samples (latents) decoded one by one on a CPU engine into *out (n, C, H, W),
- * malloc'ed; the image's shape in *C, *side. */
-static int decode_latents(sample_run_t *r, float **out, int *C, int *side) {
-    const sample_opts_t *o = &r->o;
-    const ts_dit_config_t *c = &r->model.cfg;
-    ts_vae_t *vae = NULL;
-    ts_engine_t cpu_eng = {0}, *e = &r->eng;
-    int rc = ts_vae_open(&vae, o->vae, NULL, r->err, sizeof r->err), own = 0;
-    if (rc == TS_OK && vae->cfg.latent_channels != c->in_channels)
-        rc = ts_fail(r->err, sizeof r->err, TS_EINVAL,
-                     "%s makes latents of %d channels, and %s samples %d: not its expert", o->vae,
-                     vae->cfg.latent_channels, o->weights, c->in_channels);
-    if (rc == TS_OK && r->eng.device != TS_CPU) { /* the VAE runs on the CPU (model/vae.h) */
-        ts_device_spec_t spec = {.device = TS_CPU};
-        rc = ts_cli_engine(&cpu_eng, &spec, o->threads, PROG, r->err, sizeof r->err);
-        own = rc == TS_OK, e = &cpu_eng;
-    }
-    int f = rc == TS_OK ? ts_vae_factor(&vae->cfg) : 1, S = c->input_size * f;
-    int64_t per = (int64_t)(rc == TS_OK ? vae->cfg.out_channels : 0) * S * S;
-    float *img = rc == TS_OK ? malloc((size_t)(o->n * per) * sizeof *img) : NULL;
-    if (rc == TS_OK && !img)
-        rc = ts_fail(r->err, sizeof r->err, TS_ENOMEM, "no memory for %d decoded images", o->n);
-    for (int i = 0; rc == TS_OK && i < o->n; i++) {
-        ts_tensor_t lat, pic;
-        rc = ts_tensor_wrap(&lat, r->images + i * r->chw, TS_F32, TS_CPU, 4,
-                            TS_SHAPE(1, c->in_channels, c->input_size, c->input_size));
-        if (rc == TS_OK)
-            rc = ts_tensor_wrap(&pic, img + i * per, TS_F32, TS_CPU, 4,
-                                TS_SHAPE(1, vae->cfg.out_channels, S, S));
-        if (rc == TS_OK)
-            rc = ts_vae_decode(vae, e, &pic, &lat, r->err, sizeof r->err);
-    }
-    if (rc == TS_OK)
-        *out = img, *C = vae->cfg.out_channels, *side = S;
-    else
-        free(img);
-    ts_vae_free(vae);
-    if (own)
-        ts_engine_free(&cpu_eng);
-    return rc;
-}
-
 /* Samples [start, start + m) into r->images. */
 static int sample_chunk(sample_run_t *r, int start, int m, progress_t *prog) {
     const ts_dit_config_t *c = &r->model.cfg;
@@ -286,7 +243,9 @@ static int run(sample_run_t *r) {
     float *decoded = NULL;
     int C = c->in_channels, side = c->input_size;
     if (rc == TS_OK && o->vae)
-        rc = decode_latents(r, &decoded, &C, &side);
+        rc = ts_cli_vae_decode(o->vae, &r->eng, o->threads, r->images, n, c->in_channels,
+                               c->input_size, o->weights, &decoded, &C, &side, r->err,
+                               sizeof r->err);
     if (rc == TS_OK)
         rc = ts_png_write_grid(o->out, decoded ? decoded : r->images, n, C, side, side, o->cols, 2,
                                r->err, sizeof r->err);

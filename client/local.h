@@ -101,7 +101,7 @@ typedef struct ts_local_gen {
     void *chunk_ctx;
     int record;
     int hold; /* TS_HOLD_NONE, _FIRST, _DRAW or _BELOW (model/ensemble.h): per-trajectory routing */
-    float hold_t; /* _BELOW: route while t > hold_t */
+    float hold_t;                  /* _BELOW: route while t > hold_t */
     int exact_guidance;            /* model/ensemble.h: guidance halves routed apart (cfg ≠ 1) */
     float router_temp;             /* the router's logits are divided by it; 0 = 1 (raw) */
     ts_sample_progress_fn on_step; /* optional, per sampler step of every chunk */
@@ -141,6 +141,14 @@ int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err
  * reason in err. */
 int ts_cli_engine(ts_engine_t *e, const ts_device_spec_t *device, int threads, const char *prog,
                   char *err, size_t errlen);
+
+/* --vae: n latents (n, L, h, h) — a latent expert's samples — decoded by the VAE at vae_path one
+ * by one on the CPU (e when it is a CPU engine, else an engine of its own with `threads`) into
+ * *out (n, *C, *side, *side), malloc'ed (the caller frees it). A VAE whose latents have other
+ * than L channels is refused, naming `who` (the expert). */
+int ts_cli_vae_decode(const char *vae_path, ts_engine_t *e, int threads, const float *latents,
+                      int n, int L, int h, const char *who, float **out, int *C, int *side,
+                      char *err, size_t errlen);
 
 /* Sets the precision of a verb's --precision on the n models (kernels/engine.h, model/dit.h
  * ts_dit_set_precision: bf16 converts their weights once, here). f32 is the default and says

@@ -7,7 +7,8 @@
 #   - --sample --seed S is the same file twice and another file than the means;
 #   - `tessera train --latents` trains a DiT on them whose weights take 4 channels of 14×14;
 #   - `tessera sample --vae` decodes that expert's samples into an RGB grid, every pixel within
-#     one grey level of the reference decoder's image of the same latents;
+#     one grey level of the reference decoder's image of the same latents, and `generate --local
+#     --vae` over a one-expert folder writes the same file;
 #   - a mixed-size folder, a labels.txt naming a missing image, a missing folder, a model whose
 #     patches do not divide the latents, a pixel expert given a VAE and a file of another kind
 #     are refused, naming the cause.
@@ -158,6 +159,12 @@ PYEOF
 rc=0; "$T" sample --weights "$dir/expert.safetensors" --vae "$dir/expert.safetensors" --n 1 --steps 1 \
     --out "$dir/z.png" 2>"$dir/e0" || rc=$?
 [ "$rc" = 1 ] && grep -q "expert.safetensors" "$dir/e0" || fail "an expert as the VAE: exit $rc, $(cat "$dir/e0")"
+# the same through generate: a one-expert folder of the latent expert gives sample's grid
+mkdir "$dir/one"
+cp "$dir/expert.safetensors" "$dir/one/expert-0.safetensors"
+run "$T" generate --local "$dir/one" --policy uniform --vae "$dir/vae.safetensors" --n 4 --steps 2 \
+    --sampler euler --device cpu --out "$dir/gen.png"
+cmp -s "$dir/gen.png" "$dir/grid.png" || fail "generate --vae differs from sample --vae"
 run "$T" train --model mini --steps 1 --batch 4 --data-dir "$dir/store" --out "$dir/fm.safetensors"
 rc=0; "$T" sample --weights "$dir/fm.safetensors" --vae "$dir/vae.safetensors" --n 1 --steps 1 \
     --out "$dir/z.png" 2>"$dir/e6" || rc=$?
