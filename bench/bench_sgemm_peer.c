@@ -15,7 +15,7 @@
  * property every served answer rests on: for each product whose rows are samples' tokens (the
  * forward and the input gradient), C of all M rows is computed once, then rows [r, r + m) alone
  * for several (r, m) (one row, 7 rows at an odd offset, one sample's tokens, half the rows plus
- * 3; those of more than 1200 outputs: the engine pads smaller products up to that, cpu_ops.c);
+ * 3; those of more than 1200 outputs: the engine pads smaller products up to that, cpu_gemm.c);
  * each must be the same bits as those rows of the whole. Prints per library and shape
  * whether every split matched, and exits 1 when OpenBLAS (what the engine uses) does not.
  */
@@ -132,7 +132,7 @@ static int invariance(const shape_t *sh, int n, const float *A, const float *B, 
             }
             fns[l](s, A, B, full);
             for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++)
-                /* products of at most 1200 outputs the engine pads past that (cpu_ops.c) */
+                /* products of at most 1200 outputs the engine pads past that (cpu_gemm.c) */
                 if (splits[k][1] > 0 && splits[k][0] >= 0 && splits[k][0] + splits[k][1] <= s->M &&
                     splits[k][1] * s->N > 1200)
                     ok[l] &= rows_match(fns[l], s, A, B, full, C, splits[k][0], splits[k][1]);

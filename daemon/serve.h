@@ -16,7 +16,7 @@
  * fit in one batch. Guidance is combined per request exactly as the local sampler does it
  * (model/sampler.c ts_dit_velocity: v = s·v(y), then v += (1 − s)·v(∅), the same ops in the same
  * order), and a sample's forward row does not depend on the rest of its batch (the CPU backend
- * is batch-invariant: kernels/cpu/cpu_ops.c), so a served velocity is bit for bit the velocity a
+ * is batch-invariant: kernels/cpu/cpu_gemm.c), so a served velocity is bit for bit the velocity a
  * local sampler computes with the same weights.
  *
  * Answers, each request exactly once (net/rpc.h): the velocity, in x_t's dtype; busy with a retry

@@ -1,7 +1,7 @@
 /*
  * backend.h — internal: the raw entry points each backend implements.
  *
- * kernels/ops.c checks every argument, then calls ts_cpu_<name> or ts_cuda_<name> with raw
+ * kernels/ops*.c check every argument, then call ts_cpu_<name> or ts_cuda_<name> with raw
  * pointers and sizes. Both backends implement the same list with the same parameters, declared
  * once here. Pointers are device pointers of the engine's device; sizes are already validated
  * (positive, consistent), and nullable gradient outputs are NULL when not wanted. The functions

@@ -1,7 +1,7 @@
 /*
  * cuda_stub.c — the CUDA backend in a build without CUDA.
  *
- * Every ts_cuda_* entry point of kernels/backend.h exists so kernels/ops.c links the same way
+ * Every ts_cuda_* entry point of kernels/backend.h exists so kernels/ops*.c link the same way
  * in every build; here each one reports TS_ENODEV (the void ones do nothing), ts_cuda_built
  * says 0 and ts_cuda_count explains how to get the real backend. The op stubs are generated
  * from backend.h's TS_BACKEND_OPS list, so they cannot fall out of step with the declarations.

@@ -1,6 +1,6 @@
 /*
- * ops_internal.h — internal to kernels/ops.c and kernels/ops_image.c: the dispatch to a backend
- * and the argument checks every public op starts with.
+ * ops_internal.h — internal to the public ops (kernels/ops.c, ops_matmul.c, ops_norm.c,
+ * ops_image.c): the dispatch to a backend and the argument checks every public op starts with.
  */
 #ifndef TS_KERNELS_OPS_INTERNAL_H
 #define TS_KERNELS_OPS_INTERNAL_H
@@ -40,6 +40,31 @@ static inline int check_on(const ts_engine_t *e, const ts_tensor_t *t, ts_dtype_
 
 static inline int check_f32(const ts_engine_t *e, const ts_tensor_t *t) {
     return check_on(e, t, TS_F32);
+}
+
+/* NULL is allowed (a gradient not wanted); otherwise as check_f32. */
+static inline int check_opt(const ts_engine_t *e, const ts_tensor_t *t) {
+    return t ? check_f32(e, t) : TS_OK;
+}
+
+static inline int same_numel(const ts_tensor_t *a, const ts_tensor_t *b) {
+    return ts_tensor_numel(a) == ts_tensor_numel(b) ? TS_OK : TS_ESHAPE;
+}
+
+/* Two or three F32 tensors on the engine with the same element count, all required: an
+ * elementwise forward (out, inp) or backward (dinp, dout, inp). */
+static inline int check_same2(const ts_engine_t *e, const ts_tensor_t *a, const ts_tensor_t *b) {
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, a));
+    TS_TRY(check_f32(e, b));
+    return same_numel(a, b);
+}
+
+static inline int check_same3(const ts_engine_t *e, const ts_tensor_t *a, const ts_tensor_t *b,
+                              const ts_tensor_t *c) {
+    TS_TRY(check_same2(e, a, b));
+    TS_TRY(check_f32(e, c));
+    return same_numel(a, c);
 }
 
 #endif

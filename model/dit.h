@@ -123,7 +123,7 @@ typedef struct ts_dit_grad_acts {
  * kernels/cuda/cuda_attention.cu in fp32, heads up to 128 wide): blocks of queries with
  * an online softmax, no (B, heads, T, T) tensor in the activations, the backward recomputing the
  * weights from each row's saved log-sum-exp; the default where it was measured faster: a CPU
- * engine's f32 inference at 128 tokens or more (docs/benchmarks.md, "Fused attention"). Composed (gemm · softmax · gemm, kernels/ops.c): the reference, bit for
+ * engine's f32 inference at 128 tokens or more (docs/benchmarks.md, "Fused attention"). Composed (gemm · softmax · gemm, kernels/ops_matmul.c): the reference, bit for
  * bit what this model computed before the fused op existed, and a GPU's default (its fused
  * kernels have not been measured yet: they were written without a GPU). The two
  * agree to ~1e-6 relative, not bit for bit; each alone gives a sample the same bits in any

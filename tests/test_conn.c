@@ -28,6 +28,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "tests/testutil.h"
+#include "tests/uvutil.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -741,8 +742,9 @@ static void connect_to_evil_responder(evil_responder_t *e, ts_net_stats_t *st) {
     snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
     ts_conn_t *c;
     TU_CHECK_RC_MSG(ts_conn_connect(net, addr, &h, NULL, &c, err, sizeof err), TS_OK, err);
-    while (!evil_seen.closed) /* the handshake timeout (10 s) ends it at the latest */
-        uv_run(&loop, UV_RUN_ONCE);
+    /* the handshake timeout (10 s) ends it at the latest */
+    tu_run_until_flag(&loop, &evil_seen.closed, WAIT_S * 1000,
+                      "the evil responder's connection closed");
     ts_net_stats(net, st);
     ts_net_shutdown(net);
     uv_run(&loop, UV_RUN_DEFAULT);
@@ -857,8 +859,7 @@ static void test_frames_across_messages(void **state) {
     snprintf(addr, sizeof addr, "127.0.0.1:%d", ts_listener_port(l));
     ts_conn_t *c;
     TU_CHECK_RC_MSG(ts_conn_connect(net, addr, &client, NULL, &c, err, sizeof err), TS_OK, err);
-    while (!echo.client_closed)
-        uv_run(&loop, UV_RUN_ONCE);
+    tu_run_until_flag(&loop, &echo.client_closed, WAIT_S * 1000, "the echo client closed");
     assert_int_equal(echo.next, ECHO_N);
     assert_int_equal(echo.bad, 0);
     ts_net_stats_t st;

@@ -25,6 +25,7 @@
 #include "tests/testutil.h"
 
 #include "tests/gossip_forge.h"
+#include "tests/uvutil.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -73,23 +74,15 @@ static void guard_cb(uv_timer_t *t) {
 }
 
 /* Runs the loop until pred(arg) holds, checked after every turn of the loop (the nodes' timers
- * turn it several times a second); fails after WAIT_MS. */
+ * turn it several times a second); fails after WAIT_MS (tests/uvutil.h). */
 static void wait_until(int (*pred)(void *), void *arg, const char *what) {
-    uv_timer_t guard;
-    uv_timer_init(&loop, &guard);
-    guard_fired = 0;
-    uv_timer_start(&guard, guard_cb, WAIT_MS, 0);
-    while (!pred(arg) && !guard_fired)
-        uv_run(&loop, UV_RUN_ONCE);
-    uv_close((uv_handle_t *)&guard, NULL);
-    uv_run(&loop, UV_RUN_NOWAIT);
-    if (!pred(arg)) {
-        print_error("waited %d ms for: %s\n", WAIT_MS, what);
-        fail();
-    }
+    tu_run_until(&loop, pred, arg, WAIT_MS, what);
 }
 
-static int flag_set(void *arg) { return *(int *)arg; }
+/* The same on *flag becoming non-zero. */
+static void wait_flag(const int *flag, const char *what) {
+    tu_run_until_flag(&loop, flag, WAIT_MS, what);
+}
 
 /* Runs the loop for ms milliseconds. */
 static void run_for(uint64_t ms) {
@@ -169,7 +162,7 @@ static void node_stop(int i) {
     node_t *n = &nodes[i];
     int closed = 0;
     ts_gossip_close(n->g, on_closed, &closed);
-    wait_until(flag_set, &closed, "the gossip layer closed");
+    wait_flag(&closed, "the gossip layer closed");
     ts_gossip_free(n->g);
     n->g = NULL;
     ts_rpc_shutdown(n->rpc);
@@ -526,7 +519,7 @@ static void test_status(void **state) {
     env.status_request = &sr;
     status_got_t got = {0};
     TU_CHECK_OK(ts_rpc_call(p, &env, 10000, on_status, &got, NULL, NULL, 0));
-    wait_until(flag_set, &got.done, "a status answer over RPC");
+    wait_flag(&got.done, "a status answer over RPC");
     TU_CHECK_OK(got.status);
     assert_int_equal(got.resp->n_members, 0);
     assert_int_equal(got.resp->n_adverts, 0);
@@ -562,7 +555,7 @@ static void test_leave(void **state) {
     (void)state;
     int left = 0;
     TU_CHECK_OK(ts_gossip_leave(nodes[4].g, on_left, &left));
-    wait_until(flag_set, &left, "node 4's leave spread");
+    wait_flag(&left, "node 4's leave spread");
     seen_t s = {4, TS_SWIM_LEFT, 0};
     wait_until(all_see, &s, "node 4 LEFT everywhere");
     node_stop(4);

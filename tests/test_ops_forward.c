@@ -78,7 +78,7 @@ static void test_linear(void **state) {
     }
 }
 
-/* Batch invariance of a linear layer (kernels/cpu/cpu_ops.c): an item of the batch (a sample's T
+/* Batch invariance of a linear layer (kernels/cpu/cpu_gemm.c): an item of the batch (a sample's T
  * tokens of a 3-D input, or one row of a 2-D one) gets the same bits alone as at any place in a
  * batch, on this machine's OpenBLAS kernels whatever they are. */
 static void test_linear_batch_invariant(void **state) {

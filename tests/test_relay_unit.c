@@ -25,7 +25,6 @@
 #include <errno.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -266,28 +265,29 @@ static void test_hostile_legs(void **state) {
     assert_int_equal(r.status, TS_OK);
 }
 
+/* Whether the relay holds *(uint32_t *)arg reservations now. */
+static int reservations_are(void *arg) {
+    ts_relay_stats_t st;
+    ts_relay_stats(relay, &st);
+    return st.reservations == *(const uint32_t *)arg;
+}
+
 static void test_replace_and_stop(void **state) {
     (void)state;
     reserve();
     char first[128];
     snprintf(first, sizeof first, "%s", got.addr);
     reserve(); /* the same node again: the relay replaces the first */
-    int rounds = 0;
+    uint32_t want = 1;
+    tu_run_until(&loop, reservations_are, &want, WAIT_MS, "the first reservation replaced");
     ts_relay_stats_t st;
-    do {
-        uv_run(&loop, UV_RUN_NOWAIT);
-        ts_relay_stats(relay, &st);
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
-    } while (st.reservations != 1 && ++rounds < 2000);
+    ts_relay_stats(relay, &st);
     assert_int_equal(st.reservations, 1);
     assert_int_equal(st.reservations_total, 2);
     ts_relay_client_stop(client);
-    rounds = 0;
-    do {
-        uv_run(&loop, UV_RUN_NOWAIT);
-        ts_relay_stats(relay, &st);
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
-    } while (st.reservations != 0 && ++rounds < 2000);
+    want = 0;
+    tu_run_until(&loop, reservations_are, &want, WAIT_MS, "the reservation given up");
+    ts_relay_stats(relay, &st);
     assert_int_equal(st.reservations, 0);
     assert_false(ts_relay_client_live(client));
 }

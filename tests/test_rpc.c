@@ -308,8 +308,7 @@ static void test_cancel(void **state) {
     TU_CHECK_OK(ts_rpc_handle(srpc, TESSERA__ENVELOPE__BODY_STATUS_REQUEST, serve_hold, NULL));
     got_t g = {0};
     ts_rpc_call_t *c = call_kind(TESSERA__ENVELOPE__BODY_STATUS_REQUEST, 0, &g);
-    while (held.n == 0) /* the server has it */
-        uv_run(&loop, UV_RUN_ONCE);
+    run_until(&held.n, "the server holding the call");
     ts_rpc_cancel(c);
     assert_int_equal(g.calls, 1);
     assert_int_equal(g.status, TS_ECANCELED);
@@ -353,8 +352,7 @@ static void test_connection_lost(void **state) {
     TU_CHECK_OK(ts_rpc_handle(srpc, TESSERA__ENVELOPE__BODY_STATUS_REQUEST, serve_hold, NULL));
     got_t g = {0};
     call_kind(TESSERA__ENVELOPE__BODY_STATUS_REQUEST, 0, &g);
-    while (held.n == 0)
-        uv_run(&loop, UV_RUN_ONCE);
+    run_until(&held.n, "the server holding the call");
     ts_listener_close(listener, 1); /* the server drops its connections */
     run_until(&g.calls, "the lost call's callback");
     assert_int_equal(g.status, TS_ECLOSED);
@@ -437,7 +435,8 @@ static void restart_cb(uv_timer_t *t) {
     }
 }
 
-static int peer_closed(void) {
+static int peer_closed(void *arg) {
+    (void)arg;
     ts_rpc_peer_info_t i;
     ts_rpc_peer_info(peer(), &i);
     return !i.open;
@@ -447,9 +446,8 @@ static void test_reconnect_with_backoff(void **state) {
     sync_ping();
     ts_rpc_peer_info_t i0, i;
     ts_rpc_peer_info(peer(), &i0);
-    ts_listener_close(listener, 1); /* the server goes away... */
-    while (!peer_closed())          /* ...and the client has noticed */
-        uv_run(&loop, UV_RUN_ONCE);
+    ts_listener_close(listener, 1); /* the server goes away, and the client notices */
+    tu_run_until(&loop, peer_closed, NULL, WAIT_MS, "the client noticing the server gone");
     watch_t w = {.p = peer()};
     uv_timer_init(&loop, &w.t);
     w.t.data = &w;
@@ -484,8 +482,7 @@ static void test_reconnect_with_backoff(void **state) {
 static void test_fail_fast(void **state) {
     sync_ping();
     ts_listener_close(listener, 1);
-    while (!peer_closed())
-        uv_run(&loop, UV_RUN_ONCE);
+    tu_run_until(&loop, peer_closed, NULL, WAIT_MS, "the client noticing the server gone");
     ts_rpc_set_fail_fast(crpc, 1);
     got_t g = {0};
     uint64_t t0 = uv_now(&loop);

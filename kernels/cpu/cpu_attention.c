@@ -17,7 +17,7 @@
  * the same dK and dV rows, and a head per task keeps those sums in one fixed order.
  *
  * Products. fp32: single-threaded OpenBLAS on the blocks (the pool owns the cores, as in
- * cpu_ops.c). bf16: a kernel of AVX-512 BF16 dot products (vdpbf16ps: two bf16 products added to
+ * cpu_gemm.c). bf16: a kernel of AVX-512 BF16 dot products (vdpbf16ps: two bf16 products added to
  * an fp32 lane), q, k, v and the unnormalised weights e^(S − m) rounded to bf16 (nearest even, the
  * CPU's vcvtneps2bf16 as in cpu_bf16.c), fp32 accumulation, the softmax in fp32. It runs where the
  * CPU has AVX-512 BF16 (checked once, at run time) and the compiler knows the instructions;

@@ -17,7 +17,8 @@
 #include "kernels/cpu/pool.h"
 #include "kernels/math.h"
 
-/* Below this many elements per thread an op runs on the caller alone (as cpu_ops.c). */
+/* Below this many elements per thread an op runs on the caller alone (as GRAIN_ELEMS,
+ * cpu_internal.h). */
 #define IMG_GRAIN 32768
 
 /* ---- im2col ---------------------------------------------------------------------------- */

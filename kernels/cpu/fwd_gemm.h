@@ -7,7 +7,7 @@
  * of the call (`bench_sgemm_peer --invariance`), and a served answer must not depend on which
  * requests shared its batch. Two calls of the same shape on the same values give the same bits
  * at any address, so through oneDNN a linear layer computes each item of the batch (a sample's
- * tokens, or a sample's one row) by its own call — as cpu_ops.c does with OpenBLAS on kernels
+ * tokens, or a sample's one row) by its own call — as cpu_gemm.c does with OpenBLAS on kernels
  * whose rows depend on their place — and cuts an item's columns in two blocks from 512 columns
  * on (a cut that depends on N alone), so one sample still runs on two threads. Measured in the
  * whole DiT on 2 cores (docs/benchmarks.md, "oneDNN's forward products"): `tiny` at batch 1

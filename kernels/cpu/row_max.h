@@ -1,5 +1,5 @@
 /*
- * row_max.h — internal: the largest element of a row, shared by the CPU's softmax (cpu_ops.c) and
+ * row_max.h — internal: the largest element of a row, shared by the CPU's softmax (cpu_rows.c) and
  * the fused attention's online softmax (cpu_attention.c).
  */
 #ifndef TS_CPU_ROW_MAX_H
