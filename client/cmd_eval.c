@@ -196,18 +196,6 @@ static int on_step(void *ctx, int step, int steps) {
     return 0;
 }
 
-/* Splits --monolith's comma-separated list into at most MAX_MONOLITHS paths (copy: modified). */
-static int split_monoliths(char *copy, const char **paths, int *n) {
-    *n = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (*n == MAX_MONOLITHS)
-            return TS_EINVAL;
-        paths[(*n)++] = tok;
-    }
-    return *n > 0 ? TS_OK : TS_EINVAL;
-}
-
 /* ---- the verb: parse → validate → run → print ---------------------------------------------- */
 
 typedef struct {
@@ -311,7 +299,8 @@ static int validate(eval_run_t *r) {
         fprintf(stderr, PROG ": %s\n", r->err);
     else if (ts_sampler_parse(o->sampler, &r->so.kind) != TS_OK)
         fprintf(stderr, PROG ": --sampler %s: must be euler or heun\n", o->sampler);
-    else if (r->mono_copy && split_monoliths(r->mono_copy, r->mono_paths, &r->n_mono) != TS_OK)
+    else if (r->mono_copy &&
+             (r->n_mono = ts_cli_split_list(r->mono_copy, r->mono_paths, MAX_MONOLITHS)) < 1)
         fprintf(stderr, PROG ": --monolith %s: want 1 to %d files separated by commas\n",
                 o->monolith, MAX_MONOLITHS);
     else if (o->tau_set && !(o->tau > 0.0f))
@@ -320,6 +309,9 @@ static int validate(eval_run_t *r) {
         fprintf(stderr, PROG ": --n %d: want more samples than --pr-k (%d)\n", o->n, o->pr_k);
     else if (o->boot == 1)
         fprintf(stderr, PROG ": --bootstrap 1: want 0 (none) or at least 2 resamples\n");
+    else if (o->judges && o->n < TS_SPACE_SCORE_MIN_N)
+        fprintf(stderr, PROG ": --judges scores sets of %d samples at least; --n is %d\n",
+                TS_SPACE_SCORE_MIN_N, o->n);
     else {
         for (int i = 0; i < r->n_entries; i++)
             if (r->e[i].monolith > r->n_mono) {
@@ -396,7 +388,7 @@ static int open_models(eval_run_t *r) {
         r->usage = 1;
         return TS_EINVAL;
     }
-    char *jpath[TS_CLI_MAX_JUDGES];
+    const char *jpath[TS_CLI_MAX_JUDGES];
     if (rc == TS_OK && o->judges) {
         r->judges_copy = strdup(o->judges);
         r->n_judges =

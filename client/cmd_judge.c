@@ -7,6 +7,8 @@
  * intervals and paired differences to the first set, precision and recall (model/space_score.h)
  * — and says, for each set against the first, whether every judge agrees.
  */
+#define _POSIX_C_SOURCE 200809L
+
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -244,9 +246,10 @@ typedef struct {
     int n, ref_n, boot, pr_k, threads, json;
 } score_opts_t;
 
-int ts_cli_split_list(char *s, char **out, int max) {
+int ts_cli_split_list(char *s, const char **out, int max) {
     int n = 0;
-    for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
+    char *save = NULL;
+    for (char *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (n == max)
             return -1;
         out[n++] = tok;
@@ -446,7 +449,7 @@ int ts_cmd_judge(int argc, char **argv) {
         return 2;
     }
     char *slist = ts_dup_str(o.samples), *jlist = ts_dup_str(o.judges);
-    char *spath[MAX_LIST], *jpath[MAX_LIST];
+    const char *spath[MAX_LIST], *jpath[MAX_LIST];
     int E = slist ? ts_cli_split_list(slist, spath, MAX_LIST) : 0,
         J = jlist ? ts_cli_split_list(jlist, jpath, MAX_LIST) : 0;
     if (E < 1 || J < 1) {
