@@ -104,6 +104,14 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
                 (unsigned long long)st->checks_agreed, (unsigned long long)st->mismatches,
                 (unsigned long long)st->liars, (unsigned long long)st->undecided,
                 (unsigned long long)st->checks_failed);
+    if (st->accusations_sent)
+        fprintf(stderr,
+                "accusations: %llu sent to other replicas: %llu upheld (the liar is banned "
+                "there and the evidence passed on), %llu refused, %llu not judged\n",
+                (unsigned long long)st->accusations_sent,
+                (unsigned long long)st->accusations_upheld,
+                (unsigned long long)st->accusations_refused,
+                (unsigned long long)st->accusations_unjudged);
     for (int k = 0; k < g->K; k++)
         for (int i = 0; i < g->experts[k].n_rep; i++)
             if (g->experts[k].rep[i].lies)
@@ -174,6 +182,12 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
             json_object_set_new(ck, "first_catch_requests",
                                 json_integer((json_int_t)st->first_catch_requests));
             json_object_set_new(ck, "first_catch_s", json_real(st->first_catch_s));
+            json_object_set_new(ck, "accusations",
+                                json_pack("{s:I, s:I, s:I, s:I}", "sent",
+                                          (json_int_t)st->accusations_sent, "upheld",
+                                          (json_int_t)st->accusations_upheld, "refused",
+                                          (json_int_t)st->accusations_refused, "unjudged",
+                                          (json_int_t)st->accusations_unjudged));
         }
         json_object_set_new(j, "failed_experts", failed);
     } else {
@@ -709,6 +723,7 @@ static int print_results(gen_run_t *r) {
     json_t *sum = summary(r, sel_text);
     int rc = TS_OK;
     if (o->peer && sum) {
+        ts_remote_settle(&r->net.remote, 10000); /* the verdicts of accusations sent */
         json_t *nsum = network_summary(&r->net, &r->st);
         if (nsum)
             json_object_set_new(sum, "network", nsum);

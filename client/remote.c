@@ -283,10 +283,10 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         ts_answer_claim_t claim;
         uint8_t sig[TS_SIGNATURE_BYTES];
         /* a replica caught lying meanwhile (another piece's check): its answers are refused */
-        status = isinf(p->banned_until) ? TS_EPEER
-                                        : take_answer(a, res->reply, &tm,
-                                                      k == 0 ? a->job->v : ts_remote_held(a, k),
-                                                      p, &claim, sig);
+        status = isinf(p->banned_until)
+                     ? TS_EPEER
+                     : take_answer(a, res->reply, &tm, k == 0 ? a->job->v : ts_remote_held(a, k), p,
+                                   &claim, sig);
         if (status == TS_OK) {
             p->answered++;
             r->st.answers++;
@@ -601,6 +601,24 @@ int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_exp
 }
 
 static void timer_closed(uv_handle_t *h) { free(h); }
+
+static void settle_timeout(uv_timer_t *t) { *(int *)t->data = 1; }
+
+void ts_remote_settle(ts_remote_t *r, uint32_t timeout_ms) {
+    if (r->accusing <= 0)
+        return;
+    uv_timer_t *t = malloc(sizeof *t);
+    if (!t)
+        return;
+    int expired = 0;
+    uv_timer_init(r->loop, t);
+    t->data = &expired;
+    uv_timer_start(t, settle_timeout, timeout_ms, 0);
+    while (r->accusing > 0 && !expired)
+        uv_run(r->loop, UV_RUN_ONCE);
+    uv_timer_stop(t);
+    uv_close((uv_handle_t *)t, timer_closed);
+}
 
 void ts_remote_free(ts_remote_t *r) {
     remote_priv_t *pv = priv(r);

@@ -48,7 +48,7 @@ typedef struct ts_replica {
     uint64_t sent, answered, failed, garbage, hedges_won;
     /* learned from its signed answers: what computes them (net/answer.h) */
     char device_class[TS_ANSWER_DEVICE_MAX + 1];
-    uint8_t precision; /* a Tessera__DType value; 0 until its first answer */
+    uint8_t precision;      /* a Tessera__DType value; 0 until its first answer */
     uint64_t checked, lies; /* its answers spot-checked, and found wrong */
     int vouched;            /* one of its answers has agreed with another replica's */
 } ts_replica_t;
@@ -77,17 +77,13 @@ typedef struct ts_remote_opts {
     /* The fraction of answers spot-checked (TS_REMOTE_VERIFY_RATE), and when the rate is not 0
      * every answer of a replica until one of them has agreed with another replica's (a replica
      * that lies on every answer is caught at its first): the same request asked of a second
-     * replica, bit for bit where both report the same device class and precision, within
-     * TS_REMOTE_TOL_F32 / TS_REMOTE_TOL_LOW otherwise; when they differ, a third replica or the
+     * replica, bit for bit where both report the same device class and precision,
+     * within net/answer.h's tolerances otherwise; when they differ, a third replica or the
      * cached weights decide, and the liar is never asked again by this client. */
     double verify_rate;
 } ts_remote_opts_t;
 
 #define TS_REMOTE_VERIFY_RATE 0.02 /* docs/benchmarks.md, "Spot-checks against liars" */
-/* Tolerances between answers of different device classes, relative to max(1, max|v|): fp32
- * answers (the CPU-GPU parity tests' 1e-4), and answers where either side ran bf16 or f16. */
-#define TS_REMOTE_TOL_F32 1e-4
-#define TS_REMOTE_TOL_LOW 5e-2
 
 void ts_remote_opts_default(ts_remote_opts_t *o);
 
@@ -99,7 +95,10 @@ typedef struct ts_remote_stats {
      * undecided (nothing to break the tie), abandoned (the checker did not answer) */
     uint64_t checks, checks_agreed, mismatches, liars, undecided, checks_failed;
     uint64_t first_catch_requests; /* requests sent when the first wrong answer was caught */
-    double first_catch_s;          /* and the seconds since ts_remote_init (0: none caught) */
+    /* accusations (daemon/trust.h) sent to other replicas for each wrong answer caught, and
+     * their verdicts: upheld, refused, not judged (no answer, or the node could not judge) */
+    uint64_t accusations_sent, accusations_upheld, accusations_refused, accusations_unjudged;
+    double first_catch_s; /* and the seconds since ts_remote_init (0: none caught) */
     uint64_t bytes_out, bytes_in;
     double network_s, local_s; /* wall time waiting for the network, computing locally */
     /* the servers' Timings, summed over answers: queue, compute, and of compute the device's */
@@ -115,12 +114,12 @@ typedef struct ts_remote_fail {
 
 /* One trace event: one request or local run of one job (Chrome trace "X" events). */
 typedef struct ts_remote_event {
-    double start_s, dur_s;         /* from ts_remote_init */
-    int k;                         /* expert */
-    int m;                         /* rows */
-    int replica;                   /* −1: local */
-    int status;                    /* TS_OK, or the failure */
-    int hedge;                     /* 1: a hedged second request */
+    double start_s, dur_s;                    /* from ts_remote_init */
+    int k;                                    /* expert */
+    int m;                                    /* rows */
+    int replica;                              /* −1: local */
+    int status;                               /* TS_OK, or the failure */
+    int hedge;                                /* 1: a hedged second request */
     uint32_t queue_us, compute_us, device_us; /* the server's Timings (0 when none) */
 } ts_remote_event_t;
 
@@ -142,7 +141,8 @@ typedef struct ts_remote {
     ts_remote_fail_t *fail;   /* (K) */
     double *eval_ms;          /* per evaluation wall time (grows) */
     size_t n_eval, cap_eval;
-    void *impl; /* remote.c's: the hedge timers and the attempts of the evaluation in progress */
+    void *impl;   /* remote.c's: the hedge timers and the attempts of the evaluation in progress */
+    int accusing; /* accusations whose verdicts have not come back */
 } ts_remote_t;
 
 /* Prepares r for K experts (experts[k].rep[...] with addr set; peers are made here) of images
@@ -152,6 +152,9 @@ int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_exp
                    int K, int channels, int size, const ts_remote_opts_t *o, int trace, char *err,
                    size_t errlen);
 void ts_remote_free(ts_remote_t *r);
+/* Runs the loop until every accusation sent has its verdict, for at most timeout_ms (a summary
+ * then counts them; the nodes judge them whether or not this client waits). */
+void ts_remote_settle(ts_remote_t *r, uint32_t timeout_ms);
 
 /* ts_expert_eval_fn for ctx = ts_remote_t. */
 int ts_remote_eval(void *ctx, ts_expert_job_t *jobs, int n);

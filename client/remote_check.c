@@ -13,6 +13,7 @@
 
 #include "base/clock.h"
 #include "client/remote_internal.h"
+#include "net/frame.h"
 
 /* Cancels the sends of a still in flight (their callbacks see `cancelling` and do nothing). */
 static void cancel_inflight(attempt_t *a) {
@@ -46,54 +47,10 @@ int ts_remote_pick_checker(attempt_t *a, const char *cls, uint8_t prec) {
     return any;
 }
 
-/* The largest |x − y| over n values, relative to max(1, max|y|). */
-static double rel_diff(const float *x, const float *y, size_t n) {
-    double d = 0.0, m = 1.0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)x[i] - (double)y[i]);
-        d = e > d ? e : d;
-        m = fabs((double)y[i]) > m ? fabs((double)y[i]) : m;
-    }
-    return d / m;
-}
-
-/* Whether two claims promise the same bits: one device class (the engine, the attention and the
- * build: serve.c) and one precision, on a CPU — whose rows are batch invariant; a GPU's are not
- * established, so GPU answers are compared within a tolerance. */
-static int exact(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
-    return cx->precision == cy->precision && strcmp(cx->device_class, cy->device_class) == 0 &&
-           strncmp(cx->device_class, "cpu/", 4) == 0;
-}
-
-/* The tolerance between answers of two claims: fp32 both, or bf16/f16 on either side. */
-static double tol_of(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
-    return cx->precision == TESSERA__DTYPE__DTYPE_F32 && cy->precision == TESSERA__DTYPE__DTYPE_F32
-               ? TS_REMOTE_TOL_F32
-               : TS_REMOTE_TOL_LOW;
-}
-
-/* Whether two answers agree: bit for bit where their claims promise the same bits, within the
- * tolerance otherwise. */
-static int agree(const float *x, const ts_answer_claim_t *cx, const float *y,
-                 const ts_answer_claim_t *cy, size_t n) {
-    if (exact(cx, cy))
-        return memcmp(x, y, n * sizeof *x) == 0;
-    return rel_diff(x, y, n) <= tol_of(cx, cy);
-}
-
-/* Whether x is wrong beyond doubt against y: any bit where the claims promise the same bits, else
- * more than ten times the tolerance (an honest answer just past it is never called a lie). */
-static int far(const float *x, const ts_answer_claim_t *cx, const float *y,
-               const ts_answer_claim_t *cy, size_t n) {
-    if (exact(cx, cy))
-        return memcmp(x, y, n * sizeof *x) != 0;
-    return rel_diff(x, y, n) > 10.0 * tol_of(cx, cy);
-}
-
 /* Whether an agreement vouches for both replicas: the same bits, or fp32 within its tolerance (a
  * replica that claims bf16 is compared loosely, and is never vouched for by it). */
 static int vouches(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
-    return exact(cx, cy) || tol_of(cx, cy) == TS_REMOTE_TOL_F32;
+    return ts_answer_exact(cx, cy) || ts_answer_tolerance(cx, cy) == TS_ANSWER_TOL_F32;
 }
 
 /* Held answer slot k (m·chw floats). */
@@ -101,8 +58,86 @@ float *ts_remote_held(attempt_t *a, int k) {
     return a->held + (size_t)k * (size_t)a->job->m * (size_t)a->r->chw;
 }
 
-/* Replica i answered wrongly, as the check showed: never asked again by this client. */
-static void caught(attempt_t *a, int i) {
+static void on_verdict(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg) {
+    (void)call;
+    ts_remote_t *r = arg;
+    r->accusing--;
+    const Tessera__AccusationVerdict *v =
+        res->status == TS_OK && res->reply ? res->reply->accusation_verdict : NULL;
+    if (v && v->upheld)
+        r->st.accusations_upheld++;
+    else if (v && v->reason && strncmp(v->reason, "cannot judge", 12) != 0)
+        r->st.accusations_refused++;
+    else
+        r->st.accusations_unjudged++;
+}
+
+/* The replicas an accusation goes to: every other replica of the expert not caught itself, up to
+ * this many (they hold the weights, so they can judge it, and pass it on to every member). */
+#define ACCUSE_MAX 4
+#define ACCUSE_TIMEOUT_MS 30000
+
+/* Sends the evidence that replica i's answer in slot k is wrong — the request as asked and its
+ * signed answer as received (daemon/trust.h) — to the expert's other replicas. */
+static void accuse(attempt_t *a, int i, int k) {
+    ts_remote_t *r = a->r;
+    ts_expert_job_t *j = a->job;
+    ts_replica_t *p = &a->ex->rep[i];
+    const ts_answer_claim_t *c = &a->held_claim[k];
+    if (!p->has_node || c->device_class[0] == '\0')
+        return; /* an unsigned answer is no evidence */
+    ts_tensor_t xt, vt;
+    Tessera__Tensor x = TESSERA__TENSOR__INIT, v = TESSERA__TENSOR__INIT;
+    if (ts_tensor_wrap(&xt, (float *)j->x, TS_F32, TS_CPU, 4,
+                       TS_SHAPE(j->m, r->channels, r->size, r->size)) != TS_OK ||
+        ts_frame_tensor_set(&x, &xt) != TS_OK ||
+        ts_tensor_wrap(&vt, ts_remote_held(a, k), TS_F32, TS_CPU, 4,
+                       TS_SHAPE(j->m, r->channels, r->size, r->size)) != TS_OK ||
+        ts_frame_tensor_set(&v, &vt) != TS_OK)
+        return;
+    Tessera__DenoiseRequest dr = TESSERA__DENOISE_REQUEST__INIT; /* as ts_remote_send_to */
+    dr.has_expert_id = dr.has_cfg_scale = 1;
+    dr.expert_id.data = a->ex->weights_hash;
+    dr.expert_id.len = sizeof a->ex->weights_hash;
+    dr.x_t = &x;
+    dr.n_t = (size_t)j->m;
+    dr.t = a->t;
+    dr.n_class_labels = (size_t)j->m;
+    dr.class_labels = (int32_t *)j->labels;
+    dr.cfg_scale = j->cfg_scale;
+    Tessera__DenoiseResponse ans = TESSERA__DENOISE_RESPONSE__INIT;
+    ans.velocity = &v;
+    ans.has_signature = ans.has_precision = 1;
+    ans.signature.data = a->held_sig[k];
+    ans.signature.len = TS_SIGNATURE_BYTES;
+    ans.device_class = (char *)c->device_class;
+    ans.precision = (Tessera__DType)c->precision;
+    Tessera__Accusation acc = TESSERA__ACCUSATION__INIT;
+    acc.has_accused = acc.has_request_id = 1;
+    acc.accused.data = p->node.b;
+    acc.accused.len = sizeof p->node.b;
+    acc.request_id = c->request_id;
+    acc.request = &dr;
+    acc.answer = &ans;
+    Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
+    env.body_case = TESSERA__ENVELOPE__BODY_ACCUSATION;
+    env.accusation = &acc;
+    int sent = 0;
+    for (int q = 0; q < a->ex->n_rep && sent < ACCUSE_MAX; q++) {
+        ts_replica_t *o = &a->ex->rep[q];
+        if (q == i || !o->peer || isinf(o->banned_until))
+            continue;
+        if (ts_rpc_call(o->peer, &env, ACCUSE_TIMEOUT_MS, on_verdict, r, NULL, NULL, 0) == TS_OK) {
+            r->accusing++;
+            r->st.accusations_sent++;
+            sent++;
+        }
+    }
+}
+
+/* Replica i answered wrongly (its answer in slot k), as the check showed: never asked again by
+ * this client, and accused before the other replicas. */
+static void caught(attempt_t *a, int i, int k) {
     ts_replica_t *p = &a->ex->rep[i];
     p->lies++;
     p->banned_until = INFINITY;
@@ -112,6 +147,7 @@ static void caught(attempt_t *a, int i) {
         a->r->st.first_catch_s = ts_now_s() - a->r->t0;
     }
     snprintf(a->note, sizeof a->note, "%.64s: a wrong answer, caught by a spot-check", p->addr);
+    accuse(a, i, k);
 }
 
 /* Whether to check the answer just taken: every answer of a replica not vouched for yet, then at
@@ -166,7 +202,7 @@ void ts_remote_check_judge(attempt_t *a, int k) {
     ts_remote_t *r = a->r;
     size_t n = (size_t)a->job->m * (size_t)r->chw;
     ts_answer_claim_t *c = a->held_claim;
-    if (k == 1 && agree(ts_remote_held(a, 1), &c[1], ts_remote_held(a, 0), &c[0], n)) {
+    if (k == 1 && ts_answer_agree(ts_remote_held(a, 1), &c[1], ts_remote_held(a, 0), &c[0], n)) {
         r->st.checks_agreed++;
         if (vouches(&c[0], &c[1]))
             a->ex->rep[a->held_rep[0]].vouched = a->ex->rep[a->held_rep[1]].vouched = 1;
@@ -183,19 +219,19 @@ void ts_remote_check_judge(attempt_t *a, int k) {
             int rc = ts_expert_job_run(a->ex->local, &mine);
             r->st.local_runs++;
             r->st.local_s += ts_now_s() - t0;
-            double d0 =
-                rc == TS_OK ? rel_diff(ts_remote_held(a, 0), ts_remote_held(a, 2), n) : INFINITY;
-            double d1 =
-                rc == TS_OK ? rel_diff(ts_remote_held(a, 1), ts_remote_held(a, 2), n) : INFINITY;
-            double t0s = c[0].precision == TESSERA__DTYPE__DTYPE_F32 ? TS_REMOTE_TOL_F32
-                                                                       : TS_REMOTE_TOL_LOW;
-            double t1s = c[1].precision == TESSERA__DTYPE__DTYPE_F32 ? TS_REMOTE_TOL_F32
-                                                                       : TS_REMOTE_TOL_LOW;
-            int liar = d0 <= t0s && d1 > 10.0 * t1s   ? 1
-                       : d1 <= t1s && d0 > 10.0 * t0s ? 0
-                                                      : -1;
+            double d0 = rc == TS_OK
+                            ? ts_answer_rel_diff(ts_remote_held(a, 0), ts_remote_held(a, 2), n)
+                            : INFINITY;
+            double d1 = rc == TS_OK
+                            ? ts_answer_rel_diff(ts_remote_held(a, 1), ts_remote_held(a, 2), n)
+                            : INFINITY;
+            double t0s =
+                c[0].precision == TESSERA__DTYPE__DTYPE_F32 ? TS_ANSWER_TOL_F32 : TS_ANSWER_TOL_LOW;
+            double t1s =
+                c[1].precision == TESSERA__DTYPE__DTYPE_F32 ? TS_ANSWER_TOL_F32 : TS_ANSWER_TOL_LOW;
+            int liar = d0 <= t0s && d1 > 10.0 * t1s ? 1 : d1 <= t1s && d0 > 10.0 * t0s ? 0 : -1;
             if (liar >= 0) {
-                caught(a, a->held_rep[liar]);
+                caught(a, a->held_rep[liar], liar);
                 if (c[1 - liar].precision == TESSERA__DTYPE__DTYPE_F32)
                     a->ex->rep[a->held_rep[1 - liar]].vouched = 1;
                 if (liar == 0)
@@ -219,11 +255,12 @@ void ts_remote_check_judge(attempt_t *a, int k) {
         return;
     }
     float *h0 = ts_remote_held(a, 0), *h1 = ts_remote_held(a, 1), *h2 = ts_remote_held(a, 2);
-    int liar = agree(h2, &c[2], h0, &c[0], n) && far(h1, &c[1], h2, &c[2], n)   ? 1
-               : agree(h2, &c[2], h1, &c[1], n) && far(h0, &c[0], h2, &c[2], n) ? 0
-                                                                                 : -1;
+    int liar =
+        ts_answer_agree(h2, &c[2], h0, &c[0], n) && ts_answer_far(h1, &c[1], h2, &c[2], n)   ? 1
+        : ts_answer_agree(h2, &c[2], h1, &c[1], n) && ts_answer_far(h0, &c[0], h2, &c[2], n) ? 0
+                                                                                             : -1;
     if (liar >= 0) {
-        caught(a, a->held_rep[liar]);
+        caught(a, a->held_rep[liar], liar);
         if (vouches(&c[1 - liar], &c[2]))
             a->ex->rep[a->held_rep[1 - liar]].vouched = a->ex->rep[a->held_rep[2]].vouched = 1;
         if (liar == 0)

@@ -40,6 +40,7 @@
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/metrics_http.h"
+#include "daemon/trust.h"
 #include "net/gossip.h"
 #include "net/keys.h"
 #include "net/reach.h"
@@ -87,6 +88,7 @@ typedef struct {
     ts_gossip_t *gossip;
     ts_host_t *host;
     ts_auto_t *autoc; /* [expert] mode = auto: what to serve (daemon/auto.h) */
+    ts_trust_t *trust; /* accusations (daemon/trust.h) */
     int stopping;
     ts_metrics_t *metrics;
     ts_metrics_http_t *http;
@@ -348,7 +350,8 @@ static void on_stats(uv_timer_t *t) {
                  {TESSERA__ENVELOPE__BODY_DIAL_BACK_REQUEST, "dial_back"},
                  {TESSERA__ENVELOPE__BODY_ADVERT_REQUEST, "advert"},
                  {TESSERA__ENVELOPE__BODY_PUSH_PULL, "push_pull"},
-                 {TESSERA__ENVELOPE__BODY_PING, "ping"}};
+                 {TESSERA__ENVELOPE__BODY_PING, "ping"},
+                 {TESSERA__ENVELOPE__BODY_ACCUSATION, "accusation"}};
     ts_rpc_stats_t rs;
     ts_rpc_stats(d->rpc, &rs);
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
@@ -366,6 +369,17 @@ static void on_stats(uv_timer_t *t) {
                                ts_conn_close_reason_name(hs[i]), ns.closed[hs[i]]);
     ts_host_metrics(d->host);
     ts_relaying_metrics(d->relaying, d->metrics);
+    ts_trust_stats_t ts;
+    ts_trust_get_stats(d->trust, &ts);
+    ts_metrics_counter_set(d->metrics, TS_M_ACCUSATIONS, "received", ts.received);
+    ts_metrics_counter_set(d->metrics, TS_M_ACCUSATIONS, "upheld", ts.upheld);
+    ts_metrics_counter_set(d->metrics, TS_M_ACCUSATIONS, "refused", ts.refused);
+    ts_metrics_counter_set(d->metrics, TS_M_ACCUSATIONS, "unverifiable", ts.unverifiable);
+    ts_metrics_counter_set(d->metrics, TS_M_ACCUSATIONS, "repeat", ts.repeats);
+    ts_metrics_counter_set(d->metrics, TS_M_ACCUSATIONS, "passed_on", ts.passed_on);
+    uint32_t n_bans;
+    (void)ts_gossip_bans(d->gossip, &n_bans);
+    ts_metrics_gauge_set(d->metrics, TS_M_BANNED_NODES, NULL, (double)n_bans);
     health_tick(d);
     /* every second while someone reads it, else every tenth: a first load then shows the node
      * as it was at most ten seconds ago, never nothing */
@@ -409,6 +423,7 @@ static void on_stop(uv_signal_t *h, int signum) {
     atomic_store(&d->ready, 2);
     ts_auto_stop(d->autoc);
     d->autoc = NULL;
+    ts_trust_shutdown(d->trust);
     ts_host_stop(d->host, on_host_stopped, d);
 }
 
@@ -494,10 +509,12 @@ static void gossip_config(const ts_daemon_config_t *c, ts_store_t *store, const 
 static void free_all(daemon_t *d) {
     ts_auto_stop(d->autoc);
     d->autoc = NULL;
+    ts_trust_shutdown(d->trust);
     uv_walk(d->loop, close_cb, NULL);
     uv_run(d->loop, UV_RUN_DEFAULT);
     ts_metrics_http_stop(d->http);
     pthread_mutex_destroy(&d->health_mu);
+    (void)ts_trust_free(d->trust); /* the loop has run out: no recomputation is left */
     ts_gossip_free(d->gossip);
     ts_relaying_free(d->relaying);
     ts_rpc_free(d->rpc);
@@ -582,6 +599,16 @@ static int run(const ts_daemon_config_t *cfg, const ts_identity_t *id, const ts_
         rc = ts_host_new(&d.host, &env, err, sizeof err);
         if (d.host)
             ts_gossip_on_load(d.gossip, ts_host_load, d.host);
+        ts_trust_env_t te = {.loop = &loop,
+                             .rpc = d.rpc,
+                             .gossip = d.gossip,
+                             .store = store,
+                             .self = &id->id,
+                             .expel = cfg->trust_expel,
+                             .identity = cfg->identity,
+                             .network_key = cfg->network_key};
+        if (rc == TS_OK && (rc = ts_trust_new(&d.trust, &te)) != TS_OK)
+            snprintf(err, sizeof err, "cannot serve accusations: %s", ts_strerror(rc));
         if (rc == TS_OK && cfg->expert_mode == TS_EXPERT_AUTO) {
             rc = ts_auto_start(&d.autoc, &loop, cfg, d.gossip, d.host, store, id->id.b);
             if (rc == TS_OK)

@@ -659,7 +659,7 @@ int ts_metrics_write(ts_metrics_t *m, char **out, size_t *len) {
 /* ---- the daemon's metrics ------------------------------------------------------------------- */
 
 /* clang-format off */
-static const char *const REQUEST_TYPES[] = {"denoise", "manifest", "chunk", "status", "advert", "push_pull", "ping", "dial_back", "malformed", NULL};
+static const char *const REQUEST_TYPES[] = {"denoise", "manifest", "chunk", "status", "advert", "push_pull", "ping", "dial_back", "accusation", "malformed", NULL};
 /* every ts_conn_close_reason_t, as ts_conn_close_reason_name spells it */
 static const char *const CLOSE_REASONS[] = {"local", "eof", "io", "handshake-timeout", "idle-timeout", "handshake", "identity", "decrypt", "framing", "protocol", "nomem", "evicted", "budget", NULL};
 static const char *const DEVICE_MEMORY_KINDS[] = {"total", "used", NULL};
@@ -671,6 +671,7 @@ static const char *const NOMEM_ACTIONS[] = {"split", "refused", NULL};
 static const char *const RELAY_CIRCUIT_OUTCOMES[] = {"spliced", "failed", NULL};
 static const char *const RELAY_DATAGRAM_OUTCOMES[] = {"forwarded", "dropped", NULL};
 static const char *const HANDSHAKE_REASONS[] = {"handshake-timeout", "handshake", "identity", NULL};
+static const char *const ACCUSATION_OUTCOMES[] = {"received", "upheld", "refused", "unverifiable", "repeat", "passed_on", NULL};
 static const double BATCH_BUCKETS[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 static const double WAIT_BUCKETS[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 static const double COMPUTE_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -718,6 +719,8 @@ static const ts_metric_spec_t DAEMON_METRICS[TS_M_COUNT] = {
     [TS_M_TRAIN_STEP_SECONDS] = {"tessera_train_step_seconds", "The training job's last step: its wall time, and the device's time for it (on a GPU the span between CUDA events around it, idle gaps included; on a CPU the same as wall).", G, "clock", STEP_CLOCKS, NULL, 0},
     [TS_M_BLAS_KERNELS] = {"tessera_blas_kernels_info", "The OpenBLAS kernel set the CPU engine's GEMMs run (the value is always 1): SkylakeX, Cooperlake, Haswell, Prescott, ...", G, "core", NULL, NULL, 0},
     [TS_M_BLAS_WEAKER] = {"tessera_blas_kernels_weaker", "1 when the OpenBLAS kernels in use are weaker than the CPU runs (the log and tessera selfcheck name the fix), else 0.", G, NULL, NULL, NULL, 0},
+    [TS_M_ACCUSATIONS] = {"tessera_accusations_total", "Accusations of wrong answers: received (all), upheld (recomputed: wrong; the node is banned here), refused (a bad signature, or a right answer), unverifiable (the weights are not here), repeat (answered with an earlier verdict), passed_on (sent to other members after an upheld one).", C, "outcome", ACCUSATION_OUTCOMES, NULL, 0},
+    [TS_M_BANNED_NODES] = {"tessera_banned_nodes", "Nodes banned here for a wrong answer: their adverts are no longer passed on to clients.", G, NULL, NULL, NULL, 0},
     [TS_M_DEVICE_MEMORY] = {"tessera_device_memory_bytes", "Memory of the GPU the expert is served on: total, and used by every process (0 on a CPU node).", G, "kind", DEVICE_MEMORY_KINDS, NULL, 0},
 };
 /* clang-format on */

@@ -153,6 +153,8 @@ typedef enum {
     TS_M_TRAIN_STEP_SECONDS,   /* tessera_train_step_seconds{clock}: the last step, wall, device */
     TS_M_BLAS_KERNELS,         /* tessera_blas_kernels_info{core} = 1: OpenBLAS's kernel set */
     TS_M_BLAS_WEAKER,          /* tessera_blas_kernels_weaker: 1 when weaker than the CPU runs */
+    TS_M_ACCUSATIONS,          /* tessera_accusations_total{outcome}: daemon/trust.h */
+    TS_M_BANNED_NODES,         /* tessera_banned_nodes: nodes whose adverts this node withholds */
     TS_M_COUNT
 } ts_metric_id_t;
 

@@ -5,6 +5,7 @@
 
 #include "net/answer.h"
 
+#include <math.h>
 #include <sodium.h>
 #include <string.h>
 
@@ -111,4 +112,39 @@ int ts_answer_claim_of(ts_answer_claim_t *c, uint64_t request_id,
     c->precision = (uint8_t)resp->precision;
     memcpy(c->device_class, resp->device_class, n + 1);
     return TS_OK;
+}
+
+int ts_answer_exact(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
+    return cx->precision == cy->precision && strcmp(cx->device_class, cy->device_class) == 0 &&
+           strncmp(cx->device_class, "cpu/", 4) == 0;
+}
+
+double ts_answer_tolerance(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
+    return cx->precision == TESSERA__DTYPE__DTYPE_F32 && cy->precision == TESSERA__DTYPE__DTYPE_F32
+               ? TS_ANSWER_TOL_F32
+               : TS_ANSWER_TOL_LOW;
+}
+
+double ts_answer_rel_diff(const float *x, const float *y, size_t n) {
+    double d = 0.0, m = 1.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)x[i] - (double)y[i]);
+        d = e > d ? e : d;
+        m = fabs((double)y[i]) > m ? fabs((double)y[i]) : m;
+    }
+    return d / m;
+}
+
+int ts_answer_agree(const float *x, const ts_answer_claim_t *cx, const float *y,
+                    const ts_answer_claim_t *cy, size_t n) {
+    if (ts_answer_exact(cx, cy))
+        return memcmp(x, y, n * sizeof *x) == 0;
+    return ts_answer_rel_diff(x, y, n) <= ts_answer_tolerance(cx, cy);
+}
+
+int ts_answer_far(const float *x, const ts_answer_claim_t *cx, const float *y,
+                  const ts_answer_claim_t *cy, size_t n) {
+    if (ts_answer_exact(cx, cy))
+        return memcmp(x, y, n * sizeof *x) != 0;
+    return ts_answer_rel_diff(x, y, n) > 10.0 * ts_answer_tolerance(cx, cy);
 }

@@ -378,6 +378,32 @@ static int check_denoise_response(chk_t *c, const Tessera__DenoiseResponse *m) {
     return TS_OK;
 }
 
+/* An optional UTF-8 sentence of at most TS_FRAME_MESSAGE_MAX bytes. */
+static int check_message(chk_t *c, const char *m, const char *what) {
+    size_t n = m ? strlen(m) : 0;
+    if (n > TS_FRAME_MESSAGE_MAX)
+        return bad(c, TS_ECORRUPT, "%s is longer than %d bytes", what, TS_FRAME_MESSAGE_MAX);
+    if (m && !utf8_ok((const unsigned char *)m, n))
+        return bad(c, TS_ECORRUPT, "%s is not UTF-8", what);
+    return TS_OK;
+}
+
+/* An accusation: the accused's id, the request and the answer as the rules above read them (the
+ * signature and whether the answer is wrong are the verifier's: daemon/trust.c). */
+static int check_accusation(chk_t *c, const Tessera__Accusation *m) {
+    const char *w = "accusation";
+    CHECK(check_id(c, m->has_accused, &m->accused, w, "accused"));
+    if (!m->has_request_id || m->request_id == 0)
+        return bad(c, TS_ECORRUPT, "accusation.request_id is missing");
+    CHECK(need(c, m->request, w, "request"));
+    CHECK(check_denoise_request(c, m->request));
+    CHECK(need(c, m->answer, w, "answer"));
+    CHECK(check_denoise_response(c, m->answer));
+    if (!m->answer->has_signature)
+        return bad(c, TS_ECORRUPT, "accusation.answer carries no signature");
+    return TS_OK;
+}
+
 static int check_manifest(chk_t *c, const Tessera__WeightsManifest *m) {
     const char *w = "weights_manifest";
     CHECK(check_id(c, m->has_weights_hash, &m->weights_hash, w, "weights_hash"));
@@ -470,6 +496,13 @@ static int check_status_response(chk_t *c, const Tessera__StatusResponse *m) {
         CHECK(check_aggregates(c, m->aggregates));
     if (m->training)
         CHECK(check_training(c, m->training, "status_response.training"));
+    for (size_t i = 0; i < m->n_bans; i++) {
+        const Tessera__Ban *b = m->bans[i];
+        sub(p, w, "bans", (long)i);
+        CHECK(check_id(c, b->has_node_id, &b->node_id, p, "node_id"));
+        CHECK(check_id(c, b->has_expert_id, &b->expert_id, p, "expert_id"));
+        CHECK(check_message(c, b->reason, "status_response.bans.reason"));
+    }
     return TS_OK;
 }
 
@@ -489,16 +522,6 @@ static int check_error(chk_t *c, const Tessera__Error *m) {
 }
 
 /* ---- relays ------------------------------------------------------------------------------- */
-
-/* An optional UTF-8 sentence of at most TS_FRAME_MESSAGE_MAX bytes. */
-static int check_message(chk_t *c, const char *m, const char *what) {
-    size_t n = m ? strlen(m) : 0;
-    if (n > TS_FRAME_MESSAGE_MAX)
-        return bad(c, TS_ECORRUPT, "%s is longer than %d bytes", what, TS_FRAME_MESSAGE_MAX);
-    if (m && !utf8_ok((const unsigned char *)m, n))
-        return bad(c, TS_ECORRUPT, "%s is not UTF-8", what);
-    return TS_OK;
-}
 
 static int check_addr_field(chk_t *c, const char *a, const char *what) {
     if (!a || strlen(a) > TS_FRAME_ADDR_MAX || !ts_addr_valid(a, strlen(a), 0))
@@ -537,6 +560,7 @@ static body_kind_t body_kind(Tessera__Envelope__BodyCase b) {
     case TESSERA__ENVELOPE__BODY_PUSH_PULL: /* the answer to a PushPull is a PushPull too */
     case TESSERA__ENVELOPE__BODY_ADVERT_REQUEST:
     case TESSERA__ENVELOPE__BODY_DENOISE_REQUEST:
+    case TESSERA__ENVELOPE__BODY_ACCUSATION:
     case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST_REQUEST:
     case TESSERA__ENVELOPE__BODY_CHUNK_REQUEST:
     case TESSERA__ENVELOPE__BODY_STATUS_REQUEST:
@@ -545,6 +569,7 @@ static body_kind_t body_kind(Tessera__Envelope__BodyCase b) {
     case TESSERA__ENVELOPE__BODY_ACK:
     case TESSERA__ENVELOPE__BODY_ADVERT:
     case TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE:
+    case TESSERA__ENVELOPE__BODY_ACCUSATION_VERDICT:
     case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST:
     case TESSERA__ENVELOPE__BODY_CHUNK:
     case TESSERA__ENVELOPE__BODY_STATUS_RESPONSE:
@@ -606,6 +631,10 @@ static int check_body(chk_t *c, const Tessera__Envelope *e) {
         return check_denoise_request(c, e->denoise_request);
     case TESSERA__ENVELOPE__BODY_DENOISE_RESPONSE:
         return check_denoise_response(c, e->denoise_response);
+    case TESSERA__ENVELOPE__BODY_ACCUSATION: return check_accusation(c, e->accusation);
+    case TESSERA__ENVELOPE__BODY_ACCUSATION_VERDICT:
+        CHECK(need_has(c, e->accusation_verdict->has_upheld, "accusation_verdict", "upheld"));
+        return check_message(c, e->accusation_verdict->reason, "accusation_verdict.reason");
     case TESSERA__ENVELOPE__BODY_WEIGHTS_MANIFEST_REQUEST:
         return check_id(c, e->weights_manifest_request->has_weights_hash,
                         &e->weights_manifest_request->weights_hash, "weights_manifest_request",

@@ -137,7 +137,9 @@ static int sign_cb(void *ctx, const uint8_t *msg, size_t len, uint8_t sig[TS_SWI
 
 static int verify_cb(void *ctx, const uint8_t id[TS_SWIM_ID_LEN], const uint8_t *msg, size_t len,
                      const uint8_t sig[TS_SWIM_SIG_LEN]) {
-    (void)ctx;
+    ts_gossip_t *g = ctx;
+    if (g->n_bans && ts_gossip__expelled(g, id))
+        return -1; /* an expelled node's claims are not taken, from anyone */
     return crypto_sign_verify_detached(sig, msg, len, id) == 0 ? 0 : -1;
 }
 
@@ -263,6 +265,10 @@ static void receive(ts_gossip_t *g, const struct sockaddr *from, const uint8_t *
     /* the sender id sits at offset 2 of every plaintext (swim_wire.h); unseal checked the size */
     if (!replay_accept(g, plain + 2, counter)) {
         g->st.udp_replayed++;
+        return;
+    }
+    if (g->n_bans && ts_gossip__expelled(g, plain + 2)) {
+        g->st.udp_expelled++;
         return;
     }
     ts_swim_msg_t msg;
@@ -731,6 +737,7 @@ void ts_gossip_free(ts_gossip_t *g) {
     free(g->bootstrap);
     free(g->replay);
     free(g->adverts);
+    free(g->bans);
     free(g->dirty);
     free(g->members);
     free(g->resolves);

@@ -166,12 +166,35 @@ int ts_gossip_advert_get(const ts_gossip_t *g, const uint8_t id[TS_NODE_ID_BYTES
  * does not say the advert is current: only the node's gossiped claim does. */
 int ts_gossip_advert_check(const Tessera__Advert *a);
 
+/* ---- bans (daemon/trust.h: an accusation upheld) ---------------------------------------------
+ * A banned node's adverts are no longer passed on: status answers leave them out (and out of
+ * the aggregates) and list the ban instead; advert requests for it are answered NOT_FOUND. It
+ * stays a member unless expelled: then its datagrams are dropped, its signed claims are refused
+ * whoever relays them (so its view here stops at its last claim before the ban), and status
+ * answers no longer list it among the members. A ban lasts as long as the process. */
+typedef struct ts_gossip_ban_info {
+    uint8_t id[TS_NODE_ID_BYTES];
+    uint8_t expert[32];  /* the expert it answered for wrongly */
+    char reason[256];    /* what was found, for people */
+    uint64_t since_ms;   /* Unix ms */
+    int expelled;
+} ts_gossip_ban_info_t;
+
+/* Bans b->id (copied; since_ms set here). 1 when it is new, 0 when the node was already banned
+ * (nothing changes), TS_ENOMEM. */
+int ts_gossip_ban(ts_gossip_t *g, const ts_gossip_ban_info_t *b);
+/* The ban of node id, or NULL. */
+const ts_gossip_ban_info_t *ts_gossip_banned(const ts_gossip_t *g, const uint8_t id[TS_NODE_ID_BYTES]);
+/* The bans, in the order they were made. */
+const ts_gossip_ban_info_t *ts_gossip_bans(const ts_gossip_t *g, uint32_t *n);
+
 /* Counters of this layer (the core's are in ts_swim_get_stats). */
 typedef struct ts_gossip_stats {
     uint64_t udp_in, udp_out, udp_bytes_in, udp_bytes_out;
     uint64_t udp_unsealed_failed; /* wrong key, tampered, truncated */
     uint64_t udp_replayed;        /* a counter already seen or too old */
     uint64_t udp_malformed;       /* opened but did not decode */
+    uint64_t udp_expelled;        /* from a node expelled here (a ban with expel) */
     uint64_t udp_send_failed;
     uint64_t pushpull_ok, pushpull_failed, pushpull_served;
     uint64_t pushpull_digests; /* of the push-pulls started, those by digest (not joins) */

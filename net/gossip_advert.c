@@ -177,6 +177,11 @@ void ts_gossip__serve_advert(ts_rpc_request_t *req, const Tessera__Envelope *env
     ts_gossip_t *g = arg;
     const Tessera__AdvertRequest *ar = env->advert_request;
     const advert_t *a = ts_gossip__advert_find(g, ar->node_id.data);
+    if (a && ts_gossip_banned(g, ar->node_id.data)) {
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_NOT_FOUND,
+                           "that node is banned here for a wrong answer");
+        return;
+    }
     if (!a || (ar->has_min_version && a->version < ar->min_version)) {
         ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_NOT_FOUND,
                            a ? "the advert held is older than asked for" : "no advert held");

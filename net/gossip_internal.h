@@ -113,6 +113,9 @@ struct ts_gossip {
 
     ts_swim_member_info_t *members; /* max_members entries, scratch for export and decode */
 
+    ts_gossip_ban_info_t *bans; /* in the order made (gossip_ban.c) */
+    uint32_t n_bans, cap_bans;
+
     ts_gossip_event_fn on_event;
     void *on_event_arg;
     ts_gossip_load_fn on_load;
@@ -179,6 +182,11 @@ void ts_gossip__book_load(ts_gossip_t *g);
 /* Adds a to the seeds unless it is ourselves, already there, or the seeds are full; 1 when
  * added. */
 int ts_gossip__seed_add(ts_gossip_t *g, const ts_swim_addr_t *a);
+
+/* ---- gossip_ban.c ---------------------------------------------------------------------------- */
+
+/* Whether member id's datagrams are dropped (it was expelled). */
+int ts_gossip__expelled(const ts_gossip_t *g, const uint8_t id[TS_SWIM_ID_LEN]);
 
 /* ---- gossip_status.c ------------------------------------------------------------------------ */
 

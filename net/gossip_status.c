@@ -36,6 +36,7 @@ typedef struct {
     Tessera__ClusterExperts *clusters, **cluster_ptrs;
     Tessera__ClusterRef *refs, **ref_ptrs;
     uint32_t n_counts;
+    Tessera__Ban *bans, **ban_ptrs;
 } status_scratch_t;
 
 static void status_scratch_free(status_scratch_t *s) {
@@ -48,6 +49,8 @@ static void status_scratch_free(status_scratch_t *s) {
     free(s->cluster_ptrs);
     free(s->refs);
     free(s->ref_ptrs);
+    free(s->bans);
+    free(s->ban_ptrs);
 }
 
 static Tessera__MemberStatus member_status(int state) {
@@ -61,9 +64,12 @@ static Tessera__MemberStatus member_status(int state) {
 
 static void status_members(ts_gossip_t *g, status_scratch_t *s, uint32_t n) {
     int64_t now = now_ms(g);
+    uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         const ts_swim_member_info_t *m = &g->members[i];
-        Tessera__MemberState *ms = &s->members[i];
+        if (g->n_bans && ts_gossip__expelled(g, m->claim.id))
+            continue; /* expelled: no longer listed */
+        Tessera__MemberState *ms = &s->members[k];
         tessera__member_state__init(ms);
         ms->has_node_id = 1;
         ms->node_id.data = (uint8_t *)m->claim.id;
@@ -75,14 +81,14 @@ static void status_members(ts_gossip_t *g, status_scratch_t *s, uint32_t n) {
         ms->has_last_change_age_ms = 1;
         ms->last_change_age_ms = now > m->change_ms ? (uint64_t)(now - m->change_ms) : 0;
         if (m->claim.kind == TS_SWIM_CLAIM_ALIVE) {
-            ts_gossip__addr_str(&m->claim.addr, s->addrs[i]);
-            ms->addr = s->addrs[i];
+            ts_gossip__addr_str(&m->claim.addr, s->addrs[k]);
+            ms->addr = s->addrs[k];
             ms->has_advert_version = 1;
             ms->advert_version = m->claim.advert_version;
         }
-        s->member_ptrs[i] = ms;
+        s->member_ptrs[k++] = ms;
     }
-    s->resp.n_members = n;
+    s->resp.n_members = k;
     s->resp.members = s->member_ptrs;
 }
 
@@ -146,11 +152,12 @@ static int status_aggregates(ts_gossip_t *g, status_scratch_t *s, uint32_t n) {
     uint32_t n_counts = 0, live = 0;
     float capacity = 0, rate = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (g->members[i].state != TS_SWIM_ALIVE)
+        if (g->members[i].state != TS_SWIM_ALIVE ||
+            (g->n_bans && ts_gossip__expelled(g, g->members[i].claim.id)))
             continue;
         live++;
         const advert_t *a = ts_gossip__advert_find(g, g->members[i].claim.id);
-        if (!a)
+        if (!a || ts_gossip_banned(g, a->id))
             continue;
         capacity += a->body->capacity->items_per_s;
         if (i == 0 && s->resp.load && s->resp.load->has_requests_per_s)
@@ -232,10 +239,36 @@ static int status_build(ts_gossip_t *g, const Tessera__StatusRequest *req, statu
     if (!req || req->include_members)
         status_members(g, s, n);
     if (!req || req->include_adverts) {
+        size_t k = 0; /* a banned node's advert is not passed on */
         for (uint32_t i = 0; i < g->n_adverts; i++)
-            s->adverts[i] = g->adverts[i].msg;
-        s->resp.n_adverts = g->n_adverts;
+            if (!ts_gossip_banned(g, g->adverts[i].id))
+                s->adverts[k++] = g->adverts[i].msg;
+        s->resp.n_adverts = k;
         s->resp.adverts = s->adverts;
+    }
+    if (g->n_bans) {
+        s->bans = calloc(g->n_bans, sizeof *s->bans);
+        s->ban_ptrs = calloc(g->n_bans, sizeof *s->ban_ptrs);
+        if (!s->bans || !s->ban_ptrs) {
+            status_scratch_free(s);
+            return TS_ENOMEM;
+        }
+        for (uint32_t i = 0; i < g->n_bans; i++) {
+            const ts_gossip_ban_info_t *b = &g->bans[i];
+            Tessera__Ban *o = &s->bans[i];
+            tessera__ban__init(o);
+            o->has_node_id = o->has_expert_id = o->has_since_ms = o->has_expelled = 1;
+            o->node_id.data = (uint8_t *)b->id;
+            o->node_id.len = sizeof b->id;
+            o->expert_id.data = (uint8_t *)b->expert;
+            o->expert_id.len = sizeof b->expert;
+            o->reason = (char *)b->reason;
+            o->since_ms = b->since_ms;
+            o->expelled = b->expelled != 0;
+            s->ban_ptrs[i] = o;
+        }
+        s->resp.n_bans = g->n_bans;
+        s->resp.bans = s->ban_ptrs;
     }
     if (g->health[0])
         s->resp.health = g->health;

@@ -115,9 +115,9 @@ static json_t *j_load(const Tessera__Load *l) {
 static json_t *j_capacity(const Tessera__Capacity *c) {
     if (!c)
         return json_null();
-    json_t *j = json_pack("{s:f, s:i, s:i, s:s?}", "items_per_s", (double)c->items_per_s,
-                          "max_batch", (int)c->max_batch, "queue_limit", (int)c->queue_limit,
-                          "device", c->device);
+    json_t *j =
+        json_pack("{s:f, s:i, s:i, s:s?}", "items_per_s", (double)c->items_per_s, "max_batch",
+                  (int)c->max_batch, "queue_limit", (int)c->queue_limit, "device", c->device);
     if (j && c->has_max_rows)
         json_object_set_new(j, "max_rows", json_integer((json_int_t)c->max_rows));
     if (j && c->has_model_bytes)
@@ -134,13 +134,11 @@ static json_t *j_training(const Tessera__TrainingStatus *t) {
     if (!t)
         return json_null();
     double rate = t->has_steps_per_s ? (double)t->steps_per_s : 0.0;
-    json_t *j = json_pack("{s:I, s:I, s:f, s:o, s:f, s:o}", "step", (json_int_t)t->step, "steps",
-                          (json_int_t)t->steps, "fraction",
-                          t->steps ? (double)t->step / (double)t->steps : 1.0, "loss",
-                          t->has_loss ? json_real(t->loss) : json_null(), "steps_per_s", rate,
-                          "eta_s",
-                          rate > 0.0 ? json_real((double)(t->steps - t->step) / rate)
-                                     : json_null());
+    json_t *j = json_pack(
+        "{s:I, s:I, s:f, s:o, s:f, s:o}", "step", (json_int_t)t->step, "steps",
+        (json_int_t)t->steps, "fraction", t->steps ? (double)t->step / (double)t->steps : 1.0,
+        "loss", t->has_loss ? json_real(t->loss) : json_null(), "steps_per_s", rate, "eta_s",
+        rate > 0.0 ? json_real((double)(t->steps - t->step) / rate) : json_null());
     if (j && t->has_partition_id) {
         char part[65];
         ts_status_hex(&t->partition_id, 64, part);
@@ -166,13 +164,13 @@ static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) 
     json_t *training = j_training(b->training);
     char relay[65];
     ts_status_hex(&b->relay_id, 64, relay);
-    json_t *j = json_pack("{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b, s:s?}",
-                     "node_id", id, "valid", 1, "version", (json_int_t)b->version, "partition_id",
-                     part, "num_clusters", (int)b->num_clusters, "cluster", (int)b->cluster,
-                     "weights_hash", wh, "objective", objective_name(b->objective), "model",
-                     j_model(b->model), "centroid_dims", dims, "capacity", j_capacity(b->capacity),
-                     "load", j_load(b->load), "training", training, "router", b->has_router_hash,
-                     "relayed_via", b->has_relay_id ? relay : NULL);
+    json_t *j = json_pack(
+        "{s:s, s:b, s:I, s:s, s:i, s:i, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:b, s:s?}", "node_id",
+        id, "valid", 1, "version", (json_int_t)b->version, "partition_id", part, "num_clusters",
+        (int)b->num_clusters, "cluster", (int)b->cluster, "weights_hash", wh, "objective",
+        objective_name(b->objective), "model", j_model(b->model), "centroid_dims", dims, "capacity",
+        j_capacity(b->capacity), "load", j_load(b->load), "training", training, "router",
+        b->has_router_hash, "relayed_via", b->has_relay_id ? relay : NULL);
     if (j) /* the served weights' own figure (model/heldout.h), null when they carry none */
         json_object_set_new(j, "heldout_loss",
                             b->has_heldout_loss ? json_real(b->heldout_loss) : json_null());
@@ -253,5 +251,17 @@ json_t *ts_status_json(const Tessera__StatusResponse *r, const ts_status_adverts
     json_object_set_new(j, "health", r->health ? json_string(r->health) : json_null());
     json_object_set_new(j, "metrics", r->metrics ? json_string(r->metrics) : json_null());
     json_object_set_new(j, "training", j_training(r->training));
+    json_t *bans = json_array();
+    for (size_t i = 0; i < r->n_bans; i++) {
+        const Tessera__Ban *b = r->bans[i];
+        char node[2 * TS_FRAME_ID_BYTES + 1], expert[2 * TS_FRAME_ID_BYTES + 1];
+        ts_status_hex(&b->node_id, 2 * TS_FRAME_ID_BYTES, node);
+        ts_status_hex(&b->expert_id, 2 * TS_FRAME_ID_BYTES, expert);
+        json_array_append_new(bans,
+                              json_pack("{s:s, s:s, s:s, s:I, s:b}", "node_id", node, "expert",
+                                        expert, "reason", b->reason ? b->reason : "", "since_ms",
+                                        (json_int_t)b->since_ms, "expelled", (int)b->expelled));
+    }
+    json_object_set_new(j, "bans", bans);
     return j;
 }

@@ -16,7 +16,8 @@
  *                   "uncovered": [{"partition_id", "cluster"}], "total_capacity",
  *                   "request_rate", "live_members"},
  *    "health": "ok" | "alone: …" | "handshakes refused: …" | null (a node that does not say),
- *    "metrics": "http://HOST:PORT/metrics" | null}
+ *    "metrics": "http://HOST:PORT/metrics" | null,
+ *    "bans": [{"node_id", "expert", "reason", "since_ms", "expelled"}]}  (daemon/trust.h)
  */
 #ifndef TS_NET_STATUS_JSON_H
 #define TS_NET_STATUS_JSON_H

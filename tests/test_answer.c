@@ -10,11 +10,14 @@
  *   - a signature verifies for its node and claim only: another node, and each field of the
  *     claim changed in turn (request id, each hash, precision, device class), fail;
  *   - ts_answer_claim_of refuses a response without signature, device class, precision or
- *     velocity, or with a device class too long, and reads a good one into the claim it signed.
+ *     velocity, or with a device class too long, and reads a good one into the claim it signed;
+ *   - the comparison rules: bits where two CPU claims promise them, the tolerance otherwise, and
+ *     "wrong beyond doubt" only past ten times it.
  */
 #include "tests/testutil.h"
 
 #include <sodium.h>
+#include <math.h>
 #include <string.h>
 
 #include "base/error.h"
@@ -217,12 +220,50 @@ static void test_claim_of(void **state) {
                 TS_ECORRUPT);
 }
 
+/* The comparison rules (answer.h), against what they promise: bits where two CPU claims name one
+ * class and precision, the tolerance otherwise, "far" only past ten times it. */
+static void test_compare(void **state) {
+    (void)state;
+    ts_answer_claim_t a, b;
+    memset(&a, 0, sizeof a);
+    a.precision = TESSERA__DTYPE__DTYPE_F32;
+    snprintf(a.device_class, sizeof a.device_class, "cpu/haswell/n2/fused");
+    b = a;
+    assert_true(ts_answer_exact(&a, &b));
+    float x[4] = {0.5f, -2.0f, 1.0f, 3.0f}, y[4];
+    memcpy(y, x, sizeof x);
+    assert_true(ts_answer_agree(x, &a, y, &b, 4));
+    assert_false(ts_answer_far(x, &a, y, &b, 4));
+    y[2] = nextafterf(y[2], 2.0f); /* one bit: a lie where bits are promised */
+    assert_false(ts_answer_agree(x, &a, y, &b, 4));
+    assert_true(ts_answer_far(x, &a, y, &b, 4));
+    /* another class: relative to max(1, max|y|) = 3 */
+    snprintf(b.device_class, sizeof b.device_class, "cuda/NVIDIA H100/fused");
+    assert_false(ts_answer_exact(&a, &b));
+    assert_true(ts_answer_agree(x, &a, y, &b, 4));
+    assert_true(ts_answer_tolerance(&a, &b) == TS_ANSWER_TOL_F32);
+    memcpy(y, x, sizeof x);
+    y[3] += 3.0f * 5e-4f; /* 5× the tolerance: disagrees, but not beyond doubt */
+    assert_false(ts_answer_agree(x, &a, y, &b, 4));
+    assert_false(ts_answer_far(x, &a, y, &b, 4));
+    y[3] = x[3] + 3.0f * 2e-3f; /* 20×: beyond doubt */
+    assert_true(ts_answer_far(x, &a, y, &b, 4));
+    assert_true(fabs(ts_answer_rel_diff(x, y, 4) - 2e-3 * 3.0 / (double)y[3]) < 1e-6);
+    /* bf16 on either side: the loose tolerance, on a CPU too (no bits promised across precisions) */
+    b = a;
+    b.precision = TESSERA__DTYPE__DTYPE_BF16;
+    assert_false(ts_answer_exact(&a, &b));
+    assert_true(ts_answer_tolerance(&a, &b) == TS_ANSWER_TOL_LOW);
+    assert_false(ts_answer_far(x, &a, y, &b, 4));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tensor_hash),
         cmocka_unit_test(test_request_hash),
         cmocka_unit_test(test_claim_bytes_and_signature),
         cmocka_unit_test(test_claim_of),
+        cmocka_unit_test(test_compare),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -136,7 +136,7 @@ static void test_errors_name_file_line_and_key(void **state) {
                  NULL);
     expect_error(KEYS "[gossip]\nprobe_intervall_ms = 200\n", "did you mean [gossip] probe_interval_ms?",
                  NULL);
-    expect_error(KEYS "[relya]\nuse = true\n", "did you mean [relay] use?", "relay, log, fault, metrics",
+    expect_error(KEYS "[relya]\nuse = true\n", "did you mean [relay] use?", "relay, log, fault, trust, metrics",
                  NULL);
     expect_error(KEYS "[node]\nzzzzzzzz = 1\n", "unknown key (configs", NULL); /* nothing close */
     expect_error(KEYS "[gossip]\nprobe_interval_ms = 20\n", "t.ini:6:", "20 is outside 50..60000",

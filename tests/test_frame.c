@@ -169,6 +169,9 @@ typedef struct {
     Tessera__Error error;
     Tessera__Busy busy;
     Tessera__Cancel cancel;
+    Tessera__DenoiseResponse signed_answer;
+    Tessera__Accusation accusation;
+    Tessera__AccusationVerdict verdict;
     Tessera__Envelope env;
 } samples_t;
 
@@ -357,6 +360,19 @@ static void samples_init(void) {
     SET(S.busy, retry_after_ms, 250);
     tessera__cancel__init(&S.cancel);
     SET(S.cancel, request_id, 41);
+
+    S.signed_answer = S.denoise_response;
+    SET(S.signed_answer, signature, bin(S.sig, 64));
+    S.signed_answer.device_class = "cpu/haswell/n2/fused";
+    SET(S.signed_answer, precision, TESSERA__DTYPE__DTYPE_F32);
+    tessera__accusation__init(&S.accusation);
+    SET(S.accusation, accused, bin(S.node_b, 32));
+    SET(S.accusation, request_id, 77);
+    S.accusation.request = &S.denoise_request;
+    S.accusation.answer = &S.signed_answer;
+    tessera__accusation_verdict__init(&S.verdict);
+    SET(S.verdict, upheld, 1);
+    S.verdict.reason = "its answer is wrong";
 }
 
 /* Every body kind, with its name and role: q request, r response, o one-way, e error. */
@@ -383,6 +399,8 @@ static const struct {
     {TESSERA__ENVELOPE__BODY_ERROR, "error", 'e'},
     {TESSERA__ENVELOPE__BODY_BUSY, "busy", 'r'},
     {TESSERA__ENVELOPE__BODY_CANCEL, "cancel", 'o'},
+    {TESSERA__ENVELOPE__BODY_ACCUSATION, "accusation", 'q'},
+    {TESSERA__ENVELOPE__BODY_ACCUSATION_VERDICT, "accusation_verdict", 'r'},
 };
 
 /* S.env holding the sample body of kind c, with the header its role needs. */
@@ -415,6 +433,8 @@ static Tessera__Envelope *sample(Tessera__Envelope__BodyCase c) {
     case TESSERA__ENVELOPE__BODY_ERROR: e->error = &S.error; break;
     case TESSERA__ENVELOPE__BODY_BUSY: e->busy = &S.busy; break;
     case TESSERA__ENVELOPE__BODY_CANCEL: e->cancel = &S.cancel; break;
+    case TESSERA__ENVELOPE__BODY_ACCUSATION: e->accusation = &S.accusation; break;
+    case TESSERA__ENVELOPE__BODY_ACCUSATION_VERDICT: e->accusation_verdict = &S.verdict; break;
     default: fail_msg("no sample for body %d", (int)c);
     }
     for (size_t i = 0; i < N_OF(BODIES); i++) {
@@ -1584,8 +1604,26 @@ static void br_error_long(void) {
 }
 static void br_busy(void) { S.busy.has_retry_after_ms = 0; }
 static void br_cancel(void) { S.cancel.request_id = 0; }
+static void br_accused(void) { S.accusation.accused.len = 31; }
+static void br_accusation_id(void) { S.accusation.has_request_id = 0; }
+static void br_accusation_unsigned(void) { S.signed_answer.has_signature = 0; }
+static void br_accusation_no_request(void) { S.accusation.request = NULL; }
+static void br_accusation_bad_request(void) { S.denoise_request.has_cfg_scale = 0; }
+static void br_verdict(void) { S.verdict.has_upheld = 0; }
 
 static const rule_case_t RULES[] = {
+    {"accusation.accused is 31 bytes", TESSERA__ENVELOPE__BODY_ACCUSATION, br_accused,
+     TS_ECORRUPT},
+    {"accusation.request_id is missing", TESSERA__ENVELOPE__BODY_ACCUSATION, br_accusation_id,
+     TS_ECORRUPT},
+    {"accusation.answer carries no signature", TESSERA__ENVELOPE__BODY_ACCUSATION,
+     br_accusation_unsigned, TS_ECORRUPT},
+    {"accusation.request is missing", TESSERA__ENVELOPE__BODY_ACCUSATION, br_accusation_no_request,
+     TS_ECORRUPT},
+    {"denoise_request.cfg_scale is missing", TESSERA__ENVELOPE__BODY_ACCUSATION,
+     br_accusation_bad_request, TS_ECORRUPT},
+    {"accusation_verdict.upheld is missing", TESSERA__ENVELOPE__BODY_ACCUSATION_VERDICT,
+     br_verdict, TS_ECORRUPT},
     {"ping.target_id is 31 bytes", TESSERA__ENVELOPE__BODY_PING, br_ping_target, TS_ECORRUPT},
     {"ping.target_id is missing", TESSERA__ENVELOPE__BODY_PING, br_ping_no_target, TS_ECORRUPT},
     {"advert.signature is 63 bytes", TESSERA__ENVELOPE__BODY_ADVERT, br_sig_short, TS_ECORRUPT},
@@ -2004,6 +2042,9 @@ static const ProtobufCMessageDescriptor *const MESSAGES[] = {
     &tessera__cluster_ref__descriptor,
     &tessera__aggregates__descriptor,
     &tessera__status_response__descriptor,
+    &tessera__ban__descriptor,
+    &tessera__accusation__descriptor,
+    &tessera__accusation_verdict__descriptor,
     &tessera__error__descriptor,
     &tessera__busy__descriptor,
     &tessera__cancel__descriptor,

@@ -15,7 +15,10 @@
  *   - a forged alive claim (wrong signer, right network key, from a raw socket) is refused and
  *     counted; garbage, truncated, wrongly keyed, replayed and undecodable datagrams are dropped
  *     and counted, and change nothing;
- *   - a node restarted with its store and no bootstrap rejoins through its address book.
+ *   - a node restarted with its store and no bootstrap rejoins through its address book;
+ *   - bans: a banned node's advert leaves the status answer and its aggregates, the ban is
+ *     listed, an advert request for it is refused; expelled, it also leaves the members, and its
+ *     datagrams are dropped and counted.
  *
  * Waits poll the loop until a condition holds, with a generous deadline (the machine is shared
  * and the suite also runs under ASan); nothing asserts an upper bound on time.
@@ -691,6 +694,72 @@ static void test_rejoin_from_book(void **state) {
     assert_true(st.pushpull_ok >= 1);
 }
 
+static int expelled_heard(void *arg) {
+    (void)arg;
+    ts_gossip_stats_t st;
+    ts_gossip_get_stats(nodes[7].g, &st);
+    return st.udp_expelled > 0;
+}
+
+static void test_bans(void **state) {
+    (void)state;
+    Tessera__StatusResponse *before, *r;
+    TU_CHECK_OK(ts_gossip_status(nodes[7].g, NULL, &before));
+    assert_int_equal(before->n_adverts, 3); /* nodes 2, 5, 6 */
+    assert_int_equal(before->n_bans, 0);
+    ts_gossip_ban_info_t b;
+    memset(&b, 0, sizeof b);
+    memcpy(b.id, nodes[5].id.id.b, 32);
+    snprintf(b.reason, sizeof b.reason, "a test ban");
+    assert_int_equal(ts_gossip_ban(nodes[7].g, &b), 1);
+    assert_int_equal(ts_gossip_ban(nodes[7].g, &b), 0); /* already banned: nothing changes */
+    assert_non_null(ts_gossip_banned(nodes[7].g, nodes[5].id.id.b));
+    assert_null(ts_gossip_banned(nodes[7].g, nodes[2].id.id.b));
+    TU_CHECK_OK(ts_gossip_status(nodes[7].g, NULL, &r));
+    assert_int_equal(r->n_adverts, 2);
+    for (size_t i = 0; i < r->n_adverts; i++)
+        assert_memory_not_equal(r->adverts[i]->node_id.data, nodes[5].id.id.b, 32);
+    assert_int_equal(r->n_members, before->n_members); /* a member still */
+    assert_int_equal(r->n_bans, 1);
+    assert_memory_equal(r->bans[0]->node_id.data, nodes[5].id.id.b, 32);
+    assert_string_equal(r->bans[0]->reason, "a test ban");
+    assert_false(r->bans[0]->expelled);
+    tu_check_scalar(r->aggregates->total_capacity, before->aggregates->total_capacity - 50.0, 1e-3,
+                    "the banned node's capacity left out");
+    ts_gossip_status_free(r);
+
+    /* an advert request for it, over RPC, is refused */
+    ts_rpc_peer_t *p;
+    TU_CHECK_OK(ts_rpc_peer_get(nodes[0].rpc, nodes[7].addr, &p, NULL, 0));
+    Tessera__AdvertRequest ar = TESSERA__ADVERT_REQUEST__INIT;
+    ar.has_node_id = 1;
+    ar.node_id.data = nodes[5].id.id.b;
+    ar.node_id.len = 32;
+    Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
+    env.body_case = TESSERA__ENVELOPE__BODY_ADVERT_REQUEST;
+    env.advert_request = &ar;
+    status_got_t got = {0};
+    TU_CHECK_OK(ts_rpc_call(p, &env, 10000, on_status, &got, NULL, NULL, 0));
+    wait_flag(&got.done, "the advert request's answer");
+    assert_int_equal(got.status, TS_EPEER);
+
+    /* expelled: out of the members too, its datagrams dropped */
+    memcpy(b.id, nodes[6].id.id.b, 32);
+    b.expelled = 1;
+    assert_int_equal(ts_gossip_ban(nodes[7].g, &b), 1);
+    TU_CHECK_OK(ts_gossip_status(nodes[7].g, NULL, &r));
+    assert_int_equal(r->n_members, before->n_members - 1);
+    for (size_t i = 0; i < r->n_members; i++)
+        assert_memory_not_equal(r->members[i]->node_id.data, nodes[6].id.id.b, 32);
+    assert_int_equal(r->n_adverts, 1);
+    assert_int_equal(r->n_bans, 2);
+    assert_true(r->bans[1]->expelled);
+    assert_int_equal(r->aggregates->live_members, before->aggregates->live_members - 1);
+    ts_gossip_status_free(r);
+    wait_until(expelled_heard, NULL, "a datagram of the expelled node dropped");
+    ts_gossip_status_free(before);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_join),
@@ -702,6 +771,7 @@ int main(void) {
         cmocka_unit_test(test_other_network_key),
         cmocka_unit_test(test_hostile_datagrams),
         cmocka_unit_test(test_rejoin_from_book),
+        cmocka_unit_test(test_bans),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,10 +7,17 @@
 #   - a replica of each expert restarted as a liar ([fault] lie_bias = 1e-3 on one, lie_noise =
 #     1e-2 at lie_rate 0.5 on the other): at --verify 1 both are caught (named in the summary,
 #     never asked again) and the image still equals --local's, byte for byte;
-#   - --verify 0: nothing is checked.
+#   - accusations: the client sends the evidence of each lie to the other replicas; every honest
+#     node ends up banning both liars (replicas judge with the weights they hold, the others fetch
+#     them), no longer passes on their adverts, so a generation that checks nothing (--verify 0)
+#     equals --local again;
+#   - forged accusations of an honest node (its right answer; its answer changed under its
+#     signature; a flipped signature bit; sent to the accused itself) are refused, and it is
+#     banned nowhere.
 # Waits have generous deadlines; nothing here asserts speed.
 set -eu
-T=${1:?usage: test_verify.sh TESSERA}
+T=${1:?usage: test_verify.sh TESSERA ACCUSE_TOOL}
+A=${2:?usage: test_verify.sh TESSERA ACCUSE_TOOL}
 . "$(dirname "$0")/lib.sh"
 nets="$dir/net" logs="$dir/err*.txt" log_lines=20
 
@@ -80,6 +87,62 @@ want=$(printf '%s\n%s\n' "$l0" "$l1" | sort | tr '\n' ' ' | sed 's/ $//')
 grep -q "LIAR: $l0" "$dir/err-liars.txt" || fail "the summary does not name the liar $l0"
 echo "ok: two liars (a bias of 1e-3, noise on half the answers) caught and named; the image = --local"
 
+acc=$(json_get "$dir/liars.json" "j['network']['checks']['accusations']")
+[ "$(json_get "$dir/liars.json" "j['network']['checks']['accusations']['upheld']")" -gt 0 ] ||
+    fail "no accusation upheld: $acc"
+grep -q "^accusations: " "$dir/err-liars.txt" || fail "the summary does not count the accusations"
+echo "ok: the client accused both liars: $acc"
+
+# every honest node bans both liars (expert 0's replicas are nodes 0, 2, 4; expert 1's 1, 3, 5)
+id_of() { json_get "$dir/st.json" "[m['node_id'] for m in j['members'] if m['addr'] == '$1'][0]"; }
+i0=$(id_of "$l0") i1=$(id_of "$l1")
+want_bans=$(printf '%s\n%s\n' "$i0" "$i1" | sort | tr '\n' ' ' | sed 's/ $//')
+node_status() { # node_status I: node I's status into st-I.json
+    "$T" status --peer "$(cat "$dir/net/node-$1/data/listen.addr")" \
+        --network-key "$dir/net/network.key" --json >"$dir/st-$1.json" 2>/dev/null
+}
+bans_of() { json_get "$dir/st-$1.json" "' '.join(sorted(b['node_id'] for b in j['bans']))"; }
+for i in 0 1 4 5; do
+    n=0
+    until node_status $i && [ "$(bans_of $i)" = "$want_bans" ]; do
+        n=$((n + 1))
+        [ $n -lt 120 ] || fail "node $i bans '$(bans_of $i)', not both liars '$want_bans'"
+        sleep 0.5
+    done
+done
+advertised=$(json_get "$dir/st-0.json" "' '.join(a['node_id'] for a in j['adverts'])")
+case "$advertised" in *"$i0"* | *"$i1"*) fail "node 0 still passes on a liar's advert" ;; esac
+"$T" status --peer "$peer" --network-key "$dir/net/network.key" >"$dir/st.txt" 2>/dev/null ||
+    fail "tessera status"
+grep -q "^BANNED: " "$dir/st.txt" || fail "tessera status does not show the bans"
+# the nodes of expert 1 do not hold expert 0's weights (nor those of 0 expert 1's): they fetch them
+grep -qs "fetching an expert's weights" "$dir"/net/node-*/tesserad.log ||
+    fail "no node fetched an expert's weights to judge an accusation"
+echo "ok: every honest node bans both liars (judged by recomputation, weights fetched where missing) and passes on no advert of theirs"
+
 netgen off $GEN --verify 0 --no-hedge --out "$dir/off.png" || fail "generate --verify 0"
 [ "$(chk off checked)" = 0 ] || fail "--verify 0 checked answers"
-echo "ok: --verify 0 checks nothing"
+cmp -s "$dir/off.png" "$dir/local.png" || fail "--verify 0 after the bans: the image differs from --local's"
+echo "ok: --verify 0 checks nothing, and with the liars banned the image = --local"
+
+# forged accusations of node 0 (honest), judged by node 4 (a replica of the same expert)
+n0=$(cat "$dir/net/node-0/data/listen.addr") n4=$(cat "$dir/net/node-4/data/listen.addr")
+eh=$(json_get "$dir/st-0.json" "[a['weights_hash'] for a in j['adverts'] if a['node_id'] == j['node_id']][0]")
+side=$(json_get "$dir/st-0.json" "[a['model']['input_size'] for a in j['adverts'] if a['node_id'] == j['node_id']][0]")
+forged() { # forged MODE REASON-REGEX
+    "$A" "$n0" "$n4" "$dir/net/network.key" "$eh" 1 "$side" "$1" >"$dir/acc-$1.json" \
+        2>"$dir/err-acc-$1.txt" || fail "accuse_tool $1: $(cat "$dir/err-acc-$1.txt")"
+    [ "$(json_get "$dir/acc-$1.json" "j['upheld']")" = False ] ||
+        fail "a forged accusation ($1) was upheld: $(cat "$dir/acc-$1.json")"
+    grep -qE "$2" "$dir/acc-$1.json" || fail "forged ($1): $(cat "$dir/acc-$1.json")"
+}
+forged honest "its answer is right"
+forged tampered "signature is not"
+forged wrongsig "signature is not"
+forged accused "is the accused"
+i_honest=$(json_get "$dir/st-0.json" "j['node_id']")
+for i in 0 1 4 5; do
+    node_status $i || fail "status of node $i"
+    case "$(bans_of $i)" in *"$i_honest"*) fail "node $i banned the honest node 0" ;; esac
+done
+echo "ok: forged accusations (a right answer, a changed answer, a bad signature, the accused as judge) refused; node 0 banned nowhere"

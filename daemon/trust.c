@@ -1,0 +1,511 @@
+/*
+ * trust.c — accusations judged by recomputation (trust.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "daemon/trust.h"
+
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/str.h"
+#include "daemon/fetcher.h"
+#include "daemon/log.h"
+#include "kernels/engine.h"
+#include "model/ensemble.h"
+#include "net/answer.h"
+#include "net/frame.h"
+#include "net/status_json.h"
+#include "store/weights.h"
+
+#define SEEN_MAX 256  /* verdicts remembered, for repeats (a ring) */
+#define MAX_JUDGING 2 /* recomputations at once; more are answered busy */
+#define PASS_ON_TIMEOUT_MS 30000
+
+typedef struct seen {
+    uint8_t key[32];
+    int upheld;
+    char reason[200];
+} seen_t;
+
+/* One accusation being judged. */
+typedef struct judge {
+    uv_work_t work;
+    ts_trust_t *t;
+    ts_rpc_request_t *req;
+    uint8_t *packed; /* the accusation as received, packed: passed on as it is */
+    size_t packed_len;
+    Tessera__Accusation *acc; /* unpacked from packed */
+    ts_answer_claim_t claim;  /* the accused's */
+    uint8_t key[32];
+    ts_node_id_t from;   /* who sent it to us */
+    ts_fetcher_t *fetch; /* the expert's weights on their way here, or NULL */
+    /* the recomputation's outcome (work thread) */
+    int status; /* TS_OK judged; TS_ENOTFOUND weights not here; else could not run */
+    int upheld;
+    double diff;
+    char mine_class[TS_ANSWER_DEVICE_MAX + 1];
+    char why[200];
+    uint64_t ms;
+} judge_t;
+
+struct ts_trust {
+    ts_trust_env_t env;
+    ts_node_id_t self;
+    seen_t seen[SEEN_MAX];
+    uint32_t n_seen, next_seen;
+    judge_t *judging[MAX_JUDGING];
+    int n_judging, closing;
+    ts_trust_stats_t st;
+};
+
+static void short_id(const uint8_t *id, char out[17]) { ts_hex(id, 8, out); }
+
+static const seen_t *seen_find(const ts_trust_t *t, const uint8_t key[32]) {
+    for (uint32_t i = 0; i < t->n_seen; i++)
+        if (memcmp(t->seen[i].key, key, 32) == 0)
+            return &t->seen[i];
+    return NULL;
+}
+
+static void seen_add(ts_trust_t *t, const uint8_t key[32], int upheld, const char *reason) {
+    seen_t *s = &t->seen[t->next_seen];
+    t->next_seen = (t->next_seen + 1) % SEEN_MAX;
+    if (t->n_seen < SEEN_MAX)
+        t->n_seen++;
+    memcpy(s->key, key, 32);
+    s->upheld = upheld;
+    snprintf(s->reason, sizeof s->reason, "%s", reason);
+}
+
+static int reply(ts_rpc_request_t *req, int upheld, const char *reason) {
+    Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
+    Tessera__AccusationVerdict v = TESSERA__ACCUSATION_VERDICT__INIT;
+    v.has_upheld = 1;
+    v.upheld = upheld != 0;
+    v.reason = (char *)reason;
+    env.body_case = TESSERA__ENVELOPE__BODY_ACCUSATION_VERDICT;
+    env.accusation_verdict = &v;
+    return ts_rpc_reply(req, &env);
+}
+
+static void judge_free(judge_t *j) {
+    if (!j)
+        return;
+    ts_fetcher_free(j->fetch);
+    if (j->acc)
+        tessera__accusation__free_unpacked(j->acc, NULL);
+    free(j->packed);
+    free(j);
+}
+
+/* ---- the recomputation (work thread) --------------------------------------------------------- */
+
+/* Recomputes every row of the request with the expert's weights on a CPU engine of its own (one
+ * row at a time: rows are batch invariant, so this is what any CPU replica of one class answers)
+ * and compares the accused's answer with it. */
+static void recompute(uv_work_t *w) {
+    judge_t *j = w->data;
+    double t0 = ts_now_s();
+    const Tessera__DenoiseRequest *d = j->acc->request;
+    ts_engine_t e;
+    ts_engine_opts_t eo = {.device = TS_CPU, .threads = 1, .gpu = 0};
+    ts_dit_t m;
+    memset(&m, 0, sizeof m);
+    ts_hash_t h;
+    memcpy(h.b, d->expert_id.data, sizeof h.b);
+    char err[256] = "";
+    float *mine = NULL;
+    j->status = ts_engine_init(&e, &eo);
+    if (j->status != TS_OK) {
+        snprintf(j->why, sizeof j->why, "cannot start a CPU engine to recompute");
+        return;
+    }
+    j->status = ts_weights_open_dit(j->t->env.store, &h, &e, 2, 0, &m, err, sizeof err);
+    if (j->status != TS_OK) {
+        snprintf(j->why, sizeof j->why, "%s",
+                 j->status == TS_ENOTFOUND
+                     ? "cannot judge: this node does not hold the expert's weights"
+                     : "cannot judge: the expert's weights do not open here");
+        ts_engine_free(&e);
+        return;
+    }
+    ts_tensor_t x, v;
+    const ts_dit_config_t *c = &m.cfg;
+    int ok = ts_frame_tensor_view(d->x_t, &x) == TS_OK &&
+             ts_frame_tensor_view(j->acc->answer->velocity, &v) == TS_OK && x.dtype == TS_F32 &&
+             v.dtype == TS_F32 && x.shape[1] == c->in_channels && x.shape[2] == c->input_size &&
+             x.shape[3] == c->input_size && v.ndim == x.ndim &&
+             memcmp(v.shape, x.shape, sizeof x.shape[0] * (size_t)x.ndim) == 0;
+    for (size_t i = 0; ok && i < d->n_class_labels; i++)
+        ok = d->class_labels[i] <= c->num_classes;
+    if (!ok) {
+        j->status = TS_EINVAL;
+        snprintf(j->why, sizeof j->why,
+                 "the request or the answer does not fit the expert (F32 tensors of its shape "
+                 "and labels are what its replicas answer)");
+    }
+    int64_t B = ok ? x.shape[0] : 0, chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    if (ok && !(mine = malloc((size_t)(B * chw) * sizeof *mine))) {
+        j->status = TS_ENOMEM;
+        snprintf(j->why, sizeof j->why, "out of memory for the recomputation");
+    }
+    for (int64_t i = 0; mine && j->status == TS_OK && i < B; i++) {
+        ts_expert_job_t job = {.k = 0,
+                               .m = 1,
+                               .x = (const float *)x.data + i * chw,
+                               .labels = &d->class_labels[i],
+                               .t = d->t[i],
+                               .cfg_scale = d->cfg_scale,
+                               .v = mine + i * chw};
+        j->status = ts_expert_job_run(&m, &job);
+        if (j->status != TS_OK)
+            snprintf(j->why, sizeof j->why, "the recomputation failed (%s)",
+                     ts_strerror(j->status));
+    }
+    if (mine && j->status == TS_OK) {
+        ts_answer_claim_t my = j->claim;
+        char cls[TS_ANSWER_DEVICE_MAX + 1];
+        ts_engine_device_class(&e, cls, sizeof cls);
+        snprintf(my.device_class, sizeof my.device_class, "%.100s/%s", cls,
+                 m.attn == TS_ATTN_FUSED ? "fused" : "composed");
+        my.precision = TESSERA__DTYPE__DTYPE_F32;
+        snprintf(j->mine_class, sizeof j->mine_class, "%s", my.device_class);
+        size_t n = (size_t)(B * chw);
+        const float *theirs = v.data;
+        j->upheld = ts_answer_far(theirs, &j->claim, mine, &my, n);
+        j->diff = ts_answer_rel_diff(theirs, mine, n);
+        int exact = ts_answer_exact(&j->claim, &my);
+        if (j->upheld)
+            snprintf(j->why, sizeof j->why,
+                     "its answer is wrong: %s, recomputed here on %s (relative difference %.3g)",
+                     exact ? "bits differ where its device class promises them"
+                           : "more than ten times the tolerance off",
+                     my.device_class, j->diff);
+        else
+            snprintf(j->why, sizeof j->why,
+                     "its answer is right: it %s the recomputation here on %s (relative "
+                     "difference %.3g)",
+                     exact ? "equals" : "is within doubt of", my.device_class, j->diff);
+    }
+    free(mine);
+    ts_dit_free(&m);
+    ts_engine_free(&e);
+    j->ms = (uint64_t)((ts_now_s() - t0) * 1e3);
+}
+
+/* ---- passing an upheld accusation on ----------------------------------------------------------- */
+
+static void on_passed(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg) {
+    (void)call;
+    (void)arg;
+    if (res->status != TS_OK && res->status != TS_ECANCELED && res->status != TS_ECLOSED)
+        ts_log_debug("trust", "an accusation passed on was not answered: %s", res->message);
+}
+
+/* Sends the accusation j to every live member but ourselves, the accused and its sender. */
+static void pass_on(ts_trust_t *t, judge_t *j) {
+    Tessera__StatusRequest sr = TESSERA__STATUS_REQUEST__INIT;
+    sr.has_include_members = sr.has_include_adverts = 1;
+    sr.include_members = 1;
+    sr.include_adverts = 0;
+    Tessera__StatusResponse *st = NULL;
+    if (ts_gossip_status(t->env.gossip, &sr, &st) != TS_OK)
+        return;
+    Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
+    env.body_case = TESSERA__ENVELOPE__BODY_ACCUSATION;
+    env.accusation = j->acc;
+    for (size_t i = 0; i < st->n_members; i++) {
+        const Tessera__MemberState *m = st->members[i];
+        if (m->status != TESSERA__MEMBER_STATUS__MEMBER_ALIVE || !m->addr ||
+            m->node_id.len != TS_NODE_ID_BYTES ||
+            memcmp(m->node_id.data, t->self.b, TS_NODE_ID_BYTES) == 0 ||
+            memcmp(m->node_id.data, j->acc->accused.data, TS_NODE_ID_BYTES) == 0 ||
+            memcmp(m->node_id.data, j->from.b, TS_NODE_ID_BYTES) == 0)
+            continue;
+        ts_rpc_peer_t *p;
+        if (ts_rpc_peer_get(t->env.rpc, m->addr, &p, NULL, 0) != TS_OK)
+            continue;
+        ts_node_id_t want;
+        memcpy(want.b, m->node_id.data, sizeof want.b);
+        ts_rpc_peer_expect(p, &want);
+        if (ts_rpc_call(p, &env, PASS_ON_TIMEOUT_MS, on_passed, NULL, NULL, NULL, 0) == TS_OK)
+            t->st.passed_on++;
+    }
+    ts_gossip_status_free(st);
+}
+
+/* ---- the verdict (loop) ------------------------------------------------------------------------- */
+
+static void unjudge(judge_t *j) { /* leaves the judging list */
+    ts_trust_t *t = j->t;
+    for (int i = 0; i < t->n_judging; i++)
+        if (t->judging[i] == j) {
+            t->judging[i] = t->judging[--t->n_judging];
+            break;
+        }
+}
+
+static void judged(uv_work_t *w, int status) {
+    judge_t *j = w->data;
+    ts_trust_t *t = j->t;
+    unjudge(j);
+    char acc[17], from[17];
+    short_id(j->acc->accused.data, acc);
+    short_id(j->from.b, from);
+    t->st.recompute_ms += j->ms;
+    if (status != 0 || j->status != TS_OK) { /* not judged: nothing is remembered */
+        t->st.unverifiable++;
+        ts_log_info("trust", "an accusation of %s from %s not judged: %s", acc, from,
+                    status != 0 ? "cancelled" : j->why);
+        reply(j->req, 0, status != 0 ? "cancelled" : j->why);
+        judge_free(j);
+        return;
+    }
+    seen_add(t, j->key, j->upheld, j->why);
+    if (!j->upheld) {
+        t->st.refused++;
+        ts_log_warn("trust", "an accusation of %s from %s refused: %s", acc, from, j->why);
+        reply(j->req, 0, j->why);
+        judge_free(j);
+        return;
+    }
+    t->st.upheld++;
+    ts_gossip_ban_info_t b;
+    memset(&b, 0, sizeof b);
+    memcpy(b.id, j->acc->accused.data, sizeof b.id);
+    memcpy(b.expert, j->acc->request->expert_id.data, sizeof b.expert);
+    snprintf(b.reason, sizeof b.reason, "%s", j->why);
+    b.expelled = t->env.expel;
+    int fresh = ts_gossip_ban(t->env.gossip, &b);
+    if (fresh == 1) {
+        ts_log_warn("trust", "node %s banned%s: %s (accusation from %s)", acc,
+                    t->env.expel ? " and expelled" : "", j->why, from);
+        pass_on(t, j);
+    }
+    reply(j->req, 1, j->why);
+    judge_free(j);
+}
+
+static int start_recompute(judge_t *j) {
+    return uv_queue_work(j->t->env.loop, &j->work, recompute, judged) == 0 ? TS_OK : TS_EIO;
+}
+
+static void on_fetched(ts_fetcher_t *f, int rc, const char *err, void *arg) {
+    (void)f;
+    judge_t *j = arg;
+    ts_trust_t *t = j->t;
+    ts_fetcher_free(j->fetch); /* allowed from here */
+    j->fetch = NULL;
+    if (rc == TS_OK) {
+        t->st.fetched++;
+        if (start_recompute(j) == TS_OK)
+            return;
+    }
+    unjudge(j);
+    t->st.unverifiable++;
+    char why[200];
+    snprintf(why, sizeof why, "cannot judge: the expert's weights could not be fetched (%.120s)",
+             err && *err ? err : ts_strerror(rc));
+    ts_log_info("trust", "%s", why);
+    reply(j->req, 0, why);
+    judge_free(j);
+}
+
+/* Fetches the expert's weights h from a live member advertising them — another than the accused
+ * when one does (what arrives is checked against h, so the accused could not cheat either). */
+static int start_fetch(judge_t *j, const ts_hash_t *h) {
+    ts_trust_t *t = j->t;
+    snprintf(j->why, sizeof j->why, "cannot judge: this node does not hold the expert's weights");
+    if (!t->env.identity || !t->env.network_key)
+        return TS_ENOTFOUND;
+    Tessera__StatusResponse *st = NULL;
+    if (ts_gossip_status(t->env.gossip, NULL, &st) != TS_OK)
+        return TS_ENOMEM;
+    ts_status_adverts_t ad;
+    if (ts_status_adverts_decode(st, &ad) != TS_OK) {
+        ts_gossip_status_free(st);
+        return TS_ENOMEM;
+    }
+    const char *peer = NULL;
+    for (size_t i = 0; i < st->n_members; i++) {
+        const Tessera__MemberState *m = st->members[i];
+        const Tessera__AdvertBody *b = ts_status_advert_of(st, &ad, &m->node_id);
+        if (m->status != TESSERA__MEMBER_STATUS__MEMBER_ALIVE || !m->addr || !b ||
+            b->weights_hash.len != sizeof h->b || memcmp(b->weights_hash.data, h->b, sizeof h->b))
+            continue;
+        int accused = memcmp(m->node_id.data, j->acc->accused.data, TS_NODE_ID_BYTES) == 0;
+        if (!peer || !accused)
+            peer = m->addr;
+        if (!accused)
+            break;
+    }
+    int rc = TS_ENOTFOUND;
+    if (peer) {
+        ts_fetcher_opts_t o = {.peer = peer,
+                               .file = *h,
+                               .identity = t->env.identity,
+                               .network_key = t->env.network_key};
+        rc = ts_fetcher_start(&j->fetch, t->env.loop, t->env.store, &o, on_fetched, j);
+        if (rc == TS_OK)
+            ts_log_info("trust", "fetching an expert's weights from %s to judge an accusation",
+                        peer);
+    } else {
+        snprintf(j->why, sizeof j->why,
+                 "cannot judge: this node does not hold the expert's weights and no live member "
+                 "advertises them");
+    }
+    ts_status_adverts_free(&ad);
+    ts_gossip_status_free(st);
+    return rc;
+}
+
+/* ---- the handler --------------------------------------------------------------------------------- */
+
+static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, void *arg) {
+    ts_trust_t *t = arg;
+    const Tessera__Accusation *a = env->accusation; /* its form checked by net/frame_check.c */
+    t->st.received++;
+    if (t->closing) {
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE, "shutting down");
+        return;
+    }
+    if (memcmp(a->accused.data, t->self.b, TS_NODE_ID_BYTES) == 0) {
+        t->st.unverifiable++;
+        reply(req, 0, "this node is the accused: another node judges it");
+        return;
+    }
+    uint8_t req_hash[TS_ANSWER_HASH_BYTES];
+    ts_answer_claim_t claim;
+    ts_node_id_t accused;
+    memcpy(accused.b, a->accused.data, sizeof accused.b);
+    if (ts_answer_request_hash(a->request, req_hash) != TS_OK ||
+        ts_answer_claim_of(&claim, a->request_id, req_hash, a->request->expert_id.data,
+                           a->answer) != TS_OK ||
+        ts_answer_verify(&claim, &accused, a->answer->signature.data) != TS_OK) {
+        t->st.refused++;
+        char id[17];
+        short_id(accused.b, id);
+        ts_log_warn("trust",
+                    "an accusation of %s refused: its signature is not %s's over that "
+                    "answer to that request",
+                    id, id);
+        reply(req, 0, "the signature is not the accused's over this answer to this request");
+        return;
+    }
+    uint8_t key[32];
+    crypto_generichash_state hs;
+    crypto_generichash_init(&hs, NULL, 0, sizeof key);
+    crypto_generichash_update(&hs, accused.b, sizeof accused.b);
+    crypto_generichash_update(&hs, req_hash, sizeof req_hash);
+    crypto_generichash_update(&hs, claim.answer_hash, sizeof claim.answer_hash);
+    crypto_generichash_final(&hs, key, sizeof key);
+    const seen_t *s = seen_find(t, key);
+    if (s) {
+        t->st.repeats++;
+        reply(req, s->upheld, s->reason);
+        return;
+    }
+    if (ts_gossip_banned(t->env.gossip, accused.b)) {
+        t->st.repeats++;
+        reply(req, 1, "already banned here");
+        return;
+    }
+    for (int i = 0; i < t->n_judging; i++)
+        if (memcmp(t->judging[i]->key, key, sizeof key) == 0) {
+            t->st.repeats++;
+            reply(req, 0, "being judged here now: ask again later");
+            return;
+        }
+    if (t->n_judging >= MAX_JUDGING) {
+        ts_rpc_reply_busy(req, 1000);
+        return;
+    }
+    judge_t *j = calloc(1, sizeof *j);
+    size_t n = protobuf_c_message_get_packed_size(&a->base);
+    if (j)
+        j->packed = malloc(n ? n : 1);
+    if (j && j->packed) {
+        protobuf_c_message_pack(&a->base, j->packed);
+        j->packed_len = n;
+        j->acc = tessera__accusation__unpack(NULL, n, j->packed);
+    }
+    if (!j || !j->acc) {
+        judge_free(j);
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+        return;
+    }
+    j->t = t;
+    j->req = req;
+    j->claim = claim;
+    memcpy(j->key, key, sizeof key);
+    j->from = *ts_rpc_request_peer(req);
+    j->work.data = j;
+    ts_hash_t h;
+    memcpy(h.b, a->request->expert_id.data, sizeof h.b);
+    int rc = ts_weights_bad_chunks(t->env.store, &h, NULL, NULL) == 0 ? start_recompute(j)
+                                                                      : start_fetch(j, &h);
+    if (rc != TS_OK) {
+        t->st.unverifiable++;
+        reply(req, 0, j->why[0] ? j->why : "cannot start the recomputation");
+        judge_free(j);
+        return;
+    }
+    t->judging[t->n_judging++] = j;
+}
+
+int ts_trust_new(ts_trust_t **out, const ts_trust_env_t *env) {
+    *out = NULL;
+    if (!env || !env->loop || !env->rpc || !env->gossip || !env->store || !env->self)
+        return TS_EINVAL;
+    ts_trust_t *t = calloc(1, sizeof *t);
+    if (!t)
+        return TS_ENOMEM;
+    t->env = *env;
+    t->self = *env->self;
+    t->env.self = &t->self;
+    int rc = ts_rpc_handle(env->rpc, TESSERA__ENVELOPE__BODY_ACCUSATION, on_accusation, t);
+    if (rc != TS_OK) {
+        free(t);
+        return rc;
+    }
+    *out = t;
+    return TS_OK;
+}
+
+void ts_trust_get_stats(const ts_trust_t *t, ts_trust_stats_t *st) {
+    if (t)
+        *st = t->st;
+    else
+        memset(st, 0, sizeof *st);
+}
+
+void ts_trust_shutdown(ts_trust_t *t) {
+    if (!t || t->closing)
+        return;
+    t->closing = 1;
+    ts_rpc_handle(t->env.rpc, TESSERA__ENVELOPE__BODY_ACCUSATION, NULL, NULL);
+    for (int i = 0; i < t->n_judging;) { /* a fetch stops; a recomputation must finish */
+        judge_t *j = t->judging[i];
+        if (!j->fetch) {
+            i++;
+            continue;
+        }
+        unjudge(j);
+        ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE, "shutting down");
+        judge_free(j);
+    }
+}
+
+int ts_trust_free(ts_trust_t *t) {
+    if (!t)
+        return TS_OK;
+    ts_trust_shutdown(t);
+    if (t->n_judging)
+        return TS_EBUSY;
+    free(t);
+    return TS_OK;
+}
