@@ -43,6 +43,7 @@ typedef struct judge {
     uint8_t key[32];
     ts_node_id_t from;   /* who sent it to us */
     ts_fetcher_t *fetch; /* the expert's weights on their way here, or NULL */
+    int fetched;         /* a fetch was tried (once per accusation) */
     /* the recomputation's outcome (work thread) */
     int status; /* TS_OK judged; TS_ENOTFOUND weights not here; else could not run */
     int upheld;
@@ -125,6 +126,8 @@ static void recompute(uv_work_t *w) {
         return;
     }
     j->status = ts_weights_open_dit(j->t->env.store, &h, &e, 2, 0, &m, err, sizeof err);
+    if (j->status == TS_ECORRUPT) /* some chunk missing or bad: a fetch repairs it */
+        j->status = TS_ENOTFOUND;
     if (j->status != TS_OK) {
         snprintf(j->why, sizeof j->why, "%s",
                  j->status == TS_ENOTFOUND
@@ -249,9 +252,18 @@ static void unjudge(judge_t *j) { /* leaves the judging list */
         }
 }
 
+static int start_fetch(judge_t *j);
+
 static void judged(uv_work_t *w, int status) {
     judge_t *j = w->data;
     ts_trust_t *t = j->t;
+    if (status == 0 && j->status == TS_ENOTFOUND && !j->fetched && !t->closing) {
+        j->fetched = 1; /* the weights are not here: fetched, then recomputed */
+        j->status = TS_OK;
+        if (start_fetch(j) == TS_OK)
+            return;
+        j->status = TS_ENOTFOUND;
+    }
     unjudge(j);
     char acc[17], from[17];
     short_id(j->acc->accused.data, acc);
@@ -315,10 +327,13 @@ static void on_fetched(ts_fetcher_t *f, int rc, const char *err, void *arg) {
     judge_free(j);
 }
 
-/* Fetches the expert's weights h from a live member advertising them — another than the accused
- * when one does (what arrives is checked against h, so the accused could not cheat either). */
-static int start_fetch(judge_t *j, const ts_hash_t *h) {
+/* Fetches the expert's weights from a live member advertising them — another than the accused
+ * when one does (what arrives is checked against their hash, so the accused could not cheat
+ * either). */
+static int start_fetch(judge_t *j) {
     ts_trust_t *t = j->t;
+    ts_hash_t hh, *h = &hh;
+    memcpy(hh.b, j->acc->request->expert_id.data, sizeof hh.b);
     snprintf(j->why, sizeof j->why, "cannot judge: this node does not hold the expert's weights");
     if (!t->env.identity || !t->env.network_key)
         return TS_ENOTFOUND;
@@ -444,11 +459,7 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
     memcpy(j->key, key, sizeof key);
     j->from = *ts_rpc_request_peer(req);
     j->work.data = j;
-    ts_hash_t h;
-    memcpy(h.b, a->request->expert_id.data, sizeof h.b);
-    int rc = ts_weights_bad_chunks(t->env.store, &h, NULL, NULL) == 0 ? start_recompute(j)
-                                                                      : start_fetch(j, &h);
-    if (rc != TS_OK) {
+    if (start_recompute(j) != TS_OK) { /* weights not here: fetched once the work says so */
         t->st.unverifiable++;
         reply(req, 0, j->why[0] ? j->why : "cannot start the recomputation");
         judge_free(j);
