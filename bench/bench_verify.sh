@@ -9,9 +9,13 @@
 # steps, run with fresh seeds. Per generation: the images that differ from --local's with the same
 # seed (each 28×28 tile of the grid compared), the requests and checks made, the wrong answers
 # caught and when (requests sent, seconds since the client opened the network), and the extra
-# requests the checks cost. Every run's JSON line goes to OUT_DIR/verify.jsonl, the table to
-# stdout. The client bans a liar for its own run only: a ban network-wide is not built yet, so
-# each generation starts with the liar trusted again.
+# requests the checks cost, and the ban across the network: the client accuses the liar before
+# the other replicas, which recompute, ban it and pass the accusation on (daemon/trust.h); the
+# seconds from the generation's start until the last of the 7 honest nodes banned it (their
+# bans' since_ms), and how many of them did. A ban lasts until the judging node restarts, so
+# every row starts from a freshly restarted network: its first generation meets the liar
+# trusted, the later ones the network as the bans left it. Every run's JSON line goes to
+# OUT_DIR/verify.jsonl, the table to stdout.
 set -eu
 T=${1:?usage: bench_verify.sh TESSERA OUT_DIR [GENS]}
 OUT=${2:?usage: bench_verify.sh TESSERA OUT_DIR [GENS]}
@@ -81,9 +85,17 @@ print(n)
 PYEOF
 }
 
-liar() { # liar KIND: node 1 restarted with that [fault] section (none: honest)
-    kill "$(cat "$dir/net/node-1/tesserad.pid")"
-    while kill -0 "$(cat "$dir/net/node-1/tesserad.pid")" 2>/dev/null; do sleep 0.1; done
+stop() { # stop I...: those nodes stopped (SIGTERM), waited for
+    for i in "$@"; do kill "$(cat "$dir/net/node-$i/tesserad.pid")"; done
+    for i in "$@"; do
+        while kill -0 "$(cat "$dir/net/node-$i/tesserad.pid")" 2>/dev/null; do sleep 0.1; done
+    done
+}
+
+liar() { # liar KIND: every node restarted (no bans left), node 1 with that [fault] section
+    stop 0 # in two halves: a restarted node joins through a running one
+    "$T" up --dir "$dir/net" --restart >/dev/null
+    stop 1 2 3 4 5 6 7
     sed -i '/^\[fault\]/,$d' "$dir/net/node-1/tesserad.ini"
     case $1 in
     bias) printf '[fault]\nlie_bias = 0.001\n' ;;
@@ -93,6 +105,7 @@ liar() { # liar KIND: node 1 restarted with that [fault] section (none: honest)
     *) : ;;
     esac >>"$dir/net/node-1/tesserad.ini"
     "$T" up --dir "$dir/net" --restart >/dev/null
+    peer=$(cat "$dir/net/node-0/data/listen.addr")
     i=0
     until "$T" status --peer "$peer" --network-key "$dir/net/network.key" --json >"$dir/st.json" 2>/dev/null &&
         [ "$("$PY" -c "
@@ -104,27 +117,49 @@ print(len({a['node_id'] for a in s['adverts'] if a.get('valid') and a['node_id']
     done
 }
 
-printf '%-6s %6s %5s %10s %9s %7s %12s %14s %10s\n' liar rate gens "images≠" requests checks "caught(gens)" "first catch" overhead
+# bans SINCE_MS: how many of the honest nodes (0, 2..7) ban node 1, and the seconds from
+# SINCE_MS (Unix ms) to the last of those bans
+bans() {
+    liar_id=$("$PY" -c "
+import json; s = json.load(open('$dir/st.json'))
+print([m['node_id'] for m in s['members'] if m['addr'] == open('$dir/net/node-1/data/listen.addr').read().strip()][0])")
+    for i in 0 2 3 4 5 6 7; do
+        "$T" status --peer "$(cat "$dir/net/node-$i/data/listen.addr")" \
+            --network-key "$dir/net/network.key" --json 2>/dev/null || echo '{}'
+    done | "$PY" -c "
+import json, sys
+since = [b['since_ms'] for l in sys.stdin for b in json.loads(l).get('bans', []) if b['node_id'] == '$liar_id']
+print(len(since), '%.3f' % ((max(since) - $1) / 1e3) if since else 'null')"
+}
+
+printf '%-6s %6s %5s %10s %9s %7s %12s %14s %10s %12s\n' liar rate gens "images≠" requests checks "caught(gens)" "first catch" overhead "banned by 7"
 for kind in bias noise other rare; do
-    liar $kind
     for rate in 0.01 0.02 0.05 0.1; do
+        liar $kind
         for g in $(seq 1 "$GENS"); do
             seed=$((1000 * g + 7))
             [ -f "$dir/local-$seed.png" ] ||
                 "$T" generate --local "$F" $GEN --seed $seed --out "$dir/local-$seed.png" >/dev/null 2>&1
+            t0=$("$PY" -c "import time; print(int(time.time() * 1000))")
             "$T" generate --peer "$peer" --network-key "$dir/net/network.key" --data-dir "$dir/cache" \
                 $GEN --no-hedge --seed $seed --verify $rate --json --out "$dir/g.png" >"$dir/g.json" 2>/dev/null
             differ=$(tiles_differ "$dir/g.png" "$dir/local-$seed.png")
-            "$PY" - "$dir/g.json" "$kind" "$rate" "$seed" "$differ" >>"$OUT/verify.jsonl" <<'PYEOF'
+            set -- $(bans "$t0")
+            "$PY" - "$dir/g.json" "$kind" "$rate" "$seed" "$differ" "$g" "$1" "$2" >>"$OUT/verify.jsonl" <<'PYEOF'
 import json, sys
 j = json.load(open(sys.argv[1]))["network"]
 c = j["checks"]
+a = c.get("accusations", {})
 print(json.dumps({"liar": sys.argv[2], "rate": float(sys.argv[3]), "seed": int(sys.argv[4]),
-                  "images": 64, "images_differ": int(sys.argv[5]), "requests": j["requests"],
+                  "gen": int(sys.argv[6]), "images": 64, "images_differ": int(sys.argv[5]),
+                  "requests": j["requests"], "replicas": j["replicas"],
                   "checks": c["checked"], "disagreed": c["disagreed"],
                   "wrong_answers": c["wrong_answers"], "undecided": c["undecided"],
                   "first_catch_requests": c["first_catch_requests"],
-                  "first_catch_s": c["first_catch_s"]}))
+                  "first_catch_s": c["first_catch_s"], "accusations": a,
+                  "banned_by": int(sys.argv[7]),
+                  "banned_all_s": None if sys.argv[8] == "null" or int(sys.argv[7]) < 7
+                  else float(sys.argv[8])}))
 PYEOF
         done
         "$PY" - "$OUT/verify.jsonl" "$kind" "$rate" <<'PYEOF'
@@ -135,12 +170,16 @@ caught = [r for r in rows if r["wrong_answers"] > 0]
 req = sum(r["requests"] for r in rows)
 chk = sum(r["checks"] for r in rows)
 first = sorted(r["first_catch_requests"] for r in caught)
-print("%-6s %6.2f %5d %10s %9d %7d %12s %14s %9.1f%%" % (
+g1 = [r for r in rows if r.get("gen") == 1]
+ban = ("%d/7 in %.1f s" % (g1[0]["banned_by"], g1[0]["banned_all_s"])
+       if g1 and g1[0].get("banned_all_s") is not None
+       else ("%d/7" % g1[0]["banned_by"]) if g1 else "-")
+print("%-6s %6.2f %5d %10s %9d %7d %12s %14s %9.1f%% %12s" % (
     sys.argv[2], float(sys.argv[3]), len(rows),
     "%d/%d" % (sum(r["images_differ"] for r in rows), 64 * len(rows)), req, chk,
     "%d/%d" % (len(caught), len(rows)),
     ("%d req" % first[len(first) // 2]) if first else "-",
-    100.0 * chk / max(1, req - chk)))
+    100.0 * chk / max(1, req - chk), ban))
 PYEOF
     done
 done
