@@ -3,8 +3,9 @@
 #
 # One expert (`tiny`, trained for 2 steps: the plumbing, not quality) served by 8 daemons
 # (`tessera up --nodes 8`). For each liar kind — a bias of 1e-3 on every answer, Gaussian noise
-# of σ 1e-2, the answer scaled by 1.1 (a wrong model's answer), and a bias of 1e-3 on 1 % of the
-# answers only — one node (node 1) is restarted as that liar ([fault] lie_*), and for each
+# of σ 1e-2, the answer scaled by 1.1 (a wrong model's answer), a bias of 1e-3 on 1 % of the
+# answers only, and noise of σ 1e-2 on every answer after the first two (a liar that earns trust
+# first, so that its lies are checked only at the rate) — one node (node 1) is restarted as that liar ([fault] lie_*), and for each
 # spot-check rate (0.01, 0.02, 0.05, 0.1) GENS generations (default 2) of 64 images, 8 Heun
 # steps, run with fresh seeds. Per generation: the images that differ from --local's with the same
 # seed (each 28×28 tile of the grid compared), the requests and checks made, the wrong answers
@@ -102,6 +103,7 @@ liar() { # liar KIND: every node restarted (no bans left), node 1 with that [fau
     noise) printf '[fault]\nlie_noise = 0.01\n' ;;
     other) printf '[fault]\nlie_scale = 1.1\n' ;;
     rare) printf '[fault]\nlie_bias = 0.001\nlie_rate = 0.01\n' ;;
+    late) printf '[fault]\nlie_noise = 0.01\nlie_after = 2\n' ;;
     *) : ;;
     esac >>"$dir/net/node-1/tesserad.ini"
     "$T" up --dir "$dir/net" --restart >/dev/null
@@ -132,8 +134,8 @@ since = [b['since_ms'] for l in sys.stdin for b in json.loads(l).get('bans', [])
 print(len(since), '%.3f' % ((max(since) - $1) / 1e3) if since else 'null')"
 }
 
-printf '%-6s %6s %5s %10s %9s %7s %12s %14s %10s %12s\n' liar rate gens "images≠" requests checks "caught(gens)" "first catch" overhead "banned by 7"
-for kind in bias noise other rare; do
+printf '%-6s %6s %5s %10s %9s %7s %12s %14s %10s %12s %9s\n' liar rate gens "images≠" requests checks "caught(gens)" "first catch" overhead "banned by 7" repaired
+for kind in bias noise other rare late; do
     for rate in 0.01 0.02 0.05 0.1; do
         liar $kind
         for g in $(seq 1 "$GENS"); do
@@ -157,6 +159,7 @@ print(json.dumps({"liar": sys.argv[2], "rate": float(sys.argv[3]), "seed": int(s
                   "wrong_answers": c["wrong_answers"], "undecided": c["undecided"],
                   "first_catch_requests": c["first_catch_requests"],
                   "first_catch_s": c["first_catch_s"], "accusations": a,
+                  "repaired_samples": c.get("repaired_samples", 0),
                   "banned_by": int(sys.argv[7]),
                   "banned_all_s": None if sys.argv[8] == "null" or int(sys.argv[7]) < 7
                   else float(sys.argv[8])}))
@@ -174,12 +177,13 @@ g1 = [r for r in rows if r.get("gen") == 1]
 ban = ("%d/7 in %.1f s" % (g1[0]["banned_by"], g1[0]["banned_all_s"])
        if g1 and g1[0].get("banned_all_s") is not None
        else ("%d/7" % g1[0]["banned_by"]) if g1 else "-")
-print("%-6s %6.2f %5d %10s %9d %7d %12s %14s %9.1f%% %12s" % (
+rep = sum(r.get("repaired_samples", 0) for r in rows)
+print("%-6s %6.2f %5d %10s %9d %7d %12s %14s %9.1f%% %12s %9d" % (
     sys.argv[2], float(sys.argv[3]), len(rows),
     "%d/%d" % (sum(r["images_differ"] for r in rows), 64 * len(rows)), req, chk,
     "%d/%d" % (len(caught), len(rows)),
     ("%d req" % first[len(first) // 2]) if first else "-",
-    100.0 * chk / max(1, req - chk), ban))
+    100.0 * chk / max(1, req - chk), ban, rep))
 PYEOF
     done
 done

@@ -66,7 +66,13 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* The network part of the summary: stderr lines and a JSON object. */
-static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls) {
+/* Samples recomputed after liars were caught (repair, below). */
+typedef struct repair_stats {
+    int repaired, rounds, unrepaired;
+} repair_stats_t;
+
+static json_t *network_summary(const repair_stats_t *gr, const ts_netgen_t *g,
+                               const ts_local_stats_t *ls) {
     const ts_remote_t *r = &g->remote;
     const ts_remote_stats_t *st = &r->st;
     double p50 = 0.0, p99 = 0.0;
@@ -104,6 +110,13 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
                 (unsigned long long)st->checks_agreed, (unsigned long long)st->mismatches,
                 (unsigned long long)st->liars, (unsigned long long)st->undecided,
                 (unsigned long long)st->checks_failed);
+    if (gr->repaired)
+        fprintf(stderr,
+                "repaired: %d sample%s recomputed in %d round%s, the liars banned: an answer of a "
+                "liar caught later had gone into them%s\n",
+                gr->repaired, gr->repaired == 1 ? "" : "s", gr->rounds, gr->rounds == 1 ? "" : "s",
+                gr->unrepaired ? "; SOME STILL CARRY UNCHECKED ANSWERS OF A LIAR (rounds spent)"
+                               : "");
     if (st->accusations_sent)
         fprintf(stderr,
                 "accusations: %llu sent to other replicas: %llu upheld (the liar is banned "
@@ -182,6 +195,9 @@ static json_t *network_summary(const ts_netgen_t *g, const ts_local_stats_t *ls)
             json_object_set_new(ck, "first_catch_requests",
                                 json_integer((json_int_t)st->first_catch_requests));
             json_object_set_new(ck, "first_catch_s", json_real(st->first_catch_s));
+            json_object_set_new(ck, "repaired_samples", json_integer(gr->repaired));
+            json_object_set_new(ck, "repair_rounds", json_integer(gr->rounds));
+            json_object_set_new(ck, "unrepaired_samples", json_integer(gr->unrepaired));
             json_object_set_new(ck, "accusations",
                                 json_pack("{s:I, s:I, s:I, s:I}", "sent",
                                           (json_int_t)st->accusations_sent, "upheld",
@@ -309,6 +325,7 @@ typedef struct {
     record_t rec;
     const char *prior_used;
     ts_local_stats_t st;
+    repair_stats_t rep;
     char err[1024];
 } gen_run_t;
 
@@ -611,6 +628,77 @@ static int alloc_buffers(gen_run_t *r) {
     return TS_OK;
 }
 
+#define REPAIR_ROUNDS 4
+
+/* The samples an answer of a caught liar went into, generated again with the liars banned (a
+ * sample depends only on its seed, label and the answers it gets: the same bits as if no liar had
+ * answered), until a round catches no new liar; each round recomputes only what the liars caught
+ * in the round before touched. */
+static int repair(gen_run_t *r, const ts_local_gen_t *gen) {
+    ts_remote_t *rm = &r->net.remote;
+    const ts_dit_config_t *c = &r->loc.cfg;
+    int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    int n = r->o.n, rc = TS_OK;
+    uint8_t *sus = malloc((size_t)n);
+    int *at = malloc((size_t)n * sizeof *at), *next = malloc((size_t)n * sizeof *next);
+    int32_t *labels = malloc((size_t)n * sizeof *labels);
+    uint64_t *seeds = malloc((size_t)n * sizeof *seeds);
+    float *x = malloc((size_t)(n * chw) * sizeof *x);
+    if (!sus || !at || !next || !labels || !seeds || !x)
+        rc = TS_ENOMEM;
+    int m = 0; /* the samples to recompute, as indices of the whole run */
+    if (rc == TS_OK) {
+        ts_remote_suspects(rm, sus);
+        for (int i = 0; i < n; i++)
+            if (sus[i])
+                at[m++] = i;
+    }
+    while (rc == TS_OK && m > 0 && r->rep.rounds < REPAIR_ROUNDS) {
+        r->rep.rounds++;
+        r->rep.repaired += m;
+        for (int j = 0; j < m; j++) {
+            labels[j] = r->labels[at[j]];
+            seeds[j] = r->seeds[at[j]];
+        }
+        ts_local_gen_t g = *gen;
+        g.n = m;
+        g.labels = labels;
+        g.seeds = seeds;
+        g.on_chunk = NULL; /* the routing record keeps the first run's */
+        g.record = 0;
+        g.on_step = NULL;
+        ts_local_stats_t st = {.use = r->use, .absent_mass = r->absent_mass};
+        rc = ts_remote_track(rm, m);
+        if (rc == TS_OK)
+            rc = ts_local_generate(&r->loc, &r->eng, &g, x, &st, r->err, sizeof r->err);
+        if (rc != TS_OK)
+            break;
+        r->st.forwards += st.forwards;
+        r->st.router_evals += st.router_evals;
+        r->st.seconds += st.seconds;
+        for (int j = 0; j < m; j++)
+            memcpy(r->images + (size_t)at[j] * (size_t)chw, x + (size_t)j * (size_t)chw,
+                   (size_t)chw * sizeof *x);
+        ts_remote_suspects(rm, sus); /* of this round's m samples */
+        int m2 = 0;
+        for (int j = 0; j < m; j++)
+            if (sus[j])
+                next[m2++] = at[j];
+        memcpy(at, next, (size_t)m2 * sizeof *at);
+        m = m2;
+    }
+    r->rep.unrepaired = m;
+    free(sus);
+    free(at);
+    free(next);
+    free(labels);
+    free(seeds);
+    free(x);
+    if (rc == TS_ENOMEM)
+        snprintf(r->err, sizeof r->err, "out of memory recomputing the samples liars touched");
+    return rc;
+}
+
 /* The samples, then the PNG grid. */
 static int run(gen_run_t *r) {
     const gen_opts_t *o = &r->o;
@@ -635,11 +723,16 @@ static int run(gen_run_t *r) {
                           .chunk_ctx = &r->rec,
                           .record = o->routing_json != NULL,
                           .on_step = on_step,
-                          .step_ctx = &prog};
+                          .step_ctx = &prog,
+                          .chunk_start = o->peer ? &r->net.remote.row_base : NULL};
     r->st = (ts_local_stats_t){.use = r->use, .absent_mass = r->absent_mass};
-    int rc = ts_local_generate(&r->loc, &r->eng, &gen, r->images, &r->st, r->err, sizeof r->err);
+    int rc = o->peer ? ts_remote_track(&r->net.remote, o->n) : TS_OK;
+    if (rc == TS_OK)
+        rc = ts_local_generate(&r->loc, &r->eng, &gen, r->images, &r->st, r->err, sizeof r->err);
     if (prog.tty)
         fprintf(stderr, "\n");
+    if (rc == TS_OK && o->peer)
+        rc = repair(r, &gen);
     float *decoded = NULL; /* --vae: the latents decoded into images */
     int C = c->in_channels, side = c->input_size;
     if (rc == TS_OK && o->vae)
@@ -724,7 +817,7 @@ static int print_results(gen_run_t *r) {
     int rc = TS_OK;
     if (o->peer && sum) {
         ts_remote_settle(&r->net.remote, 10000); /* the verdicts of accusations sent */
-        json_t *nsum = network_summary(&r->net, &r->st);
+        json_t *nsum = network_summary(&r->rep, &r->net, &r->st);
         if (nsum)
             json_object_set_new(sum, "network", nsum);
     }

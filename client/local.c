@@ -344,6 +344,8 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
     int rc = TS_OK;
     for (int start = 0; start < g->n && rc == TS_OK; start += l->chunk) {
         int m = g->n - start < l->chunk ? g->n - start : l->chunk;
+        if (g->chunk_start)
+            *g->chunk_start = start;
         ts_ensemble_opts_t o = {.policy = g->policy,
                                 .select = g->select,
                                 .tau = g->tau,

@@ -106,6 +106,7 @@ typedef struct ts_local_gen {
     float router_temp;             /* the router's logits are divided by it; 0 = 1 (raw) */
     ts_sample_progress_fn on_step; /* optional, per sampler step of every chunk */
     void *step_ctx;
+    int *chunk_start; /* optional: set to each chunk's first sample before the chunk runs */
 } ts_local_gen_t;
 
 typedef struct ts_local_stats {

@@ -265,6 +265,17 @@ static void note_rtt(ts_remote_expert_t *ex, ts_replica_t *p, double ms) {
         ex->n_rtt++;
 }
 
+/* Replica p's answer to the piece went into its samples. */
+static void touch(ts_remote_t *r, ts_replica_t *p, const ts_expert_job_t *j) {
+    if (!p->touched || !j->rows)
+        return;
+    for (int i = 0; i < j->m; i++) {
+        int s = r->row_base + j->rows[i];
+        if (s >= 0 && s < r->track_n)
+            p->touched[s] = 1;
+    }
+}
+
 static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg) {
     (void)call;
     send_t *s = arg;
@@ -288,6 +299,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
                      : take_answer(a, res->reply, &tm, k == 0 ? a->job->v : ts_remote_held(a, k), p,
                                    &claim, sig);
         if (status == TS_OK) {
+            touch(r, p, a->job);
             p->answered++;
             r->st.answers++;
             r->st.bytes_in += (size_t)(a->job->m * r->chw) * sizeof(float);
@@ -602,6 +614,39 @@ int ts_remote_init(ts_remote_t *r, uv_loop_t *loop, ts_rpc_t *rpc, ts_remote_exp
 
 static void timer_closed(uv_handle_t *h) { free(h); }
 
+int ts_remote_track(ts_remote_t *r, int n) {
+    for (int k = 0; k < r->K; k++)
+        for (int i = 0; i < r->experts[k].n_rep; i++) {
+            ts_replica_t *p = &r->experts[k].rep[i];
+            uint8_t *t = realloc(p->touched, n > 0 ? (size_t)n : 1);
+            if (!t)
+                return TS_ENOMEM;
+            memset(t, 0, n > 0 ? (size_t)n : 1);
+            p->touched = t;
+        }
+    r->track_n = n;
+    r->row_base = 0;
+    return TS_OK;
+}
+
+int ts_remote_suspects(const ts_remote_t *r, uint8_t *suspect) {
+    memset(suspect, 0, (size_t)r->track_n);
+    int n = 0;
+    for (int k = 0; k < r->K; k++)
+        for (int i = 0; i < r->experts[k].n_rep; i++) {
+            const ts_replica_t *p = &r->experts[k].rep[i];
+            if (!p->lies || !p->touched)
+                continue;
+            for (int s = 0; s < r->track_n; s++)
+                if (p->touched[s] && !suspect[s]) {
+                    suspect[s] = 1;
+                    n++;
+                }
+        }
+    return n;
+}
+
+
 static void settle_timeout(uv_timer_t *t) { *(int *)t->data = 1; }
 
 void ts_remote_settle(ts_remote_t *r, uint32_t timeout_ms) {
@@ -632,6 +677,11 @@ void ts_remote_free(ts_remote_t *r) {
         free(pv->att);
         free(pv);
     }
+    for (int k = 0; r->experts && k < r->K; k++)
+        for (int i = 0; i < r->experts[k].n_rep; i++) {
+            free(r->experts[k].rep[i].touched);
+            r->experts[k].rep[i].touched = NULL;
+        }
     free(r->events);
     free(r->eval_ms);
     free(r->fail);

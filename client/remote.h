@@ -51,6 +51,7 @@ typedef struct ts_replica {
     uint8_t precision;      /* a Tessera__DType value; 0 until its first answer */
     uint64_t checked, lies; /* its answers spot-checked, and found wrong */
     int vouched;            /* one of its answers has agreed with another replica's */
+    uint8_t *touched;       /* (ts_remote_t.track_n) the samples its answers went into, or NULL */
 } ts_replica_t;
 
 typedef struct ts_remote_expert {
@@ -143,6 +144,9 @@ typedef struct ts_remote {
     size_t n_eval, cap_eval;
     void *impl;   /* remote.c's: the hedge timers and the attempts of the evaluation in progress */
     int accusing; /* accusations whose verdicts have not come back */
+    /* What each replica's answers touched (ts_remote_track): the samples of the run, the first
+     * sample of the chunk being evaluated (the jobs' rows count from it). */
+    int track_n, row_base;
 } ts_remote_t;
 
 /* Prepares r for K experts (experts[k].rep[...] with addr set; peers are made here) of images
@@ -155,6 +159,13 @@ void ts_remote_free(ts_remote_t *r);
 /* Runs the loop until every accusation sent has its verdict, for at most timeout_ms (a summary
  * then counts them; the nodes judge them whether or not this client waits). */
 void ts_remote_settle(ts_remote_t *r, uint32_t timeout_ms);
+
+/* Starts recording, for every replica, which of n samples its answers went into (row_base set by
+ * the caller before each chunk); what was recorded before is cleared. TS_ENOMEM. */
+int ts_remote_track(ts_remote_t *r, int n);
+/* The samples an answer of a replica caught lying went into (suspect[i] = 1; n = track_n): the
+ * ones to recompute with the liars banned. Returns how many. */
+int ts_remote_suspects(const ts_remote_t *r, uint8_t *suspect);
 
 /* ts_expert_eval_fn for ctx = ts_remote_t. */
 int ts_remote_eval(void *ctx, ts_expert_job_t *jobs, int n);

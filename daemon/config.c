@@ -110,6 +110,7 @@ static const key_spec_t KEYS[] = {
     {{"fault", "lie_noise", "number", "0", "tests and measurements only: add Gaussian noise of this standard deviation to the answers this node lies in"}, K_FLOAT, OFF(fault_lie_noise), 0, 0, 0, 1e6},
     {{"fault", "lie_scale", "number", "1", "tests and measurements only: multiply the answers this node lies in by this (an answer of the wrong size, like another expert's)"}, K_FLOAT, OFF(fault_lie_scale), 0, 0, -1e6, 1e6},
     {{"fault", "lie_rate", "number", "1", "tests and measurements only: the fraction of answers the lies above apply to (each answer drawn at random); they sign them like honest ones"}, K_FLOAT, OFF(fault_lie_rate), 0, 0, 0, 1},
+    {{"fault", "lie_after", "integer", "0", "tests and measurements only: answer this many requests honestly before the lies above begin (a liar that earns the clients' trust first)"}, K_INT, OFF(fault_lie_after), 0, 1000000000},
     {{"trust", "expel", "true|false", "false", "when an accusation against a node is upheld here (its wrong answer recomputed), also take it out of the membership here: drop its gossip datagrams, refuse its signed claims, no longer list it; without it the node stays a member and only its adverts are withheld from clients"}, K_BOOL, OFF(trust_expel), 0, 0},
     {{"metrics", "listen", "host:port", "127.0.0.1:9420", "HTTP endpoint for Prometheus (/metrics) and health checks (/healthz); port 0 picks a free port (logged); empty turns it off"}, K_ADDR0, OFF(metrics_listen), 0, 0},
 };
@@ -150,6 +151,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->fault_lie_noise = 0.0;
     c->fault_lie_scale = 1.0;
     c->fault_lie_rate = 1.0;
+    c->fault_lie_after = 0;
     c->trust_expel = 0;
     c->serve_max_queue = 256;
     c->serve_compute_threads = 0;

@@ -78,6 +78,7 @@ typedef struct ts_daemon_config {
     int serve_max_batch, serve_max_wait_ms, serve_max_queue, serve_compute_threads;
     /* [fault]: wrong answers on purpose, for the spot-checks' tests and measurements */
     double fault_lie_bias, fault_lie_noise, fault_lie_scale, fault_lie_rate;
+    int fault_lie_after;
     /* [trust]: what an upheld accusation does here besides the ban (daemon/trust.h) */
     int trust_expel;
     int weights_bandwidth_mib_s, weights_max_pending;

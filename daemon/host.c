@@ -200,6 +200,7 @@ static int start_pending(ts_host_t *h, char *err, size_t errlen) {
         so.lie_scale = c->fault_lie_scale;
         so.lie_rate = c->fault_lie_rate;
         so.lie_seed = uv_hrtime(); /* a liar's draws differ from run to run */
+        so.lie_after = (uint64_t)c->fault_lie_after;
         if (c->fault_lie_bias != 0.0 || c->fault_lie_noise != 0.0 || c->fault_lie_scale != 1.0)
             ts_log_warn("host",
                         "[fault] lie_* is set: this node answers %.0f%% of its requests wrongly "

@@ -75,6 +75,7 @@ struct ts_serve {
     char device_class[TS_ANSWER_DEVICE_MAX + 1]; /* in every signed answer */
     uint8_t precision_dtype;                     /* the model's products, as a wire DType */
     uint64_t lie_rng;                            /* the loop's: [fault] lie_rate's draws */
+    uint64_t lie_answers;                        /* answers maybe_lie has seen */
     ts_dit_memory_t mem; /* the model's memory, from its config (ts_dit_memory) */
     ts_dit_t model;
     /* host staging, x (max_batch, C, H, W) and t (max_batch) F32, and when the engine is a GPU
@@ -455,7 +456,7 @@ static double lie_normal(ts_serve_t *s) {
 static void maybe_lie(ts_serve_t *s, job_t *j) {
     const ts_serve_opts_t *o = &s->o;
     if ((o->lie_bias == 0.0 && o->lie_noise == 0.0 && o->lie_scale == 1.0) || j->dtype != TS_F32 ||
-        lie_uniform(s) >= o->lie_rate)
+        s->lie_answers++ < o->lie_after || lie_uniform(s) >= o->lie_rate)
         return;
     float *v = j->v;
     int64_t n = (int64_t)j->B * s->chw;

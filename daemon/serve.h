@@ -97,6 +97,7 @@ typedef struct ts_serve_opts {
      * lie_seed) is changed to v·lie_scale + lie_bias + N(0, lie_noise²) before it is signed. */
     double lie_bias, lie_noise, lie_scale, lie_rate;
     uint64_t lie_seed;
+    uint64_t lie_after; /* the first lie_after answers are honest (a liar that earns trust) */
 } ts_serve_opts_t;
 
 void ts_serve_opts_default(ts_serve_opts_t *o);

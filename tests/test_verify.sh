@@ -146,3 +146,31 @@ for i in 0 1 4 5; do
     case "$(bans_of $i)" in *"$i_honest"*) fail "node $i banned the honest node 0" ;; esac
 done
 echo "ok: forged accusations (a right answer, a changed answer, a bad signature, the accused as judge) refused; node 0 banned nowhere"
+
+# a liar that earns trust first ([fault] lie_after: its first answers are honest, so it is
+# vouched for and then checked only at the rate): node 4 (expert 0). Its lies before the catch
+# slip into the image; the client recomputes the samples they touched, with the liar banned, and
+# the image equals --local's again. The client holds the experts' weights (`tessera pull`), which
+# decide a disagreement (expert 0's third replica, node 2, is banned).
+l4=$(cat "$dir/net/node-4/data/listen.addr")
+kill "$(cat "$dir/net/node-4/tesserad.pid")"
+n=0
+while kill -0 "$(cat "$dir/net/node-4/tesserad.pid")" 2>/dev/null; do
+    n=$((n + 1)); [ $n -lt 300 ] || fail "node 4 did not stop"; sleep 0.1
+done
+printf '\n[fault]\nlie_noise = 0.01\nlie_after = 2\n' >>"$dir/net/node-4/tesserad.ini"
+"$T" up --dir "$dir/net" --restart >"$dir/restart4.txt" 2>"$dir/err-restart4.txt" || fail "up --restart node 4"
+l4=$(cat "$dir/net/node-4/data/listen.addr")
+n=0
+until "$T" status --peer "$peer" --network-key "$dir/net/network.key" --json >"$dir/st.json" 2>/dev/null &&
+    [ "$(live_ads)" = 4 ]; do
+    n=$((n + 1)); [ $n -lt 120 ] || fail "node 4's advert did not come back"; sleep 0.5
+done
+"$T" pull --all --peer "$peer" --network-key "$dir/net/network.key" --data-dir "$dir/cache" \
+    >"$dir/pull.txt" 2>&1 || fail "tessera pull: $(cat "$dir/pull.txt")"
+netgen late $GEN --verify 0.3 --no-hedge --out "$dir/late.png" || fail "generate with a late liar"
+cmp -s "$dir/late.png" "$dir/local.png" ||
+    fail "a late liar: the image differs from --local's: $(json_get "$dir/late.json" "j['network']['checks']")"
+[ "$(json_get "$dir/late.json" "' '.join(c['addr'] for c in j['network']['checks']['caught'])")" = "$l4" ] ||
+    fail "the late liar $l4 was not caught: $(json_get "$dir/late.json" "j['network']['checks']")"
+echo "ok: a liar that earned trust first caught; $(json_get "$dir/late.json" "j['network']['checks']['repaired_samples']") samples its unchecked lies touched recomputed; the image = --local"
