@@ -195,6 +195,7 @@ static json_t *network_summary(const repair_stats_t *gr, const ts_netgen_t *g,
             json_object_set_new(ck, "first_catch_requests",
                                 json_integer((json_int_t)st->first_catch_requests));
             json_object_set_new(ck, "first_catch_s", json_real(st->first_catch_s));
+            json_object_set_new(ck, "agreed_max_diff", json_real(st->agreed_max_diff));
             json_object_set_new(ck, "repaired_samples", json_integer(gr->repaired));
             json_object_set_new(ck, "repair_rounds", json_integer(gr->rounds));
             json_object_set_new(ck, "unrepaired_samples", json_integer(gr->unrepaired));

@@ -265,8 +265,7 @@ static void note_rtt(ts_remote_expert_t *ex, ts_replica_t *p, double ms) {
         ex->n_rtt++;
 }
 
-/* Replica p's answer to the piece went into its samples. */
-static void touch(ts_remote_t *r, ts_replica_t *p, const ts_expert_job_t *j) {
+void ts_remote_touch(ts_remote_t *r, ts_replica_t *p, const ts_expert_job_t *j) {
     if (!p->touched || !j->rows)
         return;
     for (int i = 0; i < j->m; i++) {
@@ -299,7 +298,6 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
                      : take_answer(a, res->reply, &tm, k == 0 ? a->job->v : ts_remote_held(a, k), p,
                                    &claim, sig);
         if (status == TS_OK) {
-            touch(r, p, a->job);
             p->answered++;
             r->st.answers++;
             r->st.bytes_in += (size_t)(a->job->m * r->chw) * sizeof(float);
@@ -318,6 +316,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
                 memcpy(a->held_sig[k], sig, TS_SIGNATURE_BYTES);
                 ts_remote_check_judge(a, k);
             } else if (!ts_remote_check_start(a, s->replica, &claim, sig)) {
+                ts_remote_touch(r, p, a->job); /* taken unchecked */
                 ts_remote_finish(a, TS_OK);
             }
             return;
@@ -368,6 +367,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
             r->st.undecided++; /* a disagreement nobody broke */
         else
             r->st.checks_failed++;
+        ts_remote_touch(r, &a->ex->rep[a->held_rep[0]], a->job);
         ts_remote_finish(a, TS_OK);
         return;
     }

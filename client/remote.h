@@ -99,6 +99,10 @@ typedef struct ts_remote_stats {
     /* accusations (daemon/trust.h) sent to other replicas for each wrong answer caught, and
      * their verdicts: upheld, refused, not judged (no answer, or the node could not judge) */
     uint64_t accusations_sent, accusations_upheld, accusations_refused, accusations_unjudged;
+    /* the largest relative difference (net/answer.h) between two answers that agreed without
+     * promising the same bits (another device class or precision): the margin under the
+     * tolerance */
+    double agreed_max_diff;
     double first_catch_s; /* and the seconds since ts_remote_init (0: none caught) */
     uint64_t bytes_out, bytes_in;
     double network_s, local_s; /* wall time waiting for the network, computing locally */

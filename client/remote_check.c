@@ -204,6 +204,10 @@ void ts_remote_check_judge(attempt_t *a, int k) {
     ts_answer_claim_t *c = a->held_claim;
     if (k == 1 && ts_answer_agree(ts_remote_held(a, 1), &c[1], ts_remote_held(a, 0), &c[0], n)) {
         r->st.checks_agreed++;
+        if (!ts_answer_exact(&c[0], &c[1])) {
+            double d = ts_answer_rel_diff(ts_remote_held(a, 1), ts_remote_held(a, 0), n);
+            r->st.agreed_max_diff = d > r->st.agreed_max_diff ? d : r->st.agreed_max_diff;
+        }
         if (vouches(&c[0], &c[1]))
             a->ex->rep[a->held_rep[0]].vouched = a->ex->rep[a->held_rep[1]].vouched = 1;
         ts_remote_finish(a, TS_OK); /* the job's v is the first answer */
@@ -251,6 +255,7 @@ void ts_remote_check_judge(attempt_t *a, int k) {
                 break;
         }
         r->st.undecided++;
+        ts_remote_touch(r, &a->ex->rep[a->held_rep[0]], a->job);
         ts_remote_finish(a, TS_OK); /* nothing breaks the tie: the first answer stands, unproven */
         return;
     }
@@ -266,7 +271,8 @@ void ts_remote_check_judge(attempt_t *a, int k) {
         if (liar == 0)
             memcpy(a->job->v, ts_remote_held(a, 1), n * sizeof(float));
     } else {
-        r->st.undecided++;
+        r->st.undecided++; /* the first answer stands, unproven */
+        ts_remote_touch(r, &a->ex->rep[a->held_rep[0]], a->job);
     }
     ts_remote_finish(a, TS_OK);
 }

@@ -63,6 +63,9 @@ uint64_t ts_remote_rand(ts_remote_t *r);
 void ts_remote_slower_than(ts_replica_t *p, double ms);
 int ts_remote_send_to(attempt_t *a, int i, int hedge);
 void ts_remote_finish(attempt_t *a, int status);
+/* Replica p's answer to the piece j went into its samples unproven (unchecked, or a check that
+ * could not decide): they are recomputed if p is caught lying later (ts_remote_suspects). */
+void ts_remote_touch(ts_remote_t *r, ts_replica_t *p, const ts_expert_job_t *j);
 
 /* remote_check.c: the spot-checks */
 /* Answer slot k of a check (m·chw floats). */
