@@ -13,7 +13,10 @@
 #     equals --local again;
 #   - forged accusations of an honest node (its right answer; its answer changed under its
 #     signature; a flipped signature bit; sent to the accused itself) are refused, and it is
-#     banned nowhere.
+#     banned nowhere;
+#   - a liar that earns trust first ([fault] lie_after) and lies unchecked is caught, the samples
+#     its lies touched are recomputed: the image equals --local's;
+#   - an f16 replica beside F32 ones is never called a liar.
 # Waits have generous deadlines; nothing here asserts speed.
 set -eu
 T=${1:?usage: test_verify.sh TESSERA ACCUSE_TOOL}
@@ -174,3 +177,24 @@ cmp -s "$dir/late.png" "$dir/local.png" ||
 [ "$(json_get "$dir/late.json" "' '.join(c['addr'] for c in j['network']['checks']['caught'])")" = "$l4" ] ||
     fail "the late liar $l4 was not caught: $(json_get "$dir/late.json" "j['network']['checks']")"
 echo "ok: a liar that earned trust first caught; $(json_get "$dir/late.json" "j['network']['checks']['repaired_samples']") samples its unchecked lies touched recomputed; the image = --local"
+
+# replicas of mixed precision: node 5 (expert 1) restarted at f16. Its answers differ from the
+# F32 replicas' within the tolerance: checked against them at --verify 1, none is called a lie,
+# no accusation is sent, nobody bans it.
+kill "$(cat "$dir/net/node-5/tesserad.pid")"
+n=0
+while kill -0 "$(cat "$dir/net/node-5/tesserad.pid")" 2>/dev/null; do
+    n=$((n + 1)); [ $n -lt 300 ] || fail "node 5 did not stop"; sleep 0.1
+done
+printf '\n[compute]\nprecision = f16\n' >>"$dir/net/node-5/tesserad.ini"
+"$T" up --dir "$dir/net" --restart >"$dir/restart5.txt" 2>"$dir/err-restart5.txt" || fail "up --restart node 5"
+n=0
+until "$T" status --peer "$peer" --network-key "$dir/net/network.key" --json >"$dir/st.json" 2>/dev/null &&
+    [ "$(live_ads)" = 3 ] && [ "$(json_get "$dir/st.json" "sum(1 for a in j['adverts'] if a.get('valid') and a['node_id'] == '$(id_of "$(cat "$dir/net/node-5/data/listen.addr")")')")" = 1 ]; do
+    n=$((n + 1)); [ $n -lt 120 ] || fail "node 5's advert did not come back"; sleep 0.5
+done
+netgen mixed $GEN --verify 1 --no-hedge --out "$dir/mixed.png" || fail "generate with an f16 replica"
+[ "$(chk mixed wrong_answers)" = 0 ] && [ "$(json_get "$dir/mixed.json" "j['network']['checks']['accusations']['sent']")" = 0 ] ||
+    fail "an honest f16 replica was called a liar: $(json_get "$dir/mixed.json" "j['network']['checks']")"
+grep -q "f16\|F16" "$dir/net/node-5/tesserad.log" || fail "node 5 does not serve at f16"
+echo "ok: an f16 replica beside F32 ones: $(chk mixed checked) answers checked, none called a lie (largest difference $(chk mixed agreed_max_diff))"
