@@ -50,6 +50,7 @@ assert h["every_s"] == 10 and 1 <= len(h["age_s"]) <= 60, h
 assert len(h["requests_per_s"]) == len(h["latency_ms"]) == len(h["train_loss"]) == len(h["age_s"])
 assert h["age_s"] == sorted(h["age_s"], reverse=True), h["age_s"]
 assert s["training"] is None  # these nodes host, they do not train
+assert s["bans"] == [], s["bans"]  # nobody accused anybody
 assert all(a["capacity"]["device"].startswith(("cpu, ", "cuda:")) for a in s["adverts"])
 open(d + "/page.html", "wb").write(page)
 open(d + "/status.json", "w").write(json.dumps(s))
@@ -86,6 +87,8 @@ grep -q 'class="cluster uncovered"' "$dir/dom1.html" || fail "the page does not 
 [ "$(grep -o '<tr data-state="alive"' "$dir/dom1.html" | wc -l)" = 3 ] || fail "the page lists $(grep -o '<tr data-state=' "$dir/dom1.html" | wc -l) member rows, not 3"
 grep -q 'id="h-rps"[^>]*><b>[0-9.]*</b><svg class="spark"' "$dir/dom1.html" ||
     fail "the page draws no request-rate history: $(grep -o 'id="h-rps".\{0,120\}' "$dir/dom1.html")"
+grep -q 'id="bans"><tr><td class="muted" colspan="5">none' "$dir/dom1.html" ||
+    fail "the page's banned nodes: $(grep -o 'id="bans".\{0,80\}' "$dir/dom1.html")"
 grep -q 'id="training" class="muted">no training job on this node' "$dir/dom1.html" ||
     fail "the page's training line: $(grep -o 'id="training".\{0,80\}' "$dir/dom1.html")"
 echo "ok: in Chromium the page shows 3 members, 3 alive, and the uncovered cluster"
