@@ -140,30 +140,39 @@ static void utf8_trim(char *s) {
         s[i - 1] = '\0';
 }
 
+int ts_remote_request(const attempt_t *a, Tessera__DenoiseRequest *dr, Tessera__Tensor *x,
+                      ts_tensor_t *xt) {
+    const ts_remote_t *r = a->r;
+    const ts_expert_job_t *j = a->job;
+    tessera__tensor__init(x); /* the job's rows, F32 (m, C, H, W), by net/frame.h's codec */
+    TS_TRY(ts_tensor_wrap(xt, (float *)j->x, TS_F32, TS_CPU, 4,
+                          TS_SHAPE(j->m, r->channels, r->size, r->size)));
+    TS_TRY(ts_frame_tensor_set(x, xt));
+    tessera__denoise_request__init(dr);
+    dr->has_expert_id = dr->has_cfg_scale = 1;
+    dr->expert_id.data = a->ex->weights_hash;
+    dr->expert_id.len = sizeof a->ex->weights_hash;
+    dr->x_t = x;
+    dr->n_t = (size_t)j->m;
+    dr->t = a->t;
+    dr->n_class_labels = (size_t)j->m;
+    dr->class_labels = (int32_t *)j->labels;
+    dr->cfg_scale = j->cfg_scale;
+    return TS_OK;
+}
+
 /* Sends the job to replica i; on an immediate refusal, marks it tried and returns the error. */
 int ts_remote_send_to(attempt_t *a, int i, int hedge) {
     ts_remote_t *r = a->r;
-    ts_expert_job_t *j = a->job;
     if (a->n_sends >= MAX_SENDS)
         return TS_ERANGE;
     a->tried |= 1u << i;
     send_t *s = &a->sends[a->n_sends];
     *s = (send_t){.a = a, .replica = i, .hedge = hedge, .start = ts_now_s()};
-    ts_tensor_t xt; /* the job's rows, F32 (m, C, H, W), on the wire by net/frame.h's codec */
-    Tessera__Tensor x = TESSERA__TENSOR__INIT;
-    TS_TRY(ts_tensor_wrap(&xt, (float *)j->x, TS_F32, TS_CPU, 4,
-                          TS_SHAPE(j->m, r->channels, r->size, r->size)));
-    TS_TRY(ts_frame_tensor_set(&x, &xt));
-    Tessera__DenoiseRequest dr = TESSERA__DENOISE_REQUEST__INIT;
-    dr.has_expert_id = dr.has_cfg_scale = 1;
-    dr.expert_id.data = a->ex->weights_hash;
-    dr.expert_id.len = sizeof a->ex->weights_hash;
-    dr.x_t = &x;
-    dr.n_t = (size_t)j->m;
-    dr.t = a->t;
-    dr.n_class_labels = (size_t)j->m;
-    dr.class_labels = (int32_t *)j->labels;
-    dr.cfg_scale = j->cfg_scale;
+    Tessera__Tensor x;
+    Tessera__DenoiseRequest dr;
+    ts_tensor_t xt;
+    TS_TRY(ts_remote_request(a, &dr, &x, &xt));
     Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
     env.body_case = TESSERA__ENVELOPE__BODY_DENOISE_REQUEST;
     env.denoise_request = &dr;
@@ -645,7 +654,6 @@ int ts_remote_suspects(const ts_remote_t *r, uint8_t *suspect) {
         }
     return n;
 }
-
 
 static void settle_timeout(uv_timer_t *t) { *(int *)t->data = 1; }
 

@@ -64,9 +64,14 @@ static void on_verdict(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *ar
     r->accusing--;
     const Tessera__AccusationVerdict *v =
         res->status == TS_OK && res->reply ? res->reply->accusation_verdict : NULL;
+    /* refused: the judge found the answer right or the signature not the accused's
+     * (daemon/trust.c's verdicts); anything else (busy, being judged, cannot judge) is not a
+     * judgement */
     if (v && v->upheld)
         r->st.accusations_upheld++;
-    else if (v && v->reason && strncmp(v->reason, "cannot judge", 12) != 0)
+    else if (v && v->reason &&
+             (strncmp(v->reason, "its answer is right", 19) == 0 ||
+              strncmp(v->reason, "the signature is not", 20) == 0))
         r->st.accusations_refused++;
     else
         r->st.accusations_unjudged++;
@@ -87,24 +92,13 @@ static void accuse(attempt_t *a, int i, int k) {
     if (!p->has_node || c->device_class[0] == '\0')
         return; /* an unsigned answer is no evidence */
     ts_tensor_t xt, vt;
-    Tessera__Tensor x = TESSERA__TENSOR__INIT, v = TESSERA__TENSOR__INIT;
-    if (ts_tensor_wrap(&xt, (float *)j->x, TS_F32, TS_CPU, 4,
-                       TS_SHAPE(j->m, r->channels, r->size, r->size)) != TS_OK ||
-        ts_frame_tensor_set(&x, &xt) != TS_OK ||
+    Tessera__Tensor x, v = TESSERA__TENSOR__INIT;
+    Tessera__DenoiseRequest dr; /* as it was sent */
+    if (ts_remote_request(a, &dr, &x, &xt) != TS_OK ||
         ts_tensor_wrap(&vt, ts_remote_held(a, k), TS_F32, TS_CPU, 4,
                        TS_SHAPE(j->m, r->channels, r->size, r->size)) != TS_OK ||
         ts_frame_tensor_set(&v, &vt) != TS_OK)
         return;
-    Tessera__DenoiseRequest dr = TESSERA__DENOISE_REQUEST__INIT; /* as ts_remote_send_to */
-    dr.has_expert_id = dr.has_cfg_scale = 1;
-    dr.expert_id.data = a->ex->weights_hash;
-    dr.expert_id.len = sizeof a->ex->weights_hash;
-    dr.x_t = &x;
-    dr.n_t = (size_t)j->m;
-    dr.t = a->t;
-    dr.n_class_labels = (size_t)j->m;
-    dr.class_labels = (int32_t *)j->labels;
-    dr.cfg_scale = j->cfg_scale;
     Tessera__DenoiseResponse ans = TESSERA__DENOISE_RESPONSE__INIT;
     ans.velocity = &v;
     ans.has_signature = ans.has_precision = 1;

@@ -62,6 +62,10 @@ void ts_remote_ban(ts_replica_t *p, uint32_t ms);
 uint64_t ts_remote_rand(ts_remote_t *r);
 void ts_remote_slower_than(ts_replica_t *p, double ms);
 int ts_remote_send_to(attempt_t *a, int i, int hedge);
+/* The piece's request, as every replica asked is sent it (x: its x_t, which dr points to; xt:
+ * the tensor x's shape points into). All three must outlive the use of dr. */
+int ts_remote_request(const attempt_t *a, Tessera__DenoiseRequest *dr, Tessera__Tensor *x,
+                      ts_tensor_t *xt);
 void ts_remote_finish(attempt_t *a, int status);
 /* Replica p's answer to the piece j went into its samples unproven (unchecked, or a check that
  * could not decide): they are recomputed if p is caught lying later (ts_remote_suspects). */

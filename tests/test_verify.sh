@@ -1,6 +1,6 @@
 #!/bin/sh
-# test_verify.sh TESSERA — signed answers and spot-checks against a real network (`tessera up`,
-# 6 daemons, 2 experts trained for 2 steps: 3 replicas of each):
+# test_verify.sh TESSERA ACCUSE_TOOL — signed answers, spot-checks and accusations against a real
+# network (`tessera up`, 6 daemons, 2 experts trained for 2 steps: 3 replicas of each):
 #   - every answer carries a valid signature of the node asked (an unsigned or wrongly signed one
 #     would count as garbage): an honest network at --verify 1 checks every answer, all agree,
 #     and the image equals --local's byte for byte;
@@ -54,15 +54,16 @@ echo "ok: an honest network: $(chk honest checked) answers checked, every signat
 # node 2 hosts expert 0, node 3 expert 1 (node i hosts expert i mod 2; node 0, the entry, stays
 # as it is): each becomes a liar
 liar_addr() { cat "$dir/net/node-$1/data/listen.addr"; }
-for i in 2 3; do
-    kill "$(cat "$dir/net/node-$i/tesserad.pid")"
-done
-for i in 2 3; do
-    n=0
-    while kill -0 "$(cat "$dir/net/node-$i/tesserad.pid")" 2>/dev/null; do
-        n=$((n + 1)); [ $n -lt 300 ] || fail "node $i did not stop"; sleep 0.1
+stop_node() { # stop_node I...: SIGTERM, and wait until each has stopped
+    for i in "$@"; do kill "$(cat "$dir/net/node-$i/tesserad.pid")"; done
+    for i in "$@"; do
+        n=0
+        while kill -0 "$(cat "$dir/net/node-$i/tesserad.pid")" 2>/dev/null; do
+            n=$((n + 1)); [ $n -lt 300 ] || fail "node $i did not stop"; sleep 0.1
+        done
     done
-done
+}
+stop_node 2 3
 printf '\n[fault]\nlie_bias = 0.001\n' >>"$dir/net/node-2/tesserad.ini"
 printf '\n[fault]\nlie_noise = 0.01\nlie_rate = 0.5\n' >>"$dir/net/node-3/tesserad.ini"
 "$T" up --dir "$dir/net" --restart >"$dir/restart.txt" 2>"$dir/err-restart.txt" || fail "up --restart"
@@ -156,11 +157,7 @@ echo "ok: forged accusations (a right answer, a changed answer, a bad signature,
 # the image equals --local's again. The client holds the experts' weights (`tessera pull`), which
 # decide a disagreement (expert 0's third replica, node 2, is banned).
 l4=$(cat "$dir/net/node-4/data/listen.addr")
-kill "$(cat "$dir/net/node-4/tesserad.pid")"
-n=0
-while kill -0 "$(cat "$dir/net/node-4/tesserad.pid")" 2>/dev/null; do
-    n=$((n + 1)); [ $n -lt 300 ] || fail "node 4 did not stop"; sleep 0.1
-done
+stop_node 4
 printf '\n[fault]\nlie_noise = 0.01\nlie_after = 2\n' >>"$dir/net/node-4/tesserad.ini"
 "$T" up --dir "$dir/net" --restart >"$dir/restart4.txt" 2>"$dir/err-restart4.txt" || fail "up --restart node 4"
 l4=$(cat "$dir/net/node-4/data/listen.addr")
@@ -181,11 +178,7 @@ echo "ok: a liar that earned trust first caught; $(json_get "$dir/late.json" "j[
 # replicas of mixed precision: node 5 (expert 1) restarted at f16. Its answers differ from the
 # F32 replicas' within the tolerance: checked against them at --verify 1, none is called a lie,
 # no accusation is sent, nobody bans it.
-kill "$(cat "$dir/net/node-5/tesserad.pid")"
-n=0
-while kill -0 "$(cat "$dir/net/node-5/tesserad.pid")" 2>/dev/null; do
-    n=$((n + 1)); [ $n -lt 300 ] || fail "node 5 did not stop"; sleep 0.1
-done
+stop_node 5
 printf '\n[compute]\nprecision = f16\n' >>"$dir/net/node-5/tesserad.ini"
 "$T" up --dir "$dir/net" --restart >"$dir/restart5.txt" 2>"$dir/err-restart5.txt" || fail "up --restart node 5"
 n=0
