@@ -64,14 +64,9 @@ static void on_verdict(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *ar
     r->accusing--;
     const Tessera__AccusationVerdict *v =
         res->status == TS_OK && res->reply ? res->reply->accusation_verdict : NULL;
-    /* refused: the judge found the answer right or the signature not the accused's
-     * (daemon/trust.c's verdicts); anything else (busy, being judged, cannot judge) is not a
-     * judgement */
     if (v && v->upheld)
         r->st.accusations_upheld++;
-    else if (v && v->reason &&
-             (strncmp(v->reason, "its answer is right", 19) == 0 ||
-              strncmp(v->reason, "the signature is not", 20) == 0))
+    else if (v && v->judged)
         r->st.accusations_refused++;
     else
         r->st.accusations_unjudged++;

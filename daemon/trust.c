@@ -82,11 +82,12 @@ static void seen_add(ts_trust_t *t, const uint8_t key[32], int upheld, const cha
     snprintf(s->reason, sizeof s->reason, "%s", reason);
 }
 
-static int reply(ts_rpc_request_t *req, int upheld, const char *reason) {
+static int reply(ts_rpc_request_t *req, int judged, int upheld, const char *reason) {
     Tessera__Envelope env = TESSERA__ENVELOPE__INIT;
     Tessera__AccusationVerdict v = TESSERA__ACCUSATION_VERDICT__INIT;
-    v.has_upheld = 1;
+    v.has_upheld = v.has_judged = 1;
     v.upheld = upheld != 0;
+    v.judged = judged != 0;
     v.reason = (char *)reason;
     env.body_case = TESSERA__ENVELOPE__BODY_ACCUSATION_VERDICT;
     env.accusation_verdict = &v;
@@ -273,7 +274,7 @@ static void judged(uv_work_t *w, int status) {
         t->st.unverifiable++;
         ts_log_info("trust", "an accusation of %s from %s not judged: %s", acc, from,
                     status != 0 ? "cancelled" : j->why);
-        reply(j->req, 0, status != 0 ? "cancelled" : j->why);
+        reply(j->req, 0, 0, status != 0 ? "cancelled" : j->why);
         judge_free(j);
         return;
     }
@@ -281,7 +282,7 @@ static void judged(uv_work_t *w, int status) {
     if (!j->upheld) {
         t->st.refused++;
         ts_log_warn("trust", "an accusation of %s from %s refused: %s", acc, from, j->why);
-        reply(j->req, 0, j->why);
+        reply(j->req, 1, 0, j->why);
         judge_free(j);
         return;
     }
@@ -298,7 +299,7 @@ static void judged(uv_work_t *w, int status) {
                     t->env.expel ? " and expelled" : "", j->why, from);
         pass_on(t, j);
     }
-    reply(j->req, 1, j->why);
+    reply(j->req, 1, 1, j->why);
     judge_free(j);
 }
 
@@ -323,7 +324,7 @@ static void on_fetched(ts_fetcher_t *f, int rc, const char *err, void *arg) {
     snprintf(why, sizeof why, "cannot judge: the expert's weights could not be fetched (%.120s)",
              err && *err ? err : ts_strerror(rc));
     ts_log_info("trust", "%s", why);
-    reply(j->req, 0, why);
+    reply(j->req, 0, 0, why);
     judge_free(j);
 }
 
@@ -390,7 +391,7 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
     }
     if (memcmp(a->accused.data, t->self.b, TS_NODE_ID_BYTES) == 0) {
         t->st.unverifiable++;
-        reply(req, 0, "this node is the accused: another node judges it");
+        reply(req, 0, 0, "this node is the accused: another node judges it");
         return;
     }
     uint8_t req_hash[TS_ANSWER_HASH_BYTES];
@@ -408,7 +409,7 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
                     "an accusation of %s refused: its signature is not %s's over that "
                     "answer to that request",
                     id, id);
-        reply(req, 0, "the signature is not the accused's over this answer to this request");
+        reply(req, 1, 0, "the signature is not the accused's over this answer to this request");
         return;
     }
     uint8_t key[32];
@@ -421,18 +422,18 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
     const seen_t *s = seen_find(t, key);
     if (s) {
         t->st.repeats++;
-        reply(req, s->upheld, s->reason);
+        reply(req, 1, s->upheld, s->reason);
         return;
     }
     if (ts_gossip_banned(t->env.gossip, accused.b)) {
         t->st.repeats++;
-        reply(req, 1, "already banned here");
+        reply(req, 1, 1, "already banned here");
         return;
     }
     for (int i = 0; i < t->n_judging; i++)
         if (memcmp(t->judging[i]->key, key, sizeof key) == 0) {
             t->st.repeats++;
-            reply(req, 0, "being judged here now: ask again later");
+            reply(req, 0, 0, "being judged here now: ask again later");
             return;
         }
     if (t->n_judging >= MAX_JUDGING) {
@@ -461,7 +462,7 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
     j->work.data = j;
     if (start_recompute(j) != TS_OK) { /* weights not here: fetched once the work says so */
         t->st.unverifiable++;
-        reply(req, 0, j->why[0] ? j->why : "cannot start the recomputation");
+        reply(req, 0, 0, j->why[0] ? j->why : "cannot start the recomputation");
         judge_free(j);
         return;
     }

@@ -9,8 +9,8 @@
  *   wrongsig  the answer as received, one bit of the signature flipped (refused)
  *   accused   the honest form sent to ASK itself (it does not judge itself)
  *
- * Prints the verdict as one JSON object {"upheld": bool, "reason": "..."}; exit 0 when a verdict
- * came back, 1 otherwise.
+ * Prints the verdict as one JSON object {"upheld": bool, "judged": bool, "reason": "..."}; exit 0
+ * when a verdict came back, 1 otherwise.
  *
  * usage: accuse_tool ASK JUDGE NETWORK_KEY EXPERT_HEX C S MODE
  */
@@ -103,8 +103,8 @@ int main(int argc, char **argv) {
     if (ts_netclient_call(&c, to, &env, 60000, &verdict, err, sizeof err) != TS_OK)
         return fail("the accusation was not answered", err);
     const Tessera__AccusationVerdict *v = verdict->accusation_verdict;
-    json_t *j =
-        json_pack("{s:b, s:s}", "upheld", (int)v->upheld, "reason", v->reason ? v->reason : "");
+    json_t *j = json_pack("{s:b, s:b, s:s}", "upheld", (int)v->upheld, "judged", (int)v->judged,
+                          "reason", v->reason ? v->reason : "");
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     printf("%s\n", s ? s : "{}");
     free(s);

@@ -133,17 +133,18 @@ echo "ok: --verify 0 checks nothing, and with the liars banned the image = --loc
 n0=$(cat "$dir/net/node-0/data/listen.addr") n4=$(cat "$dir/net/node-4/data/listen.addr")
 eh=$(json_get "$dir/st-0.json" "[a['weights_hash'] for a in j['adverts'] if a['node_id'] == j['node_id']][0]")
 side=$(json_get "$dir/st-0.json" "[a['model']['input_size'] for a in j['adverts'] if a['node_id'] == j['node_id']][0]")
-forged() { # forged MODE REASON-REGEX
+forged() { # forged MODE REASON-REGEX JUDGED
     "$A" "$n0" "$n4" "$dir/net/network.key" "$eh" 1 "$side" "$1" >"$dir/acc-$1.json" \
         2>"$dir/err-acc-$1.txt" || fail "accuse_tool $1: $(cat "$dir/err-acc-$1.txt")"
     [ "$(json_get "$dir/acc-$1.json" "j['upheld']")" = False ] ||
         fail "a forged accusation ($1) was upheld: $(cat "$dir/acc-$1.json")"
-    grep -qE "$2" "$dir/acc-$1.json" || fail "forged ($1): $(cat "$dir/acc-$1.json")"
+    grep -qE "$2" "$dir/acc-$1.json" && [ "$(json_get "$dir/acc-$1.json" "j['judged']")" = "$3" ] ||
+        fail "forged ($1): $(cat "$dir/acc-$1.json")"
 }
-forged honest "its answer is right"
-forged tampered "signature is not"
-forged wrongsig "signature is not"
-forged accused "is the accused"
+forged honest "its answer is right" True
+forged tampered "signature is not" True
+forged wrongsig "signature is not" True
+forged accused "is the accused" False
 i_honest=$(json_get "$dir/st-0.json" "j['node_id']")
 for i in 0 1 4 5; do
     node_status $i || fail "status of node $i"
