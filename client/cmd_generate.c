@@ -68,7 +68,9 @@ static int cmp_double(const void *a, const void *b) {
 /* The network part of the summary: stderr lines and a JSON object. */
 /* Samples recomputed after liars were caught (repair, below). */
 typedef struct repair_stats {
-    int repaired, rounds, unrepaired;
+    int repaired, rounds, unrepaired; /* distinct samples; rounds; still suspect at the end */
+    int64_t forwards;                 /* the rounds' sample-forwards (not in the main counts) */
+    double seconds;
 } repair_stats_t;
 
 static json_t *network_summary(const repair_stats_t *gr, const ts_netgen_t *g,
@@ -112,9 +114,10 @@ static json_t *network_summary(const repair_stats_t *gr, const ts_netgen_t *g,
                 (unsigned long long)st->checks_failed);
     if (gr->repaired)
         fprintf(stderr,
-                "repaired: %d sample%s recomputed in %d round%s, the liars banned: an answer of a "
-                "liar caught later had gone into them%s\n",
+                "repaired: %d sample%s recomputed in %d round%s (%.2f s), the liars banned: an "
+                "unchecked answer of a liar caught later had gone into them%s\n",
                 gr->repaired, gr->repaired == 1 ? "" : "s", gr->rounds, gr->rounds == 1 ? "" : "s",
+                gr->seconds,
                 gr->unrepaired ? "; SOME STILL CARRY UNCHECKED ANSWERS OF A LIAR (rounds spent)"
                                : "");
     if (st->accusations_sent)
@@ -198,6 +201,8 @@ static json_t *network_summary(const repair_stats_t *gr, const ts_netgen_t *g,
             json_object_set_new(ck, "agreed_max_diff", json_real(st->agreed_max_diff));
             json_object_set_new(ck, "repaired_samples", json_integer(gr->repaired));
             json_object_set_new(ck, "repair_rounds", json_integer(gr->rounds));
+            json_object_set_new(ck, "repair_forwards", json_integer((json_int_t)gr->forwards));
+            json_object_set_new(ck, "repair_s", json_real(gr->seconds));
             json_object_set_new(ck, "unrepaired_samples", json_integer(gr->unrepaired));
             json_object_set_new(ck, "accusations",
                                 json_pack("{s:I, s:I, s:I, s:I}", "sent",
@@ -654,9 +659,9 @@ static int repair(gen_run_t *r, const ts_local_gen_t *gen) {
             if (sus[i])
                 at[m++] = i;
     }
+    r->rep.repaired = m; /* later rounds recompute some of these again */
     while (rc == TS_OK && m > 0 && r->rep.rounds < REPAIR_ROUNDS) {
         r->rep.rounds++;
-        r->rep.repaired += m;
         for (int j = 0; j < m; j++) {
             labels[j] = r->labels[at[j]];
             seeds[j] = r->seeds[at[j]];
@@ -668,15 +673,14 @@ static int repair(gen_run_t *r, const ts_local_gen_t *gen) {
         g.on_chunk = NULL; /* the routing record keeps the first run's */
         g.record = 0;
         g.on_step = NULL;
-        ts_local_stats_t st = {.use = r->use, .absent_mass = r->absent_mass};
+        ts_local_stats_t st = {0}; /* the summary's counts stay the first run's */
         rc = ts_remote_track(rm, m);
         if (rc == TS_OK)
             rc = ts_local_generate(&r->loc, &r->eng, &g, x, &st, r->err, sizeof r->err);
         if (rc != TS_OK)
             break;
-        r->st.forwards += st.forwards;
-        r->st.router_evals += st.router_evals;
-        r->st.seconds += st.seconds;
+        r->rep.forwards += st.forwards;
+        r->rep.seconds += st.seconds;
         for (int j = 0; j < m; j++)
             memcpy(r->images + (size_t)at[j] * (size_t)chw, x + (size_t)j * (size_t)chw,
                    (size_t)chw * sizeof *x);

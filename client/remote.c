@@ -674,6 +674,9 @@ void ts_remote_settle(ts_remote_t *r, uint32_t timeout_ms) {
 }
 
 void ts_remote_free(ts_remote_t *r) {
+    for (int i = 0; i < (int)(sizeof r->accusals / sizeof r->accusals[0]); i++)
+        if (r->accusals[i])
+            ts_rpc_cancel(r->accusals[i]); /* its callback clears the slot */
     remote_priv_t *pv = priv(r);
     if (pv) {
         for (int i = 0; i < pv->n_slots; i++) {

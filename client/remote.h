@@ -148,6 +148,7 @@ typedef struct ts_remote {
     size_t n_eval, cap_eval;
     void *impl;   /* remote.c's: the hedge timers and the attempts of the evaluation in progress */
     int accusing; /* accusations whose verdicts have not come back */
+    ts_rpc_call_t *accusals[16]; /* their calls (a slot is NULL once its verdict is in) */
     /* What each replica's answers touched (ts_remote_track): the samples of the run, the first
      * sample of the chunk being evaluated (the jobs' rows count from it). */
     int track_n, row_base;

@@ -50,7 +50,7 @@ int ts_remote_pick_checker(attempt_t *a, const char *cls, uint8_t prec) {
 /* Whether an agreement vouches for both replicas: the same bits, or fp32 within its tolerance (a
  * replica that claims bf16 is compared loosely, and is never vouched for by it). */
 static int vouches(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
-    return ts_answer_exact(cx, cy) || ts_answer_tolerance(cx, cy) == TS_ANSWER_TOL_F32;
+    return ts_answer_exact(cx, cy) || ts_answer_tolerance(cx, cy, 1.0f) == TS_ANSWER_TOL_F32;
 }
 
 /* Held answer slot k (m·chw floats). */
@@ -58,9 +58,18 @@ float *ts_remote_held(attempt_t *a, int k) {
     return a->held + (size_t)k * (size_t)a->job->m * (size_t)a->r->chw;
 }
 
+/* The replicas an accusation goes to: every other replica of the expert not caught itself, up to
+ * this many (they hold the weights, so they can judge it, and pass it on to every member); and
+ * the accusations in flight at once (the rest are not sent: the judges pass them on anyway). */
+#define ACCUSE_MAX 4
+#define ACCUSE_CALLS (int)(sizeof((ts_remote_t *)0)->accusals / sizeof(ts_rpc_call_t *))
+#define ACCUSE_TIMEOUT_MS 30000
+
 static void on_verdict(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg) {
-    (void)call;
     ts_remote_t *r = arg;
+    for (int i = 0; i < ACCUSE_CALLS; i++)
+        if (r->accusals[i] == call)
+            r->accusals[i] = NULL;
     r->accusing--;
     const Tessera__AccusationVerdict *v =
         res->status == TS_OK && res->reply ? res->reply->accusation_verdict : NULL;
@@ -71,11 +80,6 @@ static void on_verdict(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *ar
     else
         r->st.accusations_unjudged++;
 }
-
-/* The replicas an accusation goes to: every other replica of the expert not caught itself, up to
- * this many (they hold the weights, so they can judge it, and pass it on to every member). */
-#define ACCUSE_MAX 4
-#define ACCUSE_TIMEOUT_MS 30000
 
 /* Sends the evidence that replica i's answer in slot k is wrong — the request as asked and its
  * signed answer as received (daemon/trust.h) — to the expert's other replicas. */
@@ -116,7 +120,13 @@ static void accuse(attempt_t *a, int i, int k) {
         ts_replica_t *o = &a->ex->rep[q];
         if (q == i || !o->peer || isinf(o->banned_until))
             continue;
-        if (ts_rpc_call(o->peer, &env, ACCUSE_TIMEOUT_MS, on_verdict, r, NULL, NULL, 0) == TS_OK) {
+        int slot = 0;
+        while (slot < ACCUSE_CALLS && r->accusals[slot])
+            slot++;
+        if (slot == ACCUSE_CALLS)
+            break;
+        if (ts_rpc_call(o->peer, &env, ACCUSE_TIMEOUT_MS, on_verdict, r, &r->accusals[slot], NULL,
+                        0) == TS_OK) {
             r->accusing++;
             r->st.accusations_sent++;
             sent++;
@@ -191,7 +201,8 @@ void ts_remote_check_judge(attempt_t *a, int k) {
     ts_remote_t *r = a->r;
     size_t n = (size_t)a->job->m * (size_t)r->chw;
     ts_answer_claim_t *c = a->held_claim;
-    if (k == 1 && ts_answer_agree(ts_remote_held(a, 1), &c[1], ts_remote_held(a, 0), &c[0], n)) {
+    if (k == 1 && ts_answer_agree(ts_remote_held(a, 1), &c[1], ts_remote_held(a, 0), &c[0], n,
+                                  a->job->cfg_scale)) {
         r->st.checks_agreed++;
         if (!ts_answer_exact(&c[0], &c[1])) {
             double d = ts_answer_rel_diff(ts_remote_held(a, 1), ts_remote_held(a, 0), n);
@@ -218,10 +229,9 @@ void ts_remote_check_judge(attempt_t *a, int k) {
             double d1 = rc == TS_OK
                             ? ts_answer_rel_diff(ts_remote_held(a, 1), ts_remote_held(a, 2), n)
                             : INFINITY;
-            double t0s =
-                c[0].precision == TESSERA__DTYPE__DTYPE_F32 ? TS_ANSWER_TOL_F32 : TS_ANSWER_TOL_LOW;
-            double t1s =
-                c[1].precision == TESSERA__DTYPE__DTYPE_F32 ? TS_ANSWER_TOL_F32 : TS_ANSWER_TOL_LOW;
+            /* each answer against the cached weights' (F32): its own precision's tolerance */
+            double t0s = ts_answer_tolerance(&c[0], &c[0], a->job->cfg_scale);
+            double t1s = ts_answer_tolerance(&c[1], &c[1], a->job->cfg_scale);
             int liar = d0 <= t0s && d1 > 10.0 * t1s ? 1 : d1 <= t1s && d0 > 10.0 * t0s ? 0 : -1;
             if (liar >= 0) {
                 caught(a, a->held_rep[liar], liar);
@@ -249,10 +259,13 @@ void ts_remote_check_judge(attempt_t *a, int k) {
         return;
     }
     float *h0 = ts_remote_held(a, 0), *h1 = ts_remote_held(a, 1), *h2 = ts_remote_held(a, 2);
-    int liar =
-        ts_answer_agree(h2, &c[2], h0, &c[0], n) && ts_answer_far(h1, &c[1], h2, &c[2], n)   ? 1
-        : ts_answer_agree(h2, &c[2], h1, &c[1], n) && ts_answer_far(h0, &c[0], h2, &c[2], n) ? 0
-                                                                                             : -1;
+    int liar = ts_answer_agree(h2, &c[2], h0, &c[0], n, a->job->cfg_scale) &&
+                       ts_answer_far(h1, &c[1], h2, &c[2], n, a->job->cfg_scale)
+                   ? 1
+               : ts_answer_agree(h2, &c[2], h1, &c[1], n, a->job->cfg_scale) &&
+                       ts_answer_far(h0, &c[0], h2, &c[2], n, a->job->cfg_scale)
+                   ? 0
+                   : -1;
     if (liar >= 0) {
         caught(a, a->held_rep[liar], liar);
         if (vouches(&c[1 - liar], &c[2]))

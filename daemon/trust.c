@@ -6,6 +6,7 @@
 #include "daemon/trust.h"
 
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,10 @@
 #include "store/weights.h"
 
 #define SEEN_MAX 256  /* verdicts remembered, for repeats (a ring) */
-#define MAX_JUDGING 2 /* recomputations at once; more are answered busy */
+#define MAX_RUNNING 2 /* accusations fetched or recomputed at once; the rest wait their turn */
+#define MAX_JUDGES 32 /* accusations running or waiting; more are answered busy */
+#define MAX_WAITERS 8 /* repeats of one accusation in progress, answered with its verdict */
+#define MAX_ROWS 256  /* samples one accusation may carry (a request's worth, and the work) */
 #define PASS_ON_TIMEOUT_MS 30000
 
 typedef struct seen {
@@ -41,14 +45,16 @@ typedef struct judge {
     Tessera__Accusation *acc; /* unpacked from packed */
     ts_answer_claim_t claim;  /* the accused's */
     uint8_t key[32];
-    ts_node_id_t from;   /* who sent it to us */
-    ts_fetcher_t *fetch; /* the expert's weights on their way here, or NULL */
-    int fetched;         /* a fetch was tried (once per accusation) */
+    ts_node_id_t from;                      /* who sent it to us */
+    ts_fetcher_t *fetch;                    /* the expert's weights on their way here, or NULL */
+    int fetched;                            /* a fetch was tried (once per accusation) */
+    int running;                            /* fetching or recomputing (else waiting its turn) */
+    ts_rpc_request_t *waiters[MAX_WAITERS]; /* repeats that arrived meanwhile */
+    int n_waiters;
     /* the recomputation's outcome (work thread) */
     int status; /* TS_OK judged; TS_ENOTFOUND weights not here; else could not run */
     int upheld;
     double diff;
-    char mine_class[TS_ANSWER_DEVICE_MAX + 1];
     char why[200];
     uint64_t ms;
 } judge_t;
@@ -58,8 +64,9 @@ struct ts_trust {
     ts_node_id_t self;
     seen_t seen[SEEN_MAX];
     uint32_t n_seen, next_seen;
-    judge_t *judging[MAX_JUDGING];
-    int n_judging, closing;
+    judge_t *judging[MAX_JUDGES]; /* in arrival order */
+    int n_judging, n_running, closing;
+    atomic_int cancel; /* set at shutdown: a recomputation stops at its next row */
     ts_trust_stats_t st;
 };
 
@@ -158,6 +165,11 @@ static void recompute(uv_work_t *w) {
         snprintf(j->why, sizeof j->why, "out of memory for the recomputation");
     }
     for (int64_t i = 0; mine && j->status == TS_OK && i < B; i++) {
+        if (atomic_load(&j->t->cancel)) {
+            j->status = TS_ECANCELED;
+            snprintf(j->why, sizeof j->why, "cannot judge: this node is shutting down");
+            break;
+        }
         ts_expert_job_t job = {.k = 0,
                                .m = 1,
                                .x = (const float *)x.data + i * chw,
@@ -177,21 +189,20 @@ static void recompute(uv_work_t *w) {
         snprintf(my.device_class, sizeof my.device_class, "%.100s/%s", cls,
                  m.attn == TS_ATTN_FUSED ? "fused" : "composed");
         my.precision = TESSERA__DTYPE__DTYPE_F32;
-        snprintf(j->mine_class, sizeof j->mine_class, "%s", my.device_class);
         size_t n = (size_t)(B * chw);
         const float *theirs = v.data;
-        j->upheld = ts_answer_far(theirs, &j->claim, mine, &my, n);
+        j->upheld = ts_answer_far(theirs, &j->claim, mine, &my, n, d->cfg_scale);
         j->diff = ts_answer_rel_diff(theirs, mine, n);
         int exact = ts_answer_exact(&j->claim, &my);
         if (j->upheld)
             snprintf(j->why, sizeof j->why,
-                     "its answer is wrong: %s, recomputed here on %s (relative difference %.3g)",
+                     "its answer is wrong: %s, recomputed here on %.60s (relative difference %.3g)",
                      exact ? "bits differ where its device class promises them"
                            : "more than ten times the tolerance off",
                      my.device_class, j->diff);
         else
             snprintf(j->why, sizeof j->why,
-                     "its answer is right: it %s the recomputation here on %s (relative "
+                     "its answer is right: it %s the recomputation here on %.60s (relative "
                      "difference %.3g)",
                      exact ? "equals" : "is within doubt of", my.device_class, j->diff);
     }
@@ -244,15 +255,25 @@ static void pass_on(ts_trust_t *t, judge_t *j) {
 
 /* ---- the verdict (loop) ------------------------------------------------------------------------- */
 
-static void unjudge(judge_t *j) { /* leaves the judging list */
+/* Answers j's requester and every repeat that waited on it, and frees j (out of the list). */
+static void finish(judge_t *j, int judged, int upheld, const char *why) {
     ts_trust_t *t = j->t;
     for (int i = 0; i < t->n_judging; i++)
         if (t->judging[i] == j) {
-            t->judging[i] = t->judging[--t->n_judging];
+            memmove(&t->judging[i], &t->judging[i + 1],
+                    (size_t)(t->n_judging - i - 1) * sizeof t->judging[0]);
+            t->n_judging--;
             break;
         }
+    if (j->running)
+        t->n_running--;
+    reply(j->req, judged, upheld, why);
+    for (int i = 0; i < j->n_waiters; i++)
+        reply(j->waiters[i], judged, upheld, why);
+    judge_free(j);
 }
 
+static void start_next(ts_trust_t *t);
 static int start_fetch(judge_t *j);
 
 static void judged(uv_work_t *w, int status) {
@@ -265,28 +286,27 @@ static void judged(uv_work_t *w, int status) {
             return;
         j->status = TS_ENOTFOUND;
     }
-    unjudge(j);
     char acc[17], from[17];
     short_id(j->acc->accused.data, acc);
     short_id(j->from.b, from);
     t->st.recompute_ms += j->ms;
-    if (status != 0 || j->status != TS_OK) { /* not judged: nothing is remembered */
+    if (status != 0 || j->status != TS_OK || t->closing) { /* not judged: nothing is remembered */
         t->st.unverifiable++;
-        ts_log_info("trust", "an accusation of %s from %s not judged: %s", acc, from,
-                    status != 0 ? "cancelled" : j->why);
-        reply(j->req, 0, 0, status != 0 ? "cancelled" : j->why);
-        judge_free(j);
+        const char *why =
+            status != 0 || t->closing ? "cannot judge: this node is shutting down" : j->why;
+        ts_log_info("trust", "an accusation of %s from %s not judged: %s", acc, from, why);
+        finish(j, 0, 0, why);
+        start_next(t);
         return;
     }
-    seen_add(t, j->key, j->upheld, j->why);
     if (!j->upheld) {
         t->st.refused++;
+        seen_add(t, j->key, 0, j->why);
         ts_log_warn("trust", "an accusation of %s from %s refused: %s", acc, from, j->why);
-        reply(j->req, 1, 0, j->why);
-        judge_free(j);
+        finish(j, 1, 0, j->why);
+        start_next(t);
         return;
     }
-    t->st.upheld++;
     ts_gossip_ban_info_t b;
     memset(&b, 0, sizeof b);
     memcpy(b.id, j->acc->accused.data, sizeof b.id);
@@ -294,13 +314,23 @@ static void judged(uv_work_t *w, int status) {
     snprintf(b.reason, sizeof b.reason, "%s", j->why);
     b.expelled = t->env.expel;
     int fresh = ts_gossip_ban(t->env.gossip, &b);
+    if (fresh < 0) { /* judged, but the ban could not be kept: said so, not remembered */
+        t->st.unverifiable++;
+        ts_log_warn("trust", "node %s answered wrongly (%s), but cannot be banned here: %s", acc,
+                    j->why, ts_strerror(fresh));
+        finish(j, 0, 0, "cannot judge: the ban cannot be kept here (too many bans, or memory)");
+        start_next(t);
+        return;
+    }
+    t->st.upheld++;
+    seen_add(t, j->key, 1, j->why);
     if (fresh == 1) {
         ts_log_warn("trust", "node %s banned%s: %s (accusation from %s)", acc,
                     t->env.expel ? " and expelled" : "", j->why, from);
         pass_on(t, j);
     }
-    reply(j->req, 1, 1, j->why);
-    judge_free(j);
+    finish(j, 1, 1, j->why);
+    start_next(t);
 }
 
 static int start_recompute(judge_t *j) {
@@ -318,14 +348,60 @@ static void on_fetched(ts_fetcher_t *f, int rc, const char *err, void *arg) {
         if (start_recompute(j) == TS_OK)
             return;
     }
-    unjudge(j);
     t->st.unverifiable++;
     char why[200];
     snprintf(why, sizeof why, "cannot judge: the expert's weights could not be fetched (%.120s)",
              err && *err ? err : ts_strerror(rc));
     ts_log_info("trust", "%s", why);
-    reply(j->req, 0, 0, why);
-    judge_free(j);
+    finish(j, 0, 0, why);
+    start_next(t);
+}
+
+/* This node's view of the members and their adverts. */
+typedef struct view {
+    Tessera__StatusResponse *st;
+    ts_status_adverts_t ad;
+} view_t;
+
+static int view_open(ts_trust_t *t, view_t *v) {
+    memset(v, 0, sizeof *v);
+    if (ts_gossip_status(t->env.gossip, NULL, &v->st) != TS_OK)
+        return TS_ENOMEM;
+    if (ts_status_adverts_decode(v->st, &v->ad) != TS_OK) {
+        ts_gossip_status_free(v->st);
+        return TS_ENOMEM;
+    }
+    return TS_OK;
+}
+
+static void view_close(view_t *v) {
+    ts_status_adverts_free(&v->ad);
+    ts_gossip_status_free(v->st);
+}
+
+/* Whether member `id` is alive or suspect here and advertises `expert` — what makes a node
+ * accusable (evidence against a key pair that serves nothing is not judged); and (addr, may be
+ * NULL) the address of a live member advertising the expert, another than `id` when there is one
+ * (any can give its weights: they are checked against their hash). */
+static int serves(const view_t *v, const uint8_t *id, const uint8_t *expert, const char **addr) {
+    int found = 0;
+    const char *other = NULL, *its = NULL;
+    for (size_t i = 0; i < v->st->n_members; i++) {
+        const Tessera__MemberState *m = v->st->members[i];
+        const Tessera__AdvertBody *b = ts_status_advert_of(v->st, &v->ad, &m->node_id);
+        if (!b || b->weights_hash.len != 32 || memcmp(b->weights_hash.data, expert, 32) != 0 ||
+            m->node_id.len != TS_NODE_ID_BYTES ||
+            (m->status != TESSERA__MEMBER_STATUS__MEMBER_ALIVE &&
+             m->status != TESSERA__MEMBER_STATUS__MEMBER_SUSPECT))
+            continue;
+        int is_it = memcmp(m->node_id.data, id, TS_NODE_ID_BYTES) == 0;
+        found |= is_it;
+        if (m->addr && m->status == TESSERA__MEMBER_STATUS__MEMBER_ALIVE)
+            *(is_it ? &its : &other) = m->addr;
+    }
+    if (addr)
+        *addr = other ? other : its;
+    return found;
 }
 
 /* Fetches the expert's weights from a live member advertising them — another than the accused
@@ -333,36 +409,20 @@ static void on_fetched(ts_fetcher_t *f, int rc, const char *err, void *arg) {
  * either). */
 static int start_fetch(judge_t *j) {
     ts_trust_t *t = j->t;
-    ts_hash_t hh, *h = &hh;
-    memcpy(hh.b, j->acc->request->expert_id.data, sizeof hh.b);
+    ts_hash_t h;
+    memcpy(h.b, j->acc->request->expert_id.data, sizeof h.b);
     snprintf(j->why, sizeof j->why, "cannot judge: this node does not hold the expert's weights");
     if (!t->env.identity || !t->env.network_key)
         return TS_ENOTFOUND;
-    Tessera__StatusResponse *st = NULL;
-    if (ts_gossip_status(t->env.gossip, NULL, &st) != TS_OK)
+    view_t v;
+    if (view_open(t, &v) != TS_OK)
         return TS_ENOMEM;
-    ts_status_adverts_t ad;
-    if (ts_status_adverts_decode(st, &ad) != TS_OK) {
-        ts_gossip_status_free(st);
-        return TS_ENOMEM;
-    }
     const char *peer = NULL;
-    for (size_t i = 0; i < st->n_members; i++) {
-        const Tessera__MemberState *m = st->members[i];
-        const Tessera__AdvertBody *b = ts_status_advert_of(st, &ad, &m->node_id);
-        if (m->status != TESSERA__MEMBER_STATUS__MEMBER_ALIVE || !m->addr || !b ||
-            b->weights_hash.len != sizeof h->b || memcmp(b->weights_hash.data, h->b, sizeof h->b))
-            continue;
-        int accused = memcmp(m->node_id.data, j->acc->accused.data, TS_NODE_ID_BYTES) == 0;
-        if (!peer || !accused)
-            peer = m->addr;
-        if (!accused)
-            break;
-    }
+    serves(&v, j->acc->accused.data, h.b, &peer);
     int rc = TS_ENOTFOUND;
     if (peer) {
         ts_fetcher_opts_t o = {.peer = peer,
-                               .file = *h,
+                               .file = h,
                                .identity = t->env.identity,
                                .network_key = t->env.network_key};
         rc = ts_fetcher_start(&j->fetch, t->env.loop, t->env.store, &o, on_fetched, j);
@@ -374,9 +434,27 @@ static int start_fetch(judge_t *j) {
                  "cannot judge: this node does not hold the expert's weights and no live member "
                  "advertises them");
     }
-    ts_status_adverts_free(&ad);
-    ts_gossip_status_free(st);
+    view_close(&v);
     return rc;
+}
+
+/* Starts the accusations waiting their turn, in arrival order, while there is room. */
+static void start_next(ts_trust_t *t) {
+    for (int i = 0; i < t->n_judging && t->n_running < MAX_RUNNING && !t->closing;) {
+        judge_t *j = t->judging[i];
+        if (j->running) {
+            i++;
+            continue;
+        }
+        j->running = 1;
+        t->n_running++;
+        if (start_recompute(j) == TS_OK) {
+            i++;
+            continue;
+        }
+        t->st.unverifiable++;
+        finish(j, 0, 0, "cannot judge: the recomputation cannot start");
+    }
 }
 
 /* ---- the handler --------------------------------------------------------------------------------- */
@@ -394,6 +472,8 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
         reply(req, 0, 0, "this node is the accused: another node judges it");
         return;
     }
+    char id[17];
+    short_id(a->accused.data, id);
     uint8_t req_hash[TS_ANSWER_HASH_BYTES];
     ts_answer_claim_t claim;
     ts_node_id_t accused;
@@ -403,8 +483,6 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
                            a->answer) != TS_OK ||
         ts_answer_verify(&claim, &accused, a->answer->signature.data) != TS_OK) {
         t->st.refused++;
-        char id[17];
-        short_id(accused.b, id);
         ts_log_warn("trust",
                     "an accusation of %s refused: its signature is not %s's over that "
                     "answer to that request",
@@ -412,12 +490,14 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
         reply(req, 1, 0, "the signature is not the accused's over this answer to this request");
         return;
     }
-    uint8_t key[32];
+    /* one accusation: the accused and everything its signature covers (the request's id and
+     * hash, the answer's hash, the expert, the precision and the device class) */
+    uint8_t key[32], claim_bytes[TS_ANSWER_CLAIM_MAX];
+    size_t claim_len = ts_answer_claim_bytes(&claim, claim_bytes);
     crypto_generichash_state hs;
     crypto_generichash_init(&hs, NULL, 0, sizeof key);
     crypto_generichash_update(&hs, accused.b, sizeof accused.b);
-    crypto_generichash_update(&hs, req_hash, sizeof req_hash);
-    crypto_generichash_update(&hs, claim.answer_hash, sizeof claim.answer_hash);
+    crypto_generichash_update(&hs, claim_bytes, claim_len);
     crypto_generichash_final(&hs, key, sizeof key);
     const seen_t *s = seen_find(t, key);
     if (s) {
@@ -431,12 +511,35 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
         return;
     }
     for (int i = 0; i < t->n_judging; i++)
-        if (memcmp(t->judging[i]->key, key, sizeof key) == 0) {
+        if (memcmp(t->judging[i]->key, key, sizeof key) == 0) { /* answered with its verdict */
+            judge_t *o = t->judging[i];
+            if (o->n_waiters == MAX_WAITERS) {
+                ts_rpc_reply_busy(req, 1000);
+                return;
+            }
             t->st.repeats++;
-            reply(req, 0, 0, "being judged here now: ask again later");
+            o->waiters[o->n_waiters++] = req;
             return;
         }
-    if (t->n_judging >= MAX_JUDGING) {
+    if (a->request->x_t->shape[0] > MAX_ROWS) {
+        t->st.unverifiable++;
+        reply(req, 0, 0, "cannot judge: more samples than one accusation may carry (256)");
+        return;
+    }
+    view_t v;
+    if (view_open(t, &v) != TS_OK) {
+        ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+        return;
+    }
+    int accusable = serves(&v, accused.b, a->request->expert_id.data, NULL);
+    view_close(&v);
+    if (!accusable) {
+        t->st.unverifiable++;
+        reply(req, 0, 0,
+              "cannot judge: the accused is not a live member advertising that expert here");
+        return;
+    }
+    if (t->n_judging >= MAX_JUDGES) {
         ts_rpc_reply_busy(req, 1000);
         return;
     }
@@ -460,13 +563,8 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
     memcpy(j->key, key, sizeof key);
     j->from = *ts_rpc_request_peer(req);
     j->work.data = j;
-    if (start_recompute(j) != TS_OK) { /* weights not here: fetched once the work says so */
-        t->st.unverifiable++;
-        reply(req, 0, 0, j->why[0] ? j->why : "cannot start the recomputation");
-        judge_free(j);
-        return;
-    }
     t->judging[t->n_judging++] = j;
+    start_next(t);
 }
 
 int ts_trust_new(ts_trust_t **out, const ts_trust_env_t *env) {
@@ -479,6 +577,7 @@ int ts_trust_new(ts_trust_t **out, const ts_trust_env_t *env) {
     t->env = *env;
     t->self = *env->self;
     t->env.self = &t->self;
+    atomic_init(&t->cancel, 0);
     int rc = ts_rpc_handle(env->rpc, TESSERA__ENVELOPE__BODY_ACCUSATION, on_accusation, t);
     if (rc != TS_OK) {
         free(t);
@@ -498,17 +597,16 @@ void ts_trust_get_stats(const ts_trust_t *t, ts_trust_stats_t *st) {
 void ts_trust_shutdown(ts_trust_t *t) {
     if (!t || t->closing)
         return;
-    t->closing = 1;
-    ts_rpc_handle(t->env.rpc, TESSERA__ENVELOPE__BODY_ACCUSATION, NULL, NULL);
-    for (int i = 0; i < t->n_judging;) { /* a fetch stops; a recomputation must finish */
+    t->closing = 1; /* the handler stays: later accusations are answered ERROR_UNAVAILABLE */
+    atomic_store(&t->cancel, 1);
+    for (int i = 0; i < t->n_judging;) { /* a fetch and a wait stop; a recomputation ends soon */
         judge_t *j = t->judging[i];
-        if (!j->fetch) {
+        if (j->running && !j->fetch) {
             i++;
             continue;
         }
-        unjudge(j);
-        ts_rpc_reply_error(j->req, TESSERA__ERROR_CODE__ERROR_UNAVAILABLE, "shutting down");
-        judge_free(j);
+        t->st.unverifiable++;
+        finish(j, 0, 0, "cannot judge: this node is shutting down");
     }
 }
 
@@ -518,6 +616,7 @@ int ts_trust_free(ts_trust_t *t) {
     ts_trust_shutdown(t);
     if (t->n_judging)
         return TS_EBUSY;
+    ts_rpc_handle(t->env.rpc, TESSERA__ENVELOPE__BODY_ACCUSATION, NULL, NULL);
     free(t);
     return TS_OK;
 }

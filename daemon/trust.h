@@ -7,7 +7,9 @@
  * module serves that request:
  *
  *   1. The accused's signature must be over this answer to this request (net/answer.h): an
- *      answer can then be pinned on the node that signed it and on no other.
+ *      answer can then be pinned on the node that signed it and on no other. The accused must be
+ *      a live (or suspect) member advertising that expert here: evidence against a key pair that
+ *      serves nothing is not judged. At most 256 samples.
  *   2. The request is recomputed with the expert's weights from this node's store, on a CPU
  *      engine of its own, on the loop's work pool. A node that does not hold the weights fetches
  *      them first (daemon/fetcher.h: verified against the weights hash, so any member
@@ -15,15 +17,17 @@
  *      judge, says so and does nothing else.
  *   3. The accused's answer is compared with the recomputation by net/answer.h's rules: upheld
  *      only when it is wrong beyond doubt (a bit off where the device classes promise the same
- *      bits, else ten times the tolerance). Nothing is decided by counting who agrees, so no set
- *      of colluding nodes can get an honest one banned.
+ *      bits, else ten times the tolerance, which grows with the request's guidance). Nothing is
+ *      decided by counting who agrees, so no set of colluding nodes can get an honest one banned.
  *   4. Upheld: the node is banned here (net/gossip.h ts_gossip_ban: its adverts are no longer
  *      passed on to clients; with [trust] expel it leaves the membership here too), and the
  *      accusation is passed on to every other live member, which judges it the same way.
  *
- * The answer (AccusationVerdict) says upheld or not and why. Each accusation (the accused, the
- * request's hash and the answer's) is judged once: a repeat gets the first verdict. Threading:
- * the loop's, except the recomputation.
+ * The answer (AccusationVerdict) says whether it was judged, upheld, and why. An accusation is
+ * the accused and everything its signature covers; each is judged once: a repeat is answered
+ * with the first verdict (one that arrives while it is judged waits for it). Two are fetched or
+ * recomputed at once, up to 32 wait their turn, more are answered busy. Threading: the loop's,
+ * except the recomputation.
  */
 #ifndef TS_DAEMON_TRUST_H
 #define TS_DAEMON_TRUST_H
@@ -64,11 +68,12 @@ typedef struct ts_trust_stats {
 /* Installs the accusation handler. TS_ENOMEM, TS_EINVAL. */
 int ts_trust_new(ts_trust_t **out, const ts_trust_env_t *env);
 void ts_trust_get_stats(const ts_trust_t *t, ts_trust_stats_t *st);
-/* Stops taking accusations (they get ERROR_UNAVAILABLE) and stops the fetches of weights (their
- * accusations are answered ERROR_UNAVAILABLE); recomputations running finish. Before the loop's
- * handles are closed. */
+/* Stops taking accusations (they get ERROR_UNAVAILABLE), answers those waiting or fetching
+ * weights ("cannot judge": the fetch stops), and has the recomputations running stop at their
+ * next row. Before the loop's handles are closed. */
 void ts_trust_shutdown(ts_trust_t *t);
-/* TS_EBUSY while a recomputation still runs (run the loop and call again). NULL-safe. */
+/* Shuts down, then frees: TS_EBUSY while a recomputation still runs (run the loop and call
+ * again). NULL-safe. */
 int ts_trust_free(ts_trust_t *t);
 
 #endif

@@ -119,32 +119,36 @@ int ts_answer_exact(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
            strncmp(cx->device_class, "cpu/", 4) == 0;
 }
 
-double ts_answer_tolerance(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
-    return cx->precision == TESSERA__DTYPE__DTYPE_F32 && cy->precision == TESSERA__DTYPE__DTYPE_F32
-               ? TS_ANSWER_TOL_F32
-               : TS_ANSWER_TOL_LOW;
+double ts_answer_tolerance(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy,
+                           float cfg_scale) {
+    double s = (double)cfg_scale, gain = fabs(s) + fabs(1.0 - s);
+    double tol =
+        cx->precision == TESSERA__DTYPE__DTYPE_F32 && cy->precision == TESSERA__DTYPE__DTYPE_F32
+            ? TS_ANSWER_TOL_F32
+            : TS_ANSWER_TOL_LOW;
+    return gain > 1.0 ? tol * gain : tol;
 }
 
 double ts_answer_rel_diff(const float *x, const float *y, size_t n) {
     double d = 0.0, m = 1.0;
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)x[i] - (double)y[i]);
-        d = e > d ? e : d;
+        d = e <= d ? d : (isnan(e) ? INFINITY : e); /* not finite: infinitely far */
         m = fabs((double)y[i]) > m ? fabs((double)y[i]) : m;
     }
     return d / m;
 }
 
 int ts_answer_agree(const float *x, const ts_answer_claim_t *cx, const float *y,
-                    const ts_answer_claim_t *cy, size_t n) {
+                    const ts_answer_claim_t *cy, size_t n, float cfg_scale) {
     if (ts_answer_exact(cx, cy))
         return memcmp(x, y, n * sizeof *x) == 0;
-    return ts_answer_rel_diff(x, y, n) <= ts_answer_tolerance(cx, cy);
+    return ts_answer_rel_diff(x, y, n) <= ts_answer_tolerance(cx, cy, cfg_scale);
 }
 
 int ts_answer_far(const float *x, const ts_answer_claim_t *cx, const float *y,
-                  const ts_answer_claim_t *cy, size_t n) {
+                  const ts_answer_claim_t *cy, size_t n, float cfg_scale) {
     if (ts_answer_exact(cx, cy))
         return memcmp(x, y, n * sizeof *x) != 0;
-    return ts_answer_rel_diff(x, y, n) > 10.0 * ts_answer_tolerance(cx, cy);
+    return ts_answer_rel_diff(x, y, n) > 10.0 * ts_answer_tolerance(cx, cy, cfg_scale);
 }

@@ -83,23 +83,26 @@ int ts_answer_claim_of(ts_answer_claim_t *c, uint64_t request_id,
  * promise the same bits when they name one device class and one precision on a CPU (rows are
  * batch invariant there); otherwise answers are compared within a tolerance, relative to
  * max(1, max|y|): TS_ANSWER_TOL_F32 when both are fp32 (the CPU-GPU parity tests' 1e-4),
- * TS_ANSWER_TOL_LOW when either ran bf16 or f16. An answer is wrong beyond doubt when a bit
- * differs where bits are promised, or when it is more than ten times the tolerance away: an
- * honest answer just past the tolerance is never called a lie. */
+ * TS_ANSWER_TOL_LOW when either ran bf16 or f16, times the guidance's gain max(1, |s| + |1 − s|)
+ * (v = v_u + s·(v_c − v_u) carries each pass's rounding that many times over; s = cfg_scale).
+ * An answer is wrong beyond doubt when a bit differs where bits are promised, or when it is more
+ * than ten times the tolerance away: an honest answer just past the tolerance is never called a
+ * lie. A value that is not finite is infinitely far. */
 #define TS_ANSWER_TOL_F32 1e-4
 #define TS_ANSWER_TOL_LOW 5e-2
 
 /* 1 when the two claims promise the same bits. */
 int ts_answer_exact(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy);
-/* The tolerance between answers of the two claims. */
-double ts_answer_tolerance(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy);
+/* The tolerance between answers of the two claims to a request of guidance cfg_scale. */
+double ts_answer_tolerance(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy,
+                           float cfg_scale);
 /* The largest |x − y| over n values, relative to max(1, max|y|). */
 double ts_answer_rel_diff(const float *x, const float *y, size_t n);
 /* 1 when x (claimed by cx) and y (by cy) agree: bit for bit, or within the tolerance. */
 int ts_answer_agree(const float *x, const ts_answer_claim_t *cx, const float *y,
-                    const ts_answer_claim_t *cy, size_t n);
+                    const ts_answer_claim_t *cy, size_t n, float cfg_scale);
 /* 1 when x is wrong beyond doubt against y. */
 int ts_answer_far(const float *x, const ts_answer_claim_t *cx, const float *y,
-                  const ts_answer_claim_t *cy, size_t n);
+                  const ts_answer_claim_t *cy, size_t n, float cfg_scale);
 
 #endif

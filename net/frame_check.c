@@ -399,8 +399,10 @@ static int check_accusation(chk_t *c, const Tessera__Accusation *m) {
     CHECK(check_denoise_request(c, m->request));
     CHECK(need(c, m->answer, w, "answer"));
     CHECK(check_denoise_response(c, m->answer));
-    if (!m->answer->has_signature)
-        return bad(c, TS_ECORRUPT, "accusation.answer carries no signature");
+    if (!m->answer->has_signature || !m->answer->device_class || !m->answer->has_precision)
+        return bad(c, TS_ECORRUPT,
+                   "accusation.answer lacks its signature, device_class or precision (what the "
+                   "accused signed)");
     return TS_OK;
 }
 

@@ -181,7 +181,7 @@ typedef struct ts_gossip_ban_info {
 } ts_gossip_ban_info_t;
 
 /* Bans b->id (copied; since_ms set here). 1 when it is new, 0 when the node was already banned
- * (nothing changes), TS_ENOMEM. */
+ * (nothing changes), TS_ERANGE when as many nodes as max_members are banned already, TS_ENOMEM. */
 int ts_gossip_ban(ts_gossip_t *g, const ts_gossip_ban_info_t *b);
 /* The ban of node id, or NULL. */
 const ts_gossip_ban_info_t *ts_gossip_banned(const ts_gossip_t *g, const uint8_t id[TS_NODE_ID_BYTES]);

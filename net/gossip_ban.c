@@ -30,6 +30,8 @@ const ts_gossip_ban_info_t *ts_gossip_bans(const ts_gossip_t *g, uint32_t *n) {
 int ts_gossip_ban(ts_gossip_t *g, const ts_gossip_ban_info_t *b) {
     if (ts_gossip_banned(g, b->id))
         return 0;
+    if (g->n_bans >= g->cfg.swim.max_members) /* as many as the members it could have */
+        return TS_ERANGE;
     if (g->n_bans == g->cap_bans) {
         uint32_t cap = g->cap_bans ? 2 * g->cap_bans : 8;
         ts_gossip_ban_info_t *nb = realloc(g->bans, cap * sizeof *nb);

@@ -1608,22 +1608,24 @@ static void br_accused(void) { S.accusation.accused.len = 31; }
 static void br_accusation_id(void) { S.accusation.has_request_id = 0; }
 static void br_accusation_unsigned(void) { S.signed_answer.has_signature = 0; }
 static void br_accusation_no_request(void) { S.accusation.request = NULL; }
+static void br_accusation_no_class(void) { S.signed_answer.device_class = NULL; }
 static void br_accusation_bad_request(void) { S.denoise_request.has_cfg_scale = 0; }
 static void br_verdict(void) { S.verdict.has_upheld = 0; }
 
 static const rule_case_t RULES[] = {
-    {"accusation.accused is 31 bytes", TESSERA__ENVELOPE__BODY_ACCUSATION, br_accused,
-     TS_ECORRUPT},
+    {"accusation.accused is 31 bytes", TESSERA__ENVELOPE__BODY_ACCUSATION, br_accused, TS_ECORRUPT},
     {"accusation.request_id is missing", TESSERA__ENVELOPE__BODY_ACCUSATION, br_accusation_id,
      TS_ECORRUPT},
-    {"accusation.answer carries no signature", TESSERA__ENVELOPE__BODY_ACCUSATION,
+    {"accusation.answer lacks its signature", TESSERA__ENVELOPE__BODY_ACCUSATION,
      br_accusation_unsigned, TS_ECORRUPT},
+    {"accusation.answer lacks its signature, device_class", TESSERA__ENVELOPE__BODY_ACCUSATION,
+     br_accusation_no_class, TS_ECORRUPT},
     {"accusation.request is missing", TESSERA__ENVELOPE__BODY_ACCUSATION, br_accusation_no_request,
      TS_ECORRUPT},
     {"denoise_request.cfg_scale is missing", TESSERA__ENVELOPE__BODY_ACCUSATION,
      br_accusation_bad_request, TS_ECORRUPT},
-    {"accusation_verdict.upheld is missing", TESSERA__ENVELOPE__BODY_ACCUSATION_VERDICT,
-     br_verdict, TS_ECORRUPT},
+    {"accusation_verdict.upheld is missing", TESSERA__ENVELOPE__BODY_ACCUSATION_VERDICT, br_verdict,
+     TS_ECORRUPT},
     {"ping.target_id is 31 bytes", TESSERA__ENVELOPE__BODY_PING, br_ping_target, TS_ECORRUPT},
     {"ping.target_id is missing", TESSERA__ENVELOPE__BODY_PING, br_ping_no_target, TS_ECORRUPT},
     {"advert.signature is 63 bytes", TESSERA__ENVELOPE__BODY_ADVERT, br_sig_short, TS_ECORRUPT},
