@@ -246,7 +246,8 @@ static int eval_accuracy(ts_classifier_t *c, ts_engine_t *e, const ts_dataset_t 
     return rc;
 }
 
-/* The options both verbs share, then the verb's own, parsed into o. */
+/* The options both verbs share, then the verb's own, parsed into o: TS_ARGS_RUN, or the exit code
+ * (ts_args_parse). */
 static int parse(cls_opts_t *o, int router, int argc, char **argv) {
     /* clang-format off */
     o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
@@ -294,17 +295,16 @@ static int parse(cls_opts_t *o, int router, int argc, char **argv) {
         n--;
         memcpy(all, common, (size_t)n * sizeof common[0]);
     }
-    int pr =
-        ts_args_parse(o->prog,
-                      router ? "Train a router: a DiT-trunk classifier of noisy x_t (t ~ U(0,1)) "
+    return ts_args_parse(o->prog,
+                         router
+                             ? "Train a router: a DiT-trunk classifier of noisy x_t (t ~ U(0,1)) "
                                "predicting the image's cluster in a partition.\nexample: tessera "
                                "train-router --partition experts --steps 2000 --out "
                                "experts/router.safetensors"
                              : "Train the evaluation classifier: a DiT trunk on clean "
                                "Fashion-MNIST images predicting the 10 labels.\nexample: tessera "
                                "train-classifier --steps 3000 --out classifier.safetensors",
-                      all, n, argc, argv);
-    return pr == 1 ? -1 : pr;
+                         all, n, argc, argv);
 }
 
 static void cls_defaults(cls_opts_t *o, const char *prog) {
@@ -379,8 +379,8 @@ int ts_cmd_train_classifier(int argc, char **argv) {
     cls_opts_t o;
     cls_defaults(&o, "tessera train-classifier");
     int pr = parse(&o, 0, argc, argv);
-    if (pr)
-        return pr < 0 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     char err[512] = "";
     cls_run_t r;
     double secs = 0;
@@ -584,9 +584,11 @@ int ts_cmd_train_router(int argc, char **argv) {
         return 1;
     cls_defaults(&rr->o, "tessera train-router");
     rr->o.eval_n = 2000;
-    int pr = parse(&rr->o, 1, argc, argv);
-    int code = pr < 0 ? 0 : pr ? 2 : router_validate(&rr->o);
-    if (!pr && code == 0) {
+    int code = parse(&rr->o, 1, argc, argv);
+    int go = code == TS_ARGS_RUN;
+    if (go)
+        code = router_validate(&rr->o);
+    if (go && code == 0) {
         const cls_opts_t *o = &rr->o;
         int rc = router_start(rr);
         if (rc == TS_OK && o->experts)
@@ -702,7 +704,7 @@ typedef struct {
     char err[512];
 } cal_run_t;
 
-/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+/* The options from the command line: TS_ARGS_RUN, or the exit code (ts_args_parse). */
 static int cal_parse(int argc, char **argv, cal_opts_t *o) {
     *o = (cal_opts_t){
         .fmnist_dir = TS_FMNIST_DEFAULT_DIR, .n = 2000, .bins = CAL_BINS_DEFAULT, .batch = 64};
@@ -802,9 +804,9 @@ int ts_cmd_calibrate(int argc, char **argv) {
     if (!r)
         return 1;
     int pr = cal_parse(argc, argv, &r->o);
-    if (pr) {
+    if (pr != TS_ARGS_RUN) {
         free(r);
-        return pr == 1 ? 0 : 2;
+        return pr;
     }
     int rc = cal_open(r);
     if (rc == TS_OK)

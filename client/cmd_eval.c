@@ -239,7 +239,7 @@ typedef struct {
     char err[1024];
 } eval_run_t;
 
-/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+/* The options from the command line: TS_ARGS_RUN, or the exit code (ts_args_parse). */
 static int parse_opts(int argc, char **argv, eval_opts_t *o) {
     *o = (eval_opts_t){.policies = DEFAULT_POLICIES,
                        .sampler = "heun",
@@ -737,9 +737,9 @@ int ts_cmd_eval(int argc, char **argv) {
     if (!r)
         return 1;
     int pr = parse_opts(argc, argv, &r->o);
-    if (pr) {
+    if (pr != TS_ARGS_RUN) {
         free(r);
-        return pr == 1 ? 0 : 2;
+        return pr;
     }
     r->e = calloc(MAX_ENTRIES, sizeof *r->e);
     r->mono_copy = r->o.monolith ? strdup(r->o.monolith) : NULL;

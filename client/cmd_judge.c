@@ -73,8 +73,8 @@ int ts_cmd_train_judge(int argc, char **argv) {
                            "labels (ae).\nexample: tessera train-judge --kind ae --seed 2 --out "
                            "judge-ae.safetensors",
                            args, n, argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     ts_judge_kind_t kind;
     if (ts_judge_kind_parse(o.kind, &kind) != TS_OK) {
         fprintf(stderr, "%s: --kind %s: must be cnn or ae\n", o.prog, o.kind);
@@ -442,8 +442,8 @@ int ts_cmd_judge(int argc, char **argv) {
                       "monolith.idx.gz,best-ensemble.idx.gz --judges classifier.safetensors,"
                       "judge-cnn.safetensors,judge-ae.safetensors",
                       args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     if (strcmp(o.ref, "test") != 0 && strcmp(o.ref, "train") != 0) {
         fprintf(stderr, "%s: --ref %s: must be test or train\n", o.prog, o.ref);
         return 2;

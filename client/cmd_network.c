@@ -264,13 +264,14 @@ static int network_export(int argc, char **argv) {
          "the network file to create (mode 0600, never overwritten)", 0, 0, 1},
         {"json", TS_ARG_FLAG, &json, NULL, "print a JSON object (file, bootstrap)"},
     };
-    int pr = ts_args_parse("tessera network export",
-                           "Write the network as one file: its key and where to join it. Share the "
-                           "file only with people you let in: it holds the network key.\n"
-                           "example: tessera network export --from-up tessera-net --out net.tessera",
-                           args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    int pr =
+        ts_args_parse("tessera network export",
+                      "Write the network as one file: its key and where to join it. Share the "
+                      "file only with people you let in: it holds the network key.\n"
+                      "example: tessera network export --from-up tessera-net --out net.tessera",
+                      args, (int)(sizeof args / sizeof args[0]), argc, argv);
+    if (pr != TS_ARGS_RUN)
+        return pr;
     char err[512] = "", keypath[PATH_MAX];
     if (!boot && !up) {
         fprintf(stderr, "tessera network export: give --bootstrap LIST or --from-up DIR\n");
@@ -455,8 +456,8 @@ static int join(int argc, char **argv) {
                            "example: tessera join net.tessera --advertise 203.0.113.7:7420\n"
                            "example: tessera join net.tessera --listen 127.0.0.1:0 --dir node-b",
                            args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     if (!o.file) {
         fprintf(stderr, "tessera join: name the network file (tessera join FILE)\n");
         return 2;
@@ -496,8 +497,10 @@ static int join(int argc, char **argv) {
         char watch[PATH_MAX + 128];
         const char *colon = strrchr(o.metrics, ':');
         if (colon && strcmp(colon, ":0") == 0) /* the port is chosen when the node starts */
-            snprintf(watch, sizeof watch, "the status page, at the URL in %s/data/metrics.url once "
-                     "it runs", abs);
+            snprintf(watch, sizeof watch,
+                     "the status page, at the URL in %s/data/metrics.url once "
+                     "it runs",
+                     abs);
         else
             snprintf(watch, sizeof watch, "http://%s/ (the status page)", o.metrics);
         printf("joined: node %.16s in %s (mode auto: it picks the cluster the network needs)\n"

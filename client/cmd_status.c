@@ -86,8 +86,8 @@ static void print_member(const Tessera__MemberState *m, const Tessera__AdvertBod
         if (b->training && n > 0 && (size_t)n < sizeof expert &&
             (m->status == TESSERA__MEMBER_STATUS__MEMBER_ALIVE ||
              m->status == TESSERA__MEMBER_STATUS__MEMBER_SUSPECT)) /* a gone node trains nothing */
-            n += snprintf(expert + n, sizeof expert - (size_t)n,
-                          " training %llu/%llu%s", (unsigned long long)b->training->step,
+            n += snprintf(expert + n, sizeof expert - (size_t)n, " training %llu/%llu%s",
+                          (unsigned long long)b->training->step,
                           (unsigned long long)b->training->steps,
                           ts_advert_trained(b) ? "" : " (not used by default)");
         if (b->has_relay_id && n > 0 && (size_t)n < sizeof expert) {
@@ -124,8 +124,8 @@ static void print_status(const Tessera__StatusResponse *r, const ts_status_adver
                              : -1.0;
         if (left_ms >= 0.0 && left_ms < 1e15) /* from the network: bounded before converting */
             age((uint64_t)left_ms, left, sizeof left);
-        printf("this node trains cluster %u of partition %s: step %llu of %llu (%.1f%%)", t->cluster,
-               part, (unsigned long long)t->step, (unsigned long long)t->steps,
+        printf("this node trains cluster %u of partition %s: step %llu of %llu (%.1f%%)",
+               t->cluster, part, (unsigned long long)t->step, (unsigned long long)t->steps,
                t->steps ? 100.0 * (double)t->step / (double)t->steps : 0.0);
         if (t->has_loss)
             printf(", loss %.4f", (double)t->loss);
@@ -242,8 +242,7 @@ static int from_rundir(const char *dir, char *peer, size_t peer_len, char *nk, s
                        char *err, size_t errlen) {
     snprintf(nk, nk_len, "%s/network.key", dir);
     if (access(nk, R_OK) != 0) {
-        snprintf(err, errlen, "--dir %s: no network.key there (is it a `tessera up` folder?)",
-                 dir);
+        snprintf(err, errlen, "--dir %s: no network.key there (is it a `tessera up` folder?)", dir);
         return 1;
     }
     if (ts_cli_up_live_addr(dir, peer, peer_len) == 0)
@@ -278,8 +277,8 @@ int ts_cmd_status(int argc, char **argv) {
         "[options]\nexample: tessera status --dir tessera-net --watch";
     int pr = ts_args_parse("tessera status", summary, args, (int)(sizeof args / sizeof args[0]),
                            argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     char dir_peer[128], dir_nk[4200], err[4400];
     if (dir && (peer || nk_path)) {
         fprintf(stderr, "tessera status: --dir names the node and the key: no --peer or "

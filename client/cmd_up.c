@@ -596,8 +596,9 @@ static int restart_dead(const char *rundir_arg, int timeout_s) {
         unlink(path);
         pid_t pid = set_bootstrap(rundir, i, via) == 0 ? spawn(daemon, rundir, i) : -1;
         if (pid <= 0 || wait_listening(rundir, i, pid, deadline, addr, sizeof addr) != 0) {
-            fprintf(stderr, "tessera up: node %d did not start again: see %s/node-%d/tesserad.log\n",
-                    i, rundir, i);
+            fprintf(stderr,
+                    "tessera up: node %d did not start again: see %s/node-%d/tesserad.log\n", i,
+                    rundir, i);
             failed = 1;
             continue;
         }
@@ -645,8 +646,8 @@ int ts_cmd_up(int argc, char **argv) {
                           "example: tessera up --nodes 4 --experts experts/demo --dir tessera-net";
     int pr =
         ts_args_parse("tessera up", summary, args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     if (restart)
         return restart_dead(rundir, timeout_s);
     return up(rundir, experts, nodes, timeout_s, no_experts, json, &so);
@@ -667,8 +668,8 @@ int ts_cmd_down(int argc, char **argv) {
                           "example: tessera down --dir tessera-net";
     int pr = ts_args_parse("tessera down", summary, args, (int)(sizeof args / sizeof args[0]), argc,
                            argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     char path[PATHLEN], dead[512] = "";
     pathf(path, "%s/network.key", rundir);
     if (!ts_file_exists(path)) {
@@ -685,14 +686,14 @@ int ts_cmd_down(int argc, char **argv) {
             n_dead++;
             json_array_append_new(gone, json_integer(i));
             if (used < sizeof dead)
-                used += (size_t)snprintf(dead + used, sizeof dead - used, "%s%d", used ? ", " : "",
-                                         i);
+                used +=
+                    (size_t)snprintf(dead + used, sizeof dead - used, "%s%d", used ? ", " : "", i);
         }
     }
     int n = stop_all(rundir, timeout_s, 0);
     if (json) {
-        ts_json_print(json_pack("{s:s, s:i, s:o}", "dir", rundir, "stopped", n, "already_stopped",
-                                gone));
+        ts_json_print(
+            json_pack("{s:s, s:i, s:o}", "dir", rundir, "stopped", n, "already_stopped", gone));
         return 0;
     }
     json_decref(gone);
