@@ -33,6 +33,7 @@
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
+#include "client/tesserad_path.h"
 #include "net/conn.h"
 #include "net/keys.h"
 
@@ -95,7 +96,7 @@ static int write_config(const join_opts_t *o, const char *abs, const ts_netfile_
     if (rc != TS_OK || !o->systemd)
         return rc;
     char unit[4 * PATH_MAX + 1024], found[PATH_MAX], tesserad[PATH_MAX];
-    ts_cli_find_tesserad(found, sizeof found);
+    ts_tesserad_path(found, sizeof found);
     if (!realpath(found, tesserad)) /* not found here: the unit names the usual install path */
         snprintf(tesserad, sizeof tesserad, "/usr/local/bin/tesserad");
     /* the node runs as whoever joined (who owns its keys), never as root by default */

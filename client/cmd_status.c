@@ -31,6 +31,7 @@
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
+#include "client/updir.h"
 #include "net/netclient.h"
 #include "net/frame.h"
 #include "net/gossip.h"
@@ -245,7 +246,7 @@ static int from_rundir(const char *dir, char *peer, size_t peer_len, char *nk, s
         snprintf(err, errlen, "--dir %s: no network.key there (is it a `tessera up` folder?)", dir);
         return 1;
     }
-    if (ts_cli_up_live_addr(dir, peer, peer_len) == 0)
+    if (ts_updir_live_addr(dir, peer, peer_len) == 0)
         return 0;
     snprintf(err, errlen, "--dir %s: no node of it is running (`tessera up --dir %s` starts them)",
              dir, dir);
