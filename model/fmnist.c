@@ -1,5 +1,5 @@
 /*
- * fmnist.c — the Fashion-MNIST IDX reader, dataset subsets and shard files (model/fmnist.h).
+ * fmnist.c — the Fashion-MNIST IDX reader and writer, and shard files (model/fmnist.h).
  *
  * Reading goes through zlib's gz* functions, which read a gzip file and an uncompressed one alike
  * (an uncompressed file is passed through as it is). A split is read in a fixed order: both
@@ -205,14 +205,6 @@ static int idx_body(idx_file_t *f, const char *what, size_t len, unsigned char *
 
 /* ---- loading a split ------------------------------------------------------------------- */
 
-void ts_dataset_free(ts_dataset_t *ds) {
-    if (!ds)
-        return;
-    free(ds->images);
-    free(ds->labels);
-    memset(ds, 0, sizeof *ds);
-}
-
 /* A file-name prefix: "train", "t10k" for "test", or any other name made of letters, digits and
  * "+._-" (the files `ts_idx_write` makes); NULL for anything else. */
 static const char *split_prefix(const char *split) {
@@ -393,43 +385,6 @@ int ts_fmnist_load_labels(const char *dir, const char *split, int32_t **labels, 
         *n = (int)ldims[0];
     idx_close(&lab);
     return rc;
-}
-
-/* ---- subsets --------------------------------------------------------------------------- */
-
-int ts_dataset_subset(const ts_dataset_t *src, const int32_t *idx, int n, ts_dataset_t *dst) {
-    if (!dst)
-        return TS_EINVAL;
-    if (dst == src) /* zeroing dst would destroy src */
-        return TS_EINVAL;
-    memset(dst, 0, sizeof *dst);
-    if (!src || n < 0 || (n > 0 && !idx) || src->n < 0 || src->channels < 1 || src->height < 1 ||
-        src->width < 1 || (src->n > 0 && (!src->images || !src->labels)))
-        return TS_EINVAL;
-    for (int i = 0; i < n; i++)
-        if (idx[i] < 0 || idx[i] >= src->n)
-            return TS_ERANGE;
-
-    size_t item = (size_t)src->channels * (size_t)src->height * (size_t)src->width;
-    if (n > 0) {
-        dst->images = malloc((size_t)n * item * sizeof *dst->images);
-        dst->labels = malloc((size_t)n * sizeof *dst->labels);
-        if (!dst->images || !dst->labels) {
-            ts_dataset_free(dst);
-            return TS_ENOMEM;
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        memcpy(dst->images + (size_t)i * item, src->images + (size_t)idx[i] * item,
-               item * sizeof *dst->images);
-        dst->labels[i] = src->labels[idx[i]];
-    }
-    dst->n = n;
-    dst->channels = src->channels;
-    dst->height = src->height;
-    dst->width = src->width;
-    dst->num_classes = src->num_classes;
-    return TS_OK;
 }
 
 /* ---- shard files ----------------------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /*
- * fmnist.h — the Fashion-MNIST reader (any MNIST-format IDX pair), dataset subsets and shard files.
+ * fmnist.h — the Fashion-MNIST reader (any MNIST-format IDX pair) into a ts_dataset_t
+ * (model/dataset.h), and shard files.
  *
  * Data: the Debian package dataset-fashion-mnist installs the four IDX files under
  * TS_FMNIST_DEFAULT_DIR: {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (60000 train and 10000
@@ -31,6 +32,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "model/dataset.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,12 +58,6 @@ int ts_fmnist_class_parse(const char *name);
     "0 t-shirt/top, 1 trouser, 2 pullover, 3 dress, 4 coat, 5 sandal, 6 shirt, 7 sneaker, 8 bag, " \
     "9 ankle boot"
 
-typedef struct ts_dataset {
-    int n, channels, height, width, num_classes;
-    float *images; /* (n, channels, height, width), pixel p stored as p / 127.5 − 1 in [−1, 1] */
-    int32_t *labels; /* (n), each in [0, num_classes) */
-} ts_dataset_t;
-
 /* Loads one split. dir: the folder holding the IDX files (NULL = TS_FMNIST_DEFAULT_DIR); split:
  * "train" (file prefix "train") or "test" (prefix "t10k"; "t10k" is accepted too), or any other
  * file prefix of letters, digits and "+._-" (e.g. the samples `ts_idx_write` saved). For each file
@@ -83,16 +79,6 @@ int ts_idx_load_files(const char *images, const char *labels, ts_dataset_t *ds, 
  * needs no pixels (the class prior): *labels malloc'ed, *n of them. Errors as ts_fmnist_load. */
 int ts_fmnist_load_labels(const char *dir, const char *split, int32_t **labels, int *n, char *err,
                           size_t errlen);
-
-/* Copies the items src[idx[0]], ..., src[idx[n−1]] (in that order; repeats allowed) into a new
- * dataset *dst with src's shape and num_classes. n = 0 gives an empty dataset with NULL buffers.
- * dst must not be src. On success *dst owns its buffers (ts_dataset_free); on failure it is
- * zeroed. Errors: TS_EINVAL (NULL, n < 0, src malformed), TS_ERANGE (an index outside
- * [0, src->n)), TS_ENOMEM. */
-int ts_dataset_subset(const ts_dataset_t *src, const int32_t *idx, int n, ts_dataset_t *dst);
-
-/* Releases the buffers of *ds and zeroes it. NULL-safe; safe on a zeroed dataset. */
-void ts_dataset_free(ts_dataset_t *ds);
 
 /* Reads a shard file into *idx (malloc'ed, in file order; the caller frees it) and its length into
  * *n; an empty shard gives *idx = NULL, *n = 0. Every index must be < limit (limit ≥ 0) and
