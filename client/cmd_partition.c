@@ -27,6 +27,7 @@
 #include "client/commands.h"
 #include "model/classifier.h"
 #include "model/fmnist.h"
+#include "model/shard.h"
 #include "model/partition.h"
 #include "model/png.h"
 #include "model/train.h"

@@ -31,6 +31,7 @@
 #include "model/heldout.h"
 #include "model/dit_io.h"
 #include "model/fmnist.h"
+#include "model/shard.h"
 #include "model/latents.h"
 #include "model/partition.h"
 #include "model/train.h"

@@ -1,6 +1,6 @@
 /*
  * fmnist.h — the Fashion-MNIST reader (any MNIST-format IDX pair) into a ts_dataset_t
- * (model/dataset.h), and shard files.
+ * (model/dataset.h), and the IDX writer. Shard files are model/shard.h's.
  *
  * Data: the Debian package dataset-fashion-mnist installs the four IDX files under
  * TS_FMNIST_DEFAULT_DIR: {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (60000 train and 10000
@@ -14,10 +14,6 @@
  * every label must be < TS_FMNIST_NUM_CLASSES. Every violation is TS_ECORRUPT with a sentence in
  * `err` naming the file. Memory grows with the bytes actually read, so a header that lies about
  * its size fails as truncated instead of asking for gigabytes.
- *
- * A shard file names the subset of the training set one expert learns from (architecture.md §10:
- * the k-means partition). It is text, one non-negative decimal index per line; blank lines and `#`
- * comments (whole-line or after the index) are allowed.
  *
  * What it is not: a data loader with batching or augmentation (the trainer draws batches from a
  * loaded ts_dataset_t), nor a general IDX reader (only 8-bit images and labels).
@@ -80,13 +76,6 @@ int ts_idx_load_files(const char *images, const char *labels, ts_dataset_t *ds, 
 int ts_fmnist_load_labels(const char *dir, const char *split, int32_t **labels, int *n, char *err,
                           size_t errlen);
 
-/* Reads a shard file into *idx (malloc'ed, in file order; the caller frees it) and its length into
- * *n; an empty shard gives *idx = NULL, *n = 0. Every index must be < limit (limit ≥ 0) and
- * appear once. Errors carry "path:line N:" in `err`: TS_EIO (cannot open or read), TS_ECORRUPT
- * (a line that is not an index, a duplicate), TS_ERANGE (an index ≥ limit or beyond INT32_MAX),
- * TS_EINVAL (bad argument), TS_ENOMEM. On failure *idx = NULL and *n = 0. */
-int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err, size_t errlen);
-
 /* Writes n 8-bit images (n, 1, height, width) with values in [−1, 1] (pixel = ⌊(v + 1)·127.5 +
  * 0.5⌋, NaN as −1, the mapping of model/png.c) and their labels (each in [0, 255]) as the IDX pair
  * <dir>/<prefix>-images-idx3-ubyte and <dir>/<prefix>-labels-idx1-ubyte, uncompressed, each
@@ -94,13 +83,6 @@ int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err,
  * Errors: TS_EINVAL, TS_EIO, TS_ENOMEM. */
 int ts_idx_write(const char *dir, const char *prefix, const float *images, const int32_t *labels,
                  int n, int height, int width, char *err, size_t errlen);
-
-/* Writes idx[0..n) as a shard file (a `#` header line, then one index per line), atomically: a
- * temporary file in the same folder is written, flushed to disk and renamed over path, so a
- * reader sees the old file or the whole new one. Indices must be non-negative and distinct
- * (TS_EINVAL otherwise, as ts_shard_read would reject the file). Errors: TS_EINVAL, TS_EIO,
- * TS_ENOMEM. */
-int ts_shard_write(const char *path, const int32_t *idx, int n, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

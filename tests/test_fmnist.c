@@ -1,5 +1,6 @@
 /*
- * test_fmnist.c — the Fashion-MNIST reader, dataset subsets and shard files (model/fmnist.h).
+ * test_fmnist.c — the Fashion-MNIST reader (model/fmnist.h), dataset subsets (model/dataset.h)
+ * and shard files (model/shard.h).
  *
  * Covers: the real Debian files when installed (counts, shapes, the value range, the documented
  * 6000/1000 images per class, the first label of each split); small synthetic IDX files written
@@ -26,6 +27,7 @@
 #include <zlib.h>
 
 #include "model/fmnist.h"
+#include "model/shard.h"
 #include "tests/testutil.h"
 
 /* The checks print err, the sentence the call under test wrote. */
