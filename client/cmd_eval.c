@@ -517,8 +517,8 @@ static int fit_reference(eval_run_t *r) {
 static int save_samples(eval_run_t *r, int i) {
     char prefix[160], path[1400];
     file_prefix(r->e[i].name, prefix, sizeof prefix);
-    int rc = ts_idx_write(r->o.save_dir, prefix, r->images, r->labels, r->o.n, r->S, r->S, r->err,
-                          sizeof r->err);
+    int rc = ts_fmnist_write(r->o.save_dir, prefix, r->images, r->labels, r->o.n, r->S, r->S,
+                             r->err, sizeof r->err);
     snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", r->o.save_dir, prefix);
     if (rc == TS_OK && !(r->sample_paths[i] = strdup(path)))
         rc = TS_ENOMEM;

@@ -124,7 +124,7 @@ int ts_cmd_judge(int argc, char **argv) {
         rc = ts_fmnist_load(o.fmnist_dir, o.ref, &ref, err, sizeof err);
     int64_t r = o.ref_n && o.ref_n < ref.n ? o.ref_n : ref.n;
     for (int e = 0; e < E && rc == TS_OK; e++) {
-        rc = ts_idx_load_files(spath[e], labels[e], &sets[e], err, sizeof err);
+        rc = ts_fmnist_load_files(spath[e], labels[e], &sets[e], err, sizeof err);
         if (rc == TS_OK && (sets[e].height != ref.height || sets[e].width != ref.width)) {
             rc = ts_fail(err, sizeof err, TS_EINVAL, "%s: images of %d×%d, the reference's %d×%d",
                          spath[e], sets[e].height, sets[e].width, ref.height, ref.width);

@@ -203,7 +203,7 @@ static int idx_body(idx_file_t *f, const char *what, size_t len, unsigned char *
 /* ---- loading a split ------------------------------------------------------------------- */
 
 /* A file-name prefix: "train", "t10k" for "test", or any other name made of letters, digits and
- * "+._-" (the files `ts_idx_write` makes); NULL for anything else. */
+ * "+._-" (the files `ts_fmnist_write` makes); NULL for anything else. */
 static const char *split_prefix(const char *split) {
     if (strcmp(split, "train") == 0)
         return "train";
@@ -293,10 +293,10 @@ int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *e
     return load_opened(&img, &lab, rc, ds, err, errlen);
 }
 
-int ts_idx_load_files(const char *images, const char *labels, ts_dataset_t *ds, char *err,
-                      size_t errlen) {
+int ts_fmnist_load_files(const char *images, const char *labels, ts_dataset_t *ds, char *err,
+                         size_t errlen) {
     if (!ds || !images || !labels)
-        return ts_fail(err, errlen, TS_EINVAL, "ts_idx_load_files: a NULL argument");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_fmnist_load_files: a NULL argument");
     memset(ds, 0, sizeof *ds);
     idx_file_t img = {0}, lab = {0};
     int rc = idx_open_path(&img, images, err, errlen);
@@ -416,25 +416,25 @@ static int write_atomic(const char *path, const unsigned char *head, size_t hlen
     return commit(&a, ok, path, err, errlen);
 }
 
-int ts_idx_write(const char *dir, const char *prefix, const float *images, const int32_t *labels,
-                 int n, int height, int width, char *err, size_t errlen) {
+int ts_fmnist_write(const char *dir, const char *prefix, const float *images, const int32_t *labels,
+                    int n, int height, int width, char *err, size_t errlen) {
     if (!dir || !prefix || !images || !labels || n < 1 || n > TS_FMNIST_MAX_N || height < 1 ||
         width < 1 || height > 4096 || width > 4096)
-        return ts_fail(err, errlen, TS_EINVAL, "ts_idx_write: bad arguments");
+        return ts_fail(err, errlen, TS_EINVAL, "ts_fmnist_write: bad arguments");
     if (!split_prefix(prefix) || strcmp(split_prefix(prefix), prefix) != 0)
         return ts_fail(err, errlen, TS_EINVAL,
-                       "ts_idx_write: \"%s\" is not a file prefix (letters, digits and +._-)",
+                       "ts_fmnist_write: \"%s\" is not a file prefix (letters, digits and +._-)",
                        prefix);
     for (int i = 0; i < n; i++)
         if (labels[i] < 0 || labels[i] > 255)
             return ts_fail(err, errlen, TS_EINVAL,
-                           "ts_idx_write: label %d of item %d is not a byte", (int)labels[i], i);
+                           "ts_fmnist_write: label %d of item %d is not a byte", (int)labels[i], i);
     size_t npix = (size_t)n * (size_t)height * (size_t)width;
     unsigned char *pix = malloc(npix), *lab = malloc((size_t)n);
     if (!pix || !lab) {
         free(pix);
         free(lab);
-        return ts_fail(err, errlen, TS_ENOMEM, "ts_idx_write: out of memory for %d images", n);
+        return ts_fail(err, errlen, TS_ENOMEM, "ts_fmnist_write: out of memory for %d images", n);
     }
     for (size_t i = 0; i < npix; i++) {
         float v = images[i];

@@ -56,7 +56,7 @@ int ts_fmnist_class_parse(const char *name);
 
 /* Loads one split. dir: the folder holding the IDX files (NULL = TS_FMNIST_DEFAULT_DIR); split:
  * "train" (file prefix "train") or "test" (prefix "t10k"; "t10k" is accepted too), or any other
- * file prefix of letters, digits and "+._-" (e.g. the samples `ts_idx_write` saved). For each file
+ * file prefix of letters, digits and "+._-" (e.g. the samples `ts_fmnist_write` saved). For each file
  * <dir>/<prefix>-images-idx3-ubyte.gz is read if it exists, else the uncompressed file of the
  * same name without ".gz". The result has channels = 1 and num_classes = TS_FMNIST_NUM_CLASSES.
  * On success *ds owns malloc'ed images and labels (release with ts_dataset_free); on failure *ds
@@ -68,8 +68,8 @@ int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *e
 /* As ts_fmnist_load, from an IDX pair at any two paths (gzip'ed or not), e.g. the samples a run
  * saved and compressed: "best-ensemble.idx.gz" and "best-ensemble-labels.idx.gz". A missing file
  * is TS_ENOTFOUND. */
-int ts_idx_load_files(const char *images, const char *labels, ts_dataset_t *ds, char *err,
-                      size_t errlen);
+int ts_fmnist_load_files(const char *images, const char *labels, ts_dataset_t *ds, char *err,
+                         size_t errlen);
 
 /* The labels of one split alone (the labels file, checked as ts_fmnist_load checks it), for what
  * needs no pixels (the class prior): *labels malloc'ed, *n of them. Errors as ts_fmnist_load. */
@@ -81,8 +81,8 @@ int ts_fmnist_load_labels(const char *dir, const char *split, int32_t **labels, 
  * <dir>/<prefix>-images-idx3-ubyte and <dir>/<prefix>-labels-idx1-ubyte, uncompressed, each
  * atomically; ts_fmnist_load(dir, prefix) reads them back. prefix: letters, digits and "+._-".
  * Errors: TS_EINVAL, TS_EIO, TS_ENOMEM. */
-int ts_idx_write(const char *dir, const char *prefix, const float *images, const int32_t *labels,
-                 int n, int height, int width, char *err, size_t errlen);
+int ts_fmnist_write(const char *dir, const char *prefix, const float *images, const int32_t *labels,
+                    int n, int height, int width, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

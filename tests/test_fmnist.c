@@ -7,7 +7,7 @@
  * to a fresh temporary folder, gzip'ed and uncompressed, including every way the reader must
  * refuse a file (wrong magic, truncated header or pixels, a header that claims far more data than
  * the file holds, count mismatch, trailing bytes, label out of range, dimensions out of range,
- * corrupt gzip, missing file); ts_dataset_subset; ts_idx_write read back.
+ * corrupt gzip, missing file); ts_dataset_subset; ts_fmnist_write read back.
  *
  * The real-data tests skip when dataset-fashion-mnist is not installed.
  */
@@ -475,7 +475,7 @@ static void test_subset(void **state) {
     ts_dataset_free(&ds);
 }
 
-/* ts_idx_write then ts_fmnist_load: the PNG quantisation of the images, the labels, the shape. */
+/* ts_fmnist_write then ts_fmnist_load: the PNG quantisation of the images, the labels, the shape. */
 static void test_idx_write_round_trip(void **state) {
     (void)state;
     enum { N = 37, H = 5, W = 3 };
@@ -486,7 +486,8 @@ static void test_idx_write_round_trip(void **state) {
     img[4] = NAN;
     for (int i = 0; i < N; i++)
         lab[i] = (i * 3) % 10;
-    CHECK_OK(ts_idx_write(tu_temp_dir(), "learned+prior_top1", img, lab, N, H, W, err, sizeof err));
+    CHECK_OK(
+        ts_fmnist_write(tu_temp_dir(), "learned+prior_top1", img, lab, N, H, W, err, sizeof err));
     ts_dataset_t ds;
     CHECK_OK(ts_fmnist_load(tu_temp_dir(), "learned+prior_top1", &ds, err, sizeof err));
     assert_int_equal(ds.n, N);
@@ -501,11 +502,12 @@ static void test_idx_write_round_trip(void **state) {
     }
     ts_dataset_free(&ds);
     /* refusals: a prefix with a slash, a label that is not a byte */
-    CHECK_RC(ts_idx_write(tu_temp_dir(), "../x", img, lab, N, H, W, err, sizeof err), TS_EINVAL);
+    CHECK_RC(ts_fmnist_write(tu_temp_dir(), "../x", img, lab, N, H, W, err, sizeof err), TS_EINVAL);
     lab[3] = 300;
-    CHECK_RC(ts_idx_write(tu_temp_dir(), "x", img, lab, N, H, W, err, sizeof err), TS_EINVAL);
-    CHECK_RC(ts_idx_write("/nonexistent-dir", "x", img, (int32_t[N]){0}, N, H, W, err, sizeof err),
-             TS_EIO);
+    CHECK_RC(ts_fmnist_write(tu_temp_dir(), "x", img, lab, N, H, W, err, sizeof err), TS_EINVAL);
+    CHECK_RC(
+        ts_fmnist_write("/nonexistent-dir", "x", img, (int32_t[N]){0}, N, H, W, err, sizeof err),
+        TS_EIO);
 }
 
 #define DIR_TEST(f) cmocka_unit_test_setup_teardown(f, setup_dir, tu_teardown_temp_dir)
