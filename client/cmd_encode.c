@@ -23,6 +23,7 @@
 #include "base/clock.h"
 #include "base/str.h"
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "client/local.h"

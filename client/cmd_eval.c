@@ -66,6 +66,7 @@
 #include <unistd.h>
 
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/commands.h"
 #include "client/eval_internal.h"
 #include "client/judges.h"

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/commands.h"
 #include "client/local.h"
 #include "client/netgen.h"

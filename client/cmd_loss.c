@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "client/local.h"

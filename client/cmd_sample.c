@@ -16,6 +16,7 @@
 
 #include "base/clock.h"
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/local.h"
 #include "client/commands.h"
 #include "client/jsonout.h"

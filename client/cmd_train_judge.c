@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "base/str.h"
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/commands.h"
 #include "client/judges.h"
 #include "client/jsonout.h"

@@ -111,17 +111,6 @@ int ts_cli_judge_features(ts_cli_judge_t *j, ts_engine_t *e, const float *images
     return rc;
 }
 
-int ts_cli_split_list(char *s, const char **out, int max) {
-    int n = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n == max)
-            return -1;
-        out[n++] = tok;
-    }
-    return n;
-}
-
 static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 static json_t *pair(double lo, double hi) { return json_pack("[o, o]", jnum(lo), jnum(hi)); }
