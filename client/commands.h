@@ -27,5 +27,7 @@ int ts_cmd_down(int argc, char **argv);
 int ts_cmd_network(int argc, char **argv);
 int ts_cmd_join(int argc, char **argv);
 int ts_cmd_pull(int argc, char **argv);
+/* 0 every check passed, 1 a check failed or could not run, 2 bad usage. */
+int ts_cmd_selfcheck(int argc, char **argv);
 
 #endif

@@ -2,8 +2,8 @@
  * main.c — the `tessera` command: parses the verb and hands over to it.
  *
  * Verbs: the table `verbs` below — its rows dispatch and make the usage text: the cmd_*.c verbs
- * (client/), `selfcheck` (client/selfcheck.c) and `bench gemm` (kernels/gemm_bench.c, shared
- * with the bench_gemm program). Every verb takes --help; an unknown verb or option exits 2 with a
+ * (client/, commands.h) and `bench gemm` (kernels/gemm_bench.c, shared with the bench_gemm
+ * program). Every verb takes --help; an unknown verb or option exits 2 with a
  * message naming it, a failed run exits 1.
  */
 #include <signal.h>
@@ -12,7 +12,6 @@
 
 #include "kernels/gemm_bench.h"
 #include "client/commands.h"
-#include "client/selfcheck.h"
 #include "kernels/engine.h"
 
 #ifndef TS_VERSION
@@ -88,7 +87,7 @@ static const verb_t verbs[] = {
     {"join", ts_cmd_join, "make this machine a node of a network from its file (mode auto)", NULL},
     {"pull", ts_cmd_pull, "experts' weights from the network into the store (verified, resumable)",
      NULL},
-    {"selfcheck", ts_cli_selfcheck,
+    {"selfcheck", ts_cmd_selfcheck,
      "check the compute kernels against naive references (and a CUDA\ndevice against the CPU, "
      "when one is present)",
      NULL},

@@ -1,5 +1,5 @@
 /*
- * selfcheck.c — `tessera selfcheck`: is the compute layer right on this machine?
+ * cmd_selfcheck.c — `tessera selfcheck`: is the compute layer right on this machine?
  *
  * Runs the forward ops of kernels/ops.h on a CPU engine, on random inputs of DiT-like sizes, and
  * compares each output with the naive double-precision loops of kernels/ref.h; checks the
@@ -17,7 +17,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "client/selfcheck.h"
+#include "client/commands.h"
 
 #include <errno.h>
 #include <math.h>
@@ -822,7 +822,7 @@ static void sc_free(sc_run_t *r) {
     ts_engine_free(&r->cpu);
 }
 
-int ts_cli_selfcheck(int argc, char **argv) {
+int ts_cmd_selfcheck(int argc, char **argv) {
     sc_run_t r;
     memset(&r, 0, sizeof r);
     int pr = parse_opts(argc, argv, &r.o);
