@@ -1,7 +1,7 @@
 /*
  * cmd_train_classifier.c — `tessera train-classifier`: the evaluation classifier, a DiT trunk
  * (model/classifier.h) trained with cross-entropy on clean Fashion-MNIST images → the 10
- * labels. At the end it reports the accuracy on the 10k test split (the issue asks ≥ 90 %); its
+ * labels. At the end it reports the accuracy on the 10k test split (the target: ≥ 90 %); its
  * features are the evaluation space of the Fréchet distance. What it shares with train-router
  * and calibrate is in classify.h.
  */
