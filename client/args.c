@@ -9,7 +9,7 @@
 #include "base/error.h"
 #include "kernels/engine.h"
 
-#define HELP_COL 29   /* where an option's help starts */
+#define HELP_COL 29    /* where an option's help starts */
 #define HELP_WIDTH 100 /* the line it wraps at */
 
 /* text wrapped at HELP_WIDTH, its first line starting at column col (already there) and the
@@ -163,7 +163,7 @@ int ts_args_parse(const char *prog, const char *summary, ts_arg_t *args, int n, 
         const char *s = argv[i];
         if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
             ts_args_usage(stdout, prog, summary, args, n);
-            return 1;
+            return 0;
         }
         if (strncmp(s, "--", 2) != 0) {
             fprintf(stderr, "%s: unexpected argument '%s' (see %s --help)\n", prog, s, prog);
@@ -203,7 +203,7 @@ int ts_args_parse(const char *prog, const char *summary, ts_arg_t *args, int n, 
             fprintf(stderr, "%s: --%s is required (see %s --help)\n", prog, args[k].name, prog);
             return 2;
         }
-    return 0;
+    return TS_ARGS_RUN;
 }
 
 int ts_arg_seen(const ts_arg_t *args, int n, const char *name) {

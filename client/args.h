@@ -34,8 +34,13 @@ typedef struct ts_arg {
     int seen; /* set by the parser */
 } ts_arg_t;
 
-/* Parses argv[1..argc) against the table (n entries). Returns 0 on success, 1 when --help was
- * printed (the caller exits 0), or 2 after printing an error naming the option (exit 2). */
+/* What ts_args_parse returns when every option was read and the verb goes on to run. */
+#define TS_ARGS_RUN (-1)
+
+/* Parses argv[1..argc) against the table (n entries). Returns TS_ARGS_RUN when the verb goes on,
+ * else the process exit code, its reason already printed: 0 after --help (the verb's help on
+ * stdout), 2 after a usage error (a message naming the option on stderr). A verb returns that
+ * code as it is: `if (pr != TS_ARGS_RUN) return pr;`. */
 int ts_args_parse(const char *prog, const char *summary, ts_arg_t *args, int n, int argc,
                   char **argv);
 /* Whether the option name was given (after ts_args_parse). */

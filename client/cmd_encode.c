@@ -23,6 +23,7 @@
 #include "base/clock.h"
 #include "base/str.h"
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "client/local.h"
@@ -160,8 +161,8 @@ int ts_cmd_encode(int argc, char **argv) {
                       "DIR/labels.txt (\"NAME LABEL\" lines) when it exists.\nexample: tessera "
                       "encode images/ --vae sd-vae-ft-mse.safetensors --out latents.safetensors",
                       args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     if (!o.dir) {
         fprintf(stderr, PROG ": which folder? usage: " PROG " DIR --vae FILE --out FILE\n");
         return 2;

@@ -66,6 +66,7 @@
 #include <unistd.h>
 
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/commands.h"
 #include "client/eval_internal.h"
 #include "client/judges.h"
@@ -239,7 +240,7 @@ typedef struct {
     char err[1024];
 } eval_run_t;
 
-/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+/* The options from the command line: TS_ARGS_RUN, or the exit code (ts_args_parse). */
 static int parse_opts(int argc, char **argv, eval_opts_t *o) {
     *o = (eval_opts_t){.policies = DEFAULT_POLICIES,
                        .sampler = "heun",
@@ -517,8 +518,8 @@ static int fit_reference(eval_run_t *r) {
 static int save_samples(eval_run_t *r, int i) {
     char prefix[160], path[1400];
     file_prefix(r->e[i].name, prefix, sizeof prefix);
-    int rc = ts_idx_write(r->o.save_dir, prefix, r->images, r->labels, r->o.n, r->S, r->S, r->err,
-                          sizeof r->err);
+    int rc = ts_fmnist_write(r->o.save_dir, prefix, r->images, r->labels, r->o.n, r->S, r->S,
+                             r->err, sizeof r->err);
     snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", r->o.save_dir, prefix);
     if (rc == TS_OK && !(r->sample_paths[i] = strdup(path)))
         rc = TS_ENOMEM;
@@ -737,9 +738,9 @@ int ts_cmd_eval(int argc, char **argv) {
     if (!r)
         return 1;
     int pr = parse_opts(argc, argv, &r->o);
-    if (pr) {
+    if (pr != TS_ARGS_RUN) {
         free(r);
-        return pr == 1 ? 0 : 2;
+        return pr;
     }
     r->e = calloc(MAX_ENTRIES, sizeof *r->e);
     r->mono_copy = r->o.monolith ? strdup(r->o.monolith) : NULL;

@@ -52,7 +52,7 @@ typedef struct {
     char err[512];
 } fwd_run_t;
 
-/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+/* The options from the command line: TS_ARGS_RUN, or the exit code (ts_args_parse). */
 static int parse_opts(int argc, char **argv, fwd_opts_t *o) {
     *o = (fwd_opts_t){0};
     ts_arg_t args[] = {
@@ -63,10 +63,11 @@ static int parse_opts(int argc, char **argv, fwd_opts_t *o) {
         {"json", TS_ARG_FLAG, &o->json, NULL,
          "print one JSON object (out, batch, shape of v, seconds) on stdout"},
     };
-    return ts_args_parse(PROG, "One forward pass of an expert on tensors from a file.\nexample: tessera "
+    return ts_args_parse(PROG,
+                         "One forward pass of an expert on tensors from a file.\nexample: tessera "
                          "forward --weights expert-0.safetensors --inputs x.safetensors --out "
-                         "v.safetensors", args,
-                         (int)(sizeof args / sizeof args[0]), argc, argv);
+                         "v.safetensors",
+                         args, (int)(sizeof args / sizeof args[0]), argc, argv);
 }
 
 /* The input file, then the engine and the model for its batch, then its tensors t and y. */
@@ -148,8 +149,8 @@ static int run(fwd_run_t *r) {
     }
     if (rc == TS_OK && r->o.json)
         ts_json_print(json_pack("{s:s, s:i, s:[i, i, i, i], s:f}", "out", r->o.out, "batch", B,
-                                "shape", B, c->in_channels, c->input_size, c->input_size,
-                                "seconds", secs));
+                                "shape", B, c->in_channels, c->input_size, c->input_size, "seconds",
+                                secs));
     else if (rc == TS_OK)
         fprintf(stderr, "v (%d×%d×%d×%d) → %s in %.3f s\n", B, c->in_channels, c->input_size,
                 c->input_size, r->o.out, secs);
@@ -170,8 +171,8 @@ int ts_cmd_forward(int argc, char **argv) {
     fwd_run_t r;
     memset(&r, 0, sizeof r);
     int pr = parse_opts(argc, argv, &r.o);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     int rc = open_inputs(&r);
     if (rc == TS_OK)
         rc = load_inputs(&r);

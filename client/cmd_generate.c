@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/commands.h"
 #include "client/local.h"
 #include "client/netgen.h"
@@ -335,7 +336,7 @@ typedef struct {
     char err[1024];
 } gen_run_t;
 
-/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+/* The options from the command line: TS_ARGS_RUN, or the exit code (ts_args_parse). */
 static int parse_opts(int argc, char **argv, gen_opts_t *o) {
     *o = (gen_opts_t){.policy_s = "learned",
                       .select_s = "top1",
@@ -864,10 +865,11 @@ int ts_cmd_generate(int argc, char **argv) {
     if (!r)
         return 1;
     int pr = parse_opts(argc, argv, &r->o);
-    int usage = pr ? 0 : validate(r);
-    if (pr || usage) {
+    if (pr == TS_ARGS_RUN && validate(r))
+        pr = 2;
+    if (pr != TS_ARGS_RUN) {
         free(r);
-        return pr == 1 ? 0 : 2;
+        return pr;
     }
     r->prior_used = "none";
     r->chunk = r->o.n < CHUNK ? r->o.n : CHUNK;

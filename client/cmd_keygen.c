@@ -85,7 +85,7 @@ int ts_cmd_keygen(int argc, char **argv) {
                       "or, with --network-key, a network key.\nexample: tessera keygen --out "
                       "node.key\nexample: tessera keygen --network-key --out network.key",
                       args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     return network ? make_network_key(out, json) : make_identity(out, json);
 }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "client/local.h"
@@ -56,11 +57,9 @@ typedef struct {
     char err[1024];
 } loss_run_t;
 
-/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+/* The options from the command line: TS_ARGS_RUN, or the exit code (ts_args_parse). */
 static int parse_opts(int argc, char **argv, loss_opts_t *o) {
-    *o = (loss_opts_t){.grid = TS_HELDOUT_GRID,
-                       .fmnist_dir = TS_FMNIST_DEFAULT_DIR,
-                       .per = 128};
+    *o = (loss_opts_t){.grid = TS_HELDOUT_GRID, .fmnist_dir = TS_FMNIST_DEFAULT_DIR, .per = 128};
     /* clang-format off */
     o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
     ts_arg_t args[] = {
@@ -110,7 +109,8 @@ static int open_models(loss_run_t *r) {
     const loss_opts_t *o = &r->o;
     int rc = ts_cli_engine(&r->eng, &o->device, o->threads, PROG, r->err, sizeof r->err);
     if (rc == TS_OK)
-        rc = ts_local_open(&r->loc, o->dir, &r->eng, TS_HELDOUT_CHUNK, 1, 0, PROG, r->err, sizeof r->err);
+        rc = ts_local_open(&r->loc, o->dir, &r->eng, TS_HELDOUT_CHUNK, 1, 0, PROG, r->err,
+                           sizeof r->err);
     if (rc == TS_OK && !r->loc.has_part) {
         ts_set_err(r->err, sizeof r->err,
                    "%s has no partition.safetensors: the clusters are needed", o->dir);
@@ -138,8 +138,8 @@ static int pick_images(loss_run_t *r) {
     r->count = calloc((size_t)K, sizeof *r->count);
     if (!r->cluster || !r->idx || !r->loss || !r->count)
         return TS_ENOMEM;
-    int rc = ts_heldout_init(&r->h, &r->eng, test, r->tgrid, r->T, r->o.seed, r->err,
-                             sizeof r->err);
+    int rc =
+        ts_heldout_init(&r->h, &r->eng, test, r->tgrid, r->T, r->o.seed, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_heldout_assign(&r->loc.part, test, r->cluster);
     for (int k = 0; k < K && rc == TS_OK; k++)
@@ -255,9 +255,11 @@ int ts_cmd_loss(int argc, char **argv) {
     loss_run_t *r = calloc(1, sizeof *r);
     if (!r)
         return 1;
-    int pr = parse_opts(argc, argv, &r->o);
-    int code = pr == 1 ? 0 : pr ? 2 : validate(r);
-    if (!pr && code == 0) {
+    int code = parse_opts(argc, argv, &r->o);
+    int go = code == TS_ARGS_RUN;
+    if (go)
+        code = validate(r);
+    if (go && code == 0) {
         int rc = open_models(r);
         if (rc == TS_OK)
             rc = pick_images(r);

@@ -27,13 +27,13 @@
 #include "client/commands.h"
 #include "model/classifier.h"
 #include "model/fmnist.h"
+#include "model/shard.h"
 #include "model/partition.h"
 #include "model/png.h"
 #include "model/train.h"
 
 #define PROG "tessera partition"
 #define EXAMPLES 10 /* images per cluster in clusters.png */
-
 
 typedef struct {
     double t0;
@@ -130,14 +130,18 @@ static void print_table(const ts_partition_t *p, const int64_t *mix, const char 
     printf("; inertia %.6g; %.1f s\n\n", p->inertia, secs);
     printf("%7s %7s %7s", "cluster", "images", "share");
     for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
-        printf("  %*s", (int)(strlen(ts_fmnist_class_name(c)) > 6 ? strlen(ts_fmnist_class_name(c)) : 6),
+        printf("  %*s",
+               (int)(strlen(ts_fmnist_class_name(c)) > 6 ? strlen(ts_fmnist_class_name(c)) : 6),
                ts_fmnist_class_name(c));
     printf("\n");
     for (int k = 0; k < p->K; k++) {
         printf("%7d %7d %6.1f%%", k, p->sizes[k], 100.0 * p->sizes[k] / (double)p->n);
         for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
-            printf("  %*.1f%%", (int)(strlen(ts_fmnist_class_name(c)) > 6 ? strlen(ts_fmnist_class_name(c)) : 6) - 1,
-                   100.0 * (double)mix[(size_t)k * TS_FMNIST_NUM_CLASSES + c] / p->sizes[k]);
+            printf(
+                "  %*.1f%%",
+                (int)(strlen(ts_fmnist_class_name(c)) > 6 ? strlen(ts_fmnist_class_name(c)) : 6) -
+                    1,
+                100.0 * (double)mix[(size_t)k * TS_FMNIST_NUM_CLASSES + c] / p->sizes[k]);
         printf("\n");
     }
     printf("\n(class columns: the share of each cluster's images in each class)\n");
@@ -349,7 +353,7 @@ typedef struct {
     char err[1024];
 } part_run_t;
 
-/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+/* The options from the command line: TS_ARGS_RUN, or the exit code (ts_args_parse). */
 static int parse_opts(int argc, char **argv, part_opts_t *o) {
     *o = (part_opts_t){.data = TS_FMNIST_DEFAULT_DIR,
                        .embed = "pca64",
@@ -385,10 +389,10 @@ static int parse_opts(int argc, char **argv, part_opts_t *o) {
         {"json", TS_ARG_FLAG, &o->json, NULL, "print the result as one JSON object on stdout"},
     };
     int n = (int)(sizeof args / sizeof args[0]);
-    int pr =
-        ts_args_parse(PROG, "Cluster the Fashion-MNIST train set into K shards (PCA + k-means++).\n"
-                      "example: tessera partition --experts 4 --out experts",
-                      args, n, argc, argv);
+    int pr = ts_args_parse(PROG,
+                           "Cluster the Fashion-MNIST train set into K shards (PCA + k-means++).\n"
+                           "example: tessera partition --experts 4 --out experts",
+                           args, n, argc, argv);
     o->embed_set = ts_arg_seen(args, n, "embed");
     o->dims_set = ts_arg_seen(args, n, "dims");
     return pr;
@@ -533,13 +537,15 @@ int ts_cmd_partition(int argc, char **argv) {
     part_run_t *r = calloc(1, sizeof *r);
     if (!r)
         return 1;
-    int pr = parse_opts(argc, argv, &r->o);
-    int code = pr == 1 ? 0 : pr ? 2 : validate(&r->o);
-    if (!pr && code == 0) {
+    int code = parse_opts(argc, argv, &r->o);
+    int go = code == TS_ARGS_RUN;
+    if (go)
+        code = validate(&r->o);
+    if (go && code == 0) {
         r->prog.t0 = ts_now_s();
         code = open_data(r);
     }
-    if (!pr && code == 0) {
+    if (go && code == 0) {
         int rc = run(r);
         if (rc != TS_OK)
             code = ts_args_fail(PROG, r->err, rc);

@@ -159,8 +159,8 @@ int ts_cmd_ping(int argc, char **argv) {
         argv++;
     }
     int pr = ts_args_parse("tessera ping", summary, args, n, argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     if (!addr) {
         fprintf(stderr,
                 "tessera ping: which node? usage: tessera ping HOST:PORT --network-key FILE\n");

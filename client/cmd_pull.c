@@ -76,8 +76,8 @@ typedef struct {
     char err[1024], dir[1024];
 } pull_run_t;
 
-/* The operand WEIGHTS (when it comes first), then the options: 0, 1 (--help was shown) or 2 (a
- * usage error). */
+/* The operand WEIGHTS (when it comes first), then the options: TS_ARGS_RUN, or the exit code
+ * (ts_args_parse). */
 static int parse_opts(int argc, char **argv, pull_opts_t *o) {
     *o = (pull_opts_t){.timeout_ms = 30000};
     ts_arg_t args[] = {
@@ -215,8 +215,8 @@ int ts_cmd_pull(int argc, char **argv) {
     pull_run_t r;
     memset(&r, 0, sizeof r);
     int pr = parse_opts(argc, argv, &r.o);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     if (validate(&r.o))
         return 2;
     int code = open_client(&r);

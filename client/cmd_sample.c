@@ -16,6 +16,7 @@
 
 #include "base/clock.h"
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/local.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
@@ -106,7 +107,7 @@ typedef struct {
     char err[512];
 } sample_run_t;
 
-/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+/* The options from the command line: TS_ARGS_RUN, or the exit code (ts_args_parse). */
 static int parse_opts(int argc, char **argv, sample_opts_t *o) {
     *o = (sample_opts_t){.sampler = "heun", .n = 64, .steps = 30, .cfg = 1.0f};
     o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
@@ -286,8 +287,8 @@ int ts_cmd_sample(int argc, char **argv) {
     sample_run_t r;
     memset(&r, 0, sizeof r);
     int pr = parse_opts(argc, argv, &r.o);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     int code = validate(&r);
     if (code == 0)
         code = open_model(&r);

@@ -31,6 +31,7 @@
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
+#include "client/updir.h"
 #include "net/netclient.h"
 #include "net/frame.h"
 #include "net/gossip.h"
@@ -252,7 +253,7 @@ static int from_rundir(const char *dir, char *peer, size_t peer_len, char *nk, s
         snprintf(err, errlen, "--dir %s: no network.key there (is it a `tessera up` folder?)", dir);
         return 1;
     }
-    if (ts_cli_up_live_addr(dir, peer, peer_len) == 0)
+    if (ts_updir_live_addr(dir, peer, peer_len) == 0)
         return 0;
     snprintf(err, errlen, "--dir %s: no node of it is running (`tessera up --dir %s` starts them)",
              dir, dir);
@@ -284,8 +285,8 @@ int ts_cmd_status(int argc, char **argv) {
         "[options]\nexample: tessera status --dir tessera-net --watch";
     int pr = ts_args_parse("tessera status", summary, args, (int)(sizeof args / sizeof args[0]),
                            argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     char dir_peer[128], dir_nk[4200], err[4400];
     if (dir && (peer || nk_path)) {
         fprintf(stderr, "tessera status: --dir names the node and the key: no --peer or "

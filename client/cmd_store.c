@@ -538,8 +538,8 @@ static int pick_operands(cli_t *c, const ts_arg_t *args, int n_args, int argc, c
     return 0;
 }
 
-/* The operands, then the options, of the sub-verb c->verb: -1 when the run goes on, else the exit
- * code (0 after --help, 1 out of memory, 2 after a usage error). */
+/* The operands, then the options, of the sub-verb c->verb: TS_ARGS_RUN when the run goes on, else
+ * the exit code (0 after --help, 1 out of memory, 2 after a usage error). */
 static int parse_cli(cli_t *c, int argc, char **argv) {
     ts_arg_t args[6];
     int n_args = verb_options(c, args);
@@ -548,9 +548,9 @@ static int parse_cli(cli_t *c, int argc, char **argv) {
         return 1;
     int n_rest = 0;
     int help = pick_operands(c, args, n_args, argc, argv, rest, &n_rest);
-    int pr = help ? 1 : ts_args_parse(c->prog, c->verb->summary, args, n_args, n_rest, rest);
+    int pr = help ? 0 : ts_args_parse(c->prog, c->verb->summary, args, n_args, n_rest, rest);
     free(rest);
-    return pr == 0 ? -1 : pr == 1 ? 0 : 2;
+    return pr;
 }
 
 /* The number of operands and --budget: 0, or 2 with the message printed. */
@@ -587,7 +587,7 @@ int ts_cmd_store(int argc, char **argv) {
     }
     snprintf(c.prog, sizeof c.prog, "tessera store %s", c.verb->name);
     int code = parse_cli(&c, argc, argv);
-    if (code >= 0)
+    if (code != TS_ARGS_RUN)
         return code;
     if (validate(&c))
         return 2;

@@ -25,12 +25,14 @@
 
 #include "base/clock.h"
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/local.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "model/heldout.h"
 #include "model/dit_io.h"
 #include "model/fmnist.h"
+#include "model/shard.h"
 #include "model/latents.h"
 #include "model/partition.h"
 #include "model/train.h"
@@ -231,8 +233,8 @@ static int save_outputs(train_run_t *r) {
 
 /* ---- the verb: parse → validate → run → print ---------------------------------------------- */
 
-/* The options from the command line, their defaults from tc: 0, 1 (--help was shown) or 2 (a
- * usage error). */
+/* The options from the command line, their defaults from tc: TS_ARGS_RUN, or the exit code
+ * (ts_args_parse). */
 static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_config_t *tc) {
     *o = (train_opts_t){.fmnist_dir = TS_FMNIST_DEFAULT_DIR,
                         .dtype = "f32",
@@ -573,8 +575,8 @@ int ts_cmd_train(int argc, char **argv) {
     r.heldout_loss = NAN;
     ts_train_config_default(&r.tc);
     int pr = parse_opts(argc, argv, &r.o, &r.tc);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     if (validate(&r))
         return 2;
     int rc = open_run(&r);

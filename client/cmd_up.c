@@ -1,9 +1,8 @@
 /*
- * cmd_up.c — `tessera up` and `tessera down`: a whole network of daemons on this machine, for
- * trying tessera out, for tests and for the README's main command.
+ * cmd_up.c — `tessera up`: a whole network of daemons on this machine, for trying tessera out,
+ * for tests and for the README's main command.
  *
  *   tessera up [--nodes N] [--experts DIR] [--dir RUNDIR] [--timeout S] [--no-experts] [--json]
- *   tessera down [--dir RUNDIR] [--timeout S]
  *
  * `up` starts N tesserad processes on 127.0.0.1 (ports picked by the system), each in its own
  * folder RUNDIR/node-<i> (identity key, config, store, log, pid), all sharing RUNDIR/network.key;
@@ -12,12 +11,12 @@
  * and `scripts/train-ensemble.sh` write them), so N > K gives replicas. It waits until node 0
  * sees every node alive and knows every advert, then prints the network's status and how to
  * generate from it. The daemons outlive the command (each in its own session); `tessera down`
- * stops them: SIGTERM (a graceful leave), then SIGKILL for any still running after --timeout.
+ * (cmd_down.c) stops them. updir.h is what both know of RUNDIR.
  *
  * Without trained experts it says how to get them and starts nothing (--no-experts starts
  * daemons that host nothing, which is only useful for looking at gossip).
  *
- * Exit status: 0 when the network is up (or down), 1 when it could not be started (what failed
+ * Exit status: 0 when the network is up, 1 when it could not be started (what failed
  * and where its log is on stderr; the nodes already started are stopped again), 2 for bad usage.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -45,137 +44,12 @@
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
+#include "client/tesserad_path.h"
+#include "client/updir.h"
 #include "net/keys.h"
 
-#define MAX_NODES 64
-#define PATHLEN 4096
-
-/* snprintf into a path buffer of PATHLEN bytes; a path that does not fit is cut, and then names
- * no file: the operation on it fails with the path in its message. */
-static void pathf(char *out, const char *fmt, ...) TS_PRINTF(2, 3);
-static void pathf(char *out, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(out, PATHLEN, fmt, ap);
-    va_end(ap);
-}
-
-/* Reads a small text file's first line into buf (without the newline); 0 on success. */
-static int read_line(const char *path, char *buf, size_t len) {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    char *got = fgets(buf, (int)len, f);
-    fclose(f);
-    if (!got)
-        return -1;
-    buf[strcspn(buf, "\n")] = 0;
-    return buf[0] ? 0 : -1;
-}
-
-/* Whether process pid is a tesserad run with --config naming the file ini (an absolute, real
- * path): its command line, a relative path resolved against its working folder. */
-static int runs_config(long pid, const char *ini) {
-    char path[PATHLEN], cmd[PATHLEN], cwd[PATHLEN], full[2 * PATHLEN + 2], real[PATH_MAX];
-    pathf(path, "/proc/%ld/cmdline", pid);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(cmd, 1, sizeof cmd - 1, f) : 0;
-    if (f)
-        fclose(f);
-    cmd[n] = 0;
-    const char *argv0 = strrchr(cmd, '/') ? strrchr(cmd, '/') + 1 : cmd;
-    if (!strstr(argv0, "tesserad")) /* tesserad, or a build of it named after it */
-        return 0;
-    for (size_t at = strlen(cmd) + 1; at < n; at += strlen(cmd + at) + 1) {
-        const char *arg = cmd + at, *value = NULL;
-        if (strcmp(arg, "--config") == 0 && at + strlen(arg) + 1 < n)
-            value = arg + strlen(arg) + 1;
-        else if (strncmp(arg, "--config=", 9) == 0)
-            value = arg + 9;
-        if (!value)
-            continue;
-        if (value[0] == '/') {
-            snprintf(full, sizeof full, "%s", value);
-        } else {
-            pathf(path, "/proc/%ld/cwd", pid);
-            ssize_t m = readlink(path, cwd, sizeof cwd - 1);
-            if (m <= 0)
-                return 0;
-            cwd[m] = 0;
-            snprintf(full, sizeof full, "%s/%s", cwd, value);
-        }
-        return realpath(full, real) && strcmp(real, ini) == 0;
-    }
-    return 0;
-}
-
-/* The tesserad of node i: the pid in DIR/node-i/tesserad.pid when that process is alive and is
- * a tesserad (a stale file whose pid was reused by another program does not count), else any
- * tesserad running that node's config (one restarted by hand); 0 when none. */
-static pid_t live_pid(const char *rundir, int i) {
-    char path[PATHLEN], line[64], ini[PATH_MAX];
-    pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
-    if (!realpath(path, ini))
-        return 0; /* no such node */
-    pathf(path, "%s/node-%d/tesserad.pid", rundir, i);
-    if (read_line(path, line, sizeof line) == 0) {
-        long pid = strtol(line, NULL, 10);
-        if (pid > 1 && kill((pid_t)pid, 0) == 0 && runs_config(pid, ini))
-            return (pid_t)pid;
-    }
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    pid_t found = 0;
-    while (d && !found && (e = readdir(d)) != NULL) {
-        char *end;
-        long pid = strtol(e->d_name, &end, 10);
-        if (*end == 0 && pid > 1 && runs_config(pid, ini))
-            found = (pid_t)pid;
-    }
-    if (d)
-        closedir(d);
-    return found;
-}
-
-int ts_cli_up_live_addr(const char *rundir, char *addr, size_t len) {
-    char path[PATHLEN];
-    for (int i = 0; i < MAX_NODES; i++) {
-        pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
-        if (live_pid(rundir, i) && read_line(path, addr, len) == 0)
-            return 0;
-    }
-    return -1;
-}
-
-/* The tesserad to run: $TESSERAD, else the one built or installed next to this tessera
- * (build/client/tessera → build/daemon/tesserad; bin/tessera → bin/tesserad), else "tesserad"
- * from PATH. */
-void ts_cli_find_tesserad(char *out, size_t len) {
-    const char *env = getenv("TESSERAD");
-    if (env && *env) {
-        snprintf(out, len, "%s", env);
-        return;
-    }
-    char self[PATHLEN];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n > 0) {
-        self[n] = 0;
-        char *slash = strrchr(self, '/');
-        if (slash) {
-            *slash = 0;
-            snprintf(out, len, "%.*s/../daemon/tesserad", (int)(len - 32), self);
-            if (access(out, X_OK) == 0)
-                return;
-            snprintf(out, len, "%.*s/tesserad", (int)(len - 32), self);
-            if (access(out, X_OK) == 0)
-                return;
-        }
-    }
-    snprintf(out, len, "tesserad");
-}
-
 static int mkdir_p(const char *path) {
-    char buf[PATHLEN];
+    char buf[TS_UPDIR_PATHLEN];
     snprintf(buf, sizeof buf, "%s", path);
     for (char *p = buf + 1; *p; p++)
         if (*p == '/') {
@@ -190,13 +64,13 @@ static int mkdir_p(const char *path) {
 /* The experts of a generation folder: K = how many expert-<k>.safetensors there are in a row
  * from 0, and the partition. 0 when the folder has none. */
 static int count_experts(const char *dir) {
-    char path[PATHLEN];
-    pathf(path, "%s/partition.safetensors", dir);
+    char path[TS_UPDIR_PATHLEN];
+    ts_updir_path(path, "%s/partition.safetensors", dir);
     if (!ts_file_exists(path))
         return 0;
     int k = 0;
     for (;; k++) {
-        pathf(path, "%s/expert-%d.safetensors", dir, k);
+        ts_updir_path(path, "%s/expert-%d.safetensors", dir, k);
         if (!ts_file_exists(path))
             return k;
     }
@@ -216,8 +90,8 @@ typedef struct {
 
 static int write_config(const char *rundir, int i, const char *bootstrap, const char *experts,
                         int k, const serve_opts_t *so) {
-    char path[PATHLEN];
-    pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
+    char path[TS_UPDIR_PATHLEN];
+    ts_updir_path(path, "%s/node-%d/tesserad.ini", rundir, i);
     FILE *f = fopen(path, "w");
     if (!f)
         return -1;
@@ -233,8 +107,8 @@ static int write_config(const char *rundir, int i, const char *bootstrap, const 
                 "\n[expert]\nmode = host\nweights = %s/expert-%d.safetensors\npartition = "
                 "%s/partition.safetensors\n",
                 experts, i % k, experts);
-        char router[PATHLEN];
-        pathf(router, "%s/router.safetensors", experts);
+        char router[TS_UPDIR_PATHLEN];
+        ts_updir_path(router, "%s/router.safetensors", experts);
         if (ts_file_exists(router))
             fprintf(f, "router = %s\n", router);
     }
@@ -258,9 +132,9 @@ static int write_config(const char *rundir, int i, const char *bootstrap, const 
 
 /* Starts node i in its own session, so it outlives this command; writes its pid file. */
 static pid_t spawn(const char *daemon, const char *rundir, int i) {
-    char ini[PATHLEN], pidf[PATHLEN], out[PATHLEN];
-    pathf(ini, "%s/node-%d/tesserad.ini", rundir, i);
-    pathf(out, "%s/node-%d/tesserad.out", rundir, i);
+    char ini[TS_UPDIR_PATHLEN], pidf[TS_UPDIR_PATHLEN], out[TS_UPDIR_PATHLEN];
+    ts_updir_path(ini, "%s/node-%d/tesserad.ini", rundir, i);
+    ts_updir_path(out, "%s/node-%d/tesserad.out", rundir, i);
     pid_t pid = fork();
     if (pid == 0) {
         setsid();
@@ -277,7 +151,7 @@ static pid_t spawn(const char *daemon, const char *rundir, int i) {
         _exit(127);
     }
     if (pid > 0) {
-        pathf(pidf, "%s/node-%d/tesserad.pid", rundir, i);
+        ts_updir_path(pidf, "%s/node-%d/tesserad.pid", rundir, i);
         FILE *f = fopen(pidf, "w");
         if (f) {
             fprintf(f, "%ld\n", (long)pid);
@@ -290,10 +164,10 @@ static pid_t spawn(const char *daemon, const char *rundir, int i) {
 /* Waits for node i to write its listen address; fails when the process ends first. */
 static int wait_listening(const char *rundir, int i, pid_t pid, double deadline, char *addr,
                           size_t len) {
-    char path[PATHLEN];
-    pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
+    char path[TS_UPDIR_PATHLEN];
+    ts_updir_path(path, "%s/node-%d/data/listen.addr", rundir, i);
     while (ts_now_s() < deadline) {
-        if (read_line(path, addr, len) == 0)
+        if (ts_updir_read_line(path, addr, len) == 0)
             return 0;
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid)
@@ -303,57 +177,10 @@ static int wait_listening(const char *rundir, int i, pid_t pid, double deadline,
     return -1;
 }
 
-/* Stops the nodes of rundir: SIGTERM, then SIGKILL after timeout_s. Returns how many ran. */
-static int stop_all(const char *rundir, double timeout_s, int quiet) {
-    pid_t pids[MAX_NODES];
-    int n = 0;
-    for (int i = 0; i < MAX_NODES; i++) {
-        pids[i] = live_pid(rundir, i);
-        if (pids[i]) {
-            kill(pids[i], SIGTERM);
-            n++;
-        }
-    }
-    double deadline = ts_now_s() + timeout_s;
-    for (;;) {
-        int left = 0;
-        for (int i = 0; i < MAX_NODES; i++) {
-            if (!pids[i])
-                continue;
-            waitpid(pids[i], NULL, WNOHANG); /* our own children, when up fails */
-            if (kill(pids[i], 0) == 0)
-                left++;
-            else
-                pids[i] = 0;
-        }
-        if (!left)
-            break;
-        if (ts_now_s() > deadline) {
-            for (int i = 0; i < MAX_NODES; i++)
-                if (pids[i]) {
-                    if (!quiet)
-                        fprintf(stderr,
-                                "tessera down: node %d (pid %ld) still running after "
-                                "%.0f s: SIGKILL\n",
-                                i, (long)pids[i], timeout_s);
-                    kill(pids[i], SIGKILL);
-                }
-            break;
-        }
-        usleep(50000);
-    }
-    for (int i = 0; i < MAX_NODES; i++) {
-        char path[PATHLEN];
-        pathf(path, "%s/node-%d/tesserad.pid", rundir, i);
-        unlink(path);
-    }
-    return n;
-}
-
 /* Runs `tessera status` (this binary) on node 0 with the extra arguments; its exit code. */
 static int run_status(const char *addr, const char *rundir, const char *extra, char *out,
                       size_t outlen) {
-    char cmd[PATHLEN * 2], self[PATHLEN];
+    char cmd[TS_UPDIR_PATHLEN * 2], self[TS_UPDIR_PATHLEN];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0)
         return -1;
@@ -388,18 +215,19 @@ static void count_view(const char *json, int *alive, int *adverts) {
 }
 
 /* each node's listen address, as it wrote it at start (up's) */
-static char node_addr[MAX_NODES][300];
+static char node_addr[TS_UPDIR_MAX_NODES][300];
 
 static int up(const char *rundir_arg, const char *experts_arg, int nodes, int timeout_s,
               int no_experts, int json, const serve_opts_t *so) {
-    char rundir[PATHLEN], experts[PATHLEN], daemon[PATHLEN], path[PATHLEN], err[512];
+    char rundir[TS_UPDIR_PATHLEN], experts[TS_UPDIR_PATHLEN], daemon[TS_UPDIR_PATHLEN],
+        path[TS_UPDIR_PATHLEN], err[512];
     if (mkdir_p(rundir_arg) != 0) {
         fprintf(stderr, "tessera up: cannot create %s: %s\n", rundir_arg, strerror(errno));
         return 1;
     }
     abs_path(rundir_arg, rundir, sizeof rundir);
-    for (int i = 0; i < MAX_NODES; i++)
-        if (live_pid(rundir, i)) {
+    for (int i = 0; i < TS_UPDIR_MAX_NODES; i++)
+        if (ts_updir_live_pid(rundir, i)) {
             fprintf(stderr,
                     "tessera up: a network is already running in %s (node %d); stop it "
                     "with `tessera down --dir %s`, or start its stopped nodes again with "
@@ -426,8 +254,8 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
             return 1;
         }
     }
-    ts_cli_find_tesserad(daemon, sizeof daemon);
-    pathf(path, "%s/network.key", rundir);
+    ts_tesserad_path(daemon, sizeof daemon);
+    ts_updir_path(path, "%s/network.key", rundir);
     if (!ts_file_exists(path)) {
         ts_netkey_t nk;
         if (ts_netkey_generate(&nk) != TS_OK ||
@@ -441,13 +269,13 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
     char addr0[300] = "";
     double t0 = ts_now_s(), deadline = t0 + timeout_s;
     for (int i = 0; i < nodes; i++) {
-        pathf(path, "%s/node-%d/data", rundir, i);
+        ts_updir_path(path, "%s/node-%d/data", rundir, i);
         if (mkdir_p(path) != 0) {
             fprintf(stderr, "tessera up: cannot create %s: %s\n", path, strerror(errno));
-            stop_all(rundir, 10, 1);
+            ts_updir_stop_all(rundir, 10, 1);
             return 1;
         }
-        pathf(path, "%s/node-%d/identity.key", rundir, i);
+        ts_updir_path(path, "%s/node-%d/identity.key", rundir, i);
         if (!ts_file_exists(path)) {
             ts_identity_t id;
             int rc = ts_identity_generate(&id);
@@ -456,15 +284,15 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
             ts_identity_wipe(&id);
             if (rc != TS_OK) {
                 fprintf(stderr, "tessera up: cannot create %s: %s\n", path, err);
-                stop_all(rundir, 10, 1);
+                ts_updir_stop_all(rundir, 10, 1);
                 return 1;
             }
         }
-        pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
+        ts_updir_path(path, "%s/node-%d/data/listen.addr", rundir, i);
         unlink(path);
         if (write_config(rundir, i, i ? addr0 : NULL, no_experts ? NULL : experts, k, so) != 0) {
             fprintf(stderr, "tessera up: cannot write the config of node %d\n", i);
-            stop_all(rundir, 10, 1);
+            ts_updir_stop_all(rundir, 10, 1);
             return 1;
         }
         char *addr = node_addr[i];
@@ -474,7 +302,7 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
                     "tessera up: node %d did not start (%s); see %s/node-%d/tesserad.out "
                     "and tesserad.log\n",
                     i, daemon, rundir, i);
-            stop_all(rundir, 10, 1);
+            ts_updir_stop_all(rundir, 10, 1);
             return 1;
         }
         if (i == 0)
@@ -506,14 +334,14 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
                 "%d alive, %d of %d adverts); logs in %s/node-*/tesserad.log. Stopping "
                 "it.\n",
                 timeout_s, alive, nodes, adverts, want_adverts, rundir);
-        stop_all(rundir, 10, 1);
+        ts_updir_stop_all(rundir, 10, 1);
         return 1;
     }
     /* each node's metrics URL, from the file it wrote at start next to listen.addr */
-    char node_metrics[MAX_NODES][300];
+    char node_metrics[TS_UPDIR_MAX_NODES][300];
     for (int i = 0; i < nodes; i++) {
-        pathf(path, "%s/node-%d/data/metrics.url", rundir, i);
-        if (read_line(path, node_metrics[i], sizeof node_metrics[i]) != 0)
+        ts_updir_path(path, "%s/node-%d/data/metrics.url", rundir, i);
+        if (ts_updir_read_line(path, node_metrics[i], sizeof node_metrics[i]) != 0)
             node_metrics[i][0] = 0;
     }
     if (json) {
@@ -544,8 +372,8 @@ static int up(const char *rundir_arg, const char *experts_arg, int nodes, int ti
 /* Node i's config with its bootstrap set to addr (a running node: the one it was written with may
  * be gone, and a restarted first node would otherwise start a network of its own). */
 static int set_bootstrap(const char *rundir, int i, const char *addr) {
-    char path[PATHLEN], line[PATHLEN];
-    pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
+    char path[TS_UPDIR_PATHLEN], line[TS_UPDIR_PATHLEN];
+    ts_updir_path(path, "%s/node-%d/tesserad.ini", rundir, i);
     FILE *f = fopen(path, "r");
     if (!f)
         return -1;
@@ -574,30 +402,32 @@ static int set_bootstrap(const char *rundir, int i, const char *addr) {
 /* `tessera up --restart`: the nodes of rundir that are not running, started again with their
  * keys, stores and experts, joining through a running one. */
 static int restart_dead(const char *rundir_arg, int timeout_s) {
-    char rundir[PATHLEN], daemon[PATHLEN], path[PATHLEN], via[300] = "", done[512] = "";
+    char rundir[TS_UPDIR_PATHLEN], daemon[TS_UPDIR_PATHLEN], path[TS_UPDIR_PATHLEN], via[300] = "",
+                                                                                     done[512] = "";
     abs_path(rundir_arg, rundir, sizeof rundir);
     int n = 0, failed = 0;
     size_t used = 0;
-    if (ts_cli_up_live_addr(rundir, via, sizeof via) != 0) {
+    if (ts_updir_live_addr(rundir, via, sizeof via) != 0) {
         fprintf(stderr,
                 "tessera up: no node of %s is running to rejoin through: `tessera up --dir %s` "
                 "starts the network again\n",
                 rundir_arg, rundir_arg);
         return 1;
     }
-    ts_cli_find_tesserad(daemon, sizeof daemon);
+    ts_tesserad_path(daemon, sizeof daemon);
     double deadline = ts_now_s() + timeout_s;
-    for (int i = 0; i < MAX_NODES; i++) {
-        pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
-        if (!ts_file_exists(path) || live_pid(rundir, i))
+    for (int i = 0; i < TS_UPDIR_MAX_NODES; i++) {
+        ts_updir_path(path, "%s/node-%d/tesserad.ini", rundir, i);
+        if (!ts_file_exists(path) || ts_updir_live_pid(rundir, i))
             continue;
         char addr[300];
-        pathf(path, "%s/node-%d/data/listen.addr", rundir, i);
+        ts_updir_path(path, "%s/node-%d/data/listen.addr", rundir, i);
         unlink(path);
         pid_t pid = set_bootstrap(rundir, i, via) == 0 ? spawn(daemon, rundir, i) : -1;
         if (pid <= 0 || wait_listening(rundir, i, pid, deadline, addr, sizeof addr) != 0) {
-            fprintf(stderr, "tessera up: node %d did not start again: see %s/node-%d/tesserad.log\n",
-                    i, rundir, i);
+            fprintf(stderr,
+                    "tessera up: node %d did not start again: see %s/node-%d/tesserad.log\n", i,
+                    rundir, i);
             failed = 1;
             continue;
         }
@@ -619,7 +449,7 @@ int ts_cmd_up(int argc, char **argv) {
     int nodes = 4, timeout_s = 120, no_experts = 0, json = 0, restart = 0;
     serve_opts_t so = {0, 0};
     ts_arg_t args[] = {
-        {"nodes", TS_ARG_INT, &nodes, "N", "daemons to start (default 4)", 1, MAX_NODES},
+        {"nodes", TS_ARG_INT, &nodes, "N", "daemons to start (default 4)", 1, TS_UPDIR_MAX_NODES},
         {"experts", TS_ARG_STRING, &experts, "DIR",
          "a generation folder (partition.safetensors, expert-<k>.safetensors); node i hosts "
          "expert i mod K (default ./experts)"},
@@ -645,64 +475,9 @@ int ts_cmd_up(int argc, char **argv) {
                           "example: tessera up --nodes 4 --experts experts/demo --dir tessera-net";
     int pr =
         ts_args_parse("tessera up", summary, args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     if (restart)
         return restart_dead(rundir, timeout_s);
     return up(rundir, experts, nodes, timeout_s, no_experts, json, &so);
-}
-
-int ts_cmd_down(int argc, char **argv) {
-    const char *rundir = "tessera-net";
-    int timeout_s = 30, json = 0;
-    ts_arg_t args[] = {
-        {"dir", TS_ARG_STRING, &rundir, "RUNDIR", "the network's folder (default ./tessera-net)"},
-        {"json", TS_ARG_FLAG, &json, NULL,
-         "print one JSON object (dir, stopped, already_stopped: the nodes that were not running)"},
-        {"timeout", TS_ARG_INT, &timeout_s, "S",
-         "seconds to wait for a graceful stop before SIGKILL (default 30)", 1, 3600},
-    };
-    const char *summary = "Stop the network `tessera up` started: each node leaves gracefully "
-                          "(SIGTERM).\nusage: tessera down [--dir RUNDIR] [options]\n"
-                          "example: tessera down --dir tessera-net";
-    int pr = ts_args_parse("tessera down", summary, args, (int)(sizeof args / sizeof args[0]), argc,
-                           argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
-    char path[PATHLEN], dead[512] = "";
-    pathf(path, "%s/network.key", rundir);
-    if (!ts_file_exists(path)) {
-        fprintf(stderr, "tessera down: %s is not a network `tessera up` started (no %s)\n", rundir,
-                path);
-        return 1;
-    }
-    int n_dead = 0;
-    size_t used = 0;
-    json_t *gone = json_array();
-    for (int i = 0; i < MAX_NODES; i++) {
-        pathf(path, "%s/node-%d/tesserad.ini", rundir, i);
-        if (ts_file_exists(path) && !live_pid(rundir, i)) {
-            n_dead++;
-            json_array_append_new(gone, json_integer(i));
-            if (used < sizeof dead)
-                used += (size_t)snprintf(dead + used, sizeof dead - used, "%s%d", used ? ", " : "",
-                                         i);
-        }
-    }
-    int n = stop_all(rundir, timeout_s, 0);
-    if (json) {
-        ts_json_print(json_pack("{s:s, s:i, s:o}", "dir", rundir, "stopped", n, "already_stopped",
-                                gone));
-        return 0;
-    }
-    json_decref(gone);
-    if (n == 0)
-        printf("tessera down: no node of %s was running", rundir);
-    else
-        printf("tessera down: stopped %d node%s of %s", n, n == 1 ? "" : "s", rundir);
-    if (n_dead && n)
-        printf("; node%s %s had already stopped (see node-N/tesserad.log)", n_dead == 1 ? "" : "s",
-               dead);
-    printf("\n");
-    return 0;
 }

@@ -24,14 +24,10 @@ int ts_cmd_ping(int argc, char **argv);
 int ts_cmd_status(int argc, char **argv);
 int ts_cmd_up(int argc, char **argv);
 int ts_cmd_down(int argc, char **argv);
-/* The tesserad to run: $TESSERAD, else the one built or installed next to this tessera, else
- * "tesserad" from PATH (cmd_up.c). */
-void ts_cli_find_tesserad(char *out, size_t len);
-/* The listen address of a running node of the `tessera up` folder rundir (the first whose
- * tesserad is alive, one restarted by hand included); 0, or −1 when none runs. */
-int ts_cli_up_live_addr(const char *rundir, char *addr, size_t len);
 int ts_cmd_network(int argc, char **argv);
 int ts_cmd_join(int argc, char **argv);
 int ts_cmd_pull(int argc, char **argv);
+/* 0 every check passed, 1 a check failed or could not run, 2 bad usage. */
+int ts_cmd_selfcheck(int argc, char **argv);
 
 #endif

@@ -34,10 +34,6 @@ int ts_cli_judge_features(ts_cli_judge_t *j, ts_engine_t *e, const float *images
                           int H, int W, float *features);
 void ts_cli_judge_close(ts_cli_judge_t *j);
 
-/* Splits the comma list s in place into at most max items (out, pointing into s); the count, or
- * −1 past max. */
-int ts_cli_split_list(char *s, const char **out, int max);
-
 /* The scores sc (J judges × E entries, judge-major) of entries names[0..E) with n[e] samples
  * against r reference images of split ref: one table per judge and the agreement of every judge
  * on each entry against the first (printed on stdout), or the same as one JSON object. */

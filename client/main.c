@@ -2,8 +2,8 @@
  * main.c — the `tessera` command: parses the verb and hands over to it.
  *
  * Verbs: the table `verbs` below — its rows dispatch and make the usage text: the cmd_*.c verbs
- * (client/), `selfcheck` (client/selfcheck.c) and `bench gemm` (kernels/gemm_bench.c, shared
- * with the bench_gemm program). Every verb takes --help; an unknown verb or option exits 2 with a
+ * (client/, commands.h) and `bench gemm` (kernels/gemm_bench.c, shared with the bench_gemm
+ * program). Every verb takes --help; an unknown verb or option exits 2 with a
  * message naming it, a failed run exits 1.
  */
 #include <signal.h>
@@ -12,7 +12,6 @@
 
 #include "kernels/gemm_bench.h"
 #include "client/commands.h"
-#include "client/selfcheck.h"
 #include "kernels/engine.h"
 
 #ifndef TS_VERSION
@@ -31,9 +30,12 @@ typedef struct verb {
 
 static int cmd_bench(int argc, char **argv);
 
+/* bench gemm's line, in the verbs' usage and in bench's own */
+#define BENCH_GEMM_SUMMARY "GEMM throughput of the DiT configs next to the sgemm peak"
+
 static const verb_t verbs[] = {
-    {"train", ts_cmd_train,
-     "train one DiT expert with flow matching on Fashion-MNIST (or a shard)", NULL},
+    {"train", ts_cmd_train, "train one DiT expert with flow matching on Fashion-MNIST (or a shard)",
+     NULL},
     {"sample", ts_cmd_sample, "generate images from one expert and write a PNG grid", NULL},
     {"forward", ts_cmd_forward,
      "one forward pass of an expert on tensors from a file (parity, debug)", NULL},
@@ -46,10 +48,12 @@ static const verb_t verbs[] = {
     {"train-classifier", ts_cmd_train_classifier,
      "train the evaluation classifier (DiT trunk, 10 labels, clean images)", NULL},
     {"train-judge", ts_cmd_train_judge,
-     "train a judge for eval: a plain CNN classifier or an autoencoder\n(a feature space learnt without labels)",
+     "train a judge for eval: a plain CNN classifier or an autoencoder\n(a feature space learnt "
+     "without labels)",
      NULL},
     {"encode", ts_cmd_encode,
-     "a folder of PNG images through the VAE's encoder into a latent data set\n(for train --latents)",
+     "a folder of PNG images through the VAE's encoder into a latent data set\n(for train "
+     "--latents)",
      NULL},
     {"judge", ts_cmd_judge,
      "score saved sample sets in several feature spaces (FD, KID, precision,\nrecall, paired "
@@ -71,8 +75,7 @@ static const verb_t verbs[] = {
      "each expert's and monolith's denoising loss on every cluster's\nheld-out images: where "
      "do the experts lose?",
      NULL},
-    {"keygen", ts_cmd_keygen, "create a node identity (prints the node id) or a network key",
-     NULL},
+    {"keygen", ts_cmd_keygen, "create a node identity (prints the node id) or a network key", NULL},
     {"ping", ts_cmd_ping, "handshake with a node and time round trips (HOST:PORT)", NULL},
     {"status", ts_cmd_status, "the network as one node sees it: members, experts, clusters, load",
      NULL},
@@ -81,16 +84,14 @@ static const verb_t verbs[] = {
     {"down", ts_cmd_down, "stop the network `tessera up` started", NULL},
     {"network", ts_cmd_network,
      "network export: the network as one file (its key, where to join) for\nvolunteers", NULL},
-    {"join", ts_cmd_join, "make this machine a node of a network from its file (mode auto)",
+    {"join", ts_cmd_join, "make this machine a node of a network from its file (mode auto)", NULL},
+    {"pull", ts_cmd_pull, "experts' weights from the network into the store (verified, resumable)",
      NULL},
-    {"pull", ts_cmd_pull,
-     "experts' weights from the network into the store (verified, resumable)", NULL},
-    {"selfcheck", ts_cli_selfcheck,
+    {"selfcheck", ts_cmd_selfcheck,
      "check the compute kernels against naive references (and a CUDA\ndevice against the CPU, "
      "when one is present)",
      NULL},
-    {"bench", cmd_bench, "GEMM throughput of the DiT configs next to the sgemm peak",
-     "bench gemm"},
+    {"bench", cmd_bench, BENCH_GEMM_SUMMARY, "bench gemm"},
 };
 #define N_VERBS (sizeof verbs / sizeof verbs[0])
 
@@ -115,7 +116,7 @@ static void bench_usage(FILE *f) {
     fprintf(f, "usage: tessera bench <name> [options]\n"
                "\n"
                "benchmarks:\n"
-               "  gemm          GEMM throughput of the DiT configs next to the sgemm peak\n"
+               "  gemm          " BENCH_GEMM_SUMMARY "\n"
                "\n"
                "`tessera bench <name> --help` shows a benchmark's options.\n");
 }

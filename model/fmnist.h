@@ -1,5 +1,6 @@
 /*
- * fmnist.h — the Fashion-MNIST reader (any MNIST-format IDX pair), dataset subsets and shard files.
+ * fmnist.h — the Fashion-MNIST reader (any MNIST-format IDX pair) into a ts_dataset_t
+ * (model/dataset.h), and the IDX writer. Shard files are model/shard.h's.
  *
  * Data: the Debian package dataset-fashion-mnist installs the four IDX files under
  * TS_FMNIST_DEFAULT_DIR: {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (60000 train and 10000
@@ -14,10 +15,6 @@
  * `err` naming the file. Memory grows with the bytes actually read, so a header that lies about
  * its size fails as truncated instead of asking for gigabytes.
  *
- * A shard file names the subset of the training set one expert learns from (architecture.md §10:
- * the k-means partition). It is text, one non-negative decimal index per line; blank lines and `#`
- * comments (whole-line or after the index) are allowed.
- *
  * What it is not: a data loader with batching or augmentation (the trainer draws batches from a
  * loaded ts_dataset_t), nor a general IDX reader (only 8-bit images and labels).
  *
@@ -31,6 +28,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "model/dataset.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,15 +54,9 @@ int ts_fmnist_class_parse(const char *name);
     "0 t-shirt/top, 1 trouser, 2 pullover, 3 dress, 4 coat, 5 sandal, 6 shirt, 7 sneaker, 8 bag, " \
     "9 ankle boot"
 
-typedef struct ts_dataset {
-    int n, channels, height, width, num_classes;
-    float *images; /* (n, channels, height, width), pixel p stored as p / 127.5 − 1 in [−1, 1] */
-    int32_t *labels; /* (n), each in [0, num_classes) */
-} ts_dataset_t;
-
 /* Loads one split. dir: the folder holding the IDX files (NULL = TS_FMNIST_DEFAULT_DIR); split:
  * "train" (file prefix "train") or "test" (prefix "t10k"; "t10k" is accepted too), or any other
- * file prefix of letters, digits and "+._-" (e.g. the samples `ts_idx_write` saved). For each file
+ * file prefix of letters, digits and "+._-" (e.g. the samples `ts_fmnist_write` saved). For each file
  * <dir>/<prefix>-images-idx3-ubyte.gz is read if it exists, else the uncompressed file of the
  * same name without ".gz". The result has channels = 1 and num_classes = TS_FMNIST_NUM_CLASSES.
  * On success *ds owns malloc'ed images and labels (release with ts_dataset_free); on failure *ds
@@ -76,45 +68,21 @@ int ts_fmnist_load(const char *dir, const char *split, ts_dataset_t *ds, char *e
 /* As ts_fmnist_load, from an IDX pair at any two paths (gzip'ed or not), e.g. the samples a run
  * saved and compressed: "best-ensemble.idx.gz" and "best-ensemble-labels.idx.gz". A missing file
  * is TS_ENOTFOUND. */
-int ts_idx_load_files(const char *images, const char *labels, ts_dataset_t *ds, char *err,
-                      size_t errlen);
+int ts_fmnist_load_files(const char *images, const char *labels, ts_dataset_t *ds, char *err,
+                         size_t errlen);
 
 /* The labels of one split alone (the labels file, checked as ts_fmnist_load checks it), for what
  * needs no pixels (the class prior): *labels malloc'ed, *n of them. Errors as ts_fmnist_load. */
 int ts_fmnist_load_labels(const char *dir, const char *split, int32_t **labels, int *n, char *err,
                           size_t errlen);
 
-/* Copies the items src[idx[0]], ..., src[idx[n−1]] (in that order; repeats allowed) into a new
- * dataset *dst with src's shape and num_classes. n = 0 gives an empty dataset with NULL buffers.
- * dst must not be src. On success *dst owns its buffers (ts_dataset_free); on failure it is
- * zeroed. Errors: TS_EINVAL (NULL, n < 0, src malformed), TS_ERANGE (an index outside
- * [0, src->n)), TS_ENOMEM. */
-int ts_dataset_subset(const ts_dataset_t *src, const int32_t *idx, int n, ts_dataset_t *dst);
-
-/* Releases the buffers of *ds and zeroes it. NULL-safe; safe on a zeroed dataset. */
-void ts_dataset_free(ts_dataset_t *ds);
-
-/* Reads a shard file into *idx (malloc'ed, in file order; the caller frees it) and its length into
- * *n; an empty shard gives *idx = NULL, *n = 0. Every index must be < limit (limit ≥ 0) and
- * appear once. Errors carry "path:line N:" in `err`: TS_EIO (cannot open or read), TS_ECORRUPT
- * (a line that is not an index, a duplicate), TS_ERANGE (an index ≥ limit or beyond INT32_MAX),
- * TS_EINVAL (bad argument), TS_ENOMEM. On failure *idx = NULL and *n = 0. */
-int ts_shard_read(const char *path, int32_t **idx, int *n, int limit, char *err, size_t errlen);
-
 /* Writes n 8-bit images (n, 1, height, width) with values in [−1, 1] (pixel = ⌊(v + 1)·127.5 +
  * 0.5⌋, NaN as −1, the mapping of model/png.c) and their labels (each in [0, 255]) as the IDX pair
  * <dir>/<prefix>-images-idx3-ubyte and <dir>/<prefix>-labels-idx1-ubyte, uncompressed, each
  * atomically; ts_fmnist_load(dir, prefix) reads them back. prefix: letters, digits and "+._-".
  * Errors: TS_EINVAL, TS_EIO, TS_ENOMEM. */
-int ts_idx_write(const char *dir, const char *prefix, const float *images, const int32_t *labels,
-                 int n, int height, int width, char *err, size_t errlen);
-
-/* Writes idx[0..n) as a shard file (a `#` header line, then one index per line), atomically: a
- * temporary file in the same folder is written, flushed to disk and renamed over path, so a
- * reader sees the old file or the whole new one. Indices must be non-negative and distinct
- * (TS_EINVAL otherwise, as ts_shard_read would reject the file). Errors: TS_EINVAL, TS_EIO,
- * TS_ENOMEM. */
-int ts_shard_write(const char *path, const int32_t *idx, int n, char *err, size_t errlen);
+int ts_fmnist_write(const char *dir, const char *prefix, const float *images, const int32_t *labels,
+                    int n, int height, int width, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,9 @@
 /*
  * manifest.h — what the two files of the weights store share (store/weights.h is the API):
- * hashes as text, the manifest record (parse, build, read, write, the whole set), the set of
- * referenced chunks with its orphans, and the LRU clock. store/weights.c imports, reads, stores
- * fetched chunks and verifies; store/weights_admin.c lists, resolves, pins, removes, collects
- * garbage and evicts. Internal to store/.
+ * the manifest record (parse, build, read, write, the whole set), the set of referenced chunks
+ * with its orphans, and the LRU clock. store/weights.c imports, reads, stores fetched chunks and
+ * verifies; store/weights_admin.c lists, resolves, pins, removes, collects garbage and evicts.
+ * Internal to store/. Hashes, and a hash as text, are store/hash.h's.
  */
 #ifndef TS_STORE_MANIFEST_H
 #define TS_STORE_MANIFEST_H
@@ -19,11 +19,6 @@
 #define TS_MANIFEST_MAX_FILE ((uint64_t)1 << 40) /* as the safetensors reader */
 #define TS_MANIFEST_MAX_CHUNK                                                                      \
     ((uint64_t)1 << 26) /* a manifest's chunk_size above this is refused */
-
-/* A hash as text, for messages. */
-typedef struct {
-    char s[TS_HASH_HEX];
-} ts_hash_text_t;
 
 typedef struct manifest {
     json_t *root; /* the whole manifest; owned */
@@ -63,16 +58,6 @@ typedef struct {
     size_t n, cap;
     uint64_t bytes, all_chunks, all_bytes;
 } ts_manifest_orphans_t;
-
-/* libsodium picks its fastest BLAKE2b at sodium_init; calling it again is harmless, and should
- * it fail (no entropy source), hashing still works with the portable code. */
-void ts_hash_ready(void);
-
-int ts_hash_digit(char c);
-
-ts_hash_text_t ts_hash_text(const ts_hash_t *h);
-
-int ts_hash_cmp(const void *a, const void *b);
 
 void ts_manifests_free(ts_manifest_t *ms, size_t n);
 

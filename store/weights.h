@@ -44,30 +44,17 @@
 #include <stdint.h>
 
 #include "model/dit.h"
+#include "store/hash.h"
 #include "store/store.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define TS_HASH_BYTES 32
-#define TS_HASH_HEX (2 * TS_HASH_BYTES + 1)    /* hex digits plus the NUL */
 #define TS_HASH_MIN_PREFIX 8                   /* hex digits a prefix must have */
 #define TS_WEIGHTS_CHUNK ((size_t)1 << 20)     /* bytes per chunk */
 #define TS_WEIGHTS_BATCH 16                    /* chunks per import transaction */
 #define TS_WEIGHTS_FORMAT "tessera-manifest/1" /* the manifest's "format" */
-
-/* A BLAKE2b-256 hash: a chunk's or a whole file's. */
-typedef struct ts_hash {
-    unsigned char b[TS_HASH_BYTES];
-} ts_hash_t;
-
-/* BLAKE2b-256 of len bytes (libsodium crypto_generichash, no key). */
-void ts_hash_compute(ts_hash_t *h, const void *data, size_t len);
-/* Writes 64 lowercase hex digits and a NUL into out (TS_HASH_HEX bytes). */
-void ts_hash_hex(const ts_hash_t *h, char *out);
-/* Parses exactly 64 hex digits (either case); TS_EINVAL otherwise. */
-int ts_hash_parse(const char *hex, ts_hash_t *h);
 
 /* ---- import, export, load ----------------------------------------------------------------- */
 

@@ -32,6 +32,7 @@
 #include "daemon/expert.h"
 #include "daemon/trainer.h"
 #include "model/partition.h"
+#include "model/shard.h"
 #include "store/ckpt.h"
 #include "tests/testutil.h"
 
@@ -93,8 +94,14 @@ static ts_store_t *open_store(const char *name) {
 }
 
 static ts_train_job_opts_t job_opts(ts_store_t *s, int cluster) {
-    ts_train_job_opts_t o = {.store = s, .partition = g_part, .cluster = cluster, .model = "tiny",
-                             .steps = STEPS, .threads = 1, .ckpt_every = EVERY, .keep = 2};
+    ts_train_job_opts_t o = {.store = s,
+                             .partition = g_part,
+                             .cluster = cluster,
+                             .model = "tiny",
+                             .steps = STEPS,
+                             .threads = 1,
+                             .ckpt_every = EVERY,
+                             .keep = 2};
     ts_train_config_default(&o.train);
     o.train.batch = 4, o.train.warmup = 2, o.train.lr = 1e-3f, o.train.seed = 7;
     return o;
@@ -296,7 +303,8 @@ static void test_f16_stop_and_resume(void **state) {
     assert_int_equal(p.resumed_from, stopped);
     assert_memory_equal(&p.weights, &straight, sizeof straight);
     printf("  f16 job: stopped at step %lld, resumed, the same weights as straight through "
-           "(loss scale %g)\n", (long long)stopped, (double)p.loss_scale);
+           "(loss scale %g)\n",
+           (long long)stopped, (double)p.loss_scale);
     ts_train_job_free(j);
     ts_store_close(a);
     ts_store_close(b);
@@ -421,8 +429,9 @@ static void test_snapshots_and_final_weights(void **state) {
     char pid[TS_PARTITION_ID_HEX], err[512] = "", steps[16], hex[TS_HASH_HEX];
     TU_CHECK_OK(ts_partition_file_id(g_part, pid, err, sizeof err));
     snprintf(steps, sizeof steps, "%d", 2 * EVERY);
-    const char *want[] = {"partition_id", pid, "cluster", "0", "objective", "velocity",
-                          "train_steps", steps, "weights", "ema", "shard", "shard-0", NULL};
+    const char *want[] = {"partition_id", pid,           "cluster", "0",       "objective",
+                          "velocity",     "train_steps", steps,     "weights", "ema",
+                          "shard",        "shard-0",     NULL};
     TU_CHECK_OK(ts_weights_info(s, &p.weights, meta_is, (void *)want));
     /* ... accepted with the partition as the expert to host ... */
     ts_expert_info_t e;

@@ -114,8 +114,8 @@ int main(int argc, char **argv) {
     };
     int pr = ts_args_parse("ts_bad_expert", "A replica that answers garbage.", args,
                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     signal(SIGPIPE, SIG_IGN); /* a client that goes away is its own problem */
     char err[512] = "";
     ts_identity_t id;

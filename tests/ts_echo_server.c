@@ -57,8 +57,8 @@ int main(int argc, char **argv) {
     };
     int pr = ts_args_parse("ts_echo_server", "A minimal tessera node for the tests.", args,
                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
 
     ts_identity_t id;
     ts_netkey_t nk;

@@ -1,6 +1,6 @@
 /*
  * fuzz_idx.c — libFuzzer harness for the IDX reader of model/fmnist.h (ts_fmnist_load), which
- * reads the training data a node is pointed at and the sample sets `ts_idx_write` saves. The
+ * reads the training data a node is pointed at and the sample sets `ts_fmnist_write` saves. The
  * reader only takes a folder and a file prefix, so the input becomes a pair of files in a folder
  * under /tmp (mkdtemp, made once and removed at exit): its first two bytes are the length L
  * (big-endian, cut to what is left) of the labels file, the next L bytes that file, and the rest

@@ -1,5 +1,5 @@
 /*
- * selfcheck.c — `tessera selfcheck`: is the compute layer right on this machine?
+ * cmd_selfcheck.c — `tessera selfcheck`: is the compute layer right on this machine?
  *
  * Runs the forward ops of kernels/ops.h on a CPU engine, on random inputs of DiT-like sizes, and
  * compares each output with the naive double-precision loops of kernels/ref.h; checks the
@@ -17,7 +17,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "client/selfcheck.h"
+#include "client/commands.h"
 
 #include <errno.h>
 #include <math.h>
@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/args.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/fwd_gemm.h"
 #include "kernels/math.h"
@@ -721,14 +722,15 @@ static int parse_threads(const char *v, int *threads) {
     return 0;
 }
 
-/* The options from the command line: 0, 1 (--help was shown) or 2 (a usage error). */
+/* The options from the command line: TS_ARGS_RUN, or the exit code as ts_args_parse's (0 after
+ * --help, 2 after a usage error). */
 static int parse_opts(int argc, char **argv, sc_opts_t *o) {
     *o = (sc_opts_t){0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
-            return 1;
+            return 0;
         } else if (strcmp(a, "--json") == 0) {
             o->json = 1;
         } else if (strcmp(a, "--cpu-only") == 0) {
@@ -743,7 +745,7 @@ static int parse_opts(int argc, char **argv, sc_opts_t *o) {
             return 2;
         }
     }
-    return 0;
+    return TS_ARGS_RUN;
 }
 
 /* The CPU engine, and the CUDA engine on device 0 when there is one (and no --cpu-only); why
@@ -820,12 +822,12 @@ static void sc_free(sc_run_t *r) {
     ts_engine_free(&r->cpu);
 }
 
-int ts_cli_selfcheck(int argc, char **argv) {
+int ts_cmd_selfcheck(int argc, char **argv) {
     sc_run_t r;
     memset(&r, 0, sizeof r);
     int pr = parse_opts(argc, argv, &r.o);
-    if (pr)
-        return pr == 1 ? 0 : 2;
+    if (pr != TS_ARGS_RUN)
+        return pr;
     if (open_engines(&r))
         return 1;
     run_checks(&r);

@@ -1,5 +1,5 @@
 /*
- * test_prom.c — the daemon's metrics (daemon/metrics.h) and their HTTP endpoint
+ * test_daemon_metrics.c — the daemon's metrics (daemon/metrics.h) and their HTTP endpoint
  * (daemon/metrics_http.h), read the way Prometheus reads them: over a real socket, through a
  * strict parser of the text exposition format 0.0.4 written here.
  *
@@ -12,7 +12,7 @@
  * histogram series, _bucket lines with le strictly increasing ending at +Inf, cumulative counts
  * that never decrease, +Inf equal to _count, and a _sum.
  *
- * `test_prom --dump` prints a populated daemon registry instead of running the tests, for
+ * `test_daemon_metrics --dump` prints a populated daemon registry instead of running the tests, for
  * tests/test_promtool.sh (promtool check metrics).
  */
 #define _GNU_SOURCE /* strcasestr */

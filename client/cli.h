@@ -1,0 +1,38 @@
+/*
+ * cli.h — what the verbs of `tessera` share beyond their options (args.h): the engine of
+ * --device, the precision of --precision, --vae's decoding of latent samples, and a comma list.
+ */
+#ifndef TS_CLIENT_CLI_H
+#define TS_CLIENT_CLI_H
+
+#include <stddef.h>
+
+#include "kernels/engine.h"
+#include "model/dit.h"
+
+/* The engine of a verb's --device (a zeroed spec is the CPU, every verb's default) with threads
+ * CPU workers. Anything but the plain CPU is announced on stderr ("PROG: computing on …", with
+ * auto's reason when it stays on the CPU); a device that cannot start is an error with the
+ * reason in err. */
+int ts_cli_engine(ts_engine_t *e, const ts_device_spec_t *device, int threads, const char *prog,
+                  char *err, size_t errlen);
+
+/* --vae: n latents (n, L, h, h) — a latent expert's samples — decoded by the VAE at vae_path one
+ * by one on the CPU (e when it is a CPU engine, else an engine of its own with `threads`) into
+ * *out (n, *C, *side, *side), malloc'ed (the caller frees it). A VAE whose latents have other
+ * than L channels is refused, naming `who` (the expert). */
+int ts_cli_vae_decode(const char *vae_path, ts_engine_t *e, int threads, const float *latents,
+                      int n, int L, int h, const char *who, float **out, int *C, int *side,
+                      char *err, size_t errlen);
+
+/* Sets the precision of a verb's --precision on the n models (kernels/engine.h, model/dit.h
+ * ts_dit_set_precision: bf16 converts their weights once, here). f32 is the default and says
+ * nothing; bf16 is announced on stderr ("PROG: bf16 products …"; prog NULL: silently). Where
+ * bf16 cannot run the error is TS_ENOTSUP with the reason in err. */
+int ts_cli_precision(ts_dit_t *models, int n, ts_precision_t p, const char *prog, char *err,
+                     size_t errlen);
+/* Splits the comma list s in place into at most max items (out, pointing into s); the count, or
+ * −1 past max. */
+int ts_cli_split_list(char *s, const char **out, int max);
+
+#endif
