@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/clock.h"
 #include "base/str.h"
 #include "daemon/fetcher.h"
 #include "daemon/log.h"
@@ -40,9 +39,7 @@ typedef struct judge {
     uv_work_t work;
     ts_trust_t *t;
     ts_rpc_request_t *req;
-    uint8_t *packed; /* the accusation as received, packed: passed on as it is */
-    size_t packed_len;
-    Tessera__Accusation *acc; /* unpacked from packed */
+    Tessera__Accusation *acc; /* a copy of the accusation received (passed on from it) */
     ts_answer_claim_t claim;  /* the accused's */
     uint8_t key[32];
     ts_node_id_t from;                      /* who sent it to us */
@@ -56,7 +53,6 @@ typedef struct judge {
     int upheld;
     double diff;
     char why[200];
-    uint64_t ms;
 } judge_t;
 
 struct ts_trust {
@@ -107,7 +103,6 @@ static void judge_free(judge_t *j) {
     ts_fetcher_free(j->fetch);
     if (j->acc)
         tessera__accusation__free_unpacked(j->acc, NULL);
-    free(j->packed);
     free(j);
 }
 
@@ -118,7 +113,6 @@ static void judge_free(judge_t *j) {
  * and compares the accused's answer with it. */
 static void recompute(uv_work_t *w) {
     judge_t *j = w->data;
-    double t0 = ts_now_s();
     const Tessera__DenoiseRequest *d = j->acc->request;
     ts_engine_t e;
     ts_engine_opts_t eo = {.device = TS_CPU, .threads = 1, .gpu = 0};
@@ -209,7 +203,6 @@ static void recompute(uv_work_t *w) {
     free(mine);
     ts_dit_free(&m);
     ts_engine_free(&e);
-    j->ms = (uint64_t)((ts_now_s() - t0) * 1e3);
 }
 
 /* ---- passing an upheld accusation on ----------------------------------------------------------- */
@@ -289,7 +282,6 @@ static void judged(uv_work_t *w, int status) {
     char acc[17], from[17];
     short_id(j->acc->accused.data, acc);
     short_id(j->from.b, from);
-    t->st.recompute_ms += j->ms;
     if (status != 0 || j->status != TS_OK || t->closing) { /* not judged: nothing is remembered */
         t->st.unverifiable++;
         const char *why =
@@ -344,7 +336,6 @@ static void on_fetched(ts_fetcher_t *f, int rc, const char *err, void *arg) {
     ts_fetcher_free(j->fetch); /* allowed from here */
     j->fetch = NULL;
     if (rc == TS_OK) {
-        t->st.fetched++;
         if (start_recompute(j) == TS_OK)
             return;
     }
@@ -545,13 +536,12 @@ static void on_accusation(ts_rpc_request_t *req, const Tessera__Envelope *env, v
     }
     judge_t *j = calloc(1, sizeof *j);
     size_t n = protobuf_c_message_get_packed_size(&a->base);
-    if (j)
-        j->packed = malloc(n ? n : 1);
-    if (j && j->packed) {
-        protobuf_c_message_pack(&a->base, j->packed);
-        j->packed_len = n;
-        j->acc = tessera__accusation__unpack(NULL, n, j->packed);
+    uint8_t *packed = j ? malloc(n ? n : 1) : NULL; /* a copy that outlives the request's */
+    if (packed) {
+        protobuf_c_message_pack(&a->base, packed);
+        j->acc = tessera__accusation__unpack(NULL, n, packed);
     }
+    free(packed);
     if (!j || !j->acc) {
         judge_free(j);
         ts_rpc_reply_error(req, TESSERA__ERROR_CODE__ERROR_INTERNAL, "out of memory");

@@ -55,14 +55,13 @@ typedef struct ts_trust_env {
 
 /* What happened to the accusations this node received and sent. */
 typedef struct ts_trust_stats {
-    uint64_t received;     /* every accusation, repeats included */
-    uint64_t upheld;       /* judged: the answer was wrong; the accused is banned here */
-    uint64_t refused;      /* judged: bad signature, or the answer is right */
-    uint64_t unverifiable; /* not judged: the weights are not here, or this node is accused */
-    uint64_t repeats;      /* answered with an earlier verdict */
-    uint64_t passed_on;    /* sent on to other members after an upheld one */
-    uint64_t fetched;      /* weights fetched to judge one */
-    uint64_t recompute_ms; /* time spent recomputing, in all */
+    uint64_t received; /* every accusation, repeats included */
+    uint64_t upheld;   /* judged: the answer was wrong; the accused is banned here */
+    uint64_t refused;  /* judged: bad signature, or the answer is right */
+    uint64_t
+        unverifiable; /* not judged: accused itself, not accusable, too big, no weights, closing */
+    uint64_t repeats; /* answered with an earlier verdict */
+    uint64_t passed_on; /* sent on to other members after an upheld one */
 } ts_trust_stats_t;
 
 /* Installs the accusation handler. TS_ENOMEM, TS_EINVAL. */
