@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "model/latents.h"
 #include "model/vae.h"
 
 int ts_cli_engine(ts_engine_t *e, const ts_device_spec_t *device, int threads, const char *prog,
@@ -45,6 +46,21 @@ int ts_cli_precision(ts_dit_t *models, int n, ts_precision_t p, const char *prog
                                     : "emulated: slower than f32");
     }
     return TS_OK;
+}
+
+int ts_cli_vae_check(const char *vae_path, const char *space, const char *who, char *err,
+                     size_t errlen) {
+    char hex[TS_LATENT_SPACE_HEX], a[32], b[32];
+    if (!space || !*space) /* files from before latent spaces were named: the channels decide */
+        return TS_OK;
+    int rc = ts_latent_space_of(vae_path, hex, err, errlen);
+    if (rc == TS_OK && strcmp(hex, space) != 0)
+        rc = ts_fail(err, errlen, TS_EINVAL,
+                     "%s makes the latent space of %s, and %s work in that of %s: not their VAE "
+                     "(decode with the VAE whose latents they were trained on)",
+                     vae_path, ts_latent_space_name(hex, a, sizeof a), who,
+                     ts_latent_space_name(space, b, sizeof b));
+    return rc;
 }
 
 int ts_cli_vae_decode(const char *vae_path, ts_engine_t *e, int threads, const float *latents,

@@ -17,6 +17,12 @@
 int ts_cli_engine(ts_engine_t *e, const ts_device_spec_t *device, int threads, const char *prog,
                   char *err, size_t errlen);
 
+/* Whether vae_path is the VAE of experts (who, for the message) working in latent space `space`
+ * (model/latents.h; "" when their files name none — then only the channels are checked, at
+ * decoding): TS_OK, or TS_EINVAL / TS_EIO with a sentence naming both spaces.  */
+int ts_cli_vae_check(const char *vae_path, const char *space, const char *who, char *err,
+                     size_t errlen);
+
 /* --vae: n latents (n, L, h, h) — a latent expert's samples — decoded by the VAE at vae_path one
  * by one on the CPU (e when it is a CPU engine, else an engine of its own with `threads`) into
  * *out (n, *C, *side, *side), malloc'ed (the caller frees it). A VAE whose latents have other

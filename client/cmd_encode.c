@@ -249,11 +249,26 @@ int ts_cmd_encode(int argc, char **argv) {
         snprintf(cs, sizeof cs, "%d", C);
         snprintf(seed, sizeof seed, "%llu", (unsigned long long)o.seed);
         const char *base = strrchr(o.vae, '/') ? strrchr(o.vae, '/') + 1 : o.vae;
-        const char *meta[] = {
-            "vae",         base, "scaling_factor", sf, "image_height", hs,
-            "image_width", ws,   "image_channels", cs, "mode",         o.sample ? "sample" : "mean",
-            "seed",        seed};
-        rc = ts_latents_save(o.out, lat, labels, n, L, h, w, classes, meta, 7, err, sizeof err);
+        char space[TS_LATENT_SPACE_HEX];
+        const char *meta[] = {"vae",
+                              base,
+                              "scaling_factor",
+                              sf,
+                              "image_height",
+                              hs,
+                              "image_width",
+                              ws,
+                              "image_channels",
+                              cs,
+                              "mode",
+                              o.sample ? "sample" : "mean",
+                              "seed",
+                              seed,
+                              TS_LATENT_SPACE_KEY,
+                              space};
+        rc = ts_latent_space_of(o.vae, space, err, sizeof err);
+        if (rc == TS_OK)
+            rc = ts_latents_save(o.out, lat, labels, n, L, h, w, classes, meta, 8, err, sizeof err);
     }
     if (rc == TS_OK) {
         fprintf(stderr, PROG ": %d images of %d×%d → latents (%d, %d, %d), %d class%s, %s → %s\n",

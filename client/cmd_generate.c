@@ -35,6 +35,7 @@
 #include "model/classifier.h"
 #include "model/ensemble.h"
 #include "model/fmnist.h"
+#include "model/latents.h"
 #include "model/png.h"
 #include "model/sampler.h"
 
@@ -560,6 +561,15 @@ static int open_experts(gen_run_t *r) {
         rc = ts_local_set_precision(&r->loc, o->precision, PROG, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_local_check_policy(&r->loc, r->policy, PROG, r->err, sizeof r->err);
+    for (int k = 0; rc == TS_OK && r->so.kind < TS_SAMPLER_DDIM && k < r->loc.ex.K; k++)
+        if (r->loc.ex.objective[k] != TS_OBJ_VELOCITY) { /* x̂0 = (x_t − t·ε̂)/(1 − t) at t = 1 */
+            rc = ts_fail(r->err, sizeof r->err, TS_EINVAL,
+                         "expert %d is a DDPM expert (objective %s), which cannot be asked at "
+                         "pure noise where --sampler %s starts: use --sampler ddim or ddpm "
+                         "(DDPM-schedule grids)",
+                         k, ts_objective_name(r->loc.ex.objective[k]), o->sampler);
+            r->usage = 1;
+        }
     if (rc != TS_OK)
         return rc;
     if (!o->tau_set)
@@ -732,7 +742,18 @@ static int run(gen_run_t *r) {
                           .step_ctx = &prog,
                           .chunk_start = o->peer ? &r->net.remote.row_base : NULL};
     r->st = (ts_local_stats_t){.use = r->use, .absent_mass = r->absent_mass};
-    int rc = o->peer ? ts_remote_track(&r->net.remote, o->n) : TS_OK;
+    /* the VAE checked before the work: one of another latent space is refused now */
+    int rc = o->vae ? ts_cli_vae_check(o->vae, r->loc.ex.latent_space, "the experts", r->err,
+                                       sizeof r->err)
+                    : TS_OK;
+    char space[32];
+    if (rc == TS_OK && !o->vae && r->loc.ex.latent_space[0] && !o->quiet)
+        fprintf(stderr,
+                PROG ": the experts work in the latent space of %s: --vae FILE (that VAE) decodes "
+                     "their samples into pictures; without it the latents are drawn as they are\n",
+                ts_latent_space_name(r->loc.ex.latent_space, space, sizeof space));
+    if (rc == TS_OK && o->peer)
+        rc = ts_remote_track(&r->net.remote, o->n);
     if (rc == TS_OK)
         rc = ts_local_generate(&r->loc, &r->eng, &gen, r->images, &r->st, r->err, sizeof r->err);
     if (prog.tty)

@@ -119,7 +119,17 @@ static int write_examples(const ts_partition_t *p, const ts_dataset_t *ds, const
     return rc;
 }
 
-static void print_table(const ts_partition_t *p, const int64_t *mix, const char *dir, double secs) {
+/* Class c's name: Fashion-MNIST's, or "class c" for a latent data set's labels. */
+static const char *class_name(int fmnist, int c, char *buf, size_t len) {
+    if (fmnist)
+        return ts_fmnist_class_name(c);
+    snprintf(buf, len, "class %d", c);
+    return buf;
+}
+
+static void print_table(const ts_partition_t *p, const int64_t *mix, int C, int fmnist,
+                        const char *dir, double secs) {
+    char nb[32];
     printf("partition of %s: %lld images into K = %d clusters; %s (%.2f %% of the variance); "
            "seed %llu, %d restart%s%s",
            p->dataset, (long long)p->n, p->K, p->embed, 100.0 * p->explained,
@@ -129,28 +139,29 @@ static void print_table(const ts_partition_t *p, const int64_t *mix, const char 
         printf("%d fine centroids", p->hierarchical);
     printf("; inertia %.6g; %.1f s\n\n", p->inertia, secs);
     printf("%7s %7s %7s", "cluster", "images", "share");
-    for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
-        printf("  %*s",
-               (int)(strlen(ts_fmnist_class_name(c)) > 6 ? strlen(ts_fmnist_class_name(c)) : 6),
-               ts_fmnist_class_name(c));
+    for (int c = 0; c < C; c++) {
+        const char *name = class_name(fmnist, c, nb, sizeof nb);
+        printf("  %*s", (int)(strlen(name) > 6 ? strlen(name) : 6), name);
+    }
     printf("\n");
     for (int k = 0; k < p->K; k++) {
         printf("%7d %7d %6.1f%%", k, p->sizes[k], 100.0 * p->sizes[k] / (double)p->n);
-        for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
-            printf(
-                "  %*.1f%%",
-                (int)(strlen(ts_fmnist_class_name(c)) > 6 ? strlen(ts_fmnist_class_name(c)) : 6) -
-                    1,
-                100.0 * (double)mix[(size_t)k * TS_FMNIST_NUM_CLASSES + c] / p->sizes[k]);
+        for (int c = 0; c < C; c++) {
+            size_t w = strlen(class_name(fmnist, c, nb, sizeof nb));
+            printf("  %*.1f%%", (int)(w > 6 ? w : 6) - 1,
+                   100.0 * (double)mix[(size_t)k * C + c] / p->sizes[k]);
+        }
         printf("\n");
     }
     printf("\n(class columns: the share of each cluster's images in each class)\n");
     printf("partition_id %s\n", p->id);
-    printf("wrote %s/partition.safetensors, %s/shard-{0..%d}.txt, %s/clusters.png\n", dir, dir,
-           p->K - 1, dir);
+    printf("wrote %s/partition.safetensors, %s/shard-{0..%d}.txt%s%s\n", dir, dir, p->K - 1,
+           fmnist ? ", " : "", fmnist ? "clusters.png" : "");
 }
 
-static int print_json(const ts_partition_t *p, const int64_t *mix, const char *dir, double secs) {
+static int print_json(const ts_partition_t *p, const int64_t *mix, int C, int fmnist,
+                      const char *dir, double secs) {
+    char nb[32];
     json_t *root = json_object(), *classes = json_array(), *clusters = json_array();
     if (!root || !classes || !clusters) {
         json_decref(root);
@@ -158,13 +169,12 @@ static int print_json(const ts_partition_t *p, const int64_t *mix, const char *d
         json_decref(clusters);
         return TS_ENOMEM;
     }
-    for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
-        json_array_append_new(classes, json_string(ts_fmnist_class_name(c)));
+    for (int c = 0; c < C; c++)
+        json_array_append_new(classes, json_string(class_name(fmnist, c, nb, sizeof nb)));
     for (int k = 0; k < p->K; k++) {
         json_t *m = json_array();
-        for (int c = 0; c < TS_FMNIST_NUM_CLASSES; c++)
-            json_array_append_new(
-                m, json_real((double)mix[(size_t)k * TS_FMNIST_NUM_CLASSES + c] / p->sizes[k]));
+        for (int c = 0; c < C; c++)
+            json_array_append_new(m, json_real((double)mix[(size_t)k * C + c] / p->sizes[k]));
         char shard[4096];
         snprintf(shard, sizeof shard, "%s/shard-%d.txt", dir, k);
         json_array_append_new(clusters,
@@ -333,7 +343,7 @@ static int classifier_features(const char *path, const ts_dataset_t *ds, int thr
 /* ---- the verb: parse → validate → run → print ---------------------------------------------- */
 
 typedef struct {
-    const char *data, *out, *embed, *by, *features;
+    const char *data, *out, *embed, *by, *features, *latents;
     int experts, dims, hierarchical, restarts, max_iter, threads, json;
     int embed_set, dims_set; /* --embed, --dims given */
     uint64_t seed;
@@ -349,6 +359,7 @@ typedef struct {
     int64_t *mix; /* (K, classes) images of each class in each cluster */
     int32_t *given;
     float *space;
+    char dataset[64]; /* the partition's dataset: Fashion-MNIST's train split, or a latent file */
     char path[4096];
     char err[1024];
 } part_run_t;
@@ -364,6 +375,9 @@ static int parse_opts(int argc, char **argv, part_opts_t *o) {
     ts_arg_t args[] = {
         {"data", TS_ARG_STRING, &o->data, "DIR",
          "Fashion-MNIST IDX directory (default " TS_FMNIST_DEFAULT_DIR ")"},
+        {"latents", TS_ARG_STRING, &o->latents, "FILE",
+         "cluster a latent data set of `tessera encode` instead of Fashion-MNIST (its experts "
+         "train with `tessera train --latents FILE --partition DIR`)"},
         {"experts", TS_ARG_INT, &o->experts, "K", "number of clusters, one expert each", 1, 1e6, 1},
         {"embed", TS_ARG_STRING, &o->embed, "NAME",
          "embedding: pca, or pcaN for N dims (default pca64)"},
@@ -390,7 +404,8 @@ static int parse_opts(int argc, char **argv, part_opts_t *o) {
     };
     int n = (int)(sizeof args / sizeof args[0]);
     int pr = ts_args_parse(PROG,
-                           "Cluster the Fashion-MNIST train set into K shards (PCA + k-means++).\n"
+                           "Cluster the Fashion-MNIST train set (or a latent data set) into K "
+                           "shards (PCA + k-means++).\n"
                            "example: tessera partition --experts 4 --out experts",
                            args, n, argc, argv);
     o->embed_set = ts_arg_seen(args, n, "embed");
@@ -433,9 +448,18 @@ static int validate(part_opts_t *o) {
  * code (1, 2) with the message printed. */
 static int open_data(part_run_t *r) {
     const part_opts_t *o = &r->o;
-    int rc = ts_fmnist_load(o->data, "train", &r->ds, r->err, sizeof r->err);
+    int rc = o->latents
+                 ? ts_partition_latents(o->latents, &r->ds, r->dataset, r->err, sizeof r->err)
+                 : ts_fmnist_load(o->data, "train", &r->ds, r->err, sizeof r->err);
     if (rc != TS_OK)
         return ts_args_fail(PROG, r->err, rc);
+    if (!o->latents)
+        snprintf(r->dataset, sizeof r->dataset, "%s", TS_PARTITION_FMNIST);
+    if (strcmp(o->by, "label") == 0 && r->ds.num_classes > TS_FMNIST_NUM_CLASSES) {
+        fprintf(stderr, PROG ": --by label: %s has %d classes; it groups at most %d\n", o->latents,
+                r->ds.num_classes, TS_FMNIST_NUM_CLASSES);
+        return 2;
+    }
     int n = r->ds.n, D = r->ds.channels * r->ds.height * r->ds.width;
     const char *bad = o->experts > n ? "--experts" : o->hierarchical > n ? "--hierarchical" : NULL;
     if (bad) {
@@ -444,7 +468,7 @@ static int open_data(part_run_t *r) {
         return 2;
     }
     if (o->dims > D) {
-        fprintf(stderr, PROG ": --dims %d: must be at most the %d pixels of an image\n", o->dims,
+        fprintf(stderr, PROG ": --dims %d: must be at most the %d values of an image\n", o->dims,
                 D);
         return 2;
     }
@@ -452,8 +476,9 @@ static int open_data(part_run_t *r) {
         fprintf(stderr, PROG ": %s\n", r->err);
         return 1;
     }
-    fprintf(stderr, "[%7.1f s] loaded %d training images of %dx%d from %s\n",
-            ts_now_s() - r->prog.t0, n, r->ds.height, r->ds.width, o->data);
+    fprintf(stderr, "[%7.1f s] loaded %d training %s of %dx%dx%d from %s\n",
+            ts_now_s() - r->prog.t0, n, o->latents ? "latents" : "images", r->ds.channels,
+            r->ds.height, r->ds.width, o->latents ? o->latents : o->data);
     return 0;
 }
 
@@ -493,7 +518,7 @@ static int run(part_run_t *r) {
                                   .max_iter = o->max_iter,
                                   .seed = o->seed,
                                   .threads = o->threads,
-                                  .dataset = "fashion-mnist-train",
+                                  .dataset = r->dataset,
                                   .progress = on_progress,
                                   .ctx = &r->prog};
     snprintf(r->path, sizeof r->path, "%s/partition.safetensors", o->out);
@@ -504,24 +529,25 @@ static int run(part_run_t *r) {
         rc = ts_partition_save(&r->part, r->path, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = write_shards(&r->part, o->out, r->err, sizeof r->err);
-    if (rc == TS_OK)
+    if (rc == TS_OK && !o->latents) /* latents are no picture without their VAE */
         rc = write_examples(&r->part, &r->ds, o->out, r->err, sizeof r->err);
-    if (rc == TS_OK &&
-        !(r->mix = calloc((size_t)r->part.K * TS_FMNIST_NUM_CLASSES, sizeof *r->mix)))
+    int C = r->ds.num_classes;
+    if (rc == TS_OK && !(r->mix = calloc((size_t)r->part.K * (size_t)C, sizeof *r->mix)))
         rc = TS_ENOMEM;
     for (int64_t i = 0; rc == TS_OK && i < r->part.n; i++)
-        r->mix[(size_t)r->part.assignment[i] * TS_FMNIST_NUM_CLASSES + r->ds.labels[i]]++;
+        r->mix[(size_t)r->part.assignment[i] * (size_t)C + r->ds.labels[i]]++;
     return rc;
 }
 
 /* The last progress line, then the table or the JSON object. */
 static int print_results(const part_run_t *r) {
     double secs = ts_now_s() - r->prog.t0;
-    fprintf(stderr, "[%7.1f s] wrote %s (partition_id %.16s...), %d shards, clusters.png\n", secs,
-            r->path, r->part.id, r->part.K);
+    int fmnist = !r->o.latents, C = r->ds.num_classes;
+    fprintf(stderr, "[%7.1f s] wrote %s (partition_id %.16s...), %d shards%s\n", secs, r->path,
+            r->part.id, r->part.K, fmnist ? ", clusters.png" : "");
     if (r->o.json)
-        return print_json(&r->part, r->mix, r->o.out, secs);
-    print_table(&r->part, r->mix, r->o.out, secs);
+        return print_json(&r->part, r->mix, C, fmnist, r->o.out, secs);
+    print_table(&r->part, r->mix, C, fmnist, r->o.out, secs);
     return TS_OK;
 }
 

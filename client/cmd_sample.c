@@ -21,6 +21,7 @@
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "model/dit_io.h"
+#include "model/latents.h"
 #include "model/fmnist.h"
 #include "model/png.h"
 #include "model/safetensors.h"
@@ -45,7 +46,8 @@ static int on_step(void *ctx, int step, int steps) {
 /* --weights is a file, or else (when it is no file and looks like hex) a weights hash or a unique
  * prefix of one in the store at data_dir. */
 static int open_weights(ts_dit_t *m, const char *weights, const char *data_dir, ts_engine_t *e,
-                        int max_batch, char *err, size_t errlen) {
+                        int max_batch, char space[TS_LATENT_SPACE_HEX], char *err, size_t errlen) {
+    space[0] = '\0';
     size_t n = strlen(weights);
     int hex = n >= TS_HASH_MIN_PREFIX && n < TS_HASH_HEX && access(weights, F_OK) != 0;
     for (size_t i = 0; hex && i < n; i++)
@@ -63,6 +65,9 @@ static int open_weights(ts_dit_t *m, const char *weights, const char *data_dir, 
                        weights, obj);
             rc = TS_EINVAL;
         }
+        if (rc == TS_OK && ts_latent_space_meta(&f, space) < 0)
+            rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: metadata %s is not 64 hex digits", weights,
+                         TS_LATENT_SPACE_KEY);
         if (rc == TS_OK)
             rc = ts_dit_open_file(m, &f, e, max_batch, 0, err, errlen);
         ts_st_free(&f);
@@ -104,6 +109,7 @@ typedef struct {
     uint64_t *seeds;
     int64_t evals; /* model evaluations per sample */
     double secs;
+    char space[TS_LATENT_SPACE_HEX]; /* the expert file's latent space ("": pixels or unnamed) */
     char err[512];
 } sample_run_t;
 
@@ -168,8 +174,11 @@ static int open_model(sample_run_t *r) {
     r->chunk = o->n < SAMPLE_CHUNK ? o->n : SAMPLE_CHUNK;
     int rc = ts_cli_engine(&r->eng, &o->device, o->threads, PROG, r->err, sizeof r->err);
     if (rc == TS_OK)
-        rc = open_weights(&r->model, o->weights, o->data_dir, &r->eng,
-                          o->cfg != 1.0f ? 2 * r->chunk : r->chunk, r->err, sizeof r->err);
+        rc =
+            open_weights(&r->model, o->weights, o->data_dir, &r->eng,
+                         o->cfg != 1.0f ? 2 * r->chunk : r->chunk, r->space, r->err, sizeof r->err);
+    if (rc == TS_OK && o->vae) /* before sampling: a VAE of another space is refused now */
+        rc = ts_cli_vae_check(o->vae, r->space, o->weights, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_cli_precision(&r->model, 1, o->precision, PROG, r->err, sizeof r->err);
     if (rc != TS_OK)

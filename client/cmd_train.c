@@ -74,6 +74,7 @@ typedef struct {
     ts_train_config_t tc;
     char run_default[TS_CKPT_RUN_MAX + 1];
     char partition_id[TS_PARTITION_ID_HEX], shard_name[32];
+    char latent_space[TS_LATENT_SPACE_HEX]; /* --latents: their VAE's (model/latents.h) */
     ts_dataset_t ds;
     ts_engine_t eng;
     ts_dit_t model;
@@ -96,22 +97,30 @@ static int load_data(train_run_t *r) {
     ts_dataset_t *ds = &r->ds;
     char *err = r->err;
     size_t errlen = sizeof r->err;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/partition.safetensors", o->partition ? o->partition : "");
+    if (o->partition)
+        snprintf(r->shard_name, sizeof r->shard_name, "shard-%d", o->cluster);
     if (o->latents) { /* a latent data set of `tessera encode` (shards index it like the images) */
-        int rc = ts_latents_load(o->latents, ds, err, errlen);
+        char name[64];
+        int rc = ts_latents_load(o->latents, ds, r->latent_space, err, errlen);
         if (rc == TS_OK && ds->height != ds->width)
             rc = ts_fail(err, errlen, TS_EINVAL, "%s: latents of %d×%d; a DiT takes square ones",
                          o->latents, ds->height, ds->width);
+        if (rc == TS_OK && o->partition) { /* a partition of these latents: its cluster */
+            ts_dataset_free(ds);
+            rc = ts_partition_latents(o->latents, ds, name, err, errlen);
+            if (rc == TS_OK)
+                rc = ts_partition_take_cluster(path, o->cluster, ds, name, o->latents,
+                                               r->partition_id, err, errlen);
+        }
         if (rc || !o->shard)
             return rc;
         goto shard;
     }
-    if (o->partition) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/partition.safetensors", o->partition);
-        snprintf(r->shard_name, sizeof r->shard_name, "shard-%d", o->cluster);
+    if (o->partition)
         return ts_partition_load_cluster(path, o->cluster, o->fmnist_dir, ds, r->partition_id, err,
                                          errlen);
-    }
     int rc = ts_fmnist_load(o->fmnist_dir, "train", ds, err, errlen);
     if (rc || !o->shard)
         return rc;
@@ -224,6 +233,8 @@ static int save_outputs(train_run_t *r) {
         r->heldout_loss = NAN;
     ts_train_meta(&meta, tr, o->partition ? r->shard_name : o->shard,
                   o->partition ? r->partition_id : NULL, o->cluster, r->heldout_loss);
+    if (r->latent_space[0])
+        ts_train_meta_add(&meta, TS_LATENT_SPACE_KEY, r->latent_space);
     int rc = ts_ckpt_save_trainer(r->store, o->run, tr, o->keep, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_dit_save(tr->model, &tr->ema_mem, o->out, out_dtype(o->dtype), meta.kv, meta.n,
@@ -260,7 +271,8 @@ static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_con
          "train only on these image indices (one per line)"},
         {"latents", TS_ARG_STRING, &o->latents, "FILE",
          "train on a latent data set of `tessera encode` instead of Fashion-MNIST: the model takes "
-         "its channels, side and classes"},
+         "its channels, side and classes, and the weights its latent space (with --partition: a "
+         "`tessera partition --latents` of it)"},
         {"partition", TS_ARG_STRING, &o->partition, "DIR",
          "a `tessera partition` folder: train on the images of its cluster --cluster (those of "
          "shard-<cluster>.txt) and record partition_id and cluster in the weights"},
@@ -340,8 +352,6 @@ static int validate(train_run_t *r) {
         fprintf(stderr, "tessera train: --dtype %s: want f32, bf16 or f16\n", o->dtype);
     else if (o->partition && o->shard)
         fprintf(stderr, "tessera train: --shard and --partition both name the data; pass one\n");
-    else if (o->partition && o->latents)
-        fprintf(stderr, "tessera train: --latents and --partition both name the data; pass one\n");
     else if (o->restart && (o->resume || o->from_ckpt))
         fprintf(stderr, "tessera train: --restart starts over; --resume and --from-ckpt continue: "
                         "pass one\n");
@@ -403,7 +413,9 @@ static int open_run(train_run_t *r) {
                  r->ds.n);
     if (rc == TS_OK)
         rc = start_point(r);
-    if (rc == TS_OK && o->partition) { /* without the test split: trained all the same */
+    /* a latent data set has no test split here: no held-out loss (its experts are all "trained") */
+    if (rc == TS_OK && o->partition &&
+        !o->latents) { /* without the test split: trained all the same */
         char path[4096], why[320] = "";
         snprintf(path, sizeof path, "%s/partition.safetensors", o->partition);
         r->has_heldout =

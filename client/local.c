@@ -175,8 +175,9 @@ int ts_local_open_file(ts_local_t *l, const char *path, ts_engine_t *e, int chun
 }
 
 int ts_local_open_remote(ts_local_t *l, const char *dir, int K, const ts_dit_config_t *cfg,
-                         ts_engine_t *e, int chunk, int load_router, ts_expert_eval_fn eval,
-                         void *eval_ctx, char *err, size_t errlen) {
+                         const ts_objective_t *objectives, ts_engine_t *e, int chunk,
+                         int load_router, ts_expert_eval_fn eval, void *eval_ctx, char *err,
+                         size_t errlen) {
     memset(l, 0, sizeof *l);
     l->chunk = chunk;
     snprintf(l->dir, sizeof l->dir, "%s", dir);
@@ -184,6 +185,12 @@ int ts_local_open_remote(ts_local_t *l, const char *dir, int K, const ts_dit_con
     l->cfg = *cfg;
     l->eval = eval;
     l->eval_ctx = eval_ctx;
+    if (!(l->ex.objective = calloc((size_t)K, sizeof *l->ex.objective))) {
+        ts_set_err(err, errlen, "out of memory");
+        return TS_ENOMEM;
+    }
+    for (int k = 0; objectives && k < K; k++)
+        l->ex.objective[k] = objectives[k];
     int rc = open_artifacts(l, dir, e, load_router, err, errlen);
     if (rc == TS_OK && l->has_part && l->part.K != K) {
         ts_set_err(err, errlen, "the partition has %d clusters but the network serves %d",
@@ -366,7 +373,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
                                 .config = &l->cfg,
                                 .absent = l->absent,
                                 .exact_guidance = g->exact_guidance,
-                                .objectives = l->eval ? NULL : l->ex.objective};
+                                .objectives = l->ex.objective};
         if (l->has_router)
             l->rr.temperature = g->router_temp > 0.0f ? g->router_temp : 1.0f;
         /* one expert needs no scores: route it uniformly whatever the policy asks */

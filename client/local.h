@@ -63,10 +63,12 @@ int ts_local_open_file(ts_local_t *l, const char *path, ts_engine_t *e, int chun
 
 /* Opens a folder of artifacts (partition.safetensors, optional router.safetensors) for K experts
  * that run elsewhere: every evaluation's work goes to eval (model/ensemble.h), which computes
- * it as the local experts would. cfg is their shared config. */
+ * it as the local experts would. cfg is their shared config; objectives (K, or NULL: all
+ * velocity) what each expert predicts (the ensemble asks and converts a DDPM one). */
 int ts_local_open_remote(ts_local_t *l, const char *dir, int K, const ts_dit_config_t *cfg,
-                         ts_engine_t *e, int chunk, int load_router, ts_expert_eval_fn eval,
-                         void *eval_ctx, char *err, size_t errlen);
+                         const ts_objective_t *objectives, ts_engine_t *e, int chunk,
+                         int load_router, ts_expert_eval_fn eval, void *eval_ctx, char *err,
+                         size_t errlen);
 
 void ts_local_free(ts_local_t *l);
 

@@ -12,6 +12,9 @@
 #include <sys/stat.h>
 
 #include "base/error.h"
+#include "base/str.h"
+#include "model/latents.h"
+#include "model/objective.h"
 #include "net/fetch.h"
 #include "net/frame.h"
 #include "net/gossip.h"
@@ -102,11 +105,10 @@ static int mark_ready(offer_t *of, int n, double min_trained, double ready_loss)
         }
         qsort(v, (size_t)m, sizeof *v, cmp_float);
         of[i].reference = m == 0 ? NAN : m % 2 ? v[m / 2] : 0.5f * (v[m / 2 - 1] + v[m / 2]);
-        of[i].ready =
-            ts_advert_trained(b) ||
-            (double)b->training->step >= min_trained * (double)b->training->steps ||
-            (ready_loss > 0.0 && b->has_heldout_loss && isfinite(of[i].reference) &&
-             (double)b->heldout_loss <= ready_loss * (double)of[i].reference);
+        of[i].ready = ts_advert_trained(b) ||
+                      (double)b->training->step >= min_trained * (double)b->training->steps ||
+                      (ready_loss > 0.0 && b->has_heldout_loss && isfinite(of[i].reference) &&
+                       (double)b->heldout_loss <= ready_loss * (double)of[i].reference);
     }
     free(v);
     return TS_OK;
@@ -143,6 +145,36 @@ static int choose_partition(const offer_t *of, int n, const char *want, char out
         return TS_ENOTFOUND;
     }
     memcpy(out, of[best].partition, 65);
+    return TS_OK;
+}
+
+/* The latent space of an offer as hex ("" for pixels). */
+static void space_of(const offer_t *o, char hex[65]) {
+    hex[0] = '\0';
+    if (o->body->has_latent_space)
+        ts_hex(o->body->latent_space.data, TS_HASH_BYTES, hex);
+}
+
+/* The experts of the chosen partition must share one latent space (one VAE made their data, or
+ * none): a mix cannot be combined, and no VAE decodes it. */
+static int same_latent_space(ts_netgen_t *g, const offer_t *of, int n, const offer_t *first,
+                             char *err, size_t errlen) {
+    space_of(first, g->latent_space);
+    for (int i = 0; i < n; i++) {
+        char hex[65], a[32], b[32];
+        if (strcmp(of[i].partition, g->partition_id) != 0)
+            continue;
+        space_of(&of[i], hex);
+        if (strcmp(hex, g->latent_space) != 0) {
+            ts_set_err(err, errlen,
+                       "the experts of partition %.16s… do not share a latent space: %s's is %s, "
+                       "%s's %s; they cannot be mixed",
+                       g->partition_id, first->addr,
+                       ts_latent_space_name(g->latent_space, a, sizeof a), of[i].addr,
+                       ts_latent_space_name(hex, b, sizeof b));
+            return TS_ECORRUPT;
+        }
+    }
     return TS_OK;
 }
 
@@ -208,6 +240,7 @@ typedef struct stored_query {
     int n;
     int64_t used[STORED_MAX];
     ts_hash_t hash[STORED_MAX];
+    ts_objective_t objective[STORED_MAX];
 } stored_query_t;
 
 static int stored_match(void *ctx, const ts_weights_info_t *info) {
@@ -216,7 +249,8 @@ static int stored_match(void *ctx, const ts_weights_info_t *info) {
     const char *c = ts_weights_info_meta(info, "cluster");
     const char *obj = ts_weights_info_meta(info, "objective");
     char desc[64], *end = NULL;
-    if (!p || !c || strcmp(p, q->partition) != 0 || (obj && strcmp(obj, "velocity") != 0))
+    ts_objective_t o = TS_OBJ_VELOCITY;
+    if (!p || !c || strcmp(p, q->partition) != 0 || (obj && ts_objective_parse(obj, &o) != TS_OK))
         return TS_OK;
     long k = strtol(c, &end, 10);
     ts_weights_describe(info, desc, sizeof desc);
@@ -224,6 +258,7 @@ static int stored_match(void *ctx, const ts_weights_info_t *info) {
         return TS_OK;
     if (q->n < STORED_MAX) {
         q->used[q->n] = info->last_used;
+        q->objective[q->n] = o;
         q->hash[q->n++] = info->hash;
     }
     return TS_OK;
@@ -231,14 +266,15 @@ static int stored_match(void *ctx, const ts_weights_info_t *info) {
 
 /* The most recently used of the matches whose every chunk is in the store (a pull that was
  * cut off leaves an incomplete copy). 1 and *out when there is one. */
-static int stored_best(ts_store_t *store, const stored_query_t *q, ts_hash_t *out) {
+static int stored_best(ts_store_t *store, const stored_query_t *q, ts_hash_t *out,
+                       ts_objective_t *objective) {
     int best = -1;
     for (int i = 0; i < q->n; i++)
         if ((best < 0 || q->used[i] > q->used[best]) &&
             ts_weights_bad_chunks(store, &q->hash[i], NULL, NULL) == 0)
             best = i;
     if (best >= 0)
-        *out = q->hash[best];
+        *out = q->hash[best], *objective = q->objective[best];
     return best >= 0;
 }
 
@@ -247,14 +283,14 @@ static int stored_best(ts_store_t *store, const stored_query_t *q, ts_hash_t *ou
 static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, size_t errlen) {
     g->experts = calloc((size_t)g->K, sizeof *g->experts);
     g->held = calloc((size_t)g->K, sizeof *g->held);
-    if (!g->experts || !g->held) {
+    g->objective = calloc((size_t)g->K, sizeof *g->objective); /* velocity */
+    if (!g->experts || !g->held || !g->objective) {
         ts_set_err(err, errlen, "out of memory");
         return TS_ENOMEM;
     }
     for (int i = 0; i < n; i++) {
         const Tessera__AdvertBody *b = of[i].body;
-        if (strcmp(of[i].partition, g->partition_id) != 0 || (int)b->cluster >= g->K ||
-            of[i].ready)
+        if (strcmp(of[i].partition, g->partition_id) != 0 || (int)b->cluster >= g->K || of[i].ready)
             continue;
         ts_netgen_held_t *h = &g->held[b->cluster];
         if (!h->n || b->training->step > h->step) {
@@ -289,11 +325,13 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, si
             stored_query_t q = {.partition = g->partition_id, .cluster = k};
             ts_hash_t h;
             (void)ts_weights_list(g->store, stored_match, &q);
-            if (stored_best(g->store, &q, &h))
+            if (stored_best(g->store, &q, &h, &g->objective[k]))
                 memcpy(ex->weights_hash, h.b, 32);
             continue;
         }
         memcpy(ex->weights_hash, of[best].body->weights_hash.data, 32);
+        /* the weights say what they predict; the frame check admitted only objectives there are */
+        (void)ts_objective_from_wire((int)of[best].body->objective, &g->objective[k]);
         for (int j = 0; j < n && ex->n_rep < TS_REMOTE_MAX_REPLICAS; j++) {
             const Tessera__AdvertBody *b = of[j].body;
             if (strcmp(of[j].partition, g->partition_id) != 0 || (int)b->cluster != k ||
@@ -488,6 +526,9 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
     if (rc == TS_OK) {
         g->K = (int)first->body->num_clusters;
         config_of(first->body->model, &g->cfg);
+        rc = same_latent_space(g, of, n, first, err, errlen);
+    }
+    if (rc == TS_OK) {
         for (int i = 0; i < n; i++)
             if (strcmp(of[i].partition, g->partition_id) == 0 &&
                 (of[i].body->num_clusters != (uint32_t)g->K ||
@@ -528,16 +569,17 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
                         g->cfg.input_size, &o->remote, o->trace, err, errlen);
     g->remote_init = rc == TS_OK;
     if (rc == TS_OK)
-        rc = ts_local_open_remote(l, g->cache_dir, g->K, &g->cfg, e, chunk, o->load_router,
-                                  ts_remote_eval, &g->remote, err, errlen);
-    if (rc == TS_OK)
+        rc = ts_local_open_remote(l, g->cache_dir, g->K, &g->cfg, g->objective, e, chunk,
+                                  o->load_router, ts_remote_eval, &g->remote, err, errlen);
+    if (rc == TS_OK) {
         l->absent = g->n_absent ? g->absent : NULL;
+        memcpy(l->ex.latent_space, g->latent_space, sizeof l->ex.latent_space);
+    }
     if (rc == TS_OK && !o->quiet)
         fprintf(stderr,
                 "network via %s: partition %.16s…, %d experts, %d replicas, %d cached "
                 "locally, %d uncovered, %d still training (not used)\n",
-                o->peer, g->partition_id, g->K, g->n_replicas, g->n_cached, g->n_absent,
-                g->n_held);
+                o->peer, g->partition_id, g->K, g->n_replicas, g->n_cached, g->n_absent, g->n_held);
     return rc;
 }
 
@@ -572,6 +614,7 @@ void ts_netgen_close(ts_netgen_t *g) {
     free(g->has_cached);
     free(g->absent);
     free(g->held);
+    free(g->objective);
     free(g->experts);
     ts_store_close(g->store);
     memset(g, 0, sizeof *g);

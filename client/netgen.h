@@ -70,6 +70,8 @@ typedef struct ts_netgen {
     int n_held;
     int said, usage; /* a failed open already printed why; usage: a bad --peer (exit 2) */
     ts_dit_config_t cfg;
+    ts_objective_t *objective; /* (K) what each cluster's expert predicts (velocity when unknown) */
+    char latent_space[65];     /* the experts' latent space (model/latents.h); "": pixels */
     char partition_id[65];
     char cache_dir[1024];
 } ts_netgen_t;

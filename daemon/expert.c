@@ -12,6 +12,8 @@
 
 #include "base/error.h"
 #include "model/dit_io.h"
+#include "model/latents.h"
+#include "model/objective.h"
 #include "model/partition.h"
 #include "model/safetensors.h"
 
@@ -49,12 +51,15 @@ int ts_expert_weights_meta(const ts_st_file_t *f, ts_dit_config_t *cfg, uint32_t
     } else if (rc == TS_OK && parse_u32(c, cluster) != TS_OK) {
         ts_set_err(err, errlen, "the weights' cluster '%s' is not a number", c);
         rc = TS_ECORRUPT;
-    } else if (rc == TS_OK && o && strcmp(o, "velocity") != 0) {
+    } else if (rc == TS_OK && o && ts_objective_parse(o, &(ts_objective_t){0}) != TS_OK) {
         ts_set_err(err, errlen,
-                   "the weights' objective '%s' is not one this node serves "
-                   "(velocity)",
+                   "the weights' objective '%s' is not one tessera knows (velocity, epsilon, "
+                   "v_prediction, x0)",
                    o);
         rc = TS_EINVAL;
+    } else if (rc == TS_OK && ts_latent_space_meta(f, (char[TS_LATENT_SPACE_HEX]){0}) < 0) {
+        ts_set_err(err, errlen, "the weights' %s is not 64 hex digits", TS_LATENT_SPACE_KEY);
+        rc = TS_ECORRUPT;
     }
     if (rc == TS_OK)
         snprintf(pid, pidlen, "%s", p);
@@ -90,7 +95,14 @@ static int read_weights_meta(ts_store_t *s, ts_expert_info_t *e, char *pid, size
     if ((rc = ts_st_parse(buf, len, &f, err, errlen)) != TS_OK)
         return rc;
     rc = ts_expert_weights_meta(&f, &e->config, &e->cluster, pid, pidlen, err, errlen);
-    e->objective = TESSERA__OBJECTIVE__OBJECTIVE_VELOCITY;
+    ts_objective_t obj = TS_OBJ_VELOCITY; /* checked above: absent is velocity */
+    const char *o = ts_st_meta(&f, "objective");
+    if (o)
+        (void)ts_objective_parse(o, &obj);
+    e->objective = ts_objective_wire(obj);
+    char space[TS_LATENT_SPACE_HEX];
+    e->has_latent_space = rc == TS_OK && ts_latent_space_meta(&f, space) == 1 &&
+                          ts_hash_parse(space, &e->latent_space) == TS_OK;
     /* advisory: a value that is not a finite non-negative number is left out, not an error */
     const char *h = ts_st_meta(&f, "heldout_loss");
     char *end = NULL;
@@ -220,6 +232,11 @@ void ts_expert_advert(const ts_expert_info_t *e, const Tessera__Capacity *capaci
     b->num_clusters = e->num_clusters;
     b->cluster = e->cluster;
     b->objective = (Tessera__Objective)e->objective;
+    if (e->has_latent_space) {
+        b->has_latent_space = 1;
+        b->latent_space.data = (uint8_t *)e->latent_space.b;
+        b->latent_space.len = TS_HASH_BYTES;
+    }
     if (e->has_router) {
         b->has_router_hash = 1;
         b->router_hash.data = (uint8_t *)e->router_hash.b;

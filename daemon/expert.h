@@ -10,7 +10,7 @@
  * weights hash in the store).
  *
  * The advert (docs/protocol.md "Adverts"): partition_id, num_clusters, cluster, weights_hash,
- * model config, objective, centroid (F32), capacity, load. The gossip layer numbers, signs and
+ * model config, objective, centroid (F32), capacity, load, and the latent space of a latent expert. The gossip layer numbers, signs and
  * spreads it.
  */
 #ifndef TS_DAEMON_EXPERT_H
@@ -34,7 +34,10 @@ typedef struct ts_expert_info {
     ts_dit_config_t config;
     uint32_t cluster, num_clusters;
     int objective; /* Tessera__Objective */
-    int dims;      /* centroid length */
+    ts_hash_t
+        latent_space; /* valid when has_latent_space: the VAE of its latents (model/latents.h) */
+    int has_latent_space;
+    int dims; /* centroid length */
     float *centroid;
     float heldout_loss; /* the weights' heldout_loss metadata (model/heldout.h); NaN: none */
 } ts_expert_info_t;
@@ -45,7 +48,8 @@ typedef struct ts_expert_info {
  * carry partition_id (equal to the partition file's) and a cluster below its K. TS_EINVAL,
  * TS_ENOTFOUND, TS_ECORRUPT, TS_EIO with a sentence. Free with ts_expert_info_free. */
 /* What a weights file says of itself, checked as a node must: the DiT config, partition_id and
- * cluster present (cluster a number), and an objective a node serves (velocity, or none).
+ * cluster present (cluster a number), an objective tessera knows (model/objective.h; none:
+ * velocity) and a well-formed latent space if it names one (model/latents.h).
  * pid receives partition_id. TS_EINVAL or TS_ECORRUPT with a sentence. */
 int ts_expert_weights_meta(const ts_st_file_t *f, ts_dit_config_t *cfg, uint32_t *cluster,
                            char *pid, size_t pidlen, char *err, size_t errlen);

@@ -128,10 +128,10 @@ static int check_opts(ts_engine_t *e, ts_dit_t *experts, int K, const ts_ensembl
     int ddpm = 0;
     for (int k = 0; o->objectives && k < K; k++)
         ddpm |= o->objectives[k] != TS_OBJ_VELOCITY;
-    if (ddpm && (remote || o->exact_guidance || o->policy == TS_POLICY_CONFIDENCE)) {
+    if (ddpm && (o->exact_guidance || o->policy == TS_POLICY_CONFIDENCE)) {
         ts_set_err(err, errlen,
-                   "experts of a DDPM objective (epsilon, v_prediction, x0) run with local "
-                   "experts only, not with the confidence policy nor exact guidance");
+                   "experts of a DDPM objective (epsilon, v_prediction, x0) do not run with the "
+                   "confidence policy nor exact guidance");
         return TS_ENOTSUP;
     }
     if (!isfinite(o->cfg_scale)) {
@@ -332,8 +332,16 @@ int ts_ensemble__upload_rows(ts_ensemble_t *s, int m) {
     return ts_tensor_copy(&dst, &src);
 }
 
-static const ts_ddpm_schedule_t *ensemble_schedule(const ts_ensemble_t *s) {
-    return s->o.schedule ? s->o.schedule : ts_ddpm_dit();
+ts_ensemble_ask_t ts_ensemble__ask(const ts_ensemble_t *s, int k, float t) {
+    ts_ensemble_ask_t a = {
+        .obj = s->o.objectives ? s->o.objectives[k] : TS_OBJ_VELOCITY, .t = t, .scale = 1.0};
+    if (a.obj != TS_OBJ_VELOCITY) { /* at (c·x_t, the step of equal SNR) */
+        double step = 0.0;
+        (void)ts_ddpm_from_flow(s->o.schedule ? s->o.schedule : ts_ddpm_dit(), t, &step, &a.abar,
+                                &a.scale);
+        a.t = (float)(step / 1000.0); /* DiT embeds 1000·t: the step itself */
+    }
+    return a;
 }
 
 /* dst (m, C, H, W) = expert k's guided velocity for the rows idx[0..m) of x, in one forward of
@@ -345,10 +353,8 @@ static int run_expert(ts_ensemble_t *s, int k, const ts_tensor_t *x, float t, in
     ts_dit_t *model = &s->experts[k];
     int B = s->pairs * m;
     ts_tensor_t idx, xb, tb, half, out, cond, uncond, host;
-    ts_objective_t obj = s->o.objectives ? s->o.objectives[k] : TS_OBJ_VELOCITY;
-    double step = 0.0, abar = 0.0, scale = 1.0;
-    if (obj != TS_OBJ_VELOCITY) /* asked at (c·x_t, the step of equal SNR) */
-        (void)ts_ddpm_from_flow(ensemble_schedule(s), t, &step, &abar, &scale);
+    ts_ensemble_ask_t ask = ts_ensemble__ask(s, k, t);
+    ts_objective_t obj = ask.obj;
     TS_TRY(ts_tensor_slice(&idx, &s->idx, 0, m));
     TS_TRY(ts_tensor_slice(&xb, &s->xx, 0, B));
     TS_TRY(ts_tensor_slice(&tb, &s->tt, 0, B));
@@ -360,15 +366,14 @@ static int run_expert(ts_ensemble_t *s, int k, const ts_tensor_t *x, float t, in
         TS_TRY(ts_tensor_slice(&half, &xb, 0, m));
         TS_TRY(ts_tensor_wrap(&host, s->conv_x, TS_F32, TS_CPU, half.ndim, half.shape));
         TS_TRY(ts_tensor_copy(&host, &half));
-        TS_TRY(ts_scale(e, &xb, (float)scale));
+        TS_TRY(ts_scale(e, &xb, (float)ask.scale));
     }
     for (int i = 0; i < m; i++) {
         s->yy[i] = s->o.labels[s->idx_h[i]];
         if (s->pairs == 2)
             s->yy[m + i] = model->cfg.num_classes; /* the null class */
     }
-    /* a DDPM expert's time input is its step / 1000 (DiT embeds 1000·t: the step itself) */
-    TS_TRY(ts_fill(e, &tb, obj != TS_OBJ_VELOCITY ? (float)(step / 1000.0) : t));
+    TS_TRY(ts_fill(e, &tb, ask.t));
     TS_TRY(ts_dit_forward(model, &xb, &tb, s->yy, B, &out));
     s->forwards += B;
     s->expert_forwards[k] += B;
@@ -384,8 +389,8 @@ static int run_expert(ts_ensemble_t *s, int k, const ts_tensor_t *x, float t, in
     if (obj != TS_OBJ_VELOCITY) { /* the answer to the velocity at (x_t, t), on the host */
         TS_TRY(ts_tensor_wrap(&host, s->conv_f, TS_F32, TS_CPU, dst->ndim, dst->shape));
         TS_TRY(ts_tensor_copy(&host, dst));
-        TS_TRY(ts_objective_to_velocity(obj, t, abar, scale, s->conv_x, s->conv_f, s->conv_f,
-                                        (int64_t)m * s->chw));
+        TS_TRY(ts_objective_to_velocity(obj, t, ask.abar, ask.scale, s->conv_x, s->conv_f,
+                                        s->conv_f, (int64_t)m * s->chw));
         TS_TRY(ts_tensor_copy(dst, &host));
     }
     return TS_OK;

@@ -96,12 +96,14 @@ typedef struct ts_experts {
     char **paths;        /* K: the file each came from (malloc'd copies) */
     char **partition_id; /* K: metadata "partition_id" (malloc'd), or NULL when absent */
     ts_objective_t *objective; /* K: metadata "objective" (model/objective.h); absent: velocity */
+    char latent_space[65];     /* their latent space (model/latents.h), shared; "": pixels */
 } ts_experts_t;
 
 /* Opens n expert files on engine e with activations for max_batch samples each. When every file
  * has a metadata "cluster", the experts are ordered by it, and the clusters must be exactly
  * 0..n−1; when none has one, file order is kept; a mix is an error. Every expert must have the
- * same image config (input_size, in_channels) and the same num_classes. On success *x owns the
+ * same image config (input_size, in_channels), the same num_classes and the same latent space
+ * (model/latents.h). On success *x owns the
  * models (ts_experts_free); on failure *x is empty and err names the file and the problem. */
 int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_t *e, int max_batch,
                     char *err, size_t errlen);
@@ -227,14 +229,14 @@ typedef struct ts_ensemble {
     ts_tensor_t vall;    /* (K·n, C, H, W): every expert's answers (confidence only) */
     ts_tensor_t idx, wk; /* (n) I32, (n) F32: the rows bound for one expert and their weights */
     /* host scratch */
-    int32_t *yy, *idx_h; /* (pairs·n) labels, (n) rows */
-    float *w, *wk_h;     /* (n, K) scores → weights, (n) */
-    float *xh, *vh;      /* (n·chw) x and v (v: K·n·chw for confidence) */
-    float *xhat;         /* (n·chw) x − t·v */
+    int32_t *yy, *idx_h;    /* (pairs·n) labels, (n) rows */
+    float *w, *wk_h;        /* (n, K) scores → weights, (n) */
+    float *xh, *vh;         /* (n·chw) x and v (v: K·n·chw for confidence) */
+    float *xhat;            /* (n·chw) x − t·v */
     float *conv_x, *conv_f; /* (n·chw) host: a DDPM expert's rows of x and its answer */
     int ddpm;               /* some expert has a DDPM objective (opts.objectives) */
-    float *emb, *d2;     /* (n, k) embeddings, (n, K) squared distances */
-    float *prev_emb;     /* (n, k): φ(x̂0) of the previous evaluation (centroid) */
+    float *emb, *d2;        /* (n, k) embeddings, (n, K) squared distances */
+    float *prev_emb;        /* (n, k): φ(x̂0) of the previous evaluation (centroid) */
     int has_prev;
     float *held;       /* (n, K): the held weights (opts.hold) */
     float *wu;         /* (n, K): exact guidance's unconditional weights */

@@ -20,6 +20,15 @@ static inline int to_host(float *dst, const ts_tensor_t *src) {
 int ts_ensemble__upload_rows(ts_ensemble_t *s, int m);
 /* Selects the rows with a non-zero weight for expert k into idx_h / wk_h; returns their count. */
 int ts_ensemble__rows_for(ts_ensemble_t *s, int k);
+/* Where expert k is asked for flow time t: its objective, and for a DDPM one the time its network
+ * takes (its step / 1000), ᾱ there and the scale of x_t (model/objective.h); a velocity expert
+ * is asked at (x_t, t) as it is. */
+typedef struct ts_ensemble_ask {
+    ts_objective_t obj;
+    float t;
+    double abar, scale;
+} ts_ensemble_ask_t;
+ts_ensemble_ask_t ts_ensemble__ask(const ts_ensemble_t *s, int k, float t);
 
 /* ---- ensemble_remote.c ---- */
 

@@ -26,11 +26,18 @@ static int remote_round(ts_ensemble_t *s, float t, uint8_t *done, uint8_t *faile
         int m = 0;
         int32_t *rows = s->job_rows + (size_t)k * n, *y = s->job_y + (size_t)k * n;
         float *xk = s->job_x + (size_t)k * n * chw;
+        ts_ensemble_ask_t ask = ts_ensemble__ask(s, k, t);
         for (int b = 0; b < n; b++)
             if (s->w[(size_t)b * K + k] != 0.0f && !done[(size_t)k * n + b]) {
                 rows[m] = b;
                 y[m] = s->o.labels[b];
-                memcpy(xk + (size_t)m * chw, s->xh + (size_t)b * chw, chw * sizeof *xk);
+                float *row = xk + (size_t)m * chw;
+                const float *xb = s->xh + (size_t)b * chw;
+                if (ask.obj == TS_OBJ_VELOCITY)
+                    memcpy(row, xb, chw * sizeof *xk);
+                else /* the scaled input, rounded as ts_scale rounds it for a local expert */
+                    for (size_t i = 0; i < chw; i++)
+                        row[i] = xb[i] * (float)ask.scale;
                 m++;
             }
         if (m == 0)
@@ -40,7 +47,7 @@ static int remote_round(ts_ensemble_t *s, float t, uint8_t *done, uint8_t *faile
                                               .rows = rows,
                                               .x = xk,
                                               .labels = y,
-                                              .t = t,
+                                              .t = ask.t,
                                               .cfg_scale = s->o.cfg_scale,
                                               .v = s->job_vp + (size_t)k * n * chw,
                                               .status = TS_EIO};
@@ -58,9 +65,15 @@ static int remote_round(ts_ensemble_t *s, float t, uint8_t *done, uint8_t *faile
         }
         s->forwards += (int64_t)s->pairs * jb->m;
         s->expert_forwards[jb->k] += (int64_t)s->pairs * jb->m;
+        ts_ensemble_ask_t ask = ts_ensemble__ask(s, jb->k, t);
         for (int r = 0; r < jb->m; r++) {
             size_t at = (size_t)jb->k * n + (size_t)jb->rows[r];
-            memcpy(s->job_v + at * chw, jb->v + (size_t)r * chw, chw * sizeof *jb->v);
+            if (ask.obj == TS_OBJ_VELOCITY) /* the answer is the velocity */
+                memcpy(s->job_v + at * chw, jb->v + (size_t)r * chw, chw * sizeof *jb->v);
+            else /* converted to the velocity at (x_t, t), as run_expert does for a local one */
+                TS_TRY(ts_objective_to_velocity(
+                    ask.obj, t, ask.abar, ask.scale, s->xh + (size_t)jb->rows[r] * chw,
+                    jb->v + (size_t)r * chw, s->job_v + at * chw, (int64_t)chw));
             done[at] = 1;
         }
     }

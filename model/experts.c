@@ -15,6 +15,7 @@
 #include "model/dit_io.h"
 #include "model/ensemble.h"
 #include "model/ensemble_internal.h"
+#include "model/latents.h"
 #include "model/safetensors.h"
 
 /* ---- experts from files --------------------------------------------------------------------- */
@@ -79,7 +80,22 @@ int ts_experts_open(ts_experts_t *x, const char *const *paths, int n, ts_engine_
             break;
         int c = -1, has = meta_cluster(&f, &c);
         const char *pid = ts_st_meta(&f, "partition_id"), *obj = ts_st_meta(&f, "objective");
-        if (obj && ts_objective_parse(obj, &x->objective[i]) != TS_OK) {
+        char space[TS_LATENT_SPACE_HEX], s_i[32], s_0[32];
+        int sp = ts_latent_space_meta(&f, space);
+        if (i == 0 && sp >= 0)
+            memcpy(x->latent_space, space, sizeof space);
+        if (sp < 0) {
+            ts_set_err(err, errlen, "'%s': metadata %s is not 64 hex digits", paths[i],
+                       TS_LATENT_SPACE_KEY);
+            rc = TS_ECORRUPT;
+        } else if (strcmp(space, x->latent_space) != 0) {
+            ts_set_err(err, errlen,
+                       "'%s' works in %s and '%s' in %s: the experts of one ensemble must share "
+                       "their latent space (one VAE made their data)",
+                       paths[i], ts_latent_space_name(space, s_i, sizeof s_i), paths[0],
+                       ts_latent_space_name(x->latent_space, s_0, sizeof s_0));
+            rc = TS_EINVAL;
+        } else if (obj && ts_objective_parse(obj, &x->objective[i]) != TS_OK) {
             ts_set_err(err, errlen,
                        "'%s': metadata objective '%s' is not velocity, epsilon, v_prediction or "
                        "x0",

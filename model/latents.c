@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "model/partition.h"
 #include "model/safetensors.h"
 
 #define MAX_META 16
@@ -34,10 +35,37 @@ int ts_latents_save(const char *path, const float *latents, const int32_t *label
     return ts_st_write(path, ent, 2, all, n_meta + 2, err, errlen);
 }
 
-int ts_latents_load(const char *path, ts_dataset_t *ds, char *err, size_t errlen) {
+int ts_latent_space_of(const char *vae_path, char hex[TS_LATENT_SPACE_HEX], char *err,
+                       size_t errlen) {
+    return ts_file_blake2b(vae_path, hex, err, errlen);
+}
+
+int ts_latent_space_meta(const ts_st_file_t *f, char hex[TS_LATENT_SPACE_HEX]) {
+    hex[0] = '\0';
+    const char *v = ts_st_meta(f, TS_LATENT_SPACE_KEY);
+    if (!v)
+        return 0;
+    if (strlen(v) != TS_LATENT_SPACE_HEX - 1 || strspn(v, "0123456789abcdef") != strlen(v))
+        return TS_ECORRUPT;
+    memcpy(hex, v, TS_LATENT_SPACE_HEX);
+    return 1;
+}
+
+const char *ts_latent_space_name(const char *hex, char *out, size_t len) {
+    if (!hex || !*hex)
+        snprintf(out, len, "pixels");
+    else
+        snprintf(out, len, "VAE %.16s…", hex);
+    return out;
+}
+
+int ts_latents_load(const char *path, ts_dataset_t *ds, char space[TS_LATENT_SPACE_HEX], char *err,
+                    size_t errlen) {
     if (!path || !ds)
         return ts_fail(err, errlen, TS_EINVAL, "latents: NULL argument");
     memset(ds, 0, sizeof *ds);
+    if (space)
+        space[0] = '\0';
     ts_st_file_t f;
     int rc = ts_st_read(path, &f, err, errlen);
     if (rc != TS_OK)
@@ -46,6 +74,7 @@ int ts_latents_load(const char *path, ts_dataset_t *ds, char *err, size_t errlen
     const ts_st_tensor_t *lt = ts_st_find(&f, "latents"), *lb = ts_st_find(&f, "labels");
     char *end = NULL;
     long classes = nc ? strtol(nc, &end, 10) : 0;
+    char hex[TS_LATENT_SPACE_HEX];
     if (!format || strcmp(format, TS_LATENTS_FORMAT) != 0) {
         rc = ts_fail(err, errlen, TS_EKIND,
                      "%s is not a latent data set (format \"%s\"; `tessera "
@@ -61,6 +90,11 @@ int ts_latents_load(const char *path, ts_dataset_t *ds, char *err, size_t errlen
     } else if (!lb || lb->dtype != TS_ST_I32 || lb->ndim != 1 || lb->shape[0] != lt->shape[0]) {
         rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: no I32 tensor \"labels\" of %lld values", path,
                      (long long)lt->shape[0]);
+    } else if (ts_latent_space_meta(&f, hex) < 0) {
+        rc = ts_fail(err, errlen, TS_ECORRUPT, "%s: its %s is not 64 hex digits", path,
+                     TS_LATENT_SPACE_KEY);
+    } else if (space) {
+        memcpy(space, hex, TS_LATENT_SPACE_HEX);
     }
     if (rc == TS_OK) {
         ds->n = (int)lt->shape[0], ds->channels = (int)lt->shape[1];

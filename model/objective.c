@@ -24,6 +24,17 @@ int ts_objective_parse(const char *name, ts_objective_t *out) {
     return TS_EINVAL;
 }
 
+int ts_objective_wire(ts_objective_t o) {
+    return (int)o + 1; /* the enum's order is the protocol's, from 1 */
+}
+
+int ts_objective_from_wire(int wire, ts_objective_t *out) {
+    if (wire < 1 || wire > (int)(sizeof names / sizeof names[0]))
+        return TS_EINVAL;
+    *out = (ts_objective_t)(wire - 1);
+    return TS_OK;
+}
+
 int ts_ddpm_linear(ts_ddpm_schedule_t *s, int n, double beta_start, double beta_end) {
     if (!s || n < 2 || n > TS_DDPM_MAX_STEPS || !(beta_start > 0.0) || !(beta_end < 1.0) ||
         !(beta_start <= beta_end))

@@ -38,6 +38,11 @@ typedef enum {
 const char *ts_objective_name(ts_objective_t o);
 int ts_objective_parse(const char *name, ts_objective_t *out);
 
+/* The protocol's number for o (proto/tessera.proto Objective: VELOCITY 1, EPSILON 2,
+ * V_PREDICTION 3, X0 4), and back: TS_EINVAL for a number that names none. */
+int ts_objective_wire(ts_objective_t o);
+int ts_objective_from_wire(int wire, ts_objective_t *out);
+
 #define TS_DDPM_MAX_STEPS 4096
 
 /* A discrete DDPM schedule: ᾱ at steps 0..n−1 (decreasing). */

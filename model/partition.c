@@ -25,6 +25,7 @@
 
 #include "base/str.h"
 #include "kernels/math.h"
+#include "model/latents.h"
 #include "model/safetensors.h"
 
 /* ---- the partition artifact -------------------------------------------------------------- */
@@ -137,7 +138,7 @@ int ts_partition_fit(const float *x, int64_t n, int D, const ts_partition_opts_t
     if (o.max_iter == 0)
         o.max_iter = TS_PARTITION_DEFAULT_MAX_ITER;
     if (!o.dataset)
-        o.dataset = "fashion-mnist-train";
+        o.dataset = TS_PARTITION_FMNIST;
     if (o.experts < 1 || o.experts > n) {
         ts_set_err(err, errlen,
                    "partition: experts K = %d must be between 1 and the %" PRId64 " images",
@@ -243,37 +244,6 @@ static int hash_bytes(const unsigned char *buf, size_t len, char hex[TS_PARTITIO
     return TS_OK;
 }
 
-int ts_partition_file_id(const char *path, char hex[TS_PARTITION_ID_HEX], char *err,
-                         size_t errlen) {
-    if (!path || !hex)
-        return TS_EINVAL;
-    hex[0] = '\0';
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ts_set_err(err, errlen, "cannot open '%s': %s", path, strerror(errno));
-        return TS_EIO;
-    }
-    unsigned char h[32];
-    crypto_generichash_state st;
-    unsigned char buf[1 << 16];
-    int rc = sodium_init() < 0 ? TS_EIO : TS_OK;
-    if (rc == TS_OK)
-        crypto_generichash_init(&st, NULL, 0, sizeof h);
-    size_t got;
-    while (rc == TS_OK && (got = fread(buf, 1, sizeof buf, f)) > 0)
-        crypto_generichash_update(&st, buf, got);
-    if (rc == TS_OK && ferror(f)) {
-        ts_set_err(err, errlen, "cannot read '%s'", path);
-        rc = TS_EIO;
-    }
-    fclose(f);
-    if (rc == TS_OK) {
-        crypto_generichash_final(&st, h, sizeof h);
-        ts_hex(h, sizeof h, hex);
-    }
-    return rc;
-}
-
 int ts_partition_save(ts_partition_t *p, const char *path, char *err, size_t errlen) {
     if (!p || !path || !p->basis || !p->mean || !p->centroids || !p->assignment || !p->sizes ||
         p->K < 1 || p->k < 1 || p->D < p->k || p->n < p->K) {
@@ -328,7 +298,7 @@ int ts_partition_save(ts_partition_t *p, const char *path, char *err, size_t err
     }
     int rc = ts_st_write(path, e, 5, meta2, n_meta, err, errlen);
     if (rc == TS_OK)
-        rc = ts_partition_file_id(path, p->id, err, errlen);
+        rc = ts_file_blake2b(path, p->id, err, errlen);
     return rc;
 }
 
@@ -587,42 +557,74 @@ int ts_partition_members(const ts_partition_t *p, int k, int32_t **idx, int *n) 
     return TS_OK;
 }
 
-int ts_partition_load_cluster(const char *path, int cluster, const char *fmnist_dir,
-                              ts_dataset_t *out, char partition_id[TS_PARTITION_ID_HEX], char *err,
+int ts_partition_take_cluster(const char *path, int cluster, ts_dataset_t *ds, const char *dataset,
+                              const char *where, char partition_id[TS_PARTITION_ID_HEX], char *err,
                               size_t errlen) {
-    if (!out)
+    if (!ds || !dataset || !where)
         return TS_EINVAL;
-    memset(out, 0, sizeof *out);
     ts_partition_t part;
     int rc = ts_partition_load(path, &part, err, errlen);
     if (rc != TS_OK)
         return rc;
-    ts_dataset_t all = {0};
+    ts_dataset_t sub = {0};
     int32_t *idx = NULL;
     int n = 0;
     if (cluster < 0 || cluster >= part.K) {
         ts_set_err(err, errlen, "cluster %d: partition '%s' has clusters 0..%d", cluster, path,
                    part.K - 1);
         rc = TS_EINVAL;
-    }
-    if (rc == TS_OK)
-        rc = ts_fmnist_load(fmnist_dir, "train", &all, err, errlen);
-    if (rc == TS_OK && all.n != part.n) {
+    } else if (strcmp(part.dataset, dataset) != 0) {
         ts_set_err(err, errlen,
-                   "partition '%s' was made from %lld images, but the train set in "
-                   "%s has %d: not the data set it partitions",
-                   path, (long long)part.n, fmnist_dir ? fmnist_dir : TS_FMNIST_DEFAULT_DIR, all.n);
+                   "partition '%s' was made from %s, not from %s (%s): not the data set it "
+                   "partitions",
+                   path, part.dataset, where, dataset);
+        rc = TS_EINVAL;
+    } else if (ds->n != part.n) {
+        ts_set_err(err, errlen,
+                   "partition '%s' was made from %lld images, but %s has %d: not the data set it "
+                   "partitions",
+                   path, (long long)part.n, where, ds->n);
         rc = TS_EINVAL;
     }
-    if (rc == TS_OK && (rc = ts_partition_members(&part, cluster, &idx, &n)) == TS_OK)
-        rc = ts_dataset_subset(&all, idx, n, out);
+    if (rc == TS_OK && (rc = ts_partition_members(&part, cluster, &idx, &n)) == TS_OK &&
+        (rc = ts_dataset_subset(ds, idx, n, &sub)) == TS_OK) {
+        ts_dataset_free(ds);
+        *ds = sub;
+    }
     if (rc == TS_OK && partition_id)
         memcpy(partition_id, part.id, TS_PARTITION_ID_HEX);
     if (rc == TS_ENOMEM)
         ts_set_err(err, errlen, "out of memory selecting cluster %d of '%s'", cluster, path);
     free(idx);
-    ts_dataset_free(&all);
     ts_partition_free(&part);
+    return rc;
+}
+
+int ts_partition_load_cluster(const char *path, int cluster, const char *fmnist_dir,
+                              ts_dataset_t *out, char partition_id[TS_PARTITION_ID_HEX], char *err,
+                              size_t errlen) {
+    if (!out)
+        return TS_EINVAL;
+    int rc = ts_fmnist_load(fmnist_dir, "train", out, err, errlen);
+    char where[1100];
+    snprintf(where, sizeof where, "the train set in %s",
+             fmnist_dir ? fmnist_dir : TS_FMNIST_DEFAULT_DIR);
+    if (rc == TS_OK)
+        rc = ts_partition_take_cluster(path, cluster, out, TS_PARTITION_FMNIST, where, partition_id,
+                                       err, errlen);
+    if (rc != TS_OK)
+        ts_dataset_free(out);
+    return rc;
+}
+
+int ts_partition_latents(const char *path, ts_dataset_t *ds, char dataset[64], char *err,
+                         size_t errlen) {
+    char hex[65];
+    int rc = ts_latents_load(path, ds, NULL, err, errlen);
+    if (rc == TS_OK && (rc = ts_file_blake2b(path, hex, err, errlen)) != TS_OK)
+        ts_dataset_free(ds);
+    if (rc == TS_OK)
+        snprintf(dataset, 64, "tessera-latents:%.32s", hex);
     return rc;
 }
 

@@ -56,9 +56,9 @@ typedef struct ts_partition {
     uint64_t seed;
     int restarts, hierarchical; /* hierarchical = FINE, or 0 */
     double inertia, explained;
-    char embed[32];               /* "pca64" */
-    char dataset[64];             /* "fashion-mnist-train" */
-    char strategy[32];            /* how the clusters were made: "kmeans" (on the PCA embedding),
+    char embed[32];    /* "pca64" */
+    char dataset[64];  /* TS_PARTITION_FMNIST, or a latent data set (ts_partition_latents) */
+    char strategy[32]; /* how the clusters were made: "kmeans" (on the PCA embedding),
                                      or what opts.strategy said: "label", "random", "features" */
     char id[TS_PARTITION_ID_HEX]; /* partition_id: BLAKE2b-256 of the file, hex; "" until saved */
 } ts_partition_t;
@@ -71,7 +71,7 @@ typedef struct ts_partition_opts {
     int max_iter;     /* TS_PARTITION_DEFAULT_MAX_ITER when 0 */
     uint64_t seed;
     int threads;         /* 0 = one per online core */
-    const char *dataset; /* recorded in the metadata; NULL = "fashion-mnist-train" */
+    const char *dataset; /* recorded in the metadata; NULL = TS_PARTITION_FMNIST */
     /* Other strategies (all optional). assign (n, each in [0, K), every cluster used): the
      * clusters are given, no k-means runs. space (n, space_dims): k-means runs on these
      * features instead of the PCA embedding. Either way the centroids are the clusters' means
@@ -114,21 +114,31 @@ void ts_partition_free(ts_partition_t *p);
  * ≥ 1 indices. Errors: TS_EINVAL (k outside [0, K)), TS_ENOMEM. */
 int ts_partition_members(const ts_partition_t *p, int k, int32_t **idx, int *n);
 
+/* The data set a partition of Fashion-MNIST names. */
+#define TS_PARTITION_FMNIST "fashion-mnist-train"
+
+/* The images of cluster `cluster` of the partition file at path, kept from the whole data set
+ * *ds it was made from (replaced by them, in ts_partition_members' order): dataset is that data
+ * set's name as the partition records it (TS_PARTITION_FMNIST, or ts_partition_latents'), where
+ * names it in messages. partition_id (may be NULL) receives the partition's id. Errors: those of
+ * ts_partition_load; TS_EINVAL (cluster ≥ K, or a data set of another name or size than the
+ * partition's), TS_ENOMEM; *ds is left whole on failure. */
+int ts_partition_take_cluster(const char *path, int cluster, ts_dataset_t *ds, const char *dataset,
+                              const char *where, char partition_id[TS_PARTITION_ID_HEX], char *err,
+                              size_t errlen);
+
 /* The training set of expert `cluster`, as `tessera train --partition` and tesserad's trainer
- * read it: loads the partition file at path, checks 0 ≤ cluster < K, loads the Fashion-MNIST
- * train split from fmnist_dir (NULL = TS_FMNIST_DEFAULT_DIR), checks that it holds the
- * partition's n images, and keeps the cluster's images (ts_partition_members, in that order).
- * partition_id (may be NULL) receives the partition's id. On success *out owns its buffers
- * (ts_dataset_free); on failure it is zeroed and err names the file or the cluster at fault.
- * Errors: those of ts_partition_load and ts_fmnist_load; TS_EINVAL (cluster ≥ K, or a data set
- * of another size than the partition's). */
+ * read it: the Fashion-MNIST train split from fmnist_dir (NULL = TS_FMNIST_DEFAULT_DIR) and
+ * ts_partition_take_cluster. On success *out owns its buffers (ts_dataset_free); on failure it is
+ * zeroed and err names the file or the cluster at fault. */
 int ts_partition_load_cluster(const char *path, int cluster, const char *fmnist_dir,
                               ts_dataset_t *out, char partition_id[TS_PARTITION_ID_HEX], char *err,
                               size_t errlen);
 
-/* The partition_id of a file: BLAKE2b-256 of its bytes as 64 lowercase hex digits in hex[65].
- * Errors: TS_EINVAL, TS_EIO, TS_ENOMEM. */
-int ts_partition_file_id(const char *path, char hex[TS_PARTITION_ID_HEX], char *err, size_t errlen);
+/* A latent data set (model/latents.h) to partition or to take a cluster of, and its name for
+ * the partition: "tessera-latents:" and the first 32 hex digits of the file's BLAKE2b-256. */
+int ts_partition_latents(const char *path, ts_dataset_t *ds, char dataset[64], char *err,
+                         size_t errlen);
 
 /* out (B, k) = φ(x): the PCA embedding of x (B, D) with p's basis and mean; single-threaded,
  * row by row (the same bits as at partition time). Errors: TS_EINVAL, TS_ENOMEM. */

@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <sodium.h>
 
 #include "base/file.h"
 #include "base/str.h"
@@ -884,5 +885,35 @@ int ts_st_write(const char *path, const ts_st_entry_t *entries, int n, const cha
         ts_set_err(err, errlen, "writing '%s' failed: %s", show(path).s, why);
     }
     free(hdr);
+    return rc;
+}
+
+int ts_file_blake2b(const char *path, char hex[65], char *err, size_t errlen) {
+    if (!path || !hex)
+        return TS_EINVAL;
+    hex[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ts_set_err(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+        return TS_EIO;
+    }
+    unsigned char h[32];
+    crypto_generichash_state st;
+    unsigned char buf[1 << 16];
+    int rc = sodium_init() < 0 ? TS_EIO : TS_OK;
+    if (rc == TS_OK)
+        crypto_generichash_init(&st, NULL, 0, sizeof h);
+    size_t got;
+    while (rc == TS_OK && (got = fread(buf, 1, sizeof buf, f)) > 0)
+        crypto_generichash_update(&st, buf, got);
+    if (rc == TS_OK && ferror(f)) {
+        ts_set_err(err, errlen, "cannot read '%s'", path);
+        rc = TS_EIO;
+    }
+    fclose(f);
+    if (rc == TS_OK) {
+        crypto_generichash_final(&st, h, sizeof h);
+        ts_hex(h, sizeof h, hex);
+    }
     return rc;
 }

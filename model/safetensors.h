@@ -48,8 +48,8 @@ typedef struct ts_st_tensor {
     int ndim; /* 0 for a scalar */
     int64_t shape[TS_ST_MAX_DIMS];
     int64_t numel;
-    size_t begin, end;  /* byte range in the data buffer */
-    const void *data;   /* points into the file's buffer; little-endian, maybe unaligned */
+    size_t begin, end; /* byte range in the data buffer */
+    const void *data;  /* points into the file's buffer; little-endian, maybe unaligned */
 } ts_st_tensor_t;
 
 typedef struct ts_st_file {
@@ -103,6 +103,10 @@ int ts_st_serialize(const ts_st_entry_t *entries, int n, const char *const *meta
  * pairs (meta[2i] = key, meta[2i+1] = value), written under "__metadata__". */
 int ts_st_write(const char *path, const ts_st_entry_t *entries, int n, const char *const *meta,
                 int n_meta, char *err, size_t errlen);
+
+/* The BLAKE2b-256 of a file's bytes as 64 lowercase hex digits in hex[65]: a partition's id
+ * (model/partition.h), a latent space (model/latents.h). TS_EINVAL, TS_EIO (with a sentence). */
+int ts_file_blake2b(const char *path, char hex[65], char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

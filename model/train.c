@@ -278,7 +278,8 @@ static ts_tensor_t *slab_of(ts_trainer_t *tr, int i) {
  * loss average (%.9g: a float's exact decimal round trip), and f16 training's loss scale, its
  * good steps and the run's skipped steps (checkpoints before them: the initial values). */
 #define N_META 9
-_Static_assert(N_META == sizeof((ts_trainer_stage_t *)0)->vals / sizeof((ts_trainer_stage_t *)0)->vals[0],
+_Static_assert(N_META ==
+                   sizeof((ts_trainer_stage_t *)0)->vals / sizeof((ts_trainer_stage_t *)0)->vals[0],
                "ts_trainer_stage_t holds every metadata value");
 #define N_META_MATCH 5 /* keys [1, N_META_MATCH) must match */
 static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
@@ -296,8 +297,8 @@ static void meta_values(const ts_trainer_t *tr, char vals[][32]) {
     snprintf(vals[8], 32, "%lld", (long long)tr->skipped);
 }
 
-static const char *const META_KEYS[N_META] = {"step",      "seed",  "batch",
-                                              "data_size", "model", "loss_avg",
+static const char *const META_KEYS[N_META] = {"step",       "seed",       "batch",
+                                              "data_size",  "model",      "loss_avg",
                                               "loss_scale", "scale_good", "skipped"};
 
 void ts_trainer_stage_free(ts_trainer_stage_t *s) {
@@ -571,4 +572,12 @@ void ts_train_meta(ts_train_meta_t *m, const ts_trainer_t *tr, const char *shard
         m->kv[2 * m->n + 1] = m->heldout;
         m->n++;
     }
+}
+
+void ts_train_meta_add(ts_train_meta_t *m, const char *key, const char *value) {
+    if (2 * (m->n + 1) > (int)(sizeof m->kv / sizeof m->kv[0]))
+        return;
+    m->kv[2 * m->n] = key;
+    m->kv[2 * m->n + 1] = value;
+    m->n++;
 }

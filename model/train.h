@@ -28,11 +28,11 @@ extern "C" {
 
 typedef struct ts_train_config {
     int batch;
-    float lr;            /* peak learning rate */
-    int warmup;          /* steps of linear warm-up from 0 */
+    float lr;   /* peak learning rate */
+    int warmup; /* steps of linear warm-up from 0 */
     float weight_decay;
     float beta1, beta2, eps;
-    float grad_clip;     /* max global gradient norm; 0 = no clipping */
+    float grad_clip; /* max global gradient norm; 0 = no clipping */
     float ema_decay;
     float label_dropout; /* probability of the null class (for CFG) */
     int logit_normal;    /* 1: t = sigmoid(N(0, 1)); 0: t ~ U(0, 1) */
@@ -52,17 +52,17 @@ void ts_epoch_permutation(uint64_t key, int64_t epoch, int n, int32_t *perm);
 void ts_train_config_default(ts_train_config_t *c);
 
 typedef struct ts_trainer {
-    ts_dit_t *model;           /* borrowed; trainable, max_batch ≥ batch */
-    const ts_dataset_t *data;  /* borrowed */
+    ts_dit_t *model;          /* borrowed; trainable, max_batch ≥ batch */
+    const ts_dataset_t *data; /* borrowed */
     ts_train_config_t cfg;
-    int64_t step;              /* steps completed */
+    int64_t step; /* steps completed */
     ts_tensor_t m_mem, v_mem, ema_mem;
     /* per-step buffers on the engine's device */
     ts_tensor_t x0, eps, xt, target, dv, t, loss, sumsq;
     float *x0_host, *t_host, *u_host;
     int32_t *y_host;
-    int32_t *perm;             /* the current epoch's order */
-    int64_t perm_epoch;        /* which epoch perm holds; −1 none */
+    int32_t *perm;      /* the current epoch's order */
+    int64_t perm_epoch; /* which epoch perm holds; −1 none */
     /* The running average of the loss, avg ← 0.98·avg + 0.02·loss after each step (the first
      * step's loss to begin with; NaN before any step). Checkpoints carry it, so a resumed run
      * reports — and writes into its weights — the same value as an uninterrupted one. */
@@ -156,12 +156,14 @@ void ts_trainer_stage_free(ts_trainer_stage_t *s);
  * hosted expert (daemon/expert.h) reads partition_id, cluster and objective back. kv points into
  * *m and into the caller's strings, which must outlive its use. */
 typedef struct ts_train_meta {
-    const char *kv[16];
+    const char *kv[24];
     int n; /* pairs in kv */
     char steps[24], loss[32], cluster[16], heldout[32];
 } ts_train_meta_t;
 void ts_train_meta(ts_train_meta_t *m, const ts_trainer_t *tr, const char *shard,
                    const char *partition_id, int cluster, double heldout);
+/* One more pair (the caller's strings, which must outlive m's use); dropped past the room. */
+void ts_train_meta_add(ts_train_meta_t *m, const char *key, const char *value);
 
 #ifdef __cplusplus
 }

@@ -712,6 +712,8 @@ int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, cha
         CHECK(check_id(&c, 1, &b->router_hash, w, "router_hash"));
     if (b->has_relay_id)
         CHECK(check_id(&c, 1, &b->relay_id, w, "relay_id"));
+    if (b->has_latent_space)
+        CHECK(check_id(&c, 1, &b->latent_space, w, "latent_space"));
     if (b->has_heldout_loss)
         CHECK(check_float(&c, b->heldout_loss, 0.0f, 1e30f, w, "heldout_loss"));
     if (b->training)
@@ -738,7 +740,7 @@ int ts_frame_check_advert_body(const Tessera__AdvertBody *b, unsigned flags, cha
             return bad(&c, TS_ECORRUPT, "advert body.model.%s is missing or zero", dims[i].name);
     CHECK(need_has(&c, b->has_objective, w, "objective"));
     if (b->objective < TESSERA__OBJECTIVE__OBJECTIVE_VELOCITY ||
-        b->objective > TESSERA__OBJECTIVE__OBJECTIVE_V_PREDICTION)
+        b->objective > TESSERA__OBJECTIVE__OBJECTIVE_X0)
         return bad(&c, TS_ECORRUPT, "advert body.objective %d is not an objective",
                    (int)b->objective);
     CHECK(check_tensor(&c, b->centroid,

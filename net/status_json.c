@@ -24,7 +24,8 @@ static const char *objective_name(int o) {
     switch (o) {
     case TESSERA__OBJECTIVE__OBJECTIVE_VELOCITY: return "velocity";
     case TESSERA__OBJECTIVE__OBJECTIVE_EPSILON: return "epsilon";
-    case TESSERA__OBJECTIVE__OBJECTIVE_V_PREDICTION: return "v-prediction";
+    case TESSERA__OBJECTIVE__OBJECTIVE_V_PREDICTION: return "v_prediction";
+    case TESSERA__OBJECTIVE__OBJECTIVE_X0: return "x0";
     default: return "?";
     }
 }
@@ -174,6 +175,12 @@ static json_t *j_advert(const Tessera__Advert *a, const Tessera__AdvertBody *b) 
     if (j) /* the served weights' own figure (model/heldout.h), null when they carry none */
         json_object_set_new(j, "heldout_loss",
                             b->has_heldout_loss ? json_real(b->heldout_loss) : json_null());
+    if (j) { /* a latent expert's VAE (model/latents.h), null for pixels */
+        char space[65];
+        ts_status_hex(&b->latent_space, 64, space);
+        json_object_set_new(j, "latent_space",
+                            b->has_latent_space ? json_string(space) : json_null());
+    }
     return j;
 }
 

@@ -322,16 +322,8 @@ echo "ok: partition, train --partition, train-router, train-classifier, generate
 
 # an expert of a DDPM objective: sample (one model, no conversion) refuses it and says where to go;
 # generate --local converts its answers (an epsilon expert beside a velocity one)
-"$PY" - "$f/expert-1.safetensors" "$dir/eps.safetensors" <<'PYEOF' || fail "could not write an epsilon expert"
-import json, struct, sys
-b = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", b[:8])[0]
-h = json.loads(b[8:8 + n])
-h["__metadata__"]["objective"] = "epsilon"
-hb = json.dumps(h).encode()
-hb += b" " * ((8 - len(hb) % 8) % 8)
-open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
-PYEOF
+"$PY" "$(dirname "$0")/st_set_meta.py" "$f/expert-1.safetensors" "$dir/eps.safetensors" objective=epsilon ||
+    fail "could not write an epsilon expert"
 if "$T" sample --weights "$dir/eps.safetensors" --n 2 --steps 2 --out "$dir/s.png" 2>"$dir/err.txt"; then
     fail "sample took an epsilon expert as a velocity one"
 fi

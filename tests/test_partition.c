@@ -551,7 +551,7 @@ static void test_artifact_roundtrip(void **state) {
     for (int i = 0; i < 64; i++)
         assert_non_null(strchr("0123456789abcdef", p.id[i]));
     char fid[TS_PARTITION_ID_HEX];
-    CHECK_OK(ts_partition_file_id(in_dir("a.safetensors"), fid, err, sizeof err));
+    CHECK_OK(ts_file_blake2b(in_dir("a.safetensors"), fid, err, sizeof err));
     assert_string_equal(fid, p.id);
 
     CHECK_OK(ts_partition_load(in_dir("a.safetensors"), &q, err, sizeof err));

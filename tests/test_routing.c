@@ -356,8 +356,8 @@ static void tiny_config(ts_dit_config_t *c) {
 
 /* Writes a random expert to name in the temp folder: DiT init, then every parameter perturbed
  * (so the output depends on x, t and y). perturb = 0 keeps the DiT init, whose output is 0. */
-static const char *write_expert_meta(ts_engine_t *e, const char *name, uint64_t seed,
-                                     float perturb, const char *key, const char *value);
+static const char *write_expert_meta(ts_engine_t *e, const char *name, uint64_t seed, float perturb,
+                                     const char *key, const char *value);
 
 static const char *write_expert(ts_engine_t *e, const char *name, uint64_t seed, float perturb,
                                 const char *cluster) {
@@ -365,8 +365,8 @@ static const char *write_expert(ts_engine_t *e, const char *name, uint64_t seed,
 }
 
 /* As write_expert, with one metadata pair (key NULL: none). */
-static const char *write_expert_meta(ts_engine_t *e, const char *name, uint64_t seed,
-                                     float perturb, const char *key, const char *value) {
+static const char *write_expert_meta(ts_engine_t *e, const char *name, uint64_t seed, float perturb,
+                                     const char *key, const char *value) {
     ts_dit_config_t cfg;
     tiny_config(&cfg);
     ts_dit_t m;
@@ -381,8 +381,8 @@ static const char *write_expert_meta(ts_engine_t *e, const char *name, uint64_t 
     const char *extra[2] = {key, value};
     const char *path = tu_temp_path(name);
     TU_CHECK_RC_MSG(
-        ts_dit_save(&m, &m.param_mem, path, TS_ST_F32, extra, key ? 1 : 0, err, sizeof err),
-        TS_OK, err);
+        ts_dit_save(&m, &m.param_mem, path, TS_ST_F32, extra, key ? 1 : 0, err, sizeof err), TS_OK,
+        err);
     ts_dit_free(&m);
     return path;
 }
@@ -504,6 +504,14 @@ static ts_ensemble_opts_t base_opts(const char *select, ts_policy_t policy, cons
 
 /* ---- the ensemble: tests --------------------------------------------------------------------- */
 
+/* the remote experts' hook (below, "remote experts") */
+typedef struct hook {
+    ts_engine_t *e;
+    ts_dit_t *models;
+    int fail_k, calls, jobs;
+} hook_t;
+static int hook(void *ctx, ts_expert_job_t *jobs, int n);
+
 /* A flow expert and an ε-expert (the same weights, metadata objective "epsilon") in one ensemble,
  * full uniform routing: v = ½·v_flow + ½·convert(ε̂), where the ε-expert is asked at (c·x_t, its
  * step of equal SNR / 1000) and its guided answer converted (model/objective.h) — computed here
@@ -552,29 +560,40 @@ static void test_mixed_objectives(void **state) {
         TU_CHECK_OK(ts_dit_velocity(&vc, &xs, (float)(step / 1000.0), &f));
         ts_dit_velocity_free(&vc);
         float *want = tu_f32(&f);
-        TU_CHECK_OK(ts_objective_to_velocity(TS_OBJ_EPSILON, t, abar, scale, tu_f32(&x), want,
-                                             want, N * CHW));
+        TU_CHECK_OK(ts_objective_to_velocity(TS_OBJ_EPSILON, t, abar, scale, tu_f32(&x), want, want,
+                                             N * CHW));
         for (int64_t i = 0; i < N * CHW; i++)
             want[i] = 0.5f * tu_f32(&v1)[i] + 0.5f * want[i];
         tu_check_close(tu_f32(&v), want, N * CHW, 1e-5, 1e-5, "flow + converted epsilon");
+        /* the same through the remote hook (a server computes the ε-expert's raw answer at the
+         * scaled input and DDPM time; the client converts): the local bits */
+        hook_t h = {.e = &fx->e, .models = ex.models, .fail_k = -1};
+        o.eval = hook, o.eval_ctx = &h, o.config = &ex.models[0].cfg;
+        ts_tensor_t vr;
+        tu_alloc_like(&vr, &x);
+        TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, NULL, 2, &o, err, sizeof err), TS_OK, err);
+        TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, t, &vr));
+        ts_ensemble_free(&ens);
+        assert_int_equal(h.jobs, 2);
+        assert_memory_equal(tu_f32(&vr), tu_f32(&v), sizeof(float) * N * CHW);
+        ts_tensor_free(&vr);
         /* and it is not the ε-expert's raw answer mixed in: the conversion matters */
         double diff = 0.0;
         for (int64_t i = 0; i < N * CHW; i++)
             diff += fabs((double)tu_f32(&v)[i] - 0.5 * (tu_f32(&v1)[i] + tu_f32(&f)[i]));
         assert_true(diff > 1e-3);
     }
-    /* the refusals: the confidence policy, and remote experts */
+    /* the refusal: the confidence policy */
     ts_partition_t part = make_partition(2, (const float[4]){0, 0, 1, 1});
     ts_ensemble_opts_t o = base_opts("full", TS_POLICY_CONFIDENCE, labels, N, 1.0f);
     o.partition = &part;
     o.objectives = ex.objective;
     ts_ensemble_t ens;
-    assert_int_equal(ts_ensemble_init(&ens, &fx->e, ex.models, 2, &o, err, sizeof err),
-                     TS_ENOTSUP);
+    assert_int_equal(ts_ensemble_init(&ens, &fx->e, ex.models, 2, &o, err, sizeof err), TS_ENOTSUP);
     TU_CHECK_CONTAINS(err, "DDPM objective");
     /* an objective no one knows is refused when the file is opened */
-    const char *bad[1] = {write_expert_meta(&fx->e, "bad.safetensors", 11, 0.0f, "objective",
-                                            "score")};
+    const char *bad[1] = {
+        write_expert_meta(&fx->e, "bad.safetensors", 11, 0.0f, "objective", "score")};
     ts_experts_t none;
     assert_int_equal(ts_experts_open(&none, bad, 1, &fx->e, MAXB, err, sizeof err), TS_EINVAL);
     TU_CHECK_CONTAINS(err, "objective 'score'");
@@ -628,12 +647,6 @@ static void test_top1_identical_equals_single(void **state) {
  * ts_expert_job_run (what a server and a client's fallback run) — in reverse order, to show that
  * the order of completion does not matter — and fails the jobs of expert `fail_k` (−1: none,
  * −2: all). */
-typedef struct {
-    ts_engine_t *e;
-    ts_dit_t *models;
-    int fail_k, calls, jobs;
-} hook_t;
-
 static int hook(void *ctx, ts_expert_job_t *jobs, int n) {
     hook_t *h = ctx;
     h->calls++;

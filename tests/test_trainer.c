@@ -204,7 +204,7 @@ static void test_cluster_is_the_shard_file(void **state) {
                                 chw * sizeof(float));
         }
         char fid[TS_PARTITION_ID_HEX];
-        TU_CHECK_OK(ts_partition_file_id(g_part, fid, err, sizeof err));
+        TU_CHECK_OK(ts_file_blake2b(g_part, fid, err, sizeof err));
         assert_string_equal(pid, fid);
         total += n;
         free(idx);
@@ -427,7 +427,7 @@ static void test_snapshots_and_final_weights(void **state) {
 
     /* the final weights: in the store with `tessera train --partition`'s metadata ... */
     char pid[TS_PARTITION_ID_HEX], err[512] = "", steps[16], hex[TS_HASH_HEX];
-    TU_CHECK_OK(ts_partition_file_id(g_part, pid, err, sizeof err));
+    TU_CHECK_OK(ts_file_blake2b(g_part, pid, err, sizeof err));
     snprintf(steps, sizeof steps, "%d", 2 * EVERY);
     const char *want[] = {"partition_id", pid,           "cluster", "0",       "objective",
                           "velocity",     "train_steps", steps,     "weights", "ema",
