@@ -10,6 +10,7 @@
 
 #include "base/clock.h"
 #include "client/args.h"
+#include "client/cli.h"
 #include "client/commands.h"
 #include "client/jsonout.h"
 #include "model/dit_io.h"
@@ -35,6 +36,7 @@ static const ts_st_tensor_t *input(const ts_st_file_t *f, const char *name, int6
 typedef struct {
     const char *weights, *inputs, *out;
     int threads, json;
+    ts_precision_t precision; /* --precision (zeroed: f32) */
 } fwd_opts_t;
 
 /* Everything one run opens and allocates (fwd_free releases it all). */
@@ -58,8 +60,11 @@ static int parse_opts(int argc, char **argv, fwd_opts_t *o) {
     ts_arg_t args[] = {
         {"weights", TS_ARG_STRING, &o->weights, "FILE", "expert weights (.safetensors)", 0, 0, 1},
         {"inputs", TS_ARG_STRING, &o->inputs, "FILE", "safetensors with x, t, y", 0, 0, 1},
-        {"out", TS_ARG_STRING, &o->out, "FILE", "safetensors to write v into", 0, 0, 1},
+        {"out", TS_ARG_STRING, &o->out, "FILE",
+         "safetensors to write v into (and sigma, for a model with a learned σ)", 0, 0, 1},
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
+        {"precision", TS_ARG_PRECISION, &o->precision, "P",
+         "the products' precision: f32 (default), bf16 or f16"},
         {"json", TS_ARG_FLAG, &o->json, NULL,
          "print one JSON object (out, batch, shape of v, seconds) on stdout"},
     };
@@ -87,6 +92,8 @@ static int open_inputs(fwd_run_t *r) {
         rc = ts_engine_init(&r->eng, &eo);
     if (rc == TS_OK)
         rc = ts_dit_open(&r->model, o->weights, &r->eng, r->B > 0 ? r->B : 1, 0, err, errlen);
+    if (rc == TS_OK)
+        rc = ts_cli_precision(&r->model, 1, o->precision, NULL, err, errlen);
     const ts_dit_config_t *c = &r->model.cfg;
     r->chw = (int64_t)c->in_channels * c->input_size * c->input_size;
     int B = r->B;
@@ -139,13 +146,21 @@ static int run(fwd_run_t *r) {
     if (rc == TS_OK)
         rc = ts_dit_forward(&r->model, &xt, &tt, r->y, B, &v);
     double secs = ts_now_s() - t0;
+    ts_tensor_t sigma = {0}; /* a learned-σ model's other half (model/dit.h) */
+    if (rc == TS_OK && c->learn_sigma)
+        rc = ts_dit_sigma(&r->model, B, &sigma);
     if (rc == TS_OK) {
-        ts_st_entry_t e = {.name = "v",
-                           .dtype = TS_ST_F32,
-                           .ndim = 4,
-                           .shape = {B, c->in_channels, c->input_size, c->input_size},
-                           .data = v.data};
-        rc = ts_st_write(r->o.out, &e, 1, NULL, 0, r->err, sizeof r->err);
+        ts_st_entry_t e[2] = {{.name = "v",
+                               .dtype = TS_ST_F32,
+                               .ndim = 4,
+                               .shape = {B, c->in_channels, c->input_size, c->input_size},
+                               .data = v.data},
+                              {.name = "sigma",
+                               .dtype = TS_ST_F32,
+                               .ndim = 4,
+                               .shape = {B, c->in_channels, c->input_size, c->input_size},
+                               .data = sigma.data}};
+        rc = ts_st_write(r->o.out, e, c->learn_sigma ? 2 : 1, NULL, 0, r->err, sizeof r->err);
     }
     if (rc == TS_OK && r->o.json)
         ts_json_print(json_pack("{s:s, s:i, s:[i, i, i, i], s:f}", "out", r->o.out, "batch", B,

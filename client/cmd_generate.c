@@ -570,6 +570,14 @@ static int open_experts(gen_run_t *r) {
                          k, ts_objective_name(r->loc.ex.objective[k]), o->sampler);
             r->usage = 1;
         }
+    int C = r->loc.cfg.in_channels;
+    if (rc == TS_OK && !o->vae && C != 1 && C != 3) { /* a PNG holds grey or RGB */
+        rc = ts_fail(r->err, sizeof r->err, TS_EINVAL,
+                     "the experts make latents of %d channels: pass --vae FILE (the VAE whose "
+                     "latents they learnt) to decode them into pictures",
+                     C);
+        r->usage = 1;
+    }
     if (rc != TS_OK)
         return rc;
     if (!o->tau_set)
@@ -750,7 +758,8 @@ static int run(gen_run_t *r) {
     if (rc == TS_OK && !o->vae && r->loc.ex.latent_space[0] && !o->quiet)
         fprintf(stderr,
                 PROG ": the experts work in the latent space of %s: --vae FILE (that VAE) decodes "
-                     "their samples into pictures; without it the latents are drawn as they are\n",
+                     "their samples into pictures; without it their channels are drawn as they "
+                     "are\n",
                 ts_latent_space_name(r->loc.ex.latent_space, space, sizeof space));
     if (rc == TS_OK && o->peer)
         rc = ts_remote_track(&r->net.remote, o->n);

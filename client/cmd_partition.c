@@ -449,7 +449,7 @@ static int validate(part_opts_t *o) {
 static int open_data(part_run_t *r) {
     const part_opts_t *o = &r->o;
     int rc = o->latents
-                 ? ts_partition_latents(o->latents, &r->ds, r->dataset, r->err, sizeof r->err)
+                 ? ts_partition_latents(o->latents, &r->ds, r->dataset, NULL, r->err, sizeof r->err)
                  : ts_fmnist_load(o->data, "train", &r->ds, r->err, sizeof r->err);
     if (rc != TS_OK)
         return ts_args_fail(PROG, r->err, rc);

@@ -103,17 +103,13 @@ static int load_data(train_run_t *r) {
         snprintf(r->shard_name, sizeof r->shard_name, "shard-%d", o->cluster);
     if (o->latents) { /* a latent data set of `tessera encode` (shards index it like the images) */
         char name[64];
-        int rc = ts_latents_load(o->latents, ds, r->latent_space, err, errlen);
+        int rc = ts_partition_latents(o->latents, ds, name, r->latent_space, err, errlen);
         if (rc == TS_OK && ds->height != ds->width)
             rc = ts_fail(err, errlen, TS_EINVAL, "%s: latents of %d×%d; a DiT takes square ones",
                          o->latents, ds->height, ds->width);
-        if (rc == TS_OK && o->partition) { /* a partition of these latents: its cluster */
-            ts_dataset_free(ds);
-            rc = ts_partition_latents(o->latents, ds, name, err, errlen);
-            if (rc == TS_OK)
-                rc = ts_partition_take_cluster(path, o->cluster, ds, name, o->latents,
-                                               r->partition_id, err, errlen);
-        }
+        if (rc == TS_OK && o->partition) /* a partition of these latents: its cluster */
+            rc = ts_partition_take_cluster(path, o->cluster, ds, name, o->latents, r->partition_id,
+                                           err, errlen);
         if (rc || !o->shard)
             return rc;
         goto shard;

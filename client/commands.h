@@ -14,6 +14,7 @@ int ts_cmd_train_classifier(int argc, char **argv);
 int ts_cmd_train_judge(int argc, char **argv);
 int ts_cmd_judge(int argc, char **argv);
 int ts_cmd_encode(int argc, char **argv);
+int ts_cmd_import(int argc, char **argv);
 int ts_cmd_train_router(int argc, char **argv);
 int ts_cmd_calibrate(int argc, char **argv);
 int ts_cmd_generate(int argc, char **argv);

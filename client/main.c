@@ -55,6 +55,9 @@ static const verb_t verbs[] = {
      "a folder of PNG images through the VAE's encoder into a latent data set\n(for train "
      "--latents)",
      NULL},
+    {"import", ts_cmd_import,
+     "a DiT checkpoint (facebookresearch/DiT's .pt, read without PyTorch) into\nan expert file",
+     NULL},
     {"judge", ts_cmd_judge,
      "score saved sample sets in several feature spaces (FD, KID, precision,\nrecall, paired "
      "differences) and say where the judges agree",

@@ -54,7 +54,8 @@ typedef struct ts_daemon_config {
     char expert_router[TS_CONFIG_PATH_MAX];    /* host and train: "" = none */
     /* [train] (mode = train): daemon/trainer.h's options */
     char train_model[TS_CONFIG_MODEL_MAX];
-    char train_data[TS_CONFIG_PATH_MAX]; /* the Fashion-MNIST IDX folder */
+    char train_data[TS_CONFIG_PATH_MAX];    /* the Fashion-MNIST IDX folder */
+    char train_latents[TS_CONFIG_PATH_MAX]; /* a latent data set instead ("": none) */
     int train_steps, train_batch, train_warmup, train_threads, train_ckpt_every, train_keep;
     int train_progress_every_s; /* between the log's training progress lines */
     double train_lr, train_ema;

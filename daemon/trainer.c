@@ -26,6 +26,7 @@
 #include "model/dit_io.h"
 #include "model/fmnist.h"
 #include "model/heldout.h"
+#include "model/latents.h"
 #include "model/partition.h"
 #include "model/safetensors.h"
 #include "store/ckpt.h"
@@ -52,6 +53,8 @@ struct ts_train_job {
     ts_heldout_own_t heldout;
     int heldout_tried, has_heldout;
     char *heldout_partition, *heldout_data; /* copies of opts.partition and opts.data */
+    char latent_space[65]; /* trained on latents: their space (model/latents.h); "" on pixels */
+    int latents;           /* on a latent data set: no test split, no held-out loss */
     int heldout_batch;
     double heldout_loss; /* at heldout_step (NaN: not measured) */
     int64_t heldout_step;
@@ -70,13 +73,13 @@ struct ts_train_job {
      * in flight, the next waits for it. Under mu, but for the stage and w_meta, which only the
      * writer touches while w_busy and only the job's thread otherwise. */
     pthread_t writer;
-    pthread_cond_t wcv;        /* a write was handed over, finished, or the writer must quit */
-    int w_busy, w_quit;        /* w_busy: a write handed over and not finished */
-    int64_t w_step;            /* the step the write holds */
-    ts_trainer_stage_t stage;  /* the state copied out (made at the first periodic checkpoint) */
-    int staged;                /* stage made */
-    ts_train_meta_t w_meta;    /* the snapshot's metadata at the staged step */
-    int w_rc;                  /* the first failed write's error; the job ends with it */
+    pthread_cond_t wcv;       /* a write was handed over, finished, or the writer must quit */
+    int w_busy, w_quit;       /* w_busy: a write handed over and not finished */
+    int64_t w_step;           /* the step the write holds */
+    ts_trainer_stage_t stage; /* the state copied out (made at the first periodic checkpoint) */
+    int staged;               /* stage made */
+    ts_train_meta_t w_meta;   /* the snapshot's metadata at the staged step */
+    int w_rc;                 /* the first failed write's error; the job ends with it */
     int64_t w_at;
     char w_err[320];
 };
@@ -160,12 +163,16 @@ int ts_train_snapshot_open_dit(const ts_train_snapshot_t *s, ts_engine_t *e, int
 /* The held-out loss of the EMA weights at this step (measured once per step; NaN without the
  * test split or when the measure fails, which only loses the figure), into the progress. */
 static double measure_heldout(ts_train_job_t *j) {
+    if (!j->heldout_tried && j->latents) { /* a latent data set has no test split here */
+        j->heldout_tried = 1;
+        ts_log_info("train", "no held-out loss for an expert of latents: it trains all the same");
+    }
     if (!j->heldout_tried) {
         char why[320] = "";
         j->heldout_tried = 1;
-        j->has_heldout = ts_heldout_own_open(&j->heldout, j->heldout_partition, j->cluster,
-                                             j->heldout_data, &j->model.cfg, &j->eng,
-                                             j->heldout_batch, why, sizeof why) == TS_OK;
+        j->has_heldout =
+            ts_heldout_own_open(&j->heldout, j->heldout_partition, j->cluster, j->heldout_data,
+                                &j->model.cfg, &j->eng, j->heldout_batch, why, sizeof why) == TS_OK;
         if (!j->has_heldout)
             ts_log_warn("train", "no held-out loss for this expert (%s): it trains all the same",
                         why);
@@ -188,6 +195,8 @@ static int encode_weights(ts_train_job_t *j, unsigned char **buf, size_t *len, c
                           size_t errlen) {
     ts_train_meta_t meta;
     ts_train_meta(&meta, &j->tr, j->shard, j->partition_id, j->cluster, measure_heldout(j));
+    if (j->latent_space[0])
+        ts_train_meta_add(&meta, TS_LATENT_SPACE_KEY, j->latent_space);
     return ts_dit_save_mem(&j->model, &j->tr.ema_mem, TS_ST_F32, meta.kv, meta.n, buf, len, err,
                            errlen);
 }
@@ -195,8 +204,8 @@ static int encode_weights(ts_train_job_t *j, unsigned char **buf, size_t *len, c
 /* Imports buf (taken: freed or kept by the snapshot) into the store and, with snapshots on,
  * publishes it as the newest snapshot, removing the previous one's manifest unless it is the
  * same file. *hash gets the weights hash. */
-static int publish(ts_train_job_t *j, unsigned char *buf, size_t len, int64_t step,
-                   ts_hash_t *hash, char *err, size_t errlen) {
+static int publish(ts_train_job_t *j, unsigned char *buf, size_t len, int64_t step, ts_hash_t *hash,
+                   char *err, size_t errlen) {
     int rc = ts_weights_import_buf(j->store, buf, len, hash, NULL, NULL, err, errlen);
     if (rc != TS_OK || !j->snapshots) {
         free(buf);
@@ -267,9 +276,8 @@ static void *writer_main(void *arg) {
         if (rc == TS_OK && j->snapshots)
             rc = ts_dit_save_mem(&j->model, &j->stage.host[TS_STAGE_EMA], TS_ST_F32, j->w_meta.kv,
                                  j->w_meta.n, &snap, &snap_len, err, sizeof err);
-        if (rc == TS_OK &&
-            (rc = ts_ckpt_save(j->store, j->progress.run_id, step, ckpt, ckpt_len, j->keep)) !=
-                TS_OK)
+        if (rc == TS_OK && (rc = ts_ckpt_save(j->store, j->progress.run_id, step, ckpt, ckpt_len,
+                                              j->keep)) != TS_OK)
             snprintf(err, sizeof err, "store %s: cannot save the checkpoint (%zu bytes)",
                      ts_store_dir(j->store), ckpt_len);
         free(ckpt);
@@ -323,8 +331,8 @@ static int checkpoint_async(ts_train_job_t *j, int64_t *at, char *err, size_t er
     if (rc != TS_OK)
         return rc;
     if (!j->staged) {
-        int pinned = j->model.eng->device == TS_CUDA &&
-                     (size_t)j->model.num_params * 16 <= STAGE_PINNED_MAX;
+        int pinned =
+            j->model.eng->device == TS_CUDA && (size_t)j->model.num_params * 16 <= STAGE_PINNED_MAX;
         if ((rc = ts_trainer_stage_init(&j->stage, &j->tr, pinned)) != TS_OK) {
             snprintf(err, errlen, "no memory for a copy of the training state (%lld bytes)",
                      (long long)j->model.num_params * 16);
@@ -336,8 +344,9 @@ static int checkpoint_async(ts_train_job_t *j, int64_t *at, char *err, size_t er
         snprintf(err, errlen, "cannot copy the training state out: %s", ts_strerror(rc));
         return rc;
     }
-    ts_train_meta(&j->w_meta, &j->tr, j->shard, j->partition_id, j->cluster,
-                  measure_heldout(j));
+    ts_train_meta(&j->w_meta, &j->tr, j->shard, j->partition_id, j->cluster, measure_heldout(j));
+    if (j->latent_space[0])
+        ts_train_meta_add(&j->w_meta, TS_LATENT_SPACE_KEY, j->latent_space);
     pthread_mutex_lock(&j->mu);
     j->w_step = j->tr.step;
     j->w_busy = 1;
@@ -488,6 +497,7 @@ void ts_train_job_opts_from_config(ts_train_job_opts_t *o, const ts_daemon_confi
                                .partition = c->expert_partition,
                                .cluster = c->expert_cluster,
                                .data = c->train_data,
+                               .latents = c->train_latents[0] ? c->train_latents : NULL,
                                .model = c->train_model,
                                .steps = c->train_steps,
                                .threads = c->train_threads,
@@ -527,6 +537,14 @@ static int build(ts_train_job_t *j, const ts_train_job_opts_t *o, char *err, siz
         return TS_EINVAL;
     }
     cfg.in_channels = j->data.channels, cfg.input_size = j->data.height;
+    cfg.num_classes = j->data.num_classes; /* Fashion-MNIST's 10, or a latent set's own */
+    if (j->data.height != j->data.width || cfg.input_size % cfg.patch_size != 0) {
+        ts_set_err(err, errlen,
+                   "the model %s (patch %d) does not fit the data's %d×%d images: [train] model "
+                   "names one whose patch divides the side",
+                   name, cfg.patch_size, j->data.height, j->data.width);
+        return TS_EINVAL;
+    }
     int rc = ts_train_run_id(j->partition_id, j->cluster, &cfg, &o->train, j->progress.run_id);
     char note[384] = "";
     if (rc == TS_OK &&
@@ -655,9 +673,17 @@ int ts_train_job_start(ts_train_job_t **out, const ts_train_job_opts_t *o, char 
     if (!(j->heldout_partition = strdup(o->partition)) ||
         (o->data && !(j->heldout_data = strdup(o->data))))
         rc = TS_ENOMEM;
-    if (rc == TS_OK)
+    char name[64];
+    j->latents = o->latents != NULL;
+    if (rc == TS_OK && o->latents) { /* a partition of a latent data set: its cluster */
+        rc = ts_partition_latents(o->latents, &j->data, name, j->latent_space, err, errlen);
+        if (rc == TS_OK)
+            rc = ts_partition_take_cluster(o->partition, o->cluster, &j->data, name, o->latents,
+                                           j->partition_id, err, errlen);
+    } else if (rc == TS_OK) {
         rc = ts_partition_load_cluster(o->partition, o->cluster, o->data, &j->data, j->partition_id,
                                        err, errlen);
+    }
     if (rc == TS_OK)
         rc = build(j, o, err, errlen);
     if (rc == TS_OK) {

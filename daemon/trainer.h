@@ -77,6 +77,7 @@ typedef struct ts_train_job_opts {
     const char *partition;   /* the partition file (`tessera partition`'s partition.safetensors) */
     int cluster;             /* 0..K−1 */
     const char *data;        /* the Fashion-MNIST IDX folder; NULL = TS_FMNIST_DEFAULT_DIR */
+    const char *latents;     /* a latent data set (model/latents.h) instead; NULL: Fashion-MNIST */
     const char *model;       /* a preset of ts_dit_config_preset; NULL = "tiny" */
     int64_t steps;           /* the run is complete at this step (≥ 1) */
     ts_train_config_t train; /* from ts_train_config_default, then batch, lr, warmup, ... */
@@ -133,7 +134,7 @@ typedef struct ts_train_progress {
      * split. The snapshot of heldout_step carries it as its heldout_loss metadata. */
     float heldout_loss;
     int64_t heldout_step;
-    ts_hash_t weights;     /* TS_TRAIN_DONE: the final EMA weights' hash in the store */
+    ts_hash_t weights; /* TS_TRAIN_DONE: the final EMA weights' hash in the store */
     char run_id[TS_TRAIN_RUN_ID_MAX];
     char message[512]; /* TS_TRAIN_FAILED: a sentence */
 } ts_train_progress_t;

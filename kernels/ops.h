@@ -246,6 +246,9 @@ int ts_unpatchify_backward(ts_engine_t *e, ts_tensor_t *dtok, const ts_tensor_t 
 typedef struct ts_conv2d {
     int stride;
     int pad_top, pad_bottom, pad_left, pad_right;
+    /* the products: f32 (zeroed), or bf16 / f16 — the weight and the patches rounded, fp32
+     * accumulation, out and bias fp32 (TS_ENOTSUP where that precision cannot run) */
+    ts_precision_t precision;
 } ts_conv2d_t;
 
 /* The output size along one axis: (in + pad_a + pad_b − k) / stride + 1, or 0 when the kernel

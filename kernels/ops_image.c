@@ -95,6 +95,11 @@ int ts_conv2d_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias, const ts_conv2d_t *g,
                       ts_tensor_t *scratch) {
     TS_TRY(check_conv(e, out, inp, weight, bias, g));
+    if (g->precision != TS_PREC_F32 && g->precision != TS_PREC_BF16 && g->precision != TS_PREC_F16)
+        return TS_EINVAL;
+    if (g->precision != TS_PREC_F32 && ts_engine_precision_check(e, g->precision, NULL, 0) != TS_OK)
+        return TS_ENOTSUP;
+    const ts_dtype_t lp = ts_precision_dtype(g->precision);
     const int64_t B = inp->shape[0], Cin = inp->shape[1], H = inp->shape[2], W = inp->shape[3];
     const int64_t Cout = weight->shape[0], kh = weight->shape[2], kw = weight->shape[3];
     const int64_t Ho = out->shape[2], Wo = out->shape[3], K = Cin * kh * kw;
@@ -123,8 +128,8 @@ int ts_conv2d_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                 col = CF(scratch);
             }
             /* o[:, oy0·Wo ..] (Cout, N), row stride Ho·Wo = weight (Cout, K) · col (K, N) */
-            TS_TRY(DISPATCH(e, gemm, 0, 0, Cout, N, K, 1.0f, CF(weight), K, 0, col, N, 0, 0.0f,
-                            o + oy0 * Wo, Ho * Wo, 0, 1));
+            TS_TRY(ts_ops__gemm_in(e, lp, 0, 0, Cout, N, K, 1.0f, CF(weight), K, 0, col, N, 0, 0.0f,
+                                   o + oy0 * Wo, Ho * Wo, 0, 1));
         }
     }
     if (bias)

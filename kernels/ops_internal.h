@@ -67,4 +67,11 @@ static inline int check_same3(const ts_engine_t *e, const ts_tensor_t *a, const 
     return same_numel(a, c);
 }
 
+/* The backend's gemm with operands in precision lp: TS_F32 (as stored), TS_BF16 or TS_F16
+ * (rounded, fp32 accumulation) — ops_matmul.c's, for ts_matmul* and ts_conv2d_forward. */
+int ts_ops__gemm_in(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int64_t M, int64_t N,
+                    int64_t K, float alpha, const float *A, int64_t lda, int64_t stride_a,
+                    const float *B, int64_t ldb, int64_t stride_b, float beta, float *C,
+                    int64_t ldc, int64_t stride_c, int64_t batch);
+
 #endif

@@ -42,8 +42,8 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, out));
     TS_TRY(check_f32(e, inp));
-    ts_dtype_t wt = weight && (weight->dtype == TS_BF16 || weight->dtype == TS_F16) ? weight->dtype
-                                                                                  : TS_F32;
+    ts_dtype_t wt =
+        weight && (weight->dtype == TS_BF16 || weight->dtype == TS_F16) ? weight->dtype : TS_F32;
     TS_TRY(check_on(e, weight, wt));
     TS_TRY(check_opt(e, bias));
     linear_dims_t d;
@@ -80,8 +80,8 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, 
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, dout));
     TS_TRY(check_f32(e, inp));
-    ts_dtype_t wt = weight && (weight->dtype == TS_BF16 || weight->dtype == TS_F16) ? weight->dtype
-                                                                                  : TS_F32;
+    ts_dtype_t wt =
+        weight && (weight->dtype == TS_BF16 || weight->dtype == TS_F16) ? weight->dtype : TS_F32;
     int bf16 = wt == TS_BF16, lp = wt != TS_F32;
     TS_TRY(check_on(e, weight, wt));
     TS_TRY(check_opt(e, dinp));
@@ -146,12 +146,10 @@ static int matmul_dims(const ts_tensor_t *c, const ts_tensor_t *a, int ta, const
     return TS_OK;
 }
 
-/* The backend's gemm with operands in precision lp: TS_F32 (as stored), TS_BF16 or TS_F16
- * (rounded, fp32 accumulation). */
-static int gemm_in(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int64_t M, int64_t N,
-                   int64_t K, float alpha, const float *A, int64_t lda, int64_t stride_a,
-                   const float *B, int64_t ldb, int64_t stride_b, float beta, float *C,
-                   int64_t ldc, int64_t stride_c, int64_t batch) {
+int ts_ops__gemm_in(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int64_t M, int64_t N,
+                    int64_t K, float alpha, const float *A, int64_t lda, int64_t stride_a,
+                    const float *B, int64_t ldb, int64_t stride_b, float beta, float *C,
+                    int64_t ldc, int64_t stride_c, int64_t batch) {
     if (lp == TS_BF16)
         return DISPATCH(e, gemm_bf16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
                         stride_b, beta, C, ldc, stride_c, batch);
@@ -171,8 +169,8 @@ static int matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int tran
     mm_dims_t d;
     TS_TRY(matmul_dims(c, a, trans_a, b, trans_b, &d));
     int64_t lda = a->shape[a->ndim - 1], ldb = b->shape[b->ndim - 1];
-    return gemm_in(e, lp, trans_a, trans_b, d.M, d.N, d.K, alpha, CF(a), lda, d.M * d.K, CF(b), ldb,
-                   d.K * d.N, beta, F(c), d.N, d.M * d.N, d.batch);
+    return ts_ops__gemm_in(e, lp, trans_a, trans_b, d.M, d.N, d.K, alpha, CF(a), lda, d.M * d.K,
+                           CF(b), ldb, d.K * d.N, beta, F(c), d.N, d.M * d.N, d.batch);
 }
 
 int ts_matmul(ts_engine_t *e, ts_tensor_t *c, const ts_tensor_t *a, int trans_a,
@@ -276,16 +274,16 @@ static int attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
         const float *q = CF(qkv) + b * T * ld;
         float *a = F(att) + b * H * T * T;
         /* att[b, h] (T, T) = scale · Q_h · K_hᵀ */
-        TS_TRY(gemm_in(e, lp, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a, T, T * T,
-                       H));
+        TS_TRY(ts_ops__gemm_in(e, lp, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a, T,
+                               T * T, H));
     }
     TS_TRY(DISPATCH(e, softmax_forward, F(att), CF(att), d.B * H * T, T));
     for (int64_t b = 0; b < d.B; b++) {
         const float *v = CF(qkv) + b * T * ld + 2 * C;
         const float *a = CF(att) + b * H * T * T;
         /* out[b, :, h·hd:(h+1)·hd] (T, hd) = att[b, h] (T, T) · V_h (T, hd) */
-        TS_TRY(gemm_in(e, lp, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
-                       F(out) + b * T * C, C, hd, H));
+        TS_TRY(ts_ops__gemm_in(e, lp, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
+                               F(out) + b * T * C, C, hd, H));
     }
     return TS_OK;
 }

@@ -23,9 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TS_DIT_MAX_DIM 8192
-#define TS_DIT_MAX_DEPTH 256
-
 /* ---- configs --------------------------------------------------------------------------- */
 
 int ts_dit_config_preset(const char *name, ts_dit_config_t *cfg) {
@@ -69,7 +66,8 @@ int ts_dit_config_check(const ts_dit_config_t *c) {
         c->patch_size < 1 || c->patch_size > 64 || c->hidden_size < 4 ||
         c->hidden_size > TS_DIT_MAX_DIM || c->depth < 1 || c->depth > TS_DIT_MAX_DEPTH ||
         c->num_heads < 1 || c->num_classes < 1 || c->num_classes > 1000000 || c->mlp_ratio < 1 ||
-        c->mlp_ratio > 16 || c->freq_dim < 2 || c->freq_dim > TS_DIT_MAX_DIM)
+        c->mlp_ratio > 16 || c->freq_dim < 2 || c->freq_dim > TS_DIT_MAX_DIM ||
+        (c->learn_sigma != 0 && c->learn_sigma != 1))
         return TS_ERANGE;
     if (c->hidden_size % c->num_heads != 0 || c->hidden_size % 4 != 0 ||
         c->input_size % c->patch_size != 0)
@@ -146,8 +144,9 @@ int ts_dit_param_table(const ts_dit_config_t *c, ts_dit_param_info_t **info, int
         BLOCK("adaLN_modulation.1.bias", TS_INIT_ZERO, 1, 6 * h, 0);
 #undef BLOCK
     }
-    rc |= table_add(&tb, "final_layer.linear.weight", TS_INIT_ZERO, 2, p * p * C, h, 0, 0);
-    rc |= table_add(&tb, "final_layer.linear.bias", TS_INIT_ZERO, 1, p * p * C, 0, 0, 0);
+    int64_t out = p * p * C * (c->learn_sigma ? 2 : 1); /* per token: (py, px, channel) */
+    rc |= table_add(&tb, "final_layer.linear.weight", TS_INIT_ZERO, 2, out, h, 0, 0);
+    rc |= table_add(&tb, "final_layer.linear.bias", TS_INIT_ZERO, 1, out, 0, 0, 0);
     rc |= table_add(&tb, "final_layer.adaLN_modulation.1.weight", TS_INIT_ZERO, 2, 2 * h, h, 0, 0);
     rc |= table_add(&tb, "final_layer.adaLN_modulation.1.bias", TS_INIT_ZERO, 1, 2 * h, 0, 0, 0);
     if (rc != TS_OK) {
@@ -158,6 +157,13 @@ int ts_dit_param_table(const ts_dit_config_t *c, ts_dit_param_info_t **info, int
     *count = tb.count;
     *total = (tb.total + 15) / 16 * 16;
     return TS_OK;
+}
+
+const ts_dit_param_info_t *ts_dit_param_find(const ts_dit_t *m, const char *name) {
+    for (int i = 0; m && m->info && name && i < m->n_params; i++)
+        if (strcmp(m->info[i].name, name) == 0)
+            return &m->info[i];
+    return NULL;
 }
 
 /* A view of table entry i in slab, with the compute shape (2-D for the patch-embed weight). */
@@ -271,8 +277,14 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
     T1(A->lnf_mean, B * T);
     T1(A->lnf_rstd, B * T);
     T3(A->fx, h);
-    T3(A->out_tok, F);
+    T3(A->out_tok, F * (c->learn_sigma ? 2 : 1));
     TS_TRY(ts_arena_tensor(a, &A->out, TS_F32, 4, TS_SHAPE(B, c->in_channels, S, S)));
+    memset(&A->out2, 0, sizeof A->out2);
+    memset(&A->sigma, 0, sizeof A->sigma);
+    if (c->learn_sigma) {
+        TS_TRY(ts_arena_tensor(a, &A->out2, TS_F32, 4, TS_SHAPE(B, 2 * c->in_channels, S, S)));
+        TS_TRY(ts_arena_tensor(a, &A->sigma, TS_F32, 4, TS_SHAPE(B, c->in_channels, S, S)));
+    }
     if (m->trainable) {
         ts_dit_grad_acts_t *G = &m->gacts;
         T3(G->dout_tok, F);
@@ -330,6 +342,8 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
         return TS_EINVAL;
     memset(m, 0, sizeof *m);
     TS_TRY(ts_dit_config_check(cfg));
+    if (cfg->learn_sigma && trainable) /* DiT trains σ with the VLB term, not built here */
+        return TS_ENOTSUP;
     m->cfg = *cfg;
     m->eng = e;
     m->max_batch = max_batch;
@@ -695,8 +709,29 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
     TS_TRY(ts_linear_forward(e, &fmod, &c_silu, &W->fada_w, &P->fada_b));
     TS_TRY(ts_layernorm_modulate_forward(e, &lnf, &mf, &rf, &fx, &xf, &fmod, 0, 1));
     TS_TRY(ts_linear_forward(e, &out_tok, &fx, &W->f_w, &P->f_b));
-    TS_TRY(ts_unpatchify_forward(e, &out, &out_tok, p));
+    if (!c->learn_sigma) {
+        TS_TRY(ts_unpatchify_forward(e, &out, &out_tok, p));
+    } else { /* (B, 2C, H, W): each sample's first C channels are the prediction, then σ */
+        ts_tensor_t out2 = rows(&A->out2, B), sig = rows(&A->sigma, B), pairs, src, dst;
+        TS_TRY(ts_unpatchify_forward(e, &out2, &out_tok, p));
+        TS_TRY(
+            ts_tensor_wrap(&pairs, out2.data, TS_F32, out2.device, 4,
+                           TS_SHAPE(2 * (int64_t)B, c->in_channels, c->input_size, c->input_size)));
+        for (int b = 0; b < B; b++)
+            for (int half = 0; half < 2; half++) {
+                TS_TRY(ts_tensor_slice(&src, &pairs, 2 * (int64_t)b + half, 1));
+                TS_TRY(ts_tensor_slice(&dst, half ? &sig : &out, b, 1));
+                TS_TRY(ts_tensor_copy(&dst, &src));
+            }
+    }
     *v = out;
+    return TS_OK;
+}
+
+int ts_dit_sigma(ts_dit_t *m, int B, ts_tensor_t *out) {
+    if (!m || !out || !m->cfg.learn_sigma || B < 1 || B > m->max_batch)
+        return TS_EINVAL;
+    *out = rows(&m->acts.sigma, B);
     return TS_OK;
 }
 
@@ -894,8 +929,8 @@ int ts_dit_memory(const ts_dit_config_t *cfg, ts_precision_t p, ts_attn_impl_t a
     if (bound > TS_DIT_MAX_SAMPLE_BYTES)
         return TS_ERANGE;
     TS_TRY(measure_plan(cfg, 1, TS_ATTN_COMPOSED, 1, &bound));
-    out->can_train =
-        bound <= TS_DIT_MAX_TRAIN_SAMPLE_BYTES && (uint64_t)total * 8u <= TS_DIT_MAX_BYTES;
+    out->can_train = bound <= TS_DIT_MAX_TRAIN_SAMPLE_BYTES &&
+                     (uint64_t)total * 8u <= TS_DIT_MAX_BYTES && !cfg->learn_sigma;
     uint64_t pos = round_up(T * h * 4u);
     /* Per sample: the arena at 64 samples over 64, rounded up (at least the sum of every
      * tensor's bytes per sample); fixed: the arena of one sample, which covers each tensor's

@@ -33,6 +33,10 @@ typedef struct ts_dit_config {
     int num_classes; /* the label table has num_classes + 1 rows: the last is the null class */
     int mlp_ratio;   /* MLP hidden = mlp_ratio · hidden_size (4 in DiT) */
     int freq_dim;    /* sinusoidal timestep embedding width (256 in DiT) */
+    /* 1: DiT's learned variance (its published checkpoints): the final layer makes 2C channels
+     * per pixel, the prediction (out) and then the variance interpolation (sigma, ts_dit_sigma).
+     * Inference only; metadata "learn_sigma": "true". */
+    int learn_sigma;
 } ts_dit_config_t;
 
 /* Fills cfg from a preset name: "mini" (64, 2, 2 heads, patch 4: the experts the repository ships
@@ -107,8 +111,10 @@ typedef struct ts_dit_acts {
     ts_tensor_t x_final;                     /* (B, T, h) the last block's output */
     ts_tensor_t fmod;                        /* (B, 2h) */
     ts_tensor_t lnf, lnf_mean, lnf_rstd, fx; /* (B,T,h), (B·T), (B·T), (B,T,h) */
-    ts_tensor_t out_tok;                     /* (B, T, p·p·C) */
-    ts_tensor_t out;                         /* (B, C, H, W) the velocity */
+    ts_tensor_t out_tok;                     /* (B, T, p·p·C), or p·p·2C with learn_sigma */
+    ts_tensor_t out;                         /* (B, C, H, W) the prediction (a velocity, or ε) */
+    ts_tensor_t out2,
+        sigma; /* learn_sigma: (B, 2C, H, W) the whole output; (B, C, H, W) its σ half */
 } ts_dit_acts_t;
 
 /* Gradient scratch of the backward pass (one block's worth, reused for every block). */
@@ -156,6 +162,9 @@ typedef struct ts_dit {
 /* Builds a model for cfg on engine e with activations for max_batch samples (parameters zero:
  * call ts_dit_init_weights or load them). trainable = 1 also allocates gradients and the
  * backward scratch. Free with ts_dit_free. */
+#define TS_DIT_MAX_DIM 8192  /* hidden size and freq_dim at most */
+#define TS_DIT_MAX_DEPTH 256 /* blocks at most */
+
 /* The most memory one model may take for its parameters (and gradients), and for the
  * activations of one sample (max_batch, the caller's choice, multiplies them), measured with the
  * composed attention: a config over either is TS_ERANGE before the allocation, so a file whose
@@ -184,12 +193,18 @@ int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_para
 /* The parameter table for cfg: *info is malloc'd (caller frees), *count entries, *total elements. */
 int ts_dit_param_table(const ts_dit_config_t *cfg, ts_dit_param_info_t **info, int *count,
                        int64_t *total);
+/* Model m's parameter called name (DiT's state_dict names), or NULL. */
+const ts_dit_param_info_t *ts_dit_param_find(const ts_dit_t *m, const char *name);
 
 /* Forward for B ≤ max_batch samples. x (B, C, H, W) and t (B) are F32 tensors on the engine's
  * device; y is host memory (B labels, each in [0, num_classes]). The result is m->acts.out
  * sliced to B samples, written into *v (a view; valid until the next forward). */
 int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y, int B,
                    ts_tensor_t *v);
+/* With learn_sigma: the σ half of the last forward's output for its B samples (B, C, H, W), a view
+ * valid until the next forward (DiT's variance interpolation v: log σ² = ½(v + 1)·log β +
+ * ½(1 − v)·log β̃). TS_EINVAL for a model without it. */
+int ts_dit_sigma(ts_dit_t *m, int B, ts_tensor_t *out);
 /* Backward of the last forward (same B) given dv (B, C, H, W) = dLoss/dv; accumulates into
  * m->grads. Requires trainable. */
 int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B);

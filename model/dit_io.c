@@ -118,13 +118,15 @@ int ts_dit_config_from_file(const ts_st_file_t *f, ts_dit_config_t *cfg, char *e
     }
     const char *format = ts_st_meta(f, "format");
     if (format && strcmp(format, TS_PARTITION_FORMAT) == 0) {
-        ts_set_err(err, errlen, "this is a partition (`tessera partition`'s partition.safetensors), "
-                                "not an expert's weights (expert-<k>.safetensors)");
+        ts_set_err(err, errlen,
+                   "this is a partition (`tessera partition`'s partition.safetensors), "
+                   "not an expert's weights (expert-<k>.safetensors)");
         return TS_EKIND;
     }
     if (format && strncmp(format, "tessera-classifier/", 19) == 0) {
-        ts_set_err(err, errlen, "this is a classifier or a router (`tessera train-classifier`, "
-                                "`train-router`), not an expert's weights");
+        ts_set_err(err, errlen,
+                   "this is a classifier or a router (`tessera train-classifier`, "
+                   "`train-router`), not an expert's weights");
         return TS_EKIND;
     }
     if (format && strcmp(format, DIT_FORMAT) != 0) {
@@ -139,8 +141,8 @@ int ts_dit_config_from_file(const ts_st_file_t *f, ts_dit_config_t *cfg, char *e
         const char *key = config_keys[i].key, *val = ts_st_meta(f, key);
         if (!val) {
             if (!config_keys[i].fallback) {
-                ts_set_err(err, errlen, "metadata has no '%s': not a DiT file, or an incomplete one",
-                        key);
+                ts_set_err(err, errlen,
+                           "metadata has no '%s': not a DiT file, or an incomplete one", key);
                 return TS_ECORRUPT;
             }
             *config_field(&c, i) = config_keys[i].fallback;
@@ -148,20 +150,28 @@ int ts_dit_config_from_file(const ts_st_file_t *f, ts_dit_config_t *cfg, char *e
             char shown[100];
             shown_name(shown, 40, val);
             ts_set_err(err, errlen,
-                    "metadata '%s' is '%s', expected a decimal integer in [1, 2147483647] "
-                    "(digits only)",
-                    key, shown);
+                       "metadata '%s' is '%s', expected a decimal integer in [1, 2147483647] "
+                       "(digits only)",
+                       key, shown);
             return TS_ECORRUPT;
         }
     }
+    const char *ls = ts_st_meta(f, "learn_sigma"); /* absent: false */
+    if (ls && strcmp(ls, "true") != 0 && strcmp(ls, "false") != 0) {
+        char shown[100];
+        shown_name(shown, 40, ls);
+        ts_set_err(err, errlen, "metadata 'learn_sigma' is '%s', expected true or false", shown);
+        return TS_ECORRUPT;
+    }
+    c.learn_sigma = ls && strcmp(ls, "true") == 0;
     int rc = ts_dit_config_check(&c);
     if (rc != TS_OK) {
         ts_set_err(err, errlen,
-                "the config in the metadata is not a valid DiT (input_size %d, patch_size %d, "
-                "in_channels %d, hidden_size %d, depth %d, num_heads %d, num_classes %d, "
-                "mlp_ratio %d, freq_dim %d): %s",
-                c.input_size, c.patch_size, c.in_channels, c.hidden_size, c.depth, c.num_heads,
-                c.num_classes, c.mlp_ratio, c.freq_dim, ts_strerror(rc));
+                   "the config in the metadata is not a valid DiT (input_size %d, patch_size %d, "
+                   "in_channels %d, hidden_size %d, depth %d, num_heads %d, num_classes %d, "
+                   "mlp_ratio %d, freq_dim %d): %s",
+                   c.input_size, c.patch_size, c.in_channels, c.hidden_size, c.depth, c.num_heads,
+                   c.num_classes, c.mlp_ratio, c.freq_dim, ts_strerror(rc));
         return TS_ECORRUPT;
     }
     *cfg = c;
@@ -188,25 +198,18 @@ static int check_tensor(const ts_st_tensor_t *t, int ndim, const int64_t *shape,
                         size_t errlen) {
     if (!is_float_dtype(t->dtype)) {
         ts_set_err(err, errlen, "tensor '%s': dtype %s, expected F32, F16 or BF16", t->name,
-                ts_st_dtype_name(t->dtype));
+                   ts_st_dtype_name(t->dtype));
         return TS_ECORRUPT;
     }
     if (!same_shape(t, ndim, shape)) {
         char have[200], want[200];
         shape_str(have, sizeof have, t->ndim, t->shape);
         shape_str(want, sizeof want, ndim, shape);
-        ts_set_err(err, errlen, "tensor '%s': shape %s in the file, the model needs %s", t->name, have,
-                want);
+        ts_set_err(err, errlen, "tensor '%s': shape %s in the file, the model needs %s", t->name,
+                   have, want);
         return TS_ECORRUPT;
     }
     return TS_OK;
-}
-
-static int is_param(const ts_dit_t *m, const char *name) {
-    for (int i = 0; i < m->n_params; i++)
-        if (strcmp(m->info[i].name, name) == 0)
-            return 1;
-    return 0;
 }
 
 /* pos_embed of the file against the model's fixed table. */
@@ -225,17 +228,18 @@ static int check_pos_embed(const ts_dit_t *m, const ts_st_tensor_t *t, char *err
         rc = ts_tensor_copy(&host, &m->pos_embed);
     if (rc != TS_OK) {
         ts_set_err(err, errlen, "pos_embed: cannot compare it with the model's table: %s",
-                ts_strerror(rc));
+                   ts_strerror(rc));
     } else {
         double rel = t->dtype == TS_ST_F16 ? 0x1p-11 : t->dtype == TS_ST_BF16 ? 0x1p-8 : 0.0;
         for (int64_t i = 0; i < T * h; i++) {
             double d = fabs((double)file[i] - (double)ours[i]);
             double tol = DIT_POS_TOL + rel * fabs((double)ours[i]);
             if (!(d <= tol)) { /* NaN fails too */
-                ts_set_err(err, errlen,
-                        "pos_embed differs from the model's fixed sin-cos table at element %lld: "
-                        "%g in the file, %g expected (tolerance %g)",
-                        (long long)i, (double)file[i], (double)ours[i], tol);
+                ts_set_err(
+                    err, errlen,
+                    "pos_embed differs from the model's fixed sin-cos table at element %lld: "
+                    "%g in the file, %g expected (tolerance %g)",
+                    (long long)i, (double)file[i], (double)ours[i], tol);
                 rc = TS_ECORRUPT;
                 break;
             }
@@ -253,7 +257,7 @@ static int load_check_structure(const ts_dit_t *m, const ts_st_file_t *f, int64_
     /* unknown names first: names are unique, so this stops within n_params + 2 tensors */
     for (int i = 0; i < f->n_tensors; i++) {
         const char *name = f->tensors[i].name;
-        if (strcmp(name, "pos_embed") != 0 && !is_param(m, name)) {
+        if (strcmp(name, "pos_embed") != 0 && !ts_dit_param_find(m, name)) {
             char shown[100];
             shown_name(shown, sizeof shown, name);
             ts_set_err(err, errlen, "unknown tensor '%s': not a parameter of this DiT", shown);
@@ -298,13 +302,14 @@ int ts_dit_load(ts_dit_t *m, const ts_st_file_t *f, char *err, size_t errlen) {
         const ts_st_tensor_t *t = ts_st_find(f, pi->name);
         rc = ts_st_to_f32(t, host, pi->numel);
         if (rc) {
-            ts_set_err(err, errlen, "tensor '%s': cannot convert it: %s", pi->name, ts_strerror(rc));
+            ts_set_err(err, errlen, "tensor '%s': cannot convert it: %s", pi->name,
+                       ts_strerror(rc));
             break;
         }
         for (int64_t j = 0; j < pi->numel; j++)
             if (!ts_isfinite_f32(host[j])) {
                 ts_set_err(err, errlen, "tensor '%s' holds a non-finite value (%g) at element %lld",
-                        pi->name, (double)host[j], (long long)j);
+                           pi->name, (double)host[j], (long long)j);
                 rc = TS_ECORRUPT;
                 break;
             }
@@ -318,7 +323,7 @@ int ts_dit_load(ts_dit_t *m, const ts_st_file_t *f, char *err, size_t errlen) {
             rc = ts_tensor_copy(&dst, &src);
         if (rc != TS_OK && rc != TS_ECORRUPT)
             ts_set_err(err, errlen, "tensor '%s': copying it into the model failed: %s", pi->name,
-                    ts_strerror(rc));
+                       ts_strerror(rc));
     }
     free(host);
     return rc;
@@ -342,7 +347,8 @@ int ts_dit_open(ts_dit_t *m, const char *path, ts_engine_t *e, int max_batch, in
     if (rc == TS_OK) {
         rc = ts_dit_create(m, &cfg, e, max_batch, trainable);
         if (rc)
-            ts_set_err(err, errlen, "cannot build a DiT for this file's config: %s", ts_strerror(rc));
+            ts_set_err(err, errlen, "cannot build a DiT for this file's config: %s",
+                       ts_strerror(rc));
         else if ((rc = ts_dit_load(m, &f, err, errlen)) != TS_OK)
             ts_dit_free(m);
     }
@@ -407,7 +413,7 @@ static int encode_in_place(float *buf, int64_t off, int64_t n, ts_st_dtype_t dty
 }
 
 static int is_reserved_key(const char *key) {
-    if (strcmp(key, "format") == 0)
+    if (strcmp(key, "format") == 0 || strcmp(key, "learn_sigma") == 0)
         return 1;
     for (int i = 0; i < N_CONFIG_KEYS; i++)
         if (strcmp(key, config_keys[i].key) == 0)
@@ -440,25 +446,26 @@ static int dit_encode(const ts_dit_t *m, const ts_tensor_t *slab, const char *pa
     }
     if (dtype != TS_ST_F32 && dtype != TS_ST_F16 && dtype != TS_ST_BF16) {
         ts_set_err(err, errlen, "ts_dit_save: dtype %s, expected F32, F16 or BF16",
-                ts_st_dtype_name(dtype));
+                   ts_st_dtype_name(dtype));
         return TS_EINVAL;
     }
     if (ts_tensor_check(slab) || slab->dtype != TS_F32 || ts_tensor_numel(slab) < m->num_params) {
         ts_set_err(err, errlen,
-                "ts_dit_save: the slab is not an F32 tensor of at least %lld "
-                "elements (the model's layout)",
-                (long long)m->num_params);
+                   "ts_dit_save: the slab is not an F32 tensor of at least %lld "
+                   "elements (the model's layout)",
+                   (long long)m->num_params);
         return TS_EINVAL;
     }
     for (int i = 0; i < n_extra; i++)
         if (extra[2 * i] && is_reserved_key(extra[2 * i])) {
             ts_set_err(err, errlen, "extra metadata key '%s' is reserved for the config",
-                    extra[2 * i]);
+                       extra[2 * i]);
             return TS_EINVAL;
         }
 
     int64_t T = ts_dit_tokens(&m->cfg), h = m->cfg.hidden_size;
-    int n = m->n_params + 1, n_meta = N_CONFIG_KEYS + 1 + n_extra;
+    int ls = m->cfg.learn_sigma; /* written only when set: other files keep their bytes */
+    int n = m->n_params + 1, n_meta = N_CONFIG_KEYS + 1 + ls + n_extra;
     float *params = malloc((size_t)m->num_params * sizeof *params);
     float *pos = malloc((size_t)(T * h) * sizeof *pos);
     ts_st_entry_t *entries = calloc((size_t)n, sizeof *entries);
@@ -478,8 +485,8 @@ static int dit_encode(const ts_dit_t *m, const ts_tensor_t *slab, const char *pa
         rc = encode_in_place(params, pi->offset, pi->numel, dtype, &bad);
         if (rc)
             ts_set_err(err, errlen, "tensor '%s': element %lld %s", pi->name, (long long)bad,
-                    rc == TS_ENONFINITE ? "is not finite (NaN or Inf); refusing to save it"
-                                        : "is too large for F16");
+                       rc == TS_ENONFINITE ? "is not finite (NaN or Inf); refusing to save it"
+                                           : "is too large for F16");
         ts_st_entry_t *e = &entries[i];
         e->name = pi->name;
         e->dtype = dtype;
@@ -505,8 +512,12 @@ static int dit_encode(const ts_dit_t *m, const ts_tensor_t *slab, const char *pa
         }
         meta[2 * N_CONFIG_KEYS] = "format";
         meta[2 * N_CONFIG_KEYS + 1] = DIT_FORMAT;
+        if (ls) {
+            meta[2 * (N_CONFIG_KEYS + 1)] = "learn_sigma";
+            meta[2 * (N_CONFIG_KEYS + 1) + 1] = "true";
+        }
         for (int i = 0; i < 2 * n_extra; i++)
-            meta[2 * (N_CONFIG_KEYS + 1) + i] = extra[i];
+            meta[2 * (N_CONFIG_KEYS + 1 + ls) + i] = extra[i];
         rc = path ? ts_st_write(path, entries, n, meta, n_meta, err, errlen)
                   : ts_st_serialize(entries, n, meta, n_meta, buf, len, err, errlen);
     }

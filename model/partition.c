@@ -617,10 +617,10 @@ int ts_partition_load_cluster(const char *path, int cluster, const char *fmnist_
     return rc;
 }
 
-int ts_partition_latents(const char *path, ts_dataset_t *ds, char dataset[64], char *err,
-                         size_t errlen) {
+int ts_partition_latents(const char *path, ts_dataset_t *ds, char dataset[64], char *space,
+                         char *err, size_t errlen) {
     char hex[65];
-    int rc = ts_latents_load(path, ds, NULL, err, errlen);
+    int rc = ts_latents_load(path, ds, space, err, errlen);
     if (rc == TS_OK && (rc = ts_file_blake2b(path, hex, err, errlen)) != TS_OK)
         ts_dataset_free(ds);
     if (rc == TS_OK)

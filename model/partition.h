@@ -136,9 +136,10 @@ int ts_partition_load_cluster(const char *path, int cluster, const char *fmnist_
                               size_t errlen);
 
 /* A latent data set (model/latents.h) to partition or to take a cluster of, and its name for
- * the partition: "tessera-latents:" and the first 32 hex digits of the file's BLAKE2b-256. */
-int ts_partition_latents(const char *path, ts_dataset_t *ds, char dataset[64], char *err,
-                         size_t errlen);
+ * the partition: "tessera-latents:" and the first 32 hex digits of the file's BLAKE2b-256;
+ * space (may be NULL) receives its latent space (65 bytes; "" when the file names none). */
+int ts_partition_latents(const char *path, ts_dataset_t *ds, char dataset[64], char *space,
+                         char *err, size_t errlen);
 
 /* out (B, k) = φ(x): the PCA embedding of x (B, D) with p's basis and mean; single-threaded,
  * row by row (the same bits as at partition time). Errors: TS_EINVAL, TS_ENOMEM. */

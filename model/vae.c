@@ -395,7 +395,8 @@ typedef struct {
     float *qkv, *att;    /* the attention's (3C, T) and (T, T) */
     ts_tensor_t scratch; /* the convs' im2col */
     int cur;
-    int64_t C, H, W; /* x's shape */
+    int64_t C, H, W;          /* x's shape */
+    ts_precision_t precision; /* the products' (ts_vae_set_precision) */
 } run_t;
 
 static const ts_conv2d_t SAME = {1, 1, 1, 1, 1};  /* 3×3, stride 1, pad 1 */
@@ -416,6 +417,7 @@ static int run_init(run_t *r, ts_vae_t *m, ts_engine_t *e) {
     memset(r, 0, sizeof *r);
     r->e = e;
     r->cfg = &m->cfg;
+    r->precision = m->precision;
     for (int i = 0; i < 4; i++)
         r->buf[i] = w + i * p.act;
     r->qkv = w + 4 * p.act;
@@ -425,7 +427,17 @@ static int run_init(run_t *r, ts_vae_t *m, ts_engine_t *e) {
 
 static int conv(run_t *r, ts_tensor_t *y, const ts_tensor_t *x, const vae_conv_t *c,
                 const ts_conv2d_t *g) {
-    return ts_conv2d_forward(r->e, y, x, &c->w, &c->b, g, &r->scratch);
+    ts_conv2d_t gp = *g;
+    gp.precision = r->precision;
+    return ts_conv2d_forward(r->e, y, x, &c->w, &c->b, &gp, &r->scratch);
+}
+
+/* c = α·op(a)·op(b) in the run's precision */
+static int product(run_t *r, ts_tensor_t *c, const ts_tensor_t *a, int ta, const ts_tensor_t *b,
+                   int tb, float alpha) {
+    return r->precision == TS_PREC_BF16  ? ts_matmul_bf16(r->e, c, a, ta, b, tb, alpha, 0.0f)
+           : r->precision == TS_PREC_F16 ? ts_matmul_f16(r->e, c, a, ta, b, tb, alpha, 0.0f)
+                                         : ts_matmul(r->e, c, a, ta, b, tb, alpha, 0.0f);
 }
 
 /* x ← x + conv2(SiLU(norm2(conv1(SiLU(norm1(x)))))), x through conv_shortcut when C changes */
@@ -466,9 +478,9 @@ static int attn_forward(run_t *r, const vae_attn_t *at) {
     TS_TRY(
         ts_groupnorm_forward(r->e, &h, &x, &at->norm.w, &at->norm.b, r->cfg->groups, r->cfg->eps));
     TS_TRY(conv(r, &qkv, &h, &at->qkv, &POINT));
-    TS_TRY(ts_matmul(r->e, &att, &q, 1, &k, 0, (float)(1.0 / sqrt((double)C)), 0.0f));
-    TS_TRY(ts_softmax_forward(r->e, &att, &att)); /* row t: query t over the keys */
-    TS_TRY(ts_matmul(r->e, &o, &v, 0, &att, 1, 1.0f, 0.0f));
+    TS_TRY(product(r, &att, &q, 1, &k, 0, (float)(1.0 / sqrt((double)C))));
+    TS_TRY(ts_softmax_forward(r->e, &att, &att)); /* row t: query t over the keys, in fp32 */
+    TS_TRY(product(r, &o, &v, 0, &att, 1, 1.0f));
     ts_tensor_t o4 = img4(r->buf[2], C, H, W);
     TS_TRY(conv(r, &y, &o4, &at->out, &POINT));
     TS_TRY(ts_add(r->e, &y, &y, &x));
@@ -583,6 +595,21 @@ static int check_engine(ts_vae_t *m, ts_engine_t *e, char *err, size_t errlen) {
         return ts_fail(err, errlen, TS_EINVAL, "no VAE or no engine");
     if (e->device != TS_CPU)
         return ts_fail(err, errlen, TS_ENOTSUP, "the VAE runs on the CPU engine only");
+    char why[256] = "";
+    if (m->precision != TS_PREC_F32 && ts_engine_precision_check(e, m->precision, why, sizeof why))
+        return ts_fail(err, errlen, TS_ENOTSUP, "the VAE's %s products cannot run here: %s",
+                       ts_precision_name(m->precision), why);
+    return TS_OK;
+}
+
+int ts_vae_set_precision(ts_vae_t *m, ts_engine_t *e, ts_precision_t p, char *err, size_t errlen) {
+    if (!m || (p != TS_PREC_F32 && p != TS_PREC_BF16 && p != TS_PREC_F16))
+        return ts_fail(err, errlen, TS_EINVAL, "ts_vae_set_precision: no VAE or no precision");
+    char why[256] = "";
+    if (e && p != TS_PREC_F32 && ts_engine_precision_check(e, p, why, sizeof why))
+        return ts_fail(err, errlen, TS_ENOTSUP, "%s products cannot run here: %s",
+                       ts_precision_name(p), why);
+    m->precision = p;
     return TS_OK;
 }
 

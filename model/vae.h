@@ -86,7 +86,14 @@ typedef struct ts_vae {
     /* workspace, for images up to work_h × work_w (ts_vae_reserve) */
     ts_tensor_t work;
     int64_t work_h, work_w;
+    ts_precision_t precision; /* the convolutions' and attention's products (zeroed: f32) */
 } ts_vae_t;
+
+/* The products of every convolution and of the attention in precision p: f32 (the default), bf16
+ * or f16 — operands rounded, fp32 accumulation; GroupNorm, SiLU, the softmax, the residual
+ * adds and every activation stay fp32. TS_ENOTSUP with the reason when e cannot run p (bf16
+ * needs AVX-512 BF16 and oneDNN; e may be NULL: checked at the forward). */
+int ts_vae_set_precision(ts_vae_t *m, ts_engine_t *e, ts_precision_t p, char *err, size_t errlen);
 
 /* A model with every parameter zero. *out owned by the caller: ts_vae_free. */
 int ts_vae_new(ts_vae_t **out, const ts_vae_config_t *cfg, char *err, size_t errlen);

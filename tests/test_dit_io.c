@@ -175,6 +175,89 @@ static void test_f32_round_trip_is_exact(void **state) {
     ts_st_free(&f);
 }
 
+/* Learned σ (DiT's published layout): the final layer makes 2C channels; the file says
+ * learn_sigma and round-trips; the forward's prediction is the first C channels of each sample
+ * and ts_dit_sigma the last C — checked against the same model's final layer split by hand (a
+ * learned-σ model whose σ rows are removed is a plain model with the prediction's rows); such a
+ * model cannot train, and a bad learn_sigma value is refused. */
+static void test_learn_sigma(void **state) {
+    fixture_t *fx = *state;
+    char path[256], err[256] = "";
+    ts_dit_config_t c = fx->cfg; /* C = 1, patch 2 */
+    c.learn_sigma = 1;
+    ts_dit_t m, plain, sig, m2;
+    TU_CHECK_OK(ts_dit_create(&m, &c, &fx->e, 4, 0));
+    assert_int_equal(ts_dit_create(&m2, &c, &fx->e, 4, 1), TS_ENOTSUP); /* trainable */
+    TU_CHECK_OK(ts_rng_normal(&fx->e, &m.param_mem, SEED + 1, 0));
+    TU_CHECK_OK(ts_scale(&fx->e, &m.param_mem, 0.1f));
+    /* two plain models with the same weights but the final linear's prediction or σ rows:
+     * rows (py, px, c) of 2C channels — c < C the prediction, c ≥ C σ */
+    TU_CHECK_OK(ts_dit_create(&plain, &fx->cfg, &fx->e, 4, 0));
+    TU_CHECK_OK(ts_dit_create(&sig, &fx->cfg, &fx->e, 4, 0));
+    int C = c.in_channels, pp = c.patch_size * c.patch_size, h = c.hidden_size;
+    for (int i = 0; i < m.n_params; i++) {
+        const ts_dit_param_info_t *src = &m.info[i];
+        const ts_dit_param_info_t *dst = &plain.info[i];
+        assert_string_equal(src->name, dst->name);
+        float *a = (float *)plain.param_mem.data + dst->offset;
+        float *b = (float *)sig.param_mem.data + dst->offset;
+        const float *w = slab_of(&m) + src->offset;
+        if (strncmp(src->name, "final_layer.linear.", 19) != 0) {
+            memcpy(a, w, (size_t)src->numel * sizeof *a);
+            memcpy(b, w, (size_t)src->numel * sizeof *b);
+            continue;
+        }
+        int64_t width = src->ndim == 2 ? h : 1;
+        assert_int_equal(src->shape[0], 2 * pp * C);
+        for (int q = 0; q < pp; q++)
+            for (int ch = 0; ch < C; ch++) {
+                memcpy(a + ((int64_t)q * C + ch) * width, w + ((int64_t)q * 2 * C + ch) * width,
+                       (size_t)width * sizeof *a);
+                memcpy(b + ((int64_t)q * C + ch) * width, w + ((int64_t)q * 2 * C + C + ch) * width,
+                       (size_t)width * sizeof *b);
+            }
+    }
+    enum { B = 3 };
+    const int S = c.input_size, n = B * C * S * S;
+    float got[3 * 64], got_sigma[3 * 64], want[3 * 64], want_sigma[3 * 64];
+    assert_true(n <= 3 * 64);
+    forward_fixed(fx, &m, got);
+    ts_tensor_t sv;
+    TU_CHECK_OK(ts_dit_sigma(&m, B, &sv));
+    memcpy(got_sigma, sv.data, (size_t)n * sizeof(float));
+    forward_fixed(fx, &plain, want);
+    forward_fixed(fx, &sig, want_sigma);
+    assert_memory_equal(got, want, (size_t)n * sizeof(float));
+    assert_memory_equal(got_sigma, want_sigma, (size_t)n * sizeof(float));
+    assert_true(memcmp(got, got_sigma, (size_t)n * sizeof(float)) != 0);
+    assert_int_equal(ts_dit_sigma(&plain, B, &sv), TS_EINVAL);
+    /* the file */
+    path_in(fx, "sigma.safetensors", path, sizeof path);
+    TU_CHECK_OK(ts_dit_save(&m, &m.param_mem, path, TS_ST_F32, NULL, 0, err, sizeof err));
+    ts_st_file_t f;
+    TU_CHECK_OK(ts_st_read(path, &f, err, sizeof err));
+    assert_string_equal(ts_st_meta(&f, "learn_sigma"), "true");
+    assert_int_equal(ts_st_find(&f, "final_layer.linear.weight")->shape[0], 2 * pp * C);
+    ts_st_free(&f);
+    TU_CHECK_OK(ts_dit_open(&m2, path, &fx->e, 4, 0, err, sizeof err));
+    assert_int_equal(m2.cfg.learn_sigma, 1);
+    check_params_equal(&m2, slab_of(&m));
+    ts_dit_free(&m2);
+    assert_int_equal(ts_dit_open(&m2, path, &fx->e, 4, 1, err, sizeof err), TS_ENOTSUP);
+    /* a plain model's file says nothing of it (its bytes unchanged by the key's existence) */
+    TU_CHECK_OK(ts_st_read(fx->good, &f, err, sizeof err));
+    assert_null(ts_st_meta(&f, "learn_sigma"));
+    ts_st_free(&f);
+    /* learn_sigma is the config's: an extra key of that name is refused */
+    const char *extra[] = {"learn_sigma", "false"};
+    assert_int_equal(
+        ts_dit_save(&plain, &plain.param_mem, path, TS_ST_F32, extra, 1, err, sizeof err),
+        TS_EINVAL);
+    ts_dit_free(&m);
+    ts_dit_free(&plain);
+    ts_dit_free(&sig);
+}
+
 static void check_rounded_round_trip(fixture_t *fx, ts_st_dtype_t dtype, const char *name) {
     char path[256], err[256] = "";
     path_in(fx, name, path, sizeof path);
@@ -509,6 +592,15 @@ static void test_config_keys(void **state) {
     edit_set_meta(&ed, "freq_dim", NULL); /* falls back to 256; the file has 64 */
     edit_done(fx, &ed, path, sizeof path);
     expect_open_fails(fx, path, "t_embedder.mlp.0.weight");
+    /* learn_sigma: true or false only; true on a plain model's tensors names the final layer */
+    edit_begin(fx, &ed);
+    edit_set_meta(&ed, "learn_sigma", "yes");
+    edit_done(fx, &ed, path, sizeof path);
+    expect_open_fails(fx, path, "'learn_sigma'");
+    edit_begin(fx, &ed);
+    edit_set_meta(&ed, "learn_sigma", "true");
+    edit_done(fx, &ed, path, sizeof path);
+    expect_open_fails(fx, path, "final_layer.linear.weight");
     /* another format */
     edit_begin(fx, &ed);
     edit_set_meta(&ed, "format", "tessera-dit/2");
@@ -656,6 +748,7 @@ static void test_save_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_f32_round_trip_is_exact, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_learn_sigma, setup, teardown),
         cmocka_unit_test_setup_teardown(test_f16_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bf16_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_slab, setup, teardown),

@@ -17,50 +17,23 @@ T=${1:?usage: test_encode_cli.sh TESSERA}
 . "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 
-mkdir "$dir/img"
-"$PY" - "$dir" "$here/parity" <<'PYEOF' || fail "making the images and the VAE"
-import gzip, struct, sys, zlib
+"$PY" - "$dir" "$here/parity" "$here" <<'PYEOF' || fail "making the images and the VAE"
+import os, sys
 d, parity = sys.argv[1], sys.argv[2]
-sys.path.insert(0, parity)
+sys.path.insert(0, sys.argv[3])
 import torch
-import vae_torch as vt
-
-def png(path, w, h, rgb):  # 8-bit RGB, no filter
-    raw = b"".join(b"\0" + bytes(rgb[y * w * 3:(y + 1) * w * 3]) for y in range(h))
-    def chunk(t, b):
-        return struct.pack(">I", len(b)) + t + b + struct.pack(">I", zlib.crc32(t + b) & 0xffffffff)
-    with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-                + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
-
-with gzip.open("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz") as f:
-    f.read(16); pix = f.read(12 * 784)
-with gzip.open("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz") as f:
-    f.read(8); lab = f.read(12)
-imgs = []
-with open(f"{d}/img/labels.txt", "w") as lf:
-    for i in range(12):
-        p = pix[i * 784:(i + 1) * 784]
-        rgb = []
-        for v in p:
-            rgb += [v, v // 2, 255 - v]
-        png(f"{d}/img/im{i:02d}.png", 28, 28, rgb)
-        imgs.append(rgb)
-        lf.write(f"im{i:02d}.png {lab[i]}\n")
-cfg = dict(in_channels=3, out_channels=3, latent_channels=4, block_out=[8, 16],
-           layers_per_block=1, groups=4, scaling_factor=0.18215)
-m = vt.AutoencoderKL(cfg)
-vt.randomize(m, 5)
+import latent_fixture as lf
+imgs, _ = lf.write_folder(d, 12, "im{:02d}.png")
+m, vt = lf.small_vae(parity, 5)
 vt.save(m, f"{d}/vae.safetensors")
 x = torch.tensor(imgs, dtype=torch.float64).reshape(12, 28, 28, 3).permute(0, 3, 1, 2) / 127.5 - 1
 with torch.no_grad():
     mean, _ = m.double().encode(x)
 vt.st_write(f"{d}/ref.safetensors", {"mean": mean.float().contiguous()})
 # a second folder whose images differ in size
-import os
 os.mkdir(f"{d}/mixed")
-png(f"{d}/mixed/a.png", 28, 28, imgs[0])
-png(f"{d}/mixed/b.png", 32, 32, [0] * (32 * 32 * 3))
+lf.png(f"{d}/mixed/a.png", 28, 28, imgs[0])
+lf.png(f"{d}/mixed/b.png", 32, 32, [0] * (32 * 32 * 3))
 PYEOF
 
 run "$T" encode "$dir/img" --vae "$dir/vae.safetensors" --out "$dir/lat.safetensors" --json
@@ -106,12 +79,13 @@ echo "ok: a DiT trained on the latents takes 4 channels of 14x14"
 # reference decoder's image of the same latents
 run "$T" sample --weights "$dir/expert.safetensors" --vae "$dir/vae.safetensors" --n 4 --steps 2 \
     --sampler euler --device cpu --out "$dir/grid.png" --out-tensor "$dir/lat4.safetensors"
-"$PY" - "$dir" "$here/parity" <<'PYEOF' || fail "the decoded grid"
+"$PY" - "$dir" "$here/parity" "$here" <<'PYEOF' || fail "the decoded grid"
 import struct, sys, zlib
 d, parity = sys.argv[1], sys.argv[2]
-sys.path.insert(0, parity)
+sys.path.insert(0, sys.argv[3])
 import torch
-import vae_torch as vt
+import latent_fixture as lf
+m, vt = lf.small_vae(parity, 5)
 buf = open(f"{d}/grid.png", "rb").read()
 assert buf[:8] == b"\x89PNG\r\n\x1a\n"
 pos, idat = 8, b""
@@ -137,10 +111,6 @@ for y in range(h):
             p = a + b - c; pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
             line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
     rows.append(line); prev = line
-cfg = dict(in_channels=3, out_channels=3, latent_channels=4, block_out=[8, 16],
-           layers_per_block=1, groups=4, scaling_factor=0.18215)
-m = vt.AutoencoderKL(cfg)
-vt.randomize(m, 5)
 t, _, _ = vt.st_read(f"{d}/lat4.safetensors")
 with torch.no_grad():
     img = m.double().decode(t["x"].double())

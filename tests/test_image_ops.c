@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kernels/engine.h"
+#include "kernels/math.h"
 #include "kernels/ops.h"
 #include "kernels/ref.h"
 #include "tests/testutil.h"
@@ -100,6 +101,71 @@ static void test_conv2d_nan_spreads_to_its_outputs(void **state) {
     int64_t at = ((c->B - 1) * c->Cin + 1) * c->H * c->W + (c->H / 2) * c->W + c->W / 2;
     run_conv_case(*state, c, 7, at);
     run_conv_case(*state, &conv_cases[1], 8, 2 * 9 * 8 + 4 * 8 + 3); /* through a stride 2 */
+}
+
+/* With bf16 and f16 products (ts_conv2d_t.precision): the reference on the input and weight
+ * rounded to that precision (products of two such values are exact in fp32; the bias and the sums
+ * stay fp32), within the fp32 bound; and not the unrounded reference, so the rounding happened.
+ * bf16 only where this CPU runs it. */
+static void test_conv2d_low_precision(void **state) {
+    ts_engine_t *e = *state;
+    for (int p = 1; p <= 2; p++) {
+        ts_precision_t prec = p == 1 ? TS_PREC_BF16 : TS_PREC_F16;
+        if (ts_engine_precision_check(e, prec, NULL, 0) != TS_OK) {
+            ts_tensor_t i1, w1, o1;
+            tu_alloc_f32(&i1, 4, TS_SHAPE(1, 1, 3, 3));
+            tu_alloc_f32(&w1, 4, TS_SHAPE(1, 1, 1, 1));
+            tu_alloc_f32(&o1, 4, TS_SHAPE(1, 1, 3, 3));
+            ts_conv2d_t g = {1, 0, 0, 0, 0, prec};
+            assert_int_equal(ts_conv2d_forward(e, &o1, &i1, &w1, NULL, &g, NULL), TS_ENOTSUP);
+            TU_FREE_TENSORS(&i1, &w1, &o1);
+            continue;
+        }
+        for (size_t ci = 0; ci < sizeof conv_cases / sizeof conv_cases[0]; ci++) {
+            const conv_case_t *c = &conv_cases[ci];
+            ts_conv2d_t g = c->g;
+            g.precision = prec;
+            int64_t Ho = ts_conv2d_out_dim(c->H, c->k, g.stride, g.pad_top, g.pad_bottom);
+            int64_t Wo = ts_conv2d_out_dim(c->W, c->k, g.stride, g.pad_left, g.pad_right);
+            ts_tensor_t inp, w, b, out, scratch;
+            tu_alloc_f32(&inp, 4, TS_SHAPE(c->B, c->Cin, c->H, c->W));
+            tu_alloc_f32(&w, 4, TS_SHAPE(c->Cout, c->Cin, c->k, c->k));
+            tu_alloc_f32(&b, 1, TS_SHAPE(c->Cout));
+            tu_alloc_f32(&out, 4, TS_SHAPE(c->B, c->Cout, Ho, Wo));
+            tu_rng_t r = {300 + ci};
+            tu_fill_uniform(&r, &inp, -1, 1);
+            tu_fill_uniform(&r, &w, -1, 1);
+            tu_fill_uniform(&r, &b, -1, 1);
+            int64_t need = ts_conv2d_scratch_min(&inp, &w, &g);
+            tu_alloc_f32(&scratch, 1, TS_SHAPE(need * Ho + 5));
+            TU_CHECK_OK(ts_conv2d_forward(e, &out, &inp, &w, c->bias ? &b : NULL, &g, &scratch));
+            int64_t ni = ts_tensor_numel(&inp), nw = ts_tensor_numel(&w),
+                    no = ts_tensor_numel(&out);
+            float *ri = tu_floats(ni), *rw = tu_floats(nw), *want = tu_floats(no),
+                  *exact = tu_floats(no);
+            for (int64_t i = 0; i < ni + nw; i++) {
+                float v = i < ni ? tu_f32(&inp)[i] : tu_f32(&w)[i - ni];
+                float q = prec == TS_PREC_BF16 ? ts_bf16_to_f32(ts_f32_to_bf16(v))
+                                               : ts_f16_to_f32(ts_f32_to_f16(v));
+                (i < ni ? ri : rw)[i < ni ? i : i - ni] = q;
+            }
+            ts_ref_conv2d(want, ri, rw, c->bias ? tu_f32(&b) : NULL, c->B, c->Cin, c->H, c->W,
+                          c->Cout, c->k, c->k, g.stride, g.pad_top, g.pad_bottom, g.pad_left,
+                          g.pad_right);
+            ts_ref_conv2d(exact, tu_f32(&inp), tu_f32(&w), c->bias ? tu_f32(&b) : NULL, c->B,
+                          c->Cin, c->H, c->W, c->Cout, c->k, c->k, g.stride, g.pad_top,
+                          g.pad_bottom, g.pad_left, g.pad_right);
+            int64_t K = c->Cin * c->k * c->k;
+            tu_check_close(tu_f32(&out), want, no, 1e-6 * (double)K, 1e-5, "conv2d %s case %zu",
+                           ts_precision_name(prec), ci);
+            double far = 0.0;
+            for (int64_t i = 0; i < no; i++)
+                far = fmax(far, fabs((double)tu_f32(&out)[i] - exact[i]));
+            assert_true(far > 1e-6); /* the operands were rounded */
+            free(ri), free(rw), free(want), free(exact);
+            TU_FREE_TENSORS(&inp, &w, &b, &out, &scratch);
+        }
+    }
 }
 
 /* Each image of a batch of 3 gives the same bits as the same image convolved alone. */
@@ -291,6 +357,7 @@ int main(void) {
         cmocka_unit_test(test_conv2d_matches_reference),
         cmocka_unit_test(test_conv2d_nan_spreads_to_its_outputs),
         cmocka_unit_test(test_conv2d_batch_invariant),
+        cmocka_unit_test(test_conv2d_low_precision),
         cmocka_unit_test(test_conv2d_bad_arguments),
         cmocka_unit_test(test_groupnorm_matches_reference),
         cmocka_unit_test(test_groupnorm_nan_stays_in_its_group),

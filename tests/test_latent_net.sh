@@ -1,10 +1,12 @@
 #!/bin/sh
-# test_latent_net.sh TESSERA — latent experts on a network, end to end, on data made here
+# test_latent_net.sh TESSERA TESSERAD — latent experts on a network, end to end, on data made here
 # (tests/latent_fixture.py: tinted Fashion-MNIST images, two small random VAEs):
 #   - `tessera encode` names the latent space (the VAE file's BLAKE2b-256) in the data set;
 #   - `tessera partition --latents` clusters the latents, `tessera train --latents --partition`
 #     trains an expert per cluster (and refuses latents the partition was not made from), and
 #     the weights carry the latent space;
+#   - a tesserad in train mode on the latents ([train] latents) trains its cluster's expert, and
+#     the weights it writes carry the latent space;
 #   - one expert is made a DDPM epsilon expert (its metadata), the other stays a flow expert;
 #   - two tesserad nodes (`tessera up`) host them: their adverts carry each objective and the
 #     latent space (status --json);
@@ -14,10 +16,11 @@
 #     any sampling), a folder mixing experts of two latent spaces, a network whose experts of one
 #     partition work in two spaces.
 set -eu
-T=${1:?usage: test_latent_net.sh TESSERA}
+T=${1:?usage: test_latent_net.sh TESSERA TESSERAD}
+D=${2:?usage: test_latent_net.sh TESSERA TESSERAD}
 . "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
-nets="$dir/net $dir/net2" logs="$dir/err*.txt" log_lines=20
+nets="$dir/net $dir/net2" logs="$dir/err*.txt $dir/*.log" log_lines=20
 
 "$PY" "$here/latent_fixture.py" "$dir" "$here/parity" 40 5 6 || fail "making the images and VAEs"
 V=$dir/vae-5.safetensors V2=$dir/vae-6.safetensors
@@ -59,6 +62,42 @@ if "$T" train --latents "$dir/lat2.safetensors" --partition "$F" --cluster 0 --m
     fail "train --partition took latents the partition was not made from"
 fi
 grep -q "not the data set it partitions" "$dir/err-x.txt" || fail "the refusal: $(cat "$dir/err-x.txt")"
+# a node trains a latent expert itself: [train] latents, the weights written carry the space
+run "$T" keygen --network-key --out "$dir/tk.key"
+mkdir -p "$dir/tn"
+run "$T" keygen --out "$dir/tn/id.key"
+{
+    node_section tn "" "$dir/tk.key"
+    cat <<INI
+[expert]
+mode = train
+partition = $F/partition.safetensors
+cluster = 1
+weights = $dir/trained.safetensors
+[train]
+model = small
+latents = $dir/lat.safetensors
+steps = 3
+batch = 4
+ckpt_every = 3
+threads = 1
+[metrics]
+listen =
+[log]
+file = $dir/tn.log
+INI
+} >"$dir/tn/d.ini"
+start_node tn
+wait_log "$dir/tn.log" "done: 3 steps" 180
+"$PY" - "$dir/trained.safetensors" "$space" <<'PYEOF' || fail "the daemon's latent expert"
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+m = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])["__metadata__"]
+assert m["latent_space"] == sys.argv[2] and m["cluster"] == "1" and m["in_channels"] == "4", m
+PYEOF
+kill "$(cat "$dir/tn/pid")" 2>/dev/null || true
+echo "ok: a daemon trains a latent expert ([train] latents); its weights carry the latent space"
+
 mv "$F/expert-1.safetensors" "$dir/flow-1.safetensors"
 "$PY" "$here/st_set_meta.py" "$dir/flow-1.safetensors" "$F/expert-1.safetensors" \
     objective=epsilon || fail "could not write an epsilon expert"

@@ -146,6 +146,27 @@ static void test_memory_figures(void **state) {
                 }
     ts_dataset_free(&data);
 
+    /* learned σ: inference only, its doubled final layer and (B, 2C) output counted */
+    ts_dit_memory_t lsm;
+    ts_dit_config_t ls = cfgs[0];
+    ls.learn_sigma = 1;
+    assert_int_equal(ts_dit_memory(&ls, TS_PREC_F32, TS_ATTN_FUSED, &lsm), TS_OK);
+    assert_int_equal(lsm.can_train, 0);
+    for (int bi = 0; bi < 3; bi++) {
+        int B = batches[bi];
+        ts_dit_t lm;
+        assert_int_equal(ts_dit_create(&lm, &ls, &g_eng, B, 0), TS_OK);
+        assert_int_equal(ts_dit_set_attention(&lm, TS_ATTN_FUSED), TS_OK);
+        uint64_t chw = (uint64_t)ls.in_channels * ls.input_size * ls.input_size;
+        uint64_t real = model_bytes(&lm) + (uint64_t)B * (chw + 1) * 4;
+        uint64_t said = ts_dit_memory_total(&lsm, 0, B);
+        if (said < real || said > real + lsm.infer_fixed + lsm.infer_per_sample) {
+            print_error("learn_sigma B %d: said %llu, allocated %llu\n", B,
+                        (unsigned long long)said, (unsigned long long)real);
+            fail();
+        }
+        ts_dit_free(&lm);
+    }
     /* the 16-bit copy and its operand buffer come on top */
     ts_dit_memory_t f32, f16;
     assert_int_equal(ts_dit_memory(&cfgs[1], TS_PREC_F32, TS_ATTN_COMPOSED, &f32), TS_OK);

@@ -3,7 +3,8 @@
 # -DTESSERA_FUZZ=ON, ASan + UBSan) and run each for SECONDS (default 30), keeping a corpus per
 # harness in build-fuzz/corpus/<name>/. An empty corpus is seeded first: configs/tesserad.ini for
 # the config parser, and a few small valid inputs written here (a partition file, a router file,
-# an IDX pair, a ping datagram and an empty full state), since the demo files are larger than
+# an IDX pair, a ping datagram and an empty full state, a torch.save file when PyTorch is
+# there), since the demo files are larger than
 # -max_len. Prints
 # each harness's executions; exits non-zero when a harness finds a crash (the reproducer is left
 # in build-fuzz/, named crash-*).
@@ -13,7 +14,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$root/build-fuzz"
 jobs="${JOBS:-2}"
 harnesses=(fuzz_frame fuzz_envelope fuzz_handshake fuzz_gossip_datagram fuzz_gossip_node
-           fuzz_safetensors fuzz_partition fuzz_idx fuzz_config)
+           fuzz_safetensors fuzz_partition fuzz_idx fuzz_config fuzz_torch_pt)
 command -v clang >/dev/null || { echo "run.sh: clang not found (apt-get install clang libclang-rt-dev, or scripts/setup.sh --all)" >&2; exit 1; }
 cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
     -DTESSERA_CUDA=OFF -DTESSERA_FUZZ=ON >/dev/null
@@ -82,6 +83,10 @@ seed() {
     fuzz_gossip_datagram)
         { printf '\001\001'; zeros 32; be32 7; zeros 32; printf '\000'; } >"$dir/ping"
         { printf '\001\006'; zeros 32; printf '\000'; be32 0; } >"$dir/state" ;;
+    fuzz_torch_pt) # a small state dict as torch.save writes it (when there is a torch to write it)
+        "${TESSERA_PYTHON:-/usr/bin/python3}" -c 'import sys, torch, collections
+sd = collections.OrderedDict(w=torch.arange(6.0).reshape(2, 3).t(), b=torch.ones(2).half())
+torch.save({"ema": sd, "step": 3}, sys.argv[1])' "$dir/pt" 2>/dev/null || true ;;
     fuzz_gossip_node) # the first byte odd: sealed with the network key (fuzz_gossip_node.c)
         { printf '\001\001\001'; zeros 32; be32 7; zeros 32; printf '\000'; } >"$dir/ping" ;;
     esac

@@ -177,7 +177,14 @@ static void cmd_forward(ts_engine_t *e, const char *weights, const char *inputs,
     CHECK(weights, ts_dit_open(&m, weights, e, B, 0, g_err, sizeof g_err));
     CHECK("forward (labels must be in [0, num_classes], t of shape (B))",
           ts_dit_forward(&m, &x, &t, y, B, &v));
-    write_one(out, "v", &v);
+    if (m.cfg.learn_sigma) { /* the prediction and the variance, each (B, C, H, W) */
+        ts_tensor_t sigma;
+        CHECK("sigma", ts_dit_sigma(&m, B, &sigma));
+        ts_st_entry_t en[2] = {f32_entry("v", &v), f32_entry("sigma", &sigma)};
+        CHECK(out, ts_st_write(out, en, 2, NULL, 0, g_err, sizeof g_err));
+    } else {
+        write_one(out, "v", &v);
+    }
     ts_dit_free(&m);
     free(y);
     ts_tensor_free(&x);

@@ -18,7 +18,9 @@ Semantics, in brief (every convention the C side must agree with):
   c = t_emb + y_emb; per block adaLN(SiLU(c)) → 6 chunks; x += gate·attn(modulate(LN(x)));
     x += gate·mlp(modulate(LN(x))); LN without affine, eps 1e-6; GELU tanh; qkv (3, heads, hd)
   final: modulate(LN(x)) with 2 chunks (shift, scale) → Linear(h, p·p·C) → unpatchify with
-    per-token features in (py, px, c) order → v (B, C, H, W), the velocity ε − x0.
+    per-token features in (py, px, c) order → v (B, C, H, W), the velocity ε − x0; with
+    learn_sigma (DiT's published checkpoints) Linear(h, p·p·2C) → (B, 2C, H, W): the
+    prediction's C channels, then the variance's.
 """
 
 import json
@@ -290,13 +292,15 @@ class DiT(nn.Module):
     """The velocity model. Constructor arguments are the __metadata__ keys of a weights file."""
 
     def __init__(self, input_size, patch_size, in_channels, hidden_size, depth, num_heads,
-                 num_classes, mlp_ratio=4, freq_dim=256):
+                 num_classes, mlp_ratio=4, freq_dim=256, learn_sigma=False):
         super().__init__()
         assert input_size % patch_size == 0 and hidden_size % num_heads == 0
         self.cfg = dict(input_size=input_size, patch_size=patch_size, in_channels=in_channels,
                         hidden_size=hidden_size, depth=depth, num_heads=num_heads,
                         num_classes=num_classes, mlp_ratio=mlp_ratio, freq_dim=freq_dim)
-        self.p, self.channels = patch_size, in_channels
+        self.learn_sigma = bool(learn_sigma)
+        # learned σ (DiT's published checkpoints): 2C output channels, the prediction then σ
+        self.p, self.channels = patch_size, in_channels * (2 if learn_sigma else 1)
         self.grid = input_size // patch_size
         self.x_embedder = PatchEmbed(in_channels, hidden_size, patch_size)
         self.t_embedder = TimestepEmbedder(hidden_size, freq_dim)
@@ -306,11 +310,11 @@ class DiT(nn.Module):
         self.pos_embed = nn.Parameter(table.unsqueeze(0), requires_grad=False)
         self.blocks = nn.ModuleList([DiTBlock(hidden_size, num_heads, mlp_ratio)
                                      for _ in range(depth)])
-        self.final_layer = FinalLayer(hidden_size, patch_size, in_channels)
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.channels)
 
     @classmethod
     def from_metadata(cls, meta):
-        return cls(**config_from_metadata(meta))
+        return cls(**config_from_metadata(meta), learn_sigma=meta.get("learn_sigma") == "true")
 
     def unpatchify(self, tok):
         """(B, T, p·p·C), features in (py, px, c) order → (B, C, H, W)."""
@@ -362,6 +366,8 @@ def save_model(model, path, dtype="F32", extra_meta=None, pos_embed_dtype=None):
     if pos_embed_dtype:
         dtypes["pos_embed"] = pos_embed_dtype
     meta = config_to_metadata(model.cfg)
+    if model.learn_sigma:
+        meta["learn_sigma"] = "true"
     meta.update(extra_meta or {})
     st_write(path, sd, meta, dtypes)
 

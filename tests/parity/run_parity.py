@@ -17,7 +17,9 @@ same safetensors file and must agree on:
   d. files crossing over: PyTorch loads (strict=True) the file the C side initialised and the
      one its AdamW run wrote; the C side loads the file PyTorch wrote (all of a-c);
   e. weights written by PyTorch in BF16 and in F16: the C forward matches PyTorch's forward on
-     the same rounded weights.
+     the same rounded weights;
+  f. a model with DiT's learned σ (2C output channels; inference only): the C prediction and σ
+     equal PyTorch's two halves.
 Every parameter is random (the zero-initialised adaLN and final layer too), else the test would
 not see them. Work files live in a temporary directory removed at the end.
 """
@@ -304,6 +306,40 @@ def run_config(tool, work, name, cfg, label_dtype):
         guarded(f"[{name}] e. {half} weights", check_half)
 
 
+def run_sigma_config(tool, work):
+    """f. learned σ (DiT's published layout, inference only): the C forward's prediction and σ
+    against PyTorch's 2C output channels, split."""
+    cfg = dict(input_size=16, patch_size=2, in_channels=4, hidden_size=64, depth=2, num_heads=4,
+               num_classes=5, mlp_ratio=4, freq_dim=256)
+    name = "sigma"
+    print(f"\n== {name}: learn_sigma, " + ", ".join(f"{k}={v}" for k, v in cfg.items()),
+          flush=True)
+    gen = torch.Generator().manual_seed(SEED + 7)
+    model = dt.DiT(**cfg, learn_sigma=True)
+    model.randomise(gen)
+    weights = os.path.join(work, f"{name}_weights.safetensors")
+    dt.save_model(model, weights, "F32", {"objective": "epsilon"})
+    C, S, K = cfg["in_channels"], cfg["input_size"], cfg["num_classes"]
+    inputs = {"x": torch.randn(BATCH, C, S, S, generator=gen),
+              "t": torch.tensor([0.0, 0.001, 0.5, 0.81, 0.999]),  # DDPM steps / 1000
+              "y": torch.tensor([0, K, 3, K - 1, K])}
+    inputs_path = os.path.join(work, f"{name}_inputs.safetensors")
+    dt.st_write(inputs_path, inputs, dtypes={"y": "I64"})
+
+    def check():
+        out = torch_forward(model, inputs)
+        record(f"[{name}] f. PyTorch's output has 2C channels", out.shape[1], 2 * C,
+               passed=out.shape[1] == 2 * C, value_text=str(out.shape[1]))
+        path = os.path.join(work, f"v_{name}.safetensors")
+        run_tool(tool, "forward", weights, inputs_path, path)
+        got, _, _ = dt.st_read(path)
+        record(f"[{name}] f. prediction (first C channels)", forward_error(got["v"], out[:, :C]),
+               TOL_FORWARD)
+        record(f"[{name}] f. sigma (last C channels)", forward_error(got["sigma"], out[:, C:]),
+               TOL_FORWARD)
+    guarded(f"[{name}] f. learned sigma", check)
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: run_parity.py PATH/TO/dit_parity", file=sys.stderr)
@@ -322,6 +358,7 @@ def main():
     try:
         for name, cfg, label_dtype in CONFIGS:
             run_config(tool, work, name, cfg, label_dtype)
+        run_sigma_config(tool, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table()

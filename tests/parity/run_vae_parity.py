@@ -14,7 +14,8 @@ diffusers' current attention names (to_q … to_out.0, Linear weights) and under
   b. encode a random image in [-1, 1] to mean · 0.18215 and logvar, and decode a random latent,
      within TOL of PyTorch in float64 on the same weights: max|c − ref| ≤ TOL · max(1, max|ref|)
      for each of mean, logvar and decoded;
-  c. give the same bits under both namings.
+  c. give the same bits under both namings;
+  d. with bf16 and f16 products (ts_vae_set_precision), stay within TOL_LP of float64.
 PyTorch's own float32 run is measured against float64 beside it, so the report shows what float32
 rounding alone costs. --full does the same once at the released model's size (random weights),
 prints the figures and writes them as JSON; it asserts the same bound.
@@ -41,6 +42,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vae_torch as vt  # noqa: E402
 
 TOL = 1e-5  # max|c − ref64| relative to max(1, max|ref64|), per output (seen: under 1e-6)
+# The 16-bit products (ts_vae_set_precision): operands rounded, fp32 accumulation, everything else
+# fp32. Bounded as fp32 is, looser by the operands' rounding through the layers (bf16: 8
+# significant bits, f16: 11); PyTorch's own bf16 autocast error is printed beside it.
+TOL_LP = {"bf16": 5e-2, "f16": 1e-2}
 
 CONFIGS = [
     # two levels, one layer a block: a shortcut conv in every level change, 8 groups
@@ -52,8 +57,9 @@ CONFIGS = [
 ]
 
 
-def run_c(tool, weights, inputs, out):
-    p = subprocess.run([tool, "run", weights, inputs, out], capture_output=True, text=True)
+def run_c(tool, weights, inputs, out, precision="f32"):
+    p = subprocess.run([tool, "run", weights, inputs, out, precision], capture_output=True,
+                       text=True)
     if p.returncode != 0:
         raise RuntimeError(f"vae_parity failed ({p.returncode}): {p.stderr.strip()}")
     info = json.loads(p.stdout.strip().splitlines()[-1])
@@ -130,6 +136,38 @@ def one_config(tool, name, cfg, B, H, W, seed, namings, work):
               f"decode {info['decode_s']}s, {info['params']} parameters, workspace "
               f"{info['work_bytes'] / 2**20:.1f} MiB; torch f32 {t_torch32:.2f}s")
         result["runs"][naming] = run
+    # the 16-bit products, on the first naming's file, against float64 as fp32 is
+    weights = os.path.join(work, f"{name}.{namings[0]}.safetensors")
+    try:  # PyTorch's own bf16 (autocast), for comparison only: not every build runs it here
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            tb = dict(zip(("mean", "logvar"), model.encode(image)))
+            tb["decoded"] = model.decode(latent)
+    except RuntimeError:
+        tb = None
+    result["lowp"] = {}
+    for prec, tol in TOL_LP.items():
+        out = os.path.join(work, f"{name}.{prec}.out.safetensors")
+        try:
+            c, info = run_c(tool, weights, inputs, out, prec)
+        except RuntimeError as exc:
+            if prec == "bf16" and "cannot run here" in str(exc):  # no AVX-512 BF16: said, skipped
+                print(f"skip {name:12s} {prec}: {exc}")
+                continue
+            raise
+        run = {}
+        for key in ("mean", "logvar", "decoded"):
+            e_c = errors(c[key], ref[key])
+            e_tb = errors(tb[key].float(), ref[key]) if tb else {"rel_to_max": float("nan")}
+            passed = e_c["rel_to_max"] <= tol
+            ok &= passed
+            run[key] = {"c_vs_torch64": e_c, "torch_bf16_autocast_vs_torch64": e_tb,
+                        "tolerance": tol, "passed": passed}
+            print(f"{'ok  ' if passed else 'FAIL'} {name:12s} {prec:4s} {key:8s} "
+                  f"max|c-t64| {e_c['max_abs']:.3e} (rel {e_c['rel_to_max']:.2e}, tol {tol:.0e})  "
+                  f"torch bf16 autocast rel {e_tb['rel_to_max']:.2e}")
+        print(f"     {name:12s} {prec:4s} C: encode {info['encode_s']}s, decode {info['decode_s']}s")
+        run["c"] = info
+        result["lowp"][prec] = run
     return ok, result
 
 

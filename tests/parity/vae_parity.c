@@ -57,8 +57,10 @@ static ts_st_entry_t entry(const char *name, const ts_tensor_t *t) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5 || strcmp(argv[1], "run") != 0) {
-        fprintf(stderr, "usage: vae_parity run WEIGHTS INPUTS OUT\n");
+    ts_precision_t prec = TS_PREC_F32;
+    if ((argc != 5 && argc != 6) || strcmp(argv[1], "run") != 0 ||
+        (argc == 6 && ts_precision_parse(argv[5], &prec) != TS_OK)) {
+        fprintf(stderr, "usage: vae_parity run WEIGHTS INPUTS OUT [f32|bf16|f16]\n");
         return 2;
     }
     const char *threads_env = getenv("TESSERA_THREADS");
@@ -69,6 +71,7 @@ int main(int argc, char **argv) {
     ts_vae_t *m;
     double t0 = ts_now_s();
     CHECK("loading the VAE", ts_vae_open(&m, argv[2], NULL, g_err, sizeof g_err));
+    CHECK("precision", ts_vae_set_precision(m, &e, prec, g_err, sizeof g_err));
     double t_load = ts_now_s() - t0;
 
     ts_st_file_t f;
