@@ -7,7 +7,7 @@
  *   - forward at each --batch (default 1 and 64): ts_dit_forward on fixed random x, t and y
  *     (labels include the null class);
  *   - training at --train-batch (default 64): ts_trainer_step on a synthetic data set of random
- *     images — the real step of model/train.c: batch and noise draws, x_t, forward, MSE loss,
+ *     images — the real step of model/trainer.c: batch and noise draws, x_t, forward, MSE loss,
  *     backward, gradient-norm clipping, AdamW and the EMA update.
  * Each measurement is a warm-up (3 calls, at least 0.2 s), then calls timed one by one until
  * --seconds (default 2) have passed and at least 5 calls have run (--quick: a warm-up of 1 call
@@ -61,7 +61,7 @@
 #include "model/dit_io.h"
 #include "model/fmnist.h"
 #include "model/safetensors.h"
-#include "model/train.h"
+#include "model/trainer.h"
 
 #define MAX_BATCHES 16
 #define ERRLEN 512

@@ -16,7 +16,7 @@ one run, at the same thread count:
   2. times ours: bench_dit (forward at batch 1 and 64, training step at batch 64);
   3. times PyTorch in a worker process that loads the same file (strict=True): forward at batch 1
      and 64 (eval, no_grad) and a training step at batch 64 that does the same work as ours
-     (model/train.c): draw a batch and labels (10 % dropped to the null class), t ~ U(0, 1),
+     (model/trainer.c): draw a batch and labels (10 % dropped to the null class), t ~ U(0, 1),
      ε ~ N(0, 1), x_t = (1 − t)·x0 + t·ε, forward, MSE against ε − x0, backward, gradient-norm
      clipping to 1, AdamW (foreach), EMA of the weights;
 and once per run it takes the sgemm peak from `bench_gemm --json` (a 2048³ product through the
@@ -355,7 +355,7 @@ def torch_peaks(seconds):
 
 
 def torch_train(model, cfg, B, seconds, gen, autocast=False):
-    """The training step of model/train.c, in PyTorch eager; autocast: the forward and the loss
+    """The training step of model/trainer.c, in PyTorch eager; autocast: the forward and the loss
     under torch.autocast("cpu", bfloat16) (PyTorch's mixed-precision training on the CPU: fp32
     weights, gradients and AdamW, bf16 products)."""
     C, S, K = cfg["in_channels"], cfg["input_size"], cfg["num_classes"]

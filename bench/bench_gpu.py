@@ -198,7 +198,7 @@ def grad_scaler(enabled):
 
 
 def torch_train(model, cfg, B, sfx, gen):
-    """model/train.c's step: a batch with 10 % of labels dropped to the null class, t ~ U(0, 1),
+    """model/trainer.c's step: a batch with 10 % of labels dropped to the null class, t ~ U(0, 1),
     ε ~ N(0, 1), x_t = (1 − t)·x0 + t·ε, MSE against ε − x0, backward, clip to 1, AdamW, EMA;
     bf16: forward and loss under autocast (fp32 weights, gradients and AdamW); f16 likewise, with
     torch's GradScaler (dynamic loss scaling, as ours)."""

@@ -30,7 +30,7 @@
 #include "model/shard.h"
 #include "model/partition.h"
 #include "model/png.h"
-#include "model/train.h"
+#include "model/trainer.h"
 
 #define PROG "tessera partition"
 #define EXAMPLES 10 /* images per cluster in clusters.png */

@@ -35,7 +35,7 @@
 #include "model/shard.h"
 #include "model/latents.h"
 #include "model/partition.h"
-#include "model/train.h"
+#include "model/trainer.h"
 #include "store/ckpt.h"
 #include "store/store.h"
 
@@ -446,7 +446,7 @@ static void log_progress(const train_run_t *r, progress_t *p) {
     double eta = (double)(o->steps - tr->step) * o->batch / (sps + 1e-9);
     char etab[32];
     fmt_eta(eta, etab, sizeof etab);
-    /* a finite norm, or an f16 step skipped for overflowing gradients (model/train.h) */
+    /* a finite norm, or an f16 step skipped for overflowing gradients (model/trainer.h) */
     int skipped = !isfinite(r->norm);
     char g[32] = "skipped (f16 overflow)", gj[32] = "null";
     if (!skipped) {

@@ -52,7 +52,7 @@ typedef struct ts_daemon_config {
     char expert_partition[TS_CONFIG_PATH_MAX]; /* host and train */
     int expert_cluster;                        /* train: the cluster to learn; −1 when not set */
     char expert_router[TS_CONFIG_PATH_MAX];    /* host and train: "" = none */
-    /* [train] (mode = train): daemon/trainer.h's options */
+    /* [train] (mode = train): daemon/train_job.h's options */
     char train_model[TS_CONFIG_MODEL_MAX];
     char train_data[TS_CONFIG_PATH_MAX];    /* the Fashion-MNIST IDX folder */
     char train_latents[TS_CONFIG_PATH_MAX]; /* a latent data set instead ("": none) */

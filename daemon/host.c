@@ -14,7 +14,7 @@
 #include "daemon/expert.h"
 #include "daemon/log.h"
 #include "daemon/serve.h"
-#include "daemon/trainer.h"
+#include "daemon/train_job.h"
 #include "daemon/weights_srv.h"
 #include "kernels/engine.h"
 #include "store/weights.h"

@@ -4,7 +4,7 @@
  *
  *   host   the weights and partition of the config are checked and imported (daemon/expert.h),
  *          served (daemon/serve.h: queue, batcher, compute thread) and advertised by gossip;
- *   train  the training job (daemon/trainer.h) runs on its own thread, resuming its run from the
+ *   train  the training job (daemon/train_job.h) runs on its own thread, resuming its run from the
  *          store; with serve_while_training every checkpoint's EMA weights are served and
  *          advertised (with the training status) as soon as they are published; at the end the
  *          final weights are, as in host mode.

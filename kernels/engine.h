@@ -138,7 +138,7 @@ int ts_engine_utilization(const ts_engine_t *e, double *ratio);
  * (LayerNorm, softmax, the residual stream) fp32. On the CPU through oneDNN, on a CPU with
  * AVX-512 BF16; on a GPU through cuBLAS, compute capability 8.0 or newer
  * (ts_engine_precision_check). TS_PREC_F16: the same in IEEE half precision (11 significant
- * bits to bf16's 8, range ±65504; training scales the loss, model/train.h), on every GPU (bf16
+ * bits to bf16's 8, range ±65504; training scales the loss, model/trainer.h), on every GPU (bf16
  * needs compute capability 8.0); on a GPU through cuBLAS, on the CPU emulated (f16-rounded
  * operands, fp32 products: the GPU's reference, slower than f32). */
 typedef enum { TS_PREC_F32 = 0, TS_PREC_BF16 = 1, TS_PREC_F16 = 2 } ts_precision_t;

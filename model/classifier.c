@@ -13,14 +13,14 @@
  * (K, h), head.bias (K), all F32, with the metadata described in classifier.h. Loading is
  * strict: every expected tensor present with its exact shape and finite values, nothing else.
  *
- * Training streams follow model/train.c's scheme (a key per purpose derived from the seed; step
+ * Training streams follow model/trainer.c's scheme (a key per purpose derived from the seed; step
  * s's draws at a fixed offset), with purposes of their own:
  *   PERM   epoch e's data order (Fisher–Yates from stream (PERM, e))
  *   TIME   t of sample i of step s: element s·B + i       (time-conditioned models only)
  *   NOISE  ε of step s: elements s·B·CHW … (s+1)·B·CHW − 1 (time-conditioned models only)
  */
 #include "model/classifier.h"
-#include "model/train.h"
+#include "model/trainer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -775,7 +775,7 @@ int64_t ts_classifier_trainer_steps_done(const ts_classifier_trainer_t *tr) {
     return tr ? tr->step : 0;
 }
 
-/* Makes tr->perm the order of epoch ep (model/train.h). */
+/* Makes tr->perm the order of epoch ep (model/trainer.h). */
 static void ensure_perm(ts_classifier_trainer_t *tr, int64_t ep) {
     if (tr->perm_epoch == ep)
         return;

@@ -159,7 +159,7 @@ void ts_classifier_train_config_default(ts_classifier_train_config_t *c);
 float ts_classifier_lr(const ts_classifier_train_config_t *c, int64_t s);
 
 /* A trainer: AdamW moments for every parameter and per-step buffers. Every random draw is a pure
- * function of (seed, step), as in model/train.h: the data order is a per-epoch permutation, and
+ * function of (seed, step), as in model/trainer.h: the data order is a per-epoch permutation, and
  * for a time-conditioned model (a router) each sample is x_t = (1 − t)·x0 + t·ε with t ~ U(0, 1)
  * and ε ~ N(0, 1) (ts_flow_interp, the flow-matching schedule); otherwise the clean image at
  * t = 0, augmented when cfg->augment (a router is never augmented: a flip or a shift moves an

@@ -3,7 +3,7 @@
  *
  * Layout. Every tensor the model trains is listed once in a parameter table (name, file shape,
  * offset into a flat slab, how to initialise it), in PyTorch's state_dict order. The same table
- * lays out the parameter slab, the gradient slab and, in model/train.c, the AdamW moments and the
+ * lays out the parameter slab, the gradient slab and, in model/trainer.c, the AdamW moments and the
  * EMA copy, so "all parameters" is always one contiguous tensor: zero-grad is one memset, the
  * optimiser step is one call, a checkpoint is one copy.
  *

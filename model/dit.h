@@ -7,7 +7,7 @@
  * and backward are written by hand as a list of op calls (kernels/ops.h); backward accumulates
  * parameter gradients and ts_dit_zero_grad clears them.
  *
- * What it is not: an optimiser (model/train.h), a sampler (model/sampler.h) or a file format
+ * What it is not: an optimiser (model/trainer.h), a sampler (model/sampler.h) or a file format
  * (model/safetensors.h). Inputs are x (B, C, H, W), t (B) in [0, 1] (embedded as 1000·t) and
  * class labels y (B) with y = num_classes meaning "no class" (the null row used for
  * classifier-free guidance). The output is the predicted velocity v = ε − x0, (B, C, H, W).
@@ -227,11 +227,11 @@ int ts_dit_zero_grad(ts_dit_t *m);
  * LayerNorm, softmax, modulation and residual stream stay fp32. In a trainable model the
  * backward's linear products run in bf16 too (dout, the saved input and the bf16 weight; fp32
  * accumulation into the fp32 gradients), while the parameters — the masters the optimiser
- * updates and checkpoints hold — stay fp32 (bf16 training: model/train.c refreshes the copy after
+ * updates and checkpoints hold — stay fp32 (bf16 training: model/trainer.c refreshes the copy after
  * every step). f32 (the default) drops the copy; its forward and backward are bit-identical to a
  * model that never left f32. TS_ENOTSUP, with the reason in why (may be NULL), where the engine
  * cannot run bf16. f16: as bf16 in IEEE half precision (f16 training: the trainer scales the
- * loss, model/train.h); its attention is always the composed one. Either way the attention goes back to its default for
+ * loss, model/trainer.h); its attention is always the composed one. Either way the attention goes back to its default for
  * the precision (bf16: composed, f32: the engine's default; see ts_attn_impl_t): call
  * ts_dit_set_attention after this, not before. */
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len);

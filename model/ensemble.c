@@ -33,7 +33,7 @@
 #include "base/clock.h"
 #include "kernels/math.h"
 #include "model/ensemble_internal.h"
-#include "model/train.h"
+#include "model/trainer.h"
 
 /* ---- init and free ---------------------------------------------------------------------------- */
 

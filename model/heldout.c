@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "kernels/ops.h"
-#include "model/train.h"
+#include "model/trainer.h"
 
 int ts_heldout_parse_grid(const char *s, float *t, int *T) {
     if (!s || !t || !T)

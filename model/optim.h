@@ -1,5 +1,5 @@
 /*
- * optim.h — the training-loop skeleton both trainers share (the DiT trainer of model/train.h and
+ * optim.h — the training-loop skeleton both trainers share (the DiT trainer of model/trainer.h and
  * the classifier/router trainer of model/classifier.h): the optimiser's defaults, the
  * learning-rate schedule, and one step of AdamW over a model's parameter slabs after a global
  * gradient-norm clip. What differs between them — the loss, the data, the EMA of the weights

@@ -11,7 +11,7 @@
 
 #include "kernels/math.h"
 #include "model/metrics.h"
-#include "model/train.h"
+#include "model/trainer.h"
 
 /* ---- bootstrap ---------------------------------------------------------------------------- */
 

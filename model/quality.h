@@ -5,7 +5,7 @@
  *
  * Bootstrap. A resample of n items draws n indices uniformly with replacement; resample b of a
  * seed is a pure function of (seed, b, n): index i is ⌊w · n / 2³²⌋ for the Philox word i of the
- * stream ts_stream_key(seed, b) (model/train.h), so every run and every machine resamples the
+ * stream ts_stream_key(seed, b) (model/trainer.h), so every run and every machine resamples the
  * same rows. `tessera eval` resamples the generated samples only (the reference set is the fixed
  * definition of the target), and uses the same resamples for every entry, so that entries, which
  * share sample i's noise and label, can be compared pairwise (the interval of a difference).

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/train.h"
+#include "model/trainer.h"
 #include "store/store.h"
 
 #ifdef __cplusplus
@@ -51,7 +51,7 @@ int ts_ckpt_list(ts_store_t *s, const char *run_id, ts_ckpt_each_fn fn, void *ct
 /* Deletes every checkpoint of run_id; *removed (may be NULL) is how many. */
 int ts_ckpt_drop(ts_store_t *s, const char *run_id, int *removed);
 
-/* ---- a trainer's state (model/train.h) as a checkpoint ------------------------------------ */
+/* ---- a trainer's state (model/trainer.h) as a checkpoint ------------------------------------ */
 
 /* Saves tr's state (ts_trainer_save_mem) as run_id's checkpoint at tr->step, keeping the newest
  * keep_last. On failure err names the store, the run and the step. */

@@ -1,6 +1,6 @@
 /*
  * test_bf16_train.c — bf16 training (ts_dit_set_precision on a trainable model, the bf16 linear
- * backward of kernels/cpu/cpu_bf16.c, the refresh of the bf16 weights in model/train.c); run as
+ * backward of kernels/cpu/cpu_bf16.c, the refresh of the bf16 weights in model/trainer.c); run as
  * `test_bf16_train --f16` (ctest's test_f16_train), the same for f16 training (the emulated f16
  * backward of kernels/cpu/cpu_f16.c) and its dynamic loss scaling.
  *
@@ -47,7 +47,7 @@
 #include "kernels/math.h"
 #include "kernels/ops.h"
 #include "model/dit.h"
-#include "model/train.h"
+#include "model/trainer.h"
 #include "tests/testutil.h"
 
 /* The precision under test (bf16, or f16 with --f16) and its rounding and tolerances. */

@@ -29,7 +29,7 @@
 #include "model/dit.h"
 #include "model/fmnist.h"
 #include "model/sampler.h"
-#include "model/train.h"
+#include "model/trainer.h"
 #include "tests/testutil.h"
 
 #define B 4

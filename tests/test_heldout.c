@@ -14,7 +14,7 @@
 
 #include "kernels/ops.h"
 #include "model/heldout.h"
-#include "model/train.h"
+#include "model/trainer.h"
 #include "tests/testutil.h"
 
 static ts_dit_config_t small_config(void) {

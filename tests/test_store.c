@@ -46,7 +46,7 @@
 
 #include "kernels/math.h"
 #include "model/safetensors.h"
-#include "model/train.h"
+#include "model/trainer.h"
 #include "store/ckpt.h"
 #include "store/peers.h"
 #include "store/store.h"
@@ -717,7 +717,7 @@ static void test_ckpt_keep_last_and_latest(void **state) {
     tmp_remove(&t);
 }
 
-/* A small trainer (as in test_train.c): an 8×8 DiT on a synthetic data set. */
+/* A small trainer (as in test_trainer.c): an 8×8 DiT on a synthetic data set. */
 typedef struct {
     ts_engine_t eng;
     ts_dataset_t data;

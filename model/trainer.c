@@ -1,5 +1,5 @@
 /*
- * train.c — the flow-matching training step, its random streams, and checkpoints.
+ * trainer.c — the flow-matching training step, its random streams, and checkpoints.
  *
  * Streams. Each purpose has its own stream key derived from the run's seed (stream_key), and a
  * step's draws sit at a fixed offset in it (step · batch · size), so the draws of step s never
@@ -9,7 +9,7 @@
  *   DROP   label-dropout coin of sample i of step s: element s·B + i
  *   NOISE  ε of step s: elements s·B·CHW … (s+1)·B·CHW − 1
  */
-#include "model/train.h"
+#include "model/trainer.h"
 
 #include <math.h>
 #include <stdio.h>

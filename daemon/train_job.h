@@ -1,10 +1,10 @@
 /*
- * trainer.h — tesserad's training job: the expert of one cluster of a partition, trained on a
+ * train_job.h — tesserad's training job: the expert of one cluster of a partition, trained on a
  * thread of its own, checkpointed into the store, resumed bit-identically after any kill.
  *
  * A job is what `tessera train --partition DIR --cluster K` does, run inside the daemon: the
  * images of cluster K (ts_partition_load_cluster: the set shard-K.txt lists), flow matching
- * (model/train.h), a checkpoint in the store every ckpt_every steps, and at the end the EMA
+ * (model/trainer.h), a checkpoint in the store every ckpt_every steps, and at the end the EMA
  * weights imported into the store (ts_weights_import_buf) with the metadata of ts_train_meta —
  * partition_id, cluster, objective velocity, train_steps — so that ts_expert_prepare
  * (daemon/expert.h) accepts them with the partition and the node can host them.
@@ -57,8 +57,8 @@
  * writer (never both at once) calls opts.notify(ctx) — the daemon passes a function calling uv_async_send — and the loop then reads
  * ts_train_job_progress and ts_train_job_snapshot. Calls may coalesce; they carry no data.
  */
-#ifndef TS_DAEMON_TRAINER_H
-#define TS_DAEMON_TRAINER_H
+#ifndef TS_DAEMON_TRAIN_JOB_H
+#define TS_DAEMON_TRAIN_JOB_H
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -66,7 +66,7 @@
 
 #include "daemon/config.h"
 #include "model/dit.h"
-#include "model/train.h"
+#include "model/trainer.h"
 #include "store/store.h"
 #include "store/weights.h"
 
@@ -119,13 +119,13 @@ typedef struct ts_train_progress {
     int64_t resumed_from;  /* the checkpoint's step the job started from; 0 for a fresh run */
     int64_t ckpt_step;     /* the newest checkpoint in the store; −1 none yet */
     float loss;            /* the last step's loss (NaN before the job's first step) */
-    float loss_avg;        /* the run's running average (model/train.h; carried by checkpoints) */
+    float loss_avg;        /* the run's running average (model/trainer.h; carried by checkpoints) */
     double samples_per_s;  /* since the job started */
     double step_s;         /* the last step's wall time */
     double step_device_s;  /* its span on the device's timeline (CUDA events on a GPU; idle gaps
                             * between its kernels included); on a CPU the same as step_s */
     int f16;               /* the job trains in f16 (the two below mean something) */
-    float loss_scale;      /* f16: the trainer's loss scale now (model/train.h) */
+    float loss_scale;      /* f16: the trainer's loss scale now (model/trainer.h) */
     int64_t skipped;       /* f16: steps of the run skipped for overflowing gradients */
     uint64_t snapshots;    /* snapshots published so far: a new value means a new snapshot */
     int64_t snapshot_step; /* the newest snapshot's step; −1 none */

@@ -1,5 +1,5 @@
 /*
- * train.h — training one expert with flow matching.
+ * trainer.h — training one expert with flow matching.
  *
  * A trainer owns the optimiser state of one model (AdamW moments, the EMA copy of the weights,
  * all three slabs laid out like the parameters) and a read-only view of its data set. One
@@ -16,8 +16,8 @@
  * no generator state or file position to save, because every draw — the epoch permutation, the
  * position in it, the noise, the times and the label drops — is a pure function of the two.
  */
-#ifndef TS_TRAIN_H
-#define TS_TRAIN_H
+#ifndef TS_MODEL_TRAINER_H
+#define TS_MODEL_TRAINER_H
 
 #include "model/dit.h"
 #include "model/fmnist.h"

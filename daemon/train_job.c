@@ -1,5 +1,5 @@
 /*
- * trainer.c — tesserad's training job (trainer.h).
+ * train_job.c — tesserad's training job (train_job.h).
  *
  * The job's thread owns the engine, the model, the trainer and the data set; the caller's thread
  * touches none of them after ts_train_job_start returns. What the two share lives under `mu`:
@@ -11,7 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "daemon/trainer.h"
+#include "daemon/train_job.h"
 
 #include <errno.h>
 #include <math.h>
