@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # tests/fuzz/run.sh SECONDS — build the libFuzzer harnesses in build-fuzz/ (clang,
-# -DTESSERA_FUZZ=ON, ASan + UBSan) and run each for SECONDS (default 30), keeping a corpus per
-# harness in build-fuzz/corpus/<name>/. An empty corpus is seeded first: configs/tesserad.ini for
-# the config parser, and a few small valid inputs written here (a partition file, a router file,
-# an IDX pair, a ping datagram and an empty full state, a torch.save file when PyTorch is
-# there), since the demo files are larger than
-# -max_len. Prints
+# -DTESSERA_FUZZ=ON, ASan + UBSan) and run each for SECONDS (default 30), JOBS (default 2) at a
+# time, keeping a corpus per harness in build-fuzz/corpus/<name>/. An empty corpus is seeded
+# first: configs/tesserad.ini for the config parser, and a few small valid inputs written here
+# (a partition file, a router file, an IDX pair, a ping datagram and an empty full state, a
+# torch.save file when PyTorch is there), since the demo files are larger than -max_len. Prints
 # each harness's executions; exits non-zero when a harness finds a crash (the reproducer is left
 # in build-fuzz/, named crash-*).
 set -euo pipefail
@@ -92,11 +91,9 @@ torch.save({"ema": sd, "step": 3}, sys.argv[1])' "$dir/pt" 2>/dev/null || true ;
     esac
 }
 
-status=0
-for h in "${harnesses[@]}"; do
-    mkdir -p "$build/corpus/$h"
-    seed "$h"
-    log="$build/$h.log"
+# One harness: its run, then its line (and on a crash the end of its log) into $build/$h.result.
+run_one() {
+    local h=$1 log="$build/$1.log"
     if (cd "$build" && "$build/tests/fuzz/$h" -max_total_time="$secs" -rss_limit_mb=2048 \
         -max_len=70000 -print_final_stats=1 "$build/corpus/$h" >"$log" 2>&1); then
         runs="$(grep -o 'Done [0-9]* runs' "$log" | tail -n1 | awk '{print $2}')"
@@ -104,7 +101,25 @@ for h in "${harnesses[@]}"; do
     else
         echo "$h: FAILED (see $log)"
         tail -n 30 "$log"
-        status=1
+        return 1
     fi
+}
+
+# The harnesses run JOBS at a time (each is one process on one core: the same seconds each, in
+# less wall time); their lines come out in order.
+status=0
+running=() names=()
+finish_first() {
+    wait "${running[0]}" || status=1
+    cat "$build/${names[0]}.result"
+    running=("${running[@]:1}") names=("${names[@]:1}")
+}
+for h in "${harnesses[@]}"; do
+    mkdir -p "$build/corpus/$h"
+    seed "$h"
+    run_one "$h" >"$build/$h.result" 2>&1 &
+    running+=($!) names+=("$h")
+    [ "${#running[@]}" -lt "$jobs" ] || finish_first
 done
+while [ "${#running[@]}" -gt 0 ]; do finish_first; done
 exit $status
