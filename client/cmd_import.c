@@ -38,7 +38,6 @@
 #include "model/torch_pt.h"
 
 #define PROG "tessera import"
-#define POS_TOL 1e-5f /* pos_embed against our table: float32 rounding of the same formula */
 
 typedef struct {
     const char *in, *out, *prefix, *objective, *vae, *partition, *dtype;
@@ -238,23 +237,16 @@ static int copy_weights(import_run_t *r) {
                 return ts_fail(err, errlen, TS_ECORRUPT, "pos_embed is not (1, %lld, %d)",
                                (long long)T, r->cfg.hidden_size);
             float *pe = malloc((size_t)n * sizeof *pe);
-            if (!pe)
-                return TS_ENOMEM;
-            TS_TRY(ts_pt_to_f32(t, pe));
-            const float *ours = m->pos_embed.data;
-            int64_t worst = -1;
-            /* and half an ulp of a 16-bit file's dtype */
-            float ulp = t->dtype == TS_PT_BF16 ? 0x1p-8f : t->dtype == TS_PT_F16 ? 0x1p-11f : 0.0f;
-            for (int64_t k = 0; k < n && worst < 0; k++)
-                if (!(fabsf(pe[k] - ours[k]) <= POS_TOL + ulp * fabsf(ours[k])))
-                    worst = k;
-            float a = worst >= 0 ? pe[worst] : 0.0f, b = worst >= 0 ? ours[worst] : 0.0f;
+            int rc = !pe ? TS_ENOMEM : ts_pt_to_f32(t, pe);
+            if (rc == TS_OK) /* half an ulp more for a 16-bit table, as the loader allows */
+                rc = ts_dit_check_pos_embed(m, pe,
+                                            t->dtype == TS_PT_BF16  ? 0x1p-8
+                                            : t->dtype == TS_PT_F16 ? 0x1p-11
+                                                                    : 0.0,
+                                            err, errlen);
             free(pe);
-            if (worst >= 0)
-                return ts_fail(err, errlen, TS_ECORRUPT,
-                               "pos_embed is not DiT's fixed sin-cos table: element %lld is %g, "
-                               "the table's %g",
-                               (long long)worst, (double)a, (double)b);
+            if (rc != TS_OK)
+                return rc;
             continue;
         }
         if (!ts_dit_param_find(m, rest))

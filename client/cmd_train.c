@@ -101,9 +101,11 @@ static int load_data(train_run_t *r) {
     snprintf(path, sizeof path, "%s/partition.safetensors", o->partition ? o->partition : "");
     if (o->partition)
         snprintf(r->shard_name, sizeof r->shard_name, "shard-%d", o->cluster);
-    if (o->latents) { /* a latent data set of `tessera encode` (shards index it like the images) */
-        char name[64];
-        int rc = ts_partition_latents(o->latents, ds, name, r->latent_space, err, errlen);
+    if (o->latents) {  /* a latent data set of `tessera encode` (shards index it like the images) */
+        char name[64]; /* the partition's name for them (hashing the file): only with one */
+        int rc = o->partition
+                     ? ts_partition_latents(o->latents, ds, name, r->latent_space, err, errlen)
+                     : ts_latents_load(o->latents, ds, r->latent_space, err, errlen);
         if (rc == TS_OK && ds->height != ds->width)
             rc = ts_fail(err, errlen, TS_EINVAL, "%s: latents of %d×%d; a DiT takes square ones",
                          o->latents, ds->height, ds->width);

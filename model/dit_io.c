@@ -212,6 +212,32 @@ static int check_tensor(const ts_st_tensor_t *t, int ndim, const int64_t *shape,
     return TS_OK;
 }
 
+int ts_dit_check_pos_embed(const ts_dit_t *m, const float *values, double rel, char *err,
+                           size_t errlen) {
+    int64_t n = (int64_t)ts_dit_tokens(&m->cfg) * m->cfg.hidden_size;
+    float *ours = malloc((size_t)n * sizeof *ours);
+    ts_tensor_t host;
+    int rc = !ours ? TS_ENOMEM : ts_tensor_wrap(&host, ours, TS_F32, TS_CPU, 1, TS_SHAPE(n));
+    if (rc == TS_OK)
+        rc = ts_tensor_copy(&host, &m->pos_embed);
+    if (rc != TS_OK)
+        ts_set_err(err, errlen, "pos_embed: cannot compare it with the model's table: %s",
+                   ts_strerror(rc));
+    for (int64_t i = 0; rc == TS_OK && i < n; i++) {
+        double d = fabs((double)values[i] - (double)ours[i]);
+        double tol = DIT_POS_TOL + rel * fabs((double)ours[i]);
+        if (!(d <= tol)) { /* NaN fails too */
+            ts_set_err(err, errlen,
+                       "pos_embed differs from the model's fixed sin-cos table at element %lld: "
+                       "%g in the file, %g expected (tolerance %g)",
+                       (long long)i, (double)values[i], (double)ours[i], tol);
+            rc = TS_ECORRUPT;
+        }
+    }
+    free(ours);
+    return rc;
+}
+
 /* pos_embed of the file against the model's fixed table. */
 static int check_pos_embed(const ts_dit_t *m, const ts_st_tensor_t *t, char *err, size_t errlen) {
     int64_t T = ts_dit_tokens(&m->cfg), h = m->cfg.hidden_size;
@@ -219,34 +245,16 @@ static int check_pos_embed(const ts_dit_t *m, const ts_st_tensor_t *t, char *err
     if (rc)
         return rc;
     float *file = malloc((size_t)(T * h) * sizeof *file);
-    float *ours = malloc((size_t)(T * h) * sizeof *ours);
-    ts_tensor_t host;
-    rc = (!file || !ours) ? TS_ENOMEM : ts_st_to_f32(t, file, T * h);
-    if (rc == TS_OK)
-        rc = ts_tensor_wrap(&host, ours, TS_F32, TS_CPU, 2, TS_SHAPE(T, h));
-    if (rc == TS_OK)
-        rc = ts_tensor_copy(&host, &m->pos_embed);
-    if (rc != TS_OK) {
-        ts_set_err(err, errlen, "pos_embed: cannot compare it with the model's table: %s",
-                   ts_strerror(rc));
-    } else {
-        double rel = t->dtype == TS_ST_F16 ? 0x1p-11 : t->dtype == TS_ST_BF16 ? 0x1p-8 : 0.0;
-        for (int64_t i = 0; i < T * h; i++) {
-            double d = fabs((double)file[i] - (double)ours[i]);
-            double tol = DIT_POS_TOL + rel * fabs((double)ours[i]);
-            if (!(d <= tol)) { /* NaN fails too */
-                ts_set_err(
-                    err, errlen,
-                    "pos_embed differs from the model's fixed sin-cos table at element %lld: "
-                    "%g in the file, %g expected (tolerance %g)",
-                    (long long)i, (double)file[i], (double)ours[i], tol);
-                rc = TS_ECORRUPT;
-                break;
-            }
-        }
-    }
+    rc = !file ? TS_ENOMEM : ts_st_to_f32(t, file, T * h);
+    if (rc != TS_OK)
+        ts_set_err(err, errlen, "pos_embed: cannot read it: %s", ts_strerror(rc));
+    else
+        rc = ts_dit_check_pos_embed(m, file,
+                                    t->dtype == TS_ST_F16    ? 0x1p-11
+                                    : t->dtype == TS_ST_BF16 ? 0x1p-8
+                                                             : 0.0,
+                                    err, errlen);
     free(file);
-    free(ours);
     return rc;
 }
 

@@ -19,8 +19,7 @@ extern "C" {
 #endif
 
 /* Reads the config from f's metadata and checks it (ts_dit_config_check). */
-int ts_dit_config_from_file(const ts_st_file_t *f, ts_dit_config_t *cfg, char *err,
-                            size_t errlen);
+int ts_dit_config_from_file(const ts_st_file_t *f, ts_dit_config_t *cfg, char *err, size_t errlen);
 
 /* Copies every parameter of m from f (by name; shapes must match exactly; F16/BF16/F32 accepted)
  * into m->param_mem. A missing tensor, a wrong shape or a non-finite value is TS_ECORRUPT with
@@ -49,6 +48,12 @@ int ts_dit_save(const ts_dit_t *m, const ts_tensor_t *slab, const char *path, ts
 int ts_dit_save_mem(const ts_dit_t *m, const ts_tensor_t *slab, ts_st_dtype_t dtype,
                     const char *const *extra, int n_extra, unsigned char **buf, size_t *len,
                     char *err, size_t errlen);
+
+/* values (T·h floats) against m's fixed sin-cos pos_embed: |Δ| ≤ 1e-5 + rel·|ours| for each
+ * (rel: half an ulp of a 16-bit source, 2^-11 for f16, 2^-8 for bf16, 0 for f32). TS_ECORRUPT
+ * with the first element that differs, TS_ENOMEM. The loader's check, and `tessera import`'s. */
+int ts_dit_check_pos_embed(const ts_dit_t *m, const float *values, double rel, char *err,
+                           size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -20,13 +20,14 @@
 static int remote_round(ts_ensemble_t *s, float t, uint8_t *done, uint8_t *failed, int *ran) {
     int n = s->n, K = s->K, n_jobs = 0;
     size_t chw = (size_t)s->chw;
+    ts_ensemble_ask_t asks[TS_ROUTE_MAX_EXPERTS]; /* where each expert is asked, for its answers */
     for (int k = 0; k < K; k++) {
         if (failed[k])
             continue;
         int m = 0;
         int32_t *rows = s->job_rows + (size_t)k * n, *y = s->job_y + (size_t)k * n;
         float *xk = s->job_x + (size_t)k * n * chw;
-        ts_ensemble_ask_t ask = ts_ensemble__ask(s, k, t);
+        ts_ensemble_ask_t ask = asks[k] = ts_ensemble__ask(s, k, t);
         for (int b = 0; b < n; b++)
             if (s->w[(size_t)b * K + k] != 0.0f && !done[(size_t)k * n + b]) {
                 rows[m] = b;
@@ -65,7 +66,7 @@ static int remote_round(ts_ensemble_t *s, float t, uint8_t *done, uint8_t *faile
         }
         s->forwards += (int64_t)s->pairs * jb->m;
         s->expert_forwards[jb->k] += (int64_t)s->pairs * jb->m;
-        ts_ensemble_ask_t ask = ts_ensemble__ask(s, jb->k, t);
+        const ts_ensemble_ask_t ask = asks[jb->k];
         for (int r = 0; r < jb->m; r++) {
             size_t at = (size_t)jb->k * n + (size_t)jb->rows[r];
             if (ask.obj == TS_OBJ_VELOCITY) /* the answer is the velocity */

@@ -146,7 +146,7 @@ refused legacy "legacy format" legacy.pt
 refused truncated "truncated\|not a zip" truncated.pt
 refused extra "blocks.0.attn.q_norm.weight is not a parameter" extra.pt
 refused shape "blocks.1.mlp.fc2.bias has another shape" shape.pt
-refused pos "pos_embed is not DiT's fixed sin-cos table" pos.pt
+refused pos "pos_embed differs from the model's fixed sin-cos table" pos.pt
 refused missing "cannot open" nothing.pt
 set +e
 "$T" import heads.pt --out bad.safetensors 2>err-heads.txt
