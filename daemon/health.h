@@ -3,7 +3,7 @@
  * /healthz, the `health` of status answers, and the warnings that name the likely cause.
  *
  * A pure state machine on the caller's clock (seconds), fed from the loop:
- *   - every handshake that failed (net/conn.h's observer): the peer's address, which side we
+ *   - every handshake that failed (net/net.h's observer): the peer's address, which side we
  *     were, the close reason. Each gets a sentence with its likely cause; the lines to log are
  *     rate-limited (an address at most once per TS_HEALTH_LOG_WINDOW_S, at most
  *     TS_HEALTH_LOG_MAX lines in a window, the rest counted and reported once);

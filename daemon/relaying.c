@@ -24,6 +24,7 @@ struct ts_relaying {
     ts_relay_client_t *client; /* being carried */
     uv_timer_t tick;
     int tick_open, closing;
+    int leaving;             /* the node is leaving: a lost reservation is not replaced */
     int reachable;           /* the last check: 1, 0, −1 */
     int relayed;             /* our claims carry a relay's address */
     uint64_t asked_at;       /* when the reservation in progress was asked (loop ms) */
@@ -38,7 +39,7 @@ static void unrelay(ts_relaying_t *r) {
     if (!r->relayed)
         return;
     r->relayed = 0;
-    if (ts_gossip_set_relay(r->gossip, NULL, NULL, err, sizeof err) != TS_OK)
+    if (ts_gossip_set_relay(r->gossip, NULL, NULL, err, sizeof err) != TS_OK && !r->leaving)
         ts_log_error("relay", "cannot go back to the node's own address: %s", err);
 }
 
@@ -61,6 +62,10 @@ static void on_state(void *arg, const char *addr, const ts_node_id_t *relay, con
         return;
     }
     unrelay(r);
+    if (r->leaving) { /* the relay may be leaving too: the end of a reservation is expected */
+        ts_log_debug("relay", "no relay at %s while leaving: %s", r->asked, message);
+        return;
+    }
     /* a member that does not serve relays says so at once: ask the next one now, each live
      * member at most once per tick */
     int quick = uv_now(r->loop) - r->asked_at < 2000 && !r->cfg->relay_via[0] && !r->closing;
@@ -116,7 +121,7 @@ static void ask_next(ts_relaying_t *r) {
 
 static void on_tick(uv_timer_t *t) {
     ts_relaying_t *r = t->data;
-    if (r->closing)
+    if (r->closing || r->leaving)
         return;
     int busy = ts_relay_client_busy(r->client), live = ts_relay_client_live(r->client);
     if (!wants_relay(r)) {
@@ -227,6 +232,11 @@ void ts_relaying_metrics(ts_relaying_t *r, ts_metrics_t *m) {
     ts_metrics_counter_set(m, TS_M_RELAY_BYTES, NULL, s.bytes);
     ts_metrics_counter_set(m, TS_M_RELAY_DATAGRAMS, "forwarded", s.datagrams);
     ts_metrics_counter_set(m, TS_M_RELAY_DATAGRAMS, "dropped", s.datagrams_dropped);
+}
+
+void ts_relaying_leaving(ts_relaying_t *r) {
+    if (r)
+        r->leaving = 1;
 }
 
 void ts_relaying_close(ts_relaying_t *r) {

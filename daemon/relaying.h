@@ -31,6 +31,9 @@ int ts_relaying_start(ts_relaying_t **out, uv_loop_t *loop, const ts_daemon_conf
 void ts_relaying_reachable(ts_relaying_t *r, int reachable);
 /* Its gauges and counters into m (once a second, on the loop). */
 void ts_relaying_metrics(ts_relaying_t *r, ts_metrics_t *m);
+/* The node is leaving the network: the reservation held goes on carrying its leave, but one that
+ * ends is not replaced, nor is its end worth a warning (the relay may be leaving too). */
+void ts_relaying_leaving(ts_relaying_t *r);
 /* Ends the reservation held and every one carried; stops the timer. Before ts_rpc_shutdown. */
 void ts_relaying_close(ts_relaying_t *r);
 /* After the loop has closed everything. NULL-safe. */

@@ -1,5 +1,5 @@
 /*
- * net.c — a node's connection machinery, ts_net_t (conn.h): its configuration, address parsing,
+ * net.c — a node's connection machinery, ts_net_t (net.h): its configuration, address parsing,
  * creation and teardown, and listening: ts_net_listen, the listeners (ts_listener_*) and the
  * accept path, which enforces the connection limits before any handshake work. What happens on
  * a connection once it exists is conn.c's; conn_internal.h holds the structs both share.
@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+
+#include "net/net.h"
 
 #include "net/conn_internal.h"
 
