@@ -54,7 +54,7 @@ struct ts_host {
      * milliseconds since */
     int64_t logged_step;
     uint64_t since_progress_ms;
-    int training_shown; /* the gossip's status carries our job */
+    int training_shown;   /* the gossip's status carries our job */
     char train_model[32]; /* a preset instead of [train] model ("": none) */
     int stopping, closed_handles;
     void (*done)(void *);
@@ -265,8 +265,8 @@ static void on_train(uv_async_t *a) {
         h->seen_ckpt = p.ckpt_step;
         char f16[96] = "", ho[64] = "";
         if (isfinite(p.heldout_loss) && p.heldout_step == p.ckpt_step)
-            snprintf(ho, sizeof ho, " (held-out loss %.4f at step %lld)",
-                     (double)p.heldout_loss, (long long)p.heldout_step);
+            snprintf(ho, sizeof ho, " (held-out loss %.4f at step %lld)", (double)p.heldout_loss,
+                     (long long)p.heldout_step);
         if (p.f16)
             snprintf(f16, sizeof f16, "; f16 loss scale 2^%d, %lld steps skipped",
                      ts_log2i(p.loss_scale), (long long)p.skipped);
@@ -671,6 +671,12 @@ void ts_host_free(ts_host_t *h) {
         ts_train_job_stop(h->job, -1);
     ts_train_job_free(h->job);
     reap_old_job(h, -1);
+    /* a host whose start failed was stopped with the loop's handles closed under it, before its
+     * tick could free its servers: they are closed now, and free at once */
+    if ((h->serve && ts_serve_free(h->serve) != TS_OK) ||
+        (h->retiring && ts_serve_free(h->retiring) != TS_OK) ||
+        (h->wsrv && ts_weights_srv_free(h->wsrv) != TS_OK))
+        ts_log_error("daemon", "an expert's server was still running when the host was freed");
     if (h->has_info)
         ts_expert_info_free(&h->info);
     if (h->eng_ok)

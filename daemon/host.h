@@ -75,7 +75,8 @@ void ts_host_metrics(ts_host_t *h);
  * everything has stopped. Idempotent. */
 void ts_host_stop(ts_host_t *h, void (*done)(void *arg), void *arg);
 
-/* Frees a stopped host (after done ran). NULL-safe. */
+/* Frees a stopped host (after done ran, or, for one whose start failed, once the loop has closed
+ * its handles and run out). NULL-safe. */
 void ts_host_free(ts_host_t *h);
 
 #endif

@@ -461,12 +461,12 @@ static void free_all(ts_node_t *d) {
     ts_metrics_http_stop(d->http);
     pthread_mutex_destroy(&d->health_mu);
     (void)ts_trust_free(d->trust); /* the loop has run out: no recomputation is left */
+    ts_host_free(d->host);         /* its servers unregister from rpc */
     ts_gossip_free(d->gossip);
     ts_relaying_free(d->relaying);
     ts_rpc_free(d->rpc);
     ts_reach_free(d->reach);
     ts_net_free(d->net);
-    ts_host_free(d->host);
     ts_metrics_free(d->metrics);
     free(d);
 }
