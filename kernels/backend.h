@@ -255,6 +255,9 @@ int ts_cuda_memcpy(void *dst, ts_device_t dst_dev, const void *src, ts_device_t 
 int ts_cuda_host_alloc(void **p, size_t bytes);
 void ts_cuda_host_free(void *p);
 /* ts_cuda_built (engine.h) is defined by the backend: 1 in cuda_backend.cu, 0 in cuda_stub.c */
+/* Opens cuBLAS (once per process; the CUDA engine does it when it starts): TS_OK, or TS_ECUBLAS
+ * with the reason in err (cannot be opened, a function missing), TS_ENODEV without the backend. */
+int ts_cuda_blas_load(char *err, size_t errlen);
 /* device count, or 0 with the reason written to why */
 int ts_cuda_count(char *why, size_t why_len);
 /* Device gpu's name and memory in bytes (total, and free now); TS_ENODEV when there is none. */

@@ -13,6 +13,11 @@
  * sees every kernel queued before it, and a kernel queued after a host-to-device copy sees the
  * copied data, without the tensor layer having to know which engine wrote what.
  *
+ * cuBLAS is not linked: it is opened (dlopen) when the first CUDA engine starts. Loading
+ * libcublas, and the cublasLt it brings, runs ~0.4 s of static initialisation in every process
+ * that links it, GPU or not, so every tessera command and tesserad start paid that on a CUDA
+ * build; now only a process that makes a CUDA engine does. ts_cuda_blas_load says what failed.
+ *
  * What this file is not: the per-op kernels (cuda_ops.cu) and argument checking (kernels/ops.c;
  * everything arriving here is already validated). Errors never abort: a CUDA runtime failure is
  * TS_ECUDA, a cuBLAS failure TS_ECUBLAS.
@@ -28,6 +33,91 @@
 #include <cstdlib>
 
 #include "kernels/backend.h"
+
+#ifndef TS_CUBLAS_SONAME
+#error "TS_CUBLAS_SONAME (the cuBLAS library's file name, e.g. libcublas.so.13) must be defined"
+#endif
+
+/* ---- cuBLAS, opened on first use ---------------------------------------------------------- */
+
+/* cublasGemmEx and cublasGemmStridedBatchedEx have C++ overloads (cudaDataType compute types):
+ * the pointer types name the library's own entry points, checked against the header below. */
+typedef cublasStatus_t (*gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                     int, int, const void *, const void *, cudaDataType, int,
+                                     const void *, cudaDataType, int, const void *, void *,
+                                     cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+typedef cublasStatus_t (*gemm_sb_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                        int, int, const void *, const void *, cudaDataType, int,
+                                        long long, const void *, cudaDataType, int, long long,
+                                        const void *, void *, cudaDataType, int, long long, int,
+                                        cublasComputeType_t, cublasGemmAlgo_t);
+static_assert(sizeof(static_cast<gemm_ex_fn>(cublasGemmEx)) > 0, "cublasGemmEx's signature");
+static_assert(sizeof(static_cast<gemm_sb_ex_fn>(cublasGemmStridedBatchedEx)) > 0,
+              "cublasGemmStridedBatchedEx's signature");
+
+/* The functions used, by the names the library exports (cublas_v2.h maps cublasCreate and the
+ * others to their _v2 entry points). decltype and the casts above are unevaluated: nothing here
+ * makes the linker want libcublas. */
+static struct {
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSetMathMode) set_math_mode;
+    decltype(&cublasSetAtomicsMode) set_atomics_mode;
+    decltype(&cublasSgemm_v2) sgemm;
+    decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
+    gemm_ex_fn gemm_ex;
+    gemm_sb_ex_fn gemm_strided_batched_ex;
+} g_blas;
+static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
+static int g_blas_rc = TS_ECUBLAS;
+static char g_blas_err[512];
+
+/* Resolves name in h into *fn; 0 when it is missing (the sentence says which). */
+static int blas_sym(void *h, const char *name, void **fn) {
+    *fn = dlsym(h, name);
+    if (!*fn)
+        snprintf(g_blas_err, sizeof g_blas_err, "%s has no %s (a cuBLAS older than the toolkit "
+                 "tessera was built with?)", TS_CUBLAS_SONAME, name);
+    return *fn != NULL;
+}
+
+static void blas_open(void) {
+    /* the loader's own search first (LD_LIBRARY_PATH, the binary's run path, ld.so.cache), then
+     * the folder the build found cuBLAS in */
+    void *h = dlopen(TS_CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+#ifdef TS_CUBLAS_DIR
+    if (!h)
+        h = dlopen(TS_CUBLAS_DIR "/" TS_CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+#endif
+    if (!h) {
+        const char *why = dlerror();
+        snprintf(g_blas_err, sizeof g_blas_err,
+                 "cannot open %s (%s): install the CUDA toolkit's cuBLAS, or put its folder on "
+                 "LD_LIBRARY_PATH",
+                 TS_CUBLAS_SONAME, why ? why : "not found");
+        return;
+    }
+    if (blas_sym(h, "cublasCreate_v2", (void **)&g_blas.create) &&
+        blas_sym(h, "cublasDestroy_v2", (void **)&g_blas.destroy) &&
+        blas_sym(h, "cublasSetStream_v2", (void **)&g_blas.set_stream) &&
+        blas_sym(h, "cublasSetMathMode", (void **)&g_blas.set_math_mode) &&
+        blas_sym(h, "cublasSetAtomicsMode", (void **)&g_blas.set_atomics_mode) &&
+        blas_sym(h, "cublasSgemm_v2", (void **)&g_blas.sgemm) &&
+        blas_sym(h, "cublasSgemmStridedBatched", (void **)&g_blas.sgemm_strided_batched) &&
+        blas_sym(h, "cublasGemmEx", (void **)&g_blas.gemm_ex) &&
+        blas_sym(h, "cublasGemmStridedBatchedEx", (void **)&g_blas.gemm_strided_batched_ex))
+        g_blas_rc = TS_OK; /* h stays open for the life of the process */
+    else
+        dlclose(h);
+}
+
+int ts_cuda_blas_load(char *err, size_t errlen) {
+    pthread_once(&g_blas_once, blas_open);
+    if (g_blas_rc != TS_OK && err && errlen)
+        snprintf(err, errlen, "%s", g_blas_err);
+    return g_blas_rc;
+}
 
 struct ts_cuda_ctx {
     int device;            /* CUDA device ordinal */
@@ -80,9 +170,9 @@ static void ctx_destroy(ts_cuda_ctx_t *ctx) {
     if (ctx->lp16)
         cudaFree(ctx->lp16);
     if (ctx->blas)
-        cublasDestroy(ctx->blas);
+        g_blas.destroy(ctx->blas);
     if (ctx->blas16)
-        cublasDestroy(ctx->blas16);
+        g_blas.destroy(ctx->blas16);
     if (ctx->stream)
         cudaStreamDestroy(ctx->stream);
     free(ctx);
@@ -116,11 +206,11 @@ int ts_cuda_engine_init(ts_engine_t *e, int gpu) {
     ctx->scratch_bytes = TS_CUDA_SCRATCH_BYTES;
 
     err = TS_ECUBLAS;
-    if (cublasCreate(&ctx->blas) != CUBLAS_STATUS_SUCCESS) {
+    if (ts_cuda_blas_load(NULL, 0) != TS_OK || g_blas.create(&ctx->blas) != CUBLAS_STATUS_SUCCESS) {
         ctx->blas = NULL;
         goto fail;
     }
-    if (cublasSetStream(ctx->blas, ctx->stream) != CUBLAS_STATUS_SUCCESS)
+    if (g_blas.set_stream(ctx->blas, ctx->stream) != CUBLAS_STATUS_SUCCESS)
         goto fail;
     /* F32 stays F32: the CPU backend computes every product in binary32 and the parity test
      * holds the two backends to a normalised error of 1e-6, which TF32 tensor cores (10-bit
@@ -128,21 +218,21 @@ int ts_cuda_engine_init(ts_engine_t *e, int gpu) {
      * phase of the GEMM (no TF32, no emulation, no reduced-precision reductions), where
      * CUBLAS_DEFAULT_MATH only promises "at least" F32. DEFAULT would also avoid TF32 and may
      * be a little faster: switch to it here if GEMM speed ever matters more than parity. */
-    if (cublasSetMathMode(ctx->blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS)
+    if (g_blas.set_math_mode(ctx->blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS)
         goto fail;
     /* Deterministic GEMMs: no atomics-based algorithms (this is cuBLAS's default; stated here). */
-    if (cublasSetAtomicsMode(ctx->blas, CUBLAS_ATOMICS_NOT_ALLOWED) != CUBLAS_STATUS_SUCCESS)
+    if (g_blas.set_atomics_mode(ctx->blas, CUBLAS_ATOMICS_NOT_ALLOWED) != CUBLAS_STATUS_SUCCESS)
         goto fail;
     /* The bf16 and f16 products have their own handle on the same stream: default math lets
      * cuBLAS take the tensor cores for 16-bit inputs with fp32 accumulation (CUBLAS_COMPUTE_32F),
      * which the pedantic mode of the fp32 handle would forbid. */
-    if (cublasCreate(&ctx->blas16) != CUBLAS_STATUS_SUCCESS) {
+    if (g_blas.create(&ctx->blas16) != CUBLAS_STATUS_SUCCESS) {
         ctx->blas16 = NULL;
         goto fail;
     }
-    if (cublasSetStream(ctx->blas16, ctx->stream) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetMathMode(ctx->blas16, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetAtomicsMode(ctx->blas16, CUBLAS_ATOMICS_NOT_ALLOWED) != CUBLAS_STATUS_SUCCESS)
+    if (g_blas.set_stream(ctx->blas16, ctx->stream) != CUBLAS_STATUS_SUCCESS ||
+        g_blas.set_math_mode(ctx->blas16, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS ||
+        g_blas.set_atomics_mode(ctx->blas16, CUBLAS_ATOMICS_NOT_ALLOWED) != CUBLAS_STATUS_SUCCESS)
         goto fail;
     err = TS_ECUDA;
     if (cudaDeviceGetAttribute(&ctx->cc_major, cudaDevAttrComputeCapabilityMajor, gpu) !=
@@ -490,10 +580,10 @@ int ts_cuda_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N,
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasStatus_t st;
     if (batch == 1)
-        st = cublasSgemm(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, (int)ldb, A, (int)lda,
+        st = g_blas.sgemm(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, (int)ldb, A, (int)lda,
                          &beta, C, (int)ldc);
     else
-        st = cublasSgemmStridedBatched(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, (int)ldb,
+        st = g_blas.sgemm_strided_batched(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, (int)ldb,
                                        (long long)stride_b, A, (int)lda, (long long)stride_a, &beta,
                                        C, (int)ldc, (long long)stride_c, (int)batch);
     return st == CUBLAS_STATUS_SUCCESS ? TS_OK : TS_ECUBLAS;
@@ -589,11 +679,11 @@ static int gemm_ex(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int6
     cudaDataType_t t = cuda_type(lp);
     cublasStatus_t st;
     if (batch == 1)
-        st = cublasGemmEx(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t, (int)ldb, A, t,
+        st = g_blas.gemm_ex(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t, (int)ldb, A, t,
                           (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT);
     else
-        st = cublasGemmStridedBatchedEx(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t,
+        st = g_blas.gemm_strided_batched_ex(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t,
                                         (int)ldb, (long long)stride_b, A, t, (int)lda,
                                         (long long)stride_a, &beta, C, CUDA_R_32F, (int)ldc,
                                         (long long)stride_c, (int)batch, CUBLAS_COMPUTE_32F,
