@@ -94,6 +94,8 @@ def parse_args():
                     help="batch of the attention-alone rows (default 64)")
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON document here")
     ap.add_argument("--keep", metavar="DIR", help="keep the weights and check files in DIR")
+    ap.add_argument("--vae-size", type=int, default=256,
+                    help="side of the VAE rows' image (default 256; 0: no VAE rows)")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds one bench_dit run may take (default 600)")
     a = ap.parse_args()
@@ -460,6 +462,94 @@ def rows_of(res, peaks):
     return out
 
 
+def vae_rows(work, peaks):
+    """The VAE (sd-vae-ft-mse's configuration, random weights written once for both sides) encoding
+    one --vae-size² image and decoding its latent on the device: ours (bench_vae --device, the
+    tensors on the device, f32, bf16 and f16 products) against PyTorch eager (tests/parity/
+    vae_torch.py; bf16 and f16 by autocast), the median call each, its end synchronised. FLOPs
+    are counted on the PyTorch model (every convolution and the attention's products, 2 per
+    multiply-add); a row's fraction is of our own peak of its precision (bench_dit --peak)."""
+    import vae_torch as vt
+    S = ARGS.vae_size
+    vae = vt.AutoencoderKL(vt.SD_VAE_FT_MSE).eval()
+    vt.randomize(vae, 11)
+    path = os.path.join(work, "vae.safetensors")
+    vt.save(vae, path)
+    exe = os.path.join(ARGS.build, "bench", "bench_vae")
+    out = {"size": S, "rows": []}
+    for prec in ("f32", "bf16", "f16"):
+        cmd = [exe, "--weights", path, "--size", str(S), "--device", ARGS.device, "--precision",
+               prec, "--seconds", str(ARGS.seconds), "--json"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=ARGS.timeout)
+        if p.returncode != 0:
+            out[prec] = {"error": (p.stderr.strip().splitlines() or ["no output"])[-1],
+                         "command": " ".join(cmd)}
+            log(f"  VAE {prec}: {out[prec]['error']}")
+            continue
+        out[prec] = json.loads(p.stdout.strip().splitlines()[-1])
+    vae = vae.to(DEV)
+    x = torch.rand(1, 3, S, S, device=DEV) * 2 - 1
+    z = torch.randn(1, 4, S // 8, S // 8, device=DEV)
+    flops = {"encode": vt_flops(vae, lambda: vae.encode(x)),
+             "decode": vt_flops(vae, lambda: vae.decode(z))}
+    for prec, dtype in (("f32", None), ("bf16", torch.bfloat16), ("f16", torch.float16)):
+        for what, fn in (("encode", lambda: vae.encode(x)), ("decode", lambda: vae.decode(z))):
+            def run(fn=fn, dtype=dtype):
+                with torch.no_grad():
+                    if dtype is None:
+                        return fn()
+                    with torch.autocast(DEV.type, dtype=dtype):
+                        return fn()
+            t = None if ARGS.no_torch else guarded(f"PyTorch VAE {what} {prec}",
+                                                   lambda: time_calls(run))
+            torch_s = t.get("median_s") if isinstance(t, dict) else None
+            ours_s = out.get(prec, {}).get(f"{what}_s")
+            gflops = flops[what] / ours_s / 1e9 if ours_s else None
+            peak = peaks.get(f"{prec}_gflops")
+            out["rows"].append({"key": f"vae_{what}_{prec}", "ours_s": ours_s, "torch_s": torch_s,
+                                "ratio": torch_s / ours_s if ours_s and torch_s else None,
+                                "gflop": flops[what] / 1e9, "ours_gflops": gflops,
+                                "of_peak": gflops / peak if gflops and peak else None})
+    del vae
+    if DEV.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def vt_flops(model, fn):
+    """2 × the multiply-adds of fn's convolutions and of the attention's products."""
+    total = [0]
+    nn = torch.nn
+
+    def conv_hook(m, inp, o):
+        total[0] += 2 * o.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
+
+    def lin_hook(m, inp, o):
+        total[0] += 2 * o.numel() * m.in_features
+    hooks = [m.register_forward_hook(conv_hook if isinstance(m, nn.Conv2d) else lin_hook)
+             for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    real_matmul, real_bmm = torch.Tensor.__matmul__, torch.bmm
+
+    def mm(a, b):
+        o = real_matmul(a, b)
+        total[0] += 2 * o.numel() * a.shape[-1]
+        return o
+
+    def bmm(a, b):
+        o = real_bmm(a, b)
+        total[0] += 2 * o.numel() * a.shape[-1]
+        return o
+    torch.Tensor.__matmul__, torch.bmm = mm, bmm
+    try:
+        with torch.no_grad():
+            fn()
+    finally:
+        torch.Tensor.__matmul__, torch.bmm = real_matmul, real_bmm
+        for h in hooks:
+            h.remove()
+    return total[0]
+
+
 def fmt(v, spec):
     return format(v, spec) if v is not None else "—"
 
@@ -486,6 +576,9 @@ def main():
                 doc["engine"] = doc["peak_ours"].get("device") or res.get("ours", {}).get("device")
             res["rows"] = rows_of(res, doc.get("peak_ours") or {})
             save(doc)  # as it goes: a run stopped by its time limit keeps what it measured
+        if ARGS.vae_size > 0:
+            doc["vae"] = guarded("the VAE rows", lambda: vae_rows(work, doc.get("peak_ours") or {}))
+            save(doc)
         doc["attention_ops"] = attention_ops()
         save(doc)
         if not ARGS.no_torch:
@@ -521,6 +614,14 @@ def main():
             print(f"  {r['preset']:6} T={r['T']:<4} {r['what']:22} {r['composed_over_fused']:6.2f}×")
     elif "error" in att:
         print(f"attention alone: not run: {att['error']}")
+    vae = doc.get("vae", {})
+    for r in vae.get("rows", []):
+        print(f"VAE {vae['size']}² {r['key'][4:]:14} ours {fmt(r['ours_s'] and 1e3 * r['ours_s'], '8.1f')} ms"
+              f"  torch {fmt(r['torch_s'] and 1e3 * r['torch_s'], '8.1f')} ms"
+              f"  ratio {fmt(r['ratio'], '5.2f')}  {fmt(r['ours_gflops'], '8.0f')} GFLOP/s"
+              f" ({fmt(r['of_peak'] and 100 * r['of_peak'], '.1f')} % of peak)")
+    if "error" in vae:
+        print(f"VAE: not run: {vae['error']}")
     cfg, key, line = TARGET
     got = next((r for r in doc["configs"].get(cfg, {}).get("rows", []) if r["key"] == key), None)
     doc["target"] = {"config": cfg, "row": key, "of_bf16_peak_at_least": line,

@@ -40,6 +40,7 @@ typedef struct {
     const char *dir, *vae, *out;
     int sample, threads, json, quiet;
     uint64_t seed;
+    ts_device_spec_t device;
 } encode_opts_t;
 
 static int by_name(const void *a, const void *b) {
@@ -137,7 +138,7 @@ static void to_chw(const uint8_t *px, int C, int H, int W, float *x) {
 }
 
 int ts_cmd_encode(int argc, char **argv) {
-    encode_opts_t o = {0};
+    encode_opts_t o = {.device = {.device = TS_CPU}};
     /* clang-format off */
     ts_arg_t args[] = {
         {"vae", TS_ARG_STRING, &o.vae, "FILE", "the VAE (a diffusers AutoencoderKL safetensors file, e.g. sd-vae-ft-mse)", 0, 0, 1},
@@ -145,6 +146,7 @@ int ts_cmd_encode(int argc, char **argv) {
         {"sample", TS_ARG_FLAG, &o.sample, NULL, "a seeded draw from each image's posterior instead of its mean"},
         {"seed", TS_ARG_U64, &o.seed, "S", "the noise stream of --sample (default 0)"},
         {"threads", TS_ARG_INT, &o.threads, "N", "CPU threads (default: every core)", 0, 1024},
+        {"device", TS_ARG_DEVICE, &o.device, "NAME", "where the VAE runs: " TS_DEVICE_SPEC_HELP " (default cpu)"},
         {"quiet", TS_ARG_FLAG, &o.quiet, NULL, "no progress lines"},
         {"json", TS_ARG_FLAG, &o.json, NULL, "print a summary as one JSON object on stdout"},
     };
@@ -172,7 +174,6 @@ int ts_cmd_encode(int argc, char **argv) {
     int n = 0, classes = 1, have_eng = 0, C = 0, H = 0, W = 0, L = 0, h = 0, w = 0;
     ts_vae_t *vae = NULL;
     ts_engine_t eng = {0};
-    ts_device_spec_t cpu = {.device = TS_CPU}; /* the VAE runs on the CPU (model/vae.h) */
     int32_t *labels = NULL;
     float *lat = NULL, *x = NULL;
     uint8_t *px = NULL;
@@ -184,7 +185,8 @@ int ts_cmd_encode(int argc, char **argv) {
         rc = read_labels(o.dir, names, n, labels, &classes, err, sizeof err);
     if (rc == TS_OK)
         rc = ts_vae_open(&vae, o.vae, NULL, err, sizeof err);
-    if (rc == TS_OK && (rc = ts_cli_engine(&eng, &cpu, o.threads, PROG, err, sizeof err)) == TS_OK)
+    if (rc == TS_OK &&
+        (rc = ts_cli_engine(&eng, &o.device, o.threads, PROG, err, sizeof err)) == TS_OK)
         have_eng = 1;
     double t0 = ts_now_s();
     for (int i = 0; rc == TS_OK && i < n; i++) {

@@ -772,9 +772,8 @@ static int run(gen_run_t *r) {
     float *decoded = NULL; /* --vae: the latents decoded into images */
     int C = c->in_channels, side = c->input_size;
     if (rc == TS_OK && o->vae)
-        rc = ts_cli_vae_decode(o->vae, &r->eng, o->threads, r->images, o->n, c->in_channels,
-                               c->input_size, "the experts", &decoded, &C, &side, r->err,
-                               sizeof r->err);
+        rc = ts_cli_vae_decode(o->vae, &r->eng, r->images, o->n, c->in_channels, c->input_size,
+                               "the experts", &decoded, &C, &side, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_png_write_grid(o->out, decoded ? decoded : r->images, o->n, C, side, side, o->cols,
                                2, r->err, sizeof r->err);

@@ -162,7 +162,7 @@ extern "C" {
     X(unpatchify_backward, float *dtok, const float *dimg, int64_t B, int64_t C, int64_t H,        \
       int64_t W, int64_t p)                                                                        \
                                                                                                    \
-    /* Image ops of the VAE (kernels/cpu/cpu_image.c; the CUDA backend answers TS_ENOTSUP).      \
+    /* Image ops of the VAE (kernels/cpu/cpu_image.c, kernels/cuda/cuda_image.cu).               \
      * im2col: col (C·kh·kw, rows·Wo) = the patches of img (C, H, W) under output rows            \
      * [oy0, oy0 + rows) of a conv with this stride and top/left padding, zero outside the image; \
      * col row (c·kh + ky)·kw + kx, column (oy − oy0)·Wo + ox. */                                  \

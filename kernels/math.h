@@ -13,7 +13,8 @@
  * What is here: dtype conversions, GELU (tanh) and SiLU with derivatives, LayerNorm and softmax
  * element formulas, adaLN modulate, AdamW and EMA updates, the timestep-embedding frequency,
  * the Philox4x32-10 counter-based generator and the uniform / normal streams built on it, and the
- * per-row steps of the CUDA fused attention (an online-softmax tile, a backward pair).
+ * per-row steps of the CUDA fused attention (an online-softmax tile, a backward pair), and the
+ * image ops' index maps and GroupNorm's per-channel coefficients (the VAE).
  */
 #ifndef TS_MATH_H
 #define TS_MATH_H
@@ -435,6 +436,42 @@ TS_HD float ts_mean_tokens_elem(const float *x, int64_t T, int64_t C) {
     for (int64_t t = 0; t < T; t++)
         s += x[t * C];
     return s / (float)T;
+}
+
+/* ---- image ops (NCHW; kernels/cpu/cpu_image.c and kernels/cuda/cuda_image.cu) ---------------- */
+
+/* im2col: the image index (into one image of C planes H × W) that element (r, t, ox) of a tile's
+ * col matrix copies — col row r = (channel, ky, kx), output row oy0 + t, output column ox — or −1
+ * where the kernel window lies in the padding (the element is 0). */
+TS_HD int64_t ts_im2col_src(int64_t r, int64_t t, int64_t ox, int64_t H, int64_t W, int64_t kh,
+                            int64_t kw, int64_t stride, int64_t pad_top, int64_t pad_left,
+                            int64_t oy0) {
+    int64_t kx = r % kw, ky = r / kw % kh, c = r / (kw * kh);
+    int64_t iy = (oy0 + t) * stride - pad_top + ky, ix = ox * stride - pad_left + kx;
+    return iy < 0 || iy >= H || ix < 0 || ix >= W ? -1 : (c * H + iy) * W + ix;
+}
+
+/* Nearest ×2 upsampling: the input index of output element o, planes of H × W in, 2H × 2W out. */
+TS_HD int64_t ts_upsample2x_src(int64_t o, int64_t H, int64_t W) {
+    int64_t x2 = o % (2 * W), y2 = o / (2 * W) % (2 * H), plane = o / (4 * H * W);
+    return (plane * H + y2 / 2) * W + x2 / 2;
+}
+
+/* GroupNorm's per-channel affine map y = (x − m)·a + b from the group's mean and 1/std (double),
+ * the channel's weight w and bias (1 and 0 without affine): m is the mean rounded to float, and
+ * b is the bias corrected for that rounding, so x − m is exact near the mean and y stays
+ * accurate when the mean is large beside the spread (x·a + (b − mean·a) would cancel there). */
+TS_HD void ts_groupnorm_coeffs(double mean, double rstd, double w, double bias, float *m, float *a,
+                               float *b) {
+    *m = (float)mean;
+    *a = (float)(rstd * w);
+    *b = (float)(bias - (mean - (double)*m) * rstd * w);
+}
+
+/* One element of GroupNorm (then SiLU when silu) from its channel's coefficients. */
+TS_HD float ts_groupnorm_elem(float x, float m, float a, float b, int silu) {
+    float y = (x - m) * a + b;
+    return silu ? ts_silu(y) : y;
 }
 
 #endif

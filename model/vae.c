@@ -123,9 +123,12 @@ int ts_vae_factor(const ts_vae_config_t *c) { return 1 << (c->n_blocks - 1); }
 /* ---- the parameter table ------------------------------------------------------------------- */
 
 typedef struct {
-    ts_vae_t *m;    /* m->params and m->slab.data are NULL in the counting pass */
-    int64_t offset; /* floats registered so far */
-    int count;      /* entries registered so far */
+    ts_vae_t *m;
+    int64_t offset;  /* floats registered so far */
+    int count;       /* entries registered so far */
+    float *base;     /* the slab the views point into; NULL in the counting pass */
+    ts_device_t dev; /* where base is (the CPU slab, or its copy on a GPU) */
+    int table;       /* fill m->params (the CPU slab's pass) */
 } builder_t;
 
 #define NAME_LEN 80 /* sizeof ts_vae_param_t.name; the longest name here is about 55 */
@@ -145,42 +148,41 @@ static float *param(builder_t *b, const char *name, int attn, int ndim, const in
     int64_t n = 1;
     for (int i = 0; i < ndim; i++)
         n *= shape[i];
-    float *at = NULL;
-    if (b->m->params) {
+    if (b->table) {
         ts_vae_param_t *p = &b->m->params[b->count];
         join(p->name, name, "");
         p->ndim = ndim;
         memcpy(p->shape, shape, (size_t)ndim * sizeof *shape);
         p->offset = b->offset;
         p->attn = attn;
-        at = (float *)b->m->slab.data + b->offset;
     }
+    float *at = b->base ? b->base + b->offset : NULL;
     b->count++;
     b->offset += n;
     return at;
 }
 
-/* A view of the slab at p (nothing while counting). */
-static void view(ts_tensor_t *t, float *p, int ndim, const int64_t *shape) {
+/* A view of the builder's slab at p (nothing while counting). */
+static void view(const builder_t *b, ts_tensor_t *t, float *p, int ndim, const int64_t *shape) {
     if (p)
-        ts_tensor_wrap(t, p, TS_F32, TS_CPU, ndim, shape);
+        ts_tensor_wrap(t, p, TS_F32, b->dev, ndim, shape);
 }
 
 static void build_conv(builder_t *b, vae_conv_t *c, const char *name, int64_t cout, int64_t cin,
                        int64_t k) {
     char n[NAME_LEN];
     join(n, name, ".weight");
-    view(&c->w, param(b, n, 0, 4, TS_SHAPE(cout, cin, k, k)), 4, TS_SHAPE(cout, cin, k, k));
+    view(b, &c->w, param(b, n, 0, 4, TS_SHAPE(cout, cin, k, k)), 4, TS_SHAPE(cout, cin, k, k));
     join(n, name, ".bias");
-    view(&c->b, param(b, n, 0, 1, TS_SHAPE(cout)), 1, TS_SHAPE(cout));
+    view(b, &c->b, param(b, n, 0, 1, TS_SHAPE(cout)), 1, TS_SHAPE(cout));
 }
 
 static void build_norm(builder_t *b, vae_norm_t *nm, const char *name, int64_t C) {
     char n[NAME_LEN];
     join(n, name, ".weight");
-    view(&nm->w, param(b, n, 0, 1, TS_SHAPE(C)), 1, TS_SHAPE(C));
+    view(b, &nm->w, param(b, n, 0, 1, TS_SHAPE(C)), 1, TS_SHAPE(C));
     join(n, name, ".bias");
-    view(&nm->b, param(b, n, 0, 1, TS_SHAPE(C)), 1, TS_SHAPE(C));
+    view(b, &nm->b, param(b, n, 0, 1, TS_SHAPE(C)), 1, TS_SHAPE(C));
 }
 
 static void build_resnet(builder_t *b, vae_resnet_t *r, const char *name, int64_t cin,
@@ -220,12 +222,12 @@ static void build_attn(builder_t *b, vae_attn_t *a, const char *name, int64_t C)
         float *p = param(b, n, 1, 1, TS_SHAPE(C));
         bias = i == 0 ? p : bias;
     }
-    view(&a->qkv.w, w, 4, TS_SHAPE(3 * C, C, 1, 1));
-    view(&a->qkv.b, bias, 1, TS_SHAPE(3 * C));
+    view(b, &a->qkv.w, w, 4, TS_SHAPE(3 * C, C, 1, 1));
+    view(b, &a->qkv.b, bias, 1, TS_SHAPE(3 * C));
     join(n, name, ".to_out.0.weight");
-    view(&a->out.w, param(b, n, 1, 2, TS_SHAPE(C, C)), 4, TS_SHAPE(C, C, 1, 1));
+    view(b, &a->out.w, param(b, n, 1, 2, TS_SHAPE(C, C)), 4, TS_SHAPE(C, C, 1, 1));
     join(n, name, ".to_out.0.bias");
-    view(&a->out.b, param(b, n, 1, 1, TS_SHAPE(C)), 1, TS_SHAPE(C));
+    view(b, &a->out.b, param(b, n, 1, 1, TS_SHAPE(C)), 1, TS_SHAPE(C));
 }
 
 static void build_mid(builder_t *b, vae_mid_t *mid, const char *coder, int64_t C) {
@@ -297,7 +299,7 @@ int ts_vae_new(ts_vae_t **out, const ts_vae_config_t *cfg, char *err, size_t err
     }
     m->cfg = *cfg;
     m->net = net;
-    builder_t count = {m, 0, 0};
+    builder_t count = {m, 0, 0, NULL, TS_CPU, 0};
     build_net(&count, cfg, net);
     m->params = calloc((size_t)count.count, sizeof *m->params);
     int rc = m->params ? ts_tensor_alloc(&m->slab, TS_F32, TS_CPU, 1, TS_SHAPE(count.offset))
@@ -307,7 +309,7 @@ int ts_vae_new(ts_vae_t **out, const ts_vae_config_t *cfg, char *err, size_t err
         return ts_fail(err, errlen, rc, "cannot allocate the VAE's %lld parameters",
                        (long long)count.offset);
     }
-    builder_t fill = {m, 0, 0};
+    builder_t fill = {m, 0, 0, m->slab.data, TS_CPU, 1};
     build_net(&fill, cfg, net);
     m->n_params = fill.count;
     *out = m;
@@ -317,6 +319,8 @@ int ts_vae_new(ts_vae_t **out, const ts_vae_config_t *cfg, char *err, size_t err
 void ts_vae_free(ts_vae_t *m) {
     if (!m)
         return;
+    ts_tensor_free(&m->dslab);
+    free(m->dnet);
     ts_tensor_free(&m->slab);
     ts_tensor_free(&m->work);
     free(m->params);
@@ -325,6 +329,44 @@ void ts_vae_free(ts_vae_t *m) {
 }
 
 int64_t ts_vae_numel(const ts_vae_t *m) { return ts_tensor_numel(&m->slab); }
+
+void ts_vae_weights_changed(ts_vae_t *m) {
+    if (m)
+        m->dslab_stale = 1;
+}
+
+/* The views a forward on e runs: the CPU slab's, or those of its copy on e's device, made (or
+ * refreshed after ts_vae_weights_changed) here. */
+static int net_for(ts_vae_t *m, ts_engine_t *e, const struct ts_vae_net **net, char *err,
+                   size_t errlen) {
+    if (e->device == TS_CPU) {
+        *net = m->net;
+        return TS_OK;
+    }
+    if (!m->dslab.data || m->dslab.device != e->device || m->dslab_gpu != e->gpu) {
+        ts_tensor_free(&m->dslab);
+        free(m->dnet);
+        m->dnet = calloc(1, sizeof *m->dnet);
+        int rc = m->dnet ? ts_tensor_alloc(&m->dslab, TS_F32, e->device, 1,
+                                           TS_SHAPE(ts_tensor_numel(&m->slab)))
+                         : TS_ENOMEM;
+        if (rc != TS_OK)
+            return ts_fail(err, errlen, rc, "cannot allocate the VAE's %.1f MiB on the GPU",
+                           (double)ts_tensor_nbytes(&m->slab) / 1048576.0);
+        builder_t dev = {m, 0, 0, m->dslab.data, e->device, 0};
+        build_net(&dev, &m->cfg, m->dnet);
+        m->dslab_gpu = e->gpu;
+        m->dslab_stale = 1;
+    }
+    if (m->dslab_stale) {
+        int rc = ts_tensor_copy(&m->dslab, &m->slab);
+        if (rc != TS_OK)
+            return ts_fail(err, errlen, rc, "cannot copy the VAE's weights to the GPU");
+        m->dslab_stale = 0;
+    }
+    *net = m->dnet;
+    return TS_OK;
+}
 
 /* ---- workspace ----------------------------------------------------------------------------- */
 
@@ -367,23 +409,35 @@ size_t ts_vae_work_bytes(const ts_vae_config_t *c, int64_t height, int64_t width
     return (size_t)(4 * p.act + p.qkv + p.att + p.scratch) * sizeof(float);
 }
 
-int ts_vae_reserve(ts_vae_t *m, int64_t height, int64_t width, char *err, size_t errlen) {
+/* ts_vae_reserve with the workspace on dev (ordinal gpu for a GPU): moved there when it is
+ * elsewhere. */
+static int reserve_on(ts_vae_t *m, ts_device_t dev, int gpu, int64_t height, int64_t width,
+                      char *err, size_t errlen) {
     if (ts_vae_work_bytes(&m->cfg, height, width) == 0)
         return ts_fail(err, errlen, TS_ESHAPE,
                        "image size %lldx%lld: height and width must be positive multiples of %d",
                        (long long)height, (long long)width, ts_vae_factor(&m->cfg));
-    if (m->work.data && height <= m->work_h && width <= m->work_w)
+    const int here = m->work.data && m->work.device == dev && (dev == TS_CPU || m->work_gpu == gpu);
+    if (here && height <= m->work_h && width <= m->work_w)
         return TS_OK;
+    if (!here)
+        m->work_h = m->work_w = 0;
     int64_t h = height > m->work_h ? height : m->work_h, w = width > m->work_w ? width : m->work_w;
     size_t bytes = ts_vae_work_bytes(&m->cfg, h, w);
     ts_tensor_free(&m->work);
     m->work_h = m->work_w = 0;
-    int rc = ts_tensor_alloc(&m->work, TS_F32, TS_CPU, 1, TS_SHAPE((int64_t)(bytes / 4)));
+    int rc = ts_tensor_alloc(&m->work, TS_F32, dev, 1, TS_SHAPE((int64_t)(bytes / 4)));
     if (rc != TS_OK)
-        return ts_fail(err, errlen, rc, "cannot allocate %.1f MiB of VAE workspace for %lldx%lld",
-                       (double)bytes / 1048576.0, (long long)h, (long long)w);
-    m->work_h = h, m->work_w = w;
+        return ts_fail(
+            err, errlen, rc, "cannot allocate %.1f MiB of VAE workspace for %lldx%lld on the %s",
+            (double)bytes / 1048576.0, (long long)h, (long long)w, dev == TS_CPU ? "CPU" : "GPU");
+    m->work_h = h, m->work_w = w, m->work_gpu = gpu;
     return TS_OK;
+}
+
+int ts_vae_reserve(ts_vae_t *m, int64_t height, int64_t width, char *err, size_t errlen) {
+    ts_device_t dev = m->work.data ? m->work.device : TS_CPU;
+    return reserve_on(m, dev, m->work_gpu, height, width, err, errlen);
 }
 
 /* ---- one image through the layers ---------------------------------------------------------- */
@@ -395,6 +449,7 @@ typedef struct {
     float *qkv, *att;    /* the attention's (3C, T) and (T, T) */
     ts_tensor_t scratch; /* the convs' im2col */
     int cur;
+    ts_device_t dev;          /* the engine's, where the workspace is */
     int64_t C, H, W;          /* x's shape */
     ts_precision_t precision; /* the products' (ts_vae_set_precision) */
 } run_t;
@@ -403,9 +458,9 @@ static const ts_conv2d_t SAME = {1, 1, 1, 1, 1};  /* 3×3, stride 1, pad 1 */
 static const ts_conv2d_t POINT = {1, 0, 0, 0, 0}; /* 1×1 */
 static const ts_conv2d_t DOWN = {2, 0, 1, 0, 1};  /* 3×3, stride 2, pad bottom and right */
 
-/* A (1, C, H, W) view of p. */
-static ts_tensor_t img4(float *p, int64_t C, int64_t H, int64_t W) {
-    ts_tensor_t t = {p, TS_F32, TS_CPU, 4, {1, C, H, W}, 0};
+/* A (1, C, H, W) view of p, in r's workspace. */
+static ts_tensor_t img4(const run_t *r, float *p, int64_t C, int64_t H, int64_t W) {
+    ts_tensor_t t = {p, TS_F32, r->dev, 4, {1, C, H, W}, 0};
     return t;
 }
 
@@ -416,13 +471,14 @@ static int run_init(run_t *r, ts_vae_t *m, ts_engine_t *e) {
     float *w = m->work.data;
     memset(r, 0, sizeof *r);
     r->e = e;
+    r->dev = e->device;
     r->cfg = &m->cfg;
     r->precision = m->precision;
     for (int i = 0; i < 4; i++)
         r->buf[i] = w + i * p.act;
     r->qkv = w + 4 * p.act;
     r->att = r->qkv + p.qkv;
-    return ts_tensor_wrap(&r->scratch, r->att + p.att, TS_F32, TS_CPU, 1, TS_SHAPE(p.scratch));
+    return ts_tensor_wrap(&r->scratch, r->att + p.att, TS_F32, r->dev, 1, TS_SHAPE(p.scratch));
 }
 
 static int conv(run_t *r, ts_tensor_t *y, const ts_tensor_t *x, const vae_conv_t *c,
@@ -445,9 +501,9 @@ static int resnet_forward(run_t *r, const vae_resnet_t *rb) {
     const int G = r->cfg->groups;
     const float eps = r->cfg->eps;
     const int64_t Cin = r->C, Cout = rb->conv1.w.shape[0], H = r->H, W = r->W;
-    ts_tensor_t x = img4(r->buf[r->cur], Cin, H, W), y = img4(r->buf[r->cur ^ 1], Cout, H, W);
-    ts_tensor_t a = img4(r->buf[2], Cin, H, W), h = img4(r->buf[3], Cout, H, W);
-    ts_tensor_t a2 = img4(r->buf[2], Cout, H, W), s = img4(r->buf[3], Cout, H, W);
+    ts_tensor_t x = img4(r, r->buf[r->cur], Cin, H, W), y = img4(r, r->buf[r->cur ^ 1], Cout, H, W);
+    ts_tensor_t a = img4(r, r->buf[2], Cin, H, W), h = img4(r, r->buf[3], Cout, H, W);
+    ts_tensor_t a2 = img4(r, r->buf[2], Cout, H, W), s = img4(r, r->buf[3], Cout, H, W);
     TS_TRY(ts_groupnorm_silu_forward(r->e, &a, &x, &rb->norm1.w, &rb->norm1.b, G, eps));
     TS_TRY(conv(r, &h, &a, &rb->conv1, &SAME));
     TS_TRY(ts_groupnorm_silu_forward(r->e, &a2, &h, &rb->norm2.w, &rb->norm2.b, G, eps));
@@ -467,21 +523,21 @@ static int resnet_forward(run_t *r, const vae_resnet_t *rb) {
  * over the T = H·W pixels */
 static int attn_forward(run_t *r, const vae_attn_t *at) {
     const int64_t C = r->C, H = r->H, W = r->W, T = H * W;
-    ts_tensor_t x = img4(r->buf[r->cur], C, H, W), y = img4(r->buf[r->cur ^ 1], C, H, W);
-    ts_tensor_t h = img4(r->buf[2], C, H, W), qkv = img4(r->qkv, 3 * C, H, W);
+    ts_tensor_t x = img4(r, r->buf[r->cur], C, H, W), y = img4(r, r->buf[r->cur ^ 1], C, H, W);
+    ts_tensor_t h = img4(r, r->buf[2], C, H, W), qkv = img4(r, r->qkv, 3 * C, H, W);
     ts_tensor_t q, k, v, att, o;
-    TS_TRY(ts_tensor_wrap(&q, r->qkv, TS_F32, TS_CPU, 2, TS_SHAPE(C, T)));
-    TS_TRY(ts_tensor_wrap(&k, r->qkv + C * T, TS_F32, TS_CPU, 2, TS_SHAPE(C, T)));
-    TS_TRY(ts_tensor_wrap(&v, r->qkv + 2 * C * T, TS_F32, TS_CPU, 2, TS_SHAPE(C, T)));
-    TS_TRY(ts_tensor_wrap(&att, r->att, TS_F32, TS_CPU, 2, TS_SHAPE(T, T)));
-    TS_TRY(ts_tensor_wrap(&o, r->buf[2], TS_F32, TS_CPU, 2, TS_SHAPE(C, T)));
+    TS_TRY(ts_tensor_wrap(&q, r->qkv, TS_F32, r->dev, 2, TS_SHAPE(C, T)));
+    TS_TRY(ts_tensor_wrap(&k, r->qkv + C * T, TS_F32, r->dev, 2, TS_SHAPE(C, T)));
+    TS_TRY(ts_tensor_wrap(&v, r->qkv + 2 * C * T, TS_F32, r->dev, 2, TS_SHAPE(C, T)));
+    TS_TRY(ts_tensor_wrap(&att, r->att, TS_F32, r->dev, 2, TS_SHAPE(T, T)));
+    TS_TRY(ts_tensor_wrap(&o, r->buf[2], TS_F32, r->dev, 2, TS_SHAPE(C, T)));
     TS_TRY(
         ts_groupnorm_forward(r->e, &h, &x, &at->norm.w, &at->norm.b, r->cfg->groups, r->cfg->eps));
     TS_TRY(conv(r, &qkv, &h, &at->qkv, &POINT));
     TS_TRY(product(r, &att, &q, 1, &k, 0, (float)(1.0 / sqrt((double)C))));
     TS_TRY(ts_softmax_forward(r->e, &att, &att)); /* row t: query t over the keys, in fp32 */
     TS_TRY(product(r, &o, &v, 0, &att, 1, 1.0f));
-    ts_tensor_t o4 = img4(r->buf[2], C, H, W);
+    ts_tensor_t o4 = img4(r, r->buf[2], C, H, W);
     TS_TRY(conv(r, &y, &o4, &at->out, &POINT));
     TS_TRY(ts_add(r->e, &y, &y, &x));
     r->cur ^= 1;
@@ -497,8 +553,8 @@ static int mid_forward(run_t *r, const vae_mid_t *mid) {
 /* x ← conv 3×3 stride 2 of x padded (0, 1, 0, 1): half the side */
 static int down_forward(run_t *r, const vae_conv_t *c) {
     int64_t Ho = ts_conv2d_out_dim(r->H, 3, 2, 0, 1), Wo = ts_conv2d_out_dim(r->W, 3, 2, 0, 1);
-    ts_tensor_t x = img4(r->buf[r->cur], r->C, r->H, r->W),
-                y = img4(r->buf[r->cur ^ 1], r->C, Ho, Wo);
+    ts_tensor_t x = img4(r, r->buf[r->cur], r->C, r->H, r->W),
+                y = img4(r, r->buf[r->cur ^ 1], r->C, Ho, Wo);
     TS_TRY(conv(r, &y, &x, c, &DOWN));
     r->cur ^= 1;
     r->H = Ho, r->W = Wo;
@@ -508,8 +564,8 @@ static int down_forward(run_t *r, const vae_conv_t *c) {
 /* x ← conv 3×3 of x repeated 2×2: twice the side */
 static int up_forward(run_t *r, const vae_conv_t *c) {
     const int64_t C = r->C, H2 = 2 * r->H, W2 = 2 * r->W;
-    ts_tensor_t x = img4(r->buf[r->cur], C, r->H, r->W), u = img4(r->buf[2], C, H2, W2);
-    ts_tensor_t y = img4(r->buf[r->cur ^ 1], C, H2, W2);
+    ts_tensor_t x = img4(r, r->buf[r->cur], C, r->H, r->W), u = img4(r, r->buf[2], C, H2, W2);
+    ts_tensor_t y = img4(r, r->buf[r->cur ^ 1], C, H2, W2);
     TS_TRY(ts_upsample_nearest2x_forward(r->e, &u, &x));
     TS_TRY(conv(r, &y, &u, c, &SAME));
     r->cur ^= 1;
@@ -527,7 +583,8 @@ static int level_forward(run_t *r, const vae_level_t *lv, int down) {
 
 /* y = conv_out(SiLU(norm_out(x))) */
 static int head_forward(run_t *r, const vae_coder_t *cd, ts_tensor_t *y) {
-    ts_tensor_t x = img4(r->buf[r->cur], r->C, r->H, r->W), h = img4(r->buf[2], r->C, r->H, r->W);
+    ts_tensor_t x = img4(r, r->buf[r->cur], r->C, r->H, r->W),
+                h = img4(r, r->buf[2], r->C, r->H, r->W);
     TS_TRY(ts_groupnorm_silu_forward(r->e, &h, &x, &cd->norm_out.w, &cd->norm_out.b, r->cfg->groups,
                                      r->cfg->eps));
     return conv(r, y, &h, &cd->conv_out, &SAME);
@@ -539,20 +596,25 @@ static int encode_one(run_t *r, const struct ts_vae_net *net, const ts_tensor_t 
     const vae_coder_t *enc = &net->enc;
     const int64_t L = r->cfg->latent_channels;
     r->cur = 0, r->C = r->cfg->block_out[0], r->H = image->shape[2], r->W = image->shape[3];
-    ts_tensor_t x = img4(r->buf[0], r->C, r->H, r->W);
+    ts_tensor_t x = img4(r, r->buf[0], r->C, r->H, r->W), staged;
+    if (image->device != r->dev) { /* a CPU image for a GPU engine: into buf[1], free till later */
+        staged = img4(r, r->buf[1], image->shape[1], r->H, r->W);
+        TS_TRY(ts_tensor_copy(&staged, image));
+        image = &staged;
+    }
     TS_TRY(conv(r, &x, image, &enc->conv_in, &SAME));
     for (int i = 0; i < r->cfg->n_blocks; i++)
         TS_TRY(level_forward(r, &enc->level[i], 1));
     TS_TRY(mid_forward(r, &enc->mid));
-    ts_tensor_t moments = img4(r->buf[3], 2 * L, r->H, r->W);
-    ts_tensor_t q = img4(r->buf[r->cur ^ 1], 2 * L, r->H, r->W);
+    ts_tensor_t moments = img4(r, r->buf[3], 2 * L, r->H, r->W);
+    ts_tensor_t q = img4(r, r->buf[r->cur ^ 1], 2 * L, r->H, r->W);
     TS_TRY(head_forward(r, enc, &moments));
     TS_TRY(conv(r, &q, &moments, &net->quant, &POINT)); /* (mean, logvar) along the channels */
-    ts_tensor_t m = img4(q.data, L, r->H, r->W);
+    ts_tensor_t m = img4(r, q.data, L, r->H, r->W);
+    TS_TRY(ts_scale(r->e, &m, r->cfg->scaling_factor)); /* on the engine, then out */
     TS_TRY(ts_tensor_copy(mean, &m));
-    TS_TRY(ts_scale(r->e, mean, r->cfg->scaling_factor));
     if (logvar) {
-        ts_tensor_t lv = img4((float *)q.data + L * r->H * r->W, L, r->H, r->W);
+        ts_tensor_t lv = img4(r, (float *)q.data + L * r->H * r->W, L, r->H, r->W);
         TS_TRY(ts_tensor_copy(logvar, &lv));
     }
     return TS_OK;
@@ -563,38 +625,44 @@ static int decode_one(run_t *r, const struct ts_vae_net *net, const ts_tensor_t 
                       ts_tensor_t *image) {
     const vae_coder_t *dec = &net->dec;
     const int64_t L = r->cfg->latent_channels, h = z->shape[2], w = z->shape[3];
-    ts_tensor_t zs = img4(r->buf[2], L, h, w), p = img4(r->buf[3], L, h, w);
+    ts_tensor_t zs = img4(r, r->buf[2], L, h, w), p = img4(r, r->buf[3], L, h, w);
     TS_TRY(ts_tensor_copy(&zs, z));
     TS_TRY(ts_scale(r->e, &zs, 1.0f / r->cfg->scaling_factor));
     TS_TRY(conv(r, &p, &zs, &net->post_quant, &POINT));
     r->cur = 0, r->C = r->cfg->block_out[r->cfg->n_blocks - 1], r->H = h, r->W = w;
-    ts_tensor_t x = img4(r->buf[0], r->C, h, w);
+    ts_tensor_t x = img4(r, r->buf[0], r->C, h, w);
     TS_TRY(conv(r, &x, &p, &dec->conv_in, &SAME));
     TS_TRY(mid_forward(r, &dec->mid));
     for (int j = 0; j < r->cfg->n_blocks; j++)
         TS_TRY(level_forward(r, &dec->level[j], 0));
-    return head_forward(r, dec, image);
+    if (image->device == r->dev)
+        return head_forward(r, dec, image);
+    /* a CPU image for a GPU engine: the head writes buf[cur ^ 1], which it does not read */
+    ts_tensor_t y = img4(r, r->buf[r->cur ^ 1], image->shape[1], r->H, r->W);
+    TS_TRY(head_forward(r, dec, &y));
+    return ts_tensor_copy(image, &y);
 }
 
 /* ---- the public forwards ------------------------------------------------------------------- */
 
-/* t is an F32 CPU tensor (B, C, H, W) with C = channels (B, H, W > 0 unless noted). */
-static int check_images(const ts_tensor_t *t, int64_t channels, const char *what, char *err,
-                        size_t errlen) {
+/* t is an F32 tensor (B, C, H, W) with C = channels (B, H, W > 0 unless noted), on the CPU or
+ * on e's device. */
+static int check_images(const ts_engine_t *e, const ts_tensor_t *t, int64_t channels,
+                        const char *what, char *err, size_t errlen) {
     char d[96];
-    if (ts_tensor_check(t) != TS_OK || t->dtype != TS_F32 || t->device != TS_CPU || t->ndim != 4 ||
-        t->shape[1] != channels)
-        return ts_fail(err, errlen, TS_ESHAPE, "%s is %s; want F32 (B, %lld, H, W) on the cpu",
-                       what, t ? ts_tensor_describe(t, d, sizeof d) : "missing",
-                       (long long)channels);
+    if (ts_tensor_check(t) != TS_OK || t->dtype != TS_F32 ||
+        (t->device != TS_CPU && t->device != e->device) || t->ndim != 4 || t->shape[1] != channels)
+        return ts_fail(err, errlen, TS_ESHAPE,
+                       "%s is %s; want F32 (B, %lld, H, W) on the cpu or the engine's device", what,
+                       t ? ts_tensor_describe(t, d, sizeof d) : "missing", (long long)channels);
     return TS_OK;
 }
 
 static int check_engine(ts_vae_t *m, ts_engine_t *e, char *err, size_t errlen) {
     if (!m || !e)
         return ts_fail(err, errlen, TS_EINVAL, "no VAE or no engine");
-    if (e->device != TS_CPU)
-        return ts_fail(err, errlen, TS_ENOTSUP, "the VAE runs on the CPU engine only");
+    if (e->device != TS_CPU && e->device != TS_CUDA)
+        return ts_fail(err, errlen, TS_ENOTSUP, "the VAE runs on a CPU or CUDA engine");
     char why[256] = "";
     if (m->precision != TS_PREC_F32 && ts_engine_precision_check(e, m->precision, why, sizeof why))
         return ts_fail(err, errlen, TS_ENOTSUP, "the VAE's %s products cannot run here: %s",
@@ -617,11 +685,13 @@ int ts_vae_encode(ts_vae_t *m, ts_engine_t *e, ts_tensor_t *latent, ts_tensor_t 
                   const ts_tensor_t *image, char *err, size_t errlen) {
     TS_TRY(check_engine(m, e, err, errlen));
     const ts_vae_config_t *c = &m->cfg;
-    TS_TRY(check_images(image, c->in_channels, "the image", err, errlen));
-    TS_TRY(check_images(latent, c->latent_channels, "the latent", err, errlen));
+    TS_TRY(check_images(e, image, c->in_channels, "the image", err, errlen));
+    TS_TRY(check_images(e, latent, c->latent_channels, "the latent", err, errlen));
     const int64_t B = image->shape[0], H = image->shape[2], W = image->shape[3];
     const int f = ts_vae_factor(c);
-    TS_TRY(ts_vae_reserve(m, H, W, err, errlen));
+    TS_TRY(reserve_on(m, e->device, e->gpu, H, W, err, errlen));
+    const struct ts_vae_net *net;
+    TS_TRY(net_for(m, e, &net, err, errlen));
     if (latent->shape[0] != B || latent->shape[2] != H / f || latent->shape[3] != W / f)
         return ts_fail(err, errlen, TS_ESHAPE,
                        "latent is (%lld, %lld, %lld, %lld); want (%lld, "
@@ -640,7 +710,7 @@ int ts_vae_encode(ts_vae_t *m, ts_engine_t *e, ts_tensor_t *latent, ts_tensor_t 
         TS_TRY(ts_tensor_slice(&mean, latent, b, 1));
         if (logvar)
             TS_TRY(ts_tensor_slice(&lv, logvar, b, 1));
-        int rc = encode_one(&r, m->net, &x, &mean, logvar ? &lv : NULL);
+        int rc = encode_one(&r, net, &x, &mean, logvar ? &lv : NULL);
         if (rc != TS_OK)
             return ts_fail(err, errlen, rc, "VAE encode of image %lld failed", (long long)b);
     }
@@ -651,8 +721,8 @@ int ts_vae_decode(ts_vae_t *m, ts_engine_t *e, ts_tensor_t *image, const ts_tens
                   char *err, size_t errlen) {
     TS_TRY(check_engine(m, e, err, errlen));
     const ts_vae_config_t *c = &m->cfg;
-    TS_TRY(check_images(latent, c->latent_channels, "the latent", err, errlen));
-    TS_TRY(check_images(image, c->out_channels, "the image", err, errlen));
+    TS_TRY(check_images(e, latent, c->latent_channels, "the latent", err, errlen));
+    TS_TRY(check_images(e, image, c->out_channels, "the image", err, errlen));
     const int64_t B = latent->shape[0], f = ts_vae_factor(c);
     const int64_t H = latent->shape[2] * f, W = latent->shape[3] * f;
     if (image->shape[0] != B || image->shape[2] != H || image->shape[3] != W)
@@ -663,14 +733,16 @@ int ts_vae_decode(ts_vae_t *m, ts_engine_t *e, ts_tensor_t *image, const ts_tens
                        (long long)image->shape[2], (long long)image->shape[3], (long long)B,
                        c->out_channels, (long long)H, (long long)W, (long long)latent->shape[2],
                        (long long)latent->shape[3]);
-    TS_TRY(ts_vae_reserve(m, H, W, err, errlen));
+    TS_TRY(reserve_on(m, e->device, e->gpu, H, W, err, errlen));
+    const struct ts_vae_net *net;
+    TS_TRY(net_for(m, e, &net, err, errlen));
     run_t r;
     TS_TRY(run_init(&r, m, e));
     for (int64_t b = 0; b < B; b++) {
         ts_tensor_t z, x;
         TS_TRY(ts_tensor_slice(&z, latent, b, 1));
         TS_TRY(ts_tensor_slice(&x, image, b, 1));
-        int rc = decode_one(&r, m->net, &z, &x);
+        int rc = decode_one(&r, net, &z, &x);
         if (rc != TS_OK)
             return ts_fail(err, errlen, rc, "VAE decode of image %lld failed", (long long)b);
     }

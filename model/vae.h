@@ -23,8 +23,12 @@
  * workspace sized for the largest image seen (ts_vae_reserve), so a batch of B costs no more
  * memory than one image and each image's result does not depend on the batch.
  *
- * What it is not: a trainer (no backward), a sampler of the latent distribution, or a CUDA or
- * bf16 model — the image ops answer TS_ENOTSUP on a CUDA engine.
+ * Engines: the CPU, or a GPU (CUDA): there the first forward copies the slab to the engine's
+ * device and keeps the copy (ts_vae_weights_changed after writing the slab again), and the
+ * workspace lives on the device; images and latents may be on the CPU (staged through the
+ * workspace, one image at a time) or on the engine's device.
+ *
+ * What it is not: a trainer (no backward) or a sampler of the latent distribution.
  */
 #ifndef TS_VAE_H
 #define TS_VAE_H
@@ -87,7 +91,16 @@ typedef struct ts_vae {
     ts_tensor_t work;
     int64_t work_h, work_w;
     ts_precision_t precision; /* the convolutions' and attention's products (zeroed: f32) */
+    /* a GPU engine's copy of the slab and the views into it, made by its first forward */
+    ts_tensor_t dslab;
+    struct ts_vae_net *dnet;
+    int dslab_gpu, dslab_stale; /* the copy's device ordinal; the slab changed since the copy */
+    int work_gpu;               /* the workspace's ordinal when it is on a GPU */
 } ts_vae_t;
+
+/* The slab was written after a GPU forward (the loader's writes come before any): the next GPU
+ * forward copies it again. */
+void ts_vae_weights_changed(ts_vae_t *m);
 
 /* The products of every convolution and of the attention in precision p: f32 (the default), bf16
  * or f16 — operands rounded, fp32 accumulation; GroupNorm, SiLU, the softmax, the residual
@@ -108,7 +121,8 @@ size_t ts_vae_work_bytes(const ts_vae_config_t *c, int64_t height, int64_t width
 int ts_vae_reserve(ts_vae_t *m, int64_t height, int64_t width, char *err, size_t errlen);
 
 /* latent (B, L, H/f, W/f) = mean · scaling_factor, and logvar (same shape; NULL for none), of
- * image (B, in_channels, H, W) in [-1, 1]; f = ts_vae_factor. F32 tensors on the CPU. */
+ * image (B, in_channels, H, W) in [-1, 1]; f = ts_vae_factor. F32 tensors, each on the CPU or on
+ * e's device. */
 int ts_vae_encode(ts_vae_t *m, ts_engine_t *e, ts_tensor_t *latent, ts_tensor_t *logvar,
                   const ts_tensor_t *image, char *err, size_t errlen);
 /* image (B, out_channels, h·f, w·f), about [-1, 1], of latent (B, L, h, w) (scaled, as

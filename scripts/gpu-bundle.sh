@@ -7,7 +7,8 @@
 # BUILD must be a build tree with the CUDA backend (`tessera --version` says "CUDA backend:
 # built"; `make build` makes one where nvcc is found). Writes DEST/bundle.tar.xz holding:
 #   build/{bench,client,daemon,tests}/…  the binaries the checks run (bench_dit, bench_gemm,
-#                                         tessera, tesserad, test_cuda_parity, test_cuda_dit)
+#                                         bench_vae, tessera, tesserad, test_cuda_parity,
+#                                         test_cuda_dit, test_cuda_vae)
 #   lib/                                 every shared library they load, except the C library's
 #                                         own, the C++ runtime and CUDA's (the GPU machine has
 #                                         newer ones: this machine's glibc is older than its)
@@ -21,8 +22,8 @@ set -euo pipefail
 BUILD=${1:-build}
 DEST=${2:-.gpu}
 LIMIT=$((30 * 1024 * 1024))
-BINS=(bench/bench_dit bench/bench_gemm client/tessera daemon/tesserad tests/test_cuda_parity
-    tests/test_cuda_dit)
+BINS=(bench/bench_dit bench/bench_gemm bench/bench_vae client/tessera daemon/tesserad
+    tests/test_cuda_parity tests/test_cuda_dit tests/test_cuda_vae)
 FMNIST=${TESSERA_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 
 die() {

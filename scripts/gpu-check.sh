@@ -11,14 +11,16 @@
 #   --deadline S   the whole run's seconds (default 540): each step's timeout is cut to what is
 #                  left, and a step that cannot start with 20 s left is skipped, so the run ends
 #                  inside one device call and says what it did not reach
-#   STEP           any of: env parity dit selfcheck daemon memcheck initcheck bench (default:
-#                  all, in that order)
+#   STEP           any of: env parity dit vae selfcheck daemon memcheck initcheck bench
+#                  (default: all, in that order)
 #       env        the GPU (nvidia-smi) and the libraries every binary resolves
 #       parity     tests/test_cuda_parity: every op on the GPU against the CPU
 #       dit        tests/test_cuda_dit: the DiT forward, backward, training steps and sampler
+#       vae        tests/test_cuda_vae: the VAE's encode and decode on the GPU against the CPU
 #       selfcheck  tessera selfcheck (kernels against references, the GPU against the CPU)
 #       daemon     tests/test_gpu_daemon.sh: tesserad with device = cuda trains and serves
-#       memcheck   compute-sanitizer --tool memcheck over test_cuda_parity, then test_cuda_dit:
+#       memcheck   compute-sanitizer --tool memcheck over test_cuda_parity, test_cuda_dit and
+#                  test_cuda_vae:
 #                  fails on any report (an out-of-bounds or misaligned access, a CUDA API
 #                  error), on a test failing under it, or when compute-sanitizer is not found
 #       initcheck  compute-sanitizer --tool initcheck over the same two: fails on any read of
@@ -26,7 +28,7 @@
 #                  writes (docs/benchmarks.md, "On a GPU"), so this step runs the binaries with
 #                  TESSERA_CUDA_INITCHECK=1: the engine memsets each 16-bit product's output
 #                  first, where the tool sees it
-#       bench      bench/bench_gpu.py: the DiT configs against PyTorch on the same GPU
+#       bench      bench/bench_gpu.py: the DiT configs and the VAE against PyTorch on the same GPU
 #
 # BENCH_GPU_ARGS, when set, is added to bench_gpu.py's arguments (e.g. "--config dit-s --quick";
 # "--device cpu --config tiny --quick" rehearses the whole script on a machine without a GPU).
@@ -50,11 +52,11 @@ while [ $# -gt 0 ]; do
         awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
         exit 0
         ;;
-    env | parity | dit | selfcheck | daemon | memcheck | initcheck | bench) steps+=("$1"); shift ;;
+    env | parity | dit | vae | selfcheck | daemon | memcheck | initcheck | bench) steps+=("$1"); shift ;;
     *) echo "gpu-check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
-[ ${#steps[@]} -gt 0 ] || steps=(env parity dit selfcheck daemon memcheck initcheck bench)
+[ ${#steps[@]} -gt 0 ] || steps=(env parity dit vae selfcheck daemon memcheck initcheck bench)
 [ -f "$bundle" ] || { echo "gpu-check.sh: no bundle at $bundle (scripts/gpu-bundle.sh)" >&2; exit 2; }
 
 start=$(date +%s)
@@ -145,7 +147,8 @@ env_check() {
     [ $bad -eq 0 ] || { echo "missing libraries: nothing else can run"; return 1; }
 }
 
-# sanitize TOOL: compute-sanitizer --tool TOOL over test_cuda_parity, then test_cuda_dit (each
+# sanitize TOOL: compute-sanitizer --tool TOOL over test_cuda_parity, then test_cuda_dit (and
+# test_cuda_vae under memcheck; each
 # through its wrapper: the tool follows the exec); any report is exit 86 and fails the step, and so
 # does a test that fails under the tool. Each binary's report is in the step's log, in turn.
 sanitize() {
@@ -159,7 +162,9 @@ sanitize() {
         [ -n "$cs" ] || { [ -x "$d/compute-sanitizer" ] && cs=$d/compute-sanitizer; }
     done
     [ -n "$cs" ] || { echo "no compute-sanitizer on PATH or in /usr/local/cuda: cannot check"; return 1; }
-    for t in test_cuda_parity test_cuda_dit; do
+    local tests="test_cuda_parity test_cuda_dit"
+    [ "$tool" = memcheck ] && tests="$tests test_cuda_vae"
+    for t in $tests; do
         echo "== $cs --tool $tool $t"
         rc=0
         [ "$tool" = initcheck ] && export TESSERA_CUDA_INITCHECK=1
@@ -180,6 +185,7 @@ for s in "${steps[@]}"; do
     env) step env 60 bash -c env_check ;;
     parity) step parity 150 "$B/tests/test_cuda_parity" ;;
     dit) step dit 200 "$B/tests/test_cuda_dit" ;;
+    vae) step vae 90 "$B/tests/test_cuda_vae" ;;
     selfcheck) step selfcheck 60 "$B/client/tessera" selfcheck ;;
     daemon) step daemon 240 sh "$here/tests/test_gpu_daemon.sh" "$B/client/tessera" \
         "$B/daemon/tesserad" ;;

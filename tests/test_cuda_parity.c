@@ -20,6 +20,9 @@
  * widths that are not a multiple of the warp size, column sums tall enough to be split over
  * several blocks.
  *
+ * The VAE's image ops (conv2d through im2col and the GEMM, GroupNorm with and without SiLU,
+ * nearest ×2 upsampling) are held to the same tolerance; the upsampling, a copy, must be exact.
+ *
  * Without a usable GPU (or without the CUDA backend) the test prints why and exits 77, which
  * ctest reports as skipped.
  */
@@ -502,7 +505,7 @@ static void matmul_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp, int64_t ba
                 ref[q * M * N + i * N + j] = 1.25 * acc + 0.5 * (double)C0[q * M * N + i * N + j];
             }
     TU_CHECK_OK((lp == TS_F16 ? ts_matmul_f16 : ts_matmul_bf16)(&fx->e[1], &c.t[1], &a.t[1], ta,
-                                                                 &b.t[1], tb, 1.25f, 0.5f));
+                                                                &b.t[1], tb, 1.25f, 0.5f));
     char what[96];
     snprintf(what, sizeof what, "matmul_%s batch %lld ta %d tb %d", lp == TS_F16 ? "f16" : "bf16",
              (long long)batch, ta, tb);
@@ -564,8 +567,8 @@ static void linear_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
     TU_CHECK_OK(ts_linear_forward(G, &out.t[1], &inp.t[1], &w16.t[1], &bias.t[1]));
     expect_ref(fx, lp == TS_F16 ? "linear_forward f16 weight" : "linear_forward bf16 weight", &out,
                r_out);
-    TU_CHECK_OK(ts_linear_backward(G, &dinp.t[1], &dw.t[1], &db.t[1], &dout.t[1], &inp.t[1],
-                                   &w16.t[1]));
+    TU_CHECK_OK(
+        ts_linear_backward(G, &dinp.t[1], &dw.t[1], &db.t[1], &dout.t[1], &inp.t[1], &w16.t[1]));
     expect_ref(fx, lp == TS_F16 ? "linear_backward f16 dinp" : "linear_backward bf16 dinp", &dinp,
                r_dinp);
     expect_ref(fx, lp == TS_F16 ? "linear_backward f16 dweight" : "linear_backward bf16 dweight",
@@ -625,8 +628,8 @@ static void test_f16(void **state) {
     pair_rand(&b, &r, -2.0f, 2.0f, 2, TS_SHAPE(1, 1));
     pair_zeros(&c, 2, TS_SHAPE(67, 1));
     float *A = a.t[0].data;
-    static const float edge[] = {65504.0f, 65520.0f, -70000.0f, 6.0e-5f, 5.9604645e-8f, 1e-8f,
-                                 2.9802326e-8f, 1.0004883f, 2049.0f, 2051.0f};
+    static const float edge[] = {65504.0f, 65520.0f,      -70000.0f,  6.0e-5f, 5.9604645e-8f,
+                                 1e-8f,    2.9802326e-8f, 1.0004883f, 2049.0f, 2051.0f};
     memcpy(A, edge, sizeof edge);
     ((float *)b.t[0].data)[0] = 1.0f;
     pair_upload(&a);
@@ -828,10 +831,10 @@ static void fused_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t T, int64_t
 static void test_attention_fused(void **state) {
     fixture_t *fx = *state;
     tu_rng_t r = {16};
-    fused_case(fx, &r, B_, T_, C_, HEADS);  /* tiny: hd 32, T = 49 (a tile and a part) */
-    fused_case(fx, &r, 2, 256, 128, 2);     /* hd 64, 8 whole tiles */
-    fused_case(fx, &r, 2, 64, 144, 2);      /* hd 72: DiT-XL/2's and L's heads are 72 and 64 */
-    fused_case(fx, &r, 3, 17, 96, 2);       /* hd 48: the run-time instance; T under a tile */
+    fused_case(fx, &r, B_, T_, C_, HEADS); /* tiny: hd 32, T = 49 (a tile and a part) */
+    fused_case(fx, &r, 2, 256, 128, 2);    /* hd 64, 8 whole tiles */
+    fused_case(fx, &r, 2, 64, 144, 2);     /* hd 72: DiT-XL/2's and L's heads are 72 and 64 */
+    fused_case(fx, &r, 3, 17, 96, 2);      /* hd 48: the run-time instance; T under a tile */
     /* a head over 128 wide: the composed attention's job */
     ts_tensor_t qkv, out;
     TU_CHECK_OK(ts_tensor_alloc(&qkv, TS_F32, TS_CUDA, 3, TS_SHAPE(1, 4, 3 * 256)));
@@ -1191,6 +1194,58 @@ static void test_classification(void **state) {
     pair_free(&dx);
 }
 
+/* ---- image ops (the VAE's) ------------------------------------------------------------- */
+
+static void conv_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t Cin, int64_t H, int64_t W,
+                      int64_t Cout, int64_t k, ts_conv2d_t g, int64_t scratch_floats,
+                      const char *what) {
+    pair_t x, w, b, y, sc;
+    int64_t Ho = ts_conv2d_out_dim(H, k, g.stride, g.pad_top, g.pad_bottom);
+    int64_t Wo = ts_conv2d_out_dim(W, k, g.stride, g.pad_left, g.pad_right);
+    pair_rand(&x, r, -1, 1, 4, TS_SHAPE(B, Cin, H, W));
+    pair_rand(&w, r, -0.2f, 0.2f, 4, TS_SHAPE(Cout, Cin, k, k));
+    pair_rand(&b, r, -1, 1, 1, TS_SHAPE(Cout));
+    pair_zeros(&y, 4, TS_SHAPE(B, Cout, Ho, Wo));
+    pair_zeros(&sc, 1, TS_SHAPE(scratch_floats));
+    BOTH(ts_conv2d_forward(E, ON(y), ON(x), ON(w), ON(b), &g, ON(sc)));
+    expect_close(fx, what, &y);
+    pair_free(&x), pair_free(&w), pair_free(&b), pair_free(&y), pair_free(&sc);
+}
+
+static void groupnorm_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t C, int64_t S, int G,
+                           int silu, float offset, const char *what) {
+    pair_t x, w, b, y;
+    pair_rand(&x, r, offset - 1, offset + 1, 3, TS_SHAPE(B, C, S));
+    pair_rand(&w, r, -2, 2, 1, TS_SHAPE(C));
+    pair_rand(&b, r, -1, 1, 1, TS_SHAPE(C));
+    pair_zeros(&y, 3, TS_SHAPE(B, C, S));
+    int (*op)(ts_engine_t *, ts_tensor_t *, const ts_tensor_t *, const ts_tensor_t *,
+              const ts_tensor_t *, int, float) =
+        silu ? ts_groupnorm_silu_forward : ts_groupnorm_forward;
+    BOTH(op(E, ON(y), ON(x), ON(w), ON(b), G, 1e-6f));
+    expect_close(fx, what, &y);
+    pair_free(&x), pair_free(&w), pair_free(&b), pair_free(&y);
+}
+
+static void test_image(void **state) {
+    fixture_t *fx = *state;
+    tu_rng_t r = {31};
+    const ts_conv2d_t same = {1, 1, 1, 1, 1}, down = {2, 0, 1, 0, 1}, point = {1, 0, 0, 0, 0};
+    conv_case(fx, &r, 2, 32, 33, 31, 64, 3, same, 1 << 20, "conv2d 3x3 same");
+    conv_case(fx, &r, 2, 32, 33, 31, 64, 3, same, 32 * 9 * 31 * 2, "conv2d 3x3 tiled");
+    conv_case(fx, &r, 1, 16, 17, 16, 16, 3, down, 1 << 20, "conv2d 3x3 stride 2 (0,1,0,1)");
+    conv_case(fx, &r, 3, 24, 9, 7, 40, 1, point, 1, "conv2d 1x1");
+    groupnorm_case(fx, &r, 2, 128, 1024, 32, 0, 0, "groupnorm");
+    groupnorm_case(fx, &r, 2, 64, 33, 32, 1, 0, "groupnorm + silu");
+    groupnorm_case(fx, &r, 1, 8, 1000, 2, 0, 1000, "groupnorm mean 1000");
+    pair_t x, y;
+    pair_rand(&x, &r, -1, 1, 4, TS_SHAPE(3, 5, 7, 9));
+    pair_zeros(&y, 4, TS_SHAPE(3, 5, 14, 18));
+    BOTH(ts_upsample_nearest2x_forward(E, ON(y), ON(x)));
+    expect_identical(fx, "upsample nearest 2x", &y);
+    pair_free(&x), pair_free(&y);
+}
+
 int main(void) {
     char why[256] = "";
     if (ts_cuda_device_count(why, sizeof why) == 0) {
@@ -1198,17 +1253,28 @@ int main(void) {
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_add_bcast),
-        cmocka_unit_test(test_convert),     cmocka_unit_test(test_linear),
-        cmocka_unit_test(test_matmul),      cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_activations), cmocka_unit_test(test_softmax),
-        cmocka_unit_test(test_attention),   cmocka_unit_test(test_adaln),
-        cmocka_unit_test(test_embeddings),  cmocka_unit_test(test_patches),
-        cmocka_unit_test(test_reductions),  cmocka_unit_test(test_flow_interp),
-        cmocka_unit_test(test_optimiser),   cmocka_unit_test(test_rng),
-        cmocka_unit_test(test_classification), cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_f16),         cmocka_unit_test(test_attention_fused),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_add_bcast),
+        cmocka_unit_test(test_convert),
+        cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_adaln),
+        cmocka_unit_test(test_embeddings),
+        cmocka_unit_test(test_patches),
+        cmocka_unit_test(test_reductions),
+        cmocka_unit_test(test_flow_interp),
+        cmocka_unit_test(test_optimiser),
+        cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_classification),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_attention_fused),
         cmocka_unit_test(test_pinned),
+        cmocka_unit_test(test_image),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

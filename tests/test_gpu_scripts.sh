@@ -38,7 +38,7 @@ PY
 echo "ok: gpu-bundle.sh: binaries, their libraries (not glibc's, not CUDA's), the data slice"
 
 rc=0
-BENCH_GPU_ARGS="--device cpu --config tiny --quick --batch 2 --train-batch 2 --peak 128 --attention-batch 2" \
+BENCH_GPU_ARGS="--device cpu --config tiny --quick --batch 2 --train-batch 2 --peak 128 --attention-batch 2 --vae-size 16" \
     bash "$root/scripts/gpu-check.sh" --bundle "$dir/b/bundle.tar.xz" --out "$dir/out" \
     >"$dir/c.txt" 2>&1 || rc=$?
 S=$dir/out/summary.txt
@@ -50,7 +50,7 @@ if grep -q "libraries come from" "$dir/out/env.log" &&
 fi
 grep -q "^ok   selfcheck" "$S" || fail "selfcheck: $(cat "$S")"
 grep -q "^ok   bench" "$S" || fail "bench step: $(cat "$S") $(tail -5 "$dir/out/bench.log")"
-for s in parity dit daemon memcheck initcheck; do
+for s in parity dit vae daemon memcheck initcheck; do
     grep -Eq "^(ok   $s|SKIP $s .*(driver|GPU|device|CUDA))" "$S" ||
         fail "step $s neither passed nor skipped with a reason: $(cat "$S")"
 done
@@ -72,6 +72,10 @@ assert d["peak_ours"]["f16_gflops"] > 0, d["peak_ours"]
 assert d["target"]["config"] == "dit-xl" and d["target"]["met"] is False
 a = d["attention_ops"]["rows"]
 assert len(a) >= 8 and all(r["composed_over_fused"] > 0 for r in a), a
+v = {r["key"]: r for r in d["vae"]["rows"]}
+for k in ("vae_encode_f32", "vae_decode_f32"):
+    assert v[k]["ours_s"] > 0 and v[k]["torch_s"] > 0 and v[k]["ours_gflops"] > 0, v[k]
+assert d["vae"]["size"] == 16 and d["vae"]["f32"]["device"] == "cpu", d["vae"]
 PY
 echo "ok: gpu-check.sh: every step ran or skipped with its reason; bench_gpu.py's JSON has both sides"
 

@@ -13,12 +13,18 @@
  *
  * Also: a conv's image is the same bits alone or in a batch; a NaN spreads exactly to the outputs
  * that read it (the reference computes the same NaNs); every bad argument gets its error code.
+ *
+ * The CUDA backend's image ops (kernels/cuda/cuda_image.cu), with no GPU: their index maps
+ * (kernels/math.h) reproduce the CPU's im2col and upsampling element for element, and GroupNorm
+ * with the GPU's order of summation (256 threads' strided shares, then the warp and block trees,
+ * emulated step by step) gives the CPU op's bits.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
 #include "kernels/engine.h"
 #include "kernels/math.h"
 #include "kernels/ops.h"
@@ -352,6 +358,147 @@ static void test_upsample_nearest2x(void **state) {
     TU_FREE_TENSORS(&x, &y, &bad);
 }
 
+/* ---- the CUDA backend's arithmetic, on the CPU --------------------------------------------- */
+
+/* Float bits, so that NaN compares equal to itself. */
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static void check_im2col_map(ts_engine_t *e, int64_t C, int64_t H, int64_t W, int64_t kh,
+                             int64_t kw, int64_t stride, int64_t pt, int64_t pb, int64_t pl,
+                             int64_t pr, int64_t oy0, int64_t rows) {
+    const int64_t Wo = ts_conv2d_out_dim(W, kw, (int)stride, (int)pl, (int)pr);
+    const int64_t n = C * kh * kw * rows * Wo;
+    ts_tensor_t img;
+    tu_alloc_f32(&img, 3, TS_SHAPE(C, H, W));
+    tu_rng_t r = {(uint64_t)(C * 131 + H * 17 + W + stride)};
+    tu_fill_uniform(&r, &img, -1, 1);
+    tu_f32(&img)[H * W / 2] = NAN;
+    float *col = tu_floats(n);
+    TU_CHECK_OK(
+        ts_cpu_im2col(e, col, tu_f32(&img), C, H, W, kh, kw, stride, pt, pl, Wo, oy0, rows));
+    for (int64_t i = 0; i < n; i++) { /* k_im2col's element i */
+        int64_t ox = i % Wo, t = i / Wo % rows, row = i / (Wo * rows);
+        int64_t src = ts_im2col_src(row, t, ox, H, W, kh, kw, stride, pt, pl, oy0);
+        float want = src < 0 ? 0.0f : tu_f32(&img)[src];
+        if (bits(col[i]) != bits(want))
+            fail_msg("im2col %lldx%lldx%lld k %lldx%lld s %lld: col[%lld] = %g, the map says %g",
+                     (long long)C, (long long)H, (long long)W, (long long)kh, (long long)kw,
+                     (long long)stride, (long long)i, (double)col[i], (double)want);
+    }
+    free(col);
+    TU_FREE_TENSORS(&img);
+}
+
+static void test_cuda_index_maps(void **state) {
+    ts_engine_t *e = *state;
+    check_im2col_map(e, 3, 7, 5, 3, 3, 1, 1, 1, 1, 1, 0, 7); /* SAME, whole image */
+    check_im2col_map(e, 2, 9, 6, 3, 3, 2, 0, 1, 0, 1, 1, 2); /* the downsampler, a tile */
+    check_im2col_map(e, 4, 1, 1, 3, 3, 1, 1, 1, 1, 1, 0, 1); /* 1×1 image under 3×3 */
+    check_im2col_map(e, 5, 4, 4, 1, 1, 1, 0, 0, 0, 0, 0, 4); /* 1×1 kernel */
+    ts_tensor_t x, y;
+    tu_alloc_f32(&x, 4, TS_SHAPE(2, 3, 3, 5));
+    tu_alloc_f32(&y, 4, TS_SHAPE(2, 3, 6, 10));
+    tu_rng_t r = {12};
+    tu_fill_uniform(&r, &x, -1, 1);
+    TU_CHECK_OK(ts_upsample_nearest2x_forward(e, &y, &x));
+    for (int64_t o = 0; o < 2 * 3 * 6 * 10; o++) /* k_upsample2x's element o */
+        assert_int_equal(bits(tu_f32(&y)[o]), bits(tu_f32(&x)[ts_upsample2x_src(o, 3, 5)]));
+    TU_FREE_TENSORS(&x, &y);
+}
+
+/* block_sum of k_groupnorm (IMG_THREADS = 256): each warp's butterfly (xor 16, 8, 4, 2, 1), its
+ * lane 0 into sh, then one butterfly over sh (lanes past the 8 warps add 0). */
+static double gpu_block_sum(const double *part) {
+    double sh[8], v[32];
+    for (int w = 0; w < 8; w++) {
+        memcpy(v, part + 32 * w, sizeof v);
+        for (int off = 16; off > 0; off >>= 1) {
+            double nv[32];
+            for (int l = 0; l < 32; l++)
+                nv[l] = v[l] + v[l ^ off];
+            memcpy(v, nv, sizeof v);
+        }
+        sh[w] = v[0];
+    }
+    for (int l = 0; l < 32; l++)
+        v[l] = l < 8 ? sh[l] : 0.0;
+    for (int off = 16; off > 0; off >>= 1) {
+        double nv[32];
+        for (int l = 0; l < 32; l++)
+            nv[l] = v[l] + v[l ^ off];
+        memcpy(v, nv, sizeof v);
+    }
+    return v[0];
+}
+
+/* k_groupnorm on one group of n values (cg channels of S), emulated. */
+static void gpu_groupnorm_group(float *y, const float *x, const float *w, const float *b,
+                                int64_t c0, int64_t cg, int64_t S, float eps, int silu) {
+    const int64_t n = cg * S;
+    double part[256] = {0};
+    for (int t = 0; t < 256; t++)
+        for (int64_t i = t; i < n; i += 256)
+            part[t] += (double)x[i];
+    const double mean = gpu_block_sum(part) / (double)n;
+    for (int t = 0; t < 256; t++) {
+        part[t] = 0.0;
+        for (int64_t i = t; i < n; i += 256) {
+            double d = (double)x[i] - mean;
+            part[t] += d * d;
+        }
+    }
+    const double rstd = 1.0 / sqrt(gpu_block_sum(part) / (double)n + (double)eps);
+    for (int64_t c = 0; c < cg; c++) {
+        float m, a, bb;
+        ts_groupnorm_coeffs(mean, rstd, w ? (double)w[c0 + c] : 1.0, b ? (double)b[c0 + c] : 0.0,
+                            &m, &a, &bb);
+        for (int64_t i = 0; i < S; i++)
+            y[c * S + i] = ts_groupnorm_elem(x[c * S + i], m, a, bb, silu);
+    }
+}
+
+static void check_gpu_groupnorm(ts_engine_t *e, int64_t B, int64_t C, int64_t S, int G, int silu,
+                                float offset, uint64_t seed) {
+    ts_tensor_t x, y, w, b;
+    tu_alloc_f32(&x, 3, TS_SHAPE(B, C, S));
+    tu_alloc_f32(&y, 3, TS_SHAPE(B, C, S));
+    tu_alloc_f32(&w, 1, TS_SHAPE(C));
+    tu_alloc_f32(&b, 1, TS_SHAPE(C));
+    tu_rng_t r = {seed};
+    tu_fill_uniform(&r, &x, offset - 1, offset + 1);
+    tu_fill_uniform(&r, &w, -2, 2);
+    tu_fill_uniform(&r, &b, -1, 1);
+    int (*op)(ts_engine_t *, ts_tensor_t *, const ts_tensor_t *, const ts_tensor_t *,
+              const ts_tensor_t *, int, float) =
+        silu ? ts_groupnorm_silu_forward : ts_groupnorm_forward;
+    TU_CHECK_OK(op(e, &y, &x, &w, &b, G, 1e-6f));
+    const int64_t cg = C / G, n = cg * S;
+    float *gpu = tu_floats(B * C * S);
+    for (int64_t q = 0; q < B * G; q++)
+        gpu_groupnorm_group(gpu + q * n, tu_f32(&x) + q * n, tu_f32(&w), tu_f32(&b), q % G * cg, cg,
+                            S, 1e-6f, silu);
+    for (int64_t i = 0; i < B * C * S; i++)
+        if (bits(gpu[i]) != bits(tu_f32(&y)[i]))
+            fail_msg("groupnorm B=%lld C=%lld S=%lld G=%d offset %g: the GPU's order gives %.9g at "
+                     "%lld, the CPU %.9g",
+                     (long long)B, (long long)C, (long long)S, G, (double)offset, (double)gpu[i],
+                     (long long)i, (double)tu_f32(&y)[i]);
+    free(gpu);
+    TU_FREE_TENSORS(&x, &y, &w, &b);
+}
+
+static void test_cuda_groupnorm_order(void **state) {
+    ts_engine_t *e = *state;
+    check_gpu_groupnorm(e, 2, 64, 64, 32, 1, 0, 21);    /* 128 values a group, + SiLU */
+    check_gpu_groupnorm(e, 1, 128, 1024, 32, 0, 0, 22); /* 4096 a group: every thread sums 16 */
+    check_gpu_groupnorm(e, 1, 8, 1000, 2, 0, 1000, 23); /* mean 1000, spread 1 */
+    check_gpu_groupnorm(e, 3, 32, 17, 32, 1, 0, 24);    /* one channel a group, odd S */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d_matches_reference),
@@ -363,6 +510,8 @@ int main(void) {
         cmocka_unit_test(test_groupnorm_nan_stays_in_its_group),
         cmocka_unit_test(test_groupnorm_bad_arguments),
         cmocka_unit_test(test_upsample_nearest2x),
+        cmocka_unit_test(test_cuda_index_maps),
+        cmocka_unit_test(test_cuda_groupnorm_order),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

@@ -122,22 +122,13 @@ static void groupnorm_range(void *arg, int64_t lo, int64_t hi) {
         double rstd = 1.0 / sqrt(ss / (double)n + (double)j->eps);
         int64_t c0 = q % j->G * cg;
         for (int64_t c = 0; c < cg; c++) {
-            /* y = (x − m)·a + b', m = mean rounded to float, a = rstd·w, and b' = bias − (mean −
-             * m)·a the bias corrected for m's rounding, each rounded once per channel: x − m is
-             * exact near the mean, so y stays accurate when the mean is large beside the spread
-             * (x·a + (b − mean·a) would cancel there) */
-            double w = j->weight ? (double)j->weight[c0 + c] : 1.0;
-            float m = (float)mean;
-            float a = (float)(rstd * w);
-            float b = (float)((j->bias ? (double)j->bias[c0 + c] : 0.0) - (mean - m) * rstd * w);
+            float m, a, b; /* kernels/math.h: y = (x − m)·a + b, each rounded once per channel */
+            ts_groupnorm_coeffs(mean, rstd, j->weight ? (double)j->weight[c0 + c] : 1.0,
+                                j->bias ? (double)j->bias[c0 + c] : 0.0, &m, &a, &b);
             const float *xc = x + c * S;
             float *yc = y + c * S;
-            if (j->silu)
-                for (int64_t i = 0; i < S; i++)
-                    yc[i] = ts_silu((xc[i] - m) * a + b);
-            else
-                for (int64_t i = 0; i < S; i++)
-                    yc[i] = (xc[i] - m) * a + b;
+            for (int64_t i = 0; i < S; i++)
+                yc[i] = ts_groupnorm_elem(xc[i], m, a, b, j->silu);
         }
     }
 }

@@ -1,26 +1,162 @@
 /*
- * cuda_image.cu — the image ops of kernels/backend.h (im2col, per-channel bias, GroupNorm, nearest
- * ×2 upsampling) on the CUDA backend: not written yet. Each answers TS_ENOTSUP, so the VAE
- * (model/vae.c) runs on the CPU engine only and a CUDA engine says so instead of computing.
+ * cuda_image.cu — the image ops of kernels/backend.h on the CUDA backend (NCHW): im2col, a
+ * per-channel bias, GroupNorm (optionally followed by SiLU) and nearest ×2 upsampling — what the
+ * VAE (model/vae.c) needs beside the GEMM, which kernels/ops_image.c sends to cuBLAS.
+ *
+ * Every element's value comes from kernels/math.h, the functions the CPU backend
+ * (kernels/cpu/cpu_image.c) calls too: the index maps of im2col and the upsampling
+ * (ts_im2col_src, ts_upsample2x_src, checked against the CPU ops by tests/test_image_ops.c) and
+ * GroupNorm's per-channel coefficients and element (ts_groupnorm_coeffs, ts_groupnorm_elem). The
+ * copies and the bias are exact, so they equal the CPU's bits. GroupNorm's statistics are sums in
+ * double, as on the CPU, over one group per block (each thread a strided share, then a tree): the
+ * order differs from the CPU's element order, but a double sum of at most a few million floats
+ * rounds to the same float mean and 1/std but for a last-place tie, which the parity test allows.
+ *
+ * Launches are queued on the engine's stream (ts_cuda_ctx_enter); a launch failure is TS_ECUDA at
+ * once, a fault inside a kernel at the next synchronisation. Arguments arrive checked by
+ * kernels/ops_image.c.
  */
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "kernels/backend.h"
+#include "kernels/math.h"
 
-int ts_cuda_im2col(ts_engine_t *, float *, const float *, int64_t, int64_t, int64_t, int64_t,
-                   int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
-    return TS_ENOTSUP;
+/* Defined in cuda_backend.cu: makes e's device current, returns its stream and scratch. */
+int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size_t *scratch_bytes);
+
+#define IMG_THREADS 256      /* threads per block */
+#define IMG_MAX_BLOCKS 8192  /* grid-stride loops cover the rest */
+#define IMG_MAX_GROUPS 65535 /* GroupNorm: one block per group, looping beyond this */
+
+#define IMG_GRID_LOOP(i, n)                                                                        \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+static unsigned blocks_for(int64_t n) {
+    int64_t b = (n + IMG_THREADS - 1) / IMG_THREADS;
+    return (unsigned)(b < 1 ? 1 : b > IMG_MAX_BLOCKS ? IMG_MAX_BLOCKS : b);
 }
 
-int ts_cuda_add_channel_bias(ts_engine_t *, float *, const float *, int64_t, int64_t, int64_t) {
-    return TS_ENOTSUP;
+/* Queues kernel<<<blocks, IMG_THREADS>>>(args...) on e's stream. */
+template <typename... P, typename... A>
+static int launch(ts_engine_t *e, unsigned blocks, void (*kernel)(P...), A... args) {
+    cudaStream_t stream;
+    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+    if (err)
+        return err;
+    kernel<<<blocks, IMG_THREADS, 0, stream>>>(args...);
+    return cudaGetLastError() == cudaSuccess ? TS_OK : TS_ECUDA;
 }
 
-int ts_cuda_groupnorm_forward(ts_engine_t *, float *, const float *, const float *, const float *,
-                              int64_t, int64_t, int64_t, int64_t, float, int) {
-    return TS_ENOTSUP;
+/* ---- im2col ---------------------------------------------------------------------------- */
+
+/* col (C·kh·kw, rows·Wo): element (r, t, ox) from the image, 0 in the padding */
+static __global__ void k_im2col(float *col, const float *img, int64_t n, int64_t H, int64_t W,
+                                int64_t kh, int64_t kw, int64_t stride, int64_t pad_top,
+                                int64_t pad_left, int64_t Wo, int64_t oy0, int64_t rows) {
+    IMG_GRID_LOOP(i, n) {
+        int64_t ox = i % Wo, t = i / Wo % rows, r = i / (Wo * rows);
+        int64_t src = ts_im2col_src(r, t, ox, H, W, kh, kw, stride, pad_top, pad_left, oy0);
+        col[i] = src < 0 ? 0.0f : img[src];
+    }
 }
 
-int ts_cuda_upsample_nearest2x(ts_engine_t *, float *, const float *, int64_t, int64_t, int64_t) {
-    return TS_ENOTSUP;
+int ts_cuda_im2col(ts_engine_t *e, float *col, const float *img, int64_t C, int64_t H, int64_t W,
+                   int64_t kh, int64_t kw, int64_t stride, int64_t pad_top, int64_t pad_left,
+                   int64_t Wo, int64_t oy0, int64_t rows) {
+    int64_t n = C * kh * kw * rows * Wo;
+    if (n <= 0)
+        return TS_OK;
+    return launch(e, blocks_for(n), k_im2col, col, img, n, H, W, kh, kw, stride, pad_top, pad_left,
+                  Wo, oy0, rows);
+}
+
+/* ---- per-channel bias ------------------------------------------------------------------ */
+
+static __global__ void k_channel_bias(float *x, const float *bias, int64_t n, int64_t C,
+                                      int64_t S) {
+    IMG_GRID_LOOP(i, n) { x[i] += bias[i / S % C]; }
+}
+
+int ts_cuda_add_channel_bias(ts_engine_t *e, float *x, const float *bias, int64_t B, int64_t C,
+                             int64_t S) {
+    int64_t n = B * C * S;
+    if (n <= 0)
+        return TS_OK;
+    return launch(e, blocks_for(n), k_channel_bias, x, bias, n, C, S);
+}
+
+/* ---- GroupNorm ------------------------------------------------------------------------- */
+
+/* The sum of v over the block (IMG_THREADS threads), returned to every thread; sh holds one
+ * double per warp. */
+static __device__ double block_sum(double v, double *sh) {
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    double w = lane < (IMG_THREADS >> 5) ? sh[lane] : 0.0;
+    for (int off = 16; off > 0; off >>= 1)
+        w += __shfl_xor_sync(0xffffffffu, w, off);
+    return w;
+}
+
+/* One block per group (b, g): n = C/G·S contiguous values; mean and biased variance in double,
+ * then each channel's coefficients and every element as the CPU computes them. */
+static __global__ void k_groupnorm(float *out, const float *inp, const float *weight,
+                                   const float *bias, int64_t groups, int64_t C, int64_t S,
+                                   int64_t G, float eps, int silu) {
+    __shared__ double sh[IMG_THREADS / 32];
+    const int64_t cg = C / G, n = cg * S;
+    for (int64_t q = blockIdx.x; q < groups; q += gridDim.x) {
+        const float *x = inp + q * n;
+        float *y = out + q * n;
+        double s = 0.0;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+            s += (double)x[i];
+        const double mean = block_sum(s, sh) / (double)n;
+        double ss = 0.0;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            double d = (double)x[i] - mean;
+            ss += d * d;
+        }
+        const double rstd = 1.0 / sqrt(block_sum(ss, sh) / (double)n + (double)eps);
+        const int64_t c0 = q % G * cg;
+        for (int64_t c = 0; c < cg; c++) {
+            float m, a, b;
+            ts_groupnorm_coeffs(mean, rstd, weight ? (double)weight[c0 + c] : 1.0,
+                                bias ? (double)bias[c0 + c] : 0.0, &m, &a, &b);
+            for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
+                y[c * S + i] = ts_groupnorm_elem(x[c * S + i], m, a, b, silu);
+        }
+    }
+}
+
+int ts_cuda_groupnorm_forward(ts_engine_t *e, float *out, const float *inp, const float *weight,
+                              const float *bias, int64_t B, int64_t C, int64_t S, int64_t G,
+                              float eps, int silu) {
+    int64_t groups = B * G;
+    if (groups <= 0 || S <= 0)
+        return TS_OK;
+    unsigned blocks = (unsigned)(groups < IMG_MAX_GROUPS ? groups : IMG_MAX_GROUPS);
+    return launch(e, blocks, k_groupnorm, out, inp, weight, bias, groups, C, S, G, eps, silu);
+}
+
+/* ---- nearest ×2 upsampling ------------------------------------------------------------- */
+
+static __global__ void k_upsample2x(float *out, const float *inp, int64_t n, int64_t H, int64_t W) {
+    IMG_GRID_LOOP(o, n) { out[o] = inp[ts_upsample2x_src(o, H, W)]; }
+}
+
+int ts_cuda_upsample_nearest2x(ts_engine_t *e, float *out, const float *inp, int64_t R, int64_t H,
+                               int64_t W) {
+    int64_t n = R * 4 * H * W;
+    if (n <= 0)
+        return TS_OK;
+    return launch(e, blocks_for(n), k_upsample2x, out, inp, n, H, W);
 }
