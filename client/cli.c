@@ -63,15 +63,17 @@ int ts_cli_vae_check(const char *vae_path, const char *space, const char *who, c
     return rc;
 }
 
-int ts_cli_vae_decode(const char *vae_path, ts_engine_t *e, const float *latents, int n, int L,
-                      int h, const char *who, float **out, int *C, int *side, char *err,
-                      size_t errlen) {
+int ts_cli_vae_decode(const char *vae_path, ts_engine_t *e, ts_precision_t p, const float *latents,
+                      int n, int L, int h, const char *who, float **out, int *C, int *side,
+                      char *err, size_t errlen) {
     ts_vae_t *vae = NULL;
     int rc = ts_vae_open(&vae, vae_path, NULL, err, errlen);
     if (rc == TS_OK && vae->cfg.latent_channels != L)
         rc = ts_fail(err, errlen, TS_EINVAL,
                      "%s makes latents of %d channels, and %s samples %d: not its expert", vae_path,
                      vae->cfg.latent_channels, who, L);
+    if (rc == TS_OK)
+        rc = ts_vae_set_precision(vae, e, p, err, errlen);
     int f = rc == TS_OK ? ts_vae_factor(&vae->cfg) : 1, S = h * f;
     int oc = rc == TS_OK ? vae->cfg.out_channels : 0;
     int64_t per = (int64_t)oc * S * S, lper = (int64_t)L * h * h;

@@ -24,12 +24,13 @@ int ts_cli_vae_check(const char *vae_path, const char *space, const char *who, c
                      size_t errlen);
 
 /* --vae: n latents (n, L, h, h) on the CPU — a latent expert's samples — decoded by the VAE at
- * vae_path one by one on the client's engine e (a GPU's too: model/vae.h) into *out (n, *C,
- * *side, *side) on the CPU, malloc'ed (the caller frees it). A VAE whose latents have other than
- * L channels is refused, naming `who` (the expert). */
-int ts_cli_vae_decode(const char *vae_path, ts_engine_t *e, const float *latents, int n, int L,
-                      int h, const char *who, float **out, int *C, int *side, char *err,
-                      size_t errlen);
+ * vae_path one by one on the client's engine e (a GPU's too: model/vae.h), its products in
+ * precision p (the verb's --precision), into *out (n, *C, *side, *side) on the CPU, malloc'ed (the
+ * caller frees it). A VAE whose latents have other than L channels is refused, naming `who` (the
+ * expert). */
+int ts_cli_vae_decode(const char *vae_path, ts_engine_t *e, ts_precision_t p, const float *latents,
+                      int n, int L, int h, const char *who, float **out, int *C, int *side,
+                      char *err, size_t errlen);
 
 /* Sets the precision of a verb's --precision on the n models (kernels/engine.h, model/dit.h
  * ts_dit_set_precision: bf16 converts their weights once, here). f32 is the default and says

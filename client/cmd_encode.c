@@ -41,6 +41,7 @@ typedef struct {
     int sample, threads, json, quiet;
     uint64_t seed;
     ts_device_spec_t device;
+    ts_precision_t precision; /* zeroed: f32 */
 } encode_opts_t;
 
 static int by_name(const void *a, const void *b) {
@@ -147,6 +148,7 @@ int ts_cmd_encode(int argc, char **argv) {
         {"seed", TS_ARG_U64, &o.seed, "S", "the noise stream of --sample (default 0)"},
         {"threads", TS_ARG_INT, &o.threads, "N", "CPU threads (default: every core)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o.device, "NAME", "where the VAE runs: " TS_DEVICE_SPEC_HELP " (default cpu)"},
+        {"precision", TS_ARG_PRECISION, &o.precision, "P", "the VAE's matrix products in " TS_PRECISION_HELP},
         {"quiet", TS_ARG_FLAG, &o.quiet, NULL, "no progress lines"},
         {"json", TS_ARG_FLAG, &o.json, NULL, "print a summary as one JSON object on stdout"},
     };
@@ -188,6 +190,8 @@ int ts_cmd_encode(int argc, char **argv) {
     if (rc == TS_OK &&
         (rc = ts_cli_engine(&eng, &o.device, o.threads, PROG, err, sizeof err)) == TS_OK)
         have_eng = 1;
+    if (rc == TS_OK)
+        rc = ts_vae_set_precision(vae, &eng, o.precision, err, sizeof err);
     double t0 = ts_now_s();
     for (int i = 0; rc == TS_OK && i < n; i++) {
         char path[4096];
@@ -266,11 +270,13 @@ int ts_cmd_encode(int argc, char **argv) {
                               o.sample ? "sample" : "mean",
                               "seed",
                               seed,
+                              "vae_precision",
+                              ts_precision_name(o.precision),
                               TS_LATENT_SPACE_KEY,
                               space};
         rc = ts_latent_space_of(o.vae, space, err, sizeof err);
         if (rc == TS_OK)
-            rc = ts_latents_save(o.out, lat, labels, n, L, h, w, classes, meta, 8, err, sizeof err);
+            rc = ts_latents_save(o.out, lat, labels, n, L, h, w, classes, meta, 9, err, sizeof err);
     }
     if (rc == TS_OK) {
         fprintf(stderr, PROG ": %d images of %d×%d → latents (%d, %d, %d), %d class%s, %s → %s\n",

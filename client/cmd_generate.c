@@ -449,7 +449,7 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
         {"device", TS_ARG_DEVICE, &o->device, "NAME",
          "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
         {"precision", TS_ARG_PRECISION, &o->precision, "P",
-         "the local experts' matrix products in " TS_PRECISION_HELP},
+         "the local experts' and the VAE's matrix products in " TS_PRECISION_HELP},
     };
     int n = (int)(sizeof args / sizeof args[0]);
     int pr = ts_args_parse(PROG,
@@ -772,8 +772,9 @@ static int run(gen_run_t *r) {
     float *decoded = NULL; /* --vae: the latents decoded into images */
     int C = c->in_channels, side = c->input_size;
     if (rc == TS_OK && o->vae)
-        rc = ts_cli_vae_decode(o->vae, &r->eng, r->images, o->n, c->in_channels, c->input_size,
-                               "the experts", &decoded, &C, &side, r->err, sizeof r->err);
+        rc = ts_cli_vae_decode(o->vae, &r->eng, o->precision, r->images, o->n, c->in_channels,
+                               c->input_size, "the experts", &decoded, &C, &side, r->err,
+                               sizeof r->err);
     if (rc == TS_OK)
         rc = ts_png_write_grid(o->out, decoded ? decoded : r->images, o->n, C, side, side, o->cols,
                                2, r->err, sizeof r->err);

@@ -137,7 +137,7 @@ static int parse_opts(int argc, char **argv, sample_opts_t *o) {
         {"device", TS_ARG_DEVICE, &o->device, "NAME",
          "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
         {"precision", TS_ARG_PRECISION, &o->precision, "P",
-         "matrix products in " TS_PRECISION_HELP},
+         "matrix products (the model's, and the VAE's) in " TS_PRECISION_HELP},
         {"cols", TS_ARG_INT, &o->cols, "N", "grid columns (default: square)", 0, 10000},
         {"out", TS_ARG_STRING, &o->out, "FILE", "PNG grid to write", 0, 0, 1},
         {"out-tensor", TS_ARG_STRING, &o->out_tensor, "FILE",
@@ -253,8 +253,9 @@ static int run(sample_run_t *r) {
     float *decoded = NULL;
     int C = c->in_channels, side = c->input_size;
     if (rc == TS_OK && o->vae)
-        rc = ts_cli_vae_decode(o->vae, &r->eng, r->images, n, c->in_channels, c->input_size,
-                               o->weights, &decoded, &C, &side, r->err, sizeof r->err);
+        rc = ts_cli_vae_decode(o->vae, &r->eng, o->precision, r->images, n, c->in_channels,
+                               c->input_size, o->weights, &decoded, &C, &side, r->err,
+                               sizeof r->err);
     if (rc == TS_OK)
         rc = ts_png_write_grid(o->out, decoded ? decoded : r->images, n, C, side, side, o->cols, 2,
                                r->err, sizeof r->err);

@@ -63,6 +63,24 @@ cmp -s "$dir/s1.safetensors" "$dir/s2.safetensors" || fail "--sample --seed 3 tw
 cmp -s "$dir/s1.safetensors" "$dir/lat.safetensors" && fail "--sample gave the means"
 echo "ok: latents equal the reference encoder's; seeded samples repeat"
 
+# --precision f16 (emulated on a CPU): the encoder's products rounded to f16, fp32 accumulation —
+# close to the f32 latents, not equal, and the file says so
+run "$T" encode "$dir/img" --vae "$dir/vae.safetensors" --out "$dir/l16.safetensors" --precision f16 --quiet
+"$PY" - "$dir" "$here/parity" <<'PYEOF' || fail "the f16 latents"
+import sys
+d, parity = sys.argv[1], sys.argv[2]
+sys.path.insert(0, parity)
+import vae_torch as vt
+a, ma, _ = vt.st_read(f"{d}/lat.safetensors")
+b, mb, _ = vt.st_read(f"{d}/l16.safetensors")
+err = (a["latents"].double() - b["latents"].double()).abs().max().item()
+scale = a["latents"].double().abs().max().item()
+print(f"f16 latents against f32: max |difference| {err:.2e} (latents up to {scale:.2f})")
+assert 0 < err < 1e-2 * max(1.0, scale), err
+assert ma["vae_precision"] == "f32" and mb["vae_precision"] == "f16", (ma, mb)
+PYEOF
+echo "ok: --precision f16 latents are within f16's rounding of the f32 ones, and say so"
+
 run "$T" train --latents "$dir/lat.safetensors" --model small --steps 3 --batch 4 \
     --data-dir "$dir/store" --out "$dir/expert.safetensors"
 "$PY" - "$dir/expert.safetensors" "$here/parity" <<'PYEOF' || fail "the latent expert"
