@@ -470,6 +470,7 @@ def vae_rows(work, peaks):
     are counted on the PyTorch model (every convolution and the attention's products, 2 per
     multiply-add); a row's fraction is of our own peak of its precision (bench_dit --peak)."""
     import vae_torch as vt
+    from flops import count_flops
     S = ARGS.vae_size
     vae = vt.AutoencoderKL(vt.SD_VAE_FT_MSE).eval()
     vt.randomize(vae, 11)
@@ -490,8 +491,8 @@ def vae_rows(work, peaks):
     vae = vae.to(DEV)
     x = torch.rand(1, 3, S, S, device=DEV) * 2 - 1
     z = torch.randn(1, 4, S // 8, S // 8, device=DEV)
-    flops = {"encode": vt_flops(vae, lambda: vae.encode(x)),
-             "decode": vt_flops(vae, lambda: vae.decode(z))}
+    flops = {"encode": count_flops(vae, lambda: vae.encode(x)),
+             "decode": count_flops(vae, lambda: vae.decode(z))}
     for prec, dtype in (("f32", None), ("bf16", torch.bfloat16), ("f16", torch.float16)):
         for what, fn in (("encode", lambda: vae.encode(x)), ("decode", lambda: vae.decode(z))):
             def run(fn=fn, dtype=dtype):
@@ -514,40 +515,6 @@ def vae_rows(work, peaks):
     if DEV.type == "cuda":
         torch.cuda.empty_cache()
     return out
-
-
-def vt_flops(model, fn):
-    """2 × the multiply-adds of fn's convolutions and of the attention's products."""
-    total = [0]
-    nn = torch.nn
-
-    def conv_hook(m, inp, o):
-        total[0] += 2 * o.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
-
-    def lin_hook(m, inp, o):
-        total[0] += 2 * o.numel() * m.in_features
-    hooks = [m.register_forward_hook(conv_hook if isinstance(m, nn.Conv2d) else lin_hook)
-             for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-    real_matmul, real_bmm = torch.Tensor.__matmul__, torch.bmm
-
-    def mm(a, b):
-        o = real_matmul(a, b)
-        total[0] += 2 * o.numel() * a.shape[-1]
-        return o
-
-    def bmm(a, b):
-        o = real_bmm(a, b)
-        total[0] += 2 * o.numel() * a.shape[-1]
-        return o
-    torch.Tensor.__matmul__, torch.bmm = mm, bmm
-    try:
-        with torch.no_grad():
-            fn()
-    finally:
-        torch.Tensor.__matmul__, torch.bmm = real_matmul, real_bmm
-        for h in hooks:
-            h.remove()
-    return total[0]
 
 
 def fmt(v, spec):

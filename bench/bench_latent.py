@@ -33,9 +33,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "parity"))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
 import dit_torch as dt  # noqa: E402
 import vae_torch as vt  # noqa: E402
+from flops import count_flops  # noqa: E402
 
 XL = dict(input_size=32, patch_size=2, in_channels=4, hidden_size=1152, depth=28, num_heads=16,
           num_classes=1000, mlp_ratio=4, freq_dim=256)
@@ -52,46 +52,6 @@ def median_time(fn, seconds):
     calls.sort()
     n = len(calls)
     return calls[n // 2] if n % 2 else 0.5 * (calls[n // 2 - 1] + calls[n // 2])
-
-
-def count_flops(model, fn):
-    """FLOPs of fn(): convolutions and linear layers by hooks, plus the matmuls torch.matmul and
-    the @ operator run (the attentions' products), 2 per multiply-add."""
-    total = [0]
-
-    def conv_hook(m, inp, out):
-        total[0] += 2 * out.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
-
-    def lin_hook(m, inp, out):
-        total[0] += 2 * out.numel() * m.in_features
-
-    hooks = []
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            hooks.append(m.register_forward_hook(conv_hook))
-        elif isinstance(m, nn.Linear):
-            hooks.append(m.register_forward_hook(lin_hook))
-    real_matmul, real_bmm = torch.Tensor.__matmul__, torch.bmm
-
-    def mm(a, b):
-        out = real_matmul(a, b)
-        total[0] += 2 * out.numel() * a.shape[-1]
-        return out
-
-    def bmm(a, b):
-        out = real_bmm(a, b)
-        total[0] += 2 * out.numel() * a.shape[-1]
-        return out
-
-    torch.Tensor.__matmul__, torch.bmm = mm, bmm
-    try:
-        with torch.no_grad():
-            fn()
-    finally:
-        torch.Tensor.__matmul__, torch.bmm = real_matmul, real_bmm
-        for h in hooks:
-            h.remove()
-    return total[0]
 
 
 def run_json(cmd):

@@ -256,17 +256,23 @@ static void test_conv2d_bad_arguments(void **state) {
 
 /* ---- GroupNorm ------------------------------------------------------------------------- */
 
+/* x (B, C, S) uniform around offset ± 1, y alike (zero), w and b (C): GroupNorm's inputs, seeded. */
+static void groupnorm_inputs(ts_tensor_t *x, ts_tensor_t *y, ts_tensor_t *w, ts_tensor_t *b,
+                             int64_t B, int64_t C, int64_t S, float offset, uint64_t seed) {
+    tu_alloc_f32(x, 3, TS_SHAPE(B, C, S));
+    tu_alloc_f32(y, 3, TS_SHAPE(B, C, S));
+    tu_alloc_f32(w, 1, TS_SHAPE(C));
+    tu_alloc_f32(b, 1, TS_SHAPE(C));
+    tu_rng_t r = {seed};
+    tu_fill_uniform(&r, x, offset - 1, offset + 1);
+    tu_fill_uniform(&r, w, -2, 2);
+    tu_fill_uniform(&r, b, -1, 1);
+}
+
 static void check_groupnorm(ts_engine_t *e, int64_t B, int64_t C, int64_t S, int G, int affine,
                             int silu, float offset, int in_place, uint64_t seed) {
     ts_tensor_t x, y, w, b;
-    tu_alloc_f32(&x, 3, TS_SHAPE(B, C, S));
-    tu_alloc_f32(&y, 3, TS_SHAPE(B, C, S));
-    tu_alloc_f32(&w, 1, TS_SHAPE(C));
-    tu_alloc_f32(&b, 1, TS_SHAPE(C));
-    tu_rng_t r = {seed};
-    tu_fill_uniform(&r, &x, offset - 1, offset + 1);
-    tu_fill_uniform(&r, &w, -2, 2);
-    tu_fill_uniform(&r, &b, -1, 1);
+    groupnorm_inputs(&x, &y, &w, &b, B, C, S, offset, seed);
     float *want = tu_floats(B * C * S);
     ts_ref_groupnorm(want, tu_f32(&x), affine ? tu_f32(&w) : NULL, affine ? tu_f32(&b) : NULL, B, C,
                      S, G, 1e-6, silu);
@@ -464,14 +470,7 @@ static void gpu_groupnorm_group(float *y, const float *x, const float *w, const 
 static void check_gpu_groupnorm(ts_engine_t *e, int64_t B, int64_t C, int64_t S, int G, int silu,
                                 float offset, uint64_t seed) {
     ts_tensor_t x, y, w, b;
-    tu_alloc_f32(&x, 3, TS_SHAPE(B, C, S));
-    tu_alloc_f32(&y, 3, TS_SHAPE(B, C, S));
-    tu_alloc_f32(&w, 1, TS_SHAPE(C));
-    tu_alloc_f32(&b, 1, TS_SHAPE(C));
-    tu_rng_t r = {seed};
-    tu_fill_uniform(&r, &x, offset - 1, offset + 1);
-    tu_fill_uniform(&r, &w, -2, 2);
-    tu_fill_uniform(&r, &b, -1, 1);
+    groupnorm_inputs(&x, &y, &w, &b, B, C, S, offset, seed);
     int (*op)(ts_engine_t *, ts_tensor_t *, const ts_tensor_t *, const ts_tensor_t *,
               const ts_tensor_t *, int, float) =
         silu ? ts_groupnorm_silu_forward : ts_groupnorm_forward;
