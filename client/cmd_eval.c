@@ -260,7 +260,7 @@ static int parse_opts(int argc, char **argv, eval_opts_t *o) {
         {"policies", TS_ARG_STRING, &o->policies, "LIST", "entries separated by spaces: monolith[N], or POLICY[+prior][+hold|+draw][+exact][+temp=T][:SELECTION] as in tessera generate (default: \"" DEFAULT_POLICIES "\")"},
         {"n", TS_ARG_INT, &o->n, "N", "samples per entry (default 1000)", 2, 1000000},
         {"steps", TS_ARG_INT, &o->steps, "S", "integration steps (default 30)", 1, 10000},
-        {"sampler", TS_ARG_STRING, &o->sampler, "NAME", "euler or heun (default heun)"},
+        {"sampler", TS_ARG_STRING, &o->sampler, "NAME", "euler, heun, ddim or ddpm (default heun; a DDPM expert needs ddim or ddpm)"},
         {"cfg", TS_ARG_FLOAT, &o->cfg, "S", "classifier-free guidance scale inside each expert, 1 = off (default 1)", 0, 100},
         {"tau", TS_ARG_FLOAT, &o->tau, "T", "temperature of centroid/confidence (default: the partition's)", 0, 1e30},
         {"seed", TS_ARG_U64, &o->seed, "S", "sample i uses noise stream seed+i (default 0)"},
@@ -299,7 +299,7 @@ static int validate(eval_run_t *r) {
     if (parse_entries(o->policies, r->e, &r->n_entries, r->err, sizeof r->err) != TS_OK)
         fprintf(stderr, PROG ": %s\n", r->err);
     else if (ts_sampler_parse(o->sampler, &r->so.kind) != TS_OK)
-        fprintf(stderr, PROG ": --sampler %s: must be euler or heun\n", o->sampler);
+        fprintf(stderr, PROG ": --sampler %s: must be euler, heun, ddim or ddpm\n", o->sampler);
     else if (r->mono_copy &&
              (r->n_mono = ts_cli_split_list(r->mono_copy, r->mono_paths, MAX_MONOLITHS)) < 1)
         fprintf(stderr, PROG ": --monolith %s: want 1 to %d files separated by commas\n",
@@ -376,6 +376,10 @@ static int open_models(eval_run_t *r) {
     for (int m = 0; m < r->n_mono && rc == TS_OK; m++)
         rc = ts_local_set_precision(&r->mono[m], o->precision, r->loc.ex.K ? NULL : PROG, err,
                                     errlen); /* announced once */
+    if (rc == TS_OK)
+        rc = ts_local_check_sampler(&r->loc, r->so.kind, o->sampler, err, errlen);
+    for (int m = 0; m < r->n_mono && rc == TS_OK; m++)
+        rc = ts_local_check_sampler(&r->mono[m], r->so.kind, o->sampler, err, errlen);
     for (int i = 0; i < r->n_entries && rc == TS_OK; i++)
         if (!r->e[i].monolith)
             rc = ts_local_check_policy(&r->loc, r->e[i].policy, PROG, err, errlen);

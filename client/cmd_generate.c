@@ -561,15 +561,9 @@ static int open_experts(gen_run_t *r) {
         rc = ts_local_set_precision(&r->loc, o->precision, PROG, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_local_check_policy(&r->loc, r->policy, PROG, r->err, sizeof r->err);
-    for (int k = 0; rc == TS_OK && r->so.kind < TS_SAMPLER_DDIM && k < r->loc.ex.K; k++)
-        if (r->loc.ex.objective[k] != TS_OBJ_VELOCITY) { /* x̂0 = (x_t − t·ε̂)/(1 − t) at t = 1 */
-            rc = ts_fail(r->err, sizeof r->err, TS_EINVAL,
-                         "expert %d is a DDPM expert (objective %s), which cannot be asked at "
-                         "pure noise where --sampler %s starts: use --sampler ddim or ddpm "
-                         "(DDPM-schedule grids)",
-                         k, ts_objective_name(r->loc.ex.objective[k]), o->sampler);
-            r->usage = 1;
-        }
+    if (rc == TS_OK &&
+        (rc = ts_local_check_sampler(&r->loc, r->so.kind, o->sampler, r->err, sizeof r->err)))
+        r->usage = 1;
     int C = r->loc.cfg.in_channels;
     if (rc == TS_OK && !o->vae && C != 1 && C != 3) { /* a PNG holds grey or RGB */
         rc = ts_fail(r->err, sizeof r->err, TS_EINVAL,

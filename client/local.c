@@ -213,6 +213,19 @@ void ts_local_free(ts_local_t *l) {
     memset(l, 0, sizeof *l);
 }
 
+int ts_local_check_sampler(const ts_local_t *l, ts_sampler_kind_t kind, const char *sampler,
+                           char *err, size_t errlen) {
+    for (int k = 0; kind < TS_SAMPLER_DDIM && k < l->ex.K; k++)
+        if (l->ex.objective[k] != TS_OBJ_VELOCITY) /* x̂0 = (x_t − t·ε̂)/(1 − t) at t = 1 */
+            return ts_fail(err, errlen, TS_EINVAL,
+                           "expert %d%s%s is a DDPM expert (objective %s), which cannot be asked "
+                           "at pure noise where --sampler %s starts: use --sampler ddim or ddpm "
+                           "(DDPM-schedule grids)",
+                           k, l->dir[0] ? " of " : "", l->dir,
+                           ts_objective_name(l->ex.objective[k]), sampler);
+    return TS_OK;
+}
+
 int ts_local_check_policy(const ts_local_t *l, ts_policy_t policy, const char *prog, char *err,
                           size_t errlen) {
     const char *name = ts_policy_name(policy);

@@ -72,6 +72,12 @@ int ts_local_open_remote(ts_local_t *l, const char *dir, int K, const ts_dit_con
 
 void ts_local_free(ts_local_t *l);
 
+/* Whether the sampler kind (named `sampler` in the message) can ask every expert of l: a DDPM
+ * expert (ε, v or x0) cannot be asked at pure noise, where euler and heun start. TS_EINVAL with
+ * the sentence naming the expert and the samplers that can. */
+int ts_local_check_sampler(const ts_local_t *l, ts_sampler_kind_t kind, const char *sampler,
+                           char *err, size_t errlen);
+
 /* Whether the folder has what policy needs (TS_ENOTFOUND with a sentence saying how to get it);
  * prints a note when the policy falls back or costs K times more. */
 int ts_local_check_policy(const ts_local_t *l, ts_policy_t policy, const char *prog, char *err,
