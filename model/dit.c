@@ -598,32 +598,6 @@ static int attention_backward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) 
                : ts_attention_fused_backward(e, &dqkv, &datty, &qkv, &atty, &lse, H);
 }
 
-/* The hidden activations' bytes per slice of the sliced MLP below (whole samples, at least one):
- * what stays in the cache between fc1's output pass and fc2's read. */
-#define MLP_SLICE_BYTES ((int64_t)4 << 20)
-
-/* Inference's fp32 MLP on the CPU, a slice of samples at a time: fc1 with GELU in place, then fc2,
- * so fc2 reads the hidden activations from the cache fc1 has just written them to instead of from
- * memory (the whole hidden tensor is 4h wide: 51 MB for `small` at batch 64). fc1, fc2 and in
- * are (B, T, ·); a sample's rows are the same bits as unsliced (a linear layer's rows do not
- * depend on the other samples of the call: kernels/cpu/cpu_gemm.c, "Batch invariance"). */
-static int mlp_sliced(ts_engine_t *e, ts_tensor_t *fc2, ts_tensor_t *fc1, const ts_tensor_t *in,
-                      const ts_dit_block_params_t *W, const ts_dit_block_params_t *P) {
-    const int64_t B = fc1->shape[0], per_sample = ts_tensor_numel(fc1) / B * (int64_t)sizeof(float);
-    int64_t slice = MLP_SLICE_BYTES / per_sample;
-    slice = slice < 1 ? 1 : slice;
-    for (int64_t b0 = 0; b0 < B; b0 += slice) {
-        const int64_t k = B - b0 < slice ? B - b0 : slice;
-        ts_tensor_t a, h, o;
-        TS_TRY(ts_tensor_slice(&a, in, b0, k));
-        TS_TRY(ts_tensor_slice(&h, fc1, b0, k));
-        TS_TRY(ts_tensor_slice(&o, fc2, b0, k));
-        TS_TRY(ts_linear_gelu_forward(e, &h, &h, &a, &W->fc1_w, &P->fc1_b));
-        TS_TRY(ts_linear_forward(e, &o, &h, &W->fc2_w, &P->fc2_b));
-    }
-    return TS_OK;
-}
-
 static int block_forward(ts_dit_t *m, int l, int B) {
     ts_engine_t *e = m->eng;
     const ts_dit_block_params_t *P = &m->params.blocks[l], *W = &weights(m)->blocks[l];
@@ -654,10 +628,7 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     } else if (m->precision == TS_PREC_F16) { /* an F16 weight: the linear and GELU apart */
         TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
         TS_TRY(ts_gelu_forward(e, &gelu, &fc1));
-    } else if (!m->trainable && e->device == TS_CPU) { /* nothing reads fc1 again */
-        TS_TRY(mlp_sliced(e, &fc2, &fc1, &mod2, W, P));
-        return ts_gate_residual_forward(e, &x_out, &x_mid, &fc2, &mod, 5);
-    } else if (!m->trainable) { /* GELU in place, one stream less */
+    } else if (!m->trainable) { /* nothing reads fc1 again: GELU in place, one stream less */
         TS_TRY(ts_linear_gelu_forward(e, &fc1, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
         gelu = fc1;
     } else {

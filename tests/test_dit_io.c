@@ -702,43 +702,6 @@ static void test_inference_shares_block_buffers(void **state) {
     assert_int_equal(arena_cap[0], arena_cap[1]);
 }
 
-/* `small`'s hidden activations take 784 KB a sample, so an inference model's MLP runs in slices
- * of 5 samples (model/dit.c, mlp_sliced): 12 samples are three slices (5, 5, 2). Each sample's
- * output in the batch equals, bit for bit, its output alone (one slice of one). */
-static void test_sliced_mlp_is_batch_invariant(void **state) {
-    fixture_t *fx = *state;
-    ts_dit_config_t c;
-    TU_CHECK_OK(ts_dit_config_preset("small", &c));
-    c.depth = 1;
-    enum { B = 12 };
-    const int S = c.input_size, per = c.in_channels * S * S;
-    ts_dit_t inf;
-    TU_CHECK_OK(ts_dit_create(&inf, &c, &fx->e, B, 0));
-    TU_CHECK_OK(ts_rng_normal(&fx->e, &inf.param_mem, SEED + 7, 0));
-    TU_CHECK_OK(ts_scale(&fx->e, &inf.param_mem, 0.05f));
-    ts_tensor_t x, t, v, x1, t1;
-    TU_CHECK_OK(ts_tensor_alloc(&x, TS_F32, TS_CPU, 4, TS_SHAPE(B, c.in_channels, S, S)));
-    TU_CHECK_OK(ts_tensor_alloc(&t, TS_F32, TS_CPU, 1, TS_SHAPE(B)));
-    TU_CHECK_OK(ts_rng_normal(&fx->e, &x, 5, 0));
-    int32_t y[B];
-    for (int b = 0; b < B; b++)
-        ((float *)t.data)[b] = 0.05f + 0.075f * (float)b, y[b] = b % (c.num_classes + 1);
-    float *all = malloc((size_t)B * per * sizeof *all);
-    assert_non_null(all);
-    TU_CHECK_OK(ts_dit_forward(&inf, &x, &t, y, B, &v));
-    memcpy(all, v.data, (size_t)B * per * sizeof *all);
-    for (int b = 0; b < B; b++) {
-        TU_CHECK_OK(ts_tensor_slice(&x1, &x, b, 1));
-        TU_CHECK_OK(ts_tensor_slice(&t1, &t, b, 1));
-        TU_CHECK_OK(ts_dit_forward(&inf, &x1, &t1, &y[b], 1, &v));
-        assert_memory_equal(all + (size_t)b * per, v.data, (size_t)per * sizeof *all);
-    }
-    free(all);
-    ts_tensor_free(&x);
-    ts_tensor_free(&t);
-    ts_dit_free(&inf);
-}
-
 /* ---- save errors ------------------------------------------------------------------------- */
 
 static void test_save_errors(void **state) {
@@ -795,7 +758,6 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_non_finite_weight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(test_absurd_config_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sliced_mlp_is_batch_invariant, setup, teardown),
         cmocka_unit_test_setup_teardown(test_inference_shares_block_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pos_embed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_config_keys, setup, teardown),
