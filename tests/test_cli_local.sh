@@ -334,4 +334,11 @@ cp "$f/partition.safetensors" "$f/expert-0.safetensors" "$dir/mixed/"
 cp "$dir/eps.safetensors" "$dir/mixed/expert-1.safetensors"
 "$T" generate --local "$dir/mixed" --n 4 --steps 3 --sampler ddim --policy uniform --select full \
     --out "$dir/mixed.png" 2>"$dir/err.txt" || { cat "$dir/err.txt"; fail "generate with a mixed ensemble"; }
-echo "ok: a DDPM expert: sample refuses it, generate --local mixes it with a flow expert (ddim)"
+# eval refuses it with heun (its default) by generate's sentence, not a bare code
+if "$T" eval --local "$dir/mixed" --classifier "$dir/cls.safetensors" --n 8 --policies uniform \
+    --steps 2 2>"$dir/err.txt"; then
+    fail "eval asked an epsilon expert at pure noise"
+fi
+grep -q "expert 1 of .* is a DDPM expert (objective epsilon).*use --sampler ddim or ddpm" \
+    "$dir/err.txt" || fail "eval's refusal: $(cat "$dir/err.txt")"
+echo "ok: a DDPM expert: sample refuses it, generate --local mixes it with a flow expert (ddim), eval says why not with heun"
