@@ -259,6 +259,16 @@ int ts_engine_utilization(const ts_engine_t *e, double *ratio) {
     return ts_cuda_utilization(e->gpu, ratio);
 }
 
+/* rc's words; for a cuBLAS failure, also why cuBLAS could not be opened when that was the cause
+ * (a GPU whose machine lacks the library: kernels/backend.h, ts_cuda_blas_load). */
+static void start_failure(int rc, char *out, size_t len) {
+    char blas[256] = "";
+    if (rc == TS_ECUBLAS && ts_cuda_blas_load(blas, sizeof blas) != TS_OK)
+        snprintf(out, len, "%s (%s)", ts_strerror(rc), blas);
+    else
+        snprintf(out, len, "%s", ts_strerror(rc));
+}
+
 int ts_engine_init_spec(ts_engine_t *e, const ts_device_spec_t *spec, int threads, char *note,
                         size_t note_len) {
     if (!e || !spec)
@@ -281,14 +291,18 @@ int ts_engine_init_spec(ts_engine_t *e, const ts_device_spec_t *spec, int thread
     int rc = ts_engine_init(e, &eo);
     if (rc != TS_OK && spec->automatic && eo.device == TS_CUDA) {
         /* a GPU that is present but cannot start (driver, memory): auto falls back, and says so */
-        snprintf(why, sizeof why, "cuda:0 did not start: %s", ts_strerror(rc));
+        char failure[320];
+        start_failure(rc, failure, sizeof failure);
+        snprintf(why, sizeof why, "cuda:0 did not start: %.220s", failure);
         eo.device = TS_CPU;
         rc = ts_engine_init(e, &eo);
     }
     if (!note || note_len == 0)
         return rc;
     if (rc != TS_OK) {
-        snprintf(note, note_len, "%s: %s", eo.device == TS_CUDA ? "cuda" : "cpu", ts_strerror(rc));
+        char failure[320];
+        start_failure(rc, failure, sizeof failure);
+        snprintf(note, note_len, "%s: %s", eo.device == TS_CUDA ? "cuda" : "cpu", failure);
         return rc;
     }
     char desc[320];
