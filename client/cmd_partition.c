@@ -27,6 +27,8 @@
 #include "client/commands.h"
 #include "model/classifier.h"
 #include "model/fmnist.h"
+#include "model/judge.h"
+#include "model/safetensors.h"
 #include "model/shard.h"
 #include "model/partition.h"
 #include "model/png.h"
@@ -288,6 +290,58 @@ static int random_clusters(int n, int K, uint64_t seed, int32_t *assign) {
     return TS_OK;
 }
 
+/* --features FILE, a judge (`tessera train-judge`): its features (n, D) of the clean images — a
+ * cnn's penultimate layer, an autoencoder's bottleneck (a space learned without labels). */
+static int judge_features(const char *path, const ts_dataset_t *ds, int threads, float **out,
+                          int *dims, char *err, size_t errlen) {
+    enum { B = 256 };
+    ts_engine_t eng = {0};
+    ts_engine_opts_t eo = {TS_CPU, threads, 0};
+    ts_judge_t *j = NULL;
+    float *feat = NULL;
+    int rc = ts_engine_init(&eng, &eo);
+    if (rc == TS_OK)
+        rc = ts_judge_open(&j, path, &eng, B, err, errlen);
+    int c = 0, h = 0, w = 0;
+    if (rc == TS_OK) {
+        ts_judge_shape(j, &c, &h, &w);
+        if (c != ds->channels || h != ds->height || w != ds->width) {
+            snprintf(err, errlen, "--features %s takes %d×%d×%d images; the data are %d×%d×%d",
+                     path, c, h, w, ds->channels, ds->height, ds->width);
+            rc = TS_EINVAL;
+        }
+    }
+    int64_t chw = (int64_t)ds->channels * ds->height * ds->width;
+    int D = rc == TS_OK ? ts_judge_feature_dim(j) : 0;
+    if (rc == TS_OK && !(feat = malloc((size_t)ds->n * D * sizeof *feat)))
+        rc = TS_ENOMEM;
+    for (int lo = 0; lo < ds->n && rc == TS_OK; lo += B) {
+        int m = ds->n - lo < B ? ds->n - lo : B;
+        rc = ts_judge_features(j, ds->images + lo * chw, m, feat + (int64_t)lo * D);
+    }
+    ts_judge_free(j);
+    ts_engine_free(&eng);
+    if (rc != TS_OK) {
+        free(feat);
+        return rc;
+    }
+    *out = feat;
+    *dims = D;
+    return TS_OK;
+}
+
+/* Whether FILE is a judge (its metadata's format), rather than a DiT-trunk classifier. */
+static int is_judge_file(const char *path) {
+    ts_st_file_t f = {0};
+    char err[256];
+    if (ts_st_read(path, &f, err, sizeof err) != TS_OK)
+        return 0;
+    const char *fmt = ts_st_meta(&f, "format");
+    int judge = fmt && strncmp(fmt, "tessera-judge/", 14) == 0;
+    ts_st_free(&f);
+    return judge;
+}
+
 /* --features FILE: the penultimate features (n, D) of a classifier on the clean images. */
 static int classifier_features(const char *path, const ts_dataset_t *ds, int threads, float **out,
                                int *dims, char *err, size_t errlen) {
@@ -395,8 +449,9 @@ static int parse_opts(int argc, char **argv, part_opts_t *o) {
          "kmeans (on the PCA embedding, or on --features), label (the classes, grouped by "
          "nearest means when K < 10) or random (equal shares; the control) (default kmeans)"},
         {"features", TS_ARG_STRING, &o->features, "FILE",
-         "with --by kmeans: cluster a classifier's features of the images (`tessera "
-         "train-classifier`, never the evaluation classifier) instead of the PCA embedding"},
+         "with --by kmeans: cluster a network's features of the images instead of the PCA "
+         "embedding: a classifier (`tessera train-classifier`, never the evaluation "
+         "classifier) or a judge (`tessera train-judge`; --kind ae learns without labels)"},
         {"threads", TS_ARG_INT, &o->threads, "N",
          "threads (default: all cores; the result does not depend on it)", 0, 1024},
         {"out", TS_ARG_STRING, &o->out, "DIR", "output folder (created if missing)", 0, 0, 1},
@@ -496,8 +551,11 @@ static int prepare_space(part_run_t *r) {
         po->assign = r->given;
         po->strategy = o->by;
     } else if (o->features) {
-        rc = classifier_features(o->features, &r->ds, o->threads, &r->space, &po->space_dims,
-                                 r->err, sizeof r->err);
+        rc = is_judge_file(o->features)
+                 ? judge_features(o->features, &r->ds, o->threads, &r->space, &po->space_dims,
+                                  r->err, sizeof r->err)
+                 : classifier_features(o->features, &r->ds, o->threads, &r->space, &po->space_dims,
+                                       r->err, sizeof r->err);
         po->space = r->space;
         po->strategy = "features";
         if (rc == TS_OK)

@@ -22,7 +22,9 @@
 # Environment: TESSERA (default build/client/tessera), LANES (2), N (samples per eval entry),
 # ARMS (which training arms; default all of: mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm
 # ens-warm-b8 part-label part-random align mix part-features part-features4 part-features16
-# part-hier part-k4 part-k16 part-label4 router-label), EVAL (0 to train only).
+# part-hier part-k4 part-k16 part-label4 router-label; and, not in the default, mono-b8-s2
+# part-ae), EVAL (0 to train only), JUDGES (judge files, comma-separated: every evaluation also
+# scores its entries in each, `tessera eval --judges`).
 #
 # Outputs in RUN_DIR: the weights, eval-<arm>.json (tessera eval --json: FD with intervals,
 # precision/recall, IS, per-class and per-cluster FD), report-<arm>.html, samples-<arm>/ (IDX),
@@ -31,6 +33,7 @@
 # Arms (docs/routing.md "Training recipes at equal compute"):
 #   mono-s1, mono-s2  the monolith of docs/training.md (batch 64, lr 5e-4, EMA 0.999), two seeds
 #   mono-b8           the monolith at batch 8 with 8× the steps (lr 2e-4): the recipe control
+#   mono-b8-s2        the same with seed 2: the seed noise of the best monolith
 #   ens-base          8 experts, today's recipe (scripts/train-ensemble.sh: batch 64, lr 5e-4,
 #                     EMA 0.998), expert k with |shard k|/60 000 of the samples
 #   ens-b8            8 experts at batch 8 with 8× the steps (lr 2e-4)
@@ -47,6 +50,9 @@
 #                     classifier trained here with another seed and trunk, never the evaluation
 #                     classifier: the stand-in for DDM's DINOv2 embeddings)
 #   part-features4, part-features16  the features partition with K = 4 and K = 16
+#   part-ae           the same on k-means of an autoencoder's bottleneck (`tessera train-judge
+#                     --kind ae`, seed 5, trained here without labels: not the ae judge, seed 3):
+#                     an unsupervised partition, DDM's setting
 #   part-hier         the same on DDM's two-level k-means (64 fine centroids merged into 8)
 #   part-k4, part-k16 the same on pixel k-means with K = 4 and K = 16
 #   part-label4       the same on the split by label with K = 4 (classes grouped)
@@ -152,6 +158,8 @@ has mono-s2 && jobs_run train mono-s2 --steps "$TOTAL" --batch 64 --lr 5e-4 \
     --warmup "$MONO_WARMUP" --ema 0.999 --seed 2
 has ens-base && jobs_run ensemble ens-base BATCH=64 LR=5e-4 WARMUP="$EXP_WARMUP" EMA=0.998
 has ens-b8 && jobs_run ensemble ens-b8 BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975
+has mono-b8-s2 && jobs_run train mono-b8-s2 --steps "$b8_steps" --batch 8 --lr 2e-4 \
+    --warmup $((MONO_WARMUP * 8)) --ema 0.999875 --seed 2
 warm_steps=$((TOTAL * WARM_PCT / 100))
 if has warm || has ens-warm-b8; then
     # the warm start must exist before its experts start
@@ -196,11 +204,17 @@ for k in 8 4 16; do
     arm=part-features$([ "$k" = 8 ] || echo "$k")
     has "$arm" && partition "partition$k-features" --experts "$k" --features "$RUN/featnet.safetensors"
 done
+if has part-ae && [ ! -f "$RUN/aenet.safetensors" ]; then
+    log "the unsupervised features network (an autoencoder, seed 5, 3 000 steps)"
+    nice "$T" train-judge --kind ae --seed 5 --steps 3000 --threads 1 \
+        --out "$RUN/aenet.safetensors" > "$RUN/aenet.log" 2>&1
+fi
+has part-ae && partition partition8-ae --experts 8 --features "$RUN/aenet.safetensors"
 has part-hier && partition partition8-hier --experts 8 --hierarchical 64
 has part-k4 && partition partition4 --experts 4
 has part-k16 && partition partition16 --experts 16
 has part-label4 && partition partition4-label --experts 4 --by label
-for arm in features:partition8-features features4:partition4-features \
+for arm in features:partition8-features ae:partition8-ae features4:partition4-features \
     features16:partition16-features label4:partition4-label hier:partition8-hier k16:partition16 \
     k4:partition4; do
     has "part-${arm%%:*}" || continue
@@ -232,6 +246,7 @@ log "training done"
 # entry has its paired difference to it.
 COMMON=(--classifier "$RUN/classifier.safetensors" --n "$N" --steps 20 --sampler euler
     --seed 0 --bootstrap 200 --threads 1 --json)
+[ -n "${JUDGES:-}" ] && COMMON+=(--judges "$JUDGES")
 evaluate() { # NAME DIR MONOLITHS POLICIES (COMMON_CFG: the guidance scale, default 1)
     [ -f "$RUN/eval-$1.json" ] && return 0
     mkdir -p "$RUN/samples-$1"
@@ -289,6 +304,18 @@ for arm in ens-base ens-b8 ens-warm-b8; do
     has "$arm" && has mono-s1 && has mono-s2 && jobs_run losses "$arm"
 done
 # partition strategies: router-free (uniform+prior) and by the centroids (centroid+prior)
+# the unsupervised partition against two monolith seeds
+# (those of the b8 recipe that this run folder holds: an earlier run's samples of another seed
+# can be paired with these by `tessera judge`, since sample i's noise and class are the same)
+if has part-ae; then
+    monos=""
+    for m in mono-b8 mono-b8-s2; do
+        [ -f "$RUN/$m.safetensors" ] && monos+="${monos:+,}$RUN/$m.safetensors"
+    done
+    pols=monolith
+    [[ $monos == *,* ]] && pols+=" monolith2"
+    jobs_run evaluate part-ae "$RUN/part-ae" "$monos" "$pols uniform+prior:top1 centroid+prior:top1"
+fi
 for arm in features features4 features16 label4 hier k16 k4; do
     has "part-$arm" && jobs_run evaluate "part-$arm" "$RUN/part-$arm" "$RUN/mono-b8.safetensors" \
         "monolith uniform+prior:top1 centroid+prior:top1"

@@ -1,6 +1,7 @@
 #!/bin/sh
 # test_judge_cli.sh TESSERA — the judges end to end, with real Fashion-MNIST images:
 #   - train-judge trains an autoencoder for a few steps and writes it, with what it measured;
+#   - partition --features clusters the train set in the autoencoder's bottleneck;
 #   - judge scores two sample sets saved as gzipped IDX pairs — train images as they are, and the
 #     same images blurred and dimmed — and finds the damaged set higher in FD and KID, with paired
 #     intervals that exclude 0, in both the judge and a second one, and says the judges agree;
@@ -21,6 +22,18 @@ PYEOF
 "$T" train-judge --kind cnn --seed 6 --steps 30 --batch 32 --eval-n 500 --threads 2 --quiet \
     --out "$dir/cnn.safetensors" 2>"$dir/cnn.log" || fail "train-judge cnn: $(cat "$dir/cnn.log")"
 grep -q "test accuracy" "$dir/cnn.log" || fail "train-judge cnn says no accuracy: $(cat "$dir/cnn.log")"
+# a judge is a space to partition in: k-means on the autoencoder's bottleneck (no labels)
+"$T" partition --experts 4 --features "$dir/ae.safetensors" --threads 2 --out "$dir/part-ae" \
+    --json >"$dir/part-ae.json" 2>"$dir/part-ae.log" || fail "partition --features ae: $(cat "$dir/part-ae.log")"
+grep -q "features of .*ae.safetensors: 32 dims" "$dir/part-ae.log" ||
+    fail "partition names no 32-dim judge space: $(cat "$dir/part-ae.log")"
+"$PY" - "$dir/part-ae.json" <<'PYEOF' || fail "partition --features ae's JSON: $(head -c 400 "$dir/part-ae.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+sizes = [c["size"] for c in d["clusters"]]
+assert d["strategy"] == "features" and len(sizes) == 4 and sum(sizes) == 60000, d
+assert min(sizes) > 1000, sizes  # k-means on a real space: no empty or degenerate cluster
+PYEOF
 # the evaluation classifier is a feature space too (barely trained: only its file kind matters)
 "$T" train-classifier --patch 7 --depth 1 --steps 5 --eval-n 100 --threads 2 \
     --out "$dir/cls.safetensors" >/dev/null 2>&1 || fail "train-classifier"
