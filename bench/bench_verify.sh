@@ -17,6 +17,12 @@
 # every row starts from a freshly restarted network: its first generation meets the liar
 # trusted, the later ones the network as the bans left it. Every run's JSON line goes to
 # OUT_DIR/verify.jsonl, the table to stdout.
+#
+# The client keeps one store through the whole bench, so from the second generation on it starts
+# with the replicas it has vouched for (`--vouch-ttl`, store/vouch.h; a node caught lying is
+# forgotten): the first row's first generation is a client's first contact, every later one a
+# returning client's. VOUCH_TTL=0 measures a client that remembers nothing; *overhead, later
+# gens* is the extra requests of generations 2.. alone.
 set -eu
 T=${1:?usage: bench_verify.sh TESSERA OUT_DIR [GENS]}
 OUT=${2:?usage: bench_verify.sh TESSERA OUT_DIR [GENS]}
@@ -134,7 +140,7 @@ since = [b['since_ms'] for l in sys.stdin for b in json.loads(l).get('bans', [])
 print(len(since), '%.3f' % ((max(since) - $1) / 1e3) if since else 'null')"
 }
 
-printf '%-6s %6s %5s %10s %9s %7s %12s %14s %10s %12s %9s\n' liar rate gens "images≠" requests checks "caught(gens)" "first catch" overhead "banned by 7" repaired
+printf '%-6s %6s %5s %10s %9s %7s %12s %14s %10s %12s %12s %9s\n' liar rate gens "images≠" requests checks "caught(gens)" "first catch" overhead "later gens" "banned by 7" repaired
 for kind in bias noise other rare late; do
     for rate in 0.01 0.02 0.05 0.1; do
         liar $kind
@@ -144,7 +150,8 @@ for kind in bias noise other rare late; do
                 "$T" generate --local "$F" $GEN --seed $seed --out "$dir/local-$seed.png" >/dev/null 2>&1
             t0=$("$PY" -c "import time; print(int(time.time() * 1000))")
             "$T" generate --peer "$peer" --network-key "$dir/net/network.key" --data-dir "$dir/cache" \
-                $GEN --no-hedge --seed $seed --verify $rate --json --out "$dir/g.png" >"$dir/g.json" 2>/dev/null
+                $GEN --no-hedge --seed $seed --verify $rate ${VOUCH_TTL:+--vouch-ttl "$VOUCH_TTL"} \
+                --json --out "$dir/g.png" >"$dir/g.json" 2>/dev/null
             differ=$(tiles_differ "$dir/g.png" "$dir/local-$seed.png")
             set -- $(bans "$t0")
             "$PY" - "$dir/g.json" "$kind" "$rate" "$seed" "$differ" "$g" "$1" "$2" >>"$OUT/verify.jsonl" <<'PYEOF'
@@ -156,6 +163,7 @@ print(json.dumps({"liar": sys.argv[2], "rate": float(sys.argv[3]), "seed": int(s
                   "gen": int(sys.argv[6]), "images": 64, "images_differ": int(sys.argv[5]),
                   "requests": j["requests"], "replicas": j["replicas"],
                   "checks": c["checked"], "disagreed": c["disagreed"],
+                  "remembered": c.get("remembered", 0),
                   "wrong_answers": c["wrong_answers"], "undecided": c["undecided"],
                   "first_catch_requests": c["first_catch_requests"],
                   "first_catch_s": c["first_catch_s"], "accusations": a,
@@ -178,12 +186,16 @@ ban = ("%d/7 in %.1f s" % (g1[0]["banned_by"], g1[0]["banned_all_s"])
        if g1 and g1[0].get("banned_all_s") is not None
        else ("%d/7" % g1[0]["banned_by"]) if g1 else "-")
 rep = sum(r.get("repaired_samples", 0) for r in rows)
-print("%-6s %6.2f %5d %10s %9d %7d %12s %14s %9.1f%% %12s %9d" % (
+later = [r for r in rows if r.get("gen", 1) > 1]
+lreq = sum(r["requests"] for r in later)
+lchk = sum(r["checks"] for r in later)
+lover = ("%.1f%%" % (100.0 * lchk / max(1, lreq - lchk))) if later else "-"
+print("%-6s %6.2f %5d %10s %9d %7d %12s %14s %9.1f%% %12s %12s %9d" % (
     sys.argv[2], float(sys.argv[3]), len(rows),
     "%d/%d" % (sum(r["images_differ"] for r in rows), 64 * len(rows)), req, chk,
     "%d/%d" % (len(caught), len(rows)),
     ("%d req" % first[len(first) // 2]) if first else "-",
-    100.0 * chk / max(1, req - chk), ban, rep))
+    100.0 * chk / max(1, req - chk), lover, ban, rep))
 PYEOF
     done
 done

@@ -201,6 +201,8 @@ static json_t *network_summary(const repair_stats_t *gr, const ts_netgen_t *g,
                                 json_integer((json_int_t)st->first_catch_requests));
             json_object_set_new(ck, "first_catch_s", json_real(st->first_catch_s));
             json_object_set_new(ck, "agreed_max_diff", json_real(st->agreed_max_diff));
+            json_object_set_new(ck, "vouch_ttl_s", json_integer((json_int_t)g->vouch_ttl_s));
+            json_object_set_new(ck, "remembered", json_integer(g->n_remembered));
             json_object_set_new(ck, "repaired_samples", json_integer(gr->repaired));
             json_object_set_new(ck, "repair_rounds", json_integer(gr->rounds));
             json_object_set_new(ck, "repair_forwards", json_integer((json_int_t)gr->forwards));
@@ -310,7 +312,8 @@ typedef struct {
     ts_precision_t precision; /* --precision (zeroed: f32): the experts of --local */
     int no_prior, exact, require_coverage, tau_set;
     float cfg, tau, router_temp, min_trained, ready_loss;
-    float verify; /* --verify; < 0: not given (TS_REMOTE_VERIFY_RATE) */
+    float verify;      /* --verify; < 0: not given (TS_REMOTE_VERIFY_RATE) */
+    int64_t vouch_ttl; /* --vouch-ttl; < 0: not given (TS_NETGEN_VOUCH_TTL_S) */
     uint64_t seed;
 } gen_opts_t;
 
@@ -351,6 +354,7 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
                       .cfg = 1.0f,
                       .router_temp = 1.0f,
                       .verify = -1.0f,
+                      .vouch_ttl = -1,
                       .min_trained = (float)TS_NETGEN_MIN_TRAINED};
     o->device = (ts_device_spec_t){.automatic = 1}; /* as tesserad: a GPU when there is one */
     ts_arg_t args[] = {
@@ -387,6 +391,12 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
          "lying is not asked again); every answer of a replica is checked until one agrees "
          "(default 0.02; 0: off)",
          0, 1},
+        {"vouch-ttl", TS_ARG_I64, &o->vouch_ttl, "SECONDS",
+         "with --peer: a replica vouched for by an earlier run in this store at most SECONDS "
+         "ago starts vouched for, on the device class and precision it was vouched for on (its "
+         "answers checked at the rate only); a replica caught lying is forgotten (default 3600; "
+         "0: each run checks every replica's first answers)",
+         0, 100LL * 365 * 86400},
         {"no-hedge", TS_ARG_FLAG, &o->no_hedge, NULL,
          "with --peer: never send a second request to another replica"},
         {"timeout-ms", TS_ARG_INT, &o->timeout_ms, "N", "with --peer: per request (default 10000)",
@@ -494,10 +504,11 @@ static int validate(gen_run_t *r) {
         fprintf(stderr, PROG ": --peer needs --network-key FILE\n");
     else if (!o->peer && (o->nk || o->identity || o->data_dir || o->partition || o->prefer_local ||
                           o->no_hedge || o->trace || o->require_coverage || o->verify >= 0 ||
-                          o->min_trained != (float)TS_NETGEN_MIN_TRAINED || o->ready_loss > 0))
+                          o->vouch_ttl >= 0 || o->min_trained != (float)TS_NETGEN_MIN_TRAINED ||
+                          o->ready_loss > 0))
         fprintf(stderr, PROG ": --network-key, --identity, --data-dir, --partition, "
                              "--require-coverage, --min-trained, --ready-loss, --prefer-local, "
-                             "--verify, --no-hedge and "
+                             "--verify, --vouch-ttl, --no-hedge and "
                              "--trace go with --peer\n");
     else if (o->peer && (o->exact || o->router_temp != 1.0f))
         fprintf(stderr, PROG ": --exact-guidance and --router-temp go with --local\n");
@@ -541,7 +552,9 @@ static int open_experts(gen_run_t *r) {
                                .min_trained = o->min_trained,
                                .ready_loss = o->ready_loss,
                                .quiet = o->quiet,
-                               .cls = o->cls};
+                               .cls = o->cls,
+                               .vouch_ttl_s =
+                                   o->vouch_ttl >= 0 ? o->vouch_ttl : TS_NETGEN_VOUCH_TTL_S};
         ts_remote_opts_default(&no.remote);
         no.remote.prefer_local = o->prefer_local;
         no.remote.hedge = !o->no_hedge;

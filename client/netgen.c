@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "base/error.h"
 #include "base/str.h"
@@ -18,6 +19,7 @@
 #include "net/fetch.h"
 #include "net/frame.h"
 #include "net/gossip.h"
+#include "store/vouch.h"
 #include "store/weights.h"
 
 #define STATUS_TIMEOUT_MS 10000
@@ -351,6 +353,48 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, si
     return TS_OK;
 }
 
+/* Replicas an earlier run vouched for, within ttl_s: they start vouched for, on answers of the
+ * device class and precision they were vouched for on (client/remote.h). */
+static void recall_vouches(ts_netgen_t *g, int64_t ttl_s) {
+    g->vouch_ttl_s = ttl_s;
+    g->n_remembered = 0;
+    int64_t now = (int64_t)time(NULL);
+    for (int k = 0; ttl_s > 0 && k < g->K; k++)
+        for (int i = 0; i < g->experts[k].n_rep; i++) {
+            ts_replica_t *p = &g->experts[k].rep[i];
+            ts_vouch_t v;
+            if (!p->has_node || ts_vouch_get(g->store, p->node.b, g->experts[k].weights_hash, ttl_s,
+                                             now, &v) != TS_OK)
+                continue;
+            p->vouched = p->remembered = 1;
+            snprintf(p->vouch_class, sizeof p->vouch_class, "%s", v.device_class);
+            p->vouch_precision = v.precision;
+            g->n_remembered++;
+        }
+}
+
+/* What this run learnt, into the store: each replica whose answer agreed with another's is
+ * vouched for from now; every vouch of a node caught lying is forgotten. A failure to write
+ * costs the next run its first checks only: it is not an error. */
+static void keep_vouches(ts_netgen_t *g) {
+    int64_t now = (int64_t)time(NULL);
+    for (int k = 0; g->store && k < g->K; k++)
+        for (int i = 0; i < g->experts[k].n_rep; i++) {
+            const ts_replica_t *p = &g->experts[k].rep[i];
+            if (!p->has_node)
+                continue;
+            if (p->lies) {
+                (void)ts_vouch_forget(g->store, p->node.b, NULL);
+            } else if (g->vouch_ttl_s > 0 && p->agreed && p->precision && p->device_class[0]) {
+                ts_vouch_t v = {.precision = p->precision, .when = now};
+                memcpy(v.node, p->node.b, sizeof v.node);
+                memcpy(v.weights, g->experts[k].weights_hash, sizeof v.weights);
+                snprintf(v.device_class, sizeof v.device_class, "%s", p->device_class);
+                (void)ts_vouch_put(g->store, &v);
+            }
+        }
+}
+
 /* The experts whose weights are in the store, opened as the fallback. */
 static void open_cached(ts_netgen_t *g, ts_engine_t *e, int max_batch) {
     g->cached = calloc((size_t)g->K, sizeof *g->cached);
@@ -565,6 +609,7 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
     rc = mark_uncovered(g, o, prog, err, errlen);
     if (rc != TS_OK)
         return rc;
+    recall_vouches(g, o->vouch_ttl_s);
     rc = ts_remote_init(&g->remote, &g->nc.loop, g->nc.rpc, g->experts, g->K, g->cfg.in_channels,
                         g->cfg.input_size, &o->remote, o->trace, err, errlen);
     g->remote_init = rc == TS_OK;
@@ -577,9 +622,11 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
     }
     if (rc == TS_OK && !o->quiet)
         fprintf(stderr,
-                "network via %s: partition %.16s…, %d experts, %d replicas, %d cached "
-                "locally, %d uncovered, %d still training (not used)\n",
-                o->peer, g->partition_id, g->K, g->n_replicas, g->n_cached, g->n_absent, g->n_held);
+                "network via %s: partition %.16s…, %d experts, %d replicas (%d vouched for "
+                "by an earlier run), %d cached locally, %d uncovered, %d still training (not "
+                "used)\n",
+                o->peer, g->partition_id, g->K, g->n_replicas, g->n_remembered, g->n_cached,
+                g->n_absent, g->n_held);
     return rc;
 }
 
@@ -603,8 +650,10 @@ void ts_netgen_held_text(const ts_netgen_t *g, int k, char *out, size_t len) {
 }
 
 void ts_netgen_close(ts_netgen_t *g) {
-    if (g->remote_init)
+    if (g->remote_init) {
+        keep_vouches(g);
         ts_remote_free(&g->remote);
+    }
     if (g->nc_open)
         ts_netclient_close(&g->nc);
     for (int k = 0; g->has_cached && k < g->K; k++)

@@ -41,7 +41,12 @@ typedef struct ts_netgen_opts {
      * its partition and config (their median); 0: off, the default */
     double ready_loss;
     const char *cls; /* --class, checked against the experts' classes before any fetch */
+    /* the replicas vouched for by an earlier run at most this long ago start vouched for
+     * (store/vouch.h), and this run's vouches are kept; 0: neither */
+    int64_t vouch_ttl_s;
 } ts_netgen_opts_t;
+
+#define TS_NETGEN_VOUCH_TTL_S 3600 /* docs/benchmarks.md, "Spot-checks against liars" */
 
 #define TS_NETGEN_MIN_TRAINED 1.0
 
@@ -65,7 +70,9 @@ typedef struct ts_netgen {
     ts_dit_t *cached;            /* (K) the fallback models; valid where has_cached[k] */
     int *has_cached;
     int K, n_replicas, n_cached, n_absent;
-    uint8_t *absent; /* (K) the uncovered clusters: no live replica, no weights in the store */
+    int n_remembered;    /* replicas that started vouched for (an earlier run's vouch) */
+    int64_t vouch_ttl_s; /* the options': 0 keeps no vouch */
+    uint8_t *absent;     /* (K) the uncovered clusters: no live replica, no weights in the store */
     ts_netgen_held_t *held; /* (K) the live experts not used because they are still training */
     int n_held;
     int said, usage; /* a failed open already printed why; usage: a bad --peer (exit 2) */

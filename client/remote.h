@@ -51,7 +51,13 @@ typedef struct ts_replica {
     uint8_t precision;      /* a Tessera__DType value; 0 until its first answer */
     uint64_t checked, lies; /* its answers spot-checked, and found wrong */
     int vouched;            /* one of its answers has agreed with another replica's */
-    uint8_t *touched;       /* (ts_remote_t.track_n) the samples its answers went into, or NULL */
+    /* vouched for by an earlier run (store/vouch.h), on answers of this class and precision: an
+     * answer that claims another is checked as a stranger's */
+    int remembered;
+    char vouch_class[TS_ANSWER_DEVICE_MAX + 1];
+    uint8_t vouch_precision;
+    int agreed; /* one of its answers agreed with another replica's in this run: a vouch to keep */
+    uint8_t *touched; /* (ts_remote_t.track_n) the samples its answers went into, or NULL */
 } ts_replica_t;
 
 typedef struct ts_remote_expert {

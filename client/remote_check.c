@@ -53,6 +53,15 @@ static int vouches(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy) {
     return ts_answer_exact(cx, cy) || ts_answer_tolerance(cx, cy, 1.0f) == TS_ANSWER_TOL_F32;
 }
 
+/* Replicas i and j (−1: none) are vouched for: an answer of theirs agreed with another's (or with
+ * the cached weights') in this run. */
+static void vouch(attempt_t *a, int i, int j) {
+    ts_replica_t *p = &a->ex->rep[i];
+    p->vouched = p->agreed = 1;
+    if (j >= 0)
+        a->ex->rep[j].vouched = a->ex->rep[j].agreed = 1;
+}
+
 /* Held answer slot k (m·chw floats). */
 float *ts_remote_held(attempt_t *a, int k) {
     return a->held + (size_t)k * (size_t)a->job->m * (size_t)a->r->chw;
@@ -140,7 +149,7 @@ static void caught(attempt_t *a, int i, int k) {
     ts_replica_t *p = &a->ex->rep[i];
     p->lies++;
     p->banned_until = INFINITY;
-    p->vouched = 0;
+    p->vouched = p->remembered = p->agreed = 0;
     if (a->r->st.liars++ == 0) {
         a->r->st.first_catch_requests = a->r->st.requests;
         a->r->st.first_catch_s = ts_now_s() - a->r->t0;
@@ -157,7 +166,11 @@ int ts_remote_check_start(attempt_t *a, int replica, const ts_answer_claim_t *c,
     ts_remote_t *r = a->r;
     /* every answer of a replica not vouched for yet is checked (one that lies on every answer
      * is caught at once, even with several answers in flight), then the drawn fraction */
-    int first = !a->ex->rep[replica].vouched;
+    ts_replica_t *p = &a->ex->rep[replica];
+    if (p->remembered &&
+        (c->precision != p->vouch_precision || strcmp(c->device_class, p->vouch_class) != 0))
+        p->vouched = p->remembered = 0; /* not what was vouched for: checked from the start */
+    int first = !p->vouched;
     if (r->o.verify_rate <= 0.0 ||
         (!first && (double)(ts_remote_rand(r) >> 11) * 0x1.0p-53 >= r->o.verify_rate))
         return 0;
@@ -209,7 +222,7 @@ void ts_remote_check_judge(attempt_t *a, int k) {
             r->st.agreed_max_diff = d > r->st.agreed_max_diff ? d : r->st.agreed_max_diff;
         }
         if (vouches(&c[0], &c[1]))
-            a->ex->rep[a->held_rep[0]].vouched = a->ex->rep[a->held_rep[1]].vouched = 1;
+            vouch(a, a->held_rep[0], a->held_rep[1]);
         ts_remote_finish(a, TS_OK); /* the job's v is the first answer */
         return;
     }
@@ -236,7 +249,7 @@ void ts_remote_check_judge(attempt_t *a, int k) {
             if (liar >= 0) {
                 caught(a, a->held_rep[liar], liar);
                 if (c[1 - liar].precision == TESSERA__DTYPE__DTYPE_F32)
-                    a->ex->rep[a->held_rep[1 - liar]].vouched = 1;
+                    vouch(a, a->held_rep[1 - liar], -1);
                 if (liar == 0)
                     memcpy(a->job->v, ts_remote_held(a, 1), n * sizeof(float));
                 ts_remote_finish(a, TS_OK);
@@ -269,7 +282,7 @@ void ts_remote_check_judge(attempt_t *a, int k) {
     if (liar >= 0) {
         caught(a, a->held_rep[liar], liar);
         if (vouches(&c[1 - liar], &c[2]))
-            a->ex->rep[a->held_rep[1 - liar]].vouched = a->ex->rep[a->held_rep[2]].vouched = 1;
+            vouch(a, a->held_rep[1 - liar], a->held_rep[2]);
         if (liar == 0)
             memcpy(a->job->v, ts_remote_held(a, 1), n * sizeof(float));
     } else {

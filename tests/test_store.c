@@ -22,6 +22,11 @@
  * out-of-range field, and survives every single-bit flip; a corrupt entry in the store is
  * TS_ECORRUPT for get and list, and prune removes it.
  *
+ * Vouches (store/vouch.h): round trip, the time to live (and a clock moved back), refresh, forget
+ * a node's every vouch and no other's, values refused at put; the encoding refuses every
+ * truncation, an extension, another version, precision 0, a NUL in the class; an undecodable
+ * value in the store reads as no vouch and is overwritten.
+ *
  * Not covered here: kill -9 of a real training process (tests/test_store_kill.sh), and weights
  * (store/weights.h has its own test).
  */
@@ -50,6 +55,7 @@
 #include "store/ckpt.h"
 #include "store/peers.h"
 #include "store/store.h"
+#include "store/vouch.h"
 
 #define CHECK_RC(expr, want)                                                                       \
     do {                                                                                           \
@@ -1045,6 +1051,117 @@ static void test_peers_corrupt_entry(void **state) {
     tmp_remove(&t);
 }
 
+/* ---- vouches ---------------------------------------------------------------------------- */
+
+static ts_vouch_t vouch_of(uint8_t node, uint8_t weights, const char *cls, uint8_t prec,
+                           int64_t when) {
+    ts_vouch_t v = {.precision = prec, .when = when};
+    memset(v.node, node, sizeof v.node);
+    memset(v.weights, weights, sizeof v.weights);
+    snprintf(v.device_class, sizeof v.device_class, "%s", cls);
+    return v;
+}
+
+/* Put, get within and past the time to live, a clock that moved back, refresh, forget one node
+ * (every expert of it, no other node's), and the values refused at put. */
+static void test_vouch_round_trip(void **state) {
+    (void)state;
+    tmp_t t;
+    tmp_make(&t);
+    ts_store_t *s = open_store(t.dir, 0);
+    const int64_t now = 1800000000;
+    ts_vouch_t a = vouch_of(1, 7, "cpu-avx512", 1, now - 100), b = vouch_of(1, 8, "cpu", 9, now),
+               c = vouch_of(2, 7, "cuda-sm90", 9, now), got;
+    CHECK_RC(ts_vouch_put(s, &a), TS_OK);
+    CHECK_RC(ts_vouch_put(s, &b), TS_OK);
+    CHECK_RC(ts_vouch_put(s, &c), TS_OK);
+    CHECK_RC(ts_vouch_get(s, a.node, a.weights, 3600, now, &got), TS_OK);
+    assert_string_equal(got.device_class, "cpu-avx512");
+    assert_int_equal(got.precision, 1);
+    assert_int_equal(got.when, now - 100);
+    assert_memory_equal(got.node, a.node, sizeof a.node);
+    assert_memory_equal(got.weights, a.weights, sizeof a.weights);
+    /* past its time to live, a ttl of 0, unknown weights, from the future */
+    CHECK_RC(ts_vouch_get(s, a.node, a.weights, 99, now, &got), TS_ENOTFOUND);
+    CHECK_RC(ts_vouch_get(s, a.node, a.weights, 0, now, &got), TS_ENOTFOUND);
+    uint8_t other[32];
+    memset(other, 9, sizeof other);
+    CHECK_RC(ts_vouch_get(s, a.node, other, 3600, now, &got), TS_ENOTFOUND);
+    CHECK_RC(ts_vouch_get(s, a.node, a.weights, 3600, now - 1000, &got), TS_ENOTFOUND);
+    /* a refresh moves the time */
+    a.when = now;
+    CHECK_RC(ts_vouch_put(s, &a), TS_OK);
+    CHECK_RC(ts_vouch_get(s, a.node, a.weights, 99, now, &got), TS_OK);
+    /* node 1 caught lying: both of its vouches go, node 2's stays */
+    int n = -1;
+    CHECK_RC(ts_vouch_forget(s, a.node, &n), TS_OK);
+    assert_int_equal(n, 2);
+    CHECK_RC(ts_vouch_get(s, a.node, a.weights, 3600, now, &got), TS_ENOTFOUND);
+    CHECK_RC(ts_vouch_get(s, b.node, b.weights, 3600, now, &got), TS_ENOTFOUND);
+    CHECK_RC(ts_vouch_get(s, c.node, c.weights, 3600, now, &got), TS_OK);
+    CHECK_RC(ts_vouch_forget(s, a.node, &n), TS_OK);
+    assert_int_equal(n, 0);
+    /* refused: no class, a class too long, precision 0 */
+    ts_vouch_t bad = vouch_of(3, 3, "", 1, now);
+    CHECK_RC(ts_vouch_put(s, &bad), TS_EINVAL);
+    bad = vouch_of(3, 3, "x", 0, now);
+    CHECK_RC(ts_vouch_put(s, &bad), TS_EINVAL);
+    memset(bad.device_class, 'a', sizeof bad.device_class);
+    bad.precision = 1;
+    CHECK_RC(ts_vouch_put(s, &bad), TS_EINVAL);
+    ts_store_close(s);
+    tmp_remove(&t);
+}
+
+static int put_meta_raw(void *ctx, ts_store_txn_t *txn) {
+    raw_t *r = ctx;
+    return ts_txn_put(txn, TS_DB_META, r->id, 6 + 64, r->val, r->len);
+}
+
+/* The encoding: round trip, every truncation and extension refused, and a value that does not
+ * decode in the store reads as no vouch (the next put overwrites it). */
+static void test_vouch_encoding(void **state) {
+    (void)state;
+    ts_vouch_t v = vouch_of(4, 5, "cuda-sm80", 10, -5), w;
+    uint8_t buf[TS_VOUCH_VALUE_MAX + 1];
+    int n = ts_vouch_encode(&v, buf);
+    assert_int_equal(n, 11 + 9);
+    CHECK_RC(ts_vouch_decode(buf, (size_t)n, &w), TS_OK);
+    assert_string_equal(w.device_class, "cuda-sm80");
+    assert_int_equal(w.when, -5);
+    assert_int_equal(w.precision, 10);
+    for (int len = 0; len < n; len++)
+        CHECK_RC(ts_vouch_decode(buf, (size_t)len, &w), TS_ECORRUPT);
+    buf[n] = 'x';
+    CHECK_RC(ts_vouch_decode(buf, (size_t)n + 1, &w), TS_ECORRUPT);
+    uint8_t bad[32];
+    memcpy(bad, buf, (size_t)n);
+    bad[0] = 2; /* another version */
+    CHECK_RC(ts_vouch_decode(bad, (size_t)n, &w), TS_ECORRUPT);
+    memcpy(bad, buf, (size_t)n);
+    bad[1] = 0; /* no precision */
+    CHECK_RC(ts_vouch_decode(bad, (size_t)n, &w), TS_ECORRUPT);
+    memcpy(bad, buf, (size_t)n);
+    bad[13] = '\0'; /* a NUL inside the class */
+    CHECK_RC(ts_vouch_decode(bad, (size_t)n, &w), TS_ECORRUPT);
+
+    tmp_t t;
+    tmp_make(&t);
+    ts_store_t *s = open_store(t.dir, 0);
+    uint8_t key[6 + 64];
+    memcpy(key, "vouch/", 6);
+    memcpy(key + 6, v.node, 32);
+    memcpy(key + 38, v.weights, 32);
+    raw_t raw = {key, bad, (size_t)n}; /* the key: "vouch/" + node + weights */
+    CHECK_RC(ts_store_write(s, put_meta_raw, &raw), TS_OK);
+    v.when = 1800000000;
+    CHECK_RC(ts_vouch_get(s, v.node, v.weights, 3600, v.when, &w), TS_ENOTFOUND);
+    CHECK_RC(ts_vouch_put(s, &v), TS_OK);
+    CHECK_RC(ts_vouch_get(s, v.node, v.weights, 3600, v.when, &w), TS_OK);
+    ts_store_close(s);
+    tmp_remove(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open_close_reopen),
@@ -1060,6 +1177,8 @@ int main(void) {
         cmocka_unit_test(test_trainer_checkpoint_in_store),
         cmocka_unit_test(test_peers_round_trip),
         cmocka_unit_test(test_peers_corrupt_entry),
+        cmocka_unit_test(test_vouch_round_trip),
+        cmocka_unit_test(test_vouch_encoding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,9 @@
 #     banned nowhere;
 #   - a liar that earns trust first ([fault] lie_after) and lies unchecked is caught, the samples
 #     its lies touched are recomputed: the image equals --local's;
+#   - vouches are kept in the client's store: a second run starts with the replicas vouched for
+#     and checks none of their first answers, --vouch-ttl 0 forgets them; a replica vouched for
+#     at F32 that comes back at f16 is checked again from its first answer;
 #   - an f16 replica beside F32 ones is never called a liar.
 # Waits have generous deadlines; nothing here asserts speed.
 set -eu
@@ -50,6 +53,19 @@ cmp -s "$dir/honest.png" "$dir/local.png" || fail "honest network: the image dif
     [ "$(chk honest wrong_answers)" = 0 ] && [ "$(json_get "$dir/honest.json" "j['network']['garbage']")" = 0 ] ||
     fail "honest network: $(json_get "$dir/honest.json" "j['network']['checks']")"
 echo "ok: an honest network: $(chk honest checked) answers checked, every signature valid, all agree, the image = --local"
+
+# vouches kept in the store: the next run starts with every replica the honest run vouched for
+# (the 6, on their device class and precision) and, at a rate that draws nothing, checks none;
+# with --vouch-ttl 0 it remembers nothing and checks each replica's first answers again
+netgen again $GEN --verify 1e-9 --no-hedge --out "$dir/again.png" || fail "generate again"
+[ "$(chk again remembered)" = 6 ] && [ "$(chk again checked)" = 0 ] ||
+    fail "the honest run's vouches were not kept: $(json_get "$dir/again.json" "j['network']['checks']")"
+cmp -s "$dir/again.png" "$dir/local.png" || fail "vouched run: the image differs from --local's"
+netgen fresh $GEN --verify 1e-9 --vouch-ttl 0 --no-hedge --out "$dir/fresh.png" ||
+    fail "generate --vouch-ttl 0"
+[ "$(chk fresh remembered)" = 0 ] && [ "$(chk fresh checked)" -gt 0 ] ||
+    fail "--vouch-ttl 0 remembered or checked nothing: $(json_get "$dir/fresh.json" "j['network']['checks']")"
+echo "ok: vouches kept between runs: 6 replicas remembered, 0 first checks (--vouch-ttl 0: $(chk fresh checked))"
 
 # node 2 hosts expert 0, node 3 expert 1 (node i hosts expert i mod 2; node 0, the entry, stays
 # as it is): each becomes a liar
@@ -187,6 +203,11 @@ until "$T" status --peer "$peer" --network-key "$dir/net/network.key" --json >"$
     [ "$(live_ads)" = 3 ] && [ "$(json_get "$dir/st.json" "sum(1 for a in j['adverts'] if a.get('valid') and a['node_id'] == '$(id_of "$(cat "$dir/net/node-5/data/listen.addr")")')")" = 1 ]; do
     n=$((n + 1)); [ $n -lt 120 ] || fail "node 5's advert did not come back"; sleep 0.5
 done
+# vouched for at F32 by the runs above, node 5 now answers at f16: not what was vouched for, so
+# its answers are checked from the first, even at a rate that draws nothing
+netgen mixed0 $GEN --verify 1e-9 --no-hedge --out "$dir/mixed0.png" || fail "generate with an f16 replica"
+[ "$(chk mixed0 checked)" -gt 0 ] ||
+    fail "the f16 replica was trusted on its F32 vouch: $(json_get "$dir/mixed0.json" "j['network']['checks']")"
 netgen mixed $GEN --verify 1 --no-hedge --out "$dir/mixed.png" || fail "generate with an f16 replica"
 [ "$(chk mixed wrong_answers)" = 0 ] && [ "$(json_get "$dir/mixed.json" "j['network']['checks']['accusations']['sent']")" = 0 ] ||
     fail "an honest f16 replica was called a liar: $(json_get "$dir/mixed.json" "j['network']['checks']")"
