@@ -451,6 +451,9 @@ TS_HD int64_t ts_im2col_src(int64_t r, int64_t t, int64_t ox, int64_t H, int64_t
     return iy < 0 || iy >= H || ix < 0 || ix >= W ? -1 : (c * H + iy) * W + ix;
 }
 
+/* The channel of element i of a (B, C, S) tensor: the bias k_channel_bias adds to it. */
+TS_HD int64_t ts_channel_of(int64_t i, int64_t C, int64_t S) { return i / S % C; }
+
 /* Nearest ×2 upsampling: the input index of output element o, planes of H × W in, 2H × 2W out. */
 TS_HD int64_t ts_upsample2x_src(int64_t o, int64_t H, int64_t W) {
     int64_t x2 = o % (2 * W), y2 = o / (2 * W) % (2 * H), plane = o / (4 * H * W);

@@ -413,6 +413,13 @@ static void test_cuda_index_maps(void **state) {
     TU_CHECK_OK(ts_upsample_nearest2x_forward(e, &y, &x));
     for (int64_t o = 0; o < 2 * 3 * 6 * 10; o++) /* k_upsample2x's element o */
         assert_int_equal(bits(tu_f32(&y)[o]), bits(tu_f32(&x)[ts_upsample2x_src(o, 3, 5)]));
+    /* k_channel_bias's element i: the CPU's channel bias, bit for bit, through the same map */
+    float bias[3] = {0.5f, -1.25f, 3.0f}, *xb = tu_floats(2 * 3 * 15);
+    memcpy(xb, tu_f32(&x), 2 * 3 * 15 * sizeof *xb);
+    TU_CHECK_OK(ts_cpu_add_channel_bias(e, xb, bias, 2, 3, 15));
+    for (int64_t i = 0; i < 2 * 3 * 15; i++)
+        assert_int_equal(bits(xb[i]), bits(tu_f32(&x)[i] + bias[ts_channel_of(i, 3, 15)]));
+    free(xb);
     TU_FREE_TENSORS(&x, &y);
 }
 

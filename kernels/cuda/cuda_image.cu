@@ -77,7 +77,7 @@ int ts_cuda_im2col(ts_engine_t *e, float *col, const float *img, int64_t C, int6
 
 static __global__ void k_channel_bias(float *x, const float *bias, int64_t n, int64_t C,
                                       int64_t S) {
-    IMG_GRID_LOOP(i, n) { x[i] += bias[i / S % C]; }
+    IMG_GRID_LOOP(i, n) { x[i] += bias[ts_channel_of(i, C, S)]; }
 }
 
 int ts_cuda_add_channel_bias(ts_engine_t *e, float *x, const float *bias, int64_t B, int64_t C,
