@@ -393,6 +393,8 @@ static void test_forward_batch_invariant(void **state) {
     check_batch_invariance(&c);
     TU_CHECK_OK(ts_dit_config_preset("tiny", &c));
     check_batch_invariance(&c);
+    TU_CHECK_OK(ts_dit_config_preset("small", &c)); /* wider heads: the other attention path */
+    check_batch_invariance(&c);
 }
 
 /* ---- answers ------------------------------------------------------------------------------------- */
