@@ -3,8 +3,8 @@
  * over real loopback connections: a server endpoint and 16 client endpoints on one uv loop
  * (net/rpc.h), a small random DiT.
  *
- *   - the DiT forward is batch-invariant bit for bit (the `tiny` and `small` presets and the test model; a
- *     sample in a batch of 16 equals the sample alone), and thread-count-invariant;
+ *   - the DiT forward is batch-invariant bit for bit (the `tiny` and `small` presets and the
+ *     test model; a sample in a batch of 16 equals the sample alone), and thread-count-invariant;
  *   - a served velocity equals the local one bit for bit: ts_dit_forward with per-sample t, and
  *     ts_dit_velocity (the local sampler's guided path) with guidance; also for F16 inputs;
  *   - 16 concurrent clients get their own answers, and they were batched;
