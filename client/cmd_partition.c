@@ -25,10 +25,8 @@
 #include "base/clock.h"
 #include "client/args.h"
 #include "client/commands.h"
-#include "model/classifier.h"
+#include "client/judges.h"
 #include "model/fmnist.h"
-#include "model/judge.h"
-#include "model/safetensors.h"
 #include "model/shard.h"
 #include "model/partition.h"
 #include "model/png.h"
@@ -290,107 +288,32 @@ static int random_clusters(int n, int K, uint64_t seed, int32_t *assign) {
     return TS_OK;
 }
 
-/* --features FILE, a judge (`tessera train-judge`): its features (n, D) of the clean images — a
- * cnn's penultimate layer, an autoencoder's bottleneck (a space learned without labels). */
-static int judge_features(const char *path, const ts_dataset_t *ds, int threads, float **out,
-                          int *dims, char *err, size_t errlen) {
+/* --features FILE: the features (n, D) of the clean images in a network's space — a classifier's
+ * penultimate layer (`tessera train-classifier`), a judge's (`tessera train-judge`: a cnn's, or
+ * an autoencoder's bottleneck, a space learned without labels). */
+static int network_features(const char *path, const ts_dataset_t *ds, int threads, float **out,
+                            int *dims, char *err, size_t errlen) {
     enum { B = 256 };
     ts_engine_t eng = {0};
     ts_engine_opts_t eo = {TS_CPU, threads, 0};
-    ts_judge_t *j = NULL;
+    ts_cli_judge_t j = {0};
     float *feat = NULL;
     int rc = ts_engine_init(&eng, &eo);
     if (rc == TS_OK)
-        rc = ts_judge_open(&j, path, &eng, B, err, errlen);
-    int c = 0, h = 0, w = 0;
-    if (rc == TS_OK) {
-        ts_judge_shape(j, &c, &h, &w);
-        if (c != ds->channels || h != ds->height || w != ds->width) {
-            snprintf(err, errlen, "--features %s takes %d×%d×%d images; the data are %d×%d×%d",
-                     path, c, h, w, ds->channels, ds->height, ds->width);
-            rc = TS_EINVAL;
-        }
-    }
-    int64_t chw = (int64_t)ds->channels * ds->height * ds->width;
-    int D = rc == TS_OK ? ts_judge_feature_dim(j) : 0;
-    if (rc == TS_OK && !(feat = malloc((size_t)ds->n * D * sizeof *feat)))
+        rc = ts_cli_judge_open(&j, path, &eng, B, ds->channels, ds->height, ds->width, err, errlen);
+    if (rc == TS_OK && !(feat = malloc((size_t)ds->n * j.D * sizeof *feat)))
         rc = TS_ENOMEM;
-    for (int lo = 0; lo < ds->n && rc == TS_OK; lo += B) {
-        int m = ds->n - lo < B ? ds->n - lo : B;
-        rc = ts_judge_features(j, ds->images + lo * chw, m, feat + (int64_t)lo * D);
-    }
-    ts_judge_free(j);
-    ts_engine_free(&eng);
-    if (rc != TS_OK) {
-        free(feat);
-        return rc;
-    }
-    *out = feat;
-    *dims = D;
-    return TS_OK;
-}
-
-/* Whether FILE is a judge (its metadata's format), rather than a DiT-trunk classifier. */
-static int is_judge_file(const char *path) {
-    ts_st_file_t f = {0};
-    char err[256];
-    if (ts_st_read(path, &f, err, sizeof err) != TS_OK)
-        return 0;
-    const char *fmt = ts_st_meta(&f, "format");
-    int judge = fmt && strncmp(fmt, "tessera-judge/", 14) == 0;
-    ts_st_free(&f);
-    return judge;
-}
-
-/* --features FILE: the penultimate features (n, D) of a classifier on the clean images. */
-static int classifier_features(const char *path, const ts_dataset_t *ds, int threads, float **out,
-                               int *dims, char *err, size_t errlen) {
-    enum { B = 256 };
-    ts_engine_t eng = {0};
-    ts_engine_opts_t eo = {TS_CPU, threads, 0};
-    ts_classifier_t *c = NULL;
-    ts_tensor_t x = {0};
-    float *feat = NULL, *logits = NULL;
-    int rc = ts_engine_init(&eng, &eo);
     if (rc == TS_OK)
-        rc = ts_classifier_open(&c, path, &eng, B, err, errlen);
-    if (rc == TS_OK && ts_classifier_time_conditioned(c)) {
-        snprintf(err, errlen,
-                 "--features %s is time-conditioned (a router); want a classifier of "
-                 "clean images (`tessera train-classifier`)",
-                 path);
-        rc = TS_EINVAL;
-    }
-    int64_t chw = (int64_t)ds->channels * ds->height * ds->width;
-    int D = rc == TS_OK ? ts_classifier_feature_dim(c) : 0;
-    if (rc == TS_OK) {
-        feat = malloc((size_t)ds->n * D * sizeof *feat);
-        logits = malloc((size_t)B * ts_classifier_num_outputs(c) * sizeof *logits);
-        rc = feat && logits ? ts_tensor_alloc(&x, TS_F32, eng.device, 4,
-                                              TS_SHAPE(B, ds->channels, ds->height, ds->width))
-                            : TS_ENOMEM;
-    }
-    for (int lo = 0; lo < ds->n && rc == TS_OK; lo += B) {
-        int m = ds->n - lo < B ? ds->n - lo : B;
-        ts_tensor_t xs, host;
-        rc = ts_tensor_slice(&xs, &x, 0, m);
-        if (rc == TS_OK)
-            rc = ts_tensor_wrap(&host, ds->images + lo * chw, TS_F32, TS_CPU, 4, xs.shape);
-        if (rc == TS_OK)
-            rc = ts_tensor_copy(&xs, &host);
-        if (rc == TS_OK)
-            rc = ts_classifier_run(c, &xs, NULL, m, feat + (int64_t)lo * D, logits);
-    }
-    ts_tensor_free(&x);
-    free(logits);
-    ts_classifier_free(c);
+        rc = ts_cli_judge_features(&j, &eng, ds->images, ds->n, ds->channels, ds->height, ds->width,
+                                   feat);
+    *dims = j.D;
+    ts_cli_judge_close(&j);
     ts_engine_free(&eng);
     if (rc != TS_OK) {
         free(feat);
         return rc;
     }
     *out = feat;
-    *dims = D;
     return TS_OK;
 }
 
@@ -551,92 +474,62 @@ static int prepare_space(part_run_t *r) {
         po->assign = r->given;
         po->strategy = o->by;
     } else if (o->features) {
-        rc = is_judge_file(o->features)
-                 ? judge_features(o->features, &r->ds, o->threads, &r->space, &po->space_dims,
-                                  r->err, sizeof r->err)
-                 : classifier_features(o->features, &r->ds, o->threads, &r->space, &po->space_dims,
-                                       r->err, sizeof r->err);
-        po->space = r->space;
-        po->strategy = "features";
+        rc = network_features(o->features, &r->ds, o->threads, &r->space, &po->space_dims, r->err,
+                              sizeof r->err);
         if (rc == TS_OK)
-            fprintf(stderr, "[%7.1f s] features of %s: %d dims\n", ts_now_s() - r->prog.t0,
-                    o->features, po->space_dims);
+            rc = ts_partition_save(&r->part, r->path, r->err, sizeof r->err);
+        if (rc == TS_OK)
+            rc = write_shards(&r->part, o->out, r->err, sizeof r->err);
+        if (rc == TS_OK && !o->latents) /* latents are no picture without their VAE */
+            rc = write_examples(&r->part, &r->ds, o->out, r->err, sizeof r->err);
+        int C = r->ds.num_classes;
+        if (rc == TS_OK && !(r->mix = calloc((size_t)r->part.K * (size_t)C, sizeof *r->mix)))
+            rc = TS_ENOMEM;
+        for (int64_t i = 0; rc == TS_OK && i < r->part.n; i++)
+            r->mix[(size_t)r->part.assignment[i] * (size_t)C + r->ds.labels[i]]++;
+        return rc;
     }
-    return rc;
-}
 
-/* The partition, its files in --out, and the class mix of its clusters. */
-static int run(part_run_t *r) {
-    const part_opts_t *o = &r->o;
-    int D = r->ds.channels * r->ds.height * r->ds.width;
-    r->po = (ts_partition_opts_t){.experts = o->experts,
-                                  .dims = o->dims,
-                                  .hierarchical = o->hierarchical,
-                                  .restarts = o->restarts,
-                                  .max_iter = o->max_iter,
-                                  .seed = o->seed,
-                                  .threads = o->threads,
-                                  .dataset = r->dataset,
-                                  .progress = on_progress,
-                                  .ctx = &r->prog};
-    snprintf(r->path, sizeof r->path, "%s/partition.safetensors", o->out);
-    int rc = prepare_space(r);
-    if (rc == TS_OK)
-        rc = ts_partition_fit(r->ds.images, r->ds.n, D, &r->po, &r->part, r->err, sizeof r->err);
-    if (rc == TS_OK)
-        rc = ts_partition_save(&r->part, r->path, r->err, sizeof r->err);
-    if (rc == TS_OK)
-        rc = write_shards(&r->part, o->out, r->err, sizeof r->err);
-    if (rc == TS_OK && !o->latents) /* latents are no picture without their VAE */
-        rc = write_examples(&r->part, &r->ds, o->out, r->err, sizeof r->err);
-    int C = r->ds.num_classes;
-    if (rc == TS_OK && !(r->mix = calloc((size_t)r->part.K * (size_t)C, sizeof *r->mix)))
-        rc = TS_ENOMEM;
-    for (int64_t i = 0; rc == TS_OK && i < r->part.n; i++)
-        r->mix[(size_t)r->part.assignment[i] * (size_t)C + r->ds.labels[i]]++;
-    return rc;
-}
-
-/* The last progress line, then the table or the JSON object. */
-static int print_results(const part_run_t *r) {
-    double secs = ts_now_s() - r->prog.t0;
-    int fmnist = !r->o.latents, C = r->ds.num_classes;
-    fprintf(stderr, "[%7.1f s] wrote %s (partition_id %.16s...), %d shards%s\n", secs, r->path,
-            r->part.id, r->part.K, fmnist ? ", clusters.png" : "");
-    if (r->o.json)
-        return print_json(&r->part, r->mix, C, fmnist, r->o.out, secs);
-    print_table(&r->part, r->mix, C, fmnist, r->o.out, secs);
-    return TS_OK;
-}
-
-static void part_free(part_run_t *r) {
-    free(r->mix);
-    free(r->given);
-    free(r->space);
-    ts_partition_free(&r->part);
-    ts_dataset_free(&r->ds);
-}
-
-int ts_cmd_partition(int argc, char **argv) {
-    part_run_t *r = calloc(1, sizeof *r);
-    if (!r)
-        return 1;
-    int code = parse_opts(argc, argv, &r->o);
-    int go = code == TS_ARGS_RUN;
-    if (go)
-        code = validate(&r->o);
-    if (go && code == 0) {
-        r->prog.t0 = ts_now_s();
-        code = open_data(r);
+    /* The last progress line, then the table or the JSON object. */
+    static int print_results(const part_run_t *r) {
+        double secs = ts_now_s() - r->prog.t0;
+        int fmnist = !r->o.latents, C = r->ds.num_classes;
+        fprintf(stderr, "[%7.1f s] wrote %s (partition_id %.16s...), %d shards%s\n", secs, r->path,
+                r->part.id, r->part.K, fmnist ? ", clusters.png" : "");
+        if (r->o.json)
+            return print_json(&r->part, r->mix, C, fmnist, r->o.out, secs);
+        print_table(&r->part, r->mix, C, fmnist, r->o.out, secs);
+        return TS_OK;
     }
-    if (go && code == 0) {
-        int rc = run(r);
-        if (rc != TS_OK)
-            code = ts_args_fail(PROG, r->err, rc);
-        else
-            code = print_results(r) == TS_OK ? 0 : 1;
+
+    static void part_free(part_run_t * r) {
+        free(r->mix);
+        free(r->given);
+        free(r->space);
+        ts_partition_free(&r->part);
+        ts_dataset_free(&r->ds);
     }
-    part_free(r);
-    free(r);
-    return code;
-}
+
+    int ts_cmd_partition(int argc, char **argv) {
+        part_run_t *r = calloc(1, sizeof *r);
+        if (!r)
+            return 1;
+        int code = parse_opts(argc, argv, &r->o);
+        int go = code == TS_ARGS_RUN;
+        if (go)
+            code = validate(&r->o);
+        if (go && code == 0) {
+            r->prog.t0 = ts_now_s();
+            code = open_data(r);
+        }
+        if (go && code == 0) {
+            int rc = run(r);
+            if (rc != TS_OK)
+                code = ts_args_fail(PROG, r->err, rc);
+            else
+                code = print_results(r) == TS_OK ? 0 : 1;
+        }
+        part_free(r);
+        free(r);
+        return code;
+    }

@@ -37,6 +37,12 @@ PYEOF
 # the evaluation classifier is a feature space too (barely trained: only its file kind matters)
 "$T" train-classifier --patch 7 --depth 1 --steps 5 --eval-n 100 --threads 2 \
     --out "$dir/cls.safetensors" >/dev/null 2>&1 || fail "train-classifier"
+# ... and a space to partition in, through the same door
+"$T" partition --experts 3 --features "$dir/cls.safetensors" --restarts 1 --threads 2 \
+    --out "$dir/part-cls" --json >"$dir/part-cls.json" 2>"$dir/part-cls.log" ||
+    fail "partition --features classifier: $(cat "$dir/part-cls.log")"
+[ "$(json_get "$dir/part-cls.json" "sum(c['size'] for c in j['clusters'])")" = 60000 ] ||
+    fail "partition --features classifier: $(head -c 400 "$dir/part-cls.json")"
 
 # two sample sets: 400 train images, and the same images blurred (3×3 mean) and dimmed
 "$PY" - "$dir" <<'PYEOF'
