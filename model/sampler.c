@@ -47,6 +47,42 @@ int ts_sampler_ddpm_grid(const ts_ddpm_schedule_t *s, int steps, double *t, doub
     return TS_OK;
 }
 
+/* z ·= σ per element, log σ² = ½(v + 1)·log β + ½(1 − v)·log β̃ for the variance output v (DiT's
+ * learned range, v clamped to [−1, 1]), in double, on the host (one copy each way when the
+ * tensors live on a GPU: one step's noise, small beside the model's forward). */
+static int learned_noise(ts_tensor_t *z, const ts_tensor_t *v, double beta, double beta_tilde) {
+    int64_t n = ts_tensor_numel(z);
+    if (ts_tensor_numel(v) != n || beta <= 0.0 || beta_tilde <= 0.0)
+        return TS_EINVAL;
+    int host = z->device == TS_CPU && v->device == TS_CPU;
+    float *hz = host ? z->data : malloc((size_t)n * sizeof *hz);
+    float *hv = host ? v->data : malloc((size_t)n * sizeof *hv);
+    ts_tensor_t tz, tv;
+    int rc = hz && hv ? TS_OK : TS_ENOMEM;
+    if (rc == TS_OK && !host) {
+        rc = ts_tensor_wrap(&tz, hz, TS_F32, TS_CPU, z->ndim, z->shape);
+        if (rc == TS_OK)
+            rc = ts_tensor_wrap(&tv, hv, TS_F32, TS_CPU, v->ndim, v->shape);
+        if (rc == TS_OK)
+            rc = ts_tensor_copy(&tz, z);
+        if (rc == TS_OK)
+            rc = ts_tensor_copy(&tv, v);
+    }
+    double lb = log(beta), lbt = log(beta_tilde);
+    for (int64_t i = 0; i < n && rc == TS_OK; i++) {
+        double f = ((double)hv[i] + 1.0) / 2.0;
+        f = f < 0.0 ? 0.0 : f > 1.0 ? 1.0 : f;
+        hz[i] = (float)((double)hz[i] * exp(0.5 * (f * lb + (1.0 - f) * lbt)));
+    }
+    if (rc == TS_OK && !host)
+        rc = ts_tensor_copy(z, &tz);
+    if (!host) {
+        free(hz);
+        free(hv);
+    }
+    return rc;
+}
+
 /* DDIM and DDPM (sampler.h): the grid of the schedule, x scaled from DDPM's start, then per step
  * the Euler step to the next time (DDIM, and every last step), or DDPM's ancestral step. */
 static int run_ddpm(ts_engine_t *e, const ts_sampler_opts_t *o, ts_tensor_t *x,
@@ -75,7 +111,7 @@ static int run_ddpm(ts_engine_t *e, const ts_sampler_opts_t *o, ts_tensor_t *x,
         } else {
             /* x_τ' = √ᾱ'·x̂0 + c2·ε̂ + σ·z, x̂0 = x − t·v, ε̂ = x + (1 − t)·v, flow x' = x_τ'/(a'+b') */
             double ab = abar[k], ab1 = abar[k + 1], a1 = sqrt(ab1), b1 = sqrt(1.0 - ab1);
-            double var = (1.0 - ab1) / (1.0 - ab) * (1.0 - ab / ab1);
+            double beta = 1.0 - ab / ab1, var = (1.0 - ab1) / (1.0 - ab) * beta;
             double c2 = sqrt(fmax(0.0, 1.0 - ab1 - var)), den = a1 + b1, tk = t[k];
             for (int64_t i = 0; i < n && rc == TS_OK; i++) {
                 ts_tensor_t row;
@@ -87,8 +123,15 @@ static int run_ddpm(ts_engine_t *e, const ts_sampler_opts_t *o, ts_tensor_t *x,
                 rc = ts_scale(e, x, (float)((a1 + c2) / den));
             if (rc == TS_OK)
                 rc = ts_axpy(e, x, (float)((c2 * (1.0 - tk) - tk * a1) / den), v);
-            if (rc == TS_OK)
+            if (rc == TS_OK && o->variance) {
+                rc = o->variance(o->variance_ctx, &scratch[2]);
+                if (rc == TS_OK)
+                    rc = learned_noise(z, &scratch[2], beta, var);
+                if (rc == TS_OK)
+                    rc = ts_axpy(e, x, (float)(1.0 / den), z);
+            } else if (rc == TS_OK) {
                 rc = ts_axpy(e, x, (float)(sqrt(fmax(0.0, var)) / den), z);
+            }
         }
         if (rc == TS_OK && progress && progress(pctx, k + 1, steps))
             rc = TS_EINVAL;

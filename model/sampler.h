@@ -20,9 +20,12 @@
  * starts from x = z / (a0 + b0) at t_0; the last step goes to t = 0. From the velocity v at
  * (x, t) the predictions are x̂0 = x − t·v and ε̂ = x + (1 − t)·v (x = (1 − t)·x0 + t·ε).
  *   DDIM (η = 0): x_τ' = √ᾱ'·x̂0 + √(1 − ᾱ')·ε̂ — in flow time exactly the Euler step from t to t'.
- *   DDPM (ancestral, DDIM's η = 1): x_τ' = √ᾱ'·x̂0 + √(1 − ᾱ' − σ²)·ε̂ + σ·z_k with
- *       σ² = (1 − ᾱ')/(1 − ᾱ) · (1 − ᾱ/ᾱ'), z_k sample i's normal stream opts.seeds[i] at offset
- *       (k + 1)·C·H·W (offset 0 is its starting noise): the same draws whatever the batch.
+ *   DDPM (ancestral, DDIM's η = 1): x_τ' = √ᾱ'·x̂0 + √(1 − ᾱ' − β̃)·ε̂ + σ·z_k — the
+ *       posterior's mean plus noise — with β = 1 − ᾱ/ᾱ' (the step's β on the respaced grid),
+ *       β̃ = (1 − ᾱ')/(1 − ᾱ)·β, σ² = β̃, or with opts.variance a learned σ per element,
+ *       log σ² = ½(v + 1)·log β + ½(1 − v)·log β̃ (DiT's sampling); z_k sample i's normal
+ *       stream opts.seeds[i] at offset (k + 1)·C·H·W (offset 0 is its starting noise): the same
+ *       draws whatever the batch.
  *   The last step of both returns x̂0. Evaluations per sample: steps.
  */
 #ifndef TS_SAMPLER_H
@@ -37,6 +40,10 @@ extern "C" {
 
 /* v (same shape as x) = velocity at (x, t). Returns TS_OK or an error, which stops sampling. */
 typedef int (*ts_velocity_fn)(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v);
+/* DDPM with a learned variance (DiT's published checkpoints): into out (shaped like x), the
+ * model's variance interpolation v ∈ [−1, 1] at the (x, t) of the velocity just evaluated, which
+ * sets the step's noise per element: log σ² = ½(v + 1)·log β + ½(1 − v)·log β̃. */
+typedef int (*ts_variance_fn)(void *ctx, ts_tensor_t *out);
 /* Called after each step k (1..steps); return non-zero to stop early (TS_EINVAL is returned). */
 typedef int (*ts_sample_progress_fn)(void *ctx, int step, int steps);
 
@@ -54,6 +61,10 @@ typedef struct ts_sampler_opts {
     const ts_ddpm_schedule_t *schedule;
     /* DDPM: the n samples' noise streams (those ts_sampler_noise drew their start from) */
     const uint64_t *seeds;
+    /* DDPM: the model's learned variance (called after each velocity but the last), or NULL:
+     * the posterior's β̃ */
+    ts_variance_fn variance;
+    void *variance_ctx;
 } ts_sampler_opts_t;
 
 /* Parses "euler" / "heun" / "ddim" / "ddpm". */

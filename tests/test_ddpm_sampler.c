@@ -7,6 +7,10 @@
  * 1. Against a reference written in DDPM's own variables, in double (the textbook updates:
  *    x̂0 = (x_τ − b·ε̂)/a, DDIM x_τ' = a'·x̂0 + b'·ε̂, DDPM x_τ' = a'·x̂0 + √(1 − ᾱ' − σ²)·ε̂ + σ·z):
  *    the same start noise and draws give the same samples (relative 1e-4).
+ *    With a learned variance (DiT's): against DiT's own update in double — the posterior mean
+ *    from its coefficients, β·√ᾱ'/(1 − ᾱ)·x̂0 + (1 − ᾱ')·√(ᾱ/ᾱ')/(1 − ᾱ)·x_τ, plus σ·z with
+ *    log σ² = f·log β + (1 − f)·log β̃, f = (v + 1)/2 — for a v that varies with t and the
+ *    dimension; v = −1 everywhere is the fixed β̃ run.
  * 2. Against the truth: 4096 samples of DDIM (1000 steps) have the data's per-dimension mean and
  *    variance (DDPM: the mean), within their sampling error.
  * 3. The grid and the refusals: trailing spacing, steps past the schedule, DDPM without seeds.
@@ -48,9 +52,27 @@ static double eps_hat(double x, double abar, int d) {
     return b * (x - a * MU[d]) / (a * a * SIGMA[d] * SIGMA[d] + b * b);
 }
 
+/* A learned variance output v for flow time t and dimension d, in [−1, 1]: kind 1 varies with
+ * both, kind 2 is −1 (β̃ itself). */
+static float learned_v(int kind, double t, int d) {
+    return kind == 2 ? -1.0f : (float)cos(5.0 * t + d);
+}
+
+static double g_last_t; /* the flow time of the last velocity asked for */
+static int g_v_kind;    /* learned_v's kind of the run */
+
+static int variance_out(void *ctx, ts_tensor_t *out) {
+    (void)ctx;
+    float *o = out->data;
+    for (int64_t i = 0; i < ts_tensor_numel(out); i++)
+        o[i] = learned_v(g_v_kind, g_last_t, (int)(i % D));
+    return TS_OK;
+}
+
 /* The analytic ε-expert as a flow velocity field: asked at (scale·x, ᾱ(t)), converted. */
 static int eps_expert(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v) {
     (void)ctx;
+    g_last_t = t;
     double step, abar, scale;
     (void)ts_ddpm_from_flow(&g_sched, t, &step, &abar, &scale);
     int64_t n = ts_tensor_numel(x);
@@ -65,8 +87,9 @@ static int eps_expert(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v) 
     return rc;
 }
 
-/* The reference: DDIM (ddpm = 0) or DDPM in DDPM variables, in double, from x (n·D) at τ_0. */
-static void reference(int ddpm, int steps, const uint64_t *seeds, int n, double *x) {
+/* The reference: DDIM (ddpm = 0) or DDPM in DDPM variables, in double, from x (n·D) at τ_0;
+ * with v_kind, DDPM with learned_v's variance in DiT's own form. */
+static void reference(int ddpm, int steps, const uint64_t *seeds, int n, double *x, int v_kind) {
     double t[1001], abar[1001];
     assert_int_equal(ts_sampler_ddpm_grid(&g_sched, steps, t, abar), TS_OK);
     ts_tensor_t z;
@@ -83,10 +106,17 @@ static void reference(int ddpm, int steps, const uint64_t *seeds, int n, double 
                     *xi = x0;
                 } else if (!ddpm) {
                     *xi = sqrt(ab1) * x0 + sqrt(1.0 - ab1) * e;
-                } else {
+                } else if (!v_kind) {
                     double var = (1.0 - ab1) / (1.0 - ab) * (1.0 - ab / ab1);
                     *xi = sqrt(ab1) * x0 + sqrt(1.0 - ab1 - var) * e +
                           sqrt(var) * (double)((float *)z.data)[d];
+                } else { /* DiT's p_sample on the respaced grid */
+                    double beta = 1.0 - ab / ab1, bt = (1.0 - ab1) / (1.0 - ab) * beta;
+                    double mean = beta * sqrt(ab1) / (1.0 - ab) * x0 +
+                                  (1.0 - ab1) * sqrt(ab / ab1) / (1.0 - ab) * *xi;
+                    double f = ((double)learned_v(v_kind, t[k], d) + 1.0) / 2.0;
+                    *xi = mean + exp(0.5 * (f * log(beta) + (1.0 - f) * log(bt))) *
+                                     (double)((float *)z.data)[d];
                 }
             }
         }
@@ -108,6 +138,8 @@ static void ours(ts_sampler_kind_t kind, int steps, int n, uint64_t *seeds, floa
     if (start)
         memcpy(start, x.data, (size_t)n * D * sizeof *start);
     ts_sampler_opts_t o = {.kind = kind, .steps = steps, .seeds = seeds};
+    if (g_v_kind)
+        o.variance = variance_out;
     TU_CHECK_OK(ts_sampler_run(&g_eng, &o, &x, scratch, eps_expert, NULL, NULL, NULL));
     memcpy(out, x.data, (size_t)n * D * sizeof *out);
     ts_tensor_free(&x);
@@ -123,14 +155,19 @@ static void against_reference(ts_sampler_kind_t kind, int steps) {
     ours(kind, steps, N, seeds, got, start);
     for (int i = 0; i < N * D; i++)
         want[i] = start[i];
-    reference(kind == TS_SAMPLER_DDPM, steps, seeds, N, want);
+    reference(kind == TS_SAMPLER_DDPM, steps, seeds, N, want, g_v_kind);
     double worst = 0.0;
     for (int i = 0; i < N * D; i++) {
         double err = fabs((double)got[i] - want[i]) / (1.0 + fabs(want[i]));
         worst = err > worst ? err : worst;
     }
-    print_message("%s, %d steps: worst relative difference from the DDPM-space reference %.3g\n",
-                  kind == TS_SAMPLER_DDPM ? "ddpm" : "ddim", steps, worst);
+    print_message("%s%s, %d steps: worst relative difference from the DDPM-space reference "
+                  "%.3g\n",
+                  kind == TS_SAMPLER_DDPM ? "ddpm" : "ddim",
+                  g_v_kind == 1   ? " (learned σ)"
+                  : g_v_kind == 2 ? " (learned σ = β̃)"
+                                  : "",
+                  steps, worst);
     assert_true(worst < 1e-4);
 }
 
@@ -145,6 +182,33 @@ static void test_ddpm_matches_reference(void **state) {
     (void)state;
     against_reference(TS_SAMPLER_DDPM, 50);
     against_reference(TS_SAMPLER_DDPM, 7);
+}
+
+/* A learned variance against DiT's update (the posterior mean by its coefficients, the noise by
+ * the interpolated log variance); v = −1 equals the fixed-variance run within rounding. */
+static void test_ddpm_learned_variance(void **state) {
+    (void)state;
+    g_v_kind = 1;
+    against_reference(TS_SAMPLER_DDPM, 50);
+    against_reference(TS_SAMPLER_DDPM, 7);
+    g_v_kind = 2;
+    against_reference(TS_SAMPLER_DDPM, 50);
+    enum { N = 16 };
+    uint64_t seeds[N];
+    float fixed[N * D], learned[N * D];
+    ours(TS_SAMPLER_DDPM, 50, N, seeds, learned, NULL);
+    g_v_kind = 0;
+    ours(TS_SAMPLER_DDPM, 50, N, seeds, fixed, NULL);
+    for (int i = 0; i < N * D; i++)
+        assert_true(fabs((double)learned[i] - fixed[i]) <= 1e-5 * (1.0 + fabs(fixed[i])));
+    /* and a learned σ moves the samples: v = cos(5t + d) is not β̃ */
+    g_v_kind = 1;
+    ours(TS_SAMPLER_DDPM, 50, N, seeds, learned, NULL);
+    g_v_kind = 0;
+    double moved = 0.0;
+    for (int i = 0; i < N * D; i++)
+        moved = fmax(moved, fabs((double)learned[i] - fixed[i]));
+    assert_true(moved > 1e-3);
 }
 
 /* The samples' per-dimension mean (both) and variance (DDIM) against the data's — the truth, not
@@ -224,6 +288,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ddim_matches_reference),
         cmocka_unit_test(test_ddpm_matches_reference),
+        cmocka_unit_test(test_ddpm_learned_variance),
         cmocka_unit_test(test_moments),
         cmocka_unit_test(test_grid_and_refusals),
     };
