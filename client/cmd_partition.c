@@ -476,60 +476,87 @@ static int prepare_space(part_run_t *r) {
     } else if (o->features) {
         rc = network_features(o->features, &r->ds, o->threads, &r->space, &po->space_dims, r->err,
                               sizeof r->err);
+        po->space = r->space;
+        po->strategy = "features";
         if (rc == TS_OK)
-            rc = ts_partition_save(&r->part, r->path, r->err, sizeof r->err);
-        if (rc == TS_OK)
-            rc = write_shards(&r->part, o->out, r->err, sizeof r->err);
-        if (rc == TS_OK && !o->latents) /* latents are no picture without their VAE */
-            rc = write_examples(&r->part, &r->ds, o->out, r->err, sizeof r->err);
-        int C = r->ds.num_classes;
-        if (rc == TS_OK && !(r->mix = calloc((size_t)r->part.K * (size_t)C, sizeof *r->mix)))
-            rc = TS_ENOMEM;
-        for (int64_t i = 0; rc == TS_OK && i < r->part.n; i++)
-            r->mix[(size_t)r->part.assignment[i] * (size_t)C + r->ds.labels[i]]++;
-        return rc;
+            fprintf(stderr, "[%7.1f s] features of %s: %d dims\n", ts_now_s() - r->prog.t0,
+                    o->features, po->space_dims);
     }
+    return rc;
+}
 
-    /* The last progress line, then the table or the JSON object. */
-    static int print_results(const part_run_t *r) {
-        double secs = ts_now_s() - r->prog.t0;
-        int fmnist = !r->o.latents, C = r->ds.num_classes;
-        fprintf(stderr, "[%7.1f s] wrote %s (partition_id %.16s...), %d shards%s\n", secs, r->path,
-                r->part.id, r->part.K, fmnist ? ", clusters.png" : "");
-        if (r->o.json)
-            return print_json(&r->part, r->mix, C, fmnist, r->o.out, secs);
-        print_table(&r->part, r->mix, C, fmnist, r->o.out, secs);
-        return TS_OK;
-    }
+/* The partition, its files in --out, and the class mix of its clusters. */
+static int run(part_run_t *r) {
+    const part_opts_t *o = &r->o;
+    int D = r->ds.channels * r->ds.height * r->ds.width;
+    r->po = (ts_partition_opts_t){.experts = o->experts,
+                                  .dims = o->dims,
+                                  .hierarchical = o->hierarchical,
+                                  .restarts = o->restarts,
+                                  .max_iter = o->max_iter,
+                                  .seed = o->seed,
+                                  .threads = o->threads,
+                                  .dataset = r->dataset,
+                                  .progress = on_progress,
+                                  .ctx = &r->prog};
+    snprintf(r->path, sizeof r->path, "%s/partition.safetensors", o->out);
+    int rc = prepare_space(r);
+    if (rc == TS_OK)
+        rc = ts_partition_fit(r->ds.images, r->ds.n, D, &r->po, &r->part, r->err, sizeof r->err);
+    if (rc == TS_OK)
+        rc = ts_partition_save(&r->part, r->path, r->err, sizeof r->err);
+    if (rc == TS_OK)
+        rc = write_shards(&r->part, o->out, r->err, sizeof r->err);
+    if (rc == TS_OK && !o->latents) /* latents are no picture without their VAE */
+        rc = write_examples(&r->part, &r->ds, o->out, r->err, sizeof r->err);
+    int C = r->ds.num_classes;
+    if (rc == TS_OK && !(r->mix = calloc((size_t)r->part.K * (size_t)C, sizeof *r->mix)))
+        rc = TS_ENOMEM;
+    for (int64_t i = 0; rc == TS_OK && i < r->part.n; i++)
+        r->mix[(size_t)r->part.assignment[i] * (size_t)C + r->ds.labels[i]]++;
+    return rc;
+}
 
-    static void part_free(part_run_t * r) {
-        free(r->mix);
-        free(r->given);
-        free(r->space);
-        ts_partition_free(&r->part);
-        ts_dataset_free(&r->ds);
-    }
+/* The last progress line, then the table or the JSON object. */
+static int print_results(const part_run_t *r) {
+    double secs = ts_now_s() - r->prog.t0;
+    int fmnist = !r->o.latents, C = r->ds.num_classes;
+    fprintf(stderr, "[%7.1f s] wrote %s (partition_id %.16s...), %d shards%s\n", secs, r->path,
+            r->part.id, r->part.K, fmnist ? ", clusters.png" : "");
+    if (r->o.json)
+        return print_json(&r->part, r->mix, C, fmnist, r->o.out, secs);
+    print_table(&r->part, r->mix, C, fmnist, r->o.out, secs);
+    return TS_OK;
+}
 
-    int ts_cmd_partition(int argc, char **argv) {
-        part_run_t *r = calloc(1, sizeof *r);
-        if (!r)
-            return 1;
-        int code = parse_opts(argc, argv, &r->o);
-        int go = code == TS_ARGS_RUN;
-        if (go)
-            code = validate(&r->o);
-        if (go && code == 0) {
-            r->prog.t0 = ts_now_s();
-            code = open_data(r);
-        }
-        if (go && code == 0) {
-            int rc = run(r);
-            if (rc != TS_OK)
-                code = ts_args_fail(PROG, r->err, rc);
-            else
-                code = print_results(r) == TS_OK ? 0 : 1;
-        }
-        part_free(r);
-        free(r);
-        return code;
+static void part_free(part_run_t *r) {
+    free(r->mix);
+    free(r->given);
+    free(r->space);
+    ts_partition_free(&r->part);
+    ts_dataset_free(&r->ds);
+}
+
+int ts_cmd_partition(int argc, char **argv) {
+    part_run_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return 1;
+    int code = parse_opts(argc, argv, &r->o);
+    int go = code == TS_ARGS_RUN;
+    if (go)
+        code = validate(&r->o);
+    if (go && code == 0) {
+        r->prog.t0 = ts_now_s();
+        code = open_data(r);
     }
+    if (go && code == 0) {
+        int rc = run(r);
+        if (rc != TS_OK)
+            code = ts_args_fail(PROG, r->err, rc);
+        else
+            code = print_results(r) == TS_OK ? 0 : 1;
+    }
+    part_free(r);
+    free(r);
+    return code;
+}

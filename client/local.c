@@ -405,6 +405,10 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
             rc = ts_sampler_noise(e, &x, g->seeds + start);
         ts_sampler_opts_t so = g->sampler;
         so.seeds = g->seeds + start; /* DDPM's draws: each sample's own stream */
+        if (so.kind == TS_SAMPLER_DDPM && ts_ensemble_has_variance(&ens)) {
+            so.variance = ts_ensemble_variance; /* DiT's learned σ, as its own sampling */
+            so.variance_ctx = &ens;
+        }
         if (rc == TS_OK)
             rc = ts_sampler_run(e, &so, &x, scratch, ts_ensemble_velocity, &ens, g->on_step,
                                 g->step_ctx);

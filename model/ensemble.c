@@ -58,6 +58,8 @@ void ts_ensemble_free(ts_ensemble_t *s) {
     free(s->emb);
     free(s->d2);
     free(s->prev_emb);
+    free(s->sig);
+    free(s->sig_k);
     free(s->expert_forwards);
     free(s->jobs);
     free(s->job_rows);
@@ -283,6 +285,15 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
         s->spread = malloc((size_t)n * sizeof *s->spread);
         s->sq = malloc((size_t)n * sizeof *s->sq);
         if (!s->p || !s->spread || !s->sq)
+            rc = rc == TS_OK ? TS_ENOMEM : rc;
+    }
+    int learned_sigma = 0;
+    for (int k = 0; experts && k < K; k++)
+        learned_sigma |= experts[k].cfg.learn_sigma;
+    if (learned_sigma && !opts->eval && !exact) {
+        s->sig = malloc((size_t)nv * sizeof *s->sig);
+        s->sig_k = malloc((size_t)nv * sizeof *s->sig_k);
+        if (!s->sig || !s->sig_k)
             rc = rc == TS_OK ? TS_ENOMEM : rc;
     }
     if (opts->absent) {
@@ -612,6 +623,44 @@ static int add_sq(ts_ensemble_t *s, const ts_tensor_t *vk, int m) {
     return TS_OK;
 }
 
+/* sig[b] += w · v_k(b) for the m rows of expert k just run (idx_h, wk_h): its variance output,
+ * the conditional rows of its last forward (all n in order when the confidence policy ran it,
+ * else the m rows), or −1 for an expert without a learned variance. */
+static int add_sigma(ts_ensemble_t *s, int k, int m) {
+    ts_dit_t *model = &s->experts[k];
+    int64_t chw = s->chw;
+    if (!model->cfg.learn_sigma) {
+        for (int i = 0; i < m; i++)
+            for (int64_t j = 0; j < chw; j++)
+                s->sig[(size_t)s->idx_h[i] * chw + j] -= s->wk_h[i];
+        return TS_OK;
+    }
+    int all = s->o.policy == TS_POLICY_CONFIDENCE, rows = all ? s->n : m;
+    ts_tensor_t sg, cond, host;
+    TS_TRY(ts_dit_sigma(model, s->pairs * rows, &sg));
+    TS_TRY(ts_tensor_slice(&cond, &sg, 0, rows));
+    TS_TRY(ts_tensor_wrap(&host, s->sig_k, TS_F32, TS_CPU, cond.ndim, cond.shape));
+    TS_TRY(ts_tensor_copy(&host, &cond));
+    for (int i = 0; i < m; i++) {
+        const float *src = s->sig_k + (size_t)(all ? s->idx_h[i] : i) * chw;
+        float *dst = s->sig + (size_t)s->idx_h[i] * chw;
+        for (int64_t j = 0; j < chw; j++)
+            dst[j] += s->wk_h[i] * src[j];
+    }
+    return TS_OK;
+}
+
+int ts_ensemble_has_variance(const ts_ensemble_t *s) { return s && s->sig; }
+
+int ts_ensemble_variance(void *ctx, ts_tensor_t *out) {
+    ts_ensemble_t *s = ctx;
+    if (!s || !s->sig || !out || ts_tensor_numel(out) != (int64_t)s->n * s->chw)
+        return TS_EINVAL;
+    ts_tensor_t host;
+    TS_TRY(ts_tensor_wrap(&host, s->sig, TS_F32, TS_CPU, out->ndim, out->shape));
+    return ts_tensor_copy(out, &host);
+}
+
 /* opts.record: spread[b] = (Σ_k w_k ‖v_k‖² − ‖v‖²) / chw = Σ_k w_k ‖v_k − v‖² / chw (the
  * weights of a sample sum to 1 and v = Σ_k w_k v_k). */
 static int finish_spread(ts_ensemble_t *s, const ts_tensor_t *v) {
@@ -711,6 +760,8 @@ weighted:
         TS_TRY(ts_zero(e, v));
     if (s->o.record)
         memset(s->sq, 0, (size_t)n * sizeof *s->sq);
+    if (s->sig)
+        memset(s->sig, 0, (size_t)(n * s->chw) * sizeof *s->sig);
     for (int k = 0; !s->o.eval && k < K; k++) {
         if (s->o.exact_guidance) {
             TS_TRY(run_expert_exact(s, k, x, t, v));
@@ -734,6 +785,8 @@ weighted:
         TS_TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
         if (s->o.record)
             TS_TRY(add_sq(s, &vk, m));
+        if (s->sig)
+            TS_TRY(add_sigma(s, k, m));
     }
     if (s->o.record)
         TS_TRY(finish_spread(s, v));

@@ -260,6 +260,11 @@ typedef struct ts_ensemble {
     double *absent_mass;
     int64_t absent_routed; /* samples routed afresh so far (held evaluations route nothing) */
     float *absent_w;       /* (n, K) scratch for it */
+    /* DiT's learned variance (an expert with learn_sigma; local experts, no exact guidance):
+     * (n·chw) host, Σ_k w_k·v_k over the experts run for each sample of the last evaluation,
+     * v_k an expert's variance output (−1 — the posterior's β̃ — for one without); NULL
+     * otherwise. sig_k: (n·chw) one expert's. */
+    float *sig, *sig_k;
     /* remote experts: one job per expert, and their host buffers */
     ts_expert_job_t *jobs;     /* (K) */
     int32_t *job_rows, *job_y; /* (K·n) */
@@ -287,6 +292,13 @@ void ts_ensemble_free(ts_ensemble_t *ens);
  * at t = 1, or at a later time than the previous call (the first step of every sampler run:
  * DDIM and DDPM start below 1), starts a new run: the centroid policy forgets its previous x̂0. */
 int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v);
+/* Whether the ensemble has a learned variance to give (ens.sig): some expert has learn_sigma,
+ * the experts are local and guidance is not exact. */
+int ts_ensemble_has_variance(const ts_ensemble_t *ens);
+/* ts_variance_fn (model/sampler.h) for ctx = ts_ensemble_t: the variance outputs of the last
+ * ts_ensemble_velocity, combined with its weights (ens.sig) into out (n, C, H, W). TS_EINVAL
+ * without one. */
+int ts_ensemble_variance(void *ctx, ts_tensor_t *out);
 
 /* Expert evaluations per sample so far: forwards / n. */
 double ts_ensemble_evals_per_sample(const ts_ensemble_t *ens);

@@ -3,7 +3,8 @@
 # "Every judge"): the evaluation classifier as the study trained it, a plain CNN classifier of
 # another seed and an autoencoder trained without labels (`tessera train-judge`), each kept with
 # the results; then `tessera judge` (FD and KID with paired 95 % intervals, precision, recall) on
-# the headline at the full budget and on the first small-budget study's entries.
+# the headline at the full budget, on the first small-budget study's entries, and on the
+# unsupervised partition at the full budget (with and without a router).
 #
 #   scripts/rejudge.sh [OUT_DIR]   (default docs/results/judges; resumable: a file that exists is
 #                                   not made again)
@@ -57,22 +58,36 @@ with gzip.open(f"{d}/train-data-{n}-labels.idx.gz", "wb") as f:
 PYEOF
 }
 
-rejudge() { # NAME DIR N ENTRY...: the entries of DIR, then the floor of N train images
-    local name=$1 dir=$2 n=$3 files=""
+rejudge() { # NAME DIR N ENTRY...: the first N samples of the entries of DIR (an entry with a
+    # '/' is a path of its own), then the floor of N train images
+    local name=$1 dir=$2 n=$3 files="" f
     shift 3
     [ -f "$OUT/rejudge-$name.json" ] && return 0
-    for e in "$@"; do files="${files:+$files,}$dir/$e.idx.gz"; done
+    for e in "$@"; do
+        case $e in */*) f=$e ;; *) f=$dir/$e ;; esac
+        files="${files:+$files,}$f.idx.gz"
+    done
     floor "$n"
     files="$files,$TMP/train-data-$n.idx.gz"
     log "rejudge $name: $*"
     nice "$T" judge --samples "$files" --judges "$JUDGES" --bootstrap "$BOOT" --threads "$THREADS" \
-        >"$OUT/rejudge-$name.txt" 2>"$OUT/rejudge-$name.log"
+        --n "$n" >"$OUT/rejudge-$name.txt" 2>"$OUT/rejudge-$name.log"
     nice "$T" judge --samples "$files" --judges "$JUDGES" --bootstrap "$BOOT" --threads "$THREADS" \
-        --json >"$OUT/rejudge-$name.json" 2>>"$OUT/rejudge-$name.log"
+        --n "$n" --json >"$OUT/rejudge-$name.json" 2>>"$OUT/rejudge-$name.log"
 }
 # the headline: the b8 monolith against the label-split ensemble, n = 5 000 each (and the floor)
 rejudge full docs/results/routing-full 5000 monolith best-ensemble
 # the small budget's first study (one b8 monolith for all of them), n = 2 000 each
 rejudge small docs/results/routing-small 2000 monolith best-ensemble monolith-b64 \
     ens-warm-b8-learned+prior_top1 ens-b8-learned+prior_top1 ens-base-learned+prior_top1
+# the unsupervised partition at the full budget (routing-study.sh full, arms mono-b8-s2 part-ae,
+# and the router on its clusters: docs/results/routing-ae/README.md), against both monolith
+# seeds, with the label split beside it; then Paris's setting — a router on (x_t, t) only — at
+# n = 2 000
+AE=docs/results/routing-ae
+FULL=docs/results/routing-full
+rejudge full-ae "$AE" 5000 "$FULL/monolith" monolith-s2 ae-uniform+prior_top1 \
+    ae-centroid+prior_top1 "$FULL/best-ensemble"
+rejudge full-ae-router "$AE" 2000 "$FULL/monolith" monolith-s2 ae-learned_top1 ae-learned_top2 \
+    ae-learned_full
 log "done: $OUT/rejudge-*.txt and .json"

@@ -893,6 +893,72 @@ static void test_full_uniform_is_mean(void **state) {
     ts_experts_free(&ex);
 }
 
+/* DiT's learned variance through the ensemble: an expert with learn_sigma beside one without,
+ * full uniform routing with guidance — the ensemble's variance output is ½·v_σ(cond rows of the
+ * learned one's forward) + ½·(−1) (the one without stands for β̃), as computed here from the
+ * expert alone; an ensemble without a learned σ, or with exact guidance, has none. */
+static void test_learned_variance(void **state) {
+    fixture_t *fx = *state;
+    enum { N = 4 };
+    ts_dit_config_t c;
+    tiny_config(&c);
+    ts_dit_t m[2];
+    c.learn_sigma = 1;
+    TU_CHECK_OK(ts_dit_create(&m[0], &c, &fx->e, 2 * N, 0));
+    c.learn_sigma = 0;
+    TU_CHECK_OK(ts_dit_create(&m[1], &c, &fx->e, 2 * N, 0));
+    for (int k = 0; k < 2; k++) {
+        TU_CHECK_OK(ts_rng_normal(&fx->e, &m[k].param_mem, 31 + (uint64_t)k, 0));
+        TU_CHECK_OK(ts_scale(&fx->e, &m[k].param_mem, 0.1f));
+    }
+    int32_t labels[N] = {2, 0, NCLS, 1}, yy[2 * N];
+    ts_tensor_t x, v, sig, xx, tt, out, alone;
+    tu_alloc_f32(&x, 4, TS_SHAPE(N, 1, IMG, IMG));
+    tu_alloc_like(&v, &x);
+    tu_alloc_like(&sig, &x);
+    tu_alloc_f32(&xx, 4, TS_SHAPE(2 * N, 1, IMG, IMG));
+    tu_alloc_f32(&tt, 1, TS_SHAPE(2 * N));
+    tu_rng_t r = {19};
+    tu_fill_uniform(&r, &x, -2.0f, 2.0f);
+    ts_ensemble_opts_t o = base_opts("full", TS_POLICY_UNIFORM, labels, N, 3.0f);
+    ts_ensemble_t ens;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, m, 2, &o, err, sizeof err), TS_OK, err);
+    assert_true(ts_ensemble_has_variance(&ens));
+    TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.6f, &v));
+    TU_CHECK_OK(ts_ensemble_variance(&ens, &sig));
+    /* the learned expert alone on [x; x] with labels [y; ∅] */
+    memcpy(tu_f32(&xx), tu_f32(&x), N * CHW * sizeof(float));
+    memcpy(tu_f32(&xx) + N * CHW, tu_f32(&x), N * CHW * sizeof(float));
+    for (int i = 0; i < N; i++)
+        yy[i] = labels[i], yy[N + i] = NCLS;
+    TU_CHECK_OK(ts_fill(&fx->e, &tt, 0.6f));
+    TU_CHECK_OK(ts_dit_forward(&m[0], &xx, &tt, yy, 2 * N, &out));
+    TU_CHECK_OK(ts_dit_sigma(&m[0], 2 * N, &alone));
+    float want[N * CHW];
+    double spread = 0.0;
+    for (int i = 0; i < N * CHW; i++) {
+        want[i] = 0.0f + 0.5f * tu_f32(&alone)[i]; /* the rows 0..N−1: the conditional pass */
+        want[i] -= 0.5f;
+        spread = fmax(spread, fabs((double)tu_f32(&alone)[i]));
+    }
+    assert_true(spread > 1e-3); /* the variance output is not trivially 0 */
+    tu_check_close(tu_f32(&sig), want, N * CHW, 1e-6, 1e-6, "combined variance output");
+    ts_ensemble_free(&ens);
+    /* no learned σ: none to give */
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, m + 1, 1, &o, err, sizeof err), TS_OK, err);
+    assert_false(ts_ensemble_has_variance(&ens));
+    TU_CHECK_RC(ts_ensemble_variance(&ens, &sig), TS_EINVAL);
+    ts_ensemble_free(&ens);
+    /* exact guidance: not combined */
+    o.exact_guidance = 1;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, m, 2, &o, err, sizeof err), TS_OK, err);
+    assert_false(ts_ensemble_has_variance(&ens));
+    ts_ensemble_free(&ens);
+    TU_FREE_TENSORS(&x, &v, &sig, &xx, &tt);
+    ts_dit_free(&m[0]);
+    ts_dit_free(&m[1]);
+}
+
 /* opts.absent: an absent expert is scored −∞ from the first evaluation — full + uniform over 3
  * experts with expert 1 absent is the mean of experts 0 and 2 (weights 1/2), expert 1 is never
  * run, and its routing mass (1/3 per sample per evaluation) is summed; top1 moves to the next
@@ -1600,6 +1666,7 @@ int main(void) {
         cmocka_unit_test(test_sq_dist),
         cmocka_unit_test_setup_teardown(test_top1_identical_equals_single, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_objectives, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_learned_variance, setup, teardown),
         cmocka_unit_test_setup_teardown(test_grouping_equals_one_by_one, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_uniform_is_mean, setup, teardown),
         cmocka_unit_test_setup_teardown(test_centroid_nearer, setup, teardown),
