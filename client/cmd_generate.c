@@ -807,6 +807,10 @@ static json_t *summary(const gen_run_t *r, const char *sel_text) {
     json_object_set_new(sum, "exact_guidance", json_boolean(o->exact && o->cfg != 1.0f));
     json_object_set_new(sum, "router_temp", json_real(o->router_temp));
     json_object_set_new(sum, "route", json_string(o->trajectory));
+    /* DDPM's noise: the experts' learned σ, or the posterior's β̃ */
+    if (r->so.kind == TS_SAMPLER_DDPM)
+        json_object_set_new(sum, "ddpm_variance",
+                            json_string(r->st.learned_variance ? "learned" : "posterior"));
     json_t *share = json_array(), *unc = json_array();
     fprintf(stderr,
             "%d samples, %d %s steps, policy %s, selection %s, cfg %g: %.1f expert evaluations "
@@ -819,6 +823,10 @@ static json_t *summary(const gen_run_t *r, const char *sel_text) {
         json_array_append_new(share, json_real(f));
     }
     fprintf(stderr, "\nprior: %s\n", r->prior_used);
+    if (r->so.kind == TS_SAMPLER_DDPM)
+        fprintf(stderr, "ddpm variance: %s\n",
+                r->st.learned_variance ? "the experts' learned σ (DiT's)"
+                                       : "the posterior's β̃ (no expert here gives a learned σ)");
     if (r->loc.absent) {
         for (int k = 0; k < K; k++)
             if (r->loc.absent[k]) {

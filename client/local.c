@@ -362,6 +362,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
     double t0 = ts_now_s();
     int64_t forwards = 0, router_evals = 0, sample_evals = 0, absent_routed = 0;
     double policy_s = 0.0, combine_s = 0.0;
+    int learned_variance = 0;
     int rc = TS_OK;
     for (int start = 0; start < g->n && rc == TS_OK; start += l->chunk) {
         int m = g->n - start < l->chunk ? g->n - start : l->chunk;
@@ -408,6 +409,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
         if (so.kind == TS_SAMPLER_DDPM && ts_ensemble_has_variance(&ens)) {
             so.variance = ts_ensemble_variance; /* DiT's learned σ, as its own sampling */
             so.variance_ctx = &ens;
+            learned_variance = 1;
         }
         if (rc == TS_OK)
             rc = ts_sampler_run(e, &so, &x, scratch, ts_ensemble_velocity, &ens, g->on_step,
@@ -447,6 +449,7 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
         stats->seconds = ts_now_s() - t0;
         stats->policy_s = policy_s;
         stats->combine_s = combine_s;
+        stats->learned_variance = learned_variance;
     }
     return rc;
 }

@@ -126,6 +126,7 @@ typedef struct ts_local_stats {
     int64_t sample_evals;       /* evaluations × samples: what routing masses are divided by */
     double *absent_mass;        /* (K) with l->absent: the caller's array, added to */
     int64_t absent_routed;      /* with l->absent: samples routed afresh (its divisor) */
+    int learned_variance;       /* DDPM's noise came from the experts' learned σ (DiT's) */
 } ts_local_stats_t;
 
 /* Generates g->n samples into images (n, C, H, W) in host memory. stats (may be NULL) is

@@ -162,6 +162,10 @@ cp plain.safetensors ens/expert-0.safetensors
 "$PY" "$here/latent_fixture.py" . "$here/parity" 0 5 || fail "making a VAE"
 run "$T" generate --local ens --n 2 --steps 3 --sampler ddim --cfg 1.5 --vae vae-5.safetensors \
     --out ens.png
+# DDPM takes the imported expert's learned σ (DiT's own sampling); a flow expert gives none
+run "$T" generate --local ens --n 2 --steps 3 --sampler ddpm --cfg 1.5 --vae vae-5.safetensors \
+    --json --out ddpm.png
+[ "$(json_get out.txt "j['ddpm_variance']")" = learned ] || fail "ddpm's variance: $(cat out.txt)"
 if "$T" generate --local ens --n 2 --steps 3 --sampler euler --vae vae-5.safetensors \
     --out e.png 2>err-euler.txt; then
     fail "generate asked an epsilon expert at pure noise"
@@ -171,4 +175,4 @@ if "$T" generate --local ens --n 2 --steps 3 --sampler ddim --out e.png 2>err-no
     fail "generate drew 4-channel latents as a picture"
 fi
 grep -q "pass --vae FILE" err-novae.txt || fail "no --vae: $(cat err-novae.txt)"
-echo "ok: the imported epsilon expert generates with ddim and a VAE (euler, or no VAE, refused with the reason)"
+echo "ok: the imported epsilon expert generates with ddim and a VAE, and with ddpm on its learned σ (euler, or no VAE, refused with the reason)"
