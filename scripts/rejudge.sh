@@ -88,6 +88,8 @@ AE=docs/results/routing-ae
 FULL=docs/results/routing-full
 rejudge full-ae "$AE" 5000 "$FULL/monolith" monolith-s2 ae-uniform+prior_top1 \
     ae-centroid+prior_top1 "$FULL/best-ensemble"
+# the headline against the second monolith seed: the seed noise beside the effect
+rejudge full-s2 "$AE" 5000 monolith-s2 "$FULL/best-ensemble" "$FULL/monolith" ae-uniform+prior_top1
 rejudge full-ae-router "$AE" 2000 "$FULL/monolith" monolith-s2 ae-learned_top1 ae-learned_top2 \
     ae-learned_full
 log "done: $OUT/rejudge-*.txt and .json"

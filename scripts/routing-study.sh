@@ -23,7 +23,7 @@
 # ARMS (which training arms; default all of: mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm
 # ens-warm-b8 part-label part-random align mix part-features part-features4 part-features16
 # part-hier part-k4 part-k16 part-label4 router-label; and, not in the default, mono-b8-s2
-# part-ae), EVAL (0 to train only), JUDGES (judge files, comma-separated: every evaluation also
+# part-ae router-ae), EVAL (0 to train only), JUDGES (judge files, comma-separated: every evaluation also
 # scores its entries in each, `tessera eval --judges`).
 #
 # Outputs in RUN_DIR: the weights, eval-<arm>.json (tessera eval --json: FD with intervals,
@@ -53,6 +53,11 @@
 #   part-ae           the same on k-means of an autoencoder's bottleneck (`tessera train-judge
 #                     --kind ae`, seed 5, trained here without labels: not the ae judge, seed 3):
 #                     an unsupervised partition, DDM's setting
+#   router-ae         Paris's setting on part-ae (clusters that span classes): a router on
+#                     (x_t, t) only (1 500 steps), the class given to the experts and no class
+#                     prior — top1, top2 and full against the monolith (n = N_ROUTER, default
+#                     2 000: full runs every expert); with the experts' held-out loss on every
+#                     cluster (tessera loss) and the router's calibration along t
 #   part-hier         the same on DDM's two-level k-means (64 fine centroids merged into 8)
 #   part-k4, part-k16 the same on pixel k-means with K = 4 and K = 16
 #   part-label4       the same on the split by label with K = 4 (classes grouped)
@@ -221,6 +226,11 @@ for arm in features:partition8-features ae:partition8-ae features4:partition4-fe
     PART=${arm#*:} TOTAL_OVERRIDE=$((TOTAL - warm_steps)) jobs_run ensemble "part-${arm%%:*}" \
         BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 INIT="$RUN/warm.safetensors"
 done
+if has router-ae && [ ! -f "$RUN/router-ae.safetensors" ]; then
+    log "router on the autoencoder partition (patch 7, depth 2, 1 500 steps)"
+    nice "$T" train-router --partition "$RUN/partition8-ae" --steps 1500 --patch 7 --depth 2 \
+        --threads 1 --seed 0 --out "$RUN/router-ae.safetensors" > "$RUN/router-ae.log" 2>&1
+fi
 if has router-label && [ ! -f "$RUN/router-label.safetensors" ]; then
     log "router, label-aware (patch 7, depth 2, 1 500 steps, label dropout 0.1)"
     jobs_run sh -c "nice '$T' train-router --partition '$RUN/partition8' --label-aware \
@@ -244,13 +254,14 @@ log "training done"
 # ---- evaluation -----------------------------------------------------------------------------
 # Each ensemble folder gets the router; "monolith" is the first entry of every run, so that every
 # entry has its paired difference to it.
-COMMON=(--classifier "$RUN/classifier.safetensors" --n "$N" --steps 20 --sampler euler
+COMMON=(--classifier "$RUN/classifier.safetensors" --steps 20 --sampler euler
     --seed 0 --bootstrap 200 --threads 1 --json)
 [ -n "${JUDGES:-}" ] && COMMON+=(--judges "$JUDGES")
-evaluate() { # NAME DIR MONOLITHS POLICIES (COMMON_CFG: the guidance scale, default 1)
+evaluate() { # NAME DIR MONOLITHS POLICIES (COMMON_CFG: the guidance scale, default 1; EVAL_N:
+    # the samples per entry, default N)
     [ -f "$RUN/eval-$1.json" ] && return 0
     mkdir -p "$RUN/samples-$1"
-    nice "$T" eval --local "$2" --monolith "$3" --policies "$4" "${COMMON[@]}" \
+    nice "$T" eval --local "$2" --monolith "$3" --policies "$4" "${COMMON[@]}" --n "${EVAL_N:-$N}" \
         --cfg "${COMMON_CFG:-1}" \
         --save-samples "$RUN/samples-$1" --report "$RUN/report-$1.html" \
         > "$RUN/eval-$1.json" 2> "$RUN/eval-$1.log" || rm -f "$RUN/eval-$1.json"
@@ -315,6 +326,20 @@ if has part-ae; then
     pols=monolith
     [[ $monos == *,* ]] && pols+=" monolith2"
     jobs_run evaluate part-ae "$RUN/part-ae" "$monos" "$pols uniform+prior:top1 centroid+prior:top1"
+fi
+# Paris's setting: the router on (x_t, t) alone over the unsupervised partition's experts
+if has router-ae && has part-ae; then
+    mkdir -p "$RUN/part-ae-router"
+    cp "$RUN"/part-ae/expert-*.safetensors "$RUN/part-ae/partition.safetensors" "$RUN/part-ae-router/"
+    cp "$RUN/router-ae.safetensors" "$RUN/part-ae-router/router.safetensors"
+    mono=$RUN/mono-b8.safetensors
+    [ -f "$mono" ] || mono=$RUN/mono-b8-s2.safetensors
+    EVAL_N=${N_ROUTER:-2000} jobs_run evaluate part-ae-router "$RUN/part-ae-router" "$mono" \
+        "monolith learned:top1 learned:top2 learned:full"
+    [ -f "$RUN/loss-part-ae.json" ] || nice "$T" loss --local "$RUN/part-ae" --monolith "$mono" \
+        --per-cluster 128 --threads 1 --json > "$RUN/loss-part-ae.json"
+    [ -f "$RUN/calib-router-ae.json" ] || nice "$T" calibrate --router "$RUN/router-ae.safetensors" \
+        --partition "$RUN/partition8-ae" --threads 1 --json > "$RUN/calib-router-ae.json"
 fi
 for arm in features features4 features16 label4 hier k16 k4; do
     has "part-$arm" && jobs_run evaluate "part-$arm" "$RUN/part-$arm" "$RUN/mono-b8.safetensors" \
