@@ -57,7 +57,8 @@
 #                     (x_t, t) only (1 500 steps), the class given to the experts and no class
 #                     prior — top1, top2 and full against the monolith (n = N_ROUTER, default
 #                     2 000: full runs every expert); with the experts' held-out loss on every
-#                     cluster (tessera loss) and the router's calibration along t
+#                     cluster (tessera loss), the router's calibration along t, and the same
+#                     with a coverage router (--objective alignment: the experts' own losses)
 #   part-hier         the same on DDM's two-level k-means (64 fine centroids merged into 8)
 #   part-k4, part-k16 the same on pixel k-means with K = 4 and K = 16
 #   part-label4       the same on the split by label with K = 4 (classes grouped)
@@ -340,6 +341,16 @@ if has router-ae && has part-ae; then
         --per-cluster 128 --threads 1 --json > "$RUN/loss-part-ae.json"
     [ -f "$RUN/calib-router-ae.json" ] || nice "$T" calibrate --router "$RUN/router-ae.safetensors" \
         --partition "$RUN/partition8-ae" --threads 1 --json > "$RUN/calib-router-ae.json"
+    # the coverage router: trained on the experts' own losses (the alignment objective)
+    [ -f "$RUN/router-ae-align.safetensors" ] || nice "$T" train-router --partition \
+        "$RUN/partition8-ae" --objective alignment --experts "$RUN/part-ae" --steps 300 --patch 7 \
+        --depth 2 --threads 1 --seed 0 --out "$RUN/router-ae-align.safetensors" \
+        > "$RUN/router-ae-align.log" 2>&1
+    mkdir -p "$RUN/part-ae-align"
+    cp "$RUN"/part-ae/expert-*.safetensors "$RUN/part-ae/partition.safetensors" "$RUN/part-ae-align/"
+    cp "$RUN/router-ae-align.safetensors" "$RUN/part-ae-align/router.safetensors"
+    EVAL_N=${N_ROUTER:-2000} jobs_run evaluate part-ae-align "$RUN/part-ae-align" "$mono" \
+        "monolith learned:top1 learned:top2 learned:full"
 fi
 for arm in features features4 features16 label4 hier k16 k4; do
     has "part-$arm" && jobs_run evaluate "part-$arm" "$RUN/part-$arm" "$RUN/mono-b8.safetensors" \
