@@ -90,6 +90,9 @@ rejudge full-ae "$AE" 5000 "$FULL/monolith" monolith-s2 ae-uniform+prior_top1 \
     ae-centroid+prior_top1 "$FULL/best-ensemble"
 # the headline against the second monolith seed: the seed noise beside the effect
 rejudge full-s2 "$AE" 5000 monolith-s2 "$FULL/best-ensemble" "$FULL/monolith" ae-uniform+prior_top1
+# the supervised-features partition (k-means on a classifier's features) at the full budget
+rejudge full-features "$AE" 5000 monolith-s2 features-uniform+prior_top1 \
+    features-centroid+prior_top1 "$FULL/monolith" "$FULL/best-ensemble"
 rejudge full-ae-router "$AE" 2000 "$FULL/monolith" monolith-s2 ae-learned_top1 ae-learned_top2 \
     ae-learned_full
 log "done: $OUT/rejudge-*.txt and .json"
