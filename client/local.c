@@ -387,7 +387,8 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
                                 .config = &l->cfg,
                                 .absent = l->absent,
                                 .exact_guidance = g->exact_guidance,
-                                .objectives = l->ex.objective};
+                                .objectives = l->ex.objective,
+                                .variance = g->sampler.kind == TS_SAMPLER_DDPM};
         if (l->has_router)
             l->rr.temperature = g->router_temp > 0.0f ? g->router_temp : 1.0f;
         /* one expert needs no scores: route it uniformly whatever the policy asks */

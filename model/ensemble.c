@@ -290,7 +290,7 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
     int learned_sigma = 0;
     for (int k = 0; experts && k < K; k++)
         learned_sigma |= experts[k].cfg.learn_sigma;
-    if (learned_sigma && !opts->eval && !exact) {
+    if (opts->variance && learned_sigma && !opts->eval && !exact) {
         s->sig = malloc((size_t)nv * sizeof *s->sig);
         s->sig_k = malloc((size_t)nv * sizeof *s->sig_k);
         if (!s->sig || !s->sig_k)

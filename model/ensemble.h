@@ -191,6 +191,9 @@ typedef struct ts_ensemble_opts {
      * The two agree when the scores do not depend on the label. Local experts only, routed every
      * evaluation (no hold), not the confidence policy; with cfg_scale = 1 it changes nothing. */
     int exact_guidance;
+    /* keep the experts' learned variance of each evaluation for ts_ensemble_variance (a DDPM
+     * run); off, no evaluation pays for it */
+    int variance;
     /* Optional, borrowed: K objectives (model/objective.h), NULL: every expert a velocity (flow)
      * expert. An expert of a DDPM objective is asked at (c·x_t, its schedule's step of equal SNR)
      * — its time input is that step / 1000, DiT's convention — and its (guided) answer is
@@ -292,8 +295,8 @@ void ts_ensemble_free(ts_ensemble_t *ens);
  * at t = 1, or at a later time than the previous call (the first step of every sampler run:
  * DDIM and DDPM start below 1), starts a new run: the centroid policy forgets its previous x̂0. */
 int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *v);
-/* Whether the ensemble has a learned variance to give (ens.sig): some expert has learn_sigma,
- * the experts are local and guidance is not exact. */
+/* Whether the ensemble has a learned variance to give (ens.sig): opts.variance asked for it,
+ * some expert has learn_sigma, the experts are local and guidance is not exact. */
 int ts_ensemble_has_variance(const ts_ensemble_t *ens);
 /* ts_variance_fn (model/sampler.h) for ctx = ts_ensemble_t: the variance outputs of the last
  * ts_ensemble_velocity, combined with its weights (ens.sig) into out (n, C, H, W). TS_EINVAL

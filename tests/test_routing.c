@@ -922,6 +922,11 @@ static void test_learned_variance(void **state) {
     tu_fill_uniform(&r, &x, -2.0f, 2.0f);
     ts_ensemble_opts_t o = base_opts("full", TS_POLICY_UNIFORM, labels, N, 3.0f);
     ts_ensemble_t ens;
+    /* not asked for (a DDIM run): none kept */
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, m, 2, &o, err, sizeof err), TS_OK, err);
+    assert_false(ts_ensemble_has_variance(&ens));
+    ts_ensemble_free(&ens);
+    o.variance = 1;
     TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, m, 2, &o, err, sizeof err), TS_OK, err);
     assert_true(ts_ensemble_has_variance(&ens));
     TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.6f, &v));
