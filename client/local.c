@@ -175,9 +175,9 @@ int ts_local_open_file(ts_local_t *l, const char *path, ts_engine_t *e, int chun
 }
 
 int ts_local_open_remote(ts_local_t *l, const char *dir, int K, const ts_dit_config_t *cfg,
-                         const ts_objective_t *objectives, ts_engine_t *e, int chunk,
-                         int load_router, ts_expert_eval_fn eval, void *eval_ctx, char *err,
-                         size_t errlen) {
+                         const ts_objective_t *objectives, const uint8_t *learn_sigma,
+                         ts_engine_t *e, int chunk, int load_router, ts_expert_eval_fn eval,
+                         void *eval_ctx, char *err, size_t errlen) {
     memset(l, 0, sizeof *l);
     l->chunk = chunk;
     snprintf(l->dir, sizeof l->dir, "%s", dir);
@@ -185,12 +185,16 @@ int ts_local_open_remote(ts_local_t *l, const char *dir, int K, const ts_dit_con
     l->cfg = *cfg;
     l->eval = eval;
     l->eval_ctx = eval_ctx;
-    if (!(l->ex.objective = calloc((size_t)K, sizeof *l->ex.objective))) {
+    l->ex.objective = calloc((size_t)K, sizeof *l->ex.objective);
+    l->learn_sigma = calloc((size_t)K, sizeof *l->learn_sigma);
+    if (!l->ex.objective || !l->learn_sigma) {
         ts_set_err(err, errlen, "out of memory");
         return TS_ENOMEM;
     }
     for (int k = 0; objectives && k < K; k++)
         l->ex.objective[k] = objectives[k];
+    for (int k = 0; learn_sigma && k < K; k++)
+        l->learn_sigma[k] = learn_sigma[k] != 0;
     int rc = open_artifacts(l, dir, e, load_router, err, errlen);
     if (rc == TS_OK && l->has_part && l->part.K != K) {
         ts_set_err(err, errlen, "the partition has %d clusters but the network serves %d",
@@ -205,6 +209,7 @@ void ts_local_free(ts_local_t *l) {
         return;
     if (l->eval)
         l->ex.K = 0; /* remote experts: no models to free */
+    free(l->learn_sigma);
     ts_classifier_router_free(&l->rr);
     ts_classifier_free(l->router);
     if (l->has_part)
@@ -388,7 +393,8 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
                                 .absent = l->absent,
                                 .exact_guidance = g->exact_guidance,
                                 .objectives = l->ex.objective,
-                                .variance = g->sampler.kind == TS_SAMPLER_DDPM};
+                                .variance = g->sampler.kind == TS_SAMPLER_DDPM,
+                                .learn_sigma = l->eval ? l->learn_sigma : NULL};
         if (l->has_router)
             l->rr.temperature = g->router_temp > 0.0f ? g->router_temp : 1.0f;
         /* one expert needs no scores: route it uniformly whatever the policy asks */

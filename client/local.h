@@ -43,6 +43,7 @@ typedef struct ts_local {
     /* remote experts (ts_local_open_remote): ex.K is set, ex.models is NULL */
     ts_expert_eval_fn eval;
     void *eval_ctx;
+    uint8_t *learn_sigma; /* (ex.K) which remote experts have a learned variance (owned) */
     /* optional, borrowed: (ex.K) experts that cannot answer, routed around from the first step
      * (model/ensemble.h opts.absent); set by the network client for uncovered clusters */
     const uint8_t *absent;
@@ -64,11 +65,12 @@ int ts_local_open_file(ts_local_t *l, const char *path, ts_engine_t *e, int chun
 /* Opens a folder of artifacts (partition.safetensors, optional router.safetensors) for K experts
  * that run elsewhere: every evaluation's work goes to eval (model/ensemble.h), which computes
  * it as the local experts would. cfg is their shared config; objectives (K, or NULL: all
- * velocity) what each expert predicts (the ensemble asks and converts a DDPM one). */
+ * velocity) what each expert predicts (the ensemble asks and converts a DDPM one); learn_sigma
+ * (K flags, or NULL: none) which have DiT's learned variance (asked for in a DDPM run). */
 int ts_local_open_remote(ts_local_t *l, const char *dir, int K, const ts_dit_config_t *cfg,
-                         const ts_objective_t *objectives, ts_engine_t *e, int chunk,
-                         int load_router, ts_expert_eval_fn eval, void *eval_ctx, char *err,
-                         size_t errlen);
+                         const ts_objective_t *objectives, const uint8_t *learn_sigma,
+                         ts_engine_t *e, int chunk, int load_router, ts_expert_eval_fn eval,
+                         void *eval_ctx, char *err, size_t errlen);
 
 void ts_local_free(ts_local_t *l);
 

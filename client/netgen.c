@@ -243,6 +243,7 @@ typedef struct stored_query {
     int64_t used[STORED_MAX];
     ts_hash_t hash[STORED_MAX];
     ts_objective_t objective[STORED_MAX];
+    uint8_t learn_sigma[STORED_MAX];
 } stored_query_t;
 
 static int stored_match(void *ctx, const ts_weights_info_t *info) {
@@ -261,6 +262,8 @@ static int stored_match(void *ctx, const ts_weights_info_t *info) {
     if (q->n < STORED_MAX) {
         q->used[q->n] = info->last_used;
         q->objective[q->n] = o;
+        const char *ls = ts_weights_info_meta(info, "learn_sigma");
+        q->learn_sigma[q->n] = ls && strcmp(ls, "true") == 0;
         q->hash[q->n++] = info->hash;
     }
     return TS_OK;
@@ -269,14 +272,14 @@ static int stored_match(void *ctx, const ts_weights_info_t *info) {
 /* The most recently used of the matches whose every chunk is in the store (a pull that was
  * cut off leaves an incomplete copy). 1 and *out when there is one. */
 static int stored_best(ts_store_t *store, const stored_query_t *q, ts_hash_t *out,
-                       ts_objective_t *objective) {
+                       ts_objective_t *objective, uint8_t *learn_sigma) {
     int best = -1;
     for (int i = 0; i < q->n; i++)
         if ((best < 0 || q->used[i] > q->used[best]) &&
             ts_weights_bad_chunks(store, &q->hash[i], NULL, NULL) == 0)
             best = i;
     if (best >= 0)
-        *out = q->hash[best], *objective = q->objective[best];
+        *out = q->hash[best], *objective = q->objective[best], *learn_sigma = q->learn_sigma[best];
     return best >= 0;
 }
 
@@ -286,7 +289,8 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, si
     g->experts = calloc((size_t)g->K, sizeof *g->experts);
     g->held = calloc((size_t)g->K, sizeof *g->held);
     g->objective = calloc((size_t)g->K, sizeof *g->objective); /* velocity */
-    if (!g->experts || !g->held || !g->objective) {
+    g->learn_sigma = calloc((size_t)g->K, sizeof *g->learn_sigma);
+    if (!g->experts || !g->held || !g->objective || !g->learn_sigma) {
         ts_set_err(err, errlen, "out of memory");
         return TS_ENOMEM;
     }
@@ -327,13 +331,15 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, si
             stored_query_t q = {.partition = g->partition_id, .cluster = k};
             ts_hash_t h;
             (void)ts_weights_list(g->store, stored_match, &q);
-            if (stored_best(g->store, &q, &h, &g->objective[k]))
+            if (stored_best(g->store, &q, &h, &g->objective[k], &g->learn_sigma[k]))
                 memcpy(ex->weights_hash, h.b, 32);
             continue;
         }
         memcpy(ex->weights_hash, of[best].body->weights_hash.data, 32);
         /* the weights say what they predict; the frame check admitted only objectives there are */
         (void)ts_objective_from_wire((int)of[best].body->objective, &g->objective[k]);
+        g->learn_sigma[k] =
+            of[best].body->model->has_learn_sigma && of[best].body->model->learn_sigma;
         for (int j = 0; j < n && ex->n_rep < TS_REMOTE_MAX_REPLICAS; j++) {
             const Tessera__AdvertBody *b = of[j].body;
             if (strcmp(of[j].partition, g->partition_id) != 0 || (int)b->cluster != k ||
@@ -614,8 +620,8 @@ int ts_netgen_open(ts_netgen_t *g, const ts_netgen_opts_t *o, ts_engine_t *e, in
                         g->cfg.input_size, &o->remote, o->trace, err, errlen);
     g->remote_init = rc == TS_OK;
     if (rc == TS_OK)
-        rc = ts_local_open_remote(l, g->cache_dir, g->K, &g->cfg, g->objective, e, chunk,
-                                  o->load_router, ts_remote_eval, &g->remote, err, errlen);
+        rc = ts_local_open_remote(l, g->cache_dir, g->K, &g->cfg, g->objective, g->learn_sigma, e,
+                                  chunk, o->load_router, ts_remote_eval, &g->remote, err, errlen);
     if (rc == TS_OK) {
         l->absent = g->n_absent ? g->absent : NULL;
         memcpy(l->ex.latent_space, g->latent_space, sizeof l->ex.latent_space);
@@ -664,6 +670,7 @@ void ts_netgen_close(ts_netgen_t *g) {
     free(g->absent);
     free(g->held);
     free(g->objective);
+    free(g->learn_sigma);
     free(g->experts);
     ts_store_close(g->store);
     memset(g, 0, sizeof *g);

@@ -78,6 +78,7 @@ typedef struct ts_netgen {
     int said, usage; /* a failed open already printed why; usage: a bad --peer (exit 2) */
     ts_dit_config_t cfg;
     ts_objective_t *objective; /* (K) what each cluster's expert predicts (velocity when unknown) */
+    uint8_t *learn_sigma;      /* (K) whose expert has DiT's learned variance (its advert says) */
     char latent_space[65];     /* the experts' latent space (model/latents.h); "": pixels */
     char partition_id[65];
     char cache_dir[1024];

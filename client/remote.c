@@ -158,6 +158,7 @@ int ts_remote_request(const attempt_t *a, Tessera__DenoiseRequest *dr, Tessera__
     dr->n_class_labels = (size_t)j->m;
     dr->class_labels = (int32_t *)j->labels;
     dr->cfg_scale = j->cfg_scale;
+    dr->has_with_variance = dr->with_variance = j->with_sigma != 0;
     return TS_OK;
 }
 
@@ -225,7 +226,8 @@ static void on_hedge(uv_timer_t *t) {
         a->r->st.hedges++;
 }
 
-/* Reads the answer into dst (m·chw floats): an F32 (m, C, H, W) tensor of finite values, signed
+/* Reads the answer into dst (m·chw floats, twice that with_sigma): an F32 (m, C, H, W) tensor of
+ * finite values ((m, 2C, H, W) with_sigma: each sample's answer, then its variance), signed
  * by replica p's node (its claim and signature into c and sig), else TS_ECORRUPT — or TS_EKIND
  * for an answer that carries no signature where the options require one. */
 static int take_answer(attempt_t *a, const Tessera__Envelope *env, timings_t *tm, float *dst,
@@ -239,7 +241,8 @@ static int take_answer(attempt_t *a, const Tessera__Envelope *env, timings_t *tm
         ts_frame_check_tensor(v, TS_FRAME_DTYPE_BIT(TESSERA__DTYPE__DTYPE_F32),
                               TS_FRAME_CHECK_FINITE, "velocity", NULL, 0) != TS_OK ||
         ts_frame_tensor_view(v, &got) != TS_OK || got.ndim != 4 || got.shape[0] != j->m ||
-        got.shape[1] != r->channels || got.shape[2] != r->size || got.shape[3] != r->size)
+        got.shape[1] != r->channels * (j->with_sigma ? 2 : 1) || got.shape[2] != r->size ||
+        got.shape[3] != r->size)
         return TS_ECORRUPT;
     memset(c, 0, sizeof *c);
     if (ts_answer_claim_of(c, env->request_id, a->req_hash, a->ex->weights_hash, d) == TS_OK) {
@@ -309,7 +312,7 @@ static void on_answer(ts_rpc_call_t *call, const ts_rpc_result_t *res, void *arg
         if (status == TS_OK) {
             p->answered++;
             r->st.answers++;
-            r->st.bytes_in += (size_t)(a->job->m * r->chw) * sizeof(float);
+            r->st.bytes_in += (size_t)a->job->m * ts_remote_row(r, a->job) * sizeof(float);
             if (s->hedge) {
                 p->hedges_won++;
                 r->st.hedge_wins++;
@@ -488,7 +491,7 @@ static int start_piece(ts_remote_t *r, attempt_t *a, ts_expert_job_t *j, int sta
     a->piece.rows = j->rows + start;
     a->piece.x = j->x + (size_t)start * chw;
     a->piece.labels = j->labels + start;
-    a->piece.v = j->v + (size_t)start * chw;
+    a->piece.v = j->v + (size_t)start * ts_remote_row(r, j);
     a->job = &a->piece;
     if (a->cap_t < m) {
         float *nt = realloc(a->t, (size_t)m * sizeof *nt);

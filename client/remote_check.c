@@ -62,9 +62,9 @@ static void vouch(attempt_t *a, int i, int j) {
         a->ex->rep[j].vouched = a->ex->rep[j].agreed = 1;
 }
 
-/* Held answer slot k (m·chw floats). */
+/* Held answer slot k (m answer rows, ts_remote_row floats each). */
 float *ts_remote_held(attempt_t *a, int k) {
-    return a->held + (size_t)k * (size_t)a->job->m * (size_t)a->r->chw;
+    return a->held + (size_t)k * (size_t)a->job->m * ts_remote_row(a->r, a->job);
 }
 
 /* The replicas an accusation goes to: every other replica of the expert not caught itself, up to
@@ -104,7 +104,8 @@ static void accuse(attempt_t *a, int i, int k) {
     Tessera__DenoiseRequest dr; /* as it was sent */
     if (ts_remote_request(a, &dr, &x, &xt) != TS_OK ||
         ts_tensor_wrap(&vt, ts_remote_held(a, k), TS_F32, TS_CPU, 4,
-                       TS_SHAPE(j->m, r->channels, r->size, r->size)) != TS_OK ||
+                       TS_SHAPE(j->m, r->channels * (j->with_sigma ? 2 : 1), r->size, r->size)) !=
+            TS_OK ||
         ts_frame_tensor_set(&v, &vt) != TS_OK)
         return;
     Tessera__DenoiseResponse ans = TESSERA__DENOISE_RESPONSE__INIT;
@@ -177,7 +178,7 @@ int ts_remote_check_start(attempt_t *a, int replica, const ts_answer_claim_t *c,
     int i = ts_remote_pick_checker(a, c->device_class, c->precision);
     if (i < 0)
         return 0; /* nothing to check with: the cached weights alone do not make a check */
-    size_t n = (size_t)a->job->m * (size_t)r->chw;
+    size_t n = (size_t)a->job->m * ts_remote_row(r, a->job);
     if (a->cap_held < 3 * n) {
         float *h = realloc(a->held, 3 * n * sizeof *h);
         if (!h)
@@ -212,7 +213,7 @@ int ts_remote_check_start(attempt_t *a, int replica, const ts_answer_claim_t *c,
  * the one that loses is caught. The job then holds the answer that stands. */
 void ts_remote_check_judge(attempt_t *a, int k) {
     ts_remote_t *r = a->r;
-    size_t n = (size_t)a->job->m * (size_t)r->chw;
+    size_t n = (size_t)a->job->m * ts_remote_row(r, a->job);
     ts_answer_claim_t *c = a->held_claim;
     if (k == 1 && ts_answer_agree(ts_remote_held(a, 1), &c[1], ts_remote_held(a, 0), &c[0], n,
                                   a->job->cfg_scale)) {

@@ -56,6 +56,11 @@ typedef struct remote_priv {
 
 static inline remote_priv_t *priv(ts_remote_t *r) { return (remote_priv_t *)r->impl; }
 
+/* Floats per sample in an answer to job j: C·H·W, twice that with its variance (with_sigma). */
+static inline size_t ts_remote_row(const ts_remote_t *r, const ts_expert_job_t *j) {
+    return (size_t)r->chw * (j->with_sigma ? 2u : 1u);
+}
+
 /* remote.c */
 /* Replica p is not asked for ms from now (a ban never shortens, nor lifts a liar's). */
 void ts_remote_ban(ts_replica_t *p, uint32_t ms);

@@ -213,6 +213,8 @@ void ts_expert_advert(const ts_expert_info_t *e, const Tessera__Capacity *capaci
     m->depth = (uint32_t)c->depth, m->num_heads = (uint32_t)c->num_heads;
     m->num_classes = (uint32_t)c->num_classes, m->mlp_ratio = (uint32_t)c->mlp_ratio;
     m->freq_dim = (uint32_t)c->freq_dim;
+    if (c->learn_sigma) /* absent otherwise: an advert without learned σ reads as before */
+        m->has_learn_sigma = m->learn_sigma = 1;
     /* The centroid as raw F32 in the protocol's byte order, little-endian: the host's (below). */
     a->centroid_shape[0] = e->dims;
     a->centroid.has_dtype = 1;

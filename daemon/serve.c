@@ -46,11 +46,13 @@ typedef struct job {
     job_state_t state;     /* under s->mu */
     int B, rows;           /* samples, and forward rows (2B with guidance) */
     float cfg_scale;
-    ts_dtype_t dtype; /* x_t's, and the answer's */
-    int64_t shape[4]; /* (B, C, H, W) */
-    void *x, *v;      /* B·C·H·W elements of dtype: the input, the answer */
-    float *t;         /* (B) */
-    int32_t *y;       /* (B) */
+    ts_dtype_t dtype;  /* x_t's, and the answer's */
+    int64_t shape[4];  /* (B, C, H, W) */
+    int with_var;      /* the answer carries the variance interpolation (with_variance) */
+    int64_t vshape[4]; /* the answer's: shape, or (B, 2C, H, W) with_var */
+    void *x, *v;       /* elements of dtype: the input (shape), the answer (vshape) */
+    float *t;          /* (B) */
+    int32_t *y;        /* (B) */
     uint64_t arrival_ns, deadline_ns;
     ts_serve_outcome_t outcome; /* set by the compute thread: OK, DEADLINE, INTERNAL, or
                                  * UNAVAILABLE when it alone does not fit the device's memory */
@@ -81,8 +83,9 @@ struct ts_serve {
     /* host staging, x (max_batch, C, H, W) and t (max_batch) F32, and when the engine is a GPU
      * the rows coming back vv (max_batch, C, H, W), all three pinned, and the forward's inputs on
      * the GPU xd, td: one copy up and one down per batch. A CPU engine reads xx and tt itself
-     * and its output is host memory: no vv, xd, td. */
-    ts_tensor_t xx, tt, vv, xd, td;
+     * and its output is host memory: no vv, xd, td. sv: the variance rows coming back (a GPU
+     * engine serving a model with learned σ; pinned). */
+    ts_tensor_t xx, tt, vv, sv, xd, td;
     ts_engine_mark_t mark[2]; /* a batch's device time (CUDA events on a GPU), compute thread's */
     int32_t *yy;              /* (max_batch) labels */
     pthread_t thread;
@@ -154,8 +157,12 @@ static job_t *job_new(const Tessera__DenoiseRequest *d, int rows, uint64_t deadl
     j->cfg_scale = d->cfg_scale;
     j->dtype = x.dtype;
     memcpy(j->shape, x.shape, sizeof j->shape);
+    memcpy(j->vshape, x.shape, sizeof j->vshape);
+    j->with_var = d->has_with_variance && d->with_variance;
+    if (j->with_var)
+        j->vshape[1] *= 2;
     j->x = malloc(bytes);
-    j->v = malloc(bytes);
+    j->v = malloc(j->with_var ? 2 * bytes : bytes);
     j->t = malloc((size_t)j->B * sizeof *j->t);
     j->y = malloc((size_t)j->B * sizeof *j->y);
     if (!j->x || !j->v || !j->t || !j->y) {
@@ -271,6 +278,24 @@ static int forward_batch(ts_serve_t *s, int rows, ts_tensor_t *out) {
     return ts_dit_forward(&s->model, &xb, &tb, s->yy, rows, out);
 }
 
+/* Job j's answer with its variance (vshape (B, 2C, H, W)): sample i's C prediction channels from
+ * row r + i of down, then its C variance channels from row r + i of sig (the conditional rows,
+ * as DiT's sampling takes them), each in the request's dtype. */
+static int take_with_variance(ts_serve_t *s, job_t *j, const ts_tensor_t *down,
+                              const ts_tensor_t *sig, int64_t r) {
+    ts_engine_t *host = s->eng.device == TS_CPU ? &s->eng : &s->host;
+    size_t half = (size_t)s->chw * ts_dtype_size(j->dtype);
+    for (int i = 0; i < j->B; i++)
+        for (int p = 0; p < 2; p++) {
+            ts_tensor_t dst, src;
+            TS_TRY(ts_tensor_wrap(&dst, (char *)j->v + (2 * (size_t)i + (size_t)p) * half, j->dtype,
+                                  TS_CPU, 4, TS_SHAPE(1, j->shape[1], j->shape[2], j->shape[3])));
+            TS_TRY(ts_tensor_slice(&src, p ? sig : down, r + i, 1));
+            TS_TRY(j->dtype == TS_F32 ? ts_tensor_copy(&dst, &src) : ts_convert(host, &dst, &src));
+        }
+    return TS_OK;
+}
+
 /* One forward pass over the staged rows, then each job's velocity into its answer buffer: the
  * conditional rows, guided on the device as ts_dit_velocity does it (v = s·v(y), then
  * v += (1 − s)·v(∅)); on a GPU the batch's rows come down in one copy into pinned memory, and
@@ -302,13 +327,30 @@ static int run_batch(ts_serve_t *s, ts_list_t *batch, int rows, double *device_s
     TS_TRY(ts_engine_marks_elapsed(e, &s->mark[0], &s->mark[1], device_s)); /* done: no wait */
     /* a NaN or Inf is never sent (at f16, an activation past ±65504 makes one): TS_ENONFINITE */
     TS_TRY(ts_check_finite(host, &down));
+    ts_tensor_t sig = {0}; /* the batch's variance rows on the host, when a job asked for them */
+    int any_var = 0;
+    TS_LIST_FOREACH(it, batch) { any_var |= job_at(it)->with_var; }
+    if (any_var) {
+        TS_TRY(ts_dit_sigma(&s->model, rows, &sig));
+        if (e->device != TS_CPU) {
+            ts_tensor_t sd = sig;
+            TS_TRY(ts_tensor_slice(&sig, &s->sv, 0, rows));
+            TS_TRY(ts_tensor_copy(&sig, &sd));
+        }
+        TS_TRY(ts_check_finite(host, &sig));
+    }
     r = 0;
     TS_LIST_FOREACH(it, batch) {
         job_t *j = job_at(it);
         ts_tensor_t v, answer;
-        TS_TRY(ts_tensor_wrap(&answer, j->v, j->dtype, TS_CPU, 4, j->shape));
-        TS_TRY(ts_tensor_slice(&v, &down, r, j->B));
-        TS_TRY(j->dtype == TS_F32 ? ts_tensor_copy(&answer, &v) : ts_convert(host, &answer, &v));
+        if (j->with_var) {
+            TS_TRY(take_with_variance(s, j, &down, &sig, r));
+        } else {
+            TS_TRY(ts_tensor_wrap(&answer, j->v, j->dtype, TS_CPU, 4, j->shape));
+            TS_TRY(ts_tensor_slice(&v, &down, r, j->B));
+            TS_TRY(j->dtype == TS_F32 ? ts_tensor_copy(&answer, &v)
+                                      : ts_convert(host, &answer, &v));
+        }
         r += j->rows;
     }
     return TS_OK;
@@ -459,7 +501,7 @@ static void maybe_lie(ts_serve_t *s, job_t *j) {
         s->lie_answers++ < o->lie_after || lie_uniform(s) >= o->lie_rate)
         return;
     float *v = j->v;
-    int64_t n = (int64_t)j->B * s->chw;
+    int64_t n = (int64_t)j->B * s->chw * (j->with_var ? 2 : 1);
     for (int64_t i = 0; i < n; i++)
         v[i] = (float)(v[i] * o->lie_scale + o->lie_bias +
                        (o->lie_noise > 0.0 ? o->lie_noise * lie_normal(s) : 0.0));
@@ -494,7 +536,7 @@ static void answer_job(ts_serve_t *s, job_t *j) {
     if (j->outcome == TS_SERVE_OK)
         maybe_lie(s, j);
     if (j->outcome == TS_SERVE_OK &&
-        (ts_tensor_wrap(&answer, j->v, j->dtype, TS_CPU, 4, j->shape) != TS_OK ||
+        (ts_tensor_wrap(&answer, j->v, j->dtype, TS_CPU, 4, j->vshape) != TS_OK ||
          ts_frame_tensor_set(&v, &answer) != TS_OK))
         j->outcome = TS_SERVE_INTERNAL;
     if (j->outcome == TS_SERVE_DEADLINE) {
@@ -638,6 +680,12 @@ static ts_serve_outcome_t check_request(const ts_serve_t *s, const Tessera__Deno
     if (ts_frame_check_tensor(x, TS_FRAME_DTYPES_FLOAT, TS_FRAME_CHECK_FINITE,
                               "denoise_request.x_t", why, len) != TS_OK)
         return TS_SERVE_INVALID;
+    if (d->has_with_variance && d->with_variance && !c->learn_sigma) {
+        snprintf(why, len,
+                 "denoise_request.with_variance: this expert has no learned variance "
+                 "(ModelConfig.learn_sigma is not set in its advert)");
+        return TS_SERVE_INVALID;
+    }
     *rows = (int)B * pairs;
     return TS_SERVE_OK;
 }
@@ -854,6 +902,8 @@ static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, siz
                  : ts_tensor_alloc(&s->xx, TS_F32, TS_CPU, 4, TS_SHAPE(B, c->in_channels, S, S));
     if (rc == TS_OK && gpu)
         rc = ts_tensor_alloc_pinned(&s->vv, TS_F32, 4, TS_SHAPE(B, c->in_channels, S, S));
+    if (rc == TS_OK && gpu && c->learn_sigma)
+        rc = ts_tensor_alloc_pinned(&s->sv, TS_F32, 4, TS_SHAPE(B, c->in_channels, S, S));
     if (rc == TS_OK)
         rc = gpu ? ts_tensor_alloc_pinned(&s->tt, TS_F32, 1, TS_SHAPE(B))
                  : ts_tensor_alloc(&s->tt, TS_F32, TS_CPU, 1, TS_SHAPE(B));
@@ -874,6 +924,7 @@ static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, siz
 static void release(ts_serve_t *s) {
     ts_tensor_free(&s->xx);
     ts_tensor_free(&s->vv);
+    ts_tensor_free(&s->sv);
     ts_tensor_free(&s->tt);
     ts_tensor_free(&s->xd);
     ts_tensor_free(&s->td);

@@ -140,20 +140,25 @@ static void recompute(uv_work_t *w) {
     }
     ts_tensor_t x, v;
     const ts_dit_config_t *c = &m.cfg;
+    /* with_variance: each answer row is the prediction, then the variance (2C channels) */
+    int var = d->has_with_variance && d->with_variance, f = var ? 2 : 1;
     int ok = ts_frame_tensor_view(d->x_t, &x) == TS_OK &&
              ts_frame_tensor_view(j->acc->answer->velocity, &v) == TS_OK && x.dtype == TS_F32 &&
              v.dtype == TS_F32 && x.shape[1] == c->in_channels && x.shape[2] == c->input_size &&
-             x.shape[3] == c->input_size && v.ndim == x.ndim &&
-             memcmp(v.shape, x.shape, sizeof x.shape[0] * (size_t)x.ndim) == 0;
+             x.shape[3] == c->input_size && v.ndim == x.ndim && v.shape[0] == x.shape[0] &&
+             v.shape[1] == f * x.shape[1] && v.shape[2] == x.shape[2] && v.shape[3] == x.shape[3] &&
+             (!var || c->learn_sigma);
     for (size_t i = 0; ok && i < d->n_class_labels; i++)
         ok = d->class_labels[i] <= c->num_classes;
     if (!ok) {
         j->status = TS_EINVAL;
         snprintf(j->why, sizeof j->why,
                  "the request or the answer does not fit the expert (F32 tensors of its shape "
-                 "and labels are what its replicas answer)");
+                 "and labels, with the variance only where it has one, are what its replicas "
+                 "answer)");
     }
-    int64_t B = ok ? x.shape[0] : 0, chw = (int64_t)c->in_channels * c->input_size * c->input_size;
+    int64_t B = ok ? x.shape[0] : 0,
+            chw = (int64_t)f * c->in_channels * c->input_size * c->input_size; /* an answer row */
     if (ok && !(mine = malloc((size_t)(B * chw) * sizeof *mine))) {
         j->status = TS_ENOMEM;
         snprintf(j->why, sizeof j->why, "out of memory for the recomputation");
@@ -166,10 +171,11 @@ static void recompute(uv_work_t *w) {
         }
         ts_expert_job_t job = {.k = 0,
                                .m = 1,
-                               .x = (const float *)x.data + i * chw,
+                               .x = (const float *)x.data + i * chw / f,
                                .labels = &d->class_labels[i],
                                .t = d->t[i],
                                .cfg_scale = d->cfg_scale,
+                               .with_sigma = var,
                                .v = mine + i * chw};
         j->status = ts_expert_job_run(&m, &job);
         if (j->status != TS_OK)

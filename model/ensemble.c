@@ -67,6 +67,7 @@ void ts_ensemble_free(ts_ensemble_t *s) {
     free(s->job_x);
     free(s->job_v);
     free(s->job_vp);
+    free(s->job_sig);
     free(s->job_done);
     free(s->scores);
     free(s->held);
@@ -288,9 +289,10 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
             rc = rc == TS_OK ? TS_ENOMEM : rc;
     }
     int learned_sigma = 0;
-    for (int k = 0; experts && k < K; k++)
-        learned_sigma |= experts[k].cfg.learn_sigma;
-    if (opts->variance && learned_sigma && !opts->eval && !exact) {
+    for (int k = 0; k < K; k++)
+        learned_sigma |= opts->eval ? opts->learn_sigma && opts->learn_sigma[k]
+                                    : experts && experts[k].cfg.learn_sigma;
+    if (opts->variance && learned_sigma && !exact) {
         s->sig = malloc((size_t)nv * sizeof *s->sig);
         s->sig_k = malloc((size_t)nv * sizeof *s->sig_k);
         if (!s->sig || !s->sig_k)
@@ -308,7 +310,9 @@ int ts_ensemble_init(ts_ensemble_t *s, ts_engine_t *e, ts_dit_t *experts, int K,
         s->job_y = malloc((size_t)K * n * sizeof *s->job_y);
         s->job_x = malloc((size_t)K * nv * sizeof *s->job_x);
         s->job_v = malloc((size_t)K * nv * sizeof *s->job_v);
-        s->job_vp = malloc((size_t)K * nv * sizeof *s->job_vp);
+        s->job_vp = malloc((size_t)K * nv * (s->sig ? 2 : 1) * sizeof *s->job_vp);
+        if (s->sig && !(s->job_sig = malloc((size_t)K * nv * sizeof *s->job_sig)))
+            rc = rc == TS_OK ? TS_ENOMEM : rc;
         s->job_done = malloc((size_t)K * n);
         s->scores = malloc((size_t)n * K * sizeof *s->scores);
         if (!s->jobs || !s->job_rows || !s->job_y || !s->job_x || !s->job_v || !s->job_vp ||
@@ -754,14 +758,14 @@ int ts_ensemble_velocity(void *ctx, const ts_tensor_t *x, float t, ts_tensor_t *
     }
 weighted:
     s->policy_s += ts_now_s() - t_policy;
+    if (s->sig)
+        memset(s->sig, 0, (size_t)(n * s->chw) * sizeof *s->sig);
     if (s->o.eval)
         TS_TRY(ts_ensemble__remote_combine(s, x, t, v));
     else
         TS_TRY(ts_zero(e, v));
     if (s->o.record)
         memset(s->sq, 0, (size_t)n * sizeof *s->sq);
-    if (s->sig)
-        memset(s->sig, 0, (size_t)(n * s->chw) * sizeof *s->sig);
     for (int k = 0; !s->o.eval && k < K; k++) {
         if (s->o.exact_guidance) {
             TS_TRY(run_expert_exact(s, k, x, t, v));

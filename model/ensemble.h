@@ -122,7 +122,11 @@ typedef struct ts_expert_job {
     const float *x;        /* (m, C, H, W) x_t of those samples */
     const int32_t *labels; /* (m) their labels (num_classes = none) */
     float t, cfg_scale;
-    float *v;   /* (m, C, H, W) the answer, written by the hook */
+    /* 1: the expert's learned variance too (a DDPM run; an expert with learned σ only): v is
+     * then (m, 2C, H, W), each sample's C channels of answer followed by its C channels of
+     * variance interpolation from the conditional rows (ts_dit_sigma) */
+    int with_sigma;
+    float *v;   /* (m, C, H, W) the answer ((m, 2C, H, W) with_sigma), written by the hook */
     int status; /* set by the hook: TS_OK, or why it could not (the expert is then dropped) */
 } ts_expert_job_t;
 
@@ -130,7 +134,8 @@ typedef struct ts_expert_job {
  * ensemble runs a local expert — one forward of [x; x] with labels [y; ∅] (one of x with y when
  * cfg_scale = 1), then v = s·v_c + (1 − s)·v_u with the engine's ops — so that whoever computes
  * a job this way (a server, a client's fallback) gives the local answer bit for bit for the same
- * rows. Needs m->max_batch ≥ pairs·j->m; TS_EDEVICE on a GPU engine. Sets nothing in j but v. */
+ * rows. Needs m->max_batch ≥ pairs·j->m; TS_EDEVICE on a GPU engine; TS_EINVAL for with_sigma
+ * on a model without learned σ. Sets nothing in j but v. */
 int ts_expert_job_run(ts_dit_t *m, const ts_expert_job_t *j);
 
 /* Completes the n jobs of one evaluation, in any order (in parallel over the network). Returns
@@ -192,8 +197,10 @@ typedef struct ts_ensemble_opts {
      * evaluation (no hold), not the confidence policy; with cfg_scale = 1 it changes nothing. */
     int exact_guidance;
     /* keep the experts' learned variance of each evaluation for ts_ensemble_variance (a DDPM
-     * run); off, no evaluation pays for it */
+     * run); off, no evaluation pays for it. Remote experts (eval): learn_sigma (K flags,
+     * borrowed; NULL: none) says which have one, and their jobs ask for it (with_sigma). */
     int variance;
+    const uint8_t *learn_sigma;
     /* Optional, borrowed: K objectives (model/objective.h), NULL: every expert a velocity (flow)
      * expert. An expert of a DDPM objective is asked at (c·x_t, its schedule's step of equal SNR)
      * — its time input is that step / 1000, DiT's convention — and its (guided) answer is
@@ -263,7 +270,7 @@ typedef struct ts_ensemble {
     double *absent_mass;
     int64_t absent_routed; /* samples routed afresh so far (held evaluations route nothing) */
     float *absent_w;       /* (n, K) scratch for it */
-    /* DiT's learned variance (an expert with learn_sigma; local experts, no exact guidance):
+    /* DiT's learned variance (an expert with learn_sigma, local or remote; no exact guidance):
      * (n·chw) host, Σ_k w_k·v_k over the experts run for each sample of the last evaluation,
      * v_k an expert's variance output (−1 — the posterior's β̃ — for one without); NULL
      * otherwise. sig_k: (n·chw) one expert's. */
@@ -271,8 +278,9 @@ typedef struct ts_ensemble {
     /* remote experts: one job per expert, and their host buffers */
     ts_expert_job_t *jobs;     /* (K) */
     int32_t *job_rows, *job_y; /* (K·n) */
-    float *job_x, *job_vp;     /* (K·n·chw) a job's rows and answers, packed */
+    float *job_x, *job_vp;     /* (K·n·chw) a job's rows and answers, packed (×2 with sig) */
     float *job_v;              /* (K·n·chw) answers by (expert, sample) */
+    float *job_sig;            /* (K·n·chw) with sig: the variance answers, the same way */
     uint8_t *job_done;         /* (K·n) which of those are in */
     float *scores;             /* (n, K) the scores before selection, for rerouting */
     /* the record */

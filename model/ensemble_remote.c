@@ -14,6 +14,29 @@
 #include "model/ensemble.h"
 #include "model/ensemble_internal.h"
 
+/* Whether expert k's jobs ask for its learned variance. */
+static int has_sigma(const ts_ensemble_t *s, int k) {
+    return s->sig && s->o.learn_sigma && s->o.learn_sigma[k];
+}
+
+/* sig[b] += w · v_k(b) for the m rows of expert k (idx_h, wk_h) from its variance answers, or
+ * −w for an expert without a learned variance: in the order and the float arithmetic of
+ * ensemble.c's add_sigma for a local expert. */
+static void add_sigma(ts_ensemble_t *s, int k, int m) {
+    size_t chw = (size_t)s->chw, n = (size_t)s->n;
+    for (int i = 0; i < m; i++) {
+        float *dst = s->sig + (size_t)s->idx_h[i] * chw;
+        if (!has_sigma(s, k)) {
+            for (size_t j = 0; j < chw; j++)
+                dst[j] -= s->wk_h[i];
+            continue;
+        }
+        const float *src = s->job_sig + ((size_t)k * n + (size_t)s->idx_h[i]) * chw;
+        for (size_t j = 0; j < chw; j++)
+            dst[j] += s->wk_h[i] * src[j];
+    }
+}
+
 /* Runs one round of jobs: for every expert still available, the samples that now route to it
  * and have no answer from it yet. Answers land in job_v by sample ((k, b) → row k·n + b);
  * *failed gets the experts whose job failed. Returns how many jobs ran (0: nothing left). */
@@ -43,15 +66,18 @@ static int remote_round(ts_ensemble_t *s, float t, uint8_t *done, uint8_t *faile
             }
         if (m == 0)
             continue;
-        s->jobs[n_jobs++] = (ts_expert_job_t){.k = k,
-                                              .m = m,
-                                              .rows = rows,
-                                              .x = xk,
-                                              .labels = y,
-                                              .t = ask.t,
-                                              .cfg_scale = s->o.cfg_scale,
-                                              .v = s->job_vp + (size_t)k * n * chw,
-                                              .status = TS_EIO};
+        int with_sigma = has_sigma(s, k);
+        s->jobs[n_jobs++] =
+            (ts_expert_job_t){.k = k,
+                              .m = m,
+                              .rows = rows,
+                              .x = xk,
+                              .labels = y,
+                              .t = ask.t,
+                              .cfg_scale = s->o.cfg_scale,
+                              .with_sigma = with_sigma,
+                              .v = s->job_vp + (size_t)k * n * chw * (s->sig ? 2 : 1),
+                              .status = TS_EIO};
     }
     *ran = n_jobs;
     if (n_jobs == 0)
@@ -67,14 +93,18 @@ static int remote_round(ts_ensemble_t *s, float t, uint8_t *done, uint8_t *faile
         s->forwards += (int64_t)s->pairs * jb->m;
         s->expert_forwards[jb->k] += (int64_t)s->pairs * jb->m;
         const ts_ensemble_ask_t ask = asks[jb->k];
+        size_t stride = chw * (jb->with_sigma ? 2 : 1); /* an answer row, with its variance */
         for (int r = 0; r < jb->m; r++) {
             size_t at = (size_t)jb->k * n + (size_t)jb->rows[r];
+            const float *ans = jb->v + (size_t)r * stride;
             if (ask.obj == TS_OBJ_VELOCITY) /* the answer is the velocity */
-                memcpy(s->job_v + at * chw, jb->v + (size_t)r * chw, chw * sizeof *jb->v);
+                memcpy(s->job_v + at * chw, ans, chw * sizeof *jb->v);
             else /* converted to the velocity at (x_t, t), as run_expert does for a local one */
-                TS_TRY(ts_objective_to_velocity(
-                    ask.obj, t, ask.abar, ask.scale, s->xh + (size_t)jb->rows[r] * chw,
-                    jb->v + (size_t)r * chw, s->job_v + at * chw, (int64_t)chw));
+                TS_TRY(ts_objective_to_velocity(ask.obj, t, ask.abar, ask.scale,
+                                                s->xh + (size_t)jb->rows[r] * chw, ans,
+                                                s->job_v + at * chw, (int64_t)chw));
+            if (jb->with_sigma)
+                memcpy(s->job_sig + at * chw, ans + chw, chw * sizeof *jb->v);
             done[at] = 1;
         }
     }
@@ -150,6 +180,8 @@ int ts_ensemble__remote_combine(ts_ensemble_t *s, const ts_tensor_t *x, float t,
                               TS_SHAPE(m, x->shape[1], x->shape[2], x->shape[3])));
         TS_TRY(ts_tensor_copy(&vk, &src));
         TS_TRY(ts_scatter_axpy_rows(e, v, &vk, &idx, &wk));
+        if (s->sig)
+            add_sigma(s, k, m);
     }
     s->combine_s += ts_now_s() - t_combine;
     return TS_OK;

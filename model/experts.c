@@ -209,12 +209,18 @@ int ts_expert_job_run(ts_dit_t *m, const ts_expert_job_t *j) {
         return TS_EDEVICE;
     const ts_dit_config_t *c = &m->cfg;
     int pairs = j->cfg_scale != 1.0f ? 2 : 1, B = pairs * j->m;
+    if (j->with_sigma && !c->learn_sigma)
+        return TS_EINVAL;
     if (B > m->max_batch)
         return TS_ERANGE;
     int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
-    ts_tensor_t x = {0}, t = {0}, out, dst, half;
+    ts_tensor_t x = {0}, t = {0}, out, dst, half, packed = {0};
     int32_t *y = malloc((size_t)B * sizeof *y);
     int rc = y ? TS_OK : TS_ENOMEM;
+    /* with_sigma: the answer rows are made apart, then interleaved with the variance rows */
+    if (rc == TS_OK && j->with_sigma)
+        rc = ts_tensor_alloc(&packed, TS_F32, TS_CPU, 4,
+                             TS_SHAPE(j->m, c->in_channels, c->input_size, c->input_size));
     if (rc == TS_OK)
         rc = ts_tensor_alloc(&x, TS_F32, TS_CPU, 4,
                              TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
@@ -231,7 +237,9 @@ int ts_expert_job_run(ts_dit_t *m, const ts_expert_job_t *j) {
     }
     if (rc == TS_OK)
         rc = ts_dit_forward(m, &x, &t, y, B, &out);
-    if (rc == TS_OK)
+    if (rc == TS_OK && j->with_sigma)
+        dst = packed;
+    else if (rc == TS_OK)
         rc = ts_tensor_wrap(&dst, j->v, TS_F32, TS_CPU, 4,
                             TS_SHAPE(j->m, c->in_channels, c->input_size, c->input_size));
     if (rc == TS_OK)
@@ -246,6 +254,17 @@ int ts_expert_job_run(ts_dit_t *m, const ts_expert_job_t *j) {
         if (rc == TS_OK)
             rc = ts_axpy(m->eng, &dst, 1.0f - j->cfg_scale, &half);
     }
+    ts_tensor_t sg;
+    if (rc == TS_OK && j->with_sigma)
+        rc = ts_dit_sigma(m, B, &sg);
+    if (rc == TS_OK && j->with_sigma) { /* the conditional rows' variance: the first m */
+        const float *a = packed.data, *g = sg.data;
+        for (int i = 0; i < j->m; i++) {
+            memcpy(j->v + (size_t)(2 * i) * chw, a + (size_t)i * chw, (size_t)chw * sizeof *a);
+            memcpy(j->v + (size_t)(2 * i + 1) * chw, g + (size_t)i * chw, (size_t)chw * sizeof *g);
+        }
+    }
+    ts_tensor_free(&packed);
     ts_tensor_free(&x);
     ts_tensor_free(&t);
     free(y);

@@ -62,6 +62,10 @@ int ts_answer_request_hash(const Tessera__DenoiseRequest *d, uint8_t out[TS_ANSW
     for (size_t i = 0; i < d->n_class_labels; i++)
         put_u32(&h, (uint32_t)d->class_labels[i]);
     put_u32(&h, f32_bits(d->has_cfg_scale ? d->cfg_scale : 1.0f));
+    if (d->has_with_variance && d->with_variance) { /* absent or false: the hash as before */
+        uint8_t one = 1;
+        crypto_generichash_update(&h, &one, 1);
+    }
     crypto_generichash_final(&h, out, TS_ANSWER_HASH_BYTES);
     return TS_OK;
 }

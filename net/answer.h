@@ -24,8 +24,10 @@
  * (int64 little-endian) and the data bytes as they travel. The request's hash covers, in order:
  * TS_ANSWER_REQ_CONTEXT ("tessera/request/1", 17 bytes), the expert id (32 bytes), x_t's tensor
  * hash (32 bytes), the count of t (uint32 LE) and each t (its binary32 bits, LE), the count of
- * labels (uint32 LE) and each label (int32 LE), and cfg_scale's binary32 bits (LE; 1.0 when
- * absent, as the server reads it).
+ * labels (uint32 LE) and each label (int32 LE), cfg_scale's binary32 bits (LE; 1.0 when
+ * absent, as the server reads it), and one byte 0x01 when with_variance is set (nothing when it
+ * is absent or false). An answer with its variance is one tensor (B, 2C, H, W): the claim's
+ * velocity hash covers both.
  */
 #ifndef TS_NET_ANSWER_H
 #define TS_NET_ANSWER_H

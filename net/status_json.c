@@ -100,10 +100,11 @@ const Tessera__AdvertBody *ts_status_advert_of(const Tessera__StatusResponse *r,
 static json_t *j_model(const Tessera__ModelConfig *m) {
     if (!m)
         return json_null();
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "input_size", (int)m->input_size,
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b}", "input_size", (int)m->input_size,
                      "patch_size", (int)m->patch_size, "in_channels", (int)m->in_channels,
                      "hidden_size", (int)m->hidden_size, "depth", (int)m->depth, "num_heads",
-                     (int)m->num_heads, "num_classes", (int)m->num_classes);
+                     (int)m->num_heads, "num_classes", (int)m->num_classes, "learn_sigma",
+                     (int)(m->has_learn_sigma && m->learn_sigma));
 }
 
 static json_t *j_load(const Tessera__Load *l) {

@@ -6,7 +6,8 @@
  *     crypto_sign_detached over exactly those bytes;
  *   - a tensor's hash is BLAKE2b-256 of dtype, ndim, each dim (int64 LE) and the data;
  *   - the request's hash changes with every input it covers (expert, a byte of x_t, a t, a label,
- *     cfg_scale, the count of t) and not otherwise; an absent cfg_scale hashes as 1.0;
+ *     cfg_scale, the count of t, with_variance) and not otherwise; an absent cfg_scale hashes as
+ *     1.0, a false with_variance as absent, a set one as the documented layout plus 0x01;
  *   - a signature verifies for its node and claim only: another node, and each field of the
  *     claim changed in turn (request id, each hash, precision, device class), fail;
  *   - ts_answer_claim_of refuses a response without signature, device class, precision or
@@ -107,6 +108,8 @@ static void test_request_hash(void **state) {
     CHANGED(r.y[0] = 4, r.y[0] = 3);
     CHANGED(r.d.cfg_scale = 1.0f, r.d.cfg_scale = 1.5f);
     CHANGED(r.d.n_t = 1, r.d.n_t = 2);
+    CHANGED(r.d.has_with_variance = r.d.with_variance = 1,
+            r.d.has_with_variance = r.d.with_variance = 0);
     CHANGED(r.shape[3] = 1; r.xt.data.len = 16, r.shape[3] = 2; r.xt.data.len = 32);
     TU_CHECK_OK(ts_answer_request_hash(&r.d, h));
     assert_memory_equal(base, h, 32); /* every change undone */
@@ -116,6 +119,50 @@ static void test_request_hash(void **state) {
     r.d.has_cfg_scale = 0;
     TU_CHECK_OK(ts_answer_request_hash(&r.d, h));
     assert_memory_equal(base, h, 32);
+    /* with_variance false hashes as absent (a request of an older client keeps its hash) */
+    r.d.has_with_variance = 1;
+    r.d.with_variance = 0;
+    TU_CHECK_OK(ts_answer_request_hash(&r.d, h));
+    assert_memory_equal(base, h, 32);
+    /* set: the hash of the same bytes then 0x01, computed here with libsodium's streaming
+     * BLAKE2b-256 over the documented layout */
+    r.d.with_variance = 1;
+    TU_CHECK_OK(ts_answer_request_hash(&r.d, h));
+    {
+        crypto_generichash_state st;
+        uint8_t xh[32], want[32], b4[4];
+        crypto_generichash_init(&st, NULL, 0, 32);
+        crypto_generichash_update(&st, (const uint8_t *)"tessera/request/1", 17);
+        crypto_generichash_update(&st, r.d.expert_id.data, 32);
+        TU_CHECK_OK(ts_answer_tensor_hash(r.d.x_t, xh));
+        crypto_generichash_update(&st, xh, 32);
+#define PUT32(v)                                                                                   \
+    do {                                                                                           \
+        uint32_t u_ = (v);                                                                         \
+        for (int i_ = 0; i_ < 4; i_++)                                                             \
+            b4[i_] = (uint8_t)(u_ >> (8 * i_));                                                    \
+        crypto_generichash_update(&st, b4, 4);                                                     \
+    } while (0)
+        PUT32((uint32_t)r.d.n_t);
+        for (size_t i = 0; i < r.d.n_t; i++) {
+            uint32_t bits;
+            memcpy(&bits, &r.d.t[i], 4);
+            PUT32(bits);
+        }
+        PUT32((uint32_t)r.d.n_class_labels);
+        for (size_t i = 0; i < r.d.n_class_labels; i++)
+            PUT32((uint32_t)r.d.class_labels[i]);
+        float one = 1.0f; /* cfg_scale is absent here */
+        uint32_t ob;
+        memcpy(&ob, &one, 4);
+        PUT32(ob);
+#undef PUT32
+        uint8_t flag = 1;
+        crypto_generichash_update(&st, &flag, 1);
+        crypto_generichash_final(&st, want, 32);
+        assert_memory_equal(h, want, 32);
+    }
+    r.d.has_with_variance = r.d.with_variance = 0;
     r.d.expert_id.len = 31;
     TU_CHECK_RC(ts_answer_request_hash(&r.d, h), TS_EINVAL);
     r.d.expert_id.len = 32;

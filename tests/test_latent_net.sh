@@ -12,6 +12,8 @@
 #     latent space (status --json);
 #   - `generate --peer --vae` writes the RGB PNG `generate --local --vae` writes, byte for byte:
 #     the client asks the epsilon expert at DDPM time and converts its answers, as locally;
+#   - with an imported learned-σ epsilon expert, `generate --peer --sampler ddpm` asks it for its
+#     variance (its advert says learn_sigma) and equals --local byte for byte;
 #   - refused with the reason: a VAE of another latent space (--peer, --local and sample, before
 #     any sampling), a folder mixing experts of two latent spaces, a network whose experts of one
 #     partition work in two spaces.
@@ -20,7 +22,7 @@ T=${1:?usage: test_latent_net.sh TESSERA TESSERAD}
 D=${2:?usage: test_latent_net.sh TESSERA TESSERAD}
 . "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
-nets="$dir/net $dir/net2" logs="$dir/err*.txt $dir/*.log" log_lines=20
+nets="$dir/net $dir/net2 $dir/net3" logs="$dir/err*.txt $dir/*.log" log_lines=20
 
 "$PY" "$here/latent_fixture.py" "$dir" "$here/parity" 40 5 6 || fail "making the images and VAEs"
 V=$dir/vae-5.safetensors V2=$dir/vae-6.safetensors
@@ -157,6 +159,57 @@ if "$T" generate --peer "$peer" --network-key "$key" --data-dir "$dir/cache" $GE
 fi
 grep -q "not their VAE" "$dir/err-pv2.txt" || fail "the refusal: $(cat "$dir/err-pv2.txt")"
 echo "ok: generate --peer --vae (an epsilon and a flow expert on two nodes) = --local, byte for byte"
+
+# DDPM with DiT's learned σ over the network: an imported epsilon expert with learned σ (DiT's
+# published layout, random weights) beside the flow expert, two replicas of each; its nodes
+# advertise learn_sigma, the client asks them for the variance with every answer, checks every
+# answer against the other replica's, and the PNG equals --local's
+"$T" down --dir "$dir/net" --timeout 10 >/dev/null 2>&1 || true
+"$PY" - "$here/parity" "$dir/sig.pt" <<'PYEOF' || fail "making a learned-sigma checkpoint"
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import dit_torch as dt
+m = dt.DiT(input_size=14, patch_size=2, in_channels=4, hidden_size=64, depth=2, num_heads=4,
+           num_classes=10, mlp_ratio=4, freq_dim=256, learn_sigma=True)
+m.randomise(torch.Generator().manual_seed(7))
+torch.save(m.state_dict(), sys.argv[2])
+PYEOF
+S=$dir/sig
+mkdir -p "$S"
+cp "$F/partition.safetensors" "$F/expert-0.safetensors" "$S/"
+run "$T" import "$dir/sig.pt" --heads 4 --vae "$V" --partition "$F" --cluster 1 \
+    --out "$S/expert-1.safetensors" --quiet
+DDPM="--n 4 --steps 4 --sampler ddpm --cfg 1.5 --seed 5 --policy uniform --select full --vae $V"
+run "$T" generate --local "$S" $DDPM --json --out "$dir/sig-local.png"
+[ "$(json_get "$dir/out.txt" "j['ddpm_variance']")" = learned ] ||
+    fail "--local ddpm's variance: $(cat "$dir/out.txt")"
+"$T" up --nodes 4 --experts "$S" --dir "$dir/net3" --json >"$dir/net3.json" 2>"$dir/err-up3.txt" ||
+    fail "tessera up (learned σ)"
+peer=$(json_get "$dir/net3.json" "j['peer']")
+"$T" status --peer "$peer" --network-key "$dir/net3/network.key" --json >"$dir/st3.json" ||
+    fail "status (learned σ)"
+"$PY" - "$dir/st3.json" <<'PYEOF' || fail "the learned-sigma advert"
+import json, sys
+ads = [a for a in json.load(open(sys.argv[1]))["adverts"] if a.get("valid")]
+assert sorted(bool(a["model"].get("learn_sigma")) for a in ads) == [False, False, True, True], ads
+PYEOF
+"$T" generate --peer "$peer" --network-key "$dir/net3/network.key" --data-dir "$dir/cache3" \
+    $DDPM --verify 1 --json --out "$dir/sig-net.png" >"$dir/gen3.json" 2>"$dir/err-gen3.txt" ||
+    fail "generate --peer (learned σ): $(cat "$dir/err-gen3.txt")"
+cmp -s "$dir/sig-net.png" "$dir/sig-local.png" || fail "the network's DDPM image differs from --local's"
+[ "$(json_get "$dir/gen3.json" "j['ddpm_variance']")" = learned ] ||
+    fail "--peer ddpm's variance: $(cat "$dir/gen3.json")"
+[ "$(json_get "$dir/gen3.json" "j['network']['degraded_evaluations']")" = 0 ] ||
+    fail "the network degraded (learned σ)"
+# two replicas of each: every answer (velocity and variance) checked against the other's, exactly
+"$PY" - "$dir/gen3.json" <<'PYEOF' || fail "the checks of answers with their variance"
+import json, sys
+c = json.load(open(sys.argv[1]))["network"]["checks"]
+assert c["checked"] > 0 and c["agreed"] == c["checked"] and c["disagreed"] == 0, c
+PYEOF
+"$T" down --dir "$dir/net3" --timeout 10 >/dev/null 2>&1 || true
+echo "ok: generate --peer --sampler ddpm takes a learned-σ expert's variance over the network: = --local, byte for byte"
 
 # a network whose experts of one partition work in two latent spaces: refused by the client
 cp "$dir/mix/expert-1.safetensors" "$F/expert-1.safetensors"

@@ -949,6 +949,50 @@ static void test_learned_variance(void **state) {
     assert_true(spread > 1e-3); /* the variance output is not trivially 0 */
     tu_check_close(tu_f32(&sig), want, N * CHW, 1e-6, 1e-6, "combined variance output");
     ts_ensemble_free(&ens);
+    /* The same through the remote hook (what the network client does): the jobs of the learned
+     * expert ask for its variance (with_sigma, told by opts.learn_sigma as adverts tell it), the
+     * other's do not, and velocity and variance equal the local ones bit for bit. */
+    float v_local[N * CHW], sig_local[N * CHW];
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, m, 2, &o, err, sizeof err), TS_OK, err);
+    TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.6f, &v));
+    TU_CHECK_OK(ts_ensemble_variance(&ens, &sig));
+    memcpy(v_local, tu_f32(&v), sizeof v_local);
+    memcpy(sig_local, tu_f32(&sig), sizeof sig_local);
+    ts_ensemble_free(&ens);
+    const uint8_t learned[2] = {1, 0};
+    hook_t h = {.e = &fx->e, .models = m, .fail_k = -1};
+    ts_ensemble_opts_t ro = o;
+    ro.eval = hook;
+    ro.eval_ctx = &h;
+    ro.config = &m[1].cfg;
+    ro.learn_sigma = learned;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, NULL, 2, &ro, err, sizeof err), TS_OK, err);
+    assert_true(ts_ensemble_has_variance(&ens));
+    TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.6f, &v));
+    TU_CHECK_OK(ts_ensemble_variance(&ens, &sig));
+    assert_memory_equal(tu_f32(&v), v_local, sizeof v_local);
+    assert_memory_equal(tu_f32(&sig), sig_local, sizeof sig_local);
+    assert_int_equal(h.jobs, 2);
+    ts_ensemble_free(&ens);
+    ro.learn_sigma = NULL; /* no advert says so: no variance asked */
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, NULL, 2, &ro, err, sizeof err), TS_OK, err);
+    assert_false(ts_ensemble_has_variance(&ens));
+    ts_ensemble_free(&ens);
+    /* one job with its variance: each row the guided answer, then the conditional variance */
+    float both[N * 2 * CHW], plain[N * CHW];
+    ts_expert_job_t j = {
+        .m = N, .x = tu_f32(&x), .labels = labels, .t = 0.6f, .cfg_scale = 3.0f, .v = plain};
+    TU_CHECK_OK(ts_expert_job_run(&m[0], &j));
+    j.with_sigma = 1;
+    j.v = both;
+    TU_CHECK_OK(ts_expert_job_run(&m[0], &j));
+    for (int i = 0; i < N; i++) {
+        assert_memory_equal(both + (size_t)2 * i * CHW, plain + (size_t)i * CHW,
+                            CHW * sizeof(float));
+        assert_memory_equal(both + (size_t)(2 * i + 1) * CHW, tu_f32(&alone) + (size_t)i * CHW,
+                            CHW * sizeof(float));
+    }
+    TU_CHECK_RC(ts_expert_job_run(&m[1], &j), TS_EINVAL); /* no learned σ to give */
     /* no learned σ: none to give */
     TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, m + 1, 1, &o, err, sizeof err), TS_OK, err);
     assert_false(ts_ensemble_has_variance(&ens));

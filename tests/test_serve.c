@@ -475,8 +475,7 @@ static void test_answers_equal_local(void **state) {
 /* Serves at precision p: the device note says so (note_frag), and the answers, plain and guided,
  * are the local forward's at p bit for bit (so its rows do not depend on their batch or the
  * server's threads either). The server stays up (serve_stop is the caller's). */
-static void answers_at(ts_precision_t p, const char *note_frag, uint64_t seed,
-                       ts_serve_opts_t *o) {
+static void answers_at(ts_precision_t p, const char *note_frag, uint64_t seed, ts_serve_opts_t *o) {
     ts_serve_opts_default(o);
     o->max_batch = MAXB;
     o->max_wait_ms = 1;
@@ -995,6 +994,15 @@ static void test_malformed(void **state) {
     req_init(&r, &rng, 2, 1.0f, 0);
     r.id[0] ^= 1;
     expect_error(&r, TESSERA__ERROR_CODE__ERROR_NOT_FOUND, "this node serves expert");
+    /* the variance asked of an expert without a learned σ */
+    req_init(&r, &rng, 2, 1.0f, 0);
+    wire_req(&w, &r);
+    w.d.has_with_variance = w.d.with_variance = 1;
+    got_t gv = {0};
+    TU_CHECK_OK(ts_rpc_call(peer(2), &w.env, 10000, on_result, &gv, NULL, NULL, 0));
+    wait_answer(&gv);
+    assert_int_equal(gv.remote_code, TESSERA__ERROR_CODE__ERROR_INVALID_ARGUMENT);
+    TU_CHECK_CONTAINS(gv.message, "no learned variance");
 
     for (int i = 0; i < 8; i++) {
         wait_answer(&bgg[i]);
@@ -1006,7 +1014,7 @@ static void test_malformed(void **state) {
     assert_true(info.open);
     ts_serve_stats_t st;
     ts_serve_stats(srv, &st);
-    assert_int_equal(st.answered[TS_SERVE_INVALID], 6);
+    assert_int_equal(st.answered[TS_SERVE_INVALID], 7);
     assert_int_equal(st.answered[TS_SERVE_NOT_FOUND], 1);
     serve_stop();
 }
