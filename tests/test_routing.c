@@ -939,7 +939,8 @@ static void test_learned_variance(void **state) {
     TU_CHECK_OK(ts_fill(&fx->e, &tt, 0.6f));
     TU_CHECK_OK(ts_dit_forward(&m[0], &xx, &tt, yy, 2 * N, &out));
     TU_CHECK_OK(ts_dit_sigma(&m[0], 2 * N, &alone));
-    float want[N * CHW];
+    float want[N * CHW], sig0[N * CHW]; /* sig0: the conditional rows, kept (alone is a view) */
+    memcpy(sig0, tu_f32(&alone), sizeof sig0);
     double spread = 0.0;
     for (int i = 0; i < N * CHW; i++) {
         want[i] = 0.0f + 0.5f * tu_f32(&alone)[i]; /* the rows 0..N−1: the conditional pass */
@@ -948,6 +949,27 @@ static void test_learned_variance(void **state) {
     }
     assert_true(spread > 1e-3); /* the variance output is not trivially 0 */
     tu_check_close(tu_f32(&sig), want, N * CHW, 1e-6, 1e-6, "combined variance output");
+    ts_ensemble_free(&ens);
+    /* The confidence policy runs every expert on all the samples before it weights them: the
+     * variance is then w_0·v_σ − w_1 with the weights it chose (recorded), from that forward. */
+    ts_partition_t part = make_partition(2, (const float[4]){0, 0, 1, 1});
+    ts_ensemble_opts_t oc = o;
+    oc.policy = TS_POLICY_CONFIDENCE;
+    oc.partition = &part;
+    oc.record = 1;
+    TU_CHECK_RC_MSG(ts_ensemble_init(&ens, &fx->e, m, 2, &oc, err, sizeof err), TS_OK, err);
+    TU_CHECK_OK(ts_ensemble_velocity(&ens, &x, 0.6f, &v));
+    TU_CHECK_OK(ts_ensemble_variance(&ens, &sig));
+    assert_int_equal(ens.n_steps, 1);
+    const float *w = ens.steps[0].w;
+    int uneven = 0;
+    for (int i = 0; i < N; i++) {
+        uneven |= fabsf(w[2 * i] - 0.5f) > 1e-3f;
+        for (int j = 0; j < CHW; j++)
+            want[i * CHW + j] = w[2 * i] * sig0[i * CHW + j] - w[2 * i + 1];
+    }
+    assert_true(uneven); /* the weights are the policy's, not ½ each */
+    tu_check_close(tu_f32(&sig), want, N * CHW, 1e-6, 1e-6, "confidence-weighted variance");
     ts_ensemble_free(&ens);
     /* The same through the remote hook (what the network client does): the jobs of the learned
      * expert ask for its variance (with_sigma, told by opts.learn_sigma as adverts tell it), the
@@ -989,7 +1011,7 @@ static void test_learned_variance(void **state) {
     for (int i = 0; i < N; i++) {
         assert_memory_equal(both + (size_t)2 * i * CHW, plain + (size_t)i * CHW,
                             CHW * sizeof(float));
-        assert_memory_equal(both + (size_t)(2 * i + 1) * CHW, tu_f32(&alone) + (size_t)i * CHW,
+        assert_memory_equal(both + (size_t)(2 * i + 1) * CHW, sig0 + (size_t)i * CHW,
                             CHW * sizeof(float));
     }
     TU_CHECK_RC(ts_expert_job_run(&m[1], &j), TS_EINVAL); /* no learned σ to give */
