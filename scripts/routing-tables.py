@@ -185,6 +185,59 @@ def route_table(run, arms):
                 "%.4f" % (sum(sp) / len(sp)) if sp else "–"))
 
 
+def verdict(lo, hi):
+    """-1 when a paired 95 % interval lies below 0, +1 above, 0 when it spans it (or is absent)."""
+    if lo is None or hi is None:
+        return 0
+    return -1 if hi < 0 else 1 if lo > 0 else 0
+
+
+def judges_table(run, arms):
+    """Every entry of every eval that scored its samples in several judges (`tessera eval
+    --judges`): FD − the run's first entry (paired 95 %) per judge, KID's verdict, and where
+    every judge agrees. A difference counts where its interval excludes 0, in FD and in KID."""
+    names = None
+    rows = []
+    for arm in arms:
+        j = load(os.path.join(run, "eval-%s.json" % arm))
+        if not j or not j.get("judges"):
+            continue
+        js = j["judges"]["judges"]
+        if names is None:
+            names = [x["name"] for x in js]
+        first = j["judges"]["entries"][0]["name"]
+        for i, ent in enumerate(j["judges"]["entries"][1:], start=1):
+            cells, fds, kids = [], [], []
+            for x in js:
+                sc = x["scores"][i]
+                lo, hi = sc["fd_minus_first_ci95"]
+                klo, khi = sc["kid_minus_first_ci95"]
+                v, kv = verdict(lo, hi), verdict(klo, khi)
+                fds.append(v)
+                kids.append(kv)
+                d = "%+.2f [%+.2f, %+.2f]" % (sc["fd_minus_first"], lo, hi)
+                cells.append(("**%s**" % d if v else d) +
+                             ("" if kv == v else " (KID %s)" % {-1: "lower", 0: "n.s.", 1: "higher"}[kv]))
+            allv = fds + kids
+            if all(v == -1 for v in allv):
+                every = "**lower: holds**"
+            elif all(v == 1 for v in allv):
+                every = "**higher: holds**"
+            elif all(v == 0 for v in fds):
+                every = "no difference in FD"
+            else:
+                every = "disagree"
+            rows.append((arm, ent["name"], first, cells, every))
+    if names is None:
+        print("(no eval here was scored by several judges)")
+        return
+    print("| arm | entry | against | " + " | ".join("FD − it: %s" % n for n in names) +
+          " | every judge |")
+    print("|---|---|---|" + "---|" * len(names) + "---|")
+    for arm, ent, first, cells, every in rows:
+        print("| %s | %s | %s | %s | %s |" % (arm, ent, first, " | ".join(cells), every))
+
+
 def figure(report, title, out):
     """Writes the <svg> of the chart titled `title` in an eval report to out (the report's SVGs
     are self-contained: xmlns, fonts by name, no scripts)."""
@@ -219,6 +272,8 @@ def main():
                                   for p in glob.glob(os.path.join(run, "eval-*.json")))
     print("## FD, intervals, precision/recall, IS\n")
     eval_table(run, arms)
+    print("\n## Every judge (tessera eval --judges): FD − the first entry, paired 95 %\n")
+    judges_table(run, arms)
     print("\n## Partitions: how concentrated each class is\n")
     partition_table(run)
     print("\n## Routers' calibration along t\n")
