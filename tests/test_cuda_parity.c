@@ -844,6 +844,66 @@ static void test_attention_fused(void **state) {
     ts_tensor_free(&out);
 }
 
+/* The bf16 flash attention on tensor cores (kernels/cuda/cuda_flash.cu; sm_80 and later) against
+ * the CPU's fp32 fused attention: the products' inputs and weights rounded to bf16 give a
+ * normalised error near 1e-5; out within 1e-4 and lse within 1e-5 (NMSE). Head sizes with their
+ * own instance (32, 64, 72, 128) and one of the run-time instance (48); T below, across and at
+ * blocks of 32 keys and 64 queries. Its tile steps are tests/test_flash_mma.c's on the CPU. */
+static double nmse_of(fixture_t *fx, const pair_t *p) {
+    float *a = download(fx, p);
+    const float *b = (const float *)p->t[0].data;
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < ts_tensor_numel(&p->t[0]); i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    free(a);
+    return den > 0.0 ? num / den : num;
+}
+
+static void flash_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t T, int64_t C, int64_t H) {
+    pair_t qkv, out, lse;
+    pair_rand(&qkv, r, -1.5f, 1.5f, 3, TS_SHAPE(B, T, 3 * C));
+    pair_zeros(&out, 3, TS_SHAPE(B, T, C));
+    pair_zeros(&lse, 3, TS_SHAPE(B, H, T));
+    TU_CHECK_OK(ts_attention_fused_forward(&fx->e[0], &out.t[0], &lse.t[0], &qkv.t[0], (int)H));
+    TU_CHECK_OK(
+        ts_attention_fused_forward_bf16(&fx->e[1], &out.t[1], &lse.t[1], &qkv.t[1], (int)H));
+    double eo = nmse_of(fx, &out), el = nmse_of(fx, &lse);
+    printf("test_cuda_parity: flash bf16 (%lld,%lld,%lld,%lld) out nmse %.3e, lse nmse %.3e\n",
+           (long long)B, (long long)T, (long long)C, (long long)H, eo, el);
+    if (!(eo <= 1e-4 && el <= 1e-5)) {
+        print_error("flash bf16 (%lld,%lld,%lld,%lld): out nmse %.3e (≤ 1e-4), lse %.3e (≤ 1e-5)\n",
+                    (long long)B, (long long)T, (long long)C, (long long)H, eo, el);
+        fail();
+    }
+    pair_free(&qkv);
+    pair_free(&out);
+    pair_free(&lse);
+}
+
+static void test_attention_flash(void **state) {
+    fixture_t *fx = *state;
+    tu_rng_t r = {17};
+    ts_tensor_t qkv, out;
+    TU_CHECK_OK(ts_tensor_alloc(&qkv, TS_F32, TS_CUDA, 3, TS_SHAPE(1, 4, 3 * 64)));
+    TU_CHECK_OK(ts_tensor_alloc(&out, TS_F32, TS_CUDA, 3, TS_SHAPE(1, 4, 64)));
+    int rc = ts_attention_fused_forward_bf16(&fx->e[1], &out, NULL, &qkv, 1);
+    ts_tensor_free(&qkv);
+    ts_tensor_free(&out);
+    if (rc == TS_ENOTSUP) {
+        printf("test_cuda_parity: flash bf16: not on this GPU (sm_80 or later), not checked\n");
+        return;
+    }
+    TU_CHECK_OK(rc);
+    flash_case(fx, &r, 2, 196, 256, 4);    /* `small`: hd 64, T = 196 */
+    flash_case(fx, &r, B_, T_, C_, HEADS); /* tiny: hd 32, T = 49 */
+    flash_case(fx, &r, 2, 100, 144, 2);    /* hd 72, padded to 80 */
+    flash_case(fx, &r, 1, 256, 256, 2);    /* hd 128: the widest head */
+    flash_case(fx, &r, 3, 17, 96, 2);      /* hd 48: the run-time instance */
+}
+
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */
 
 /* modulate and gate_residual, forward and backward, for x (B, T, C), mod (B, 6C). */
@@ -1273,6 +1333,7 @@ int main(void) {
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_attention_fused),
+        cmocka_unit_test(test_attention_flash),
         cmocka_unit_test(test_pinned),
         cmocka_unit_test(test_image),
     };

@@ -49,8 +49,8 @@ static __device__ void stage(float *dst, const float *src, int r0, int n, int hd
 }
 
 template <int HD>
-static __global__ void k_attn_forward(float *out, float *lse, const float *qkv, int T, int C,
-                                      int H, int hd_rt, float scale) {
+static __global__ void k_attn_forward(float *out, float *lse, const float *qkv, int T, int C, int H,
+                                      int hd_rt, float scale) {
     constexpr int CAP = TS_HD_CAP(HD);
     const int hd = TS_HD_OF(HD, hd_rt);
     __shared__ float Ks[TS_ATTN_TILE * CAP], Vs[TS_ATTN_TILE * CAP];
@@ -205,8 +205,8 @@ typedef struct attn_launch {
 } attn_launch_t;
 
 /* Fills *L; *run is 0 when there is nothing to compute (B or T is 0). */
-static int attn_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H,
-                      attn_launch_t *L, int *run) {
+static int attn_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H, attn_launch_t *L,
+                      int *run) {
     *run = 0;
     int err = attn_grid(B, T, C, H, &L->grid, &L->hd);
     if (err || B <= 0 || T <= 0)
@@ -255,18 +255,23 @@ int ts_cuda_attention_fused_backward(ts_engine_t *e, float *dqkv, const float *d
         return err;
     return by_head_size(L.hd, [&](auto k) {
         constexpr int HD = decltype(k)::value;
-        k_attn_backward_kv<HD><<<L.grid, L.block, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t, L.c,
-                                                             L.h, L.hd, L.scale);
-        k_attn_backward_q<HD><<<L.grid, L.block, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t, L.c,
-                                                            L.h, L.hd, L.scale);
+        k_attn_backward_kv<HD>
+            <<<L.grid, L.block, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);
+        k_attn_backward_q<HD>
+            <<<L.grid, L.block, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);
     });
 }
 
-/* The bf16 fused attention is the CPU's (AVX-512 BF16); a bf16 model on a GPU takes the composed
- * attention, whose two products run in bf16 through cuBLAS. */
-int ts_cuda_attention_fused_forward_bf16(ts_engine_t *, float *, float *, const float *, int64_t,
-                                         int64_t, int64_t, int64_t) {
-    return TS_ENOTSUP;
+/* The bf16 fused forward on a GPU: the flash attention on tensor cores (cuda_flash.cu; sm_80 and
+ * later, heads up to 128 in steps of 8, TS_ENOTSUP otherwise). A bf16 model on a GPU still takes
+ * the composed attention (ts_attention_fused_bf16_check answers TS_ENOTSUP there) until a GPU run
+ * has measured this one faster and checked it: it has no backward yet. */
+int ts_cuda_flash_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv, int64_t B,
+                               int64_t T, int64_t C, int64_t H);
+
+int ts_cuda_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv,
+                                         int64_t B, int64_t T, int64_t C, int64_t H) {
+    return ts_cuda_flash_forward_bf16(e, out, lse, qkv, B, T, C, H);
 }
 
 int ts_cuda_attention_fused_backward_bf16(ts_engine_t *, float *, const float *, const float *,

@@ -42,8 +42,8 @@
 
 /* cublasGemmEx and cublasGemmStridedBatchedEx have C++ overloads (cudaDataType compute types):
  * the pointer types name the library's own entry points, checked against the header below. */
-typedef cublasStatus_t (*gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
-                                     int, int, const void *, const void *, cudaDataType, int,
+typedef cublasStatus_t (*gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                     int, const void *, const void *, cudaDataType, int,
                                      const void *, cudaDataType, int, const void *, void *,
                                      cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
 typedef cublasStatus_t (*gemm_sb_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
@@ -77,8 +77,10 @@ static char g_blas_err[512];
 static int blas_sym(void *h, const char *name, void **fn) {
     *fn = dlsym(h, name);
     if (!*fn)
-        snprintf(g_blas_err, sizeof g_blas_err, "%s has no %s (a cuBLAS older than the toolkit "
-                 "tessera was built with?)", TS_CUBLAS_SONAME, name);
+        snprintf(g_blas_err, sizeof g_blas_err,
+                 "%s has no %s (a cuBLAS older than the toolkit "
+                 "tessera was built with?)",
+                 TS_CUBLAS_SONAME, name);
     return *fn != NULL;
 }
 
@@ -126,10 +128,10 @@ struct ts_cuda_ctx {
     cublasHandle_t blas16; /* bound to stream; bf16 and f16 products, default math (tensor cores) */
     void *scratch;         /* device memory for reduction partials (cuda_ops.cu) */
     size_t scratch_bytes;
-    uint16_t *lp16;        /* the bf16 and f16 products' rounded operands; grows on demand */
+    uint16_t *lp16; /* the bf16 and f16 products' rounded operands; grows on demand */
     size_t lp16_elems;
     int cc_major, cc_minor; /* compute capability */
-    int zero_lp_out;        /* TESSERA_CUDA_INITCHECK=1: gemm_ex zeroes C before a beta = 0 product */
+    int zero_lp_out; /* TESSERA_CUDA_INITCHECK=1: gemm_ex zeroes C before a beta = 0 product */
 };
 
 /* Room for 1024 double partial sums and a 64-bit counter, with slack. */
@@ -139,6 +141,16 @@ struct ts_cuda_ctx {
  * engine's device current on the calling thread (an engine may be driven from a thread other
  * than the one that created it) and returns its stream and scratch buffer. */
 int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size_t *scratch_bytes);
+/* The engine's device's compute capability (shared with cuda_flash.cu, which needs sm_80). */
+int ts_cuda_compute_capability(ts_engine_t *e, int *major, int *minor);
+
+int ts_cuda_compute_capability(ts_engine_t *e, int *major, int *minor) {
+    if (!e || !e->cuda || !major || !minor)
+        return TS_EINVAL;
+    *major = e->cuda->cc_major;
+    *minor = e->cuda->cc_minor;
+    return TS_OK;
+}
 
 int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size_t *scratch_bytes) {
     if (!e || !e->cuda)
@@ -581,11 +593,11 @@ int ts_cuda_gemm(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N,
     cublasStatus_t st;
     if (batch == 1)
         st = g_blas.sgemm(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, (int)ldb, A, (int)lda,
-                         &beta, C, (int)ldc);
+                          &beta, C, (int)ldc);
     else
-        st = g_blas.sgemm_strided_batched(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, (int)ldb,
-                                       (long long)stride_b, A, (int)lda, (long long)stride_a, &beta,
-                                       C, (int)ldc, (long long)stride_c, (int)batch);
+        st = g_blas.sgemm_strided_batched(
+            h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, (int)ldb, (long long)stride_b, A,
+            (int)lda, (long long)stride_a, &beta, C, (int)ldc, (long long)stride_c, (int)batch);
     return st == CUBLAS_STATUS_SUCCESS ? TS_OK : TS_ECUBLAS;
 }
 
@@ -680,14 +692,13 @@ static int gemm_ex(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int6
     cublasStatus_t st;
     if (batch == 1)
         st = g_blas.gemm_ex(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t, (int)ldb, A, t,
-                          (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT);
+                            (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT);
     else
-        st = g_blas.gemm_strided_batched_ex(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t,
-                                        (int)ldb, (long long)stride_b, A, t, (int)lda,
-                                        (long long)stride_a, &beta, C, CUDA_R_32F, (int)ldc,
-                                        (long long)stride_c, (int)batch, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT);
+        st = g_blas.gemm_strided_batched_ex(
+            h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t, (int)ldb, (long long)stride_b, A,
+            t, (int)lda, (long long)stride_a, &beta, C, CUDA_R_32F, (int)ldc, (long long)stride_c,
+            (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? TS_OK : TS_ECUBLAS;
 }
 
@@ -696,13 +707,13 @@ static int gemm_ex(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int6
  * strides carry over), then one cuBLAS product with fp32 accumulation. */
 static int gemm_lp(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int64_t M, int64_t N,
                    int64_t K, float alpha, const float *A, int64_t lda, int64_t stride_a,
-                   const float *B, int64_t ldb, int64_t stride_b, float beta, float *C,
-                   int64_t ldc, int64_t stride_c, int64_t batch) {
+                   const float *B, int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
+                   int64_t stride_c, int64_t batch) {
     if (M <= 0 || N <= 0 || batch <= 0)
         return TS_OK;
     if (K <= 0) /* C = beta·C: no operand to round */
-        return ts_cuda_gemm(e, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
-                            stride_b, beta, C, ldc, stride_c, batch);
+        return ts_cuda_gemm(e, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b,
+                            beta, C, ldc, stride_c, batch);
     int64_t sa = batch > 1 ? stride_a : 0, sb = batch > 1 ? stride_b : 0;
     int64_t na = span(trans_a ? K : M, trans_a ? M : K, lda, sa, batch);
     int64_t nb = span(trans_b ? N : K, trans_b ? K : N, ldb, sb, batch);
@@ -723,16 +734,16 @@ int ts_cuda_gemm_bf16(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64
                       float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
                       int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
                       int64_t stride_c, int64_t batch) {
-    return gemm_lp(e, TS_BF16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
-                   stride_b, beta, C, ldc, stride_c, batch);
+    return gemm_lp(e, TS_BF16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b,
+                   beta, C, ldc, stride_c, batch);
 }
 
 int ts_cuda_gemm_f16(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                      float alpha, const float *A, int64_t lda, int64_t stride_a, const float *B,
                      int64_t ldb, int64_t stride_b, float beta, float *C, int64_t ldc,
                      int64_t stride_c, int64_t batch) {
-    return gemm_lp(e, TS_F16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
-                   stride_b, beta, C, ldc, stride_c, batch);
+    return gemm_lp(e, TS_F16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b,
+                   beta, C, ldc, stride_c, batch);
 }
 
 /* out = lp(inp) · weightᵀ in fp32 (weight already in lp), then the bias in a second kernel, as
@@ -760,9 +771,8 @@ int ts_cuda_linear_forward_bf16(ts_engine_t *e, float *out, const float *inp,
     return linear_forward_lp(e, TS_BF16, out, inp, weight, bias, M, N, K);
 }
 
-int ts_cuda_linear_forward_f16(ts_engine_t *e, float *out, const float *inp,
-                               const uint16_t *weight, const float *bias, int64_t M, int64_t N,
-                               int64_t K, int64_t group) {
+int ts_cuda_linear_forward_f16(ts_engine_t *e, float *out, const float *inp, const uint16_t *weight,
+                               const float *bias, int64_t M, int64_t N, int64_t K, int64_t group) {
     (void)group;
     return linear_forward_lp(e, TS_F16, out, inp, weight, bias, M, N, K);
 }
@@ -784,8 +794,8 @@ static int linear_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dinp, float 
         uint16_t *in16 = buf + oi;
         err = ts_cuda_convert(e, in16, lp, inp, TS_F32, M * K);
         if (!err)
-            err = gemm_ex(e, lp, 1, 0, N, K, M, 1.0f, buf, N, 0, in16, K, 0, 1.0f, dweight, K, 0,
-                          1);
+            err =
+                gemm_ex(e, lp, 1, 0, N, K, M, 1.0f, buf, N, 0, in16, K, 0, 1.0f, dweight, K, 0, 1);
     }
     return err;
 }

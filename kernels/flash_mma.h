@@ -1,0 +1,192 @@
+/*
+ * flash_mma.h — the tile steps of the bf16 flash attention on tensor cores
+ * (kernels/cuda/cuda_flash.cu), shared with the CPU so that tests/test_flash_mma.c runs them in
+ * the kernel's order on an emulated warp.
+ *
+ * The scheme is FlashAttention-2's. A warp owns 16 query rows of one head and walks the keys in
+ * blocks of TS_FA_KB: S = Q·Kᵀ and O += P·V each by `mma.sync.m16n8k16` (bf16 inputs, fp32
+ * accumulation), the online softmax in fp32 registers between them, and the scores' fragments
+ * reused in registers as the next product's A operand (no round trip through memory). q, k, v and
+ * the unnormalised weights e^(S − m) are rounded to bf16 (nearest even), as the CPU's bf16 fused
+ * attention (kernels/cpu/cpu_attention.c) rounds them; the row sums take the fp32 weights.
+ *
+ * Fragments (PTX ISA, "Matrix fragments for mma.m16n8k16" with .bf16): lane l of the warp has
+ * g = l / 4 and c = l % 4, and holds
+ *   A (16×16, row-major) four 32-bit registers of two bf16 each: (g, 2c..2c+1), (g+8, 2c..2c+1),
+ *                        (g, 2c+8..2c+9), (g+8, 2c+8..2c+9)
+ *   B (16×8, by column)  two: (k = 2c..2c+1, n = g), (k = 2c+8..2c+9, n = g)
+ *   C, D (16×8, fp32)    four floats: (g, 2c), (g, 2c+1), (g+8, 2c), (g+8, 2c+1)
+ * the lower 16 bits of a register holding the element of the lower column (A) or row (B).
+ * Each lane therefore sees two query rows, g and g + 8: its running max and sum are for those
+ * two, and a row's full max and sum are the four lanes of its quad reduced (shuffles by 1 and 2).
+ *
+ * Layout in memory as the other fused attentions (kernels/ops.h): qkv (B, T, 3C) with the last
+ * axis (3, H, hd), out (B, T, C), lse (B, H, T). Head sizes up to TS_FA_DMAX in steps of 8; the
+ * head is padded with zeros to a multiple of 16 (72 → 80) for the products' k-steps.
+ *
+ * Every function is TS_HD (kernels/math.h): the same source on the GPU and the CPU. What differs
+ * is only the warp-wide part — the mma itself and the quad shuffles — which the kernel does with
+ * the hardware and the test with loops over the 32 lanes; the hardware's accumulation inside one
+ * mma may round differently from the emulation's sequential fp32 sum, so the test compares with
+ * a tolerance, not bits.
+ */
+#ifndef TS_KERNELS_FLASH_MMA_H
+#define TS_KERNELS_FLASH_MMA_H
+
+#include <stdint.h>
+
+#include "kernels/math.h"
+
+#define TS_FA_KB 32    /* keys per block: four n-tiles of S, two k-steps of P·V */
+#define TS_FA_DMAX 128 /* the widest head */
+#define TS_FA_ROWS 16  /* query rows per warp */
+#define TS_FA_WARPS 4  /* warps per thread block: 64 query rows */
+
+/* One lane's registers. q: Q's A fragments, one per k-step of the head (DP / 16); s: the scores
+ * of the block, one C fragment per n-tile of keys; o: the output, one C fragment per n-tile of
+ * the head (DP / 8); m, l: the running max and this lane's share of the sum, rows g and g + 8. */
+typedef struct ts_fa_lane {
+    uint32_t q[TS_FA_DMAX / 16][4];
+    float s[TS_FA_KB / 8][4];
+    uint32_t p[TS_FA_KB / 16][4]; /* the block's weights as A fragments of P·V */
+    float o[TS_FA_DMAX / 8][4];
+    float m[2], l[2];
+} ts_fa_lane_t;
+
+/* The head padded to the products' k-steps. */
+TS_HD int ts_fa_padded(int hd) { return (hd + 15) / 16 * 16; }
+
+/* Two bf16 in one register: lo in the lower 16 bits. */
+TS_HD uint32_t ts_fa_pack(float lo, float hi) {
+    return (uint32_t)ts_f32_to_bf16(lo) | (uint32_t)ts_f32_to_bf16(hi) << 16;
+}
+
+/* The value at (row, col) of one C fragment register r (0..3) of lane. */
+TS_HD int ts_fa_c_row(int lane, int r) { return lane / 4 + (r >= 2 ? 8 : 0); }
+TS_HD int ts_fa_c_col(int lane, int r) { return 2 * (lane % 4) + (r & 1); }
+
+/* Element i (0..7) of lane's A fragment: row and column (the register is i / 2, its half i % 2). */
+TS_HD int ts_fa_a_row(int lane, int i) { return lane / 4 + ((i / 2) & 1 ? 8 : 0); }
+TS_HD int ts_fa_a_col(int lane, int i) { return 2 * (lane % 4) + (i & 1) + (i >= 4 ? 8 : 0); }
+
+/* Element i (0..3) of lane's B fragment: k (row) and n (column). */
+TS_HD int ts_fa_b_k(int lane, int i) { return 2 * (lane % 4) + (i & 1) + (i >= 2 ? 8 : 0); }
+TS_HD int ts_fa_b_n(int lane) { return lane / 4; }
+
+/* Clears the lane for a new row block. */
+TS_HD void ts_fa_begin(ts_fa_lane_t *L) {
+    for (int n = 0; n < TS_FA_DMAX / 8; n++)
+        for (int r = 0; r < 4; r++)
+            L->o[n][r] = 0.0f;
+    L->m[0] = L->m[1] = -INFINITY;
+    L->l[0] = L->l[1] = 0.0f;
+}
+
+/* Q's fragments for the warp's rows: q points at the first row's head slice, ld apart, rows of
+ * them valid (≤ 16; the others, and the head's padding, are 0). */
+TS_HD void ts_fa_load_q(ts_fa_lane_t *L, int lane, const float *q, int64_t ld, int rows, int hd) {
+    int dp = ts_fa_padded(hd);
+    for (int ks = 0; ks < dp / 16; ks++)
+        for (int r = 0; r < 4; r++) {
+            float v[2];
+            for (int h = 0; h < 2; h++) {
+                int i = 2 * r + h, row = ts_fa_a_row(lane, i), col = 16 * ks + ts_fa_a_col(lane, i);
+                v[h] = row < rows && col < hd ? q[(int64_t)row * ld + col] : 0.0f;
+            }
+            L->q[ks][r] = ts_fa_pack(v[0], v[1]);
+        }
+}
+
+/* Element e of staging a block of keys (or values) into dst (TS_FA_KB, ldd) bf16: key e / dp,
+ * column e % dp, from src (rows ld apart, n of them valid; the others and the padding are 0).
+ * The kernel's threads take the elements in turn; the test takes them all. */
+TS_HD void ts_fa_stage(uint16_t *dst, int ldd, const float *src, int64_t ld, int n, int hd, int e) {
+    int dp = ts_fa_padded(hd), key = e / dp, col = e % dp;
+    float v = key < n && col < hd ? src[(int64_t)key * ld + col] : 0.0f;
+    dst[key * ldd + col] = ts_f32_to_bf16(v);
+}
+
+/* B fragment of Kᵀ for k-step ks of the head and n-tile nt of the keys: B[k][n] = K[8nt + n][16ks
+ * + k], from the staged block (TS_FA_KB, ldk). */
+TS_HD void ts_fa_k_frag(uint32_t b[2], const uint16_t *sk, int ldk, int lane, int ks, int nt) {
+    int key = 8 * nt + ts_fa_b_n(lane);
+    for (int r = 0; r < 2; r++) {
+        int k0 = 16 * ks + ts_fa_b_k(lane, 2 * r);
+        b[r] = (uint32_t)sk[key * ldk + k0] | (uint32_t)sk[key * ldk + k0 + 1] << 16;
+    }
+}
+
+/* B fragment of V for k-step ks of the keys and n-tile nt of the head: B[k][n] = V[16ks + k][8nt
+ * + n], from the staged block (TS_FA_KB, ldv). */
+TS_HD void ts_fa_v_frag(uint32_t b[2], const uint16_t *sv, int ldv, int lane, int ks, int nt) {
+    int col = 8 * nt + ts_fa_b_n(lane);
+    for (int r = 0; r < 2; r++) {
+        int k0 = 16 * ks + ts_fa_b_k(lane, 2 * r);
+        b[r] = (uint32_t)sv[k0 * ldv + col] | (uint32_t)sv[(k0 + 1) * ldv + col] << 16;
+    }
+}
+
+/* After S = Q·Kᵀ: the scores scaled, the keys past n (the block's valid ones) at −∞, and into
+ * mx this lane's max of rows g and g + 8. */
+TS_HD void ts_fa_scores(ts_fa_lane_t *L, int lane, int n, float scale, float mx[2]) {
+    mx[0] = mx[1] = -INFINITY;
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+        for (int r = 0; r < 4; r++) {
+            int key = 8 * nt + ts_fa_c_col(lane, r);
+            float v = key < n ? L->s[nt][r] * scale : -INFINITY;
+            L->s[nt][r] = v;
+            mx[r / 2] = v > mx[r / 2] ? v : mx[r / 2];
+        }
+}
+
+/* The online softmax for one block, given the rows' block max bm (the quad's): the new running
+ * max, the output and the sum rescaled by e^(m_old − m_new), the weights e^(s − m) into this
+ * lane's sum (fp32) and, rounded to bf16, into the A fragments of P·V. */
+TS_HD void ts_fa_softmax(ts_fa_lane_t *L, const float bm[2], int dp) {
+    float alpha[2];
+    for (int h = 0; h < 2; h++) {
+        float mn = bm[h] > L->m[h] ? bm[h] : L->m[h];
+        alpha[h] = L->m[h] == -INFINITY ? 0.0f : ts_expf(L->m[h] - mn);
+        L->m[h] = mn;
+        L->l[h] *= alpha[h];
+    }
+    for (int n = 0; n < dp / 8; n++)
+        for (int r = 0; r < 4; r++)
+            L->o[n][r] *= alpha[r / 2];
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+        for (int r = 0; r < 4; r++) {
+            float s = L->s[nt][r];
+            float p = s == -INFINITY ? 0.0f : ts_expf(s - L->m[r / 2]);
+            L->s[nt][r] = p;
+            L->l[r / 2] += p;
+        }
+    /* S's n-tiles 2ks and 2ks + 1 are the columns 0..7 and 8..15 of P's k-step ks */
+    for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
+        const float *lo = L->s[2 * ks], *hi = L->s[2 * ks + 1];
+        L->p[ks][0] = ts_fa_pack(lo[0], lo[1]);
+        L->p[ks][1] = ts_fa_pack(lo[2], lo[3]);
+        L->p[ks][2] = ts_fa_pack(hi[0], hi[1]);
+        L->p[ks][3] = ts_fa_pack(hi[2], hi[3]);
+    }
+}
+
+/* The end of the row block, given the rows' full sums (the quad's): o / l into out (the warp's
+ * first row's head slice, rows ld apart; rows of them valid, hd columns), and each row's
+ * log-sum-exp into lse (NULL: none; lse[row]) — written by the quad's first lane. */
+TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], float *out, int64_t ld,
+                        int rows, int hd, float *lse) {
+    for (int n = 0; n < ts_fa_padded(hd) / 8; n++)
+        for (int r = 0; r < 4; r++) {
+            int row = ts_fa_c_row(lane, r), col = 8 * n + ts_fa_c_col(lane, r);
+            if (row < rows && col < hd)
+                out[(int64_t)row * ld + col] = L->o[n][r] / sum[r / 2];
+        }
+    if (lse && lane % 4 == 0)
+        for (int h = 0; h < 2; h++) {
+            int row = lane / 4 + 8 * h;
+            if (row < rows)
+                lse[row] = L->m[h] + logf(sum[h]);
+        }
+}
+
+#endif

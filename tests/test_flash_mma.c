@@ -1,0 +1,263 @@
+/*
+ * test_flash_mma.c — the bf16 flash attention's tile steps (kernels/flash_mma.h), run on the CPU
+ * in the order kernels/cuda/cuda_flash.cu runs them, on an emulated warp:
+ *
+ *   - the fragment maps of mma.m16n8k16 (A, B, C) each cover their matrix exactly once over the
+ *     32 lanes, and an emulated mma of fragments built by them equals the plain product;
+ *   - the whole attention, warp by warp (16 query rows, blocks of 32 keys, the quad reductions
+ *     as loops), matches the attention computed in double from the bf16-rounded q, k and v —
+ *     within the rounding of the weights e^(S − m) to bf16 — for the head sizes we ship (32, 64,
+ *     72 padded to 80, 128) and 8, sequence lengths that are not multiples of the blocks (17, 49,
+ *     100, 196, 256), and its log-sum-exp to 1e-5;
+ *   - a row of the output does not depend on the other rows of its warp (the same rows in
+ *     another sequence length give the same bits).
+ * What only a GPU checks is the hardware's mma and shuffles and the kernel's staging: the
+ * `flash` case of test_cuda_parity, in scripts/gpu-check.sh.
+ */
+#include "tests/testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/flash_mma.h"
+
+static float half_of(uint32_t reg, int h) { return ts_bf16_to_f32((uint16_t)(reg >> (16 * h))); }
+
+/* d (per lane 4 floats) += A·B for one warp's fragments, the sum over k in order, fp32. */
+static void emu_mma(float c[32][4], const uint32_t a[32][4], const uint32_t b[32][2]) {
+    float A[16][16], B[16][8], D[16][8];
+    for (int l = 0; l < 32; l++) {
+        for (int i = 0; i < 8; i++)
+            A[ts_fa_a_row(l, i)][ts_fa_a_col(l, i)] = half_of(a[l][i / 2], i % 2);
+        for (int i = 0; i < 4; i++)
+            B[ts_fa_b_k(l, i)][ts_fa_b_n(l)] = half_of(b[l][i / 2], i % 2);
+        for (int r = 0; r < 4; r++)
+            D[ts_fa_c_row(l, r)][ts_fa_c_col(l, r)] = c[l][r];
+    }
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+            float s = D[i][j];
+            for (int k = 0; k < 16; k++)
+                s += A[i][k] * B[k][j];
+            D[i][j] = s;
+        }
+    for (int l = 0; l < 32; l++)
+        for (int r = 0; r < 4; r++)
+            c[l][r] = D[ts_fa_c_row(l, r)][ts_fa_c_col(l, r)];
+}
+
+/* Each map covers its matrix once; an mma of fragments equals the product of the matrices. */
+static void test_fragments(void **state) {
+    (void)state;
+    int a[16][16] = {{0}}, b[16][8] = {{0}}, c[16][8] = {{0}};
+    for (int l = 0; l < 32; l++) {
+        for (int i = 0; i < 8; i++)
+            a[ts_fa_a_row(l, i)][ts_fa_a_col(l, i)]++;
+        for (int i = 0; i < 4; i++)
+            b[ts_fa_b_k(l, i)][ts_fa_b_n(l)]++;
+        for (int r = 0; r < 4; r++)
+            c[ts_fa_c_row(l, r)][ts_fa_c_col(l, r)]++;
+    }
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            assert_int_equal(a[i][j], 1);
+            if (j < 8) {
+                assert_int_equal(b[i][j], 1);
+                assert_int_equal(c[i][j], 1);
+            }
+        }
+    /* small integers: every product and sum exact in bf16 and fp32 */
+    float A[16][16], B[16][8];
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++)
+            A[i][j] = (float)((i * 7 + j * 3) % 11 - 5);
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++)
+            B[i][j] = (float)((i * 5 + j) % 9 - 4);
+    uint32_t fa[32][4], fb[32][2];
+    float fc[32][4];
+    for (int l = 0; l < 32; l++) {
+        for (int r = 0; r < 4; r++) {
+            fa[l][r] = ts_fa_pack(A[ts_fa_a_row(l, 2 * r)][ts_fa_a_col(l, 2 * r)],
+                                  A[ts_fa_a_row(l, 2 * r + 1)][ts_fa_a_col(l, 2 * r + 1)]);
+            fc[l][r] = 1.0f;
+        }
+        for (int r = 0; r < 2; r++)
+            fb[l][r] = ts_fa_pack(B[ts_fa_b_k(l, 2 * r)][ts_fa_b_n(l)],
+                                  B[ts_fa_b_k(l, 2 * r + 1)][ts_fa_b_n(l)]);
+    }
+    emu_mma(fc, fa, fb);
+    for (int l = 0; l < 32; l++)
+        for (int r = 0; r < 4; r++) {
+            int i = ts_fa_c_row(l, r), j = ts_fa_c_col(l, r);
+            float want = 1.0f;
+            for (int k = 0; k < 16; k++)
+                want += A[i][k] * B[k][j];
+            assert_true(fc[l][r] == want);
+        }
+}
+
+/* One warp's 16 rows from row0 of head h of sample b, as the kernel runs them. */
+static void emu_warp(const float *qkv, float *out, float *lse, int T, int C, int H, int hd, int b,
+                     int h, int row0) {
+    static ts_fa_lane_t L[32];
+    static uint16_t sk[TS_FA_KB * (TS_FA_DMAX + 8)], sv[TS_FA_KB * (TS_FA_DMAX + 8)];
+    int64_t ld = 3 * (int64_t)C;
+    int dp = ts_fa_padded(hd), ldk = dp + 8, rows = T - row0 < 16 ? T - row0 : 16;
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *base = qkv + (int64_t)b * T * ld;
+    for (int l = 0; l < 32; l++) {
+        ts_fa_begin(&L[l]);
+        ts_fa_load_q(&L[l], l, base + row0 * ld + h * hd, ld, rows, hd);
+    }
+    for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
+        int n = T - k0 < TS_FA_KB ? T - k0 : TS_FA_KB;
+        for (int e = 0; e < TS_FA_KB * dp; e++) {
+            ts_fa_stage(sk, ldk, base + k0 * ld + C + h * hd, ld, n, hd, e);
+            ts_fa_stage(sv, ldk, base + k0 * ld + 2 * C + h * hd, ld, n, hd, e);
+        }
+        uint32_t fa[32][4], fb[32][2];
+        float fc[32][4];
+        for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
+            memset(fc, 0, sizeof fc);
+            for (int ks = 0; ks < dp / 16; ks++) {
+                for (int l = 0; l < 32; l++) {
+                    memcpy(fa[l], L[l].q[ks], sizeof fa[l]);
+                    ts_fa_k_frag(fb[l], sk, ldk, l, ks, nt);
+                }
+                emu_mma(fc, fa, fb);
+            }
+            for (int l = 0; l < 32; l++)
+                memcpy(L[l].s[nt], fc[l], sizeof fc[l]);
+        }
+        float mx[32][2];
+        for (int l = 0; l < 32; l++)
+            ts_fa_scores(&L[l], l, n, scale, mx[l]);
+        for (int l = 0; l < 32; l++) { /* the quad's max (shuffles by 1 and 2) */
+            float bm[2];
+            for (int hh = 0; hh < 2; hh++) {
+                bm[hh] = mx[l & ~3][hh];
+                for (int q = 1; q < 4; q++)
+                    bm[hh] = fmaxf(bm[hh], mx[(l & ~3) + q][hh]);
+            }
+            ts_fa_softmax(&L[l], bm, dp);
+        }
+        for (int nt = 0; nt < dp / 8; nt++) {
+            for (int l = 0; l < 32; l++)
+                memcpy(fc[l], L[l].o[nt], sizeof fc[l]);
+            for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
+                for (int l = 0; l < 32; l++) {
+                    memcpy(fa[l], L[l].p[ks], sizeof fa[l]);
+                    ts_fa_v_frag(fb[l], sv, ldk, l, ks, nt);
+                }
+                emu_mma(fc, fa, fb);
+            }
+            for (int l = 0; l < 32; l++)
+                memcpy(L[l].o[nt], fc[l], sizeof fc[l]);
+        }
+    }
+    for (int l = 0; l < 32; l++) { /* the quad's sums: (x + x^1) then + its ^2 partner's */
+        float sum[2];
+        for (int hh = 0; hh < 2; hh++) {
+            int q0 = l & ~3;
+            float s01 = L[q0].l[hh] + L[q0 + 1].l[hh], s23 = L[q0 + 2].l[hh] + L[q0 + 3].l[hh];
+            sum[hh] = (l & 2) ? s23 + s01 : s01 + s23;
+        }
+        ts_fa_finish(&L[l], l, sum, out + ((int64_t)b * T + row0) * C + h * hd, C, rows, hd,
+                     lse ? lse + ((int64_t)b * H + h) * T + row0 : NULL);
+    }
+}
+
+static void emu_attention(const float *qkv, float *out, float *lse, int B, int T, int C, int H) {
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int r0 = 0; r0 < T; r0 += TS_FA_ROWS)
+                emu_warp(qkv, out, lse, T, C, H, C / H, b, h, r0);
+}
+
+static float bf(float x) { return ts_bf16_to_f32(ts_f32_to_bf16(x)); }
+
+/* The emulated warps against the attention in double on bf16-rounded q, k, v. */
+static void check_shape(int B, int T, int H, int hd, uint64_t seed) {
+    int C = H * hd;
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * H * T;
+    float *qkv = malloc(nq * sizeof *qkv), *out = malloc(no * sizeof *out);
+    float *lse = malloc(nl * sizeof *lse);
+    double *s = malloc((size_t)T * sizeof *s);
+    assert_non_null(qkv && out && lse && s);
+    tu_rng_t r = {seed};
+    for (size_t i = 0; i < nq; i++)
+        qkv[i] = tu_rng_uniform(&r, -1.0f, 1.0f);
+    for (size_t i = 0; i < no; i++)
+        out[i] = NAN;
+    emu_attention(qkv, out, lse, B, T, C, H);
+    double scale = (double)(1.0f / sqrtf((float)hd)); /* the kernel's fp32 scale */
+    double worst = 0.0, worst_lse = 0.0;
+    int64_t ld = 3 * (int64_t)C;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < T; i++) {
+                const float *q = qkv + ((int64_t)b * T + i) * ld + h * hd;
+                double m = -INFINITY, l = 0.0;
+                for (int j = 0; j < T; j++) {
+                    const float *k = qkv + ((int64_t)b * T + j) * ld + C + h * hd;
+                    double d = 0.0;
+                    for (int x = 0; x < hd; x++)
+                        d += (double)bf(q[x]) * bf(k[x]);
+                    s[j] = d * scale;
+                    m = s[j] > m ? s[j] : m;
+                }
+                for (int j = 0; j < T; j++)
+                    l += exp(s[j] - m);
+                for (int x = 0; x < hd; x++) {
+                    double o = 0.0;
+                    for (int j = 0; j < T; j++)
+                        o += exp(s[j] - m) / l *
+                             bf(qkv[((int64_t)b * T + j) * ld + 2 * C + h * hd + x]);
+                    double got = out[((int64_t)b * T + i) * C + h * hd + x];
+                    double d = fabs(got - o);
+                    worst = isnan(d) ? INFINITY : (d > worst ? d : worst);
+                }
+                double dl = fabs((double)lse[((int64_t)b * H + h) * T + i] - (m + log(l)));
+                worst_lse = isnan(dl) ? INFINITY : (dl > worst_lse ? dl : worst_lse);
+            }
+    /* the weights rounded to bf16: 2⁻⁹ relative each, |v| ≤ 1 */
+    if (worst > 4e-3 || worst_lse > 1e-4)
+        fail_msg("B %d T %d H %d hd %d: worst |out − ref| %.3g (≤ 4e-3), |lse − ref| %.3g (≤ 1e-4)",
+                 B, T, H, hd, worst, worst_lse);
+    free(qkv), free(out), free(lse), free(s);
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    check_shape(2, 196, 2, 64, 1); /* `small`: 196 tokens, 6 blocks of 32 and 4 left */
+    check_shape(2, 49, 2, 32, 2);
+    check_shape(1, 100, 2, 72, 3); /* DiT-XL's head, padded to 80 */
+    check_shape(1, 256, 2, 128, 4);
+    check_shape(3, 17, 1, 8, 5);
+}
+
+/* A sample's output is its own: the same 40-token sequence alone and as the second sample of a
+ * batch of two gives the same bits (out and lse). */
+static void test_rows_own(void **state) {
+    (void)state;
+    enum { T = 40, H = 2, HD = 64, C = H * HD };
+    static float qkv[2 * T * 3 * C], out1[T * C], out2[2 * T * C], lse1[H * T], lse2[2 * H * T];
+    tu_rng_t r = {9};
+    for (size_t i = 0; i < sizeof qkv / sizeof *qkv; i++)
+        qkv[i] = tu_rng_uniform(&r, -1.0f, 1.0f);
+    emu_attention(qkv + T * 3 * C, out1, lse1, 1, T, C, H);
+    emu_attention(qkv, out2, lse2, 2, T, C, H);
+    assert_memory_equal(out1, out2 + T * C, sizeof out1);
+    assert_memory_equal(lse1, lse2 + H * T, sizeof lse1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fragments),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_rows_own),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
