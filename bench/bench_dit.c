@@ -424,7 +424,7 @@ static int run_attention_ops(const opts_t *o) {
     if (rc != 0)
         return rc;
     int bf16 = ts_engine_precision_check(&e, TS_PREC_BF16, NULL, 0) == TS_OK &&
-               (ts_attention_fused_bf16_check(&e) == TS_OK || e.device != TS_CPU);
+               ts_attention_fused_bf16_check(&e) == TS_OK;
     int64_t B = o->attention_ops;
     if (o->json)
         printf("{\n  \"threads\": %d,\n  \"seconds\": %g,\n  \"batch\": %lld,\n  \"rows\": [\n",

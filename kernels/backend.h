@@ -241,6 +241,9 @@ void ts_cpu_bf16_free(ts_engine_t *e);
 /* Releases the engine's f16 scratch (kernels/cpu/cpu_f16.c), made on the first f16 product. */
 void ts_cpu_f16_free(ts_engine_t *e);
 
+/* The bf16 fused attention on a CUDA engine (the flash attention on tensor cores, cuda_flash.cu):
+ * TS_OK on sm_80 or later; TS_ENOTSUP below, TS_ENODEV without the backend. */
+int ts_cuda_flash_bf16_ok(ts_engine_t *e);
 int ts_cuda_engine_init(ts_engine_t *e, int gpu);
 void ts_cuda_engine_free(ts_engine_t *e);
 int ts_cuda_engine_sync(ts_engine_t *e);

@@ -82,19 +82,36 @@ TS_HD void ts_fa_begin(ts_fa_lane_t *L) {
     L->l[0] = L->l[1] = 0.0f;
 }
 
-/* Q's fragments for the warp's rows: q points at the first row's head slice, ld apart, rows of
- * them valid (≤ 16; the others, and the head's padding, are 0). */
-TS_HD void ts_fa_load_q(ts_fa_lane_t *L, int lane, const float *q, int64_t ld, int rows, int hd) {
+/* A fragments of 16 rows of a head (src: the first row's head slice, ld apart; rows of them
+ * valid, ≤ 16 — the others, and the head's padding, are 0), one per k-step of the head. */
+TS_HD void ts_fa_load_a(uint32_t f[][4], int lane, const float *src, int64_t ld, int rows, int hd) {
     int dp = ts_fa_padded(hd);
     for (int ks = 0; ks < dp / 16; ks++)
         for (int r = 0; r < 4; r++) {
             float v[2];
             for (int h = 0; h < 2; h++) {
                 int i = 2 * r + h, row = ts_fa_a_row(lane, i), col = 16 * ks + ts_fa_a_col(lane, i);
-                v[h] = row < rows && col < hd ? q[(int64_t)row * ld + col] : 0.0f;
+                v[h] = row < rows && col < hd ? src[(int64_t)row * ld + col] : 0.0f;
             }
-            L->q[ks][r] = ts_fa_pack(v[0], v[1]);
+            f[ks][r] = ts_fa_pack(v[0], v[1]);
         }
+}
+
+/* Q's fragments for the warp's rows. */
+TS_HD void ts_fa_load_q(ts_fa_lane_t *L, int lane, const float *q, int64_t ld, int rows, int hd) {
+    ts_fa_load_a(L->q, lane, q, ld, rows, hd);
+}
+
+/* C fragments of a 16 × TS_FA_KB product as the A fragments of the next product (bf16): C's
+ * n-tiles 2ks and 2ks + 1 are the columns 0..7 and 8..15 of A's k-step ks. */
+TS_HD void ts_fa_c_to_a(uint32_t a[][4], const float c[][4]) {
+    for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
+        const float *lo = c[2 * ks], *hi = c[2 * ks + 1];
+        a[ks][0] = ts_fa_pack(lo[0], lo[1]);
+        a[ks][1] = ts_fa_pack(lo[2], lo[3]);
+        a[ks][2] = ts_fa_pack(hi[0], hi[1]);
+        a[ks][3] = ts_fa_pack(hi[2], hi[3]);
+    }
 }
 
 /* Element e of staging a block of keys (or values) into dst (TS_FA_KB, ldd) bf16: key e / dp,
@@ -160,14 +177,7 @@ TS_HD void ts_fa_softmax(ts_fa_lane_t *L, const float bm[2], int dp) {
             L->s[nt][r] = p;
             L->l[r / 2] += p;
         }
-    /* S's n-tiles 2ks and 2ks + 1 are the columns 0..7 and 8..15 of P's k-step ks */
-    for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
-        const float *lo = L->s[2 * ks], *hi = L->s[2 * ks + 1];
-        L->p[ks][0] = ts_fa_pack(lo[0], lo[1]);
-        L->p[ks][1] = ts_fa_pack(lo[2], lo[3]);
-        L->p[ks][2] = ts_fa_pack(hi[0], hi[1]);
-        L->p[ks][3] = ts_fa_pack(hi[2], hi[3]);
-    }
+    ts_fa_c_to_a(L->p, L->s);
 }
 
 /* The end of the row block, given the rows' full sums (the quad's): o / l into out (the warp's
@@ -186,6 +196,92 @@ TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], flo
             int row = lane / 4 + 8 * h;
             if (row < rows)
                 lse[row] = L->m[h] + logf(sum[h]);
+        }
+}
+
+/* ---- the backward (FlashAttention-2): two passes, no atomics -------------------------------
+ *
+ * dK, dV pass: a warp owns 16 keys (k, v as A fragments) and walks the queries in blocks of
+ * TS_FA_KB: Sᵀ = K·Qᵀ, Pᵀ = e^(scale·Sᵀ − lse) per query column, dV += Pᵀ·dO, dPᵀ = V·dOᵀ,
+ * dSᵀ = Pᵀ ∘ (dPᵀ − D) with D = rowsum(dO ∘ O) per query, dK += dSᵀ·Q; at the end dK · scale.
+ * dQ pass: a warp owns 16 queries (q, dO as A fragments; lse and D per row) and walks the keys:
+ * S = Q·Kᵀ, P = e^(scale·S − lse), dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K; at the end
+ * dQ · scale. q, k, v, dO, P and dS are rounded to bf16 for the products, as the CPU's bf16
+ * backward rounds them; D, P, dS and the sums into dqkv are fp32. Each gradient element has one
+ * writer, which adds into dqkv (the backward accumulates). */
+
+/* D = dO · O over one row's head (fp32, in order). */
+TS_HD float ts_fa_row_dot(const float *dout, const float *o, int hd) {
+    float d = 0.0f;
+    for (int x = 0; x < hd; x++)
+        d += dout[x] * o[x];
+    return d;
+}
+
+/* One lane's registers in the backward: a, b the A fragments of the warp's 16 rows (dK, dV pass:
+ * k and v; dQ pass: q and dO); s, dp the block's products; acc0, acc1 the gradients (dK and dV;
+ * dQ and unused); ra, rb the rows' lse and D (dQ pass). */
+typedef struct ts_fa_grad_lane {
+    uint32_t a[TS_FA_DMAX / 16][4], b[TS_FA_DMAX / 16][4];
+    float s[TS_FA_KB / 8][4], dp[TS_FA_KB / 8][4];
+    uint32_t pa[TS_FA_KB / 16][4];
+    float acc0[TS_FA_DMAX / 8][4], acc1[TS_FA_DMAX / 8][4];
+    float ra[2], rb[2];
+} ts_fa_grad_lane_t;
+
+/* The dQ pass's row values: lse (the block's rows from lse_rows) and D = dO·O, for the lane's
+ * rows g and g + 8 (0 past rows). dout and out point at the warp's first row, ld apart. */
+TS_HD void ts_fa_row_stats(ts_fa_grad_lane_t *G, int lane, const float *lse_rows, const float *dout,
+                           const float *out, int64_t ld, int rows, int hd) {
+    for (int h = 0; h < 2; h++) {
+        int row = lane / 4 + 8 * h;
+        G->ra[h] = row < rows ? lse_rows[row] : 0.0f;
+        G->rb[h] = row < rows ? ts_fa_row_dot(dout + (int64_t)row * ld, out + (int64_t)row * ld, hd)
+                              : 0.0f;
+    }
+}
+
+TS_HD void ts_fa_grad_begin(ts_fa_grad_lane_t *G) {
+    for (int n = 0; n < TS_FA_DMAX / 8; n++)
+        for (int r = 0; r < 4; r++)
+            G->acc0[n][r] = G->acc1[n][r] = 0.0f;
+}
+
+/* P from the scores s (in place, fp32), the columns past n (the block's valid ones) 0: by row
+ * (lse the lane's rows g and g + 8: the dQ pass) or by column (lse_col[column]: the dK, dV pass,
+ * where the columns are queries). Then the bf16 A fragments of P into pa. */
+TS_HD void ts_fa_probs(ts_fa_grad_lane_t *G, int lane, int n, float scale, const float lse_row[2],
+                       const float *lse_col) {
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+        for (int r = 0; r < 4; r++) {
+            int col = 8 * nt + ts_fa_c_col(lane, r);
+            float m = lse_col ? (col < n ? lse_col[col] : 0.0f) : lse_row[r / 2];
+            G->s[nt][r] = col < n ? ts_expf(G->s[nt][r] * scale - m) : 0.0f;
+        }
+    ts_fa_c_to_a(G->pa, G->s);
+}
+
+/* dS = P ∘ (dP − D) into s (fp32), by row (D the rows': dQ pass) or by column (d_col[column]),
+ * then its bf16 A fragments into pa. */
+TS_HD void ts_fa_dscores(ts_fa_grad_lane_t *G, int lane, int n, const float d_row[2],
+                         const float *d_col) {
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+        for (int r = 0; r < 4; r++) {
+            int col = 8 * nt + ts_fa_c_col(lane, r);
+            float d = d_col ? (col < n ? d_col[col] : 0.0f) : d_row[r / 2];
+            G->s[nt][r] = G->s[nt][r] * (G->dp[nt][r] - d);
+        }
+    ts_fa_c_to_a(G->pa, G->s);
+}
+
+/* dst (16 rows of a head, ld apart; rows of them valid) += scale · acc, each element once. */
+TS_HD void ts_fa_add_rows(const float acc[][4], int lane, float *dst, int64_t ld, int rows, int hd,
+                          float scale) {
+    for (int n = 0; n < ts_fa_padded(hd) / 8; n++)
+        for (int r = 0; r < 4; r++) {
+            int row = ts_fa_c_row(lane, r), col = 8 * n + ts_fa_c_col(lane, r);
+            if (row < rows && col < hd)
+                dst[(int64_t)row * ld + col] += acc[n][r] * scale;
         }
 }
 

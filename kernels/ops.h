@@ -164,10 +164,13 @@ int ts_attention_fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *ls
                                const ts_tensor_t *qkv, int heads);
 /* As ts_attention_fused_forward with both products in bf16 (q, k, v and the unnormalised softmax
  * weights rounded to bf16, fp32 accumulation; softmax and every tensor fp32). TS_ENOTSUP where
- * the CPU lacks AVX-512 BF16 (ts_attention_fused_bf16_check) or on a CUDA engine. */
+ * the CPU lacks AVX-512 BF16 (ts_attention_fused_bf16_check); on a CUDA engine the flash
+ * attention on tensor cores (kernels/cuda/cuda_flash.cu): sm_80 or later, heads up to 128 wide
+ * in steps of 8 (TS_ENOTSUP otherwise). */
 int ts_attention_fused_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
                                     const ts_tensor_t *qkv, int heads);
-/* TS_OK when ts_attention_fused_forward_bf16 can run on e, TS_ENOTSUP otherwise. */
+/* TS_OK when ts_attention_fused_forward_bf16 can run on e (a CPU with AVX-512 BF16, a GPU of
+ * sm_80 or later), TS_ENOTSUP otherwise. */
 int ts_attention_fused_bf16_check(ts_engine_t *e);
 /* dqkv (B, T, 3C) += the gradient, from the forward's out and lse (FlashAttention-2: the softmax
  * weights are recomputed block by block from lse; no scratch argument). */

@@ -380,6 +380,8 @@ int ts_attention_fused_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_
 
 int ts_attention_fused_bf16_check(ts_engine_t *e) {
     TS_TRY(check_engine(e));
+    if (e->device == TS_CUDA) /* the flash attention on tensor cores: sm_80 and later */
+        return ts_cuda_flash_bf16_ok(e) == TS_OK ? TS_OK : TS_ENOTSUP;
     return e->device == TS_CPU && ts_cpu_attention_fused_bf16_ok() ? TS_OK : TS_ENOTSUP;
 }
 

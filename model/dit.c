@@ -490,7 +490,9 @@ int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
          m->precision == TS_PREC_F16 ||
          (m->eng->device == TS_CUDA &&
           (m->cfg.hidden_size / m->cfg.num_heads > TS_CUDA_FUSED_HD_MAX ||
-           m->max_batch > TS_CUDA_FUSED_MAX_BATCH))))
+           m->max_batch > TS_CUDA_FUSED_MAX_BATCH ||
+           /* the bf16 flash attention's heads go in steps of 8 */
+           (m->precision == TS_PREC_BF16 && m->cfg.hidden_size / m->cfg.num_heads % 8 != 0)))))
         return TS_ENOTSUP;
     if (a == m->attn)
         return TS_OK;

@@ -845,8 +845,8 @@ static void test_attention_fused(void **state) {
 }
 
 /* The bf16 flash attention on tensor cores (kernels/cuda/cuda_flash.cu; sm_80 and later) against
- * the CPU's fp32 fused attention: the products' inputs and weights rounded to bf16 give a
- * normalised error near 1e-5; out within 1e-4 and lse within 1e-5 (NMSE). Head sizes with their
+ * the CPU's fp32 fused attention, forward and backward: the products' inputs and weights rounded
+ * to bf16 give a normalised error near 1e-5; out and dqkv within 1e-4, lse within 1e-5 (NMSE). Head sizes with their
  * own instance (32, 64, 72, 128) and one of the run-time instance (48); T below, across and at
  * blocks of 32 keys and 64 queries. Its tile steps are tests/test_flash_mma.c's on the CPU. */
 static double nmse_of(fixture_t *fx, const pair_t *p) {
@@ -863,24 +863,36 @@ static double nmse_of(fixture_t *fx, const pair_t *p) {
 }
 
 static void flash_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t T, int64_t C, int64_t H) {
-    pair_t qkv, out, lse;
+    pair_t qkv, out, lse, dout, dqkv;
     pair_rand(&qkv, r, -1.5f, 1.5f, 3, TS_SHAPE(B, T, 3 * C));
     pair_zeros(&out, 3, TS_SHAPE(B, T, C));
     pair_zeros(&lse, 3, TS_SHAPE(B, H, T));
+    pair_rand(&dout, r, -1.0f, 1.0f, 3, TS_SHAPE(B, T, C));
+    pair_zeros(&dqkv, 3, TS_SHAPE(B, T, 3 * C));
     TU_CHECK_OK(ts_attention_fused_forward(&fx->e[0], &out.t[0], &lse.t[0], &qkv.t[0], (int)H));
     TU_CHECK_OK(
         ts_attention_fused_forward_bf16(&fx->e[1], &out.t[1], &lse.t[1], &qkv.t[1], (int)H));
     double eo = nmse_of(fx, &out), el = nmse_of(fx, &lse);
-    printf("test_cuda_parity: flash bf16 (%lld,%lld,%lld,%lld) out nmse %.3e, lse nmse %.3e\n",
-           (long long)B, (long long)T, (long long)C, (long long)H, eo, el);
-    if (!(eo <= 1e-4 && el <= 1e-5)) {
-        print_error("flash bf16 (%lld,%lld,%lld,%lld): out nmse %.3e (≤ 1e-4), lse %.3e (≤ 1e-5)\n",
-                    (long long)B, (long long)T, (long long)C, (long long)H, eo, el);
+    /* the backward from each side's own forward (the GPU's out and lse are its bf16 ones) */
+    TU_CHECK_OK(ts_attention_fused_backward(&fx->e[0], &dqkv.t[0], &dout.t[0], &qkv.t[0], &out.t[0],
+                                            &lse.t[0], (int)H));
+    TU_CHECK_OK(ts_attention_fused_backward_bf16(&fx->e[1], &dqkv.t[1], &dout.t[1], &qkv.t[1],
+                                                 &out.t[1], &lse.t[1], (int)H));
+    double eg = nmse_of(fx, &dqkv);
+    printf("test_cuda_parity: flash bf16 (%lld,%lld,%lld,%lld) out nmse %.3e, lse %.3e, dqkv "
+           "%.3e\n",
+           (long long)B, (long long)T, (long long)C, (long long)H, eo, el, eg);
+    if (!(eo <= 1e-4 && el <= 1e-5 && eg <= 1e-4)) {
+        print_error("flash bf16 (%lld,%lld,%lld,%lld): out nmse %.3e (≤ 1e-4), lse %.3e (≤ 1e-5), "
+                    "dqkv %.3e (≤ 1e-4)\n",
+                    (long long)B, (long long)T, (long long)C, (long long)H, eo, el, eg);
         fail();
     }
     pair_free(&qkv);
     pair_free(&out);
     pair_free(&lse);
+    pair_free(&dout);
+    pair_free(&dqkv);
 }
 
 static void test_attention_flash(void **state) {

@@ -9,8 +9,11 @@
  *     within the rounding of the weights e^(S − m) to bf16 — for the head sizes we ship (32, 64,
  *     72 padded to 80, 128) and 8, sequence lengths that are not multiples of the blocks (17, 49,
  *     100, 196, 256), and its log-sum-exp to 1e-5;
- *   - a row of the output does not depend on the other rows of its warp (the same rows in
- *     another sequence length give the same bits).
+ *   - a sample's output does not depend on the batch (the same sequence alone and second of
+ *     two gives the same bits);
+ *   - the backward's two passes (dK, dV by key warps; dQ by query warps), added into a dqkv that
+ *     starts non-zero, match the gradient in double on the bf16-rounded q, k, v and dO (NMSE
+ *     ≤ 2e-5 per part; ~3e-6 from the roundings of P and dS).
  * What only a GPU checks is the hardware's mma and shuffles and the kernel's staging: the
  * `flash` case of test_cuda_parity, in scripts/gpu-check.sh.
  */
@@ -253,11 +256,270 @@ static void test_rows_own(void **state) {
     assert_memory_equal(lse1, lse2 + H * T, sizeof lse1);
 }
 
+/* ---- the backward ------------------------------------------------------------------------ */
+
+/* c[lane] (16 × TS_FA_KB over n-tiles) = a (16 × dp, k-steps) · Bᵀ with B's fragments by
+ * ts_fa_k_frag from the staged block sb: the scores' pattern, for every lane of the warp. */
+static void emu_scores(float out[32][TS_FA_KB / 8][4], uint32_t (*const a[32])[4],
+                       const uint16_t *sb, int ldb, int dp) {
+    uint32_t fa[32][4], fb[32][2];
+    float fc[32][4];
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
+        memset(fc, 0, sizeof fc);
+        for (int ks = 0; ks < dp / 16; ks++) {
+            for (int l = 0; l < 32; l++) {
+                memcpy(fa[l], a[l][ks], sizeof fa[l]);
+                ts_fa_k_frag(fb[l], sb, ldb, l, ks, nt);
+            }
+            emu_mma(fc, fa, fb);
+        }
+        for (int l = 0; l < 32; l++)
+            memcpy(out[l][nt], fc[l], sizeof fc[l]);
+    }
+}
+
+/* acc[lane] (16 × dp over n-tiles) += pa (16 × TS_FA_KB, k-steps) · B with B's fragments by
+ * ts_fa_v_frag from the staged block sb: the P·V pattern, for every lane. */
+static void emu_accumulate(float (*const acc[32])[4], uint32_t (*const pa[32])[4],
+                           const uint16_t *sb, int ldb, int dp) {
+    uint32_t fa[32][4], fb[32][2];
+    float fc[32][4];
+    for (int nt = 0; nt < dp / 8; nt++) {
+        for (int l = 0; l < 32; l++)
+            memcpy(fc[l], acc[l][nt], sizeof fc[l]);
+        for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
+            for (int l = 0; l < 32; l++) {
+                memcpy(fa[l], pa[l][ks], sizeof fa[l]);
+                ts_fa_v_frag(fb[l], sb, ldb, l, ks, nt);
+            }
+            emu_mma(fc, fa, fb);
+        }
+        for (int l = 0; l < 32; l++)
+            memcpy(acc[l][nt], fc[l], sizeof fc[l]);
+    }
+}
+
+typedef struct {
+    const float *qkv, *out, *lse, *dout;
+    float *dqkv;
+    int T, C, H, hd;
+} grad_job_t;
+
+/* The dK, dV pass for the warp's 16 keys from key0 of head h of sample b. */
+static void emu_kv_warp(const grad_job_t *j, int b, int h, int key0) {
+    static ts_fa_grad_lane_t G[32];
+    static uint16_t sq[TS_FA_KB * (TS_FA_DMAX + 8)], sd[TS_FA_KB * (TS_FA_DMAX + 8)];
+    static float s[32][TS_FA_KB / 8][4];
+    float lse_col[TS_FA_KB], d_col[TS_FA_KB];
+    int T = j->T, C = j->C, hd = j->hd, dp = ts_fa_padded(hd), ldb = dp + 8;
+    int64_t ld = 3 * (int64_t)C;
+    int rows = T - key0 < 16 ? T - key0 : 16;
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *base = j->qkv + (int64_t)b * T * ld;
+    const float *dob = j->dout + (int64_t)b * T * C, *ob = j->out + (int64_t)b * T * C;
+    uint32_t(*a[32])[4], (*v[32])[4], (*pa[32])[4];
+    float(*dk[32])[4], (*dv[32])[4];
+    for (int l = 0; l < 32; l++) {
+        ts_fa_grad_begin(&G[l]);
+        ts_fa_load_a(G[l].a, l, base + key0 * ld + C + h * hd, ld, rows, hd);
+        ts_fa_load_a(G[l].b, l, base + key0 * ld + 2 * C + h * hd, ld, rows, hd);
+        a[l] = G[l].a, v[l] = G[l].b, pa[l] = G[l].pa, dk[l] = G[l].acc0, dv[l] = G[l].acc1;
+    }
+    for (int q0 = 0; q0 < T; q0 += TS_FA_KB) {
+        int n = T - q0 < TS_FA_KB ? T - q0 : TS_FA_KB;
+        for (int e = 0; e < TS_FA_KB * dp; e++) {
+            ts_fa_stage(sq, ldb, base + q0 * ld + h * hd, ld, n, hd, e);
+            ts_fa_stage(sd, ldb, dob + q0 * C + h * hd, C, n, hd, e);
+        }
+        for (int i = 0; i < n; i++) {
+            lse_col[i] = j->lse[((int64_t)b * j->H + h) * T + q0 + i];
+            d_col[i] = ts_fa_row_dot(dob + (q0 + i) * C + h * hd, ob + (q0 + i) * C + h * hd, hd);
+        }
+        emu_scores(s, a, sq, ldb, dp); /* Sᵀ = K·Qᵀ */
+        for (int l = 0; l < 32; l++) {
+            memcpy(G[l].s, s[l], sizeof s[l]);
+            ts_fa_probs(&G[l], l, n, scale, NULL, lse_col);
+        }
+        emu_accumulate(dv, pa, sd, ldb, dp); /* dV += Pᵀ·dO */
+        emu_scores(s, v, sd, ldb, dp);       /* dPᵀ = V·dOᵀ */
+        for (int l = 0; l < 32; l++) {
+            memcpy(G[l].dp, s[l], sizeof s[l]);
+            ts_fa_dscores(&G[l], l, n, NULL, d_col);
+        }
+        emu_accumulate(dk, pa, sq, ldb, dp); /* dK += dSᵀ·Q */
+    }
+    float *dst = j->dqkv + ((int64_t)b * T + key0) * ld + h * hd;
+    for (int l = 0; l < 32; l++) {
+        ts_fa_add_rows(G[l].acc0, l, dst + C, ld, rows, hd, scale);
+        ts_fa_add_rows(G[l].acc1, l, dst + 2 * C, ld, rows, hd, 1.0f);
+    }
+}
+
+/* The dQ pass for the warp's 16 queries from row0 of head h of sample b. */
+static void emu_q_warp(const grad_job_t *j, int b, int h, int row0) {
+    static ts_fa_grad_lane_t G[32];
+    static uint16_t sk[TS_FA_KB * (TS_FA_DMAX + 8)], sv[TS_FA_KB * (TS_FA_DMAX + 8)];
+    static float s[32][TS_FA_KB / 8][4];
+    int T = j->T, C = j->C, hd = j->hd, dp = ts_fa_padded(hd), ldb = dp + 8;
+    int64_t ld = 3 * (int64_t)C;
+    int rows = T - row0 < 16 ? T - row0 : 16;
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *base = j->qkv + (int64_t)b * T * ld;
+    const float *dob = j->dout + ((int64_t)b * T + row0) * C + h * hd;
+    const float *ob = j->out + ((int64_t)b * T + row0) * C + h * hd;
+    uint32_t(*q[32])[4], (*dov[32])[4], (*pa[32])[4];
+    float(*dq[32])[4];
+    for (int l = 0; l < 32; l++) {
+        ts_fa_grad_begin(&G[l]);
+        ts_fa_load_a(G[l].a, l, base + row0 * ld + h * hd, ld, rows, hd);
+        ts_fa_load_a(G[l].b, l, dob, C, rows, hd);
+        ts_fa_row_stats(&G[l], l, j->lse + ((int64_t)b * j->H + h) * T + row0, dob, ob, C, rows,
+                        hd);
+        q[l] = G[l].a, dov[l] = G[l].b, pa[l] = G[l].pa, dq[l] = G[l].acc0;
+    }
+    for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
+        int n = T - k0 < TS_FA_KB ? T - k0 : TS_FA_KB;
+        for (int e = 0; e < TS_FA_KB * dp; e++) {
+            ts_fa_stage(sk, ldb, base + k0 * ld + C + h * hd, ld, n, hd, e);
+            ts_fa_stage(sv, ldb, base + k0 * ld + 2 * C + h * hd, ld, n, hd, e);
+        }
+        emu_scores(s, q, sk, ldb, dp); /* S = Q·Kᵀ */
+        for (int l = 0; l < 32; l++) {
+            memcpy(G[l].s, s[l], sizeof s[l]);
+            ts_fa_probs(&G[l], l, n, scale, G[l].ra, NULL);
+        }
+        emu_scores(s, dov, sv, ldb, dp); /* dP = dO·Vᵀ */
+        for (int l = 0; l < 32; l++) {
+            memcpy(G[l].dp, s[l], sizeof s[l]);
+            ts_fa_dscores(&G[l], l, n, G[l].rb, NULL);
+        }
+        emu_accumulate(dq, pa, sk, ldb, dp); /* dQ += dS·K */
+    }
+    float *dst = j->dqkv + ((int64_t)b * T + row0) * ld + h * hd;
+    for (int l = 0; l < 32; l++)
+        ts_fa_add_rows(G[l].acc0, l, dst, ld, rows, hd, scale);
+}
+
+/* The backward on an emulated GPU against the gradient in double on the bf16-rounded q, k, v and
+ * dO (from the double forward's out, lse and D), added into a dqkv that starts non-zero. */
+static void check_backward(int B, int T, int H, int hd, uint64_t seed) {
+    int C = H * hd;
+    int64_t ld = 3 * (int64_t)C;
+    size_t nq = (size_t)B * T * ld, no = (size_t)B * T * C, nl = (size_t)B * H * T;
+    float *qkv = malloc(nq * sizeof *qkv), *out = malloc(no * sizeof *out);
+    float *lse = malloc(nl * sizeof *lse), *dout = malloc(no * sizeof *dout);
+    float *dqkv = malloc(nq * sizeof *dqkv), *start = malloc(nq * sizeof *start);
+    double *P = malloc((size_t)T * T * sizeof *P), *dS = malloc((size_t)T * T * sizeof *dS);
+    double *want = malloc(nq * sizeof *want);
+    assert_non_null(qkv && out && lse && dout && dqkv && start && P && dS && want);
+    tu_rng_t r = {seed};
+    for (size_t i = 0; i < nq; i++) {
+        qkv[i] = tu_rng_uniform(&r, -1.0f, 1.0f);
+        start[i] = dqkv[i] = tu_rng_uniform(&r, -0.5f, 0.5f);
+        want[i] = start[i];
+    }
+    for (size_t i = 0; i < no; i++)
+        dout[i] = tu_rng_uniform(&r, -1.0f, 1.0f);
+    double scale = (double)(1.0f / sqrtf((float)hd));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+#define Q_(i, x) ((double)bf(qkv[((int64_t)b * T + (i)) * ld + h * hd + (x)]))
+#define K_(i, x) ((double)bf(qkv[((int64_t)b * T + (i)) * ld + C + h * hd + (x)]))
+#define V_(i, x) ((double)bf(qkv[((int64_t)b * T + (i)) * ld + 2 * C + h * hd + (x)]))
+#define DO_(i, x) ((double)bf(dout[((int64_t)b * T + (i)) * C + h * hd + (x)]))
+            for (int i = 0; i < T; i++) { /* the forward in double: P, out and lse */
+                double m = -INFINITY, l = 0.0;
+                for (int k = 0; k < T; k++) {
+                    double d = 0.0;
+                    for (int x = 0; x < hd; x++)
+                        d += Q_(i, x) * K_(k, x);
+                    P[i * T + k] = d * scale;
+                    m = P[i * T + k] > m ? P[i * T + k] : m;
+                }
+                for (int k = 0; k < T; k++)
+                    l += exp(P[i * T + k] - m);
+                for (int k = 0; k < T; k++)
+                    P[i * T + k] = exp(P[i * T + k] - m) / l;
+                lse[((int64_t)b * H + h) * T + i] = (float)(m + log(l));
+                for (int x = 0; x < hd; x++) {
+                    double o = 0.0;
+                    for (int k = 0; k < T; k++)
+                        o += P[i * T + k] * V_(k, x);
+                    out[((int64_t)b * T + i) * C + h * hd + x] = (float)o;
+                }
+            }
+            for (int i = 0; i < T; i++) { /* dS = P ∘ (dO·Vᵀ − D) */
+                double D = 0.0;
+                for (int x = 0; x < hd; x++)
+                    D += (double)dout[((int64_t)b * T + i) * C + h * hd + x] *
+                         out[((int64_t)b * T + i) * C + h * hd + x];
+                for (int k = 0; k < T; k++) {
+                    double dp = 0.0;
+                    for (int x = 0; x < hd; x++)
+                        dp += DO_(i, x) * V_(k, x);
+                    dS[i * T + k] = P[i * T + k] * (dp - D);
+                }
+            }
+            for (int i = 0; i < T; i++)
+                for (int x = 0; x < hd; x++) {
+                    double dq = 0.0, dk = 0.0, dv = 0.0;
+                    for (int k = 0; k < T; k++) {
+                        dq += dS[i * T + k] * K_(k, x);
+                        dk += dS[k * T + i] * Q_(k, x);
+                        dv += P[k * T + i] * DO_(k, x);
+                    }
+                    int64_t at = ((int64_t)b * T + i) * ld + h * hd + x;
+                    want[at] += dq * scale;
+                    want[at + C] += dk * scale;
+                    want[at + 2 * C] += dv;
+                }
+#undef Q_
+#undef K_
+#undef V_
+#undef DO_
+        }
+    grad_job_t j = {qkv, out, lse, dout, dqkv, T, C, H, hd};
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int r0 = 0; r0 < T; r0 += TS_FA_ROWS) {
+                emu_kv_warp(&j, b, h, r0);
+                emu_q_warp(&j, b, h, r0);
+            }
+    /* per part (q, k, v): the NMSE of the gradient (dqkv − its start) against the double one */
+    for (int part = 0; part < 3; part++) {
+        double num = 0.0, den = 0.0;
+        for (size_t i = 0; i < nq; i++) {
+            if ((int64_t)(i % (size_t)ld) / C != part)
+                continue;
+            double g = (double)dqkv[i] - start[i], w = want[i] - start[i];
+            num += (g - w) * (g - w);
+            den += w * w;
+        }
+        double nmse = num / den;
+        /* ~3e-6 from the bf16 roundings of P and dS; a D 10 % off gives 2e-4 */
+        if (!(nmse <= 2e-5))
+            fail_msg("backward B %d T %d H %d hd %d: d%c nmse %.3g (≤ 2e-5)", B, T, H, hd,
+                     "qkv"[part], nmse);
+    }
+    free(qkv), free(out), free(lse), free(dout), free(dqkv), free(start), free(P), free(dS);
+    free(want);
+}
+
+static void test_backward(void **state) {
+    (void)state;
+    check_backward(2, 49, 2, 32, 11);
+    check_backward(1, 100, 2, 64, 12);
+    check_backward(1, 70, 2, 72, 13);
+    check_backward(1, 40, 1, 128, 14);
+    check_backward(2, 17, 1, 8, 15);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fragments),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_rows_own),
+        cmocka_unit_test(test_backward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -262,10 +262,10 @@ int ts_cuda_attention_fused_backward(ts_engine_t *e, float *dqkv, const float *d
     });
 }
 
-/* The bf16 fused forward on a GPU: the flash attention on tensor cores (cuda_flash.cu; sm_80 and
- * later, heads up to 128 in steps of 8, TS_ENOTSUP otherwise). A bf16 model on a GPU still takes
- * the composed attention (ts_attention_fused_bf16_check answers TS_ENOTSUP there) until a GPU run
- * has measured this one faster and checked it: it has no backward yet. */
+/* The bf16 fused attention on a GPU, forward and backward: the flash attention on tensor cores
+ * (cuda_flash.cu; sm_80 and later, heads up to 128 in steps of 8, TS_ENOTSUP otherwise). A bf16
+ * model on a GPU takes it only when asked (ts_dit_set_attention), until a GPU run has measured
+ * it faster than the composed one and checked it. */
 int ts_cuda_flash_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv, int64_t B,
                                int64_t T, int64_t C, int64_t H);
 
@@ -274,8 +274,12 @@ int ts_cuda_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse,
     return ts_cuda_flash_forward_bf16(e, out, lse, qkv, B, T, C, H);
 }
 
-int ts_cuda_attention_fused_backward_bf16(ts_engine_t *, float *, const float *, const float *,
-                                          const float *, const float *, int64_t, int64_t, int64_t,
-                                          int64_t) {
-    return TS_ENOTSUP;
+int ts_cuda_flash_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout, const float *qkv,
+                                const float *out, const float *lse, int64_t B, int64_t T, int64_t C,
+                                int64_t H);
+
+int ts_cuda_attention_fused_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout,
+                                          const float *qkv, const float *out, const float *lse,
+                                          int64_t B, int64_t T, int64_t C, int64_t H) {
+    return ts_cuda_flash_backward_bf16(e, dqkv, dout, qkv, out, lse, B, T, C, H);
 }

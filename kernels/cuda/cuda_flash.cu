@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/backend.h"
 #include "kernels/flash_mma.h"
@@ -106,8 +107,132 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
                  lse ? lse + ((int64_t)b * H + h) * T + row0 : NULL);
 }
 
-int ts_cuda_flash_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv, int64_t B,
-                               int64_t T, int64_t C, int64_t H) {
+/* ---- the backward: a dK, dV pass and a dQ pass (kernels/flash_mma.h) ----------------------- */
+
+/* c (16 × TS_FA_KB) = a · Bᵀ, B's fragments from the staged block sb (the scores' pattern). */
+static __device__ __forceinline__ void scores(float c[][4], const uint32_t a[][4],
+                                              const uint16_t *sb, int lane, int dp) {
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
+        c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+        for (int ks = 0; ks < dp / 16; ks++) {
+            uint32_t bf[2];
+            ts_fa_k_frag(bf, sb, LDK, lane, ks, nt);
+            mma_bf16(c[nt], a[ks], bf);
+        }
+    }
+}
+
+/* acc (16 × dp) += pa · B, B's fragments from the staged block sb (the P·V pattern). */
+static __device__ __forceinline__ void accumulate(float acc[][4], const uint32_t pa[][4],
+                                                  const uint16_t *sb, int lane, int dp) {
+    for (int nt = 0; nt < dp / 8; nt++)
+        for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
+            uint32_t bf[2];
+            ts_fa_v_frag(bf, sb, LDK, lane, ks, nt);
+            mma_bf16(acc[nt], pa[ks], bf);
+        }
+}
+
+/* dK, dV: a warp per 16 keys, the queries in blocks of TS_FA_KB (q and dO staged as bf16, each
+ * query's lse and D = dO·O in fp32). */
+template <int HD>
+static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
+    k_flash_bwd_kv(float *dqkv, const float *dout, const float *qkv, const float *out,
+                   const float *lse, int T, int C, int H, int hd_rt, float scale) {
+    __shared__ uint16_t sq[TS_FA_KB * LDK], sd[TS_FA_KB * LDK];
+    __shared__ float lse_col[TS_FA_KB], d_col[TS_FA_KB];
+    const int hd = HD > 0 ? HD : hd_rt;
+    const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int key0 = (blockIdx.x * TS_FA_WARPS + warp) * TS_FA_ROWS;
+    const int rows = key0 < T ? min(TS_FA_ROWS, T - key0) : 0;
+    const int dp = ts_fa_padded(hd);
+    const int64_t ld = 3 * (int64_t)C, hc = (int64_t)h * hd;
+    const float *base = qkv + (int64_t)b * T * ld;
+    const float *dob = dout + (int64_t)b * T * C, *ob = out + (int64_t)b * T * C;
+    ts_fa_grad_lane_t G;
+    ts_fa_grad_begin(&G);
+    ts_fa_load_a(G.a, lane, base + (int64_t)key0 * ld + C + hc, ld, rows, hd);
+    ts_fa_load_a(G.b, lane, base + (int64_t)key0 * ld + 2 * C + hc, ld, rows, hd);
+    for (int q0 = 0; q0 < T; q0 += TS_FA_KB) {
+        const int n = min(TS_FA_KB, T - q0);
+        __syncthreads();
+        for (int e = threadIdx.x; e < TS_FA_KB * dp; e += blockDim.x) {
+            ts_fa_stage(sq, LDK, base + (int64_t)q0 * ld + hc, ld, n, hd, e);
+            ts_fa_stage(sd, LDK, dob + (int64_t)q0 * C + hc, C, n, hd, e);
+        }
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            lse_col[i] = lse[((int64_t)b * H + h) * T + q0 + i];
+            d_col[i] = ts_fa_row_dot(dob + (int64_t)(q0 + i) * C + hc,
+                                     ob + (int64_t)(q0 + i) * C + hc, hd);
+        }
+        __syncthreads();
+        if (rows == 0)
+            continue;
+        scores(G.s, G.a, sq, lane, dp); /* Sᵀ = K·Qᵀ */
+        ts_fa_probs(&G, lane, n, scale, NULL, lse_col);
+        accumulate(G.acc1, G.pa, sd, lane, dp); /* dV += Pᵀ·dO */
+        scores(G.dp, G.b, sd, lane, dp);        /* dPᵀ = V·dOᵀ */
+        ts_fa_dscores(&G, lane, n, NULL, d_col);
+        accumulate(G.acc0, G.pa, sq, lane, dp); /* dK += dSᵀ·Q */
+    }
+    if (rows == 0)
+        return;
+    float *dst = dqkv + ((int64_t)b * T + key0) * ld + hc;
+    ts_fa_add_rows(G.acc0, lane, dst + C, ld, rows, hd, scale);
+    ts_fa_add_rows(G.acc1, lane, dst + 2 * C, ld, rows, hd, 1.0f);
+}
+
+/* dQ: a warp per 16 queries (q and dO as A fragments, lse and D per row), the keys in blocks. */
+template <int HD>
+static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
+    k_flash_bwd_q(float *dqkv, const float *dout, const float *qkv, const float *out,
+                  const float *lse, int T, int C, int H, int hd_rt, float scale) {
+    __shared__ uint16_t sk[TS_FA_KB * LDK], sv[TS_FA_KB * LDK];
+    const int hd = HD > 0 ? HD : hd_rt;
+    const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row0 = (blockIdx.x * TS_FA_WARPS + warp) * TS_FA_ROWS;
+    const int rows = row0 < T ? min(TS_FA_ROWS, T - row0) : 0;
+    const int dp = ts_fa_padded(hd);
+    const int64_t ld = 3 * (int64_t)C, hc = (int64_t)h * hd;
+    const float *base = qkv + (int64_t)b * T * ld;
+    const float *dob = dout + ((int64_t)b * T + row0) * C + hc;
+    const float *ob = out + ((int64_t)b * T + row0) * C + hc;
+    ts_fa_grad_lane_t G;
+    ts_fa_grad_begin(&G);
+    ts_fa_load_a(G.a, lane, base + (int64_t)row0 * ld + hc, ld, rows, hd);
+    ts_fa_load_a(G.b, lane, dob, C, rows, hd);
+    ts_fa_row_stats(&G, lane, lse + ((int64_t)b * H + h) * T + row0, dob, ob, C, rows, hd);
+    for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
+        const int n = min(TS_FA_KB, T - k0);
+        __syncthreads();
+        for (int e = threadIdx.x; e < TS_FA_KB * dp; e += blockDim.x) {
+            ts_fa_stage(sk, LDK, base + (int64_t)k0 * ld + C + hc, ld, n, hd, e);
+            ts_fa_stage(sv, LDK, base + (int64_t)k0 * ld + 2 * C + hc, ld, n, hd, e);
+        }
+        __syncthreads();
+        if (rows == 0)
+            continue;
+        scores(G.s, G.a, sk, lane, dp); /* S = Q·Kᵀ */
+        ts_fa_probs(&G, lane, n, scale, G.ra, NULL);
+        scores(G.dp, G.b, sv, lane, dp); /* dP = dO·Vᵀ */
+        ts_fa_dscores(&G, lane, n, G.rb, NULL);
+        accumulate(G.acc0, G.pa, sk, lane, dp); /* dQ += dS·K */
+    }
+    if (rows == 0)
+        return;
+    ts_fa_add_rows(G.acc0, lane, dqkv + ((int64_t)b * T + row0) * ld + hc, ld, rows, hd, scale);
+}
+
+int ts_cuda_flash_bf16_ok(ts_engine_t *e) {
+    int major = 0, minor = 0;
+    int err = ts_cuda_compute_capability(e, &major, &minor);
+    return err != TS_OK ? err : major >= 8 ? TS_OK : TS_ENOTSUP;
+}
+
+/* The checks and the launch geometry both directions share; *run 0 when there is nothing to do. */
+static int flash_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H, dim3 *grid,
+                       cudaStream_t *st, int *run) {
+    *run = 0;
     if (B <= 0 || T <= 0)
         return TS_OK;
     if (C % H != 0)
@@ -123,23 +248,60 @@ int ts_cuda_flash_forward_bf16(ts_engine_t *e, float *out, float *lse, const flo
         return err;
     if (major < 8)
         return TS_ENOTSUP; /* bf16 mma needs sm_80 */
-    cudaStream_t st;
-    if ((err = ts_cuda_ctx_enter(e, &st, NULL, NULL)) != TS_OK)
+    if ((err = ts_cuda_ctx_enter(e, st, NULL, NULL)) != TS_OK)
         return err;
     const int per = TS_FA_ROWS * TS_FA_WARPS;
-    dim3 grid((unsigned)((T + per - 1) / per), (unsigned)H, (unsigned)B);
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int t = (int)T, c = (int)C, h = (int)H, d = (int)hd;
-    const unsigned threads = 32 * TS_FA_WARPS;
+    *grid = dim3((unsigned)((T + per - 1) / per), (unsigned)H, (unsigned)B);
+    *run = 1;
+    return TS_OK;
+}
+
+/* Calls launch(k) with k the kernels' instance for head size hd: 32, 64, 72, 128 their own, the
+ * run-time one (0) otherwise. */
+template <typename F> static int by_head(int hd, F launch) {
     if (hd == 32)
-        k_flash_bf16<32><<<grid, threads, 0, st>>>(out, lse, qkv, t, c, h, d, scale);
+        launch(std::integral_constant<int, 32>{});
     else if (hd == 64)
-        k_flash_bf16<64><<<grid, threads, 0, st>>>(out, lse, qkv, t, c, h, d, scale);
+        launch(std::integral_constant<int, 64>{});
     else if (hd == 72)
-        k_flash_bf16<72><<<grid, threads, 0, st>>>(out, lse, qkv, t, c, h, d, scale);
+        launch(std::integral_constant<int, 72>{});
     else if (hd == 128)
-        k_flash_bf16<128><<<grid, threads, 0, st>>>(out, lse, qkv, t, c, h, d, scale);
+        launch(std::integral_constant<int, 128>{});
     else
-        k_flash_bf16<0><<<grid, threads, 0, st>>>(out, lse, qkv, t, c, h, d, scale);
+        launch(std::integral_constant<int, 0>{});
     return cudaGetLastError() == cudaSuccess ? TS_OK : TS_ECUDA;
+}
+
+int ts_cuda_flash_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout, const float *qkv,
+                                const float *out, const float *lse, int64_t B, int64_t T, int64_t C,
+                                int64_t H) {
+    dim3 grid;
+    cudaStream_t st;
+    int run = 0, err = flash_setup(e, B, T, C, H, &grid, &st, &run);
+    if (err || !run)
+        return err;
+    const int hd = (int)(C / H), t = (int)T, c = (int)C, h = (int)H;
+    const float scale = 1.0f / sqrtf((float)hd);
+    return by_head(hd, [&](auto k) {
+        constexpr int HD = decltype(k)::value;
+        k_flash_bwd_kv<HD>
+            <<<grid, 32 * TS_FA_WARPS, 0, st>>>(dqkv, dout, qkv, out, lse, t, c, h, hd, scale);
+        k_flash_bwd_q<HD>
+            <<<grid, 32 * TS_FA_WARPS, 0, st>>>(dqkv, dout, qkv, out, lse, t, c, h, hd, scale);
+    });
+}
+
+int ts_cuda_flash_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv, int64_t B,
+                               int64_t T, int64_t C, int64_t H) {
+    dim3 grid;
+    cudaStream_t st;
+    int run = 0, err = flash_setup(e, B, T, C, H, &grid, &st, &run);
+    if (err || !run)
+        return err;
+    const int hd = (int)(C / H), t = (int)T, c = (int)C, h = (int)H;
+    const float scale = 1.0f / sqrtf((float)hd);
+    return by_head(hd, [&](auto k) {
+        k_flash_bf16<decltype(k)::value>
+            <<<grid, 32 * TS_FA_WARPS, 0, st>>>(out, lse, qkv, t, c, h, hd, scale);
+    });
 }
