@@ -229,9 +229,17 @@ int ts_cuda_flash_bf16_ok(ts_engine_t *e) {
     return err != TS_OK ? err : major >= 8 ? TS_OK : TS_ENOTSUP;
 }
 
+/* What both directions launch with. */
+typedef struct flash_launch {
+    dim3 grid;
+    cudaStream_t st;
+    int t, c, h, hd;
+    float scale;
+} flash_launch_t;
+
 /* The checks and the launch geometry both directions share; *run 0 when there is nothing to do. */
-static int flash_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H, dim3 *grid,
-                       cudaStream_t *st, int *run) {
+static int flash_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H,
+                       flash_launch_t *L, int *run) {
     *run = 0;
     if (B <= 0 || T <= 0)
         return TS_OK;
@@ -242,16 +250,13 @@ static int flash_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t 
         return TS_ENOTSUP; /* the composed attention takes any head */
     if (B > TS_CUDA_FUSED_MAX_BATCH || H > 65535 || T > INT32_MAX / 2 || 3 * C > INT32_MAX)
         return TS_ERANGE;
-    int major = 0, minor = 0;
-    int err = ts_cuda_compute_capability(e, &major, &minor);
-    if (err != TS_OK)
-        return err;
-    if (major < 8)
-        return TS_ENOTSUP; /* bf16 mma needs sm_80 */
-    if ((err = ts_cuda_ctx_enter(e, st, NULL, NULL)) != TS_OK)
+    int err = ts_cuda_flash_bf16_ok(e); /* bf16 mma needs sm_80 */
+    if (err != TS_OK || (err = ts_cuda_ctx_enter(e, &L->st, NULL, NULL)) != TS_OK)
         return err;
     const int per = TS_FA_ROWS * TS_FA_WARPS;
-    *grid = dim3((unsigned)((T + per - 1) / per), (unsigned)H, (unsigned)B);
+    L->grid = dim3((unsigned)((T + per - 1) / per), (unsigned)H, (unsigned)B);
+    L->t = (int)T, L->c = (int)C, L->h = (int)H, L->hd = (int)hd;
+    L->scale = 1.0f / sqrtf((float)hd);
     *run = 1;
     return TS_OK;
 }
@@ -275,33 +280,27 @@ template <typename F> static int by_head(int hd, F launch) {
 int ts_cuda_flash_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout, const float *qkv,
                                 const float *out, const float *lse, int64_t B, int64_t T, int64_t C,
                                 int64_t H) {
-    dim3 grid;
-    cudaStream_t st;
-    int run = 0, err = flash_setup(e, B, T, C, H, &grid, &st, &run);
+    flash_launch_t L;
+    int run = 0, err = flash_setup(e, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
-    const int hd = (int)(C / H), t = (int)T, c = (int)C, h = (int)H;
-    const float scale = 1.0f / sqrtf((float)hd);
-    return by_head(hd, [&](auto k) {
+    return by_head(L.hd, [&](auto k) {
         constexpr int HD = decltype(k)::value;
-        k_flash_bwd_kv<HD>
-            <<<grid, 32 * TS_FA_WARPS, 0, st>>>(dqkv, dout, qkv, out, lse, t, c, h, hd, scale);
-        k_flash_bwd_q<HD>
-            <<<grid, 32 * TS_FA_WARPS, 0, st>>>(dqkv, dout, qkv, out, lse, t, c, h, hd, scale);
+        k_flash_bwd_kv<HD><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t,
+                                                                  L.c, L.h, L.hd, L.scale);
+        k_flash_bwd_q<HD><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t,
+                                                                 L.c, L.h, L.hd, L.scale);
     });
 }
 
 int ts_cuda_flash_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv, int64_t B,
                                int64_t T, int64_t C, int64_t H) {
-    dim3 grid;
-    cudaStream_t st;
-    int run = 0, err = flash_setup(e, B, T, C, H, &grid, &st, &run);
+    flash_launch_t L;
+    int run = 0, err = flash_setup(e, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
-    const int hd = (int)(C / H), t = (int)T, c = (int)C, h = (int)H;
-    const float scale = 1.0f / sqrtf((float)hd);
-    return by_head(hd, [&](auto k) {
+    return by_head(L.hd, [&](auto k) {
         k_flash_bf16<decltype(k)::value>
-            <<<grid, 32 * TS_FA_WARPS, 0, st>>>(out, lse, qkv, t, c, h, hd, scale);
+            <<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(out, lse, qkv, L.t, L.c, L.h, L.hd, L.scale);
     });
 }
