@@ -3,8 +3,9 @@
 # "Every judge"): the evaluation classifier as the study trained it, a plain CNN classifier of
 # another seed and an autoencoder trained without labels (`tessera train-judge`), each kept with
 # the results; then `tessera judge` (FD and KID with paired 95 % intervals, precision, recall) on
-# the headline at the full budget, on the first small-budget study's entries, and on the
-# unsupervised partition at the full budget (with and without a router).
+# the headline at the full budget, on the first small-budget study's entries, on the
+# unsupervised partition at the full budget (with and without a router), and on the small
+# budget's partition and policy tables re-run with every judge.
 #
 #   scripts/rejudge.sh [OUT_DIR]   (default docs/results/judges; resumable: a file that exists is
 #                                   not made again)
@@ -95,4 +96,18 @@ rejudge full-features "$AE" 5000 monolith-s2 features-uniform+prior_top1 \
     features-centroid+prior_top1 "$FULL/monolith" "$FULL/best-ensemble"
 rejudge full-ae-router "$AE" 2000 "$FULL/monolith" monolith-s2 ae-learned_top1 ae-learned_top2 \
     ae-learned_full
+# the small budget's partition and policy tables, re-run with every judge (`JUDGES=… ARMS="mono-b8
+# warm ens-warm-b8 part-label part-random part-features part-features4 part-features16 part-hier
+# part-k16" scripts/routing-study.sh small`: docs/results/routing-small-judged/): each partition
+# paired with DDM's pixel k-means (its router-free entry), and each selection rule and policy
+# with the learned router's top1, n = 2 000
+SJ=docs/results/routing-small-judged
+rejudge small-partitions "$SJ" 2000 warm-vs-mb8-uniform+prior_top1 monolith \
+    label-uniform+prior_top1 part-features-uniform+prior_top1 part-features4-uniform+prior_top1 \
+    part-features16-uniform+prior_top1 part-hier-uniform+prior_top1 part-k16-uniform+prior_top1 \
+    random-uniform_top1
+rejudge small-rules "$SJ" 2000 warm-vs-mb8-learned+prior_top1 rules-cluster-learned+prior_top2 \
+    rules-cluster-learned+prior_full rules-cluster-learned+prior+hold_top1 \
+    warm-vs-mb8-learned+prior+draw_full warm-vs-mb8-uniform+prior_top1 \
+    policies-centroid+prior_top1 policies-learned+prior+temp_0.882_top1 monolith
 log "done: $OUT/rejudge-*.txt and .json"

@@ -5,6 +5,8 @@ scripts/routing-study.sh (eval-<arm>.json from `tessera eval --json`, loss-<arm>
 `tessera calibrate --json`), so that every number in the document can be traced to a file.
 
     scripts/routing-tables.py RUN_DIR [ARM ...]      (default arms: every eval-*.json there)
+    scripts/routing-tables.py --judged REJUDGE.json ...
+                                  (the every-judge table of `tessera judge --json` results)
     scripts/routing-tables.py --figure REPORT.html TITLE OUT.svg
                                   (one chart of a `tessera eval --report` page as an SVG file)
 
@@ -192,50 +194,68 @@ def verdict(lo, hi):
     return -1 if hi < 0 else 1 if lo > 0 else 0
 
 
-def judges_table(run, arms):
-    """Every entry of every eval that scored its samples in several judges (`tessera eval
-    --judges`): FD − the run's first entry (paired 95 %) per judge, KID's verdict, and where
-    every judge agrees. A difference counts where its interval excludes 0, in FD and in KID."""
-    names = None
+def judged_rows(jj, arm):
+    """The rows of one multi-judge result (the `judges` object of `tessera eval --json --judges`,
+    or `tessera judge --json` whole): every entry after the first against the first."""
+    js = jj["judges"]
+    short = [x["name"].split()[0] for x in js]
+    first = jj["entries"][0]["name"]
     rows = []
-    for arm in arms:
-        j = load(os.path.join(run, "eval-%s.json" % arm))
-        if not j or not j.get("judges"):
-            continue
-        js = j["judges"]["judges"]
-        if names is None:
-            names = [x["name"] for x in js]
-        first = j["judges"]["entries"][0]["name"]
-        for i, ent in enumerate(j["judges"]["entries"][1:], start=1):
-            cells, fds, kids = [], [], []
-            for x in js:
-                sc = x["scores"][i]
-                lo, hi = sc["fd_minus_first_ci95"]
-                klo, khi = sc["kid_minus_first_ci95"]
-                v, kv = verdict(lo, hi), verdict(klo, khi)
-                fds.append(v)
-                kids.append(kv)
-                d = "%+.2f [%+.2f, %+.2f]" % (sc["fd_minus_first"], lo, hi)
-                cells.append(("**%s**" % d if v else d) +
-                             ("" if kv == v else " (KID %s)" % {-1: "lower", 0: "n.s.", 1: "higher"}[kv]))
-            allv = fds + kids
-            if all(v == -1 for v in allv):
-                every = "**lower: holds**"
-            elif all(v == 1 for v in allv):
-                every = "**higher: holds**"
-            elif all(v == 0 for v in fds):
-                every = "no difference in FD"
-            else:
-                every = "disagree"
-            rows.append((arm, ent["name"], first, cells, every))
-    if names is None:
-        print("(no eval here was scored by several judges)")
-        return
+    for i, ent in enumerate(jj["entries"][1:], start=1):
+        cells, fds, kids = [], [], []
+        for x in js:
+            sc = x["scores"][i]
+            lo, hi = sc["fd_minus_first_ci95"]
+            klo, khi = sc["kid_minus_first_ci95"]
+            v, kv = verdict(lo, hi), verdict(klo, khi)
+            fds.append(v)
+            kids.append(kv)
+            d = "%+.2f [%+.2f, %+.2f]" % (sc["fd_minus_first"], lo, hi)
+            cells.append(("**%s**" % d if v else d) +
+                         ("" if kv == v else " (KID %s)" % {-1: "lower", 0: "n.s.", 1: "higher"}[kv]))
+        allv = fds + kids
+        if all(v == -1 for v in allv):
+            every = "**lower: holds**"
+        elif all(v == 1 for v in allv):
+            every = "**higher: holds**"
+        elif all(v == 0 for v in fds):
+            every = "no difference in FD"
+        else:  # name the judges by their FD's direction
+            parts = []
+            for d, word in ((-1, "lower"), (1, "higher"), (0, "n.s.")):
+                who = [short[k] for k, v in enumerate(fds) if v == d]
+                if who:
+                    parts.append("%s %s" % (", ".join(who), word))
+            kind = "opposite" if -1 in fds and 1 in fds else "not all"
+            every = "%s: %s" % (kind, "; ".join(parts))
+        rows.append((arm, ent["name"], first, cells, every))
+    return [x["name"] for x in js], rows
+
+
+def print_judged(names, rows):
     print("| arm | entry | against | " + " | ".join("FD − it: %s" % n for n in names) +
           " | every judge |")
     print("|---|---|---|" + "---|" * len(names) + "---|")
     for arm, ent, first, cells, every in rows:
         print("| %s | %s | %s | %s | %s |" % (arm, ent, first, " | ".join(cells), every))
+
+
+def judges_table(run, arms):
+    """Every entry of every eval that scored its samples in several judges (`tessera eval
+    --judges`): FD − the run's first entry (paired 95 %) per judge, KID's verdict where it
+    differs, and where every judge agrees. A difference counts where its interval excludes 0, in
+    FD and in KID."""
+    names, rows = None, []
+    for arm in arms:
+        j = load(os.path.join(run, "eval-%s.json" % arm))
+        if not j or not j.get("judges"):
+            continue
+        names, more = judged_rows(j["judges"], arm)
+        rows += more
+    if names is None:
+        print("(no eval here was scored by several judges)")
+        return
+    print_judged(names, rows)
 
 
 def figure(report, title, out):
@@ -264,6 +284,14 @@ def figure(report, title, out):
 def main():
     if len(sys.argv) == 5 and sys.argv[1] == "--figure":
         return figure(sys.argv[2], sys.argv[3], sys.argv[4])
+    if len(sys.argv) >= 3 and sys.argv[1] == "--judged":
+        for path in sys.argv[2:]:
+            j = load(path)
+            if not j:
+                print("routing-tables: cannot read %s" % path, file=sys.stderr)
+                return 1
+            print_judged(*judged_rows(j, os.path.basename(path)[8:-5]))
+        return 0
     if len(sys.argv) < 2:
         print(__doc__.strip(), file=sys.stderr)
         return 2
