@@ -338,8 +338,14 @@ static int build_experts(ts_netgen_t *g, const offer_t *of, int n, char *err, si
         memcpy(ex->weights_hash, of[best].body->weights_hash.data, 32);
         /* the weights say what they predict; the frame check admitted only objectives there are */
         (void)ts_objective_from_wire((int)of[best].body->objective, &g->objective[k]);
-        g->learn_sigma[k] =
-            of[best].body->model->has_learn_sigma && of[best].body->model->learn_sigma;
+        /* the variance is asked for only when every ready replica of these weights advertises it
+         * (an older tesserad serving learned-σ weights does not, and would answer without it) */
+        g->learn_sigma[k] = 1;
+        for (int j = 0; j < n; j++)
+            if (strcmp(of[j].partition, g->partition_id) == 0 && (int)of[j].body->cluster == k &&
+                of[j].ready && memcmp(of[j].body->weights_hash.data, ex->weights_hash, 32) == 0 &&
+                !(of[j].body->model->has_learn_sigma && of[j].body->model->learn_sigma))
+                g->learn_sigma[k] = 0;
         for (int j = 0; j < n && ex->n_rep < TS_REMOTE_MAX_REPLICAS; j++) {
             const Tessera__AdvertBody *b = of[j].body;
             if (strcmp(of[j].partition, g->partition_id) != 0 || (int)b->cluster != k ||

@@ -214,12 +214,17 @@ int ts_remote_check_start(attempt_t *a, int replica, const ts_answer_claim_t *c,
 void ts_remote_check_judge(attempt_t *a, int k) {
     ts_remote_t *r = a->r;
     size_t n = (size_t)a->job->m * ts_remote_row(r, a->job);
+    /* the prediction and (with_sigma) the variance of each sample, judged apart */
+    const ts_answer_shape_t S = {(size_t)a->job->m, (size_t)r->chw, a->job->with_sigma != 0};
+    const float cfg = a->job->cfg_scale;
     ts_answer_claim_t *c = a->held_claim;
-    if (k == 1 && ts_answer_agree(ts_remote_held(a, 1), &c[1], ts_remote_held(a, 0), &c[0], n,
-                                  a->job->cfg_scale)) {
+    if (k == 1 &&
+        ts_answer_agree_shape(ts_remote_held(a, 1), &c[1], ts_remote_held(a, 0), &c[0], &S, cfg)) {
         r->st.checks_agreed++;
         if (!ts_answer_exact(&c[0], &c[1])) {
-            double d = ts_answer_rel_diff(ts_remote_held(a, 1), ts_remote_held(a, 0), n);
+            double d = ts_answer_part_diff(ts_remote_held(a, 1), ts_remote_held(a, 0), &S, 0);
+            double dv = ts_answer_part_diff(ts_remote_held(a, 1), ts_remote_held(a, 0), &S, 1);
+            d = dv > d ? dv : d;
             r->st.agreed_max_diff = d > r->st.agreed_max_diff ? d : r->st.agreed_max_diff;
         }
         if (vouches(&c[0], &c[1]))
@@ -237,16 +242,14 @@ void ts_remote_check_judge(attempt_t *a, int k) {
             int rc = ts_expert_job_run(a->ex->local, &mine);
             r->st.local_runs++;
             r->st.local_s += ts_now_s() - t0;
-            double d0 = rc == TS_OK
-                            ? ts_answer_rel_diff(ts_remote_held(a, 0), ts_remote_held(a, 2), n)
-                            : INFINITY;
-            double d1 = rc == TS_OK
-                            ? ts_answer_rel_diff(ts_remote_held(a, 1), ts_remote_held(a, 2), n)
-                            : INFINITY;
             /* each answer against the cached weights' (F32): its own precision's tolerance */
-            double t0s = ts_answer_tolerance(&c[0], &c[0], a->job->cfg_scale);
-            double t1s = ts_answer_tolerance(&c[1], &c[1], a->job->cfg_scale);
-            int liar = d0 <= t0s && d1 > 10.0 * t1s ? 1 : d1 <= t1s && d0 > 10.0 * t0s ? 0 : -1;
+            const float *h0 = ts_remote_held(a, 0), *h1 = ts_remote_held(a, 1),
+                        *h2 = ts_remote_held(a, 2);
+            int ok0 = rc == TS_OK && ts_answer_near(h0, &c[0], h2, &c[0], &S, cfg, 1.0);
+            int ok1 = rc == TS_OK && ts_answer_near(h1, &c[1], h2, &c[1], &S, cfg, 1.0);
+            int bad0 = rc == TS_OK && !ts_answer_near(h0, &c[0], h2, &c[0], &S, cfg, 10.0);
+            int bad1 = rc == TS_OK && !ts_answer_near(h1, &c[1], h2, &c[1], &S, cfg, 10.0);
+            int liar = ok0 && bad1 ? 1 : ok1 && bad0 ? 0 : -1;
             if (liar >= 0) {
                 caught(a, a->held_rep[liar], liar);
                 if (c[1 - liar].precision == TESSERA__DTYPE__DTYPE_F32)
@@ -273,11 +276,11 @@ void ts_remote_check_judge(attempt_t *a, int k) {
         return;
     }
     float *h0 = ts_remote_held(a, 0), *h1 = ts_remote_held(a, 1), *h2 = ts_remote_held(a, 2);
-    int liar = ts_answer_agree(h2, &c[2], h0, &c[0], n, a->job->cfg_scale) &&
-                       ts_answer_far(h1, &c[1], h2, &c[2], n, a->job->cfg_scale)
+    int liar = ts_answer_agree_shape(h2, &c[2], h0, &c[0], &S, cfg) &&
+                       ts_answer_far_shape(h1, &c[1], h2, &c[2], &S, cfg)
                    ? 1
-               : ts_answer_agree(h2, &c[2], h1, &c[1], n, a->job->cfg_scale) &&
-                       ts_answer_far(h0, &c[0], h2, &c[2], n, a->job->cfg_scale)
+               : ts_answer_agree_shape(h2, &c[2], h1, &c[1], &S, cfg) &&
+                       ts_answer_far_shape(h0, &c[0], h2, &c[2], &S, cfg)
                    ? 0
                    : -1;
     if (liar >= 0) {

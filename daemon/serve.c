@@ -291,6 +291,8 @@ static int take_with_variance(ts_serve_t *s, job_t *j, const ts_tensor_t *down,
             TS_TRY(ts_tensor_wrap(&dst, (char *)j->v + (2 * (size_t)i + (size_t)p) * half, j->dtype,
                                   TS_CPU, 4, TS_SHAPE(1, j->shape[1], j->shape[2], j->shape[3])));
             TS_TRY(ts_tensor_slice(&src, p ? sig : down, r + i, 1));
+            if (p) /* the rows sent: a job's conditional rows (the batch's others are not) */
+                TS_TRY(ts_check_finite(host, &src));
             TS_TRY(j->dtype == TS_F32 ? ts_tensor_copy(&dst, &src) : ts_convert(host, &dst, &src));
         }
     return TS_OK;
@@ -337,7 +339,6 @@ static int run_batch(ts_serve_t *s, ts_list_t *batch, int rows, double *device_s
             TS_TRY(ts_tensor_slice(&sig, &s->sv, 0, rows));
             TS_TRY(ts_tensor_copy(&sig, &sd));
         }
-        TS_TRY(ts_check_finite(host, &sig));
     }
     r = 0;
     TS_LIST_FOREACH(it, batch) {

@@ -189,10 +189,13 @@ static void recompute(uv_work_t *w) {
         snprintf(my.device_class, sizeof my.device_class, "%.100s/%s", cls,
                  m.attn == TS_ATTN_FUSED ? "fused" : "composed");
         my.precision = TESSERA__DTYPE__DTYPE_F32;
-        size_t n = (size_t)(B * chw);
+        /* the prediction and (with_variance) the variance of each sample, judged apart */
+        const ts_answer_shape_t S = {(size_t)B, (size_t)(chw / f), var};
         const float *theirs = v.data;
-        j->upheld = ts_answer_far(theirs, &j->claim, mine, &my, n, d->cfg_scale);
-        j->diff = ts_answer_rel_diff(theirs, mine, n);
+        j->upheld = ts_answer_far_shape(theirs, &j->claim, mine, &my, &S, d->cfg_scale);
+        double dp = ts_answer_part_diff(theirs, mine, &S, 0),
+               dv = ts_answer_part_diff(theirs, mine, &S, 1);
+        j->diff = dv > dp ? dv : dp;
         int exact = ts_answer_exact(&j->claim, &my);
         if (j->upheld)
             snprintf(j->why, sizeof j->why,

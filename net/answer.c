@@ -156,3 +156,45 @@ int ts_answer_far(const float *x, const ts_answer_claim_t *cx, const float *y,
         return memcmp(x, y, n * sizeof *x) != 0;
     return ts_answer_rel_diff(x, y, n) > 10.0 * ts_answer_tolerance(cx, cy, cfg_scale);
 }
+
+size_t ts_answer_shape_values(const ts_answer_shape_t *s) {
+    return s->m * s->chw * (s->variance ? 2u : 1u);
+}
+
+double ts_answer_part_diff(const float *x, const float *y, const ts_answer_shape_t *s, int part) {
+    if (part && !s->variance)
+        return 0.0;
+    size_t row = s->chw * (s->variance ? 2u : 1u), off = part ? s->chw : 0;
+    double d = 0.0, m = 1.0;
+    for (size_t i = 0; i < s->m; i++) {
+        const float *xr = x + i * row + off, *yr = y + i * row + off;
+        for (size_t j = 0; j < s->chw; j++) {
+            double e = fabs((double)xr[j] - (double)yr[j]);
+            d = e <= d ? d : (isnan(e) ? INFINITY : e);
+            m = fabs((double)yr[j]) > m ? fabs((double)yr[j]) : m;
+        }
+    }
+    return d / m;
+}
+
+int ts_answer_near(const float *x, const ts_answer_claim_t *cx, const float *y,
+                   const ts_answer_claim_t *cy, const ts_answer_shape_t *s, float cfg_scale,
+                   double times) {
+    return ts_answer_part_diff(x, y, s, 0) <= times * ts_answer_tolerance(cx, cy, cfg_scale) &&
+           ts_answer_part_diff(x, y, s, 1) <= times * ts_answer_tolerance(cx, cy, 1.0f);
+}
+
+int ts_answer_agree_shape(const float *x, const ts_answer_claim_t *cx, const float *y,
+                          const ts_answer_claim_t *cy, const ts_answer_shape_t *s,
+                          float cfg_scale) {
+    if (ts_answer_exact(cx, cy))
+        return memcmp(x, y, ts_answer_shape_values(s) * sizeof *x) == 0;
+    return ts_answer_near(x, cx, y, cy, s, cfg_scale, 1.0);
+}
+
+int ts_answer_far_shape(const float *x, const ts_answer_claim_t *cx, const float *y,
+                        const ts_answer_claim_t *cy, const ts_answer_shape_t *s, float cfg_scale) {
+    if (ts_answer_exact(cx, cy))
+        return memcmp(x, y, ts_answer_shape_values(s) * sizeof *x) != 0;
+    return !ts_answer_near(x, cx, y, cy, s, cfg_scale, 10.0);
+}

@@ -107,4 +107,31 @@ int ts_answer_agree(const float *x, const ts_answer_claim_t *cx, const float *y,
 int ts_answer_far(const float *x, const ts_answer_claim_t *cx, const float *y,
                   const ts_answer_claim_t *cy, size_t n, float cfg_scale);
 
+/* An answer of m samples, each chw values of prediction followed, with variance (a request
+ * with_variance), by chw values of variance interpolation. The two parts are judged apart: the
+ * prediction as above, the variance relative to max(1, max|y|) of the variances and without the
+ * guidance's gain (it comes from the conditional rows alone) — so an answer whose prediction is
+ * right cannot hide a wrong variance under the prediction's larger scale and tolerance. */
+typedef struct ts_answer_shape {
+    size_t m, chw;
+    int variance;
+} ts_answer_shape_t;
+
+/* The values in an answer of shape s. */
+size_t ts_answer_shape_values(const ts_answer_shape_t *s);
+/* ts_answer_rel_diff over one part of every sample: 0 the predictions, 1 the variances (0 when
+ * the shape has none). */
+double ts_answer_part_diff(const float *x, const float *y, const ts_answer_shape_t *s, int part);
+/* 1 when every part of x is within times × its tolerance of y (the prediction's from cx, cy and
+ * cfg_scale, the variance's from cx, cy at no guidance). */
+int ts_answer_near(const float *x, const ts_answer_claim_t *cx, const float *y,
+                   const ts_answer_claim_t *cy, const ts_answer_shape_t *s, float cfg_scale,
+                   double times);
+/* ts_answer_agree and ts_answer_far for answers of shape s, each part judged apart (bits where
+ * bits are promised: the whole answer). */
+int ts_answer_agree_shape(const float *x, const ts_answer_claim_t *cx, const float *y,
+                          const ts_answer_claim_t *cy, const ts_answer_shape_t *s, float cfg_scale);
+int ts_answer_far_shape(const float *x, const ts_answer_claim_t *cx, const float *y,
+                        const ts_answer_claim_t *cy, const ts_answer_shape_t *s, float cfg_scale);
+
 #endif

@@ -314,6 +314,34 @@ static void test_compare(void **state) {
     y[0] = NAN;
     assert_true(isinf(ts_answer_rel_diff(y, x, 4)));
     assert_true(ts_answer_far(y, &a, x, &b, 4, 2.5f));
+
+    /* An answer with its variance: 2 samples of [prediction (3), variance (3)], judged apart. A
+     * variance 0.01 off (100× its F32 tolerance, on its own scale of 1) beside predictions up to
+     * 10 at guidance 4 is far; judged as one vector it would hide under ten times the guided
+     * tolerance at the predictions' scale: 10 × 7e-4 × 10 = 0.07. */
+    float u[12] = {10, -4, 2, 0.2f, -0.5f, 0.9f, 3, 1, -8, -0.1f, 0.3f, -0.7f}, w[12];
+    const ts_answer_shape_t S = {2, 3, 1};
+    assert_int_equal(ts_answer_shape_values(&S), 12);
+    memcpy(w, u, sizeof u);
+    assert_true(ts_answer_agree_shape(u, &a, w, &b, &S, 4.0f));
+    assert_false(ts_answer_far_shape(u, &a, w, &b, &S, 4.0f));
+    w[10] += 0.01f; /* the second sample's variance */
+    assert_true(fabs(ts_answer_part_diff(u, w, &S, 1) - 0.01) < 1e-6);
+    assert_true(ts_answer_part_diff(u, w, &S, 0) == 0.0);
+    assert_false(ts_answer_far(u, &a, w, &b, 12, 4.0f)); /* one vector: not caught */
+    assert_true(ts_answer_far_shape(u, &a, w, &b, &S, 4.0f));
+    assert_false(ts_answer_agree_shape(u, &a, w, &b, &S, 4.0f));
+    /* the prediction keeps the gain: 5e-4 of its scale 10 is within 7e-4 (guidance 4), not 1e-4 */
+    memcpy(w, u, sizeof u);
+    w[0] += 0.005f;
+    assert_true(ts_answer_near(u, &a, w, &b, &S, 4.0f, 1.0));
+    assert_false(ts_answer_near(u, &a, w, &b, &S, 1.0f, 1.0));
+    /* where bits are promised, a bit of the variance is a lie */
+    memcpy(w, u, sizeof u);
+    w[5] = nextafterf(w[5], 2.0f);
+    assert_true(ts_answer_far_shape(u, &a, w, &a, &S, 1.0f));
+    const ts_answer_shape_t P = {2, 3, 0}; /* no variance: the rules of the flat vector */
+    assert_true(ts_answer_part_diff(u, w, &P, 1) == 0.0);
 }
 
 int main(void) {

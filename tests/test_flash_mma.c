@@ -62,6 +62,19 @@ static void test_fragments(void **state) {
         for (int r = 0; r < 4; r++)
             c[ts_fa_c_row(l, r)][ts_fa_c_col(l, r)]++;
     }
+    /* a few entries of the PTX ISA's tables for m16n8k16 (.bf16), lane 5 (groupID 1, thread in
+     * group 1) and lane 30 (7, 2): A a0 (1, 2), a3 (9, 3), a4 (1, 10), a7 (9, 11); B b0 k 2,
+     * b3 k 11, n 1; C c1 (1, 3), c2 (9, 2) — so a permutation consistent with itself fails */
+    assert_true(ts_fa_a_row(5, 0) == 1 && ts_fa_a_col(5, 0) == 2);
+    assert_true(ts_fa_a_row(5, 3) == 9 && ts_fa_a_col(5, 3) == 3);
+    assert_true(ts_fa_a_row(5, 4) == 1 && ts_fa_a_col(5, 4) == 10);
+    assert_true(ts_fa_a_row(5, 7) == 9 && ts_fa_a_col(5, 7) == 11);
+    assert_true(ts_fa_a_row(30, 6) == 15 && ts_fa_a_col(30, 6) == 12);
+    assert_true(ts_fa_b_k(5, 0) == 2 && ts_fa_b_k(5, 3) == 11 && ts_fa_b_n(5) == 1);
+    assert_true(ts_fa_b_k(30, 1) == 5 && ts_fa_b_n(30) == 7);
+    assert_true(ts_fa_c_row(5, 1) == 1 && ts_fa_c_col(5, 1) == 3);
+    assert_true(ts_fa_c_row(5, 2) == 9 && ts_fa_c_col(5, 2) == 2);
+    assert_true(ts_fa_c_row(30, 3) == 15 && ts_fa_c_col(30, 3) == 5);
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 16; j++) {
             assert_int_equal(a[i][j], 1);
