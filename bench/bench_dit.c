@@ -347,7 +347,8 @@ static int fail(const char *what, int rc, const char *err) {
 /* ---- attention alone (--attention-ops) ------------------------------------------------------ */
 
 /* One attention op on random qkv (B, T, 3C): forward, or forward then backward; composed
- * (gemm · softmax · gemm) or fused; fp32 or bf16 products (forward only). */
+ * (gemm · softmax · gemm) or fused; fp32 or bf16 products (bf16 forward + backward: the fused
+ * op's bf16 backward against the composed backward a bf16 model trains with). */
 typedef struct att_job {
     ts_engine_t *e;
     ts_tensor_t qkv, out, att, lse, dout, dqkv, datt;
@@ -358,7 +359,8 @@ typedef struct att_job {
 static int att_job_ops(att_job_t *a) {
     ts_engine_t *e = a->e;
     if (a->fused)
-        TS_TRY(a->bf16 ? ts_attention_fused_forward_bf16(e, &a->out, NULL, &a->qkv, a->heads)
+        TS_TRY(a->bf16 ? ts_attention_fused_forward_bf16(e, &a->out, a->backward ? &a->lse : NULL,
+                                                         &a->qkv, a->heads)
                        : ts_attention_fused_forward(e, &a->out, &a->lse, &a->qkv, a->heads));
     else
         TS_TRY(a->bf16 ? ts_attention_forward_bf16(e, &a->out, &a->att, &a->qkv, a->heads)
@@ -366,8 +368,10 @@ static int att_job_ops(att_job_t *a) {
     if (!a->backward)
         return TS_OK;
     if (a->fused)
-        return ts_attention_fused_backward(e, &a->dqkv, &a->dout, &a->qkv, &a->out, &a->lse,
-                                           a->heads);
+        return a->bf16 ? ts_attention_fused_backward_bf16(e, &a->dqkv, &a->dout, &a->qkv, &a->out,
+                                                          &a->lse, a->heads)
+                       : ts_attention_fused_backward(e, &a->dqkv, &a->dout, &a->qkv, &a->out,
+                                                     &a->lse, a->heads);
     return ts_attention_backward(e, &a->dqkv, &a->datt, &a->dout, &a->qkv, &a->att, a->heads);
 }
 
@@ -408,9 +412,10 @@ static void att_job_free(att_job_t *a) {
 }
 
 /* Composed against fused, per shape and kind: the tiny and small presets' heads (4 of 32 and of
- * 64) at T = 64 and 256, forward fp32, forward + backward fp32, forward bf16 (where it runs: a CPU
+ * 64) at T = 64 and 256, forward and forward + backward, fp32 and bf16 (bf16 where it runs: a CPU
  * with AVX-512 BF16, or a GPU of sm_80 or later — the flash attention on tensor cores, which a
- * bf16 model does not take yet; a row whose fused op answers TS_ENOTSUP is left out). */
+ * bf16 model does not take by default yet; a row whose fused op answers TS_ENOTSUP is left
+ * out). */
 static int run_attention_ops(const opts_t *o) {
     static const struct {
         const char *preset;
@@ -418,7 +423,8 @@ static int run_attention_ops(const opts_t *o) {
         int H;
     } cfgs[] = {{"tiny", 128, 4}, {"small", 256, 4}};
     static const int64_t Ts[] = {64, 256};
-    static const char *const kinds[] = {"forward f32", "forward+backward f32", "forward bf16"};
+    static const char *const kinds[] = {"forward f32", "forward+backward f32", "forward bf16",
+                                        "forward+backward bf16"};
     ts_engine_t e;
     int rc = start_engine(o, &e), first = 1;
     if (rc != 0)
@@ -434,24 +440,23 @@ static int run_attention_ops(const opts_t *o) {
                (long long)B, e.threads, o->seconds);
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0] && rc == TS_OK; c++)
         for (size_t t = 0; t < sizeof Ts / sizeof Ts[0] && rc == TS_OK; t++)
-            for (int k = 0; k < 3 && rc == TS_OK; k++) {
-                if (k == 2 && !bf16)
+            for (int k = 0; k < 4 && rc == TS_OK; k++) {
+                if (k >= 2 && !bf16)
                     continue;
                 timing_t tm[2];
                 for (int fused = 0; fused < 2 && rc == TS_OK; fused++) {
                     att_job_t a;
                     rc = att_job_alloc(&a, &e, B, Ts[t], cfgs[c].C, cfgs[c].H);
-                    a.fused = fused, a.bf16 = k == 2, a.backward = k == 1;
+                    a.fused = fused, a.bf16 = k >= 2, a.backward = k == 1 || k == 3;
                     job_t j = {.att = &a, .B = (int)B};
                     if (rc == TS_OK)
                         rc = time_job(&j, o, &tm[fused]);
                     att_job_free(&a);
                 }
-                if (rc == TS_ENOTSUP && k == 2) { /* no bf16 fused attention on this device */
+                if (rc == TS_ENOTSUP && k >= 2) { /* no bf16 fused attention on this device */
                     fprintf(stderr,
-                            "bench_dit: %s T=%lld forward bf16: no fused bf16 attention "
-                            "here (left out)\n",
-                            cfgs[c].preset, (long long)Ts[t]);
+                            "bench_dit: %s T=%lld %s: no fused bf16 attention here (left out)\n",
+                            cfgs[c].preset, (long long)Ts[t], kinds[k]);
                     rc = TS_OK;
                     continue;
                 }

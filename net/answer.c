@@ -133,30 +133,6 @@ double ts_answer_tolerance(const ts_answer_claim_t *cx, const ts_answer_claim_t 
     return gain > 1.0 ? tol * gain : tol;
 }
 
-double ts_answer_rel_diff(const float *x, const float *y, size_t n) {
-    double d = 0.0, m = 1.0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)x[i] - (double)y[i]);
-        d = e <= d ? d : (isnan(e) ? INFINITY : e); /* not finite: infinitely far */
-        m = fabs((double)y[i]) > m ? fabs((double)y[i]) : m;
-    }
-    return d / m;
-}
-
-int ts_answer_agree(const float *x, const ts_answer_claim_t *cx, const float *y,
-                    const ts_answer_claim_t *cy, size_t n, float cfg_scale) {
-    if (ts_answer_exact(cx, cy))
-        return memcmp(x, y, n * sizeof *x) == 0;
-    return ts_answer_rel_diff(x, y, n) <= ts_answer_tolerance(cx, cy, cfg_scale);
-}
-
-int ts_answer_far(const float *x, const ts_answer_claim_t *cx, const float *y,
-                  const ts_answer_claim_t *cy, size_t n, float cfg_scale) {
-    if (ts_answer_exact(cx, cy))
-        return memcmp(x, y, n * sizeof *x) != 0;
-    return ts_answer_rel_diff(x, y, n) > 10.0 * ts_answer_tolerance(cx, cy, cfg_scale);
-}
-
 size_t ts_answer_shape_values(const ts_answer_shape_t *s) {
     return s->m * s->chw * (s->variance ? 2u : 1u);
 }

@@ -98,18 +98,9 @@ int ts_answer_exact(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy);
 /* The tolerance between answers of the two claims to a request of guidance cfg_scale. */
 double ts_answer_tolerance(const ts_answer_claim_t *cx, const ts_answer_claim_t *cy,
                            float cfg_scale);
-/* The largest |x − y| over n values, relative to max(1, max|y|). */
-double ts_answer_rel_diff(const float *x, const float *y, size_t n);
-/* 1 when x (claimed by cx) and y (by cy) agree: bit for bit, or within the tolerance. */
-int ts_answer_agree(const float *x, const ts_answer_claim_t *cx, const float *y,
-                    const ts_answer_claim_t *cy, size_t n, float cfg_scale);
-/* 1 when x is wrong beyond doubt against y. */
-int ts_answer_far(const float *x, const ts_answer_claim_t *cx, const float *y,
-                  const ts_answer_claim_t *cy, size_t n, float cfg_scale);
-
 /* An answer of m samples, each chw values of prediction followed, with variance (a request
  * with_variance), by chw values of variance interpolation. The two parts are judged apart: the
- * prediction as above, the variance relative to max(1, max|y|) of the variances and without the
+ * prediction by the rules above, the variance relative to max(1, max|y|) of the variances and without the
  * guidance's gain (it comes from the conditional rows alone) — so an answer whose prediction is
  * right cannot hide a wrong variance under the prediction's larger scale and tolerance. */
 typedef struct ts_answer_shape {
@@ -119,16 +110,17 @@ typedef struct ts_answer_shape {
 
 /* The values in an answer of shape s. */
 size_t ts_answer_shape_values(const ts_answer_shape_t *s);
-/* ts_answer_rel_diff over one part of every sample: 0 the predictions, 1 the variances (0 when
- * the shape has none). */
+/* The largest |x − y| over one part of every sample (0 the predictions, 1 the variances; 0 when
+ * the shape has none), relative to max(1, max|y|) over that part. */
 double ts_answer_part_diff(const float *x, const float *y, const ts_answer_shape_t *s, int part);
 /* 1 when every part of x is within times × its tolerance of y (the prediction's from cx, cy and
  * cfg_scale, the variance's from cx, cy at no guidance). */
 int ts_answer_near(const float *x, const ts_answer_claim_t *cx, const float *y,
                    const ts_answer_claim_t *cy, const ts_answer_shape_t *s, float cfg_scale,
                    double times);
-/* ts_answer_agree and ts_answer_far for answers of shape s, each part judged apart (bits where
- * bits are promised: the whole answer). */
+/* 1 when x (claimed by cx) and y (by cy) agree — bit for bit where the claims promise bits
+ * (the whole answer), else every part within its tolerance — and, _far, when x is wrong beyond
+ * doubt against y. */
 int ts_answer_agree_shape(const float *x, const ts_answer_claim_t *cx, const float *y,
                           const ts_answer_claim_t *cy, const ts_answer_shape_t *s, float cfg_scale);
 int ts_answer_far_shape(const float *x, const ts_answer_claim_t *cx, const float *y,

@@ -278,30 +278,31 @@ static void test_compare(void **state) {
     b = a;
     assert_true(ts_answer_exact(&a, &b));
     float x[4] = {0.5f, -2.0f, 1.0f, 3.0f}, y[4];
+    const ts_answer_shape_t F = {1, 4, 0}; /* one sample of 4, no variance */
     memcpy(y, x, sizeof x);
-    assert_true(ts_answer_agree(x, &a, y, &b, 4, 1.0f));
-    assert_false(ts_answer_far(x, &a, y, &b, 4, 1.0f));
+    assert_true(ts_answer_agree_shape(x, &a, y, &b, &F, 1.0f));
+    assert_false(ts_answer_far_shape(x, &a, y, &b, &F, 1.0f));
     y[2] = nextafterf(y[2], 2.0f); /* one bit: a lie where bits are promised */
-    assert_false(ts_answer_agree(x, &a, y, &b, 4, 1.0f));
-    assert_true(ts_answer_far(x, &a, y, &b, 4, 1.0f));
+    assert_false(ts_answer_agree_shape(x, &a, y, &b, &F, 1.0f));
+    assert_true(ts_answer_far_shape(x, &a, y, &b, &F, 1.0f));
     /* another class: relative to max(1, max|y|) = 3 */
     snprintf(b.device_class, sizeof b.device_class, "cuda/NVIDIA H100/fused");
     assert_false(ts_answer_exact(&a, &b));
-    assert_true(ts_answer_agree(x, &a, y, &b, 4, 1.0f));
+    assert_true(ts_answer_agree_shape(x, &a, y, &b, &F, 1.0f));
     assert_true(ts_answer_tolerance(&a, &b, 1.0f) == TS_ANSWER_TOL_F32);
     memcpy(y, x, sizeof x);
     y[3] += 3.0f * 5e-4f; /* 5× the tolerance: disagrees, but not beyond doubt */
-    assert_false(ts_answer_agree(x, &a, y, &b, 4, 1.0f));
-    assert_false(ts_answer_far(x, &a, y, &b, 4, 1.0f));
+    assert_false(ts_answer_agree_shape(x, &a, y, &b, &F, 1.0f));
+    assert_false(ts_answer_far_shape(x, &a, y, &b, &F, 1.0f));
     y[3] = x[3] + 3.0f * 2e-3f; /* 20×: beyond doubt */
-    assert_true(ts_answer_far(x, &a, y, &b, 4, 1.0f));
-    assert_true(fabs(ts_answer_rel_diff(x, y, 4) - 2e-3 * 3.0 / (double)y[3]) < 1e-6);
+    assert_true(ts_answer_far_shape(x, &a, y, &b, &F, 1.0f));
+    assert_true(fabs(ts_answer_part_diff(x, y, &F, 0) - 2e-3 * 3.0 / (double)y[3]) < 1e-6);
     /* bf16 on either side: the loose tolerance, on a CPU too (no bits promised across precisions) */
     b = a;
     b.precision = TESSERA__DTYPE__DTYPE_BF16;
     assert_false(ts_answer_exact(&a, &b));
     assert_true(ts_answer_tolerance(&a, &b, 1.0f) == TS_ANSWER_TOL_LOW);
-    assert_false(ts_answer_far(x, &a, y, &b, 4, 1.0f));
+    assert_false(ts_answer_far_shape(x, &a, y, &b, &F, 1.0f));
     /* guidance multiplies the tolerance by |s| + |1 − s|: 4 at s = 2.5, and NaN is infinitely far */
     b = a;
     snprintf(b.device_class, sizeof b.device_class, "cuda/NVIDIA H100/fused");
@@ -309,11 +310,11 @@ static void test_compare(void **state) {
     assert_true(ts_answer_tolerance(&a, &b, 0.5f) == TS_ANSWER_TOL_F32);
     memcpy(y, x, sizeof x);
     y[3] = x[3] + 3.0f * 2e-3f; /* 20× the plain tolerance, 5× the guided one */
-    assert_true(ts_answer_far(x, &a, y, &b, 4, 1.0f));
-    assert_false(ts_answer_far(x, &a, y, &b, 4, 2.5f));
+    assert_true(ts_answer_far_shape(x, &a, y, &b, &F, 1.0f));
+    assert_false(ts_answer_far_shape(x, &a, y, &b, &F, 2.5f));
     y[0] = NAN;
-    assert_true(isinf(ts_answer_rel_diff(y, x, 4)));
-    assert_true(ts_answer_far(y, &a, x, &b, 4, 2.5f));
+    assert_true(isinf(ts_answer_part_diff(y, x, &F, 0)));
+    assert_true(ts_answer_far_shape(y, &a, x, &b, &F, 2.5f));
 
     /* An answer with its variance: 2 samples of [prediction (3), variance (3)], judged apart. A
      * variance 0.01 off (100× its F32 tolerance, on its own scale of 1) beside predictions up to
@@ -328,7 +329,8 @@ static void test_compare(void **state) {
     w[10] += 0.01f; /* the second sample's variance */
     assert_true(fabs(ts_answer_part_diff(u, w, &S, 1) - 0.01) < 1e-6);
     assert_true(ts_answer_part_diff(u, w, &S, 0) == 0.0);
-    assert_false(ts_answer_far(u, &a, w, &b, 12, 4.0f)); /* one vector: not caught */
+    const ts_answer_shape_t flat = {1, 12, 0}; /* the same values judged as one vector */
+    assert_false(ts_answer_far_shape(u, &a, w, &b, &flat, 4.0f)); /* not caught */
     assert_true(ts_answer_far_shape(u, &a, w, &b, &S, 4.0f));
     assert_false(ts_answer_agree_shape(u, &a, w, &b, &S, 4.0f));
     /* the prediction keeps the gain: 5e-4 of its scale 10 is within 7e-4 (guidance 4), not 1e-4 */

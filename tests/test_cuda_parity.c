@@ -801,7 +801,7 @@ static void test_attention(void **state) {
 
 /* The fused attention (kernels/cuda/cuda_attention.cu) against the CPU's fused one, forward with
  * its lse and backward (+= into dqkv), for one (B, T, C, H): head sizes with their own kernel
- * instance (32, 64, 72) and one of the run-time instance (48), T below, at and across tiles of 32
+ * instance (32, 64, 72, 128) and one of the run-time instance (48), T below, at and across tiles of 32
  * keys. */
 static void fused_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t T, int64_t C, int64_t H) {
     char what[96], size[48];
@@ -835,6 +835,7 @@ static void test_attention_fused(void **state) {
     fused_case(fx, &r, 2, 256, 128, 2);    /* hd 64, 8 whole tiles */
     fused_case(fx, &r, 2, 64, 144, 2);     /* hd 72: DiT-XL/2's and L's heads are 72 and 64 */
     fused_case(fx, &r, 3, 17, 96, 2);      /* hd 48: the run-time instance; T under a tile */
+    fused_case(fx, &r, 1, 80, 256, 2);     /* hd 128: its own instance (cuda_heads.h) */
     /* a head over 128 wide: the composed attention's job */
     ts_tensor_t qkv, out;
     TU_CHECK_OK(ts_tensor_alloc(&qkv, TS_F32, TS_CUDA, 3, TS_SHAPE(1, 4, 3 * 256)));

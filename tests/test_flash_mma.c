@@ -114,6 +114,47 @@ static void test_fragments(void **state) {
         }
 }
 
+/* c[lane] (16 × TS_FA_KB over n-tiles) = a (16 × dp, k-steps) · Bᵀ with B's fragments by
+ * ts_fa_k_frag from the staged block sb: the scores' pattern, for every lane of the warp. */
+static void emu_scores(float out[32][TS_FA_KB / 8][4], uint32_t (*const a[32])[4],
+                       const uint16_t *sb, int ldb, int dp) {
+    uint32_t fa[32][4], fb[32][2];
+    float fc[32][4];
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
+        memset(fc, 0, sizeof fc);
+        for (int ks = 0; ks < dp / 16; ks++) {
+            for (int l = 0; l < 32; l++) {
+                memcpy(fa[l], a[l][ks], sizeof fa[l]);
+                ts_fa_k_frag(fb[l], sb, ldb, l, ks, nt);
+            }
+            emu_mma(fc, fa, fb);
+        }
+        for (int l = 0; l < 32; l++)
+            memcpy(out[l][nt], fc[l], sizeof fc[l]);
+    }
+}
+
+/* acc[lane] (16 × dp over n-tiles) += pa (16 × TS_FA_KB, k-steps) · B with B's fragments by
+ * ts_fa_v_frag from the staged block sb: the P·V pattern, for every lane. */
+static void emu_accumulate(float (*const acc[32])[4], uint32_t (*const pa[32])[4],
+                           const uint16_t *sb, int ldb, int dp) {
+    uint32_t fa[32][4], fb[32][2];
+    float fc[32][4];
+    for (int nt = 0; nt < dp / 8; nt++) {
+        for (int l = 0; l < 32; l++)
+            memcpy(fc[l], acc[l][nt], sizeof fc[l]);
+        for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
+            for (int l = 0; l < 32; l++) {
+                memcpy(fa[l], pa[l][ks], sizeof fa[l]);
+                ts_fa_v_frag(fb[l], sb, ldb, l, ks, nt);
+            }
+            emu_mma(fc, fa, fb);
+        }
+        for (int l = 0; l < 32; l++)
+            memcpy(acc[l][nt], fc[l], sizeof fc[l]);
+    }
+}
+
 /* One warp's 16 rows from row0 of head h of sample b, as the kernel runs them. */
 static void emu_warp(const float *qkv, float *out, float *lse, int T, int C, int H, int hd, int b,
                      int h, int row0) {
@@ -123,9 +164,13 @@ static void emu_warp(const float *qkv, float *out, float *lse, int T, int C, int
     int dp = ts_fa_padded(hd), ldk = dp + 8, rows = T - row0 < 16 ? T - row0 : 16;
     float scale = 1.0f / sqrtf((float)hd);
     const float *base = qkv + (int64_t)b * T * ld;
+    static float sc[32][TS_FA_KB / 8][4];
+    uint32_t(*q[32])[4], (*p[32])[4];
+    float(*o[32])[4];
     for (int l = 0; l < 32; l++) {
         ts_fa_begin(&L[l]);
         ts_fa_load_q(&L[l], l, base + row0 * ld + h * hd, ld, rows, hd);
+        q[l] = L[l].q, p[l] = L[l].p, o[l] = L[l].o;
     }
     for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
         int n = T - k0 < TS_FA_KB ? T - k0 : TS_FA_KB;
@@ -133,20 +178,9 @@ static void emu_warp(const float *qkv, float *out, float *lse, int T, int C, int
             ts_fa_stage(sk, ldk, base + k0 * ld + C + h * hd, ld, n, hd, e);
             ts_fa_stage(sv, ldk, base + k0 * ld + 2 * C + h * hd, ld, n, hd, e);
         }
-        uint32_t fa[32][4], fb[32][2];
-        float fc[32][4];
-        for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
-            memset(fc, 0, sizeof fc);
-            for (int ks = 0; ks < dp / 16; ks++) {
-                for (int l = 0; l < 32; l++) {
-                    memcpy(fa[l], L[l].q[ks], sizeof fa[l]);
-                    ts_fa_k_frag(fb[l], sk, ldk, l, ks, nt);
-                }
-                emu_mma(fc, fa, fb);
-            }
-            for (int l = 0; l < 32; l++)
-                memcpy(L[l].s[nt], fc[l], sizeof fc[l]);
-        }
+        emu_scores(sc, q, sk, ldk, dp); /* S = Q·Kᵀ */
+        for (int l = 0; l < 32; l++)
+            memcpy(L[l].s, sc[l], sizeof sc[l]);
         float mx[32][2];
         for (int l = 0; l < 32; l++)
             ts_fa_scores(&L[l], l, n, scale, mx[l]);
@@ -154,24 +188,12 @@ static void emu_warp(const float *qkv, float *out, float *lse, int T, int C, int
             float bm[2];
             for (int hh = 0; hh < 2; hh++) {
                 bm[hh] = mx[l & ~3][hh];
-                for (int q = 1; q < 4; q++)
-                    bm[hh] = fmaxf(bm[hh], mx[(l & ~3) + q][hh]);
+                for (int w = 1; w < 4; w++)
+                    bm[hh] = fmaxf(bm[hh], mx[(l & ~3) + w][hh]);
             }
             ts_fa_softmax(&L[l], bm, dp);
         }
-        for (int nt = 0; nt < dp / 8; nt++) {
-            for (int l = 0; l < 32; l++)
-                memcpy(fc[l], L[l].o[nt], sizeof fc[l]);
-            for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
-                for (int l = 0; l < 32; l++) {
-                    memcpy(fa[l], L[l].p[ks], sizeof fa[l]);
-                    ts_fa_v_frag(fb[l], sv, ldk, l, ks, nt);
-                }
-                emu_mma(fc, fa, fb);
-            }
-            for (int l = 0; l < 32; l++)
-                memcpy(L[l].o[nt], fc[l], sizeof fc[l]);
-        }
+        emu_accumulate(o, p, sv, ldk, dp); /* O += P·V */
     }
     for (int l = 0; l < 32; l++) { /* the quad's sums: (x + x^1) then + its ^2 partner's */
         float sum[2];
@@ -270,47 +292,6 @@ static void test_rows_own(void **state) {
 }
 
 /* ---- the backward ------------------------------------------------------------------------ */
-
-/* c[lane] (16 × TS_FA_KB over n-tiles) = a (16 × dp, k-steps) · Bᵀ with B's fragments by
- * ts_fa_k_frag from the staged block sb: the scores' pattern, for every lane of the warp. */
-static void emu_scores(float out[32][TS_FA_KB / 8][4], uint32_t (*const a[32])[4],
-                       const uint16_t *sb, int ldb, int dp) {
-    uint32_t fa[32][4], fb[32][2];
-    float fc[32][4];
-    for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
-        memset(fc, 0, sizeof fc);
-        for (int ks = 0; ks < dp / 16; ks++) {
-            for (int l = 0; l < 32; l++) {
-                memcpy(fa[l], a[l][ks], sizeof fa[l]);
-                ts_fa_k_frag(fb[l], sb, ldb, l, ks, nt);
-            }
-            emu_mma(fc, fa, fb);
-        }
-        for (int l = 0; l < 32; l++)
-            memcpy(out[l][nt], fc[l], sizeof fc[l]);
-    }
-}
-
-/* acc[lane] (16 × dp over n-tiles) += pa (16 × TS_FA_KB, k-steps) · B with B's fragments by
- * ts_fa_v_frag from the staged block sb: the P·V pattern, for every lane. */
-static void emu_accumulate(float (*const acc[32])[4], uint32_t (*const pa[32])[4],
-                           const uint16_t *sb, int ldb, int dp) {
-    uint32_t fa[32][4], fb[32][2];
-    float fc[32][4];
-    for (int nt = 0; nt < dp / 8; nt++) {
-        for (int l = 0; l < 32; l++)
-            memcpy(fc[l], acc[l][nt], sizeof fc[l]);
-        for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
-            for (int l = 0; l < 32; l++) {
-                memcpy(fa[l], pa[l][ks], sizeof fa[l]);
-                ts_fa_v_frag(fb[l], sb, ldb, l, ks, nt);
-            }
-            emu_mma(fc, fa, fb);
-        }
-        for (int l = 0; l < 32; l++)
-            memcpy(acc[l][nt], fc[l], sizeof fc[l]);
-    }
-}
 
 typedef struct {
     const float *qkv, *out, *lse, *dout;

@@ -16,17 +16,17 @@
  *
  * The per-row steps are kernels/math.h's, which tests/test_attention.c runs on the CPU in the
  * kernels' tile order against the reference attention; what only a GPU checks is the staging
- * and indexing here (test_cuda_parity, "attention fused"). Head sizes 32, 64 and 72 have their
- * own instances (registers sized at compile time); others up to TS_ATTN_HD_MAX share one with the
- * size at run time; larger is TS_ENOTSUP (the composed attention has no limit).
+ * and indexing here (test_cuda_parity, "attention fused"). Head sizes 32, 64, 72 and 128 have
+ * their own instances (registers sized at compile time; cuda_heads.h, shared with the bf16 flash
+ * attention); others up to TS_ATTN_HD_MAX share one with the size at run time; larger is TS_ENOTSUP (the composed attention has no limit).
  */
 #include <cuda_runtime.h>
 
 #include <cfloat>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_heads.h"
 #include "kernels/math.h"
 #include "kernels/ops.h"
 
@@ -194,8 +194,6 @@ static int attn_grid(int64_t B, int64_t T, int64_t C, int64_t H, dim3 *grid, int
     return TS_OK;
 }
 
-static int launched(void) { return cudaGetLastError() == cudaSuccess ? TS_OK : TS_ECUDA; }
-
 /* What both entry points start with: the grid, the head size, the stream and the scale. */
 typedef struct attn_launch {
     dim3 grid, block;
@@ -220,27 +218,13 @@ static int attn_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H
     return TS_OK;
 }
 
-/* Calls launch(k) with k an integral_constant of the kernels' instance for head size hd: its
- * own for 32, 64 and 72, the run-time one (0) otherwise. */
-template <typename F> static int by_head_size(int hd, F launch) {
-    if (hd == 32)
-        launch(std::integral_constant<int, 32>{});
-    else if (hd == 64)
-        launch(std::integral_constant<int, 64>{});
-    else if (hd == 72)
-        launch(std::integral_constant<int, 72>{});
-    else
-        launch(std::integral_constant<int, 0>{});
-    return launched();
-}
-
 int ts_cuda_attention_fused_forward(ts_engine_t *e, float *out, float *lse, const float *qkv,
                                     int64_t B, int64_t T, int64_t C, int64_t H) {
     attn_launch_t L;
     int run = 0, err = attn_setup(e, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
-    return by_head_size(L.hd, [&](auto k) {
+    return ts_cuda_by_head(L.hd, [&](auto k) {
         k_attn_forward<decltype(k)::value>
             <<<L.grid, L.block, 0, L.st>>>(out, lse, qkv, L.t, L.c, L.h, L.hd, L.scale);
     });
@@ -253,7 +237,7 @@ int ts_cuda_attention_fused_backward(ts_engine_t *e, float *dqkv, const float *d
     int run = 0, err = attn_setup(e, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
-    return by_head_size(L.hd, [&](auto k) {
+    return ts_cuda_by_head(L.hd, [&](auto k) {
         constexpr int HD = decltype(k)::value;
         k_attn_backward_kv<HD>
             <<<L.grid, L.block, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);

@@ -17,9 +17,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_heads.h"
 #include "kernels/flash_mma.h"
 #include "kernels/ops.h"
 
@@ -261,22 +261,6 @@ static int flash_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t 
     return TS_OK;
 }
 
-/* Calls launch(k) with k the kernels' instance for head size hd: 32, 64, 72, 128 their own, the
- * run-time one (0) otherwise. */
-template <typename F> static int by_head(int hd, F launch) {
-    if (hd == 32)
-        launch(std::integral_constant<int, 32>{});
-    else if (hd == 64)
-        launch(std::integral_constant<int, 64>{});
-    else if (hd == 72)
-        launch(std::integral_constant<int, 72>{});
-    else if (hd == 128)
-        launch(std::integral_constant<int, 128>{});
-    else
-        launch(std::integral_constant<int, 0>{});
-    return cudaGetLastError() == cudaSuccess ? TS_OK : TS_ECUDA;
-}
-
 int ts_cuda_flash_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout, const float *qkv,
                                 const float *out, const float *lse, int64_t B, int64_t T, int64_t C,
                                 int64_t H) {
@@ -284,7 +268,7 @@ int ts_cuda_flash_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout, 
     int run = 0, err = flash_setup(e, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
-    return by_head(L.hd, [&](auto k) {
+    return ts_cuda_by_head(L.hd, [&](auto k) {
         constexpr int HD = decltype(k)::value;
         k_flash_bwd_kv<HD><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t,
                                                                   L.c, L.h, L.hd, L.scale);
@@ -299,7 +283,7 @@ int ts_cuda_flash_forward_bf16(ts_engine_t *e, float *out, float *lse, const flo
     int run = 0, err = flash_setup(e, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
-    return by_head(L.hd, [&](auto k) {
+    return ts_cuda_by_head(L.hd, [&](auto k) {
         k_flash_bf16<decltype(k)::value>
             <<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(out, lse, qkv, L.t, L.c, L.h, L.hd, L.scale);
     });
