@@ -41,6 +41,10 @@
 #include "net/frame.h"
 
 #define WAIT_MS 60000
+/* A request's deadline where the test is not about deadlines: an answer takes milliseconds, but a
+ * loaded machine under sanitizers can stall for seconds; under WAIT_MS, so the answer's own
+ * error is what a failure reports. */
+#define ANSWER_MS 50000
 #define CLIENTS 16
 #define IMG 8
 #define CHW (IMG * IMG)
@@ -108,6 +112,26 @@ static int serve_freed(void *arg) {
 static void serve_stop(void) {
     run_until(serve_freed, NULL, "the server freed");
     srv = NULL;
+}
+
+/* Each test's teardown: a server that a failed test left running is freed, so that the tests
+ * after it and the final teardown do not wait on its handle; one that cannot be freed (a compute
+ * thread that never returns) ends the run at once, said. */
+static int free_leftover(void **state) {
+    (void)state;
+    if (!srv)
+        return 0;
+    uint64_t until = uv_hrtime() + (uint64_t)WAIT_MS * 1000000u;
+    while (ts_serve_free(srv) != TS_OK) {
+        if (uv_hrtime() > until) {
+            fprintf(stderr, "test_serve: a failed test's server did not stop in %d ms\n", WAIT_MS);
+            _exit(1);
+        }
+        uv_run(&loop, UV_RUN_NOWAIT);
+        nanosleep(&(struct timespec){0, 1000000L}, NULL);
+    }
+    srv = NULL;
+    return 0;
 }
 
 /* Starts the server with these options (and 2 compute threads). */
@@ -324,7 +348,13 @@ static void local_velocity(const req_t *r, float *out) {
 /* The served answer equals the local one bit for bit. */
 static void check_answer(const req_t *r, const got_t *g, const char *what) {
     if (g->status != TS_OK) {
-        print_error("%s: status %s (%s)\n", what, ts_strerror(g->status), g->message);
+        ts_serve_stats_t st = {0};
+        if (srv)
+            ts_serve_stats(srv, &st);
+        print_error("%s: status %s (%s); the server had %llu request(s), ran %llu batch(es) of "
+                    "%llu row(s)\n",
+                    what, ts_strerror(g->status), g->message, (unsigned long long)st.requests,
+                    (unsigned long long)st.batches, (unsigned long long)st.rows);
         fail();
     }
     float want[MAXB * CHW];
@@ -403,8 +433,8 @@ static void test_forward_batch_invariant(void **state) {
 static void plain_and_guided(tu_rng_t *rng, req_t *plain, req_t *guided, got_t *g1, got_t *g2) {
     req_init(plain, rng, 3, 1.0f, 0);
     req_init(guided, rng, 5, 2.5f, 1);
-    send_req(0, plain, 10000, g1);
-    send_req(0, guided, 10000, g2);
+    send_req(0, plain, ANSWER_MS, g1);
+    send_req(0, guided, ANSWER_MS, g2);
     wait_answer(g1);
     wait_answer(g2);
 }
@@ -450,7 +480,7 @@ static void test_answers_equal_local(void **state) {
     f16.data = h;
     f16.len = sizeof h;
     got_t g3 = {0};
-    send_req(1, &f16, 10000, &g3);
+    send_req(1, &f16, ANSWER_MS, &g3);
     wait_answer(&g3);
     assert_int_equal(g3.status, TS_OK);
     assert_int_equal(g3.vdtype, TESSERA__DTYPE__DTYPE_F16);
@@ -529,7 +559,7 @@ static void test_answers_f16(void **state) {
     p[0] = 1e5f;
     serve_start(&o);
     got_t g = {0};
-    send_req(0, &plain, 10000, &g);
+    send_req(0, &plain, ANSWER_MS, &g);
     wait_answer(&g);
     p[0] = keep;
     serve_stop();
@@ -827,7 +857,7 @@ static void test_cancel_not_computed(void **state) {
  * the same connection is answered. */
 static void expect_error(req_t *r, int code, const char *frag) {
     got_t g = {0}, ok = {0};
-    send_req(2, r, 10000, &g);
+    send_req(2, r, ANSWER_MS, &g);
     wait_answer(&g);
     if (g.status != TS_EPEER || g.remote_code != code) {
         print_error("expected %s (%s), got status %s code %d: %s\n", ts_rpc_error_name(code), frag,
@@ -838,7 +868,7 @@ static void expect_error(req_t *r, int code, const char *frag) {
     static req_t good;
     tu_rng_t rng = {41};
     req_init(&good, &rng, 1, 1.0f, 0);
-    send_req(2, &good, 10000, &ok);
+    send_req(2, &good, ANSWER_MS, &ok);
     wait_answer(&ok);
     check_answer(&good, &ok, "a good request after a bad one");
 }
@@ -885,7 +915,7 @@ static int raw_send(raw_t *raw, const req_t *r) {
     Tessera__Envelope env = w.env;
     env.has_request_id = env.has_deadline_ms = 1;
     env.request_id = 2 * raw->next_id + 1;
-    env.deadline_ms = 10000;
+    env.deadline_ms = ANSWER_MS;
     size_t n = tessera__envelope__get_packed_size(&env);
     uint8_t *buf = malloc(n);
     assert_non_null(buf);
@@ -984,7 +1014,7 @@ static void test_malformed(void **state) {
     w.d.t = big_t;
     w.d.class_labels = big_y;
     got_t gb = {0};
-    TU_CHECK_OK(ts_rpc_call(peer(2), &w.env, 10000, on_result, &gb, NULL, NULL, 0));
+    TU_CHECK_OK(ts_rpc_call(peer(2), &w.env, ANSWER_MS, on_result, &gb, NULL, NULL, 0));
     wait_answer(&gb);
     assert_int_equal(gb.remote_code, TESSERA__ERROR_CODE__ERROR_INVALID_ARGUMENT);
     TU_CHECK_CONTAINS(gb.message, "4096 samples");
@@ -999,7 +1029,7 @@ static void test_malformed(void **state) {
     wire_req(&w, &r);
     w.d.has_with_variance = w.d.with_variance = 1;
     got_t gv = {0};
-    TU_CHECK_OK(ts_rpc_call(peer(2), &w.env, 10000, on_result, &gv, NULL, NULL, 0));
+    TU_CHECK_OK(ts_rpc_call(peer(2), &w.env, ANSWER_MS, on_result, &gv, NULL, NULL, 0));
     wait_answer(&gv);
     assert_int_equal(gv.remote_code, TESSERA__ERROR_CODE__ERROR_INVALID_ARGUMENT);
     TU_CHECK_CONTAINS(gv.message, "no learned variance");
@@ -1262,22 +1292,22 @@ static void test_weights_busy(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_forward_batch_invariant),
-        cmocka_unit_test(test_answers_equal_local),
-        cmocka_unit_test(test_answers_bf16),
-        cmocka_unit_test(test_answers_f16),
-        cmocka_unit_test(test_concurrent_clients),
-        cmocka_unit_test(test_out_of_memory),
-        cmocka_unit_test(test_memory_sizes_batch),
-        cmocka_unit_test(test_flood_busy),
-        cmocka_unit_test(test_deadline_dropped),
-        cmocka_unit_test(test_cancel_not_computed),
-        cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_malformed_envelope),
-        cmocka_unit_test(test_shutdown),
-        cmocka_unit_test(test_weights_reassemble),
-        cmocka_unit_test(test_weights_bandwidth),
-        cmocka_unit_test(test_weights_busy),
+        cmocka_unit_test_teardown(test_forward_batch_invariant, free_leftover),
+        cmocka_unit_test_teardown(test_answers_equal_local, free_leftover),
+        cmocka_unit_test_teardown(test_answers_bf16, free_leftover),
+        cmocka_unit_test_teardown(test_answers_f16, free_leftover),
+        cmocka_unit_test_teardown(test_concurrent_clients, free_leftover),
+        cmocka_unit_test_teardown(test_out_of_memory, free_leftover),
+        cmocka_unit_test_teardown(test_memory_sizes_batch, free_leftover),
+        cmocka_unit_test_teardown(test_flood_busy, free_leftover),
+        cmocka_unit_test_teardown(test_deadline_dropped, free_leftover),
+        cmocka_unit_test_teardown(test_cancel_not_computed, free_leftover),
+        cmocka_unit_test_teardown(test_malformed, free_leftover),
+        cmocka_unit_test_teardown(test_malformed_envelope, free_leftover),
+        cmocka_unit_test_teardown(test_shutdown, free_leftover),
+        cmocka_unit_test_teardown(test_weights_reassemble, free_leftover),
+        cmocka_unit_test_teardown(test_weights_bandwidth, free_leftover),
+        cmocka_unit_test_teardown(test_weights_busy, free_leftover),
     };
     int rc = setup(NULL);
     if (rc == 0)
