@@ -13,6 +13,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/fwd_gemm.h"
+#include "kernels/cpu/vec.h"
 
 int ts_engine_init(ts_engine_t *e, const ts_engine_opts_t *opts) {
     if (!e || !opts)
@@ -125,8 +126,9 @@ void ts_engine_device_class(const ts_engine_t *e, char *buf, size_t len) {
     if (e->device != TS_CUDA) {
         ts_blas_status_t b;
         ts_blas_status(&b);
-        snprintf(buf, len, "cpu/%s%s/n%d", b.core[0] ? b.core : "unknown",
-                 ts_cpu_fwd_onednn() ? "+onednn" : "", TS_NUMERICS_REV);
+        snprintf(buf, len, "cpu/%s%s%s/n%d", b.core[0] ? b.core : "unknown",
+                 ts_cpu_fwd_onednn() ? "+onednn" : "", e->vec && !e->vec->att ? "+base" : "",
+                 TS_NUMERICS_REV);
         for (char *c = buf; *c; c++)
             *c = (char)tolower((unsigned char)*c);
         return;

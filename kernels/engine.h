@@ -83,11 +83,12 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
 /* The revision of the engine's numerics: bump it with any change that alters the bits of an op's
  * result (a new kernel, another order of a sum). It is part of the device class, so that honest
  * replicas on builds that round differently are compared within a tolerance, never bit for bit. */
-#define TS_NUMERICS_REV 2
+#define TS_NUMERICS_REV 3
 
 /* The engine's device class, for comparing answers: two engines of one class give a model's
  * rows the same bits. "cpu/KERNELS/nREV" (OpenBLAS's kernel set, lowercase, "+onednn" when the
- * forward products go through oneDNN; TS_NUMERICS_REV) or "cuda/NAME/nREV" (the GPU's name). */
+ * forward products go through oneDNN, "+base" when the engine runs the base build of
+ * kernels/cpu/vec.h, whose fused attention multiplies through OpenBLAS; TS_NUMERICS_REV) or "cuda/NAME/nREV" (the GPU's name). */
 void ts_engine_device_class(const ts_engine_t *e, char *buf, size_t len);
 /* Device memory of a CUDA engine in bytes: total and used now (by every process). TS_ENODEV for a
  * CPU engine. */
@@ -144,8 +145,8 @@ int ts_engine_utilization(const ts_engine_t *e, double *ratio);
 typedef enum { TS_PREC_F32 = 0, TS_PREC_BF16 = 1, TS_PREC_F16 = 2 } ts_precision_t;
 
 #define TS_PRECISION_HELP                                                                          \
-    "f32 (default), bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16, or a GPU of " \
-    "compute capability 8.0 or newer) or "                                                       \
+    "f32 (default), bf16 (bf16 products, fp32 accumulation; CPU with AVX-512 BF16, or a GPU of "   \
+    "compute capability 8.0 or newer) or "                                                         \
     "f16 (half-precision products, for GPUs without bf16; emulated on the CPU)"
 
 /* Parses "f32", "bf16" or "f16" (NULL or "" = f32); TS_EINVAL for anything else, out untouched. */

@@ -8,6 +8,8 @@
  *     here (the kernels/math.h formulas, one element at a time, sums in element order), compared
  *     with memcmp, on sizes with vector tails (1, 3, 13, 31, 129 …) and LayerNorm's row blocks
  *     cut short (7, 9, 17 rows);
+ *   - the fused attention's block products (vec.h att, the AVX2 and AVX-512 builds) against one
+ *     fmaf chain per output, on the presets' blocks and every row and column tail;
  *   - the engine: an engine started under TESSERA_CPU_ISA=<isa> runs the fused ops
  *     (ts_layernorm_modulate_forward, ts_linear_gelu_forward) and AdamW, EMA, GELU; their outputs
  *     must equal, bit for bit, the unfused ops on an engine capped to the base build.
@@ -240,6 +242,80 @@ static void test_rows(void **state) {
     }
 }
 
+/* ---- the fused attention's block products ---------------------------------------------- */
+
+/* n, m, hd of the tile cases: the presets' blocks (64 queries × 196 keys, heads of 32, 64, 72,
+ * 128), the last short query block (4 rows), and odd sizes for every row and column tail. */
+static const int64_t tile_cases[][3] = {{64, 196, 64}, {4, 196, 64}, {64, 49, 32}, {1, 49, 32},
+                                        {13, 256, 72}, {7, 17, 128}, {9, 1, 8},    {5, 33, 3}};
+
+/* Each output one fmaf chain in the summed index's order (fmaf is the correctly rounded fused
+ * multiply-add, the instruction's result), the scores' scale after it. */
+static void plain_qk(float *s, int64_t lds, const float *q, int64_t ldq, const float *kt,
+                     int64_t mp, int64_t n, int64_t hd, float scale) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < mp; j++) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < hd; p++)
+                acc = fmaf(q[i * ldq + p], kt[p * mp + j], acc);
+            s[i * lds + j] = acc * scale;
+        }
+}
+
+static void plain_pv(float *o, int64_t ldo, const float *p, int64_t ldp, const float *v,
+                     int64_t ldv, int64_t n, int64_t m, int64_t hd, int accumulate) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t d = 0; d < hd; d++) {
+            float acc = accumulate ? o[i * ldo + d] : 0.0f;
+            for (int64_t k = 0; k < m; k++)
+                acc = fmaf(p[i * ldp + k], v[k * ldv + d], acc);
+            o[i * ldo + d] = acc;
+        }
+}
+
+static void test_attention_tiles(void **state) {
+    (void)state;
+    int ran = 0;
+    for (size_t k = 0; k < sizeof isas / sizeof isas[0]; k++) {
+        const ts_cpu_vec_t *t = table_for(isas[k]);
+        if (!t)
+            continue;
+        if (!t->att) {
+            assert_string_equal(t->name, "base"); /* only the base build has no tiles */
+            continue;
+        }
+        ran++;
+        tu_rng_t r = {31};
+        for (size_t c = 0; c < sizeof tile_cases / sizeof tile_cases[0]; c++) {
+            int64_t n = tile_cases[c][0], m = tile_cases[c][1], hd = tile_cases[c][2];
+            int64_t mp = (m + 15) / 16 * 16, ldq = 3 * hd + 5, lds = mp + 16, ldo = hd + 3;
+            float *q = tu_floats(n * ldq), *kt = tu_floats(hd * mp), *v = tu_floats(m * ldq);
+            float *s = tu_floats(n * lds), *ws = tu_floats(n * lds);
+            float *o = tu_floats(n * ldo), *wo = tu_floats(n * ldo);
+            fill(&r, q, n * ldq, -2.0f, 2.0f);
+            fill(&r, kt, hd * mp, -2.0f, 2.0f);
+            fill(&r, v, m * ldq, -2.0f, 2.0f);
+            for (int64_t i = 0; i < n * lds; i++) /* past each row's mp: never written */
+                s[i] = ws[i] = -7.0f;
+            t->att->qk(s, lds, q, ldq, kt, mp, n, hd, 0.125f);
+            plain_qk(ws, lds, q, ldq, kt, mp, n, hd, 0.125f);
+            check_bits(s, ws, n * lds, "attention scores", t->name, n, m);
+            for (int acc = 0; acc < 2; acc++) {
+                fill(&r, o, n * ldo, -1.0f, 1.0f);
+                memcpy(wo, o, (size_t)(n * ldo) * sizeof *o);
+                t->att->pv(o, ldo, s, lds, v, ldq, n, m, hd, acc);
+                plain_pv(wo, ldo, s, lds, v, ldq, n, m, hd, acc);
+                check_bits(o, wo, n * ldo,
+                           acc ? "attention output, accumulated" : "attention output", t->name, n,
+                           hd);
+            }
+            free(q), free(kt), free(v), free(s), free(ws), free(o), free(wo);
+        }
+    }
+    if (!ran)
+        printf("# attention tiles: no AVX2 or AVX-512 build on this CPU, nothing to check\n");
+}
+
 /* ---- the engine ------------------------------------------------------------------------ */
 
 /* A 2-thread CPU engine on the build for isa; 0 when this CPU does not run it. */
@@ -271,6 +347,11 @@ static void test_engine_fused(void **state) {
         ts_engine_t e;
         if (!engine_for(&e, isas[k]))
             continue;
+        /* the device class says when the attention's products are OpenBLAS's (the base build) */
+        char cls[128];
+        ts_engine_device_class(&e, cls, sizeof cls);
+        if ((strstr(cls, "+base") != NULL) != (e.vec->att == NULL))
+            fail_msg("engine %s: device class %s", isas[k], cls);
         tu_rng_t r = {24};
         for (size_t c = 0; c < sizeof ada_cases / sizeof ada_cases[0]; c++) {
             int64_t B = ada_cases[c][0], T = ada_cases[c][1], C = ada_cases[c][2];
@@ -353,9 +434,8 @@ static void test_engine_fused(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_rows),         cmocka_unit_test(test_attention_tiles),
         cmocka_unit_test(test_engine_fused),
     };
     return cmocka_run_group_tests_name("cpu_vec", tests, NULL, NULL);

@@ -16,8 +16,10 @@
  * dK += scale · dSᵀ Q. Its tasks are whole heads, not query blocks: every query block adds into
  * the same dK and dV rows, and a head per task keeps those sums in one fixed order.
  *
- * Products. fp32: single-threaded OpenBLAS on the blocks (the pool owns the cores, as in
- * cpu_gemm.c). bf16: a kernel of AVX-512 BF16 dot products (vdpbf16ps: two bf16 products added to
+ * Products. fp32 forward: the block-product tiles of kernels/cpu/att_tile.c (AVX2 or AVX-512
+ * registers, one FMA chain per output; a task range transposes a head's keys once for the tasks
+ * that share them), or single-threaded OpenBLAS on the blocks in the base build; fp32 backward:
+ * single-threaded OpenBLAS (the pool owns the cores, as in cpu_gemm.c). bf16: a kernel of AVX-512 BF16 dot products (vdpbf16ps: two bf16 products added to
  * an fp32 lane), q, k, v and the unnormalised weights e^(S − m) rounded to bf16 (nearest even, the
  * CPU's vcvtneps2bf16 as in cpu_bf16.c), fp32 accumulation, the softmax in fp32. It runs where the
  * CPU has AVX-512 BF16 (checked once, at run time) and the compiler knows the instructions;
@@ -112,43 +114,81 @@ static void task_of(const att_job_t *j, int64_t t, int64_t *b, int64_t *h, int64
 
 /* ---- fp32 forward ---------------------------------------------------------------------------- */
 
-/* Rows r0..r0+n of head h of sample b; s is (BQ, BK) scratch. */
-static void fwd_block_f32(const att_job_t *j, float *s, int64_t b, int64_t h, int64_t r0) {
+/* A forward task range's scratch: the scores, and (with the block-product tiles) the keys of the
+ * last head and key block transposed, kept while consecutive tasks share them. */
+typedef struct {
+    float *s;        /* (BQ, BK) */
+    float *kt;       /* (hd, BK), or NULL without the tiles */
+    int64_t kt_head; /* b·H + h of kt's keys, −1 for none */
+    int64_t kt_k0;
+} fwd_scratch_t;
+
+/* m keys of one head (row stride ld) into kt (hd, mp), columns past m zero. */
+static void transpose_keys(float *kt, const float *k, int64_t m, int64_t mp, int64_t hd,
+                           int64_t ld) {
+    for (int64_t p = 0; p < hd; p++) {
+        float *row = kt + p * mp;
+        for (int64_t c = 0; c < m; c++)
+            row[c] = k[c * ld + p];
+        for (int64_t c = m; c < mp; c++)
+            row[c] = 0.0f;
+    }
+}
+
+/* Rows r0..r0+n of head h of sample b. */
+static void fwd_block_f32(const att_job_t *j, fwd_scratch_t *w, int64_t b, int64_t h, int64_t r0) {
     int64_t T = j->T, C = j->C, hd = j->hd, ld = 3 * C, n = min64(BQ, T - r0);
     const float *q = j->qkv + (b * T + r0) * ld + h * hd;
     const float *k = j->qkv + b * T * ld + C + h * hd, *v = k + C;
-    float *o = j->out + (b * T + r0) * C + h * hd;
+    float *o = j->out + (b * T + r0) * C + h * hd, *s = w->s;
+    const ts_cpu_att_tiles_t *tiles = w->kt ? j->vec->att : NULL;
     float mx[BQ], l[BQ], alpha[BQ];
     for (int64_t k0 = 0; k0 < T; k0 += BK) {
-        int64_t m = min64(BK, T - k0);
+        int64_t m = min64(BK, T - k0), mp = tiles ? (m + 15) / 16 * 16 : m;
         /* s (n, m) = scale · Q_blk · K_blkᵀ */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)hd, j->scale, q,
-                    (int)ld, k + k0 * ld, (int)ld, 0.0f, s, (int)m);
-        online_softmax(j->vec, s, n, m, m, mx, l, alpha, k0 == 0);
+        if (tiles) {
+            if (w->kt_head != b * j->H + h || w->kt_k0 != k0) {
+                transpose_keys(w->kt, k + k0 * ld, m, mp, hd, ld);
+                w->kt_head = b * j->H + h, w->kt_k0 = k0;
+            }
+            tiles->qk(s, mp, q, ld, w->kt, mp, n, hd, j->scale);
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)hd, j->scale,
+                        q, (int)ld, k + k0 * ld, (int)ld, 0.0f, s, (int)m);
+        }
+        online_softmax(j->vec, s, n, m, mp, mx, l, alpha, k0 == 0);
         if (k0 > 0)
             for (int64_t i = 0; i < n; i++)
                 for (int64_t d = 0; d < hd; d++)
                     o[i * C + d] *= alpha[i];
         /* O_blk (n, hd) = (first block ? 0 : O_blk) + P · V_blk */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)hd, (int)m, 1.0f, s,
-                    (int)m, v + k0 * ld, (int)ld, k0 == 0 ? 0.0f : 1.0f, o, (int)C);
+        if (tiles)
+            tiles->pv(o, C, s, mp, v + k0 * ld, ld, n, m, hd, k0 > 0);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)hd, (int)m, 1.0f, s,
+                        (int)mp, v + k0 * ld, (int)ld, k0 == 0 ? 0.0f : 1.0f, o, (int)C);
     }
     finish_rows(o, n, hd, C, mx, l, j->lse ? j->lse + (b * j->H + h) * T + r0 : NULL);
 }
 
 static void fwd_range_f32(void *arg, int64_t lo, int64_t hi) {
     att_job_t *j = arg;
-    float *s = malloc((size_t)BQ * BK * sizeof *s);
-    if (!s) {
+    fwd_scratch_t w = {.s = malloc((size_t)BQ * BK * sizeof(float)), .kt_head = -1};
+    if (j->vec->att)
+        w.kt = malloc((size_t)j->hd * BK * sizeof(float));
+    if (!w.s || (j->vec->att && !w.kt)) {
         j->failed = 1;
+        free(w.s);
+        free(w.kt);
         return;
     }
     for (int64_t t = lo; t < hi; t++) {
         int64_t b, h, r0;
         task_of(j, t, &b, &h, &r0);
-        fwd_block_f32(j, s, b, h, r0);
+        fwd_block_f32(j, &w, b, h, r0);
     }
-    free(s);
+    free(w.s);
+    free(w.kt);
 }
 
 static att_job_t job_of(const ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H) {
@@ -326,8 +366,8 @@ BF16_TARGET static void pack_rows_as_b(uint16_t *dst16, uint16_t *tmp, const flo
     uint32_t *dst = (uint32_t *)dst16;
     for (int64_t p = 0; p < m2 / 2; p++)
         for (int64_t d = 0; d < hv; d++)
-            dst[p * hv + d] =
-                (uint32_t)tmp[2 * p * hv + d] | (uint32_t)tmp[(2 * p + 1) * hv + d] << 16;
+            dst[p * hv + d] = (uint32_t)tmp[2 * p * hv + d] | (uint32_t)tmp[(2 * p + 1) * hv + d]
+                                                                  << 16;
 }
 
 /* The m value rows v into w->v as B of P · V (pack_rows_as_b). */
@@ -444,20 +484,20 @@ static void fwd_range_bf16(void *arg, int64_t lo, int64_t hi) {
  * product_bf16 reads (rows of pairs for A; [pair][column][2] for B). */
 typedef struct {
     int64_t hp, hv;
-    float *p, *ds;   /* (BQ, BK) P = e^(S − lse), then dP and dS */
-    float *acc;      /* (max(BQ, BK), hv) one product's result before it is added to dqkv */
-    uint16_t *q;     /* (BQ, hp) rows: the query block (for S) */
-    uint16_t *dor;   /* (BQ, hp) rows: the dO block (for dP) */
-    uint16_t *kk;    /* (hp/2, BK, 2): keys as B of S = Q Kᵀ */
-    uint16_t *vk;    /* (hp/2, BK, 2): values as B of dP = dO Vᵀ */
-    uint16_t *kv;    /* (BK/2, hv, 2): keys as B of dQ = dS K */
-    uint16_t *dov;   /* (BQ/2, hv, 2): dO as B of dV = Pᵀ dO */
-    uint16_t *qv;    /* (BQ/2, hv, 2): queries as B of dK = dSᵀ Q */
-    uint16_t *pt;    /* (BK, BQ) rows: Pᵀ */
-    uint16_t *dsr;   /* (BQ, BK) rows: dS */
-    uint16_t *dst;   /* (BK, BQ) rows: dSᵀ */
-    uint16_t *tmp;   /* (max(BQ, BK), max(hp, hv)) rows rounded before they are interleaved */
-    float *tr;       /* (BK, BQ) a transposed fp32 block before rounding */
+    float *p, *ds; /* (BQ, BK) P = e^(S − lse), then dP and dS */
+    float *acc;    /* (max(BQ, BK), hv) one product's result before it is added to dqkv */
+    uint16_t *q;   /* (BQ, hp) rows: the query block (for S) */
+    uint16_t *dor; /* (BQ, hp) rows: the dO block (for dP) */
+    uint16_t *kk;  /* (hp/2, BK, 2): keys as B of S = Q Kᵀ */
+    uint16_t *vk;  /* (hp/2, BK, 2): values as B of dP = dO Vᵀ */
+    uint16_t *kv;  /* (BK/2, hv, 2): keys as B of dQ = dS K */
+    uint16_t *dov; /* (BQ/2, hv, 2): dO as B of dV = Pᵀ dO */
+    uint16_t *qv;  /* (BQ/2, hv, 2): queries as B of dK = dSᵀ Q */
+    uint16_t *pt;  /* (BK, BQ) rows: Pᵀ */
+    uint16_t *dsr; /* (BQ, BK) rows: dS */
+    uint16_t *dst; /* (BK, BQ) rows: dSᵀ */
+    uint16_t *tmp; /* (max(BQ, BK), max(hp, hv)) rows rounded before they are interleaved */
+    float *tr;     /* (BK, BQ) a transposed fp32 block before rounding */
     void *mem;
 } bf16_bwd_t;
 

@@ -2,7 +2,9 @@
  * vec.c — the CPU backend's hot loops (kernels/cpu/vec.h), compiled once per instruction set.
  *
  * kernels/CMakeLists.txt builds this file three times, defining TS_VEC_ISA as avx512, avx2 or
- * base and passing -mavx512f, -mavx2 or nothing; each build defines one table,
+ * base and passing -mavx512f, -mavx2 (each with -mfma, for kernels/cpu/att_tile.c's explicit
+ * fused multiply-adds; -ffp-contract=off keeps these loops unfused) or nothing; each build
+ * defines one table,
  * ts_cpu_vec_<isa>. The base build also defines ts_cpu_vec_pick (TS_VEC_PICK), which chooses
  * among the three at engine start. Every build gets -fno-math-errno: sqrtf (AdamW) then
  * vectorises — its result is the correctly rounded root either way; only errno is not set, and
@@ -191,6 +193,13 @@ static float exp_sum(float *x, int64_t n, float sub) {
     return total;
 }
 
+#ifdef TS_VEC_ATT /* the AVX2 and AVX-512 builds: kernels/cpu/att_tile.c */
+extern const ts_cpu_att_tiles_t VEC_CAT(ts_cpu_att_tiles_, TS_VEC_ISA);
+#define ATT_TILES (&VEC_CAT(ts_cpu_att_tiles_, TS_VEC_ISA))
+#else
+#define ATT_TILES NULL
+#endif
+
 extern const ts_cpu_vec_t VEC_CAT(ts_cpu_vec_, TS_VEC_ISA);
 const ts_cpu_vec_t VEC_CAT(ts_cpu_vec_, TS_VEC_ISA) = {
     .name = VEC_STR(TS_VEC_ISA),
@@ -205,6 +214,7 @@ const ts_cpu_vec_t VEC_CAT(ts_cpu_vec_, TS_VEC_ISA) = {
     .axpy = axpy,
     .exp_sub = exp_sub,
     .exp_sum = exp_sum,
+    .att = ATT_TILES,
 };
 
 #ifdef TS_VEC_PICK
@@ -222,7 +232,7 @@ const ts_cpu_vec_t *ts_cpu_vec_pick(const char *cap) {
     __builtin_cpu_init();
     if (rank >= 2 && __builtin_cpu_supports("avx512f"))
         return &ts_cpu_vec_avx512;
-    if (rank >= 1 && __builtin_cpu_supports("avx2"))
+    if (rank >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return &ts_cpu_vec_avx2;
     return &ts_cpu_vec_base;
 }

@@ -15,13 +15,27 @@
  * the plain loops, with memcmp, on sizes with tails.
  *
  * What is not here: the GEMMs (OpenBLAS picks its own kernels), softmax and attention (the
- * attention kernel's own file, which takes its exponentials from here), the reductions in double
+ * attention kernel's own file, which takes its exponentials from here and, in the AVX2 and
+ * AVX-512 builds, its block products from kernels/cpu/att_tile.c), the reductions in double
  * (their order is their rounding).
  */
 #ifndef TS_CPU_VEC_H
 #define TS_CPU_VEC_H
 
 #include <stdint.h>
+
+/* The fp32 fused attention's block products (kernels/cpu/att_tile.c): one FMA chain per output in
+ * the order of the summed index, so the AVX-512 and AVX2 builds give the same bits. */
+typedef struct ts_cpu_att_tiles {
+    /* s[i·lds + j] = scale · Σ_p q[i·ldq + p] · kt[p·mp + j], for i < n, j < mp; kt is (hd, mp)
+     * with mp a multiple of 16 */
+    void (*qk)(float *s, int64_t lds, const float *q, int64_t ldq, const float *kt, int64_t mp,
+               int64_t n, int64_t hd, float scale);
+    /* o[i·ldo + d] = (accumulate ? o[i·ldo + d] : 0) + Σ_k p[i·ldp + k] · v[k·ldv + d], for
+     * i < n, d < hd, k < m */
+    void (*pv)(float *o, int64_t ldo, const float *p, int64_t ldp, const float *v, int64_t ldv,
+               int64_t n, int64_t m, int64_t hd, int accumulate);
+} ts_cpu_att_tiles_t;
 
 typedef struct ts_cpu_vec {
     const char *name; /* "avx512", "avx2" or "base" */
@@ -57,6 +71,8 @@ typedef struct ts_cpu_vec {
     /* exp_sub, and returns Σ x[i]: TS_EXP_LANES chains (element i in chain i mod TS_EXP_LANES,
      * the tail past the last full group in chain 0), added in chain order at the end */
     float (*exp_sum)(float *x, int64_t n, float sub);
+    /* the fp32 fused attention's products; NULL in the base build (OpenBLAS's there) */
+    const ts_cpu_att_tiles_t *att;
 } ts_cpu_vec_t;
 
 #define TS_EXP_LANES 16
