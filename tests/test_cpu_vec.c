@@ -9,7 +9,8 @@
  *     with memcmp, on sizes with vector tails (1, 3, 13, 31, 129 …) and LayerNorm's row blocks
  *     cut short (7, 9, 17 rows);
  *   - the fused attention's block products (vec.h att, the AVX2 and AVX-512 builds) against one
- *     fmaf chain per output, on the presets' blocks and every row and column tail;
+ *     fmaf chain per output, and its keys' transpose against the plain loop, on the presets'
+ *     blocks and every row and column tail;
  *   - the engine: an engine started under TESSERA_CPU_ISA=<isa> runs the fused ops
  *     (ts_layernorm_modulate_forward, ts_linear_gelu_forward) and AdamW, EMA, GELU; their outputs
  *     must equal, bit for bit, the unfused ops on an engine capped to the base build.
@@ -295,6 +296,16 @@ static void test_attention_tiles(void **state) {
             fill(&r, q, n * ldq, -2.0f, 2.0f);
             fill(&r, kt, hd * mp, -2.0f, 2.0f);
             fill(&r, v, m * ldq, -2.0f, 2.0f);
+            /* the keys' transpose: kt from v read as (m, hd) rows of stride ldq, zero past m */
+            float *kk = tu_floats(hd * mp), *wk = tu_floats(hd * mp);
+            for (int64_t i = 0; i < hd * mp; i++)
+                kk[i] = -7.0f;
+            for (int64_t p = 0; p < hd; p++)
+                for (int64_t j = 0; j < mp; j++)
+                    wk[p * mp + j] = j < m ? v[j * ldq + p] : 0.0f;
+            t->att->kt(kk, v, m, mp, hd, ldq);
+            check_bits(kk, wk, hd * mp, "keys transposed", t->name, m, hd);
+            free(kk), free(wk);
             for (int64_t i = 0; i < n * lds; i++) /* past each row's mp: never written */
                 s[i] = ws[i] = -7.0f;
             t->att->qk(s, lds, q, ldq, kt, mp, n, hd, 0.125f);

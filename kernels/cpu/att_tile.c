@@ -186,5 +186,44 @@ static void att_pv(float *o, int64_t ldo, const float *p, int64_t ldp, const flo
     }
 }
 
+/* ---- the keys, transposed ---------------------------------------------------------------- */
+
+/* 8 rows of 8 floats (row stride lds) into 8 rows of 8 (row stride ldd), transposed in AVX
+ * registers (both builds have AVX). */
+INLINE void transpose8(float *dst, int64_t ldd, const float *src, int64_t lds) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+
+static void att_kt(float *kt, const float *k, int64_t m, int64_t mp, int64_t hd, int64_t ld) {
+    int64_t c = 0, h8 = hd / 8 * 8;
+    for (; c + 8 <= m; c += 8)
+        for (int64_t p = 0; p < h8; p += 8)
+            transpose8(kt + p * mp + c, mp, k + c * ld + p, ld);
+    for (int64_t p = 0; p < hd; p++) { /* the rows and columns the 8 × 8 blocks left */
+        float *row = kt + p * mp;
+        for (int64_t cc = p < h8 ? c : 0; cc < m; cc++)
+            row[cc] = k[cc * ld + p];
+        for (int64_t cc = m; cc < mp; cc++)
+            row[cc] = 0.0f;
+    }
+}
+
 extern const ts_cpu_att_tiles_t VEC_CAT(ts_cpu_att_tiles_, TS_VEC_ISA);
-const ts_cpu_att_tiles_t VEC_CAT(ts_cpu_att_tiles_, TS_VEC_ISA) = {.qk = att_qk, .pv = att_pv};
+const ts_cpu_att_tiles_t VEC_CAT(ts_cpu_att_tiles_,
+                                 TS_VEC_ISA) = {.kt = att_kt, .qk = att_qk, .pv = att_pv};

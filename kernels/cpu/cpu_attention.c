@@ -123,18 +123,6 @@ typedef struct {
     int64_t kt_k0;
 } fwd_scratch_t;
 
-/* m keys of one head (row stride ld) into kt (hd, mp), columns past m zero. */
-static void transpose_keys(float *kt, const float *k, int64_t m, int64_t mp, int64_t hd,
-                           int64_t ld) {
-    for (int64_t p = 0; p < hd; p++) {
-        float *row = kt + p * mp;
-        for (int64_t c = 0; c < m; c++)
-            row[c] = k[c * ld + p];
-        for (int64_t c = m; c < mp; c++)
-            row[c] = 0.0f;
-    }
-}
-
 /* Rows r0..r0+n of head h of sample b. */
 static void fwd_block_f32(const att_job_t *j, fwd_scratch_t *w, int64_t b, int64_t h, int64_t r0) {
     int64_t T = j->T, C = j->C, hd = j->hd, ld = 3 * C, n = min64(BQ, T - r0);
@@ -148,7 +136,7 @@ static void fwd_block_f32(const att_job_t *j, fwd_scratch_t *w, int64_t b, int64
         /* s (n, m) = scale · Q_blk · K_blkᵀ */
         if (tiles) {
             if (w->kt_head != b * j->H + h || w->kt_k0 != k0) {
-                transpose_keys(w->kt, k + k0 * ld, m, mp, hd, ld);
+                tiles->kt(w->kt, k + k0 * ld, m, mp, hd, ld);
                 w->kt_head = b * j->H + h, w->kt_k0 = k0;
             }
             tiles->qk(s, mp, q, ld, w->kt, mp, n, hd, j->scale);

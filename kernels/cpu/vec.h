@@ -27,6 +27,8 @@
 /* The fp32 fused attention's block products (kernels/cpu/att_tile.c): one FMA chain per output in
  * the order of the summed index, so the AVX-512 and AVX2 builds give the same bits. */
 typedef struct ts_cpu_att_tiles {
+    /* kt (hd, mp) = the transpose of k (m, hd), row stride ld; kt's columns m..mp zero */
+    void (*kt)(float *kt, const float *k, int64_t m, int64_t mp, int64_t hd, int64_t ld);
     /* s[i·lds + j] = scale · Σ_p q[i·ldq + p] · kt[p·mp + j], for i < n, j < mp; kt is (hd, mp)
      * with mp a multiple of 16 */
     void (*qk)(float *s, int64_t lds, const float *q, int64_t ldq, const float *kt, int64_t mp,
