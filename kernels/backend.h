@@ -169,6 +169,16 @@ extern "C" {
     X(im2col, float *col, const float *img, int64_t C, int64_t H, int64_t W, int64_t kh,          \
       int64_t kw, int64_t stride, int64_t pad_top, int64_t pad_left, int64_t Wo, int64_t oy0,      \
       int64_t rows)                                                                                \
+    /* im2col with each element rounded to lp (bf16 or f16, nearest even): the 16-bit operand of \
+     * a conv's product, written once instead of rounded by the product */                       \
+    X(im2col_lp, uint16_t *col, ts_dtype_t lp, const float *img, int64_t C, int64_t H, int64_t W, \
+      int64_t kh, int64_t kw, int64_t stride, int64_t pad_top, int64_t pad_left, int64_t Wo,      \
+      int64_t oy0, int64_t rows)                                                                  \
+    /* C (M, N), row stride ldc = A (M, K) · B (K, N), both lp (bf16 or f16) already, fp32         \
+     * accumulation: gemm_bf16 / gemm_f16 without their rounding of the operands (the GPU: one     \
+     * cuBLAS product on tensor cores; the CPU widens the operands, exactly, and runs those) */    \
+    X(gemm_lp_in, ts_dtype_t lp, int64_t M, int64_t N, int64_t K, const uint16_t *A, int64_t lda,  \
+      const uint16_t *B, int64_t ldb, float *C, int64_t ldc)                                      \
     /* x (B, C, S) += bias (C), per channel */                                                     \
     X(add_channel_bias, float *x, const float *bias, int64_t B, int64_t C, int64_t S)              \
     /* GroupNorm: out, inp (B, C, S), statistics over each group of C/G channels × S; weight,     \

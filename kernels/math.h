@@ -451,6 +451,16 @@ TS_HD int64_t ts_im2col_src(int64_t r, int64_t t, int64_t ox, int64_t H, int64_t
     return iy < 0 || iy >= H || ix < 0 || ix >= W ? -1 : (c * H + iy) * W + ix;
 }
 
+/* Element (r, t, ox) of a tile's col matrix (ts_im2col_src) rounded to 16 bits, nearest even:
+ * bf16 when bf16, else f16 — what the conv's 16-bit product reads (im2col_lp, CPU and GPU). */
+TS_HD uint16_t ts_im2col_lp_elem(const float *img, int bf16, int64_t r, int64_t t, int64_t ox,
+                                 int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t stride,
+                                 int64_t pad_top, int64_t pad_left, int64_t oy0) {
+    int64_t src = ts_im2col_src(r, t, ox, H, W, kh, kw, stride, pad_top, pad_left, oy0);
+    float v = src < 0 ? 0.0f : img[src];
+    return bf16 ? ts_f32_to_bf16(v) : ts_f32_to_f16(v);
+}
+
 /* The channel of element i of a (B, C, S) tensor: the bias k_channel_bias adds to it. */
 TS_HD int64_t ts_channel_of(int64_t i, int64_t C, int64_t S) { return i / S % C; }
 

@@ -242,7 +242,7 @@ int ts_unpatchify_forward(ts_engine_t *e, ts_tensor_t *img, const ts_tensor_t *t
 int ts_unpatchify_backward(ts_engine_t *e, ts_tensor_t *dtok, const ts_tensor_t *dimg, int p);
 
 /* ---- images (NCHW), for the VAE: kernels/ops_image.c ------------------------------------ */
-/* Inference only (no backward). The CUDA backend answers TS_ENOTSUP for all four. */
+/* Inference only (no backward), on the CPU and CUDA backends. */
 
 /* A 2-D convolution's stride and zero padding, each side on its own (a downsampler pads only
  * the bottom and the right). */
@@ -250,7 +250,10 @@ typedef struct ts_conv2d {
     int stride;
     int pad_top, pad_bottom, pad_left, pad_right;
     /* the products: f32 (zeroed), or bf16 / f16 — the weight and the patches rounded, fp32
-     * accumulation, out and bias fp32 (TS_ENOTSUP where that precision cannot run) */
+     * accumulation, out and bias fp32 (TS_ENOTSUP where that precision cannot run). A weight
+     * given in that precision already (converted once by its owner) is not rounded again, and
+     * the patches are then written in 16 bits (im2col_lp): no product rounds an operand, and
+     * the bits are those of the fp32 weight at the same tile */
     ts_precision_t precision;
 } ts_conv2d_t;
 
@@ -258,8 +261,9 @@ typedef struct ts_conv2d {
  * does not fit in the padded input (or an argument is out of range). */
 int64_t ts_conv2d_out_dim(int64_t in, int64_t k, int stride, int pad_a, int pad_b);
 /* The fewest floats of scratch ts_conv2d_forward takes for this input, weight and geometry:
- * one output row's patches, Cin·kh·kw·Wo; 0 for a 1×1 kernel of stride 1 without padding (it
- * reads the input directly). −1 when the shapes are not a conv's. */
+ * one output row's patches, Cin·kh·kw·Wo; 0 for a 1×1 kernel of stride 1 without padding and an
+ * fp32 weight (it reads the input directly; a 16-bit weight needs its patches in 16 bits, two to
+ * a float of scratch). −1 when the shapes are not a conv's. */
 int64_t ts_conv2d_scratch_min(const ts_tensor_t *inp, const ts_tensor_t *weight,
                               const ts_conv2d_t *g);
 /* out (B, Cout, Ho, Wo) = conv2d(inp (B, Cin, H, W), weight (Cout, Cin, kh, kw)) + bias (Cout,

@@ -12,6 +12,10 @@
  *     out += bias per channel
  *
  * A 1×1 kernel of stride 1 without padding skips im2col: the image already is its col matrix.
+ * At bf16 or f16 with a weight already in that precision (the VAE converts its weights once),
+ * col is written in 16 bits (im2col_lp) and the product takes both operands as they are
+ * (gemm_lp_in): on a GPU no rounding kernel runs per tile; the bits are those of the fp32
+ * weight's product, which rounds the same values.
  * The tile is as many whole output rows as scratch holds, so the working memory is the caller's
  * choice (the VAE's decoder would need 600 MB of col for one 256×256 layer at once).
  */
@@ -43,9 +47,16 @@ int64_t ts_conv2d_out_dim(int64_t in, int64_t k, int stride, int pad_a, int pad_
     return span < 0 ? 0 : span / stride + 1;
 }
 
+/* A weight already in the conv's 16-bit precision (bf16 or f16, converted once by its owner):
+ * the conv then runs on 16-bit operands end to end (im2col_lp, gemm_lp_in). */
+static int lp_weight(const ts_tensor_t *weight, const ts_conv2d_t *g) {
+    return g->precision != TS_PREC_F32 && weight->dtype == ts_precision_dtype(g->precision);
+}
+
 static int direct_conv(const ts_tensor_t *weight, const ts_conv2d_t *g) {
-    return weight->shape[2] == 1 && weight->shape[3] == 1 && g->stride == 1 && g->pad_top == 0 &&
-           g->pad_bottom == 0 && g->pad_left == 0 && g->pad_right == 0;
+    return !lp_weight(weight, g) && weight->shape[2] == 1 && weight->shape[3] == 1 &&
+           g->stride == 1 && g->pad_top == 0 && g->pad_bottom == 0 && g->pad_left == 0 &&
+           g->pad_right == 0;
 }
 
 int64_t ts_conv2d_scratch_min(const ts_tensor_t *inp, const ts_tensor_t *weight,
@@ -67,7 +78,11 @@ static int check_conv(ts_engine_t *e, const ts_tensor_t *out, const ts_tensor_t 
                       const ts_tensor_t *weight, const ts_tensor_t *bias, const ts_conv2d_t *g) {
     TS_TRY(check_arg(e, out));
     TS_TRY(check_arg(e, inp));
-    TS_TRY(check_arg(e, weight));
+    if (g && g->precision != TS_PREC_F32 && weight &&
+        weight->dtype == ts_precision_dtype(g->precision)) /* lp_weight */
+        TS_TRY(check_on(e, weight, weight->dtype));
+    else
+        TS_TRY(check_arg(e, weight));
     if (bias)
         TS_TRY(check_arg(e, bias));
     if (!g || g->stride < 1 || g->pad_top < 0 || g->pad_bottom < 0 || g->pad_left < 0 ||
@@ -103,7 +118,7 @@ int ts_conv2d_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
     const int64_t B = inp->shape[0], Cin = inp->shape[1], H = inp->shape[2], W = inp->shape[3];
     const int64_t Cout = weight->shape[0], kh = weight->shape[2], kw = weight->shape[3];
     const int64_t Ho = out->shape[2], Wo = out->shape[3], K = Cin * kh * kw;
-    const int direct = direct_conv(weight, g);
+    const int direct = direct_conv(weight, g), lpw = lp_weight(weight, g);
     int64_t tile = Ho; /* output rows per GEMM */
     if (!direct) {
         if (!scratch)
@@ -111,7 +126,8 @@ int ts_conv2d_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
         TS_TRY(check_arg(e, scratch));
         if (overlaps(scratch, out) || overlaps(scratch, inp))
             return TS_EINVAL;
-        tile = ts_tensor_numel(scratch) / (K * Wo);
+        /* a 16-bit col takes half an F32 element per entry */
+        tile = ts_tensor_numel(scratch) * (lpw ? 2 : 1) / (K * Wo);
         if (tile < 1)
             return TS_EINVAL; /* smaller than ts_conv2d_scratch_min */
         tile = tile < Ho ? tile : Ho;
@@ -121,6 +137,14 @@ int ts_conv2d_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
         float *o = F(out) + b * Cout * Ho * Wo;
         for (int64_t oy0 = 0; oy0 < Ho; oy0 += tile) {
             int64_t rows = Ho - oy0 < tile ? Ho - oy0 : tile, N = rows * Wo;
+            if (lpw) { /* 16-bit operands end to end: col rounded as written, no product rounds */
+                uint16_t *col16 = (uint16_t *)scratch->data;
+                TS_TRY(DISPATCH(e, im2col_lp, col16, lp, img, Cin, H, W, kh, kw, g->stride,
+                                g->pad_top, g->pad_left, Wo, oy0, rows));
+                TS_TRY(DISPATCH(e, gemm_lp_in, lp, Cout, N, K, (const uint16_t *)weight->data, K,
+                                col16, N, o + oy0 * Wo, Ho * Wo));
+                continue;
+            }
             const float *col = img;
             if (!direct) {
                 TS_TRY(DISPATCH(e, im2col, F(scratch), img, Cin, H, W, kh, kw, g->stride,

@@ -36,6 +36,7 @@
 
 typedef struct {
     ts_tensor_t w, b; /* w (Cout, Cin, k, k), b (Cout) */
+    ts_tensor_t wlp;  /* w in 16 bits, a view of the lp slab (ts_vae_t lslab); data NULL without */
 } vae_conv_t;
 
 typedef struct {
@@ -124,11 +125,13 @@ int ts_vae_factor(const ts_vae_config_t *c) { return 1 << (c->n_blocks - 1); }
 
 typedef struct {
     ts_vae_t *m;
-    int64_t offset;  /* floats registered so far */
-    int count;       /* entries registered so far */
-    float *base;     /* the slab the views point into; NULL in the counting pass */
-    ts_device_t dev; /* where base is (the CPU slab, or its copy on a GPU) */
-    int table;       /* fill m->params (the CPU slab's pass) */
+    int64_t offset;          /* floats registered so far */
+    int count;               /* entries registered so far */
+    float *base;             /* the slab the views point into; NULL in the counting pass */
+    ts_device_t dev;         /* where base is (the CPU slab, or its copy on a GPU) */
+    int table;               /* fill m->params (the CPU slab's pass) */
+    const uint16_t *lp_base; /* the slab in 16 bits (the convs' wlp views), or NULL */
+    ts_dtype_t lp;
 } builder_t;
 
 #define NAME_LEN 80 /* sizeof ts_vae_param_t.name; the longest name here is about 55 */
@@ -172,7 +175,12 @@ static void build_conv(builder_t *b, vae_conv_t *c, const char *name, int64_t co
                        int64_t k) {
     char n[NAME_LEN];
     join(n, name, ".weight");
+    int64_t at = b->offset;
     view(b, &c->w, param(b, n, 0, 4, TS_SHAPE(cout, cin, k, k)), 4, TS_SHAPE(cout, cin, k, k));
+    memset(&c->wlp, 0, sizeof c->wlp);
+    if (b->lp_base)
+        ts_tensor_wrap(&c->wlp, (void *)(b->lp_base + at), b->lp, b->dev, 4,
+                       TS_SHAPE(cout, cin, k, k));
     join(n, name, ".bias");
     view(b, &c->b, param(b, n, 0, 1, TS_SHAPE(cout)), 1, TS_SHAPE(cout));
 }
@@ -299,7 +307,7 @@ int ts_vae_new(ts_vae_t **out, const ts_vae_config_t *cfg, char *err, size_t err
     }
     m->cfg = *cfg;
     m->net = net;
-    builder_t count = {m, 0, 0, NULL, TS_CPU, 0};
+    builder_t count = {m, 0, 0, NULL, TS_CPU, 0, NULL, TS_F32};
     build_net(&count, cfg, net);
     m->params = calloc((size_t)count.count, sizeof *m->params);
     int rc = m->params ? ts_tensor_alloc(&m->slab, TS_F32, TS_CPU, 1, TS_SHAPE(count.offset))
@@ -309,7 +317,7 @@ int ts_vae_new(ts_vae_t **out, const ts_vae_config_t *cfg, char *err, size_t err
         return ts_fail(err, errlen, rc, "cannot allocate the VAE's %lld parameters",
                        (long long)count.offset);
     }
-    builder_t fill = {m, 0, 0, m->slab.data, TS_CPU, 1};
+    builder_t fill = {m, 0, 0, m->slab.data, TS_CPU, 1, NULL, TS_F32};
     build_net(&fill, cfg, net);
     m->n_params = fill.count;
     *out = m;
@@ -320,6 +328,8 @@ void ts_vae_free(ts_vae_t *m) {
     if (!m)
         return;
     ts_tensor_free(&m->dslab);
+    ts_tensor_free(&m->lslab);
+    ts_tensor_free(&m->dlslab);
     free(m->dnet);
     ts_tensor_free(&m->slab);
     ts_tensor_free(&m->work);
@@ -332,7 +342,35 @@ int64_t ts_vae_numel(const ts_vae_t *m) { return ts_tensor_numel(&m->slab); }
 
 void ts_vae_weights_changed(ts_vae_t *m) {
     if (m)
-        m->dslab_stale = 1;
+        m->dslab_stale = m->lslab_stale = m->dlslab_stale = 1;
+}
+
+/* At a 16-bit precision: the slab of e's net (src) converted into *ls once, and net's convs given
+ * views of it (wlp); again after the weights changed or the precision did. */
+static int lp_views(ts_vae_t *m, ts_engine_t *e, const ts_tensor_t *src, ts_tensor_t *ls,
+                    int *stale, struct ts_vae_net *net, char *err, size_t errlen) {
+    if (m->precision == TS_PREC_F32)
+        return TS_OK;
+    ts_dtype_t lp = ts_precision_dtype(m->precision);
+    if (!ls->data || ls->dtype != lp || ls->device != src->device) {
+        ts_tensor_free(ls);
+        int rc = ts_tensor_alloc(ls, lp, src->device, 1, TS_SHAPE(ts_tensor_numel(src)));
+        if (rc != TS_OK)
+            return ts_fail(err, errlen, rc, "cannot allocate the VAE's %s weights (%.1f MiB)",
+                           ts_precision_name(m->precision),
+                           (double)ts_tensor_numel(src) * 2.0 / 1048576.0);
+        *stale = 1;
+    }
+    if (*stale) {
+        int rc = ts_convert(e, ls, src);
+        if (rc != TS_OK)
+            return ts_fail(err, errlen, rc, "cannot convert the VAE's weights to %s",
+                           ts_precision_name(m->precision));
+        builder_t b = {m, 0, 0, src->data, src->device, 0, ls->data, lp};
+        build_net(&b, &m->cfg, net);
+        *stale = 0;
+    }
+    return TS_OK;
 }
 
 /* The views a forward on e runs: the CPU slab's, or those of its copy on e's device, made (or
@@ -341,7 +379,7 @@ static int net_for(ts_vae_t *m, ts_engine_t *e, const struct ts_vae_net **net, c
                    size_t errlen) {
     if (e->device == TS_CPU) {
         *net = m->net;
-        return TS_OK;
+        return lp_views(m, e, &m->slab, &m->lslab, &m->lslab_stale, m->net, err, errlen);
     }
     if (!m->dslab.data || m->dslab.device != e->device || m->dslab_gpu != e->gpu) {
         ts_tensor_free(&m->dslab);
@@ -353,19 +391,21 @@ static int net_for(ts_vae_t *m, ts_engine_t *e, const struct ts_vae_net **net, c
         if (rc != TS_OK)
             return ts_fail(err, errlen, rc, "cannot allocate the VAE's %.1f MiB on the GPU",
                            (double)ts_tensor_nbytes(&m->slab) / 1048576.0);
-        builder_t dev = {m, 0, 0, m->dslab.data, e->device, 0};
+        builder_t dev = {m, 0, 0, m->dslab.data, e->device, 0, NULL, TS_F32};
         build_net(&dev, &m->cfg, m->dnet);
         m->dslab_gpu = e->gpu;
         m->dslab_stale = 1;
+        ts_tensor_free(&m->dlslab); /* its views were in the old net */
     }
     if (m->dslab_stale) {
         int rc = ts_tensor_copy(&m->dslab, &m->slab);
         if (rc != TS_OK)
             return ts_fail(err, errlen, rc, "cannot copy the VAE's weights to the GPU");
         m->dslab_stale = 0;
+        m->dlslab_stale = 1;
     }
     *net = m->dnet;
-    return TS_OK;
+    return lp_views(m, e, &m->dslab, &m->dlslab, &m->dlslab_stale, m->dnet, err, errlen);
 }
 
 /* ---- workspace ----------------------------------------------------------------------------- */
@@ -485,7 +525,9 @@ static int conv(run_t *r, ts_tensor_t *y, const ts_tensor_t *x, const vae_conv_t
                 const ts_conv2d_t *g) {
     ts_conv2d_t gp = *g;
     gp.precision = r->precision;
-    return ts_conv2d_forward(r->e, y, x, &c->w, &c->b, &gp, &r->scratch);
+    /* at 16 bits, the weight converted once (lp_views): no product rounds it again */
+    const ts_tensor_t *w = r->precision != TS_PREC_F32 && c->wlp.data ? &c->wlp : &c->w;
+    return ts_conv2d_forward(r->e, y, x, w, &c->b, &gp, &r->scratch);
 }
 
 /* c = α·op(a)·op(b) in the run's precision */

@@ -96,6 +96,11 @@ typedef struct ts_vae {
     struct ts_vae_net *dnet;
     int dslab_gpu, dslab_stale; /* the copy's device ordinal; the slab changed since the copy */
     int work_gpu;               /* the workspace's ordinal when it is on a GPU */
+    /* At bf16 or f16: the slab (and the GPU copy) converted once to that precision, made by the
+     * first such forward; the convolutions read their weights from it, so no product rounds a
+     * weight again (kernels/ops.h ts_conv2d_forward). Remade when the weights change. */
+    ts_tensor_t lslab, dlslab;
+    int lslab_stale, dlslab_stale;
 } ts_vae_t;
 
 /* The slab was written after a GPU forward (the loader's writes come before any): the next GPU
@@ -104,7 +109,9 @@ void ts_vae_weights_changed(ts_vae_t *m);
 
 /* The products of every convolution and of the attention in precision p: f32 (the default), bf16
  * or f16 — operands rounded, fp32 accumulation; GroupNorm, SiLU, the softmax, the residual
- * adds and every activation stay fp32. TS_ENOTSUP with the reason when e cannot run p (bf16
+ * adds and every activation stay fp32. The convolutions' weights are converted to p once, at the
+ * first forward in p (and again after ts_vae_weights_changed), and their patches written in p:
+ * no product rounds an operand per call. TS_ENOTSUP with the reason when e cannot run p (bf16
  * needs AVX-512 BF16 and oneDNN; e may be NULL: checked at the forward). */
 int ts_vae_set_precision(ts_vae_t *m, ts_engine_t *e, ts_precision_t p, char *err, size_t errlen);
 

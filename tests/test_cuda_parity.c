@@ -1278,6 +1278,41 @@ static void conv_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t Cin, int64_
     pair_free(&x), pair_free(&w), pair_free(&b), pair_free(&y), pair_free(&sc);
 }
 
+/* A conv at 16 bits with the weight converted once (the VAE's path: im2col_lp, gemm_lp_in): the
+ * GPU's output close to the CPU's, and bit for bit the GPU's own with the fp32 weight (the same
+ * rounded operands, the same tile, the same cuBLAS product). */
+static void conv_lp_case(fixture_t *fx, tu_rng_t *r, ts_precision_t prec, ts_conv2d_t g, int64_t k,
+                         const char *what) {
+    if (ts_engine_precision_check(&fx->e[0], prec, NULL, 0) != TS_OK ||
+        ts_engine_precision_check(&fx->e[1], prec, NULL, 0) != TS_OK) {
+        printf("test_cuda_parity: %-40s skipped: %s not on both engines\n", what,
+               ts_precision_name(prec));
+        return;
+    }
+    const int64_t B = 2, Cin = 32, H = 17, W = 15, Cout = 48;
+    int64_t Ho = ts_conv2d_out_dim(H, k, g.stride, g.pad_top, g.pad_bottom);
+    int64_t Wo = ts_conv2d_out_dim(W, k, g.stride, g.pad_left, g.pad_right);
+    g.precision = prec;
+    pair_t x, w, wl, b, y, y32, sc;
+    pair_rand(&x, r, -1, 1, 4, TS_SHAPE(B, Cin, H, W));
+    pair_rand(&w, r, -0.2f, 0.2f, 4, TS_SHAPE(Cout, Cin, k, k));
+    pair_alloc(&wl, ts_precision_dtype(prec), 4, TS_SHAPE(Cout, Cin, k, k));
+    pair_rand(&b, r, -1, 1, 1, TS_SHAPE(Cout));
+    pair_zeros(&y, 4, TS_SHAPE(B, Cout, Ho, Wo));
+    pair_zeros(&y32, 4, TS_SHAPE(B, Cout, Ho, Wo));
+    pair_zeros(&sc, 1, TS_SHAPE(Cin * k * k * Wo * Ho)); /* whole images, either route */
+    BOTH(ts_convert(E, ON(wl), ON(w)));
+    BOTH(ts_conv2d_forward(E, ON(y), ON(x), ON(wl), ON(b), &g, ON(sc)));
+    expect_close(fx, what, &y);
+    TU_CHECK_OK(ts_conv2d_forward(&fx->e[1], &y32.t[1], &x.t[1], &w.t[1], &b.t[1], &g, &sc.t[1]));
+    float *a = download(fx, &y), *c = download(fx, &y32);
+    if (memcmp(a, c, ts_tensor_nbytes(&y.t[0])) != 0)
+        fail_msg("%s: the 16-bit weight's output differs from the fp32 weight's on the GPU", what);
+    free(a), free(c);
+    pair_free(&x), pair_free(&w), pair_free(&wl), pair_free(&b), pair_free(&y), pair_free(&y32);
+    pair_free(&sc);
+}
+
 static void groupnorm_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t C, int64_t S, int G,
                            int silu, float offset, const char *what) {
     pair_t x, w, b, y;
@@ -1301,6 +1336,9 @@ static void test_image(void **state) {
     conv_case(fx, &r, 2, 32, 33, 31, 64, 3, same, 32 * 9 * 31 * 2, "conv2d 3x3 tiled");
     conv_case(fx, &r, 1, 16, 17, 16, 16, 3, down, 1 << 20, "conv2d 3x3 stride 2 (0,1,0,1)");
     conv_case(fx, &r, 3, 24, 9, 7, 40, 1, point, 1, "conv2d 1x1");
+    conv_lp_case(fx, &r, TS_PREC_BF16, same, 3, "conv2d 3x3 bf16, 16-bit weight");
+    conv_lp_case(fx, &r, TS_PREC_F16, down, 3, "conv2d 3x3 stride 2 f16, 16-bit weight");
+    conv_lp_case(fx, &r, TS_PREC_BF16, point, 1, "conv2d 1x1 bf16, 16-bit weight");
     groupnorm_case(fx, &r, 2, 128, 1024, 32, 0, 0, "groupnorm");
     groupnorm_case(fx, &r, 2, 64, 33, 32, 1, 0, "groupnorm + silu");
     groupnorm_case(fx, &r, 1, 8, 1000, 2, 0, 1000, "groupnorm mean 1000");

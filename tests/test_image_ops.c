@@ -112,7 +112,8 @@ static void test_conv2d_nan_spreads_to_its_outputs(void **state) {
 /* With bf16 and f16 products (ts_conv2d_t.precision): the reference on the input and weight
  * rounded to that precision (products of two such values are exact in fp32; the bias and the sums
  * stay fp32), within the fp32 bound; and not the unrounded reference, so the rounding happened.
- * bf16 only where this CPU runs it. */
+ * A weight given in that precision (the 16-bit path: im2col_lp, gemm_lp_in) gives the same bits
+ * as the fp32 weight, and is refused at fp32. bf16 only where this CPU runs it. */
 static void test_conv2d_low_precision(void **state) {
     ts_engine_t *e = *state;
     for (int p = 1; p <= 2; p++) {
@@ -142,9 +143,29 @@ static void test_conv2d_low_precision(void **state) {
             tu_fill_uniform(&r, &inp, -1, 1);
             tu_fill_uniform(&r, &w, -1, 1);
             tu_fill_uniform(&r, &b, -1, 1);
+            /* the weight already in 16 bits, as the VAE converts it once */
+            ts_tensor_t wlp, out16;
+            TU_CHECK_OK(ts_tensor_alloc(&wlp, ts_precision_dtype(prec), TS_CPU, 4,
+                                        TS_SHAPE(c->Cout, c->Cin, c->k, c->k)));
+            TU_CHECK_OK(ts_convert(e, &wlp, &w));
+            tu_alloc_like(&out16, &out);
             int64_t need = ts_conv2d_scratch_min(&inp, &w, &g);
-            tu_alloc_f32(&scratch, 1, TS_SHAPE(need * Ho + 5));
+            int64_t need16 = ts_conv2d_scratch_min(&inp, &wlp, &g);
+            assert_true(need16 > 0); /* 16-bit operands: even a 1×1 conv writes its col */
+            tu_alloc_f32(&scratch, 1, TS_SHAPE((need > need16 ? need : need16) * Ho + 5));
             TU_CHECK_OK(ts_conv2d_forward(e, &out, &inp, &w, c->bias ? &b : NULL, &g, &scratch));
+            /* ... gives the bits of the fp32 weight rounded by the product (whole-image tiles) */
+            TU_CHECK_OK(
+                ts_conv2d_forward(e, &out16, &inp, &wlp, c->bias ? &b : NULL, &g, &scratch));
+            if (memcmp(tu_f32(&out16), tu_f32(&out), ts_tensor_nbytes(&out)) != 0)
+                fail_msg("conv2d %s case %zu: the 16-bit weight's output differs from the fp32 "
+                         "weight's",
+                         ts_precision_name(prec), ci);
+            ts_conv2d_t g32 = g; /* a 16-bit weight is refused at fp32 */
+            g32.precision = TS_PREC_F32;
+            assert_int_not_equal(ts_conv2d_forward(e, &out16, &inp, &wlp, NULL, &g32, &scratch),
+                                 TS_OK);
+            TU_FREE_TENSORS(&wlp, &out16);
             int64_t ni = ts_tensor_numel(&inp), nw = ts_tensor_numel(&w),
                     no = ts_tensor_numel(&out);
             float *ri = tu_floats(ni), *rw = tu_floats(nw), *want = tu_floats(no),

@@ -273,6 +273,41 @@ static void test_forwards_batch_invariant(void **state) {
     ts_vae_free(m);
 }
 
+/* At f16 the convolutions read the weights converted once: the decode after changing the weights
+ * (ts_vae_weights_changed) equals a fresh model's with those weights, bit for bit, and differs
+ * from the decode before; f16 → f32 → f16 gives the first bits again, and f32 differs. */
+static void test_lp_weights_follow_changes(void **state) {
+    ts_engine_t *e = *state;
+    ts_vae_t *m = small_model(5), *fresh = small_model(5);
+    char err[ERRLEN] = "";
+    ts_tensor_t lat, d1, d2, d3, d32;
+    tu_alloc_f32(&lat, 4, TS_SHAPE(1, 4, 4, 6));
+    tu_alloc_f32(&d1, 4, TS_SHAPE(1, 3, 8, 12));
+    tu_alloc_like(&d2, &d1), tu_alloc_like(&d3, &d1), tu_alloc_like(&d32, &d1);
+    tu_rng_t r = {6};
+    tu_fill_uniform(&r, &lat, -1, 1);
+    TU_CHECK_RC_MSG(ts_vae_set_precision(m, e, TS_PREC_F16, err, sizeof err), TS_OK, err);
+    TU_CHECK_RC_MSG(ts_vae_decode(m, e, &d1, &lat, err, sizeof err), TS_OK, err);
+    float *w = tu_f32(&m->slab), *wf = tu_f32(&fresh->slab);
+    for (int64_t i = 0; i < ts_vae_numel(m); i++)
+        w[i] = wf[i] = w[i] * 0.75f;
+    ts_vae_weights_changed(m);
+    TU_CHECK_RC_MSG(ts_vae_decode(m, e, &d2, &lat, err, sizeof err), TS_OK, err);
+    TU_CHECK_RC_MSG(ts_vae_set_precision(fresh, e, TS_PREC_F16, err, sizeof err), TS_OK, err);
+    TU_CHECK_RC_MSG(ts_vae_decode(fresh, e, &d3, &lat, err, sizeof err), TS_OK, err);
+    assert_memory_equal(tu_f32(&d2), tu_f32(&d3), ts_tensor_nbytes(&d2));
+    assert_memory_not_equal(tu_f32(&d1), tu_f32(&d2), ts_tensor_nbytes(&d1));
+    TU_CHECK_RC_MSG(ts_vae_set_precision(m, e, TS_PREC_F32, err, sizeof err), TS_OK, err);
+    TU_CHECK_RC_MSG(ts_vae_decode(m, e, &d32, &lat, err, sizeof err), TS_OK, err);
+    assert_memory_not_equal(tu_f32(&d32), tu_f32(&d2), ts_tensor_nbytes(&d2));
+    TU_CHECK_RC_MSG(ts_vae_set_precision(m, e, TS_PREC_F16, err, sizeof err), TS_OK, err);
+    TU_CHECK_RC_MSG(ts_vae_decode(m, e, &d1, &lat, err, sizeof err), TS_OK, err);
+    assert_memory_equal(tu_f32(&d1), tu_f32(&d2), ts_tensor_nbytes(&d2));
+    TU_FREE_TENSORS(&lat, &d1, &d2, &d3, &d32);
+    ts_vae_free(m);
+    ts_vae_free(fresh);
+}
+
 static void test_forwards_refuse_bad_shapes(void **state) {
     ts_engine_t *e = *state;
     ts_vae_t *m = small_model(5);
@@ -319,6 +354,7 @@ int main(void) {
                                         tu_teardown_temp_dir),
         cmocka_unit_test(test_forwards_batch_invariant),
         cmocka_unit_test(test_forwards_refuse_bad_shapes),
+        cmocka_unit_test(test_lp_weights_follow_changes),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

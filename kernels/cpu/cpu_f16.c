@@ -9,7 +9,8 @@
  * on that. A product of two f16 values has at most 22 significant bits, so fp32 holds it exactly:
  * this is an f16 product with fp32 accumulation, as cuBLAS computes it with CUBLAS_COMPUTE_32F,
  * up to the order of the sums. It costs a rounding pass per operand on top of the fp32 product;
- * it saves nothing, and is for reference and tests.
+ * it saves nothing, and is for reference and tests. gemm_lp_in (operands already 16-bit) is
+ * here too: widened, then the same products.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -146,4 +147,28 @@ int ts_cpu_linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, cons
         TS_TRY(ts_cpu_gemm(e, 1, 0, N, K, M, 1.0f, g, N, 0, x, K, 0, 1.0f, dweight, K, 0, 1));
     }
     return TS_OK;
+}
+
+/* Operands already in 16 bits (a conv's weight converted once, its im2col rounded as written):
+ * widened to fp32 in the scratch — exact — and the product that would have rounded them runs
+ * (gemm_bf16 rounds them again, which changes nothing; f16's emulated product is the fp32 one),
+ * so the bits are those of gemm_bf16 / gemm_f16 on the fp32 values. */
+int ts_cpu_gemm_lp_in(ts_engine_t *e, ts_dtype_t lp, int64_t M, int64_t N, int64_t K,
+                      const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C,
+                      int64_t ldc) {
+    if (M <= 0 || N <= 0)
+        return TS_OK;
+    int64_t na = K > 0 ? (M - 1) * lda + K : 0, nb = K > 0 ? (K - 1) * ldb + N : 0;
+    int64_t ob = (na + 15) / 16 * 16;
+    float *buf;
+    TS_TRY(room(e, ob + nb, &buf));
+    int bf16 = lp == TS_BF16;
+    for (int64_t i = 0; i < na; i++)
+        buf[i] = bf16 ? ts_bf16_to_f32(A[i]) : ts_f16_to_f32(A[i]);
+    for (int64_t i = 0; i < nb; i++)
+        buf[ob + i] = bf16 ? ts_bf16_to_f32(B[i]) : ts_f16_to_f32(B[i]);
+    if (bf16)
+        return ts_cpu_gemm_bf16(e, 0, 0, M, N, K, 1.0f, buf, lda, 0, buf + ob, ldb, 0, 0.0f, C, ldc,
+                                0, 1);
+    return ts_cpu_gemm(e, 0, 0, M, N, K, 1.0f, buf, lda, 0, buf + ob, ldb, 0, 0.0f, C, ldc, 0, 1);
 }

@@ -1,5 +1,6 @@
 /*
- * cpu_image.c — the CPU backend's image ops (NCHW): im2col, a per-channel bias, GroupNorm
+ * cpu_image.c — the CPU backend's image ops (NCHW): im2col (fp32, or rounded to 16 bits for a
+ * 16-bit product), a per-channel bias, GroupNorm
  * (optionally followed by SiLU in the same pass) and nearest ×2 upsampling.
  *
  * These are the pieces the VAE (model/vae.c) needs beside the GEMM: kernels/ops_image.c builds a
@@ -63,6 +64,37 @@ int ts_cpu_im2col(ts_engine_t *e, float *col, const float *img, int64_t C, int64
     im2col_t j = {col, img, H, W, kh, kw, stride, pad_top, pad_left, Wo, oy0, rows};
     int64_t per_row = rows * Wo;
     ts_pool_for(e->pool, C * kh * kw, 1 + IMG_GRAIN / (per_row + 1), im2col_range, &j);
+    return TS_OK;
+}
+
+/* ---- im2col in 16 bits ----------------------------------------------------------------- */
+
+typedef struct {
+    uint16_t *col;
+    const float *img;
+    int bf16;
+    int64_t H, W, kh, kw, stride, pad_top, pad_left, Wo, oy0, rows;
+} im2col_lp_t;
+
+/* col rows lo..hi, each element by ts_im2col_lp_elem (the GPU's kernel calls the same) */
+static void im2col_lp_range(void *arg, int64_t lo, int64_t hi) {
+    const im2col_lp_t *j = arg;
+    for (int64_t r = lo; r < hi; r++) {
+        uint16_t *dst = j->col + r * j->rows * j->Wo;
+        for (int64_t t = 0; t < j->rows; t++)
+            for (int64_t ox = 0; ox < j->Wo; ox++)
+                *dst++ = ts_im2col_lp_elem(j->img, j->bf16, r, t, ox, j->H, j->W, j->kh, j->kw,
+                                           j->stride, j->pad_top, j->pad_left, j->oy0);
+    }
+}
+
+int ts_cpu_im2col_lp(ts_engine_t *e, uint16_t *col, ts_dtype_t lp, const float *img, int64_t C,
+                     int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t stride, int64_t pad_top,
+                     int64_t pad_left, int64_t Wo, int64_t oy0, int64_t rows) {
+    im2col_lp_t j = {col,    img,     lp == TS_BF16, H,  W,   kh,  kw,
+                     stride, pad_top, pad_left,      Wo, oy0, rows};
+    int64_t per_row = rows * Wo;
+    ts_pool_for(e->pool, C * kh * kw, 1 + IMG_GRAIN / (per_row + 1), im2col_lp_range, &j);
     return TS_OK;
 }
 

@@ -746,6 +746,18 @@ int ts_cuda_gemm_f16(ts_engine_t *e, int trans_a, int trans_b, int64_t M, int64_
                    beta, C, ldc, stride_c, batch);
 }
 
+/* C = A · B with both operands in lp already (a conv's weight and its im2col_lp): one cuBLAS
+ * product, no rounding kernel. */
+int ts_cuda_gemm_lp_in(ts_engine_t *e, ts_dtype_t lp, int64_t M, int64_t N, int64_t K,
+                       const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C,
+                       int64_t ldc) {
+    if (M <= 0 || N <= 0)
+        return TS_OK;
+    if (K <= 0) /* C = 0: nothing to multiply */
+        return ts_cuda_gemm(e, 0, 0, M, N, K, 1.0f, NULL, 1, 0, NULL, 1, 0, 0.0f, C, ldc, 0, 1);
+    return gemm_ex(e, lp, 0, 0, M, N, K, 1.0f, A, lda, 0, B, ldb, 0, 0.0f, C, ldc, 0, 1);
+}
+
 /* out = lp(inp) · weightᵀ in fp32 (weight already in lp), then the bias in a second kernel, as
  * the fp32 path. */
 static int linear_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, const float *inp,

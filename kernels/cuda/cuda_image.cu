@@ -1,5 +1,6 @@
 /*
- * cuda_image.cu — the image ops of kernels/backend.h on the CUDA backend (NCHW): im2col, a
+ * cuda_image.cu — the image ops of kernels/backend.h on the CUDA backend (NCHW): im2col (fp32, or
+ * rounded to 16 bits for a 16-bit product: ts_im2col_lp_elem, the CPU's element), a
  * per-channel bias, GroupNorm (optionally followed by SiLU) and nearest ×2 upsampling — what the
  * VAE (model/vae.c) needs beside the GEMM, which kernels/ops_image.c sends to cuBLAS.
  *
@@ -71,6 +72,28 @@ int ts_cuda_im2col(ts_engine_t *e, float *col, const float *img, int64_t C, int6
         return TS_OK;
     return launch(e, blocks_for(n), k_im2col, col, img, n, H, W, kh, kw, stride, pad_top, pad_left,
                   Wo, oy0, rows);
+}
+
+/* col in 16 bits: each element by ts_im2col_lp_elem, the CPU's function */
+static __global__ void k_im2col_lp(uint16_t *col, const float *img, int bf16, int64_t n, int64_t H,
+                                   int64_t W, int64_t kh, int64_t kw, int64_t stride,
+                                   int64_t pad_top, int64_t pad_left, int64_t Wo, int64_t oy0,
+                                   int64_t rows) {
+    IMG_GRID_LOOP(i, n) {
+        int64_t ox = i % Wo, t = i / Wo % rows, r = i / (Wo * rows);
+        col[i] =
+            ts_im2col_lp_elem(img, bf16, r, t, ox, H, W, kh, kw, stride, pad_top, pad_left, oy0);
+    }
+}
+
+int ts_cuda_im2col_lp(ts_engine_t *e, uint16_t *col, ts_dtype_t lp, const float *img, int64_t C,
+                      int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t stride, int64_t pad_top,
+                      int64_t pad_left, int64_t Wo, int64_t oy0, int64_t rows) {
+    int64_t n = C * kh * kw * rows * Wo;
+    if (n <= 0)
+        return TS_OK;
+    return launch(e, blocks_for(n), k_im2col_lp, col, img, lp == TS_BF16 ? 1 : 0, n, H, W, kh, kw,
+                  stride, pad_top, pad_left, Wo, oy0, rows);
 }
 
 /* ---- per-channel bias ------------------------------------------------------------------ */
