@@ -677,6 +677,7 @@ int ts_conn_connect_ex(ts_net_t *net, const char *addr, const ts_conn_connect_op
     }
     snprintf(c->addr, sizeof c->addr, "%s", addr);
     net->st.connects++;
+    uv_update_time(net->loop); /* a dial may come long after the loop last looked at the clock */
     uv_timer_start(&c->timer, ts_conn__handshake_timeout_cb, net->cfg.handshake_timeout_ms, 0);
     struct sockaddr_storage ss;
     if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) == 0 ||

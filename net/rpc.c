@@ -353,6 +353,9 @@ int ts_rpc_call(ts_rpc_peer_t *p, const Tessera__Envelope *req, uint32_t deadlin
     call->cb = cb;
     call->arg = arg;
     call->deadline_ms = deadline_ms;
+    /* the loop's clock as of now: a caller may have computed for seconds since the loop last
+     * looked, and a deadline from that stale time would pass at the loop's next turn */
+    uv_update_time(ts_net_loop(rpc->net));
     call->deadline_at =
         uv_now(ts_net_loop(rpc->net)) + (deadline_ms ? deadline_ms : rpc->cfg.default_timeout_ms);
     ts_list_init(&call->node);

@@ -304,6 +304,20 @@ static void test_deadline(void **state) {
     TU_CHECK_OK(ts_rpc_handle(srpc, TESSERA__ENVELOPE__BODY_STATUS_REQUEST, serve_status, NULL));
 }
 
+/* A call made after the loop sat still for longer than the call's deadline (a caller that
+ * computed between two runs of the loop): the deadline runs from the call, not from the loop's
+ * last look at the clock, so the answer arrives — it was answered "timed out" at once before. */
+static void test_deadline_after_a_still_loop(void **state) {
+    sync_ping();
+    struct timespec still = {0, 400 * 1000000L};
+    nanosleep(&still, NULL); /* the loop does not run: its cached time falls 400 ms behind */
+    got_t g = {0};
+    call_kind(TESSERA__ENVELOPE__BODY_STATUS_REQUEST, 300, &g);
+    run_until(&g.calls, "the status answer after a still loop");
+    assert_int_equal(g.status, TS_OK);
+    assert_int_equal(g.kind, TESSERA__ENVELOPE__BODY_STATUS_RESPONSE);
+}
+
 static void test_cancel(void **state) {
     TU_CHECK_OK(ts_rpc_handle(srpc, TESSERA__ENVELOPE__BODY_STATUS_REQUEST, serve_hold, NULL));
     got_t g = {0};
@@ -515,6 +529,7 @@ int main(void) {
         cmocka_unit_test(test_ping_and_status),
         cmocka_unit_test(test_typed_errors),
         cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_deadline_after_a_still_loop),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_busy),
         cmocka_unit_test(test_connection_lost),
