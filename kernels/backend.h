@@ -94,6 +94,17 @@ extern "C" {
       const uint16_t *weight, int64_t M, int64_t N, int64_t K)                                     \
     /* GELU (tanh form) for a bf16 consumer: a vector exp, within 1e-6 of gelu_forward. */         \
     X(gelu_forward_bf16, float *out, const float *inp, int64_t n)                                  \
+    /* 16-bit activations (lp: bf16 or f16, rounded to nearest even as ts_convert): what a linear \
+     * layer with an lp weight reads, written once by its producer instead of rounded by it. The   \
+     * values are those of the fp32 ops, rounded: layernorm_modulate_forward's out; GELU of        \
+     * gelu_forward_bf16 at bf16, of gelu_forward at f16; and linear_forward_{bf16,f16} of an      \
+     * input already in lp (its bits: those of the fp32 input the layer would have rounded). */    \
+    X(layernorm_modulate_forward_lp, float *ln, float *mean, float *rstd, uint16_t *out,          \
+      ts_dtype_t lp, const float *inp, const float *mod, int64_t B, int64_t T, int64_t C,          \
+      int64_t M, int shift_idx, int scale_idx)                                                     \
+    X(gelu_forward_lp, uint16_t *out, ts_dtype_t lp, const float *inp, int64_t n)                 \
+    X(linear_forward_lp_in, ts_dtype_t lp, float *out, const uint16_t *inp,                       \
+      const uint16_t *weight, const float *bias, int64_t M, int64_t N, int64_t K, int64_t group)  \
                                                                                                    \
     /* out, inp (rows, C); mean, rstd (rows), each may be NULL */                                  \
     X(layernorm_forward, float *out, float *mean, float *rstd, const float *inp, int64_t rows,     \

@@ -88,7 +88,8 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
 /* The engine's device class, for comparing answers: two engines of one class give a model's
  * rows the same bits. "cpu/KERNELS/nREV" (OpenBLAS's kernel set, lowercase, "+onednn" when the
  * forward products go through oneDNN, "+base" when the engine runs the base build of
- * kernels/cpu/vec.h, whose fused attention multiplies through OpenBLAS; TS_NUMERICS_REV) or "cuda/NAME/nREV" (the GPU's name). */
+ * kernels/cpu/vec.h, whose fused attention multiplies through OpenBLAS; TS_NUMERICS_REV) or
+ * "cuda/NAME/nREV" (the GPU's name). */
 void ts_engine_device_class(const ts_engine_t *e, char *buf, size_t len);
 /* Device memory of a CUDA engine in bytes: total and used now (by every process). TS_ENODEV for a
  * CPU engine. */

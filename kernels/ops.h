@@ -65,7 +65,9 @@ int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t);
 /* out (..., N) = inp (..., K) · weightᵀ + bias. weight is (N, K) as in torch.nn.Linear;
  * bias (N) may be NULL. A BF16 weight takes the bf16 path: inp rounded to bf16, fp32
  * accumulation, out and bias fp32 (TS_ENOTSUP where it cannot run: ts_engine_precision_check).
- * An F16 weight takes the f16 path likewise (and ts_linear_backward its f16 backward). */
+ * An F16 weight takes the f16 path likewise (and ts_linear_backward its f16 backward). With a
+ * 16-bit weight, inp may be in the weight's dtype already (a 16-bit activation: the bits of the
+ * fp32 input it was rounded from, with no rounding here). */
 int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias);
 /* pre (..., N) = inp · weightᵀ + bias, as ts_linear_forward; act = GELU(pre), as ts_gelu_forward
@@ -118,6 +120,9 @@ int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
  * (2^-9), and several times faster. F32 in and out; out may alias inp. TS_ENOTSUP where bf16
  * cannot run (ts_engine_precision_check). */
 int ts_gelu_forward_bf16(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
+/* out (BF16 or F16) = GELU(inp) rounded to out's dtype: at bf16 ts_gelu_forward_bf16's values, at
+ * f16 ts_gelu_forward's — the 16-bit activation a linear layer of that precision reads. */
+int ts_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 /* SiLU, x·sigmoid(x). out may alias inp. */
 int ts_silu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 int ts_silu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
@@ -195,7 +200,8 @@ int ts_modulate_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x,
 /* ln = LayerNorm(x) as ts_layernorm_forward (mean, rstd (B·T) saved, may be NULL), and
  * out = ln · (1 + scale) + shift as ts_modulate_forward — the same bits as the two calls; the CPU
  * modulates each row in the LayerNorm's pass, while the row is in cache. x, ln, out (B, T, C),
- * none aliasing another; mod (B, M·C). */
+ * none aliasing another; mod (B, M·C). out may be BF16 or F16: those values rounded (a 16-bit
+ * activation for the linear layer that reads it). */
 int ts_layernorm_modulate_forward(ts_engine_t *e, ts_tensor_t *ln, ts_tensor_t *mean,
                                   ts_tensor_t *rstd, ts_tensor_t *out, const ts_tensor_t *x,
                                   const ts_tensor_t *mod, int shift_idx, int scale_idx);

@@ -41,13 +41,18 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
                       const ts_tensor_t *weight, const ts_tensor_t *bias) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, out));
-    TS_TRY(check_f32(e, inp));
     ts_dtype_t wt =
         weight && (weight->dtype == TS_BF16 || weight->dtype == TS_F16) ? weight->dtype : TS_F32;
+    /* a 16-bit input only beside a weight of its dtype */
+    int lp_in = inp && wt != TS_F32 && inp->dtype == wt;
+    TS_TRY(check_on(e, inp, lp_in ? wt : TS_F32));
     TS_TRY(check_on(e, weight, wt));
     TS_TRY(check_opt(e, bias));
     linear_dims_t d;
     TS_TRY(linear_dims(out, inp, weight, bias, &d));
+    if (lp_in)
+        return DISPATCH(e, linear_forward_lp_in, wt, F(out), (const uint16_t *)inp->data,
+                        (const uint16_t *)weight->data, OPT(bias), d.M, d.N, d.K, d.group);
     if (wt == TS_BF16)
         return DISPATCH(e, linear_forward_bf16, F(out), CF(inp), (const uint16_t *)weight->data,
                         OPT(bias), d.M, d.N, d.K, d.group);

@@ -58,6 +58,18 @@ int ts_gelu_forward_bf16(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *in
     return DISPATCH(e, gelu_forward_bf16, F(out), CF(inp), ts_tensor_numel(out));
 }
 
+int ts_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, inp));
+    if (!out || (out->dtype != TS_BF16 && out->dtype != TS_F16))
+        return TS_EDTYPE;
+    TS_TRY(check_on(e, out, out->dtype));
+    if (ts_tensor_numel(out) != ts_tensor_numel(inp))
+        return TS_ESHAPE;
+    return DISPATCH(e, gelu_forward_lp, (uint16_t *)out->data, out->dtype, CF(inp),
+                    ts_tensor_numel(out));
+}
+
 int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                      const ts_tensor_t *inp) {
     TS_TRY(check_same3(e, dinp, dout, inp));
@@ -130,7 +142,8 @@ int ts_layernorm_modulate_forward(ts_engine_t *e, ts_tensor_t *ln, ts_tensor_t *
                                   const ts_tensor_t *mod, int shift_idx, int scale_idx) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, ln));
-    TS_TRY(check_f32(e, out));
+    int lp = out && (out->dtype == TS_BF16 || out->dtype == TS_F16);
+    TS_TRY(check_on(e, out, lp ? out->dtype : TS_F32));
     TS_TRY(check_f32(e, x));
     TS_TRY(check_f32(e, mod));
     if (!ts_tensor_same_shape(ln, x) || !ts_tensor_same_shape(out, x))
@@ -139,6 +152,10 @@ int ts_layernorm_modulate_forward(ts_engine_t *e, ts_tensor_t *ln, ts_tensor_t *
     TS_TRY(ada_dims(x, mod, shift_idx, scale_idx, &d));
     TS_TRY(check_rows(e, mean, d.B * d.T));
     TS_TRY(check_rows(e, rstd, d.B * d.T));
+    if (lp)
+        return DISPATCH(e, layernorm_modulate_forward_lp, F(ln), OPT(mean), OPT(rstd),
+                        (uint16_t *)out->data, out->dtype, CF(x), CF(mod), d.B, d.T, d.C, d.M,
+                        shift_idx, scale_idx);
     return DISPATCH(e, layernorm_modulate_forward, F(ln), OPT(mean), OPT(rstd), F(out), CF(x),
                     CF(mod), d.B, d.T, d.C, d.M, shift_idx, scale_idx);
 }

@@ -348,6 +348,7 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
     m->eng = e;
     m->max_batch = max_batch;
     m->trainable = trainable;
+    m->lp_acts = e->device == TS_CUDA;
     int rc = ts_dit_param_table(cfg, &m->info, &m->n_params, &m->num_params);
     if (rc)
         return rc;
@@ -600,17 +601,31 @@ static int attention_backward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) 
                : ts_attention_fused_backward(e, &dqkv, &datty, &qkv, &atty, &lse, H);
 }
 
+void ts_dit_set_lp_activations(ts_dit_t *m, int on) {
+    if (m)
+        m->lp_acts = on != 0;
+}
+
+/* t's storage seen as a 16-bit tensor of its shape (its fp32 room holds it twice over), when m
+ * writes 16-bit activations (ts_dit_set_lp_activations); else t. */
+static ts_tensor_t act16(const ts_dit_t *m, ts_tensor_t t) {
+    if (m->lp_acts && !m->trainable && m->precision != TS_PREC_F32)
+        t.dtype = ts_precision_dtype(m->precision);
+    return t;
+}
+
 static int block_forward(ts_dit_t *m, int l, int B) {
     ts_engine_t *e = m->eng;
     const ts_dit_block_params_t *P = &m->params.blocks[l], *W = &weights(m)->blocks[l];
     ts_dit_block_acts_t *A = &m->acts.blocks[l];
     int T = ts_dit_tokens(&m->cfg);
     ts_tensor_t c_silu = rows(&m->acts.c_silu, B), mod = rows(&A->mod, B);
-    ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B), mod1 = rows(&A->mod1, B);
+    ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B);
+    ts_tensor_t mod1 = act16(m, rows(&A->mod1, B)); /* the linears' inputs: 16-bit, or fp32 */
     ts_tensor_t m1 = stat_rows(&A->ln1_mean, B, T), r1 = stat_rows(&A->ln1_rstd, B, T);
     ts_tensor_t qkv = rows(&A->qkv, B), atty = rows(&A->atty, B);
     ts_tensor_t proj = rows(&A->proj, B), x_mid = rows(&A->x_mid, B);
-    ts_tensor_t ln2 = rows(&A->ln2, B), mod2 = rows(&A->mod2, B);
+    ts_tensor_t ln2 = rows(&A->ln2, B), mod2 = act16(m, rows(&A->mod2, B));
     ts_tensor_t m2 = stat_rows(&A->ln2_mean, B, T), r2 = stat_rows(&A->ln2_rstd, B, T);
     ts_tensor_t fc1 = rows(&A->fc1, B), gelu = rows(&A->gelu, B), fc2 = rows(&A->fc2, B);
     ts_tensor_t x_out = rows(&A->x_out, B);
@@ -624,7 +639,11 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     TS_TRY(ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2));
     /* MLP branch: x_out = x_mid + gate_mlp · fc2(gelu(fc1(modulate(LN(x_mid))))) */
     TS_TRY(ts_layernorm_modulate_forward(e, &ln2, &m2, &r2, &mod2, &x_mid, &mod, 3, 4));
-    if (m->precision == TS_PREC_BF16) { /* its reader, fc2, rounds it to bf16 */
+    if (gelu.dtype != act16(m, gelu).dtype) { /* 16-bit activations: GELU rounded as written */
+        gelu = act16(m, gelu);
+        TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
+        TS_TRY(ts_gelu_forward_lp(e, &gelu, &fc1));
+    } else if (m->precision == TS_PREC_BF16) { /* its reader, fc2, rounds it to bf16 */
         TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
         TS_TRY(ts_gelu_forward_bf16(e, &gelu, &fc1));
     } else if (m->precision == TS_PREC_F16) { /* an F16 weight: the linear and GELU apart */

@@ -157,6 +157,9 @@ typedef struct ts_dit {
     ts_tensor_t labels;       /* (max_batch) I32 staging for y */
     ts_tensor_t tvals;        /* (max_batch) F32 staging for t */
     int trainable;
+    /* an inference model at bf16 or f16: its linears read 16-bit activations written by their
+     * producers (ts_dit_set_lp_activations); on by default on a GPU */
+    int lp_acts;
 } ts_dit_t;
 
 /* Builds a model for cfg on engine e with activations for max_batch samples (parameters zero:
@@ -235,6 +238,14 @@ int ts_dit_zero_grad(ts_dit_t *m);
  * the precision (bf16: composed, f32: the engine's default; see ts_attn_impl_t): call
  * ts_dit_set_attention after this, not before. */
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len);
+/* 16-bit activations (on: 1, off: 0; a new model on a GPU engine starts on, on a CPU off). When
+ * on, an inference model at bf16 or f16 has the producers of its block linears' inputs — the
+ * LayerNorm + modulate before qkv and fc1, GELU before fc2 — write them rounded to 16 bits
+ * (in the fp32 buffers' room), and the linears take them as they are: on a GPU no rounding kernel
+ * runs before those products. The bits are the same either way (the linear rounded the same
+ * values); the residual stream, LayerNorm's statistics, the attention's input and output and
+ * every sum stay fp32. A trainable model, or one at f32, ignores it. */
+void ts_dit_set_lp_activations(ts_dit_t *m, int on);
 /* At bf16 or f16, converts the parameters into the 16-bit copy again (O(parameters)), after they
  * changed: an optimiser step, a load. TS_OK and nothing at f32. */
 int ts_dit_refresh_lp(ts_dit_t *m);

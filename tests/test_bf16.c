@@ -272,6 +272,48 @@ static void test_dit_forward(void **state) {
     ts_dit_free(&m);
 }
 
+/* 16-bit activations (ts_dit_set_lp_activations): the same bits as the linears rounding their
+ * fp32 inputs, at batch 24 and 1; and they were written in 16 bits (the block's mod1 buffer
+ * holds the rounded values of the fp32 run, two bytes each). A linear refuses a 16-bit input
+ * beside a weight of another dtype. */
+static void test_dit_lp_activations(void **state) {
+    ts_engine_t *e = *state;
+    ts_dit_t m;
+    make_model(e, &m, 24);
+    assert_false(m.lp_acts); /* a CPU model starts off */
+    char why[256] = "";
+    assert_int_equal(ts_dit_set_precision(&m, LP->prec, why, sizeof why), TS_OK);
+    int B = 24, T = ts_dit_tokens(&m.cfg);
+    int64_t n = (int64_t)B * m.cfg.in_channels * m.cfg.input_size * m.cfg.input_size;
+    int64_t nm = (int64_t)B * T * m.cfg.hidden_size; /* mod1's elements */
+    float *v32 = velocity(&m, B, 5);
+    float *mod32 = malloc((size_t)nm * sizeof *mod32);
+    assert_non_null(mod32);
+    memcpy(mod32, m.acts.blocks[0].mod1.data, (size_t)nm * sizeof *mod32);
+    ts_dit_set_lp_activations(&m, 1);
+    float *v16 = velocity(&m, B, 5);
+    assert_memory_equal(v16, v32, (size_t)n * sizeof *v16);
+    const uint16_t *mod16 = m.acts.blocks[0].mod1.data;
+    for (int64_t i = 0; i < nm; i += 97) {
+        uint16_t want = LP->dtype == TS_BF16 ? ts_f32_to_bf16(mod32[i]) : ts_f32_to_f16(mod32[i]);
+        if (mod16[i] != want)
+            fail_msg("mod1[%lld] is 0x%04x, the fp32 run's value rounded is 0x%04x", (long long)i,
+                     mod16[i], want);
+    }
+    float *one = velocity(&m, 1, 5);
+    assert_memory_equal(one, v32, (size_t)(n / B) * sizeof *one);
+    /* a 16-bit input beside an fp32 weight, or the other 16-bit dtype: refused */
+    ts_tensor_t x16, w, b, out;
+    assert_int_equal(ts_tensor_alloc(&x16, LP->dtype, TS_CPU, 2, TS_SHAPE(3, 8)), TS_OK);
+    tu_alloc_f32(&w, 2, TS_SHAPE(4, 8));
+    tu_alloc_f32(&b, 1, TS_SHAPE(4));
+    tu_alloc_f32(&out, 2, TS_SHAPE(3, 4));
+    assert_int_not_equal(ts_linear_forward(e, &out, &x16, &w, &b), TS_OK);
+    free(v32), free(v16), free(one), free(mod32);
+    TU_FREE_TENSORS(&x16, &w, &b, &out);
+    ts_dit_free(&m);
+}
+
 /* ---- f16 only ------------------------------------------------------------------------------ */
 
 /* The emulation's rounding, through a K = 1 product by 1 (exact in fp32), is kernels/math.h's
@@ -392,6 +434,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
             cmocka_unit_test(test_attention),   cmocka_unit_test(test_dit_forward),
             cmocka_unit_test(test_f16_edges),   cmocka_unit_test(test_f16_refusals),
+            cmocka_unit_test(test_dit_lp_activations),
         };
         return cmocka_run_group_tests(f16, tu_setup_cpu_engine, tu_teardown_cpu_engine);
     }
@@ -401,7 +444,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_attention),   cmocka_unit_test(test_gelu),
-        cmocka_unit_test(test_dit_forward),
+        cmocka_unit_test(test_dit_forward), cmocka_unit_test(test_dit_lp_activations),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

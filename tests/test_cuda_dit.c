@@ -294,7 +294,8 @@ static void train_both(fixture_t *fx, ts_precision_t cpu_p, ts_precision_t gpu_p
 
 /* bf16 on the GPU (compute capability 8.0 or newer; cuBLAS with fp32 accumulation): the forward
  * within bf16's error of the CPU's fp32 forward (nmse ≤ 1e-4; a bf16 rounding is 2⁻⁹ relative)
- * yet not equal to the GPU's fp32 one (the bf16 path ran), the same bits twice; five bf16
+ * yet not equal to the GPU's fp32 one (the bf16 path ran), the same bits twice and with 16-bit
+ * activations off; five bf16
  * training steps with losses within 2 % of the CPU's fp32 steps and the same parameters to
  * nmse 1e-6. */
 static void test_bf16(void **state) {
@@ -324,6 +325,10 @@ static void test_bf16(void **state) {
     TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
     TU_CHECK_OK(ts_tensor_copy(&f32, &v[1]));
     assert_memory_equal(f32.data, bf.data, (size_t)ts_tensor_numel(&bf) * sizeof(float));
+    ts_dit_set_lp_activations(&m[1], 0); /* the linears round their inputs: the same bits */
+    TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
+    TU_CHECK_OK(ts_tensor_copy(&f32, &v[1]));
+    assert_memory_equal(f32.data, bf.data, (size_t)ts_tensor_numel(&bf) * sizeof(float));
     ts_tensor_free(&f32), ts_tensor_free(&bf);
     for (int s = 0; s < 2; s++) {
         ts_tensor_free(&x[s]), ts_tensor_free(&t[s]);
@@ -337,7 +342,7 @@ static void test_bf16(void **state) {
  * CPU's f16 (emulated: the same rounded operands, fp32 sums in another order): nmse ≤ 1e-7 (an
  * activation's f16 rounding may fall the other way now and then: 2⁻¹¹ relative where it does);
  * against the CPU's fp32, within f16's error (nmse ≤ 1e-5; measured ~1e-7 on the CPU); the same
- * bits twice. */
+ * bits twice and with 16-bit activations off. */
 static void test_f16(void **state) {
     fixture_t *fx = *state;
     char why[256] = "";
@@ -363,6 +368,13 @@ static void test_f16(void **state) {
     assert_true(e16 <= 1e-7);
     assert_true(e32 <= 1e-5);
     assert_true(e32 > 1e-12); /* the f16 path ran */
+    TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
+    TU_CHECK_OK(ts_tensor_copy(&h16, &v[1]));
+    assert_memory_equal(first.data, h16.data, (size_t)ts_tensor_numel(&h16) * sizeof(float));
+    /* a GPU model writes its linears' inputs in 16 bits; rounded by the linears instead, the
+     * same bits */
+    assert_true(m[1].lp_acts);
+    ts_dit_set_lp_activations(&m[1], 0);
     TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
     TU_CHECK_OK(ts_tensor_copy(&h16, &v[1]));
     assert_memory_equal(first.data, h16.data, (size_t)ts_tensor_numel(&h16) * sizeof(float));

@@ -172,3 +172,57 @@ int ts_cpu_gemm_lp_in(ts_engine_t *e, ts_dtype_t lp, int64_t M, int64_t N, int64
                                 0, 1);
     return ts_cpu_gemm(e, 0, 0, M, N, K, 1.0f, buf, lda, 0, buf + ob, ldb, 0, 0.0f, C, ldc, 0, 1);
 }
+
+/* ---- 16-bit activations (backend.h): the fp32 op into scratch, then rounded ------------------ */
+
+/* n fp32 values rounded to lp */
+static void round_lp(uint16_t *dst, const float *src, int64_t n, ts_dtype_t lp) {
+    if (lp == TS_BF16)
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = ts_f32_to_bf16(src[i]);
+    else
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = ts_f32_to_f16(src[i]);
+}
+
+int ts_cpu_layernorm_modulate_forward_lp(ts_engine_t *e, float *ln, float *mean, float *rstd,
+                                         uint16_t *out, ts_dtype_t lp, const float *inp,
+                                         const float *mod, int64_t B, int64_t T, int64_t C,
+                                         int64_t M, int shift_idx, int scale_idx) {
+    float *buf;
+    TS_TRY(room(e, B * T * C, &buf));
+    TS_TRY(ts_cpu_layernorm_modulate_forward(e, ln, mean, rstd, buf, inp, mod, B, T, C, M,
+                                             shift_idx, scale_idx));
+    round_lp(out, buf, B * T * C, lp);
+    return TS_OK;
+}
+
+int ts_cpu_gelu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const float *inp,
+                           int64_t n) {
+    float *buf;
+    TS_TRY(room(e, n, &buf));
+    TS_TRY(lp == TS_BF16 ? ts_cpu_gelu_forward_bf16(e, buf, inp, n)
+                         : ts_cpu_gelu_forward(e, buf, inp, n));
+    round_lp(out, buf, n, lp);
+    return TS_OK;
+}
+
+/* The input widened (exactly) and given to the layer that rounds it (at f16, the fp32 layer on
+ * the widened operands, as linear_forward_f16 runs it): the same bits. */
+int ts_cpu_linear_forward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *out, const uint16_t *inp,
+                                const uint16_t *weight, const float *bias, int64_t M, int64_t N,
+                                int64_t K, int64_t group) {
+    if (M <= 0 || N <= 0)
+        return TS_OK;
+    int bf16 = lp == TS_BF16;
+    int64_t ow = (M * K + 15) / 16 * 16;
+    float *buf; /* bf16: the input; f16: the input and the weight, as linear_forward_f16 */
+    TS_TRY(room(e, ow + (bf16 ? 0 : N * K), &buf));
+    for (int64_t i = 0; i < M * K; i++)
+        buf[i] = bf16 ? ts_bf16_to_f32(inp[i]) : ts_f16_to_f32(inp[i]);
+    if (bf16) /* oneDNN's layer rounds it again (no change), in scratch of its own */
+        return ts_cpu_linear_forward_bf16(e, out, buf, weight, bias, M, N, K, group);
+    for (int64_t i = 0; i < N * K; i++)
+        buf[ow + i] = ts_f16_to_f32(weight[i]);
+    return ts_cpu_linear_forward(e, out, buf, buf + ow, bias, M, N, K, group);
+}

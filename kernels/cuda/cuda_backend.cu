@@ -758,8 +758,17 @@ int ts_cuda_gemm_lp_in(ts_engine_t *e, ts_dtype_t lp, int64_t M, int64_t N, int6
     return gemm_ex(e, lp, 0, 0, M, N, K, 1.0f, A, lda, 0, B, ldb, 0, 0.0f, C, ldc, 0, 1);
 }
 
-/* out = lp(inp) · weightᵀ in fp32 (weight already in lp), then the bias in a second kernel, as
- * the fp32 path. */
+/* out = in16 · weightᵀ in fp32, both in lp, then the bias in a second kernel, as the fp32 path. */
+static int linear_lp_product(ts_engine_t *e, ts_dtype_t lp, float *out, const uint16_t *in16,
+                             const uint16_t *weight, const float *bias, int64_t M, int64_t N,
+                             int64_t K) {
+    int err = gemm_ex(e, lp, 0, 1, M, N, K, 1.0f, in16, K, 0, weight, K, 0, 0.0f, out, N, 0, 1);
+    if (err || !bias)
+        return err;
+    return ts_cuda_add_bcast_forward(e, out, out, bias, M, N);
+}
+
+/* out = lp(inp) · weightᵀ in fp32 (weight already in lp): inp rounded into the operand buffer. */
 static int linear_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, const float *inp,
                              const uint16_t *weight, const float *bias, int64_t M, int64_t N,
                              int64_t K) {
@@ -769,11 +778,17 @@ static int linear_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, const fl
     int err = lp_room(e, M * K, &in16);
     if (!err)
         err = ts_cuda_convert(e, in16, lp, inp, TS_F32, M * K);
-    if (!err)
-        err = gemm_ex(e, lp, 0, 1, M, N, K, 1.0f, in16, K, 0, weight, K, 0, 0.0f, out, N, 0, 1);
-    if (err || !bias)
-        return err;
-    return ts_cuda_add_bcast_forward(e, out, out, bias, M, N);
+    return err ? err : linear_lp_product(e, lp, out, in16, weight, bias, M, N, K);
+}
+
+/* The input already in lp (a 16-bit activation): no rounding kernel. */
+int ts_cuda_linear_forward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *out, const uint16_t *inp,
+                                 const uint16_t *weight, const float *bias, int64_t M, int64_t N,
+                                 int64_t K, int64_t group) {
+    (void)group;
+    if (M <= 0 || N <= 0)
+        return TS_OK;
+    return linear_lp_product(e, lp, out, inp, weight, bias, M, N, K);
 }
 
 int ts_cuda_linear_forward_bf16(ts_engine_t *e, float *out, const float *inp,

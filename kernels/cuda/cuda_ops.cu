@@ -632,14 +632,25 @@ int ts_cuda_modulate_forward(ts_engine_t *e, float *out, const float *x, const f
 }
 
 /* Two kernels here; the CPU modulates each row in the LayerNorm's pass. The same bits. */
+/* out element i = v: fp32, or v rounded to bf16 / f16 (ts_convert's rounding) for a 16-bit reader */
+template <int LP> __device__ void put_act(void *out, int64_t i, float v) {
+    if (LP == 0)
+        ((float *)out)[i] = v;
+    else if (LP == 1)
+        ((uint16_t *)out)[i] = ts_f32_to_bf16(v);
+    else
+        ((uint16_t *)out)[i] = ts_f32_to_f16(v);
+}
+
 /* LayerNorm then modulate in one pass over each row (one kernel, one read of the row): ln is
  * written for the backward, out = ln·(1 + scale) + shift of the row's sample. The same formulas,
- * so the same bits, as layernorm_forward followed by modulate_forward. */
-static __global__ void k_layernorm_modulate_forward(float *ln, float *mean, float *rstd,
-                                                    float *out, const float *inp,
-                                                    const float *mod, int64_t rows, int64_t T,
-                                                    int64_t C, int64_t M, int shift_idx,
-                                                    int scale_idx) {
+ * so the same bits, as layernorm_forward followed by modulate_forward. LP: out in fp32 (0), bf16
+ * (1) or f16 (2). */
+template <int LP>
+static __global__ void k_layernorm_modulate_forward(float *ln, float *mean, float *rstd, void *out,
+                                                    const float *inp, const float *mod,
+                                                    int64_t rows, int64_t T, int64_t C, int64_t M,
+                                                    int shift_idx, int scale_idx) {
     __shared__ float sh[32];
     TS_ROW_LOOP(r, rows) {
         const float *x = inp + r * C;
@@ -650,7 +661,7 @@ static __global__ void k_layernorm_modulate_forward(float *ln, float *mean, floa
         TS_COL_LOOP(i, C) {
             float v = (x[i] - m) * rs;
             ln[r * C + i] = v;
-            out[r * C + i] = ts_modulate(v, shift[i], scale[i]);
+            put_act<LP>(out, r * C + i, ts_modulate(v, shift[i], scale[i]));
         }
         if (threadIdx.x == 0) {
             if (mean)
@@ -665,8 +676,30 @@ int ts_cuda_layernorm_modulate_forward(ts_engine_t *e, float *ln, float *mean, f
                                        float *out, const float *inp, const float *mod, int64_t B,
                                        int64_t T, int64_t C, int64_t M, int shift_idx,
                                        int scale_idx) {
-    return launch_rows(e, B * T, C, k_layernorm_modulate_forward, ln, mean, rstd, out, inp, mod,
-                       B * T, T, C, M, shift_idx, scale_idx);
+    return launch_rows(e, B * T, C, k_layernorm_modulate_forward<0>, ln, mean, rstd, (void *)out,
+                       inp, mod, B * T, T, C, M, shift_idx, scale_idx);
+}
+
+int ts_cuda_layernorm_modulate_forward_lp(ts_engine_t *e, float *ln, float *mean, float *rstd,
+                                          uint16_t *out, ts_dtype_t lp, const float *inp,
+                                          const float *mod, int64_t B, int64_t T, int64_t C,
+                                          int64_t M, int shift_idx, int scale_idx) {
+    if (lp == TS_BF16)
+        return launch_rows(e, B * T, C, k_layernorm_modulate_forward<1>, ln, mean, rstd,
+                           (void *)out, inp, mod, B * T, T, C, M, shift_idx, scale_idx);
+    return launch_rows(e, B * T, C, k_layernorm_modulate_forward<2>, ln, mean, rstd, (void *)out,
+                       inp, mod, B * T, T, C, M, shift_idx, scale_idx);
+}
+
+/* GELU rounded for a 16-bit reader (the GPU's bf16 GELU is the fp32 one) */
+template <int LP> static __global__ void k_gelu_lp(uint16_t *out, const float *inp, int64_t n) {
+    TS_GRID_LOOP(i, n) { put_act<LP>(out, i, ts_gelu(inp[i])); }
+}
+
+int ts_cuda_gelu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const float *inp,
+                            int64_t n) {
+    return lp == TS_BF16 ? launch_n(e, n, k_gelu_lp<1>, out, inp, n)
+                         : launch_n(e, n, k_gelu_lp<2>, out, inp, n);
 }
 
 int ts_cuda_modulate_backward(ts_engine_t *e, float *dx, float *dmod, const float *dout,
