@@ -121,7 +121,8 @@ int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
  * cannot run (ts_engine_precision_check). */
 int ts_gelu_forward_bf16(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 /* out (BF16 or F16) = GELU(inp) rounded to out's dtype: at bf16 ts_gelu_forward_bf16's values, at
- * f16 ts_gelu_forward's — the 16-bit activation a linear layer of that precision reads. */
+ * f16 ts_gelu_forward's — the 16-bit activation a linear layer of that precision reads. out does
+ * not overlap inp (TS_EINVAL). */
 int ts_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 /* SiLU, x·sigmoid(x). out may alias inp. */
 int ts_silu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
@@ -201,7 +202,7 @@ int ts_modulate_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *x,
  * out = ln · (1 + scale) + shift as ts_modulate_forward — the same bits as the two calls; the CPU
  * modulates each row in the LayerNorm's pass, while the row is in cache. x, ln, out (B, T, C),
  * none aliasing another; mod (B, M·C). out may be BF16 or F16: those values rounded (a 16-bit
- * activation for the linear layer that reads it). */
+ * activation for the linear layer that reads it; TS_EINVAL when it overlaps x or ln). */
 int ts_layernorm_modulate_forward(ts_engine_t *e, ts_tensor_t *ln, ts_tensor_t *mean,
                                   ts_tensor_t *rstd, ts_tensor_t *out, const ts_tensor_t *x,
                                   const ts_tensor_t *mod, int shift_idx, int scale_idx);
@@ -268,8 +269,8 @@ typedef struct ts_conv2d {
 int64_t ts_conv2d_out_dim(int64_t in, int64_t k, int stride, int pad_a, int pad_b);
 /* The fewest floats of scratch ts_conv2d_forward takes for this input, weight and geometry:
  * one output row's patches, Cin·kh·kw·Wo; 0 for a 1×1 kernel of stride 1 without padding and an
- * fp32 weight (it reads the input directly; a 16-bit weight needs its patches in 16 bits, two to
- * a float of scratch). −1 when the shapes are not a conv's. */
+ * fp32 weight (it reads the input directly); with a 16-bit weight the patches are 16-bit, two to
+ * a float, ⌈Cin·kh·kw·Wo / 2⌉ for every kernel. −1 when the shapes are not a conv's. */
 int64_t ts_conv2d_scratch_min(const ts_tensor_t *inp, const ts_tensor_t *weight,
                               const ts_conv2d_t *g);
 /* out (B, Cout, Ho, Wo) = conv2d(inp (B, Cin, H, W), weight (Cout, Cin, kh, kw)) + bias (Cout,

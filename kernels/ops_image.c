@@ -32,11 +32,6 @@ static int check_arg(const ts_engine_t *e, const ts_tensor_t *t) {
     return check_f32(e, t);
 }
 
-/* 1 when the memory of a and b overlaps. */
-static int overlaps(const ts_tensor_t *a, const ts_tensor_t *b) {
-    uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
-    return a0 < b0 + ts_tensor_nbytes(b) && b0 < a0 + ts_tensor_nbytes(a);
-}
 
 /* ---- conv2d ---------------------------------------------------------------------------- */
 
@@ -69,7 +64,8 @@ int64_t ts_conv2d_scratch_min(const ts_tensor_t *inp, const ts_tensor_t *weight,
         return -1;
     if (direct_conv(weight, g))
         return 0;
-    return weight->shape[1] * weight->shape[2] * weight->shape[3] * Wo;
+    int64_t row = weight->shape[1] * weight->shape[2] * weight->shape[3] * Wo;
+    return lp_weight(weight, g) ? (row + 1) / 2 : row;
 }
 
 /* The shapes of a conv: inp (B, Cin, H, W), weight (Cout, Cin, kh, kw), bias (Cout) or NULL,

@@ -38,6 +38,12 @@ static inline int check_on(const ts_engine_t *e, const ts_tensor_t *t, ts_dtype_
     return TS_OK;
 }
 
+/* 1 when the memory of a and b overlaps. */
+static inline int overlaps(const ts_tensor_t *a, const ts_tensor_t *b) {
+    uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    return a0 < b0 + ts_tensor_nbytes(b) && b0 < a0 + ts_tensor_nbytes(a);
+}
+
 static inline int check_f32(const ts_engine_t *e, const ts_tensor_t *t) {
     return check_on(e, t, TS_F32);
 }

@@ -66,6 +66,8 @@ int ts_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp)
     TS_TRY(check_on(e, out, out->dtype));
     if (ts_tensor_numel(out) != ts_tensor_numel(inp))
         return TS_ESHAPE;
+    if (overlaps(out, inp)) /* a GPU thread would write over what another still reads */
+        return TS_EINVAL;
     return DISPATCH(e, gelu_forward_lp, (uint16_t *)out->data, out->dtype, CF(inp),
                     ts_tensor_numel(out));
 }
@@ -152,6 +154,8 @@ int ts_layernorm_modulate_forward(ts_engine_t *e, ts_tensor_t *ln, ts_tensor_t *
     TS_TRY(ada_dims(x, mod, shift_idx, scale_idx, &d));
     TS_TRY(check_rows(e, mean, d.B * d.T));
     TS_TRY(check_rows(e, rstd, d.B * d.T));
+    if (lp && (overlaps(out, x) || overlaps(out, ln)))
+        return TS_EINVAL;
     if (lp)
         return DISPATCH(e, layernorm_modulate_forward_lp, F(ln), OPT(mean), OPT(rstd),
                         (uint16_t *)out->data, out->dtype, CF(x), CF(mod), d.B, d.T, d.C, d.M,

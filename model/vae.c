@@ -349,10 +349,12 @@ void ts_vae_weights_changed(ts_vae_t *m) {
  * views of it (wlp); again after the weights changed or the precision did. */
 static int lp_views(ts_vae_t *m, ts_engine_t *e, const ts_tensor_t *src, ts_tensor_t *ls,
                     int *stale, struct ts_vae_net *net, char *err, size_t errlen) {
-    if (m->precision == TS_PREC_F32)
+    if (m->precision == TS_PREC_F32 || (src->device == TS_CPU && !m->cpu_lp_weights))
         return TS_OK;
     ts_dtype_t lp = ts_precision_dtype(m->precision);
     if (!ls->data || ls->dtype != lp || ls->device != src->device) {
+        builder_t plain = {m, 0, 0, src->data, src->device, 0, NULL, TS_F32};
+        build_net(&plain, &m->cfg, net); /* no view outlives the slab it points into */
         ts_tensor_free(ls);
         int rc = ts_tensor_alloc(ls, lp, src->device, 1, TS_SHAPE(ts_tensor_numel(src)));
         if (rc != TS_OK)
@@ -490,6 +492,7 @@ typedef struct {
     ts_tensor_t scratch; /* the convs' im2col */
     int cur;
     ts_device_t dev;          /* the engine's, where the workspace is */
+    int lp_weights;           /* the convs read their 16-bit weights (wlp) at bf16 / f16 */
     int64_t C, H, W;          /* x's shape */
     ts_precision_t precision; /* the products' (ts_vae_set_precision) */
 } run_t;
@@ -514,6 +517,7 @@ static int run_init(run_t *r, ts_vae_t *m, ts_engine_t *e) {
     r->dev = e->device;
     r->cfg = &m->cfg;
     r->precision = m->precision;
+    r->lp_weights = e->device != TS_CPU || m->cpu_lp_weights;
     for (int i = 0; i < 4; i++)
         r->buf[i] = w + i * p.act;
     r->qkv = w + 4 * p.act;
@@ -526,7 +530,8 @@ static int conv(run_t *r, ts_tensor_t *y, const ts_tensor_t *x, const vae_conv_t
     ts_conv2d_t gp = *g;
     gp.precision = r->precision;
     /* at 16 bits, the weight converted once (lp_views): no product rounds it again */
-    const ts_tensor_t *w = r->precision != TS_PREC_F32 && c->wlp.data ? &c->wlp : &c->w;
+    const ts_tensor_t *w =
+        r->lp_weights && r->precision != TS_PREC_F32 && c->wlp.data ? &c->wlp : &c->w;
     return ts_conv2d_forward(r->e, y, x, w, &c->b, &gp, &r->scratch);
 }
 

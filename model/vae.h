@@ -101,17 +101,23 @@ typedef struct ts_vae {
      * weight again (kernels/ops.h ts_conv2d_forward). Remade when the weights change. */
     ts_tensor_t lslab, dlslab;
     int lslab_stale, dlslab_stale;
+    /* The CPU too (0 by default): the CPU has no 16-bit product to feed, so there the converted
+     * weights save no rounding and cost widening passes and scratch; tests turn it on to run the
+     * GPU's route on the CPU (the same bits). */
+    int cpu_lp_weights;
 } ts_vae_t;
 
-/* The slab was written after a GPU forward (the loader's writes come before any): the next GPU
- * forward copies it again. */
+/* The slab was written after a forward (the loader's writes come before any): the next forward
+ * copies it to the GPU again and converts it to 16 bits again (a forward at bf16 or f16 keeps a
+ * converted copy). */
 void ts_vae_weights_changed(ts_vae_t *m);
 
 /* The products of every convolution and of the attention in precision p: f32 (the default), bf16
  * or f16 — operands rounded, fp32 accumulation; GroupNorm, SiLU, the softmax, the residual
- * adds and every activation stay fp32. The convolutions' weights are converted to p once, at the
- * first forward in p (and again after ts_vae_weights_changed), and their patches written in p:
- * no product rounds an operand per call. TS_ENOTSUP with the reason when e cannot run p (bf16
+ * adds and every activation stay fp32. On a GPU (and on the CPU with cpu_lp_weights) the
+ * convolutions' weights are converted to p once, at the first forward in p (and again after
+ * ts_vae_weights_changed), and their patches written in p: no product rounds an operand per
+ * call. TS_ENOTSUP with the reason when e cannot run p (bf16
  * needs AVX-512 BF16 and oneDNN; e may be NULL: checked at the forward). */
 int ts_vae_set_precision(ts_vae_t *m, ts_engine_t *e, ts_precision_t p, char *err, size_t errlen);
 

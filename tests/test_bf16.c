@@ -309,6 +309,18 @@ static void test_dit_lp_activations(void **state) {
     tu_alloc_f32(&b, 1, TS_SHAPE(4));
     tu_alloc_f32(&out, 2, TS_SHAPE(3, 4));
     assert_int_not_equal(ts_linear_forward(e, &out, &x16, &w, &b), TS_OK);
+    ts_tensor_t wo; /* the other 16-bit dtype */
+    assert_int_equal(ts_tensor_alloc(&wo, LP->dtype == TS_BF16 ? TS_F16 : TS_BF16, TS_CPU, 2,
+                                     TS_SHAPE(4, 8)),
+                     TS_OK);
+    assert_int_not_equal(ts_linear_forward(e, &out, &x16, &wo, &b), TS_OK);
+    ts_tensor_free(&wo);
+    /* a 16-bit GELU written over its own input: refused */
+    ts_tensor_t g32, g16;
+    tu_alloc_f32(&g32, 1, TS_SHAPE(16));
+    assert_int_equal(ts_tensor_wrap(&g16, g32.data, LP->dtype, TS_CPU, 1, TS_SHAPE(16)), TS_OK);
+    assert_int_equal(ts_gelu_forward_lp(e, &g16, &g32), TS_EINVAL);
+    ts_tensor_free(&g32);
     free(v32), free(v16), free(one), free(mod32);
     TU_FREE_TENSORS(&x16, &w, &b, &out);
     ts_dit_free(&m);

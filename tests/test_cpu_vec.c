@@ -247,8 +247,9 @@ static void test_rows(void **state) {
 
 /* n, m, hd of the tile cases: the presets' blocks (64 queries × 196 keys, heads of 32, 64, 72,
  * 128), the last short query block (4 rows), and odd sizes for every row and column tail. */
-static const int64_t tile_cases[][3] = {{64, 196, 64}, {4, 196, 64}, {64, 49, 32}, {1, 49, 32},
-                                        {13, 256, 72}, {7, 17, 128}, {9, 1, 8},    {5, 33, 3}};
+static const int64_t tile_cases[][3] = {
+    {64, 196, 64}, {4, 196, 64}, {64, 49, 32}, {1, 49, 32}, {13, 256, 72}, {7, 17, 128},
+    {9, 1, 8},     {5, 33, 3},   {2, 40, 12},  {3, 23, 20}, {6, 9, 64},    {11, 70, 20}};
 
 /* Each output one fmaf chain in the summed index's order (fmaf is the correctly rounded fused
  * multiply-add, the instruction's result), the scores' scale after it. */

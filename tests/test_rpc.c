@@ -309,10 +309,10 @@ static void test_deadline(void **state) {
  * last look at the clock, so the answer arrives — it was answered "timed out" at once before. */
 static void test_deadline_after_a_still_loop(void **state) {
     sync_ping();
-    struct timespec still = {0, 400 * 1000000L};
-    nanosleep(&still, NULL); /* the loop does not run: its cached time falls 400 ms behind */
+    struct timespec still = {1, 500 * 1000000L};
+    nanosleep(&still, NULL); /* the loop does not run: its cached time falls 1.5 s behind */
     got_t g = {0};
-    call_kind(TESSERA__ENVELOPE__BODY_STATUS_REQUEST, 300, &g);
+    call_kind(TESSERA__ENVELOPE__BODY_STATUS_REQUEST, 1000, &g);
     run_until(&g.calls, "the status answer after a still loop");
     assert_int_equal(g.status, TS_OK);
     assert_int_equal(g.kind, TESSERA__ENVELOPE__BODY_STATUS_RESPONSE);

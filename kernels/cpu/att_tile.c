@@ -5,7 +5,8 @@
  * Why not OpenBLAS. A forward task multiplies a block of at most 64 queries by at most 256 keys
  * over one head (64 × 196 × 64 for `small`), twice. Single-threaded OpenBLAS packs both operands
  * for every such call and ran these at about half the machine's sgemm rate; here the keys are
- * transposed once per head (cpu_attention.c) and everything else is read where it lies.
+ * transposed once per head and key block (cpu_attention.c) and everything else is read where it
+ * lies.
  *
  * The bits. Every output is one chain of fused multiply-adds in the order of the summed index,
  * from 0 (or from the output's value, when accumulating), then for the scores a product by the

@@ -230,7 +230,7 @@ const ts_cpu_vec_t *ts_cpu_vec_pick(const char *cap) {
     else if (cap && strcmp(cap, "base") == 0)
         rank = 0;
     __builtin_cpu_init();
-    if (rank >= 2 && __builtin_cpu_supports("avx512f"))
+    if (rank >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma"))
         return &ts_cpu_vec_avx512;
     if (rank >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return &ts_cpu_vec_avx2;
