@@ -2,7 +2,8 @@
 # test_gpu_daemon.sh TESSERA TESSERAD — a daemon with `[compute] device = cuda` trains and serves
 # on the GPU end to end: it logs and advertises a cuda device, trains 40 steps (checkpoints in
 # the store, snapshots served), and `tessera generate --peer` draws images through it. The same
-# run with `tessera train --device cuda` must end with finite weights.
+# run with `tessera train --device cuda` must end with finite weights. A second cuda daemon hosts
+# an imported learned-σ expert, and `generate --sampler ddpm` takes its variance from the GPU.
 # Where no GPU can be used (no CUDA backend in this build, no device, no driver) it exits 77
 # (ctest: skipped) with the reason; everything it checks needs the GPU.
 set -eu
@@ -73,3 +74,59 @@ echo "ok: tesserad with device = cuda trained 40 steps and serves on the GPU, an
     fail "generate through the GPU node: $(tail -3 "$dir/gen.txt")"
 [ -s "$dir/net.png" ] || fail "generate wrote no image"
 echo "ok: generate --peer drew 8 images through the GPU node"
+
+# DDPM with DiT's learned σ served from the GPU: an imported epsilon expert with learned σ (DiT's
+# published layout, random weights) on a second daemon, device = cuda, for cluster 0 (its
+# answers carry their variance rows, serve.c's pinned copy); generate --peer --sampler ddpm takes
+# its variance and no evaluation degrades
+"$PY" - "$(dirname "$0")/parity" "$dir/sig.pt" <<'PYEOF' || fail "making a learned-sigma checkpoint"
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import dit_torch as dt
+m = dt.DiT(input_size=28, patch_size=2, in_channels=1, hidden_size=64, depth=2, num_heads=4,
+           num_classes=10, mlp_ratio=4, freq_dim=256, learn_sigma=True)
+m.randomise(torch.Generator().manual_seed(7))
+torch.save(m.state_dict(), sys.argv[2])
+PYEOF
+run "$T" import "$dir/sig.pt" --heads 4 --partition "$F" --cluster 0 --out "$dir/sig.safetensors" \
+    --quiet
+run "$T" keygen --out "$dir/id2.key"
+cat >"$dir/d2.ini" <<INI
+[node]
+identity = $dir/id2.key
+network_key = $dir/net.key
+data_dir = $dir/data2
+listen = 127.0.0.1:0
+bootstrap = $peer
+[expert]
+mode = host
+weights = $dir/sig.safetensors
+partition = $F/partition.safetensors
+[compute]
+device = cuda
+[metrics]
+listen =
+[log]
+file = $dir/d2.log
+INI
+"$D" --config "$dir/d2.ini" &
+pids="$pids $!"
+i=0
+until grep -q "serving expert .* on cuda:0" "$dir/d2.log" 2>/dev/null; do
+    i=$((i + 1)); [ $i -lt 300 ] || fail "the learned-σ expert is not served on cuda:0: $(tail -3 "$dir/d2.log")"; sleep 0.1
+done
+i=0
+until "$T" status --peer "$peer" --network-key "$dir/net.key" --json >"$dir/s2.json" 2>/dev/null &&
+    "$PY" -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if any(a["model"].get("learn_sigma") for a in s["adverts"] if a.get("valid")) else 1)' "$dir/s2.json"; do
+    i=$((i + 1)); [ $i -lt 100 ] || fail "no advert says learn_sigma: $(head -c 400 "$dir/s2.json")"; sleep 0.2
+done
+"$T" generate --peer "$peer" --network-key "$dir/net.key" --sampler ddpm --n 4 --steps 4 \
+    --cfg 1.5 --seed 5 --policy uniform --select full --data-dir "$dir/client2" --json \
+    --out "$dir/sig.png" >"$dir/gen2.json" 2>"$dir/gen2.err" ||
+    fail "generate --sampler ddpm through the GPU's learned-σ expert: $(tail -3 "$dir/gen2.err")"
+[ "$(json_get "$dir/gen2.json" "j['ddpm_variance']")" = learned ] ||
+    fail "ddpm's variance is not the learned one: $(cat "$dir/gen2.json")"
+[ "$(json_get "$dir/gen2.json" "j['network']['degraded_evaluations']")" = 0 ] ||
+    fail "evaluations degraded: $(cat "$dir/gen2.err")"
+echo "ok: a GPU daemon serves a learned-σ expert with its variance: generate --sampler ddpm takes it"
