@@ -79,16 +79,8 @@ echo "ok: generate --peer drew 8 images through the GPU node"
 # published layout, random weights) on a second daemon, device = cuda, for cluster 0 (its
 # answers carry their variance rows, serve.c's pinned copy); generate --peer --sampler ddpm takes
 # its variance and no evaluation degrades
-"$PY" - "$(dirname "$0")/parity" "$dir/sig.pt" <<'PYEOF' || fail "making a learned-sigma checkpoint"
-import sys
-sys.path.insert(0, sys.argv[1])
-import torch
-import dit_torch as dt
-m = dt.DiT(input_size=28, patch_size=2, in_channels=1, hidden_size=64, depth=2, num_heads=4,
-           num_classes=10, mlp_ratio=4, freq_dim=256, learn_sigma=True)
-m.randomise(torch.Generator().manual_seed(7))
-torch.save(m.state_dict(), sys.argv[2])
-PYEOF
+"$PY" "$(dirname "$0")/parity/dit_torch.py" sigma-checkpoint "$dir/sig.pt" --input-size 28 --in-channels 1 ||
+    fail "making a learned-sigma checkpoint"
 run "$T" import "$dir/sig.pt" --heads 4 --partition "$F" --cluster 0 --out "$dir/sig.safetensors" \
     --quiet
 run "$T" keygen --out "$dir/id2.key"

@@ -165,16 +165,8 @@ echo "ok: generate --peer --vae (an epsilon and a flow expert on two nodes) = --
 # advertise learn_sigma, the client asks them for the variance with every answer, checks every
 # answer against the other replica's, and the PNG equals --local's
 "$T" down --dir "$dir/net" --timeout 10 >/dev/null 2>&1 || true
-"$PY" - "$here/parity" "$dir/sig.pt" <<'PYEOF' || fail "making a learned-sigma checkpoint"
-import sys
-sys.path.insert(0, sys.argv[1])
-import torch
-import dit_torch as dt
-m = dt.DiT(input_size=14, patch_size=2, in_channels=4, hidden_size=64, depth=2, num_heads=4,
-           num_classes=10, mlp_ratio=4, freq_dim=256, learn_sigma=True)
-m.randomise(torch.Generator().manual_seed(7))
-torch.save(m.state_dict(), sys.argv[2])
-PYEOF
+"$PY" "$here/parity/dit_torch.py" sigma-checkpoint "$dir/sig.pt" --input-size 14 --in-channels 4 ||
+    fail "making a learned-sigma checkpoint"
 S=$dir/sig
 mkdir -p "$S"
 cp "$F/partition.safetensors" "$F/expert-0.safetensors" "$S/"

@@ -378,3 +378,25 @@ def load_model(path):
     model = DiT.from_metadata(meta)
     model.load_state_dict(tensors, strict=True)
     return model
+
+
+def main():
+    """`dit_torch.py sigma-checkpoint OUT.pt --input-size N --in-channels C [--seed S]`: a DiT
+    with learned σ in the published layout (hidden 64, depth 2, 4 heads, 10 classes), random
+    weights, saved as a PyTorch state dict — the learned-σ expert the network tests import."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("what", choices=["sigma-checkpoint"])
+    ap.add_argument("out")
+    ap.add_argument("--input-size", type=int, required=True)
+    ap.add_argument("--in-channels", type=int, required=True)
+    ap.add_argument("--seed", type=int, default=7)
+    a = ap.parse_args()
+    m = DiT(input_size=a.input_size, patch_size=2, in_channels=a.in_channels, hidden_size=64,
+            depth=2, num_heads=4, num_classes=10, mlp_ratio=4, freq_dim=256, learn_sigma=True)
+    m.randomise(torch.Generator().manual_seed(a.seed))
+    torch.save(m.state_dict(), a.out)
+
+
+if __name__ == "__main__":
+    main()
