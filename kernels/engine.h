@@ -83,7 +83,7 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len);
 /* The revision of the engine's numerics: bump it with any change that alters the bits of an op's
  * result (a new kernel, another order of a sum). It is part of the device class, so that honest
  * replicas on builds that round differently are compared within a tolerance, never bit for bit. */
-#define TS_NUMERICS_REV 3
+#define TS_NUMERICS_REV 4
 
 /* The engine's device class, for comparing answers: two engines of one class give a model's
  * rows the same bits. "cpu/KERNELS/nREV" (OpenBLAS's kernel set, lowercase, "+onednn" when the

@@ -159,18 +159,24 @@ TS_HD float ts_tanhf(float x) {
 
 /* ---- activations ----------------------------------------------------------------------- */
 
-/* GELU, tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). */
+/* GELU, tanh approximation: 0.5·x·(1 + tanh u), u = √(2/π)·(x + 0.044715·x³), computed as
+ * x / (1 + e^(−2u)) — the same function (1 + tanh u = 2 / (1 + e^(−2u))), one exp and one division
+ * where the tanh form needs those and a series besides, and no cancellation in 1 + tanh u for
+ * x < −3, where that form lost all relative accuracy. */
 TS_HD float ts_gelu(float x) {
     float u = TS_GELU_K0 * (x + TS_GELU_K1 * x * x * x);
-    return 0.5f * x * (1.0f + ts_tanhf(u));
+    return x / (1.0f + ts_expf(-2.0f * u));
 }
 
-/* d gelu / dx. */
+/* d gelu / dx = s + 2·x·s·(1 − s)·du/dx, s = 1 / (1 + e) and e = e^(−2u) (the tanh form's
+ * ½(1 + tanh u) + ½x(1 − tanh² u)·du/dx with 1 + tanh u = 2s); 1 − s taken as e·s, which does not
+ * cancel where s nears 1. */
 TS_HD float ts_gelu_grad(float x) {
     float u = TS_GELU_K0 * (x + TS_GELU_K1 * x * x * x);
-    float th = ts_tanhf(u);
+    float e = ts_expf(-2.0f * u);
+    float s = 1.0f / (1.0f + e);
     float du = TS_GELU_K0 * (1.0f + 3.0f * TS_GELU_K1 * x * x);
-    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    return s + 2.0f * x * s * (e * s) * du;
 }
 
 TS_HD float ts_sigmoid(float x) { return 1.0f / (1.0f + ts_expf(-x)); }

@@ -110,13 +110,13 @@ int ts_layernorm_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *mean, ts
 int ts_layernorm_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                           const ts_tensor_t *inp, const ts_tensor_t *mean, const ts_tensor_t *rstd);
 
-/* GELU, tanh form. out may alias inp. */
+/* GELU, tanh form, computed as x / (1 + e^(−2u)) (kernels/math.h, ts_gelu). out may alias inp. */
 int ts_gelu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                      const ts_tensor_t *inp);
-/* GELU for the bf16 forward, whose next op rounds it to bf16 anyway: the same tanh form, written
- * as x / (1 + exp(−2u)) with a vectorised exp (AVX-512), within 1e-6 relative + 1e-6 absolute of
- * ts_gelu_forward (whose 1 + tanh u itself cancels for x < −3) — far below a bf16 rounding
+/* GELU for the bf16 forward, whose next op rounds it to bf16 anyway: the same formula as
+ * ts_gelu_forward, x / (1 + exp(−2u)), with a vectorised exp (AVX-512), within 1e-6 relative + 1e-6
+ * absolute of ts_gelu_forward — far below a bf16 rounding
  * (2^-9), and several times faster. F32 in and out; out may alias inp. TS_ENOTSUP where bf16
  * cannot run (ts_engine_precision_check). */
 int ts_gelu_forward_bf16(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);

@@ -8,9 +8,9 @@
  *                      accumulated in double: a bf16·bf16 (f16·f16) product is exact in fp32, so
  *                      the only error is fp32 accumulation in oneDNN's (OpenBLAS's) order:
  *                      |got − ref| ≤ 1e-5 · Σ_k |a_k·b_k| + 1e-7.
- *   gelu for bf16      against ts_gelu_forward: 1e-6 relative + 1e-6 absolute (a vector exp; the
- *                      fp32 tanh form itself loses ~|x|·2^-24 to cancellation in 1 + tanh u for
- *                      x < −3; the output is rounded to bf16 by the next product, 2^-9 relative).
+ *   gelu for bf16      against ts_gelu_forward: 1e-6 relative + 1e-6 absolute (the same formula with
+ *                      another vector exp; the output is rounded to bf16 by the next product, 2^-9
+ *                      relative).
  *   attention          bf16 against the fp32 op: q, k, v and the softmax weights rounded to bf16
  *                      (2^-9 relative each): 2e-2 abs + 2e-2 rel on values of O(1); f16 (2^-12
  *                      each): 3e-3.
