@@ -102,10 +102,12 @@ void ts_engine_describe(const ts_engine_t *e, char *buf, size_t len) {
     if (e->device != TS_CUDA) { /* and the GEMM kernels: OpenBLAS's set (blas_core.h) */
         ts_blas_status_t b;
         ts_blas_status(&b);
-        snprintf(buf, len, "cpu, %d thread%s, OpenBLAS %s%s%s%s%s", e->threads,
+        int onednn = ts_cpu_fwd_onednn(), tiles = e->vec && e->vec->lin && !onednn;
+        snprintf(buf, len, "cpu, %d thread%s, OpenBLAS %s%s%s%s%s%s%s", e->threads,
                  e->threads == 1 ? "" : "s", b.core, b.weaker ? " (the CPU runs " : "",
                  b.weaker ? b.cpu_best : "", b.weaker ? ")" : "",
-                 ts_cpu_fwd_onednn() ? ", forward products oneDNN" : "");
+                 onednn ? ", forward products oneDNN" : "", tiles ? ", linears " : "",
+                 tiles ? e->vec->name : "");
         return;
     }
     char name[256];

@@ -35,6 +35,8 @@ typedef struct ts_engine {
     ts_bf16_ctx_t *bf16; /* CPU only, made by the first bf16 product */
     float *f16_scratch;  /* CPU only: the f16 emulation's rounded operands (grow-only) */
     size_t f16_cap;      /* its size in floats */
+    float *lin_packed;   /* CPU only: a linear layer's weight in panels (kernels/cpu/lin_tile.c) */
+    size_t lin_cap;      /* its size in floats */
     /* CPU only: the hot loops built for this CPU (kernels/cpu/vec.h); the environment's
      * TESSERA_CPU_ISA (avx512, avx2, base) caps the choice, for tests and measurements */
     const struct ts_cpu_vec *vec;

@@ -10,10 +10,12 @@
  *     cut short (7, 9, 17 rows);
  *   - the fused attention's block products (vec.h att, the AVX2 and AVX-512 builds) against one
  *     fmaf chain per output, and its keys' transpose against the plain loop, on the presets'
- *     blocks and every row and column tail;
+ *     blocks and every row and column tail; the linear layers' forward tiles (vec.h lin) and
+ *     their weight packing the same way;
  *   - the engine: an engine started under TESSERA_CPU_ISA=<isa> runs the fused ops
  *     (ts_layernorm_modulate_forward, ts_linear_gelu_forward) and AdamW, EMA, GELU; their outputs
- *     must equal, bit for bit, the unfused ops on an engine capped to the base build.
+ *     must equal, bit for bit, the unfused ops on an engine capped to the base build — but the
+ *     linear of a build with tiles, which must equal one fmaf chain per output.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -328,6 +330,99 @@ static void test_attention_tiles(void **state) {
         printf("# attention tiles: no AVX2 or AVX-512 build on this CPU, nothing to check\n");
 }
 
+/* c (M, N) = a (M, K) · wᵀ, one fmaf chain per output in k order, + bias (NULL: none); act
+ * (nullable) = gelu(c) */
+static void plain_linear(float *c, float *act, const float *a, const float *w, const float *bias,
+                         int64_t M, int64_t N, int64_t K) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++)
+                acc = fmaf(a[i * K + k], w[j * K + k], acc);
+            if (bias)
+                acc = acc + bias[j];
+            c[i * N + j] = acc;
+            if (act)
+                act[i * N + j] = ts_gelu(acc);
+        }
+}
+
+/* The linear layers' forward tiles (vec.h lin): the packing, then every row tail (1 to 9 rows)
+ * and column tail (widths under, at and over a panel), K from 1, a range of panels alone (the
+ * columns outside it untouched), with and without bias, GELU beside and in place; K over one
+ * pass of the tile (512), so that a chain goes on from its partial sums. */
+static void test_linear_tiles(void **state) {
+    (void)state;
+    static const int64_t cases[][3] = {/* M, N, K */
+                                       {1, 1, 1},      {3, 15, 7},    {9, 33, 64},  {8, 32, 130},
+                                       {7, 100, 13},   {17, 64, 256}, {49, 48, 32}, {2, 17, 9},
+                                       {10, 40, 1100}, {3, 7, 1024}};
+    int ran = 0;
+    for (size_t k = 0; k < sizeof isas / sizeof isas[0]; k++) {
+        const ts_cpu_vec_t *t = table_for(isas[k]);
+        if (!t)
+            continue;
+        if (!t->lin) {
+            assert_string_equal(t->name, "base");
+            continue;
+        }
+        ran++;
+        tu_rng_t r = {41};
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            int64_t M = cases[c][0], N = cases[c][1], K = cases[c][2], P = t->lin->panel;
+            int64_t panels = (N + P - 1) / P;
+            float *a = tu_floats(M * K), *w = tu_floats(N * K), *b = tu_floats(N);
+            float *packed = tu_floats(panels * P * K), *want_packed = tu_floats(panels * P * K);
+            float *out = tu_floats(M * N), *act = tu_floats(M * N);
+            float *want = tu_floats(M * N), *want_act = tu_floats(M * N);
+            fill(&r, a, M * K, -1.0f, 1.0f);
+            fill(&r, w, N * K, -1.0f, 1.0f);
+            fill(&r, b, N, -1.0f, 1.0f);
+            for (int64_t p = 0; p < panels; p++)
+                for (int64_t kk = 0; kk < K; kk++)
+                    for (int64_t cc = 0; cc < P; cc++) {
+                        int64_t col = p * P + cc;
+                        want_packed[p * P * K + kk * P + cc] = col < N ? w[col * K + kk] : 0.0f;
+                    }
+            for (int64_t i = 0; i < panels * P * K; i++)
+                packed[i] = -7.0f;
+            t->lin->pack(packed, w, N, K, 0, panels);
+            check_bits(packed, want_packed, panels * P * K, "linear weight packed", t->name, N, K);
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                const float *bias = with_bias ? b : NULL;
+                plain_linear(want, want_act, a, w, bias, M, N, K);
+                for (int64_t i = 0; i < M * N; i++)
+                    out[i] = act[i] = -7.0f;
+                t->lin->forward(out, NULL, N, a, K, packed, bias, M, N, K, 0, panels);
+                check_bits(out, want, M * N, "linear", t->name, M, N);
+                t->lin->forward(out, act, N, a, K, packed, bias, M, N, K, 0, panels);
+                check_bits(out, want, M * N, "linear + gelu, pre", t->name, M, N);
+                check_bits(act, want_act, M * N, "linear + gelu, act", t->name, M, N);
+                t->lin->forward(out, out, N, a, K, packed, bias, M, N, K, 0, panels);
+                check_bits(out, want_act, M * N, "linear + gelu in place", t->name, M, N);
+                if (panels > 1) { /* the last panel alone: the columns before it untouched */
+                    for (int64_t i = 0; i < M * N; i++)
+                        out[i] = -7.0f;
+                    t->lin->forward(out, NULL, N, a, K, packed, bias, M, N, K, panels - 1, panels);
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t j = 0; j < N; j++) {
+                            float w_ij = j < (panels - 1) * P ? -7.0f : want[i * N + j];
+                            if (memcmp(&out[i * N + j], &w_ij, sizeof w_ij) != 0)
+                                fail_msg("linear, last panel alone (%s): (%lld, %lld) is %.9g, "
+                                         "want %.9g",
+                                         t->name, (long long)i, (long long)j,
+                                         (double)out[i * N + j], (double)w_ij);
+                        }
+                }
+            }
+            free(a), free(w), free(b), free(packed), free(want_packed), free(out), free(act);
+            free(want), free(want_act);
+        }
+    }
+    if (!ran)
+        printf("# linear tiles: no AVX2 or AVX-512 build on this CPU, nothing to check\n");
+}
+
 /* ---- the engine ------------------------------------------------------------------------ */
 
 /* A 2-thread CPU engine on the build for isa; 0 when this CPU does not run it. */
@@ -347,6 +442,20 @@ static int engine_for(ts_engine_t *e, const char *isa) {
 static void check_tensors(const ts_tensor_t *got, const ts_tensor_t *want, const char *what,
                           const char *isa, int64_t a, int64_t b) {
     check_bits(tu_f32(got), tu_f32(want), ts_tensor_numel(want), what, isa, a, b);
+}
+
+/* What ts_linear_gelu_forward must give: with the linear tiles one fmaf chain per output
+ * (plain_linear), else the base engine's linear and then its GELU. bias may be NULL. */
+static void reference_linear(ts_engine_t *base, int tiles, ts_tensor_t *pre, ts_tensor_t *act,
+                             const ts_tensor_t *inp, const ts_tensor_t *w,
+                             const ts_tensor_t *bias) {
+    if (tiles) {
+        plain_linear(tu_f32(pre), tu_f32(act), tu_f32(inp), tu_f32(w), bias ? tu_f32(bias) : NULL,
+                     inp->shape[0], w->shape[0], w->shape[1]);
+        return;
+    }
+    TU_CHECK_OK(ts_linear_forward(base, pre, inp, w, bias));
+    TU_CHECK_OK(ts_gelu_forward(base, act, pre));
 }
 
 /* B, T, C of the adaLN cases: T = 49 tokens (tiny), 196 (small), odd C for the tails. */
@@ -388,10 +497,14 @@ static void test_engine_fused(void **state) {
             check_tensors(&out, &w_out, "gate_residual", isas[k], B * T, C);
             TU_FREE_TENSORS(&x, &mod, &ln, &out, &mean, &rstd, &w_ln, &w_out, &w_mean, &w_rstd);
         }
-        /* linear + GELU: rows of the tiny and small MLPs, and odd sizes */
+        /* linear + GELU: rows of the tiny and small MLPs, an adaLN row, and odd sizes; a build
+         * with the linear tiles against one fmaf chain per output (whatever the cut among the
+         * threads), the base build against its unfused ops */
         static const int64_t lin_cases[][3] = {/* M, K, N */
                                                {49, 128, 512},
                                                {3136, 128, 512},
+                                               {1, 256, 1536},
+                                               {196, 256, 768},
                                                {7, 13, 29}};
         for (size_t c = 0; c < sizeof lin_cases / sizeof lin_cases[0]; c++) {
             int64_t M = lin_cases[c][0], K = lin_cases[c][1], N = lin_cases[c][2];
@@ -405,16 +518,14 @@ static void test_engine_fused(void **state) {
             tu_fill_uniform(&r, &w, -1, 1);
             tu_fill_uniform(&r, &b, -1, 1);
             TU_CHECK_OK(ts_linear_gelu_forward(&e, &pre, &act, &inp, &w, &b));
-            TU_CHECK_OK(ts_linear_forward(&base, &w_pre, &inp, &w, &b));
-            TU_CHECK_OK(ts_gelu_forward(&base, &w_act, &w_pre));
+            reference_linear(&base, e.vec->lin != NULL, &w_pre, &w_act, &inp, &w, &b);
             check_tensors(&pre, &w_pre, "linear_gelu pre", isas[k], M, N);
             check_tensors(&act, &w_act, "linear_gelu act", isas[k], M, N);
             /* in place (pre is act: a forward that keeps no activations), with and without bias */
             TU_CHECK_OK(ts_linear_gelu_forward(&e, &pre, &pre, &inp, &w, &b));
             check_tensors(&pre, &w_act, "linear_gelu in place", isas[k], M, N);
             TU_CHECK_OK(ts_linear_gelu_forward(&e, &pre, &pre, &inp, &w, NULL));
-            TU_CHECK_OK(ts_linear_forward(&base, &w_pre, &inp, &w, NULL));
-            TU_CHECK_OK(ts_gelu_forward(&base, &w_act, &w_pre));
+            reference_linear(&base, e.vec->lin != NULL, &w_pre, &w_act, &inp, &w, NULL);
             check_tensors(&pre, &w_act, "linear_gelu in place, no bias", isas[k], M, N);
             TU_FREE_TENSORS(&inp, &w, &b, &pre, &act, &w_pre, &w_act);
         }
@@ -448,7 +559,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_rows),         cmocka_unit_test(test_attention_tiles),
-        cmocka_unit_test(test_engine_fused),
+        cmocka_unit_test(test_linear_tiles), cmocka_unit_test(test_engine_fused),
     };
     return cmocka_run_group_tests_name("cpu_vec", tests, NULL, NULL);
 }

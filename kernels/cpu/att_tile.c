@@ -28,42 +28,19 @@
 #error "att_tile.c is built with -DTS_VEC_ISA=avx512|avx2 (kernels/CMakeLists.txt)"
 #endif
 
-#include <immintrin.h>
+#include "kernels/cpu/tile.h"
 
-#define VEC_CAT2(a, b) a##b
-#define VEC_CAT(a, b) VEC_CAT2(a, b)
-
-#if defined(__AVX512F__)
-typedef __m512 vf;
-#define LANES 16
-#define VLOAD _mm512_loadu_ps
-#define VSTORE _mm512_storeu_ps
-#define VSET1 _mm512_set1_ps
-#define VZERO _mm512_setzero_ps
-#define VFMA _mm512_fmadd_ps
-#define VMUL _mm512_mul_ps
+#if LANES == 16
 #define QK_R 8 /* 8 × 2 accumulators of 32 registers */
 #define QK_NV 2
 #define PV_R 6 /* 6 × 4 */
 #define PV_NV 4
-#elif defined(__AVX2__) && defined(__FMA__)
-typedef __m256 vf;
-#define LANES 8
-#define VLOAD _mm256_loadu_ps
-#define VSTORE _mm256_storeu_ps
-#define VSET1 _mm256_set1_ps
-#define VZERO _mm256_setzero_ps
-#define VFMA _mm256_fmadd_ps
-#define VMUL _mm256_mul_ps
+#else
 #define QK_R 6 /* 6 × 2 accumulators of 16 registers */
 #define QK_NV 2
 #define PV_R 4 /* 4 × 3 */
 #define PV_NV 3
-#else
-#error "att_tile.c needs AVX-512 F or AVX2 with FMA"
 #endif
-
-#define INLINE static inline __attribute__((always_inline))
 
 /* The two tiles below share their loops but not their register shapes and epilogues; one tile
  * function for both, with its accumulators sized for the larger, ran the scores at 113 GFLOP/s
@@ -192,28 +169,6 @@ static void att_pv(float *o, int64_t ldo, const float *p, int64_t ldp, const flo
 }
 
 /* ---- the keys, transposed ---------------------------------------------------------------- */
-
-/* 8 rows of 8 floats (row stride lds) into 8 rows of 8 (row stride ldd), transposed in AVX
- * registers (both builds have AVX). */
-INLINE void transpose8(float *dst, int64_t ldd, const float *src, int64_t lds) {
-    __m256 r[8], t[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = _mm256_loadu_ps(src + i * lds);
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-    }
-    for (int i = 0; i < 4; i++) {
-        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-    }
-}
 
 static void att_kt(float *kt, const float *k, int64_t m, int64_t mp, int64_t hd, int64_t ld) {
     int64_t c = 0, h8 = hd / 8 * 8;

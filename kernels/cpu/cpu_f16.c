@@ -21,6 +21,7 @@
 #endif
 
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/math.h"
 
 void ts_cpu_f16_free(ts_engine_t *e) {
@@ -31,17 +32,7 @@ void ts_cpu_f16_free(ts_engine_t *e) {
 
 /* Room for n floats of rounded operands; grows, never shrinks, contents not kept. */
 static int room(ts_engine_t *e, int64_t n, float **out) {
-    if ((size_t)n > e->f16_cap) {
-        size_t want = (size_t)n + (size_t)n / 4, bytes = (want * sizeof(float) + 63) & ~(size_t)63;
-        float *p = aligned_alloc(64, bytes);
-        if (!p)
-            return TS_ENOMEM;
-        free(e->f16_scratch);
-        e->f16_scratch = p;
-        e->f16_cap = want;
-    }
-    *out = e->f16_scratch;
-    return TS_OK;
+    return ts_cpu_room(&e->f16_scratch, &e->f16_cap, n, out);
 }
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -1,7 +1,10 @@
 /*
  * cpu_gemm.c — the CPU backend's products: ts_cpu_gemm (a strided batch of fp32 products) and a
  * linear layer's forward (ts_cpu_linear_forward, ts_cpu_linear_gelu_forward), on OpenBLAS's
- * cblas_sgemm (or oneDNN's, where fwd_gemm.h takes the forward products).
+ * cblas_sgemm (or oneDNN's, where fwd_gemm.h takes the forward products). On a CPU with FMA a
+ * linear layer's forward is the register tiles of kernels/cpu/lin_tile.c instead (linear_tiles
+ * below): one FMA chain per output, so what follows about OpenBLAS's slices and batch invariance
+ * concerns the other products and the base build.
  *
  * Determinism: a GEMM is cut into one slice per thread, and OpenBLAS may round a slice
  * differently from the whole product (seen with M = 1 products of 1280 to 2304 columns cut in
@@ -18,6 +21,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/blas_core.h"
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/fwd_gemm.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/vec.h"
@@ -244,12 +248,83 @@ static void items_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
+/* ---- the linear layers' forward in register tiles (kernels/cpu/lin_tile.c) -------------- */
+
+/* Rows of the activations per unit of work, at most: a block of them (LIN_ROWS × K floats) stays
+ * in L2 while every panel of the weight passes over it. The blocks of a call are of equal size
+ * (within a row). */
+#define LIN_ROWS 128
+
+typedef struct {
+    const ts_cpu_lin_tiles_t *t;
+    float *out, *act;
+    const float *inp, *weight, *bias, *packed;
+    float *pack_to;
+    int64_t M, N, K, panels;
+    int64_t blocks; /* row blocks: block b is rows [M·b / blocks, M·(b + 1) / blocks) */
+    int64_t groups; /* column groups: unit u is row block u / groups, panels of group u % groups */
+} lin_job_t;
+
+static void lin_pack_range(void *arg, int64_t lo, int64_t hi) {
+    const lin_job_t *j = arg;
+    j->t->pack(j->pack_to, j->weight, j->N, j->K, lo, hi);
+}
+
+static void lin_range(void *arg, int64_t lo, int64_t hi) {
+    const lin_job_t *j = arg;
+    for (int64_t u = lo; u < hi; u++) {
+        int64_t b = u / j->groups, g = u % j->groups;
+        int64_t r0 = j->M * b / j->blocks, rows = j->M * (b + 1) / j->blocks - r0;
+        int64_t p0 = j->panels * g / j->groups, p1 = j->panels * (g + 1) / j->groups;
+        j->t->forward(j->out + r0 * j->N, j->act ? j->act + r0 * j->N : NULL, j->N,
+                      j->inp + r0 * j->K, j->K, j->packed, j->bias, rows, j->N, j->K, p0, p1);
+    }
+}
+
+/* The weight packed into panels once (the threads share the panels), then the output in units of
+ * a row block by a group of panels: whole row blocks when there are enough for every thread, else
+ * each block's panels cut in groups too. Every output's bits are the same whichever unit computes
+ * it, so neither the cut nor the thread count nor GEMM_WAKE_MACS changes one. */
+static int linear_tiles(ts_engine_t *e, float *out, float *act, const float *inp,
+                        const float *weight, const float *bias, int64_t M, int64_t N, int64_t K) {
+    lin_job_t j = {.t = e->vec->lin,
+                   .out = out,
+                   .act = act,
+                   .inp = inp,
+                   .weight = weight,
+                   .bias = bias,
+                   .M = M,
+                   .N = N,
+                   .K = K};
+    j.panels = (N + j.t->panel - 1) / j.t->panel;
+    float *packed;
+    TS_TRY(ts_cpu_room(&e->lin_packed, &e->lin_cap, j.panels * j.t->panel * K, &packed));
+    j.pack_to = packed;
+    j.packed = packed;
+    int threads = ts_pool_threads(e->pool);
+    int64_t blocks = (M + LIN_ROWS - 1) / LIN_ROWS;
+    j.blocks = blocks;
+    j.groups = blocks >= 2 * threads ? 1 : (2 * threads + blocks - 1) / blocks;
+    j.groups = j.groups > j.panels ? j.panels : j.groups;
+    int wake = (double)M * (double)N * (double)K >= GEMM_WAKE_MACS;
+    if (wake) {
+        ts_pool_for(e->pool, j.panels, 1, lin_pack_range, &j);
+        ts_pool_for(e->pool, blocks * j.groups, 1, lin_range, &j);
+    } else {
+        lin_pack_range(&j, 0, j.panels);
+        lin_range(&j, 0, blocks * j.groups);
+    }
+    return TS_OK;
+}
+
 /* out (M, N) = inp (M, K) · weightᵀ + bias, then act = gelu(out) when act is not NULL. */
 static int linear_forward(ts_engine_t *e, float *out, float *act, const float *inp,
                           const float *weight, const float *bias, int64_t M, int64_t N, int64_t K,
                           int64_t group) {
     if (!gemm_dims_fit(M, N, K, K, K, N))
         return TS_ERANGE;
+    if (e->vec->lin && !ts_cpu_fwd_onednn())
+        return linear_tiles(e, out, act, inp, weight, bias, M, N, K);
     /* out (M, N) = inp (M, K) · weightᵀ (K, N) + bias: lda = ldb = K, ldc = N, alpha 1, beta 0 */
     gemm_job_t j = {0, 1,    M,    N,   K,      K,   K,    N,   0,     0,
                     0, 1.0f, 0.0f, inp, weight, out, bias, act, e->vec};

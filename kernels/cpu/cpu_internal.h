@@ -6,6 +6,7 @@
 #define TS_KERNELS_CPU_CPU_INTERNAL_H
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/pool.h"
@@ -20,6 +21,22 @@
 static inline void parallel(ts_engine_t *e, int64_t n, int64_t min_per_thread, ts_pool_fn fn,
                             void *ctx) {
     ts_pool_for(e->pool, n, min_per_thread, fn, ctx);
+}
+
+/* *buf (of *cap floats, 64-byte aligned) made to hold n floats: grows by a quarter more, never
+ * shrinks, contents not kept. TS_ENOMEM leaves it as it was. */
+static inline int ts_cpu_room(float **buf, size_t *cap, int64_t n, float **out) {
+    if ((size_t)n > *cap) {
+        size_t want = (size_t)n + (size_t)n / 4, bytes = (want * sizeof(float) + 63) & ~(size_t)63;
+        float *p = aligned_alloc(64, bytes);
+        if (!p)
+            return TS_ENOMEM;
+        free(*buf);
+        *buf = p;
+        *cap = want;
+    }
+    *out = *buf;
+    return TS_OK;
 }
 
 #endif

@@ -60,6 +60,9 @@ int ts_cpu_engine_init(ts_engine_t *e, int threads) {
 void ts_cpu_engine_free(ts_engine_t *e) {
     ts_pool_free(e->pool);
     e->pool = NULL;
+    free(e->lin_packed);
+    e->lin_packed = NULL;
+    e->lin_cap = 0;
 }
 
 /* ---- helpers --------------------------------------------------------------------------- */

@@ -2,7 +2,7 @@
  * vec.c — the CPU backend's hot loops (kernels/cpu/vec.h), compiled once per instruction set.
  *
  * kernels/CMakeLists.txt builds this file three times, defining TS_VEC_ISA as avx512, avx2 or
- * base and passing -mavx512f, -mavx2 (each with -mfma, for kernels/cpu/att_tile.c's explicit
+ * base and passing -mavx512f, -mavx2 (each with -mfma, for the register tiles' (kernels/cpu/att_tile.c, lin_tile.c) explicit
  * fused multiply-adds; -ffp-contract=off keeps these loops unfused) or nothing; each build
  * defines one table,
  * ts_cpu_vec_<isa>. The base build also defines ts_cpu_vec_pick (TS_VEC_PICK), which chooses
@@ -193,11 +193,14 @@ static float exp_sum(float *x, int64_t n, float sub) {
     return total;
 }
 
-#ifdef TS_VEC_ATT /* the AVX2 and AVX-512 builds: kernels/cpu/att_tile.c */
+#ifdef TS_VEC_TILES /* the AVX2 and AVX-512 builds: kernels/cpu/att_tile.c, lin_tile.c */
 extern const ts_cpu_att_tiles_t VEC_CAT(ts_cpu_att_tiles_, TS_VEC_ISA);
+extern const ts_cpu_lin_tiles_t VEC_CAT(ts_cpu_lin_tiles_, TS_VEC_ISA);
 #define ATT_TILES (&VEC_CAT(ts_cpu_att_tiles_, TS_VEC_ISA))
+#define LIN_TILES (&VEC_CAT(ts_cpu_lin_tiles_, TS_VEC_ISA))
 #else
 #define ATT_TILES NULL
+#define LIN_TILES NULL
 #endif
 
 extern const ts_cpu_vec_t VEC_CAT(ts_cpu_vec_, TS_VEC_ISA);
@@ -215,6 +218,7 @@ const ts_cpu_vec_t VEC_CAT(ts_cpu_vec_, TS_VEC_ISA) = {
     .exp_sub = exp_sub,
     .exp_sum = exp_sum,
     .att = ATT_TILES,
+    .lin = LIN_TILES,
 };
 
 #ifdef TS_VEC_PICK

@@ -14,7 +14,8 @@
  * what the scalar loop does. tests/test_cpu_vec.c checks each variant the CPU can run against
  * the plain loops, with memcmp, on sizes with tails.
  *
- * What is not here: the GEMMs (OpenBLAS picks its own kernels), softmax and attention (the
+ * What is not here: the GEMMs but the linear layers' forward (OpenBLAS picks its own kernels;
+ * the AVX2 and AVX-512 builds' linear forward is kernels/cpu/lin_tile.c's), softmax and attention (the
  * attention kernel's own file, which takes its exponentials from here and, in the AVX2 and
  * AVX-512 builds, its block products from kernels/cpu/att_tile.c), the reductions in double
  * (their order is their rounding).
@@ -38,6 +39,22 @@ typedef struct ts_cpu_att_tiles {
     void (*pv)(float *o, int64_t ldo, const float *p, int64_t ldp, const float *v, int64_t ldv,
                int64_t n, int64_t m, int64_t hd, int accumulate);
 } ts_cpu_att_tiles_t;
+
+/* A linear layer's forward product (kernels/cpu/lin_tile.c): each output one FMA chain over k in
+ * order, then the bias, then GELU — the same bits in the AVX-512 and AVX2 builds, whatever the
+ * batch or the cut of the work. */
+typedef struct ts_cpu_lin_tiles {
+    int64_t panel; /* the columns of a packed panel of the weight */
+    /* panels lo..hi of weight w (n, K) into packed: panel p (w's rows [p·panel, p·panel + panel),
+     * zeros past n) as K rows of `panel` floats at packed + p·panel·K */
+    void (*pack)(float *packed, const float *w, int64_t n, int64_t K, int64_t lo, int64_t hi);
+    /* rows 0..m, columns of panels lo..hi (and < n) of c (row stride ldc) = a (m, K; row stride
+     * lda) · wᵀ + bias (bias NULL: none); when act is not NULL, act = gelu(that) (c's layout;
+     * act == c leaves only the GELU), as bias_act */
+    void (*forward)(float *c, float *act, int64_t ldc, const float *a, int64_t lda,
+                    const float *packed, const float *bias, int64_t m, int64_t n, int64_t K,
+                    int64_t lo, int64_t hi);
+} ts_cpu_lin_tiles_t;
 
 typedef struct ts_cpu_vec {
     const char *name; /* "avx512", "avx2" or "base" */
@@ -75,6 +92,8 @@ typedef struct ts_cpu_vec {
     float (*exp_sum)(float *x, int64_t n, float sub);
     /* the fp32 fused attention's products; NULL in the base build (OpenBLAS's there) */
     const ts_cpu_att_tiles_t *att;
+    /* the fp32 linear layers' forward products; NULL in the base build (OpenBLAS's there) */
+    const ts_cpu_lin_tiles_t *lin;
 } ts_cpu_vec_t;
 
 #define TS_EXP_LANES 16
