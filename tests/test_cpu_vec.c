@@ -350,13 +350,14 @@ static void plain_linear(float *c, float *act, const float *a, const float *w, c
 /* The linear layers' forward tiles (vec.h lin): the packing, then every row tail (1 to 9 rows)
  * and column tail (widths under, at and over a panel), K from 1, a range of panels alone (the
  * columns outside it untouched), with and without bias, GELU beside and in place; K over one
- * pass of the tile (512), so that a chain goes on from its partial sums. */
+ * pass of the tile (512), so that a chain goes on from its partial sums; and, up to
+ * LIN_DIRECT_ROWS rows, the unpacked path (direct). */
 static void test_linear_tiles(void **state) {
     (void)state;
     static const int64_t cases[][3] = {/* M, N, K */
                                        {1, 1, 1},      {3, 15, 7},    {9, 33, 64},  {8, 32, 130},
                                        {7, 100, 13},   {17, 64, 256}, {49, 48, 32}, {2, 17, 9},
-                                       {10, 40, 1100}, {3, 7, 1024}};
+                                       {10, 40, 1100}, {3, 7, 1024},  {1, 70, 29},  {8, 24, 8}};
     int ran = 0;
     for (size_t k = 0; k < sizeof isas / sizeof isas[0]; k++) {
         const ts_cpu_vec_t *t = table_for(isas[k]);
@@ -400,6 +401,15 @@ static void test_linear_tiles(void **state) {
                 check_bits(act, want_act, M * N, "linear + gelu, act", t->name, M, N);
                 t->lin->forward(out, out, N, a, K, packed, bias, M, N, K, 0, panels);
                 check_bits(out, want_act, M * N, "linear + gelu in place", t->name, M, N);
+                if (M <= LIN_DIRECT_ROWS) { /* the unpacked weight: the same bits */
+                    for (int64_t i = 0; i < M * N; i++)
+                        out[i] = act[i] = -7.0f;
+                    t->lin->direct(out, act, N, a, K, w, bias, M, K, 0, N);
+                    check_bits(out, want, M * N, "linear direct, pre", t->name, M, N);
+                    check_bits(act, want_act, M * N, "linear direct, act", t->name, M, N);
+                    t->lin->direct(out, NULL, N, a, K, w, bias, M, K, 0, N);
+                    check_bits(out, want, M * N, "linear direct", t->name, M, N);
+                }
                 if (panels > 1) { /* the last panel alone: the columns before it untouched */
                     for (int64_t i = 0; i < M * N; i++)
                         out[i] = -7.0f;

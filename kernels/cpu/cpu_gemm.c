@@ -15,6 +15,7 @@
  */
 #include <cblas.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <strings.h>
@@ -252,39 +253,72 @@ static void items_range(void *arg, int64_t lo, int64_t hi) {
 
 /* Rows of the activations per unit of work, at most: a block of them (LIN_ROWS × K floats) stays
  * in L2 while every panel of the weight passes over it. The blocks of a call are of equal size
- * (within a row). */
+ * (within a row), and as many for every thread. */
 #define LIN_ROWS 128
+
+/* A panel's state: not packed, being packed by one thread, ready. */
+enum { PANEL_NONE, PANEL_PACKING, PANEL_READY };
 
 typedef struct {
     const ts_cpu_lin_tiles_t *t;
     float *out, *act;
-    const float *inp, *weight, *bias, *packed;
-    float *pack_to;
+    const float *inp, *weight, *bias;
+    float *packed;
+    int *state; /* (panels) PANEL_* */
     int64_t M, N, K, panels;
     int64_t blocks; /* row blocks: block b is rows [M·b / blocks, M·(b + 1) / blocks) */
     int64_t groups; /* column groups: unit u is row block u / groups, panels of group u % groups */
 } lin_job_t;
 
-static void lin_pack_range(void *arg, int64_t lo, int64_t hi) {
-    const lin_job_t *j = arg;
-    j->t->pack(j->pack_to, j->weight, j->N, j->K, lo, hi);
+/* Panel p packed, by this thread if no other has begun it (then still in this core's cache for
+ * the rows that follow), else waited for: a panel is a few µs of copying. */
+static void panel_ready(const lin_job_t *j, int64_t p) {
+    int *st = &j->state[p];
+    if (__atomic_load_n(st, __ATOMIC_ACQUIRE) == PANEL_READY)
+        return;
+    int expect = PANEL_NONE;
+    if (__atomic_compare_exchange_n(st, &expect, PANEL_PACKING, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        j->t->pack(j->packed, j->weight, j->N, j->K, p, p + 1);
+        __atomic_store_n(st, PANEL_READY, __ATOMIC_RELEASE);
+        return;
+    }
+    while (__atomic_load_n(st, __ATOMIC_ACQUIRE) != PANEL_READY)
+        sched_yield();
 }
 
+/* Units of row block b take the groups, and the panels in a group, in an order rotated by b, so
+ * that threads starting on different blocks pack different panels at once instead of one
+ * waiting for the other's. */
 static void lin_range(void *arg, int64_t lo, int64_t hi) {
     const lin_job_t *j = arg;
     for (int64_t u = lo; u < hi; u++) {
-        int64_t b = u / j->groups, g = u % j->groups;
+        int64_t b = u / j->groups, g = (u + b) % j->groups;
         int64_t r0 = j->M * b / j->blocks, rows = j->M * (b + 1) / j->blocks - r0;
-        int64_t p0 = j->panels * g / j->groups, p1 = j->panels * (g + 1) / j->groups;
-        j->t->forward(j->out + r0 * j->N, j->act ? j->act + r0 * j->N : NULL, j->N,
-                      j->inp + r0 * j->K, j->K, j->packed, j->bias, rows, j->N, j->K, p0, p1);
+        int64_t p0 = j->panels * g / j->groups, n = j->panels * (g + 1) / j->groups - p0;
+        for (int64_t i = 0, s = n * b / j->blocks; i < n; i++) {
+            int64_t p = p0 + (s + i) % n;
+            panel_ready(j, p);
+            j->t->forward(j->out + r0 * j->N, j->act ? j->act + r0 * j->N : NULL, j->N,
+                          j->inp + r0 * j->K, j->K, j->packed, j->bias, rows, j->N, j->K, p, p + 1);
+        }
     }
 }
 
-/* The weight packed into panels once (the threads share the panels), then the output in units of
- * a row block by a group of panels: whole row blocks when there are enough for every thread, else
- * each block's panels cut in groups too. Every output's bits are the same whichever unit computes
- * it, so neither the cut nor the thread count nor GEMM_WAKE_MACS changes one. */
+/* Columns [8·lo, 8·hi) of a product of at most LIN_DIRECT_ROWS rows (lin's direct). */
+static void lin_direct_range(void *arg, int64_t lo, int64_t hi) {
+    const lin_job_t *j = arg;
+    int64_t j1 = 8 * hi < j->N ? 8 * hi : j->N;
+    j->t->direct(j->out, j->act, j->N, j->inp, j->K, j->weight, j->bias, j->M, j->K, 8 * lo, j1);
+}
+
+/* A product of at most LIN_DIRECT_ROWS rows reads the weight where it lies (lin's direct), its
+ * columns cut among the threads in blocks of 8; the threads are woken from a weight of 2^18
+ * floats on, which takes a thread longer to read than waking the other. Otherwise: the output in units of a row block by a group of the weight's panels: whole row blocks when
+ * there are enough for every thread, else each block's panels cut in groups too. Each panel is
+ * packed once, by the first unit to need it, and the threads share it. Every output's bits are
+ * the same whichever unit computes it, so neither the cut nor the thread count nor GEMM_WAKE_MACS
+ * changes one. */
 static int linear_tiles(ts_engine_t *e, float *out, float *act, const float *inp,
                         const float *weight, const float *bias, int64_t M, int64_t N, int64_t K) {
     lin_job_t j = {.t = e->vec->lin,
@@ -296,24 +330,31 @@ static int linear_tiles(ts_engine_t *e, float *out, float *act, const float *inp
                    .M = M,
                    .N = N,
                    .K = K};
-    j.panels = (N + j.t->panel - 1) / j.t->panel;
-    float *packed;
-    TS_TRY(ts_cpu_room(&e->lin_packed, &e->lin_cap, j.panels * j.t->panel * K, &packed));
-    j.pack_to = packed;
-    j.packed = packed;
-    int threads = ts_pool_threads(e->pool);
-    int64_t blocks = (M + LIN_ROWS - 1) / LIN_ROWS;
-    j.blocks = blocks;
-    j.groups = blocks >= 2 * threads ? 1 : (2 * threads + blocks - 1) / blocks;
-    j.groups = j.groups > j.panels ? j.panels : j.groups;
-    int wake = (double)M * (double)N * (double)K >= GEMM_WAKE_MACS;
-    if (wake) {
-        ts_pool_for(e->pool, j.panels, 1, lin_pack_range, &j);
-        ts_pool_for(e->pool, blocks * j.groups, 1, lin_range, &j);
-    } else {
-        lin_pack_range(&j, 0, j.panels);
-        lin_range(&j, 0, blocks * j.groups);
+    if (M <= LIN_DIRECT_ROWS) {
+        int wake = (double)N * (double)K >= 262144.0 ||
+                   (double)M * (double)N * (double)K >= GEMM_WAKE_MACS;
+        if (wake)
+            ts_pool_for(e->pool, (N + 7) / 8, 1, lin_direct_range, &j);
+        else
+            lin_direct_range(&j, 0, (N + 7) / 8);
+        return TS_OK;
     }
+    j.panels = (N + j.t->panel - 1) / j.t->panel;
+    TS_TRY(ts_cpu_room(&e->lin_packed, &e->lin_cap, j.panels * j.t->panel * K, &j.packed));
+    j.state = calloc((size_t)j.panels, sizeof *j.state);
+    if (!j.state)
+        return TS_ENOMEM;
+    int threads = ts_pool_threads(e->pool);
+    j.blocks = (M + LIN_ROWS - 1) / LIN_ROWS;
+    if (j.blocks >= 2 * threads) /* as many blocks for every thread */
+        j.blocks = (j.blocks + threads - 1) / threads * threads;
+    j.groups = j.blocks >= 2 * threads ? 1 : (2 * threads + j.blocks - 1) / j.blocks;
+    j.groups = j.groups > j.panels ? j.panels : j.groups;
+    if ((double)M * (double)N * (double)K >= GEMM_WAKE_MACS)
+        ts_pool_for(e->pool, j.blocks * j.groups, 1, lin_range, &j);
+    else
+        lin_range(&j, 0, j.blocks * j.groups);
+    free(j.state);
     return TS_OK;
 }
 

@@ -180,6 +180,48 @@ static void lin_forward(float *c, float *act, int64_t ldc, const float *a, int64
     }
 }
 
+/* ---- a few rows: the weight read where it lies -------------------------------------------- */
+
+/* Rows 0..m (m ≤ LIN_DIRECT_ROWS) and columns [j0, j1) of c, as lin_forward but without the
+ * packing: each block of 8 of w's rows is transposed 8 × 8 at a time into L1 scratch as it is
+ * used (256-bit vectors, both builds), so the weight is read once and written nowhere — with a
+ * row or two (a small batch's adaLN), the packing's extra passes over the weight were most of the
+ * product. The same chains, so the same bits as lin_forward. */
+static void lin_direct(float *c, float *act, int64_t ldc, const float *a, int64_t lda,
+                       const float *w, const float *bias, int64_t m, int64_t K, int64_t j0,
+                       int64_t j1) {
+    int64_t K8 = K / 8 * 8;
+    float t[64];
+    for (int64_t n0 = j0; n0 < j1; n0 += 8) {
+        int64_t width = j1 - n0 < 8 ? j1 - n0 : 8;
+        __m256 acc[LIN_DIRECT_ROWS];
+        for (int64_t i = 0; i < m; i++)
+            acc[i] = _mm256_setzero_ps();
+        for (int64_t k0 = 0; k0 < K; k0 += 8) {
+            int64_t kn = k0 < K8 ? 8 : K - k0;
+            if (width == 8 && kn == 8)
+                transpose8(t, 8, w + n0 * K + k0, K);
+            else /* a block at the edge: zeros past the weight's rows */
+                for (int64_t kk = 0; kk < kn; kk++)
+                    for (int64_t nn = 0; nn < 8; nn++)
+                        t[kk * 8 + nn] = nn < width ? w[(n0 + nn) * K + k0 + kk] : 0.0f;
+            for (int64_t kk = 0; kk < kn; kk++) {
+                __m256 b = _mm256_loadu_ps(t + kk * 8);
+                for (int64_t i = 0; i < m; i++)
+                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(a[i * lda + k0 + kk]), b, acc[i]);
+            }
+        }
+        for (int64_t i = 0; i < m; i++) {
+            float r[8], *ci = c + i * ldc + n0;
+            _mm256_storeu_ps(r, acc[i]);
+            for (int64_t nn = 0; nn < width; nn++)
+                ci[nn] = bias ? r[nn] + bias[n0 + nn] : r[nn];
+            if (act)
+                gelu_row(act + i * ldc + n0, ci, width);
+        }
+    }
+}
+
 extern const ts_cpu_lin_tiles_t VEC_CAT(ts_cpu_lin_tiles_, TS_VEC_ISA);
 const ts_cpu_lin_tiles_t VEC_CAT(ts_cpu_lin_tiles_, TS_VEC_ISA) = {
-    .panel = PANEL, .pack = lin_pack, .forward = lin_forward};
+    .panel = PANEL, .pack = lin_pack, .forward = lin_forward, .direct = lin_direct};

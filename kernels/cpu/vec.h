@@ -54,7 +54,14 @@ typedef struct ts_cpu_lin_tiles {
     void (*forward)(float *c, float *act, int64_t ldc, const float *a, int64_t lda,
                     const float *packed, const float *bias, int64_t m, int64_t n, int64_t K,
                     int64_t lo, int64_t hi);
+    /* forward's result for rows 0..m (m ≤ LIN_DIRECT_ROWS) and columns [j0, j1), from w (n, K)
+     * unpacked; bias is the whole layer's (N) */
+    void (*direct)(float *c, float *act, int64_t ldc, const float *a, int64_t lda, const float *w,
+                   const float *bias, int64_t m, int64_t K, int64_t j0, int64_t j1);
 } ts_cpu_lin_tiles_t;
+
+/* The most rows lin's direct takes. */
+#define LIN_DIRECT_ROWS 8
 
 typedef struct ts_cpu_vec {
     const char *name; /* "avx512", "avx2" or "base" */
