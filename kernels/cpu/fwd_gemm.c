@@ -2,6 +2,7 @@
  * fwd_gemm.c — the fp32 forward products through oneDNN's sgemm (fwd_gemm.h).
  */
 #include "kernels/cpu/fwd_gemm.h"
+#include "kernels/cpu/vec.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -45,7 +46,14 @@ int ts_cpu_fwd_onednn(void) {
 
 const char *ts_cpu_fwd_gemm_name(void) {
     pthread_once(&once, decide);
-    return name;
+    if (use_onednn)
+        return name;
+    /* the engines' loop table, as ts_cpu_engine_init picks it */
+    const ts_cpu_vec_t *v = ts_cpu_vec_pick(getenv("TESSERA_CPU_ISA"));
+    if (!v->lin)
+        return name;
+    return strcmp(v->name, "avx512") == 0 ? "register tiles, AVX-512 (kernels/cpu/lin_tile.c)"
+                                          : "register tiles, AVX2 (kernels/cpu/lin_tile.c)";
 }
 
 void ts_cpu_onednn_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,

@@ -24,7 +24,10 @@
 /* 1 when the forward products go through oneDNN (decided once per process). */
 int ts_cpu_fwd_onednn(void);
 
-/* "OpenBLAS", or "oneDNN 2.6.3 sgemm, one call per item" — for logs and selfcheck. */
+/* What computes the fp32 forward products of linear layers, for logs and selfcheck: "oneDNN 2.6.3
+ * sgemm, one call per item" (TESSERA_FWD_GEMM=onednn), "register tiles, AVX-512
+ * (kernels/cpu/lin_tile.c)" or "…, AVX2 (…)" (a CPU with FMA, the build TESSERA_CPU_ISA allows),
+ * else "OpenBLAS". */
 const char *ts_cpu_fwd_gemm_name(void);
 
 /* C (M, N) = A (M, K) · Bᵀ (B stored (N, K)), row strides lda, ldb, ldc; on the calling thread
