@@ -6,10 +6,11 @@
  * Why not OpenBLAS. OpenBLAS packs both operands of every call (the activations once per call,
  * 7 % of `small`'s forward at batch 64) and clears C before its product for beta 0 (4 %), and the
  * bias and GELU then take another pass over C. Here the weight is packed once per call into
- * panels of PANEL columns (cpu_gemm.c shares the panels among the threads), the activations are
- * read where they lie, and the bias and GELU are applied to each tile right after its product,
- * while it is in registers and L1. Single-threaded, on the linears of `small` and `tiny`, this ran
- * 1.1–1.5× OpenBLAS's Cooperlake kernels with the bias added (docs/benchmarks.md).
+ * panels of PANEL columns (cpu_gemm.c shares the panels among the threads; a product of a few rows
+ * packs nothing, lin_direct below), the activations are read where they lie, and the bias and
+ * GELU are applied to each tile right after its product, while it is in registers and L1. On 2
+ * threads `small`'s linears at batch 64 ran at 103–108 % of the 2048³ sgemm peak against
+ * OpenBLAS's 87–99 % (`bench_gemm --config small`, docs/benchmarks.md).
  *
  * The bits. Every output is one chain of fused multiply-adds over k in order from 0, then the
  * bias added (one rounding, as ts_add_bcast_forward), then GELU as kernels/math.h's ts_gelu: what
@@ -19,8 +20,8 @@
  * no table entry: OpenBLAS there.) tests/test_cpu_vec.c checks each build against the scalar chain
  * with memcmp.
  *
- * Tiles: k in passes of LIN_KC (below); R rows × 2 vectors of columns in registers (AVX-512: 8 × 32 columns, 16 accumulators;
- * AVX2: 6 × 16, 12); per k the panel's row (2 vectors, contiguous) is loaded once and each row's
+ * Tiles: k in passes of LIN_KC (below); R rows × 2 vectors of columns in registers (AVX-512:
+ * 8 × 32 columns, 16 accumulators; AVX2: 6 × 16, 12); per k the panel's row (2 vectors, contiguous) is loaded once and each row's
  * element broadcast. Row tails take a smaller R; the last panel's columns past the weight's rows
  * are zero in the packing and are computed into a scratch tile, of which only the real columns
  * are written.
