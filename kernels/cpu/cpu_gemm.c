@@ -314,8 +314,9 @@ static void lin_direct_range(void *arg, int64_t lo, int64_t hi) {
 
 /* A product of at most LIN_DIRECT_ROWS rows reads the weight where it lies (lin's direct), its
  * columns cut among the threads in blocks of 8; the threads are woken from a weight of 2^18
- * floats on, which takes a thread longer to read than waking the other. Otherwise: the output in units of a row block by a group of the weight's panels: whole row blocks when
- * there are enough for every thread, else each block's panels cut in groups too. Each panel is
+ * floats (1 MiB) on, a threshold chosen, not measured. Otherwise: the output in units of a row
+ * block by a group of the weight's panels: whole row blocks when there are enough for every
+ * thread, else each block's panels cut in groups too. Each panel is
  * packed once, by the first unit to need it, and the threads share it. Every output's bits are
  * the same whichever unit computes it, so neither the cut nor the thread count nor GEMM_WAKE_MACS
  * changes one. */

@@ -21,8 +21,8 @@
  * with memcmp.
  *
  * Tiles: k in passes of LIN_KC (below); R rows × 2 vectors of columns in registers (AVX-512:
- * 8 × 32 columns, 16 accumulators; AVX2: 6 × 16, 12); per k the panel's row (2 vectors, contiguous) is loaded once and each row's
- * element broadcast. Row tails take a smaller R; the last panel's columns past the weight's rows
+ * 8 × 32 columns, 16 accumulators; AVX2: 6 × 16, 12); per k the panel's row (2 vectors,
+ * contiguous) is loaded once and each row's element broadcast. Row tails take a smaller R; the last panel's columns past the weight's rows
  * are zero in the packing and are computed into a scratch tile, of which only the real columns
  * are written.
  */

@@ -14,8 +14,8 @@
  * what the scalar loop does. tests/test_cpu_vec.c checks each variant the CPU can run against
  * the plain loops, with memcmp, on sizes with tails.
  *
- * What is not here: the GEMMs but the linear layers' forward (OpenBLAS picks its own kernels;
- * the AVX2 and AVX-512 builds' linear forward is kernels/cpu/lin_tile.c's), softmax and attention (the
+ * What is not here: the GEMMs (OpenBLAS picks its own kernels; the AVX2 and AVX-512 builds'
+ * linear forward is kernels/cpu/lin_tile.c's, in the table below), softmax and attention (the
  * attention kernel's own file, which takes its exponentials from here and, in the AVX2 and
  * AVX-512 builds, its block products from kernels/cpu/att_tile.c), the reductions in double
  * (their order is their rounding).
