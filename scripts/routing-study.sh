@@ -23,7 +23,7 @@
 # ARMS (which training arms; default all of: mono-s1 mono-s2 mono-b8 ens-base ens-b8 warm
 # ens-warm-b8 part-label part-random align mix part-features part-features4 part-features16
 # part-hier part-k4 part-k16 part-label4 router-label; and, not in the default, mono-b8-s2
-# part-ae router-ae), EVAL (0 to train only), JUDGES (judge files, comma-separated: every evaluation also
+# mono-b8-s3 part-label-s2 part-ae router-ae), EVAL (0 to train only), JUDGES (judge files, comma-separated: every evaluation also
 # scores its entries in each, `tessera eval --judges`).
 #
 # Outputs in RUN_DIR: the weights, eval-<arm>.json (tessera eval --json: FD with intervals,
@@ -34,12 +34,15 @@
 #   mono-s1, mono-s2  the monolith of docs/training.md (batch 64, lr 5e-4, EMA 0.999), two seeds
 #   mono-b8           the monolith at batch 8 with 8× the steps (lr 2e-4): the recipe control
 #   mono-b8-s2        the same with seed 2: the seed noise of the best monolith
+#   mono-b8-s3        and with seed 3
 #   ens-base          8 experts, today's recipe (scripts/train-ensemble.sh: batch 64, lr 5e-4,
 #                     EMA 0.998), expert k with |shard k|/60 000 of the samples
 #   ens-b8            8 experts at batch 8 with 8× the steps (lr 2e-4)
 #   warm              a shared warm start: WARM_PCT % of the budget on all the data (batch 64)
 #   ens-warm-b8       8 experts started from `warm`, the remaining budget at batch 8
 #   part-label        the ens-warm-b8 recipe on `tessera partition --by label` (K = 8)
+#   part-label-s2     part-label's second seed: its own warm start (`warm-s2`, seed 2) and
+#                     experts of seeds 11…18, evaluated against every b8 monolith seed here
 #   part-random       the same on `--by random` (the control: clusters that know nothing)
 #   align             a router trained with --objective alignment through the ens-warm-b8
 #                     experts (300 steps; every sample runs all 8 experts: its compute is
@@ -166,6 +169,8 @@ has ens-base && jobs_run ensemble ens-base BATCH=64 LR=5e-4 WARMUP="$EXP_WARMUP"
 has ens-b8 && jobs_run ensemble ens-b8 BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975
 has mono-b8-s2 && jobs_run train mono-b8-s2 --steps "$b8_steps" --batch 8 --lr 2e-4 \
     --warmup $((MONO_WARMUP * 8)) --ema 0.999875 --seed 2
+has mono-b8-s3 && jobs_run train mono-b8-s3 --steps "$b8_steps" --batch 8 --lr 2e-4 \
+    --warmup $((MONO_WARMUP * 8)) --ema 0.999875 --seed 3
 warm_steps=$((TOTAL * WARM_PCT / 100))
 if has warm || has ens-warm-b8; then
     # the warm start must exist before its experts start
@@ -182,7 +187,7 @@ if [[ " $ARMS " == *" ens-"* || " $ARMS " == *" align "* || " $ARMS " == *" mix 
     jobs_run router
 fi
 for by in label random; do
-    if has "part-$by" && [ ! -f "$RUN/partition8-$by/partition.safetensors" ]; then
+    if { has "part-$by" || has "part-$by-s2"; } && [ ! -f "$RUN/partition8-$by/partition.safetensors" ]; then
         nice "$T" partition --experts 8 --by "$by" --seed 0 --out "$RUN/partition8-$by" --json \
             > "$RUN/partition8-$by.json"
     fi
@@ -190,6 +195,13 @@ done
 has part-label && PART=partition8-label TOTAL_OVERRIDE=$((TOTAL - warm_steps)) \
     jobs_run ensemble part-label BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 \
     INIT="$RUN/warm.safetensors"
+# a second seed of the label-split ensemble: its own warm start (seed 2) and experts (seeds 11…18)
+if has part-label-s2; then
+    train warm-s2 --steps "$warm_steps" --batch 64 --lr 5e-4 --warmup "$EXP_WARMUP" --ema 0.998 \
+        --seed 2
+    PART=partition8-label TOTAL_OVERRIDE=$((TOTAL - warm_steps)) jobs_run ensemble part-label-s2 \
+        BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 INIT="$RUN/warm-s2.safetensors" SEED=11
+fi
 has part-random && PART=partition8-random TOTAL_OVERRIDE=$((TOTAL - warm_steps)) \
     jobs_run ensemble part-random BATCH=8 LR=2e-4 WARMUP="$EXP_WARMUP" EMA=0.99975 \
     INIT="$RUN/warm.safetensors"
@@ -296,6 +308,18 @@ has ens-warm-b8 && jobs_run evaluate warm-vs-mb8 "$RUN/ens-warm-b8" "$RUN/mono-b
 # the label partition: a class's expert is known, the prior routes exactly (uniform+prior)
 has part-label && jobs_run evaluate label "$RUN/part-label" "$RUN/mono-b8.safetensors" \
     "monolith uniform+prior:top1"
+# the seeds: the second label-split ensemble against the b8 monoliths this run folder holds
+# (samples of the first seeds, in earlier run folders, pair with these in `tessera judge`)
+if has part-label-s2; then
+    monos=""
+    for m in mono-b8-s3 mono-b8-s2 mono-b8; do
+        [ -f "$RUN/$m.safetensors" ] && monos+="${monos:+,}$RUN/$m.safetensors"
+    done
+    pols=monolith
+    [[ $monos == *,* ]] && pols+=" monolith2"
+    [[ $monos == *,*,* ]] && pols+=" monolith3"
+    jobs_run evaluate label-s2 "$RUN/part-label-s2" "$monos" "$pols uniform+prior:top1"
+fi
 has part-random && jobs_run evaluate random "$RUN/part-random" "$RUN/mono-b8.safetensors" \
     "monolith uniform:top1 uniform:full"
 with_router() { # ROUTER: $RUN/ens-warm-b8-ROUTER, the warm-b8 experts with $RUN/router-ROUTER
