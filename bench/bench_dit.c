@@ -347,31 +347,35 @@ static int fail(const char *what, int rc, const char *err) {
 /* ---- attention alone (--attention-ops) ------------------------------------------------------ */
 
 /* One attention op on random qkv (B, T, 3C): forward, or forward then backward; composed
- * (gemm · softmax · gemm) or fused; fp32 or bf16 products (bf16 forward + backward: the fused
- * op's bf16 backward against the composed backward a bf16 model trains with). */
+ * (gemm · softmax · gemm) or fused; fp32, bf16 or f16 products (lp; a 16-bit forward + backward:
+ * the fused op's 16-bit backward against the composed backward a 16-bit model trains with). */
 typedef struct att_job {
     ts_engine_t *e;
     ts_tensor_t qkv, out, att, lse, dout, dqkv, datt;
-    int heads, fused, bf16, backward;
+    int heads, fused, backward;
+    ts_dtype_t lp;
 } att_job_t;
 
 /* Ends with the device synchronised (a GPU's ops are queued; the CPU's are done). */
 static int att_job_ops(att_job_t *a) {
     ts_engine_t *e = a->e;
+    ts_tensor_t *lse = a->backward ? &a->lse : NULL;
     if (a->fused)
-        TS_TRY(a->bf16 ? ts_attention_fused_forward_bf16(e, &a->out, a->backward ? &a->lse : NULL,
-                                                         &a->qkv, a->heads)
-                       : ts_attention_fused_forward(e, &a->out, &a->lse, &a->qkv, a->heads));
+        TS_TRY(a->lp != TS_F32
+                   ? ts_attention_fused_forward_lp(e, a->lp, &a->out, lse, &a->qkv, a->heads)
+                   : ts_attention_fused_forward(e, &a->out, &a->lse, &a->qkv, a->heads));
+    else if (a->lp == TS_F16)
+        TS_TRY(ts_attention_forward_f16(e, &a->out, &a->att, &a->qkv, a->heads));
     else
-        TS_TRY(a->bf16 ? ts_attention_forward_bf16(e, &a->out, &a->att, &a->qkv, a->heads)
-                       : ts_attention_forward(e, &a->out, &a->att, &a->qkv, a->heads));
+        TS_TRY(a->lp == TS_BF16 ? ts_attention_forward_bf16(e, &a->out, &a->att, &a->qkv, a->heads)
+                                : ts_attention_forward(e, &a->out, &a->att, &a->qkv, a->heads));
     if (!a->backward)
         return TS_OK;
     if (a->fused)
-        return a->bf16 ? ts_attention_fused_backward_bf16(e, &a->dqkv, &a->dout, &a->qkv, &a->out,
-                                                          &a->lse, a->heads)
-                       : ts_attention_fused_backward(e, &a->dqkv, &a->dout, &a->qkv, &a->out,
-                                                     &a->lse, a->heads);
+        return a->lp != TS_F32 ? ts_attention_fused_backward_lp(e, a->lp, &a->dqkv, &a->dout,
+                                                                &a->qkv, &a->out, &a->lse, a->heads)
+                               : ts_attention_fused_backward(e, &a->dqkv, &a->dout, &a->qkv,
+                                                             &a->out, &a->lse, a->heads);
     return ts_attention_backward(e, &a->dqkv, &a->datt, &a->dout, &a->qkv, &a->att, a->heads);
 }
 
@@ -412,10 +416,10 @@ static void att_job_free(att_job_t *a) {
 }
 
 /* Composed against fused, per shape and kind: the tiny and small presets' heads (4 of 32 and of
- * 64) at T = 64 and 256, forward and forward + backward, fp32 and bf16 (bf16 where it runs: a CPU
- * with AVX-512 BF16, or a GPU of sm_80 or later — the flash attention on tensor cores, which a
- * bf16 model does not take by default yet; a row whose fused op answers TS_ENOTSUP is left
- * out). */
+ * 64) at T = 64 and 256, forward and forward + backward, fp32, bf16 and f16 (bf16 where it runs:
+ * a CPU with AVX-512 BF16, or a GPU of sm_80 or later; f16 on a GPU of sm_75 or later — the
+ * flash attention on tensor cores, which a 16-bit model does not take by default yet; a row
+ * whose fused op answers TS_ENOTSUP is left out). */
 static int run_attention_ops(const opts_t *o) {
     static const struct {
         const char *preset;
@@ -423,14 +427,19 @@ static int run_attention_ops(const opts_t *o) {
         int H;
     } cfgs[] = {{"tiny", 128, 4}, {"small", 256, 4}};
     static const int64_t Ts[] = {64, 256};
-    static const char *const kinds[] = {"forward f32", "forward+backward f32", "forward bf16",
-                                        "forward+backward bf16"};
+    static const char *const kinds[] = {"forward f32",  "forward+backward f32",
+                                        "forward bf16", "forward+backward bf16",
+                                        "forward f16",  "forward+backward f16"};
+    static const ts_dtype_t kind_lp[] = {TS_F32, TS_F32, TS_BF16, TS_BF16, TS_F16, TS_F16};
     ts_engine_t e;
     int rc = start_engine(o, &e), first = 1;
     if (rc != 0)
         return rc;
-    int bf16 = ts_engine_precision_check(&e, TS_PREC_BF16, NULL, 0) == TS_OK &&
-               ts_attention_fused_bf16_check(&e) == TS_OK;
+    int runs[3] = {1, /* f32, bf16, f16: the fused op runs here */
+                   ts_engine_precision_check(&e, TS_PREC_BF16, NULL, 0) == TS_OK &&
+                       ts_attention_fused_lp_check(&e, TS_BF16) == TS_OK,
+                   ts_engine_precision_check(&e, TS_PREC_F16, NULL, 0) == TS_OK &&
+                       ts_attention_fused_lp_check(&e, TS_F16) == TS_OK};
     int64_t B = o->attention_ops;
     if (o->json)
         printf("{\n  \"threads\": %d,\n  \"seconds\": %g,\n  \"batch\": %lld,\n  \"rows\": [\n",
@@ -440,22 +449,22 @@ static int run_attention_ops(const opts_t *o) {
                (long long)B, e.threads, o->seconds);
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0] && rc == TS_OK; c++)
         for (size_t t = 0; t < sizeof Ts / sizeof Ts[0] && rc == TS_OK; t++)
-            for (int k = 0; k < 4 && rc == TS_OK; k++) {
-                if (k >= 2 && !bf16)
+            for (int k = 0; k < 6 && rc == TS_OK; k++) {
+                if (!runs[k / 2])
                     continue;
                 timing_t tm[2];
                 for (int fused = 0; fused < 2 && rc == TS_OK; fused++) {
                     att_job_t a;
                     rc = att_job_alloc(&a, &e, B, Ts[t], cfgs[c].C, cfgs[c].H);
-                    a.fused = fused, a.bf16 = k >= 2, a.backward = k == 1 || k == 3;
+                    a.fused = fused, a.lp = kind_lp[k], a.backward = k % 2 == 1;
                     job_t j = {.att = &a, .B = (int)B};
                     if (rc == TS_OK)
                         rc = time_job(&j, o, &tm[fused]);
                     att_job_free(&a);
                 }
-                if (rc == TS_ENOTSUP && k >= 2) { /* no bf16 fused attention on this device */
+                if (rc == TS_ENOTSUP && k >= 2) { /* no 16-bit fused attention on this device */
                     fprintf(stderr,
-                            "bench_dit: %s T=%lld %s: no fused bf16 attention here (left out)\n",
+                            "bench_dit: %s T=%lld %s: no fused 16-bit attention here (left out)\n",
                             cfgs[c].preset, (long long)Ts[t], kinds[k]);
                     rc = TS_OK;
                     continue;

@@ -129,16 +129,18 @@ extern "C" {
       float scale, int accumulate)                                                                 \
     /* Fused (flash-style) attention, not causal: qkv (B, T, 3C) laid out (3, H, C/H), out      \
      * (B, T, C), lse (B, H, T) each row's log-sum-exp of the scaled scores (nullable in the      \
-     * forwards). _bf16: the products in bf16, fp32 accumulation. The backward adds into dqkv.   \
-     * The CPU's is kernels/cpu/cpu_attention.c; TS_ENOTSUP where there is none. */               \
+     * forwards). _lp: the products in lp (TS_BF16 or TS_F16), fp32 accumulation. The backward   \
+     * adds into dqkv. The CPU's is kernels/cpu/cpu_attention.c (no f16 one); TS_ENOTSUP where    \
+     * there is none. */                                                                          \
     X(attention_fused_forward, float *out, float *lse, const float *qkv, int64_t B, int64_t T,     \
       int64_t C, int64_t H)                                                                        \
-    X(attention_fused_forward_bf16, float *out, float *lse, const float *qkv, int64_t B,           \
-      int64_t T, int64_t C, int64_t H)                                                             \
+    X(attention_fused_forward_lp, ts_dtype_t lp, float *out, float *lse, const float *qkv,        \
+      int64_t B, int64_t T, int64_t C, int64_t H)                                                  \
     X(attention_fused_backward, float *dqkv, const float *dout, const float *qkv,                  \
       const float *out, const float *lse, int64_t B, int64_t T, int64_t C, int64_t H)              \
-    X(attention_fused_backward_bf16, float *dqkv, const float *dout, const float *qkv,             \
-      const float *out, const float *lse, int64_t B, int64_t T, int64_t C, int64_t H)              \
+    X(attention_fused_backward_lp, ts_dtype_t lp, float *dqkv, const float *dout,                 \
+      const float *qkv, const float *out, const float *lse, int64_t B, int64_t T, int64_t C,       \
+      int64_t H)                                                                                   \
                                                                                                    \
     /* x, out (B, T, C); mod (B, M·C); chunk i of sample b is mod + b·M·C + i·C */                 \
     X(modulate_forward, float *out, const float *x, const float *mod, int64_t B, int64_t T,        \
@@ -262,9 +264,10 @@ void ts_cpu_bf16_free(ts_engine_t *e);
 /* Releases the engine's f16 scratch (kernels/cpu/cpu_f16.c), made on the first f16 product. */
 void ts_cpu_f16_free(ts_engine_t *e);
 
-/* The bf16 fused attention on a CUDA engine (the flash attention on tensor cores, cuda_flash.cu):
- * TS_OK on sm_80 or later; TS_ENOTSUP below, TS_ENODEV without the backend. */
-int ts_cuda_flash_bf16_ok(ts_engine_t *e);
+/* The 16-bit fused attention on a CUDA engine (the flash attention on tensor cores,
+ * cuda_flash.cu), lp TS_BF16 or TS_F16: TS_OK on sm_80 or later for bf16, sm_75 for f16;
+ * TS_ENOTSUP below, TS_ENODEV without the backend. */
+int ts_cuda_flash_ok(ts_engine_t *e, ts_dtype_t lp);
 int ts_cuda_engine_init(ts_engine_t *e, int gpu);
 void ts_cuda_engine_free(ts_engine_t *e);
 int ts_cuda_engine_sync(ts_engine_t *e);

@@ -24,7 +24,7 @@ TS_BACKEND_OPS(TS_CUDA_STUB)
 /* ---- engine and memory hooks ---- */
 
 int ts_cuda_engine_init(ts_engine_t *e, int gpu) { return TS_ENODEV; }
-int ts_cuda_flash_bf16_ok(ts_engine_t *e) { return TS_ENODEV; }
+int ts_cuda_flash_ok(ts_engine_t *e, ts_dtype_t lp) { return TS_ENODEV; }
 int ts_cuda_blas_load(char *err, size_t errlen) {
     if (err && errlen)
         snprintf(err, errlen, "this build has no CUDA backend");

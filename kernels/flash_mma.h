@@ -1,22 +1,28 @@
 /*
- * flash_mma.h — the tile steps of the bf16 flash attention on tensor cores
- * (kernels/cuda/cuda_flash.cu), shared with the CPU so that tests/test_flash_mma.c runs them in
- * the kernel's order on an emulated warp.
+ * flash_mma.h — the tile steps of the 16-bit flash attention on tensor cores
+ * (kernels/cuda/cuda_flash.cu), bf16 or f16, shared with the CPU so that tests/test_flash_mma.c
+ * runs them in the kernel's order on an emulated warp.
  *
  * The scheme is FlashAttention-2's. A warp owns 16 query rows of one head and walks the keys in
- * blocks of TS_FA_KB: S = Q·Kᵀ and O += P·V each by `mma.sync.m16n8k16` (bf16 inputs, fp32
- * accumulation), the online softmax in fp32 registers between them, and the scores' fragments
- * reused in registers as the next product's A operand (no round trip through memory). q, k, v and
- * the unnormalised weights e^(S − m) are rounded to bf16 (nearest even), as the CPU's bf16 fused
- * attention (kernels/cpu/cpu_attention.c) rounds them; the row sums take the fp32 weights.
+ * blocks of TS_FA_KB: S = Q·Kᵀ and O += P·V each by `mma.sync.m16n8k16` (16-bit inputs, fp32
+ * accumulation; on sm_75, f16 only, as two `m16n8k8` whose fragments are the halves of the k16
+ * one's), the online softmax in fp32 registers between them, and the scores' fragments reused in
+ * registers as the next product's A operand (no round trip through memory). q, k, v and the
+ * unnormalised weights e^(S − m) are rounded to the 16-bit type (nearest even; the argument f16
+ * of the steps below: 1 f16, 0 bf16), as the CPU's bf16 fused attention
+ * (kernels/cpu/cpu_attention.c) rounds them; the row sums take the fp32 weights. In f16 a value
+ * past 65504 becomes ±∞, as in any f16 attention: the weights are ≤ 1, q, k and v are the
+ * caller's to keep in range.
  *
- * Fragments (PTX ISA, "Matrix fragments for mma.m16n8k16" with .bf16): lane l of the warp has
+ * Fragments (PTX ISA, "Matrix fragments for mma.m16n8k16" with .bf16/.f16): lane l of the warp has
  * g = l / 4 and c = l % 4, and holds
- *   A (16×16, row-major) four 32-bit registers of two bf16 each: (g, 2c..2c+1), (g+8, 2c..2c+1),
- *                        (g, 2c+8..2c+9), (g+8, 2c+8..2c+9)
+ *   A (16×16, row-major) four 32-bit registers of two 16-bit values each: (g, 2c..2c+1),
+ *                        (g+8, 2c..2c+1), (g, 2c+8..2c+9), (g+8, 2c+8..2c+9)
  *   B (16×8, by column)  two: (k = 2c..2c+1, n = g), (k = 2c+8..2c+9, n = g)
  *   C, D (16×8, fp32)    four floats: (g, 2c), (g, 2c+1), (g+8, 2c), (g+8, 2c+1)
  * the lower 16 bits of a register holding the element of the lower column (A) or row (B).
+ * m16n8k8 (.f16) has A's registers 0 and 1 and B's register 0 over k = 0..7: so the k16 product
+ * is the k8 one on (a0, a1, b0) then on (a2, a3, b1).
  * Each lane therefore sees two query rows, g and g + 8: its running max and sum are for those
  * two, and a row's full max and sum are the four lanes of its quad reduced (shuffles by 1 and 2).
  *
@@ -56,9 +62,9 @@ typedef struct ts_fa_lane {
 /* The head padded to the products' k-steps. */
 TS_HD int ts_fa_padded(int hd) { return (hd + 15) / 16 * 16; }
 
-/* Two bf16 in one register: lo in the lower 16 bits. */
-TS_HD uint32_t ts_fa_pack(float lo, float hi) {
-    return (uint32_t)ts_f32_to_bf16(lo) | (uint32_t)ts_f32_to_bf16(hi) << 16;
+/* Two 16-bit values in one register (f16 when f16, else bf16): lo in the lower 16 bits. */
+TS_HD uint32_t ts_fa_pack(float lo, float hi, int f16) {
+    return (uint32_t)ts_f32_to_lp(lo, f16) | (uint32_t)ts_f32_to_lp(hi, f16) << 16;
 }
 
 /* The value at (row, col) of one C fragment register r (0..3) of lane. */
@@ -84,7 +90,8 @@ TS_HD void ts_fa_begin(ts_fa_lane_t *L) {
 
 /* A fragments of 16 rows of a head (src: the first row's head slice, ld apart; rows of them
  * valid, ≤ 16 — the others, and the head's padding, are 0), one per k-step of the head. */
-TS_HD void ts_fa_load_a(uint32_t f[][4], int lane, const float *src, int64_t ld, int rows, int hd) {
+TS_HD void ts_fa_load_a(uint32_t f[][4], int lane, const float *src, int64_t ld, int rows, int hd,
+                        int f16) {
     int dp = ts_fa_padded(hd);
     for (int ks = 0; ks < dp / 16; ks++)
         for (int r = 0; r < 4; r++) {
@@ -93,34 +100,36 @@ TS_HD void ts_fa_load_a(uint32_t f[][4], int lane, const float *src, int64_t ld,
                 int i = 2 * r + h, row = ts_fa_a_row(lane, i), col = 16 * ks + ts_fa_a_col(lane, i);
                 v[h] = row < rows && col < hd ? src[(int64_t)row * ld + col] : 0.0f;
             }
-            f[ks][r] = ts_fa_pack(v[0], v[1]);
+            f[ks][r] = ts_fa_pack(v[0], v[1], f16);
         }
 }
 
 /* Q's fragments for the warp's rows. */
-TS_HD void ts_fa_load_q(ts_fa_lane_t *L, int lane, const float *q, int64_t ld, int rows, int hd) {
-    ts_fa_load_a(L->q, lane, q, ld, rows, hd);
+TS_HD void ts_fa_load_q(ts_fa_lane_t *L, int lane, const float *q, int64_t ld, int rows, int hd,
+                        int f16) {
+    ts_fa_load_a(L->q, lane, q, ld, rows, hd, f16);
 }
 
-/* C fragments of a 16 × TS_FA_KB product as the A fragments of the next product (bf16): C's
+/* C fragments of a 16 × TS_FA_KB product as the A fragments of the next product (16-bit): C's
  * n-tiles 2ks and 2ks + 1 are the columns 0..7 and 8..15 of A's k-step ks. */
-TS_HD void ts_fa_c_to_a(uint32_t a[][4], const float c[][4]) {
+TS_HD void ts_fa_c_to_a(uint32_t a[][4], const float c[][4], int f16) {
     for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
         const float *lo = c[2 * ks], *hi = c[2 * ks + 1];
-        a[ks][0] = ts_fa_pack(lo[0], lo[1]);
-        a[ks][1] = ts_fa_pack(lo[2], lo[3]);
-        a[ks][2] = ts_fa_pack(hi[0], hi[1]);
-        a[ks][3] = ts_fa_pack(hi[2], hi[3]);
+        a[ks][0] = ts_fa_pack(lo[0], lo[1], f16);
+        a[ks][1] = ts_fa_pack(lo[2], lo[3], f16);
+        a[ks][2] = ts_fa_pack(hi[0], hi[1], f16);
+        a[ks][3] = ts_fa_pack(hi[2], hi[3], f16);
     }
 }
 
-/* Element e of staging a block of keys (or values) into dst (TS_FA_KB, ldd) bf16: key e / dp,
+/* Element e of staging a block of keys (or values) into dst (TS_FA_KB, ldd) 16-bit: key e / dp,
  * column e % dp, from src (rows ld apart, n of them valid; the others and the padding are 0).
  * The kernel's threads take the elements in turn; the test takes them all. */
-TS_HD void ts_fa_stage(uint16_t *dst, int ldd, const float *src, int64_t ld, int n, int hd, int e) {
+TS_HD void ts_fa_stage(uint16_t *dst, int ldd, const float *src, int64_t ld, int n, int hd, int f16,
+                       int e) {
     int dp = ts_fa_padded(hd), key = e / dp, col = e % dp;
     float v = key < n && col < hd ? src[(int64_t)key * ld + col] : 0.0f;
-    dst[key * ldd + col] = ts_f32_to_bf16(v);
+    dst[key * ldd + col] = ts_f32_to_lp(v, f16);
 }
 
 /* B fragment of Kᵀ for k-step ks of the head and n-tile nt of the keys: B[k][n] = K[8nt + n][16ks
@@ -158,8 +167,8 @@ TS_HD void ts_fa_scores(ts_fa_lane_t *L, int lane, int n, float scale, float mx[
 
 /* The online softmax for one block, given the rows' block max bm (the quad's): the new running
  * max, the output and the sum rescaled by e^(m_old − m_new), the weights e^(s − m) into this
- * lane's sum (fp32) and, rounded to bf16, into the A fragments of P·V. */
-TS_HD void ts_fa_softmax(ts_fa_lane_t *L, const float bm[2], int dp) {
+ * lane's sum (fp32) and, rounded to 16 bits, into the A fragments of P·V. */
+TS_HD void ts_fa_softmax(ts_fa_lane_t *L, const float bm[2], int dp, int f16) {
     float alpha[2];
     for (int h = 0; h < 2; h++) {
         float mn = bm[h] > L->m[h] ? bm[h] : L->m[h];
@@ -177,7 +186,7 @@ TS_HD void ts_fa_softmax(ts_fa_lane_t *L, const float bm[2], int dp) {
             L->s[nt][r] = p;
             L->l[r / 2] += p;
         }
-    ts_fa_c_to_a(L->p, L->s);
+    ts_fa_c_to_a(L->p, L->s, f16);
 }
 
 /* The end of the row block, given the rows' full sums (the quad's): o / l into out (the warp's
@@ -206,8 +215,9 @@ TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], flo
  * dSᵀ = Pᵀ ∘ (dPᵀ − D) with D = rowsum(dO ∘ O) per query, dK += dSᵀ·Q; at the end dK · scale.
  * dQ pass: a warp owns 16 queries (q, dO as A fragments; lse and D per row) and walks the keys:
  * S = Q·Kᵀ, P = e^(scale·S − lse), dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K; at the end
- * dQ · scale. q, k, v, dO, P and dS are rounded to bf16 for the products, as the CPU's bf16
- * backward rounds them; D, P, dS and the sums into dqkv are fp32. Each gradient element has one
+ * dQ · scale. q, k, v, dO, P and dS are rounded to the 16-bit type for the products, as the
+ * CPU's bf16 backward rounds them (in f16, dO and dS below 2⁻¹⁴ lose bits as subnormals: what a
+ * loss scale is for); D, P, dS and the sums into dqkv are fp32. Each gradient element has one
  * writer, which adds into dqkv (the backward accumulates). */
 
 /* D = dO · O over one row's head (fp32, in order). */
@@ -249,29 +259,29 @@ TS_HD void ts_fa_grad_begin(ts_fa_grad_lane_t *G) {
 
 /* P from the scores s (in place, fp32), the columns past n (the block's valid ones) 0: by row
  * (lse the lane's rows g and g + 8: the dQ pass) or by column (lse_col[column]: the dK, dV pass,
- * where the columns are queries). Then the bf16 A fragments of P into pa. */
+ * where the columns are queries). Then the 16-bit A fragments of P into pa. */
 TS_HD void ts_fa_probs(ts_fa_grad_lane_t *G, int lane, int n, float scale, const float lse_row[2],
-                       const float *lse_col) {
+                       const float *lse_col, int f16) {
     for (int nt = 0; nt < TS_FA_KB / 8; nt++)
         for (int r = 0; r < 4; r++) {
             int col = 8 * nt + ts_fa_c_col(lane, r);
             float m = lse_col ? (col < n ? lse_col[col] : 0.0f) : lse_row[r / 2];
             G->s[nt][r] = col < n ? ts_expf(G->s[nt][r] * scale - m) : 0.0f;
         }
-    ts_fa_c_to_a(G->pa, G->s);
+    ts_fa_c_to_a(G->pa, G->s, f16);
 }
 
 /* dS = P ∘ (dP − D) into s (fp32), by row (D the rows': dQ pass) or by column (d_col[column]),
- * then its bf16 A fragments into pa. */
+ * then its 16-bit A fragments into pa. */
 TS_HD void ts_fa_dscores(ts_fa_grad_lane_t *G, int lane, int n, const float d_row[2],
-                         const float *d_col) {
+                         const float *d_col, int f16) {
     for (int nt = 0; nt < TS_FA_KB / 8; nt++)
         for (int r = 0; r < 4; r++) {
             int col = 8 * nt + ts_fa_c_col(lane, r);
             float d = d_col ? (col < n ? d_col[col] : 0.0f) : d_row[r / 2];
             G->s[nt][r] = G->s[nt][r] * (G->dp[nt][r] - d);
         }
-    ts_fa_c_to_a(G->pa, G->s);
+    ts_fa_c_to_a(G->pa, G->s, f16);
 }
 
 /* dst (16 rows of a head, ld apart; rows of them valid) += scale · acc, each element once. */

@@ -111,6 +111,10 @@ TS_HD uint16_t ts_f32_to_bf16(float f) {
 
 TS_HD float ts_bf16_to_f32(uint16_t b) { return ts_bits_f32((uint32_t)b << 16); }
 
+/* v rounded to a 16-bit type, nearest even: f16 when f16, else bf16; and back (exact). */
+TS_HD uint16_t ts_f32_to_lp(float v, int f16) { return f16 ? ts_f32_to_f16(v) : ts_f32_to_bf16(v); }
+TS_HD float ts_lp_to_f32(uint16_t h, int f16) { return f16 ? ts_f16_to_f32(h) : ts_bf16_to_f32(h); }
+
 TS_HD int ts_isfinite_f32(float f) { return (ts_f32_bits(f) & 0x7f800000u) != 0x7f800000u; }
 
 /* ---- exp and tanh ---------------------------------------------------------------------- */
@@ -464,7 +468,7 @@ TS_HD uint16_t ts_im2col_lp_elem(const float *img, int bf16, int64_t r, int64_t 
                                  int64_t pad_top, int64_t pad_left, int64_t oy0) {
     int64_t src = ts_im2col_src(r, t, ox, H, W, kh, kw, stride, pad_top, pad_left, oy0);
     float v = src < 0 ? 0.0f : img[src];
-    return bf16 ? ts_f32_to_bf16(v) : ts_f32_to_f16(v);
+    return ts_f32_to_lp(v, !bf16);
 }
 
 /* The channel of element i of a (B, C, S) tensor: the bias k_channel_bias adds to it. */

@@ -175,9 +175,15 @@ int ts_attention_fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *ls
  * in steps of 8 (TS_ENOTSUP otherwise). */
 int ts_attention_fused_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
                                     const ts_tensor_t *qkv, int heads);
+/* The same in lp, TS_BF16 (as above) or TS_F16 (the products in f16: on a CUDA engine of sm_75
+ * or later only; the CPU has no f16 fused attention). */
+int ts_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *out, ts_tensor_t *lse,
+                                  const ts_tensor_t *qkv, int heads);
 /* TS_OK when ts_attention_fused_forward_bf16 can run on e (a CPU with AVX-512 BF16, a GPU of
- * sm_80 or later), TS_ENOTSUP otherwise. */
+ * sm_80 or later), TS_ENOTSUP otherwise; _lp_check for either 16-bit type (f16: a GPU of sm_75
+ * or later). */
 int ts_attention_fused_bf16_check(ts_engine_t *e);
+int ts_attention_fused_lp_check(ts_engine_t *e, ts_dtype_t lp);
 /* dqkv (B, T, 3C) += the gradient, from the forward's out and lse (FlashAttention-2: the softmax
  * weights are recomputed block by block from lse; no scratch argument). */
 int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
@@ -189,6 +195,10 @@ int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tens
 int ts_attention_fused_backward_bf16(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
                                      const ts_tensor_t *qkv, const ts_tensor_t *out,
                                      const ts_tensor_t *lse, int heads);
+/* The same in lp (TS_BF16 or TS_F16, where ts_attention_fused_lp_check says so). */
+int ts_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *dqkv,
+                                   const ts_tensor_t *dout, const ts_tensor_t *qkv,
+                                   const ts_tensor_t *out, const ts_tensor_t *lse, int heads);
 
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */
 /* mod (B, M·C) is the adaLN modulation output, read as M chunks of C (DiT's .chunk(M, dim=1));

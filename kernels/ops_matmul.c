@@ -358,8 +358,9 @@ static int lse_shape(const ts_tensor_t *lse, const att_dims_t *d) {
     return TS_OK;
 }
 
+/* lp: TS_F32 (the fp32 fused attention), TS_BF16 or TS_F16 (its products in 16 bits). */
 static int fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse, const ts_tensor_t *qkv,
-                         int heads, int bf16) {
+                         int heads, ts_dtype_t lp) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, out));
     TS_TRY(check_opt(e, lse));
@@ -367,32 +368,47 @@ static int fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse, con
     att_dims_t d;
     TS_TRY(attention_dims(qkv, out, heads, &d));
     TS_TRY(lse_shape(lse, &d));
-    if (bf16)
-        return DISPATCH(e, attention_fused_forward_bf16, F(out), OPT(lse), CF(qkv), d.B, d.T, d.C,
+    if (lp != TS_F32)
+        return DISPATCH(e, attention_fused_forward_lp, lp, F(out), OPT(lse), CF(qkv), d.B, d.T, d.C,
                         d.H);
     return DISPATCH(e, attention_fused_forward, F(out), OPT(lse), CF(qkv), d.B, d.T, d.C, d.H);
 }
 
 int ts_attention_fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
                                const ts_tensor_t *qkv, int heads) {
-    return fused_forward(e, out, lse, qkv, heads, 0);
+    return fused_forward(e, out, lse, qkv, heads, TS_F32);
+}
+
+/* The 16-bit types a fused attention's products take. */
+static int check_lp(ts_dtype_t lp) { return lp == TS_BF16 || lp == TS_F16 ? TS_OK : TS_EINVAL; }
+
+int ts_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *out, ts_tensor_t *lse,
+                                  const ts_tensor_t *qkv, int heads) {
+    TS_TRY(check_lp(lp));
+    return fused_forward(e, out, lse, qkv, heads, lp);
 }
 
 int ts_attention_fused_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
                                     const ts_tensor_t *qkv, int heads) {
-    return fused_forward(e, out, lse, qkv, heads, 1);
+    return fused_forward(e, out, lse, qkv, heads, TS_BF16);
+}
+
+int ts_attention_fused_lp_check(ts_engine_t *e, ts_dtype_t lp) {
+    TS_TRY(check_engine(e));
+    TS_TRY(check_lp(lp));
+    if (e->device == TS_CUDA) /* the flash attention on tensor cores: bf16 sm_80, f16 sm_75 */
+        return ts_cuda_flash_ok(e, lp) == TS_OK ? TS_OK : TS_ENOTSUP;
+    return e->device == TS_CPU && lp == TS_BF16 && ts_cpu_attention_fused_bf16_ok() ? TS_OK
+                                                                                    : TS_ENOTSUP;
 }
 
 int ts_attention_fused_bf16_check(ts_engine_t *e) {
-    TS_TRY(check_engine(e));
-    if (e->device == TS_CUDA) /* the flash attention on tensor cores: sm_80 and later */
-        return ts_cuda_flash_bf16_ok(e) == TS_OK ? TS_OK : TS_ENOTSUP;
-    return e->device == TS_CPU && ts_cpu_attention_fused_bf16_ok() ? TS_OK : TS_ENOTSUP;
+    return ts_attention_fused_lp_check(e, TS_BF16);
 }
 
 static int fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
                           const ts_tensor_t *qkv, const ts_tensor_t *out, const ts_tensor_t *lse,
-                          int heads, int bf16) {
+                          int heads, ts_dtype_t lp) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, dqkv));
     TS_TRY(check_f32(e, dout));
@@ -404,8 +420,8 @@ static int fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *
     TS_TRY(lse_shape(lse, &d));
     if (!ts_tensor_same_shape(dqkv, qkv) || !ts_tensor_same_shape(dout, out))
         return TS_ESHAPE;
-    if (bf16)
-        return DISPATCH(e, attention_fused_backward_bf16, F(dqkv), CF(dout), CF(qkv), CF(out),
+    if (lp != TS_F32)
+        return DISPATCH(e, attention_fused_backward_lp, lp, F(dqkv), CF(dout), CF(qkv), CF(out),
                         CF(lse), d.B, d.T, d.C, d.H);
     return DISPATCH(e, attention_fused_backward, F(dqkv), CF(dout), CF(qkv), CF(out), CF(lse), d.B,
                     d.T, d.C, d.H);
@@ -414,11 +430,18 @@ static int fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *
 int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
                                 const ts_tensor_t *qkv, const ts_tensor_t *out,
                                 const ts_tensor_t *lse, int heads) {
-    return fused_backward(e, dqkv, dout, qkv, out, lse, heads, 0);
+    return fused_backward(e, dqkv, dout, qkv, out, lse, heads, TS_F32);
 }
 
 int ts_attention_fused_backward_bf16(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
                                      const ts_tensor_t *qkv, const ts_tensor_t *out,
                                      const ts_tensor_t *lse, int heads) {
-    return fused_backward(e, dqkv, dout, qkv, out, lse, heads, 1);
+    return fused_backward(e, dqkv, dout, qkv, out, lse, heads, TS_BF16);
+}
+
+int ts_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *dqkv,
+                                   const ts_tensor_t *dout, const ts_tensor_t *qkv,
+                                   const ts_tensor_t *out, const ts_tensor_t *lse, int heads) {
+    TS_TRY(check_lp(lp));
+    return fused_backward(e, dqkv, dout, qkv, out, lse, heads, lp);
 }

@@ -486,14 +486,14 @@ static ts_attn_impl_t default_attention(const ts_dit_t *m, ts_precision_t p) {
 int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
     if (!m || !m->info || (a != TS_ATTN_FUSED && a != TS_ATTN_COMPOSED))
         return TS_EINVAL;
+    int lp = m->precision != TS_PREC_F32;
     if (a == TS_ATTN_FUSED &&
-        ((m->precision == TS_PREC_BF16 && ts_attention_fused_bf16_check(m->eng) != TS_OK) ||
-         m->precision == TS_PREC_F16 ||
+        ((lp && ts_attention_fused_lp_check(m->eng, ts_precision_dtype(m->precision)) != TS_OK) ||
          (m->eng->device == TS_CUDA &&
           (m->cfg.hidden_size / m->cfg.num_heads > TS_CUDA_FUSED_HD_MAX ||
            m->max_batch > TS_CUDA_FUSED_MAX_BATCH ||
-           /* the bf16 flash attention's heads go in steps of 8 */
-           (m->precision == TS_PREC_BF16 && m->cfg.hidden_size / m->cfg.num_heads % 8 != 0)))))
+           /* the 16-bit flash attention's heads go in steps of 8 */
+           (lp && m->cfg.hidden_size / m->cfg.num_heads % 8 != 0)))))
         return TS_ENOTSUP;
     if (a == m->attn)
         return TS_OK;
@@ -533,7 +533,7 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
         m->precision = TS_PREC_F32; /* until the new copy is in */
     }
     /* the attention measured faster at this precision (default_attention); ts_dit_set_attention
-     * may still choose the other after (not at f16) */
+     * may still choose the other after (at f16 on a GPU only) */
     TS_TRY(ts_dit_set_attention(m, default_attention(m, p)));
     if (!m->wlp.blocks) {
         m->wlp.blocks = calloc((size_t)m->cfg.depth, sizeof *m->wlp.blocks);
@@ -580,8 +580,10 @@ static int attention_forward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
                     : ts_attention_forward(e, &atty, &att, &qkv, H);
     }
     ts_tensor_t lse = rows(&A->lse, B), *keep = m->trainable ? &lse : NULL;
-    return bf16 ? ts_attention_fused_forward_bf16(e, &atty, keep, &qkv, H)
-                : ts_attention_fused_forward(e, &atty, keep, &qkv, H);
+    if (m->precision != TS_PREC_F32)
+        return ts_attention_fused_forward_lp(e, ts_precision_dtype(m->precision), &atty, keep, &qkv,
+                                             H);
+    return ts_attention_fused_forward(e, &atty, keep, &qkv, H);
 }
 
 /* dqkv += the gradient of attention from datty, by the attention the forward used. */
@@ -596,9 +598,10 @@ static int attention_backward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) 
         return ts_attention_backward(e, &dqkv, &datt, &datty, &qkv, &att, H);
     }
     ts_tensor_t lse = rows(&A->lse, B);
-    return m->precision == TS_PREC_BF16
-               ? ts_attention_fused_backward_bf16(e, &dqkv, &datty, &qkv, &atty, &lse, H)
-               : ts_attention_fused_backward(e, &dqkv, &datty, &qkv, &atty, &lse, H);
+    if (m->precision != TS_PREC_F32)
+        return ts_attention_fused_backward_lp(e, ts_precision_dtype(m->precision), &dqkv, &datty,
+                                              &qkv, &atty, &lse, H);
+    return ts_attention_fused_backward(e, &dqkv, &datty, &qkv, &atty, &lse, H);
 }
 
 void ts_dit_set_lp_activations(ts_dit_t *m, int on) {

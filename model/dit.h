@@ -253,9 +253,10 @@ int ts_dit_refresh_lp(ts_dit_t *m);
 /* Switches m's attention to a (see ts_attn_impl_t). The activations are laid out again (a
  * backward must follow a forward made with the same attention); the per-sample bound on them is
  * the composed layout's, so either fits any model that was built. TS_ENOTSUP for fused at bf16
- * where the fused bf16 op cannot run (ts_attention_fused_bf16_check: a CPU without AVX-512 BF16,
- * a GPU below sm_80; on a GPU also heads not a multiple of 8), at f16 (there is no fused f16 op) or on a GPU with heads wider than TS_CUDA_FUSED_HD_MAX or a max_batch over
- * TS_CUDA_FUSED_MAX_BATCH; TS_ENOMEM leaves m as it was. */
+ * or f16 where the fused 16-bit op cannot run (ts_attention_fused_lp_check: bf16 on a CPU
+ * without AVX-512 BF16 or a GPU below sm_80, f16 on a CPU or a GPU below sm_75; on a GPU also
+ * heads not a multiple of 8), or on a GPU with heads wider than TS_CUDA_FUSED_HD_MAX or a
+ * max_batch over TS_CUDA_FUSED_MAX_BATCH; TS_ENOMEM leaves m as it was. */
 int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a);
 
 /* The device memory a model of cfg takes, computed from the config alone (nothing is allocated;

@@ -379,7 +379,7 @@ static void test_f16_edges(void **state) {
     unsetenv("TESSERA_F16_SCALAR");
 }
 
-/* An f16 model has no fused attention; switching away and back gives the same bits. (f16
+/* An f16 model on the CPU has no fused attention; switching away and back gives the same bits. (f16
  * training is test_bf16_train --f16's.) */
 static void test_f16_refusals(void **state) {
     ts_engine_t *e = *state;

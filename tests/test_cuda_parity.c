@@ -845,11 +845,13 @@ static void test_attention_fused(void **state) {
     ts_tensor_free(&out);
 }
 
-/* The bf16 flash attention on tensor cores (kernels/cuda/cuda_flash.cu; sm_80 and later) against
- * the CPU's fp32 fused attention, forward and backward: the products' inputs and weights rounded
- * to bf16 give a normalised error near 1e-5; out and dqkv within 1e-4, lse within 1e-5 (NMSE). Head sizes with their
- * own instance (32, 64, 72, 128) and one of the run-time instance (48); T below, across and at
- * blocks of 32 keys and 64 queries. Its tile steps are tests/test_flash_mma.c's on the CPU. */
+/* The 16-bit flash attention on tensor cores (kernels/cuda/cuda_flash.cu; bf16 on sm_80 and
+ * later, f16 on sm_75 and later) against the CPU's fp32 fused attention, forward and backward:
+ * the products' inputs and weights rounded to bf16 give a normalised error near 1e-5, so out and
+ * dqkv within 1e-4 and lse within 1e-5 (NMSE); in f16 (8× finer) within 2e-6 and 1e-6. Head
+ * sizes with their own instance (32, 64, 72, 128) and one of the run-time instance (48); T below,
+ * across and at blocks of 32 keys and 64 queries. Its tile steps are tests/test_flash_mma.c's on
+ * the CPU, in both types. */
 static double nmse_of(fixture_t *fx, const pair_t *p) {
     float *a = download(fx, p);
     const float *b = (const float *)p->t[0].data;
@@ -863,7 +865,10 @@ static double nmse_of(fixture_t *fx, const pair_t *p) {
     return den > 0.0 ? num / den : num;
 }
 
-static void flash_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t T, int64_t C, int64_t H) {
+static void flash_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp, int64_t B, int64_t T, int64_t C,
+                       int64_t H) {
+    const char *name = lp == TS_F16 ? "f16" : "bf16";
+    double bound = lp == TS_F16 ? 2e-6 : 1e-4, bound_lse = lp == TS_F16 ? 1e-6 : 1e-5;
     pair_t qkv, out, lse, dout, dqkv;
     pair_rand(&qkv, r, -1.5f, 1.5f, 3, TS_SHAPE(B, T, 3 * C));
     pair_zeros(&out, 3, TS_SHAPE(B, T, C));
@@ -872,21 +877,22 @@ static void flash_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t T, int64_t
     pair_zeros(&dqkv, 3, TS_SHAPE(B, T, 3 * C));
     TU_CHECK_OK(ts_attention_fused_forward(&fx->e[0], &out.t[0], &lse.t[0], &qkv.t[0], (int)H));
     TU_CHECK_OK(
-        ts_attention_fused_forward_bf16(&fx->e[1], &out.t[1], &lse.t[1], &qkv.t[1], (int)H));
+        ts_attention_fused_forward_lp(&fx->e[1], lp, &out.t[1], &lse.t[1], &qkv.t[1], (int)H));
     double eo = nmse_of(fx, &out), el = nmse_of(fx, &lse);
-    /* the backward from each side's own forward (the GPU's out and lse are its bf16 ones) */
+    /* the backward from each side's own forward (the GPU's out and lse are its 16-bit ones) */
     TU_CHECK_OK(ts_attention_fused_backward(&fx->e[0], &dqkv.t[0], &dout.t[0], &qkv.t[0], &out.t[0],
                                             &lse.t[0], (int)H));
-    TU_CHECK_OK(ts_attention_fused_backward_bf16(&fx->e[1], &dqkv.t[1], &dout.t[1], &qkv.t[1],
-                                                 &out.t[1], &lse.t[1], (int)H));
+    TU_CHECK_OK(ts_attention_fused_backward_lp(&fx->e[1], lp, &dqkv.t[1], &dout.t[1], &qkv.t[1],
+                                               &out.t[1], &lse.t[1], (int)H));
     double eg = nmse_of(fx, &dqkv);
-    printf("test_cuda_parity: flash bf16 (%lld,%lld,%lld,%lld) out nmse %.3e, lse %.3e, dqkv "
+    printf("test_cuda_parity: flash %s (%lld,%lld,%lld,%lld) out nmse %.3e, lse %.3e, dqkv "
            "%.3e\n",
-           (long long)B, (long long)T, (long long)C, (long long)H, eo, el, eg);
-    if (!(eo <= 1e-4 && el <= 1e-5 && eg <= 1e-4)) {
-        print_error("flash bf16 (%lld,%lld,%lld,%lld): out nmse %.3e (≤ 1e-4), lse %.3e (≤ 1e-5), "
-                    "dqkv %.3e (≤ 1e-4)\n",
-                    (long long)B, (long long)T, (long long)C, (long long)H, eo, el, eg);
+           name, (long long)B, (long long)T, (long long)C, (long long)H, eo, el, eg);
+    if (!(eo <= bound && el <= bound_lse && eg <= bound)) {
+        print_error("flash %s (%lld,%lld,%lld,%lld): out nmse %.3e (≤ %.0e), lse %.3e (≤ %.0e), "
+                    "dqkv %.3e (≤ %.0e)\n",
+                    name, (long long)B, (long long)T, (long long)C, (long long)H, eo, bound, el,
+                    bound_lse, eg, bound);
         fail();
     }
     pair_free(&qkv);
@@ -899,15 +905,21 @@ static void flash_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t T, int64_t
 static void test_attention_flash(void **state) {
     fixture_t *fx = *state;
     tu_rng_t r = {17};
-    if (ts_attention_fused_bf16_check(&fx->e[1]) != TS_OK) { /* no launch on unwritten memory */
-        printf("test_cuda_parity: flash bf16: not on this GPU (sm_80 or later), not checked\n");
-        return;
+    const ts_dtype_t types[2] = {TS_BF16, TS_F16};
+    for (int i = 0; i < 2; i++) {
+        ts_dtype_t lp = types[i];
+        if (ts_attention_fused_lp_check(&fx->e[1], lp) !=
+            TS_OK) { /* no launch on unwritten memory */
+            printf("test_cuda_parity: flash %s: not on this GPU (%s or later), not checked\n",
+                   lp == TS_F16 ? "f16" : "bf16", lp == TS_F16 ? "sm_75" : "sm_80");
+            continue;
+        }
+        flash_case(fx, &r, lp, 2, 196, 256, 4);    /* `small`: hd 64, T = 196 */
+        flash_case(fx, &r, lp, B_, T_, C_, HEADS); /* tiny: hd 32, T = 49 */
+        flash_case(fx, &r, lp, 2, 100, 144, 2);    /* hd 72, padded to 80 */
+        flash_case(fx, &r, lp, 1, 256, 256, 2);    /* hd 128: the widest head */
+        flash_case(fx, &r, lp, 3, 17, 96, 2);      /* hd 48: the run-time instance */
     }
-    flash_case(fx, &r, 2, 196, 256, 4);    /* `small`: hd 64, T = 196 */
-    flash_case(fx, &r, B_, T_, C_, HEADS); /* tiny: hd 32, T = 49 */
-    flash_case(fx, &r, 2, 100, 144, 2);    /* hd 72, padded to 80 */
-    flash_case(fx, &r, 1, 256, 256, 2);    /* hd 128: the widest head */
-    flash_case(fx, &r, 3, 17, 96, 2);      /* hd 48: the run-time instance */
 }
 
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */

@@ -606,10 +606,11 @@ static void bwd_range_bf16(void *arg, int64_t lo, int64_t hi) {
 
 int ts_cpu_attention_fused_bf16_ok(void) { return __builtin_cpu_supports("avx512bf16") != 0; }
 
-int ts_cpu_attention_fused_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout,
-                                         const float *qkv, const float *out, const float *lse,
-                                         int64_t B, int64_t T, int64_t C, int64_t H) {
-    if (!ts_cpu_attention_fused_bf16_ok())
+int ts_cpu_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dqkv,
+                                       const float *dout, const float *qkv, const float *out,
+                                       const float *lse, int64_t B, int64_t T, int64_t C,
+                                       int64_t H) {
+    if (lp != TS_BF16 || !ts_cpu_attention_fused_bf16_ok()) /* no f16 one on the CPU */
         return TS_ENOTSUP;
     if (3 * C > INT32_MAX || T > INT32_MAX)
         return TS_ERANGE;
@@ -618,9 +619,10 @@ int ts_cpu_attention_fused_backward_bf16(ts_engine_t *e, float *dqkv, const floa
     return att_run(e, &j, B * H, 5.0 * B * H * T * T * j.hd, bwd_range_bf16);
 }
 
-int ts_cpu_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv,
-                                        int64_t B, int64_t T, int64_t C, int64_t H) {
-    if (!ts_cpu_attention_fused_bf16_ok())
+int ts_cpu_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *lse,
+                                      const float *qkv, int64_t B, int64_t T, int64_t C,
+                                      int64_t H) {
+    if (lp != TS_BF16 || !ts_cpu_attention_fused_bf16_ok())
         return TS_ENOTSUP;
     att_job_t j = job_of(e, B, T, C, H);
     j.out = out, j.lse = lse, j.qkv = qkv;
@@ -631,17 +633,19 @@ int ts_cpu_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse, 
 
 int ts_cpu_attention_fused_bf16_ok(void) { return 0; }
 
-int ts_cpu_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv,
-                                        int64_t B, int64_t T, int64_t C, int64_t H) {
-    (void)e, (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)C, (void)H;
+int ts_cpu_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *lse,
+                                      const float *qkv, int64_t B, int64_t T, int64_t C,
+                                      int64_t H) {
+    (void)e, (void)lp, (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)C, (void)H;
     return TS_ENOTSUP;
 }
 
-int ts_cpu_attention_fused_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout,
-                                         const float *qkv, const float *out, const float *lse,
-                                         int64_t B, int64_t T, int64_t C, int64_t H) {
-    (void)e, (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)C;
-    (void)H;
+int ts_cpu_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dqkv,
+                                       const float *dout, const float *qkv, const float *out,
+                                       const float *lse, int64_t B, int64_t T, int64_t C,
+                                       int64_t H) {
+    (void)e, (void)lp, (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T;
+    (void)C, (void)H;
     return TS_ENOTSUP;
 }
 

@@ -246,24 +246,26 @@ int ts_cuda_attention_fused_backward(ts_engine_t *e, float *dqkv, const float *d
     });
 }
 
-/* The bf16 fused attention on a GPU, forward and backward: the flash attention on tensor cores
- * (cuda_flash.cu; sm_80 and later, heads up to 128 in steps of 8, TS_ENOTSUP otherwise). A bf16
- * model on a GPU takes it only when asked (ts_dit_set_attention), until a GPU run has measured
- * it faster than the composed one and checked it. */
-int ts_cuda_flash_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv, int64_t B,
-                               int64_t T, int64_t C, int64_t H);
+/* The 16-bit fused attention on a GPU, forward and backward: the flash attention on tensor cores
+ * (cuda_flash.cu; bf16 on sm_80 and later, f16 on sm_75 and later, heads up to 128 in steps of 8,
+ * TS_ENOTSUP otherwise). A 16-bit model on a GPU takes it only when asked (ts_dit_set_attention),
+ * until a GPU run has measured it faster than the composed one and checked it. */
+int ts_cuda_flash_forward(ts_engine_t *e, ts_dtype_t lp, float *out, float *lse, const float *qkv,
+                          int64_t B, int64_t T, int64_t C, int64_t H);
 
-int ts_cuda_attention_fused_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv,
-                                         int64_t B, int64_t T, int64_t C, int64_t H) {
-    return ts_cuda_flash_forward_bf16(e, out, lse, qkv, B, T, C, H);
+int ts_cuda_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *lse,
+                                       const float *qkv, int64_t B, int64_t T, int64_t C,
+                                       int64_t H) {
+    return ts_cuda_flash_forward(e, lp, out, lse, qkv, B, T, C, H);
 }
 
-int ts_cuda_flash_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout, const float *qkv,
-                                const float *out, const float *lse, int64_t B, int64_t T, int64_t C,
-                                int64_t H);
+int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, const float *dout,
+                           const float *qkv, const float *out, const float *lse, int64_t B,
+                           int64_t T, int64_t C, int64_t H);
 
-int ts_cuda_attention_fused_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout,
-                                          const float *qkv, const float *out, const float *lse,
-                                          int64_t B, int64_t T, int64_t C, int64_t H) {
-    return ts_cuda_flash_backward_bf16(e, dqkv, dout, qkv, out, lse, B, T, C, H);
+int ts_cuda_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dqkv,
+                                        const float *dout, const float *qkv, const float *out,
+                                        const float *lse, int64_t B, int64_t T, int64_t C,
+                                        int64_t H) {
+    return ts_cuda_flash_backward(e, lp, dqkv, dout, qkv, out, lse, B, T, C, H);
 }

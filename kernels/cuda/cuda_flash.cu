@@ -1,10 +1,11 @@
 /*
- * cuda_flash.cu — the bf16 flash attention forward on tensor cores (FlashAttention-2's scheme,
- * `mma.sync.m16n8k16` with bf16 inputs and fp32 accumulation; sm_80 and later).
+ * cuda_flash.cu — the 16-bit flash attention on tensor cores, forward and backward
+ * (FlashAttention-2's scheme, `mma.sync` with bf16 or f16 inputs and fp32 accumulation): bf16 on
+ * sm_80 and later, f16 on sm_75 and later (there as two m16n8k8 per m16n8k16).
  *
  * A thread block is TS_FA_WARPS warps over 16·TS_FA_WARPS query rows of one head of one sample:
  * grid (⌈T / 64⌉, H, B). Each block of TS_FA_KB keys and values is staged in shared memory as
- * bf16 by all the block's threads; then each warp computes its scores S = Q·Kᵀ, the online
+ * 16 bits by all the block's threads; then each warp computes its scores S = Q·Kᵀ, the online
  * softmax in registers, and O += P·V with P's fragments taken straight from S's registers. Every
  * per-lane step is kernels/flash_mma.h's, which tests/test_flash_mma.c runs on the CPU in this
  * order on an emulated warp (the mma and the quad shuffles emulated); what only a GPU checks is
@@ -12,7 +13,8 @@
  *
  * A row's result depends on its own head's q, k and v only (the key blocks and their order are
  * fixed by T), so it does not depend on the batch. Not bit-identical to the CPU's bf16 fused
- * attention (another order of summation inside the tensor cores).
+ * attention (another order of summation inside the tensor cores). Every kernel is a template on
+ * F16 (1: f16, 0: bf16), passed to the steps as a constant.
  */
 #include <cuda_runtime.h>
 
@@ -26,18 +28,35 @@
 int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size_t *scratch_bytes);
 int ts_cuda_compute_capability(ts_engine_t *e, int *major, int *minor);
 
-#define LDK (TS_FA_DMAX + 8) /* staged row stride (bf16): +8 keeps the rows off one bank */
+#define LDK (TS_FA_DMAX + 8) /* staged row stride (16-bit): +8 keeps the rows off one bank */
 
-static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4],
-                                                const uint32_t b[2]) {
+/* c += a · b for one m16n8k16 tile, bf16 or f16 inputs. */
+template <int F16>
+static __device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    if (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    if (F16) { /* k = 0..7 from (a0, a1, b0), then k = 8..15 from (a2, a3, b1): flash_mma.h */
+        for (int h = 0; h < 2; h++)
+            asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                         "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                         : "r"(a[2 * h]), "r"(a[2 * h + 1]), "r"(b[h]));
+    } else {
+        __trap(); /* no bf16 mma below sm_80: never launched there (the entry point checks) */
+    }
 #else
     (void)c, (void)a, (void)b;
-    __trap(); /* never launched below sm_80 (the entry point checks) */
+    __trap(); /* never launched below sm_75 (the entry point checks) */
 #endif
 }
 
@@ -53,9 +72,9 @@ static __device__ __forceinline__ float quad_sum(float v) {
 
 /* HD > 0: the head size known at compile time (the steps' loops unroll and the lane's registers
  * stay registers); 0: hd_rt at run time (the lane's arrays then live in local memory). */
-template <int HD>
+template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
-    k_flash_bf16(float *out, float *lse, const float *qkv, int T, int C, int H, int hd_rt,
+    k_flash(float *out, float *lse, const float *qkv, int T, int C, int H, int hd_rt,
                  float scale) {
     const int hd = HD > 0 ? HD : hd_rt;
     __shared__ uint16_t sk[TS_FA_KB * LDK], sv[TS_FA_KB * LDK];
@@ -67,14 +86,14 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     const float *base = qkv + (int64_t)b * T * ld;
     ts_fa_lane_t L;
     ts_fa_begin(&L);
-    ts_fa_load_q(&L, lane, base + (int64_t)row0 * ld + (int64_t)h * hd, ld, rows, hd);
+    ts_fa_load_q(&L, lane, base + (int64_t)row0 * ld + (int64_t)h * hd, ld, rows, hd, F16);
     for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
         const int n = min(TS_FA_KB, T - k0);
         __syncthreads(); /* the previous block is read by every warp */
         for (int e = threadIdx.x; e < TS_FA_KB * dp; e += blockDim.x) {
-            ts_fa_stage(sk, LDK, base + (int64_t)k0 * ld + C + (int64_t)h * hd, ld, n, hd, e);
+            ts_fa_stage(sk, LDK, base + (int64_t)k0 * ld + C + (int64_t)h * hd, ld, n, hd, F16, e);
             ts_fa_stage(sv, LDK, base + (int64_t)k0 * ld + 2 * (int64_t)C + (int64_t)h * hd, ld, n,
-                        hd, e);
+                        hd, F16, e);
         }
         __syncthreads();
         if (rows == 0)
@@ -85,19 +104,19 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
             for (int ks = 0; ks < dp / 16; ks++) {
                 uint32_t bf[2];
                 ts_fa_k_frag(bf, sk, LDK, lane, ks, nt);
-                mma_bf16(c, L.q[ks], bf);
+                mma16<F16>(c, L.q[ks], bf);
             }
         }
         float mx[2], bm[2];
         ts_fa_scores(&L, lane, n, scale, mx);
         bm[0] = quad_max(mx[0]);
         bm[1] = quad_max(mx[1]);
-        ts_fa_softmax(&L, bm, dp);
+        ts_fa_softmax(&L, bm, dp, F16);
         for (int nt = 0; nt < dp / 8; nt++)
             for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
                 uint32_t bf[2];
                 ts_fa_v_frag(bf, sv, LDK, lane, ks, nt);
-                mma_bf16(L.o[nt], L.p[ks], bf);
+                mma16<F16>(L.o[nt], L.p[ks], bf);
             }
     }
     if (rows == 0)
@@ -110,6 +129,7 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
 /* ---- the backward: a dK, dV pass and a dQ pass (kernels/flash_mma.h) ----------------------- */
 
 /* c (16 × TS_FA_KB) = a · Bᵀ, B's fragments from the staged block sb (the scores' pattern). */
+template <int F16>
 static __device__ __forceinline__ void scores(float c[][4], const uint32_t a[][4],
                                               const uint16_t *sb, int lane, int dp) {
     for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
@@ -117,25 +137,26 @@ static __device__ __forceinline__ void scores(float c[][4], const uint32_t a[][4
         for (int ks = 0; ks < dp / 16; ks++) {
             uint32_t bf[2];
             ts_fa_k_frag(bf, sb, LDK, lane, ks, nt);
-            mma_bf16(c[nt], a[ks], bf);
+            mma16<F16>(c[nt], a[ks], bf);
         }
     }
 }
 
 /* acc (16 × dp) += pa · B, B's fragments from the staged block sb (the P·V pattern). */
+template <int F16>
 static __device__ __forceinline__ void accumulate(float acc[][4], const uint32_t pa[][4],
                                                   const uint16_t *sb, int lane, int dp) {
     for (int nt = 0; nt < dp / 8; nt++)
         for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
             uint32_t bf[2];
             ts_fa_v_frag(bf, sb, LDK, lane, ks, nt);
-            mma_bf16(acc[nt], pa[ks], bf);
+            mma16<F16>(acc[nt], pa[ks], bf);
         }
 }
 
-/* dK, dV: a warp per 16 keys, the queries in blocks of TS_FA_KB (q and dO staged as bf16, each
- * query's lse and D = dO·O in fp32). */
-template <int HD>
+/* dK, dV: a warp per 16 keys, the queries in blocks of TS_FA_KB (q and dO staged in 16 bits,
+ * each query's lse and D = dO·O in fp32). */
+template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     k_flash_bwd_kv(float *dqkv, const float *dout, const float *qkv, const float *out,
                    const float *lse, int T, int C, int H, int hd_rt, float scale) {
@@ -151,14 +172,14 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     const float *dob = dout + (int64_t)b * T * C, *ob = out + (int64_t)b * T * C;
     ts_fa_grad_lane_t G;
     ts_fa_grad_begin(&G);
-    ts_fa_load_a(G.a, lane, base + (int64_t)key0 * ld + C + hc, ld, rows, hd);
-    ts_fa_load_a(G.b, lane, base + (int64_t)key0 * ld + 2 * C + hc, ld, rows, hd);
+    ts_fa_load_a(G.a, lane, base + (int64_t)key0 * ld + C + hc, ld, rows, hd, F16);
+    ts_fa_load_a(G.b, lane, base + (int64_t)key0 * ld + 2 * C + hc, ld, rows, hd, F16);
     for (int q0 = 0; q0 < T; q0 += TS_FA_KB) {
         const int n = min(TS_FA_KB, T - q0);
         __syncthreads();
         for (int e = threadIdx.x; e < TS_FA_KB * dp; e += blockDim.x) {
-            ts_fa_stage(sq, LDK, base + (int64_t)q0 * ld + hc, ld, n, hd, e);
-            ts_fa_stage(sd, LDK, dob + (int64_t)q0 * C + hc, C, n, hd, e);
+            ts_fa_stage(sq, LDK, base + (int64_t)q0 * ld + hc, ld, n, hd, F16, e);
+            ts_fa_stage(sd, LDK, dob + (int64_t)q0 * C + hc, C, n, hd, F16, e);
         }
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             lse_col[i] = lse[((int64_t)b * H + h) * T + q0 + i];
@@ -168,12 +189,12 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
         __syncthreads();
         if (rows == 0)
             continue;
-        scores(G.s, G.a, sq, lane, dp); /* Sᵀ = K·Qᵀ */
-        ts_fa_probs(&G, lane, n, scale, NULL, lse_col);
-        accumulate(G.acc1, G.pa, sd, lane, dp); /* dV += Pᵀ·dO */
-        scores(G.dp, G.b, sd, lane, dp);        /* dPᵀ = V·dOᵀ */
-        ts_fa_dscores(&G, lane, n, NULL, d_col);
-        accumulate(G.acc0, G.pa, sq, lane, dp); /* dK += dSᵀ·Q */
+        scores<F16>(G.s, G.a, sq, lane, dp); /* Sᵀ = K·Qᵀ */
+        ts_fa_probs(&G, lane, n, scale, NULL, lse_col, F16);
+        accumulate<F16>(G.acc1, G.pa, sd, lane, dp); /* dV += Pᵀ·dO */
+        scores<F16>(G.dp, G.b, sd, lane, dp);        /* dPᵀ = V·dOᵀ */
+        ts_fa_dscores(&G, lane, n, NULL, d_col, F16);
+        accumulate<F16>(G.acc0, G.pa, sq, lane, dp); /* dK += dSᵀ·Q */
     }
     if (rows == 0)
         return;
@@ -183,7 +204,7 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
 }
 
 /* dQ: a warp per 16 queries (q and dO as A fragments, lse and D per row), the keys in blocks. */
-template <int HD>
+template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     k_flash_bwd_q(float *dqkv, const float *dout, const float *qkv, const float *out,
                   const float *lse, int T, int C, int H, int hd_rt, float scale) {
@@ -199,34 +220,39 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     const float *ob = out + ((int64_t)b * T + row0) * C + hc;
     ts_fa_grad_lane_t G;
     ts_fa_grad_begin(&G);
-    ts_fa_load_a(G.a, lane, base + (int64_t)row0 * ld + hc, ld, rows, hd);
-    ts_fa_load_a(G.b, lane, dob, C, rows, hd);
+    ts_fa_load_a(G.a, lane, base + (int64_t)row0 * ld + hc, ld, rows, hd, F16);
+    ts_fa_load_a(G.b, lane, dob, C, rows, hd, F16);
     ts_fa_row_stats(&G, lane, lse + ((int64_t)b * H + h) * T + row0, dob, ob, C, rows, hd);
     for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
         const int n = min(TS_FA_KB, T - k0);
         __syncthreads();
         for (int e = threadIdx.x; e < TS_FA_KB * dp; e += blockDim.x) {
-            ts_fa_stage(sk, LDK, base + (int64_t)k0 * ld + C + hc, ld, n, hd, e);
-            ts_fa_stage(sv, LDK, base + (int64_t)k0 * ld + 2 * C + hc, ld, n, hd, e);
+            ts_fa_stage(sk, LDK, base + (int64_t)k0 * ld + C + hc, ld, n, hd, F16, e);
+            ts_fa_stage(sv, LDK, base + (int64_t)k0 * ld + 2 * C + hc, ld, n, hd, F16, e);
         }
         __syncthreads();
         if (rows == 0)
             continue;
-        scores(G.s, G.a, sk, lane, dp); /* S = Q·Kᵀ */
-        ts_fa_probs(&G, lane, n, scale, G.ra, NULL);
-        scores(G.dp, G.b, sv, lane, dp); /* dP = dO·Vᵀ */
-        ts_fa_dscores(&G, lane, n, G.rb, NULL);
-        accumulate(G.acc0, G.pa, sk, lane, dp); /* dQ += dS·K */
+        scores<F16>(G.s, G.a, sk, lane, dp); /* S = Q·Kᵀ */
+        ts_fa_probs(&G, lane, n, scale, G.ra, NULL, F16);
+        scores<F16>(G.dp, G.b, sv, lane, dp); /* dP = dO·Vᵀ */
+        ts_fa_dscores(&G, lane, n, G.rb, NULL, F16);
+        accumulate<F16>(G.acc0, G.pa, sk, lane, dp); /* dQ += dS·K */
     }
     if (rows == 0)
         return;
     ts_fa_add_rows(G.acc0, lane, dqkv + ((int64_t)b * T + row0) * ld + hc, ld, rows, hd, scale);
 }
 
-int ts_cuda_flash_bf16_ok(ts_engine_t *e) {
+int ts_cuda_flash_ok(ts_engine_t *e, ts_dtype_t lp) {
     int major = 0, minor = 0;
     int err = ts_cuda_compute_capability(e, &major, &minor);
-    return err != TS_OK ? err : major >= 8 ? TS_OK : TS_ENOTSUP;
+    if (err != TS_OK)
+        return err;
+    if (lp != TS_BF16 && lp != TS_F16)
+        return TS_EINVAL;
+    /* bf16 mma: sm_80; f16: sm_75 (m16n8k8) */
+    return major * 10 + minor >= (lp == TS_BF16 ? 80 : 75) ? TS_OK : TS_ENOTSUP;
 }
 
 /* What both directions launch with. */
@@ -238,9 +264,11 @@ typedef struct flash_launch {
 } flash_launch_t;
 
 /* The checks and the launch geometry both directions share; *run 0 when there is nothing to do. */
-static int flash_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t H,
+static int flash_setup(ts_engine_t *e, ts_dtype_t lp, int64_t B, int64_t T, int64_t C, int64_t H,
                        flash_launch_t *L, int *run) {
     *run = 0;
+    if (lp != TS_BF16 && lp != TS_F16)
+        return TS_EINVAL;
     if (B <= 0 || T <= 0)
         return TS_OK;
     if (C % H != 0)
@@ -250,7 +278,7 @@ static int flash_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t 
         return TS_ENOTSUP; /* the composed attention takes any head */
     if (B > TS_CUDA_FUSED_MAX_BATCH || H > 65535 || T > INT32_MAX / 2 || 3 * C > INT32_MAX)
         return TS_ERANGE;
-    int err = ts_cuda_flash_bf16_ok(e); /* bf16 mma needs sm_80 */
+    int err = ts_cuda_flash_ok(e, lp);
     if (err != TS_OK || (err = ts_cuda_ctx_enter(e, &L->st, NULL, NULL)) != TS_OK)
         return err;
     const int per = TS_FA_ROWS * TS_FA_WARPS;
@@ -261,30 +289,39 @@ static int flash_setup(ts_engine_t *e, int64_t B, int64_t T, int64_t C, int64_t 
     return TS_OK;
 }
 
-int ts_cuda_flash_backward_bf16(ts_engine_t *e, float *dqkv, const float *dout, const float *qkv,
-                                const float *out, const float *lse, int64_t B, int64_t T, int64_t C,
-                                int64_t H) {
+/* Calls launch(k, f) with k the head's instance (cuda_heads.h) and f an integral_constant, 1 for
+ * f16 and 0 for bf16; then reports the launch. */
+template <typename F> static int by_head_and_type(int hd, ts_dtype_t lp, F launch) {
+    if (lp == TS_F16)
+        return ts_cuda_by_head(hd, [&](auto k) { launch(k, std::integral_constant<int, 1>{}); });
+    return ts_cuda_by_head(hd, [&](auto k) { launch(k, std::integral_constant<int, 0>{}); });
+}
+
+int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, const float *dout,
+                           const float *qkv, const float *out, const float *lse, int64_t B,
+                           int64_t T, int64_t C, int64_t H) {
     flash_launch_t L;
-    int run = 0, err = flash_setup(e, B, T, C, H, &L, &run);
+    int run = 0, err = flash_setup(e, lp, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
-    return ts_cuda_by_head(L.hd, [&](auto k) {
-        constexpr int HD = decltype(k)::value;
-        k_flash_bwd_kv<HD><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t,
-                                                                  L.c, L.h, L.hd, L.scale);
-        k_flash_bwd_q<HD><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(dqkv, dout, qkv, out, lse, L.t,
-                                                                 L.c, L.h, L.hd, L.scale);
+    return by_head_and_type(L.hd, lp, [&](auto k, auto f) {
+        constexpr int HD = decltype(k)::value, F16 = decltype(f)::value;
+        k_flash_bwd_kv<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(
+            dqkv, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);
+        k_flash_bwd_q<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(
+            dqkv, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);
     });
 }
 
-int ts_cuda_flash_forward_bf16(ts_engine_t *e, float *out, float *lse, const float *qkv, int64_t B,
-                               int64_t T, int64_t C, int64_t H) {
+int ts_cuda_flash_forward(ts_engine_t *e, ts_dtype_t lp, float *out, float *lse, const float *qkv,
+                          int64_t B, int64_t T, int64_t C, int64_t H) {
     flash_launch_t L;
-    int run = 0, err = flash_setup(e, B, T, C, H, &L, &run);
+    int run = 0, err = flash_setup(e, lp, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
-    return ts_cuda_by_head(L.hd, [&](auto k) {
-        k_flash_bf16<decltype(k)::value>
-            <<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(out, lse, qkv, L.t, L.c, L.h, L.hd, L.scale);
+    return by_head_and_type(L.hd, lp, [&](auto k, auto f) {
+        constexpr int HD = decltype(k)::value, F16 = decltype(f)::value;
+        k_flash<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(out, lse, qkv, L.t, L.c, L.h, L.hd,
+                                                                L.scale);
     });
 }
