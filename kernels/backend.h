@@ -105,6 +105,10 @@ extern "C" {
     X(gelu_forward_lp, uint16_t *out, ts_dtype_t lp, const float *inp, int64_t n)                 \
     X(linear_forward_lp_in, ts_dtype_t lp, float *out, const uint16_t *inp,                       \
       const uint16_t *weight, const float *bias, int64_t M, int64_t N, int64_t K, int64_t group)  \
+    /* linear_backward_{bf16,f16} of such an input, kept in lp for the backward (the same bits:   \
+     * the fp32 one rounds its input to lp for dweight and nothing else reads it) */              \
+    X(linear_backward_lp_in, ts_dtype_t lp, float *dinp, float *dweight, const float *dout,       \
+      const uint16_t *inp, const uint16_t *weight, int64_t M, int64_t N, int64_t K)               \
                                                                                                    \
     /* out, inp (rows, C); mean, rstd (rows), each may be NULL */                                  \
     X(layernorm_forward, float *out, float *mean, float *rstd, const float *inp, int64_t rows,     \
@@ -129,13 +133,14 @@ extern "C" {
       float scale, int accumulate)                                                                 \
     /* Fused (flash-style) attention, not causal: qkv (B, T, 3C) laid out (3, H, C/H), out      \
      * (B, T, C), lse (B, H, T) each row's log-sum-exp of the scaled scores (nullable in the      \
-     * forwards). _lp: the products in lp (TS_BF16 or TS_F16), fp32 accumulation. The backward   \
-     * adds into dqkv. The CPU's is kernels/cpu/cpu_attention.c (no f16 one); TS_ENOTSUP where    \
-     * there is none. */                                                                          \
+     * forwards). _lp: the products in lp (TS_BF16 or TS_F16), fp32 accumulation, and with out16 \
+     * (not NULL) the output written there rounded to lp instead of into out (proj's 16-bit      \
+     * input). The backward adds into dqkv. The CPU's is kernels/cpu/cpu_attention.c (no f16      \
+     * one); TS_ENOTSUP where there is none. */                                                   \
     X(attention_fused_forward, float *out, float *lse, const float *qkv, int64_t B, int64_t T,     \
       int64_t C, int64_t H)                                                                        \
-    X(attention_fused_forward_lp, ts_dtype_t lp, float *out, float *lse, const float *qkv,        \
-      int64_t B, int64_t T, int64_t C, int64_t H)                                                  \
+    X(attention_fused_forward_lp, ts_dtype_t lp, float *out, uint16_t *out16, float *lse,         \
+      const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H)                                \
     X(attention_fused_backward, float *dqkv, const float *dout, const float *qkv,                  \
       const float *out, const float *lse, int64_t B, int64_t T, int64_t C, int64_t H)              \
     X(attention_fused_backward_lp, ts_dtype_t lp, float *dqkv, const float *dout,                 \

@@ -190,15 +190,21 @@ TS_HD void ts_fa_softmax(ts_fa_lane_t *L, const float bm[2], int dp, int f16) {
 }
 
 /* The end of the row block, given the rows' full sums (the quad's): o / l into out (the warp's
- * first row's head slice, rows ld apart; rows of them valid, hd columns), and each row's
+ * first row's head slice, rows ld apart; rows of them valid, hd columns) or, when out16 is not
+ * NULL, rounded to the 16-bit type into out16 (the same layout) instead; and each row's
  * log-sum-exp into lse (NULL: none; lse[row]) — written by the quad's first lane. */
-TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], float *out, int64_t ld,
-                        int rows, int hd, float *lse) {
+TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], float *out,
+                        uint16_t *out16, int64_t ld, int rows, int hd, float *lse, int f16) {
     for (int n = 0; n < ts_fa_padded(hd) / 8; n++)
         for (int r = 0; r < 4; r++) {
             int row = ts_fa_c_row(lane, r), col = 8 * n + ts_fa_c_col(lane, r);
-            if (row < rows && col < hd)
-                out[(int64_t)row * ld + col] = L->o[n][r] / sum[r / 2];
+            if (row < rows && col < hd) {
+                float v = L->o[n][r] / sum[r / 2];
+                if (out16)
+                    out16[(int64_t)row * ld + col] = ts_f32_to_lp(v, f16);
+                else
+                    out[(int64_t)row * ld + col] = v;
+            }
         }
     if (lse && lane % 4 == 0)
         for (int h = 0; h < 2; h++) {

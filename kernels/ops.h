@@ -80,7 +80,9 @@ int ts_linear_gelu_forward(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act,
 /* dinp (..., K) += dout · weight; dweight (N, K) += doutᵀ · inp; dbias (N) += Σ_rows dout. A BF16
  * weight (the bf16 copy the bf16 forward used) takes the bf16 path of bf16 training: dout, inp
  * and the weight in bf16, fp32 accumulation into the fp32 gradients, dbias in fp32 (TS_ENOTSUP
- * where it cannot run, as ts_linear_forward). An F16 weight likewise in f16 (f16 training). */
+ * where it cannot run, as ts_linear_forward). An F16 weight likewise in f16 (f16 training). As in
+ * ts_linear_forward, inp may be 16-bit beside a weight of its dtype (kept so by the forward): the
+ * same bits, with no rounding of it. */
 int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
                        const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight);
 
@@ -176,7 +178,9 @@ int ts_attention_fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *ls
 int ts_attention_fused_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
                                     const ts_tensor_t *qkv, int heads);
 /* The same in lp, TS_BF16 (as above) or TS_F16 (the products in f16: on a CUDA engine of sm_75
- * or later only; the CPU has no f16 fused attention). */
+ * or later only; the CPU has no f16 fused attention). out may be of dtype lp: the output is then
+ * written rounded to it (the fp32 output's bits, rounded: what a 16-bit linear reading it would
+ * round). */
 int ts_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *out, ts_tensor_t *lse,
                                   const ts_tensor_t *qkv, int heads);
 /* TS_OK when ts_attention_fused_forward_bf16 can run on e (a CPU with AVX-512 BF16, a GPU of

@@ -84,10 +84,12 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, 
                        const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, dout));
-    TS_TRY(check_f32(e, inp));
     ts_dtype_t wt =
         weight && (weight->dtype == TS_BF16 || weight->dtype == TS_F16) ? weight->dtype : TS_F32;
     int bf16 = wt == TS_BF16, lp = wt != TS_F32;
+    /* a 16-bit input (kept so by the forward) only beside a weight of its dtype */
+    int lp_in = inp && lp && inp->dtype == wt;
+    TS_TRY(check_on(e, inp, lp_in ? wt : TS_F32));
     TS_TRY(check_on(e, weight, wt));
     TS_TRY(check_opt(e, dinp));
     TS_TRY(check_opt(e, dweight));
@@ -101,10 +103,13 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, 
     if ((dinp && ts_tensor_numel(dinp) != M * K) ||
         (dweight && ts_tensor_numel(dweight) != N * K) || (dbias && ts_tensor_numel(dbias) != N))
         return TS_ESHAPE;
-    if (bf16 && (dinp || dweight)) /* both products in bf16, as the bf16 forward's */
+    if (lp_in && (dinp || dweight))
+        TS_TRY(DISPATCH(e, linear_backward_lp_in, wt, OPT(dinp), OPT(dweight), CF(dout),
+                        (const uint16_t *)inp->data, (const uint16_t *)weight->data, M, N, K));
+    else if (bf16 && (dinp || dweight)) /* both products in bf16, as the bf16 forward's */
         TS_TRY(DISPATCH(e, linear_backward_bf16, OPT(dinp), OPT(dweight), CF(dout), CF(inp),
                         (const uint16_t *)weight->data, M, N, K));
-    if (lp && !bf16 && (dinp || dweight)) /* f16 likewise */
+    else if (lp && !bf16 && (dinp || dweight)) /* f16 likewise */
         TS_TRY(DISPATCH(e, linear_backward_f16, OPT(dinp), OPT(dweight), CF(dout), CF(inp),
                         (const uint16_t *)weight->data, M, N, K));
     /* dinp (M, K) += dout (M, N) · weight (N, K) */
@@ -358,18 +363,21 @@ static int lse_shape(const ts_tensor_t *lse, const att_dims_t *d) {
     return TS_OK;
 }
 
-/* lp: TS_F32 (the fp32 fused attention), TS_BF16 or TS_F16 (its products in 16 bits). */
+/* lp: TS_F32 (the fp32 fused attention), TS_BF16 or TS_F16 (its products in 16 bits; out may
+ * then be of dtype lp: written rounded). */
 static int fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse, const ts_tensor_t *qkv,
                          int heads, ts_dtype_t lp) {
     TS_TRY(check_engine(e));
-    TS_TRY(check_f32(e, out));
+    int out16 = lp != TS_F32 && out && out->dtype == lp;
+    TS_TRY(check_on(e, out, out16 ? lp : TS_F32));
     TS_TRY(check_opt(e, lse));
     TS_TRY(check_f32(e, qkv));
     att_dims_t d;
     TS_TRY(attention_dims(qkv, out, heads, &d));
     TS_TRY(lse_shape(lse, &d));
     if (lp != TS_F32)
-        return DISPATCH(e, attention_fused_forward_lp, lp, F(out), OPT(lse), CF(qkv), d.B, d.T, d.C,
+        return DISPATCH(e, attention_fused_forward_lp, lp, out16 ? NULL : F(out),
+                        out16 ? (uint16_t *)out->data : NULL, OPT(lse), CF(qkv), d.B, d.T, d.C,
                         d.H);
     return DISPATCH(e, attention_fused_forward, F(out), OPT(lse), CF(qkv), d.B, d.T, d.C, d.H);
 }

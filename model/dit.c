@@ -566,6 +566,28 @@ static const ts_dit_params_t *weights(const ts_dit_t *m) {
     return m->precision != TS_PREC_F32 ? &m->wlp : &m->params;
 }
 
+void ts_dit_set_lp_activations(ts_dit_t *m, int on) {
+    if (m)
+        m->lp_acts = on != 0;
+}
+
+/* t's storage seen as a 16-bit tensor of its shape (its fp32 room holds it twice over), when m
+ * writes 16-bit activations (ts_dit_set_lp_activations); else t. Only for what the linears read
+ * and nothing else does, forward or backward (a linear's backward rounds its input to 16 bits
+ * for the weight's gradient, and reads it for nothing else): the same bits either way. */
+static ts_tensor_t act16(const ts_dit_t *m, ts_tensor_t t) {
+    if (m->lp_acts && m->precision != TS_PREC_F32)
+        t.dtype = ts_precision_dtype(m->precision);
+    return t;
+}
+
+/* The attention's output as proj reads it: in 16 bits when the fused attention writes it so
+ * (16-bit activations in an inference model; a trainable one's fused backward reads the fp32
+ * output). */
+static ts_tensor_t atty16(const ts_dit_t *m, ts_tensor_t atty) {
+    return m->attn == TS_ATTN_FUSED && !m->trainable ? act16(m, atty) : atty;
+}
+
 /* atty = attention(qkv), keeping what the backward reads: the weights att (composed) or, in a
  * trainable model, each row's log-sum-exp (fused). */
 static int attention_forward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
@@ -580,9 +602,11 @@ static int attention_forward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
                     : ts_attention_forward(e, &atty, &att, &qkv, H);
     }
     ts_tensor_t lse = rows(&A->lse, B), *keep = m->trainable ? &lse : NULL;
-    if (m->precision != TS_PREC_F32)
-        return ts_attention_fused_forward_lp(e, ts_precision_dtype(m->precision), &atty, keep, &qkv,
+    if (m->precision != TS_PREC_F32) {
+        ts_tensor_t out = atty16(m, atty); /* proj's input */
+        return ts_attention_fused_forward_lp(e, ts_precision_dtype(m->precision), &out, keep, &qkv,
                                              H);
+    }
     return ts_attention_fused_forward(e, &atty, keep, &qkv, H);
 }
 
@@ -602,19 +626,6 @@ static int attention_backward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) 
         return ts_attention_fused_backward_lp(e, ts_precision_dtype(m->precision), &dqkv, &datty,
                                               &qkv, &atty, &lse, H);
     return ts_attention_fused_backward(e, &dqkv, &datty, &qkv, &atty, &lse, H);
-}
-
-void ts_dit_set_lp_activations(ts_dit_t *m, int on) {
-    if (m)
-        m->lp_acts = on != 0;
-}
-
-/* t's storage seen as a 16-bit tensor of its shape (its fp32 room holds it twice over), when m
- * writes 16-bit activations (ts_dit_set_lp_activations); else t. */
-static ts_tensor_t act16(const ts_dit_t *m, ts_tensor_t t) {
-    if (m->lp_acts && !m->trainable && m->precision != TS_PREC_F32)
-        t.dtype = ts_precision_dtype(m->precision);
-    return t;
 }
 
 static int block_forward(ts_dit_t *m, int l, int B) {
@@ -638,6 +649,7 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     TS_TRY(ts_layernorm_modulate_forward(e, &ln1, &m1, &r1, &mod1, &x_in, &mod, 0, 1));
     TS_TRY(ts_linear_forward(e, &qkv, &mod1, &W->qkv_w, &P->qkv_b));
     TS_TRY(attention_forward(m, A, B));
+    atty = atty16(m, atty);
     TS_TRY(ts_linear_forward(e, &proj, &atty, &W->proj_w, &P->proj_b));
     TS_TRY(ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2));
     /* MLP branch: x_out = x_mid + gate_mlp · fc2(gelu(fc1(modulate(LN(x_mid))))) */
@@ -729,7 +741,8 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
     ts_tensor_t fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
     ts_tensor_t mf = stat_rows(&A->lnf_mean, B, ts_dit_tokens(c));
     ts_tensor_t rf = stat_rows(&A->lnf_rstd, B, ts_dit_tokens(c));
-    ts_tensor_t fx = rows(&A->fx, B), out_tok = rows(&A->out_tok, B), out = rows(&A->out, B);
+    ts_tensor_t fx = act16(m, rows(&A->fx, B)); /* the final linear's input */
+    ts_tensor_t out_tok = rows(&A->out_tok, B), out = rows(&A->out, B);
     TS_TRY(ts_linear_forward(e, &fmod, &c_silu, &W->fada_w, &P->fada_b));
     TS_TRY(ts_layernorm_modulate_forward(e, &lnf, &mf, &rf, &fx, &xf, &fmod, 0, 1));
     TS_TRY(ts_linear_forward(e, &out_tok, &fx, &W->f_w, &P->f_b));
@@ -788,13 +801,16 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     ts_tensor_t datty = rows(&G->datty, B), dqkv = rows(&G->dqkv, B);
     ts_tensor_t dmod1 = rows(&G->dmod1, B), dln1 = rows(&G->dln1, B);
     ts_tensor_t c_silu = rows(&m->acts.c_silu, B), mod = rows(&A->mod, B);
-    ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B), mod1 = rows(&A->mod1, B);
+    /* the linears' inputs as the forward wrote them: 16-bit, or fp32 */
+    ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B);
+    ts_tensor_t mod1 = act16(m, rows(&A->mod1, B));
     ts_tensor_t m1 = stat_rows(&A->ln1_mean, B, T), r1 = stat_rows(&A->ln1_rstd, B, T);
     ts_tensor_t atty = rows(&A->atty, B);
     ts_tensor_t proj = rows(&A->proj, B), x_mid = rows(&A->x_mid, B), ln2 = rows(&A->ln2, B);
-    ts_tensor_t mod2 = rows(&A->mod2, B);
+    ts_tensor_t mod2 = act16(m, rows(&A->mod2, B));
     ts_tensor_t m2 = stat_rows(&A->ln2_mean, B, T), r2 = stat_rows(&A->ln2_rstd, B, T);
-    ts_tensor_t fc1 = rows(&A->fc1, B), gelu = rows(&A->gelu, B), fc2 = rows(&A->fc2, B);
+    ts_tensor_t fc1 = rows(&A->fc1, B), gelu = act16(m, rows(&A->gelu, B));
+    ts_tensor_t fc2 = rows(&A->fc2, B);
 
     /* MLP branch. The residual's identity path is dx itself: it already holds dL/dx_out, which
      * is the direct part of dL/dx_mid, so only the branch's contribution is added to it. */
@@ -884,7 +900,7 @@ int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B) {
     ts_tensor_t dc_silu = rows(&G->dc_silu, B);
     ts_tensor_t xf = rows(&A->x_final, B), fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
     ts_tensor_t mf = stat_rows(&A->lnf_mean, B, T), rf = stat_rows(&A->lnf_rstd, B, T);
-    ts_tensor_t fx = rows(&A->fx, B), c_silu = rows(&A->c_silu, B);
+    ts_tensor_t fx = act16(m, rows(&A->fx, B)), c_silu = rows(&A->c_silu, B);
 
     /* final layer: its adaLN adds into dc_silu, its LayerNorm gives dL/dx_final in dx */
     TS_TRY(ts_unpatchify_backward(e, &dout_tok, dv, p));

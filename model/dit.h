@@ -157,8 +157,8 @@ typedef struct ts_dit {
     ts_tensor_t labels;       /* (max_batch) I32 staging for y */
     ts_tensor_t tvals;        /* (max_batch) F32 staging for t */
     int trainable;
-    /* an inference model at bf16 or f16: its linears read 16-bit activations written by their
-     * producers (ts_dit_set_lp_activations); on by default on a GPU */
+    /* a model at bf16 or f16: its linears read 16-bit activations written by their producers
+     * (ts_dit_set_lp_activations); on by default on a GPU */
     int lp_acts;
 } ts_dit_t;
 
@@ -234,17 +234,19 @@ int ts_dit_zero_grad(ts_dit_t *m);
  * every step). f32 (the default) drops the copy; its forward and backward are bit-identical to a
  * model that never left f32. TS_ENOTSUP, with the reason in why (may be NULL), where the engine
  * cannot run bf16. f16: as bf16 in IEEE half precision (f16 training: the trainer scales the
- * loss, model/trainer.h); its attention is always the composed one. Either way the attention goes back to its default for
- * the precision (bf16: composed, f32: the engine's default; see ts_attn_impl_t): call
+ * loss, model/trainer.h); its attention is the composed one unless asked (on a GPU: the f16
+ * flash attention). Either way the attention goes back to its default for the precision (bf16: composed, f32: the engine's default; see ts_attn_impl_t): call
  * ts_dit_set_attention after this, not before. */
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len);
 /* 16-bit activations (on: 1, off: 0; a new model on a GPU engine starts on, on a CPU off). When
- * on, an inference model at bf16 or f16 has the producers of its block linears' inputs — the
- * LayerNorm + modulate before qkv and fc1, GELU before fc2 — write them rounded to 16 bits
- * (in the fp32 buffers' room), and the linears take them as they are: on a GPU no rounding kernel
- * runs before those products. The bits are the same either way (the linear rounded the same
- * values); the residual stream, LayerNorm's statistics, the attention's input and output and
- * every sum stay fp32. A trainable model, or one at f32, ignores it. */
+ * on, a model at bf16 or f16 has the producers of its linears' inputs — the LayerNorm +
+ * modulate before qkv, fc1 and the final linear, GELU before fc2 — write them rounded to 16 bits
+ * (in the fp32 buffers' room), and the linears take them as they are, forward and, in a
+ * trainable model, backward (the weight's gradient reads the same 16-bit input): on a GPU no
+ * rounding kernel runs for them in either direction. The bits are the same either way (the
+ * linear rounded the same values and read them for nothing else); the residual stream,
+ * LayerNorm's statistics, the attention's input and output, GELU's input (its backward reads it)
+ * and every sum stay fp32. A model at f32 ignores it. */
 void ts_dit_set_lp_activations(ts_dit_t *m, int on);
 /* At bf16 or f16, converts the parameters into the 16-bit copy again (O(parameters)), after they
  * changed: an optimiser step, a load. TS_OK and nothing at f32. */

@@ -274,7 +274,8 @@ static void test_dit_forward(void **state) {
 
 /* 16-bit activations (ts_dit_set_lp_activations): the same bits as the linears rounding their
  * fp32 inputs, at batch 24 and 1; and they were written in 16 bits (the block's mod1 buffer
- * holds the rounded values of the fp32 run, two bytes each). A linear refuses a 16-bit input
+ * holds the rounded values of the fp32 run, two bytes each, and so does the attention's output
+ * where the attention is the fused one). A linear refuses a 16-bit input
  * beside a weight of another dtype. */
 static void test_dit_lp_activations(void **state) {
     ts_engine_t *e = *state;
@@ -287,9 +288,11 @@ static void test_dit_lp_activations(void **state) {
     int64_t n = (int64_t)B * m.cfg.in_channels * m.cfg.input_size * m.cfg.input_size;
     int64_t nm = (int64_t)B * T * m.cfg.hidden_size; /* mod1's elements */
     float *v32 = velocity(&m, B, 5);
-    float *mod32 = malloc((size_t)nm * sizeof *mod32);
+    float *mod32 = malloc((size_t)nm * sizeof *mod32), *att32 = malloc((size_t)nm * sizeof *att32);
     assert_non_null(mod32);
+    assert_non_null(att32);
     memcpy(mod32, m.acts.blocks[0].mod1.data, (size_t)nm * sizeof *mod32);
+    memcpy(att32, m.acts.blocks[0].atty.data, (size_t)nm * sizeof *att32);
     ts_dit_set_lp_activations(&m, 1);
     float *v16 = velocity(&m, B, 5);
     assert_memory_equal(v16, v32, (size_t)n * sizeof *v16);
@@ -300,6 +303,14 @@ static void test_dit_lp_activations(void **state) {
             fail_msg("mod1[%lld] is 0x%04x, the fp32 run's value rounded is 0x%04x", (long long)i,
                      mod16[i], want);
     }
+    /* the fused attention (bf16 on a CPU with AVX-512 BF16) writes proj's input in 16 bits too */
+    const uint16_t *att16 = m.acts.blocks[0].atty.data;
+    printf("  %s attention: its output %s\n", m.attn == TS_ATTN_FUSED ? "fused" : "composed",
+           m.attn == TS_ATTN_FUSED ? "written in 16 bits" : "fp32");
+    for (int64_t i = 0; m.attn == TS_ATTN_FUSED && i < nm; i += 97)
+        if (att16[i] != ts_f32_to_lp(att32[i], LP->dtype == TS_F16))
+            fail_msg("atty[%lld] is 0x%04x, the fp32 run's value rounded is 0x%04x", (long long)i,
+                     att16[i], ts_f32_to_lp(att32[i], LP->dtype == TS_F16));
     float *one = velocity(&m, 1, 5);
     assert_memory_equal(one, v32, (size_t)(n / B) * sizeof *one);
     /* a 16-bit input beside an fp32 weight, or the other 16-bit dtype: refused */
@@ -321,7 +332,7 @@ static void test_dit_lp_activations(void **state) {
     assert_int_equal(ts_tensor_wrap(&g16, g32.data, LP->dtype, TS_CPU, 1, TS_SHAPE(16)), TS_OK);
     assert_int_equal(ts_gelu_forward_lp(e, &g16, &g32), TS_EINVAL);
     ts_tensor_free(&g32);
-    free(v32), free(v16), free(one), free(mod32);
+    free(v32), free(v16), free(one), free(mod32), free(att32);
     TU_FREE_TENSORS(&x16, &w, &b, &out);
     ts_dit_free(&m);
 }

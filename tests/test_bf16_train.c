@@ -208,6 +208,57 @@ static void test_gradients_vs_f32(void **state) {
     ts_dit_free(&m);
 }
 
+/* 16-bit activations in training (ts_dit_set_lp_activations on a trainable model): the linears'
+ * inputs kept in 16 bits give the gradient, and the forward, of the fp32-kept run bit for bit; the
+ * kept buffers (a block's mod2, GELU's output, the final linear's input) hold the fp32 run's
+ * values rounded. A 16-bit input beside a weight of another dtype is refused by the backward. */
+static void test_lp_activations_train(void **state) {
+    ts_engine_t *e = *state;
+    ts_dit_t m;
+    make_model(e, &m, 8);
+    char why[256] = "";
+    assert_int_equal(ts_dit_set_precision(&m, P, why, sizeof why), TS_OK);
+    assert_false(m.lp_acts); /* a CPU model starts off */
+    int T = ts_dit_tokens(&m.cfg);
+    int64_t nm = 8 * (int64_t)T * m.cfg.hidden_size, ng = 4 * nm; /* mod2's, GELU's elements */
+    float *g32 = gradient(&m, 8, SCALE);
+    const ts_dit_block_acts_t *A = &m.acts.blocks[1];
+    float *mod32 = tu_host_copy(&A->mod2), *gelu32 = tu_host_copy(&A->gelu);
+    float *fx32 = tu_host_copy(&m.acts.fx);
+    ts_dit_set_lp_activations(&m, 1);
+    float *g16 = gradient(&m, 8, SCALE);
+    assert_memory_equal(g16, g32, (size_t)m.num_params * sizeof *g16);
+    const struct {
+        const char *name;
+        const float *want;
+        const void *got;
+        int64_t n;
+    } kept[] = {{"mod2", mod32, A->mod2.data, nm},
+                {"gelu", gelu32, A->gelu.data, ng},
+                {"fx", fx32, m.acts.fx.data, nm}};
+    for (size_t k = 0; k < sizeof kept / sizeof kept[0]; k++)
+        for (int64_t i = 0; i < kept[k].n; i += 89) {
+            uint16_t got = ((const uint16_t *)kept[k].got)[i];
+            uint16_t want =
+                DT == TS_BF16 ? ts_f32_to_bf16(kept[k].want[i]) : ts_f32_to_f16(kept[k].want[i]);
+            if (got != want)
+                fail_msg("%s[%lld] is 0x%04x, the fp32-kept run's value rounded is 0x%04x",
+                         kept[k].name, (long long)i, got, want);
+        }
+    /* the backward refuses a 16-bit input beside an fp32 weight */
+    ts_tensor_t x16, w, dw, dout;
+    assert_int_equal(ts_tensor_alloc(&x16, DT, TS_CPU, 2, TS_SHAPE(3, 8)), TS_OK);
+    tu_alloc_f32(&w, 2, TS_SHAPE(4, 8));
+    tu_alloc_f32(&dw, 2, TS_SHAPE(4, 8));
+    tu_alloc_f32(&dout, 2, TS_SHAPE(3, 4));
+    assert_int_not_equal(ts_linear_backward(e, NULL, &dw, NULL, &dout, &x16, &w), TS_OK);
+    TU_FREE_TENSORS(&x16, &w, &dw, &dout);
+    printf("  %s training with 16-bit activations: the gradient bit for bit\n",
+           ts_precision_name(P));
+    free(g32), free(g16), free(mod32), free(gelu32), free(fx32);
+    ts_dit_free(&m);
+}
+
 /* ---- training runs ---------------------------------------------------------------------- */
 
 static ts_dit_config_t small_config(void) {
@@ -465,7 +516,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_linear_backward), cmocka_unit_test(test_gradients_vs_f32),
             cmocka_unit_test(test_loss_falls),      cmocka_unit_test(test_masters_and_refresh),
             cmocka_unit_test(test_resume_bf16),     cmocka_unit_test(test_f32_after_bf16),
-            cmocka_unit_test(test_f16_loss_scale),
+            cmocka_unit_test(test_f16_loss_scale),  cmocka_unit_test(test_lp_activations_train),
         };
         return cmocka_run_group_tests(f16, tu_setup_cpu_engine, tu_teardown_cpu_engine);
     }
@@ -473,9 +524,10 @@ int main(int argc, char **argv) {
     if (skip)
         return skip;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_linear_backward), cmocka_unit_test(test_gradients_vs_f32),
-        cmocka_unit_test(test_loss_falls),      cmocka_unit_test(test_masters_and_refresh),
-        cmocka_unit_test(test_resume_bf16),     cmocka_unit_test(test_f32_after_bf16),
+        cmocka_unit_test(test_linear_backward),      cmocka_unit_test(test_gradients_vs_f32),
+        cmocka_unit_test(test_loss_falls),           cmocka_unit_test(test_masters_and_refresh),
+        cmocka_unit_test(test_resume_bf16),          cmocka_unit_test(test_f32_after_bf16),
+        cmocka_unit_test(test_lp_activations_train),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

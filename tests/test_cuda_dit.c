@@ -15,7 +15,9 @@
  * test_bf16 runs the model with bf16 products on the GPU (where it has them) against the CPU's
  * fp32, to bf16's tolerance (nmse 1e-4 forward, 2 % per training loss); test_f16 the f16
  * forward against the CPU's emulated f16 (nmse 1e-7) and its fp32 (1e-5), and five f16 training
- * steps against the CPU's (losses to 1e-3, parameters to nmse 1e-7).
+ * steps against the CPU's (losses to 1e-3, parameters to nmse 1e-7); test_flash_model a bf16
+ * and an f16 model on the flash attention against the composed one (nmse 1e-4, 1e-5), and the
+ * same bits with 16-bit activations off.
  *
  * Without a usable GPU (or without the CUDA backend) it prints why and exits 77: ctest skipped.
  */
@@ -389,6 +391,51 @@ static void test_f16(void **state) {
     train_both(fx, TS_PREC_F16, TS_PREC_F16, 1e-3, 1e-7);
 }
 
+/* The 16-bit flash attention in a model (ts_dit_set_attention fused at bf16 on sm_80+, f16 on
+ * sm_75+): the forward within the 16-bit error of the GPU's composed-attention forward at the
+ * same precision (nmse ≤ 1e-4 bf16, 1e-5 f16; the two attentions round different things), the
+ * same bits with 16-bit activations off (the attention then writes proj's input in fp32 and proj
+ * rounds it). */
+static void test_flash_model(void **state) {
+    fixture_t *fx = *state;
+    const ts_precision_t precs[2] = {TS_PREC_BF16, TS_PREC_F16};
+    for (int i = 0; i < 2; i++) {
+        char why[256] = "";
+        ts_dit_t m[2];
+        ts_tensor_t x[2], t[2], v[2], comp, on;
+        int32_t y[B];
+        if (ts_engine_precision_check(&fx->e[1], precs[i], why, sizeof why) != TS_OK ||
+            ts_attention_fused_lp_check(&fx->e[1], ts_precision_dtype(precs[i])) != TS_OK) {
+            printf("  flash %s not checked: not on this GPU\n", ts_precision_name(precs[i]));
+            continue;
+        }
+        models(fx, m, B, 0);
+        inputs(x, t, y);
+        TU_CHECK_OK(ts_dit_set_precision(&m[1], precs[i], why, sizeof why));
+        TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1])); /* composed */
+        TU_CHECK_OK(ts_tensor_alloc(&comp, TS_F32, TS_CPU, 4, v[1].shape));
+        TU_CHECK_OK(ts_tensor_alloc(&on, TS_F32, TS_CPU, 4, v[1].shape));
+        TU_CHECK_OK(ts_tensor_copy(&comp, &v[1]));
+        TU_CHECK_OK(ts_dit_set_attention(&m[1], TS_ATTN_FUSED));
+        assert_true(m[1].lp_acts);
+        TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
+        TU_CHECK_OK(ts_tensor_copy(&on, &v[1]));
+        double e = nmse(&on, &comp), bound = precs[i] == TS_PREC_F16 ? 1e-5 : 1e-4;
+        printf("  flash %s model forward nmse %.3g against the composed attention's\n",
+               ts_precision_name(precs[i]), e);
+        assert_true(e <= bound);
+        ts_dit_set_lp_activations(&m[1], 0);
+        TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
+        TU_CHECK_OK(ts_tensor_copy(&comp, &v[1]));
+        assert_memory_equal(comp.data, on.data, (size_t)ts_tensor_numel(&on) * sizeof(float));
+        ts_tensor_free(&comp), ts_tensor_free(&on);
+        for (int s = 0; s < 2; s++) {
+            ts_tensor_free(&x[s]), ts_tensor_free(&t[s]);
+            ts_dit_free(&m[s]);
+        }
+    }
+}
+
 /* 20 guided Euler steps from the same noise: the images agree. */
 static void test_sampler(void **state) {
     fixture_t *fx = *state;
@@ -435,6 +482,7 @@ int main(void) {
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_flash_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -31,6 +31,9 @@
 /* The 16-bit type of every step: 0 bf16, 1 f16 (the tests run both). */
 static int g_f16;
 
+/* When not NULL, the forward writes its output here in 16 bits instead (test_rows_own). */
+static uint16_t *g_out16;
+
 static float half_of(uint32_t reg, int h) {
     return ts_lp_to_f32((uint16_t)(reg >> (16 * h)), g_f16);
 }
@@ -253,8 +256,9 @@ static void emu_warp(const float *qkv, float *out, float *lse, int T, int C, int
             float s01 = L[q0].l[hh] + L[q0 + 1].l[hh], s23 = L[q0 + 2].l[hh] + L[q0 + 3].l[hh];
             sum[hh] = (l & 2) ? s23 + s01 : s01 + s23;
         }
-        ts_fa_finish(&L[l], l, sum, out + ((int64_t)b * T + row0) * C + h * hd, C, rows, hd,
-                     lse ? lse + ((int64_t)b * H + h) * T + row0 : NULL);
+        int64_t at = ((int64_t)b * T + row0) * C + h * hd;
+        ts_fa_finish(&L[l], l, sum, g_out16 ? NULL : out + at, g_out16 ? g_out16 + at : NULL, C,
+                     rows, hd, lse ? lse + ((int64_t)b * H + h) * T + row0 : NULL, g_f16);
     }
 }
 
@@ -349,6 +353,19 @@ static void test_rows_own(void **state) {
     emu_attention(qkv, out2, lse2, 2, T, C, H);
     assert_memory_equal(out1, out2 + T * C, sizeof out1);
     assert_memory_equal(lse1, lse2 + H * T, sizeof lse1);
+    /* written in 16 bits (proj's input), each type: the fp32 output rounded, element for element */
+    static uint16_t o16[2 * T * C];
+    for (g_f16 = 0; g_f16 < 2; g_f16++) {
+        emu_attention(qkv, out2, lse2, 2, T, C, H);
+        g_out16 = o16;
+        emu_attention(qkv, NULL, lse2, 2, T, C, H);
+        g_out16 = NULL;
+        for (int i = 0; i < 2 * T * C; i++)
+            if (o16[i] != ts_f32_to_lp(out2[i], g_f16))
+                fail_msg("%s out16[%d] 0x%04x, the fp32 output rounded 0x%04x",
+                         g_f16 ? "f16" : "bf16", i, o16[i], ts_f32_to_lp(out2[i], g_f16));
+    }
+    g_f16 = 0;
 }
 
 /* ---- the backward ------------------------------------------------------------------------ */

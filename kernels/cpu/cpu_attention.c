@@ -57,6 +57,7 @@
 
 typedef struct {
     float *out, *lse, *dqkv;              /* the outputs: forward (lse may be NULL), backward */
+    uint16_t *out16;                      /* the bf16 forward's output in bf16 instead, or NULL */
     const float *qkv, *dout, *o, *lse_in; /* the backward's inputs beside qkv */
     int64_t B, T, C, H, hd, nq;           /* nq: query blocks per head */
     float scale;
@@ -446,8 +447,14 @@ BF16_TARGET static void fwd_block_bf16(const att_job_t *j, bf16_scratch_t *w, in
         product_bf16(w->o, hv, w->p, BK / 2, n, m2 / 2, w->v, 2 * hv, hv, 1, 1.0f);
     }
     finish_rows(w->o, n, hd, hv, mx, l, j->lse ? j->lse + (b * j->H + h) * T + r0 : NULL);
-    for (int64_t i = 0; i < n; i++)
-        memcpy(j->out + (b * T + r0 + i) * C + h * hd, w->o + i * hv, (size_t)hd * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t at = (b * T + r0 + i) * C + h * hd;
+        if (j->out16) /* rounded as written: what proj would round */
+            for (int64_t d = 0; d < hd; d++)
+                j->out16[at + d] = ts_f32_to_bf16(w->o[i * hv + d]);
+        else
+            memcpy(j->out + at, w->o + i * hv, (size_t)hd * sizeof(float));
+    }
 }
 
 static void fwd_range_bf16(void *arg, int64_t lo, int64_t hi) {
@@ -619,13 +626,13 @@ int ts_cpu_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dqk
     return att_run(e, &j, B * H, 5.0 * B * H * T * T * j.hd, bwd_range_bf16);
 }
 
-int ts_cpu_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *lse,
-                                      const float *qkv, int64_t B, int64_t T, int64_t C,
+int ts_cpu_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, uint16_t *out16,
+                                      float *lse, const float *qkv, int64_t B, int64_t T, int64_t C,
                                       int64_t H) {
     if (lp != TS_BF16 || !ts_cpu_attention_fused_bf16_ok())
         return TS_ENOTSUP;
     att_job_t j = job_of(e, B, T, C, H);
-    j.out = out, j.lse = lse, j.qkv = qkv;
+    j.out = out, j.out16 = out16, j.lse = lse, j.qkv = qkv;
     return att_run(e, &j, B * H * j.nq, 2.0 * B * H * T * T * j.hd, fwd_range_bf16);
 }
 
@@ -633,10 +640,11 @@ int ts_cpu_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out,
 
 int ts_cpu_attention_fused_bf16_ok(void) { return 0; }
 
-int ts_cpu_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *lse,
-                                      const float *qkv, int64_t B, int64_t T, int64_t C,
+int ts_cpu_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, uint16_t *out16,
+                                      float *lse, const float *qkv, int64_t B, int64_t T, int64_t C,
                                       int64_t H) {
-    (void)e, (void)lp, (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)C, (void)H;
+    (void)e, (void)lp, (void)out, (void)out16, (void)lse, (void)qkv, (void)B, (void)T, (void)C;
+    (void)H;
     return TS_ENOTSUP;
 }
 

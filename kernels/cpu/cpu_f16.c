@@ -117,9 +117,10 @@ int ts_cpu_linear_forward_f16(ts_engine_t *e, float *out, const float *inp, cons
     return ts_cpu_linear_forward(e, out, buf, buf + ow, bias, M, N, K, group);
 }
 
-int ts_cpu_linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
-                               const float *inp, const uint16_t *weight, int64_t M, int64_t N,
-                               int64_t K) {
+/* linear_backward_f16 with its input in fp32 (inp, rounded here) or already f16 (inp16). */
+static int linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
+                               const float *inp, const uint16_t *inp16, const uint16_t *weight,
+                               int64_t M, int64_t N, int64_t K) {
     if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
         return TS_OK;
     /* scratch: f16(dout) (M, N), the weight widened (N, K), and f16(inp) (M, K) for dweight */
@@ -134,10 +135,20 @@ int ts_cpu_linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, cons
         TS_TRY(ts_cpu_gemm(e, 0, 0, M, K, N, 1.0f, g, N, 0, w, K, 0, 1.0f, dinp, K, 0, 1));
     }
     if (dweight) { /* dweight (N, K) += f16(dout)ᵀ (N, M) · f16(inp) (M, K) */
-        round_f16(x, inp, M * K);
+        if (inp16)
+            for (int64_t i = 0; i < M * K; i++)
+                x[i] = ts_f16_to_f32(inp16[i]);
+        else
+            round_f16(x, inp, M * K);
         TS_TRY(ts_cpu_gemm(e, 1, 0, N, K, M, 1.0f, g, N, 0, x, K, 0, 1.0f, dweight, K, 0, 1));
     }
     return TS_OK;
+}
+
+int ts_cpu_linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
+                               const float *inp, const uint16_t *weight, int64_t M, int64_t N,
+                               int64_t K) {
+    return linear_backward_f16(e, dinp, dweight, dout, inp, NULL, weight, M, N, K);
 }
 
 /* Operands already in 16 bits (a conv's weight converted once, its im2col rounded as written):
@@ -216,4 +227,22 @@ int ts_cpu_linear_forward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *out, const
     for (int64_t i = 0; i < N * K; i++)
         buf[ow + i] = ts_f16_to_f32(weight[i]);
     return ts_cpu_linear_forward(e, out, buf, buf + ow, bias, M, N, K, group);
+}
+
+/* bf16: the input widened (exactly) into this file's scratch and given to the bf16 backward,
+ * which rounds it again into its own (no change); f16: the emulated backward reads it as is. */
+int ts_cpu_linear_backward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,
+                                 const float *dout, const uint16_t *inp, const uint16_t *weight,
+                                 int64_t M, int64_t N, int64_t K) {
+    if (lp == TS_F16)
+        return linear_backward_f16(e, dinp, dweight, dout, NULL, inp, weight, M, N, K);
+    if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
+        return TS_OK;
+    float *buf = NULL;
+    if (dweight) {
+        TS_TRY(room(e, M * K, &buf));
+        for (int64_t i = 0; i < M * K; i++)
+            buf[i] = ts_bf16_to_f32(inp[i]);
+    }
+    return ts_cpu_linear_backward_bf16(e, dinp, dweight, dout, buf, weight, M, N, K);
 }

@@ -250,13 +250,13 @@ int ts_cuda_attention_fused_backward(ts_engine_t *e, float *dqkv, const float *d
  * (cuda_flash.cu; bf16 on sm_80 and later, f16 on sm_75 and later, heads up to 128 in steps of 8,
  * TS_ENOTSUP otherwise). A 16-bit model on a GPU takes it only when asked (ts_dit_set_attention),
  * until a GPU run has measured it faster than the composed one and checked it. */
-int ts_cuda_flash_forward(ts_engine_t *e, ts_dtype_t lp, float *out, float *lse, const float *qkv,
-                          int64_t B, int64_t T, int64_t C, int64_t H);
+int ts_cuda_flash_forward(ts_engine_t *e, ts_dtype_t lp, float *out, uint16_t *out16, float *lse,
+                          const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H);
 
-int ts_cuda_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *lse,
-                                       const float *qkv, int64_t B, int64_t T, int64_t C,
-                                       int64_t H) {
-    return ts_cuda_flash_forward(e, lp, out, lse, qkv, B, T, C, H);
+int ts_cuda_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, uint16_t *out16,
+                                       float *lse, const float *qkv, int64_t B, int64_t T,
+                                       int64_t C, int64_t H) {
+    return ts_cuda_flash_forward(e, lp, out, out16, lse, qkv, B, T, C, H);
 }
 
 int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, const float *dout,

@@ -74,8 +74,8 @@ static __device__ __forceinline__ float quad_sum(float v) {
  * stay registers); 0: hd_rt at run time (the lane's arrays then live in local memory). */
 template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
-    k_flash(float *out, float *lse, const float *qkv, int T, int C, int H, int hd_rt,
-                 float scale) {
+    k_flash(float *out, uint16_t *out16, float *lse, const float *qkv, int T, int C, int H,
+            int hd_rt, float scale) {
     const int hd = HD > 0 ? HD : hd_rt;
     __shared__ uint16_t sk[TS_FA_KB * LDK], sv[TS_FA_KB * LDK];
     const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -122,8 +122,9 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     if (rows == 0)
         return;
     float sum[2] = {quad_sum(L.l[0]), quad_sum(L.l[1])};
-    ts_fa_finish(&L, lane, sum, out + ((int64_t)b * T + row0) * C + (int64_t)h * hd, C, rows, hd,
-                 lse ? lse + ((int64_t)b * H + h) * T + row0 : NULL);
+    const int64_t at = ((int64_t)b * T + row0) * C + (int64_t)h * hd;
+    ts_fa_finish(&L, lane, sum, out16 ? NULL : out + at, out16 ? out16 + at : NULL, C, rows, hd,
+                 lse ? lse + ((int64_t)b * H + h) * T + row0 : NULL, F16);
 }
 
 /* ---- the backward: a dK, dV pass and a dQ pass (kernels/flash_mma.h) ----------------------- */
@@ -313,15 +314,15 @@ int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, const flo
     });
 }
 
-int ts_cuda_flash_forward(ts_engine_t *e, ts_dtype_t lp, float *out, float *lse, const float *qkv,
-                          int64_t B, int64_t T, int64_t C, int64_t H) {
+int ts_cuda_flash_forward(ts_engine_t *e, ts_dtype_t lp, float *out, uint16_t *out16, float *lse,
+                          const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H) {
     flash_launch_t L;
     int run = 0, err = flash_setup(e, lp, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
     return by_head_and_type(L.hd, lp, [&](auto k, auto f) {
         constexpr int HD = decltype(k)::value, F16 = decltype(f)::value;
-        k_flash<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(out, lse, qkv, L.t, L.c, L.h, L.hd,
-                                                                L.scale);
+        k_flash<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(out, out16, lse, qkv, L.t, L.c,
+                                                                L.h, L.hd, L.scale);
     });
 }
