@@ -88,6 +88,7 @@ typedef struct opts {
     int attention_ops;   /* --attention-ops B: time the attention ops alone at batch B */
     const char *device;  /* --device: cpu (default), cuda or cuda:N */
     int peak;            /* --peak N: also the engine's N³ GEMM peak, fp32, bf16 (and f16) */
+    int graphs;          /* --graphs: the forward rows' model runs through CUDA graphs */
 } opts_t;
 
 /* --peak's measurement: GFLOP/s of an N³ product on the engine (0: not measured, or failed). */
@@ -601,6 +602,7 @@ typedef struct result {
     int batch;
     timing_t t;
     double samples_per_s, gflops;
+    int64_t graph_launches; /* forward calls of the row that ran as one CUDA graph */
 } result_t;
 
 static void print_json(FILE *out, const opts_t *o, const model_desc_t *m, const ts_engine_t *e,
@@ -646,9 +648,10 @@ static void print_json(FILE *out, const opts_t *o, const model_desc_t *m, const 
         fprintf(out,
                 "    {\"what\": \"%s\", \"batch\": %d, \"calls\": %ld, \"seconds\": %.6g, "
                 "\"median_s\": %.6g, \"mean_s\": %.6g, \"min_s\": %.6g, "
-                "\"samples_per_s\": %.6g, \"gflops\": %.6g}%s\n",
+                "\"samples_per_s\": %.6g, \"gflops\": %.6g, \"graph_launches\": %lld}%s\n",
                 r[i].what, r[i].batch, r[i].t.calls, r[i].t.total, r[i].t.median, r[i].t.mean,
-                r[i].t.min, r[i].samples_per_s, r[i].gflops, i + 1 < nr ? "," : "");
+                r[i].t.min, r[i].samples_per_s, r[i].gflops, (long long)r[i].graph_launches,
+                i + 1 < nr ? "," : "");
     fprintf(out, "  ]\n}\n");
 }
 
@@ -680,9 +683,9 @@ static void print_check(FILE *out, const opts_t *o, const check_t *ck) {
 static void print_result(FILE *out, const result_t *r) {
     fprintf(out,
             "%-8s B=%-3d %10.1f samples/s  %8.2f GFLOP/s  median %9.3f ms  mean %9.3f ms  "
-            "(%ld calls)\n",
+            "(%ld calls%s)\n",
             r->what, r->batch, r->samples_per_s, r->gflops, r->t.median * 1e3, r->t.mean * 1e3,
-            r->t.calls);
+            r->t.calls, r->graph_launches > 0 ? ", CUDA graphs" : "");
     fflush(out);
 }
 
@@ -831,12 +834,15 @@ static int open_model(const opts_t *o, const ts_st_file_t *f, ts_engine_t *e, in
         if (!nomem)
             return fail("--attention", rc,
                         rc != TS_ENOTSUP               ? NULL
-                        : o->precision == TS_PREC_F16  ? "there is no fused attention at f16"
+                        : o->precision == TS_PREC_F16  ? "no fused f16 attention on this engine "
+                                                         "(a GPU of sm_75 or later has one)"
                         : o->precision == TS_PREC_BF16 ? "no fused bf16 attention on this engine"
                         : e->device == TS_CUDA         ? "the GPU's fused kernel takes heads of up "
                                                          "to 128 and batches of up to 65535"
                                                        : NULL);
     }
+    if (rc == TS_OK && o->graphs && !trainable)
+        ts_dit_set_graphs(m, 1);
     if (rc == TS_ENOMEM) {
         say_short(trainable ? "training" : "forward", max_batch,
                   trainable ? mr->train_need : mr->fwd_need, mr);
@@ -920,6 +926,7 @@ static int run(const opts_t *o) {
     model_desc_t md = {0};
     check_t ck = {0};
     result_t res[MAX_BATCHES + 1];
+    memset(res, 0, sizeof res);
     int nr = 0;
     /* the forward rows (and the check) on a model that cannot train, sized for the largest; a row
      * that cannot fit is refused before anything is allocated */
@@ -958,10 +965,17 @@ static int run(const opts_t *o) {
     for (int i = 0; i < o->n_batches; i++) {
         job_t j;
         result_t *r = &res[nr];
+        int64_t launches = m.graph_launches;
         rc = job_inputs(&j, &m, o->batches[i], 100 + (uint64_t)i);
         if (rc == TS_OK)
             rc = time_job(&j, o, &r->t);
         job_free(&j);
+        r->graph_launches = m.graph_launches - launches;
+        if (rc == TS_OK && o->graphs && m.graphs != 1)
+            fprintf(stderr, "bench_dit: --graphs: %s; batch %d ran eagerly\n",
+                    e.device != TS_CUDA ? "a CPU engine has no CUDA graphs"
+                                        : "a capture failed, graphs are off for this model",
+                    o->batches[i]);
         if (rc != TS_OK) {
             ts_dit_free(&m);
             snprintf(err, sizeof err, "batch %d", o->batches[i]);
@@ -1074,7 +1088,7 @@ static void usage(FILE *f) {
         "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
         "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
         "                 [--precision f32|bf16|f16] [--attention fused|composed] [--ops]\n"
-        "                 [--device cpu|cuda[:N]] [--peak N] [--memory]\n"
+        "                 [--device cpu|cuda[:N]] [--peak N] [--memory] [--graphs]\n"
         "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
         "\n"
         "Forward samples/s of the DiT in FILE at each batch, and training samples/s (a full\n"
@@ -1105,6 +1119,9 @@ static void usage(FILE *f) {
         "fp32)\n"
         "  --device D         cpu (default), cuda or cuda:N: the engine; each timed call ends\n"
         "                     with the device synchronised\n"
+        "  --graphs           the forward rows through CUDA graphs (ts_dit_set_graphs: a\n"
+        "                     batch's forward captured on its second call, then one launch;\n"
+        "                     JSON: each row's \"graph_launches\"); a CPU engine ignores it\n"
         "  --peak N           after the rows, the engine's N³ GEMM peak (fp32; bf16 where it\n"
         "                     runs; f16 in an f16 run) and each row as a fraction of its\n"
         "                     precision's peak (JSON: \"peak\")\n"
@@ -1155,6 +1172,9 @@ int main(int argc, char **argv) {
             continue;
         } else if (strcmp(a, "--memory") == 0) {
             o.memory = 1;
+            continue;
+        } else if (strcmp(a, "--graphs") == 0) {
+            o.graphs = 1;
             continue;
         } else if (strcmp(a, "--quick") == 0) {
             o.quick = 1;

@@ -24,7 +24,9 @@ For each config, in one run:
      then bf16 (`--precision bf16`; where the engine has no bf16 path, the reason it gave is
      recorded), then f16 (`--precision f16`, its training with dynamic loss scaling);
   3. (after the configs) the attention alone, composed against fused (`bench_dit
-     --attention-ops 64`: the target is the fused ≥ 2× the composed at T = 256);
+     --attention-ops 64`: the target is the fused ≥ 2× the composed at T = 256); and, for the
+     configs of GRAPH_CONFIGS, the bf16 forward at batches 1 and 8 eagerly and through CUDA
+     graphs (`bench_dit --graphs`), side by side (the launch-bound rows);
   4. PyTorch on the same device, with its best attention (F.scaled_dot_product_attention where
      it has it; the JSON says which): forward (eval, no_grad) at each batch and the same training
      step as ours (flow matching, MSE, backward, gradient clipping, AdamW, EMA), in fp32 (TF32
@@ -73,6 +75,8 @@ WARMUP_CALLS, WARMUP_SECONDS, MIN_CALLS = 3, 0.2, 5
 DATA_N = 1024    # synthetic training images, as bench_dit.c
 # the GPU target: DiT-XL training at batch 64 in bf16 at >= 60 % of the bf16 GEMM peak
 TARGET = ("dit-xl", "train_b64_bf16", 0.60)
+GRAPH_CONFIGS = ("tiny", "small", "dit-b")  # the graph rows: small models at small batches
+GRAPH_BATCHES = (1, 8)
 
 
 def parse_args():
@@ -350,6 +354,23 @@ def run_ours(weights, check, precision):
     return out
 
 
+def run_graphs(weights, check):
+    """The bf16 forward at GRAPH_BATCHES eagerly, then through CUDA graphs (`--graphs`): two
+    bench_dit runs of the same rows, back to back."""
+    out = {}
+    for mode in ("eager", "graphs"):
+        cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--check", check,
+               "--tol", str(TOL_BF16), "--precision", "bf16", "--seconds", str(ARGS.seconds),
+               "--train-batch", "0", "--json"] + (["--graphs"] if mode == "graphs" else [])
+        for B in GRAPH_BATCHES:
+            cmd += ["--batch", str(B)]
+        if ARGS.quick:
+            cmd.append("--quick")
+        log(f"  ours bf16 {mode}: {' '.join(cmd)}")
+        out[mode] = run_child(cmd)
+    return out
+
+
 def run_child(cmd):
     """A bench_dit run's JSON document, or {"error": its last line of stderr} (a failed check,
     exit 3, times nothing; an unsupported path or out of memory is also recorded, not fatal)."""
@@ -410,6 +431,8 @@ def run_config(name, work, first):
     res["ours"] = run_ours(weights, check, "f32")
     res["ours_bf16"] = run_ours(weights, check, "bf16")
     res["ours_f16"] = run_ours(weights, check, "f16")
+    if name in GRAPH_CONFIGS:
+        res["graphs_bf16"] = run_graphs(weights, check)
 
     if not ARGS.no_torch:
         tr = {}
@@ -574,6 +597,20 @@ def main():
             print(f"{name:8} {r['key']:22} {fmt(r['ours'], '10.1f')} {fmt(r['torch'], '10.1f')} "
                   f"{fmt(r['ratio'], '6.2f')} {fmt(r['gflops'], '9.0f')} "
                   f"{fmt(r['of_peak'] and 100 * r['of_peak'], '7.1f')}%")
+    for name, res in doc["configs"].items():
+        g = res.get("graphs_bf16")
+        if not g:
+            continue
+        rows = {m: {r["batch"]: r for r in g[m].get("results", [])} for m in ("eager", "graphs")}
+        for B in GRAPH_BATCHES:
+            e, c = rows["eager"].get(B), rows["graphs"].get(B)
+            if not e or not c:
+                why = g["graphs"].get("error") or g["eager"].get("error") or "not measured"
+                print(f"CUDA graphs {name} bf16 forward b{B}: not run: {why}")
+                continue
+            print(f"CUDA graphs {name} bf16 forward b{B}: eager {e['samples_per_s']:.1f}/s, "
+                  f"graphs {c['samples_per_s']:.1f}/s ({c['samples_per_s'] / e['samples_per_s']:.2f}×; "
+                  f"{c['graph_launches']} of {c['calls']} calls one launch)")
     att = doc.get("attention_ops", {})
     if "rows" in att:
         print(f"attention alone, batch {att['batch']}: composed time / fused time")

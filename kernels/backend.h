@@ -305,6 +305,14 @@ int ts_cuda_event_wait(ts_engine_t *e, void *ev);
  * memory; ordered after the stream's earlier work and before its later work. */
 int ts_cuda_memcpy_async(ts_engine_t *e, void *dst, ts_device_t dst_dev, const void *src,
                          ts_device_t src_dev, size_t bytes);
+/* CUDA graphs (ts_engine_capture_begin and the rest): capture of e's stream in thread-local mode
+ * (a call from this thread that would be unsafe during a capture fails it, so it is seen), its
+ * end into an instantiated graph (*exec; NULL, with TS_ECUDA, when the capture failed or was
+ * invalidated), a launch on e's stream, and the graph's release. */
+int ts_cuda_capture_begin(ts_engine_t *e);
+int ts_cuda_capture_end(ts_engine_t *e, void **exec);
+int ts_cuda_graph_launch(ts_engine_t *e, void *exec);
+void ts_cuda_graph_free(void *exec);
 /* The fraction of the last sample period (NVML: 1/6 s to 1 s) in which a kernel ran on device
  * gpu, in [0, 1]; TS_ENOTSUP where NVML (the driver's libnvidia-ml.so.1) is not there. */
 int ts_cuda_utilization(int gpu, double *ratio);

@@ -91,6 +91,14 @@ int ts_cuda_event_elapsed(ts_engine_t *e, void *a, void *b, double *seconds) {
 }
 void ts_cuda_event_free(void *ev) {}
 int ts_cuda_event_wait(ts_engine_t *e, void *ev) { return TS_ENODEV; }
+int ts_cuda_capture_begin(ts_engine_t *e) { return TS_ENODEV; }
+int ts_cuda_capture_end(ts_engine_t *e, void **exec) {
+    if (exec)
+        *exec = NULL;
+    return TS_ENODEV;
+}
+int ts_cuda_graph_launch(ts_engine_t *e, void *exec) { return TS_ENODEV; }
+void ts_cuda_graph_free(void *exec) {}
 int ts_cuda_memcpy_async(ts_engine_t *e, void *dst, ts_device_t dst_dev, const void *src,
                          ts_device_t src_dev, size_t bytes) {
     return TS_ENODEV;

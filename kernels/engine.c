@@ -246,6 +246,38 @@ int ts_engine_copy_async(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *sr
                                 ts_tensor_nbytes(src));
 }
 
+int ts_engine_capture_begin(ts_engine_t *e) {
+    if (!e)
+        return TS_EINVAL;
+    if (e->device != TS_CUDA)
+        return TS_ENOTSUP;
+    return e->cuda ? ts_cuda_capture_begin(e) : TS_ENODEV;
+}
+
+int ts_engine_capture_end(ts_engine_t *e, ts_engine_graph_t *graph) {
+    if (!e || !graph)
+        return TS_EINVAL;
+    graph->exec = NULL;
+    if (e->device != TS_CUDA)
+        return TS_ENOTSUP;
+    return e->cuda ? ts_cuda_capture_end(e, &graph->exec) : TS_ENODEV;
+}
+
+int ts_engine_graph_launch(ts_engine_t *e, const ts_engine_graph_t *graph) {
+    if (!e || !graph || !graph->exec)
+        return TS_EINVAL;
+    if (e->device != TS_CUDA)
+        return TS_ENOTSUP;
+    return e->cuda ? ts_cuda_graph_launch(e, graph->exec) : TS_ENODEV;
+}
+
+void ts_engine_graph_free(ts_engine_graph_t *graph) {
+    if (!graph)
+        return;
+    ts_cuda_graph_free(graph->exec);
+    graph->exec = NULL;
+}
+
 void ts_engine_mark_free(ts_engine_mark_t *m) {
     if (!m)
         return;

@@ -40,6 +40,9 @@ typedef struct ts_engine {
     /* CPU only: the hot loops built for this CPU (kernels/cpu/vec.h); the environment's
      * TESSERA_CPU_ISA (avx512, avx2, base) caps the choice, for tests and measurements */
     const struct ts_cpu_vec *vec;
+    /* CUDA: bumped each time the engine's scratch for rounded operands moves (a CUDA graph holds
+     * its address: a graph captured before is not launched after) */
+    uint64_t scratch_epoch;
 } ts_engine_t;
 
 typedef struct ts_engine_opts {
@@ -130,6 +133,21 @@ int ts_engine_mark_wait(ts_engine_t *e, const ts_engine_mark_t *m);
  * copy has been waited for (ts_engine_mark_wait); work queued after the copy cannot change what
  * it reads. On the CPU, or to pageable memory, the copy is done on return. */
 int ts_engine_copy_async(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *src);
+
+/* CUDA graphs: the ops queued between ts_engine_capture_begin and ts_engine_capture_end are not
+ * run but recorded into *graph, which ts_engine_graph_launch then runs as one launch (the same
+ * kernels on the same buffers, with whatever those buffers hold at launch). During a capture the
+ * calling thread must not synchronise with the device, allocate or free device memory, or copy
+ * through the legacy stream: such a call fails the capture, and capture_end then says TS_ECUDA
+ * with no graph (the stream is usable again; nothing captured ran). TS_ENOTSUP on a CPU engine.
+ * A graph is freed with ts_engine_graph_free (before its engine). */
+typedef struct ts_engine_graph {
+    void *exec; /* cudaGraphExec_t; NULL: none */
+} ts_engine_graph_t;
+int ts_engine_capture_begin(ts_engine_t *e);
+int ts_engine_capture_end(ts_engine_t *e, ts_engine_graph_t *graph);
+int ts_engine_graph_launch(ts_engine_t *e, const ts_engine_graph_t *graph);
+void ts_engine_graph_free(ts_engine_graph_t *graph);
 
 /* A CUDA engine's GPU utilisation: the fraction of the last sample period in which a kernel ran
  * (NVML's reading, by every process), in [0, 1]. TS_ENODEV for a CPU engine, TS_ENOTSUP where the

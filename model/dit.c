@@ -397,9 +397,21 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
     return rc;
 }
 
+/* Frees m's forward graphs (ts_dit_set_graphs) and forgets their keys: what they recorded (the
+ * arena's buffers, the kernels chosen) no longer holds. */
+static void graphs_drop(ts_dit_t *m) {
+    for (int i = 0; i < TS_DIT_GRAPHS; i++) {
+        ts_engine_graph_free(&m->graph[i]);
+        memset(&m->graph_key[i], 0, sizeof m->graph_key[i]);
+    }
+    memset(&m->graph_seen, 0, sizeof m->graph_seen);
+    m->graph_next = 0;
+}
+
 void ts_dit_free(ts_dit_t *m) {
     if (!m)
         return;
+    graphs_drop(m);
     ts_arena_free(&m->arena);
     ts_tensor_free(&m->labels);
     ts_tensor_free(&m->pos_embed);
@@ -486,6 +498,7 @@ static ts_attn_impl_t default_attention(const ts_dit_t *m, ts_precision_t p) {
 int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
     if (!m || !m->info || (a != TS_ATTN_FUSED && a != TS_ATTN_COMPOSED))
         return TS_EINVAL;
+    graphs_drop(m); /* the activations are laid out again */
     int lp = m->precision != TS_PREC_F32;
     if (a == TS_ATTN_FUSED &&
         ((lp && ts_attention_fused_lp_check(m->eng, ts_precision_dtype(m->precision)) != TS_OK) ||
@@ -518,6 +531,7 @@ int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len) {
     if (!m || !m->info)
         return TS_EINVAL;
+    graphs_drop(m);
     if (p == TS_PREC_F32) {
         ts_tensor_free(&m->param_lp);
         free(m->wlp.blocks);
@@ -567,8 +581,10 @@ static const ts_dit_params_t *weights(const ts_dit_t *m) {
 }
 
 void ts_dit_set_lp_activations(ts_dit_t *m, int on) {
-    if (m)
+    if (m && m->lp_acts != (on != 0)) {
         m->lp_acts = on != 0;
+        graphs_drop(m);
+    }
 }
 
 /* t's storage seen as a 16-bit tensor of its shape (its fp32 room holds it twice over), when m
@@ -686,20 +702,27 @@ static int stage_labels(ts_dit_t *m, const int32_t *y, int B, ts_tensor_t *ids) 
     return ts_tensor_copy(ids, &host);
 }
 
-int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
-                         int B, ts_tensor_t *x_final) {
-    if (!m || !x || !t || !y || !x_final || B < 1 || B > m->max_batch)
+/* The forward's arguments against m: TS_EINVAL or TS_ESHAPE, or TS_OK. */
+static int check_inputs(const ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t,
+                        const int32_t *y, int B) {
+    if (!m || !x || !t || !y || B < 1 || B > m->max_batch)
         return TS_EINVAL;
+    const ts_dit_config_t *c = &m->cfg;
+    if (x->ndim != 4 || x->shape[0] != B || x->shape[1] != c->in_channels ||
+        x->shape[2] != c->input_size || x->shape[3] != c->input_size || ts_tensor_numel(t) != B)
+        return TS_ESHAPE;
+    return TS_OK;
+}
+
+/* The trunk's device work, the labels already staged in m->labels: patch embedding,
+ * conditioning, the blocks. */
+static int trunk_ops(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, int B) {
     const ts_dit_config_t *c = &m->cfg;
     ts_engine_t *e = m->eng;
     ts_dit_acts_t *A = &m->acts;
     const ts_dit_params_t *P = &m->params, *W = weights(m);
     int p = c->patch_size;
-    if (x->ndim != 4 || x->shape[0] != B || x->shape[1] != c->in_channels ||
-        x->shape[2] != c->input_size || x->shape[3] != c->input_size || ts_tensor_numel(t) != B)
-        return TS_ESHAPE;
-    ts_tensor_t ids;
-    TS_TRY(stage_labels(m, y, B, &ids));
+    ts_tensor_t ids = rows(&m->labels, B);
     ts_tensor_t patches = rows(&A->patches, B), x0 = rows(&A->x0, B);
     ts_tensor_t tfreq = rows(&A->tfreq, B), t_h = rows(&A->t_h, B), t_s = rows(&A->t_s, B);
     ts_tensor_t t_emb = rows(&A->t_emb, B), y_emb = rows(&A->y_emb, B);
@@ -720,7 +743,115 @@ int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t
 
     for (int l = 0; l < c->depth; l++)
         TS_TRY(block_forward(m, l, B));
-    *x_final = rows(&A->x_final, B);
+    return TS_OK;
+}
+
+int ts_dit_forward_trunk(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
+                         int B, ts_tensor_t *x_final) {
+    if (!x_final)
+        return TS_EINVAL;
+    TS_TRY(check_inputs(m, x, t, y, B));
+    ts_tensor_t ids;
+    TS_TRY(stage_labels(m, y, B, &ids));
+    TS_TRY(trunk_ops(m, x, t, B));
+    *x_final = rows(&m->acts.x_final, B);
+    return TS_OK;
+}
+
+/* The final layer's device work, from the trunk's x_final to the unpatchified output (with
+ * learn_sigma, both halves interleaved in out2). */
+static int head_ops(ts_dit_t *m, int B) {
+    const ts_dit_config_t *c = &m->cfg;
+    ts_engine_t *e = m->eng;
+    ts_dit_acts_t *A = &m->acts;
+    const ts_dit_params_t *P = &m->params, *W = weights(m);
+    ts_tensor_t c_silu = rows(&A->c_silu, B), xf = rows(&A->x_final, B);
+    ts_tensor_t fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
+    ts_tensor_t mf = stat_rows(&A->lnf_mean, B, ts_dit_tokens(c));
+    ts_tensor_t rf = stat_rows(&A->lnf_rstd, B, ts_dit_tokens(c));
+    ts_tensor_t fx = act16(m, rows(&A->fx, B)); /* the final linear's input */
+    ts_tensor_t out_tok = rows(&A->out_tok, B);
+    ts_tensor_t out = c->learn_sigma ? rows(&A->out2, B) : rows(&A->out, B);
+    TS_TRY(ts_linear_forward(e, &fmod, &c_silu, &W->fada_w, &P->fada_b));
+    TS_TRY(ts_layernorm_modulate_forward(e, &lnf, &mf, &rf, &fx, &xf, &fmod, 0, 1));
+    TS_TRY(ts_linear_forward(e, &out_tok, &fx, &W->f_w, &P->f_b));
+    return ts_unpatchify_forward(e, &out, &out_tok, c->patch_size);
+}
+
+/* learn_sigma: out2 (B, 2C, H, W) split into out (each sample's first C channels, the
+ * prediction) and sigma (the other C). */
+static int split_sigma(ts_dit_t *m, int B) {
+    const ts_dit_config_t *c = &m->cfg;
+    ts_dit_acts_t *A = &m->acts;
+    ts_tensor_t out2 = rows(&A->out2, B), out = rows(&A->out, B), sig = rows(&A->sigma, B);
+    ts_tensor_t pairs, src, dst;
+    TS_TRY(ts_tensor_wrap(&pairs, out2.data, TS_F32, out2.device, 4,
+                          TS_SHAPE(2 * (int64_t)B, c->in_channels, c->input_size, c->input_size)));
+    for (int b = 0; b < B; b++)
+        for (int half = 0; half < 2; half++) {
+            TS_TRY(ts_tensor_slice(&src, &pairs, 2 * (int64_t)b + half, 1));
+            TS_TRY(ts_tensor_slice(&dst, half ? &sig : &out, b, 1));
+            TS_TRY(ts_tensor_copy(&dst, &src));
+        }
+    return TS_OK;
+}
+
+/* ---- CUDA graphs of the inference forward ---------------------------------------------------- */
+
+void ts_dit_set_graphs(ts_dit_t *m, int on) {
+    if (!m)
+        return;
+    graphs_drop(m);
+    m->graphs = on != 0;
+}
+
+static int same_key(const ts_dit_graph_key_t *a, const ts_dit_graph_key_t *b) {
+    return a->B == b->B && a->attn == b->attn && a->precision == b->precision &&
+           a->lp_acts == b->lp_acts && a->x == b->x && a->t == b->t && a->lp == b->lp &&
+           a->acts == b->acts && a->epoch == b->epoch;
+}
+
+/* The forward's device work through a graph: TS_OK when a graph ran it, TS_ENOTSUP when it is
+ * to run eagerly (graphs off, not a GPU inference model, a key seen for the first time, or a
+ * capture that failed — which turns graphs off: nothing captured ran), another error when the
+ * launch failed. */
+static int graph_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, int B) {
+    if (m->graphs != 1 || m->trainable || m->eng->device != TS_CUDA)
+        return TS_ENOTSUP;
+    ts_dit_graph_key_t k = {
+        B,       (int)m->attn,     (int)m->precision, m->lp_acts,           x->data,
+        t->data, m->param_lp.data, m->acts.x0.data,   m->eng->scratch_epoch};
+    for (int i = 0; i < TS_DIT_GRAPHS; i++)
+        if (m->graph[i].exec && same_key(&m->graph_key[i], &k)) {
+            TS_TRY(ts_engine_graph_launch(m->eng, &m->graph[i]));
+            m->graph_launches++;
+            return TS_OK;
+        }
+    if (!same_key(&m->graph_seen, &k)) { /* first sighting: eager, every scratch sized */
+        m->graph_seen = k;
+        return TS_ENOTSUP;
+    }
+    int slot = m->graph_next;
+    ts_engine_graph_free(&m->graph[slot]);
+    int rc = ts_engine_capture_begin(m->eng);
+    if (rc == TS_OK) {
+        int ops = trunk_ops(m, x, t, B);
+        if (ops == TS_OK)
+            ops = head_ops(m, B);
+        rc = ts_engine_capture_end(m->eng, &m->graph[slot]); /* ends it whatever ops said */
+        if (rc == TS_OK && ops != TS_OK)
+            rc = ops;
+    }
+    if (rc != TS_OK) {
+        graphs_drop(m);
+        m->graphs = -1;
+        return TS_ENOTSUP;
+    }
+    m->graph_key[slot] = k;
+    m->graph_next = (slot + 1) % TS_DIT_GRAPHS;
+    m->graph_captures++;
+    TS_TRY(ts_engine_graph_launch(m->eng, &m->graph[slot]));
+    m->graph_launches++;
     return TS_OK;
 }
 
@@ -728,40 +859,21 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
                    ts_tensor_t *v) {
     if (!v)
         return TS_EINVAL;
-    ts_tensor_t xf;
-    TS_TRY(ts_dit_forward_trunk(m, x, t, y, B, &xf));
-    const ts_dit_config_t *c = &m->cfg;
-    ts_engine_t *e = m->eng;
-    ts_dit_acts_t *A = &m->acts;
-    const ts_dit_params_t *P = &m->params, *W = weights(m);
-    int p = c->patch_size;
-    ts_tensor_t c_silu = rows(&A->c_silu, B);
-
-    /* final layer */
-    ts_tensor_t fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
-    ts_tensor_t mf = stat_rows(&A->lnf_mean, B, ts_dit_tokens(c));
-    ts_tensor_t rf = stat_rows(&A->lnf_rstd, B, ts_dit_tokens(c));
-    ts_tensor_t fx = act16(m, rows(&A->fx, B)); /* the final linear's input */
-    ts_tensor_t out_tok = rows(&A->out_tok, B), out = rows(&A->out, B);
-    TS_TRY(ts_linear_forward(e, &fmod, &c_silu, &W->fada_w, &P->fada_b));
-    TS_TRY(ts_layernorm_modulate_forward(e, &lnf, &mf, &rf, &fx, &xf, &fmod, 0, 1));
-    TS_TRY(ts_linear_forward(e, &out_tok, &fx, &W->f_w, &P->f_b));
-    if (!c->learn_sigma) {
-        TS_TRY(ts_unpatchify_forward(e, &out, &out_tok, p));
-    } else { /* (B, 2C, H, W): each sample's first C channels are the prediction, then σ */
-        ts_tensor_t out2 = rows(&A->out2, B), sig = rows(&A->sigma, B), pairs, src, dst;
-        TS_TRY(ts_unpatchify_forward(e, &out2, &out_tok, p));
-        TS_TRY(
-            ts_tensor_wrap(&pairs, out2.data, TS_F32, out2.device, 4,
-                           TS_SHAPE(2 * (int64_t)B, c->in_channels, c->input_size, c->input_size)));
-        for (int b = 0; b < B; b++)
-            for (int half = 0; half < 2; half++) {
-                TS_TRY(ts_tensor_slice(&src, &pairs, 2 * (int64_t)b + half, 1));
-                TS_TRY(ts_tensor_slice(&dst, half ? &sig : &out, b, 1));
-                TS_TRY(ts_tensor_copy(&dst, &src));
-            }
+    TS_TRY(check_inputs(m, x, t, y, B));
+    ts_tensor_t ids;
+    TS_TRY(stage_labels(m, y, B, &ids));
+    int rc = graph_forward(m, x, t, B);
+    if (rc == TS_ENOTSUP) {
+        TS_TRY(trunk_ops(m, x, t, B));
+        TS_TRY(head_ops(m, B));
+        if (m->graphs == 1) /* a first sighting: the scratch it grew is where the graph will read */
+            m->graph_seen.epoch = m->eng->scratch_epoch;
+    } else if (rc != TS_OK) {
+        return rc;
     }
-    *v = out;
+    if (m->cfg.learn_sigma)
+        TS_TRY(split_sigma(m, B));
+    *v = rows(&m->acts.out, B);
     return TS_OK;
 }
 

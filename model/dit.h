@@ -136,6 +136,16 @@ typedef struct ts_dit_grad_acts {
  * batch. */
 typedef enum { TS_ATTN_FUSED = 0, TS_ATTN_COMPOSED = 1 } ts_attn_impl_t;
 
+/* What a captured forward graph (ts_dit_set_graphs) was recorded for: the batch, the input
+ * buffers, the weights' 16-bit copy, the activations' arena, and the settings that choose the
+ * kernels. A forward with another key runs eagerly or gets its own graph. */
+#define TS_DIT_GRAPHS 4
+typedef struct ts_dit_graph_key {
+    int B, attn, precision, lp_acts;
+    const void *x, *t, *lp, *acts;
+    uint64_t epoch; /* the engine's scratch_epoch */
+} ts_dit_graph_key_t;
+
 typedef struct ts_dit {
     ts_dit_config_t cfg;
     ts_engine_t *eng; /* borrowed: must outlive the model */
@@ -160,6 +170,14 @@ typedef struct ts_dit {
     /* a model at bf16 or f16: its linears read 16-bit activations written by their producers
      * (ts_dit_set_lp_activations); on by default on a GPU */
     int lp_acts;
+    /* CUDA graphs of the inference forward (ts_dit_set_graphs): 1 on, 0 off, −1 off because a
+     * capture failed; the key last run eagerly (a key is captured the second time it is seen,
+     * when every scratch buffer has its size); the graphs, replaced in turn from graph_next */
+    int graphs;
+    ts_dit_graph_key_t graph_seen, graph_key[TS_DIT_GRAPHS];
+    ts_engine_graph_t graph[TS_DIT_GRAPHS];
+    int graph_next;
+    int64_t graph_captures, graph_launches; /* counts, for tests and benchmarks */
 } ts_dit_t;
 
 /* Builds a model for cfg on engine e with activations for max_batch samples (parameters zero:
@@ -208,6 +226,17 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
  * valid until the next forward (DiT's variance interpolation v: log σ² = ½(v + 1)·log β +
  * ½(1 − v)·log β̃). TS_EINVAL for a model without it. */
 int ts_dit_sigma(ts_dit_t *m, int B, ts_tensor_t *out);
+/* CUDA graphs for the inference forward (on: 1, off: 0; a new model starts off). When on, an
+ * inference model on a GPU records the device work of ts_dit_forward — everything after the
+ * labels are staged, up to the output (a learned-σ output is split after) — into a CUDA graph
+ * the second time it sees the same key (ts_dit_graph_key_t: B, the x and t buffers, the settings),
+ * then runs it as one launch each time that key comes back: the same kernels on the same
+ * buffers, so the same bits, with none of the per-op launch cost (a `tiny` forward is ~200
+ * launches). Up to TS_DIT_GRAPHS keys are kept. Changing the attention, the precision or the
+ * 16-bit activations drops them. A capture that fails (some op synchronised or allocated) turns
+ * graphs off for the model (graphs becomes −1) and the forward runs eagerly, correct either way.
+ * A trainable model, or one on a CPU, ignores it. */
+void ts_dit_set_graphs(ts_dit_t *m, int on);
 /* Backward of the last forward (same B) given dv (B, C, H, W) = dLoss/dv; accumulates into
  * m->grads. Requires trainable. */
 int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B);

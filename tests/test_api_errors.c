@@ -471,6 +471,18 @@ static void test_device_specs(void **state) {
     ts_engine_mark_free(&a);
     ts_engine_mark_free(&b);
     ts_engine_mark_free(NULL);
+    /* CUDA graphs: none on a CPU engine; a graph never captured is not launched */
+    ts_engine_graph_t g = {0};
+    if (e.device == TS_CPU) {
+        assert_int_equal(ts_engine_capture_begin(&e), TS_ENOTSUP);
+        assert_int_equal(ts_engine_capture_end(&e, &g), TS_ENOTSUP);
+        assert_null(g.exec);
+    }
+    assert_int_equal(ts_engine_graph_launch(&e, &g), TS_EINVAL);
+    assert_int_equal(ts_engine_capture_begin(NULL), TS_EINVAL);
+    assert_int_equal(ts_engine_capture_end(&e, NULL), TS_EINVAL);
+    ts_engine_graph_free(&g);
+    ts_engine_graph_free(NULL);
     ts_engine_free(&e);
     TU_CHECK_RC(ts_engine_init_spec(&e, &cpu, 2, note, sizeof note), TS_OK);
     assert_true(strncmp(note, "cpu, 2 threads, OpenBLAS ", 25) == 0);

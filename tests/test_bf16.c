@@ -313,6 +313,15 @@ static void test_dit_lp_activations(void **state) {
                      att16[i], ts_f32_to_lp(att32[i], LP->dtype == TS_F16));
     float *one = velocity(&m, 1, 5);
     assert_memory_equal(one, v32, (size_t)(n / B) * sizeof *one);
+    /* CUDA graphs asked for on a CPU model: ignored, the same bits, nothing captured */
+    ts_dit_set_graphs(&m, 1);
+    for (int call = 0; call < 3; call++) {
+        float *g = velocity(&m, B, 5);
+        assert_memory_equal(g, v32, (size_t)n * sizeof *g);
+        free(g);
+    }
+    assert_int_equal(m.graph_captures, 0);
+    assert_int_equal(m.graph_launches, 0);
     /* a 16-bit input beside an fp32 weight, or the other 16-bit dtype: refused */
     ts_tensor_t x16, w, b, out;
     assert_int_equal(ts_tensor_alloc(&x16, LP->dtype, TS_CPU, 2, TS_SHAPE(3, 8)), TS_OK);

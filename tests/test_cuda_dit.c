@@ -17,7 +17,9 @@
  * forward against the CPU's emulated f16 (nmse 1e-7) and its fp32 (1e-5), and five f16 training
  * steps against the CPU's (losses to 1e-3, parameters to nmse 1e-7); test_flash_model a bf16
  * and an f16 model on the flash attention against the composed one (nmse 1e-4, 1e-5), and the
- * same bits with 16-bit activations off.
+ * same bits with 16-bit activations off; test_graphs the forward through CUDA graphs, bit for bit
+ * the eager forward (captured on a key's second forward, inputs changed in place, another batch,
+ * another precision).
  *
  * Without a usable GPU (or without the CUDA backend) it prints why and exits 77: ctest skipped.
  */
@@ -436,6 +438,88 @@ static void test_flash_model(void **state) {
     }
 }
 
+/* v's values (any device) into a fresh host buffer. */
+static float *host_of(const ts_tensor_t *v) {
+    float *p = malloc(ts_tensor_nbytes(v));
+    assert_non_null(p);
+    ts_tensor_t h;
+    TU_CHECK_OK(ts_tensor_wrap(&h, p, TS_F32, TS_CPU, v->ndim, v->shape));
+    TU_CHECK_OK(ts_tensor_copy(&h, v));
+    return p;
+}
+
+/* A forward of m[1] with graphs as set, against the same forward with graphs off on a twin
+ * (m[0]'s weights on the GPU too): the same bits. */
+static void graph_vs_eager(ts_dit_t *g, ts_dit_t *eager, ts_tensor_t *x, ts_tensor_t *t,
+                           const int32_t *y, int n, const char *what) {
+    ts_tensor_t v;
+    TU_CHECK_OK(ts_dit_forward(g, x, t, y, n, &v));
+    float *a = host_of(&v);
+    TU_CHECK_OK(ts_dit_forward(eager, x, t, y, n, &v));
+    float *b = host_of(&v);
+    if (memcmp(a, b, (size_t)ts_tensor_numel(&v) * sizeof *a) != 0)
+        fail_msg("graphs: %s: the graph's output differs from the eager forward's", what);
+    free(a), free(b);
+}
+
+/* CUDA graphs of the inference forward (ts_dit_set_graphs): the first forward of a key runs
+ * eagerly, the second is captured and launched, the third launched; each gives the eager
+ * forward's bits, also after the inputs' contents change (the graph reads its buffers at
+ * launch), for another batch size (its own graph), and after a change of precision (the graphs
+ * are dropped and captured again). A capture that fails turns graphs off: reported, and a fail,
+ * since every op of the forward is meant to be capturable. */
+static void test_graphs(void **state) {
+    fixture_t *fx = *state;
+    ts_dit_t m[2], twin;
+    ts_tensor_t x[2], t[2];
+    int32_t y[B];
+    models(fx, m, B, 0);
+    TU_CHECK_OK(ts_dit_create(&twin, &fx->cfg, &fx->e[1], B, 0));
+    TU_CHECK_OK(ts_tensor_copy(&twin.param_mem, &m[0].param_mem));
+    inputs(x, t, y);
+    ts_dit_set_graphs(&m[1], 1);
+    for (int call = 0; call < 3; call++) {
+        char what[32];
+        snprintf(what, sizeof what, "call %d", call + 1);
+        graph_vs_eager(&m[1], &twin, &x[1], &t[1], y, B, what);
+        if (m[1].graphs != 1)
+            fail_msg("graphs: the capture failed (graphs %d): an op of the forward is not "
+                     "capturable",
+                     m[1].graphs);
+    }
+    printf("  graphs: %lld captured, %lld launched over 3 forwards\n",
+           (long long)m[1].graph_captures, (long long)m[1].graph_launches);
+    assert_int_equal(m[1].graph_captures, 1);
+    assert_int_equal(m[1].graph_launches, 2);
+    /* new contents in the same buffers: the graph reads them */
+    TU_CHECK_OK(ts_rng_normal(&fx->e[1], &x[1], 99, 0));
+    graph_vs_eager(&m[1], &twin, &x[1], &t[1], y, B, "new inputs");
+    assert_int_equal(m[1].graph_launches, 3);
+    /* another batch size: eager, then its own graph */
+    ts_tensor_t x1, t1;
+    TU_CHECK_OK(ts_tensor_slice(&x1, &x[1], 0, 1));
+    TU_CHECK_OK(ts_tensor_slice(&t1, &t[1], 0, 1));
+    for (int call = 0; call < 2; call++)
+        graph_vs_eager(&m[1], &twin, &x1, &t1, y, 1, "batch 1");
+    assert_int_equal(m[1].graph_captures, 2);
+    /* another precision: dropped, captured again */
+    char why[256] = "";
+    ts_precision_t p = ts_engine_precision_check(&fx->e[1], TS_PREC_BF16, why, sizeof why) == TS_OK
+                           ? TS_PREC_BF16
+                           : TS_PREC_F16;
+    TU_CHECK_OK(ts_dit_set_precision(&m[1], p, why, sizeof why));
+    TU_CHECK_OK(ts_dit_set_precision(&twin, p, why, sizeof why));
+    for (int call = 0; call < 3; call++)
+        graph_vs_eager(&m[1], &twin, &x[1], &t[1], y, B, ts_precision_name(p));
+    assert_int_equal(m[1].graph_captures, 3);
+    assert_int_equal(m[1].graphs, 1);
+    ts_dit_free(&twin);
+    for (int s = 0; s < 2; s++) {
+        ts_tensor_free(&x[s]), ts_tensor_free(&t[s]);
+        ts_dit_free(&m[s]);
+    }
+}
+
 /* 20 guided Euler steps from the same noise: the images agree. */
 static void test_sampler(void **state) {
     fixture_t *fx = *state;
@@ -483,6 +567,7 @@ int main(void) {
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_flash_model),
+        cmocka_unit_test(test_graphs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -76,6 +76,16 @@ v = {r["key"]: r for r in d["vae"]["rows"]}
 for k in ("vae_encode_f32", "vae_decode_f32"):
     assert v[k]["ours_s"] > 0 and v[k]["torch_s"] > 0 and v[k]["ours_gflops"] > 0, v[k]
 assert d["vae"]["size"] == 16 and d["vae"]["f32"]["device"] == "cpu", d["vae"]
+# the CUDA-graph rows: both runs, each batch; a CPU engine runs them eagerly (no launches)
+g = d["configs"]["tiny"]["graphs_bf16"]
+for mode in ("eager", "graphs"):
+    res = g[mode]
+    if "error" in res:  # bf16 cannot run on this CPU: said, not hidden
+        assert "bf16" in res["error"], res
+        continue
+    got = {r["batch"]: r for r in res["results"]}
+    assert set(got) == {1, 8} and all(r["samples_per_s"] > 0 for r in got.values()), got
+    assert all(r["graph_launches"] == 0 for r in got.values()), got
 PY
 echo "ok: gpu-check.sh: every step ran or skipped with its reason; bench_gpu.py's JSON has both sides"
 

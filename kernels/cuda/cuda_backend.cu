@@ -434,6 +434,68 @@ void ts_cuda_event_free(void *ev) {
         cudaEventDestroy((cudaEvent_t)ev);
 }
 
+/* ---- CUDA graphs: a stream's work captured once, launched as one ----------------------------- */
+
+int ts_cuda_capture_begin(ts_engine_t *e) {
+    cudaStream_t stream;
+    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+    if (err)
+        return err;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        return TS_ECUDA;
+    }
+    return TS_OK;
+}
+
+int ts_cuda_capture_end(ts_engine_t *e, void **exec) {
+    if (!exec)
+        return TS_EINVAL;
+    *exec = NULL;
+    cudaStream_t stream;
+    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+    if (err)
+        return err;
+    cudaGraph_t graph = NULL;
+    /* ends the capture whatever happened during it (an invalidated capture ends with an error
+     * and no graph), so the stream is usable again */
+    cudaError_t rc = cudaStreamEndCapture(stream, &graph);
+    if (rc != cudaSuccess || !graph) {
+        cudaGetLastError();
+        if (graph)
+            cudaGraphDestroy(graph);
+        return TS_ECUDA;
+    }
+    cudaGraphExec_t made = NULL;
+    rc = cudaGraphInstantiate(&made, graph, 0);
+    cudaGraphDestroy(graph); /* the executable graph keeps what it needs */
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        return TS_ECUDA;
+    }
+    *exec = (void *)made;
+    return TS_OK;
+}
+
+int ts_cuda_graph_launch(ts_engine_t *e, void *exec) {
+    if (!exec)
+        return TS_EINVAL;
+    cudaStream_t stream;
+    int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
+    if (err)
+        return err;
+    if (cudaGraphLaunch((cudaGraphExec_t)exec, stream) != cudaSuccess) {
+        cudaGetLastError();
+        return TS_ECUDA;
+    }
+    return TS_OK;
+}
+
+void ts_cuda_graph_free(void *exec) {
+    if (exec)
+        cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
 /* ---- utilisation (NVML, opened at run time) ----------------------------------------------- */
 
 /* NVML comes with the driver (libnvidia-ml.so.1), not with the toolkit: it is opened when first
@@ -652,6 +714,7 @@ static int lp_room(ts_engine_t *e, int64_t n, uint16_t **out) {
             return TS_ENOMEM;
         }
         ctx->lp16_elems = want;
+        e->scratch_epoch++; /* graphs captured with the old buffer are stale */
     }
     *out = ctx->lp16;
     return TS_OK;
