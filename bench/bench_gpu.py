@@ -25,8 +25,9 @@ For each config, in one run:
      recorded), then f16 (`--precision f16`, its training with dynamic loss scaling);
   3. (after the configs) the attention alone, composed against fused (`bench_dit
      --attention-ops 64`: the target is the fused ≥ 2× the composed at T = 256); and, for the
-     configs of GRAPH_CONFIGS, the bf16 forward at batches 1 and 8 eagerly and through CUDA
-     graphs (`bench_dit --graphs`), side by side (the launch-bound rows);
+     configs of GRAPH_CONFIGS, the bf16 forward at batches 1 and 8 eagerly, through CUDA
+     graphs (`bench_dit --graphs`) and with the linears' bias in cuBLASLt's epilogue
+     (TESSERA_CUDA_EPILOGUES=1), side by side (the launch-bound rows);
   4. PyTorch on the same device, with its best attention (F.scaled_dot_product_attention where
      it has it; the JSON says which): forward (eval, no_grad) at each batch and the same training
      step as ours (flow matching, MSE, backward, gradient clipping, AdamW, EMA), in fp32 (TF32
@@ -354,11 +355,14 @@ def run_ours(weights, check, precision):
     return out
 
 
+GRAPH_MODES = ("eager", "graphs", "epilogues")
+
+
 def run_graphs(weights, check):
-    """The bf16 forward at GRAPH_BATCHES eagerly, then through CUDA graphs (`--graphs`): two
-    bench_dit runs of the same rows, back to back."""
+    """The bf16 forward at GRAPH_BATCHES eagerly, then through CUDA graphs (`--graphs`), then
+    with the bias in cuBLASLt's epilogue: three bench_dit runs of the same rows, back to back."""
     out = {}
-    for mode in ("eager", "graphs"):
+    for mode in GRAPH_MODES:
         cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--check", check,
                "--tol", str(TOL_BF16), "--precision", "bf16", "--seconds", str(ARGS.seconds),
                "--train-batch", "0", "--json"] + (["--graphs"] if mode == "graphs" else [])
@@ -366,17 +370,18 @@ def run_graphs(weights, check):
             cmd += ["--batch", str(B)]
         if ARGS.quick:
             cmd.append("--quick")
+        env = dict(os.environ, TESSERA_CUDA_EPILOGUES="1") if mode == "epilogues" else None
         log(f"  ours bf16 {mode}: {' '.join(cmd)}")
-        out[mode] = run_child(cmd)
+        out[mode] = run_child(cmd, env)
     return out
 
 
-def run_child(cmd):
+def run_child(cmd, env=None):
     """A bench_dit run's JSON document, or {"error": its last line of stderr} (a failed check,
     exit 3, times nothing; an unsupported path or out of memory is also recorded, not fatal)."""
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           timeout=ARGS.timeout)
+                           timeout=ARGS.timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {ARGS.timeout:.0f} s", "command": " ".join(cmd)}
     msg = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
@@ -601,16 +606,18 @@ def main():
         g = res.get("graphs_bf16")
         if not g:
             continue
-        rows = {m: {r["batch"]: r for r in g[m].get("results", [])} for m in ("eager", "graphs")}
+        rows = {m: {r["batch"]: r for r in g[m].get("results", [])} for m in GRAPH_MODES}
         for B in GRAPH_BATCHES:
-            e, c = rows["eager"].get(B), rows["graphs"].get(B)
-            if not e or not c:
-                why = g["graphs"].get("error") or g["eager"].get("error") or "not measured"
-                print(f"CUDA graphs {name} bf16 forward b{B}: not run: {why}")
+            e, c, lt = (rows[m].get(B) for m in GRAPH_MODES)
+            if not e or not c or not lt:
+                why = next((g[m]["error"] for m in GRAPH_MODES if "error" in g[m]), "not measured")
+                print(f"CUDA graphs / epilogues {name} bf16 forward b{B}: not run: {why}")
                 continue
-            print(f"CUDA graphs {name} bf16 forward b{B}: eager {e['samples_per_s']:.1f}/s, "
-                  f"graphs {c['samples_per_s']:.1f}/s ({c['samples_per_s'] / e['samples_per_s']:.2f}×; "
-                  f"{c['graph_launches']} of {c['calls']} calls one launch)")
+            print(f"{name} bf16 forward b{B}: eager {e['samples_per_s']:.1f}/s, "
+                  f"CUDA graphs {c['samples_per_s']:.1f}/s ({c['samples_per_s'] / e['samples_per_s']:.2f}×; "
+                  f"{c['graph_launches']} of {c['calls']} calls one launch), "
+                  f"bias epilogue {lt['samples_per_s']:.1f}/s "
+                  f"({lt['samples_per_s'] / e['samples_per_s']:.2f}×)")
     att = doc.get("attention_ops", {})
     if "rows" in att:
         print(f"attention alone, batch {att['batch']}: composed time / fused time")

@@ -305,6 +305,11 @@ int ts_cuda_event_wait(ts_engine_t *e, void *ev);
  * memory; ordered after the stream's earlier work and before its later work. */
 int ts_cuda_memcpy_async(ts_engine_t *e, void *dst, ts_device_t dst_dev, const void *src,
                          ts_device_t src_dev, size_t bytes);
+/* The 16-bit linears' bias in cuBLASLt's epilogue on e (on: 1; off by default, or on from the
+ * engine's start with TESSERA_CUDA_EPILOGUES=1): TS_OK, TS_ENOTSUP when cuBLASLt could not be
+ * opened or started here; and how many products ran so (tests, benchmarks). */
+int ts_cuda_set_epilogues(ts_engine_t *e, int on);
+int64_t ts_cuda_epilogue_calls(ts_engine_t *e);
 /* CUDA graphs (ts_engine_capture_begin and the rest): capture of e's stream in thread-local mode
  * (a call from this thread that would be unsafe during a capture fails it, so it is seen), its
  * end into an instantiated graph (*exec; NULL, with TS_ECUDA, when the capture failed or was

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
 #include "kernels/engine.h"
 #include "kernels/math.h"
 #include "kernels/ops.h"
@@ -567,6 +568,23 @@ static void linear_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
     TU_CHECK_OK(ts_linear_forward(G, &out.t[1], &inp.t[1], &w16.t[1], &bias.t[1]));
     expect_ref(fx, lp == TS_F16 ? "linear_forward f16 weight" : "linear_forward bf16 weight", &out,
                r_out);
+    /* the bias in cuBLASLt's epilogue (ts_cuda_set_epilogues): the same product, the bias added
+     * to the fp32 sums before they are written */
+    if (ts_cuda_set_epilogues(G, 1) == TS_OK) {
+        int64_t before = ts_cuda_epilogue_calls(G);
+        TU_CHECK_OK(ts_zero(G, &out.t[1]));
+        TU_CHECK_OK(ts_linear_forward(G, &out.t[1], &inp.t[1], &w16.t[1], &bias.t[1]));
+        TU_CHECK_OK(ts_engine_sync(G));
+        if (ts_cuda_epilogue_calls(G) != before + 1)
+            fail_msg("the epilogue was on but the product did not run through cuBLASLt");
+        expect_ref(fx,
+                   lp == TS_F16 ? "linear_forward f16 weight, cuBLASLt bias epilogue"
+                                : "linear_forward bf16 weight, cuBLASLt bias epilogue",
+                   &out, r_out);
+        TU_CHECK_OK(ts_cuda_set_epilogues(G, 0));
+    } else {
+        printf("test_cuda_parity: the cuBLASLt bias epilogue not checked: cuBLASLt not here\n");
+    }
     TU_CHECK_OK(
         ts_linear_backward(G, &dinp.t[1], &dw.t[1], &db.t[1], &dout.t[1], &inp.t[1], &w16.t[1]));
     expect_ref(fx, lp == TS_F16 ? "linear_backward f16 dinp" : "linear_backward bf16 dinp", &dinp,

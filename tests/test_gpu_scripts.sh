@@ -78,7 +78,7 @@ for k in ("vae_encode_f32", "vae_decode_f32"):
 assert d["vae"]["size"] == 16 and d["vae"]["f32"]["device"] == "cpu", d["vae"]
 # the CUDA-graph rows: both runs, each batch; a CPU engine runs them eagerly (no launches)
 g = d["configs"]["tiny"]["graphs_bf16"]
-for mode in ("eager", "graphs"):
+for mode in ("eager", "graphs", "epilogues"):
     res = g[mode]
     if "error" in res:  # bf16 cannot run on this CPU: said, not hidden
         assert "bf16" in res["error"], res

@@ -22,6 +22,7 @@
  * everything arriving here is already validated). Errors never abort: a CUDA runtime failure is
  * TS_ECUDA, a cuBLAS failure TS_ECUBLAS.
  */
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -121,6 +122,73 @@ int ts_cuda_blas_load(char *err, size_t errlen) {
     return g_blas_rc;
 }
 
+/* ---- cuBLASLt, opened on first use (the 16-bit linears' bias epilogue) ---------------------- */
+
+static struct {
+    decltype(&cublasLtCreate) create;
+    decltype(&cublasLtDestroy) destroy;
+    decltype(&cublasLtMatmulDescCreate) desc_create;
+    decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+    decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+    decltype(&cublasLtMatrixLayoutCreate) layout_create;
+    decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+    decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+    decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+    decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+    decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+    decltype(&cublasLtMatmul) matmul;
+} g_lt;
+static pthread_once_t g_lt_once = PTHREAD_ONCE_INIT;
+static int g_lt_ok;
+
+static void lt_open(void) {
+#ifdef TS_CUBLASLT_SONAME
+    void *h = dlopen(TS_CUBLASLT_SONAME, RTLD_NOW | RTLD_LOCAL);
+#ifdef TS_CUBLAS_DIR
+    if (!h)
+        h = dlopen(TS_CUBLAS_DIR "/" TS_CUBLASLT_SONAME, RTLD_NOW | RTLD_LOCAL);
+#endif
+    if (!h)
+        return;
+    struct {
+        const char *name;
+        void **fn;
+    } syms[] = {{"cublasLtCreate", (void **)&g_lt.create},
+                {"cublasLtDestroy", (void **)&g_lt.destroy},
+                {"cublasLtMatmulDescCreate", (void **)&g_lt.desc_create},
+                {"cublasLtMatmulDescDestroy", (void **)&g_lt.desc_destroy},
+                {"cublasLtMatmulDescSetAttribute", (void **)&g_lt.desc_set},
+                {"cublasLtMatrixLayoutCreate", (void **)&g_lt.layout_create},
+                {"cublasLtMatrixLayoutDestroy", (void **)&g_lt.layout_destroy},
+                {"cublasLtMatmulPreferenceCreate", (void **)&g_lt.pref_create},
+                {"cublasLtMatmulPreferenceDestroy", (void **)&g_lt.pref_destroy},
+                {"cublasLtMatmulPreferenceSetAttribute", (void **)&g_lt.pref_set},
+                {"cublasLtMatmulAlgoGetHeuristic", (void **)&g_lt.heuristic},
+                {"cublasLtMatmul", (void **)&g_lt.matmul}};
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)
+        if (!(*syms[i].fn = dlsym(h, syms[i].name))) {
+            dlclose(h);
+            return;
+        }
+    g_lt_ok = 1; /* h stays open for the life of the process */
+#endif
+}
+
+/* One shape's cuBLASLt product with the bias epilogue: its descriptors and the algorithm the
+ * heuristic chose, for the operands' alignment. */
+#define LT_PLANS 64
+typedef struct lt_plan {
+    int used;
+    ts_dtype_t lp;
+    int64_t M, N, K;
+    unsigned align; /* the bytes every operand's address (A, B, C, bias) is a multiple of, ≤ 16 */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} lt_plan_t;
+
+#define LT_WORKSPACE_BYTES ((size_t)32 << 20)
+
 struct ts_cuda_ctx {
     int device;            /* CUDA device ordinal */
     cudaStream_t stream;   /* every op of the engine is queued here */
@@ -132,6 +200,15 @@ struct ts_cuda_ctx {
     size_t lp16_elems;
     int cc_major, cc_minor; /* compute capability */
     int zero_lp_out; /* TESSERA_CUDA_INITCHECK=1: gemm_ex zeroes C before a beta = 0 product */
+    /* the 16-bit linears' bias in cuBLASLt's epilogue (ts_cuda_set_epilogues; the environment's
+     * TESSERA_CUDA_EPILOGUES=1 at the engine's start): 1 on, 0 off, −1 off because cuBLASLt
+     * could not be opened or started */
+    int epilogues;
+    cublasLtHandle_t lt;
+    void *lt_ws; /* LT_WORKSPACE_BYTES, made with the handle */
+    lt_plan_t plans[LT_PLANS];
+    int lt_next;       /* the plan slot the next new shape takes */
+    int64_t lt_calls;  /* products that ran with the epilogue */
 };
 
 /* Room for 1024 double partial sums and a 64-bit counter, with slack. */
@@ -171,12 +248,28 @@ int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size
 
 /* ---- engine ---------------------------------------------------------------------------- */
 
+static void lt_plan_free(lt_plan_t *p) {
+    if (!p->used)
+        return;
+    g_lt.layout_destroy(p->a);
+    g_lt.layout_destroy(p->b);
+    g_lt.layout_destroy(p->c);
+    g_lt.desc_destroy(p->desc);
+    p->used = 0;
+}
+
 static void ctx_destroy(ts_cuda_ctx_t *ctx) {
     if (!ctx)
         return;
     cudaSetDevice(ctx->device);
     if (ctx->stream)
         cudaStreamSynchronize(ctx->stream);
+    for (int i = 0; i < LT_PLANS; i++)
+        lt_plan_free(&ctx->plans[i]);
+    if (ctx->lt)
+        g_lt.destroy(ctx->lt);
+    if (ctx->lt_ws)
+        cudaFree(ctx->lt_ws);
     if (ctx->scratch)
         cudaFree(ctx->scratch);
     if (ctx->lp16)
@@ -261,6 +354,8 @@ int ts_cuda_engine_init(ts_engine_t *e, int gpu) {
          * other unwritten read still shows. It costs one memset per 16-bit product. */
         const char *v = getenv("TESSERA_CUDA_INITCHECK");
         ctx->zero_lp_out = v && v[0] == '1' && v[1] == '\0';
+        v = getenv("TESSERA_CUDA_EPILOGUES");
+        ctx->epilogues = v && v[0] == '1' && v[1] == '\0';
     }
     e->cuda = ctx;
     e->gpu = gpu;
@@ -821,10 +916,171 @@ int ts_cuda_gemm_lp_in(ts_engine_t *e, ts_dtype_t lp, int64_t M, int64_t N, int6
     return gemm_ex(e, lp, 0, 0, M, N, K, 1.0f, A, lda, 0, B, ldb, 0, 0.0f, C, ldc, 0, 1);
 }
 
-/* out = in16 · weightᵀ in fp32, both in lp, then the bias in a second kernel, as the fp32 path. */
+/* The largest power of two ≤ 16 that divides p's address. */
+static unsigned alignment(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    unsigned al = 16;
+    while (al > 1 && a % al != 0)
+        al /= 2;
+    return al;
+}
+
+/* cuBLASLt's handle and workspace, made on the first epilogue product (before any capture: a
+ * forward runs eagerly before it is captured). TS_ENOTSUP, and epilogues off, when cuBLASLt
+ * cannot be opened or started. */
+static int lt_start(ts_cuda_ctx_t *ctx) {
+    if (ctx->lt)
+        return TS_OK;
+    pthread_once(&g_lt_once, lt_open);
+    if (!g_lt_ok || g_lt.create(&ctx->lt) != CUBLAS_STATUS_SUCCESS) {
+        ctx->lt = NULL;
+        ctx->epilogues = -1;
+        return TS_ENOTSUP;
+    }
+    if (cudaMalloc(&ctx->lt_ws, LT_WORKSPACE_BYTES) != cudaSuccess) {
+        cudaGetLastError();
+        ctx->lt_ws = NULL;
+        g_lt.destroy(ctx->lt);
+        ctx->lt = NULL;
+        ctx->epilogues = -1;
+        return TS_ENOTSUP;
+    }
+    return TS_OK;
+}
+
+/* The plan of out (M, N) = in (M, K) · weightᵀ + bias in lp, found or made. The row-major
+ * product is column-major outᵀ (N, M) = W · inᵀ: A the weight (K × N as stored, transposed), B
+ * the input (K × M), C and D the output (N × M), and the epilogue's bias one value per row of D
+ * — per output feature. TS_ENOTSUP when cuBLASLt has no algorithm for it. */
+static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, int64_t M, int64_t N, int64_t K,
+                   unsigned align, const float *bias, lt_plan_t **out) {
+    for (int i = 0; i < LT_PLANS; i++) {
+        lt_plan_t *p = &ctx->plans[i];
+        if (p->used && p->lp == lp && p->M == M && p->N == N && p->K == K && p->align == align) {
+            *out = p;
+            return TS_OK;
+        }
+    }
+    lt_plan_t *p = &ctx->plans[ctx->lt_next];
+    lt_plan_free(p);
+    cudaDataType_t t = lp == TS_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cudaDataType_t bias_t = CUDA_R_32F;
+    uint64_t ws = LT_WORKSPACE_BYTES;
+    uint32_t al = align;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0, made = 0;
+    bool ok = g_lt.desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
+    made = ok;
+    ok = ok &&
+         g_lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
+             CUBLAS_STATUS_SUCCESS &&
+         g_lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
+             CUBLAS_STATUS_SUCCESS &&
+         g_lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ==
+             CUBLAS_STATUS_SUCCESS &&
+         g_lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof bias_t) ==
+             CUBLAS_STATUS_SUCCESS &&
+         /* the heuristic reads the pointer's alignment; every call sets its own */
+         g_lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) ==
+             CUBLAS_STATUS_SUCCESS;
+    ok = ok && g_lt.layout_create(&p->a, t, (uint64_t)K, (uint64_t)N, K) == CUBLAS_STATUS_SUCCESS;
+    made += ok;
+    ok = ok && g_lt.layout_create(&p->b, t, (uint64_t)K, (uint64_t)M, K) == CUBLAS_STATUS_SUCCESS;
+    made += ok;
+    ok = ok &&
+         g_lt.layout_create(&p->c, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N) == CUBLAS_STATUS_SUCCESS;
+    made += ok;
+    ok = ok && g_lt.pref_create(&pref) == CUBLAS_STATUS_SUCCESS;
+    ok = ok &&
+         g_lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ==
+             CUBLAS_STATUS_SUCCESS &&
+         g_lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al) ==
+             CUBLAS_STATUS_SUCCESS &&
+         g_lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al) ==
+             CUBLAS_STATUS_SUCCESS &&
+         g_lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al) ==
+             CUBLAS_STATUS_SUCCESS &&
+         g_lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al) ==
+             CUBLAS_STATUS_SUCCESS;
+    ok = ok &&
+         g_lt.heuristic(ctx->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found) ==
+             CUBLAS_STATUS_SUCCESS &&
+         found > 0;
+    if (pref)
+        g_lt.pref_destroy(pref);
+    if (!ok) { /* undo what was made, in order */
+        if (made >= 4)
+            g_lt.layout_destroy(p->c);
+        if (made >= 3)
+            g_lt.layout_destroy(p->b);
+        if (made >= 2)
+            g_lt.layout_destroy(p->a);
+        if (made >= 1)
+            g_lt.desc_destroy(p->desc);
+        return TS_ENOTSUP;
+    }
+    p->algo = res.algo;
+    p->lp = lp, p->M = M, p->N = N, p->K = K, p->align = align, p->used = 1;
+    ctx->lt_next = (ctx->lt_next + 1) % LT_PLANS;
+    *out = p;
+    return TS_OK;
+}
+
+/* out = in16 · weightᵀ + bias in one cuBLASLt product (the bias added to the fp32 accumulator
+ * before it is written: one rounding less than the product then the bias kernel). TS_ENOTSUP
+ * when it cannot run here (the caller then runs the two kernels); another error when it ran and
+ * failed. */
+static int lt_linear(ts_engine_t *e, ts_dtype_t lp, float *out, const uint16_t *in16,
+                     const uint16_t *weight, const float *bias, int64_t M, int64_t N, int64_t K) {
+    ts_cuda_ctx_t *ctx = e->cuda;
+    if (ctx->epilogues != 1 || lt_start(ctx) != TS_OK)
+        return TS_ENOTSUP;
+    int err = gemm_enter(e, M, N, K, K, K, N, 1);
+    if (err)
+        return err;
+    unsigned al = alignment(out), x = alignment(in16), w = alignment(weight), b = alignment(bias);
+    al = x < al ? x : al, al = w < al ? w : al, al = b < al ? b : al;
+    lt_plan_t *p;
+    if (lt_plan(ctx, lp, M, N, K, al, bias, &p) != TS_OK)
+        return TS_ENOTSUP;
+    if (g_lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) !=
+        CUBLAS_STATUS_SUCCESS)
+        return TS_ECUBLAS;
+    if (ctx->zero_lp_out &&
+        cudaMemsetAsync(out, 0, (size_t)(M * N) * sizeof(float), ctx->stream) != cudaSuccess)
+        return TS_ECUDA;
+    const float one = 1.0f, zero = 0.0f;
+    if (g_lt.matmul(ctx->lt, p->desc, &one, weight, p->a, in16, p->b, &zero, out, p->c, out, p->c,
+                    &p->algo, ctx->lt_ws, LT_WORKSPACE_BYTES, ctx->stream) != CUBLAS_STATUS_SUCCESS)
+        return TS_ECUBLAS;
+    ctx->lt_calls++;
+    return TS_OK;
+}
+
+int ts_cuda_set_epilogues(ts_engine_t *e, int on) {
+    if (!e || !e->cuda)
+        return TS_EINVAL;
+    if (on && e->cuda->epilogues == -1)
+        return TS_ENOTSUP; /* cuBLASLt could not be opened or started */
+    e->cuda->epilogues = on != 0;
+    return TS_OK;
+}
+
+int64_t ts_cuda_epilogue_calls(ts_engine_t *e) { return e && e->cuda ? e->cuda->lt_calls : 0; }
+
+/* out = in16 · weightᵀ in fp32, both in lp, then the bias: in cuBLASLt's epilogue when the
+ * engine has it on, else in a second kernel, as the fp32 path. */
 static int linear_lp_product(ts_engine_t *e, ts_dtype_t lp, float *out, const uint16_t *in16,
                              const uint16_t *weight, const float *bias, int64_t M, int64_t N,
                              int64_t K) {
+    if (bias) {
+        int rc = lt_linear(e, lp, out, in16, weight, bias, M, N, K);
+        if (rc != TS_ENOTSUP)
+            return rc;
+    }
     int err = gemm_ex(e, lp, 0, 1, M, N, K, 1.0f, in16, K, 0, weight, K, 0, 0.0f, out, N, 0, 1);
     if (err || !bias)
         return err;
