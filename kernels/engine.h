@@ -135,12 +135,13 @@ int ts_engine_mark_wait(ts_engine_t *e, const ts_engine_mark_t *m);
 int ts_engine_copy_async(ts_engine_t *e, ts_tensor_t *dst, const ts_tensor_t *src);
 
 /* CUDA graphs: the ops queued between ts_engine_capture_begin and ts_engine_capture_end are not
- * run but recorded into *graph, which ts_engine_graph_launch then runs as one launch (the same
- * kernels on the same buffers, with whatever those buffers hold at launch). During a capture the
- * calling thread must not synchronise with the device, allocate or free device memory, or copy
- * through the legacy stream: such a call fails the capture, and capture_end then says TS_ECUDA
- * with no graph (the stream is usable again; nothing captured ran). TS_ENOTSUP on a CPU engine.
- * A graph is freed with ts_engine_graph_free (before its engine). */
+ * run but recorded into *graph, which ts_engine_graph_launch then runs as one launch on the
+ * engine's stream (the same kernels on the same buffers, with whatever those buffers hold at
+ * launch). The capture runs on a stream of its own, so other threads' copies go on as usual;
+ * the capturing thread must not synchronise with the device, allocate or free device memory, or
+ * copy through the legacy stream meanwhile: such a call fails the capture, and capture_end then
+ * says TS_ECUDA with no graph (the engine's stream is its own again; nothing captured ran).
+ * TS_ENOTSUP on a CPU engine. A graph is freed with ts_engine_graph_free (before its engine). */
 typedef struct ts_engine_graph {
     void *exec; /* cudaGraphExec_t; NULL: none */
 } ts_engine_graph_t;

@@ -287,16 +287,29 @@ static int embedding_dims(const ts_tensor_t *rows, const ts_tensor_t *table,
     return TS_OK;
 }
 
-int ts_embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
-                         const ts_tensor_t *ids) {
+static int embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
+                             const ts_tensor_t *ids, int check_values) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, out));
     TS_TRY(check_f32(e, table));
     TS_TRY(ts_tensor_check(ids));
     TS_TRY(embedding_dims(out, table, ids));
-    TS_TRY(check_ids(e, ids, table->shape[0]));
+    if (check_values)
+        TS_TRY(check_ids(e, ids, table->shape[0]));
+    else
+        TS_TRY(check_on(e, ids, TS_I32));
     return DISPATCH(e, embedding_forward, F(out), CF(table), (const int32_t *)ids->data,
                     out->shape[0], out->shape[1]);
+}
+
+int ts_embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
+                         const ts_tensor_t *ids) {
+    return embedding_forward(e, out, table, ids, 1);
+}
+
+int ts_embedding_forward_prechecked(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
+                                    const ts_tensor_t *ids) {
+    return embedding_forward(e, out, table, ids, 0);
 }
 
 int ts_embedding_backward(ts_engine_t *e, ts_tensor_t *dtable, const ts_tensor_t *dout,

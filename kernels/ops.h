@@ -248,6 +248,11 @@ int ts_pos_embed_2d(ts_engine_t *e, ts_tensor_t *out, int grid);
  * (checked before anything is written; ids are read on the host for the CPU engine). */
 int ts_embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
                          const ts_tensor_t *ids);
+/* The same for ids the caller has already checked to be in [0, V) (the values it copied to the
+ * device): on a CUDA engine nothing is copied back to check them — what a CUDA graph's capture
+ * needs (no copy through the legacy stream during one). Out-of-range ids are the caller's bug. */
+int ts_embedding_forward_prechecked(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
+                                    const ts_tensor_t *ids);
 /* dtable (V, D) += scatter of dout (B, D) by ids. */
 int ts_embedding_backward(ts_engine_t *e, ts_tensor_t *dtable, const ts_tensor_t *dout,
                           const ts_tensor_t *ids);

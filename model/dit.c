@@ -404,8 +404,8 @@ static void graphs_drop(ts_dit_t *m) {
         ts_engine_graph_free(&m->graph[i]);
         memset(&m->graph_key[i], 0, sizeof m->graph_key[i]);
     }
-    memset(&m->graph_seen, 0, sizeof m->graph_seen);
-    m->graph_next = 0;
+    memset(m->graph_seen, 0, sizeof m->graph_seen);
+    m->graph_next = m->seen_next = 0;
 }
 
 void ts_dit_free(ts_dit_t *m) {
@@ -592,7 +592,7 @@ void ts_dit_set_lp_activations(ts_dit_t *m, int on) {
  * and nothing else does, forward or backward (a linear's backward rounds its input to 16 bits
  * for the weight's gradient, and reads it for nothing else): the same bits either way. */
 static ts_tensor_t act16(const ts_dit_t *m, ts_tensor_t t) {
-    if (m->lp_acts && m->precision != TS_PREC_F32)
+    if (m->fwd_lp_acts && m->precision != TS_PREC_F32) /* as the forward wrote them */
         t.dtype = ts_precision_dtype(m->precision);
     return t;
 }
@@ -707,6 +707,9 @@ static int check_inputs(const ts_dit_t *m, const ts_tensor_t *x, const ts_tensor
                         const int32_t *y, int B) {
     if (!m || !x || !t || !y || B < 1 || B > m->max_batch)
         return TS_EINVAL;
+    if (x->dtype != TS_F32 || t->dtype != TS_F32 || x->device != m->eng->device ||
+        t->device != m->eng->device)
+        return TS_EINVAL;
     const ts_dit_config_t *c = &m->cfg;
     if (x->ndim != 4 || x->shape[0] != B || x->shape[1] != c->in_channels ||
         x->shape[2] != c->input_size || x->shape[3] != c->input_size || ts_tensor_numel(t) != B)
@@ -717,6 +720,7 @@ static int check_inputs(const ts_dit_t *m, const ts_tensor_t *x, const ts_tensor
 /* The trunk's device work, the labels already staged in m->labels: patch embedding,
  * conditioning, the blocks. */
 static int trunk_ops(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, int B) {
+    m->fwd_lp_acts = m->lp_acts; /* the backward of this forward reads what it writes */
     const ts_dit_config_t *c = &m->cfg;
     ts_engine_t *e = m->eng;
     ts_dit_acts_t *A = &m->acts;
@@ -737,7 +741,8 @@ static int trunk_ops(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, in
     TS_TRY(ts_linear_forward(e, &t_h, &tfreq, &W->t_w0, &P->t_b0));
     TS_TRY(ts_silu_forward(e, &t_s, &t_h));
     TS_TRY(ts_linear_forward(e, &t_emb, &t_s, &W->t_w2, &P->t_b2));
-    TS_TRY(ts_embedding_forward(e, &y_emb, &P->y_table, &ids));
+    /* the labels were checked on the host as they were staged (stage_labels) */
+    TS_TRY(ts_embedding_forward_prechecked(e, &y_emb, &P->y_table, &ids));
     TS_TRY(ts_add(e, &cc, &t_emb, &y_emb));
     TS_TRY(ts_silu_forward(e, &c_silu, &cc));
 
@@ -812,10 +817,12 @@ static int same_key(const ts_dit_graph_key_t *a, const ts_dit_graph_key_t *b) {
 }
 
 /* The forward's device work through a graph: TS_OK when a graph ran it, TS_ENOTSUP when it is
- * to run eagerly (graphs off, not a GPU inference model, a key seen for the first time, or a
- * capture that failed — which turns graphs off: nothing captured ran), another error when the
- * launch failed. */
-static int graph_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, int B) {
+ * to run eagerly (graphs off, not a GPU inference model, a key not among the last TS_DIT_GRAPHS
+ * seen — *fresh 1 — or a capture that failed, which turns graphs off: nothing captured ran),
+ * another error when an op refused its arguments or the launch failed. */
+static int graph_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, int B,
+                         int *fresh) {
+    *fresh = 0;
     if (m->graphs != 1 || m->trainable || m->eng->device != TS_CUDA)
         return TS_ENOTSUP;
     ts_dit_graph_key_t k = {
@@ -827,22 +834,29 @@ static int graph_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t
             m->graph_launches++;
             return TS_OK;
         }
-    if (!same_key(&m->graph_seen, &k)) { /* first sighting: eager, every scratch sized */
-        m->graph_seen = k;
+    int seen = 0;
+    for (int i = 0; i < TS_DIT_GRAPHS; i++)
+        seen |= same_key(&m->graph_seen[i], &k);
+    if (!seen) { /* first sighting: eager, every scratch sized (the epoch refreshed after) */
+        m->graph_seen[m->seen_next] = k;
+        m->seen_next = (m->seen_next + 1) % TS_DIT_GRAPHS;
+        *fresh = 1;
         return TS_ENOTSUP;
     }
     int slot = m->graph_next;
     ts_engine_graph_free(&m->graph[slot]);
-    int rc = ts_engine_capture_begin(m->eng);
+    int rc = ts_engine_capture_begin(m->eng), ops = TS_OK;
     if (rc == TS_OK) {
-        int ops = trunk_ops(m, x, t, B);
+        ops = trunk_ops(m, x, t, B);
         if (ops == TS_OK)
             ops = head_ops(m, B);
         rc = ts_engine_capture_end(m->eng, &m->graph[slot]); /* ends it whatever ops said */
-        if (rc == TS_OK && ops != TS_OK)
-            rc = ops;
     }
-    if (rc != TS_OK) {
+    if (rc == TS_OK && ops != TS_OK) { /* an op refused (nothing ran): the eager forward would */
+        ts_engine_graph_free(&m->graph[slot]);
+        return ops;
+    }
+    if (rc != TS_OK) { /* the capture itself failed: off for this model, eager from now on */
         graphs_drop(m);
         m->graphs = -1;
         return TS_ENOTSUP;
@@ -862,12 +876,13 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
     TS_TRY(check_inputs(m, x, t, y, B));
     ts_tensor_t ids;
     TS_TRY(stage_labels(m, y, B, &ids));
-    int rc = graph_forward(m, x, t, B);
+    int fresh, rc = graph_forward(m, x, t, B, &fresh);
     if (rc == TS_ENOTSUP) {
         TS_TRY(trunk_ops(m, x, t, B));
         TS_TRY(head_ops(m, B));
-        if (m->graphs == 1) /* a first sighting: the scratch it grew is where the graph will read */
-            m->graph_seen.epoch = m->eng->scratch_epoch;
+        if (fresh) /* a first sighting: the scratch it grew is where its graph will read */
+            m->graph_seen[(m->seen_next + TS_DIT_GRAPHS - 1) % TS_DIT_GRAPHS].epoch =
+                m->eng->scratch_epoch;
     } else if (rc != TS_OK) {
         return rc;
     }

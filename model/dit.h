@@ -170,13 +170,14 @@ typedef struct ts_dit {
     /* a model at bf16 or f16: its linears read 16-bit activations written by their producers
      * (ts_dit_set_lp_activations); on by default on a GPU */
     int lp_acts;
+    int fwd_lp_acts; /* lp_acts as the last forward found it: what its backward reads */
     /* CUDA graphs of the inference forward (ts_dit_set_graphs): 1 on, 0 off, −1 off because a
-     * capture failed; the key last run eagerly (a key is captured the second time it is seen,
-     * when every scratch buffer has its size); the graphs, replaced in turn from graph_next */
+     * capture failed; the keys last run eagerly (a key is captured the second time it is seen,
+     * when every scratch buffer has its size) and the graphs, each replaced in turn */
     int graphs;
-    ts_dit_graph_key_t graph_seen, graph_key[TS_DIT_GRAPHS];
+    ts_dit_graph_key_t graph_seen[TS_DIT_GRAPHS], graph_key[TS_DIT_GRAPHS];
     ts_engine_graph_t graph[TS_DIT_GRAPHS];
-    int graph_next;
+    int graph_next, seen_next;
     int64_t graph_captures, graph_launches; /* counts, for tests and benchmarks */
 } ts_dit_t;
 
@@ -229,8 +230,9 @@ int ts_dit_sigma(ts_dit_t *m, int B, ts_tensor_t *out);
 /* CUDA graphs for the inference forward (on: 1, off: 0; a new model starts off). When on, an
  * inference model on a GPU records the device work of ts_dit_forward — everything after the
  * labels are staged, up to the output (a learned-σ output is split after) — into a CUDA graph
- * the second time it sees the same key (ts_dit_graph_key_t: B, the x and t buffers, the settings),
- * then runs it as one launch each time that key comes back: the same kernels on the same
+ * the second time it sees a key (ts_dit_graph_key_t: B, the x and t buffers, the settings; the
+ * last TS_DIT_GRAPHS keys run eagerly are remembered), then runs it as one launch each time that
+ * key comes back: the same kernels on the same
  * buffers, so the same bits, with none of the per-op launch cost (a `tiny` forward is ~200
  * launches). Up to TS_DIT_GRAPHS keys are kept. Changing the attention, the precision or the
  * 16-bit activations drops them. A capture that fails (some op synchronised or allocated) turns

@@ -724,7 +724,16 @@ static void test_embedding(void **state) {
     ts_ref_embedding(want, tu_f32(&table), ids_v, B, D);
     TU_CHECK_OK(ts_embedding_forward(e, &out, &table, &ids));
     tu_check_close(tu_f32(&out), want, B * D, 0, 0, "embedding V=11 D=7 B=6");
-    TU_FREE_TENSORS(&table, &ids, &out);
+    /* ids checked by the caller: the same rows; their dtype is still checked, their values not */
+    TU_CHECK_OK(ts_zero(e, &out));
+    TU_CHECK_OK(ts_embedding_forward_prechecked(e, &out, &table, &ids));
+    tu_check_close(tu_f32(&out), want, B * D, 0, 0, "embedding prechecked V=11 D=7 B=6");
+    ts_tensor_t f;
+    tu_alloc_f32(&f, 1, TS_SHAPE(B));
+    assert_int_not_equal(ts_embedding_forward_prechecked(e, &out, &table, &f), TS_OK);
+    ((int32_t *)ids.data)[2] = 11; /* out of range: the checked op refuses it */
+    assert_int_equal(ts_embedding_forward(e, &out, &table, &ids), TS_ERANGE);
+    TU_FREE_TENSORS(&table, &ids, &out, &f);
 }
 
 /* ---- patches --------------------------------------------------------------------------- */

@@ -209,6 +209,10 @@ struct ts_cuda_ctx {
     lt_plan_t plans[LT_PLANS];
     int lt_next;       /* the plan slot the next new shape takes */
     int64_t lt_calls;  /* products that ran with the epilogue */
+    /* CUDA graphs: a capture runs on cap, a non-blocking stream of the engine's own (a blocking
+     * stream under capture would fail every other thread's legacy-stream copy), with the
+     * engine's stream kept in home until the capture ends */
+    cudaStream_t cap, home;
 };
 
 /* Room for 1024 double partial sums and a 64-bit counter, with slack. */
@@ -270,6 +274,8 @@ static void ctx_destroy(ts_cuda_ctx_t *ctx) {
         g_lt.destroy(ctx->lt);
     if (ctx->lt_ws)
         cudaFree(ctx->lt_ws);
+    if (ctx->cap)
+        cudaStreamDestroy(ctx->cap);
     if (ctx->scratch)
         cudaFree(ctx->scratch);
     if (ctx->lp16)
@@ -531,15 +537,40 @@ void ts_cuda_event_free(void *ev) {
 
 /* ---- CUDA graphs: a stream's work captured once, launched as one ----------------------------- */
 
+/* Both cuBLAS handles onto stream s. */
+static int blas_onto(ts_cuda_ctx_t *ctx, cudaStream_t s) {
+    return g_blas.set_stream(ctx->blas, s) == CUBLAS_STATUS_SUCCESS &&
+                   g_blas.set_stream(ctx->blas16, s) == CUBLAS_STATUS_SUCCESS
+               ? TS_OK
+               : TS_ECUBLAS;
+}
+
+/* The ops queued from here until capture_end go to the capture stream (ts_cuda_ctx_enter gives
+ * it, the cuBLAS handles are bound to it) and are recorded, not run. */
 int ts_cuda_capture_begin(ts_engine_t *e) {
     cudaStream_t stream;
     int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
     if (err)
         return err;
-    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    ts_cuda_ctx_t *ctx = e->cuda;
+    if (ctx->home)
+        return TS_EINVAL; /* a capture is already under way */
+    if (!ctx->cap && cudaStreamCreateWithFlags(&ctx->cap, cudaStreamNonBlocking) != cudaSuccess) {
         cudaGetLastError();
+        ctx->cap = NULL;
         return TS_ECUDA;
     }
+    if ((err = blas_onto(ctx, ctx->cap)) != TS_OK) {
+        blas_onto(ctx, ctx->stream);
+        return err;
+    }
+    if (cudaStreamBeginCapture(ctx->cap, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        blas_onto(ctx, ctx->stream);
+        return TS_ECUDA;
+    }
+    ctx->home = ctx->stream;
+    ctx->stream = ctx->cap;
     return TS_OK;
 }
 
@@ -551,10 +582,20 @@ int ts_cuda_capture_end(ts_engine_t *e, void **exec) {
     int err = ts_cuda_ctx_enter(e, &stream, NULL, NULL);
     if (err)
         return err;
+    ts_cuda_ctx_t *ctx = e->cuda;
+    if (!ctx->home)
+        return TS_EINVAL; /* no capture under way */
     cudaGraph_t graph = NULL;
     /* ends the capture whatever happened during it (an invalidated capture ends with an error
-     * and no graph), so the stream is usable again */
-    cudaError_t rc = cudaStreamEndCapture(stream, &graph);
+     * and no graph), then the engine's stream is its own again */
+    cudaError_t rc = cudaStreamEndCapture(ctx->cap, &graph);
+    ctx->stream = ctx->home;
+    ctx->home = NULL;
+    if ((err = blas_onto(ctx, ctx->stream)) != TS_OK) {
+        if (graph)
+            cudaGraphDestroy(graph);
+        return err;
+    }
     if (rc != cudaSuccess || !graph) {
         cudaGetLastError();
         if (graph)
@@ -798,8 +839,12 @@ int ts_cuda_bf16_check(ts_engine_t *e, char *why, size_t why_len) {
 static int lp_room(ts_engine_t *e, int64_t n, uint16_t **out) {
     ts_cuda_ctx_t *ctx = e->cuda;
     if ((size_t)n > ctx->lp16_elems) {
-        if (ctx->lp16)
-            cudaFree(ctx->lp16);
+        /* graphs captured with the old buffer are stale from here, whatever follows */
+        e->scratch_epoch++;
+        if (ctx->lp16 && cudaFree(ctx->lp16) != cudaSuccess) {
+            cudaGetLastError(); /* (during a capture: the buffer is kept, the capture fails) */
+            return TS_ECUDA;
+        }
         ctx->lp16 = NULL;
         ctx->lp16_elems = 0;
         size_t want = (size_t)n + (size_t)n / 4; /* some slack: sizes creep up by batch */
@@ -809,7 +854,6 @@ static int lp_room(ts_engine_t *e, int64_t n, uint16_t **out) {
             return TS_ENOMEM;
         }
         ctx->lp16_elems = want;
-        e->scratch_epoch++; /* graphs captured with the old buffer are stale */
     }
     *out = ctx->lp16;
     return TS_OK;
