@@ -22,7 +22,9 @@
 # with the replicas it has vouched for (`--vouch-ttl`, store/vouch.h; a node caught lying is
 # forgotten): the first row's first generation is a client's first contact, every later one a
 # returning client's. VOUCH_TTL=0 measures a client that remembers nothing; *overhead, later
-# gens* is the extra requests of generations 2.. alone.
+# gens* is the extra requests of generations 2.. alone. LIARS and RATES (space-separated) pick
+# the liar kinds and the rates (default: every kind above; 0.01 0.02 0.05 0.1) — RATES=1 checks
+# every answer.
 set -eu
 T=${1:?usage: bench_verify.sh TESSERA OUT_DIR [GENS]}
 OUT=${2:?usage: bench_verify.sh TESSERA OUT_DIR [GENS]}
@@ -141,8 +143,8 @@ print(len(since), '%.3f' % ((max(since) - $1) / 1e3) if since else 'null')"
 }
 
 printf '%-6s %6s %5s %10s %9s %7s %12s %14s %10s %12s %12s %9s\n' liar rate gens "images≠" requests checks "caught(gens)" "first catch" overhead "later gens" "banned by 7" repaired
-for kind in bias noise other rare late; do
-    for rate in 0.01 0.02 0.05 0.1; do
+for kind in ${LIARS:-bias noise other rare late}; do
+    for rate in ${RATES:-0.01 0.02 0.05 0.1}; do
         liar $kind
         for g in $(seq 1 "$GENS"); do
             seed=$((1000 * g + 7))

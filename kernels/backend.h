@@ -103,6 +103,7 @@ extern "C" {
       ts_dtype_t lp, const float *inp, const float *mod, int64_t B, int64_t T, int64_t C,          \
       int64_t M, int shift_idx, int scale_idx)                                                     \
     X(gelu_forward_lp, uint16_t *out, ts_dtype_t lp, const float *inp, int64_t n)                 \
+    X(silu_forward_lp, uint16_t *out, ts_dtype_t lp, const float *inp, int64_t n)                 \
     X(linear_forward_lp_in, ts_dtype_t lp, float *out, const uint16_t *inp,                       \
       const uint16_t *weight, const float *bias, int64_t M, int64_t N, int64_t K, int64_t group)  \
     /* linear_backward_{bf16,f16} of such an input, kept in lp for the backward (the same bits:   \

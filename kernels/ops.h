@@ -128,6 +128,9 @@ int ts_gelu_forward_bf16(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *in
 int ts_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 /* SiLU, x·sigmoid(x). out may alias inp. */
 int ts_silu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
+/* out (BF16 or F16) = ts_silu_forward's values rounded to out's dtype (a DiT's conditioning, as
+ * its adaLN linears read it at that precision). out does not overlap inp (TS_EINVAL). */
+int ts_silu_forward_lp(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 int ts_silu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                      const ts_tensor_t *inp);
 /* Softmax over the last dimension. out, inp (..., C). out may alias inp. */

@@ -58,7 +58,8 @@ int ts_gelu_forward_bf16(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *in
     return DISPATCH(e, gelu_forward_bf16, F(out), CF(inp), ts_tensor_numel(out));
 }
 
-int ts_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
+/* An element-wise op's 16-bit output (BF16 or F16) beside its fp32 input, apart from it. */
+static int check_lp_out(ts_engine_t *e, const ts_tensor_t *out, const ts_tensor_t *inp) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, inp));
     if (!out || (out->dtype != TS_BF16 && out->dtype != TS_F16))
@@ -68,7 +69,18 @@ int ts_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp)
         return TS_ESHAPE;
     if (overlaps(out, inp)) /* a GPU thread would write over what another still reads */
         return TS_EINVAL;
+    return TS_OK;
+}
+
+int ts_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
+    TS_TRY(check_lp_out(e, out, inp));
     return DISPATCH(e, gelu_forward_lp, (uint16_t *)out->data, out->dtype, CF(inp),
+                    ts_tensor_numel(out));
+}
+
+int ts_silu_forward_lp(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
+    TS_TRY(check_lp_out(e, out, inp));
+    return DISPATCH(e, silu_forward_lp, (uint16_t *)out->data, out->dtype, CF(inp),
                     ts_tensor_numel(out));
 }
 

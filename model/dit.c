@@ -649,7 +649,7 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     const ts_dit_block_params_t *P = &m->params.blocks[l], *W = &weights(m)->blocks[l];
     ts_dit_block_acts_t *A = &m->acts.blocks[l];
     int T = ts_dit_tokens(&m->cfg);
-    ts_tensor_t c_silu = rows(&m->acts.c_silu, B), mod = rows(&A->mod, B);
+    ts_tensor_t c_silu = act16(m, rows(&m->acts.c_silu, B)), mod = rows(&A->mod, B);
     ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B);
     ts_tensor_t mod1 = act16(m, rows(&A->mod1, B)); /* the linears' inputs: 16-bit, or fp32 */
     ts_tensor_t m1 = stat_rows(&A->ln1_mean, B, T), r1 = stat_rows(&A->ln1_rstd, B, T);
@@ -730,7 +730,7 @@ static int trunk_ops(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, in
     ts_tensor_t patches = rows(&A->patches, B), x0 = rows(&A->x0, B);
     ts_tensor_t tfreq = rows(&A->tfreq, B), t_h = rows(&A->t_h, B), t_s = rows(&A->t_s, B);
     ts_tensor_t t_emb = rows(&A->t_emb, B), y_emb = rows(&A->y_emb, B);
-    ts_tensor_t cc = rows(&A->c, B), c_silu = rows(&A->c_silu, B);
+    ts_tensor_t cc = rows(&A->c, B), c_silu = act16(m, rows(&A->c_silu, B)); /* adaLN's input */
 
     /* patch embedding: the stride-p conv is a linear over (c, py, px)-ordered patches */
     TS_TRY(ts_patchify_forward(e, &patches, x, p));
@@ -744,7 +744,8 @@ static int trunk_ops(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, in
     /* the labels were checked on the host as they were staged (stage_labels) */
     TS_TRY(ts_embedding_forward_prechecked(e, &y_emb, &P->y_table, &ids));
     TS_TRY(ts_add(e, &cc, &t_emb, &y_emb));
-    TS_TRY(ts_silu_forward(e, &c_silu, &cc));
+    TS_TRY(c_silu.dtype != TS_F32 ? ts_silu_forward_lp(e, &c_silu, &cc)
+                                  : ts_silu_forward(e, &c_silu, &cc));
 
     for (int l = 0; l < c->depth; l++)
         TS_TRY(block_forward(m, l, B));
@@ -770,7 +771,7 @@ static int head_ops(ts_dit_t *m, int B) {
     ts_engine_t *e = m->eng;
     ts_dit_acts_t *A = &m->acts;
     const ts_dit_params_t *P = &m->params, *W = weights(m);
-    ts_tensor_t c_silu = rows(&A->c_silu, B), xf = rows(&A->x_final, B);
+    ts_tensor_t c_silu = act16(m, rows(&A->c_silu, B)), xf = rows(&A->x_final, B);
     ts_tensor_t fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
     ts_tensor_t mf = stat_rows(&A->lnf_mean, B, ts_dit_tokens(c));
     ts_tensor_t rf = stat_rows(&A->lnf_rstd, B, ts_dit_tokens(c));
@@ -927,8 +928,8 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     ts_tensor_t dmod2 = rows(&G->dmod2, B), dln2 = rows(&G->dln2, B), dproj = rows(&G->dproj, B);
     ts_tensor_t datty = rows(&G->datty, B), dqkv = rows(&G->dqkv, B);
     ts_tensor_t dmod1 = rows(&G->dmod1, B), dln1 = rows(&G->dln1, B);
-    ts_tensor_t c_silu = rows(&m->acts.c_silu, B), mod = rows(&A->mod, B);
     /* the linears' inputs as the forward wrote them: 16-bit, or fp32 */
+    ts_tensor_t c_silu = act16(m, rows(&m->acts.c_silu, B)), mod = rows(&A->mod, B);
     ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B);
     ts_tensor_t mod1 = act16(m, rows(&A->mod1, B));
     ts_tensor_t m1 = stat_rows(&A->ln1_mean, B, T), r1 = stat_rows(&A->ln1_rstd, B, T);
@@ -1027,7 +1028,7 @@ int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B) {
     ts_tensor_t dc_silu = rows(&G->dc_silu, B);
     ts_tensor_t xf = rows(&A->x_final, B), fmod = rows(&A->fmod, B), lnf = rows(&A->lnf, B);
     ts_tensor_t mf = stat_rows(&A->lnf_mean, B, T), rf = stat_rows(&A->lnf_rstd, B, T);
-    ts_tensor_t fx = act16(m, rows(&A->fx, B)), c_silu = rows(&A->c_silu, B);
+    ts_tensor_t fx = act16(m, rows(&A->fx, B)), c_silu = act16(m, rows(&A->c_silu, B));
 
     /* final layer: its adaLN adds into dc_silu, its LayerNorm gives dL/dx_final in dx */
     TS_TRY(ts_unpatchify_backward(e, &dout_tok, dv, p));

@@ -340,6 +340,8 @@ static void test_dit_lp_activations(void **state) {
     tu_alloc_f32(&g32, 1, TS_SHAPE(16));
     assert_int_equal(ts_tensor_wrap(&g16, g32.data, LP->dtype, TS_CPU, 1, TS_SHAPE(16)), TS_OK);
     assert_int_equal(ts_gelu_forward_lp(e, &g16, &g32), TS_EINVAL);
+    assert_int_equal(ts_silu_forward_lp(e, &g16, &g32), TS_EINVAL);
+    assert_int_equal(ts_silu_forward_lp(e, &g32, &g32), TS_EDTYPE); /* an fp32 "16-bit" output */
     ts_tensor_free(&g32);
     free(v32), free(v16), free(one), free(mod32), free(att32);
     TU_FREE_TENSORS(&x16, &w, &b, &out);

@@ -209,6 +209,15 @@ int ts_cpu_gelu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const f
     return TS_OK;
 }
 
+int ts_cpu_silu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const float *inp,
+                           int64_t n) {
+    float *buf;
+    TS_TRY(room(e, n, &buf));
+    TS_TRY(ts_cpu_silu_forward(e, buf, inp, n));
+    round_lp(out, buf, n, lp);
+    return TS_OK;
+}
+
 /* The input widened (exactly) and given to the layer that rounds it (at f16, the fp32 layer on
  * the widened operands, as linear_forward_f16 runs it): the same bits. */
 int ts_cpu_linear_forward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *out, const uint16_t *inp,

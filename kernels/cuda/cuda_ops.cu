@@ -702,6 +702,16 @@ int ts_cuda_gelu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const 
                          : launch_n(e, n, k_gelu_lp<2>, out, inp, n);
 }
 
+template <int LP> static __global__ void k_silu_lp(uint16_t *out, const float *inp, int64_t n) {
+    TS_GRID_LOOP(i, n) { put_act<LP>(out, i, ts_silu(inp[i])); }
+}
+
+int ts_cuda_silu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const float *inp,
+                            int64_t n) {
+    return lp == TS_BF16 ? launch_n(e, n, k_silu_lp<1>, out, inp, n)
+                         : launch_n(e, n, k_silu_lp<2>, out, inp, n);
+}
+
 int ts_cuda_modulate_backward(ts_engine_t *e, float *dx, float *dmod, const float *dout,
                               const float *x, const float *mod, int64_t B, int64_t T, int64_t C,
                               int64_t M, int shift_idx, int scale_idx) {
