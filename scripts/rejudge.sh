@@ -4,8 +4,9 @@
 # another seed and an autoencoder trained without labels (`tessera train-judge`), each kept with
 # the results; then `tessera judge` (FD and KID with paired 95 % intervals, precision, recall) on
 # the headline at the full budget, on the first small-budget study's entries, on the
-# unsupervised partition at the full budget (with and without a router), and on the small
-# budget's partition and policy tables re-run with every judge.
+# unsupervised partition at the full budget (with and without a router), on the small
+# budget's partition and policy tables re-run with every judge, and on the seeds of the
+# full-budget headline (three monoliths, two label-split ensembles).
 #
 #   scripts/rejudge.sh [OUT_DIR]   (default docs/results/judges; resumable: a file that exists is
 #                                   not made again)
@@ -110,4 +111,15 @@ rejudge small-rules "$SJ" 2000 warm-vs-mb8-learned+prior_top1 rules-cluster-lear
     rules-cluster-learned+prior_full rules-cluster-learned+prior+hold_top1 \
     warm-vs-mb8-learned+prior+draw_full warm-vs-mb8-uniform+prior_top1 \
     policies-centroid+prior_top1 policies-learned+prior+temp_0.882_top1 monolith
+# seeds at the full budget: three b8 monolith seeds and two seeds of the label-split ensemble
+# (routing-study.sh full, arms mono-b8-s3 part-label-s2: docs/results/routing-seeds/), every
+# pair in every judge, n = 5 000
+SEEDS=docs/results/routing-seeds
+# (`tessera judge` pairs every set with the first: each seed of either side comes first once)
+rejudge full-seeds "$SEEDS" 5000 "$FULL/monolith" "$AE/monolith-s2" monolith-s3 \
+    "$FULL/best-ensemble" label-s2-uniform+prior_top1
+rejudge full-seeds-m2 "$SEEDS" 5000 "$AE/monolith-s2" monolith-s3 "$FULL/best-ensemble" \
+    label-s2-uniform+prior_top1
+rejudge full-seeds-m3 "$SEEDS" 5000 monolith-s3 "$FULL/best-ensemble" label-s2-uniform+prior_top1
+rejudge full-seeds-e1 "$SEEDS" 5000 "$FULL/best-ensemble" label-s2-uniform+prior_top1
 log "done: $OUT/rejudge-*.txt and .json"
