@@ -707,9 +707,10 @@ static int check_inputs(const ts_dit_t *m, const ts_tensor_t *x, const ts_tensor
                         const int32_t *y, int B) {
     if (!m || !x || !t || !y || B < 1 || B > m->max_batch)
         return TS_EINVAL;
-    if (x->dtype != TS_F32 || t->dtype != TS_F32 || x->device != m->eng->device ||
-        t->device != m->eng->device)
-        return TS_EINVAL;
+    if (x->device != m->eng->device || t->device != m->eng->device)
+        return TS_EDEVICE; /* as every op says it */
+    if (x->dtype != TS_F32 || t->dtype != TS_F32)
+        return TS_EDTYPE;
     const ts_dit_config_t *c = &m->cfg;
     if (x->ndim != 4 || x->shape[0] != B || x->shape[1] != c->in_channels ||
         x->shape[2] != c->input_size || x->shape[3] != c->input_size || ts_tensor_numel(t) != B)

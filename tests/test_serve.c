@@ -760,16 +760,20 @@ static void test_memory_sizes_batch(void **state) {
     TU_CHECK_CONTAINS(err, "for one row");
 }
 
+/* A flood: 40 requests of 3 rows at once against a queue of 4 rows. The first waits up to 2 s
+ * for company (3 rows < a batch of 4) while the others arrive: each finds no room for its 3 rows
+ * and is answered busy at once, whatever the machine's speed (with 1-row requests the compute
+ * threads could drain the queue as fast as the loop delivered them). */
 static void test_flood_busy(void **state) {
     (void)state;
     enum { N = 40 };
-    serve_with(4, 50, 4);
+    serve_with(4, 2000, 4);
     static req_t reqs[N];
     static got_t gots[N];
     memset(gots, 0, sizeof gots);
     tu_rng_t rng = {29};
     for (int i = 0; i < N; i++) {
-        req_init(&reqs[i], &rng, 1, 1.0f, 0);
+        req_init(&reqs[i], &rng, 3, 1.0f, 0);
         send_req(i % 2, &reqs[i], 30000, &gots[i]);
     }
     int busy = 0, ok = 0;
@@ -785,7 +789,7 @@ static void test_flood_busy(void **state) {
         }
     }
     assert_true(busy > 0);
-    assert_true(ok >= 4);
+    assert_true(ok >= 1);
     assert_int_equal(busy + ok, N);
     serve_stop();
 }
