@@ -33,7 +33,8 @@ typedef enum {
     K_MODE,
     K_MODEL,
     K_DEVICE,
-    K_PRECISION
+    K_PRECISION,
+    K_ATTENTION
 } kind_t;
 
 typedef struct {
@@ -64,6 +65,7 @@ static const key_spec_t KEYS[] = {
     {{"expert", "cluster", "integer", "(none)", "train: the cluster of partition to train on, 0..K-1 (required); not used otherwise (hosted weights record their cluster)"}, K_INT, OFF(expert_cluster), 0, 65535},
     {{"compute", "device", "auto|cpu|cuda[:N]", "auto", "where the expert is trained and served: " TS_DEVICE_SPEC_HELP "; the choice is logged, advertised and shown by `tessera status`"}, K_DEVICE, OFF(compute_device), 0, 0},
     {{"compute", "precision", "f32|bf16|f16", "f32", "the served expert's matrix products: f32, bf16 (bf16 weights and products, fp32 accumulation, LayerNorm, softmax and residual stream; CPU with AVX-512 BF16 and oneDNN, or a GPU of compute capability 8.0 or newer) or f16 (the same in half precision, on any GPU, for GPUs without bf16; a CPU emulates it, slower than f32). The trainer ([expert] mode = train) honours it too: bf16 or f16 training, with fp32 master weights, AdamW and EMA, and fp32 checkpoints; f16 with dynamic loss scaling. Where the precision cannot run the server and the trainer stay f32 and log why"}, K_PRECISION, OFF(compute_precision), 0, 0},
+    {{"compute", "attention", "auto|measure|fused|composed", "auto", "how the served expert computes attention: auto measures the fused (flash) and the composed attention on a GPU when the expert is loaded (a few forwards at max_batch; the fused one must agree with the composed one, and is kept only where it is faster), and CUDA graphs of the forward with them (kept where they give the same bits and are faster); on a CPU it keeps the attention measured faster in docs/benchmarks.md. measure measures on a CPU too; fused or composed asks for one (an expert that cannot take it keeps the default). The choice and the times are logged; the attention is part of the answers' device class"}, K_ATTENTION, OFF(compute_attention), 0, 0},
     {{"train", "model", "name", "tiny", "the DiT config: mini, tiny, small, S/2, S/4, S/8, B/2 ... XL/8"}, K_MODEL, OFF(train_model), 0, 0},
     {{"train", "data", "path", TS_FMNIST_DEFAULT_DIR, "the Fashion-MNIST IDX files (Debian's dataset-fashion-mnist); the partition must have been made from this train set"}, K_PATH, OFF(train_data), 0, 0},
     {{"train", "latents", "path", "(none)", "a latent data set of `tessera encode` to train on instead of Fashion-MNIST: the partition must be a `tessera partition --latents` of it; the weights carry its latent space"}, K_PATH, OFF(train_latents), 0, 0},
@@ -387,6 +389,10 @@ static int on_key(void *user, const char *section, const char *name, const char 
     case K_PRECISION:
         if (ts_precision_parse(value, (ts_precision_t *)field) != TS_OK)
             return fail(p, section, name, "'%s': want f32, bf16 or f16", value);
+        return 1;
+    case K_ATTENTION:
+        if (ts_attn_choice_parse(value, (ts_attn_choice_t *)field) != TS_OK)
+            return fail(p, section, name, "'%s': want auto, measure, fused or composed", value);
         return 1;
     case K_LEVEL:
         for (int l = 0; l < 4; l++)

@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "kernels/engine.h"
+#include "model/dit.h"
 
 #define TS_CONFIG_PATH_MAX 1024
 #define TS_CONFIG_ADDR_MAX 272 /* "host:port" (store/peers.h's bound) */
@@ -67,6 +68,7 @@ typedef struct ts_daemon_config {
     /* [compute] */
     ts_device_spec_t compute_device;  /* the engine of the trainer and the server */
     ts_precision_t compute_precision; /* the server's and the trainer's products */
+    ts_attn_choice_t compute_attention; /* how the server chooses its attention */
     /* [gossip] */
     int probe_interval_ms, probe_timeout_ms, indirect_probes, suspicion_mult, retransmit_mult;
     int pushpull_interval_s;

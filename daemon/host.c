@@ -194,6 +194,7 @@ static int start_pending(ts_host_t *h, char *err, size_t errlen) {
         so.compute_threads = c->serve_compute_threads;
         so.device = c->compute_device;
         so.precision = c->compute_precision;
+        so.attention = c->compute_attention;
         so.identity = h->env.identity;
         so.lie_bias = c->fault_lie_bias;
         so.lie_noise = c->fault_lie_noise;
@@ -222,7 +223,7 @@ static int start_pending(ts_host_t *h, char *err, size_t errlen) {
         ts_expert_info_free(&h->info);
     h->info = info;
     h->has_info = 1;
-    char device[128], note[384];
+    char device[128], note[1024];
     ts_serve_device(h->serve, device, sizeof device, note, sizeof note);
     ts_log_info("host", "serving expert %.16s (cluster %u of %u, h%d d%d p%d) on %s", hex,
                 info.cluster, info.num_clusters, info.config.hidden_size, info.config.depth,

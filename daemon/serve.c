@@ -73,7 +73,7 @@ struct ts_serve {
     /* the compute thread's own */
     ts_engine_t eng, host; /* host: a one-thread CPU engine for conversions when eng is a GPU */
     int eng_ok, host_ok;
-    char eng_note[640];
+    char eng_note[1024];
     char device_class[TS_ANSWER_DEVICE_MAX + 1]; /* in every signed answer */
     uint8_t precision_dtype;                     /* the model's products, as a wire DType */
     uint64_t lie_rng;                            /* the loop's: [fault] lie_rate's draws */
@@ -893,6 +893,12 @@ static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, siz
         rc = ts_tensor_copy(&s->model.param_mem, x->params);
     if (rc == TS_OK)
         set_precision(s);
+    if (rc == TS_OK) {
+        size_t used = strlen(s->eng_note);
+        char note[400];
+        rc = ts_dit_choose_attention(&s->model, s->o.attention, B, note, sizeof note);
+        snprintf(s->eng_note + used, sizeof s->eng_note - used, "; %s", note);
+    }
     if (rc == TS_OK && s->model.precision != s->o.precision) /* fell back: advertise what runs */
         (void)ts_dit_memory(c, s->model.precision, TS_ATTN_COMPOSED, &s->mem);
     /* the host side of every copy to and from a GPU is pinned (ordinary memory on the CPU) */
@@ -989,7 +995,7 @@ int ts_serve_new(ts_serve_t **out, uv_loop_t *loop, ts_rpc_t *rpc, const ts_serv
     char cls[TS_ANSWER_DEVICE_MAX + 1];
     ts_engine_device_class(&s->eng, cls, sizeof cls);
     snprintf(s->device_class, sizeof s->device_class, "%.100s/%s", cls,
-             s->model.attn == TS_ATTN_FUSED ? "fused" : "composed");
+             ts_attn_name(s->model.attn));
     s->precision_dtype = s->model.precision == TS_PREC_BF16  ? TESSERA__DTYPE__DTYPE_BF16
                          : s->model.precision == TS_PREC_F16 ? TESSERA__DTYPE__DTYPE_F16
                                                              : TESSERA__DTYPE__DTYPE_F32;

@@ -73,6 +73,10 @@ typedef struct ts_serve_opts {
     /* the forward's products (tesserad: [compute] precision), default f32. bf16 where the engine
      * cannot run it falls back to f32, and the device note (ts_serve_device) says why. */
     ts_precision_t precision;
+    /* how the model's attention is chosen (tesserad: [compute] attention; model/dit.h
+     * ts_dit_choose_attention), default auto: measured at max_batch on a GPU, where CUDA graphs
+     * are measured too; the device note says what was chosen and why */
+    ts_attn_choice_t attention;
     /* Optional observers, called on the compute thread after each batch (they must be thread-safe
      * and quick: a metrics registry's updates): the batch's rows, compute time (wall, staging
      * and copies included) and device time (upload, forward and guidance: on a GPU the span

@@ -186,8 +186,7 @@ static void recompute(uv_work_t *w) {
         ts_answer_claim_t my = j->claim;
         char cls[TS_ANSWER_DEVICE_MAX + 1];
         ts_engine_device_class(&e, cls, sizeof cls);
-        snprintf(my.device_class, sizeof my.device_class, "%.100s/%s", cls,
-                 m.attn == TS_ATTN_FUSED ? "fused" : "composed");
+        snprintf(my.device_class, sizeof my.device_class, "%.100s/%s", cls, ts_attn_name(m.attn));
         my.precision = TESSERA__DTYPE__DTYPE_F32;
         /* the prediction and (with_variance) the variance of each sample, judged apart */
         const ts_answer_shape_t S = {(size_t)B, (size_t)(chw / f), var};

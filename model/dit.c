@@ -495,6 +495,10 @@ static ts_attn_impl_t default_attention(const ts_dit_t *m, ts_precision_t p) {
     return TS_ATTN_FUSED;
 }
 
+ts_attn_impl_t ts_dit_default_attention(const ts_dit_t *m) {
+    return default_attention(m, m->precision);
+}
+
 int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
     if (!m || !m->info || (a != TS_ATTN_FUSED && a != TS_ATTN_COMPOSED))
         return TS_EINVAL;

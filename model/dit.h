@@ -291,6 +291,56 @@ int ts_dit_refresh_lp(ts_dit_t *m);
  * heads not a multiple of 8), or on a GPU with heads wider than TS_CUDA_FUSED_HD_MAX or a
  * max_batch over TS_CUDA_FUSED_MAX_BATCH; TS_ENOMEM leaves m as it was. */
 int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a);
+/* The attention ts_dit_set_precision gives m at its present precision: where it was measured
+ * faster in docs/benchmarks.md (a CPU's), the composed one on a GPU. */
+ts_attn_impl_t ts_dit_default_attention(const ts_dit_t *m);
+const char *ts_attn_name(ts_attn_impl_t a); /* "fused" or "composed" */
+
+/* Choosing the attention by measuring it on the machine that runs the model (model/dit_tune.c;
+ * docs/architecture.md, "Choosing the attention"). ts_dit_tune times reps forwards of an
+ * inference model at batch (≤ max_batch) with each attention the model can take, on fixed
+ * inputs (the median, after one warm-up forward), checks the fused one's output against the
+ * composed one's (relative RMS difference: at most 1e-3 at f32, 1e-1 at bf16 or f16 — their
+ * roundings differ; a kernel that computes something else is off by order 1) and leaves m on the
+ * faster of those that pass — by more than 3 %, otherwise on ts_dit_default_attention. On a GPU
+ * it then measures the forward through CUDA graphs (ts_dit_set_graphs) and keeps them on only
+ * where their output is bit for bit the eager one's and they are more than 3 % faster. The
+ * choice is the model's for every batch (a sample's bits never depend on its batch). TS_EINVAL
+ * for a trainable model; an error of a forward is returned with m back on the attention and
+ * graphs it had. */
+#define TS_DIT_TUNE_MAX_REPS 64
+typedef struct ts_dit_tune {
+    int batch, reps;
+    double ms[2];      /* median ms per forward, by ts_attn_impl_t; 0: not measured (cannot run) */
+    double fused_diff; /* the fused output's relative RMS difference to the composed one */
+    int graphs_measured;
+    int graphs_same;     /* their output equals the eager forward's, bit for bit */
+    double ms_graphs;    /* median ms per forward through graphs, with the chosen attention */
+    int graphs;          /* left on */
+    ts_attn_impl_t attn; /* the attention m was left on */
+    char note[320];      /* the choice and why, in words (for a log) */
+} ts_dit_tune_t;
+int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out);
+/* ts_dit_tune's rules, on its measurements: the attention (def where neither is faster by more
+ * than 3 %, composed where the fused one was not measured or failed its check) and whether the
+ * graphs stay on with attention a. */
+ts_attn_impl_t ts_dit_tune_pick(const ts_dit_tune_t *t, ts_precision_t p, ts_attn_impl_t def);
+int ts_dit_tune_graphs_keep(const ts_dit_tune_t *t, ts_attn_impl_t a);
+
+/* How a served model gets its attention (tesserad: [compute] attention): auto measures it
+ * (ts_dit_tune at batch) on a GPU and keeps the default on a CPU, where it was measured in
+ * benchmarks; measure measures it anywhere; fused and composed ask for one (a model that cannot
+ * take it keeps the default, and the note says so). note gets one line for the log. */
+typedef enum {
+    TS_ATTN_CHOOSE_AUTO,
+    TS_ATTN_CHOOSE_MEASURE,
+    TS_ATTN_CHOOSE_FUSED,
+    TS_ATTN_CHOOSE_COMPOSED
+} ts_attn_choice_t;
+int ts_attn_choice_parse(const char *s, ts_attn_choice_t *out);
+const char *ts_attn_choice_name(ts_attn_choice_t c);
+int ts_dit_choose_attention(ts_dit_t *m, ts_attn_choice_t c, int batch, char *note,
+                            size_t note_len);
 
 /* The device memory a model of cfg takes, computed from the config alone (nothing is allocated;
  * the activations are laid out in the arena's measuring mode, so the figures are the bytes

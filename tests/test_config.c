@@ -81,6 +81,7 @@ static void test_example_is_valid_and_complete(void **state) {
     assert_int_equal(d.compute_device.automatic, 1);
     assert_int_equal(c.compute_precision, TS_PREC_F32);
     assert_int_equal(d.compute_precision, TS_PREC_F32);
+    assert_int_equal(c.compute_attention, TS_ATTN_CHOOSE_AUTO);
     /* and every key of the table appears in it, set or commented out, with its default */
     char *text = slurp(TS_CONFIG_EXAMPLE);
     for (int i = 0; ts_daemon_config_key(i); i++) {
@@ -161,6 +162,8 @@ static void test_errors_name_file_line_and_key(void **state) {
     expect_error(KEYS "[compute]\ndevice = cuda:x\n", "want auto, cpu, cuda or cuda:N", NULL);
     expect_error(KEYS "[compute]\nprecision = fp16\n", "t.ini:6:", "[compute] precision",
                  "'fp16': want f32, bf16 or f16", NULL);
+    expect_error(KEYS "[compute]\nattention = flash\n", "t.ini:6:", "[compute] attention",
+                 "'flash': want auto, measure, fused or composed", NULL);
     expect_error(KEYS "[metrics]\nlisten = 9420\n", "t.ini:6:", "[metrics] listen", "not host:port",
                  NULL);
     expect_error(KEYS "[metrics]\nport = 9420\n", "unknown key", NULL);
@@ -217,7 +220,7 @@ static void test_values(void **state) {
                             "bootstrap = node3.example:9\n"
                             "; a comment\n# another\n"
                             "[gossip]\nprobe_interval_ms = 200\nprobe_timeout_ms = 100\n"
-                            "[compute]\ndevice = cuda:1\nprecision = bf16\n"
+                            "[compute]\ndevice = cuda:1\nprecision = bf16\nattention = measure\n"
                             "[log]\nlevel = debug\nformat = json\nfile = /tmp/x.log\n";
     int rc = ts_daemon_config_parse(&c, text, "t.ini", err, sizeof err);
     if (rc != TS_OK)
@@ -233,6 +236,7 @@ static void test_values(void **state) {
     assert_int_equal(c.compute_device.device, TS_CUDA);
     assert_int_equal(c.compute_device.gpu, 1);
     assert_int_equal(c.compute_precision, TS_PREC_BF16);
+    assert_int_equal(c.compute_attention, TS_ATTN_CHOOSE_MEASURE);
     assert_int_equal(c.log_format, TS_LOG_JSON);
     assert_string_equal(c.log_file, "/tmp/x.log");
     assert_string_equal(c.advertise, "127.0.0.1:7420"); /* defaults to listen */

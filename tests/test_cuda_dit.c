@@ -19,7 +19,8 @@
  * and an f16 model on the flash attention against the composed one (nmse 1e-4, 1e-5), and the
  * same bits with 16-bit activations off; test_graphs the forward through CUDA graphs, bit for bit
  * the eager forward (captured on a key's second forward, inputs changed in place, another batch,
- * another precision).
+ * another precision); test_tune the attention and graphs chosen by measuring them
+ * (model/dit_tune.c).
  *
  * Without a usable GPU (or without the CUDA backend) it prints why and exits 77: ctest skipped.
  */
@@ -520,6 +521,43 @@ static void test_graphs(void **state) {
     }
 }
 
+/* ts_dit_tune on the GPU, at f32 and at the 16-bit precision the GPU has: both attentions timed
+ * (the fused one within its bound of the composed one's output), the graphs measured with the
+ * chosen one and bit for bit its eager forward (a capture that fails is a fail here, as in
+ * test_graphs), and the model left on what the rules pick from the times. */
+static void test_tune(void **state) {
+    fixture_t *fx = *state;
+    char why[256] = "";
+    ts_precision_t lp = ts_engine_precision_check(&fx->e[1], TS_PREC_BF16, why, sizeof why) == TS_OK
+                            ? TS_PREC_BF16
+                            : TS_PREC_F16;
+    const ts_precision_t ps[2] = {TS_PREC_F32, lp};
+    for (int i = 0; i < 2; i++) {
+        ts_dit_t m[2];
+        models(fx, m, B, 0);
+        if (ps[i] != TS_PREC_F32)
+            TU_CHECK_OK(ts_dit_set_precision(&m[1], ps[i], why, sizeof why));
+        ts_attn_impl_t def = ts_dit_default_attention(&m[1]);
+        ts_dit_tune_t t;
+        TU_CHECK_OK(ts_dit_tune(&m[1], B, 5, &t));
+        printf("  tune %s: %s\n", ts_precision_name(ps[i]), t.note);
+        assert_true(t.ms[TS_ATTN_COMPOSED] > 0.0);
+        assert_true(t.ms[TS_ATTN_FUSED] > 0.0); /* `tiny`'s heads: the fused kernels take them */
+        assert_true(t.fused_diff <= (ps[i] == TS_PREC_F32 ? 1e-4 : 0.1));
+        assert_int_equal(t.attn, ts_dit_tune_pick(&t, ps[i], def));
+        assert_int_equal(m[1].attn, t.attn);
+        assert_true(t.graphs_measured);
+        if (!t.graphs_same)
+            fail_msg("tune: the forward through graphs is not the eager one's, bit for bit "
+                     "(graphs %d)",
+                     m[1].graphs);
+        assert_int_equal(t.graphs, ts_dit_tune_graphs_keep(&t, t.attn));
+        assert_int_equal(m[1].graphs, t.graphs);
+        for (int s = 0; s < 2; s++)
+            ts_dit_free(&m[s]);
+    }
+}
+
 /* 20 guided Euler steps from the same noise: the images agree. */
 static void test_sampler(void **state) {
     fixture_t *fx = *state;
@@ -568,6 +606,7 @@ int main(void) {
         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_flash_model),
         cmocka_unit_test(test_graphs),
+        cmocka_unit_test(test_tune),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

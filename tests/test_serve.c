@@ -543,6 +543,46 @@ static void test_answers_bf16(void **state) {
     serve_stop();
 }
 
+/* [compute] attention: fused asked for (not the default of a model this small), then measured:
+ * the device note says which runs, and the answers, plain and guided, are the local forward's
+ * with that attention bit for bit (so the option reaches the model, and measuring leaves it
+ * consistent). */
+static void test_answers_attention(void **state) {
+    (void)state;
+    ts_attn_impl_t was = ref.attn;
+    assert_int_equal(was, TS_ATTN_COMPOSED);
+    const ts_attn_choice_t choices[2] = {TS_ATTN_CHOOSE_FUSED, TS_ATTN_CHOOSE_MEASURE};
+    for (int i = 0; i < 2; i++) {
+        ts_serve_opts_t o;
+        ts_serve_opts_default(&o);
+        o.max_batch = MAXB;
+        o.max_wait_ms = 1;
+        o.max_queue = 64;
+        o.compute_threads = 2;
+        o.attention = choices[i];
+        serve_start(&o);
+        char device[128], note[1024];
+        ts_serve_device(srv, device, sizeof device, note, sizeof note);
+        ts_attn_impl_t a = TS_ATTN_FUSED;
+        if (i == 0) {
+            TU_CHECK_CONTAINS(note, "attention fused");
+        } else {
+            TU_CHECK_CONTAINS(note, "attention measured: ");
+            a = strstr(note, "attention measured: fused") ? TS_ATTN_FUSED : TS_ATTN_COMPOSED;
+        }
+        print_message("  %s: %s\n", ts_attn_choice_name(choices[i]), strstr(note, "attention"));
+        tu_rng_t rng = {37 + (uint64_t)i};
+        static req_t plain, guided;
+        got_t g1 = {0}, g2 = {0};
+        plain_and_guided(&rng, &plain, &guided, &g1, &g2);
+        TU_CHECK_OK(ts_dit_set_attention(&ref, a));
+        check_answer(&plain, &g1, ts_attn_name(a));
+        check_answer(&guided, &g2, ts_attn_name(a));
+        TU_CHECK_OK(ts_dit_set_attention(&ref, was));
+        serve_stop();
+    }
+}
+
 /* f16 serves everywhere (emulated on the CPU, and the device note says so), its answers those of
  * the local forward at f16; a model whose f16 forward overflows (a weight past ±65504) is answered
  * with an error that says so, never with NaNs. */
@@ -1300,6 +1340,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_answers_equal_local, free_leftover),
         cmocka_unit_test_teardown(test_answers_bf16, free_leftover),
         cmocka_unit_test_teardown(test_answers_f16, free_leftover),
+        cmocka_unit_test_teardown(test_answers_attention, free_leftover),
         cmocka_unit_test_teardown(test_concurrent_clients, free_leftover),
         cmocka_unit_test_teardown(test_out_of_memory, free_leftover),
         cmocka_unit_test_teardown(test_memory_sizes_batch, free_leftover),
