@@ -178,7 +178,7 @@ static void lt_open(void) {
  * heuristic chose, for the operands' alignment. */
 #define LT_PLANS 64
 typedef struct lt_plan {
-    int used;
+    int used; /* 0 free, 1 a plan, 2 a shape cuBLASLt has no algorithm for (nothing held) */
     ts_dtype_t lp;
     int64_t M, N, K;
     unsigned align; /* the bytes every operand's address (A, B, C, bias) is a multiple of, ≤ 16 */
@@ -253,8 +253,10 @@ int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size
 /* ---- engine ---------------------------------------------------------------------------- */
 
 static void lt_plan_free(lt_plan_t *p) {
-    if (!p->used)
+    if (p->used != 1) {
+        p->used = 0;
         return;
+    }
     g_lt.layout_destroy(p->a);
     g_lt.layout_destroy(p->b);
     g_lt.layout_destroy(p->c);
@@ -995,14 +997,15 @@ static int lt_start(ts_cuda_ctx_t *ctx) {
 /* The plan of out (M, N) = in (M, K) · weightᵀ + bias in lp, found or made. The row-major
  * product is column-major outᵀ (N, M) = W · inᵀ: A the weight (K × N as stored, transposed), B
  * the input (K × M), C and D the output (N × M), and the epilogue's bias one value per row of D
- * — per output feature. TS_ENOTSUP when cuBLASLt has no algorithm for it. */
+ * — per output feature. TS_ENOTSUP when cuBLASLt has no algorithm for it (remembered in a slot,
+ * like a plan). */
 static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, int64_t M, int64_t N, int64_t K,
                    unsigned align, const float *bias, lt_plan_t **out) {
     for (int i = 0; i < LT_PLANS; i++) {
         lt_plan_t *p = &ctx->plans[i];
         if (p->used && p->lp == lp && p->M == M && p->N == N && p->K == K && p->align == align) {
             *out = p;
-            return TS_OK;
+            return p->used == 1 ? TS_OK : TS_ENOTSUP; /* a refusal is remembered too */
         }
     }
     lt_plan_t *p = &ctx->plans[ctx->lt_next];
@@ -1064,6 +1067,10 @@ static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, int64_t M, int64_t N, int6
             g_lt.layout_destroy(p->a);
         if (made >= 1)
             g_lt.desc_destroy(p->desc);
+        /* remembered, so that the shape's next products go to the two kernels without asking
+         * the heuristic again */
+        p->lp = lp, p->M = M, p->N = N, p->K = K, p->align = align, p->used = 2;
+        ctx->lt_next = (ctx->lt_next + 1) % LT_PLANS;
         return TS_ENOTSUP;
     }
     p->algo = res.algo;
