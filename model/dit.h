@@ -305,9 +305,12 @@ const char *ts_attn_name(ts_attn_impl_t a); /* "fused" or "composed" */
  * faster of those that pass — by more than 3 %, otherwise on ts_dit_default_attention. On a GPU
  * it then measures the forward through CUDA graphs (ts_dit_set_graphs) and keeps them on only
  * where their output is bit for bit the eager one's and they are more than 3 % faster. The
- * choice is the model's for every batch (a sample's bits never depend on its batch). TS_EINVAL
- * for a trainable model; an error of a forward is returned with m back on the attention and
- * graphs it had. */
+ * choice is the model's for every batch (a sample's bits never depend on its batch); the graphs
+ * are measured at this batch only (another batch gets its own graph). A fused attention that
+ * fails to run is not taken (the note says why), after which a composed forward must still run.
+ * TS_EINVAL for a trainable model; another error (a composed forward's, TS_ENOMEM) is returned
+ * with m back on the attention and graphs it had. Each forward at the model's velocity only
+ * (a learned σ is not compared). */
 #define TS_DIT_TUNE_MAX_REPS 64
 typedef struct ts_dit_tune {
     int batch, reps;

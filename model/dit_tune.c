@@ -80,8 +80,7 @@ static int probe_init(probe_t *p, const ts_dit_t *m, int B) {
     memset(p, 0, sizeof *p);
     const ts_dit_config_t *c = &m->cfg;
     int64_t chw = (int64_t)c->in_channels * c->input_size * c->input_size;
-    int64_t oc = c->learn_sigma ? 2 * c->in_channels : c->in_channels;
-    p->n = (int64_t)B * oc * c->input_size * c->input_size;
+    p->n = (int64_t)B * chw; /* the forward's velocity (a learned σ is apart: ts_dit_sigma) */
     ts_tensor_t hx = {0}, ht = {0};
     int rc = ts_tensor_alloc(&hx, TS_F32, TS_CPU, 4,
                              TS_SHAPE(B, c->in_channels, c->input_size, c->input_size));
@@ -166,85 +165,91 @@ int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out) {
     memset(out, 0, sizeof *out);
     out->batch = batch;
     out->reps = reps;
+    out->attn = m->attn;
     ts_attn_impl_t def = ts_dit_default_attention(m);
     ts_attn_impl_t was = m->attn;
     int graphs_was = m->graphs == 1;
-    ts_dit_set_graphs(m, 0);
     probe_t p;
     TS_TRY(probe_init(&p, m, batch));
+    ts_dit_set_graphs(m, 0);
     /* the composed attention: the reference every other choice is checked against */
     int rc = ts_dit_set_attention(m, TS_ATTN_COMPOSED);
     if (rc == TS_OK)
         rc = forward(m, &p, batch, p.out[0]);
     if (rc == TS_OK)
         rc = time_forward(m, &p, batch, reps, &out->ms[TS_ATTN_COMPOSED]);
-    /* the fused one, where the model can take it */
+    /* the fused one, where the model can take it; one that fails to run is not taken (a kernel
+     * refusing its launch), and the composed one must still run after it */
     int frc = rc == TS_OK ? ts_dit_set_attention(m, TS_ATTN_FUSED) : rc;
     if (frc == TS_OK) {
-        rc = forward(m, &p, batch, p.out[1]);
-        if (rc == TS_OK) {
+        frc = forward(m, &p, batch, p.out[1]);
+        if (frc == TS_OK) {
             out->fused_diff = rel_rms(p.out[1], p.out[0], p.n);
-            rc = time_forward(m, &p, batch, reps, &out->ms[TS_ATTN_FUSED]);
+            frc = time_forward(m, &p, batch, reps, &out->ms[TS_ATTN_FUSED]);
         }
-    } else if (frc != TS_ENOTSUP && rc == TS_OK) {
+    } else if (frc == TS_ENOMEM && rc == TS_OK) {
         rc = frc;
     }
     if (frc != TS_OK)
         out->ms[TS_ATTN_FUSED] = 0.0;
     ts_attn_impl_t pick = ts_dit_tune_pick(out, m->precision, def);
     if (rc == TS_OK) {
+        double f = out->ms[TS_ATTN_FUSED], c = out->ms[TS_ATTN_COMPOSED];
         if (frc == TS_ENOTSUP)
-            snprintf(out->note, sizeof out->note, "the fused attention cannot run here: composed");
+            snprintf(out->note, sizeof out->note, "composed (the fused attention cannot run here)");
+        else if (frc != TS_OK)
+            snprintf(out->note, sizeof out->note, "composed (the fused attention failed: %s)",
+                     ts_strerror(frc));
         else if (!(out->fused_diff <= same_bound(m->precision)))
             snprintf(out->note, sizeof out->note,
-                     "the fused attention's output differs from the composed one's by %.3g "
-                     "(relative RMS, more than %.0e): composed",
+                     "composed (the fused attention's output differs from the composed one's by "
+                     "%.3g, relative RMS, more than %.0e)",
                      out->fused_diff, same_bound(m->precision));
         else
             snprintf(out->note, sizeof out->note,
                      "%s (fused %.3f ms, composed %.3f ms per forward at batch %d%s)",
-                     ts_attn_name(pick), out->ms[TS_ATTN_FUSED], out->ms[TS_ATTN_COMPOSED], batch,
-                     !faster(out->ms[TS_ATTN_FUSED], out->ms[TS_ATTN_COMPOSED]) &&
-                             !faster(out->ms[TS_ATTN_COMPOSED], out->ms[TS_ATTN_FUSED])
-                         ? ": within 3 %, the default"
-                         : "");
+                     ts_attn_name(pick), f, c, batch,
+                     !faster(f, c) && !faster(c, f) ? ": within 3 %, the default" : "");
         rc = ts_dit_set_attention(m, pick);
     }
+    if (rc == TS_OK && frc != TS_OK && frc != TS_ENOTSUP) /* does the GPU still work? */
+        rc = forward(m, &p, batch, NULL);
     /* graphs, on a GPU: the chosen attention's forward through them must give the same bits
-     * as run eagerly, and be faster */
+     * as the eager forward just before, and be faster */
     if (rc == TS_OK && m->eng->device == TS_CUDA) {
         out->graphs_measured = 1;
-        float *eager = p.out[pick == TS_ATTN_FUSED ? 1 : 0];
+        float *eager = p.out[0], *graphed = p.out[1];
+        int64_t captures = m->graph_captures, launches = m->graph_launches;
         ts_dit_set_graphs(m, 1);
-        rc = forward(m, &p, batch, NULL); /* seen once: eager */
+        rc = forward(m, &p, batch, eager); /* a key seen once: eager */
         if (rc == TS_OK)
-            rc = forward(m, &p, batch, p.out[pick == TS_ATTN_FUSED ? 0 : 1]); /* captured */
-        float *graphed = p.out[pick == TS_ATTN_FUSED ? 0 : 1];
-        if (rc == TS_OK && m->graphs == 1) {
+            rc = forward(m, &p, batch, graphed); /* seen twice: captured, then launched */
+        int ran = m->graphs == 1 && m->graph_captures > captures && m->graph_launches > launches;
+        if (rc == TS_OK && ran) {
             out->graphs_same = memcmp(eager, graphed, (size_t)p.n * sizeof(float)) == 0;
             rc = time_forward(m, &p, batch, reps, &out->ms_graphs);
         }
-        out->graphs = rc == TS_OK && m->graphs == 1 && ts_dit_tune_graphs_keep(out, pick);
+        out->graphs = rc == TS_OK && ran && ts_dit_tune_graphs_keep(out, pick);
         size_t used = strlen(out->note);
         if (rc == TS_OK)
             snprintf(out->note + used, sizeof out->note - used, "; graphs %s",
-                     m->graphs != 1      ? "off (the capture failed)"
+                     !ran                ? "off (the capture failed)"
                      : !out->graphs_same ? "off (their output differs from the eager one)"
                      : out->graphs       ? "on"
                                          : "off (not faster)");
-        if (rc == TS_OK && out->graphs)
-            snprintf(out->note + strlen(out->note), sizeof out->note - strlen(out->note),
-                     " (%.3f ms per forward)", out->ms_graphs);
+        used = strlen(out->note);
+        if (rc == TS_OK && ran)
+            snprintf(out->note + used, sizeof out->note - used, " (%.3f ms per forward)",
+                     out->ms_graphs);
         ts_dit_set_graphs(m, out->graphs);
     } else if (rc == TS_OK) {
         ts_dit_set_graphs(m, graphs_was);
     }
-    out->attn = m->attn;
-    if (rc != TS_OK) { /* leave m as it was where it can be */
+    if (rc != TS_OK) { /* back to what m had, where it can be */
         (void)ts_dit_set_attention(m, was);
         ts_dit_set_graphs(m, graphs_was);
-        out->attn = m->attn;
     }
+    out->attn = m->attn;
     probe_free(&p);
     return rc;
 }
@@ -261,10 +266,11 @@ int ts_dit_choose_attention(ts_dit_t *m, ts_attn_choice_t c, int batch, char *no
             snprintf(note, note_len, "attention measured: %s", t.note);
             return TS_OK;
         }
-        (void)ts_dit_set_attention(m, ts_dit_default_attention(m));
+        /* out of memory for the measurement: the default, if it can be had */
+        int drc = ts_dit_set_attention(m, ts_dit_default_attention(m));
         snprintf(note, note_len, "attention %s (measuring failed: %s)", ts_attn_name(m->attn),
                  ts_strerror(rc));
-        return rc == TS_ENOMEM ? TS_OK : rc;
+        return rc == TS_ENOMEM && drc == TS_OK ? TS_OK : rc;
     }
     if (c == TS_ATTN_CHOOSE_AUTO) {
         snprintf(note, note_len, "attention %s (the default)", ts_attn_name(m->attn));

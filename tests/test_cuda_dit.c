@@ -539,7 +539,12 @@ static void test_tune(void **state) {
             TU_CHECK_OK(ts_dit_set_precision(&m[1], ps[i], why, sizeof why));
         ts_attn_impl_t def = ts_dit_default_attention(&m[1]);
         ts_dit_tune_t t;
+        int64_t captures = m[1].graph_captures, launches = m[1].graph_launches;
         TU_CHECK_OK(ts_dit_tune(&m[1], B, 5, &t));
+        /* the graphs really ran: captured once, launched for the compared forward and the 5
+         * timed ones */
+        assert_int_equal(m[1].graph_captures - captures, 1);
+        assert_int_equal(m[1].graph_launches - launches, 6);
         printf("  tune %s: %s\n", ts_precision_name(ps[i]), t.note);
         assert_true(t.ms[TS_ATTN_COMPOSED] > 0.0);
         assert_true(t.ms[TS_ATTN_FUSED] > 0.0); /* `tiny`'s heads: the fused kernels take them */

@@ -3,7 +3,8 @@
  *   - the rules, on made-up measurements: the faster attention by more than 3 %, else the
  *     default; never a fused attention whose output failed its check (NaN included) or that
  *     was not measured; graphs only when bit-identical and faster;
- *   - ts_dit_tune on a `tiny` model at f32 and bf16 (where the CPU runs it): both attentions
+ *   - ts_dit_tune on a `tiny` model at f32 (also with a learned σ) and bf16 (where the CPU
+ *     runs it): both attentions
  *     timed, the fused output within its bound of the composed one's, the model left on the
  *     attention the rules pick from the times, and its forward then bit for bit a fresh model's
  *     with that attention; at f16 (no fused attention on a CPU) it measures the composed one
@@ -69,9 +70,10 @@ static void test_pick_rules(void **state) {
 
 /* A `tiny` DiT with every parameter N(0, 0.05) (DiT's own init zeroes the adaLN and final
  * layers: an output of 0 would hide any difference). */
-static void make_model(ts_engine_t *e, ts_dit_t *m, int max_batch, int trainable) {
+static void make_model(ts_engine_t *e, ts_dit_t *m, int max_batch, int trainable, int learn_sigma) {
     ts_dit_config_t cfg;
     TU_CHECK_OK(ts_dit_config_preset("tiny", &cfg));
+    cfg.learn_sigma = learn_sigma;
     TU_CHECK_OK(ts_dit_create(m, &cfg, e, max_batch, trainable));
     TU_CHECK_OK(ts_rng_normal(e, &m->param_mem, 7, 0));
     TU_CHECK_OK(ts_scale(e, &m->param_mem, 0.05f));
@@ -97,11 +99,11 @@ static float *velocity(ts_dit_t *m, int B) {
 
 /* ts_dit_tune at precision p: what it measured, what it left the model on, and that the model
  * then computes what a fresh one with that attention does. */
-static void tune_at(ts_engine_t *e, ts_precision_t p, double bound) {
+static void tune_at(ts_engine_t *e, ts_precision_t p, double bound, int learn_sigma) {
     const int B = 6;
     ts_dit_t m, fresh;
-    make_model(e, &m, B, 0);
-    make_model(e, &fresh, B, 0);
+    make_model(e, &m, B, 0, learn_sigma);
+    make_model(e, &fresh, B, 0, learn_sigma);
     TU_CHECK_OK(ts_dit_set_precision(&m, p, NULL, 0));
     TU_CHECK_OK(ts_dit_set_precision(&fresh, p, NULL, 0));
     ts_attn_impl_t def = ts_dit_default_attention(&m);
@@ -136,7 +138,11 @@ static void tune_at(ts_engine_t *e, ts_precision_t p, double bound) {
     ts_dit_free(&fresh);
 }
 
-static void test_tune_f32(void **state) { tune_at(*state, TS_PREC_F32, 1e-4); }
+static void test_tune_f32(void **state) { tune_at(*state, TS_PREC_F32, 1e-4, 0); }
+
+/* A learned-σ model: the velocity compared is the first half of the output channels, all of it
+ * written by each forward (a probe of the whole 2C would compare memory no forward wrote). */
+static void test_tune_learned_sigma(void **state) { tune_at(*state, TS_PREC_F32, 1e-4, 1); }
 
 static void test_tune_bf16(void **state) {
     char why[256] = "";
@@ -144,19 +150,19 @@ static void test_tune_bf16(void **state) {
         print_message("test_tune_bf16: skipped: %s\n", why);
         skip();
     }
-    tune_at(*state, TS_PREC_BF16, 0.1);
+    tune_at(*state, TS_PREC_BF16, 0.1, 0);
 }
 
-static void test_tune_f16(void **state) { tune_at(*state, TS_PREC_F16, 0.0); }
+static void test_tune_f16(void **state) { tune_at(*state, TS_PREC_F16, 0.0, 0); }
 
 static void test_tune_refusals(void **state) {
     ts_engine_t *e = *state;
     ts_dit_t m;
     ts_dit_tune_t t;
-    make_model(e, &m, 4, 1);
+    make_model(e, &m, 4, 1, 0);
     assert_int_equal(ts_dit_tune(&m, 4, 3, &t), TS_EINVAL); /* trainable */
     ts_dit_free(&m);
-    make_model(e, &m, 4, 0);
+    make_model(e, &m, 4, 0, 0);
     ts_attn_impl_t was = m.attn;
     assert_int_equal(ts_dit_tune(&m, 5, 3, &t), TS_EINVAL);
     assert_int_equal(ts_dit_tune(&m, 0, 3, &t), TS_EINVAL);
@@ -180,7 +186,7 @@ static void test_choose(void **state) {
 
     ts_dit_t m;
     char note[512];
-    make_model(e, &m, 4, 0);
+    make_model(e, &m, 4, 0, 0);
     ts_attn_impl_t def = ts_dit_default_attention(&m);
     /* auto on a CPU: the default, nothing measured */
     TU_CHECK_OK(ts_dit_choose_attention(&m, TS_ATTN_CHOOSE_AUTO, 4, note, sizeof note));
@@ -210,9 +216,13 @@ static void test_choose(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pick_rules),    cmocka_unit_test(test_tune_f32),
-        cmocka_unit_test(test_tune_bf16),     cmocka_unit_test(test_tune_f16),
-        cmocka_unit_test(test_tune_refusals), cmocka_unit_test(test_choose),
+        cmocka_unit_test(test_pick_rules),
+        cmocka_unit_test(test_tune_f32),
+        cmocka_unit_test(test_tune_learned_sigma),
+        cmocka_unit_test(test_tune_bf16),
+        cmocka_unit_test(test_tune_f16),
+        cmocka_unit_test(test_tune_refusals),
+        cmocka_unit_test(test_choose),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

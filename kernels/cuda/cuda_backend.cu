@@ -998,7 +998,7 @@ static int lt_start(ts_cuda_ctx_t *ctx) {
  * product is column-major outᵀ (N, M) = W · inᵀ: A the weight (K × N as stored, transposed), B
  * the input (K × M), C and D the output (N × M), and the epilogue's bias one value per row of D
  * — per output feature. TS_ENOTSUP when cuBLASLt has no algorithm for it (remembered in a slot,
- * like a plan). */
+ * like a plan) or the descriptors could not be made (not remembered). */
 static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, int64_t M, int64_t N, int64_t K,
                    unsigned align, const float *bias, lt_plan_t **out) {
     for (int i = 0; i < LT_PLANS; i++) {
@@ -1052,10 +1052,14 @@ static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, int64_t M, int64_t N, int6
              CUBLAS_STATUS_SUCCESS &&
          g_lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al) ==
              CUBLAS_STATUS_SUCCESS;
-    ok = ok &&
-         g_lt.heuristic(ctx->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found) ==
-             CUBLAS_STATUS_SUCCESS &&
-         found > 0;
+    /* none: the heuristic answered, with no algorithm for the shape (not a failure to ask) */
+    int none = 0;
+    if (ok) {
+        cublasStatus_t hs =
+            g_lt.heuristic(ctx->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+        none = (hs == CUBLAS_STATUS_SUCCESS && found == 0) || hs == CUBLAS_STATUS_NOT_SUPPORTED;
+        ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
+    }
     if (pref)
         g_lt.pref_destroy(pref);
     if (!ok) { /* undo what was made, in order */
@@ -1067,10 +1071,12 @@ static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, int64_t M, int64_t N, int6
             g_lt.layout_destroy(p->a);
         if (made >= 1)
             g_lt.desc_destroy(p->desc);
-        /* remembered, so that the shape's next products go to the two kernels without asking
-         * the heuristic again */
-        p->lp = lp, p->M = M, p->N = N, p->K = K, p->align = align, p->used = 2;
-        ctx->lt_next = (ctx->lt_next + 1) % LT_PLANS;
+        /* no algorithm is remembered, so that the shape's next products go to the two kernels
+         * without asking again; a failure to make the descriptors (memory) is not */
+        if (none) {
+            p->lp = lp, p->M = M, p->N = N, p->K = K, p->align = align, p->used = 2;
+            ctx->lt_next = (ctx->lt_next + 1) % LT_PLANS;
+        }
         return TS_ENOTSUP;
     }
     p->algo = res.algo;
