@@ -895,7 +895,7 @@ static int build_model(ts_serve_t *s, const ts_serve_expert_t *x, char *err, siz
         set_precision(s);
     if (rc == TS_OK) {
         size_t used = strlen(s->eng_note);
-        char note[400];
+        char note[448];
         rc = ts_dit_choose_attention(&s->model, s->o.attention, B, note, sizeof note);
         snprintf(s->eng_note + used, sizeof s->eng_note - used, "; %s", note);
     }

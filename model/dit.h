@@ -304,7 +304,8 @@ const char *ts_attn_name(ts_attn_impl_t a); /* "fused" or "composed" */
  * roundings differ; a kernel that computes something else is off by order 1) and leaves m on the
  * faster of those that pass — by more than 3 %, otherwise on ts_dit_default_attention. On a GPU
  * it then measures the forward through CUDA graphs (ts_dit_set_graphs) and keeps them on only
- * where their output is bit for bit the eager one's and they are more than 3 % faster. The
+ * where their output is bit for bit the eager one's and they are more than 3 % faster (before
+ * that, at bf16 or f16, the linears' bias in cuBLASLt's epilogue likewise: see the fields). The
  * choice is the model's for every batch (a sample's bits never depend on its batch); the graphs
  * are measured at this batch only (another batch gets its own graph). A fused attention that
  * fails to run is not taken (the note says why), after which a composed forward must still run.
@@ -316,18 +317,25 @@ typedef struct ts_dit_tune {
     int batch, reps;
     double ms[2];      /* median ms per forward, by ts_attn_impl_t; 0: not measured (cannot run) */
     double fused_diff; /* the fused output's relative RMS difference to the composed one */
+    /* a 16-bit model on a GPU: the linears' bias in cuBLASLt's epilogue (ts_cuda_set_epilogues,
+     * the engine's setting), measured with the chosen attention and kept where its output is
+     * within 1e-2 relative RMS of the two-kernel one's and it is more than 3 % faster */
+    int epilogues_measured, epilogues;
+    double epilogues_diff, ms_epilogues;
     int graphs_measured;
     int graphs_same;     /* their output equals the eager forward's, bit for bit */
     double ms_graphs;    /* median ms per forward through graphs, with the chosen attention */
     int graphs;          /* left on */
     ts_attn_impl_t attn; /* the attention m was left on */
-    char note[320];      /* the choice and why, in words (for a log) */
+    char note[384];      /* the choice and why, in words (for a log) */
 } ts_dit_tune_t;
 int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out);
 /* ts_dit_tune's rules, on its measurements: the attention (def where neither is faster by more
- * than 3 %, composed where the fused one was not measured or failed its check) and whether the
- * graphs stay on with attention a. */
+ * than 3 %, composed where the fused one was not measured or failed its check), whether the
+ * epilogues stay on with attention a, and whether the graphs do (against the eager forward
+ * with the epilogues where they stay on). */
 ts_attn_impl_t ts_dit_tune_pick(const ts_dit_tune_t *t, ts_precision_t p, ts_attn_impl_t def);
+int ts_dit_tune_epilogues_keep(const ts_dit_tune_t *t, ts_attn_impl_t a);
 int ts_dit_tune_graphs_keep(const ts_dit_tune_t *t, ts_attn_impl_t a);
 
 /* How a served model gets its attention (tesserad: [compute] attention): auto measures it

@@ -4,6 +4,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "kernels/backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -50,8 +51,17 @@ ts_attn_impl_t ts_dit_tune_pick(const ts_dit_tune_t *t, ts_precision_t p, ts_att
     return def;
 }
 
+/* The epilogue changes only where the bias is added (the products may take other kernels, so
+ * other orders of summation): its output within this of the two kernels' — ten times the
+ * fused-against-composed difference measured at bf16 — while a missing or doubled bias is not. */
+#define SAME_EPILOGUE 1e-2
+
+int ts_dit_tune_epilogues_keep(const ts_dit_tune_t *t, ts_attn_impl_t a) {
+    return t->epilogues_diff <= SAME_EPILOGUE && faster(t->ms_epilogues, t->ms[a]);
+}
+
 int ts_dit_tune_graphs_keep(const ts_dit_tune_t *t, ts_attn_impl_t a) {
-    return t->graphs_same && faster(t->ms_graphs, t->ms[a]);
+    return t->graphs_same && faster(t->ms_graphs, t->epilogues ? t->ms_epilogues : t->ms[a]);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -214,6 +224,33 @@ int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out) {
     }
     if (rc == TS_OK && frc != TS_OK && frc != TS_ENOTSUP) /* does the GPU still work? */
         rc = forward(m, &p, batch, NULL);
+    /* the epilogues, at bf16 or f16 on a GPU: measured against the two kernels' forward */
+    if (rc == TS_OK && m->eng->device == TS_CUDA && m->precision != TS_PREC_F32 &&
+        ts_cuda_set_epilogues(m->eng, 0) == TS_OK) {
+        rc = forward(m, &p, batch, p.out[0]);
+        int64_t calls = ts_cuda_epilogue_calls(m->eng);
+        int erc = rc == TS_OK ? ts_cuda_set_epilogues(m->eng, 1) : rc;
+        if (erc == TS_OK)
+            erc = forward(m, &p, batch, p.out[1]);
+        int ran = erc == TS_OK && ts_cuda_epilogue_calls(m->eng) > calls;
+        if (ran) {
+            out->epilogues_measured = 1;
+            out->epilogues_diff = rel_rms(p.out[1], p.out[0], p.n);
+            erc = time_forward(m, &p, batch, reps, &out->ms_epilogues);
+        }
+        out->epilogues = erc == TS_OK && ran && ts_dit_tune_epilogues_keep(out, pick);
+        if (rc == TS_OK && ts_cuda_set_epilogues(m->eng, out->epilogues) == TS_OK) {
+            size_t used = strlen(out->note);
+            if (!ran)
+                snprintf(out->note + used, sizeof out->note - used,
+                         "; epilogues off (cuBLASLt did not run them%s%s)",
+                         erc != TS_OK ? ": " : "", erc != TS_OK ? ts_strerror(erc) : "");
+            else
+                snprintf(out->note + used, sizeof out->note - used,
+                         "; epilogues %s (%.3f ms per forward, output %.2g off)",
+                         out->epilogues ? "on" : "off", out->ms_epilogues, out->epilogues_diff);
+        }
+    }
     /* graphs, on a GPU: the chosen attention's forward through them must give the same bits
      * as the eager forward just before, and be faster */
     if (rc == TS_OK && m->eng->device == TS_CUDA) {

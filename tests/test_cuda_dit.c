@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
 #include "kernels/engine.h"
 #include "kernels/ops.h"
 #include "model/dit.h"
@@ -522,9 +523,10 @@ static void test_graphs(void **state) {
 }
 
 /* ts_dit_tune on the GPU, at f32 and at the 16-bit precision the GPU has: both attentions timed
- * (the fused one within its bound of the composed one's output), the graphs measured with the
- * chosen one and bit for bit its eager forward (a capture that fails is a fail here, as in
- * test_graphs), and the model left on what the rules pick from the times. */
+ * (the fused one within its bound of the composed one's output), at 16 bits the cuBLASLt
+ * epilogues (within 1e-2 of the two kernels), the graphs measured with the chosen attention and
+ * bit for bit its eager forward (a capture that fails is a fail here, as in test_graphs), and
+ * the model left on what the rules pick from the times. */
 static void test_tune(void **state) {
     fixture_t *fx = *state;
     char why[256] = "";
@@ -541,16 +543,23 @@ static void test_tune(void **state) {
         ts_dit_tune_t t;
         int64_t captures = m[1].graph_captures, launches = m[1].graph_launches;
         TU_CHECK_OK(ts_dit_tune(&m[1], B, 5, &t));
+        printf("  tune %s: %s\n", ts_precision_name(ps[i]), t.note);
         /* the graphs really ran: captured once, launched for the compared forward and the 5
          * timed ones */
         assert_int_equal(m[1].graph_captures - captures, 1);
         assert_int_equal(m[1].graph_launches - launches, 6);
-        printf("  tune %s: %s\n", ts_precision_name(ps[i]), t.note);
         assert_true(t.ms[TS_ATTN_COMPOSED] > 0.0);
         assert_true(t.ms[TS_ATTN_FUSED] > 0.0); /* `tiny`'s heads: the fused kernels take them */
         assert_true(t.fused_diff <= (ps[i] == TS_PREC_F32 ? 1e-4 : 0.1));
         assert_int_equal(t.attn, ts_dit_tune_pick(&t, ps[i], def));
         assert_int_equal(m[1].attn, t.attn);
+        /* the epilogues, at 16 bits where cuBLASLt runs here */
+        if (ps[i] == TS_PREC_F32)
+            assert_false(t.epilogues_measured);
+        if (t.epilogues_measured) {
+            assert_true(t.epilogues_diff <= 1e-2);
+            assert_int_equal(t.epilogues, ts_dit_tune_epilogues_keep(&t, t.attn));
+        }
         assert_true(t.graphs_measured);
         if (!t.graphs_same)
             fail_msg("tune: the forward through graphs is not the eager one's, bit for bit "
@@ -558,6 +567,7 @@ static void test_tune(void **state) {
                      m[1].graphs);
         assert_int_equal(t.graphs, ts_dit_tune_graphs_keep(&t, t.attn));
         assert_int_equal(m[1].graphs, t.graphs);
+        TU_CHECK_OK(ts_cuda_set_epilogues(&fx->e[1], 0)); /* the engine's: off for the others */
         for (int s = 0; s < 2; s++)
             ts_dit_free(&m[s]);
     }

@@ -2,7 +2,8 @@
  * test_dit_tune.c — choosing a model's attention by measuring it (model/dit_tune.c):
  *   - the rules, on made-up measurements: the faster attention by more than 3 %, else the
  *     default; never a fused attention whose output failed its check (NaN included) or that
- *     was not measured; graphs only when bit-identical and faster;
+ *     was not measured; the epilogues only within 1e-2 and faster; graphs only when
+ *     bit-identical and faster than the eager forward they would replace;
  *   - ts_dit_tune on a `tiny` model at f32 (also with a learned σ) and bf16 (where the CPU
  *     runs it): both attentions
  *     timed, the fused output within its bound of the composed one's, the model left on the
@@ -66,6 +67,22 @@ static void test_pick_rules(void **state) {
     assert_false(ts_dit_tune_graphs_keep(&t, TS_ATTN_FUSED));
     t.ms_graphs = 0.0, t.graphs_same = 1; /* not measured */
     assert_false(ts_dit_tune_graphs_keep(&t, TS_ATTN_FUSED));
+    /* with the epilogues kept, the graphs are measured against them */
+    t.ms_graphs = 0.9, t.epilogues = 1, t.ms_epilogues = 0.92;
+    assert_false(ts_dit_tune_graphs_keep(&t, TS_ATTN_FUSED));
+    t.ms_epilogues = 0.95;
+    assert_true(ts_dit_tune_graphs_keep(&t, TS_ATTN_FUSED));
+
+    /* the epilogues: within 1e-2 of the two kernels' output and more than 3 % faster */
+    memset(&t, 0, sizeof t);
+    t.ms[TS_ATTN_FUSED] = 1.0, t.ms_epilogues = 0.9, t.epilogues_diff = 1e-3;
+    assert_true(ts_dit_tune_epilogues_keep(&t, TS_ATTN_FUSED));
+    t.ms_epilogues = 0.98;
+    assert_false(ts_dit_tune_epilogues_keep(&t, TS_ATTN_FUSED));
+    t.ms_epilogues = 0.5, t.epilogues_diff = 0.05; /* a bias lost or doubled */
+    assert_false(ts_dit_tune_epilogues_keep(&t, TS_ATTN_FUSED));
+    t.epilogues_diff = NAN;
+    assert_false(ts_dit_tune_epilogues_keep(&t, TS_ATTN_FUSED));
 }
 
 /* A `tiny` DiT with every parameter N(0, 0.05) (DiT's own init zeroes the adaLN and final
