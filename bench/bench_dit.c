@@ -54,6 +54,7 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "kernels/backend.h"
 #include "kernels/gemm_bench.h"
 #include "kernels/math.h"
 #include "kernels/ops.h"
@@ -89,7 +90,12 @@ typedef struct opts {
     const char *device;  /* --device: cpu (default), cuda or cuda:N */
     int peak;            /* --peak N: also the engine's N³ GEMM peak, fp32, bf16 (and f16) */
     int graphs;          /* --graphs: the forward rows' model runs through CUDA graphs */
+    int measure;         /* --attention measure: ts_dit_tune at the forward rows' largest batch */
 } opts_t;
+
+/* What --attention measure found (the forward rows' model; printed and in the JSON). */
+static ts_dit_tune_t measured;
+static int have_measured;
 
 /* --peak's measurement: GFLOP/s of an N³ product on the engine (0: not measured, or failed). */
 typedef struct {
@@ -632,6 +638,20 @@ static void print_json(FILE *out, const opts_t *o, const model_desc_t *m, const 
     fprintf(out, "  \"num_params\": %lld,\n  \"flops_per_sample\": %.6g,\n",
             (long long)m->num_params, flops);
     print_memory_json(out, mr);
+    if (have_measured)
+        fprintf(out,
+                "  \"measured\": {\"batch\": %d, \"attention\": \"%s\", \"ms_fused\": %.6g, "
+                "\"ms_composed\": %.6g, \"fused_diff\": %.6g, \"epilogues_measured\": %s, "
+                "\"epilogues\": %s, \"ms_epilogues\": %.6g, \"epilogues_diff\": %.6g, "
+                "\"graphs_measured\": %s, \"graphs_same\": %s, \"graphs\": %s, "
+                "\"ms_graphs\": %.6g},\n",
+                measured.batch, ts_attn_name(measured.attn), measured.ms[TS_ATTN_FUSED],
+                measured.ms[TS_ATTN_COMPOSED], measured.fused_diff,
+                measured.epilogues_measured ? "true" : "false",
+                measured.epilogues ? "true" : "false", measured.ms_epilogues,
+                measured.epilogues_diff, measured.graphs_measured ? "true" : "false",
+                measured.graphs_same ? "true" : "false", measured.graphs ? "true" : "false",
+                measured.ms_graphs);
     if (ck->done)
         fprintf(out,
                 "  \"check\": {\"batch\": %d, \"max_abs_diff\": %.6g, \"scale\": %.6g, "
@@ -843,6 +863,18 @@ static int open_model(const opts_t *o, const ts_st_file_t *f, ts_engine_t *e, in
     }
     if (rc == TS_OK && o->graphs && !trainable)
         ts_dit_set_graphs(m, 1);
+    if (rc == TS_OK && o->measure && trainable && e->device == TS_CUDA)
+        (void)ts_cuda_set_epilogues(e, 0);         /* the training row as by default */
+    if (rc == TS_OK && o->measure && !trainable) { /* after --graphs: the tune decides them */
+        rc = ts_dit_tune(m, max_batch, 5, &measured);
+        if (rc == TS_OK) {
+            have_measured = 1;
+            fprintf(stderr, "bench_dit: measured at batch %d: %s\n", max_batch, measured.note);
+        } else if (rc != TS_ENOMEM) {
+            ts_dit_free(m);
+            return fail("--attention measure", rc, NULL);
+        }
+    }
     if (rc == TS_ENOMEM) {
         say_short(trainable ? "training" : "forward", max_batch,
                   trainable ? mr->train_need : mr->fwd_need, mr);
@@ -1087,7 +1119,7 @@ static void usage(FILE *f) {
         f,
         "usage: bench_dit --weights FILE [--threads N] [--batch B ...] [--train-batch B]\n"
         "                 [--seconds S] [--quick] [--check FILE] [--tol X] [--json]\n"
-        "                 [--precision f32|bf16|f16] [--attention fused|composed] [--ops]\n"
+        "                 [--precision f32|bf16|f16] [--attention fused|composed|measure] [--ops]\n"
         "                 [--device cpu|cuda[:N]] [--peak N] [--memory] [--graphs]\n"
         "       bench_dit --attention-ops B [--threads N] [--seconds S] [--quick] [--json]\n"
         "\n"
@@ -1116,7 +1148,10 @@ static void usage(FILE *f) {
         "                     the CPU emulates f16)\n"
         "  --attention A      fused or composed: the model's attention (default: the model's\n"
         "                     own choice, see ts_dit_set_attention; a GPU: composed, fused in "
-        "fp32)\n"
+        "fp32);\n"
+        "                     measure: ts_dit_tune at the largest --batch chooses it (and, on\n"
+        "                     a GPU, the cuBLASLt epilogues and graphs) for the forward rows,\n"
+        "                     the training row keeps the default; JSON: \"measured\"\n"
         "  --device D         cpu (default), cuda or cuda:N: the engine; each timed call ends\n"
         "                     with the device synchronised\n"
         "  --graphs           the forward rows through CUDA graphs (ts_dit_set_graphs: a\n"
@@ -1200,8 +1235,10 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--precision") == 0) {
             bad = ts_precision_parse(v, &o.precision) != TS_OK || !v;
         } else if (strcmp(a, "--attention") == 0) {
-            bad = !v || (strcmp(v, "fused") != 0 && strcmp(v, "composed") != 0);
-            o.attn_set = 1;
+            bad = !v || (strcmp(v, "fused") != 0 && strcmp(v, "composed") != 0 &&
+                         strcmp(v, "measure") != 0);
+            o.measure = v && strcmp(v, "measure") == 0;
+            o.attn_set = !o.measure;
             o.attn = v && strcmp(v, "composed") == 0 ? TS_ATTN_COMPOSED : TS_ATTN_FUSED;
         } else if (strcmp(a, "--peak") == 0) {
             bad = parse_int(v, 1, 16384, &o.peak);

@@ -27,7 +27,10 @@ For each config, in one run:
      --attention-ops 64`: the target is the fused ≥ 2× the composed at T = 256); and, for the
      configs of GRAPH_CONFIGS, the bf16 forward at batches 1 and 8 eagerly, through CUDA
      graphs (`bench_dit --graphs`) and with the linears' bias in cuBLASLt's epilogue
-     (TESSERA_CUDA_EPILOGUES=1), side by side (the launch-bound rows);
+     (TESSERA_CUDA_EPILOGUES=1), side by side (the launch-bound rows); and for every config
+     the bf16 forward at the largest batch as `bench_dit --attention measure` sets it up
+     (ts_dit_tune: the attention, the epilogues and the graphs measured fastest, what a GPU
+     daemon serves with by default);
   4. PyTorch on the same device, with its best attention (F.scaled_dot_product_attention where
      it has it; the JSON says which): forward (eval, no_grad) at each batch and the same training
      step as ours (flow matching, MSE, backward, gradient clipping, AdamW, EMA), in fp32 (TF32
@@ -376,6 +379,18 @@ def run_graphs(weights, check):
     return out
 
 
+def run_measured(weights, check, precision):
+    """The forward at the largest --batch with what ts_dit_tune measures fastest on this GPU
+    (`bench_dit --attention measure`: the attention, the cuBLASLt epilogues, CUDA graphs)."""
+    B = max(ARGS.batch)
+    cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--check", check,
+           "--tol", str({"bf16": TOL_BF16, "f16": TOL_F16}[precision]), "--precision", precision,
+           "--seconds", str(ARGS.seconds), "--train-batch", "0", "--batch", str(B),
+           "--attention", "measure", "--json"]
+    log(f"  ours {precision} measured: {' '.join(cmd)}")
+    return run_child(cmd)
+
+
 def run_child(cmd, env=None):
     """A bench_dit run's JSON document, or {"error": its last line of stderr} (a failed check,
     exit 3, times nothing; an unsupported path or out of memory is also recorded, not fatal)."""
@@ -438,6 +453,7 @@ def run_config(name, work, first):
     res["ours_f16"] = run_ours(weights, check, "f16")
     if name in GRAPH_CONFIGS:
         res["graphs_bf16"] = run_graphs(weights, check)
+    res["measured_bf16"] = run_measured(weights, check, "bf16")
 
     if not ARGS.no_torch:
         tr = {}
@@ -603,6 +619,15 @@ def main():
                   f"{fmt(r['ratio'], '6.2f')} {fmt(r['gflops'], '9.0f')} "
                   f"{fmt(r['of_peak'] and 100 * r['of_peak'], '7.1f')}%")
     for name, res in doc["configs"].items():
+        ms = res.get("measured_bf16")
+        if ms and "measured" in ms and ms.get("results"):
+            t, r = ms["measured"], ms["results"][0]
+            print(f"{name} bf16 forward b{r['batch']} as measured fastest: {r['samples_per_s']:.1f}/s "
+                  f"({t['attention']} attention: fused {t['ms_fused']:.2f} ms, composed "
+                  f"{t['ms_composed']:.2f} ms; epilogues {'on' if t['epilogues'] else 'off'}; "
+                  f"graphs {'on' if t['graphs'] else 'off'})")
+        elif ms:
+            print(f"{name} bf16 measured: not run: {ms.get('error', 'no measurement')}")
         g = res.get("graphs_bf16")
         if not g:
             continue

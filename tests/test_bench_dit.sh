@@ -46,6 +46,23 @@ grep -q "^  attention " "$dir/ops.txt" && grep -q "^  rest " "$dir/ops.txt" ||
 grep -q "0.3s per measurement" "$dir/ops.txt" || fail "--seconds after --ops was not read"
 echo "ok: --ops parses the arguments around it and prints each op"
 
+# --attention measure: the forward rows' attention chosen by ts_dit_tune (and reported)
+"$B" --weights "$dir/w.safetensors" --threads 2 --quick --batch 2 --batch 4 --train-batch 2 \
+    --attention measure --json >"$dir/t.json" 2>"$dir/err.txt" ||
+    fail "--attention measure: $(cat "$dir/err.txt")"
+grep -q "measured at batch 4: " "$dir/err.txt" || fail "--attention measure said: $(cat "$dir/err.txt")"
+"$PY" - "$dir/t.json" <<'PY' || fail "--attention measure JSON: $(head -c 900 "$dir/t.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = d["measured"]
+assert t["batch"] == 4 and t["ms_composed"] > 0 and t["ms_fused"] > 0, t
+assert 0 <= t["fused_diff"] <= 1e-3, t
+assert not t["graphs_measured"] and not t["epilogues_measured"], t  # a CPU has neither
+assert d["attention"] == t["attention"], (d["attention"], t)
+assert [(r["what"], r["batch"]) for r in d["results"]] == [("forward", 2), ("forward", 4), ("train", 2)]
+PY
+echo "ok: --attention measure chooses the forward rows' attention and reports the times"
+
 # the memory figures up front, and a row that cannot fit refused before anything is built
 "$B" --weights "$dir/w.safetensors" --memory --json --batch 64 --train-batch 8 >"$dir/m.json" ||
     fail "--memory --json"
