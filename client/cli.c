@@ -48,6 +48,35 @@ int ts_cli_precision(ts_dit_t *models, int n, ts_precision_t p, const char *prog
     return TS_OK;
 }
 
+int ts_cli_attention(ts_dit_t *models, int n, const char *choice, const char *prog, char *err,
+                     size_t errlen) {
+    if (!choice)
+        return TS_OK;
+    ts_attn_choice_t c;
+    if (ts_attn_choice_parse(choice, &c) != TS_OK)
+        return ts_fail(err, errlen, TS_EINVAL,
+                       "--attention %s: want auto, measure, fused or composed", choice);
+    for (int i = 0; i < n; i++) {
+        char note[448];
+        int rc = ts_dit_choose_attention(&models[i], c, models[i].max_batch, note, sizeof note);
+        if (rc != TS_OK)
+            return ts_fail(err, errlen, rc, "--attention %s: %s", choice, note);
+        if (prog && n > 1)
+            fprintf(stderr, "%s: expert %d: %s\n", prog, i, note);
+        else if (prog)
+            fprintf(stderr, "%s: %s\n", prog, note);
+    }
+    return TS_OK;
+}
+
+int ts_cli_attention_ok(const char *choice, const char *prog) {
+    ts_attn_choice_t c;
+    if (!choice || ts_attn_choice_parse(choice, &c) == TS_OK)
+        return 1;
+    fprintf(stderr, "%s: --attention %s: want auto, measure, fused or composed\n", prog, choice);
+    return 0;
+}
+
 int ts_cli_vae_check(const char *vae_path, const char *space, const char *who, char *err,
                      size_t errlen) {
     char hex[TS_LATENT_SPACE_HEX], a[32], b[32];

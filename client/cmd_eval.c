@@ -205,6 +205,7 @@ typedef struct {
     int n, steps, threads, json, grid_n, ref_n, boot, pr_k, tau_set;
     ts_device_spec_t device;  /* --device (zeroed: the CPU) */
     ts_precision_t precision; /* --precision (zeroed: f32): experts and monoliths */
+    const char *attention;    /* --attention (NULL: each model's default): experts and monoliths */
     float cfg, tau;
     uint64_t seed;
 } eval_opts_t;
@@ -276,6 +277,7 @@ static int parse_opts(int argc, char **argv, eval_opts_t *o) {
         {"threads", TS_ARG_INT, &o->threads, "N", "compute threads (default: all cores)", 0, 1024},
         {"device", TS_ARG_DEVICE, &o->device, "NAME", "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
         {"precision", TS_ARG_PRECISION, &o->precision, "P", "the experts' and monoliths' matrix products in " TS_PRECISION_HELP "; the classifier and the router stay f32"},
+        {"attention", TS_ARG_STRING, &o->attention, "A", "the experts' and monoliths' attention: " TS_CLI_ATTENTION_HELP},
     };
     /* clang-format on */
     int n = (int)(sizeof args / sizeof args[0]);
@@ -313,6 +315,8 @@ static int validate(eval_run_t *r) {
     else if (o->judges && o->n < TS_SPACE_SCORE_MIN_N)
         fprintf(stderr, PROG ": --judges scores sets of %d samples at least; --n is %d\n",
                 TS_SPACE_SCORE_MIN_N, o->n);
+    else if (!ts_cli_attention_ok(o->attention, PROG))
+        ; /* said */
     else {
         for (int i = 0; i < r->n_entries; i++)
             if (r->e[i].monolith > r->n_mono) {
@@ -376,6 +380,10 @@ static int open_models(eval_run_t *r) {
     for (int m = 0; m < r->n_mono && rc == TS_OK; m++)
         rc = ts_local_set_precision(&r->mono[m], o->precision, r->loc.ex.K ? NULL : PROG, err,
                                     errlen); /* announced once */
+    if (rc == TS_OK)
+        rc = ts_local_set_attention(&r->loc, o->attention, PROG, err, errlen);
+    for (int m = 0; m < r->n_mono && rc == TS_OK; m++)
+        rc = ts_local_set_attention(&r->mono[m], o->attention, PROG, err, errlen);
     if (rc == TS_OK)
         rc = ts_local_check_sampler(&r->loc, r->so.kind, o->sampler, err, errlen);
     for (int m = 0; m < r->n_mono && rc == TS_OK; m++)

@@ -310,6 +310,7 @@ typedef struct {
     int quiet;
     ts_device_spec_t device;  /* --device (zeroed: the CPU): --local and --prefer-local */
     ts_precision_t precision; /* --precision (zeroed: f32): the experts of --local */
+    const char *attention;    /* --attention (NULL: each expert's default): those of --local */
     int no_prior, exact, require_coverage, tau_set;
     float cfg, tau, router_temp, min_trained, ready_loss;
     float verify;      /* --verify; < 0: not given (TS_REMOTE_VERIFY_RATE) */
@@ -460,6 +461,9 @@ static int parse_opts(int argc, char **argv, gen_opts_t *o) {
          "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
         {"precision", TS_ARG_PRECISION, &o->precision, "P",
          "the local experts' and the VAE's matrix products in " TS_PRECISION_HELP},
+        {"attention", TS_ARG_STRING, &o->attention, "A",
+         "the local experts' attention (a node chooses its own: [compute] "
+         "attention): " TS_CLI_ATTENTION_HELP},
     };
     int n = (int)(sizeof args / sizeof args[0]);
     int pr = ts_args_parse(PROG,
@@ -526,7 +530,10 @@ static int validate(gen_run_t *r) {
              strspn(o->cls, "0123456789") != strlen(o->cls) && ts_fmnist_class_parse(o->cls) < 0)
         fprintf(stderr, PROG ": --class %s: must be a label, a class name (%s) or 'null'\n", o->cls,
                 TS_FMNIST_CLASS_LIST);
-    else
+    else if (o->peer && o->attention)
+        fprintf(stderr, PROG ": --attention goes with --local (a node chooses its own: [compute] "
+                             "attention)\n");
+    else if (ts_cli_attention_ok(o->attention, PROG))
         return 0;
     return 2;
 }
@@ -572,6 +579,8 @@ static int open_experts(gen_run_t *r) {
     }
     if (rc == TS_OK)
         rc = ts_local_set_precision(&r->loc, o->precision, PROG, r->err, sizeof r->err);
+    if (rc == TS_OK)
+        rc = ts_local_set_attention(&r->loc, o->attention, PROG, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_local_check_policy(&r->loc, r->policy, PROG, r->err, sizeof r->err);
     if (rc == TS_OK &&

@@ -92,6 +92,7 @@ typedef struct {
     int n, steps, threads, cols, json;
     ts_device_spec_t device;  /* --device (zeroed: the CPU) */
     ts_precision_t precision; /* --precision (zeroed: f32) */
+    const char *attention;    /* --attention (NULL: the model's default) */
     float cfg;
     uint64_t seed;
 } sample_opts_t;
@@ -138,6 +139,8 @@ static int parse_opts(int argc, char **argv, sample_opts_t *o) {
          "where to compute: " TS_DEVICE_SPEC_HELP " (default auto)"},
         {"precision", TS_ARG_PRECISION, &o->precision, "P",
          "matrix products (the model's, and the VAE's) in " TS_PRECISION_HELP},
+        {"attention", TS_ARG_STRING, &o->attention, "A",
+         "the model's attention: " TS_CLI_ATTENTION_HELP},
         {"cols", TS_ARG_INT, &o->cols, "N", "grid columns (default: square)", 0, 10000},
         {"out", TS_ARG_STRING, &o->out, "FILE", "PNG grid to write", 0, 0, 1},
         {"out-tensor", TS_ARG_STRING, &o->out_tensor, "FILE",
@@ -162,7 +165,7 @@ static int validate(sample_run_t *r) {
     else if (r->so.kind >= TS_SAMPLER_DDIM && r->o.steps > 1000)
         fprintf(stderr, PROG ": --sampler %s takes at most 1000 steps (the schedule's)\n",
                 r->o.sampler);
-    else
+    else if (ts_cli_attention_ok(r->o.attention, PROG))
         return 0;
     return 2;
 }
@@ -181,6 +184,8 @@ static int open_model(sample_run_t *r) {
         rc = ts_cli_vae_check(o->vae, r->space, o->weights, r->err, sizeof r->err);
     if (rc == TS_OK)
         rc = ts_cli_precision(&r->model, 1, o->precision, PROG, r->err, sizeof r->err);
+    if (rc == TS_OK)
+        rc = ts_cli_attention(&r->model, 1, o->attention, PROG, r->err, sizeof r->err);
     if (rc != TS_OK)
         return ts_args_fail(PROG, r->err, rc);
     const ts_dit_config_t *c = &r->model.cfg;

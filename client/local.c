@@ -461,6 +461,13 @@ int ts_local_generate(ts_local_t *l, ts_engine_t *e, const ts_local_gen_t *g, fl
     return rc;
 }
 
+int ts_local_set_attention(ts_local_t *l, const char *choice, const char *prog, char *err,
+                           size_t errlen) {
+    if (!l->ex.models)
+        return TS_OK;
+    return ts_cli_attention(l->ex.models, l->ex.K, choice, prog, err, errlen);
+}
+
 int ts_local_set_precision(ts_local_t *l, ts_precision_t p, const char *prog, char *err,
                            size_t errlen) {
     if (!l->ex.models)

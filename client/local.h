@@ -147,6 +147,10 @@ int ts_local_check_images(const ts_local_t *l, const char *dir, const ts_local_t
  * *label; NULL gives −1 (cycle through the classes). TS_EINVAL with a sentence otherwise. */
 int ts_local_parse_class(const char *cls, int num_classes, int *label, char *err, size_t errlen);
 
+/* --attention on the folder's experts (client/cli.h ts_cli_attention); nothing for a remote
+ * ensemble (each node chooses its own). */
+int ts_local_set_attention(ts_local_t *l, const char *choice, const char *prog, char *err,
+                           size_t errlen);
 /* ts_cli_precision (client/cli.h) on the experts of a folder opened here (remote experts have none: nothing to do). */
 int ts_local_set_precision(ts_local_t *l, ts_precision_t p, const char *prog, char *err,
                            size_t errlen);

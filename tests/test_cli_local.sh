@@ -124,6 +124,27 @@ d = lines[-1]  # the summary
 assert d["precision"] == "f16" and d["step"] == 2 and d["loss_scale"] == 65536, d
 assert d["skipped_steps"] == 0 and all(l.get("skipped") is not True for l in lines), lines
 PYEOF
+# --attention: composed (not `tiny`'s CPU default) is set on the model, which says so (these
+# 2-step experts' blocks are gated to ~0 by adaLN-Zero, so the two attentions' ~1e-7 differences
+# do not reach the image's bits: test_dit_tune and test_serve check the bits), and generate
+# --local's image is sample's; measure says what it chose; an unknown name is a usage error
+run "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --seed 7 --attention composed \
+    --out "$dir/att-c.png"
+grep -q "^tessera sample: attention composed$" "$dir/err.txt" ||
+    fail "--attention composed: $(cat "$dir/err.txt")"
+run "$T" generate --local "$dir/one" --policy uniform --n 2 --steps 2 --seed 7 \
+    --attention composed --out "$dir/one-att-c.png"
+cmp -s "$dir/one-att-c.png" "$dir/att-c.png" || fail "generate --attention composed differs from sample's"
+run "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --seed 7 --attention measure \
+    --out "$dir/att-m.png"
+grep -q "attention measured: \(fused\|composed\) (fused [0-9.]* ms, composed [0-9.]* ms" \
+    "$dir/err.txt" || fail "--attention measure: $(cat "$dir/err.txt")"
+rc=0
+"$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --attention flash \
+    --out "$dir/x.png" 2>"$dir/p.txt" || rc=$?
+[ "$rc" = 2 ] && grep -q -- "--attention flash: want auto, measure, fused or composed" "$dir/p.txt" ||
+    fail "--attention flash: exit $rc, $(cat "$dir/p.txt")"
+echo "ok: --attention reaches sample's and generate's models, measure says what it chose"
 if "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --precision fp16 \
     --out "$dir/x.png" 2>"$dir/p.txt"; then
     fail "--precision fp16 was accepted"
