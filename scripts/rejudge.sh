@@ -5,8 +5,9 @@
 # the results; then `tessera judge` (FD and KID with paired 95 % intervals, precision, recall) on
 # the headline at the full budget, on the first small-budget study's entries, on the
 # unsupervised partition at the full budget (with and without a router), on the small
-# budget's partition and policy tables re-run with every judge, and on the seeds of the
-# full-budget headline (three monoliths, two label-split ensembles).
+# budget's partition and policy tables re-run with every judge, on the seeds of the
+# full-budget headline (three monoliths, two label-split ensembles), and on the small budget's
+# recipe and router tables re-run with every judge.
 #
 #   scripts/rejudge.sh [OUT_DIR]   (default docs/results/judges; resumable: a file that exists is
 #                                   not made again)
@@ -122,4 +123,28 @@ rejudge full-seeds-m2 "$SEEDS" 5000 "$AE/monolith-s2" monolith-s3 "$FULL/best-en
     label-s2-uniform+prior_top1
 rejudge full-seeds-m3 "$SEEDS" 5000 monolith-s3 "$FULL/best-ensemble" label-s2-uniform+prior_top1
 rejudge full-seeds-e1 "$SEEDS" 5000 "$FULL/best-ensemble" label-s2-uniform+prior_top1
+# the small budget's recipe and router tables, re-run with every judge (`JUDGES=… ARMS="mono-s1
+# mono-s2 mono-b8 ens-base ens-b8 warm ens-warm-b8 align mix router-label"
+# scripts/routing-study.sh small`: docs/results/routing-small-judged2/, its own draw of every
+# set): the recipes against today's monolith (batch 64, seed 1), the ensembles against the b8
+# monolith, the routers against the cluster router's top1 and each router's rules against its
+# top1, n = 2 000
+SJ2=docs/results/routing-small-judged2
+rejudge small-recipes "$SJ2" 2000 mono-b64-s1 mono-b64-s2 mono-b8 base-learned+prior_top1 \
+    base-learned_top1 b8-learned+prior_top1 warm-learned+prior_top1
+rejudge small-recipes-mb8 "$SJ2" 2000 mono-b8 base-learned+prior_top1 b8-learned+prior_top1 \
+    b8-uniform+prior_top1 warm-learned+prior_top1
+rejudge small-routers "$SJ2" 2000 warm-learned+prior_top1 align-learned+prior_top1 \
+    mix-learned+prior_top1 label-learned_top1 label-learned+prior_top1 align-learned_top1 \
+    mix-learned_top1 mono-b8
+rejudge small-rules-base "$SJ2" 2000 base-learned+prior_top1 base-learned+prior_top2 \
+    base-centroid+prior_top1 base-learned+prior+hold_top1
+rejudge small-rules-b8 "$SJ2" 2000 b8-learned+prior_top1 b8-learned+prior_top2 \
+    b8-centroid+prior_top1 b8-learned+prior+hold_top1
+rejudge small-rules-align "$SJ2" 2000 align-learned+prior_top1 rules-align-learned+prior_top2 \
+    rules-align-learned+prior_full rules-align-learned+prior+hold_top1 \
+    rules-align-learned+prior+draw_full
+rejudge small-rules-mix "$SJ2" 2000 mix-learned+prior_top1 rules-mix-learned+prior_top2 \
+    rules-mix-learned+prior_full rules-mix-learned+prior+hold_top1 \
+    rules-mix-learned+prior+draw_full
 log "done: $OUT/rejudge-*.txt and .json"
