@@ -93,9 +93,18 @@ typedef struct opts {
     int measure;         /* --attention measure: ts_dit_tune at the forward rows' largest batch */
 } opts_t;
 
-/* What --attention measure found (the forward rows' model; printed and in the JSON). */
+/* What --attention measure found (the forward rows' model; printed and in the JSON), and the
+ * engine's epilogue setting before it (the training row's). */
 static ts_dit_tune_t measured;
-static int have_measured;
+static int have_measured, epilogues_before;
+
+/* v for JSON: "%.6g", or null where it is not finite (a difference of a non-finite output). */
+static const char *jnum(char buf[32], double v) {
+    if (!isfinite(v))
+        return "null";
+    snprintf(buf, 32, "%.6g", v);
+    return buf;
+}
 
 /* --peak's measurement: GFLOP/s of an N³ product on the engine (0: not measured, or failed). */
 typedef struct {
@@ -638,25 +647,26 @@ static void print_json(FILE *out, const opts_t *o, const model_desc_t *m, const 
     fprintf(out, "  \"num_params\": %lld,\n  \"flops_per_sample\": %.6g,\n",
             (long long)m->num_params, flops);
     print_memory_json(out, mr);
+    char b1[32], b2[32], b3[32];
     if (have_measured)
         fprintf(out,
                 "  \"measured\": {\"batch\": %d, \"attention\": \"%s\", \"ms_fused\": %.6g, "
-                "\"ms_composed\": %.6g, \"fused_diff\": %.6g, \"epilogues_measured\": %s, "
-                "\"epilogues\": %s, \"ms_epilogues\": %.6g, \"epilogues_diff\": %.6g, "
+                "\"ms_composed\": %.6g, \"fused_diff\": %s, \"epilogues_measured\": %s, "
+                "\"epilogues\": %s, \"ms_epilogues\": %.6g, \"epilogues_diff\": %s, "
                 "\"graphs_measured\": %s, \"graphs_same\": %s, \"graphs\": %s, "
-                "\"ms_graphs\": %.6g},\n",
+                "\"ms_graphs\": %.6g, \"note\": \"%s\"},\n",
                 measured.batch, ts_attn_name(measured.attn), measured.ms[TS_ATTN_FUSED],
-                measured.ms[TS_ATTN_COMPOSED], measured.fused_diff,
+                measured.ms[TS_ATTN_COMPOSED], jnum(b1, measured.fused_diff),
                 measured.epilogues_measured ? "true" : "false",
                 measured.epilogues ? "true" : "false", measured.ms_epilogues,
-                measured.epilogues_diff, measured.graphs_measured ? "true" : "false",
+                jnum(b2, measured.epilogues_diff), measured.graphs_measured ? "true" : "false",
                 measured.graphs_same ? "true" : "false", measured.graphs ? "true" : "false",
-                measured.ms_graphs);
+                measured.ms_graphs, measured.note);
     if (ck->done)
         fprintf(out,
-                "  \"check\": {\"batch\": %d, \"max_abs_diff\": %.6g, \"scale\": %.6g, "
-                "\"rel\": %.6g, \"tol\": %g, \"ok\": %s},\n",
-                ck->batch, ck->max_abs_diff, ck->scale, ck->rel, o->tol,
+                "  \"check\": {\"batch\": %d, \"max_abs_diff\": %s, \"scale\": %.6g, "
+                "\"rel\": %s, \"tol\": %g, \"ok\": %s},\n",
+                ck->batch, jnum(b1, ck->max_abs_diff), ck->scale, jnum(b3, ck->rel), o->tol,
                 ck->rel <= o->tol ? "true" : "false");
     if (pk->size > 0)
         fprintf(out,
@@ -863,16 +873,23 @@ static int open_model(const opts_t *o, const ts_st_file_t *f, ts_engine_t *e, in
     }
     if (rc == TS_OK && o->graphs && !trainable)
         ts_dit_set_graphs(m, 1);
-    if (rc == TS_OK && o->measure && trainable && e->device == TS_CUDA)
-        (void)ts_cuda_set_epilogues(e, 0);         /* the training row as by default */
+    if (rc == TS_OK && have_measured && trainable && epilogues_before != -1)
+        (void)ts_cuda_set_epilogues(e, epilogues_before); /* the training row as before */
     if (rc == TS_OK && o->measure && !trainable) { /* after --graphs: the tune decides them */
-        rc = ts_dit_tune(m, max_batch, 5, &measured);
+        int tb = 0;                                /* the largest row's batch (not the check's) */
+        for (int i = 0; i < o->n_batches; i++)
+            tb = o->batches[i] > tb ? o->batches[i] : tb;
+        tb = tb > 0 && tb <= max_batch ? tb : max_batch;
+        epilogues_before = ts_cuda_epilogues(e);
+        rc = ts_dit_tune(m, tb, 5, &measured);
         if (rc == TS_OK) {
             have_measured = 1;
-            fprintf(stderr, "bench_dit: measured at batch %d: %s\n", max_batch, measured.note);
-        } else if (rc != TS_ENOMEM) {
+            fprintf(stderr, "bench_dit: measured at batch %d: %s\n", tb, measured.note);
+        } else {
             ts_dit_free(m);
-            return fail("--attention measure", rc, NULL);
+            return fail("--attention measure", rc,
+                        rc == TS_ENOMEM ? "no memory for the measurement's inputs and layouts"
+                                        : NULL);
         }
     }
     if (rc == TS_ENOMEM) {
@@ -1003,7 +1020,7 @@ static int run(const opts_t *o) {
             rc = time_job(&j, o, &r->t);
         job_free(&j);
         r->graph_launches = m.graph_launches - launches;
-        if (rc == TS_OK && o->graphs && m.graphs != 1)
+        if (rc == TS_OK && o->graphs && m.graphs != 1 && !have_measured)
             fprintf(stderr, "bench_dit: --graphs: %s; batch %d ran eagerly\n",
                     e.device != TS_CUDA ? "a CPU engine has no CUDA graphs"
                                         : "a capture failed, graphs are off for this model",

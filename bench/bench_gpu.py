@@ -380,13 +380,18 @@ def run_graphs(weights, check):
 
 
 def run_measured(weights, check, precision):
-    """The forward at the largest --batch with what ts_dit_tune measures fastest on this GPU
+    """The forward at the largest --batch that fits with what ts_dit_tune measures fastest here
     (`bench_dit --attention measure`: the attention, the cuBLASLt epilogues, CUDA graphs)."""
-    B = max(ARGS.batch)
+    batches, _, skipped = what_fits(weights, precision)
+    if not batches:
+        return {"error": "no batch fits: " + "; ".join(why_skipped(x) for x in skipped)}
+    B = max(batches)
     cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--check", check,
            "--tol", str({"bf16": TOL_BF16, "f16": TOL_F16}[precision]), "--precision", precision,
            "--seconds", str(ARGS.seconds), "--train-batch", "0", "--batch", str(B),
            "--attention", "measure", "--json"]
+    if ARGS.quick:
+        cmd.append("--quick")
     log(f"  ours {precision} measured: {' '.join(cmd)}")
     return run_child(cmd)
 

@@ -42,12 +42,12 @@ int ts_cli_precision(ts_dit_t *models, int n, ts_precision_t p, const char *prog
  * its max_batch where asked: NULL (no --attention) leaves each on its default; each model's
  * choice is said on stderr ("PROG: attention …", "PROG: expert K: …"; prog NULL: silently). An
  * unknown name is TS_EINVAL with the names in err. */
-#define TS_CLI_ATTENTION_HELP                                                                       \
-    "fused, composed, measure (both timed on this machine, the faster kept where the fused one "    \
-    "agrees with the composed one — on a GPU also the bias epilogue and CUDA graphs; a near tie " \
-    "can go either way from run to run, so name one for reproducible bits) or auto (measure on a "  \
-    "GPU, as a daemon does; the default on a CPU); default: each model's own, "                     \
-    "docs/architecture.md \"Choosing the attention\""
+#define TS_CLI_ATTENTION_HELP                                                                      \
+    "fused, composed, measure (both timed on this machine, the faster kept where the fused one "   \
+    "agrees with the composed one; on a GPU also CUDA graphs and, at 16 bits, the bias "           \
+    "epilogue; a near tie can go either way from run to run, so name one for reproducible bits) "  \
+    "or auto (measure on a GPU, as a daemon does; the default on a CPU); default: each model's "   \
+    "own, docs/architecture.md \"Choosing the attention\""
 int ts_cli_attention(ts_dit_t *models, int n, const char *choice, const char *prog, char *err,
                      size_t errlen);
 /* 1 where choice (a verb's --attention, NULL when not given) is a name ts_cli_attention takes;

@@ -382,8 +382,11 @@ static int open_models(eval_run_t *r) {
                                     errlen); /* announced once */
     if (rc == TS_OK)
         rc = ts_local_set_attention(&r->loc, o->attention, PROG, err, errlen);
-    for (int m = 0; m < r->n_mono && rc == TS_OK; m++)
-        rc = ts_local_set_attention(&r->mono[m], o->attention, PROG, err, errlen);
+    for (int m = 0; m < r->n_mono && rc == TS_OK; m++) {
+        char who[48];
+        snprintf(who, sizeof who, PROG ": monolith %d", m + 1);
+        rc = ts_local_set_attention(&r->mono[m], o->attention, who, err, errlen);
+    }
     if (rc == TS_OK)
         rc = ts_local_check_sampler(&r->loc, r->so.kind, o->sampler, err, errlen);
     for (int m = 0; m < r->n_mono && rc == TS_OK; m++)

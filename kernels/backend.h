@@ -311,6 +311,9 @@ int ts_cuda_memcpy_async(ts_engine_t *e, void *dst, ts_device_t dst_dev, const v
  * opened or started here; and how many products ran so (tests, benchmarks). */
 int ts_cuda_set_epilogues(ts_engine_t *e, int on);
 int64_t ts_cuda_epilogue_calls(ts_engine_t *e);
+/* The setting: 1 on, 0 off, −1 off because cuBLASLt could not be opened or started (0 off a
+ * CUDA engine). */
+int ts_cuda_epilogues(ts_engine_t *e);
 /* CUDA graphs (ts_engine_capture_begin and the rest): capture of e's stream in thread-local mode
  * (a call from this thread that would be unsafe during a capture fails it, so it is seen), its
  * end into an instantiated graph (*exec; NULL, with TS_ECUDA, when the capture failed or was

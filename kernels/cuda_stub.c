@@ -93,6 +93,7 @@ void ts_cuda_event_free(void *ev) {}
 int ts_cuda_event_wait(ts_engine_t *e, void *ev) { return TS_ENODEV; }
 int ts_cuda_set_epilogues(ts_engine_t *e, int on) { return TS_ENODEV; }
 int64_t ts_cuda_epilogue_calls(ts_engine_t *e) { return 0; }
+int ts_cuda_epilogues(ts_engine_t *e) { return 0; }
 int ts_cuda_capture_begin(ts_engine_t *e) { return TS_ENODEV; }
 int ts_cuda_capture_end(ts_engine_t *e, void **exec) {
     if (exec)

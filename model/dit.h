@@ -310,7 +310,7 @@ const char *ts_attn_name(ts_attn_impl_t a); /* "fused" or "composed" */
  * are measured at this batch only (another batch gets its own graph). A fused attention that
  * fails to run is not taken (the note says why), after which a composed forward must still run.
  * TS_EINVAL for a trainable model; another error (a composed forward's, TS_ENOMEM) is returned
- * with m back on the attention and graphs it had. Each forward at the model's velocity only
+ * with m back on the attention and graphs it had (and its engine on its epilogues). Each forward at the model's velocity only
  * (a learned σ is not compared). */
 #define TS_DIT_TUNE_MAX_REPS 64
 typedef struct ts_dit_tune {
@@ -318,8 +318,10 @@ typedef struct ts_dit_tune {
     double ms[2];      /* median ms per forward, by ts_attn_impl_t; 0: not measured (cannot run) */
     double fused_diff; /* the fused output's relative RMS difference to the composed one */
     /* a 16-bit model on a GPU: the linears' bias in cuBLASLt's epilogue (ts_cuda_set_epilogues,
-     * the engine's setting), measured with the chosen attention and kept where its output is
-     * within 1e-2 relative RMS of the two-kernel one's and it is more than 3 % faster */
+     * the engine's setting: off while the attentions are timed), measured with the chosen
+     * attention and kept where its output is within 1e-2 relative RMS of the two-kernel one's
+     * and it is more than 3 % faster. Several models on one engine: each tune decides it anew,
+     * the last one's decision stands */
     int epilogues_measured, epilogues;
     double epilogues_diff, ms_epilogues;
     int graphs_measured;

@@ -182,6 +182,12 @@ int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out) {
     probe_t p;
     TS_TRY(probe_init(&p, m, batch));
     ts_dit_set_graphs(m, 0);
+    /* the epilogues (the engine's setting) off while the attentions are timed, so that the
+     * two-kernel forward is what they are measured against; a cuBLASLt that could not start
+     * (−1) is left so */
+    int epi_was = ts_cuda_epilogues(m->eng);
+    int epi = m->eng->device == TS_CUDA && m->precision != TS_PREC_F32 && epi_was != -1 &&
+              ts_cuda_set_epilogues(m->eng, 0) == TS_OK;
     /* the composed attention: the reference every other choice is checked against */
     int rc = ts_dit_set_attention(m, TS_ATTN_COMPOSED);
     if (rc == TS_OK)
@@ -225,8 +231,7 @@ int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out) {
     if (rc == TS_OK && frc != TS_OK && frc != TS_ENOTSUP) /* does the GPU still work? */
         rc = forward(m, &p, batch, NULL);
     /* the epilogues, at bf16 or f16 on a GPU: measured against the two kernels' forward */
-    if (rc == TS_OK && m->eng->device == TS_CUDA && m->precision != TS_PREC_F32 &&
-        ts_cuda_set_epilogues(m->eng, 0) == TS_OK) {
+    if (rc == TS_OK && epi) {
         rc = forward(m, &p, batch, p.out[0]);
         int64_t calls = ts_cuda_epilogue_calls(m->eng);
         int erc = rc == TS_OK ? ts_cuda_set_epilogues(m->eng, 1) : rc;
@@ -239,17 +244,20 @@ int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out) {
             erc = time_forward(m, &p, batch, reps, &out->ms_epilogues);
         }
         out->epilogues = erc == TS_OK && ran && ts_dit_tune_epilogues_keep(out, pick);
-        if (rc == TS_OK && ts_cuda_set_epilogues(m->eng, out->epilogues) == TS_OK) {
-            size_t used = strlen(out->note);
-            if (!ran)
-                snprintf(out->note + used, sizeof out->note - used,
-                         "; epilogues off (cuBLASLt did not run them%s%s)",
-                         erc != TS_OK ? ": " : "", erc != TS_OK ? ts_strerror(erc) : "");
-            else
-                snprintf(out->note + used, sizeof out->note - used,
-                         "; epilogues %s (%.3f ms per forward, output %.2g off)",
-                         out->epilogues ? "on" : "off", out->ms_epilogues, out->epilogues_diff);
-        }
+        int lt_dead = ts_cuda_epilogues(m->eng) == -1;
+        if (!lt_dead)
+            (void)ts_cuda_set_epilogues(m->eng, out->epilogues);
+        size_t used = strlen(out->note);
+        if (rc == TS_OK && erc != TS_OK)
+            snprintf(out->note + used, sizeof out->note - used, "; epilogues off (they failed: %s)",
+                     ts_strerror(erc));
+        else if (rc == TS_OK && !ran)
+            snprintf(out->note + used, sizeof out->note - used, "; epilogues off (%s)",
+                     lt_dead ? "cuBLASLt could not start" : "no product took them");
+        else if (rc == TS_OK)
+            snprintf(out->note + used, sizeof out->note - used,
+                     "; epilogues %s (%.3f ms per forward, output %.2g off)",
+                     out->epilogues ? "on" : "off", out->ms_epilogues, out->epilogues_diff);
     }
     /* graphs, on a GPU: the chosen attention's forward through them must give the same bits
      * as the eager forward just before, and be faster */
@@ -282,9 +290,12 @@ int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out) {
     } else if (rc == TS_OK) {
         ts_dit_set_graphs(m, graphs_was);
     }
-    if (rc != TS_OK) { /* back to what m had, where it can be */
+    if (rc != TS_OK) { /* back to what m and its engine had, where it can be */
         (void)ts_dit_set_attention(m, was);
         ts_dit_set_graphs(m, graphs_was);
+        if (epi && ts_cuda_epilogues(m->eng) != -1)
+            (void)ts_cuda_set_epilogues(m->eng, epi_was);
+        out->epilogues = 0;
     }
     out->attn = m->attn;
     probe_free(&p);

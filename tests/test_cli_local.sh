@@ -134,7 +134,14 @@ grep -q "^tessera sample: attention composed$" "$dir/err.txt" ||
     fail "--attention composed: $(cat "$dir/err.txt")"
 run "$T" generate --local "$dir/one" --policy uniform --n 2 --steps 2 --seed 7 \
     --attention composed --out "$dir/one-att-c.png"
+grep -q "^tessera generate: attention composed$" "$dir/err.txt" ||
+    fail "generate --attention composed: $(cat "$dir/err.txt")"
 cmp -s "$dir/one-att-c.png" "$dir/att-c.png" || fail "generate --attention composed differs from sample's"
+rc=0
+"$T" generate --peer 127.0.0.1:9 --network-key "$dir/x.key" --attention fused --n 1 \
+    --out "$dir/x.png" 2>"$dir/p.txt" || rc=$?
+[ "$rc" = 2 ] && grep -q -- "--attention goes with --local" "$dir/p.txt" ||
+    fail "generate --peer --attention: exit $rc, $(cat "$dir/p.txt")"
 run "$T" sample --weights "$f/expert-0.safetensors" --n 2 --steps 2 --seed 7 --attention measure \
     --out "$dir/att-m.png"
 grep -q "attention measured: \(fused\|composed\) (fused [0-9.]* ms, composed [0-9.]* ms" \

@@ -1128,6 +1128,8 @@ int ts_cuda_set_epilogues(ts_engine_t *e, int on) {
 
 int64_t ts_cuda_epilogue_calls(ts_engine_t *e) { return e && e->cuda ? e->cuda->lt_calls : 0; }
 
+int ts_cuda_epilogues(ts_engine_t *e) { return e && e->cuda ? e->cuda->epilogues : 0; }
+
 /* out = in16 · weightᵀ in fp32, both in lp, then the bias: in cuBLASLt's epilogue when the
  * engine has it on, else in a second kernel, as the fp32 path. */
 static int linear_lp_product(ts_engine_t *e, ts_dtype_t lp, float *out, const uint16_t *in16,
