@@ -343,7 +343,10 @@ int ts_dit_tune_graphs_keep(const ts_dit_tune_t *t, ts_attn_impl_t a);
 /* How a served model gets its attention (tesserad: [compute] attention): auto measures it
  * (ts_dit_tune at batch) on a GPU and keeps the default on a CPU, where it was measured in
  * benchmarks; measure measures it anywhere; fused and composed ask for one (a model that cannot
- * take it keeps the default, and the note says so). note gets one line for the log. */
+ * take it keeps the default, and the note says so). A measurement that fails leaves the model on
+ * its default with the reason in the note: TS_OK under auto (the node serves as it would have
+ * without measuring), the error under measure unless it is TS_ENOMEM. note gets one line for
+ * the log. */
 typedef enum {
     TS_ATTN_CHOOSE_AUTO,
     TS_ATTN_CHOOSE_MEASURE,

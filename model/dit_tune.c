@@ -314,11 +314,14 @@ int ts_dit_choose_attention(ts_dit_t *m, ts_attn_choice_t c, int batch, char *no
             snprintf(note, note_len, "attention measured: %s", t.note);
             return TS_OK;
         }
-        /* out of memory for the measurement: the default, if it can be had */
+        /* the measurement failed (the tune put m back): the default, if it can be had — under
+         * auto whatever the reason (a node keeps serving as it would without measuring; a
+         * broken device shows in its forwards), under measure only for want of memory */
         int drc = ts_dit_set_attention(m, ts_dit_default_attention(m));
         snprintf(note, note_len, "attention %s (measuring failed: %s)", ts_attn_name(m->attn),
                  ts_strerror(rc));
-        return rc == TS_ENOMEM && drc == TS_OK ? TS_OK : rc;
+        int keep = rc == TS_ENOMEM || (c == TS_ATTN_CHOOSE_AUTO && rc != TS_EINVAL);
+        return keep && drc == TS_OK ? TS_OK : rc;
     }
     if (c == TS_ATTN_CHOOSE_AUTO) {
         snprintf(note, note_len, "attention %s (the default)", ts_attn_name(m->attn));
