@@ -40,6 +40,7 @@
 typedef struct status {
     ts_netclient_t nc;
     int json, watch, tty, timeout_ms, interval_s, rounds, failed;
+    int stopping; /* stop ran: a call it ends (refused as shutting down) is not an error */
     uv_timer_t timer;
     uv_signal_t sigint;
     char err[1400];
@@ -184,7 +185,7 @@ static void print_status(const Tessera__StatusResponse *r, const ts_status_adver
 static void ask(status_t *s);
 
 static void stop(status_t *s, int failed, const char *message) {
-    if (failed && !s->failed) {
+    if (failed && !s->failed && !s->stopping) {
         s->failed = 1;
         snprintf(s->err, sizeof s->err, "%s", message);
     }
@@ -192,6 +193,7 @@ static void stop(status_t *s, int failed, const char *message) {
         uv_close((uv_handle_t *)&s->timer, NULL);
     if (!uv_is_closing((uv_handle_t *)&s->sigint))
         uv_close((uv_handle_t *)&s->sigint, NULL);
+    s->stopping = 1;
     ts_rpc_shutdown(s->nc.rpc);
 }
 

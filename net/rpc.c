@@ -529,8 +529,11 @@ static void rpc_timer_closed(uv_handle_t *h) {
 }
 
 void ts_rpc_shutdown(ts_rpc_t *rpc) {
-    if (!rpc || rpc->closing)
+    if (!rpc || rpc->closing || rpc->shutting)
         return;
+    /* a finished call's callback may shut down too (a client stopping on its error): that
+     * nested call must not walk the peers this one is walking */
+    rpc->shutting = 1;
     /* Queued calls first, while the endpoint still works for their callbacks. */
     TS_LIST_FOREACH(it, &rpc->peers) {
         ts_rpc_peer_t *p = TS_CONTAINER_OF(it, ts_rpc_peer_t, node);

@@ -27,6 +27,7 @@ struct ts_rpc {
     uv_timer_t timer;
     int timer_open;
     int closing;
+    int shutting; /* in ts_rpc_shutdown: a call's callback that shuts down again returns */
     unsigned sessions, peer_timers; /* still alive: ts_rpc_free waits for them */
     ts_rpc_stats_t st;
 };

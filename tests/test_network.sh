@@ -95,6 +95,24 @@ timeout -s INT 3.5 "$T" status --peer "$(addr 3)" --network-key "$dir/net.key" -
     --interval 1 >"$dir/watch.txt" 2>/dev/null || true
 [ "$(grep -c '"members"' "$dir/watch.txt")" -ge 2 ] || fail "status --watch answered $(grep -c '"members"' "$dir/watch.txt") times in 3.5 s"
 echo "ok: tessera status (table, --json --watch)"
+# Ctrl-C while --watch is still trying to reach a node that is not there: it exits at once, 0
+# (it once spun forever: the pending call's error shut the RPC endpoint down inside its own
+# shutdown)
+"$T" status --peer 127.0.0.1:9 --network-key "$dir/net.key" --json --watch --interval 1 \
+    >"$dir/watch-dead.txt" 2>"$dir/watch-dead.err" &
+wpid=$!
+sleep 1.5
+kill -INT "$wpid"
+i=0
+while kill -0 "$wpid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+if kill -0 "$wpid" 2>/dev/null; then
+    kill -9 "$wpid"
+    fail "status --watch did not exit 5 s after Ctrl-C (no node at the address)"
+fi
+rc=0
+wait "$wpid" || rc=$?
+[ "$rc" = 0 ] || fail "status --watch, Ctrl-C while connecting: exit $rc, $(cat "$dir/watch-dead.err")"
+echo "ok: Ctrl-C ends status --watch while it is still connecting"
 
 # A node of another network, bootstrapping from node 0: never seen, sees nobody.
 start 8 "$(addr 0)" "$dir/other.key"
