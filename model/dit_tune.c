@@ -5,6 +5,8 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "kernels/backend.h"
+#include "kernels/ref.h"
+#include "model/quality.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,11 +64,6 @@ int ts_dit_tune_epilogues_keep(const ts_dit_tune_t *t, ts_attn_impl_t a) {
 
 int ts_dit_tune_graphs_keep(const ts_dit_tune_t *t, ts_attn_impl_t a) {
     return t->graphs_same && faster(t->ms_graphs, t->epilogues ? t->ms_epilogues : t->ms[a]);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* The inputs of the measurement: x ~ a fixed pseudo-random pattern in [−1, 1], t spread over
@@ -150,22 +147,14 @@ static int time_forward(ts_dit_t *m, probe_t *p, int B, int reps, double *ms) {
         TS_TRY(forward(m, p, B, NULL));
         t[r] = (ts_now_s() - t0) * 1e3;
     }
-    qsort(t, (size_t)reps, sizeof *t, cmp_double);
-    *ms = t[reps / 2];
+    *ms = ts_quantile(t, reps, 0.5);
     return TS_OK;
 }
 
-/* sqrt(Σ(a − b)²) / sqrt(Σ b²); +inf where a holds a non-finite value. */
+/* sqrt(Σ(a − b)²) / sqrt(Σ b²), kernels/ref.h's normalised error: +inf where a is not finite and
+ * b is. */
 static double rel_rms(const float *a, const float *b, int64_t n) {
-    double d = 0.0, r = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(a[i]))
-            return INFINITY;
-        double e = (double)a[i] - (double)b[i];
-        d += e * e;
-        r += (double)b[i] * (double)b[i];
-    }
-    return r > 0.0 ? sqrt(d / r) : (d > 0.0 ? INFINITY : 0.0);
+    return sqrt(ts_ref_nmse(a, b, n));
 }
 
 int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out) {
