@@ -1014,13 +1014,13 @@ static int run(const opts_t *o) {
     for (int i = 0; i < o->n_batches; i++) {
         job_t j;
         result_t *r = &res[nr];
-        int64_t launches = m.graph_launches;
+        int64_t launches = m.graphs.launches;
         rc = job_inputs(&j, &m, o->batches[i], 100 + (uint64_t)i);
         if (rc == TS_OK)
             rc = time_job(&j, o, &r->t);
         job_free(&j);
-        r->graph_launches = m.graph_launches - launches;
-        if (rc == TS_OK && o->graphs && m.graphs != 1 && !have_measured)
+        r->graph_launches = m.graphs.launches - launches;
+        if (rc == TS_OK && o->graphs && m.graphs.on != 1 && !have_measured)
             fprintf(stderr, "bench_dit: --graphs: %s; batch %d ran eagerly\n",
                     e.device != TS_CUDA ? "a CPU engine has no CUDA graphs"
                                         : "a capture failed, graphs are off for this model",
@@ -1061,10 +1061,16 @@ static int run(const opts_t *o) {
         ts_trainer_t tr;
         ts_train_config_default(&tc);
         tc.batch = o->train_batch;
+        tc.graphs = o->graphs;
         rc = synthetic_data(&m.cfg, &ds);
         if (rc == TS_OK && (rc = ts_trainer_init(&tr, &m, &ds, &tc)) == TS_OK) {
             job_t j = {.m = &m, .tr = &tr, .B = o->train_batch};
             rc = time_job(&j, o, &res[nr].t);
+            res[nr].graph_launches = tr.graphs.launches;
+            if (rc == TS_OK && o->graphs && (e.device != TS_CUDA || tr.graphs.on != 1))
+                fprintf(stderr, "bench_dit: --graphs: %s; the training row ran eagerly\n",
+                        e.device != TS_CUDA ? "a CPU engine has no CUDA graphs"
+                                            : "the step's capture failed");
             ts_trainer_free(&tr);
         }
         ts_dataset_free(&ds);
@@ -1171,9 +1177,11 @@ static void usage(FILE *f) {
         "                     the training row keeps the default; JSON: \"measured\"\n"
         "  --device D         cpu (default), cuda or cuda:N: the engine; each timed call ends\n"
         "                     with the device synchronised\n"
-        "  --graphs           the forward rows through CUDA graphs (ts_dit_set_graphs: a\n"
-        "                     batch's forward captured on its second call, then one launch;\n"
-        "                     JSON: each row's \"graph_launches\"); a CPU engine ignores it\n"
+        "  --graphs           the rows through CUDA graphs: a forward row's forward\n"
+        "                     (ts_dit_set_graphs) and the training row's forward and\n"
+        "                     backward (ts_train_config_t graphs), each captured on its second\n"
+        "                     call, then one launch; JSON: each row's \"graph_launches\");\n"
+        "                     a CPU engine ignores it\n"
         "  --peak N           after the rows, the engine's N³ GEMM peak (fp32; bf16 where it\n"
         "                     runs; f16 in an f16 run) and each row as a fraction of its\n"
         "                     precision's peak (JSON: \"peak\")\n"

@@ -27,7 +27,9 @@ For each config, in one run:
      --attention-ops 64`: the target is the fused ≥ 2× the composed at T = 256); and, for the
      configs of GRAPH_CONFIGS, the bf16 forward at batches 1 and 8 eagerly, through CUDA
      graphs (`bench_dit --graphs`) and with the linears' bias in cuBLASLt's epilogue
-     (TESSERA_CUDA_EPILOGUES=1), side by side (the launch-bound rows); and for every config
+     (TESSERA_CUDA_EPILOGUES=1), side by side (the launch-bound rows), and the bf16 training
+     step at batch 8 eagerly and through CUDA graphs (its forward and backward as one graph);
+     and for every config
      the bf16 forward at the largest batch as `bench_dit --attention measure` sets it up
      (ts_dit_tune: the attention, the epilogues and the graphs measured fastest, what a GPU
      daemon serves with by default);
@@ -81,6 +83,7 @@ DATA_N = 1024    # synthetic training images, as bench_dit.c
 TARGET = ("dit-xl", "train_b64_bf16", 0.60)
 GRAPH_CONFIGS = ("tiny", "small", "dit-b")  # the graph rows: small models at small batches
 GRAPH_BATCHES = (1, 8)
+GRAPH_TRAIN_BATCH = 8  # the training step eagerly and through CUDA graphs (eager and graphs modes)
 
 
 def parse_args():
@@ -363,12 +366,14 @@ GRAPH_MODES = ("eager", "graphs", "epilogues")
 
 def run_graphs(weights, check):
     """The bf16 forward at GRAPH_BATCHES eagerly, then through CUDA graphs (`--graphs`), then
-    with the bias in cuBLASLt's epilogue: three bench_dit runs of the same rows, back to back."""
+    with the bias in cuBLASLt's epilogue: three bench_dit runs of the same rows, back to back;
+    the first two with the training step at GRAPH_TRAIN_BATCH too (eager, then graphed)."""
     out = {}
     for mode in GRAPH_MODES:
+        tb = GRAPH_TRAIN_BATCH if mode != "epilogues" else 0
         cmd = [bench_dit(), "--device", ARGS.device, "--weights", weights, "--check", check,
                "--tol", str(TOL_BF16), "--precision", "bf16", "--seconds", str(ARGS.seconds),
-               "--train-batch", "0", "--json"] + (["--graphs"] if mode == "graphs" else [])
+               "--train-batch", str(tb), "--json"] + (["--graphs"] if mode == "graphs" else [])
         for B in GRAPH_BATCHES:
             cmd += ["--batch", str(B)]
         if ARGS.quick:
@@ -636,7 +641,19 @@ def main():
         g = res.get("graphs_bf16")
         if not g:
             continue
-        rows = {m: {r["batch"]: r for r in g[m].get("results", [])} for m in GRAPH_MODES}
+        rows = {m: {r["batch"]: r for r in g[m].get("results", []) if r["what"] == "forward"}
+                for m in GRAPH_MODES}
+        trains = [next((r for r in g[m].get("results", []) if r["what"] == "train"), None)
+                  for m in GRAPH_MODES[:2]]
+        if all(trains):
+            e, c = trains
+            print(f"{name} bf16 train b{e['batch']}: eager {e['samples_per_s']:.1f}/s, "
+                  f"CUDA graphs {c['samples_per_s']:.1f}/s "
+                  f"({c['samples_per_s'] / e['samples_per_s']:.2f}×; "
+                  f"{c['graph_launches']} of {c['calls']} steps one launch)")
+        else:
+            why = next((g[m]["error"] for m in GRAPH_MODES[:2] if "error" in g[m]), "not measured")
+            print(f"CUDA graphs {name} bf16 train b{GRAPH_TRAIN_BATCH}: not run: {why}")
         for B in GRAPH_BATCHES:
             e, c, lt = (rows[m].get(B) for m in GRAPH_MODES)
             if not e or not c or not lt:

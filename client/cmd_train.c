@@ -62,6 +62,7 @@ typedef struct {
     int64_t steps;
     int cluster;
     int batch, threads, ckpt_every, keep, log_every, resume, restart, json, warmup, logit_normal;
+    int graphs;               /* --graphs */
     ts_device_spec_t device;  /* --device (zeroed: the CPU) */
     ts_precision_t precision; /* --precision (zeroed: f32) */
     float lr, wd, clip, ema, dropout;
@@ -300,6 +301,10 @@ static int parse_opts(int argc, char **argv, train_opts_t *o, const ts_train_con
         {"precision", TS_ARG_PRECISION, &o->precision, "P",
          "the products, forward and backward: " TS_PRECISION_HELP
          "; bf16 keeps fp32 master weights, AdamW, EMA, checkpoints and --out"},
+        {"graphs", TS_ARG_FLAG, &o->graphs, NULL,
+         "on a GPU, run each step's forward and backward as one CUDA graph (captured at the second "
+         "step; the same kernels, far fewer launches; a capture that fails falls back to the "
+         "eager step and says so); a CPU ignores it"},
         {"out", TS_ARG_STRING, &o->out, "FILE", "where to write the EMA weights (.safetensors)", 0,
          0, 1},
         {"dtype", TS_ARG_STRING, &o->dtype, "D",
@@ -357,7 +362,7 @@ static int validate(train_run_t *r) {
         ts_train_config_t *tc = &r->tc;
         tc->batch = o->batch, tc->lr = o->lr, tc->warmup = o->warmup, tc->weight_decay = o->wd;
         tc->grad_clip = o->clip, tc->ema_decay = o->ema, tc->label_dropout = o->dropout;
-        tc->logit_normal = o->logit_normal, tc->seed = o->seed;
+        tc->logit_normal = o->logit_normal, tc->seed = o->seed, tc->graphs = o->graphs;
         return 0;
     }
     return 2;
@@ -479,7 +484,7 @@ static int train(train_run_t *r) {
     r->t0 = ts_now_s();
     progress_t p = {isatty(STDERR_FILENO), r->t0, tr->step};
     r->loss = NAN, r->norm = NAN;
-    int rc = TS_OK;
+    int rc = TS_OK, graphs_was = tr->graphs.on;
     while (tr->step < o->steps && !g_stop) {
         if ((rc = ts_trainer_step(tr, &r->loss, &r->norm)) != TS_OK) {
             fprintf(stderr,
@@ -487,6 +492,13 @@ static int train(train_run_t *r) {
                     "last checkpoint is intact\n",
                     (long long)tr->step + 1, ts_strerror(rc), r->loss, r->norm);
             return rc;
+        }
+        if (tr->graphs.on != graphs_was) { /* −1: a capture failed (model/trainer.h) */
+            fprintf(stderr,
+                    "%stessera train: --graphs: the step's capture into a CUDA graph failed; the "
+                    "steps run eagerly (the same arithmetic, more launches)\n",
+                    p.tty ? "\n" : "");
+            graphs_was = tr->graphs.on;
         }
         if (r->loss_log)
             fprintf(r->loss_log, "%lld %.9g %.9g\n", (long long)tr->step, r->loss, r->norm);
@@ -544,6 +556,12 @@ static void print_summary(const train_run_t *r) {
                 "f16: loss scale 2^%d, %lld steps of the run skipped for overflowing "
                 "gradients\n",
                 ts_log2i(tr->loss_scale), (long long)tr->skipped);
+    if (o->graphs)
+        fprintf(stderr, "CUDA graphs: %s, %lld captured, %lld steps launched as one\n",
+                r->eng.device != TS_CUDA ? "none (a CPU engine runs every step eagerly)"
+                : tr->graphs.on == 1     ? "on"
+                                         : "off after a capture failed",
+                (long long)tr->graphs.captures, (long long)tr->graphs.launches);
     if (isfinite(r->heldout_loss))
         fprintf(stderr,
                 "held-out loss %.4f on %d test images of cluster %d (heldout_loss in the "
@@ -560,6 +578,12 @@ static void print_summary(const train_run_t *r) {
                               ts_precision_name(o->precision));
         if (j && isfinite(r->heldout_loss))
             json_object_set_new(j, "heldout_loss", json_real(r->heldout_loss));
+        if (j && o->graphs)
+            json_object_set_new(j, "graphs",
+                                json_pack("{s:b, s:I, s:I}", "on",
+                                          tr->graphs.on == 1 && r->eng.device == TS_CUDA,
+                                          "captures", (json_int_t)tr->graphs.captures, "launches",
+                                          (json_int_t)tr->graphs.launches));
         if (j && f16) {
             json_object_set_new(j, "loss_scale", json_real(tr->loss_scale));
             json_object_set_new(j, "skipped_steps", json_integer((json_int_t)tr->skipped));

@@ -79,6 +79,7 @@ static const key_spec_t KEYS[] = {
     {{"train", "progress_every_s", "integer", "60", "seconds between the log's training progress lines (step, loss, steps/s, time left); the first comes after the job's first step"}, K_INT, OFF(train_progress_every_s), 1, 86400},
     {{"train", "ckpt_every", "integer", "500", "a checkpoint into the store every this many steps (and when stopped); a killed daemon resumes from the newest"}, K_INT, OFF(train_ckpt_every), 1, 1000000000},
     {{"train", "keep", "integer", "3", "checkpoints of the run kept in the store"}, K_INT, OFF(train_keep), 1, 1000000},
+    {{"train", "graphs", "true|false", "false", "on a GPU (device = cuda), run each training step's forward and backward as one CUDA graph (captured at the second step: the same kernels, far fewer launches; a capture that fails falls back to the eager step and the log says so); a CPU ignores it"}, K_BOOL, OFF(train_graphs), 0, 0},
     {{"train", "serve_while_training", "true|false", "false", "serve the EMA weights of the newest checkpoint while training, instead of waiting for the end; clients use such an expert only past `generate --min-trained F` of its steps (default: finished experts only)"}, K_BOOL, OFF(train_serve_while_training), 0, 0},
     {{"train", "serve_from", "number", "0", "with serve_while_training (mode = train): serve no checkpoint before this fraction of the steps (0..1; 1: only the finished expert); an auto node always advertises its checkpoints, so that other auto nodes see the cluster taken"}, K_FLOAT, OFF(train_serve_from), 0, 0, 0, 1},
     {{"gossip", "probe_interval_ms", "integer", "1000", "SWIM protocol period: one probe per period"}, K_INT, OFF(probe_interval_ms), 50, 60000},
@@ -186,6 +187,7 @@ void ts_daemon_config_default(ts_daemon_config_t *c) {
     c->train_ckpt_every = 500;
     c->train_keep = 3;
     c->train_serve_while_training = 0;
+    c->train_graphs = 0;
 }
 
 typedef struct {

@@ -63,6 +63,7 @@ typedef struct ts_daemon_config {
     double train_serve_from; /* serve_while_training: no checkpoint before this fraction */
     uint64_t train_seed;
     int train_serve_while_training;    /* 0 or 1 */
+    int train_graphs;                  /* 0 or 1: the steps through CUDA graphs */
     int auto_interval_s, auto_dwell_s; /* [expert] mode = auto: how often to choose, min dwell */
     int auto_bandwidth_mib_s;          /* its fetches' bandwidth, MiB/s; 0 = unlimited */
     /* [compute] */

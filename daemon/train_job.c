@@ -405,6 +405,7 @@ static void *job_main(void *arg) {
             notify(j);
     }
     ts_engine_mark_t mk[2] = {{0}, {0}}; /* a step's device time */
+    int64_t captures = j->tr.graphs.captures, graphs_was = j->tr.graphs.on;
     while (rc == TS_OK && j->tr.step < j->steps && !atomic_load(&j->stop)) {
         float loss = NAN;
         double s0 = ts_now_s(), dev = 0.0;
@@ -414,6 +415,15 @@ static void *job_main(void *arg) {
             what = "step", at = j->tr.step + 1;
             break;
         }
+        if (j->tr.graphs.on != graphs_was) /* −1: a capture failed (model/trainer.h) */
+            ts_log_warn("train", "graphs: the step's capture into a CUDA graph failed; the steps "
+                                 "run eagerly (the same arithmetic, more launches)");
+        else if (j->tr.graphs.captures > captures)
+            ts_log_info("train",
+                        "graphs: step %lld's forward and backward captured into a CUDA "
+                        "graph; the steps after launch it",
+                        (long long)j->tr.step);
+        graphs_was = j->tr.graphs.on, captures = j->tr.graphs.captures;
         /* the device's timeline from before the step's batch went up to after its last kernel
          * (elapsed waits for that kernel: AdamW and EMA are queued after the loss is read) */
         if (!(marked && ts_engine_mark(&j->eng, &mk[1]) == TS_OK &&
@@ -510,7 +520,7 @@ void ts_train_job_opts_from_config(ts_train_job_opts_t *o, const ts_daemon_confi
     ts_train_config_default(&o->train);
     o->train.batch = c->train_batch, o->train.lr = (float)c->train_lr;
     o->train.warmup = c->train_warmup, o->train.ema_decay = (float)c->train_ema;
-    o->train.seed = c->train_seed;
+    o->train.seed = c->train_seed, o->train.graphs = c->train_graphs;
 }
 
 static int check_opts(const ts_train_job_opts_t *o, char *err, size_t errlen) {
@@ -608,6 +618,8 @@ static int build(ts_train_job_t *j, const ts_train_job_opts_t *o, char *err, siz
                    o->train.batch, o->train.lr, j->data.n);
     if (rc != TS_OK)
         return rc;
+    if (o->train.graphs && j->eng.device != TS_CUDA)
+        ts_log_info("train", "graphs: a CPU engine has no CUDA graphs; the steps run eagerly");
     rc = ts_ckpt_resume_trainer(j->store, j->progress.run_id, &j->tr, err, errlen);
     if (rc == TS_ENOTFOUND)
         return TS_OK;

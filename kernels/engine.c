@@ -278,6 +278,87 @@ void ts_engine_graph_free(ts_engine_graph_t *graph) {
     graph->exec = NULL;
 }
 
+void ts_graph_cache_drop(ts_graph_cache_t *c) {
+    if (!c)
+        return;
+    for (int i = 0; i < TS_GRAPH_SLOTS; i++)
+        ts_engine_graph_free(&c->graph[i]);
+    memset(c->key, 0, sizeof c->key);
+    memset(c->seen, 0, sizeof c->seen);
+    c->next = c->seen_next = 0;
+}
+
+void ts_graph_cache_set(ts_graph_cache_t *c, int on) {
+    if (!c)
+        return;
+    ts_graph_cache_drop(c);
+    c->on = on != 0;
+}
+
+static int same_key(const ts_graph_key_t *a, const ts_graph_key_t *b) {
+    return memcmp(a, b, sizeof *a) == 0;
+}
+
+int ts_graph_cache_plan(const ts_graph_cache_t *c, const ts_engine_t *e, const ts_graph_key_t *k) {
+    if (!c || !e || !k || c->on != 1 || e->device != TS_CUDA)
+        return TS_GRAPH_EAGER;
+    ts_graph_key_t key = *k;
+    key.epoch = e->scratch_epoch;
+    for (int i = 0; i < TS_GRAPH_SLOTS; i++)
+        if (c->graph[i].exec && same_key(&c->key[i], &key))
+            return i;
+    for (int i = 0; i < TS_GRAPH_SLOTS; i++)
+        if (same_key(&c->seen[i], &key))
+            return TS_GRAPH_CAPTURE;
+    return TS_GRAPH_FIRST;
+}
+
+int ts_graph_cache_run(ts_engine_t *e, ts_graph_cache_t *c, const ts_graph_key_t *k,
+                       ts_graph_work_fn work, void *ctx) {
+    if (!e || !c || !k || !work)
+        return TS_EINVAL;
+    ts_graph_key_t key = *k;
+    key.epoch = e->scratch_epoch;
+    int plan = ts_graph_cache_plan(c, e, k);
+    if (plan >= 0) {
+        TS_TRY(ts_engine_graph_launch(e, &c->graph[plan]));
+        c->launches++;
+        return TS_OK;
+    }
+    if (plan == TS_GRAPH_EAGER)
+        return work(ctx);
+    if (plan == TS_GRAPH_FIRST) { /* eagerly, every scratch sized; remembered as it left them */
+        TS_TRY(work(ctx));
+        key.epoch = e->scratch_epoch;
+        c->seen[c->seen_next] = key;
+        c->seen_next = (c->seen_next + 1) % TS_GRAPH_SLOTS;
+        return TS_OK;
+    }
+    int slot = c->next;
+    ts_engine_graph_free(&c->graph[slot]);
+    memset(&c->key[slot], 0, sizeof c->key[slot]);
+    int rc = ts_engine_capture_begin(e), ops = TS_OK;
+    if (rc == TS_OK) {
+        ops = work(ctx);
+        rc = ts_engine_capture_end(e, &c->graph[slot]); /* ends it whatever the work said */
+    }
+    if (rc == TS_OK && ops != TS_OK) { /* an op refused (nothing ran): as eagerly */
+        ts_engine_graph_free(&c->graph[slot]);
+        return ops;
+    }
+    if (rc != TS_OK) { /* the capture itself failed: off, eager from now on */
+        ts_graph_cache_drop(c);
+        c->on = -1;
+        return work(ctx);
+    }
+    c->key[slot] = key;
+    c->next = (slot + 1) % TS_GRAPH_SLOTS;
+    c->captures++;
+    TS_TRY(ts_engine_graph_launch(e, &c->graph[slot]));
+    c->launches++;
+    return TS_OK;
+}
+
 void ts_engine_mark_free(ts_engine_mark_t *m) {
     if (!m)
         return;

@@ -43,6 +43,11 @@ typedef struct ts_engine {
     /* CUDA: bumped each time the engine's scratch for rounded operands moves (a CUDA graph holds
      * its address: a graph captured before is not launched after) */
     uint64_t scratch_epoch;
+    /* ops that read device memory back to decide something — an index check (the embedding's
+     * ids), ts_tensor_item, ts_check_finite — counted on every engine: on a GPU each one waits
+     * for the device, which no CUDA graph may record, so tests check on the CPU that a graphed
+     * piece of work (a forward, a training step's forward and backward) makes none */
+    uint64_t host_reads;
 } ts_engine_t;
 
 typedef struct ts_engine_opts {
@@ -149,6 +154,51 @@ int ts_engine_capture_begin(ts_engine_t *e);
 int ts_engine_capture_end(ts_engine_t *e, ts_engine_graph_t *graph);
 int ts_engine_graph_launch(ts_engine_t *e, const ts_engine_graph_t *graph);
 void ts_engine_graph_free(ts_engine_graph_t *graph);
+
+/* A cache of graphs for a piece of work that is run again and again with a few fixed sets of
+ * buffers and settings (a model's forward, a training step's forward and backward). The caller
+ * describes a run by a key (the batch, the buffers' addresses, the settings that choose the
+ * kernels: whatever would make the recorded work differ), zero-filled beyond what it sets. On a
+ * GPU with the cache on, ts_graph_cache_run runs the work eagerly the first time it sees a key
+ * (so every scratch buffer the work grows has its size before a capture), captures it into a
+ * graph the second time, and launches that graph every time after: the same kernels on the same
+ * buffers, so the same results, with one launch instead of hundreds. The keys of the last
+ * TS_GRAPH_SLOTS eager runs are remembered and TS_GRAPH_SLOTS graphs kept, each replaced in
+ * turn. A key also carries the engine's scratch_epoch: a graph recorded before the engine's
+ * scratch moved is never launched after. A capture that fails (some op synchronised or
+ * allocated) turns the cache off (on becomes −1): the work runs eagerly from then on, correct
+ * either way. Off, or on a CPU engine, the work always runs eagerly. */
+#define TS_GRAPH_SLOTS 4
+#define TS_GRAPH_KEY_WORDS 12
+typedef struct ts_graph_key {
+    uint64_t w[TS_GRAPH_KEY_WORDS];
+    uint64_t epoch; /* set by the cache: the engine's scratch_epoch */
+} ts_graph_key_t;
+typedef struct ts_graph_cache {
+    int on; /* 1 on, 0 off (a new cache), −1 off because a capture failed */
+    ts_graph_key_t seen[TS_GRAPH_SLOTS], key[TS_GRAPH_SLOTS];
+    ts_engine_graph_t graph[TS_GRAPH_SLOTS];
+    int next, seen_next;
+    int64_t captures, launches; /* counts, for tests and benchmarks */
+} ts_graph_cache_t;
+typedef int (*ts_graph_work_fn)(void *ctx);
+/* Turns the cache on or off, dropping its graphs and keys either way. */
+void ts_graph_cache_set(ts_graph_cache_t *c, int on);
+/* Frees the graphs and forgets every key (the buffers or kernels they recorded changed); the
+ * setting stays. Before the engine is freed. */
+void ts_graph_cache_drop(ts_graph_cache_t *c);
+/* What the cache does with key k (its epoch taken from e) now: a slot ≥ 0 whose graph to launch,
+ * TS_GRAPH_EAGER (run the work eagerly), TS_GRAPH_FIRST (eagerly, and remember k: seen for the
+ * first time) or TS_GRAPH_CAPTURE (capture it into slot c->next). Changes nothing. */
+#define TS_GRAPH_EAGER (-1)
+#define TS_GRAPH_FIRST (-2)
+#define TS_GRAPH_CAPTURE (-3)
+int ts_graph_cache_plan(const ts_graph_cache_t *c, const ts_engine_t *e, const ts_graph_key_t *k);
+/* Runs work(ctx) for key k (its epoch taken from e) as ts_graph_cache_plan says: TS_OK when it ran,
+ * eagerly or as a graph; work's own error when an op refused its arguments (then nothing it
+ * queued ran, when it was being captured), or the launch's. */
+int ts_graph_cache_run(ts_engine_t *e, ts_graph_cache_t *c, const ts_graph_key_t *k,
+                       ts_graph_work_fn work, void *ctx);
 
 /* A CUDA engine's GPU utilisation: the fraction of the last sample period in which a kernel ran
  * (NVML's reading, by every process), in [0, 1]. TS_ENODEV for a CPU engine, TS_ENOTSUP where the

@@ -20,7 +20,7 @@
 
 /* ---- checks ---------------------------------------------------------------------------- */
 
-static int check_index(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V, int distinct);
+static int check_index(ts_engine_t *e, const ts_tensor_t *ids, int64_t V, int distinct);
 
 static int check_float_any(const ts_engine_t *e, const ts_tensor_t *t) {
     TS_TRY(ts_tensor_check(t));
@@ -176,6 +176,7 @@ int ts_check_finite(ts_engine_t *e, const ts_tensor_t *t) {
     TS_TRY(check_engine(e));
     TS_TRY(check_float_any(e, t));
     int64_t count = 0;
+    e->host_reads++;
     TS_TRY(DISPATCH(e, count_nonfinite, t->data, t->dtype, ts_tensor_numel(t), &count));
     return count ? TS_ENONFINITE : TS_OK;
 }
@@ -242,8 +243,9 @@ int ts_pos_embed_2d(ts_engine_t *e, ts_tensor_t *out, int grid) {
 
 /* ids (B) I32 within [0, V), and pairwise distinct when `distinct`. For a CUDA engine the ids
  * are copied to the host to be checked. */
-static int check_index(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V, int distinct) {
+static int check_index(ts_engine_t *e, const ts_tensor_t *ids, int64_t V, int distinct) {
     TS_TRY(check_on(e, ids, TS_I32));
+    e->host_reads++;
     int64_t B = ts_tensor_numel(ids);
     int32_t *host = ids->data;
     if (e->device != TS_CPU) {
@@ -275,7 +277,7 @@ static int check_index(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V, 
     return rc;
 }
 
-static int check_ids(const ts_engine_t *e, const ts_tensor_t *ids, int64_t V) {
+static int check_ids(ts_engine_t *e, const ts_tensor_t *ids, int64_t V) {
     return check_index(e, ids, V, 0);
 }
 
@@ -287,17 +289,22 @@ static int embedding_dims(const ts_tensor_t *rows, const ts_tensor_t *table,
     return TS_OK;
 }
 
-static int embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
-                             const ts_tensor_t *ids, int check_values) {
+/* An embedding's arguments: rows (B, D) and table (V, D) F32 on e, ids (B) I32, each id in
+ * [0, V) when check_values (read on the host: on a GPU copied back), else only its dtype and
+ * device checked. */
+static int embedding_args(ts_engine_t *e, const ts_tensor_t *rows, const ts_tensor_t *table,
+                          const ts_tensor_t *ids, int check_values) {
     TS_TRY(check_engine(e));
-    TS_TRY(check_f32(e, out));
+    TS_TRY(check_f32(e, rows));
     TS_TRY(check_f32(e, table));
     TS_TRY(ts_tensor_check(ids));
-    TS_TRY(embedding_dims(out, table, ids));
-    if (check_values)
-        TS_TRY(check_ids(e, ids, table->shape[0]));
-    else
-        TS_TRY(check_on(e, ids, TS_I32));
+    TS_TRY(embedding_dims(rows, table, ids));
+    return check_values ? check_ids(e, ids, table->shape[0]) : check_on(e, ids, TS_I32);
+}
+
+static int embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
+                             const ts_tensor_t *ids, int check_values) {
+    TS_TRY(embedding_args(e, out, table, ids, check_values));
     return DISPATCH(e, embedding_forward, F(out), CF(table), (const int32_t *)ids->data,
                     out->shape[0], out->shape[1]);
 }
@@ -312,16 +319,21 @@ int ts_embedding_forward_prechecked(ts_engine_t *e, ts_tensor_t *out, const ts_t
     return embedding_forward(e, out, table, ids, 0);
 }
 
-int ts_embedding_backward(ts_engine_t *e, ts_tensor_t *dtable, const ts_tensor_t *dout,
-                          const ts_tensor_t *ids) {
-    TS_TRY(check_engine(e));
-    TS_TRY(check_f32(e, dtable));
-    TS_TRY(check_f32(e, dout));
-    TS_TRY(ts_tensor_check(ids));
-    TS_TRY(embedding_dims(dout, dtable, ids));
-    TS_TRY(check_ids(e, ids, dtable->shape[0]));
+static int embedding_backward(ts_engine_t *e, ts_tensor_t *dtable, const ts_tensor_t *dout,
+                              const ts_tensor_t *ids, int check_values) {
+    TS_TRY(embedding_args(e, dout, dtable, ids, check_values));
     return DISPATCH(e, embedding_backward, F(dtable), CF(dout), (const int32_t *)ids->data,
                     dout->shape[0], dout->shape[1]);
+}
+
+int ts_embedding_backward(ts_engine_t *e, ts_tensor_t *dtable, const ts_tensor_t *dout,
+                          const ts_tensor_t *ids) {
+    return embedding_backward(e, dtable, dout, ids, 1);
+}
+
+int ts_embedding_backward_prechecked(ts_engine_t *e, ts_tensor_t *dtable, const ts_tensor_t *dout,
+                                     const ts_tensor_t *ids) {
+    return embedding_backward(e, dtable, dout, ids, 0);
 }
 
 /* ---- patches --------------------------------------------------------------------------- */
@@ -436,7 +448,7 @@ int ts_mse_backward(ts_engine_t *e, ts_tensor_t *dpred, float dloss, const ts_te
 }
 
 /* logits (B, K) F32 and labels (B) I32 with every label in [0, K). */
-static int check_xent(const ts_engine_t *e, const ts_tensor_t *logits, const ts_tensor_t *labels) {
+static int check_xent(ts_engine_t *e, const ts_tensor_t *logits, const ts_tensor_t *labels) {
     TS_TRY(check_f32(e, logits));
     TS_TRY(ts_tensor_check(labels));
     if (logits->ndim != 2 || ts_tensor_numel(labels) != logits->shape[0])
@@ -553,6 +565,7 @@ int ts_tensor_item(ts_engine_t *e, const ts_tensor_t *t, float *value) {
     TS_TRY(check_scalar(e, t));
     if (!value)
         return TS_EINVAL;
+    e->host_reads++;
     if (e->device == TS_CPU) {
         *value = CF(t)[0];
         return TS_OK;

@@ -256,9 +256,12 @@ int ts_embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *ta
  * needs (no copy through the legacy stream during one). Out-of-range ids are the caller's bug. */
 int ts_embedding_forward_prechecked(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *table,
                                     const ts_tensor_t *ids);
-/* dtable (V, D) += scatter of dout (B, D) by ids. */
+/* dtable (V, D) += scatter of dout (B, D) by ids (checked as the forward's); _prechecked for ids
+ * the caller has checked, as ts_embedding_forward_prechecked. */
 int ts_embedding_backward(ts_engine_t *e, ts_tensor_t *dtable, const ts_tensor_t *dout,
                           const ts_tensor_t *ids);
+int ts_embedding_backward_prechecked(ts_engine_t *e, ts_tensor_t *dtable, const ts_tensor_t *dout,
+                                     const ts_tensor_t *ids);
 
 /* ---- patches --------------------------------------------------------------------------- */
 

@@ -397,21 +397,17 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
     return rc;
 }
 
-/* Frees m's forward graphs (ts_dit_set_graphs) and forgets their keys: what they recorded (the
- * arena's buffers, the kernels chosen) no longer holds. */
-static void graphs_drop(ts_dit_t *m) {
-    for (int i = 0; i < TS_DIT_GRAPHS; i++) {
-        ts_engine_graph_free(&m->graph[i]);
-        memset(&m->graph_key[i], 0, sizeof m->graph_key[i]);
-    }
-    memset(m->graph_seen, 0, sizeof m->graph_seen);
-    m->graph_next = m->seen_next = 0;
+/* What graphs of m recorded (its buffers' layout, the kernels chosen) no longer holds: its own are
+ * dropped, and graph_epoch moves for those a trainer keeps of it. */
+static void graphs_stale(ts_dit_t *m) {
+    ts_graph_cache_drop(&m->graphs);
+    m->graph_epoch++;
 }
 
 void ts_dit_free(ts_dit_t *m) {
     if (!m)
         return;
-    graphs_drop(m);
+    ts_graph_cache_drop(&m->graphs);
     ts_arena_free(&m->arena);
     ts_tensor_free(&m->labels);
     ts_tensor_free(&m->pos_embed);
@@ -502,7 +498,7 @@ ts_attn_impl_t ts_dit_default_attention(const ts_dit_t *m) {
 int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
     if (!m || !m->info || (a != TS_ATTN_FUSED && a != TS_ATTN_COMPOSED))
         return TS_EINVAL;
-    graphs_drop(m); /* the activations are laid out again */
+    graphs_stale(m); /* the activations are laid out again */
     int lp = m->precision != TS_PREC_F32;
     if (a == TS_ATTN_FUSED &&
         ((lp && ts_attention_fused_lp_check(m->eng, ts_precision_dtype(m->precision)) != TS_OK) ||
@@ -535,7 +531,7 @@ int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len) {
     if (!m || !m->info)
         return TS_EINVAL;
-    graphs_drop(m);
+    graphs_stale(m);
     if (p == TS_PREC_F32) {
         ts_tensor_free(&m->param_lp);
         free(m->wlp.blocks);
@@ -587,7 +583,7 @@ static const ts_dit_params_t *weights(const ts_dit_t *m) {
 void ts_dit_set_lp_activations(ts_dit_t *m, int on) {
     if (m && m->lp_acts != (on != 0)) {
         m->lp_acts = on != 0;
-        graphs_drop(m);
+        graphs_stale(m);
     }
 }
 
@@ -807,95 +803,63 @@ static int split_sigma(ts_dit_t *m, int B) {
     return TS_OK;
 }
 
-/* ---- CUDA graphs of the inference forward ---------------------------------------------------- */
+/* ---- the forward, and its CUDA graphs ------------------------------------------------------ */
 
 void ts_dit_set_graphs(ts_dit_t *m, int on) {
-    if (!m)
-        return;
-    graphs_drop(m);
-    m->graphs = on != 0;
+    if (m) /* a trainable model's stay off: its trainer graphs the whole step */
+        ts_graph_cache_set(&m->graphs, on && !m->trainable);
 }
 
-static int same_key(const ts_dit_graph_key_t *a, const ts_dit_graph_key_t *b) {
-    return a->B == b->B && a->attn == b->attn && a->precision == b->precision &&
-           a->lp_acts == b->lp_acts && a->x == b->x && a->t == b->t && a->lp == b->lp &&
-           a->acts == b->acts && a->epoch == b->epoch;
+int ts_dit_forward_stage(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
+                         int B) {
+    TS_TRY(check_inputs(m, x, t, y, B));
+    ts_tensor_t ids;
+    return stage_labels(m, y, B, &ids);
 }
 
-/* The forward's device work through a graph: TS_OK when a graph ran it, TS_ENOTSUP when it is
- * to run eagerly (graphs off, not a GPU inference model, a key not among the last TS_DIT_GRAPHS
- * seen — *fresh 1 — or a capture that failed, which turns graphs off: nothing captured ran),
- * another error when an op refused its arguments or the launch failed. */
-static int graph_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, int B,
-                         int *fresh) {
-    *fresh = 0;
-    if (m->graphs != 1 || m->trainable || m->eng->device != TS_CUDA)
-        return TS_ENOTSUP;
-    ts_dit_graph_key_t k = {
-        B,       (int)m->attn,     (int)m->precision, m->lp_acts,           x->data,
-        t->data, m->param_lp.data, m->acts.x0.data,   m->eng->scratch_epoch};
-    for (int i = 0; i < TS_DIT_GRAPHS; i++)
-        if (m->graph[i].exec && same_key(&m->graph_key[i], &k)) {
-            TS_TRY(ts_engine_graph_launch(m->eng, &m->graph[i]));
-            m->graph_launches++;
-            return TS_OK;
-        }
-    int seen = 0;
-    for (int i = 0; i < TS_DIT_GRAPHS; i++)
-        seen |= same_key(&m->graph_seen[i], &k);
-    if (!seen) { /* first sighting: eager, every scratch sized (the epoch refreshed after) */
-        m->graph_seen[m->seen_next] = k;
-        m->seen_next = (m->seen_next + 1) % TS_DIT_GRAPHS;
-        *fresh = 1;
-        return TS_ENOTSUP;
-    }
-    int slot = m->graph_next;
-    ts_engine_graph_free(&m->graph[slot]);
-    int rc = ts_engine_capture_begin(m->eng), ops = TS_OK;
-    if (rc == TS_OK) {
-        ops = trunk_ops(m, x, t, B);
-        if (ops == TS_OK)
-            ops = head_ops(m, B);
-        rc = ts_engine_capture_end(m->eng, &m->graph[slot]); /* ends it whatever ops said */
-    }
-    if (rc == TS_OK && ops != TS_OK) { /* an op refused (nothing ran): the eager forward would */
-        ts_engine_graph_free(&m->graph[slot]);
-        return ops;
-    }
-    if (rc != TS_OK) { /* the capture itself failed: off for this model, eager from now on */
-        graphs_drop(m);
-        m->graphs = -1;
-        return TS_ENOTSUP;
-    }
-    m->graph_key[slot] = k;
-    m->graph_next = (slot + 1) % TS_DIT_GRAPHS;
-    m->graph_captures++;
-    TS_TRY(ts_engine_graph_launch(m->eng, &m->graph[slot]));
-    m->graph_launches++;
+typedef struct {
+    ts_dit_t *m;
+    const ts_tensor_t *x, *t;
+    int B;
+} forward_job_t;
+
+/* The forward's device work after the labels are staged: the trunk and the head (a learned σ's
+ * output is split after, by ts_tensor_copy, which no graph records). */
+static int forward_work(void *ctx) {
+    forward_job_t *j = ctx;
+    TS_TRY(trunk_ops(j->m, j->x, j->t, j->B));
+    return head_ops(j->m, j->B);
+}
+
+/* *v = the output of the forward just queued (its σ half split off first). */
+static int forward_out(ts_dit_t *m, int B, ts_tensor_t *v) {
+    if (m->cfg.learn_sigma)
+        TS_TRY(split_sigma(m, B));
+    *v = rows(&m->acts.out, B);
     return TS_OK;
+}
+
+int ts_dit_forward_queue(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, int B,
+                         ts_tensor_t *v) {
+    if (!m || !x || !t || !v || B < 1 || B > m->max_batch)
+        return TS_EINVAL;
+    forward_job_t j = {m, x, t, B};
+    TS_TRY(forward_work(&j));
+    return forward_out(m, B, v);
 }
 
 int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y, int B,
                    ts_tensor_t *v) {
     if (!v)
         return TS_EINVAL;
-    TS_TRY(check_inputs(m, x, t, y, B));
-    ts_tensor_t ids;
-    TS_TRY(stage_labels(m, y, B, &ids));
-    int fresh, rc = graph_forward(m, x, t, B, &fresh);
-    if (rc == TS_ENOTSUP) {
-        TS_TRY(trunk_ops(m, x, t, B));
-        TS_TRY(head_ops(m, B));
-        if (fresh) /* a first sighting: the scratch it grew is where its graph will read */
-            m->graph_seen[(m->seen_next + TS_DIT_GRAPHS - 1) % TS_DIT_GRAPHS].epoch =
-                m->eng->scratch_epoch;
-    } else if (rc != TS_OK) {
-        return rc;
-    }
-    if (m->cfg.learn_sigma)
-        TS_TRY(split_sigma(m, B));
-    *v = rows(&m->acts.out, B);
-    return TS_OK;
+    TS_TRY(ts_dit_forward_stage(m, x, t, y, B));
+    forward_job_t j = {m, x, t, B};
+    ts_graph_key_t k = {{(uint64_t)B, (uint64_t)m->attn, (uint64_t)m->precision,
+                         (uint64_t)m->lp_acts, (uint64_t)(uintptr_t)x->data,
+                         (uint64_t)(uintptr_t)t->data, (uint64_t)(uintptr_t)m->param_lp.data,
+                         (uint64_t)(uintptr_t)m->acts.x0.data}};
+    TS_TRY(ts_graph_cache_run(m->eng, &m->graphs, &k, forward_work, &j)); /* off: eagerly */
+    return forward_out(m, B, v);
 }
 
 int ts_dit_sigma(ts_dit_t *m, int B, ts_tensor_t *out) {
@@ -992,7 +956,7 @@ static int trunk_backward(ts_dit_t *m, int B) {
     TS_TRY(ts_linear_backward(e, NULL, &D->x_w, &D->x_b, &dx, &patches, &P->x_w));
     /* conditioning */
     TS_TRY(ts_silu_backward(e, &dc, &dc_silu, &cc));
-    TS_TRY(ts_embedding_backward(e, &D->y_table, &dc, &ids));
+    TS_TRY(ts_embedding_backward_prechecked(e, &D->y_table, &dc, &ids)); /* as staged */
     TS_TRY(ts_linear_backward(e, &dt_s, &D->t_w2, &D->t_b2, &dc, &t_s, &P->t_w2));
     TS_TRY(ts_silu_backward(e, &dt_h, &dt_s, &t_h));
     TS_TRY(ts_linear_backward(e, NULL, &D->t_w0, &D->t_b0, &dt_h, &tfreq, &P->t_w0));

@@ -136,16 +136,6 @@ typedef struct ts_dit_grad_acts {
  * batch. */
 typedef enum { TS_ATTN_FUSED = 0, TS_ATTN_COMPOSED = 1 } ts_attn_impl_t;
 
-/* What a captured forward graph (ts_dit_set_graphs) was recorded for: the batch, the input
- * buffers, the weights' 16-bit copy, the activations' arena, and the settings that choose the
- * kernels. A forward with another key runs eagerly or gets its own graph. */
-#define TS_DIT_GRAPHS 4
-typedef struct ts_dit_graph_key {
-    int B, attn, precision, lp_acts;
-    const void *x, *t, *lp, *acts;
-    uint64_t epoch; /* the engine's scratch_epoch */
-} ts_dit_graph_key_t;
-
 typedef struct ts_dit {
     ts_dit_config_t cfg;
     ts_engine_t *eng; /* borrowed: must outlive the model */
@@ -171,14 +161,13 @@ typedef struct ts_dit {
      * (ts_dit_set_lp_activations); on by default on a GPU */
     int lp_acts;
     int fwd_lp_acts; /* lp_acts as the last forward found it: what its backward reads */
-    /* CUDA graphs of the inference forward (ts_dit_set_graphs): 1 on, 0 off, −1 off because a
-     * capture failed; the keys last run eagerly (a key is captured the second time it is seen,
-     * when every scratch buffer has its size) and the graphs, each replaced in turn */
-    int graphs;
-    ts_dit_graph_key_t graph_seen[TS_DIT_GRAPHS], graph_key[TS_DIT_GRAPHS];
-    ts_engine_graph_t graph[TS_DIT_GRAPHS];
-    int graph_next, seen_next;
-    int64_t graph_captures, graph_launches; /* counts, for tests and benchmarks */
+    /* CUDA graphs of the inference forward (ts_dit_set_graphs), keyed by the batch, the input
+     * buffers, the weights' 16-bit copy, the activations' arena and the settings that choose the
+     * kernels */
+    ts_graph_cache_t graphs;
+    /* moves whenever a setting changes the model's buffers or kernels: a graph recorded before
+     * (a trainer's, model/trainer.h) is not launched after */
+    uint64_t graph_epoch;
 } ts_dit_t;
 
 /* Builds a model for cfg on engine e with activations for max_batch samples (parameters zero:
@@ -228,17 +217,27 @@ int ts_dit_forward(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, cons
  * ½(1 − v)·log β̃). TS_EINVAL for a model without it. */
 int ts_dit_sigma(ts_dit_t *m, int B, ts_tensor_t *out);
 /* CUDA graphs for the inference forward (on: 1, off: 0; a new model starts off). When on, an
- * inference model on a GPU records the device work of ts_dit_forward — everything after the
- * labels are staged, up to the output (a learned-σ output is split after) — into a CUDA graph
- * the second time it sees a key (ts_dit_graph_key_t: B, the x and t buffers, the settings; the
- * last TS_DIT_GRAPHS keys run eagerly are remembered), then runs it as one launch each time that
- * key comes back: the same kernels on the same
- * buffers, so the same bits, with none of the per-op launch cost (a `tiny` forward is ~200
- * launches). Up to TS_DIT_GRAPHS keys are kept. Changing the attention, the precision or the
- * 16-bit activations drops them. A capture that fails (some op synchronised or allocated) turns
- * graphs off for the model (graphs becomes −1) and the forward runs eagerly, correct either way.
- * A trainable model, or one on a CPU, ignores it. */
+ * inference model on a GPU runs the device work of ts_dit_forward — everything after the labels
+ * are staged, up to the output (a learned-σ output is split after) — through m->graphs
+ * (ts_graph_cache_run, kernels/engine.h: eager the first time a key is seen, captured the
+ * second, one launch each time after; the key: B, the x and t buffers, the weights' 16-bit copy,
+ * the activations, the attention, the precision and the 16-bit activations): the same kernels
+ * on the same buffers, so the same bits, with none of the per-op launch cost (a `tiny` forward
+ * is ~200 launches). Changing the attention, the precision or the 16-bit activations drops the
+ * graphs. A capture that fails (some op synchronised or allocated) turns graphs off for the
+ * model (m->graphs.on becomes −1) and the forward runs eagerly, correct either way. A trainable
+ * model ignores it (a trainer graphs its whole step: ts_train_config_t graphs); a CPU engine
+ * too. */
 void ts_dit_set_graphs(ts_dit_t *m, int on);
+/* ts_dit_forward in its two halves, for a caller that records the device work in a graph of its
+ * own (a trainer's step, model/trainer.h). _stage checks the arguments as ts_dit_forward does and
+ * copies the labels y to the device (host work, outside any graph); _queue then queues the rest
+ * for the same x, t and B — the device work alone, no graphs of the model's own — and sets *v as
+ * ts_dit_forward. */
+int ts_dit_forward_stage(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
+                         int B);
+int ts_dit_forward_queue(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, int B,
+                         ts_tensor_t *v);
 /* Backward of the last forward (same B) given dv (B, C, H, W) = dLoss/dv; accumulates into
  * m->grads. Requires trainable. */
 int ts_dit_backward(ts_dit_t *m, const ts_tensor_t *dv, int B);

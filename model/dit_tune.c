@@ -167,7 +167,7 @@ int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out) {
     out->attn = m->attn;
     ts_attn_impl_t def = ts_dit_default_attention(m);
     ts_attn_impl_t was = m->attn;
-    int graphs_was = m->graphs == 1;
+    int graphs_was = m->graphs.on == 1;
     probe_t p;
     TS_TRY(probe_init(&p, m, batch));
     ts_dit_set_graphs(m, 0);
@@ -253,12 +253,13 @@ int ts_dit_tune(ts_dit_t *m, int batch, int reps, ts_dit_tune_t *out) {
     if (rc == TS_OK && m->eng->device == TS_CUDA) {
         out->graphs_measured = 1;
         float *eager = p.out[0], *graphed = p.out[1];
-        int64_t captures = m->graph_captures, launches = m->graph_launches;
+        int64_t captures = m->graphs.captures, launches = m->graphs.launches;
         ts_dit_set_graphs(m, 1);
         rc = forward(m, &p, batch, eager); /* a key seen once: eager */
         if (rc == TS_OK)
             rc = forward(m, &p, batch, graphed); /* seen twice: captured, then launched */
-        int ran = m->graphs == 1 && m->graph_captures > captures && m->graph_launches > launches;
+        int ran =
+            m->graphs.on == 1 && m->graphs.captures > captures && m->graphs.launches > launches;
         if (rc == TS_OK && ran) {
             out->graphs_same = memcmp(eager, graphed, (size_t)p.n * sizeof(float)) == 0;
             rc = time_forward(m, &p, batch, reps, &out->ms_graphs);

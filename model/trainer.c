@@ -72,7 +72,8 @@ static int check_config(const ts_train_config_t *c) {
         !(c->weight_decay >= 0.0f) || !(c->beta1 >= 0.0f && c->beta1 < 1.0f) ||
         !(c->beta2 >= 0.0f && c->beta2 < 1.0f) || !(c->eps > 0.0f) || !(c->grad_clip >= 0.0f) ||
         !(c->ema_decay >= 0.0f && c->ema_decay <= 1.0f) ||
-        !(c->label_dropout >= 0.0f && c->label_dropout <= 1.0f))
+        !(c->label_dropout >= 0.0f && c->label_dropout <= 1.0f) ||
+        (c->graphs != 0 && c->graphs != 1))
         return TS_EINVAL;
     return TS_OK;
 }
@@ -93,6 +94,7 @@ int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
     tr->cfg = *cfg;
     tr->perm_epoch = -1;
     tr->loss_avg = NAN;
+    ts_graph_cache_set(&tr->graphs, cfg->graphs);
     ts_device_t dev = m->eng->device;
     int64_t B = cfg->batch, S = c->input_size;
     const int64_t *img = TS_SHAPE(B, c->in_channels, S, S);
@@ -133,6 +135,7 @@ int ts_trainer_init(ts_trainer_t *tr, ts_dit_t *m, const ts_dataset_t *data,
 void ts_trainer_free(ts_trainer_t *tr) {
     if (!tr)
         return;
+    ts_graph_cache_drop(&tr->graphs); /* before the buffers it recorded */
     ts_tensor_t *all[] = {&tr->m_mem,  &tr->v_mem, &tr->ema_mem, &tr->x0,   &tr->eps,  &tr->xt,
                           &tr->target, &tr->dv,    &tr->t,       &tr->loss, &tr->sumsq};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -176,6 +179,28 @@ static void draw_batch(ts_trainer_t *tr, int64_t s) {
     }
 }
 
+typedef struct {
+    ts_trainer_t *tr;
+    int B;
+    float scale; /* the loss's, f16's: its gradient is scaled by it */
+} grads_job_t;
+
+/* A step's device work between the batch's upload and the optimiser: the forward, the loss (in
+ * tr->loss), its gradient and the backward (into the model's gradients). */
+static int grads_work(void *ctx) {
+    grads_job_t *j = ctx;
+    ts_trainer_t *tr = j->tr;
+    ts_dit_t *m = tr->model;
+    ts_engine_t *e = m->eng;
+    ts_tensor_t v;
+    TS_TRY(ts_dit_forward_queue(m, &tr->xt, &tr->t, j->B, &v));
+    TS_TRY(ts_mse_forward(e, &tr->loss, &v, &tr->target));
+    TS_TRY(ts_zero(e, &tr->dv));
+    TS_TRY(ts_mse_backward(e, &tr->dv, j->scale, &v, &tr->target));
+    TS_TRY(ts_dit_zero_grad(m));
+    return ts_dit_backward(m, &tr->dv, j->B);
+}
+
 int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
     if (!tr || !tr->model)
         return TS_EINVAL;
@@ -192,24 +217,28 @@ int ts_trainer_step(ts_trainer_t *tr, float *loss_out, float *norm_out) {
     uint64_t noise_off = (uint64_t)s * (uint64_t)ts_tensor_numel(&tr->eps);
     TS_TRY(ts_rng_normal(e, &tr->eps, ts_stream_key(tr->cfg.seed, STREAM_NOISE), noise_off));
     TS_TRY(ts_flow_interp(e, &tr->xt, &tr->target, &tr->x0, &tr->eps, &tr->t));
+    TS_TRY(ts_dit_forward_stage(m, &tr->xt, &tr->t, tr->y_host, B));
 
-    /* forward, loss, backward */
-    ts_tensor_t v;
-    TS_TRY(ts_dit_forward(m, &tr->xt, &tr->t, tr->y_host, B, &v));
-    TS_TRY(ts_mse_forward(e, &tr->loss, &v, &tr->target));
+    /* forward, loss, backward; f16: the loss scaled (a power of two: scaling and unscaling are
+     * exact). A non-finite loss stops the step after it: the gradients are scratch, nothing else
+     * has changed yet. */
+    int f16 = m->precision == TS_PREC_F16;
+    float scale = f16 ? tr->loss_scale : 1.0f;
+    grads_job_t job = {tr, B, scale};
+    uint32_t scale_bits;
+    memcpy(&scale_bits, &scale, sizeof scale_bits);
+    ts_graph_key_t k = {
+        {(uint64_t)B, scale_bits, (uint64_t)m->attn, (uint64_t)m->precision, (uint64_t)m->lp_acts,
+         m->graph_epoch, (uint64_t)(uintptr_t)m->param_mem.data,
+         (uint64_t)(uintptr_t)m->param_lp.data, (uint64_t)(uintptr_t)m->acts.x0.data,
+         (uint64_t)(uintptr_t)m->grad_mem.data}};
+    TS_TRY(ts_graph_cache_run(e, &tr->graphs, &k, grads_work, &job));
     float loss;
     TS_TRY(ts_tensor_item(e, &tr->loss, &loss));
     if (loss_out)
         *loss_out = loss;
     if (!isfinite(loss))
         return TS_ENONFINITE;
-    /* f16: the loss scaled (a power of two: scaling and unscaling are exact) */
-    int f16 = m->precision == TS_PREC_F16;
-    float scale = f16 ? tr->loss_scale : 1.0f;
-    TS_TRY(ts_zero(e, &tr->dv));
-    TS_TRY(ts_mse_backward(e, &tr->dv, scale, &v, &tr->target));
-    TS_TRY(ts_dit_zero_grad(m));
-    TS_TRY(ts_dit_backward(m, &tr->dv, B));
 
     /* unscale, clip, step (model/optim.h), average */
     ts_adamw_t hp = {ts_trainer_lr(&tr->cfg, s), tr->cfg.beta1, tr->cfg.beta2, tr->cfg.eps,

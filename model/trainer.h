@@ -37,6 +37,7 @@ typedef struct ts_train_config {
     float label_dropout; /* probability of the null class (for CFG) */
     int logit_normal;    /* 1: t = sigmoid(N(0, 1)); 0: t ~ U(0, 1) */
     uint64_t seed;
+    int graphs; /* 1: the step's forward and backward through CUDA graphs (ts_trainer_step) */
 } ts_train_config_t;
 
 /* A well-mixed stream key for one purpose (noise, times, data order, ...) of a run's seed:
@@ -77,6 +78,8 @@ typedef struct ts_trainer {
     float loss_scale;   /* a power of two in [1, 2^24], TS_LOSS_SCALE_INIT to start */
     int64_t scale_good; /* good f16 steps since the scale last changed, < the interval */
     int64_t skipped;    /* f16 steps of the run skipped for non-finite gradients */
+    /* CUDA graphs of the step's forward, loss and backward (cfg.graphs; ts_trainer_step) */
+    ts_graph_cache_t graphs;
 } ts_trainer_t;
 
 #define TS_LOSS_SCALE_INIT 65536.0f
@@ -100,7 +103,19 @@ void ts_trainer_free(ts_trainer_t *tr);
 /* One optimisation step. *loss (the batch loss before the update) and *grad_norm (before
  * clipping) may be NULL. A non-finite loss or gradient is TS_ENONFINITE, and the parameters are
  * left as they were — but for a non-finite gradient at f16 above scale 1, which skips the step
- * (loss_scale above): TS_OK, the step counted, *grad_norm not finite. */
+ * (loss_scale above): TS_OK, the step counted, *grad_norm not finite.
+ *
+ * CUDA graphs (cfg.graphs 1; off by default). With the model on a GPU, the device work of a step
+ * from the forward to the backward — the forward, the loss, its gradient and the model's
+ * backward, hundreds of kernel launches — runs through tr->graphs (ts_graph_cache_run,
+ * kernels/engine.h: eager at the first step of a key, captured at the second, one launch at
+ * every step after); the batch's upload, its noise (whose stream offset moves each step) and the
+ * optimiser (a few launches around the host's read of the gradient norm) run as before. The key:
+ * the batch, the f16 loss scale, the model's buffers and the settings that choose its kernels
+ * (its graph_epoch). The same kernels on the same buffers: the eager step's arithmetic (a GPU's
+ * backward adds some sums with atomics in no fixed order, so two steps agree to rounding,
+ * graphed or not). A capture that fails turns them off (tr->graphs.on −1) and the step runs
+ * eagerly, correct either way. A CPU engine ignores them. */
 int ts_trainer_step(ts_trainer_t *tr, float *loss, float *grad_norm);
 
 /* The learning rate used at step s (0-based). */

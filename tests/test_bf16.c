@@ -320,8 +320,8 @@ static void test_dit_lp_activations(void **state) {
         assert_memory_equal(g, v32, (size_t)n * sizeof *g);
         free(g);
     }
-    assert_int_equal(m.graph_captures, 0);
-    assert_int_equal(m.graph_launches, 0);
+    assert_int_equal(m.graphs.captures, 0);
+    assert_int_equal(m.graphs.launches, 0);
     /* a 16-bit input beside an fp32 weight, or the other 16-bit dtype: refused */
     ts_tensor_t x16, w, b, out;
     assert_int_equal(ts_tensor_alloc(&x16, LP->dtype, TS_CPU, 2, TS_SHAPE(3, 8)), TS_OK);

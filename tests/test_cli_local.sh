@@ -114,15 +114,19 @@ cmp -s "$dir/sample-f16.png" "$dir/sample-2.png" && fail "--precision f16 gave t
 run "$T" generate --local "$dir/one" --policy uniform --n 2 --steps 2 --seed 7 \
     --precision f16 --out "$dir/one-f16.png"
 cmp -s "$dir/one-f16.png" "$dir/sample-f16.png" || fail "generate --precision f16 differs from sample's"
+# (with --graphs, which a CPU ignores and the summary says so)
 run "$T" train --model tiny --steps 2 --batch 8 --data-dir "$dir/store" --precision f16 \
-    --out "$dir/x.safetensors" --json
+    --out "$dir/x.safetensors" --json --graphs
 grep -q "f16 products forward and backward" "$dir/err.txt" || fail "train --precision f16: $(cat "$dir/err.txt")"
+grep -q "^CUDA graphs: none (a CPU engine runs every step eagerly), 0 captured" "$dir/err.txt" ||
+    fail "train --graphs on a CPU: $(cat "$dir/err.txt")"
 "$PY" - "$dir/out.txt" <<'PYEOF' || fail "train --precision f16 --json: $(cat "$dir/out.txt")"
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]).read().strip().splitlines()]  # every line
 d = lines[-1]  # the summary
 assert d["precision"] == "f16" and d["step"] == 2 and d["loss_scale"] == 65536, d
 assert d["skipped_steps"] == 0 and all(l.get("skipped") is not True for l in lines), lines
+assert d["graphs"] == {"on": False, "captures": 0, "launches": 0}, d
 PYEOF
 # --attention: composed (not `tiny`'s CPU default) is set on the model, which says so (these
 # 2-step experts' blocks are gated to ~0 by adaLN-Zero, so the two attentions' ~1e-7 differences

@@ -19,7 +19,8 @@
  * and an f16 model on the flash attention against the composed one (nmse 1e-4, 1e-5), and the
  * same bits with 16-bit activations off; test_graphs the forward through CUDA graphs, bit for bit
  * the eager forward (captured on a key's second forward, inputs changed in place, another batch,
- * another precision); test_tune the attention and graphs chosen by measuring them
+ * another precision); test_train_graphs the training step's forward and backward through CUDA
+ * graphs against the eager step; test_tune the attention and graphs chosen by measuring them
  * (model/dit_tune.c).
  *
  * Without a usable GPU (or without the CUDA backend) it prints why and exits 77: ctest skipped.
@@ -440,6 +441,12 @@ static void test_flash_model(void **state) {
     }
 }
 
+/* The 16-bit precision the GPU has: bf16 where it can, else f16. */
+static ts_precision_t gpu_lp(fixture_t *fx) {
+    return ts_engine_precision_check(&fx->e[1], TS_PREC_BF16, NULL, 0) == TS_OK ? TS_PREC_BF16
+                                                                                : TS_PREC_F16;
+}
+
 /* v's values (any device) into a fresh host buffer. */
 static float *host_of(const ts_tensor_t *v) {
     float *p = malloc(ts_tensor_nbytes(v));
@@ -484,42 +491,111 @@ static void test_graphs(void **state) {
         char what[32];
         snprintf(what, sizeof what, "call %d", call + 1);
         graph_vs_eager(&m[1], &twin, &x[1], &t[1], y, B, what);
-        if (m[1].graphs != 1)
+        if (m[1].graphs.on != 1)
             fail_msg("graphs: the capture failed (graphs %d): an op of the forward is not "
                      "capturable",
-                     m[1].graphs);
+                     m[1].graphs.on);
     }
     printf("  graphs: %lld captured, %lld launched over 3 forwards\n",
-           (long long)m[1].graph_captures, (long long)m[1].graph_launches);
-    assert_int_equal(m[1].graph_captures, 1);
-    assert_int_equal(m[1].graph_launches, 2);
+           (long long)m[1].graphs.captures, (long long)m[1].graphs.launches);
+    assert_int_equal(m[1].graphs.captures, 1);
+    assert_int_equal(m[1].graphs.launches, 2);
     /* new contents in the same buffers: the graph reads them */
     TU_CHECK_OK(ts_rng_normal(&fx->e[1], &x[1], 99, 0));
     graph_vs_eager(&m[1], &twin, &x[1], &t[1], y, B, "new inputs");
-    assert_int_equal(m[1].graph_launches, 3);
+    assert_int_equal(m[1].graphs.launches, 3);
     /* another batch size: eager, then its own graph */
     ts_tensor_t x1, t1;
     TU_CHECK_OK(ts_tensor_slice(&x1, &x[1], 0, 1));
     TU_CHECK_OK(ts_tensor_slice(&t1, &t[1], 0, 1));
     for (int call = 0; call < 2; call++)
         graph_vs_eager(&m[1], &twin, &x1, &t1, y, 1, "batch 1");
-    assert_int_equal(m[1].graph_captures, 2);
+    assert_int_equal(m[1].graphs.captures, 2);
     /* another precision: dropped, captured again */
     char why[256] = "";
-    ts_precision_t p = ts_engine_precision_check(&fx->e[1], TS_PREC_BF16, why, sizeof why) == TS_OK
-                           ? TS_PREC_BF16
-                           : TS_PREC_F16;
+    ts_precision_t p = gpu_lp(fx);
     TU_CHECK_OK(ts_dit_set_precision(&m[1], p, why, sizeof why));
     TU_CHECK_OK(ts_dit_set_precision(&twin, p, why, sizeof why));
     for (int call = 0; call < 3; call++)
         graph_vs_eager(&m[1], &twin, &x[1], &t[1], y, B, ts_precision_name(p));
-    assert_int_equal(m[1].graph_captures, 3);
-    assert_int_equal(m[1].graphs, 1);
+    assert_int_equal(m[1].graphs.captures, 3);
+    assert_int_equal(m[1].graphs.on, 1);
     ts_dit_free(&twin);
     for (int s = 0; s < 2; s++) {
         ts_tensor_free(&x[s]), ts_tensor_free(&t[s]);
         ts_dit_free(&m[s]);
     }
+}
+
+/* The training step through CUDA graphs (ts_train_config_t graphs), at f32 and at the GPU's
+ * 16-bit precision: two trainers on the GPU from the same weights and data, one graphed. Its
+ * first step runs eagerly, the second is captured and launched, the later ones launched; after
+ * a change of attention (the model's graph_epoch moves) the same again. Each loss agrees with the
+ * eager trainer's, and the parameters at the end (the backward's atomics add in no fixed order,
+ * so not bit for bit: losses within 1e-5 relative at f32 and 1e-3 at 16 bits, parameters within
+ * nmse 1e-9 and 1e-6). A capture that fails is a fail (every op of the step is meant to be
+ * capturable). */
+static void test_train_graphs(void **state) {
+    fixture_t *fx = *state;
+    char why[256] = "";
+    const ts_precision_t ps[2] = {TS_PREC_F32, gpu_lp(fx)};
+    ts_dataset_t data = synthetic_data(64);
+    for (int i = 0; i < 2; i++) {
+        ts_train_config_t tc;
+        ts_train_config_default(&tc);
+        tc.batch = 8, tc.seed = 3, tc.warmup = 2;
+        ts_dit_t m[2], cpu[2];
+        ts_trainer_t tr[2];
+        models(fx, cpu, tc.batch, 1); /* cpu[1]'s weights, on the GPU, for both trainers */
+        for (int s = 0; s < 2; s++) {
+            TU_CHECK_OK(ts_dit_create(&m[s], &fx->cfg, &fx->e[1], tc.batch, 1));
+            TU_CHECK_OK(ts_tensor_copy(&m[s].param_mem, &cpu[1].param_mem));
+            if (ps[i] != TS_PREC_F32)
+                TU_CHECK_OK(ts_dit_set_precision(&m[s], ps[i], why, sizeof why));
+            tc.graphs = s;
+            TU_CHECK_OK(ts_trainer_init(&tr[s], &m[s], &data, &tc));
+        }
+        for (int s = 0; s < 2; s++)
+            ts_dit_free(&cpu[s]);
+        int f16 = ps[i] == TS_PREC_F16;
+        for (int step = 0; step < 9; step++) {
+            if (step == 5) /* the other attention: the graphs recorded before are stale */
+                for (int s = 0; s < 2; s++)
+                    TU_CHECK_OK(ts_dit_set_attention(
+                        &m[s], m[s].attn == TS_ATTN_FUSED ? TS_ATTN_COMPOSED : TS_ATTN_FUSED));
+            float loss[2];
+            for (int s = 0; s < 2; s++)
+                TU_CHECK_OK(ts_trainer_step(&tr[s], &loss[s], NULL));
+            if (tr[1].graphs.on != 1)
+                fail_msg("train graphs: the step's capture failed (graphs %d): an op of the "
+                         "step is not capturable",
+                         tr[1].graphs.on);
+            printf("  %s step %d: loss eager %.6f, graphs %.6f\n", ts_precision_name(ps[i]), step,
+                   loss[0], loss[1]);
+            assert_true(fabs(loss[1] - loss[0]) <=
+                        (ps[i] == TS_PREC_F32 ? 1e-5 : 1e-3) * fabs(loss[0]));
+        }
+        printf("  %s: %lld captured, %lld launched over 9 steps\n", ts_precision_name(ps[i]),
+               (long long)tr[1].graphs.captures, (long long)tr[1].graphs.launches);
+        if (!f16) { /* f16: a change of loss scale is a key of its own */
+            assert_int_equal(tr[1].graphs.captures, 2);
+            assert_int_equal(tr[1].graphs.launches, 7); /* steps 2-5 and 7-9 */
+        } else {
+            assert_true(tr[1].graphs.captures >= 2);
+            assert_true(tr[1].graphs.launches >= 3);
+        }
+        assert_int_equal(tr[0].graphs.launches, 0);
+        assert_int_equal(tr[1].skipped, tr[0].skipped);
+        double e = nmse(&m[1].param_mem, &m[0].param_mem);
+        printf("  %s: parameters after 9 steps, graphs against eager: nmse %.3g\n",
+               ts_precision_name(ps[i]), e);
+        assert_true(e <= (ps[i] == TS_PREC_F32 ? 1e-9 : 1e-6));
+        for (int s = 0; s < 2; s++) {
+            ts_trainer_free(&tr[s]);
+            ts_dit_free(&m[s]);
+        }
+    }
+    free_data(&data);
 }
 
 /* ts_dit_tune on the GPU, at f32 and at the 16-bit precision the GPU has: both attentions timed
@@ -530,10 +606,7 @@ static void test_graphs(void **state) {
 static void test_tune(void **state) {
     fixture_t *fx = *state;
     char why[256] = "";
-    ts_precision_t lp = ts_engine_precision_check(&fx->e[1], TS_PREC_BF16, why, sizeof why) == TS_OK
-                            ? TS_PREC_BF16
-                            : TS_PREC_F16;
-    const ts_precision_t ps[2] = {TS_PREC_F32, lp};
+    const ts_precision_t ps[2] = {TS_PREC_F32, gpu_lp(fx)};
     for (int i = 0; i < 2; i++) {
         ts_dit_t m[2];
         models(fx, m, B, 0);
@@ -541,13 +614,13 @@ static void test_tune(void **state) {
             TU_CHECK_OK(ts_dit_set_precision(&m[1], ps[i], why, sizeof why));
         ts_attn_impl_t def = ts_dit_default_attention(&m[1]);
         ts_dit_tune_t t;
-        int64_t captures = m[1].graph_captures, launches = m[1].graph_launches;
+        int64_t captures = m[1].graphs.captures, launches = m[1].graphs.launches;
         TU_CHECK_OK(ts_dit_tune(&m[1], B, 5, &t));
         printf("  tune %s: %s\n", ts_precision_name(ps[i]), t.note);
         /* the graphs really ran: captured once, launched for the compared forward and the 5
          * timed ones */
-        assert_int_equal(m[1].graph_captures - captures, 1);
-        assert_int_equal(m[1].graph_launches - launches, 6);
+        assert_int_equal(m[1].graphs.captures - captures, 1);
+        assert_int_equal(m[1].graphs.launches - launches, 6);
         assert_true(t.ms[TS_ATTN_COMPOSED] > 0.0);
         assert_true(t.ms[TS_ATTN_FUSED] > 0.0); /* `tiny`'s heads: the fused kernels take them */
         assert_true(t.fused_diff <= (ps[i] == TS_PREC_F32 ? 1e-4 : 0.1));
@@ -578,9 +651,9 @@ static void test_tune(void **state) {
         if (!t.graphs_same)
             fail_msg("tune: the forward through graphs is not the eager one's, bit for bit "
                      "(graphs %d)",
-                     m[1].graphs);
+                     m[1].graphs.on);
         assert_int_equal(t.graphs, ts_dit_tune_graphs_keep(&t, t.attn));
-        assert_int_equal(m[1].graphs, t.graphs);
+        assert_int_equal(m[1].graphs.on, t.graphs);
         TU_CHECK_OK(ts_cuda_set_epilogues(&fx->e[1], 0)); /* the engine's: off for the others */
         for (int s = 0; s < 2; s++)
             ts_dit_free(&m[s]);
@@ -635,6 +708,7 @@ int main(void) {
         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_flash_model),
         cmocka_unit_test(test_graphs),
+        cmocka_unit_test(test_train_graphs),
         cmocka_unit_test(test_tune),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -718,6 +718,18 @@ static void test_embedding_backward(void **state) {
         assert_true(fabs(tu_f32(&dtable)[1 * D + d] - want) < 1e-6);
         assert_true(tu_f32(&dtable)[2 * D + d] == 0.0f && tu_f32(&dtable)[3 * D + d] == 0.0f);
     }
+    /* prechecked: the same sums, the ids not read back (e->host_reads unmoved); a bad id is the
+     * checked op's TS_ERANGE */
+    ts_tensor_free(&out);
+    tu_alloc_like(&out, &table); /* out: the prechecked op's dtable */
+    TU_CHECK_OK(ts_zero(e, &out));
+    uint64_t reads = e->host_reads;
+    TU_CHECK_OK(ts_embedding_backward_prechecked(e, &out, &dout, &ids));
+    assert_int_equal(e->host_reads, reads);
+    assert_memory_equal(out.data, dtable.data, ts_tensor_nbytes(&dtable));
+    ((int32_t *)ids.data)[3] = (int32_t)V;
+    assert_int_equal(ts_embedding_backward(e, &dtable, &dout, &ids), TS_ERANGE);
+    assert_int_equal(e->host_reads, reads + 1);
     TU_FREE_TENSORS(&table, &ids, &out, &dout, &dtable);
 }
 

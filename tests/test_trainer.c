@@ -75,6 +75,182 @@ static void run_steps(run_t *r, int n, float *losses) {
         assert_int_equal(ts_trainer_step(&r->tr, &losses[i], NULL), TS_OK);
 }
 
+/* Two runs' parameters and EMA: the same bits. */
+static void same_state(const run_t *a, const run_t *b) {
+    assert_memory_equal(a->model.param_mem.data, b->model.param_mem.data,
+                        ts_tensor_nbytes(&a->model.param_mem));
+    assert_memory_equal(a->tr.ema_mem.data, b->tr.ema_mem.data, ts_tensor_nbytes(&a->tr.ema_mem));
+}
+
+/* ---- CUDA graphs (kernels/engine.h's cache; the capture itself runs in test_cuda_dit) ---- */
+
+static int g_work_calls, g_work_rc;
+
+static int count_work(void *ctx) {
+    (void)ctx;
+    g_work_calls++;
+    return g_work_rc;
+}
+
+/* ts_graph_cache_run's bookkeeping, on an engine that says it is a GPU but has no device behind
+ * it (so every capture fails, as a capture that synchronised would): a key runs eagerly when
+ * first seen and is remembered; the second time it is to be captured, the capture fails, the
+ * work runs eagerly all the same and the cache turns itself off. The last TS_GRAPH_SLOTS keys
+ * are remembered, a moved scratch makes a key new, an off cache or a CPU engine always runs
+ * eagerly, and the work's own error comes back. */
+static void test_graph_cache(void **state) {
+    (void)state;
+    ts_engine_t gpu;
+    memset(&gpu, 0, sizeof gpu);
+    gpu.device = TS_CUDA; /* no context: ts_engine_capture_begin says TS_ENODEV */
+    ts_graph_cache_t c;
+    memset(&c, 0, sizeof c);
+    ts_graph_key_t k[TS_GRAPH_SLOTS + 1];
+    memset(k, 0, sizeof k);
+    for (int i = 0; i <= TS_GRAPH_SLOTS; i++)
+        k[i].w[0] = 100 + (uint64_t)i, k[i].w[TS_GRAPH_KEY_WORDS - 1] = 7;
+    g_work_calls = 0, g_work_rc = TS_OK;
+    /* off: eager, nothing remembered */
+    assert_int_equal(ts_graph_cache_plan(&c, &gpu, &k[0]), TS_GRAPH_EAGER);
+    assert_int_equal(ts_graph_cache_run(&gpu, &c, &k[0], count_work, NULL), TS_OK);
+    assert_int_equal(g_work_calls, 1);
+    assert_int_equal(ts_graph_cache_plan(&c, &gpu, &k[0]), TS_GRAPH_EAGER);
+    /* on: first sightings run eagerly and are remembered, the oldest forgotten past the slots */
+    ts_graph_cache_set(&c, 1);
+    assert_int_equal(c.on, 1);
+    for (int i = 0; i <= TS_GRAPH_SLOTS; i++) {
+        assert_int_equal(ts_graph_cache_plan(&c, &gpu, &k[i]), TS_GRAPH_FIRST);
+        assert_int_equal(ts_graph_cache_run(&gpu, &c, &k[i], count_work, NULL), TS_OK);
+    }
+    assert_int_equal(g_work_calls, 2 + TS_GRAPH_SLOTS);
+    assert_int_equal(ts_graph_cache_plan(&c, &gpu, &k[0]), TS_GRAPH_FIRST); /* forgotten */
+    for (int i = 1; i <= TS_GRAPH_SLOTS; i++)
+        assert_int_equal(ts_graph_cache_plan(&c, &gpu, &k[i]), TS_GRAPH_CAPTURE);
+    /* a key's epoch is the engine's scratch_epoch: a moved scratch makes it new */
+    gpu.scratch_epoch++;
+    assert_int_equal(ts_graph_cache_plan(&c, &gpu, &k[1]), TS_GRAPH_FIRST);
+    gpu.scratch_epoch--;
+    /* the work's own error, on a first sighting: returned, the key not remembered */
+    ts_graph_key_t bad = k[0];
+    bad.w[1] = 1;
+    g_work_rc = TS_ESHAPE;
+    assert_int_equal(ts_graph_cache_run(&gpu, &c, &bad, count_work, NULL), TS_ESHAPE);
+    assert_int_equal(ts_graph_cache_plan(&c, &gpu, &bad), TS_GRAPH_FIRST);
+    g_work_rc = TS_OK;
+    /* the second sighting: the capture fails, the work runs eagerly, the cache is off */
+    int calls = g_work_calls;
+    assert_int_equal(ts_graph_cache_run(&gpu, &c, &k[2], count_work, NULL), TS_OK);
+    assert_int_equal(g_work_calls, calls + 1);
+    assert_int_equal(c.on, -1);
+    assert_int_equal(c.captures, 0);
+    assert_int_equal(c.launches, 0);
+    assert_int_equal(ts_graph_cache_plan(&c, &gpu, &k[2]), TS_GRAPH_EAGER);
+    assert_int_equal(ts_graph_cache_run(&gpu, &c, &k[2], count_work, NULL), TS_OK);
+    assert_int_equal(g_work_calls, calls + 2);
+    /* a CPU engine: eager whatever the setting */
+    ts_graph_cache_set(&c, 1);
+    assert_int_equal(ts_graph_cache_run(&g_eng, &c, &k[3], count_work, NULL), TS_OK);
+    assert_int_equal(ts_graph_cache_run(&g_eng, &c, &k[3], count_work, NULL), TS_OK);
+    assert_int_equal(ts_graph_cache_plan(&c, &g_eng, &k[3]), TS_GRAPH_EAGER);
+    assert_int_equal(g_work_calls, calls + 4);
+    assert_int_equal(c.on, 1);
+    assert_int_equal(ts_graph_cache_run(&g_eng, &c, &k[3], NULL, NULL), TS_EINVAL);
+    ts_graph_cache_drop(&c);
+}
+
+/* A trainer asked for graphs on a CPU engine: ignored, the steps the same bits as without; a
+ * setting other than 0 or 1 refused. */
+static void test_graphs_on_cpu_same_steps(void **state) {
+    (void)state;
+    run_t a, b;
+    float la[4], lb[4];
+    run_start(&a, 5);
+    run_start(&b, 5);
+    ts_train_config_t tc = b.tr.cfg;
+    ts_trainer_free(&b.tr);
+    tc.graphs = 2;
+    assert_int_equal(ts_trainer_init(&b.tr, &b.model, &b.data, &tc), TS_EINVAL);
+    tc.graphs = 1;
+    assert_int_equal(ts_trainer_init(&b.tr, &b.model, &b.data, &tc), TS_OK);
+    assert_int_equal(b.tr.graphs.on, 1);
+    run_steps(&a, 4, la);
+    run_steps(&b, 4, lb);
+    assert_memory_equal(la, lb, sizeof la);
+    same_state(&a, &b);
+    assert_int_equal(b.tr.graphs.captures, 0);
+    assert_int_equal(b.tr.graphs.launches, 0);
+    run_end(&a);
+    run_end(&b);
+}
+
+/* What a GPU could not record in a graph: a step reads device memory back exactly twice — the
+ * loss and the gradient norm, both outside the graphed forward and backward — with either
+ * attention and at f16 (emulated here); an inference forward not at all. Counted by the engine
+ * (host_reads) on the CPU, where the same op calls run: a read inside the work (an index check
+ * of the labels, say) would fail every capture on a GPU. */
+static void test_step_reads_back_twice(void **state) {
+    (void)state;
+    for (int v = 0; v < 3; v++) {
+        run_t r;
+        float l[2];
+        run_start(&r, 5);
+        char why[128];
+        if (v == 1)
+            assert_int_equal(ts_dit_set_attention(&r.model, TS_ATTN_FUSED), TS_OK);
+        if (v == 2)
+            assert_int_equal(ts_dit_set_precision(&r.model, TS_PREC_F16, why, sizeof why), TS_OK);
+        run_steps(&r, 1, l);
+        uint64_t before = g_eng.host_reads;
+        run_steps(&r, 2, l);
+        assert_int_equal(g_eng.host_reads - before, 4);
+        run_end(&r);
+    }
+    ts_dit_t m;
+    ts_dit_config_t c = small_config();
+    assert_int_equal(ts_dit_create(&m, &c, &g_eng, 2, 0), TS_OK);
+    ts_tensor_t x, t, out;
+    assert_int_equal(ts_tensor_alloc(&x, TS_F32, TS_CPU, 4, TS_SHAPE(2, 1, 8, 8)), TS_OK);
+    assert_int_equal(ts_tensor_alloc(&t, TS_F32, TS_CPU, 1, TS_SHAPE(2)), TS_OK);
+    memset(x.data, 0, ts_tensor_nbytes(&x));
+    memset(t.data, 0, ts_tensor_nbytes(&t));
+    int32_t y[2] = {0, 3};
+    uint64_t before = g_eng.host_reads;
+    assert_int_equal(ts_dit_forward(&m, &x, &t, y, 2, &out), TS_OK);
+    assert_int_equal(g_eng.host_reads, before);
+    ts_tensor_free(&x), ts_tensor_free(&t);
+    ts_dit_free(&m);
+}
+
+/* A batch whose loss is not finite (a NaN pixel in the data): TS_ENONFINITE, and nothing the run
+ * keeps has changed — parameters, moments, EMA, the step — though the backward ran before the
+ * loss was read (the step's forward and backward are one piece of device work). */
+static void test_nonfinite_loss_changes_nothing(void **state) {
+    (void)state;
+    run_t r;
+    float l[2];
+    run_start(&r, 5);
+    run_steps(&r, 2, l);
+    const ts_tensor_t *kept[] = {&r.model.param_mem, &r.tr.m_mem, &r.tr.v_mem, &r.tr.ema_mem};
+    void *before[4];
+    for (int i = 0; i < 4; i++) {
+        before[i] = malloc(ts_tensor_nbytes(kept[i]));
+        assert_non_null(before[i]);
+        memcpy(before[i], kept[i]->data, ts_tensor_nbytes(kept[i]));
+    }
+    int64_t chw = (int64_t)r.data.channels * r.data.height * r.data.width;
+    for (int i = 0; i < r.data.n; i++) /* every image: whichever the batch draws */
+        r.data.images[(int64_t)i * chw + 3] = NAN;
+    float loss = 0.0f;
+    assert_int_equal(ts_trainer_step(&r.tr, &loss, NULL), TS_ENONFINITE);
+    assert_true(isnan(loss));
+    assert_int_equal(r.tr.step, 2);
+    for (int i = 0; i < 4; i++) {
+        assert_memory_equal(before[i], kept[i]->data, ts_tensor_nbytes(kept[i]));
+        free(before[i]);
+    }
+    run_end(&r);
+}
+
 /* ---- memory known up front ---- */
 
 static uint64_t nbytes(const ts_tensor_t *t) { return t->data ? ts_tensor_nbytes(t) : 0; }
@@ -211,9 +387,7 @@ static void test_same_seed_bit_identical(void **state) {
     run_steps(&a, 12, la);
     run_steps(&b, 12, lb);
     assert_memory_equal(la, lb, sizeof la);
-    assert_memory_equal(a.model.param_mem.data, b.model.param_mem.data,
-                        ts_tensor_nbytes(&a.model.param_mem));
-    assert_memory_equal(a.tr.ema_mem.data, b.tr.ema_mem.data, ts_tensor_nbytes(&a.tr.ema_mem));
+    same_state(&a, &b);
     run_end(&a);
     run_end(&b);
 }
@@ -537,6 +711,10 @@ static void test_cfg_combination(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_graph_cache),
+        cmocka_unit_test(test_graphs_on_cpu_same_steps),
+        cmocka_unit_test(test_nonfinite_loss_changes_nothing),
+        cmocka_unit_test(test_step_reads_back_twice),
         cmocka_unit_test(test_memory_figures),
         cmocka_unit_test(test_same_seed_bit_identical),
         cmocka_unit_test(test_other_seed_differs),
