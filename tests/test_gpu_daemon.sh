@@ -15,7 +15,7 @@ logs="$dir/d.log" log_lines=20
 F=$dir/experts
 run "$T" partition --experts 2 --restarts 1 --max-iter 5 --seed 1 --out "$F"
 if ! "$T" train --partition "$F" --cluster 0 --model tiny --steps 20 --batch 16 --seed 0 \
-    --device cuda --data-dir "$dir/st" --out "$F/expert-0.safetensors" >"$dir/out.txt" \
+    --device cuda --graphs --data-dir "$dir/st" --out "$F/expert-0.safetensors" >"$dir/out.txt" \
     2>"$dir/err.txt"; then
     if grep -q "cannot start the engine" "$dir/err.txt"; then
         echo "SKIP: no GPU here: $(grep -o 'cannot start the engine.*' "$dir/err.txt")"
@@ -26,6 +26,10 @@ if ! "$T" train --partition "$F" --cluster 0 --model tiny --steps 20 --batch 16 
 fi
 grep -q "computing on cuda:0" "$dir/err.txt" || fail "train --device cuda does not say it runs on cuda:0"
 echo "ok: tessera train --device cuda trains on $(grep -o 'computing on .*' "$dir/err.txt" | cut -c14-)"
+# --graphs: step 2 captured, steps 2-20 launched (model/trainer.h)
+grep -q "^CUDA graphs: on, 1 captured, 19 steps launched as one" "$dir/err.txt" ||
+    fail "train --graphs: $(grep -i 'graph' "$dir/err.txt")"
+echo "ok: tessera train --graphs ran 19 of its 20 steps as one CUDA graph launch each"
 
 run "$T" keygen --network-key --out "$dir/net.key"
 run "$T" keygen --out "$dir/id.key"
@@ -47,6 +51,7 @@ steps = 40
 batch = 16
 ckpt_every = 10
 serve_while_training = true
+graphs = true
 [metrics]
 listen =
 [log]
@@ -59,6 +64,8 @@ until grep -q "done: 40 steps" "$dir/d.log" 2>/dev/null; do
     i=$((i + 1)); [ $i -lt 1800 ] || fail "the daemon did not finish training on the GPU"; sleep 0.1
 done
 grep -q "training on cuda:0" "$dir/d.log" || fail "the trainer did not log cuda:0"
+grep -q "graphs: step 2's forward and backward captured into a CUDA graph" "$dir/d.log" ||
+    fail "[train] graphs = true: $(grep -i 'graph' "$dir/d.log")"
 i=0
 until grep -q "serving expert .* on cuda:0" "$dir/d.log"; do
     i=$((i + 1)); [ $i -lt 300 ] || fail "the server is not on cuda:0"; sleep 0.1
