@@ -274,6 +274,12 @@ void ts_cpu_f16_free(ts_engine_t *e);
  * cuda_flash.cu), lp TS_BF16 or TS_F16: TS_OK on sm_80 or later for bf16, sm_75 for f16;
  * TS_ENOTSUP below, TS_ENODEV without the backend. */
 int ts_cuda_flash_ok(ts_engine_t *e, ts_dtype_t lp);
+/* The composed attention's forward with both products in lp (TS_BF16 or TS_F16) on a CUDA engine
+ * (kernels/ops_matmul.c's loop over samples, with the operands rounded once per group of
+ * samples instead of once per sample and product): out (B, T, C), att (B, H, T, T) the fp32
+ * softmax weights, qkv (B, T, 3C), as ts_attention_forward_bf16. */
+int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *att,
+                                 const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H);
 int ts_cuda_engine_init(ts_engine_t *e, int gpu);
 void ts_cuda_engine_free(ts_engine_t *e);
 int ts_cuda_engine_sync(ts_engine_t *e);

@@ -336,6 +336,43 @@ static void test_forward_bf16(void **state) {
     }
 }
 
+/* The composed attention with its products in 16 bits (ts_attention_forward_f16, and _bf16
+ * where the CPU has it) against tu_attention_lp_ref, the reference test_cuda_parity holds the
+ * GPU's grouped-rounding path to: the weights within nmse 1e-9 of the softmax of the rounded
+ * q·k in double, the output within 1e-9 of the rounded weights times the rounded v. */
+static void test_composed_lp_reference(void **state) {
+    ts_engine_t *e = *state;
+    tu_rng_t r = {17};
+    const ts_dtype_t lps[2] = {TS_F16, TS_BF16};
+    for (int i = 0; i < 4; i++) {
+        if (lps[i % 2] == TS_BF16 && ts_engine_precision_check(e, TS_PREC_BF16, NULL, 0) != TS_OK) {
+            printf("  composed bf16: no bf16 products on this CPU, f16 only\n");
+            continue;
+        }
+        fwd_t f;
+        fwd_alloc(&f, cases[3 + i / 2], &r); /* B 3, T 7, C 12, 3 heads; then 2, 49, 128, 4 */
+        ts_tensor_t att;
+        tu_alloc_f32(&att, 4, TS_SHAPE(f.B, f.H, f.T, f.T));
+        ts_dtype_t lp = lps[i % 2];
+        TU_CHECK_OK((lp == TS_F16 ? ts_attention_forward_f16
+                                  : ts_attention_forward_bf16)(e, &f.out, &att, &f.qkv, (int)f.H));
+        int64_t na = ts_tensor_numel(&att), no = ts_tensor_numel(&f.out);
+        double *ra = malloc((size_t)na * sizeof *ra), *ro = malloc((size_t)no * sizeof *ro);
+        assert_non_null(ra);
+        assert_non_null(ro);
+        tu_attention_lp_ref(lp, tu_f32(&f.qkv), tu_f32(&att), f.B, f.T, f.C, f.H, ra, ro);
+        double ea = tu_nmse(tu_f32(&att), ra, na), eo = tu_nmse(tu_f32(&f.out), ro, no);
+        printf("  composed %s T=%lld: weights nmse %.2e, output nmse %.2e\n",
+               lp == TS_F16 ? "f16" : "bf16", (long long)f.T, ea, eo);
+        assert_true(ea <= 1e-9);
+        assert_true(eo <= 1e-9);
+        free(ra);
+        free(ro);
+        ts_tensor_free(&att);
+        fwd_free(&f);
+    }
+}
+
 /* ---- bf16 backward ----------------------------------------------------------------------- */
 
 /* The reference backward on q, k, v and dout rounded to bf16 (in double), against the bf16
@@ -556,10 +593,11 @@ static void test_bad_arguments(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_forward_f32),  cmocka_unit_test(test_backward_f32),
-        cmocka_unit_test(test_forward_bf16), cmocka_unit_test(test_backward_bf16),
-        cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_gpu_kernel_steps),
-        cmocka_unit_test(test_nan),          cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_forward_f32),           cmocka_unit_test(test_backward_f32),
+        cmocka_unit_test(test_forward_bf16),          cmocka_unit_test(test_backward_bf16),
+        cmocka_unit_test(test_composed_lp_reference), cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_gpu_kernel_steps),      cmocka_unit_test(test_nan),
+        cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests_name("attention", tests, tu_setup_cpu_engine,
                                        tu_teardown_cpu_engine);

@@ -605,6 +605,37 @@ static void linear_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
     pair_free(&db);
 }
 
+/* The composed attention's forward with its products in lp (ts_attention_forward_bf16 / _f16:
+ * on a GPU its operands rounded once per group of samples, ts_cuda_attention_forward_lp) against
+ * tu_attention_lp_ref: the weights and the output (the latter from the rounded weights the GPU
+ * wrote), to BF16_TOL. */
+static void attention_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
+    const int64_t Bn = B_, T = T_, C = C_, H = HEADS;
+    pair_t qkv, out, att;
+    pair_rand(&qkv, r, -1.0f, 1.0f, 3, TS_SHAPE(Bn, T, 3 * C));
+    pair_zeros(&out, 3, TS_SHAPE(Bn, T, C));
+    pair_zeros(&att, 4, TS_SHAPE(Bn, H, T, T));
+    TU_CHECK_OK((lp == TS_F16 ? ts_attention_forward_f16 : ts_attention_forward_bf16)(
+        &fx->e[1], &out.t[1], &att.t[1], &qkv.t[1], (int)H));
+    float *A = download(fx, &att);
+    double *ra = malloc((size_t)(Bn * H * T * T) * sizeof *ra);
+    double *ro = malloc((size_t)(Bn * T * C) * sizeof *ro);
+    assert_non_null(ra);
+    assert_non_null(ro);
+    tu_attention_lp_ref(lp, host_f32(&qkv), A, Bn, T, C, H, ra, ro);
+    char what[64];
+    snprintf(what, sizeof what, "attention_forward_%s att", lp == TS_F16 ? "f16" : "bf16");
+    expect_ref(fx, what, &att, ra);
+    snprintf(what, sizeof what, "attention_forward_%s out", lp == TS_F16 ? "f16" : "bf16");
+    expect_ref(fx, what, &out, ro);
+    free(A);
+    free(ra);
+    free(ro);
+    pair_free(&qkv);
+    pair_free(&out);
+    pair_free(&att);
+}
+
 static void test_bf16(void **state) {
     fixture_t *fx = *state;
     char why[256] = "";
@@ -618,6 +649,7 @@ static void test_bf16(void **state) {
             for (int tb = 0; tb < 2; tb++)
                 matmul_lp_case(fx, &r, TS_BF16, batched ? 3 : 1, ta, tb);
     linear_lp_case(fx, &r, TS_BF16);
+    attention_lp_case(fx, &r, TS_BF16);
     /* the GELU of the bf16 forward: on the GPU, the fp32 one */
     pair_t x, y;
     pair_rand(&x, &r, -6.0f, 6.0f, 1, TS_SHAPE(N_ODD));
@@ -640,6 +672,7 @@ static void test_f16(void **state) {
             for (int tb = 0; tb < 2; tb++)
                 matmul_lp_case(fx, &r, TS_F16, batched ? 3 : 1, ta, tb);
     linear_lp_case(fx, &r, TS_F16);
+    attention_lp_case(fx, &r, TS_F16);
     /* GPU against the CPU's emulation, operands past ±65504 and in the subnormals included */
     pair_t a, b, c;
     pair_rand(&a, &r, -2.0f, 2.0f, 2, TS_SHAPE(67, 1));

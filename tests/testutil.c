@@ -295,3 +295,51 @@ void tu_write_file(const char *path, const void *data, size_t len) {
         assert_int_equal(fwrite(data, 1, len, fp), len);
     assert_int_equal(fclose(fp), 0);
 }
+
+/* ---- the composed attention at 16 bits, by hand ------------------------------------------ */
+
+static double rnd_lp(ts_dtype_t lp, float x) {
+    return lp == TS_F16 ? (double)ts_f16_to_f32(ts_f32_to_f16(x))
+                        : (double)ts_bf16_to_f32(ts_f32_to_bf16(x));
+}
+
+void tu_attention_lp_ref(ts_dtype_t lp, const float *qkv, const float *att, int64_t B, int64_t T,
+                         int64_t C, int64_t H, double *ra, double *ro) {
+    int64_t hd = C / H, ld = 3 * C;
+    double scale = 1.0 / sqrt((double)hd);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                double *row = ra + ((b * H + h) * T + i) * T, mx = -INFINITY, sum = 0.0;
+                for (int64_t j = 0; j < T; j++) {
+                    double acc = 0.0;
+                    for (int64_t k = 0; k < hd; k++)
+                        acc += rnd_lp(lp, qkv[(b * T + i) * ld + h * hd + k]) *
+                               rnd_lp(lp, qkv[(b * T + j) * ld + C + h * hd + k]);
+                    row[j] = scale * acc;
+                    mx = row[j] > mx ? row[j] : mx;
+                }
+                for (int64_t j = 0; j < T; j++)
+                    sum += row[j] = exp(row[j] - mx);
+                for (int64_t j = 0; j < T; j++)
+                    row[j] /= sum;
+                const float *a = att + ((b * H + h) * T + i) * T;
+                for (int64_t k = 0; k < hd; k++) {
+                    double acc = 0.0;
+                    for (int64_t j = 0; j < T; j++)
+                        acc += rnd_lp(lp, a[j]) *
+                               rnd_lp(lp, qkv[(b * T + j) * ld + 2 * C + h * hd + k]);
+                    ro[(b * T + i) * C + h * hd + k] = acc;
+                }
+            }
+}
+
+double tu_nmse(const float *got, const double *want, int64_t n) {
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += want[i] * want[i];
+    }
+    return den > 0.0 ? num / den : num;
+}

@@ -83,6 +83,18 @@ int tu_teardown_cpu_engine(void **state);
  * and the reason, and returns 77 (ctest's skip) — or 1 when no engine starts. */
 int tu_bf16_or_skip(const char *prog);
 
+/* ---- the composed attention at 16 bits, by hand ------------------------------------------ */
+
+/* A naive reference of ts_attention_forward_bf16 / _f16 (lp TS_BF16 or TS_F16) in double:
+ * qkv (B, T, 3C) on the host, H heads. ra (B, H, T, T) = the softmax of scale · rnd(q)·rnd(k)ᵀ;
+ * ro (B, T, C) = rnd(att)·rnd(v) with att the weights the op under test wrote (B, H, T, T),
+ * so that a weight whose rounding tips the other way between two summation orders does not
+ * count against it. rnd: kernels/math.h's rounding to lp. */
+void tu_attention_lp_ref(ts_dtype_t lp, const float *qkv, const float *att, int64_t B, int64_t T,
+                         int64_t C, int64_t H, double *ra, double *ro);
+/* Σ (got − want)² / Σ want² over n (the sum of squares itself when want is all zero). */
+double tu_nmse(const float *got, const double *want, int64_t n);
+
 /* ---- a synthetic data set ------------------------------------------------------------------ */
 
 struct ts_dataset;

@@ -962,6 +962,51 @@ int ts_cuda_gemm_lp_in(ts_engine_t *e, ts_dtype_t lp, int64_t M, int64_t N, int6
     return gemm_ex(e, lp, 0, 0, M, N, K, 1.0f, A, lda, 0, B, ldb, 0, 0.0f, C, ldc, 0, 1);
 }
 
+/* The composed attention's 16-bit scratch per group of samples: the group's qkv and softmax
+ * weights, rounded (at most this many bytes, or one sample's where that is more). */
+#define ATT_LP_GROUP_BYTES ((int64_t)64 << 20)
+
+/* Per group of samples: qkv rounded to lp once, QKᵀ (scaled) per sample with the heads a
+ * strided batch, the fp32 softmax over the group's rows in place, the weights rounded once,
+ * then att·V per sample — the roundings gemm_lp would make per product (the same values rounded
+ * the same way), in two conversion kernels per group instead of four per sample. */
+int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *att,
+                                 const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H) {
+    if (B <= 0 || T <= 0 || C <= 0 || H <= 0)
+        return TS_OK;
+    int64_t hd = C / H, ld = 3 * C, tt = T * T;
+    int64_t per = aligned_elems(T * ld) + H * tt; /* 16-bit elements per sample */
+    int64_t group = ATT_LP_GROUP_BYTES / (per * (int64_t)sizeof(uint16_t));
+    group = group < 1 ? 1 : group > B ? B : group;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t b0 = 0; b0 < B; b0 += group) {
+        int64_t nb = B - b0 < group ? B - b0 : group;
+        int64_t oa = aligned_elems(nb * T * ld); /* the weights after the group's qkv */
+        uint16_t *buf;
+        int err = lp_room(e, oa + nb * H * tt, &buf);
+        if (!err)
+            err = ts_cuda_convert(e, buf, lp, qkv + b0 * T * ld, TS_F32, nb * T * ld);
+        for (int64_t b = 0; b < nb && !err; b++) {
+            const uint16_t *q = buf + b * T * ld;
+            /* att[b, h] (T, T) = scale · Q_h · K_hᵀ, the heads hd apart */
+            err = gemm_ex(e, lp, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f,
+                          att + (b0 + b) * H * tt, T, tt, H);
+        }
+        if (!err)
+            err = ts_cuda_softmax_forward(e, att + b0 * H * tt, att + b0 * H * tt, nb * H * T, T);
+        if (!err)
+            err = ts_cuda_convert(e, buf + oa, lp, att + b0 * H * tt, TS_F32, nb * H * tt);
+        for (int64_t b = 0; b < nb && !err; b++)
+            /* out[b, :, h·hd:(h+1)·hd] (T, hd) = att[b, h] (T, T) · V_h (T, hd) */
+            err = gemm_ex(e, lp, 0, 0, T, hd, T, 1.0f, buf + oa + b * H * tt, T, tt,
+                          buf + b * T * ld + 2 * C, ld, hd, 0.0f, out + (b0 + b) * T * C, C, hd,
+                          H);
+        if (err)
+            return err;
+    }
+    return TS_OK;
+}
+
 /* The largest power of two ≤ 16 that divides p's address. */
 static unsigned alignment(const void *p) {
     uintptr_t a = (uintptr_t)p;
