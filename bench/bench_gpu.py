@@ -650,7 +650,8 @@ def main():
             print(f"{name} bf16 train b{e['batch']}: eager {e['samples_per_s']:.1f}/s, "
                   f"CUDA graphs {c['samples_per_s']:.1f}/s "
                   f"({c['samples_per_s'] / e['samples_per_s']:.2f}×; "
-                  f"{c['graph_launches']} of {c['calls']} steps one launch)")
+                  f"{c['graph_launches']} steps one launch, warm-up included; "
+                  f"{c['calls']} timed)")
         else:
             why = next((g[m]["error"] for m in GRAPH_MODES[:2] if "error" in g[m]), "not measured")
             print(f"CUDA graphs {name} bf16 train b{GRAPH_TRAIN_BATCH}: not run: {why}")
@@ -662,7 +663,7 @@ def main():
                 continue
             print(f"{name} bf16 forward b{B}: eager {e['samples_per_s']:.1f}/s, "
                   f"CUDA graphs {c['samples_per_s']:.1f}/s ({c['samples_per_s'] / e['samples_per_s']:.2f}×; "
-                  f"{c['graph_launches']} of {c['calls']} calls one launch), "
+                  f"{c['graph_launches']} calls one launch, warm-up included; {c['calls']} timed), "
                   f"bias epilogue {lt['samples_per_s']:.1f}/s "
                   f"({lt['samples_per_s'] / e['samples_per_s']:.2f}×)")
     att = doc.get("attention_ops", {})

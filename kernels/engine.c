@@ -334,16 +334,14 @@ int ts_graph_cache_run(ts_engine_t *e, ts_graph_cache_t *c, const ts_graph_key_t
         c->seen_next = (c->seen_next + 1) % TS_GRAPH_SLOTS;
         return TS_OK;
     }
-    int slot = c->next;
-    ts_engine_graph_free(&c->graph[slot]);
-    memset(&c->key[slot], 0, sizeof c->key[slot]);
+    ts_engine_graph_t made = {NULL}; /* the slot's older graph stays until this one is made */
     int rc = ts_engine_capture_begin(e), ops = TS_OK;
     if (rc == TS_OK) {
         ops = work(ctx);
-        rc = ts_engine_capture_end(e, &c->graph[slot]); /* ends it whatever the work said */
+        rc = ts_engine_capture_end(e, &made); /* ends it whatever the work said */
     }
     if (rc == TS_OK && ops != TS_OK) { /* an op refused (nothing ran): as eagerly */
-        ts_engine_graph_free(&c->graph[slot]);
+        ts_engine_graph_free(&made);
         return ops;
     }
     if (rc != TS_OK) { /* the capture itself failed: off, eager from now on */
@@ -351,6 +349,9 @@ int ts_graph_cache_run(ts_engine_t *e, ts_graph_cache_t *c, const ts_graph_key_t
         c->on = -1;
         return work(ctx);
     }
+    int slot = c->next;
+    ts_engine_graph_free(&c->graph[slot]);
+    c->graph[slot] = made;
     c->key[slot] = key;
     c->next = (slot + 1) % TS_GRAPH_SLOTS;
     c->captures++;

@@ -279,7 +279,7 @@ static int attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
     TS_TRY(attention_dims(qkv, out, heads, &d));
     TS_TRY(att_shape(att, &d));
     if (lp != TS_F32 && e->device == TS_CUDA) /* the same loop, its roundings grouped */
-        return ts_cuda_attention_forward_lp(e, lp, F(out), F(att), CF(qkv), d.B, d.T, d.C, d.H);
+        return ts_cuda_attention_forward_lp(e, lp, F(out), F(att), CF(qkv), d.B, d.T, d.C, d.H, 0);
     int64_t T = d.T, C = d.C, H = d.H, hd = d.hd, ld = 3 * C;
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t b = 0; b < d.B; b++) {

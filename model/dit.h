@@ -233,7 +233,8 @@ void ts_dit_set_graphs(ts_dit_t *m, int on);
  * own (a trainer's step, model/trainer.h). _stage checks the arguments as ts_dit_forward does and
  * copies the labels y to the device (host work, outside any graph); _queue then queues the rest
  * for the same x, t and B — the device work alone, no graphs of the model's own — and sets *v as
- * ts_dit_forward. */
+ * ts_dit_forward. A learned-σ model's _queue also splits its output by ts_tensor_copy, which
+ * no capture can record (such a model cannot train: a trainer never graphs one). */
 int ts_dit_forward_stage(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, const int32_t *y,
                          int B);
 int ts_dit_forward_queue(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, int B,

@@ -628,6 +628,22 @@ static void attention_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
     expect_ref(fx, what, &att, ra);
     snprintf(what, sizeof what, "attention_forward_%s out", lp == TS_F16 ? "f16" : "bf16");
     expect_ref(fx, what, &out, ro);
+    /* in groups of 1 and of 3 samples (4 = 3 + 1): the same bits as in one group */
+    float *O = download(fx, &out);
+    for (int g = 1; g <= 3; g += 2) {
+        int64_t per = ((T * 3 * C + 63) / 64 * 64 + H * T * T) * 2; /* bytes per sample */
+        TU_CHECK_OK(ts_cuda_attention_forward_lp(&fx->e[1], lp, out.t[1].data, att.t[1].data,
+                                                 qkv.t[1].data, Bn, T, C, H, g * per));
+        float *A2 = download(fx, &att), *O2 = download(fx, &out);
+        if (memcmp(A2, A, (size_t)(Bn * H * T * T) * sizeof *A) != 0 ||
+            memcmp(O2, O, (size_t)(Bn * T * C) * sizeof *O) != 0) {
+            print_error("attention_forward_lp in groups of %d: not the bits of one group\n", g);
+            fail();
+        }
+        printf("test_cuda_parity: attention_forward_lp in groups of %d: the same bits\n", g);
+        free(A2), free(O2);
+    }
+    free(O);
     free(A);
     free(ra);
     free(ro);

@@ -962,8 +962,8 @@ int ts_cuda_gemm_lp_in(ts_engine_t *e, ts_dtype_t lp, int64_t M, int64_t N, int6
     return gemm_ex(e, lp, 0, 0, M, N, K, 1.0f, A, lda, 0, B, ldb, 0, 0.0f, C, ldc, 0, 1);
 }
 
-/* The composed attention's 16-bit scratch per group of samples: the group's qkv and softmax
- * weights, rounded (at most this many bytes, or one sample's where that is more). */
+/* The composed attention's 16-bit scratch per group of samples, by default: the group's qkv and
+ * softmax weights, rounded (at most this many bytes, or one sample's where that is more). */
 #define ATT_LP_GROUP_BYTES ((int64_t)64 << 20)
 
 /* Per group of samples: qkv rounded to lp once, QKᵀ (scaled) per sample with the heads a
@@ -971,12 +971,14 @@ int ts_cuda_gemm_lp_in(ts_engine_t *e, ts_dtype_t lp, int64_t M, int64_t N, int6
  * then att·V per sample — the roundings gemm_lp would make per product (the same values rounded
  * the same way), in two conversion kernels per group instead of four per sample. */
 int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *att,
-                                 const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H) {
+                                 const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H,
+                                 int64_t group_bytes) {
     if (B <= 0 || T <= 0 || C <= 0 || H <= 0)
         return TS_OK;
     int64_t hd = C / H, ld = 3 * C, tt = T * T;
     int64_t per = aligned_elems(T * ld) + H * tt; /* 16-bit elements per sample */
-    int64_t group = ATT_LP_GROUP_BYTES / (per * (int64_t)sizeof(uint16_t));
+    int64_t group = (group_bytes > 0 ? group_bytes : ATT_LP_GROUP_BYTES) /
+                    (per * (int64_t)sizeof(uint16_t));
     group = group < 1 ? 1 : group > B ? B : group;
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t b0 = 0; b0 < B; b0 += group) {
@@ -1167,6 +1169,8 @@ int ts_cuda_set_epilogues(ts_engine_t *e, int on) {
         return TS_EINVAL;
     if (on && e->cuda->epilogues == -1)
         return TS_ENOTSUP; /* cuBLASLt could not be opened or started */
+    if (e->cuda->epilogues != (on != 0))
+        e->scratch_epoch++; /* graphs recorded with the other kernels are not launched again */
     e->cuda->epilogues = on != 0;
     return TS_OK;
 }
