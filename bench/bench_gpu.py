@@ -26,8 +26,8 @@ For each config, in one run:
   3. (after the configs) the attention alone, composed against fused (`bench_dit
      --attention-ops 64`: the target is the fused ≥ 2× the composed at T = 256); and, for the
      configs of GRAPH_CONFIGS, the bf16 forward at batches 1 and 8 eagerly, through CUDA
-     graphs (`bench_dit --graphs`) and with the linears' bias in cuBLASLt's epilogue
-     (TESSERA_CUDA_EPILOGUES=1), side by side (the launch-bound rows), and the bf16 training
+     graphs (`bench_dit --graphs`) and with the linears' bias (fc1's bias and GELU) in
+     cuBLASLt's epilogue (TESSERA_CUDA_EPILOGUES=1), side by side (the launch-bound rows), and the bf16 training
      step at batch 8 eagerly and through CUDA graphs (its forward and backward as one graph);
      and for every config
      the bf16 forward at the largest batch as `bench_dit --attention measure` sets it up
@@ -366,8 +366,9 @@ GRAPH_MODES = ("eager", "graphs", "epilogues")
 
 def run_graphs(weights, check):
     """The bf16 forward at GRAPH_BATCHES eagerly, then through CUDA graphs (`--graphs`), then
-    with the bias in cuBLASLt's epilogue: three bench_dit runs of the same rows, back to back;
-    the first two with the training step at GRAPH_TRAIN_BATCH too (eager, then graphed)."""
+    with cuBLASLt's epilogues (the linears' bias; fc1's bias and GELU): three bench_dit runs of
+    the same rows, back to back; the first two with the training step at GRAPH_TRAIN_BATCH too
+    (eager, then graphed)."""
     out = {}
     for mode in GRAPH_MODES:
         tb = GRAPH_TRAIN_BATCH if mode != "epilogues" else 0
@@ -664,7 +665,7 @@ def main():
             print(f"{name} bf16 forward b{B}: eager {e['samples_per_s']:.1f}/s, "
                   f"CUDA graphs {c['samples_per_s']:.1f}/s ({c['samples_per_s'] / e['samples_per_s']:.2f}×; "
                   f"{c['graph_launches']} calls one launch, warm-up included; {c['calls']} timed), "
-                  f"bias epilogue {lt['samples_per_s']:.1f}/s "
+                  f"cuBLASLt epilogues {lt['samples_per_s']:.1f}/s "
                   f"({lt['samples_per_s'] / e['samples_per_s']:.2f}×)")
     att = doc.get("attention_ops", {})
     if "rows" in att:

@@ -110,6 +110,14 @@ extern "C" {
      * the fp32 one rounds its input to lp for dweight and nothing else reads it) */              \
     X(linear_backward_lp_in, ts_dtype_t lp, float *dinp, float *dweight, const float *dout,       \
       const uint16_t *inp, const uint16_t *weight, int64_t M, int64_t N, int64_t K)               \
+    /* act (M, N) = lp(gelu(inp · weightᵀ + bias)) of an lp input and weight: the values of       \
+     * linear_forward_lp_in into pre, then gelu_forward_lp of pre. keep_pre 1: pre holds that      \
+     * fp32 product afterwards (a backward reads it); 0: pre is scratch the op may leave as it     \
+     * was, and a GPU with cuBLASLt's epilogues on writes act in one product (bias, GELU and the   \
+     * rounding in its epilogue: no fp32 (M, N) written or read). */                              \
+    X(linear_gelu_forward_lp, ts_dtype_t lp, float *pre, uint16_t *act, const uint16_t *inp,      \
+      const uint16_t *weight, const float *bias, int64_t M, int64_t N, int64_t K, int64_t group,  \
+      int keep_pre)                                                                                \
                                                                                                    \
     /* out, inp (rows, C); mean, rstd (rows), each may be NULL */                                  \
     X(layernorm_forward, float *out, float *mean, float *rstd, const float *inp, int64_t rows,     \
@@ -315,8 +323,9 @@ int ts_cuda_event_wait(ts_engine_t *e, void *ev);
  * memory; ordered after the stream's earlier work and before its later work. */
 int ts_cuda_memcpy_async(ts_engine_t *e, void *dst, ts_device_t dst_dev, const void *src,
                          ts_device_t src_dev, size_t bytes);
-/* The 16-bit linears' bias in cuBLASLt's epilogue on e (on: 1; off by default, or on from the
- * engine's start with TESSERA_CUDA_EPILOGUES=1): TS_OK, TS_ENOTSUP when cuBLASLt could not be
+/* cuBLASLt's epilogues on e — the 16-bit linears' bias, and linear_gelu_forward_lp's bias, GELU
+ * and rounding when it need not keep pre — (on: 1; off by default, or on from the engine's start
+ * with TESSERA_CUDA_EPILOGUES=1): TS_OK, TS_ENOTSUP when cuBLASLt could not be
  * opened or started here; and how many products ran so (tests, benchmarks). */
 int ts_cuda_set_epilogues(ts_engine_t *e, int on);
 int64_t ts_cuda_epilogue_calls(ts_engine_t *e);

@@ -77,6 +77,15 @@ int ts_linear_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp,
 int ts_linear_gelu_forward(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act,
                            const ts_tensor_t *inp, const ts_tensor_t *weight,
                            const ts_tensor_t *bias);
+/* The 16-bit-activation form: act (..., N) = GELU(inp · weightᵀ + bias) rounded to act's dtype,
+ * inp, weight and act all BF16 or all F16 — the values of ts_linear_forward into pre, then
+ * ts_gelu_forward_lp of pre. pre (F32, act's shape) is written when keep_pre is 1 (a backward
+ * reads it); when 0 it is scratch, left as it was where a GPU with cuBLASLt's epilogues on runs
+ * the product, the bias, GELU and the rounding in one call (ts_cuda_set_epilogues). pre, act
+ * and inp do not overlap. */
+int ts_linear_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act,
+                              const ts_tensor_t *inp, const ts_tensor_t *weight,
+                              const ts_tensor_t *bias, int keep_pre);
 /* dinp (..., K) += dout · weight; dweight (N, K) += doutᵀ · inp; dbias (N) += Σ_rows dout. A BF16
  * weight (the bf16 copy the bf16 forward used) takes the bf16 path of bf16 training: dout, inp
  * and the weight in bf16, fp32 accumulation into the fp32 gradients, dbias in fp32 (TS_ENOTSUP

@@ -80,6 +80,29 @@ int ts_linear_gelu_forward(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act,
                     d.N, d.K, d.group);
 }
 
+int ts_linear_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act,
+                              const ts_tensor_t *inp, const ts_tensor_t *weight,
+                              const ts_tensor_t *bias, int keep_pre) {
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, pre));
+    if (!weight || (weight->dtype != TS_BF16 && weight->dtype != TS_F16))
+        return TS_EDTYPE;
+    ts_dtype_t lp = weight->dtype;
+    TS_TRY(check_on(e, weight, lp));
+    TS_TRY(check_on(e, inp, lp));
+    TS_TRY(check_on(e, act, lp));
+    TS_TRY(check_opt(e, bias));
+    if (ts_tensor_numel(pre) != ts_tensor_numel(act) || ts_tensor_cols(pre) != ts_tensor_cols(act))
+        return TS_ESHAPE;
+    if (overlaps(pre, act) || overlaps(pre, inp) || overlaps(act, inp))
+        return TS_EINVAL;
+    linear_dims_t d;
+    TS_TRY(linear_dims(pre, inp, weight, bias, &d));
+    return DISPATCH(e, linear_gelu_forward_lp, lp, F(pre), (uint16_t *)act->data,
+                    (const uint16_t *)inp->data, (const uint16_t *)weight->data, OPT(bias), d.M,
+                    d.N, d.K, d.group, keep_pre != 0);
+}
+
 int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
                        const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight) {
     TS_TRY(check_engine(e));

@@ -671,9 +671,9 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     /* MLP branch: x_out = x_mid + gate_mlp · fc2(gelu(fc1(modulate(LN(x_mid))))) */
     TS_TRY(ts_layernorm_modulate_forward(e, &ln2, &m2, &r2, &mod2, &x_mid, &mod, 3, 4));
     if (gelu.dtype != act16(m, gelu).dtype) { /* 16-bit activations: GELU rounded as written */
-        gelu = act16(m, gelu);
-        TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
-        TS_TRY(ts_gelu_forward_lp(e, &gelu, &fc1));
+        gelu = act16(m, gelu); /* fc1 kept for the backward only: else one product on a GPU */
+        TS_TRY(
+            ts_linear_gelu_forward_lp(e, &fc1, &gelu, &mod2, &W->fc1_w, &P->fc1_b, m->trainable));
     } else if (m->precision == TS_PREC_BF16) { /* its reader, fc2, rounds it to bf16 */
         TS_TRY(ts_linear_forward(e, &fc1, &mod2, &W->fc1_w, &P->fc1_b));
         TS_TRY(ts_gelu_forward_bf16(e, &gelu, &fc1));

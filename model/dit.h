@@ -305,7 +305,7 @@ const char *ts_attn_name(ts_attn_impl_t a); /* "fused" or "composed" */
  * faster of those that pass — by more than 3 %, otherwise on ts_dit_default_attention. On a GPU
  * it then measures the forward through CUDA graphs (ts_dit_set_graphs) and keeps them on only
  * where their output is bit for bit the eager one's and they are more than 3 % faster (before
- * that, at bf16 or f16, the linears' bias in cuBLASLt's epilogue likewise: see the fields). The
+ * that, at bf16 or f16, cuBLASLt's epilogues likewise: see the fields). The
  * choice is the model's for every batch (a sample's bits never depend on its batch); the graphs
  * are measured at this batch only (another batch gets its own graph). A fused attention that
  * fails to run is not taken (the note says why), after which a composed forward must still run.
@@ -317,8 +317,8 @@ typedef struct ts_dit_tune {
     int batch, reps;
     double ms[2];      /* median ms per forward, by ts_attn_impl_t; 0: not measured (cannot run) */
     double fused_diff; /* the fused output's relative RMS difference to the composed one */
-    /* a 16-bit model on a GPU: the linears' bias in cuBLASLt's epilogue (ts_cuda_set_epilogues,
-     * the engine's setting: off while the attentions are timed), measured with the chosen
+    /* a 16-bit model on a GPU: cuBLASLt's epilogues — the linears' bias and, with 16-bit
+     * activations, fc1's bias and GELU — (ts_cuda_set_epilogues, the engine's setting: off while the attentions are timed), measured with the chosen
      * attention and kept where its output is within 1e-2 relative RMS of the two-kernel one's
      * and it is more than 3 % faster. Several models on one engine: each tune decides it anew,
      * the last one's decision stands */

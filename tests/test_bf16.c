@@ -204,6 +204,69 @@ static void test_gelu(void **state) {
     TU_FREE_TENSORS(&x, &want, &got);
 }
 
+/* ts_linear_gelu_forward_lp (fc1 with 16-bit activations): the bits of the linear into pre then
+ * the rounding GELU, with pre kept or not (the CPU writes it either way), within one ulp of the
+ * lp output of a naive double loop with the tanh GELU; and its refusals. */
+static void test_linear_gelu_lp(void **state) {
+    ts_engine_t *e = *state;
+    const int64_t M = 37, N = 40, K = 24;
+    ts_dtype_t lp = LP->dtype;
+    int f16 = lp == TS_F16;
+    ts_tensor_t x, w, bias, x16, w16, pre, act, want_pre, want_act;
+    tu_alloc_f32(&x, 2, TS_SHAPE(M, K));
+    tu_alloc_f32(&w, 2, TS_SHAPE(N, K));
+    tu_alloc_f32(&bias, 1, TS_SHAPE(N));
+    tu_alloc_f32(&pre, 2, TS_SHAPE(M, N));
+    tu_alloc_f32(&want_pre, 2, TS_SHAPE(M, N));
+    tu_rng_t r = {37};
+    tu_fill_uniform(&r, &x, -1, 1);
+    tu_fill_uniform(&r, &w, -0.6f, 0.6f);
+    tu_fill_uniform(&r, &bias, -1, 1);
+    assert_int_equal(ts_tensor_alloc(&x16, lp, TS_CPU, 2, TS_SHAPE(M, K)), TS_OK);
+    assert_int_equal(ts_tensor_alloc(&w16, lp, TS_CPU, 2, TS_SHAPE(N, K)), TS_OK);
+    assert_int_equal(ts_tensor_alloc(&act, lp, TS_CPU, 2, TS_SHAPE(M, N)), TS_OK);
+    assert_int_equal(ts_tensor_alloc(&want_act, lp, TS_CPU, 2, TS_SHAPE(M, N)), TS_OK);
+    assert_int_equal(ts_convert(e, &x16, &x), TS_OK);
+    assert_int_equal(ts_convert(e, &w16, &w), TS_OK);
+    assert_int_equal(ts_linear_forward(e, &want_pre, &x16, &w16, &bias), TS_OK);
+    assert_int_equal(ts_gelu_forward_lp(e, &want_act, &want_pre), TS_OK);
+    const uint16_t *X = x16.data, *W = w16.data, *A = act.data;
+    for (int keep = 0; keep < 2; keep++) {
+        assert_int_equal(ts_fill(e, &pre, 7.0f), TS_OK);
+        assert_int_equal(ts_linear_gelu_forward_lp(e, &pre, &act, &x16, &w16, &bias, keep), TS_OK);
+        assert_memory_equal(act.data, want_act.data, (size_t)(M * N) * sizeof(uint16_t));
+        assert_memory_equal(pre.data, want_pre.data, (size_t)(M * N) * sizeof(float));
+    }
+    double worst = 0.0, ulp = f16 ? 0x1p-10 : 0x1p-7;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = tu_f32(&bias)[n];
+            for (int64_t k = 0; k < K; k++)
+                s += (double)ts_lp_to_f32(X[m * K + k], f16) *
+                     (double)ts_lp_to_f32(W[n * K + k], f16);
+            double g = 0.5 * s * (1.0 + tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
+            double got = ts_lp_to_f32(A[m * N + n], f16), err = fabs(got - g);
+            if (err > ulp * fabs(g) + 1e-6)
+                fail_msg("linear+gelu (%lld, %lld) is %.6g, want %.6g", (long long)m, (long long)n,
+                         got, g);
+            worst = err > worst ? err : worst;
+        }
+    printf("  %s linear+gelu: the two ops' bits, max |diff| from the naive loop %.3g\n", LP->name,
+           worst);
+    /* refusals: an fp32 act, an fp32 weight, act over pre, a shape that is not the product's */
+    assert_int_equal(ts_linear_gelu_forward_lp(e, &pre, &want_pre, &x16, &w16, &bias, 0),
+                     TS_EDTYPE);
+    assert_int_equal(ts_linear_gelu_forward_lp(e, &pre, &act, &x16, &w, &bias, 0), TS_EDTYPE);
+    assert_int_equal(ts_linear_gelu_forward_lp(e, &pre, &act, &x, &w16, &bias, 0), TS_EDTYPE);
+    ts_tensor_t over, small;
+    assert_int_equal(ts_tensor_wrap(&over, pre.data, lp, TS_CPU, 2, TS_SHAPE(M, N)), TS_OK);
+    assert_int_equal(ts_linear_gelu_forward_lp(e, &pre, &over, &x16, &w16, &bias, 0), TS_EINVAL);
+    assert_int_equal(ts_tensor_wrap(&small, want_pre.data, TS_F32, TS_CPU, 2, TS_SHAPE(M, N - 1)),
+                     TS_OK);
+    assert_int_equal(ts_linear_gelu_forward_lp(e, &small, &act, &x16, &w16, &bias, 0), TS_ESHAPE);
+    TU_FREE_TENSORS(&x, &w, &bias, &x16, &w16, &pre, &act, &want_pre, &want_act);
+}
+
 /* ---- the DiT forward --------------------------------------------------------------------- */
 
 /* A `tiny` DiT with every parameter N(0, 0.05): DiT's own init zeroes the adaLN and final layers,
@@ -465,10 +528,14 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--f16") == 0) { /* runs on every CPU: no skip */
         LP = &F16;
         const struct CMUnitTest f16[] = {
-            cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
-            cmocka_unit_test(test_attention),   cmocka_unit_test(test_dit_forward),
-            cmocka_unit_test(test_f16_edges),   cmocka_unit_test(test_f16_refusals),
+            cmocka_unit_test(test_linear),
+            cmocka_unit_test(test_matmul),
+            cmocka_unit_test(test_attention),
+            cmocka_unit_test(test_dit_forward),
+            cmocka_unit_test(test_f16_edges),
+            cmocka_unit_test(test_f16_refusals),
             cmocka_unit_test(test_dit_lp_activations),
+            cmocka_unit_test(test_linear_gelu_lp),
         };
         return cmocka_run_group_tests(f16, tu_setup_cpu_engine, tu_teardown_cpu_engine);
     }
@@ -476,9 +543,10 @@ int main(int argc, char **argv) {
     if (skip)
         return skip;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_attention),   cmocka_unit_test(test_gelu),
-        cmocka_unit_test(test_dit_forward), cmocka_unit_test(test_dit_lp_activations),
+        cmocka_unit_test(test_linear),         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_attention),      cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_dit_forward),    cmocka_unit_test(test_dit_lp_activations),
+        cmocka_unit_test(test_linear_gelu_lp),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

@@ -605,6 +605,100 @@ static void linear_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
     pair_free(&db);
 }
 
+/* nmse of the widened lp values of the GPU side of p against ref. */
+static double nmse_lp(fixture_t *fx, ts_dtype_t lp, const pair_t *p, const double *ref) {
+    uint16_t *a = download(fx, p);
+    int64_t n = ts_tensor_numel(&p->t[0]);
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = wide(lp, a[i]) - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    free(a);
+    return den > 0.0 ? num / den : num;
+}
+
+/* fc1 with 16-bit activations (ts_linear_gelu_forward_lp): act against GELU (tanh form, in
+ * double) of the naive product on the rounded operands plus the bias, to the rounding of act
+ * itself (nmse ≤ 1e-5 at bf16, 1e-6 at f16: a uniform relative error of half an ulp gives
+ * ~1.3e-6 and ~2e-8), through the two kernels (pre kept, and to BF16_TOL) and, with the
+ * epilogues on and pre not kept, through cuBLASLt's bias+GELU epilogue in one product — which
+ * must run (pre left as it was, one more cuBLASLt product). */
+static void linear_gelu_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
+    const int64_t M = B_ * T_, K = C_, N = 4 * C_;
+    const double tol = lp == TS_F16 ? 1e-6 : 1e-5;
+    const char *name = lp == TS_F16 ? "f16" : "bf16";
+    ts_engine_t *G = &fx->e[1];
+    pair_t x, w, x16, w16, bias, pre, act;
+    pair_rand(&x, r, -1.0f, 1.0f, 2, TS_SHAPE(M, K));
+    pair_rand(&w, r, -0.2f, 0.2f, 2, TS_SHAPE(N, K));
+    pair_rand(&bias, r, -0.5f, 0.5f, 1, TS_SHAPE(N));
+    pair_alloc(&x16, lp, 2, TS_SHAPE(M, K));
+    pair_alloc(&w16, lp, 2, TS_SHAPE(N, K));
+    TU_CHECK_OK(ts_convert(&fx->e[0], &x16.t[0], &x.t[0]));
+    TU_CHECK_OK(ts_convert(&fx->e[0], &w16.t[0], &w.t[0]));
+    pair_upload(&x16);
+    pair_upload(&w16);
+    pair_zeros(&pre, 2, TS_SHAPE(M, N));
+    pair_alloc(&act, lp, 2, TS_SHAPE(M, N));
+    const uint16_t *X = x16.t[0].data, *W = w16.t[0].data;
+    double *r_pre = malloc((size_t)(2 * M * N) * sizeof *r_pre), *r_act = r_pre + M * N;
+    assert_non_null(r_pre);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0.0;
+            for (int64_t k = 0; k < K; k++)
+                acc += wide(lp, X[i * K + k]) * wide(lp, W[j * K + k]);
+            double s = (double)(float)acc + (double)host_f32(&bias)[j];
+            r_pre[i * N + j] = s;
+            r_act[i * N + j] =
+                0.5 * s * (1.0 + tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
+        }
+    char what[96];
+    TU_CHECK_OK(
+        ts_linear_gelu_forward_lp(G, &pre.t[1], &act.t[1], &x16.t[1], &w16.t[1], &bias.t[1], 1));
+    snprintf(what, sizeof what, "linear_gelu_forward_lp %s pre", name);
+    expect_ref(fx, what, &pre, r_pre);
+    double e = nmse_lp(fx, lp, &act, r_act);
+    printf("test_cuda_parity: linear_gelu_forward_lp %-17s nmse %.3e (two kernels)\n", name, e);
+    if (!(e <= tol))
+        fail_msg("linear_gelu_forward_lp %s (two kernels): nmse %.3e exceeds %.1e", name, e, tol);
+    if (ts_cuda_set_epilogues(G, 1) == TS_OK) {
+        TU_CHECK_OK(ts_fill(G, &pre.t[1], 7.0f));
+        int64_t before = ts_cuda_epilogue_calls(G);
+        TU_CHECK_OK(ts_linear_gelu_forward_lp(G, &pre.t[1], &act.t[1], &x16.t[1], &w16.t[1],
+                                              &bias.t[1], 0));
+        float *P = download(fx, &pre);
+        int untouched = 1;
+        for (int64_t i = 0; i < M * N && untouched; i++)
+            untouched = P[i] == 7.0f;
+        free(P);
+        if (!untouched || ts_cuda_epilogue_calls(G) != before + 1)
+            fail_msg("linear_gelu_forward_lp %s: the epilogues were on but cuBLASLt's bias+GELU "
+                     "epilogue did not run (pre %s, %lld cuBLASLt products)",
+                     name, untouched ? "untouched" : "written",
+                     (long long)(ts_cuda_epilogue_calls(G) - before));
+        e = nmse_lp(fx, lp, &act, r_act);
+        printf("test_cuda_parity: linear_gelu_forward_lp %-17s nmse %.3e (cuBLASLt bias+GELU)\n",
+               name, e);
+        if (!(e <= tol))
+            fail_msg("linear_gelu_forward_lp %s (cuBLASLt): nmse %.3e exceeds %.1e", name, e, tol);
+        TU_CHECK_OK(ts_cuda_set_epilogues(G, 0));
+    } else {
+        printf(
+            "test_cuda_parity: the cuBLASLt bias+GELU epilogue not checked: cuBLASLt not here\n");
+    }
+    free(r_pre);
+    pair_free(&x);
+    pair_free(&w);
+    pair_free(&x16);
+    pair_free(&w16);
+    pair_free(&bias);
+    pair_free(&pre);
+    pair_free(&act);
+}
+
 /* The composed attention's forward with its products in lp (ts_attention_forward_bf16 / _f16:
  * on a GPU its operands rounded once per group of samples, ts_cuda_attention_forward_lp) against
  * tu_attention_lp_ref: the weights and the output (the latter from the rounded weights the GPU
@@ -665,6 +759,7 @@ static void test_bf16(void **state) {
             for (int tb = 0; tb < 2; tb++)
                 matmul_lp_case(fx, &r, TS_BF16, batched ? 3 : 1, ta, tb);
     linear_lp_case(fx, &r, TS_BF16);
+    linear_gelu_lp_case(fx, &r, TS_BF16);
     attention_lp_case(fx, &r, TS_BF16);
     /* the GELU of the bf16 forward: on the GPU, the fp32 one */
     pair_t x, y;
@@ -688,6 +783,7 @@ static void test_f16(void **state) {
             for (int tb = 0; tb < 2; tb++)
                 matmul_lp_case(fx, &r, TS_F16, batched ? 3 : 1, ta, tb);
     linear_lp_case(fx, &r, TS_F16);
+    linear_gelu_lp_case(fx, &r, TS_F16);
     attention_lp_case(fx, &r, TS_F16);
     /* GPU against the CPU's emulation, operands past ±65504 and in the subnormals included */
     pair_t a, b, c;

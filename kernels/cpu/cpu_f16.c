@@ -238,6 +238,15 @@ int ts_cpu_linear_forward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *out, const
     return ts_cpu_linear_forward(e, out, buf, buf + ow, bias, M, N, K, group);
 }
 
+/* The two ops in turn (the CPU has no fused epilogue): pre is always written. */
+int ts_cpu_linear_gelu_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *pre, uint16_t *act,
+                                  const uint16_t *inp, const uint16_t *weight, const float *bias,
+                                  int64_t M, int64_t N, int64_t K, int64_t group, int keep_pre) {
+    (void)keep_pre;
+    TS_TRY(ts_cpu_linear_forward_lp_in(e, lp, pre, inp, weight, bias, M, N, K, group));
+    return ts_cpu_gelu_forward_lp(e, act, lp, pre, M * N);
+}
+
 /* bf16: the input widened (exactly) into this file's scratch and given to the bf16 backward,
  * which rounds it again into its own (no change); f16: the emulated backward reads it as is. */
 int ts_cpu_linear_backward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,

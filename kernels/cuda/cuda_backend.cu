@@ -122,7 +122,7 @@ int ts_cuda_blas_load(char *err, size_t errlen) {
     return g_blas_rc;
 }
 
-/* ---- cuBLASLt, opened on first use (the 16-bit linears' bias epilogue) ---------------------- */
+/* ---- cuBLASLt, opened on first use (the 16-bit linears' bias and bias+GELU epilogues) ------- */
 
 static struct {
     decltype(&cublasLtCreate) create;
@@ -174,12 +174,18 @@ static void lt_open(void) {
 #endif
 }
 
-/* One shape's cuBLASLt product with the bias epilogue: its descriptors and the algorithm the
+/* What a cuBLASLt product's epilogue does: the bias into an fp32 output (a linear's), or the
+ * bias, GELU and the rounding into a 16-bit output (fc1's, when nothing reads its input again). */
+typedef enum { LT_BIAS, LT_GELU } lt_kind_t;
+
+/* One shape's cuBLASLt product with an epilogue: its descriptors and the algorithm the
  * heuristic chose, for the operands' alignment. */
 #define LT_PLANS 64
 typedef struct lt_plan {
     int used; /* 0 free, 1 a plan, 2 a shape cuBLASLt has no algorithm for (nothing held) */
     ts_dtype_t lp;
+    lt_kind_t kind;
+    int bias_lp; /* the bias vector in lp (else fp32) */
     int64_t M, N, K;
     unsigned align; /* the bytes every operand's address (A, B, C, bias) is a multiple of, ≤ 16 */
     cublasLtMatmulDesc_t desc;
@@ -1041,16 +1047,19 @@ static int lt_start(ts_cuda_ctx_t *ctx) {
     return TS_OK;
 }
 
-/* The plan of out (M, N) = in (M, K) · weightᵀ + bias in lp, found or made. The row-major
- * product is column-major outᵀ (N, M) = W · inᵀ: A the weight (K × N as stored, transposed), B
- * the input (K × M), C and D the output (N × M), and the epilogue's bias one value per row of D
- * — per output feature. TS_ENOTSUP when cuBLASLt has no algorithm for it (remembered in a slot,
- * like a plan) or the descriptors could not be made (not remembered). */
-static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, int64_t M, int64_t N, int64_t K,
-                   unsigned align, const float *bias, lt_plan_t **out) {
+/* The plan of out (M, N) = in (M, K) · weightᵀ + bias in lp (LT_BIAS, out fp32), or of out =
+ * lp(gelu(in · weightᵀ + bias)) (LT_GELU, out in lp), found or made. The row-major product is
+ * column-major outᵀ (N, M) = W · inᵀ: A the weight (K × N as stored, transposed), B the input
+ * (K × M), C and D the output (N × M), and the epilogue's bias one value per row of D — per
+ * output feature — in fp32, or in lp when bias_lp. TS_ENOTSUP when cuBLASLt has no algorithm
+ * for it (remembered in a slot, like a plan) or the descriptors could not be made (not
+ * remembered). */
+static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, lt_kind_t kind, int bias_lp, int64_t M,
+                   int64_t N, int64_t K, unsigned align, const void *bias, lt_plan_t **out) {
     for (int i = 0; i < LT_PLANS; i++) {
         lt_plan_t *p = &ctx->plans[i];
-        if (p->used && p->lp == lp && p->M == M && p->N == N && p->K == K && p->align == align) {
+        if (p->used && p->lp == lp && p->kind == kind && p->bias_lp == bias_lp && p->M == M &&
+            p->N == N && p->K == K && p->align == align) {
             *out = p;
             return p->used == 1 ? TS_OK : TS_ENOTSUP; /* a refusal is remembered too */
         }
@@ -1059,8 +1068,8 @@ static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, int64_t M, int64_t N, int6
     lt_plan_free(p);
     cudaDataType_t t = lp == TS_F16 ? CUDA_R_16F : CUDA_R_16BF;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    cudaDataType_t bias_t = CUDA_R_32F;
+    cublasLtEpilogue_t epi = kind == LT_GELU ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    cudaDataType_t bias_t = bias_lp ? t : CUDA_R_32F, out_t = kind == LT_GELU ? t : CUDA_R_32F;
     uint64_t ws = LT_WORKSPACE_BYTES;
     uint32_t al = align;
     cublasLtMatmulPreference_t pref = NULL;
@@ -1085,7 +1094,7 @@ static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, int64_t M, int64_t N, int6
     ok = ok && g_lt.layout_create(&p->b, t, (uint64_t)K, (uint64_t)M, K) == CUBLAS_STATUS_SUCCESS;
     made += ok;
     ok = ok &&
-         g_lt.layout_create(&p->c, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N) == CUBLAS_STATUS_SUCCESS;
+         g_lt.layout_create(&p->c, out_t, (uint64_t)N, (uint64_t)M, N) == CUBLAS_STATUS_SUCCESS;
     made += ok;
     ok = ok && g_lt.pref_create(&pref) == CUBLAS_STATUS_SUCCESS;
     ok = ok &&
@@ -1121,24 +1130,29 @@ static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, int64_t M, int64_t N, int6
         /* no algorithm is remembered, so that the shape's next products go to the two kernels
          * without asking again; a failure to make the descriptors (memory) is not */
         if (none) {
-            p->lp = lp, p->M = M, p->N = N, p->K = K, p->align = align, p->used = 2;
+            p->lp = lp, p->kind = kind, p->bias_lp = bias_lp;
+            p->M = M, p->N = N, p->K = K, p->align = align, p->used = 2;
             ctx->lt_next = (ctx->lt_next + 1) % LT_PLANS;
         }
         return TS_ENOTSUP;
     }
     p->algo = res.algo;
-    p->lp = lp, p->M = M, p->N = N, p->K = K, p->align = align, p->used = 1;
+    p->lp = lp, p->kind = kind, p->bias_lp = bias_lp;
+    p->M = M, p->N = N, p->K = K, p->align = align, p->used = 1;
     ctx->lt_next = (ctx->lt_next + 1) % LT_PLANS;
     *out = p;
     return TS_OK;
 }
 
-/* out = in16 · weightᵀ + bias in one cuBLASLt product (the bias added to the fp32 accumulator
- * before it is written: one rounding less than the product then the bias kernel). TS_ENOTSUP
- * when it cannot run here (the caller then runs the two kernels); another error when it ran and
- * failed. */
-static int lt_linear(ts_engine_t *e, ts_dtype_t lp, float *out, const uint16_t *in16,
-                     const uint16_t *weight, const float *bias, int64_t M, int64_t N, int64_t K) {
+/* One cuBLASLt product with its epilogue: out = in16 · weightᵀ + bias (LT_BIAS, out fp32: the
+ * bias added to the fp32 accumulator before it is written, one rounding less than the product
+ * then the bias kernel), or out = lp(gelu(in16 · weightᵀ + bias)) (LT_GELU, out in lp). The
+ * bias in fp32, or, where cuBLASLt has no algorithm for that beside a 16-bit output, a copy of
+ * it in lp. TS_ENOTSUP when it cannot run here (the caller then runs its kernels); another
+ * error when it ran and failed. */
+static int lt_product(ts_engine_t *e, ts_dtype_t lp, lt_kind_t kind, void *out,
+                      const uint16_t *in16, const uint16_t *weight, const float *bias, int64_t M,
+                      int64_t N, int64_t K) {
     ts_cuda_ctx_t *ctx = e->cuda;
     if (ctx->epilogues != 1 || lt_start(ctx) != TS_OK)
         return TS_ENOTSUP;
@@ -1146,15 +1160,25 @@ static int lt_linear(ts_engine_t *e, ts_dtype_t lp, float *out, const uint16_t *
     if (err)
         return err;
     unsigned al = alignment(out), x = alignment(in16), w = alignment(weight), b = alignment(bias);
-    al = x < al ? x : al, al = w < al ? w : al, al = b < al ? b : al;
+    al = x < al ? x : al, al = w < al ? w : al;
+    const void *bias_ptr = bias;
     lt_plan_t *p;
-    if (lt_plan(ctx, lp, M, N, K, al, bias, &p) != TS_OK)
-        return TS_ENOTSUP;
-    if (g_lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) !=
+    if (lt_plan(ctx, lp, kind, 0, M, N, K, b < al ? b : al, bias, &p) != TS_OK) {
+        uint16_t *b16;
+        if (kind != LT_GELU || lp_room(e, N, &b16) != TS_OK)
+            return TS_ENOTSUP;
+        b = alignment(b16);
+        if (lt_plan(ctx, lp, kind, 1, M, N, K, b < al ? b : al, b16, &p) != TS_OK)
+            return TS_ENOTSUP;
+        if ((err = ts_cuda_convert(e, b16, lp, bias, TS_F32, N)) != TS_OK)
+            return err;
+        bias_ptr = b16;
+    }
+    if (g_lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr) !=
         CUBLAS_STATUS_SUCCESS)
         return TS_ECUBLAS;
-    if (ctx->zero_lp_out &&
-        cudaMemsetAsync(out, 0, (size_t)(M * N) * sizeof(float), ctx->stream) != cudaSuccess)
+    size_t out_bytes = (size_t)(M * N) * (kind == LT_GELU ? sizeof(uint16_t) : sizeof(float));
+    if (ctx->zero_lp_out && cudaMemsetAsync(out, 0, out_bytes, ctx->stream) != cudaSuccess)
         return TS_ECUDA;
     const float one = 1.0f, zero = 0.0f;
     if (g_lt.matmul(ctx->lt, p->desc, &one, weight, p->a, in16, p->b, &zero, out, p->c, out, p->c,
@@ -1185,7 +1209,7 @@ static int linear_lp_product(ts_engine_t *e, ts_dtype_t lp, float *out, const ui
                              const uint16_t *weight, const float *bias, int64_t M, int64_t N,
                              int64_t K) {
     if (bias) {
-        int rc = lt_linear(e, lp, out, in16, weight, bias, M, N, K);
+        int rc = lt_product(e, lp, LT_BIAS, out, in16, weight, bias, M, N, K);
         if (rc != TS_ENOTSUP)
             return rc;
     }
@@ -1216,6 +1240,24 @@ int ts_cuda_linear_forward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *out, cons
     if (M <= 0 || N <= 0)
         return TS_OK;
     return linear_lp_product(e, lp, out, inp, weight, bias, M, N, K);
+}
+
+/* fc1 of a forward whose backward does not read pre: one cuBLASLt product with the bias and
+ * GELU in its epilogue where the engine has the epilogues on; else the product (its bias maybe
+ * in the epilogue) into pre and the GELU kernel that rounds. */
+int ts_cuda_linear_gelu_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *pre, uint16_t *act,
+                                   const uint16_t *inp, const uint16_t *weight, const float *bias,
+                                   int64_t M, int64_t N, int64_t K, int64_t group, int keep_pre) {
+    (void)group;
+    if (M <= 0 || N <= 0)
+        return TS_OK;
+    if (!keep_pre && bias) {
+        int rc = lt_product(e, lp, LT_GELU, act, inp, weight, bias, M, N, K);
+        if (rc != TS_ENOTSUP)
+            return rc;
+    }
+    int err = linear_lp_product(e, lp, pre, inp, weight, bias, M, N, K);
+    return err ? err : ts_cuda_gelu_forward_lp(e, act, lp, pre, M * N);
 }
 
 int ts_cuda_linear_forward_bf16(ts_engine_t *e, float *out, const float *inp,
