@@ -107,9 +107,12 @@ extern "C" {
     X(linear_forward_lp_in, ts_dtype_t lp, float *out, const uint16_t *inp,                       \
       const uint16_t *weight, const float *bias, int64_t M, int64_t N, int64_t K, int64_t group)  \
     /* linear_backward_{bf16,f16} of such an input, kept in lp for the backward (the same bits:   \
-     * the fp32 one rounds its input to lp for dweight and nothing else reads it) */              \
+     * the fp32 one rounds its input to lp for dweight and nothing else reads it); dout16, when   \
+     * not NULL, is dout rounded to lp by its producer (gelu_backward_lp, ...), read instead of   \
+     * rounding dout here (the same bits) */                                                       \
     X(linear_backward_lp_in, ts_dtype_t lp, float *dinp, float *dweight, const float *dout,       \
-      const uint16_t *inp, const uint16_t *weight, int64_t M, int64_t N, int64_t K)               \
+      const uint16_t *dout16, const uint16_t *inp, const uint16_t *weight, int64_t M, int64_t N,  \
+      int64_t K)                                                                                   \
     /* act (M, N) = lp(gelu(inp · weightᵀ + bias)) of an lp input and weight: the values of       \
      * linear_forward_lp_in into pre, then gelu_forward_lp of pre. keep_pre 1: pre holds that      \
      * fp32 product afterwards (a backward reads it); 0: pre is scratch the op may leave as it     \
@@ -132,6 +135,10 @@ extern "C" {
       const float *rstd, int64_t rows, int64_t C)                                                  \
     X(gelu_forward, float *out, const float *inp, int64_t n)                                       \
     X(gelu_backward, float *dinp, const float *dout, const float *inp, int64_t n)                  \
+    /* gelu_backward, then dinp16 = lp(dinp) as it ends: the dout of the linear below, rounded    \
+     * by its producer (linear_backward_lp_in's dout16) instead of by a kernel of the linear's */  \
+    X(gelu_backward_lp, float *dinp, uint16_t *dinp16, ts_dtype_t lp, const float *dout,          \
+      const float *inp, int64_t n)                                                                 \
     X(silu_forward, float *out, const float *inp, int64_t n)                                       \
     X(silu_backward, float *dinp, const float *dout, const float *inp, int64_t n)                  \
     /* out, inp (rows, C), softmax over each row (out may alias inp) */                            \
@@ -167,6 +174,10 @@ extern "C" {
     /* dres, dy, dmod each nullable */                                                             \
     X(gate_residual_backward, float *dres, float *dy, float *dmod, const float *dout,              \
       const float *y, const float *mod, int64_t B, int64_t T, int64_t C, int64_t M, int gate_idx)  \
+    /* gate_residual_backward, then dy16 = lp(dy) as it ends (dy required), as gelu_backward_lp */ \
+    X(gate_residual_backward_lp, float *dres, float *dy, uint16_t *dy16, ts_dtype_t lp,           \
+      float *dmod, const float *dout, const float *y, const float *mod, int64_t B, int64_t T,      \
+      int64_t C, int64_t M, int gate_idx)                                                          \
                                                                                                    \
     /* out (B, D), t (B) */                                                                        \
     X(timestep_embedding_forward, float *out, const float *t, int64_t B, int64_t D, float scale)   \

@@ -94,6 +94,13 @@ int ts_linear_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act
  * same bits, with no rounding of it. */
 int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
                        const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight);
+/* ts_linear_backward of a 16-bit input beside a weight of its dtype, with dout16 (that dtype,
+ * dout's element count) = dout rounded, as its producer wrote it (ts_gelu_backward_lp,
+ * ts_gate_residual_backward_lp): the products read dout16 instead of rounding dout (the same
+ * bits when dout16 is dout rounded); dbias still sums the fp32 dout. */
+int ts_linear_backward_lp(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight,
+                          ts_tensor_t *dbias, const ts_tensor_t *dout, const ts_tensor_t *dout16,
+                          const ts_tensor_t *inp, const ts_tensor_t *weight);
 
 /* c = alpha · op(a) · op(b) + beta · c, op(x) = x or xᵀ. 2-D tensors, or 3-D tensors with a
  * common leading batch dimension (a strided-batched GEMM, one product per batch entry). */
@@ -125,6 +132,11 @@ int ts_layernorm_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *
 int ts_gelu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp);
 int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
                      const ts_tensor_t *inp);
+/* ts_gelu_backward, then dinp16 (BF16 or F16, dinp's element count, apart from every other
+ * operand) = dinp as it ends, rounded: a linear's dout written once in 16 bits by its producer,
+ * for ts_linear_backward_lp. */
+int ts_gelu_backward_lp(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dinp16,
+                        const ts_tensor_t *dout, const ts_tensor_t *inp);
 /* GELU for the bf16 forward, whose next op rounds it to bf16 anyway: the same formula as
  * ts_gelu_forward, x / (1 + exp(−2u)), with a vectorised exp (AVX-512), within 1e-6 relative + 1e-6
  * absolute of ts_gelu_forward — far below a bf16 rounding
@@ -243,6 +255,11 @@ int ts_gate_residual_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t
 int ts_gate_residual_backward(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy, ts_tensor_t *dmod,
                               const ts_tensor_t *dout, const ts_tensor_t *y, const ts_tensor_t *mod,
                               int gate_idx);
+/* ts_gate_residual_backward with dy required, then dy16 (BF16 or F16) = dy as it ends, rounded,
+ * as ts_gelu_backward_lp. */
+int ts_gate_residual_backward_lp(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy,
+                                 ts_tensor_t *dy16, ts_tensor_t *dmod, const ts_tensor_t *dout,
+                                 const ts_tensor_t *y, const ts_tensor_t *mod, int gate_idx);
 
 /* ---- embeddings ------------------------------------------------------------------------ */
 

@@ -103,8 +103,10 @@ int ts_linear_gelu_forward_lp(ts_engine_t *e, ts_tensor_t *pre, ts_tensor_t *act
                     d.N, d.K, d.group, keep_pre != 0);
 }
 
-int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
-                       const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight) {
+/* ts_linear_backward, with dout16 (NULL, or dout rounded: only beside a 16-bit input) */
+static int linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight,
+                           ts_tensor_t *dbias, const ts_tensor_t *dout, const ts_tensor_t *dout16,
+                           const ts_tensor_t *inp, const ts_tensor_t *weight) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, dout));
     ts_dtype_t wt =
@@ -112,6 +114,13 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, 
     int bf16 = wt == TS_BF16, lp = wt != TS_F32;
     /* a 16-bit input (kept so by the forward) only beside a weight of its dtype */
     int lp_in = inp && lp && inp->dtype == wt;
+    if (dout16) {
+        if (!lp_in)
+            return TS_EDTYPE;
+        TS_TRY(check_on(e, dout16, wt));
+        if (ts_tensor_numel(dout16) != ts_tensor_numel(dout))
+            return TS_ESHAPE;
+    }
     TS_TRY(check_on(e, inp, lp_in ? wt : TS_F32));
     TS_TRY(check_on(e, weight, wt));
     TS_TRY(check_opt(e, dinp));
@@ -128,7 +137,8 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, 
         return TS_ESHAPE;
     if (lp_in && (dinp || dweight))
         TS_TRY(DISPATCH(e, linear_backward_lp_in, wt, OPT(dinp), OPT(dweight), CF(dout),
-                        (const uint16_t *)inp->data, (const uint16_t *)weight->data, M, N, K));
+                        dout16 ? (const uint16_t *)dout16->data : NULL, (const uint16_t *)inp->data,
+                        (const uint16_t *)weight->data, M, N, K));
     else if (bf16 && (dinp || dweight)) /* both products in bf16, as the bf16 forward's */
         TS_TRY(DISPATCH(e, linear_backward_bf16, OPT(dinp), OPT(dweight), CF(dout), CF(inp),
                         (const uint16_t *)weight->data, M, N, K));
@@ -146,6 +156,19 @@ int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, 
     if (dbias)
         TS_TRY(DISPATCH(e, add_bcast_backward, NULL, F(dbias), CF(dout), M, N));
     return TS_OK;
+}
+
+int ts_linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight, ts_tensor_t *dbias,
+                       const ts_tensor_t *dout, const ts_tensor_t *inp, const ts_tensor_t *weight) {
+    return linear_backward(e, dinp, dweight, dbias, dout, NULL, inp, weight);
+}
+
+int ts_linear_backward_lp(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweight,
+                          ts_tensor_t *dbias, const ts_tensor_t *dout, const ts_tensor_t *dout16,
+                          const ts_tensor_t *inp, const ts_tensor_t *weight) {
+    if (!dout16)
+        return TS_EINVAL;
+    return linear_backward(e, dinp, dweight, dbias, dout, dout16, inp, weight);
 }
 
 /* Reads a 2-D or 3-D operand as (batch, rows, cols) as stored. */

@@ -90,6 +90,21 @@ int ts_gelu_backward(ts_engine_t *e, ts_tensor_t *dinp, const ts_tensor_t *dout,
     return DISPATCH(e, gelu_backward, F(dinp), CF(dout), CF(inp), ts_tensor_numel(dinp));
 }
 
+/* A backward's 16-bit copy of its fp32 gradient g, apart from it and from the op's inputs a, b. */
+static int check_lp_copy(ts_engine_t *e, const ts_tensor_t *g16, const ts_tensor_t *g,
+                         const ts_tensor_t *a, const ts_tensor_t *b) {
+    TS_TRY(check_lp_out(e, g16, g));
+    return overlaps(g16, a) || overlaps(g16, b) ? TS_EINVAL : TS_OK;
+}
+
+int ts_gelu_backward_lp(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dinp16,
+                        const ts_tensor_t *dout, const ts_tensor_t *inp) {
+    TS_TRY(check_same3(e, dinp, dout, inp));
+    TS_TRY(check_lp_copy(e, dinp16, dinp, dout, inp));
+    return DISPATCH(e, gelu_backward_lp, F(dinp), (uint16_t *)dinp16->data, dinp16->dtype, CF(dout),
+                    CF(inp), ts_tensor_numel(dinp));
+}
+
 int ts_silu_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *inp) {
     TS_TRY(check_same2(e, out, inp));
     return DISPATCH(e, silu_forward, F(out), CF(inp), ts_tensor_numel(out));
@@ -209,9 +224,11 @@ int ts_gate_residual_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t
                     gate_idx);
 }
 
-int ts_gate_residual_backward(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy, ts_tensor_t *dmod,
-                              const ts_tensor_t *dout, const ts_tensor_t *y, const ts_tensor_t *mod,
-                              int gate_idx) {
+/* The operands of a gate_residual backward, checked; d its sizes. */
+static int gate_residual_backward_check(ts_engine_t *e, const ts_tensor_t *dres,
+                                        const ts_tensor_t *dy, const ts_tensor_t *dmod,
+                                        const ts_tensor_t *dout, const ts_tensor_t *y,
+                                        const ts_tensor_t *mod, int gate_idx, ada_dims_t *d) {
     TS_TRY(check_engine(e));
     TS_TRY(check_opt(e, dres));
     TS_TRY(check_opt(e, dy));
@@ -222,8 +239,28 @@ int ts_gate_residual_backward(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy
     if (!ts_tensor_same_shape(dout, y) || (dres && !ts_tensor_same_shape(dres, y)) ||
         (dy && !ts_tensor_same_shape(dy, y)) || (dmod && !ts_tensor_same_shape(dmod, mod)))
         return TS_ESHAPE;
+    return ada_dims(y, mod, gate_idx, gate_idx, d);
+}
+
+int ts_gate_residual_backward(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy, ts_tensor_t *dmod,
+                              const ts_tensor_t *dout, const ts_tensor_t *y, const ts_tensor_t *mod,
+                              int gate_idx) {
     ada_dims_t d;
-    TS_TRY(ada_dims(y, mod, gate_idx, gate_idx, &d));
+    TS_TRY(gate_residual_backward_check(e, dres, dy, dmod, dout, y, mod, gate_idx, &d));
     return DISPATCH(e, gate_residual_backward, OPT(dres), OPT(dy), OPT(dmod), CF(dout), CF(y),
                     CF(mod), d.B, d.T, d.C, d.M, gate_idx);
+}
+
+int ts_gate_residual_backward_lp(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t *dy,
+                                 ts_tensor_t *dy16, ts_tensor_t *dmod, const ts_tensor_t *dout,
+                                 const ts_tensor_t *y, const ts_tensor_t *mod, int gate_idx) {
+    if (!dy)
+        return TS_EINVAL;
+    ada_dims_t d;
+    TS_TRY(gate_residual_backward_check(e, dres, dy, dmod, dout, y, mod, gate_idx, &d));
+    TS_TRY(check_lp_copy(e, dy16, dy, dout, y));
+    if ((dres && overlaps(dy16, dres)) || (dmod && overlaps(dy16, dmod)) || overlaps(dy16, mod))
+        return TS_EINVAL;
+    return DISPATCH(e, gate_residual_backward_lp, OPT(dres), F(dy), (uint16_t *)dy16->data,
+                    dy16->dtype, OPT(dmod), CF(dout), CF(y), CF(mod), d.B, d.T, d.C, d.M, gate_idx);
 }

@@ -310,6 +310,7 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
             TS_TRY(ts_arena_tensor(a, &G->datt, TS_F32, 4, TS_SHAPE(B, H, T, T)));
         T3(G->dmod1, h);
         T3(G->dln1, h);
+        TS_TRY(ts_arena_tensor(a, &G->dout16, TS_BF16, 3, TS_SHAPE(B, T, r)));
     }
 #undef T1
 #undef T2
@@ -880,6 +881,16 @@ static int zero_rows(ts_engine_t *e, int B, ts_tensor_t **list, int n) {
     return TS_OK;
 }
 
+/* G->dout16's room as a (B, T, n) tensor of m's 16-bit dtype (n ≤ its last dimension). */
+static ts_tensor_t dout16_room(const ts_dit_t *m, int B, int64_t n) {
+    const ts_tensor_t *d = &m->gacts.dout16;
+    ts_tensor_t v;
+    if (n > d->shape[2] || ts_tensor_wrap(&v, d->data, ts_precision_dtype(m->precision), d->device,
+                                          3, TS_SHAPE(B, d->shape[1], n)) != TS_OK)
+        memset(&v, 0, sizeof v); /* an empty tensor: the next op reports TS_EINVAL */
+    return v;
+}
+
 /* On entry G->dx holds dL/dx_out of block l; on exit dL/dx_in. Parameter gradients accumulate
  * into m->grads.blocks[l]; the adaLN input gradient into G->dc_silu. */
 static int block_backward(ts_dit_t *m, int l, int B) {
@@ -911,10 +922,21 @@ static int block_backward(ts_dit_t *m, int l, int B) {
 
     /* MLP branch. The residual's identity path is dx itself: it already holds dL/dx_out, which
      * is the direct part of dL/dx_mid, so only the branch's contribution is added to it. */
-    TS_TRY(ts_gate_residual_backward(e, NULL, &dfc2, &dmod, &dx, &fc2, &mod, 5));
-    TS_TRY(ts_linear_backward(e, &dgelu, &D->fc2_w, &D->fc2_b, &dfc2, &gelu, &P->fc2_w));
-    TS_TRY(ts_gelu_backward(e, &dfc1, &dgelu, &fc1));
-    TS_TRY(ts_linear_backward(e, &dmod2, &D->fc1_w, &D->fc1_b, &dfc1, &mod2, &P->fc1_w));
+    if (gelu.dtype != TS_F32) { /* 16-bit activations: each dout rounded as it is written */
+        ts_tensor_t dfc2_16 = dout16_room(m, B, dfc2.shape[2]);
+        ts_tensor_t dfc1_16 = dout16_room(m, B, dfc1.shape[2]);
+        TS_TRY(ts_gate_residual_backward_lp(e, NULL, &dfc2, &dfc2_16, &dmod, &dx, &fc2, &mod, 5));
+        TS_TRY(ts_linear_backward_lp(e, &dgelu, &D->fc2_w, &D->fc2_b, &dfc2, &dfc2_16, &gelu,
+                                     &P->fc2_w));
+        TS_TRY(ts_gelu_backward_lp(e, &dfc1, &dfc1_16, &dgelu, &fc1));
+        TS_TRY(ts_linear_backward_lp(e, &dmod2, &D->fc1_w, &D->fc1_b, &dfc1, &dfc1_16, &mod2,
+                                     &P->fc1_w));
+    } else {
+        TS_TRY(ts_gate_residual_backward(e, NULL, &dfc2, &dmod, &dx, &fc2, &mod, 5));
+        TS_TRY(ts_linear_backward(e, &dgelu, &D->fc2_w, &D->fc2_b, &dfc2, &gelu, &P->fc2_w));
+        TS_TRY(ts_gelu_backward(e, &dfc1, &dgelu, &fc1));
+        TS_TRY(ts_linear_backward(e, &dmod2, &D->fc1_w, &D->fc1_b, &dfc1, &mod2, &P->fc1_w));
+    }
     TS_TRY(ts_modulate_backward(e, &dln2, &dmod, &dmod2, &ln2, &mod, 3, 4));
     TS_TRY(ts_layernorm_backward(e, &dx, &dln2, &x_mid, &m2, &r2));
     /* attention branch: dx now holds dL/dx_mid */

@@ -208,6 +208,126 @@ static void test_gradients_vs_f32(void **state) {
     ts_dit_free(&m);
 }
 
+/* n values of t rounded to DT */
+static void round_to(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = ts_f32_to_lp(src[i], DT == TS_F16);
+}
+
+/* A backward's dout rounded by its producer (16-bit activations): GELU's and gate_residual's
+ * backwards give the fp32 op's bits and their result rounded (the += onto a gradient that was
+ * not zero); a linear's backward reading that dout16 gives the bits of the one that rounds dout
+ * itself — and reads it: a dout16 of 2·dout doubles dinp and dweight (exact) and not dbias, which
+ * sums the fp32 dout. The refusals. */
+static void test_lp_dout(void **state) {
+    ts_engine_t *e = *state;
+    const int64_t B = 3, T = 5, C = 8, Nn = B * T * C, H = 12;
+    tu_rng_t r = {53};
+    ts_tensor_t g0, g1, dout, inp, y, mod, dres0, dres1, dmod0, dmod1, g16, want16;
+    tu_alloc_f32(&g0, 3, TS_SHAPE(B, T, C));
+    tu_alloc_f32(&g1, 3, TS_SHAPE(B, T, C));
+    tu_alloc_f32(&dout, 3, TS_SHAPE(B, T, C));
+    tu_alloc_f32(&inp, 3, TS_SHAPE(B, T, C));
+    tu_alloc_f32(&y, 3, TS_SHAPE(B, T, C));
+    tu_alloc_f32(&mod, 2, TS_SHAPE(B, 6 * C));
+    tu_alloc_f32(&dres0, 3, TS_SHAPE(B, T, C));
+    tu_alloc_f32(&dres1, 3, TS_SHAPE(B, T, C));
+    tu_alloc_f32(&dmod0, 2, TS_SHAPE(B, 6 * C));
+    tu_alloc_f32(&dmod1, 2, TS_SHAPE(B, 6 * C));
+    ts_tensor_t *rnd[] = {&g0, &dout, &inp, &y, &mod, &dres0, &dmod0};
+    for (size_t i = 0; i < sizeof rnd / sizeof rnd[0]; i++)
+        tu_fill_uniform(&r, rnd[i], -2, 2);
+    assert_int_equal(ts_tensor_alloc(&g16, DT, TS_CPU, 3, TS_SHAPE(B, T, C)), TS_OK);
+    assert_int_equal(ts_tensor_alloc(&want16, DT, TS_CPU, 3, TS_SHAPE(B, T, C)), TS_OK);
+    size_t nb = (size_t)Nn * sizeof(float);
+    /* GELU's backward */
+    memcpy(g1.data, g0.data, nb);
+    assert_int_equal(ts_gelu_backward(e, &g0, &dout, &inp), TS_OK);
+    assert_int_equal(ts_gelu_backward_lp(e, &g1, &g16, &dout, &inp), TS_OK);
+    assert_memory_equal(g1.data, g0.data, nb);
+    round_to(want16.data, g0.data, Nn);
+    assert_memory_equal(g16.data, want16.data, (size_t)Nn * 2);
+    /* gate_residual's backward, all three gradients */
+    memcpy(g1.data, g0.data, nb);
+    memcpy(dres1.data, dres0.data, nb);
+    memcpy(dmod1.data, dmod0.data, (size_t)(B * 6 * C) * sizeof(float));
+    assert_int_equal(ts_gate_residual_backward(e, &dres0, &g0, &dmod0, &dout, &y, &mod, 5), TS_OK);
+    assert_int_equal(ts_gate_residual_backward_lp(e, &dres1, &g1, &g16, &dmod1, &dout, &y, &mod, 5),
+                     TS_OK);
+    assert_memory_equal(g1.data, g0.data, nb);
+    assert_memory_equal(dres1.data, dres0.data, nb);
+    assert_memory_equal(dmod1.data, dmod0.data, (size_t)(B * 6 * C) * sizeof(float));
+    round_to(want16.data, g0.data, Nn);
+    assert_memory_equal(g16.data, want16.data, (size_t)Nn * 2);
+    /* a linear (C → H) of a 16-bit input, its dout (B, T, H) rounded by the producer */
+    ts_tensor_t x16, w, w16, lo, lo16, lo2, di[3], dw[3], db[3];
+    tu_alloc_f32(&w, 2, TS_SHAPE(H, C));
+    tu_alloc_f32(&lo, 3, TS_SHAPE(B, T, H));
+    tu_alloc_f32(&lo2, 3, TS_SHAPE(B, T, H));
+    tu_fill_uniform(&r, &w, -1, 1);
+    tu_fill_uniform(&r, &lo, -1, 1);
+    assert_int_equal(ts_tensor_alloc(&x16, DT, TS_CPU, 3, TS_SHAPE(B, T, C)), TS_OK);
+    assert_int_equal(ts_tensor_alloc(&w16, DT, TS_CPU, 2, TS_SHAPE(H, C)), TS_OK);
+    assert_int_equal(ts_tensor_alloc(&lo16, DT, TS_CPU, 3, TS_SHAPE(B, T, H)), TS_OK);
+    assert_int_equal(ts_convert(e, &x16, &inp), TS_OK);
+    assert_int_equal(ts_convert(e, &w16, &w), TS_OK);
+    for (int k = 0; k < 3; k++) {
+        tu_alloc_f32(&di[k], 3, TS_SHAPE(B, T, C));
+        tu_alloc_f32(&dw[k], 2, TS_SHAPE(H, C));
+        tu_alloc_f32(&db[k], 1, TS_SHAPE(H));
+        assert_int_equal(ts_zero(e, &di[k]), TS_OK); /* (allocations may be poisoned) */
+        assert_int_equal(ts_zero(e, &dw[k]), TS_OK);
+        assert_int_equal(ts_zero(e, &db[k]), TS_OK);
+    }
+    assert_int_equal(ts_linear_backward(e, &di[0], &dw[0], &db[0], &lo, &x16, &w16), TS_OK);
+    round_to(lo16.data, lo.data, B * T * H);
+    assert_int_equal(ts_linear_backward_lp(e, &di[1], &dw[1], &db[1], &lo, &lo16, &x16, &w16),
+                     TS_OK);
+    assert_memory_equal(di[1].data, di[0].data, nb);
+    assert_memory_equal(dw[1].data, dw[0].data, (size_t)(H * C) * sizeof(float));
+    assert_memory_equal(db[1].data, db[0].data, (size_t)H * sizeof(float));
+    for (int64_t i = 0; i < B * T * H; i++)
+        tu_f32(&lo2)[i] = 2.0f * tu_f32(&lo)[i];
+    round_to(lo16.data, lo2.data, B * T * H);
+    assert_int_equal(ts_zero(e, &di[1]), TS_OK);
+    assert_int_equal(ts_zero(e, &dw[1]), TS_OK);
+    assert_int_equal(ts_zero(e, &db[1]), TS_OK);
+    assert_int_equal(ts_linear_backward(e, &di[2], &dw[2], NULL, &lo2, &x16, &w16), TS_OK);
+    assert_int_equal(ts_linear_backward_lp(e, &di[1], &dw[1], &db[1], &lo, &lo16, &x16, &w16),
+                     TS_OK);
+    assert_memory_equal(di[1].data, di[2].data, nb);
+    assert_memory_equal(dw[1].data, dw[2].data, (size_t)(H * C) * sizeof(float));
+    assert_memory_equal(db[1].data, db[0].data, (size_t)H * sizeof(float));
+    /* refusals: no dout16, a dout16 beside an fp32 input, of the other dtype or another size; a
+     * 16-bit copy over its gradient; gate_residual's without dy */
+    ts_tensor_t other, small, over;
+    assert_int_equal(
+        ts_tensor_alloc(&other, DT == TS_F16 ? TS_BF16 : TS_F16, TS_CPU, 3, TS_SHAPE(B, T, H)),
+        TS_OK);
+    assert_int_equal(ts_tensor_wrap(&small, lo16.data, DT, TS_CPU, 3, TS_SHAPE(B, T, H - 1)),
+                     TS_OK);
+    assert_int_equal(ts_tensor_wrap(&over, g1.data, DT, TS_CPU, 3, TS_SHAPE(B, T, C)), TS_OK);
+    assert_int_equal(ts_linear_backward_lp(e, &di[1], &dw[1], NULL, &lo, NULL, &x16, &w16),
+                     TS_EINVAL);
+    assert_int_equal(ts_linear_backward_lp(e, &di[1], &dw[1], NULL, &lo, &lo16, &inp, &w16),
+                     TS_EDTYPE);
+    assert_int_equal(ts_linear_backward_lp(e, &di[1], &dw[1], NULL, &lo, &other, &x16, &w16),
+                     TS_EDTYPE);
+    assert_int_equal(ts_linear_backward_lp(e, &di[1], &dw[1], NULL, &lo, &small, &x16, &w16),
+                     TS_ESHAPE);
+    assert_int_equal(ts_gelu_backward_lp(e, &g1, &over, &dout, &inp), TS_EINVAL);
+    assert_int_equal(ts_gate_residual_backward_lp(e, NULL, &g1, &over, NULL, &dout, &y, &mod, 5),
+                     TS_EINVAL);
+    assert_int_equal(ts_gate_residual_backward_lp(e, NULL, NULL, &g16, NULL, &dout, &y, &mod, 5),
+                     TS_EINVAL);
+    printf("  %s: the dout rounded by its producer gives the same gradients, and is read\n",
+           ts_precision_name(P));
+    for (int k = 0; k < 3; k++)
+        TU_FREE_TENSORS(&di[k], &dw[k], &db[k]);
+    TU_FREE_TENSORS(&g0, &g1, &dout, &inp, &y, &mod, &dres0, &dres1, &dmod0, &dmod1, &g16, &want16,
+                    &x16, &w, &w16, &lo, &lo16, &lo2, &other);
+}
+
 /* 16-bit activations in training (ts_dit_set_lp_activations on a trainable model): the linears'
  * inputs kept in 16 bits give the gradient, and the forward, of the fp32-kept run bit for bit; the
  * kept buffers (a block's mod2, GELU's output, the final linear's input, the conditioning the
@@ -519,6 +639,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_loss_falls),      cmocka_unit_test(test_masters_and_refresh),
             cmocka_unit_test(test_resume_bf16),     cmocka_unit_test(test_f32_after_bf16),
             cmocka_unit_test(test_f16_loss_scale),  cmocka_unit_test(test_lp_activations_train),
+            cmocka_unit_test(test_lp_dout),
         };
         return cmocka_run_group_tests(f16, tu_setup_cpu_engine, tu_teardown_cpu_engine);
     }
@@ -529,7 +650,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_linear_backward),      cmocka_unit_test(test_gradients_vs_f32),
         cmocka_unit_test(test_loss_falls),           cmocka_unit_test(test_masters_and_refresh),
         cmocka_unit_test(test_resume_bf16),          cmocka_unit_test(test_f32_after_bf16),
-        cmocka_unit_test(test_lp_activations_train),
+        cmocka_unit_test(test_lp_activations_train), cmocka_unit_test(test_lp_dout),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

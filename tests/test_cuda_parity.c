@@ -699,6 +699,115 @@ static void linear_gelu_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
     pair_free(&act);
 }
 
+/* Asserts that the GPU side of p16 (lp) is the GPU side of p (fp32) rounded, bit for bit. */
+static void expect_rounded(fixture_t *fx, const char *what, ts_dtype_t lp, const pair_t *p16,
+                           const pair_t *p) {
+    uint16_t *a = download(fx, p16);
+    float *f = download(fx, p);
+    int64_t n = ts_tensor_numel(&p->t[0]), bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad += a[i] != ts_f32_to_lp(f[i], lp == TS_F16);
+    free(a), free(f);
+    printf("test_cuda_parity: %-40s %s\n", what,
+           bad ? "NOT its fp32 result rounded" : "its fp32 result rounded");
+    if (bad)
+        fail_msg("%s: %lld elements are not the fp32 result rounded", what, (long long)bad);
+}
+
+/* A linear's dout rounded by its producer (16-bit activations in training): GELU's and
+ * gate_residual's backwards against the CPU's (fp32, as expect_close) with their 16-bit copy the
+ * GPU's own fp32 result rounded; the linear's backward reading it gives the bits of the one that
+ * rounds dout itself, and reads it (a dout16 of 2·dout doubles dinp and dweight, not dbias). */
+static void lp_dout_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
+    const int64_t Bn = B_, T = T_, C = C_, N = 2 * C_ + 3;
+    const char *name = lp == TS_F16 ? "f16" : "bf16";
+    char what[96];
+    ts_engine_t *G = &fx->e[1];
+    pair_t g, dout, inp, y, mod, dres, dmod, g16;
+    pair_rand(&g, r, -1.0f, 1.0f, 3, TS_SHAPE(Bn, T, C));
+    pair_rand(&dout, r, -1.0f, 1.0f, 3, TS_SHAPE(Bn, T, C));
+    pair_rand(&inp, r, -3.0f, 3.0f, 3, TS_SHAPE(Bn, T, C));
+    pair_rand(&y, r, -1.0f, 1.0f, 3, TS_SHAPE(Bn, T, C));
+    pair_rand(&mod, r, -1.0f, 1.0f, 2, TS_SHAPE(Bn, 6 * C));
+    pair_rand(&dres, r, -1.0f, 1.0f, 3, TS_SHAPE(Bn, T, C));
+    pair_rand(&dmod, r, -1.0f, 1.0f, 2, TS_SHAPE(Bn, 6 * C));
+    pair_alloc(&g16, lp, 3, TS_SHAPE(Bn, T, C));
+    BOTH(ts_gelu_backward_lp(E, ON(g), ON(g16), ON(dout), ON(inp)));
+    snprintf(what, sizeof what, "gelu_backward_lp %s dinp", name);
+    expect_close(fx, what, &g);
+    snprintf(what, sizeof what, "gelu_backward_lp %s dinp16", name);
+    expect_rounded(fx, what, lp, &g16, &g);
+    BOTH(ts_gate_residual_backward_lp(E, ON(dres), ON(g), ON(g16), ON(dmod), ON(dout), ON(y),
+                                      ON(mod), 5));
+    snprintf(what, sizeof what, "gate_residual_backward_lp %s dy", name);
+    expect_close(fx, what, &g);
+    snprintf(what, sizeof what, "gate_residual_backward_lp %s dres", name);
+    expect_close(fx, what, &dres);
+    snprintf(what, sizeof what, "gate_residual_backward_lp %s dmod", name);
+    expect_close(fx, what, &dmod);
+    snprintf(what, sizeof what, "gate_residual_backward_lp %s dy16", name);
+    expect_rounded(fx, what, lp, &g16, &g);
+    /* a linear C → N of a 16-bit input, on the GPU alone: with dout16 against without */
+    pair_t w, x16, w16, lo, lo2, lo16, di[2], dw[2], db[2];
+    pair_rand(&w, r, -0.2f, 0.2f, 2, TS_SHAPE(N, C));
+    pair_rand(&lo, r, -1.0f, 1.0f, 3, TS_SHAPE(Bn, T, N));
+    pair_zeros(&lo2, 3, TS_SHAPE(Bn, T, N));
+    pair_alloc(&x16, lp, 3, TS_SHAPE(Bn, T, C));
+    pair_alloc(&w16, lp, 2, TS_SHAPE(N, C));
+    pair_alloc(&lo16, lp, 3, TS_SHAPE(Bn, T, N));
+    TU_CHECK_OK(ts_convert(G, &x16.t[1], &inp.t[1]));
+    TU_CHECK_OK(ts_convert(G, &w16.t[1], &w.t[1]));
+    TU_CHECK_OK(ts_convert(G, &lo16.t[1], &lo.t[1]));
+    for (int k = 0; k < 2; k++) {
+        pair_zeros(&di[k], 3, TS_SHAPE(Bn, T, C));
+        pair_zeros(&dw[k], 2, TS_SHAPE(N, C));
+        pair_zeros(&db[k], 1, TS_SHAPE(N));
+    }
+    TU_CHECK_OK(ts_linear_backward(G, &di[0].t[1], &dw[0].t[1], &db[0].t[1], &lo.t[1], &x16.t[1],
+                                   &w16.t[1]));
+    TU_CHECK_OK(ts_linear_backward_lp(G, &di[1].t[1], &dw[1].t[1], &db[1].t[1], &lo.t[1],
+                                      &lo16.t[1], &x16.t[1], &w16.t[1]));
+    for (int k = 0; k < 3; k++) {
+        const pair_t *p = k == 0 ? di : k == 1 ? dw : db;
+        void *a = download(fx, &p[0]), *b = download(fx, &p[1]);
+        if (memcmp(a, b, ts_tensor_nbytes(&p[0].t[1])) != 0)
+            fail_msg("linear_backward_lp %s: %s is not the bits of the backward that rounds dout",
+                     name,
+                     k == 0   ? "dinp"
+                     : k == 1 ? "dweight"
+                              : "dbias");
+        free(a), free(b);
+    }
+    /* dout16 = lp(2·dout): dinp and dweight those of 2·dout (exactly), dbias that of dout */
+    TU_CHECK_OK(ts_axpy(G, &lo2.t[1], 2.0f, &lo.t[1]));
+    TU_CHECK_OK(ts_convert(G, &lo16.t[1], &lo2.t[1]));
+    for (int k = 0; k < 2; k++) {
+        TU_CHECK_OK(ts_zero(G, &di[k].t[1]));
+        TU_CHECK_OK(ts_zero(G, &dw[k].t[1]));
+    }
+    TU_CHECK_OK(ts_zero(G, &db[1].t[1]));
+    TU_CHECK_OK(
+        ts_linear_backward(G, &di[0].t[1], &dw[0].t[1], NULL, &lo2.t[1], &x16.t[1], &w16.t[1]));
+    TU_CHECK_OK(ts_linear_backward_lp(G, &di[1].t[1], &dw[1].t[1], &db[1].t[1], &lo.t[1],
+                                      &lo16.t[1], &x16.t[1], &w16.t[1]));
+    for (int k = 0; k < 3; k++) {
+        const pair_t *p = k == 0 ? di : k == 1 ? dw : db;
+        void *a = download(fx, &p[0]), *b = download(fx, &p[1]);
+        if (memcmp(a, b, ts_tensor_nbytes(&p[0].t[1])) != 0)
+            fail_msg("linear_backward_lp %s: a dout16 of 2·dout did not give %s", name,
+                     k == 0   ? "the dinp of 2·dout"
+                     : k == 1 ? "the dweight of 2·dout"
+                              : "the dbias of dout");
+        free(a), free(b);
+    }
+    printf("test_cuda_parity: linear_backward_lp %-21s reads dout16: the bits of rounding dout\n",
+           name);
+    pair_t *all[] = {&g,   &dout, &inp, &y,    &mod,   &dres,  &dmod,  &g16,   &w,     &x16,
+                     &w16, &lo,   &lo2, &lo16, &di[0], &di[1], &dw[0], &dw[1], &db[0], &db[1]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        pair_free(all[i]);
+}
+
 /* The composed attention's forward with its products in lp (ts_attention_forward_bf16 / _f16:
  * on a GPU its operands rounded once per group of samples, ts_cuda_attention_forward_lp) against
  * tu_attention_lp_ref: the weights and the output (the latter from the rounded weights the GPU
@@ -760,6 +869,7 @@ static void test_bf16(void **state) {
                 matmul_lp_case(fx, &r, TS_BF16, batched ? 3 : 1, ta, tb);
     linear_lp_case(fx, &r, TS_BF16);
     linear_gelu_lp_case(fx, &r, TS_BF16);
+    lp_dout_case(fx, &r, TS_BF16);
     attention_lp_case(fx, &r, TS_BF16);
     /* the GELU of the bf16 forward: on the GPU, the fp32 one */
     pair_t x, y;
@@ -784,6 +894,7 @@ static void test_f16(void **state) {
                 matmul_lp_case(fx, &r, TS_F16, batched ? 3 : 1, ta, tb);
     linear_lp_case(fx, &r, TS_F16);
     linear_gelu_lp_case(fx, &r, TS_F16);
+    lp_dout_case(fx, &r, TS_F16);
     attention_lp_case(fx, &r, TS_F16);
     /* GPU against the CPU's emulation, operands past ±65504 and in the subnormals included */
     pair_t a, b, c;

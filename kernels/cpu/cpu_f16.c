@@ -119,8 +119,8 @@ int ts_cpu_linear_forward_f16(ts_engine_t *e, float *out, const float *inp, cons
 
 /* linear_backward_f16 with its input in fp32 (inp, rounded here) or already f16 (inp16). */
 static int linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
-                               const float *inp, const uint16_t *inp16, const uint16_t *weight,
-                               int64_t M, int64_t N, int64_t K) {
+                               const uint16_t *dout16, const float *inp, const uint16_t *inp16,
+                               const uint16_t *weight, int64_t M, int64_t N, int64_t K) {
     if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
         return TS_OK;
     /* scratch: f16(dout) (M, N), the weight widened (N, K), and f16(inp) (M, K) for dweight */
@@ -128,7 +128,11 @@ static int linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, cons
     float *buf;
     TS_TRY(room(e, og + ow + (dweight ? M * K : 0), &buf));
     float *g = buf, *w = buf + og, *x = buf + og + ow;
-    round_f16(g, dout, M * N);
+    if (dout16) /* rounded by its producer: widened, exactly */
+        for (int64_t i = 0; i < M * N; i++)
+            g[i] = ts_f16_to_f32(dout16[i]);
+    else
+        round_f16(g, dout, M * N);
     if (dinp) { /* dinp (M, K) += f16(dout) (M, N) · weight (N, K) */
         for (int64_t i = 0; i < N * K; i++)
             w[i] = ts_f16_to_f32(weight[i]);
@@ -148,7 +152,7 @@ static int linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, cons
 int ts_cpu_linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
                                const float *inp, const uint16_t *weight, int64_t M, int64_t N,
                                int64_t K) {
-    return linear_backward_f16(e, dinp, dweight, dout, inp, NULL, weight, M, N, K);
+    return linear_backward_f16(e, dinp, dweight, dout, NULL, inp, NULL, weight, M, N, K);
 }
 
 /* Operands already in 16 bits (a conv's weight converted once, its im2col rounded as written):
@@ -209,6 +213,23 @@ int ts_cpu_gelu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const f
     return TS_OK;
 }
 
+/* The fp32 backwards, then their gradient rounded: a linear's dout as its backward reads it. */
+int ts_cpu_gelu_backward_lp(ts_engine_t *e, float *dinp, uint16_t *dinp16, ts_dtype_t lp,
+                            const float *dout, const float *inp, int64_t n) {
+    TS_TRY(ts_cpu_gelu_backward(e, dinp, dout, inp, n));
+    round_lp(dinp16, dinp, n, lp);
+    return TS_OK;
+}
+
+int ts_cpu_gate_residual_backward_lp(ts_engine_t *e, float *dres, float *dy, uint16_t *dy16,
+                                     ts_dtype_t lp, float *dmod, const float *dout, const float *y,
+                                     const float *mod, int64_t B, int64_t T, int64_t C, int64_t M,
+                                     int gate_idx) {
+    TS_TRY(ts_cpu_gate_residual_backward(e, dres, dy, dmod, dout, y, mod, B, T, C, M, gate_idx));
+    round_lp(dy16, dy, B * T * C, lp);
+    return TS_OK;
+}
+
 int ts_cpu_silu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const float *inp,
                            int64_t n) {
     float *buf;
@@ -247,20 +268,24 @@ int ts_cpu_linear_gelu_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *pre, uin
     return ts_cpu_gelu_forward_lp(e, act, lp, pre, M * N);
 }
 
-/* bf16: the input widened (exactly) into this file's scratch and given to the bf16 backward,
- * which rounds it again into its own (no change); f16: the emulated backward reads it as is. */
+/* bf16: the input (and dout16) widened (exactly) into this file's scratch and given to the bf16
+ * backward, which rounds them again into its own (no change); f16: the emulated backward reads
+ * them as they are. */
 int ts_cpu_linear_backward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,
-                                 const float *dout, const uint16_t *inp, const uint16_t *weight,
-                                 int64_t M, int64_t N, int64_t K) {
+                                 const float *dout, const uint16_t *dout16, const uint16_t *inp,
+                                 const uint16_t *weight, int64_t M, int64_t N, int64_t K) {
     if (lp == TS_F16)
-        return linear_backward_f16(e, dinp, dweight, dout, NULL, inp, weight, M, N, K);
+        return linear_backward_f16(e, dinp, dweight, dout, dout16, NULL, inp, weight, M, N, K);
     if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
         return TS_OK;
+    int64_t og = dout16 ? (M * N + 15) / 16 * 16 : 0;
     float *buf = NULL;
-    if (dweight) {
-        TS_TRY(room(e, M * K, &buf));
-        for (int64_t i = 0; i < M * K; i++)
-            buf[i] = ts_bf16_to_f32(inp[i]);
-    }
-    return ts_cpu_linear_backward_bf16(e, dinp, dweight, dout, buf, weight, M, N, K);
+    if (dweight || dout16)
+        TS_TRY(room(e, og + (dweight ? M * K : 0), &buf));
+    for (int64_t i = 0; dout16 && i < M * N; i++)
+        buf[i] = ts_bf16_to_f32(dout16[i]);
+    for (int64_t i = 0; dweight && i < M * K; i++)
+        buf[og + i] = ts_bf16_to_f32(inp[i]);
+    return ts_cpu_linear_backward_bf16(e, dinp, dweight, dout16 ? buf : dout,
+                                       dweight ? buf + og : NULL, weight, M, N, K);
 }

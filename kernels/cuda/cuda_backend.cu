@@ -1274,19 +1274,22 @@ int ts_cuda_linear_forward_f16(ts_engine_t *e, float *out, const float *inp, con
 }
 
 /* dinp (M, K) += lp(dout) (M, N) · weight (N, K); dweight (N, K) += lp(dout)ᵀ · lp(inp), or
- * · inp16 when the input is already in lp (no rounding kernel for it). */
+ * · inp16 when the input is already in lp, and with dout16 for lp(dout) when its producer wrote
+ * it so (no rounding kernel for either). */
 static int linear_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,
-                              const float *dout, const float *inp, const uint16_t *inp16,
-                              const uint16_t *weight, int64_t M, int64_t N, int64_t K) {
+                              const float *dout, const uint16_t *dout16, const float *inp,
+                              const uint16_t *inp16, const uint16_t *weight, int64_t M, int64_t N,
+                              int64_t K) {
     if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
         return TS_OK;
-    uint16_t *buf;
-    int64_t oi = aligned_elems(M * N);
-    int err = lp_room(e, oi + (dweight && !inp16 ? M * K : 0), &buf);
-    if (!err)
+    uint16_t *buf = NULL;
+    int64_t oi = dout16 ? 0 : aligned_elems(M * N), xi = dweight && !inp16 ? M * K : 0;
+    int err = oi + xi > 0 ? lp_room(e, oi + xi, &buf) : TS_OK;
+    if (!err && !dout16)
         err = ts_cuda_convert(e, buf, lp, dout, TS_F32, M * N);
+    const uint16_t *g16 = dout16 ? dout16 : buf;
     if (!err && dinp)
-        err = gemm_ex(e, lp, 0, 0, M, K, N, 1.0f, buf, N, 0, weight, K, 0, 1.0f, dinp, K, 0, 1);
+        err = gemm_ex(e, lp, 0, 0, M, K, N, 1.0f, g16, N, 0, weight, K, 0, 1.0f, dinp, K, 0, 1);
     if (!err && dweight) {
         const uint16_t *in16 = inp16;
         if (!in16) {
@@ -1295,7 +1298,7 @@ static int linear_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dinp, float 
         }
         if (!err)
             err =
-                gemm_ex(e, lp, 1, 0, N, K, M, 1.0f, buf, N, 0, in16, K, 0, 1.0f, dweight, K, 0, 1);
+                gemm_ex(e, lp, 1, 0, N, K, M, 1.0f, g16, N, 0, in16, K, 0, 1.0f, dweight, K, 0, 1);
     }
     return err;
 }
@@ -1303,19 +1306,19 @@ static int linear_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dinp, float 
 int ts_cuda_linear_backward_bf16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
                                  const float *inp, const uint16_t *weight, int64_t M, int64_t N,
                                  int64_t K) {
-    return linear_backward_lp(e, TS_BF16, dinp, dweight, dout, inp, NULL, weight, M, N, K);
+    return linear_backward_lp(e, TS_BF16, dinp, dweight, dout, NULL, inp, NULL, weight, M, N, K);
 }
 
 int ts_cuda_linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
                                 const float *inp, const uint16_t *weight, int64_t M, int64_t N,
                                 int64_t K) {
-    return linear_backward_lp(e, TS_F16, dinp, dweight, dout, inp, NULL, weight, M, N, K);
+    return linear_backward_lp(e, TS_F16, dinp, dweight, dout, NULL, inp, NULL, weight, M, N, K);
 }
 
 int ts_cuda_linear_backward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,
-                                  const float *dout, const uint16_t *inp, const uint16_t *weight,
-                                  int64_t M, int64_t N, int64_t K) {
-    return linear_backward_lp(e, lp, dinp, dweight, dout, NULL, inp, weight, M, N, K);
+                                  const float *dout, const uint16_t *dout16, const uint16_t *inp,
+                                  const uint16_t *weight, int64_t M, int64_t N, int64_t K) {
+    return linear_backward_lp(e, lp, dinp, dweight, dout, dout16, NULL, inp, weight, M, N, K);
 }
 
 /* The GPU's GELU is already fast: the bf16 forward's is the fp32 one (within 0 of it). */

@@ -702,6 +702,23 @@ int ts_cuda_gelu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const 
                          : launch_n(e, n, k_gelu_lp<2>, out, inp, n);
 }
 
+/* gelu_backward's add, then its result rounded for the linear below (the same expression as
+ * k_gelu_backward's, so the same fp32 bits) */
+template <int LP>
+static __global__ void k_gelu_backward_lp(float *dinp, uint16_t *dinp16, const float *dout,
+                                          const float *inp, int64_t n) {
+    TS_GRID_LOOP(i, n) {
+        dinp[i] += dout[i] * ts_gelu_grad(inp[i]);
+        put_act<LP>(dinp16, i, dinp[i]);
+    }
+}
+
+int ts_cuda_gelu_backward_lp(ts_engine_t *e, float *dinp, uint16_t *dinp16, ts_dtype_t lp,
+                             const float *dout, const float *inp, int64_t n) {
+    return lp == TS_BF16 ? launch_n(e, n, k_gelu_backward_lp<1>, dinp, dinp16, dout, inp, n)
+                         : launch_n(e, n, k_gelu_backward_lp<2>, dinp, dinp16, dout, inp, n);
+}
+
 template <int LP> static __global__ void k_silu_lp(uint16_t *out, const float *inp, int64_t n) {
     TS_GRID_LOOP(i, n) { put_act<LP>(out, i, ts_silu(inp[i])); }
 }
@@ -746,6 +763,38 @@ int ts_cuda_gate_residual_backward(ts_engine_t *e, float *dres, float *dy, float
     if (!err && (dres || dy))
         err = launch_n(e, B * T * C, k_gate_residual_backward, dres, dy, dout, mod, B, T, C, M,
                        gate_idx);
+    return err;
+}
+
+/* k_gate_residual_backward with dy required and its result rounded for the linear below */
+template <int LP>
+static __global__ void k_gate_residual_backward_lp(float *dres, float *dy, uint16_t *dy16,
+                                                   const float *dout, const float *mod, int64_t B,
+                                                   int64_t T, int64_t C, int64_t M, int gate_idx) {
+    TS_GRID_LOOP(i, B * T * C) {
+        int64_t c = i % C, b = i / (T * C);
+        float d = dout[i];
+        dy[i] += mod_chunk(mod, b, M, C, gate_idx)[c] * d;
+        put_act<LP>(dy16, i, dy[i]);
+        if (dres)
+            dres[i] += d;
+    }
+}
+
+int ts_cuda_gate_residual_backward_lp(ts_engine_t *e, float *dres, float *dy, uint16_t *dy16,
+                                      ts_dtype_t lp, float *dmod, const float *dout, const float *y,
+                                      const float *mod, int64_t B, int64_t T, int64_t C, int64_t M,
+                                      int gate_idx) {
+    int err = TS_OK;
+    if (dmod) { /* first, as ts_cuda_gate_residual_backward: it reads dout */
+        ts_colsum_gate f = {dmod, dout, y, T, C, M, gate_idx};
+        err = launch_col_sum<1>(e, f, B, T, C);
+    }
+    if (!err)
+        err = lp == TS_BF16 ? launch_n(e, B * T * C, k_gate_residual_backward_lp<1>, dres, dy, dy16,
+                                       dout, mod, B, T, C, M, gate_idx)
+                            : launch_n(e, B * T * C, k_gate_residual_backward_lp<2>, dres, dy, dy16,
+                                       dout, mod, B, T, C, M, gate_idx);
     return err;
 }
 
