@@ -388,7 +388,7 @@ static int att_job_ops(att_job_t *a) {
     if (!a->backward)
         return TS_OK;
     if (a->fused)
-        return a->lp != TS_F32 ? ts_attention_fused_backward_lp(e, a->lp, &a->dqkv, &a->dout,
+        return a->lp != TS_F32 ? ts_attention_fused_backward_lp(e, a->lp, &a->dqkv, NULL, &a->dout,
                                                                 &a->qkv, &a->out, &a->lse, a->heads)
                                : ts_attention_fused_backward(e, &a->dqkv, &a->dout, &a->qkv,
                                                              &a->out, &a->lse, a->heads);

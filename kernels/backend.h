@@ -151,17 +151,18 @@ extern "C" {
      * (B, T, C), lse (B, H, T) each row's log-sum-exp of the scaled scores (nullable in the      \
      * forwards). _lp: the products in lp (TS_BF16 or TS_F16), fp32 accumulation, and with out16 \
      * (not NULL) the output written there rounded to lp instead of into out (proj's 16-bit      \
-     * input). The backward adds into dqkv. The CPU's is kernels/cpu/cpu_attention.c (no f16      \
-     * one); TS_ENOTSUP where there is none. */                                                   \
+     * input). The backward adds into dqkv; _lp's with dqkv16 (nullable) also writes dqkv as it   \
+     * ends rounded to lp there (the qkv linear's dout, as gelu_backward_lp). The CPU's is        \
+     * kernels/cpu/cpu_attention.c (no f16 one); TS_ENOTSUP where there is none. */               \
     X(attention_fused_forward, float *out, float *lse, const float *qkv, int64_t B, int64_t T,     \
       int64_t C, int64_t H)                                                                        \
     X(attention_fused_forward_lp, ts_dtype_t lp, float *out, uint16_t *out16, float *lse,         \
       const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H)                                \
     X(attention_fused_backward, float *dqkv, const float *dout, const float *qkv,                  \
       const float *out, const float *lse, int64_t B, int64_t T, int64_t C, int64_t H)              \
-    X(attention_fused_backward_lp, ts_dtype_t lp, float *dqkv, const float *dout,                 \
-      const float *qkv, const float *out, const float *lse, int64_t B, int64_t T, int64_t C,       \
-      int64_t H)                                                                                   \
+    X(attention_fused_backward_lp, ts_dtype_t lp, float *dqkv, uint16_t *dqkv16,                 \
+      const float *dout, const float *qkv, const float *out, const float *lse, int64_t B,         \
+      int64_t T, int64_t C, int64_t H)                                                             \
                                                                                                    \
     /* x, out (B, T, C); mod (B, M·C); chunk i of sample b is mod + b·M·C + i·C */                 \
     X(modulate_forward, float *out, const float *x, const float *mod, int64_t B, int64_t T,        \

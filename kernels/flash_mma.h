@@ -290,14 +290,19 @@ TS_HD void ts_fa_dscores(ts_fa_grad_lane_t *G, int lane, int n, const float d_ro
     ts_fa_c_to_a(G->pa, G->s, f16);
 }
 
-/* dst (16 rows of a head, ld apart; rows of them valid) += scale · acc, each element once. */
-TS_HD void ts_fa_add_rows(const float acc[][4], int lane, float *dst, int64_t ld, int rows, int hd,
-                          float scale) {
+/* dst (16 rows of a head, ld apart; rows of them valid) += scale · acc, each element once; and
+ * when dst16 is not NULL, dst16 (laid out as dst) = the sum rounded to bf16 (f16 when f16). */
+TS_HD void ts_fa_add_rows(const float acc[][4], int lane, float *dst, uint16_t *dst16, int64_t ld,
+                          int rows, int hd, float scale, int f16) {
     for (int n = 0; n < ts_fa_padded(hd) / 8; n++)
         for (int r = 0; r < 4; r++) {
             int row = ts_fa_c_row(lane, r), col = 8 * n + ts_fa_c_col(lane, r);
-            if (row < rows && col < hd)
-                dst[(int64_t)row * ld + col] += acc[n][r] * scale;
+            if (row < rows && col < hd) {
+                int64_t i = (int64_t)row * ld + col;
+                dst[i] += acc[n][r] * scale;
+                if (dst16) /* the element's only writer: its final value, rounded */
+                    dst16[i] = ts_f32_to_lp(dst[i], f16);
+            }
         }
 }
 

@@ -223,10 +223,13 @@ int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tens
 int ts_attention_fused_backward_bf16(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
                                      const ts_tensor_t *qkv, const ts_tensor_t *out,
                                      const ts_tensor_t *lse, int heads);
-/* The same in lp (TS_BF16 or TS_F16, where ts_attention_fused_lp_check says so). */
+/* The same in lp (TS_BF16 or TS_F16, where ts_attention_fused_lp_check says so). dqkv16 (NULL,
+ * or of dtype lp and dqkv's element count, apart from every operand): dqkv as it ends, rounded —
+ * the qkv linear's dout for ts_linear_backward_lp, as ts_gelu_backward_lp's copy. */
 int ts_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *dqkv,
-                                   const ts_tensor_t *dout, const ts_tensor_t *qkv,
-                                   const ts_tensor_t *out, const ts_tensor_t *lse, int heads);
+                                   ts_tensor_t *dqkv16, const ts_tensor_t *dout,
+                                   const ts_tensor_t *qkv, const ts_tensor_t *out,
+                                   const ts_tensor_t *lse, int heads);
 
 /* ---- adaLN-Zero pieces ----------------------------------------------------------------- */
 /* mod (B, M·C) is the adaLN modulation output, read as M chunks of C (DiT's .chunk(M, dim=1));

@@ -462,9 +462,9 @@ int ts_attention_fused_bf16_check(ts_engine_t *e) {
     return ts_attention_fused_lp_check(e, TS_BF16);
 }
 
-static int fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
-                          const ts_tensor_t *qkv, const ts_tensor_t *out, const ts_tensor_t *lse,
-                          int heads, ts_dtype_t lp) {
+static int fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *dqkv16,
+                          const ts_tensor_t *dout, const ts_tensor_t *qkv, const ts_tensor_t *out,
+                          const ts_tensor_t *lse, int heads, ts_dtype_t lp) {
     TS_TRY(check_engine(e));
     TS_TRY(check_f32(e, dqkv));
     TS_TRY(check_f32(e, dout));
@@ -476,8 +476,18 @@ static int fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *
     TS_TRY(lse_shape(lse, &d));
     if (!ts_tensor_same_shape(dqkv, qkv) || !ts_tensor_same_shape(dout, out))
         return TS_ESHAPE;
+    if (dqkv16) { /* the 16-bit copy: lp, dqkv's size, apart from every operand */
+        TS_TRY(check_on(e, dqkv16, lp));
+        if (ts_tensor_numel(dqkv16) != ts_tensor_numel(dqkv))
+            return TS_ESHAPE;
+        const ts_tensor_t *others[] = {dqkv, dout, qkv, out, lse};
+        for (int i = 0; i < 5; i++)
+            if (overlaps(dqkv16, others[i]))
+                return TS_EINVAL;
+    }
     if (lp != TS_F32)
-        return DISPATCH(e, attention_fused_backward_lp, lp, F(dqkv), CF(dout), CF(qkv), CF(out),
+        return DISPATCH(e, attention_fused_backward_lp, lp, F(dqkv),
+                        dqkv16 ? (uint16_t *)dqkv16->data : NULL, CF(dout), CF(qkv), CF(out),
                         CF(lse), d.B, d.T, d.C, d.H);
     return DISPATCH(e, attention_fused_backward, F(dqkv), CF(dout), CF(qkv), CF(out), CF(lse), d.B,
                     d.T, d.C, d.H);
@@ -486,18 +496,19 @@ static int fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *
 int ts_attention_fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
                                 const ts_tensor_t *qkv, const ts_tensor_t *out,
                                 const ts_tensor_t *lse, int heads) {
-    return fused_backward(e, dqkv, dout, qkv, out, lse, heads, TS_F32);
+    return fused_backward(e, dqkv, NULL, dout, qkv, out, lse, heads, TS_F32);
 }
 
 int ts_attention_fused_backward_bf16(ts_engine_t *e, ts_tensor_t *dqkv, const ts_tensor_t *dout,
                                      const ts_tensor_t *qkv, const ts_tensor_t *out,
                                      const ts_tensor_t *lse, int heads) {
-    return fused_backward(e, dqkv, dout, qkv, out, lse, heads, TS_BF16);
+    return fused_backward(e, dqkv, NULL, dout, qkv, out, lse, heads, TS_BF16);
 }
 
 int ts_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *dqkv,
-                                   const ts_tensor_t *dout, const ts_tensor_t *qkv,
-                                   const ts_tensor_t *out, const ts_tensor_t *lse, int heads) {
+                                   ts_tensor_t *dqkv16, const ts_tensor_t *dout,
+                                   const ts_tensor_t *qkv, const ts_tensor_t *out,
+                                   const ts_tensor_t *lse, int heads) {
     TS_TRY(check_lp(lp));
-    return fused_backward(e, dqkv, dout, qkv, out, lse, heads, lp);
+    return fused_backward(e, dqkv, dqkv16, dout, qkv, out, lse, heads, lp);
 }

@@ -310,7 +310,7 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
             TS_TRY(ts_arena_tensor(a, &G->datt, TS_F32, 4, TS_SHAPE(B, H, T, T)));
         T3(G->dmod1, h);
         T3(G->dln1, h);
-        TS_TRY(ts_arena_tensor(a, &G->dout16, TS_BF16, 3, TS_SHAPE(B, T, r)));
+        TS_TRY(ts_arena_tensor(a, &G->dout16, TS_BF16, 3, TS_SHAPE(B, T, r > 3 * h ? r : 3 * h)));
     }
 #undef T1
 #undef T2
@@ -627,8 +627,10 @@ static int attention_forward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
     return ts_attention_fused_forward(e, &atty, keep, &qkv, H);
 }
 
-/* dqkv += the gradient of attention from datty, by the attention the forward used. */
-static int attention_backward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
+/* dqkv += the gradient of attention from datty, by the attention the forward used; with dqkv16
+ * (the flash attention at 16 bits) dqkv as it ends rounded there too. */
+static int attention_backward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B,
+                              ts_tensor_t *dqkv16) {
     ts_engine_t *e = m->eng;
     ts_dit_grad_acts_t *G = &m->gacts;
     int H = m->cfg.num_heads;
@@ -640,8 +642,8 @@ static int attention_backward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) 
     }
     ts_tensor_t lse = rows(&A->lse, B);
     if (m->precision != TS_PREC_F32)
-        return ts_attention_fused_backward_lp(e, ts_precision_dtype(m->precision), &dqkv, &datty,
-                                              &qkv, &atty, &lse, H);
+        return ts_attention_fused_backward_lp(e, ts_precision_dtype(m->precision), &dqkv, dqkv16,
+                                              &datty, &qkv, &atty, &lse, H);
     return ts_attention_fused_backward(e, &dqkv, &datty, &qkv, &atty, &lse, H);
 }
 
@@ -942,8 +944,16 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     /* attention branch: dx now holds dL/dx_mid */
     TS_TRY(ts_gate_residual_backward(e, NULL, &dproj, &dmod, &dx, &proj, &mod, 2));
     TS_TRY(ts_linear_backward(e, &datty, &D->proj_w, &D->proj_b, &dproj, &atty, &P->proj_w));
-    TS_TRY(attention_backward(m, A, B));
-    TS_TRY(ts_linear_backward(e, &dmod1, &D->qkv_w, &D->qkv_b, &dqkv, &mod1, &P->qkv_w));
+    /* the flash attention with 16-bit activations writes qkv's dout rounded too */
+    if (m->attn == TS_ATTN_FUSED && mod1.dtype != TS_F32) {
+        ts_tensor_t dqkv16 = dout16_room(m, B, dqkv.shape[2]);
+        TS_TRY(attention_backward(m, A, B, &dqkv16));
+        TS_TRY(ts_linear_backward_lp(e, &dmod1, &D->qkv_w, &D->qkv_b, &dqkv, &dqkv16, &mod1,
+                                     &P->qkv_w));
+    } else {
+        TS_TRY(attention_backward(m, A, B, NULL));
+        TS_TRY(ts_linear_backward(e, &dmod1, &D->qkv_w, &D->qkv_b, &dqkv, &mod1, &P->qkv_w));
+    }
     TS_TRY(ts_modulate_backward(e, &dln1, &dmod, &dmod1, &ln1, &mod, 0, 1));
     TS_TRY(ts_layernorm_backward(e, &dx, &dln1, &x_in, &m1, &r1));
     /* adaLN: all six chunks' gradients are in dmod */

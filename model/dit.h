@@ -123,9 +123,10 @@ typedef struct ts_dit_grad_acts {
     ts_tensor_t dx; /* (B, T, h) running gradient of the residual stream */
     ts_tensor_t dc_silu, dc, dt_s, dt_h;
     ts_tensor_t dmod, dfc2, dgelu, dfc1, dmod2, dln2, dproj, datty, dqkv, datt, dmod1, dln1;
-    /* (B, T, mlp_ratio·h) 16-bit room: with 16-bit activations, the MLP linears' dout rounded
-     * by its producer (gate_residual's and GELU's backward), which the linear's backward reads
-     * instead of rounding it in a kernel of its own */
+    /* (B, T, max(mlp_ratio·h, 3h)) 16-bit room: with 16-bit activations, the MLP linears' and
+     * (with the flash attention) qkv's dout rounded by its producer (gate_residual's, GELU's and
+     * the attention's backward), which the linear's backward reads instead of rounding it in a
+     * kernel of its own */
     ts_tensor_t dout16;
 } ts_dit_grad_acts_t;
 

@@ -298,6 +298,43 @@ static void test_lp_dout(void **state) {
     assert_memory_equal(di[1].data, di[2].data, nb);
     assert_memory_equal(dw[1].data, dw[2].data, (size_t)(H * C) * sizeof(float));
     assert_memory_equal(db[1].data, db[0].data, (size_t)H * sizeof(float));
+    /* the fused attention's backward (bf16 on a CPU with AVX-512 BF16): its copy of dqkv */
+    if (ts_attention_fused_lp_check(e, DT) == TS_OK) {
+        const int64_t Ta = 21, Ca = 16, Ha = 2;
+        ts_tensor_t qkv, o, lse, dq0, dq1, dq16, want_q;
+        tu_alloc_f32(&qkv, 3, TS_SHAPE(2, Ta, 3 * Ca));
+        tu_alloc_f32(&o, 3, TS_SHAPE(2, Ta, Ca));
+        tu_alloc_f32(&lse, 3, TS_SHAPE(2, Ha, Ta));
+        tu_alloc_f32(&dq0, 3, TS_SHAPE(2, Ta, 3 * Ca));
+        tu_alloc_f32(&dq1, 3, TS_SHAPE(2, Ta, 3 * Ca));
+        assert_int_equal(ts_tensor_alloc(&dq16, DT, TS_CPU, 3, TS_SHAPE(2, Ta, 3 * Ca)), TS_OK);
+        assert_int_equal(ts_tensor_alloc(&want_q, DT, TS_CPU, 3, TS_SHAPE(2, Ta, 3 * Ca)), TS_OK);
+        tu_fill_uniform(&r, &qkv, -1, 1);
+        tu_fill_uniform(&r, &dq0, -1, 1);
+        memcpy(dq1.data, dq0.data, ts_tensor_nbytes(&dq0));
+        ts_tensor_t dao; /* the gradient of the attention's output */
+        tu_alloc_f32(&dao, 3, TS_SHAPE(2, Ta, Ca));
+        tu_fill_uniform(&r, &dao, -1, 1);
+        assert_int_equal(ts_attention_fused_forward_lp(e, DT, &o, &lse, &qkv, (int)Ha), TS_OK);
+        assert_int_equal(
+            ts_attention_fused_backward_lp(e, DT, &dq0, NULL, &dao, &qkv, &o, &lse, (int)Ha),
+            TS_OK);
+        assert_int_equal(
+            ts_attention_fused_backward_lp(e, DT, &dq1, &dq16, &dao, &qkv, &o, &lse, (int)Ha),
+            TS_OK);
+        assert_memory_equal(dq1.data, dq0.data, ts_tensor_nbytes(&dq0));
+        round_to(want_q.data, dq0.data, ts_tensor_numel(&dq0));
+        assert_memory_equal(dq16.data, want_q.data, ts_tensor_nbytes(&dq16));
+        ts_tensor_t over_q; /* a copy over dqkv: refused */
+        assert_int_equal(ts_tensor_wrap(&over_q, dq1.data, DT, TS_CPU, 3, TS_SHAPE(2, Ta, 3 * Ca)),
+                         TS_OK);
+        assert_int_equal(
+            ts_attention_fused_backward_lp(e, DT, &dq1, &over_q, &dao, &qkv, &o, &lse, (int)Ha),
+            TS_EINVAL);
+        printf("  %s fused attention backward: its dqkv copy is dqkv rounded\n",
+               ts_precision_name(P));
+        TU_FREE_TENSORS(&qkv, &o, &lse, &dq0, &dq1, &dq16, &want_q, &dao);
+    }
     /* refusals: no dout16, a dout16 beside an fp32 input, of the other dtype or another size; a
      * 16-bit copy over its gradient; gate_residual's without dy */
     ts_tensor_t other, small, over;
@@ -375,6 +412,18 @@ static void test_lp_activations_train(void **state) {
     tu_alloc_f32(&dout, 2, TS_SHAPE(3, 4));
     assert_int_not_equal(ts_linear_backward(e, NULL, &dw, NULL, &dout, &x16, &w), TS_OK);
     TU_FREE_TENSORS(&x16, &w, &dw, &dout);
+    /* with the fused attention (bf16 on a CPU with AVX-512 BF16), whose backward writes qkv's
+     * dout rounded too: the gradient of 16-bit activations is the fp32-kept one's, bit for bit */
+    if (ts_dit_set_attention(&m, TS_ATTN_FUSED) == TS_OK) {
+        ts_dit_set_lp_activations(&m, 0);
+        float *f32 = gradient(&m, 8, SCALE);
+        ts_dit_set_lp_activations(&m, 1);
+        float *f16 = gradient(&m, 8, SCALE);
+        assert_memory_equal(f16, f32, (size_t)m.num_params * sizeof *f16);
+        printf("  %s, fused attention: the gradient with 16-bit activations bit for bit\n",
+               ts_precision_name(P));
+        free(f32), free(f16);
+    }
     printf("  %s training with 16-bit activations: the gradient bit for bit\n",
            ts_precision_name(P));
     free(g32), free(g16), free(mod32), free(gelu32), free(fx32), free(c32);

@@ -1156,9 +1156,13 @@ static void flash_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp, int64_t B, int
     /* the backward from each side's own forward (the GPU's out and lse are its 16-bit ones) */
     TU_CHECK_OK(ts_attention_fused_backward(&fx->e[0], &dqkv.t[0], &dout.t[0], &qkv.t[0], &out.t[0],
                                             &lse.t[0], (int)H));
-    TU_CHECK_OK(ts_attention_fused_backward_lp(&fx->e[1], lp, &dqkv.t[1], &dout.t[1], &qkv.t[1],
-                                               &out.t[1], &lse.t[1], (int)H));
+    pair_t dqkv16; /* the copy the qkv linear's backward reads: dqkv as it ends, rounded */
+    pair_alloc(&dqkv16, lp, 3, TS_SHAPE(B, T, 3 * C));
+    TU_CHECK_OK(ts_attention_fused_backward_lp(&fx->e[1], lp, &dqkv.t[1], &dqkv16.t[1], &dout.t[1],
+                                               &qkv.t[1], &out.t[1], &lse.t[1], (int)H));
     double eg = nmse_of(fx, &dqkv);
+    expect_rounded(fx, "flash backward dqkv16", lp, &dqkv16, &dqkv);
+    pair_free(&dqkv16);
     printf("test_cuda_parity: flash %s (%lld,%lld,%lld,%lld) out nmse %.3e, lse %.3e, dqkv "
            "%.3e\n",
            name, (long long)B, (long long)T, (long long)C, (long long)H, eo, el, eg);

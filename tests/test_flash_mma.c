@@ -373,6 +373,7 @@ static void test_rows_own(void **state) {
 typedef struct {
     const float *qkv, *out, *lse, *dout;
     float *dqkv;
+    uint16_t *dqkv16; /* the kernels' 16-bit copy of dqkv as it ends */
     int T, C, H, hd;
 } grad_job_t;
 
@@ -419,10 +420,12 @@ static void emu_kv_warp(const grad_job_t *j, int b, int h, int key0) {
         }
         emu_accumulate(dk, pa, sq, ldb, dp); /* dK += dSᵀ·Q */
     }
-    float *dst = j->dqkv + ((int64_t)b * T + key0) * ld + h * hd;
+    int64_t at = ((int64_t)b * T + key0) * ld + h * hd;
+    float *dst = j->dqkv + at;
+    uint16_t *d16 = j->dqkv16 + at;
     for (int l = 0; l < 32; l++) {
-        ts_fa_add_rows(G[l].acc0, l, dst + C, ld, rows, hd, scale);
-        ts_fa_add_rows(G[l].acc1, l, dst + 2 * C, ld, rows, hd, 1.0f);
+        ts_fa_add_rows(G[l].acc0, l, dst + C, d16 + C, ld, rows, hd, scale, g_f16);
+        ts_fa_add_rows(G[l].acc1, l, dst + 2 * C, d16 + 2 * C, ld, rows, hd, 1.0f, g_f16);
     }
 }
 
@@ -466,9 +469,9 @@ static void emu_q_warp(const grad_job_t *j, int b, int h, int row0) {
         }
         emu_accumulate(dq, pa, sk, ldb, dp); /* dQ += dS·K */
     }
-    float *dst = j->dqkv + ((int64_t)b * T + row0) * ld + h * hd;
+    int64_t at = ((int64_t)b * T + row0) * ld + h * hd;
     for (int l = 0; l < 32; l++)
-        ts_fa_add_rows(G[l].acc0, l, dst, ld, rows, hd, scale);
+        ts_fa_add_rows(G[l].acc0, l, j->dqkv + at, j->dqkv16 + at, ld, rows, hd, scale, g_f16);
 }
 
 /* The backward on an emulated GPU against the gradient in double on the 16-bit-rounded q, k, v and
@@ -482,7 +485,9 @@ static void check_backward(int B, int T, int H, int hd, uint64_t seed) {
     float *dqkv = malloc(nq * sizeof *dqkv), *start = malloc(nq * sizeof *start);
     double *P = malloc((size_t)T * T * sizeof *P), *dS = malloc((size_t)T * T * sizeof *dS);
     double *want = malloc(nq * sizeof *want);
-    assert_non_null(qkv && out && lse && dout && dqkv && start && P && dS && want);
+    uint16_t *dqkv16 = malloc(nq * sizeof *dqkv16);
+    assert_non_null(qkv && out && lse && dout && dqkv && start && P && dS && want && dqkv16);
+    memset(dqkv16, 0xff, nq * sizeof *dqkv16); /* (NaN: every element must be written) */
     tu_rng_t r = {seed};
     for (size_t i = 0; i < nq; i++) {
         qkv[i] = tu_rng_uniform(&r, -1.0f, 1.0f);
@@ -549,7 +554,7 @@ static void check_backward(int B, int T, int H, int hd, uint64_t seed) {
 #undef V_
 #undef DO_
         }
-    grad_job_t j = {qkv, out, lse, dout, dqkv, T, C, H, hd};
+    grad_job_t j = {qkv, out, lse, dout, dqkv, dqkv16, T, C, H, hd};
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int r0 = 0; r0 < T; r0 += TS_FA_ROWS) {
@@ -576,8 +581,13 @@ static void check_backward(int B, int T, int H, int hd, uint64_t seed) {
             printf("%s backward B %d T %d H %d hd %d: d%c nmse %.3g\n", g_f16 ? "f16" : "bf16", B,
                    T, H, hd, "qkv"[part], nmse);
     }
+    /* the 16-bit copy: every element of dqkv as it ended, rounded */
+    for (size_t i = 0; i < nq; i++)
+        if (dqkv16[i] != ts_f32_to_lp(dqkv[i], g_f16))
+            fail_msg("%s backward: dqkv16[%zu] 0x%04x is not dqkv %.9g rounded (0x%04x)",
+                     g_f16 ? "f16" : "bf16", i, dqkv16[i], dqkv[i], ts_f32_to_lp(dqkv[i], g_f16));
     free(qkv), free(out), free(lse), free(dout), free(dqkv), free(start), free(P), free(dS);
-    free(want);
+    free(want), free(dqkv16);
 }
 
 static void test_backward(void **state) {

@@ -613,7 +613,9 @@ static void bwd_range_bf16(void *arg, int64_t lo, int64_t hi) {
 
 int ts_cpu_attention_fused_bf16_ok(void) { return __builtin_cpu_supports("avx512bf16") != 0; }
 
-int ts_cpu_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dqkv,
+/* dqkv16: rounded after the whole backward (the GPU's kernels round each element as they
+ * write it, once: the same bits). */
+int ts_cpu_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dqkv, uint16_t *dqkv16,
                                        const float *dout, const float *qkv, const float *out,
                                        const float *lse, int64_t B, int64_t T, int64_t C,
                                        int64_t H) {
@@ -623,7 +625,10 @@ int ts_cpu_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dqk
         return TS_ERANGE;
     att_job_t j = job_of(e, B, T, C, H);
     j.dqkv = dqkv, j.dout = dout, j.qkv = qkv, j.o = out, j.lse_in = lse;
-    return att_run(e, &j, B * H, 5.0 * B * H * T * T * j.hd, bwd_range_bf16);
+    TS_TRY(att_run(e, &j, B * H, 5.0 * B * H * T * T * j.hd, bwd_range_bf16));
+    for (int64_t i = 0; dqkv16 && i < B * T * 3 * C; i++)
+        dqkv16[i] = ts_f32_to_bf16(dqkv[i]);
+    return TS_OK;
 }
 
 int ts_cpu_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, uint16_t *out16,
@@ -648,12 +653,12 @@ int ts_cpu_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out,
     return TS_ENOTSUP;
 }
 
-int ts_cpu_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dqkv,
+int ts_cpu_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dqkv, uint16_t *dqkv16,
                                        const float *dout, const float *qkv, const float *out,
                                        const float *lse, int64_t B, int64_t T, int64_t C,
                                        int64_t H) {
-    (void)e, (void)lp, (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T;
-    (void)C, (void)H;
+    (void)e, (void)lp, (void)dqkv, (void)dqkv16, (void)dout, (void)qkv, (void)out, (void)lse;
+    (void)B, (void)T, (void)C, (void)H;
     return TS_ENOTSUP;
 }
 

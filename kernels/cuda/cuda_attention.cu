@@ -259,13 +259,13 @@ int ts_cuda_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out
     return ts_cuda_flash_forward(e, lp, out, out16, lse, qkv, B, T, C, H);
 }
 
-int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, const float *dout,
-                           const float *qkv, const float *out, const float *lse, int64_t B,
-                           int64_t T, int64_t C, int64_t H);
+int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, uint16_t *dqkv16,
+                           const float *dout, const float *qkv, const float *out, const float *lse,
+                           int64_t B, int64_t T, int64_t C, int64_t H);
 
 int ts_cuda_attention_fused_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dqkv,
-                                        const float *dout, const float *qkv, const float *out,
-                                        const float *lse, int64_t B, int64_t T, int64_t C,
-                                        int64_t H) {
-    return ts_cuda_flash_backward(e, lp, dqkv, dout, qkv, out, lse, B, T, C, H);
+                                        uint16_t *dqkv16, const float *dout, const float *qkv,
+                                        const float *out, const float *lse, int64_t B, int64_t T,
+                                        int64_t C, int64_t H) {
+    return ts_cuda_flash_backward(e, lp, dqkv, dqkv16, dout, qkv, out, lse, B, T, C, H);
 }

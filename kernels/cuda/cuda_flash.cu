@@ -159,8 +159,9 @@ static __device__ __forceinline__ void accumulate(float acc[][4], const uint32_t
  * each query's lse and D = dO·O in fp32). */
 template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
-    k_flash_bwd_kv(float *dqkv, const float *dout, const float *qkv, const float *out,
-                   const float *lse, int T, int C, int H, int hd_rt, float scale) {
+    k_flash_bwd_kv(float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv,
+                   const float *out, const float *lse, int T, int C, int H, int hd_rt,
+                   float scale) {
     __shared__ uint16_t sq[TS_FA_KB * LDK], sd[TS_FA_KB * LDK];
     __shared__ float lse_col[TS_FA_KB], d_col[TS_FA_KB];
     const int hd = HD > 0 ? HD : hd_rt;
@@ -199,16 +200,18 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     }
     if (rows == 0)
         return;
-    float *dst = dqkv + ((int64_t)b * T + key0) * ld + hc;
-    ts_fa_add_rows(G.acc0, lane, dst + C, ld, rows, hd, scale);
-    ts_fa_add_rows(G.acc1, lane, dst + 2 * C, ld, rows, hd, 1.0f);
+    const int64_t at = ((int64_t)b * T + key0) * ld + hc;
+    float *dst = dqkv + at;
+    uint16_t *d16 = dqkv16 ? dqkv16 + at : NULL;
+    ts_fa_add_rows(G.acc0, lane, dst + C, d16 ? d16 + C : NULL, ld, rows, hd, scale, F16);
+    ts_fa_add_rows(G.acc1, lane, dst + 2 * C, d16 ? d16 + 2 * C : NULL, ld, rows, hd, 1.0f, F16);
 }
 
 /* dQ: a warp per 16 queries (q and dO as A fragments, lse and D per row), the keys in blocks. */
 template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
-    k_flash_bwd_q(float *dqkv, const float *dout, const float *qkv, const float *out,
-                  const float *lse, int T, int C, int H, int hd_rt, float scale) {
+    k_flash_bwd_q(float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv,
+                  const float *out, const float *lse, int T, int C, int H, int hd_rt, float scale) {
     __shared__ uint16_t sk[TS_FA_KB * LDK], sv[TS_FA_KB * LDK];
     const int hd = HD > 0 ? HD : hd_rt;
     const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -242,7 +245,8 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     }
     if (rows == 0)
         return;
-    ts_fa_add_rows(G.acc0, lane, dqkv + ((int64_t)b * T + row0) * ld + hc, ld, rows, hd, scale);
+    const int64_t at = ((int64_t)b * T + row0) * ld + hc;
+    ts_fa_add_rows(G.acc0, lane, dqkv + at, dqkv16 ? dqkv16 + at : NULL, ld, rows, hd, scale, F16);
 }
 
 int ts_cuda_flash_ok(ts_engine_t *e, ts_dtype_t lp) {
@@ -298,9 +302,9 @@ template <typename F> static int by_head_and_type(int hd, ts_dtype_t lp, F launc
     return ts_cuda_by_head(hd, [&](auto k) { launch(k, std::integral_constant<int, 0>{}); });
 }
 
-int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, const float *dout,
-                           const float *qkv, const float *out, const float *lse, int64_t B,
-                           int64_t T, int64_t C, int64_t H) {
+int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, uint16_t *dqkv16,
+                           const float *dout, const float *qkv, const float *out, const float *lse,
+                           int64_t B, int64_t T, int64_t C, int64_t H) {
     flash_launch_t L;
     int run = 0, err = flash_setup(e, lp, B, T, C, H, &L, &run);
     if (err || !run)
@@ -308,9 +312,9 @@ int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, const flo
     return by_head_and_type(L.hd, lp, [&](auto k, auto f) {
         constexpr int HD = decltype(k)::value, F16 = decltype(f)::value;
         k_flash_bwd_kv<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(
-            dqkv, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);
+            dqkv, dqkv16, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);
         k_flash_bwd_q<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(
-            dqkv, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);
+            dqkv, dqkv16, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);
     });
 }
 
