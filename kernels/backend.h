@@ -150,8 +150,8 @@ extern "C" {
     /* Fused (flash-style) attention, not causal: qkv (B, T, 3C) laid out (3, H, C/H), out      \
      * (B, T, C), lse (B, H, T) each row's log-sum-exp of the scaled scores (nullable in the      \
      * forwards). _lp: the products in lp (TS_BF16 or TS_F16), fp32 accumulation, and with out16 \
-     * (not NULL) the output written there rounded to lp instead of into out (proj's 16-bit      \
-     * input). The backward adds into dqkv; _lp's with dqkv16 (nullable) also writes dqkv as it   \
+     * (not NULL) the output written there rounded to lp (proj's 16-bit input), and into out too  \
+     * where out is not NULL. The backward adds into dqkv; _lp's with dqkv16 (nullable) also writes dqkv as it   \
      * ends rounded to lp there (the qkv linear's dout, as gelu_backward_lp). The CPU's is        \
      * kernels/cpu/cpu_attention.c (no f16 one); TS_ENOTSUP where there is none. */               \
     X(attention_fused_forward, float *out, float *lse, const float *qkv, int64_t B, int64_t T,     \

@@ -202,7 +202,7 @@ TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], flo
                 float v = L->o[n][r] / sum[r / 2];
                 if (out16)
                     out16[(int64_t)row * ld + col] = ts_f32_to_lp(v, f16);
-                else
+                if (out)
                     out[(int64_t)row * ld + col] = v;
             }
         }

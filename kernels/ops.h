@@ -207,6 +207,11 @@ int ts_attention_fused_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_
  * round). */
 int ts_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *out, ts_tensor_t *lse,
                                   const ts_tensor_t *qkv, int heads);
+/* The same with the output written twice: fp32 into out (the backward reads it) and rounded to
+ * lp into out16 (proj's 16-bit input in training), in the one pass. */
+int ts_attention_fused_forward_lp_both(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *out,
+                                       ts_tensor_t *out16, ts_tensor_t *lse, const ts_tensor_t *qkv,
+                                       int heads);
 /* TS_OK when ts_attention_fused_forward_bf16 can run on e (a CPU with AVX-512 BF16, a GPU of
  * sm_80 or later), TS_ENOTSUP otherwise; _lp_check for either 16-bit type (f16: a GPU of sm_75
  * or later). */

@@ -413,8 +413,10 @@ static int lse_shape(const ts_tensor_t *lse, const att_dims_t *d) {
 
 /* lp: TS_F32 (the fp32 fused attention), TS_BF16 or TS_F16 (its products in 16 bits; out may
  * then be of dtype lp: written rounded). */
-static int fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse, const ts_tensor_t *qkv,
-                         int heads, ts_dtype_t lp) {
+/* out: fp32, or (lp) of dtype lp; also16 (NULL, or of dtype lp beside an fp32 out): the output
+ * rounded there too. */
+static int fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *also16, ts_tensor_t *lse,
+                         const ts_tensor_t *qkv, int heads, ts_dtype_t lp) {
     TS_TRY(check_engine(e));
     int out16 = lp != TS_F32 && out && out->dtype == lp;
     TS_TRY(check_on(e, out, out16 ? lp : TS_F32));
@@ -423,16 +425,25 @@ static int fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse, con
     att_dims_t d;
     TS_TRY(attention_dims(qkv, out, heads, &d));
     TS_TRY(lse_shape(lse, &d));
+    if (also16) {
+        if (out16 || lp == TS_F32)
+            return TS_EINVAL;
+        TS_TRY(check_on(e, also16, lp));
+        if (ts_tensor_numel(also16) != ts_tensor_numel(out))
+            return TS_ESHAPE;
+        if (overlaps(also16, out) || overlaps(also16, qkv) || (lse && overlaps(also16, lse)))
+            return TS_EINVAL;
+    }
+    uint16_t *o16 = out16 ? (uint16_t *)out->data : also16 ? (uint16_t *)also16->data : NULL;
     if (lp != TS_F32)
-        return DISPATCH(e, attention_fused_forward_lp, lp, out16 ? NULL : F(out),
-                        out16 ? (uint16_t *)out->data : NULL, OPT(lse), CF(qkv), d.B, d.T, d.C,
-                        d.H);
+        return DISPATCH(e, attention_fused_forward_lp, lp, out16 ? NULL : F(out), o16, OPT(lse),
+                        CF(qkv), d.B, d.T, d.C, d.H);
     return DISPATCH(e, attention_fused_forward, F(out), OPT(lse), CF(qkv), d.B, d.T, d.C, d.H);
 }
 
 int ts_attention_fused_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
                                const ts_tensor_t *qkv, int heads) {
-    return fused_forward(e, out, lse, qkv, heads, TS_F32);
+    return fused_forward(e, out, NULL, lse, qkv, heads, TS_F32);
 }
 
 /* The 16-bit types a fused attention's products take. */
@@ -441,12 +452,21 @@ static int check_lp(ts_dtype_t lp) { return lp == TS_BF16 || lp == TS_F16 ? TS_O
 int ts_attention_fused_forward_lp(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *out, ts_tensor_t *lse,
                                   const ts_tensor_t *qkv, int heads) {
     TS_TRY(check_lp(lp));
-    return fused_forward(e, out, lse, qkv, heads, lp);
+    return fused_forward(e, out, NULL, lse, qkv, heads, lp);
+}
+
+int ts_attention_fused_forward_lp_both(ts_engine_t *e, ts_dtype_t lp, ts_tensor_t *out,
+                                       ts_tensor_t *out16, ts_tensor_t *lse, const ts_tensor_t *qkv,
+                                       int heads) {
+    TS_TRY(check_lp(lp));
+    if (!out16)
+        return TS_EINVAL;
+    return fused_forward(e, out, out16, lse, qkv, heads, lp);
 }
 
 int ts_attention_fused_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *lse,
                                     const ts_tensor_t *qkv, int heads) {
-    return fused_forward(e, out, lse, qkv, heads, TS_BF16);
+    return fused_forward(e, out, NULL, lse, qkv, heads, TS_BF16);
 }
 
 int ts_attention_fused_lp_check(ts_engine_t *e, ts_dtype_t lp) {

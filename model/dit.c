@@ -260,6 +260,9 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
         else if (m->trainable)
             TS_TRY(ts_arena_tensor(a, &k->lse, TS_F32, 3, TS_SHAPE(B, H, T)));
         T3(k->atty, h);
+        memset(&k->atty16, 0, sizeof k->atty16);
+        if (m->trainable && attn == TS_ATTN_FUSED) /* proj's 16-bit input beside atty */
+            TS_TRY(ts_arena_tensor(a, &k->atty16, TS_BF16, 3, TS_SHAPE(B, T, h)));
         T3(k->proj, h);
         T3(k->x_mid, h);
         T3(k->ln2, h);
@@ -599,10 +602,17 @@ static ts_tensor_t act16(const ts_dit_t *m, ts_tensor_t t) {
 }
 
 /* The attention's output as proj reads it: in 16 bits when the fused attention writes it so
- * (16-bit activations in an inference model; a trainable one's fused backward reads the fp32
- * output). */
-static ts_tensor_t atty16(const ts_dit_t *m, ts_tensor_t atty) {
-    return m->attn == TS_ATTN_FUSED && !m->trainable ? act16(m, atty) : atty;
+ * (16-bit activations) — an inference model's in the room of its fp32 buffer, a trainable one's
+ * beside it in atty16 (the fused backward reads the fp32 output); else the fp32 output. */
+static ts_tensor_t proj_input(const ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
+    ts_tensor_t atty = rows(&A->atty, B);
+    if (m->attn != TS_ATTN_FUSED || act16(m, atty).dtype == TS_F32)
+        return atty;
+    if (!m->trainable)
+        return act16(m, atty);
+    ts_tensor_t t = rows(&A->atty16, B);
+    t.dtype = ts_precision_dtype(m->precision); /* (allocated as BF16: the same size) */
+    return t;
 }
 
 /* atty = attention(qkv), keeping what the backward reads: the weights att (composed) or, in a
@@ -620,9 +630,11 @@ static int attention_forward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
     }
     ts_tensor_t lse = rows(&A->lse, B), *keep = m->trainable ? &lse : NULL;
     if (m->precision != TS_PREC_F32) {
-        ts_tensor_t out = atty16(m, atty); /* proj's input */
-        return ts_attention_fused_forward_lp(e, ts_precision_dtype(m->precision), &out, keep, &qkv,
-                                             H);
+        ts_dtype_t lp = ts_precision_dtype(m->precision);
+        ts_tensor_t in = proj_input(m, A, B);
+        if (m->trainable && in.dtype != TS_F32) /* fp32 for the backward, 16 bits for proj */
+            return ts_attention_fused_forward_lp_both(e, lp, &atty, &in, keep, &qkv, H);
+        return ts_attention_fused_forward_lp(e, lp, &in, keep, &qkv, H);
     }
     return ts_attention_fused_forward(e, &atty, keep, &qkv, H);
 }
@@ -668,7 +680,7 @@ static int block_forward(ts_dit_t *m, int l, int B) {
     TS_TRY(ts_layernorm_modulate_forward(e, &ln1, &m1, &r1, &mod1, &x_in, &mod, 0, 1));
     TS_TRY(ts_linear_forward(e, &qkv, &mod1, &W->qkv_w, &P->qkv_b));
     TS_TRY(attention_forward(m, A, B));
-    atty = atty16(m, atty);
+    atty = proj_input(m, A, B);
     TS_TRY(ts_linear_forward(e, &proj, &atty, &W->proj_w, &P->proj_b));
     TS_TRY(ts_gate_residual_forward(e, &x_mid, &x_in, &proj, &mod, 2));
     /* MLP branch: x_out = x_mid + gate_mlp · fc2(gelu(fc1(modulate(LN(x_mid))))) */
@@ -915,7 +927,7 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     ts_tensor_t x_in = rows(&A->x_in, B), ln1 = rows(&A->ln1, B);
     ts_tensor_t mod1 = act16(m, rows(&A->mod1, B));
     ts_tensor_t m1 = stat_rows(&A->ln1_mean, B, T), r1 = stat_rows(&A->ln1_rstd, B, T);
-    ts_tensor_t atty = rows(&A->atty, B);
+    ts_tensor_t atty = proj_input(m, A, B); /* as proj read it */
     ts_tensor_t proj = rows(&A->proj, B), x_mid = rows(&A->x_mid, B), ln2 = rows(&A->ln2, B);
     ts_tensor_t mod2 = act16(m, rows(&A->mod2, B));
     ts_tensor_t m2 = stat_rows(&A->ln2_mean, B, T), r2 = stat_rows(&A->ln2_rstd, B, T);
@@ -942,8 +954,16 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     TS_TRY(ts_modulate_backward(e, &dln2, &dmod, &dmod2, &ln2, &mod, 3, 4));
     TS_TRY(ts_layernorm_backward(e, &dx, &dln2, &x_mid, &m2, &r2));
     /* attention branch: dx now holds dL/dx_mid */
-    TS_TRY(ts_gate_residual_backward(e, NULL, &dproj, &dmod, &dx, &proj, &mod, 2));
-    TS_TRY(ts_linear_backward(e, &datty, &D->proj_w, &D->proj_b, &dproj, &atty, &P->proj_w));
+    if (atty.dtype != TS_F32) { /* proj's input in 16 bits (the flash attention wrote it): its
+                                 * dout too, rounded as it is written */
+        ts_tensor_t dproj16 = dout16_room(m, B, dproj.shape[2]);
+        TS_TRY(ts_gate_residual_backward_lp(e, NULL, &dproj, &dproj16, &dmod, &dx, &proj, &mod, 2));
+        TS_TRY(ts_linear_backward_lp(e, &datty, &D->proj_w, &D->proj_b, &dproj, &dproj16, &atty,
+                                     &P->proj_w));
+    } else {
+        TS_TRY(ts_gate_residual_backward(e, NULL, &dproj, &dmod, &dx, &proj, &mod, 2));
+        TS_TRY(ts_linear_backward(e, &datty, &D->proj_w, &D->proj_b, &dproj, &atty, &P->proj_w));
+    }
     /* the flash attention with 16-bit activations writes qkv's dout rounded too */
     if (m->attn == TS_ATTN_FUSED && mod1.dtype != TS_F32) {
         ts_tensor_t dqkv16 = dout16_room(m, B, dqkv.shape[2]);

@@ -92,6 +92,10 @@ typedef struct ts_dit_block_acts {
     ts_tensor_t att;                           /* (B, heads, T, T), composed attention only */
     ts_tensor_t lse;   /* (B, heads, T) fused attention, trainable: each row's log-sum-exp */
     ts_tensor_t atty;  /* (B, T, h) attention output, heads concatenated */
+    /* (B, T, h) 16-bit, a trainable model's with the fused attention: atty rounded as the
+     * attention writes it, proj's input with 16-bit activations (atty stays fp32: the fused
+     * backward reads it) */
+    ts_tensor_t atty16;
     ts_tensor_t proj;  /* (B, T, h) */
     ts_tensor_t x_mid; /* (B, T, h) after the attention residual */
     ts_tensor_t ln2, ln2_mean, ln2_rstd, mod2;

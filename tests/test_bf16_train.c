@@ -316,6 +316,27 @@ static void test_lp_dout(void **state) {
         tu_alloc_f32(&dao, 3, TS_SHAPE(2, Ta, Ca));
         tu_fill_uniform(&r, &dao, -1, 1);
         assert_int_equal(ts_attention_fused_forward_lp(e, DT, &o, &lse, &qkv, (int)Ha), TS_OK);
+        /* the forward writing its output twice (training's proj input): the same fp32 bits, and
+         * those rounded */
+        ts_tensor_t o2, o16, o_over;
+        tu_alloc_f32(&o2, 3, TS_SHAPE(2, Ta, Ca));
+        assert_int_equal(ts_tensor_alloc(&o16, DT, TS_CPU, 3, TS_SHAPE(2, Ta, Ca)), TS_OK);
+        assert_int_equal(ts_attention_fused_forward_lp_both(e, DT, &o2, &o16, NULL, &qkv, (int)Ha),
+                         TS_OK);
+        assert_memory_equal(o2.data, o.data, ts_tensor_nbytes(&o));
+        uint16_t *want_o = malloc(ts_tensor_nbytes(&o16));
+        assert_non_null(want_o);
+        round_to(want_o, o.data, ts_tensor_numel(&o));
+        assert_memory_equal(o16.data, want_o, ts_tensor_nbytes(&o16));
+        free(want_o);
+        assert_int_equal(ts_tensor_wrap(&o_over, o2.data, DT, TS_CPU, 3, TS_SHAPE(2, Ta, Ca)),
+                         TS_OK);
+        assert_int_equal(
+            ts_attention_fused_forward_lp_both(e, DT, &o2, &o_over, NULL, &qkv, (int)Ha),
+            TS_EINVAL);
+        assert_int_equal(ts_attention_fused_forward_lp_both(e, DT, &o2, NULL, NULL, &qkv, (int)Ha),
+                         TS_EINVAL);
+        TU_FREE_TENSORS(&o2, &o16);
         assert_int_equal(
             ts_attention_fused_backward_lp(e, DT, &dq0, NULL, &dao, &qkv, &o, &lse, (int)Ha),
             TS_OK);
@@ -417,9 +438,17 @@ static void test_lp_activations_train(void **state) {
     if (ts_dit_set_attention(&m, TS_ATTN_FUSED) == TS_OK) {
         ts_dit_set_lp_activations(&m, 0);
         float *f32 = gradient(&m, 8, SCALE);
+        float *att32 = tu_host_copy(&m.acts.blocks[1].atty);
         ts_dit_set_lp_activations(&m, 1);
         float *f16 = gradient(&m, 8, SCALE);
         assert_memory_equal(f16, f32, (size_t)m.num_params * sizeof *f16);
+        /* proj's input kept in 16 bits beside the fp32 output the backward reads */
+        const uint16_t *att16 = m.acts.blocks[1].atty16.data;
+        for (int64_t i = 0; i < nm; i += 7)
+            if (att16[i] != ts_f32_to_lp(att32[i], DT == TS_F16))
+                fail_msg("atty16[%lld] is 0x%04x, the fp32 run's atty rounded is 0x%04x",
+                         (long long)i, att16[i], ts_f32_to_lp(att32[i], DT == TS_F16));
+        free(att32);
         printf("  %s, fused attention: the gradient with 16-bit activations bit for bit\n",
                ts_precision_name(P));
         free(f32), free(f16);

@@ -1153,6 +1153,20 @@ static void flash_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp, int64_t B, int
     TU_CHECK_OK(
         ts_attention_fused_forward_lp(&fx->e[1], lp, &out.t[1], &lse.t[1], &qkv.t[1], (int)H));
     double eo = nmse_of(fx, &out), el = nmse_of(fx, &lse);
+    { /* the output written twice (training's proj input): the same fp32 bits, and rounded */
+        pair_t out2, out16;
+        pair_zeros(&out2, 3, TS_SHAPE(B, T, C));
+        pair_alloc(&out16, lp, 3, TS_SHAPE(B, T, C));
+        TU_CHECK_OK(ts_attention_fused_forward_lp_both(&fx->e[1], lp, &out2.t[1], &out16.t[1], NULL,
+                                                       &qkv.t[1], (int)H));
+        float *o1 = download(fx, &out), *o2 = download(fx, &out2);
+        if (memcmp(o1, o2, ts_tensor_nbytes(&out.t[1])) != 0)
+            fail_msg("flash %s: the forward writing both outputs is not the fp32 one's bits", name);
+        free(o1), free(o2);
+        expect_rounded(fx, "flash forward, both outputs: out16", lp, &out16, &out2);
+        pair_free(&out2);
+        pair_free(&out16);
+    }
     /* the backward from each side's own forward (the GPU's out and lse are its 16-bit ones) */
     TU_CHECK_OK(ts_attention_fused_backward(&fx->e[0], &dqkv.t[0], &dout.t[0], &qkv.t[0], &out.t[0],
                                             &lse.t[0], (int)H));

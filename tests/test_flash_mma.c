@@ -31,7 +31,8 @@
 /* The 16-bit type of every step: 0 bf16, 1 f16 (the tests run both). */
 static int g_f16;
 
-/* When not NULL, the forward writes its output here in 16 bits instead (test_rows_own). */
+/* When not NULL, the forward writes its output here in 16 bits too, and in fp32 where its out is
+ * not NULL, as the kernel (test_rows_own). */
 static uint16_t *g_out16;
 
 static float half_of(uint32_t reg, int h) {
@@ -257,8 +258,8 @@ static void emu_warp(const float *qkv, float *out, float *lse, int T, int C, int
             sum[hh] = (l & 2) ? s23 + s01 : s01 + s23;
         }
         int64_t at = ((int64_t)b * T + row0) * C + h * hd;
-        ts_fa_finish(&L[l], l, sum, g_out16 ? NULL : out + at, g_out16 ? g_out16 + at : NULL, C,
-                     rows, hd, lse ? lse + ((int64_t)b * H + h) * T + row0 : NULL, g_f16);
+        ts_fa_finish(&L[l], l, sum, out ? out + at : NULL, g_out16 ? g_out16 + at : NULL, C, rows,
+                     hd, lse ? lse + ((int64_t)b * H + h) * T + row0 : NULL, g_f16);
     }
 }
 
@@ -354,16 +355,21 @@ static void test_rows_own(void **state) {
     assert_memory_equal(out1, out2 + T * C, sizeof out1);
     assert_memory_equal(lse1, lse2 + H * T, sizeof lse1);
     /* written in 16 bits (proj's input), each type: the fp32 output rounded, element for element */
-    static uint16_t o16[2 * T * C];
+    static uint16_t o16[2 * T * C], both16[2 * T * C];
+    static float both[2 * T * C];
     for (g_f16 = 0; g_f16 < 2; g_f16++) {
         emu_attention(qkv, out2, lse2, 2, T, C, H);
         g_out16 = o16;
         emu_attention(qkv, NULL, lse2, 2, T, C, H);
+        g_out16 = both16; /* both outputs at once (training): the same two */
+        emu_attention(qkv, both, lse2, 2, T, C, H);
         g_out16 = NULL;
         for (int i = 0; i < 2 * T * C; i++)
             if (o16[i] != ts_f32_to_lp(out2[i], g_f16))
                 fail_msg("%s out16[%d] 0x%04x, the fp32 output rounded 0x%04x",
                          g_f16 ? "f16" : "bf16", i, o16[i], ts_f32_to_lp(out2[i], g_f16));
+        assert_memory_equal(both, out2, sizeof both);
+        assert_memory_equal(both16, o16, sizeof both16);
     }
     g_f16 = 0;
 }

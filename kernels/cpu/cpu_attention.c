@@ -57,7 +57,7 @@
 
 typedef struct {
     float *out, *lse, *dqkv;              /* the outputs: forward (lse may be NULL), backward */
-    uint16_t *out16;                      /* the bf16 forward's output in bf16 instead, or NULL */
+    uint16_t *out16; /* the bf16 forward's output in bf16 too (out then may be NULL), or NULL */
     const float *qkv, *dout, *o, *lse_in; /* the backward's inputs beside qkv */
     int64_t B, T, C, H, hd, nq;           /* nq: query blocks per head */
     float scale;
@@ -452,7 +452,7 @@ BF16_TARGET static void fwd_block_bf16(const att_job_t *j, bf16_scratch_t *w, in
         if (j->out16) /* rounded as written: what proj would round */
             for (int64_t d = 0; d < hd; d++)
                 j->out16[at + d] = ts_f32_to_bf16(w->o[i * hv + d]);
-        else
+        if (j->out)
             memcpy(j->out + at, w->o + i * hv, (size_t)hd * sizeof(float));
     }
 }

@@ -123,7 +123,7 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
         return;
     float sum[2] = {quad_sum(L.l[0]), quad_sum(L.l[1])};
     const int64_t at = ((int64_t)b * T + row0) * C + (int64_t)h * hd;
-    ts_fa_finish(&L, lane, sum, out16 ? NULL : out + at, out16 ? out16 + at : NULL, C, rows, hd,
+    ts_fa_finish(&L, lane, sum, out ? out + at : NULL, out16 ? out16 + at : NULL, C, rows, hd,
                  lse ? lse + ((int64_t)b * H + h) * T + row0 : NULL, F16);
 }
 
