@@ -151,9 +151,9 @@ extern "C" {
      * (B, T, C), lse (B, H, T) each row's log-sum-exp of the scaled scores (nullable in the      \
      * forwards). _lp: the products in lp (TS_BF16 or TS_F16), fp32 accumulation, and with out16 \
      * (not NULL) the output written there rounded to lp (proj's 16-bit input), and into out too  \
-     * where out is not NULL. The backward adds into dqkv; _lp's with dqkv16 (nullable) also writes dqkv as it   \
-     * ends rounded to lp there (the qkv linear's dout, as gelu_backward_lp). The CPU's is        \
-     * kernels/cpu/cpu_attention.c (no f16 one); TS_ENOTSUP where there is none. */               \
+     * where out is not NULL. The backward adds into dqkv; _lp's with dqkv16 (nullable) also     \
+     * writes dqkv as it ends rounded to lp there (the qkv linear's dout, as gelu_backward_lp).   \
+     * The CPU's is kernels/cpu/cpu_attention.c (no f16 one); TS_ENOTSUP where there is none. */  \
     X(attention_fused_forward, float *out, float *lse, const float *qkv, int64_t B, int64_t T,     \
       int64_t C, int64_t H)                                                                        \
     X(attention_fused_forward_lp, ts_dtype_t lp, float *out, uint16_t *out16, float *lse,         \

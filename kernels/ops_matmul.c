@@ -114,18 +114,21 @@ static int linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweig
     int bf16 = wt == TS_BF16, lp = wt != TS_F32;
     /* a 16-bit input (kept so by the forward) only beside a weight of its dtype */
     int lp_in = inp && lp && inp->dtype == wt;
+    TS_TRY(check_on(e, inp, lp_in ? wt : TS_F32));
+    TS_TRY(check_on(e, weight, wt));
+    TS_TRY(check_opt(e, dinp));
+    TS_TRY(check_opt(e, dweight));
+    TS_TRY(check_opt(e, dbias));
     if (dout16) {
         if (!lp_in)
             return TS_EDTYPE;
         TS_TRY(check_on(e, dout16, wt));
         if (ts_tensor_numel(dout16) != ts_tensor_numel(dout))
             return TS_ESHAPE;
+        if ((dinp && overlaps(dout16, dinp)) || (dweight && overlaps(dout16, dweight)) ||
+            (dbias && overlaps(dout16, dbias)))
+            return TS_EINVAL; /* a product would write over what it reads */
     }
-    TS_TRY(check_on(e, inp, lp_in ? wt : TS_F32));
-    TS_TRY(check_on(e, weight, wt));
-    TS_TRY(check_opt(e, dinp));
-    TS_TRY(check_opt(e, dweight));
-    TS_TRY(check_opt(e, dbias));
     if (weight->ndim != 2)
         return TS_ESHAPE;
     int64_t N = weight->shape[0], K = weight->shape[1];

@@ -327,10 +327,10 @@ typedef struct ts_dit_tune {
     double ms[2];      /* median ms per forward, by ts_attn_impl_t; 0: not measured (cannot run) */
     double fused_diff; /* the fused output's relative RMS difference to the composed one */
     /* a 16-bit model on a GPU: cuBLASLt's epilogues — the linears' bias and, with 16-bit
-     * activations, fc1's bias and GELU — (ts_cuda_set_epilogues, the engine's setting: off while the attentions are timed), measured with the chosen
-     * attention and kept where its output is within 1e-2 relative RMS of the two-kernel one's
-     * and it is more than 3 % faster. Several models on one engine: each tune decides it anew,
-     * the last one's decision stands */
+     * activations, fc1's bias and GELU — (ts_cuda_set_epilogues, the engine's setting: off
+     * while the attentions are timed), measured with the chosen attention and kept where its
+     * output is within 1e-2 relative RMS of the two-kernel one's and it is more than 3 % faster.
+     * Several models on one engine: each tune decides it anew, the last one's decision stands */
     int epilogues_measured, epilogues;
     double epilogues_diff, ms_epilogues;
     int graphs_measured;

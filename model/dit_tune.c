@@ -53,9 +53,11 @@ ts_attn_impl_t ts_dit_tune_pick(const ts_dit_tune_t *t, ts_precision_t p, ts_att
     return def;
 }
 
-/* The epilogue changes only where the bias is added (the products may take other kernels, so
- * other orders of summation): its output within this of the two kernels' — ten times the
- * fused-against-composed difference measured at bf16 — while a missing or doubled bias is not. */
+/* The epilogues change where the bias is added (the products may take other kernels, so other
+ * orders of summation) and, for fc1 with 16-bit activations, take cuBLASLt's own GELU (and
+ * maybe a bias rounded to 16 bits): their output within this of the two kernels' — ten times the
+ * fused-against-composed difference measured at bf16 — while a missing or doubled bias, or a
+ * GELU that is not one, is not. */
 #define SAME_EPILOGUE 1e-2
 
 int ts_dit_tune_epilogues_keep(const ts_dit_tune_t *t, ts_attn_impl_t a) {

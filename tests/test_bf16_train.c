@@ -373,6 +373,11 @@ static void test_lp_dout(void **state) {
                      TS_EDTYPE);
     assert_int_equal(ts_linear_backward_lp(e, &di[1], &dw[1], NULL, &lo, &small, &x16, &w16),
                      TS_ESHAPE);
+    ts_tensor_t on_dinp; /* a dout16 in dinp's memory: the product would write over it */
+    assert_int_equal(ts_tensor_wrap(&on_dinp, di[1].data, DT, TS_CPU, 3, TS_SHAPE(B, T, H)), TS_OK);
+    assert_true(ts_tensor_nbytes(&on_dinp) <= ts_tensor_nbytes(&di[1]));
+    assert_int_equal(ts_linear_backward_lp(e, &di[1], &dw[1], NULL, &lo, &on_dinp, &x16, &w16),
+                     TS_EINVAL);
     assert_int_equal(ts_gelu_backward_lp(e, &g1, &over, &dout, &inp), TS_EINVAL);
     assert_int_equal(ts_gate_residual_backward_lp(e, NULL, &g1, &over, NULL, &dout, &y, &mod, 5),
                      TS_EINVAL);

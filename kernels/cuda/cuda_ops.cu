@@ -455,12 +455,29 @@ int ts_cuda_layernorm_backward(ts_engine_t *e, float *dinp, const float *dout, c
 
 /* ---- GELU and SiLU --------------------------------------------------------------------- */
 
+/* out element i = v: fp32, or v rounded to bf16 / f16 (ts_convert's rounding) for a 16-bit reader */
+template <int LP> __device__ void put_act(void *out, int64_t i, float v) {
+    if (LP == 0)
+        ((float *)out)[i] = v;
+    else if (LP == 1)
+        ((uint16_t *)out)[i] = ts_f32_to_bf16(v);
+    else
+        ((uint16_t *)out)[i] = ts_f32_to_f16(v);
+}
+
 static __global__ void k_gelu_forward(float *out, const float *inp, int64_t n) {
     TS_GRID_LOOP(i, n) out[i] = ts_gelu(inp[i]);
 }
-static __global__ void k_gelu_backward(float *dinp, const float *dout, const float *inp,
-                                       int64_t n) {
-    TS_GRID_LOOP(i, n) dinp[i] += dout[i] * ts_gelu_grad(inp[i]);
+/* dinp += dout · gelu'(inp); LP 1 or 2: dinp as it ends also rounded into dinp16 (the dout of
+ * the linear below, gelu_backward_lp) */
+template <int LP>
+static __global__ void k_gelu_backward(float *dinp, uint16_t *dinp16, const float *dout,
+                                       const float *inp, int64_t n) {
+    TS_GRID_LOOP(i, n) {
+        dinp[i] += dout[i] * ts_gelu_grad(inp[i]);
+        if (LP != 0)
+            put_act<LP>(dinp16, i, dinp[i]);
+    }
 }
 static __global__ void k_silu_forward(float *out, const float *inp, int64_t n) {
     TS_GRID_LOOP(i, n) out[i] = ts_silu(inp[i]);
@@ -475,7 +492,7 @@ int ts_cuda_gelu_forward(ts_engine_t *e, float *out, const float *inp, int64_t n
 }
 int ts_cuda_gelu_backward(ts_engine_t *e, float *dinp, const float *dout, const float *inp,
                           int64_t n) {
-    return launch_n(e, n, k_gelu_backward, dinp, dout, inp, n);
+    return launch_n(e, n, k_gelu_backward<0>, dinp, (uint16_t *)NULL, dout, inp, n);
 }
 int ts_cuda_silu_forward(ts_engine_t *e, float *out, const float *inp, int64_t n) {
     return launch_n(e, n, k_silu_forward, out, inp, n);
@@ -595,15 +612,20 @@ static __global__ void k_gate_residual_forward(float *out, const float *res, con
     }
 }
 
-/* dres += dout; dy += gate · dout (each nullable; dout read once, before either write) */
-static __global__ void k_gate_residual_backward(float *dres, float *dy, const float *dout,
-                                                const float *mod, int64_t B, int64_t T,
-                                                int64_t C, int64_t M, int gate_idx) {
+/* dres += dout; dy += gate · dout (each nullable; dout read once, before either write); LP 1 or
+ * 2: dy as it ends also rounded into dy16 (gate_residual_backward_lp) */
+template <int LP>
+static __global__ void k_gate_residual_backward(float *dres, float *dy, uint16_t *dy16,
+                                                const float *dout, const float *mod, int64_t B,
+                                                int64_t T, int64_t C, int64_t M, int gate_idx) {
     TS_GRID_LOOP(i, B * T * C) {
         int64_t c = i % C, b = i / (T * C);
         float d = dout[i];
-        if (dy)
+        if (dy) {
             dy[i] += mod_chunk(mod, b, M, C, gate_idx)[c] * d;
+            if (LP != 0)
+                put_act<LP>(dy16, i, dy[i]);
+        }
         if (dres)
             dres[i] += d;
     }
@@ -632,16 +654,6 @@ int ts_cuda_modulate_forward(ts_engine_t *e, float *out, const float *x, const f
 }
 
 /* Two kernels here; the CPU modulates each row in the LayerNorm's pass. The same bits. */
-/* out element i = v: fp32, or v rounded to bf16 / f16 (ts_convert's rounding) for a 16-bit reader */
-template <int LP> __device__ void put_act(void *out, int64_t i, float v) {
-    if (LP == 0)
-        ((float *)out)[i] = v;
-    else if (LP == 1)
-        ((uint16_t *)out)[i] = ts_f32_to_bf16(v);
-    else
-        ((uint16_t *)out)[i] = ts_f32_to_f16(v);
-}
-
 /* LayerNorm then modulate in one pass over each row (one kernel, one read of the row): ln is
  * written for the backward, out = ln·(1 + scale) + shift of the row's sample. The same formulas,
  * so the same bits, as layernorm_forward followed by modulate_forward. LP: out in fp32 (0), bf16
@@ -702,21 +714,10 @@ int ts_cuda_gelu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const 
                          : launch_n(e, n, k_gelu_lp<2>, out, inp, n);
 }
 
-/* gelu_backward's add, then its result rounded for the linear below (the same expression as
- * k_gelu_backward's, so the same fp32 bits) */
-template <int LP>
-static __global__ void k_gelu_backward_lp(float *dinp, uint16_t *dinp16, const float *dout,
-                                          const float *inp, int64_t n) {
-    TS_GRID_LOOP(i, n) {
-        dinp[i] += dout[i] * ts_gelu_grad(inp[i]);
-        put_act<LP>(dinp16, i, dinp[i]);
-    }
-}
-
 int ts_cuda_gelu_backward_lp(ts_engine_t *e, float *dinp, uint16_t *dinp16, ts_dtype_t lp,
                              const float *dout, const float *inp, int64_t n) {
-    return lp == TS_BF16 ? launch_n(e, n, k_gelu_backward_lp<1>, dinp, dinp16, dout, inp, n)
-                         : launch_n(e, n, k_gelu_backward_lp<2>, dinp, dinp16, dout, inp, n);
+    return lp == TS_BF16 ? launch_n(e, n, k_gelu_backward<1>, dinp, dinp16, dout, inp, n)
+                         : launch_n(e, n, k_gelu_backward<2>, dinp, dinp16, dout, inp, n);
 }
 
 template <int LP> static __global__ void k_silu_lp(uint16_t *out, const float *inp, int64_t n) {
@@ -751,9 +752,11 @@ int ts_cuda_gate_residual_forward(ts_engine_t *e, float *out, const float *res, 
                     gate_idx);
 }
 
-int ts_cuda_gate_residual_backward(ts_engine_t *e, float *dres, float *dy, float *dmod,
-                                   const float *dout, const float *y, const float *mod,
-                                   int64_t B, int64_t T, int64_t C, int64_t M, int gate_idx) {
+/* The gate_residual backward, dy16 written where LP is 1 or 2. */
+template <int LP>
+static int gate_residual_backward(ts_engine_t *e, float *dres, float *dy, uint16_t *dy16,
+                                  float *dmod, const float *dout, const float *y, const float *mod,
+                                  int64_t B, int64_t T, int64_t C, int64_t M, int gate_idx) {
     int err = TS_OK;
     /* dmod first: it reads dout, which dres or dy might alias. */
     if (dmod) {
@@ -761,41 +764,25 @@ int ts_cuda_gate_residual_backward(ts_engine_t *e, float *dres, float *dy, float
         err = launch_col_sum<1>(e, f, B, T, C);
     }
     if (!err && (dres || dy))
-        err = launch_n(e, B * T * C, k_gate_residual_backward, dres, dy, dout, mod, B, T, C, M,
-                       gate_idx);
+        err = launch_n(e, B * T * C, k_gate_residual_backward<LP>, dres, dy, dy16, dout, mod, B, T,
+                       C, M, gate_idx);
     return err;
 }
 
-/* k_gate_residual_backward with dy required and its result rounded for the linear below */
-template <int LP>
-static __global__ void k_gate_residual_backward_lp(float *dres, float *dy, uint16_t *dy16,
-                                                   const float *dout, const float *mod, int64_t B,
-                                                   int64_t T, int64_t C, int64_t M, int gate_idx) {
-    TS_GRID_LOOP(i, B * T * C) {
-        int64_t c = i % C, b = i / (T * C);
-        float d = dout[i];
-        dy[i] += mod_chunk(mod, b, M, C, gate_idx)[c] * d;
-        put_act<LP>(dy16, i, dy[i]);
-        if (dres)
-            dres[i] += d;
-    }
+int ts_cuda_gate_residual_backward(ts_engine_t *e, float *dres, float *dy, float *dmod,
+                                   const float *dout, const float *y, const float *mod, int64_t B,
+                                   int64_t T, int64_t C, int64_t M, int gate_idx) {
+    return gate_residual_backward<0>(e, dres, dy, NULL, dmod, dout, y, mod, B, T, C, M, gate_idx);
 }
 
 int ts_cuda_gate_residual_backward_lp(ts_engine_t *e, float *dres, float *dy, uint16_t *dy16,
                                       ts_dtype_t lp, float *dmod, const float *dout, const float *y,
                                       const float *mod, int64_t B, int64_t T, int64_t C, int64_t M,
                                       int gate_idx) {
-    int err = TS_OK;
-    if (dmod) { /* first, as ts_cuda_gate_residual_backward: it reads dout */
-        ts_colsum_gate f = {dmod, dout, y, T, C, M, gate_idx};
-        err = launch_col_sum<1>(e, f, B, T, C);
-    }
-    if (!err)
-        err = lp == TS_BF16 ? launch_n(e, B * T * C, k_gate_residual_backward_lp<1>, dres, dy, dy16,
-                                       dout, mod, B, T, C, M, gate_idx)
-                            : launch_n(e, B * T * C, k_gate_residual_backward_lp<2>, dres, dy, dy16,
-                                       dout, mod, B, T, C, M, gate_idx);
-    return err;
+    return lp == TS_BF16 ? gate_residual_backward<1>(e, dres, dy, dy16, dmod, dout, y, mod, B, T, C,
+                                                     M, gate_idx)
+                         : gate_residual_backward<2>(e, dres, dy, dy16, dmod, dout, y, mod, B, T, C,
+                                                     M, gate_idx);
 }
 
 /* ---- timestep embedding ---------------------------------------------------------------- */
