@@ -211,8 +211,10 @@ int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_para
 
 /* ---- creation -------------------------------------------------------------------------- */
 
-/* Hands out every activation tensor from the arena (or only measures, in measuring mode). */
-static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
+/* Hands out every activation tensor from the arena (or only measures, in measuring mode), with
+ * a trainable model's 16-bit rooms (atty16, gacts.dout16) where lp_rooms: a model at bf16 or f16
+ * reads them; at f32 they are left out. */
+static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn, int lp_rooms) {
     const ts_dit_config_t *c = &m->cfg;
     int64_t B = m->max_batch, T = ts_dit_tokens(c), h = c->hidden_size, H = c->num_heads;
     int64_t F = (int64_t)c->in_channels * c->patch_size * c->patch_size, r = c->mlp_ratio * h;
@@ -261,7 +263,7 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
             TS_TRY(ts_arena_tensor(a, &k->lse, TS_F32, 3, TS_SHAPE(B, H, T)));
         T3(k->atty, h);
         memset(&k->atty16, 0, sizeof k->atty16);
-        if (m->trainable && attn == TS_ATTN_FUSED) /* proj's 16-bit input beside atty */
+        if (lp_rooms && m->trainable && attn == TS_ATTN_FUSED) /* proj's 16-bit input */
             TS_TRY(ts_arena_tensor(a, &k->atty16, TS_BF16, 3, TS_SHAPE(B, T, h)));
         T3(k->proj, h);
         T3(k->x_mid, h);
@@ -313,7 +315,10 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
             TS_TRY(ts_arena_tensor(a, &G->datt, TS_F32, 4, TS_SHAPE(B, H, T, T)));
         T3(G->dmod1, h);
         T3(G->dln1, h);
-        TS_TRY(ts_arena_tensor(a, &G->dout16, TS_BF16, 3, TS_SHAPE(B, T, r > 3 * h ? r : 3 * h)));
+        memset(&G->dout16, 0, sizeof G->dout16);
+        if (lp_rooms)
+            TS_TRY(
+                ts_arena_tensor(a, &G->dout16, TS_BF16, 3, TS_SHAPE(B, T, r > 3 * h ? r : 3 * h)));
     }
 #undef T1
 #undef T2
@@ -327,15 +332,15 @@ static ts_attn_impl_t default_attention(const ts_dit_t *m, ts_precision_t p);
  * with the composed attention (the larger layout) pass TS_DIT_MAX_SAMPLE_BYTES (a trainable model:
  * TS_DIT_MAX_TRAIN_SAMPLE_BYTES), whichever attn is asked for. Allocates nothing; leaves m->acts
  * pointing nowhere. */
-static int measure_acts(ts_dit_t *m, ts_attn_impl_t attn, size_t *peak) {
+static int measure_acts(ts_dit_t *m, ts_attn_impl_t attn, int lp_rooms, size_t *peak) {
     ts_arena_t bound, measure;
     TS_TRY(ts_arena_init(&bound, m->eng->device, 0));
-    TS_TRY(plan_acts(m, &bound, TS_ATTN_COMPOSED));
+    TS_TRY(plan_acts(m, &bound, TS_ATTN_COMPOSED, 0)); /* ts_dit_memory's bound */
     uint64_t cap = m->trainable ? TS_DIT_MAX_TRAIN_SAMPLE_BYTES : TS_DIT_MAX_SAMPLE_BYTES;
     if ((uint64_t)bound.peak / (uint64_t)m->max_batch > cap)
         return TS_ERANGE; /* activations per sample beyond any model this project runs */
     TS_TRY(ts_arena_init(&measure, m->eng->device, 0));
-    TS_TRY(plan_acts(m, &measure, attn));
+    TS_TRY(plan_acts(m, &measure, attn, lp_rooms));
     *peak = measure.peak;
     return TS_OK;
 }
@@ -391,11 +396,11 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
     m->attn = default_attention(m, TS_PREC_F32);
     size_t peak = 0;
     if (rc == TS_OK)
-        rc = measure_acts(m, m->attn, &peak);
+        rc = measure_acts(m, m->attn, 0, &peak);
     if (rc == TS_OK)
         rc = ts_arena_init(&m->arena, e->device, peak);
     if (rc == TS_OK)
-        rc = plan_acts(m, &m->arena, m->attn);
+        rc = plan_acts(m, &m->arena, m->attn, 0);
     if (rc != TS_OK)
         ts_dit_free(m);
     return rc;
@@ -499,37 +504,51 @@ ts_attn_impl_t ts_dit_default_attention(const ts_dit_t *m) {
     return default_attention(m, m->precision);
 }
 
-int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
-    if (!m || !m->info || (a != TS_ATTN_FUSED && a != TS_ATTN_COMPOSED))
-        return TS_EINVAL;
-    graphs_stale(m); /* the activations are laid out again */
-    int lp = m->precision != TS_PREC_F32;
-    if (a == TS_ATTN_FUSED &&
-        ((lp && ts_attention_fused_lp_check(m->eng, ts_precision_dtype(m->precision)) != TS_OK) ||
-         (m->eng->device == TS_CUDA &&
-          (m->cfg.hidden_size / m->cfg.num_heads > TS_CUDA_FUSED_HD_MAX ||
-           m->max_batch > TS_CUDA_FUSED_MAX_BATCH ||
-           /* the 16-bit flash attention's heads go in steps of 8 */
-           (lp && m->cfg.hidden_size / m->cfg.num_heads % 8 != 0)))))
-        return TS_ENOTSUP;
-    if (a == m->attn)
+/* Lays m's activations out for attention a, with the 16-bit rooms where lp_rooms, unless that
+ * is the layout m has. On failure m keeps the one it had. */
+static int relayout(ts_dit_t *m, ts_attn_impl_t a, int lp_rooms) {
+    lp_rooms = lp_rooms && m->trainable;
+    if (a == m->attn && lp_rooms == m->lp_rooms)
         return TS_OK;
+    graphs_stale(m); /* the activations are laid out again */
     size_t peak = 0;
     ts_arena_t fresh;
-    int rc = measure_acts(m, a, &peak);
+    int rc = measure_acts(m, a, lp_rooms, &peak);
     if (rc == TS_OK)
         rc = ts_arena_init(&fresh, m->eng->device, peak);
     if (rc != TS_OK) { /* the views onto the arena m keeps: measuring pointed them nowhere, and
                         * the plan is deterministic, so laid out again from the arena's start
                         * they are the same bytes */
         ts_arena_reset(&m->arena, 0);
-        TS_TRY(plan_acts(m, &m->arena, m->attn));
+        TS_TRY(plan_acts(m, &m->arena, m->attn, m->lp_rooms));
         return rc;
     }
     ts_arena_free(&m->arena);
     m->arena = fresh;
     m->attn = a;
-    return plan_acts(m, &m->arena, a);
+    m->lp_rooms = lp_rooms;
+    return plan_acts(m, &m->arena, a, lp_rooms);
+}
+
+/* ts_dit_set_attention for a model at precision p (its own, or the one it is about to take). */
+static int set_attention_at(ts_dit_t *m, ts_attn_impl_t a, ts_precision_t p) {
+    if (!m || !m->info || (a != TS_ATTN_FUSED && a != TS_ATTN_COMPOSED))
+        return TS_EINVAL;
+    graphs_stale(m); /* the kernels may change with the attention */
+    int lp = p != TS_PREC_F32;
+    if (a == TS_ATTN_FUSED &&
+        ((lp && ts_attention_fused_lp_check(m->eng, ts_precision_dtype(p)) != TS_OK) ||
+         (m->eng->device == TS_CUDA &&
+          (m->cfg.hidden_size / m->cfg.num_heads > TS_CUDA_FUSED_HD_MAX ||
+           m->max_batch > TS_CUDA_FUSED_MAX_BATCH ||
+           /* the 16-bit flash attention's heads go in steps of 8 */
+           (lp && m->cfg.hidden_size / m->cfg.num_heads % 8 != 0)))))
+        return TS_ENOTSUP;
+    return relayout(m, a, lp);
+}
+
+int ts_dit_set_attention(ts_dit_t *m, ts_attn_impl_t a) {
+    return set_attention_at(m, a, m ? m->precision : TS_PREC_F32);
 }
 
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len) {
@@ -541,8 +560,9 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
         free(m->wlp.blocks);
         memset(&m->wlp, 0, sizeof m->wlp);
         m->precision = TS_PREC_F32;
-        /* back to the attention a model that never left f32 has (set_attention's default) */
-        return ts_dit_set_attention(m, default_attention(m, TS_PREC_F32));
+        /* back to the attention a model that never left f32 has (set_attention's default), and
+         * its layout without the 16-bit rooms */
+        return set_attention_at(m, default_attention(m, TS_PREC_F32), TS_PREC_F32);
     }
     TS_TRY(ts_engine_precision_check(m->eng, p, why, why_len));
     ts_dtype_t lp = ts_precision_dtype(p);
@@ -550,9 +570,10 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
         ts_tensor_free(&m->param_lp);
         m->precision = TS_PREC_F32; /* until the new copy is in */
     }
-    /* the attention measured faster at this precision (default_attention); ts_dit_set_attention
-     * may still choose the other after (at f16 on a GPU only) */
-    TS_TRY(ts_dit_set_attention(m, default_attention(m, p)));
+    /* the attention measured faster at this precision (default_attention), laid out with the
+     * 16-bit rooms a trainable model reads; ts_dit_set_attention may still choose the other
+     * after (at f16 on a GPU only) */
+    TS_TRY(set_attention_at(m, default_attention(m, p), p));
     if (!m->wlp.blocks) {
         m->wlp.blocks = calloc((size_t)m->cfg.depth, sizeof *m->wlp.blocks);
         if (!m->wlp.blocks)
@@ -1070,7 +1091,7 @@ int ts_dit_zero_grad(ts_dit_t *m) {
 
 /* The activations' arena for cfg at batch B (plan_acts in measuring mode: nothing allocated). */
 static int measure_plan(const ts_dit_config_t *cfg, int trainable, ts_attn_impl_t a, int B,
-                        uint64_t *peak) {
+                        int lp_rooms, uint64_t *peak) {
     ts_dit_t m;
     memset(&m, 0, sizeof m);
     m.cfg = *cfg;
@@ -1082,7 +1103,7 @@ static int measure_plan(const ts_dit_config_t *cfg, int trainable, ts_attn_impl_
     ts_arena_t ar;
     int rc = ts_arena_init(&ar, TS_CPU, 0);
     if (rc == TS_OK)
-        rc = plan_acts(&m, &ar, a);
+        rc = plan_acts(&m, &ar, a, lp_rooms);
     *peak = ar.peak;
     free(m.acts.blocks);
     return rc;
@@ -1114,10 +1135,10 @@ int ts_dit_memory(const ts_dit_config_t *cfg, ts_precision_t p, ts_attn_impl_t a
     uint64_t bound = 0;
     if ((uint64_t)total * 4u > TS_DIT_MAX_BYTES)
         return TS_ERANGE;
-    TS_TRY(measure_plan(cfg, 0, TS_ATTN_COMPOSED, 1, &bound));
+    TS_TRY(measure_plan(cfg, 0, TS_ATTN_COMPOSED, 1, 0, &bound));
     if (bound > TS_DIT_MAX_SAMPLE_BYTES)
         return TS_ERANGE;
-    TS_TRY(measure_plan(cfg, 1, TS_ATTN_COMPOSED, 1, &bound));
+    TS_TRY(measure_plan(cfg, 1, TS_ATTN_COMPOSED, 1, 0, &bound));
     out->can_train = bound <= TS_DIT_MAX_TRAIN_SAMPLE_BYTES &&
                      (uint64_t)total * 8u <= TS_DIT_MAX_BYTES && !cfg->learn_sigma;
     uint64_t pos = round_up(T * h * 4u);
@@ -1127,8 +1148,8 @@ int ts_dit_memory(const ts_dit_config_t *cfg, ts_precision_t p, ts_attn_impl_t a
      * about one sample. */
     for (int trainable = 0; trainable < 1 + out->can_train; trainable++) {
         uint64_t one = 0, many = 0;
-        TS_TRY(measure_plan(cfg, trainable, a, 1, &one));
-        TS_TRY(measure_plan(cfg, trainable, a, 64, &many));
+        TS_TRY(measure_plan(cfg, trainable, a, 1, p != TS_PREC_F32, &one));
+        TS_TRY(measure_plan(cfg, trainable, a, 64, p != TS_PREC_F32, &many));
         uint64_t per = (many + 63u) / 64u, fixed = one;
         per += 4u + chw * 4u + 4u; /* a label, and the forward's inputs x and t */
         if (trainable)

@@ -170,6 +170,9 @@ typedef struct ts_dit {
      * (ts_dit_set_lp_activations); on by default on a GPU */
     int lp_acts;
     int fwd_lp_acts; /* lp_acts as the last forward found it: what its backward reads */
+    /* the arena holds a trainable model's 16-bit rooms (the blocks' atty16, gacts.dout16): laid
+     * out at bf16 and f16 only (ts_dit_set_precision) */
+    int lp_rooms;
     /* CUDA graphs of the inference forward (ts_dit_set_graphs), keyed by the batch, the input
      * buffers, the weights' 16-bit copy, the activations' arena and the settings that choose the
      * kernels */
