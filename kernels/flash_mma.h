@@ -81,7 +81,9 @@ TS_HD int ts_fa_b_n(int lane) { return lane / 4; }
 
 /* Clears the lane for a new row block. */
 TS_HD void ts_fa_begin(ts_fa_lane_t *L) {
+    TS_UNROLL
     for (int n = 0; n < TS_FA_DMAX / 8; n++)
+        TS_UNROLL
         for (int r = 0; r < 4; r++)
             L->o[n][r] = 0.0f;
     L->m[0] = L->m[1] = -INFINITY;
@@ -93,9 +95,12 @@ TS_HD void ts_fa_begin(ts_fa_lane_t *L) {
 TS_HD void ts_fa_load_a(uint32_t f[][4], int lane, const float *src, int64_t ld, int rows, int hd,
                         int f16) {
     int dp = ts_fa_padded(hd);
+    TS_UNROLL
     for (int ks = 0; ks < dp / 16; ks++)
+        TS_UNROLL
         for (int r = 0; r < 4; r++) {
             float v[2];
+            TS_UNROLL
             for (int h = 0; h < 2; h++) {
                 int i = 2 * r + h, row = ts_fa_a_row(lane, i), col = 16 * ks + ts_fa_a_col(lane, i);
                 v[h] = row < rows && col < hd ? src[(int64_t)row * ld + col] : 0.0f;
@@ -113,6 +118,7 @@ TS_HD void ts_fa_load_q(ts_fa_lane_t *L, int lane, const float *q, int64_t ld, i
 /* C fragments of a 16 × TS_FA_KB product as the A fragments of the next product (16-bit): C's
  * n-tiles 2ks and 2ks + 1 are the columns 0..7 and 8..15 of A's k-step ks. */
 TS_HD void ts_fa_c_to_a(uint32_t a[][4], const float c[][4], int f16) {
+    TS_UNROLL
     for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
         const float *lo = c[2 * ks], *hi = c[2 * ks + 1];
         a[ks][0] = ts_fa_pack(lo[0], lo[1], f16);
@@ -136,6 +142,7 @@ TS_HD void ts_fa_stage(uint16_t *dst, int ldd, const float *src, int64_t ld, int
  * + k], from the staged block (TS_FA_KB, ldk). */
 TS_HD void ts_fa_k_frag(uint32_t b[2], const uint16_t *sk, int ldk, int lane, int ks, int nt) {
     int key = 8 * nt + ts_fa_b_n(lane);
+    TS_UNROLL
     for (int r = 0; r < 2; r++) {
         int k0 = 16 * ks + ts_fa_b_k(lane, 2 * r);
         b[r] = (uint32_t)sk[key * ldk + k0] | (uint32_t)sk[key * ldk + k0 + 1] << 16;
@@ -146,6 +153,7 @@ TS_HD void ts_fa_k_frag(uint32_t b[2], const uint16_t *sk, int ldk, int lane, in
  * + n], from the staged block (TS_FA_KB, ldv). */
 TS_HD void ts_fa_v_frag(uint32_t b[2], const uint16_t *sv, int ldv, int lane, int ks, int nt) {
     int col = 8 * nt + ts_fa_b_n(lane);
+    TS_UNROLL
     for (int r = 0; r < 2; r++) {
         int k0 = 16 * ks + ts_fa_b_k(lane, 2 * r);
         b[r] = (uint32_t)sv[k0 * ldv + col] | (uint32_t)sv[(k0 + 1) * ldv + col] << 16;
@@ -156,7 +164,9 @@ TS_HD void ts_fa_v_frag(uint32_t b[2], const uint16_t *sv, int ldv, int lane, in
  * mx this lane's max of rows g and g + 8. */
 TS_HD void ts_fa_scores(ts_fa_lane_t *L, int lane, int n, float scale, float mx[2]) {
     mx[0] = mx[1] = -INFINITY;
+    TS_UNROLL
     for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+        TS_UNROLL
         for (int r = 0; r < 4; r++) {
             int key = 8 * nt + ts_fa_c_col(lane, r);
             float v = key < n ? L->s[nt][r] * scale : -INFINITY;
@@ -170,16 +180,21 @@ TS_HD void ts_fa_scores(ts_fa_lane_t *L, int lane, int n, float scale, float mx[
  * lane's sum (fp32) and, rounded to 16 bits, into the A fragments of P·V. */
 TS_HD void ts_fa_softmax(ts_fa_lane_t *L, const float bm[2], int dp, int f16) {
     float alpha[2];
+    TS_UNROLL
     for (int h = 0; h < 2; h++) {
         float mn = bm[h] > L->m[h] ? bm[h] : L->m[h];
         alpha[h] = L->m[h] == -INFINITY ? 0.0f : ts_expf(L->m[h] - mn);
         L->m[h] = mn;
         L->l[h] *= alpha[h];
     }
+    TS_UNROLL
     for (int n = 0; n < dp / 8; n++)
+        TS_UNROLL
         for (int r = 0; r < 4; r++)
             L->o[n][r] *= alpha[r / 2];
-    for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+        TS_UNROLL
+        for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+            TS_UNROLL
         for (int r = 0; r < 4; r++) {
             float s = L->s[nt][r];
             float p = s == -INFINITY ? 0.0f : ts_expf(s - L->m[r / 2]);
@@ -190,12 +205,15 @@ TS_HD void ts_fa_softmax(ts_fa_lane_t *L, const float bm[2], int dp, int f16) {
 }
 
 /* The end of the row block, given the rows' full sums (the quad's): o / l into out (the warp's
- * first row's head slice, rows ld apart; rows of them valid, hd columns) or, when out16 is not
- * NULL, rounded to the 16-bit type into out16 (the same layout) instead; and each row's
- * log-sum-exp into lse (NULL: none; lse[row]) — written by the quad's first lane. */
+ * first row's head slice, rows ld apart; rows of them valid, hd columns; NULL: not written) and,
+ * when out16 is not NULL, rounded to the 16-bit type into out16 (the same layout) — either or
+ * both; and each row's log-sum-exp into lse (NULL: none; lse[row]) — written by the quad's first
+ * lane. */
 TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], float *out,
                         uint16_t *out16, int64_t ld, int rows, int hd, float *lse, int f16) {
+    TS_UNROLL
     for (int n = 0; n < ts_fa_padded(hd) / 8; n++)
+        TS_UNROLL
         for (int r = 0; r < 4; r++) {
             int row = ts_fa_c_row(lane, r), col = 8 * n + ts_fa_c_col(lane, r);
             if (row < rows && col < hd) {
@@ -207,6 +225,7 @@ TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], flo
             }
         }
     if (lse && lane % 4 == 0)
+        TS_UNROLL
         for (int h = 0; h < 2; h++) {
             int row = lane / 4 + 8 * h;
             if (row < rows)
@@ -224,7 +243,9 @@ TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], flo
  * dQ · scale. q, k, v, dO, P and dS are rounded to the 16-bit type for the products, as the
  * CPU's bf16 backward rounds them (in f16, dO and dS below 2⁻¹⁴ lose bits as subnormals: what a
  * loss scale is for); D, P, dS and the sums into dqkv are fp32. Each gradient element has one
- * writer, which adds into dqkv (the backward accumulates). */
+ * writer, which adds into dqkv (the backward accumulates). D is computed once per row and head
+ * before both passes (ts_fa_delta: a pass of its own, as FlashAttention-2's preprocessing), not
+ * again in every block that reads it. */
 
 /* D = dO · O over one row's head (fp32, in order). */
 TS_HD float ts_fa_row_dot(const float *dout, const float *o, int hd) {
@@ -245,20 +266,31 @@ typedef struct ts_fa_grad_lane {
     float ra[2], rb[2];
 } ts_fa_grad_lane_t;
 
-/* The dQ pass's row values: lse (the block's rows from lse_rows) and D = dO·O, for the lane's
- * rows g and g + 8 (0 past rows). dout and out point at the warp's first row, ld apart. */
-TS_HD void ts_fa_row_stats(ts_fa_grad_lane_t *G, int lane, const float *lse_rows, const float *dout,
-                           const float *out, int64_t ld, int rows, int hd) {
+/* The dQ pass's row values, lse and D (the block's rows from lse_rows and d_rows), for the lane's
+ * rows g and g + 8 (0 past rows). */
+TS_HD void ts_fa_row_stats(ts_fa_grad_lane_t *G, int lane, const float *lse_rows,
+                           const float *d_rows, int rows) {
+    TS_UNROLL
     for (int h = 0; h < 2; h++) {
         int row = lane / 4 + 8 * h;
         G->ra[h] = row < rows ? lse_rows[row] : 0.0f;
-        G->rb[h] = row < rows ? ts_fa_row_dot(dout + (int64_t)row * ld, out + (int64_t)row * ld, hd)
-                              : 0.0f;
+        G->rb[h] = row < rows ? d_rows[row] : 0.0f;
     }
 }
 
+/* Element i of the D pass, which both passes read: D (B, H, T) of row (b, t) and head h, from
+ * dout and out (B, T, C); i runs over (b, t, h) with h fastest (the heads of one row side by
+ * side). */
+TS_HD void ts_fa_delta(float *d, const float *dout, const float *out, int64_t T, int64_t C,
+                       int64_t H, int hd, int64_t i) {
+    int64_t h = i % H, bt = i / H, b = bt / T, t = bt % T;
+    d[(b * H + h) * T + t] = ts_fa_row_dot(dout + bt * C + h * hd, out + bt * C + h * hd, hd);
+}
+
 TS_HD void ts_fa_grad_begin(ts_fa_grad_lane_t *G) {
+    TS_UNROLL
     for (int n = 0; n < TS_FA_DMAX / 8; n++)
+        TS_UNROLL
         for (int r = 0; r < 4; r++)
             G->acc0[n][r] = G->acc1[n][r] = 0.0f;
 }
@@ -268,7 +300,9 @@ TS_HD void ts_fa_grad_begin(ts_fa_grad_lane_t *G) {
  * where the columns are queries). Then the 16-bit A fragments of P into pa. */
 TS_HD void ts_fa_probs(ts_fa_grad_lane_t *G, int lane, int n, float scale, const float lse_row[2],
                        const float *lse_col, int f16) {
+    TS_UNROLL
     for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+        TS_UNROLL
         for (int r = 0; r < 4; r++) {
             int col = 8 * nt + ts_fa_c_col(lane, r);
             float m = lse_col ? (col < n ? lse_col[col] : 0.0f) : lse_row[r / 2];
@@ -281,7 +315,9 @@ TS_HD void ts_fa_probs(ts_fa_grad_lane_t *G, int lane, int n, float scale, const
  * then its 16-bit A fragments into pa. */
 TS_HD void ts_fa_dscores(ts_fa_grad_lane_t *G, int lane, int n, const float d_row[2],
                          const float *d_col, int f16) {
+    TS_UNROLL
     for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+        TS_UNROLL
         for (int r = 0; r < 4; r++) {
             int col = 8 * nt + ts_fa_c_col(lane, r);
             float d = d_col ? (col < n ? d_col[col] : 0.0f) : d_row[r / 2];
@@ -294,7 +330,9 @@ TS_HD void ts_fa_dscores(ts_fa_grad_lane_t *G, int lane, int n, const float d_ro
  * when dst16 is not NULL, dst16 (laid out as dst) = the sum rounded to bf16 (f16 when f16). */
 TS_HD void ts_fa_add_rows(const float acc[][4], int lane, float *dst, uint16_t *dst16, int64_t ld,
                           int rows, int hd, float scale, int f16) {
+    TS_UNROLL
     for (int n = 0; n < ts_fa_padded(hd) / 8; n++)
+        TS_UNROLL
         for (int r = 0; r < 4; r++) {
             int row = ts_fa_c_row(lane, r), col = 8 * n + ts_fa_c_col(lane, r);
             if (row < rows && col < hd) {

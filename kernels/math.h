@@ -28,6 +28,14 @@
 #else
 #define TS_HD static inline
 #endif
+/* Before a loop whose trip count is a constant in a kernel's instance: unrolled in the device
+ * code, so that the per-lane arrays it indexes stay in registers (tests/test_flash_regs.sh);
+ * nothing in host code, the CPU's included. */
+#if defined(__CUDA_ARCH__)
+#define TS_UNROLL _Pragma("unroll")
+#else
+#define TS_UNROLL
+#endif
 
 #define TS_LN_EPS 1e-6f
 #define TS_GELU_K0 0.7978845608028654f /* sqrt(2/pi) */

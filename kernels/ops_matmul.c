@@ -499,6 +499,9 @@ static int fused_backward(ts_engine_t *e, ts_tensor_t *dqkv, ts_tensor_t *dqkv16
     TS_TRY(lse_shape(lse, &d));
     if (!ts_tensor_same_shape(dqkv, qkv) || !ts_tensor_same_shape(dout, out))
         return TS_ESHAPE;
+    /* dqkv is written while q, k, v, dout, out and lse are still read (by other blocks) */
+    if (overlaps(dqkv, qkv) || overlaps(dqkv, dout) || overlaps(dqkv, out) || overlaps(dqkv, lse))
+        return TS_EINVAL;
     if (dqkv16) { /* the 16-bit copy: lp, dqkv's size, apart from every operand */
         TS_TRY(check_on(e, dqkv16, lp));
         if (ts_tensor_numel(dqkv16) != ts_tensor_numel(dqkv))

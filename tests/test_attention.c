@@ -156,6 +156,13 @@ static void test_backward_f32(void **state) {
         tu_check_close(tu_f32(&dqkv), tu_f32(&dqkv2), n, tol, 1e-5, "fused vs composed dqkv " DESC,
                        ARGS(&f));
         check_accumulates(e, ts_attention_fused_backward, &dqkv, &dout, &f, "fused");
+        /* a dqkv over what the backward still reads is refused, and nothing is written */
+        float *before = tu_host_copy(&f.qkv);
+        assert_int_equal(
+            ts_attention_fused_backward(e, &f.qkv, &dout, &f.qkv, &f.out, &f.lse, (int)f.H),
+            TS_EINVAL);
+        assert_memory_equal(before, f.qkv.data, (size_t)n * sizeof *before);
+        free(before);
         free(want);
         TU_FREE_TENSORS(&dout, &dqkv, &dqkv2, &att, &datt, &out2);
         fwd_free(&f);

@@ -377,7 +377,8 @@ static void test_rows_own(void **state) {
 /* ---- the backward ------------------------------------------------------------------------ */
 
 typedef struct {
-    const float *qkv, *out, *lse, *dout;
+    const float *qkv, *lse, *dout;
+    const float *d; /* D (B, H, T): the D pass's, ts_fa_delta */
     float *dqkv;
     uint16_t *dqkv16; /* the kernels' 16-bit copy of dqkv as it ends */
     int T, C, H, hd;
@@ -394,7 +395,7 @@ static void emu_kv_warp(const grad_job_t *j, int b, int h, int key0) {
     int rows = T - key0 < 16 ? T - key0 : 16;
     float scale = 1.0f / sqrtf((float)hd);
     const float *base = j->qkv + (int64_t)b * T * ld;
-    const float *dob = j->dout + (int64_t)b * T * C, *ob = j->out + (int64_t)b * T * C;
+    const float *dob = j->dout + (int64_t)b * T * C;
     uint32_t(*a[32])[4], (*v[32])[4], (*pa[32])[4];
     float(*dk[32])[4], (*dv[32])[4];
     for (int l = 0; l < 32; l++) {
@@ -411,7 +412,7 @@ static void emu_kv_warp(const grad_job_t *j, int b, int h, int key0) {
         }
         for (int i = 0; i < n; i++) {
             lse_col[i] = j->lse[((int64_t)b * j->H + h) * T + q0 + i];
-            d_col[i] = ts_fa_row_dot(dob + (q0 + i) * C + h * hd, ob + (q0 + i) * C + h * hd, hd);
+            d_col[i] = j->d[((int64_t)b * j->H + h) * T + q0 + i];
         }
         emu_scores(s, a, sq, ldb, dp); /* Sᵀ = K·Qᵀ */
         for (int l = 0; l < 32; l++) {
@@ -446,15 +447,14 @@ static void emu_q_warp(const grad_job_t *j, int b, int h, int row0) {
     float scale = 1.0f / sqrtf((float)hd);
     const float *base = j->qkv + (int64_t)b * T * ld;
     const float *dob = j->dout + ((int64_t)b * T + row0) * C + h * hd;
-    const float *ob = j->out + ((int64_t)b * T + row0) * C + h * hd;
+    int64_t rows_at = ((int64_t)b * j->H + h) * T + row0;
     uint32_t(*q[32])[4], (*dov[32])[4], (*pa[32])[4];
     float(*dq[32])[4];
     for (int l = 0; l < 32; l++) {
         ts_fa_grad_begin(&G[l]);
         ts_fa_load_a(G[l].a, l, base + row0 * ld + h * hd, ld, rows, hd, g_f16);
         ts_fa_load_a(G[l].b, l, dob, C, rows, hd, g_f16);
-        ts_fa_row_stats(&G[l], l, j->lse + ((int64_t)b * j->H + h) * T + row0, dob, ob, C, rows,
-                        hd);
+        ts_fa_row_stats(&G[l], l, j->lse + rows_at, j->d + rows_at, rows);
         q[l] = G[l].a, dov[l] = G[l].b, pa[l] = G[l].pa, dq[l] = G[l].acc0;
     }
     for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
@@ -560,7 +560,13 @@ static void check_backward(int B, int T, int H, int hd, uint64_t seed) {
 #undef V_
 #undef DO_
         }
-    grad_job_t j = {qkv, out, lse, dout, dqkv, dqkv16, T, C, H, hd};
+    /* the D pass first (its elements independent: the order the kernel's threads take them in
+     * does not matter), then both passes read it */
+    float *d = malloc(nl * sizeof *d);
+    assert_non_null(d);
+    for (int64_t i = 0; i < (int64_t)nl; i++)
+        ts_fa_delta(d, dout, out, T, C, H, hd, i);
+    grad_job_t j = {qkv, lse, dout, d, dqkv, dqkv16, T, C, H, hd};
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int r0 = 0; r0 < T; r0 += TS_FA_ROWS) {
@@ -593,7 +599,7 @@ static void check_backward(int B, int T, int H, int hd, uint64_t seed) {
             fail_msg("%s backward: dqkv16[%zu] 0x%04x is not dqkv %.9g rounded (0x%04x)",
                      g_f16 ? "f16" : "bf16", i, dqkv16[i], dqkv[i], ts_f32_to_lp(dqkv[i], g_f16));
     free(qkv), free(out), free(lse), free(dout), free(dqkv), free(start), free(P), free(dS);
-    free(want), free(dqkv16);
+    free(want), free(dqkv16), free(d);
 }
 
 static void test_backward(void **state) {

@@ -187,7 +187,8 @@ typedef struct lt_plan {
     lt_kind_t kind;
     int bias_lp; /* the bias vector in lp (else fp32) */
     int64_t M, N, K;
-    unsigned align; /* the bytes every operand's address (A, B, C, bias) is a multiple of, ≤ 16 */
+    unsigned align;      /* the bytes every matrix's address (A, B, C) is a multiple of, ≤ 16 */
+    unsigned bias_align; /* the bias's (the heuristic reads its pointer: keyed apart) */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -849,6 +850,11 @@ static int lp_room(ts_engine_t *e, int64_t n, uint16_t **out) {
     if ((size_t)n > ctx->lp16_elems) {
         /* graphs captured with the old buffer are stale from here, whatever follows */
         e->scratch_epoch++;
+        if (cudaSetDevice(ctx->device) != cudaSuccess) { /* on the engine's GPU, whichever
+                                                          * thread drives it */
+            cudaGetLastError();
+            return TS_ECUDA;
+        }
         if (ctx->lp16 && cudaFree(ctx->lp16) != cudaSuccess) {
             cudaGetLastError(); /* (during a capture: the buffer is kept, the capture fails) */
             return TS_ECUDA;
@@ -866,6 +872,11 @@ static int lp_room(ts_engine_t *e, int64_t n, uint16_t **out) {
     *out = ctx->lp16;
     return TS_OK;
 }
+
+/* lp_room for cuda_flash.cu (the backward's D per row, fp32, in the operand buffer's room): the
+ * same buffer, grown the same way. */
+int ts_cuda_lp_room(ts_engine_t *e, int64_t n, uint16_t **out);
+int ts_cuda_lp_room(ts_engine_t *e, int64_t n, uint16_t **out) { return lp_room(e, n, out); }
 
 /* n 16-bit elements rounded up to a 128-byte boundary. */
 static int64_t aligned_elems(int64_t n) { return (n + 63) / 64 * 64; }
@@ -963,8 +974,8 @@ int ts_cuda_gemm_lp_in(ts_engine_t *e, ts_dtype_t lp, int64_t M, int64_t N, int6
                        int64_t ldc) {
     if (M <= 0 || N <= 0)
         return TS_OK;
-    if (K <= 0) /* C = 0: nothing to multiply */
-        return ts_cuda_gemm(e, 0, 0, M, N, K, 1.0f, NULL, 1, 0, NULL, 1, 0, 0.0f, C, ldc, 0, 1);
+    if (K <= 0) /* C = 0: nothing to multiply (the leading dimensions cuBLAS accepts for K = 0) */
+        return ts_cuda_gemm(e, 0, 0, M, N, K, 1.0f, NULL, 1, 0, NULL, N, 0, 0.0f, C, ldc, 0, 1);
     return gemm_ex(e, lp, 0, 0, M, N, K, 1.0f, A, lda, 0, B, ldb, 0, 0.0f, C, ldc, 0, 1);
 }
 
@@ -1030,6 +1041,10 @@ static unsigned alignment(const void *p) {
 static int lt_start(ts_cuda_ctx_t *ctx) {
     if (ctx->lt)
         return TS_OK;
+    if (cudaSetDevice(ctx->device) != cudaSuccess) { /* the workspace on the engine's GPU */
+        cudaGetLastError();
+        return TS_ECUDA;
+    }
     pthread_once(&g_lt_once, lt_open);
     if (!g_lt_ok || g_lt.create(&ctx->lt) != CUBLAS_STATUS_SUCCESS) {
         ctx->lt = NULL;
@@ -1056,10 +1071,11 @@ static int lt_start(ts_cuda_ctx_t *ctx) {
  * remembered). */
 static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, lt_kind_t kind, int bias_lp, int64_t M,
                    int64_t N, int64_t K, unsigned align, const void *bias, lt_plan_t **out) {
+    unsigned bias_align = alignment(bias);
     for (int i = 0; i < LT_PLANS; i++) {
         lt_plan_t *p = &ctx->plans[i];
         if (p->used && p->lp == lp && p->kind == kind && p->bias_lp == bias_lp && p->M == M &&
-            p->N == N && p->K == K && p->align == align) {
+            p->N == N && p->K == K && p->align == align && p->bias_align == bias_align) {
             *out = p;
             return p->used == 1 ? TS_OK : TS_ENOTSUP; /* a refusal is remembered too */
         }
@@ -1131,14 +1147,15 @@ static int lt_plan(ts_cuda_ctx_t *ctx, ts_dtype_t lp, lt_kind_t kind, int bias_l
          * without asking again; a failure to make the descriptors (memory) is not */
         if (none) {
             p->lp = lp, p->kind = kind, p->bias_lp = bias_lp;
-            p->M = M, p->N = N, p->K = K, p->align = align, p->used = 2;
+            p->M = M, p->N = N, p->K = K, p->align = align, p->bias_align = bias_align;
+            p->used = 2;
             ctx->lt_next = (ctx->lt_next + 1) % LT_PLANS;
         }
         return TS_ENOTSUP;
     }
     p->algo = res.algo;
     p->lp = lp, p->kind = kind, p->bias_lp = bias_lp;
-    p->M = M, p->N = N, p->K = K, p->align = align, p->used = 1;
+    p->M = M, p->N = N, p->K = K, p->align = align, p->bias_align = bias_align, p->used = 1;
     ctx->lt_next = (ctx->lt_next + 1) % LT_PLANS;
     *out = p;
     return TS_OK;
@@ -1159,16 +1176,15 @@ static int lt_product(ts_engine_t *e, ts_dtype_t lp, lt_kind_t kind, void *out,
     int err = gemm_enter(e, M, N, K, K, K, N, 1);
     if (err)
         return err;
-    unsigned al = alignment(out), x = alignment(in16), w = alignment(weight), b = alignment(bias);
+    unsigned al = alignment(out), x = alignment(in16), w = alignment(weight);
     al = x < al ? x : al, al = w < al ? w : al;
     const void *bias_ptr = bias;
     lt_plan_t *p;
-    if (lt_plan(ctx, lp, kind, 0, M, N, K, b < al ? b : al, bias, &p) != TS_OK) {
+    if (lt_plan(ctx, lp, kind, 0, M, N, K, al, bias, &p) != TS_OK) {
         uint16_t *b16;
         if (kind != LT_GELU || lp_room(e, N, &b16) != TS_OK)
             return TS_ENOTSUP;
-        b = alignment(b16);
-        if (lt_plan(ctx, lp, kind, 1, M, N, K, b < al ? b : al, b16, &p) != TS_OK)
+        if (lt_plan(ctx, lp, kind, 1, M, N, K, al, b16, &p) != TS_OK)
             return TS_ENOTSUP;
         if ((err = ts_cuda_convert(e, b16, lp, bias, TS_F32, N)) != TS_OK)
             return err;
@@ -1191,8 +1207,10 @@ static int lt_product(ts_engine_t *e, ts_dtype_t lp, lt_kind_t kind, void *out,
 int ts_cuda_set_epilogues(ts_engine_t *e, int on) {
     if (!e || !e->cuda)
         return TS_EINVAL;
-    if (on && e->cuda->epilogues == -1)
-        return TS_ENOTSUP; /* cuBLASLt could not be opened or started */
+    /* cuBLASLt opened and started now, not at the first product (which may be in a capture):
+     * TS_ENOTSUP at once where it cannot be */
+    if (on && (e->cuda->epilogues == -1 || lt_start(e->cuda) != TS_OK))
+        return TS_ENOTSUP;
     if (e->cuda->epilogues != (on != 0))
         e->scratch_epoch++; /* graphs recorded with the other kernels are not launched again */
     e->cuda->epilogues = on != 0;

@@ -27,6 +27,7 @@
 
 int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size_t *scratch_bytes);
 int ts_cuda_compute_capability(ts_engine_t *e, int *major, int *minor);
+int ts_cuda_lp_room(ts_engine_t *e, int64_t n, uint16_t **out);
 
 #define LDK (TS_FA_DMAX + 8) /* staged row stride (16-bit): +8 keeps the rows off one bank */
 
@@ -46,6 +47,7 @@ static __device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], co
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
     if (F16) { /* k = 0..7 from (a0, a1, b0), then k = 8..15 from (a2, a3, b1): flash_mma.h */
+        TS_UNROLL
         for (int h = 0; h < 2; h++)
             asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
                          "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
@@ -98,9 +100,11 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
         __syncthreads();
         if (rows == 0)
             continue;
+        TS_UNROLL
         for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
             float *c = L.s[nt];
             c[0] = c[1] = c[2] = c[3] = 0.0f;
+            TS_UNROLL
             for (int ks = 0; ks < dp / 16; ks++) {
                 uint32_t bf[2];
                 ts_fa_k_frag(bf, sk, LDK, lane, ks, nt);
@@ -112,7 +116,9 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
         bm[0] = quad_max(mx[0]);
         bm[1] = quad_max(mx[1]);
         ts_fa_softmax(&L, bm, dp, F16);
+        TS_UNROLL
         for (int nt = 0; nt < dp / 8; nt++)
+            TS_UNROLL
             for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
                 uint32_t bf[2];
                 ts_fa_v_frag(bf, sv, LDK, lane, ks, nt);
@@ -133,8 +139,10 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
 template <int F16>
 static __device__ __forceinline__ void scores(float c[][4], const uint32_t a[][4],
                                               const uint16_t *sb, int lane, int dp) {
+    TS_UNROLL
     for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
         c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+        TS_UNROLL
         for (int ks = 0; ks < dp / 16; ks++) {
             uint32_t bf[2];
             ts_fa_k_frag(bf, sb, LDK, lane, ks, nt);
@@ -147,7 +155,9 @@ static __device__ __forceinline__ void scores(float c[][4], const uint32_t a[][4
 template <int F16>
 static __device__ __forceinline__ void accumulate(float acc[][4], const uint32_t pa[][4],
                                                   const uint16_t *sb, int lane, int dp) {
+    TS_UNROLL
     for (int nt = 0; nt < dp / 8; nt++)
+        TS_UNROLL
         for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
             uint32_t bf[2];
             ts_fa_v_frag(bf, sb, LDK, lane, ks, nt);
@@ -155,12 +165,20 @@ static __device__ __forceinline__ void accumulate(float acc[][4], const uint32_t
         }
 }
 
+/* D = dO·O per row and head (B, H, T), once: what both passes read (ts_fa_delta). */
+static __global__ void k_flash_bwd_d(float *d, const float *dout, const float *out, int64_t B,
+                                     int64_t T, int64_t C, int64_t H, int hd) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < B * T * H;
+         i += (int64_t)gridDim.x * blockDim.x)
+        ts_fa_delta(d, dout, out, T, C, H, hd, i);
+}
+
 /* dK, dV: a warp per 16 keys, the queries in blocks of TS_FA_KB (q and dO staged in 16 bits,
- * each query's lse and D = dO·O in fp32). */
+ * each query's lse and D in fp32). */
 template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     k_flash_bwd_kv(float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv,
-                   const float *out, const float *lse, int T, int C, int H, int hd_rt,
+                   const float *dsum, const float *lse, int T, int C, int H, int hd_rt,
                    float scale) {
     __shared__ uint16_t sq[TS_FA_KB * LDK], sd[TS_FA_KB * LDK];
     __shared__ float lse_col[TS_FA_KB], d_col[TS_FA_KB];
@@ -171,7 +189,8 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     const int dp = ts_fa_padded(hd);
     const int64_t ld = 3 * (int64_t)C, hc = (int64_t)h * hd;
     const float *base = qkv + (int64_t)b * T * ld;
-    const float *dob = dout + (int64_t)b * T * C, *ob = out + (int64_t)b * T * C;
+    const float *dob = dout + (int64_t)b * T * C;
+    const float *lse_h = lse + ((int64_t)b * H + h) * T, *d_h = dsum + ((int64_t)b * H + h) * T;
     ts_fa_grad_lane_t G;
     ts_fa_grad_begin(&G);
     ts_fa_load_a(G.a, lane, base + (int64_t)key0 * ld + C + hc, ld, rows, hd, F16);
@@ -184,9 +203,8 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
             ts_fa_stage(sd, LDK, dob + (int64_t)q0 * C + hc, C, n, hd, F16, e);
         }
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            lse_col[i] = lse[((int64_t)b * H + h) * T + q0 + i];
-            d_col[i] = ts_fa_row_dot(dob + (int64_t)(q0 + i) * C + hc,
-                                     ob + (int64_t)(q0 + i) * C + hc, hd);
+            lse_col[i] = lse_h[q0 + i];
+            d_col[i] = d_h[q0 + i];
         }
         __syncthreads();
         if (rows == 0)
@@ -211,7 +229,8 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
 template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     k_flash_bwd_q(float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv,
-                  const float *out, const float *lse, int T, int C, int H, int hd_rt, float scale) {
+                  const float *dsum, const float *lse, int T, int C, int H, int hd_rt,
+                  float scale) {
     __shared__ uint16_t sk[TS_FA_KB * LDK], sv[TS_FA_KB * LDK];
     const int hd = HD > 0 ? HD : hd_rt;
     const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -221,12 +240,12 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     const int64_t ld = 3 * (int64_t)C, hc = (int64_t)h * hd;
     const float *base = qkv + (int64_t)b * T * ld;
     const float *dob = dout + ((int64_t)b * T + row0) * C + hc;
-    const float *ob = out + ((int64_t)b * T + row0) * C + hc;
+    const int64_t rows_at = ((int64_t)b * H + h) * T + row0; /* the warp's rows of lse and D */
     ts_fa_grad_lane_t G;
     ts_fa_grad_begin(&G);
     ts_fa_load_a(G.a, lane, base + (int64_t)row0 * ld + hc, ld, rows, hd, F16);
     ts_fa_load_a(G.b, lane, dob, C, rows, hd, F16);
-    ts_fa_row_stats(&G, lane, lse + ((int64_t)b * H + h) * T + row0, dob, ob, C, rows, hd);
+    ts_fa_row_stats(&G, lane, lse + rows_at, dsum + rows_at, rows);
     for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
         const int n = min(TS_FA_KB, T - k0);
         __syncthreads();
@@ -309,12 +328,21 @@ int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, uint16_t 
     int run = 0, err = flash_setup(e, lp, B, T, C, H, &L, &run);
     if (err || !run)
         return err;
+    /* D (B, H, T) fp32 in the engine's operand buffer: two 16-bit elements a value (the
+     * buffer is cudaMalloc's, aligned for floats); nothing else uses it until both passes ran */
+    uint16_t *room = NULL;
+    if ((err = ts_cuda_lp_room(e, 2 * B * H * T, &room)) != TS_OK)
+        return err;
+    float *dsum = (float *)room;
+    int64_t n = B * H * T, blocks = (n + 255) / 256;
+    k_flash_bwd_d<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, L.st>>>(dsum, dout, out, B,
+                                                                                 T, C, H, L.hd);
     return by_head_and_type(L.hd, lp, [&](auto k, auto f) {
         constexpr int HD = decltype(k)::value, F16 = decltype(f)::value;
         k_flash_bwd_kv<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(
-            dqkv, dqkv16, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);
+            dqkv, dqkv16, dout, qkv, dsum, lse, L.t, L.c, L.h, L.hd, L.scale);
         k_flash_bwd_q<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(
-            dqkv, dqkv16, dout, qkv, out, lse, L.t, L.c, L.h, L.hd, L.scale);
+            dqkv, dqkv16, dout, qkv, dsum, lse, L.t, L.c, L.h, L.hd, L.scale);
     });
 }
 
