@@ -296,13 +296,14 @@ void ts_cpu_f16_free(ts_engine_t *e);
 int ts_cuda_flash_ok(ts_engine_t *e, ts_dtype_t lp);
 /* The composed attention's forward with both products in lp (TS_BF16 or TS_F16) on a CUDA engine
  * (kernels/ops_matmul.c's loop over samples, with the operands rounded once per group of
- * samples instead of once per sample and product): out (B, T, C), att (B, H, T, T) the fp32
- * softmax weights, qkv (B, T, 3C), as ts_attention_forward_bf16. A group's rounded operands take
- * at most group_bytes of 16-bit scratch (or one sample's, where that is more); ≤ 0: 64 MiB, what
+ * samples instead of once per sample and product): out (B, T, C) fp32 or, when out is NULL,
+ * out16 in lp (the last product writes it in lp), att (B, H, T, T) the fp32 softmax weights,
+ * qkv (B, T, 3C), as ts_attention_forward_bf16. A group's rounded operands take at most
+ * group_bytes of 16-bit scratch (or one sample's, where that is more); ≤ 0: 64 MiB, what
  * ts_attention_forward_bf16 / _f16 use. The grouping does not change a bit of the result. */
-int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *att,
-                                 const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H,
-                                 int64_t group_bytes);
+int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, uint16_t *out16,
+                                 float *att, const float *qkv, int64_t B, int64_t T, int64_t C,
+                                 int64_t H, int64_t group_bytes);
 int ts_cuda_engine_init(ts_engine_t *e, int gpu);
 void ts_cuda_engine_free(ts_engine_t *e);
 int ts_cuda_engine_sync(ts_engine_t *e);

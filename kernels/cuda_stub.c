@@ -25,9 +25,9 @@ TS_BACKEND_OPS(TS_CUDA_STUB)
 
 int ts_cuda_engine_init(ts_engine_t *e, int gpu) { return TS_ENODEV; }
 int ts_cuda_flash_ok(ts_engine_t *e, ts_dtype_t lp) { return TS_ENODEV; }
-int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *att,
-                                 const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H,
-                                 int64_t group_bytes) {
+int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, uint16_t *out16,
+                                 float *att, const float *qkv, int64_t B, int64_t T, int64_t C,
+                                 int64_t H, int64_t group_bytes) {
     return TS_ENODEV;
 }
 int ts_cuda_blas_load(char *err, size_t errlen) {

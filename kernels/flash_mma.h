@@ -82,10 +82,11 @@ TS_HD int ts_fa_b_n(int lane) { return lane / 4; }
 /* Clears the lane for a new row block. */
 TS_HD void ts_fa_begin(ts_fa_lane_t *L) {
     TS_UNROLL
-    for (int n = 0; n < TS_FA_DMAX / 8; n++)
+    for (int n = 0; n < TS_FA_DMAX / 8; n++) {
         TS_UNROLL
         for (int r = 0; r < 4; r++)
             L->o[n][r] = 0.0f;
+    }
     L->m[0] = L->m[1] = -INFINITY;
     L->l[0] = L->l[1] = 0.0f;
 }
@@ -96,7 +97,7 @@ TS_HD void ts_fa_load_a(uint32_t f[][4], int lane, const float *src, int64_t ld,
                         int f16) {
     int dp = ts_fa_padded(hd);
     TS_UNROLL
-    for (int ks = 0; ks < dp / 16; ks++)
+    for (int ks = 0; ks < dp / 16; ks++) {
         TS_UNROLL
         for (int r = 0; r < 4; r++) {
             float v[2];
@@ -107,6 +108,7 @@ TS_HD void ts_fa_load_a(uint32_t f[][4], int lane, const float *src, int64_t ld,
             }
             f[ks][r] = ts_fa_pack(v[0], v[1], f16);
         }
+    }
 }
 
 /* Q's fragments for the warp's rows. */
@@ -165,7 +167,7 @@ TS_HD void ts_fa_v_frag(uint32_t b[2], const uint16_t *sv, int ldv, int lane, in
 TS_HD void ts_fa_scores(ts_fa_lane_t *L, int lane, int n, float scale, float mx[2]) {
     mx[0] = mx[1] = -INFINITY;
     TS_UNROLL
-    for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
         TS_UNROLL
         for (int r = 0; r < 4; r++) {
             int key = 8 * nt + ts_fa_c_col(lane, r);
@@ -173,6 +175,7 @@ TS_HD void ts_fa_scores(ts_fa_lane_t *L, int lane, int n, float scale, float mx[
             L->s[nt][r] = v;
             mx[r / 2] = v > mx[r / 2] ? v : mx[r / 2];
         }
+    }
 }
 
 /* The online softmax for one block, given the rows' block max bm (the quad's): the new running
@@ -188,19 +191,21 @@ TS_HD void ts_fa_softmax(ts_fa_lane_t *L, const float bm[2], int dp, int f16) {
         L->l[h] *= alpha[h];
     }
     TS_UNROLL
-    for (int n = 0; n < dp / 8; n++)
+    for (int n = 0; n < dp / 8; n++) {
         TS_UNROLL
         for (int r = 0; r < 4; r++)
             L->o[n][r] *= alpha[r / 2];
+    }
+    TS_UNROLL
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
         TS_UNROLL
-        for (int nt = 0; nt < TS_FA_KB / 8; nt++)
-            TS_UNROLL
         for (int r = 0; r < 4; r++) {
             float s = L->s[nt][r];
             float p = s == -INFINITY ? 0.0f : ts_expf(s - L->m[r / 2]);
             L->s[nt][r] = p;
             L->l[r / 2] += p;
         }
+    }
     ts_fa_c_to_a(L->p, L->s, f16);
 }
 
@@ -212,7 +217,7 @@ TS_HD void ts_fa_softmax(ts_fa_lane_t *L, const float bm[2], int dp, int f16) {
 TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], float *out,
                         uint16_t *out16, int64_t ld, int rows, int hd, float *lse, int f16) {
     TS_UNROLL
-    for (int n = 0; n < ts_fa_padded(hd) / 8; n++)
+    for (int n = 0; n < ts_fa_padded(hd) / 8; n++) {
         TS_UNROLL
         for (int r = 0; r < 4; r++) {
             int row = ts_fa_c_row(lane, r), col = 8 * n + ts_fa_c_col(lane, r);
@@ -224,13 +229,14 @@ TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], flo
                     out[(int64_t)row * ld + col] = v;
             }
         }
+    }
     if (lse && lane % 4 == 0)
         TS_UNROLL
-        for (int h = 0; h < 2; h++) {
-            int row = lane / 4 + 8 * h;
-            if (row < rows)
-                lse[row] = L->m[h] + logf(sum[h]);
-        }
+    for (int h = 0; h < 2; h++) {
+        int row = lane / 4 + 8 * h;
+        if (row < rows)
+            lse[row] = L->m[h] + logf(sum[h]);
+    }
 }
 
 /* ---- the backward (FlashAttention-2): two passes, no atomics -------------------------------
@@ -289,10 +295,11 @@ TS_HD void ts_fa_delta(float *d, const float *dout, const float *out, int64_t T,
 
 TS_HD void ts_fa_grad_begin(ts_fa_grad_lane_t *G) {
     TS_UNROLL
-    for (int n = 0; n < TS_FA_DMAX / 8; n++)
+    for (int n = 0; n < TS_FA_DMAX / 8; n++) {
         TS_UNROLL
         for (int r = 0; r < 4; r++)
             G->acc0[n][r] = G->acc1[n][r] = 0.0f;
+    }
 }
 
 /* P from the scores s (in place, fp32), the columns past n (the block's valid ones) 0: by row
@@ -301,13 +308,14 @@ TS_HD void ts_fa_grad_begin(ts_fa_grad_lane_t *G) {
 TS_HD void ts_fa_probs(ts_fa_grad_lane_t *G, int lane, int n, float scale, const float lse_row[2],
                        const float *lse_col, int f16) {
     TS_UNROLL
-    for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
         TS_UNROLL
         for (int r = 0; r < 4; r++) {
             int col = 8 * nt + ts_fa_c_col(lane, r);
             float m = lse_col ? (col < n ? lse_col[col] : 0.0f) : lse_row[r / 2];
             G->s[nt][r] = col < n ? ts_expf(G->s[nt][r] * scale - m) : 0.0f;
         }
+    }
     ts_fa_c_to_a(G->pa, G->s, f16);
 }
 
@@ -316,13 +324,14 @@ TS_HD void ts_fa_probs(ts_fa_grad_lane_t *G, int lane, int n, float scale, const
 TS_HD void ts_fa_dscores(ts_fa_grad_lane_t *G, int lane, int n, const float d_row[2],
                          const float *d_col, int f16) {
     TS_UNROLL
-    for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
         TS_UNROLL
         for (int r = 0; r < 4; r++) {
             int col = 8 * nt + ts_fa_c_col(lane, r);
             float d = d_col ? (col < n ? d_col[col] : 0.0f) : d_row[r / 2];
             G->s[nt][r] = G->s[nt][r] * (G->dp[nt][r] - d);
         }
+    }
     ts_fa_c_to_a(G->pa, G->s, f16);
 }
 
@@ -331,7 +340,7 @@ TS_HD void ts_fa_dscores(ts_fa_grad_lane_t *G, int lane, int n, const float d_ro
 TS_HD void ts_fa_add_rows(const float acc[][4], int lane, float *dst, uint16_t *dst16, int64_t ld,
                           int rows, int hd, float scale, int f16) {
     TS_UNROLL
-    for (int n = 0; n < ts_fa_padded(hd) / 8; n++)
+    for (int n = 0; n < ts_fa_padded(hd) / 8; n++) {
         TS_UNROLL
         for (int r = 0; r < 4; r++) {
             int row = ts_fa_c_row(lane, r), col = 8 * n + ts_fa_c_col(lane, r);
@@ -342,6 +351,7 @@ TS_HD void ts_fa_add_rows(const float acc[][4], int lane, float *dst, uint16_t *
                     dst16[i] = ts_f32_to_lp(dst[i], f16);
             }
         }
+    }
 }
 
 #endif

@@ -170,7 +170,9 @@ int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, con
                          int heads);
 /* As ts_attention_forward with both products in bf16 (q, k, v and the softmax weights rounded
  * to bf16, fp32 accumulation); the softmax and every tensor stay fp32 (bf16 training runs it too;
- * its backward is the fp32 op). */
+ * its backward is the fp32 op), but out may be of dtype bf16: the output then written rounded
+ * (the fp32 output's bits rounded on the CPU; on a GPU the last product writes 16 bits, within an
+ * ulp of that), apart from qkv and att (TS_EINVAL). */
 int ts_attention_forward_bf16(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
                               const ts_tensor_t *qkv, int heads);
 /* As ts_attention_forward_bf16 in f16 (the forward of `--precision f16`; its backward is the fp32

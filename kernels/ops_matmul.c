@@ -10,8 +10,10 @@
 #include "kernels/ops.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "kernels/backend.h"
+#include "kernels/math.h"
 #include "kernels/ops_internal.h"
 
 /* ---- matrix products ------------------------------------------------------------------- */
@@ -317,18 +319,25 @@ static int att_shape(const ts_tensor_t *att, const att_dims_t *d) {
 
 /* For sample b, head h: Q, K, V are (T, hd) slices of qkv with row stride 3C, at column offsets
  * h·hd, C + h·hd, 2C + h·hd; the heads of one sample are a strided batch (stride hd). So no
- * permuted copies of q, k, v are ever made: the GEMMs read them in place. */
+ * permuted copies of q, k, v are ever made: the GEMMs read them in place. lp TS_BF16 or TS_F16:
+ * out may be of dtype lp, the output then written rounded (here each sample's fp32 output
+ * rounded; a GPU's last product writes it in lp). */
 static int attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
                              const ts_tensor_t *qkv, int heads, ts_dtype_t lp) {
     TS_TRY(check_engine(e));
-    TS_TRY(check_f32(e, out));
+    int out16 = lp != TS_F32 && out && out->dtype == lp;
+    TS_TRY(check_on(e, out, out16 ? lp : TS_F32));
     TS_TRY(check_f32(e, att));
     TS_TRY(check_f32(e, qkv));
     att_dims_t d;
     TS_TRY(attention_dims(qkv, out, heads, &d));
     TS_TRY(att_shape(att, &d));
+    if (out16 && (overlaps(out, qkv) || overlaps(out, att)))
+        return TS_EINVAL;
     if (lp != TS_F32 && e->device == TS_CUDA) /* the same loop, its roundings grouped */
-        return ts_cuda_attention_forward_lp(e, lp, F(out), F(att), CF(qkv), d.B, d.T, d.C, d.H, 0);
+        return ts_cuda_attention_forward_lp(e, lp, out16 ? NULL : F(out),
+                                            out16 ? (uint16_t *)out->data : NULL, F(att), CF(qkv),
+                                            d.B, d.T, d.C, d.H, 0);
     int64_t T = d.T, C = d.C, H = d.H, hd = d.hd, ld = 3 * C;
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t b = 0; b < d.B; b++) {
@@ -339,14 +348,25 @@ static int attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
                                T * T, H));
     }
     TS_TRY(DISPATCH(e, softmax_forward, F(att), CF(att), d.B * H * T, T));
-    for (int64_t b = 0; b < d.B; b++) {
+    float *row = NULL; /* out16: one sample's fp32 output, then rounded */
+    if (out16 && !(row = malloc((size_t)(T * C) * sizeof *row)))
+        return TS_ENOMEM;
+    int rc = TS_OK;
+    for (int64_t b = 0; b < d.B && rc == TS_OK; b++) {
         const float *v = CF(qkv) + b * T * ld + 2 * C;
         const float *a = CF(att) + b * H * T * T;
+        float *o = out16 ? row : F(out) + b * T * C;
         /* out[b, :, h·hd:(h+1)·hd] (T, hd) = att[b, h] (T, T) · V_h (T, hd) */
-        TS_TRY(ts_ops__gemm_in(e, lp, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f,
-                               F(out) + b * T * C, C, hd, H));
+        rc =
+            ts_ops__gemm_in(e, lp, 0, 0, T, hd, T, 1.0f, a, T, T * T, v, ld, hd, 0.0f, o, C, hd, H);
+        if (rc == TS_OK && out16) {
+            uint16_t *o16 = (uint16_t *)out->data + b * T * C;
+            for (int64_t i = 0; i < T * C; i++)
+                o16[i] = ts_f32_to_lp(row[i], lp == TS_F16);
+        }
     }
-    return TS_OK;
+    free(row);
+    return rc;
 }
 
 int ts_attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att, const ts_tensor_t *qkv,

@@ -622,14 +622,15 @@ static ts_tensor_t act16(const ts_dit_t *m, ts_tensor_t t) {
     return t;
 }
 
-/* The attention's output as proj reads it: in 16 bits when the fused attention writes it so
- * (16-bit activations) — an inference model's in the room of its fp32 buffer, a trainable one's
- * beside it in atty16 (the fused backward reads the fp32 output); else the fp32 output. */
+/* The attention's output as proj reads it: in 16 bits with 16-bit activations, written so by the
+ * attention — in the room of its fp32 buffer, or, for the fused attention of a trainable model,
+ * beside it in atty16 (the fused backward reads the fp32 output; the composed one does not read
+ * it); else the fp32 output. */
 static ts_tensor_t proj_input(const ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
     ts_tensor_t atty = rows(&A->atty, B);
-    if (m->attn != TS_ATTN_FUSED || act16(m, atty).dtype == TS_F32)
+    if (act16(m, atty).dtype == TS_F32)
         return atty;
-    if (!m->trainable)
+    if (m->attn == TS_ATTN_COMPOSED || !m->trainable)
         return act16(m, atty);
     ts_tensor_t t = rows(&A->atty16, B);
     t.dtype = ts_precision_dtype(m->precision); /* (allocated as BF16: the same size) */
@@ -643,10 +644,10 @@ static int attention_forward(ts_dit_t *m, const ts_dit_block_acts_t *A, int B) {
     int H = m->cfg.num_heads, bf16 = m->precision == TS_PREC_BF16;
     ts_tensor_t qkv = rows(&A->qkv, B), atty = rows(&A->atty, B);
     if (m->attn == TS_ATTN_COMPOSED) {
-        ts_tensor_t att = rows(&A->att, B);
+        ts_tensor_t att = rows(&A->att, B), out = proj_input(m, A, B); /* fp32, or 16 bits */
         if (m->precision == TS_PREC_F16)
-            return ts_attention_forward_f16(e, &atty, &att, &qkv, H);
-        return bf16 ? ts_attention_forward_bf16(e, &atty, &att, &qkv, H)
+            return ts_attention_forward_f16(e, &out, &att, &qkv, H);
+        return bf16 ? ts_attention_forward_bf16(e, &out, &att, &qkv, H)
                     : ts_attention_forward(e, &atty, &att, &qkv, H);
     }
     ts_tensor_t lse = rows(&A->lse, B), *keep = m->trainable ? &lse : NULL;
@@ -975,8 +976,8 @@ static int block_backward(ts_dit_t *m, int l, int B) {
     TS_TRY(ts_modulate_backward(e, &dln2, &dmod, &dmod2, &ln2, &mod, 3, 4));
     TS_TRY(ts_layernorm_backward(e, &dx, &dln2, &x_mid, &m2, &r2));
     /* attention branch: dx now holds dL/dx_mid */
-    if (atty.dtype != TS_F32) { /* proj's input in 16 bits (the flash attention wrote it): its
-                                 * dout too, rounded as it is written */
+    if (atty.dtype != TS_F32) { /* proj's input in 16 bits (the attention wrote it): its dout
+                                 * too, rounded as it is written */
         ts_tensor_t dproj16 = dout16_room(m, B, dproj.shape[2]);
         TS_TRY(ts_gate_residual_backward_lp(e, NULL, &dproj, &dproj16, &dmod, &dx, &proj, &mod, 2));
         TS_TRY(ts_linear_backward_lp(e, &datty, &D->proj_w, &D->proj_b, &dproj, &dproj16, &atty,

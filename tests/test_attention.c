@@ -373,6 +373,26 @@ static void test_composed_lp_reference(void **state) {
                lp == TS_F16 ? "f16" : "bf16", (long long)f.T, ea, eo);
         assert_true(ea <= 1e-9);
         assert_true(eo <= 1e-9);
+        /* the output written in lp (proj's 16-bit input): the fp32 output's bits rounded */
+        ts_tensor_t o16, att2;
+        TU_CHECK_OK(ts_tensor_alloc(&o16, lp, TS_CPU, 3, TS_SHAPE(f.B, f.T, f.C)));
+        tu_alloc_f32(&att2, 4, TS_SHAPE(f.B, f.H, f.T, f.T));
+        int (*fwd)(ts_engine_t *, ts_tensor_t *, ts_tensor_t *, const ts_tensor_t *, int) =
+            lp == TS_F16 ? ts_attention_forward_f16 : ts_attention_forward_bf16;
+        TU_CHECK_OK(fwd(e, &o16, &att2, &f.qkv, (int)f.H));
+        assert_memory_equal(att2.data, att.data, (size_t)na * sizeof(float));
+        const uint16_t *p16 = o16.data;
+        for (int64_t k = 0; k < no; k++)
+            if (p16[k] != ts_f32_to_lp(tu_f32(&f.out)[k], lp == TS_F16))
+                fail_msg("composed %s out16[%lld] 0x%04x, the fp32 output rounded 0x%04x",
+                         lp == TS_F16 ? "f16" : "bf16", (long long)k, p16[k],
+                         ts_f32_to_lp(tu_f32(&f.out)[k], lp == TS_F16));
+        /* refused: an lp output over the weights, and an lp output beside an fp32 product */
+        ts_tensor_t over;
+        TU_CHECK_OK(ts_tensor_wrap(&over, att2.data, lp, TS_CPU, 3, TS_SHAPE(f.B, f.T, f.C)));
+        assert_int_equal(fwd(e, &over, &att2, &f.qkv, (int)f.H), TS_EINVAL);
+        assert_int_not_equal(ts_attention_forward(e, &o16, &att2, &f.qkv, (int)f.H), TS_OK);
+        TU_FREE_TENSORS(&o16, &att2);
         free(ra);
         free(ro);
         ts_tensor_free(&att);

@@ -409,6 +409,7 @@ static void test_lp_activations_train(void **state) {
     const ts_dit_block_acts_t *A = &m.acts.blocks[1];
     float *mod32 = tu_host_copy(&A->mod2), *gelu32 = tu_host_copy(&A->gelu);
     float *fx32 = tu_host_copy(&m.acts.fx), *c32 = tu_host_copy(&m.acts.c_silu);
+    float *atty32 = tu_host_copy(&A->atty); /* the composed attention's output, proj's input */
     ts_dit_set_lp_activations(&m, 1);
     float *g16 = gradient(&m, 8, SCALE);
     assert_memory_equal(g16, g32, (size_t)m.num_params * sizeof *g16);
@@ -420,7 +421,8 @@ static void test_lp_activations_train(void **state) {
     } kept[] = {{"mod2", mod32, A->mod2.data, nm},
                 {"gelu", gelu32, A->gelu.data, ng},
                 {"fx", fx32, m.acts.fx.data, nm},
-                {"c_silu", c32, m.acts.c_silu.data, 8 * (int64_t)m.cfg.hidden_size}};
+                {"c_silu", c32, m.acts.c_silu.data, 8 * (int64_t)m.cfg.hidden_size},
+                {"atty", atty32, A->atty.data, nm}};
     for (size_t k = 0; k < sizeof kept / sizeof kept[0]; k++)
         for (int64_t i = 0; i<kept[k].n; i += kept[k].n> 4096 ? 89 : 1) {
             uint16_t got = ((const uint16_t *)kept[k].got)[i];
@@ -460,7 +462,7 @@ static void test_lp_activations_train(void **state) {
     }
     printf("  %s training with 16-bit activations: the gradient bit for bit\n",
            ts_precision_name(P));
-    free(g32), free(g16), free(mod32), free(gelu32), free(fx32), free(c32);
+    free(g32), free(g16), free(mod32), free(gelu32), free(fx32), free(c32), free(atty32);
     ts_dit_free(&m);
 }
 

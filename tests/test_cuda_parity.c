@@ -837,7 +837,7 @@ static void attention_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
     float *O = download(fx, &out);
     for (int g = 1; g <= 3; g += 2) {
         int64_t per = ((T * 3 * C + 63) / 64 * 64 + H * T * T) * 2; /* bytes per sample */
-        TU_CHECK_OK(ts_cuda_attention_forward_lp(&fx->e[1], lp, out.t[1].data, att.t[1].data,
+        TU_CHECK_OK(ts_cuda_attention_forward_lp(&fx->e[1], lp, out.t[1].data, NULL, att.t[1].data,
                                                  qkv.t[1].data, Bn, T, C, H, g * per));
         float *A2 = download(fx, &att), *O2 = download(fx, &out);
         if (memcmp(A2, A, (size_t)(Bn * H * T * T) * sizeof *A) != 0 ||
@@ -848,6 +848,30 @@ static void attention_lp_case(fixture_t *fx, tu_rng_t *r, ts_dtype_t lp) {
         printf("test_cuda_parity: attention_forward_lp in groups of %d: the same bits\n", g);
         free(A2), free(O2);
     }
+    /* the output written in lp by the last product (proj's 16-bit input): the fp32 output
+     * rounded, to within one unit in the last place where cuBLAS's product for a 16-bit output
+     * summed in another order */
+    pair_t o16;
+    pair_alloc(&o16, lp, 3, TS_SHAPE(Bn, T, C));
+    TU_CHECK_OK((lp == TS_F16 ? ts_attention_forward_f16 : ts_attention_forward_bf16)(
+        &fx->e[1], &o16.t[1], &att.t[1], &qkv.t[1], (int)H));
+    uint16_t *P = download(fx, &o16);
+    int64_t same = 0, n = Bn * T * C;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t want = ts_f32_to_lp(O[i], lp == TS_F16);
+        int d = (int)P[i] - (int)want;
+        if ((P[i] ^ want) & 0x8000u || d < -1 || d > 1) {
+            print_error("attention_forward_%s out16[%lld] 0x%04x, the fp32 output rounded 0x%04x\n",
+                        lp == TS_F16 ? "f16" : "bf16", (long long)i, P[i], want);
+            fail();
+        }
+        same += d == 0;
+    }
+    printf("test_cuda_parity: attention_forward_%s out16: %.4f of it the fp32 output's bits "
+           "rounded, the rest one ulp off\n",
+           lp == TS_F16 ? "f16" : "bf16", (double)same / (double)n);
+    free(P);
+    pair_free(&o16);
     free(O);
     free(A);
     free(ra);

@@ -889,38 +889,48 @@ static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int6
 /* cuBLAS's name for a 16-bit dtype. */
 static cudaDataType_t cuda_type(ts_dtype_t lp) { return lp == TS_F16 ? CUDA_R_16F : CUDA_R_16BF; }
 
-/* As ts_cuda_gemm with A and B already in lp (bf16 or f16) and fp32 accumulation into C (fp32),
- * on the 16-bit handle. The same row-major mapping as ts_cuda_gemm. */
-static int gemm_ex(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int64_t M, int64_t N,
-                   int64_t K, float alpha, const uint16_t *A, int64_t lda, int64_t stride_a,
-                   const uint16_t *B, int64_t ldb, int64_t stride_b, float beta, float *C,
-                   int64_t ldc, int64_t stride_c, int64_t batch) {
+/* As ts_cuda_gemm with A and B already in lp (bf16 or f16) and fp32 accumulation into C, on the
+ * 16-bit handle: C fp32, or in lp when c_lp (the accumulator rounded as it is written). The same
+ * row-major mapping as ts_cuda_gemm. */
+static int gemm_ex_to(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int64_t M, int64_t N,
+                      int64_t K, float alpha, const uint16_t *A, int64_t lda, int64_t stride_a,
+                      const uint16_t *B, int64_t ldb, int64_t stride_b, float beta, void *C,
+                      int c_lp, int64_t ldc, int64_t stride_c, int64_t batch) {
     int err = gemm_enter(e, M, N, K, lda, ldb, ldc, batch);
     if (err)
         return err;
     cublasHandle_t h = e->cuda->blas16;
+    size_t es = c_lp ? sizeof(uint16_t) : sizeof(float);
     if (e->cuda->zero_lp_out && beta == 0.0f) {
         /* C's M rows of N, ldc apart, in each of the batch's products */
         for (int64_t b = 0; b < batch; b++)
-            if (cudaMemset2DAsync(C + b * stride_c, (size_t)ldc * sizeof(float), 0,
-                                  (size_t)N * sizeof(float), (size_t)M,
-                                  e->cuda->stream) != cudaSuccess)
+            if (cudaMemset2DAsync((char *)C + (size_t)(b * stride_c) * es, (size_t)ldc * es, 0,
+                                  (size_t)N * es, (size_t)M, e->cuda->stream) != cudaSuccess)
                 return TS_ECUDA;
     }
     cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cudaDataType_t t = cuda_type(lp);
+    cudaDataType_t t = cuda_type(lp), ct = c_lp ? t : CUDA_R_32F;
     cublasStatus_t st;
     if (batch == 1)
         st = g_blas.gemm_ex(h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t, (int)ldb, A, t,
-                            (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                            (int)lda, &beta, C, ct, (int)ldc, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT);
     else
         st = g_blas.gemm_strided_batched_ex(
             h, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, t, (int)ldb, (long long)stride_b, A,
-            t, (int)lda, (long long)stride_a, &beta, C, CUDA_R_32F, (int)ldc, (long long)stride_c,
+            t, (int)lda, (long long)stride_a, &beta, C, ct, (int)ldc, (long long)stride_c,
             (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? TS_OK : TS_ECUBLAS;
+}
+
+/* gemm_ex_to into an fp32 C. */
+static int gemm_ex(ts_engine_t *e, ts_dtype_t lp, int trans_a, int trans_b, int64_t M, int64_t N,
+                   int64_t K, float alpha, const uint16_t *A, int64_t lda, int64_t stride_a,
+                   const uint16_t *B, int64_t ldb, int64_t stride_b, float beta, float *C,
+                   int64_t ldc, int64_t stride_c, int64_t batch) {
+    return gemm_ex_to(e, lp, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b,
+                      beta, C, 0, ldc, stride_c, batch);
 }
 
 /* op(A) and op(B) rounded to lp (nearest even, kernels/math.h's rounding, as the CPU's) into the
@@ -987,9 +997,9 @@ int ts_cuda_gemm_lp_in(ts_engine_t *e, ts_dtype_t lp, int64_t M, int64_t N, int6
  * strided batch, the fp32 softmax over the group's rows in place, the weights rounded once,
  * then att·V per sample — the roundings gemm_lp would make per product (the same values rounded
  * the same way), in two conversion kernels per group instead of four per sample. */
-int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, float *att,
-                                 const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H,
-                                 int64_t group_bytes) {
+int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, uint16_t *out16,
+                                 float *att, const float *qkv, int64_t B, int64_t T, int64_t C,
+                                 int64_t H, int64_t group_bytes) {
     if (B <= 0 || T <= 0 || C <= 0 || H <= 0)
         return TS_OK;
     int64_t hd = C / H, ld = 3 * C, tt = T * T;
@@ -1017,9 +1027,11 @@ int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, floa
             err = ts_cuda_convert(e, buf + oa, lp, att + b0 * H * tt, TS_F32, nb * H * tt);
         for (int64_t b = 0; b < nb && !err; b++)
             /* out[b, :, h·hd:(h+1)·hd] (T, hd) = att[b, h] (T, T) · V_h (T, hd) */
-            err = gemm_ex(e, lp, 0, 0, T, hd, T, 1.0f, buf + oa + b * H * tt, T, tt,
-                          buf + b * T * ld + 2 * C, ld, hd, 0.0f, out + (b0 + b) * T * C, C, hd,
-                          H);
+            err = gemm_ex_to(e, lp, 0, 0, T, hd, T, 1.0f, buf + oa + b * H * tt, T, tt,
+                             buf + b * T * ld + 2 * C, ld, hd, 0.0f,
+                             out ? (void *)(out + (b0 + b) * T * C)
+                                 : (void *)(out16 + (b0 + b) * T * C),
+                             out == NULL, C, hd, H);
         if (err)
             return err;
     }

@@ -117,13 +117,14 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
         bm[1] = quad_max(mx[1]);
         ts_fa_softmax(&L, bm, dp, F16);
         TS_UNROLL
-        for (int nt = 0; nt < dp / 8; nt++)
+        for (int nt = 0; nt < dp / 8; nt++) {
             TS_UNROLL
             for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
                 uint32_t bf[2];
                 ts_fa_v_frag(bf, sv, LDK, lane, ks, nt);
                 mma16<F16>(L.o[nt], L.p[ks], bf);
             }
+        }
     }
     if (rows == 0)
         return;
@@ -156,13 +157,14 @@ template <int F16>
 static __device__ __forceinline__ void accumulate(float acc[][4], const uint32_t pa[][4],
                                                   const uint16_t *sb, int lane, int dp) {
     TS_UNROLL
-    for (int nt = 0; nt < dp / 8; nt++)
+    for (int nt = 0; nt < dp / 8; nt++) {
         TS_UNROLL
         for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
             uint32_t bf[2];
             ts_fa_v_frag(bf, sb, LDK, lane, ks, nt);
             mma16<F16>(acc[nt], pa[ks], bf);
         }
+    }
 }
 
 /* D = dO·O per row and head (B, H, T), once: what both passes read (ts_fa_delta). */
