@@ -69,6 +69,7 @@ static struct {
     decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
     gemm_ex_fn gemm_ex;
     gemm_sb_ex_fn gemm_strided_batched_ex;
+    decltype(&cublasSetWorkspace_v2) set_workspace; /* NULL where the library lacks it */
 } g_blas;
 static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
 static int g_blas_rc = TS_ECUBLAS;
@@ -109,9 +110,10 @@ static void blas_open(void) {
         blas_sym(h, "cublasSgemm_v2", (void **)&g_blas.sgemm) &&
         blas_sym(h, "cublasSgemmStridedBatched", (void **)&g_blas.sgemm_strided_batched) &&
         blas_sym(h, "cublasGemmEx", (void **)&g_blas.gemm_ex) &&
-        blas_sym(h, "cublasGemmStridedBatchedEx", (void **)&g_blas.gemm_strided_batched_ex))
+        blas_sym(h, "cublasGemmStridedBatchedEx", (void **)&g_blas.gemm_strided_batched_ex)) {
         g_blas_rc = TS_OK; /* h stays open for the life of the process */
-    else
+        g_blas.set_workspace = (decltype(g_blas.set_workspace))dlsym(h, "cublasSetWorkspace_v2");
+    } else
         dlclose(h);
 }
 
@@ -201,6 +203,11 @@ struct ts_cuda_ctx {
     cudaStream_t stream;   /* every op of the engine is queued here */
     cublasHandle_t blas;   /* bound to stream; fp32 products, pedantic math */
     cublasHandle_t blas16; /* bound to stream; bf16 and f16 products, default math (tensor cores) */
+    /* both handles' workspace (cublasSetWorkspace, set again after every cublasSetStream, which
+     * drops it): without one, cuBLAS allocates its own inside every captured graph; NULL where
+     * it could not be made (cuBLAS then uses its default pool) */
+    void *blas_ws;
+    size_t blas_ws_bytes;
     void *scratch;         /* device memory for reduction partials (cuda_ops.cu) */
     size_t scratch_bytes;
     uint16_t *lp16; /* the bf16 and f16 products' rounded operands; grows on demand */
@@ -293,10 +300,14 @@ static void ctx_destroy(ts_cuda_ctx_t *ctx) {
         g_blas.destroy(ctx->blas);
     if (ctx->blas16)
         g_blas.destroy(ctx->blas16);
+    if (ctx->blas_ws)
+        cudaFree(ctx->blas_ws);
     if (ctx->stream)
         cudaStreamDestroy(ctx->stream);
     free(ctx);
 }
+
+static int blas_onto(ts_cuda_ctx_t *ctx, cudaStream_t s);
 
 int ts_cuda_engine_init(ts_engine_t *e, int gpu) {
     if (!e)
@@ -360,6 +371,21 @@ int ts_cuda_engine_init(ts_engine_t *e, int gpu) {
         cudaDeviceGetAttribute(&ctx->cc_minor, cudaDevAttrComputeCapabilityMinor, gpu) !=
             cudaSuccess)
         goto fail;
+    /* cuBLAS's own workspace for both handles, of the size cuBLAS's documentation recommends
+     * (cublasSetWorkspace: 32 MiB on Hopper, 4 MiB before); without it the library would
+     * allocate inside each captured graph. Where it cannot be had, the handles keep cuBLAS's
+     * default pool: nothing else changes. */
+    ctx->blas_ws_bytes = (size_t)(ctx->cc_major >= 9 ? 32 : 4) << 20;
+    if (g_blas.set_workspace && cudaMalloc(&ctx->blas_ws, ctx->blas_ws_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        ctx->blas_ws = NULL;
+    }
+    if (ctx->blas_ws && blas_onto(ctx, ctx->stream) != TS_OK) {
+        cudaFree(ctx->blas_ws);
+        ctx->blas_ws = NULL;
+        if (blas_onto(ctx, ctx->stream) != TS_OK) /* (back to cuBLAS's own pool) */
+            goto fail;
+    }
 
     {
         /* compute-sanitizer's initcheck does not see what cuBLAS's bf16 products write (a
@@ -546,12 +572,19 @@ void ts_cuda_event_free(void *ev) {
 
 /* ---- CUDA graphs: a stream's work captured once, launched as one ----------------------------- */
 
-/* Both cuBLAS handles onto stream s. */
+/* Both cuBLAS handles onto stream s, with the engine's workspace (cublasSetStream drops it). One
+ * buffer serves both: their products are ordered on the one stream (a graph captured on the
+ * capture stream is launched on the engine's). */
 static int blas_onto(ts_cuda_ctx_t *ctx, cudaStream_t s) {
-    return g_blas.set_stream(ctx->blas, s) == CUBLAS_STATUS_SUCCESS &&
-                   g_blas.set_stream(ctx->blas16, s) == CUBLAS_STATUS_SUCCESS
-               ? TS_OK
-               : TS_ECUBLAS;
+    cublasHandle_t hs[2] = {ctx->blas, ctx->blas16};
+    for (int i = 0; i < 2; i++) {
+        if (g_blas.set_stream(hs[i], s) != CUBLAS_STATUS_SUCCESS)
+            return TS_ECUBLAS;
+        if (ctx->blas_ws &&
+            g_blas.set_workspace(hs[i], ctx->blas_ws, ctx->blas_ws_bytes) != CUBLAS_STATUS_SUCCESS)
+            return TS_ECUBLAS;
+    }
+    return TS_OK;
 }
 
 /* The ops queued from here until capture_end go to the capture stream (ts_cuda_ctx_enter gives
