@@ -230,12 +230,13 @@ TS_HD void ts_fa_finish(const ts_fa_lane_t *L, int lane, const float sum[2], flo
             }
         }
     }
-    if (lse && lane % 4 == 0)
+    if (lse && lane % 4 == 0) {
         TS_UNROLL
-    for (int h = 0; h < 2; h++) {
-        int row = lane / 4 + 8 * h;
-        if (row < rows)
-            lse[row] = L->m[h] + logf(sum[h]);
+        for (int h = 0; h < 2; h++) {
+            int row = lane / 4 + 8 * h;
+            if (row < rows)
+                lse[row] = L->m[h] + logf(sum[h]);
+        }
     }
 }
 

@@ -340,18 +340,20 @@ static int attention_forward(ts_engine_t *e, ts_tensor_t *out, ts_tensor_t *att,
                                             d.B, d.T, d.C, d.H, 0);
     int64_t T = d.T, C = d.C, H = d.H, hd = d.hd, ld = 3 * C;
     float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t b = 0; b < d.B; b++) {
-        const float *q = CF(qkv) + b * T * ld;
-        float *a = F(att) + b * H * T * T;
-        /* att[b, h] (T, T) = scale · Q_h · K_hᵀ */
-        TS_TRY(ts_ops__gemm_in(e, lp, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a, T,
-                               T * T, H));
-    }
-    TS_TRY(DISPATCH(e, softmax_forward, F(att), CF(att), d.B * H * T, T));
-    float *row = NULL; /* out16: one sample's fp32 output, then rounded */
+    float *row = NULL; /* out16: one sample's fp32 output, then rounded (made before anything is
+                        * written: TS_ENOMEM changes nothing) */
     if (out16 && !(row = malloc((size_t)(T * C) * sizeof *row)))
         return TS_ENOMEM;
     int rc = TS_OK;
+    for (int64_t b = 0; b < d.B && rc == TS_OK; b++) {
+        const float *q = CF(qkv) + b * T * ld;
+        float *a = F(att) + b * H * T * T;
+        /* att[b, h] (T, T) = scale · Q_h · K_hᵀ */
+        rc = ts_ops__gemm_in(e, lp, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, a, T,
+                             T * T, H);
+    }
+    if (rc == TS_OK)
+        rc = DISPATCH(e, softmax_forward, F(att), CF(att), d.B * H * T, T);
     for (int64_t b = 0; b < d.B && rc == TS_OK; b++) {
         const float *v = CF(qkv) + b * T * ld + 2 * C;
         const float *a = CF(att) + b * H * T * T;

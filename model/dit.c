@@ -211,10 +211,9 @@ int ts_dit_bind(const ts_dit_config_t *cfg, const ts_tensor_t *slab, ts_dit_para
 
 /* ---- creation -------------------------------------------------------------------------- */
 
-/* Hands out every activation tensor from the arena (or only measures, in measuring mode), with
- * a trainable model's 16-bit rooms (atty16, gacts.dout16) where lp_rooms: a model at bf16 or f16
- * reads them; at f32 they are left out. */
-static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn, int lp_rooms) {
+/* Hands out every activation tensor from the arena (or only measures, in measuring mode), but a
+ * trainable model's 16-bit rooms (plan_rooms: an arena of their own). */
+static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn) {
     const ts_dit_config_t *c = &m->cfg;
     int64_t B = m->max_batch, T = ts_dit_tokens(c), h = c->hidden_size, H = c->num_heads;
     int64_t F = (int64_t)c->in_channels * c->patch_size * c->patch_size, r = c->mlp_ratio * h;
@@ -262,9 +261,6 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn, int lp_roo
         else if (m->trainable)
             TS_TRY(ts_arena_tensor(a, &k->lse, TS_F32, 3, TS_SHAPE(B, H, T)));
         T3(k->atty, h);
-        memset(&k->atty16, 0, sizeof k->atty16);
-        if (lp_rooms && m->trainable && attn == TS_ATTN_FUSED) /* proj's 16-bit input */
-            TS_TRY(ts_arena_tensor(a, &k->atty16, TS_BF16, 3, TS_SHAPE(B, T, h)));
         T3(k->proj, h);
         T3(k->x_mid, h);
         T3(k->ln2, h);
@@ -315,14 +311,59 @@ static int plan_acts(ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn, int lp_roo
             TS_TRY(ts_arena_tensor(a, &G->datt, TS_F32, 4, TS_SHAPE(B, H, T, T)));
         T3(G->dmod1, h);
         T3(G->dln1, h);
-        memset(&G->dout16, 0, sizeof G->dout16);
-        if (lp_rooms)
-            TS_TRY(
-                ts_arena_tensor(a, &G->dout16, TS_BF16, 3, TS_SHAPE(B, T, r > 3 * h ? r : 3 * h)));
     }
 #undef T1
 #undef T2
 #undef T3
+    return TS_OK;
+}
+
+/* A trainable model's 16-bit rooms, read at bf16 and f16 only (lp): the blocks' atty16, proj's
+ * 16-bit input beside the fused attention's fp32 output, into atty16[depth], and the backward's
+ * one room for a linear's 16-bit dout into *dout16; empty tensors where there are none. */
+static int plan_rooms(const ts_dit_t *m, ts_arena_t *a, ts_attn_impl_t attn, int lp,
+                      ts_tensor_t *atty16, ts_tensor_t *dout16) {
+    const ts_dit_config_t *c = &m->cfg;
+    int64_t B = m->max_batch, T = ts_dit_tokens(c), h = c->hidden_size, r = c->mlp_ratio * h;
+    memset(atty16, 0, (size_t)c->depth * sizeof *atty16);
+    memset(dout16, 0, sizeof *dout16);
+    if (!lp || !m->trainable)
+        return TS_OK;
+    for (int l = 0; l < c->depth && attn == TS_ATTN_FUSED; l++)
+        TS_TRY(ts_arena_tensor(a, &atty16[l], TS_BF16, 3, TS_SHAPE(B, T, h)));
+    return ts_arena_tensor(a, dout16, TS_BF16, 3, TS_SHAPE(B, T, r > 3 * h ? r : 3 * h));
+}
+
+/* m's 16-bit rooms laid out for attention attn, or none (lp 0), in an arena of their own —
+ * moving to or from f32 leaves the activations' arena alone. On failure m keeps the rooms it
+ * had. */
+static int set_rooms(ts_dit_t *m, ts_attn_impl_t attn, int lp) {
+    lp = lp && m->trainable;
+    int depth = m->cfg.depth;
+    ts_tensor_t *att = calloc((size_t)depth, sizeof *att), dout;
+    if (!att)
+        return TS_ENOMEM;
+    ts_arena_t fresh;
+    int rc = ts_arena_init(&fresh, m->eng->device, 0); /* measuring */
+    if (rc == TS_OK)
+        rc = plan_rooms(m, &fresh, attn, lp, att, &dout);
+    size_t peak = fresh.peak;
+    memset(&fresh, 0, sizeof fresh);
+    if (rc == TS_OK && peak > 0 && (rc = ts_arena_init(&fresh, m->eng->device, peak)) == TS_OK)
+        rc = plan_rooms(m, &fresh, attn, lp, att, &dout);
+    if (rc != TS_OK) {
+        ts_arena_free(&fresh);
+        free(att);
+        return rc;
+    }
+    ts_arena_free(&m->rooms);
+    m->rooms = fresh;
+    for (int l = 0; l < depth; l++)
+        m->acts.blocks[l].atty16 = att[l];
+    m->gacts.dout16 = dout;
+    m->rooms_attn = attn;
+    m->lp_rooms = lp;
+    free(att);
     return TS_OK;
 }
 
@@ -332,15 +373,15 @@ static ts_attn_impl_t default_attention(const ts_dit_t *m, ts_precision_t p);
  * with the composed attention (the larger layout) pass TS_DIT_MAX_SAMPLE_BYTES (a trainable model:
  * TS_DIT_MAX_TRAIN_SAMPLE_BYTES), whichever attn is asked for. Allocates nothing; leaves m->acts
  * pointing nowhere. */
-static int measure_acts(ts_dit_t *m, ts_attn_impl_t attn, int lp_rooms, size_t *peak) {
+static int measure_acts(ts_dit_t *m, ts_attn_impl_t attn, size_t *peak) {
     ts_arena_t bound, measure;
     TS_TRY(ts_arena_init(&bound, m->eng->device, 0));
-    TS_TRY(plan_acts(m, &bound, TS_ATTN_COMPOSED, 0)); /* ts_dit_memory's bound */
+    TS_TRY(plan_acts(m, &bound, TS_ATTN_COMPOSED));
     uint64_t cap = m->trainable ? TS_DIT_MAX_TRAIN_SAMPLE_BYTES : TS_DIT_MAX_SAMPLE_BYTES;
     if ((uint64_t)bound.peak / (uint64_t)m->max_batch > cap)
         return TS_ERANGE; /* activations per sample beyond any model this project runs */
     TS_TRY(ts_arena_init(&measure, m->eng->device, 0));
-    TS_TRY(plan_acts(m, &measure, attn, lp_rooms));
+    TS_TRY(plan_acts(m, &measure, attn));
     *peak = measure.peak;
     return TS_OK;
 }
@@ -396,11 +437,11 @@ int ts_dit_create(ts_dit_t *m, const ts_dit_config_t *cfg, ts_engine_t *e, int m
     m->attn = default_attention(m, TS_PREC_F32);
     size_t peak = 0;
     if (rc == TS_OK)
-        rc = measure_acts(m, m->attn, 0, &peak);
+        rc = measure_acts(m, m->attn, &peak);
     if (rc == TS_OK)
         rc = ts_arena_init(&m->arena, e->device, peak);
     if (rc == TS_OK)
-        rc = plan_acts(m, &m->arena, m->attn, 0);
+        rc = plan_acts(m, &m->arena, m->attn);
     if (rc != TS_OK)
         ts_dit_free(m);
     return rc;
@@ -418,6 +459,7 @@ void ts_dit_free(ts_dit_t *m) {
         return;
     ts_graph_cache_drop(&m->graphs);
     ts_arena_free(&m->arena);
+    ts_arena_free(&m->rooms);
     ts_tensor_free(&m->labels);
     ts_tensor_free(&m->pos_embed);
     ts_tensor_free(&m->grad_mem);
@@ -504,30 +546,37 @@ ts_attn_impl_t ts_dit_default_attention(const ts_dit_t *m) {
     return default_attention(m, m->precision);
 }
 
-/* Lays m's activations out for attention a, with the 16-bit rooms where lp_rooms, unless that
- * is the layout m has. On failure m keeps the one it had. */
-static int relayout(ts_dit_t *m, ts_attn_impl_t a, int lp_rooms) {
-    lp_rooms = lp_rooms && m->trainable;
-    if (a == m->attn && lp_rooms == m->lp_rooms)
+/* Lays m's activations out for attention a, with the 16-bit rooms where lp, unless that is the
+ * layout m has. The rooms first (small), then the activations' arena, which only a change of
+ * attention moves; on failure m keeps the layout it had. */
+static int relayout(ts_dit_t *m, ts_attn_impl_t a, int lp) {
+    lp = lp && m->trainable;
+    if (a == m->attn && lp == m->lp_rooms && (!lp || a == m->rooms_attn))
         return TS_OK;
     graphs_stale(m); /* the activations are laid out again */
+    ts_attn_impl_t rooms_was = m->rooms_attn;
+    int lp_was = m->lp_rooms;
+    TS_TRY(set_rooms(m, a, lp));
+    if (a == m->attn)
+        return TS_OK;
     size_t peak = 0;
     ts_arena_t fresh;
-    int rc = measure_acts(m, a, lp_rooms, &peak);
+    int rc = measure_acts(m, a, &peak);
     if (rc == TS_OK)
         rc = ts_arena_init(&fresh, m->eng->device, peak);
     if (rc != TS_OK) { /* the views onto the arena m keeps: measuring pointed them nowhere, and
                         * the plan is deterministic, so laid out again from the arena's start
-                        * they are the same bytes */
+                        * they are the same bytes; and the rooms as they were (small: best
+                        * effort) */
         ts_arena_reset(&m->arena, 0);
-        TS_TRY(plan_acts(m, &m->arena, m->attn, m->lp_rooms));
+        TS_TRY(plan_acts(m, &m->arena, m->attn));
+        (void)set_rooms(m, rooms_was, lp_was);
         return rc;
     }
     ts_arena_free(&m->arena);
     m->arena = fresh;
     m->attn = a;
-    m->lp_rooms = lp_rooms;
-    return plan_acts(m, &m->arena, a, lp_rooms);
+    return plan_acts(m, &m->arena, a);
 }
 
 /* ts_dit_set_attention for a model at precision p (its own, or the one it is about to take). */
@@ -588,6 +637,8 @@ int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_le
         rc = ts_convert(m->eng, &m->param_lp, &m->param_mem);
     if (rc == TS_OK)
         m->precision = p;
+    else if (m->precision == TS_PREC_F32) /* still f32: without the rooms it had */
+        (void)set_rooms(m, m->attn, 0);
     return rc;
 }
 
@@ -1090,7 +1141,8 @@ int ts_dit_zero_grad(ts_dit_t *m) {
 
 /* ---- memory, from the config -------------------------------------------------------------- */
 
-/* The activations' arena for cfg at batch B (plan_acts in measuring mode: nothing allocated). */
+/* The activations' arena for cfg at batch B (plan_acts in measuring mode: nothing allocated),
+ * and with lp_rooms the 16-bit rooms' (plan_rooms) on top. */
 static int measure_plan(const ts_dit_config_t *cfg, int trainable, ts_attn_impl_t a, int B,
                         int lp_rooms, uint64_t *peak) {
     ts_dit_t m;
@@ -1099,14 +1151,21 @@ static int measure_plan(const ts_dit_config_t *cfg, int trainable, ts_attn_impl_
     m.max_batch = B;
     m.trainable = trainable;
     m.acts.blocks = calloc((size_t)cfg->depth, sizeof *m.acts.blocks);
-    if (!m.acts.blocks)
+    ts_tensor_t *att16 = calloc((size_t)cfg->depth, sizeof *att16), dout16;
+    if (!m.acts.blocks || !att16) {
+        free(m.acts.blocks), free(att16);
         return TS_ENOMEM;
-    ts_arena_t ar;
+    }
+    ts_arena_t ar, rooms;
     int rc = ts_arena_init(&ar, TS_CPU, 0);
     if (rc == TS_OK)
-        rc = plan_acts(&m, &ar, a, lp_rooms);
-    *peak = ar.peak;
-    free(m.acts.blocks);
+        rc = plan_acts(&m, &ar, a);
+    if (rc == TS_OK)
+        rc = ts_arena_init(&rooms, TS_CPU, 0);
+    if (rc == TS_OK)
+        rc = plan_rooms(&m, &rooms, a, lp_rooms, att16, &dout16);
+    *peak = rc == TS_OK ? ar.peak + rooms.peak : 0;
+    free(m.acts.blocks), free(att16);
     return rc;
 }
 
@@ -1155,9 +1214,9 @@ int ts_dit_memory(const ts_dit_config_t *cfg, ts_precision_t p, ts_attn_impl_t a
         per += 4u + chw * 4u + 4u; /* a label, and the forward's inputs x and t */
         if (trainable)
             per += 5u * chw * 4u + 4u; /* the trainer's x0, eps, xt, target, dv and t */
-        /* each allocation beside the arena rounds up to TS_ALIGN: the model's three, the
-         * inputs' two and the trainer's eight */
-        *(trainable ? &out->train_fixed : &out->infer_fixed) = fixed + pos + 16u * TS_ALIGN;
+        /* each allocation beside the arena rounds up to TS_ALIGN: the model's three and its
+         * rooms' arena, the inputs' two and the trainer's eight */
+        *(trainable ? &out->train_fixed : &out->infer_fixed) = fixed + pos + 17u * TS_ALIGN;
         *(trainable ? &out->train_per_sample : &out->infer_per_sample) = per;
     }
     if (p != TS_PREC_F32) {

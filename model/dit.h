@@ -92,9 +92,9 @@ typedef struct ts_dit_block_acts {
     ts_tensor_t att;                           /* (B, heads, T, T), composed attention only */
     ts_tensor_t lse;   /* (B, heads, T) fused attention, trainable: each row's log-sum-exp */
     ts_tensor_t atty;  /* (B, T, h) attention output, heads concatenated */
-    /* (B, T, h) 16-bit, a trainable model's with the fused attention: atty rounded as the
-     * attention writes it, proj's input with 16-bit activations (atty stays fp32: the fused
-     * backward reads it) */
+    /* (B, T, h) 16-bit, a trainable model's at bf16 or f16 with the fused attention (else an
+     * empty tensor; the model's rooms arena): atty rounded as the attention writes it, proj's
+     * input with 16-bit activations (atty stays fp32: the fused backward reads it) */
     ts_tensor_t atty16;
     ts_tensor_t proj;  /* (B, T, h) */
     ts_tensor_t x_mid; /* (B, T, h) after the attention residual */
@@ -127,10 +127,11 @@ typedef struct ts_dit_grad_acts {
     ts_tensor_t dx; /* (B, T, h) running gradient of the residual stream */
     ts_tensor_t dc_silu, dc, dt_s, dt_h;
     ts_tensor_t dmod, dfc2, dgelu, dfc1, dmod2, dln2, dproj, datty, dqkv, datt, dmod1, dln1;
-    /* (B, T, max(mlp_ratio·h, 3h)) 16-bit room: with 16-bit activations, the MLP linears' and
-     * (with the flash attention) qkv's dout rounded by its producer (gate_residual's, GELU's and
-     * the attention's backward), which the linear's backward reads instead of rounding it in a
-     * kernel of its own */
+    /* (B, T, max(mlp_ratio·h, 3h)) 16-bit room, a trainable model's at bf16 or f16 (else an
+     * empty tensor; the model's rooms arena): with 16-bit activations, the MLP linears', proj's
+     * and (with the flash attention) qkv's dout rounded by its producer (gate_residual's, GELU's
+     * and the attention's backward), which the linear's backward reads instead of rounding it in
+     * a kernel of its own */
     ts_tensor_t dout16;
 } ts_dit_grad_acts_t;
 
@@ -170,9 +171,12 @@ typedef struct ts_dit {
      * (ts_dit_set_lp_activations); on by default on a GPU */
     int lp_acts;
     int fwd_lp_acts; /* lp_acts as the last forward found it: what its backward reads */
-    /* the arena holds a trainable model's 16-bit rooms (the blocks' atty16, gacts.dout16): laid
-     * out at bf16 and f16 only (ts_dit_set_precision) */
+    /* a trainable model's 16-bit rooms (the blocks' atty16 with the fused attention, gacts.dout16)
+     * in an arena of their own, laid out at bf16 and f16 only (ts_dit_set_precision; empty
+     * tensors otherwise): lp_rooms says they are, rooms_attn for which attention */
+    ts_arena_t rooms;
     int lp_rooms;
+    ts_attn_impl_t rooms_attn;
     /* CUDA graphs of the inference forward (ts_dit_set_graphs), keyed by the batch, the input
      * buffers, the weights' 16-bit copy, the activations' arena and the settings that choose the
      * kernels */
@@ -279,7 +283,10 @@ int ts_dit_zero_grad(ts_dit_t *m);
  * cannot run bf16. f16: as bf16 in IEEE half precision (f16 training: the trainer scales the
  * loss, model/trainer.h); its attention is the composed one unless asked (on a GPU: the f16
  * flash attention). Either way the attention goes back to its default for the precision (bf16: composed, f32: the engine's default; see ts_attn_impl_t): call
- * ts_dit_set_attention after this, not before. */
+ * ts_dit_set_attention after this, not before. A trainable model's 16-bit rooms (atty16,
+ * dout16) are made when it leaves f32 and freed when it comes back, and a change of attention
+ * lays the activations out again: what a forward kept is gone, so a backward needs a forward
+ * after this (TS_ENOMEM where the new layout cannot be had: the model keeps the one it had). */
 int ts_dit_set_precision(ts_dit_t *m, ts_precision_t p, char *why, size_t why_len);
 /* 16-bit activations (on: 1, off: 0; a new model on a GPU engine starts on, on a CPU off). When
  * on, a model at bf16 or f16 has the producers of its linears' inputs — the LayerNorm +

@@ -161,6 +161,14 @@ static void test_backward_f32(void **state) {
         assert_int_equal(
             ts_attention_fused_backward(e, &f.qkv, &dout, &f.qkv, &f.out, &f.lse, (int)f.H),
             TS_EINVAL);
+        ts_tensor_t over; /* a dqkv whose bytes begin in dout, out, or lse */
+        const ts_tensor_t *read[] = {&dout, &f.out, &f.lse};
+        for (int k = 0; k < 3; k++) {
+            TU_CHECK_OK(ts_tensor_wrap(&over, read[k]->data, TS_F32, TS_CPU, 3, f.qkv.shape));
+            assert_int_equal(
+                ts_attention_fused_backward(e, &over, &dout, &f.qkv, &f.out, &f.lse, (int)f.H),
+                TS_EINVAL);
+        }
         assert_memory_equal(before, f.qkv.data, (size_t)n * sizeof *before);
         free(before);
         free(want);

@@ -301,8 +301,8 @@ static void train_both(fixture_t *fx, ts_precision_t cpu_p, ts_precision_t gpu_p
 
 /* bf16 on the GPU (compute capability 8.0 or newer; cuBLAS with fp32 accumulation): the forward
  * within bf16's error of the CPU's fp32 forward (nmse ≤ 1e-4; a bf16 rounding is 2⁻⁹ relative)
- * yet not equal to the GPU's fp32 one (the bf16 path ran), the same bits twice and with 16-bit
- * activations off; five bf16
+ * yet not equal to the GPU's fp32 one (the bf16 path ran), the same bits twice, and with 16-bit
+ * activations off within an ulp's error of the composed attention's output; five bf16
  * training steps with losses within 2 % of the CPU's fp32 steps and the same parameters to
  * nmse 1e-6. */
 static void test_bf16(void **state) {
@@ -332,10 +332,16 @@ static void test_bf16(void **state) {
     TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
     TU_CHECK_OK(ts_tensor_copy(&f32, &v[1]));
     assert_memory_equal(f32.data, bf.data, (size_t)ts_tensor_numel(&bf) * sizeof(float));
-    ts_dit_set_lp_activations(&m[1], 0); /* the linears round their inputs: the same bits */
+    /* the linears round their inputs instead: the same values rounded the same way, but for
+     * the composed attention's output, which its last product writes in 16 bits itself (within
+     * an ulp of the fp32 output rounded, test_cuda_parity): close, not the same bits */
+    assert_int_equal(m[1].attn, TS_ATTN_COMPOSED);
+    ts_dit_set_lp_activations(&m[1], 0);
     TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
     TU_CHECK_OK(ts_tensor_copy(&f32, &v[1]));
-    assert_memory_equal(f32.data, bf.data, (size_t)ts_tensor_numel(&bf) * sizeof(float));
+    double off = nmse(&f32, &bf);
+    printf("  bf16, 16-bit activations off: nmse %.3g against on\n", off);
+    assert_true(off <= 1e-6); /* ≤ 1 % of the output's elements an ulp (2^-8) off */
     ts_tensor_free(&f32), ts_tensor_free(&bf);
     for (int s = 0; s < 2; s++) {
         ts_tensor_free(&x[s]), ts_tensor_free(&t[s]);
@@ -349,7 +355,8 @@ static void test_bf16(void **state) {
  * CPU's f16 (emulated: the same rounded operands, fp32 sums in another order): nmse ≤ 1e-7 (an
  * activation's f16 rounding may fall the other way now and then: 2⁻¹¹ relative where it does);
  * against the CPU's fp32, within f16's error (nmse ≤ 1e-5; measured ~1e-7 on the CPU); the same
- * bits twice and with 16-bit activations off. */
+ * bits twice, and with 16-bit activations off within an ulp's error of the composed attention's
+ * output. */
 static void test_f16(void **state) {
     fixture_t *fx = *state;
     char why[256] = "";
@@ -379,12 +386,15 @@ static void test_f16(void **state) {
     TU_CHECK_OK(ts_tensor_copy(&h16, &v[1]));
     assert_memory_equal(first.data, h16.data, (size_t)ts_tensor_numel(&h16) * sizeof(float));
     /* a GPU model writes its linears' inputs in 16 bits; rounded by the linears instead, the
-     * same bits */
+     * same values, but for the composed attention's 16-bit output (test_bf16, above) */
     assert_true(m[1].lp_acts);
+    assert_int_equal(m[1].attn, TS_ATTN_COMPOSED);
     ts_dit_set_lp_activations(&m[1], 0);
     TU_CHECK_OK(ts_dit_forward(&m[1], &x[1], &t[1], y, B, &v[1]));
     TU_CHECK_OK(ts_tensor_copy(&h16, &v[1]));
-    assert_memory_equal(first.data, h16.data, (size_t)ts_tensor_numel(&h16) * sizeof(float));
+    double off = nmse(&h16, &first);
+    printf("  f16, 16-bit activations off: nmse %.3g against on\n", off);
+    assert_true(off <= 1e-8); /* ≤ 1 % of the output's elements an ulp (2^-11) off */
     ts_tensor_free(&h16), ts_tensor_free(&first);
     for (int s = 0; s < 2; s++) {
         ts_tensor_free(&x[s]), ts_tensor_free(&t[s]);

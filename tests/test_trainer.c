@@ -258,7 +258,7 @@ static uint64_t nbytes(const ts_tensor_t *t) { return t->data ? ts_tensor_nbytes
 /* What a model really holds on the CPU engine: every tensor it owns and its arena. */
 static uint64_t model_bytes(const ts_dit_t *m) {
     return nbytes(&m->param_mem) + nbytes(&m->grad_mem) + nbytes(&m->pos_embed) +
-           nbytes(&m->labels) + nbytes(&m->param_lp) + m->arena.cap;
+           nbytes(&m->labels) + nbytes(&m->param_lp) + m->arena.cap + m->rooms.cap;
 }
 
 static uint64_t trainer_bytes(const ts_trainer_t *tr) {

@@ -383,8 +383,10 @@ int ts_cuda_engine_init(ts_engine_t *e, int gpu) {
     if (ctx->blas_ws && blas_onto(ctx, ctx->stream) != TS_OK) {
         cudaFree(ctx->blas_ws);
         ctx->blas_ws = NULL;
-        if (blas_onto(ctx, ctx->stream) != TS_OK) /* (back to cuBLAS's own pool) */
+        if (blas_onto(ctx, ctx->stream) != TS_OK) { /* (back to cuBLAS's own pool) */
+            err = TS_ECUBLAS;
             goto fail;
+        }
     }
 
     {
@@ -1254,8 +1256,11 @@ int ts_cuda_set_epilogues(ts_engine_t *e, int on) {
         return TS_EINVAL;
     /* cuBLASLt opened and started now, not at the first product (which may be in a capture):
      * TS_ENOTSUP at once where it cannot be */
-    if (on && (e->cuda->epilogues == -1 || lt_start(e->cuda) != TS_OK))
+    if (on && e->cuda->epilogues == -1)
         return TS_ENOTSUP;
+    int rc = on ? lt_start(e->cuda) : TS_OK; /* TS_ENOTSUP, or TS_ECUDA: the device */
+    if (rc != TS_OK)
+        return rc;
     if (e->cuda->epilogues != (on != 0))
         e->scratch_epoch++; /* graphs recorded with the other kernels are not launched again */
     e->cuda->epilogues = on != 0;

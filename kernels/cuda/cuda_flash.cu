@@ -337,8 +337,10 @@ int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, uint16_t 
         return err;
     float *dsum = (float *)room;
     int64_t n = B * H * T, blocks = (n + 255) / 256;
-    k_flash_bwd_d<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, L.st>>>(dsum, dout, out, B,
-                                                                                 T, C, H, L.hd);
+    unsigned grid = (unsigned)(blocks < 65535 ? blocks : 65535);
+    k_flash_bwd_d<<<grid, 256, 0, L.st>>>(dsum, dout, out, B, T, C, H, L.hd);
+    if (cudaGetLastError() != cudaSuccess) /* no pass reads a D that was never written */
+        return TS_ECUDA;
     return by_head_and_type(L.hd, lp, [&](auto k, auto f) {
         constexpr int HD = decltype(k)::value, F16 = decltype(f)::value;
         k_flash_bwd_kv<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(
