@@ -552,8 +552,7 @@ ts_attn_impl_t ts_dit_default_attention(const ts_dit_t *m) {
 static int relayout(ts_dit_t *m, ts_attn_impl_t a, int lp) {
     lp = lp && m->trainable;
     if (a == m->attn && lp == m->lp_rooms && (!lp || a == m->rooms_attn))
-        return TS_OK;
-    graphs_stale(m); /* the activations are laid out again */
+        return TS_OK; /* (set_attention_at has made the graphs stale already) */
     ts_attn_impl_t rooms_was = m->rooms_attn;
     int lp_was = m->lp_rooms;
     TS_TRY(set_rooms(m, a, lp));
