@@ -499,10 +499,60 @@ TS_HD void ts_groupnorm_coeffs(double mean, double rstd, double w, double bias, 
     *b = (float)(bias - (mean - (double)*m) * rstd * w);
 }
 
+/* GroupNorm's 1/std from the group's sum of squared deviations ss over n values (biased
+ * variance, as torch). */
+TS_HD double ts_groupnorm_rstd(double ss, int64_t n, float eps) {
+    return 1.0 / sqrt(ss / (double)n + (double)eps);
+}
+
+/* A GPU splits each group's statistics over blocks when the groups are few and large: the number
+ * of chunks per group for `groups` groups of n values, with room for `cap` partial sums per
+ * statistic (each chunk at least TS_GN_CHUNK values; 1: one block per group). */
+#define TS_GN_CHUNK 4096
+#define TS_GN_MAX_PARTIALS 1024 /* per statistic: the CUDA engine's scratch holds 2 × this */
+TS_HD int64_t ts_groupnorm_splits(int64_t n, int64_t groups, int64_t cap) {
+    int64_t want = (n + TS_GN_CHUNK - 1) / TS_GN_CHUNK, room = groups > 0 ? cap / groups : 0;
+    int64_t s = want < room ? want : room;
+    return s < 1 ? 1 : s;
+}
+
+/* Chunk k of `splits` of a group of n values: [*lo, *hi), consecutive, covering 0..n. */
+TS_HD void ts_groupnorm_chunk(int64_t n, int64_t splits, int64_t k, int64_t *lo, int64_t *hi) {
+    int64_t len = (n + splits - 1) / splits;
+    *lo = k * len < n ? k * len : n;
+    *hi = (k + 1) * len < n ? (k + 1) * len : n;
+}
+
+/* A group's statistic from its chunks' partial sums, added in chunk order (every block of the
+ * group adds them alike, so all see the same mean and 1/std). */
+TS_HD double ts_groupnorm_gather(const double *part, int64_t splits) {
+    double s = 0.0;
+    for (int64_t k = 0; k < splits; k++)
+        s += part[k];
+    return s;
+}
+
 /* One element of GroupNorm (then SiLU when silu) from its channel's coefficients. */
 TS_HD float ts_groupnorm_elem(float x, float m, float a, float b, int silu) {
     float y = (x - m) * a + b;
     return silu ? ts_silu(y) : y;
+}
+
+/* GroupNorm's elements [lo, hi) of one group (cg channels of S values from channel c0 on; y and
+ * x at the group's first value), each channel's coefficients from the group's mean and 1/std:
+ * the elements first, first + step, … of each channel's share of the range (a GPU block's
+ * threads share them; the CPU passes 0, 1). */
+TS_HD void ts_groupnorm_apply(float *y, const float *x, const float *weight, const float *bias,
+                              int64_t c0, int64_t cg, int64_t S, int64_t lo, int64_t hi,
+                              double mean, double rstd, int silu, int64_t first, int64_t step) {
+    for (int64_t c = lo / S; c < cg && c * S < hi; c++) {
+        float m, a, b;
+        ts_groupnorm_coeffs(mean, rstd, weight ? (double)weight[c0 + c] : 1.0,
+                            bias ? (double)bias[c0 + c] : 0.0, &m, &a, &b);
+        const int64_t from = c * S > lo ? c * S : lo, to = (c + 1) * S < hi ? (c + 1) * S : hi;
+        for (int64_t i = from + first; i < to; i += step)
+            y[i] = ts_groupnorm_elem(x[i], m, a, b, silu);
+    }
 }
 
 #endif

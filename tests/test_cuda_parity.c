@@ -1674,6 +1674,10 @@ static void test_image(void **state) {
     groupnorm_case(fx, &r, 2, 128, 1024, 32, 0, 0, "groupnorm");
     groupnorm_case(fx, &r, 2, 64, 33, 32, 1, 0, "groupnorm + silu");
     groupnorm_case(fx, &r, 1, 8, 1000, 2, 0, 1000, "groupnorm mean 1000");
+    /* few large groups: the statistics split over several blocks a group (ts_groupnorm_splits) */
+    groupnorm_case(fx, &r, 2, 96, 2501, 32, 1, 0, "groupnorm + silu, 2 blocks a group");
+    groupnorm_case(fx, &r, 1, 128, 65536, 32, 1, 0,
+                   "groupnorm + silu at 256 x 256, 32 blocks a group");
     pair_t x, y;
     pair_rand(&x, &r, -1, 1, 4, TS_SHAPE(3, 5, 7, 9));
     pair_zeros(&y, 4, TS_SHAPE(3, 5, 14, 18));

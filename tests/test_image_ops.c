@@ -469,32 +469,51 @@ static double gpu_block_sum(const double *part) {
     return v[0];
 }
 
-/* k_groupnorm on one group of n values (cg channels of S), emulated. */
-static void gpu_groupnorm_group(float *y, const float *x, const float *w, const float *b,
-                                int64_t c0, int64_t cg, int64_t S, float eps, int silu) {
-    const int64_t n = cg * S;
+/* One block's share of a chunk [lo, hi) of x (IMG_THREADS = 256 threads, each a strided share
+ * from lo), then block_sum: f(x[i]) summed as the kernel sums it. */
+static double gpu_chunk_sum(const float *x, int64_t lo, int64_t hi, double mean, int squares) {
     double part[256] = {0};
     for (int t = 0; t < 256; t++)
-        for (int64_t i = t; i < n; i += 256)
-            part[t] += (double)x[i];
-    const double mean = gpu_block_sum(part) / (double)n;
-    for (int t = 0; t < 256; t++) {
-        part[t] = 0.0;
-        for (int64_t i = t; i < n; i += 256) {
+        for (int64_t i = lo + t; i < hi; i += 256) {
             double d = (double)x[i] - mean;
-            part[t] += d * d;
+            part[t] += squares ? d * d : (double)x[i];
         }
-    }
-    const double rstd = 1.0 / sqrt(gpu_block_sum(part) / (double)n + (double)eps);
-    for (int64_t c = 0; c < cg; c++) {
-        float m, a, bb;
-        ts_groupnorm_coeffs(mean, rstd, w ? (double)w[c0 + c] : 1.0, b ? (double)b[c0 + c] : 0.0,
-                            &m, &a, &bb);
-        for (int64_t i = 0; i < S; i++)
-            y[c * S + i] = ts_groupnorm_elem(x[c * S + i], m, a, bb, silu);
-    }
+    return gpu_block_sum(part);
 }
 
+/* The CUDA engine's GroupNorm on one group of n values (cg channels of S, from channel c0),
+ * emulated: with splits 1 k_groupnorm (one block: the sums, the squared deviations, the
+ * elements); else k_groupnorm_sums, k_groupnorm_devs and k_groupnorm_split_apply, block k on
+ * chunk k (the partials gathered in chunk order). y is written only where a block writes. */
+static void gpu_groupnorm_group(float *y, const float *x, const float *w, const float *b,
+                                int64_t c0, int64_t cg, int64_t S, float eps, int silu,
+                                int64_t splits) {
+    const int64_t n = cg * S;
+    double *sums = calloc((size_t)splits, sizeof *sums),
+           *devs = calloc((size_t)splits, sizeof *devs);
+    assert_non_null(sums);
+    assert_non_null(devs);
+    int64_t lo, hi;
+    for (int64_t k = 0; k < splits; k++) {
+        ts_groupnorm_chunk(n, splits, k, &lo, &hi);
+        sums[k] = gpu_chunk_sum(x, lo, hi, 0.0, 0);
+    }
+    const double mean = ts_groupnorm_gather(sums, splits) / (double)n;
+    for (int64_t k = 0; k < splits; k++) {
+        ts_groupnorm_chunk(n, splits, k, &lo, &hi);
+        devs[k] = gpu_chunk_sum(x, lo, hi, mean, 1);
+    }
+    const double rstd = ts_groupnorm_rstd(ts_groupnorm_gather(devs, splits), n, eps);
+    for (int64_t k = 0; k < splits; k++) {
+        ts_groupnorm_chunk(n, splits, k, &lo, &hi);
+        for (int t = 0; t < 256; t++) /* each thread's elements */
+            ts_groupnorm_apply(y, x, w, b, c0, cg, S, lo, hi, mean, rstd, silu, t, 256);
+    }
+    free(sums), free(devs);
+}
+
+/* The GPU's GroupNorm, emulated, against the CPU's, bit for bit; with the splits the CUDA engine
+ * picks (ts_groupnorm_splits), and over one block a group too when it would split. */
 static void check_gpu_groupnorm(ts_engine_t *e, int64_t B, int64_t C, int64_t S, int G, int silu,
                                 float offset, uint64_t seed) {
     ts_tensor_t x, y, w, b;
@@ -504,18 +523,46 @@ static void check_gpu_groupnorm(ts_engine_t *e, int64_t B, int64_t C, int64_t S,
         silu ? ts_groupnorm_silu_forward : ts_groupnorm_forward;
     TU_CHECK_OK(op(e, &y, &x, &w, &b, G, 1e-6f));
     const int64_t cg = C / G, n = cg * S;
+    const int64_t splits = ts_groupnorm_splits(n, B * G, TS_GN_MAX_PARTIALS);
+    assert_true(splits >= 1 && B * G * splits <= (splits > 1 ? TS_GN_MAX_PARTIALS : B * G));
     float *gpu = tu_floats(B * C * S);
-    for (int64_t q = 0; q < B * G; q++)
-        gpu_groupnorm_group(gpu + q * n, tu_f32(&x) + q * n, tu_f32(&w), tu_f32(&b), q % G * cg, cg,
-                            S, 1e-6f, silu);
-    for (int64_t i = 0; i < B * C * S; i++)
-        if (bits(gpu[i]) != bits(tu_f32(&y)[i]))
-            fail_msg("groupnorm B=%lld C=%lld S=%lld G=%d offset %g: the GPU's order gives %.9g at "
-                     "%lld, the CPU %.9g",
-                     (long long)B, (long long)C, (long long)S, G, (double)offset, (double)gpu[i],
-                     (long long)i, (double)tu_f32(&y)[i]);
+    for (int pass = 0; pass < (splits > 1 ? 2 : 1); pass++) {
+        for (int64_t i = 0; i < B * C * S; i++)
+            gpu[i] = NAN; /* an element no block writes stays NaN */
+        for (int64_t q = 0; q < B * G; q++)
+            gpu_groupnorm_group(gpu + q * n, tu_f32(&x) + q * n, tu_f32(&w), tu_f32(&b), q % G * cg,
+                                cg, S, 1e-6f, silu, pass ? 1 : splits);
+        for (int64_t i = 0; i < B * C * S; i++)
+            if (bits(gpu[i]) != bits(tu_f32(&y)[i]))
+                fail_msg("groupnorm B=%lld C=%lld S=%lld G=%d offset %g, %lld blocks a group: the "
+                         "GPU's order gives %.9g at %lld, the CPU %.9g",
+                         (long long)B, (long long)C, (long long)S, G, (double)offset,
+                         (long long)(pass ? 1 : splits), (double)gpu[i], (long long)i,
+                         (double)tu_f32(&y)[i]);
+    }
     free(gpu);
     TU_FREE_TENSORS(&x, &y, &w, &b);
+}
+
+/* ts_groupnorm_splits: at least TS_GN_CHUNK values a block, the partials within the cap. */
+static void test_groupnorm_splits(void **state) {
+    (void)state;
+    assert_int_equal(ts_groupnorm_splits(4096, 32, 1024), 1);
+    assert_int_equal(ts_groupnorm_splits(4097, 32, 1024), 2);
+    assert_int_equal(ts_groupnorm_splits(4 * 65536, 32, 1024), 32);  /* the decoder at 256² */
+    assert_int_equal(ts_groupnorm_splits(4 * 65536, 2048, 1024), 1); /* more groups than room */
+    assert_int_equal(ts_groupnorm_splits(0, 0, 1024), 1);
+    for (int64_t n = 1; n < 40; n++)
+        for (int64_t s = 1; s <= n + 2; s++) { /* the chunks tile 0..n in order */
+            int64_t lo, hi, end = 0;
+            for (int64_t k = 0; k < s; k++) {
+                ts_groupnorm_chunk(n, s, k, &lo, &hi);
+                assert_int_equal(lo, end);
+                assert_true(hi >= lo);
+                end = hi;
+            }
+            assert_int_equal(end, n);
+        }
 }
 
 static void test_cuda_groupnorm_order(void **state) {
@@ -524,6 +571,10 @@ static void test_cuda_groupnorm_order(void **state) {
     check_gpu_groupnorm(e, 1, 128, 1024, 32, 0, 0, 22); /* 4096 a group: every thread sums 16 */
     check_gpu_groupnorm(e, 1, 8, 1000, 2, 0, 1000, 23); /* mean 1000, spread 1 */
     check_gpu_groupnorm(e, 3, 32, 17, 32, 1, 0, 24);    /* one channel a group, odd S */
+    check_gpu_groupnorm(e, 1, 128, 4097, 32, 0, 0, 25); /* split: 5 blocks a group, 4 channels */
+    check_gpu_groupnorm(e, 2, 96, 2501, 32, 1, 0, 26);  /* split: chunks end inside a channel */
+    check_gpu_groupnorm(e, 1, 8, 5000, 2, 0, 1000, 27); /* split, mean 1000 */
+    check_gpu_groupnorm(e, 1, 128, 16384, 32, 1, 0, 28); /* the decoder at 128²: 16 a group */
 }
 
 int main(void) {
@@ -539,6 +590,7 @@ int main(void) {
         cmocka_unit_test(test_upsample_nearest2x),
         cmocka_unit_test(test_cuda_index_maps),
         cmocka_unit_test(test_cuda_groupnorm_order),
+        cmocka_unit_test(test_groupnorm_splits),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

@@ -151,17 +151,10 @@ static void groupnorm_range(void *arg, int64_t lo, int64_t hi) {
             double d = (double)x[i] - mean;
             ss += d * d;
         }
-        double rstd = 1.0 / sqrt(ss / (double)n + (double)j->eps);
-        int64_t c0 = q % j->G * cg;
-        for (int64_t c = 0; c < cg; c++) {
-            float m, a, b; /* kernels/math.h: y = (x − m)·a + b, each rounded once per channel */
-            ts_groupnorm_coeffs(mean, rstd, j->weight ? (double)j->weight[c0 + c] : 1.0,
-                                j->bias ? (double)j->bias[c0 + c] : 0.0, &m, &a, &b);
-            const float *xc = x + c * S;
-            float *yc = y + c * S;
-            for (int64_t i = 0; i < S; i++)
-                yc[i] = ts_groupnorm_elem(xc[i], m, a, b, j->silu);
-        }
+        double rstd = ts_groupnorm_rstd(ss, n, j->eps);
+        /* kernels/math.h: y = (x − m)·a + b, the coefficients rounded once per channel */
+        ts_groupnorm_apply(y, x, j->weight, j->bias, q % j->G * cg, cg, S, 0, n, mean, rstd,
+                           j->silu, 0, 1);
     }
 }
 

@@ -9,7 +9,9 @@
  * (ts_im2col_src, ts_upsample2x_src, checked against the CPU ops by tests/test_image_ops.c) and
  * GroupNorm's per-channel coefficients and element (ts_groupnorm_coeffs, ts_groupnorm_elem). The
  * copies and the bias are exact, so they equal the CPU's bits. GroupNorm's statistics are sums in
- * double, as on the CPU, over one group per block (each thread a strided share, then a tree): the
+ * double, as on the CPU, over one group per block (each thread a strided share, then a tree), or
+ * for a few large groups over several blocks per group, their partials gathered in a fixed order
+ * (ts_groupnorm_chunk, _gather: tests/test_image_ops.c runs those steps on the CPU): the
  * order differs from the CPU's element order, but a double sum of at most a few million floats
  * rounds to the same float mean and 1/std but for a last-place tie, which the parity test allows.
  *
@@ -138,7 +140,6 @@ static __global__ void k_groupnorm(float *out, const float *inp, const float *we
     const int64_t cg = C / G, n = cg * S;
     for (int64_t q = blockIdx.x; q < groups; q += gridDim.x) {
         const float *x = inp + q * n;
-        float *y = out + q * n;
         double s = 0.0;
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
             s += (double)x[i];
@@ -148,16 +149,63 @@ static __global__ void k_groupnorm(float *out, const float *inp, const float *we
             double d = (double)x[i] - mean;
             ss += d * d;
         }
-        const double rstd = 1.0 / sqrt(block_sum(ss, sh) / (double)n + (double)eps);
-        const int64_t c0 = q % G * cg;
-        for (int64_t c = 0; c < cg; c++) {
-            float m, a, b;
-            ts_groupnorm_coeffs(mean, rstd, weight ? (double)weight[c0 + c] : 1.0,
-                                bias ? (double)bias[c0 + c] : 0.0, &m, &a, &b);
-            for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
-                y[c * S + i] = ts_groupnorm_elem(x[c * S + i], m, a, b, silu);
-        }
+        const double rstd = ts_groupnorm_rstd(block_sum(ss, sh), n, eps);
+        ts_groupnorm_apply(out + q * n, x, weight, bias, q % G * cg, cg, S, 0, n, mean, rstd, silu,
+                           threadIdx.x, blockDim.x);
     }
+}
+
+/* A group's statistics split over `splits` blocks (ts_groupnorm_splits: few, large groups, such
+ * as the VAE decoder's 32 groups of a 256 × 256 image, which one block each would leave most of
+ * the GPU idle): block (q, k) works on chunk k of group q (ts_groupnorm_chunk). Three launches —
+ * the chunks' sums; the chunks' squared deviations from the mean, which every block gathers from
+ * the sums in chunk order (ts_groupnorm_gather); the elements — the partials in the engine's
+ * scratch. The statistics are the one-block kernel's: double sums, in another order. */
+static __global__ void k_groupnorm_sums(double *part, const float *inp, int64_t n, int64_t splits) {
+    __shared__ double sh[IMG_THREADS / 32];
+    const int64_t q = blockIdx.x / splits, k = blockIdx.x % splits;
+    int64_t lo, hi;
+    ts_groupnorm_chunk(n, splits, k, &lo, &hi);
+    const float *x = inp + q * n;
+    double s = 0.0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+        s += (double)x[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = s;
+}
+
+static __global__ void k_groupnorm_devs(double *part_ss, const double *part_sum, const float *inp,
+                                        int64_t n, int64_t splits) {
+    __shared__ double sh[IMG_THREADS / 32];
+    const int64_t q = blockIdx.x / splits, k = blockIdx.x % splits;
+    int64_t lo, hi;
+    ts_groupnorm_chunk(n, splits, k, &lo, &hi);
+    const double mean = ts_groupnorm_gather(part_sum + q * splits, splits) / (double)n;
+    const float *x = inp + q * n;
+    double ss = 0.0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        double d = (double)x[i] - mean;
+        ss += d * d;
+    }
+    ss = block_sum(ss, sh);
+    if (threadIdx.x == 0)
+        part_ss[blockIdx.x] = ss;
+}
+
+static __global__ void k_groupnorm_split_apply(float *out, const float *inp, const float *weight,
+                                               const float *bias, const double *part_sum,
+                                               const double *part_ss, int64_t C, int64_t S,
+                                               int64_t G, int64_t splits, float eps, int silu) {
+    const int64_t cg = C / G, n = cg * S;
+    const int64_t q = blockIdx.x / splits, k = blockIdx.x % splits;
+    int64_t lo, hi;
+    ts_groupnorm_chunk(n, splits, k, &lo, &hi);
+    const double mean = ts_groupnorm_gather(part_sum + q * splits, splits) / (double)n;
+    const double rstd =
+        ts_groupnorm_rstd(ts_groupnorm_gather(part_ss + q * splits, splits), n, eps);
+    ts_groupnorm_apply(out + q * n, inp + q * n, weight, bias, q % G * cg, cg, S, lo, hi, mean,
+                       rstd, silu, threadIdx.x, blockDim.x);
 }
 
 int ts_cuda_groupnorm_forward(ts_engine_t *e, float *out, const float *inp, const float *weight,
@@ -166,8 +214,29 @@ int ts_cuda_groupnorm_forward(ts_engine_t *e, float *out, const float *inp, cons
     int64_t groups = B * G;
     if (groups <= 0 || S <= 0)
         return TS_OK;
-    unsigned blocks = (unsigned)(groups < IMG_MAX_GROUPS ? groups : IMG_MAX_GROUPS);
-    return launch(e, blocks, k_groupnorm, out, inp, weight, bias, groups, C, S, G, eps, silu);
+    cudaStream_t stream;
+    void *scratch;
+    size_t scratch_bytes;
+    int err = ts_cuda_ctx_enter(e, &stream, &scratch, &scratch_bytes);
+    if (err)
+        return err;
+    /* the scratch holds both statistics' partials */
+    int64_t n = C / G * S, cap = (int64_t)(scratch_bytes / (2 * sizeof(double)));
+    if (cap > TS_GN_MAX_PARTIALS)
+        cap = TS_GN_MAX_PARTIALS;
+    int64_t splits = ts_groupnorm_splits(n, groups, cap);
+    if (splits < 2) {
+        unsigned blocks = (unsigned)(groups < IMG_MAX_GROUPS ? groups : IMG_MAX_GROUPS);
+        return launch(e, blocks, k_groupnorm, out, inp, weight, bias, groups, C, S, G, eps, silu);
+    }
+    double *part_sum = (double *)scratch, *part_ss = part_sum + groups * splits;
+    unsigned blocks = (unsigned)(groups * splits); /* at most cap */
+    if ((err = launch(e, blocks, k_groupnorm_sums, part_sum, inp, n, splits)) != TS_OK ||
+        (err = launch(e, blocks, k_groupnorm_devs, part_ss, (const double *)part_sum, inp, n,
+                      splits)) != TS_OK)
+        return err;
+    return launch(e, blocks, k_groupnorm_split_apply, out, inp, weight, bias,
+                  (const double *)part_sum, (const double *)part_ss, C, S, G, splits, eps, silu);
 }
 
 /* ---- nearest ×2 upsampling ------------------------------------------------------------- */
