@@ -1,7 +1,9 @@
 #!/bin/sh
 # test_flash_regs.sh NVCC — the flash attention's kernels (kernels/cuda/cuda_flash.cu) keep each
-# lane's fragments in registers: ptxas's report (-Xptxas -v) for sm_90 and sm_75, every instance
-# with a compile-time head (k_flash<HD, F16>, k_flash_bwd_q/kv<HD, F16>, HD > 0), both types. A
+# lane's fragments in registers: ptxas's report (-Xptxas -v) for every architecture the build
+# compiles (sm_90, 89, 86, 80, 75: Hopper, the consumer Ada and Ampere cards, the A100, Turing),
+# every instance with a compile-time head (k_flash<HD, F16>, k_flash_bwd_q/kv<HD, F16>, HD > 0),
+# both types. A
 # per-lane array in local memory — a loop over it left rolled, as the f16 instances once were —
 # takes a stack frame of 496 bytes or more (the forward's), and every step of the inner loop
 # then goes through memory; a few words of spill are the register allocator's and are allowed
@@ -13,7 +15,7 @@ NVCC=${1:-} # (empty: a build without CUDA)
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$(dirname "$0")/lib.sh"
 [ -n "$NVCC" ] && [ -x "$NVCC" ] || { echo "SKIP: no nvcc (this build has no CUDA backend)"; exit 77; }
-for arch in 90 75; do
+for arch in 90 89 86 80 75; do
     "$NVCC" -I"$root" -O3 -DNDEBUG -std=c++17 --fmad=false -DTESSERA_HAVE_CUDA=1 \
         --generate-code="arch=compute_$arch,code=sm_$arch" -Xptxas -v -x cu \
         -c "$root/kernels/cuda/cuda_flash.cu" -o "$dir/flash.o" >"$dir/ptxas.txt" 2>&1 ||
