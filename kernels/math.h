@@ -507,7 +507,8 @@ TS_HD double ts_groupnorm_rstd(double ss, int64_t n, float eps) {
 
 /* A GPU splits each group's statistics over blocks when the groups are few and large: the number
  * of chunks per group for `groups` groups of n values, with room for `cap` partial sums per
- * statistic (each chunk at least TS_GN_CHUNK values; 1: one block per group). */
+ * statistic — ⌈n / TS_GN_CHUNK⌉ where the room allows, so a chunk holds at most TS_GN_CHUNK
+ * values and more than half that; 1: one block per group. */
 #define TS_GN_CHUNK 4096
 #define TS_GN_MAX_PARTIALS 1024 /* per statistic: the CUDA engine's scratch holds 2 × this */
 TS_HD int64_t ts_groupnorm_splits(int64_t n, int64_t groups, int64_t cap) {

@@ -1645,8 +1645,9 @@ static void conv_lp_case(fixture_t *fx, tu_rng_t *r, ts_precision_t prec, ts_con
     pair_free(&sc);
 }
 
+/* in_place: the output written over x */
 static void groupnorm_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t C, int64_t S, int G,
-                           int silu, float offset, const char *what) {
+                           int silu, float offset, int in_place, const char *what) {
     pair_t x, w, b, y;
     pair_rand(&x, r, offset - 1, offset + 1, 3, TS_SHAPE(B, C, S));
     pair_rand(&w, r, -2, 2, 1, TS_SHAPE(C));
@@ -1655,8 +1656,9 @@ static void groupnorm_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t C, int
     int (*op)(ts_engine_t *, ts_tensor_t *, const ts_tensor_t *, const ts_tensor_t *,
               const ts_tensor_t *, int, float) =
         silu ? ts_groupnorm_silu_forward : ts_groupnorm_forward;
-    BOTH(op(E, ON(y), ON(x), ON(w), ON(b), G, 1e-6f));
-    expect_close(fx, what, &y);
+    pair_t *out = in_place ? &x : &y;
+    BOTH(op(E, ON(*out), ON(x), ON(w), ON(b), G, 1e-6f));
+    expect_close(fx, what, out);
     pair_free(&x), pair_free(&w), pair_free(&b), pair_free(&y);
 }
 
@@ -1671,13 +1673,17 @@ static void test_image(void **state) {
     conv_lp_case(fx, &r, TS_PREC_BF16, same, 3, "conv2d 3x3 bf16, 16-bit weight");
     conv_lp_case(fx, &r, TS_PREC_F16, down, 3, "conv2d 3x3 stride 2 f16, 16-bit weight");
     conv_lp_case(fx, &r, TS_PREC_BF16, point, 1, "conv2d 1x1 bf16, 16-bit weight");
-    groupnorm_case(fx, &r, 2, 128, 1024, 32, 0, 0, "groupnorm");
-    groupnorm_case(fx, &r, 2, 64, 33, 32, 1, 0, "groupnorm + silu");
-    groupnorm_case(fx, &r, 1, 8, 1000, 2, 0, 1000, "groupnorm mean 1000");
+    groupnorm_case(fx, &r, 2, 128, 1024, 32, 0, 0, 0, "groupnorm");
+    groupnorm_case(fx, &r, 2, 64, 33, 32, 1, 0, 0, "groupnorm + silu");
+    groupnorm_case(fx, &r, 1, 8, 1000, 2, 0, 1000, 0, "groupnorm mean 1000");
     /* few large groups: the statistics split over several blocks a group (ts_groupnorm_splits) */
-    groupnorm_case(fx, &r, 2, 96, 2501, 32, 1, 0, "groupnorm + silu, 2 blocks a group");
-    groupnorm_case(fx, &r, 1, 128, 65536, 32, 1, 0,
-                   "groupnorm + silu at 256 x 256, 32 blocks a group");
+    groupnorm_case(fx, &r, 2, 96, 2501, 32, 1, 0, 0, "groupnorm + silu, 2 blocks a group");
+    groupnorm_case(fx, &r, 1, 128, 65536, 32, 1, 0, 0,
+                   "groupnorm + silu at 256², 32 blocks a group");
+    groupnorm_case(fx, &r, 1, 128, 65536, 32, 0, 0, 1,
+                   "groupnorm at 256² in place, 32 blocks a group");
+    groupnorm_case(fx, &r, 1, 32, 5000, 32, 0, 0, 0, "groupnorm, one channel a group, split");
+    groupnorm_case(fx, &r, 1, 8192, 1, 1, 1, 0, 0, "groupnorm + silu, one value a channel, split");
     pair_t x, y;
     pair_rand(&x, &r, -1, 1, 4, TS_SHAPE(3, 5, 7, 9));
     pair_zeros(&y, 4, TS_SHAPE(3, 5, 14, 18));

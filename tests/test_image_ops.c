@@ -544,7 +544,7 @@ static void check_gpu_groupnorm(ts_engine_t *e, int64_t B, int64_t C, int64_t S,
     TU_FREE_TENSORS(&x, &y, &w, &b);
 }
 
-/* ts_groupnorm_splits: at least TS_GN_CHUNK values a block, the partials within the cap. */
+/* ts_groupnorm_splits: ⌈n / TS_GN_CHUNK⌉ blocks a group, the partials within the cap. */
 static void test_groupnorm_splits(void **state) {
     (void)state;
     assert_int_equal(ts_groupnorm_splits(4096, 32, 1024), 1);
@@ -574,7 +574,10 @@ static void test_cuda_groupnorm_order(void **state) {
     check_gpu_groupnorm(e, 1, 128, 4097, 32, 0, 0, 25); /* split: 5 blocks a group, 4 channels */
     check_gpu_groupnorm(e, 2, 96, 2501, 32, 1, 0, 26);  /* split: chunks end inside a channel */
     check_gpu_groupnorm(e, 1, 8, 5000, 2, 0, 1000, 27); /* split, mean 1000 */
-    check_gpu_groupnorm(e, 1, 128, 16384, 32, 1, 0, 28); /* the decoder at 128²: 16 a group */
+    check_gpu_groupnorm(e, 1, 128, 16384, 32, 1, 0, 28); /* 128 channels at 128²: 16 a group */
+    check_gpu_groupnorm(e, 1, 32, 5000, 32, 0, 0, 29);   /* split, one channel a group */
+    check_gpu_groupnorm(e, 1, 8192, 1, 1, 1, 0, 30);     /* split, one value a channel */
+    check_gpu_groupnorm(e, 2, 4096, 3, 2, 0, 0, 31);     /* split, channels shorter than a block */
 }
 
 int main(void) {

@@ -208,7 +208,9 @@ struct ts_cuda_ctx {
      * it could not be made (cuBLAS then uses its default pool) */
     void *blas_ws;
     size_t blas_ws_bytes;
-    void *scratch;         /* device memory for reduction partials (cuda_ops.cu) */
+    void *scratch; /* device memory one op at a time (stream order): reduction partials
+                            * and the non-finite counter (cuda_ops.cu), GroupNorm's split
+                            * statistics (cuda_image.cu) */
     size_t scratch_bytes;
     uint16_t *lp16; /* the bf16 and f16 products' rounded operands; grows on demand */
     size_t lp16_elems;
@@ -229,7 +231,8 @@ struct ts_cuda_ctx {
     cudaStream_t cap, home;
 };
 
-/* Room for 1024 double partial sums and a 64-bit counter, with slack. */
+/* Room for 1024 double partial sums and a 64-bit counter, with slack; or GroupNorm's two
+ * statistics' TS_GN_MAX_PARTIALS partials each (the whole buffer). Nothing in it outlives its op. */
 #define TS_CUDA_SCRATCH_BYTES ((size_t)16384)
 
 /* Shared with cuda_ops.cu, which declares it too (the backend has no private header): makes the
