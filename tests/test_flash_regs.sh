@@ -3,13 +3,11 @@
 # lane's fragments in registers: ptxas's report (-Xptxas -v) for every architecture the build
 # compiles (sm_90, 89, 86, 80, 75: Hopper, the consumer Ada and Ampere cards, the A100, Turing),
 # every instance with a compile-time head (k_flash<HD, F16>, k_flash_bwd_q/kv<HD, F16>, HD > 0),
-# both types. A
-# per-lane array in local memory — a loop over it left rolled, as the f16 instances once were —
-# takes a stack frame of 496 bytes or more (the forward's), and every step of the inner loop
-# then goes through memory; a few words of spill are the register allocator's and are allowed
-# (< 64 bytes). The
-# run-time head's instance (HD = 0) keeps its arrays in local memory by design. Needs no GPU;
-# skips (77) without nvcc.
+# both types. A per-lane array in local memory — a loop over it left rolled, as the f16 instances
+# once were — takes a stack frame of 496 bytes or more (the forward's), and every step of the
+# inner loop then goes through memory; a few words of spill are the register allocator's and are
+# allowed (< 64 bytes). The run-time head's instance (HD = 0) keeps its arrays in local memory by
+# design. Needs no GPU; skips (77) without nvcc.
 set -eu
 NVCC=${1:-} # (empty: a build without CUDA)
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -483,7 +483,7 @@ static double gpu_chunk_sum(const float *x, int64_t lo, int64_t hi, double mean,
 
 /* The CUDA engine's GroupNorm on one group of n values (cg channels of S, from channel c0),
  * emulated: with splits 1 k_groupnorm (one block: the sums, the squared deviations, the
- * elements); else k_groupnorm_sums, k_groupnorm_devs and k_groupnorm_split_apply, block k on
+ * elements); else k_groupnorm_chunk_sums<0> and <1> and k_groupnorm_split_apply, block k on
  * chunk k (the partials gathered in chunk order). y is written only where a block writes. */
 static void gpu_groupnorm_group(float *y, const float *x, const float *w, const float *b,
                                 int64_t c0, int64_t cg, int64_t S, float eps, int silu,

@@ -161,36 +161,25 @@ static __global__ void k_groupnorm(float *out, const float *inp, const float *we
  * the chunks' sums; the chunks' squared deviations from the mean, which every block gathers from
  * the sums in chunk order (ts_groupnorm_gather); the elements — the partials in the engine's
  * scratch. The statistics are the one-block kernel's: double sums, in another order. */
-static __global__ void k_groupnorm_sums(double *part, const float *inp, int64_t n, int64_t splits) {
+/* DEVS 0: part[block] = the sum of its chunk; DEVS 1: the sum of its chunk's squared deviations
+ * from the group's mean, gathered from the sums (sums: the first launch's partials). */
+template <int DEVS>
+static __global__ void k_groupnorm_chunk_sums(double *part, const double *sums, const float *inp,
+                                              int64_t n, int64_t splits) {
     __shared__ double sh[IMG_THREADS / 32];
     const int64_t q = blockIdx.x / splits, k = blockIdx.x % splits;
     int64_t lo, hi;
     ts_groupnorm_chunk(n, splits, k, &lo, &hi);
+    const double mean = DEVS ? ts_groupnorm_gather(sums + q * splits, splits) / (double)n : 0.0;
     const float *x = inp + q * n;
     double s = 0.0;
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
-        s += (double)x[i];
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        double d = (double)x[i] - mean;
+        s += DEVS ? d * d : (double)x[i];
+    }
     s = block_sum(s, sh);
     if (threadIdx.x == 0)
         part[blockIdx.x] = s;
-}
-
-static __global__ void k_groupnorm_devs(double *part_ss, const double *part_sum, const float *inp,
-                                        int64_t n, int64_t splits) {
-    __shared__ double sh[IMG_THREADS / 32];
-    const int64_t q = blockIdx.x / splits, k = blockIdx.x % splits;
-    int64_t lo, hi;
-    ts_groupnorm_chunk(n, splits, k, &lo, &hi);
-    const double mean = ts_groupnorm_gather(part_sum + q * splits, splits) / (double)n;
-    const float *x = inp + q * n;
-    double ss = 0.0;
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        double d = (double)x[i] - mean;
-        ss += d * d;
-    }
-    ss = block_sum(ss, sh);
-    if (threadIdx.x == 0)
-        part_ss[blockIdx.x] = ss;
 }
 
 static __global__ void k_groupnorm_split_apply(float *out, const float *inp, const float *weight,
@@ -231,9 +220,10 @@ int ts_cuda_groupnorm_forward(ts_engine_t *e, float *out, const float *inp, cons
     }
     double *part_sum = (double *)scratch, *part_ss = part_sum + groups * splits;
     unsigned blocks = (unsigned)(groups * splits); /* at most cap */
-    if ((err = launch(e, blocks, k_groupnorm_sums, part_sum, inp, n, splits)) != TS_OK ||
-        (err = launch(e, blocks, k_groupnorm_devs, part_ss, (const double *)part_sum, inp, n,
-                      splits)) != TS_OK)
+    if ((err = launch(e, blocks, k_groupnorm_chunk_sums<0>, part_sum, (const double *)NULL, inp, n,
+                      splits)) != TS_OK ||
+        (err = launch(e, blocks, k_groupnorm_chunk_sums<1>, part_ss, (const double *)part_sum, inp,
+                      n, splits)) != TS_OK)
         return err;
     return launch(e, blocks, k_groupnorm_split_apply, out, inp, weight, bias,
                   (const double *)part_sum, (const double *)part_ss, C, S, G, splits, eps, silu);
