@@ -62,9 +62,23 @@ typedef struct ts_fa_lane {
 /* The head padded to the products' k-steps. */
 TS_HD int ts_fa_padded(int hd) { return (hd + 15) / 16 * 16; }
 
-/* Two 16-bit values in one register (f16 when f16, else bf16): lo in the lower 16 bits. */
+/* Two 16-bit values in one register (f16 when f16, else bf16): lo in the lower 16 bits. Only
+ * the mma reads them: on a GPU from sm_80, one cvt.rn for the pair (a NaN there is the
+ * hardware's canonical one, not ts_f32_to_lp's — the same to the mma). */
 TS_HD uint32_t ts_fa_pack(float lo, float hi, int f16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t u;
+    if (f16) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        memcpy(&u, &h, sizeof u);
+    } else {
+        __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+        memcpy(&u, &b, sizeof u);
+    }
+    return u;
+#else
     return (uint32_t)ts_f32_to_lp(lo, f16) | (uint32_t)ts_f32_to_lp(hi, f16) << 16;
+#endif
 }
 
 /* The value at (row, col) of one C fragment register r (0..3) of lane. */
@@ -130,36 +144,43 @@ TS_HD void ts_fa_c_to_a(uint32_t a[][4], const float c[][4], int f16) {
     }
 }
 
-/* Element e of staging a block of keys (or values) into dst (TS_FA_KB, ldd) 16-bit: key e / dp,
- * column e % dp, from src (rows ld apart, n of them valid; the others and the padding are 0).
- * The kernel's threads take the elements in turn; the test takes them all. */
-TS_HD void ts_fa_stage(uint16_t *dst, int ldd, const float *src, int64_t ld, int n, int hd, int f16,
-                       int e) {
-    int dp = ts_fa_padded(hd), key = e / dp, col = e % dp;
-    float v = key < n && col < hd ? src[(int64_t)key * ld + col] : 0.0f;
-    dst[key * ldd + col] = ts_f32_to_lp(v, f16);
+/* Staging a block of keys (or values, queries, dO) into the staged block (TS_FA_KB rows of dp
+ * 16-bit values) four columns at a time: group e (0 .. TS_FA_KB · dp / 4 − 1) is key e / (dp / 4),
+ * columns 4(e % (dp / 4)) .. + 3, into *key and *col. 1 when the group is read from the source
+ * (key < n, the block's valid ones, and col < hd: hd is a multiple of 8, so a group is all in or
+ * all out), 0 when it is zeros (the padding, the keys past n). The kernel's threads take the
+ * groups in turn, each one load of four floats and two ts_fa_pack; the test takes them all. */
+TS_HD int ts_fa_stage4_at(int e, int dp, int n, int hd, int *key, int *col) {
+    *key = e / (dp / 4);
+    *col = 4 * (e % (dp / 4));
+    return *key < n && *col < hd;
 }
 
-/* B fragment of Kᵀ for k-step ks of the head and n-tile nt of the keys: B[k][n] = K[8nt + n][16ks
- * + k], from the staged block (TS_FA_KB, ldk). */
-TS_HD void ts_fa_k_frag(uint32_t b[2], const uint16_t *sk, int ldk, int lane, int ks, int nt) {
-    int key = 8 * nt + ts_fa_b_n(lane);
-    TS_UNROLL
-    for (int r = 0; r < 2; r++) {
-        int k0 = 16 * ks + ts_fa_b_k(lane, 2 * r);
-        b[r] = (uint32_t)sk[key * ldk + k0] | (uint32_t)sk[key * ldk + k0 + 1] << 16;
-    }
+/* The B fragments come from the staged block by `ldmatrix.x4` (PTX ISA, "Warp-level matrix load
+ * instruction: ldmatrix"; sm_75 on), four 8×8 matrices of 16-bit values in one instruction: lanes
+ * 8i .. 8i+7 give the addresses of matrix i's eight rows (16 bytes each, 16-byte aligned), and
+ * lane l receives in its register i matrix i's elements (l/4, 2(l%4)) and (l/4, 2(l%4) + 1) —
+ * with .trans, (2(l%4), l/4) and (2(l%4) + 1, l/4) — the first in the lower 16 bits. That is
+ * mma.m16n8k16's B fragment (above) of an 8-column half of B stored by its n rows (Kᵀ: K's rows)
+ * or, with .trans, by its k rows (V's rows). One load gives two n-tiles: registers 0, 1 are
+ * n-tile 2np's b[0], b[1] (k = 0..7, 8..15 of the k-step), registers 2, 3 n-tile 2np + 1's.
+ * The functions give the element of the staged block whose address lane gives. With the rows
+ * TS_FA_LDK apart (68 four-byte banks: 4 mod 32), each matrix's eight rows fall in eight distinct
+ * groups of four banks: no conflict (tests/test_flash_mma.c checks both). */
+#define TS_FA_LDK (TS_FA_DMAX + 8) /* the kernels' staged row stride, in 16-bit elements */
+
+/* Kᵀ at k-step ks of the head, n-tiles 2np and 2np + 1 of the keys: B[k][n] = K[8nt + n][16ks
+ * + k], from the staged block (TS_FA_KB rows, ldk apart). */
+TS_HD int ts_fa_k_ldm(int ldk, int lane, int ks, int np) {
+    int i = lane / 8;
+    return (16 * np + 8 * (i / 2) + lane % 8) * ldk + 16 * ks + 8 * (i % 2);
 }
 
-/* B fragment of V for k-step ks of the keys and n-tile nt of the head: B[k][n] = V[16ks + k][8nt
- * + n], from the staged block (TS_FA_KB, ldv). */
-TS_HD void ts_fa_v_frag(uint32_t b[2], const uint16_t *sv, int ldv, int lane, int ks, int nt) {
-    int col = 8 * nt + ts_fa_b_n(lane);
-    TS_UNROLL
-    for (int r = 0; r < 2; r++) {
-        int k0 = 16 * ks + ts_fa_b_k(lane, 2 * r);
-        b[r] = (uint32_t)sv[k0 * ldv + col] | (uint32_t)sv[(k0 + 1) * ldv + col] << 16;
-    }
+/* V (.trans) at k-step ks of the keys, n-tiles 2np and 2np + 1 of the head: B[k][n] =
+ * V[16ks + k][8nt + n], from the staged block (TS_FA_KB rows, ldv apart). */
+TS_HD int ts_fa_v_ldm(int ldv, int lane, int ks, int np) {
+    int i = lane / 8;
+    return (16 * ks + 8 * (i % 2) + lane % 8) * ldv + 16 * np + 8 * (i / 2);
 }
 
 /* After S = Q·Kᵀ: the scores scaled, the keys past n (the block's valid ones) at −∞, and into

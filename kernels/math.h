@@ -24,6 +24,11 @@
 #include <string.h>
 
 #if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+#if defined(__CUDACC__)
 #define TS_HD static __host__ __device__ __forceinline__
 #else
 #define TS_HD static inline
@@ -72,6 +77,13 @@ TS_HD uint32_t ts_shift_rne(uint32_t m, int s) {
  * round past 65504 → ±Inf, tiny values → subnormals or ±0. */
 TS_HD uint16_t ts_f32_to_f16(float f) {
     uint32_t x = ts_f32_bits(f);
+#if defined(__CUDA_ARCH__)
+    /* On a GPU, the hardware's conversion (cvt.rn.f16.f32: IEEE's nearest even, ±Inf past 65504,
+     * subnormals kept): one instruction for the twenty below, the same bits — but a NaN's, which
+     * is made as below (sign, 0x7e00) rather than the hardware's canonical 0x7fff. */
+    uint16_t nan = (uint16_t)(((x >> 16) & 0x8000u) | 0x7e00u);
+    return f == f ? __half_as_ushort(__float2half_rn(f)) : nan;
+#else
     uint32_t sign = (x >> 16) & 0x8000u;
     uint32_t ax = x & 0x7fffffffu;
     if (ax > 0x7f800000u)
@@ -92,6 +104,7 @@ TS_HD uint16_t ts_f32_to_f16(float f) {
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
         h += 1u;
     return (uint16_t)(sign | h);
+#endif
 }
 
 /* binary32 from binary16; exact. */
@@ -111,10 +124,15 @@ TS_HD float ts_f16_to_f32(uint16_t h) {
 /* bfloat16 from binary32, round to nearest even; NaN → quiet NaN; overflow rounds to ±Inf. */
 TS_HD uint16_t ts_f32_to_bf16(float f) {
     uint32_t x = ts_f32_bits(f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    /* cvt.rn.bf16.f32 (sm_80 on), as ts_f32_to_f16's: a NaN's bits made as below */
+    return f == f ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : (uint16_t)((x >> 16) | 0x0040u);
+#else
     if ((x & 0x7fffffffu) > 0x7f800000u)
         return (uint16_t)((x >> 16) | 0x0040u);
     x += 0x7fffu + ((x >> 16) & 1u);
     return (uint16_t)(x >> 16);
+#endif
 }
 
 TS_HD float ts_bf16_to_f32(uint16_t b) { return ts_bits_f32((uint32_t)b << 16); }

@@ -6,6 +6,8 @@
  *   - the fragment maps of mma.m16n8k16 (A, B, C) each cover their matrix exactly once over the
  *     32 lanes, and an emulated mma of fragments built by them equals the plain product; the
  *     k16 product is two m16n8k8 (PTX's .f16 tables) on its registers' halves (sm_75's f16);
+ *   - the kernels' ldmatrix loads (emulated from the PTX ISA) give those B fragments, from
+ *     aligned addresses, without bank conflicts;
  *   - the whole attention, warp by warp (16 query rows, blocks of 32 keys, the quad reductions
  *     as loops), matches the attention computed in double from the bf16-rounded q, k and v —
  *     within the rounding of the weights e^(S − m) to bf16 — for the head sizes we ship (32, 64,
@@ -16,7 +18,7 @@
  *   - the backward's two passes (dK, dV by key warps; dQ by query warps), added into a dqkv that
  *     starts non-zero, match the gradient in double on the bf16-rounded q, k, v and dO (NMSE
  *     ≤ 2e-5 per part in bf16, 5e-7 in f16; from the roundings of P and dS).
- * What only a GPU checks is the hardware's mma and shuffles and the kernel's staging: the
+ * What only a GPU checks is the hardware's mma, ldmatrix and shuffles and the kernels' launch: the
  * `flash` case of test_cuda_parity, in scripts/gpu-check.sh.
  */
 #include "tests/testutil.h"
@@ -169,54 +171,164 @@ static void test_k8_halves(void **state) {
     g_f16 = 0;
 }
 
-/* c[lane] (16 × TS_FA_KB over n-tiles) = a (16 × dp, k-steps) · Bᵀ with B's fragments by
- * ts_fa_k_frag from the staged block sb: the scores' pattern, for every lane of the warp. */
-static void emu_scores(float out[32][TS_FA_KB / 8][4], uint32_t (*const a[32])[4],
-                       const uint16_t *sb, int ldb, int dp) {
-    uint32_t fa[32][4], fb[32][2];
-    float fc[32][4];
-    for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
-        memset(fc, 0, sizeof fc);
-        for (int ks = 0; ks < dp / 16; ks++) {
-            for (int l = 0; l < 32; l++) {
-                memcpy(fa[l], a[l][ks], sizeof fa[l]);
-                ts_fa_k_frag(fb[l], sb, ldb, l, ks, nt);
-            }
-            emu_mma(fc, fa, fb);
-        }
-        for (int l = 0; l < 32; l++)
-            memcpy(out[l][nt], fc[l], sizeof fc[l]);
+/* The B fragments' definition, element by element from the mma maps (ts_fa_b_k, ts_fa_b_n):
+ * Kᵀ's for k-step ks of the head and n-tile nt of the keys, B[k][n] = K[8nt + n][16ks + k], and
+ * V's for k-step ks of the keys and n-tile nt of the head, B[k][n] = V[16ks + k][8nt + n], from
+ * a staged block (rows ld apart). What the kernels' ldmatrix loads are checked against. */
+static void ref_k_frag(uint32_t b[2], const uint16_t *sk, int ld, int lane, int ks, int nt) {
+    int key = 8 * nt + ts_fa_b_n(lane);
+    for (int r = 0; r < 2; r++) {
+        int k0 = 16 * ks + ts_fa_b_k(lane, 2 * r);
+        b[r] = (uint32_t)sk[key * ld + k0] | (uint32_t)sk[key * ld + k0 + 1] << 16;
+    }
+}
+static void ref_v_frag(uint32_t b[2], const uint16_t *sv, int ld, int lane, int ks, int nt) {
+    int col = 8 * nt + ts_fa_b_n(lane);
+    for (int r = 0; r < 2; r++) {
+        int k0 = 16 * ks + ts_fa_b_k(lane, 2 * r);
+        b[r] = (uint32_t)sv[k0 * ld + col] | (uint32_t)sv[(k0 + 1) * ld + col] << 16;
     }
 }
 
-/* acc[lane] (16 × dp over n-tiles) += pa (16 × TS_FA_KB, k-steps) · B with B's fragments by
- * ts_fa_v_frag from the staged block sb: the P·V pattern, for every lane. */
-static void emu_accumulate(float (*const acc[32])[4], uint32_t (*const pa[32])[4],
-                           const uint16_t *sb, int ldb, int dp) {
-    uint32_t fa[32][4], fb[32][2];
-    float fc[32][4];
-    for (int nt = 0; nt < dp / 8; nt++) {
-        for (int l = 0; l < 32; l++)
-            memcpy(fc[l], acc[l][nt], sizeof fc[l]);
-        for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
-            for (int l = 0; l < 32; l++) {
-                memcpy(fa[l], pa[l][ks], sizeof fa[l]);
-                ts_fa_v_frag(fb[l], sb, ldb, l, ks, nt);
-            }
-            emu_mma(fc, fa, fb);
+/* ldmatrix.x4 (.trans when trans) on the emulated warp, from the PTX ISA's description: lanes
+ * 8i .. 8i+7 give (off: element offsets into s) the rows of matrix i; lane l receives in register
+ * i the matrix's (l/4, 2(l%4)) and (l/4, 2(l%4)+1), or transposed (2(l%4), l/4) and
+ * (2(l%4)+1, l/4), the first in the lower half. */
+static void emu_ldsm4(uint32_t r[32][4], const uint16_t *s, const int off[32], int trans) {
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < 4; i++) {
+            int g = l / 4, c = l % 4;
+            const uint16_t *lo = s + off[8 * i + (trans ? 2 * c : g)];
+            const uint16_t *hi = s + off[8 * i + (trans ? 2 * c + 1 : g)];
+            uint16_t a = trans ? lo[g] : lo[2 * c], b = trans ? hi[g] : lo[2 * c + 1];
+            r[l][i] = (uint32_t)a | (uint32_t)b << 16;
         }
-        for (int l = 0; l < 32; l++)
-            memcpy(acc[l][nt], fc[l], sizeof fc[l]);
+}
+
+/* The ldmatrix loads give the fragments' definition: for every head the kernels take (dp 16 ..
+ * 128), every k-step and pair of n-tiles, each lane's registers equal ref_k_frag's and
+ * ref_v_frag's for n-tiles 2np and 2np + 1; every row address is in the block and 16-byte
+ * aligned; and each matrix's eight rows (one phase of the load) fall on 32 distinct banks at the
+ * kernels' stride TS_FA_LDK. The emulated ldmatrix itself is held to the PTX ISA's layout (lane
+ * 5 is row 1, columns 2 and 3; transposed, rows 2 and 3 of column 1). */
+static void test_ldmatrix(void **state) {
+    (void)state;
+    static uint16_t sb[TS_FA_KB * TS_FA_LDK];
+    for (int i = 0; i < TS_FA_KB * TS_FA_LDK; i++)
+        sb[i] = (uint16_t)(i * 2654435761u >> 7);
+    int off[32];
+    uint32_t r[32][4];
+    uint16_t m[64];
+    for (int i = 0; i < 64; i++)
+        m[i] = (uint16_t)i; /* an 8×8 matrix, (row, col) = 8 row + col */
+    for (int l = 0; l < 32; l++)
+        off[l] = 8 * (l % 8); /* all four matrices the same */
+    emu_ldsm4(r, m, off, 0);
+    assert_true(r[5][0] == (10u | 11u << 16) && r[5][3] == r[5][0]);
+    emu_ldsm4(r, m, off, 1);
+    assert_true(r[5][0] == (17u | 25u << 16));
+    for (int dp = 16; dp <= TS_FA_DMAX; dp += 16)
+        for (int kind = 0; kind < 2; kind++) { /* 0: Kᵀ (scores), 1: V (P·V) */
+            int kss = kind ? TS_FA_KB / 16 : dp / 16, nps = kind ? dp / 16 : TS_FA_KB / 16;
+            for (int ks = 0; ks < kss; ks++)
+                for (int np = 0; np < nps; np++) {
+                    for (int l = 0; l < 32; l++) {
+                        off[l] = kind ? ts_fa_v_ldm(TS_FA_LDK, l, ks, np)
+                                      : ts_fa_k_ldm(TS_FA_LDK, l, ks, np);
+                        assert_true(off[l] >= 0 && off[l] + 8 <= TS_FA_KB * TS_FA_LDK);
+                        assert_true(off[l] % 8 == 0); /* 16 bytes */
+                    }
+                    for (int i = 0; i < 4; i++) { /* one phase: 8 rows × 4 banks, all distinct */
+                        int bank[32] = {0};
+                        for (int j = 0; j < 8; j++)
+                            for (int w = 0; w < 4; w++)
+                                bank[(off[8 * i + j] / 2 + w) % 32]++;
+                        for (int k = 0; k < 32; k++)
+                            assert_int_equal(bank[k], 1);
+                    }
+                    emu_ldsm4(r, sb, off, kind);
+                    for (int l = 0; l < 32; l++)
+                        for (int t = 0; t < 2; t++) {
+                            uint32_t want[2];
+                            if (kind)
+                                ref_v_frag(want, sb, TS_FA_LDK, l, ks, 2 * np + t);
+                            else
+                                ref_k_frag(want, sb, TS_FA_LDK, l, ks, 2 * np + t);
+                            assert_true(r[l][2 * t] == want[0] && r[l][2 * t + 1] == want[1]);
+                        }
+                }
+        }
+}
+
+/* The kernels' staging of a block (cuda_flash.cu's stage): groups of four columns by
+ * ts_fa_stage4_at, each rounded by two ts_fa_pack and stored as the kernel's 8-byte store. */
+static void emu_stage(uint16_t *dst, const float *src, int64_t ld, int n, int hd) {
+    int dp = ts_fa_padded(hd);
+    for (int e = 0; e < TS_FA_KB * dp / 4; e++) {
+        int key, col;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (ts_fa_stage4_at(e, dp, n, hd, &key, &col))
+            for (int x = 0; x < 4; x++)
+                v[x] = src[(int64_t)key * ld + col + x];
+        for (int x = 0; x < 2; x++) {
+            uint32_t w = ts_fa_pack(v[2 * x], v[2 * x + 1], g_f16);
+            dst[key * TS_FA_LDK + col + 2 * x] = (uint16_t)w;
+            dst[key * TS_FA_LDK + col + 2 * x + 1] = (uint16_t)(w >> 16);
+        }
     }
+}
+
+/* acc[lane] += a · B for every lane, B's fragments two n-tiles a load from the staged block sb:
+ * cuda_flash.cu's mma_staged. trans 0: B = sbᵀ (ts_fa_k_ldm; 16 × TS_FA_KB from dp / 16
+ * k-steps); 1: B = sb (ts_fa_v_ldm, transposed; 16 × dp from TS_FA_KB / 16 k-steps). */
+static void emu_mma_staged(float (*const acc[32])[4], uint32_t (*const a[32])[4],
+                           const uint16_t *sb, int dp, int trans) {
+    uint32_t fa[32][4], r[32][4], fb[32][2];
+    for (int ks = 0; ks < (trans ? TS_FA_KB : dp) / 16; ks++)
+        for (int np = 0; np < (trans ? dp : TS_FA_KB) / 16; np++) {
+            int off[32];
+            for (int l = 0; l < 32; l++) {
+                off[l] =
+                    trans ? ts_fa_v_ldm(TS_FA_LDK, l, ks, np) : ts_fa_k_ldm(TS_FA_LDK, l, ks, np);
+                memcpy(fa[l], a[l][ks], sizeof fa[l]);
+            }
+            emu_ldsm4(r, sb, off, trans);
+            for (int t = 0; t < 2; t++) {
+                float fc[32][4];
+                for (int l = 0; l < 32; l++) {
+                    fb[l][0] = r[l][2 * t], fb[l][1] = r[l][2 * t + 1];
+                    memcpy(fc[l], acc[l][2 * np + t], sizeof fc[l]);
+                }
+                emu_mma(fc, fa, fb);
+                for (int l = 0; l < 32; l++)
+                    memcpy(acc[l][2 * np + t], fc[l], sizeof fc[l]);
+            }
+        }
+}
+
+/* out[lane] (16 × TS_FA_KB over n-tiles) = a (16 × dp, k-steps) · Bᵀ from sb: the scores. */
+static void emu_scores(float out[32][TS_FA_KB / 8][4], uint32_t (*const a[32])[4],
+                       const uint16_t *sb, int dp) {
+    float(*acc[32])[4];
+    memset(out, 0, sizeof(float[32][TS_FA_KB / 8][4]));
+    for (int l = 0; l < 32; l++)
+        acc[l] = out[l];
+    emu_mma_staged(acc, a, sb, dp, 0);
+}
+
+/* acc[lane] (16 × dp over n-tiles) += pa (16 × TS_FA_KB, k-steps) · B from sb: P·V. */
+static void emu_accumulate(float (*const acc[32])[4], uint32_t (*const pa[32])[4],
+                           const uint16_t *sb, int dp) {
+    emu_mma_staged(acc, pa, sb, dp, 1);
 }
 
 /* One warp's 16 rows from row0 of head h of sample b, as the kernel runs them. */
 static void emu_warp(const float *qkv, float *out, float *lse, int T, int C, int H, int hd, int b,
                      int h, int row0) {
     static ts_fa_lane_t L[32];
-    static uint16_t sk[TS_FA_KB * (TS_FA_DMAX + 8)], sv[TS_FA_KB * (TS_FA_DMAX + 8)];
+    static uint16_t sk[TS_FA_KB * TS_FA_LDK], sv[TS_FA_KB * TS_FA_LDK];
     int64_t ld = 3 * (int64_t)C;
-    int dp = ts_fa_padded(hd), ldk = dp + 8, rows = T - row0 < 16 ? T - row0 : 16;
+    int dp = ts_fa_padded(hd), rows = T - row0 < 16 ? T - row0 : 16;
     float scale = 1.0f / sqrtf((float)hd);
     const float *base = qkv + (int64_t)b * T * ld;
     static float sc[32][TS_FA_KB / 8][4];
@@ -229,11 +341,9 @@ static void emu_warp(const float *qkv, float *out, float *lse, int T, int C, int
     }
     for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
         int n = T - k0 < TS_FA_KB ? T - k0 : TS_FA_KB;
-        for (int e = 0; e < TS_FA_KB * dp; e++) {
-            ts_fa_stage(sk, ldk, base + k0 * ld + C + h * hd, ld, n, hd, g_f16, e);
-            ts_fa_stage(sv, ldk, base + k0 * ld + 2 * C + h * hd, ld, n, hd, g_f16, e);
-        }
-        emu_scores(sc, q, sk, ldk, dp); /* S = Q·Kᵀ */
+        emu_stage(sk, base + k0 * ld + C + h * hd, ld, n, hd);
+        emu_stage(sv, base + k0 * ld + 2 * C + h * hd, ld, n, hd);
+        emu_scores(sc, q, sk, dp); /* S = Q·Kᵀ */
         for (int l = 0; l < 32; l++)
             memcpy(L[l].s, sc[l], sizeof sc[l]);
         float mx[32][2];
@@ -248,7 +358,7 @@ static void emu_warp(const float *qkv, float *out, float *lse, int T, int C, int
             }
             ts_fa_softmax(&L[l], bm, dp, g_f16);
         }
-        emu_accumulate(o, p, sv, ldk, dp); /* O += P·V */
+        emu_accumulate(o, p, sv, dp); /* O += P·V */
     }
     for (int l = 0; l < 32; l++) { /* the quad's sums: (x + x^1) then + its ^2 partner's */
         float sum[2];
@@ -387,10 +497,10 @@ typedef struct {
 /* The dK, dV pass for the warp's 16 keys from key0 of head h of sample b. */
 static void emu_kv_warp(const grad_job_t *j, int b, int h, int key0) {
     static ts_fa_grad_lane_t G[32];
-    static uint16_t sq[TS_FA_KB * (TS_FA_DMAX + 8)], sd[TS_FA_KB * (TS_FA_DMAX + 8)];
+    static uint16_t sq[TS_FA_KB * TS_FA_LDK], sd[TS_FA_KB * TS_FA_LDK];
     static float s[32][TS_FA_KB / 8][4];
     float lse_col[TS_FA_KB], d_col[TS_FA_KB];
-    int T = j->T, C = j->C, hd = j->hd, dp = ts_fa_padded(hd), ldb = dp + 8;
+    int T = j->T, C = j->C, hd = j->hd, dp = ts_fa_padded(hd);
     int64_t ld = 3 * (int64_t)C;
     int rows = T - key0 < 16 ? T - key0 : 16;
     float scale = 1.0f / sqrtf((float)hd);
@@ -406,26 +516,24 @@ static void emu_kv_warp(const grad_job_t *j, int b, int h, int key0) {
     }
     for (int q0 = 0; q0 < T; q0 += TS_FA_KB) {
         int n = T - q0 < TS_FA_KB ? T - q0 : TS_FA_KB;
-        for (int e = 0; e < TS_FA_KB * dp; e++) {
-            ts_fa_stage(sq, ldb, base + q0 * ld + h * hd, ld, n, hd, g_f16, e);
-            ts_fa_stage(sd, ldb, dob + q0 * C + h * hd, C, n, hd, g_f16, e);
-        }
+        emu_stage(sq, base + q0 * ld + h * hd, ld, n, hd);
+        emu_stage(sd, dob + q0 * C + h * hd, C, n, hd);
         for (int i = 0; i < n; i++) {
             lse_col[i] = j->lse[((int64_t)b * j->H + h) * T + q0 + i];
             d_col[i] = j->d[((int64_t)b * j->H + h) * T + q0 + i];
         }
-        emu_scores(s, a, sq, ldb, dp); /* Sᵀ = K·Qᵀ */
+        emu_scores(s, a, sq, dp); /* Sᵀ = K·Qᵀ */
         for (int l = 0; l < 32; l++) {
             memcpy(G[l].s, s[l], sizeof s[l]);
             ts_fa_probs(&G[l], l, n, scale, NULL, lse_col, g_f16);
         }
-        emu_accumulate(dv, pa, sd, ldb, dp); /* dV += Pᵀ·dO */
-        emu_scores(s, v, sd, ldb, dp);       /* dPᵀ = V·dOᵀ */
+        emu_accumulate(dv, pa, sd, dp); /* dV += Pᵀ·dO */
+        emu_scores(s, v, sd, dp);       /* dPᵀ = V·dOᵀ */
         for (int l = 0; l < 32; l++) {
             memcpy(G[l].dp, s[l], sizeof s[l]);
             ts_fa_dscores(&G[l], l, n, NULL, d_col, g_f16);
         }
-        emu_accumulate(dk, pa, sq, ldb, dp); /* dK += dSᵀ·Q */
+        emu_accumulate(dk, pa, sq, dp); /* dK += dSᵀ·Q */
     }
     int64_t at = ((int64_t)b * T + key0) * ld + h * hd;
     float *dst = j->dqkv + at;
@@ -439,9 +547,9 @@ static void emu_kv_warp(const grad_job_t *j, int b, int h, int key0) {
 /* The dQ pass for the warp's 16 queries from row0 of head h of sample b. */
 static void emu_q_warp(const grad_job_t *j, int b, int h, int row0) {
     static ts_fa_grad_lane_t G[32];
-    static uint16_t sk[TS_FA_KB * (TS_FA_DMAX + 8)], sv[TS_FA_KB * (TS_FA_DMAX + 8)];
+    static uint16_t sk[TS_FA_KB * TS_FA_LDK], sv[TS_FA_KB * TS_FA_LDK];
     static float s[32][TS_FA_KB / 8][4];
-    int T = j->T, C = j->C, hd = j->hd, dp = ts_fa_padded(hd), ldb = dp + 8;
+    int T = j->T, C = j->C, hd = j->hd, dp = ts_fa_padded(hd);
     int64_t ld = 3 * (int64_t)C;
     int rows = T - row0 < 16 ? T - row0 : 16;
     float scale = 1.0f / sqrtf((float)hd);
@@ -459,21 +567,19 @@ static void emu_q_warp(const grad_job_t *j, int b, int h, int row0) {
     }
     for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
         int n = T - k0 < TS_FA_KB ? T - k0 : TS_FA_KB;
-        for (int e = 0; e < TS_FA_KB * dp; e++) {
-            ts_fa_stage(sk, ldb, base + k0 * ld + C + h * hd, ld, n, hd, g_f16, e);
-            ts_fa_stage(sv, ldb, base + k0 * ld + 2 * C + h * hd, ld, n, hd, g_f16, e);
-        }
-        emu_scores(s, q, sk, ldb, dp); /* S = Q·Kᵀ */
+        emu_stage(sk, base + k0 * ld + C + h * hd, ld, n, hd);
+        emu_stage(sv, base + k0 * ld + 2 * C + h * hd, ld, n, hd);
+        emu_scores(s, q, sk, dp); /* S = Q·Kᵀ */
         for (int l = 0; l < 32; l++) {
             memcpy(G[l].s, s[l], sizeof s[l]);
             ts_fa_probs(&G[l], l, n, scale, G[l].ra, NULL, g_f16);
         }
-        emu_scores(s, dov, sv, ldb, dp); /* dP = dO·Vᵀ */
+        emu_scores(s, dov, sv, dp); /* dP = dO·Vᵀ */
         for (int l = 0; l < 32; l++) {
             memcpy(G[l].dp, s[l], sizeof s[l]);
             ts_fa_dscores(&G[l], l, n, G[l].rb, NULL, g_f16);
         }
-        emu_accumulate(dq, pa, sk, ldb, dp); /* dQ += dS·K */
+        emu_accumulate(dq, pa, sk, dp); /* dQ += dS·K */
     }
     int64_t at = ((int64_t)b * T + row0) * ld + h * hd;
     for (int l = 0; l < 32; l++)
@@ -617,8 +723,8 @@ static void test_backward(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fragments), cmocka_unit_test(test_k8_halves),
-        cmocka_unit_test(test_attention), cmocka_unit_test(test_rows_own),
-        cmocka_unit_test(test_backward),
+        cmocka_unit_test(test_ldmatrix),  cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_rows_own),  cmocka_unit_test(test_backward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

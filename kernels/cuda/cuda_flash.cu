@@ -5,11 +5,12 @@
  *
  * A thread block is TS_FA_WARPS warps over 16·TS_FA_WARPS query rows of one head of one sample:
  * grid (⌈T / 64⌉, H, B). Each block of TS_FA_KB keys and values is staged in shared memory as
- * 16 bits by all the block's threads; then each warp computes its scores S = Q·Kᵀ, the online
- * softmax in registers, and O += P·V with P's fragments taken straight from S's registers. Every
- * per-lane step is kernels/flash_mma.h's, which tests/test_flash_mma.c runs on the CPU in this
- * order on an emulated warp (the mma and the quad shuffles emulated); what only a GPU checks is
- * the hardware's products and this file's staging and launch (test_cuda_parity, "flash").
+ * 16 bits by all the block's threads (four columns each at a time); then each warp computes its
+ * scores S = Q·Kᵀ, the online softmax in registers, and O += P·V with P's fragments taken
+ * straight from S's registers, K's and V's by ldmatrix. Every per-lane step and address is
+ * kernels/flash_mma.h's, which tests/test_flash_mma.c runs on the CPU in this order on an
+ * emulated warp (the mma, ldmatrix and the quad shuffles emulated); what only a GPU checks is the
+ * hardware's instructions and this file's launch (test_cuda_parity, "flash").
  *
  * A row's result depends on its own head's q, k and v only (the key blocks and their order are
  * fixed by T), so it does not depend on the batch. Not bit-identical to the CPU's bf16 fused
@@ -29,7 +30,7 @@ int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size
 int ts_cuda_compute_capability(ts_engine_t *e, int *major, int *minor);
 int ts_cuda_lp_room(ts_engine_t *e, int64_t n, uint16_t **out);
 
-#define LDK (TS_FA_DMAX + 8) /* staged row stride (16-bit): +8 keeps the rows off one bank */
+#define LDK TS_FA_LDK /* the staged rows' stride (16-bit elements): flash_mma.h */
 
 /* c += a · b for one m16n8k16 tile, bf16 or f16 inputs. */
 template <int F16>
@@ -62,6 +63,28 @@ static __device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], co
 #endif
 }
 
+/* r = four 8×8 matrices from shared memory, lane's row address p (flash_mma.h: ts_fa_k_ldm,
+ * ts_fa_v_ldm); TRANS: each matrix transposed. */
+template <int TRANS>
+static __device__ __forceinline__ void ldsm4(uint32_t r[4], const uint16_t *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+#else
+    (void)r, (void)p;
+    __trap(); /* never launched below sm_75 (the entry point checks) */
+#endif
+}
+
 /* The quad's (lanes 4i .. 4i+3) max, and sum, of v: shuffles by 1 then 2, as the test's loops. */
 static __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -72,14 +95,69 @@ static __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+/* Stages TS_FA_KB rows of src (ld apart, n of them valid) into dst (TS_FA_KB rows, LDK apart) in
+ * 16 bits, four columns a thread at a time (flash_mma.h's ts_fa_stage4_at): one 16-byte load
+ * where vec (src and ld keep every group 16-byte aligned), else four; one 8-byte store. */
+template <int F16>
+static __device__ __forceinline__ void stage(uint16_t *dst, const float *src, int64_t ld, int n,
+                                             int hd, int dp, int vec) {
+    for (int e = threadIdx.x; e < TS_FA_KB * dp / 4; e += blockDim.x) {
+        int key, col;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ts_fa_stage4_at(e, dp, n, hd, &key, &col)) {
+            const float *p = src + (int64_t)key * ld + col;
+            v = vec ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
+        }
+        *(uint2 *)(dst + key * LDK + col) =
+            make_uint2(ts_fa_pack(v.x, v.y, F16), ts_fa_pack(v.z, v.w, F16));
+    }
+}
+
+/* acc += a · B on the tensor cores, B's fragments from the staged block sb two n-tiles a load
+ * (flash_mma.h), each n-tile adding its k-steps in order. TRANS 0: B = sbᵀ (ts_fa_k_ldm; the
+ * scores' pattern, 16 × TS_FA_KB from dp / 16 k-steps); 1: B = sb (ts_fa_v_ldm, transposed;
+ * the P·V pattern, 16 × dp from TS_FA_KB / 16 k-steps). */
+template <int F16, int TRANS>
+static __device__ __forceinline__ void mma_staged(float acc[][4], const uint32_t a[][4],
+                                                  const uint16_t *sb, int lane, int dp) {
+    TS_UNROLL
+    for (int ks = 0; ks < (TRANS ? TS_FA_KB : dp) / 16; ks++) {
+        TS_UNROLL
+        for (int np = 0; np < (TRANS ? dp : TS_FA_KB) / 16; np++) {
+            uint32_t bf[4];
+            ldsm4<TRANS>(
+                bf, sb + (TRANS ? ts_fa_v_ldm(LDK, lane, ks, np) : ts_fa_k_ldm(LDK, lane, ks, np)));
+            mma16<F16>(acc[2 * np], a[ks], bf);
+            mma16<F16>(acc[2 * np + 1], a[ks], bf + 2);
+        }
+    }
+}
+
+/* c (16 × TS_FA_KB) = a · Bᵀ, B from the staged block sb: the scores' pattern. */
+template <int F16>
+static __device__ __forceinline__ void scores(float c[][4], const uint32_t a[][4],
+                                              const uint16_t *sb, int lane, int dp) {
+    TS_UNROLL
+    for (int nt = 0; nt < TS_FA_KB / 8; nt++)
+        c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+    mma_staged<F16, 0>(c, a, sb, lane, dp);
+}
+
+/* acc (16 × dp) += pa · B, B from the staged block sb: the P·V pattern. */
+template <int F16>
+static __device__ __forceinline__ void accumulate(float acc[][4], const uint32_t pa[][4],
+                                                  const uint16_t *sb, int lane, int dp) {
+    mma_staged<F16, 1>(acc, pa, sb, lane, dp);
+}
+
 /* HD > 0: the head size known at compile time (the steps' loops unroll and the lane's registers
  * stay registers); 0: hd_rt at run time (the lane's arrays then live in local memory). */
 template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     k_flash(float *out, uint16_t *out16, float *lse, const float *qkv, int T, int C, int H,
-            int hd_rt, float scale) {
+            int hd_rt, float scale, int vec) {
     const int hd = HD > 0 ? HD : hd_rt;
-    __shared__ uint16_t sk[TS_FA_KB * LDK], sv[TS_FA_KB * LDK];
+    __shared__ __align__(16) uint16_t sk[TS_FA_KB * LDK], sv[TS_FA_KB * LDK];
     const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = (blockIdx.x * TS_FA_WARPS + warp) * TS_FA_ROWS;
     const int rows = row0 < T ? min(TS_FA_ROWS, T - row0) : 0; /* 0: this warp only stages */
@@ -92,39 +170,19 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
         const int n = min(TS_FA_KB, T - k0);
         __syncthreads(); /* the previous block is read by every warp */
-        for (int e = threadIdx.x; e < TS_FA_KB * dp; e += blockDim.x) {
-            ts_fa_stage(sk, LDK, base + (int64_t)k0 * ld + C + (int64_t)h * hd, ld, n, hd, F16, e);
-            ts_fa_stage(sv, LDK, base + (int64_t)k0 * ld + 2 * (int64_t)C + (int64_t)h * hd, ld, n,
-                        hd, F16, e);
-        }
+        const float *kb = base + (int64_t)k0 * ld + C + (int64_t)h * hd;
+        stage<F16>(sk, kb, ld, n, hd, dp, vec);
+        stage<F16>(sv, kb + C, ld, n, hd, dp, vec);
         __syncthreads();
         if (rows == 0)
             continue;
-        TS_UNROLL
-        for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
-            float *c = L.s[nt];
-            c[0] = c[1] = c[2] = c[3] = 0.0f;
-            TS_UNROLL
-            for (int ks = 0; ks < dp / 16; ks++) {
-                uint32_t bf[2];
-                ts_fa_k_frag(bf, sk, LDK, lane, ks, nt);
-                mma16<F16>(c, L.q[ks], bf);
-            }
-        }
+        scores<F16>(L.s, L.q, sk, lane, dp); /* S = Q·Kᵀ */
         float mx[2], bm[2];
         ts_fa_scores(&L, lane, n, scale, mx);
         bm[0] = quad_max(mx[0]);
         bm[1] = quad_max(mx[1]);
         ts_fa_softmax(&L, bm, dp, F16);
-        TS_UNROLL
-        for (int nt = 0; nt < dp / 8; nt++) {
-            TS_UNROLL
-            for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
-                uint32_t bf[2];
-                ts_fa_v_frag(bf, sv, LDK, lane, ks, nt);
-                mma16<F16>(L.o[nt], L.p[ks], bf);
-            }
-        }
+        accumulate<F16>(L.o, L.p, sv, lane, dp); /* O += P·V */
     }
     if (rows == 0)
         return;
@@ -135,37 +193,6 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
 }
 
 /* ---- the backward: a dK, dV pass and a dQ pass (kernels/flash_mma.h) ----------------------- */
-
-/* c (16 × TS_FA_KB) = a · Bᵀ, B's fragments from the staged block sb (the scores' pattern). */
-template <int F16>
-static __device__ __forceinline__ void scores(float c[][4], const uint32_t a[][4],
-                                              const uint16_t *sb, int lane, int dp) {
-    TS_UNROLL
-    for (int nt = 0; nt < TS_FA_KB / 8; nt++) {
-        c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
-        TS_UNROLL
-        for (int ks = 0; ks < dp / 16; ks++) {
-            uint32_t bf[2];
-            ts_fa_k_frag(bf, sb, LDK, lane, ks, nt);
-            mma16<F16>(c[nt], a[ks], bf);
-        }
-    }
-}
-
-/* acc (16 × dp) += pa · B, B's fragments from the staged block sb (the P·V pattern). */
-template <int F16>
-static __device__ __forceinline__ void accumulate(float acc[][4], const uint32_t pa[][4],
-                                                  const uint16_t *sb, int lane, int dp) {
-    TS_UNROLL
-    for (int nt = 0; nt < dp / 8; nt++) {
-        TS_UNROLL
-        for (int ks = 0; ks < TS_FA_KB / 16; ks++) {
-            uint32_t bf[2];
-            ts_fa_v_frag(bf, sb, LDK, lane, ks, nt);
-            mma16<F16>(acc[nt], pa[ks], bf);
-        }
-    }
-}
 
 /* D = dO·O per row and head (B, H, T), once: what both passes read (ts_fa_delta). */
 static __global__ void k_flash_bwd_d(float *d, const float *dout, const float *out, int64_t B,
@@ -180,9 +207,9 @@ static __global__ void k_flash_bwd_d(float *d, const float *dout, const float *o
 template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     k_flash_bwd_kv(float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv,
-                   const float *dsum, const float *lse, int T, int C, int H, int hd_rt,
-                   float scale) {
-    __shared__ uint16_t sq[TS_FA_KB * LDK], sd[TS_FA_KB * LDK];
+                   const float *dsum, const float *lse, int T, int C, int H, int hd_rt, float scale,
+                   int vec) {
+    __shared__ __align__(16) uint16_t sq[TS_FA_KB * LDK], sd[TS_FA_KB * LDK];
     __shared__ float lse_col[TS_FA_KB], d_col[TS_FA_KB];
     const int hd = HD > 0 ? HD : hd_rt;
     const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -200,10 +227,8 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     for (int q0 = 0; q0 < T; q0 += TS_FA_KB) {
         const int n = min(TS_FA_KB, T - q0);
         __syncthreads();
-        for (int e = threadIdx.x; e < TS_FA_KB * dp; e += blockDim.x) {
-            ts_fa_stage(sq, LDK, base + (int64_t)q0 * ld + hc, ld, n, hd, F16, e);
-            ts_fa_stage(sd, LDK, dob + (int64_t)q0 * C + hc, C, n, hd, F16, e);
-        }
+        stage<F16>(sq, base + (int64_t)q0 * ld + hc, ld, n, hd, dp, vec);
+        stage<F16>(sd, dob + (int64_t)q0 * C + hc, C, n, hd, dp, vec);
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             lse_col[i] = lse_h[q0 + i];
             d_col[i] = d_h[q0 + i];
@@ -231,9 +256,9 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
 template <int HD, int F16>
 static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     k_flash_bwd_q(float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv,
-                  const float *dsum, const float *lse, int T, int C, int H, int hd_rt,
-                  float scale) {
-    __shared__ uint16_t sk[TS_FA_KB * LDK], sv[TS_FA_KB * LDK];
+                  const float *dsum, const float *lse, int T, int C, int H, int hd_rt, float scale,
+                  int vec) {
+    __shared__ __align__(16) uint16_t sk[TS_FA_KB * LDK], sv[TS_FA_KB * LDK];
     const int hd = HD > 0 ? HD : hd_rt;
     const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = (blockIdx.x * TS_FA_WARPS + warp) * TS_FA_ROWS;
@@ -251,10 +276,8 @@ static __global__ void __launch_bounds__(32 * TS_FA_WARPS)
     for (int k0 = 0; k0 < T; k0 += TS_FA_KB) {
         const int n = min(TS_FA_KB, T - k0);
         __syncthreads();
-        for (int e = threadIdx.x; e < TS_FA_KB * dp; e += blockDim.x) {
-            ts_fa_stage(sk, LDK, base + (int64_t)k0 * ld + C + hc, ld, n, hd, F16, e);
-            ts_fa_stage(sv, LDK, base + (int64_t)k0 * ld + 2 * C + hc, ld, n, hd, F16, e);
-        }
+        stage<F16>(sk, base + (int64_t)k0 * ld + C + hc, ld, n, hd, dp, vec);
+        stage<F16>(sv, base + (int64_t)k0 * ld + 2 * C + hc, ld, n, hd, dp, vec);
         __syncthreads();
         if (rows == 0)
             continue;
@@ -315,6 +338,11 @@ static int flash_setup(ts_engine_t *e, ts_dtype_t lp, int64_t B, int64_t T, int6
     return TS_OK;
 }
 
+/* Whether the staging may load four floats at once from p's rows: every group of four columns
+ * (a head starts at a multiple of 8 floats, rows 3C or C floats apart, C a multiple of 8) is then
+ * 16-byte aligned. */
+static int aligned16(const float *p) { return (uintptr_t)p % 16 == 0; }
+
 /* Calls launch(k, f) with k the head's instance (cuda_heads.h) and f an integral_constant, 1 for
  * f16 and 0 for bf16; then reports the launch. */
 template <typename F> static int by_head_and_type(int hd, ts_dtype_t lp, F launch) {
@@ -339,14 +367,15 @@ int ts_cuda_flash_backward(ts_engine_t *e, ts_dtype_t lp, float *dqkv, uint16_t 
     int64_t n = B * H * T, blocks = (n + 255) / 256;
     unsigned grid = (unsigned)(blocks < 65535 ? blocks : 65535);
     k_flash_bwd_d<<<grid, 256, 0, L.st>>>(dsum, dout, out, B, T, C, H, L.hd);
+    const int vec = aligned16(qkv) && aligned16(dout);
     if (cudaGetLastError() != cudaSuccess) /* no pass reads a D that was never written */
         return TS_ECUDA;
     return by_head_and_type(L.hd, lp, [&](auto k, auto f) {
         constexpr int HD = decltype(k)::value, F16 = decltype(f)::value;
         k_flash_bwd_kv<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(
-            dqkv, dqkv16, dout, qkv, dsum, lse, L.t, L.c, L.h, L.hd, L.scale);
+            dqkv, dqkv16, dout, qkv, dsum, lse, L.t, L.c, L.h, L.hd, L.scale, vec);
         k_flash_bwd_q<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(
-            dqkv, dqkv16, dout, qkv, dsum, lse, L.t, L.c, L.h, L.hd, L.scale);
+            dqkv, dqkv16, dout, qkv, dsum, lse, L.t, L.c, L.h, L.hd, L.scale, vec);
     });
 }
 
@@ -358,7 +387,7 @@ int ts_cuda_flash_forward(ts_engine_t *e, ts_dtype_t lp, float *out, uint16_t *o
         return err;
     return by_head_and_type(L.hd, lp, [&](auto k, auto f) {
         constexpr int HD = decltype(k)::value, F16 = decltype(f)::value;
-        k_flash<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(out, out16, lse, qkv, L.t, L.c,
-                                                                L.h, L.hd, L.scale);
+        k_flash<HD, F16><<<L.grid, 32 * TS_FA_WARPS, 0, L.st>>>(out, out16, lse, qkv, L.t, L.c, L.h,
+                                                                L.hd, L.scale, aligned16(qkv));
     });
 }
