@@ -182,6 +182,9 @@ extern "C" {
                                                                                                    \
     /* out (B, D), t (B) */                                                                        \
     X(timestep_embedding_forward, float *out, const float *t, int64_t B, int64_t D, float scale)   \
+    /* the same rounded to lp (BF16 or F16) as written: a 16-bit linear's input */                 \
+    X(timestep_embedding_forward_lp, uint16_t *out, ts_dtype_t lp, const float *t, int64_t B,      \
+      int64_t D, float scale)                                                                      \
     X(timestep_embedding_backward, float *dt, const float *dout, const float *t, int64_t B,        \
       int64_t D, float scale)                                                                      \
     /* out (B, D) = table[ids[b]]; ids already range-checked */                                    \
@@ -193,6 +196,8 @@ extern "C" {
     /* img (B, C, H, W) ↔ tok (B, T, C·p·p), (c, py, px) order; backward accumulates */            \
     X(patchify_forward, float *out, const float *img, int64_t B, int64_t C, int64_t H, int64_t W,  \
       int64_t p)                                                                                   \
+    X(patchify_forward_lp, uint16_t *out, ts_dtype_t lp, const float *img, int64_t B, int64_t C,   \
+      int64_t H, int64_t W, int64_t p)                                                             \
     X(patchify_backward, float *dimg, const float *dout, int64_t B, int64_t C, int64_t H,          \
       int64_t W, int64_t p)                                                                        \
     /* tok (B, T, p·p·C), (py, px, c) order → img (B, C, H, W); backward accumulates */            \

@@ -191,13 +191,22 @@ static int timestep_dims(const ts_tensor_t *emb, const ts_tensor_t *t, int64_t *
     return TS_OK;
 }
 
+/* 1 when out is a 16-bit output an op may round into (checked on e's device). */
+static int lp_out(const ts_tensor_t *out) {
+    return out && (out->dtype == TS_BF16 || out->dtype == TS_F16);
+}
+
 int ts_timestep_embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *t,
                                   float scale) {
     TS_TRY(check_engine(e));
-    TS_TRY(check_f32(e, out));
+    int lp = lp_out(out);
+    TS_TRY(lp ? check_on(e, out, out->dtype) : check_f32(e, out));
     TS_TRY(check_f32(e, t));
     int64_t B, D;
     TS_TRY(timestep_dims(out, t, &B, &D));
+    if (lp)
+        return DISPATCH(e, timestep_embedding_forward_lp, (uint16_t *)out->data, out->dtype, CF(t),
+                        B, D, scale);
     return DISPATCH(e, timestep_embedding_forward, F(out), CF(t), B, D, scale);
 }
 
@@ -365,8 +374,18 @@ static int check_patch(const ts_engine_t *e, const ts_tensor_t *img, const ts_te
 
 int ts_patchify_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *img, int p) {
     img_dims_t d;
-    TS_TRY(check_patch(e, img, out, p, &d));
-    return DISPATCH(e, patchify_forward, F(out), CF(img), d.B, d.C, d.H, d.W, p);
+    if (!lp_out(out)) {
+        TS_TRY(check_patch(e, img, out, p, &d));
+        return DISPATCH(e, patchify_forward, F(out), CF(img), d.B, d.C, d.H, d.W, p);
+    }
+    TS_TRY(check_engine(e));
+    TS_TRY(check_f32(e, img));
+    TS_TRY(check_on(e, out, out->dtype));
+    TS_TRY(patch_dims(img, out, p, &d));
+    if (overlaps(out, img)) /* a GPU thread would write over what another still reads */
+        return TS_EINVAL;
+    return DISPATCH(e, patchify_forward_lp, (uint16_t *)out->data, out->dtype, CF(img), d.B, d.C,
+                    d.H, d.W, p);
 }
 
 int ts_patchify_backward(ts_engine_t *e, ts_tensor_t *dimg, const ts_tensor_t *dout, int p) {

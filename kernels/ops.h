@@ -274,7 +274,8 @@ int ts_gate_residual_backward_lp(ts_engine_t *e, ts_tensor_t *dres, ts_tensor_t 
 /* ---- embeddings ------------------------------------------------------------------------ */
 
 /* out (B, D) = [cos(args), sin(args)], args_i = scale·t · exp(−ln(10000)·i/(D/2)), i < D/2;
- * a trailing zero column when D is odd (DiT's TimestepEmbedder, scale = 1000). t (B). */
+ * a trailing zero column when D is odd (DiT's TimestepEmbedder, scale = 1000). t (B). out may
+ * be BF16 or F16: the values rounded as they are written (a 16-bit linear's input). */
 int ts_timestep_embedding_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *t,
                                   float scale);
 /* dt (B) += Σ_i dout · d out / d t. */
@@ -302,7 +303,9 @@ int ts_embedding_backward_prechecked(ts_engine_t *e, ts_tensor_t *dtable, const 
 /* ---- patches --------------------------------------------------------------------------- */
 
 /* out (B, T, C·p·p) from img (B, C, H, W): token (gy, gx) → t = gy·(W/p) + gx, features in
- * (c, py, px) order — what a stride-p Conv2d patch embed sees. H, W multiples of p. */
+ * (c, py, px) order — what a stride-p Conv2d patch embed sees. H, W multiples of p. out may be
+ * BF16 or F16 (the values rounded, as the patch embedding's 16-bit linear reads them); it must
+ * not overlap img. */
 int ts_patchify_forward(ts_engine_t *e, ts_tensor_t *out, const ts_tensor_t *img, int p);
 int ts_patchify_backward(ts_engine_t *e, ts_tensor_t *dimg, const ts_tensor_t *dout, int p);
 /* img (B, C, H, W) from tok (B, T, p·p·C), features in (py, px, c) order (DiT's unpatchify). */

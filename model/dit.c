@@ -815,10 +815,13 @@ static int trunk_ops(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, in
     const ts_dit_params_t *P = &m->params, *W = weights(m);
     int p = c->patch_size;
     ts_tensor_t ids = rows(&m->labels, B);
-    ts_tensor_t patches = rows(&A->patches, B), x0 = rows(&A->x0, B);
-    ts_tensor_t tfreq = rows(&A->tfreq, B), t_h = rows(&A->t_h, B), t_s = rows(&A->t_s, B);
+    /* the linears' inputs — the patches, the sinusoid, the timestep MLP's SiLU and adaLN's —
+     * written in 16 bits by their producers with 16-bit activations (act16), else fp32 */
+    ts_tensor_t patches = act16(m, rows(&A->patches, B)), x0 = rows(&A->x0, B);
+    ts_tensor_t tfreq = act16(m, rows(&A->tfreq, B)), t_h = rows(&A->t_h, B);
+    ts_tensor_t t_s = act16(m, rows(&A->t_s, B));
     ts_tensor_t t_emb = rows(&A->t_emb, B), y_emb = rows(&A->y_emb, B);
-    ts_tensor_t cc = rows(&A->c, B), c_silu = act16(m, rows(&A->c_silu, B)); /* adaLN's input */
+    ts_tensor_t cc = rows(&A->c, B), c_silu = act16(m, rows(&A->c_silu, B));
 
     /* patch embedding: the stride-p conv is a linear over (c, py, px)-ordered patches */
     TS_TRY(ts_patchify_forward(e, &patches, x, p));
@@ -827,7 +830,8 @@ static int trunk_ops(ts_dit_t *m, const ts_tensor_t *x, const ts_tensor_t *t, in
     /* conditioning: c = MLP(sinusoid(1000·t)) + label embedding */
     TS_TRY(ts_timestep_embedding_forward(e, &tfreq, t, 1000.0f));
     TS_TRY(ts_linear_forward(e, &t_h, &tfreq, &W->t_w0, &P->t_b0));
-    TS_TRY(ts_silu_forward(e, &t_s, &t_h));
+    TS_TRY(t_s.dtype != TS_F32 ? ts_silu_forward_lp(e, &t_s, &t_h)
+                               : ts_silu_forward(e, &t_s, &t_h));
     TS_TRY(ts_linear_forward(e, &t_emb, &t_s, &W->t_w2, &P->t_b2));
     /* the labels were checked on the host as they were staged (stage_labels) */
     TS_TRY(ts_embedding_forward_prechecked(e, &y_emb, &P->y_table, &ids));
@@ -1072,8 +1076,9 @@ static int trunk_backward(ts_dit_t *m, int B) {
     ts_dit_params_t *D = &m->grads;
     ts_tensor_t dx = rows(&G->dx, B), dc_silu = rows(&G->dc_silu, B), dc = rows(&G->dc, B);
     ts_tensor_t dt_s = rows(&G->dt_s, B), dt_h = rows(&G->dt_h, B), cc = rows(&A->c, B);
-    ts_tensor_t patches = rows(&A->patches, B), t_s = rows(&A->t_s, B), t_h = rows(&A->t_h, B);
-    ts_tensor_t tfreq = rows(&A->tfreq, B), ids = rows(&m->labels, B);
+    ts_tensor_t patches = act16(m, rows(&A->patches, B)), t_s = act16(m, rows(&A->t_s, B));
+    ts_tensor_t t_h = rows(&A->t_h, B), tfreq = act16(m, rows(&A->tfreq, B));
+    ts_tensor_t ids = rows(&m->labels, B);
     for (int l = c->depth - 1; l >= 0; l--)
         TS_TRY(block_backward(m, l, B));
     /* patch embedding (the input image needs no gradient; pos_embed is fixed) */

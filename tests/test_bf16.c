@@ -340,6 +340,48 @@ static void test_dit_forward(void **state) {
  * holds the rounded values of the fp32 run, two bytes each, and so does the attention's output
  * where the attention is the fused one). A linear refuses a 16-bit input
  * beside a weight of another dtype. */
+/* The patch embedding's and the timestep MLP's first inputs in 16 bits, written by their
+ * producers (ts_patchify_forward, ts_timestep_embedding_forward with a 16-bit out): the fp32
+ * op's values rounded, bit for bit, for an odd and an even D and two patch sizes; a 16-bit
+ * patchify written over its own image is refused. */
+static void test_lp_inputs(void **state) {
+    ts_engine_t *e = *state;
+    int f16 = LP->dtype == TS_F16;
+    tu_rng_t r = {31};
+    const int64_t Ds[] = {7, 256}, B = 5;
+    for (int k = 0; k < 2; k++) {
+        int64_t D = Ds[k];
+        ts_tensor_t t, o32, o16;
+        tu_alloc_f32(&t, 1, TS_SHAPE(B));
+        for (int64_t i = 0; i < B; i++)
+            ((float *)t.data)[i] = tu_rng_uniform(&r, 0.0f, 1.0f);
+        tu_alloc_f32(&o32, 2, TS_SHAPE(B, D));
+        assert_int_equal(ts_tensor_alloc(&o16, LP->dtype, TS_CPU, 2, TS_SHAPE(B, D)), TS_OK);
+        assert_int_equal(ts_timestep_embedding_forward(e, &o32, &t, 1000.0f), TS_OK);
+        assert_int_equal(ts_timestep_embedding_forward(e, &o16, &t, 1000.0f), TS_OK);
+        for (int64_t i = 0; i < B * D; i++)
+            assert_int_equal(((uint16_t *)o16.data)[i], ts_f32_to_lp(((float *)o32.data)[i], f16));
+        TU_FREE_TENSORS(&t, &o32, &o16);
+    }
+    for (int p = 2; p <= 4; p += 2) {
+        const int64_t C = 3, H = 8, T = (H / p) * (H / p), F = C * p * p;
+        ts_tensor_t img, t32, t16, over;
+        tu_alloc_f32(&img, 4, TS_SHAPE(2, C, H, H));
+        for (int64_t i = 0; i < 2 * C * H * H; i++)
+            ((float *)img.data)[i] = tu_rng_uniform(&r, -3.0f, 3.0f);
+        tu_alloc_f32(&t32, 3, TS_SHAPE(2, T, F));
+        assert_int_equal(ts_tensor_alloc(&t16, LP->dtype, TS_CPU, 3, TS_SHAPE(2, T, F)), TS_OK);
+        assert_int_equal(ts_patchify_forward(e, &t32, &img, p), TS_OK);
+        assert_int_equal(ts_patchify_forward(e, &t16, &img, p), TS_OK);
+        for (int64_t i = 0; i < 2 * T * F; i++)
+            assert_int_equal(((uint16_t *)t16.data)[i], ts_f32_to_lp(((float *)t32.data)[i], f16));
+        assert_int_equal(ts_tensor_wrap(&over, img.data, LP->dtype, TS_CPU, 3, TS_SHAPE(2, T, F)),
+                         TS_OK);
+        assert_int_equal(ts_patchify_forward(e, &over, &img, p), TS_EINVAL);
+        TU_FREE_TENSORS(&img, &t32, &t16);
+    }
+}
+
 static void test_dit_lp_activations(void **state) {
     ts_engine_t *e = *state;
     ts_dit_t m;
@@ -536,6 +578,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_f16_refusals),
             cmocka_unit_test(test_dit_lp_activations),
             cmocka_unit_test(test_linear_gelu_lp),
+            cmocka_unit_test(test_lp_inputs),
         };
         return cmocka_run_group_tests(f16, tu_setup_cpu_engine, tu_teardown_cpu_engine);
     }
@@ -546,7 +589,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_linear),         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_dit_forward),    cmocka_unit_test(test_dit_lp_activations),
-        cmocka_unit_test(test_linear_gelu_lp),
+        cmocka_unit_test(test_linear_gelu_lp), cmocka_unit_test(test_lp_inputs),
     };
     return cmocka_run_group_tests(tests, tu_setup_cpu_engine, tu_teardown_cpu_engine);
 }

@@ -1311,6 +1311,16 @@ static void timestep_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t D) {
     BOTH(ts_timestep_embedding_forward(E, ON(out), ON(t), 1000.0f));
     snprintf(what, sizeof what, "timestep_embedding_forward D=%lld", (long long)D);
     expect_close(fx, what, &out);
+    for (int k = 0; k < 2; k++) { /* written in 16 bits: the GPU's fp32 values rounded */
+        ts_dtype_t lp = k ? TS_F16 : TS_BF16;
+        pair_t o16;
+        pair_alloc(&o16, lp, 2, TS_SHAPE(B, D));
+        BOTH(ts_timestep_embedding_forward(E, ON(o16), ON(t), 1000.0f));
+        snprintf(what, sizeof what, "timestep_embedding_forward %s D=%lld", k ? "f16" : "bf16",
+                 (long long)D);
+        expect_rounded(fx, what, lp, &o16, &out);
+        pair_free(&o16);
+    }
     BOTH(ts_timestep_embedding_backward(E, ON(dt), ON(dout), ON(t), 1000.0f));
     snprintf(what, sizeof what, "timestep_embedding_backward D=%lld", (long long)D);
     expect_close(fx, what, &dt);
@@ -1396,6 +1406,15 @@ static void patch_case(fixture_t *fx, tu_rng_t *r, int64_t B, int64_t C, int64_t
     BOTH(ts_patchify_forward(E, ON(tok), ON(img), p));
     snprintf(what, sizeof what, "patchify_forward %s", size);
     expect_identical(fx, what, &tok);
+    for (int k = 0; k < 2; k++) { /* written in 16 bits: the fp32 patches rounded */
+        ts_dtype_t lp = k ? TS_F16 : TS_BF16;
+        pair_t t16;
+        pair_alloc(&t16, lp, 3, TS_SHAPE(B, T, F));
+        BOTH(ts_patchify_forward(E, ON(t16), ON(img), p));
+        snprintf(what, sizeof what, "patchify_forward %s %s", k ? "f16" : "bf16", size);
+        expect_rounded(fx, what, lp, &t16, &tok);
+        pair_free(&t16);
+    }
     BOTH(ts_patchify_backward(E, ON(dimg), ON(dtok), p));
     snprintf(what, sizeof what, "patchify_backward %s", size);
     expect_close(fx, what, &dimg);

@@ -239,6 +239,24 @@ int ts_cpu_silu_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const f
     return TS_OK;
 }
 
+int ts_cpu_timestep_embedding_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp,
+                                         const float *t, int64_t B, int64_t D, float scale) {
+    float *buf;
+    TS_TRY(room(e, B * D, &buf));
+    TS_TRY(ts_cpu_timestep_embedding_forward(e, buf, t, B, D, scale));
+    round_lp(out, buf, B * D, lp);
+    return TS_OK;
+}
+
+int ts_cpu_patchify_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const float *img,
+                               int64_t B, int64_t C, int64_t H, int64_t W, int64_t p) {
+    float *buf;
+    TS_TRY(room(e, B * C * H * W, &buf));
+    TS_TRY(ts_cpu_patchify_forward(e, buf, img, B, C, H, W, p));
+    round_lp(out, buf, B * C * H * W, lp);
+    return TS_OK;
+}
+
 /* The input widened (exactly) and given to the layer that rounds it (at f16, the fp32 layer on
  * the widened operands, as linear_forward_f16 runs it): the same bits. */
 int ts_cpu_linear_forward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *out, const uint16_t *inp,

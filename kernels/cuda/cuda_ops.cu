@@ -788,7 +788,8 @@ int ts_cuda_gate_residual_backward_lp(ts_engine_t *e, float *dres, float *dy, ui
 /* ---- timestep embedding ---------------------------------------------------------------- */
 
 /* out (B, D) = [cos(args), sin(args), 0 if D is odd], args_j = scale·t[b] · freq_j, j < D/2 */
-static __global__ void k_timestep_forward(float *out, const float *t, int64_t B, int64_t D,
+template <int LP>
+static __global__ void k_timestep_forward(void *out, const float *t, int64_t B, int64_t D,
                                           float scale) {
     int half = (int)(D / 2);
     TS_GRID_LOOP(i, B * D) {
@@ -800,7 +801,7 @@ static __global__ void k_timestep_forward(float *out, const float *t, int64_t B,
             float arg = (scale * t[b]) * ts_timestep_freq(k, half);
             v = j < half ? cosf(arg) : sinf(arg);
         }
-        out[i] = v;
+        put_act<LP>(out, i, v);
     }
 }
 
@@ -827,7 +828,13 @@ static __global__ void k_timestep_backward(float *dt, const float *dout, const f
 
 int ts_cuda_timestep_embedding_forward(ts_engine_t *e, float *out, const float *t, int64_t B,
                                        int64_t D, float scale) {
-    return launch_n(e, B * D, k_timestep_forward, out, t, B, D, scale);
+    return launch_n(e, B * D, k_timestep_forward<0>, (void *)out, t, B, D, scale);
+}
+
+int ts_cuda_timestep_embedding_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp,
+                                          const float *t, int64_t B, int64_t D, float scale) {
+    return lp == TS_BF16 ? launch_n(e, B * D, k_timestep_forward<1>, (void *)out, t, B, D, scale)
+                         : launch_n(e, B * D, k_timestep_forward<2>, (void *)out, t, B, D, scale);
 }
 
 int ts_cuda_timestep_embedding_backward(ts_engine_t *e, float *dt, const float *dout,
@@ -888,9 +895,10 @@ static __device__ __forceinline__ int64_t patch_ppc(int64_t i, int64_t C, int64_
     return ((b * C + c) * H + y) * W + x;
 }
 
-static __global__ void k_patchify_forward(float *out, const float *img, int64_t n, int64_t C,
+template <int LP>
+static __global__ void k_patchify_forward(void *out, const float *img, int64_t n, int64_t C,
                                           int64_t H, int64_t W, int64_t p) {
-    TS_GRID_LOOP(i, n) out[i] = img[patch_cpp(i, C, H, W, p)];
+    TS_GRID_LOOP(i, n) put_act<LP>(out, i, img[patch_cpp(i, C, H, W, p)]);
 }
 static __global__ void k_patchify_backward(float *dimg, const float *dout, int64_t n, int64_t C,
                                            int64_t H, int64_t W, int64_t p) {
@@ -907,7 +915,14 @@ static __global__ void k_unpatchify_backward(float *dtok, const float *dimg, int
 
 int ts_cuda_patchify_forward(ts_engine_t *e, float *out, const float *img, int64_t B, int64_t C,
                              int64_t H, int64_t W, int64_t p) {
-    return launch_n(e, B * C * H * W, k_patchify_forward, out, img, B * C * H * W, C, H, W, p);
+    return launch_n(e, B * C * H * W, k_patchify_forward<0>, (void *)out, img, B * C * H * W, C, H,
+                    W, p);
+}
+int ts_cuda_patchify_forward_lp(ts_engine_t *e, uint16_t *out, ts_dtype_t lp, const float *img,
+                                int64_t B, int64_t C, int64_t H, int64_t W, int64_t p) {
+    const int64_t n = B * C * H * W;
+    return lp == TS_BF16 ? launch_n(e, n, k_patchify_forward<1>, (void *)out, img, n, C, H, W, p)
+                         : launch_n(e, n, k_patchify_forward<2>, (void *)out, img, n, C, H, W, p);
 }
 int ts_cuda_patchify_backward(ts_engine_t *e, float *dimg, const float *dout, int64_t B,
                               int64_t C, int64_t H, int64_t W, int64_t p) {
