@@ -109,10 +109,11 @@ extern "C" {
     /* linear_backward_{bf16,f16} of such an input, kept in lp for the backward (the same bits:   \
      * the fp32 one rounds its input to lp for dweight and nothing else reads it); dout16, when   \
      * not NULL, is dout rounded to lp by its producer (gelu_backward_lp, ...), read instead of   \
-     * rounding dout here (the same bits) */                                                       \
-    X(linear_backward_lp_in, ts_dtype_t lp, float *dinp, float *dweight, const float *dout,       \
-      const uint16_t *dout16, const uint16_t *inp, const uint16_t *weight, int64_t M, int64_t N,  \
-      int64_t K)                                                                                   \
+     * rounding dout here (the same bits); dbias, when not NULL, += dout's column sums            \
+     * (add_bcast_backward's) — on a GPU in the pass that rounds dout, when dout16 is NULL */      \
+    X(linear_backward_lp_in, ts_dtype_t lp, float *dinp, float *dweight, float *dbias,            \
+      const float *dout, const uint16_t *dout16, const uint16_t *inp, const uint16_t *weight,     \
+      int64_t M, int64_t N, int64_t K)                                                             \
     /* act (M, N) = lp(gelu(inp · weightᵀ + bias)) of an lp input and weight: the values of       \
      * linear_forward_lp_in into pre, then gelu_forward_lp of pre. keep_pre 1: pre holds that      \
      * fp32 product afterwards (a backward reads it); 0: pre is scratch the op may leave as it     \

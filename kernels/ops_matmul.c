@@ -140,8 +140,9 @@ static int linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweig
     if ((dinp && ts_tensor_numel(dinp) != M * K) ||
         (dweight && ts_tensor_numel(dweight) != N * K) || (dbias && ts_tensor_numel(dbias) != N))
         return TS_ESHAPE;
-    if (lp_in && (dinp || dweight))
-        TS_TRY(DISPATCH(e, linear_backward_lp_in, wt, OPT(dinp), OPT(dweight), CF(dout),
+    int bias_in_op = lp_in && (dinp || dweight); /* the op adds dbias itself */
+    if (bias_in_op)
+        TS_TRY(DISPATCH(e, linear_backward_lp_in, wt, OPT(dinp), OPT(dweight), OPT(dbias), CF(dout),
                         dout16 ? (const uint16_t *)dout16->data : NULL, (const uint16_t *)inp->data,
                         (const uint16_t *)weight->data, M, N, K));
     else if (bf16 && (dinp || dweight)) /* both products in bf16, as the bf16 forward's */
@@ -158,7 +159,7 @@ static int linear_backward(ts_engine_t *e, ts_tensor_t *dinp, ts_tensor_t *dweig
     if (dweight && !lp)
         TS_TRY(DISPATCH(e, gemm, 1, 0, N, K, M, 1.0f, CF(dout), N, 0, CF(inp), K, 0, 1.0f,
                         F(dweight), K, 0, 1));
-    if (dbias)
+    if (dbias && !bias_in_op)
         TS_TRY(DISPATCH(e, add_bcast_backward, NULL, F(dbias), CF(dout), M, N));
     return TS_OK;
 }

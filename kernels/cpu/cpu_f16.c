@@ -290,8 +290,11 @@ int ts_cpu_linear_gelu_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *pre, uin
  * backward, which rounds them again into its own (no change); f16: the emulated backward reads
  * them as they are. */
 int ts_cpu_linear_backward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,
-                                 const float *dout, const uint16_t *dout16, const uint16_t *inp,
-                                 const uint16_t *weight, int64_t M, int64_t N, int64_t K) {
+                                 float *dbias, const float *dout, const uint16_t *dout16,
+                                 const uint16_t *inp, const uint16_t *weight, int64_t M, int64_t N,
+                                 int64_t K) {
+    if (dbias) /* the bias's sums first, as the GPU's: they read dout, whatever dinp is */
+        TS_TRY(ts_cpu_add_bcast_backward(e, NULL, dbias, dout, M, N));
     if (lp == TS_F16)
         return linear_backward_f16(e, dinp, dweight, dout, dout16, NULL, inp, weight, M, N, K);
     if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))

@@ -241,6 +241,9 @@ struct ts_cuda_ctx {
 int ts_cuda_ctx_enter(ts_engine_t *e, cudaStream_t *stream, void **scratch, size_t *scratch_bytes);
 /* The engine's device's compute capability (shared with cuda_flash.cu, which needs sm_80). */
 int ts_cuda_compute_capability(ts_engine_t *e, int *major, int *minor);
+/* db (N) += dout's column sums and dout16 = dout rounded to lp, in one pass (cuda_ops.cu). */
+int ts_cuda_bias_grad_lp(ts_engine_t *e, float *db, uint16_t *dout16, ts_dtype_t lp,
+                         const float *dout, int64_t rows, int64_t N);
 
 int ts_cuda_compute_capability(ts_engine_t *e, int *major, int *minor) {
     if (!e || !e->cuda || !major || !minor)
@@ -1348,16 +1351,23 @@ int ts_cuda_linear_forward_f16(ts_engine_t *e, float *out, const float *inp, con
  * · inp16 when the input is already in lp, and with dout16 for lp(dout) when its producer wrote
  * it so (no rounding kernel for either). */
 static int linear_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,
-                              const float *dout, const uint16_t *dout16, const float *inp,
-                              const uint16_t *inp16, const uint16_t *weight, int64_t M, int64_t N,
-                              int64_t K) {
-    if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
+                              float *dbias, const float *dout, const uint16_t *dout16,
+                              const float *inp, const uint16_t *inp16, const uint16_t *weight,
+                              int64_t M, int64_t N, int64_t K) {
+    if (M <= 0 || N <= 0)
         return TS_OK;
+    if (K <= 0 || (!dinp && !dweight) || (dbias && dout16)) { /* the bias's sums on their own */
+        int err = dbias ? ts_cuda_add_bcast_backward(e, NULL, dbias, dout, M, N) : TS_OK;
+        if (err || K <= 0 || (!dinp && !dweight))
+            return err;
+        dbias = NULL;
+    }
     uint16_t *buf = NULL;
     int64_t oi = dout16 ? 0 : aligned_elems(M * N), xi = dweight && !inp16 ? M * K : 0;
     int err = oi + xi > 0 ? lp_room(e, oi + xi, &buf) : TS_OK;
-    if (!err && !dout16)
-        err = ts_cuda_convert(e, buf, lp, dout, TS_F32, M * N);
+    if (!err && !dout16) /* dout rounded: with the bias's sums, in their one pass over it */
+        err = dbias ? ts_cuda_bias_grad_lp(e, dbias, buf, lp, dout, M, N)
+                    : ts_cuda_convert(e, buf, lp, dout, TS_F32, M * N);
     const uint16_t *g16 = dout16 ? dout16 : buf;
     if (!err && dinp)
         err = gemm_ex(e, lp, 0, 0, M, K, N, 1.0f, g16, N, 0, weight, K, 0, 1.0f, dinp, K, 0, 1);
@@ -1377,19 +1387,23 @@ static int linear_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dinp, float 
 int ts_cuda_linear_backward_bf16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
                                  const float *inp, const uint16_t *weight, int64_t M, int64_t N,
                                  int64_t K) {
-    return linear_backward_lp(e, TS_BF16, dinp, dweight, dout, NULL, inp, NULL, weight, M, N, K);
+    return linear_backward_lp(e, TS_BF16, dinp, dweight, NULL, dout, NULL, inp, NULL, weight, M, N,
+                              K);
 }
 
 int ts_cuda_linear_backward_f16(ts_engine_t *e, float *dinp, float *dweight, const float *dout,
                                 const float *inp, const uint16_t *weight, int64_t M, int64_t N,
                                 int64_t K) {
-    return linear_backward_lp(e, TS_F16, dinp, dweight, dout, NULL, inp, NULL, weight, M, N, K);
+    return linear_backward_lp(e, TS_F16, dinp, dweight, NULL, dout, NULL, inp, NULL, weight, M, N,
+                              K);
 }
 
 int ts_cuda_linear_backward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,
-                                  const float *dout, const uint16_t *dout16, const uint16_t *inp,
-                                  const uint16_t *weight, int64_t M, int64_t N, int64_t K) {
-    return linear_backward_lp(e, lp, dinp, dweight, dout, dout16, NULL, inp, weight, M, N, K);
+                                  float *dbias, const float *dout, const uint16_t *dout16,
+                                  const uint16_t *inp, const uint16_t *weight, int64_t M, int64_t N,
+                                  int64_t K) {
+    return linear_backward_lp(e, lp, dinp, dweight, dbias, dout, dout16, NULL, inp, weight, M, N,
+                              K);
 }
 
 /* The GPU's GELU is already fast: the bf16 forward's is the fp32 one (within 0 of it). */

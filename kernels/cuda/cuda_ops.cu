@@ -369,6 +369,29 @@ int ts_cuda_add_bcast_backward(ts_engine_t *e, float *dx, float *db, const float
     return err;
 }
 
+/* out (C) += Σ_rows in (rows, C), and in16 = in rounded to bf16 (LP 1) or f16 (2) as each
+ * element is read — k_col_sum reads each once: a 16-bit linear's bias gradient and its dout for
+ * the products in one pass over dout, where a rounding kernel would read it a second time. */
+template <int LP> struct ts_colsum_rows_lp {
+    float *out;
+    const float *in;
+    uint16_t *in16;
+    int64_t C;
+    __device__ void term(float *acc, int64_t, int64_t r, int64_t c) const {
+        float v = in[r * C + c];
+        acc[0] += v;
+        in16[r * C + c] = LP == 1 ? ts_f32_to_bf16(v) : ts_f32_to_f16(v);
+    }
+    __device__ void add(int, int64_t, int64_t c, float s) const { atomicAdd(out + c, s); }
+};
+
+int ts_cuda_bias_grad_lp(ts_engine_t *e, float *db, uint16_t *dout16, ts_dtype_t lp,
+                         const float *dout, int64_t rows, int64_t N) {
+    if (lp == TS_BF16)
+        return launch_col_sum<1>(e, ts_colsum_rows_lp<1>{db, dout, dout16, N}, 1, rows, N);
+    return launch_col_sum<1>(e, ts_colsum_rows_lp<2>{db, dout, dout16, N}, 1, rows, N);
+}
+
 int ts_cuda_sum_rows(ts_engine_t *e, float *out, const float *inp, int64_t rows, int64_t C) {
     int err = ts_cuda_memzero(e, out, (size_t)(C > 0 ? C : 0) * sizeof(float));
     if (err)
