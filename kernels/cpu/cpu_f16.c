@@ -289,12 +289,9 @@ int ts_cpu_linear_gelu_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *pre, uin
 /* bf16: the input (and dout16) widened (exactly) into this file's scratch and given to the bf16
  * backward, which rounds them again into its own (no change); f16: the emulated backward reads
  * them as they are. */
-int ts_cpu_linear_backward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,
-                                 float *dbias, const float *dout, const uint16_t *dout16,
-                                 const uint16_t *inp, const uint16_t *weight, int64_t M, int64_t N,
-                                 int64_t K) {
-    if (dbias) /* the bias's sums first, as the GPU's: they read dout, whatever dinp is */
-        TS_TRY(ts_cpu_add_bcast_backward(e, NULL, dbias, dout, M, N));
+static int lp_in_products(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,
+                          const float *dout, const uint16_t *dout16, const uint16_t *inp,
+                          const uint16_t *weight, int64_t M, int64_t N, int64_t K) {
     if (lp == TS_F16)
         return linear_backward_f16(e, dinp, dweight, dout, dout16, NULL, inp, weight, M, N, K);
     if (M <= 0 || N <= 0 || K <= 0 || (!dinp && !dweight))
@@ -309,4 +306,14 @@ int ts_cpu_linear_backward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *dinp, flo
         buf[og + i] = ts_bf16_to_f32(inp[i]);
     return ts_cpu_linear_backward_bf16(e, dinp, dweight, dout16 ? buf : dout,
                                        dweight ? buf + og : NULL, weight, M, N, K);
+}
+
+/* linear_backward_lp_in: the products above, then the bias's sums (the same function as an fp32
+ * linear's) once the products succeeded, where the ops layer added them before. */
+int ts_cpu_linear_backward_lp_in(ts_engine_t *e, ts_dtype_t lp, float *dinp, float *dweight,
+                                 float *dbias, const float *dout, const uint16_t *dout16,
+                                 const uint16_t *inp, const uint16_t *weight, int64_t M, int64_t N,
+                                 int64_t K) {
+    TS_TRY(lp_in_products(e, lp, dinp, dweight, dout, dout16, inp, weight, M, N, K));
+    return dbias ? ts_cpu_add_bcast_backward(e, NULL, dbias, dout, M, N) : TS_OK;
 }

@@ -244,6 +244,10 @@ int ts_cuda_compute_capability(ts_engine_t *e, int *major, int *minor);
 /* db (N) += dout's column sums and dout16 = dout rounded to lp, in one pass (cuda_ops.cu). */
 int ts_cuda_bias_grad_lp(ts_engine_t *e, float *db, uint16_t *dout16, ts_dtype_t lp,
                          const float *dout, int64_t rows, int64_t N);
+/* softmax_forward of inp (rows, C) into out, and out16 = out rounded to lp as it is written, in
+ * one kernel (cuda_ops.cu). */
+int ts_cuda_softmax_forward_lp_copy(ts_engine_t *e, float *out, uint16_t *out16, ts_dtype_t lp,
+                                    const float *inp, int64_t rows, int64_t C);
 
 int ts_cuda_compute_capability(ts_engine_t *e, int *major, int *minor) {
     if (!e || !e->cuda || !major || !minor)
@@ -1062,10 +1066,9 @@ int ts_cuda_attention_forward_lp(ts_engine_t *e, ts_dtype_t lp, float *out, uint
             err = gemm_ex(e, lp, 0, 1, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f,
                           att + (b0 + b) * H * tt, T, tt, H);
         }
-        if (!err)
-            err = ts_cuda_softmax_forward(e, att + b0 * H * tt, att + b0 * H * tt, nb * H * T, T);
-        if (!err)
-            err = ts_cuda_convert(e, buf + oa, lp, att + b0 * H * tt, TS_F32, nb * H * tt);
+        if (!err) /* the weights (fp32: the backward reads them) and their 16-bit copy at once */
+            err = ts_cuda_softmax_forward_lp_copy(e, att + b0 * H * tt, buf + oa, lp,
+                                                  att + b0 * H * tt, nb * H * T, T);
         for (int64_t b = 0; b < nb && !err; b++)
             /* out[b, :, h·hd:(h+1)·hd] (T, hd) = att[b, h] (T, T) · V_h (T, hd) */
             err = gemm_ex_to(e, lp, 0, 0, T, hd, T, 1.0f, buf + oa + b * H * tt, T, tt,
@@ -1356,31 +1359,33 @@ static int linear_backward_lp(ts_engine_t *e, ts_dtype_t lp, float *dinp, float 
                               int64_t M, int64_t N, int64_t K) {
     if (M <= 0 || N <= 0)
         return TS_OK;
-    if (K <= 0 || (!dinp && !dweight) || (dbias && dout16)) { /* the bias's sums on their own */
-        int err = dbias ? ts_cuda_add_bcast_backward(e, NULL, dbias, dout, M, N) : TS_OK;
-        if (err || K <= 0 || (!dinp && !dweight))
-            return err;
-        dbias = NULL;
-    }
-    uint16_t *buf = NULL;
-    int64_t oi = dout16 ? 0 : aligned_elems(M * N), xi = dweight && !inp16 ? M * K : 0;
-    int err = oi + xi > 0 ? lp_room(e, oi + xi, &buf) : TS_OK;
-    if (!err && !dout16) /* dout rounded: with the bias's sums, in their one pass over it */
-        err = dbias ? ts_cuda_bias_grad_lp(e, dbias, buf, lp, dout, M, N)
-                    : ts_cuda_convert(e, buf, lp, dout, TS_F32, M * N);
-    const uint16_t *g16 = dout16 ? dout16 : buf;
-    if (!err && dinp)
-        err = gemm_ex(e, lp, 0, 0, M, K, N, 1.0f, g16, N, 0, weight, K, 0, 1.0f, dinp, K, 0, 1);
-    if (!err && dweight) {
-        const uint16_t *in16 = inp16;
-        if (!in16) {
-            err = ts_cuda_convert(e, buf + oi, lp, inp, TS_F32, M * K);
-            in16 = buf + oi;
+    const int products = K > 0 && (dinp || dweight);
+    /* dout rounded here: with the bias's sums, in their one pass over it */
+    const int fused = products && dbias && !dout16;
+    int err = TS_OK;
+    if (products) {
+        uint16_t *buf = NULL;
+        int64_t oi = dout16 ? 0 : aligned_elems(M * N), xi = dweight && !inp16 ? M * K : 0;
+        err = oi + xi > 0 ? lp_room(e, oi + xi, &buf) : TS_OK;
+        if (!err && !dout16)
+            err = fused ? ts_cuda_bias_grad_lp(e, dbias, buf, lp, dout, M, N)
+                        : ts_cuda_convert(e, buf, lp, dout, TS_F32, M * N);
+        const uint16_t *g16 = dout16 ? dout16 : buf;
+        if (!err && dinp)
+            err = gemm_ex(e, lp, 0, 0, M, K, N, 1.0f, g16, N, 0, weight, K, 0, 1.0f, dinp, K, 0, 1);
+        if (!err && dweight) {
+            const uint16_t *in16 = inp16;
+            if (!in16) {
+                err = ts_cuda_convert(e, buf + oi, lp, inp, TS_F32, M * K);
+                in16 = buf + oi;
+            }
+            if (!err)
+                err = gemm_ex(e, lp, 1, 0, N, K, M, 1.0f, g16, N, 0, in16, K, 0, 1.0f, dweight, K,
+                              0, 1);
         }
-        if (!err)
-            err =
-                gemm_ex(e, lp, 1, 0, N, K, M, 1.0f, g16, N, 0, in16, K, 0, 1.0f, dweight, K, 0, 1);
     }
+    if (!err && dbias && !fused) /* the bias's sums on their own, after the products */
+        err = ts_cuda_add_bcast_backward(e, NULL, dbias, dout, M, N);
     return err;
 }
 

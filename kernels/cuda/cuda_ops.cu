@@ -529,7 +529,11 @@ int ts_cuda_silu_backward(ts_engine_t *e, float *dinp, const float *dout, const 
 
 /* out, inp (rows, C); out may alias inp: each thread reads x[i] before it writes out[i], and
  * the max is complete (a barrier) before any write. */
-static __global__ void k_softmax_forward(float *out, const float *inp, int64_t rows, int64_t C) {
+/* LP 1 or 2: the weights also rounded to bf16 or f16 into out16 as they are written (the
+ * composed 16-bit attention's operand of its second product), else out16 unused. */
+template <int LP>
+static __global__ void k_softmax_forward(float *out, uint16_t *out16, const float *inp,
+                                         int64_t rows, int64_t C) {
     __shared__ float sh[32];
     TS_ROW_LOOP(r, rows) {
         const float *x = inp + r * C;
@@ -544,7 +548,12 @@ static __global__ void k_softmax_forward(float *out, const float *inp, int64_t r
             s += ex;
         }
         float inv = 1.0f / block_sum(s, sh);
-        TS_COL_LOOP(i, C) y[i] *= inv; /* the thread's own writes from the loop above */
+        TS_COL_LOOP(i, C) { /* the thread's own writes from the loop above */
+            const float v = y[i] * inv;
+            y[i] = v;
+            if (LP)
+                put_act<LP>(out16, r * C + i, v);
+        }
     }
 }
 
@@ -569,7 +578,13 @@ static __global__ void k_softmax_backward(float *dinp, const float *dout, const 
 
 int ts_cuda_softmax_forward(ts_engine_t *e, float *out, const float *inp, int64_t rows,
                             int64_t C) {
-    return launch_rows(e, rows, C, k_softmax_forward, out, inp, rows, C);
+    return launch_rows(e, rows, C, k_softmax_forward<0>, out, (uint16_t *)NULL, inp, rows, C);
+}
+
+int ts_cuda_softmax_forward_lp_copy(ts_engine_t *e, float *out, uint16_t *out16, ts_dtype_t lp,
+                                    const float *inp, int64_t rows, int64_t C) {
+    return lp == TS_BF16 ? launch_rows(e, rows, C, k_softmax_forward<1>, out, out16, inp, rows, C)
+                         : launch_rows(e, rows, C, k_softmax_forward<2>, out, out16, inp, rows, C);
 }
 
 int ts_cuda_softmax_backward(ts_engine_t *e, float *dinp, const float *dout, const float *out,
