@@ -369,6 +369,16 @@ int ts_cuda_add_bcast_backward(ts_engine_t *e, float *dx, float *db, const float
     return err;
 }
 
+/* out element i = v: fp32, or v rounded to bf16 / f16 (ts_convert's rounding) for a 16-bit reader */
+template <int LP> __device__ void put_act(void *out, int64_t i, float v) {
+    if (LP == 0)
+        ((float *)out)[i] = v;
+    else if (LP == 1)
+        ((uint16_t *)out)[i] = ts_f32_to_bf16(v);
+    else
+        ((uint16_t *)out)[i] = ts_f32_to_f16(v);
+}
+
 /* out (C) += Σ_rows in (rows, C), and in16 = in rounded to bf16 (LP 1) or f16 (2) as each
  * element is read — k_col_sum reads each once: a 16-bit linear's bias gradient and its dout for
  * the products in one pass over dout, where a rounding kernel would read it a second time. */
@@ -380,7 +390,7 @@ template <int LP> struct ts_colsum_rows_lp {
     __device__ void term(float *acc, int64_t, int64_t r, int64_t c) const {
         float v = in[r * C + c];
         acc[0] += v;
-        in16[r * C + c] = LP == 1 ? ts_f32_to_bf16(v) : ts_f32_to_f16(v);
+        put_act<LP>(in16, r * C + c, v);
     }
     __device__ void add(int, int64_t, int64_t c, float s) const { atomicAdd(out + c, s); }
 };
@@ -478,16 +488,6 @@ int ts_cuda_layernorm_backward(ts_engine_t *e, float *dinp, const float *dout, c
 
 /* ---- GELU and SiLU --------------------------------------------------------------------- */
 
-/* out element i = v: fp32, or v rounded to bf16 / f16 (ts_convert's rounding) for a 16-bit reader */
-template <int LP> __device__ void put_act(void *out, int64_t i, float v) {
-    if (LP == 0)
-        ((float *)out)[i] = v;
-    else if (LP == 1)
-        ((uint16_t *)out)[i] = ts_f32_to_bf16(v);
-    else
-        ((uint16_t *)out)[i] = ts_f32_to_f16(v);
-}
-
 static __global__ void k_gelu_forward(float *out, const float *inp, int64_t n) {
     TS_GRID_LOOP(i, n) out[i] = ts_gelu(inp[i]);
 }
@@ -528,9 +528,9 @@ int ts_cuda_silu_backward(ts_engine_t *e, float *dinp, const float *dout, const 
 /* ---- softmax --------------------------------------------------------------------------- */
 
 /* out, inp (rows, C); out may alias inp: each thread reads x[i] before it writes out[i], and
- * the max is complete (a barrier) before any write. */
-/* LP 1 or 2: the weights also rounded to bf16 or f16 into out16 as they are written (the
- * composed 16-bit attention's operand of its second product), else out16 unused. */
+ * the max is complete (a barrier) before any write. LP 1 or 2: the weights also rounded to bf16
+ * or f16 into out16 as they are written (the composed 16-bit attention's operand of its second
+ * product); LP 0: out16 unused. */
 template <int LP>
 static __global__ void k_softmax_forward(float *out, uint16_t *out16, const float *inp,
                                          int64_t rows, int64_t C) {
